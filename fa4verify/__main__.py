@@ -1,0 +1,3 @@
+import sys
+from fa4verify.cli import main
+sys.exit(main())
