@@ -1,0 +1,1 @@
+"""Audit runner, check registry, reports, baselines (see fa4verify.audit.registry)."""
