@@ -53,6 +53,7 @@ import dataclasses
 import importlib
 import importlib.util
 import math
+import os
 import pkgutil
 import re
 import sys
@@ -64,7 +65,7 @@ __all__ = [
     "NEEDS", "PROFILES", "PROFILE_ORDER", "STATUSES", "WHERE", "ARCHS", "DTYPES",
     "PLOT_CONVENTION",
     "check", "CheckSpec", "CheckContext", "CheckResult", "SkipCheck",
-    "discover", "registered", "unmet_need", "cuda_available",
+    "discover", "registered", "unmet_need", "cuda_available", "load_module", "module_name_for",
 ]
 
 #: What a check may need.  "cpu" is always available.
@@ -381,7 +382,9 @@ def unmet_need(spec: CheckSpec, device: str, *, cuda: bool | None = None) -> str
 # --------------------------------------------------------------------------------------- discovery
 def _import_error_spec(module: str, exc: BaseException) -> CheckSpec:
     """A synthetic check standing for a module that failed to import: it always errors."""
-    short = module.rsplit(".", 1)[-1]
+    short = (os.path.splitext(os.path.basename(module))[0] if _is_path(module)
+             else module.rsplit(".", 1)[-1])
+    short = re.sub(r"[^a-z0-9_]", "_", short.lower())
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     msg = f"import of {module} failed: {type(exc).__name__}: {exc}"
 
@@ -390,9 +393,46 @@ def _import_error_spec(module: str, exc: BaseException) -> CheckSpec:
                            details={"traceback": tb[-4000:]})
 
     _broken.__qualname__ = f"import_error<{module}>"
-    return CheckSpec(id=f"import.{short}".lower().replace("-", "_"),
+    return CheckSpec(id=f"import.{short}",
                      title=f"import {module}", needs=frozenset({"cpu"}),
                      profiles=PROFILES, func=_broken, module=module)
+
+
+def _is_path(name: str) -> bool:
+    return name.endswith(".py") or os.sep in name or "/" in name
+
+
+def module_name_for(name_or_path: str) -> str:
+    """The module name a check module entry is imported under (a .py path gets a private
+    name derived from its absolute path, the same in the audit and in its workers)."""
+    if not _is_path(name_or_path):
+        return name_or_path
+    ap = os.path.abspath(name_or_path)
+    stem = re.sub(r"[^0-9a-zA-Z_]", "_", os.path.splitext(os.path.basename(ap))[0])
+    return f"_fa4verify_ext.{stem}_{zlib.crc32(ap.encode()):08x}"
+
+
+def load_module(name_or_path: str):
+    """Import a check module given as a dotted name or a path to a .py file."""
+    if not _is_path(name_or_path):
+        return importlib.import_module(name_or_path)
+    ap = os.path.abspath(name_or_path)
+    if not os.path.isfile(ap):
+        raise ImportError(f"check module file {name_or_path!r} does not exist")
+    modname = module_name_for(ap)
+    if modname in sys.modules:
+        return sys.modules[modname]
+    spec = importlib.util.spec_from_file_location(modname, ap)
+    if spec is None or spec.loader is None:  # pragma: no cover
+        raise ImportError(f"cannot load {name_or_path!r}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(modname, None)
+        raise
+    return mod
 
 
 def _iter_package_modules(package: str) -> list[str]:
@@ -416,17 +456,18 @@ def discover(package: str = "fa4verify.checks", *, modules: Iterable[str] = (),
     """
     names: list[str] = []
     if include_package:
-        names.extend(_iter_package_modules(package))
+        try:
+            names.extend(_iter_package_modules(package))
+        except Exception as exc:  # the package itself is broken
+            return [_import_error_spec(package, exc)]
     for m in modules:
         if m not in names:
             names.append(m)
     out: list[CheckSpec] = []
-    for name in names:
+    for entry in names:
+        name = module_name_for(entry)
         try:
-            if name in sys.modules:
-                mod = sys.modules[name]
-            else:
-                mod = importlib.import_module(name)
+            mod = sys.modules[name] if name in sys.modules else load_module(entry)
             sub = getattr(mod, "__path__", None)
             if sub is not None and name != package:  # an extra package: take its modules too
                 for child in _iter_package_modules(name):
@@ -434,7 +475,7 @@ def discover(package: str = "fa4verify.checks", *, modules: Iterable[str] = (),
         except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt at import too
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            out.append(_import_error_spec(name, exc))
+            out.append(_import_error_spec(entry if _is_path(entry) else name, exc))
             continue
         for spec in _REGISTRY.values():
             if spec.module == name or spec.module.startswith(name + "."):
@@ -447,7 +488,3 @@ def discover(package: str = "fa4verify.checks", *, modules: Iterable[str] = (),
             seen.add(s.id)
             uniq.append(s)
     return uniq
-
-
-def _finite(x: float | None) -> bool:
-    return x is not None and not (isinstance(x, float) and (math.isnan(x) or math.isinf(x)))

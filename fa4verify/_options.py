@@ -1,0 +1,255 @@
+"""Audit options shared by the ``fa4verify audit`` CLI and the pytest plugin (``--fa4-*``).
+
+One table (:data:`OPTIONS`) describes every option once; :func:`click_options` turns it into
+click options for the CLI and :func:`add_pytest_options` into ``--fa4-<name>`` pytest options.
+The parsers (:func:`parse_shard`, :func:`resolve_device`, :func:`resolve_archs`, ...) raise
+:class:`OptionError` with a one-line message quoting the bad value; the CLI turns it into
+``click.UsageError`` (exit 2), the plugin into ``pytest.UsageError``.
+
+Importing this module is light (no torch, numpy, click or pytest import at module level).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Sequence
+
+from fa4verify.audit.registry import ARCHS, DTYPES, PROFILE_ORDER, cuda_available
+
+DEVICES = ("auto", "cpu", "cuda")
+ARCH_CHOICES = ("auto",) + ARCHS
+ISOLATE = ("auto", "always", "never")
+
+#: Environment variable with extra check modules (dotted names or .py paths, os.pathsep-separated).
+CHECKS_MODULES_ENV = "FA4VERIFY_CHECKS_MODULES"
+
+
+class OptionError(ValueError):
+    """A bad option value; the message is one line and quotes the value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One shared option. ``name`` is the CLI long name (``--name``) and the pytest name
+    (``--fa4-name``); ``dest`` the keyword the CLI function and :class:`AuditConfig` use."""
+
+    name: str
+    dest: str
+    help: str
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    type: type | None = None
+    metavar: str | None = None
+    multiple: bool = False
+    flag: bool = False
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("dtype", "dtype", "Input dtype audited.", "bf16", choices=DTYPES),
+    Option("device", "device", "Where production checks run; auto = cuda if available.", "auto",
+           choices=DEVICES),
+    Option("arch", "arch", "Architecture(s) audited; auto = the GPU's, or sm90 and sm100 twins on "
+           "a CPU machine. Repeatable.", ("auto",), choices=ARCH_CHOICES, multiple=True),
+    Option("profile", "profile", "Amount of work per check.", "default", choices=PROFILE_ORDER),
+    Option("seed", "seed", "Seed of every random stream (per-check streams are derived from it).",
+           0, type=int, metavar="N"),
+    Option("shard", "shard", "Run only shard I of N (deterministic partition of check ids).",
+           None, metavar="I/N"),
+    Option("checks-module", "checks_modules", "Extra check module (dotted name or .py path); "
+           f"repeatable; also ${CHECKS_MODULES_ENV}.", (), metavar="MOD", multiple=True),
+    Option("no-default-checks", "no_default_checks", "Do not discover fa4verify.checks (only "
+           "--checks-module modules).", False, flag=True),
+    Option("isolate", "isolate", "Run checks in a worker subprocess: auto = checks that need "
+           "cuda; always; never.", "auto", choices=ISOLATE),
+    Option("timeout", "timeout", "Per-check time limit in seconds for isolated checks (0 = none).",
+           0.0, type=float, metavar="S"),
+    Option("opt", "opts", "Extra key=value passed to checks as ctx.options; repeatable.", (),
+           metavar="KEY=VALUE", multiple=True),
+)
+
+
+# ------------------------------------------------------------------------------------ parsers
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``"i/n"`` (1 <= i <= n) -> (i, n); None -> None."""
+    if text is None or text == "":
+        return None
+    try:
+        a, b = str(text).split("/")
+        i, n = int(a), int(b)
+    except ValueError:
+        raise OptionError(f"--shard {text!r}: expected I/N with integers, e.g. 1/4") from None
+    if n < 1 or not 1 <= i <= n:
+        raise OptionError(f"--shard {text!r}: need 1 <= I <= N")
+    return (i, n)
+
+
+def resolve_device(device: str, *, cuda: bool | None = None) -> str:
+    """``auto`` -> "cuda" if torch.cuda.is_available() else "cpu"; ``cuda`` without a GPU is an
+    error."""
+    if device not in DEVICES:
+        raise OptionError(f"--device {device!r}: choose from {', '.join(DEVICES)}")
+    have = cuda_available() if (cuda is None and device != "cpu") else bool(cuda)
+    if device == "auto":
+        return "cuda" if have else "cpu"
+    if device == "cuda" and not have:
+        raise OptionError("--device cuda: no CUDA device (torch.cuda.is_available() is False)")
+    return device
+
+
+def _gpu_arch() -> str | None:
+    try:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+    except Exception:
+        return None
+    return {(9, 0): "sm90", (10, 0): "sm100", (10, 3): "sm103"}.get((major, minor))
+
+
+def resolve_archs(archs: Sequence[str] | str, device: str) -> tuple[str, ...]:
+    """Selected archs; ``auto`` = the GPU's arch on cuda (sm90 if unknown), ("sm90", "sm100") on
+    the CPU (the two twins)."""
+    if isinstance(archs, str):
+        archs = [archs]
+    out: list[str] = []
+    for a in archs or ("auto",):
+        for part in str(a).split(","):
+            part = part.strip().lower()
+            if not part:
+                continue
+            if part not in ARCH_CHOICES:
+                raise OptionError(f"--arch {part!r}: choose from {', '.join(ARCH_CHOICES)}")
+            if part == "auto":
+                auto = ((_gpu_arch() or "sm90",) if device == "cuda" else ("sm90", "sm100"))
+                out.extend(x for x in auto if x not in out)
+            elif part not in out:
+                out.append(part)
+    return tuple(out) or ("sm90", "sm100")
+
+
+def parse_opts(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for it in items or ():
+        if "=" not in it:
+            raise OptionError(f"--opt {it!r}: expected KEY=VALUE")
+        k, v = it.split("=", 1)
+        out[k.strip()] = v
+    return out
+
+
+def checks_modules_from_env() -> tuple[str, ...]:
+    raw = os.environ.get(CHECKS_MODULES_ENV, "")
+    return tuple(p for p in raw.split(os.pathsep) if p.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditConfig:
+    """A resolved, validated audit configuration (what the runner needs)."""
+
+    dtype: str = "bf16"
+    device: str = "cpu"
+    archs: tuple[str, ...] = ("sm90", "sm100")
+    profile: str = "default"
+    seed: int = 0
+    keyword: str | None = None
+    shard: tuple[int, int] | None = None
+    checks_modules: tuple[str, ...] = ()
+    no_default_checks: bool = False
+    isolate: str = "auto"
+    timeout: float = 0.0
+    opts: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["archs"] = list(self.archs)
+        d["shard"] = None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}"
+        d["checks_modules"] = list(self.checks_modules)
+        d["opts"] = dict(self.opts)
+        return d
+
+
+def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[str] | str = ("auto",),
+                 profile: str = "default", seed: int = 0, keyword: str | None = None,
+                 shard: str | None = None, checks_modules: Sequence[str] = (),
+                 no_default_checks: bool = False, isolate: str = "auto", timeout: float = 0.0,
+                 opts: Sequence[str] = (), cuda: bool | None = None) -> AuditConfig:
+    """Validate raw option values into an :class:`AuditConfig` (raises :class:`OptionError`)."""
+    if dtype not in DTYPES:
+        raise OptionError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
+    if profile not in PROFILE_ORDER:
+        raise OptionError(f"--profile {profile!r}: choose from {', '.join(PROFILE_ORDER)}")
+    if isolate not in ISOLATE:
+        raise OptionError(f"--isolate {isolate!r}: choose from {', '.join(ISOLATE)}")
+    try:
+        seed = int(seed)
+    except (TypeError, ValueError):
+        raise OptionError(f"--seed {seed!r}: expected an integer") from None
+    if seed < 0:
+        raise OptionError(f"--seed {seed}: expected a non-negative integer")
+    try:
+        timeout = float(timeout or 0.0)
+    except (TypeError, ValueError):
+        raise OptionError(f"--timeout {timeout!r}: expected seconds") from None
+    dev = resolve_device(device, cuda=cuda)
+    archs = resolve_archs(arch, dev)
+    mods = tuple(dict.fromkeys(list(checks_modules) + list(checks_modules_from_env())))
+    return AuditConfig(dtype=dtype, device=dev, archs=archs, profile=profile, seed=seed,
+                       keyword=keyword or None, shard=parse_shard(shard), checks_modules=mods,
+                       no_default_checks=bool(no_default_checks), isolate=isolate,
+                       timeout=max(0.0, timeout), opts=tuple(sorted(parse_opts(opts).items())))
+
+
+# ------------------------------------------------------------------------------------ frontends
+def click_options(func: Callable) -> Callable:
+    """Decorate a click command with every shared option (``--dtype``, ``--device``, ...)."""
+    import click
+
+    for opt in reversed(OPTIONS):
+        kw: dict[str, Any] = {"help": opt.help, "show_default": True}
+        if opt.flag:
+            deco = click.option(f"--{opt.name}", opt.dest, is_flag=True, default=opt.default, **kw)
+        else:
+            if opt.choices:
+                kw["type"] = click.Choice(opt.choices, case_sensitive=False)
+            elif opt.type is not None:
+                kw["type"] = opt.type
+            if opt.metavar:
+                kw["metavar"] = opt.metavar
+            deco = click.option(f"--{opt.name}", opt.dest, default=opt.default,
+                                multiple=opt.multiple, **kw)
+        func = deco(func)
+    return func
+
+
+def add_pytest_options(group: Any) -> None:
+    """Add ``--fa4-<name>`` options to a pytest option group (choices validated later, so a bad
+    value is a one-line usage error from :func:`build_config`)."""
+    for opt in OPTIONS:
+        name = f"--fa4-{opt.name}"
+        dest = f"fa4_{opt.dest}"
+        if opt.flag:
+            group.addoption(name, action="store_true", dest=dest, default=opt.default,
+                            help=opt.help)
+        elif opt.multiple:
+            group.addoption(name, action="append", dest=dest, default=None,
+                            metavar=opt.metavar or opt.name.upper(),
+                            help=f"{opt.help} Default: {opt.default!r}")
+        else:
+            group.addoption(name, action="store", dest=dest, default=opt.default,
+                            metavar=opt.metavar or (opt.choices and "|".join(opt.choices)) or None,
+                            help=f"{opt.help} Default: {opt.default!r}")
+
+
+def config_from_pytest(config: Any, profile: str) -> AuditConfig:
+    """Build the AuditConfig from a pytest ``config`` (``--fa4-*`` values)."""
+    vals: dict[str, Any] = {}
+    for opt in OPTIONS:
+        v = config.getoption(f"fa4_{opt.dest}")
+        if opt.multiple and v is None:
+            v = opt.default
+        vals[opt.dest] = v
+    return build_config(dtype=vals["dtype"], device=vals["device"], arch=vals["arch"],
+                        profile=profile or vals["profile"], seed=vals["seed"],
+                        shard=vals["shard"], checks_modules=vals["checks_modules"],
+                        no_default_checks=vals["no_default_checks"], isolate=vals["isolate"],
+                        timeout=vals["timeout"], opts=vals["opts"])

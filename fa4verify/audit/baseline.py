@@ -1,0 +1,133 @@
+"""Baseline comparison (``--baseline previous.json``) and report merging (``report merge``).
+
+Regression rule: for every check id present (and not skipped) in both reports, every numeric
+metric present in both is compared.  Larger is worse unless the metric name ends with
+``_higher_is_better``.  A metric that got worse by more than ``rtol * |old|`` (default rtol 0:
+any growth) is a regression, even if the check still passes its budget; NaN where the baseline
+had a number is a regression too.  A check that passed in the baseline and now fails or errors
+is a regression (it already fails the gate on its own).  ``tightness`` is compared like a metric.
+Checks only in one of the two reports are listed ("missing"/"new"), not failed.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from fa4verify.audit.report_json import ReportError, as_number, build_report, counts
+
+HIB = "_higher_is_better"
+
+
+def _worse(name: str, old: float, new: float, rtol: float) -> bool:
+    if math.isnan(old):
+        return False
+    if math.isnan(new):
+        return True
+    higher_better = name.endswith(HIB)
+    delta = (old - new) if higher_better else (new - old)
+    if math.isinf(old) and math.isinf(new) and old == new:
+        return False
+    return delta > rtol * abs(old) if math.isfinite(old) else delta > 0
+
+
+def _better(name: str, old: float, new: float) -> bool:
+    if math.isnan(old) or math.isnan(new):
+        return False
+    return (new > old) if name.endswith(HIB) else (new < old)
+
+
+def compare(current: Sequence[dict[str, Any]], baseline: dict[str, Any], *,
+            rtol: float = 0.0, path: str = "") -> dict[str, Any]:
+    """Compare current results (report-format dicts) against a loaded baseline report."""
+    base = {r["id"]: r for r in baseline.get("results", [])}
+    cur = {r["id"]: r for r in current}
+    regressions: list[dict[str, Any]] = []
+    improvements: list[dict[str, Any]] = []
+    for cid, r in cur.items():
+        b = base.get(cid)
+        if b is None or r["status"] == "skip" or b["status"] == "skip":
+            continue
+        if b["status"] == "pass" and r["status"] in ("fail", "error", "undecided"):
+            regressions.append({"id": cid, "metric": "status", "old": b["status"],
+                                "new": r["status"]})
+        items = dict(b.get("metrics") or {})
+        cm = dict(r.get("metrics") or {})
+        if b.get("tightness") is not None and r.get("tightness") is not None:
+            items["tightness"] = b["tightness"]
+            cm["tightness"] = r["tightness"]
+        for name, ov in items.items():
+            if name not in cm:
+                continue
+            o, n = as_number(ov), as_number(cm[name])
+            if o is None or n is None:
+                continue
+            if _worse(name, o, n, rtol):
+                regressions.append({"id": cid, "metric": name, "old": ov, "new": cm[name]})
+            elif _better(name, o, n):
+                improvements.append({"id": cid, "metric": name, "old": ov, "new": cm[name]})
+    missing = sorted(set(base) - set(cur))
+    new = sorted(set(cur) - set(base))
+    return {"path": path, "rtol": rtol, "regressions": regressions, "improvements": improvements,
+            "missing": missing, "new": new, "baseline_config": baseline.get("config") or {},
+            "baseline_versions": (baseline.get("environment") or {}).get("versions", {})}
+
+
+def config_mismatch(current_config: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """Human-readable differences of dtype/profile/archs between a run and its baseline."""
+    bc = baseline.get("config") or {}
+    out = []
+    for k in ("dtype", "profile", "archs", "device"):
+        if k in bc and k in current_config and bc[k] != current_config[k]:
+            out.append(f"{k}: baseline {bc[k]!r} vs now {current_config[k]!r}")
+    return out
+
+
+_MERGE_KEYS = ("dtype", "profile", "seed", "archs", "device")
+
+
+def merge(reports: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Merge shard reports of one configuration into one report (raises ReportError).
+
+    All reports must share dtype, profile, seed, archs and device; an id that appears in two
+    reports must have the same status there (a re-run shard), else it is an error.  The merged
+    exit code is recomputed from the merged results."""
+    from fa4verify.audit.runner import CheckRecord, exit_code_for
+
+    if not reports:
+        raise ReportError("nothing to merge")
+    first_path, first = reports[0]
+    cfg0 = dict(first.get("config") or {})
+    results: dict[str, dict[str, Any]] = {}
+    envs = []
+    shards = []
+    duration = 0.0
+    for path, rep in reports:
+        cfg = rep.get("config") or {}
+        for k in _MERGE_KEYS:
+            if cfg.get(k) != cfg0.get(k):
+                raise ReportError(f"{path}: config {k}={cfg.get(k)!r} differs from "
+                                  f"{first_path} ({cfg0.get(k)!r}); not shards of one audit")
+        shards.append(cfg.get("shard"))
+        envs.append(rep.get("environment") or {})
+        envs.extend(rep.get("environments") or [])
+        duration += float((rep.get("summary") or {}).get("duration_s", 0.0) or 0.0)
+        for r in rep["results"]:
+            old = results.get(r["id"])
+            if old is not None and old["status"] != r["status"]:
+                raise ReportError(f"{path}: check {r['id']} is {r['status']} here but "
+                                  f"{old['status']} in another report")
+            results.setdefault(r["id"], r)
+    merged_results = sorted(results.values(), key=lambda r: r["id"])
+    recs = [CheckRecord.from_dict(r) for r in merged_results]
+    code = exit_code_for(recs)
+    cfg = dict(cfg0)
+    cfg["shard"] = None
+    cfg["merged_shards"] = shards
+    rep = build_report(config=cfg, environment=first.get("environment") or {},
+                       results=merged_results, exit_code=code, duration_s=duration,
+                       command=[], environments=envs)
+    rep["summary"]["merged_from"] = [p for p, _ in reports]
+    return rep
+
+
+__all__ = ["compare", "merge", "config_mismatch", "counts"]

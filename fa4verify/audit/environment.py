@@ -1,0 +1,97 @@
+"""What the audit ran on: package versions, Python, OS, CPU, and the GPU/driver if any.
+
+Versions come from installed distribution metadata (no heavy import); torch is imported only
+when the audit runs on a CUDA device, to read the GPU name, capability and CUDA version.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+DISTRIBUTIONS = {
+    "fa4verify": "fa4verify",
+    "flash-attn-4": "FA4",
+    "nvidia-cutlass-dsl": "CuTe DSL",
+    "torch": "torch",
+    "numpy": "numpy",
+    "mpmath": "mpmath",
+    "gmpy2": "gmpy2",
+    "triton": "triton",
+}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    if shutil.which("git") is None:
+        return None
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+    except Exception:
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu_info() -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return info
+        i = torch.cuda.current_device()
+        p = torch.cuda.get_device_properties(i)
+        info.update(gpu_name=p.name, gpu_capability=f"{p.major}.{p.minor}",
+                    gpu_count=torch.cuda.device_count(), gpu_memory_gib=round(p.total_memory / 2**30, 1),
+                    gpu_sms=getattr(p, "multi_processor_count", None), cuda_runtime=torch.version.cuda)
+    except Exception as e:  # pragma: no cover - only on GPU machines
+        info["gpu_error"] = f"{type(e).__name__}: {e}"
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)
+            if out.returncode == 0 and out.stdout.strip():
+                info["driver"] = out.stdout.strip().splitlines()[0]
+        except Exception:  # pragma: no cover
+            pass
+    return info
+
+
+def collect(device: str = "cpu") -> dict[str, Any]:
+    """{"versions": {...}, "hardware": {...}} for the report."""
+    versions: dict[str, Any] = {name: _version(dist) for dist, name in DISTRIBUTIONS.items()}
+    versions["python"] = platform.python_version()
+    commit = _git_commit()
+    if commit:
+        versions["fa4verify_git"] = commit
+    hardware: dict[str, Any] = {
+        "machine": platform.machine(), "os": f"{platform.system()} {platform.release()}",
+        "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "hostname": platform.node(),
+        "device": device, "executable": sys.executable,
+    }
+    if device == "cuda":
+        hardware.update(_gpu_info())
+    return {"versions": versions, "hardware": hardware}

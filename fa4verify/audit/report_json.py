@@ -1,0 +1,151 @@
+"""The JSON audit report, schema ``fa4verify.audit/1``.
+
+Top level (all keys always present unless marked optional)::
+
+    schema        "fa4verify.audit/1"
+    created       ISO-8601 UTC time the report was written
+    command       argv of the run (list of str), or [] for merged reports
+    config        AuditConfig.to_dict(): dtype, device, archs, profile, seed, keyword, shard, ...
+    seeds         {"audit": int, "per_check": how per-check streams derive from it}
+    environment   {"versions": {fa4verify, FA4, CuTe DSL, torch, numpy, python, ...},
+                   "hardware": {cpu, os, device, gpu_name, driver, cuda_runtime, ...}}
+                  (merged reports: "environments": list of these, one per shard)
+    summary       {"counts": {status: n}, "exit_code": int, "duration_s": float,
+                   "verdict": str, "where": {where: n}}
+    results       list of per-check dicts: id, check_id, title, module, arch, needs, status,
+                  where, summary, metrics, details, tightness, duration_s, isolated, notes
+    baseline      (optional) {"path": str, "regressions": [...], "improvements": [...],
+                   "missing": [...], "new": [...]}
+
+Non-finite floats are written as the strings "nan", "inf", "-inf" (JSON has no NaN) and read
+back as floats by :func:`load_report`.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from typing import Any, Sequence
+
+SCHEMA = "fa4verify.audit/1"
+PER_CHECK_SEED = ("numpy.random.default_rng([seed, crc32(check_id + '\\0' + stream)]) "
+                  "(fa4verify.audit.registry.CheckContext.rng)")
+
+
+class ReportError(ValueError):
+    """An unreadable, corrupt or incompatible report (one-line message)."""
+
+
+def _sanitize(obj: Any) -> Any:
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _sanitize(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_sanitize(v) for v in obj]
+    return obj
+
+
+def as_number(v: Any) -> float | None:
+    """A metric value as a float (``"nan"``/``"inf"`` strings included), or None if textual."""
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
+        return float(v)
+    return None
+
+
+def counts(results: Sequence[dict[str, Any]]) -> dict[str, int]:
+    out = {k: 0 for k in ("pass", "fail", "error", "undecided", "skip")}
+    for r in results:
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return out
+
+
+def where_counts(results: Sequence[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in results:
+        if r["status"] == "skip":
+            continue
+        w = r.get("where") or ("no result" if r["status"] == "error" else "unspecified")
+        out[w] = out.get(w, 0) + 1
+    return out
+
+
+def verdict_text(exit_code: int) -> str:
+    return {0: "PASSED: every check that ran is within budget",
+            1: "FAILED: budget, determinism or bit-exactness violation (or baseline regression)",
+            2: "USAGE ERROR",
+            3: "ERROR: a check could not complete (exception, crash or import error)",
+            5: "NOTHING RAN: no check passed or failed (all skipped or none selected)",
+            10: "UNDECIDED: a certified comparison could not decide"}.get(exit_code, f"exit {exit_code}")
+
+
+def build_report(*, config: dict[str, Any], environment: dict[str, Any],
+                 results: list[dict[str, Any]], exit_code: int, duration_s: float,
+                 command: Sequence[str] = (), baseline: dict[str, Any] | None = None,
+                 environments: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    rep: dict[str, Any] = {
+        "schema": SCHEMA,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": list(command),
+        "config": config,
+        "seeds": {"audit": config.get("seed"), "per_check": PER_CHECK_SEED},
+        "environment": environment,
+        "summary": {"counts": counts(results), "exit_code": int(exit_code),
+                    "duration_s": round(float(duration_s), 3), "verdict": verdict_text(exit_code),
+                    "where": where_counts(results)},
+        "results": results,
+    }
+    if environments is not None:
+        rep["environments"] = environments
+    if baseline is not None:
+        rep["baseline"] = baseline
+    return rep
+
+
+def dumps(report: dict[str, Any]) -> str:
+    return json.dumps(_sanitize(report), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+def validate(rep: Any, source: str = "report") -> dict[str, Any]:
+    """Check the shape of a loaded report (raises :class:`ReportError`)."""
+    if not isinstance(rep, dict):
+        raise ReportError(f"{source}: not a JSON object")
+    schema = rep.get("schema")
+    if schema != SCHEMA:
+        raise ReportError(f"{source}: schema {schema!r} is not {SCHEMA!r}")
+    res = rep.get("results")
+    if not isinstance(res, list):
+        raise ReportError(f"{source}: 'results' is missing or not a list")
+    for i, r in enumerate(res):
+        if not isinstance(r, dict) or not isinstance(r.get("id"), str) or r.get("status") not in (
+                "pass", "fail", "skip", "error", "undecided"):
+            raise ReportError(f"{source}: results[{i}] lacks a valid id/status")
+        if not isinstance(r.get("metrics", {}), dict):
+            raise ReportError(f"{source}: results[{i}].metrics is not an object")
+    if not isinstance(rep.get("config", {}), dict):
+        raise ReportError(f"{source}: 'config' is not an object")
+    return rep
+
+
+def load_report(path: str) -> dict[str, Any]:
+    """Read and validate a JSON report; any problem is a one-line :class:`ReportError`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ReportError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not UTF-8 text (corrupt report?)") from None
+    try:
+        rep = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path}: corrupt JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    return validate(rep, path)

@@ -1,0 +1,171 @@
+"""``fa4verify audit``: run every check, print the verdict, write reports, gate a release.
+
+Exit codes: 0 every check that ran is within budget; 1 a violation (budget, determinism,
+bit-exactness) or, with --baseline, a regression; 2 usage/environment error (nothing written);
+3 a check could not complete (exception, worker crash, import error); 5 nothing ran (all
+skipped or none selected); 10 undecided.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from fa4verify._options import OptionError, build_config, click_options
+
+
+def _usage(msg: str) -> "click.UsageError":
+    return click.UsageError(msg)
+
+
+def _list(specs, selected, config, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from fa4verify.audit.registry import cuda_available, unmet_need
+
+    have_cuda = cuda_available() if any("cuda" in s.spec.needs for s in selected) else False
+    tab = Table(title=f"{len(selected)} check(s) selected of {len(specs)} discovered "
+                      f"(profile {config.profile}, archs {','.join(config.archs)})",
+                title_justify="left")
+    for col in ("id", "title", "needs", "profiles", "module", "would run"):
+        tab.add_column(col, overflow="fold")
+    for s in selected:
+        reason = unmet_need(s.spec, config.device, cuda=have_cuda)
+        if reason is None and s.arch not in config.archs:
+            reason = f"arch {s.arch} not selected"
+        tab.add_row(escape(s.id), escape(s.spec.title), ",".join(sorted(s.spec.needs)),
+                    ",".join(p for p in ("quick", "default", "full", "exhaustive")
+                             if p in s.spec.profiles),
+                    _module_label(s.spec.module), "yes" if reason is None else escape(f"skip: {reason}"))
+    console.print(tab)
+
+
+def _module_label(module: str) -> str:
+    """A check module's name, or the relative path of a --checks-module .py file."""
+    import os
+
+    if module.startswith("_fa4verify_ext."):
+        f = getattr(sys.modules.get(module), "__file__", None)
+        if f:
+            return os.path.relpath(f)
+    return module
+
+
+@click.command(name="audit", context_settings={"help_option_names": ["-h", "--help"]})
+@click_options
+@click.option("-k", "keyword", default=None, metavar="EXPR",
+              help="Select checks whose id/title match EXPR (substrings, * wildcards, and/or/not).")
+@click.option("--list", "list_only", is_flag=True, help="List the selected checks and exit.")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the JSON report.")
+@click.option("--junit", "junit_path", default=None, metavar="FILE", help="Write JUnit XML.")
+@click.option("--html", "html_path", default=None, metavar="FILE",
+              help="Write the self-contained HTML report (plots embedded).")
+@click.option("--baseline", "baseline_path", default=None, metavar="FILE",
+              help="Previous JSON report: also fail (exit 1) on any metric regression.")
+@click.option("--regression-rtol", default=0.0, type=float, show_default=True, metavar="R",
+              help="Relative growth of a metric tolerated before it counts as a regression.")
+@click.option("--live/--no-live", "live", default=None,
+              help="Live progress display (default: on a TTY only).")
+def command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate,
+            timeout, opts, keyword, list_only, json_path, junit_path, html_path, baseline_path,
+            regression_rtol, live):
+    """Run every audit check, print the verdict, write reports and return the gate's exit code.
+
+    \b
+    On a CPU machine: the CPU twins and the compile-only census; on a GPU machine also the
+    production FA4 kernels (each in a worker subprocess, so a CUDA fault is reported and the
+    audit goes on).
+    \b
+    Exit: 0 within budget, 1 violation/regression, 2 usage or environment error,
+          3 a check crashed, 5 nothing ran, 10 undecided.
+    """
+    from fa4verify.audit.atomic import OutputPathError, check_writable
+    from fa4verify.audit.report_json import ReportError, load_report
+    from fa4verify.audit.runner import KeywordError, compile_keyword, load_specs, select
+
+    t_start = time.time()
+    try:
+        config = build_config(dtype=dtype.lower(), device=device.lower(), arch=arch,
+                              profile=profile.lower(), seed=seed, keyword=keyword, shard=shard,
+                              checks_modules=checks_modules, no_default_checks=no_default_checks,
+                              isolate=isolate.lower(), timeout=timeout, opts=opts)
+        compile_keyword(keyword)
+    except (OptionError, KeywordError) as e:
+        raise _usage(str(e)) from None
+    if regression_rtol < 0:
+        raise _usage(f"--regression-rtol {regression_rtol}: must be >= 0")
+    outputs = [("--json", json_path), ("--junit", junit_path), ("--html", html_path)]
+    paths = [p for _, p in outputs if p]
+    if len(set(paths)) != len(paths):
+        raise _usage("--json, --junit and --html must name different files")
+    for opt, p in outputs:
+        if p:
+            try:
+                check_writable(p)
+            except OutputPathError as e:
+                raise _usage(f"{opt} {e}") from None
+    baseline = None
+    if baseline_path:
+        try:
+            baseline = load_report(baseline_path)
+        except ReportError as e:
+            raise _usage(f"--baseline {e}") from None
+
+    from fa4verify.audit.terminal import TerminalReporter, make_console, render_verdict
+
+    console = make_console()
+    specs = load_specs(config)
+    selected = select(specs, config)
+    if list_only:
+        _list(specs, selected, config, console)
+        return 0
+
+    from fa4verify.audit import environment
+    from fa4verify.audit.baseline import compare, config_mismatch
+    from fa4verify.audit.report_json import build_report
+    from fa4verify.audit.runner import exit_code_for, run_audit
+
+    reporter = TerminalReporter(console, live=live)
+    run = run_audit(config, specs=specs, selected=selected, reporter=reporter)
+    results = [r.to_dict() for r in run.records]
+    bl = None
+    if baseline is not None:
+        bl = compare(results, baseline, rtol=regression_rtol, path=baseline_path)
+        bl["mismatch"] = config_mismatch(config.to_dict(), baseline)
+    code = exit_code_for(run.records, regressions=len(bl["regressions"]) if bl else 0)
+    report = build_report(config=config.to_dict(), environment=environment.collect(config.device),
+                          results=results, exit_code=code, duration_s=time.time() - t_start,
+                          command=["fa4verify"] + sys.argv[1:], baseline=bl)
+    report["summary"]["discovered"] = run.discovered
+    try:
+        write_reports(report, json_path=json_path, junit_path=junit_path, html_path=html_path)
+    except OSError as e:
+        click.echo(f"fa4verify audit: cannot write report: {e}", err=True)
+        render_verdict(report, console)
+        return 2
+    render_verdict(report, console)
+    for label, p in (("JSON", json_path), ("JUnit", junit_path), ("HTML", html_path)):
+        if p:
+            console.print(f"{label} report: {p}")
+    return code
+
+
+def write_reports(report, *, json_path=None, junit_path=None, html_path=None) -> None:
+    """Render every requested report in memory, then write them atomically (all or none)."""
+    from fa4verify.audit.atomic import write_all
+    from fa4verify.audit.report_json import dumps
+
+    outs = []
+    if json_path:
+        outs.append((json_path, dumps(report).encode("utf-8")))
+    if junit_path:
+        from fa4verify.audit.report_junit import render as junit
+
+        outs.append((junit_path, junit(report)))
+    if html_path:
+        from fa4verify.audit.report_html import render as html
+
+        outs.append((html_path, html(report).encode("utf-8")))
+    write_all(outs)
