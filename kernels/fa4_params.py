@@ -1,0 +1,256 @@
+"""The numeric knobs of the installed FlashAttention-4, read from its source.
+
+``load_params()`` returns the values the twin (``fa4verify.kernels.twin``) and the sweeps need:
+
+* ``POLY_EX2``            -- the exp2 polynomial coefficients (``flash_attn/cute/utils.py``),
+* ``_TUNING_CONFIG``      -- per-(2cta, causal, hd_pad, sm103) emulation frequency / start fragment,
+* ``_FP8_TUNING_CONFIG``  -- the FP8 overrides (both in ``flash_attn/cute/flash_fwd_sm100.py``),
+* ``rescale_threshold``   -- 8.0 for 16-bit inputs, and ``max_offset`` -- 8 for fp8 inputs: both are
+  hard-coded expressions in ``flash_fwd_sm100.py``; they are parsed from the source text with a
+  regular expression and a missing pattern raises :class:`FA4SourceChanged`.
+
+Method
+------
+The dict literals are read from the *installed* source files with :mod:`ast` (``ast.literal_eval``
+of the assignment), which takes milliseconds; importing ``flash_attn.cute`` takes ~5 s and is not
+needed. ``tests/test_fa4_params_*.py`` checks that the parsed values equal the imported module's
+attributes. Results are cached per process.
+
+When flash-attn-4 is not installed, the pinned copy ``kernels/data/pinned_fa4_params.json`` is used
+and ``FA4Params.source`` says so. The pinned copy is generated, never edited by hand::
+
+    python -m fa4verify.kernels.fa4_params --write-pinned kernels/data/pinned_fa4_params.json
+
+Possible issues
+---------------
+Only the textual form of the knobs is checked here; that the twin's *logic* still matches FA4 is
+checked by the source-shape tests in ``tests/test_fa4_params_source_shape.py`` (they fail with a
+clear message when FA4 changes the code around ``apply_exp2_convert`` / ``ex2_emulation_2``).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FA4Params", "FA4SourceChanged", "load_params", "fa4_source_dir", "params_to_json",
+           "PINNED_PATH", "FA4_DIST", "DSL_DIST"]
+
+FA4_DIST = "flash-attn-4"
+DSL_DIST = "nvidia-cutlass-dsl"
+PINNED_PATH = Path(__file__).resolve().parent / "data" / "pinned_fa4_params.json"
+
+TuneKey = tuple  # (use_2cta_instrs: bool, is_causal: bool, head_dim_padded: int, is_sm103: bool)
+
+
+class FA4SourceChanged(RuntimeError):
+    """The installed FA4 source no longer has the shape fa4verify's twin assumes."""
+
+
+@dataclass(frozen=True)
+class FA4Params:
+    """Numeric knobs of FA4 (see module docstring for where each one comes from).
+
+    ``poly_ex2[d]`` holds the ``d + 1`` coefficients ``(c0, ..., cd)`` of the degree-``d`` exp2
+    polynomial (c0 == 1.0; every value is an exact binary32 number). ``tuning_config`` and
+    ``fp8_tuning_config`` map ``(use_2cta_instrs, is_causal, head_dim_padded, is_sm103)`` to the
+    per-config knob dict. ``rescale_threshold_16bit`` (log2 units) is the lazy-rescale threshold for
+    fp16/bf16 inputs; ``max_offset_fp8`` (log2 units) the P scaling offset for fp8 inputs.
+    """
+
+    poly_ex2: dict[int, tuple[float, ...]]
+    tuning_config: dict[TuneKey, dict[str, Any]]
+    fp8_tuning_config: dict[TuneKey, dict[str, Any]]
+    rescale_threshold_16bit: float
+    max_offset_fp8: float
+    source: str
+    fa4_version: str | None
+    dsl_version: str | None
+    rescale_threshold_other: float = 0.0
+    max_offset_other: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def max_exp2_argument(self) -> float:
+        """Largest exponent argument FA4's forward feeds to exp2 (log2 units):
+        ``max(max_offset) + max(rescale_threshold)`` = 8 for the current source."""
+        return max(self.max_offset_fp8 + self.rescale_threshold_other,
+                   self.max_offset_other + self.rescale_threshold_16bit)
+
+    @property
+    def installed(self) -> bool:
+        return self.source.startswith("installed")
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def fa4_source_dir() -> Path | None:
+    """Directory of the installed ``flash_attn/cute`` sources (without importing them), or None."""
+    if os.environ.get("FA4VERIFY_FORCE_PINNED") == "1":
+        return None
+    try:
+        spec = importlib.util.find_spec("flash_attn")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        d = Path(loc) / "cute"
+        if (d / "utils.py").is_file() and (d / "flash_fwd_sm100.py").is_file():
+            return d
+    return None
+
+
+def _literal_assignment(src: str, name: str, path: Path) -> Any:
+    tree = ast.parse(src, filename=str(path))
+    for node in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Name) and t.id == name:
+                try:
+                    return ast.literal_eval(node.value)
+                except ValueError as e:
+                    raise FA4SourceChanged(
+                        f"{path}: `{name}` is no longer a plain literal ({e}); "
+                        "update fa4verify.kernels.fa4_params") from e
+    raise FA4SourceChanged(f"{path}: module-level assignment `{name} = ...` not found; "
+                           "FA4 changed, update fa4verify.kernels.fa4_params")
+
+
+# `rescale_threshold = 8.0 if const_expr(self.q_dtype.width == 16) else 0.0`
+_RESCALE_RE = re.compile(
+    r"rescale_threshold\s*=\s*(?P<yes>[0-9]+(?:\.[0-9]*)?)\s+if\s+(?:cutlass\.)?const_expr\(\s*"
+    r"self\.q_dtype\.width\s*==\s*16\s*\)\s+else\s+(?P<no>[0-9]+(?:\.[0-9]*)?)")
+# `max_offset = 8 if cutlass.const_expr(self.q_dtype.width == 8) else 0`
+_MAX_OFFSET_RE = re.compile(
+    r"max_offset\s*=\s*(?P<yes>[0-9]+(?:\.[0-9]*)?)\s+if\s+(?:cutlass\.)?const_expr\(\s*"
+    r"self\.q_dtype\.width\s*==\s*8\s*\)\s+else\s+(?P<no>[0-9]+(?:\.[0-9]*)?)")
+
+
+def _one_value(regex: re.Pattern, src: str, what: str, path: Path) -> tuple[float, float]:
+    hits = {(float(m["yes"]), float(m["no"])) for m in regex.finditer(src)}
+    if not hits:
+        raise FA4SourceChanged(
+            f"{path}: the hard-coded `{what}` expression was not found (pattern {regex.pattern!r}); "
+            "FA4 changed, update fa4verify.kernels.fa4_params")
+    if len(hits) > 1:
+        raise FA4SourceChanged(f"{path}: `{what}` is set to different values in different places: "
+                               f"{sorted(hits)}; update fa4verify.kernels.fa4_params")
+    return hits.pop()
+
+
+def _normalise_poly(raw: dict) -> dict[int, tuple[float, ...]]:
+    out: dict[int, tuple[float, ...]] = {}
+    for d, coeffs in raw.items():
+        t = tuple(float(c) for c in (coeffs if isinstance(coeffs, (tuple, list)) else (coeffs,)))
+        if len(t) != int(d) + 1:
+            raise FA4SourceChanged(f"POLY_EX2[{d}] has {len(t)} coefficients, expected {int(d) + 1}")
+        out[int(d)] = t
+    return out
+
+
+def _read_installed(d: Path) -> FA4Params:
+    utils_py, fwd_py = d / "utils.py", d / "flash_fwd_sm100.py"
+    usrc, fsrc = utils_py.read_text(), fwd_py.read_text()
+    poly = _normalise_poly(_literal_assignment(usrc, "POLY_EX2", utils_py))
+    tune = _literal_assignment(fsrc, "_TUNING_CONFIG", fwd_py)
+    fp8 = _literal_assignment(fsrc, "_FP8_TUNING_CONFIG", fwd_py)
+    rt16, rt_other = _one_value(_RESCALE_RE, fsrc, "rescale_threshold", fwd_py)
+    mo8, mo_other = _one_value(_MAX_OFFSET_RE, fsrc, "max_offset", fwd_py)
+    fa4v = _dist_version(FA4_DIST)
+    return FA4Params(
+        poly_ex2=poly, tuning_config=dict(tune), fp8_tuning_config=dict(fp8),
+        rescale_threshold_16bit=rt16, max_offset_fp8=mo8,
+        rescale_threshold_other=rt_other, max_offset_other=mo_other,
+        source=f"installed {FA4_DIST} {fa4v}", fa4_version=fa4v,
+        dsl_version=_dist_version(DSL_DIST),
+        files={"utils.py": str(utils_py), "flash_fwd_sm100.py": str(fwd_py)},
+    )
+
+
+def params_to_json(p: FA4Params) -> dict:
+    """JSON-able form of ``p`` (tuple keys become lists). Used for the pinned copy and reports."""
+    def table(t):
+        return [[list(k), v] for k, v in sorted(t.items(), key=lambda kv: repr(kv[0]))]
+    return {
+        "schema": "fa4verify.fa4_params/1",
+        "generator": "python -m fa4verify.kernels.fa4_params --write-pinned PATH (never edit by hand)",
+        "fa4_version": p.fa4_version, "dsl_version": p.dsl_version,
+        "poly_ex2": {str(k): list(v) for k, v in sorted(p.poly_ex2.items())},
+        "poly_ex2_hex": {str(k): [float(c).hex() for c in v] for k, v in sorted(p.poly_ex2.items())},
+        "tuning_config": table(p.tuning_config),
+        "fp8_tuning_config": table(p.fp8_tuning_config),
+        "rescale_threshold_16bit": p.rescale_threshold_16bit,
+        "rescale_threshold_other": p.rescale_threshold_other,
+        "max_offset_fp8": p.max_offset_fp8, "max_offset_other": p.max_offset_other,
+    }
+
+
+def _read_pinned(path: Path = PINNED_PATH) -> FA4Params:
+    data = json.loads(path.read_text())
+    poly = {int(k): tuple(float.fromhex(h) for h in v) for k, v in data["poly_ex2_hex"].items()}
+    def table(rows):
+        return {tuple(k): dict(v) for k, v in rows}
+    return FA4Params(
+        poly_ex2=poly, tuning_config=table(data["tuning_config"]),
+        fp8_tuning_config=table(data["fp8_tuning_config"]),
+        rescale_threshold_16bit=float(data["rescale_threshold_16bit"]),
+        max_offset_fp8=float(data["max_offset_fp8"]),
+        rescale_threshold_other=float(data["rescale_threshold_other"]),
+        max_offset_other=float(data["max_offset_other"]),
+        source=f"pinned copy ({FA4_DIST} not installed; pinned from {data['fa4_version']})",
+        fa4_version=None, dsl_version=_dist_version(DSL_DIST),
+        files={"pinned": str(path)},
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def load_params() -> FA4Params:
+    """FA4's numeric knobs from the installed flash-attn-4, else from the pinned JSON copy.
+
+    Set ``FA4VERIFY_FORCE_PINNED=1`` to use the pinned copy even when FA4 is installed (tests).
+    Raises :class:`FA4SourceChanged` when FA4 is installed but its source no longer has the
+    expected shape (never silently falls back to the pinned copy in that case).
+    """
+    d = fa4_source_dir()
+    if d is not None:
+        return _read_installed(d)
+    return _read_pinned()
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write-pinned", metavar="PATH", help="write the pinned JSON copy from the installed FA4")
+    args = ap.parse_args(argv)
+    d = fa4_source_dir()
+    if args.write_pinned:
+        if d is None:
+            print("fa4_params: flash-attn-4 is not installed; cannot generate the pinned copy", file=sys.stderr)
+            return 2
+        Path(args.write_pinned).write_text(json.dumps(params_to_json(_read_installed(d)), indent=2) + "\n")
+        print(f"wrote {args.write_pinned}")
+        return 0
+    print(json.dumps(params_to_json(load_params()), indent=2))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_main())
