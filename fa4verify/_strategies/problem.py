@@ -1,0 +1,358 @@
+"""AttentionProblem (a frozen, JSON-round-trippable description of one attention call) and the
+``attention_problems`` composite strategy that draws them.
+
+A problem holds only small integers, flags and a value seed; :meth:`AttentionProblem.materialize`
+generates the arrays with numpy. Layout follows FA4: dense ``(batch, seqlen, nheads, head_dim)``;
+varlen ``(total, nheads, head_dim)`` with ``cu_seqlens`` (int32, length batch + 1).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Collection, Optional
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.strategies import DrawFn
+
+from fa4verify._strategies.masks import MaskMod, Window, causal_and_windows, mask_mods, resolve_window, \
+    softcaps, varlen_seqlens, window_keep_mask
+from fa4verify._strategies.shapes import check_arch, check_dtype, check_head_dims, head_counts, head_dims, \
+    seqlen_pairs
+from fa4verify._strategies.values import DISTRIBUTIONS, ValueSpec, generate_values, value_specs
+
+#: JSON schema tag written by :meth:`AttentionProblem.to_dict`.
+PROBLEM_FORMAT = "fa4verify-attention-problem/1"
+
+#: Optional features :func:`attention_problems` can switch on (all by default).
+FEATURES: tuple[str, ...] = ("causal", "local", "softcap", "sink", "varlen", "mask_mod", "gqa")
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One attention problem: shapes, masking, score modifiers and a value recipe.
+
+    Fields (all plain Python values, so a problem hashes, compares and round-trips JSON):
+
+    * ``arch``: "sm90" | "sm100"; ``dtype``: "bf16" | "fp16" (q, k, v, dout are exact in it).
+    * ``batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim_v``. For varlen problems
+      ``seqlen_q``/``seqlen_k`` are the maxima of ``seqlens_q``/``seqlens_k`` and ``batch`` their length.
+    * ``causal``, ``window_size=(left, right)`` (FA4 semantics, :mod:`fa4verify._strategies.masks`).
+    * ``softcap`` (0.0 = off), ``sink`` (learnable per-head sink present), ``softmax_scale``
+      (None = FA4's default ``1/sqrt(head_dim)``).
+    * ``seqlens_q``/``seqlens_k``: per-sequence lengths of a varlen batch (zeros allowed), or None.
+    * ``mask_mod``: a boolean keep-pattern (:class:`MaskMod`) or None; never together with
+      causal/window/varlen.
+    * ``values``: the :class:`ValueSpec` the arrays are generated from.
+    """
+
+    arch: str
+    dtype: str
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_kv: int
+    head_dim: int
+    head_dim_v: int
+    causal: bool = False
+    window_size: Window = (None, None)
+    softcap: float = 0.0
+    sink: bool = False
+    softmax_scale: Optional[float] = None
+    seqlens_q: Optional[tuple[int, ...]] = None
+    seqlens_k: Optional[tuple[int, ...]] = None
+    mask_mod: Optional[MaskMod] = None
+    values: ValueSpec = field(default_factory=ValueSpec)
+
+    def __post_init__(self) -> None:
+        check_arch(self.arch)
+        check_dtype(self.dtype)
+        check_head_dims(self.arch, self.head_dim, self.head_dim_v)
+        if self.nheads < 1 or self.nheads_kv < 1 or self.nheads % self.nheads_kv:
+            raise ValueError(f"nheads={self.nheads} must be a positive multiple of nheads_kv={self.nheads_kv}")
+        if (self.seqlens_q is None) != (self.seqlens_k is None):
+            raise ValueError("seqlens_q and seqlens_k must both be given (varlen) or both be None")
+        if self.seqlens_q is not None:
+            object.__setattr__(self, "seqlens_q", tuple(int(x) for x in self.seqlens_q))
+            object.__setattr__(self, "seqlens_k", tuple(int(x) for x in self.seqlens_k))
+            if not (len(self.seqlens_q) == len(self.seqlens_k) == self.batch):
+                raise ValueError(f"varlen: len(seqlens_q)={len(self.seqlens_q)}, len(seqlens_k)="
+                                 f"{len(self.seqlens_k)} and batch={self.batch} must agree")
+            if min(self.seqlens_q + self.seqlens_k) < 0:
+                raise ValueError("varlen sequence lengths must be >= 0")
+            if (self.seqlen_q, self.seqlen_k) != (max(self.seqlens_q), max(self.seqlens_k)):
+                raise ValueError("varlen: seqlen_q/seqlen_k must be the maxima of seqlens_q/seqlens_k")
+        elif self.batch < 1 or self.seqlen_q < 1 or self.seqlen_k < 1:
+            raise ValueError(f"dense problems need batch, seqlen_q, seqlen_k >= 1, got "
+                             f"{self.batch}, {self.seqlen_q}, {self.seqlen_k}")
+        if self.mask_mod is not None and (self.causal or self.window_size != (None, None) or self.varlen):
+            raise ValueError("mask_mod cannot be combined with causal, a window, or varlen")
+        if self.softcap < 0 or not math.isfinite(self.softcap):
+            raise ValueError(f"softcap={self.softcap} must be finite and >= 0")
+        object.__setattr__(self, "window_size", tuple(self.window_size))
+
+    # ------------------------------------------------------------------ derived facts
+    @property
+    def varlen(self) -> bool:
+        return self.seqlens_q is not None
+
+    @property
+    def scale(self) -> float:
+        """The softmax scale actually used (FA4's default ``1/sqrt(head_dim)`` when None)."""
+        return self.softmax_scale if self.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def local(self) -> bool:
+        return resolve_window(self.causal, self.window_size)[1]
+
+    @property
+    def work(self) -> int:
+        """Multiply-adds of one forward pass (size measure, e.g. for shrinking reports)."""
+        if self.varlen:
+            pairs = sum(a * b for a, b in zip(self.seqlens_q, self.seqlens_k))
+        else:
+            pairs = self.batch * self.seqlen_q * self.seqlen_k
+        return pairs * self.nheads * (self.head_dim + self.head_dim_v)
+
+    def features(self) -> dict[str, Any]:
+        """Flat feature labels (for campaign coverage counts and reports)."""
+        return {"arch": self.arch, "dtype": self.dtype, "hdim": f"{self.head_dim}x{self.head_dim_v}",
+                "causal": self.causal, "local": self.local, "softcap": self.softcap > 0, "sink": self.sink,
+                "varlen": self.varlen, "gqa": self.nheads_kv < self.nheads,
+                "mask_mod": self.mask_mod.kind if self.mask_mod else None,
+                "distribution": self.values.distribution,
+                "seqlen_q_ne_k": self.seqlen_q != self.seqlen_k,
+                "tile_edge": any(x % 64 in (0, 1, 63) for x in (self.seqlen_q, self.seqlen_k)),
+                "zero_length": bool(self.varlen and 0 in (self.seqlens_q + self.seqlens_k))}
+
+    def describe(self) -> str:
+        """One-line human summary."""
+        parts = [f"{self.arch} {self.dtype} b={self.batch} sq={self.seqlen_q} sk={self.seqlen_k} "
+                 f"h={self.nheads}/{self.nheads_kv} d={self.head_dim}" +
+                 (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")]
+        if self.varlen:
+            parts.append(f"varlen q={list(self.seqlens_q)} k={list(self.seqlens_k)}")
+        if self.causal:
+            parts.append("causal")
+        if self.window_size != (None, None):
+            parts.append(f"window={self.window_size}")
+        if self.softcap:
+            parts.append(f"softcap={self.softcap:g}")
+        if self.sink:
+            parts.append("sink")
+        if self.softmax_scale is not None:
+            parts.append(f"scale={self.softmax_scale:g}")
+        if self.mask_mod:
+            parts.append(f"mask_mod={self.mask_mod.kind}({self.mask_mod.param})")
+        parts.append(f"values={self.values.distribution}#{self.values.seed}")
+        return " ".join(parts)
+
+    def _seq_bounds(self) -> list[tuple[int, int, int, int]]:
+        """``(q_start, q_len, k_start, k_len)`` per batch entry, along the varlen token axis
+        (dense problems: starts are 0 and lengths the full seqlens)."""
+        if not self.varlen:
+            return [(0, self.seqlen_q, 0, self.seqlen_k)] * self.batch
+        cq = np.concatenate([[0], np.cumsum(self.seqlens_q)])
+        ck = np.concatenate([[0], np.cumsum(self.seqlens_k)])
+        return [(int(cq[b]), self.seqlens_q[b], int(ck[b]), self.seqlens_k[b]) for b in range(self.batch)]
+
+    def keep_masks(self) -> list[np.ndarray]:
+        """Per batch entry, the boolean ``(len_q, len_k)`` keep-mask (True = attended) combining
+        causal/local masking and the mask_mod pattern. Independent of heads."""
+        out = []
+        for _, lq, _, lk in self._seq_bounds():
+            if self.mask_mod is not None:
+                out.append(self.mask_mod.keep_mask(lq, lk))
+            else:
+                out.append(window_keep_mask(lq, lk, causal=self.causal, window_size=self.window_size))
+        return out
+
+    def fully_masked_rows(self) -> np.ndarray:
+        """Boolean array in FA4's LSE layout: ``(batch, nheads, seqlen_q)`` dense, ``(nheads,
+        total_q)`` varlen; True where a query row attends to no key (so O = 0 and, without a
+        sink, LSE = -inf)."""
+        rows = [~m.any(axis=1) for m in self.keep_masks()]
+        if self.varlen:
+            flat = np.concatenate(rows) if rows else np.zeros(0, bool)
+            return np.broadcast_to(flat[None, :], (self.nheads, flat.size)).copy()
+        return np.broadcast_to(np.stack(rows)[:, None, :], (self.batch, self.nheads, self.seqlen_q)).copy()
+
+    # ------------------------------------------------------------------ arrays
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        if self.varlen:
+            tq, tk = sum(self.seqlens_q), sum(self.seqlens_k)
+            return {"q": (tq, self.nheads, self.head_dim), "k": (tk, self.nheads_kv, self.head_dim),
+                    "v": (tk, self.nheads_kv, self.head_dim_v), "out": (tq, self.nheads, self.head_dim_v)}
+        b, sq, sk = self.batch, self.seqlen_q, self.seqlen_k
+        return {"q": (b, sq, self.nheads, self.head_dim), "k": (b, sk, self.nheads_kv, self.head_dim),
+                "v": (b, sk, self.nheads_kv, self.head_dim_v), "out": (b, sq, self.nheads, self.head_dim_v)}
+
+    def materialize(self) -> dict[str, Optional[np.ndarray]]:
+        """Generate the arrays (deterministic in the problem's fields).
+
+        Returns a dict with ``q, k, v, dout`` (float32 holding exact ``dtype`` values, FA4 layout),
+        ``learnable_sink`` (float32 ``(nheads,)``, bf16-exact, or None), ``cu_seqlens_q`` /
+        ``cu_seqlens_k`` (int32 ``(batch + 1,)`` or None) and ``mask`` (bool ``(batch, seqlen_q,
+        seqlen_k)`` keep-mask when the problem has a mask_mod, else None).
+        """
+        sh = self.shapes()
+        if self.varlen:
+            key_pos = np.concatenate([np.arange(n) for n in self.seqlens_k] or [np.zeros(0, int)])
+        else:
+            key_pos = np.arange(self.seqlen_k)
+        arrs = generate_values(self.values, dtype=self.dtype, q_shape=sh["q"], k_shape=sh["k"], v_shape=sh["v"],
+                               key_positions=key_pos, softmax_scale=self.scale, nheads=self.nheads,
+                               with_sink=self.sink)
+        arrs["cu_seqlens_q"] = arrs["cu_seqlens_k"] = None
+        if self.varlen:
+            arrs["cu_seqlens_q"] = np.concatenate([[0], np.cumsum(self.seqlens_q)]).astype(np.int32)
+            arrs["cu_seqlens_k"] = np.concatenate([[0], np.cumsum(self.seqlens_k)]).astype(np.int32)
+        arrs["mask"] = None
+        if self.mask_mod is not None:
+            arrs["mask"] = np.stack(self.keep_masks())
+        return arrs
+
+    def kwargs(self, arrays: Optional[dict] = None) -> dict[str, Any]:
+        """Keyword arguments shared by the oracle, the twin and the adapter (the contract in
+        common.md): ``softmax_scale, causal, window_size, softcap, learnable_sink, cu_seqlens_q,
+        cu_seqlens_k``. The mask_mod pattern is not included (see ``materialize()["mask"]``)."""
+        arrays = self.materialize() if arrays is None else arrays
+        kw: dict[str, Any] = {"softmax_scale": self.softmax_scale, "causal": self.causal,
+                              "window_size": tuple(self.window_size), "softcap": float(self.softcap),
+                              "learnable_sink": arrays["learnable_sink"]}
+        if self.varlen:
+            kw["cu_seqlens_q"] = arrays["cu_seqlens_q"]
+            kw["cu_seqlens_k"] = arrays["cu_seqlens_k"]
+        return kw
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": PROBLEM_FORMAT, "arch": self.arch, "dtype": self.dtype, "batch": self.batch,
+                "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k, "nheads": self.nheads,
+                "nheads_kv": self.nheads_kv, "head_dim": self.head_dim, "head_dim_v": self.head_dim_v,
+                "causal": self.causal, "window_size": list(self.window_size), "softcap": self.softcap,
+                "sink": self.sink, "softmax_scale": self.softmax_scale,
+                "seqlens_q": list(self.seqlens_q) if self.varlen else None,
+                "seqlens_k": list(self.seqlens_k) if self.varlen else None,
+                "mask_mod": self.mask_mod.to_dict() if self.mask_mod else None,
+                "values": self.values.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AttentionProblem":
+        fmt = d.get("format", PROBLEM_FORMAT)
+        if fmt != PROBLEM_FORMAT:
+            raise ValueError(f"unknown problem format {fmt!r} (expected {PROBLEM_FORMAT!r})")
+        ws = d.get("window_size") or (None, None)
+        return cls(arch=d["arch"], dtype=d["dtype"], batch=int(d["batch"]), seqlen_q=int(d["seqlen_q"]),
+                   seqlen_k=int(d["seqlen_k"]), nheads=int(d["nheads"]), nheads_kv=int(d["nheads_kv"]),
+                   head_dim=int(d["head_dim"]), head_dim_v=int(d["head_dim_v"]), causal=bool(d.get("causal")),
+                   window_size=(ws[0], ws[1]), softcap=float(d.get("softcap", 0.0)), sink=bool(d.get("sink")),
+                   softmax_scale=d.get("softmax_scale"),
+                   seqlens_q=tuple(d["seqlens_q"]) if d.get("seqlens_q") is not None else None,
+                   seqlens_k=tuple(d["seqlens_k"]) if d.get("seqlens_k") is not None else None,
+                   mask_mod=MaskMod.from_dict(d["mask_mod"]) if d.get("mask_mod") else None,
+                   values=ValueSpec.from_dict(d.get("values", {"distribution": "normal", "seed": 0})))
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, **kw)
+
+    @classmethod
+    def from_json(cls, s: str) -> "AttentionProblem":
+        return cls.from_dict(json.loads(s))
+
+    def digest(self) -> str:
+        """Short stable hash of the JSON form (names case files)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+    def replace(self, **changes: Any) -> "AttentionProblem":
+        return replace(self, **changes)
+
+
+def _arch_features(arch: str, head_dim: int, head_dim_v: int) -> set[str]:
+    """Features FA4 lacks for a head-dim pair: SM100's dedicated (256, 256) kernel has no softcap,
+    sinks, local windows or mask_mod (fa4_numerics.md section 9.2)."""
+    if arch == "sm100" and (head_dim, head_dim_v) == (256, 256):
+        return {"softcap", "sink", "local", "mask_mod"}
+    return set()
+
+
+@st.composite
+def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str = "sm90", max_seqlen: int = 256,
+                       max_batch: int = 3, max_heads: int = 4, max_head_dim: int = 128,
+                       features: Collection[str] = FEATURES, distributions: Optional[Collection[str]] = None,
+                       max_work: Optional[int] = None) -> AttentionProblem:
+    """Draw an :class:`AttentionProblem` that FA4 accepts on ``arch``. Never runs a kernel.
+
+    Arguments (all keyword-only):
+
+    * ``dtype``: "bf16" or "fp16"; None draws either (bf16 first).
+    * ``arch``: "sm90" (head dims 8..256, multiples of 8) or "sm100" (8..128, (192, 128),
+      (256, 256)); unsupported values raise :class:`InvalidArgument`.
+    * ``max_seqlen`` (>= 1): bound on every sequence length, inclusive. Lengths are biased to
+      tile edges (1, 63/64/65, 127/128/129, ..., ``2^k +- 1``), with ``seqlen_q != seqlen_k``
+      drawn in both directions.
+    * ``max_batch`` (>= 1), ``max_heads`` (>= 1), ``max_head_dim`` (>= 8): inclusive bounds.
+    * ``features``: subset of :data:`FEATURES` allowed to appear. Each is drawn on or off
+      (off shrinks first). Features FA4 lacks for a drawn head dim are switched off.
+    * ``distributions``: subset of :data:`~fa4verify._strategies.values.DISTRIBUTIONS`.
+    * ``max_work``: optional bound on :attr:`AttentionProblem.work`; larger draws are rejected
+      with ``assume`` (keep it generous: rejection costs examples).
+
+    Never generates: fp8, MLA head dims, empty dense sequences, NaN/Inf inputs, a mask_mod together
+    with causal/window/varlen, or a varlen batch with no query row. Values are exact in ``dtype``.
+    Shrinks toward: bf16, batch 1, one head, head dim 8, seqlen 1, no features, standard normal
+    values with seed 0.
+    """
+    check_arch(arch)
+    if dtype is not None:
+        check_dtype(dtype)
+    for name, val, lo in (("max_seqlen", max_seqlen, 1), ("max_batch", max_batch, 1), ("max_heads", max_heads, 1),
+                          ("max_head_dim", max_head_dim, 8)):
+        if not isinstance(val, int) or val < lo:
+            raise InvalidArgument(f"{name}={val!r} must be an int >= {lo}")
+    feats = set(features)
+    unknown = feats - set(FEATURES)
+    if unknown:
+        raise InvalidArgument(f"features={sorted(features)!r}: unknown {sorted(unknown)} (known: {FEATURES})")
+    if distributions is not None:
+        bad = set(distributions) - set(DISTRIBUTIONS)
+        if bad or not distributions:
+            raise InvalidArgument(f"distributions={distributions!r}: unknown {sorted(bad)} (known: {DISTRIBUTIONS})")
+
+    dt = dtype if dtype is not None else draw(st.sampled_from(("bf16", "fp16")))
+    hd, hdv = draw(head_dims(arch=arch, max_head_dim=max_head_dim))
+    feats -= _arch_features(arch, hd, hdv)
+    nheads, nheads_kv = draw(head_counts(max_heads=max_heads, gqa="gqa" in feats))
+    batch = draw(st.integers(1, max_batch))
+    use_varlen = "varlen" in feats and draw(st.booleans())
+    if use_varlen:
+        sq_list, sk_list = draw(varlen_seqlens(batch=batch, max_seqlen=max_seqlen))
+        sq, sk = max(sq_list), max(sk_list)
+    else:
+        sq_list = sk_list = None
+        sq, sk = draw(seqlen_pairs(max_seqlen=max_seqlen))
+    mm = None
+    causal, window = False, (None, None)
+    if "mask_mod" in feats and not use_varlen and draw(st.booleans()):
+        mm = draw(mask_mods(seqlen_q=sq, seqlen_k=sk))
+    elif "causal" in feats or "local" in feats:
+        causal, window = draw(causal_and_windows(seqlen_q=max(sq, 1), seqlen_k=max(sk, 1),
+                                                 local="local" in feats, causal="causal" in feats))
+        if "causal" not in feats and resolve_window(causal, window)[0]:
+            causal, window = False, (None, None)   # e.g. (None, 0) is causal in FA4's resolution
+    softcap = draw(softcaps()) if "softcap" in feats and draw(st.booleans()) else 0.0
+    sink = "sink" in feats and draw(st.booleans())
+    scale = draw(st.sampled_from((None, None, None, 1.0, 0.0625)))
+    values = draw(value_specs(dtype=dt, distributions=tuple(distributions) if distributions else None, sinks=sink))
+    prob = AttentionProblem(arch=arch, dtype=dt, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads,
+                            nheads_kv=nheads_kv, head_dim=hd, head_dim_v=hdv, causal=causal, window_size=window,
+                            softcap=softcap, sink=sink, softmax_scale=scale, seqlens_q=sq_list, seqlens_k=sk_list,
+                            mask_mod=mm, values=values)
+    if max_work is not None:
+        from hypothesis import assume
+        assume(prob.work <= max_work)
+    return prob
