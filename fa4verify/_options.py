@@ -210,10 +210,11 @@ def click_options(func: Callable) -> Callable:
             deco = click.option(f"--{opt.name}", opt.dest, is_flag=True, default=opt.default, **kw)
         else:
             if opt.choices:
-                kw["type"] = click.Choice(opt.choices, case_sensitive=False)
+                # validated by build_config (one-line error); choices shown in the metavar
+                kw["metavar"] = "[" + "|".join(opt.choices) + "]"
             elif opt.type is not None:
                 kw["type"] = opt.type
-            if opt.metavar:
+            if opt.metavar and "metavar" not in kw:
                 kw["metavar"] = opt.metavar
             deco = click.option(f"--{opt.name}", opt.dest, default=opt.default,
                                 multiple=opt.multiple, **kw)

@@ -15,8 +15,55 @@ import click
 from fa4verify._options import OptionError, build_config, click_options
 
 
-def _usage(msg: str) -> "click.UsageError":
-    return click.UsageError(msg)
+class OneLineUsageError(click.ClickException):
+    """Bad input or unusable environment: one line on stderr, exit 2 (ExitCode.USAGE)."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, prog: str = "fa4verify audit") -> None:
+        super().__init__(message)
+        self.prog = prog
+
+    def show(self, file=None) -> None:  # noqa: D102 - click API
+        click.echo(f"{self.prog}: error: {self.format_message()}", err=True)
+
+
+def _usage(msg: str) -> OneLineUsageError:
+    return OneLineUsageError(msg)
+
+
+def _prog(parent, info_name) -> str:
+    if parent is not None:
+        return f"{parent.command_path} {info_name}"
+    return f"fa4verify {info_name}"
+
+
+class OneLineCommand(click.Command):
+    """A click command whose parse errors (unknown option, bad value) are one line, exit 2."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as e:
+            raise OneLineUsageError(e.format_message(), prog=_prog(parent, info_name)) from None
+
+
+class OneLineGroup(click.Group):
+    """A click group with one-line parse errors (see :class:`OneLineCommand`)."""
+
+    command_class = OneLineCommand
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as e:
+            raise OneLineUsageError(e.format_message(), prog=_prog(parent, info_name)) from None
+
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as e:
+            raise OneLineUsageError(e.format_message(), prog=_prog(parent, info_name)) from None
 
 
 def _list(specs, selected, config, console) -> None:
@@ -53,7 +100,7 @@ def _module_label(module: str) -> str:
     return module
 
 
-@click.command(name="audit", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(name="audit", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click_options
 @click.option("-k", "keyword", default=None, metavar="EXPR",
               help="Select checks whose id/title match EXPR (substrings, * wildcards, and/or/not).")

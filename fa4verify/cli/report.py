@@ -1,0 +1,111 @@
+"""``fa4verify report``: merge shard reports, show a report, re-render it as HTML/JUnit.
+
+    fa4verify report merge a.json b.json ... -o merged.json [--html F] [--junit F]
+    fa4verify report show merged.json
+
+``merge`` exits with the merged gate's exit code (0/1/3/5/10, as ``audit``), 2 on bad input;
+``show`` exits with the report's recorded exit code.
+"""
+from __future__ import annotations
+
+import click
+
+
+def _OneLineGroup():
+    from fa4verify.cli.audit import OneLineGroup
+
+    return OneLineGroup
+
+
+def _usage(msg: str):
+    from fa4verify.cli.audit import OneLineUsageError
+
+    return OneLineUsageError(msg, prog="fa4verify report")
+
+
+@click.group(name="report", cls=_OneLineGroup(), context_settings={"help_option_names": ["-h", "--help"]})
+def command():
+    """Merge and inspect fa4verify audit reports (JSON, schema fa4verify.audit/1)."""
+
+
+def _load(paths):
+    from fa4verify.audit.report_json import ReportError, load_report
+
+    out = []
+    for p in paths:
+        try:
+            out.append((p, load_report(p)))
+        except ReportError as e:
+            raise _usage(str(e)) from None
+    return out
+
+
+def _check_outputs(pairs):
+    from fa4verify.audit.atomic import OutputPathError, check_writable
+
+    paths = [p for _, p in pairs if p]
+    if len(set(paths)) != len(paths):
+        raise _usage("output files must be different")
+    for opt, p in pairs:
+        if p:
+            try:
+                check_writable(p)
+            except OutputPathError as e:
+                raise _usage(f"{opt} {e}") from None
+
+
+@command.command("merge")
+@click.argument("reports", nargs=-1, required=True, metavar="REPORT.json...")
+@click.option("-o", "--output", "output", required=True, metavar="FILE", help="Merged JSON report.")
+@click.option("--html", "html_path", default=None, metavar="FILE", help="Also write HTML.")
+@click.option("--junit", "junit_path", default=None, metavar="FILE", help="Also write JUnit XML.")
+def merge_cmd(reports, output, html_path, junit_path):
+    """Merge the JSON reports of the shards of one audit (same dtype/profile/seed/archs)."""
+    from fa4verify.audit.baseline import merge
+    from fa4verify.audit.report_json import ReportError
+    from fa4verify.audit.terminal import make_console, render_verdict
+    from fa4verify.cli.audit import write_reports
+
+    _check_outputs([("-o", output), ("--html", html_path), ("--junit", junit_path)])
+    loaded = _load(reports)
+    try:
+        merged = merge(loaded)
+    except ReportError as e:
+        raise _usage(str(e)) from None
+    try:
+        write_reports(merged, json_path=output, junit_path=junit_path, html_path=html_path)
+    except OSError as e:
+        click.echo(f"fa4verify report merge: cannot write report: {e}", err=True)
+        return 2
+    console = make_console()
+    render_verdict(merged, console)
+    console.print(f"merged {len(loaded)} report(s) -> {output}")
+    return merged["summary"]["exit_code"]
+
+
+@command.command("show")
+@click.argument("report", metavar="REPORT.json")
+@click.option("--html", "html_path", default=None, metavar="FILE", help="Re-render as HTML.")
+@click.option("--junit", "junit_path", default=None, metavar="FILE", help="Re-render as JUnit XML.")
+@click.option("--rows", default=60, show_default=True, help="Rows of the check table.")
+def show_cmd(report, html_path, junit_path, rows):
+    """Print the verdict of a saved report (and optionally re-render it)."""
+    from fa4verify.audit.terminal import make_console, render_verdict
+    from fa4verify.cli.audit import write_reports
+
+    _check_outputs([("--html", html_path), ("--junit", junit_path)])
+    (path, rep), = _load([report])
+    console = make_console()
+    cfg = rep.get("config", {})
+    hw = (rep.get("environment") or {}).get("hardware") or {}
+    console.print(f"[bold]{path}[/]: {rep.get('created', '')} dtype={cfg.get('dtype')} "
+                  f"profile={cfg.get('profile')} device={cfg.get('device')} "
+                  f"archs={','.join(cfg.get('archs') or [])} on {hw.get('gpu_name') or hw.get('cpu', '?')}")
+    render_verdict(rep, console, max_rows=rows)
+    if html_path or junit_path:
+        try:
+            write_reports(rep, junit_path=junit_path, html_path=html_path)
+        except OSError as e:
+            click.echo(f"fa4verify report show: cannot write report: {e}", err=True)
+            return 2
+    return int((rep.get("summary") or {}).get("exit_code", 0))
