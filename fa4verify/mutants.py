@@ -87,7 +87,8 @@ class Mutant:
     ``name`` is the twin's mutation name (``twin_attention.forward(..., mutations={name})``).
     ``archs``: the twin archs on which the fault changes anything (the suite runs the mutant on
     these only). ``passes``: which passes it corrupts. ``poly`` marks exp2-polynomial mutants
-    (the exp2 certification applies). ``production``: how (if at all) the same fault can be
+    (the exp2 certification applies); ``emulation`` every mutant of the emulated exp2 function
+    (the bit-exact exp2 gate applies). ``production``: how (if at all) the same fault can be
     produced in production FA4 through a public knob; ``None`` = not expressible (the fault sits
     in hard-coded kernel code).
     """
@@ -98,6 +99,7 @@ class Mutant:
     archs: tuple[Arch, ...]
     passes: tuple[Literal["fwd", "bwd"], ...]
     poly: bool = False
+    emulation: bool = False
     fp8_only: bool = False
     production: str | None = None
     source: str = ""
@@ -105,10 +107,10 @@ class Mutant:
 
 CATALOGUE: tuple[Mutant, ...] = (
     Mutant("poly_degree_2", "degree-2 exp2 polynomial instead of degree 3", "exp2 (emulated)",
-           ("sm100",), ("fwd",), poly=True,
+           ("sm100",), ("fwd",), poly=True, emulation=True,
            source="POLY_EX2[2], fc/utils.py:28-62; PR #2316 proposes degree 2"),
     Mutant("poly_coeff_ulp", "degree-3 polynomial with one coefficient off by 1 fp32 ulp",
-           "exp2 (emulated)", ("sm100",), ("fwd",), poly=True,
+           "exp2 (emulated)", ("sm100",), ("fwd",), poly=True, emulation=True,
            source="POLY_EX2[3], fc/utils.py:28-62"),
     Mutant("p_cast_rz", "P cast to bf16 with RZ instead of RNE", "P cast",
            ("sm90", "sm100"), ("fwd", "bwd"),
@@ -120,7 +122,7 @@ CATALOGUE: tuple[Mutant, ...] = (
            "row max / P scaling", ("sm100",), ("fwd",), fp8_only=True,
            source="fc/flash_fwd_sm100.py:2182, 2190; #2577, #2716"),
     Mutant("nan_to_zero_emulated", "NaN scores turned to 0 in emulated lanes only",
-           "exp2 (emulated)", ("sm100",), ("fwd",),
+           "exp2 (emulated)", ("sm100",), ("fwd",), emulation=True,
            source="fmax(NaN, -127) = -127 in ex2_emulation_2, fc/utils.py:776"),
     Mutant("causal_top_left", "causal mask aligned top-left instead of bottom-right", "mask",
            ("sm90", "sm100"), ("fwd", "bwd"),
@@ -283,11 +285,12 @@ def make_inputs(p: Problem, seed: int = 0) -> ProblemData:
     k = rng.standard_normal((b, sk, h, d)).astype(np.float32)
     v = rng.standard_normal((b, sk, h, d)).astype(np.float32)
     if p.kind == "peaked":
-        # Rows are split into groups j = i % len(growth). Row i's query is B*e_(1+j) plus small
-        # noise; tile-0 keys are small noise (scores ~0). In every later KV tile t >= 1, key
-        # t*128 + 5 + 7j is gamma_{t,j} * e_(1+j), so rows of group j (and only they: the other
-        # groups' queries are orthogonal to it) see their score max grow by growth[j] log2 units
-        # (x = S * scale * log2 e) at each tile boundary; the peak sits in MUFU column 5 + 7j.
+        # FA4 visits KV tiles (of 128 keys) from the last to the first. Rows are split into groups
+        # j = i % len(growth); row i's query is 4*e_(1+j) plus small noise; keys are small noise
+        # (scores ~0) except, in every tile t but the last, key t*128 + 5 + 7j = gamma_{t,j} *
+        # e_(1+j) with a score of (n_tiles-1-t) * growth[j] log2 units (x = S * scale * log2 e).
+        # Rows of group j (and only they: the other groups' queries are orthogonal) see their
+        # running max grow by growth[j] at each tile boundary; the peak is in MUFU column 5 + 7j.
         ngr = len(p.growth)
         if ngr == 0 or 1 + ngr > d:
             raise ValueError(f"{p.name}: peaked needs 1 <= len(growth) < head_dim")
@@ -298,12 +301,12 @@ def make_inputs(p: Problem, seed: int = 0) -> ProblemData:
         for i in range(sq):
             q[:, i, :, 1:1 + ngr] = 0.0
             q[:, i, :, 1 + i % ngr] = big
-        for t in range(1, -(-sk // 128)):
+        n_tiles = -(-sk // 128)
+        for t in range(n_tiles - 1):
             for j, g in enumerate(p.growth):
                 col = t * 128 + 5 + 7 * j
-                if col < sk:
-                    k[:, col, :, :] = 0.0
-                    k[:, col, :, 1 + j] = np.float32(t * g / (c * float(big)))
+                k[:, col, :, :] = 0.0
+                k[:, col, :, 1 + j] = np.float32((n_tiles - 1 - t) * g / (c * float(big)))
     q = _round_dtype(q, p.dtype)
     k = _round_dtype(k, p.dtype)
     v = _round_dtype(v, p.dtype)
@@ -572,3 +575,669 @@ def assert_close_verdict(actual: np.ndarray | Sequence[np.ndarray], expected) ->
         worst = max(worst, float(ratio.max().item()) if ratio.numel() else 0.0)
     return Verdict("pass" if ok else "fail", worst,
                    msg or f"max |a-e|/(atol+rtol|e|) = {worst:.3g}")
+
+
+# ======================================================================= running the CPU twin
+def _call_accepting(fn: Callable, *args, required: Iterable[str] = (), **kwargs):
+    """Call ``fn`` with only the keyword arguments its signature accepts. A keyword named in
+    ``required`` that ``fn`` does not accept raises ``TypeError`` (never silently dropped)."""
+    import inspect
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return fn(*args, **kwargs)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn(*args, **kwargs)
+    missing = [k for k in required if k in kwargs and k not in params]
+    if missing:
+        raise TypeError(f"{getattr(fn, '__qualname__', fn)} does not accept {missing}")
+    return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+
+
+@dataclasses.dataclass
+class TwinOutputs:
+    """What one twin run produced (float32 arrays of dtype-rounded values), or ``error``."""
+
+    out: np.ndarray | None = None
+    lse: np.ndarray | None = None
+    grads: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    grads_again: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    stages: Any = None
+    bwd_stages: Any = None
+    error: str | None = None
+
+
+def _f32(a) -> np.ndarray | None:
+    if a is None:
+        return None
+    if hasattr(a, "detach"):
+        a = a.detach().cpu().float().numpy()
+    return np.asarray(a, dtype=np.float32)
+
+
+def twin_module():
+    """``fa4verify.kernels.twin_attention`` or ``None`` when it is not there (yet)."""
+    import importlib
+    try:
+        return importlib.import_module("fa4verify.kernels.twin_attention")
+    except ImportError:
+        return None
+
+
+def run_twin(data: ProblemData, arch: Arch, mutations: Iterable[str] = (), *,
+             bwd: bool = True, repeat_bwd: bool = False) -> TwinOutputs:
+    """Run the twin's forward (and backward, ``deterministic=True``) on ``data``.
+
+    ``repeat_bwd`` runs the backward a second time (for the run-to-run determinism check). Any
+    exception is caught into ``TwinOutputs.error`` (one line), so one broken mutant cannot stop
+    the suite."""
+    tw = twin_module()
+    if tw is None:
+        return TwinOutputs(error="fa4verify.kernels.twin_attention is not available")
+    p = data.problem
+    muts = frozenset(mutations)
+    kw = dict(arch=arch, softmax_scale=p.softmax_scale, causal=p.causal, mutations=muts,
+              dtype={"bf16": "bf16", "fp8": "fp8_e4m3"}[p.dtype])
+    res = TwinOutputs()
+    try:
+        r = _call_accepting(tw.forward, data.q, data.k, data.v, required=("mutations",), **kw)
+        res.out, res.lse, res.stages = _f32(r.out), _f32(getattr(r, "lse", None)), \
+            getattr(r, "stages", None)
+        if bwd:
+            def _bwd():
+                return _call_accepting(tw.backward, data.q, data.k, data.v, res.out, data.dout,
+                                       lse=res.lse, deterministic=True, forward_result=r,
+                                       required=("mutations",), **kw)
+            g = _bwd()
+            res.grads = (_f32(g.dq), _f32(g.dk), _f32(g.dv))
+            res.bwd_stages = getattr(g, "stages", None)
+            if repeat_bwd:
+                g2 = _bwd()
+                res.grads_again = (_f32(g2.dq), _f32(g2.dk), _f32(g2.dv))
+    except Exception as exc:  # noqa: BLE001 - recorded as an "error" verdict
+        res.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return res
+
+
+# ================================================================= fa4verify's own verifiers
+# Each problem-level verifier is ``fn(env, arch, data, run) -> Verdict`` where ``env`` is the
+# per-problem cache (:class:`ProblemEnv`) holding the unmutated twin's run, the oracle and the
+# upstream references; each global verifier (exp2) is ``fn(mutant_or_None) -> Verdict``.
+
+@dataclasses.dataclass
+class ProblemEnv:
+    """Per-(problem, arch) cache shared by the verifiers."""
+
+    data: ProblemData
+    arch: Arch
+    base: TwinOutputs
+    refs: UpstreamRefs | None = None
+    oracle_fwd: Any = None
+    oracle_bwd: Any = None
+    oracle_error: str | None = None
+    budgets: Any = None
+
+
+class Unavailable(Exception):
+    """A verifier's dependency (module) is not there; the verifier is reported unavailable."""
+
+
+def _oracle_module():
+    import importlib
+    try:
+        return importlib.import_module("fa4verify.oracles.attention")
+    except ImportError as exc:
+        raise Unavailable(f"fa4verify.oracles.attention not available ({exc})") from None
+
+
+def _budget_module():
+    import importlib
+    try:
+        return importlib.import_module("fa4verify.error_budgets")
+    except ImportError as exc:  # pragma: no cover
+        raise Unavailable(f"fa4verify.error_budgets not available ({exc})") from None
+
+
+# ----------------------------------------------------------------------------- exp2 verifiers
+def exp2_inputs(profile: str = "quick", seed: int = 2026) -> np.ndarray:
+    """Fixed fp32 inputs for the exp2 gates: a uniform sample of [-127, 8] (2^16 values for
+    ``quick``, 2^20 for ``full``) plus the edge cases of Note [exp2 emulation] (integers,
+    signed zeros, tiny negatives, the (-127, -126) band, -inf, NaN)."""
+    rng = np.random.default_rng(seed)
+    n = 1 << (16 if profile == "quick" else 20)
+    x = rng.uniform(-127.0, 8.0, n).astype(np.float32)
+    edges = np.concatenate([
+        np.arange(-130, 9, dtype=np.float32),
+        np.array([0.0, -0.0, -2.0**-25, -2.0**-30, -1e-38, 1e-38, 2.0**-24, -126.5, -126.99,
+                  -127.5, 0.5, 0.999999, 7.999999, -np.inf, np.nan, -np.nan], np.float32),
+        -np.ldexp(np.ones(20, np.float32), -np.arange(1, 21)).astype(np.float32),
+    ])
+    return np.concatenate([x, edges]).astype(np.float32)
+
+
+def _emulated_exp2_fn():
+    """The twin's emulated exp2 with mutations (``twin_attention.emulated_exp2(x, muts)``)."""
+    tw = twin_module()
+    fn = getattr(tw, "emulated_exp2", None) if tw is not None else None
+    if fn is None:
+        raise Unavailable("twin_attention.emulated_exp2 not available")
+    return fn
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise: same float32 bits, or both NaN (NaN payloads are not compared)."""
+    a = np.asarray(a, np.float32)
+    b = np.asarray(b, np.float32)
+    return (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
+
+
+def _v_exp2_golden(m: Mutant | None, profile: str) -> Verdict:
+    """Bit-exact gate of the emulated exp2: the function the twin's forward uses (mutated or
+    not) against ``twin.ex2_emulation(x, degree=3, variant="packed")``, the model that matched
+    the GPU's bits (measured_notes.md), on :func:`exp2_inputs`. Figure: differing elements."""
+    if m is not None and not m.emulation:
+        return NA
+    from fa4verify.kernels.twin import ex2_emulation
+    fn = _emulated_exp2_fn()
+    x = exp2_inputs(profile)
+    got = fn(x, frozenset() if m is None else frozenset({m.name}))
+    want = ex2_emulation(x, degree=3, variant="packed")
+    eq = _bits_equal(got, want)
+    n_bad = int((~eq).sum())
+    if n_bad == 0:
+        return Verdict("pass", 0, f"{x.size} inputs bit-identical to the golden emulation")
+    i = int(np.flatnonzero(~eq)[0])
+    return Verdict("fail", n_bad, f"{n_bad}/{x.size} inputs differ; first x={x[i]!r}: "
+                                  f"{got[i]!r} vs golden {want[i]!r}")
+
+
+def _bf16_rne_f64(y: np.ndarray) -> np.ndarray:
+    """RNE of float64 ``y`` to bfloat16 (8 significant bits), normal range only, in float64."""
+    m, e = np.frexp(y)
+    return np.ldexp(np.rint(m * 256.0) / 256.0, e)
+
+
+def _certified_bound(degree: int = 3) -> tuple[float, str]:
+    """The certified max relative error of FA4's degree-``degree`` emulation, from
+    ``fa4verify.exp2_cert`` (raises :class:`Unavailable` when that module is not there)."""
+    import importlib
+    try:
+        cert = importlib.import_module("fa4verify.exp2_cert")
+    except ImportError as exc:
+        raise Unavailable(f"fa4verify.exp2_cert not available ({exc})") from None
+    for name in ("certified_bound", "certified_rel_bound", "bound"):
+        fn = getattr(cert, name, None)
+        if callable(fn):
+            return float(fn(degree)), f"fa4verify.exp2_cert.{name}({degree})"
+    raise Unavailable("fa4verify.exp2_cert has no certified_bound(degree) function")
+
+
+def _v_exp2_cert(m: Mutant | None, profile: str) -> Verdict:
+    """exp2 certification applied to the (mutated) emulation: max relative error over the
+    fraction grid ``f = k 2^-20`` (2^-16 for quick) of [0, 1) -- the emulation's error depends
+    only on the fraction for x in [-126, 127] -- against the certified degree-3 bound, and the
+    bf16 wrong count on :func:`exp2_inputs` (normal range) against the unmutated emulation's.
+    Figure: max relative error / certified bound (fails above 1, or when the wrong count grows).
+    """
+    if m is not None and not m.poly:
+        return NA
+    bound, src = _certified_bound(3)
+    fn = _emulated_exp2_fn()
+    muts = frozenset() if m is None else frozenset({m.name})
+    k = 16 if profile == "quick" else 20
+    f = (np.arange(1 << k, dtype=np.float64) / (1 << k)).astype(np.float32)
+    rel = np.abs(fn(f, muts).astype(np.float64) / np.exp2(f.astype(np.float64)) - 1.0)
+    max_rel = float(rel.max())
+    x = exp2_inputs(profile)
+    x = x[np.isfinite(x) & (x >= -126.0) & (x <= 8.0)]
+    exact = _bf16_rne_f64(np.exp2(x.astype(np.float64)))
+    from fa4verify import binary32 as b32
+
+    def wrong(muts_):
+        return int((b32.to_bf16(fn(x, muts_)).astype(np.float64) != exact).sum())
+
+    n_wrong = wrong(muts)
+    n_wrong_base = wrong(frozenset()) if m is not None else n_wrong
+    ratio = max_rel / bound
+    ok = ratio <= 1.0 and n_wrong <= n_wrong_base
+    return Verdict("pass" if ok else "fail", ratio,
+                   f"max rel err {max_rel:.4g} vs certified {bound:.4g} ({src}); bf16 wrong "
+                   f"{n_wrong}/{x.size} vs unmutated {n_wrong_base}")
+
+
+# ============================================================================ verifier registry
+@dataclasses.dataclass(frozen=True)
+class VerifierSpec:
+    """One column of the detection table. ``scope="problem"``: evaluated per (problem, arch)
+    as ``fn(env, run) -> Verdict``; ``scope="exp2"``: evaluated once per polynomial mutant (and
+    the unmutated twin) as ``fn(mutant_or_None, profile) -> Verdict``."""
+
+    name: str
+    group: Literal["fa4verify", "FA rule", "assert_close"]
+    scope: Literal["problem", "exp2"]
+    title: str
+    fn: Callable[..., Verdict]
+
+
+def _v_fa_rule_fwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
+    if run.out is None:
+        return NA
+    return fa_rule_forward(run.out, env.refs)
+
+
+def _v_fa_rule_bwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
+    if run.grads is None or not upstream_bwd_applies(env.data.problem) \
+            or env.refs.grads_ref is None:
+        return NA
+    return fa_rule_backward(run.grads, env.refs)
+
+
+def _v_assert_close_fwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
+    if run.out is None:
+        return NA
+    return assert_close_verdict(run.out, env.refs.out_ref)
+
+
+def _v_assert_close_bwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
+    if run.grads is None or env.refs.grads_ref is None:
+        return NA
+    return assert_close_verdict(list(run.grads), list(env.refs.grads_ref))
+
+
+_REGISTRY: list[VerifierSpec] = []
+
+
+def _register(spec: VerifierSpec) -> VerifierSpec:
+    _REGISTRY.append(spec)
+    return spec
+
+
+def verifiers() -> tuple[VerifierSpec, ...]:
+    """All verifiers, fa4verify's first, in table order."""
+    order = {"fa4verify": 0, "FA rule": 1, "assert_close": 2}
+    return tuple(sorted(_REGISTRY, key=lambda s: order[s.group]))
+
+
+# ================================================================================ the suite
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One raw verdict: ``mutant`` is ``"none"`` for the unmutated twin."""
+
+    mutant: str
+    arch: str
+    problem: str
+    verifier: str
+    status: Status
+    figure: float | None
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """Detection summary of (mutant, verifier) over the battery.
+
+    ``status``: "caught" (fails the mutant on a problem where it passes the unmutated twin),
+    "missed" (applied somewhere, never caught), "n/a" (never applied), "error" (only errors).
+    ``figure``/``where``/``detail``: the deciding verdict -- for "caught" the catching verdict with
+    the largest figure, for "missed" the applicable verdict closest to failing.
+    """
+
+    status: Literal["caught", "missed", "n/a", "error"]
+    figure: float | None = None
+    where: str = ""
+    detail: str = ""
+    caught_on: int = 0
+    applied_on: int = 0
+
+
+@dataclasses.dataclass
+class SuiteResult:
+    """Everything one run produced; :meth:`to_json` is the ``--json`` schema."""
+
+    profile: str
+    seed: int
+    archs: tuple[str, ...]
+    target: str = "twin"
+    where: str = "CPU twin"
+    rows: list[Row] = dataclasses.field(default_factory=list)
+    unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
+    problems: tuple[Problem, ...] = ()
+    mutants: tuple[str, ...] = ()
+    verifier_names: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    # -- derived -------------------------------------------------------------------------
+    def base_rows(self) -> dict[tuple[str, str, str], Row]:
+        return {(r.arch, r.problem, r.verifier): r for r in self.rows if r.mutant == "none"}
+
+    def false_alarms(self) -> dict[str, list[Row]]:
+        """Verifier -> the unmutated-twin verdicts that failed (must be empty for fa4verify)."""
+        out: dict[str, list[Row]] = {v: [] for v in self.verifier_names}
+        for r in self.rows:
+            if r.mutant == "none" and r.status == "fail":
+                out[r.verifier].append(r)
+        return out
+
+    def cell(self, mutant: str, verifier: str) -> Cell:
+        base = self.base_rows()
+        rows = [r for r in self.rows if r.mutant == mutant and r.verifier == verifier]
+        caught: list[Row] = []
+        applied: list[Row] = []
+        errors: list[Row] = []
+        for r in rows:
+            b = base.get((r.arch, r.problem, r.verifier))
+            if r.status == "error":
+                errors.append(r)
+                continue
+            if r.status == "n/a" or b is None or b.status != "pass":
+                continue  # not applicable, or a false alarm on the unmutated twin
+            applied.append(r)
+            if r.status == "fail":
+                caught.append(r)
+
+        def fig(r: Row) -> float:
+            f = r.figure
+            return -1.0 if f is None or (isinstance(f, float) and math.isnan(f)) else float(f)
+
+        def where(r: Row) -> str:
+            return r.problem if r.arch == "-" else f"{r.problem}[{r.arch}]"
+
+        if caught:
+            best = max(caught, key=fig)
+            return Cell("caught", best.figure, where(best), best.detail, len(caught), len(applied))
+        if applied:
+            best = max(applied, key=fig)
+            return Cell("missed", best.figure, where(best), best.detail, 0, len(applied))
+        if errors:
+            return Cell("error", None, where(errors[0]), errors[0].detail)
+        return Cell("n/a")
+
+    def fa4verify_cell(self, mutant: str) -> tuple[Cell, list[str]]:
+        """The combined fa4verify verdict: caught if any fa4verify verifier caught it. Returns
+        the deciding cell and the names of every fa4verify verifier that caught it."""
+        names = [v for v in self.verifier_names if _spec(v).group == "fa4verify"]
+        cells = [(v, self.cell(mutant, v)) for v in names]
+        by = [v for v, c in cells if c.status == "caught"]
+        if by:
+            v, c = next((v, c) for v, c in cells if c.status == "caught")
+            return c, by
+        missed = [c for _, c in cells if c.status == "missed"]
+        if missed:
+            return missed[0], []
+        errs = [c for _, c in cells if c.status == "error"]
+        return (errs[0] if errs else Cell("n/a")), []
+
+    def to_json(self) -> dict:
+        fa = self.false_alarms()
+        table = {}
+        for m in self.mutants:
+            c, by = self.fa4verify_cell(m)
+            table[m] = {"fa4verify": {**dataclasses.asdict(c), "caught_by": by}}
+            for v in self.verifier_names:
+                table[m][v] = dataclasses.asdict(self.cell(m, v))
+        return {
+            "schema": "fa4verify.mutants/1",
+            "where": self.where, "target": self.target, "profile": self.profile,
+            "seed": self.seed, "archs": list(self.archs), "seconds": round(self.seconds, 2),
+            "mutants": [dataclasses.asdict(get_mutant(m)) for m in self.mutants],
+            "verifiers": [{"name": s.name, "group": s.group, "scope": s.scope, "title": s.title}
+                          for s in map(_spec, self.verifier_names)],
+            "problems": [dataclasses.asdict(p) for p in self.problems],
+            "unavailable": dict(self.unavailable),
+            "false_alarms": {v: [dataclasses.asdict(r) for r in rs] for v, rs in fa.items()},
+            "table": table,
+            "rows": [dataclasses.asdict(r) for r in self.rows],
+        }
+
+
+def _spec(name: str) -> VerifierSpec:
+    for s in _REGISTRY:
+        if s.name == name:
+            return s
+    raise KeyError(f"unknown verifier {name!r}")
+
+
+def _mutant_applies(m: Mutant, p: Problem, arch: str) -> bool:
+    if arch not in m.archs or arch not in p.archs:
+        return False
+    if m.fp8_only and p.dtype != "fp8":
+        return False
+    return True
+
+
+def _evaluate(spec: VerifierSpec, *args) -> Verdict:
+    try:
+        return spec.fn(*args)
+    except Unavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a broken verifier is an "error" cell, not a crash
+        return Verdict("error", None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+
+
+def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
+              archs: Sequence[str] = ("sm90", "sm100"), mutants: Sequence[str] | None = None,
+              verifier_names: Sequence[str] | None = None,
+              problems: Sequence[Problem] | None = None,
+              progress: Callable[[str], None] | None = None) -> SuiteResult:
+    """Run every selected verifier on the unmutated twin and on every mutant, over the battery.
+
+    Work: per (problem, arch) one unmutated twin run (forward; backward twice when the problem
+    has a backward pass) and one run per applicable mutant. The exp2 verifiers run once per
+    polynomial mutant. ``progress`` receives one line per finished unit of work.
+    """
+    import time
+    t0 = time.perf_counter()
+    say = progress or (lambda s: None)
+    muts = [get_mutant(n) for n in (mutants or MUTANT_NAMES)]
+    specs = [s for s in verifiers() if verifier_names is None or s.name in verifier_names]
+    if verifier_names is not None:
+        unknown = set(verifier_names) - {s.name for s in _REGISTRY}
+        if unknown:
+            raise KeyError(f"unknown verifier(s) {sorted(unknown)}")
+    probs = tuple(problems) if problems is not None else battery(profile)  # type: ignore[arg-type]
+    res = SuiteResult(profile=profile, seed=seed, archs=tuple(archs), problems=probs,
+                      mutants=tuple(m.name for m in muts),
+                      verifier_names=tuple(s.name for s in specs))
+    live = list(specs)
+
+    def record(mname: str, arch: str, pname: str, spec: VerifierSpec, v: Verdict) -> None:
+        fig = v.figure
+        if isinstance(fig, (np.floating, np.integer)):
+            fig = float(fig)
+        res.rows.append(Row(mname, arch, pname, spec.name, v.status, fig, v.detail))
+
+    # exp2-scope verifiers: once for the unmutated emulation and once per polynomial mutant
+    for spec in [s for s in live if s.scope == "exp2"]:
+        try:
+            record("none", "-", "exp2-inputs", spec, _evaluate(spec, None, profile))
+            for m in muts:
+                record(m.name, "-", "exp2-inputs", spec, _evaluate(spec, m, profile))
+            say(f"exp2 verifier {spec.name}: done")
+        except Unavailable as exc:
+            res.unavailable[spec.name] = str(exc)
+            live.remove(spec)
+    pspecs = [s for s in live if s.scope == "problem"]
+    for p in probs:
+        data = make_inputs(p, seed)
+        refs = None
+        for arch in archs:
+            if arch not in p.archs:
+                continue
+            base = run_twin(data, arch, (), bwd=p.bwd, repeat_bwd=p.bwd)
+            if refs is None:
+                refs = upstream_refs(data, with_grads=p.bwd and p.dtype != "fp8")
+            env = ProblemEnv(data=data, arch=arch, base=base, refs=refs)  # type: ignore[arg-type]
+            for spec in list(pspecs):
+                if base.error is not None:
+                    record("none", arch, p.name, spec, Verdict("error", None, base.error))
+                    continue
+                try:
+                    record("none", arch, p.name, spec, _evaluate(spec, env, base))
+                except Unavailable as exc:
+                    res.unavailable[spec.name] = str(exc)
+                    pspecs.remove(spec)
+            say(f"{p.name}[{arch}] unmutated: done")
+            for m in muts:
+                if not _mutant_applies(m, p, arch):
+                    continue
+                run = run_twin(data, arch, (m.name,), bwd=p.bwd,
+                               repeat_bwd=p.bwd and "bwd" in m.passes)
+                for spec in pspecs:
+                    if run.error is not None:
+                        record(m.name, arch, p.name, spec, Verdict("error", None, run.error))
+                        continue
+                    try:
+                        record(m.name, arch, p.name, spec, _evaluate(spec, env, run))
+                    except Unavailable as exc:  # pragma: no cover - caught on the base run
+                        record(m.name, arch, p.name, spec, Verdict("error", None, str(exc)))
+                say(f"{p.name}[{arch}] {m.name}: done")
+    res.verifier_names = tuple(s.name for s in specs if s.name not in res.unavailable)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+# ================================================================================ rendering
+def _fmt_fig(f: float | None) -> str:
+    if f is None:
+        return ""
+    if isinstance(f, float) and math.isnan(f):
+        return "nan"
+    if isinstance(f, float) and math.isinf(f):
+        return "inf"
+    if float(f).is_integer() and abs(f) < 1e9:
+        return str(int(f))
+    return f"{f:.3g}"
+
+
+def _cell_text(c: Cell) -> str:
+    if c.status == "caught":
+        return f"CAUGHT {_fmt_fig(c.figure)}"
+    if c.status == "missed":
+        return f"missed {_fmt_fig(c.figure)}"
+    return c.status
+
+
+def table_rows(res: SuiteResult) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the detection table (plain strings; the last row is the unmutated
+    twin's false-alarm count per verifier)."""
+    header = ["mutant", "fa4verify", "caught by"] + list(res.verifier_names)
+    rows = []
+    for m in res.mutants:
+        c, by = res.fa4verify_cell(m)
+        rows.append([m, _cell_text(c), ",".join(by) or "-"]
+                    + [_cell_text(res.cell(m, v)) for v in res.verifier_names])
+    fa = res.false_alarms()
+    n_fa = sum(len(fa[v]) for v in res.verifier_names if _spec(v).group == "fa4verify")
+    rows.append(["(unmutated: false alarms)", str(n_fa), "-"]
+                + [str(len(fa[v])) for v in res.verifier_names])
+    return header, rows
+
+
+def render_rich(res: SuiteResult, console=None) -> None:
+    """Print the detection table with rich (to ``console`` or stdout)."""
+    from rich.console import Console
+    from rich.table import Table
+    console = console or Console()
+    header, rows = table_rows(res)
+    t = Table(title=f"Mutant detection ({res.where}; profile {res.profile}, seed {res.seed}, "
+                    f"archs {','.join(res.archs)})", show_lines=False)
+    for h in header:
+        t.add_column(h, overflow="fold")
+    for r in rows:
+        styled = []
+        for x in r:
+            if x.startswith("CAUGHT"):
+                styled.append(f"[green]{x}[/green]")
+            elif x.startswith("missed"):
+                styled.append(f"[red]{x}[/red]")
+            else:
+                styled.append(x)
+        t.add_row(*styled)
+    console.print(t)
+    for name, why in res.unavailable.items():
+        console.print(f"[yellow]verifier {name} unavailable:[/yellow] {why}")
+
+
+def render_markdown(res: SuiteResult, command: str = "") -> str:
+    """The detection table as GitHub markdown, followed by the deciding detail of every cell."""
+    header, rows = table_rows(res)
+    out = []
+    if command:
+        out.append(f"Produced by `{command}` ({res.where}, {res.seconds:.0f} s).\n")
+    out.append("| " + " | ".join(header) + " |")
+    out.append("|" + "---|" * len(header))
+    for r in rows:
+        out.append("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |")
+    out.append("")
+    out.append("Deciding verdicts (figure: measured/threshold for tolerance rules, a count for "
+               "bitwise and determinism checks; problem[arch] where it was decided):\n")
+    for m in res.mutants:
+        out.append(f"* **{m}**")
+        for v in res.verifier_names:
+            c = res.cell(m, v)
+            if c.status in ("caught", "missed", "error"):
+                out.append(f"  * {v}: {c.status} on {c.caught_on}/{c.applied_on} problems; "
+                           f"{c.where}: {c.detail.replace('|', '/')}")
+    for name, why in res.unavailable.items():
+        out.append(f"\nVerifier `{name}` unavailable: {why}")
+    return "\n".join(out) + "\n"
+
+
+def write_json(res: SuiteResult, path: str) -> None:
+    import json
+
+    def _default(o):
+        if isinstance(o, (np.floating, np.integer)):
+            return o.item()
+        raise TypeError(type(o).__name__)
+
+    def _clean(o):
+        if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
+            return str(o)
+        if isinstance(o, dict):
+            return {k: _clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [_clean(v) for v in o]
+        return o
+
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(_clean(res.to_json()), f, indent=1, default=_default)
+        f.write("\n")
+
+
+# ====================================================================== register verifiers
+_register(VerifierSpec("exp2_cert", "fa4verify", "exp2",
+                       "exp2 certification: max rel. error vs certified bound, bf16 wrong count",
+                       _v_exp2_cert))
+_register(VerifierSpec("exp2_golden", "fa4verify", "exp2",
+                       "bit-exact emulated exp2 vs the golden (GPU-matched) emulation",
+                       _v_exp2_golden))
+# (fa4verify's verifiers are registered above this block by their own sections; the upstream
+# rules go last so that the table reads fa4verify | FA rule | assert_close.)
+_register(VerifierSpec("fa_rule_fwd", "FA rule", "problem",
+                       "upstream forward rule, test_flash_attn.py:462-463,513-515",
+                       _v_fa_rule_fwd))
+_register(VerifierSpec("fa_rule_bwd", "FA rule", "problem",
+                       "upstream backward rule, test_flash_attn.py:601-618", _v_fa_rule_bwd))
+_register(VerifierSpec("assert_close_fwd", "assert_close", "problem",
+                       "torch.testing.assert_close defaults (bf16 rtol 1.6e-2, atol 1e-5) on out",
+                       _v_assert_close_fwd))
+_register(VerifierSpec("assert_close_bwd", "assert_close", "problem",
+                       "torch.testing.assert_close defaults on dq, dk, dv", _v_assert_close_bwd))
+
+VERIFIERS = _REGISTRY
+
+
+def exit_code(res: SuiteResult) -> int:
+    """0: fa4verify caught every mutant run and raised no false alarm; 1: a miss or a false
+    alarm; 5: nothing ran (every verdict an error or n/a)."""
+    if not any(r.status in ("pass", "fail") for r in res.rows):
+        return 5
+    fa = res.false_alarms()
+    if any(fa[v] for v in res.verifier_names if _spec(v).group == "fa4verify"):
+        return 1
+    for m in res.mutants:
+        c, _ = res.fa4verify_cell(m)
+        if c.status != "caught":
+            return 1
+    return 0

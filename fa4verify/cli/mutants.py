@@ -1,0 +1,98 @@
+"""``fa4verify mutants``: measure what fa4verify -- and the field's usual rules -- catch.
+
+Plants the catalogue of numeric faults (``fa4verify.mutants.CATALOGUE``) into the CPU twin of
+FA4 and prints a detection table: mutant x verifier, caught / missed, with the deciding figure
+(measured/threshold for tolerance rules, a count for bitwise and determinism checks).
+``--target production`` runs the production kernels on a GPU instead, covering only the faults
+FA4 lets a caller express through its public API (``fa4verify.mutants.PRODUCTION_KNOBS``).
+
+Exit status: 0 when fa4verify catches every mutant it was given and raises no false alarm on
+the unmutated twin; 1 otherwise; 2 for bad options or a missing twin/GPU.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from fa4verify.cli import ExitCode
+
+_PROFILES = ("quick", "full")
+
+
+def _parse_list(values: tuple[str, ...], known: tuple[str, ...], what: str) -> list[str] | None:
+    names: list[str] = []
+    for v in values:
+        names.extend(x.strip() for x in v.split(",") if x.strip())
+    if not names:
+        return None
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise click.BadParameter(f"unknown {what} {bad[0]!r}; known: {', '.join(known)}")
+    return names
+
+
+@click.command("mutants", short_help="Measure what fa4verify (and the field's rules) catch.")
+@click.option("--profile", type=click.Choice(_PROFILES), default="quick", show_default=True,
+              envvar="FA4VERIFY_PROFILE",
+              help="Battery size: quick (tiny shapes, CI) or full. Env: FA4VERIFY_PROFILE.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
+              default=None, metavar="FILE", help="Also write the full result as JSON.")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False, writable=True),
+              default=None, metavar="FILE", help="Also write the table as markdown.")
+@click.option("--seed", type=int, default=0, show_default=True, metavar="N",
+              envvar="FA4VERIFY_SEED", help="Seed of the battery's inputs. Env: FA4VERIFY_SEED.")
+@click.option("--arch", "archs", multiple=True, type=click.Choice(("sm90", "sm100")),
+              help="Twin arch(es) to mutate (repeatable). Default: sm90 and sm100.")
+@click.option("--mutant", "mutant_opts", multiple=True, metavar="NAME[,NAME]",
+              help="Only these mutants (repeatable or comma-separated). Default: all.")
+@click.option("--verifier", "verifier_opts", multiple=True, metavar="NAME[,NAME]",
+              help="Only these verifiers (repeatable or comma-separated). Default: all.")
+@click.option("--target", type=click.Choice(("twin", "production")), default="twin",
+              show_default=True,
+              help="twin: the CPU twin (any machine). production: FA4 on the local GPU, "
+                   "knob-expressible mutants only.")
+@click.option("--list", "list_only", is_flag=True, help="List mutants and verifiers, run nothing.")
+@click.option("-q", "--quiet", is_flag=True, help="No per-case progress lines on stderr.")
+def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts, target,
+            list_only, quiet):
+    """Run fa4verify's verification on each planted numeric mutant of FA4 and print which
+    verifiers catch it, side by side with FlashAttention's upstream rule and
+    torch.testing.assert_close defaults.
+
+    \b
+    Examples:
+      fa4verify mutants                       quick battery, CPU twin, both archs
+      fa4verify mutants --profile full --json mutants.json --markdown table.md
+      fa4verify mutants --target production   on a GPU (H200: SM90 kernels)
+    """
+    from fa4verify import mutants as M
+
+    if list_only:
+        for m in M.CATALOGUE:
+            knob = f"  [production: {m.production}]" if m.production else ""
+            click.echo(f"{m.name:22s} {','.join(m.archs):11s} {m.title}{knob}")
+        for s in M.verifiers():
+            click.echo(f"verifier {s.name:18s} [{s.group}] {s.title}")
+        return int(ExitCode.OK)
+    mutants = _parse_list(mutant_opts, M.MUTANT_NAMES, "mutant")
+    vnames = _parse_list(verifier_opts, tuple(s.name for s in M.verifiers()), "verifier")
+    say = (lambda s: None) if quiet else (lambda s: click.echo(f"  {s}", err=True))
+    argv = " ".join(["fa4verify", "mutants"] + sys.argv[2:]) if len(sys.argv) > 1 else \
+        "fa4verify mutants"
+    if target == "production":
+        from fa4verify import mutants_production as P  # noqa: F401 - optional module
+        raise click.UsageError("--target production is not available in this build")
+    if M.twin_module() is None:
+        click.echo("fa4verify mutants: the CPU twin (fa4verify.kernels.twin_attention) is not "
+                   "installed; nothing to mutate", err=True)
+        return int(ExitCode.USAGE)
+    res = M.run_suite(profile, seed=seed, archs=tuple(archs) or ("sm90", "sm100"),
+                      mutants=mutants, verifier_names=vnames, progress=say)
+    M.render_rich(res)
+    if json_path:
+        M.write_json(res, json_path)
+    if md_path:
+        with open(md_path, "w", encoding="utf-8") as f:
+            f.write(M.render_markdown(res, argv))
+    return int(M.exit_code(res))
