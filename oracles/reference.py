@@ -1,0 +1,491 @@
+"""Fast certified float64 reference for FA4 attention, forward and backward.
+
+Every returned value comes with an elementwise bound ``|value - exact| <= bound`` on its distance
+from the exact real-number result of the function defined in :mod:`oracles.semantics`, evaluated
+on the exact input values. The bound is a running error bound: each float64 step carries its own
+rigorous a-priori bound (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., ch. 2-3:
+``|fl(a op b) - a op b| <= u |fl(a op b)|`` with ``u = 2^-53`` for round-to-nearest, and
+``|fl(x^T y) - x^T y| <= gamma_n |x|^T |y|``, ``gamma_n = n u / (1 - n u)``, for *any* summation
+order with or without FMA), and the bounds are propagated through every stage.
+
+Note [Oracle error model]
+-------------------------
+Per query row (index i dropped), visible key j:
+
+* ``S = Q K^T`` by BLAS. Products of bf16/fp16/fp32 values are exact in float64 (<= 48 bits).
+  If every product of the row pair is a multiple of ``Qq * Qk`` (the input quanta, from the
+  smallest exponent in each row) and ``||q|| ||k|| < 2^53 Qq Qk`` then every partial sum is exact
+  and ``S`` is exact in any order (certificate, typical for bf16). Otherwise
+  ``|dS| <= gamma_D ||q||_2 ||k||_2`` (Cauchy-Schwarz bound on ``sum |q||k|``).
+* ``x = fl(scale S)``, ``t = fl(x / softcap)``, ``th = tanh(t)``, ``y = fl(softcap th)``: each
+  step adds ``u |result|``; tanh is 1-Lipschitz and has relative error ``eps_f``.
+* ``a = fl(y - m)``: ``m`` (the row max, including the sink) is an exact float64 shift and
+  cancels in softmax; only the rounding ``u |a|`` counts. With ``Delta_j`` the total absolute
+  error of ``a_j``, ``e_j = exp(a_j)`` satisfies ``|e_j - e*_j| <= eta_j e*_j + tau`` with
+  ``eta_j = Delta_j (1+2^-9)(1+eps_f) + eps_f`` when ``Delta_j <= 2^-10`` (rows where that
+  fails get bound = +inf; it needs |logits| ~ 2^40), and ``tau = 2^-1060`` covers underflow.
+* ``[N, l] = e [V, 1]`` with the key axis split in blocks of ``b`` and the block products summed
+  in order: ``gamma_{b + nb - 1}`` (blocked summation) instead of ``gamma_sk``. The same blocked
+  product of the nonnegative ``(gamma e + E)`` with ``[|V|, 1]`` gives the rigorous error of
+  ``N`` and ``l`` (inflated by ``1 + 2 gamma`` for its own rounding).
+* ``O = fl(N / l)``; ``|O - O*| <= u|O| + errN/l + (|N| + errN)/l * E_l/(l - E_l)``;
+  ``LSE = m + log(l)`` with ``|dLSE| <= E_l/(l - E_l) + eps_f |log l| + u |LSE|``.
+* Backward follows the same pattern element by element: ``P = e / l``, ``dP = dO V^T``
+  (certificate or Cauchy-Schwarz), ``D = rowsum(dO * O)`` (``gamma_Dv``, plus the oracle's own
+  bound on O when ``out=None``), ``dS = P (dP - D + dLSE)``, softcap factor ``1 - th^2``, and the
+  products ``dV = P^T dO``, ``dQ = scale dS K``, ``dK = scale dS^T Q`` with blocked ``gamma``
+  times the per-element error arrays multiplied by ``|K|``, ``|Q|``, ``|dO|``. GQA sums over the
+  heads of a group and row blocks add ``u |partial sum|`` per addition.
+* All bounds are finally multiplied by ``1 + 2^-30`` to cover the rounding of the bound
+  arithmetic itself (a few dozen float64 operations on nonnegative numbers, relative error
+  < 2^-45).
+
+Assumption [libm accuracy]: ``np.exp``, ``np.log`` and ``np.tanh`` on float64 are within
+``EPS_F_ULP = 4`` ulp (relative error ``eps_f = 4 * 2^-52 = 2^-50``) for normal results. glibc's
+manual ("Errors in Math Functions") lists <= 1 ulp for exp/log on x86_64 and <= 2 ulp for tanh;
+numpy's own SIMD (AVX512F) float64 exp/log are documented with maximum errors below 4 ulp.
+``tests/test_oracle_libm.py`` measures the actual error of this numpy against 64-bit-mantissa
+``longdouble`` and mpmath and fails if it exceeds the assumption. Subnormal results are
+covered by the absolute ``tau``.
+
+Accuracy
+--------
+On well-scaled bf16 inputs (|logits| <~ 30, seqlen_k <= 4096, headdim <= 256) the output bound is
+about ``2^-45 .. 2^-44`` times ``sum_j P_j |V_j|`` (the natural scale of O: with mixed-sign V,
+O itself can be ~0, so the bound *relative to |O|* is unbounded; state errors relative to
+``sum |P||V|``). The bound grows with ``u |logit|`` (absolute errors of the exponent argument
+become relative errors of P), with ``gamma_D ||q|| ||k||`` when S is not certified exact (fp32
+inputs), and with ``sqrt(seqlen)`` through the blocked summation. Backward bounds are relative to
+``sum |dS| |K|`` etc. and are looser where ``dP - D`` cancels.
+
+Possible issues
+---------------
+The gamma bounds assume a BLAS that computes each dot product by *some* ordering of fp64
+multiply-adds (OpenBLAS does; a Strassen-like GEMM would void the bound). The libm assumption is
+validated on this machine only by the tests.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .semantics import MANTISSA_BITS, Problem, visible_key_range, visible_mask
+
+__all__ = ["U", "EPS_F", "EPS_F_ULP", "TAU", "SAFETY", "gamma", "ForwardArrays", "forward", "backward",
+           "ROW_BLOCK"]
+
+U = 2.0 ** -53
+EPS_F_ULP = 4
+EPS_F = EPS_F_ULP * 2.0 ** -52
+TAU = 2.0 ** -1060
+SAFETY = 1.0 + 2.0 ** -30
+LIN = 1.0 + 2.0 ** -9          # e^D - 1 <= D * LIN and e^D <= LIN for D <= 2^-10
+DELTA_MAX = 2.0 ** -10
+ROW_BLOCK = 512
+
+
+def gamma(n: int) -> float:
+    """Higham's gamma_n = n u / (1 - n u) for u = 2^-53."""
+    return n * U / (1.0 - n * U)
+
+
+def _block_size(n: int) -> int:
+    if n <= 64:
+        return max(n, 1)
+    return max(32, 1 << math.ceil(math.log2(math.sqrt(n))))
+
+
+def blocked_gamma(n: int) -> float:
+    """Error constant of :func:`blocked_matmul` for inner dimension ``n``."""
+    if n <= 0:
+        return 0.0
+    b = _block_size(n)
+    nb = -(-n // b)
+    return gamma(b + nb - 1)
+
+
+def blocked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` with the inner axis split into blocks summed in order.
+
+    ``|result - exact| <= blocked_gamma(n) * (|a| @ |b|)`` (gamma_b per block product plus
+    gamma_{nb-1} for the ordered sum of the nb partial results).
+    """
+    n = a.shape[1]
+    bs = _block_size(n)
+    if n <= bs:
+        return a @ b
+    acc = a[:, :bs] @ b[:bs]
+    for s in range(bs, n, bs):
+        acc += a[:, s:s + bs] @ b[s:s + bs]
+    return acc
+
+
+def _norm_up(x: np.ndarray) -> np.ndarray:
+    """Upper bound on the row 2-norms of a (n, d) array."""
+    d = x.shape[1]
+    return np.sqrt(np.einsum("ij,ij->i", x, x)) * (1.0 + gamma(d + 4))
+
+
+def _quantum_log2(x: np.ndarray, bits: int) -> np.ndarray:
+    """log2 of the quantum of each row: every entry of the row is a multiple of 2^result."""
+    mant, ex = np.frexp(x)
+    ex = np.where(x != 0, ex, np.iinfo(np.int32).max)
+    mn = ex.min(axis=1) if x.shape[1] else np.full(x.shape[0], np.iinfo(np.int32).max)
+    return mn.astype(np.float64) - bits
+
+
+def dot_error(a: np.ndarray, b: np.ndarray, bits_a: int, bits_b: int) -> Optional[np.ndarray]:
+    """Bound on ``|fl(a_i . b_j) - a_i . b_j|`` for all pairs, shape (na, nb); None means all exact.
+
+    Exact (certificate) when products are exact in float64 and all partial sums are multiples of
+    the product quantum below 2^53 quanta; otherwise ``gamma_d ||a_i|| ||b_j||``.
+    """
+    d = a.shape[1]
+    na = _norm_up(a)
+    nb = _norm_up(b)
+    if bits_a + bits_b <= 53 and d > 0:
+        with np.errstate(divide="ignore"):
+            ca = np.log2(na) - _quantum_log2(a, bits_a)
+            cb = np.log2(nb) - _quantum_log2(b, bits_b)
+        # zero rows: log2(0) = -inf -> exact; the 1e-6 margin covers log2 rounding
+        qa = _quantum_log2(a, bits_a)[:, None] + _quantum_log2(b, bits_b)[None, :]
+        exact = ((ca[:, None] + cb[None, :]) < 53.0 - 1e-6) & (qa >= -1074)
+        exact |= (na[:, None] == 0) | (nb[None, :] == 0)
+        if exact.all():
+            return None
+        err = gamma(d) * np.outer(na, nb)
+        err[exact] = 0.0
+        return err
+    return gamma(d) * np.outer(na, nb)
+
+
+@dataclass
+class RowBlockFwd:
+    """Forward intermediates of one (segment, head, row block), kept for backward."""
+
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+    mask: Optional[np.ndarray]   # (rows, cols) visible, None = all
+    e: np.ndarray                # exp(y - m), 0 where masked
+    E: np.ndarray                # bound on |e - e*|
+    l: np.ndarray                # (rows,) computed denominator incl. sink (1 for fully masked rows)
+    El: np.ndarray               # bound on |l - l*|
+    rl: np.ndarray               # El / (l - El)
+    esink: Optional[np.ndarray]  # exp(sink - m) per row
+    Esink: Optional[np.ndarray]
+    th: Optional[np.ndarray]     # tanh(x / softcap) (softcap only)
+    eth: Optional[np.ndarray]    # bound on its error
+    bad: np.ndarray              # (rows,) rows whose error model does not apply (bound = inf)
+
+
+def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np.ndarray],
+                  scale: float, cap: float, sink: Optional[float], bits: int,
+                  keep: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Optional[dict]]:
+    rows, d = q.shape
+    cols = k.shape[0]
+    dv = v.shape[1]
+    S = q @ k.T
+    es = dot_error(q, k, bits, bits)
+    x = np.multiply(S, scale, out=S)
+    Delta = np.abs(x)
+    Delta *= U
+    if es is not None:
+        Delta += abs(scale) * es
+    th = eth = None
+    if cap > 0:
+        t = x / cap
+        th = np.tanh(t)
+        # |t - x*/cap| <= Delta/cap + u|t|; tanh 1-Lipschitz; relative error eps_f
+        eth = Delta / cap
+        eth += U * np.abs(t)
+        eth += (EPS_F / (1 - EPS_F)) * np.abs(th)
+        del t
+        y = np.multiply(th, cap, out=x)
+        Delta = eth * cap
+        Delta += U * np.abs(y)
+    else:
+        y = x
+    if mask is not None:
+        y[~mask] = -np.inf
+    with np.errstate(invalid="ignore"):
+        m = y.max(axis=1) if cols else np.full(rows, -np.inf)
+    if sink is not None:
+        m = np.maximum(m, sink)
+    full = ~np.isfinite(m)           # no visible key and no sink
+    m = np.where(full, 0.0, m)
+    a = np.subtract(y, m[:, None], out=y)
+    Delta += U * np.abs(a)            # inf where masked; zeroed below through E
+    if mask is not None:
+        Delta[~mask] = 0.0
+    bad = (Delta > DELTA_MAX).any(axis=1) if cols else np.zeros(rows, bool)
+    e = np.exp(a, out=a)
+    # E = eta * e*  + tau,   e* <= (e + tau) * LIN
+    E = Delta
+    E *= LIN * (1 + EPS_F)
+    E += EPS_F
+    E *= (e + TAU) * LIN
+    E += TAU
+    if mask is not None:
+        E[~mask] = 0.0
+    g = blocked_gamma(cols)
+    ext = np.empty((cols, dv + 1))
+    ext[:, :dv] = v
+    ext[:, dv] = 1.0
+    Nl = blocked_matmul(e, ext) if cols else np.zeros((rows, dv + 1))
+    np.abs(ext, out=ext)
+    B = e * g
+    B += E
+    errNl = blocked_matmul(B, ext) * (1 + 2 * g) if cols else np.zeros((rows, dv + 1))
+    del B
+    N = Nl[:, :dv]
+    lsum = Nl[:, dv]
+    errN = errNl[:, :dv]
+    El = errNl[:, dv].copy()
+    esink = Esink = None
+    if sink is not None:
+        asink = sink - m
+        dsink = U * np.abs(asink)
+        esink = np.exp(asink)
+        Esink = (dsink * LIN * (1 + EPS_F) + EPS_F) * (esink + TAU) * LIN + TAU
+        bad |= dsink > DELTA_MAX
+        lsum = lsum + esink
+        El += Esink
+    El += U * lsum
+    l = np.where(full, 1.0, lsum)
+    El = np.where(full, 0.0, El)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rl = np.where(l - El > 0, El / (l - El), np.inf)
+        out = N / l[:, None]
+        bound = U * np.abs(out) + errN / l[:, None] + (np.abs(N) + errN) / l[:, None] * rl[:, None]
+        logl = np.log(l)
+        lse = m + logl
+        lse_bound = rl + (EPS_F / (1 - EPS_F)) * np.abs(logl) + U * np.abs(lse)
+    bound *= SAFETY
+    lse_bound *= SAFETY
+    lse = np.where(full, -np.inf, lse)
+    lse_bound = np.where(full, 0.0, lse_bound)
+    bound[bad] = np.inf
+    lse_bound[bad] = np.inf
+    state = None
+    if keep:
+        state = dict(e=e, E=E, l=l, El=El, rl=rl, esink=esink, Esink=Esink, th=th, eth=eth, bad=bad)
+    return out, bound, lse, lse_bound, state
+
+
+@dataclass
+class ForwardArrays:
+    """Flat forward results: out/bound (Tq, H, Dv), lse/lse_bound (H, Tq) and the kept states."""
+
+    out: np.ndarray
+    bound: np.ndarray
+    lse: np.ndarray
+    lse_bound: np.ndarray
+    states: dict = field(default_factory=dict)
+
+
+def _row_blocks(seg_q: int, seg_k: int, left, right):
+    for r0 in range(0, seg_q, ROW_BLOCK):
+        r1 = min(seg_q, r0 + ROW_BLOCK)
+        c0, c1 = visible_key_range(seg_q, seg_k, left, right, r0, r1)
+        yield r0, r1, c0, c1
+
+
+def forward(p: Problem, *, keep: bool = False) -> ForwardArrays:
+    """Certified float64 forward on a parsed, finite problem (see module docstring).
+
+    ``keep=True`` stores per-(segment, head, row block) intermediates for :func:`backward`.
+    """
+    Tq, H, _ = p.q.shape
+    dv = p.headdim_v
+    bits = MANTISSA_BITS[p.dtypes["q"]]
+    out = np.zeros((Tq, H, dv))
+    bound = np.zeros((Tq, H, dv))
+    lse = np.full((H, Tq), -np.inf)
+    lse_bound = np.zeros((H, Tq))
+    states: dict = {}
+    for si, seg in enumerate(p.segments):
+        for h in range(H):
+            hk = h // p.group
+            sink = None if p.sink is None else float(p.sink[h])
+            for r0, r1, c0, c1 in _row_blocks(seg.q_len, seg.k_len, p.left, p.right):
+                qs = p.q[seg.q_start + r0: seg.q_start + r1, h]
+                ks = p.k[seg.k_start + c0: seg.k_start + c1, hk]
+                vs = p.v[seg.k_start + c0: seg.k_start + c1, hk]
+                mask = visible_mask(seg.q_len, seg.k_len, p.left, p.right, (r0, r1), (c0, c1))
+                if mask is not None and mask.all():
+                    mask = None
+                o, b, ls, lb, st = _fwd_rowblock(qs, ks, vs, mask, p.scale, p.softcap, sink, bits, keep)
+                sl = slice(seg.q_start + r0, seg.q_start + r1)
+                out[sl, h] = o
+                bound[sl, h] = b
+                lse[h, sl] = ls
+                lse_bound[h, sl] = lb
+                if keep:
+                    st.update(r0=r0, r1=r1, c0=c0, c1=c1, mask=mask)
+                    states[(si, h, r0)] = st
+    return ForwardArrays(out, bound, lse, lse_bound, states)
+
+
+@dataclass
+class BackwardArrays:
+    dq: np.ndarray
+    dq_bound: np.ndarray
+    dk: np.ndarray
+    dk_bound: np.ndarray
+    dv: np.ndarray
+    dv_bound: np.ndarray
+    dsink: Optional[np.ndarray]
+    dsink_bound: Optional[np.ndarray]
+    d: np.ndarray          # (H, Tq)
+    d_bound: np.ndarray
+
+
+def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
+             o_used: np.ndarray, o_bound: np.ndarray, dlse: Optional[np.ndarray]) -> BackwardArrays:
+    """Certified float64 backward.
+
+    ``fwd`` must come from ``forward(p, keep=True)``. ``o_used`` (Tq, H, Dv) is the O that enters
+    ``D = rowsum(dO * O)`` and ``o_bound`` its error bound w.r.t. the O the caller wants (zeros for
+    caller-given values, the forward bound for the oracle's own O). ``dlse`` is (H, Tq) or None.
+    """
+    Tq, H, d = p.q.shape
+    Tk, Hk, dv = p.v.shape
+    bits = MANTISSA_BITS[p.dtypes["q"]]
+    bits_v = MANTISSA_BITS[p.dtypes["v"]]
+    scale = p.scale
+    sabs = abs(scale)
+    dq = np.zeros((Tq, H, d))
+    dq_b = np.zeros((Tq, H, d))
+    dk = np.zeros((Tk, Hk, d))
+    dk_b = np.zeros((Tk, Hk, d))
+    dvv = np.zeros((Tk, Hk, dv))
+    dv_b = np.zeros((Tk, Hk, dv))
+    # D = rowsum(dO * O):  gamma_dv sum|dO||O| + sum |dO| o_bound
+    D = np.einsum("thd,thd->ht", dout, o_used)
+    eD = gamma(dv) * np.einsum("thd,thd->ht", np.abs(dout), np.abs(o_used))
+    eD += np.einsum("thd,thd->ht", np.abs(dout), o_bound)
+    if dlse is not None:
+        Dp = D - dlse
+        eDp = eD + U * np.abs(Dp)
+    else:
+        Dp, eDp = D, eD
+    sink_terms = [] if p.sink is not None else None
+    for si, seg in enumerate(p.segments):
+        for h in range(H):
+            hk = h // p.group
+            for r0, r1, c0, c1 in _row_blocks(seg.q_len, seg.k_len, p.left, p.right):
+                st = fwd.states[(si, h, r0)]
+                rs = slice(seg.q_start + r0, seg.q_start + r1)
+                ksl = slice(seg.k_start + c0, seg.k_start + c1)
+                qs = p.q[rs, h]
+                ks = p.k[ksl, hk]
+                vs = p.v[ksl, hk]
+                dos = dout[rs, h]
+                Dr = Dp[h, rs]
+                eDr = eDp[h, rs]
+                l = st["l"]
+                rl = st["rl"]
+                bad = st["bad"]
+                if sink_terms is not None:
+                    ps = st["esink"] / l
+                    eps = (st["Esink"] + (st["esink"] + st["Esink"]) * rl) / l + U * ps
+                    term = -ps * Dr
+                    eterm = eps * np.abs(Dr) + (ps + eps) * eDr + U * np.abs(term)
+                    eterm[bad] = np.inf
+                    sink_terms.append((h, term, eterm))
+                if c1 <= c0:
+                    continue
+                e, E = st["e"], st["E"]
+                P = e / l[:, None]
+                EP = E + (e + E) * rl[:, None]
+                EP /= l[:, None]
+                EP += U * P
+                G = dos @ vs.T
+                edP = dot_error(dos, vs, dout_bits, bits_v)
+                G -= Dr[:, None]
+                eG = U * np.abs(G)
+                eG += eDr[:, None]
+                if edP is not None:
+                    eG += edP
+                # dS = P G ; e_dS = EP|G| + (P + EP) eG + u|dS|
+                eS = (P + EP) * eG
+                del eG
+                eS += EP * np.abs(G)
+                dS = np.multiply(P, G, out=G)
+                eS += U * np.abs(dS)
+                if p.softcap > 0:
+                    th, eth = st["th"], st["eth"]
+                    ef = (2 * np.abs(th) + eth) * eth
+                    f = th * th
+                    ef += U * f
+                    np.subtract(1.0, f, out=f)
+                    ef += U * np.abs(f)
+                    # dX = dS f ; e_dX = e_dS f + (|dS| + e_dS) ef + u|dX|
+                    ef *= np.abs(dS) + eS
+                    eS *= np.abs(f)
+                    eS += ef
+                    del ef
+                    dS *= f
+                    eS += U * np.abs(dS)
+                    del f
+                if st["mask"] is not None:
+                    dS[~st["mask"]] = 0.0
+                    eS[~st["mask"]] = 0.0
+                nr = r1 - r0
+                nc = c1 - c0
+                gr = blocked_gamma(nr)
+                gc = blocked_gamma(nc)
+                # dV_j += sum_i P_ij dO_i
+                part = blocked_matmul(P.T, dos)
+                B = P * gr
+                B += EP
+                epart = blocked_matmul(B.T, np.abs(dos)) * (1 + 2 * gr)
+                del B, P, EP
+                if bad.any():
+                    epart[:] = np.inf
+                acc = dvv[ksl, hk]
+                acc += part
+                dv_b[ksl, hk] += epart + U * np.abs(acc)
+                # dQ_i = scale sum_j dX_ij K_j
+                Bq = np.abs(dS)
+                Bq *= gc
+                Bq += eS
+                mq = blocked_matmul(dS, ks)
+                dqs = scale * mq
+                edq = sabs * blocked_matmul(Bq, np.abs(ks)) * (1 + 2 * gc) + U * np.abs(dqs)
+                edq[bad] = np.inf
+                dq[rs, h] = dqs
+                dq_b[rs, h] = edq
+                # dK_j += scale sum_i dX_ij Q_i
+                Bk = np.abs(dS)
+                Bk *= gr
+                Bk += eS
+                mk = blocked_matmul(dS.T, qs)
+                dks = scale * mk
+                edk = sabs * blocked_matmul(Bk.T, np.abs(qs)) * (1 + 2 * gr) + U * np.abs(dks)
+                if bad.any():
+                    edk[:] = np.inf
+                acck = dk[ksl, hk]
+                acck += dks
+                dk_b[ksl, hk] += edk + U * np.abs(acck)
+                del dS, eS, Bq, Bk
+    dsink = dsink_b = None
+    if sink_terms is not None:
+        dsink = np.zeros(H)
+        dsink_b = np.zeros(H)
+        for h in range(H):
+            ts = [t for hh, t, _ in sink_terms if hh == h]
+            es_ = [e for hh, _, e in sink_terms if hh == h]
+            if ts:
+                allt = np.concatenate(ts)
+                dsink[h] = allt.sum()
+                dsink_b[h] = gamma(max(allt.size - 1, 0)) * np.abs(allt).sum() * (1 + 2 * U) \
+                    + np.concatenate(es_).sum() * (1 + gamma(allt.size))
+        dsink_b *= SAFETY
+    return BackwardArrays(dq, dq_b * SAFETY, dk, dk_b * SAFETY, dvv, dv_b * SAFETY, dsink, dsink_b,
+                          D, eD * SAFETY)
