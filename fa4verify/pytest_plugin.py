@@ -1,0 +1,130 @@
+"""pytest plugin (entry point ``fa4verify``): run the audit checks as test items.
+
+    pytest --fa4verify                  # profile "default"
+    pytest --fa4verify=quick --fa4-dtype bf16 --fa4-only
+    pytest --fa4verify -k exp2          # pytest's own -k selects check ids
+
+One item per check instance (``fa4verify-audit::<check id>``); a skipped check becomes a pytest
+skip with its reason, ``fail``/``undecided``/``error`` a test failure whose message is the
+check's summary (no traceback).  The ``--fa4-*`` options are the CLI's audit options
+(:mod:`fa4verify._options`).  ``--fa4-only`` deselects every other test.  Each item records
+``where``, ``status``, ``tightness`` and the metrics in ``user_properties`` (visible in
+``--junitxml``).
+
+Importing this module imports nothing heavy (no numpy, torch or flash_attn): it is loaded in
+every pytest run of an environment where fa4verify is installed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+_ENABLED = "fa4verify"
+
+
+def pytest_addoption(parser: Any) -> None:
+    from fa4verify._options import add_pytest_options
+
+    group = parser.getgroup("fa4verify", "fa4verify numerical audit")
+    group.addoption("--fa4verify", action="store", nargs="?", const="default", default=None,
+                    dest="fa4verify", metavar="PROFILE",
+                    help="Run the fa4verify audit checks as test items; PROFILE is quick, "
+                         "default, full or exhaustive. Default: not run")
+    group.addoption("--fa4-only", action="store_true", dest="fa4_only", default=False,
+                    help="With --fa4verify: deselect every test that is not an audit check.")
+    add_pytest_options(group)
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "fa4verify_audit: an fa4verify audit check item")
+    profile = config.getoption("fa4verify", default=None)
+    if profile is None:
+        return
+    from fa4verify._options import OptionError, config_from_pytest
+
+    try:
+        config.stash[_CONFIG_KEY] = config_from_pytest(config, profile)
+    except OptionError as e:
+        raise pytest.UsageError(f"fa4verify: {e}") from None
+
+
+_CONFIG_KEY: "pytest.StashKey[Any]" = pytest.StashKey()
+
+
+class AuditCheckFailure(Exception):
+    """A check that failed, errored or could not decide (message = its summary)."""
+
+
+class AuditCollector(pytest.Collector):
+    """Holds the audit items (one per check instance)."""
+
+    def __init__(self, *, selected: list[Any], audit_config: Any, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._selected = selected
+        self._audit_config = audit_config
+
+    def collect(self) -> list[Any]:
+        return [AuditItem.from_parent(self, name=s.id, sel=s, audit_config=self._audit_config)
+                for s in self._selected]
+
+
+class AuditItem(pytest.Item):
+    """One audit check instance."""
+
+    def __init__(self, *, sel: Any, audit_config: Any, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.sel = sel
+        self.audit_config = audit_config
+        self.add_marker("fa4verify_audit")
+        if "cuda" in sel.spec.needs:
+            self.add_marker("gpu")
+
+    def runtest(self) -> None:
+        from fa4verify.audit.runner import run_audit
+
+        run = run_audit(self.audit_config, selected=[self.sel], specs=[self.sel.spec])
+        rec = run.records[0]
+        r = rec.result
+        self.user_properties.append(("fa4verify.status", r.status))
+        self.user_properties.append(("fa4verify.where", r.where or "-"))
+        self.user_properties.append(("fa4verify.duration_s", f"{rec.duration_s:.3f}"))
+        if r.tightness is not None:
+            self.user_properties.append(("fa4verify.tightness", r.tightness))
+        for k, v in r.metrics.items():
+            self.user_properties.append((f"fa4verify.metric.{k}", v))
+        if r.status == "skip":
+            try:  # report the skip at the item, not at this line (pytest >= 7)
+                raise pytest.skip.Exception(r.summary or "skipped", _use_item_location=True)
+            except TypeError:  # pragma: no cover - older pytest
+                pytest.skip(r.summary or "skipped")
+        if r.status != "pass":
+            raise AuditCheckFailure(f"{rec.id}: {r.status.upper()} ({r.where or 'no result'}): "
+                                    f"{r.summary}")
+
+    def repr_failure(self, excinfo: Any, style: Any = None) -> str:
+        if isinstance(excinfo.value, AuditCheckFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"fa4verify audit check {self.name}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
+    if _CONFIG_KEY not in config.stash:
+        return
+    from fa4verify.audit.runner import load_specs, select
+
+    audit_config = config.stash[_CONFIG_KEY]
+    selected = select(load_specs(audit_config), audit_config)
+    coll = AuditCollector.from_parent(session, name="fa4verify-audit", selected=selected,
+                                      audit_config=audit_config)
+    new = list(coll.collect())
+    if config.getoption("fa4_only", default=False):
+        if items:
+            config.hook.pytest_deselected(items=list(items))
+        items[:] = new
+    else:
+        items.extend(new)
