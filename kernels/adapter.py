@@ -1,0 +1,583 @@
+"""Production FA4 adapter: the ONLY module of fa4verify that imports ``flash_attn.cute``.
+
+It runs FlashAttention-4's public entry points (``flash_attn_func``, ``flash_attn_varlen_func``)
+forward, and FA4's backward driver ``_flash_attn_bwd`` (the function the public autograd
+backward calls; it is private but the only entry that accepts caller-provided ``dq/dk/dv``
+output buffers, which the determinism checks need), with every public numeric feature: causal,
+``window_size``, ``softcap``, ``learnable_sink``, GQA/MQA and ``pack_gqa``, varlen (zero-length
+sequences included), ``deterministic`` and ``return_lse``.
+
+Every call returns a :class:`CallConfig` that records exactly what ran: FA4, DSL, torch and
+CUDA versions, the kernel family (``arch``), GPU name, FA4's own compile key for the call (read
+from FA4's JIT cache lookup, field names parsed from FA4's source), the tile size, ``pack_gqa``
+as resolved, 2-CTA on/off, the SM100 tuning-table key, and the share of exp2 evaluations that use
+the polynomial emulation (from ``fa4verify.kernels.twin.emulated_columns``; 0 on SM90, whose
+kernels have no emulation).
+
+:func:`exp2_emulation_disabled` turns FA4's exp2 emulation off through the tuning-table recipe
+(fa4_numerics.md section 9.4): ``ex2_emu_freq = 0`` for every key, compile cache cleared before
+and after.
+
+Without CUDA every entry point raises :class:`NoCudaError` ("no CUDA device: <reason>"), except
+in torch ``FakeTensorMode`` (compile-only use on the CPU, see ``fa4verify.census``), where FA4
+compiles and skips the launch.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import copy
+import inspect
+import math
+import os
+import platform
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
+
+__all__ = [
+    "NoCudaError", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
+    "forward", "backward", "exp2_emulation_disabled", "exp2_emulation_enabled",
+    "clear_compile_caches", "supported_head_dims",
+]
+
+
+class NoCudaError(RuntimeError):
+    """Raised by every entry point when no usable CUDA device (or no FA4) is available."""
+
+
+# ----------------------------------------------------------------------------------------------
+# environment
+# ----------------------------------------------------------------------------------------------
+
+def _fake_mode_active() -> bool:
+    try:
+        from torch._guards import active_fake_mode
+        return active_fake_mode() is not None
+    except Exception:  # pragma: no cover - very old torch
+        return False
+
+
+def cuda_status() -> tuple[bool, str]:
+    """``(True, "<gpu name>, sm_XY")`` when a CUDA device and flash-attn-4 are usable, else
+    ``(False, reason)``. Never raises."""
+    try:
+        import torch
+    except Exception as e:  # pragma: no cover
+        return False, f"torch not importable ({type(e).__name__}: {e})"
+    try:
+        if not torch.cuda.is_available():
+            why = "torch.cuda.is_available() is False"
+            if torch.version.cuda is None:
+                why += f" (torch {torch.__version__} is a CPU build)"
+            return False, why
+        name = torch.cuda.get_device_name(0)
+        major, minor = torch.cuda.get_device_capability(0)
+    except Exception as e:
+        return False, f"CUDA query failed ({type(e).__name__}: {e})"
+    try:
+        import flash_attn.cute  # noqa: F401
+    except Exception as e:
+        return False, f"flash_attn.cute not importable ({type(e).__name__}: {e})"
+    return True, f"{name}, sm_{major}{minor}"
+
+
+def _require_cuda() -> None:
+    if _fake_mode_active():
+        return
+    ok, reason = cuda_status()
+    if not ok:
+        raise NoCudaError(f"no CUDA device: {reason}")
+
+
+def _dist_version(name: str) -> Optional[str]:
+    try:
+        from importlib.metadata import version
+        return version(name)
+    except Exception:
+        return None
+
+
+def versions() -> dict[str, Optional[str]]:
+    """Versions of everything that determines FA4's numerics (JSON-able; None = unavailable).
+
+    Keys: ``fa4`` (flash-attn-4), ``dsl`` (nvidia-cutlass-dsl), ``quack``, ``torch``,
+    ``torch_cuda`` (CUDA torch was built with), ``cuda_driver`` (driver API version, e.g. "13.0"),
+    ``gpu``, ``compute_capability``, ``python``.
+    """
+    out: dict[str, Optional[str]] = {
+        "fa4": _dist_version("flash-attn-4"),
+        "dsl": _dist_version("nvidia-cutlass-dsl"),
+        "quack": _dist_version("quack-kernels"),
+        "torch": None, "torch_cuda": None, "cuda_driver": None, "gpu": None,
+        "compute_capability": None, "python": platform.python_version(),
+    }
+    try:
+        import torch
+        out["torch"] = torch.__version__
+        out["torch_cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            out["gpu"] = torch.cuda.get_device_name(0)
+            major, minor = torch.cuda.get_device_capability(0)
+            out["compute_capability"] = f"{major}.{minor}"
+            try:
+                v = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
+            except Exception:
+                v = None
+            if v is None:
+                try:
+                    import ctypes
+                    lib = ctypes.CDLL("libcuda.so.1")
+                    n = ctypes.c_int()
+                    if lib.cuDriverGetVersion(ctypes.byref(n)) == 0:
+                        v = n.value
+                except Exception:
+                    v = None
+            if isinstance(v, int):
+                out["cuda_driver"] = f"{v // 1000}.{(v % 1000) // 10}"
+    except Exception:
+        pass
+    return out
+
+
+def supported_head_dims(arch: int) -> str:
+    """FA4's head-dim support rule for a kernel family (90, 100), as text (fa4_numerics 9.2)."""
+    if arch // 10 == 9:
+        return "8 <= hd, hdv <= 256, multiples of 8 (16-bit inputs)"
+    return "8 <= hd, hdv <= 128; (192,128); (64 or hd==hdv, 512); (256,256)"
+
+
+# ----------------------------------------------------------------------------------------------
+# compile-key capture
+# ----------------------------------------------------------------------------------------------
+
+_KEY_NAMES: dict[str, list[list[str]]] = {}
+_LOCK = threading.Lock()
+
+
+def _compile_key_names(fn) -> list[list[str]]:
+    """Source text of each element of every ``compile_key = (...)`` tuple in ``fn`` (FA4's own
+    cache keys), so a recorded key can be shown as ``{expression: value}``."""
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    if name not in _KEY_NAMES:
+        src = inspect.getsource(fn)
+        tree = ast.parse(src.lstrip() if src[:1].isspace() else src)
+        src_used = src.lstrip() if src[:1].isspace() else src
+        found = []
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "compile_key"
+                    and isinstance(node.value, ast.Tuple)):
+                found.append([" ".join((ast.get_source_segment(src_used, e) or "?").split())
+                              for e in node.value.elts])
+        _KEY_NAMES[name] = found
+    return _KEY_NAMES[name]
+
+
+class _KeyRecorder:
+    """Wraps one of FA4's JIT caches and remembers the key of each lookup (FA4 checks
+    ``key in cache`` before compiling or calling)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.keys: list[tuple] = []
+
+    def __contains__(self, key) -> bool:
+        self.keys.append(key)
+        return key in self.inner
+
+    def __getitem__(self, key):
+        return self.inner[key]
+
+    def __setitem__(self, key, value) -> None:
+        self.inner[key] = value
+
+    def clear(self) -> None:
+        self.inner.clear()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@contextlib.contextmanager
+def _record_keys(fn) -> Iterator[_KeyRecorder]:
+    with _LOCK:
+        orig = fn.compile_cache
+        rec = _KeyRecorder(orig)
+        fn.compile_cache = rec
+        try:
+            yield rec
+        finally:
+            fn.compile_cache = orig
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(x) for x in v]
+    return repr(v)
+
+
+def _named_key(fn, key: Optional[tuple]) -> Optional[dict[str, Any]]:
+    if key is None:
+        return None
+    for names in _compile_key_names(fn):
+        if len(names) == len(key):
+            return {n: _jsonable(v) for n, v in zip(names, key)}
+    return {f"[{i}]": _jsonable(v) for i, v in enumerate(key)}
+
+
+# ----------------------------------------------------------------------------------------------
+# configuration record
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class CallConfig:
+    """Exactly what one adapter call ran. All fields JSON-able; see :meth:`to_dict`.
+
+    ``emulated_share`` is the fraction (0..1) of exp2 evaluations per KV tile that use FA4's
+    degree-3 polynomial (``twin.emulated_columns(...).mean()``); 0.0 on the SM90 kernels.
+    ``compile_key`` is FA4's own compile-cache key as ``{source expression: value}``.
+    """
+    op: str                                  # "forward" | "backward"
+    entry: str                               # FA4 function called
+    versions: dict
+    arch: int                                # kernel family FA4 dispatched to (90, 100, ...)
+    gpu_name: Optional[str]
+    dtype: str
+    q_shape: tuple
+    k_shape: tuple
+    v_shape: tuple
+    softmax_scale: float                     # resolved (default 1/sqrt(head_dim))
+    causal: bool
+    window_size: tuple
+    softcap: float
+    learnable_sink: bool
+    pack_gqa_requested: Optional[bool]
+    varlen: bool
+    deterministic: bool
+    return_lse: bool
+    compile_key: Optional[dict] = None
+    tile_mn: Optional[tuple] = None
+    pack_gqa: Optional[bool] = None
+    use_2cta: Optional[bool] = None
+    tuning_key: Optional[tuple] = None       # SM100: (use_2cta, causal, hd_pad, is_sm103)
+    exp2_emulation: str = ""
+    emulated_share: Optional[float] = None
+    emulated_columns: Optional[list] = None
+    emulated_share_source: str = ""
+    env: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: _jsonable(v) if not isinstance(v, dict) else {kk: _jsonable(vv) for kk, vv in v.items()}
+                for k, v in d.items()}
+
+
+class ForwardResult(NamedTuple):
+    out: Any            # torch tensor, input dtype, (b, s, h, dv) or (total, h, dv)
+    lse: Any            # fp32 natural-log LSE, (b, h, s) or (h, total); None if not requested
+    config: CallConfig
+
+
+class BackwardResult(NamedTuple):
+    dq: Any
+    dk: Any
+    dv: Any
+    dsink: Any          # None without learnable_sink
+    config: CallConfig
+
+
+_ENV_KNOBS = ("FA_DISABLE_2CTA", "FA_CLC", "FLASH_ATTENTION_ARCH", "FLASH_ATTENTION_NUM_SMS",
+              "CUTE_DSL_ARCH", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FA_LOG_LEVEL")
+
+_EMULATION_DISABLED = False
+
+
+def _device_arch() -> int:
+    from flash_attn.cute import interface
+    return int(interface._get_device_arch())
+
+
+def _gpu_name() -> Optional[str]:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    return None
+
+
+def _resolve_window(causal: bool, window_size) -> tuple[bool, bool]:
+    """(causal, local) as FA4 resolves them (fa4_numerics 9.1)."""
+    left, right = (window_size if window_size is not None else (None, None))
+    if causal:
+        right = 0
+    if left is not None and right is not None and left + right < 0:
+        left = right = None
+    if left is None and right == 0:
+        return True, False
+    if left is None and right is None:
+        return bool(causal), False
+    return False, True
+
+
+def _fill_kernel_fields(cfg: CallConfig, key: Optional[dict], *, head_dim: int, head_dim_v: int,
+                        local: bool, varlen_q: bool) -> None:
+    """Derive tile, pack_gqa, 2-CTA, tuning key and emulated share from FA4's compile key."""
+    cfg.compile_key = key
+    if key is not None:
+        tm, tn = key.get("tile_m"), key.get("tile_n")
+        if tm is not None:
+            cfg.tile_mn = (tm, tn)
+        cfg.pack_gqa = key.get("pack_gqa")
+        cfg.use_2cta = key.get("use_2cta_instrs", key.get("use_2cta"))
+    arch = cfg.arch
+    if arch // 10 == 9:
+        cfg.use_2cta = False if cfg.use_2cta is None else cfg.use_2cta
+        cfg.tuning_key = None
+        cfg.exp2_emulation = "none (SM90 kernels: hardware ex2.approx.ftz only)"
+        cfg.emulated_share, cfg.emulated_columns = 0.0, []
+        cfg.emulated_share_source = "SM90 has no exp2 emulation (fa4_numerics.md 3)"
+        return
+    if arch // 10 not in (10, 11) or cfg.op != "forward":
+        cfg.exp2_emulation = ("none (backward recomputes P with hardware exp2 only)"
+                              if cfg.op == "backward" else f"unknown for arch {arch}")
+        cfg.emulated_share = 0.0 if cfg.op == "backward" else None
+        cfg.emulated_share_source = "fa4_numerics.md 7.3" if cfg.op == "backward" else ""
+        return
+    hd_pad = int(math.ceil(head_dim / 16) * 16)
+    is_sm103 = arch == 103 or (arch // 10 == 10 and arch % 10 >= 3)
+    cfg.tuning_key = (bool(cfg.use_2cta), bool(cfg.causal), hd_pad, bool(is_sm103))
+    if _EMULATION_DISABLED:
+        cfg.exp2_emulation = "disabled by fa4verify (tuning-table recipe, ex2_emu_freq=0)"
+        cfg.emulated_share, cfg.emulated_columns = 0.0, []
+        cfg.emulated_share_source = "adapter.exp2_emulation_disabled()"
+        return
+    cfg.exp2_emulation = "FA4 default (tuning table)"
+    try:
+        from fa4verify.kernels import twin
+        cols = twin.emulated_columns(head_dim=head_dim, head_dim_v=head_dim_v, causal=cfg.causal,
+                                     local=local, pack_gqa=bool(cfg.pack_gqa), varlen_q=varlen_q,
+                                     use_2cta=cfg.use_2cta, is_sm103=is_sm103, fp8=False,
+                                     n_block_size=int(cfg.tile_mn[1]) if cfg.tile_mn else 128)
+        import numpy as np
+        cols = np.asarray(cols, dtype=bool)
+        cfg.emulated_columns = [int(i) for i in np.flatnonzero(cols)]
+        cfg.emulated_share = float(cols.mean()) if cols.size else 0.0
+        cfg.emulated_share_source = "fa4verify.kernels.twin.emulated_columns"
+    except Exception as e:  # twin not written yet, or a config it does not model
+        cfg.emulated_share = None
+        cfg.emulated_share_source = f"unavailable ({type(e).__name__}: {e})"
+
+
+def _base_config(op: str, entry: str, q, k, v, *, softmax_scale, causal, window_size, softcap,
+                 learnable_sink, pack_gqa, varlen, deterministic, return_lse) -> CallConfig:
+    head_dim = int(q.shape[-1])
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    return CallConfig(
+        op=op, entry=entry, versions=versions(), arch=_device_arch(), gpu_name=_gpu_name(),
+        dtype=str(q.dtype).replace("torch.", ""), q_shape=tuple(q.shape), k_shape=tuple(k.shape),
+        v_shape=tuple(v.shape), softmax_scale=scale, causal=bool(causal),
+        window_size=tuple(window_size) if window_size is not None else (None, None),
+        softcap=float(softcap or 0.0), learnable_sink=learnable_sink is not None,
+        pack_gqa_requested=pack_gqa, varlen=varlen, deterministic=bool(deterministic),
+        return_lse=bool(return_lse),
+        env={k_: os.environ[k_] for k_ in _ENV_KNOBS if k_ in os.environ},
+    )
+
+
+def _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> bool:
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
+    return varlen
+
+
+# ----------------------------------------------------------------------------------------------
+# entry points
+# ----------------------------------------------------------------------------------------------
+
+def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = False,
+            window_size: tuple = (None, None), softcap: float = 0.0, learnable_sink=None,
+            pack_gqa: Optional[bool] = None, cu_seqlens_q=None, cu_seqlens_k=None,
+            max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
+            return_lse: bool = True) -> ForwardResult:
+    """Run FA4's forward on CUDA tensors (fp16/bf16; layout (batch, seqlen, nheads, headdim), or
+    (total, nheads, headdim) with ``cu_seqlens_q/k`` for varlen).
+
+    Calls ``flash_attn_func`` or ``flash_attn_varlen_func`` under ``torch.no_grad()`` (inputs are
+    used as given; gradients are the job of :func:`backward`). ``lse`` is FA4's fp32
+    natural-log LSE, shape (batch, nheads, seqlen_q) or (nheads, total_q).
+
+    Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
+    """
+    _require_cuda()
+    import torch
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func, interface
+    varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    entry = "flash_attn_varlen_func" if varlen else "flash_attn_func"
+    cfg = _base_config("forward", entry, q, k, v, softmax_scale=softmax_scale, causal=causal,
+                       window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
+                       pack_gqa=pack_gqa, varlen=varlen, deterministic=False,
+                       return_lse=return_lse)
+    ws = tuple(window_size) if window_size is not None else (None, None)
+    with _record_keys(interface._flash_attn_fwd) as rec, torch.no_grad():
+        if varlen:
+            out, lse = flash_attn_varlen_func(
+                q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                causal=causal, window_size=ws, learnable_sink=learnable_sink, softcap=softcap,
+                pack_gqa=pack_gqa, return_lse=return_lse)
+        else:
+            out, lse = flash_attn_func(
+                q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=ws,
+                learnable_sink=learnable_sink, softcap=softcap, pack_gqa=pack_gqa,
+                return_lse=return_lse)
+    key = rec.keys[-1] if rec.keys else None
+    if key is None:
+        cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")
+    _, local = _resolve_window(causal, ws)
+    _fill_kernel_fields(cfg, _named_key(interface._flash_attn_fwd, key), head_dim=int(q.shape[-1]),
+                        head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
+    return ForwardResult(out, lse, cfg)
+
+
+def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
+             causal: bool = False, window_size: tuple = (None, None), softcap: float = 0.0,
+             learnable_sink=None, pack_gqa: Optional[bool] = None, cu_seqlens_q=None,
+             cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
+             max_seqlen_k: Optional[int] = None, deterministic: bool = False,
+             dq=None, dk=None, dv=None, dlse=None) -> BackwardResult:
+    """Run FA4's backward (``flash_attn.cute.interface._flash_attn_bwd``, what the public
+    autograd backward of ``flash_attn_func``/``flash_attn_varlen_func`` calls).
+
+    ``out`` and ``lse`` must come from :func:`forward` with the same features. ``dq/dk/dv``,
+    when given, are the output buffers FA4 writes (shapes/dtypes of q/k/v; e.g. views into
+    guard-banded allocations); otherwise FA4 allocates them. ``pack_gqa`` is recorded only:
+    FA4's backward never packs GQA (fa4_numerics.md 7). ``dsink`` is returned with a
+    ``learnable_sink``, else None.
+
+    Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
+    """
+    _require_cuda()
+    import torch
+    from flash_attn.cute import interface
+    varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    cfg = _base_config("backward", "_flash_attn_bwd", q, k, v, softmax_scale=softmax_scale,
+                       causal=causal, window_size=window_size, softcap=softcap,
+                       learnable_sink=learnable_sink, pack_gqa=pack_gqa, varlen=varlen,
+                       deterministic=deterministic, return_lse=dlse is not None)
+    ws = tuple(window_size) if window_size is not None else (None, None)
+    for name, buf, ref in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if buf is not None and (tuple(buf.shape) != tuple(ref.shape) or buf.dtype != ref.dtype):
+            raise ValueError(f"{name} buffer must have shape {tuple(ref.shape)} and dtype {ref.dtype}, "
+                             f"got {tuple(buf.shape)} {buf.dtype}")
+    with _record_keys(interface._flash_attn_bwd) as rec, torch.no_grad():
+        res = interface._flash_attn_bwd(
+            q, k, v, out, dout, lse, softmax_scale, causal, softcap,
+            window_size_left=ws[0], window_size_right=ws[1],
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+            deterministic=deterministic, dq=dq, dk=dk, dv=dv, dlse=dlse,
+            learnable_sink=learnable_sink)
+    if learnable_sink is None:
+        gdq, gdk, gdv = res
+        dsink = None
+    else:
+        gdq, gdk, gdv, dsink = res
+    key = rec.keys[-1] if rec.keys else None
+    if key is None:
+        cfg.notes.append("no kernel launched (empty input: FA4 zero-fills the gradients)")
+    _, local = _resolve_window(causal, ws)
+    _fill_kernel_fields(cfg, _named_key(interface._flash_attn_bwd, key), head_dim=int(q.shape[-1]),
+                        head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
+    return BackwardResult(gdq, gdk, gdv, dsink, cfg)
+
+
+def forward_backward_autograd(q, k, v, dout, **kw):
+    """Forward and backward through FA4's public autograd path (``flash_attn_func(...,
+    deterministic=...)`` then ``out.backward(dout)``); used to cross-check that
+    :func:`backward` (the private driver with output buffers) equals the public path bitwise.
+
+    Returns ``(out, lse, dq, dk, dv)``.
+    """
+    _require_cuda()
+    import torch
+    from flash_attn.cute import flash_attn_func
+    qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out, lse = flash_attn_func(qq, kk, vv, **kw)
+    out.backward(dout)
+    return out.detach(), (lse.detach() if lse is not None else None), qq.grad, kk.grad, vv.grad
+
+
+# ----------------------------------------------------------------------------------------------
+# exp2 emulation switch (SM100 family; a no-op for the SM90 kernels)
+# ----------------------------------------------------------------------------------------------
+
+def clear_compile_caches() -> None:
+    """Drop FA4's in-memory compiled kernels (the tuning table is not part of FA4's compile key,
+    so a table change needs this). Raises if FA4's persistent cache is on, because stale kernels
+    would survive (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1)."""
+    from flash_attn.cute import cache_utils, interface
+    if getattr(cache_utils, "CUTE_DSL_CACHE_ENABLED", False):
+        raise RuntimeError("FA4's persistent compile cache is enabled "
+                           "(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1); unset it to switch emulation")
+    for name in ("_flash_attn_fwd", "_flash_attn_bwd"):
+        fn = getattr(interface, name, None)
+        cache = getattr(fn, "compile_cache", None)
+        if cache is not None:
+            cache.clear()
+
+
+def _all_tuning_keys() -> list[tuple]:
+    return [(two, causal, hd, sm103) for two in (True, False) for causal in (True, False)
+            for hd in range(16, 513, 16) for sm103 in (True, False)]
+
+
+@contextlib.contextmanager
+def exp2_emulation_disabled() -> Iterator[None]:
+    """Within the block FA4's SM100 forward uses hardware exp2 on every column.
+
+    Recipe (fa4_numerics.md 9.4, not an upstream API): set ``ex2_emu_freq = 0`` for every key of
+    ``flash_fwd_sm100._TUNING_CONFIG`` (absent keys are added with only that field, so the
+    register split stays FA4's default) and of ``_FP8_TUNING_CONFIG``'s present keys, and clear
+    the compile cache before and after. SM90 kernels never emulate; there it changes nothing.
+    """
+    global _EMULATION_DISABLED
+    import flash_attn.cute.flash_fwd_sm100 as fwd100
+    tables = [fwd100._TUNING_CONFIG]
+    try:
+        from flash_attn.cute import config as fa_config
+        if hasattr(fa_config, "SM100_TUNING"):
+            tables.append(fa_config.SM100_TUNING)
+    except Exception:
+        fa_config = None
+    saved = [copy.deepcopy(t) for t in tables]
+    saved_fp8 = copy.deepcopy(getattr(fwd100, "_FP8_TUNING_CONFIG", {}))
+    clear_compile_caches()
+    try:
+        for t in tables:
+            for key in _all_tuning_keys():
+                t.setdefault(key, {})["ex2_emu_freq"] = 0
+        for entry in getattr(fwd100, "_FP8_TUNING_CONFIG", {}).values():
+            entry["ex2_emu_freq"] = 0
+        _EMULATION_DISABLED = True
+        yield
+    finally:
+        for t, s in zip(tables, saved):
+            t.clear()
+            t.update(s)
+        if hasattr(fwd100, "_FP8_TUNING_CONFIG"):
+            fwd100._FP8_TUNING_CONFIG.clear()
+            fwd100._FP8_TUNING_CONFIG.update(saved_fp8)
+        _EMULATION_DISABLED = False
+        clear_compile_caches()
+
+
+def exp2_emulation_enabled() -> bool:
+    """False inside :func:`exp2_emulation_disabled`."""
+    return not _EMULATION_DISABLED
