@@ -32,7 +32,7 @@ Semantics modelled explicitly
 Accuracy
 --------
 Exact: every function returns the correctly rounded result (in the stated mode) of the exact real
-operation. Cross-checked against gmpy2 ``ieee(32)`` (MPFR) and mpmath in ``tests/test_binary32.py``.
+operation. Cross-checked against gmpy2 ``ieee(32)`` (MPFR) and mpmath in ``tests/test_binary32_*.py``.
 
 Possible issues
 ---------------
@@ -79,8 +79,9 @@ def as_f32(x) -> np.ndarray:
 
 
 def bits(x) -> np.ndarray:
-    """The uint32 bit patterns of float32 ``x``."""
-    return np.ascontiguousarray(as_f32(x)).view(np.uint32)
+    """The uint32 bit patterns of float32 ``x`` (same shape as ``x``; 0-d stays 0-d)."""
+    a = as_f32(x)
+    return np.ascontiguousarray(a).view(np.uint32).reshape(a.shape)
 
 
 def from_bits(b) -> np.ndarray:
@@ -190,14 +191,15 @@ def _finish(r: np.ndarray, flush: bool) -> np.ndarray:
     return _canon_nan(np.asarray(r, dtype=np.float32))
 
 
-def _zero_sign_fix(r, a, b, rnd, s, e, same_sign_zero_operands):
-    """IEEE sign of an exact zero sum: +0 except in rm (-0); (-0)+(-0) = -0 always."""
+def _zero_sign_fix(r, rnd, s, e, x, y):
+    """IEEE 754 sign of an exact zero sum ``x + y`` (the two addends, exact, as float64):
+    two zeros of the same sign keep that sign; any other exact zero (cancellation, or zeros of
+    opposite signs) is ``+0``, except ``-0`` under ``rm``."""
     exact_zero = (s == 0) & (e == 0)
     if not exact_zero.any():
         return r
-    neg = np.full(r.shape, rnd == "rm")
-    both_neg_zero = same_sign_zero_operands
-    neg = neg | both_neg_zero
+    same_sign_zeros = (x == 0) & (y == 0) & (np.signbit(x) == np.signbit(y))
+    neg = np.where(same_sign_zeros, np.signbit(x), rnd == "rm")
     z = np.where(neg, np.float32(-0.0), np.float32(0.0))
     return np.where(exact_zero, z, r)
 
@@ -216,8 +218,7 @@ def add(a, b, rnd: Rounding = "rn", *, flush: bool = False) -> np.ndarray:
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
     s, e = _two_sum(a64, b64)
     r = round_f64_pair(s, e, rnd)
-    both_neg_zero = (a == 0) & (b == 0) & np.signbit(a) & np.signbit(b)
-    r = _zero_sign_fix(r, a, b, rnd, s, e, both_neg_zero)
+    r = _zero_sign_fix(r, rnd, s, e, a64, b64)
     return _finish(r, flush)
 
 
@@ -253,11 +254,11 @@ def fma(a, b, c, rnd: Rounding = "rn", *, flush: bool = False) -> np.ndarray:
         a, b, c = ftz(a), ftz(b), ftz(c)
     with np.errstate(invalid="ignore", over="ignore"):
         p = a.astype(np.float64) * b.astype(np.float64)
-        s, e = _two_sum(p, c.astype(np.float64))
+        c64 = c.astype(np.float64)
+        s, e = _two_sum(p, c64)
     r = round_f64_pair(s, e, rnd)
-    # exact-zero sign: product sign vs c sign (p is exact, so p == 0 iff a or b is 0)
-    same_neg_zero = (p == 0) & (c == 0) & np.signbit(p) & np.signbit(c)
-    r = _zero_sign_fix(r, None, None, rnd, s, e, same_neg_zero)
+    # exact-zero sign: the product p is exact (p == 0 iff a or b is 0) and carries sign(a)^sign(b)
+    r = _zero_sign_fix(r, rnd, s, e, p, c64)
     return _finish(r, flush)
 
 
@@ -386,14 +387,17 @@ def ulp_distance(a, b) -> np.ndarray:
 
 def ulp(x, fmt: Literal["f32", "bf16", "f16"] = "f32") -> np.ndarray:
     """Unit in the last place of ``x`` in ``fmt`` (distance from |x| to the next larger
-    magnitude; the subnormal spacing below the normal range), as float64."""
+    magnitude, as if the exponent range were unbounded above; the subnormal spacing below the
+    normal range; ``ulp(±0)`` is the smallest subnormal), as float64. ``±inf`` and NaN give NaN
+    (as ``numpy.spacing``)."""
     v = np.abs(as_f32(x).astype(np.float64))
     p, emin = {"f32": (23, -126), "bf16": (7, -126), "f16": (10, -14)}[fmt]
     with np.errstate(divide="ignore", invalid="ignore"):
         _, ex = np.frexp(v)
     e = np.maximum(ex - 1, emin)
     e = np.where(v == 0, emin, e)
-    return np.ldexp(1.0, (e - p).astype(np.int64))
+    out = np.ldexp(1.0, (e - p).astype(np.int64))
+    return np.where(np.isfinite(v), out, np.nan)
 
 
 # --------------------------------------------------------------------------- ranges
