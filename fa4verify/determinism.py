@@ -759,6 +759,18 @@ class Fa4Backend(Backend):
         import torch
         cc = torch.cuda.get_device_capability()
         self.arch = f"sm{cc[0]}{cc[1]}"
+        # Note [adapter provenance cost]: adapter.versions() is called on every forward/backward
+        # (importlib.metadata lookups, ~0.1 s each on a slow host), which would dominate a
+        # 100-run loop. The versions cannot change inside a process, so this process answers
+        # from a snapshot taken once; every call still records them in its CallConfig.
+        if not getattr(self.adapter.versions, "_fa4v_cached", False):
+            snap = self.adapter.versions()
+
+            def _cached_versions(_snap=snap):
+                return dict(_snap)
+            _cached_versions._fa4v_cached = True  # type: ignore[attr-defined]
+            _cached_versions.__doc__ = self.adapter.versions.__doc__
+            self.adapter.versions = _cached_versions
         self.where = f"measured on {torch.cuda.get_device_name()}"
 
     def environment(self, device: str) -> dict[str, str]:
