@@ -76,7 +76,8 @@ def _list(specs, selected, config, console) -> None:
     tab = Table(title=f"{len(selected)} check(s) selected of {len(specs)} discovered "
                       f"(profile {config.profile}, archs {','.join(config.archs)})",
                 title_justify="left")
-    for col in ("id", "title", "needs", "profiles", "module", "would run"):
+    tab.add_column("id", no_wrap=True)
+    for col in ("title", "needs", "profiles", "module", "would run"):
         tab.add_column(col, overflow="fold")
     for s in selected:
         reason = unmet_need(s.spec, config.device, cuda=have_cuda)
