@@ -253,3 +253,47 @@ def test_difference_only_across_fresh_processes_is_detected(tmp_path):
     c = d.aggregate(recs, [CFG])["configs"][0]
     assert c["status"] == "not-reproducible" and c["distinct_digests"] == {"dv": 2}
     assert c["processes"] == [0, 1]
+
+
+def test_fa4_backend_passes_every_feature_the_real_adapter_accepts():
+    """The keywords the fa4 backend sends exist in fa4verify.kernels.adapter's signatures (so a
+    feature cannot be dropped or rejected on the GPU), and buffers reach the adapter."""
+    import inspect
+    adapter = pytest.importorskip("fa4verify.kernels.adapter")
+    fwd_params = set(inspect.signature(adapter.forward).parameters)
+    bwd_params = set(inspect.signature(adapter.backward).parameters)
+    for cfg in d.MATRICES["cpu"]:
+        p = d.make_inputs(cfg)
+        assert set(d._features(p)) | {"return_lse"} <= fwd_params
+        assert set(d._features(p)) | {"deterministic", "dq", "dk", "dv"} <= bwd_params
+
+    ref = d.TorchMathBackend()
+    seen = {}
+
+    def fake_forward(q, k, v, **kw):
+        seen["fwd"] = kw
+        out, lse = ref.forward(p)
+        return types.SimpleNamespace(out=out, lse=lse, config=None)
+
+    def fake_backward(q, k, v, out, dout, lse, **kw):
+        seen["bwd"] = kw
+        g = ref.backward(p, out, lse, deterministic=kw["deterministic"], dq=kw["dq"],
+                         dk=kw["dk"], dv=kw["dv"])
+        return types.SimpleNamespace(dq=g.dq, dk=g.dk, dv=g.dv, dsink=g.dsink, config=None)
+
+    fake_forward.__signature__ = inspect.signature(adapter.forward)
+    fake_backward.__signature__ = inspect.signature(adapter.backward)
+
+    class CpuFa4(d.Fa4Backend):
+        def synchronize(self, device):
+            pass
+
+    be = object.__new__(CpuFa4)
+    be.adapter = types.SimpleNamespace(forward=fake_forward, backward=fake_backward)
+    cfg = d.MATRICES["cpu"][3]  # sink
+    p = d.make_inputs(cfg)
+    rec = d.run_config(be, cfg, "cpu", runs=2, default_runs=1)
+    assert rec["status"] == "ok", rec.get("reason")
+    assert rec["det"]["buffers_not_used"] == []
+    assert seen["bwd"]["learnable_sink"] is not None and seen["fwd"]["return_lse"] is True
+    assert seen["bwd"]["softmax_scale"] == pytest.approx(1 / 8)
