@@ -605,6 +605,12 @@ class TwinOutputs:
     stages: Any = None
     bwd_stages: Any = None
     error: str | None = None
+    bwd_error: str | None = None
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {msg}"[:300]
 
 
 def _f32(a) -> np.ndarray | None:
@@ -641,21 +647,30 @@ def run_twin(data: ProblemData, arch: Arch, mutations: Iterable[str] = (), *,
     res = TwinOutputs()
     try:
         r = _call_accepting(tw.forward, data.q, data.k, data.v, required=("mutations",), **kw)
-        res.out, res.lse, res.stages = _f32(r.out), _f32(getattr(r, "lse", None)), \
-            getattr(r, "stages", None)
-        if bwd:
-            def _bwd():
-                return _call_accepting(tw.backward, data.q, data.k, data.v, res.out, data.dout,
-                                       lse=res.lse, deterministic=True, forward_result=r,
-                                       required=("mutations",), **kw)
-            g = _bwd()
-            res.grads = (_f32(g.dq), _f32(g.dk), _f32(g.dv))
-            res.bwd_stages = getattr(g, "stages", None)
-            if repeat_bwd:
-                g2 = _bwd()
-                res.grads_again = (_f32(g2.dq), _f32(g2.dk), _f32(g2.dv))
     except Exception as exc:  # noqa: BLE001 - recorded as an "error" verdict
-        res.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        res.error = _one_line(exc)
+        return res
+    res.out, res.lse, res.stages = _f32(r.out), _f32(getattr(r, "lse", None)), \
+        getattr(r, "stages", None)
+    if not bwd:
+        return res
+    back = getattr(tw, "backward", None)
+    if back is None:
+        res.bwd_error = "twin_attention.backward is not available"
+        return res
+    try:
+        def _bwd():
+            return _call_accepting(back, data.q, data.k, data.v, res.out, data.dout,
+                                   lse=res.lse, deterministic=True, forward_result=r,
+                                   required=("mutations",), **kw)
+        g = _bwd()
+        res.grads = (_f32(g.dq), _f32(g.dk), _f32(g.dv))
+        res.bwd_stages = getattr(g, "stages", None)
+        if repeat_bwd:
+            g2 = _bwd()
+            res.grads_again = (_f32(g2.dq), _f32(g2.dk), _f32(g2.dv))
+    except Exception as exc:  # noqa: BLE001
+        res.bwd_error = _one_line(exc)
     return res
 
 
@@ -825,7 +840,13 @@ def _v_fa_rule_fwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
     return fa_rule_forward(run.out, env.refs)
 
 
+def _bwd_error(run: TwinOutputs) -> Verdict | None:
+    return Verdict("error", None, run.bwd_error) if run.bwd_error else None
+
+
 def _v_fa_rule_bwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
+    if _bwd_error(run):
+        return _bwd_error(run)  # type: ignore[return-value]
     if run.grads is None or not upstream_bwd_applies(env.data.problem) \
             or env.refs.grads_ref is None:
         return NA
@@ -839,6 +860,8 @@ def _v_assert_close_fwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
 
 
 def _v_assert_close_bwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
+    if _bwd_error(run):
+        return _bwd_error(run)  # type: ignore[return-value]
     if run.grads is None or env.refs.grads_ref is None:
         return NA
     return assert_close_verdict(list(run.grads), list(env.refs.grads_ref))
