@@ -1026,6 +1026,12 @@ def _clone(t):
     return np.array(t, copy=True)
 
 
+def _select_device(device: str) -> None:
+    """Make ``device`` current (FA4 launches on the current device's stream)."""
+    if device.startswith("cuda"):
+        _torch().cuda.set_device(device)
+
+
 def run_config(backend: Backend, cfg: DeterminismConfig, device: str, *, runs: int,
                default_runs: int = 0, guard_bytes: int | None = None,
                deadline: float | None = None) -> dict:
@@ -1047,6 +1053,7 @@ def run_config(backend: Backend, cfg: DeterminismConfig, device: str, *, runs: i
     t0 = time.perf_counter()
     try:
         torch = _torch()
+        _select_device(device)
         p = make_inputs(cfg, device)
         rec["inputs_digest"] = p.digest()
         stage = "forward"
@@ -1157,6 +1164,7 @@ def time_backward(backend: Backend, cfg: DeterminismConfig, device: str, *, reps
     rec: dict[str, Any] = {"config": cfg.key(), "name": cfg.name, "device": device,
                            "reps": reps, "warmup": warmup}
     try:
+        _select_device(device)
         p = make_inputs(cfg, device)
         out, lse = backend.forward(p)
         dq, dk, dv = (torch.empty_like(t) for t in (p.q, p.k, p.v))
