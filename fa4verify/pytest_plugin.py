@@ -107,8 +107,8 @@ class AuditItem(pytest.Item):
             return str(excinfo.value)
         return super().repr_failure(excinfo)
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"fa4verify audit check {self.name}"
+    def reportinfo(self) -> tuple[Any, int, str]:
+        return self.path, 0, f"fa4verify audit check {self.name}"
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,0 +1,77 @@
+"""The pytest plugin: ``pytest --fa4verify[=profile]`` runs audit checks as test items."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+OK = os.path.join(FIX, "audit_checks_ok.py")
+BAD = os.path.join(FIX, "audit_checks_bad.py")
+TIGHT = os.path.join(FIX, "budget_tight.toml")
+
+
+@pytest.fixture(autouse=True)
+def _preload_heavy_modules():
+    """pytester's in-process runs drop modules first imported inside them; re-importing torch
+    in one process crashes, so import what the fixture checks import (torch via the CUDA probe,
+    numpy) before the inner sessions."""
+    import numpy  # noqa: F401
+
+    from fa4verify.audit.registry import cuda_available
+
+    cuda_available()
+
+
+def _run(pytester, *args):
+    pytester.makepyfile(test_user="def test_user_own():\n    assert True\n")
+    return pytester.runpytest("-p", "no:cacheprovider", "--fa4-no-default-checks",
+                                         "--fa4-checks-module", OK, *args)
+
+
+def test_one_item_per_check_and_skip_reasons(pytester):
+    res = _run(pytester, "--fa4verify=quick", "-rs", "-v")
+    res.assert_outcomes(passed=5, skipped=1)  # 4 fixture checks + the user's test; 1 skip
+    out = res.stdout.str()
+    assert "fixture.per_arch[sm90] PASSED" in out or "per_arch[sm90]" in out
+    assert "no CUDA device (torch.cuda.is_available() is False)" in out
+
+
+def test_fa4_only_deselects_other_tests_and_k_selects_checks(pytester):
+    res = _run(pytester, "--fa4verify", "--fa4-only", "-k", "dot")
+    res.assert_outcomes(passed=1, deselected=5)
+
+
+def test_failing_check_fails_the_item_with_its_summary(pytester):
+    res = _run(pytester, "--fa4verify", "--fa4-only", "--fa4-opt", f"budget={TIGHT}", "-k", "dot")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*fixture.dot.bf16: FAIL (CPU)*budget 0.01*"])
+
+
+def test_aborting_check_is_an_error_item_and_the_session_continues(pytester):
+    res = _run(pytester, "--fa4verify", "--fa4-only", "--fa4-checks-module", BAD,
+               "--fa4-isolate", "always", "-k", "bad")
+    res.assert_outcomes(passed=1, failed=2, skipped=1)
+    res.stdout.fnmatch_lines(["*fixture.bad.abort: ERROR*SIGABRT*"])
+
+
+def test_without_the_flag_no_audit_items_are_added(pytester):
+    res = _run(pytester)
+    res.assert_outcomes(passed=1)
+
+
+def test_bad_option_value_is_a_usage_error(pytester):
+    res = _run(pytester, "--fa4verify", "--fa4-dtype", "fp32")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*--dtype 'fp32'*"])
+
+
+def test_cli_and_plugin_share_the_option_table():
+    from fa4verify import _options
+    from fa4verify.cli.audit import command
+
+    cli_names = {p.opts[0] for p in command.params if p.opts[0].startswith("--")}
+    for opt in _options.OPTIONS:
+        assert f"--{opt.name}" in cli_names
