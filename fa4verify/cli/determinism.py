@@ -107,7 +107,7 @@ def _print_report(report: dict, against: dict | None, timing: list[dict]) -> Non
               help="GPU indices ('0', '0,1') or 'all' (cross-device equality is checked). "
                    "Default: 0 for --backend fa4, cpu otherwise.")
 @click.option("--timing", is_flag=True, help="Also time the backward, deterministic vs "
-              "default (in one extra process after the matrix).")
+              "default (in one extra process after the matrix, on the first device).")
 @click.option("--timing-reps", type=int, default=20, show_default=True, metavar="N")
 @click.option("--backend", default="fa4", show_default=True, metavar="B",
               help="fa4 (production, GPU), twin[:smXX[+mutation]] (CPU twin), torch-math "
@@ -187,7 +187,7 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
                 _err(r["fatal"])
         timing_recs: list[dict] = []
         if timing:
-            tspec = d.worker_spec(backend, [], devs, runs=1, default_runs=0, timing=True,
+            tspec = d.worker_spec(backend, [], devs[:1], runs=1, default_runs=0, timing=True,
                                   timing_configs=d.TIMING_CONFIGS, timing_reps=timing_reps)
             trec = d.spawn_workers(tspec, 1, os.path.join(workdir, "timing"))[0]
             timing_recs = trec.get("timing", [])
