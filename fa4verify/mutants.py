@@ -606,6 +606,8 @@ class TwinOutputs:
     bwd_stages: Any = None
     error: str | None = None
     bwd_error: str | None = None
+    stage_tally: dict[str, "StageTally"] | None = None
+    stage_error: str | None = None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -621,6 +623,59 @@ def _f32(a) -> np.ndarray | None:
     return np.asarray(a, dtype=np.float32)
 
 
+@dataclasses.dataclass
+class StageTally:
+    """Local budget check of one forward stage over all its applications in one twin run:
+    ``|fa4 - exact| <= budget(stats)`` elementwise (``exact`` = the stage's exact result on the
+    same inputs, handed over by the twin's ``stage_probe``). ``max_ratio`` = max error/budget
+    (inf for a NaN/inf where the exact value is finite); ``n_over`` elements over budget."""
+
+    max_ratio: float = 0.0
+    n_over: int = 0
+    n: int = 0
+    worst: str = ""
+
+
+def _stage_collector(budgets, p: Problem, res: "TwinOutputs") -> Callable[[Any], None]:
+    base = {"d": float(p.head_dim), "dv": float(p.head_dim)}
+
+    def probe(sample) -> None:
+        tally = res.stage_tally.setdefault(sample.stage, StageTally())  # type: ignore[union-attr]
+        if sample.stage not in budgets:
+            tally.worst = tally.worst or f"no budget entry {sample.stage!r}"
+            return
+        stats = {**base, **dict(sample.stats)}
+        try:
+            allowed = np.asarray(budgets.evaluate(sample.stage, stats), np.float64)
+        except Exception as exc:  # noqa: BLE001 - a missing statistic is a broken check
+            res.stage_error = f"stage {sample.stage}: {_one_line(exc)}"
+            return
+        fa4 = np.asarray(sample.fa4, np.float64)
+        ex = np.asarray(sample.exact, np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.abs(fa4 - ex)
+        allowed = np.broadcast_to(allowed, err.shape)
+        w = np.isfinite(ex) if sample.where is None else \
+            (np.broadcast_to(np.asarray(sample.where, bool), err.shape) & np.isfinite(ex))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = err / allowed
+        ratio = np.where(np.isnan(ratio) | np.isinf(err), np.inf, ratio)
+        ratio = np.where(err == 0.0, 0.0, ratio)  # exact (also 0/0 for a zero budget)
+        ratio = np.where(w, ratio, 0.0)
+        tally.n += int(w.sum())
+        if ratio.size == 0:
+            return
+        over = int((ratio > 1.0).sum())
+        tally.n_over += over
+        i = int(np.argmax(ratio))
+        mr = float(ratio.flat[i])
+        if mr > tally.max_ratio:
+            tally.max_ratio = mr
+            tally.worst = (f"{sample.stage}: |{fa4.flat[i]:.9g} - {ex.flat[i]:.9g}| = "
+                           f"{err.flat[i]:.3g} vs budget {allowed.flat[i]:.3g}")
+    return probe
+
+
 def twin_module():
     """``fa4verify.kernels.twin_attention`` or ``None`` when it is not there (yet)."""
     import importlib
@@ -631,12 +686,14 @@ def twin_module():
 
 
 def run_twin(data: ProblemData, arch: Arch, mutations: Iterable[str] = (), *,
-             bwd: bool = True, repeat_bwd: bool = False) -> TwinOutputs:
+             bwd: bool = True, repeat_bwd: bool = False,
+             stage_budgets: Any = None) -> TwinOutputs:
     """Run the twin's forward (and backward, ``deterministic=True``) on ``data``.
 
     ``repeat_bwd`` runs the backward a second time (for the run-to-run determinism check). Any
     exception is caught into ``TwinOutputs.error`` (one line), so one broken mutant cannot stop
-    the suite."""
+    the suite. ``stage_budgets`` (a ``fa4verify.error_budgets`` BudgetSet): tally every forward
+    stage application against its local budget (:class:`StageTally`)."""
     tw = twin_module()
     if tw is None:
         return TwinOutputs(error="fa4verify.kernels.twin_attention is not available")
@@ -645,8 +702,12 @@ def run_twin(data: ProblemData, arch: Arch, mutations: Iterable[str] = (), *,
     kw = dict(arch=arch, softmax_scale=p.softmax_scale, causal=p.causal, mutations=muts,
               dtype={"bf16": "bf16", "fp8": "fp8_e4m3"}[p.dtype])
     res = TwinOutputs()
+    fkw = dict(kw)
+    if stage_budgets is not None:
+        res.stage_tally = {}
+        fkw["stage_probe"] = _stage_collector(stage_budgets, p, res)
     try:
-        r = _call_accepting(tw.forward, data.q, data.k, data.v, required=("mutations",), **kw)
+        r = _call_accepting(tw.forward, data.q, data.k, data.v, required=("mutations",), **fkw)
     except Exception as exc:  # noqa: BLE001 - recorded as an "error" verdict
         res.error = _one_line(exc)
         return res
@@ -705,12 +766,44 @@ def _oracle_module():
         raise Unavailable(f"fa4verify.oracles.attention not available ({exc})") from None
 
 
-def _budget_module():
-    import importlib
-    try:
-        return importlib.import_module("fa4verify.error_budgets")
-    except ImportError as exc:  # pragma: no cover
-        raise Unavailable(f"fa4verify.error_budgets not available ({exc})") from None
+_BUDGET_CACHE: dict[tuple[str, str], Any] = {}
+
+
+def load_budgets(dtype: str, arch: str):
+    """``fa4verify.error_budgets.load(dtype, arch)`` (cached); raises :class:`Unavailable` when
+    the budgets cannot be loaded (module missing or a malformed budget file)."""
+    key = (dtype, arch)
+    if key not in _BUDGET_CACHE:
+        import importlib
+        try:
+            mod = importlib.import_module("fa4verify.error_budgets")
+            load = getattr(mod, "load", None)
+            if load is None:
+                load = importlib.import_module("fa4verify.error_budgets.loader").load
+            _BUDGET_CACHE[key] = load(dtype, arch)
+        except Exception as exc:  # noqa: BLE001
+            raise Unavailable(f"error budgets for {dtype}/{arch} not loadable: "
+                              f"{_one_line(exc)}") from None
+    return _BUDGET_CACHE[key]
+
+
+def _v_stages(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
+    """Every forward stage of the twin run within its local budget (``[stage.*]`` entries of
+    ``error_budgets/<dtype>_<arch>.toml``), checked on every application through the twin's
+    ``stage_probe``. Figure: the largest error/budget over all stages."""
+    if run.stage_tally is None:
+        return NA
+    if run.stage_error:
+        return Verdict("error", None, run.stage_error)
+    if not run.stage_tally:
+        return NA
+    name, worst = max(run.stage_tally.items(), key=lambda kv: kv[1].max_ratio)
+    over = {k: t.n_over for k, t in run.stage_tally.items() if t.n_over}
+    if over:
+        return Verdict("fail", worst.max_ratio,
+                       f"{sum(over.values())} elements over budget in {sorted(over)}; worst "
+                       f"{worst.worst}")
+    return Verdict("pass", worst.max_ratio, f"all stages within budget; tightest {worst.worst}")
 
 
 # ----------------------------------------------------------------------------- exp2 verifiers
@@ -1086,7 +1179,18 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
         for arch in archs:
             if arch not in p.archs:
                 continue
-            base = run_twin(data, arch, (), bwd=p.bwd, repeat_bwd=p.bwd)
+            sb, sb_err = None, None
+            if any(sp.name == "stages" for sp in pspecs):
+                try:
+                    sb = load_budgets(p.dtype, arch)
+                except Unavailable as exc:
+                    sb_err = str(exc)
+
+            def _mark(run: TwinOutputs) -> TwinOutputs:
+                if sb_err:
+                    run.stage_tally, run.stage_error = {}, sb_err
+                return run
+            base = _mark(run_twin(data, arch, (), bwd=p.bwd, repeat_bwd=p.bwd, stage_budgets=sb))
             if refs is None:
                 refs = upstream_refs(data, with_grads=p.bwd and p.dtype != "fp8")
             env = ProblemEnv(data=data, arch=arch, base=base, refs=refs)  # type: ignore[arg-type]
@@ -1103,8 +1207,8 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
             for m in muts:
                 if not _mutant_applies(m, p, arch):
                     continue
-                run = run_twin(data, arch, (m.name,), bwd=p.bwd,
-                               repeat_bwd=p.bwd and "bwd" in m.passes)
+                run = _mark(run_twin(data, arch, (m.name,), bwd=p.bwd,
+                                     repeat_bwd=p.bwd and "bwd" in m.passes, stage_budgets=sb))
                 for spec in pspecs:
                     if run.error is not None:
                         record(m.name, arch, p.name, spec, Verdict("error", None, run.error))
@@ -1235,6 +1339,9 @@ _register(VerifierSpec("exp2_cert", "fa4verify", "exp2",
 _register(VerifierSpec("exp2_golden", "fa4verify", "exp2",
                        "bit-exact emulated exp2 vs the golden (GPU-matched) emulation",
                        _v_exp2_golden))
+_register(VerifierSpec("stages", "fa4verify", "problem",
+                       "every forward stage within its local budget (twin stage probe)",
+                       _v_stages))
 # (fa4verify's verifiers are registered above this block by their own sections; the upstream
 # rules go last so that the table reads fa4verify | FA rule | assert_close.)
 _register(VerifierSpec("fa_rule_fwd", "FA rule", "problem",
