@@ -1,0 +1,557 @@
+"""Load, validate and evaluate fa4verify's per-stage error budgets (``error_budgets/*.toml``).
+
+A budget is a formula in unit roundoffs and problem statistics, e.g.
+``gamma(n_add, u_fp32) * sum_abs`` (Higham's gamma_n times the sum of |terms|).  Formulas use a
+small, safe expression language: the text is parsed with :mod:`ast` and only whitelisted nodes
+are evaluated -- numbers, the names in :data:`CONSTANTS` / :data:`STATISTICS` / the file's own
+``[constants]`` and earlier entries, ``+ - * / **``, unary minus, and the functions in
+:data:`FUNCTIONS`.  Nothing is ``eval``-ed.  Formulas evaluate on numpy arrays (elementwise
+budgets) or floats.
+
+Units are checked by dimensional analysis: every statistic has a dimension over the base units
+``q k v g`` (magnitudes of Q, K, V and dO; scores are ``q k``, the softmax scale ``q^-1 k^-1``,
+outputs ``v``, dQ ``g v q^-1``...).  ``+``/``-`` need equal dimensions, function arguments
+(other than ``abs``/``maximum``/``minimum``) must be dimensionless, and the formula's dimension
+must equal the dimension of the quantity the entry bounds (``dim`` of its ``[stage.*]`` /
+``[e2e.*]`` table, defaulting to the stage's value dimension in :data:`STAGE_DIMS`).
+
+File layout (see the schema comment at the top of each TOML file)::
+
+    [meta]       dtype, arch, schema_version = 1, extends = "_base.toml" (optional), description
+    [constants]  name = "formula"  (file-level constants, may use the built-in constants)
+    [stage.<name>]  formula, reason, [unit = "abs"], [dim], [confidence]
+    [e2e.<name>]    formula, reason, [unit = "abs"], [dim], [confidence]
+
+``reason`` must cite a section of DERIVATIONS.md (``"DERIVATIONS.md#<anchor>"``); the loader
+checks the anchor exists.  ``confidence`` (probability in (0, 1]) marks probabilistic
+(Higham-Mary) budgets; deterministic ones have confidence 1.
+
+Errors (:class:`BudgetError`) name the file, the key and the problem; ``fa4verify budgets``
+turns them into exit code 2.
+"""
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - python < 3.11
+    import tomli as tomllib  # type: ignore
+
+BUDGET_DIR = Path(__file__).resolve().parent
+DERIVATIONS = BUDGET_DIR / "DERIVATIONS.md"
+SCHEMA_VERSION = 1
+
+DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
+                 "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "e4m3": "fp8_e4m3"}
+ARCHS = ("sm90", "sm100", "sm103")
+
+#: Built-in constants (dimensionless).  MUFU bounds match kernels/twin_fwd.MUFU_BOUNDS.
+CONSTANTS: dict[str, float] = {
+    "u_fp32": 2.0**-24, "u_bf16": 2.0**-8, "u_fp16": 2.0**-11, "u_fp8_e4m3": 2.0**-4,
+    # half the smallest subnormal spacing (absolute rounding floor) of each format
+    "sub_fp32": 2.0**-150, "sub_bf16": 2.0**-134, "sub_fp16": 2.0**-25, "sub_fp8_e4m3": 2.0**-10,
+    "f32_min_normal": 2.0**-126,
+    # FA4 exp2 emulation, degree 3: max relative error of the fp32 result on [0,1) incl. Horner
+    # rounding (8.77e-5 measured, fa4_numerics.md §4.4; certified by `fa4verify exp2`)
+    "emu_rel": 8.8e-5,
+    "mufu_ex2_rel": 2.0**-22, "rcp_rel": 2.0**-23, "lg2_abs": 2.0**-22, "lg2_rel": 2.0**-22,
+    "tanh_rel": 2.0**-10.987,
+    "ln2": math.log(2.0), "log2e": math.log2(math.e), "pi": math.pi,
+}
+
+#: Absolute floors (half the smallest subnormal spacing, the ftz threshold): they carry the units
+#: of whatever value they are added to, so the dimension check treats them like a literal.
+UNIT_POLYMORPHIC = frozenset({"sub_fp32", "sub_bf16", "sub_fp16", "sub_fp8_e4m3",
+                              "f32_min_normal"})
+
+#: Statistics a formula may use: name -> (dimension, meaning).  The judge
+#: (fa4verify/attribution.py) computes them in fp64 from the problem.
+STATISTICS: dict[str, tuple[str, str]] = {
+    # ---- per-stage (local) statistics, supplied by the twin's stage probe
+    "abs_qk": ("q k", "sum_k |q_k| |k_k| for each score"),
+    "d": ("1", "head dim (QK contraction length)"),
+    "dv": ("1", "value head dim"),
+    "abs_sc": ("1", "|S * c| (c = softmax_scale*log2 e), log2 units"),
+    "abs_mc": ("1", "|m * c| (row max in log2 units)"),
+    "abs_x": ("1", "|exponent argument|"),
+    "max_offset": ("1", "FA4 max_offset (8 for fp8, else 0)"),
+    "p_exact": ("1", "exact 2^x for the stage's input x"),
+    "p": ("1", "|P| before the cast"),
+    "sum_abs": ("1", "|init| + sum |P| of a row-sum application"),
+    "n_add": ("1", "longest chain of fp32 additions in that row sum"),
+    "abs_arg": ("1", "|(m_old - m_new) * c| of a rescale"),
+    "scale_exact": ("1", "exact rescale factor 2^((m_old - m_new) c)"),
+    "sum_abs_pv": ("v", "|O_init| + sum |P||V| of one PV MMA"),
+    "n_acc": ("1", "terms accumulated by one MMA (+1 for the init)"),
+    "rcp_exact": ("1", "|1/l|"),
+    "abs_or": ("v", "|O * (1/l)| before the cast"),
+    "abs_y": ("v", "|value| before the output cast"),
+    "abs_lg2": ("1", "|log2 l|"),
+    "abs_lse": ("1", "|LSE| (natural log)"),
+    "abs_out": ("1", "|softcap * tanh(score/softcap)|"),
+    "abs_score": ("1", "|S * softmax_scale|"),
+    "softcap": ("1", "softcap value"),
+    # ---- end-to-end statistics (per row or per element), computed by the judge in fp64
+    "seqlen_q": ("1", "query length"), "seqlen_k": ("1", "key length"),
+    "n_blocks": ("1", "KV blocks visited per row (max)"), "tile_n": ("1", "KV tile width"),
+    "qk_c_max": ("1", "max_j sum_k |q_k||k_jk| * |c| per row"),
+    "sc_max": ("1", "max_j |S_ij c| per row (unmasked)"),
+    "mc_abs": ("1", "|m_i c| per row (true max)"),
+    "x_max": ("1", "largest exponent argument FA4 feeds to exp2 (max_offset + threshold)"),
+    "softcap_err": ("1", "max_j softcap-stage error bound * log2 e per row (0 without softcap)"),
+    "abs_pv": ("v", "sum_j w_ij |V_jd| (w = exact softmax weights)"),
+    "abs_o": ("v", "|O_true|"),
+    "sum_abs_v": ("v", "sum_j |V_jd| over unmasked j"),
+    "lse_abs": ("1", "|LSE_true| (natural log)"),
+    "lg2_l": ("1", "|log2 l| of the kernel's row sum (upper estimate)"),
+    "n_rescale": ("1", "O rescales per row (<= n_blocks)"),
+    # backward
+    "lse_log2_abs": ("1", "|LSE * log2 e| per row"),
+    "abs_pdo": ("g", "sum_i P_ij |dO_id| (dV scale)"),
+    "abs_dv": ("g", "|dV_true|"),
+    "abs_dsk": ("g v q^-1", "scale * sum_j |dS_ij||K_jd|"),
+    "abs_dsq": ("g v k^-1", "scale * sum_i |dS_ij||Q_id|"),
+    "abs_p_dov_k": ("g v q^-1", "scale * sum_j P_ij (sum_d|dO_id||V_jd|) |K_jd|"),
+    "abs_p_dov_q": ("g v k^-1", "scale * sum_i P_ij (sum_d|dO_id||V_jd|) |Q_id|"),
+    "abs_p_derr_k": ("g v q^-1", "scale * sum_j P_ij derr_i |K_jd| (derr: D error bound)"),
+    "abs_p_derr_q": ("g v k^-1", "scale * sum_i P_ij derr_i |Q_id|"),
+    "abs_dq": ("g v q^-1", "|dQ_true|"), "abs_dk": ("g v k^-1", "|dK_true|"),
+    "e_p_bwd": ("1", "relative error bound of the recomputed backward P, per row"),
+}
+
+#: Functions: name -> (min args, max args, dimension rule "dimensionless" | "same").
+FUNCTIONS: dict[str, tuple[int, int, str]] = {
+    "gamma": (2, 2, "dimensionless"), "gamma_prob": (3, 3, "dimensionless"),
+    "sqrt": (1, 1, "dimensionless"), "log2": (1, 1, "dimensionless"),
+    "ceil": (1, 1, "dimensionless"), "exp": (1, 1, "dimensionless"),
+    "abs": (1, 1, "same"), "maximum": (2, 2, "same"), "minimum": (2, 2, "same"),
+}
+
+#: Dimension of each stage's value (what its error is measured in).
+STAGE_DIMS: dict[str, str] = {
+    "s_accum": "q k", "softcap": "1", "exp_arg": "1", "exp2": "1", "exp2_emu": "1",
+    "p_cast": "1", "row_sum": "1", "rescale": "1", "pv_accum": "v", "sink": "1", "rcp": "1",
+    "normalize": "v", "o_cast": "v", "lse": "1",
+    "forward_out": "v", "forward_out_prob": "v", "forward_lse": "1", "backward_dv": "g",
+    "backward_dq": "g v q^-1", "backward_dk": "g v k^-1", "backward_p": "1",
+}
+
+
+class BudgetError(ValueError):
+    """A malformed budget file: ``str()`` names the file, the key and the problem."""
+
+    def __init__(self, file: str | Path, key: str, problem: str):
+        self.file, self.key, self.problem = str(file), key, problem
+        super().__init__(f"{file}: {key}: {problem}")
+
+
+# =========================================================================== dimensions
+Dim = tuple  # sorted tuple of (base, exponent)
+
+
+def parse_dim(text: str) -> Dim:
+    """``"g v q^-1"`` -> ((g,1),(q,-1),(v,1)); ``"1"`` -> ()."""
+    c: Counter = Counter()
+    for tok in str(text).split():
+        if tok == "1":
+            continue
+        m = re.fullmatch(r"([qkvg])(?:\^(-?\d+))?", tok)
+        if not m:
+            raise ValueError(f"bad dimension token {tok!r} in {text!r}")
+        c[m.group(1)] += int(m.group(2) or 1)
+    return tuple(sorted((b, e) for b, e in c.items() if e))
+
+
+def fmt_dim(d: Dim) -> str:
+    return " ".join(f"{b}" if e == 1 else f"{b}^{e}" for b, e in d) or "1"
+
+
+def _dmul(a: Dim, b: Dim, sign: int = 1) -> Dim:
+    c = Counter(dict(a))
+    for k, e in b:
+        c[k] += sign * e
+    return tuple(sorted((k, e) for k, e in c.items() if e))
+
+
+# =========================================================================== expression language
+_ALLOWED_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**"}
+
+
+class Formula:
+    """A parsed, validated budget formula (see module docstring)."""
+
+    def __init__(self, text: str, *, where: tuple[str, str], known: Mapping[str, Dim | None]):
+        self.text = str(text)
+        file, key = where
+        try:
+            tree = ast.parse(self.text, mode="eval")
+        except SyntaxError as e:
+            raise BudgetError(file, key, f"formula {self.text!r} is not valid: {e.msg}") from None
+        self.tree = tree.body
+        self.names: set[str] = set()
+        self._where = where
+        self.dim = self._check(self.tree, known)
+
+    # -- validation + dimension inference
+    def _err(self, msg: str) -> BudgetError:
+        return BudgetError(self._where[0], self._where[1], f"formula {self.text!r}: {msg}")
+
+    def _check(self, n: ast.AST, known: Mapping[str, Dim | None]) -> Dim | None:
+        """Returns the dimension, or None for a pure numeric literal (dimension-polymorphic 0/1)."""
+        if isinstance(n, ast.Constant):
+            if isinstance(n.value, bool) or not isinstance(n.value, (int, float)):
+                raise self._err(f"only numbers are allowed as literals, not {n.value!r}")
+            return None
+        if isinstance(n, ast.Name):
+            if n.id not in known:
+                raise self._err(f"unknown name {n.id!r} (not a constant, statistic or earlier "
+                                "entry)")
+            self.names.add(n.id)
+            return known[n.id]
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.USub, ast.UAdd)):
+            return self._check(n.operand, known)
+        if isinstance(n, ast.BinOp) and type(n.op) in _ALLOWED_BINOPS:
+            a = self._check(n.left, known)
+            b = self._check(n.right, known)
+            op = type(n.op)
+            if op in (ast.Add, ast.Sub):
+                if a is not None and b is not None and a != b:
+                    raise self._err(f"adds quantities of different units: {fmt_dim(a)} and "
+                                    f"{fmt_dim(b)}")
+                return a if a is not None else b
+            if op is ast.Mult:
+                return _dmul(a or (), b or ()) if (a is not None or b is not None) else None
+            if op is ast.Div:
+                return _dmul(a or (), b or (), -1) if (a is not None or b is not None) else None
+            # power: exponent must be a dimensionless expression; base dimension only with a
+            # literal integer exponent
+            if b:
+                raise self._err("an exponent must be dimensionless")
+            if a:
+                if not (isinstance(n.right, ast.Constant) and isinstance(n.right.value, int)):
+                    raise self._err("a dimensioned base needs a literal integer exponent")
+                return tuple((k, e * n.right.value) for k, e in a)
+            return a
+        if isinstance(n, ast.Call):
+            if not isinstance(n.func, ast.Name) or n.func.id not in FUNCTIONS:
+                fname = getattr(n.func, "id", ast.dump(n.func))
+                raise self._err(f"function {fname!r} is not allowed (allowed: "
+                                f"{sorted(FUNCTIONS)})")
+            if n.keywords:
+                raise self._err("keyword arguments are not allowed")
+            lo, hi, rule = FUNCTIONS[n.func.id]
+            if not lo <= len(n.args) <= hi:
+                raise self._err(f"{n.func.id}() takes {lo}..{hi} arguments")
+            dims = [self._check(a, known) for a in n.args]
+            if rule == "dimensionless":
+                if any(d for d in dims):
+                    raise self._err(f"{n.func.id}() needs dimensionless arguments")
+                return () if any(d is not None for d in dims) else None
+            real = [d for d in dims if d is not None]
+            if len(set(real)) > 1:
+                raise self._err(f"{n.func.id}() arguments have different units")
+            return real[0] if real else None
+        raise self._err(f"construct {type(n).__name__} is not allowed")
+
+    # -- evaluation
+    def evaluate(self, env: Mapping[str, Any]):
+        return _eval(self.tree, env)
+
+
+def _gamma(n, u):
+    n = np.asarray(n, dtype=np.float64)
+    nu = n * u
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(nu < 1, nu / (1 - nu), np.inf)
+
+
+def _gamma_prob(n, u, lam):
+    """Higham & Mary (SISC 2019) Thm 3.1: |theta_n| <= exp(lam sqrt(n) u + n u^2/(1-u)) - 1
+    with probability >= 1 - 2 n exp(-lam^2 (1-u)^2 / 2)."""
+    n = np.asarray(n, dtype=np.float64)
+    return np.expm1(lam * np.sqrt(n) * u + n * u * u / (1 - u))
+
+
+_FUNCS = {
+    "gamma": _gamma, "gamma_prob": _gamma_prob, "sqrt": np.sqrt, "log2": np.log2,
+    "ceil": np.ceil, "exp": np.exp, "abs": np.abs, "maximum": np.maximum, "minimum": np.minimum,
+}
+
+
+def _eval(n: ast.AST, env: Mapping[str, Any]):
+    if isinstance(n, ast.Constant):
+        return float(n.value)
+    if isinstance(n, ast.Name):
+        return env[n.id]
+    if isinstance(n, ast.UnaryOp):
+        v = _eval(n.operand, env)
+        return -v if isinstance(n.op, ast.USub) else v
+    if isinstance(n, ast.BinOp):
+        a, b = _eval(n.left, env), _eval(n.right, env)
+        op = type(n.op)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if op is ast.Add:
+                return a + b
+            if op is ast.Sub:
+                return a - b
+            if op is ast.Mult:
+                return a * b
+            if op is ast.Div:
+                return a / b
+            return np.power(a, b)
+    if isinstance(n, ast.Call):
+        return _FUNCS[n.func.id](*[_eval(a, env) for a in n.args])
+    raise TypeError(f"unexpected node {type(n).__name__}")  # unreachable after validation
+
+
+# =========================================================================== data classes
+@dataclass(frozen=True)
+class Budget:
+    """One budget entry: ``|measured - exact| <= formula(stats)`` (absolute, in the units of
+    ``dim``).  ``kind`` is "stage" (local: stage value vs its exact value from the same inputs)
+    or "e2e" (end-to-end vs the oracle)."""
+    name: str
+    kind: str
+    formula: Formula = field(repr=False)
+    text: str
+    dim: str
+    unit: str
+    reason: str
+    confidence: float
+    file: str
+    stats: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BudgetSet:
+    """All budgets for one (dtype, arch): ``budgets.evaluate("p_cast", {"p": ...})``."""
+    dtype: str
+    arch: str
+    files: tuple[str, ...]
+    constants: Mapping[str, float] = field(repr=False)
+    entries: Mapping[str, Budget] = field(repr=False)
+    description: str = ""
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def names(self, kind: str | None = None) -> list[str]:
+        return [n for n, b in self.entries.items() if kind is None or b.kind == kind]
+
+    def get(self, name: str) -> Budget:
+        if name not in self.entries:
+            raise KeyError(f"no budget {name!r} for {self.dtype}/{self.arch}; have "
+                           f"{sorted(self.entries)}")
+        return self.entries[name]
+
+    def evaluate(self, name: str, stats: Mapping[str, Any] | None = None):
+        """The bound for entry ``name`` given statistics (arrays broadcast elementwise).
+
+        Entries may use earlier entries' values (e.g. the composed end-to-end bounds use stage
+        bounds); those are evaluated recursively on the same ``stats``.
+        """
+        b = self.get(name)
+        env: dict[str, Any] = dict(self.constants)
+        stats = dict(stats or {})
+        for nm in b.formula.names:
+            if nm in env:
+                continue
+            if nm in stats:
+                env[nm] = stats[nm]
+            elif nm in self.entries:
+                env[nm] = self.evaluate(nm, stats)
+            else:
+                raise KeyError(f"budget {name!r} ({b.file}) needs statistic {nm!r}; "
+                               f"got {sorted(stats)}")
+        return b.formula.evaluate(env)
+
+
+# =========================================================================== loading
+_ENTRY_KEYS = {"formula", "reason", "unit", "dim", "confidence"}
+_UNITS = {"abs"}
+
+
+def _anchors() -> set[str]:
+    if not DERIVATIONS.exists():
+        return set()
+    out = set()
+    for line in DERIVATIONS.read_text().splitlines():
+        m = re.match(r"^#+\s+(.*)$", line)
+        if m:
+            out.add(_slug(m.group(1)))
+        for a in re.findall(r'<a id="([^"]+)"', line):
+            out.add(a)
+    return out
+
+
+def _slug(title: str) -> str:
+    s = title.strip().lower()
+    s = re.sub(r"[^\w\- ]", "", s)
+    return s.replace(" ", "-")
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise BudgetError(path, "-", "file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BudgetError(path, "-", f"not valid TOML: {e}") from None
+
+
+def _merged(path: Path, seen: tuple = ()) -> tuple[dict, list[Path]]:
+    data = _read_toml(path)
+    meta = data.get("meta")
+    if not isinstance(meta, dict):
+        raise BudgetError(path, "meta", "missing [meta] table")
+    ext = meta.get("extends")
+    files = [path]
+    if ext:
+        base_path = (path.parent / str(ext)).resolve()
+        if base_path in seen:
+            raise BudgetError(path, "meta.extends", f"circular extends via {base_path.name}")
+        base, bfiles = _merged(base_path, seen + (path.resolve(),))
+        files = bfiles + files
+        out = {"meta": {**base.get("meta", {}), **meta},
+               "constants": {**base.get("constants", {}), **data.get("constants", {})},
+               "stage": {**base.get("stage", {}), **data.get("stage", {})},
+               "e2e": {**base.get("e2e", {}), **data.get("e2e", {})}}
+        for k in data:
+            if k not in out:
+                out[k] = data[k]
+        return out, files
+    return data, files
+
+
+def load_file(path: str | Path, *, dtype: str | None = None, arch: str | None = None) -> BudgetSet:
+    """Load and validate one budget file (following ``extends``); raise :class:`BudgetError`."""
+    path = Path(path)
+    data, files = _merged(path)
+    fname = str(path)
+    allowed_top = {"meta", "constants", "stage", "e2e"}
+    for k in data:
+        if k not in allowed_top:
+            raise BudgetError(fname, k, f"unknown top-level table (allowed: {sorted(allowed_top)})")
+    meta = data["meta"]
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise BudgetError(fname, "meta.schema_version",
+                          f"must be {SCHEMA_VERSION}, got {meta.get('schema_version')!r}")
+    fdt = DTYPE_ALIASES.get(str(meta.get("dtype")))
+    if fdt is None:
+        raise BudgetError(fname, "meta.dtype", f"unknown dtype {meta.get('dtype')!r}")
+    farch = meta.get("arch")
+    if farch not in ARCHS:
+        raise BudgetError(fname, "meta.arch", f"unknown arch {farch!r} (expected {ARCHS})")
+    if dtype is not None and DTYPE_ALIASES.get(dtype) != fdt:
+        raise BudgetError(fname, "meta.dtype", f"file is for {fdt}, asked for {dtype}")
+    if arch is not None and arch != farch:
+        raise BudgetError(fname, "meta.arch", f"file is for {farch}, asked for {arch}")
+
+    known: dict[str, Dim | None] = {n: (None if n in UNIT_POLYMORPHIC else ())
+                                    for n in CONSTANTS}
+    for n, (d, _) in STATISTICS.items():
+        known[n] = parse_dim(d)
+    consts: dict[str, float] = dict(CONSTANTS)
+    for name, val in (data.get("constants") or {}).items():
+        key = f"constants.{name}"
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+            raise BudgetError(fname, key, "constant names are lowercase identifiers")
+        if name in STATISTICS:
+            raise BudgetError(fname, key, "shadows a statistic")
+        if isinstance(val, (int, float)) and not isinstance(val, bool):
+            consts[name] = float(val)
+        elif isinstance(val, str):
+            f = Formula(val, where=(fname, key), known={k: known.get(k, ()) for k in consts})
+            if f.dim:
+                raise BudgetError(fname, key, "constants must be dimensionless")
+            consts[name] = float(f.evaluate(consts))
+            known[name] = f.dim     # None: a unit-polymorphic floor (built from sub_*)
+            continue
+        else:
+            raise BudgetError(fname, key, f"must be a number or a formula string, not {val!r}")
+        known[name] = ()
+    anchors = _anchors()
+    entries: dict[str, Budget] = {}
+    for kind in ("stage", "e2e"):
+        table = data.get(kind) or {}
+        if not isinstance(table, dict):
+            raise BudgetError(fname, kind, "must be a table of entries")
+        for name, ent in table.items():
+            key = f"{kind}.{name}"
+            if not isinstance(ent, dict):
+                raise BudgetError(fname, key, "must be a table with formula and reason")
+            extra = set(ent) - _ENTRY_KEYS
+            if extra:
+                raise BudgetError(fname, key, f"unknown key(s) {sorted(extra)} (allowed: "
+                                  f"{sorted(_ENTRY_KEYS)})")
+            for req in ("formula", "reason"):
+                if not isinstance(ent.get(req), str) or not ent[req].strip():
+                    raise BudgetError(fname, f"{key}.{req}", "missing or empty")
+            unit = ent.get("unit", "abs")
+            if unit not in _UNITS:
+                raise BudgetError(fname, f"{key}.unit", f"unknown unit {unit!r} (allowed: "
+                                  f"{sorted(_UNITS)}: absolute error in the entry's dim)")
+            dim_text = ent.get("dim", STAGE_DIMS.get(name))
+            if dim_text is None:
+                raise BudgetError(fname, f"{key}.dim", "needed: entry is not a known stage")
+            try:
+                want = parse_dim(dim_text)
+            except ValueError as e:
+                raise BudgetError(fname, f"{key}.dim", str(e)) from None
+            conf = ent.get("confidence", 1.0)
+            if not isinstance(conf, (int, float)) or not 0 < conf <= 1:
+                raise BudgetError(fname, f"{key}.confidence", f"must be in (0, 1], got {conf!r}")
+            m = re.search(r"DERIVATIONS\.md#([\w\-]+)", ent["reason"])
+            if not m:
+                raise BudgetError(fname, f"{key}.reason",
+                                  "must cite a section as DERIVATIONS.md#<anchor>")
+            if anchors and m.group(1) not in anchors:
+                raise BudgetError(fname, f"{key}.reason",
+                                  f"DERIVATIONS.md has no section #{m.group(1)}")
+            f = Formula(ent["formula"], where=(fname, f"{key}.formula"), known=known)
+            got = f.dim if f.dim is not None else ()
+            if got != want:
+                raise BudgetError(fname, f"{key}.formula",
+                                  f"has units {fmt_dim(got)}, but {name} is in {fmt_dim(want)}")
+            stats = tuple(sorted(n for n in f.names if n in STATISTICS))
+            entries[name] = Budget(name=name, kind=kind, formula=f, text=f.text,
+                                   dim=fmt_dim(want), unit=unit, reason=ent["reason"],
+                                   confidence=float(conf), file=fname, stats=stats)
+            known[name] = want
+    return BudgetSet(dtype=fdt, arch=farch, files=tuple(str(p) for p in files),
+                     constants=consts, entries=entries, description=str(meta.get("description", "")))
+
+
+def budget_path(dtype: str, arch: str) -> Path:
+    dt = DTYPE_ALIASES.get(dtype)
+    if dt is None:
+        raise BudgetError("-", "dtype", f"unknown dtype {dtype!r} (expected bf16, fp16, fp8)")
+    if arch not in ARCHS:
+        raise BudgetError("-", "arch", f"unknown arch {arch!r} (expected {ARCHS})")
+    return BUDGET_DIR / f"{dt}_{arch}.toml"
+
+
+def load(dtype: str, arch: str) -> BudgetSet:
+    """The budget set for ``dtype`` ("bf16" | "fp16" | "fp8") on ``arch`` ("sm90" | "sm100" |
+    "sm103"); raises :class:`BudgetError` if the file is missing or malformed."""
+    return load_file(budget_path(dtype, arch), dtype=dtype, arch=arch)
+
+
+def available() -> list[tuple[str, str]]:
+    """(dtype, arch) pairs that have a budget file."""
+    out = []
+    for p in sorted(BUDGET_DIR.glob("*.toml")):
+        m = re.fullmatch(r"(bf16|fp16|fp8_e4m3)_(sm90|sm100|sm103)", p.stem)
+        if m:
+            out.append((m.group(1), m.group(2)))
+    return out
