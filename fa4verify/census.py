@@ -333,7 +333,9 @@ def derive_emulated_columns(ptx: str, n_block: int = 128, max_lead: int = 8) -> 
                 else:
                     extras += 1
                 i += 1
-        extras += len(ev) - i
+        tail = ev[i:]
+        extras += tail.count("H")
+        mism += tail.count("E")          # emulated events that fit no copy
         score = (mism, extras)
         if best is None or score < best[0]:
             best = (score, ref, copies, extras, mism)

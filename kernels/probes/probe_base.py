@@ -162,10 +162,13 @@ def compile_only_here(launch: Callable, in_dtypes: Sequence[str], out_specs: Seq
     outs = [torch.zeros(int(n * per), dtype=torch_dtype(d)) for d, per in out_specs]
     runner = ChunkRunner(launch, out_specs, chunk=max(2 * BLOCK, n))
     dump = Path(dump_dir or os.environ.get("CUTE_DSL_DUMP_DIR", "."))
-    before = set(dump.glob("*.sass")) if dump.exists() else set()
+    import time as _time
+    t0 = _time.time_ns() - 1_000_000   # 1 ms slack for coarse file-system clocks
     compiled = runner.compile(ins, outs, consts, scalars)
     ptx = getattr(compiled, "__ptx__", None) or ""
-    new_sass = sorted(set(dump.glob("*.sass")) - before, key=lambda p: p.stat().st_mtime)
+    # A same-signature kernel overwrites an earlier dump, so select by write time, not by name.
+    new_sass = sorted((p for p in dump.glob("*.sass") if p.stat().st_mtime_ns >= t0),
+                      key=lambda p: p.stat().st_mtime_ns)
     sass = new_sass[-1].read_text() if new_sass else ""
     del cute
     return ptx, sass
@@ -200,3 +203,37 @@ def compile_in_subprocess(probe: str, variant: str, arch: str, workdir: str | os
                            f"(rc={r.returncode}): {r.stderr[-2000:]}")
     d = json.loads(out_json.read_text())
     return Artifacts(probe, variant, arch, d["ptx"], d["sass"])
+
+
+def compile_many_in_subprocess(items: Sequence[tuple[str, str]], arch: str,
+                               workdir: str | os.PathLike, timeout: float = 600.0) -> list[Artifacts]:
+    """Like :func:`compile_in_subprocess` for several ``(probe, variant)`` pairs in ONE child
+    process (imports paid once). Each compile gets its own dump directory."""
+    workdir = Path(workdir)
+    base = (workdir / f"many-{arch}").resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update({"CUTE_DSL_ARCH": arch, "CUTE_DSL_KEEP": "ptx,cubin,sass",
+                "CUTE_DSL_DUMP_DIR": str(base),
+                "CUTE_DSL_CACHE_DIR": str((workdir / "dsl-cache").resolve())})
+    out_json = base / "result.json"
+    code = (
+        "import json, os, sys\n"
+        "from pathlib import Path\n"
+        "from fa4verify.kernels.probes import probe_base as pb\n"
+        f"items = {list(map(list, items))!r}\n"
+        f"base = Path({str(base)!r})\n"
+        "res = []\n"
+        "for probe, variant in items:\n"
+        "    m = pb.load(probe)\n"
+        "    ptx, sass = m.compile_only(variant)\n"
+        "    res.append({'probe': probe, 'variant': variant, 'ptx': ptx, 'sass': sass})\n"
+        f"json.dump(res, open({str(out_json)!r}, 'w'))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    if r.returncode != 0 or not out_json.exists():
+        raise RuntimeError(f"compile of probes {items} for {arch} failed (rc={r.returncode}): "
+                           f"{r.stderr[-2000:]}")
+    return [Artifacts(d["probe"], d["variant"], arch, d["ptx"], d["sass"])
+            for d in json.loads(out_json.read_text())]

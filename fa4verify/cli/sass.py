@@ -1,0 +1,125 @@
+"""``fa4verify sass``: compile-only instruction census of production FA4 (no GPU needed).
+
+Compiles FA4's forward (and backward with ``--backward``) for ``--arch`` in a subprocess under
+torch FakeTensorMode, keeps PTX and SASS, and prints per-kernel instruction counts, the exp2
+emulated share read from the PTX, and whether it equals the twin's column rule.
+
+Exit codes: 0 counts produced (and, on SM100, the PTX-derived emulated columns equal the twin's),
+1 the PTX-derived columns differ from the twin's rule, 2 bad input or FA4 missing / compile
+failed, 3 internal error.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+_KEY_PTX = ("ex2.approx.ftz.f32", "add.rm.f32x2 (emulation floor, pair)", "add.rm.ftz.f32 (emulation floor)",
+            "fma.rn.f32x2", "poly3 c3 0f3D9DF09D", "lg2.approx.ftz.f32", "rcp.approx.ftz.f32",
+            "cvt.rn.bf16x2.f32", "cvt.rn.f16x2.f32", "cvt.rz/rm/rp to 16-bit", "mul.f32 (contractible)",
+            "sub.f32 (contractible)", ".ftz (any)")
+_KEY_SASS = ("MUFU.EX2", "FFMA", "FFMA with negated addend", "FFMA2", "FADD2.RM", "FADD.FTZ.RM",
+             "MUFU.RCP", "MUFU.LG2", "F2FP.BF16", "F2FP.F16", "HGMMA", "UTC*MMA")
+
+
+def _check_head_dim(arch: str, hd: int, hdv: int | None) -> int | None:
+    if hd % 8:
+        raise click.BadParameter(f"head dim must be a multiple of 8, got {hd}", param_hint="--head-dim")
+    if arch == "sm_90a":
+        if not 8 <= hd <= 256:
+            raise click.BadParameter(f"sm_90a supports 8..256, got {hd}", param_hint="--head-dim")
+        return hdv
+    if hd <= 128:
+        return hdv
+    if hd == 192:
+        return 128 if hdv is None else hdv
+    if hd == 256:
+        return 256 if hdv is None else hdv
+    raise click.BadParameter(f"sm_100a supports 8..128, 192 (with hdv 128) and 256, got {hd}",
+                             param_hint="--head-dim")
+
+
+@click.command("sass")
+@click.option("--arch", type=click.Choice(["sm_90a", "sm_100a"]), required=True,
+              help="Compile target (FLASH_ATTENTION_ARCH and CUTE_DSL_ARCH are set to match).")
+@click.option("--head-dim", "head_dim", type=int, required=True, metavar="D", help="Head dim of q/k.")
+@click.option("--head-dim-v", "head_dim_v", type=int, default=None, metavar="DV",
+              help="Head dim of v (default: D; 128 for D=192 on sm_100a).")
+@click.option("--causal/--no-causal", default=False, help="Causal mask.  Default: non-causal.")
+@click.option("--backward", is_flag=True, help="Also compile the backward kernels.")
+@click.option("--deterministic", is_flag=True, help="Deterministic backward (implies --backward).")
+@click.option("--seqlen", type=int, default=1024, show_default=True,
+              help="Sequence length of the fake tensors (> 256 lets SM100 use 2-CTA).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              metavar="F", help="Write the full census as JSON to F ('-' for stdout).")
+@click.option("--keep-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the PTX/SASS dumps in this directory (default: a temp dir).")
+def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen, json_path, keep_dir):
+    """Compile-only instruction census of FA4 for sm_90a / sm_100a (every figure: compile-only)."""
+    from fa4verify.cli import ExitCode
+    head_dim_v = _check_head_dim(arch, head_dim, head_dim_v)
+    if seqlen < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--seqlen")
+    import importlib.util
+    if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("cutlass") is None:
+        click.echo("fa4verify sass: flash-attn-4 / nvidia-cutlass-dsl not installed "
+                   "(pip install 'fa4verify[fa4]')", err=True)
+        raise SystemExit(int(ExitCode.USAGE))
+    from fa4verify import census as C
+    case = C.CensusCase(arch, head_dim, causal=causal, backward=backward or deterministic,
+                        deterministic=deterministic, head_dim_v=head_dim_v, seqlen=seqlen)
+    try:
+        res = C.compile_case(case, keep_dir)
+    except (RuntimeError, FileNotFoundError) as e:
+        msg = str(e).strip().splitlines()
+        click.echo(f"fa4verify sass: {msg[0] if msg else e}", err=True)
+        for line in msg[-6:]:
+            click.echo(f"  {line}", err=True)
+        raise SystemExit(int(ExitCode.USAGE))
+    cen = C.census_case(res)
+    _print(cen)
+    if json_path:
+        text = json.dumps(cen, indent=1, default=str)
+        if json_path == "-":
+            click.echo(text)
+        else:
+            with open(json_path, "w") as f:
+                f.write(text)
+    if cen.get("ptx_matches_twin") is False:
+        raise SystemExit(int(ExitCode.VIOLATION))
+
+
+def _print(cen: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    con = Console(file=sys.stdout, width=120)
+    fc = cen["forward_config"]
+    con.print(f"[bold]FA4 instruction census[/bold] {cen['label']}  (compile-only; "
+              f"compile {cen['compile_seconds']} s)")
+    con.print(f"kernel family sm_{fc.get('arch')}, tile {fc.get('tile_mn')}, 2-CTA {fc.get('use_2cta')}, "
+              f"pack_gqa {fc.get('pack_gqa')}, tuning key {fc.get('tuning_key')}")
+    for name, e in cen["kernels"].items():
+        short = name.split("object_at")[0].replace("cutlass___call___", "")[:70]
+        t = Table(title=short, show_header=True, header_style="bold")
+        t.add_column("PTX")
+        t.add_column("count", justify="right")
+        t.add_column("SASS")
+        t.add_column("count", justify="right")
+        p = [(k, e["ptx"].get(k, 0)) for k in _KEY_PTX]
+        s = [(k, (e["sass"] or {}).get(k, 0)) for k in _KEY_SASS]
+        for i in range(max(len(p), len(s))):
+            a = p[i] if i < len(p) else ("", "")
+            b = s[i] if i < len(s) else ("", "")
+            t.add_row(a[0], str(a[1]), b[0], str(b[1]))
+        con.print(t)
+    if "emulation_from_ptx" in cen:
+        d = cen["emulation_from_ptx"]
+        con.print(f"exp2 per KV tile from PTX: {d['tile_copies']} unrolled softmax copies, emulated "
+                  f"columns {d['emulated_columns']} -> share {d['share']:.4f}; "
+                  f"{d['extra_hardware_ex2']} hardware ex2 outside the tile runs")
+        con.print(f"twin rule (emulated_columns): share {cen.get('twin_share')}, columns "
+                  f"{cen.get('twin_emulated_columns')}  -> match: {cen.get('ptx_matches_twin')}")
+    if cen.get("ffma_negated_addend") is not None and str(fc.get("arch")) == "90":
+        con.print(f"SM90 exponent argument S*c - m*c: {cen['ffma_negated_addend']} FFMA with negated "
+                  f"addend in SASS (ptxas contraction of PTX mul.f32 + sub.f32)")
