@@ -913,6 +913,247 @@ def _v_exp2_cert(m: Mutant | None, profile: str) -> Verdict:
                    f"{n_wrong}/{x.size} vs unmutated {n_wrong_base}")
 
 
+# ------------------------------------------------------------- end-to-end verifiers (oracle)
+def kernel_config(p: Problem, arch: str) -> dict[str, float]:
+    """FA4 facts the composed budgets need for ``p`` on ``arch`` (not measured from the kernel):
+    KV tile width, max_offset and rescale threshold (log2 units), from ``load_params()`` and the
+    tile table (fa4_numerics.md sections 2-3)."""
+    from fa4verify.kernels.fa4_params import load_params
+    prm = load_params()
+    if arch == "sm90":
+        from fa4verify.kernels.twin_fwd import sm90_tile
+        tile_n = sm90_tile(p.head_dim, p.head_dim, p.causal, False)[1]
+        return {"tile_n": float(tile_n), "max_offset": 0.0, "threshold": 0.0}
+    fp8 = p.dtype == "fp8"
+    return {"tile_n": 128.0,
+            "max_offset": float(prm.max_offset_fp8 if fp8 else prm.max_offset_other),
+            "threshold": float(prm.rescale_threshold_other if fp8 else prm.rescale_threshold_16bit)}
+
+
+def _gamma(n, u=2.0**-24):
+    n = np.asarray(n, np.float64)
+    return n * u / (1.0 - n * u)
+
+
+@dataclasses.dataclass
+class OracleCase:
+    """Oracle inputs for one (problem, arch) under FA4's NaN semantics, and the exact fp64
+    quantities the budget statistics are built from (layouts (b, h, i, j) / (b, h, i, d))."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    dropped_keys: tuple[int, ...]
+    fwd: Any
+    visible: np.ndarray      # (sq, sk') bool
+    w: np.ndarray            # exact softmax weights (b, h, i, j), 0 where masked / tainted
+    S: np.ndarray            # exact scores q.k (b, h, i, j), finite inputs only
+
+
+def oracle_case(data: ProblemData, arch: str) -> OracleCase:
+    """The oracle forward for ``data`` as FA4 on ``arch`` must compute it.
+
+    Note [NaN in emulated lanes]: FA4's polynomial exp2 maps a NaN exponent argument to +0
+    (``fmax(NaN, -127) = -127``, Note [exp2 emulation]), so on SM100 a key whose score is NaN
+    only in *emulated* columns (``twin.emulated_columns``, key index mod 128) contributes P = 0:
+    it is as if that key were masked. A NaN in a MUFU column propagates to the row (O = NaN).
+    fa4verify's judge encodes this documented contract (fa4_numerics.md section 4.3): for SM100,
+    keys whose K row holds a NaN in an emulated column are removed before the oracle runs
+    (non-causal problems only: removing a key would shift the bottom-right causal alignment);
+    every other NaN follows the oracle's Note [Oracle NaN policy].
+    """
+    orc = _oracle_module()
+    p = data.problem
+    q, k, v = data.q, data.k, data.v
+    dropped: list[int] = []
+    if arch != "sm90" and not np.isfinite(k).all():
+        if p.causal:
+            raise ValueError("NaN keys with causal masking: Note [NaN in emulated lanes] needs "
+                             "a non-causal problem")
+        from fa4verify.kernels.twin import emulated_columns
+        emu = emulated_columns(head_dim=p.head_dim, causal=p.causal, fp8=(p.dtype == "fp8"),
+                               pack_gqa=False)
+        bad_keys = np.flatnonzero(~np.isfinite(k).all(axis=(0, 2, 3)))
+        dropped = [int(j) for j in bad_keys if emu[j % emu.size]]
+    # heads are independent: run the oracle per head, dropping (for that head only) the keys
+    # whose K row is non-finite in an emulated column
+    outs, lses, bounds, lbounds = [], [], [], []
+    b, sq, h, d = q.shape
+    ws, Ss = [], []
+    sk_full = k.shape[1]
+    vis_full = None
+    for hh in range(h):
+        keep = np.ones(sk_full, bool)
+        for j in dropped:
+            if not np.isfinite(k[:, j, hh, :]).all():
+                keep[j] = False
+        qh, kh, vh = q[:, :, hh:hh + 1], k[:, keep, hh:hh + 1], v[:, keep, hh:hh + 1]
+        r = orc.forward(qh, kh, vh, softmax_scale=p.softmax_scale, causal=p.causal)
+        outs.append(r.out)
+        lses.append(r.lse)
+        bounds.append(r.bound)
+        lbounds.append(r.lse_bound)
+        # exact fp64 scores and weights on the kept keys, expanded back to sk_full columns
+        q64 = qh[:, :, 0].astype(np.float64)
+        k64 = kh[:, :, 0].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            S = np.einsum("bid,bjd->bij", q64, k64)
+        skk = kh.shape[1]
+        vis = _visible(sq, skk, p.causal)
+        x = np.where(vis[None], S * p.softmax_scale, -np.inf)
+        with np.errstate(invalid="ignore"):
+            mx = np.max(np.where(np.isnan(x), -np.inf, x), axis=-1, keepdims=True)
+            e = np.where(vis[None] & np.isfinite(x), np.exp(x - np.where(np.isfinite(mx), mx, 0)),
+                         0.0)
+            w = e / np.where(e.sum(-1, keepdims=True) > 0, e.sum(-1, keepdims=True), 1.0)
+        W = np.zeros((b, sq, sk_full))
+        SS = np.zeros((b, sq, sk_full))
+        W[:, :, keep] = w
+        SS[:, :, keep] = np.where(np.isfinite(S), S, 0.0)
+        ws.append(W)
+        Ss.append(SS)
+        if vis_full is None:
+            vis_full = _visible(sq, sk_full, p.causal)
+    Fwd = dataclasses.make_dataclass("Fwd", ["out", "lse", "bound", "lse_bound"])
+    fwd = Fwd(np.concatenate(outs, axis=2), np.concatenate(lses, axis=1),
+              np.concatenate(bounds, axis=2), np.concatenate(lbounds, axis=1))
+    return OracleCase(q, k, v, tuple(dropped), fwd, vis_full, np.stack(ws, axis=1),
+                      np.stack(Ss, axis=1))
+
+
+def _visible(sq: int, sk: int, causal: bool) -> np.ndarray:
+    """Bottom-right causal visibility (sq, sk), all True without causal."""
+    if not causal:
+        return np.ones((sq, sk), bool)
+    return np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
+
+
+def forward_stats(data: ProblemData, arch: str, oc: OracleCase) -> dict[str, np.ndarray]:
+    """The end-to-end forward statistics of ``error_budgets/loader.py`` (``STATISTICS``), in fp64
+    from the problem and the oracle, broadcastable to (b, sq, h, d) for ``forward_out`` and to
+    (b, h, sq) for ``forward_lse`` (returned under keys suffixed by the target: see
+    :func:`_stats_for`). Upper estimates where the budget asks for one (``n_blocks``,
+    ``n_rescale``, ``lg2_l``)."""
+    p = data.problem
+    cfg = kernel_config(p, arch)
+    c = abs(p.softmax_scale) * math.log2(math.e)
+    vis = oc.visible
+    q64, k64, v64 = (np.nan_to_num(a.astype(np.float64)) for a in (data.q, data.k, data.v))
+    # (b, h, i, j)
+    absqk = np.einsum("bihd,bjhd->bhij", np.abs(q64), np.abs(k64))
+    S = oc.S
+    m = np.where(vis[None, None], S * c, -np.inf)
+    qk_c_max = np.max(np.where(vis[None, None], absqk * c, 0.0), axis=-1)
+    sc_max = np.max(np.where(vis[None, None], np.abs(S) * c, 0.0), axis=-1)
+    mx = np.max(m, axis=-1)
+    mc_abs = np.where(np.isfinite(mx), np.abs(mx), 0.0)
+    n_blocks = float(-(-p.seqlen_k // int(cfg["tile_n"])))
+    # per element (b, h, i, d) -> transposed to (b, i, h, d)
+    abs_pv = np.einsum("bhij,bjhd->bhid", oc.w, np.abs(v64))
+    sum_abs_v = np.einsum("ij,bjhd->bhid", vis.astype(np.float64), np.abs(v64))
+    abs_o = np.abs(np.nan_to_num(oc.fwd.out.astype(np.float64))).transpose(0, 2, 1, 3)
+    lse = oc.fwd.lse.astype(np.float64)
+    lse_abs = np.where(np.isfinite(lse), np.abs(lse), 0.0)
+    # kernel row sum l = 2^max_offset * sum_j 2^((S_ij - m_kernel) c), with the stale max up to
+    # `threshold` below the true one: log2 l in [mo, mo + threshold + log2(n_visible)]
+    nvis = np.maximum(vis.sum(-1), 1).astype(np.float64)
+    lg2_l = cfg["max_offset"] + cfg["threshold"] + np.log2(nvis)
+    lg2_l = np.broadcast_to(lg2_l[None, None, :], lse.shape)
+    row = dict(qk_c_max=qk_c_max, sc_max=sc_max, mc_abs=mc_abs, lse_abs=lse_abs, lg2_l=lg2_l)
+    scal = dict(seqlen_q=float(p.seqlen_q), seqlen_k=float(p.seqlen_k), n_blocks=n_blocks,
+                tile_n=cfg["tile_n"], d=float(p.head_dim), dv=float(p.head_dim),
+                x_max=cfg["max_offset"] + cfg["threshold"], max_offset=cfg["max_offset"],
+                n_rescale=n_blocks, softcap_err=0.0)
+    return {"scalars": scal, "row": row,
+            "elem": dict(abs_pv=abs_pv, abs_o=abs_o, sum_abs_v=sum_abs_v)}
+
+
+def _stats_for(st: dict, target: Literal["out", "lse"]) -> dict[str, Any]:
+    """Flatten :func:`forward_stats` for an element-wise (b, h, i, d) or row-wise (b, h, i)
+    budget evaluation."""
+    out = dict(st["scalars"])
+    if target == "out":
+        out.update({k: v[..., None] for k, v in st["row"].items()})
+        out.update(st["elem"])
+    else:
+        out.update(st["row"])
+    return out
+
+
+def _compare_within(name: str, actual: np.ndarray, ref: np.ndarray, bound: np.ndarray,
+                    allowance: np.ndarray) -> tuple[float, int, int, str]:
+    """``|actual - ref| <= bound + allowance`` where the oracle is finite, and non-finite
+    ``actual`` exactly where the oracle is NaN (+/-inf oracle values must match exactly).
+    Returns (max ratio, violations, compared, worst detail)."""
+    actual = np.asarray(actual, np.float64)
+    ref = np.asarray(ref, np.float64)
+    tol = np.broadcast_to(np.asarray(bound, np.float64) + np.asarray(allowance, np.float64),
+                          ref.shape)
+    fin = np.isfinite(ref)
+    nan_ref = np.isnan(ref)
+    inf_ref = np.isinf(ref)
+    viol = np.zeros(ref.shape, bool)
+    viol |= nan_ref & np.isfinite(actual)          # poison hidden (e.g. NaN swallowed)
+    viol |= inf_ref & (actual != ref)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        err = np.abs(actual - ref)
+        ratio = np.where(fin, err / tol, 0.0)
+    ratio = np.where(fin & ~np.isfinite(actual), np.inf, ratio)
+    ratio = np.where(fin & (err == 0), 0.0, ratio)
+    ratio = np.where(viol, np.inf, ratio)
+    viol |= ratio > 1.0
+    n = int(viol.sum())
+    mr = float(ratio.max()) if ratio.size else 0.0
+    detail = ""
+    if ratio.size:
+        i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+        detail = (f"{name}{tuple(int(x) for x in i)}: got {actual[i]:.6g}, oracle {ref[i]:.6g}, "
+                  f"tol {tol[i]:.3g}")
+    return mr, n, int(ref.size), detail
+
+
+def _env_oracle(env: "ProblemEnv") -> OracleCase:
+    if env.oracle_fwd is None and env.oracle_error is None:
+        try:
+            env.oracle_fwd = oracle_case(env.data, env.arch)
+        except Unavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            env.oracle_error = _one_line(exc)
+    if env.oracle_error:
+        raise RuntimeError(env.oracle_error)
+    return env.oracle_fwd
+
+
+def _v_fwd_budget(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
+    """Forward output and LSE vs the certified oracle within the composed budget
+    (``e2e.forward_out`` and ``e2e.forward_lse``), NaN locations included."""
+    if run.out is None:
+        return NA
+    oc = _env_oracle(env)
+    p = env.data.problem
+    budgets = load_budgets(p.dtype, env.arch)
+    if env.budgets is None:
+        env.budgets = forward_stats(env.data, env.arch, oc)
+    st = env.budgets
+    allow_o = np.asarray(budgets.evaluate("forward_out", _stats_for(st, "out")), np.float64)
+    allow_o = allow_o.transpose(0, 2, 1, 3)  # (b, h, i, d) -> (b, i, h, d)
+    r1 = _compare_within("out", run.out, oc.fwd.out, oc.fwd.bound, allow_o)
+    results = [r1]
+    if run.lse is not None:
+        allow_l = np.asarray(budgets.evaluate("forward_lse", _stats_for(st, "lse")), np.float64)
+        lse_ref = oc.fwd.lse
+        # FA4 writes LSE = -inf for a row whose sum is NaN (fa4_numerics.md 2.8): accept any
+        # non-finite LSE where the oracle's is NaN
+        lse_act = np.where(np.isnan(lse_ref) & ~np.isfinite(run.lse), np.nan, run.lse)
+        results.append(_compare_within("lse", lse_act, lse_ref, oc.fwd.lse_bound, allow_l))
+    worst = max(results, key=lambda t: t[0])
+    nviol = sum(t[1] for t in results)
+    status = "fail" if nviol else "pass"
+    return Verdict(status, worst[0], f"{nviol} of {sum(t[2] for t in results)} out/lse elements "
+                                     f"over oracle bound + budget; worst {worst[3]}")
+
+
 # ============================================================================ verifier registry
 @dataclasses.dataclass(frozen=True)
 class VerifierSpec:
@@ -1339,6 +1580,9 @@ _register(VerifierSpec("exp2_cert", "fa4verify", "exp2",
 _register(VerifierSpec("exp2_golden", "fa4verify", "exp2",
                        "bit-exact emulated exp2 vs the golden (GPU-matched) emulation",
                        _v_exp2_golden))
+_register(VerifierSpec("fwd_budget", "fa4verify", "problem",
+                       "out and LSE vs the certified oracle within e2e.forward_out/forward_lse",
+                       _v_fwd_budget))
 _register(VerifierSpec("stages", "fa4verify", "problem",
                        "every forward stage within its local budget (twin stage probe)",
                        _v_stages))
