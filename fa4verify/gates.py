@@ -1,0 +1,255 @@
+"""Gates for users' own tests: ``assert_attention_within_budget(out, q, k, v, ...)``.
+
+The gate computes the certified oracle (:func:`fa4verify.oracles.attention.forward`), the
+statistics of the problem in float64, and the composed forward budget
+(``fa4verify.error_budgets.load(dtype, arch).evaluate("forward_out", stats)``), then checks
+elementwise
+
+    |out - O_oracle| <= forward_out(stats) + oracle.bound          (absolute, units of V)
+
+``oracle.bound`` is the oracle's own certified error, so a pass is never the oracle's doing.
+On failure it raises :class:`AssertionError` whose message gives the budget name and the
+inequality, the count and percentage of violating elements, the first five ``(b, h, m, d)``
+indices with kernel value, oracle value, error in ulps of the output format (bf16 ulps for
+bf16/fp8, fp16 ulps for fp16) and the bound, the maximum, and the case.  On success it returns
+a :class:`GateSummary` (max error, max ulps, tightness = max |err| / bound, count over) so tests
+can log it.
+
+Statistics (see ``error_budgets/loader.py:STATISTICS``) are computed here for the dense,
+fixed-length case (causal and sliding windows, GQA/MQA, learnable sink); softcap and varlen are
+not supported by this gate yet (ValueError).  Conventions (conservative): KV tile width
+``tile_n = 128``; ``n_blocks`` = tiles spanned by a row's visible keys; ``x_max = max_offset +
+rescale threshold`` (8 for 16-bit inputs on SM100/SM103, 0 on SM90 and for fp8);
+``max_offset`` = 8 for fp8, else 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["assert_attention_within_budget", "GateSummary", "forward_stats"]
+
+_DTYPE_FROM_ARRAY = {"bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8",
+                     "float32": None, "float64": None}
+
+
+@dataclasses.dataclass(frozen=True)
+class GateSummary:
+    """What a gate measured (absolute errors in units of V; ulps of the output format)."""
+
+    budget: str
+    n: int                 #: elements compared
+    count_over: int        #: elements over the bound
+    max_abs_err: float
+    max_ulp: float
+    tightness: float       #: max over elements of |err| / bound (<= 1 within budget)
+    skipped_nonfinite: int  #: oracle entries that are NaN (non-finite inputs), not compared
+
+
+def _to_f64(x: Any, name: str) -> tuple[np.ndarray, str]:
+    from fa4verify.oracles.semantics import as_float64
+
+    return as_float64(x, name)
+
+
+def _bshd(x: np.ndarray, name: str) -> np.ndarray:
+    if x.ndim != 4:
+        raise ValueError(f"{name}: expected (batch, seqlen, nheads, headdim), got shape {x.shape}")
+    return x
+
+
+def forward_stats(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, softmax_scale: float,
+                  causal: bool, window_size: Sequence[int | None], lse: np.ndarray,
+                  o_true: np.ndarray, dtype: str, arch: str, tile_n: int = 128,
+                  rescale_threshold: float = 8.0) -> dict[str, Any]:
+    """float64 statistics of a dense forward problem for the ``forward_out`` budget.
+
+    q (b, m, h, d), k/v (b, n, hk, d/dv) float64; ``lse`` (b, h, m) natural log from the oracle
+    (includes a learnable sink if any); ``o_true`` (b, m, h, dv).  Per-row statistics have
+    shape (b, m, h, 1), per-element ones (b, m, h, dv); they broadcast against the output.
+    """
+    from fa4verify.oracles.semantics import resolve_window, visible_mask
+
+    b, m, h, d = q.shape
+    n, hk = k.shape[1], k.shape[2]
+    if h % hk:
+        raise ValueError(f"nheads {h} is not a multiple of nheads_k {hk}")
+    g = h // hk
+    kk = np.repeat(k, g, axis=2)  # (b, n, h, d)
+    vv = np.repeat(v, g, axis=2)
+    left, right = resolve_window(causal, window_size)
+    vis = visible_mask(m, n, left, right)
+    vis = np.ones((m, n), bool) if vis is None else vis
+    c = softmax_scale * math.log2(math.e)
+    s = np.einsum("bmhd,bnhd->bhmn", q, kk)
+    aqk = np.einsum("bmhd,bnhd->bhmn", np.abs(q), np.abs(kk))
+    neg = np.where(vis, 0.0, -np.inf)
+    with np.errstate(invalid="ignore"):
+        qk_c_max = np.max(np.where(vis, aqk * abs(c), 0.0), axis=-1)
+        sc_max = np.max(np.where(vis, np.abs(s * c), 0.0), axis=-1)
+        smax = np.max(s + neg, axis=-1)
+        mc_abs = np.where(np.isfinite(smax), np.abs(smax * c), 0.0)
+        w = np.exp(s * softmax_scale - lse[..., None]) * vis  # exact softmax weights
+    w = np.nan_to_num(w, nan=0.0, posinf=0.0)
+    abs_pv = np.einsum("bhmn,bnhd->bmhd", w, np.abs(vv))
+    sum_abs_v = np.einsum("mn,bnhd->bmhd", vis.astype(np.float64), np.abs(vv))
+    cols = np.arange(n)
+    first = np.where(vis.any(1), np.argmax(vis, axis=1), 0)
+    last = np.where(vis.any(1), n - 1 - np.argmax(vis[:, ::-1], axis=1), 0)
+    n_blocks = np.where(vis.any(1), last // tile_n - first // tile_n + 1, 0).astype(np.float64)
+    del cols
+    max_offset = 8.0 if dtype == "fp8" else 0.0
+    thr = rescale_threshold if (arch in ("sm100", "sm103") and dtype != "fp8") else 0.0
+
+    def row(x: np.ndarray) -> np.ndarray:  # (b, h, m) -> (b, m, h, 1)
+        return np.transpose(x, (0, 2, 1))[..., None]
+
+    return {
+        "qk_c_max": row(qk_c_max), "sc_max": row(sc_max), "mc_abs": row(mc_abs),
+        "x_max": max_offset + thr, "max_offset": max_offset, "softcap_err": 0.0,
+        "abs_pv": abs_pv, "abs_o": np.abs(o_true), "sum_abs_v": sum_abs_v,
+        "seqlen_q": float(m), "seqlen_k": float(n), "d": float(d), "dv": float(v.shape[-1]),
+        "tile_n": float(tile_n), "n_blocks": n_blocks[None, :, None, None],
+        "n_rescale": n_blocks[None, :, None, None],
+    }
+
+
+def _ulps(err: np.ndarray, ref: np.ndarray, fmt: str) -> np.ndarray:
+    from fa4verify import binary32 as b32
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref32 = np.clip(np.nan_to_num(ref, nan=0.0), -3.0e38, 3.0e38).astype(np.float32)
+        return err / b32.ulp(ref32, fmt)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def assert_attention_within_budget(out: Any, q: Any, k: Any, v: Any, *, dtype: str | None = None,
+                                   arch: str = "sm90", causal: bool = False,
+                                   softmax_scale: float | None = None,
+                                   window_size: Sequence[int | None] = (None, None),
+                                   softcap: float = 0.0, learnable_sink: Any = None,
+                                   budget: Any = None, budget_name: str = "forward_out",
+                                   tile_n: int = 128, oracle: Any = None,
+                                   msg: str = "") -> GateSummary:
+    """Assert that FA4's forward output ``out`` is within the composed forward budget.
+
+    out, q, k, v: torch tensors or numpy arrays, (batch, seqlen, nheads, headdim) as FA4
+    (k/v may have fewer heads: GQA/MQA).  ``dtype`` "bf16"|"fp16"|"fp8" (default: from q);
+    ``arch`` "sm90"|"sm100"|"sm103" selects the budget file.  ``budget``: a BudgetSet (e.g.
+    ``fa4verify.error_budgets.load_file(path)``) or a path to a budget TOML, instead of the
+    shipped ``load(dtype, arch)``; ``budget_name`` the entry (``forward_out``, or the
+    probabilistic ``forward_out_prob``).  ``oracle``: a precomputed
+    ``oracles.attention.forward`` result for these inputs (saves the oracle time).
+
+    Inequality, elementwise: ``|out - O_oracle| <= budget(stats) + oracle.bound``.
+    Raises AssertionError (violation) or ValueError (bad or unsupported arguments).
+    """
+    __tracebackhide__ = True
+    if softcap:
+        raise ValueError("assert_attention_within_budget: softcap is not supported by this gate yet")
+    if arch not in ("sm90", "sm100", "sm103"):
+        raise ValueError(f"arch {arch!r}: choose from sm90, sm100, sm103")
+    o64, _ = _to_f64(out, "out")
+    q64, qdt = _to_f64(q, "q")
+    k64, _ = _to_f64(k, "k")
+    v64, _ = _to_f64(v, "v")
+    for x, nm in ((o64, "out"), (q64, "q"), (k64, "k"), (v64, "v")):
+        _bshd(x, nm)
+    if dtype is None:
+        dtype = _DTYPE_FROM_ARRAY.get(qdt)
+        if dtype is None:
+            raise ValueError(f"dtype: cannot infer from q of dtype {qdt}; pass dtype='bf16'|'fp16'|'fp8'")
+    if dtype not in ("bf16", "fp16", "fp8"):
+        raise ValueError(f"dtype {dtype!r}: choose from bf16, fp16, fp8")
+    exp_shape = q64.shape[:3] + (v64.shape[-1],)
+    if o64.shape != exp_shape:
+        raise ValueError(f"out: shape {o64.shape} does not match (batch, seqlen_q, nheads, headdim_v) "
+                         f"= {exp_shape}")
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q64.shape[-1])
+
+    if oracle is None:
+        from fa4verify.oracles.attention import forward as oracle_forward
+
+        oracle = oracle_forward(q, k, v, softmax_scale=scale, causal=causal,
+                                window_size=tuple(window_size), learnable_sink=learnable_sink)
+    ref = np.asarray(oracle.out, dtype=np.float64)
+    obound = np.asarray(oracle.bound, dtype=np.float64)
+    lse = np.asarray(oracle.lse, dtype=np.float64)
+
+    if budget is None:
+        from fa4verify.error_budgets import load
+
+        bset = load(dtype, arch)
+    elif isinstance(budget, (str, bytes)) or hasattr(budget, "__fspath__"):
+        from fa4verify.error_budgets import load_file
+
+        bset = load_file(budget)
+    else:
+        bset = budget
+    try:
+        from fa4verify.kernels.fa4_params import load_params
+
+        thr = float(load_params().rescale_threshold_16bit)
+    except Exception:  # pragma: no cover - params loader missing: FA4's documented 8.0
+        thr = 8.0
+    stats = forward_stats(q64, k64, v64, softmax_scale=scale, causal=causal,
+                          window_size=window_size, lse=np.nan_to_num(lse, nan=0.0),
+                          o_true=np.nan_to_num(ref, nan=0.0), dtype=dtype, arch=arch,
+                          tile_n=tile_n, rescale_threshold=thr)
+    bnd = np.broadcast_to(np.asarray(bset.evaluate(budget_name, stats), dtype=np.float64), ref.shape)
+    allowed = bnd + obound
+
+    comparable = np.isfinite(ref)
+    err = np.abs(o64 - ref)
+    bad = comparable & ~(err <= allowed)  # NaN in out counts as a violation
+    n = int(comparable.sum())
+    count = int(bad.sum())
+    fmt = "f16" if dtype == "fp16" else "bf16"
+    ulp_name = "fp16 ulps" if dtype == "fp16" else "bf16 ulps"
+    ulps = _ulps(np.where(comparable, err, 0.0), ref, fmt)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(comparable, err / allowed, 0.0)
+    ratio = np.where(np.isnan(ratio) & comparable, np.inf, ratio)
+    errc = np.where(comparable, err, 0.0)
+    summary = GateSummary(budget=budget_name, n=n, count_over=count,
+                          max_abs_err=float(np.nanmax(np.where(np.isnan(errc), np.inf, errc))) if n else 0.0,
+                          max_ulp=float(np.nanmax(ulps)) if n else 0.0,
+                          tightness=float(np.max(ratio)) if n else 0.0,
+                          skipped_nonfinite=int((~comparable).sum()))
+    if count == 0:
+        return summary
+
+    b_, m_, h_, d_ = o64.shape
+    idx = np.argwhere(bad)  # rows of (b, m, h, d), C order
+    # report (b, h, m, d) order, first five in that order
+    order = np.lexsort((idx[:, 3], idx[:, 1], idx[:, 2], idx[:, 0]))
+    lines = []
+    for bi, mi, hi, di in idx[order][:5]:
+        lines.append(f"  ({bi}, {hi}, {mi}, {di}): kernel {_fmt(o64[bi, mi, hi, di])}, oracle "
+                     f"{_fmt(ref[bi, mi, hi, di])}, |err| {_fmt(err[bi, mi, hi, di])} "
+                     f"({_fmt(ulps[bi, mi, hi, di])} {ulp_name}) > bound {_fmt(allowed[bi, mi, hi, di])}")
+    worst = np.unravel_index(int(np.argmax(np.where(bad, ratio, -1.0))), ratio.shape)
+    wb, wm, wh, wd = (int(x) for x in worst)
+    left, right = window_size
+    text = "\n".join([
+        (msg + "\n" if msg else "") +
+        f"Attention output not within budget {budget_name!r} ({dtype}, {arch}; "
+        f"{', '.join(getattr(bset, 'files', ()) or ()) or 'custom budget'})",
+        f"  |out - O_oracle| <= {budget_name}(stats) + oracle.bound   (elementwise, absolute)",
+        f"Mismatched elements: {count} / {n} ({100.0 * count / max(n, 1):.4g}%)",
+        f"First {len(lines)} violations at (b, h, m, d):",
+        *lines,
+        f"Max: |err| {_fmt(summary.max_abs_err)}, {_fmt(summary.max_ulp)} {ulp_name}; worst "
+        f"|err|/bound {_fmt(summary.tightness)} at (b, h, m, d) = ({wb}, {wh}, {wm}, {wd})",
+        f"Case: dtype={dtype} arch={arch} batch={b_} seqlen_q={m_} seqlen_k={k64.shape[1]} "
+        f"nheads={h_} nheads_k={k64.shape[2]} head_dim={q64.shape[3]} head_dim_v={d_} "
+        f"causal={causal} window_size=({left}, {right}) softmax_scale={scale:.6g} "
+        f"learnable_sink={'yes' if learnable_sink is not None else 'no'} tile_n={tile_n}",
+    ])
+    raise AssertionError(text)
