@@ -84,7 +84,7 @@ TAU = 2.0 ** -1060
 SAFETY = 1.0 + 2.0 ** -30
 LIN = 1.0 + 2.0 ** -9          # e^D - 1 <= D * LIN and e^D <= LIN for D <= 2^-10
 DELTA_MAX = 2.0 ** -10
-ROW_BLOCK = 512
+ROW_BLOCK = 1024
 
 
 def gamma(n: int) -> float:
@@ -93,9 +93,9 @@ def gamma(n: int) -> float:
 
 
 def _block_size(n: int) -> int:
-    if n <= 64:
-        return max(n, 1)
-    return max(32, 1 << math.ceil(math.log2(math.sqrt(n))))
+    """Inner-dimension block of :func:`blocked_matmul`: 256 (large enough for BLAS efficiency;
+    ``gamma_{256 + n/256 - 1}`` instead of ``gamma_n``: 2^-44.9 instead of 2^-41 for n = 4096)."""
+    return max(1, min(n, 256))
 
 
 def blocked_gamma(n: int) -> float:
@@ -147,12 +147,16 @@ def dot_error(a: np.ndarray, b: np.ndarray, bits_a: int, bits_b: int) -> Optiona
     na = _norm_up(a)
     nb = _norm_up(b)
     if bits_a + bits_b <= 53 and d > 0:
+        qa = _quantum_log2(a, bits_a)
+        qb = _quantum_log2(b, bits_b)
         with np.errstate(divide="ignore"):
-            ca = np.log2(na) - _quantum_log2(a, bits_a)
-            cb = np.log2(nb) - _quantum_log2(b, bits_b)
-        # zero rows: log2(0) = -inf -> exact; the 1e-6 margin covers log2 rounding
-        qa = _quantum_log2(a, bits_a)[:, None] + _quantum_log2(b, bits_b)[None, :]
-        exact = ((ca[:, None] + cb[None, :]) < 53.0 - 1e-6) & (qa >= -1074)
+            ca = np.log2(na) - qa      # zero rows: -inf -> exact
+            cb = np.log2(nb) - qb
+        # the 1e-6 margin covers the rounding of log2; quanta below 2^-1074 are not representable
+        if ca.max(initial=-np.inf) + cb.max(initial=-np.inf) < 53.0 - 1e-6 and \
+                qa.min(initial=0) + qb.min(initial=0) >= -1074:
+            return None
+        exact = ((ca[:, None] + cb[None, :]) < 53.0 - 1e-6) & ((qa[:, None] + qb[None, :]) >= -1074)
         exact |= (na[:, None] == 0) | (nb[None, :] == 0)
         if exact.all():
             return None
@@ -183,65 +187,72 @@ class RowBlockFwd:
     bad: np.ndarray              # (rows,) rows whose error model does not apply (bound = inf)
 
 
+MASKED = -(2.0 ** 1000)   # logit of a masked key (finite, so that |a| * e = 0 there)
+LOGIT_MAX = 2.0 ** 900
+
+
 def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np.ndarray],
                   scale: float, cap: float, sink: Optional[float], bits: int,
                   keep: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Optional[dict]]:
+    """One row block of one head. Error model: Note [Oracle error model] (row-constant form).
+
+    The absolute error of the exponent argument ``a_ij = y_ij - m_i`` is bounded by
+    ``Delta_ij <= c_i + ALPHA |a_ij|`` with the row constant ``c_i`` collecting the score error
+    (``|scale| gamma_D ||q_i|| max_j ||k_j||`` unless certified exact), the rounding of
+    ``scale * S`` (``u |x| <= u (|m| + |a|)`` without softcap, ``u max_j |x_ij|`` with it) and
+    the softcap steps (``softcap (u + eps_f)`` plus the division's ``u |x|``).
+    """
     rows, d = q.shape
     cols = k.shape[0]
     dv = v.shape[1]
     S = q @ k.T
     es = dot_error(q, k, bits, bits)
+    es_row = np.zeros(rows) if es is None else es.max(axis=1, initial=0.0)
     x = np.multiply(S, scale, out=S)
-    Delta = np.abs(x)
-    Delta *= U
-    if es is not None:
-        Delta += abs(scale) * es
+    xmax = np.abs(x).max(axis=1, initial=0.0) if cols else np.zeros(rows)
+    if not np.all(xmax <= LOGIT_MAX):
+        raise ValueError(f"logits up to {xmax.max():.3e} exceed the oracle's range 2^900")
+    c = abs(scale) * es_row
     th = eth = None
     if cap > 0:
-        t = x / cap
-        th = np.tanh(t)
-        # |t - x*/cap| <= Delta/cap + u|t|; tanh 1-Lipschitz; relative error eps_f
-        eth = Delta / cap
-        eth += U * np.abs(t)
-        eth += (EPS_F / (1 - EPS_F)) * np.abs(th)
-        del t
+        th = np.tanh(x / cap)
+        # |t - x*/cap| <= (|scale| es + u|x|)/cap + u|t|; tanh is 1-Lipschitz, relative error eps_f
+        eth = (c + 2.0001 * U * xmax) / cap + EPS_F / (1 - EPS_F)
         y = np.multiply(th, cap, out=x)
-        Delta = eth * cap
-        Delta += U * np.abs(y)
+        c = cap * eth + U * cap * (1 + U)          # + u |y|, |y| <= cap
     else:
         y = x
-    if mask is not None:
-        y[~mask] = -np.inf
-    with np.errstate(invalid="ignore"):
-        m = y.max(axis=1) if cols else np.full(rows, -np.inf)
+    nmask = None if mask is None else ~mask
+    if nmask is not None:
+        np.copyto(y, MASKED, where=nmask)
+    m = y.max(axis=1) if cols else np.full(rows, MASKED)
+    full = m <= MASKED                       # no visible key
     if sink is not None:
-        m = np.maximum(m, sink)
-    full = ~np.isfinite(m)           # no visible key and no sink
+        m = np.where(full, sink, np.maximum(m, sink))
+        full = np.zeros(rows, bool)
     m = np.where(full, 0.0, m)
+    if cap == 0:
+        c = c + U * np.abs(m) * (1 + 2 * U)      # u |x| <= u (|m| + |a|) (1 + u)
+    alpha = 2.0001 * U
+    bad = c > 2.0 ** -11                     # then Delta <= 2^-10 for every |a| <= 746
     a = np.subtract(y, m[:, None], out=y)
-    Delta += U * np.abs(a)            # inf where masked; zeroed below through E
-    if mask is not None:
-        Delta[~mask] = 0.0
-    bad = (Delta > DELTA_MAX).any(axis=1) if cols else np.zeros(rows, bool)
-    e = np.exp(a, out=a)
-    # E = eta * e*  + tau,   e* <= (e + tau) * LIN
-    E = Delta
-    E *= LIN * (1 + EPS_F)
-    E += EPS_F
-    E *= (e + TAU) * LIN
-    E += TAU
-    if mask is not None:
-        E[~mask] = 0.0
+    e = np.exp(a)
     g = blocked_gamma(cols)
+    # E_ij = eta_ij e*_ij + tau  with  eta <= Delta LIN (1 + eps_f) + eps_f,  e* <= (e + tau) LIN,
+    # plus g * e for the blocked product below (stored together: B = g e + E).
+    # Underflowed entries (a < -745): e = 0, e* < tau.  Masked: e = 0, a*e = 0.
+    k1 = LIN * (1 + EPS_F) * LIN
+    B = np.abs(a, out=a)
+    B *= alpha * k1
+    B += ((c * k1 + EPS_F * LIN) + g)[:, None]
+    B *= e
+    B += 2 * TAU
     ext = np.empty((cols, dv + 1))
     ext[:, :dv] = v
     ext[:, dv] = 1.0
     Nl = blocked_matmul(e, ext) if cols else np.zeros((rows, dv + 1))
     np.abs(ext, out=ext)
-    B = e * g
-    B += E
     errNl = blocked_matmul(B, ext) * (1 + 2 * g) if cols else np.zeros((rows, dv + 1))
-    del B
     N = Nl[:, :dv]
     lsum = Nl[:, dv]
     errN = errNl[:, :dv]
@@ -267,13 +278,16 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
         lse_bound = rl + (EPS_F / (1 - EPS_F)) * np.abs(logl) + U * np.abs(lse)
     bound *= SAFETY
     lse_bound *= SAFETY
+    out[full] = 0.0
+    bound[full] = 0.0
     lse = np.where(full, -np.inf, lse)
     lse_bound = np.where(full, 0.0, lse_bound)
     bound[bad] = np.inf
     lse_bound[bad] = np.inf
     state = None
     if keep:
-        state = dict(e=e, E=E, l=l, El=El, rl=rl, esink=esink, Esink=Esink, th=th, eth=eth, bad=bad)
+        state = dict(e=e, E=B, l=l, El=El, rl=rl, esink=esink, Esink=Esink, th=th,
+                     eth=None if eth is None else np.broadcast_to(eth[:, None], (rows, cols)), bad=bad)
     return out, bound, lse, lse_bound, state
 
 
@@ -433,9 +447,7 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                     dS *= f
                     eS += U * np.abs(dS)
                     del f
-                if st["mask"] is not None:
-                    dS[~st["mask"]] = 0.0
-                    eS[~st["mask"]] = 0.0
+                # masked entries: P = EP = 0 and every other factor is finite, so dS = eS = 0 there
                 nr = r1 - r0
                 nc = c1 - c0
                 gr = blocked_gamma(nr)
@@ -451,29 +463,32 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                 acc = dvv[ksl, hk]
                 acc += part
                 dv_b[ksl, hk] += epart + U * np.abs(acc)
-                # dQ_i = scale sum_j dX_ij K_j
+                # dQ_i = scale sum_j dX_ij K_j ; dK_j += scale sum_i dX_ij Q_i
+                # one bound array for both products: gamma_max |dX| + e_dX
+                gm = max(gr, gc)
                 Bq = np.abs(dS)
-                Bq *= gc
+                Bq *= gm
                 Bq += eS
-                mq = blocked_matmul(dS, ks)
-                dqs = scale * mq
-                edq = sabs * blocked_matmul(Bq, np.abs(ks)) * (1 + 2 * gc) + U * np.abs(dqs)
+                del eS
+                dqs = blocked_matmul(dS, ks)
+                dqs *= scale
+                edq = blocked_matmul(Bq, np.abs(ks))
+                edq *= sabs * (1 + 2 * gm)
+                edq += U * np.abs(dqs)
                 edq[bad] = np.inf
                 dq[rs, h] = dqs
                 dq_b[rs, h] = edq
-                # dK_j += scale sum_i dX_ij Q_i
-                Bk = np.abs(dS)
-                Bk *= gr
-                Bk += eS
-                mk = blocked_matmul(dS.T, qs)
-                dks = scale * mk
-                edk = sabs * blocked_matmul(Bk.T, np.abs(qs)) * (1 + 2 * gr) + U * np.abs(dks)
+                dks = blocked_matmul(dS.T, qs)
+                dks *= scale
+                edk = blocked_matmul(Bq.T, np.abs(qs))
+                edk *= sabs * (1 + 2 * gm)
+                edk += U * np.abs(dks)
                 if bad.any():
                     edk[:] = np.inf
                 acck = dk[ksl, hk]
                 acck += dks
                 dk_b[ksl, hk] += edk + U * np.abs(acck)
-                del dS, eS, Bq, Bk
+                del dS, Bq
     dsink = dsink_b = None
     if sink_terms is not None:
         dsink = np.zeros(H)

@@ -1,0 +1,86 @@
+"""Benchmark the attention oracles on this CPU (figures are "CPU", not GPU measurements).
+
+Usage::
+
+    python benchmarks/bench_oracle.py                      # defaults: 1 x 8 heads x 4096 x 128, causal
+    python benchmarks/bench_oracle.py --seqlen 1024 --heads 2 --arbiter-seqlen 16
+
+Prints: (1) the fast certified reference, forward and forward+backward wall time, and the
+largest bound relative to the natural scale (sum_j P_j |V_j| for O); (2) the mpmath arbiter's
+throughput in multiply-adds per second at ``--bits`` (default 80; the arbiter evaluates at p and
+2p bits, both included). Asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import numpy as np
+
+
+def _bf16(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    import ml_dtypes
+    return rng.standard_normal(shape).astype(np.float32).astype(ml_dtypes.bfloat16)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--seqlen", type=int, default=4096)
+    ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--no-causal", action="store_true")
+    ap.add_argument("--bits", type=int, default=80)
+    ap.add_argument("--arbiter-seqlen", type=int, default=16)
+    ap.add_argument("--arbiter-headdim", type=int, default=16)
+    ap.add_argument("--skip-arbiter", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+
+    from fa4verify.oracles import attention, stats as ostats  # noqa: F401
+    import fa4verify.oracles.reference as ref
+
+    causal = not a.no_causal
+    rng = np.random.default_rng(a.seed)
+    shape = (a.batch, a.seqlen, a.heads, a.headdim)
+    q, k, v, do = (_bf16(rng, shape) for _ in range(4))
+    print(f"# fa4verify oracle benchmark (CPU) -- {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, numpy {np.__version__}, python {platform.python_version()}")
+    print(f"# fast reference: bf16 {a.batch}x{a.heads} heads x {a.seqlen} x {a.headdim}, causal={causal}, "
+          f"row block {ref.ROW_BLOCK}")
+    t0 = time.perf_counter()
+    f = attention.forward(q, k, v, causal=causal)
+    t1 = time.perf_counter()
+    b = attention.backward(q, k, v, f.out.astype(np.float32).astype(q.dtype), do, causal=causal)
+    t2 = time.perf_counter()
+    st = ostats.forward_stats(q, k, v, causal=causal)
+    rel = f.bound / np.maximum(st.sum_abs_pv, np.finfo(float).tiny)
+    print(f"forward               {t1 - t0:8.2f} s   (CPU)")
+    print(f"backward (incl. fwd)  {t2 - t1:8.2f} s   (CPU)")
+    print(f"forward + backward    {t2 - t0:8.2f} s   (CPU; goal <= 10 s)")
+    print(f"max out bound / sum|P||V|      2^{np.log2(rel.max()):.1f}   (median 2^{np.log2(np.median(rel)):.1f})")
+    print(f"max lse bound                   2^{np.log2(f.lse_bound.max()):.1f}")
+    for n in ("dq", "dk", "dv"):
+        bb = getattr(b, n + "_bound")
+        val = np.abs(getattr(b, n))
+        print(f"max {n} bound                    2^{np.log2(bb.max()):.1f}   (max |{n}| {val.max():.3g})")
+    if a.skip_arbiter:
+        return
+    n, dh = a.arbiter_seqlen, a.arbiter_headdim
+    qa, ka, va, da = (_bf16(rng, (1, n, 1, dh)) for _ in range(4))
+    t0 = time.perf_counter()
+    attention.forward(qa, ka, va, causal=False, precision=a.bits)
+    t1 = time.perf_counter()
+    attention.backward(qa, ka, va, None, da, causal=False, precision=a.bits)
+    t2 = time.perf_counter()
+    macs_f = 2 * n * n * dh            # QK^T and PV, per precision
+    macs_b = macs_f + 4 * n * n * dh   # + dP, dQ, dK, dV
+    print(f"# arbiter: mpmath {a.bits}/{2 * a.bits} bits, 1 head, seqlen {n}, headdim {dh}, non-causal")
+    print(f"forward   {t1 - t0:7.2f} s   {2 * macs_f / (t1 - t0):10.3g} multiply-adds/s (both precisions counted; CPU)")
+    print(f"backward  {t2 - t1:7.2f} s   {2 * macs_b / (t2 - t1):10.3g} multiply-adds/s (both precisions counted; CPU)")
+
+
+if __name__ == "__main__":
+    main()
