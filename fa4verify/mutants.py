@@ -1154,6 +1154,115 @@ def _v_fwd_budget(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
                                      f"over oracle bound + budget; worst {worst[3]}")
 
 
+def backward_stats(data: ProblemData, arch: str, oc: OracleCase, out: np.ndarray,
+                   fstats: dict) -> dict[str, dict[str, Any]]:
+    """The backward statistics of ``loader.STATISTICS`` in fp64 for ``out`` (the O the kernel's
+    backward uses), one dict per gradient ("dq": (b, h, i, d); "dk"/"dv": (b, h, j, d)). Row
+    statistics (per query) enter the key-indexed budgets as their max over the rows (an upper
+    estimate: every budget formula increases with its statistics)."""
+    p = data.problem
+    scale = abs(p.softmax_scale)
+    q64, k64, v64 = (np.nan_to_num(a.astype(np.float64)) for a in (data.q, data.k, data.v))
+    do = data.dout.astype(np.float64)
+    o = np.nan_to_num(np.asarray(out, np.float64))
+    P = oc.w                                                  # (b, h, i, j)
+    dP = np.einsum("bihd,bjhd->bhij", do, v64)
+    D = np.einsum("bihd,bihd->bhi", do, o)
+    dS = P * (dP - D[..., None])
+    derr = _gamma(p.head_dim) * np.einsum("bihd,bihd->bhi", np.abs(do), np.abs(o))
+    dov = np.einsum("bihd,bjhd->bhij", np.abs(do), np.abs(v64))
+    lse = oc.fwd.lse.astype(np.float64)
+    row = dict(fstats["row"])
+    row["lse_log2_abs"] = np.where(np.isfinite(lse), np.abs(lse) * math.log2(math.e), 0.0)
+    scal = dict(fstats["scalars"])
+    dq = dict(scal)
+    dq.update({k: v[..., None] for k, v in row.items()})
+    dq.update(abs_dsk=scale * np.einsum("bhij,bjhd->bhid", np.abs(dS), np.abs(k64)),
+              abs_p_dov_k=scale * np.einsum("bhij,bjhd->bhid", P * dov, np.abs(k64)),
+              abs_p_derr_k=scale * np.einsum("bhij,bjhd->bhid", P * derr[..., None],
+                                             np.abs(k64)))
+    rowmax = {k: np.max(v, axis=-1, keepdims=True)[..., None] for k, v in row.items()}
+    dk = dict(scal)
+    dk.update(rowmax)
+    dk.update(abs_dsq=scale * np.einsum("bhij,bihd->bhjd", np.abs(dS), np.abs(q64)),
+              abs_p_dov_q=scale * np.einsum("bhij,bihd->bhjd", P * dov, np.abs(q64)),
+              abs_p_derr_q=scale * np.einsum("bhij,bihd->bhjd", P * derr[..., None],
+                                             np.abs(q64)))
+    dv = dict(scal)
+    dv.update(rowmax)
+    dv.update(abs_pdo=np.einsum("bhij,bihd->bhjd", P, np.abs(do)))
+    return {"dq": dq, "dk": dk, "dv": dv}
+
+
+def _v_bwd_budget(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
+    """dQ, dK, dV vs the certified oracle backward (given the kernel's own rounded O, as FA4's
+    backward uses it: Note [Which O enters D]) within ``e2e.backward_dq/dk/dv``."""
+    if _bwd_error(run):
+        return _bwd_error(run)  # type: ignore[return-value]
+    if run.grads is None:
+        return NA
+    oc = _env_oracle(env)
+    if oc.dropped_keys:
+        return NA  # NaN problems have no backward in the battery
+    p = env.data.problem
+    orc = _oracle_module()
+    budgets = load_budgets(p.dtype, env.arch)
+    if env.budgets is None:
+        env.budgets = forward_stats(env.data, env.arch, oc)
+    ob = orc.backward(env.data.q, env.data.k, env.data.v, run.out, env.data.dout,
+                      softmax_scale=p.softmax_scale, causal=p.causal)
+    bst = backward_stats(env.data, env.arch, oc, run.out, env.budgets)
+    for key, name in (("dq", "abs_dq"), ("dk", "abs_dk"), ("dv", "abs_dv")):
+        bst[key][name] = np.abs(np.nan_to_num(getattr(ob, key).astype(np.float64))
+                                ).transpose(0, 2, 1, 3)
+    results = []
+    for i, key in enumerate(("dq", "dk", "dv")):
+        allow = np.asarray(budgets.evaluate(f"backward_{key}", bst[key]), np.float64)
+        allow = np.broadcast_to(allow, bst[key]["abs_" + key].shape).transpose(0, 2, 1, 3)
+        results.append(_compare_within(key, run.grads[i], getattr(ob, key),
+                                       getattr(ob, key + "_bound"), allow))
+    worst = max(results, key=lambda t: t[0])
+    nviol = sum(t[1] for t in results)
+    return Verdict("fail" if nviol else "pass", worst[0],
+                   f"{nviol} of {sum(t[2] for t in results)} gradient elements over oracle bound "
+                   f"+ budget; worst {worst[3]}")
+
+
+def _v_determinism(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
+    """fa4verify's determinism gate on the deterministic backward: two runs bitwise identical
+    (``fa4verify.determinism.compare_bitwise``), and the digest equal to the reference manifest,
+    here the unmutated twin's deterministic order (for production: the manifest recorded on the
+    same GPU/driver/versions). Figure: differing elements."""
+    if _bwd_error(run):
+        return _bwd_error(run)  # type: ignore[return-value]
+    if run.grads is None or run.grads_again is None:
+        return NA
+    from fa4verify import determinism as det
+    torch = _torch()
+    names = ("dq", "dk", "dv")
+    rerun = [det.compare_bitwise(torch.from_numpy(a), torch.from_numpy(b))
+             for a, b in zip(run.grads, run.grads_again)]
+    n_rerun = sum(r.differing for r in rerun)
+    if n_rerun:
+        bad = [n for n, r in zip(names, rerun) if r.differing]
+        return Verdict("fail", n_rerun, f"not reproducible run to run: {n_rerun} elements of "
+                                        f"{bad} differ between two deterministic backward calls")
+    base = env.base.grads
+    if base is None:
+        return NA
+    if run is env.base:
+        return Verdict("pass", 0, "two deterministic backward calls bitwise identical")
+    man = [det.compare_bitwise(torch.from_numpy(a), torch.from_numpy(b))
+           for a, b in zip(run.grads, base)]
+    n_man = sum(r.differing for r in man)
+    if n_man:
+        bad = [f"{n}: {r.differing} (max {r.max_ulp} ulp)" for n, r in zip(names, man)
+               if r.differing]
+        return Verdict("fail", n_man, f"reproducible, but digest differs from the reference "
+                                      f"manifest (unmutated deterministic order): {bad}")
+    return Verdict("pass", 0, "reproducible and equal to the reference manifest")
+
+
 # ============================================================================ verifier registry
 @dataclasses.dataclass(frozen=True)
 class VerifierSpec:
@@ -1583,6 +1692,12 @@ _register(VerifierSpec("exp2_golden", "fa4verify", "exp2",
 _register(VerifierSpec("fwd_budget", "fa4verify", "problem",
                        "out and LSE vs the certified oracle within e2e.forward_out/forward_lse",
                        _v_fwd_budget))
+_register(VerifierSpec("bwd_budget", "fa4verify", "problem",
+                       "dq, dk, dv vs the certified oracle within e2e.backward_dq/dk/dv",
+                       _v_bwd_budget))
+_register(VerifierSpec("determinism", "fa4verify", "problem",
+                       "deterministic backward: bitwise run-to-run and vs the reference manifest",
+                       _v_determinism))
 _register(VerifierSpec("stages", "fa4verify", "problem",
                        "every forward stage within its local budget (twin stage probe)",
                        _v_stages))
