@@ -156,7 +156,8 @@ class TwinForwardResult:
     (float64 if ``lse`` is exact).  ``stages``: intermediate data -- ``m`` (final unscaled row
     max, (b,h,q)), ``row_sum`` (final l, after the sink), ``o_acc`` (unnormalised fp32 O,
     (b,h,q,dv)), ``rcp``, ``p_max`` (largest fp32 P seen per row), ``p_cast_max`` (largest cast P),
-    ``n_rescale`` (O rescales per row), ``emulated_fraction``, ``scale_log2``.
+    ``n_rescale`` (O rescales per row), ``emulated_fraction``, ``scale_log2``, ``o_fp32`` (the
+    normalised fp32 output before the cast, in ``out``'s layout).
     """
     out: np.ndarray
     lse: np.ndarray
@@ -680,6 +681,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     lse = _lse(kernel, m_fin, mc, l_safe, zero_nan, c_true, scale32, max_offset, mf,
                "lse" in exact, probe)
     stages = {"m": m_fin, "row_sum": l_arr, "o_acc": O, "rcp": np.asarray(r), "p_max": p_max,
+              "o_fp32": np.ascontiguousarray(np.swapaxes(np.asarray(y), 1, 2)),
               "p_cast_max": pc_max, "n_rescale": n_rescale,
               "emulated_fraction": (n_emu / n_tot) if n_tot else 0.0,
               "scale_log2": float(c), "emulated_columns": emu.copy()}
