@@ -134,7 +134,7 @@ CATALOGUE: tuple[Mutant, ...] = (
            source="fc/mask.py"),
     Mutant("tail_tile_dropped", "last partial KV tile dropped", "tiling",
            ("sm90", "sm100"), ("fwd", "bwd"),
-           production="flash_attn_varlen_func(seqused_k = seqlen_k rounded down to the KV tile)",
+           production="K, V truncated to seqlen_k rounded down to the KV tile (as seqused_k)",
            source="n_block_max, fc/block_info.py"),
     Mutant("row_sum_rounded_p", "row sum from the rounded (bf16) P instead of fp32 P", "row sum",
            ("sm90", "sm100"), ("fwd",),
@@ -1324,6 +1324,106 @@ def verifiers() -> tuple[VerifierSpec, ...]:
     return tuple(sorted(_REGISTRY, key=lambda s: order[s.group]))
 
 
+# ========================================================================= production target
+#: Verifiers that apply to production kernels (no stage probes, no exp2 emulation on SM90).
+PRODUCTION_VERIFIERS = ("fwd_budget", "bwd_budget", "determinism", "fa_rule_fwd", "fa_rule_bwd",
+                        "assert_close_fwd", "assert_close_bwd")
+
+
+def production_applies(m: Mutant, p: Problem) -> bool:
+    """Where a knob-expressed fault changes anything (and can be run through FA4's API)."""
+    if m.name in ("causal_top_left", "causal_off_by_one"):
+        return p.causal
+    if m.name == "tail_tile_dropped":
+        return not p.causal and p.kind != "nan"
+    if m.name == "dq_shuffled_order":
+        return p.bwd
+    return False
+
+
+def production_arch() -> str:
+    """``"sm90"`` / ``"sm100"`` for the local GPU (raises :class:`Unavailable` without one)."""
+    import importlib
+    try:
+        adapter = importlib.import_module("fa4verify.kernels.adapter")
+    except ImportError as exc:
+        raise Unavailable(f"fa4verify.kernels.adapter not importable: {exc}") from None
+    ok, why = adapter.cuda_status()
+    if not ok:
+        raise Unavailable(f"no CUDA device: {why}")
+    torch = _torch()
+    major, _minor = torch.cuda.get_device_capability()
+    if major == 9:
+        return "sm90"
+    if major in (10, 11):
+        return "sm100"
+    raise Unavailable(f"compute capability {major}.x: the suite covers sm90 and sm100 only")
+
+
+def run_production(data: ProblemData, arch: str, mutations: Iterable[str] = (), *,
+                   bwd: bool = True, repeat_bwd: bool = False, **_: Any) -> TwinOutputs:
+    """Run production FA4 (``fa4verify.kernels.adapter``) on ``data``, with at most one
+    knob-expressed fault (:data:`PRODUCTION_KNOBS`):
+
+    * ``causal_top_left``: ``causal=False, window_size=(None, seqlen_q - seqlen_k)`` (key j
+      visible iff j <= i: FA4's bottom-right window shifted to the top-left);
+    * ``causal_off_by_one``: ``causal=False, window_size=(None, 1)``;
+    * ``tail_tile_dropped``: K and V truncated to ``seqlen_k`` rounded down to the KV tile (what
+      ``seqused_k`` does; non-causal problems only); dK, dV of the dropped keys reported as 0;
+    * ``dq_shuffled_order``: the backward with ``deterministic=False`` (unordered fp32
+      reduce-adds into dQ).
+    The backward is ``deterministic=True`` otherwise. Arrays come back as float32."""
+    import importlib
+    torch = _torch()
+    adapter = importlib.import_module("fa4verify.kernels.adapter")
+    p = data.problem
+    muts = set(mutations)
+    res = TwinOutputs()
+    dev = "cuda"
+    tq, tk, tv, tdo = (torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16).to(dev)
+                       for a in (data.q, data.k, data.v, data.dout))
+    kw: dict[str, Any] = dict(softmax_scale=p.softmax_scale, causal=p.causal)
+    keep = p.seqlen_k
+    if "causal_top_left" in muts:
+        kw.update(causal=False, window_size=(None, p.seqlen_q - p.seqlen_k))
+    if "causal_off_by_one" in muts:
+        kw.update(causal=False, window_size=(None, 1))
+    if "tail_tile_dropped" in muts:
+        tile_n = int(kernel_config(p, arch)["tile_n"])
+        keep = (p.seqlen_k // tile_n) * tile_n
+        tk, tv = tk[:, :keep].contiguous(), tv[:, :keep].contiguous()
+    try:
+        r = adapter.forward(tq, tk, tv, return_lse=True, **kw)
+        torch.cuda.synchronize()
+        res.out = r.out.float().cpu().numpy()
+        res.lse = r.lse.float().cpu().numpy()
+    except Exception as exc:  # noqa: BLE001
+        res.error = _one_line(exc)
+        return res
+    if not bwd:
+        return res
+    det = "dq_shuffled_order" not in muts
+
+    def _grads():
+        g = adapter.backward(tq, tk, tv, r.out, tdo, r.lse, deterministic=det, **kw)
+        torch.cuda.synchronize()
+        out = []
+        for t, full in ((g.dq, p.seqlen_q), (g.dk, p.seqlen_k), (g.dv, p.seqlen_k)):
+            a = t.float().cpu().numpy()
+            if a.shape[1] < full:  # dropped keys: no gradient written
+                pad = np.zeros(a.shape[:1] + (full - a.shape[1],) + a.shape[2:], np.float32)
+                a = np.concatenate([a, pad], axis=1)
+            out.append(a)
+        return tuple(out)
+    try:
+        res.grads = _grads()
+        if repeat_bwd:
+            res.grads_again = _grads()
+    except Exception as exc:  # noqa: BLE001
+        res.bwd_error = _one_line(exc)
+    return res
+
+
 # ================================================================================ the suite
 @dataclasses.dataclass(frozen=True)
 class Row:
@@ -1484,8 +1584,13 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
               archs: Sequence[str] = ("sm90", "sm100"), mutants: Sequence[str] | None = None,
               verifier_names: Sequence[str] | None = None,
               problems: Sequence[Problem] | None = None,
-              progress: Callable[[str], None] | None = None) -> SuiteResult:
+              progress: Callable[[str], None] | None = None,
+              target: Literal["twin", "production"] = "twin") -> SuiteResult:
     """Run every selected verifier on the unmutated twin and on every mutant, over the battery.
+
+    ``target="production"`` runs FA4 itself on the local GPU (:func:`run_production`): only the
+    mutants of :data:`PRODUCTION_KNOBS`, only :data:`PRODUCTION_VERIFIERS`, on the GPU's arch;
+    figures are labelled "measured on <GPU>".
 
     Work: per (problem, arch) one unmutated twin run (forward; backward twice when the problem
     has a backward pass) and one run per applicable mutant. The exp2 verifiers run once per
@@ -1496,13 +1601,24 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
     say = progress or (lambda s: None)
     muts = [get_mutant(n) for n in (mutants or MUTANT_NAMES)]
     specs = [s for s in verifiers() if verifier_names is None or s.name in verifier_names]
+    runner: Callable[..., TwinOutputs] = run_twin
+    where = "CPU twin"
+    if target == "production":
+        arch0 = production_arch()
+        archs = (arch0,)
+        muts = [m for m in muts if m.production]
+        specs = [s for s in specs if s.name in PRODUCTION_VERIFIERS]
+        runner = run_production
+        where = f"measured on {_torch().cuda.get_device_name()}"
+    elif target != "twin":
+        raise ValueError(f"target={target!r}: expected 'twin' or 'production'")
     if verifier_names is not None:
         unknown = set(verifier_names) - {s.name for s in _REGISTRY}
         if unknown:
             raise KeyError(f"unknown verifier(s) {sorted(unknown)}")
     probs = tuple(problems) if problems is not None else battery(profile)  # type: ignore[arg-type]
     res = SuiteResult(profile=profile, seed=seed, archs=tuple(archs), problems=probs,
-                      mutants=tuple(m.name for m in muts),
+                      target=target, where=where, mutants=tuple(m.name for m in muts),
                       verifier_names=tuple(s.name for s in specs))
     live = list(specs)
 
@@ -1540,7 +1656,7 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
                 if sb_err:
                     run.stage_tally, run.stage_error = {}, sb_err
                 return run
-            base = _mark(run_twin(data, arch, (), bwd=p.bwd, repeat_bwd=p.bwd, stage_budgets=sb))
+            base = _mark(runner(data, arch, (), bwd=p.bwd, repeat_bwd=p.bwd, stage_budgets=sb))
             if refs is None:
                 refs = upstream_refs(data, with_grads=p.bwd and p.dtype != "fp8")
             env = ProblemEnv(data=data, arch=arch, base=base, refs=refs)  # type: ignore[arg-type]
@@ -1555,9 +1671,10 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
                     pspecs.remove(spec)
             say(f"{p.name}[{arch}] unmutated: done")
             for m in muts:
-                if not _mutant_applies(m, p, arch):
+                if not _mutant_applies(m, p, arch) or (
+                        target == "production" and not production_applies(m, p)):
                     continue
-                run = _mark(run_twin(data, arch, (m.name,), bwd=p.bwd,
+                run = _mark(runner(data, arch, (m.name,), bwd=p.bwd,
                                      repeat_bwd=p.bwd and "bwd" in m.passes, stage_budgets=sb))
                 for spec in pspecs:
                     if run.error is not None:

@@ -11,8 +11,6 @@ the unmutated twin; 1 otherwise; 2 for bad options or a missing twin/GPU.
 """
 from __future__ import annotations
 
-import sys
-
 import click
 
 from fa4verify.cli import ExitCode
@@ -78,17 +76,21 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
     mutants = _parse_list(mutant_opts, M.MUTANT_NAMES, "mutant")
     vnames = _parse_list(verifier_opts, tuple(s.name for s in M.verifiers()), "verifier")
     say = (lambda s: None) if quiet else (lambda s: click.echo(f"  {s}", err=True))
-    argv = " ".join(["fa4verify", "mutants"] + sys.argv[2:]) if len(sys.argv) > 1 else \
-        "fa4verify mutants"
-    if target == "production":
-        from fa4verify import mutants_production as P  # noqa: F401 - optional module
-        raise click.UsageError("--target production is not available in this build")
-    if M.twin_module() is None:
+    argv = " ".join(["fa4verify mutants", f"--profile {profile}", f"--seed {seed}"]
+                    + [f"--arch {a}" for a in archs]
+                    + ([f"--mutant {','.join(mutants)}"] if mutants else [])
+                    + ([f"--verifier {','.join(vnames)}"] if vnames else [])
+                    + ([f"--target {target}"] if target != "twin" else []))
+    if target == "twin" and M.twin_module() is None:
         click.echo("fa4verify mutants: the CPU twin (fa4verify.kernels.twin_attention) is not "
                    "installed; nothing to mutate", err=True)
         return int(ExitCode.USAGE)
-    res = M.run_suite(profile, seed=seed, archs=tuple(archs) or ("sm90", "sm100"),
-                      mutants=mutants, verifier_names=vnames, progress=say)
+    try:
+        res = M.run_suite(profile, seed=seed, archs=tuple(archs) or ("sm90", "sm100"),
+                          mutants=mutants, verifier_names=vnames, progress=say, target=target)
+    except M.Unavailable as exc:
+        click.echo(f"fa4verify mutants: {exc}", err=True)
+        return int(ExitCode.USAGE)
     M.render_rich(res)
     if json_path:
         M.write_json(res, json_path)
