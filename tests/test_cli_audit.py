@@ -295,3 +295,14 @@ def test_failed_report_rendering_leaves_no_partial_file(tmp_path, monkeypatch):
     assert audit(*mods(OK), "--json", str(j), "--html", str(h)) == 2
     assert not h.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_merge_with_a_baseline_fails_on_a_regression(tmp_path, capsys):
+    base, s1, s2, m = (tmp_path / f"{n}.json" for n in ("base", "s1", "s2", "m"))
+    assert audit(*mods(OK), "--json", str(base)) == 0
+    audit(*mods(OK), "--opt", "scale=1.5", "--shard", "1/2", "--json", str(s1))
+    audit(*mods(OK), "--opt", "scale=1.5", "--shard", "2/2", "--json", str(s2))
+    code = main(["report", "merge", str(s1), str(s2), "-o", str(m), "--baseline", str(base)])
+    assert code == 1 and load(m)["summary"]["exit_code"] == 1
+    assert [g["metric"] for g in load(m)["baseline"]["regressions"]] == ["spread_ulp"]
+    assert "REGRESSION" in capsys.readouterr().out

@@ -59,19 +59,37 @@ def _check_outputs(pairs):
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="Merged JSON report.")
 @click.option("--html", "html_path", default=None, metavar="FILE", help="Also write HTML.")
 @click.option("--junit", "junit_path", default=None, metavar="FILE", help="Also write JUnit XML.")
-def merge_cmd(reports, output, html_path, junit_path):
+@click.option("--baseline", "baseline_path", default=None, metavar="FILE",
+              help="Previous JSON report: exit 1 on any metric regression of the merged results.")
+@click.option("--regression-rtol", default=0.0, type=float, show_default=True, metavar="R",
+              help="Relative growth of a metric tolerated before it counts as a regression.")
+def merge_cmd(reports, output, html_path, junit_path, baseline_path, regression_rtol):
     """Merge the JSON reports of the shards of one audit (same dtype/profile/seed/archs)."""
-    from fa4verify.audit.baseline import merge
-    from fa4verify.audit.report_json import ReportError
+    from fa4verify.audit.baseline import compare, config_mismatch, merge
+    from fa4verify.audit.report_json import ReportError, verdict_text
+    from fa4verify.audit.runner import CheckRecord, exit_code_for
     from fa4verify.audit.terminal import make_console, render_verdict
     from fa4verify.cli.audit import write_reports
 
     _check_outputs([("-o", output), ("--html", html_path), ("--junit", junit_path)])
+    if regression_rtol < 0:
+        raise _usage(f"--regression-rtol {regression_rtol}: must be >= 0")
+    baseline = None
+    if baseline_path:
+        (_, baseline), = _load([baseline_path])
     loaded = _load(reports)
     try:
         merged = merge(loaded)
     except ReportError as e:
         raise _usage(str(e)) from None
+    if baseline is not None:
+        bl = compare(merged["results"], baseline, rtol=regression_rtol, path=baseline_path)
+        bl["mismatch"] = config_mismatch(merged["config"], baseline)
+        merged["baseline"] = bl
+        code = exit_code_for([CheckRecord.from_dict(r) for r in merged["results"]],
+                             regressions=len(bl["regressions"]))
+        merged["summary"]["exit_code"] = code
+        merged["summary"]["verdict"] = verdict_text(code)
     try:
         write_reports(merged, json_path=output, junit_path=junit_path, html_path=html_path)
     except OSError as e:
