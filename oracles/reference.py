@@ -247,6 +247,10 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
     B += ((c * k1 + EPS_F * LIN) + g)[:, None]
     B *= e
     B += 2 * TAU
+    if nmask is not None:
+        np.copyto(B, 0.0, where=nmask)     # masked: e = e* = 0 exactly
+    if full.any():
+        B[full] = 0.0
     ext = np.empty((cols, dv + 1))
     ext[:, :dv] = v
     ext[:, dv] = 1.0
