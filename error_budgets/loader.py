@@ -100,6 +100,14 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "abs_out": ("1", "|softcap * tanh(score/softcap)|"),
     "abs_score": ("1", "|S * softmax_scale|"),
     "softcap": ("1", "softcap value"),
+    # backward stages
+    "abs_od": ("g v", "sum_d |O_id||dO_id| (D accumulation scale)"),
+    "abs_lse2": ("1", "|lse * log2 e|"),
+    "abs_dov": ("g v", "sum_d |dO_id||V_jd| (dP accumulation scale)"),
+    "abs_ds": ("g v", "|P (dP - D)| (exact, same inputs)"),
+    "sum_abs_dv": ("g", "|dV_acc| + sum_i |P_ij||dO_i| of one dV MMA"),
+    "sum_abs_dk": ("g v q", "|dK_acc| + sum_i |dS_ij||Q_i| of one dK MMA (unscaled)"),
+    "sum_abs_dq": ("g v k", "|dq_accum| + sum_j |dS_ij||K_j| of one dQ partial + reduce-add"),
     # ---- end-to-end statistics (per row or per element), computed by the judge in fp64
     "seqlen_q": ("1", "query length"), "seqlen_k": ("1", "key length"),
     "n_blocks": ("1", "KV blocks visited per row (max)"), "tile_n": ("1", "KV tile width"),
@@ -141,6 +149,9 @@ STAGE_DIMS: dict[str, str] = {
     "s_accum": "q k", "softcap": "1", "exp_arg": "1", "exp2": "1", "exp2_emu": "1",
     "p_cast": "1", "row_sum": "1", "rescale": "1", "pv_accum": "v", "sink": "1", "rcp": "1",
     "normalize": "v", "o_cast": "v", "lse": "1",
+    "d_pre": "g v", "bwd_s_accum": "q k", "bwd_exp_arg": "1", "bwd_exp2": "1",
+    "bwd_p_cast": "1", "dp_accum": "g v", "ds": "g v", "ds_cast": "g v", "dv_accum": "g",
+    "dk_accum": "g v q", "dq_accum": "g v k",
     "forward_out": "v", "forward_out_prob": "v", "forward_lse": "1", "backward_dv": "g",
     "backward_dq": "g v q^-1", "backward_dk": "g v k^-1", "backward_p": "1",
 }

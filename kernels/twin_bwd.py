@@ -320,12 +320,12 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
             if probe:
                 if "dv_accum" not in exact:
                     probe(StageSample("dv_accum", new_v, mma(pT, doT, dV_acc[:, :, sl], "", exact=True),
-                                      {"sum_abs": np.abs(np.asarray(dV_acc[:, :, sl], F64))
+                                      {"sum_abs_dv": np.abs(np.asarray(dV_acc[:, :, sl], F64))
                                        + np.matmul(np.abs(np.asarray(pT, F64)), np.abs(doT.astype(F64)).swapaxes(-1, -2)),
                                        "n_acc": float(r1 - r0 + 1)}))
                 if "dk_accum" not in exact:
                     probe(StageSample("dk_accum", new_k, mma(dsT, qT, dK_acc[:, :, sl], "", exact=True),
-                                      {"sum_abs": np.abs(np.asarray(dK_acc[:, :, sl], F64))
+                                      {"sum_abs_dk": np.abs(np.asarray(dK_acc[:, :, sl], F64))
                                        + np.matmul(np.abs(np.asarray(dsT, F64)), np.abs(qT.astype(F64)).swapaxes(-1, -2)),
                                        "n_acc": float(r1 - r0 + 1)}))
             if new_v.dtype == F64 and dV_acc.dtype == F32:
@@ -344,7 +344,7 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
             if probe:
                 ex = np.asarray(dq_acc, F64) + mma(dSc, ktT, None, "", exact=True)
                 probe(StageSample("dq_accum", new, ex,
-                                  {"sum_abs": np.abs(np.asarray(dq_acc, F64))
+                                  {"sum_abs_dq": np.abs(np.asarray(dq_acc, F64))
                                    + np.matmul(np.abs(np.asarray(dSc, F64)), np.abs(kt.astype(F64))),
                                    "n_acc": float(tile_n + 1)}))
             dq_acc = new
