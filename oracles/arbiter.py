@@ -119,9 +119,10 @@ def _eval(p: Problem, ctx, want_bwd: bool, dout: Optional[np.ndarray], o_given: 
                     for j in js:
                         x = scale * ctx.fdot(qi, K[j])
                         if cap is not None:
-                            th = ctx.tanh(x / cap)
-                            ths.append(th)
-                            x = cap * th
+                            z = x / cap
+                            # softcap derivative 1 - tanh^2 = sech^2, without cancellation
+                            ths.append(ctx.sech(z) ** 2 if want_bwd else None)
+                            x = cap * ctx.tanh(z)
                         ys.append(x)
                     if not js and sink is None:
                         for c in range(dv):
@@ -162,7 +163,7 @@ def _eval(p: Problem, ctx, want_bwd: bool, dout: Optional[np.ndarray], o_given: 
                         dP = ctx.fdot(do_i, V[j])
                         dS = P[n] * (dP - Dp)
                         if cap is not None:
-                            dS = dS * (1 - ths[n] ** 2)
+                            dS = dS * ths[n]
                         adS = abs(dS)
                         for c in range(d):
                             dqi[c] += dS * K[j][c]

@@ -215,11 +215,24 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
     c = abs(scale) * es_row
     th = eth = None
     if cap > 0:
-        th = np.tanh(x / cap)
-        # |t - x*/cap| <= (|scale| es + u|x|)/cap + u|t|; tanh is 1-Lipschitz, relative error eps_f
-        eth = (c + 2.0001 * U * xmax) / cap + EPS_F / (1 - EPS_F)
-        y = np.multiply(th, cap, out=x)
-        c = cap * eth + U * cap * (1 + U)          # + u |y|, |y| <= cap
+        t = x / cap
+        th = np.tanh(t)
+        # |t - x*/cap| <= dt = (|scale| es + u|x|)/cap + u|t|; tanh is 1-Lipschitz, rel. error eps_f
+        dt = (c + 2.0001 * U * xmax) / cap
+        eth = dt + EPS_F / (1 - EPS_F)
+        if keep:
+            # softcap derivative f = 1 - tanh^2 = sech^2(t), computed without cancellation:
+            # |log f - log f*| <= 2 |tanh| dt, cosh rel. error eps_f, two roundings (square, 1/.)
+            with np.errstate(over="ignore"):
+                f = np.cosh(t)
+            np.multiply(f, f, out=f)
+            np.divide(1.0, f, out=f)
+            th = f
+            eth = 2 * dt * LIN + 2.001 * EPS_F + 2.001 * U
+            bad_cap = 2 * dt > DELTA_MAX
+        del t
+        y = np.multiply(np.tanh(x / cap) if keep else th, cap, out=x)
+        c = cap * (dt + EPS_F / (1 - EPS_F)) + U * cap * (1 + U)   # + u |y|, |y| <= cap
     else:
         y = x
     nmask = None if mask is None else ~mask
@@ -235,6 +248,8 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
         c = c + U * np.abs(m) * (1 + 2 * U)      # u |x| <= u (|m| + |a|) (1 + u)
     alpha = 2.0001 * U
     bad = c > 2.0 ** -11                     # then Delta <= 2^-10 for every |a| <= 746
+    if cap > 0 and keep:
+        bad |= bad_cap
     a = np.subtract(y, m[:, None], out=y)
     e = np.exp(a)
     g = blocked_gamma(cols)
@@ -290,8 +305,9 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
     lse_bound[bad] = np.inf
     state = None
     if keep:
-        state = dict(e=e, E=B, l=l, El=El, rl=rl, esink=esink, Esink=Esink, th=th,
-                     eth=None if eth is None else np.broadcast_to(eth[:, None], (rows, cols)), bad=bad)
+        # with softcap: f = sech^2(x/softcap) (the softcap derivative) and its relative error per row
+        state = dict(e=e, E=B, l=l, El=El, rl=rl, esink=esink, Esink=Esink, f=th if cap > 0 else None,
+                     frel=eth if cap > 0 else None, bad=bad)
     return out, bound, lse, lse_bound, state
 
 
@@ -437,20 +453,23 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                 dS = np.multiply(P, G, out=G)
                 eS += U * np.abs(dS)
                 if p.softcap > 0:
-                    th, eth = st["th"], st["eth"]
-                    ef = (2 * np.abs(th) + eth) * eth
-                    f = th * th
-                    ef += U * f
-                    np.subtract(1.0, f, out=f)
-                    ef += U * np.abs(f)
-                    # dX = dS f ; e_dX = e_dS f + (|dS| + e_dS) ef + u|dX|
-                    ef *= np.abs(dS) + eS
-                    eS *= np.abs(f)
-                    eS += ef
-                    del ef
+                    # dX = dS f with |f - f*| <= frel f + tau:
+                    # e_dX <= f (e_dS (1 + frel) + |dS| frel) + tau (|dS| + e_dS) + u|dX|
+                    f, frel = st["f"], st["frel"][:, None]
+                    T = np.abs(dS)
+                    T *= frel
+                    eS *= 1 + frel
+                    eS += T
+                    eS *= f
+                    np.abs(dS, out=T)
+                    T += eS
+                    T *= TAU
+                    eS += T
                     dS *= f
-                    eS += U * np.abs(dS)
-                    del f
+                    np.abs(dS, out=T)
+                    T *= U
+                    eS += T
+                    del T
                 # masked entries: P = EP = 0 and every other factor is finite, so dS = eS = 0 there
                 nr = r1 - r0
                 nc = c1 - c0
