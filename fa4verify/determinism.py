@@ -1617,6 +1617,8 @@ def git_commit(path: str | None = None) -> str:
     try:
         r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                            cwd=path or os.path.dirname(os.path.abspath(__file__)), timeout=10)
-        return r.stdout.strip() or "unknown"
+        out = r.stdout.strip()
+        return out if r.returncode == 0 and len(out) == 40 and all(
+            ch in "0123456789abcdef" for ch in out) else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
