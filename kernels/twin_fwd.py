@@ -798,32 +798,34 @@ def emulated_exp2(x32: np.ndarray, muts=frozenset()) -> np.ndarray:
 
 
 def _exp2(x, emu_cols, mf: Mufu, exact, muts, probe):
+    """P = 2^x: MUFU on hardware columns (stage ``exp2``), FA4's polynomial on emulated columns
+    (stage ``exp2_emu``); each stage switch makes only its own columns exact."""
     x = np.asarray(x)
     x64 = x.astype(F64)
     with np.errstate(over="ignore", invalid="ignore"):
         ex = np.exp2(x64)
-    if "exp2" in exact:
-        return ex
-    hw = mf.ex2(x)
+    hw_exact = "exp2" in exact
+    hw = ex if hw_exact else mf.ex2(x)
     has_emu = bool(emu_cols.any())
     if has_emu:
         xe = x[..., emu_cols]
-        xe32 = xe if xe.dtype == F32 else _rn32(xe)
-        pe = emulated_exp2(xe32, muts)
         if "exp2_emu" in exact:
-            pe = np.exp2(xe.astype(F64))
+            pe = ex[..., emu_cols]
+        else:
+            xe32 = xe if xe.dtype == F32 else _rn32(xe)
+            pe = emulated_exp2(xe32, muts)
     if probe:
         fin = np.isfinite(x64)
-        hwm = fin & ~emu_cols
-        probe(StageSample("exp2", hw, ex, {"p_exact": ex}, where=hwm))
-        if has_emu:
+        if not hw_exact:
+            probe(StageSample("exp2", hw, ex, {"p_exact": ex}, where=fin & ~emu_cols))
+        if has_emu and "exp2_emu" not in exact:
             xe64 = x64[..., emu_cols]
             probe(StageSample("exp2_emu", np.asarray(pe), np.exp2(xe64),
                               {"p_exact": np.exp2(xe64)}, where=np.isfinite(xe64)))
     if not has_emu:
         return hw
-    if np.asarray(pe).dtype == F64:
-        P = hw.astype(F64)
+    if np.asarray(pe).dtype == F64 or np.asarray(hw).dtype == F64:
+        P = np.asarray(hw, F64).copy()
     else:
         P = hw.copy()
     P[..., emu_cols] = pe
