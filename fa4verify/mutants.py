@@ -873,58 +873,53 @@ def _v_exp2_golden(m: Mutant | None, profile: str) -> Verdict:
                                   f"{got[i]!r} vs golden {want[i]!r}")
 
 
-def _bf16_rne_f64(y: np.ndarray) -> np.ndarray:
-    """RNE of float64 ``y`` to bfloat16 (8 significant bits), normal range only, in float64."""
-    m, e = np.frexp(y)
-    return np.ldexp(np.rint(m * 256.0) / 256.0, e)
-
-
-def _certified_bound(degree: int = 3) -> tuple[float, str]:
-    """The certified max relative error of FA4's degree-``degree`` emulation, from
-    ``fa4verify.exp2_cert`` (raises :class:`Unavailable` when that module is not there)."""
-    import importlib
+def _certified_bound() -> tuple[float, str]:
+    """The certified max relative error of FA4's degree-3 emulation: the budgets' ``emu_rel``
+    (``error_budgets/loader.py`` CONSTANTS, "certified by ``fa4verify exp2``": 8.77e-5 measured
+    over every fp32 input, rounded up)."""
     try:
-        cert = importlib.import_module("fa4verify.exp2_cert")
+        from fa4verify.error_budgets.loader import CONSTANTS
     except ImportError as exc:
-        raise Unavailable(f"fa4verify.exp2_cert not available ({exc})") from None
-    for name in ("certified_bound", "certified_rel_bound", "bound"):
-        fn = getattr(cert, name, None)
-        if callable(fn):
-            return float(fn(degree)), f"fa4verify.exp2_cert.{name}({degree})"
-    raise Unavailable("fa4verify.exp2_cert has no certified_bound(degree) function")
+        raise Unavailable(f"fa4verify.error_budgets.loader not available ({exc})") from None
+    return float(CONSTANTS["emu_rel"]), "error_budgets emu_rel"
+
+
+def exp2_cert_inputs(profile: str = "quick") -> np.ndarray:
+    """Sorted main-domain inputs of the exp2 certification check: every multiple of 2^-16
+    (quick) / 2^-20 (full) in [0, 1) -- the emulation's error on [n, n+1) is that of the fraction
+    (Note [Fast exhaustive sweep] (R1) in ``fa4verify.exp2_cert``) -- plus the finite inputs of
+    :func:`exp2_inputs` in [-126, 8]."""
+    k = 16 if profile == "quick" else 20
+    f = (np.arange(1 << k, dtype=np.float64) / (1 << k)).astype(np.float32)
+    x = exp2_inputs(profile)
+    x = x[np.isfinite(x) & (x >= -126.0) & (x <= 8.0)]
+    return np.unique(np.concatenate([f, x]).astype(np.float32))
 
 
 def _v_exp2_cert(m: Mutant | None, profile: str) -> Verdict:
-    """exp2 certification applied to the (mutated) emulation: max relative error over the
-    fraction grid ``f = k 2^-20`` (2^-16 for quick) of [0, 1) -- the emulation's error depends
-    only on the fraction for x in [-126, 127] -- against the certified degree-3 bound, and the
-    bf16 wrong count on :func:`exp2_inputs` (normal range) against the unmutated emulation's.
-    Figure: max relative error / certified bound (fails above 1, or when the wrong count grows).
-    """
+    """``fa4verify.exp2_cert``'s statistics (``direct_stats``: max relative error, bf16 wrong
+    count against the correctly rounded 2^x) of the emulation the twin's forward uses (mutated or
+    not) on :func:`exp2_cert_inputs`, against the certified bound and against the unmutated
+    emulation on the same inputs. Figure: max relative error / certified bound; fails above 1 or
+    when the bf16 wrong count exceeds the unmutated one."""
     if m is not None and not m.poly:
         return NA
-    bound, src = _certified_bound(3)
+    try:
+        from fa4verify import exp2_cert
+    except ImportError as exc:
+        raise Unavailable(f"fa4verify.exp2_cert not available ({exc})") from None
+    bound, src = _certified_bound()
     fn = _emulated_exp2_fn()
-    muts = frozenset() if m is None else frozenset({m.name})
-    k = 16 if profile == "quick" else 20
-    f = (np.arange(1 << k, dtype=np.float64) / (1 << k)).astype(np.float32)
-    rel = np.abs(fn(f, muts).astype(np.float64) / np.exp2(f.astype(np.float64)) - 1.0)
-    max_rel = float(rel.max())
-    x = exp2_inputs(profile)
-    x = x[np.isfinite(x) & (x >= -126.0) & (x <= 8.0)]
-    exact = _bf16_rne_f64(np.exp2(x.astype(np.float64)))
-    from fa4verify import binary32 as b32
-
-    def wrong(muts_):
-        return int((b32.to_bf16(fn(x, muts_)).astype(np.float64) != exact).sum())
-
-    n_wrong = wrong(muts)
-    n_wrong_base = wrong(frozenset()) if m is not None else n_wrong
-    ratio = max_rel / bound
-    ok = ratio <= 1.0 and n_wrong <= n_wrong_base
+    x = exp2_cert_inputs(profile)
+    y = np.exp2(x.astype(np.float64))
+    st = exp2_cert.direct_stats(x, fn(x, frozenset() if m is None else frozenset({m.name})), y=y)
+    base = st if m is None else exp2_cert.direct_stats(x, fn(x, frozenset()), y=y)
+    ratio = st.max_rel / bound
+    ok = ratio <= 1.0 and st.wrong_bf16 <= base.wrong_bf16
     return Verdict("pass" if ok else "fail", ratio,
-                   f"max rel err {max_rel:.4g} vs certified {bound:.4g} ({src}); bf16 wrong "
-                   f"{n_wrong}/{x.size} vs unmutated {n_wrong_base}")
+                   f"max rel err {st.max_rel:.5g} (at x={st.argmax_rel:.7g}) vs certified "
+                   f"{bound:.3g} ({src}); bf16 wrong {st.wrong_bf16}/{st.n} vs unmutated "
+                   f"{base.wrong_bf16}")
 
 
 # ------------------------------------------------------------- end-to-end verifiers (oracle)
