@@ -134,7 +134,7 @@ def plot_bars(p: dict[str, Any]) -> str:
         bud = [float("nan") if b is None else (as_number(b) or float("nan")) for b in budget]
         if len(bud) != len(vals):
             raise ValueError("bars: budget must be as long as values")
-    h = max(2.4, 0.42 * len(labels) + 1.2)
+    h = max(1.8, 0.42 * len(labels) + 1.2)
     fig = _figure(7.5, min(h, 12))
     ax = fig.add_subplot()
     y = list(range(len(labels)))
@@ -149,10 +149,22 @@ def plot_bars(p: dict[str, Any]) -> str:
         ax.legend(fontsize=9, loc="lower right")
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
-    _axes_common(ax, p)
-    if p.get("logx"):
-        ax.set_xscale("log")
+    _annotate(ax, vals, y)
+    q = dict(p)
+    q["xlabel"] = p.get("ylabel") or p.get("xlabel")  # horizontal bars: values on the x axis
+    q["ylabel"] = None
+    q["logy"] = False
+    _axes_common(ax, q)
     return _png(fig)
+
+
+def _annotate(ax, vals: Sequence[float], y: Sequence[int]) -> None:
+    """Write each bar's value at its end (small values stay readable next to large ones)."""
+    ax.margins(x=0.1)
+    for v, yy in zip(vals, y):
+        if v == v:
+            ax.annotate(f"{v:.3g}", (v, yy), xytext=(3, 0), textcoords="offset points",
+                        va="center", fontsize=8)
 
 
 def plot_lines(p: dict[str, Any]) -> str:
@@ -195,6 +207,7 @@ def plot_overview(results: Sequence[dict[str, Any]]) -> str | None:
     ax.axvline(1.0, color="#1f2328", linestyle="--", linewidth=1.5, label="budget (= 1)")
     ax.set_yticks(y, [i for i, _, _ in rows])
     ax.invert_yaxis()
+    _annotate(ax, [t for _, t, _ in rows], y)
     ax.legend(fontsize=9, loc="lower right")
     _axes_common(ax, {"title": "budget tightness per check (measured / budget; > 1 violates)",
                       "xlabel": "measured / budget"})

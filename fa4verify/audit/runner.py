@@ -287,6 +287,18 @@ class Reporter(Protocol):  # pragma: no cover - interface
     def finish(self, run: AuditRun) -> None: ...
 
 
+def module_label(module: str) -> str:
+    """A check module's dotted name, or the relative path of a --checks-module .py file."""
+    if module.startswith("_fa4verify_ext."):
+        f = getattr(sys.modules.get(module), "__file__", None)
+        if f:
+            try:
+                return os.path.relpath(f)
+            except ValueError:  # pragma: no cover - other drive on Windows
+                return f
+    return module
+
+
 def load_specs(config: AuditConfig) -> list[CheckSpec]:
     return discover(modules=config.checks_modules, include_package=not config.no_default_checks)
 
@@ -329,7 +341,7 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
                     ctx._progress_factory = reporter.progress_factory(sel)
                 result = execute(spec, ctx)
                 notes = list(ctx._notes)
-        rec = CheckRecord(id=sel.id, check_id=spec.id, title=spec.title, module=spec.module,
+        rec = CheckRecord(id=sel.id, check_id=spec.id, title=spec.title, module=module_label(spec.module),
                           arch=sel.arch, needs=sorted(spec.needs), result=result,
                           duration_s=time.perf_counter() - t0, isolated=isolated, notes=notes)
         records.append(rec)

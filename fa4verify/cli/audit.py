@@ -71,6 +71,7 @@ def _list(specs, selected, config, console) -> None:
     from rich.table import Table
 
     from fa4verify.audit.registry import cuda_available, unmet_need
+    from fa4verify.audit.runner import module_label
 
     have_cuda = cuda_available() if any("cuda" in s.spec.needs for s in selected) else False
     tab = Table(title=f"{len(selected)} check(s) selected of {len(specs)} discovered "
@@ -86,19 +87,8 @@ def _list(specs, selected, config, console) -> None:
         tab.add_row(escape(s.id), escape(s.spec.title), ",".join(sorted(s.spec.needs)),
                     ",".join(p for p in ("quick", "default", "full", "exhaustive")
                              if p in s.spec.profiles),
-                    _module_label(s.spec.module), "yes" if reason is None else escape(f"skip: {reason}"))
+                    module_label(s.spec.module), "yes" if reason is None else escape(f"skip: {reason}"))
     console.print(tab)
-
-
-def _module_label(module: str) -> str:
-    """A check module's name, or the relative path of a --checks-module .py file."""
-    import os
-
-    if module.startswith("_fa4verify_ext."):
-        f = getattr(sys.modules.get(module), "__file__", None)
-        if f:
-            return os.path.relpath(f)
-    return module
 
 
 @click.command(name="audit", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
