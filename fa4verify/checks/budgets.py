@@ -1,0 +1,178 @@
+"""Audit checks for the per-stage error budgets and the CPU twin of FA4 (fa4verify.attribution).
+
+* ``budgets.files``            every shipped budget TOML loads (schema, units, derivation refs).
+* ``budgets.twin.forward``     per arch: every forward stage of the twin within its local budget
+                               and the output/LSE within the composed budget vs the oracle.
+* ``budgets.twin.backward``    per arch: backward stages and dQ/dK/dV vs the oracle.
+* ``budgets.fp8.threshold``    FA #2577: the old fp8 setting (threshold 4, max_offset 8) fails
+                               the P-cast budget in the twin, the current one passes.
+* ``budgets.attribution``      which stage dominates the SM100 forward error; the emulation's
+                               share vs the P cast (expectation tested: < 1/40).
+* ``budgets.production.forward`` (cuda): production FA4 (SM90 on H200) forward within the
+                               composed budget.
+
+Figures are labelled "CPU twin" (or "measured on H200" for the production check).  Shapes grow
+with the profile (quick/default tiny, full/exhaustive larger).
+"""
+from __future__ import annotations
+
+from fa4verify.audit.registry import CheckContext, CheckResult, check
+
+_SIZES = {"quick": (64, 192), "default": (96, 256), "full": (256, 1024), "exhaustive": (512, 2048)}
+
+
+def _dtype(ctx: CheckContext) -> str:
+    return {"fp8": "fp8_e4m3"}.get(ctx.dtype, ctx.dtype)
+
+
+@check("budgets.files", title="Budget files load and validate (schema, units, derivations)",
+       needs={"cpu"})
+def files(ctx: CheckContext) -> CheckResult:
+    from fa4verify.error_budgets import loader
+    pairs = loader.available()
+    n = 0
+    for d, a in pairs:
+        s = loader.load(d, a)
+        n += len(s.entries)
+    return CheckResult(status="pass", where="CPU", summary=f"{len(pairs)} budget files, {n} entries",
+                       metrics={"budget_files_higher_is_better": len(pairs)})
+
+
+@check("budgets.twin.forward", title="CPU twin forward: every stage and the output within budget",
+       needs={"cpu"}, archs={"sm90", "sm100", "sm103"})
+def twin_forward(ctx: CheckContext) -> CheckResult:
+    from fa4verify import attribution as A
+    dt = _dtype(ctx)
+    if dt == "fp8_e4m3" and ctx.arch == "sm90":
+        ctx.skip("fp8 forward exists only on SM100")
+    sq, sk = _SIZES.get(ctx.profile, _SIZES["default"])
+    dists = ("outliers",) if ctx.profile in ("quick", "default") else A.DISTRIBUTIONS
+    worst_stage, worst_e2e, over, rows = 0.0, 0.0, [], []
+    with ctx.progress(len(dists) * 2, "twin forward cases") as bar:
+        for dist in dists:
+            for causal in (False, True):
+                q, k, v = A.gen_inputs(dist, batch=1, seqlen_q=sq, seqlen_k=sk, nheads=1,
+                                       hdim=64, dtype=dt, seed=ctx.seed)
+                fc = A.check_forward(q, k, v, arch=ctx.arch, dtype=dt, causal=causal)
+                for s, t in fc.stages.items():
+                    worst_stage = max(worst_stage, t.max_ratio)
+                    if t.n_over:
+                        over.append(f"{dist}/{'causal' if causal else 'full'}/{s}: {t.worst}")
+                worst_e2e = max(worst_e2e, fc.out_ratio, fc.lse_ratio)
+                if fc.out_over or fc.lse_over:
+                    over.append(f"{dist}/{causal}: e2e out {fc.out_ratio:.3g} lse {fc.lse_ratio:.3g}")
+                rows.append({"dist": dist, "causal": causal, "out_tightness": fc.out_ratio,
+                             "lse_tightness": fc.lse_ratio,
+                             "stages": {s: t.max_ratio for s, t in fc.stages.items()}})
+                bar.advance(1)
+    status = "fail" if over else "pass"
+    summ = (f"{len(over)} violations: {over[0]}" if over else
+            f"all stages within budget (tightest {worst_stage:.3f}); output/LSE tightness "
+            f"{worst_e2e:.3f}")
+    return CheckResult(status=status, where="CPU twin", summary=summ,
+                       metrics={"stage_tightness": worst_stage, "e2e_tightness": worst_e2e,
+                                "violations": len(over)},
+                       details={"cases": rows, "violations": over[:20]},
+                       tightness=max(worst_stage, worst_e2e))
+
+
+@check("budgets.twin.backward", title="CPU twin backward: stages and dQ/dK/dV within budget",
+       needs={"cpu"}, archs={"sm90", "sm100"})
+def twin_backward(ctx: CheckContext) -> CheckResult:
+    from fa4verify import attribution as A
+    dt = _dtype(ctx)
+    if dt == "fp8_e4m3":
+        ctx.skip("FA4 has no fp8 backward")
+    sq, sk = _SIZES.get(ctx.profile, _SIZES["default"])
+    sq, sk = min(sq, 128), min(sk, 256)
+    q, k, v, do = A.gen_inputs("normal", batch=1, seqlen_q=sq, seqlen_k=sk, nheads=1, hdim=64,
+                               dtype=dt, seed=ctx.seed, with_dout=True)
+    bc = A.check_backward(q, k, v, do, arch=ctx.arch, dtype=dt, causal=True)
+    st = max((t.max_ratio for t in bc.stages.values()), default=0.0)
+    bad = [s for s, t in bc.stages.items() if t.n_over] + [g for g, n in bc.over.items() if n]
+    e2e = max(bc.ratios.values())
+    return CheckResult(status="fail" if bad else "pass", where="CPU twin",
+                       summary=(f"over budget: {bad}" if bad else
+                                f"within budget; dQ/dK/dV tightness {bc.ratios['dq']:.3f}/"
+                                f"{bc.ratios['dk']:.3f}/{bc.ratios['dv']:.3f}"),
+                       metrics={"stage_tightness": st, "e2e_tightness": e2e,
+                                **{f"rel_err_{g}": x for g, x in bc.rel_err.items()}},
+                       tightness=max(st, e2e))
+
+
+@check("budgets.fp8.threshold", title="FA #2577: old fp8 rescale setting fails the P-cast budget",
+       needs={"cpu"})
+def fp8_threshold(ctx: CheckContext) -> CheckResult:
+    import numpy as np
+    from fa4verify import attribution as A
+    from fa4verify import binary32 as b32
+    d, n = 64, 512
+    q = np.zeros((1, 8, 1, d), np.float32)
+    q[..., 0] = 1.0
+    k = np.zeros((1, n, 1, d), np.float32)
+    k[0, :, 0, 0] = (3 - np.arange(n) // 128) * 3.0 + (np.arange(n) % 128) / 256.0
+    k = b32.to_fp8_e4m3fn(k)
+    v = b32.to_fp8_e4m3fn(ctx.rng().standard_normal((1, n, 1, d)).astype(np.float32))
+    kw = dict(arch="sm100", dtype="fp8", softmax_scale=1.0, e2e=False)
+    new = A.check_forward(q, k, v, **kw)
+    old = A.check_forward(q, k, v, mutations={"fp8_old_threshold"}, **kw)
+    ok = new.stages_ok and old.stages["p_cast"].n_over > 0
+    return CheckResult(
+        status="pass" if ok else "fail", where="CPU twin",
+        summary=(f"current setting: P max {new.config['p_max']:.0f} <= 448, P cast within budget; "
+                 f"old setting: P max {old.config['p_max']:.0f}, P-cast tightness "
+                 f"{old.stages['p_cast'].max_ratio:.3g} (caught)"),
+        metrics={"p_max_current": new.config["p_max"], "p_max_old": old.config["p_max"],
+                 "p_cast_tightness_current": new.stages["p_cast"].max_ratio},
+        tightness=new.stages["p_cast"].max_ratio)
+
+
+@check("budgets.attribution", title="Forward error attribution by stage (SM100 twin)",
+       needs={"cpu"}, profiles={"default", "full", "exhaustive"})
+def attribution(ctx: CheckContext) -> CheckResult:
+    from fa4verify import attribution as A
+    if ctx.dtype != "bf16":
+        ctx.skip("attribution is run for bf16")
+    q, k, v = A.gen_inputs("normal", batch=1, seqlen_q=64, seqlen_k=256, nheads=1, hdim=64,
+                           seed=ctx.seed)
+    rows, s = A.attribute_forward(q, k, v, arch="sm100",
+                                  stages=("exp2", "exp2_emu", "p_cast", "row_sum", "pv_accum",
+                                          "o_cast"))
+    ok = s["dominant"] in ("p_cast", "o_cast") and s["emu_over_pcast"] < 1 / 40
+    return CheckResult(status="pass" if ok else "fail", where="CPU twin",
+                       summary=(f"dominant stage {s['dominant']}; emulation/P-cast error ratio "
+                                f"{s['emu_over_pcast']:.4f} (expected < 1/40)"),
+                       metrics={"emu_over_pcast": s["emu_over_pcast"], "full_rms": s["full_rms"]},
+                       details={"rows": [r.__dict__ for r in rows]},
+                       tightness=s["emu_over_pcast"] * 40)
+
+
+@check("budgets.production.forward", title="Production FA4 forward within the composed budget",
+       needs={"cuda", "fa4"})
+def production_forward(ctx: CheckContext) -> CheckResult:
+    import torch
+    from fa4verify import attribution as A
+    from fa4verify.kernels import adapter
+    dt = _dtype(ctx)
+    if dt not in ("bf16", "fp16"):
+        ctx.skip("production check runs bf16/fp16")
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+    worst, over, n = 0.0, [], 0
+    for hd in (64, 128):
+        for causal in (False, True):
+            q, k, v = A.gen_inputs("normal", batch=1, seqlen_q=512, seqlen_k=512, nheads=2,
+                                   hdim=hd, dtype=dt, seed=ctx.seed)
+            tq, tk, tv = (torch.from_numpy(a).to("cuda", tdt) for a in (q, k, v))
+            r = adapter.forward(tq, tk, tv, causal=causal)
+            arch = {90: "sm90", 100: "sm100", 103: "sm103"}.get(r.config.arch, "sm90")
+            tile_n = (r.config.tile_mn or (None, None))[1]
+            fc = A.check_forward_outputs(r.out.float().cpu().numpy(), r.lse.cpu().numpy(), q, k, v,
+                                         arch=arch, dtype=dt, causal=causal, tile_n=tile_n)
+            worst = max(worst, fc.out_ratio, fc.lse_ratio)
+            n += 1
+            if fc.out_over or fc.lse_over:
+                over.append(f"hd{hd} causal={causal}: out {fc.out_ratio:.3g} lse {fc.lse_ratio:.3g}")
+    return CheckResult(status="fail" if over else "pass", where="measured on H200",
+                       summary=(f"{len(over)}/{n} over budget: {over[0]}" if over else
+                                f"{n} cases within budget, tightness {worst:.3f}"),
+                       metrics={"e2e_tightness": worst}, tightness=worst)
