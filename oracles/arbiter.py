@@ -8,8 +8,10 @@ and evaluates the whole problem twice, inside ``ctx.workprec(p)`` and ``ctx.work
 Inputs enter as exact binary values (``ctx.mpf(float)`` of the exact float64 copies). Every
 quantity is then checked: ``|v_p - v_2p| <= 2^-(p - AGREE_SLACK_BITS) * scale_v`` where
 ``scale_v`` is the quantity's natural magnitude (O: ``sum_j P_j |V_j|``; LSE: ``|m| + |log l| + 1``;
-dQ: ``|scale| sum_j |dS_ij| |K_j|``; dK: ``|scale| sum_i |dS_ij| |Q_i|``; dV: ``sum_i P_ij |dO_i|``;
-D: ``sum |dO| |O|``; dsink: ``sum |terms|``). Disagreement raises :class:`ArbiterDisagreement`,
+dQ: ``|scale| sum_j |dS|_ij |K_j|``; dK: ``|scale| sum_i |dS|_ij |Q_i|`` with
+``|dS|_ij = P_ij (|dP_ij| + |D'|_i) f_ij`` (``f`` the softcap factor; ``dP - D'`` may cancel);
+dV: ``sum_i P_ij |dO_i|``; D: ``sum |dO| |O|``; dsink: ``sum_i p_sink,i |D'|_i``; with
+``|D'|_i = sum |dO||O| + |dlse| + |D'|``). Disagreement raises :class:`ArbiterDisagreement`,
 naming the quantity, the index and both values; nothing unverified is returned.
 
 Accuracy
@@ -152,19 +154,23 @@ def _eval(p: Problem, ctx, want_bwd: bool, dout: Optional[np.ndarray], o_given: 
                     Dv[h, t] = Di
                     D_sc[h, t] = float(ctx.fdot([abs(x) for x in do_i], [abs(x) for x in o_i]))
                     Dp = Di - (mpf(float(dlse[h, t])) if dlse is not None else zero)
+                    # magnitude of D' including its cancellation-prone parts
+                    Dmag = D_sc[h, t] + abs(Dp - Di) + abs(Dp)
                     if sink is not None:
                         ps = esink / l if l is not None else zero
                         term = -ps * Dp
                         dsink[h] += term
-                        dsink_sc[h] += float(abs(term))
+                        dsink_sc[h] += float(ps * Dmag)
                     dqi = [zero] * d
                     dqs = [0.0] * d
                     for n, j in enumerate(js):
                         dP = ctx.fdot(do_i, V[j])
                         dS = P[n] * (dP - Dp)
+                        # scale of dS: P (|dP| + |D'|), since dP - D' may cancel
+                        adS = P[n] * (abs(dP) + Dmag)
                         if cap is not None:
                             dS = dS * ths[n]
-                        adS = abs(dS)
+                            adS = adS * ths[n]
                         for c in range(d):
                             dqi[c] += dS * K[j][c]
                             dqs[c] += float(adS * abs(K[j][c]))
