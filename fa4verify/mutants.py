@@ -1136,12 +1136,37 @@ def _env_oracle(env: "ProblemEnv") -> OracleCase:
 
 def _v_fwd_budget(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
     """Forward output and LSE vs the certified oracle within the composed budget
-    (``e2e.forward_out`` and ``e2e.forward_lse``), NaN locations included."""
+    (``e2e.forward_out`` and ``e2e.forward_lse``).
+
+    Finite inputs: fa4verify's judge, ``attribution.check_forward_outputs``. Inputs with NaN:
+    the same inequality here (:func:`forward_stats`, :func:`_compare_within`) with FA4's NaN
+    semantics (Note [NaN in emulated lanes]) and NaN locations checked -- the judge has no NaN
+    policy (it would flag FA4's documented -inf LSE of a NaN row). ``tests/test_mutants_e2e.py``
+    checks that both paths give the same verdicts on the finite battery problems."""
     if run.out is None:
         return NA
-    oc = _env_oracle(env)
     p = env.data.problem
     budgets = load_budgets(p.dtype, env.arch)
+    d = env.data
+    if np.isfinite(d.q).all() and np.isfinite(d.k).all() and np.isfinite(d.v).all():
+        # finite inputs: fa4verify's judge itself (attribution.check_forward_outputs)
+        try:
+            from fa4verify import attribution
+        except ImportError as exc:
+            raise Unavailable(f"fa4verify.attribution not available ({exc})") from None
+        tile_n = int(kernel_config(p, env.arch)["tile_n"])
+        with np.errstate(invalid="ignore"):
+            fc = attribution.check_forward_outputs(
+                run.out, run.lse, d.q, d.k, d.v, arch=env.arch, dtype=p.dtype,
+                softmax_scale=p.softmax_scale, causal=p.causal, tile_n=tile_n, budgets=budgets,
+                where="CPU twin", oracle=env.oracle_fwd.fwd if env.oracle_fwd else None)
+        fig = max(fc.out_ratio, fc.lse_ratio)
+        n = fc.out_over + fc.lse_over
+        return Verdict("fail" if n else "pass", fig,
+                       f"attribution.check_forward_outputs: out {fc.out_ratio:.3g} "
+                       f"({fc.out_over} over), lse {fc.lse_ratio:.3g} ({fc.lse_over} over); "
+                       f"max |err| {fc.max_abs_err:.3g}")
+    oc = _env_oracle(env)
     if env.budgets is None:
         env.budgets = forward_stats(env.data, env.arch, oc)
     st = env.budgets
