@@ -96,3 +96,12 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert proc.returncode == 0, proc.stderr
     data = png.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 20_000  # more than a blank page
+
+
+def test_other_details_become_tables():
+    details = {"cases": [{"dist": "normal", "stages": {"s_accum": 0.25, "p_cast": 0.5}},
+                         {"dist": "outliers", "stages": {"s_accum": 0.125}}],
+               "config": {"tile_n": 128}, "seed": 3}
+    html = report_html.render(_report([{"id": "t.x", "details": details}]))
+    for text in ("stages.s_accum", "stages.p_cast", "outliers", "tile_n", "<h4>cases</h4>"):
+        assert text in html

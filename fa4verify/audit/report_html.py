@@ -37,6 +37,7 @@ th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .check{border:1px solid #d0d7de;border-radius:6px;padding:8px 14px;margin:12px 0}
 .where{color:#0969da;font-weight:600}.muted{color:#6e7781}.note{color:#9a6700}
 img.plot{max-width:100%;border:1px solid #eaeef2;margin:4px 0}
+.scroll{overflow-x:auto;max-width:100%}h4{font-size:14px;margin:10px 0 2px}
 pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:12px;max-height:300px}
 """
 
@@ -250,6 +251,34 @@ def render_plot(p: Any) -> str:
         return f'<p class="note">plot not drawn: {_e(type(e).__name__)}: {_e(e)}</p>'
 
 
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif isinstance(v, list):
+            out[f"{prefix}{k}"] = ", ".join(_fmt(x) for x in v[:8]) + (" ..." if len(v) > 8 else "")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _generic_table(val: Any) -> str | None:
+    """Tables for the other details entries: a list of dicts (one row each, nested dicts
+    flattened to "a.b" columns) or a dict (key/value rows); scalars and empty values: None."""
+    if isinstance(val, list) and val and all(isinstance(x, dict) for x in val):
+        rows = [_flat(x) for x in val]
+        cols: list[str] = []
+        for r in rows:
+            cols.extend(c for c in r if c not in cols)
+        cols = cols[:40]
+        return _table(cols, [[r.get(c, "") for c in cols] for r in rows])
+    if isinstance(val, dict) and val:
+        flat = _flat(val)
+        return _table(["key", "value"], [[k, v] for k, v in list(flat.items())[:200]])
+    return None
+
+
 def _check_section(r: dict[str, Any]) -> str:
     st = r["status"]
     parts = [f'<div class="check" id="{_e(r["id"])}">',
@@ -274,6 +303,12 @@ def _check_section(r: dict[str, Any]) -> str:
     tab = details.get("table")
     if isinstance(tab, dict) and "columns" in tab:
         parts.append(render_plot({"kind": "table", **tab}))
+    for key, val in details.items():
+        if key in ("plot", "table", "traceback", "worker_stderr_tail", "worker_exit"):
+            continue
+        t = _generic_table(val)
+        if t:
+            parts.append(f'<h4>{_e(key)}</h4><div class="scroll">{t}</div>')
     tb = details.get("traceback") or details.get("worker_stderr_tail")
     if tb:
         parts.append(f"<pre>{_e(tb)}</pre>")
