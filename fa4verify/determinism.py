@@ -500,6 +500,13 @@ MATRICES: dict[str, tuple[DeterminismConfig, ...]] = {
                           nheads_kv=2, head_dim=64, sink=True, seed=3),
         DeterminismConfig("mha-hd64-varlen", nheads=2, nheads_kv=2, head_dim=64, varlen=True,
                           seqlens_q=(5, 0, 17), seqlens_k=(9, 3, 17), seed=4),
+        # >= 3 KV tiles (SM90 tile_n = 128 for hd <= 128): with 1 or 2 partial sums per dQ
+        # element the order of the fp32 reduce-adds cannot change the result (commutativity),
+        # so an order fault is only observable from 3 tiles on.
+        DeterminismConfig("mha-hd64-kv-tiles", batch=1, seqlen_q=24, seqlen_k=520, nheads=1,
+                          nheads_kv=1, head_dim=64, seed=5),
+        DeterminismConfig("mqa-hd128-causal-kv-tiles", batch=1, seqlen_q=64, seqlen_k=400,
+                          nheads=2, nheads_kv=1, head_dim=128, causal=True, seed=6),
     ),
 }
 #: timing shapes (deterministic vs default cost): the paper's setting is hd128, causal and not.
@@ -643,11 +650,14 @@ def make_inputs(cfg: DeterminismConfig, device: str = "cpu") -> Problem:
 
 @dataclass
 class Grads:
+    """Gradients of one backward run. ``extra``: further tensors the backend exposes and that
+    are digested and compared like the gradients (the twin's fp32 ``dq_accum``)."""
     dq: Any
     dk: Any
     dv: Any
     dsink: Any = None
     config: Any = None
+    extra: dict = field(default_factory=dict)
 
 
 class UnsupportedConfig(Exception):
@@ -661,6 +671,8 @@ class Backend:
     where = "CPU"
     writes_into_buffers = False
     arch: str | None = None
+    #: how a rejection is reported ("<stage> <unsupported_msg> (...)")
+    unsupported_msg = "not supported by the kernel for this configuration"
 
     def environment(self, device: str) -> dict[str, str]:
         raise NotImplementedError
@@ -750,6 +762,7 @@ class Fa4Backend(Backend):
     """Production FA4 through ``fa4verify.kernels.adapter`` (the only importer of flash_attn.cute)."""
     name = "fa4"
     writes_into_buffers = True
+    unsupported_msg = UNSUPPORTED_MSG
 
     def __init__(self) -> None:
         self.adapter = importlib.import_module("fa4verify.kernels.adapter")
@@ -906,10 +919,15 @@ class TorchMathBackend(Backend):
 class TwinBackend(Backend):
     """The CPU twin ``fa4verify.kernels.twin_attention`` (numpy). It returns its own arrays, so
     guard bands do not apply; its fixed accumulation order (``deterministic=True``) must be
-    bitwise reproducible."""
+    bitwise reproducible. Besides dQ/dK/dV it exposes the fp32 ``dq_accum`` (before the scale
+    and the cast to bf16/fp16), which is digested too: an order change moves fp32 sums by an ULP
+    or so, which the bf16 cast hides for all but ~1e-4 of the elements (CPU twin, sq=1024,
+    5 KV tiles: 0-4 of 65536 dQ elements per run), while ``dq_accum`` shows it almost surely.
+    Varlen is not modelled (``unsupported``)."""
     name = "twin"
     where = "CPU twin"
     writes_into_buffers = False
+    unsupported_msg = "not modelled by the CPU twin for this configuration"
 
     def __init__(self, arch: str = "sm90", mutations: Iterable[str] = ()) -> None:
         self.twin = importlib.import_module("fa4verify.kernels.twin_attention")
@@ -923,32 +941,30 @@ class TwinBackend(Backend):
                    mutations=",".join(sorted(self.mutations)) or "none")
         return env
 
-    def _np(self, t):
-        import numpy as np
-        if t is None:
-            return None
-        return t.detach().cpu().float().numpy().astype(np.float32)
-
     def _kw(self, p: Problem) -> dict:
-        f = _features(p)
-        f["learnable_sink"] = self._np(p.sink)
-        for k in ("cu_seqlens_q", "cu_seqlens_k"):
-            if f[k] is not None:
-                f[k] = f[k].cpu().numpy()
-        f["arch"] = self.arch
-        if self.mutations:
-            f["mutations"] = self.mutations
-        return f
+        if p.cfg.varlen:
+            raise UnsupportedConfig("varlen is not modelled by the CPU twin")
+        c = p.cfg
+        sink = None if p.sink is None else p.sink.detach().cpu().float().numpy()
+        return dict(arch=self.arch, softmax_scale=p.softmax_scale, causal=c.causal,
+                    window_size=tuple(c.window), softcap=c.softcap, learnable_sink=sink,
+                    dtype=c.dtype)
 
     def forward(self, p: Problem):
-        r = _call_filtered(self.twin.forward, self._np(p.q), self._np(p.k), self._np(p.v),
-                           **self._kw(p))
+        r = self.twin.forward(p.q, p.k, p.v, **self._kw(p))
         return r.out, getattr(r, "lse", None)
 
     def backward(self, p, out, lse, *, deterministic, dq=None, dk=None, dv=None) -> Grads:
-        r = _call_filtered(self.twin.backward, self._np(p.q), self._np(p.k), self._np(p.v), out,
-                           self._np(p.dout), deterministic=deterministic, **self._kw(p))
-        return Grads(r.dq, r.dk, r.dv, getattr(r, "dsink", None))
+        kw = self._kw(p)
+        if self.mutations:
+            kw["mutations"] = self.mutations
+        r = self.twin.backward(p.q, p.k, p.v, out, p.dout, lse=lse, deterministic=deterministic,
+                               **kw)
+        extra = {}
+        acc = getattr(r, "stages", {}).get("dq_accum") if hasattr(r, "stages") else None
+        if acc is not None:
+            extra["dq_accum"] = acc  # fp32, before x scale and the cast: shows order faults
+        return Grads(r.dq, r.dk, r.dv, getattr(r, "dsink", None), extra=extra)
 
     def classify(self, exc: BaseException) -> str:
         if isinstance(exc, (NotImplementedError, UnsupportedConfig)):
@@ -1015,7 +1031,16 @@ def _grad_tensors(g: Grads) -> dict[str, Any]:
     d = {"dq": g.dq, "dk": g.dk, "dv": g.dv}
     if g.dsink is not None:
         d["dsink"] = g.dsink
+    for k, v in (g.extra or {}).items():
+        if k in d:
+            raise ValueError(f"extra tensor {k!r} shadows a gradient")
+        d[k] = v
     return d
+
+
+def _tensor_names(recs: Iterable[Mapping[str, Any]], mode: str = "det") -> list[str]:
+    names = {t for x in recs for t in x.get(mode, {}).get("digests", {})}
+    return [t for t in TENSORS if t in names] + sorted(names - set(TENSORS))
 
 
 def _clone(t):
@@ -1145,7 +1170,7 @@ def run_config(backend: Backend, cfg: DeterminismConfig, device: str, *, runs: i
         rec["stage"] = stage
         if kind == "unsupported":
             what = "deterministic mode " if stage == "deterministic backward" else ""
-            rec["reason"] = f"{what}{UNSUPPORTED_MSG} ({stage}): {_first_line(ex)}"
+            rec["reason"] = f"{what}{backend.unsupported_msg} ({stage}): {_first_line(ex)}"
         else:
             import traceback
             rec["reason"] = f"{stage}: {_first_line(ex)}"
@@ -1407,7 +1432,7 @@ def aggregate(records: Sequence[Mapping[str, Any]], configs: Sequence[Determinis
                 e["fwd_digests"] = json.loads(fwd.pop())
             digests: dict[str, str] = {}
             differing: dict[str, int] = {}
-            for t in TENSORS:
+            for t in _tensor_names([x for _, x in ok]):
                 seen: dict[str, int] = {}
                 for _, x in ok:
                     for dg, v in x["det"]["digests"].get(t, {}).items():
@@ -1467,7 +1492,7 @@ def _aggregate_default(ok: Sequence[tuple[int, Mapping[str, Any]]]) -> dict:
     the first default and the first deterministic result."""
     res: dict[str, Any] = {}
     runs = sum(x["default"]["runs"] for _, x in ok)
-    for t in TENSORS:
+    for t in _tensor_names([x for _, x in ok], "default"):
         per = [x["default"].get("vs_first", {}).get(t) for _, x in ok]
         per = [v for v in per if v]
         if not per:

@@ -148,6 +148,8 @@ def test_result_not_in_the_given_buffers_is_flagged():
 
 
 class RejectsDeterministic(d.TorchMathBackend):
+    unsupported_msg = d.UNSUPPORTED_MSG  # stands in for FA4 rejecting the configuration
+
     def backward(self, p, out, lse, *, deterministic, **kw):
         if deterministic:
             raise d.UnsupportedConfig("deterministic backward not supported on SM 12.0")
