@@ -65,8 +65,16 @@ class AuditCollector(pytest.Collector):
         self._audit_config = audit_config
 
     def collect(self) -> list[Any]:
-        return [AuditItem.from_parent(self, name=s.id, sel=s, audit_config=self._audit_config)
-                for s in self._selected]
+        import pathlib
+        import sys
+
+        items = []
+        for s in self._selected:
+            f = getattr(sys.modules.get(s.spec.module), "__file__", None)
+            kw = {"path": pathlib.Path(f)} if f else {}
+            items.append(AuditItem.from_parent(self, name=s.id, sel=s,
+                                               audit_config=self._audit_config, **kw))
+        return items
 
 
 class AuditItem(pytest.Item):
