@@ -177,3 +177,15 @@ def test_cli_malformed_file_is_exit_2_with_one_line_naming_file_and_key(tmp_path
     assert "Traceback" not in text
     r = CliRunner().invoke(command, ["validate"])
     assert r.exit_code == 0 and "bf16" in r.output
+
+
+def test_emu_rel_covers_the_certified_polynomial_error_plus_horner_rounding():
+    """emu_rel >= certified sup |p(f)/2^f - 1| (oracles.poly_bound, interval arithmetic) plus the
+    fp32 Horner rounding of the three FMAs (<= 3.5 u relative for p in [1, 2), f in [0, 1))."""
+    pb = pytest.importorskip("fa4verify.oracles.poly_bound")
+    twin = pytest.importorskip("fa4verify.kernels.twin")
+    b = pb.certified_sup_rel_error([float(c) for c in twin.poly_coeffs_f32(3)], rel_tol=1e-3)
+    assert b.converged
+    assert b.upper + 3.5 * 2.0**-24 <= loader.CONSTANTS["emu_rel"]
+    # and the constant is not loose: within 1% of the certified value
+    assert loader.CONSTANTS["emu_rel"] <= 1.01 * b.lower
