@@ -306,3 +306,19 @@ def test_merge_with_a_baseline_fails_on_a_regression(tmp_path, capsys):
     assert code == 1 and load(m)["summary"]["exit_code"] == 1
     assert [g["metric"] for g in load(m)["baseline"]["regressions"]] == ["spread_ulp"]
     assert "REGRESSION" in capsys.readouterr().out
+
+
+def test_a_hung_isolated_check_is_killed_at_the_timeout(tmp_path):
+    import time
+
+    hang = os.path.join(FIX, "audit_checks_hang.py")
+    j = tmp_path / "a.json"
+    t0 = time.monotonic()
+    code = audit(*mods(hang, OK), "-k", "hang or lines", "--isolate", "always", "--timeout", "2",
+                 "--json", str(j))
+    assert time.monotonic() - t0 < 60
+    rep = by_id(load(j))
+    assert rep["fixture.hang"]["status"] == "error"
+    assert "timed out after 2 s" in rep["fixture.hang"]["summary"]
+    assert rep["fixture.lines"]["status"] == "pass"
+    assert code == 3
