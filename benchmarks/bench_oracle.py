@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--arbiter-headdim", type=int, default=16)
     ap.add_argument("--skip-arbiter", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--agreement", type=int, default=200, metavar="N",
+                    help="random small problems for the fast-vs-arbiter figures (0: skip). Default: %(default)r")
     a = ap.parse_args()
 
     from fa4verify.oracles import attention, stats as ostats  # noqa: F401
@@ -47,19 +49,23 @@ def main() -> None:
     shape = (a.batch, a.seqlen, a.heads, a.headdim)
     q, k, v, do = (_bf16(rng, shape) for _ in range(4))
     print(f"# fa4verify oracle benchmark (CPU) -- {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, numpy {np.__version__}, python {platform.python_version()}")
+          f"{os.cpu_count()} cores, numpy {np.__version__}, python {platform.python_version()}, "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
+    print(f"# load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+          f"(other processes on this machine slow every figure down)")
     print(f"# fast reference: bf16 {a.batch}x{a.heads} heads x {a.seqlen} x {a.headdim}, causal={causal}, "
           f"row block {ref.ROW_BLOCK}")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     f = attention.forward(q, k, v, causal=causal)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     b = attention.backward(q, k, v, f.out.astype(np.float32).astype(q.dtype), do, causal=causal)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     st = ostats.forward_stats(q, k, v, causal=causal)
     rel = f.bound / np.maximum(st.sum_abs_pv, np.finfo(float).tiny)
-    print(f"forward               {t1 - t0:8.2f} s   (CPU)")
-    print(f"backward (incl. fwd)  {t2 - t1:8.2f} s   (CPU)")
-    print(f"forward + backward    {t2 - t0:8.2f} s   (CPU; goal <= 10 s)")
+    print(f"forward               {t1 - t0:8.2f} s wall  {c1 - c0:8.2f} s CPU time   (CPU)")
+    print(f"backward (incl. fwd)  {t2 - t1:8.2f} s wall  {c2 - c1:8.2f} s CPU time   (CPU)")
+    print(f"forward + backward    {t2 - t0:8.2f} s wall  {c2 - c0:8.2f} s CPU time   (CPU; goal <= 10 s wall)")
+    print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"max out bound / sum|P||V|      2^{np.log2(rel.max()):.1f}   (median 2^{np.log2(np.median(rel)):.1f})")
     print(f"max lse bound                   2^{np.log2(f.lse_bound.max()):.1f}")
     for n in ("dq", "dk", "dv"):
@@ -68,6 +74,21 @@ def main() -> None:
         print(f"max {n} bound                    2^{np.log2(bb.max()):.1f}   (max |{n}| {val.max():.3g})")
     if a.skip_arbiter:
         return
+    if a.agreement:
+        from fa4verify.checks.oracles import compare_fast_arbiter, random_problem
+        arng = np.random.default_rng(a.seed)
+        viol, tight, worst = 0, 0.0, -np.inf
+        for dt in ("bf16", "fp16", "fp32"):
+            for _ in range(a.agreement // 3):
+                r = compare_fast_arbiter(random_problem(arng, dt), bits=a.bits)
+                viol += r["violations"]
+                tight = max(tight, r["tightness"])
+                worst = max(worst, r["log2_rel_bound"])
+        print(f"# fast reference vs arbiter ({a.bits} bits): {3 * (a.agreement // 3)} random small problems "
+              f"(bf16/fp16/fp32; causal, windows, softcap, sinks, GQA/MQA, varlen incl. empty, dlse), fwd+bwd")
+        print(f"values outside fast bound + arbiter bound   {viol}   (CPU)")
+        print(f"max |fast - arbiter| / fast bound           {tight:.3f}   (CPU)")
+        print(f"worst out bound / sum|P||V|                 2^{worst:.1f}   (CPU)")
     n, dh = a.arbiter_seqlen, a.arbiter_headdim
     qa, ka, va, da = (_bf16(rng, (1, n, 1, dh)) for _ in range(4))
     t0 = time.perf_counter()

@@ -435,67 +435,70 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                 if c1 <= c0:
                     continue
                 e, E = st["e"], st["E"]
-                P = e / l[:, None]
-                EP = E + (e + E) * rl[:, None]
-                EP /= l[:, None]
-                EP += U * P
-                G = dos @ vs.T
-                edP = dot_error(dos, vs, dout_bits, bits_v)
-                G -= Dr[:, None]
-                eG = U * np.abs(G)
-                eG += eDr[:, None]
-                if edP is not None:
-                    eG += edP
-                # dS = P G ; e_dS = EP|G| + (P + EP) eG + u|dS|
-                eS = (P + EP) * eG
-                del eG
-                eS += EP * np.abs(G)
-                dS = np.multiply(P, G, out=G)
-                eS += U * np.abs(dS)
-                if p.softcap > 0:
-                    # dX = dS f with |f - f*| <= frel f + tau:
-                    # e_dX <= f (e_dS (1 + frel) + |dS| frel) + tau (|dS| + e_dS) + u|dX|
-                    f, frel = st["f"], st["frel"][:, None]
-                    T = np.abs(dS)
-                    T *= frel
-                    eS *= 1 + frel
-                    eS += T
-                    eS *= f
-                    np.abs(dS, out=T)
-                    T += eS
-                    T *= TAU
-                    eS += T
-                    dS *= f
-                    np.abs(dS, out=T)
-                    T *= U
-                    eS += T
-                    del T
-                # masked entries: P = EP = 0 and every other factor is finite, so dS = eS = 0 there
                 nr = r1 - r0
                 nc = c1 - c0
                 gr = blocked_gamma(nr)
                 gc = blocked_gamma(nc)
-                # dV_j += sum_i P_ij dO_i
+                gm = max(gr, gc)
+                # P = fl(e / l), e/l <= P (1 + u).  Error of P, with the blocked-product gamma of
+                # dV = P^T dO folded in:  EP = E (1 + rl)/l + P (rl (1 + u) + u + gr) >= |P - P*| + gr P
+                P = e / l[:, None]
+                EP = E * ((1 + rl) / l)[:, None]
+                EP += P * (rl * (1 + U) + U + gr)[:, None]
+                # G = dP - D' = dO V^T - D';  eG = u|G| + eD' (+ edP when not certified exact)
+                G = dos @ vs.T
+                edP = dot_error(dos, vs, dout_bits, bits_v)
+                G -= Dr[:, None]
+                # W >= e_dS + gm |dS| for dS = fl(P G):
+                #   e_dS <= EP |G| + (P + EP) eG + u |dS|,  |dS| <= P |G| (1 + u)
+                #   => W = (1 + u) [ |G| (EP + P (2.0001 u + gm)) + (P + EP) c ],  c = eD' (+ edP)
+                W = P * (2.0001 * U + gm)
+                W += EP
+                A = np.abs(G)
+                W *= A
+                EP += P                       # EP now holds P + EP
+                if edP is None:
+                    EP *= eDr[:, None]
+                else:
+                    edP += eDr[:, None]
+                    EP *= edP
+                    del edP
+                W += EP
+                W *= 1 + U
+                del EP
+                dS = np.multiply(P, G, out=G)
+                if p.softcap > 0:
+                    # dX = dS f with |f - f*| <= frel f + tau:
+                    # e_dX + gm |dX| <= f (W (1 + frel) + |dS| (frel + 3u)) + tau (|dS| + W)
+                    f, frel = st["f"], st["frel"][:, None]
+                    np.abs(dS, out=A)
+                    T = A + W
+                    T *= TAU
+                    A *= frel + 3 * U
+                    W *= 1 + frel
+                    W += A
+                    W *= f
+                    W += T
+                    del T
+                    dS *= f
+                del A
+                # masked entries: P = E = 0 and every other factor is finite, so dS = W = 0 there
+                # dV_j += sum_i P_ij dO_i ; bound (gr P + EP)^T |dO| -- recompute EP cheaply:
+                # |P - P*| + gr P <= E (1 + rl)/l + P (rl (1+u) + u + gr)
                 part = blocked_matmul(P.T, dos)
-                B = P * gr
-                B += EP
-                epart = blocked_matmul(B.T, np.abs(dos)) * (1 + 2 * gr)
-                del B, P, EP
+                Bv = E * ((1 + rl) / l)[:, None]
+                Bv += P * (rl * (1 + U) + U + gr)[:, None]
+                epart = blocked_matmul(Bv.T, np.abs(dos)) * (1 + 2 * gr)
+                del Bv, P
                 if bad.any():
                     epart[:] = np.inf
                 acc = dvv[ksl, hk]
                 acc += part
                 dv_b[ksl, hk] += epart + U * np.abs(acc)
-                # dQ_i = scale sum_j dX_ij K_j ; dK_j += scale sum_i dX_ij Q_i
-                # one bound array for both products: gamma_max |dX| + e_dX
-                gm = max(gr, gc)
-                Bq = np.abs(dS)
-                Bq *= gm
-                Bq += eS
-                del eS
+                # dQ_i = scale sum_j dX_ij K_j ; dK_j += scale sum_i dX_ij Q_i, both bounded by W
                 dqs = blocked_matmul(dS, ks)
                 dqs *= scale
-                edq = blocked_matmul(Bq, np.abs(ks))
+                edq = blocked_matmul(W, np.abs(ks))
                 edq *= sabs * (1 + 2 * gm)
                 edq += U * np.abs(dqs)
                 edq[bad] = np.inf
@@ -503,7 +506,7 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                 dq_b[rs, h] = edq
                 dks = blocked_matmul(dS.T, qs)
                 dks *= scale
-                edk = blocked_matmul(Bq.T, np.abs(qs))
+                edk = blocked_matmul(W.T, np.abs(qs))
                 edk *= sabs * (1 + 2 * gm)
                 edk += U * np.abs(dks)
                 if bad.any():
@@ -511,7 +514,7 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                 acck = dk[ksl, hk]
                 acck += dks
                 dk_b[ksl, hk] += edk + U * np.abs(acck)
-                del dS, Bq
+                del dS, W
     dsink = dsink_b = None
     if sink_terms is not None:
         dsink = np.zeros(H)
