@@ -190,13 +190,17 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
         timeout = float(timeout or 0.0)
     except (TypeError, ValueError):
         raise OptionError(f"--timeout {timeout!r}: expected seconds") from None
+    shard_t = parse_shard(shard)
+    opts_t = tuple(sorted(parse_opts(opts).items()))
+    resolve_archs([a for a in ([arch] if isinstance(arch, str) else list(arch or ()))
+                   if a != "auto"], "cpu")  # validate names before the (slow) CUDA probe
     dev = resolve_device(device, cuda=cuda)
     archs = resolve_archs(arch, dev)
     mods = tuple(dict.fromkeys(list(checks_modules) + list(checks_modules_from_env())))
     return AuditConfig(dtype=dtype, device=dev, archs=archs, profile=profile, seed=seed,
-                       keyword=keyword or None, shard=parse_shard(shard), checks_modules=mods,
+                       keyword=keyword or None, shard=shard_t, checks_modules=mods,
                        no_default_checks=bool(no_default_checks), isolate=isolate,
-                       timeout=max(0.0, timeout), opts=tuple(sorted(parse_opts(opts).items())))
+                       timeout=max(0.0, timeout), opts=opts_t)
 
 
 # ------------------------------------------------------------------------------------ frontends
