@@ -206,9 +206,17 @@ class _NullBar:
     def advance(self, n: float = 1) -> None:
         self.completed += n
 
-    def update(self, description: str | None = None) -> None:
+    def update(self, description: str | None = None, *, completed: float | None = None,
+               total: float | None = None, advance: float | None = None) -> None:
+        """Same keywords as rich's ``Progress.update`` (the ones that make sense here)."""
         if description is not None:
             self.description = description
+        if total is not None:
+            self.total = total
+        if completed is not None:
+            self.completed = completed
+        if advance is not None:
+            self.completed += advance
 
 
 ProgressFactory = Callable[[float | None, str], "contextlib.AbstractContextManager[Any]"]

@@ -88,9 +88,12 @@ class TerminalReporter:
                 def advance(self, n: float = 1) -> None:
                     prog.advance(task, n)
 
-                def update(self, description: str | None = None) -> None:
+                def update(self, description: str | None = None, **kw: Any) -> None:
                     if description is not None:
-                        prog.update(task, description=f"  {_escape(description)}")
+                        kw["description"] = f"  {_escape(description)}"
+                    kw = {k: v for k, v in kw.items() if k in ("description", "completed",
+                                                               "total", "advance")}
+                    prog.update(task, **kw)
 
             try:
                 yield _Handle()
