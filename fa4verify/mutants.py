@@ -185,7 +185,7 @@ class Problem:
     seqlen_k: int
     head_dim: int = 64
     batch: int = 1
-    nheads: int = 2
+    nheads: int = 1
     causal: bool = False
     dtype: Literal["bf16", "fp8"] = "bf16"
     kind: Literal["randn", "peaked", "nan"] = "randn"
@@ -214,7 +214,7 @@ def battery(profile: Literal["quick", "full"] = "quick") -> tuple[Problem, ...]:
     ``full`` adds larger and more varied shapes. Every problem exists for a reason written in its
     ``note``; the mutants each need at least one problem that exposes them."""
     q: list[Problem] = [
-        Problem("tile_edge", 64, 130, note="one full 128-key tile + a 2-key tail; bwd"),
+        Problem("tile_edge", 64, 130, nheads=2, note="one full 128-key tile + a 2-key tail; bwd"),
         Problem("causal_sq_lt_sk", 48, 200, causal=True,
                 note="bottom-right causal, seqlen_q < seqlen_k, partial tail tile"),
         Problem("causal_sq_gt_sk", 150, 70, causal=True, bwd=True,
@@ -224,7 +224,7 @@ def battery(profile: Literal["quick", "full"] = "quick") -> tuple[Problem, ...]:
         Problem("long_kv", 24, 700, head_dim=32, nheads=1,
                 note="6 KV tiles (partial tail): the dQ reduce-add order over >= 3 blocks "
                      "changes fp32 sums"),
-        Problem("nan_scores", 16, 128, kind="nan", nan_cols=(44, 3), bwd=False,
+        Problem("nan_scores", 16, 128, nheads=2, kind="nan", nan_cols=(44, 3), bwd=False,
                 note="a NaN key at column 44 (emulated on SM100 hd64) in head 0 and column 3 "
                      "(MUFU) in head 1"),
         Problem("fp8_peaked", 32, 256, dtype="fp8", kind="peaked", growth=(1.5, 2.5, 3.5),
@@ -245,7 +245,7 @@ def battery(profile: Literal["quick", "full"] = "quick") -> tuple[Problem, ...]:
                 note="square causal, 1-key tail tile"),
         Problem("peaked_rescale_hd128", 64, 512, head_dim=128, kind="peaked",
                 growth=(6.0, 7.95, 8.05, 10.0, 16.0, 20.0), note="more growth values, hd128"),
-        Problem("nan_scores_hd128", 32, 256, head_dim=128, kind="nan", nan_cols=(40, 100),
+        Problem("nan_scores_hd128", 32, 256, head_dim=128, nheads=2, kind="nan", nan_cols=(40, 100),
                 bwd=False, note="NaN at column 40 (emulated for hd128 pack/2-CTA configs) and 100"),
         Problem("fp8_randn", 64, 256, dtype="fp8", bwd=False, archs=("sm100",),
                 note="fp8 without peaks"),
@@ -766,6 +766,13 @@ class ProblemEnv:
     oracle_bwd: Any = None
     oracle_error: str | None = None
     budgets: Any = None
+
+    def upstream(self) -> UpstreamRefs:
+        """The upstream references (computed on first use: torch autograd is the costly part)."""
+        if self.refs is None:
+            p = self.data.problem
+            self.refs = upstream_refs(self.data, with_grads=p.bwd and p.dtype != "fp8")
+        return self.refs
 
 
 class Unavailable(Exception):
@@ -1339,7 +1346,7 @@ class VerifierSpec:
 def _v_fa_rule_fwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
     if run.out is None:
         return NA
-    return fa_rule_forward(run.out, env.refs)
+    return fa_rule_forward(run.out, env.upstream())
 
 
 def _bwd_error(run: TwinOutputs) -> Verdict | None:
@@ -1350,23 +1357,23 @@ def _v_fa_rule_bwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
     if _bwd_error(run):
         return _bwd_error(run)  # type: ignore[return-value]
     if run.grads is None or not upstream_bwd_applies(env.data.problem) \
-            or env.refs.grads_ref is None:
+            or env.upstream().grads_ref is None:
         return NA
-    return fa_rule_backward(run.grads, env.refs)
+    return fa_rule_backward(run.grads, env.upstream())
 
 
 def _v_assert_close_fwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
     if run.out is None:
         return NA
-    return assert_close_verdict(run.out, env.refs.out_ref)
+    return assert_close_verdict(run.out, env.upstream().out_ref)
 
 
 def _v_assert_close_bwd(env: ProblemEnv, run: TwinOutputs) -> Verdict:
     if _bwd_error(run):
         return _bwd_error(run)  # type: ignore[return-value]
-    if run.grads is None or env.refs.grads_ref is None:
+    if run.grads is None or env.upstream().grads_ref is None:
         return NA
-    return assert_close_verdict(list(run.grads), list(env.refs.grads_ref))
+    return assert_close_verdict(list(run.grads), list(env.upstream().grads_ref))
 
 
 _REGISTRY: list[VerifierSpec] = []
@@ -1627,8 +1634,8 @@ class SuiteResult:
 
 #: Extra backward calls per backward-mutant run for the run-to-run determinism check (upstream's
 #: race-condition test runs 1000; a shuffled order over n KV blocks repeats the deterministic
-#: sums with probability <= 2/n!, so 4 extra calls on >= 5 blocks miss with p < 1e-7).
-BWD_REPEATS: dict[str, int] = {"quick": 4, "full": 8}
+#: fp32 sums with probability <= 2/n!: 2 extra calls on 6 blocks all repeat it with p < 1e-5).
+BWD_REPEATS: dict[str, int] = {"quick": 2, "full": 8}
 
 
 def _spec(name: str) -> VerifierSpec:
@@ -1733,9 +1740,8 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
                 return run
             base = _mark(runner(data, arch, (), bwd=p.bwd, repeat_bwd=1 if p.bwd else 0,
                                 stage_budgets=sb))
-            if refs is None:
-                refs = upstream_refs(data, with_grads=p.bwd and p.dtype != "fp8")
-            env = ProblemEnv(data=data, arch=arch, base=base, refs=refs)  # type: ignore[arg-type]
+            env = ProblemEnv(data=data, arch=arch, base=base, refs=refs)
+
             for spec in list(pspecs):
                 if base.error is not None:
                     record("none", arch, p.name, spec, Verdict("error", None, base.error))
@@ -1762,6 +1768,7 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
                     except Unavailable as exc:  # pragma: no cover - caught on the base run
                         record(m.name, arch, p.name, spec, Verdict("error", None, str(exc)))
                 say(f"{p.name}[{arch}] {m.name}: done")
+            refs = env.refs  # shared by the archs of this problem
     res.verifier_names = tuple(s.name for s in specs if s.name not in res.unavailable)
     res.seconds = time.perf_counter() - t0
     return res
@@ -1773,8 +1780,8 @@ def _fmt_fig(f: float | None) -> str:
         return ""
     if isinstance(f, float) and math.isnan(f):
         return "nan"
-    if isinstance(f, float) and math.isinf(f):
-        return "inf"
+    if isinstance(f, float) and (math.isinf(f) or abs(f) >= 1e300):
+        return "inf"  # (the judge reports an infinite ratio as the largest float)
     if float(f).is_integer() and abs(f) < 1e9:
         return str(int(f))
     return f"{f:.3g}"
