@@ -126,7 +126,7 @@ def _escape(s: str) -> str:
     return escape(s or "")
 
 
-def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 40) -> None:
+def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 25) -> None:
     """Print the one-screen verdict of a report dict (``fa4verify.audit/1``)."""
     from rich.panel import Panel
     from rich.table import Table
@@ -147,13 +147,23 @@ def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 40) 
     tab.add_column("summary", overflow="fold", max_width=70)
     order = {"fail": 0, "error": 1, "undecided": 2, "pass": 3, "skip": 4}
     shown = sorted(results, key=lambda r: (order.get(r["status"], 5), r["id"]))
-    for r in shown[:max_rows]:
+    hidden = 0
+    if len(shown) > max_rows:
+        # one screen: every non-pass, then the tightest passes; skips are summarised below
+        bad = [r for r in shown if r["status"] in ("fail", "error", "undecided")]
+        passes = sorted((r for r in shown if r["status"] == "pass"),
+                        key=lambda r: -(as_number(r.get("tightness")) or -1.0))
+        keep = bad + passes[:max(0, max_rows - len(bad))]
+        hidden = len(shown) - len(keep)
+        shown = keep
+    for r in shown:
         t = r.get("tightness")
         tab.add_row(f"[{STATUS_STYLE[r['status']]}]{STATUS_LABEL[r['status']]}[/]", _escape(r["id"]),
                     r.get("where") or "-", "-" if t is None else f"{float(as_number(t) or 0):.3g}",
                     f"{float(r.get('duration_s', 0.0)):.1f}s", _escape(r.get("summary", "")))
-    if len(shown) > max_rows:
-        tab.caption = f"... {len(shown) - max_rows} more (see the JSON/HTML report)"
+    if hidden:
+        tab.caption = (f"{hidden} more not shown (loosest passes and skips; see the lines above "
+                       "and the JSON/HTML report)")
     con.print(tab)
 
     lines: list[str] = []
