@@ -150,33 +150,49 @@ def _quantum_log2(x: np.ndarray, bits: int) -> np.ndarray:
     return mn.astype(np.float64) - bits
 
 
-def dot_error(a: np.ndarray, b: np.ndarray, bits_a: int, bits_b: int) -> Optional[np.ndarray]:
-    """Bound on ``|fl(a_i . b_j) - a_i . b_j|`` for all pairs, shape (na, nb); None means all exact.
+def dot_error_rows(a: np.ndarray, b: np.ndarray, bits_a: int, bits_b: int) -> np.ndarray:
+    """Row constants ``err_i >= max_j |fl(a_i . b_j) - a_i . b_j|`` for BLAS dot products.
 
-    Exact (certificate) when products are exact in float64 and all partial sums are multiples of
-    the product quantum below 2^53 quanta; otherwise ``gamma_d ||a_i|| ||b_j||``.
+    A pair (i, j) is exact (certificate) when the products are exact in float64
+    (``bits_a + bits_b <= 53``), all are multiples of the product quantum ``Qa_i Qb_j`` (from the
+    smallest exponent in each row) and ``||a_i|| ||b_j|| < 2^53 Qa_i Qb_j``: then every partial
+    sum is representable, in any order. Otherwise ``gamma_d ||a_i|| ||b_j||`` (Cauchy-Schwarz).
+    Computed without forming the (na, nb) matrix: keys sorted by their certificate margin,
+    prefix maxima of ``||b_j||``, one binary search per row.
     """
     d = a.shape[1]
     na = _norm_up(a)
     nb = _norm_up(b)
-    if bits_a + bits_b <= 53 and d > 0:
-        qa = _quantum_log2(a, bits_a)
-        qb = _quantum_log2(b, bits_b)
-        with np.errstate(divide="ignore"):
-            ca = np.log2(na) - qa      # zero rows: -inf -> exact
-            cb = np.log2(nb) - qb
-        # the 1e-6 margin covers the rounding of log2; quanta below 2^-1074 are not representable
-        if ca.max(initial=-np.inf) + cb.max(initial=-np.inf) < 53.0 - 1e-6 and \
-                qa.min(initial=0) + qb.min(initial=0) >= -1074:
-            return None
-        exact = ((ca[:, None] + cb[None, :]) < 53.0 - 1e-6) & ((qa[:, None] + qb[None, :]) >= -1074)
-        exact |= (na[:, None] == 0) | (nb[None, :] == 0)
-        if exact.all():
-            return None
-        err = gamma(d) * np.outer(na, nb)
-        err[exact] = 0.0
-        return err
-    return gamma(d) * np.outer(na, nb)
+    if a.shape[0] == 0 or b.shape[0] == 0:
+        return np.zeros(a.shape[0])
+    g = gamma(d)
+    if not (bits_a + bits_b <= 53 and d > 0):
+        return g * na * nb.max()
+    qa = _quantum_log2(a, bits_a)
+    qb = _quantum_log2(b, bits_b)
+    with np.errstate(divide="ignore"):
+        ca = np.log2(na) - qa      # zero rows: -inf -> exact
+        cb = np.log2(nb) - qb
+    # pair (i, j) uncertified iff ca_i + cb_j >= 53 - 1e-6 (margin covers log2 rounding) or the
+    # product quantum is below 2^-1074 (qa_i + qb_j < -1074); zero rows are always exact.
+    out = np.zeros(a.shape[0])
+    nzb = nb > 0
+    if not nzb.any():
+        return out
+    order = np.argsort(-cb[nzb], kind="stable")
+    cbs = cb[nzb][order]
+    nbs = np.maximum.accumulate(nb[nzb][order])           # prefix max of ||b|| over largest cb
+    # keys with cb_j >= 53 - 1e-6 - ca_i are the first k_i in this order
+    thr = 53.0 - 1e-6 - ca
+    kcount = np.searchsorted(-cbs, -thr, side="right")   # number of j with cbs_j >= thr_i
+    has = kcount > 0
+    out[has] = g * na[has] * nbs[kcount[has] - 1]
+    # quantum underflow (rare: values below ~2^-500 in both rows): fall back to all keys
+    qlow = qa + qb[nzb].min() < -1074
+    if qlow.any():
+        out[qlow] = g * na[qlow] * nb.max()
+    out[na == 0] = 0.0
+    return out
 
 
 MASKED = -(2.0 ** 1000)   # logit of a masked key (finite, so that |a| * e = 0 there)
@@ -198,8 +214,7 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
     cols = k.shape[0]
     dv = v.shape[1]
     S = q @ k.T
-    es = dot_error(q, k, bits, bits)
-    es_row = np.zeros(rows) if es is None else es.max(axis=1, initial=0.0)
+    es_row = dot_error_rows(q, k, bits, bits)
     x = np.multiply(S, scale, out=S)
     xmax = np.abs(x).max(axis=1, initial=0.0) if cols else np.zeros(rows)
     if not np.all(xmax <= LOGIT_MAX):
@@ -439,7 +454,7 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                 EP += P * (rl * (1 + U) + U + gr)[:, None]
                 # G = dP - D' = dO V^T - D';  eG = u|G| + eD' (+ edP when not certified exact)
                 G = dos @ vs.T
-                edP = dot_error(dos, vs, dout_bits, bits_v)
+                edP = dot_error_rows(dos, vs, dout_bits, bits_v)   # row constants
                 G -= Dr[:, None]
                 # W >= e_dS + gm |dS| for dS = fl(P G):
                 #   e_dS <= EP |G| + (P + EP) eG + u |dS|,  |dS| <= P |G| (1 + u)
@@ -449,12 +464,7 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                 A = np.abs(G)
                 W *= A
                 EP += P                       # EP now holds P + EP
-                if edP is None:
-                    EP *= eDr[:, None]
-                else:
-                    edP += eDr[:, None]
-                    EP *= edP
-                    del edP
+                EP *= (eDr + edP)[:, None]
                 W += EP
                 W *= 1 + U
                 del EP

@@ -1,0 +1,45 @@
+"""The score-error row constants of the fast reference are rigorous: for every row i and key j,
+``|BLAS(a_i . b_j) - exact(a_i . b_j)| <= dot_error_rows(a, b)[i]``, with exact values from
+Python fractions; rows the certificate calls exact are exact."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from fa4verify.oracles.reference import dot_error_rows
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+
+def _exact_dots(a: np.ndarray, b: np.ndarray) -> list[list[Fraction]]:
+    return [[sum((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(ai, bj)), Fraction(0))
+             for bj in b] for ai in a]
+
+
+@pytest.mark.parametrize("dtype,bits", [("bf16", 8), ("fp16", 11), ("fp32", 24)])
+@pytest.mark.parametrize("spread", [0.0, 12.0, 40.0])
+def test_dot_error_rows_bound_the_blas_error_against_exact_fractions(dtype, bits, spread):
+    rng = np.random.default_rng(int(spread) * 7 + bits)
+    dt = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp32": np.float32}[dtype]
+    n, m, d = 12, 15, 24
+    # magnitudes spread over 2^spread: some pairs cannot be certified exact
+    def draw(shape):
+        x = rng.standard_normal(shape) * 2.0 ** rng.uniform(-spread, 0, shape)
+        return x.astype(np.float32).astype(dt).astype(np.float64)
+    a, b = draw((n, d)), draw((m, d))
+    a[3] = 0.0
+    err = dot_error_rows(a, b, bits, bits)
+    fl = a @ b.T
+    ex = _exact_dots(a, b)
+    for i in range(n):
+        for j in range(m):
+            assert abs(Fraction(float(fl[i, j])) - ex[i][j]) <= Fraction(float(err[i])), (i, j)
+        if err[i] == 0:
+            assert all(Fraction(float(fl[i, j])) == ex[i][j] for j in range(m))
+    assert err[3] == 0.0
+    if spread == 0.0 and dtype == "bf16":
+        assert np.all(err == 0.0)          # typical bf16 rows are certified exact
+    if spread == 40.0 and dtype == "fp32":
+        assert np.all(err[np.arange(n) != 3] > 0)   # fp32 products cannot all be certified
