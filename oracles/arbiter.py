@@ -74,6 +74,9 @@ class ArbiterBackward:
     out: np.ndarray      # the O that entered D (caller's or the arbiter's own)
     lse: np.ndarray
     bits: int
+    own_out: Optional[np.ndarray] = None       # the arbiter's own O and bounds
+    own_out_bound: Optional[np.ndarray] = None
+    lse_bound: Optional[np.ndarray] = None
 
 
 def _mp_matrix(ctx, a: np.ndarray) -> list:
@@ -241,4 +244,5 @@ def backward(p: Problem, dout: np.ndarray, o_given: Optional[np.ndarray], dlse: 
         dq=r["dq"][0], dq_bound=r["dq"][1], dk=r["dk"][0], dk_bound=r["dk"][1], dv=r["dv"][0],
         dv_bound=r["dv"][1], dsink=None if ds is None else ds[0],
         dsink_bound=None if ds is None else ds[1], d=r["d"][0], d_bound=r["d"][1],
-        out=r["out"][0] if o_given is None else o_given, lse=r["lse"][0], bits=bits)
+        out=r["out"][0] if o_given is None else o_given, lse=r["lse"][0], bits=bits,
+        own_out=r["out"][0], own_out_bound=r["out"][1], lse_bound=r["lse"][1])

@@ -76,6 +76,8 @@ class AttentionBackward:
 
     ``d`` = rowsum(dO * O) in the LSE layout, computed with the O named by ``out_source``
     ("caller" or "oracle"); ``out`` is that O. ``dsink`` is None without a learnable sink.
+    ``forward`` is the oracle's own forward result (exact O and LSE with their bounds), computed
+    in the same pass: one ``backward`` call gives forward and backward.
     """
 
     dq: np.ndarray
@@ -93,6 +95,7 @@ class AttentionBackward:
     out_source: Literal["caller", "oracle"]
     precision: Precision
     method: str
+    forward: Optional[AttentionForward] = None
 
 
 def _check_precision(precision: Any) -> Precision:
@@ -249,6 +252,7 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
             o_used, o_b = o_given, np.zeros_like(o_given)
         b = _ref.backward(p, f, do, MANTISSA_BITS[do_dt], o_used, o_b, dl)
         lse_flat = f.lse
+        fwd_arrays = (f.out, f.bound, f.lse, f.lse_bound)
         method = "reference: certified float64 (oracles.reference)"
         vals = dict(dq=b.dq, dk=b.dk, dv=b.dv, dsink=b.dsink, d=b.d, dq_bound=b.dq_bound,
                     dk_bound=b.dk_bound, dv_bound=b.dv_bound, dsink_bound=b.dsink_bound,
@@ -257,6 +261,7 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
         b = _arb.backward(p, do, o_given, dl, prec)
         o_used = b.out
         lse_flat = b.lse
+        fwd_arrays = (b.own_out, b.own_out_bound, b.lse, b.lse_bound)
         method = f"arbiter: mpmath {prec}/{2 * prec} bits (oracles.arbiter)"
         vals = dict(dq=b.dq, dk=b.dk, dv=b.dv, dsink=b.dsink, d=b.d, dq_bound=b.dq_bound,
                     dk_bound=b.dk_bound, dv_bound=b.dv_bound, dsink_bound=b.dsink_bound,
@@ -280,6 +285,15 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
         fwdbad = taint.rows()
         o_used[fwdbad] = np.nan if o_given is None else o_used[fwdbad]
         lse_flat[fwdbad.T] = np.nan
+    fo, fb, fl, flb = (np.array(x, dtype=np.float64) for x in fwd_arrays)
+    if anybad:
+        fo[fwdbad] = np.nan
+        fb[fwdbad] = np.inf
+        fl[fwdbad.T] = np.nan
+        flb[fwdbad.T] = np.inf
+    fwd_res = AttentionForward(out=p.out_from_flat(fo), lse=p.lse_from_flat(fl), bound=p.out_from_flat(fb),
+                               lse_bound=p.lse_from_flat(flb), precision=prec, method=method,
+                               softmax_scale=p.scale, window_size=(p.left, p.right))
     return AttentionBackward(
         dq=vals["dq"].reshape(p.out_shape[:-1] + (p.headdim,)),
         dk=vals["dk"].reshape(p.k_shape), dv=vals["dv"].reshape(p.v_shape),
@@ -288,4 +302,5 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
         dk_bound=vals["dk_bound"].reshape(p.k_shape), dv_bound=vals["dv_bound"].reshape(p.v_shape),
         dsink_bound=vals["dsink_bound"], d_bound=p.lse_from_flat(vals["d_bound"]),
         out=p.out_from_flat(o_used), lse=p.lse_from_flat(lse_flat),
-        out_source="oracle" if out is None else "caller", precision=prec, method=method)
+        out_source="oracle" if out is None else "caller", precision=prec, method=method,
+        forward=fwd_res)

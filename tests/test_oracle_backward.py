@@ -72,3 +72,15 @@ def test_caller_out_changes_d_exactly_by_do_dot_out_difference():
     assert np.all(np.abs(rc.d - d_expect) <= rc.d_bound + 1e-15)
     assert not np.array_equal(rc.dq, ro.dq)
     assert np.array_equal(rc.dv, ro.dv)   # dV = P^T dO does not involve D
+
+
+def test_backward_carries_the_same_forward_result_as_forward():
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, do = (torch.randn(1, 5, 2, 8, generator=gen).to(torch.bfloat16) for _ in range(4))
+    sink = torch.tensor([0.3, -0.7])
+    for prec in ("fast", 80):
+        f = attention.forward(q, k, v, causal=True, learnable_sink=sink, precision=prec)
+        b = attention.backward(q, k, v, torch.from_numpy(f.out).to(torch.bfloat16), do, causal=True,
+                               learnable_sink=sink, precision=prec)
+        for n in ("out", "lse", "bound", "lse_bound"):
+            assert np.array_equal(getattr(b.forward, n), getattr(f, n)), (prec, n)
