@@ -32,3 +32,21 @@ def test_fa4_deterministic_backward_is_bitwise_reproducible(fa4, name):
     assert c["status"] == "reproducible", c
     assert rec["det"]["buffers_not_used"] == [], "adapter did not write into the given buffers"
     assert set(c["default_mode"]["tensors"]) == {"dq", "dk", "dv"}
+
+
+def test_fa4_digests_match_the_recorded_h200_manifest(fa4):
+    """Same environment key as the recorded run (tests/data/determinism/h200_manifest.json) ->
+    the digests must be the recorded ones; another GPU/driver/version -> skipped as a different
+    environment (bitwise equality is not promised across environments)."""
+    import pathlib
+    ref = d.load_manifest(str(pathlib.Path(__file__).parent / "data" / "determinism"
+                              / "h200_manifest.json"))
+    cfgs = d.select_configs("mha-hd128-causal,gqa-hd64-varlen-causal")
+    recs = [d.run_config(fa4, c, "cuda:0", runs=3) for c in cfgs]
+    rep = d.aggregate([dict(results=recs, arch=fa4.arch)], cfgs)
+    cur = d.build_manifest(rep, fa4.environment("cuda:0"))
+    cmp_ = d.compare_manifests(cur, ref)
+    if not cmp_["same_environment"]:
+        pytest.skip(f"different environment from the recorded one: {cmp_['environment_diff']}")
+    compared = [e for e in cmp_["entries"] if e["outcome"] in ("match", "mismatch")]
+    assert len(compared) == 2 and not cmp_["failed"], cmp_
