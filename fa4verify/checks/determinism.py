@@ -17,7 +17,6 @@ Work grows with the profile: quick/default use few runs in this process; ``full`
 from __future__ import annotations
 
 import dataclasses
-import os
 import tempfile
 
 from fa4verify.audit.registry import CheckContext, CheckResult, check
