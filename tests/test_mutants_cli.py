@@ -1,0 +1,81 @@
+"""``fa4verify mutants`` as a user runs it: options, exit codes, the table, JSON and markdown."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from fa4verify import mutants as M
+from fa4verify.cli import main
+from fa4verify.cli.mutants import command
+
+
+def _needs_twin():
+    tw = M.twin_module()
+    if tw is None or getattr(tw, "backward", None) is None:
+        pytest.skip("fa4verify.kernels.twin_attention (forward and backward) not available yet")
+
+
+def test_list_names_every_mutant_and_verifier():
+    r = CliRunner().invoke(command, ["--list"], standalone_mode=False)
+    assert r.exception is None, r.output
+    for name in M.MUTANT_NAMES:
+        assert name in r.output
+    for s in M.verifiers():
+        assert s.name in r.output
+
+
+@pytest.mark.parametrize("args", [["--mutant", "nope"], ["--verifier", "nope"],
+                                  ["--profile", "huge"], ["--arch", "sm80"]])
+def test_bad_options_exit_2_with_one_line(args, capsys):
+    rc = main(["mutants", *args])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert any(x in err for x in ("nope", "huge", "sm80")), err
+
+
+def test_production_target_without_gpu_is_a_usage_error(capsys):
+    try:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA device is present")
+    except ImportError:
+        pass
+    rc = main(["mutants", "--target", "production", "-q"])
+    assert rc == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_one_mutant_one_problem_table_json_markdown(tmp_path, monkeypatch):
+    """A small run end to end: the table prints, JSON and markdown are written, the exit code
+    says whether fa4verify caught the mutant (rescale_skipped on the peaked problem: caught)."""
+    _needs_twin()
+    peaked = next(p for p in M.battery("quick") if p.name == "peaked_rescale")
+    monkeypatch.setattr(M, "battery", lambda profile="quick": (peaked,))
+    js, md = tmp_path / "m.json", tmp_path / "m.md"
+    rc = main(["mutants", "--mutant", "rescale_skipped", "--arch", "sm90", "-q",
+               "--json", str(js), "--markdown", str(md)])
+    assert rc == 0
+    data = json.loads(js.read_text())
+    assert data["schema"] == "fa4verify.mutants/1" and data["where"] == "CPU twin"
+    cell = data["table"]["rescale_skipped"]
+    assert cell["fa4verify"]["status"] == "caught"
+    assert cell["fa_rule_fwd"]["status"] in ("caught", "missed", "false-alarm")
+    assert set(data["false_alarms"]) >= {"fwd_budget", "fa_rule_fwd", "assert_close_fwd"}
+    assert all(not v for k, v in data["false_alarms"].items()
+               if k in ("fwd_budget", "bwd_budget", "stages", "determinism"))
+    text = md.read_text()
+    assert "fa4verify mutants --profile quick --seed 0 --arch sm90 --mutant rescale_skipped" in text
+    assert "| rescale_skipped | CAUGHT" in text
+
+
+def test_exit_code_is_1_when_fa4verify_misses(tmp_path, monkeypatch):
+    """A mutant that no battery problem exposes is a miss: exit code 1 (not a pass)."""
+    _needs_twin()
+    small = M.Problem("no_tail", 16, 128, note="no partial KV tile: tail_tile_dropped is inert")
+    monkeypatch.setattr(M, "battery", lambda profile="quick": (small,))
+    rc = main(["mutants", "--mutant", "tail_tile_dropped", "--arch", "sm90", "-q",
+               "--verifier", "fwd_budget"])
+    assert rc == 1
