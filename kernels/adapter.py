@@ -514,6 +514,22 @@ def forward_backward_autograd(q, k, v, dout, **kw):
     return out.detach(), (lse.detach() if lse is not None else None), qq.grad, kk.grad, vv.grad
 
 
+def upstream_reference(q, k, v, *, causal: bool = False, window_size: tuple = (None, None),
+                       softcap: float = 0.0, learnable_sink=None, upcast: bool = True,
+                       reorder_ops: bool = False):
+    """FA4's own test reference ``flash_attn.cute.testing.attention_ref`` (output only).
+
+    ``upcast=False, reorder_ops=True`` is the "PyTorch low-precision reference" FA4's tests use
+    to set their tolerance (everything in the input dtype: k*scale rounded, bf16 softmax output,
+    bf16 GEMMs); ``upcast=True`` computes in fp32 and rounds the output to the input dtype.
+    Runs on whatever device the tensors are on (no FA4 kernel involved).
+    """
+    from flash_attn.cute.testing import attention_ref
+    out, _ = attention_ref(q, k, v, causal=causal, window_size=window_size, softcap=softcap,
+                           learnable_sink=learnable_sink, upcast=upcast, reorder_ops=reorder_ops)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # exp2 emulation switch (SM100 family; a no-op for the SM90 kernels)
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""Adapter behaviour that needs no GPU: clear NoCudaError, config record, emulation switch."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from fa4verify.kernels import adapter
+
+needs_fa4 = pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None,
+                               reason="flash-attn-4 not installed")
+
+
+def test_every_entry_point_raises_no_cuda_error_without_a_gpu():
+    ok, why = adapter.cuda_status()
+    if ok:
+        pytest.skip("a CUDA device is present")
+    import torch
+    q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
+    for call in (lambda: adapter.forward(q, q, q),
+                 lambda: adapter.backward(q, q, q, q, q, torch.zeros(1, 1, 8)),
+                 lambda: adapter.forward_backward_autograd(q, q, q, q)):
+        with pytest.raises(adapter.NoCudaError, match=r"^no CUDA device: "):
+            call()
+    assert why and isinstance(why, str)
+
+
+def test_versions_are_json_strings():
+    import json
+    v = adapter.versions()
+    json.dumps(v)
+    for key in ("fa4", "dsl", "torch", "torch_cuda", "cuda_driver", "gpu", "python"):
+        assert key in v
+
+
+@needs_fa4
+def test_compile_key_names_are_parsed_from_fa4_source():
+    from flash_attn.cute import interface
+    fwd = adapter._compile_key_names(interface._flash_attn_fwd)
+    assert any({"tile_m", "tile_n", "pack_gqa", "use_2cta_instrs", "causal"} <= set(n) for n in fwd)
+    bwd = adapter._compile_key_names(interface._flash_attn_bwd)
+    assert any("deterministic" in n for n in bwd)
+
+
+@needs_fa4
+def test_exp2_emulation_switch_sets_every_key_and_restores_the_table():
+    import copy
+    import flash_attn.cute.flash_fwd_sm100 as fwd100
+    before = copy.deepcopy(fwd100._TUNING_CONFIG)
+    with adapter.exp2_emulation_disabled():
+        assert not adapter.exp2_emulation_enabled()
+        assert all(v["ex2_emu_freq"] == 0 for v in fwd100._TUNING_CONFIG.values())
+        assert (True, False, 128, False) in fwd100._TUNING_CONFIG
+        # register split of present keys is kept
+        assert fwd100._TUNING_CONFIG[(True, False, 128, False)]["num_regs_softmax"] == \
+            before[(True, False, 128, False)]["num_regs_softmax"]
+    assert adapter.exp2_emulation_enabled()
+    assert fwd100._TUNING_CONFIG == before
+
+
+def test_call_config_to_dict_is_flat_json():
+    import json
+    c = adapter.CallConfig(op="forward", entry="flash_attn_func", versions={"fa4": "x"}, arch=90,
+                           gpu_name=None, dtype="bfloat16", q_shape=(1, 2, 3, 4), k_shape=(1, 2, 3, 4),
+                           v_shape=(1, 2, 3, 4), softmax_scale=0.5, causal=False, window_size=(None, None),
+                           softcap=0.0, learnable_sink=False, pack_gqa_requested=None, varlen=False,
+                           deterministic=False, return_lse=True, tuning_key=(True, False, 128, False))
+    d = json.loads(json.dumps(c.to_dict()))
+    assert d["q_shape"] == [1, 2, 3, 4] and d["tuning_key"] == [True, False, 128, False]
