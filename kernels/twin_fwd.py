@@ -618,11 +618,10 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             # warp vote: 32 consecutive rows of the 128-row tile share the decision
             sc = np.asarray(scale_fac, F64)
             need = np.where(first, False, sc < 1.0)
-            grp = rows[ridx] // 32
-            vote = np.zeros(need.shape, bool)
-            for g in np.unique(grp):
-                sel = grp == g
-                vote[..., sel] = need[..., sel].any(axis=-1, keepdims=True)
+            grp = rows[ridx] // 32                       # non-decreasing (ridx is sorted)
+            starts = np.concatenate([[0], np.flatnonzero(np.diff(grp)) + 1])
+            anyg = np.logical_or.reduceat(need, starts, axis=-1)
+            vote = np.repeat(anyg, np.diff(np.concatenate([starts, [len(grp)]])), axis=-1)
             if kernel == "sm100_hd256":
                 vote = np.where(first, False, True)
             Os = _scale_rows(Oi, scale_fac, vote, "rescale" in exact)
