@@ -1867,8 +1867,9 @@ def render_markdown(res: SuiteResult, command: str = "") -> str:
         for v in res.verifier_names:
             c = res.cell(m, v)
             if c.status in ("caught", "missed", "error"):
+                detail = c.detail.replace("*", "\\*")
                 out.append(f"  * {v}: {c.status} on {c.caught_on}/{c.applied_on} problems; "
-                           f"{c.where}: {c.detail.replace('|', '/')}")
+                           f"{c.where}: {detail}")
     for name, why in res.unavailable.items():
         out.append(f"\nVerifier `{name}` unavailable: {why}")
     return "\n".join(out) + "\n"
