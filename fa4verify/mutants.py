@@ -1866,7 +1866,7 @@ def render_markdown(res: SuiteResult, command: str = "") -> str:
         out.append(f"* **{m}**")
         for v in res.verifier_names:
             c = res.cell(m, v)
-            if c.status in ("caught", "missed", "error"):
+            if c.status in ("caught", "missed", "false-alarm", "error"):
                 detail = c.detail.replace("*", "\\*")
                 out.append(f"  * {v}: {c.status} on {c.caught_on}/{c.applied_on} problems; "
                            f"{c.where}: {detail}")
