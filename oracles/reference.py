@@ -216,7 +216,7 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
     S = q @ k.T
     es_row = dot_error_rows(q, k, bits, bits)
     x = np.multiply(S, scale, out=S)
-    xmax = np.abs(x).max(axis=1, initial=0.0) if cols else np.zeros(rows)
+    xmax = np.maximum(x.max(axis=1, initial=0.0), -x.min(axis=1, initial=0.0)) if cols else np.zeros(rows)
     if not np.all(xmax <= LOGIT_MAX):
         raise ValueError(f"logits up to {xmax.max():.3e} exceed the oracle's range 2^900")
     c = abs(scale) * es_row
@@ -243,6 +243,7 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
     else:
         y = x
     nmask = None if mask is None else ~mask
+    vis = mask.any(axis=1) if mask is not None else np.full(rows, cols > 0)
     if nmask is not None:
         np.copyto(y, MASKED, where=nmask)
     m = y.max(axis=1) if cols else np.full(rows, MASKED)
@@ -268,17 +269,17 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
     B *= alpha * k1
     B += ((c * k1 + EPS_F * LIN) + g)[:, None]
     B *= e
-    B += 2 * TAU
-    if nmask is not None:
-        np.copyto(B, 0.0, where=nmask)     # masked: e = e* = 0 exactly
-    if full.any():
-        B[full] = 0.0
+    # masked entries: e = 0 and |a| ~ 2^1000 is finite, so B = 0 there. The 2 tau per visible entry
+    # (underflow) is added after the product below, as 2 tau sum_j |V_j|.
     ext = np.empty((cols, dv + 1))
     ext[:, :dv] = v
     ext[:, dv] = 1.0
     Nl = blocked_matmul(e, ext) if cols else np.zeros((rows, dv + 1))
     np.abs(ext, out=ext)
     errNl = blocked_matmul(B, ext) * (1 + 2 * g) if cols else np.zeros((rows, dv + 1))
+    if cols:
+        errNl += 2 * TAU * ext.sum(axis=0)[None, :] * (1 + 2 * g)
+        errNl[~vis] = 0.0                    # rows without a visible key: N = l_keys = 0 exactly
     N = Nl[:, :dv]
     lsum = Nl[:, dv]
     errN = errNl[:, :dv]
@@ -313,7 +314,7 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
     state = None
     if keep:
         # with softcap: f = sech^2(x/softcap) (the softcap derivative) and its relative error per row
-        state = dict(e=e, E=B, l=l, El=El, rl=rl, esink=esink, Esink=Esink, f=th if cap > 0 else None,
+        state = dict(e=e, E=B, l=l, vis=vis, El=El, rl=rl, esink=esink, Esink=Esink, f=th if cap > 0 else None,
                      frel=eth if cap > 0 else None, bad=bad)
     return out, bound, lse, lse_bound, state
 
@@ -463,11 +464,15 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                 W += EP
                 A = np.abs(G)
                 W *= A
-                EP += P                       # EP now holds P + EP
-                EP *= (eDr + edP)[:, None]
-                W += EP
-                W *= 1 + U
-                del EP
+                # underflowed entries carry an extra 2 tau on e (not in E): their effect on dS is
+                # <= 4 tau / l (|G| + c) per entry, added to dQ/dK below through wt (row weights)
+                vis = st["vis"]
+                wt = np.where(vis, 4 * TAU / l * (A.max(axis=1, initial=0.0) + eDr + edP) * (1 + 2 * gm), 0.0)
+                T = EP + P
+                T *= (eDr + edP)[:, None]
+                W += T
+                del T
+                # (1 + u) of the W formula is applied to the products W |K|, W^T |Q| below
                 dS = np.multiply(P, G, out=G)
                 if p.softcap > 0:
                     # dX = dS f with |f - f*| <= frel f + tau:
@@ -485,13 +490,12 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                     dS *= f
                 del A
                 # masked entries: P = E = 0 and every other factor is finite, so dS = W = 0 there
-                # dV_j += sum_i P_ij dO_i ; bound (gr P + EP)^T |dO| -- recompute EP cheaply:
-                # |P - P*| + gr P <= E (1 + rl)/l + P (rl (1+u) + u + gr)
+                # dV_j += sum_i P_ij dO_i, bound (gr P + |P - P*|)^T |dO| = EP^T |dO|
                 part = blocked_matmul(P.T, dos)
-                Bv = E * ((1 + rl) / l)[:, None]
-                Bv += P * (rl * (1 + U) + U + gr)[:, None]
-                epart = blocked_matmul(Bv.T, np.abs(dos)) * (1 + 2 * gr)
-                del Bv, P
+                epart = blocked_matmul(EP.T, np.abs(dos))
+                epart *= 1 + 2 * gr
+                epart += np.where(vis, 4 * TAU / l, 0.0) @ np.abs(dos)
+                del EP, P
                 if bad.any():
                     epart[:] = np.inf
                 acc = dvv[ksl, hk]
@@ -501,7 +505,8 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                 dqs = blocked_matmul(dS, ks)
                 dqs *= scale
                 edq = blocked_matmul(W, np.abs(ks))
-                edq *= sabs * (1 + 2 * gm)
+                edq *= sabs * (1 + 2 * gm) * (1 + U)
+                edq += sabs * wt[:, None] * np.abs(ks).sum(axis=0)[None, :]
                 edq += U * np.abs(dqs)
                 edq[bad] = np.inf
                 dq[rs, h] = dqs
@@ -509,7 +514,8 @@ def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
                 dks = blocked_matmul(dS.T, qs)
                 dks *= scale
                 edk = blocked_matmul(W.T, np.abs(qs))
-                edk *= sabs * (1 + 2 * gm)
+                edk *= sabs * (1 + 2 * gm) * (1 + U)
+                edk += sabs * (wt @ np.abs(qs))[None, :]
                 edk += U * np.abs(dks)
                 if bad.any():
                     edk[:] = np.inf
