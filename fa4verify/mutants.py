@@ -570,7 +570,9 @@ def assert_close_verdict(actual: np.ndarray | Sequence[np.ndarray], expected) ->
         except AssertionError as exc:
             ok = False
             if not msg:
-                msg = str(exc).strip().splitlines()[0]
+                lines = [ln.strip() for ln in str(exc).strip().splitlines()]
+                keep = [ln for ln in lines if ln.startswith(("Mismatched", "Greatest"))]
+                msg = "; ".join(keep) or lines[0]
         af, ef = at.double(), e.double()
         diff = (af - ef).abs()
         ratio = diff / (atol + rtol * ef.abs())
