@@ -97,7 +97,7 @@ TAU = 2.0 ** -1060
 SAFETY = 1.0 + 2.0 ** -30
 LIN = 1.0 + 2.0 ** -9          # e^D - 1 <= D * LIN and e^D <= LIN for D <= 2^-10
 DELTA_MAX = 2.0 ** -10
-ROW_BLOCK = 1024
+ROW_BLOCK = 512
 
 
 def gamma(n: int) -> float:
