@@ -39,7 +39,7 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["exp2_cr", "round_f64", "FORMATS", "FILTER_REL_BOUND", "first_x_above", "exp2_interval",
+__all__ = ["exp2_cr", "exp2_cr_from_f64", "round_f64", "round_f64_reference", "FORMATS", "FILTER_REL_BOUND", "first_x_above", "exp2_interval",
            "round_mpf", "oracle_stats", "Format"]
 
 Format = Literal["f32", "bf16", "f16"]
@@ -72,13 +72,39 @@ def oracle_stats() -> dict[str, int]:
 def round_f64(v: np.ndarray, fmt: Format) -> np.ndarray:
     """RNE of float64 values ``v`` into ``fmt`` (gradual underflow, overflow to inf), as float64.
 
-    Exact: the scaling by a power of two and ``rint`` are exact in float64 for every ``fmt`` here.
+    Fast paths: fp32 and fp16 use numpy's float64 -> float32 / float16 casts (correctly rounded,
+    directly from the float64 bits); bf16 rounds to *odd* into fp32 (keeping a sticky bit; exact
+    since 24 >= 8 + 2) and then to nearest even on the bits. ``round_f64_reference`` is the
+    slow, obviously-correct version they are tested against.
     """
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if fmt == "f32":
+            return v.astype(np.float32).astype(np.float64)
+        if fmt == "f16":
+            return v.astype(np.float16).astype(np.float64)
+        if fmt != "bf16":
+            raise ValueError(f"unknown format {fmt!r}")
+        r = v.astype(np.float32)                                   # RNE
+        d = r.astype(np.float64) - v                               # sign of RN32(v) - v (0 iff exact)
+        b = r.view(np.uint32).copy()
+        inexact = d != 0
+        # |r| > |v|: step one ulp toward zero (truncation), then set the sticky bit: round to odd
+        b -= (inexact & ((d > 0) != (v < 0))).view(np.uint8)
+        b |= inexact.view(np.uint8)
+        b += 0x7FFF + ((b >> 16) & 1)
+        b &= np.uint32(0xFFFF0000)
+        out = b.view(np.float32).astype(np.float64)
+        bad = ~np.isfinite(out) | ~np.isfinite(v)
+        if bad.any():   # overflow to inf (the sticky trick above is only for finite r), inf, NaN
+            out = np.where(bad, round_f64_reference(v, "bf16"), out)
+        return out
+
+
+def round_f64_reference(v: np.ndarray, fmt: Format) -> np.ndarray:
+    """Reference RNE of float64 into ``fmt`` by power-of-two scaling and ``rint`` (exact, slow)."""
     f = FORMATS[fmt]
     v = np.asarray(v, dtype=np.float64)
-    if fmt == "f32":
-        with np.errstate(over="ignore"):
-            return v.astype(np.float32).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         _, ex = np.frexp(v)
         e = np.maximum(ex - 1, f.emin)
@@ -170,6 +196,27 @@ def exp2_cr(x, fmt: Format = "f32") -> np.ndarray:
         for i in undecided:
             out[i] = _fallback(float(x64[i]), fmt)
     return out.astype(np.float32).reshape(x.shape)
+
+
+def exp2_cr_from_f64(x: np.ndarray, y: np.ndarray, fmt: Format) -> np.ndarray:
+    """``exp2_cr`` for finite, non-integer float32 ``x`` in [-200, 200] given ``y = numpy.exp2(x)``
+    (float64) already computed: the float64 filter, then the mpmath fallback where undecided.
+    Returns float64. The caller guarantees the preconditions (used by the sweeps for speed)."""
+    with np.errstate(over="ignore", under="ignore"):
+        lo = round_f64(y * (1 - FILTER_REL_BOUND), fmt)
+        hi = round_f64(y * (1 + FILTER_REL_BOUND), fmt)
+    _STATS["inputs"] += int(lo.size)
+    undecided = np.flatnonzero(lo != hi)
+    if undecided.size:
+        _STATS["fallbacks"] += int(undecided.size)
+        x64 = np.asarray(x, dtype=np.float64).reshape(-1)
+        lo = lo.copy()
+        for i in undecided:
+            if float(x64[i]) == np.floor(x64[i]):
+                lo[i] = float(round_f64(np.exp2(x64[i:i + 1]), fmt)[0])
+            else:
+                lo[i] = _fallback(float(x64[i]), fmt)
+    return lo
 
 
 def first_x_above(m: float) -> np.float32:

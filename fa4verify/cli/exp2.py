@@ -1,0 +1,256 @@
+"""``fa4verify exp2``: certify FA4's polynomial exp2 emulation over every fp32 input of a range.
+
+Every figure is labelled "CPU twin" (the bit-exact numpy model of ``ex2_emulation_2``) except the
+certified polynomial bound (exact mathematics) and the MUFU statistics (read from a file recorded
+on a GPU, when present).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from fa4verify.cli import ExitCode
+
+MUFU_STATS = Path(__file__).resolve().parents[2] / "tests" / "data" / "golden" / "mufu_stats.json"
+
+
+def _versions() -> dict:
+    import numpy as np
+    from fa4verify import __version__
+    from fa4verify.kernels.fa4_params import load_params
+    p = load_params()
+
+    def v(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    return {"fa4": p.fa4_version, "dsl": p.dsl_version or v("nvidia-cutlass-dsl"), "numpy": np.__version__,
+            "fa4verify": __version__, "python": platform.python_version(), "params_source": p.source}
+
+
+def _degrees(spec: str) -> list[int]:
+    from fa4verify.kernels.fa4_params import load_params
+    avail = sorted(d for d in load_params().poly_ex2 if d >= 1)
+    if spec == "all":
+        return avail
+    try:
+        d = int(spec)
+    except ValueError:
+        raise click.BadParameter(f"unknown degree {spec!r}: expected one of {avail} or 'all'",
+                                 param_hint="--degree") from None
+    if d not in avail:
+        raise click.BadParameter(f"unknown degree {d}: FA4 has polynomials of degree {avail}",
+                                 param_hint="--degree")
+    return [d]
+
+
+def mufu_section() -> dict:
+    """MUFU ex2.approx statistics recorded on a GPU (another engineer writes the file)."""
+    if MUFU_STATS.is_file():
+        try:
+            return {"status": "measured on H200", "source": str(MUFU_STATS),
+                    "stats": json.loads(MUFU_STATS.read_text())}
+        except (OSError, json.JSONDecodeError) as e:
+            return {"status": f"unreadable: {e}", "source": str(MUFU_STATS)}
+    return {"status": "not measured here",
+            "note": "the MUFU ex2.approx path cannot be modelled on a CPU; "
+                    f"no GPU-recorded statistics at {MUFU_STATS}"}
+
+
+def sample_stats(degree: int, lo: float, hi: float, n: int, seed: int):
+    """Direct statistics on ``n`` inputs drawn uniformly over the float32 values of [lo, hi]
+    (uniform over fp32 bit patterns in the main domain), sorted."""
+    import numpy as np
+    from fa4verify import binary32 as b32
+    from fa4verify import exp2_cert as ec
+    lo2, hi2 = max(lo, -126.0), min(hi, 127.99999)
+    olo, ohi = b32.f32_range(lo2, hi2)
+    rng = np.random.default_rng(seed)
+    o = np.unique(rng.integers(olo, ohi + 1, size=n, dtype=np.int64))
+    x = ec._ordered_to_f32(o)
+    emu = ec.emu_direct(x, ec._coeffs(degree))
+    st = ec.direct_stats(x, emu)
+    st.mono_violations = -1        # not meaningful on a sample (non-adjacent inputs)
+    return st
+
+
+def run_exp2(degrees: list[int], lo: float, hi: float, *, sample: int | None, direct: bool, jobs: int,
+             seed: int, progress: bool = True) -> dict:
+    """Compute the report (a JSON-able dict) for each degree."""
+    from fa4verify import exp2_cert as ec
+    from fa4verify.kernels.fa4_params import load_params
+    from fa4verify.oracles.poly_bound import certified_sup_rel_error
+    params = load_params()
+    report = {"tool": "fa4verify exp2", "where": "CPU twin", "versions": _versions(),
+              "params_source": params.source,
+              "range": [lo, hi], "mode": ("sample" if sample else ("exhaustive-direct" if direct else "exhaustive")),
+              "sample_size": sample, "seed": seed if sample else None, "jobs": jobs,
+              "rate_conventions": {
+                  "per_input": "each fp32 input of the range counted once",
+                  "uniform_in_value": "each input weighted by its spacing ulp(x): the fraction of the "
+                                      "range's length where the result is wrong (FA4 paper / FA #2263)"},
+              "main_domain": "x >= -126 (exact 2^x a normal fp32) and x < 128",
+              "degrees": {}, "mufu": mufu_section()}
+    if not params.installed:
+        report["warning"] = "flash-attn-4 is not installed: coefficients and knobs from the pinned copy"
+    for d in degrees:
+        t0 = time.perf_counter()
+        if sample:
+            st = sample_stats(d, lo, hi, sample, seed)
+            res_pieces, fallbacks, secs = {"direct": st.n}, None, time.perf_counter() - t0
+        else:
+            bar = _Progress(f"degree {d}", enabled=progress)
+            with bar:
+                res = ec.sweep(d, lo, hi, method="direct" if direct else "fast", jobs=jobs, progress=bar.update)
+            st, res_pieces, fallbacks, secs = res.stats, res.pieces, res.fallbacks, res.seconds
+        pb = certified_sup_rel_error(params.poly_ex2[d], rel_tol=1e-6)
+        entry = {
+            "where": "CPU twin", "n_inputs": st.n, "seconds": round(secs, 2),
+            "method_pieces": res_pieces, "oracle_fallbacks": fallbacks,
+            "max_rel_error": st.max_rel, "argmax_rel_error": st.argmax_rel,
+            "signed_rel_error_at_max": st.signed_rel_at_max,
+            "max_ulp_fp32": st.max_ulp32, "argmax_ulp_fp32": st.argmax_ulp32,
+            "max_ulp_bf16_after_rounding": st.max_ulp_bf16, "argmax_ulp_bf16": st.argmax_ulp_bf16,
+            "max_ulp_fp16_after_rounding": st.max_ulp_f16, "argmax_ulp_fp16": st.argmax_ulp_f16,
+            "wrong_count_bf16": st.wrong_bf16, "wrong_count_fp16": st.wrong_f16,
+            "wrong_rate_bf16_per_input": st.wrong_bf16 / st.n if st.n else None,
+            "wrong_rate_fp16_per_input": st.wrong_f16 / st.n if st.n else None,
+            "wrong_rate_bf16_uniform_in_value": st.weight_wrong_bf16 / st.weight if st.weight else None,
+            "wrong_rate_fp16_uniform_in_value": st.weight_wrong_f16 / st.weight if st.weight else None,
+            "worst_wrong_bf16": {"x": st.worst_wrong_bf16, "bf16_ulp": st.worst_wrong_bf16_ulp},
+            "worst_wrong_fp16": {"x": st.worst_wrong_f16, "fp16_ulp": st.worst_wrong_f16_ulp},
+            "monotonicity_violations": st.mono_violations if not sample else "not measured on a sample",
+            "certified_poly_bound": {**pb.as_dict(), "where": "exact (mpmath.iv)",
+                                     "meaning": "max over f in [0,1] of |p(f)/2^f - 1| with exact coefficients "
+                                                "and exact arithmetic; fp32 rounding is measured by the sweep"},
+            "edge_domain": ec.edge_report(d, lo, hi),
+        }
+        report["degrees"][str(d)] = _clean(entry)
+    return report
+
+
+def _clean(o):
+    if isinstance(o, float):
+        return None if math.isnan(o) else o
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    if hasattr(o, "item"):
+        return _clean(o.item())
+    return o
+
+
+class _Progress:
+    """A rich progress bar on a terminal; silent otherwise (CI logs stay readable)."""
+
+    def __init__(self, label: str, enabled: bool = True):
+        self.label = label
+        self.enabled = enabled and sys.stderr.isatty()
+        self._p = None
+        self._task = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TextColumn
+            from rich.console import Console
+            self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                               TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self._p.__enter__()
+            self._task = self._p.add_task(f"CPU twin exp2 sweep, {self.label}", total=None)
+        return self
+
+    def update(self, done: int, total: int) -> None:
+        if self._p is not None:
+            self._p.update(self._task, completed=done, total=total)
+
+    def __exit__(self, *exc):
+        if self._p is not None:
+            self._p.__exit__(*exc)
+        return False
+
+
+def render(report: dict) -> str:
+    v = report["versions"]
+    lines = [f"fa4verify exp2 -- CPU twin of flash_attn.cute.utils.ex2_emulation_2 (bit-exact numpy model)",
+             f"  fa4 {v['fa4']}, cutlass-dsl {v['dsl']}, numpy {v['numpy']}, fa4verify {v['fa4verify']}",
+             f"  params: {report['params_source']}",
+             f"  range [{report['range'][0]}, {report['range'][1]}], mode {report['mode']}"
+             + (f" (n={report['sample_size']}, seed={report['seed']})" if report["sample_size"] else "")]
+    if "warning" in report:
+        lines.append(f"  WARNING: {report['warning']}")
+    for d, e in report["degrees"].items():
+        pb = e["certified_poly_bound"]
+        lines += [
+            f"\ndegree {d}  [CPU twin, {e['n_inputs']:,} inputs, {e['seconds']} s]",
+            f"  max_rel_error (x >= -126)        {e['max_rel_error']:.6g}  at x = {e['argmax_rel_error']!r}",
+            f"  max_ulp_fp32                     {e['max_ulp_fp32']}  at x = {e['argmax_ulp_fp32']!r}",
+            f"  max_ulp_bf16_after_rounding      {e['max_ulp_bf16_after_rounding']:.4f}  at x = {e['argmax_ulp_bf16']!r}",
+            f"  max_ulp_fp16_after_rounding      {e['max_ulp_fp16_after_rounding']:.4f}  at x = {e['argmax_ulp_fp16']!r}",
+            f"  wrong_count_bf16                 {e['wrong_count_bf16']:,}  rate per input {e['wrong_rate_bf16_per_input']:.4%}, "
+            f"uniform in value {e['wrong_rate_bf16_uniform_in_value']:.4%}",
+            f"  wrong_count_fp16                 {e['wrong_count_fp16']:,}  rate per input {e['wrong_rate_fp16_per_input']:.4%}, "
+            f"uniform in value {e['wrong_rate_fp16_uniform_in_value']:.4%}",
+            f"  monotonicity violations          {e['monotonicity_violations']}",
+            f"  certified poly bound (exact)     [{pb['lower']:.6g}, {pb['upper']:.6g}]",
+        ]
+        ed = e["edge_domain"]
+        sr = ed["subnormal_region"]
+        tn = ed["tiny_negatives"]
+        lines += [f"  edge: NaN -> {ed['nan']['emu']}, -inf -> {ed['-inf']['emu']}, +inf -> {ed['+inf']['emu']}, "
+                  f"x <= -127 -> 0: {ed['le_minus127']['all_zero']}",
+                  f"  edge: (-127,-126) {sr['n_inputs']:,} inputs, wrong fp32 {sr['wrong_count_fp32']:,}, "
+                  f"bf16 {sr['wrong_count_bf16']:,}, max {sr['max_ulp_fp32']} fp32 ulps",
+                  f"  edge: [-2^-25, 0) {tn['n_inputs']:,} inputs give {tn['emu_value']!r} "
+                  f"({tn['fp32_ulp_error']} fp32 ulps from 1.0; bf16/fp16 round correctly: "
+                  f"{tn['bf16_rounds_correctly']}/{tn['fp16_rounds_correctly']})"]
+    m = report["mufu"]
+    lines.append(f"\nMUFU ex2.approx: {m['status']}" + (f" ({m.get('note', '')})" if m["status"] == "not measured here" else ""))
+    return "\n".join(lines)
+
+
+@click.command("exp2", short_help="Certify FA4's polynomial exp2 emulation over all fp32 inputs.")
+@click.option("--degree", default="3", show_default=True, metavar="3|5|all",
+              help="Polynomial degree (POLY_EX2 key; FA4 runs 3) or 'all' (1-5).")
+@click.option("--range", "range_", default="all", show_default=True, metavar="neg|pos|all|LO:HI",
+              help="neg = [-127, 0], pos = [0, 8], all = [-127, 8] (8 = max_offset + rescale_threshold).")
+@click.option("--exhaustive", "mode", flag_value="exhaustive", default=True,
+              help="Every fp32 input of the range (default; fast reductions, see --direct).")
+@click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
+              help="N inputs drawn uniformly over the fp32 values of the range instead.")
+@click.option("--direct", is_flag=True, help="Evaluate every input directly (slow; the reference for the fast path).")
+@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Worker processes.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Write the full report as JSON.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --sample.")
+def command(degree, range_, mode, sample, direct, jobs, json_path, seed):
+    """Certify FA4's polynomial exp2 (ex2_emulation_2) over a range of fp32 inputs (CPU twin)."""
+    from fa4verify.exp2_cert import parse_range
+    try:
+        lo, hi = parse_range(range_)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--range") from None
+    degrees = _degrees(degree)
+    if sample and direct:
+        raise click.UsageError("--sample and --direct are mutually exclusive")
+    if json_path:
+        try:
+            with open(json_path, "a"):
+                pass
+        except OSError as e:
+            raise click.BadParameter(f"cannot write {json_path!r}: {e.strerror}", param_hint="--json") from None
+    report = run_exp2(degrees, lo, hi, sample=sample, direct=direct, jobs=jobs, seed=seed)
+    click.echo(render(report))
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {json_path}", err=True)
+    return int(ExitCode.OK)
