@@ -1877,6 +1877,33 @@ def render_markdown(res: SuiteResult, command: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
+def read_json(path: str) -> SuiteResult:
+    """A :class:`SuiteResult` back from a ``--json`` file (for re-rendering tables, e.g. of a
+    production run made on a GPU machine)."""
+    import json
+
+    def _num(x):
+        if isinstance(x, str) and x in ("nan", "inf", "-inf"):
+            return float(x)
+        return x
+
+    with open(path, encoding="utf-8") as f:
+        d = json.load(f)
+    if d.get("schema") != "fa4verify.mutants/1":
+        raise ValueError(f"{path}: not a fa4verify mutants JSON (schema {d.get('schema')!r})")
+    res = SuiteResult(profile=d["profile"], seed=int(d["seed"]), archs=tuple(d["archs"]),
+                      target=d["target"], where=d["where"],
+                      unavailable=dict(d.get("unavailable", {})),
+                      problems=tuple(Problem(**{k: tuple(v) if isinstance(v, list) else v
+                                                for k, v in p.items()}) for p in d["problems"]),
+                      mutants=tuple(m["name"] for m in d["mutants"]),
+                      verifier_names=tuple(v["name"] for v in d["verifiers"]),
+                      seconds=float(d.get("seconds", 0.0)))
+    res.rows = [Row(r["mutant"], r["arch"], r["problem"], r["verifier"], r["status"],
+                    _num(r["figure"]), r["detail"]) for r in d["rows"]]
+    return res
+
+
 def write_json(res: SuiteResult, path: str) -> None:
     import json
 

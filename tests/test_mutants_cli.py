@@ -27,7 +27,8 @@ def test_list_names_every_mutant_and_verifier():
 
 
 @pytest.mark.parametrize("args", [["--mutant", "nope"], ["--verifier", "nope"],
-                                  ["--profile", "huge"], ["--arch", "sm80"]])
+                                  ["--profile", "huge"], ["--arch", "sm80"],
+                                  ["--from-json", "nope.json"]])
 def test_bad_options_exit_2_with_one_line(args, capsys):
     rc = main(["mutants", *args])
     assert rc == 2
@@ -69,6 +70,12 @@ def test_one_mutant_one_problem_table_json_markdown(tmp_path, monkeypatch):
     text = md.read_text()
     assert "fa4verify mutants --profile quick --seed 0 --arch sm90 --mutant rescale_skipped" in text
     assert "| rescale_skipped | CAUGHT" in text
+    # the saved JSON renders the same table again
+    md2 = tmp_path / "again.md"
+    assert main(["mutants", "--from-json", str(js), "--markdown", str(md2)]) == 0
+    table = [ln for ln in text.splitlines() if ln.startswith("|")]
+    assert table and table == [ln for ln in md2.read_text().splitlines() if ln.startswith("|")]
+
 
 
 def test_exit_code_is_1_when_fa4verify_misses(tmp_path, monkeypatch):

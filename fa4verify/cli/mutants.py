@@ -50,10 +50,14 @@ def _parse_list(values: tuple[str, ...], known: tuple[str, ...], what: str) -> l
               show_default=True,
               help="twin: the CPU twin (any machine). production: FA4 on the local GPU, "
                    "knob-expressible mutants only.")
+@click.option("--from-json", "from_json", type=click.Path(exists=True, dir_okay=False),
+              default=None, metavar="FILE",
+              help="Render a saved --json result (e.g. a production run made on a GPU machine) "
+                   "instead of running.")
 @click.option("--list", "list_only", is_flag=True, help="List mutants and verifiers, run nothing.")
 @click.option("-q", "--quiet", is_flag=True, help="No per-case progress lines on stderr.")
 def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts, target,
-            list_only, quiet):
+            from_json, list_only, quiet):
     """Run fa4verify's verification on each planted numeric mutant of FA4 and print which
     verifiers catch it, side by side with FlashAttention's upstream rule and
     torch.testing.assert_close defaults.
@@ -81,6 +85,16 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
                     + ([f"--mutant {','.join(mutants)}"] if mutants else [])
                     + ([f"--verifier {','.join(vnames)}"] if vnames else [])
                     + ([f"--target {target}"] if target != "twin" else []))
+    if from_json:
+        try:
+            res = M.read_json(from_json)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise click.BadParameter(f"{from_json}: {exc}", param_hint="--from-json") from None
+        M.render_rich(res)
+        if md_path:
+            with open(md_path, "w", encoding="utf-8") as f:
+                f.write(M.render_markdown(res, f"fa4verify mutants (from {from_json})"))
+        return int(M.exit_code(res))
     if target == "twin" and M.twin_module() is None:
         click.echo("fa4verify mutants: the CPU twin (fa4verify.kernels.twin_attention) is not "
                    "installed; nothing to mutate", err=True)
