@@ -64,15 +64,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
 __all__ = [
-    "Mutant", "CATALOGUE", "MUTANT_NAMES", "PRODUCTION_KNOBS", "Problem", "battery",
-    "Verdict", "attention_ref_torch", "fa_rule", "upstream_bwd_applies",
+    "Mutant", "CATALOGUE", "MUTANT_NAMES", "PRODUCTION_KNOBS", "get_mutant", "Problem",
+    "battery", "make_inputs", "Verdict", "attention_ref_torch", "fa_rule", "upstream_bwd_applies",
     "ASSERT_CLOSE_DEFAULTS", "assert_close_verdict", "fa_rule_forward", "fa_rule_backward",
-    "run_suite", "SuiteResult", "render_table", "VERIFIERS",
+    "run_twin", "run_production", "run_suite", "SuiteResult", "Cell", "Row", "verifiers",
+    "VERIFIERS", "table_rows", "render_rich", "render_markdown", "read_json", "write_json",
+    "exit_code", "Unavailable",
 ]
 
 Arch = Literal["sm90", "sm100"]
@@ -349,12 +351,6 @@ NA = Verdict("n/a")
 def _torch():
     import torch
     return torch
-
-
-def _torch_dtype(name: str):
-    torch = _torch()
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn,
-            "fp32": torch.float32}[name]
 
 
 def _local_mask(seqlen_q: int, seqlen_k: int, window_size, device=None):
@@ -765,7 +761,6 @@ class ProblemEnv:
     base: TwinOutputs
     refs: UpstreamRefs | None = None
     oracle_fwd: Any = None
-    oracle_bwd: Any = None
     oracle_error: str | None = None
     budgets: Any = None
 
@@ -1945,8 +1940,7 @@ _register(VerifierSpec("determinism", "fa4verify", "problem",
 _register(VerifierSpec("stages", "fa4verify", "problem",
                        "every forward stage within its local budget (twin stage probe)",
                        _v_stages))
-# (fa4verify's verifiers are registered above this block by their own sections; the upstream
-# rules go last so that the table reads fa4verify | FA rule | assert_close.)
+# the field rules last: the table reads fa4verify | FA rule | assert_close
 _register(VerifierSpec("fa_rule_fwd", "FA rule", "problem",
                        "upstream forward rule, test_flash_attn.py:462-463,513-515",
                        _v_fa_rule_fwd))
