@@ -29,7 +29,9 @@ def quick_result(tmp_path_factory):
     tw = M.twin_module()
     if getattr(tw, "backward", None) is None:
         pytest.skip("twin_attention.backward not available yet")
-    root = tmp_path_factory.getbasetemp().parent   # shared by the xdist workers of a session
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent   # this session's directory, shared by its xdist workers
     data, lock = root / "fa4verify_mutants_quick.pkl", root / "fa4verify_mutants_quick.lock"
     try:
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
