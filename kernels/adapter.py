@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
+import functools
 import inspect
 import math
 import os
@@ -99,6 +100,12 @@ def _dist_version(name: str) -> Optional[str]:
 
 
 def versions() -> dict[str, Optional[str]]:
+    """Versions (cached per process: the distribution metadata lookups cost ~1 ms)."""
+    return dict(_versions_cached())
+
+
+@functools.lru_cache(maxsize=1)
+def _versions_cached() -> dict[str, Optional[str]]:
     """Versions of everything that determines FA4's numerics (JSON-able; None = unavailable).
 
     Keys: ``fa4`` (flash-attn-4), ``dsl`` (nvidia-cutlass-dsl), ``quack``, ``torch``,
@@ -496,6 +503,19 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     _fill_kernel_fields(cfg, _named_key(interface._flash_attn_bwd, key), head_dim=int(q.shape[-1]),
                         head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
     return BackwardResult(gdq, gdk, gdv, dsink, cfg)
+
+
+def timing_callable(q, k, v, **kw):
+    """A zero-argument callable running FA4's public forward exactly as :func:`forward` does but
+    without the configuration record (for throughput timing only). ``kw`` as ``flash_attn_func``."""
+    _require_cuda()
+    import torch
+    from flash_attn.cute import flash_attn_func
+
+    def run():
+        with torch.no_grad():
+            return flash_attn_func(q, k, v, **kw)
+    return run
 
 
 def forward_backward_autograd(q, k, v, dout, **kw):

@@ -83,11 +83,17 @@ class GoldenSet:
 
 
 def _git_commit() -> Optional[str]:
+    """HEAD of the source checkout; ``FA4VERIFY_GIT_COMMIT`` when there is no git repository
+    (the device machine runs a copy of the working tree)."""
+    env = os.environ.get("FA4VERIFY_GIT_COMMIT")
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
     except Exception:
-        return None
+        out = ""
+    if len(out) == 40 and all(c in "0123456789abcdef" for c in out):
+        return out
+    return env or None
 
 
 def provenance(command: str, **extra: Any) -> dict[str, Any]:
