@@ -134,6 +134,9 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "abs_p_derr_q": ("g v k^-1", "scale * sum_i P_ij derr_i |Q_id|"),
     "abs_dq": ("g v q^-1", "|dQ_true|"), "abs_dk": ("g v k^-1", "|dK_true|"),
     "e_p_bwd": ("1", "relative error bound of the recomputed backward P, per row"),
+    "sum_abs_do": ("g", "sum_i |dO_id| over queries that see key j (dv-like; P-cast floor scale)"),
+    "sub_dsk": ("g v q^-1", "scale * sum_j |K_jd| over visible keys, per unit of dS (dS-cast floor)"),
+    "sub_dsq": ("g v k^-1", "scale * sum_i |Q_id| over queries that see key j, per unit of dS"),
 }
 
 #: Functions: name -> (min args, max args, dimension rule "dimensionless" | "same").

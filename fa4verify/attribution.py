@@ -245,6 +245,8 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
     abs_p_dov_q = np.zeros((B, H, Sk, D))
     abs_p_derr_q = np.zeros((B, H, Sk, D))
     abs_pdo = np.zeros((B, H, Sk, Dv))
+    sum_abs_do = np.zeros((B, H, Sk, Dv))
+    sub_dsq = np.zeros((B, H, Sk, D))
     absK = np.abs(K)
     for r0 in range(0, Sq, row_chunk):
         r1 = min(r0 + row_chunk, Sq)
@@ -264,6 +266,9 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
         abs_p_dov_q += scale * ((P * adov).swapaxes(-1, -2) @ aQ)
         abs_p_derr_q += scale * ((P * derr[:, :, r0:r1]).swapaxes(-1, -2) @ aQ)
         abs_pdo += P.swapaxes(-1, -2) @ np.abs(dO[:, :, r0:r1])
+        vmf = vm.astype(F64)
+        sum_abs_do += vmf.T @ np.abs(dO[:, :, r0:r1])
+        sub_dsq += scale * (vmf.T @ aQ)
 
     def grp(a):  # GQA: sum the q heads of each kv group
         return a.reshape(B, Hk, rep, *a.shape[2:]).sum(2)
@@ -273,6 +278,8 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
         "abs_dsq": grp(abs_dsq), "abs_p_dov_q": grp(abs_p_dov_q),
         "abs_p_derr_q": grp(abs_p_derr_q), "abs_pdo": grp(abs_pdo),
         "seqlen_q_bwd": float(Sq * rep),
+        "sum_abs_do": grp(sum_abs_do), "sub_dsq": grp(sub_dsq),
+        "sub_dsk": scale * (vis.astype(F64) @ absK),
     })
     return st
 
