@@ -17,10 +17,12 @@ can log it.
 
 Statistics (see ``error_budgets/loader.py:STATISTICS``) are computed here for the dense,
 fixed-length case (causal and sliding windows, GQA/MQA, learnable sink); softcap and varlen are
-not supported by this gate yet (ValueError).  Conventions (conservative): KV tile width
-``tile_n = 128``; ``n_blocks`` = tiles spanned by a row's visible keys; ``x_max = max_offset +
-rescale threshold`` (8 for 16-bit inputs on SM100/SM103, 0 on SM90 and for fp8);
-``max_offset`` = 8 for fp8, else 0.
+not supported by this gate yet (ValueError).  The statistics are the judge's
+(``fa4verify.attribution.problem_stats``) when that module is importable, else this module's
+:func:`forward_stats`; conventions: KV tile width FA4's (SM90 ``_tile_size_fwd_sm90``, 128 on
+SM100/SM103) unless ``tile_n`` is given; ``n_blocks`` = tiles spanned by a row's visible keys;
+``x_max = max_offset + rescale threshold`` (8 for 16-bit inputs on SM100/SM103, 0 on SM90 and
+for fp8); ``max_offset`` = 8 for fp8, else 0.
 """
 from __future__ import annotations
 
@@ -117,6 +119,45 @@ def forward_stats(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, softmax_scale:
     }
 
 
+def _default_tile_n(d: int, dv: int, causal: bool, window_size: Sequence[int | None], arch: str) -> int:
+    """FA4's KV tile width: ``_tile_size_fwd_sm90`` on SM90 (via the twin), 128 on SM100/103."""
+    if arch != "sm90":
+        return 128
+    try:
+        from fa4verify.kernels.twin_fwd import sm90_tile
+    except ImportError:  # pragma: no cover - twin missing
+        return 128
+    local = tuple(window_size) != (None, None)
+    return int(sm90_tile(d, dv, causal, local)[1])
+
+
+def _budget_bound(bset: Any, name: str, q64: np.ndarray, k64: np.ndarray, v64: np.ndarray, *,
+                  scale: float, causal: bool, window_size: Sequence[int | None], lse: np.ndarray,
+                  ref: np.ndarray, dtype: str, arch: str, tile_n: int,
+                  rescale_threshold: float) -> np.ndarray:
+    """The budget entry evaluated elementwise, shaped like the output (b, m, h, dv).
+
+    Uses the judge's statistics (``fa4verify.attribution.problem_stats``, layout (b, h, m, .))
+    when that module is importable, else :func:`forward_stats` (layout (b, m, h, .))."""
+    lse0 = np.nan_to_num(lse, nan=0.0)
+    ref0 = np.nan_to_num(ref, nan=0.0)
+    try:
+        from fa4verify.attribution import problem_stats
+    except ImportError:
+        problem_stats = None
+    if problem_stats is not None:
+        st = problem_stats(q64, k64, v64, arch=arch, dtype=dtype, softmax_scale=scale,
+                           causal=causal, window_size=tuple(window_size), lse_true=lse0,
+                           o_true=ref0, tile_n=tile_n, rescale_threshold=rescale_threshold)
+        b, m, h, dv = ref.shape
+        bnd = np.broadcast_to(np.asarray(bset.evaluate(name, st), dtype=np.float64), (b, h, m, dv))
+        return np.transpose(bnd, (0, 2, 1, 3))
+    st = forward_stats(q64, k64, v64, softmax_scale=scale, causal=causal, window_size=window_size,
+                       lse=lse0, o_true=ref0, dtype=dtype, arch=arch, tile_n=tile_n,
+                       rescale_threshold=rescale_threshold)
+    return np.broadcast_to(np.asarray(bset.evaluate(name, st), dtype=np.float64), ref.shape)
+
+
 def _ulps(err: np.ndarray, ref: np.ndarray, fmt: str) -> np.ndarray:
     from fa4verify import binary32 as b32
 
@@ -135,7 +176,7 @@ def assert_attention_within_budget(out: Any, q: Any, k: Any, v: Any, *, dtype: s
                                    window_size: Sequence[int | None] = (None, None),
                                    softcap: float = 0.0, learnable_sink: Any = None,
                                    budget: Any = None, budget_name: str = "forward_out",
-                                   tile_n: int = 128, oracle: Any = None,
+                                   tile_n: int | None = None, oracle: Any = None,
                                    msg: str = "") -> GateSummary:
     """Assert that FA4's forward output ``out`` is within the composed forward budget.
 
@@ -176,8 +217,10 @@ def assert_attention_within_budget(out: Any, q: Any, k: Any, v: Any, *, dtype: s
     if oracle is None:
         from fa4verify.oracles.attention import forward as oracle_forward
 
-        oracle = oracle_forward(q, k, v, softmax_scale=scale, causal=causal,
+        oracle = oracle_forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
                                 window_size=tuple(window_size), learnable_sink=learnable_sink)
+    if softmax_scale is None and getattr(oracle, "softmax_scale", None) is not None:
+        scale = float(oracle.softmax_scale)  # the oracle's reading of FA4's default scale
     ref = np.asarray(oracle.out, dtype=np.float64)
     obound = np.asarray(oracle.bound, dtype=np.float64)
     lse = np.asarray(oracle.lse, dtype=np.float64)
@@ -198,11 +241,11 @@ def assert_attention_within_budget(out: Any, q: Any, k: Any, v: Any, *, dtype: s
         thr = float(load_params().rescale_threshold_16bit)
     except Exception:  # pragma: no cover - params loader missing: FA4's documented 8.0
         thr = 8.0
-    stats = forward_stats(q64, k64, v64, softmax_scale=scale, causal=causal,
-                          window_size=window_size, lse=np.nan_to_num(lse, nan=0.0),
-                          o_true=np.nan_to_num(ref, nan=0.0), dtype=dtype, arch=arch,
-                          tile_n=tile_n, rescale_threshold=thr)
-    bnd = np.broadcast_to(np.asarray(bset.evaluate(budget_name, stats), dtype=np.float64), ref.shape)
+    if tile_n is None:
+        tile_n = _default_tile_n(q64.shape[-1], v64.shape[-1], causal, window_size, arch)
+    bnd = _budget_bound(bset, budget_name, q64, k64, v64, scale=scale, causal=causal,
+                        window_size=window_size, lse=lse, ref=ref, dtype=dtype, arch=arch,
+                        tile_n=tile_n, rescale_threshold=thr)
     allowed = bnd + obound
 
     comparable = np.isfinite(ref)
