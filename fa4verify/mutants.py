@@ -1406,6 +1406,10 @@ PRODUCTION_VERIFIERS = ("fwd_budget", "bwd_budget", "determinism", "fa_rule_fwd"
                         "assert_close_fwd", "assert_close_bwd")
 
 
+#: torch device of the production target (tests swap in "cpu" with a fake adapter).
+PRODUCTION_DEVICE = "cuda"
+
+
 def production_applies(m: Mutant, p: Problem) -> bool:
     """Where a knob-expressed fault changes anything (and can be run through FA4's API)."""
     if m.name in ("causal_top_left", "causal_off_by_one"):
@@ -1455,7 +1459,7 @@ def run_production(data: ProblemData, arch: str, mutations: Iterable[str] = (), 
     p = data.problem
     muts = set(mutations)
     res = TwinOutputs()
-    dev = "cuda"
+    dev = PRODUCTION_DEVICE
     tq, tk, tv, tdo = (torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16).to(dev)
                        for a in (data.q, data.k, data.v, data.dout))
     kw: dict[str, Any] = dict(softmax_scale=p.softmax_scale, causal=p.causal)
@@ -1470,7 +1474,8 @@ def run_production(data: ProblemData, arch: str, mutations: Iterable[str] = (), 
         tk, tv = tk[:, :keep].contiguous(), tv[:, :keep].contiguous()
     try:
         r = adapter.forward(tq, tk, tv, return_lse=True, **kw)
-        torch.cuda.synchronize()
+        if dev == "cuda":
+            torch.cuda.synchronize()
         res.out = r.out.float().cpu().numpy()
         res.lse = r.lse.float().cpu().numpy()
     except Exception as exc:  # noqa: BLE001
@@ -1482,7 +1487,8 @@ def run_production(data: ProblemData, arch: str, mutations: Iterable[str] = (), 
 
     def _grads():
         g = adapter.backward(tq, tk, tv, r.out, tdo, r.lse, deterministic=det, **kw)
-        torch.cuda.synchronize()
+        if dev == "cuda":
+            torch.cuda.synchronize()
         out = []
         for t, full in ((g.dq, p.seqlen_q), (g.dk, p.seqlen_k), (g.dv, p.seqlen_k)):
             a = t.float().cpu().numpy()
@@ -1701,7 +1707,8 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
         muts = [m for m in muts if m.production]
         specs = [s for s in specs if s.name in PRODUCTION_VERIFIERS]
         runner = run_production
-        where = f"measured on {_torch().cuda.get_device_name()}"
+        where = (f"measured on {_torch().cuda.get_device_name()}"
+                 if PRODUCTION_DEVICE == "cuda" else "CPU twin")
     elif target != "twin":
         raise ValueError(f"target={target!r}: expected 'twin' or 'production'")
     if verifier_names is not None:
