@@ -132,7 +132,8 @@ def run_mismatch(args) -> list[dict]:
     from fa4verify import attribution as A
     print(f"== forward (emulated) vs backward (hardware) P on SM100, effect on gradients ({LABEL}) ==")
     print(f"{'hd':>4s} {'seqlen':>6s} {'dist':9s} {'emu share':>9s} {'P rel max':>10s} "
-          f"{'dQ effect':>10s} {'dK effect':>10s} {'dV effect':>10s} {'dQ err':>9s} {'dK err':>9s} {'dV err':>9s}")
+          f"{'dQ effect':>10s} {'dK effect':>10s} {'dV effect':>10s} {'dQ err':>9s} {'dK err':>9s} {'dV err':>9s} "
+          f"{'rms share dQ/dK/dV':>20s}")
     out = []
     for hd in args.hdims:
         for L in args.seqlens:
@@ -143,10 +144,14 @@ def run_mismatch(args) -> list[dict]:
                 m = A.fwd_bwd_p_mismatch(q, k, v, do, arch="sm100", causal=args.masks[0])
                 print(f"{hd:4d} {L:6d} {dist:9s} {m['emulated_fraction']:9.4f} {m['p_rel_max']:10.3e} "
                       f"{m['grad_effect_dq']:10.2e} {m['grad_effect_dk']:10.2e} {m['grad_effect_dv']:10.2e} "
-                      f"{m['grad_error_dq']:9.2e} {m['grad_error_dk']:9.2e} {m['grad_error_dv']:9.2e}",
+                      f"{m['grad_error_dq']:9.2e} {m['grad_error_dk']:9.2e} {m['grad_error_dv']:9.2e} "
+                      f"{m['grad_effect_rms_share_dq']:6.3f}/{m['grad_effect_rms_share_dk']:6.3f}/"
+                      f"{m['grad_effect_rms_share_dv']:6.3f}",
                       flush=True)
                 out.append({"hd": hd, "seqlen": L, "dist": dist, **m})
-    print("  effect = max|g(emulating fwd) - g(non-emulating fwd)| / max|g|; err = vs exact, same scale")
+    print("  effect = max|g(emulating fwd) - g(non-emulating fwd)| / max|g| on the fp32 gradients "
+          "(before the final cast); err = fp32 gradient vs exact, same scale; rms share = "
+          "rms(effect)/rms(err)")
     return out
 
 

@@ -527,8 +527,10 @@ def fwd_bwd_p_mismatch(q, k, v, dout, *, arch: str = "sm100", dtype: str = "bf16
       computed from the same exponent argument (the backward's), i.e. the emulation error the
       backward does not see (<= ~8.8e-5 expected).
     * ``grad_effect_{dq,dk,dv}``: max |g(emulating forward) - g(non-emulating forward)| /
-      max |g|: the gradient change caused by the forward's emulation (through LSE and O/D).
-    * ``grad_error_{dq,dk,dv}``: max |g(twin) - g(exact)| / max |g| for scale.
+      max |g|: the gradient change caused by the forward's emulation (through LSE and O/D),
+      on the fp32 gradients before the final cast.
+    * ``grad_error_{dq,dk,dv}``: max |g(twin, fp32) - g(exact)| / max |g| for scale.
+    * ``grad_effect_rms_share_{dq,dk,dv}``: rms of the effect / rms of the fp32 gradient error.
     """
     from fa4verify.kernels import twin_attention as ta
     from fa4verify.kernels.twin_fwd import emulated_exp2
@@ -562,16 +564,23 @@ def fwd_bwd_p_mismatch(q, k, v, dout, *, arch: str = "sm100", dtype: str = "bf16
         rel = np.abs(pf - pb)[ok] / pb[ok]
         p_rel = max(p_rel, float(rel.max()))
         n_cmp += int(ok.sum())
+    # effect on the gradients, measured on the fp32 gradients (final casts exact) so that bf16
+    # rounding flips do not masquerade as an effect
     fr_noemu = ta.forward(q, k, v, exact_stages={"exp2_emu"}, **kw)
-    g2 = ta.backward(q, k, v, fr_noemu.out, dout, lse=np.asarray(fr_noemu.lse, np.float32), **kw)
+    gc = frozenset({"grad_cast"})
+    g1 = ta.backward(q, k, v, fr.out, dout, lse=fr.lse, exact_stages=gc, **kw)
+    g2 = ta.backward(q, k, v, fr_noemu.out, dout, lse=fr_noemu.lse, exact_stages=gc, **kw)
     allx = frozenset(ta.FWD_STAGES)
     fre = ta.forward(q, k, v, exact_stages=allx, **kw)
     ge = ta.backward(q, k, v, fre.out, dout, lse=fre.lse, exact_stages=frozenset(ta.BWD_STAGES), **kw)
     out = {"p_rel_max": p_rel, "n_emulated_compared": n_cmp,
            "emulated_fraction": fr.stages["emulated_fraction"]}
     for n in ("dq", "dk", "dv"):
-        a, b, e = (np.asarray(getattr(x, n), F64) for x in (g, g2, ge))
+        a, b, e = (np.asarray(getattr(x, n), F64) for x in (g1, g2, ge))
         scale = max(np.abs(e).max(initial=0), 1e-300)
         out[f"grad_effect_{n}"] = float(np.abs(a - b).max(initial=0) / scale)
         out[f"grad_error_{n}"] = float(np.abs(a - e).max(initial=0) / scale)
+        err_rms = float(np.sqrt(np.mean((a - e) ** 2)))
+        out[f"grad_effect_rms_share_{n}"] = float(np.sqrt(np.mean((a - b) ** 2)) / err_rms) \
+            if err_rms > 0 else 0.0
     return out
