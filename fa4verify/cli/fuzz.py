@@ -1,0 +1,214 @@
+"""``fa4verify fuzz``: Hypothesis fuzzing of shapes, masks and value distributions.
+
+Draws attention problems (``fa4verify.strategies.attention_problems``: tile-edge sequence
+lengths, causal/local windows, softcap, sinks, varlen with empty sequences, GQA, outliers,
+deeply negative scores, rows peaked at the rescale threshold, ...) and checks the properties in
+``fa4verify.fuzz`` against the CPU twin (``--target twin``) or production FA4 on a GPU
+(``--target production``). The first failure is shrunk; the shrunk case is written as a
+replayable JSON file under ``--cases-dir`` and printed as a pytest ``@example`` snippet.
+
+Exit status: 0 no property failed; 1 a property failed (with ``--mutation``, that means the
+mutant was found); 2 bad options, missing GPU or missing dependency; 5 nothing ran.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from fa4verify.cli import ExitCode
+
+_PROFILES = ("ci", "dev", "nightly")
+
+
+def _err(msg: str) -> None:
+    click.echo(f"fa4verify fuzz: {msg}", err=True)
+
+
+def _split(values: tuple[str, ...]) -> list[str]:
+    out: list[str] = []
+    for v in values:
+        out.extend(x.strip() for x in v.split(",") if x.strip())
+    return out
+
+
+def _default_arch(target: str) -> str:
+    if target != "production":
+        return "sm90"
+    try:
+        import torch
+        if torch.cuda.is_available():
+            major, _ = torch.cuda.get_device_capability()
+            return "sm90" if major == 9 else "sm100"
+    except Exception:  # noqa: BLE001 - the target constructor reports the real problem
+        pass
+    return "sm90"
+
+
+def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
+    from fa4verify import fuzz
+    worst = int(ExitCode.OK)
+    ran = 0
+    for p in paths:
+        try:
+            case = fuzz.load_case(p)
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+            raise click.BadParameter(f"cannot read case {p!r}: {e}", param_hint="--replay")
+        try:
+            out = fuzz.replay_case(case, properties=properties)
+        except fuzz.DependencyMissing as e:
+            _err(str(e))
+            return int(ExitCode.USAGE)
+        except Exception as e:  # NoCudaError and friends
+            if type(e).__name__ == "NoCudaError":
+                _err(str(e))
+                return int(ExitCode.USAGE)
+            raise
+        where = case.get("where", "")
+        click.echo(f"{p}: {out.status.upper()} [{where}] {case['problem_obj'].describe()}")
+        if out.status == "fail":
+            click.echo(f"  {out.property}: {out.message}")
+            worst = max(worst, int(ExitCode.VIOLATION))
+            ran += 1
+        elif out.status == "pass":
+            ran += 1
+        else:
+            click.echo(f"  {out.message}")
+    if ran == 0:
+        return int(ExitCode.NOTHING_RAN)
+    return worst
+
+
+@click.command("fuzz", short_help="Hypothesis fuzzing of shapes, masks and values.")
+@click.option("--target", type=click.Choice(("twin", "production")), default="twin", show_default=True,
+              envvar="FA4VERIFY_FUZZ_TARGET",
+              help="CPU twin of FA4, or production FA4 on a CUDA GPU. Env: FA4VERIFY_FUZZ_TARGET.")
+@click.option("--examples", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Number of distinct examples (default: the profile's: ci 40, dev 100, nightly 5000).")
+@click.option("--seed", type=int, default=0, show_default=True, metavar="S", envvar="FA4VERIFY_SEED",
+              help="Hypothesis seed (runs with the same seed draw the same problems). Env: FA4VERIFY_SEED.")
+@click.option("--profile", type=click.Choice(_PROFILES), default="ci", show_default=True,
+              envvar="FA4VERIFY_FUZZ_PROFILE",
+              help="ci: fast, derandomized, small shapes; dev: local default, example database; "
+                   "nightly: long, larger shapes. Env: FA4VERIFY_FUZZ_PROFILE.")
+@click.option("--arch", type=click.Choice(("sm90", "sm100")), default=None,
+              help="Head dims and kernel path drawn for (default: sm90; production: the GPU's).")
+@click.option("--dtype", type=click.Choice(("bf16", "fp16")), default=None,
+              help="Input dtype (default: both are drawn).")
+@click.option("--mutation", "mutations", multiple=True, metavar="NAME[,NAME]",
+              help="Plant a named fault in the twin (repeatable); the run should then FAIL (exit 1).")
+@click.option("--property", "properties", multiple=True, metavar="NAME[,NAME]",
+              help="Only these properties (repeatable). Default: all.")
+@click.option("--max-seqlen", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Longest sequence drawn (default: the profile's).")
+@click.option("--time-limit", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Stop drawing new examples after this many seconds.")
+@click.option("--no-backward", is_flag=True, help="Forward properties only.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="F",
+              help="Write the campaign result (coverage, tightness, failure) as JSON.")
+@click.option("--cases-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              envvar="FA4VERIFY_CASES_DIR",
+              help="Where shrunk failures are written as replayable JSON. Default: "
+                   "<cache-dir>/cases. Env: FA4VERIFY_CASES_DIR.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=".fa4verify-cache", show_default=True,
+              envvar="FA4VERIFY_CACHE_DIR",
+              help="Cache directory; the Hypothesis example database lives in <cache-dir>/hypothesis. "
+                   "Env: FA4VERIFY_CACHE_DIR.")
+@click.option("--replay", "replay", multiple=True, type=click.Path(dir_okay=False), metavar="CASE.json",
+              help="Replay saved case(s) instead of fuzzing (repeatable).")
+@click.option("-v", "--verbose", is_flag=True, help="Print every example as it runs.")
+def command(target, examples, seed, profile, arch, dtype, mutations, properties, max_seqlen, time_limit,
+            no_backward, json_path, cases_dir, cache_dir, replay, verbose):
+    """Fuzz FA4 (or its CPU twin) with Hypothesis and shrink any failure to a small case.
+
+    \b
+    Examples:
+      fa4verify fuzz --examples 40                          CI profile on the sm90 twin
+      fa4verify fuzz --mutation causal_off_by_one           must FAIL and print a small case
+      fa4verify fuzz --target production --examples 200 --json fuzz.json   on the H200
+      fa4verify fuzz --replay .fa4verify-cache/cases/X.json
+    """
+    from fa4verify import fuzz
+
+    props = _split(properties) or None
+    if props:
+        bad = [p for p in props if p not in fuzz.PROPERTIES]
+        if bad:
+            raise click.BadParameter(f"unknown property {bad[0]!r}; known: {', '.join(fuzz.PROPERTIES)}",
+                                     param_hint="--property")
+    if replay:
+        sys.exit(_replay(replay, props))
+
+    muts = _split(mutations)
+    if muts and target != "twin":
+        raise click.UsageError("--mutation plants faults in the CPU twin; use it with --target twin")
+    arch = arch or _default_arch(target)
+    try:
+        tgt = fuzz.make_target(target, mutations=muts)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--mutation")
+    except fuzz.DependencyMissing as e:
+        _err(str(e))
+        sys.exit(int(ExitCode.USAGE))
+    except Exception as e:
+        if type(e).__name__ == "NoCudaError":
+            _err(str(e))
+            sys.exit(int(ExitCode.USAGE))
+        raise
+    if target == "production" and arch == "sm100":
+        import torch
+        major, _ = torch.cuda.get_device_capability()
+        if major != 10:
+            raise click.UsageError(f"--arch sm100 with --target production needs a Blackwell GPU (found sm{major}x)")
+
+    cache = Path(cache_dir)
+    cases = Path(cases_dir) if cases_dir else cache / "cases"
+    examples = examples or fuzz.PROFILES[fuzz.profile_name(profile)]["max_examples"]
+    limits = {"max_seqlen": max_seqlen} if max_seqlen else None
+    where = tgt.describe()["where"]
+    label = f"{where}" + (f", mutations {muts}" if muts else "")
+    _err(f"{examples} examples, profile {profile}, arch {arch}, seed {seed} [{label}]")
+
+    def progress(n: int, problem) -> None:
+        if verbose:
+            _err(f"  #{n}: {problem.describe()}")
+        elif n % 10 == 0:
+            _err(f"  {n} examples")
+
+    try:
+        res = fuzz.run_campaign(target=tgt, arch=arch, dtype=dtype, examples=examples, seed=seed, profile=profile,
+                                properties=props or fuzz.PROPERTIES, limits=limits, cases_dir=cases,
+                                database_dir=cache / "hypothesis", time_limit_s=time_limit,
+                                backward=not no_backward, on_example=progress)
+    except fuzz.DependencyMissing as e:
+        _err(str(e))
+        sys.exit(int(ExitCode.USAGE))
+
+    if json_path:
+        Path(json_path).write_text(json.dumps(res.to_json(), indent=2, sort_keys=True) + "\n")
+    click.echo(f"[{where}] {res.examples_run} distinct examples in {res.seconds:.1f} s"
+               + (f" ({res.stopped})" if res.stopped else ""))
+    if res.properties_ran:
+        click.echo("  properties checked: " + ", ".join(f"{k} x{v}" for k, v in sorted(res.properties_ran.items())))
+    never = sorted(set(props or fuzz.PROPERTIES) - set(res.properties_ran))
+    for p in never:
+        click.echo(f"  never ran: {p} ({res.properties_skipped.get(p, 'not applicable to the drawn problems')})")
+    if res.unsupported:
+        click.echo("  rejected as unsupported: " + "; ".join(f"{k} x{v}" for k, v in res.unsupported.items()))
+    tm = {k: v for k, v in res.max_metrics.items() if k.startswith("tightness_")}
+    if tm:
+        click.echo("  max tightness (error / allowed): " + ", ".join(f"{k[10:]} {v:.3g}" for k, v in sorted(tm.items())))
+    if res.failure:
+        f = res.failure
+        click.echo(f"FAIL {f['property']}: shrunk to {f['describe']}")
+        click.echo(f"  {f['message']}")
+        if f.get("case_file"):
+            click.echo(f"  case: {f['case_file']}  (replay: fa4verify fuzz --replay {f['case_file']})")
+        click.echo("\n" + f["snippet"])
+        sys.exit(int(ExitCode.VIOLATION))
+    if res.examples_run == 0:
+        _err("no example ran (every draw was rejected)")
+        sys.exit(int(ExitCode.NOTHING_RAN))
+    sys.exit(int(ExitCode.OK))

@@ -1,0 +1,1368 @@
+"""Property-based fuzzing of FA4 attention: properties, targets, campaigns, replayable cases.
+
+Every property below runs on an :class:`~fa4verify.strategies.AttentionProblem` against a
+*target*: the CPU twin of FA4 (``"twin"``, figures labelled "CPU twin") or production FA4 on a
+GPU (``"production"``, "measured on H200"). The truth is the certified oracle
+``fa4verify.oracles.attention`` and the tolerance the composed end-to-end error budget
+``fa4verify.error_budgets.load(dtype, arch)``.
+
+Properties (:data:`PROPERTIES`)
+-------------------------------
+``runs``
+    The target returns on every valid problem (a crash, e.g. FA #2562's zero-length varlen
+    error, is a failure; an explicit "unsupported" rejection is not).
+``fwd_budget``
+    ``|O - O*| <= bound(O*) + budget(O)`` and the same for the LSE, elementwise, where ``O*`` is
+    the oracle value, ``bound`` its certified error bound and ``budget`` the composed budget.
+``bwd_budget``
+    The same for dQ, dK, dV (and dsink) against the oracle backward (given the target's own O,
+    as FA4's backward uses the rounded O).
+``finite``
+    No NaN/Inf in O, LSE or the gradients where the oracle's value is finite (and, for outputs
+    stored in fp16/bf16, below the format's largest finite value); LSE = -inf is required
+    exactly on fully masked rows without a sink (checked by ``masked_rows``).
+``masked_rows``
+    Fully masked query rows give O = 0 exactly and, without a sink, LSE = -inf; their dQ rows are
+    exactly 0, and keys no query can see get dK = dV = 0 exactly.
+``key_permutation``
+    Non-causal, unmasked, dense problems: permuting the keys (and values) gives an output within
+    budget of the *unpermuted* oracle (within budget, not bitwise: FA4's sums change order).
+``batch_invariance``
+    Running batch entry ``b`` alone gives the same O and LSE as entry ``b`` of the batched call:
+    bitwise for the twin, within budget for production.
+``gqa_repeat``
+    GQA/MQA (``nheads_kv < nheads``) equals MHA with K, V repeated per query head: bitwise on the
+    twin's SM90 path (no emulated columns depend on pack_gqa there), within budget otherwise.
+``deterministic_bwd``
+    Two ``deterministic=True`` backward calls return bitwise-identical dQ, dK, dV.
+
+Note [Fuzz cases are replayable]
+--------------------------------
+A failing example is shrunk by Hypothesis, and the *final* (shrunk) failure is written as a JSON
+case (:data:`CASE_FORMAT`) holding the problem (shapes, flags and a value seed -- the arrays are
+regenerated from it), the target, arch, mutations, violated property, message and metrics. Replay
+it with ``fa4verify fuzz --replay CASE.json`` or :func:`replay_case`; commit it under
+``tests/regressions/`` to keep it as a regression vector (``tests/test_fuzz_regressions.py``
+replays every file there). The Hypothesis example database is a disposable cache, never a record.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import inspect
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+
+from fa4verify._strategies.problem import FEATURES, AttentionProblem, attention_problems
+
+__all__ = [
+    "PROPERTIES", "PROFILES", "CASE_FORMAT", "CAMPAIGN_FORMAT", "Violation", "Unsupported",
+    "DependencyMissing", "Target", "TwinTarget", "ProductionTarget", "make_target", "check_problem",
+    "CampaignResult", "run_campaign", "write_case", "load_case", "replay_case", "regression_snippet",
+    "register_profiles", "DEFAULT_CACHE_DIR", "profile_limits",
+]
+
+CASE_FORMAT = "fa4verify-fuzz-case/1"
+CAMPAIGN_FORMAT = "fa4verify-fuzz-campaign/1"
+DEFAULT_CACHE_DIR = Path(".fa4verify-cache")
+
+PROPERTIES: tuple[str, ...] = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "key_permutation",
+                               "batch_invariance", "gqa_repeat", "deterministic_bwd")
+
+#: Largest finite value of the stored output formats.
+_FMT_MAX = {"bf16": 3.3895313892515355e38, "fp16": 65504.0}
+
+
+# ============================================================================ errors
+class Violation(AssertionError):
+    """A property failed on a problem. ``prop`` names it; ``metrics`` are JSON-able figures."""
+
+    def __init__(self, prop: str, message: str, metrics: Optional[Mapping[str, Any]] = None):
+        super().__init__(f"[{prop}] {message}")
+        self.prop = prop
+        self.message = message
+        self.metrics = dict(metrics or {})
+
+
+class Unsupported(Exception):
+    """The target cannot run this problem (a feature it does not model or FA4 does not accept)."""
+
+
+class DependencyMissing(RuntimeError):
+    """A module the property needs (oracle, budgets, twin backward) is not installed yet."""
+
+
+# ============================================================================ profiles
+#: Hypothesis profile name -> settings. ``fa4-ci``: derandomized, no deadline (kernels JIT-compile),
+#: no database, few examples; ``fa4-dev``: local default, database in the cache directory;
+#: ``fa4-nightly``: long runs that let ``hypothesis.target`` steer toward large errors.
+PROFILES: dict[str, dict[str, Any]] = {
+    "fa4-ci": dict(max_examples=40, derandomize=True, deadline=None, database=None, print_blob=True,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                          HealthCheck.filter_too_much]),
+    "fa4-dev": dict(max_examples=100, deadline=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]),
+    "fa4-nightly": dict(max_examples=5000, deadline=None, print_blob=True,
+                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                               HealthCheck.filter_too_much]),
+}
+
+#: Problem size limits per profile (``attention_problems`` arguments). CI keeps shapes small so a
+#: twin+oracle example costs well under a second on one core; nightly goes past two KV tiles of
+#: every SM90 tile width and up to hd 256.
+_LIMITS: dict[str, dict[str, int]] = {
+    "fa4-ci": dict(max_seqlen=260, max_batch=2, max_heads=3, max_head_dim=64, max_work=1_500_000),
+    "fa4-dev": dict(max_seqlen=300, max_batch=3, max_heads=4, max_head_dim=256, max_work=8_000_000),
+    "fa4-nightly": dict(max_seqlen=600, max_batch=4, max_heads=6, max_head_dim=256, max_work=60_000_000),
+}
+
+
+def profile_name(profile: str) -> str:
+    """Accept "ci" or "fa4-ci" (etc.); return the registered name."""
+    name = profile if profile.startswith("fa4-") else f"fa4-{profile}"
+    if name not in PROFILES:
+        raise ValueError(f"profile={profile!r}: expected one of {sorted(p[4:] for p in PROFILES)}")
+    return name
+
+
+def profile_limits(profile: str) -> dict[str, int]:
+    return dict(_LIMITS[profile_name(profile)])
+
+
+def register_profiles(database_dir: Optional[os.PathLike] = None) -> None:
+    """Register the ``fa4-*`` Hypothesis profiles (idempotent). ``fa4-dev`` and ``fa4-nightly``
+    keep their example database under ``database_dir`` (default ``.fa4verify-cache/hypothesis``)."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    db_dir = Path(database_dir) if database_dir is not None else DEFAULT_CACHE_DIR / "hypothesis"
+    for name, kw in PROFILES.items():
+        kw = dict(kw)
+        if name != "fa4-ci":
+            kw["database"] = DirectoryBasedExampleDatabase(str(db_dir))
+        settings.register_profile(name, **kw)
+
+
+# ============================================================================ lazy dependencies
+def _import(name: str):
+    import importlib
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise DependencyMissing(f"{name} is not available ({e})") from None
+
+
+def _oracle():
+    return _import("fa4verify.oracles.attention")
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+def _typed(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 array holding exact ``dtype`` values -> numpy array of that dtype (exact)."""
+    if dtype == "fp16":
+        return np.asarray(x, np.float32).astype(np.float16)
+    import ml_dtypes
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
+
+
+# ============================================================================ results
+@dataclasses.dataclass
+class Fwd:
+    """Forward result in FA4 layout, as float64 (exact copies of what the target stored)."""
+    out: np.ndarray
+    lse: np.ndarray
+
+
+@dataclasses.dataclass
+class Bwd:
+    dq: np.ndarray
+    dk: np.ndarray
+    dv: np.ndarray
+    dsink: Optional[np.ndarray] = None
+
+
+# ============================================================================ targets
+class Target:
+    """What the properties run. Subclasses implement :meth:`forward` and :meth:`backward` on
+    materialised arrays (float32 holding exact dtype values, FA4 layout)."""
+
+    name = "target"
+    where = ""
+    #: bitwise batch invariance / GQA equality are expected (CPU twin) or only within budget.
+    bitwise_invariants = False
+    #: a numpy model has no run-to-run nondeterminism to find (deterministic_bwd is skipped).
+    deterministic_by_construction = False
+
+    def features(self) -> tuple[str, ...]:
+        """Problem features this target can run (subset of FEATURES)."""
+        return FEATURES
+
+    def check_supported(self, problem: AttentionProblem) -> None:
+        """Raise :class:`Unsupported` when the target cannot run ``problem``."""
+
+    def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
+        raise NotImplementedError
+
+    def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
+                 deterministic: bool = True) -> Bwd:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {"target": self.name, "where": self.where}
+
+
+class TwinTarget(Target):
+    """The CPU twin (``fa4verify.kernels.twin_attention``), optionally with ``mutations``.
+
+    The twin has no varlen entry point; varlen problems run sequence by sequence through the dense
+    twin (each sequence is an independent attention call in FA4 as well) and are reassembled in
+    FA4's varlen layout. mask_mod patterns run only if the twin accepts a ``mask`` argument.
+    """
+
+    name = "twin"
+    where = "CPU twin"
+    bitwise_invariants = True
+    deterministic_by_construction = True
+
+    def __init__(self, mutations: Collection[str] = (), *, accumulation: str = "exact-then-round",
+                 mufu: str = "correctly-rounded"):
+        self.mutations = frozenset(mutations)
+        self.accumulation = accumulation
+        self.mufu = mufu
+        self._ta = _import("fa4verify.kernels.twin_attention")
+        known = set(getattr(self._ta, "MUTATIONS", ()))
+        bad = self.mutations - known
+        if bad:
+            raise ValueError(f"unknown mutation(s) {sorted(bad)}; the twin knows {sorted(known)}")
+
+    def features(self) -> tuple[str, ...]:
+        f = list(FEATURES)
+        if not _accepts(self._ta.forward, "mask"):
+            f.remove("mask_mod")
+        return tuple(f)
+
+    def check_supported(self, problem: AttentionProblem) -> None:
+        if problem.mask_mod is not None and "mask_mod" not in self.features():
+            raise Unsupported("the twin does not model mask_mod patterns")
+
+    def describe(self) -> dict[str, Any]:
+        return {"target": self.name, "where": self.where, "mutations": sorted(self.mutations),
+                "accumulation": self.accumulation, "mufu": self.mufu}
+
+    def _kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(arch=problem.arch, softmax_scale=problem.softmax_scale, causal=problem.causal,
+                    window_size=tuple(problem.window_size), softcap=float(problem.softcap),
+                    learnable_sink=a["learnable_sink"], mutations=self.mutations,
+                    accumulation=self.accumulation, mufu=self.mufu)
+
+    def _segments(self, problem: AttentionProblem, a: Mapping[str, Any]):
+        """(b, q, k, v, dout, q-slice, k-slice) per sequence; dense problems: one per batch entry
+        only when varlen (dense problems run in one call)."""
+        for b, (q0, lq, k0, lk) in enumerate(problem._seq_bounds()):
+            yield b, slice(q0, q0 + lq), slice(k0, k0 + lk)
+
+    def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
+        self.check_supported(problem)
+        kw = self._kw(problem, a)
+        dt = problem.dtype
+        if problem.mask_mod is not None:
+            kw["mask"] = a["mask"]
+        if not problem.varlen:
+            r = self._ta.forward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt), **kw)
+            return Fwd(np.asarray(r.out, np.float64), np.asarray(r.lse, np.float64))
+        tq = a["q"].shape[0]
+        out = np.zeros((tq, problem.nheads, problem.head_dim_v))
+        lse = np.full((problem.nheads, tq), -np.inf)
+        for _, sq, sk in self._segments(problem, a):
+            if sq.stop == sq.start:
+                continue
+            r = self._ta.forward(_typed(a["q"][sq][None], dt), _typed(a["k"][sk][None], dt),
+                                 _typed(a["v"][sk][None], dt), **kw)
+            out[sq] = np.asarray(r.out, np.float64)[0]
+            lse[:, sq] = np.asarray(r.lse, np.float64)[0]
+        return Fwd(out, lse)
+
+    def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
+                 deterministic: bool = True) -> Bwd:
+        self.check_supported(problem)
+        if not hasattr(self._ta, "backward"):
+            raise DependencyMissing("the twin backward (fa4verify.kernels.twin_bwd) is not available")
+        kw = self._kw(problem, a)
+        if _accepts(self._ta.backward, "deterministic"):
+            kw["deterministic"] = deterministic
+        dt = problem.dtype
+        def call(q, k, v, o, do, lse):
+            r = self._ta.backward(_typed(q, dt), _typed(k, dt), _typed(v, dt), _typed(o, dt), _typed(do, dt),
+                                  lse=np.asarray(lse, np.float32), **kw)
+            return r
+        if not problem.varlen:
+            r = call(a["q"], a["k"], a["v"], fwd.out, a["dout"], fwd.lse)
+            return Bwd(*(np.asarray(getattr(r, n), np.float64) for n in ("dq", "dk", "dv")),
+                       dsink=_maybe(getattr(r, "dsink", None)))
+        dq = np.zeros(a["q"].shape)
+        dk = np.zeros(a["k"].shape)
+        dv = np.zeros(a["v"].shape)
+        dsink = np.zeros(problem.nheads) if problem.sink else None
+        for _, sq, sk in self._segments(problem, a):
+            if sq.stop == sq.start:
+                continue
+            r = call(a["q"][sq][None], a["k"][sk][None], a["v"][sk][None], fwd.out[sq][None],
+                     a["dout"][sq][None], fwd.lse[:, sq][None])
+            dq[sq] = np.asarray(r.dq, np.float64)[0]
+            dk[sk] = np.asarray(r.dk, np.float64)[0]
+            dv[sk] = np.asarray(r.dv, np.float64)[0]
+            if dsink is not None and getattr(r, "dsink", None) is not None:
+                dsink += np.asarray(r.dsink, np.float64)
+        return Bwd(dq, dk, dv, dsink)
+
+
+def _maybe(x):
+    return None if x is None else np.asarray(x, np.float64)
+
+
+class ProductionTarget(Target):
+    """Production FA4 through ``fa4verify.kernels.adapter`` (CUDA). Construction raises
+    ``NoCudaError`` ("no CUDA device: ...") without a usable GPU. FA4 has no boolean-mask
+    entry point, so mask_mod patterns are not generated for this target."""
+
+    name = "production"
+    bitwise_invariants = False
+
+    def __init__(self) -> None:
+        self._ad = _import("fa4verify.kernels.adapter")
+        ok, reason = self._ad.cuda_status()
+        if not ok:
+            raise self._ad.NoCudaError(reason if reason.startswith("no CUDA") else f"no CUDA device: {reason}")
+        import torch
+        self._torch = torch
+        self.where = f"measured on {torch.cuda.get_device_name(0)}"
+        self.last_config: Optional[dict] = None
+
+    def features(self) -> tuple[str, ...]:
+        return tuple(f for f in FEATURES if f != "mask_mod")
+
+    def check_supported(self, problem: AttentionProblem) -> None:
+        if problem.mask_mod is not None:
+            raise Unsupported("production FA4 takes mask_mod as a CuTe callable; boolean patterns are twin-only")
+
+    def _t(self, x: Optional[np.ndarray], dtype: Optional[str]):
+        if x is None:
+            return None
+        torch = self._torch
+        if dtype is None:
+            return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+        tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
+        return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device="cuda", dtype=tdt)
+
+    def _kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+        kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
+                  softcap=float(problem.softcap),
+                  learnable_sink=self._t(a["learnable_sink"], None))
+        if problem.varlen:
+            kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
+                      max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
+        return kw
+
+    @staticmethod
+    def _np(t) -> Optional[np.ndarray]:
+        return None if t is None else t.detach().float().cpu().numpy().astype(np.float64)
+
+    def _call(self, fn, *args, **kw):
+        try:
+            return fn(*args, **kw)
+        except (AssertionError, NotImplementedError, TypeError) as e:
+            # FA4 rejects unsupported combinations with asserts; count them, do not fail on them.
+            raise Unsupported(f"FA4 rejected the call: {type(e).__name__}: {e}") from None
+
+    def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
+        self.check_supported(problem)
+        dt = problem.dtype
+        r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
+                       return_lse=True, **self._kw(problem, a))
+        self.last_config = r.config.to_dict()
+        self._fwd_torch = (r.out, r.lse)
+        return Fwd(self._np(r.out), self._np(r.lse))
+
+    def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
+                 deterministic: bool = True) -> Bwd:
+        self.check_supported(problem)
+        dt = problem.dtype
+        out = self._t(fwd.out.astype(np.float32), dt)
+        lse = self._torch.from_numpy(np.ascontiguousarray(fwd.lse, np.float32)).cuda()
+        r = self._call(self._ad.backward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt), out,
+                       self._t(a["dout"], dt), lse, deterministic=deterministic, **self._kw(problem, a))
+        return Bwd(self._np(r.dq), self._np(r.dk), self._np(r.dv), self._np(r.dsink))
+
+
+def make_target(name: str, *, mutations: Collection[str] = ()) -> Target:
+    """``"twin"`` or ``"production"``; mutations exist only on the twin."""
+    if name == "twin":
+        return TwinTarget(mutations)
+    if name == "production":
+        if mutations:
+            raise ValueError("mutations exist only on the CPU twin (--target twin)")
+        return ProductionTarget()
+    raise ValueError(f"target={name!r}: expected 'twin' or 'production'")
+
+
+# ============================================================================ oracle + budget
+@dataclasses.dataclass
+class _Reference:
+    """Oracle values, their certified bounds and the composed budget's allowance, elementwise."""
+    value: np.ndarray
+    bound: np.ndarray
+    allowance: np.ndarray
+
+
+def _oracle_kwargs(problem: AttentionProblem, a: Mapping[str, Any], fn: Callable) -> dict[str, Any]:
+    kw = problem.kwargs(a)
+    if problem.mask_mod is not None:
+        if not _accepts(fn, "mask"):
+            raise Unsupported("the oracle has no boolean-mask argument")
+        kw["mask"] = a["mask"]
+    return kw
+
+
+def _budget(problem: AttentionProblem):
+    """The composed budget set for the problem's (dtype, arch). Any failure to load it (module
+    missing, malformed TOML) is a missing dependency of the judge, never a finding about the target."""
+    eb = _import("fa4verify.error_budgets")
+    try:
+        return eb.load(problem.dtype, problem.arch)
+    except Exception as e:  # noqa: BLE001
+        raise DependencyMissing(f"error budgets for {problem.dtype}/{problem.arch} unavailable: "
+                                f"{type(e).__name__}: {e}") from None
+
+
+_LOG2E = math.log2(math.e)
+_U32 = 2.0 ** -24
+_FTZ = 2.0 ** -126   # smallest normal fp32: what flush-to-zero can remove from one P
+
+
+def _gamma(n, u=_U32):
+    nu = np.asarray(n, np.float64) * u
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(nu < 1, nu / (1 - nu), np.inf)
+
+
+def _kernel_constants(problem: AttentionProblem) -> dict[str, float]:
+    """Tile width, max_offset and rescale threshold of the FA4 kernel the problem runs on
+    (fa4_numerics.md sections 2-3; SM90 tiles from the twin's ``sm90_tile``, which mirrors
+    ``_tile_size_fwd_sm90``)."""
+    if problem.arch == "sm90":
+        ta = _import("fa4verify.kernels.twin_attention")
+        from fa4verify._strategies.masks import resolve_window
+        causal, local, _, _ = resolve_window(problem.causal, problem.window_size)
+        _, tile_n = ta.sm90_tile(problem.head_dim, problem.head_dim_v, causal, local)
+        return {"tile_n": float(tile_n), "max_offset": 0.0, "threshold": 0.0}
+    hd256 = (problem.head_dim, problem.head_dim_v) == (256, 256)
+    return {"tile_n": 128.0, "max_offset": 0.0, "threshold": 0.0 if hd256 else 8.0}
+
+
+class _Stats:
+    """End-to-end budget statistics (error_budgets/loader.py ``STATISTICS``), computed in fp64 from
+    the exact inputs and the oracle, in FA4's layouts:
+
+    * ``out``-layout dicts: arrays broadcastable to ``out`` ((b, s, h, dv) or (t, h, dv));
+    * ``lse``-layout: broadcastable to the LSE ((b, h, s) or (h, t));
+    * ``dq``/``dk``/``dv``-layout: broadcastable to q, k, v.
+
+    Conservative choices (upper estimates, so budgets can only grow): ``n_blocks`` is
+    ceil(seqlen_k / tile_n) of the sequence, ``n_rescale = n_blocks``, ``lg2_l = |log2 l_true| +
+    max_offset + rescale_threshold`` (FA4's l carries up to 2^(mo + threshold)), and the dK/dV
+    budgets use the largest per-row ``backward_p`` of the rows they sum over.
+    """
+
+    def __init__(self, problem: AttentionProblem, a: Mapping[str, Any], ofwd: Any, budget: Any):
+        self.problem, self.budget = problem, budget
+        kc = _kernel_constants(problem)
+        H, Hk = problem.nheads, problem.nheads_kv
+        g = H // Hk
+        D, Dv = problem.head_dim, problem.head_dim_v
+        scale = problem.scale
+        cap = float(problem.softcap)
+        q, k, v = (np.asarray(a[n], np.float64) for n in ("q", "k", "v"))
+        dout = np.asarray(a["dout"], np.float64)
+        O = np.asarray(ofwd.out, np.float64)
+        lse = np.asarray(ofwd.lse, np.float64)
+        varlen = problem.varlen
+        if not varlen:   # unify: token-major (t, h, d) per segment, segments = batch entries
+            q, k, v, dout, O = (x.reshape((-1,) + x.shape[2:]) for x in (q, k, v, dout, O))
+            lse_t = np.moveaxis(lse, 1, 2).reshape(-1, H)       # (b*s, h)
+        else:
+            lse_t = lse.T                                        # (t, h)
+        tq, tk = q.shape[0], k.shape[0]
+        row = {n: np.zeros((tq, H)) for n in ("qk_c_max", "sc_max", "mc_abs", "softcap_err", "lse_abs",
+                                              "lg2_l", "seqlen_k", "seqlen_q", "n_blocks", "lse_log2_abs")}
+        el = {n: np.zeros((tq, H, Dv)) for n in ("abs_pv", "sum_abs_v")}
+        self._w: list = []  # per segment: (qs, ks, w (h, lq, lk), tanh (h, lq, lk))
+        self._keeps: list = []
+        bounds = problem._seq_bounds()
+        if not varlen:
+            bounds = [(b * problem.seqlen_q, problem.seqlen_q, b * problem.seqlen_k, problem.seqlen_k)
+                      for b in range(problem.batch)]
+        masks = problem.keep_masks()
+        for (q0, lq, k0, lk), keep in zip(bounds, masks):
+            qs, ks = slice(q0, q0 + lq), slice(k0, k0 + lk)
+            if lq == 0:
+                continue
+            nb = math.ceil(lk / kc["tile_n"]) if lk else 0
+            row["seqlen_k"][qs] = lk
+            row["seqlen_q"][qs] = lq
+            row["n_blocks"][qs] = nb
+            W = np.zeros((H, lq, lk))
+            TH = np.zeros((H, lq, lk))
+            for h in range(H):
+                hk = h // g
+                S = q[qs, h] @ k[ks, hk].T
+                A = np.abs(q[qs, h]) @ np.abs(k[ks, hk]).T
+                x = S * scale
+                if cap > 0:
+                    th = np.tanh(x / cap)
+                    y = cap * th
+                    TH[h] = th
+                else:
+                    y = x
+                vis = keep
+                anyv = vis.any(axis=1)
+                neg = np.where(vis, 0.0, -np.inf)
+                row["qk_c_max"][qs, h] = np.max(np.where(vis, A, 0.0), axis=1, initial=0.0) * scale * _LOG2E
+                row["sc_max"][qs, h] = np.max(np.where(vis, np.abs(y), 0.0), axis=1, initial=0.0) * _LOG2E
+                m = np.max(y + neg, axis=1, initial=-np.inf)
+                m = np.where(anyv, m, 0.0)
+                row["mc_abs"][qs, h] = np.abs(m) * _LOG2E
+                if cap > 0:
+                    se = budget.evaluate("softcap", {"abs_out": np.abs(y), "abs_score": np.abs(x)})
+                    row["softcap_err"][qs, h] = np.max(np.where(vis, se, 0.0), axis=1, initial=0.0) * _LOG2E
+                L = lse_t[qs, h]
+                with np.errstate(invalid="ignore", over="ignore"):
+                    w = np.where(vis & np.isfinite(L)[:, None], np.exp(y - np.where(np.isfinite(L), L, 0.0)[:, None]), 0.0)
+                W[h] = w
+                row["lse_abs"][qs, h] = np.where(np.isfinite(L), np.abs(L), 0.0)
+                row["lse_log2_abs"][qs, h] = row["lse_abs"][qs, h] * _LOG2E
+                row["lg2_l"][qs, h] = np.where(anyv & np.isfinite(L), np.abs(L - m) * _LOG2E, 0.0) \
+                    + kc["max_offset"] + kc["threshold"]
+                el["abs_pv"][qs, h] = w @ np.abs(v[ks, hk])
+                el["sum_abs_v"][qs, h] = vis.astype(np.float64) @ np.abs(v[ks, hk])
+            self._w.append((qs, ks, W, TH))
+            self._keeps.append(keep)
+        self.H, self.Hk, self.g, self.D, self.Dv, self.scale = H, Hk, g, D, Dv, scale
+        self.kc = kc
+        self.q, self.k, self.v, self.dout, self.O = q, k, v, dout, O
+        self.row, self.el = row, el
+        self.abs_o = np.abs(O)
+        self.varlen = varlen
+
+    # -- layout helpers: token-major (t, h[, d]) -> FA4 layouts
+    def _to_out(self, x: np.ndarray) -> np.ndarray:
+        p = self.problem
+        if p.varlen:
+            return x
+        return x.reshape((p.batch, p.seqlen_q) + x.shape[1:])
+
+    def _to_lse(self, x: np.ndarray) -> np.ndarray:
+        p = self.problem
+        if p.varlen:
+            return x.T
+        return np.moveaxis(x.reshape(p.batch, p.seqlen_q, -1), 1, 2)
+
+    def _to_kv(self, x: np.ndarray) -> np.ndarray:
+        p = self.problem
+        if p.varlen:
+            return x
+        return x.reshape((p.batch, p.seqlen_k) + x.shape[1:])
+
+    def _common(self) -> dict[str, Any]:
+        return {"d": float(self.D), "dv": float(self.Dv), "tile_n": self.kc["tile_n"],
+                "max_offset": self.kc["max_offset"], "x_max": self.kc["max_offset"] + self.kc["threshold"]}
+
+    def _row_stats(self) -> dict[str, np.ndarray]:
+        r = dict(self.row)
+        r["n_rescale"] = r["n_blocks"]
+        return r
+
+    def forward_out(self) -> np.ndarray:
+        st = self._common()
+        for n, x in self._row_stats().items():
+            st[n] = x[..., None]
+        st.update(self.el)
+        st["abs_o"] = self.abs_o
+        return self._to_out(np.broadcast_to(self.budget.evaluate("forward_out", st), self.abs_o.shape))
+
+    def forward_out_ftz_floor(self) -> np.ndarray:
+        """Flush-to-zero envelope of O: each P < 2^-126 may become 0 and l >= 1, so
+        ``|dO| <= 2^-126 * sum_visible |V|``."""
+        return self._to_out(_FTZ * self.el["sum_abs_v"])
+
+    def forward_lse(self) -> np.ndarray:
+        st = self._common()
+        st.update(self._row_stats())
+        return self._to_lse(np.broadcast_to(self.budget.evaluate("forward_lse", st), self.row["lse_abs"].shape))
+
+    def backward(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray) -> dict[str, np.ndarray]:
+        """Allowances for dq, dk, dv (FA4 layouts) given the oracle backward (exact O)."""
+        p = self.problem
+        H, Hk, g, sc = self.H, self.Hk, self.g, self.scale
+        q, k, v, dout, O = self.q, self.k, self.v, self.dout, self.O
+        tq, tk = q.shape[0], k.shape[0]
+        flat = lambda x: x.reshape((-1,) + x.shape[-2:]) if not p.varlen else x   # noqa: E731
+        bO = flat(np.asarray(out_allow, np.float64)) + flat(np.asarray(out_bound, np.float64))
+        derr = np.sum(bO * np.abs(dout), axis=-1) + _gamma(self.Dv) * np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1)
+        q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk")}
+        k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq")}
+        v_el = {"abs_pdo": np.zeros((tk, Hk, self.Dv)), "sum_abs_do": np.zeros((tk, Hk, self.Dv))}
+        floor = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
+        k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
+        # backward_p per query row, then its max over the rows each key sums over
+        st = self._common()
+        st.update(self._row_stats())
+        bp_row = np.broadcast_to(self.budget.evaluate("backward_p", st), (tq, H))
+        keeps = {(qs.start, ks.start): km for (qs, ks, _, _), km in zip(self._w, self._keeps)}
+        keep_of = lambda qs, ks: keeps[(qs.start, ks.start)]   # noqa: E731
+        for qs, ks, W, TH in self._w:
+            lq, lk = qs.stop - qs.start, ks.stop - ks.start
+            if lk == 0:
+                continue
+            k_row["seqlen_q"][ks] = lq * g      # dK/dV of a kv head accumulate over its g query heads
+            k_row["seqlen_k"][ks] = lk
+            k_row["n_blocks"][ks] = self.row["n_blocks"][qs.start, 0] if lq else 0
+            for h in range(H):
+                hk = h // g
+                w = W[h]
+                dP = dout[qs, h] @ v[ks, hk].T
+                Dh = np.sum(O[qs, h] * dout[qs, h], axis=-1)
+                dS = w * (dP - Dh[:, None])
+                if p.softcap > 0:
+                    dS = dS * (1 - TH[h] ** 2)
+                DOV = np.abs(dout[qs, h]) @ np.abs(v[ks, hk]).T
+                q_el["abs_dsk"][qs, h] = sc * np.abs(dS) @ np.abs(k[ks, hk])
+                q_el["abs_p_dov_k"][qs, h] = sc * (w * DOV) @ np.abs(k[ks, hk])
+                q_el["abs_p_derr_k"][qs, h] = sc * (w * derr[qs, h][:, None]) @ np.abs(k[ks, hk])
+                k_el["abs_dsq"][ks, hk] += sc * np.abs(dS).T @ np.abs(q[qs, h])
+                k_el["abs_p_dov_q"][ks, hk] += sc * (w * DOV).T @ np.abs(q[qs, h])
+                k_el["abs_p_derr_q"][ks, hk] += sc * (w * derr[qs, h][:, None]).T @ np.abs(q[qs, h])
+                v_el["abs_pdo"][ks, hk] += w.T @ np.abs(dout[qs, h])
+                # flush-to-zero envelope: every P below 2^-126 may become 0 (ex2.approx.ftz)
+                # budget statistics of the subnormal floors (error_budgets/loader.py STATISTICS)
+                kf = keep_of(qs, ks).astype(np.float64)
+                q_el["sub_dsk"][qs, h] = sc * kf @ np.abs(k[ks, hk])
+                k_el["sub_dsq"][ks, hk] += sc * kf.T @ np.abs(q[qs, h])
+                v_el["sum_abs_do"][ks, hk] += kf.T @ np.abs(dout[qs, h])
+                R = np.abs(dP - Dh[:, None]) * kf
+                floor["dq"][qs, h] = _FTZ * sc * R @ np.abs(k[ks, hk])
+                floor["dk"][ks, hk] += _FTZ * sc * R.T @ np.abs(q[qs, h])
+                floor["dv"][ks, hk] += _FTZ * keep_of(qs, ks).T.astype(np.float64) @ np.abs(dout[qs, h])
+                k_row["backward_p"][ks, hk] = np.maximum(k_row["backward_p"][ks, hk],
+                                                         np.max(bp_row[qs, h], initial=0.0))
+        out: dict[str, np.ndarray] = {}
+        common = self._common()
+        # dq (query layout)
+        st = dict(common)
+        for n, x in self._row_stats().items():
+            st[n] = x[..., None]
+        st["backward_p"] = bp_row[..., None]
+        st.update(q_el)
+        st["abs_dq"] = flat(np.abs(np.asarray(obwd.dq, np.float64)))
+        out["dq"] = self._to_out(np.broadcast_to(self.budget.evaluate("backward_dq", st), q.shape))
+        # dk, dv (key layout)
+        st = dict(common)
+        for n, x in k_row.items():
+            st[n] = x[..., None]
+        st.update(k_el)
+        st["abs_dk"] = flat(np.abs(np.asarray(obwd.dk, np.float64)))
+        out["dk"] = self._to_kv(np.broadcast_to(self.budget.evaluate("backward_dk", st), k.shape))
+        st.update(v_el)
+        st["abs_dv"] = flat(np.abs(np.asarray(obwd.dv, np.float64)))
+        out["dv"] = self._to_kv(np.broadcast_to(self.budget.evaluate("backward_dv", st), v.shape))
+        self.ftz_floor = {"dq": self._to_out(floor["dq"]), "dk": self._to_kv(floor["dk"]),
+                          "dv": self._to_kv(floor["dv"])}
+        return out
+
+
+def _oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
+    orc = _oracle()
+    dt = problem.dtype
+    return orc.forward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt),
+                       **_oracle_kwargs(problem, a, orc.forward))
+
+
+def _oracle_backward(problem: AttentionProblem, a: Mapping[str, Any], out: Optional[np.ndarray]):
+    """Oracle gradients. ``out=None``: the exact gradient (the oracle's own O enters D), which is
+    what the composed backward budgets bound (their ``derr`` term covers the kernel's O error;
+    error_budgets/DERIVATIONS.md#bwd-composition)."""
+    orc = _oracle()
+    dt = problem.dtype
+    o = None if out is None else _typed(out.astype(np.float32), dt)
+    return orc.backward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt), o, _typed(a["dout"], dt),
+                        **_oracle_kwargs(problem, a, orc.backward))
+
+
+# ============================================================================ comparisons
+def _where_str(idx: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(int(i)) for i in idx) + ")"
+
+
+def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: np.ndarray,
+             allowance: np.ndarray, problem: AttentionProblem, ignore: Optional[np.ndarray] = None,
+             ftz_floor: Optional[np.ndarray] = None) -> float:
+    """Check ``|actual - ref| <= bound + allowance`` elementwise (finite oracle values only; the
+    ``finite`` property covers the others); return the tightness ``max |actual - ref| / (bound +
+    allowance)`` (0 when nothing is compared). Raises :class:`Violation` with the five worst
+    elements."""
+    actual = np.asarray(actual, np.float64)
+    ref = np.asarray(ref, np.float64)
+    if actual.shape != ref.shape:
+        raise Violation(prop, f"{name}: shape {actual.shape} != oracle shape {ref.shape}")
+    tol = np.broadcast_to(np.asarray(bound, np.float64) + np.asarray(allowance, np.float64), ref.shape)
+    sel = np.isfinite(ref) & np.isfinite(tol)
+    if ignore is not None:
+        sel &= ~ignore
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(sel, np.abs(actual - ref), 0.0)
+        err = np.where(sel & np.isnan(err), np.inf, err)
+        ratio = np.where(sel, err / np.where(tol > 0, tol, np.nan), 0.0)
+        ratio = np.where(sel & (tol == 0), np.where(err > 0, np.inf, 0.0), ratio)
+    bad = ratio > 1.0
+    tight = float(np.nanmax(ratio)) if ratio.size else 0.0
+    if bad.any():
+        order = np.argsort(-ratio, axis=None)[:5]
+        rows = []
+        for flat in order:
+            idx = np.unravel_index(flat, ratio.shape)
+            if not bad[idx]:
+                break
+            rows.append(f"{_where_str(idx)}: got {actual[idx]!r}, oracle {ref[idx]!r}, "
+                        f"|err| {err[idx]:.3g} > tol {tol[idx]:.3g}")
+        raise Violation(prop, f"{name}: {int(bad.sum())} / {int(sel.sum())} elements "
+                              f"({100.0 * bad.sum() / max(sel.sum(), 1):.3g}%) exceed |{name} - oracle| <= "
+                              f"oracle_bound + budget; worst: " + "; ".join(rows) + f" | case: {problem.describe()}",
+                        {f"tightness_{name}": tight, f"violations_{name}": int(bad.sum()),
+                         "max_violating_abs_err": float(np.max(err[bad])), "quantity": name,
+                         "within_ftz_envelope": bool(ftz_floor is not None and np.all(
+                             err[bad] <= tol[bad] + np.broadcast_to(ftz_floor, ref.shape)[bad]))})
+    return tight
+
+
+def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, problem: AttentionProblem,
+                  fmt_max: Optional[float]) -> None:
+    ref = np.asarray(ref, np.float64)
+    sel = np.isfinite(ref)
+    if fmt_max is not None:
+        sel &= np.abs(ref) < fmt_max * (1 - 2.0 ** -8)   # the oracle may legitimately overflow the format
+    bad = sel & ~np.isfinite(actual)
+    if bad.any():
+        idx = tuple(np.argwhere(bad)[0])
+        raise Violation(prop, f"{name}: {int(bad.sum())} non-finite value(s) where the oracle is finite, first "
+                              f"{_where_str(idx)}: got {actual[idx]!r}, oracle {ref[idx]!r} | case: {problem.describe()}",
+                        {f"nonfinite_{name}": int(bad.sum())})
+
+
+# ============================================================================ properties
+@dataclasses.dataclass
+class CheckOutcome:
+    """What :func:`check_problem` measured: metrics (tightness per quantity, ...) and the
+    properties skipped with their reason."""
+    metrics: dict[str, float]
+    skipped: dict[str, str]
+    ran: list[str]
+
+
+def _run_target(problem: AttentionProblem, fn: Callable, *args, **kw):
+    """Call the target; a crash on a valid problem is the ``runs`` property failing (an
+    Unsupported or DependencyMissing passes through)."""
+    try:
+        return fn(*args, **kw)
+    except (Violation, Unsupported, DependencyMissing):
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise Violation("runs", f"{type(e).__name__}: {e} | case: {problem.describe()}") from e
+
+
+def check_problem(problem: AttentionProblem, target: Target, *, properties: Collection[str] = PROPERTIES,
+                  backward: bool = True) -> CheckOutcome:
+    """Run ``properties`` on ``problem`` against ``target``; raise :class:`Violation` on the first
+    failing one, :class:`Unsupported` when the target cannot run the problem. Properties whose
+    dependencies are missing (oracle, budgets, twin backward) are skipped with the reason."""
+    props = [p for p in PROPERTIES if p in set(properties)]
+    unknown = set(properties) - set(PROPERTIES)
+    if unknown:
+        raise ValueError(f"unknown properties {sorted(unknown)}; known: {PROPERTIES}")
+    target.check_supported(problem)
+    a = problem.materialize()
+    metrics: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    ran: list[str] = []
+    fwd = _run_target(problem, target.forward, problem, a)
+    ran.append("runs")
+    masked = problem.fully_masked_rows()
+    fmt_max = _FMT_MAX[problem.dtype]
+
+    # ---------------------------------------------------------------- oracle + budget (forward)
+    ofwd = None
+    stats = None
+    ref_out = ref_lse = None
+    try:
+        ofwd = _oracle_forward(problem, a)
+        stats = _Stats(problem, a, ofwd, _budget(problem))
+        ref_out = _Reference(np.asarray(ofwd.out, np.float64), np.asarray(ofwd.bound, np.float64),
+                             stats.forward_out())
+        ref_lse = _Reference(np.asarray(ofwd.lse, np.float64), np.asarray(ofwd.lse_bound, np.float64),
+                             stats.forward_lse())
+        oracle_error = None
+    except (DependencyMissing, Unsupported) as e:
+        oracle_error = str(e)
+
+    def need_ref(p: str) -> bool:
+        if ref_out is None:
+            skipped[p] = oracle_error or "oracle unavailable"
+            return False
+        return True
+
+    if "masked_rows" in props:
+        ran.append("masked_rows")
+        mo = np.moveaxis(fwd.out, -2, -3) if not problem.varlen else np.moveaxis(fwd.out, -2, 0)
+        # mo: (b, h, s, dv) dense or (h, total, dv) varlen -- same leading layout as masked
+        nz = masked & np.any(mo != 0, axis=-1)
+        if nz.any():
+            idx = tuple(np.argwhere(nz)[0])
+            raise Violation("masked_rows", f"O != 0 on {int(nz.sum())} fully masked row(s) (LSE layout index "
+                                           f"{_where_str(idx)}) | case: {problem.describe()}")
+        if not problem.sink:
+            bad = masked & ~(np.isneginf(fwd.lse))
+            if bad.any():
+                idx = tuple(np.argwhere(bad)[0])
+                raise Violation("masked_rows", f"LSE != -inf on {int(bad.sum())} fully masked row(s), first "
+                                               f"{_where_str(idx)}: {fwd.lse[idx]!r} | case: {problem.describe()}")
+        metrics["masked_rows"] = int(masked.sum())
+
+    if "finite" in props:
+        if ref_out is not None:
+            ran.append("finite")
+            _check_finite("finite", "out", fwd.out, ref_out.value, problem, fmt_max)
+            _check_finite("finite", "lse", fwd.lse, ref_lse.value, problem, None)
+        else:
+            ran.append("finite")
+            for name, x in (("out", fwd.out),):
+                if not np.isfinite(x).all():
+                    raise Violation("finite", f"{name}: non-finite output on finite inputs | case: {problem.describe()}")
+
+    if "fwd_budget" in props and need_ref("fwd_budget"):
+        ran.append("fwd_budget")
+        metrics["tightness_out"] = _compare("fwd_budget", "out", fwd.out, ref_out.value, ref_out.bound,
+                                            ref_out.allowance, problem, ftz_floor=stats.forward_out_ftz_floor())
+        metrics["tightness_lse"] = _compare("fwd_budget", "lse", fwd.lse, ref_lse.value, ref_lse.bound,
+                                            ref_lse.allowance, problem)
+
+    plain = (not problem.causal and not problem.local and problem.mask_mod is None and not problem.varlen)
+    if "key_permutation" in props:
+        if not plain or problem.seqlen_k < 2:
+            skipped["key_permutation"] = "needs a dense problem without causal/local/mask_mod and seqlen_k >= 2"
+        elif need_ref("key_permutation"):
+            ran.append("key_permutation")
+            perm = np.random.default_rng(problem.values.seed ^ 0x5EED).permutation(problem.seqlen_k)
+            ap = dict(a)
+            ap["k"], ap["v"] = a["k"][:, perm], a["v"][:, perm]
+            fp = _run_target(problem, target.forward, problem, ap)
+            metrics["tightness_out_permuted"] = _compare("key_permutation", "out", fp.out, ref_out.value,
+                                                         ref_out.bound, ref_out.allowance, problem)
+            _compare("key_permutation", "lse", fp.lse, ref_lse.value, ref_lse.bound, ref_lse.allowance, problem)
+
+    if "batch_invariance" in props:
+        if problem.batch < 2 or problem.varlen:
+            skipped["batch_invariance"] = "needs a dense problem with batch >= 2"
+        else:
+            ran.append("batch_invariance")
+            b = problem.batch - 1
+            sub = problem.replace(batch=1)
+            ab = dict(a)
+            for n in ("q", "k", "v", "dout"):
+                ab[n] = a[n][b:b + 1]
+            if a.get("mask") is not None:
+                ab["mask"] = a["mask"][b:b + 1]
+            f1 = _run_target(problem, target.forward, sub, ab)
+            if target.bitwise_invariants:
+                for n, x, y in (("out", f1.out[0], fwd.out[b]), ("lse", f1.lse[0], fwd.lse[b])):
+                    if not np.array_equal(x, y, equal_nan=True):
+                        d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
+                        raise Violation("batch_invariance", f"{n} of batch entry {b} run alone differs bitwise "
+                                                            f"in {d} element(s) | case: {problem.describe()}")
+            elif need_ref("batch_invariance"):
+                _compare("batch_invariance", "out", f1.out[0], ref_out.value[b], ref_out.bound[b],
+                         np.broadcast_to(ref_out.allowance, ref_out.value.shape)[b], problem)
+
+    if "gqa_repeat" in props:
+        if problem.nheads_kv == problem.nheads or problem.varlen:
+            skipped["gqa_repeat"] = "needs a dense GQA/MQA problem (nheads_kv < nheads)"
+        else:
+            ran.append("gqa_repeat")
+            g = problem.nheads // problem.nheads_kv
+            mha = problem.replace(nheads_kv=problem.nheads)
+            am = dict(a)
+            am["k"], am["v"] = np.repeat(a["k"], g, axis=-2), np.repeat(a["v"], g, axis=-2)
+            fm = _run_target(problem, target.forward, mha, am)
+            if target.bitwise_invariants and problem.arch == "sm90":
+                for n, x, y in (("out", fm.out, fwd.out), ("lse", fm.lse, fwd.lse)):
+                    if not np.array_equal(x, y, equal_nan=True):
+                        d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
+                        raise Violation("gqa_repeat", f"{n} with repeated KV heads differs bitwise from GQA in "
+                                                      f"{d} element(s) | case: {problem.describe()}")
+            elif need_ref("gqa_repeat"):
+                _compare("gqa_repeat", "out", fm.out, ref_out.value, ref_out.bound, ref_out.allowance, problem)
+
+    # ---------------------------------------------------------------- backward
+    want_bwd = backward and {"bwd_budget", "deterministic_bwd", "masked_rows", "finite"} & set(props)
+    if want_bwd:
+        try:
+            g = _run_target(problem, target.backward, problem, a, fwd, deterministic=True)
+        except DependencyMissing as e:
+            for p in ("bwd_budget", "deterministic_bwd"):
+                if p in props:
+                    skipped[p] = str(e)
+            g = None
+        if g is not None:
+            if "masked_rows" in props:
+                dq_rows = np.moveaxis(g.dq, -2, -3) if not problem.varlen else np.moveaxis(g.dq, -2, 0)
+                nz = masked & np.any(dq_rows != 0, axis=-1)
+                if nz.any():
+                    raise Violation("masked_rows", f"dQ != 0 on {int(nz.sum())} fully masked row(s) | "
+                                                   f"case: {problem.describe()}")
+                unseen = _unseen_keys(problem)
+                for n, x in (("dk", g.dk), ("dv", g.dv)):
+                    xr = np.any(x != 0, axis=(-1, -2))   # (b, sk) or (total_k,)
+                    bad = unseen & xr
+                    if bad.any():
+                        raise Violation("masked_rows", f"{n} != 0 on {int(bad.sum())} key(s) no query can see | "
+                                                       f"case: {problem.describe()}")
+            obwd = None
+            if ({"bwd_budget", "finite"} & set(props)) and ref_out is not None:
+                try:
+                    obwd = _oracle_backward(problem, a, None)
+                except (DependencyMissing, Unsupported) as e:
+                    skipped["bwd_budget"] = str(e)
+            if obwd is not None:
+                for n in ("dq", "dk", "dv"):
+                    if "finite" in props:
+                        _check_finite("finite", n, getattr(g, n), getattr(obwd, n), problem, fmt_max)
+                if "bwd_budget" in props:
+                    try:
+                        allow = stats.backward(obwd, ref_out.allowance, ref_out.bound)
+                    except (DependencyMissing, KeyError) as e:
+                        skipped["bwd_budget"] = f"backward budget unavailable: {e}"
+                        allow = None
+                    if allow is not None:
+                        ran.append("bwd_budget")
+                        for n in ("dq", "dk", "dv"):
+                            metrics[f"tightness_{n}"] = _compare("bwd_budget", n, getattr(g, n), getattr(obwd, n),
+                                                                 getattr(obwd, f"{n}_bound"), allow[n], problem,
+                                                                 ftz_floor=stats.ftz_floor[n])
+            if "deterministic_bwd" in props and target.deterministic_by_construction:
+                skipped["deterministic_bwd"] = f"{target.where} is deterministic by construction"
+            elif "deterministic_bwd" in props:
+                ran.append("deterministic_bwd")
+                g2 = _run_target(problem, target.backward, problem, a, fwd, deterministic=True)
+                for n in ("dq", "dk", "dv"):
+                    x, y = getattr(g, n), getattr(g2, n)
+                    if not np.array_equal(x, y, equal_nan=True):
+                        d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
+                        raise Violation("deterministic_bwd", f"{n} differs bitwise between two deterministic "
+                                                             f"backward calls in {d} element(s) | case: "
+                                                             f"{problem.describe()}")
+    tights = [v for k, v in metrics.items() if k.startswith("tightness_") and math.isfinite(v)]
+    metrics["tightness_max"] = max(tights) if tights else 0.0
+    return CheckOutcome(metrics, skipped, ran)
+
+
+def _unseen_keys(problem: AttentionProblem) -> np.ndarray:
+    """Bool ``(batch, seqlen_k)`` (dense) or ``(total_k,)`` (varlen): keys no query row can see."""
+    cols = [~m.any(axis=0) for m in problem.keep_masks()]
+    if problem.varlen:
+        return np.concatenate(cols) if cols else np.zeros(0, bool)
+    return np.stack(cols)
+
+
+# ============================================================================ known issues
+@dataclasses.dataclass(frozen=True)
+class KnownIssue:
+    """A documented accuracy problem of FA4 itself (reproduced by the twin). A campaign records a
+    violation that matches a known issue (``known_hits``) and keeps going instead of stopping on
+    it; ``strict_known=True`` makes it a failure like any other."""
+    name: str
+    title: str
+    reference: str
+    applies: Callable[[AttentionProblem, Mapping[str, Any], "Violation"], bool]
+    targets: tuple[str, ...] = ("twin", "production")
+
+
+def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True when some row's sink exceeds its largest visible logit by >= 126 log2 units, where
+    ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold reaches fp32 overflow."""
+    if not problem.sink or v.prop not in ("finite", "fwd_budget", "bwd_budget", "key_permutation",
+                                          "batch_invariance", "gqa_repeat"):
+        return False
+    sink = np.asarray(a["learnable_sink"], np.float64)
+    q = np.asarray(a["q"], np.float64)
+    k = np.asarray(a["k"], np.float64)
+    q, k = q.reshape((-1,) + q.shape[-2:]), k.reshape((-1,) + k.shape[-2:])
+    g = problem.nheads // problem.nheads_kv
+    for (q0, lq, k0, lk), keep in zip(_token_bounds(problem), problem.keep_masks()):
+        if lq == 0 or lk == 0:
+            continue
+        for h in range(problem.nheads):
+            y = (q[q0:q0 + lq, h] @ k[k0:k0 + lk, h // g].T) * problem.scale
+            if problem.softcap > 0:
+                y = problem.softcap * np.tanh(y / problem.softcap)
+            m = np.max(np.where(keep, y, -np.inf), axis=1)
+            if np.any(np.isfinite(m) & ((sink[h] - m) * _LOG2E >= 126.0)):
+                return True
+    return False
+
+
+def _token_bounds(problem: AttentionProblem) -> list[tuple[int, int, int, int]]:
+    """(q_start, q_len, k_start, k_len) per sequence on the token axis of (t, h, d) arrays; dense
+    problems are flattened batch-major."""
+    if problem.varlen:
+        return problem._seq_bounds()
+    return [(b * problem.seqlen_q, problem.seqlen_q, b * problem.seqlen_k, problem.seqlen_k)
+            for b in range(problem.batch)]
+
+
+def _ftz_floor(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True when every violating element is within the flush-to-zero envelope on top of the
+    budget: FA4's ``ex2.approx.ftz`` turns every P < 2^-126 into 0, an absolute error the composed
+    budgets do not include (envelope: 2^-126 sum|V| for O; 2^-126 scale sum_j |dP - D| |K| for dQ,
+    the same with Q for dK; 2^-126 sum|dO| for dV)."""
+    return (v.prop in ("fwd_budget", "bwd_budget", "key_permutation", "gqa_repeat", "batch_invariance")
+            and bool(v.metrics.get("within_ftz_envelope")))
+
+
+def _twin_window_rule(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """The twin drops a window when ``left + right < 0``; FA4 4.0.0b36 drops it only when both
+    sides are negative (``interface._resolve_causal_local_window``), so e.g. (0, -1) is an empty
+    window (fully masked rows) in FA4 and no mask at all in the twin."""
+    left, right = problem.window_size
+    if left is not None and right is not None and left < 0 and right < 0:
+        return False                      # both negative: FA4 and the twin both drop the window
+    if problem.causal:
+        right = 0
+    return left is not None and right is not None and left + right < 0
+
+
+#: FA4 behaviours the fuzzer has found and that are documented (docs/fuzzing.md).
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    KnownIssue(
+        "sink_rowsum_overflow",
+        "learnable sink far above every visible logit: FA4's sink fold exp2(sink*log2e - "
+        "row_max*scale_log2) overflows fp32, so LSE = +inf (O = 0, dsink wrong)",
+        "flash_attn/cute/softmax.py Softmax.finalize / apply_learnable_sink (4.0.0b36); found by "
+        "fa4verify fuzz on the CPU twin; tests/regressions/finite-twin-sink-overflow.json",
+        _sink_overflow),
+    KnownIssue(
+        "ftz_floor_not_budgeted",
+        "violations within the flush-to-zero envelope: FA4 flushes P < 2^-126 to zero "
+        "(ex2.approx.ftz); the composed budgets (error_budgets/_base.toml e2e.*) carry no absolute "
+        "floor for that (a budget gap, not a kernel error)",
+        "kernels/twin_fwd.py Mufu (.ftz); error_budgets/DERIVATIONS.md#bwd-composition; found by "
+        "fa4verify fuzz (bf16 dK of the last causal key, |dK| ~ 6e-41; fp16 dK ~ 2e-6, 0.6 subnormal ulp)",
+        _ftz_floor),
+    KnownIssue(
+        "twin_window_sum_rule",
+        "CPU twin bug: window_size with one negative side and left + right < 0 is dropped by the twin "
+        "(kernels/twin_fwd.py: 'wl + wr < 0'), but FA4 keeps it (only both-negative windows are dropped)",
+        "flash_attn/cute/interface.py _resolve_causal_local_window (4.0.0b36); "
+        "tests/regressions/masked_rows-twin-window-sum-rule.json",
+        _twin_window_rule, targets=("twin",)),
+)
+
+
+def match_known_issue(problem: AttentionProblem, v: "Violation", a: Optional[Mapping[str, Any]] = None,
+                      target: str = "twin") -> Optional[KnownIssue]:
+    """The known issue explaining violation ``v`` on ``problem`` for ``target``, or None."""
+    a = problem.materialize() if a is None else a
+    for ki in KNOWN_ISSUES:
+        if target in ki.targets and ki.applies(problem, a, v):
+            return ki
+    return None
+
+
+# ============================================================================ cases
+def _versions() -> dict[str, Optional[str]]:
+    from importlib import metadata
+    out: dict[str, Optional[str]] = {}
+    for dist in ("fa4verify", "hypothesis", "numpy", "flash-attn-4", "nvidia-cutlass-dsl"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def write_case(directory: os.PathLike, problem: AttentionProblem, violation: Violation, *,
+               target: Target, profile: str = "", seed: Optional[int] = None) -> Path:
+    """Write a replayable JSON case (Note [Fuzz cases are replayable]); never overwrites: the
+    file name is ``<property>-<target>-<digest>.json``. Returns the path."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    desc = target.describe()
+    case = {
+        "format": CASE_FORMAT,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "target": desc["target"], "where": desc["where"],
+        "arch": problem.arch, "mutations": desc.get("mutations", []),
+        "property": violation.prop, "message": violation.message,
+        "metrics": {k: (v if not isinstance(v, float) or math.isfinite(v) else repr(v))
+                    for k, v in violation.metrics.items()},
+        "expect": "fail", "profile": profile, "seed": seed,
+        "problem": problem.to_dict(), "versions": _versions(),
+    }
+    stem = f"{violation.prop}-{desc['target']}{'-' + '+'.join(desc.get('mutations', [])) if desc.get('mutations') else ''}-{problem.digest()}"
+    path = d / f"{stem}.json"
+    n = 1
+    while path.exists():
+        path = d / f"{stem}-{n}.json"
+        n += 1
+    path.write_text(json.dumps(case, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load_case(path_or_dict: os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
+    """Read and validate a case file; returns the dict with ``problem`` parsed to an
+    :class:`AttentionProblem` under ``"problem_obj"``."""
+    if isinstance(path_or_dict, Mapping):
+        case = dict(path_or_dict)
+    else:
+        case = json.loads(Path(path_or_dict).read_text())
+    if case.get("format") != CASE_FORMAT:
+        raise ValueError(f"not a fuzz case: format={case.get('format')!r} (expected {CASE_FORMAT!r})")
+    case["problem_obj"] = AttentionProblem.from_dict(case["problem"])
+    return case
+
+
+@dataclasses.dataclass
+class ReplayOutcome:
+    status: str                     # "fail" | "pass" | "unsupported" | "skipped"
+    property: Optional[str]
+    message: str
+    metrics: dict[str, Any]
+
+
+def replay_case(case: os.PathLike | Mapping[str, Any], *, target: Optional[Target] = None,
+                properties: Optional[Collection[str]] = None) -> ReplayOutcome:
+    """Re-run a case. By default the case's own target and mutations, and only the property it
+    recorded (``properties`` overrides; pass :data:`PROPERTIES` for all)."""
+    c = load_case(case)
+    problem: AttentionProblem = c["problem_obj"]
+    if target is None:
+        target = make_target(c["target"], mutations=c.get("mutations", ()))
+    props = tuple(properties) if properties is not None else (c["property"],)
+    try:
+        out = check_problem(problem, target, properties=props)
+    except Violation as v:
+        return ReplayOutcome("fail", v.prop, v.message, v.metrics)
+    except Unsupported as e:
+        return ReplayOutcome("unsupported", None, str(e), {})
+    if not out.ran:
+        return ReplayOutcome("skipped", None, "; ".join(f"{k}: {v}" for k, v in out.skipped.items()), out.metrics)
+    return ReplayOutcome("pass", None, f"ran {out.ran}", out.metrics)
+
+
+def regression_snippet(problem: AttentionProblem, violation: Violation, *, target: Target,
+                       case_path: Optional[os.PathLike] = None) -> str:
+    """A pytest snippet that pins the shrunk counterexample: an ``@example`` for a Hypothesis
+    test over :func:`attention_problems` and a plain regression test."""
+    desc = target.describe()
+    muts = desc.get("mutations", [])
+    js = problem.to_json()
+    target_expr = f"TwinTarget({sorted(muts)!r})" if desc["target"] == "twin" else "ProductionTarget()"
+    lines = [
+        f"# Shrunk counterexample: property {violation.prop!r} on {desc['where']}"
+        + (f" with mutations {muts}" if muts else ""),
+        f"# {problem.describe()}",
+    ]
+    if case_path is not None:
+        lines.append(f"# case file: {case_path}  (replay: fa4verify fuzz --replay {case_path})")
+    lines += [
+        "from hypothesis import example, given",
+        "from fa4verify.fuzz import TwinTarget, ProductionTarget, check_problem",
+        "from fa4verify.strategies import AttentionProblem, attention_problems",
+        "",
+        f"@example(AttentionProblem.from_json({js!r}))",
+        f"@given(attention_problems(arch={problem.arch!r}, dtype={problem.dtype!r}))",
+        "def test_fuzz_properties(problem):",
+        f"    check_problem(problem, {target_expr}, properties=[{violation.prop!r}])",
+    ]
+    return "\n".join(lines)
+
+
+# ============================================================================ campaigns
+@dataclasses.dataclass
+class CampaignResult:
+    """Everything one campaign measured; :meth:`to_json` is the ``--json`` schema
+    (:data:`CAMPAIGN_FORMAT`)."""
+    target: dict[str, Any]
+    arch: str
+    profile: str
+    seed: int
+    examples_requested: int
+    examples_run: int = 0
+    unique_problems: int = 0
+    unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
+    coverage: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    properties_ran: dict[str, int] = dataclasses.field(default_factory=dict)
+    properties_skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    max_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    worst_problem: Optional[dict] = None
+    failure: Optional[dict[str, Any]] = None
+    seconds: float = 0.0
+    stopped: Optional[str] = None
+    known_hits: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    versions: dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def found(self) -> bool:
+        return self.failure is not None
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["format"] = CAMPAIGN_FORMAT
+        d["where"] = self.target.get("where", "")
+        return _jsonable(d)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if math.isfinite(x) else repr(x)
+    return x
+
+
+class _Stop(Exception):
+    """Raised inside the test function once the campaign's time limit has passed."""
+
+
+def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = None, examples: int = 40,
+                 seed: int = 0, profile: str = "ci", properties: Collection[str] = PROPERTIES,
+                 features: Optional[Collection[str]] = None, distributions: Optional[Collection[str]] = None,
+                 limits: Optional[Mapping[str, int]] = None, cases_dir: Optional[os.PathLike] = None,
+                 database_dir: Optional[os.PathLike] = None, time_limit_s: Optional[float] = None,
+                 backward: bool = True, strict_known: bool = False, on_example: Optional[Callable[[int, AttentionProblem], None]] = None,
+                 verbose: bool = False) -> CampaignResult:
+    """Run a Hypothesis campaign of ``examples`` problems against ``target``.
+
+    The first failing problem is shrunk; the shrunk failure is stored in ``result.failure``
+    (property, message, metrics, problem, snippet, and the case file when ``cases_dir`` is set).
+    ``hypothesis.target`` steers toward large ``tightness_max`` (and per quantity). With
+    ``time_limit_s``, generation stops at the limit and the result says so (``stopped``).
+    """
+    pname = profile_name(profile)
+    register_profiles(database_dir)
+    lim = profile_limits(profile)
+    lim.update(limits or {})
+    feats = tuple(f for f in (features if features is not None else FEATURES) if f in target.features())
+    strategy = attention_problems(arch=arch, dtype=dtype, features=feats,
+                                  distributions=tuple(distributions) if distributions else None, **lim)
+    res = CampaignResult(target=target.describe(), arch=arch, profile=pname, seed=seed, examples_requested=examples,
+                         versions=_versions())
+    seen: set[str] = set()
+    state: dict[str, Any] = {"last": None, "t0": time.monotonic(), "best": -1.0}
+    from hypothesis import given, reject, seed as hseed, target as htarget
+
+    base = settings.get_profile(pname)
+    db = base.database
+    if database_dir is not None and pname != "fa4-ci":
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        db = DirectoryBasedExampleDatabase(str(database_dir))
+    st_kw = dict(max_examples=examples, database=db, report_multiple_bugs=False,
+                 verbosity=Verbosity.normal if verbose else Verbosity.quiet)
+    if pname == "fa4-ci":
+        # derandomized by default; an explicit --seed keeps runs reproducible but distinct
+        st_kw["derandomize"] = seed == 0
+
+    def body(problem: AttentionProblem) -> None:
+        if time_limit_s is not None and time.monotonic() - state["t0"] > time_limit_s:
+            res.stopped = f"time limit {time_limit_s:g} s reached"
+            raise _Stop()
+        try:
+            out = check_problem(problem, target, properties=properties, backward=backward)
+        except Unsupported as e:
+            key = str(e).split(":")[0][:120]
+            res.unsupported[key] = res.unsupported.get(key, 0) + 1
+            reject()
+        except Violation as v:
+            ki = None if strict_known else match_known_issue(problem, v, target=target.name)
+            if ki is not None:
+                hit = res.known_hits.setdefault(ki.name, {"count": 0, "title": ki.title, "reference": ki.reference,
+                                                          "first": problem.describe(), "property": v.prop})
+                hit["count"] += 1
+                return
+            state["last"] = (problem, v)
+            raise
+        except (DependencyMissing, _Stop):
+            raise
+        dg = problem.digest()
+        if dg not in seen:
+            seen.add(dg)
+            res.examples_run += 1
+            if on_example is not None:
+                on_example(res.examples_run, problem)
+            for k, val in problem.features().items():
+                res.coverage.setdefault(k, {})
+                res.coverage[k][str(val)] = res.coverage[k].get(str(val), 0) + 1
+            for p in out.ran:
+                res.properties_ran[p] = res.properties_ran.get(p, 0) + 1
+            for p, why in out.skipped.items():
+                res.properties_skipped.setdefault(p, why)
+            for k, val in out.metrics.items():
+                if isinstance(val, (int, float)) and math.isfinite(val):
+                    res.max_metrics[k] = max(res.max_metrics.get(k, -math.inf), float(val))
+            if out.metrics.get("tightness_max", 0.0) > state["best"]:
+                state["best"] = out.metrics["tightness_max"]
+                res.worst_problem = {"problem": problem.to_dict(), "tightness_max": state["best"]}
+        for k in ("tightness_max", "tightness_out", "tightness_lse", "tightness_dq", "tightness_dk", "tightness_dv"):
+            val = out.metrics.get(k)
+            if val is not None and math.isfinite(val):
+                htarget(float(val), label=k)
+
+    test = settings(base, **st_kw)(given(strategy)(body))
+    test = hseed(seed)(test)
+    t0 = time.monotonic()
+    try:
+        test()
+    except _Stop:
+        pass
+    except DependencyMissing:
+        raise
+    except BaseException as e:  # noqa: BLE001 - hypothesis re-raises the shrunk failure
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        last = state["last"]
+        if last is None:
+            raise
+        problem, v = last
+        fail = {"property": v.prop, "message": v.message, "metrics": _jsonable(v.metrics),
+                "problem": problem.to_dict(), "describe": problem.describe(), "work": problem.work}
+        if cases_dir is not None:
+            path = write_case(cases_dir, problem, v, target=target, profile=pname, seed=seed)
+            fail["case_file"] = str(path)
+        fail["snippet"] = regression_snippet(problem, v, target=target, case_path=fail.get("case_file"))
+        res.failure = fail
+    res.unique_problems = len(seen)
+    res.seconds = time.monotonic() - t0
+    return res
