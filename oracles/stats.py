@@ -74,6 +74,11 @@ class BackwardStats:
     * ``sum_abs_ds_q`` dk-like: ``sum_{i, heads of group} |dS_ij||Q_id|`` [dO x V x Q units].
     * ``sum_abs_p_do`` dv-like: ``sum_{i, heads of group} P_ij |dO_id|`` [dO units].
     * ``sum_abs_ds`` row: ``sum_j |dS_ij|`` [dO x V units].
+    * ``sum_pg_k`` dq-like: ``sum_j P_ij g_ij f_ij |K_jd|`` [dO x V x K units] with the
+      cancellation-free magnitude ``g_ij = sum_d |dO_id||V_jd| + sum_d |dO_id||O_id| + |dlse_i|``
+      of ``dP_ij - D'_i`` (``D' = D - dlse``; ``f`` the softcap factor ``1 - tanh^2``, 1 without
+      softcap): the natural scale of dQ/scale errors, since ``dS = P (dP - D') f`` may cancel.
+    * ``sum_pg_q`` dk-like: ``sum_{i, heads of group} P_ij g_ij f_ij |Q_id|``.
     """
 
     d: np.ndarray
@@ -85,6 +90,8 @@ class BackwardStats:
     sum_abs_ds_q: np.ndarray
     sum_abs_p_do: np.ndarray
     sum_abs_ds: np.ndarray
+    sum_pg_k: np.ndarray
+    sum_pg_q: np.ndarray
 
 
 def _softmax_parts(p: Problem, seg, h: int):
@@ -99,8 +106,10 @@ def _softmax_parts(p: Problem, seg, h: int):
     if p.softcap > 0:
         th = np.tanh(x / p.softcap)
         y = p.softcap * th
+        with np.errstate(over="ignore"):
+            f = 1.0 / np.cosh(x / p.softcap) ** 2      # 1 - tanh^2 without cancellation
     else:
-        th = None
+        th = f = None
         y = x.copy()
     y[~mask] = -np.inf
     m = y.max(axis=1, initial=-np.inf)
@@ -120,7 +129,7 @@ def _softmax_parts(p: Problem, seg, h: int):
     with np.errstate(divide="ignore", invalid="ignore"):
         P = np.where(rs_scaled[:, None] > 0, e / rs_scaled[:, None], 0.0)
         lse = np.where(rs_scaled > 0, mm + np.log(rs_scaled), -np.inf)
-    return dict(S=S, x=x, th=th, mask=mask, m=m, rowsum=rs, sink=sink_t, P=P, lse=lse, qs=qs, ks=ks,
+    return dict(S=S, x=x, th=th, f=f, mask=mask, m=m, rowsum=rs, sink=sink_t, P=P, lse=lse, qs=qs, ks=ks,
                 vs=p.v[seg.k_start: seg.k_start + seg.k_len, hk])
 
 
@@ -195,6 +204,8 @@ def backward_stats(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale
                                             "max_abs_dp_minus_d", "sum_abs_ds")}
     sdk = np.zeros((Tq, H, d))
     sdq = np.zeros((Tk, Hk, d))
+    pgk = np.zeros((Tq, H, d))
+    pgq = np.zeros((Tk, Hk, d))
     spdo = np.zeros((Tk, Hk, dv))
     for seg in p.segments:
         if seg.q_len == 0:
@@ -211,8 +222,13 @@ def backward_stats(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale
             dP = dos @ r["vs"].T
             G = dP - Dp[:, None]
             dS = r["P"] * G
-            if r["th"] is not None:
-                dS = dS * (1 - r["th"] ** 2)
+            gmag = np.abs(dos) @ np.abs(r["vs"]).T
+            gmag += (np.einsum("id,id->i", np.abs(dos), np.abs(o))
+                     + (np.abs(dl[h, sl]) if dl is not None else 0.0))[:, None]
+            PG = r["P"] * gmag
+            if r["f"] is not None:
+                dS = dS * r["f"]
+                PG = PG * r["f"]
             mk = r["mask"]
             rows["d"][h, sl] = D
             rows["sum_abs_do_o"][h, sl] = np.einsum("id,id->i", np.abs(dos), np.abs(o))
@@ -223,9 +239,12 @@ def backward_stats(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale
             sdk[sl, h] = np.abs(dS) @ np.abs(r["ks"])
             sdq[ksl, hk] += np.abs(dS).T @ np.abs(r["qs"])
             spdo[ksl, hk] += r["P"].T @ np.abs(dos)
+            pgk[sl, h] = PG @ np.abs(r["ks"])
+            pgq[ksl, hk] += PG.T @ np.abs(r["qs"])
     L = p.lse_from_flat
     return BackwardStats(d=L(rows["d"]), sum_abs_do_o=L(rows["sum_abs_do_o"]), max_abs_dp=L(rows["max_abs_dp"]),
                          max_sum_abs_dov=L(rows["max_sum_abs_dov"]),
                          max_abs_dp_minus_d=L(rows["max_abs_dp_minus_d"]),
                          sum_abs_ds_k=sdk.reshape(p.out_shape[:-1] + (d,)), sum_abs_ds_q=sdq.reshape(p.k_shape),
-                         sum_abs_p_do=spdo.reshape(p.v_shape), sum_abs_ds=L(rows["sum_abs_ds"]))
+                         sum_abs_p_do=spdo.reshape(p.v_shape), sum_abs_ds=L(rows["sum_abs_ds"]),
+                         sum_pg_k=pgk.reshape(p.out_shape[:-1] + (d,)), sum_pg_q=pgq.reshape(p.k_shape))

@@ -155,3 +155,18 @@ def test_bound_is_not_vacuous_it_is_within_a_small_factor_of_the_observed_error(
         a = attention.forward(q, k, v, causal=True, precision=120)
         worst = max(worst, float((np.abs(f.out - a.out) / f.bound).max()))
     assert 2.0 ** -10 < worst <= 1.0, worst
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(cases(max_len=4))
+def test_backward_bounds_are_below_2_to_minus_40_of_the_natural_scales(c: Case):
+    """dV relative to sum_i P |dO|; dQ, dK relative to |scale| sum_j P g f |K| (resp. |Q|) where
+    g = sum|dO||V| + sum|dO||O| + |dlse| is the cancellation-free size of dP - D' (stats.sum_pg_*);
+    D relative to sum |dO||O|."""
+    fast = attention.backward(c.q, c.k, c.v, None, c.do, dlse=c.dlse, **c.kw)
+    s = stats.backward_stats(c.q, c.k, c.v, None, c.do, dlse=c.dlse, **c.kw)
+    sc = abs(fast.forward.softmax_scale)
+    assert np.all(fast.dv_bound <= REL_CLAIM * s.sum_abs_p_do)
+    assert np.all(fast.dq_bound <= REL_CLAIM * sc * s.sum_pg_k)
+    assert np.all(fast.dk_bound <= REL_CLAIM * sc * s.sum_pg_q)
+    assert np.all(fast.d_bound <= REL_CLAIM * s.sum_abs_do_o)
