@@ -399,7 +399,28 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             use_2cta: bool | None = None, emulated_columns=None,
             stage_probe: Callable[[StageSample], None] | None = None,
             cu_seqlens_q=None, cu_seqlens_k=None) -> TwinForwardResult:
-    """CPU twin of FA4's forward; see the module docstring and ``twin_attention.forward``."""
+    """CPU twin of FA4's forward ("CPU twin"; see the module docstring for what is modelled).
+
+    ``q`` (b, sq, hq, d), ``k``/``v`` (b, sk, hk, d/dv): torch tensors or numpy arrays of
+    bf16/fp16/fp8-e4m3 values (float32 arrays are taken as bf16 values unless ``dtype`` says
+    otherwise; values not representable in ``dtype`` raise ValueError).  ``arch``: "sm90" (H100/
+    H200 kernel), "sm100" (B200; emulated exp2, lazy rescale; hd (256,256) uses the dedicated
+    kernel model), "sm103" (no emulation in the main kernel).  ``softmax_scale`` defaults to
+    1/sqrt(d) and is rounded to fp32 as the kernel receives it.  ``causal`` is bottom-right
+    aligned; ``window_size`` = (left, right), None = unbounded; ``softcap`` 0 = off;
+    ``learnable_sink`` (hq,) logits.  ``exact_stages`` / ``mutations``: see :data:`FWD_STAGES`,
+    :data:`FWD_MUTATIONS`.  ``accumulation`` / ``mufu`` / ``seed``: hardware model parameters.
+    ``pack_gqa`` / ``use_2cta`` / ``emulated_columns`` override FA4's config derivation (which
+    columns of the 128-wide KV tile use the polynomial).  ``stage_probe(StageSample)`` is called
+    for every stage application with the as-FA4 value, the exact value from the same inputs and
+    the budget statistics.
+
+    Returns :class:`TwinForwardResult`: ``out`` (b, sq, hq, dv) dtype-rounded values as float32
+    (bf16 for fp8 inputs), ``lse`` (b, hq, sq) natural log fp32 (-inf for rows that see no key),
+    ``stages`` (intermediates), ``config`` (:class:`TwinConfig`).
+    Accuracy: bit-exact to FA4 for every modelled operation under the chosen hardware model;
+    with every stage exact, equal to exact attention up to fp64 rounding (~1e-15 relative).
+    """
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         raise NotImplementedError("varlen is not modelled by the twin (run per sequence)")
     exact = frozenset(exact_stages)
