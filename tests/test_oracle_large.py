@@ -99,3 +99,19 @@ def test_fast_reference_within_bound_of_longdouble_at_multi_block_sizes(dtype, k
     if sink is not None:
         err = np.abs(r.dsink.astype(LD) - ref["dsink"]).astype(np.float64)
         assert np.all(err <= r.dsink_bound + MARGIN * np.abs(r.dsink).sum())
+
+
+def test_row_blocks_without_visible_keys_match_the_arbiter():
+    """seqlen_q = 1100 > seqlen_k = 6 with causal: the first two row blocks of 512 see no key."""
+    rng = np.random.default_rng(8)
+    mk = lambda *s: rng.standard_normal(s).astype(np.float32).astype(ml_dtypes.bfloat16)  # noqa: E731
+    q, k, v, do = mk(1, 1100, 2, 3), mk(1, 6, 1, 3), mk(1, 6, 1, 3), mk(1, 1100, 2, 3)
+    sink = mk(2)
+    fast = attention.backward(q, k, v, None, do, causal=True, learnable_sink=sink)
+    arb = attention.backward(q, k, v, None, do, causal=True, learnable_sink=sink, precision=80)
+    for n in ("dq", "dk", "dv", "d", "dsink"):
+        a, b = getattr(fast, n), getattr(arb, n)
+        assert np.all(np.abs(a - b) <= getattr(fast, n + "_bound") + getattr(arb, n + "_bound")), n
+    assert np.all(np.abs(fast.forward.out - arb.forward.out) <= fast.forward.bound + arb.forward.bound)
+    assert np.all(fast.forward.out[0, :1094] == 0) and np.all(fast.dq[0, :1094] == 0)
+    assert np.array_equal(fast.forward.lse[0, :, :1094], np.repeat(sink.astype(np.float64)[:, None], 1094, 1))
