@@ -310,6 +310,7 @@ class ForwardCheck:
     lse_over: int
     max_abs_err: float
     config: dict = field(default_factory=dict)
+    out_ratio_prob: float = float("nan")   #: the same vs ``forward_out_prob`` (Higham-Mary)
 
     @property
     def stages_ok(self) -> bool:
@@ -357,7 +358,11 @@ def check_forward_outputs(out, lse, q, k, v, *, arch: str, dtype: str, softmax_s
         np.asarray(orc.lse_bound, F64)[..., None]
     lerr = np.where(np.isneginf(lref) & np.isneginf(lgot), 0.0, np.abs(lgot - lref))
     lratio = np.where(lerr == 0, 0.0, lerr / lb)
-    return ForwardCheck(where=where, stages={}, out_ratio=float(np.nan_to_num(ratio, nan=np.inf).max(initial=0)),
+    prob = float("nan")
+    if "forward_out_prob" in bs:
+        pb = np.broadcast_to(bs.evaluate("forward_out_prob", st), ref.shape) + _bhsd(orc.bound)
+        prob = float(np.nan_to_num(np.where(err == 0, 0.0, err / pb), nan=np.inf).max(initial=0))
+    return ForwardCheck(out_ratio_prob=prob, where=where, stages={}, out_ratio=float(np.nan_to_num(ratio, nan=np.inf).max(initial=0)),
                         out_over=int((~(ratio <= 1)).sum()),
                         lse_ratio=float(np.nan_to_num(lratio, nan=np.inf).max(initial=0)),
                         lse_over=int((~(lratio <= 1)).sum()),
