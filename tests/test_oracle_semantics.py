@@ -216,3 +216,17 @@ def test_lse_has_fa4_layout_batch_heads_seqlen():
     assert r.lse.shape == (2, 4, 3)
     s = torch.einsum("bthd,bshd->bhts", q.double(), k.double()) / math.sqrt(8)
     assert np.allclose(r.lse, torch.logsumexp(s, -1).numpy(), rtol=0, atol=1e-13)
+
+
+def test_varlen_q_with_batched_kv_equals_per_sequence_runs():
+    gen = torch.Generator().manual_seed(23)
+    lq = [2, 0, 3]
+    q = _bf16((sum(lq), 2, 8), gen)
+    k, v = _bf16((3, 4, 1, 8), gen), _bf16((3, 4, 1, 8), gen)
+    cq = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    f = attention.forward(q, k, v, causal=True, cu_seqlens_q=cq)
+    assert f.out.shape == (5, 2, 8) and f.lse.shape == (2, 5)
+    for b in (0, 2):
+        s = slice(int(cq[b]), int(cq[b + 1]))
+        fb = attention.forward(q[None, s], k[b:b + 1], v[b:b + 1], causal=True)
+        assert np.array_equal(fb.out[0], f.out[s]) and np.array_equal(fb.lse[0], f.lse[:, s])
