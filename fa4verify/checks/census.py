@@ -1,0 +1,118 @@
+"""Audit checks from the compile-only instruction census (``fa4verify.census``), no GPU.
+
+* ``census.emulated_columns`` -- compile FA4's SM100 forward (sm_100a, hd128, causal and
+  non-causal; ``full`` adds hd64 and hd192) and read, from the PTX in program order, which of the
+  128 columns of each unrolled softmax tile use the polynomial (``add.rm.f32x2`` floors) instead
+  of MUFU ``ex2.approx``; they must equal ``twin.emulated_columns`` for the configuration FA4
+  chose (2-CTA, tuning key taken from FA4's own compile key).
+* ``census.sm90_exponent_argument`` -- compile FA4's SM90 forward and check that the PTX writes
+  ``S*c - m*c`` as un-suffixed ``mul.f32`` + ``sub.f32`` and the SASS has one FFMA with a
+  negated addend per tile exp2 (ptxas contraction): the CPU twin must model a fused FMA there.
+* ``census.probes`` -- the probe kernels compile for sm_90a/sm_100a to the instructions of the
+  FA4 stage they isolate (degree-3 Horner = 3 FFMA after an FADD.FTZ.RM, packed variant =
+  FFMA2/FADD2.RM, MUFU ops, RNE F2FP conversions).
+
+Each FA4 compile takes 5-15 s on 2 cores, so these run in the ``full`` and ``exhaustive``
+profiles only. Every figure is "compile-only".
+"""
+from __future__ import annotations
+
+import re
+import tempfile
+
+from fa4verify.audit.registry import CheckContext, CheckResult, check
+
+
+def _census(case, workdir):
+    from fa4verify import census as C
+    return C.census_case(C.compile_case(case, workdir))
+
+
+@check("census.emulated_columns", title="SM100 exp2 emulated columns in the compiled PTX == twin rule",
+       needs={"cpu", "fa4"}, profiles={"full", "exhaustive"})
+def emulated_columns(ctx: CheckContext) -> CheckResult:
+    from fa4verify.census import CensusCase
+    cases = [CensusCase("sm_100a", 128, causal=False), CensusCase("sm_100a", 128, causal=True)]
+    if ctx.profile_level >= 3:
+        cases += [CensusCase("sm_100a", 64, causal=False), CensusCase("sm_100a", 192, causal=False, head_dim_v=128),
+                  CensusCase("sm_100a", 192, causal=True, head_dim_v=128)]
+    rows, metrics, bad = [], {}, []
+    with tempfile.TemporaryDirectory(prefix="fa4census-") as wd, \
+            ctx.progress(len(cases), "compiling FA4 for sm_100a") as bar:
+        for c in cases:
+            cen = _census(c, wd)
+            d = cen["emulation_from_ptx"]
+            fc = cen["forward_config"]
+            match = cen.get("ptx_matches_twin")
+            rows.append([cen["label"], str(fc.get("tuning_key")), d["tile_copies"],
+                         f"{d['share']:.4f}", f"{fc.get('emulated_share')}", str(match)])
+            tag = cen["label"].replace("sm_100a-", "").replace("-", "_")
+            metrics[f"emulated_share_{tag}"] = d["share"]
+            if match is not True:
+                bad.append(f"{cen['label']}: PTX columns {d['emulated_columns']} vs twin "
+                           f"{cen.get('twin_emulated_columns')}")
+            bar.advance(1)
+    return CheckResult(
+        status="fail" if bad else "pass", where="compile-only",
+        summary="; ".join(bad) if bad else
+        f"emulated columns read from the PTX equal the twin's rule in all {len(cases)} configurations",
+        metrics=metrics,
+        details={"table": {"columns": ["case", "tuning key", "tile copies", "share (PTX)", "share (twin)", "match"],
+                           "rows": rows}})
+
+
+@check("census.sm90_exponent_argument", title="SM90 S*c - m*c is contracted to one FFMA by ptxas",
+       needs={"cpu", "fa4"}, profiles={"full", "exhaustive"})
+def sm90_exponent_argument(ctx: CheckContext) -> CheckResult:
+    from fa4verify.census import CensusCase
+    with tempfile.TemporaryDirectory(prefix="fa4census-") as wd:
+        cen = _census(CensusCase("sm_90a", 128, causal=True), wd)
+    k = cen["kernels"][cen["forward_kernel"]]
+    ptx, sass = k["ptx"], k["sass"] or {}
+    subs, ffma_neg = ptx["sub.f32 (contractible)"], sass.get("FFMA with negated addend", 0)
+    emu = ptx["add.rm.f32x2 (emulation floor, pair)"] + ptx["add.rm.ftz.f32 (emulation floor)"]
+    ok = subs > 0 and ffma_neg >= subs - 8 and emu == 0 and sass.get("MUFU.EX2", 0) == ptx["ex2.approx.ftz.f32"]
+    return CheckResult(
+        status="pass" if ok else "fail", where="compile-only",
+        summary=(f"{ffma_neg} FFMA with negated addend for {subs} PTX sub.f32; no emulation; "
+                 f"{sass.get('MUFU.EX2', 0)} MUFU.EX2"),
+        metrics={"ptx_sub_f32": subs, "sass_ffma_negated_addend": ffma_neg, "emulation_floors": emu,
+                 "mufu_ex2": sass.get("MUFU.EX2", 0)},
+        details={"ptx": ptx, "sass": sass})
+
+
+@check("census.probes", title="Probe kernels compile to the instructions of the FA4 stage they isolate",
+       needs={"cpu", "fa4"}, profiles={"full", "exhaustive"})
+def probes(ctx: CheckContext) -> CheckResult:
+    from fa4verify.kernels.probes import probe_base as pb
+
+    def ops(sass):
+        return [ln.split(";")[0].split("*/")[-1].strip() for ln in sass.splitlines()
+                if re.search(r"\b(MUFU|FFMA2?|FADD2?|F2FP)\b", ln)]
+
+    expect = {
+        ("sm_90a", "ex2_emulation", "3"): lambda o: sum(x.startswith("FFMA ") for x in o) == 3
+        and any(x.startswith("FADD.FTZ.RM") for x in o),
+        ("sm_90a", "mufu_ex2", "fastmath"): lambda o: [x.split()[0] for x in o if x.startswith("MUFU")] == ["MUFU.EX2"],
+        ("sm_90a", "rcp", "approx"): lambda o: [x.split()[0] for x in o if x.startswith("MUFU")] == ["MUFU.RCP"],
+        ("sm_90a", "log2", "fastmath"): lambda o: [x.split()[0] for x in o if x.startswith("MUFU")] == ["MUFU.LG2"],
+        ("sm_90a", "exparg", "sm90"): lambda o: any(re.search(r"FFMA .*,\s*-R\w+$", x) for x in o),
+        ("sm_90a", "cvt", "cvt_bf16x2"): lambda o: any(x.startswith("F2FP.BF16") for x in o),
+        ("sm_100a", "ex2_emulation_2", "3"): lambda o: sum(x.startswith("FFMA2") for x in o) == 3
+        and sum(x.startswith("FADD2.RM") for x in o) == 1,
+        ("sm_100a", "fma_packed", "rn"): lambda o: [x.split()[0] for x in o] == ["FFMA2"],
+    }
+    rows, bad = [], []
+    with tempfile.TemporaryDirectory(prefix="fa4probes-") as wd:
+        for arch in ("sm_90a", "sm_100a"):
+            items = [(p, v) for (a, p, v) in expect if a == arch]
+            for art in pb.compile_many_in_subprocess(items, arch, wd):
+                o = ops(art.sass)
+                ok = expect[(arch, art.probe, art.variant)](o)
+                rows.append([arch, f"{art.probe}[{art.variant}]", " | ".join(o)[:120], str(ok)])
+                if not ok:
+                    bad.append(f"{arch} {art.probe}[{art.variant}]: {o}")
+    return CheckResult(status="fail" if bad else "pass", where="compile-only",
+                       summary="; ".join(bad) if bad else f"{len(rows)} probe compiles have the expected SASS",
+                       metrics={"probe_compiles": len(rows), "unexpected": len(bad)},
+                       details={"table": {"columns": ["arch", "probe", "SASS", "ok"], "rows": rows}})
