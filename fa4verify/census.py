@@ -69,12 +69,15 @@ class CensusCase:
     nheads: int = 8
     nheads_kv: Optional[int] = None
     dtype: str = "bfloat16"
+    exp2_emulation: bool = True      # False: adapter.exp2_emulation_disabled() (tuning-table recipe)
 
     def label(self) -> str:
         s = f"{self.arch}-hd{self.head_dim}" + (f"x{self.head_dim_v}" if self.head_dim_v else "")
         s += "-causal" if self.causal else "-noncausal"
         if self.backward:
             s += "-bwd" + ("-det" if self.deterministic else "")
+        if not self.exp2_emulation:
+            s += "-noemu"
         return s
 
 
@@ -140,7 +143,9 @@ def _worker(spec_json: str) -> None:
     hdv = case.head_dim_v or case.head_dim
     hkv = case.nheads_kv or case.nheads
     out: dict[str, Any] = {}
-    with FakeTensorMode():
+    import contextlib
+    switch = contextlib.nullcontext() if case.exp2_emulation else adapter.exp2_emulation_disabled()
+    with switch, FakeTensorMode():
         q = torch.empty(case.batch, case.seqlen, case.nheads, case.head_dim, dtype=dt, device="cuda")
         k = torch.empty(case.batch, case.seqlen, hkv, case.head_dim, dtype=dt, device="cuda")
         v = torch.empty(case.batch, case.seqlen, hkv, hdv, dtype=dt, device="cuda")

@@ -4,6 +4,15 @@
 #   call 1 (carry .devbundle/part1):  mkdir -p /root/site && tar -xJf .devbundle/part1/p1.tar.xz -C /root/site
 #   call 2 (carry .devbundle/part2):  bash scripts/gpu_run.sh
 #
+# When the working tree is over ~4 MiB (it is since the golden vectors are committed), part1
+# (60 MB) plus the tree exceeds the 64 MiB a call may carry: split part1 here first,
+#   split -b 31M .devbundle/part1/p1.tar.xz /tmp/p1_ && mkdir -p .devbundle/p1a .devbundle/p1b \
+#     && mv /tmp/p1_aa .devbundle/p1a/ && mv /tmp/p1_ab .devbundle/p1b/
+# and send three calls back to back (the device stays warm 30 s):
+#   (carry .devbundle/p1a)  mkdir -p /root/site && cp .devbundle/p1a/p1_aa /root/p1.tar.xz
+#   (carry .devbundle/p1b)  cat .devbundle/p1b/p1_ab >> /root/p1.tar.xz && tar -xJf /root/p1.tar.xz -C /root/site
+#   (carry .devbundle/part2) FA4VERIFY_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_run.sh
+#
 # Stages (GPU_STAGES, comma list; default all): golden (scripts/gpu_golden.py -> golden vectors,
 # mufu_stats.json), figures (benchmarks/gpu_production_figures.py), tests (pytest -m gpu on this
 # issue's GPU tests, then the golden CI test). Everything lands in $OUT/results.tgz (one file).

@@ -163,3 +163,18 @@ def test_census_deterministic_backward_uses_hardware_exp2_only(arch, tmp_path_fa
     for k in bwd:
         assert k["ptx"]["add.rm.f32x2 (emulation floor, pair)"] == 0
         assert k["ptx"]["poly3 c3 0f3D9DF09D"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SLOW, reason="set FA4VERIFY_SLOW=1 (one more FA4 compile)")
+def test_census_exp2_emulation_switch_removes_every_polynomial(tmp_path_factory):
+    """adapter.exp2_emulation_disabled() (tuning-table recipe, fa4_numerics 9.4): the compiled SM100
+    kernel has no emulation floor and every tile exp2 is MUFU; the config records it."""
+    from fa4verify.census import CensusCase
+    cen = census_of(CensusCase("sm_100a", 128, causal=False, exp2_emulation=False), tmp_path_factory)
+    k = cen["kernels"][cen["forward_kernel"]]
+    assert k["ptx"]["add.rm.f32x2 (emulation floor, pair)"] == 0
+    assert k["ptx"]["poly3 c3 0f3D9DF09D"] == 0 and k["sass"]["FADD2.RM"] == 0
+    assert cen["emulation_from_ptx"]["share"] == 0.0
+    assert cen["forward_config"]["emulated_share"] == 0.0
+    assert "disabled" in cen["forward_config"]["exp2_emulation"]

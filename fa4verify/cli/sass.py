@@ -51,11 +51,15 @@ def _check_head_dim(arch: str, hd: int, hdv: int | None) -> int | None:
 @click.option("--deterministic", is_flag=True, help="Deterministic backward (implies --backward).")
 @click.option("--seqlen", type=int, default=1024, show_default=True,
               help="Sequence length of the fake tensors (> 256 lets SM100 use 2-CTA).")
+@click.option("--exp2-emulation/--no-exp2-emulation", "emulation", default=True,
+              help="--no-exp2-emulation compiles with FA4's exp2 emulation switched off through the "
+                   "tuning table (adapter.exp2_emulation_disabled).  Default: FA4's default.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               metavar="F", help="Write the full census as JSON to F ('-' for stdout).")
 @click.option("--keep-dir", type=click.Path(file_okay=False), default=None,
               help="Keep the PTX/SASS dumps in this directory (default: a temp dir).")
-def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen, json_path, keep_dir):
+def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen, emulation, json_path,
+            keep_dir):
     """Compile-only instruction census of FA4 for sm_90a / sm_100a (every figure: compile-only)."""
     from fa4verify.cli import ExitCode
     head_dim_v = _check_head_dim(arch, head_dim, head_dim_v)
@@ -68,7 +72,8 @@ def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen,
         raise SystemExit(int(ExitCode.USAGE))
     from fa4verify import census as C
     case = C.CensusCase(arch, head_dim, causal=causal, backward=backward or deterministic,
-                        deterministic=deterministic, head_dim_v=head_dim_v, seqlen=seqlen)
+                        deterministic=deterministic, head_dim_v=head_dim_v, seqlen=seqlen,
+                        exp2_emulation=emulation)
     try:
         res = C.compile_case(case, keep_dir)
     except (RuntimeError, FileNotFoundError) as e:
