@@ -103,6 +103,7 @@ class Stats:
     worst_wrong_f16: float = float("nan")
     worst_wrong_f16_ulp: float = 0.0
     mono_violations: int = 0
+    mono_at: list = field(default_factory=list)    # up to 5 inputs x where emu(x) < emu(previous x)
     # first/last input and emu value, for monotonicity across pieces
     first: tuple[float, float] | None = None
     last: tuple[float, float] | None = None
@@ -123,6 +124,7 @@ class Stats:
                 r.signed_rel_at_max = src.signed_rel_at_max
         for k in ("wrong_bf16", "wrong_f16", "weight", "weight_wrong_bf16", "weight_wrong_f16", "mono_violations"):
             setattr(r, k, getattr(self, k) + getattr(o, k))
+        r.mono_at = sorted(self.mono_at + o.mono_at)[:5]
         for f in ("bf16", "f16"):
             a, b = getattr(self, f"worst_wrong_{f}_ulp"), getattr(o, f"worst_wrong_{f}_ulp")
             src = self if a >= b else o
@@ -133,6 +135,7 @@ class Stats:
         r.first, r.last = lo.first, hi.last
         if lo.last is not None and hi.first is not None and hi.first[1] < lo.last[1]:
             r.mono_violations += 1
+            r.mono_at = sorted(r.mono_at + [hi.first[0]])[:5]
         return r
 
     def as_dict(self) -> dict:
@@ -295,7 +298,9 @@ def aggregate(x: np.ndarray, emu: np.ndarray, m: dict[str, np.ndarray]) -> Stats
             j = int(np.argmax(uw))
             setattr(st, f"worst_wrong_{fmt}", float(x[j]))
             setattr(st, f"worst_wrong_{fmt}_ulp", float(u[j]))
-    st.mono_violations = int(np.count_nonzero(emu[1:] < emu[:-1]))
+    down = np.flatnonzero(emu[1:] < emu[:-1])
+    st.mono_violations = int(down.size)
+    st.mono_at = [float(x[i + 1]) for i in down[:5]]
     st.first = (float(x[0]), float(emu[0]))
     st.last = (float(x[-1]), float(emu[-1]))
     return st
@@ -340,22 +345,28 @@ def task_direct(degree: int, olo: int, ohi: int, variant_check: bool = False) ->
 _GRID_KEYS = [("full", s) for s in range(MAX_STRIDE_LOG + 1)] + [("lowhalf", 0), ("highhalf", 0)]
 
 
-def task_grid(degree: int, a: int, b: int) -> dict:
-    """Per-class partial aggregates over base-grid indices i in [a, b) (f = i 2^-24).
+def task_grid(degree: int, a: int, b: int, kmin: int = 0) -> dict:
+    """Per-class partial aggregates over base-grid indices i in [a, b), i = 0 mod 2^kmin
+    (f = i 2^-24; ``a`` is a multiple of 2^MAX_STRIDE_LOG).
 
-    Classes: ("full", k): i = 0 mod 2^k; ("lowhalf", 0): i in [0, 2^23] (f in [0, 1/2]);
-    ("highhalf", 0): i in [2^23, 2^24). Each class's Stats uses x = f (n = 0); callers rescale.
+    Classes: ("full", k), k >= kmin: i = 0 mod 2^k; ("lowhalf", 0): i in [0, 2^23] (f in [0, 1/2]);
+    ("highhalf", 0): i in [2^23, 2^24) (the halves only when kmin == 0). Each class's Stats uses
+    x = f (n = 0); callers rescale (R1).
     """
     cs = _coeffs(degree)
-    i = np.arange(a, b, dtype=np.int64)
+    i = np.arange(a, b, 1 << kmin, dtype=np.int64)
     f = (i.astype(np.float64) * 2.0**-GRID_BITS).astype(np.float32)
     q = _horner(f, cs)
     met = metrics(f, q)
     res = {}
     for cls, k in _GRID_KEYS:
         if cls == "full":
-            sl = slice((-a) % (1 << k), None, 1 << k)          # i = 0 mod 2^k (a is aligned)
+            if k < kmin:
+                continue
+            sl = slice(0, None, 1 << (k - kmin))            # i = 0 mod 2^k (a is aligned)
             res[(cls, k)] = aggregate(f[sl], q[sl], {kk: vv[sl] for kk, vv in met.items()})
+            continue
+        if kmin:
             continue
         m = (i <= (1 << 23)) if cls == "lowhalf" else (i >= (1 << 23))
         if m.any():
@@ -459,7 +470,9 @@ def runs_stats(runs: Runs) -> Stats:
             j = int(np.argmax(ulp_e))
             setattr(st, f"worst_wrong_{fmt}", float(ends[j]))
             setattr(st, f"worst_wrong_{fmt}_ulp", float(ulp_e[j]))
-    st.mono_violations = int(np.count_nonzero(v[1:] < v[:-1]))
+    down = np.flatnonzero(v[1:] < v[:-1])
+    st.mono_violations = int(down.size)
+    st.mono_at = [float(xa[i + 1]) for i in down[:5]]
     st.first = (float(xa[0]), float(v[0]))
     st.last = (float(xb[-1]), float(v[-1]))
     return st
@@ -468,7 +481,7 @@ def runs_stats(runs: Runs) -> Stats:
 def direct_stats_unsorted(x: np.ndarray, emu: np.ndarray, y: np.ndarray) -> Stats:
     """``direct_stats`` without the monotonicity/order-dependent parts (for run end points)."""
     s = direct_stats(x, emu, y=y)
-    s.mono_violations = 0
+    s.mono_violations, s.mono_at = 0, []
     return s
 
 
@@ -654,7 +667,8 @@ def _scale_grid_stats(s: Stats, n: int, u: float, count: int) -> Stats:
         xl = n + 1 - u
         r.max_ulp_f16, r.argmax_ulp_f16 = 2.0 ** (xl + 24), float(np.float32(xl))
     scale = 2.0**n
-    r.first = (float(n), float(s.first[1]) * scale)
+    r.mono_at = [float(np.float32(n + f)) for f in s.mono_at]
+    r.first = (float(np.float32(n + s.first[0])), float(s.first[1]) * scale)
     r.last = (float(np.float32(n + s.last[0])), float(s.last[1]) * scale)
     return r
 
@@ -712,12 +726,14 @@ def sweep(degree: int, lo: float, hi: float, *, method: str = "fast", jobs: int 
         g = 1 << 21
         ga = 0 if classes & {"full", "lowhalf"} else 1 << 23
         gb = (1 << 23) + g if classes == {"lowhalf"} else 1 << GRID_BITS
+        # only the points the requested strides need (all of them once a half piece is needed)
+        kmin = 0 if classes & {"lowhalf", "highhalf"} else min(p.args[1] for p in pieces if p.kind == "grid")
         for a in range(ga, gb, g):
-            tasks.append(("grid", degree, (a, a + g)))
+            tasks.append(("grid", degree, (a, a + g, kmin)))
     for p in pieces:
         if p.kind != "grid":
             tasks.append((p.kind, degree, p.args))
-    total = sum(p.size for p in pieces) + sum(t[2][1] - t[2][0] for t in tasks if t[0] == "grid")
+    total = sum(p.size for p in pieces) + sum((t[2][1] - t[2][0]) >> t[2][2] for t in tasks if t[0] == "grid")
     sizes = {}
     for p in pieces:
         if p.kind != "grid":
@@ -734,7 +750,7 @@ def sweep(degree: int, lo: float, hi: float, *, method: str = "fast", jobs: int 
                     _GRID_CACHE[(degree, args)] = r
                 results.append((kind, args, r))
                 fallbacks += fb
-                done += (args[1] - args[0]) if kind == "grid" else _task_size(kind, args, r, sizes)
+                done += ((args[1] - args[0]) >> args[2]) if kind == "grid" else _task_size(kind, args, r, sizes)
                 if progress:
                     progress(done, total)
     else:
@@ -742,7 +758,7 @@ def sweep(degree: int, lo: float, hi: float, *, method: str = "fast", jobs: int 
             kind, args, r, fb = _run_task(t)
             results.append((kind, args, r))
             fallbacks += fb
-            done += (args[1] - args[0]) if kind == "grid" else _task_size(kind, args, r, sizes)
+            done += ((args[1] - args[0]) >> args[2]) if kind == "grid" else _task_size(kind, args, r, sizes)
             if progress:
                 progress(done, total)
     # combine grid partials per class

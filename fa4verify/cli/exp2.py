@@ -214,7 +214,13 @@ def render(report: dict) -> str:
                   f"({tn['fp32_ulp_error']} fp32 ulps from 1.0; bf16/fp16 round correctly: "
                   f"{tn['bf16_rounds_correctly']}/{tn['fp16_rounds_correctly']})"]
     m = report["mufu"]
-    lines.append(f"\nMUFU ex2.approx: {m['status']}" + (f" ({m.get('note', '')})" if m["status"] == "not measured here" else ""))
+    lines.append(f"\nMUFU ex2.approx: {m['status']}" + (f" ({m.get('note', '')})" if m["status"] == "not measured here" else
+                                                         f" (read from {m.get('source')})"))
+    st = (m.get("stats") or {}).get("stats", {}) if isinstance(m.get("stats"), dict) else {}
+    for key, e in st.items():
+        if isinstance(e, dict) and key.startswith("ex2"):
+            lines.append(f"  {key:<32} max rel {e.get('max_rel_err', float('nan')):.6g}, max {e.get('max_err', float('nan')):.4g} "
+                         f"{e.get('error_unit', '')}, {e.get('inputs', 0):,} inputs  [measured on H200]")
     return "\n".join(lines)
 
 

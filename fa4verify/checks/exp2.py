@@ -1,0 +1,230 @@
+"""Audit checks for FA4's polynomial exp2 emulation (CPU twin).
+
+``exp2.deg3`` / ``exp2.deg5``: the emulation's error over [-127, 8] (FA4's exponent arguments never
+exceed ``max_offset + rescale_threshold`` = 8) against an a-priori bound, for the audited dtype's
+rounding (bf16 or fp16). quick/default profiles: a stratified sample of 2^20 fp32 inputs plus
+the certified polynomial bound (a few seconds); full: 2^23 inputs; exhaustive: every fp32 input
+(``fa4verify.exp2_cert.sweep``, about a minute on 2 cores).
+
+Note [exp2 a-priori bound]
+--------------------------
+For x in [-126, 128) the emulation returns RN-Horner(p, f) * 2^n with f the (possibly rounded)
+fraction. With E = the certified sup of |p(f)/2^f - 1| (``oracles.poly_bound``), the fused Horner
+of degree d with positive coefficients and f in [0, 1] has relative error at most
+gamma_d = d u / (1 - d u), u = 2^-24 (d roundings, all terms positive), and the fraction rounding
+of x in (-1/2, 0) (|f - (1 + x)| <= 2^-25) changes 2^f by a factor within 2^(+-2^-25). So
+
+    |emu(x)/2^x - 1| <= B = (1 + E)(1 + gamma_d) 2^(2^-25) - 1.
+
+In a format with p fraction bits, RN adds at most half an ulp: |RN(emu) - 2^x| <= (1/2 + B 2^(p+1))
+ulps of 2^x (2^x / ulp(2^x) < 2^(p+1)). A check fails when a measured figure exceeds its bound,
+or when monotonicity is violated (exhaustive profile).
+"""
+from __future__ import annotations
+
+import math
+
+from fa4verify.audit.registry import CheckContext, CheckResult, check
+
+__all__ = ["apriori_bound", "stratified_sample"]
+
+_SAMPLE = {"quick": 1 << 20, "default": 1 << 20, "full": 1 << 23}
+_FMT = {"bf16": ("bf16", 7), "fp16": ("f16", 10)}
+
+
+def apriori_bound(E_upper: float, degree: int) -> float:
+    """B of Note [exp2 a-priori bound] (relative, dimensionless)."""
+    u = 2.0**-24
+    gamma = degree * u / (1 - degree * u)
+    return (1 + E_upper) * (1 + gamma) * 2.0 ** (2.0**-25) - 1
+
+
+def stratified_sample(rng, n: int, lo: float = -126.0, hi: float = 8.0):
+    """``n`` sorted distinct float32 inputs in [lo, hi]: a quarter uniform in value, a quarter
+    uniform over fp32 bit patterns, a quarter in (-1/2, 0) (rounded fractions), a quarter in
+    [0, 1) (bit patterns) -- plus every integer and its neighbours."""
+    import numpy as np
+    from fa4verify import binary32 as b32
+    from fa4verify.exp2_cert import _ordered_to_f32
+    q = n // 4
+    olo, ohi = b32.f32_range(lo, hi)
+    a, b = b32.f32_range(-0.5, -(2.0**-149))
+    c, d = b32.f32_range(0.0, 0.99999994)
+    parts = [rng.uniform(lo, hi, q).astype(np.float32),
+             _ordered_to_f32(rng.integers(olo, ohi + 1, q)),
+             _ordered_to_f32(rng.integers(a, b + 1, q)),
+             _ordered_to_f32(rng.integers(c, d + 1, q))]
+    ints = np.arange(math.ceil(lo), math.floor(hi) + 1, dtype=np.float32)
+    parts += [ints, np.nextafter(ints, np.float32(np.inf)), np.nextafter(ints, np.float32(-np.inf))]
+    x = np.unique(np.concatenate(parts).astype(np.float32))
+    return x[(x >= lo) & (x <= hi)]
+
+
+def _run_degree(ctx: CheckContext, degree: int) -> CheckResult:
+    if ctx.dtype not in _FMT:
+        return CheckResult(status="skip", summary=f"exp2 certification rounds to bf16/fp16; dtype {ctx.dtype} "
+                                                  "(fp8 P rounding) is not covered by this check")
+    import numpy as np
+    from fa4verify import exp2_cert as ec
+    from fa4verify.kernels.fa4_params import load_params
+    from fa4verify.oracles.poly_bound import certified_sup_rel_error
+    params = load_params()
+    fmt, p = _FMT[ctx.dtype]
+    pb = certified_sup_rel_error(params.poly_ex2[degree], rel_tol=1e-4 if ctx.profile_level < 2 else 1e-6)
+    B = apriori_bound(pb.upper, degree)
+    lo, hi = -127.0, params.max_exp2_argument
+    if ctx.profile == "exhaustive":
+        with ctx.progress(None, f"exp2 degree {degree}: every fp32 input of [{lo}, {hi}]") as bar:
+            last = [0]
+
+            def prog(done, total):
+                bar.advance(done - last[0])
+                last[0] = done
+            res = ec.sweep(degree, lo, hi, method="fast", jobs=max(1, min(2, _cpus())), progress=prog)
+        st, mode = res.stats, "exhaustive"
+    else:
+        n = _SAMPLE[ctx.profile]
+        x = stratified_sample(ctx.rng(degree), n, -126.0, hi)
+        with ctx.progress(x.size, f"exp2 degree {degree}: stratified sample") as bar:
+            st = ec.direct_stats(x, ec.emu_direct(x, ec._coeffs(degree)))
+            bar.advance(x.size)
+        st.mono_violations = int(st.mono_violations)   # adjacent in the sample only
+        mode = f"stratified sample of {x.size:,} inputs"
+    u_fmt = getattr(st, f"max_ulp_{fmt}")
+    wrong = getattr(st, f"wrong_{fmt}")
+    bound_ulp = 0.5 + B * 2.0 ** (p + 1)
+    ok_rel = st.max_rel <= B
+    ok_ulp = u_fmt <= bound_ulp
+    ok_mono = st.mono_violations == 0
+    status = "pass" if (ok_rel and ok_ulp and ok_mono) else "fail"
+    why = [] if status == "pass" else [w for w, ok in (("max_rel_error > bound", ok_rel), (f"{fmt} ulp > bound", ok_ulp),
+                                                        ("monotonicity violated", ok_mono)) if not ok]
+    rate_in = wrong / st.n if st.n else float("nan")
+    rate_val = getattr(st, f"weight_wrong_{fmt}") / st.weight if st.weight else float("nan")
+    metrics = {
+        "max_rel_error": st.max_rel, "max_ulp_fp32": st.max_ulp32,
+        f"max_ulp_{ctx.dtype}_after_rounding": u_fmt,
+        f"wrong_count_{ctx.dtype}": wrong, f"wrong_rate_{ctx.dtype}_per_input": rate_in,
+        f"wrong_rate_{ctx.dtype}_uniform_in_value": rate_val,
+        "monotonicity_violations": st.mono_violations, "n_inputs": st.n,
+        "poly_bound_upper": pb.upper, "apriori_bound": B,
+    }
+    summary = (f"degree {degree} over [{lo:g}, {hi:g}] ({mode}): max rel {st.max_rel:.4e} <= bound {B:.4e}, "
+               f"{st.max_ulp32} fp32 ulp, {u_fmt:.4f} {ctx.dtype} ulp after RN, wrong {ctx.dtype} "
+               f"{rate_val:.3%} of the range ({rate_in:.3%} of fp32 inputs)")
+    if why:
+        summary = "FAIL: " + ", ".join(why) + "; " + summary
+    details = {"mode": mode, "range": [lo, hi], "params_source": params.source,
+               "certified_poly_bound": pb.as_dict(), "stats": st.as_dict(),
+               "note": "Note [exp2 a-priori bound] in fa4verify/checks/exp2.py",
+               "plot": {"kind": "bars", "title": f"exp2 degree {degree}: measured vs a-priori bound",
+                        "labels": ["max_rel_error", f"{ctx.dtype} ulp after RN"],
+                        "values": [st.max_rel, u_fmt], "budget": [B, bound_ulp], "where": "CPU twin"}}
+    tight = max(st.max_rel / B, u_fmt / bound_ulp)
+    return CheckResult(status=status, where="CPU twin", summary=summary, metrics=metrics, details=details,
+                       tightness=tight)
+
+
+def _cpus() -> int:
+    import os
+    return os.cpu_count() or 1
+
+
+@check("exp2.deg3", title="FA4 exp2 emulation, degree 3 (what runs): error vs a-priori bound",
+       needs={"cpu"}, profiles={"quick", "default", "full", "exhaustive"})
+def deg3(ctx: CheckContext) -> CheckResult:
+    return _run_degree(ctx, 3)
+
+
+@check("exp2.deg5", title="FA4 exp2 emulation, degree 5: error vs a-priori bound",
+       needs={"cpu"}, profiles={"default", "full", "exhaustive"})
+def deg5(ctx: CheckContext) -> CheckResult:
+    return _run_degree(ctx, 5)
+
+
+@check("exp2.twin_assumptions", title="FA4 source still has the shape the exp2 twin models",
+       needs={"cpu", "fa4"}, profiles={"quick", "default", "full", "exhaustive"})
+def twin_assumptions(ctx: CheckContext) -> CheckResult:
+    import re
+    from fa4verify.kernels.fa4_params import FA4SourceChanged, fa4_source_dir, load_params
+    d = fa4_source_dir()
+    if d is None:
+        return CheckResult(status="skip", summary="flash-attn-4 is not installed")
+    try:
+        p = load_params()
+    except FA4SourceChanged as e:
+        return CheckResult(status="fail", where="CPU", summary=str(e))
+    need = {
+        "softmax.py": ["k % ex2_emu_freq < ex2_emu_freq - ex2_emu_res or j >= frg_cnt - 1 or j < ex2_emu_start_frg",
+                       "frg_tile = 32", "ex2_emu_res: cutlass.Constexpr[int] = 4"],
+        "utils.py": ['add_packed_f32x2(xy_clamped, (fp32_round_int, fp32_round_int), rnd="rm")',
+                     "out = cute.arch.fma_packed_f32x2(out, (x, y), (poly[i], poly[i]))",
+                     "fp32_round_int = float(2**23 + 2**22)", "cute.arch.fmax(x, -127.0)"],
+        "flash_fwd_sm100.py": ['self.ex2_emu_freq = self._tune.get("ex2_emu_freq", 16)',
+                               'self.ex2_emu_start_frg = self._tune.get("ex2_emu_start_frg", 1)'],
+    }
+    missing = []
+    for f, snippets in need.items():
+        src = re.sub(r"\s+", " ", (d / f).read_text())
+        missing += [f"{f}: {s}" for s in snippets if re.sub(r"\s+", " ", s) not in src]
+    if missing:
+        return CheckResult(status="fail", where="CPU", summary=f"FA4 changed; the twin's assumptions no longer hold: "
+                           f"{missing[0]} (+{len(missing) - 1} more)", details={"missing": missing})
+    return CheckResult(status="pass", where="CPU",
+                       summary=f"{p.source}: emulation sequence, column rule and knobs as modelled "
+                               f"(POLY_EX2[3] = {[float(c).hex() for c in p.poly_ex2[3]]})",
+                       metrics={"missing_snippets": 0})
+
+
+@check("exp2.emulated_share", title="Share of exp2 computed by the polynomial per FA4 configuration (SM100)",
+       needs={"cpu"}, profiles={"quick", "default", "full", "exhaustive"})
+def emulated_share(ctx: CheckContext) -> CheckResult:
+    from fa4verify.kernels.twin import emulated_columns, emulation_settings
+    rows = []
+    configs = [("hd64", dict(head_dim=64)), ("hd128 non-causal (2-CTA)", dict(head_dim=128)),
+               ("hd128 causal", dict(head_dim=128, causal=True)),
+               ("hd128 pack_gqa varlen", dict(head_dim=128, pack_gqa=True, varlen_q=True)),
+               ("hd192/128 non-causal (2-CTA)", dict(head_dim=192, head_dim_v=128)),
+               ("hd192/128 causal", dict(head_dim=192, head_dim_v=128, causal=True)),
+               ("hd256 (2-CTA)", dict(head_dim=256)), ("hd128 SM103", dict(head_dim=128, is_sm103=True)),
+               ("fp8 hd128 causal", dict(head_dim=128, causal=True, fp8=True))]
+    worst = 0.0
+    for name, kw in configs:
+        m = emulated_columns(**kw)
+        s = emulation_settings(**kw)
+        rows.append([name, s.freq, s.res, s.start_frg, float(m.mean())])
+        worst = max(worst, float(m.mean()))
+    return CheckResult(status="pass", where="CPU", summary=f"largest emulated share {worst:.2%} of a 128-column KV tile",
+                       metrics={"max_emulated_share": worst},
+                       details={"table": {"columns": ["config", "freq", "res", "start_frg", "emulated share"],
+                                          "rows": rows}})
+
+
+@check("exp2.mufu", title="MUFU ex2.approx statistics (GPU-recorded)", needs={"cpu"},
+       profiles={"default", "full", "exhaustive"})
+def mufu(ctx: CheckContext) -> CheckResult:
+    from fa4verify.cli.exp2 import mufu_section
+    m = mufu_section()
+    if m["status"] != "measured on H200":
+        return CheckResult(status="skip", summary=f"MUFU ex2.approx: {m['status']} ({m.get('note', '')})")
+    import re
+    stats = m["stats"].get("stats", {}) if isinstance(m["stats"], dict) else {}
+    metrics, rows = {}, []
+    for key, e in stats.items():
+        if not (isinstance(e, dict) and key.startswith(("ex2", "ex2_emulation"))):
+            continue
+        slug = re.sub(r"[^a-z0-9]+", "_", key.lower().replace("-", "m")).strip("_")
+        if isinstance(e.get("max_rel_err"), (int, float)):
+            metrics[f"{slug}.max_rel_error"] = e["max_rel_err"]
+        if e.get("error_unit", "").startswith("fp32 ulp") and isinstance(e.get("max_err"), (int, float)):
+            metrics[f"{slug}.max_ulp_fp32"] = e["max_err"]
+        rows.append([key, e.get("inputs"), e.get("max_rel_err"), e.get("argmax_rel_x"), e.get("max_err"),
+                     e.get("error_unit")])
+    if not rows:
+        return CheckResult(status="skip", summary=f"{m['source']} has no ex2 entries")
+    return CheckResult(status="pass", where="measured on H200",
+                       summary=f"MUFU ex2.approx and GPU emulation statistics read from {m['source']} "
+                               f"({len(rows)} ranges; reported, not judged here)",
+                       metrics=metrics,
+                       details={"table": {"columns": ["range", "inputs", "max_rel_err", "argmax", "max_err", "unit"],
+                                          "rows": rows}, "provenance": m["stats"].get("provenance")})
