@@ -328,7 +328,8 @@ def round_to_format(x, *, mant_bits: int, emin: int, max_finite: float,
     exponent ``emin`` (gradual underflow) and largest finite value ``max_finite``; returned as
     float64 (exact). ``overflow`` says what a value that rounds beyond ``max_finite`` becomes.
     """
-    v = as_f32(x).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        v = as_f32(x).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         _, ex = np.frexp(v)            # v = m * 2^ex, 0.5 <= |m| < 1
         e = np.maximum(ex - 1, emin)   # exponent of the leading bit, clamped to emin
