@@ -8,8 +8,9 @@ real arithmetic, and
 ``certified_sup_rel_error(coeffs)`` returns an enclosure ``[lower, upper]`` of ``E(p)``: ``lower`` is
 ``|g(f*)|`` at the best point found (its interval's lower end), ``upper`` is certified by branch and
 bound with ``mpmath.iv`` interval arithmetic: on every subinterval ``I`` with midpoint ``m``,
-``g(I)`` lies in the mean-value form ``g(m) + g'(I) (I - m)`` where ``g(f) = p(f) 2^-f - 1`` and
-``g'(f) = (p'(f) - ln2 p(f)) 2^-f`` are enclosed with interval arithmetic; intervals whose bound
+``g(I)`` lies in the second-order Taylor form ``g(m) + g'(m) h + g''(I) h^2 / 2`` (h = I - m,
+Lagrange remainder) where ``g(f) = p(f) 2^-f - 1``, ``g'(f) = (p'(f) - ln2 p(f)) 2^-f`` and
+``g''(f) = (p'' - 2 ln2 p' + ln2^2 p) 2^-f`` are enclosed with interval arithmetic; intervals whose bound
 cannot exceed the current lower bound are discarded, the others are bisected until
 ``upper <= lower * (1 + rel_tol)``. This is the rigorous counterpart of Sollya's ``supnorm``.
 
@@ -60,6 +61,7 @@ def certified_sup_rel_error(coeffs, *, rel_tol: float = 1e-6, prec: int = 80,
     try:
         cs = [iv.mpf(float(c)) for c in coeffs]
         dcs = [cs[i] * i for i in range(1, len(cs))]
+        ddcs = [dcs[i] * i for i in range(1, len(dcs))]
         ln2 = iv.log(2)
 
         def horner(poly, x):
@@ -73,6 +75,9 @@ def certified_sup_rel_error(coeffs, *, rel_tol: float = 1e-6, prec: int = 80,
 
         def dg(x):
             return (horner(dcs, x) - ln2 * horner(cs, x)) * iv.exp(-x * ln2)
+
+        def d2g(x):
+            return (horner(ddcs, x) - 2 * ln2 * horner(dcs, x) + ln2 * ln2 * horner(cs, x)) * iv.exp(-x * ln2)
 
         def absmax(v) -> float:                 # upper end of |v|
             return float(max(abs(mpmath.mpf(v.a)), abs(mpmath.mpf(v.b))))
@@ -98,7 +103,9 @@ def certified_sup_rel_error(coeffs, *, rel_tol: float = 1e-6, prec: int = 80,
                 if le > best_lo:
                     best_lo, best_x = le, e
             I = iv.mpf([a, b])
-            enc = gm + dg(I) * (I - m)
+            h = I - m
+            # second-order Taylor form with Lagrange remainder: g(I) in g(m) + g'(m) h + g''(I) h^2 / 2
+            enc = gm + dg(iv.mpf(m)) * h + d2g(I) * (h ** 2) / 2
             return absmax(enc)
 
         heap: list[tuple[float, float, float]] = []
