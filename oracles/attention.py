@@ -245,12 +245,8 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
         if dl is not None:
             dl = np.where(np.isfinite(dl), dl, 0.0)
     if prec == "fast":
-        f = _ref.forward(p, keep=True)
-        if o_given is None:
-            o_used, o_b = f.out, f.bound
-        else:
-            o_used, o_b = o_given, np.zeros_like(o_given)
-        b = _ref.backward(p, f, do, MANTISSA_BITS[do_dt], o_used, o_b, dl)
+        f, b = _ref.backward(p, do, MANTISSA_BITS[do_dt], o_given, dl)
+        o_used = f.out if o_given is None else o_given
         lse_flat = f.lse
         fwd_arrays = (f.out, f.bound, f.lse, f.lse_bound)
         method = "reference: certified float64 (oracles.reference)"

@@ -82,7 +82,9 @@ validated on this machine only by the tests.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -323,13 +325,12 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
 
 @dataclass
 class ForwardArrays:
-    """Flat forward results: out/bound (Tq, H, Dv), lse/lse_bound (H, Tq) and the kept states."""
+    """Flat forward results: out/bound (Tq, H, Dv), lse/lse_bound (H, Tq)."""
 
     out: np.ndarray
     bound: np.ndarray
     lse: np.ndarray
     lse_bound: np.ndarray
-    states: dict = field(default_factory=dict)
 
 
 def _row_blocks(seg_q: int, seg_k: int, left, right):
@@ -339,40 +340,75 @@ def _row_blocks(seg_q: int, seg_k: int, left, right):
         yield r0, r1, c0, c1
 
 
-def forward(p: Problem, *, keep: bool = False) -> ForwardArrays:
-    """Certified float64 forward on a parsed, finite problem (see module docstring).
+def _threads() -> int:
+    """Worker threads for independent (segment, kv head) tasks: ``FA4VERIFY_ORACLE_THREADS``
+    (default: the number of CPUs). Each worker limits OpenBLAS to one thread (thread-local)."""
+    env = os.environ.get("FA4VERIFY_ORACLE_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"FA4VERIFY_ORACLE_THREADS: expected an int, got {env!r}") from None
+    return max(1, os.cpu_count() or 1)
 
-    ``keep=True`` stores per-(segment, head, row block) intermediates for :func:`backward`.
-    """
+
+_BLAS_LOCAL = None
+
+
+def _blas_local_threads():
+    """``openblas_set_num_threads_local`` of numpy's bundled OpenBLAS, or None."""
+    global _BLAS_LOCAL
+    if _BLAS_LOCAL is None:
+        fn = False
+        try:
+            import ctypes
+            import glob
+            libdir = os.path.dirname(np.__file__) + ".libs"
+            for path in glob.glob(os.path.join(libdir, "*openblas*.so*")):
+                lib = ctypes.CDLL(path)
+                if hasattr(lib, "openblas_set_num_threads_local"):
+                    fn = lib.openblas_set_num_threads_local
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_int]
+                    break
+        except OSError:  # pragma: no cover - unusual BLAS
+            fn = False
+        _BLAS_LOCAL = fn
+    return _BLAS_LOCAL or None
+
+
+def _run_tasks(fn, tasks: list) -> list:
+    """Run ``fn(task)`` for every task; in worker threads when there are several. Results are
+    returned in task order (every task writes disjoint output slices: deterministic)."""
+    n = min(_threads(), len(tasks))
+    if n <= 1:
+        return [fn(t) for t in tasks]
+    setter = _blas_local_threads()
+
+    def wrapped(t):
+        old = setter(1) if setter is not None else None
+        try:
+            return fn(t)
+        finally:
+            if setter is not None:
+                setter(old)
+
+    with ThreadPoolExecutor(max_workers=n) as ex:
+        return list(ex.map(wrapped, tasks))
+
+
+def _tasks(p: Problem) -> list[tuple[int, int]]:
+    return [(si, hk) for si, seg in enumerate(p.segments) if seg.q_len > 0 for hk in range(p.nheads_kv)]
+
+
+def forward(p: Problem) -> ForwardArrays:
+    """Certified float64 forward on a parsed, finite problem (see module docstring)."""
     Tq, H, _ = p.q.shape
     dv = p.headdim_v
-    bits = MANTISSA_BITS[p.dtypes["q"]]
-    out = np.zeros((Tq, H, dv))
-    bound = np.zeros((Tq, H, dv))
-    lse = np.full((H, Tq), -np.inf)
-    lse_bound = np.zeros((H, Tq))
-    states: dict = {}
-    for si, seg in enumerate(p.segments):
-        for h in range(H):
-            hk = h // p.group
-            sink = None if p.sink is None else float(p.sink[h])
-            for r0, r1, c0, c1 in _row_blocks(seg.q_len, seg.k_len, p.left, p.right):
-                qs = p.q[seg.q_start + r0: seg.q_start + r1, h]
-                ks = p.k[seg.k_start + c0: seg.k_start + c1, hk]
-                vs = p.v[seg.k_start + c0: seg.k_start + c1, hk]
-                mask = visible_mask(seg.q_len, seg.k_len, p.left, p.right, (r0, r1), (c0, c1))
-                if mask is not None and mask.all():
-                    mask = None
-                o, b, ls, lb, st = _fwd_rowblock(qs, ks, vs, mask, p.scale, p.softcap, sink, bits, keep)
-                sl = slice(seg.q_start + r0, seg.q_start + r1)
-                out[sl, h] = o
-                bound[sl, h] = b
-                lse[h, sl] = ls
-                lse_bound[h, sl] = lb
-                if keep:
-                    st.update(r0=r0, r1=r1, c0=c0, c1=c1, mask=mask)
-                    states[(si, h, r0)] = st
-    return ForwardArrays(out, bound, lse, lse_bound, states)
+    fw = ForwardArrays(np.zeros((Tq, H, dv)), np.zeros((Tq, H, dv)), np.full((H, Tq), -np.inf),
+                       np.zeros((H, Tq)))
+    _run_tasks(lambda t: _task(p, t, fw, None), _tasks(p))
+    return fw
 
 
 @dataclass
@@ -389,154 +425,196 @@ class BackwardArrays:
     d_bound: np.ndarray
 
 
-def backward(p: Problem, fwd: ForwardArrays, dout: np.ndarray, dout_bits: int,
-             o_used: np.ndarray, o_bound: np.ndarray, dlse: Optional[np.ndarray]) -> BackwardArrays:
-    """Certified float64 backward.
+@dataclass
+class _BwdIn:
+    dout: np.ndarray
+    dout_bits: int
+    o_given: Optional[np.ndarray]
+    dlse: Optional[np.ndarray]
+    out: BackwardArrays
 
-    ``fwd`` must come from ``forward(p, keep=True)``. ``o_used`` (Tq, H, Dv) is the O that enters
-    ``D = rowsum(dO * O)`` and ``o_bound`` its error bound w.r.t. the O the caller wants (zeros for
-    caller-given values, the forward bound for the oracle's own O). ``dlse`` is (H, Tq) or None.
+
+def backward(p: Problem, dout: np.ndarray, dout_bits: int, o_given: Optional[np.ndarray],
+             dlse: Optional[np.ndarray]) -> tuple[ForwardArrays, BackwardArrays]:
+    """Certified float64 forward and backward in one pass (row block by row block).
+
+    ``o_given`` (Tq, H, Dv): the O that enters ``D = rowsum(dO * O)`` (caller's values, taken as
+    exact), or None for the oracle's own O (its forward bound then enters the bound of D).
+    ``dlse`` is (H, Tq) or None.
     """
     Tq, H, d = p.q.shape
     Tk, Hk, dv = p.v.shape
-    bits = MANTISSA_BITS[p.dtypes["q"]]
-    bits_v = MANTISSA_BITS[p.dtypes["v"]]
-    scale = p.scale
-    sabs = abs(scale)
-    dq = np.zeros((Tq, H, d))
-    dq_b = np.zeros((Tq, H, d))
-    dk = np.zeros((Tk, Hk, d))
-    dk_b = np.zeros((Tk, Hk, d))
-    dvv = np.zeros((Tk, Hk, dv))
-    dv_b = np.zeros((Tk, Hk, dv))
-    # D = rowsum(dO * O):  gamma_dv sum|dO||O| + sum |dO| o_bound
-    D = np.einsum("thd,thd->ht", dout, o_used)
-    eD = gamma(dv) * np.einsum("thd,thd->ht", np.abs(dout), np.abs(o_used))
-    eD += np.einsum("thd,thd->ht", np.abs(dout), o_bound)
-    if dlse is not None:
-        Dp = D - dlse
-        eDp = eD + U * np.abs(Dp)
-    else:
-        Dp, eDp = D, eD
-    sink_terms = [] if p.sink is not None else None
-    for si, seg in enumerate(p.segments):
-        for h in range(H):
-            hk = h // p.group
-            for r0, r1, c0, c1 in _row_blocks(seg.q_len, seg.k_len, p.left, p.right):
-                st = fwd.states[(si, h, r0)]
-                rs = slice(seg.q_start + r0, seg.q_start + r1)
-                ksl = slice(seg.k_start + c0, seg.k_start + c1)
-                qs = p.q[rs, h]
-                ks = p.k[ksl, hk]
-                vs = p.v[ksl, hk]
-                dos = dout[rs, h]
-                Dr = Dp[h, rs]
-                eDr = eDp[h, rs]
-                l = st["l"]
-                rl = st["rl"]
-                bad = st["bad"]
-                if sink_terms is not None:
-                    ps = st["esink"] / l
-                    eps = (st["Esink"] + (st["esink"] + st["Esink"]) * rl) / l + U * ps
-                    term = -ps * Dr
-                    eterm = eps * np.abs(Dr) + (ps + eps) * eDr + U * np.abs(term)
-                    eterm[bad] = np.inf
-                    sink_terms.append((h, term, eterm))
-                if c1 <= c0:
-                    continue
-                e, E = st["e"], st["E"]
-                nr = r1 - r0
-                nc = c1 - c0
-                gr = blocked_gamma(nr)
-                gc = blocked_gamma(nc)
-                gm = max(gr, gc)
-                # P = fl(e / l), e/l <= P (1 + u).  Error of P, with the blocked-product gamma of
-                # dV = P^T dO folded in:  EP = E (1 + rl)/l + P (rl (1 + u) + u + gr) >= |P - P*| + gr P
-                P = e / l[:, None]
-                EP = E * ((1 + rl) / l)[:, None]
-                EP += P * (rl * (1 + U) + U + gr)[:, None]
-                # G = dP - D' = dO V^T - D';  eG = u|G| + eD' (+ edP when not certified exact)
-                G = dos @ vs.T
-                edP = dot_error_rows(dos, vs, dout_bits, bits_v)   # row constants
-                G -= Dr[:, None]
-                # W >= e_dS + gm |dS| for dS = fl(P G):
-                #   e_dS <= EP |G| + (P + EP) eG + u |dS|,  |dS| <= P |G| (1 + u)
-                #   => W = (1 + u) [ |G| (EP + P (2.0001 u + gm)) + (P + EP) c ],  c = eD' (+ edP)
-                W = P * (2.0001 * U + gm)
-                W += EP
-                A = np.abs(G)
-                W *= A
-                # underflowed entries carry an extra 2 tau on e (not in E): their effect on dS is
-                # <= 4 tau / l (|G| + c) per entry, added to dQ/dK below through wt (row weights)
-                vis = st["vis"]
-                wt = np.where(vis, 4 * TAU / l * (A.max(axis=1, initial=0.0) + eDr + edP) * (1 + 2 * gm), 0.0)
-                T = EP + P
-                T *= (eDr + edP)[:, None]
-                W += T
-                del T
-                # (1 + u) of the W formula is applied to the products W |K|, W^T |Q| below
-                dS = np.multiply(P, G, out=G)
-                if p.softcap > 0:
-                    # dX = dS f with |f - f*| <= frel f + tau:
-                    # e_dX + gm |dX| <= f (W (1 + frel) + |dS| (frel + 3u)) + tau (|dS| + W)
-                    f, frel = st["f"], st["frel"][:, None]
-                    np.abs(dS, out=A)
-                    T = A + W
-                    T *= TAU
-                    A *= frel + 3 * U
-                    W *= 1 + frel
-                    W += A
-                    W *= f
-                    W += T
-                    del T
-                    dS *= f
-                del A
-                # masked entries: P = E = 0 and every other factor is finite, so dS = W = 0 there
-                # dV_j += sum_i P_ij dO_i, bound (gr P + |P - P*|)^T |dO| = EP^T |dO|
-                part = blocked_matmul(P.T, dos)
-                epart = blocked_matmul(EP.T, np.abs(dos))
-                epart *= 1 + 2 * gr
-                epart += np.where(vis, 4 * TAU / l, 0.0) @ np.abs(dos)
-                del EP, P
-                if bad.any():
-                    epart[:] = np.inf
-                acc = dvv[ksl, hk]
-                acc += part
-                dv_b[ksl, hk] += epart + U * np.abs(acc)
-                # dQ_i = scale sum_j dX_ij K_j ; dK_j += scale sum_i dX_ij Q_i, both bounded by W
-                dqs = blocked_matmul(dS, ks)
-                dqs *= scale
-                edq = blocked_matmul(W, np.abs(ks))
-                edq *= sabs * (1 + 2 * gm) * (1 + U)
-                edq += sabs * wt[:, None] * np.abs(ks).sum(axis=0)[None, :]
-                edq += U * np.abs(dqs)
-                edq[bad] = np.inf
-                dq[rs, h] = dqs
-                dq_b[rs, h] = edq
-                dks = blocked_matmul(dS.T, qs)
-                dks *= scale
-                edk = blocked_matmul(W.T, np.abs(qs))
-                edk *= sabs * (1 + 2 * gm) * (1 + U)
-                edk += sabs * (wt @ np.abs(qs))[None, :]
-                edk += U * np.abs(dks)
-                if bad.any():
-                    edk[:] = np.inf
-                acck = dk[ksl, hk]
-                acck += dks
-                dk_b[ksl, hk] += edk + U * np.abs(acck)
-                del dS, W
-    dsink = dsink_b = None
-    if sink_terms is not None:
+    fw = ForwardArrays(np.zeros((Tq, H, dv)), np.zeros((Tq, H, dv)), np.full((H, Tq), -np.inf),
+                       np.zeros((H, Tq)))
+    bw = BackwardArrays(np.zeros((Tq, H, d)), np.zeros((Tq, H, d)), np.zeros((Tk, Hk, d)),
+                        np.zeros((Tk, Hk, d)), np.zeros((Tk, Hk, dv)), np.zeros((Tk, Hk, dv)),
+                        None, None, np.zeros((H, Tq)), np.zeros((H, Tq)))
+    bi = _BwdIn(dout, dout_bits, o_given, dlse, bw)
+    tasks = _tasks(p)
+    sink_lists = _run_tasks(lambda t: _task(p, t, fw, bi), tasks)
+    if p.sink is not None:
         dsink = np.zeros(H)
         dsink_b = np.zeros(H)
         for h in range(H):
-            ts = [t for hh, t, _ in sink_terms if hh == h]
-            es_ = [e for hh, _, e in sink_terms if hh == h]
+            ts = [t for lst in sink_lists for hh, t, _ in lst if hh == h]
+            es_ = [e for lst in sink_lists for hh, _, e in lst if hh == h]
             if ts:
                 allt = np.concatenate(ts)
                 dsink[h] = allt.sum()
                 dsink_b[h] = gamma(max(allt.size - 1, 0)) * np.abs(allt).sum() * (1 + 2 * U) \
                     + np.concatenate(es_).sum() * (1 + gamma(allt.size))
-        dsink_b *= SAFETY
-    return BackwardArrays(dq, dq_b * SAFETY, dk, dk_b * SAFETY, dvv, dv_b * SAFETY, dsink, dsink_b,
-                          D, eD * SAFETY)
+        bw.dsink = dsink
+        bw.dsink_bound = dsink_b * SAFETY
+    bw.dq_bound *= SAFETY
+    bw.dk_bound *= SAFETY
+    bw.dv_bound *= SAFETY
+    bw.d_bound *= SAFETY
+    return fw, bw
+
+
+def _task(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optional[_BwdIn]) -> list:
+    """All heads of kv head ``hk`` in segment ``si``: forward, and backward when ``bi`` is given.
+    Returns the sink-gradient terms [(h, terms, bounds)]."""
+    si, hk = task
+    seg = p.segments[si]
+    bits = MANTISSA_BITS[p.dtypes["q"]]
+    bits_v = MANTISSA_BITS[p.dtypes["v"]]
+    dv = p.headdim_v
+    scale = p.scale
+    sabs = abs(scale)
+    sink_terms: list = []
+    for h in range(hk * p.group, (hk + 1) * p.group):
+        sink = None if p.sink is None else float(p.sink[h])
+        for r0, r1, c0, c1 in _row_blocks(seg.q_len, seg.k_len, p.left, p.right):
+            rs = slice(seg.q_start + r0, seg.q_start + r1)
+            ksl = slice(seg.k_start + c0, seg.k_start + c1)
+            qs = p.q[rs, h]
+            ks = p.k[ksl, hk]
+            vs = p.v[ksl, hk]
+            mask = visible_mask(seg.q_len, seg.k_len, p.left, p.right, (r0, r1), (c0, c1))
+            if mask is not None and mask.all():
+                mask = None
+            o, b, ls, lb, st = _fwd_rowblock(qs, ks, vs, mask, scale, p.softcap, sink, bits, bi is not None)
+            fw.out[rs, h] = o
+            fw.bound[rs, h] = b
+            fw.lse[h, rs] = ls
+            fw.lse_bound[h, rs] = lb
+            if bi is None:
+                continue
+            st["mask"] = mask
+            bw = bi.out
+            dos = bi.dout[rs, h]
+            # D = rowsum(dO * O): gamma_dv sum|dO||O| (+ sum |dO| bound(O) for the oracle's own O)
+            if bi.o_given is None:
+                ou, ob = o, b
+            else:
+                ou, ob = bi.o_given[rs, h], None
+            adO = np.abs(dos)
+            Dr = np.einsum("id,id->i", dos, ou)
+            eDr = gamma(dv) * np.einsum("id,id->i", adO, np.abs(ou))
+            if ob is not None:
+                eDr += np.einsum("id,id->i", adO, ob)
+            bw.d[h, rs] = Dr
+            bw.d_bound[h, rs] = eDr
+            if bi.dlse is not None:
+                Dr = Dr - bi.dlse[h, rs]
+                eDr = eDr + U * np.abs(Dr)
+            dout_bits = bi.dout_bits
+            dq, dq_b, dk, dk_b, dvv, dv_b = bw.dq, bw.dq_bound, bw.dk, bw.dk_bound, bw.dv, bw.dv_bound
+            l = st["l"]
+            rl = st["rl"]
+            bad = st["bad"]
+            if p.sink is not None:
+                ps = st["esink"] / l
+                eps = (st["Esink"] + (st["esink"] + st["Esink"]) * rl) / l + U * ps
+                term = -ps * Dr
+                eterm = eps * np.abs(Dr) + (ps + eps) * eDr + U * np.abs(term)
+                eterm[bad] = np.inf
+                sink_terms.append((h, term, eterm))
+            if c1 <= c0:
+                continue
+            e, E = st["e"], st["E"]
+            nr = r1 - r0
+            nc = c1 - c0
+            gr = blocked_gamma(nr)
+            gc = blocked_gamma(nc)
+            gm = max(gr, gc)
+            # P = fl(e / l), e/l <= P (1 + u).  Error of P, with the blocked-product gamma of
+            # dV = P^T dO folded in:  EP = E (1 + rl)/l + P (rl (1 + u) + u + gr) >= |P - P*| + gr P
+            P = e / l[:, None]
+            EP = E * ((1 + rl) / l)[:, None]
+            EP += P * (rl * (1 + U) + U + gr)[:, None]
+            # G = dP - D' = dO V^T - D';  eG = u|G| + eD' (+ edP when not certified exact)
+            G = dos @ vs.T
+            edP = dot_error_rows(dos, vs, dout_bits, bits_v)   # row constants
+            G -= Dr[:, None]
+            # W >= e_dS + gm |dS| for dS = fl(P G):
+            #   e_dS <= EP |G| + (P + EP) eG + u |dS|,  |dS| <= P |G| (1 + u)
+            #   => W = (1 + u) [ |G| (EP + P (2.0001 u + gm)) + (P + EP) c ],  c = eD' (+ edP)
+            W = P * (2.0001 * U + gm)
+            W += EP
+            A = np.abs(G)
+            W *= A
+            # underflowed entries carry an extra 2 tau on e (not in E): their effect on dS is
+            # <= 4 tau / l (|G| + c) per entry, added to dQ/dK below through wt (row weights)
+            vis = st["vis"]
+            wt = np.where(vis, 4 * TAU / l * (A.max(axis=1, initial=0.0) + eDr + edP) * (1 + 2 * gm), 0.0)
+            T = EP + P
+            T *= (eDr + edP)[:, None]
+            W += T
+            del T
+            # (1 + u) of the W formula is applied to the products W |K|, W^T |Q| below
+            dS = np.multiply(P, G, out=G)
+            if p.softcap > 0:
+                # dX = dS f with |f - f*| <= frel f + tau:
+                # e_dX + gm |dX| <= f (W (1 + frel) + |dS| (frel + 3u)) + tau (|dS| + W)
+                f, frel = st["f"], st["frel"][:, None]
+                np.abs(dS, out=A)
+                T = A + W
+                T *= TAU
+                A *= frel + 3 * U
+                W *= 1 + frel
+                W += A
+                W *= f
+                W += T
+                del T
+                dS *= f
+            del A
+            # masked entries: P = E = 0 and every other factor is finite, so dS = W = 0 there
+            # dV_j += sum_i P_ij dO_i, bound (gr P + |P - P*|)^T |dO| = EP^T |dO|
+            part = blocked_matmul(P.T, dos)
+            epart = blocked_matmul(EP.T, np.abs(dos))
+            epart *= 1 + 2 * gr
+            epart += np.where(vis, 4 * TAU / l, 0.0) @ np.abs(dos)
+            del EP, P
+            if bad.any():
+                epart[:] = np.inf
+            acc = dvv[ksl, hk]
+            acc += part
+            dv_b[ksl, hk] += epart + U * np.abs(acc)
+            # dQ_i = scale sum_j dX_ij K_j ; dK_j += scale sum_i dX_ij Q_i, both bounded by W
+            dqs = blocked_matmul(dS, ks)
+            dqs *= scale
+            edq = blocked_matmul(W, np.abs(ks))
+            edq *= sabs * (1 + 2 * gm) * (1 + U)
+            edq += sabs * wt[:, None] * np.abs(ks).sum(axis=0)[None, :]
+            edq += U * np.abs(dqs)
+            edq[bad] = np.inf
+            dq[rs, h] = dqs
+            dq_b[rs, h] = edq
+            dks = blocked_matmul(dS.T, qs)
+            dks *= scale
+            edk = blocked_matmul(W.T, np.abs(qs))
+            edk *= sabs * (1 + 2 * gm) * (1 + U)
+            edk += sabs * (wt @ np.abs(qs))[None, :]
+            edk += U * np.abs(dks)
+            if bad.any():
+                edk[:] = np.inf
+            acck = dk[ksl, hk]
+            acck += dks
+            dk_b[ksl, hk] += edk + U * np.abs(acck)
+            del dS, W
+    return sink_terms
+
+
+
