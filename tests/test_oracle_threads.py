@@ -1,0 +1,32 @@
+"""The fast reference gives bit-identical results with 1 or several worker threads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fa4verify.oracles import attention
+
+
+def _run():
+    rng = np.random.default_rng(0)
+    q, do = rng.standard_normal((2, 40, 6, 16)), rng.standard_normal((2, 40, 6, 16))
+    k, v = rng.standard_normal((2, 50, 2, 16)), rng.standard_normal((2, 50, 2, 16))
+    q, k, v, do = (t.astype(np.float32) for t in (q, k, v, do))
+    sink = rng.standard_normal(6).astype(np.float32)
+    return attention.backward(q, k, v, None, do, causal=True, softcap=4.0, learnable_sink=sink)
+
+
+def test_threaded_and_single_threaded_results_are_bitwise_identical(monkeypatch):
+    monkeypatch.setenv("FA4VERIFY_ORACLE_THREADS", "1")
+    a = _run()
+    monkeypatch.setenv("FA4VERIFY_ORACLE_THREADS", "3")
+    b = _run()
+    for n in ("dq", "dk", "dv", "dsink", "d", "dq_bound", "dk_bound", "dv_bound", "dsink_bound"):
+        assert np.array_equal(getattr(a, n), getattr(b, n)), n
+    assert np.array_equal(a.forward.out, b.forward.out) and np.array_equal(a.forward.bound, b.forward.bound)
+
+
+def test_bad_thread_setting_is_a_value_error(monkeypatch):
+    monkeypatch.setenv("FA4VERIFY_ORACLE_THREADS", "many")
+    with pytest.raises(ValueError, match="FA4VERIFY_ORACLE_THREADS"):
+        _run()
