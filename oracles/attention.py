@@ -18,6 +18,9 @@ Two arithmetics evaluate the same function (:mod:`oracles.semantics`):
 * ``precision=<int bits>`` (>= 53, e.g. 80): :mod:`oracles.arbiter`, mpmath at p and 2p bits with
   an agreement check; small problems only.
 
+Environment: ``FA4VERIFY_ORACLE_THREADS`` (int, default the CPU count) sets the fast reference's
+worker threads; results do not depend on it.
+
 Every result is float64 numpy (whatever the input type), in FA4's layouts: ``out`` like ``q`` with
 headdim_v; ``lse`` natural log, (batch, nheads, seqlen_q), varlen (nheads, total_q); ``dq/dk/dv``
 like ``q/k/v``; ``d`` (= rowsum(dO * O)) like ``lse``; ``dsink`` (nheads,). Every value has an

@@ -73,6 +73,14 @@ exponent argument's rounding ``u |logit|`` becomes a relative error of P (bound 
 (4) backward bounds are relative to ``P (|dP| + |D'|)`` rather than to ``|dS|``, so they are
 loose where ``dP - D'`` cancels.
 
+Execution
+---------
+Work is split into independent (segment, kv head) tasks, each running forward and (for
+backward) backward row block by row block (512 query rows, keys limited to the block's visible
+range), on ``FA4VERIFY_ORACLE_THREADS`` worker threads (default: the CPU count); each worker
+limits numpy's OpenBLAS to one thread (``openblas_set_num_threads_local``, thread-local).
+Tasks write disjoint outputs, so results are bit-identical for any thread count.
+
 Possible issues
 ---------------
 The gamma bounds assume a BLAS that computes each dot product by *some* ordering of fp64

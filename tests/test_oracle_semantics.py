@@ -230,3 +230,12 @@ def test_varlen_q_with_batched_kv_equals_per_sequence_runs():
         s = slice(int(cq[b]), int(cq[b + 1]))
         fb = attention.forward(q[None, s], k[b:b + 1], v[b:b + 1], causal=True)
         assert np.array_equal(fb.out[0], f.out[s]) and np.array_equal(fb.lse[0], f.lse[:, s])
+
+
+def test_attention_module_doctest_examples_pass():
+    import doctest
+
+    import fa4verify.oracles.attention as mod
+
+    res = doctest.testmod(mod)
+    assert res.attempted > 0 and res.failed == 0
