@@ -229,6 +229,7 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
     if out is not None:
         o_given, _ = check_like(out, "out", p.out_shape)
         o_given = o_given.reshape(Tq, H, dvd)
+        o_caller = o_given.copy()
     dl = None
     if dlse is not None:
         dl, _ = check_like(dlse, "dlse", p.lse_shape())
@@ -282,7 +283,10 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
             vals["dsink"][hb] = np.nan
             vals["dsink_bound"][hb] = np.inf
         fwdbad = taint.rows()
-        o_used[fwdbad] = np.nan if o_given is None else o_used[fwdbad]
+        if o_given is None:
+            o_used[fwdbad] = np.nan
+        else:
+            o_used = o_caller          # the caller's values, non-finite ones included
         lse_flat[fwdbad.T] = np.nan
     fo, fb, fl, flb = (np.array(x, dtype=np.float64) for x in fwd_arrays)
     if anybad:
