@@ -49,7 +49,8 @@ def test_verdict_lists_worst_ulps_tightness_skips_and_where():
     render_verdict(report, Console(file=buf, width=200))
     out = buf.getvalue()
     assert "PASSED" in out and "(exit 0)" in out
-    assert "worst errors (ulps): fixture.dot.bf16 max_ulp_bf16=" in out
+    assert "worst errors (bf16 ulps): fixture.dot.bf16 max_ulp_bf16=" in out
+    assert "other ulp metrics: fixture.dot.bf16 spread_ulp=" in out
     assert "tightest budgets (measured/budget): fixture.dot.bf16 0.5" in out
     assert "skipped 1: no CUDA device (torch.cuda.is_available() is False) -- fixture.needs_cuda" in out
     assert "ran: 1 CPU, 3 CPU twin" in out

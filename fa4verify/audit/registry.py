@@ -40,8 +40,9 @@ Contract
 * ``metrics`` are flat ``{name: float | int | str}``; numeric ones are compared against a
   ``--baseline`` report: larger is worse unless the name ends with ``_higher_is_better``.
   Keep names stable across runs (``max_ulp``, ``wrong_count``, ``emulated_share``...).
-  Metrics whose name contains ``ulp`` are listed as "worst errors (ulps)" in the verdict: name
-  them after the format (``max_ulp_bf16``) when it is not obvious.
+  Metrics whose name contains ``ulp`` and ``bf16`` are listed as "worst errors (bf16 ulps)" in
+  the verdict, other ``ulp`` metrics on a separate line: name them after the format
+  (``max_ulp_bf16``, ``max_ulp_fp32``).
 * ``details`` is any JSON-able dict for the reports.  Plots in the HTML report come from
   ``details["plot"]`` (one dict or a list of dicts), see :data:`PLOT_CONVENTION`.
 * ``tightness`` = measured / budget (<= 1 within budget); the verdict lists the tightest checks.

@@ -174,9 +174,14 @@ def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 25) 
     if wc:
         lines.append("ran: " + ", ".join(f"{n} {w}" for w, n in sorted(wc.items())))
     ulps = worst_ulps(results)
-    if ulps:
-        lines.append("worst errors (ulps): " + "; ".join(
-            f"{_escape(i)} {m}={_fmt_num(v)}" for i, m, v in ulps[:5]))
+    bf16 = [u for u in ulps if "bf16" in u[1].lower()]
+    other = [u for u in ulps if "bf16" not in u[1].lower()]
+    if bf16:
+        lines.append("worst errors (bf16 ulps): " + "; ".join(
+            f"{_escape(i)} {m}={_fmt_num(v)}" for i, m, v in bf16[:5]))
+    if other:
+        lines.append("[dim]other ulp metrics: " + "; ".join(
+            f"{_escape(i)} {m}={_fmt_num(v)}" for i, m, v in other[:3]) + "[/]")
     tight = tightest(results)
     if tight:
         lines.append("tightest budgets (measured/budget): " + "; ".join(
