@@ -341,6 +341,16 @@ def render(report: dict[str, Any]) -> str:
         out.append("<p>What ran where: " + ", ".join(
             f'<span class="where">{_e(w)}</span> {n}' for w, n in sorted(wc.items())) + "</p>")
 
+    from fa4verify.audit.terminal import tightest, worst_ulps
+
+    ulps = [u for u in worst_ulps(results) if "bf16" in u[1].lower()][:5]
+    if ulps:
+        out.append("<p>Worst errors (bf16 ulps): " + "; ".join(
+            f'<a href="#{_e(i)}">{_e(i)}</a> {_e(m)} = {_e(_fmt(v))}' for i, m, v in ulps) + "</p>")
+    tight = tightest(results)[:5]
+    if tight:
+        out.append("<p>Tightest budgets (measured / budget): " + "; ".join(
+            f'<a href="#{_e(i)}">{_e(i)}</a> {_e(_fmt(t))}' for i, t in tight) + "</p>")
     bl = report.get("baseline")
     if bl:
         out.append(f"<h2>Baseline {_e(bl.get('path', ''))}</h2>")
