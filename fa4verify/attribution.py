@@ -17,6 +17,11 @@ caller passes production outputs (``check_forward_outputs``: "measured on H200")
   and its effect on dQ, dK, dV.
 
 Every comparison is ``(actual, reference)`` with errors relative to the reference side.
+
+Possible issues: :func:`problem_stats` (and so the end-to-end checks here) covers dense problems
+with causal/window masks, GQA/MQA and bf16/fp16/fp8; softcap, learnable sinks and varlen are not
+covered by the composed statistics (``softcap_err`` is 0) -- the twin itself supports softcap and
+sinks, and their local stage budgets are checked through the stage probe.
 """
 from __future__ import annotations
 

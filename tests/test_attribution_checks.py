@@ -141,3 +141,12 @@ def test_fp16_peaked_backward_within_budget_including_subnormal_p_floor():
     bc = A.check_backward(q, k, v, do, arch="sm90", dtype="fp16", causal=True)
     assert all(n == 0 for n in bc.over.values()), bc.ratios
     assert bc.ratios["dv"] > 0.3      # the floor term is what holds dV in: not a loose budget
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_local_window_and_gqa_within_budget(arch):
+    q, k, v = A.gen_inputs("outliers", batch=1, seqlen_q=100, seqlen_k=300, nheads=2, hdim=64,
+                           seed=6)
+    k, v = k[:, :, :1].copy(), v[:, :, :1].copy()          # MQA: one KV head
+    fc = A.check_forward(q, k, v, arch=arch, window_size=(80, 20))
+    assert fc.ok, (_over(fc), fc.out_ratio, fc.lse_ratio)
