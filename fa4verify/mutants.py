@@ -1670,7 +1670,9 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
                 if not _mutant_applies(m, p, arch) or (
                         target == "production" and not production_applies(m, p)):
                     continue
-                reps = (BWD_REPEATS[profile] if "bwd" in m.passes else 1) if p.bwd else 0
+                # run-to-run repeats only where the backward itself is mutated (a forward
+                # mutant changes the backward's inputs, so no reference manifest applies)
+                reps = BWD_REPEATS[profile] if (p.bwd and "bwd" in m.passes) else 0
                 run = _mark(runner(data, arch, (m.name,), bwd=p.bwd, repeat_bwd=reps,
                                    stage_budgets=sb))
                 for spec in pspecs:
