@@ -13,7 +13,6 @@ mutant was found); 2 bad options, missing GPU or missing dependency; 5 nothing r
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -21,6 +20,11 @@ import click
 from fa4verify.cli import ExitCode
 
 _PROFILES = ("ci", "dev", "nightly")
+
+
+def _exit(code: int) -> None:
+    """Leave with ``code`` through click (``fa4verify.cli.main`` returns it; no SystemExit leaks)."""
+    raise click.exceptions.Exit(int(code))
 
 
 def _err(msg: str) -> None:
@@ -87,8 +91,10 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
               help="CPU twin of FA4, or production FA4 on a CUDA GPU. Env: FA4VERIFY_FUZZ_TARGET.")
 @click.option("--examples", type=click.IntRange(min=1), default=None, metavar="N",
               help="Number of distinct examples (default: the profile's: ci 40, dev 100, nightly 5000).")
-@click.option("--seed", type=int, default=0, show_default=True, metavar="S", envvar="FA4VERIFY_SEED",
-              help="Hypothesis seed (runs with the same seed draw the same problems). Env: FA4VERIFY_SEED.")
+@click.option("--seed", type=int, default=None, metavar="S", envvar="FA4VERIFY_SEED",
+              help="Hypothesis seed: runs with the same seed draw the same problems (and skip the example "
+                   "database). Default: ci derandomized; dev/nightly random with the database. "
+                   "Env: FA4VERIFY_SEED.")
 @click.option("--profile", type=click.Choice(_PROFILES), default="ci", show_default=True,
               envvar="FA4VERIFY_FUZZ_PROFILE",
               help="ci: fast, derandomized, small shapes; dev: local default, example database; "
@@ -139,7 +145,7 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
             raise click.BadParameter(f"unknown property {bad[0]!r}; known: {', '.join(fuzz.PROPERTIES)}",
                                      param_hint="--property")
     if replay:
-        sys.exit(_replay(replay, props))
+        _exit(_replay(replay, props))
 
     muts = _split(mutations)
     if muts and target != "twin":
@@ -151,11 +157,11 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
         raise click.BadParameter(str(e), param_hint="--mutation")
     except fuzz.DependencyMissing as e:
         _err(str(e))
-        sys.exit(int(ExitCode.USAGE))
+        _exit(int(ExitCode.USAGE))
     except Exception as e:
         if type(e).__name__ == "NoCudaError":
             _err(str(e))
-            sys.exit(int(ExitCode.USAGE))
+            _exit(int(ExitCode.USAGE))
         raise
     if target == "production" and arch == "sm100":
         import torch
@@ -184,7 +190,7 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
                                 backward=not no_backward, on_example=progress)
     except fuzz.DependencyMissing as e:
         _err(str(e))
-        sys.exit(int(ExitCode.USAGE))
+        _exit(int(ExitCode.USAGE))
 
     if json_path:
         Path(json_path).write_text(json.dumps(res.to_json(), indent=2, sort_keys=True) + "\n")
@@ -207,8 +213,8 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
         if f.get("case_file"):
             click.echo(f"  case: {f['case_file']}  (replay: fa4verify fuzz --replay {f['case_file']})")
         click.echo("\n" + f["snippet"])
-        sys.exit(int(ExitCode.VIOLATION))
+        _exit(int(ExitCode.VIOLATION))
     if res.examples_run == 0:
         _err("no example ran (every draw was rejected)")
-        sys.exit(int(ExitCode.NOTHING_RAN))
-    sys.exit(int(ExitCode.OK))
+        _exit(int(ExitCode.NOTHING_RAN))
+    _exit(int(ExitCode.OK))

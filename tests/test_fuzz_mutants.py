@@ -1,0 +1,70 @@
+"""Deliberately broken twin variants are FOUND by the fuzzer and SHRUNK to small shapes.
+
+Each test runs the CI profile (derandomized) against the CPU twin with one planted fault
+(``kernels/twin_fwd.py`` FWD_MUTATIONS) and checks that Hypothesis finds a counterexample, that
+the shrunk case is small, that the written JSON case replays as a failure on the mutant, and
+that the very same problem passes on the unmutated twin (so the failure is the mutant's doing).
+Figures: "CPU twin".
+"""
+from __future__ import annotations
+
+import pytest
+
+from fa4verify import fuzz
+
+ta = pytest.importorskip("fa4verify.kernels.twin_attention", reason="CPU twin not available")
+
+
+def _deps():
+    try:
+        import fa4verify.oracles.attention  # noqa: F401
+        from fa4verify.strategies import AttentionProblem
+        fuzz._budget(AttentionProblem("sm90", "bf16", 1, 1, 1, 1, 1, 8, 8))
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"oracle/budgets not available: {e}")
+
+
+def _find(mutation: str, arch: str, tmp_path):
+    _deps()
+    if mutation not in ta.MUTATIONS:
+        pytest.skip(f"the twin has no mutation {mutation!r}")
+    res = fuzz.run_campaign(target=fuzz.TwinTarget([mutation]), arch=arch, examples=100, seed=0,
+                            profile="ci", cases_dir=tmp_path / "cases")
+    assert res.found, f"{mutation} on {arch} not found in {res.examples_run} examples"
+    f = res.failure
+    assert f["property"] != "runs", f["message"]        # found by an accuracy property, not a crash
+    problem = fuzz.AttentionProblem.from_dict(f["problem"])
+    # the saved case replays as a failure on the mutant, and passes on the unmutated twin
+    assert fuzz.replay_case(f["case_file"]).status == "fail"
+    clean = fuzz.replay_case(f["case_file"], target=fuzz.TwinTarget(), properties=fuzz.PROPERTIES)
+    assert clean.status == "pass", clean.message
+    assert "@example(AttentionProblem.from_json(" in f["snippet"]
+    return problem, f
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_causal_off_by_one_is_found_and_shrunk(arch, tmp_path):
+    p, f = _find("causal_off_by_one", arch, tmp_path)
+    # needs causal and at least two keys for the extra/missing diagonal key to matter
+    assert p.causal and p.batch == 1 and p.nheads == 1 and p.head_dim == 8
+    assert 2 <= p.seqlen_k <= 3 and p.seqlen_q <= 3
+
+
+def test_causal_top_left_alignment_is_found_and_shrunk(tmp_path):
+    p, f = _find("causal_top_left", "sm90", tmp_path)
+    # top-left vs bottom-right alignment differ only when seqlen_q != seqlen_k
+    assert p.causal and p.seqlen_q != p.seqlen_k and max(p.seqlen_q, p.seqlen_k) <= 3
+    assert p.batch == 1 and p.head_dim == 8
+
+
+def test_tail_tile_dropped_is_found_and_shrunk(tmp_path):
+    p, f = _find("tail_tile_dropped", "sm90", tmp_path)
+    # any seqlen_k that is not a multiple of the KV tile has a partial tail tile; 1 is minimal
+    assert p.seqlen_k == 1 and p.seqlen_q == 1 and p.head_dim == 8
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_rescale_skipped_is_found_and_shrunk(arch, tmp_path):
+    p, f = _find("rescale_skipped", arch, tmp_path)
+    # a rescale needs a second KV tile: seqlen_k = tile_n + 1 = 129 is the smallest such length
+    assert p.seqlen_k == 129 and p.seqlen_q == 1 and p.batch == 1 and p.head_dim == 8
