@@ -32,8 +32,7 @@ def _parse_list(values: tuple[str, ...], known: tuple[str, ...], what: str) -> l
 
 @click.command("mutants", short_help="Measure what fa4verify (and the field's rules) catch.")
 @click.option("--profile", type=click.Choice(_PROFILES), default="quick", show_default=True,
-              envvar="FA4VERIFY_PROFILE",
-              help="Battery size: quick (tiny shapes, CI) or full. Env: FA4VERIFY_PROFILE.")
+              help="Battery size: quick (tiny shapes, CI; ~2 min on one core) or full.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
               default=None, metavar="FILE", help="Also write the full result as JSON.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False, writable=True),
