@@ -105,3 +105,11 @@ def test_other_details_become_tables():
     html = report_html.render(_report([{"id": "t.x", "details": details}]))
     for text in ("stages.s_accum", "stages.p_cast", "outliers", "tile_n", "<h4>cases</h4>"):
         assert text in html
+
+
+def test_bars_in_different_units_are_drawn_relative_to_their_budgets():
+    plot = {"kind": "bars", "title": "mixed", "labels": ["max_rel_error", "bf16 ulp"],
+            "values": [8.77e-5, 0.52], "budget": [8.78e-5, 1.0]}
+    html = report_html.render(_report([{"id": "m.x", "details": {"plot": plot}}]))
+    assert len(_pngs(html)) == 1 and "plot not drawn" not in html
+    assert report_html.plot_bars(plot) != report_html.plot_bars({**plot, "budget": [1.0, 1.0]})

@@ -125,6 +125,11 @@ def plot_histogram(p: dict[str, Any]) -> str:
 
 
 def plot_bars(p: dict[str, Any]) -> str:
+    """Horizontal bars, one per label, with a budget tick per bar when given.
+
+    When the budgets span more than a factor 100 (bars in different units, e.g. a relative
+    error next to ulps), every bar is drawn as measured / budget with the budget line at 1 and
+    annotated "measured / budget" in its own units."""
     labels = [str(x) for x in (p.get("labels") or [])]
     vals = _nums(p.get("values"), "values")
     if len(labels) != len(vals) or not labels:
@@ -132,9 +137,14 @@ def plot_bars(p: dict[str, Any]) -> str:
     budget = p.get("budget")
     bud = None
     if budget is not None:
+        if not isinstance(budget, (list, tuple)):
+            raise ValueError("bars: budget must be a list (one entry per bar, None for none)")
         bud = [float("nan") if b is None else (as_number(b) or float("nan")) for b in budget]
         if len(bud) != len(vals):
             raise ValueError("bars: budget must be as long as values")
+    fin = [b for b in (bud or []) if math.isfinite(b) and b > 0]
+    normalise = (bud is not None and len(fin) == len(vals) and len(fin) > 1
+                 and max(fin) / min(fin) > 100.0)
     h = max(1.8, 0.42 * len(labels) + 1.2)
     fig = _figure(7.5, min(h, 12))
     ax = fig.add_subplot()
@@ -143,28 +153,38 @@ def plot_bars(p: dict[str, Any]) -> str:
     for i, v in enumerate(vals):
         over = bud is not None and math.isfinite(bud[i]) and v > bud[i]
         colors.append("#cf222e" if over else "#0969da")
-    ax.barh(y, vals, color=colors, height=0.6, label="measured", zorder=2)
+    q = dict(p)
+    if normalise:
+        assert bud is not None
+        shown = [v / b for v, b in zip(vals, bud)]
+        ax.barh(y, shown, color=colors, height=0.6, label="measured / budget", zorder=2)
+        ax.axvline(1.0, color="#1f2328", linestyle="--", linewidth=1.5, label="budget", zorder=3)
+        _annotate(ax, shown, y, texts=[f"{v:.3g} / {b:.3g}" for v, b in zip(vals, bud)])
+        q["xlabel"] = "measured / budget (bars in different units)"
+    else:
+        ax.barh(y, vals, color=colors, height=0.6, label="measured", zorder=2)
+        if bud is not None:
+            ax.scatter([b for b in bud], y, marker="|", s=420, color="#1f2328", linewidths=2.5,
+                       label="budget", zorder=3)
+        _annotate(ax, vals, y)
+        q["xlabel"] = p.get("ylabel") or p.get("xlabel")  # horizontal bars: values on x
     if bud is not None:
-        ax.scatter([b for b in bud], y, marker="|", s=420, color="#1f2328", linewidths=2.5,
-                   label="budget", zorder=3)
-        ax.legend(fontsize=9, loc="lower right")
+        ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
-    _annotate(ax, vals, y)
-    q = dict(p)
-    q["xlabel"] = p.get("ylabel") or p.get("xlabel")  # horizontal bars: values on the x axis
     q["ylabel"] = None
     q["logy"] = False
     _axes_common(ax, q)
     return _png(fig)
 
 
-def _annotate(ax, vals: Sequence[float], y: Sequence[int]) -> None:
+def _annotate(ax, vals: Sequence[float], y: Sequence[int],
+              texts: Sequence[str] | None = None) -> None:
     """Write each bar's value at its end (small values stay readable next to large ones)."""
-    ax.margins(x=0.1)
-    for v, yy in zip(vals, y):
+    ax.margins(x=0.4 if texts else 0.1)
+    for i, (v, yy) in enumerate(zip(vals, y)):
         if v == v:
-            ax.annotate(f"{v:.3g}", (v, yy), xytext=(3, 0), textcoords="offset points",
+            ax.annotate(texts[i] if texts else f"{v:.3g}", (v, yy), xytext=(3, 0), textcoords="offset points",
                         va="center", fontsize=8)
 
 
@@ -209,7 +229,7 @@ def plot_overview(results: Sequence[dict[str, Any]]) -> str | None:
     ax.set_yticks(y, [i for i, _, _ in rows])
     ax.invert_yaxis()
     _annotate(ax, [t for _, t, _ in rows], y)
-    ax.legend(fontsize=9, loc="lower right")
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _axes_common(ax, {"title": "budget tightness per check (measured / budget; > 1 violates)",
                       "xlabel": "measured / budget"})
     return _png(fig)
