@@ -17,7 +17,8 @@ Per query row (index i dropped), visible key j:
   smallest exponent in each row) and ``||q|| ||k|| < 2^53 Qq Qk`` then every partial sum is exact
   and ``S`` is exact in any order (certificate, typical for bf16). Otherwise
   ``|dS| <= gamma_D ||q||_2 ||k||_2`` (Cauchy-Schwarz bound on ``sum |q||k|``), used as a row
-  constant (max over the row's keys).
+  constant (max over the row's keys). Uncertified rows are recomputed with an exact magnitude
+  split (``products_with_error``): their error drops by ~2^-12 to about ``2 u max_j |S_ij|``.
 * ``x = fl(scale S)``, ``t = fl(x / softcap)``, ``th = tanh(t)``, ``y = fl(softcap th)``: each
   step adds ``u |result|``; tanh is 1-Lipschitz and has relative error ``eps_f``.
 * ``a = fl(y - m)``: ``m`` (the row max, including the sink) is an exact float64 shift and
@@ -60,18 +61,17 @@ and mpmath and fails if it exceeds the assumption (measured here: max 0.58 ulp e
 Accuracy
 --------
 Figures (CPU, ``benchmarks/bench_oracle.py``): on random bf16 inputs, 1 x 8 heads x 4096 x 128
-causal, the output bound is 2^-44.8 (median) and at worst 2^-41.5 times ``sum_j P_j |V_j|`` (the
+causal, the output bound is 2^-44.8 (median) and at worst 2^-43.9 times ``sum_j P_j |V_j|`` (the
 natural scale of O: with mixed-sign V, O itself can be ~0, so a bound *relative to |O|* is
 unbounded; errors are stated relative to ``sum |P||V|``); LSE bound <= 2^-41.9 absolute. On small
 problems (hypothesis, ``tests/test_oracle_agreement.py``) the bound is <= 2^-40 x sum |P||V|
-always and about 2^-45 typically, and the observed |fast - arbiter| reaches 0.3-0.7 of it.
-Where it is looser: (1) rows whose ``S = q.k`` is not certified exact (fp32 inputs, or a bf16
-row/key pair spanning > ~2^40 in magnitude, e.g. one element ~1e-5 in each) fall back to
-``gamma_D ||q|| max_j ||k_j||`` for the whole row: the 2^-41.5 above; (2) large logits: the
-exponent argument's rounding ``u |logit|`` becomes a relative error of P (bound = inf once
-``u |logit| > 2^-11``); (3) long rows: blocked summation grows as ``gamma_{256 + n/256}``;
-(4) backward bounds are relative to ``P (|dP| + |D'|)`` rather than to ``|dS|``, so they are
-loose where ``dP - D'`` cancels.
+always and about 2^-45 typically, and the observed |fast - arbiter| reaches 0.3-0.75 of it.
+Where it is looser: (1) rows whose ``S = q.k`` cannot be certified exact even after the split
+(fp32 inputs: products of 24-bit significands) keep ``gamma_D ||q|| max_j ||k_j||`` for the whole
+row; (2) large logits: the exponent argument's rounding ``u |logit|`` becomes a relative error of
+P (bound = inf once ``u |logit| > 2^-11``); (3) long rows: blocked summation grows as
+``gamma_{256 + n/256}``; (4) backward bounds are relative to ``P (|dO||V| + |dO||O| + |dlse|)``
+(``stats.sum_pg_k``) rather than to ``|dS|``, so they are loose where ``dP - D'`` cancels.
 
 Execution
 ---------
@@ -207,6 +207,46 @@ def dot_error_rows(a: np.ndarray, b: np.ndarray, bits_a: int, bits_b: int) -> np
     return out
 
 
+def products_with_error(a: np.ndarray, b: np.ndarray, bits_a: int, bits_b: int) -> tuple[np.ndarray, np.ndarray]:
+    """``S = a @ b.T`` and row constants ``err_i >= max_j |S_ij - a_i . b_j|``.
+
+    Rows that :func:`dot_error_rows` cannot certify exact are recomputed by an exact magnitude
+    split: ``x = x_hi + x_lo`` with ``x_lo`` the entries below ``2^-t max|x_row|`` (t chosen so that
+    ``x_hi . y_hi`` passes the certificate), ``S = (a_hi b_hi + a_hi b_lo) + a_lo b``; the two
+    small products carry ``2^-t`` of the original error, and the two additions ``u |S|``.
+    """
+    S = a @ b.T
+    err = dot_error_rows(a, b, bits_a, bits_b)
+    d = a.shape[1]
+    if bits_a + bits_b > 53 or d == 0 or not err.any():
+        return S, err
+    t = int((53 - (math.log2(d) + 2 + bits_a + bits_b)) // 2) - 1
+    if t < 2:
+        return S, err
+    unc = np.nonzero(err > 0)[0]
+
+    def split(x):
+        mx = np.abs(x).max(axis=1, keepdims=True)
+        hi = np.where(np.abs(x) >= mx * 2.0 ** -t, x, 0.0)
+        return hi, x - hi            # exact: x_lo is x or 0 entrywise
+
+    ah, al = split(a[unc])
+    bh, bl = split(b)
+    A = ah @ bh.T
+    B = ah @ bl.T
+    C = al @ b.T
+    S1 = A + B
+    S2 = S1 + C
+    e2 = (dot_error_rows(ah, bh, bits_a, bits_b) + dot_error_rows(ah, bl, bits_a, bits_b)
+          + dot_error_rows(al, b, bits_a, bits_b)
+          + U * (np.abs(S1).max(axis=1, initial=0.0) + np.abs(S2).max(axis=1, initial=0.0)) * (1 + 4 * U))
+    better = e2 < err[unc]
+    rows = unc[better]
+    S[rows] = S2[better]
+    err[rows] = e2[better]
+    return S, err
+
+
 MASKED = -(2.0 ** 1000)   # logit of a masked key (finite, so that |a| * e = 0 there)
 LOGIT_MAX = 2.0 ** 900
 
@@ -225,8 +265,7 @@ def _fwd_rowblock(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Optional[np
     rows, d = q.shape
     cols = k.shape[0]
     dv = v.shape[1]
-    S = q @ k.T
-    es_row = dot_error_rows(q, k, bits, bits)
+    S, es_row = products_with_error(q, k, bits, bits)
     x = np.multiply(S, scale, out=S)
     xmax = np.maximum(x.max(axis=1, initial=0.0), -x.min(axis=1, initial=0.0)) if cols else np.zeros(rows)
     if not np.all(xmax <= LOGIT_MAX):
@@ -553,8 +592,7 @@ def _task(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optional[_Bw
             EP = E * ((1 + rl) / l)[:, None]
             EP += P * (rl * (1 + U) + U + gr)[:, None]
             # G = dP - D' = dO V^T - D';  eG = u|G| + eD' (+ edP when not certified exact)
-            G = dos @ vs.T
-            edP = dot_error_rows(dos, vs, dout_bits, bits_v)   # row constants
+            G, edP = products_with_error(dos, vs, dout_bits, bits_v)   # edP: row constants
             G -= Dr[:, None]
             # W >= e_dS + gm |dS| for dS = fl(P G):
             #   e_dS <= EP |G| + (P + EP) eG + u |dS|,  |dS| <= P |G| (1 + u)

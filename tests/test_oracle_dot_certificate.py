@@ -43,3 +43,24 @@ def test_dot_error_rows_bound_the_blas_error_against_exact_fractions(dtype, bits
         assert np.all(err == 0.0)          # typical bf16 rows are certified exact
     if spread == 40.0 and dtype == "fp32":
         assert np.all(err[np.arange(n) != 3] > 0)   # fp32 products cannot all be certified
+
+
+@pytest.mark.parametrize("dtype,bits", [("bf16", 8), ("fp16", 11)])
+def test_split_products_bound_the_error_and_improve_uncertified_rows(dtype, bits):
+    from fa4verify.oracles.reference import products_with_error
+
+    rng = np.random.default_rng(bits)
+    dt = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}[dtype]
+    n, m, d = 10, 12, 32
+    a = rng.standard_normal((n, d))
+    b = rng.standard_normal((m, d))
+    a[:, 0] *= 2.0 ** -24        # tiny entries in every row: the plain certificate fails
+    b[:, 1] *= 2.0 ** -24
+    a, b = (x.astype(np.float32).astype(dt).astype(np.float64) for x in (a, b))
+    S, err = products_with_error(a, b, bits, bits)
+    plain = dot_error_rows(a, b, bits, bits)
+    ex = _exact_dots(a, b)
+    for i in range(n):
+        for j in range(m):
+            assert abs(Fraction(float(S[i, j])) - ex[i][j]) <= Fraction(float(err[i]))
+    assert np.all(plain > 0) and np.all(err < plain * 2.0 ** -4)
