@@ -180,9 +180,11 @@ def _typed(x: np.ndarray, dtype: str) -> np.ndarray:
 # ============================================================================ results
 @dataclasses.dataclass
 class Fwd:
-    """Forward result in FA4 layout, as float64 (exact copies of what the target stored)."""
+    """Forward result in FA4 layout, as float64 (exact copies of what the target stored).
+    ``native`` optionally keeps the target's own (out, lse) objects for its backward."""
     out: np.ndarray
     lse: np.ndarray
+    native: Any = None
 
 
 @dataclasses.dataclass
@@ -340,15 +342,21 @@ class ProductionTarget(Target):
     name = "production"
     bitwise_invariants = False
 
-    def __init__(self) -> None:
-        self._ad = _import("fa4verify.kernels.adapter")
-        ok, reason = self._ad.cuda_status()
-        if not ok:
-            raise self._ad.NoCudaError(reason if reason.startswith("no CUDA") else f"no CUDA device: {reason}")
+    def __init__(self, *, adapter: Any = None, device: str = "cuda") -> None:
+        """``adapter``/``device`` exist for testing the conversion code without a GPU (a stand-in
+        adapter module on CPU tensors); normal use takes ``fa4verify.kernels.adapter`` on CUDA."""
+        self._ad = adapter if adapter is not None else _import("fa4verify.kernels.adapter")
+        if adapter is None:
+            ok, reason = self._ad.cuda_status()
+            if not ok:
+                raise self._ad.NoCudaError(reason if reason.startswith("no CUDA") else f"no CUDA device: {reason}")
         import torch
         self._torch = torch
-        self.where = f"measured on {torch.cuda.get_device_name(0)}"
+        self.device = device
+        self.where = (f"measured on {torch.cuda.get_device_name(0)}" if device == "cuda"
+                      else f"production code path on {device} (stand-in adapter)")
         self.last_config: Optional[dict] = None
+        self.configs: dict[str, int] = {}
 
     def features(self) -> tuple[str, ...]:
         return tuple(f for f in FEATURES if f != "mask_mod")
@@ -362,9 +370,9 @@ class ProductionTarget(Target):
             return None
         torch = self._torch
         if dtype is None:
-            return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+            return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
         tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
-        return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device="cuda", dtype=tdt)
+        return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device=self.device, dtype=tdt)
 
     def _kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
         kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
@@ -382,7 +390,7 @@ class ProductionTarget(Target):
     def _call(self, fn, *args, **kw):
         try:
             return fn(*args, **kw)
-        except (AssertionError, NotImplementedError, TypeError) as e:
+        except (AssertionError, NotImplementedError, TypeError, ValueError) as e:
             # FA4 rejects unsupported combinations with asserts; count them, do not fail on them.
             raise Unsupported(f"FA4 rejected the call: {type(e).__name__}: {e}") from None
 
@@ -391,18 +399,35 @@ class ProductionTarget(Target):
         dt = problem.dtype
         r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
                        return_lse=True, **self._kw(problem, a))
-        self.last_config = r.config.to_dict()
-        self._fwd_torch = (r.out, r.lse)
-        return Fwd(self._np(r.out), self._np(r.lse))
+        self._note_config(r.config)
+        return Fwd(self._np(r.out), self._np(r.lse), native=(r.out, r.lse))
+
+    def _note_config(self, cfg: Any) -> None:
+        d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg or {})
+        self.last_config = d
+        key = f"{d.get('op')} arch={d.get('arch')} tile={d.get('tile_mn')} {d.get('dtype')}"
+        self.configs[key] = self.configs.get(key, 0) + 1
+
+    def describe(self) -> dict[str, Any]:
+        d = {"target": self.name, "where": self.where, "kernel_configs": dict(self.configs)}
+        try:
+            d["versions"] = self._ad.versions()
+        except Exception:  # noqa: BLE001
+            pass
+        return d
 
     def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
                  deterministic: bool = True) -> Bwd:
         self.check_supported(problem)
         dt = problem.dtype
-        out = self._t(fwd.out.astype(np.float32), dt)
-        lse = self._torch.from_numpy(np.ascontiguousarray(fwd.lse, np.float32)).cuda()
+        if fwd.native is not None:
+            out, lse = fwd.native          # FA4's own O and LSE tensors from the forward call
+        else:
+            out = self._t(fwd.out.astype(np.float32), dt)
+            lse = self._torch.from_numpy(np.ascontiguousarray(fwd.lse, np.float32)).to(self.device)
         r = self._call(self._ad.backward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt), out,
                        self._t(a["dout"], dt), lse, deterministic=deterministic, **self._kw(problem, a))
+        self._note_config(r.config)
         return Bwd(self._np(r.dq), self._np(r.dk), self._np(r.dv), self._np(r.dsink))
 
 
@@ -1372,4 +1397,5 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
         res.failure = fail
     res.unique_problems = len(seen)
     res.seconds = time.monotonic() - t0
+    res.target = target.describe()          # production: the kernel configurations that ran
     return res

@@ -1,0 +1,83 @@
+"""The production target: its calls match the adapter's API (checked on the CPU with a stand-in
+adapter that binds every call against the real ``fa4verify.kernels.adapter`` signatures and
+computes with the CPU twin), and the GPU campaign (``pytest -m gpu``, on the H200)."""
+from __future__ import annotations
+
+import inspect
+import types
+
+import numpy as np
+import pytest
+
+from fa4verify import fuzz
+
+torch = pytest.importorskip("torch")
+adapter = pytest.importorskip("fa4verify.kernels.adapter", reason="production adapter not available")
+ta = pytest.importorskip("fa4verify.kernels.twin_attention", reason="CPU twin not available")
+
+
+def _np(t):
+    import ml_dtypes
+    a = t.detach().float().numpy()
+    return a.astype(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else a.astype(np.float16)
+
+
+def _stand_in(arch="sm90"):
+    """An adapter-shaped module: every call is bound against the real adapter's signature first."""
+    calls = []
+
+    def forward(q, k, v, **kw):
+        inspect.signature(adapter.forward).bind(q, k, v, **kw)
+        calls.append(("forward", sorted(kw)))
+        assert kw.get("cu_seqlens_q") is None, "stand-in: dense only"
+        sink = kw["learnable_sink"]
+        r = ta.forward(_np(q), _np(k), _np(v), arch=arch, softmax_scale=kw["softmax_scale"], causal=kw["causal"],
+                       window_size=kw["window_size"], softcap=kw["softcap"],
+                       learnable_sink=None if sink is None else sink.numpy())
+        out = torch.from_numpy(np.asarray(r.out, np.float32)).to(q.dtype)
+        cfg = types.SimpleNamespace(to_dict=lambda: {"op": "forward", "arch": 90, "tile_mn": None, "dtype": str(q.dtype)})
+        return adapter.ForwardResult(out, torch.from_numpy(np.asarray(r.lse, np.float32)), cfg)
+
+    def backward(q, k, v, out, dout, lse, **kw):
+        inspect.signature(adapter.backward).bind(q, k, v, out, dout, lse, **kw)
+        calls.append(("backward", sorted(kw)))
+        sink = kw["learnable_sink"]
+        g = ta.backward(_np(q), _np(k), _np(v), _np(out), _np(dout), lse=lse.numpy(), arch=arch,
+                        softmax_scale=kw["softmax_scale"], causal=kw["causal"], window_size=kw["window_size"],
+                        softcap=kw["softcap"], learnable_sink=None if sink is None else sink.numpy())
+        t = lambda x, like: torch.from_numpy(np.asarray(x, np.float32)).to(like.dtype)  # noqa: E731
+        cfg = types.SimpleNamespace(to_dict=lambda: {"op": "backward", "arch": 90, "tile_mn": None, "dtype": str(q.dtype)})
+        return adapter.BackwardResult(t(g.dq, q), t(g.dk, k), t(g.dv, v), None, cfg)
+
+    return types.SimpleNamespace(forward=forward, backward=backward, versions=lambda: {"stand-in": True}), calls
+
+
+def test_production_target_calls_match_the_adapter_api_and_pass_on_the_twin():
+    try:
+        import fa4verify.oracles.attention  # noqa: F401
+        fuzz._budget(fuzz.AttentionProblem("sm90", "bf16", 1, 1, 1, 1, 1, 8, 8))
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"oracle/budgets not available: {e}")
+    ad, calls = _stand_in()
+    tgt = fuzz.ProductionTarget(adapter=ad, device="cpu")
+    res = fuzz.run_campaign(target=tgt, arch="sm90", examples=12, seed=3, profile="ci",
+                            features=("causal", "softcap", "gqa", "sink"))  # no "local": twin_window_sum_rule
+    assert not res.found, res.failure and res.failure["message"]
+    assert res.examples_run >= 8 and {c[0] for c in calls} == {"forward", "backward"}
+    assert res.properties_ran.get("deterministic_bwd", 0) >= 8       # production runs it (twice per example)
+    assert res.target["kernel_configs"]
+
+
+def test_production_target_never_generates_mask_mod():
+    ad, _ = _stand_in()
+    assert "mask_mod" not in fuzz.ProductionTarget(adapter=ad, device="cpu").features()
+
+
+@pytest.mark.gpu
+def test_production_campaign_on_the_gpu(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: torch.cuda.is_available() is False")
+    res = fuzz.run_campaign(target=fuzz.ProductionTarget(), arch="sm90", examples=30, seed=0, profile="ci",
+                            cases_dir=tmp_path / "cases")
+    assert res.examples_run >= 20
+    assert not res.found, res.failure["message"] + "\n" + res.failure["snippet"]
