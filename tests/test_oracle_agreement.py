@@ -167,6 +167,7 @@ def test_backward_bounds_are_below_2_to_minus_40_of_the_natural_scales(c: Case):
     s = stats.backward_stats(c.q, c.k, c.v, None, c.do, dlse=c.dlse, **c.kw)
     sc = abs(fast.forward.softmax_scale)
     assert np.all(fast.dv_bound <= REL_CLAIM * s.sum_abs_p_do)
-    assert np.all(fast.dq_bound <= REL_CLAIM * sc * s.sum_pg_k)
-    assert np.all(fast.dk_bound <= REL_CLAIM * sc * s.sum_pg_q)
+    tiny = 1e-290   # softcap factors below ~1e-308 underflow to 0 in the float64 stats
+    assert np.all(fast.dq_bound <= REL_CLAIM * sc * s.sum_pg_k + tiny)
+    assert np.all(fast.dk_bound <= REL_CLAIM * sc * s.sum_pg_q + tiny)
     assert np.all(fast.d_bound <= REL_CLAIM * s.sum_abs_do_o)
