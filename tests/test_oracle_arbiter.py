@@ -84,3 +84,18 @@ def test_fast_bound_is_infinite_when_the_error_model_does_not_apply():
     v = np.ones((1, 2, 1, 1), np.float32)
     r = attention.forward(q, k, v, softmax_scale=1.0)
     assert np.isinf(r.bound).all() and np.isinf(r.lse_bound).all()
+
+
+def test_saturated_softcap_matches_the_arbiter_forward_and_backward():
+    # x/softcap up to ~800: cosh^2 overflows in float64, the softcap derivative underflows
+    q = np.array([20.0, -3.0, 0.25], np.float32).reshape(1, 3, 1, 1)
+    k = np.array([20.0, 19.5, -3.0, 0.5], np.float32).reshape(1, 4, 1, 1)
+    v = np.array([1.0, -2.0, 0.5, 3.0], np.float32).reshape(1, 4, 1, 1)
+    do = np.array([0.5, -1.0, 2.0], np.float32).reshape(1, 3, 1, 1)
+    kw = dict(softcap=0.5, softmax_scale=1.0)
+    fast = attention.backward(q, k, v, None, do, **kw)
+    arb = attention.backward(q, k, v, None, do, precision=80, **kw)
+    for n in ("dq", "dk", "dv", "d"):
+        a, b = getattr(fast, n), getattr(arb, n)
+        assert np.all(np.abs(a - b) <= getattr(fast, n + "_bound") + getattr(arb, n + "_bound")), n
+    assert np.all(np.abs(fast.forward.out - arb.forward.out) <= fast.forward.bound + arb.forward.bound)
