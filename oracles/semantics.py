@@ -52,7 +52,7 @@ import numpy as np
 
 __all__ = [
     "Segment", "Problem", "as_float64", "resolve_window", "visible_mask", "visible_key_range", "parse_problem",
-    "check_like", "MANTISSA_BITS",
+    "check_like", "nonfinite_rows", "MANTISSA_BITS",
 ]
 
 #: significand bits (including the implicit bit) of each accepted input dtype
