@@ -353,8 +353,13 @@ class ProductionTarget(Target):
         import torch
         self._torch = torch
         self.device = device
-        self.where = (f"measured on {torch.cuda.get_device_name(0)}" if device == "cuda"
-                      else f"production code path on {device} (stand-in adapter)")
+        if device == "cuda":
+            name = torch.cuda.get_device_name(0)
+            self.gpu_name = name
+            self.where = "measured on H200" if "H200" in name else f"measured on {name}"
+        else:
+            self.gpu_name = None
+            self.where = f"production code path on {device} (stand-in adapter)"
         self.last_config: Optional[dict] = None
         self.configs: dict[str, int] = {}
 

@@ -1,0 +1,37 @@
+"""The fuzz audit checks: registered with the right needs, and fuzz.twin runs and reports."""
+from __future__ import annotations
+
+import pytest
+
+registry = pytest.importorskip("fa4verify.audit.registry", reason="audit registry not available")
+pytest.importorskip("fa4verify.kernels.twin_attention", reason="CPU twin not available")
+
+
+def test_fuzz_checks_are_registered_with_their_needs():
+    import fa4verify.checks.fuzz  # noqa: F401  (import registers them)
+    reg = registry.registered()
+    assert reg["fuzz.twin"].needs == {"cpu"} and reg["fuzz.twin"].archs == {"sm90", "sm100"}
+    assert reg["fuzz.mutants"].needs == {"cpu"} and "default" not in reg["fuzz.mutants"].profiles
+    assert {"cuda", "fa4"} <= reg["fuzz.production"].needs
+
+
+def test_fuzz_twin_check_passes_and_reports_coverage():
+    from fa4verify import fuzz
+    try:
+        import fa4verify.oracles.attention  # noqa: F401
+        fuzz._budget(fuzz.AttentionProblem("sm90", "bf16", 1, 1, 1, 1, 1, 8, 8))
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"oracle/budgets not available: {e}")
+    from fa4verify.checks import fuzz as checks
+    ctx = registry.CheckContext(dtype="fp16", arch="sm90", profile="default", seed=1, check_id="fuzz.twin[sm90]")
+    r = checks.twin(ctx)
+    assert r.status == "pass", r.summary
+    assert r.where == "CPU twin" and r.metrics["examples_higher_is_better"] >= 10
+    assert 0 < r.tightness <= 1 and r.details["coverage"]["dtype"] == {"fp16": r.metrics["examples_higher_is_better"]}
+
+
+def test_fuzz_twin_check_skips_fp8():
+    from fa4verify.checks import fuzz as checks
+    ctx = registry.CheckContext(dtype="fp8", arch="sm100", profile="default")
+    with pytest.raises(registry.SkipCheck):
+        checks.twin(ctx)
