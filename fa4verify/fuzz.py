@@ -1305,11 +1305,12 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
     """
     pname = profile_name(profile)
     register_profiles(database_dir)
-    lim = profile_limits(profile)
+    lim: dict[str, Any] = profile_limits(profile)
     lim.update(limits or {})
     feats = tuple(f for f in (features if features is not None else FEATURES) if f in target.features())
     strategy = attention_problems(arch=arch, dtype=dtype, features=feats,
                                   distributions=tuple(distributions) if distributions else None, **lim)
+    strategy.validate()   # bad limits raise InvalidArgument here, not inside the campaign
     res = CampaignResult(target=target.describe(), arch=arch, profile=pname, seed=seed, examples_requested=examples,
                          versions=_versions())
     seen: set[str] = set()

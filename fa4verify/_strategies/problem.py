@@ -284,7 +284,8 @@ def _arch_features(arch: str, head_dim: int, head_dim_v: int) -> set[str]:
 def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str = "sm90", max_seqlen: int = 256,
                        max_batch: int = 3, max_heads: int = 4, max_head_dim: int = 128,
                        features: Collection[str] = FEATURES, distributions: Optional[Collection[str]] = None,
-                       max_work: Optional[int] = None) -> AttentionProblem:
+                       max_work: Optional[int] = None,
+                       head_dim_choices: Optional[Collection[int]] = None) -> AttentionProblem:
     """Draw an :class:`AttentionProblem` that FA4 accepts on ``arch``. Never runs a kernel.
 
     Arguments (all keyword-only):
@@ -301,6 +302,8 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
     * ``distributions``: subset of :data:`~fa4verify._strategies.values.DISTRIBUTIONS`.
     * ``max_work``: optional bound on :attr:`AttentionProblem.work`; larger draws are rejected
       with ``assume`` (keep it generous: rejection costs examples).
+    * ``head_dim_choices``: only ``head_dim == head_dim_v`` in this set (each must be valid on
+      ``arch``; ``max_head_dim`` is then ignored).
 
     Never generates: fp8, MLA head dims, empty dense sequences, NaN/Inf inputs, a mask_mod together
     with causal/window/varlen, or a varlen batch with no query row. Values are exact in ``dtype``.
@@ -324,7 +327,8 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
             raise InvalidArgument(f"distributions={distributions!r}: unknown {sorted(bad)} (known: {DISTRIBUTIONS})")
 
     dt = dtype if dtype is not None else draw(st.sampled_from(("bf16", "fp16")))
-    hd, hdv = draw(head_dims(arch=arch, max_head_dim=max_head_dim))
+    hd, hdv = draw(head_dims(arch=arch, max_head_dim=max_head_dim,
+                             choices=tuple(head_dim_choices) if head_dim_choices is not None else None))
     feats -= _arch_features(arch, hd, hdv)
     nheads, nheads_kv = draw(head_counts(max_heads=max_heads, gqa="gqa" in feats))
     batch = draw(st.integers(1, max_batch))

@@ -155,13 +155,22 @@ def seqlen_pairs(draw: DrawFn, *, max_seqlen: int, min_seqlen: int = 1) -> tuple
     return sq, draw(seqlens(max_seqlen=max_seqlen, min_seqlen=min_seqlen))
 
 
-def head_dims(*, arch: str, max_head_dim: int = 256) -> st.SearchStrategy[tuple[int, int]]:
+def head_dims(*, arch: str, max_head_dim: int = 256,
+              choices: "tuple[int, ...] | None" = None) -> st.SearchStrategy[tuple[int, int]]:
     """``(head_dim, head_dim_v)`` pairs FA4 accepts on ``arch`` (:func:`supported_head_dims`).
 
     Half of the draws come from the values FA4's own tests use (64, 96, 128, 192, 256 and the
-    small 8/16/32) when they fit; shrinks toward ``(8, 8)``.
+    small 8/16/32) when they fit; shrinks toward ``(8, 8)``. ``choices`` restricts the draw to
+    ``head_dim == head_dim_v`` in that set (e.g. to bound the number of kernels a GPU campaign
+    compiles); a value FA4 rejects on ``arch`` raises :class:`InvalidArgument`.
     """
     pairs = supported_head_dims(arch, max_head_dim=max_head_dim)
+    if choices is not None:
+        for d in choices:
+            check_head_dims(arch, d, d)
+        pairs = tuple((d, d) for d in sorted(set(choices)))
+        if not pairs:
+            raise InvalidArgument("head-dim choices must not be empty")
     favoured = tuple(p for p in pairs if p[0] in (8, 16, 32, 64, 96, 128, 192, 256))
     return st.one_of(st.sampled_from(pairs), st.sampled_from(favoured or pairs))
 

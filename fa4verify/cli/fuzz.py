@@ -90,7 +90,8 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
               envvar="FA4VERIFY_FUZZ_TARGET",
               help="CPU twin of FA4, or production FA4 on a CUDA GPU. Env: FA4VERIFY_FUZZ_TARGET.")
 @click.option("--examples", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Number of distinct examples (default: the profile's: ci 40, dev 100, nightly 5000).")
+              help="Examples Hypothesis runs (default: the profile's: ci 40, dev 100, nightly 5000); the report "
+                   "counts distinct problems, which can be a few fewer.")
 @click.option("--seed", type=int, default=None, metavar="S", envvar="FA4VERIFY_SEED",
               help="Hypothesis seed: runs with the same seed draw the same problems (and skip the example "
                    "database). Default: ci derandomized; dev/nightly random with the database. "
@@ -109,6 +110,11 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
               help="Only these properties (repeatable). Default: all.")
 @click.option("--max-seqlen", type=click.IntRange(min=1), default=None, metavar="N",
               help="Longest sequence drawn (default: the profile's).")
+@click.option("--max-head-dim", type=click.IntRange(min=8), default=None, metavar="D",
+              help="Largest head dim drawn (default: the profile's; 256 with --target production).")
+@click.option("--head-dims", default=None, metavar="D[,D]",
+              help="Only these head dims (head_dim == head_dim_v), e.g. 64,128: bounds how many kernels "
+                   "a GPU campaign compiles.")
 @click.option("--time-limit", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
               help="Stop drawing new examples after this many seconds.")
 @click.option("--no-backward", is_flag=True, help="Forward properties only.")
@@ -125,7 +131,8 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
 @click.option("--replay", "replay", multiple=True, type=click.Path(dir_okay=False), metavar="CASE.json",
               help="Replay saved case(s) instead of fuzzing (repeatable).")
 @click.option("-v", "--verbose", is_flag=True, help="Print every example as it runs.")
-def command(target, examples, seed, profile, arch, dtype, mutations, properties, max_seqlen, time_limit,
+def command(target, examples, seed, profile, arch, dtype, mutations, properties, max_seqlen, max_head_dim,
+            head_dims, time_limit,
             no_backward, json_path, cases_dir, cache_dir, replay, verbose):
     """Fuzz FA4 (or its CPU twin) with Hypothesis and shrink any failure to a small case.
 
@@ -172,7 +179,20 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
     cache = Path(cache_dir)
     cases = Path(cases_dir) if cases_dir else cache / "cases"
     examples = examples or fuzz.PROFILES[fuzz.profile_name(profile)]["max_examples"]
-    limits = {"max_seqlen": max_seqlen} if max_seqlen else None
+    limits: dict = {}
+    if max_seqlen:
+        limits["max_seqlen"] = max_seqlen
+    if max_head_dim or target == "production":
+        limits["max_head_dim"] = max_head_dim or (256 if arch == "sm90" else 128)
+    if head_dims:
+        try:
+            limits["head_dim_choices"] = tuple(int(x) for x in head_dims.split(",") if x.strip())
+        except ValueError:
+            raise click.BadParameter(f"{head_dims!r} is not a comma-separated list of ints", param_hint="--head-dims")
+        from fa4verify.strategies import head_dim_supported
+        bad = [d for d in limits["head_dim_choices"] if not head_dim_supported(arch, d, d)]
+        if bad:
+            raise click.BadParameter(f"head dim {bad[0]} is not supported on {arch}", param_hint="--head-dims")
     where = tgt.describe()["where"]
     label = f"{where}" + (f", mutations {muts}" if muts else "")
     _err(f"{examples} examples, profile {profile}, arch {arch}, seed {seed} [{label}]")
