@@ -39,7 +39,8 @@ from typing import Any, Iterator, NamedTuple, Optional, Sequence
 __all__ = [
     "NoCudaError", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
     "forward", "backward", "exp2_emulation_disabled", "exp2_emulation_enabled",
-    "clear_compile_caches", "supported_head_dims",
+    "clear_compile_caches", "supported_head_dims", "upstream_reference", "timing_callable",
+    "forward_backward_autograd",
 ]
 
 
