@@ -148,6 +148,11 @@ def run_mismatch(args) -> list[dict]:
                       f"{m['grad_effect_rms_share_dq']:6.3f}/{m['grad_effect_rms_share_dk']:6.3f}/"
                       f"{m['grad_effect_rms_share_dv']:6.3f}",
                       flush=True)
+                print(f"{'':37s} via LSE only: rms share "
+                      f"{m['grad_effect_via_lse_rms_share_dq']:.3f}/{m['grad_effect_via_lse_rms_share_dk']:.3f}/"
+                      f"{m['grad_effect_via_lse_rms_share_dv']:.3f}; via rounded O (D) only: "
+                      f"{m['grad_effect_via_o_rms_share_dq']:.3f}/{m['grad_effect_via_o_rms_share_dk']:.3f}/"
+                      f"{m['grad_effect_via_o_rms_share_dv']:.3f}")
                 out.append({"hd": hd, "seqlen": L, "dist": dist, **m})
     print("  effect = max|g(emulating fwd) - g(non-emulating fwd)| / max|g| on the fp32 gradients "
           "(before the final cast); err = fp32 gradient vs exact, same scale; rms share = "

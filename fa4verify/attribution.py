@@ -541,6 +541,8 @@ def fwd_bwd_p_mismatch(q, k, v, dout, *, arch: str = "sm100", dtype: str = "bf16
       on the fp32 gradients before the final cast.
     * ``grad_error_{dq,dk,dv}``: max |g(twin, fp32) - g(exact)| / max |g| for scale.
     * ``grad_effect_rms_share_{dq,dk,dv}``: rms of the effect / rms of the fp32 gradient error.
+    * ``grad_effect_via_lse_rms_share_*`` / ``grad_effect_via_o_rms_share_*``: the same with only
+      the LSE (resp. only the rounded O) taken from the emulating forward.
     """
     from fa4verify.kernels import twin_attention as ta
     from fa4verify.kernels.twin_fwd import emulated_exp2
@@ -593,4 +595,14 @@ def fwd_bwd_p_mismatch(q, k, v, dout, *, arch: str = "sm100", dtype: str = "bf16
         err_rms = float(np.sqrt(np.mean((a - e) ** 2)))
         out[f"grad_effect_rms_share_{n}"] = float(np.sqrt(np.mean((a - b) ** 2)) / err_rms) \
             if err_rms > 0 else 0.0
+    # decomposition: the emulation reaches the backward through the LSE (P recompute) and
+    # through the rounded O (D = rowsum(dO * O))
+    g_lse = ta.backward(q, k, v, fr_noemu.out, dout, lse=fr.lse, exact_stages=gc, **kw)
+    g_o = ta.backward(q, k, v, fr.out, dout, lse=fr_noemu.lse, exact_stages=gc, **kw)
+    for n in ("dq", "dk", "dv"):
+        b, e = np.asarray(getattr(g2, n), F64), np.asarray(getattr(ge, n), F64)
+        err_rms = float(np.sqrt(np.mean((np.asarray(getattr(g1, n), F64) - e) ** 2))) or 1.0
+        for tag, gg in (("via_lse", g_lse), ("via_o", g_o)):
+            d = np.asarray(getattr(gg, n), F64) - b
+            out[f"grad_effect_{tag}_rms_share_{n}"] = float(np.sqrt(np.mean(d * d)) / err_rms)
     return out
