@@ -109,3 +109,57 @@ def test_mufu_stats_recorded_exhaustively_with_validated_reference():
     for label, d in st.items():
         if "max_err_mpmath_recheck" in d and d["max_err"] < 1e6:
             assert d["max_err_mpmath_recheck"] == pytest.approx(d["max_err"], rel=1e-6, abs=1e-6), label
+
+
+def _ulp_err_exp2(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """|y - 2^x| in fp32 ulps of 2^x (float64 exp2; fine at 1e-16 relative vs the fp32 ulp)."""
+    r = np.exp2(x.astype(np.float64))
+    e = np.floor(np.log2(r))
+    ulp = np.exp2(np.maximum(e, -126) - 23)
+    return np.abs(y.astype(np.float64) - r) / ulp
+
+
+def test_mufu_argmax_recheck_with_mpmath_here():
+    """Check the checker on this machine: the exact error at each recorded argmax (GPU output
+    stored in the file) recomputed with mpmath at 120 bits equals the recorded maximum."""
+    import mpmath
+    p = GOLDEN / "mufu_stats.json"
+    if not p.exists():
+        pytest.skip("mufu_stats.json not recorded yet")
+    st = json.loads(p.read_text())["stats"]
+    ctx = mpmath.mp.clone() if hasattr(mpmath.mp, "clone") else mpmath.mp
+    ctx.prec = 120
+    checked = 0
+    for label, d in st.items():
+        if "argmax_output" not in d or d["max_err"] > 1e6:
+            continue
+        x = ctx.mpf(float(np.float32(d["argmax_x"])))
+        ex = {"ex2": lambda: ctx.power(2, x), "rcp": lambda: 1 / x, "lg2": lambda: ctx.log(x, 2)}[
+            "ex2" if "ex2" in label else ("rcp" if "rcp" in label else "lg2")]()
+        e = int(ctx.floor(ctx.log(abs(ex), 2)))
+        ulp = ctx.ldexp(1, max(e, -126) - 23)
+        err = float(abs(ctx.mpf(d["argmax_output"]) - ex) / ulp)
+        assert err == pytest.approx(d["max_err"], rel=1e-9), label
+        checked += 1
+    assert checked >= 6
+
+
+def test_stored_mufu_ex2_sample_within_exhaustive_maximum():
+    """Two independent H200 recordings agree: the stored MUFU exp2 outputs of the golden sample
+    never exceed the exhaustive maximum error of their range, and reach at least 1 ulp."""
+    g = _load("probe_outputs")
+    p = GOLDEN / "mufu_stats.json"
+    if not p.exists():
+        pytest.skip("mufu_stats.json not recorded yet")
+    st = json.loads(p.read_text())["stats"]
+    x = g.f32("x")
+    y = g.f32("mufu_ex2")
+    with np.errstate(all="ignore"):
+        for label, lo, hi in (("ex2.approx.ftz [-126,0]", -126.0, 0.0), ("ex2.approx.ftz [0,8]", 0.0, 8.0)):
+            m = (x >= lo) & (x <= hi)
+            err = _ulp_err_exp2(x[m], y[m])
+            assert err.max() <= st[label]["max_err"] * (1 + 1e-9), label
+            assert err.max() >= 1.0, f"{label}: sample max {err.max()} suspiciously small"
+        # flush to zero below 2^-126 (ex2.approx.ftz): x in (-127, -126) gives +0
+        sub = (x > -127) & (x < -126)
+        assert np.all(y[sub] == 0)

@@ -12,6 +12,7 @@ give ~1e-6; the margin covers K <= 2048 fp32 additions).
 from __future__ import annotations
 
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ def test_gpu_fa4_forward_backward_within_upstream_rule(cid, shape, feat):
     from gpu_reference import reference
     from fa4verify.kernels import adapter
     b, sq, sk, h, hkv, d = shape
-    g = torch.Generator(device="cuda").manual_seed(hash(cid) % (2**31))
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(cid.encode()))
     mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
     q, k, v = mk(b, sq, h, d), mk(b, sk, hkv, d), mk(b, sk, hkv, d)
     do = mk(b, sq, h, d)
