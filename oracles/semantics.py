@@ -56,9 +56,11 @@ __all__ = [
 ]
 
 #: significand bits (including the implicit bit) of each accepted input dtype
-MANTISSA_BITS: dict[str, int] = {"bfloat16": 8, "float16": 11, "float32": 24, "float64": 53}
+MANTISSA_BITS: dict[str, int] = {"float8_e4m3fn": 4, "float8_e5m2": 3, "bfloat16": 8, "float16": 11,
+                                 "float32": 24, "float64": 53}
 
 _TORCH_DTYPES = {
+    "torch.float8_e4m3fn": "float8_e4m3fn", "torch.float8_e5m2": "float8_e5m2",
     "torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32",
     "torch.float64": "float64",
 }
@@ -67,22 +69,24 @@ _TORCH_DTYPES = {
 def as_float64(x: Any, name: str) -> tuple[np.ndarray, str]:
     """Exact float64 copy of a torch tensor or numpy array, and the source dtype name.
 
-    Accepted dtypes: bfloat16 (torch or ml_dtypes), float16, float32, float64. Every such value
-    is exactly representable in float64, so the copy is exact. Raises ValueError naming
-    ``name`` for any other dtype (integers, fp8, complex).
+    Accepted dtypes: float8_e4m3fn, float8_e5m2, bfloat16 (torch or ml_dtypes), float16, float32,
+    float64. Every such value is exactly representable in float64, so the copy is exact. Raises
+    ValueError naming ``name`` for any other dtype (integers, complex, other fp8 variants).
+    (FA4's fp8 forward also takes per-(batch, head) descale factors; pass the descaled values,
+    e.g. as float32, to the oracle.)
     """
     mod = type(x).__module__
     if mod.startswith("torch"):
         dt = _TORCH_DTYPES.get(str(x.dtype))
         if dt is None:
-            raise ValueError(f"{name}: dtype {x.dtype} not supported (bfloat16, float16, float32, float64)")
+            raise ValueError(f"{name}: dtype {x.dtype} not supported (float8_e4m3fn, float8_e5m2, bfloat16, float16, float32, float64)")
         import torch  # noqa: PLC0415  (torch is optional; only imported when given a tensor)
         arr = x.detach().to(device="cpu", dtype=torch.float64).numpy().copy()
         return arr, dt
     arr = np.asarray(x)
     dt = str(arr.dtype)
     if dt not in MANTISSA_BITS:
-        raise ValueError(f"{name}: dtype {arr.dtype} not supported (bfloat16, float16, float32, float64)")
+        raise ValueError(f"{name}: dtype {arr.dtype} not supported (float8_e4m3fn, float8_e5m2, bfloat16, float16, float32, float64)")
     return arr.astype(np.float64), dt
 
 

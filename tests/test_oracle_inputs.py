@@ -22,6 +22,7 @@ Q, K, V = _x(2, 4, 4, 8), _x(2, 5, 2, 8, seed=1), _x(2, 5, 2, 8, seed=2)
     ((_x(2, 4, 3, 8), K, V), {}, r"nheads \(3\) must be a positive multiple of nheads_kv \(2\)"),
     ((Q, K.astype(np.float16), V), {}, r"q, k, v: dtypes must match, got q=float32, k=float16"),
     ((Q.astype(np.int32), K, V), {}, r"q: dtype int32 not supported"),
+    ((Q.astype(np.complex64), K, V), {}, r"q: dtype complex64 not supported"),
     ((Q[:1], K, V), {}, r"q, k: batch must match, got q batch 1 and k batch 2"),
     ((Q, K, V), dict(learnable_sink=np.zeros(3, np.float32)), r"learnable_sink: expected shape \(4,\)"),
     ((Q, K, V), dict(softcap=-1.0), r"softcap: must be finite and >= 0, got -1.0"),
@@ -87,3 +88,11 @@ def test_nan_in_dout_poisons_its_row_dq_and_the_keys_that_row_sees():
     assert np.all(np.isnan(b.dq[0, 1])) and np.all(np.isfinite(b.dq[0, [0, 2, 3]]))
     assert np.all(np.isnan(b.dk[0, :2])) and np.all(np.isfinite(b.dk[0, 2:]))
     assert np.all(np.isnan(b.dv[0, :2])) and np.all(np.isinf(b.dv_bound[0, :2]))
+
+
+def test_fp8_inputs_are_taken_exactly():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v = (x.astype(ml_dtypes.float8_e4m3fn) for x in (Q, K, V))
+    a = attention.forward(q, k, v, causal=True)
+    b = attention.forward(*(x.astype(np.float32) for x in (q, k, v)), causal=True)
+    assert np.array_equal(a.out, b.out) and np.all(a.bound <= b.bound)

@@ -1,6 +1,6 @@
 """Audit checks for the attention oracles (``fa4verify.oracles``): the truth checks itself.
 
-``oracles.fast_vs_arbiter``: random small problems with every feature (causal, windows, softcap,
+``oracles.fast_vs_arbiter`` (bf16, fp16, fp8 e4m3 inputs): random small problems with every feature (causal, windows, softcap,
 learnable sinks, GQA/MQA, varlen with empty sequences, seqlen_q != seqlen_k, dlse); the certified
 float64 reference and the mpmath arbiter (80/160 bits) must agree within the sum of their stated
 bounds for out, lse, dq, dk, dv, d and dsink. Metrics: violations (must be 0), the tightness
@@ -24,7 +24,8 @@ def random_problem(rng: Any, dtype: str = "bf16", max_len: int = 5) -> dict:
     import ml_dtypes
     import numpy as np
 
-    dt = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp32": np.float32}[dtype]
+    dt = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp32": np.float32,
+          "fp8": ml_dtypes.float8_e4m3fn}[dtype]
     hk = int(rng.integers(1, 3))
     h = hk * int(rng.integers(1, 4))
     d = int(rng.integers(1, 9))
@@ -96,8 +97,8 @@ def compare_fast_arbiter(prob: dict, bits: int = 80) -> dict:
 @check("oracles.fast_vs_arbiter", title="Attention oracles: certified float64 reference within its bound of the mpmath arbiter",
        needs={"cpu"}, profiles={"quick", "default", "full", "exhaustive"})
 def fast_vs_arbiter(ctx: CheckContext) -> CheckResult:
-    if ctx.dtype not in ("bf16", "fp16"):
-        return CheckResult(status="skip", summary=f"oracle self-check runs on bf16/fp16 inputs, not {ctx.dtype}")
+    if ctx.dtype not in ("bf16", "fp16", "fp8"):
+        return CheckResult(status="skip", summary=f"oracle self-check runs on bf16/fp16/fp8 inputs, not {ctx.dtype}")
     rng = ctx.rng("oracles.fast_vs_arbiter")
     n = _N_PROBLEMS.get(ctx.profile, 24)
     viol, tight, worst_rel = 0, 0.0, -math.inf
