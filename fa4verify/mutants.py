@@ -74,7 +74,7 @@ __all__ = [
     "ASSERT_CLOSE_DEFAULTS", "assert_close_verdict", "fa_rule_forward", "fa_rule_backward",
     "run_twin", "run_production", "run_suite", "SuiteResult", "Cell", "Row", "verifiers",
     "VERIFIERS", "table_rows", "render_rich", "render_markdown", "read_json", "write_json",
-    "exit_code", "Unavailable",
+    "exit_code", "uncaught", "Unavailable",
 ]
 
 Arch = Literal["sm90", "sm100"]
@@ -1886,16 +1886,26 @@ _register(VerifierSpec("assert_close_bwd", "assert_close", "problem",
 VERIFIERS = _REGISTRY
 
 
+def uncaught(res: SuiteResult) -> tuple[list[str], list[str]]:
+    """``(missed, not_applicable)``: mutants fa4verify ran on but did not catch (missed, error
+    or false alarm), and mutants no selected problem/arch applies to (e.g. SM100-only faults in
+    an ``--arch sm90`` run)."""
+    missed, na = [], []
+    for m in res.mutants:
+        c, _ = res.fa4verify_cell(m)
+        if c.status == "n/a":
+            na.append(m)
+        elif c.status != "caught":
+            missed.append(m)
+    return missed, na
+
+
 def exit_code(res: SuiteResult) -> int:
-    """0: fa4verify caught every mutant run and raised no false alarm; 1: a miss or a false
-    alarm; 5: nothing ran (every verdict an error or n/a)."""
+    """0: fa4verify caught every mutant that applies and raised no false alarm; 1: a miss or a
+    false alarm; 5: nothing ran (every verdict an error or n/a)."""
     if not any(r.status in ("pass", "fail") for r in res.rows):
         return 5
     fa = res.false_alarms()
     if any(fa[v] for v in res.verifier_names if _spec(v).group == "fa4verify"):
         return 1
-    for m in res.mutants:
-        c, _ = res.fa4verify_cell(m)
-        if c.status != "caught":
-            return 1
-    return 0
+    return 1 if uncaught(res)[0] else 0

@@ -44,11 +44,12 @@ def detection(ctx: CheckContext) -> CheckResult:
     fa = res.false_alarms()
     fa4_fa = sum(len(fa[v]) for v in groups["fa4verify"])
     caught = caught_by_group("fa4verify")
-    missed = [m for m in res.mutants if res.fa4verify_cell(m)[0].status != "caught"]
+    missed, not_applicable = M.uncaught(res)
     metrics = {
         "mutants": len(res.mutants),
         "caught_higher_is_better": caught,
         "missed": len(missed),
+        "not_applicable": len(not_applicable),
         "false_alarms": fa4_fa,
         "fa_rule_caught_higher_is_better": caught_by_group("FA rule"),
         "assert_close_caught_higher_is_better": caught_by_group("assert_close"),
@@ -57,11 +58,14 @@ def detection(ctx: CheckContext) -> CheckResult:
         "seconds": round(res.seconds, 1),
     }
     ok = not missed and fa4_fa == 0 and not res.unavailable
-    summary = (f"fa4verify caught {caught}/{len(res.mutants)} mutants, {fa4_fa} false alarms; "
+    summary = (f"fa4verify caught {caught}/{len(res.mutants) - len(not_applicable)} mutants, "
+               f"{fa4_fa} false alarms; "
                f"FA rule caught {metrics['fa_rule_caught_higher_is_better']}, assert_close "
                f"{metrics['assert_close_caught_higher_is_better']} ({battery} battery)")
     if missed:
         summary += f"; missed: {', '.join(missed)}"
+    if not_applicable:
+        summary += f"; not applicable to {','.join(archs)}: {', '.join(not_applicable)}"
     if res.unavailable:
         summary += f"; unavailable verifiers: {', '.join(res.unavailable)}"
     return CheckResult(status="pass" if ok else "fail", where="CPU twin", summary=summary,
