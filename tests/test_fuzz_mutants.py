@@ -24,12 +24,12 @@ def _deps():
         pytest.skip(f"oracle/budgets not available: {e}")
 
 
-def _find(mutation: str, arch: str, tmp_path):
+def _find(mutation: str, arch: str, tmp_path, distributions=None):
     _deps()
     if mutation not in ta.MUTATIONS:
         pytest.skip(f"the twin has no mutation {mutation!r}")
     res = fuzz.run_campaign(target=fuzz.TwinTarget([mutation]), arch=arch, examples=100, seed=0,
-                            profile="ci", cases_dir=tmp_path / "cases")
+                            profile="ci", cases_dir=tmp_path / "cases", distributions=distributions)
     assert res.found, f"{mutation} on {arch} not found in {res.examples_run} examples"
     f = res.failure
     assert f["property"] != "runs", f["message"]        # found by an accuracy property, not a crash
@@ -65,6 +65,10 @@ def test_tail_tile_dropped_is_found_and_shrunk(tmp_path):
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_rescale_skipped_is_found_and_shrunk(arch, tmp_path):
-    p, f = _find("rescale_skipped", arch, tmp_path)
+    # SM100 rescales lazily, only when a row max grows by more than 8 log2 units between KV tiles
+    # (fa4_numerics.md 2.4), which standard-normal scores rarely do: the peaked_rescale
+    # distribution is built for exactly that
+    dists = ("normal", "peaked_rescale") if arch == "sm100" else None
+    p, f = _find("rescale_skipped", arch, tmp_path, distributions=dists)
     # a rescale needs a second KV tile: seqlen_k = tile_n + 1 = 129 is the smallest such length
     assert p.seqlen_k == 129 and p.seqlen_q == 1 and p.batch == 1 and p.head_dim == 8

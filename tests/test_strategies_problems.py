@@ -102,10 +102,12 @@ def test_seqlen_edges_cover_tile_boundaries():
 
 def test_shrinks_to_the_simplest_problem_with_a_feature():
     p = find(attention_problems(arch="sm90", max_seqlen=300), lambda p: p.causal,
-             settings=settings(database=None, max_examples=500))
+             settings=settings(database=None, max_examples=500, derandomize=True))
     assert (p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, p.head_dim) == (1, 1, 1, 1, 1, 8)
     assert p.window_size == (None, None)
-    assert not (p.softcap or p.sink or p.varlen or p.mask_mod or p.softmax_scale)
+    assert not (p.softcap or p.sink or p.mask_mod or p.softmax_scale)
+    # the shrinker may stop at a one-sequence varlen batch, which is the same problem
+    assert not p.varlen or (p.seqlens_q, p.seqlens_k) == ((1,), (1,))
     assert p.values == ValueSpec("normal", 0, (("sigma", 1.0),)) and p.dtype == "bf16"
 
 
