@@ -95,3 +95,18 @@ def test_detection_requires_a_clean_baseline():
     assert c.status == "missed" and c.figure == 0.9 and c.applied_on == 1
     res.rows.append(M.Row("p_cast_rz", "sm90", "b", "fa_rule_fwd", "fail", 1.5, "v"))
     assert res.cell("p_cast_rz", "fa_rule_fwd").status == "caught"
+
+
+def test_mutants_no_selected_arch_applies_to_are_not_misses():
+    """An SM100-only mutant in an SM90-only run is "not applicable", not a miss (exit 0), while a
+    mutant that ran and was not caught is a miss (exit 1)."""
+    res = M.SuiteResult(profile="quick", seed=0, archs=("sm90",),
+                        mutants=("fp8_old_threshold", "p_cast_rz"),
+                        verifier_names=("fwd_budget",))
+    res.rows = [M.Row("none", "sm90", "a", "fwd_budget", "pass", 0.5, ""),
+                M.Row("p_cast_rz", "sm90", "a", "fwd_budget", "fail", 2.0, "")]
+    assert M.uncaught(res) == ([], ["fp8_old_threshold"])
+    assert M.exit_code(res) == 0
+    res.rows[1] = M.Row("p_cast_rz", "sm90", "a", "fwd_budget", "pass", 0.9, "")
+    assert M.uncaught(res) == (["p_cast_rz"], ["fp8_old_threshold"])
+    assert M.exit_code(res) == 1
