@@ -101,6 +101,13 @@ class AttentionBackward:
     forward: Optional[AttentionForward] = None
 
 
+def _nan_to_inf(b: np.ndarray) -> np.ndarray:
+    """A bound that came out NaN (inf * 0 where the error model does not apply) is +inf."""
+    b = np.array(b, dtype=np.float64)
+    b[np.isnan(b)] = np.inf
+    return b
+
+
 def _check_precision(precision: Any) -> Precision:
     if precision == "fast":
         return "fast"
@@ -187,7 +194,7 @@ def forward(q: Any, k: Any, v: Any, *, softmax_scale: Optional[float] = None, ca
     else:
         r = _arb.forward(p, prec)
         method = f"arbiter: mpmath {prec}/{2 * prec} bits (oracles.arbiter)"
-    out, bound, lse, lse_bound = r.out, r.bound, r.lse, r.lse_bound
+    out, bound, lse, lse_bound = r.out, _nan_to_inf(r.bound), r.lse, _nan_to_inf(r.lse_bound)
     if taint.any:
         bad = taint.rows()
         out[bad] = np.nan
@@ -266,6 +273,10 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
         vals = dict(dq=b.dq, dk=b.dk, dv=b.dv, dsink=b.dsink, d=b.d, dq_bound=b.dq_bound,
                     dk_bound=b.dk_bound, dv_bound=b.dv_bound, dsink_bound=b.dsink_bound,
                     d_bound=b.d_bound)
+    for key in ("dq_bound", "dk_bound", "dv_bound", "dsink_bound", "d_bound"):
+        if vals[key] is not None:
+            vals[key] = _nan_to_inf(vals[key])
+    fwd_arrays = (fwd_arrays[0], _nan_to_inf(fwd_arrays[1]), fwd_arrays[2], _nan_to_inf(fwd_arrays[3]))
     o_used = np.array(o_used, dtype=np.float64)
     lse_flat = np.array(lse_flat, dtype=np.float64)
     if anybad:

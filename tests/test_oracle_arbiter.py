@@ -99,3 +99,14 @@ def test_saturated_softcap_matches_the_arbiter_forward_and_backward():
         a, b = getattr(fast, n), getattr(arb, n)
         assert np.all(np.abs(a - b) <= getattr(fast, n + "_bound") + getattr(arb, n + "_bound")), n
     assert np.all(np.abs(fast.forward.out - arb.forward.out) <= fast.forward.bound + arb.forward.bound)
+
+
+def test_backward_bounds_are_infinite_not_nan_when_the_error_model_does_not_apply():
+    q = np.full((1, 2, 1, 1), 2.0**23, np.float32)
+    k = np.array([2.0**22, 2.0**22 + 1, -(2.0**22)], np.float32).reshape(1, 3, 1, 1)
+    v = np.ones((1, 3, 1, 1), np.float32)
+    do = np.ones((1, 2, 1, 1), np.float32)
+    r = attention.backward(q, k, v, None, do, causal=True, softmax_scale=1.0)
+    for n in ("dq_bound", "dk_bound", "dv_bound", "d_bound"):
+        b = getattr(r, n)
+        assert not np.isnan(b).any() and np.isinf(b).any(), n
