@@ -1,6 +1,7 @@
 """Problem statistics that error budgets need (``fa4verify.error_budgets`` consumes them).
 
-All statistics are computed in plain float64 from the exact input values with the semantics of
+All statistics are computed in plain float64 (row blocks of 512 queries, the oracle's thread
+pool) from the exact input values with the semantics of
 :mod:`oracles.semantics` (masks, GQA, varlen, softcap, sink). They are magnitudes for scaling
 budgets, not certified values: relative accuracy ~1e-13 or better for well-scaled inputs.
 
@@ -19,6 +20,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from . import reference as _ref
 from .semantics import Problem, check_like, parse_problem, visible_mask
 
 __all__ = ["ForwardStats", "BackwardStats", "forward_stats", "backward_stats"]
@@ -94,12 +96,14 @@ class BackwardStats:
     sum_pg_q: np.ndarray
 
 
-def _softmax_parts(p: Problem, seg, h: int):
+def _softmax_parts(p: Problem, seg, h: int, r0: int, r1: int, c0: int, c1: int):
+    """Softmax pieces of rows [r0, r1) of one sequence and head against keys [c0, c1) (which
+    contain every visible key of those rows)."""
     hk = h // p.group
-    qs = p.q[seg.q_start: seg.q_start + seg.q_len, h]
-    ks = p.k[seg.k_start: seg.k_start + seg.k_len, hk]
+    qs = p.q[seg.q_start + r0: seg.q_start + r1, h]
+    ks = p.k[seg.k_start + c0: seg.k_start + c1, hk]
     S = qs @ ks.T
-    mask = visible_mask(seg.q_len, seg.k_len, p.left, p.right)
+    mask = visible_mask(seg.q_len, seg.k_len, p.left, p.right, (r0, r1), (c0, c1))
     if mask is None:
         mask = np.ones(S.shape, bool)
     x = S * p.scale
@@ -130,7 +134,22 @@ def _softmax_parts(p: Problem, seg, h: int):
         P = np.where(rs_scaled[:, None] > 0, e / rs_scaled[:, None], 0.0)
         lse = np.where(rs_scaled > 0, mm + np.log(rs_scaled), -np.inf)
     return dict(S=S, x=x, th=th, f=f, mask=mask, m=m, rowsum=rs, sink=sink_t, P=P, lse=lse, qs=qs, ks=ks,
-                vs=p.v[seg.k_start: seg.k_start + seg.k_len, hk])
+                vs=p.v[seg.k_start + c0: seg.k_start + c1, hk])
+
+
+def _blocks(p: Problem, fn) -> None:
+    """Call ``fn(seg, h, r0, r1, c0, c1)`` for every row block of every head, on the oracle's
+    thread pool (tasks per (sequence, kv head) write disjoint outputs)."""
+
+    def task(t):
+        si, hk = t
+        seg = p.segments[si]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            for h in range(hk * p.group, (hk + 1) * p.group):
+                for r0, r1, c0, c1 in _ref._row_blocks(seg.q_len, seg.k_len, p.left, p.right):
+                    fn(seg, h, r0, r1, c0, c1)
+
+    _ref._run_tasks(task, _ref._tasks(p))
 
 
 def _parse(q, k, v, kw) -> Problem:
@@ -158,27 +177,25 @@ def forward_stats(q: Any, k: Any, v: Any, *, softmax_scale: Optional[float] = No
     lse = np.full((H, Tq), -np.inf)
     nvis = np.zeros((H, Tq), np.int64)
     sink_t = np.zeros((H, Tq)) if p.sink is not None else None
-    for seg in p.segments:
-        if seg.q_len == 0:
-            continue
-        for h in range(H):
-            r = _softmax_parts(p, seg, h)
-            sl = slice(seg.q_start, seg.q_start + seg.q_len)
-            mk = r["mask"]
-            sapv[sl, h] = r["P"] @ np.abs(r["vs"])
-            absqk = np.abs(r["qs"]) @ np.abs(r["ks"]).T
-            rows["max_abs_score"][h, sl] = np.where(mk, np.abs(r["S"]), 0).max(axis=1, initial=0.0)
-            rows["max_sum_abs_qk"][h, sl] = np.where(mk, absqk, 0).max(axis=1, initial=0.0)
-            rows["max_abs_logit"][h, sl] = np.where(mk, np.abs(r["x"]), 0).max(axis=1, initial=0.0)
-            rows["sum_p"][h, sl] = r["P"].sum(axis=1)
-            rows["max_p"][h, sl] = r["P"].max(axis=1, initial=0.0)
-            row_max[h, sl] = r["m"]
-            row_sum[h, sl] = r["rowsum"] if p.sink is None else np.where(
-                np.isfinite(r["m"]), r["rowsum"], 0.0)
-            lse[h, sl] = r["lse"]
-            nvis[h, sl] = mk.sum(axis=1)
-            if sink_t is not None:
-                sink_t[h, sl] = r["sink"]
+    def block(seg, h, r0, r1, c0, c1):
+        r = _softmax_parts(p, seg, h, r0, r1, c0, c1)
+        sl = slice(seg.q_start + r0, seg.q_start + r1)
+        mk = r["mask"]
+        sapv[sl, h] = r["P"] @ np.abs(r["vs"])
+        absqk = np.abs(r["qs"]) @ np.abs(r["ks"]).T
+        rows["max_abs_score"][h, sl] = np.where(mk, np.abs(r["S"]), 0).max(axis=1, initial=0.0)
+        rows["max_sum_abs_qk"][h, sl] = np.where(mk, absqk, 0).max(axis=1, initial=0.0)
+        rows["max_abs_logit"][h, sl] = np.where(mk, np.abs(r["x"]), 0).max(axis=1, initial=0.0)
+        rows["sum_p"][h, sl] = r["P"].sum(axis=1)
+        rows["max_p"][h, sl] = r["P"].max(axis=1, initial=0.0)
+        row_max[h, sl] = r["m"]
+        row_sum[h, sl] = r["rowsum"] if p.sink is None else np.where(np.isfinite(r["m"]), r["rowsum"], 0.0)
+        lse[h, sl] = r["lse"]
+        nvis[h, sl] = mk.sum(axis=1)
+        if sink_t is not None:
+            sink_t[h, sl] = r["sink"]
+
+    _blocks(p, block)
     L = p.lse_from_flat
     return ForwardStats(sum_abs_pv=p.out_from_flat(sapv), max_abs_score=L(rows["max_abs_score"]),
                         max_sum_abs_qk=L(rows["max_sum_abs_qk"]), max_abs_logit=L(rows["max_abs_logit"]),
@@ -207,40 +224,38 @@ def backward_stats(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale
     pgk = np.zeros((Tq, H, d))
     pgq = np.zeros((Tk, Hk, d))
     spdo = np.zeros((Tk, Hk, dv))
-    for seg in p.segments:
-        if seg.q_len == 0:
-            continue
-        for h in range(H):
-            hk = h // p.group
-            r = _softmax_parts(p, seg, h)
-            sl = slice(seg.q_start, seg.q_start + seg.q_len)
-            ksl = slice(seg.k_start, seg.k_start + seg.k_len)
-            dos = do[sl, h]
-            o = r["P"] @ r["vs"] if og is None else og[sl, h]
-            D = np.einsum("id,id->i", dos, o)
-            Dp = D - (dl[h, sl] if dl is not None else 0.0)
-            dP = dos @ r["vs"].T
-            G = dP - Dp[:, None]
-            dS = r["P"] * G
-            gmag = np.abs(dos) @ np.abs(r["vs"]).T
-            gmag += (np.einsum("id,id->i", np.abs(dos), np.abs(o))
-                     + (np.abs(dl[h, sl]) if dl is not None else 0.0))[:, None]
-            PG = r["P"] * gmag
-            if r["f"] is not None:
-                dS = dS * r["f"]
-                PG = PG * r["f"]
-            mk = r["mask"]
-            rows["d"][h, sl] = D
-            rows["sum_abs_do_o"][h, sl] = np.einsum("id,id->i", np.abs(dos), np.abs(o))
-            rows["max_abs_dp"][h, sl] = np.where(mk, np.abs(dP), 0).max(axis=1, initial=0.0)
-            rows["max_sum_abs_dov"][h, sl] = np.where(mk, np.abs(dos) @ np.abs(r["vs"]).T, 0).max(axis=1, initial=0.0)
-            rows["max_abs_dp_minus_d"][h, sl] = np.where(mk, np.abs(G), 0).max(axis=1, initial=0.0)
-            rows["sum_abs_ds"][h, sl] = np.abs(dS).sum(axis=1)
-            sdk[sl, h] = np.abs(dS) @ np.abs(r["ks"])
-            sdq[ksl, hk] += np.abs(dS).T @ np.abs(r["qs"])
-            spdo[ksl, hk] += r["P"].T @ np.abs(dos)
-            pgk[sl, h] = PG @ np.abs(r["ks"])
-            pgq[ksl, hk] += PG.T @ np.abs(r["qs"])
+    def block(seg, h, r0, r1, c0, c1):
+        hk = h // p.group
+        r = _softmax_parts(p, seg, h, r0, r1, c0, c1)
+        sl = slice(seg.q_start + r0, seg.q_start + r1)
+        ksl = slice(seg.k_start + c0, seg.k_start + c1)
+        dos = do[sl, h]
+        o = r["P"] @ r["vs"] if og is None else og[sl, h]
+        D = np.einsum("id,id->i", dos, o)
+        Dp = D - (dl[h, sl] if dl is not None else 0.0)
+        dP = dos @ r["vs"].T
+        G = dP - Dp[:, None]
+        dS = r["P"] * G
+        absdov = np.abs(dos) @ np.abs(r["vs"]).T
+        sdo = np.einsum("id,id->i", np.abs(dos), np.abs(o))
+        PG = r["P"] * (absdov + (sdo + (np.abs(dl[h, sl]) if dl is not None else 0.0))[:, None])
+        if r["f"] is not None:
+            dS = dS * r["f"]
+            PG = PG * r["f"]
+        mk = r["mask"]
+        rows["d"][h, sl] = D
+        rows["sum_abs_do_o"][h, sl] = sdo
+        rows["max_abs_dp"][h, sl] = np.where(mk, np.abs(dP), 0).max(axis=1, initial=0.0)
+        rows["max_sum_abs_dov"][h, sl] = np.where(mk, absdov, 0).max(axis=1, initial=0.0)
+        rows["max_abs_dp_minus_d"][h, sl] = np.where(mk, np.abs(G), 0).max(axis=1, initial=0.0)
+        rows["sum_abs_ds"][h, sl] = np.abs(dS).sum(axis=1)
+        sdk[sl, h] = np.abs(dS) @ np.abs(r["ks"])
+        sdq[ksl, hk] += np.abs(dS).T @ np.abs(r["qs"])
+        spdo[ksl, hk] += r["P"].T @ np.abs(dos)
+        pgk[sl, h] = PG @ np.abs(r["ks"])
+        pgq[ksl, hk] += PG.T @ np.abs(r["qs"])
+
+    _blocks(p, block)
     L = p.lse_from_flat
     return BackwardStats(d=L(rows["d"]), sum_abs_do_o=L(rows["sum_abs_do_o"]), max_abs_dp=L(rows["max_abs_dp"]),
                          max_sum_abs_dov=L(rows["max_sum_abs_dov"]),

@@ -48,3 +48,19 @@ def test_varlen_stats_use_varlen_layouts():
     assert s.row_max.shape == (2, 5) and s.sum_abs_pv.shape == (5, 2, 4)
     assert np.all(s.n_visible[:, 2:] == 0) and np.all(s.n_visible[:, :2] == 1)
     assert np.all(s.sum_abs_pv[2:] == 0) and np.all(np.isneginf(s.lse[:, 2:]))
+
+
+def test_row_blocked_stats_equal_a_direct_full_matrix_computation():
+    q, k, v = _x(1, 1100, 1, 8), _x(1, 900, 1, 8, seed=1), _x(1, 900, 1, 4, seed=2)
+    s = stats.forward_stats(q, k, v, causal=True)
+    S = q[0, :, 0].astype(float) @ k[0, :, 0].astype(float).T / np.sqrt(8)
+    m = visible_mask(1100, 900, None, 0)
+    S[~m] = -np.inf
+    mx = S.max(axis=1)
+    fin = np.isfinite(mx)
+    P = np.zeros_like(S)
+    P[fin] = np.exp(S[fin] - mx[fin, None])
+    P[fin] /= P[fin].sum(axis=1, keepdims=True)
+    assert np.allclose(s.sum_abs_pv[0, :, 0], P @ np.abs(v[0, :, 0].astype(float)), rtol=1e-12, atol=0)
+    assert np.array_equal(s.n_visible[0, 0], m.sum(axis=1))
+    assert np.array_equal(np.isfinite(s.row_max[0, 0]), fin)
