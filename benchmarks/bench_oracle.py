@@ -19,7 +19,7 @@ process CPU time is the steadier figure of the work done. The reference runs ind
 Measured (CPU, 2 cores shared with other jobs at load average ~15, 2026-11-30): 1 x 8 x 4096 x 128
 causal bf16, one ``backward`` call (forward + backward in one pass) 8.8 s CPU / 24.6 s wall;
 separate ``forward`` + ``backward`` calls 11.8 s CPU / 41.5 s wall; arbiter at 80/160 bits
-2.2e5 (forward) and 1.2e5 (backward) multiply-adds per second.
+2.3e5 (forward) and 3.3e5 (backward) multiply-adds per second.
 """
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ dominated by the float64 rounding ``u |v|``.
 
 Possible issues
 ---------------
-Pure Python: about 1e5-1e6 multiply-adds per second (``benchmarks/bench_oracle.py``), so keep
+Pure Python: about 2e5-3e5 multiply-adds per second at 80 bits, both evaluations counted
+(``benchmarks/bench_oracle.py``, CPU), so keep
 problems small (seqlen, headdim <= ~64). Logits of magnitude ~2^(p - 40) and more make the p-bit
 evaluation lose its margin and raise ArbiterDisagreement; raise ``bits``.
 """
@@ -114,6 +115,8 @@ def _eval(p: Problem, ctx, want_bwd: bool, dout: Optional[np.ndarray], o_given: 
             V = _mp_matrix(ctx, p.v[seg.k_start: seg.k_start + seg.k_len, hk])
             Vcols = [[V[j][c] for j in range(seg.k_len)] for c in range(dv)]
             absV = [[abs(x) for x in row] for row in V]
+            absK = [[abs(x) for x in row] for row in K]
+            cols: list = [[] for _ in range(seg.k_len)]
             for h in range(hk * p.group, (hk + 1) * p.group):
                 sink = None if p.sink is None else mpf(float(p.sink[h]))
                 for i in range(seg.q_len):
@@ -164,8 +167,7 @@ def _eval(p: Problem, ctx, want_bwd: bool, dout: Optional[np.ndarray], o_given: 
                         term = -ps * Dp
                         dsink[h] += term
                         dsink_sc[h] += float(ps * Dmag)
-                    dqi = [zero] * d
-                    dqs = [0.0] * d
+                    dSs, adSs = [], []
                     for n, j in enumerate(js):
                         dP = ctx.fdot(do_i, V[j])
                         dS = P[n] * (dP - Dp)
@@ -174,17 +176,28 @@ def _eval(p: Problem, ctx, want_bwd: bool, dout: Optional[np.ndarray], o_given: 
                         if cap is not None:
                             dS = dS * ths[n]
                             adS = adS * ths[n]
-                        for c in range(d):
-                            dqi[c] += dS * K[j][c]
-                            dqs[c] += float(adS * abs(K[j][c]))
-                            dk[seg.k_start + j, hk, c] += scale * dS * qi[c]
-                            dk_sc[seg.k_start + j, hk, c] += float(abs(scale) * adS * abs(qi[c]))
-                        for c in range(dv):
-                            dvv[seg.k_start + j, hk, c] += P[n] * do_i[c]
-                            dv_sc[seg.k_start + j, hk, c] += float(P[n] * abs(do_i[c]))
+                        dSs.append(dS)
+                        adSs.append(adS)
+                        cols[j].append((dS, adS, qi, P[n], do_i))
                     for c in range(d):
-                        dq[t, h, c] = scale * dqi[c]
-                        dq_sc[t, h, c] = abs(p.scale) * dqs[c]
+                        dq[t, h, c] = scale * ctx.fdot(dSs, [K[j][c] for j in js])
+                        dq_sc[t, h, c] = abs(p.scale) * float(ctx.fdot(adSs, [absK[j][c] for j in js]))
+                # dK, dV: per key, over the rows (of every head of the group) that see it
+                if want_bwd and h == (hk + 1) * p.group - 1:
+                    for j in range(seg.k_len):
+                        if not cols[j]:
+                            continue
+                        dSj = [e[0] for e in cols[j]]
+                        adSj = [e[1] for e in cols[j]]
+                        Pj = [e[3] for e in cols[j]]
+                        for c in range(d):
+                            qc = [e[2][c] for e in cols[j]]
+                            dk[seg.k_start + j, hk, c] = scale * ctx.fdot(dSj, qc)
+                            dk_sc[seg.k_start + j, hk, c] = abs(p.scale) * float(ctx.fdot(adSj, [abs(x) for x in qc]))
+                        for c in range(dv):
+                            doc = [e[4][c] for e in cols[j]]
+                            dvv[seg.k_start + j, hk, c] = ctx.fdot(Pj, doc)
+                            dv_sc[seg.k_start + j, hk, c] = float(ctx.fdot(Pj, [abs(x) for x in doc]))
     res = dict(out=(out, out_sc), lse=(lse, lse_sc))
     if want_bwd:
         res.update(dq=(dq, dq_sc), dk=(dk, dk_sc), dv=(dvv, dv_sc), d=(Dv, D_sc))
