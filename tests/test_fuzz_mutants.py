@@ -1,6 +1,6 @@
 """Deliberately broken twin variants are FOUND by the fuzzer and SHRUNK to small shapes.
 
-Each test runs the CI profile (derandomized) against the CPU twin with one planted fault
+Each test runs ``fa4verify fuzz --mutation NAME`` (ci profile, seed 0) against the CPU twin with one planted fault
 (``kernels/twin_fwd.py`` FWD_MUTATIONS) and checks that Hypothesis finds a counterexample, that
 the shrunk case is small, that the written JSON case replays as a failure on the mutant, and
 that the very same problem passes on the unmutated twin (so the failure is the mutant's doing).
@@ -8,7 +8,10 @@ Figures: "CPU twin".
 """
 from __future__ import annotations
 
+import json
+
 import pytest
+from click.testing import CliRunner
 
 from fa4verify import fuzz
 
@@ -25,13 +28,22 @@ def _deps():
 
 
 def _find(mutation: str, arch: str, tmp_path, distributions=None):
+    """Run ``fa4verify fuzz --mutation NAME`` (CLI, ci profile, seed 0, 100 examples) and return
+    the shrunk problem and the failure record of its ``--json`` output."""
     _deps()
     if mutation not in ta.MUTATIONS:
         pytest.skip(f"the twin has no mutation {mutation!r}")
-    res = fuzz.run_campaign(target=fuzz.TwinTarget([mutation]), arch=arch, examples=100, seed=0,
-                            profile="ci", cases_dir=tmp_path / "cases", distributions=distributions)
-    assert res.found, f"{mutation} on {arch} not found in {res.examples_run} examples"
-    f = res.failure
+    from fa4verify.cli import cli
+    args = ["fuzz", "--mutation", mutation, "--arch", arch, "--examples", "100", "--seed", "0",
+            "--profile", "ci", "--cache-dir", str(tmp_path / "cache"), "--cases-dir", str(tmp_path / "cases"),
+            "--json", str(tmp_path / "run.json")]
+    for d in distributions or ():
+        args += ["--distribution", d]
+    r = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert r.exit_code == 1, f"{mutation} on {arch} not found:\n{r.output}"
+    data = json.loads((tmp_path / "run.json").read_text())
+    f = data["failure"]
+    assert f is not None, f"{mutation} on {arch} not found in {data['examples_run']} examples"
     assert f["property"] != "runs", f["message"]        # found by an accuracy property, not a crash
     problem = fuzz.AttentionProblem.from_dict(f["problem"])
     # the saved case replays as a failure on the mutant, and passes on the unmutated twin

@@ -110,6 +110,9 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
               help="Only these properties (repeatable). Default: all.")
 @click.option("--max-seqlen", type=click.IntRange(min=1), default=None, metavar="N",
               help="Longest sequence drawn (default: the profile's).")
+@click.option("--distribution", "distributions", multiple=True, metavar="NAME[,NAME]",
+              help="Only these value distributions (repeatable): normal, outliers, negative_scores, "
+                   "peaked_rescale, huge, tiny. Default: all.")
 @click.option("--max-head-dim", type=click.IntRange(min=8), default=None, metavar="D",
               help="Largest head dim drawn (default: the profile's; 256 with --target production).")
 @click.option("--head-dims", default=None, metavar="D[,D]",
@@ -131,7 +134,8 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
 @click.option("--replay", "replay", multiple=True, type=click.Path(dir_okay=False), metavar="CASE.json",
               help="Replay saved case(s) instead of fuzzing (repeatable).")
 @click.option("-v", "--verbose", is_flag=True, help="Print every example as it runs.")
-def command(target, examples, seed, profile, arch, dtype, mutations, properties, max_seqlen, max_head_dim,
+def command(target, examples, seed, profile, arch, dtype, mutations, properties, distributions, max_seqlen,
+            max_head_dim,
             head_dims, time_limit,
             no_backward, json_path, cases_dir, cache_dir, replay, verbose):
     """Fuzz FA4 (or its CPU twin) with Hypothesis and shrink any failure to a small case.
@@ -154,6 +158,13 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
     if replay:
         _exit(_replay(replay, props))
 
+    dists = _split(distributions) or None
+    if dists:
+        from fa4verify.strategies import DISTRIBUTIONS
+        bad = [d for d in dists if d not in DISTRIBUTIONS]
+        if bad:
+            raise click.BadParameter(f"unknown distribution {bad[0]!r}; known: {', '.join(DISTRIBUTIONS)}",
+                                     param_hint="--distribution")
     muts = _split(mutations)
     if muts and target != "twin":
         raise click.UsageError("--mutation plants faults in the CPU twin; use it with --target twin")
@@ -206,6 +217,7 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
     try:
         res = fuzz.run_campaign(target=tgt, arch=arch, dtype=dtype, examples=examples, seed=seed, profile=profile,
                                 properties=props or fuzz.PROPERTIES, limits=limits, cases_dir=cases,
+                                distributions=dists,
                                 database_dir=cache / "hypothesis", time_limit_s=time_limit,
                                 backward=not no_backward, on_example=progress)
     except fuzz.DependencyMissing as e:
