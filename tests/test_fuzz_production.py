@@ -22,32 +22,61 @@ def _np(t):
     return a.astype(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else a.astype(np.float16)
 
 
+def _segments(kw, nq, nk):
+    cq, ck = kw.get("cu_seqlens_q"), kw.get("cu_seqlens_k")
+    if cq is None:
+        return None
+    assert cq.dtype == torch.int32 and ck.dtype == torch.int32 and cq.device == ck.device
+    assert kw["max_seqlen_q"] == int((cq[1:] - cq[:-1]).max()) and kw["max_seqlen_k"] == int((ck[1:] - ck[:-1]).max())
+    cq, ck = cq.tolist(), ck.tolist()
+    assert cq[-1] == nq and ck[-1] == nk
+    return [(slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])) for i in range(len(cq) - 1)]
+
+
 def _stand_in(arch="sm90"):
-    """An adapter-shaped module: every call is bound against the real adapter's signature first."""
+    """An adapter-shaped module: every call is bound against the real adapter's signature first,
+    then computed with the CPU twin (varlen: sequence by sequence, as FA4 treats them)."""
     calls = []
+
+    def twin_kw(kw):
+        sink = kw["learnable_sink"]
+        return dict(arch=arch, softmax_scale=kw["softmax_scale"], causal=kw["causal"], window_size=kw["window_size"],
+                    softcap=kw["softcap"], learnable_sink=None if sink is None else sink.numpy())
+
+    def cfg(op, q):
+        return types.SimpleNamespace(to_dict=lambda: {"op": op, "arch": 90, "tile_mn": None, "dtype": str(q.dtype)})
 
     def forward(q, k, v, **kw):
         inspect.signature(adapter.forward).bind(q, k, v, **kw)
         calls.append(("forward", sorted(kw)))
-        assert kw.get("cu_seqlens_q") is None, "stand-in: dense only"
-        sink = kw["learnable_sink"]
-        r = ta.forward(_np(q), _np(k), _np(v), arch=arch, softmax_scale=kw["softmax_scale"], causal=kw["causal"],
-                       window_size=kw["window_size"], softcap=kw["softcap"],
-                       learnable_sink=None if sink is None else sink.numpy())
-        out = torch.from_numpy(np.asarray(r.out, np.float32)).to(q.dtype)
-        cfg = types.SimpleNamespace(to_dict=lambda: {"op": "forward", "arch": 90, "tile_mn": None, "dtype": str(q.dtype)})
-        return adapter.ForwardResult(out, torch.from_numpy(np.asarray(r.lse, np.float32)), cfg)
+        segs = _segments(kw, q.shape[0], k.shape[0])
+        if segs is None:
+            r = ta.forward(_np(q), _np(k), _np(v), **twin_kw(kw))
+            out, lse = np.asarray(r.out, np.float32), np.asarray(r.lse, np.float32)
+        else:
+            out = np.zeros(q.shape[:2] + v.shape[-1:], np.float32)
+            lse = np.full((q.shape[1], q.shape[0]), -np.inf, np.float32)
+            for sq, sk in segs:
+                if sq.stop > sq.start:
+                    r = ta.forward(_np(q[sq])[None], _np(k[sk])[None], _np(v[sk])[None], **twin_kw(kw))
+                    out[sq], lse[:, sq] = r.out[0], r.lse[0]
+        return adapter.ForwardResult(torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse), cfg("forward", q))
 
     def backward(q, k, v, out, dout, lse, **kw):
         inspect.signature(adapter.backward).bind(q, k, v, out, dout, lse, **kw)
         calls.append(("backward", sorted(kw)))
-        sink = kw["learnable_sink"]
-        g = ta.backward(_np(q), _np(k), _np(v), _np(out), _np(dout), lse=lse.numpy(), arch=arch,
-                        softmax_scale=kw["softmax_scale"], causal=kw["causal"], window_size=kw["window_size"],
-                        softcap=kw["softcap"], learnable_sink=None if sink is None else sink.numpy())
+        segs = _segments(kw, q.shape[0], k.shape[0])
         t = lambda x, like: torch.from_numpy(np.asarray(x, np.float32)).to(like.dtype)  # noqa: E731
-        cfg = types.SimpleNamespace(to_dict=lambda: {"op": "backward", "arch": 90, "tile_mn": None, "dtype": str(q.dtype)})
-        return adapter.BackwardResult(t(g.dq, q), t(g.dk, k), t(g.dv, v), None, cfg)
+        if segs is None:
+            g = ta.backward(_np(q), _np(k), _np(v), _np(out), _np(dout), lse=lse.numpy(), **twin_kw(kw))
+            return adapter.BackwardResult(t(g.dq, q), t(g.dk, k), t(g.dv, v), None, cfg("backward", q))
+        dq, dk, dv = (np.zeros(x.shape, np.float32) for x in (q, k, v))
+        for sq, sk in segs:
+            if sq.stop > sq.start:
+                g = ta.backward(_np(q[sq])[None], _np(k[sk])[None], _np(v[sk])[None], _np(out[sq])[None],
+                                _np(dout[sq])[None], lse=lse[:, sq].numpy()[None], **twin_kw(kw))
+                dq[sq], dk[sk], dv[sk] = g.dq[0], g.dk[0], g.dv[0]
+        return adapter.BackwardResult(t(dq, q), t(dk, k), t(dv, v), None, cfg("backward", q))
 
     return types.SimpleNamespace(forward=forward, backward=backward, versions=lambda: {"stand-in": True}), calls
 
@@ -60,10 +89,11 @@ def test_production_target_calls_match_the_adapter_api_and_pass_on_the_twin():
         pytest.skip(f"oracle/budgets not available: {e}")
     ad, calls = _stand_in()
     tgt = fuzz.ProductionTarget(adapter=ad, device="cpu")
-    res = fuzz.run_campaign(target=tgt, arch="sm90", examples=12, seed=3, profile="ci",
-                            features=("causal", "softcap", "gqa", "sink"))  # no "local": twin_window_sum_rule
+    res = fuzz.run_campaign(target=tgt, arch="sm90", examples=16, seed=3, profile="ci",
+                            features=("causal", "softcap", "gqa", "sink", "varlen"))  # no "local": twin_window_sum_rule
     assert not res.found, res.failure and res.failure["message"]
-    assert res.examples_run >= 8 and {c[0] for c in calls} == {"forward", "backward"}
+    assert res.examples_run >= 10 and {c[0] for c in calls} == {"forward", "backward"}
+    assert res.coverage["varlen"].get("True", 0) > 0 and res.coverage["zero_length"].get("True", 0) > 0
     assert res.properties_ran.get("deterministic_bwd", 0) >= 8       # production runs it (twice per example)
     assert res.target["kernel_configs"]
 
