@@ -175,7 +175,7 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     code = exit_code_for(run.records, regressions=len(bl["regressions"]) if bl else 0)
     report = build_report(config=config.to_dict(), environment=environment.collect(config.device),
                           results=results, exit_code=code, duration_s=time.time() - t_start,
-                          command=["fa4verify"] + sys.argv[1:], baseline=bl)
+                          command=_command_line(), baseline=bl)
     report["summary"]["discovered"] = run.discovered
     try:
         write_reports(report, json_path=json_path, junit_path=junit_path, html_path=html_path)
@@ -188,6 +188,17 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         if p:
             console.print(f"{label} report: {p}")
     return code
+
+
+def _command_line() -> list[str]:
+    """argv of this run when started as the ``fa4verify`` program, else the command path."""
+    import os
+
+    prog = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if prog in ("fa4verify", "__main__.py"):
+        return ["fa4verify"] + sys.argv[1:]
+    ctx = click.get_current_context(silent=True)
+    return [ctx.command_path if ctx is not None else "fa4verify audit", "(called in-process)"]
 
 
 def write_reports(report, *, json_path=None, junit_path=None, html_path=None) -> None:
