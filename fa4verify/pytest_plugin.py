@@ -9,7 +9,8 @@ skip with its reason, ``fail``/``undecided``/``error`` a test failure whose mess
 check's summary (no traceback).  The ``--fa4-*`` options are the CLI's audit options
 (:mod:`fa4verify._options`).  ``--fa4-only`` deselects every other test.  Each item records
 ``where``, ``status``, ``tightness`` and the metrics in ``user_properties`` (visible in
-``--junitxml``).
+``--junitxml``); ``--fa4-json F`` / ``--fa4-html F`` write the audit reports of the checks
+that ran (not under pytest-xdist workers: use ``fa4verify audit`` for sharded reports).
 
 Importing this module imports nothing heavy (no numpy, torch or flash_attn): it is loaded in
 every pytest run of an environment where fa4verify is installed.
@@ -33,6 +34,11 @@ def pytest_addoption(parser: Any) -> None:
                          "default, full or exhaustive. Default: not run")
     group.addoption("--fa4-only", action="store_true", dest="fa4_only", default=False,
                     help="With --fa4verify: deselect every test that is not an audit check.")
+    group.addoption("--fa4-json", action="store", dest="fa4_json", default=None, metavar="FILE",
+                    help="With --fa4verify: write the audit's JSON report (fa4verify.audit/1) of "
+                         "the checks that ran. Default: none")
+    group.addoption("--fa4-html", action="store", dest="fa4_html", default=None, metavar="FILE",
+                    help="With --fa4verify: write the audit's HTML report. Default: none")
     add_pytest_options(group)
 
 
@@ -47,9 +53,20 @@ def pytest_configure(config: Any) -> None:
         config.stash[_CONFIG_KEY] = config_from_pytest(config, profile)
     except OptionError as e:
         raise pytest.UsageError(f"fa4verify: {e}") from None
+    from fa4verify.audit.atomic import OutputPathError, check_writable
+
+    for opt in ("fa4_json", "fa4_html"):
+        path = config.getoption(opt, default=None)
+        if path:
+            try:
+                check_writable(path)
+            except OutputPathError as e:
+                raise pytest.UsageError(f"fa4verify: --{opt.replace('_', '-')} {e}") from None
+    config.stash[_RECORDS_KEY] = []
 
 
 _CONFIG_KEY: "pytest.StashKey[Any]" = pytest.StashKey()
+_RECORDS_KEY: "pytest.StashKey[list[Any]]" = pytest.StashKey()
 
 
 class AuditCheckFailure(Exception):
@@ -93,6 +110,7 @@ class AuditItem(pytest.Item):
 
         run = run_audit(self.audit_config, selected=[self.sel], specs=[self.sel.spec])
         rec = run.records[0]
+        self.config.stash.get(_RECORDS_KEY, []).append(rec)
         r = rec.result
         self.user_properties.append(("fa4verify.status", r.status))
         self.user_properties.append(("fa4verify.where", r.where or "-"))
@@ -136,3 +154,26 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
         items[:] = new
     else:
         items.extend(new)
+
+
+def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
+    """Write ``--fa4-json`` / ``--fa4-html`` from the checks this process ran (atomically)."""
+    config = session.config
+    if _CONFIG_KEY not in config.stash:
+        return
+    jpath, hpath = config.getoption("fa4_json", None), config.getoption("fa4_html", None)
+    if not (jpath or hpath) or hasattr(config, "workerinput"):  # xdist workers write nothing
+        return
+    from fa4verify.audit import environment
+    from fa4verify.audit.report_json import build_report
+    from fa4verify.audit.runner import exit_code_for
+    from fa4verify.cli.audit import write_reports
+
+    audit_config = config.stash[_CONFIG_KEY]
+    records = sorted(config.stash.get(_RECORDS_KEY, []), key=lambda r: r.id)
+    report = build_report(config=audit_config.to_dict(),
+                          environment=environment.collect(audit_config.device),
+                          results=[r.to_dict() for r in records], exit_code=exit_code_for(records),
+                          duration_s=sum(r.duration_s for r in records),
+                          command=["pytest", *config.invocation_params.args])
+    write_reports(report, json_path=jpath, html_path=hpath)

@@ -75,3 +75,21 @@ def test_cli_and_plugin_share_the_option_table():
     cli_names = {p.opts[0] for p in command.params if p.opts[0].startswith("--")}
     for opt in _options.OPTIONS:
         assert f"--{opt.name}" in cli_names
+
+
+def test_json_and_html_reports_from_a_pytest_session(pytester, tmp_path):
+    import json
+
+    j, h = tmp_path / "a.json", tmp_path / "a.html"
+    res = _run(pytester, "--fa4verify", "--fa4-only", "--fa4-json", str(j), "--fa4-html", str(h))
+    res.assert_outcomes(passed=4, skipped=1)
+    rep = json.loads(j.read_text())
+    assert rep["schema"] == "fa4verify.audit/1" and rep["summary"]["exit_code"] == 0
+    assert {r["id"] for r in rep["results"]} == {"fixture.dot.bf16", "fixture.lines", "fixture.needs_cuda",
+                                                 "fixture.per_arch[sm90]", "fixture.per_arch[sm100]"}
+    assert "data:image/png;base64," in h.read_text()
+
+
+def test_unwritable_report_path_is_a_usage_error(pytester, tmp_path):
+    res = _run(pytester, "--fa4verify", "--fa4-json", str(tmp_path / "missing" / "a.json"))
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
