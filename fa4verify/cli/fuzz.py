@@ -233,6 +233,8 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
     never = sorted(set(props or fuzz.PROPERTIES) - set(res.properties_ran))
     for p in never:
         click.echo(f"  never ran: {p} ({res.properties_skipped.get(p, 'not applicable to the drawn problems')})")
+    for name, hit in res.known_hits.items():
+        click.echo(f"  known issue {name} x{hit['count']} (first: {hit['first']}): {hit['title']}")
     if res.unsupported:
         click.echo("  rejected as unsupported: " + "; ".join(f"{k} x{v}" for k, v in res.unsupported.items()))
     tm = {k: v for k, v in res.max_metrics.items() if k.startswith("tightness_")}
