@@ -55,10 +55,10 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Mapping, Optional
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis import HealthCheck, Verbosity, settings
 
 from fa4verify._strategies.problem import FEATURES, AttentionProblem, attention_problems
 
@@ -66,7 +66,8 @@ __all__ = [
     "PROPERTIES", "PROFILES", "CASE_FORMAT", "CAMPAIGN_FORMAT", "Violation", "Unsupported",
     "DependencyMissing", "Target", "TwinTarget", "ProductionTarget", "make_target", "check_problem",
     "CampaignResult", "run_campaign", "write_case", "load_case", "replay_case", "regression_snippet",
-    "register_profiles", "DEFAULT_CACHE_DIR", "profile_limits",
+    "register_profiles", "DEFAULT_CACHE_DIR", "profile_limits", "profile_name", "KnownIssue", "KNOWN_ISSUES",
+    "match_known_issue", "ReplayOutcome", "CheckOutcome", "AttentionProblem", "Fwd", "Bwd",
 ]
 
 CASE_FORMAT = "fa4verify-fuzz-case/1"
