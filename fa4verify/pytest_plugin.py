@@ -57,6 +57,10 @@ def pytest_configure(config: Any) -> None:
 
     for opt in ("fa4_json", "fa4_html"):
         path = config.getoption(opt, default=None)
+        if path and config.getoption("numprocesses", default=None):
+            raise pytest.UsageError(f"fa4verify: --{opt.replace('_', '-')} does not work with "
+                                    "pytest-xdist (-n); use fa4verify audit --shard I/N and "
+                                    "fa4verify report merge")
         if path:
             try:
                 check_writable(path)
