@@ -57,9 +57,10 @@ def _find(mutation: str, arch: str, tmp_path, distributions=None):
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_causal_off_by_one_is_found_and_shrunk(arch, tmp_path):
     p, f = _find("causal_off_by_one", arch, tmp_path)
-    # needs causal and at least two keys for the extra/missing diagonal key to matter
+    # needs causal and one key shifted across the diagonal: two tokens on one side suffice
+    # (seed 0 gives (2, 2) through the CLI and (2, 1) through the audit's stream)
     assert p.causal and p.batch == 1 and p.nheads == 1 and p.head_dim == 8
-    assert 2 <= p.seqlen_k <= 3 and p.seqlen_q <= 3
+    assert max(p.seqlen_q, p.seqlen_k) == 2 and min(p.seqlen_q, p.seqlen_k) >= 1
 
 
 def test_causal_top_left_alignment_is_found_and_shrunk(tmp_path):
