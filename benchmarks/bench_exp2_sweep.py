@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/bench_exp2_sweep.py                    # fast sweep, degree 3, [-127, 8], 2 jobs
     python benchmarks/bench_exp2_sweep.py --degree 5 --jobs 1
-    python benchmarks/bench_exp2_sweep.py --direct-range -1:1 # also time the --direct sweep on a sub-range
+    python benchmarks/bench_exp2_sweep.py --direct-range=-1:1 # also time --direct on a sub-range (note the =)
     python benchmarks/bench_exp2_sweep.py --direct-full       # the full --direct sweep (minutes)
 
 Prints a table (seconds, inputs, inputs/s, which reduction covered how many inputs) and the

@@ -132,6 +132,7 @@ def run_exp2(degrees: list[int], lo: float, hi: float, *, sample: int | None, di
             "certified_poly_bound": {**pb.as_dict(), "where": "exact (mpmath.iv)",
                                      "meaning": "max over f in [0,1] of |p(f)/2^f - 1| with exact coefficients "
                                                 "and exact arithmetic; fp32 rounding is measured by the sweep"},
+            "mean_rel_error_uniform_0_1": ec.grid_mean_rel(d),
             "edge_domain": ec.edge_report(d, lo, hi),
         }
         report["degrees"][str(d)] = _clean(entry)
@@ -202,6 +203,8 @@ def render(report: dict) -> str:
             f"uniform in value {e['wrong_rate_fp16_uniform_in_value']:.4%}",
             f"  monotonicity violations          {e['monotonicity_violations']}",
             f"  certified poly bound (exact)     [{pb['lower']:.6g}, {pb['upper']:.6g}]",
+            f"  mean |rel| on [0,1) (uniform)    {e['mean_rel_error_uniform_0_1']['mean_abs_rel_error']:.4g} "
+            f"(signed {e['mean_rel_error_uniform_0_1']['mean_signed_rel_error']:.3g}; 2^-24 grid)",
         ]
         ed = e["edge_domain"]
         sr = ed["subnormal_region"]
