@@ -34,7 +34,10 @@ Edge behaviour (both variants unless stated)
 * ``x`` in [-2^-25, 0) (normal x): ``floor = -1`` and ``f = RN(1 + x) = 1.0`` (-2^-25 is a tie,
   rounded to the even 1.0), so the result is ``p(1)/2`` (0.99991482 for degree 3) instead of ~1.0.
 * Negative subnormal ``x``: packed gives ``p(1)/2`` (as above); scalar flushes ``x`` to ``-0`` in
-  ``add.rm.ftz``, so floor = 0 and the result is 1.0. The two variants differ only here.
+  ``add.rm.ftz``, so floor = 0 and the result is 1.0. The two variants differ only here. The H200
+  golden vectors (scalar variant) show 1.0 on all 952 negative subnormals they contain
+  (``tests/test_twin_ex2_golden_variants.py``); the packed no-ftz behaviour follows from the DSL
+  defaults and the PTX census and has not been recorded on a GPU.
 * ``x`` in (-127, -126): the exponent field becomes 0, so the bits of ``p(f)`` with exponent field
   0 give the subnormal ``(p(f) - 1) * 2^-126``, not ``2^x``.
 * ``x <= -127``, ``-inf`` and NaN (``fmax`` ignores NaN): +0.0.

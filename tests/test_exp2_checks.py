@@ -66,3 +66,11 @@ def test_emulated_share_table_and_twin_assumptions():
     assert r.status == "pass" and r.metrics["max_emulated_share"] == 0.25
     r = cx.twin_assumptions(_ctx())
     assert r.status in ("pass", "skip")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("os").environ.get("FA4VERIFY_SLOW"), reason="slow (set FA4VERIFY_SLOW=1): full sweep")
+def test_deg3_exhaustive_profile_runs_the_full_sweep():
+    r = cx.deg3(_ctx(dtype="bf16", profile="exhaustive"))
+    assert r.status == "pass", r.summary
+    assert r.metrics["n_inputs"] == 2_214_330_369 and r.metrics["monotonicity_violations"] == 0

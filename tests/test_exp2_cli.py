@@ -69,3 +69,11 @@ def test_pinned_params_are_reported_when_fa4_is_absent(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv("FA4VERIFY_FORCE_PINNED")
         load_params.cache_clear()
+
+
+@pytest.mark.parametrize("args", [["--range", "130:140"], ["--range=-127:-126.5", "--sample", "100"]])
+def test_range_outside_the_main_domain_reports_nothing_ran(args, capsys):
+    rc = main(["exp2", *args])
+    out, err = capsys.readouterr()
+    assert rc == 5 and "nothing measured" in err and "Traceback" not in err
+    assert "no input of the range lies in the main domain" in out

@@ -73,7 +73,9 @@ def sample_stats(degree: int, lo: float, hi: float, n: int, seed: int):
     from fa4verify import binary32 as b32
     from fa4verify import exp2_cert as ec
     lo2, hi2 = max(lo, -126.0), min(hi, 127.99999)
-    olo, ohi = b32.f32_range(lo2, hi2)
+    olo, ohi = b32.f32_range(lo2, hi2) if lo2 <= hi2 else (1, 0)
+    if ohi < olo:
+        return ec.Stats()
     rng = np.random.default_rng(seed)
     o = np.unique(rng.integers(olo, ohi + 1, size=n, dtype=np.int64))
     x = ec._ordered_to_f32(o)
@@ -191,6 +193,10 @@ def render(report: dict) -> str:
         lines.append(f"  WARNING: {report['warning']}")
     for d, e in report["degrees"].items():
         pb = e["certified_poly_bound"]
+        if not e["n_inputs"]:
+            lines += [f"\ndegree {d}: no input of the range lies in the main domain [-126, 128) "
+                      f"(certified poly bound [{pb['lower']:.6g}, {pb['upper']:.6g}]; edge domain in --json)"]
+            continue
         lines += [
             f"\ndegree {d}  [CPU twin, {e['n_inputs']:,} inputs, {e['seconds']} s]",
             f"  max_rel_error (x >= -126)        {e['max_rel_error']:.6g}  at x = {e['argmax_rel_error']!r}",
@@ -262,4 +268,7 @@ def command(degree, range_, mode, sample, direct, jobs, json_path, seed):
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
         click.echo(f"wrote {json_path}", err=True)
+    if all(not e["n_inputs"] for e in report["degrees"].values()):
+        click.echo("fa4verify exp2: nothing measured: the range has no input in [-126, 128)", err=True)
+        return int(ExitCode.NOTHING_RAN)
     return int(ExitCode.OK)
