@@ -16,10 +16,11 @@ Wall time depends on what else runs on the machine (the script prints the load a
 process CPU time is the steadier figure of the work done. The reference runs independent
 (segment, kv head) tasks on ``FA4VERIFY_ORACLE_THREADS`` threads (default: all CPUs).
 
-Measured (CPU, 2 cores shared with other jobs at load average ~15, 2026-11-30): 1 x 8 x 4096 x 128
-causal bf16, one ``backward`` call (forward + backward in one pass) 8.8 s CPU / 24.6 s wall;
-separate ``forward`` + ``backward`` calls 11.8 s CPU / 41.5 s wall; arbiter at 80/160 bits
-2.3e5 (forward) and 3.3e5 (backward) multiply-adds per second.
+Measured (CPU, 2 cores shared with other jobs, 2026-11-30), 1 x 8 x 4096 x 128 causal bf16:
+at load average ~3.3: forward 1.5 s wall (2.7 s CPU); one ``backward`` call (forward + backward
+in one pass, ``result.forward``) 6.4 s wall (9.0 s CPU); separate ``forward`` + ``backward``
+calls 10.3 s wall (12.4 s CPU). At load ~15 the same work took 25-41 s wall. Arbiter at 80/160
+bits: 2-6e5 (forward) and 3.5e5 (backward) multiply-adds per second.
 """
 from __future__ import annotations
 
