@@ -656,8 +656,9 @@ def _scale_grid_stats(s: Stats, n: int, u: float, count: int) -> Stats:
     for k in ("argmax_rel", "argmax_ulp32", "argmax_ulp_bf16", "argmax_ulp_f16", "worst_wrong_bf16",
               "worst_wrong_f16"):
         setattr(r, k, sh(getattr(s, k)))
-    # all inputs but x = n itself are spaced u apart; x = n may sit in the binade above (n = -2^k)
-    r.weight = (count - 1) * u + float(_spacing(np.float32([n]))[0])
+    # all inputs but the first (x = n, or x = 1/2 for the [1/2, 1) piece) are spaced u apart; the
+    # first may sit in the binade above (x = -2^k)
+    r.weight = (count - 1) * u + float(_spacing(np.float32([n + s.first[0]]))[0])
     r.weight_wrong_bf16 = s.wrong_bf16 * u
     r.weight_wrong_f16 = s.wrong_f16 * u
     if n <= -26:                        # fp16: both RN_f16(emu) and RN_f16(2^x) are 0 (2^(n+1) <= 2^-25)

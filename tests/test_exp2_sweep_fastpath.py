@@ -152,6 +152,8 @@ def test_grid_piece_reports_its_own_first_and_last_input():
     assert r.first == (0.5, 1.4142) and r.last[0] == np.float32(0.99999994)
     r2 = ec._scale_grid_stats(ec.Stats(n=2, first=(0.0, 1.0), last=(0.5, 1.4)), -1, 2.0**-24, 2)
     assert r2.first == (-1.0, 0.5) and r2.last == (-0.5, 0.7)
+    assert r.weight == 3 * 2.0**-24                     # 0.5 and its neighbours are spaced 2^-24
+    assert r2.weight == 2.0**-24 + 2.0**-23             # x = -1 has spacing 2^-23
     z = ec.Stats(n=1, first=(0.0, 1.0), last=(1e-39, 1.0))
     merged = ec.merge_all([r, z])
     assert merged.mono_violations == 0 and merged.first[0] == 0.0
