@@ -19,9 +19,9 @@ caller passes production outputs (``check_forward_outputs``: "measured on H200")
 Every comparison is ``(actual, reference)`` with errors relative to the reference side.
 
 Possible issues: :func:`problem_stats` (and so the end-to-end checks here) covers dense problems
-with causal/window masks, GQA/MQA and bf16/fp16/fp8; softcap, learnable sinks and varlen are not
-covered by the composed statistics (``softcap_err`` is 0) -- the twin itself supports softcap and
-sinks, and their local stage budgets are checked through the stage probe.
+with causal/window masks, GQA/MQA, softcap (forward) and bf16/fp16/fp8; learnable sinks, softcap
+in the backward and varlen are not covered by the composed statistics -- the twin itself supports
+sinks and softcap everywhere, and their local stage budgets are checked through the stage probe.
 """
 from __future__ import annotations
 
@@ -169,13 +169,16 @@ def _visible(Sq, Sk, causal, window):
 def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None = None,
                   causal: bool = False, window_size=(None, None), lse_true=None, o_true=None,
                   tile_n: int = 128, dout=None, fwd_budgets=None, row_chunk: int = 512,
-                  rescale_threshold: float | None = None, max_offset: float | None = None):
+                  rescale_threshold: float | None = None, max_offset: float | None = None,
+                  softcap: float = 0.0):
     """fp64 statistics of a dense problem for the composed budgets (``loader.STATISTICS``).
 
     Layout: (b, h, s, d) -- per-row statistics (b, h, s, 1), per-element (b, h, s, dv), dk/dv-like
     (b, hk, sk, d).  ``lse_true`` (b, h, sq) and ``o_true`` (b, sq, h, dv) come from the oracle
     (computed here in fp64 when not given).  With ``dout``, backward statistics are added; they
-    need ``fwd_budgets`` (the BudgetSet) to bound the error of D (``derr``).
+    need ``fwd_budgets`` (the BudgetSet) to bound the error of D (``derr``).  ``softcap``
+    (forward statistics only): scores ``y = softcap tanh(S scale / softcap)``, ``c = log2 e``,
+    and ``softcap_err`` = the per-row maximum of the softcap stage bound times log2 e.
     """
     Q, K, V = _bhsd(q), _bhsd(k), _bhsd(v)
     B, H, Sq, D = Q.shape
@@ -191,7 +194,14 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
         rescale_threshold = 8.0 if (arch != "sm90" and not fp8) else 0.0
     vis = _visible(Sq, Sk, causal, window_size)
     st: dict[str, Any] = {}
-    rows = {n: np.zeros((B, H, Sq, 1)) for n in ("qk_c_max", "sc_max", "mc_abs", "rowsum", "lse")}
+    rows = {n: np.zeros((B, H, Sq, 1)) for n in ("qk_c_max", "sc_max", "mc_abs", "rowsum", "lse",
+                                                  "softcap_err")}
+    cap = float(softcap or 0.0)
+    if cap and dout is not None:
+        raise ValueError("problem_stats: backward statistics with softcap are not implemented")
+    u32 = 2.0**-24
+    g2 = 2 * u32 / (1 - 2 * u32)
+    tanh_rel = 2.0**-10.987
     abs_pv = np.zeros((B, H, Sq, Dv))
     o_ex = np.zeros((B, H, Sq, Dv))
     sum_abs_v = np.zeros((B, H, Sq, Dv))
@@ -202,9 +212,16 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
         s = Q[:, :, r0:r1] @ K.swapaxes(-1, -2)
         aqk = np.abs(Q[:, :, r0:r1]) @ np.abs(K).swapaxes(-1, -2)
         with np.errstate(invalid="ignore"):
-            rows["qk_c_max"][:, :, r0:r1, 0] = np.where(vm, aqk, 0).max(-1) * abs(c)
-            rows["sc_max"][:, :, r0:r1, 0] = np.where(vm, np.abs(s) * abs(c), 0).max(-1)
-            sm = np.where(vm, s * scale, -np.inf)
+            rows["qk_c_max"][:, :, r0:r1, 0] = np.where(vm, aqk, 0).max(-1) * abs(scale * LOG2E)
+            if cap:
+                y = cap * np.tanh(s * scale / cap)
+                rows["sc_max"][:, :, r0:r1, 0] = np.where(vm, np.abs(y) * LOG2E, 0).max(-1)
+                rows["softcap_err"][:, :, r0:r1, 0] = np.where(
+                    vm, ((tanh_rel + g2) * np.abs(y) + g2 * np.abs(s * scale)) * LOG2E, 0).max(-1)
+                sm = np.where(vm, y, -np.inf)
+            else:
+                rows["sc_max"][:, :, r0:r1, 0] = np.where(vm, np.abs(s) * abs(c), 0).max(-1)
+                sm = np.where(vm, s * scale, -np.inf)
             mx = sm.max(-1, keepdims=True)
             mxs = np.where(np.isfinite(mx), mx, 0.0)
             p = np.exp(sm - mxs)
@@ -224,7 +241,7 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
     nb = nb[None, None, :, None]
     st.update({
         "qk_c_max": rows["qk_c_max"], "sc_max": rows["sc_max"], "mc_abs": rows["mc_abs"],
-        "x_max": mo + rescale_threshold, "max_offset": mo, "softcap_err": 0.0,
+        "x_max": mo + rescale_threshold, "max_offset": mo, "softcap_err": rows["softcap_err"],
         "abs_pv": abs_pv, "abs_o": np.abs(O), "sum_abs_v": sum_abs_v,
         "seqlen_q": float(Sq), "seqlen_k": float(Sk), "d": float(D), "dv": float(Dv),
         "tile_n": float(tile_n), "n_blocks": nb, "n_rescale": nb,
@@ -326,16 +343,16 @@ class ForwardCheck:
         return self.stages_ok and self.out_over == 0 and self.lse_over == 0
 
 
-def _oracle_forward(q, k, v, *, softmax_scale, causal, window_size):
+def _oracle_forward(q, k, v, *, softmax_scale, causal, window_size, softcap=0.0):
     from fa4verify.oracles import attention
     return attention.forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                             window_size=window_size)
+                             window_size=window_size, softcap=softcap)
 
 
 def check_forward_outputs(out, lse, q, k, v, *, arch: str, dtype: str, softmax_scale=None,
                           causal=False, window_size=(None, None), tile_n: int | None = None,
                           budgets=None, where: str = "measured on H200", oracle=None,
-                          stats=None):
+                          stats=None, softcap: float = 0.0):
     """End-to-end check of given forward outputs (production or twin) against the oracle:
     ``|out - O_oracle| <= forward_out(stats) + oracle.bound`` and the same for the LSE."""
     from fa4verify import error_budgets as eb
@@ -347,10 +364,10 @@ def check_forward_outputs(out, lse, q, k, v, *, arch: str, dtype: str, softmax_s
         tile_n = sm90_tile(D, Dv, causal, window_size not in (None, (None, None)))[1] \
             if arch == "sm90" else 128
     orc = oracle or _oracle_forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                                    window_size=window_size)
+                                    window_size=window_size, softcap=softcap)
     st = stats or problem_stats(q, k, v, arch=arch, dtype=dtype, softmax_scale=softmax_scale,
                                 causal=causal, window_size=window_size, lse_true=orc.lse,
-                                o_true=orc.out, tile_n=tile_n)
+                                o_true=orc.out, tile_n=tile_n, softcap=softcap)
     ref = _bhsd(orc.out)
     got = _bhsd(out)
     bnd = np.broadcast_to(bs.evaluate("forward_out", st), ref.shape) + _bhsd(orc.bound)
@@ -378,7 +395,7 @@ def check_forward_outputs(out, lse, q, k, v, *, arch: str, dtype: str, softmax_s
 def check_forward(q, k, v, *, arch: str, dtype: str = "bf16", causal=False,
                   window_size=(None, None), softmax_scale=None, accumulation="exact-then-round",
                   mufu="correctly-rounded", seed=0, mutations=frozenset(), budgets=None,
-                  e2e: bool = True) -> ForwardCheck:
+                  e2e: bool = True, softcap: float = 0.0) -> ForwardCheck:
     """Run the CPU twin forward with a :class:`StageRecorder`, then the end-to-end check."""
     from fa4verify import error_budgets as eb
     from fa4verify.kernels import twin_attention as ta
@@ -387,12 +404,12 @@ def check_forward(q, k, v, *, arch: str, dtype: str = "bf16", causal=False,
     r = ta.forward(q, k, v, arch=arch, dtype=dtype if dtype != "fp8" else "fp8_e4m3",
                    causal=causal, window_size=window_size, softmax_scale=softmax_scale,
                    accumulation=accumulation, mufu=mufu, seed=seed, mutations=mutations,
-                   stage_probe=rec)
+                   softcap=softcap, stage_probe=rec)
     if e2e:
         fc = check_forward_outputs(r.out, r.lse, q, k, v, arch=arch, dtype=dtype,
                                    softmax_scale=softmax_scale, causal=causal,
                                    window_size=window_size, tile_n=r.config.tile_n, budgets=bs,
-                                   where="CPU twin")
+                                   where="CPU twin", softcap=softcap)
     else:
         fc = ForwardCheck("CPU twin", {}, 0.0, 0, 0.0, 0, 0.0)
     fc.stages = rec.tallies

@@ -150,3 +150,12 @@ def test_local_window_and_gqa_within_budget(arch):
     k, v = k[:, :, :1].copy(), v[:, :, :1].copy()          # MQA: one KV head
     fc = A.check_forward(q, k, v, arch=arch, window_size=(80, 20))
     assert fc.ok, (_over(fc), fc.out_ratio, fc.lse_ratio)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_softcap_forward_within_budget(arch):
+    q, k, v = A.gen_inputs("outliers", batch=1, seqlen_q=64, seqlen_k=256, nheads=1, hdim=64,
+                           seed=7)
+    fc = A.check_forward(q, k, v, arch=arch, causal=True, softcap=5.0, mufu="perturbed")
+    assert fc.ok, (_over(fc), fc.out_ratio, fc.lse_ratio)
+    assert fc.stages["softcap"].n > 0 and fc.stages["softcap"].max_ratio > 0.1
