@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import time
 
 
 def main() -> None:
@@ -57,7 +56,6 @@ def main() -> None:
     if args.direct_range and not args.direct_full:
         for name, sec, n, _ in rows:
             if name.startswith("direct"):
-                full = ec.sweep  # noqa: F841
                 rate = n / sec
                 total = sum(r[2] for r in rows if r[0].startswith("fast deg") and f"[{lo:g},{hi:g}]" in r[0]) / len(args.degree)
                 print(f"# extrapolated --direct time for [{lo:g},{hi:g}] at {rate / 1e6:.2f} Minputs/s: "

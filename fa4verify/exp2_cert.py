@@ -386,7 +386,6 @@ class Runs:
 def _boundary_table(fmt: str, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each value B (already in ``fmt``, positive normal), the ordered ints of X(m_lo) and
     X(m_hi): inputs x with RN_fmt(2^x) == B are exactly those with ord(x) in [lo, hi)."""
-    from fa4verify.oracles.exp2 import first_x_above
     uniq = np.unique(vals)
     if fmt == "bf16":
         hb = (b32.bits(uniq.astype(np.float32)) >> 16).astype(np.int64)
