@@ -19,9 +19,9 @@ caller passes production outputs (``check_forward_outputs``: "measured on H200")
 Every comparison is ``(actual, reference)`` with errors relative to the reference side.
 
 Possible issues: :func:`problem_stats` (and so the end-to-end checks here) covers dense problems
-with causal/window masks, GQA/MQA, softcap (forward) and bf16/fp16/fp8; learnable sinks, softcap
-in the backward and varlen are not covered by the composed statistics -- the twin itself supports
-sinks and softcap everywhere, and their local stage budgets are checked through the stage probe.
+with causal/window masks, GQA/MQA, softcap and learnable sinks (forward) and bf16/fp16/fp8;
+softcap/sinks in the backward and varlen are not covered by the composed statistics -- the twin
+itself supports sinks and softcap everywhere (local stage budgets through the stage probe).
 """
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
                   causal: bool = False, window_size=(None, None), lse_true=None, o_true=None,
                   tile_n: int = 128, dout=None, fwd_budgets=None, row_chunk: int = 512,
                   rescale_threshold: float | None = None, max_offset: float | None = None,
-                  softcap: float = 0.0):
+                  softcap: float = 0.0, learnable_sink=None):
     """fp64 statistics of a dense problem for the composed budgets (``loader.STATISTICS``).
 
     Layout: (b, h, s, d) -- per-row statistics (b, h, s, 1), per-element (b, h, s, dv), dk/dv-like
@@ -179,6 +179,8 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
     need ``fwd_budgets`` (the BudgetSet) to bound the error of D (``derr``).  ``softcap``
     (forward statistics only): scores ``y = softcap tanh(S scale / softcap)``, ``c = log2 e``,
     and ``softcap_err`` = the per-row maximum of the softcap stage bound times log2 e.
+    ``learnable_sink`` (hq,): its logit enters ``sc_max`` (the sink term's exponent argument);
+    pass the oracle's ``lse_true`` (which includes the sink) so that the weights are right.
     """
     Q, K, V = _bhsd(q), _bhsd(k), _bhsd(v)
     B, H, Sq, D = Q.shape
@@ -233,6 +235,9 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
         abs_pv[:, :, r0:r1] = w @ absV
         o_ex[:, :, r0:r1] = w @ V
         sum_abs_v[:, :, r0:r1] = vm.astype(F64) @ absV
+    if learnable_sink is not None:
+        sk_ = np.abs(np.asarray(learnable_sink, F64).reshape(1, H, 1, 1)) * LOG2E
+        rows["sc_max"] = np.maximum(rows["sc_max"], sk_)
     lse = rows["lse"] if lse_true is None else np.asarray(lse_true, F64)[..., None]
     O = o_ex if o_true is None else _bhsd(o_true)
     first = np.where(vis.any(1), np.argmax(vis, axis=1), 0)
@@ -343,16 +348,18 @@ class ForwardCheck:
         return self.stages_ok and self.out_over == 0 and self.lse_over == 0
 
 
-def _oracle_forward(q, k, v, *, softmax_scale, causal, window_size, softcap=0.0):
+def _oracle_forward(q, k, v, *, softmax_scale, causal, window_size, softcap=0.0,
+                    learnable_sink=None):
     from fa4verify.oracles import attention
     return attention.forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                             window_size=window_size, softcap=softcap)
+                             window_size=window_size, softcap=softcap,
+                             learnable_sink=learnable_sink)
 
 
 def check_forward_outputs(out, lse, q, k, v, *, arch: str, dtype: str, softmax_scale=None,
                           causal=False, window_size=(None, None), tile_n: int | None = None,
                           budgets=None, where: str = "measured on H200", oracle=None,
-                          stats=None, softcap: float = 0.0):
+                          stats=None, softcap: float = 0.0, learnable_sink=None):
     """End-to-end check of given forward outputs (production or twin) against the oracle:
     ``|out - O_oracle| <= forward_out(stats) + oracle.bound`` and the same for the LSE."""
     from fa4verify import error_budgets as eb
@@ -364,10 +371,12 @@ def check_forward_outputs(out, lse, q, k, v, *, arch: str, dtype: str, softmax_s
         tile_n = sm90_tile(D, Dv, causal, window_size not in (None, (None, None)))[1] \
             if arch == "sm90" else 128
     orc = oracle or _oracle_forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                                    window_size=window_size, softcap=softcap)
+                                    window_size=window_size, softcap=softcap,
+                                    learnable_sink=learnable_sink)
     st = stats or problem_stats(q, k, v, arch=arch, dtype=dtype, softmax_scale=softmax_scale,
                                 causal=causal, window_size=window_size, lse_true=orc.lse,
-                                o_true=orc.out, tile_n=tile_n, softcap=softcap)
+                                o_true=orc.out, tile_n=tile_n, softcap=softcap,
+                                learnable_sink=learnable_sink)
     ref = _bhsd(orc.out)
     got = _bhsd(out)
     bnd = np.broadcast_to(bs.evaluate("forward_out", st), ref.shape) + _bhsd(orc.bound)
@@ -395,7 +404,8 @@ def check_forward_outputs(out, lse, q, k, v, *, arch: str, dtype: str, softmax_s
 def check_forward(q, k, v, *, arch: str, dtype: str = "bf16", causal=False,
                   window_size=(None, None), softmax_scale=None, accumulation="exact-then-round",
                   mufu="correctly-rounded", seed=0, mutations=frozenset(), budgets=None,
-                  e2e: bool = True, softcap: float = 0.0) -> ForwardCheck:
+                  e2e: bool = True, softcap: float = 0.0,
+                  learnable_sink=None) -> ForwardCheck:
     """Run the CPU twin forward with a :class:`StageRecorder`, then the end-to-end check."""
     from fa4verify import error_budgets as eb
     from fa4verify.kernels import twin_attention as ta
@@ -404,12 +414,13 @@ def check_forward(q, k, v, *, arch: str, dtype: str = "bf16", causal=False,
     r = ta.forward(q, k, v, arch=arch, dtype=dtype if dtype != "fp8" else "fp8_e4m3",
                    causal=causal, window_size=window_size, softmax_scale=softmax_scale,
                    accumulation=accumulation, mufu=mufu, seed=seed, mutations=mutations,
-                   softcap=softcap, stage_probe=rec)
+                   softcap=softcap, learnable_sink=learnable_sink, stage_probe=rec)
     if e2e:
         fc = check_forward_outputs(r.out, r.lse, q, k, v, arch=arch, dtype=dtype,
                                    softmax_scale=softmax_scale, causal=causal,
                                    window_size=window_size, tile_n=r.config.tile_n, budgets=bs,
-                                   where="CPU twin", softcap=softcap)
+                                   where="CPU twin", softcap=softcap,
+                                   learnable_sink=learnable_sink)
     else:
         fc = ForwardCheck("CPU twin", {}, 0.0, 0, 0.0, 0, 0.0)
     fc.stages = rec.tallies

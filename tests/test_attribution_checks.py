@@ -159,3 +159,12 @@ def test_softcap_forward_within_budget(arch):
     fc = A.check_forward(q, k, v, arch=arch, causal=True, softcap=5.0, mufu="perturbed")
     assert fc.ok, (_over(fc), fc.out_ratio, fc.lse_ratio)
     assert fc.stages["softcap"].n > 0 and fc.stages["softcap"].max_ratio > 0.1
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_learnable_sink_forward_within_budget(arch):
+    q, k, v = A.gen_inputs("normal", batch=1, seqlen_q=200, seqlen_k=100, nheads=2, hdim=64,
+                           seed=8)
+    sink = np.array([1.5, -3.0], np.float32)
+    fc = A.check_forward(q, k, v, arch=arch, causal=True, learnable_sink=sink)  # rows < 100 empty
+    assert fc.ok, (_over(fc), fc.out_ratio, fc.lse_ratio)
