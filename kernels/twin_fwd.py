@@ -53,8 +53,10 @@ Mutations (:data:`FWD_MUTATIONS`): named faults for mutation testing and fuzzing
 
 Possible issues
 ---------------
-* Varlen (``cu_seqlens_*``), split-KV, paged KV, score_mod/mask_mod and q/k/v descales are not
-  modelled (``NotImplementedError``).  pack_gqa only changes the emulated-column set.
+* Varlen (``cu_seqlens_*``) runs each sequence as its own batch (FA4's tiles never cross
+  sequences; ``varlen_q`` selects FA4's varlen emulation setting); ``seqused_*``, split-KV,
+  paged KV, score_mod/mask_mod and q/k/v descales are not modelled.  pack_gqa only changes the
+  emulated-column set.
 * SM90 per-thread row-sum order assumes ``TensorSSA.reduce(ADD)`` lowers to a sequential
   reduction in register order (not confirmed in SASS); budgets use the worst-case depth.
 * The SM100 hd-256 dedicated kernel is modelled with the SM100 ``fadd_reduce`` order (unverified).
@@ -398,7 +400,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             mufu: str = "correctly-rounded", seed: int = 0, pack_gqa: bool | None = None,
             use_2cta: bool | None = None, emulated_columns=None,
             stage_probe: Callable[[StageSample], None] | None = None,
-            cu_seqlens_q=None, cu_seqlens_k=None) -> TwinForwardResult:
+            cu_seqlens_q=None, cu_seqlens_k=None, _varlen_q: bool = False) -> TwinForwardResult:
     """CPU twin of FA4's forward ("CPU twin"; see the module docstring for what is modelled).
 
     ``q`` (b, sq, hq, d), ``k``/``v`` (b, sk, hk, d/dv): torch tensors or numpy arrays of
@@ -422,7 +424,12 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     with every stage exact, equal to exact attention up to fp64 rounding (~1e-15 relative).
     """
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
-        raise NotImplementedError("varlen is not modelled by the twin (run per sequence)")
+        return _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dict(
+            arch=arch, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, learnable_sink=learnable_sink, exact_stages=exact_stages,
+            mutations=mutations, dtype=dtype, accumulation=accumulation, mufu=mufu, seed=seed,
+            pack_gqa=pack_gqa, use_2cta=use_2cta, emulated_columns=emulated_columns,
+            stage_probe=stage_probe))
     exact = frozenset(exact_stages)
     muts = frozenset(mutations)
     bad = exact - set(FWD_STAGES)
@@ -499,8 +506,8 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
         else:
             from fa4verify.kernels.twin import emulated_columns as _emcols
             emu = _emcols(head_dim=D, head_dim_v=Dv, causal=is_causal, local=local,
-                          pack_gqa=bool(pack_gqa), use_2cta=use_2cta, is_sm103=(arch == "sm103"),
-                          fp8=(dt == "fp8_e4m3"), n_block_size=tile_n)
+                          pack_gqa=bool(pack_gqa), varlen_q=_varlen_q, use_2cta=use_2cta,
+                          is_sm103=(arch == "sm103"), fp8=(dt == "fp8_e4m3"), n_block_size=tile_n)
     else:
         emu = np.zeros(tile_n, bool)
         emu[np.asarray(list(emulated_columns), int)] = True
@@ -711,6 +718,53 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
 
 def _store(x):
     return x
+
+
+def _forward_varlen(q, k, v, cu_q, cu_k, kw) -> TwinForwardResult:
+    """Varlen: FA4 processes each sequence with its own tiles (tiles never cross sequences), so
+    the twin runs each sequence as a batch of one (``varlen_q=True`` for the emulated-column
+    rule, i.e. FA4's ``cu_seqlens_q`` tuning).  Layouts: q (total_q, h, d), k/v (total_k, hk, d);
+    ``out`` (total_q, h, dv), ``lse`` (h, total_q).  Empty sequences give out = 0, lse = -inf."""
+    qa, qd = infer_dtype(q)
+    ka, _ = infer_dtype(k)
+    va, _ = infer_dtype(v)
+    cq = np.asarray(infer_dtype(cu_q)[0] if not isinstance(cu_q, (list, tuple, np.ndarray))
+                    else cu_q, np.int64).reshape(-1)
+    ck = np.asarray(infer_dtype(cu_k)[0] if not isinstance(cu_k, (list, tuple, np.ndarray))
+                    else cu_k, np.int64).reshape(-1)
+    if qa.ndim != 3 or len(cq) != len(ck) or cq[-1] != qa.shape[0] or ck[-1] != ka.shape[0]:
+        raise ValueError(f"varlen: q {qa.shape}, k {ka.shape}, cu_seqlens_q {cq.tolist()}, "
+                         f"cu_seqlens_k {ck.tolist()} are inconsistent")
+    if kw.get("dtype") is None:
+        kw = {**kw, "dtype": qd or "bf16"}
+    H, Dv = qa.shape[1], va.shape[-1]
+    out = np.zeros((qa.shape[0], H, Dv), F32)
+    lse = np.full((H, qa.shape[0]), -np.inf, F32)
+    stages: dict[str, Any] = {"per_sequence": []}
+    cfg = None
+    for i in range(len(cq) - 1):
+        a, b_ = int(cq[i]), int(cq[i + 1])
+        c0, c1 = int(ck[i]), int(ck[i + 1])
+        if b_ == a:
+            continue
+        if c1 == c0:
+            if kw.get("learnable_sink") is not None:
+                s_arr = np.asarray(infer_dtype(kw["learnable_sink"])[0], F32).reshape(H, 1)
+                lse[:, a:b_] = s_arr
+            continue
+        r = forward(qa[None, a:b_], ka[None, c0:c1], va[None, c0:c1], _varlen_q=True, **kw)
+        if r.out.dtype != out.dtype:
+            out = out.astype(r.out.dtype)
+        if r.lse.dtype != lse.dtype:
+            lse = lse.astype(r.lse.dtype)
+        out[a:b_] = r.out[0]
+        lse[:, a:b_] = r.lse[0]
+        stages["per_sequence"].append(r.stages)
+        cfg = r.config
+    if cfg is None:
+        cfg = forward(np.zeros((1, 1, H, qa.shape[-1]), F32), np.zeros((1, 1, ka.shape[1], ka.shape[-1]), F32),
+                      np.zeros((1, 1, va.shape[1], Dv), F32), **kw).config
+    return TwinForwardResult(out=out, lse=lse, stages=stages, config=cfg)
 
 
 # --------------------------------------------------------------------------- stage pieces

@@ -275,3 +275,25 @@ def test_fully_masked_rows_give_zero_output_and_minus_inf_lse():
         assert (r.out[:, :99] == 0).all()
         assert np.isneginf(r.lse[..., :99]).all()
         assert np.isfinite(r.lse[..., 100:]).all()
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_varlen_equals_per_sequence_batches_and_handles_empty_sequences(arch):
+    rng = np.random.default_rng(16)
+    lq, lk = [50, 0, 130], [70, 20, 200]
+    q = bf16(rng, (sum(lq), 2, 64))
+    k = bf16(rng, (sum(lk), 2, 64))
+    v = bf16(rng, (sum(lk), 2, 64))
+    cq, ck = np.cumsum([0] + lq), np.cumsum([0] + lk)
+    r = ta.forward(q, k, v, arch=arch, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck)
+    assert r.out.shape == (sum(lq), 2, 64) and r.lse.shape == (2, sum(lq))
+    for i in range(3):
+        if lq[i] == 0:
+            continue
+        s = ta.forward(q[None, cq[i]:cq[i + 1]], k[None, ck[i]:ck[i + 1]], v[None, ck[i]:ck[i + 1]],
+                       arch=arch, causal=True, exact_stages=ALL_FWD)
+        o, l = ref_fp64(q[None, cq[i]:cq[i + 1]], k[None, ck[i]:ck[i + 1]], v[None, ck[i]:ck[i + 1]],
+                        causal=True)
+        assert np.allclose(s.out, o, atol=1e-12)
+        got = r.out[cq[i]:cq[i + 1]]
+        assert np.abs(got - o[0]).max() <= 2 * 2.0**-8 * np.abs(o).max() + 1e-6
