@@ -315,7 +315,7 @@ def _kv_rows(st: Mapping[str, Any], B, Hk, rep) -> dict:
     """Per-row statistics reduced (max) to the KV heads for dK/dV budgets: (b, hk, 1, 1)."""
     out = {}
     for n in ("qk_c_max", "sc_max", "mc_abs", "lse_abs", "lg2_l", "lse_log2_abs", "n_blocks",
-              "n_rescale"):
+              "n_rescale", "softcap_err"):
         a = np.asarray(st[n], F64)
         if a.ndim == 4:
             a = np.broadcast_to(a, (B, Hk * rep) + a.shape[2:])

@@ -81,6 +81,42 @@ def sm90_bwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> 
     return 64, 48
 
 
+def _acc_blocks(acc0, A_, B_, tile_m: int, exact: bool, probe, stage: str, stat: str):
+    """``acc = RN32(acc + A_m^T B_m)`` over the m-blocks of ``tile_m`` rows, in ascending order
+    ("exact-then-round" MMAs); ``A_`` (b,h,sq,n), ``B_`` (b,h,sq,d) -> (b,h,n,d)."""
+    A64, B64 = np.asarray(A_, F64), np.asarray(B_, F64)
+    Sq = A64.shape[2]
+    mb = -(-Sq // tile_m)
+    pad = mb * tile_m - Sq
+    if pad:
+        A64 = np.concatenate([A64, np.zeros(A64.shape[:2] + (pad,) + A64.shape[3:])], 2)
+        B64 = np.concatenate([B64, np.zeros(B64.shape[:2] + (pad,) + B64.shape[3:])], 2)
+    Ab = A64.reshape(A64.shape[:2] + (mb, tile_m) + A64.shape[3:])
+    Bb = B64.reshape(B64.shape[:2] + (mb, tile_m) + B64.shape[3:])
+    with np.errstate(invalid="ignore", over="ignore"):
+        parts = np.einsum("bhmrn,bhmrd->bhmnd", Ab, Bb)
+        if exact:
+            return np.asarray(acc0, F64) + parts.sum(2)
+        abs_parts = np.einsum("bhmrn,bhmrd->bhmnd", np.abs(Ab), np.abs(Bb)) if probe else None
+    acc = np.asarray(acc0)
+    outs, exs, sabs = [], [], []
+    for m in range(mb):
+        prev = acc
+        with np.errstate(invalid="ignore", over="ignore"):
+            ex = np.asarray(prev, F64) + parts[:, :, m]
+            acc = _rn32(ex)
+        if probe:
+            outs.append(acc)
+            exs.append(ex)
+            sabs.append(np.abs(np.asarray(prev, F64)) + abs_parts[:, :, m])
+    if probe and outs:
+        n_rows = np.minimum(tile_m, Sq - tile_m * np.arange(mb)).astype(F64) + 1.0
+        probe(StageSample(stage, np.stack(outs), np.stack(exs),
+                          {stat: np.stack(sabs),
+                           "n_acc": n_rows.reshape((mb,) + (1,) * np.asarray(acc).ndim)}))
+    return acc
+
+
 def _d_preprocess(o, do, exact: bool):
     """D = sum_d O*dO: per-thread sequential over 8-element chunks, butterfly over threads."""
     o64, do64 = np.asarray(o, F64), np.asarray(do, F64)
@@ -308,32 +344,48 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
                 probe(StageSample("ds_cast", dSc, np.asarray(dS, F64),
                                   {"abs_ds": np.abs(np.asarray(dS, F64))}))
         # dV, dK: one MMA per tile_m rows, ascending m_block
-        for mbk in range(mblocks):
-            r0, r1 = mbk * tile_m, min((mbk + 1) * tile_m, Sq)
-            pT = np.swapaxes(Pc[:, :, r0:r1], -1, -2)
-            dsT = np.swapaxes(dSc[:, :, r0:r1], -1, -2)
-            doT = np.swapaxes(dO[:, :, r0:r1], -1, -2)
-            qT = np.swapaxes(Q[:, :, r0:r1], -1, -2)
-            sl = slice(nb * tile_n, (nb + 1) * tile_n)
-            new_v = mma(pT, doT, dV_acc[:, :, sl], accumulation, exact="dv_accum" in exact)
-            new_k = mma(dsT, qT, dK_acc[:, :, sl], accumulation, exact="dk_accum" in exact)
-            if probe:
-                if "dv_accum" not in exact:
-                    probe(StageSample("dv_accum", new_v, mma(pT, doT, dV_acc[:, :, sl], "", exact=True),
-                                      {"sum_abs_dv": np.abs(np.asarray(dV_acc[:, :, sl], F64))
-                                       + np.matmul(np.abs(np.asarray(pT, F64)), np.abs(doT.astype(F64)).swapaxes(-1, -2)),
-                                       "n_acc": float(r1 - r0 + 1)}))
-                if "dk_accum" not in exact:
-                    probe(StageSample("dk_accum", new_k, mma(dsT, qT, dK_acc[:, :, sl], "", exact=True),
-                                      {"sum_abs_dk": np.abs(np.asarray(dK_acc[:, :, sl], F64))
-                                       + np.matmul(np.abs(np.asarray(dsT, F64)), np.abs(qT.astype(F64)).swapaxes(-1, -2)),
-                                       "n_acc": float(r1 - r0 + 1)}))
-            if new_v.dtype == F64 and dV_acc.dtype == F32:
-                dV_acc = dV_acc.astype(F64)
-            if new_k.dtype == F64 and dK_acc.dtype == F32:
-                dK_acc = dK_acc.astype(F64)
-            dV_acc[:, :, sl] = new_v
-            dK_acc[:, :, sl] = new_k
+        sl = slice(nb * tile_n, (nb + 1) * tile_n)
+        if accumulation == "exact-then-round":
+            # vectorised: every m-block's exact partial in one batched product, then the
+            # sequence of fp32 roundings acc = RN(acc + partial_m) in m-block order
+            for name, A_, B_, acc_name in (("dv_accum", Pc, dO, "v"), ("dk_accum", dSc, Q, "k")):
+                acc = dV_acc if acc_name == "v" else dK_acc
+                new_acc = _acc_blocks(acc[:, :, sl], A_, B_, tile_m, name in exact,
+                                      probe if name not in exact else None, name,
+                                      "sum_abs_dv" if acc_name == "v" else "sum_abs_dk")
+                if new_acc.dtype == F64 and acc.dtype == F32:
+                    acc = acc.astype(F64)
+                acc[:, :, sl] = new_acc
+                if acc_name == "v":
+                    dV_acc = acc
+                else:
+                    dK_acc = acc
+        else:
+            for mbk in range(mblocks):
+                r0, r1 = mbk * tile_m, min((mbk + 1) * tile_m, Sq)
+                pT = np.swapaxes(Pc[:, :, r0:r1], -1, -2)
+                dsT = np.swapaxes(dSc[:, :, r0:r1], -1, -2)
+                doT = np.swapaxes(dO[:, :, r0:r1], -1, -2)
+                qT = np.swapaxes(Q[:, :, r0:r1], -1, -2)
+                new_v = mma(pT, doT, dV_acc[:, :, sl], accumulation, exact="dv_accum" in exact)
+                new_k = mma(dsT, qT, dK_acc[:, :, sl], accumulation, exact="dk_accum" in exact)
+                if probe:
+                    if "dv_accum" not in exact:
+                        probe(StageSample("dv_accum", new_v, mma(pT, doT, dV_acc[:, :, sl], "", exact=True),
+                                          {"sum_abs_dv": np.abs(np.asarray(dV_acc[:, :, sl], F64))
+                                           + np.matmul(np.abs(np.asarray(pT, F64)), np.abs(doT.astype(F64)).swapaxes(-1, -2)),
+                                           "n_acc": float(r1 - r0 + 1)}))
+                    if "dk_accum" not in exact:
+                        probe(StageSample("dk_accum", new_k, mma(dsT, qT, dK_acc[:, :, sl], "", exact=True),
+                                          {"sum_abs_dk": np.abs(np.asarray(dK_acc[:, :, sl], F64))
+                                           + np.matmul(np.abs(np.asarray(dsT, F64)), np.abs(qT.astype(F64)).swapaxes(-1, -2)),
+                                           "n_acc": float(r1 - r0 + 1)}))
+                if new_v.dtype == F64 and dV_acc.dtype == F32:
+                    dV_acc = dV_acc.astype(F64)
+                if new_k.dtype == F64 and dK_acc.dtype == F32:
+                    dK_acc = dK_acc.astype(F64)
+                dV_acc[:, :, sl] = new_v
+                dK_acc[:, :, sl] = new_k
         # dQ partial (one MMA over the tile's keys), then the fp32 reduce-add
         ktT = np.swapaxes(kt, -1, -2)
         part = mma(dSc, ktT, None, accumulation, exact=dq_ex)
