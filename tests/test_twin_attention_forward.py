@@ -297,3 +297,13 @@ def test_varlen_equals_per_sequence_batches_and_handles_empty_sequences(arch):
         assert np.allclose(s.out, o, atol=1e-12)
         got = r.out[cq[i]:cq[i + 1]]
         assert np.abs(got - o[0]).max() <= 2 * 2.0**-8 * np.abs(o).max() + 1e-6
+
+
+def test_torch_bf16_inputs_give_the_same_result_as_float32_arrays():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(17)
+    q, k, v = bf16(rng, (1, 40, 2, 32)), bf16(rng, (1, 90, 2, 32)), bf16(rng, (1, 90, 2, 32))
+    a = ta.forward(q, k, v, arch="sm100")
+    b = ta.forward(*(torch.from_numpy(x).to(torch.bfloat16) for x in (q, k, v)), arch="sm100")
+    assert b.config.dtype == "bf16"
+    assert np.array_equal(a.out, b.out) and np.array_equal(a.lse, b.lse)
