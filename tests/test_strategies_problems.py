@@ -213,3 +213,19 @@ def test_outliers_distribution_has_heavy_tail():
     q = p.materialize()["q"]
     frac = np.mean(np.abs(q) > 10)
     assert 0.003 < frac < 0.02 and np.abs(q).max() > 100
+
+
+def test_seqlens_in_a_range_without_tile_edges_still_draws():
+    """Regression (H200 campaign, 2026-11-30): ``seqlens`` over a range holding no tile edge
+    (e.g. [201, 210]) raised "Cannot sample from a length-zero sequence"."""
+    from hypothesis import given, settings
+    from fa4verify._strategies.shapes import seqlens, seqlen_edges
+
+    assert seqlen_edges(210, min_seqlen=201) == ()
+
+    @settings(max_examples=20, database=None, deadline=None)
+    @given(seqlens(max_seqlen=210, min_seqlen=201))
+    def inner(n):
+        assert 201 <= n <= 210
+
+    inner()
