@@ -78,7 +78,10 @@ PROFILE_ORDER: tuple[str, ...] = ("quick", "default", "full", "exhaustive")
 PROFILES: frozenset[str] = frozenset(PROFILE_ORDER)
 STATUSES: frozenset[str] = frozenset({"pass", "fail", "skip", "error", "undecided"})
 #: Where a figure was obtained ("" allowed for skip/error results that measured nothing).
-WHERE: frozenset[str] = frozenset({"measured on H200", "CPU twin", "compile-only", "CPU"})
+#: "recorded on H200" labels a check that, on this machine, reads figures or bits measured on the
+#: lent H200 earlier (golden vectors, MUFU statistics, production figures): the figure is a GPU
+#: measurement, but no GPU ran in this audit.
+WHERE: frozenset[str] = frozenset({"measured on H200", "recorded on H200", "CPU twin", "compile-only", "CPU"})
 ARCHS: tuple[str, ...] = ("sm90", "sm100", "sm103")
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8")
 
@@ -153,7 +156,8 @@ class CheckResult:
                "skip" (did not apply or could not run; ``summary`` is the reason),
                "error" (the check itself broke: exception, crash, import error),
                "undecided" (a certified comparison could not decide).
-    where:     "measured on H200" | "CPU twin" | "compile-only" | "CPU" ("" if nothing ran).
+    where:     "measured on H200" | "recorded on H200" | "CPU twin" | "compile-only" | "CPU"
+               ("" if nothing ran).
     summary:   one line for the terminal and the reports.
     metrics:   flat {name: float|int|str}; numeric ones are compared against a baseline
                (larger = worse unless the name ends with "_higher_is_better").

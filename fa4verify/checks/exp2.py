@@ -223,7 +223,7 @@ def mufu(ctx: CheckContext) -> CheckResult:
                      e.get("error_unit")])
     if not rows:
         return CheckResult(status="skip", summary=f"{m['source']} has no ex2 entries")
-    return CheckResult(status="pass", where="measured on H200",
+    return CheckResult(status="pass", where="recorded on H200",
                        summary=f"MUFU ex2.approx and GPU emulation statistics read from {m['source']} "
                                f"({len(rows)} ranges; reported, not judged here)",
                        metrics=metrics,

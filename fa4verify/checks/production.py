@@ -63,7 +63,7 @@ def twin_ex2(ctx: CheckContext) -> CheckResult:
     metrics["inputs"] = int(x.size)
     prov = g.provenance
     return CheckResult(
-        status="pass" if total == 0 else "fail", where="measured on H200",
+        status="pass" if total == 0 else "fail", where="recorded on H200",
         summary=(f"twin matches the H200 bits on 100% of {x.size} stored inputs for degrees "
                  f"{', '.join(map(str, degrees))}" if total == 0 else
                  f"{total} mismatching outputs (first inputs {first})"),
@@ -100,7 +100,7 @@ def binary32_vs_gpu(ctx: CheckContext) -> CheckResult:
     bad = sum(v for k, v in metrics.items() if k.startswith("mismatches"))
     ok = bad == 0 and unfused_diff > 0
     return CheckResult(
-        status="pass" if ok else "fail", where="measured on H200",
+        status="pass" if ok else "fail", where="recorded on H200",
         summary=(f"cvt.rn bf16/fp16 and S*c - m*c = fma(S, c, -(m*c)) bit-exact on {x.size} + "
                  f"{s.size * cs.size} stored inputs; the unfused model differs on {unfused_diff}"
                  if ok else f"{bad} mismatches (unfused model differs on {unfused_diff})"),
@@ -142,7 +142,7 @@ def figures(ctx: CheckContext) -> CheckResult:
     worst = max((a["fa4_max_abs_err"] / (2 * a["pytorch_bf16_max_abs_err"])
                  for a in d.get("forward_accuracy", [])), default=None)
     return CheckResult(
-        status="fail" if fails else "pass", where="measured on H200",
+        status="fail" if fails else "pass", where="recorded on H200",
         summary="; ".join(fails) if fails else
         (f"fwd err within 2x PyTorch-bf16; deterministic bwd bitwise identical; "
          + ", ".join(f"{k}: FA4 {v['fa4_tflops']:.0f} vs cuDNN {v.get('sdpa_cudnn_tflops', float('nan')):.0f} TFLOP/s"
