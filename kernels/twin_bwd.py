@@ -191,13 +191,7 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
     _, Sk, Hk, _ = ka.shape
     Dv = va.shape[-1]
     rep = Hq // Hk
-    wl, wr = window_size if window_size is not None else (None, None)
-    if causal:
-        wr = 0
-    if wl is not None and wr is not None and wl + wr < 0:
-        wl = wr = None
-    local = (wl is not None or wr is not None) and not (causal and wl is None)
-    is_causal = causal or (wl is None and wr == 0)
+    is_causal, local, wl, wr = tf.resolve_causal_local_window(causal, window_size)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(D)
     scale32 = F32(softmax_scale)

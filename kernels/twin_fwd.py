@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, Optional
 
 import numpy as np
 
@@ -342,6 +342,29 @@ def mma(a, b, init, mode: str, exact: bool = False) -> np.ndarray:
 
 
 # =========================================================================== configuration
+def resolve_causal_local_window(causal: bool, window_size: Optional[tuple[Optional[int], Optional[int]]]
+                                ) -> tuple[bool, bool, Optional[int], Optional[int]]:
+    """``(causal, local, left, right)`` exactly as FA4 4.0.0b36
+    ``interface._resolve_causal_local_window`` (no ``mask_mod``); window sides in keys, None = unbounded.
+
+    1. Both sides given and both negative -> the window is dropped (None, None). This check comes
+       BEFORE ``causal`` is applied, and only a both-negative pair is dropped: e.g. (0, -1) or
+       causal with left = -1 stay, as empty windows (fully masked rows).
+    2. ``causal`` sets right = 0.
+    3. Any side set: ``(None, 0)`` -> causal (right returned as None), otherwise local.
+    """
+    wl, wr = window_size if window_size is not None else (None, None)
+    if wl is not None and wr is not None and wl < 0 and wr < 0:
+        wl = wr = None
+    if causal:
+        wr = 0
+    if wl is not None or wr is not None:
+        if wl is None and wr == 0:
+            return True, False, None, None
+        return False, True, wl, wr
+    return bool(causal), False, wl, wr
+
+
 def sm90_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:
     """``_tile_size_fwd_sm90`` (flash_attn/cute/interface.py)."""
     if head_dim <= 64:
@@ -462,13 +485,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
         raise ValueError(f"shape mismatch: q {qa.shape}, k {ka.shape}, v {va.shape}")
     if pack_gqa is None:
         pack_gqa = Hq // Hk > 1
-    wl, wr = window_size if window_size is not None else (None, None)
-    if causal:
-        wr = 0
-    if wl is not None and wr is not None and wl + wr < 0:
-        wl = wr = None
-    local = (wl is not None or wr is not None) and not (causal and wl is None)
-    is_causal = causal or (wl is None and wr == 0)
+    is_causal, local, wl, wr = resolve_causal_local_window(causal, window_size)
 
     params = _params()
     if softmax_scale is None:
