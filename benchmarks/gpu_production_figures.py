@@ -129,7 +129,6 @@ def _time(fn, iters: int, warmup: int = 3, rounds: int = 5) -> float:
 
 
 def throughput(iters: int, causal: bool) -> dict:
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from fa4verify.kernels import adapter

@@ -429,7 +429,7 @@ def _value_measure(oa: np.ndarray, ob: np.ndarray) -> np.ndarray:
 
 def runs_stats(runs: Runs) -> Stats:
     """Statistics of inputs covered by runs of constant emulated value (see (R2))."""
-    from fa4verify.oracles.exp2 import exp2_cr_from_f64, round_f64
+    from fa4verify.oracles.exp2 import round_f64
     st = Stats()
     if runs.oa.size == 0:
         return st

@@ -34,7 +34,7 @@ import os
 import platform
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Iterator, NamedTuple, Optional
 
 __all__ = [
     "NoCudaError", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
@@ -527,7 +527,6 @@ def forward_backward_autograd(q, k, v, dout, **kw):
     Returns ``(out, lse, dq, dk, dv)``.
     """
     _require_cuda()
-    import torch
     from flash_attn.cute import flash_attn_func
     qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     out, lse = flash_attn_func(qq, kk, vv, **kw)

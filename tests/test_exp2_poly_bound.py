@@ -1,7 +1,6 @@
 """The certified sup-norm enclosure of FA4's exp2 polynomials contains the true maximum."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from fa4verify.kernels.fa4_params import load_params

@@ -2,7 +2,6 @@
 the recorded data and fail when the data (or the model) is wrong."""
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest

@@ -55,14 +55,13 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.util
-import math
 import os
 import pkgutil
 import re
 import sys
 import traceback
 import zlib
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 __all__ = [
     "NEEDS", "PROFILES", "PROFILE_ORDER", "STATUSES", "WHERE", "ARCHS", "DTYPES",

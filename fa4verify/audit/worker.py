@@ -9,7 +9,6 @@ the parent records an ``error`` with the signal and the last stderr line.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 

@@ -64,7 +64,6 @@ def _run_degree(ctx: CheckContext, degree: int) -> CheckResult:
     if ctx.dtype not in _FMT:
         return CheckResult(status="skip", summary=f"exp2 certification rounds to bf16/fp16; dtype {ctx.dtype} "
                                                   "(fp8 P rounding) is not covered by this check")
-    import numpy as np
     from fa4verify import exp2_cert as ec
     from fa4verify.kernels.fa4_params import load_params
     from fa4verify.oracles.poly_bound import certified_sup_rel_error

@@ -9,7 +9,7 @@ max |fast - arbiter| / fast bound, and the worst forward bound relative to sum_j
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 from fa4verify.audit.registry import CheckContext, CheckResult, check
 

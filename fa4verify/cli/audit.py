@@ -63,7 +63,7 @@ class OneLineGroup(click.Group):
         try:
             return super().resolve_command(ctx, args)
         except click.UsageError as e:
-            raise OneLineUsageError(e.format_message(), prog=_prog(parent, info_name)) from None
+            raise OneLineUsageError(e.format_message(), prog=_prog(ctx.parent, ctx.info_name)) from None
 
 
 def _list(specs, selected, config, console) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
-import os
 import platform
 import sys
 import time
