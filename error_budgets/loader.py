@@ -137,6 +137,10 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "sum_abs_do": ("g", "sum_i |dO_id| over queries that see key j (dv-like; P-cast floor scale)"),
     "sub_dsk": ("g v q^-1", "scale * sum_j |K_jd| over visible keys, per unit of dS (dS-cast floor)"),
     "sub_dsq": ("g v k^-1", "scale * sum_i |Q_id| over queries that see key j, per unit of dS"),
+    "abs_dpd_k": ("g v q^-1", "scale * sum_j |dP_ij - D_i| |K_jd| over visible keys (exact dP, D; "
+                              "ex2.ftz flush floor of dQ per unit of P)"),
+    "abs_dpd_q": ("g v k^-1", "scale * sum_i |dP_ij - D_i| |Q_id| over queries that see key j "
+                              "(ex2.ftz flush floor of dK per unit of P)"),
 }
 
 #: Functions: name -> (min args, max args, dimension rule "dimensionless" | "same").

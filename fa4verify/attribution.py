@@ -274,6 +274,8 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
     abs_pdo = np.zeros((B, H, Sk, Dv))
     sum_abs_do = np.zeros((B, H, Sk, Dv))
     sub_dsq = np.zeros((B, H, Sk, D))
+    abs_dpd_k = np.zeros((B, H, Sq, D))     # ex2.ftz flush floor statistics (DERIVATIONS.md#ftz-floor)
+    abs_dpd_q = np.zeros((B, H, Sk, D))
     absK = np.abs(K)
     for r0 in range(0, Sq, row_chunk):
         r1 = min(r0 + row_chunk, Sq)
@@ -296,6 +298,9 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
         vmf = vm.astype(F64)
         sum_abs_do += vmf.T @ np.abs(dO[:, :, r0:r1])
         sub_dsq += scale * (vmf.T @ aQ)
+        R = np.abs(dP - Dtrue[:, :, r0:r1]) * vmf
+        abs_dpd_k[:, :, r0:r1] = scale * (R @ absK)
+        abs_dpd_q += scale * (R.swapaxes(-1, -2) @ aQ)
 
     def grp(a):  # GQA: sum the q heads of each kv group
         return a.reshape(B, Hk, rep, *a.shape[2:]).sum(2)
@@ -307,6 +312,7 @@ def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None
         "seqlen_q_bwd": float(Sq * rep),
         "sum_abs_do": grp(sum_abs_do), "sub_dsq": grp(sub_dsq),
         "sub_dsk": scale * (vis.astype(F64) @ absK),
+        "abs_dpd_k": abs_dpd_k, "abs_dpd_q": grp(abs_dpd_q),
     })
     return st
 

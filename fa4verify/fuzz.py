@@ -652,8 +652,10 @@ class _Stats:
         flat = lambda x: x.reshape((-1,) + x.shape[-2:]) if not p.varlen else x   # noqa: E731
         bO = flat(np.asarray(out_allow, np.float64)) + flat(np.asarray(out_bound, np.float64))
         derr = np.sum(bO * np.abs(dout), axis=-1) + _gamma(self.Dv) * np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1)
-        q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk")}
-        k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq")}
+        q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk",
+                                                        "abs_dpd_k")}
+        k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq",
+                                                         "abs_dpd_q")}
         v_el = {"abs_pdo": np.zeros((tk, Hk, self.Dv)), "sum_abs_do": np.zeros((tk, Hk, self.Dv))}
         floor = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
         k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
@@ -693,6 +695,8 @@ class _Stats:
                 k_el["sub_dsq"][ks, hk] += sc * kf.T @ np.abs(q[qs, h])
                 v_el["sum_abs_do"][ks, hk] += kf.T @ np.abs(dout[qs, h])
                 R = np.abs(dP - Dh[:, None]) * kf
+                q_el["abs_dpd_k"][qs, h] = sc * R @ np.abs(k[ks, hk])
+                k_el["abs_dpd_q"][ks, hk] += sc * R.T @ np.abs(q[qs, h])
                 floor["dq"][qs, h] = _FTZ * sc * R @ np.abs(k[ks, hk])
                 floor["dk"][ks, hk] += _FTZ * sc * R.T @ np.abs(q[qs, h])
                 floor["dv"][ks, hk] += _FTZ * keep_of(qs, ks).T.astype(np.float64) @ np.abs(dout[qs, h])
@@ -1072,27 +1076,6 @@ def _token_bounds(problem: AttentionProblem) -> list[tuple[int, int, int, int]]:
             for b in range(problem.batch)]
 
 
-def _ftz_floor(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
-    """True when every violating element is within the flush-to-zero envelope on top of the
-    budget: FA4's ``ex2.approx.ftz`` turns every P < 2^-126 into 0, an absolute error the composed
-    budgets do not include (envelope: 2^-126 sum|V| for O; 2^-126 scale sum_j |dP - D| |K| for dQ,
-    the same with Q for dK; 2^-126 sum|dO| for dV)."""
-    return (v.prop in ("fwd_budget", "bwd_budget", "key_permutation", "gqa_repeat", "batch_invariance")
-            and bool(v.metrics.get("within_ftz_envelope")))
-
-
-def _twin_window_rule(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
-    """The twin drops a window when ``left + right < 0``; FA4 4.0.0b36 drops it only when both
-    sides are negative (``interface._resolve_causal_local_window``), so e.g. (0, -1) is an empty
-    window (fully masked rows) in FA4 and no mask at all in the twin."""
-    left, right = problem.window_size
-    if left is not None and right is not None and left < 0 and right < 0:
-        return False                      # both negative: FA4 and the twin both drop the window
-    if problem.causal:
-        right = 0
-    return left is not None and right is not None and left + right < 0
-
-
 #: FA4 behaviours the fuzzer has found and that are documented (docs/fuzzing.md).
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
@@ -1100,24 +1083,10 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "learnable sink far above every visible logit: FA4's sink fold exp2(sink*log2e - "
         "row_max*scale_log2) overflows fp32, so LSE = +inf (O = 0, dsink wrong)",
         "flash_attn/cute/softmax.py Softmax.finalize / apply_learnable_sink (4.0.0b36); found by "
-        "fa4verify fuzz on the CPU twin; tests/regressions/finite-twin-sink-overflow.json",
+        "fa4verify fuzz on the CPU twin and CONFIRMED on production FA4 (measured on H200, "
+        "2026-11-30, flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1, torch 2.11.0+cu130: LSE = +inf "
+        "where the oracle gives -0.336); tests/regressions/finite-twin-sink-overflow.json",
         _sink_overflow),
-    KnownIssue(
-        "ftz_floor_not_budgeted",
-        "violations within the flush-to-zero envelope: FA4 flushes P < 2^-126 to zero "
-        "(ex2.approx.ftz); the composed budgets (error_budgets/_base.toml e2e.*) carry no absolute "
-        "floor for that (a budget gap, not a kernel error)",
-        "kernels/twin_fwd.py Mufu (.ftz); error_budgets/DERIVATIONS.md#bwd-composition; found by "
-        "fa4verify fuzz (bf16 causal dK with outliers, |err| ~ 2.6e-37, 16x the budget); "
-        "tests/regressions/bwd_budget-twin-ftz-floor.json",
-        _ftz_floor),
-    KnownIssue(
-        "twin_window_sum_rule",
-        "CPU twin bug: window_size with one negative side and left + right < 0 is dropped by the twin "
-        "(kernels/twin_fwd.py: 'wl + wr < 0'), but FA4 keeps it (only both-negative windows are dropped)",
-        "flash_attn/cute/interface.py _resolve_causal_local_window (4.0.0b36); "
-        "tests/regressions/masked_rows-twin-window-sum-rule.json",
-        _twin_window_rule, targets=("twin",)),
 )
 
 

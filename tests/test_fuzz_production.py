@@ -90,7 +90,7 @@ def test_production_target_calls_match_the_adapter_api_and_pass_on_the_twin():
     ad, calls = _stand_in()
     tgt = fuzz.ProductionTarget(adapter=ad, device="cpu")
     res = fuzz.run_campaign(target=tgt, arch="sm90", examples=16, seed=3, profile="ci",
-                            features=("causal", "softcap", "gqa", "sink", "varlen"))  # no "local": twin_window_sum_rule
+                            features=("causal", "local", "softcap", "gqa", "sink", "varlen"))
     assert not res.found, res.failure and res.failure["message"]
     assert res.examples_run >= 10 and {c[0] for c in calls} == {"forward", "backward"}
     assert res.coverage["varlen"].get("True", 0) > 0 and res.coverage["zero_length"].get("True", 0) > 0

@@ -34,6 +34,10 @@ def test_regression_case_replays_as_recorded(path):
         pytest.skip("production cases replay on a GPU only (pytest -m gpu)")
     out = fuzz.replay_case(case)
     assert out.status == case["expect"], f"{path.name}: {out.status}: {out.message}"
+    if case["expect"] == "pass":      # a fixed defect: must now pass every property, not just its own
+        full = fuzz.replay_case(case, properties=fuzz.PROPERTIES)
+        assert full.status == "pass", f"{path.name}: {full.status}: {full.property}: {full.message}"
+        return
     assert out.property == case["property"]
     problem = fuzz.AttentionProblem.from_dict(case["problem"])
     if case.get("mutations"):
