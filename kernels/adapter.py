@@ -320,17 +320,11 @@ def _gpu_name() -> Optional[str]:
 
 
 def _resolve_window(causal: bool, window_size) -> tuple[bool, bool]:
-    """(causal, local) as FA4 resolves them (fa4_numerics 9.1)."""
-    left, right = (window_size if window_size is not None else (None, None))
-    if causal:
-        right = 0
-    if left is not None and right is not None and left + right < 0:
-        left = right = None
-    if left is None and right == 0:
-        return True, False
-    if left is None and right is None:
-        return bool(causal), False
-    return False, True
+    """(causal, local) as FA4 resolves them (``interface._resolve_causal_local_window``): one
+    rule shared with the twin, so the recorded kernel config and the twin cannot disagree."""
+    from fa4verify.kernels.twin_fwd import resolve_causal_local_window
+    c, local, _, _ = resolve_causal_local_window(causal, window_size)
+    return c, local
 
 
 def _fill_kernel_fields(cfg: CallConfig, key: Optional[dict], *, head_dim: int, head_dim_v: int,

@@ -67,3 +67,16 @@ def test_call_config_to_dict_is_flat_json():
                            deterministic=False, return_lse=True, tuning_key=(True, False, 128, False))
     d = json.loads(json.dumps(c.to_dict()))
     assert d["q_shape"] == [1, 2, 3, 4] and d["tuning_key"] == [True, False, 128, False]
+
+
+def test_adapter_window_resolution_matches_fa4_interface():
+    """The adapter's (causal, local) record follows FA4's own ``_resolve_causal_local_window``:
+    only a both-negative window is dropped, and the check comes before ``causal``."""
+    interface = pytest.importorskip("flash_attn.cute.interface")
+    from fa4verify.kernels.adapter import _resolve_window
+    sides = (None, -2, -1, 0, 1, 5)
+    for causal in (False, True):
+        for left in sides:
+            for right in sides:
+                c, loc, _, _ = interface._resolve_causal_local_window(causal, left, right)
+                assert _resolve_window(causal, (left, right)) == (c, loc), (causal, left, right)
