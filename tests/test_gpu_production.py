@@ -44,6 +44,12 @@ CASES = [
     ("gqa4-pack", (2, 256, 256, 8, 2, 128), {"pack_gqa": True}),
     ("gqa4-nopack-causal", (2, 256, 256, 8, 2, 128), {"pack_gqa": False, "causal": True}),
     ("mqa", (2, 256, 256, 8, 1, 64), {}),
+    # Small head dims: the only hd=8 backward run on the H200 so far (the fuzz regression
+    # tests/regressions/bwd_budget-twin-ftz-floor.json, outlier values) gave dQ far outside budget
+    # while dK/dV passed; these standard-normal cases tell whether small-hd dQ fails in general.
+    ("hd8-causal", (2, 144, 144, 1, 1, 8), {"causal": True}),
+    ("hd16", (2, 200, 200, 2, 2, 16), {}),
+    ("hd32-causal", (2, 144, 144, 2, 2, 32), {"causal": True}),
 ]
 
 
