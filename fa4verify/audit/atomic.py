@@ -30,6 +30,23 @@ def check_writable(path: str) -> None:
         raise OutputPathError(f"{path}: file is not writable")
 
 
+def check_outputs(pairs: Iterable[tuple[str, "str | None"]], *,
+                  duplicate_message: str = "output files must be different") -> None:
+    """Check a command's ``(option, path)`` outputs before any work: the given paths are distinct
+    and each is writable. Raises :class:`OutputPathError` with a one-line message naming the
+    option (``"--json <why>"``); ``None`` paths are ignored."""
+    pairs = list(pairs)
+    paths = [p for _, p in pairs if p]
+    if len(set(paths)) != len(paths):
+        raise OutputPathError(duplicate_message)
+    for opt, p in pairs:
+        if p:
+            try:
+                check_writable(p)
+            except OutputPathError as e:
+                raise OutputPathError(f"{opt} {e}") from None
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
     ap = os.path.abspath(path)
     d = os.path.dirname(ap)

@@ -119,7 +119,7 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     Exit: 0 within budget, 1 violation/regression, 2 usage or environment error,
           3 a check crashed, 5 nothing ran, 10 undecided.
     """
-    from fa4verify.audit.atomic import OutputPathError, check_writable
+    from fa4verify.audit.atomic import OutputPathError, check_outputs
     from fa4verify.audit.report_json import ReportError, load_report
     from fa4verify.audit.runner import KeywordError, compile_keyword, load_specs, select
 
@@ -134,16 +134,11 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         raise _usage(str(e)) from None
     if regression_rtol < 0:
         raise _usage(f"--regression-rtol {regression_rtol}: must be >= 0")
-    outputs = [("--json", json_path), ("--junit", junit_path), ("--html", html_path)]
-    paths = [p for _, p in outputs if p]
-    if len(set(paths)) != len(paths):
-        raise _usage("--json, --junit and --html must name different files")
-    for opt, p in outputs:
-        if p:
-            try:
-                check_writable(p)
-            except OutputPathError as e:
-                raise _usage(f"{opt} {e}") from None
+    try:
+        check_outputs([("--json", json_path), ("--junit", junit_path), ("--html", html_path)],
+                      duplicate_message="--json, --junit and --html must name different files")
+    except OutputPathError as e:
+        raise _usage(str(e)) from None
     baseline = None
     if baseline_path:
         try:

@@ -41,17 +41,12 @@ def _load(paths):
 
 
 def _check_outputs(pairs):
-    from fa4verify.audit.atomic import OutputPathError, check_writable
+    from fa4verify.audit.atomic import OutputPathError, check_outputs
 
-    paths = [p for _, p in pairs if p]
-    if len(set(paths)) != len(paths):
-        raise _usage("output files must be different")
-    for opt, p in pairs:
-        if p:
-            try:
-                check_writable(p)
-            except OutputPathError as e:
-                raise _usage(f"{opt} {e}") from None
+    try:
+        check_outputs(pairs)
+    except OutputPathError as e:
+        raise _usage(str(e)) from None
 
 
 @command.command("merge")
