@@ -18,8 +18,7 @@ can log it.
 Statistics (see ``error_budgets/loader.py:STATISTICS``) are computed here for the dense,
 fixed-length case (causal and sliding windows, GQA/MQA, learnable sink); softcap and varlen are
 not supported by this gate yet (ValueError).  The statistics are the judge's
-(``fa4verify.attribution.problem_stats``) when that module is importable, else this module's
-:func:`forward_stats`; conventions: KV tile width FA4's (SM90 ``_tile_size_fwd_sm90``, 128 on
+(``fa4verify.attribution.problem_stats``); conventions: KV tile width FA4's (SM90 ``_tile_size_fwd_sm90``, 128 on
 SM100/SM103) unless ``tile_n`` is given; ``n_blocks`` = tiles spanned by a row's visible keys;
 ``x_max = max_offset + rescale threshold`` (8 for 16-bit inputs on SM100/SM103, 0 on SM90 and
 for fp8); ``max_offset`` = 8 for fp8, else 0.
@@ -32,7 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["assert_attention_within_budget", "GateSummary", "forward_stats"]
+__all__ = ["assert_attention_within_budget", "GateSummary"]
 
 _DTYPE_FROM_ARRAY = {"bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8",
                      "float32": None, "float64": None}
@@ -63,62 +62,6 @@ def _bshd(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def forward_stats(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, softmax_scale: float,
-                  causal: bool, window_size: Sequence[int | None], lse: np.ndarray,
-                  o_true: np.ndarray, dtype: str, arch: str, tile_n: int = 128,
-                  rescale_threshold: float = 8.0) -> dict[str, Any]:
-    """float64 statistics of a dense forward problem for the ``forward_out`` budget.
-
-    q (b, m, h, d), k/v (b, n, hk, d/dv) float64; ``lse`` (b, h, m) natural log from the oracle
-    (includes a learnable sink if any); ``o_true`` (b, m, h, dv).  Per-row statistics have
-    shape (b, m, h, 1), per-element ones (b, m, h, dv); they broadcast against the output.
-    """
-    from fa4verify.oracles.semantics import resolve_window, visible_mask
-
-    b, m, h, d = q.shape
-    n, hk = k.shape[1], k.shape[2]
-    if h % hk:
-        raise ValueError(f"nheads {h} is not a multiple of nheads_k {hk}")
-    g = h // hk
-    kk = np.repeat(k, g, axis=2)  # (b, n, h, d)
-    vv = np.repeat(v, g, axis=2)
-    left, right = resolve_window(causal, window_size)
-    vis = visible_mask(m, n, left, right)
-    vis = np.ones((m, n), bool) if vis is None else vis
-    c = softmax_scale * math.log2(math.e)
-    s = np.einsum("bmhd,bnhd->bhmn", q, kk)
-    aqk = np.einsum("bmhd,bnhd->bhmn", np.abs(q), np.abs(kk))
-    neg = np.where(vis, 0.0, -np.inf)
-    with np.errstate(invalid="ignore"):
-        qk_c_max = np.max(np.where(vis, aqk * abs(c), 0.0), axis=-1)
-        sc_max = np.max(np.where(vis, np.abs(s * c), 0.0), axis=-1)
-        smax = np.max(s + neg, axis=-1)
-        mc_abs = np.where(np.isfinite(smax), np.abs(smax * c), 0.0)
-        w = np.exp(s * softmax_scale - lse[..., None]) * vis  # exact softmax weights
-    w = np.nan_to_num(w, nan=0.0, posinf=0.0)
-    abs_pv = np.einsum("bhmn,bnhd->bmhd", w, np.abs(vv))
-    sum_abs_v = np.einsum("mn,bnhd->bmhd", vis.astype(np.float64), np.abs(vv))
-    cols = np.arange(n)
-    first = np.where(vis.any(1), np.argmax(vis, axis=1), 0)
-    last = np.where(vis.any(1), n - 1 - np.argmax(vis[:, ::-1], axis=1), 0)
-    n_blocks = np.where(vis.any(1), last // tile_n - first // tile_n + 1, 0).astype(np.float64)
-    del cols
-    max_offset = 8.0 if dtype == "fp8" else 0.0
-    thr = rescale_threshold if (arch in ("sm100", "sm103") and dtype != "fp8") else 0.0
-
-    def row(x: np.ndarray) -> np.ndarray:  # (b, h, m) -> (b, m, h, 1)
-        return np.transpose(x, (0, 2, 1))[..., None]
-
-    return {
-        "qk_c_max": row(qk_c_max), "sc_max": row(sc_max), "mc_abs": row(mc_abs),
-        "x_max": max_offset + thr, "max_offset": max_offset, "softcap_err": 0.0,
-        "abs_pv": abs_pv, "abs_o": np.abs(o_true), "sum_abs_v": sum_abs_v,
-        "seqlen_q": float(m), "seqlen_k": float(n), "d": float(d), "dv": float(v.shape[-1]),
-        "tile_n": float(tile_n), "n_blocks": n_blocks[None, :, None, None],
-        "n_rescale": n_blocks[None, :, None, None],
-    }
-
-
 def _default_tile_n(d: int, dv: int, causal: bool, window_size: Sequence[int | None], arch: str) -> int:
     """FA4's KV tile width: ``_tile_size_fwd_sm90`` on SM90 (via the twin), 128 on SM100/103."""
     if arch != "sm90":
@@ -137,25 +80,17 @@ def _budget_bound(bset: Any, name: str, q64: np.ndarray, k64: np.ndarray, v64: n
                   rescale_threshold: float) -> np.ndarray:
     """The budget entry evaluated elementwise, shaped like the output (b, m, h, dv).
 
-    Uses the judge's statistics (``fa4verify.attribution.problem_stats``, layout (b, h, m, .))
-    when that module is importable, else :func:`forward_stats` (layout (b, m, h, .))."""
+    Uses the judge's statistics (``fa4verify.attribution.problem_stats``, layout (b, h, m, .))."""
+    from fa4verify.attribution import problem_stats
+
     lse0 = np.nan_to_num(lse, nan=0.0)
     ref0 = np.nan_to_num(ref, nan=0.0)
-    try:
-        from fa4verify.attribution import problem_stats
-    except ImportError:
-        problem_stats = None
-    if problem_stats is not None:
-        st = problem_stats(q64, k64, v64, arch=arch, dtype=dtype, softmax_scale=scale,
-                           causal=causal, window_size=tuple(window_size), lse_true=lse0,
-                           o_true=ref0, tile_n=tile_n, rescale_threshold=rescale_threshold)
-        b, m, h, dv = ref.shape
-        bnd = np.broadcast_to(np.asarray(bset.evaluate(name, st), dtype=np.float64), (b, h, m, dv))
-        return np.transpose(bnd, (0, 2, 1, 3))
-    st = forward_stats(q64, k64, v64, softmax_scale=scale, causal=causal, window_size=window_size,
-                       lse=lse0, o_true=ref0, dtype=dtype, arch=arch, tile_n=tile_n,
-                       rescale_threshold=rescale_threshold)
-    return np.broadcast_to(np.asarray(bset.evaluate(name, st), dtype=np.float64), ref.shape)
+    st = problem_stats(q64, k64, v64, arch=arch, dtype=dtype, softmax_scale=scale,
+                       causal=causal, window_size=tuple(window_size), lse_true=lse0,
+                       o_true=ref0, tile_n=tile_n, rescale_threshold=rescale_threshold)
+    b, m, h, dv = ref.shape
+    bnd = np.broadcast_to(np.asarray(bset.evaluate(name, st), dtype=np.float64), (b, h, m, dv))
+    return np.transpose(bnd, (0, 2, 1, 3))
 
 
 def _ulps(err: np.ndarray, ref: np.ndarray, fmt: str) -> np.ndarray:
