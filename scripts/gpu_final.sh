@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device-side driver of the consolidated production run (after part1 is unpacked, see
 # scripts/gpu_run.sh for the split-bundle recipe). Stages (GPU_STAGES): audit, gputests, fuzz,
-# mutants, replay. Results land in $OUT/final.tgz.
+# mutants, replay, investigate. Results land in $OUT/final.tgz.
 set -uo pipefail
 test -d /root/site/nvidia_cutlass_dsl || { echo COLD; exit 3; }
 if [ -f .devbundle/part2/p2.tar.xz ]; then
@@ -20,7 +20,8 @@ stage() {  # stage NAME TIMEOUT CMD...
 }
 stage audit "${T_AUDIT:-240}" fa4verify audit --dtype bf16 --device cuda --seed 0 \
   --json "$R/audit_h200.json" --junit "$R/audit_h200.xml" --html "$R/audit_h200.html"
-stage gputests "${T_GPUTESTS:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider ${GPU_TESTS:-tests}
+stage investigate "${T_INVESTIGATE:-120}" python3 scripts/gpu_investigate_small_hd.py --json "$R/small_hd_h200.json"
+stage gputests "${T_GPUTESTS:-200}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider ${PYTEST_ARGS:-} ${GPU_TESTS:-tests}
 stage replay "${T_REPLAY:-90}" python3 scripts/gpu_replay_regressions.py --json "$R/regressions_h200.json"
 stage fuzz "${T_FUZZ:-330}" fa4verify fuzz --target production --examples 240 --seed 0 --dtype bf16 \
   --head-dims 64,128 --time-limit ${FUZZ_LIMIT:-170} --json "$R/fuzz_h200.json" --cases-dir "$R/cases"
