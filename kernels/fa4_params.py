@@ -41,8 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FA4Params", "FA4SourceChanged", "load_params", "fa4_source_dir", "params_to_json",
-           "PINNED_PATH", "FA4_DIST", "DSL_DIST"]
+__all__ = [
+    "DSL_DIST",
+    "FA4_DIST",
+    "PINNED_PATH",
+    "FA4Params",
+    "FA4SourceChanged",
+    "fa4_source_dir",
+    "load_params",
+    "params_to_json",
+]
 
 FA4_DIST = "flash-attn-4"
 DSL_DIST = "nvidia-cutlass-dsl"
@@ -221,7 +229,7 @@ def _read_pinned(path: Path = PINNED_PATH) -> FA4Params:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_params() -> FA4Params:
     """FA4's numeric knobs from the installed flash-attn-4, else from the pinned JSON copy.
 
@@ -254,3 +262,60 @@ def _main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(_main())
+
+
+# --------------------------------------------------------------------------- SM90 dQ accumulator
+# flash-attn-4 4.0.0b36, SM90 backward: the main kernel tiles the fp32 dQ accumulator with
+# ``tile_hdim = ceil(hd / a) * a`` (flash_bwd_sm90.py: ``hdim_multiple_of = 64 if dKV_swapAB else 16``)
+# while the interface allocates it and the postprocess reads it with ``ceil(hd / b) * b``
+# (interface.py: ``hdim_multiple_of = 64 if arch // 10 == 9 and dKV_swapAB else 32``).  Where the
+# two roundings differ the postprocess reads a layout other than the one written: dQ is wrong, dK
+# and dV are right.  Measured on the H200 (docs/results/h200/README.md, finding 2).
+_MAIN_ROUND_RE = re.compile(r"hdim_multiple_of\s*=\s*(\d+)\s+if\s+dKV_swapAB\s+else\s+(\d+)")
+_ACCUM_ROUND_RE = re.compile(
+    r"hdim_multiple_of\s*=\s*(\d+)\s+if\s+arch\s*//\s*10\s*==\s*9\s+and\s+dKV_swapAB\s+else\s+(\d+)")
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+@functools.cache
+def sm90_dq_accum_roundings() -> dict[str, Any]:
+    """The two head-dim roundings of the SM90 dQ accumulator, read from the installed FA4 source:
+    ``{"main": (swapAB, plain), "accum": (swapAB, plain), "source": dir}``; a missing package or a
+    changed pattern gives ``{"error": reason}`` (never raises)."""
+    d = fa4_source_dir()
+    if d is None:
+        return {"error": "flash-attn-4 is not installed"}
+    try:
+        main_src = (d / "flash_bwd_sm90.py").read_text()
+        intf_src = (d / "interface.py").read_text()
+    except OSError as e:
+        return {"error": f"cannot read FA4 source: {e}"}
+    m = _MAIN_ROUND_RE.search(main_src)
+    a = _ACCUM_ROUND_RE.search(intf_src)
+    if m is None or a is None:
+        return {"error": "the dQ-accumulator rounding pattern is not in this FA4 release "
+                         "(flash_bwd_sm90.py / interface.py changed); re-derive the known issue"}
+    return {"main": (int(m.group(1)), int(m.group(2))), "accum": (int(a.group(1)), int(a.group(2))),
+            "source": str(d)}
+
+
+def sm90_dq_accum_mismatch(head_dim: int, head_dim_v: int, *, causal: bool = False,
+                           local: bool = False) -> dict[str, Any]:
+    """Whether FA4's SM90 backward writes and reads the dQ accumulator with different head-dim
+    roundings for this problem (``mismatch``: True/False, or None when it cannot be decided, with
+    ``reason``).  ``dKV_swapAB`` comes from FA4's own ``_tile_size_bwd_sm90``."""
+    r = sm90_dq_accum_roundings()
+    if "error" in r:
+        return {"mismatch": None, "reason": r["error"]}
+    try:
+        from flash_attn.cute.interface import _tile_size_bwd_sm90
+        swap = bool(_tile_size_bwd_sm90(head_dim, head_dim_v, causal, local).dKV_swapAB)
+    except Exception as e:  # noqa: BLE001 - FA4 import needs the CuTe DSL; report, do not raise
+        return {"mismatch": None, "reason": f"FA4's _tile_size_bwd_sm90 unavailable ({type(e).__name__}: {e})"}
+    i = 0 if swap else 1
+    main, accum = _round_up(head_dim, r["main"][i]), _round_up(head_dim, r["accum"][i])
+    return {"mismatch": main != accum, "dKV_swapAB": swap, "main_tile_hdim": main,
+            "accum_tile_hdim": accum}

@@ -21,6 +21,7 @@ stage() {  # stage NAME TIMEOUT CMD...
 stage audit "${T_AUDIT:-240}" fa4verify audit --dtype bf16 --device cuda --seed 0 \
   --json "$R/audit_h200.json" --junit "$R/audit_h200.xml" --html "$R/audit_h200.html"
 stage investigate "${T_INVESTIGATE:-120}" python3 scripts/gpu_investigate_small_hd.py --json "$R/small_hd_h200.json"
+stage hdsweep "${T_HDSWEEP:-300}" bash -c "python3 scripts/gpu_hd_sweep.py --json $R/hd_sweep_full_h200.json; python3 scripts/gpu_hd_sweep.py --causal --head-dims 8,16,24,32,40,48,56,64 --json $R/hd_sweep_causal_h200.json"
 stage gputests "${T_GPUTESTS:-200}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider ${PYTEST_ARGS:-} ${GPU_TESTS:-tests}
 stage replay "${T_REPLAY:-90}" python3 scripts/gpu_replay_regressions.py --json "$R/regressions_h200.json"
 stage fuzz "${T_FUZZ:-330}" fa4verify fuzz --target production --examples 240 --seed 0 --dtype bf16 \

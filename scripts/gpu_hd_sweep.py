@@ -1,0 +1,88 @@
+"""Sweep FA4's SM90 backward over every head dim 8..256 (step 8) and test the dQ-accumulator
+hypothesis for the small-hd dQ finding (docs/results/h200/README.md).
+
+Usage (on a CUDA machine with an SM90 GPU):  python scripts/gpu_hd_sweep.py --json F
+
+Hypothesis (from flash-attn-4 4.0.0b36's source, read from the installed package): the SM90 main
+backward kernel tiles its fp32 dQ accumulator in blocks of ``tile_m x tile_hdim`` with
+``tile_hdim = ceil(hd / 16) * 16`` (``ceil(hd / 64) * 64`` when ``dKV_swapAB``), while the
+interface allocates the accumulator and the dQ postprocess reads it with
+``ceil(hd / 32) * 32`` (64 when ``dKV_swapAB``).  Where the two roundings differ, the postprocess
+reads another layout than the one written, so dQ is wrong while dK and dV are right.  The
+prediction comes from :func:`fa4verify.kernels.fa4_params.sm90_dq_accum_mismatch`, computed from
+FA4's own tile-size function; this script measures every head dim and reports whether the
+measured set of broken head dims equals the predicted set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+
+def _ref_grads(torch, q, k, v, do, scale, causal):
+    qq, kk, vv = (t.double().detach().clone().requires_grad_(True) for t in (q, k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", qq, kk) * scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+    o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), vv)
+    o.backward(do.double())
+    return qq.grad, kk.grad, vv.grad
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--seqlen", type=int, default=256)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--head-dims", default="8-256", help="comma list, or A-B for every multiple of 8 in [A, B]")
+    args = ap.parse_args()
+    import torch
+    from fa4verify.kernels import adapter, fa4_params
+    if not torch.cuda.is_available():
+        print("no CUDA device: torch.cuda.is_available() is False; nothing run")
+        return 2
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rows = []
+    if "-" in args.head_dims:
+        lo, hi = (int(x) for x in args.head_dims.split("-"))
+        hds = list(range(lo, hi + 1, 8))
+    else:
+        hds = [int(x) for x in args.head_dims.split(",")]
+    for hd in hds:
+        pred = fa4_params.sm90_dq_accum_mismatch(hd, hd, causal=args.causal)
+        q, k, v, do = (torch.randn(1, args.seqlen, 2, hd, generator=g).to("cuda", torch.bfloat16) for _ in range(4))
+        scale = 1.0 / math.sqrt(hd)
+        row = {"head_dim": hd, "predicted_broken": bool(pred["mismatch"]), "prediction": pred}
+        try:
+            f = adapter.forward(q, k, v, causal=args.causal, return_lse=True)
+            b = adapter.backward(q, k, v, f.out, do, f.lse, causal=args.causal, deterministic=True)
+            torch.cuda.synchronize()
+            rq, rk, rv = _ref_grads(torch, q, k, v, do, scale, args.causal)
+            for name, got, ref in (("dq", b.dq, rq), ("dk", b.dk, rk), ("dv", b.dv, rv)):
+                row[f"{name}_rel_err"] = float((got.double() - ref).norm() / ref.norm())
+            # bf16 output rounding alone gives ~2^-9 relative; 0.05 separates "right" from "wrong"
+            row["measured_broken"] = row["dq_rel_err"] > 0.05
+        except Exception as e:  # noqa: BLE001 - an unsupported head dim must not stop the sweep
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        rows.append(row)
+        print(f"hd {hd:3d} predicted {'BROKEN' if row['predicted_broken'] else 'ok    '} | "
+              + (f"dQ rel {row['dq_rel_err']:.2e} dK {row['dk_rel_err']:.2e} dV {row['dv_rel_err']:.2e}"
+                 if "error" not in row else row["error"]), flush=True)
+    measured = sorted(r["head_dim"] for r in rows if r.get("measured_broken"))
+    predicted = sorted(r["head_dim"] for r in rows if r["predicted_broken"])
+    verdict = "prediction confirmed" if measured == predicted else "prediction REFUTED"
+    print(f"measured broken: {measured}\npredicted broken: {predicted}\n{verdict}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"where": f"measured on {torch.cuda.get_device_name(0)}", "versions": adapter.versions(),
+                       "seqlen": args.seqlen, "causal": args.causal, "rows": rows,
+                       "measured_broken": measured, "predicted_broken": predicted, "verdict": verdict}, fh, indent=2)
+    return 0 if measured == predicted else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
