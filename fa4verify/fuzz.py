@@ -1076,6 +1076,22 @@ def _token_bounds(problem: AttentionProblem) -> list[tuple[int, int, int, int]]:
             for b in range(problem.batch)]
 
 
+def _sm90_dq_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True when the violation is in dQ and FA4's SM90 backward writes and reads its dQ
+    accumulator with different head-dim roundings for this problem (predicted from the installed
+    FA4 source by :func:`fa4verify.kernels.fa4_params.sm90_dq_accum_mismatch`)."""
+    if problem.arch != "sm90" or v.prop not in ("bwd_budget", "masked_rows", "finite"):
+        return False
+    quantity = str(v.metrics.get("quantity", ""))
+    if quantity != "dq" and not v.message.startswith("dq"):
+        return False
+    from fa4verify.kernels import fa4_params
+    local = any(w is not None for w in problem.window_size)
+    pred = fa4_params.sm90_dq_accum_mismatch(problem.head_dim, problem.head_dim_v, causal=problem.causal,
+                                             local=local)
+    return bool(pred.get("mismatch"))
+
+
 #: FA4 behaviours the fuzzer has found and that are documented (docs/fuzzing.md).
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
@@ -1087,6 +1103,18 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "2026-11-30, flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1, torch 2.11.0+cu130: LSE = +inf "
         "where the oracle gives -0.336); tests/regressions/finite-twin-sink-overflow.json",
         _sink_overflow),
+    KnownIssue(
+        "sm90_dq_accum_hdim_rounding",
+        "SM90 backward: the main kernel tiles the fp32 dQ accumulator with head dim rounded to 16 "
+        "but the postprocess reads it rounded to 32, so dQ is wrong (dK, dV right) for head dims "
+        "8, 16, 40, 48, 72, 80 (104 and 112 fail to compile)",
+        "flash_attn/cute/flash_bwd_sm90.py (hdim_multiple_of = 64 if dKV_swapAB else 16) vs "
+        "interface.py / flash_bwd_postprocess.py (hdim_multiple_of = ... else 32), flash-attn-4 "
+        "4.0.0b36; found by fa4verify on production FA4 and CONFIRMED by a head-dim sweep (measured "
+        "on H200, 2026-11-30: dQ relative error 0.76-1.17 at exactly the predicted head dims, "
+        "2.4e-3 elsewhere); docs/results/h200/README.md finding 2, "
+        "tests/data/golden/hd_sweep_h200.json",
+        _sm90_dq_accum, targets=("production",)),
 )
 
 

@@ -64,7 +64,7 @@ Possible issues
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Optional
 
 import numpy as np

@@ -31,10 +31,15 @@ def main() -> int:
                    "twin_expect": case.get("expect"), "production": out.status,
                    "message": out.message, "metrics": {k: (v if isinstance(v, (int, float, str)) else str(v))
                                                        for k, v in (out.metrics or {}).items()}}
+            if out.status == "fail":
+                ki = fuzz.match_known_issue(case["problem_obj"], fuzz.Violation(out.property, out.message, out.metrics),
+                                            target="production")
+                row["known_issue"] = ki.name if ki else None
         except Exception as e:  # a CUDA fault must not hide the other cases
             row = {"case": os.path.basename(path), "property": case.get("property"),
                    "production": "error", "message": f"{type(e).__name__}: {e}"}
-        print(f"{row['case']:60s} {row['property']:12s} production={row['production']}: {row['message'][:200]}")
+        known = f" [known issue {row['known_issue']}]" if row.get("known_issue") else ""
+        print(f"{row['case']:60s} {row['property']:12s} production={row['production']}{known}: {row['message'][:200]}")
         rows.append(row)
     if args.json:
         with open(args.json, "w") as f:

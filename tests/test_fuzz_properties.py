@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from fa4verify import fuzz
-from fa4verify.fuzz import Bwd, Fwd, TwinTarget, Violation, check_problem
+from fa4verify.fuzz import TwinTarget, Violation, check_problem
 from fa4verify.strategies import AttentionProblem, ValueSpec
 
 pytest.importorskip("fa4verify.kernels.twin_attention", reason="CPU twin not available")

@@ -44,9 +44,10 @@ CASES = [
     ("gqa4-pack", (2, 256, 256, 8, 2, 128), {"pack_gqa": True}),
     ("gqa4-nopack-causal", (2, 256, 256, 8, 2, 128), {"pack_gqa": False, "causal": True}),
     ("mqa", (2, 256, 256, 8, 1, 64), {}),
-    # Small head dims: the only hd=8 backward run on the H200 so far (the fuzz regression
-    # tests/regressions/bwd_budget-twin-ftz-floor.json, outlier values) gave dQ far outside budget
-    # while dK/dV passed; these standard-normal cases tell whether small-hd dQ fails in general.
+    # Small head dims.  hd 8 and 16 hit FA4's SM90 dQ-accumulator rounding defect (known issue
+    # sm90_dq_accum_hdim_rounding, measured on the H200 by scripts/gpu_hd_sweep.py): for those
+    # cases the test asserts the defect's signature (dQ wrong, dK/dV right), so a FA4 release
+    # that fixes it makes this test fail and the known issue gets retired.
     ("hd8-causal", (2, 144, 144, 1, 1, 8), {"causal": True}),
     ("hd16", (2, 200, 200, 2, 2, 16), {}),
     ("hd32-causal", (2, 144, 144, 2, 2, 32), {"causal": True}),
@@ -104,11 +105,19 @@ def test_gpu_fa4_forward_backward_within_upstream_rule(cid, shape, feat):
     if feat.get("bwd", True):
         bw = adapter.backward(q, k, v, f.out, do, f.lse, causal=causal, window_size=ws, softcap=sc,
                               learnable_sink=sink)
+        from fa4verify.kernels import fa4_params
+        dq_defect = fa4_params.sm90_dq_accum_mismatch(d, d, causal=causal,
+                                                      local=ws != (None, None))["mismatch"]
         for name, got, want, ptg in (("dq", bw.dq, ref.dq, pt[1]), ("dk", bw.dk, ref.dk, pt[2]),
                                      ("dv", bw.dv, ref.dv, pt[3])):
             e_fa, e_pt, atol = _maxerr(got, want), _maxerr(ptg, want), _atol(want, torch)
             extra = 3e-4 if sc else 0.0
             print(f"  {name}: FA4 {e_fa:.3g} pt {e_pt:.3g} atol {atol:.3g}")
+            if name == "dq" and dq_defect:
+                assert e_fa > 2 * e_pt + atol + extra, (
+                    f"{cid}: known issue sm90_dq_accum_hdim_rounding no longer reproduces (dQ max|err| "
+                    f"{e_fa:.3g}): has FA4 fixed it? retire the known issue in fa4verify/fuzz.py")
+                continue
             assert e_fa <= 2 * e_pt + atol + extra, f"{cid}: {name} {e_fa} > 2*{e_pt} + {atol}"
         if sink is not None:
             assert bw.dsink is not None
