@@ -24,8 +24,8 @@ stage investigate "${T_INVESTIGATE:-120}" python3 scripts/gpu_investigate_small_
 stage hdsweep "${T_HDSWEEP:-300}" bash -c "python3 scripts/gpu_hd_sweep.py --json $R/hd_sweep_full_h200.json; python3 scripts/gpu_hd_sweep.py --causal --head-dims 8,16,24,32,40,48,56,64 --json $R/hd_sweep_causal_h200.json"
 stage gputests "${T_GPUTESTS:-200}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider ${PYTEST_ARGS:-} ${GPU_TESTS:-tests}
 stage replay "${T_REPLAY:-90}" python3 scripts/gpu_replay_regressions.py --json "$R/regressions_h200.json"
-stage fuzz "${T_FUZZ:-330}" fa4verify fuzz --target production --examples 240 --seed 0 --dtype bf16 \
-  --head-dims 64,128 --time-limit ${FUZZ_LIMIT:-170} --json "$R/fuzz_h200.json" --cases-dir "$R/cases"
+stage fuzz "${T_FUZZ:-330}" fa4verify fuzz --target production --examples ${FUZZ_EXAMPLES:-240} --seed ${FUZZ_SEED:-0} --dtype bf16 \
+  --head-dims ${FUZZ_HDIMS:-64,128} --time-limit ${FUZZ_LIMIT:-170} --json "$R/fuzz_h200.json" --cases-dir "$R/cases"
 stage mutants "${T_MUTANTS:-150}" fa4verify mutants --target production --json "$R/mutants_h200.json" \
   --markdown "$R/mutants_h200.md"
 tar -C "$OUT" -czf "$OUT/final-${GPU_TAG:-run}.tgz" final && rm -rf "$R"
