@@ -36,7 +36,8 @@ def _ref_grads(torch, q, k, v, do, scale, causal):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--seqlen", type=int, default=256)
+    ap.add_argument("--seqlen", type=int, default=256, help="seqlen_k (and seqlen_q unless --seqlens-q)")
+    ap.add_argument("--seqlens-q", default=None, help="comma list of seqlen_q values to sweep per head dim")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--head-dims", default="8-256", help="comma list, or A-B for every multiple of 8 in [A, B]")
     args = ap.parse_args()
@@ -52,11 +53,13 @@ def main() -> int:
         hds = list(range(lo, hi + 1, 8))
     else:
         hds = [int(x) for x in args.head_dims.split(",")]
-    for hd in hds:
+    sqs = [int(x) for x in args.seqlens_q.split(",")] if args.seqlens_q else [args.seqlen]
+    for hd, sq in ((h, s) for h in hds for s in sqs):
         pred = fa4_params.sm90_dq_accum_mismatch(hd, hd, causal=args.causal)
-        q, k, v, do = (torch.randn(1, args.seqlen, 2, hd, generator=g).to("cuda", torch.bfloat16) for _ in range(4))
+        q, do = (torch.randn(1, sq, 2, hd, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(1, args.seqlen, 2, hd, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
         scale = 1.0 / math.sqrt(hd)
-        row = {"head_dim": hd, "predicted_broken": bool(pred["mismatch"]), "prediction": pred}
+        row = {"head_dim": hd, "seqlen_q": sq, "seqlen_k": args.seqlen, "predicted_broken": bool(pred["mismatch"]), "prediction": pred}
         try:
             f = adapter.forward(q, k, v, causal=args.causal, return_lse=True)
             b = adapter.backward(q, k, v, f.out, do, f.lse, causal=args.causal, deterministic=True)
@@ -69,7 +72,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - an unsupported head dim must not stop the sweep
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)
-        print(f"hd {hd:3d} predicted {'BROKEN' if row['predicted_broken'] else 'ok    '} | "
+        print(f"hd {hd:3d} sq {sq:4d} predicted {'BROKEN' if row['predicted_broken'] else 'ok    '} | "
               + (f"dQ rel {row['dq_rel_err']:.2e} dK {row['dk_rel_err']:.2e} dV {row['dv_rel_err']:.2e}"
                  if "error" not in row else row["error"]), flush=True)
     ran = [r for r in rows if "error" not in r]
