@@ -319,3 +319,25 @@ def sm90_dq_accum_mismatch(head_dim: int, head_dim_v: int, *, causal: bool = Fal
     main, accum = _round_up(head_dim, r["main"][i]), _round_up(head_dim, r["accum"][i])
     return {"mismatch": main != accum, "dKV_swapAB": swap, "main_tile_hdim": main,
             "accum_tile_hdim": accum}
+
+
+#: Rows of each sequence that FA4's SM90 backward still gets right under the dQ-accumulator
+#: mismatch: the first 64 (one dQ warpgroup's chunk of the 128-row tile sits at offset 0 under
+#: either rounding).  MEASURED on the H200 for hd 8 and 40 (seqlen_q 1..64 correct, 65 and up
+#: wrong; tests/data/golden/hd_sweep_seqlens_h200.json), not derived from the source.
+SM90_DQ_DEFECT_GOOD_ROWS = 64
+
+
+def sm90_dq_defect_predicted(head_dim: int, head_dim_v: int, seqlens_q, *, causal: bool = False,
+                             local: bool = False, varlen: bool = False) -> bool | None:
+    """Whether production dQ is expected wrong: the head-dim rounding mismatch holds and some
+    sequence has more than :data:`SM90_DQ_DEFECT_GOOD_ROWS` query rows, or (varlen, unverified on
+    hardware) a non-empty sequence other than the first, whose accumulator offset is also scaled
+    by the mismatched rounding.  None when the mismatch cannot be decided."""
+    m = sm90_dq_accum_mismatch(head_dim, head_dim_v, causal=causal, local=local)["mismatch"]
+    if not m:
+        return m
+    lens = [int(x) for x in seqlens_q]
+    if any(n > SM90_DQ_DEFECT_GOOD_ROWS for n in lens):
+        return True
+    return bool(varlen and any(n > 0 for n in lens[1:]))

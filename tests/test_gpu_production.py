@@ -106,8 +106,8 @@ def test_gpu_fa4_forward_backward_within_upstream_rule(cid, shape, feat):
         bw = adapter.backward(q, k, v, f.out, do, f.lse, causal=causal, window_size=ws, softcap=sc,
                               learnable_sink=sink)
         from fa4verify.kernels import fa4_params
-        dq_defect = fa4_params.sm90_dq_accum_mismatch(d, d, causal=causal,
-                                                      local=ws != (None, None))["mismatch"]
+        dq_defect = fa4_params.sm90_dq_defect_predicted(d, d, [sq], causal=causal,
+                                                        local=ws != (None, None))
         for name, got, want, ptg in (("dq", bw.dq, ref.dq, pt[1]), ("dk", bw.dk, ref.dk, pt[2]),
                                      ("dv", bw.dv, ref.dv, pt[3])):
             e_fa, e_pt, atol = _maxerr(got, want), _maxerr(ptg, want), _atol(want, torch)
