@@ -11,6 +11,13 @@
   FA4's forward error vs float64 within FA4's own rule (<= 2x the PyTorch-bf16 reference's
   error), deterministic backward bitwise identical, throughput reported.
 * ``production.forward_rule`` (needs cuda) -- the same forward rule measured live.
+* ``production.head_dims`` -- the recorded SM90 backward head-dim sweep (``hd_sweep_h200.json``,
+  every head dim 8..256 step 8, plus ``hd_sweep_seqlens_h200.json``): dQ's relative error must
+  stay within 4x the dK/dV relative error of the same run (the same bf16 noise), and every head
+  dim FA4 accepts must run.  FAILS on flash-attn-4 4.0.0b36: dQ is wrong at hd 8/16/40/48/72/80
+  once seqlen_q > 64, and hd 104/112 do not compile (known issue sm90_dq_accum_hdim_rounding).
+  The installed FA4's source is cross-checked against the recording (predictor in
+  ``fa4verify.kernels.fa4_params``); a recording for another FA4 version is not applied.
 
 The golden checks run on the CPU from data recorded on the H200; their figures are labelled
 "measured on H200" (the GPU bits) and the files' provenance is in ``details``.
@@ -190,3 +197,71 @@ def forward_rule(ctx: CheckContext) -> CheckResult:
         metrics=metrics, tightness=worst,
         details={"table": {"columns": ["mask", "FA4 max|err|", "PyTorch-bf16 max|err|"], "rows": rows},
                  "config": f.config.to_dict()})
+
+
+_DQ_RATIO_LIMIT = 4.0   # dQ rel. error allowed relative to max(dK, dV) rel. error of the same run
+
+
+def _installed_fa4_version():
+    from importlib import metadata
+    try:
+        return metadata.version("flash-attn-4")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@check("production.head_dims", title="FA4 SM90 backward at every head dim (recorded H200 sweep)",
+       needs={"cpu"}, profiles={"quick", "default", "full", "exhaustive"})
+def head_dims(ctx: CheckContext) -> CheckResult:
+    from fa4verify.kernels import fa4_params, golden
+    p = golden.golden_dir() / "hd_sweep_h200.json"
+    if not p.exists():
+        ctx.skip(f"{p.name} not recorded (run scripts/gpu_hd_sweep.py on an SM90 GPU)")
+    d = json.loads(p.read_text())
+    rec_v = d.get("versions", {}).get("fa4")
+    inst_v = _installed_fa4_version()
+    if inst_v is not None and rec_v != inst_v:
+        ctx.skip(f"the sweep was recorded with flash-attn-4 {rec_v}; {inst_v} is installed: re-run "
+                 f"scripts/gpu_hd_sweep.py on an SM90 GPU")
+    sweeps = list(d["sweeps"])
+    p2 = golden.golden_dir() / "hd_sweep_seqlens_h200.json"
+    if p2.exists():
+        sweeps += json.loads(p2.read_text())["sweeps"]
+    rows, wrong, raised, worst, disagree = [], [], [], 0.0, []
+    for sw in sweeps:
+        causal = bool(sw.get("causal"))
+        for r in sw["rows"]:
+            sq = r.get("seqlen_q", sw.get("seqlen", sw.get("seqlen_k")))
+            tag = f"hd{r['head_dim']} sq{sq}{' causal' if causal else ''}"
+            if "error" in r:
+                raised.append(tag)
+                rows.append([tag, "raised", r["error"][:80], "", ""])
+                continue
+            ratio = r["dq_rel_err"] / (_DQ_RATIO_LIMIT * max(r["dk_rel_err"], r["dv_rel_err"]))
+            worst = max(worst, ratio)
+            bad = ratio > 1
+            if bad:
+                wrong.append(tag)
+            pred = fa4_params.sm90_dq_defect_predicted(r["head_dim"], r["head_dim"], [sq], causal=causal)
+            if pred is not None and pred != bad:
+                disagree.append(tag)
+            rows.append([tag, "wrong dQ" if bad else "ok", r["dq_rel_err"], r["dk_rel_err"], r["dv_rel_err"]])
+    metrics = {"cases": len(rows), "dq_wrong": len(wrong), "raised": len(raised),
+               "predictor_disagreements": len(disagree), "worst_dq_ratio": round(worst, 3)}
+    details = {"table": {"columns": ["case", "outcome", "dQ rel err", "dK rel err", "dV rel err"], "rows": rows},
+               "criterion": f"dQ rel err <= {_DQ_RATIO_LIMIT:g} x max(dK, dV) rel err of the same run",
+               "versions": d.get("versions"), "command": d.get("command"), "known_issue": "sm90_dq_accum_hdim_rounding",
+               "predictor_disagreements": disagree}
+    if disagree:
+        return CheckResult(status="error", where="recorded on H200", metrics=metrics, details=details,
+                           summary=f"the source-level predictor disagrees with the H200 recording at {disagree[:5]}")
+    if wrong or raised:
+        hds = sorted({int(t.split()[0][2:]) for t in wrong})
+        bad_raise = sorted({int(t.split()[0][2:]) for t in raised})
+        return CheckResult(
+            status="fail", where="recorded on H200", metrics=metrics, details=details, tightness=worst,
+            summary=(f"FA4 {rec_v} SM90 backward: dQ wrong at head dims {hds} once seqlen_q > 64 "
+                     f"(dQ/dK error ratio up to {worst * _DQ_RATIO_LIMIT:.0f}); the backward at head dims "
+                     f"{bad_raise} does not compile; known issue sm90_dq_accum_hdim_rounding"))
+    return CheckResult(status="pass", where="recorded on H200", metrics=metrics, details=details, tightness=worst,
+                       summary=f"{len(rows)} head-dim cases: dQ within {_DQ_RATIO_LIMIT:g}x dK/dV error everywhere")

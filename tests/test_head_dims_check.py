@@ -1,0 +1,68 @@
+"""``production.head_dims``: the recorded H200 head-dim sweep of FA4's SM90 backward.
+
+It must FAIL on the recorded flash-attn-4 4.0.0b36 data (a real FA4 defect), pass on a sweep
+where dQ is as accurate as dK/dV, refuse to apply a recording made with another FA4 version, and
+report an error when the source-level predictor and the recording disagree."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fa4verify.audit.registry import CheckContext, SkipCheck
+from fa4verify.checks import production
+from fa4verify.kernels import fa4_params, golden
+
+REC = golden.golden_dir() / "hd_sweep_h200.json"
+
+
+@pytest.fixture()
+def ctx():
+    return CheckContext(profile="default", check_id="production.head_dims")
+
+
+def _good_sweep(version):
+    rows = [{"head_dim": hd, "dq_rel_err": 2.4e-3, "dk_rel_err": 2.3e-3, "dv_rel_err": 2.3e-3}
+            for hd in (24, 32, 64, 128)]
+    return {"versions": {"fa4": version}, "sweeps": [{"causal": False, "seqlen": 256, "rows": rows}]}
+
+
+def _use(tmp_path, monkeypatch, data):
+    (tmp_path / "hd_sweep_h200.json").write_text(json.dumps(data))
+    monkeypatch.setattr(golden, "golden_dir", lambda: tmp_path)
+
+
+def test_fails_on_the_recorded_h200_sweep(ctx):
+    if not REC.exists():
+        pytest.skip("hd_sweep_h200.json not recorded")
+    if production._installed_fa4_version() not in (None, "4.0.0b36"):
+        pytest.skip("the recording is for flash-attn-4 4.0.0b36")
+    r = production.head_dims(ctx)
+    assert r.status == "fail" and r.where == "recorded on H200"
+    assert "[8, 16, 40, 48, 72, 80]" in r.summary and "[104, 112]" in r.summary
+    assert r.metrics["dq_wrong"] > 0 and r.metrics["raised"] == 2
+
+
+def test_passes_when_dq_is_as_accurate_as_dk_dv(ctx, tmp_path, monkeypatch):
+    _use(tmp_path, monkeypatch, _good_sweep(production._installed_fa4_version()))
+    r = production.head_dims(ctx)
+    assert r.status == "pass", r.summary
+    assert r.metrics["dq_wrong"] == 0 and r.tightness < 1
+
+
+def test_recording_for_another_fa4_version_is_not_applied(ctx, tmp_path, monkeypatch):
+    if production._installed_fa4_version() is None:
+        pytest.skip("flash-attn-4 not installed: no version to compare")
+    _use(tmp_path, monkeypatch, _good_sweep("0.0.1"))
+    with pytest.raises(SkipCheck, match="recorded with flash-attn-4 0.0.1"):
+        production.head_dims(ctx)
+
+
+def test_predictor_disagreement_is_an_error(ctx, tmp_path, monkeypatch):
+    if fa4_params.sm90_dq_accum_mismatch(64, 64)["mismatch"] is None:
+        pytest.skip("predictor unavailable without FA4's source")
+    d = _good_sweep(production._installed_fa4_version())
+    d["sweeps"][0]["rows"][2]["dq_rel_err"] = 0.9   # hd 64 "wrong": the predictor says it is fine
+    _use(tmp_path, monkeypatch, d)
+    r = production.head_dims(ctx)
+    assert r.status == "error" and "predictor disagrees" in r.summary
