@@ -138,3 +138,14 @@ def test_known_issue_matches_only_dq_on_production_sm90_at_predicted_head_dims()
     # the twin models the algorithm, not this defect: a twin dQ violation at hd 8 stays a failure
     assert fuzz.match_known_issue(p8, _v("bwd_budget", "dq"), a, target="twin") is None
     assert fuzz.match_known_issue(_problem(8, "sm100"), _v("bwd_budget", "dq"), a, target="production") is None
+
+
+def test_compile_failure_known_issue_is_narrow():
+    a = {}
+    msg = "MLIRError: Operation creation failed: failed to partition `input` '(112,80)' with `tiled_mma`"
+    ki = fuzz.match_known_issue(_problem(104), Violation("runs", msg), a, target="production")
+    assert ki is not None and ki.name == "sm90_bwd_hd104_112_compile"
+    assert fuzz.match_known_issue(_problem(96), Violation("runs", msg), a, target="production") is None
+    assert fuzz.match_known_issue(_problem(104), Violation("runs", "RuntimeError: CUDA error"), a,
+                                  target="production") is None
+    assert fuzz.match_known_issue(_problem(104), Violation("runs", msg), a, target="twin") is None
