@@ -58,11 +58,45 @@ def test_recording_for_another_fa4_version_is_not_applied(ctx, tmp_path, monkeyp
         production.head_dims(ctx)
 
 
-def test_predictor_disagreement_is_an_error(ctx, tmp_path, monkeypatch):
+def test_predictor_disagreement_is_reported(ctx, tmp_path, monkeypatch):
     if fa4_params.sm90_dq_accum_mismatch(64, 64)["mismatch"] is None:
         pytest.skip("predictor unavailable without FA4's source")
     d = _good_sweep(production._installed_fa4_version())
     d["sweeps"][0]["rows"][2]["dq_rel_err"] = 0.9   # hd 64 "wrong": the predictor says it is fine
     _use(tmp_path, monkeypatch, d)
+    r = production.head_dims(ctx)                   # a wrong dQ fails whatever the predictor says
+    assert r.status == "fail" and "predictor disagrees at ['hd64 sq256']" in r.summary
+    d = _good_sweep(production._installed_fa4_version())
+    d["sweeps"][0]["rows"].append({"head_dim": 8, "dq_rel_err": 2.4e-3, "dk_rel_err": 2.3e-3,
+                                   "dv_rel_err": 2.3e-3})   # predicted wrong, measured right
+    _use(tmp_path, monkeypatch, d)
     r = production.head_dims(ctx)
-    assert r.status == "error" and "predictor disagrees" in r.summary
+    assert r.status == "error" and "predictor expects a wrong dQ at ['hd8 sq256']" in r.summary
+
+
+def test_live_sweep_plumbing_with_a_stand_in_adapter():
+    """fa4verify.hd_sweep.measure/summarize on the CPU: an adapter whose dQ is exact passes, one
+    whose dQ is permuted across rows (what the FA4 defect does) is flagged, one that raises is
+    recorded as raised."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from fa4verify import hd_sweep
+
+    def make(kind):
+        def forward(q, k, v, *, causal=False, return_lse=True):
+            return SimpleNamespace(out=None, lse=None)
+
+        def backward(q, k, v, out, do, lse, *, causal=False, deterministic=True):
+            if kind == "raise":
+                raise RuntimeError("failed to partition")
+            dq, dk, dv = hd_sweep.reference_grads(q, k, v, do, q.shape[-1] ** -0.5, causal)
+            if kind == "rows":
+                dq = dq.roll(64, dims=1)
+            return SimpleNamespace(dq=dq.to(q.dtype), dk=dk.to(q.dtype), dv=dv.to(q.dtype))
+        return SimpleNamespace(forward=forward, backward=backward)
+
+    rows = [hd_sweep.measure(make(kind), 16, 256, 256, device="cpu") for kind in ("ok", "rows", "raise")]
+    sm = hd_sweep.summarize(rows)
+    assert [t[1] for t in sm["table"]] == ["ok", "wrong dQ", "raised"]
+    assert hd_sweep.dq_ratio(rows[0]) < 1 < hd_sweep.dq_ratio(rows[1])

@@ -199,9 +199,6 @@ def forward_rule(ctx: CheckContext) -> CheckResult:
                  "config": f.config.to_dict()})
 
 
-_DQ_RATIO_LIMIT = 4.0   # dQ rel. error allowed relative to max(dK, dV) rel. error of the same run
-
-
 def _installed_fa4_version():
     from importlib import metadata
     try:
@@ -210,10 +207,48 @@ def _installed_fa4_version():
         return None
 
 
+def _head_dim_result(rows, where: str, fa4_version, extra_details=None) -> CheckResult:
+    from fa4verify import hd_sweep
+    from fa4verify.kernels import fa4_params
+    sm = hd_sweep.summarize(rows)
+    disagree = []
+    for r in rows:
+        ratio = hd_sweep.dq_ratio(r)
+        if ratio is None:
+            continue
+        pred = fa4_params.sm90_dq_defect_predicted(r["head_dim"], r["head_dim"], [r["seqlen_q"]],
+                                                   causal=bool(r.get("causal")))
+        if pred is not None and pred != (ratio > 1):
+            disagree.append(hd_sweep.tag(r))
+    metrics = {"cases": len(sm["table"]), "dq_wrong": len(sm["wrong"]), "raised": len(sm["raised"]),
+               "predictor_disagreements": len(disagree), "worst_dq_ratio": round(sm["worst"], 3)}
+    details = {"table": {"columns": ["case", "outcome", "dQ rel err", "dK rel err", "dV rel err"],
+                         "rows": sm["table"]},
+               "criterion": f"dQ rel err <= {hd_sweep.DQ_RATIO_LIMIT:g} x max(dK, dV) rel err of the same run",
+               "known_issues": ["sm90_dq_accum_hdim_rounding", "sm90_bwd_hd104_112_compile"],
+               "predictor_disagreements": disagree, **(extra_details or {})}
+    if sm["wrong"] or sm["raised"]:
+        parts = []
+        if sm["wrong"]:
+            parts.append(f"dQ wrong at head dims {sm['wrong_hds']} (dQ error up to "
+                         f"{sm['worst'] * hd_sweep.DQ_RATIO_LIMIT:.0f}x dK/dV's)")
+        if sm["raised"]:
+            parts.append(f"the backward raises at head dims {sm['raised_hds']}")
+        note = "" if not disagree else f"; source-level predictor disagrees at {disagree[:4]}"
+        return CheckResult(status="fail", where=where, metrics=metrics, details=details, tightness=sm["worst"],
+                           summary=f"FA4 {fa4_version} SM90 backward: " + "; ".join(parts) + note)
+    if disagree:
+        return CheckResult(status="error", where=where, metrics=metrics, details=details,
+                           summary=f"the source-level predictor expects a wrong dQ at {disagree[:4]}, measured right")
+    return CheckResult(status="pass", where=where, metrics=metrics, details=details, tightness=sm["worst"],
+                       summary=(f"{len(sm['table'])} head-dim cases: dQ within {hd_sweep.DQ_RATIO_LIMIT:g}x "
+                                f"dK/dV error everywhere (worst ratio {sm['worst']:.3g})"))
+
+
 @check("production.head_dims", title="FA4 SM90 backward at every head dim (recorded H200 sweep)",
        needs={"cpu"}, profiles={"quick", "default", "full", "exhaustive"})
 def head_dims(ctx: CheckContext) -> CheckResult:
-    from fa4verify.kernels import fa4_params, golden
+    from fa4verify.kernels import golden
     p = golden.golden_dir() / "hd_sweep_h200.json"
     if not p.exists():
         ctx.skip(f"{p.name} not recorded (run scripts/gpu_hd_sweep.py on an SM90 GPU)")
@@ -222,46 +257,41 @@ def head_dims(ctx: CheckContext) -> CheckResult:
     inst_v = _installed_fa4_version()
     if inst_v is not None and rec_v != inst_v:
         ctx.skip(f"the sweep was recorded with flash-attn-4 {rec_v}; {inst_v} is installed: re-run "
-                 f"scripts/gpu_hd_sweep.py on an SM90 GPU")
+                 f"scripts/gpu_hd_sweep.py on an SM90 GPU (or production.head_dims_live)")
     sweeps = list(d["sweeps"])
     p2 = golden.golden_dir() / "hd_sweep_seqlens_h200.json"
     if p2.exists():
         sweeps += json.loads(p2.read_text())["sweeps"]
-    rows, wrong, raised, worst, disagree = [], [], [], 0.0, []
+    rows = []
     for sw in sweeps:
-        causal = bool(sw.get("causal"))
         for r in sw["rows"]:
-            sq = r.get("seqlen_q", sw.get("seqlen", sw.get("seqlen_k")))
-            tag = f"hd{r['head_dim']} sq{sq}{' causal' if causal else ''}"
-            if "error" in r:
-                raised.append(tag)
-                rows.append([tag, "raised", r["error"][:80], "", ""])
-                continue
-            ratio = r["dq_rel_err"] / (_DQ_RATIO_LIMIT * max(r["dk_rel_err"], r["dv_rel_err"]))
-            worst = max(worst, ratio)
-            bad = ratio > 1
-            if bad:
-                wrong.append(tag)
-            pred = fa4_params.sm90_dq_defect_predicted(r["head_dim"], r["head_dim"], [sq], causal=causal)
-            if pred is not None and pred != bad:
-                disagree.append(tag)
-            rows.append([tag, "wrong dQ" if bad else "ok", r["dq_rel_err"], r["dk_rel_err"], r["dv_rel_err"]])
-    metrics = {"cases": len(rows), "dq_wrong": len(wrong), "raised": len(raised),
-               "predictor_disagreements": len(disagree), "worst_dq_ratio": round(worst, 3)}
-    details = {"table": {"columns": ["case", "outcome", "dQ rel err", "dK rel err", "dV rel err"], "rows": rows},
-               "criterion": f"dQ rel err <= {_DQ_RATIO_LIMIT:g} x max(dK, dV) rel err of the same run",
-               "versions": d.get("versions"), "command": d.get("command"), "known_issue": "sm90_dq_accum_hdim_rounding",
-               "predictor_disagreements": disagree}
-    if disagree:
-        return CheckResult(status="error", where="recorded on H200", metrics=metrics, details=details,
-                           summary=f"the source-level predictor disagrees with the H200 recording at {disagree[:5]}")
-    if wrong or raised:
-        hds = sorted({int(t.split()[0][2:]) for t in wrong})
-        bad_raise = sorted({int(t.split()[0][2:]) for t in raised})
-        return CheckResult(
-            status="fail", where="recorded on H200", metrics=metrics, details=details, tightness=worst,
-            summary=(f"FA4 {rec_v} SM90 backward: dQ wrong at head dims {hds} once seqlen_q > 64 "
-                     f"(dQ/dK error ratio up to {worst * _DQ_RATIO_LIMIT:.0f}); the backward at head dims "
-                     f"{bad_raise} does not compile; known issue sm90_dq_accum_hdim_rounding"))
-    return CheckResult(status="pass", where="recorded on H200", metrics=metrics, details=details, tightness=worst,
-                       summary=f"{len(rows)} head-dim cases: dQ within {_DQ_RATIO_LIMIT:g}x dK/dV error everywhere")
+            r = dict(r)
+            r.setdefault("seqlen_q", sw.get("seqlen", sw.get("seqlen_k")))
+            r.setdefault("causal", bool(sw.get("causal")))
+            rows.append(r)
+    return _head_dim_result(rows, "recorded on H200", rec_v,
+                            {"versions": d.get("versions"), "command": d.get("command")})
+
+
+@check("production.head_dims_live", title="FA4 backward at SM90 head dims, measured live (GPU)",
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"})
+def head_dims_live(ctx: CheckContext) -> CheckResult:
+    """default: head dims 8, 40, 64, 80, 128 at seqlen 256; full/exhaustive: every multiple of 8
+    in 8..256 (about 3 minutes, one compile per head dim)."""
+    import torch
+
+    from fa4verify import hd_sweep
+    from fa4verify.kernels import adapter
+    if ctx.dtype != "bf16":
+        ctx.skip("the head-dim sweep runs bf16")
+    gpu = torch.cuda.get_device_name(0)
+    if "H200" not in gpu:
+        ctx.skip(f"{gpu} is not the H200 this audit labels")
+    hds = (8, 40, 64, 80, 128) if ctx.profile == "default" else tuple(range(8, 257, 8))
+    g = torch.Generator(device="cpu").manual_seed(ctx.seed)
+    rows = []
+    with ctx.progress(len(hds), "FA4 backward per head dim") as bar:
+        for hd in hds:
+            rows.append(hd_sweep.measure(adapter, hd, 256, 256, generator=g))
+            bar.advance(1)
+    return _head_dim_result(rows, "measured on H200", _installed_fa4_version())
