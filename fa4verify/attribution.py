@@ -504,6 +504,52 @@ def check_backward(q, k, v, dout, *, arch: str, dtype: str = "bf16", causal=Fals
 
 
 # =========================================================================== attribution
+_ARCH_NAMES = {90: "sm90", 100: "sm100", 103: "sm103", 110: "sm100"}
+
+
+def _torch_dtype(dtype: str):
+    import torch
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+
+def production_forward_case(adapter, dist: str, *, hdim: int, seqlen: int, causal: bool, nheads: int,
+                            dtype: str = "bf16", seed: int = 0, device: str = "cuda",
+                            where: str = "measured on H200") -> tuple[ForwardCheck, str]:
+    """Run ``adapter.forward`` (production FA4, or a stand-in) on :func:`gen_inputs` data and check
+    its output and LSE against the composed forward budget.  Returns ``(check, arch)``."""
+    import torch
+    q, k, v = gen_inputs(dist, batch=1, seqlen_q=seqlen, seqlen_k=seqlen, nheads=nheads, hdim=hdim,
+                         dtype=dtype, seed=seed)
+    tq, tk, tv = (torch.from_numpy(a).to(device, _torch_dtype(dtype)) for a in (q, k, v))
+    r = adapter.forward(tq, tk, tv, causal=causal)
+    arch = _ARCH_NAMES.get(getattr(r.config, "arch", 90), "sm90")
+    tile_n = (r.config.tile_mn or (None, None))[1]
+    fc = check_forward_outputs(r.out.float().cpu().numpy(), r.lse.float().cpu().numpy(), q, k, v, arch=arch,
+                               dtype=dtype, causal=causal, tile_n=tile_n, where=where)
+    return fc, arch
+
+
+def production_backward_case(adapter, dist: str, *, hdim: int, seqlen: int, causal: bool, nheads: int,
+                             dtype: str = "bf16", seed: int = 0, device: str = "cuda",
+                             where: str = "measured on H200") -> tuple[BackwardCheck, str]:
+    """Run ``adapter.forward`` then the deterministic ``adapter.backward`` on :func:`gen_inputs`
+    data and check dQ, dK, dV against the exact gradient within the composed backward budgets.
+    Returns ``(check, arch)``."""
+    import torch
+
+    from fa4verify.kernels.twin_bwd import sm90_bwd_tile
+    q, k, v, do = gen_inputs(dist, batch=1, seqlen_q=seqlen, seqlen_k=seqlen, nheads=nheads, hdim=hdim,
+                             dtype=dtype, seed=seed, with_dout=True)
+    tq, tk, tv, tdo = (torch.from_numpy(a).to(device, _torch_dtype(dtype)) for a in (q, k, v, do))
+    f = adapter.forward(tq, tk, tv, causal=causal)
+    g = adapter.backward(tq, tk, tv, f.out, tdo, f.lse, causal=causal, deterministic=True)
+    arch = _ARCH_NAMES.get(getattr(g.config, "arch", 90), "sm90")
+    tile_n = sm90_bwd_tile(hdim, hdim, causal, False)[1] if arch == "sm90" else 128
+    bc = check_backward_outputs(*(x.float().cpu().numpy() for x in (g.dq, g.dk, g.dv)), q, k, v, do,
+                                arch=arch, dtype=dtype, causal=causal, tile_n=tile_n, where=where)
+    return bc, arch
+
+
 @dataclass(frozen=True)
 class AttributionRow:
     """Forward error attributed to one stage ("CPU twin").

@@ -39,28 +39,16 @@ HDIMS = (64, 128, 256)
 DISTS = ("normal", "outliers", "negative", "peaked")
 
 
-def _arch_name(cfg) -> str:
-    return {90: "sm90", 100: "sm100", 103: "sm103", 110: "sm100"}.get(getattr(cfg, "arch", 90), "sm90")
-
-
 @pytest.mark.parametrize("dist", DISTS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen", SEQLENS)
 @pytest.mark.parametrize("hd", HDIMS)
 def test_production_forward_within_composed_budget(hd, seqlen, causal, dist):
-    torch = _cuda_or_skip()
+    _cuda_or_skip()
     from fa4verify import attribution as A
     from fa4verify.kernels import adapter
-    nheads = 2 if seqlen <= 2048 else 1
-    q, k, v = A.gen_inputs(dist, batch=1, seqlen_q=seqlen, seqlen_k=seqlen, nheads=nheads,
-                           hdim=hd, dtype="bf16", seed=0)
-    tq, tk, tv = (torch.from_numpy(a).to("cuda", torch.bfloat16) for a in (q, k, v))
-    r = adapter.forward(tq, tk, tv, causal=causal)
-    arch = _arch_name(r.config)
-    tile_n = (r.config.tile_mn or (None, None))[1]
-    fc = A.check_forward_outputs(r.out.float().cpu().numpy(), r.lse.float().cpu().numpy(),
-                                 q, k, v, arch=arch, dtype="bf16", causal=causal, tile_n=tile_n,
-                                 where="measured on H200")
+    fc, arch = A.production_forward_case(adapter, dist, hdim=hd, seqlen=seqlen, causal=causal,
+                                         nheads=2 if seqlen <= 2048 else 1, dtype="bf16", seed=0)
     print(f"[measured on H200] fwd {arch} hd{hd} L{seqlen} {'causal' if causal else 'full'} {dist}: "
           f"out tightness {fc.out_ratio:.3f} ({fc.out_over} over), lse tightness "
           f"{fc.lse_ratio:.3f} ({fc.lse_over} over), max|err| {fc.max_abs_err:.3g}")
@@ -76,20 +64,11 @@ def test_production_backward_within_composed_budget(hd, seqlen, causal, dist):
     torch = _cuda_or_skip()
     from fa4verify import attribution as A
     from fa4verify.kernels import adapter
-    from fa4verify.kernels.twin_bwd import sm90_bwd_tile
     cap = torch.cuda.get_device_capability()
     if cap[0] == 9 and hd > 192:
         pytest.xfail("FA4 marks SM90 hd > 192 backward as xfail (tests/cute/test_flash_attn.py)")
-    q, k, v, do = A.gen_inputs(dist, batch=1, seqlen_q=seqlen, seqlen_k=seqlen, nheads=2,
-                               hdim=hd, dtype="bf16", seed=1, with_dout=True)
-    tq, tk, tv, tdo = (torch.from_numpy(a).to("cuda", torch.bfloat16) for a in (q, k, v, do))
-    f = adapter.forward(tq, tk, tv, causal=causal)
-    g = adapter.backward(tq, tk, tv, f.out, tdo, f.lse, causal=causal, deterministic=True)
-    arch = _arch_name(g.config)
-    tile_n = sm90_bwd_tile(hd, hd, causal, False)[1] if arch == "sm90" else 128
-    bc = A.check_backward_outputs(*(x.float().cpu().numpy() for x in (g.dq, g.dk, g.dv)),
-                                  q, k, v, do, arch=arch, dtype="bf16", causal=causal,
-                                  tile_n=tile_n, where="measured on H200")
+    bc, arch = A.production_backward_case(adapter, dist, hdim=hd, seqlen=seqlen, causal=causal,
+                                          nheads=2, dtype="bf16", seed=1)
     print(f"[measured on H200] bwd {arch} hd{hd} L{seqlen} {'causal' if causal else 'full'} {dist}: "
           f"tightness dQ {bc.ratios['dq']:.3f} dK {bc.ratios['dk']:.3f} dV {bc.ratios['dv']:.3f}; "
           f"rel err dQ {bc.rel_err['dq']:.2e} dK {bc.rel_err['dk']:.2e} dV {bc.rel_err['dv']:.2e}")

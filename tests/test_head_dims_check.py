@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from fa4verify.audit.environment import dist_version
 from fa4verify.audit.registry import CheckContext, SkipCheck
 from fa4verify.checks import production
 from fa4verify.kernels import fa4_params, golden
@@ -35,7 +36,7 @@ def _use(tmp_path, monkeypatch, data):
 def test_fails_on_the_recorded_h200_sweep(ctx):
     if not REC.exists():
         pytest.skip("hd_sweep_h200.json not recorded")
-    if production._installed_fa4_version() not in (None, "4.0.0b36"):
+    if dist_version("flash-attn-4") not in (None, "4.0.0b36"):
         pytest.skip("the recording is for flash-attn-4 4.0.0b36")
     r = production.head_dims(ctx)
     assert r.status == "fail" and r.where == "recorded on H200"
@@ -44,14 +45,14 @@ def test_fails_on_the_recorded_h200_sweep(ctx):
 
 
 def test_passes_when_dq_is_as_accurate_as_dk_dv(ctx, tmp_path, monkeypatch):
-    _use(tmp_path, monkeypatch, _good_sweep(production._installed_fa4_version()))
+    _use(tmp_path, monkeypatch, _good_sweep(dist_version("flash-attn-4")))
     r = production.head_dims(ctx)
     assert r.status == "pass", r.summary
     assert r.metrics["dq_wrong"] == 0 and r.tightness < 1
 
 
 def test_recording_for_another_fa4_version_is_not_applied(ctx, tmp_path, monkeypatch):
-    if production._installed_fa4_version() is None:
+    if dist_version("flash-attn-4") is None:
         pytest.skip("flash-attn-4 not installed: no version to compare")
     _use(tmp_path, monkeypatch, _good_sweep("0.0.1"))
     with pytest.raises(SkipCheck, match="recorded with flash-attn-4 0.0.1"):
@@ -61,12 +62,12 @@ def test_recording_for_another_fa4_version_is_not_applied(ctx, tmp_path, monkeyp
 def test_predictor_disagreement_is_reported(ctx, tmp_path, monkeypatch):
     if fa4_params.sm90_dq_accum_mismatch(64, 64)["mismatch"] is None:
         pytest.skip("predictor unavailable without FA4's source")
-    d = _good_sweep(production._installed_fa4_version())
+    d = _good_sweep(dist_version("flash-attn-4"))
     d["sweeps"][0]["rows"][2]["dq_rel_err"] = 0.9   # hd 64 "wrong": the predictor says it is fine
     _use(tmp_path, monkeypatch, d)
     r = production.head_dims(ctx)                   # a wrong dQ fails whatever the predictor says
     assert r.status == "fail" and "predictor disagrees at ['hd64 sq256']" in r.summary
-    d = _good_sweep(production._installed_fa4_version())
+    d = _good_sweep(dist_version("flash-attn-4"))
     d["sweeps"][0]["rows"].append({"head_dim": 8, "dq_rel_err": 2.4e-3, "dk_rel_err": 2.3e-3,
                                    "dv_rel_err": 2.3e-3})   # predicted wrong, measured right
     _use(tmp_path, monkeypatch, d)
@@ -78,7 +79,7 @@ def test_live_sweep_plumbing_with_a_stand_in_adapter():
     """fa4verify.hd_sweep.measure/summarize on the CPU: an adapter whose dQ is exact passes, one
     whose dQ is permuted across rows (what the FA4 defect does) is flagged, one that raises is
     recorded as raised."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from types import SimpleNamespace
 
     from fa4verify import hd_sweep

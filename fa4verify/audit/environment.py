@@ -25,7 +25,8 @@ DISTRIBUTIONS = {
 }
 
 
-def _version(dist: str) -> str | None:
+def dist_version(dist: str) -> str | None:
+    """Installed version of a distribution, or None (metadata only, no import)."""
     try:
         return md.version(dist)
     except md.PackageNotFoundError:
@@ -82,7 +83,7 @@ def _gpu_info() -> dict[str, Any]:
 
 def collect(device: str = "cpu") -> dict[str, Any]:
     """{"versions": {...}, "hardware": {...}} for the report."""
-    versions: dict[str, Any] = {name: _version(dist) for dist, name in DISTRIBUTIONS.items()}
+    versions: dict[str, Any] = {name: dist_version(dist) for dist, name in DISTRIBUTIONS.items()}
     versions["python"] = platform.python_version()
     commit = _git_commit()
     if commit:

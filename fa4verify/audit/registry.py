@@ -281,6 +281,17 @@ class CheckContext:
         """Stop the check now and record it as skipped with ``reason``."""
         raise SkipCheck(reason)
 
+    def require_h200(self, note: str = "") -> str:
+        """The GPU's name if it is an H200; otherwise skip: the reports label live production
+        figures "measured on H200" and must not mislabel another GPU.  ``note`` is appended to
+        the skip reason (e.g. what was measured before the check found out)."""
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+        if "H200" not in gpu:
+            self.skip(f"{gpu} is not the H200 this audit labels" + (f" ({note})" if note else ""))
+        return gpu
+
 
 # --------------------------------------------------------------------------------------- registry
 @dataclasses.dataclass(frozen=True)

@@ -25,16 +25,6 @@ _SIZES = {"quick": (64, 192), "default": (96, 256), "full": (256, 1024), "exhaus
 _DEVICE = "cuda"
 
 
-def _require_h200(ctx: CheckContext) -> None:
-    """The report labels production figures "measured on H200"; skip rather than mislabel."""
-    if _DEVICE != "cuda":
-        return
-    import torch
-    gpu = torch.cuda.get_device_name(0)
-    if "H200" not in gpu:
-        ctx.skip(f"{gpu} is not the H200 this audit labels")
-
-
 def _dtype(ctx: CheckContext) -> str:
     return {"fp8": "fp8_e4m3"}.get(ctx.dtype, ctx.dtype)
 
@@ -164,25 +154,18 @@ def attribution(ctx: CheckContext) -> CheckResult:
 @check("budgets.production.forward", title="Production FA4 forward within the composed budget",
        needs={"cuda", "fa4"})
 def production_forward(ctx: CheckContext) -> CheckResult:
-    import torch
     from fa4verify import attribution as A
     from fa4verify.kernels import adapter
     dt = _dtype(ctx)
     if dt not in ("bf16", "fp16"):
         ctx.skip("production check runs bf16/fp16")
-    _require_h200(ctx)
-    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+    if _DEVICE == "cuda":
+        ctx.require_h200()
     worst, over, n = 0.0, [], 0
     for hd in (64, 128):
         for causal in (False, True):
-            q, k, v = A.gen_inputs("normal", batch=1, seqlen_q=512, seqlen_k=512, nheads=2,
-                                   hdim=hd, dtype=dt, seed=ctx.seed)
-            tq, tk, tv = (torch.from_numpy(a).to(_DEVICE, tdt) for a in (q, k, v))
-            r = adapter.forward(tq, tk, tv, causal=causal)
-            arch = {90: "sm90", 100: "sm100", 103: "sm103"}.get(r.config.arch, "sm90")
-            tile_n = (r.config.tile_mn or (None, None))[1]
-            fc = A.check_forward_outputs(r.out.float().cpu().numpy(), r.lse.cpu().numpy(), q, k, v,
-                                         arch=arch, dtype=dt, causal=causal, tile_n=tile_n)
+            fc, _ = A.production_forward_case(adapter, "normal", hdim=hd, seqlen=512, causal=causal, nheads=2,
+                                              dtype=dt, seed=ctx.seed, device=_DEVICE)
             worst = max(worst, fc.out_ratio, fc.lse_ratio)
             n += 1
             if fc.out_over or fc.lse_over:
@@ -201,27 +184,18 @@ def production_backward(ctx: CheckContext) -> CheckResult:
     worst-case bound: exact-then-rounded gradients sit at dQ tightness 0.05-0.09 here, a systematic
     1 % dQ error at 0.2-0.5 (visible as a regression with --baseline), 3-5 % fails (CPU stand-in,
     tests/test_production_budget_checks.py)."""
-    import torch
     from fa4verify import attribution as A
     from fa4verify.kernels import adapter
-    from fa4verify.kernels.twin_bwd import sm90_bwd_tile
     dt = _dtype(ctx)
     if dt not in ("bf16", "fp16"):
         ctx.skip("FA4's backward runs bf16/fp16")
-    _require_h200(ctx)
-    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+    if _DEVICE == "cuda":
+        ctx.require_h200()
     worst, over, rows = 0.0, [], []
     for hd in (64, 128):
         for causal in (False, True):
-            q, k, v, do = A.gen_inputs("normal", batch=1, seqlen_q=512, seqlen_k=512, nheads=2, hdim=hd,
-                                       dtype=dt, seed=ctx.seed, with_dout=True)
-            tq, tk, tv, tdo = (torch.from_numpy(a).to(_DEVICE, tdt) for a in (q, k, v, do))
-            f = adapter.forward(tq, tk, tv, causal=causal)
-            g = adapter.backward(tq, tk, tv, f.out, tdo, f.lse, causal=causal, deterministic=True)
-            arch = {90: "sm90", 100: "sm100", 103: "sm103"}.get(g.config.arch, "sm90")
-            tile_n = sm90_bwd_tile(hd, hd, causal, False)[1] if arch == "sm90" else 128
-            bc = A.check_backward_outputs(*(x.float().cpu().numpy() for x in (g.dq, g.dk, g.dv)), q, k, v, do,
-                                          arch=arch, dtype=dt, causal=causal, tile_n=tile_n)
+            bc, _ = A.production_backward_case(adapter, "normal", hdim=hd, seqlen=512, causal=causal, nheads=2,
+                                               dtype=dt, seed=ctx.seed, device=_DEVICE)
             worst = max([worst, *bc.ratios.values()])
             tag = f"hd{hd} {'causal' if causal else 'full'}"
             rows.append([tag, *(round(bc.ratios[n], 4) for n in ("dq", "dk", "dv"))])

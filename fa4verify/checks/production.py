@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 
+from fa4verify.audit.environment import dist_version
 from fa4verify.audit.registry import CheckContext, CheckResult, check
 
 
@@ -187,9 +188,7 @@ def forward_rule(ctx: CheckContext) -> CheckResult:
         metrics[f"pt_max_abs_err_{tag}"] = e_pt
         worst = max(worst, e_fa / (2 * e_pt))
         rows.append([tag, e_fa, e_pt])
-    gpu = torch.cuda.get_device_name(0)
-    if "H200" not in gpu:   # the report's labels name the H200; do not mislabel another GPU
-        ctx.skip(f"measured ratio {worst:.2f} on {gpu}, which is not the H200 this audit labels")
+    gpu = ctx.require_h200(note=f"measured ratio {worst:.2f}")
     return CheckResult(
         status="pass" if worst <= 1 else "fail",
         where="measured on H200",
@@ -197,14 +196,6 @@ def forward_rule(ctx: CheckContext) -> CheckResult:
         metrics=metrics, tightness=worst,
         details={"table": {"columns": ["mask", "FA4 max|err|", "PyTorch-bf16 max|err|"], "rows": rows},
                  "config": f.config.to_dict()})
-
-
-def _installed_fa4_version():
-    from importlib import metadata
-    try:
-        return metadata.version("flash-attn-4")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _head_dim_result(rows, where: str, fa4_version, extra_details=None) -> CheckResult:
@@ -254,7 +245,7 @@ def head_dims(ctx: CheckContext) -> CheckResult:
         ctx.skip(f"{p.name} not recorded (run scripts/gpu_hd_sweep.py on an SM90 GPU)")
     d = json.loads(p.read_text())
     rec_v = d.get("versions", {}).get("fa4")
-    inst_v = _installed_fa4_version()
+    inst_v = dist_version("flash-attn-4")
     if inst_v is not None and rec_v != inst_v:
         ctx.skip(f"the sweep was recorded with flash-attn-4 {rec_v}; {inst_v} is installed: re-run "
                  f"scripts/gpu_hd_sweep.py on an SM90 GPU (or production.head_dims_live)")
@@ -284,9 +275,7 @@ def head_dims_live(ctx: CheckContext) -> CheckResult:
     from fa4verify.kernels import adapter
     if ctx.dtype != "bf16":
         ctx.skip("the head-dim sweep runs bf16")
-    gpu = torch.cuda.get_device_name(0)
-    if "H200" not in gpu:
-        ctx.skip(f"{gpu} is not the H200 this audit labels")
+    ctx.require_h200()
     hds = (8, 40, 64, 80, 128) if ctx.profile == "default" else tuple(range(8, 257, 8))
     g = torch.Generator(device="cpu").manual_seed(ctx.seed)
     rows = []
@@ -294,4 +283,4 @@ def head_dims_live(ctx: CheckContext) -> CheckResult:
         for hd in hds:
             rows.append(hd_sweep.measure(adapter, hd, 256, 256, generator=g))
             bar.advance(1)
-    return _head_dim_result(rows, "measured on H200", _installed_fa4_version())
+    return _head_dim_result(rows, "measured on H200", dist_version("flash-attn-4"))
