@@ -48,7 +48,6 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import importlib
-import importlib.metadata
 import inspect
 import json
 import math
@@ -705,10 +704,8 @@ def _common_env() -> dict[str, str]:
 
 
 def _pkg_version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
+    from fa4verify.kernels.facts import dist_version
+    return dist_version(name) or "absent"
 
 
 def _driver_version() -> str:

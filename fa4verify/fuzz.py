@@ -1147,14 +1147,8 @@ def match_known_issue(problem: AttentionProblem, v: "Violation", a: Optional[Map
 
 # ============================================================================ cases
 def _versions() -> dict[str, Optional[str]]:
-    from importlib import metadata
-    out: dict[str, Optional[str]] = {}
-    for dist in ("fa4verify", "hypothesis", "numpy", "flash-attn-4", "nvidia-cutlass-dsl"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    from fa4verify.kernels.facts import dist_version
+    return {d: dist_version(d) for d in ("fa4verify", "hypothesis", "numpy", "flash-attn-4", "nvidia-cutlass-dsl")}
 
 
 def write_case(directory: os.PathLike, problem: AttentionProblem, violation: Violation, *,

@@ -1,27 +1,30 @@
 """Gates for users' own tests: ``assert_attention_within_budget(out, q, k, v, ...)``.
 
-The gate computes the certified oracle (:func:`fa4verify.oracles.attention.forward`), the
-statistics of the problem in float64, and the composed forward budget
-(``fa4verify.error_budgets.load(dtype, arch).evaluate("forward_out", stats)``), then checks
-elementwise
+The gate asks the judge core (:mod:`fa4verify.judge`) for a verdict on FA4's forward output:
+the certified oracle (:func:`fa4verify.oracles.attention.forward`), the composed forward budget
+(``fa4verify.error_budgets.load(dtype, arch).evaluate("forward_out", stats)``, statistics from
+the one producer :class:`fa4verify.judge.BudgetStats`) and the one comparison
+:func:`fa4verify.judge.compare`, elementwise
 
     |out - O_oracle| <= forward_out(stats) + oracle.bound          (absolute, units of V)
 
 ``oracle.bound`` is the oracle's own certified error, so a pass is never the oracle's doing.
-On failure it raises :class:`AssertionError` whose message gives the budget name and the
-inequality, the count and percentage of violating elements, the first five ``(b, h, m, d)``
-indices with kernel value, oracle value, error in ulps of the output format (bf16 ulps for
-bf16/fp8, fp16 ulps for fp16) and the bound, the maximum, and the case.  On success it returns
-a :class:`GateSummary` (max error, max ulps, tightness = max |err| / bound, count over) so tests
-can log it.
 
-Statistics (see ``error_budgets/loader.py:STATISTICS``) are computed here for the dense,
-fixed-length case (causal and sliding windows, GQA/MQA, learnable sink); softcap and varlen are
-not supported by this gate yet (ValueError).  The statistics are the judge's
-(``fa4verify.attribution.problem_stats``); conventions: KV tile width FA4's (SM90 ``_tile_size_fwd_sm90``, 128 on
-SM100/SM103) unless ``tile_n`` is given; ``n_blocks`` = tiles spanned by a row's visible keys;
-``x_max = max_offset + rescale threshold`` (8 for 16-bit inputs on SM100/SM103, 0 on SM90 and
-for fp8); ``max_offset`` = 8 for fp8, else 0.
+* **fail** -- raises :class:`AssertionError` whose message gives the budget name and the
+  inequality, the count and percentage of violating elements, the first five ``(b, h, m, d)``
+  indices with kernel value, oracle value, error in ulps of the output format (bf16 ulps for
+  bf16/fp8, fp16 ulps for fp16) and the bound, the maximum, and the case;
+* **undecided** -- raises :class:`fa4verify.judge.UndecidedError` (an AssertionError: a test
+  never passes on it) whose message contains "undecided" and the reason: NaN/inf inputs (the
+  oracle is NaN: the budget defines nothing), an oracle bound the oracle could not certify
+  (logits beyond what float64 resolves), a composed budget that is negative or non-finite for
+  these statistics, or nothing compared;
+* **pass** -- returns a :class:`GateSummary` (max error, max ulps, tightness = max |err| /
+  bound, count over) so tests can log it.
+
+Dense, fixed-length problems: causal and sliding windows, GQA/MQA, softcap, learnable sink.
+Kernel constants (KV tile width, ``max_offset``, rescale threshold) are FA4's for ``arch``
+(:func:`fa4verify.kernels.facts.kernel_constants`), the same as the audit's.
 """
 from __future__ import annotations
 
@@ -31,7 +34,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["assert_attention_within_budget", "GateSummary"]
+from fa4verify.judge import UndecidedError, arrays_from, dense_problem, judge_forward, load_budgets
+from fa4verify.kernels import facts
+
+__all__ = ["assert_attention_within_budget", "GateSummary", "UndecidedError"]
 
 _DTYPE_FROM_ARRAY = {"bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8",
                      "float32": None, "float64": None}
@@ -47,7 +53,8 @@ class GateSummary:
     max_abs_err: float
     max_ulp: float
     tightness: float       #: max over elements of |err| / bound (<= 1 within budget)
-    skipped_nonfinite: int  #: oracle entries that are NaN (non-finite inputs), not compared
+    skipped_nonfinite: int  #: elements the judge could not judge (0 on a pass)
+    status: str = "pass"
 
 
 def _to_f64(x: Any, name: str) -> tuple[np.ndarray, str]:
@@ -60,37 +67,6 @@ def _bshd(x: np.ndarray, name: str) -> np.ndarray:
     if x.ndim != 4:
         raise ValueError(f"{name}: expected (batch, seqlen, nheads, headdim), got shape {x.shape}")
     return x
-
-
-def _default_tile_n(d: int, dv: int, causal: bool, window_size: Sequence[int | None], arch: str) -> int:
-    """FA4's KV tile width: ``_tile_size_fwd_sm90`` on SM90 (via the twin), 128 on SM100/103."""
-    if arch != "sm90":
-        return 128
-    try:
-        from fa4verify.kernels.twin_fwd import sm90_tile
-    except ImportError:  # pragma: no cover - twin missing
-        return 128
-    local = tuple(window_size) != (None, None)
-    return int(sm90_tile(d, dv, causal, local)[1])
-
-
-def _budget_bound(bset: Any, name: str, q64: np.ndarray, k64: np.ndarray, v64: np.ndarray, *,
-                  scale: float, causal: bool, window_size: Sequence[int | None], lse: np.ndarray,
-                  ref: np.ndarray, dtype: str, arch: str, tile_n: int,
-                  rescale_threshold: float) -> np.ndarray:
-    """The budget entry evaluated elementwise, shaped like the output (b, m, h, dv).
-
-    Uses the judge's statistics (``fa4verify.attribution.problem_stats``, layout (b, h, m, .))."""
-    from fa4verify.attribution import problem_stats
-
-    lse0 = np.nan_to_num(lse, nan=0.0)
-    ref0 = np.nan_to_num(ref, nan=0.0)
-    st = problem_stats(q64, k64, v64, arch=arch, dtype=dtype, softmax_scale=scale,
-                       causal=causal, window_size=tuple(window_size), lse_true=lse0,
-                       o_true=ref0, tile_n=tile_n, rescale_threshold=rescale_threshold)
-    b, m, h, dv = ref.shape
-    bnd = np.broadcast_to(np.asarray(bset.evaluate(name, st), dtype=np.float64), (b, h, m, dv))
-    return np.transpose(bnd, (0, 2, 1, 3))
 
 
 def _ulps(err: np.ndarray, ref: np.ndarray, fmt: str) -> np.ndarray:
@@ -124,13 +100,12 @@ def assert_attention_within_budget(out: Any, q: Any, k: Any, v: Any, *, dtype: s
     ``oracles.attention.forward`` result for these inputs (saves the oracle time).
 
     Inequality, elementwise: ``|out - O_oracle| <= budget(stats) + oracle.bound``.
-    Raises AssertionError (violation) or ValueError (bad or unsupported arguments).
+    Raises AssertionError (violation), :class:`UndecidedError` (an AssertionError: the judge
+    cannot decide, message with "undecided" and why) or ValueError (bad arguments).
     """
     __tracebackhide__ = True
-    if softcap:
-        raise ValueError("assert_attention_within_budget: softcap is not supported by this gate yet")
-    if arch not in ("sm90", "sm100", "sm103"):
-        raise ValueError(f"arch {arch!r}: choose from sm90, sm100, sm103")
+    if arch not in facts.ARCHS:
+        raise ValueError(f"arch {arch!r}: choose from {', '.join(facts.ARCHS)}")
     o64, _ = _to_f64(out, "out")
     q64, qdt = _to_f64(q, "q")
     k64, _ = _to_f64(k, "k")
@@ -141,93 +116,94 @@ def assert_attention_within_budget(out: Any, q: Any, k: Any, v: Any, *, dtype: s
         dtype = _DTYPE_FROM_ARRAY.get(qdt)
         if dtype is None:
             raise ValueError(f"dtype: cannot infer from q of dtype {qdt}; pass dtype='bf16'|'fp16'|'fp8'")
-    if dtype not in ("bf16", "fp16", "fp8"):
-        raise ValueError(f"dtype {dtype!r}: choose from bf16, fp16, fp8")
+    if dtype not in facts.DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose from {', '.join(facts.DTYPES)}")
     exp_shape = q64.shape[:3] + (v64.shape[-1],)
     if o64.shape != exp_shape:
         raise ValueError(f"out: shape {o64.shape} does not match (batch, seqlen_q, nheads, headdim_v) "
                          f"= {exp_shape}")
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q64.shape[-1])
-
+    if softcap and not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap {softcap!r}: must be a finite number > 0 (or 0 = off)")
+    sink = None if learnable_sink is None else _to_f64(learnable_sink, "learnable_sink")[0]
+    problem = dense_problem(q64, k64, v64, arch=arch, dtype=dtype, causal=causal,
+                            window_size=tuple(window_size), softmax_scale=softmax_scale,
+                            softcap=float(softcap or 0.0), sink=sink is not None)
+    a = arrays_from(q64, k64, v64, learnable_sink=sink)
+    bset = load_budgets(dtype, arch, budget)
     if oracle is None:
         from fa4verify.oracles.attention import forward as oracle_forward
 
         oracle = oracle_forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                                window_size=tuple(window_size), learnable_sink=learnable_sink)
-    if softmax_scale is None and getattr(oracle, "softmax_scale", None) is not None:
-        scale = float(oracle.softmax_scale)  # the oracle's reading of FA4's default scale
-    ref = np.asarray(oracle.out, dtype=np.float64)
-    obound = np.asarray(oracle.bound, dtype=np.float64)
-    lse = np.asarray(oracle.lse, dtype=np.float64)
-
-    if budget is None:
-        from fa4verify.error_budgets import load
-
-        bset = load(dtype, arch)
-    elif isinstance(budget, (str, bytes)) or hasattr(budget, "__fspath__"):
-        from fa4verify.error_budgets import load_file
-
-        bset = load_file(budget)
+                                window_size=tuple(window_size), softcap=float(softcap or 0.0),
+                                learnable_sink=learnable_sink)
+    if tile_n is not None and int(tile_n) != _tile(problem):
+        raise ValueError(f"tile_n={tile_n}: FA4 runs this problem with tile_n={_tile(problem)} on {arch} "
+                         f"(fa4verify.kernels.facts); the gate judges the kernel FA4 runs")
+    from fa4verify.judge.attention import forward_allowances
+    from fa4verify.judge.verdict import compare
+    ref_out, _, st, _ = forward_allowances(problem, a, budgets=bset, oracle=oracle)
+    if budget_name != "forward_out":
+        with np.errstate(invalid="ignore", over="ignore"):
+            bud = st.forward_out(budget_name)
     else:
-        bset = budget
-    try:
-        from fa4verify.kernels.fa4_params import load_params
-
-        thr = float(load_params().rescale_threshold_16bit)
-    except Exception:  # pragma: no cover - params loader missing: FA4's documented 8.0
-        thr = 8.0
-    if tile_n is None:
-        tile_n = _default_tile_n(q64.shape[-1], v64.shape[-1], causal, window_size, arch)
-    bnd = _budget_bound(bset, budget_name, q64, k64, v64, scale=scale, causal=causal,
-                        window_size=window_size, lse=lse, ref=ref, dtype=dtype, arch=arch,
-                        tile_n=tile_n, rescale_threshold=thr)
-    allowed = bnd + obound
-
-    comparable = np.isfinite(ref)
-    err = np.abs(o64 - ref)
-    bad = comparable & ~(err <= allowed)  # NaN in out counts as a violation
-    n = int(comparable.sum())
-    count = int(bad.sum())
+        bud = ref_out.budget
+    ref = ref_out.value
+    verdict = compare("out", o64, ref, oracle_bound=ref_out.bound, budget=bud, all_indices=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        allowed = np.broadcast_to(ref_out.bound + bud, ref.shape)
+        err = np.abs(o64 - ref)
     fmt = "f16" if dtype == "fp16" else "bf16"
     ulp_name = "fp16 ulps" if dtype == "fp16" else "bf16 ulps"
-    ulps = _ulps(np.where(comparable, err, 0.0), ref, fmt)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(comparable, err / allowed, 0.0)
-    ratio = np.where(np.isnan(ratio) & comparable, np.inf, ratio)
-    errc = np.where(comparable, err, 0.0)
-    summary = GateSummary(budget=budget_name, n=n, count_over=count,
-                          max_abs_err=float(np.nanmax(np.where(np.isnan(errc), np.inf, errc))) if n else 0.0,
-                          max_ulp=float(np.nanmax(ulps)) if n else 0.0,
-                          tightness=float(np.max(ratio)) if n else 0.0,
-                          skipped_nonfinite=int((~comparable).sum()))
-    if count == 0:
+    judged = np.isfinite(ref) & np.isfinite(allowed) & (allowed >= 0)
+    ulps = _ulps(np.where(judged, err, 0.0), ref, fmt)
+    left, right = window_size
+    case = (f"Case: dtype={dtype} arch={arch} batch={o64.shape[0]} seqlen_q={o64.shape[1]} "
+            f"seqlen_k={k64.shape[1]} nheads={o64.shape[2]} nheads_k={k64.shape[2]} head_dim={q64.shape[3]} "
+            f"head_dim_v={o64.shape[3]} causal={causal} window_size=({left}, {right}) "
+            f"softmax_scale={problem.scale:.6g} softcap={float(softcap or 0.0):g} "
+            f"learnable_sink={'yes' if learnable_sink is not None else 'no'} "
+            f"tile_n={_tile(problem)}")
+    summary = GateSummary(budget=budget_name, n=verdict.n_compared, count_over=verdict.n_over,
+                          max_abs_err=verdict.max_abs_err,
+                          max_ulp=float(np.nanmax(np.where(judged, ulps, 0.0))) if verdict.n_compared else 0.0,
+                          tightness=verdict.tightness, skipped_nonfinite=verdict.n_unjudged,
+                          status=verdict.status)
+    files = ', '.join(getattr(bset, 'files', ()) or ()) or 'custom budget'
+    if verdict.status == "undecided":
+        raise UndecidedError("\n".join([
+            (msg + "\n" if msg else "") +
+            f"Attention output verdict undecided under budget {budget_name!r} ({dtype}, {arch}; {files}): "
+            f"{verdict.reason}",
+            f"  judged {verdict.n_compared} of {o64.size} elements, none over; "
+            f"{verdict.n_unjudged} could not be judged",
+            case]), (verdict,))
+    if verdict.status == "pass":
         return summary
 
-    b_, m_, h_, d_ = o64.shape
-    idx = np.argwhere(bad)  # rows of (b, m, h, d), C order
-    # report (b, h, m, d) order, first five in that order
+    idx = verdict.over_indices  # rows of (b, m, h, d), C order
     order = np.lexsort((idx[:, 3], idx[:, 1], idx[:, 2], idx[:, 0]))
     lines = []
     for bi, mi, hi, di in idx[order][:5]:
         lines.append(f"  ({bi}, {hi}, {mi}, {di}): kernel {_fmt(o64[bi, mi, hi, di])}, oracle "
                      f"{_fmt(ref[bi, mi, hi, di])}, |err| {_fmt(err[bi, mi, hi, di])} "
                      f"({_fmt(ulps[bi, mi, hi, di])} {ulp_name}) > bound {_fmt(allowed[bi, mi, hi, di])}")
-    worst = np.unravel_index(int(np.argmax(np.where(bad, ratio, -1.0))), ratio.shape)
-    wb, wm, wh, wd = (int(x) for x in worst)
-    left, right = window_size
+    wb, wm, wh, wd = verdict.worst.index if verdict.worst else (0, 0, 0, 0)
+    count, n = verdict.n_over, verdict.n_compared
     text = "\n".join([
         (msg + "\n" if msg else "") +
-        f"Attention output not within budget {budget_name!r} ({dtype}, {arch}; "
-        f"{', '.join(getattr(bset, 'files', ()) or ()) or 'custom budget'})",
+        f"Attention output not within budget {budget_name!r} ({dtype}, {arch}; {files})",
         f"  |out - O_oracle| <= {budget_name}(stats) + oracle.bound   (elementwise, absolute)",
-        f"Mismatched elements: {count} / {n} ({100.0 * count / max(n, 1):.4g}%)",
+        f"Mismatched elements: {count} / {n} ({100.0 * count / max(n, 1):.4g}%)"
+        + (f"; {verdict.n_unjudged} more could not be judged (undecided)" if verdict.n_unjudged else ""),
         f"First {len(lines)} violations at (b, h, m, d):",
         *lines,
         f"Max: |err| {_fmt(summary.max_abs_err)}, {_fmt(summary.max_ulp)} {ulp_name}; worst "
         f"|err|/bound {_fmt(summary.tightness)} at (b, h, m, d) = ({wb}, {wh}, {wm}, {wd})",
-        f"Case: dtype={dtype} arch={arch} batch={b_} seqlen_q={m_} seqlen_k={k64.shape[1]} "
-        f"nheads={h_} nheads_k={k64.shape[2]} head_dim={q64.shape[3]} head_dim_v={d_} "
-        f"causal={causal} window_size=({left}, {right}) softmax_scale={scale:.6g} "
-        f"learnable_sink={'yes' if learnable_sink is not None else 'no'} tile_n={tile_n}",
+        case,
     ])
     raise AssertionError(text)
+
+
+def _tile(problem) -> int:
+    from fa4verify.judge.stats import kernel_constants_for
+    return kernel_constants_for(problem).tile_n

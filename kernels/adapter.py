@@ -92,12 +92,7 @@ def _require_cuda() -> None:
         raise NoCudaError(f"no CUDA device: {reason}")
 
 
-def _dist_version(name: str) -> Optional[str]:
-    try:
-        from importlib.metadata import version
-        return version(name)
-    except Exception:
-        return None
+from fa4verify.kernels.facts import dist_version as _dist_version  # noqa: E402
 
 
 def versions() -> dict[str, Optional[str]]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -98,11 +97,7 @@ class FA4Params:
         return self.source.startswith("installed")
 
 
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+from fa4verify.kernels.facts import dist_version as _dist_version  # noqa: E402
 
 
 def fa4_source_dir() -> Path | None:

@@ -45,6 +45,7 @@ import numpy as np
 
 from fa4verify import binary32 as b32
 from fa4verify.kernels import twin_fwd as tf
+from fa4verify.kernels import facts as _facts
 from fa4verify.kernels.twin_fwd import (F32, F64, LOG2_E, Mufu, StageSample, _add, _fma, _mul,
                                         _rn32, _sub, cast_to, infer_dtype, mma)
 
@@ -68,17 +69,7 @@ class TwinBackwardResult:
     config: dict[str, Any]
 
 
-def sm90_bwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:
-    """``_tile_size_bwd_sm90`` (flash_attn/cute/interface.py): (tile_m, tile_n)."""
-    if head_dim <= 64:
-        return 128, 128
-    if head_dim <= 96:
-        return 64, 128
-    if head_dim <= 128:
-        return (64 if (causal or local) else 80), 128
-    if head_dim <= 192:
-        return 64, 96
-    return 64, 48
+sm90_bwd_tile = _facts.sm90_bwd_tile   # FA4's table, once, in fa4verify.kernels.facts
 
 
 def _acc_blocks(acc0, A_, B_, tile_m: int, exact: bool, probe, stage: str, stat: str):

@@ -70,6 +70,7 @@ from typing import Any, Callable, Literal, Mapping, Optional
 import numpy as np
 
 from fa4verify import binary32 as b32
+from fa4verify.kernels import facts as _facts
 
 Arch = Literal["sm90", "sm100", "sm103"]
 Accumulation = Literal["exact-then-round", "sequential", "pairwise"]
@@ -342,40 +343,9 @@ def mma(a, b, init, mode: str, exact: bool = False) -> np.ndarray:
 
 
 # =========================================================================== configuration
-def resolve_causal_local_window(causal: bool, window_size: Optional[tuple[Optional[int], Optional[int]]]
-                                ) -> tuple[bool, bool, Optional[int], Optional[int]]:
-    """``(causal, local, left, right)`` exactly as FA4 4.0.0b36
-    ``interface._resolve_causal_local_window`` (no ``mask_mod``); window sides in keys, None = unbounded.
-
-    1. Both sides given and both negative -> the window is dropped (None, None). This check comes
-       BEFORE ``causal`` is applied, and only a both-negative pair is dropped: e.g. (0, -1) or
-       causal with left = -1 stay, as empty windows (fully masked rows).
-    2. ``causal`` sets right = 0.
-    3. Any side set: ``(None, 0)`` -> causal (right returned as None), otherwise local.
-    """
-    wl, wr = window_size if window_size is not None else (None, None)
-    if wl is not None and wr is not None and wl < 0 and wr < 0:
-        wl = wr = None
-    if causal:
-        wr = 0
-    if wl is not None or wr is not None:
-        if wl is None and wr == 0:
-            return True, False, None, None
-        return False, True, wl, wr
-    return bool(causal), False, wl, wr
-
-
-def sm90_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:
-    """``_tile_size_fwd_sm90`` (flash_attn/cute/interface.py)."""
-    if head_dim <= 64:
-        return 192, 128
-    if head_dim <= 96:
-        return (192, 128) if (causal or local) else (192, 144)
-    if head_dim <= 128:
-        return 128, 128
-    if head_dim <= 192:
-        return 128, (96 if local else (128 if head_dim_v <= 128 else 112))
-    return 128, (64 if local else 80)
+# FA4's window rule and SM90 tile table live once, in fa4verify.kernels.facts
+resolve_causal_local_window = _facts.resolve_causal_local_window
+sm90_tile = _facts.sm90_fwd_tile
 
 
 def _params():

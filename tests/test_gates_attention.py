@@ -97,7 +97,8 @@ def test_the_gate_computes_the_oracle_itself_and_infers_the_dtype():
 
 
 @pytest.mark.parametrize("kw, msg", [
-    ({"arch": "sm80"}, "arch"), ({"dtype": "fp32"}, "dtype"), ({"softcap": 5.0}, "softcap"),
+    ({"arch": "sm80"}, "arch"), ({"dtype": "fp32"}, "dtype"), ({"softcap": -5.0}, "softcap"),
+    ({"softcap": float("nan")}, "softcap"),
 ])
 def test_bad_arguments_are_value_errors(kw, msg):
     q, k, v = problem(m=8, n=8)
@@ -109,3 +110,58 @@ def test_wrong_output_shape_is_a_value_error():
     q, k, v = problem(m=8, n=8)
     with pytest.raises(ValueError, match="out: shape"):
         assert_attention_within_budget(np.zeros((1, 8, 2, 16), BF16), q, k, v)
+
+
+def test_softcap_correctly_rounded_output_passes_and_a_shifted_one_fails():
+    q, k, v = problem(m=24, n=40)
+    o = forward(q, k, v, softcap=5.0)
+    s = assert_attention_within_budget(o.out.astype(BF16), q, k, v, softcap=5.0, arch="sm90", oracle=o)
+    assert s.status == "pass" and s.count_over == 0
+    with pytest.raises(AssertionError, match="Mismatched elements"):
+        assert_attention_within_budget((o.out + 0.05).astype(BF16), q, k, v, softcap=5.0, arch="sm90", oracle=o)
+
+
+# --------------------------------------------------------------------- Note [Undecided] at the gate
+from fa4verify.judge import UndecidedError  # noqa: E402
+
+
+def test_all_nan_q_with_a_zero_output_is_undecided_not_a_pass():
+    q, k, v = problem(m=8, n=8)
+    qn = np.full(q.shape, np.nan, dtype=BF16)
+    with pytest.raises(UndecidedError, match="undecided") as ei:
+        assert_attention_within_budget(np.zeros((1, 8, 2, 32), BF16), qn, k, v, arch="sm90")
+    assert "NaN" in str(ei.value)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_logits_scaled_1e7_with_a_zero_output_are_undecided(arch):
+    q, k, v = problem(m=8, n=8)
+    q7 = (q.astype(np.float32) * 1e7).astype(BF16)
+    k7 = (k.astype(np.float32) * 1e7).astype(BF16)
+    with pytest.raises(AssertionError) as ei:
+        assert_attention_within_budget(np.zeros((1, 8, 2, 32), BF16), q7, k7, v, arch=arch)
+    # a zero output is wrong; the judge must never call it a pass. Either it can judge some
+    # elements (fail) or it cannot (undecided); with bound inf it is undecided
+    assert isinstance(ei.value, UndecidedError) or "Mismatched" in str(ei.value)
+    if isinstance(ei.value, UndecidedError):
+        assert "undecided" in str(ei.value)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_logits_scaled_1000_with_the_exact_oracle_output_never_fail(arch):
+    q, k, v = problem(m=8, n=8)
+    q3 = (q.astype(np.float32) * 1000).astype(BF16)
+    k3 = (k.astype(np.float32) * 1000).astype(BF16)
+    o = forward(q3, k3, v)
+    try:
+        s = assert_attention_within_budget(o.out, q3, k3, v, arch=arch, oracle=o, dtype="bf16")
+    except UndecidedError as e:
+        assert "undecided" in str(e)
+    else:
+        assert s.status == "pass" and s.count_over == 0
+
+
+def test_nothing_compared_is_undecided():
+    from fa4verify.judge import compare
+    v = compare("x", np.zeros(0), np.zeros(0))
+    assert v.status == "undecided" and "nothing compared" in v.reason

@@ -24,6 +24,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import DrawFn
 
 from fa4verify._strategies.shapes import seqlens
+from fa4verify.kernels import facts as _facts
 
 Window = tuple[Optional[int], Optional[int]]
 MaskKind = Literal["document", "sliding_window", "block_sparse", "masked_rows"]
@@ -32,18 +33,8 @@ MASK_KINDS: tuple[str, ...] = ("document", "sliding_window", "block_sparse", "ma
 
 
 def resolve_window(causal: bool, window_size: Window) -> tuple[bool, bool, Optional[int], Optional[int]]:
-    """FA4's canonical form ``(causal, local, left, right)`` (mirrors
-    ``flash_attn/cute/interface.py:_resolve_causal_local_window`` without a mask_mod)."""
-    left, right = window_size
-    if left is not None and right is not None and left < 0 and right < 0:
-        left = right = None
-    if causal:
-        right = 0
-    if left is not None or right is not None:
-        if left is None and right == 0:
-            return True, False, None, None
-        return False, True, left, right
-    return bool(causal), False, None, None
+    """FA4's canonical form ``(causal, local, left, right)``: :func:`fa4verify.kernels.facts.resolve_causal_local_window`."""
+    return _facts.resolve_causal_local_window(causal, window_size)
 
 
 def window_keep_mask(seqlen_q: int, seqlen_k: int, *, causal: bool, window_size: Window) -> np.ndarray:

@@ -20,8 +20,9 @@ from hypothesis.strategies import DrawFn
 
 from fa4verify._strategies.masks import MaskMod, Window, causal_and_windows, mask_mods, resolve_window, \
     softcaps, varlen_seqlens, window_keep_mask
-from fa4verify._strategies.shapes import check_arch, check_dtype, check_head_dims, head_counts, head_dims, \
-    seqlen_pairs
+from fa4verify._strategies.shapes import ARCHS, DTYPES, check_arch, check_dtype, check_head_dims, head_counts, \
+    head_dims, seqlen_pairs
+from fa4verify.kernels import facts as _facts
 from fa4verify._strategies.values import DISTRIBUTIONS, ValueSpec, generate_values, value_specs
 
 #: JSON schema tag written by :meth:`AttentionProblem.to_dict`.
@@ -69,9 +70,17 @@ class AttentionProblem:
     values: ValueSpec = field(default_factory=ValueSpec)
 
     def __post_init__(self) -> None:
-        check_arch(self.arch)
-        check_dtype(self.dtype)
-        check_head_dims(self.arch, self.head_dim, self.head_dim_v)
+        # the one problem type of fa4verify: every arch and dtype FA4 has (the strategies draw
+        # a subset: shapes.ARCHS / shapes.DTYPES)
+        if self.arch not in _facts.ARCHS:
+            raise InvalidArgument(f"arch={self.arch!r} is not supported; expected one of {_facts.ARCHS}")
+        if self.dtype not in _facts.DTYPES:
+            raise InvalidArgument(f"dtype={self.dtype!r} is not supported; expected one of {_facts.DTYPES}")
+        if self.arch in ARCHS and self.dtype in DTYPES:
+            check_head_dims(self.arch, self.head_dim, self.head_dim_v)
+        elif not _facts.head_dims_supported(self.arch, self.head_dim, self.head_dim_v, self.dtype):
+            raise InvalidArgument(f"(head_dim, head_dim_v)=({self.head_dim}, {self.head_dim_v}) is not "
+                                  f"supported on {self.arch} ({self.dtype}): {_facts.supported_head_dims_text(self.arch)}")
         if self.nheads < 1 or self.nheads_kv < 1 or self.nheads % self.nheads_kv:
             raise ValueError(f"nheads={self.nheads} must be a positive multiple of nheads_kv={self.nheads_kv}")
         if (self.seqlens_q is None) != (self.seqlens_k is None):

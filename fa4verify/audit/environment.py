@@ -5,7 +5,6 @@ when the audit runs on a CUDA device, to read the GPU name, capability and CUDA 
 """
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import platform
 import shutil
@@ -25,12 +24,7 @@ DISTRIBUTIONS = {
 }
 
 
-def dist_version(dist: str) -> str | None:
-    """Installed version of a distribution, or None (metadata only, no import)."""
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
+from fa4verify.kernels.facts import dist_version  # noqa: E402  (the one lookup)
 
 
 def _git_commit() -> str | None:

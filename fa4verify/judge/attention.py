@@ -1,0 +1,206 @@
+"""Attention outputs against the certified oracle under the composed budgets: the judge's only
+path from (problem, inputs, kernel outputs) to verdicts.
+
+* :func:`oracle_forward` / :func:`oracle_backward` -- the certified float64 references
+  (``fa4verify.oracles.attention``) for a problem's arrays;
+* :func:`forward_allowances` -- oracle, its bounds and the composed budgets, elementwise
+  (:class:`Reference`), from the one statistics producer :class:`~fa4verify.judge.stats.BudgetStats`;
+* :func:`judge_forward` -- ``out`` and ``lse`` verdicts;
+* :func:`judge_backward` -- ``dq``, ``dk``, ``dv`` verdicts against the exact gradient (the
+  budgets' D term covers D computed from the kernel's rounded O,
+  error_budgets/DERIVATIONS.md#bwd-composition);
+* :func:`dense_problem` -- the problem type for arrays given by a caller (the public gate,
+  attribution, mutants, production cases).
+
+Every verdict comes from :func:`fa4verify.judge.verdict.compare`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.judge.stats import BudgetStats, FTZ
+from fa4verify.judge.verdict import Verdict, compare
+
+__all__ = ["Reference", "ForwardJudgement", "BackwardJudgement", "dense_problem", "arrays_from",
+           "oracle_forward", "oracle_backward", "forward_allowances", "judge_forward",
+           "judge_backward", "load_budgets"]
+
+
+def load_budgets(dtype: str, arch: str, budgets: Any = None):
+    """The composed budget set: ``budgets`` itself (a BudgetSet), a path to a TOML, or the shipped
+    ``error_budgets.load(dtype, arch)``."""
+    from fa4verify import error_budgets as eb
+    if budgets is None:
+        return eb.load(dtype, arch)
+    if isinstance(budgets, (str, bytes)) or hasattr(budgets, "__fspath__"):
+        return eb.load_file(budgets)
+    return budgets
+
+
+def _typed(x: np.ndarray, dtype: str):
+    """float32 holding exact ``dtype`` values -> an array of that dtype (exact), so the oracle
+    reads the input dtype (its NaN/format checks)."""
+    x = np.asarray(x, np.float32)
+    if dtype == "fp16":
+        return x.astype(np.float16)
+    import ml_dtypes
+    if dtype == "fp8":
+        return x.astype(ml_dtypes.float8_e4m3fn)
+    return x.astype(ml_dtypes.bfloat16)
+
+
+def dense_problem(q, k, v, *, arch: str, dtype: str, causal: bool = False, window_size=(None, None),
+                  softmax_scale: Optional[float] = None, softcap: float = 0.0, sink: bool = False,
+                  mask_mod=None) -> AttentionProblem:
+    """The :class:`AttentionProblem` describing dense arrays (b, s, h, d) given by a caller."""
+    b, sq, h, d = np.shape(q)
+    _, sk, hk, _ = np.shape(k)
+    dv = np.shape(v)[-1]
+    return AttentionProblem(arch=arch, dtype=dtype, batch=int(b), seqlen_q=int(sq), seqlen_k=int(sk),
+                            nheads=int(h), nheads_kv=int(hk), head_dim=int(d), head_dim_v=int(dv),
+                            causal=bool(causal), window_size=tuple(window_size), softcap=float(softcap or 0.0),
+                            sink=bool(sink), softmax_scale=softmax_scale, mask_mod=mask_mod)
+
+
+def arrays_from(q, k, v, dout=None, learnable_sink=None, mask=None, cu_seqlens_q=None,
+                cu_seqlens_k=None) -> dict[str, Any]:
+    """The arrays dict the judge reads (float64 copies; None where absent)."""
+    f = (lambda x: None if x is None else np.asarray(x, np.float64))
+    return {"q": f(q), "k": f(k), "v": f(v), "dout": f(dout), "learnable_sink": f(learnable_sink),
+            "mask": mask, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+
+
+def _oracle_kwargs(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+    kw: dict[str, Any] = {"softmax_scale": problem.softmax_scale, "causal": problem.causal,
+                          "window_size": tuple(problem.window_size), "softcap": float(problem.softcap),
+                          "learnable_sink": a.get("learnable_sink") if problem.sink else None}
+    if problem.varlen:
+        kw["cu_seqlens_q"] = a["cu_seqlens_q"]
+        kw["cu_seqlens_k"] = a["cu_seqlens_k"]
+    if problem.mask_mod is not None:
+        kw["mask"] = a["mask"]
+    return kw
+
+
+def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
+    from fa4verify.oracles import attention as orc
+    dt = problem.dtype
+    return orc.forward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt), **_oracle_kwargs(problem, a))
+
+
+def oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
+    """The exact gradient (the oracle's own O enters D)."""
+    from fa4verify.oracles import attention as orc
+    dt = problem.dtype
+    return orc.backward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt), None,
+                        _typed(a["dout"], dt), **_oracle_kwargs(problem, a))
+
+
+@dataclasses.dataclass
+class Reference:
+    """Oracle values, their certified bounds and the composed budget, elementwise."""
+    value: np.ndarray
+    bound: np.ndarray
+    budget: np.ndarray
+
+    @property
+    def allowance(self) -> np.ndarray:   # the budget part (kept for the fuzz vocabulary)
+        return self.budget
+
+
+@dataclasses.dataclass
+class ForwardJudgement:
+    out: Verdict
+    lse: Verdict
+    ref_out: Reference
+    ref_lse: Reference
+    stats: BudgetStats
+    oracle: Any
+    prob: Optional[Verdict] = None     #: against ``forward_out_prob`` when the budget set has it
+
+    @property
+    def verdicts(self) -> tuple[Verdict, ...]:
+        return (self.out, self.lse)
+
+
+@dataclasses.dataclass
+class BackwardJudgement:
+    dq: Verdict
+    dk: Verdict
+    dv: Verdict
+    oracle: Any
+    budgets: dict[str, np.ndarray]
+    ftz_floor: dict[str, np.ndarray]
+
+    @property
+    def verdicts(self) -> tuple[Verdict, ...]:
+        return (self.dq, self.dk, self.dv)
+
+
+def forward_allowances(problem: AttentionProblem, a: Mapping[str, Any], *, budgets: Any = None,
+                       oracle: Any = None) -> tuple[Reference, Reference, BudgetStats, Any]:
+    """(out reference, lse reference, statistics, oracle forward) of a problem."""
+    bs = load_budgets(problem.dtype, problem.arch, budgets)
+    ofwd = oracle if oracle is not None else oracle_forward(problem, a)
+    with np.errstate(invalid="ignore", over="ignore"):
+        st = BudgetStats(problem, a, ofwd, bs)
+        ref_out = Reference(np.asarray(ofwd.out, np.float64), np.asarray(ofwd.bound, np.float64), st.forward_out())
+        lse_ref = np.asarray(ofwd.lse, np.float64)
+        # a budget set without forward_lse (a user's fixture) leaves the LSE unjudged: NaN budget
+        lse_budget = st.forward_lse() if "forward_lse" in bs else np.full(lse_ref.shape, np.nan)
+        ref_lse = Reference(lse_ref, np.asarray(ofwd.lse_bound, np.float64), lse_budget)
+    return ref_out, ref_lse, st, ofwd
+
+
+def judge_forward(problem: AttentionProblem, a: Mapping[str, Any], out, lse, *, budgets: Any = None,
+                  oracle: Any = None, nan: str = "unjudged", select_rows=None) -> ForwardJudgement:
+    """Verdicts on a kernel's forward ``out`` (FA4 layout) and ``lse`` (``None``: not judged,
+    reported undecided) against the oracle within ``forward_out`` / ``forward_lse``."""
+    ref_out, ref_lse, st, ofwd = forward_allowances(problem, a, budgets=budgets, oracle=oracle)
+    vo = compare("out", out, ref_out.value, oracle_bound=ref_out.bound, budget=ref_out.budget, nan=nan)
+    if lse is None:
+        vl = Verdict("lse", "undecided", 0, 0, int(np.size(ref_lse.value)), 0.0, 0.0, None, (),
+                     "the target returned no LSE")
+    else:
+        vl = compare("lse", lse, ref_lse.value, oracle_bound=ref_lse.bound, budget=ref_lse.budget, nan=nan)
+    prob = None
+    if "forward_out_prob" in st.budget:
+        with np.errstate(invalid="ignore", over="ignore"):
+            pb = st.forward_out("forward_out_prob")
+        prob = compare("out_prob", out, ref_out.value, oracle_bound=ref_out.bound, budget=pb, nan=nan)
+    return ForwardJudgement(vo, vl, ref_out, ref_lse, st, ofwd, prob)
+
+
+def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, *, budgets: Any = None,
+                   forward: Optional[ForwardJudgement] = None, oracle_bwd: Any = None) -> BackwardJudgement:
+    """Verdicts on dQ, dK, dV (FA4 layouts) against the exact gradient within
+    ``backward_dq/dk/dv``. ``forward``: a :func:`judge_forward` result of the same problem
+    (reuses its oracle and statistics)."""
+    if forward is None:
+        ref_out, _, st, _ = forward_allowances(problem, a, budgets=budgets)
+    else:
+        ref_out, st = forward.ref_out, forward.stats
+    obwd = oracle_bwd if oracle_bwd is not None else oracle_backward(problem, a)
+    with np.errstate(invalid="ignore", over="ignore"):
+        allow = st.backward(obwd, ref_out.budget, ref_out.bound)
+    vs = {}
+    for n, got in (("dq", dq), ("dk", dk), ("dv", dv)):
+        vs[n] = compare(n, got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"), budget=allow[n])
+    return BackwardJudgement(vs["dq"], vs["dk"], vs["dv"], obwd, allow, st.ftz_floor)
+
+
+def ftz_envelope_holds(v: Verdict, budget: np.ndarray, floor: np.ndarray, err_over: Optional[np.ndarray] = None) -> bool:
+    """Whether every violation of ``v`` lies within budget + the flush-to-zero floor (listed
+    violations only; a diagnostic, never a verdict)."""
+    if v.status != "fail" or not v.violations:
+        return False
+    fl = np.broadcast_to(floor, np.shape(budget))
+    return all(e.err <= e.allowed + float(fl[e.index]) for e in v.violations if math.isfinite(e.err))
+
+
+_ = FTZ

@@ -1,0 +1,286 @@
+"""The one producer of composed-budget statistics (``error_budgets/loader.py: STATISTICS``).
+
+:class:`BudgetStats` computes, in float64 from the exact inputs and the oracle forward, every
+statistic the composed budgets ``forward_out``, ``forward_lse``, ``backward_p`` and
+``backward_dq/dk/dv`` read, for any :class:`~fa4verify.judge.problem.AttentionProblem`: dense
+or varlen (zero-length sequences included), causal / local windows / mask_mod keep-patterns,
+GQA/MQA, softcap (forward and backward) and learnable sinks. Kernel constants (KV tile width,
+``max_offset``, lazy-rescale threshold) come from :func:`fa4verify.kernels.facts.kernel_constants`,
+i.e. from the installed FA4.
+
+Conventions (upper estimates where a choice exists, so budgets can only grow):
+
+* ``n_blocks`` = KV tiles a row's visible keys span (FA4 iterates exactly these tiles), per row;
+  ``n_rescale = n_blocks``;
+* ``lg2_l = |log2 l_true| + max_offset + rescale_threshold`` (FA4's l carries up to
+  2^(mo + threshold));
+* ``sc_max`` includes a learnable sink's logit (its exponent argument);
+* the dK/dV budgets use the largest per-row ``backward_p`` of the rows they sum over.
+
+This module does not compare anything: :mod:`fa4verify.judge.verdict` does.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from fa4verify.kernels import facts
+
+__all__ = ["BudgetStats", "gamma", "FTZ"]
+
+_LOG2E = math.log2(math.e)
+_U32 = 2.0 ** -24
+FTZ = 2.0 ** -126   # smallest normal fp32: what flush-to-zero can remove from one P
+
+
+def gamma(n, u=_U32):
+    """Higham's gamma_n = n u / (1 - n u), +inf where n u >= 1."""
+    nu = np.asarray(n, np.float64) * u
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(nu < 1, nu / (1 - nu), np.inf)
+
+
+def kernel_constants_for(problem) -> facts.KernelConstants:
+    causal, local, _, _ = facts.resolve_causal_local_window(problem.causal, problem.window_size)
+    return facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
+                                  causal, local)
+
+
+class BudgetStats:
+    """End-to-end budget statistics (error_budgets/loader.py ``STATISTICS``), computed in fp64 from
+    the exact inputs and the oracle, in FA4's layouts:
+
+    * ``out``-layout dicts: arrays broadcastable to ``out`` ((b, s, h, dv) or (t, h, dv));
+    * ``lse``-layout: broadcastable to the LSE ((b, h, s) or (h, t));
+    * ``dq``/``dk``/``dv``-layout: broadcastable to q, k, v.
+
+    Conservative choices (upper estimates, so budgets can only grow): ``n_blocks`` is
+    ceil(seqlen_k / tile_n) of the sequence, ``n_rescale = n_blocks``, ``lg2_l = |log2 l_true| +
+    max_offset + rescale_threshold`` (FA4's l carries up to 2^(mo + threshold)), and the dK/dV
+    budgets use the largest per-row ``backward_p`` of the rows they sum over.
+    """
+
+    def __init__(self, problem, a: Mapping[str, Any], ofwd: Any, budget: Any):
+        self.problem, self.budget = problem, budget
+        kcon = kernel_constants_for(problem)
+        kc = {"tile_n": float(kcon.tile_n), "max_offset": float(kcon.max_offset),
+              "threshold": float(kcon.rescale_threshold)}
+        self.kernel = kcon
+        H, Hk = problem.nheads, problem.nheads_kv
+        g = H // Hk
+        D, Dv = problem.head_dim, problem.head_dim_v
+        scale = problem.scale
+        cap = float(problem.softcap)
+        q, k, v = (np.asarray(a[n], np.float64) for n in ("q", "k", "v"))
+        dout = np.asarray(a["dout"], np.float64) if a.get("dout") is not None else None
+        O = np.asarray(ofwd.out, np.float64)
+        lse = np.asarray(ofwd.lse, np.float64)
+        varlen = problem.varlen
+        if not varlen:   # unify: token-major (t, h, d) per segment, segments = batch entries
+            q, k, v, O = (x.reshape((-1,) + x.shape[2:]) for x in (q, k, v, O))
+            dout = None if dout is None else dout.reshape((-1,) + dout.shape[2:])
+            lse_t = np.moveaxis(lse, 1, 2).reshape(-1, H)       # (b*s, h)
+        else:
+            lse_t = lse.T                                        # (t, h)
+        tq, tk = q.shape[0], k.shape[0]
+        row = {n: np.zeros((tq, H)) for n in ("qk_c_max", "sc_max", "mc_abs", "softcap_err", "lse_abs",
+                                              "lg2_l", "seqlen_k", "seqlen_q", "n_blocks", "lse_log2_abs")}
+        el = {n: np.zeros((tq, H, Dv)) for n in ("abs_pv", "sum_abs_v")}
+        sink = a.get("learnable_sink") if problem.sink else None
+        sink_abs = None if sink is None else np.abs(np.asarray(sink, np.float64).reshape(-1)) * _LOG2E
+        self._w: list = []  # per segment: (qs, ks, w (h, lq, lk), tanh (h, lq, lk))
+        self._keeps: list = []
+        bounds = problem._seq_bounds()
+        if not varlen:
+            bounds = [(b * problem.seqlen_q, problem.seqlen_q, b * problem.seqlen_k, problem.seqlen_k)
+                      for b in range(problem.batch)]
+        masks = problem.keep_masks()
+        for (q0, lq, k0, lk), keep in zip(bounds, masks):
+            qs, ks = slice(q0, q0 + lq), slice(k0, k0 + lk)
+            if lq == 0:
+                continue
+            tn = int(kc["tile_n"])
+            anyk = keep.any(axis=1)
+            first = np.where(anyk, np.argmax(keep, axis=1), 0)
+            last = np.where(anyk, lk - 1 - np.argmax(keep[:, ::-1], axis=1), 0) if lk else first
+            nb = np.where(anyk, last // tn - first // tn + 1, 0).astype(np.float64)
+            row["seqlen_k"][qs] = lk
+            row["seqlen_q"][qs] = lq
+            row["n_blocks"][qs] = nb[:, None]
+            W = np.zeros((H, lq, lk))
+            TH = np.zeros((H, lq, lk))
+            for h in range(H):
+                hk = h // g
+                S = q[qs, h] @ k[ks, hk].T
+                A = np.abs(q[qs, h]) @ np.abs(k[ks, hk]).T
+                x = S * scale
+                if cap > 0:
+                    th = np.tanh(x / cap)
+                    y = cap * th
+                    TH[h] = th
+                else:
+                    y = x
+                vis = keep
+                anyv = vis.any(axis=1)
+                neg = np.where(vis, 0.0, -np.inf)
+                row["qk_c_max"][qs, h] = np.max(np.where(vis, A, 0.0), axis=1, initial=0.0) * scale * _LOG2E
+                row["sc_max"][qs, h] = np.max(np.where(vis, np.abs(y), 0.0), axis=1, initial=0.0) * _LOG2E
+                if sink_abs is not None:
+                    row["sc_max"][qs, h] = np.maximum(row["sc_max"][qs, h], sink_abs[h])
+                m = np.max(y + neg, axis=1, initial=-np.inf)
+                m = np.where(anyv, m, 0.0)
+                row["mc_abs"][qs, h] = np.abs(m) * _LOG2E
+                if cap > 0:
+                    se = budget.evaluate("softcap", {"abs_out": np.abs(y), "abs_score": np.abs(x)})
+                    row["softcap_err"][qs, h] = np.max(np.where(vis, se, 0.0), axis=1, initial=0.0) * _LOG2E
+                L = lse_t[qs, h]
+                with np.errstate(invalid="ignore", over="ignore"):
+                    w = np.where(vis & np.isfinite(L)[:, None], np.exp(y - np.where(np.isfinite(L), L, 0.0)[:, None]), 0.0)
+                W[h] = w
+                row["lse_abs"][qs, h] = np.where(np.isfinite(L), np.abs(L), 0.0)
+                row["lse_log2_abs"][qs, h] = row["lse_abs"][qs, h] * _LOG2E
+                row["lg2_l"][qs, h] = np.where(anyv & np.isfinite(L), np.abs(L - m) * _LOG2E, 0.0) \
+                    + kc["max_offset"] + kc["threshold"]
+                el["abs_pv"][qs, h] = w @ np.abs(v[ks, hk])
+                el["sum_abs_v"][qs, h] = vis.astype(np.float64) @ np.abs(v[ks, hk])
+            self._w.append((qs, ks, W, TH))
+            self._keeps.append(keep)
+        self.H, self.Hk, self.g, self.D, self.Dv, self.scale = H, Hk, g, D, Dv, scale
+        self.kc = kc
+        self.q, self.k, self.v, self.dout, self.O = q, k, v, dout, O
+        self.row, self.el = row, el
+        self.abs_o = np.abs(O)
+        self.varlen = varlen
+
+    # -- layout helpers: token-major (t, h[, d]) -> FA4 layouts
+    def _to_out(self, x: np.ndarray) -> np.ndarray:
+        p = self.problem
+        if p.varlen:
+            return x
+        return x.reshape((p.batch, p.seqlen_q) + x.shape[1:])
+
+    def _to_lse(self, x: np.ndarray) -> np.ndarray:
+        p = self.problem
+        if p.varlen:
+            return x.T
+        return np.moveaxis(x.reshape(p.batch, p.seqlen_q, -1), 1, 2)
+
+    def _to_kv(self, x: np.ndarray) -> np.ndarray:
+        p = self.problem
+        if p.varlen:
+            return x
+        return x.reshape((p.batch, p.seqlen_k) + x.shape[1:])
+
+    def _common(self) -> dict[str, Any]:
+        return {"d": float(self.D), "dv": float(self.Dv), "tile_n": self.kc["tile_n"],
+                "max_offset": self.kc["max_offset"], "x_max": self.kc["max_offset"] + self.kc["threshold"]}
+
+    def _row_stats(self) -> dict[str, np.ndarray]:
+        r = dict(self.row)
+        r["n_rescale"] = r["n_blocks"]
+        return r
+
+    def forward_out(self, name: str = "forward_out") -> np.ndarray:
+        st = self._common()
+        for n, x in self._row_stats().items():
+            st[n] = x[..., None]
+        st.update(self.el)
+        st["abs_o"] = self.abs_o
+        return self._to_out(np.broadcast_to(self.budget.evaluate(name, st), self.abs_o.shape))
+
+    def forward_out_ftz_floor(self) -> np.ndarray:
+        """Flush-to-zero envelope of O: each P < 2^-126 may become 0 and l >= 1, so
+        ``|dO| <= 2^-126 * sum_visible |V|``."""
+        return self._to_out(FTZ * self.el["sum_abs_v"])
+
+    def forward_lse(self) -> np.ndarray:
+        st = self._common()
+        st.update(self._row_stats())
+        return self._to_lse(np.broadcast_to(self.budget.evaluate("forward_lse", st), self.row["lse_abs"].shape))
+
+    def backward(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray) -> dict[str, np.ndarray]:
+        """Allowances for dq, dk, dv (FA4 layouts) given the oracle backward (exact O)."""
+        p = self.problem
+        if self.dout is None:
+            raise ValueError("BudgetStats.backward: the arrays carry no dout")
+        H, Hk, g, sc = self.H, self.Hk, self.g, self.scale
+        q, k, v, dout, O = self.q, self.k, self.v, self.dout, self.O
+        tq, tk = q.shape[0], k.shape[0]
+        flat = lambda x: x.reshape((-1,) + x.shape[-2:]) if not p.varlen else x   # noqa: E731
+        bO = flat(np.asarray(out_allow, np.float64)) + flat(np.asarray(out_bound, np.float64))
+        derr = np.sum(bO * np.abs(dout), axis=-1) + gamma(self.Dv) * np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1)
+        q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk",
+                                                        "abs_dpd_k")}
+        k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq",
+                                                         "abs_dpd_q")}
+        v_el = {"abs_pdo": np.zeros((tk, Hk, self.Dv)), "sum_abs_do": np.zeros((tk, Hk, self.Dv))}
+        floor = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
+        k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
+        # backward_p per query row, then its max over the rows each key sums over
+        st = self._common()
+        st.update(self._row_stats())
+        bp_row = np.broadcast_to(self.budget.evaluate("backward_p", st), (tq, H))
+        keeps = {(qs.start, ks.start): km for (qs, ks, _, _), km in zip(self._w, self._keeps)}
+        keep_of = lambda qs, ks: keeps[(qs.start, ks.start)]   # noqa: E731
+        for qs, ks, W, TH in self._w:
+            lq, lk = qs.stop - qs.start, ks.stop - ks.start
+            if lk == 0:
+                continue
+            k_row["seqlen_q"][ks] = lq * g      # dK/dV of a kv head accumulate over its g query heads
+            k_row["seqlen_k"][ks] = lk
+            k_row["n_blocks"][ks] = float(self.row["n_blocks"][qs, 0].max()) if lq else 0
+            for h in range(H):
+                hk = h // g
+                w = W[h]
+                dP = dout[qs, h] @ v[ks, hk].T
+                Dh = np.sum(O[qs, h] * dout[qs, h], axis=-1)
+                dS = w * (dP - Dh[:, None])
+                if p.softcap > 0:
+                    dS = dS * (1 - TH[h] ** 2)
+                DOV = np.abs(dout[qs, h]) @ np.abs(v[ks, hk]).T
+                q_el["abs_dsk"][qs, h] = sc * np.abs(dS) @ np.abs(k[ks, hk])
+                q_el["abs_p_dov_k"][qs, h] = sc * (w * DOV) @ np.abs(k[ks, hk])
+                q_el["abs_p_derr_k"][qs, h] = sc * (w * derr[qs, h][:, None]) @ np.abs(k[ks, hk])
+                k_el["abs_dsq"][ks, hk] += sc * np.abs(dS).T @ np.abs(q[qs, h])
+                k_el["abs_p_dov_q"][ks, hk] += sc * (w * DOV).T @ np.abs(q[qs, h])
+                k_el["abs_p_derr_q"][ks, hk] += sc * (w * derr[qs, h][:, None]).T @ np.abs(q[qs, h])
+                v_el["abs_pdo"][ks, hk] += w.T @ np.abs(dout[qs, h])
+                # flush-to-zero envelope: every P below 2^-126 may become 0 (ex2.approx.ftz)
+                # budget statistics of the subnormal floors (error_budgets/loader.py STATISTICS)
+                kf = keep_of(qs, ks).astype(np.float64)
+                q_el["sub_dsk"][qs, h] = sc * kf @ np.abs(k[ks, hk])
+                k_el["sub_dsq"][ks, hk] += sc * kf.T @ np.abs(q[qs, h])
+                v_el["sum_abs_do"][ks, hk] += kf.T @ np.abs(dout[qs, h])
+                R = np.abs(dP - Dh[:, None]) * kf
+                q_el["abs_dpd_k"][qs, h] = sc * R @ np.abs(k[ks, hk])
+                k_el["abs_dpd_q"][ks, hk] += sc * R.T @ np.abs(q[qs, h])
+                floor["dq"][qs, h] = FTZ * sc * R @ np.abs(k[ks, hk])
+                floor["dk"][ks, hk] += FTZ * sc * R.T @ np.abs(q[qs, h])
+                floor["dv"][ks, hk] += FTZ * keep_of(qs, ks).T.astype(np.float64) @ np.abs(dout[qs, h])
+                k_row["backward_p"][ks, hk] = np.maximum(k_row["backward_p"][ks, hk],
+                                                         np.max(bp_row[qs, h], initial=0.0))
+        out: dict[str, np.ndarray] = {}
+        common = self._common()
+        # dq (query layout)
+        st = dict(common)
+        for n, x in self._row_stats().items():
+            st[n] = x[..., None]
+        st["backward_p"] = bp_row[..., None]
+        st.update(q_el)
+        st["abs_dq"] = flat(np.abs(np.asarray(obwd.dq, np.float64)))
+        out["dq"] = self._to_out(np.broadcast_to(self.budget.evaluate("backward_dq", st), q.shape))
+        # dk, dv (key layout)
+        st = dict(common)
+        for n, x in k_row.items():
+            st[n] = x[..., None]
+        st.update(k_el)
+        st["abs_dk"] = flat(np.abs(np.asarray(obwd.dk, np.float64)))
+        out["dk"] = self._to_kv(np.broadcast_to(self.budget.evaluate("backward_dk", st), k.shape))
+        st.update(v_el)
+        st["abs_dv"] = flat(np.abs(np.asarray(obwd.dv, np.float64)))
+        out["dv"] = self._to_kv(np.broadcast_to(self.budget.evaluate("backward_dv", st), v.shape))
+        self.ftz_floor = {"dq": self._to_out(floor["dq"]), "dk": self._to_kv(floor["dk"]),
+                          "dv": self._to_kv(floor["dv"])}
+        return out
