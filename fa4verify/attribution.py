@@ -6,8 +6,6 @@ caller passes production outputs (``check_forward_outputs``: "measured on H200")
 * :class:`StageRecorder` -- a ``stage_probe`` for the twin: every application of every stage is
   compared with its *local* budget (``[stage.*]`` in ``error_budgets/<dtype>_<arch>.toml``):
   ``|fa4 - exact(same inputs)| <= budget(stats)`` elementwise; tightness = max ratio.
-* :func:`problem_stats` -- fp64 statistics for the *composed* end-to-end budgets
-  (``forward_out``, ``forward_lse``, ``backward_dq/dk/dv``), see ``loader.STATISTICS``.
 * :func:`check_forward` / :func:`check_backward` -- run the twin with the recorder, compare its
   outputs with the oracle (``fa4verify.oracles.attention``) under the composed budgets.
 * :func:`attribute_forward` -- which stage dominates the forward error: for each stage, the
@@ -18,7 +16,8 @@ caller passes production outputs (``check_forward_outputs``: "measured on H200")
 
 Every comparison is ``(actual, reference)`` with errors relative to the reference side.
 
-Possible issues: :func:`problem_stats` (and so the end-to-end checks here) covers dense problems
+End-to-end verdicts come from the judge core (:mod:`fa4verify.judge`: one comparison, one
+statistics producer). Possible issues: the dense entry points here cover dense problems
 with causal/window masks, GQA/MQA, softcap and learnable sinks (forward) and bf16/fp16/fp8;
 softcap/sinks in the backward and varlen are not covered by the composed statistics -- the twin
 itself supports sinks and softcap everywhere (local stage budgets through the stage probe).
@@ -27,14 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
 F64 = np.float64
 LOG2E = math.log2(math.e)
 
-__all__ = ["StageTally", "StageRecorder", "problem_stats", "check_forward", "check_backward",
+__all__ = ["StageTally", "StageRecorder", "check_forward", "check_backward",
            "check_forward_outputs", "check_backward_outputs", "attribute_forward",
            "fwd_bwd_p_mismatch", "ForwardCheck", "BackwardCheck", "ATTRIBUTION_STAGES",
            "gen_inputs", "DISTRIBUTIONS"]
@@ -147,187 +146,8 @@ class StageRecorder:
         t.n_over += int((ratio > 1).sum())
 
 
-# =========================================================================== statistics
 def _bhsd(x) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x, F64).transpose(0, 2, 1, 3))
-
-
-def _visible(Sq, Sk, causal, window):
-    wl, wr = window if window is not None else (None, None)
-    if causal:
-        wr = 0
-    i = np.arange(Sq)[:, None]
-    j = np.arange(Sk)[None]
-    ok = np.ones((Sq, Sk), bool)
-    if wr is not None:
-        ok &= j <= i + Sk - Sq + wr
-    if wl is not None:
-        ok &= j >= i + Sk - Sq - wl
-    return ok
-
-
-def problem_stats(q, k, v, *, arch: str, dtype: str, softmax_scale: float | None = None,
-                  causal: bool = False, window_size=(None, None), lse_true=None, o_true=None,
-                  tile_n: int = 128, dout=None, fwd_budgets=None, row_chunk: int = 512,
-                  rescale_threshold: float | None = None, max_offset: float | None = None,
-                  softcap: float = 0.0, learnable_sink=None):
-    """fp64 statistics of a dense problem for the composed budgets (``loader.STATISTICS``).
-
-    Layout: (b, h, s, d) -- per-row statistics (b, h, s, 1), per-element (b, h, s, dv), dk/dv-like
-    (b, hk, sk, d).  ``lse_true`` (b, h, sq) and ``o_true`` (b, sq, h, dv) come from the oracle
-    (computed here in fp64 when not given).  With ``dout``, backward statistics are added; they
-    need ``fwd_budgets`` (the BudgetSet) to bound the error of D (``derr``).  ``softcap``
-    (forward statistics only): scores ``y = softcap tanh(S scale / softcap)``, ``c = log2 e``,
-    and ``softcap_err`` = the per-row maximum of the softcap stage bound times log2 e.
-    ``learnable_sink`` (hq,): its logit enters ``sc_max`` (the sink term's exponent argument);
-    pass the oracle's ``lse_true`` (which includes the sink) so that the weights are right.
-    """
-    Q, K, V = _bhsd(q), _bhsd(k), _bhsd(v)
-    B, H, Sq, D = Q.shape
-    Hk, Sk, Dv = K.shape[1], K.shape[2], V.shape[-1]
-    rep = H // Hk
-    K = np.repeat(K, rep, axis=1)
-    V = np.repeat(V, rep, axis=1)
-    scale = float(np.float32(softmax_scale if softmax_scale is not None else 1 / math.sqrt(D)))
-    c = float(np.float32(np.float32(scale) * np.float32(LOG2E)))
-    fp8 = dtype in ("fp8", "fp8_e4m3")
-    mo = max_offset if max_offset is not None else (8.0 if fp8 else 0.0)
-    if rescale_threshold is None:
-        rescale_threshold = 8.0 if (arch != "sm90" and not fp8) else 0.0
-    vis = _visible(Sq, Sk, causal, window_size)
-    st: dict[str, Any] = {}
-    rows = {n: np.zeros((B, H, Sq, 1)) for n in ("qk_c_max", "sc_max", "mc_abs", "rowsum", "lse",
-                                                  "softcap_err")}
-    cap = float(softcap or 0.0)
-    if cap and dout is not None:
-        raise ValueError("problem_stats: backward statistics with softcap are not implemented")
-    u32 = 2.0**-24
-    g2 = 2 * u32 / (1 - 2 * u32)
-    tanh_rel = 2.0**-10.987
-    abs_pv = np.zeros((B, H, Sq, Dv))
-    o_ex = np.zeros((B, H, Sq, Dv))
-    sum_abs_v = np.zeros((B, H, Sq, Dv))
-    absV = np.abs(V)
-    for r0 in range(0, Sq, row_chunk):
-        r1 = min(r0 + row_chunk, Sq)
-        vm = vis[r0:r1]
-        s = Q[:, :, r0:r1] @ K.swapaxes(-1, -2)
-        aqk = np.abs(Q[:, :, r0:r1]) @ np.abs(K).swapaxes(-1, -2)
-        with np.errstate(invalid="ignore"):
-            rows["qk_c_max"][:, :, r0:r1, 0] = np.where(vm, aqk, 0).max(-1) * abs(scale * LOG2E)
-            if cap:
-                y = cap * np.tanh(s * scale / cap)
-                rows["sc_max"][:, :, r0:r1, 0] = np.where(vm, np.abs(y) * LOG2E, 0).max(-1)
-                rows["softcap_err"][:, :, r0:r1, 0] = np.where(
-                    vm, ((tanh_rel + g2) * np.abs(y) + g2 * np.abs(s * scale)) * LOG2E, 0).max(-1)
-                sm = np.where(vm, y, -np.inf)
-            else:
-                rows["sc_max"][:, :, r0:r1, 0] = np.where(vm, np.abs(s) * abs(c), 0).max(-1)
-                sm = np.where(vm, s * scale, -np.inf)
-            mx = sm.max(-1, keepdims=True)
-            mxs = np.where(np.isfinite(mx), mx, 0.0)
-            p = np.exp(sm - mxs)
-            l = p.sum(-1, keepdims=True)
-            rows["mc_abs"][:, :, r0:r1] = np.abs(mxs) * LOG2E
-            rows["rowsum"][:, :, r0:r1] = l
-            rows["lse"][:, :, r0:r1] = np.where(l > 0, mxs + np.log(np.where(l > 0, l, 1)), -np.inf)
-            w = p / np.where(l > 0, l, 1)
-        abs_pv[:, :, r0:r1] = w @ absV
-        o_ex[:, :, r0:r1] = w @ V
-        sum_abs_v[:, :, r0:r1] = vm.astype(F64) @ absV
-    if learnable_sink is not None:
-        sk_ = np.abs(np.asarray(learnable_sink, F64).reshape(1, H, 1, 1)) * LOG2E
-        rows["sc_max"] = np.maximum(rows["sc_max"], sk_)
-    lse = rows["lse"] if lse_true is None else np.asarray(lse_true, F64)[..., None]
-    O = o_ex if o_true is None else _bhsd(o_true)
-    first = np.where(vis.any(1), np.argmax(vis, axis=1), 0)
-    last = np.where(vis.any(1), Sk - 1 - np.argmax(vis[:, ::-1], axis=1), 0)
-    nb = np.where(vis.any(1), last // tile_n - first // tile_n + 1, 0).astype(F64)
-    nb = nb[None, None, :, None]
-    st.update({
-        "qk_c_max": rows["qk_c_max"], "sc_max": rows["sc_max"], "mc_abs": rows["mc_abs"],
-        "x_max": mo + rescale_threshold, "max_offset": mo, "softcap_err": rows["softcap_err"],
-        "abs_pv": abs_pv, "abs_o": np.abs(O), "sum_abs_v": sum_abs_v,
-        "seqlen_q": float(Sq), "seqlen_k": float(Sk), "d": float(D), "dv": float(Dv),
-        "tile_n": float(tile_n), "n_blocks": nb, "n_rescale": nb,
-        "lse_abs": np.where(np.isfinite(lse), np.abs(lse), 0.0),
-        "lg2_l": mo + rescale_threshold + np.log2(np.maximum(rows["rowsum"], 1.0)),
-    })
-    if dout is None:
-        return st
-    if fwd_budgets is None:
-        raise ValueError("problem_stats: backward statistics need fwd_budgets (to bound D)")
-    dO = _bhsd(dout)
-    Qd = _bhsd(q)
-    fwd_bound = np.asarray(fwd_budgets.evaluate("forward_out", st), F64)
-    fwd_bound = np.broadcast_to(fwd_bound, O.shape)
-    gdv = (Dv + 1) * 2.0**-24 / (1 - (Dv + 1) * 2.0**-24)
-    derr = (fwd_bound * np.abs(dO)).sum(-1, keepdims=True) + \
-        gdv * ((np.abs(O) + fwd_bound) * np.abs(dO)).sum(-1, keepdims=True)
-    Dtrue = (O * dO).sum(-1, keepdims=True)
-    abs_dsk = np.zeros((B, H, Sq, D))
-    abs_p_dov_k = np.zeros((B, H, Sq, D))
-    abs_p_derr_k = np.zeros((B, H, Sq, D))
-    abs_dsq = np.zeros((B, H, Sk, D))
-    abs_p_dov_q = np.zeros((B, H, Sk, D))
-    abs_p_derr_q = np.zeros((B, H, Sk, D))
-    abs_pdo = np.zeros((B, H, Sk, Dv))
-    sum_abs_do = np.zeros((B, H, Sk, Dv))
-    sub_dsq = np.zeros((B, H, Sk, D))
-    abs_dpd_k = np.zeros((B, H, Sq, D))     # ex2.ftz flush floor statistics (DERIVATIONS.md#ftz-floor)
-    abs_dpd_q = np.zeros((B, H, Sk, D))
-    absK = np.abs(K)
-    for r0 in range(0, Sq, row_chunk):
-        r1 = min(r0 + row_chunk, Sq)
-        vm = vis[r0:r1]
-        s = Q[:, :, r0:r1] @ K.swapaxes(-1, -2) * scale
-        with np.errstate(invalid="ignore", over="ignore"):
-            P = np.where(vm, np.exp(s - lse[:, :, r0:r1]), 0.0)
-        P = np.nan_to_num(P, nan=0.0, posinf=0.0)
-        dP = dO[:, :, r0:r1] @ V.swapaxes(-1, -2)
-        dS = P * (dP - Dtrue[:, :, r0:r1])
-        adov = np.abs(dO[:, :, r0:r1]) @ absV.swapaxes(-1, -2)
-        aQ = np.abs(Qd[:, :, r0:r1])
-        abs_dsk[:, :, r0:r1] = scale * (np.abs(dS) @ absK)
-        abs_p_dov_k[:, :, r0:r1] = scale * ((P * adov) @ absK)
-        abs_p_derr_k[:, :, r0:r1] = scale * derr[:, :, r0:r1] * (P @ absK)
-        abs_dsq += scale * (np.abs(dS).swapaxes(-1, -2) @ aQ)
-        abs_p_dov_q += scale * ((P * adov).swapaxes(-1, -2) @ aQ)
-        abs_p_derr_q += scale * ((P * derr[:, :, r0:r1]).swapaxes(-1, -2) @ aQ)
-        abs_pdo += P.swapaxes(-1, -2) @ np.abs(dO[:, :, r0:r1])
-        vmf = vm.astype(F64)
-        sum_abs_do += vmf.T @ np.abs(dO[:, :, r0:r1])
-        sub_dsq += scale * (vmf.T @ aQ)
-        R = np.abs(dP - Dtrue[:, :, r0:r1]) * vmf
-        abs_dpd_k[:, :, r0:r1] = scale * (R @ absK)
-        abs_dpd_q += scale * (R.swapaxes(-1, -2) @ aQ)
-
-    def grp(a):  # GQA: sum the q heads of each kv group
-        return a.reshape(B, Hk, rep, *a.shape[2:]).sum(2)
-    st.update({
-        "lse_log2_abs": np.where(np.isfinite(lse), np.abs(lse) * LOG2E, 0.0),
-        "abs_dsk": abs_dsk, "abs_p_dov_k": abs_p_dov_k, "abs_p_derr_k": abs_p_derr_k,
-        "abs_dsq": grp(abs_dsq), "abs_p_dov_q": grp(abs_p_dov_q),
-        "abs_p_derr_q": grp(abs_p_derr_q), "abs_pdo": grp(abs_pdo),
-        "seqlen_q_bwd": float(Sq * rep),
-        "sum_abs_do": grp(sum_abs_do), "sub_dsq": grp(sub_dsq),
-        "sub_dsk": scale * (vis.astype(F64) @ absK),
-        "abs_dpd_k": abs_dpd_k, "abs_dpd_q": grp(abs_dpd_q),
-    })
-    return st
-
-
-def _kv_rows(st: Mapping[str, Any], B, Hk, rep) -> dict:
-    """Per-row statistics reduced (max) to the KV heads for dK/dV budgets: (b, hk, 1, 1)."""
-    out = {}
-    for n in ("qk_c_max", "sc_max", "mc_abs", "lse_abs", "lg2_l", "lse_log2_abs", "n_blocks",
-              "n_rescale", "softcap_err"):
-        a = np.asarray(st[n], F64)
-        if a.ndim == 4:
-            a = np.broadcast_to(a, (B, Hk * rep) + a.shape[2:])
-            a = a.reshape(B, Hk, rep, *a.shape[2:]).max(axis=(2, 3), keepdims=False)[..., None, :]
-        out[n] = a
-    return out
 
 
 # =========================================================================== checks
@@ -344,14 +164,24 @@ class ForwardCheck:
     max_abs_err: float
     config: dict = field(default_factory=dict)
     out_ratio_prob: float = float("nan")   #: the same vs ``forward_out_prob`` (Higham-Mary)
+    verdicts: tuple = ()                   #: the judge's :class:`~fa4verify.judge.Verdict` (out, lse)
 
     @property
     def stages_ok(self) -> bool:
         return all(t.n_over == 0 for t in self.stages.values())
 
     @property
+    def status(self) -> str:
+        """fail | undecided | pass of the end-to-end verdicts and the stage tallies together."""
+        from fa4verify.judge import worst_status
+        st = [v.status for v in self.verdicts] or ["pass"]
+        if not self.stages_ok:
+            st.append("fail")
+        return worst_status(st)
+
+    @property
     def ok(self) -> bool:
-        return self.stages_ok and self.out_over == 0 and self.lse_over == 0
+        return self.status == "pass"
 
 
 def _oracle_forward(q, k, v, *, softmax_scale, causal, window_size, softcap=0.0,
@@ -363,48 +193,22 @@ def _oracle_forward(q, k, v, *, softmax_scale, causal, window_size, softcap=0.0,
 
 
 def check_forward_outputs(out, lse, q, k, v, *, arch: str, dtype: str, softmax_scale=None,
-                          causal=False, window_size=(None, None), tile_n: int | None = None,
-                          budgets=None, where: str = "measured on H200", oracle=None,
-                          stats=None, softcap: float = 0.0, learnable_sink=None):
-    """End-to-end check of given forward outputs (production or twin) against the oracle:
-    ``|out - O_oracle| <= forward_out(stats) + oracle.bound`` and the same for the LSE."""
-    from fa4verify import error_budgets as eb
-    bs = budgets or eb.load(dtype, arch)
-    D = np.asarray(q).shape[-1]
-    Dv = np.asarray(v).shape[-1]
-    if tile_n is None:
-        from fa4verify.kernels.twin_fwd import sm90_tile
-        tile_n = sm90_tile(D, Dv, causal, window_size not in (None, (None, None)))[1] \
-            if arch == "sm90" else 128
-    orc = oracle or _oracle_forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                                    window_size=window_size, softcap=softcap,
-                                    learnable_sink=learnable_sink)
-    st = stats or problem_stats(q, k, v, arch=arch, dtype=dtype, softmax_scale=softmax_scale,
-                                causal=causal, window_size=window_size, lse_true=orc.lse,
-                                o_true=orc.out, tile_n=tile_n, softcap=softcap,
-                                learnable_sink=learnable_sink)
-    ref = _bhsd(orc.out)
-    got = _bhsd(out)
-    bnd = np.broadcast_to(bs.evaluate("forward_out", st), ref.shape) + _bhsd(orc.bound)
-    err = np.abs(got - ref)
-    err = np.where(np.isnan(got) & np.isnan(ref), 0.0, err)
-    ratio = np.where(err == 0, 0.0, err / bnd)
-    lref = np.asarray(orc.lse, F64)[..., None]
-    lgot = np.asarray(lse, F64)[..., None]
-    lb = np.broadcast_to(bs.evaluate("forward_lse", st), lref.shape) + \
-        np.asarray(orc.lse_bound, F64)[..., None]
-    lerr = np.where(np.isneginf(lref) & np.isneginf(lgot), 0.0, np.abs(lgot - lref))
-    lratio = np.where(lerr == 0, 0.0, lerr / lb)
-    prob = float("nan")
-    if "forward_out_prob" in bs:
-        pb = np.broadcast_to(bs.evaluate("forward_out_prob", st), ref.shape) + _bhsd(orc.bound)
-        prob = float(np.nan_to_num(np.where(err == 0, 0.0, err / pb), nan=np.inf).max(initial=0))
-    return ForwardCheck(out_ratio_prob=prob, where=where, stages={}, out_ratio=float(np.nan_to_num(ratio, nan=np.inf).max(initial=0)),
-                        out_over=int((~(ratio <= 1)).sum()),
-                        lse_ratio=float(np.nan_to_num(lratio, nan=np.inf).max(initial=0)),
-                        lse_over=int((~(lratio <= 1)).sum()),
-                        max_abs_err=float(np.nan_to_num(err, nan=np.inf).max(initial=0)),
-                        config={"arch": arch, "dtype": dtype, "tile_n": tile_n})
+                          causal=False, window_size=(None, None), budgets=None, where: str = "CPU twin",
+                          oracle=None, softcap: float = 0.0, learnable_sink=None) -> ForwardCheck:
+    """End-to-end verdicts on given forward outputs (production or twin): the judge's
+    ``|out - O_oracle| <= forward_out(stats) + oracle.bound`` and the same for the LSE
+    (:func:`fa4verify.judge.judge_forward`)."""
+    from fa4verify import judge
+    problem = judge.dense_problem(q, k, v, arch=arch, dtype=dtype, causal=causal, window_size=window_size,
+                                  softmax_scale=softmax_scale, softcap=softcap, sink=learnable_sink is not None)
+    a = judge.arrays_from(q, k, v, learnable_sink=learnable_sink)
+    j = judge.judge_forward(problem, a, np.asarray(out, F64), None if lse is None else np.asarray(lse, F64),
+                            budgets=budgets, oracle=oracle)
+    prob = j.prob.tightness if j.prob is not None else float("nan")
+    return ForwardCheck(where=where, stages={}, out_ratio=j.out.tightness, out_over=j.out.n_over,
+                        lse_ratio=j.lse.tightness, lse_over=j.lse.n_over, max_abs_err=j.out.max_abs_err,
+                        config={"arch": arch, "dtype": dtype, "tile_n": j.stats.kernel.tile_n},
+                        out_ratio_prob=prob, verdicts=(j.out, j.lse))
 
 
 def check_forward(q, k, v, *, arch: str, dtype: str = "bf16", causal=False,
@@ -424,7 +228,7 @@ def check_forward(q, k, v, *, arch: str, dtype: str = "bf16", causal=False,
     if e2e:
         fc = check_forward_outputs(r.out, r.lse, q, k, v, arch=arch, dtype=dtype,
                                    softmax_scale=softmax_scale, causal=causal,
-                                   window_size=window_size, tile_n=r.config.tile_n, budgets=bs,
+                                   window_size=window_size, budgets=bs,
                                    where="CPU twin", softcap=softcap,
                                    learnable_sink=learnable_sink)
     else:
@@ -443,42 +247,35 @@ class BackwardCheck:
     ratios: dict[str, float]     #: dq/dk/dv: max |g - g_oracle| / (budget + oracle bound)
     over: dict[str, int]
     rel_err: dict[str, float]    #: max |g - g_oracle| / max |g_oracle|
+    verdicts: tuple = ()         #: the judge's verdicts (dq, dk, dv)
+
+    @property
+    def status(self) -> str:
+        from fa4verify.judge import worst_status
+        st = [v.status for v in self.verdicts] or ["pass"]
+        if any(t.n_over for t in self.stages.values()):
+            st.append("fail")
+        return worst_status(st)
 
 
 def check_backward_outputs(dq, dk, dv, q, k, v, dout, *, arch: str, dtype: str = "bf16",
                            causal=False, window_size=(None, None), softmax_scale=None,
-                           tile_n: int = 128, budgets=None, where="measured on H200",
-                           stats=None) -> BackwardCheck:
-    """Gradients vs the oracle's exact gradient (``attention.backward(out=None)``) within the
-    composed backward budgets."""
-    from fa4verify import error_budgets as eb
-    from fa4verify.oracles import attention
-    bs = budgets or eb.load(dtype, arch)
-    orf = attention.forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                            window_size=window_size)
-    orb = attention.backward(q, k, v, None, dout, softmax_scale=softmax_scale, causal=causal,
-                             window_size=window_size)
-    st = stats or problem_stats(q, k, v, arch=arch, dtype=dtype, softmax_scale=softmax_scale,
-                                causal=causal, window_size=window_size, lse_true=orf.lse,
-                                o_true=orf.out, tile_n=tile_n, dout=dout, fwd_budgets=bs)
-    B, H = _bhsd(q).shape[:2]
-    Hk = _bhsd(k).shape[1]
+                           budgets=None, where="CPU twin") -> BackwardCheck:
+    """Gradients vs the oracle's exact gradient within the composed backward budgets: the
+    judge's verdicts (:func:`fa4verify.judge.judge_backward`)."""
+    from fa4verify import judge
+    problem = judge.dense_problem(q, k, v, arch=arch, dtype=dtype, causal=causal, window_size=window_size,
+                                  softmax_scale=softmax_scale)
+    a = judge.arrays_from(q, k, v, dout)
+    j = judge.judge_backward(problem, a, np.asarray(dq, F64), np.asarray(dk, F64), np.asarray(dv, F64),
+                             budgets=budgets)
     ratios, over, rel = {}, {}, {}
-    for name, got, ref, refb in (("dq", dq, orb.dq, orb.dq_bound), ("dk", dk, orb.dk, orb.dk_bound),
-                                 ("dv", dv, orb.dv, orb.dv_bound)):
-        g, r_, rb = _bhsd(got), _bhsd(ref), _bhsd(refb)
-        s2 = dict(st)
-        s2["abs_" + name] = np.abs(r_)
-        if name in ("dk", "dv"):
-            s2.update(_kv_rows(st, B, Hk, H // Hk))
-            s2["seqlen_q"] = st["seqlen_q_bwd"]
-        bnd = np.broadcast_to(bs.evaluate("backward_" + name, s2), r_.shape) + rb
-        err = np.abs(g - r_)
-        ratio = np.where(err == 0, 0.0, err / bnd)
-        ratios[name] = float(np.nan_to_num(ratio, nan=np.inf).max(initial=0))
-        over[name] = int((~(ratio <= 1)).sum())
-        rel[name] = float(err.max(initial=0) / max(np.abs(r_).max(initial=0), 1e-300))
-    return BackwardCheck(where=where, stages={}, ratios=ratios, over=over, rel_err=rel)
+    for vd in j.verdicts:
+        ref = np.asarray(getattr(j.oracle, vd.name), F64)
+        ratios[vd.name] = vd.tightness
+        over[vd.name] = vd.n_over
+        rel[vd.name] = float(vd.max_abs_err / max(np.abs(ref).max(initial=0), 1e-300))
+    return BackwardCheck(where=where, stages={}, ratios=ratios, over=over, rel_err=rel, verdicts=j.verdicts)
 
 
 def check_backward(q, k, v, dout, *, arch: str, dtype: str = "bf16", causal=False,
@@ -497,14 +294,20 @@ def check_backward(q, k, v, dout, *, arch: str, dtype: str = "bf16", causal=Fals
                     mutations=mutations, stage_probe=rec, out_fp32=fr.stages["o_fp32"], **kw)
     bc = check_backward_outputs(g.dq, g.dk, g.dv, q, k, v, dout, arch=arch, dtype=dtype,
                                 causal=causal, window_size=window_size,
-                                softmax_scale=softmax_scale, tile_n=fr.config.tile_n,
-                                budgets=bs, where="CPU twin")
+                                softmax_scale=softmax_scale, budgets=bs, where="CPU twin")
     bc.stages = rec.tallies
     return bc
 
 
 # =========================================================================== attribution
-_ARCH_NAMES = {90: "sm90", 100: "sm100", 103: "sm103", 110: "sm100"}
+def _arch_of(config) -> str:
+    """fa4verify's arch of the kernel family FA4 ran (``CallConfig.arch``, e.g. 90, 100, 103)."""
+    from fa4verify.kernels import facts
+    fam = int(getattr(config, "arch", 90))
+    arch = facts.arch_from_capability(fam // 10, fam % 10)
+    if arch is None:
+        raise ValueError(facts.unsupported_reason(fam // 10, fam % 10))
+    return arch
 
 
 def _torch_dtype(dtype: str):
@@ -522,10 +325,9 @@ def production_forward_case(adapter, dist: str, *, hdim: int, seqlen: int, causa
                          dtype=dtype, seed=seed)
     tq, tk, tv = (torch.from_numpy(a).to(device, _torch_dtype(dtype)) for a in (q, k, v))
     r = adapter.forward(tq, tk, tv, causal=causal)
-    arch = _ARCH_NAMES.get(getattr(r.config, "arch", 90), "sm90")
-    tile_n = (r.config.tile_mn or (None, None))[1]
+    arch = _arch_of(r.config)
     fc = check_forward_outputs(r.out.float().cpu().numpy(), r.lse.float().cpu().numpy(), q, k, v, arch=arch,
-                               dtype=dtype, causal=causal, tile_n=tile_n, where=where)
+                               dtype=dtype, causal=causal, where=where)
     return fc, arch
 
 
@@ -537,16 +339,14 @@ def production_backward_case(adapter, dist: str, *, hdim: int, seqlen: int, caus
     Returns ``(check, arch)``."""
     import torch
 
-    from fa4verify.kernels.twin_bwd import sm90_bwd_tile
     q, k, v, do = gen_inputs(dist, batch=1, seqlen_q=seqlen, seqlen_k=seqlen, nheads=nheads, hdim=hdim,
                              dtype=dtype, seed=seed, with_dout=True)
     tq, tk, tv, tdo = (torch.from_numpy(a).to(device, _torch_dtype(dtype)) for a in (q, k, v, do))
     f = adapter.forward(tq, tk, tv, causal=causal)
     g = adapter.backward(tq, tk, tv, f.out, tdo, f.lse, causal=causal, deterministic=True)
-    arch = _ARCH_NAMES.get(getattr(g.config, "arch", 90), "sm90")
-    tile_n = sm90_bwd_tile(hdim, hdim, causal, False)[1] if arch == "sm90" else 128
+    arch = _arch_of(g.config)
     bc = check_backward_outputs(*(x.float().cpu().numpy() for x in (g.dq, g.dk, g.dv)), q, k, v, do,
-                                arch=arch, dtype=dtype, causal=causal, tile_n=tile_n, where=where)
+                                arch=arch, dtype=dtype, causal=causal, where=where)
     return bc, arch
 
 

@@ -60,6 +60,7 @@ from typing import Any, Callable, Collection, Mapping, Optional
 import numpy as np
 from hypothesis import HealthCheck, Verbosity, settings
 
+from fa4verify import judge
 from fa4verify._strategies.problem import FEATURES, AttentionProblem, attention_problems
 
 __all__ = [
@@ -450,14 +451,6 @@ def make_target(name: str, *, mutations: Collection[str] = ()) -> Target:
 
 
 # ============================================================================ oracle + budget
-@dataclasses.dataclass
-class _Reference:
-    """Oracle values, their certified bounds and the composed budget's allowance, elementwise."""
-    value: np.ndarray
-    bound: np.ndarray
-    allowance: np.ndarray
-
-
 def _oracle_kwargs(problem: AttentionProblem, a: Mapping[str, Any], fn: Callable) -> dict[str, Any]:
     kw = problem.kwargs(a)
     if problem.mask_mod is not None:
@@ -478,271 +471,17 @@ def _budget(problem: AttentionProblem):
                                 f"{type(e).__name__}: {e}") from None
 
 
-_LOG2E = math.log2(math.e)
-_U32 = 2.0 ** -24
-_FTZ = 2.0 ** -126   # smallest normal fp32: what flush-to-zero can remove from one P
-
-
-def _gamma(n, u=_U32):
-    nu = np.asarray(n, np.float64) * u
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(nu < 1, nu / (1 - nu), np.inf)
-
-
-def _kernel_constants(problem: AttentionProblem) -> dict[str, float]:
-    """Tile width, max_offset and rescale threshold of the FA4 kernel the problem runs on
-    (fa4_numerics.md sections 2-3; SM90 tiles from the twin's ``sm90_tile``, which mirrors
-    ``_tile_size_fwd_sm90``)."""
-    if problem.arch == "sm90":
-        ta = _import("fa4verify.kernels.twin_attention")
-        from fa4verify._strategies.masks import resolve_window
-        causal, local, _, _ = resolve_window(problem.causal, problem.window_size)
-        _, tile_n = ta.sm90_tile(problem.head_dim, problem.head_dim_v, causal, local)
-        return {"tile_n": float(tile_n), "max_offset": 0.0, "threshold": 0.0}
-    hd256 = (problem.head_dim, problem.head_dim_v) == (256, 256)
-    return {"tile_n": 128.0, "max_offset": 0.0, "threshold": 0.0 if hd256 else 8.0}
-
-
-class _Stats:
-    """End-to-end budget statistics (error_budgets/loader.py ``STATISTICS``), computed in fp64 from
-    the exact inputs and the oracle, in FA4's layouts:
-
-    * ``out``-layout dicts: arrays broadcastable to ``out`` ((b, s, h, dv) or (t, h, dv));
-    * ``lse``-layout: broadcastable to the LSE ((b, h, s) or (h, t));
-    * ``dq``/``dk``/``dv``-layout: broadcastable to q, k, v.
-
-    Conservative choices (upper estimates, so budgets can only grow): ``n_blocks`` is
-    ceil(seqlen_k / tile_n) of the sequence, ``n_rescale = n_blocks``, ``lg2_l = |log2 l_true| +
-    max_offset + rescale_threshold`` (FA4's l carries up to 2^(mo + threshold)), and the dK/dV
-    budgets use the largest per-row ``backward_p`` of the rows they sum over.
-    """
-
-    def __init__(self, problem: AttentionProblem, a: Mapping[str, Any], ofwd: Any, budget: Any):
-        self.problem, self.budget = problem, budget
-        kc = _kernel_constants(problem)
-        H, Hk = problem.nheads, problem.nheads_kv
-        g = H // Hk
-        D, Dv = problem.head_dim, problem.head_dim_v
-        scale = problem.scale
-        cap = float(problem.softcap)
-        q, k, v = (np.asarray(a[n], np.float64) for n in ("q", "k", "v"))
-        dout = np.asarray(a["dout"], np.float64)
-        O = np.asarray(ofwd.out, np.float64)
-        lse = np.asarray(ofwd.lse, np.float64)
-        varlen = problem.varlen
-        if not varlen:   # unify: token-major (t, h, d) per segment, segments = batch entries
-            q, k, v, dout, O = (x.reshape((-1,) + x.shape[2:]) for x in (q, k, v, dout, O))
-            lse_t = np.moveaxis(lse, 1, 2).reshape(-1, H)       # (b*s, h)
-        else:
-            lse_t = lse.T                                        # (t, h)
-        tq, tk = q.shape[0], k.shape[0]
-        row = {n: np.zeros((tq, H)) for n in ("qk_c_max", "sc_max", "mc_abs", "softcap_err", "lse_abs",
-                                              "lg2_l", "seqlen_k", "seqlen_q", "n_blocks", "lse_log2_abs")}
-        el = {n: np.zeros((tq, H, Dv)) for n in ("abs_pv", "sum_abs_v")}
-        self._w: list = []  # per segment: (qs, ks, w (h, lq, lk), tanh (h, lq, lk))
-        self._keeps: list = []
-        bounds = problem._seq_bounds()
-        if not varlen:
-            bounds = [(b * problem.seqlen_q, problem.seqlen_q, b * problem.seqlen_k, problem.seqlen_k)
-                      for b in range(problem.batch)]
-        masks = problem.keep_masks()
-        for (q0, lq, k0, lk), keep in zip(bounds, masks):
-            qs, ks = slice(q0, q0 + lq), slice(k0, k0 + lk)
-            if lq == 0:
-                continue
-            nb = math.ceil(lk / kc["tile_n"]) if lk else 0
-            row["seqlen_k"][qs] = lk
-            row["seqlen_q"][qs] = lq
-            row["n_blocks"][qs] = nb
-            W = np.zeros((H, lq, lk))
-            TH = np.zeros((H, lq, lk))
-            for h in range(H):
-                hk = h // g
-                S = q[qs, h] @ k[ks, hk].T
-                A = np.abs(q[qs, h]) @ np.abs(k[ks, hk]).T
-                x = S * scale
-                if cap > 0:
-                    th = np.tanh(x / cap)
-                    y = cap * th
-                    TH[h] = th
-                else:
-                    y = x
-                vis = keep
-                anyv = vis.any(axis=1)
-                neg = np.where(vis, 0.0, -np.inf)
-                row["qk_c_max"][qs, h] = np.max(np.where(vis, A, 0.0), axis=1, initial=0.0) * scale * _LOG2E
-                row["sc_max"][qs, h] = np.max(np.where(vis, np.abs(y), 0.0), axis=1, initial=0.0) * _LOG2E
-                m = np.max(y + neg, axis=1, initial=-np.inf)
-                m = np.where(anyv, m, 0.0)
-                row["mc_abs"][qs, h] = np.abs(m) * _LOG2E
-                if cap > 0:
-                    se = budget.evaluate("softcap", {"abs_out": np.abs(y), "abs_score": np.abs(x)})
-                    row["softcap_err"][qs, h] = np.max(np.where(vis, se, 0.0), axis=1, initial=0.0) * _LOG2E
-                L = lse_t[qs, h]
-                with np.errstate(invalid="ignore", over="ignore"):
-                    w = np.where(vis & np.isfinite(L)[:, None], np.exp(y - np.where(np.isfinite(L), L, 0.0)[:, None]), 0.0)
-                W[h] = w
-                row["lse_abs"][qs, h] = np.where(np.isfinite(L), np.abs(L), 0.0)
-                row["lse_log2_abs"][qs, h] = row["lse_abs"][qs, h] * _LOG2E
-                row["lg2_l"][qs, h] = np.where(anyv & np.isfinite(L), np.abs(L - m) * _LOG2E, 0.0) \
-                    + kc["max_offset"] + kc["threshold"]
-                el["abs_pv"][qs, h] = w @ np.abs(v[ks, hk])
-                el["sum_abs_v"][qs, h] = vis.astype(np.float64) @ np.abs(v[ks, hk])
-            self._w.append((qs, ks, W, TH))
-            self._keeps.append(keep)
-        self.H, self.Hk, self.g, self.D, self.Dv, self.scale = H, Hk, g, D, Dv, scale
-        self.kc = kc
-        self.q, self.k, self.v, self.dout, self.O = q, k, v, dout, O
-        self.row, self.el = row, el
-        self.abs_o = np.abs(O)
-        self.varlen = varlen
-
-    # -- layout helpers: token-major (t, h[, d]) -> FA4 layouts
-    def _to_out(self, x: np.ndarray) -> np.ndarray:
-        p = self.problem
-        if p.varlen:
-            return x
-        return x.reshape((p.batch, p.seqlen_q) + x.shape[1:])
-
-    def _to_lse(self, x: np.ndarray) -> np.ndarray:
-        p = self.problem
-        if p.varlen:
-            return x.T
-        return np.moveaxis(x.reshape(p.batch, p.seqlen_q, -1), 1, 2)
-
-    def _to_kv(self, x: np.ndarray) -> np.ndarray:
-        p = self.problem
-        if p.varlen:
-            return x
-        return x.reshape((p.batch, p.seqlen_k) + x.shape[1:])
-
-    def _common(self) -> dict[str, Any]:
-        return {"d": float(self.D), "dv": float(self.Dv), "tile_n": self.kc["tile_n"],
-                "max_offset": self.kc["max_offset"], "x_max": self.kc["max_offset"] + self.kc["threshold"]}
-
-    def _row_stats(self) -> dict[str, np.ndarray]:
-        r = dict(self.row)
-        r["n_rescale"] = r["n_blocks"]
-        return r
-
-    def forward_out(self) -> np.ndarray:
-        st = self._common()
-        for n, x in self._row_stats().items():
-            st[n] = x[..., None]
-        st.update(self.el)
-        st["abs_o"] = self.abs_o
-        return self._to_out(np.broadcast_to(self.budget.evaluate("forward_out", st), self.abs_o.shape))
-
-    def forward_out_ftz_floor(self) -> np.ndarray:
-        """Flush-to-zero envelope of O: each P < 2^-126 may become 0 and l >= 1, so
-        ``|dO| <= 2^-126 * sum_visible |V|``."""
-        return self._to_out(_FTZ * self.el["sum_abs_v"])
-
-    def forward_lse(self) -> np.ndarray:
-        st = self._common()
-        st.update(self._row_stats())
-        return self._to_lse(np.broadcast_to(self.budget.evaluate("forward_lse", st), self.row["lse_abs"].shape))
-
-    def backward(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray) -> dict[str, np.ndarray]:
-        """Allowances for dq, dk, dv (FA4 layouts) given the oracle backward (exact O)."""
-        p = self.problem
-        H, Hk, g, sc = self.H, self.Hk, self.g, self.scale
-        q, k, v, dout, O = self.q, self.k, self.v, self.dout, self.O
-        tq, tk = q.shape[0], k.shape[0]
-        flat = lambda x: x.reshape((-1,) + x.shape[-2:]) if not p.varlen else x   # noqa: E731
-        bO = flat(np.asarray(out_allow, np.float64)) + flat(np.asarray(out_bound, np.float64))
-        derr = np.sum(bO * np.abs(dout), axis=-1) + _gamma(self.Dv) * np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1)
-        q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk",
-                                                        "abs_dpd_k")}
-        k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq",
-                                                         "abs_dpd_q")}
-        v_el = {"abs_pdo": np.zeros((tk, Hk, self.Dv)), "sum_abs_do": np.zeros((tk, Hk, self.Dv))}
-        floor = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
-        k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
-        # backward_p per query row, then its max over the rows each key sums over
-        st = self._common()
-        st.update(self._row_stats())
-        bp_row = np.broadcast_to(self.budget.evaluate("backward_p", st), (tq, H))
-        keeps = {(qs.start, ks.start): km for (qs, ks, _, _), km in zip(self._w, self._keeps)}
-        keep_of = lambda qs, ks: keeps[(qs.start, ks.start)]   # noqa: E731
-        for qs, ks, W, TH in self._w:
-            lq, lk = qs.stop - qs.start, ks.stop - ks.start
-            if lk == 0:
-                continue
-            k_row["seqlen_q"][ks] = lq * g      # dK/dV of a kv head accumulate over its g query heads
-            k_row["seqlen_k"][ks] = lk
-            k_row["n_blocks"][ks] = self.row["n_blocks"][qs.start, 0] if lq else 0
-            for h in range(H):
-                hk = h // g
-                w = W[h]
-                dP = dout[qs, h] @ v[ks, hk].T
-                Dh = np.sum(O[qs, h] * dout[qs, h], axis=-1)
-                dS = w * (dP - Dh[:, None])
-                if p.softcap > 0:
-                    dS = dS * (1 - TH[h] ** 2)
-                DOV = np.abs(dout[qs, h]) @ np.abs(v[ks, hk]).T
-                q_el["abs_dsk"][qs, h] = sc * np.abs(dS) @ np.abs(k[ks, hk])
-                q_el["abs_p_dov_k"][qs, h] = sc * (w * DOV) @ np.abs(k[ks, hk])
-                q_el["abs_p_derr_k"][qs, h] = sc * (w * derr[qs, h][:, None]) @ np.abs(k[ks, hk])
-                k_el["abs_dsq"][ks, hk] += sc * np.abs(dS).T @ np.abs(q[qs, h])
-                k_el["abs_p_dov_q"][ks, hk] += sc * (w * DOV).T @ np.abs(q[qs, h])
-                k_el["abs_p_derr_q"][ks, hk] += sc * (w * derr[qs, h][:, None]).T @ np.abs(q[qs, h])
-                v_el["abs_pdo"][ks, hk] += w.T @ np.abs(dout[qs, h])
-                # flush-to-zero envelope: every P below 2^-126 may become 0 (ex2.approx.ftz)
-                # budget statistics of the subnormal floors (error_budgets/loader.py STATISTICS)
-                kf = keep_of(qs, ks).astype(np.float64)
-                q_el["sub_dsk"][qs, h] = sc * kf @ np.abs(k[ks, hk])
-                k_el["sub_dsq"][ks, hk] += sc * kf.T @ np.abs(q[qs, h])
-                v_el["sum_abs_do"][ks, hk] += kf.T @ np.abs(dout[qs, h])
-                R = np.abs(dP - Dh[:, None]) * kf
-                q_el["abs_dpd_k"][qs, h] = sc * R @ np.abs(k[ks, hk])
-                k_el["abs_dpd_q"][ks, hk] += sc * R.T @ np.abs(q[qs, h])
-                floor["dq"][qs, h] = _FTZ * sc * R @ np.abs(k[ks, hk])
-                floor["dk"][ks, hk] += _FTZ * sc * R.T @ np.abs(q[qs, h])
-                floor["dv"][ks, hk] += _FTZ * keep_of(qs, ks).T.astype(np.float64) @ np.abs(dout[qs, h])
-                k_row["backward_p"][ks, hk] = np.maximum(k_row["backward_p"][ks, hk],
-                                                         np.max(bp_row[qs, h], initial=0.0))
-        out: dict[str, np.ndarray] = {}
-        common = self._common()
-        # dq (query layout)
-        st = dict(common)
-        for n, x in self._row_stats().items():
-            st[n] = x[..., None]
-        st["backward_p"] = bp_row[..., None]
-        st.update(q_el)
-        st["abs_dq"] = flat(np.abs(np.asarray(obwd.dq, np.float64)))
-        out["dq"] = self._to_out(np.broadcast_to(self.budget.evaluate("backward_dq", st), q.shape))
-        # dk, dv (key layout)
-        st = dict(common)
-        for n, x in k_row.items():
-            st[n] = x[..., None]
-        st.update(k_el)
-        st["abs_dk"] = flat(np.abs(np.asarray(obwd.dk, np.float64)))
-        out["dk"] = self._to_kv(np.broadcast_to(self.budget.evaluate("backward_dk", st), k.shape))
-        st.update(v_el)
-        st["abs_dv"] = flat(np.abs(np.asarray(obwd.dv, np.float64)))
-        out["dv"] = self._to_kv(np.broadcast_to(self.budget.evaluate("backward_dv", st), v.shape))
-        self.ftz_floor = {"dq": self._to_out(floor["dq"]), "dk": self._to_kv(floor["dk"]),
-                          "dv": self._to_kv(floor["dv"])}
-        return out
-
-
 def _oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
-    orc = _oracle()
-    dt = problem.dtype
-    return orc.forward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt),
-                       **_oracle_kwargs(problem, a, orc.forward))
+    if problem.mask_mod is not None and not _accepts(_oracle().forward, "mask"):
+        raise Unsupported("the oracle has no boolean-mask argument")
+    return judge.oracle_forward(problem, a)
 
 
-def _oracle_backward(problem: AttentionProblem, a: Mapping[str, Any], out: Optional[np.ndarray]):
-    """Oracle gradients. ``out=None``: the exact gradient (the oracle's own O enters D), which is
-    what the composed backward budgets bound (their ``derr`` term covers the kernel's O error;
+def _oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
+    """The exact gradient (the oracle's own O enters D), which is what the composed backward
+    budgets bound (their ``derr`` term covers the kernel's O error;
     error_budgets/DERIVATIONS.md#bwd-composition)."""
-    orc = _oracle()
-    dt = problem.dtype
-    o = None if out is None else _typed(out.astype(np.float32), dt)
-    return orc.backward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt), o, _typed(a["dout"], dt),
-                        **_oracle_kwargs(problem, a, orc.backward))
+    return judge.oracle_backward(problem, a)
 
 
 # ============================================================================ comparisons
@@ -751,44 +490,33 @@ def _where_str(idx: tuple[int, ...]) -> str:
 
 
 def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: np.ndarray,
-             allowance: np.ndarray, problem: AttentionProblem, ignore: Optional[np.ndarray] = None,
+             budget: np.ndarray, problem: AttentionProblem, undecided: dict[str, str],
              ftz_floor: Optional[np.ndarray] = None) -> float:
-    """Check ``|actual - ref| <= bound + allowance`` elementwise (finite oracle values only; the
-    ``finite`` property covers the others); return the tightness ``max |actual - ref| / (bound +
-    allowance)`` (0 when nothing is compared). Raises :class:`Violation` with the five worst
-    elements."""
-    actual = np.asarray(actual, np.float64)
-    ref = np.asarray(ref, np.float64)
-    if actual.shape != ref.shape:
-        raise Violation(prop, f"{name}: shape {actual.shape} != oracle shape {ref.shape}")
-    tol = np.broadcast_to(np.asarray(bound, np.float64) + np.asarray(allowance, np.float64), ref.shape)
-    sel = np.isfinite(ref) & np.isfinite(tol)
-    if ignore is not None:
-        sel &= ~ignore
-    with np.errstate(invalid="ignore", over="ignore"):
-        err = np.where(sel, np.abs(actual - ref), 0.0)
-        err = np.where(sel & np.isnan(err), np.inf, err)
-        ratio = np.where(sel, err / np.where(tol > 0, tol, np.nan), 0.0)
-        ratio = np.where(sel & (tol == 0), np.where(err > 0, np.inf, 0.0), ratio)
-    bad = ratio > 1.0
-    tight = float(np.nanmax(ratio)) if ratio.size else 0.0
-    if bad.any():
-        order = np.argsort(-ratio, axis=None)[:5]
-        rows = []
-        for flat in order:
-            idx = np.unravel_index(flat, ratio.shape)
-            if not bad[idx]:
-                break
-            rows.append(f"{_where_str(idx)}: got {actual[idx]!r}, oracle {ref[idx]!r}, "
-                        f"|err| {err[idx]:.3g} > tol {tol[idx]:.3g}")
-        raise Violation(prop, f"{name}: {int(bad.sum())} / {int(sel.sum())} elements "
-                              f"({100.0 * bad.sum() / max(sel.sum(), 1):.3g}%) exceed |{name} - oracle| <= "
+    """The judge's verdict (:func:`fa4verify.judge.compare`) on one tensor of one property.
+    ``fail`` raises :class:`Violation` with the five worst elements; ``undecided`` is recorded in
+    ``undecided`` (``"<prop>.<name>"`` -> reason) and never counts as a pass of the property.
+    Returns the tightness over the judged elements."""
+    if np.size(ref) == 0 and np.size(actual) == 0:
+        return 0.0       # an empty tensor (e.g. dK of a batch with no keys): nothing exists to judge
+    v = judge.compare(name, actual, ref, oracle_bound=bound, budget=budget)
+    if v.status == "fail":
+        rows = [e.text() for e in v.violations]
+        if not rows:
+            rows = [v.reason]
+        within = False
+        if ftz_floor is not None and v.violations:
+            fl = np.broadcast_to(np.asarray(ftz_floor, np.float64), np.shape(ref))
+            within = v.n_over <= len(v.violations) and all(
+                e.err <= e.allowed + float(fl[e.index]) for e in v.violations)
+        raise Violation(prop, f"{name}: {v.n_over} / {v.n_compared} elements "
+                              f"({100.0 * v.n_over / max(v.n_compared, 1):.3g}%) exceed |{name} - oracle| <= "
                               f"oracle_bound + budget; worst: " + "; ".join(rows) + f" | case: {problem.describe()}",
-                        {f"tightness_{name}": tight, f"violations_{name}": int(bad.sum()),
-                         "max_violating_abs_err": float(np.max(err[bad])), "quantity": name,
-                         "within_ftz_envelope": bool(ftz_floor is not None and np.all(
-                             err[bad] <= tol[bad] + np.broadcast_to(ftz_floor, ref.shape)[bad]))})
-    return tight
+                        {f"tightness_{name}": v.tightness, f"violations_{name}": v.n_over,
+                         "max_violating_abs_err": max((e.err for e in v.violations), default=math.inf),
+                         "quantity": name, "within_ftz_envelope": bool(within)})
+    if v.status == "undecided":
+        undecided[f"{prop}.{name}"] = v.reason
+    return v.tightness
 
 
 def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, problem: AttentionProblem,
@@ -809,10 +537,12 @@ def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, pro
 @dataclasses.dataclass
 class CheckOutcome:
     """What :func:`check_problem` measured: metrics (tightness per quantity, ...) and the
-    properties skipped with their reason."""
+    properties skipped with their reason; ``undecided``: ``"<property>.<tensor>"`` -> why the
+    judge could not decide (never counted as a pass of that property)."""
     metrics: dict[str, float]
     skipped: dict[str, str]
     ran: list[str]
+    undecided: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _run_target(problem: AttentionProblem, fn: Callable, *args, **kw):
@@ -839,6 +569,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
     a = problem.materialize()
     metrics: dict[str, float] = {}
     skipped: dict[str, str] = {}
+    undecided: dict[str, str] = {}
     ran: list[str] = []
     fwd = _run_target(problem, target.forward, problem, a)
     ran.append("runs")
@@ -851,11 +582,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
     ref_out = ref_lse = None
     try:
         ofwd = _oracle_forward(problem, a)
-        stats = _Stats(problem, a, ofwd, _budget(problem))
-        ref_out = _Reference(np.asarray(ofwd.out, np.float64), np.asarray(ofwd.bound, np.float64),
-                             stats.forward_out())
-        ref_lse = _Reference(np.asarray(ofwd.lse, np.float64), np.asarray(ofwd.lse_bound, np.float64),
-                             stats.forward_lse())
+        ref_out, ref_lse, stats, _ = judge.forward_allowances(problem, a, budgets=_budget(problem),
+                                                              oracle=ofwd)
         oracle_error = None
     except (DependencyMissing, Unsupported) as e:
         oracle_error = str(e)
@@ -897,9 +625,9 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
     if "fwd_budget" in props and need_ref("fwd_budget"):
         ran.append("fwd_budget")
         metrics["tightness_out"] = _compare("fwd_budget", "out", fwd.out, ref_out.value, ref_out.bound,
-                                            ref_out.allowance, problem, ftz_floor=stats.forward_out_ftz_floor())
+                                            ref_out.budget, problem, undecided, ftz_floor=stats.forward_out_ftz_floor())
         metrics["tightness_lse"] = _compare("fwd_budget", "lse", fwd.lse, ref_lse.value, ref_lse.bound,
-                                            ref_lse.allowance, problem)
+                                            ref_lse.budget, problem, undecided)
 
     from fa4verify._strategies.masks import resolve_window
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
@@ -914,8 +642,9 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
             ap["k"], ap["v"] = a["k"][:, perm], a["v"][:, perm]
             fp = _run_target(problem, target.forward, problem, ap)
             metrics["tightness_out_permuted"] = _compare("key_permutation", "out", fp.out, ref_out.value,
-                                                         ref_out.bound, ref_out.allowance, problem)
-            _compare("key_permutation", "lse", fp.lse, ref_lse.value, ref_lse.bound, ref_lse.allowance, problem)
+                                                         ref_out.bound, ref_out.budget, problem, undecided)
+            _compare("key_permutation", "lse", fp.lse, ref_lse.value, ref_lse.bound, ref_lse.budget, problem,
+                     undecided)
 
     if "batch_invariance" in props:
         if problem.batch < 2 or problem.varlen:
@@ -938,7 +667,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                                                             f"in {d} element(s) | case: {problem.describe()}")
             elif need_ref("batch_invariance"):
                 _compare("batch_invariance", "out", f1.out[0], ref_out.value[b], ref_out.bound[b],
-                         np.broadcast_to(ref_out.allowance, ref_out.value.shape)[b], problem)
+                         np.broadcast_to(ref_out.budget, ref_out.value.shape)[b], problem, undecided)
 
     if "gqa_repeat" in props:
         if problem.nheads_kv == problem.nheads or problem.varlen:
@@ -957,7 +686,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         raise Violation("gqa_repeat", f"{n} with repeated KV heads differs bitwise from GQA in "
                                                       f"{d} element(s) | case: {problem.describe()}")
             elif need_ref("gqa_repeat"):
-                _compare("gqa_repeat", "out", fm.out, ref_out.value, ref_out.bound, ref_out.allowance, problem)
+                _compare("gqa_repeat", "out", fm.out, ref_out.value, ref_out.bound, ref_out.budget, problem,
+                         undecided)
 
     # ---------------------------------------------------------------- backward
     want_bwd = backward and {"bwd_budget", "deterministic_bwd", "masked_rows", "finite"} & set(props)
@@ -986,7 +716,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
             obwd = None
             if ({"bwd_budget", "finite"} & set(props)) and ref_out is not None:
                 try:
-                    obwd = _oracle_backward(problem, a, None)
+                    obwd = _oracle_backward(problem, a)
                 except (DependencyMissing, Unsupported) as e:
                     skipped["bwd_budget"] = str(e)
             if obwd is not None:
@@ -995,7 +725,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         _check_finite("finite", n, getattr(g, n), getattr(obwd, n), problem, fmt_max)
                 if "bwd_budget" in props:
                     try:
-                        allow = stats.backward(obwd, ref_out.allowance, ref_out.bound)
+                        with np.errstate(invalid="ignore", over="ignore"):
+                            allow = stats.backward(obwd, ref_out.budget, ref_out.bound)
                     except (DependencyMissing, KeyError) as e:
                         skipped["bwd_budget"] = f"backward budget unavailable: {e}"
                         allow = None
@@ -1004,7 +735,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         for n in ("dq", "dk", "dv"):
                             metrics[f"tightness_{n}"] = _compare("bwd_budget", n, getattr(g, n), getattr(obwd, n),
                                                                  getattr(obwd, f"{n}_bound"), allow[n], problem,
-                                                                 ftz_floor=stats.ftz_floor[n])
+                                                                 undecided, ftz_floor=stats.ftz_floor[n])
             if "deterministic_bwd" in props and target.deterministic_by_construction:
                 skipped["deterministic_bwd"] = f"{target.where} is deterministic by construction"
             elif "deterministic_bwd" in props:
@@ -1019,7 +750,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                                                              f"{problem.describe()}")
     tights = [v for k, v in metrics.items() if k.startswith("tightness_") and math.isfinite(v)]
     metrics["tightness_max"] = max(tights) if tights else 0.0
-    return CheckOutcome(metrics, skipped, ran)
+    return CheckOutcome(metrics, skipped, ran, undecided)
 
 
 def _unseen_keys(problem: AttentionProblem) -> np.ndarray:
@@ -1062,7 +793,7 @@ def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
             if problem.softcap > 0:
                 y = problem.softcap * np.tanh(y / problem.softcap)
             m = np.max(np.where(keep, y, -np.inf), axis=1)
-            if np.any(np.isfinite(m) & ((sink[h] - m) * _LOG2E >= 126.0)):
+            if np.any(np.isfinite(m) & ((sink[h] - m) * math.log2(math.e) >= 126.0)):
                 return True
     return False
 
@@ -1194,7 +925,7 @@ def load_case(path_or_dict: os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclasses.dataclass
 class ReplayOutcome:
-    status: str                     # "fail" | "pass" | "unsupported" | "skipped"
+    status: str                     # "fail" | "pass" | "undecided" | "unsupported" | "skipped"
     property: Optional[str]
     message: str
     metrics: dict[str, Any]
@@ -1217,6 +948,9 @@ def replay_case(case: os.PathLike | Mapping[str, Any], *, target: Optional[Targe
         return ReplayOutcome("unsupported", None, str(e), {})
     if not out.ran:
         return ReplayOutcome("skipped", None, "; ".join(f"{k}: {v}" for k, v in out.skipped.items()), out.metrics)
+    if out.undecided:
+        return ReplayOutcome("undecided", next(iter(out.undecided)).split(".")[0],
+                             "; ".join(f"{k}: {v}" for k, v in out.undecided.items()), out.metrics)
     return ReplayOutcome("pass", None, f"ran {out.ran}", out.metrics)
 
 
@@ -1271,6 +1005,8 @@ class CampaignResult:
     stopped: Optional[str] = None
     known_hits: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     versions: dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
+    #: "<property>.<tensor>" -> {"count": examples, "reason": first reason, "first": problem}
+    undecided: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def found(self) -> bool:
@@ -1374,6 +1110,9 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
                 res.properties_ran[p] = res.properties_ran.get(p, 0) + 1
             for p, why in out.skipped.items():
                 res.properties_skipped.setdefault(p, why)
+            for p, why in out.undecided.items():
+                u = res.undecided.setdefault(p, {"count": 0, "reason": why, "first": problem.describe()})
+                u["count"] += 1
             for k, val in out.metrics.items():
                 if isinstance(val, (int, float)) and math.isfinite(val):
                     res.max_metrics[k] = max(res.max_metrics.get(k, -math.inf), float(val))

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fa4verify.judge import UndecidedError, arrays_from, dense_problem, judge_forward, load_budgets
+from fa4verify.judge import UndecidedError, arrays_from, dense_problem, load_budgets
 from fa4verify.kernels import facts
 
 __all__ = ["assert_attention_within_budget", "GateSummary", "UndecidedError"]

@@ -78,7 +78,7 @@ __all__ = [
 ]
 
 Arch = Literal["sm90", "sm100"]
-Status = Literal["pass", "fail", "n/a", "error"]
+Status = Literal["pass", "fail", "undecided", "n/a", "error"]
 
 
 # =============================================================================== the catalogue
@@ -329,7 +329,8 @@ def make_inputs(p: Problem, seed: int = 0) -> ProblemData:
 class Verdict:
     """One verifier's outcome on one (mutant or unmutated twin, problem).
 
-    ``status``: "pass", "fail", "n/a" (the verifier does not apply here) or "error".
+    ``status``: "pass", "fail", "undecided" (the judge could not decide: never a catch, never a
+    pass of the unmutated twin), "n/a" (the verifier does not apply here) or "error".
     ``figure``: the deciding number, ``measured / threshold`` for tolerance rules (> 1 fails),
     a count for bitwise / determinism checks (> 0 fails); ``None`` when not applicable.
     ``detail``: one line a person can act on (what was compared, with which numbers).
@@ -953,24 +954,11 @@ def _v_exp2_cert(m: Mutant | None, profile: str) -> Verdict:
 
 # ------------------------------------------------------------- end-to-end verifiers (oracle)
 def kernel_config(p: Problem, arch: str) -> dict[str, float]:
-    """FA4 facts the composed budgets need for ``p`` on ``arch`` (not measured from the kernel):
-    KV tile width, max_offset and rescale threshold (log2 units), from ``load_params()`` and the
-    tile table (fa4_numerics.md sections 2-3)."""
-    from fa4verify.kernels.fa4_params import load_params
-    prm = load_params()
-    if arch == "sm90":
-        from fa4verify.kernels.twin_fwd import sm90_tile
-        tile_n = sm90_tile(p.head_dim, p.head_dim, p.causal, False)[1]
-        return {"tile_n": float(tile_n), "max_offset": 0.0, "threshold": 0.0}
-    fp8 = p.dtype == "fp8"
-    return {"tile_n": 128.0,
-            "max_offset": float(prm.max_offset_fp8 if fp8 else prm.max_offset_other),
-            "threshold": float(prm.rescale_threshold_other if fp8 else prm.rescale_threshold_16bit)}
-
-
-def _gamma(n, u=2.0**-24):
-    n = np.asarray(n, np.float64)
-    return n * u / (1.0 - n * u)
+    """FA4 facts for ``p`` on ``arch``: KV tile width, max_offset and rescale threshold (log2
+    units), from :func:`fa4verify.kernels.facts.kernel_constants` (the installed FA4)."""
+    from fa4verify.kernels import facts
+    kc = facts.kernel_constants(arch, p.dtype, p.head_dim, p.head_dim, p.causal, False)
+    return {"tile_n": float(kc.tile_n), "max_offset": kc.max_offset, "threshold": kc.rescale_threshold}
 
 
 @dataclasses.dataclass
@@ -1037,38 +1025,6 @@ def oracle_case(data: ProblemData, arch: str) -> OracleCase:
     return OracleCase(heads, tuple(dropped))
 
 
-def _compare_within(name: str, actual: np.ndarray, ref: np.ndarray, bound: np.ndarray,
-                    allowance: np.ndarray) -> tuple[float, int, int, str]:
-    """``|actual - ref| <= bound + allowance`` where the oracle is finite, and non-finite
-    ``actual`` exactly where the oracle is NaN (+/-inf oracle values must match exactly).
-    Returns (max ratio, violations, compared, worst detail)."""
-    actual = np.asarray(actual, np.float64)
-    ref = np.asarray(ref, np.float64)
-    with np.errstate(invalid="ignore"):
-        tol = np.broadcast_to(np.asarray(bound, np.float64) + np.asarray(allowance, np.float64),
-                              ref.shape)
-    fin = np.isfinite(ref)
-    viol = np.zeros(ref.shape, bool)
-    viol |= np.isnan(ref) & np.isfinite(actual)          # poison hidden (e.g. NaN swallowed)
-    viol |= np.isinf(ref) & (actual != ref)
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        err = np.abs(actual - ref)
-        ratio = np.where(fin, err / tol, 0.0)
-    ratio = np.where(fin & ~np.isfinite(actual), np.inf, ratio)
-    ratio = np.where(fin & (err == 0), 0.0, ratio)
-    ratio = np.where(fin & np.isnan(ratio), np.inf, ratio)
-    ratio = np.where(viol, np.inf, ratio)
-    viol |= ratio > 1.0
-    n = int(viol.sum())
-    mr = float(ratio.max()) if ratio.size else 0.0
-    detail = ""
-    if ratio.size:
-        i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-        detail = (f"{name}{tuple(int(x) for x in i)}: got {actual[i]:.6g}, oracle {ref[i]:.6g}, "
-                  f"tol {tol[i]:.3g}")
-    return mr, n, int(ref.size), detail
-
-
 def _env_oracle(env: "ProblemEnv") -> OracleCase:
     if env.oracle_fwd is None and env.oracle_error is None:
         try:
@@ -1094,12 +1050,10 @@ def _v_fwd_budget(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
     """Forward output and LSE vs the certified oracle within the composed budget
     (``e2e.forward_out`` and ``e2e.forward_lse``).
 
-    Finite inputs: fa4verify's judge, ``attribution.check_forward_outputs``. Inputs with NaN:
-    the same inequality with the judge's statistics (``attribution.problem_stats``), per head,
-    under FA4's NaN semantics (Note [NaN in emulated lanes]) and with NaN locations checked --
-    the judge itself has no NaN policy (it would flag FA4's documented -inf LSE of a NaN row).
-    ``tests/test_mutants_e2e.py`` checks that both paths give the same verdicts on the finite
-    battery problems."""
+    Finite inputs: fa4verify's judge (``judge.judge_forward``). Inputs with NaN: the same judge
+    per head under FA4's NaN semantics (Note [NaN in emulated lanes]) with NaN locations judged
+    (``nan="match"``). ``tests/test_mutants_e2e.py`` checks that both paths give the same
+    verdicts on the finite battery problems."""
     if run.out is None:
         return NA
     p = env.data.problem
@@ -1110,61 +1064,51 @@ def _v_fwd_budget(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
     return _fwd_budget_own(env, run, budgets)
 
 
+def _judge_verdict(verdicts, label: str, extra: str = "") -> Verdict:
+    """The judge's verdicts on several tensors as one mutant-table verdict."""
+    from fa4verify.judge import combine
+    st = combine(verdicts)
+    fig = max((v.tightness for v in verdicts), default=0.0)
+    parts = [f"{v.name} {v.tightness:.3g} ({v.n_over} over" + (f", {v.n_unjudged} unjudged" if v.n_unjudged else "")
+             + ")" for v in verdicts]
+    worst = max(verdicts, key=lambda v: v.tightness)
+    why = next((v.reason for v in verdicts if v.status == "undecided"), "")
+    return Verdict(st, fig, f"{label}: " + ", ".join(parts) + extra
+                   + (f"; worst {worst.worst.text()}" if worst.worst is not None else "")
+                   + (f"; undecided: {why}" if st == "undecided" else ""))
+
+
 def _fwd_budget_judge(env: "ProblemEnv", run: "TwinOutputs", budgets) -> Verdict:
-    """fa4verify's judge itself (``attribution.check_forward_outputs``), finite inputs."""
+    """fa4verify's judge (``fa4verify.judge.judge_forward``), finite inputs."""
     p = env.data.problem
     d = env.data
     attribution = _attribution()
-    tile_n = int(kernel_config(p, env.arch)["tile_n"])
     with np.errstate(invalid="ignore"):
         fc = attribution.check_forward_outputs(
             run.out, run.lse, d.q, d.k, d.v, arch=env.arch, dtype=p.dtype,
-            softmax_scale=p.softmax_scale, causal=p.causal, tile_n=tile_n, budgets=budgets,
-            where="CPU twin")
-    fig = max(fc.out_ratio, fc.lse_ratio)
-    if fig >= 1e300:  # the judge writes an infinite ratio (NaN/inf error) as the largest float
-        fig = math.inf
-    n = fc.out_over + fc.lse_over
-    return Verdict("fail" if n else "pass", fig,
-                   f"attribution.check_forward_outputs: out {fc.out_ratio:.3g} "
-                   f"({fc.out_over} over), lse {fc.lse_ratio:.3g} ({fc.lse_over} over); "
-                   f"max |err| {fc.max_abs_err:.3g}")
+            softmax_scale=p.softmax_scale, causal=p.causal, budgets=budgets, where="CPU twin")
+    return _judge_verdict(fc.verdicts, "judge.judge_forward", f"; max |err| {fc.max_abs_err:.3g}")
 
 
 def _fwd_budget_own(env: "ProblemEnv", run: "TwinOutputs", budgets) -> Verdict:
-    """The judge's inequality and statistics, per head, with FA4's NaN semantics."""
+    """The judge per head, on the oracle of FA4's NaN semantics (Note [NaN in emulated lanes]),
+    with NaN locations judged (``nan="match"``: where the oracle is NaN the output must be
+    non-finite; FA4 writes LSE = -inf for a row whose sum is NaN, fa4_numerics.md 2.8)."""
+    from fa4verify import judge
     oc = _env_oracle(env)
     p = env.data.problem
-    attribution = _attribution()
-    cfg = kernel_config(p, env.arch)
-    results = []
+    verdicts = []
     for hh, head in enumerate(oc.heads):
+        prob = judge.dense_problem(head.q, head.k, head.v, arch=env.arch, dtype=p.dtype, causal=p.causal,
+                                   softmax_scale=p.softmax_scale)
+        a = judge.arrays_from(head.q, head.k, head.v)
+        lse = None if run.lse is None else run.lse[:, hh:hh + 1]
         with np.errstate(invalid="ignore", over="ignore"):
-            st = attribution.problem_stats(
-                head.q, head.k, head.v, arch=env.arch, dtype=p.dtype,
-                softmax_scale=p.softmax_scale, causal=p.causal, lse_true=head.fwd.lse,
-                o_true=head.fwd.out, tile_n=int(cfg["tile_n"]))
-            allow_o = np.asarray(budgets.evaluate("forward_out", st), np.float64)
-            allow_l = np.asarray(budgets.evaluate("forward_lse", st), np.float64)
-        b, sq = head.q.shape[0], head.q.shape[1]
-        dv = head.v.shape[-1]
-        allow_o = np.broadcast_to(allow_o, (b, 1, sq, dv)).transpose(0, 2, 1, 3)
-        allow_l = np.broadcast_to(allow_l, (b, 1, sq, 1))[..., 0]
-        results.append(_compare_within(f"out[h{hh}]", run.out[:, :, hh:hh + 1], head.fwd.out,
-                                       head.fwd.bound, allow_o))
-        if run.lse is not None:
-            lse_ref = head.fwd.lse
-            lse_got = run.lse[:, hh:hh + 1]
-            # FA4 writes LSE = -inf for a row whose sum is NaN (fa4_numerics.md 2.8): accept any
-            # non-finite LSE where the oracle's is NaN
-            lse_got = np.where(np.isnan(lse_ref) & ~np.isfinite(lse_got), np.nan, lse_got)
-            results.append(_compare_within(f"lse[h{hh}]", lse_got, lse_ref, head.fwd.lse_bound,
-                                           allow_l))
-    worst = max(results, key=lambda t: t[0])
-    nviol = sum(t[1] for t in results)
-    return Verdict("fail" if nviol else "pass", worst[0],
-                   f"{nviol} of {sum(t[2] for t in results)} out/lse elements over oracle bound "
-                   f"+ budget (dropped NaN keys {list(oc.dropped_keys)}); worst {worst[3]}")
+            j = judge.judge_forward(prob, a, run.out[:, :, hh:hh + 1], lse, budgets=budgets,
+                                    oracle=head.fwd, nan="match")
+        verdicts += [dataclasses.replace(j.out, name=f"out[h{hh}]"), dataclasses.replace(j.lse, name=f"lse[h{hh}]")]
+    return _judge_verdict(verdicts, "judge.judge_forward per head",
+                          f"; dropped NaN keys {list(oc.dropped_keys)}")
 
 
 def _v_bwd_budget(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
@@ -1182,21 +1126,12 @@ def _v_bwd_budget(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
         return NA
     attribution = _attribution()
     budgets = load_budgets(p.dtype, env.arch)
-    tile_n = int(kernel_config(p, env.arch)["tile_n"])
     with np.errstate(invalid="ignore", over="ignore"):
         bc = attribution.check_backward_outputs(
             run.grads[0], run.grads[1], run.grads[2], d.q, d.k, d.v, d.dout, arch=env.arch,
-            dtype=p.dtype, causal=p.causal, softmax_scale=p.softmax_scale, tile_n=tile_n,
+            dtype=p.dtype, causal=p.causal, softmax_scale=p.softmax_scale,
             budgets=budgets, where="CPU twin")
-    fig = max(bc.ratios.values())
-    if fig >= 1e300:
-        fig = math.inf
-    n = sum(bc.over.values())
-    worst = max(bc.ratios, key=bc.ratios.get)
-    return Verdict("fail" if n else "pass", fig,
-                   f"attribution.check_backward_outputs: ratios "
-                   f"{ {k: round(v, 3) for k, v in bc.ratios.items()} }, over {dict(bc.over)}; "
-                   f"worst {worst} (max rel err {bc.rel_err[worst]:.3g})")
+    return _judge_verdict(bc.verdicts, "judge.judge_backward")
 
 
 def _v_determinism(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:

@@ -52,6 +52,17 @@ def _result(res: Any, where: str) -> CheckResult:
     if res.examples_run == 0:
         return CheckResult(status="error", where=where, metrics=metrics, details=details,
                            summary="no example ran (every draw rejected)")
+    undecided = getattr(res, "undecided", {}) or {}
+    if undecided:
+        details["undecided"] = undecided
+        metrics["undecided_examples"] = sum(u["count"] for u in undecided.values())
+        first = next(iter(undecided.items()))
+        return CheckResult(status="undecided", where=where, metrics=metrics, details=details,
+                           summary=(f"{res.examples_run} examples, no violation, but the judge could not decide "
+                                    + ", ".join(f"{k} x{u['count']}" for k, u in undecided.items()) +
+                                    f" "
+                                    f"(first: {first[0]}: {first[1]['reason']})"),
+                           tightness=metrics["tightness_max"] or None)
     summary = (f"{res.examples_run} examples, every property held; max tightness "
                f"{metrics['tightness_max']:.3g}")
     if known:

@@ -251,4 +251,8 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
     if res.examples_run == 0:
         _err("no example ran (every draw was rejected)")
         _exit(int(ExitCode.NOTHING_RAN))
+    if res.undecided:
+        for k, u in res.undecided.items():
+            click.echo(f"UNDECIDED {k} x{u['count']} (first: {u['first']}): {u['reason']}")
+        _exit(int(ExitCode.UNDECIDED))
     _exit(int(ExitCode.OK))

@@ -68,6 +68,10 @@ class BudgetStats:
         kc = {"tile_n": float(kcon.tile_n), "max_offset": float(kcon.max_offset),
               "threshold": float(kcon.rescale_threshold)}
         self.kernel = kcon
+        causal_r, local_r, _, _ = facts.resolve_causal_local_window(problem.causal, problem.window_size)
+        #: the backward kernel's KV tile (SM90: ``_tile_size_bwd_sm90``); the backward budgets count
+        #: max(forward, backward) tiles per row (budgets only grow)
+        self.bwd_tile_n = facts.bwd_tile(problem.arch, problem.head_dim, problem.head_dim_v, causal_r, local_r)[1]
         H, Hk = problem.nheads, problem.nheads_kv
         g = H // Hk
         D, Dv = problem.head_dim, problem.head_dim_v
@@ -84,7 +88,7 @@ class BudgetStats:
             lse_t = np.moveaxis(lse, 1, 2).reshape(-1, H)       # (b*s, h)
         else:
             lse_t = lse.T                                        # (t, h)
-        tq, tk = q.shape[0], k.shape[0]
+        tq = q.shape[0]
         row = {n: np.zeros((tq, H)) for n in ("qk_c_max", "sc_max", "mc_abs", "softcap_err", "lse_abs",
                                               "lg2_l", "seqlen_k", "seqlen_q", "n_blocks", "lse_log2_abs")}
         el = {n: np.zeros((tq, H, Dv)) for n in ("abs_pv", "sum_abs_v")}
@@ -92,6 +96,7 @@ class BudgetStats:
         sink_abs = None if sink is None else np.abs(np.asarray(sink, np.float64).reshape(-1)) * _LOG2E
         self._w: list = []  # per segment: (qs, ks, w (h, lq, lk), tanh (h, lq, lk))
         self._keeps: list = []
+        self._nb_bwd = np.zeros((q.shape[0] if varlen else problem.batch * problem.seqlen_q, 1))
         bounds = problem._seq_bounds()
         if not varlen:
             bounds = [(b * problem.seqlen_q, problem.seqlen_q, b * problem.seqlen_k, problem.seqlen_k)
@@ -102,10 +107,16 @@ class BudgetStats:
             if lq == 0:
                 continue
             tn = int(kc["tile_n"])
-            anyk = keep.any(axis=1)
-            first = np.where(anyk, np.argmax(keep, axis=1), 0)
-            last = np.where(anyk, lk - 1 - np.argmax(keep[:, ::-1], axis=1), 0) if lk else first
-            nb = np.where(anyk, last // tn - first // tn + 1, 0).astype(np.float64)
+            tb = int(self.bwd_tile_n)
+            if lk:
+                anyk = keep.any(axis=1)
+                first = np.where(anyk, np.argmax(keep, axis=1), 0)
+                last = np.where(anyk, lk - 1 - np.argmax(keep[:, ::-1], axis=1), 0)
+                nb = np.where(anyk, last // tn - first // tn + 1, 0).astype(np.float64)
+                nbb = np.where(anyk, last // tb - first // tb + 1, 0).astype(np.float64)
+            else:
+                nb = nbb = np.zeros(lq)
+            self._nb_bwd[qs] = nbb[:, None]
             row["seqlen_k"][qs] = lk
             row["seqlen_q"][qs] = lq
             row["n_blocks"][qs] = nb[:, None]
@@ -177,8 +188,10 @@ class BudgetStats:
         return {"d": float(self.D), "dv": float(self.Dv), "tile_n": self.kc["tile_n"],
                 "max_offset": self.kc["max_offset"], "x_max": self.kc["max_offset"] + self.kc["threshold"]}
 
-    def _row_stats(self) -> dict[str, np.ndarray]:
+    def _row_stats(self, backward: bool = False) -> dict[str, np.ndarray]:
         r = dict(self.row)
+        if backward:
+            r["n_blocks"] = np.maximum(r["n_blocks"], self._nb_bwd)
         r["n_rescale"] = r["n_blocks"]
         return r
 
@@ -220,7 +233,7 @@ class BudgetStats:
         k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
         # backward_p per query row, then its max over the rows each key sums over
         st = self._common()
-        st.update(self._row_stats())
+        st.update(self._row_stats(backward=True))
         bp_row = np.broadcast_to(self.budget.evaluate("backward_p", st), (tq, H))
         keeps = {(qs.start, ks.start): km for (qs, ks, _, _), km in zip(self._w, self._keeps)}
         keep_of = lambda qs, ks: keeps[(qs.start, ks.start)]   # noqa: E731
@@ -230,7 +243,7 @@ class BudgetStats:
                 continue
             k_row["seqlen_q"][ks] = lq * g      # dK/dV of a kv head accumulate over its g query heads
             k_row["seqlen_k"][ks] = lk
-            k_row["n_blocks"][ks] = float(self.row["n_blocks"][qs, 0].max()) if lq else 0
+            k_row["n_blocks"][ks] = float(np.maximum(self.row["n_blocks"][qs, 0], self._nb_bwd[qs, 0]).max()) if lq else 0
             for h in range(H):
                 hk = h // g
                 w = W[h]
@@ -265,7 +278,7 @@ class BudgetStats:
         common = self._common()
         # dq (query layout)
         st = dict(common)
-        for n, x in self._row_stats().items():
+        for n, x in self._row_stats(backward=True).items():
             st[n] = x[..., None]
         st["backward_p"] = bp_row[..., None]
         st.update(q_el)
