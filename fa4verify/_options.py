@@ -65,6 +65,9 @@ OPTIONS: tuple[Option, ...] = (
            0.0, type=float, metavar="S"),
     Option("opt", "opts", "Extra key=value passed to checks as ctx.options; repeatable.", (),
            metavar="KEY=VALUE", multiple=True),
+    Option("deployment", "deployment", "Deployment profile (TOML file, or a shipped name: llama3-8b, "
+           "swa-sink-hd64, hd256, small-hd): every check draws its cases from what it ships, and "
+           "recorded findings apply only where they intersect it.", None, metavar="FILE.toml"),
 )
 
 
@@ -97,13 +100,10 @@ def resolve_device(device: str, *, cuda: bool | None = None) -> str:
 
 
 def _gpu_arch() -> str | None:
-    try:
-        import torch
-
-        major, minor = torch.cuda.get_device_capability()
-    except Exception:
-        return None
-    return {(9, 0): "sm90", (10, 0): "sm100", (10, 3): "sm103"}.get((major, minor))
+    """The local GPU's fa4verify arch (:func:`fa4verify.kernels.device.local_gpu`), or None."""
+    from fa4verify.kernels.device import local_gpu
+    g = local_gpu()
+    return None if g is None else g.arch
 
 
 def resolve_archs(archs: Sequence[str] | str, device: str) -> tuple[str, ...]:
@@ -120,7 +120,8 @@ def resolve_archs(archs: Sequence[str] | str, device: str) -> tuple[str, ...]:
             if part not in ARCH_CHOICES:
                 raise OptionError(f"--arch {part!r}: choose from {', '.join(ARCH_CHOICES)}")
             if part == "auto":
-                auto = ((_gpu_arch() or "sm90",) if device == "cuda" else ("sm90", "sm100"))
+                ga = _gpu_arch() if device == "cuda" else None
+                auto = (ga,) if ga else ("sm90", "sm100")   # an unsupported GPU: the twins; live checks skip
                 out.extend(x for x in auto if x not in out)
             elif part not in out:
                 out.append(part)
@@ -158,9 +159,17 @@ class AuditConfig:
     isolate: str = "auto"
     timeout: float = 0.0
     opts: tuple[tuple[str, str], ...] = ()
+    #: the deployment profile (``--deployment``), as ``(name, json)`` so the config stays hashable
+    deployment: tuple[str, str] | None = None
+
+    @property
+    def deployment_dict(self) -> dict[str, Any] | None:
+        import json
+        return None if self.deployment is None else json.loads(self.deployment[1])
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d["deployment"] = self.deployment_dict
         d["archs"] = list(self.archs)
         d["shard"] = None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}"
         d["checks_modules"] = list(self.checks_modules)
@@ -172,7 +181,8 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
                  profile: str = "default", seed: int = 0, keyword: str | None = None,
                  shard: str | None = None, checks_modules: Sequence[str] = (),
                  no_default_checks: bool = False, isolate: str = "auto", timeout: float = 0.0,
-                 opts: Sequence[str] = (), cuda: bool | None = None) -> AuditConfig:
+                 opts: Sequence[str] = (), cuda: bool | None = None,
+                 deployment: str | None = None) -> AuditConfig:
     """Validate raw option values into an :class:`AuditConfig` (raises :class:`OptionError`)."""
     if dtype not in DTYPES:
         raise OptionError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
@@ -197,10 +207,22 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
     dev = resolve_device(device, cuda=cuda)
     archs = resolve_archs(arch, dev)
     mods = tuple(dict.fromkeys(list(checks_modules) + list(checks_modules_from_env())))
+    dep = None
+    if deployment:
+        import json
+
+        from fa4verify.deployment import DeploymentError, load as load_deployment
+        try:
+            d = load_deployment(deployment)
+        except DeploymentError as e:
+            raise OptionError(str(e)) from None
+        if dtype not in d.dtypes:
+            raise OptionError(f"--deployment {d.name}: ships {', '.join(d.dtypes)}, not --dtype {dtype}")
+        dep = (d.name, json.dumps(d.to_dict(), sort_keys=True))
     return AuditConfig(dtype=dtype, device=dev, archs=archs, profile=profile, seed=seed,
                        keyword=keyword or None, shard=shard_t, checks_modules=mods,
                        no_default_checks=bool(no_default_checks), isolate=isolate,
-                       timeout=max(0.0, timeout), opts=opts_t)
+                       timeout=max(0.0, timeout), opts=opts_t, deployment=dep)
 
 
 # ------------------------------------------------------------------------------------ frontends
@@ -257,4 +279,4 @@ def config_from_pytest(config: Any, profile: str) -> AuditConfig:
                         profile=profile or vals["profile"], seed=vals["seed"],
                         shard=vals["shard"], checks_modules=vals["checks_modules"],
                         no_default_checks=vals["no_default_checks"], isolate=vals["isolate"],
-                        timeout=vals["timeout"], opts=vals["opts"])
+                        timeout=vals["timeout"], opts=vals["opts"], deployment=vals["deployment"])

@@ -64,7 +64,7 @@ import zlib
 from typing import Any, Callable, Iterable, Mapping
 
 __all__ = [
-    "NEEDS", "PROFILES", "PROFILE_ORDER", "STATUSES", "WHERE", "ARCHS", "DTYPES",
+    "NEEDS", "PROFILES", "PROFILE_ORDER", "STATUSES", "WHERE", "WHERE_GPU_RE", "valid_where", "ARCHS", "DTYPES",
     "PLOT_CONVENTION",
     "check", "CheckSpec", "CheckContext", "CheckResult", "SkipCheck",
     "discover", "registered", "unmet_need", "cuda_available", "load_module", "module_name_for",
@@ -76,13 +76,20 @@ NEEDS: frozenset[str] = frozenset({"cpu", "fa4", "cuda", "gmpy2"})
 PROFILE_ORDER: tuple[str, ...] = ("quick", "default", "full", "exhaustive")
 PROFILES: frozenset[str] = frozenset(PROFILE_ORDER)
 STATUSES: frozenset[str] = frozenset({"pass", "fail", "skip", "error", "undecided"})
-#: Where a figure was obtained ("" allowed for skip/error results that measured nothing).
-#: "recorded on H200" labels a check that, on this machine, reads figures or bits measured on the
-#: lent H200 earlier (golden vectors, MUFU statistics, production figures): the figure is a GPU
-#: measurement, but no GPU ran in this audit.
-WHERE: frozenset[str] = frozenset({"measured on H200", "recorded on H200", "CPU twin", "compile-only", "CPU"})
-ARCHS: tuple[str, ...] = ("sm90", "sm100", "sm103")
-DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8")
+#: Where a figure was obtained ("" allowed for skip/error results that measured nothing): one of
+#: these fixed labels, or a GPU label matching :data:`WHERE_GPU_RE`:
+#: "measured on <GPU name> (sm_XY)" -- the GPU ran in this audit (``CheckContext.where_measured``);
+#: "recorded on <GPU name> (sm_XY)" -- a check that, on this machine, reads figures or bits measured
+#: on that GPU earlier (golden vectors, MUFU statistics, production figures,
+#: :mod:`fa4verify.audit.evidence`): a GPU measurement, but no GPU ran in this audit.
+WHERE: frozenset[str] = frozenset({"CPU twin", "compile-only", "CPU"})
+WHERE_GPU_RE = re.compile(r"^(measured|recorded) on \S.* \(sm_\d{2,3}\)$")
+
+
+def valid_where(where: str) -> bool:
+    """Whether ``where`` is a label the reports accept (see :data:`WHERE`)."""
+    return where in WHERE or bool(WHERE_GPU_RE.match(where))
+from fa4verify.kernels.facts import ARCHS, DTYPES  # noqa: E402  (one vocabulary)
 
 PLOT_CONVENTION = """\
 details["plot"] may be one dict or a list of dicts, each with "kind" and "title" (str), optional
@@ -155,8 +162,8 @@ class CheckResult:
                "skip" (did not apply or could not run; ``summary`` is the reason),
                "error" (the check itself broke: exception, crash, import error),
                "undecided" (a certified comparison could not decide).
-    where:     "measured on H200" | "recorded on H200" | "CPU twin" | "compile-only" | "CPU"
-               ("" if nothing ran).
+    where:     "measured on <GPU> (sm_XY)" | "recorded on <GPU> (sm_XY)" | "CPU twin" |
+               "compile-only" | "CPU" ("" if nothing ran).
     summary:   one line for the terminal and the reports.
     metrics:   flat {name: float|int|str}; numeric ones are compared against a baseline
                (larger = worse unless the name ends with "_higher_is_better").
@@ -174,8 +181,9 @@ class CheckResult:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"CheckResult.status {self.status!r} is not one of {sorted(STATUSES)}")
-        if self.where and self.where not in WHERE:
-            raise ValueError(f"CheckResult.where {self.where!r} is not one of {sorted(WHERE)}")
+        if self.where and not valid_where(self.where):
+            raise ValueError(f"CheckResult.where {self.where!r} is not one of {sorted(WHERE)} nor "
+                             f"'measured on <GPU> (sm_XY)' / 'recorded on <GPU> (sm_XY)'")
         if not isinstance(self.summary, str):
             self.summary = str(self.summary)
         if not isinstance(self.metrics, Mapping):
@@ -239,6 +247,7 @@ class CheckContext:
     seed:    the audit's seed (int); :meth:`rng` derives a per-check stream from it.
     check_id: the id of the running check (with "[arch]" suffix for per-arch checks).
     options: free-form extra options (``--fa4-opt key=value``), strings.
+    deployment: the deployment profile (``--deployment``) as a dict; :attr:`deploy` parses it.
     """
 
     dtype: str = "bf16"
@@ -249,6 +258,9 @@ class CheckContext:
     check_id: str = ""
     archs: tuple[str, ...] = ("sm90", "sm100")
     options: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the audit's deployment profile (``Deployment.to_dict()``) or None: every case a check draws
+    #: comes from it, and recorded findings apply only where they intersect it
+    deployment: dict[str, Any] | None = None
     _progress_factory: ProgressFactory | None = dataclasses.field(default=None, repr=False)
     _notes: list[str] = dataclasses.field(default_factory=list, repr=False)
 
@@ -281,16 +293,43 @@ class CheckContext:
         """Stop the check now and record it as skipped with ``reason``."""
         raise SkipCheck(reason)
 
-    def require_h200(self, note: str = "") -> str:
-        """The GPU's name if it is an H200; otherwise skip: the reports label live production
-        figures "measured on H200" and must not mislabel another GPU.  ``note`` is appended to
-        the skip reason (e.g. what was measured before the check found out)."""
-        import torch
+    @property
+    def deploy(self):
+        """The :class:`fa4verify.deployment.Deployment` of the audit, or None."""
+        if not self.deployment:
+            return None
+        from fa4verify.deployment import Deployment
+        return Deployment.from_dict(self.deployment)
 
-        gpu = torch.cuda.get_device_name(0)
-        if "H200" not in gpu:
-            self.skip(f"{gpu} is not the H200 this audit labels" + (f" ({note})" if note else ""))
+    @property
+    def gpu(self):
+        """The local GPU (:class:`fa4verify.kernels.device.GPU`) when the audit runs on CUDA, else
+        None."""
+        if self.device != "cuda":
+            return None
+        from fa4verify.kernels.device import local_gpu
+        return local_gpu()
+
+    def require_gpu(self, note: str = ""):
+        """The local GPU, whose fa4verify arch (sm90 | sm100 | sm103) FA4 supports; otherwise
+        skip with the reason (a GPU FA4 runs no SM90/SM100 kernel on is never labelled as if it
+        did). ``note`` is appended to the skip reason."""
+        gpu = self.gpu
+        if gpu is None:
+            self.skip("no CUDA device" + (f" ({note})" if note else ""))
+        if gpu.arch is None:
+            self.skip(gpu.unsupported_reason() + (f" ({note})" if note else ""))
         return gpu
+
+    def where_measured(self) -> str:
+        """``measured on <GPU name> (sm_XY)`` for the local GPU (after :meth:`require_gpu`)."""
+        from fa4verify.kernels.device import where_measured
+        return where_measured(self.require_gpu())
+
+    @property
+    def device_arch(self) -> str:
+        """The local GPU's fa4verify arch (skips when unsupported)."""
+        return self.require_gpu().arch
 
 
 # --------------------------------------------------------------------------------------- registry

@@ -331,7 +331,8 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
         else:
             ctx = CheckContext(dtype=config.dtype, arch=sel.arch, device=config.device,
                                profile=config.profile, seed=config.seed, check_id=sel.id,
-                               archs=tuple(config.archs), options=dict(config.opts))
+                               archs=tuple(config.archs), options=dict(config.opts),
+                               deployment=config.deployment_dict)
             isolated = config.isolate == "always" or (config.isolate == "auto"
                                                       and "cuda" in spec.needs)
             if isolated:

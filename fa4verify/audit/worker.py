@@ -25,7 +25,8 @@ def build_request(spec: CheckSpec, ctx: CheckContext) -> dict[str, Any]:
     return {"version": REQUEST_VERSION, "check_id": spec.id, "module": entry,
             "ctx": {"dtype": ctx.dtype, "arch": ctx.arch, "device": ctx.device,
                     "profile": ctx.profile, "seed": ctx.seed, "check_id": ctx.check_id,
-                    "archs": list(ctx.archs), "options": dict(ctx.options)}}
+                    "archs": list(ctx.archs), "options": dict(ctx.options),
+                    "deployment": ctx.deployment}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     c = req["ctx"]
     ctx = CheckContext(dtype=c["dtype"], arch=c["arch"], device=c["device"], profile=c["profile"],
                        seed=int(c["seed"]), check_id=c["check_id"], archs=tuple(c["archs"]),
-                       options=dict(c.get("options", {})))
+                       options=dict(c.get("options", {})), deployment=c.get("deployment"))
     try:
         load_module(req["module"])
         spec = registered().get(req["check_id"])

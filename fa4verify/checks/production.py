@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 
 from fa4verify.audit.environment import dist_version
+from fa4verify.audit.evidence import recording_from_versions
 from fa4verify.audit.registry import CheckContext, CheckResult, check
 
 
@@ -36,6 +37,15 @@ def _golden(ctx: CheckContext, name: str):
     if not p.exists():
         ctx.skip(f"{p.name} not found under {p.parent} (record with scripts/gpu_golden.py on a GPU)")
     return golden.load(p)
+
+
+def _golden_where(ctx: CheckContext, g) -> str:
+    """Golden vectors: FA4's device functions vs the CPU models, true on any machine and any
+    audited arch, as long as the twin's knobs come from the recorded FA4 release."""
+    from fa4verify.kernels.fa4_params import load_params
+    rec = recording_from_versions(g.path.name, g.provenance.get("versions"))
+    return rec.require_applies(ctx, fa4=False, any_arch=True, any_gpu=True,
+                               params_version=load_params().fa4_version)
 
 
 def _mismatch(got_bits, want_bits):
@@ -53,6 +63,7 @@ def twin_ex2(ctx: CheckContext) -> CheckResult:
         from fa4verify.kernels import twin
     except ImportError as e:
         ctx.skip(f"fa4verify.kernels.twin unavailable: {e}")
+    where = _golden_where(ctx, g)
     degrees = (3, 5) if ctx.profile_level < 2 else (1, 2, 3, 4, 5)
     x = g["x"]
     metrics, rows, first = {}, [], {}
@@ -71,8 +82,8 @@ def twin_ex2(ctx: CheckContext) -> CheckResult:
     metrics["inputs"] = int(x.size)
     prov = g.provenance
     return CheckResult(
-        status="pass" if total == 0 else "fail", where="recorded on H200",
-        summary=(f"twin matches the H200 bits on 100% of {x.size} stored inputs for degrees "
+        status="pass" if total == 0 else "fail", where=where,
+        summary=(f"twin matches the GPU bits on 100% of {x.size} stored inputs for degrees "
                  f"{', '.join(map(str, degrees))}" if total == 0 else
                  f"{total} mismatching outputs (first inputs {first})"),
         metrics=metrics,
@@ -87,6 +98,7 @@ def binary32_vs_gpu(ctx: CheckContext) -> CheckResult:
     import numpy as np
     from fa4verify import binary32 as b32
     g = _golden(ctx, "probe_outputs")
+    where = _golden_where(ctx, g)
     x = g["x"].view(np.float32)
     nan = np.isnan(x)
     metrics = {}
@@ -108,7 +120,7 @@ def binary32_vs_gpu(ctx: CheckContext) -> CheckResult:
     bad = sum(v for k, v in metrics.items() if k.startswith("mismatches"))
     ok = bad == 0 and unfused_diff > 0
     return CheckResult(
-        status="pass" if ok else "fail", where="recorded on H200",
+        status="pass" if ok else "fail", where=where,
         summary=(f"cvt.rn bf16/fp16 and S*c - m*c = fma(S, c, -(m*c)) bit-exact on {x.size} + "
                  f"{s.size * cs.size} stored inputs; the unfused model differs on {unfused_diff}"
                  if ok else f"{bad} mismatches (unfused model differs on {unfused_diff})"),
@@ -123,6 +135,8 @@ def figures(ctx: CheckContext) -> CheckResult:
     if not p.exists():
         ctx.skip(f"{p.name} not recorded (run benchmarks/gpu_production_figures.py on a GPU)")
     d = json.loads(p.read_text())
+    rec = recording_from_versions(p.name, (d.get("provenance") or {}).get("versions"), dtypes=("bf16",))
+    where = rec.require_applies(ctx)
     metrics, rows, fails = {}, [], []
     for a in d.get("forward_accuracy", []):
         tag = "causal" if a["causal"] else "noncausal"
@@ -150,9 +164,9 @@ def figures(ctx: CheckContext) -> CheckResult:
     worst = max((a["fa4_max_abs_err"] / (2 * a["pytorch_bf16_max_abs_err"])
                  for a in d.get("forward_accuracy", [])), default=None)
     return CheckResult(
-        status="fail" if fails else "pass", where="recorded on H200",
+        status="fail" if fails else "pass", where=where,
         summary="; ".join(fails) if fails else
-        (f"fwd err within 2x PyTorch-bf16; deterministic bwd bitwise identical; "
+        ("fwd err within 2x PyTorch-bf16; deterministic bwd bitwise identical; "
          + ", ".join(f"{k}: FA4 {v['fa4_tflops']:.0f} vs cuDNN {v.get('sdpa_cudnn_tflops', float('nan')):.0f} TFLOP/s"
                      for k, v in tput.items())),
         metrics=metrics, tightness=worst,
@@ -166,8 +180,9 @@ def forward_rule(ctx: CheckContext) -> CheckResult:
     import math
     import torch
     from fa4verify.kernels import adapter
+    where = ctx.where_measured()
     if ctx.dtype not in ("bf16", "fp16"):
-        ctx.skip(f"FA4 SM90 forward has no {ctx.dtype} path")
+        ctx.skip(f"the upstream forward rule runs bf16/fp16 inputs; dtype {ctx.dtype} is not covered")
     dt = torch.bfloat16 if ctx.dtype == "bf16" else torch.float16
     seq = 256 if ctx.profile == "quick" else 1024
     g = torch.Generator(device="cuda").manual_seed(ctx.seed)
@@ -188,24 +203,23 @@ def forward_rule(ctx: CheckContext) -> CheckResult:
         metrics[f"pt_max_abs_err_{tag}"] = e_pt
         worst = max(worst, e_fa / (2 * e_pt))
         rows.append([tag, e_fa, e_pt])
-    gpu = ctx.require_h200(note=f"measured ratio {worst:.2f}")
     return CheckResult(
         status="pass" if worst <= 1 else "fail",
-        where="measured on H200",
-        summary=f"max|FA4 - ref64| / (2 max|PyTorch-bf16 - ref64|) = {worst:.2f} on {gpu}",
+        where=where,
+        summary=f"max|FA4 - ref64| / (2 max|PyTorch-bf16 - ref64|) = {worst:.2f} ({f.config.arch} kernels)",
         metrics=metrics, tightness=worst,
         details={"table": {"columns": ["mask", "FA4 max|err|", "PyTorch-bf16 max|err|"], "rows": rows},
                  "config": f.config.to_dict()})
 
 
-def _head_dim_result(rows, where: str, fa4_version, extra_details=None) -> CheckResult:
+def _head_dim_result(rows, where: str, fa4_version, extra_details=None, *, arch: str = "sm90") -> CheckResult:
     from fa4verify import hd_sweep
     from fa4verify.kernels import fa4_params
     sm = hd_sweep.summarize(rows)
     disagree = []
     for r in rows:
         ratio = hd_sweep.dq_ratio(r)
-        if ratio is None:
+        if ratio is None or arch != "sm90":   # the source-level predictor models the SM90 backward
             continue
         pred = fa4_params.sm90_dq_defect_predicted(r["head_dim"], r["head_dim"], [r["seqlen_q"]],
                                                    causal=bool(r.get("causal")))
@@ -216,7 +230,7 @@ def _head_dim_result(rows, where: str, fa4_version, extra_details=None) -> Check
     details = {"table": {"columns": ["case", "outcome", "dQ rel err", "dK rel err", "dV rel err"],
                          "rows": sm["table"]},
                "criterion": f"dQ rel err <= {hd_sweep.DQ_RATIO_LIMIT:g} x max(dK, dV) rel err of the same run",
-               "known_issues": ["sm90_dq_accum_hdim_rounding", "sm90_bwd_hd104_112_compile"],
+               "known_issues": ["sm90_dq_accum_hdim_rounding", "sm90_bwd_hd104_112_compile"] if arch == "sm90" else [],
                "predictor_disagreements": disagree, **(extra_details or {})}
     if sm["wrong"] or sm["raised"]:
         parts = []
@@ -227,7 +241,7 @@ def _head_dim_result(rows, where: str, fa4_version, extra_details=None) -> Check
             parts.append(f"the backward raises at head dims {sm['raised_hds']}")
         note = "" if not disagree else f"; source-level predictor disagrees at {disagree[:4]}"
         return CheckResult(status="fail", where=where, metrics=metrics, details=details, tightness=sm["worst"],
-                           summary=f"FA4 {fa4_version} SM90 backward: " + "; ".join(parts) + note)
+                           summary=f"FA4 {fa4_version} {arch} backward: " + "; ".join(parts) + note)
     if disagree:
         return CheckResult(status="error", where=where, metrics=metrics, details=details,
                            summary=f"the source-level predictor expects a wrong dQ at {disagree[:4]}, measured right")
@@ -245,10 +259,8 @@ def head_dims(ctx: CheckContext) -> CheckResult:
         ctx.skip(f"{p.name} not recorded (run scripts/gpu_hd_sweep.py on an SM90 GPU)")
     d = json.loads(p.read_text())
     rec_v = d.get("versions", {}).get("fa4")
-    inst_v = dist_version("flash-attn-4")
-    if inst_v is not None and rec_v != inst_v:
-        ctx.skip(f"the sweep was recorded with flash-attn-4 {rec_v}; {inst_v} is installed: re-run "
-                 f"scripts/gpu_hd_sweep.py on an SM90 GPU (or production.head_dims_live)")
+    rec = recording_from_versions(p.name, d.get("versions"), dtypes=("bf16",))
+    where = rec.require_applies(ctx)
     sweeps = list(d["sweeps"])
     p2 = golden.golden_dir() / "hd_sweep_seqlens_h200.json"
     if p2.exists():
@@ -260,8 +272,26 @@ def head_dims(ctx: CheckContext) -> CheckResult:
             r.setdefault("seqlen_q", sw.get("seqlen", sw.get("seqlen_k")))
             r.setdefault("causal", bool(sw.get("causal")))
             rows.append(r)
-    return _head_dim_result(rows, "recorded on H200", rec_v,
-                            {"versions": d.get("versions"), "command": d.get("command")})
+    rows = _deployment_rows(ctx, rows, p.name)
+    return _head_dim_result(rows, where, rec_v, {"versions": d.get("versions"), "command": d.get("command"),
+                                                 "deployment": ctx.deploy.name if ctx.deploy else None},
+                            arch=rec.arch)
+
+
+def _deployment_rows(ctx: CheckContext, rows: list, name: str) -> list:
+    """The recorded rows the audit's deployment ships (all rows without a deployment); skip as
+    not applicable when none is left."""
+    dep = ctx.deploy
+    if dep is None:
+        return rows
+    keep = [r for r in rows if dep.covers(head_dim=r["head_dim"], head_dim_v=r.get("head_dim_v", r["head_dim"]),
+                                          causal=bool(r.get("causal")), seqlen_q=r.get("seqlen_q"),
+                                          seqlen_k=r.get("seqlen_k"), dtype="bf16")]
+    if not keep:
+        hds = sorted({r["head_dim"] for r in rows})
+        ctx.skip(f"not applicable: {name} has no case deployment {dep.name!r} ships "
+                 f"(recorded head dims {hds[0]}..{hds[-1]}, causal and not; the deployment: {dep.describe()})")
+    return keep
 
 
 @check("production.head_dims_live", title="FA4 backward at SM90 head dims, measured live (GPU)",
@@ -275,12 +305,19 @@ def head_dims_live(ctx: CheckContext) -> CheckResult:
     from fa4verify.kernels import adapter
     if ctx.dtype != "bf16":
         ctx.skip("the head-dim sweep runs bf16")
-    ctx.require_h200()
+    gpu = ctx.require_gpu()
+    where = ctx.where_measured()
+    from fa4verify.kernels import facts
     hds = (8, 40, 64, 80, 128) if ctx.profile == "default" else tuple(range(8, 257, 8))
+    if ctx.deploy is not None:
+        hds = tuple(h for h, hv in ctx.deploy.head_dims if h == hv)
+    hds = tuple(h for h in hds if facts.head_dims_supported(gpu.arch, h, h))
+    if not hds:
+        ctx.skip(f"no head dim to sweep on {gpu.arch}")
     g = torch.Generator(device="cpu").manual_seed(ctx.seed)
     rows = []
     with ctx.progress(len(hds), "FA4 backward per head dim") as bar:
         for hd in hds:
             rows.append(hd_sweep.measure(adapter, hd, 256, 256, generator=g))
             bar.advance(1)
-    return _head_dim_result(rows, "measured on H200", dist_version("flash-attn-4"))
+    return _head_dim_result(rows, where, dist_version("flash-attn-4"), arch=gpu.arch)

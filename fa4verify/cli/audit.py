@@ -107,7 +107,7 @@ def _list(specs, selected, config, console) -> None:
 @click.option("--live/--no-live", "live", default=None,
               help="Live progress display (default: on a TTY only).")
 def command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate,
-            timeout, opts, keyword, list_only, json_path, junit_path, html_path, baseline_path,
+            timeout, opts, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
             regression_rtol, live):
     """Run every audit check, print the verdict, write reports and return the gate's exit code.
 
@@ -128,7 +128,8 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         config = build_config(dtype=dtype.lower(), device=device.lower(), arch=arch,
                               profile=profile.lower(), seed=seed, keyword=keyword, shard=shard,
                               checks_modules=checks_modules, no_default_checks=no_default_checks,
-                              isolate=isolate.lower(), timeout=timeout, opts=opts)
+                              isolate=isolate.lower(), timeout=timeout, opts=opts,
+                              deployment=deployment)
         compile_keyword(keyword)
     except (OptionError, KeywordError) as e:
         raise _usage(str(e)) from None

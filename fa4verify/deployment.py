@@ -1,0 +1,289 @@
+"""Deployment profiles: what a team ships, as reviewed TOML, and the cases every check draws from it.
+
+``fa4verify audit --deployment FILE.toml`` (and ``pytest --fa4verify --fa4verify-deployment
+FILE.toml``) narrows the audit to the shapes and features a model runs: every live check draws its
+cases from the profile, the fuzz strategies draw only from it, and recorded findings apply only
+where they intersect it (a finding at head dim 40 says nothing to a hd-128 deployment).
+
+Format (every key optional except ``name``; lists mean "any of")::
+
+    name = "llama3-8b-like"
+    description = "Llama-3-8B-like attention: hd 128, 32 q / 8 kv heads, causal, bf16, up to 8k"
+    dtypes = ["bf16"]
+    head_dims = [128]            # head_dim == head_dim_v, or [[192, 128]] pairs
+    nheads = 32                  # query heads
+    nheads_kv = 8                # GQA kv heads
+    masks = ["causal"]           # any of "none", "causal", "window"
+    window_sizes = [[4096, 0]]   # (left, right) for mask "window"
+    softcap = 0.0                # 0 = off
+    sinks = false                # learnable sinks
+    varlen = false
+    seqlen_q = [1, 8192]         # inclusive range
+    seqlen_k = [1, 8192]
+
+Profiles shipped with fa4verify are in ``fa4verify/data/deployments/`` (``--deployment
+llama3-8b`` names one of them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - python < 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from fa4verify.kernels import facts
+
+__all__ = ["Deployment", "DeploymentError", "load", "shipped", "SHIPPED_DIR", "MASKS"]
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "deployments"
+MASKS = ("none", "causal", "window")
+_KEYS = {"name", "description", "dtypes", "head_dims", "nheads", "nheads_kv", "masks", "window_sizes",
+         "softcap", "sinks", "varlen", "seqlen_q", "seqlen_k", "archs"}
+_MAX_BYTES = 1 << 20
+
+
+class DeploymentError(ValueError):
+    """A malformed deployment profile (message names the file and key)."""
+
+
+def _ints(v: Any, key: str, where: str) -> tuple[int, ...]:
+    vals = v if isinstance(v, list) else [v]
+    out = []
+    for x in vals:
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise DeploymentError(f"{where}: {key} must be positive integers, got {x!r}")
+        out.append(int(x))
+    if not out:
+        raise DeploymentError(f"{where}: {key} is empty")
+    return tuple(out)
+
+
+def _range(v: Any, key: str, where: str) -> tuple[int, int]:
+    if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
+        raise DeploymentError(f"{where}: {key} must be [min, max] integers, got {v!r}")
+    lo, hi = int(v[0]), int(v[1])
+    if lo < 1 or hi < lo:
+        raise DeploymentError(f"{where}: {key} = [{lo}, {hi}] needs 1 <= min <= max")
+    return lo, hi
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """A validated deployment profile (see the module docstring)."""
+
+    name: str
+    description: str = ""
+    dtypes: tuple[str, ...] = ("bf16",)
+    head_dims: tuple[tuple[int, int], ...] = ((128, 128),)
+    nheads: tuple[int, ...] = (8,)
+    nheads_kv: tuple[int, ...] = (8,)
+    masks: tuple[str, ...] = ("none", "causal")
+    window_sizes: tuple[tuple[int, int], ...] = ()
+    softcap: tuple[float, ...] = (0.0,)
+    sinks: bool = False
+    varlen: bool = False
+    seqlen_q: tuple[int, int] = (1, 8192)
+    seqlen_k: tuple[int, int] = (1, 8192)
+    archs: tuple[str, ...] = facts.ARCHS
+    source: str = ""
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], where: str = "<deployment>") -> "Deployment":
+        unknown = set(d) - _KEYS
+        if unknown:
+            raise DeploymentError(f"{where}: unknown key(s) {sorted(unknown)} (known: {sorted(_KEYS)})")
+        if not isinstance(d.get("name"), str) or not d["name"].strip():
+            raise DeploymentError(f"{where}: name must be a non-empty string")
+        kw: dict[str, Any] = {"name": d["name"].strip(), "source": where,
+                              "description": str(d.get("description", ""))}
+        if "dtypes" in d:
+            dts = tuple(d["dtypes"]) if isinstance(d["dtypes"], list) else (d["dtypes"],)
+            bad = [x for x in dts if x not in facts.DTYPES]
+            if bad or not dts:
+                raise DeploymentError(f"{where}: dtypes {bad or dts!r}: choose from {', '.join(facts.DTYPES)}")
+            kw["dtypes"] = dts
+        if "archs" in d:
+            ar = tuple(d["archs"]) if isinstance(d["archs"], list) else (d["archs"],)
+            bad = [x for x in ar if x not in facts.ARCHS]
+            if bad or not ar:
+                raise DeploymentError(f"{where}: archs {bad or ar!r}: choose from {', '.join(facts.ARCHS)}")
+            kw["archs"] = ar
+        if "head_dims" in d:
+            hds = []
+            for x in d["head_dims"] if isinstance(d["head_dims"], list) else [d["head_dims"]]:
+                if isinstance(x, list):
+                    if len(x) != 2:
+                        raise DeploymentError(f"{where}: head_dims pair {x!r} must be [head_dim, head_dim_v]")
+                    a, b = _ints(x, "head_dims", where)
+                else:
+                    a = b = _ints(x, "head_dims", where)[0]
+                hds.append((a, b))
+            if not hds:
+                raise DeploymentError(f"{where}: head_dims is empty")
+            kw["head_dims"] = tuple(hds)
+        for key in ("nheads", "nheads_kv"):
+            if key in d:
+                kw[key] = _ints(d[key], key, where)
+        if "masks" in d:
+            ms = tuple(d["masks"]) if isinstance(d["masks"], list) else (d["masks"],)
+            bad = [m for m in ms if m not in MASKS]
+            if bad or not ms:
+                raise DeploymentError(f"{where}: masks {bad or ms!r}: choose from {', '.join(MASKS)}")
+            kw["masks"] = ms
+        if "window_sizes" in d:
+            ws = []
+            for w in d["window_sizes"]:
+                if not (isinstance(w, list) and len(w) == 2 and all(isinstance(x, int) and x >= 0 for x in w)):
+                    raise DeploymentError(f"{where}: window_sizes entry {w!r} must be [left, right] >= 0")
+                ws.append((int(w[0]), int(w[1])))
+            kw["window_sizes"] = tuple(ws)
+        if "window" in kw.get("masks", ()) and not kw.get("window_sizes"):
+            raise DeploymentError(f"{where}: mask 'window' needs window_sizes")
+        if "softcap" in d:
+            sc = d["softcap"] if isinstance(d["softcap"], list) else [d["softcap"]]
+            vals = []
+            for x in sc:
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+                    raise DeploymentError(f"{where}: softcap {x!r} must be finite and >= 0")
+                vals.append(float(x))
+            kw["softcap"] = tuple(vals)
+        for key in ("sinks", "varlen"):
+            if key in d:
+                if not isinstance(d[key], bool):
+                    raise DeploymentError(f"{where}: {key} must be true or false")
+                kw[key] = d[key]
+        for key in ("seqlen_q", "seqlen_k"):
+            if key in d:
+                kw[key] = _range(d[key], key, where)
+        for key in ("nheads", "nheads_kv"):
+            kw.setdefault(key, cls.__dataclass_fields__[key].default)
+        for h in kw["nheads"]:
+            if not any(h % hk == 0 for hk in kw["nheads_kv"]):
+                raise DeploymentError(f"{where}: nheads {h} is not a multiple of any nheads_kv {kw['nheads_kv']}")
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: (list(map(list, v)) if k in ("head_dims", "window_sizes") else (list(v) if isinstance(v, tuple) else v))
+                for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Deployment":
+        src = d.get("source", "<deployment>")
+        dd = {k: v for k, v in d.items() if k != "source"}
+        return cls.from_mapping(dd, src)
+
+    # ------------------------------------------------------------------ questions
+    @property
+    def head_dim_values(self) -> tuple[int, ...]:
+        return tuple(sorted({h for h, _ in self.head_dims}))
+
+    def ships_head_dim(self, head_dim: int, head_dim_v: Optional[int] = None) -> bool:
+        hv = head_dim if head_dim_v is None else head_dim_v
+        return (int(head_dim), int(hv)) in self.head_dims
+
+    def ships_mask(self, causal: bool, local: bool = False) -> bool:
+        kind = "window" if local else ("causal" if causal else "none")
+        return kind in self.masks
+
+    def ships_seqlen(self, seqlen_q: int, seqlen_k: Optional[int] = None) -> bool:
+        sk = seqlen_q if seqlen_k is None else seqlen_k
+        return (self.seqlen_q[0] <= seqlen_q <= self.seqlen_q[1]
+                and self.seqlen_k[0] <= sk <= self.seqlen_k[1])
+
+    def covers(self, *, head_dim: int, head_dim_v: Optional[int] = None, causal: bool = False,
+               local: bool = False, seqlen_q: Optional[int] = None, seqlen_k: Optional[int] = None,
+               dtype: Optional[str] = None) -> bool:
+        """Whether a recorded case (one row of a sweep) is something this deployment runs."""
+        if not self.ships_head_dim(head_dim, head_dim_v):
+            return False
+        if not self.ships_mask(causal, local):
+            return False
+        if seqlen_q is not None and not self.ships_seqlen(seqlen_q, seqlen_k):
+            return False
+        if dtype is not None and dtype not in self.dtypes:
+            return False
+        return True
+
+    def live_cases(self, *, arch: str, dtype: str, seqlens: Iterable[int] = (512,),
+                   limit: int = 4) -> list[dict[str, Any]]:
+        """Cases for the live production checks: (head_dim, head_dim_v, nheads, nheads_kv, causal,
+        window_size, softcap, sink, seqlen), each supported by FA4 on ``arch``, clipped to the
+        profile's seqlen range; at most ``limit`` (the first of each head-dim x mask)."""
+        out: list[dict[str, Any]] = []
+        for hd, hdv in self.head_dims:
+            if not facts.head_dims_supported(arch, hd, hdv, dtype):
+                continue
+            for m in self.masks:
+                windows = self.window_sizes if m == "window" else ((None, None),)
+                for ws in windows[:1]:
+                    for s in seqlens:
+                        s = max(self.seqlen_q[0], min(int(s), self.seqlen_q[1]))
+                        out.append({"head_dim": hd, "head_dim_v": hdv, "nheads": self.nheads[0],
+                                    "nheads_kv": self.nheads_kv[0], "causal": m == "causal",
+                                    "window_size": tuple(ws), "softcap": self.softcap[0], "sink": self.sinks,
+                                    "seqlen": s})
+        return out[:limit] if limit else out
+
+    def strategy_kwargs(self) -> dict[str, Any]:
+        """Arguments for :func:`fa4verify._strategies.problem.attention_problems` that keep the
+        drawn problems inside this deployment."""
+        feats = set()
+        if "causal" in self.masks:
+            feats.add("causal")
+        if "window" in self.masks:
+            feats.add("local")
+        if any(self.softcap):
+            feats.add("softcap")
+        if self.sinks:
+            feats.add("sink")
+        if self.varlen:
+            feats.add("varlen")
+        if any(h != hk for h in self.nheads for hk in self.nheads_kv):
+            feats.add("gqa")
+        return {"features": tuple(sorted(feats)), "head_dims": tuple(self.head_dims),
+                "max_seqlen": int(self.seqlen_k[1])}
+
+    def describe(self) -> str:
+        return (f"{self.name}: hd {', '.join(f'{a}' if a == b else f'{a}/{b}' for a, b in self.head_dims)}; "
+                f"heads {'/'.join(map(str, self.nheads))} q, {'/'.join(map(str, self.nheads_kv))} kv; "
+                f"masks {', '.join(self.masks)}; {', '.join(self.dtypes)}; seqlen "
+                f"{self.seqlen_q[0]}..{self.seqlen_q[1]}"
+                + ("; sinks" if self.sinks else "") + ("; varlen" if self.varlen else "")
+                + ("; softcap " + "/".join(f"{x:g}" for x in self.softcap) if any(self.softcap) else ""))
+
+
+def shipped() -> dict[str, Path]:
+    """Name -> path of the profiles shipped with fa4verify."""
+    if not SHIPPED_DIR.is_dir():
+        return {}
+    return {p.stem: p for p in sorted(SHIPPED_DIR.glob("*.toml"))}
+
+
+def load(name_or_path: str | os.PathLike) -> Deployment:
+    """A shipped profile by name, or a TOML file. Raises :class:`DeploymentError` (one line)."""
+    s = str(name_or_path)
+    ships = shipped()
+    if s in ships:
+        path = ships[s]
+    else:
+        path = Path(s)
+        if not path.exists():
+            raise DeploymentError(f"--deployment {s!r}: no such file, and not a shipped profile "
+                                  f"({', '.join(ships) or 'none shipped'})")
+    if not path.is_file():
+        raise DeploymentError(f"--deployment {s!r}: not a regular file")
+    if path.stat().st_size > _MAX_BYTES:
+        raise DeploymentError(f"--deployment {s!r}: larger than {_MAX_BYTES} bytes")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise DeploymentError(f"{path}: not valid TOML ({e})") from None
+    return Deployment.from_mapping(data, str(path))
