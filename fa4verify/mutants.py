@@ -1277,7 +1277,8 @@ def production_applies(m: Mutant, p: Problem) -> bool:
 
 
 def production_arch() -> str:
-    """``"sm90"`` / ``"sm100"`` for the local GPU (raises :class:`Unavailable` without one)."""
+    """``"sm90"`` / ``"sm100"`` / ``"sm103"`` for the local GPU (raises :class:`Unavailable`
+    without one, or on a GPU FA4 runs no SM90/SM100 kernel on)."""
     import importlib
     try:
         adapter = importlib.import_module("fa4verify.kernels.adapter")
@@ -1286,13 +1287,13 @@ def production_arch() -> str:
     ok, why = adapter.cuda_status()
     if not ok:
         raise Unavailable(f"no CUDA device: {why}")
-    torch = _torch()
-    major, _minor = torch.cuda.get_device_capability()
-    if major == 9:
-        return "sm90"
-    if major in (10, 11):
-        return "sm100"
-    raise Unavailable(f"compute capability {major}.x: the suite covers sm90 and sm100 only")
+    from fa4verify.kernels.device import local_gpu
+    g = local_gpu()
+    if g is None:
+        raise Unavailable("no CUDA device")
+    if g.arch is None:
+        raise Unavailable(g.unsupported_reason())
+    return g.arch
 
 
 def run_production(data: ProblemData, arch: str, mutations: Iterable[str] = (), *,

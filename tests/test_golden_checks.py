@@ -26,7 +26,7 @@ def test_golden_twin_check_passes_on_recorded_bits(ctx):
     from fa4verify.checks import production
     r = production.twin_ex2(ctx)
     assert r.status == "pass", r.summary
-    assert r.where == "recorded on H200"
+    assert r.where == "recorded on NVIDIA H200 (sm_90)"
     assert r.metrics["mismatches_deg3"] == 0 and r.metrics["mismatches_deg5"] == 0
     assert r.metrics["inputs"] > 1_000_000
 

@@ -25,7 +25,8 @@ def ctx():
 def _good_sweep(version):
     rows = [{"head_dim": hd, "dq_rel_err": 2.4e-3, "dk_rel_err": 2.3e-3, "dv_rel_err": 2.3e-3}
             for hd in (24, 32, 64, 128)]
-    return {"versions": {"fa4": version}, "sweeps": [{"causal": False, "seqlen": 256, "rows": rows}]}
+    return {"versions": {"fa4": version, "gpu": "NVIDIA H200", "compute_capability": "9.0"},
+            "sweeps": [{"causal": False, "seqlen": 256, "rows": rows}]}
 
 
 def _use(tmp_path, monkeypatch, data):
@@ -39,7 +40,7 @@ def test_fails_on_the_recorded_h200_sweep(ctx):
     if dist_version("flash-attn-4") not in (None, "4.0.0b36"):
         pytest.skip("the recording is for flash-attn-4 4.0.0b36")
     r = production.head_dims(ctx)
-    assert r.status == "fail" and r.where == "recorded on H200"
+    assert r.status == "fail" and r.where == "recorded on NVIDIA H200 (sm_90)"
     assert "[8, 16, 40, 48, 72, 80]" in r.summary and "[104, 112]" in r.summary
     assert r.metrics["dq_wrong"] > 0 and r.metrics["raised"] == 2
 
@@ -101,3 +102,56 @@ def test_live_sweep_plumbing_with_a_stand_in_adapter():
     sm = hd_sweep.summarize(rows)
     assert [t[1] for t in sm["table"]] == ["ok", "wrong dQ", "raised"]
     assert hd_sweep.dq_ratio(rows[0]) < 1 < hd_sweep.dq_ratio(rows[1])
+
+
+# ------------------------------------------------------------- evidence scoped to what it describes
+def test_recording_does_not_apply_to_an_sm100_fp8_audit():
+    ctx = CheckContext(profile="default", check_id="production.head_dims", dtype="fp8", archs=("sm100",))
+    with pytest.raises(SkipCheck, match="not applicable: hd_sweep_h200.json describes sm90"):
+        production.head_dims(ctx)
+
+
+def test_recording_does_not_apply_to_an_fp16_audit():
+    ctx = CheckContext(profile="default", check_id="production.head_dims", dtype="fp16", archs=("sm90",))
+    with pytest.raises(SkipCheck, match="recorded for bf16; this audit is fp16"):
+        production.head_dims(ctx)
+
+
+def test_recording_does_not_apply_on_another_gpu_family(monkeypatch):
+    from fa4verify.kernels import device
+    monkeypatch.setattr(CheckContext, "gpu", property(lambda self: device.GPU("NVIDIA B200", 10, 0)))
+    ctx = CheckContext(profile="default", check_id="production.head_dims", archs=("sm90", "sm100"), device="cuda")
+    with pytest.raises(SkipCheck, match="this audit runs on NVIDIA B200 \\(sm_100\\)"):
+        production.head_dims(ctx)
+
+
+def test_recording_without_fa4_installed_reports_instead_of_failing(monkeypatch):
+    from fa4verify.kernels import facts
+    monkeypatch.setattr(facts, "dist_version", lambda d: None if d == "flash-attn-4" else "1")
+    ctx = CheckContext(profile="default", check_id="production.head_dims", archs=("sm90",))
+    with pytest.raises(SkipCheck, match="not applicable: FA4 not installed"):
+        production.head_dims(ctx)
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "hd256", "small-hd", "hd256-full"])
+def test_deployment_scopes_the_recorded_finding(name):
+    """The recorded dQ finding (hd 8/16/40/48/72/80) applies to a deployment that ships one of
+    those head dims; a deployment whose shapes the sweep never ran (hd 128 causal, hd 256 causal
+    or windowed) gets "not applicable"; one whose shapes were recorded right passes."""
+    if dist_version("flash-attn-4") not in (None, "4.0.0b36") or not REC.exists():
+        pytest.skip("the recording is for flash-attn-4 4.0.0b36")
+    from fa4verify.deployment import Deployment, load
+    dep = (Deployment.from_mapping({"name": "hd256-full", "head_dims": [256], "masks": ["none"]})
+           if name == "hd256-full" else load(name))
+    ctx = CheckContext(profile="default", check_id="production.head_dims", archs=("sm90",),
+                       deployment=dep.to_dict())
+    if name in ("llama3-8b", "hd256"):
+        with pytest.raises(SkipCheck, match=f"has no case deployment '{name}' ships"):
+            production.head_dims(ctx)
+        return
+    r = production.head_dims(ctx)
+    if name == "small-hd":
+        assert r.status == "fail" and "[8, 40, 80]" in r.summary
+    else:
+        assert r.status == "pass", r.summary
+        assert {row[0].split()[0] for row in r.details["table"]["rows"]} == {"hd256"}

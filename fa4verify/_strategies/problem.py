@@ -284,7 +284,7 @@ class AttentionProblem:
 def _arch_features(arch: str, head_dim: int, head_dim_v: int) -> set[str]:
     """Features FA4 lacks for a head-dim pair: SM100's dedicated (256, 256) kernel has no softcap,
     sinks, local windows or mask_mod (fa4_numerics.md section 9.2)."""
-    if arch == "sm100" and (head_dim, head_dim_v) == (256, 256):
+    if arch in ("sm100", "sm103") and (head_dim, head_dim_v) == (256, 256):
         return {"softcap", "sink", "local", "mask_mod"}
     return set()
 

@@ -160,9 +160,7 @@ def fa4(ctx: CheckContext) -> CheckResult:
         if fatal:
             return CheckResult(status="error", summary=f"worker failure: {fatal[0]}")
     rep = d.aggregate(records, cfgs)
-    where = "measured on H200" if "H200" in (be.where or "") else ""
-    if not where:
-        ctx.note(f"GPU is not an H200: {be.where}")
+    where = ctx.where_measured()
     counts = rep["counts"]
     failing = [c for c in rep["configs"] if c["status"] in d.FAILING]
     # recorded manifest, compared when this environment is the recorded one

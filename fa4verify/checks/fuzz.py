@@ -118,14 +118,12 @@ def mutants(ctx: CheckContext) -> CheckResult:
 def production(ctx: CheckContext) -> CheckResult:
     from fa4verify import fuzz
     dtype = _dtype(ctx)
+    gpu = ctx.require_gpu()
+    where = ctx.where_measured()
     tgt = fuzz.ProductionTarget()
     n = _GPU_EXAMPLES[ctx.profile]
     with ctx.progress(n, "fuzzing production FA4") as bar:
-        res = fuzz.run_campaign(target=tgt, arch=ctx.arch, dtype=dtype, examples=n, seed=ctx.seed,
+        res = fuzz.run_campaign(target=tgt, arch=gpu.arch, dtype=dtype, examples=n, seed=ctx.seed,
                                 profile=_profile(ctx), limits={"max_head_dim": 256},
                                 on_example=lambda i, p: bar.advance(1))
-    # the audit's WHERE vocabulary names the H200; any other GPU is named in the summary instead
-    r = _result(res, tgt.where if tgt.where == "measured on H200" else "")
-    if tgt.where != "measured on H200":
-        r.summary = f"[{tgt.where}] {r.summary}"
-    return r
+    return _result(res, where)

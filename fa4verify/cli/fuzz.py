@@ -39,16 +39,12 @@ def _split(values: tuple[str, ...]) -> list[str]:
 
 
 def _default_arch(target: str) -> str:
+    """The twin's default arch, or the local GPU's arch for the production target."""
     if target != "production":
         return "sm90"
-    try:
-        import torch
-        if torch.cuda.is_available():
-            major, _ = torch.cuda.get_device_capability()
-            return "sm90" if major == 9 else "sm100"
-    except Exception:  # noqa: BLE001 - the target constructor reports the real problem
-        pass
-    return "sm90"
+    from fa4verify.kernels.device import local_gpu
+    g = local_gpu()
+    return g.arch if g is not None and g.arch else "sm90"   # the target constructor reports the rest
 
 
 def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
@@ -181,11 +177,14 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
             _err(str(e))
             _exit(int(ExitCode.USAGE))
         raise
-    if target == "production" and arch == "sm100":
-        import torch
-        major, _ = torch.cuda.get_device_capability()
-        if major != 10:
-            raise click.UsageError(f"--arch sm100 with --target production needs a Blackwell GPU (found sm{major}x)")
+    if target == "production":
+        from fa4verify.kernels.device import local_gpu
+        g = local_gpu()
+        if g is not None and g.arch is None:
+            raise click.UsageError(g.unsupported_reason())
+        if g is not None and arch != g.arch:
+            raise click.UsageError(f"--arch {arch} with --target production: the local GPU {g.label} runs "
+                                   f"FA4's {g.arch} kernels (drop --arch or pass --arch {g.arch})")
 
     cache = Path(cache_dir)
     cases = Path(cases_dir) if cases_dir else cache / "cases"

@@ -1,0 +1,375 @@
+"""The target layer: what fa4verify runs and judges. One interface, two kinds of target.
+
+* :class:`TwinTarget` -- the CPU twin of FA4 (``fa4verify.kernels.twin_attention``) for any arch
+  (sm90 / sm100 / sm103), optionally with planted ``mutations`` ("CPU twin");
+* :class:`ProductionTarget` -- production FA4 through ``fa4verify.kernels.adapter`` on the local
+  GPU, whatever GPU FA4 supports: the arch comes from the device (:func:`fa4verify.kernels.device.local_gpu`),
+  figures are labelled ``measured on <GPU> (sm_XY)``. On SM100/SM103 ``emulation="disabled"``
+  runs FA4 with its exp2 polynomial switched off (``adapter.exp2_emulation_disabled``: every exp2
+  on MUFU), so a check can report the production-level cost of the polynomial.
+
+Both take an :class:`~fa4verify.judge.AttentionProblem` and its materialised arrays (float32
+holding exact dtype values, FA4 layout) and return :class:`Fwd` / :class:`Bwd` in float64. The
+audit checks, the fuzz properties and the compile-only SM100 path (``FakeTensorMode``,
+``tests/test_production_compile_only.py``) all run production through this module.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import inspect
+from typing import Any, Callable, Collection, Mapping, Optional
+
+import numpy as np
+
+from fa4verify._strategies.problem import FEATURES, AttentionProblem
+
+__all__ = ["Target", "TwinTarget", "ProductionTarget", "Fwd", "Bwd", "Unsupported", "DependencyMissing",
+           "make_target"]
+
+
+class Unsupported(Exception):
+    """The target cannot run this problem (a feature it does not model or FA4 does not accept)."""
+
+
+class DependencyMissing(RuntimeError):
+    """A module the target needs (the twin backward, the adapter) is not installed."""
+
+
+def _import(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise DependencyMissing(f"{name} is not available ({e})") from None
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+def _typed(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 array holding exact ``dtype`` values -> numpy array of that dtype (exact)."""
+    if dtype == "fp16":
+        return np.asarray(x, np.float32).astype(np.float16)
+    import ml_dtypes
+    if dtype == "fp8":
+        return np.asarray(x, np.float32).astype(ml_dtypes.float8_e4m3fn)
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
+
+
+# ============================================================================ results
+@dataclasses.dataclass
+class Fwd:
+    """Forward result in FA4 layout, as float64 (exact copies of what the target stored).
+    ``native`` optionally keeps the target's own (out, lse) objects for its backward."""
+    out: np.ndarray
+    lse: np.ndarray
+    native: Any = None
+
+
+@dataclasses.dataclass
+class Bwd:
+    dq: np.ndarray
+    dk: np.ndarray
+    dv: np.ndarray
+    dsink: Optional[np.ndarray] = None
+
+
+# ============================================================================ targets
+class Target:
+    """What the properties run. Subclasses implement :meth:`forward` and :meth:`backward` on
+    materialised arrays (float32 holding exact dtype values, FA4 layout)."""
+
+    name = "target"
+    where = ""
+    #: bitwise batch invariance / GQA equality are expected (CPU twin) or only within budget.
+    bitwise_invariants = False
+    #: a numpy model has no run-to-run nondeterminism to find (deterministic_bwd is skipped).
+    deterministic_by_construction = False
+
+    def features(self) -> tuple[str, ...]:
+        """Problem features this target can run (subset of FEATURES)."""
+        return FEATURES
+
+    def check_supported(self, problem: AttentionProblem) -> None:
+        """Raise :class:`Unsupported` when the target cannot run ``problem``."""
+
+    def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
+        raise NotImplementedError
+
+    def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
+                 deterministic: bool = True) -> Bwd:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {"target": self.name, "where": self.where}
+
+
+class TwinTarget(Target):
+    """The CPU twin (``fa4verify.kernels.twin_attention``), optionally with ``mutations``.
+
+    The twin has no varlen entry point; varlen problems run sequence by sequence through the dense
+    twin (each sequence is an independent attention call in FA4 as well) and are reassembled in
+    FA4's varlen layout. mask_mod patterns run only if the twin accepts a ``mask`` argument.
+    """
+
+    name = "twin"
+    where = "CPU twin"
+    bitwise_invariants = True
+    deterministic_by_construction = True
+
+    def __init__(self, mutations: Collection[str] = (), *, accumulation: str = "exact-then-round",
+                 mufu: str = "correctly-rounded"):
+        self.mutations = frozenset(mutations)
+        self.accumulation = accumulation
+        self.mufu = mufu
+        self._ta = _import("fa4verify.kernels.twin_attention")
+        known = set(getattr(self._ta, "MUTATIONS", ()))
+        bad = self.mutations - known
+        if bad:
+            raise ValueError(f"unknown mutation(s) {sorted(bad)}; the twin knows {sorted(known)}")
+
+    def features(self) -> tuple[str, ...]:
+        f = list(FEATURES)
+        if not _accepts(self._ta.forward, "mask"):
+            f.remove("mask_mod")
+        return tuple(f)
+
+    def check_supported(self, problem: AttentionProblem) -> None:
+        if problem.mask_mod is not None and "mask_mod" not in self.features():
+            raise Unsupported("the twin does not model mask_mod patterns")
+
+    def describe(self) -> dict[str, Any]:
+        return {"target": self.name, "where": self.where, "mutations": sorted(self.mutations),
+                "accumulation": self.accumulation, "mufu": self.mufu}
+
+    def _kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(arch=problem.arch, softmax_scale=problem.softmax_scale, causal=problem.causal,
+                    window_size=tuple(problem.window_size), softcap=float(problem.softcap),
+                    learnable_sink=a["learnable_sink"], mutations=self.mutations,
+                    accumulation=self.accumulation, mufu=self.mufu)
+
+    def _segments(self, problem: AttentionProblem, a: Mapping[str, Any]):
+        """(b, q, k, v, dout, q-slice, k-slice) per sequence; dense problems: one per batch entry
+        only when varlen (dense problems run in one call)."""
+        for b, (q0, lq, k0, lk) in enumerate(problem._seq_bounds()):
+            yield b, slice(q0, q0 + lq), slice(k0, k0 + lk)
+
+    def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
+        self.check_supported(problem)
+        kw = self._kw(problem, a)
+        dt = problem.dtype
+        if problem.mask_mod is not None:
+            kw["mask"] = a["mask"]
+        if not problem.varlen:
+            r = self._ta.forward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt), **kw)
+            return Fwd(np.asarray(r.out, np.float64), np.asarray(r.lse, np.float64))
+        tq = a["q"].shape[0]
+        out = np.zeros((tq, problem.nheads, problem.head_dim_v))
+        lse = np.full((problem.nheads, tq), -np.inf)
+        for _, sq, sk in self._segments(problem, a):
+            if sq.stop == sq.start:
+                continue
+            r = self._ta.forward(_typed(a["q"][sq][None], dt), _typed(a["k"][sk][None], dt),
+                                 _typed(a["v"][sk][None], dt), **kw)
+            out[sq] = np.asarray(r.out, np.float64)[0]
+            lse[:, sq] = np.asarray(r.lse, np.float64)[0]
+        return Fwd(out, lse)
+
+    def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
+                 deterministic: bool = True) -> Bwd:
+        self.check_supported(problem)
+        if not hasattr(self._ta, "backward"):
+            raise DependencyMissing("the twin backward (fa4verify.kernels.twin_bwd) is not available")
+        kw = self._kw(problem, a)
+        if _accepts(self._ta.backward, "deterministic"):
+            kw["deterministic"] = deterministic
+        dt = problem.dtype
+        def call(q, k, v, o, do, lse):
+            r = self._ta.backward(_typed(q, dt), _typed(k, dt), _typed(v, dt), _typed(o, dt), _typed(do, dt),
+                                  lse=np.asarray(lse, np.float32), **kw)
+            return r
+        if not problem.varlen:
+            r = call(a["q"], a["k"], a["v"], fwd.out, a["dout"], fwd.lse)
+            return Bwd(*(np.asarray(getattr(r, n), np.float64) for n in ("dq", "dk", "dv")),
+                       dsink=_maybe(getattr(r, "dsink", None)))
+        dq = np.zeros(a["q"].shape)
+        dk = np.zeros(a["k"].shape)
+        dv = np.zeros(a["v"].shape)
+        dsink = np.zeros(problem.nheads) if problem.sink else None
+        for _, sq, sk in self._segments(problem, a):
+            if sq.stop == sq.start:
+                continue
+            r = call(a["q"][sq][None], a["k"][sk][None], a["v"][sk][None], fwd.out[sq][None],
+                     a["dout"][sq][None], fwd.lse[:, sq][None])
+            dq[sq] = np.asarray(r.dq, np.float64)[0]
+            dk[sk] = np.asarray(r.dk, np.float64)[0]
+            dv[sk] = np.asarray(r.dv, np.float64)[0]
+            if dsink is not None and getattr(r, "dsink", None) is not None:
+                dsink += np.asarray(r.dsink, np.float64)
+        return Bwd(dq, dk, dv, dsink)
+
+
+def _maybe(x):
+    return None if x is None else np.asarray(x, np.float64)
+
+
+class ProductionTarget(Target):
+    """Production FA4 through ``fa4verify.kernels.adapter`` (CUDA). Construction raises
+    ``NoCudaError`` ("no CUDA device: ...") without a usable GPU. FA4 has no boolean-mask
+    entry point, so mask_mod patterns are not generated for this target."""
+
+    name = "production"
+    bitwise_invariants = False
+
+    def __init__(self, *, adapter: Any = None, device: str = "cuda", emulation: str = "default",
+                 fake: bool = False) -> None:
+        """``adapter``/``device`` exist for testing the conversion code without a GPU (a stand-in
+        adapter module on CPU tensors); normal use takes ``fa4verify.kernels.adapter`` on CUDA.
+        ``emulation``: "default" (FA4 as shipped) or "disabled" (SM100/SM103: every exp2 on MUFU).
+        ``fake``: compile-only under torch ``FakeTensorMode`` (no GPU: FA4 compiles for
+        ``FLASH_ATTENTION_ARCH`` and skips the launch; outputs are not values)."""
+        if emulation not in ("default", "disabled"):
+            raise ValueError(f"emulation={emulation!r}: expected 'default' or 'disabled'")
+        self._ad = adapter if adapter is not None else _import("fa4verify.kernels.adapter")
+        self.fake = bool(fake)
+        if adapter is None and not fake:
+            ok, reason = self._ad.cuda_status()
+            if not ok:
+                raise self._ad.NoCudaError(reason if reason.startswith("no CUDA") else f"no CUDA device: {reason}")
+        import torch
+        self._torch = torch
+        self.device = device
+        self.emulation = emulation
+        self.gpu = None
+        self.arch: Optional[str] = None
+        if device == "cuda" and not fake:
+            from fa4verify.kernels.device import local_gpu, where_measured
+            self.gpu = local_gpu()
+            self.gpu_name = self.gpu.name if self.gpu else None
+            self.arch = self.gpu.arch if self.gpu else None
+            self.where = where_measured(self.gpu) if self.gpu else "measured on an unknown GPU (sm_00)"
+        elif fake:
+            import os
+            from fa4verify.kernels import facts
+            fam = os.environ.get("FLASH_ATTENTION_ARCH", "sm_100").replace("sm_", "")
+            self.gpu_name = None
+            self.arch = facts.arch_from_capability(int(fam) // 10, int(fam) % 10)
+            self.where = "compile-only"
+        else:
+            self.gpu_name = None
+            self.where = f"production code path on {device} (stand-in adapter)"
+        if emulation == "disabled" and self.arch == "sm90":
+            raise Unsupported("FA4's SM90 kernels have no exp2 emulation to disable")
+        self.last_config: Optional[dict] = None
+        self.configs: dict[str, int] = {}
+
+    def _emulation(self):
+        if self.emulation == "disabled":
+            return self._ad.exp2_emulation_disabled()
+        return contextlib.nullcontext()
+
+    def features(self) -> tuple[str, ...]:
+        return tuple(f for f in FEATURES if f != "mask_mod")
+
+    def check_supported(self, problem: AttentionProblem) -> None:
+        if problem.mask_mod is not None:
+            raise Unsupported("production FA4 takes mask_mod as a CuTe callable; boolean patterns are twin-only")
+
+    def _t(self, x: Optional[np.ndarray], dtype: Optional[str]):
+        if x is None:
+            return None
+        torch = self._torch
+        if self.fake:   # FakeTensorMode: shapes and dtypes only, on the "cuda" device
+            tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}.get(dtype, torch.bfloat16)
+            src = np.asarray(x)
+            return torch.empty(src.shape, dtype=tdt or torch.from_numpy(np.zeros(1, src.dtype)).dtype,
+                               device="cuda")
+        if dtype is None:
+            return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+        tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
+        return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device=self.device, dtype=tdt)
+
+    def _kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+        kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
+                  softcap=float(problem.softcap),
+                  learnable_sink=self._t(a["learnable_sink"], None))
+        if problem.varlen:
+            kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
+                      max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
+        return kw
+
+    @staticmethod
+    def _np(t) -> Optional[np.ndarray]:
+        return None if t is None else t.detach().float().cpu().numpy().astype(np.float64)
+
+    def _call(self, fn, *args, **kw):
+        try:
+            return fn(*args, **kw)
+        except (AssertionError, NotImplementedError, TypeError, ValueError) as e:
+            # FA4 rejects unsupported combinations with asserts; count them, do not fail on them.
+            raise Unsupported(f"FA4 rejected the call: {type(e).__name__}: {e}") from None
+
+    def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
+        self.check_supported(problem)
+        dt = problem.dtype
+        with self._emulation():
+            r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
+                           return_lse=True, **self._kw(problem, a))
+        self._note_config(r.config)
+        if self.fake:
+            return Fwd(np.zeros(r.out.shape), np.zeros(r.lse.shape), native=(r.out, r.lse))
+        return Fwd(self._np(r.out), self._np(r.lse), native=(r.out, r.lse))
+
+    def _note_config(self, cfg: Any) -> None:
+        if hasattr(cfg, "to_dict"):
+            d = cfg.to_dict()
+        elif isinstance(cfg, Mapping) or cfg is None:
+            d = dict(cfg or {})
+        else:
+            d = dict(vars(cfg))
+        self.last_config = d
+        key = f"{d.get('op')} arch={d.get('arch')} tile={d.get('tile_mn')} {d.get('dtype')}"
+        self.configs[key] = self.configs.get(key, 0) + 1
+
+    def describe(self) -> dict[str, Any]:
+        d = {"target": self.name, "where": self.where, "kernel_configs": dict(self.configs),
+             "arch": self.arch, "exp2_emulation": self.emulation}
+        try:
+            d["versions"] = self._ad.versions()
+        except Exception:  # noqa: BLE001
+            pass
+        return d
+
+    def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
+                 deterministic: bool = True) -> Bwd:
+        self.check_supported(problem)
+        dt = problem.dtype
+        if fwd.native is not None:
+            out, lse = fwd.native          # FA4's own O and LSE tensors from the forward call
+        else:
+            out = self._t(fwd.out.astype(np.float32), dt)
+            lse = self._torch.from_numpy(np.ascontiguousarray(fwd.lse, np.float32)).to(self.device)
+        with self._emulation():
+            r = self._call(self._ad.backward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt), out,
+                           self._t(a["dout"], dt), lse, deterministic=deterministic, **self._kw(problem, a))
+        self._note_config(r.config)
+        if self.fake:
+            return Bwd(*(np.zeros(t.shape) for t in (r.dq, r.dk, r.dv)))
+        return Bwd(self._np(r.dq), self._np(r.dk), self._np(r.dv), self._np(getattr(r, "dsink", None)))
+
+
+def make_target(name: str, *, mutations: Collection[str] = ()) -> Target:
+    """``"twin"`` or ``"production"``; mutations exist only on the twin."""
+    if name == "twin":
+        return TwinTarget(mutations)
+    if name == "production":
+        if mutations:
+            raise ValueError("mutations exist only on the CPU twin (--target twin)")
+        return ProductionTarget()
+    raise ValueError(f"target={name!r}: expected 'twin' or 'production'")
