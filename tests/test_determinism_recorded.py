@@ -1,6 +1,7 @@
-"""The recorded H200 evidence (kernels/evidence/determinism, package data fa4verify.kernels.evidence) is well formed, meets the issue's bar
-(>= 100 runs x >= 3 processes per configuration, every accepted configuration bitwise
-reproducible), and still matches the configuration matrix in the code."""
+"""The recorded H200 evidence (kernels/evidence/determinism, package data
+fa4verify.kernels.evidence) is well formed, meets the issue's bar (>= 100 runs x >= 3 processes
+per configuration, every accepted configuration bitwise reproducible), and still matches the
+configuration matrix in the code."""
 from __future__ import annotations
 
 import json

@@ -1,8 +1,8 @@
 """The CPU twin and fa4verify.binary32 reproduce the H200 golden vectors bit for bit.
 
-The vectors in kernels/evidence/golden (package data) were recorded on the lent H200 by ``scripts/gpu_golden.py``
-(see each file's .json for GPU, driver, CUDA, torch, FA4 and DSL versions). 100% of stored inputs
-must match; NaN outputs are compared with isnan (payloads differ between libraries).
+The vectors in kernels/evidence/golden (package data) were recorded on the lent H200 by
+``scripts/gpu_golden.py`` (see each file's .json for GPU, driver, CUDA, torch, FA4 and DSL
+versions). 100% of stored inputs must match; NaN outputs are compared with isnan (payloads differ between libraries).
 """
 from __future__ import annotations
 
