@@ -17,8 +17,8 @@ fa4verify it can import. The test asserts that, then runs the CLI:
   from the wheel too;
 * every evidence file of the checkout is installed (same names, same bytes).
 
-Runs in the normal CPU suite, unmarked (~33 s alone on the 2-core box, most of it the quick audit). Skips only when the build tools
-(setuptools' backend, pip, venv) are not installed here.
+Runs in the normal CPU suite, unmarked (~33 s alone on the 2-core box, most of it the quick
+audit). Skips only when the build tools (setuptools' backend, pip, venv) are not installed here.
 """
 from __future__ import annotations
 
