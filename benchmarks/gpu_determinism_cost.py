@@ -12,7 +12,7 @@ percentage of the default speed (the FA4 paper's figure: "up to 75%" on B200), b
 (2.5 x forward FLOPs, halved for causal), and the environment fingerprint. Asserts nothing.
 Figures are "measured on <GPU>"; clocks are whatever the machine runs at (not locked).
 The same measurement is ``fa4verify determinism --timing``; recorded H200 figures are in
-tests/data/determinism/README.md.
+kernels/evidence/determinism/README.md.
 """
 from __future__ import annotations
 

@@ -575,14 +575,14 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "4.0.0b36; found by fa4verify on production FA4 and CONFIRMED by a head-dim sweep (measured "
         "on H200, 2026-11-30: dQ relative error 0.76-1.17 at exactly the predicted head dims, "
         "2.4e-3 elsewhere; correct while seqlen_q <= 64); docs/results/h200/README.md finding 2, "
-        "tests/data/golden/hd_sweep_h200.json, hd_sweep_seqlens_h200.json",
+        "kernels/evidence/golden/hd_sweep_h200.json, hd_sweep_seqlens_h200.json",
         _sm90_dq_accum, targets=("production",)),
     KnownIssue(
         "sm90_bwd_hd104_112_compile",
         "SM90 backward does not compile at head dims 104 and 112 (MLIRError: failed to partition "
         "'(112,80)' with tiled_mma) although FA4's interface accepts them",
         "flash-attn-4 4.0.0b36 flash_bwd_sm90.py with _tile_size_bwd_sm90's m_block 80 (non-causal); "
-        "measured on H200, 2026-11-30, by scripts/gpu_hd_sweep.py (tests/data/golden/hd_sweep_h200.json); "
+        "measured on H200, 2026-11-30, by scripts/gpu_hd_sweep.py (kernels/evidence/golden/hd_sweep_h200.json); "
         "causal (m_block 64) not measured",
         _sm90_bwd_compile, targets=("production",)),
 )

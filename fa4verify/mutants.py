@@ -859,7 +859,7 @@ def _bits_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def golden_exp2(profile: str = "quick") -> tuple[np.ndarray, np.ndarray, str]:
-    """H200 golden bits of FA4's degree-3 emulation (``tests/data/golden/probe_outputs.npz``,
+    """H200 golden bits of FA4's degree-3 emulation (``kernels/evidence/golden/probe_outputs.npz``,
     written by ``scripts/gpu_golden.py``, "measured on NVIDIA H200"): ``(x, y_bits, source)``,
     with x float32. The probe ran ``flash_attn.cute.utils.ex2_emulation`` (the scalar variant);
     the packed ``ex2_emulation_2`` the SM100 kernels run differs from it only on negative

@@ -319,7 +319,7 @@ def sm90_dq_accum_mismatch(head_dim: int, head_dim_v: int, *, causal: bool = Fal
 #: Rows of each sequence that FA4's SM90 backward still gets right under the dQ-accumulator
 #: mismatch: the first 64 (one dQ warpgroup's chunk of the 128-row tile sits at offset 0 under
 #: either rounding).  MEASURED on the H200 for hd 8 and 40 (seqlen_q 1..64 correct, 65 and up
-#: wrong; tests/data/golden/hd_sweep_seqlens_h200.json), not derived from the source.
+#: wrong; kernels/evidence/golden/hd_sweep_seqlens_h200.json), not derived from the source.
 SM90_DQ_DEFECT_GOOD_ROWS = 64
 
 

@@ -31,13 +31,10 @@ __all__ = ["GoldenSet", "save", "load", "provenance", "golden_dir", "golden_inpu
 
 
 def golden_dir() -> Path:
-    """``tests/data/golden`` of the source checkout (where the committed vectors live)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        cand = parent / "tests" / "data" / "golden"
-        if (parent / "pyproject.toml").exists():
-            return cand
-    return here.parents[1] / "tests" / "data" / "golden"
+    """The recorded golden vectors: ``golden/`` of the package data ``fa4verify.kernels.evidence``
+    (source ``kernels/evidence/golden``; shipped in the wheel)."""
+    from fa4verify.kernels.evidence import evidence_path
+    return evidence_path("golden")
 
 
 def delta_encode(a: np.ndarray) -> np.ndarray:

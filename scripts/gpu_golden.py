@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Record golden vectors and MUFU error statistics on a CUDA GPU (run on the lent H200).
 
-Writes into ``--out`` (default ``tests/data/golden``):
+Writes into ``--out`` (default ``kernels/evidence/golden`` of the checkout, the package data
+``fa4verify.kernels.evidence``):
 
 * ``probe_outputs.npz/.json`` -- the stratified input sample (``golden.golden_inputs()``, ~1.0M
   fp32 inputs incl. NaN, +-inf, <= -127, (-127,-126), tiny negatives, subnormals, > 127, every
@@ -162,7 +163,7 @@ def exact_ulp_at(name: str, x: float, y: float) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "golden"))
+    ap.add_argument("--out", default=str(ROOT / "kernels" / "evidence" / "golden"))
     ap.add_argument("--chunk-log2", type=int, default=26)
     ap.add_argument("--quick", action="store_true", help="small ranges (smoke test)")
     args = ap.parse_args(argv)

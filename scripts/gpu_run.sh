@@ -35,7 +35,7 @@ stage() {  # stage NAME TIMEOUT CMD...
 }
 stage golden "${T_GOLDEN:-150}" python3 scripts/gpu_golden.py --out "$R/golden"
 stage figures "${T_FIGURES:-120}" python3 benchmarks/gpu_production_figures.py --json "$R/production_figures.json"
-if [ -d "$R/golden" ]; then mkdir -p tests/data/golden && cp "$R"/golden/* tests/data/golden/; fi
+if [ -d "$R/golden" ]; then mkdir -p kernels/evidence/golden && cp "$R"/golden/* kernels/evidence/golden/; fi
 stage tests "${T_TESTS:-170}" bash -c 'python3 -m pytest -m gpu -q -p no:cacheprovider -s \
   tests/test_gpu_probes.py tests/test_gpu_production.py tests/test_gpu_determinism_smoke.py; \
   python3 -m pytest -q -p no:cacheprovider tests/test_golden_twin.py tests/test_gpu_adapter_nocuda.py'

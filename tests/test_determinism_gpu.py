@@ -35,12 +35,11 @@ def test_fa4_deterministic_backward_is_bitwise_reproducible(fa4, name):
 
 
 def test_fa4_digests_match_the_recorded_h200_manifest(fa4):
-    """Same environment key as the recorded run (tests/data/determinism/h200_manifest.json) ->
+    """Same environment key as the recorded run (kernels/evidence/determinism/h200_manifest.json) ->
     the digests must be the recorded ones; another GPU/driver/version -> skipped as a different
     environment (bitwise equality is not promised across environments)."""
-    import pathlib
-    ref = d.load_manifest(str(pathlib.Path(__file__).parent / "data" / "determinism"
-                              / "h200_manifest.json"))
+    from fa4verify.kernels.evidence import evidence_path
+    ref = d.load_manifest(str(evidence_path("determinism/h200_manifest.json")))
     cfgs = d.select_configs("mha-hd128-causal,gqa-hd64-varlen-causal")
     recs = [d.run_config(fa4, c, "cuda:0", runs=3) for c in cfgs]
     rep = d.aggregate([dict(results=recs, arch=fa4.arch)], cfgs)

@@ -1,15 +1,16 @@
-"""The recorded H200 evidence (tests/data/determinism) is well formed, meets the issue's bar
-(>= 100 runs x >= 3 processes per configuration, every accepted configuration bitwise
-reproducible), and still matches the configuration matrix in the code."""
+"""The recorded H200 evidence (kernels/evidence/determinism, package data
+fa4verify.kernels.evidence) is well formed, meets the issue's bar (>= 100 runs x >= 3 processes
+per configuration, every accepted configuration bitwise reproducible), and still matches the
+configuration matrix in the code."""
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 
 from fa4verify import determinism as d
+from fa4verify.kernels.evidence import evidence_path
 
-DATA = pathlib.Path(__file__).parent / "data" / "determinism"
+DATA = evidence_path("determinism")
 
 
 def _report():

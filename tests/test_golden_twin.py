@@ -1,20 +1,20 @@
 """The CPU twin and fa4verify.binary32 reproduce the H200 golden vectors bit for bit.
 
-The vectors in tests/data/golden were recorded on the lent H200 by ``scripts/gpu_golden.py``
-(see each file's .json for GPU, driver, CUDA, torch, FA4 and DSL versions). 100% of stored inputs
-must match; NaN outputs are compared with isnan (payloads differ between libraries).
+The vectors in kernels/evidence/golden (package data) were recorded on the lent H200 by
+``scripts/gpu_golden.py`` (see each file's .json for GPU, driver, CUDA, torch, FA4 and DSL
+versions). 100% of stored inputs must match; NaN outputs are compared with isnan (payloads differ between libraries).
 """
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fa4verify import binary32 as b32
+from fa4verify.kernels.evidence import evidence_path
 
-GOLDEN = Path(__file__).parent / "data" / "golden"
+GOLDEN = evidence_path("golden")
 
 
 def _load(name):

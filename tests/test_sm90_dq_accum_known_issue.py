@@ -1,6 +1,6 @@
 """The SM90 dQ-accumulator head-dim rounding defect of flash-attn-4 4.0.0b36.
 
-Measured on the H200 (tests/data/golden/hd_sweep_h200.json, scripts/gpu_hd_sweep.py): production
+Measured on the H200 (kernels/evidence/golden/hd_sweep_h200.json, scripts/gpu_hd_sweep.py): production
 dQ is wrong (relative error ~1) at some head dims while dK and dV are right.  fa4verify predicts
 the affected head dims from the installed FA4 source (``fa4_params.sm90_dq_accum_mismatch``) and
 labels fuzz violations there as the known issue ``sm90_dq_accum_hdim_rounding``.  These tests tie
@@ -9,17 +9,17 @@ the predictor to the GPU measurement and check that the matcher fires only where
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from fa4verify import fuzz
 from fa4verify.fuzz import Violation
 from fa4verify.kernels import fa4_params
+from fa4verify.kernels.evidence import evidence_path
 from fa4verify.strategies import AttentionProblem
 
-SWEEP = Path(__file__).parent / "data" / "golden" / "hd_sweep_h200.json"
-SWEEP_SQ = Path(__file__).parent / "data" / "golden" / "hd_sweep_seqlens_h200.json"
+SWEEP = evidence_path("golden/hd_sweep_h200.json")
+SWEEP_SQ = evidence_path("golden/hd_sweep_seqlens_h200.json")
 
 
 def _pred_or_skip(hd: int, causal: bool = False) -> dict:

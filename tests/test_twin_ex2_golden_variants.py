@@ -7,15 +7,15 @@ the packed twin exactly on the negative subnormals.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fa4verify import binary32 as b32
+from fa4verify.kernels.evidence import evidence_path
 from fa4verify.kernels.twin import ex2_emulation
 
-GOLDEN = Path(__file__).parent / "data" / "golden" / "probe_outputs.npz"
+GOLDEN = evidence_path("golden/probe_outputs.npz")
 
 
 def test_gpu_scalar_variant_differs_from_packed_twin_only_on_negative_subnormals():

@@ -8,7 +8,7 @@
                            detected ("CPU twin").
 * ``determinism.fa4``      (cuda) production FA4: ``deterministic=True`` backward bitwise
                            reproducible with guard bands and NaN pre-fill, default-mode divergence,
-                           and the recorded manifest (tests/data/determinism) compared when the
+                           and the recorded manifest (kernels/evidence/determinism) compared when the
                            environment matches ("measured on H200").
 
 Work grows with the profile: quick/default use few runs in this process; ``full`` runs the whole
@@ -132,9 +132,8 @@ def twin(ctx: CheckContext) -> CheckResult:
        "intact, default-mode divergence", needs={"cuda", "fa4"},
        profiles={"quick", "default", "full", "exhaustive"})
 def fa4(ctx: CheckContext) -> CheckResult:
-    import pathlib
-
     from fa4verify import determinism as d
+    from fa4verify.kernels.evidence import evidence_path
     dt = _backward_dtype(ctx)
     try:
         be = d.load_backend("fa4")
@@ -165,8 +164,7 @@ def fa4(ctx: CheckContext) -> CheckResult:
     failing = [c for c in rep["configs"] if c["status"] in d.FAILING]
     # recorded manifest, compared when this environment is the recorded one
     manifest_note, mismatches = "", 0
-    ref_path = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "determinism" / \
-        "h200_manifest.json"
+    ref_path = evidence_path("determinism/h200_manifest.json")
     if ref_path.exists():
         ref = d.load_manifest(str(ref_path))
         cur = d.build_manifest(rep, be.environment(dev))

@@ -2,7 +2,7 @@
 
 * ``golden.twin_ex2`` -- the CPU twin ``twin.ex2_emulation(x, d, variant="scalar")`` equals the
   H200 output bits of FA4's ``utils.ex2_emulation`` for degrees 3 and 5 (all five in ``full``) on
-  100% of the stored inputs (``tests/data/golden/probe_outputs.npz``, ~1.0M inputs incl. the edge
+  100% of the stored inputs (``kernels/evidence/golden/probe_outputs.npz``, ~1.0M inputs incl. the edge
   domain). NaN compared by isnan.
 * ``golden.binary32`` -- ``fa4verify.binary32`` equals the H200 bits of FA4's conversions
   (``cvt.rn.bf16x2/f16x2``, ``.to(bf16/f16)``) and of the SM90 exponent argument

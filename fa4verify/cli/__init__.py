@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import importlib.util
 import os
 import sys
 

@@ -18,7 +18,9 @@ import click
 
 from fa4verify.cli import ExitCode
 
-MUFU_STATS = Path(__file__).resolve().parents[2] / "tests" / "data" / "golden" / "mufu_stats.json"
+from fa4verify.kernels.evidence import evidence_path
+
+MUFU_STATS = evidence_path("golden/mufu_stats.json")
 
 
 def _versions() -> dict:
