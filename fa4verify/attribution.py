@@ -1,7 +1,7 @@
 """Per-stage error attribution and budget checks for FA4's forward/backward (the judge's side).
 
 Figures from this module come from the **CPU twin** (``fa4verify.kernels.twin_attention``) unless a
-caller passes production outputs (``check_forward_outputs``: "measured on H200").
+caller passes production outputs (``check_forward_outputs``: "measured on <GPU> (sm_XY)").
 
 * :class:`StageRecorder` -- a ``stage_probe`` for the twin: every application of every stage is
   compared with its *local* budget (``[stage.*]`` in ``error_budgets/<dtype>_<arch>.toml``):
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
@@ -310,43 +311,44 @@ def _arch_of(config) -> str:
     return arch
 
 
-def _torch_dtype(dtype: str):
-    import torch
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+def _production_run(adapter, q, k, v, do, *, causal: bool, dtype: str, device: str, backward: bool):
+    """Production (or a stand-in adapter) through the one target layer, fa4verify.targets."""
+    from fa4verify import judge
+    from fa4verify.targets import ProductionTarget
+    tgt = ProductionTarget(adapter=adapter, device=device)
+    f_arch = tgt.arch or "sm90"
+    prob = judge.dense_problem(q, k, v, arch=f_arch, dtype=dtype, causal=causal)
+    a = {"q": q, "k": k, "v": v, "dout": do, "learnable_sink": None, "cu_seqlens_q": None,
+         "cu_seqlens_k": None, "mask": None}
+    f = tgt.forward(prob, a)
+    arch = _arch_of(SimpleNamespace(**tgt.last_config)) if tgt.last_config else f_arch
+    g = tgt.backward(prob, a, f, deterministic=True) if backward else None
+    return tgt, arch, f, g
 
 
 def production_forward_case(adapter, dist: str, *, hdim: int, seqlen: int, causal: bool, nheads: int,
-                            dtype: str = "bf16", seed: int = 0, device: str = "cuda",
-                            where: str = "measured on H200") -> tuple[ForwardCheck, str]:
-    """Run ``adapter.forward`` (production FA4, or a stand-in) on :func:`gen_inputs` data and check
-    its output and LSE against the composed forward budget.  Returns ``(check, arch)``."""
-    import torch
+                            dtype: str = "bf16", seed: int = 0, device: str = "cuda") -> tuple[ForwardCheck, str]:
+    """Production FA4 (or a stand-in adapter) on :func:`gen_inputs` data through
+    :class:`fa4verify.targets.ProductionTarget`, its output and LSE judged against the composed
+    forward budget.  Returns ``(check, arch)``; the check's ``where`` names the GPU."""
     q, k, v = gen_inputs(dist, batch=1, seqlen_q=seqlen, seqlen_k=seqlen, nheads=nheads, hdim=hdim,
                          dtype=dtype, seed=seed)
-    tq, tk, tv = (torch.from_numpy(a).to(device, _torch_dtype(dtype)) for a in (q, k, v))
-    r = adapter.forward(tq, tk, tv, causal=causal)
-    arch = _arch_of(r.config)
-    fc = check_forward_outputs(r.out.float().cpu().numpy(), r.lse.float().cpu().numpy(), q, k, v, arch=arch,
-                               dtype=dtype, causal=causal, where=where)
+    tgt, arch, f, _ = _production_run(adapter, q, k, v, None, causal=causal, dtype=dtype, device=device,
+                                      backward=False)
+    fc = check_forward_outputs(f.out, f.lse, q, k, v, arch=arch, dtype=dtype, causal=causal, where=tgt.where)
     return fc, arch
 
 
 def production_backward_case(adapter, dist: str, *, hdim: int, seqlen: int, causal: bool, nheads: int,
-                             dtype: str = "bf16", seed: int = 0, device: str = "cuda",
-                             where: str = "measured on H200") -> tuple[BackwardCheck, str]:
-    """Run ``adapter.forward`` then the deterministic ``adapter.backward`` on :func:`gen_inputs`
-    data and check dQ, dK, dV against the exact gradient within the composed backward budgets.
-    Returns ``(check, arch)``."""
-    import torch
-
+                             dtype: str = "bf16", seed: int = 0, device: str = "cuda") -> tuple[BackwardCheck, str]:
+    """The same for FA4's deterministic backward: dQ, dK, dV judged against the exact gradient
+    within the composed backward budgets.  Returns ``(check, arch)``."""
     q, k, v, do = gen_inputs(dist, batch=1, seqlen_q=seqlen, seqlen_k=seqlen, nheads=nheads, hdim=hdim,
                              dtype=dtype, seed=seed, with_dout=True)
-    tq, tk, tv, tdo = (torch.from_numpy(a).to(device, _torch_dtype(dtype)) for a in (q, k, v, do))
-    f = adapter.forward(tq, tk, tv, causal=causal)
-    g = adapter.backward(tq, tk, tv, f.out, tdo, f.lse, causal=causal, deterministic=True)
-    arch = _arch_of(g.config)
-    bc = check_backward_outputs(*(x.float().cpu().numpy() for x in (g.dq, g.dk, g.dv)), q, k, v, do,
-                                arch=arch, dtype=dtype, causal=causal, where=where)
+    tgt, arch, _, g = _production_run(adapter, q, k, v, do, causal=causal, dtype=dtype, device=device,
+                                      backward=True)
+    bc = check_backward_outputs(g.dq, g.dk, g.dv, q, k, v, do, arch=arch, dtype=dtype, causal=causal,
+                                where=tgt.where)
     return bc, arch
 
 

@@ -49,7 +49,7 @@ def test_production_forward_within_composed_budget(hd, seqlen, causal, dist):
     from fa4verify.kernels import adapter
     fc, arch = A.production_forward_case(adapter, dist, hdim=hd, seqlen=seqlen, causal=causal,
                                          nheads=2 if seqlen <= 2048 else 1, dtype="bf16", seed=0)
-    print(f"[measured on H200] fwd {arch} hd{hd} L{seqlen} {'causal' if causal else 'full'} {dist}: "
+    print(f"[{fc.where}] fwd {arch} hd{hd} L{seqlen} {'causal' if causal else 'full'} {dist}: "
           f"out tightness {fc.out_ratio:.3f} ({fc.out_over} over), lse tightness "
           f"{fc.lse_ratio:.3f} ({fc.lse_over} over), max|err| {fc.max_abs_err:.3g}")
     assert fc.out_over == 0, f"{fc.out_over} output elements over budget (tightness {fc.out_ratio:.3g})"
@@ -69,7 +69,7 @@ def test_production_backward_within_composed_budget(hd, seqlen, causal, dist):
         pytest.xfail("FA4 marks SM90 hd > 192 backward as xfail (tests/cute/test_flash_attn.py)")
     bc, arch = A.production_backward_case(adapter, dist, hdim=hd, seqlen=seqlen, causal=causal,
                                           nheads=2, dtype="bf16", seed=1)
-    print(f"[measured on H200] bwd {arch} hd{hd} L{seqlen} {'causal' if causal else 'full'} {dist}: "
+    print(f"[{bc.where}] bwd {arch} hd{hd} L{seqlen} {'causal' if causal else 'full'} {dist}: "
           f"tightness dQ {bc.ratios['dq']:.3f} dK {bc.ratios['dk']:.3f} dV {bc.ratios['dv']:.3f}; "
           f"rel err dQ {bc.rel_err['dq']:.2e} dK {bc.rel_err['dk']:.2e} dV {bc.rel_err['dv']:.2e}")
     assert not any(bc.over.values()), f"over budget: {bc.over} (tightness {bc.ratios})"

@@ -203,11 +203,11 @@ def test_wheel_install_runs_the_cli_and_the_recorded_evidence_checks(tmp_path):
     for cid in ("golden.twin_ex2", "golden.binary32"):
         assert cid in res, f"{cid} not run by the quick profile: {sorted(res)}"
         assert res[cid]["status"] == "pass", f"{cid}: {res[cid]['status']}: {res[cid]['summary']}"
-        assert res[cid]["where"] == "recorded on H200", res[cid]
+        assert res[cid]["where"] == "recorded on NVIDIA H200 (sm_90)", res[cid]
     hd = res.get("production.head_dims")
     assert hd is not None and hd["status"] in ("pass", "fail"), \
         f"production.head_dims did not read the recorded sweep: {hd and (hd['status'], hd['summary'])}"
-    assert hd["where"] == "recorded on H200", hd
+    assert hd["where"] == "recorded on NVIDIA H200 (sm_90)", hd
     skipped = {i: x["summary"] for i, x in res.items() if x["status"] == "skip"}
     for i, why in skipped.items():
         assert "not found" not in why and "not recorded" not in why, f"{i} skipped for missing evidence: {why}"
@@ -222,6 +222,6 @@ def test_wheel_install_runs_the_cli_and_the_recorded_evidence_checks(tmp_path):
     for cid in ("exp2.mufu", "production.figures"):
         assert cid in res2, f"{cid} not selected: {sorted(res2)}"
         assert res2[cid]["status"] == "pass", f"{cid}: {res2[cid]['status']}: {res2[cid]['summary']}"
-        assert res2[cid]["where"] == "recorded on H200", res2[cid]
+        assert res2[cid]["where"] == "recorded on NVIDIA H200 (sm_90)", res2[cid]
     assert str(ROOT) not in res2["exp2.mufu"]["summary"], res2["exp2.mufu"]["summary"]
     print("wheel test timings (s):", {k: round(v, 1) for k, v in timings.items()})

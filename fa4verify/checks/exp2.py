@@ -222,7 +222,10 @@ def mufu(ctx: CheckContext) -> CheckResult:
                      e.get("error_unit")])
     if not rows:
         return CheckResult(status="skip", summary=f"{m['source']} has no ex2 entries")
-    return CheckResult(status="pass", where="recorded on H200",
+    from fa4verify.audit.evidence import recording_from_versions
+    rec = recording_from_versions("mufu_stats.json", (m["stats"].get("provenance") or {}).get("versions"))
+    where = rec.require_applies(ctx, fa4=False, any_arch=True, any_gpu=True)
+    return CheckResult(status="pass", where=where,
                        summary=f"MUFU ex2.approx and GPU emulation statistics read from {m['source']} "
                                f"({len(rows)} ranges; reported, not judged here)",
                        metrics=metrics,
