@@ -33,7 +33,7 @@ case "${1:-audit}" in
     echo "small-hd rc=$? wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/audit_h200_smallhd.log"
     timeout 150 python3 scripts/gpu_predictions.py --json "$OUT/predictions_h200.json" > "$OUT/predictions_h200.log" 2>&1
     echo "predictions rc=$?" | tee -a "$OUT/predictions_h200.log"
-    timeout 90 python3 -m pytest -q -m gpu -x tests/test_fuzz_production.py tests/test_fake_device.py \
+    timeout 120 python3 -m pytest -q -m gpu tests/test_fuzz_production.py tests/test_gpu_production.py \
       > "$OUT/gpu_tests.log" 2>&1
     echo "gpu tests rc=$?" | tee -a "$OUT/gpu_tests.log"
     tail -4 "$OUT/audit_h200_llama3.log" "$OUT/audit_h200_smallhd.log" "$OUT/gpu_tests.log"
