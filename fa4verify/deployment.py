@@ -20,6 +20,8 @@ Format (every key optional except ``name``; lists mean "any of")::
     varlen = false
     seqlen_q = [1, 8192]         # inclusive range
     seqlen_k = [1, 8192]
+    distributions = ["normal", "outliers"]   # value recipes the fuzz strategies draw (default: all;
+                                             # fa4verify._strategies.values.DISTRIBUTIONS)
 
 Profiles shipped with fa4verify are in ``fa4verify/data/deployments/`` (``--deployment
 llama3-8b`` names one of them).
@@ -44,7 +46,7 @@ __all__ = ["Deployment", "DeploymentError", "load", "shipped", "SHIPPED_DIR", "M
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "deployments"
 MASKS = ("none", "causal", "window")
 _KEYS = {"name", "description", "dtypes", "head_dims", "nheads", "nheads_kv", "masks", "window_sizes",
-         "softcap", "sinks", "varlen", "seqlen_q", "seqlen_k", "archs"}
+         "softcap", "sinks", "varlen", "seqlen_q", "seqlen_k", "archs", "distributions"}
 _MAX_BYTES = 1 << 20
 
 
@@ -91,6 +93,7 @@ class Deployment:
     seqlen_q: tuple[int, int] = (1, 8192)
     seqlen_k: tuple[int, int] = (1, 8192)
     archs: tuple[str, ...] = facts.ARCHS
+    distributions: tuple[str, ...] = ()     #: () = every value recipe
     source: str = ""
 
     # ------------------------------------------------------------------ loading
@@ -162,6 +165,13 @@ class Deployment:
         for key in ("seqlen_q", "seqlen_k"):
             if key in d:
                 kw[key] = _range(d[key], key, where)
+        if "distributions" in d:
+            from fa4verify._strategies.values import DISTRIBUTIONS
+            ds = tuple(d["distributions"]) if isinstance(d["distributions"], list) else (d["distributions"],)
+            bad = [x for x in ds if x not in DISTRIBUTIONS]
+            if bad or not ds:
+                raise DeploymentError(f"{where}: distributions {bad or ds!r}: choose from {', '.join(DISTRIBUTIONS)}")
+            kw["distributions"] = ds
         for key in ("nheads", "nheads_kv"):
             kw.setdefault(key, cls.__dataclass_fields__[key].default)
         for h in kw["nheads"]:
@@ -171,8 +181,11 @@ class Deployment:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        return {k: (list(map(list, v)) if k in ("head_dims", "window_sizes") else (list(v) if isinstance(v, tuple) else v))
-                for k, v in d.items()}
+        out = {k: (list(map(list, v)) if k in ("head_dims", "window_sizes") else (list(v) if isinstance(v, tuple) else v))
+               for k, v in d.items()}
+        if not out["distributions"]:
+            out.pop("distributions")
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Deployment":
@@ -248,8 +261,14 @@ class Deployment:
             feats.add("varlen")
         if any(h != hk for h in self.nheads for hk in self.nheads_kv):
             feats.add("gqa")
-        return {"features": tuple(sorted(feats)), "head_dims": tuple(self.head_dims),
-                "max_seqlen": int(self.seqlen_k[1])}
+        limits: dict[str, Any] = {}
+        hd_eq = sorted({h for h, hv in self.head_dims if h == hv})
+        if hd_eq:
+            limits["head_dim_choices"] = tuple(hd_eq)
+        # features are *allowed* (each drawn on or off), not forced: a causal-only deployment also
+        # gets non-causal draws, which only widen what is checked
+        return {"features": tuple(sorted(feats)), "limits": limits, "max_seqlen": int(self.seqlen_k[1]),
+                "distributions": tuple(self.distributions) or None}
 
     def describe(self) -> str:
         return (f"{self.name}: hd {', '.join(f'{a}' if a == b else f'{a}/{b}' for a, b in self.head_dims)}; "

@@ -71,6 +71,18 @@ def _result(res: Any, where: str) -> CheckResult:
                        tightness=metrics["tightness_max"] or None)
 
 
+def _deployment_kw(ctx: CheckContext, limits: dict) -> dict:
+    """run_campaign arguments that keep the drawn problems inside the audit's deployment."""
+    dep = ctx.deploy
+    if dep is None:
+        return {"limits": limits}
+    kw = dep.strategy_kwargs()
+    lim = dict(limits)
+    lim.update(kw["limits"])
+    lim.pop("max_head_dim", None) if "head_dim_choices" in lim else None
+    return {"limits": lim, "features": kw["features"], "distributions": kw["distributions"]}
+
+
 def _dtype(ctx: CheckContext) -> str:
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"fuzzing draws bf16/fp16 problems; dtype {ctx.dtype} (forward-only fp8) is not generated")
@@ -85,7 +97,8 @@ def twin(ctx: CheckContext) -> CheckResult:
     n = _TWIN_EXAMPLES[ctx.profile]
     with ctx.progress(n, f"fuzzing the {ctx.arch} twin") as bar:
         res = fuzz.run_campaign(target=fuzz.TwinTarget(), arch=ctx.arch, dtype=dtype, examples=n, seed=ctx.seed,
-                                profile=_profile(ctx), on_example=lambda i, p: bar.advance(1))
+                                profile=_profile(ctx), on_example=lambda i, p: bar.advance(1),
+                                **_deployment_kw(ctx, {}))
     return _result(res, "CPU twin")
 
 
@@ -124,6 +137,6 @@ def production(ctx: CheckContext) -> CheckResult:
     n = _GPU_EXAMPLES[ctx.profile]
     with ctx.progress(n, "fuzzing production FA4") as bar:
         res = fuzz.run_campaign(target=tgt, arch=gpu.arch, dtype=dtype, examples=n, seed=ctx.seed,
-                                profile=_profile(ctx), limits={"max_head_dim": 256},
-                                on_example=lambda i, p: bar.advance(1))
+                                profile=_profile(ctx), on_example=lambda i, p: bar.advance(1),
+                                **_deployment_kw(ctx, {"max_head_dim": 256}))
     return _result(res, where)
