@@ -157,3 +157,30 @@ def write_outputs(outputs: Iterable[tuple[str, bytes]]) -> None:
     from fa4verify.audit.atomic import write_all
 
     write_all([(p, d) for p, d in outputs if p is not None])
+
+
+def json_safe(o):
+    """JSON has no NaN/inf: non-finite floats become the strings "nan", "inf", "-inf"; numpy
+    scalars become Python numbers."""
+    if isinstance(o, float):
+        if math.isfinite(o):
+            return o
+        return "nan" if math.isnan(o) else ("inf" if o > 0 else "-inf")
+    if isinstance(o, dict):
+        return {str(k): json_safe(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [json_safe(v) for v in o]
+    if hasattr(o, "item") and callable(o.item):
+        try:
+            return json_safe(o.item())
+        except (TypeError, ValueError):
+            return str(o)
+    return o
+
+
+def json_bytes(obj, *, indent: int = 1, sort_keys: bool = False) -> bytes:
+    """Strict JSON (no bare NaN) of ``obj``, newline-terminated, as UTF-8 bytes."""
+    import json
+
+    return (json.dumps(json_safe(obj), indent=indent, sort_keys=sort_keys, allow_nan=False,
+                       default=str) + "\n").encode("utf-8")
