@@ -10,7 +10,6 @@ failed, 3 internal error.
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import click
