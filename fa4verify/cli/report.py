@@ -109,6 +109,9 @@ def show_cmd(report, html_path, junit_path, rows):
 
     check_outputs([("--html", html_path), ("--junit", junit_path)], inputs=[("REPORT", report)])
     (path, rep), = _load([report])
+    code = (rep.get("summary") or {}).get("exit_code")
+    if isinstance(code, bool) or code not in (0, 1, 2, 3, 5, 10):
+        raise _usage(f"{path}: summary.exit_code {code!r} is not an audit exit code")
     console = make_console()
     cfg = rep.get("config", {})
     hw = (rep.get("environment") or {}).get("hardware") or {}
@@ -122,7 +125,4 @@ def show_cmd(report, html_path, junit_path, rows):
         except OSError as e:
             click.echo(f"fa4verify report show: error: cannot write report: {e}", err=True)
             return 2
-    code = (rep.get("summary") or {}).get("exit_code")
-    if isinstance(code, bool) or code not in (0, 1, 2, 3, 5, 10):
-        raise _usage(f"{path}: summary.exit_code {code!r} is not an audit exit code")
     return int(code)
