@@ -695,3 +695,19 @@ def test_extra_cli_interrupt_constant_is_130():
     from fa4verify.cli import INTERRUPTED
 
     assert INTERRUPTED == 128 + signal.SIGINT == 130
+
+
+@pytest.mark.parametrize("argv,code", [
+    (audit_args("--opt", f"budget={FIX / 'budget_tight.toml'}"), 1),
+    (["exp2", "--degree", "1", "--sample", "500"], 1),
+    (["report", "show", str(FIX / "no-such-report.json")], 2),
+])
+def test_extra_exit_codes_survive_click_standalone_mode(argv, code):
+    """Through CliRunner (click's standalone mode) a returned exit code used to be dropped: a
+    budget violation exited 0."""
+    from click.testing import CliRunner
+
+    from fa4verify.cli import cli as group
+
+    r = CliRunner().invoke(group, argv)
+    assert r.exit_code == code, r.output

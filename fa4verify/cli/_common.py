@@ -61,11 +61,16 @@ class OneLineCommand(click.Command):
         from fa4verify.audit.atomic import InputPathError, OutputPathError
 
         try:
-            return super().invoke(ctx)
+            rv = super().invoke(ctx)
         except click.UsageError as e:
             raise _one_line(e, ctx.command_path) from None
         except (OutputPathError, InputPathError) as e:
             raise OneLineUsageError(str(e), prog=ctx.command_path) from None
+        if isinstance(rv, int) and not isinstance(rv, bool) and rv != 0:
+            # a returned exit code is dropped by click in standalone mode (CliRunner, a plain
+            # ``command()`` call): raise it, so every caller sees the verdict
+            raise click.exceptions.Exit(rv)
+        return rv
 
 
 class OneLineGroup(click.Group):

@@ -344,4 +344,6 @@ def command(degree, range_, exhaustive, sample, direct, jobs, json_path, seed):
         click.echo(f"wrote {json_path}", err=True)
     if nothing:
         click.echo("fa4verify exp2: nothing measured: the range has no input in [-126, 128)", err=True)
-    return int(code)
+    # through click's Exit so that every way of calling the command (console script, CliRunner,
+    # standalone click) sees the verdict's exit code
+    raise click.exceptions.Exit(int(code))
