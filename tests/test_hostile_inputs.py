@@ -651,7 +651,8 @@ def test_17_ci_accepts_only_the_documented_exit_codes_of_the_main_command(rc, re
 
 # --------------------------------------------------------------------------- extra defects
 @pytest.mark.parametrize("case", ["show-fifo", "show-dev-zero", "baseline-fifo", "merge-directory",
-                                  "replay-fifo", "from-json-dev-zero", "against-fifo", "configs-fifo"])
+                                  "replay-fifo", "from-json-dev-zero", "against-fifo", "configs-fifo",
+                                  "checks-module-fifo"])
 def test_extra_inputs_must_be_regular_files_no_hang(case, tmp_path, capsys):
     """A FIFO, /dev/zero or a directory given as an input file used to hang (open/read) or
     exhaust memory; now one line, exit 2, at once."""
@@ -663,7 +664,11 @@ def test_extra_inputs_must_be_regular_files_no_hang(case, tmp_path, capsys):
             "replay-fifo": ["fuzz", "--replay", str(fifo)],
             "from-json-dev-zero": ["mutants", "--from-json", "/dev/zero"],
             "against-fifo": ["determinism", "--backend", "twin", "--against", str(fifo)],
-            "configs-fifo": ["determinism", "--backend", "twin", "--configs", f"@{fifo}"]}[case]
+            "configs-fifo": ["determinism", "--backend", "twin", "--configs", f"@{fifo}"],
+            "checks-module-fifo": ["audit", "--no-default-checks", "--no-live", "--checks-module",
+                                   str(tmp_path / "fifo.py")]}[case]
+    if case == "checks-module-fifo":
+        os.mkfifo(tmp_path / "fifo.py")
     t0 = time.monotonic()
     rc, out, err = run(capsys, *argv)
     assert time.monotonic() - t0 < 20

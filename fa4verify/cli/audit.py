@@ -7,6 +7,7 @@ skipped or none selected); 10 undecided.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -94,6 +95,14 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         raise _usage(str(e)) from None
     inputs = [("--baseline", baseline_path)]
     inputs += [("--checks-module", m) for m in config.checks_modules if m.endswith(".py")]
+    from fa4verify.audit.atomic import InputPathError, check_readable
+
+    for opt, m in inputs[1:]:
+        if os.path.lexists(m):   # a FIFO or device given as a check module would hang the import
+            try:
+                check_readable(m)
+            except InputPathError as e:
+                raise _usage(f"{opt} {e}") from None
     budget_file = budget_file_from_env()
     if budget_file is not None:
         inputs.append((BUDGET_FILE_ENV, budget_file))
@@ -159,8 +168,6 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
 
 def _command_line() -> list[str]:
     """argv of this run when started as the ``fa4verify`` program, else the command path."""
-    import os
-
     prog = os.path.basename(sys.argv[0]) if sys.argv else ""
     if prog in ("fa4verify", "__main__.py"):
         return ["fa4verify"] + sys.argv[1:]
