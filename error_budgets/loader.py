@@ -290,7 +290,8 @@ class Formula:
 
     # -- evaluation
     def evaluate(self, env: Mapping[str, Any]):
-        return _eval(self.tree, env)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return _eval(self.tree, env)
 
 
 def _gamma(n, u):
@@ -323,20 +324,18 @@ def _eval(n: ast.AST, env: Mapping[str, Any]):
         return -v if isinstance(n.op, ast.USub) else v
     if isinstance(n, ast.BinOp):
         a, b = _eval(n.left, env), _eval(n.right, env)
-        op = type(n.op)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            if op is ast.Add:
-                return a + b
-            if op is ast.Sub:
-                return a - b
-            if op is ast.Mult:
-                return a * b
-            if op is ast.Div:
-                return a / b
-            return np.power(a, b)
+        op = type(n.op)       # floating-point errors: ignored by Formula.evaluate (inf/nan out)
+        if op is ast.Add:
+            return a + b
+        if op is ast.Sub:
+            return a - b
+        if op is ast.Mult:
+            return a * b
+        if op is ast.Div:
+            return a / b
+        return np.power(a, b)
     if isinstance(n, ast.Call):
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return _FUNCS[n.func.id](*[_eval(a, env) for a in n.args])
+        return _FUNCS[n.func.id](*[_eval(a, env) for a in n.args])
     raise TypeError(f"unexpected node {type(n).__name__}")  # unreachable after validation
 
 
@@ -525,7 +524,11 @@ def load_file(path: str | Path, *, dtype: str | None = None, arch: str | None = 
             f = Formula(val, where=(fname, key), known={k: known.get(k, ()) for k in consts})
             if f.dim:
                 raise BudgetError(fname, key, "constants must be dimensionless")
-            v = np.asarray(f.evaluate(consts), dtype=np.float64)
+            try:
+                v = np.asarray(f.evaluate(consts), dtype=np.float64)
+            except (ArithmeticError, ValueError, TypeError) as e:
+                raise BudgetError(fname, key, f"formula {val!r} cannot be evaluated: "
+                                  f"{type(e).__name__}: {e}") from None
             if v.shape != ():
                 raise BudgetError(fname, key, f"formula {val!r} is not a scalar")
             consts[name] = _check_constant(fname, key, float(v), f"formula {val!r} = {float(v)!r}")
@@ -617,15 +620,21 @@ def _check_evaluable(bs: BudgetSet) -> None:
     statistics every entry must evaluate to a finite, non-negative number. ``1e400 * x``,
     ``-1 * x``, ``1 / 0`` or a constant ``u_p = inf`` would otherwise turn the gate into a
     silent pass (an infinite or NaN bound) or a silent fail."""
+    with np.errstate(all="ignore"):
+        _check_evaluable_at(bs)
+
+
+def _check_evaluable_at(bs: BudgetSet) -> None:
     for st in representative_statistics():
-        for name, b in bs.entries.items():
+        env: dict[str, Any] = {**st, **bs.constants}
+        for name, b in bs.entries.items():     # an entry uses only earlier entries
             key = f"{b.kind}.{name}.formula"
             try:
-                with np.errstate(all="ignore"):
-                    v = np.asarray(bs.evaluate(name, st), dtype=np.float64)
+                v = np.asarray(b.formula.evaluate(env), dtype=np.float64)
             except (ArithmeticError, ValueError, TypeError, KeyError) as e:
                 raise BudgetError(b.file, key, f"formula {b.text!r} cannot be evaluated: "
                                   f"{type(e).__name__}: {e}") from None
+            env[name] = v
             if not np.all(np.isfinite(v)):
                 raise BudgetError(b.file, key, f"formula {b.text!r} is not finite on "
                                   f"representative statistics (got {float(np.max(v))!r})")

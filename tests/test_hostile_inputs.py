@@ -229,6 +229,7 @@ BAD_BUDGETS = {
     "u_p-nan": ("[constants]\nu_p = nan", "constants.u_p", "not finite"),
     "u_p-negative": ("[constants]\nu_p = -1", "constants.u_p", "negative"),
     "constant-1-div-0": ('[constants]\nu_p = "1 / 0"', "constants.u_p", "not finite"),
+    "constant-over-zero-constant": ('[constants]\nzz = 0\nww = "1 / zz"', "constants.ww", "not finite"),
     "formula-1e400": ('[stage.p_cast]\nformula = "1e400 * p"\nreason = "DERIVATIONS.md#p-cast"',
                       "stage.p_cast.formula", "not a finite float64"),
     "formula-overflow": ('[stage.p_cast]\nformula = "1e300 * 1e300 * p"\nreason = "DERIVATIONS.md#p-cast"',
