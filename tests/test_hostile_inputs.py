@@ -33,9 +33,21 @@ PREV = '{"previous": true}\n'
 
 
 # ----------------------------------------------------------------------------------- helpers
+def record(inp: str, rc, message: str) -> None:
+    """With ``$FA4VERIFY_HOSTILE_TABLE`` set, append one row of the issue's table (input -> exit
+    code -> message) to that JSON-lines file; otherwise nothing."""
+    path = os.environ.get("FA4VERIFY_HOSTILE_TABLE")
+    if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].split("::")[-1]
+        msg = next((ln for ln in message.splitlines() if ln.strip()), "")
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": test, "input": inp, "rc": rc, "message": msg[:300]}) + "\n")
+
+
 def run(capsys, *argv: str):
     rc = main(list(argv))
     out, err = capsys.readouterr()
+    record("fa4verify " + " ".join(a if a else "''" for a in argv), rc, err)
     return rc, out, err
 
 
@@ -56,8 +68,12 @@ def audit_args(*args: str) -> list[str]:
 def cli(*args, env=None, timeout=300, cwd=None):
     e = dict(os.environ, **(env or {}))
     e.pop("FA4VERIFY_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "fa4verify", *args], capture_output=True, text=True,
-                          env=e, timeout=timeout, cwd=cwd)
+    r = subprocess.run([sys.executable, "-m", "fa4verify", *args], capture_output=True, text=True,
+                       env=e, timeout=timeout, cwd=cwd)
+    envs = " ".join(f"{k}={v}" for k, v in (env or {}).items())
+    record(f"{envs} fa4verify {' '.join(args)}".strip(), r.returncode,
+           r.stderr if r.returncode else (r.stdout.strip().splitlines() or [""])[-1])
+    return r
 
 
 def mknod_or_skip(path: Path) -> os.stat_result:
@@ -162,6 +178,7 @@ def test_02_plugin_compares_its_outputs_by_real_path(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--fa4verify=quick",
                         "--fa4-only", "--fa4-json", "a", "--fa4-html", "./a", "-k", "budgets.files"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    record("pytest --fa4verify=quick --fa4-json a --fa4-html ./a", r.returncode, r.stderr)
     assert r.returncode == 4, r.stdout + r.stderr              # pytest's usage-error exit
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(err) == 1 and "same file" in err[0] and "Traceback" not in r.stderr, r.stderr
@@ -191,8 +208,9 @@ def test_03_a_failed_rename_puts_back_every_replaced_file(tmp_path, monkeypatch)
         return real(src, dst)
 
     monkeypatch.setattr(atomic.os, "replace", flaky)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(OSError, match="simulated") as ei:
         atomic.write_all([(str(a), b"new a"), (str(b), b"new b"), (str(tmp_path / "c.json"), b"new c")])
+    record("write_all(a, b, c) with the 2nd rename failing (ENOSPC)", "OSError", f"{ei.value}; a, b restored, c absent")
     monkeypatch.setattr(atomic.os, "replace", real)
     assert a.read_text() == PREV and b.read_text() == PREV and not (tmp_path / "c.json").exists()
     no_temp_files(tmp_path)
@@ -256,8 +274,9 @@ def test_05_budgets_reject_non_finite_negative_and_unevaluable_values(name, tmp_
     from fa4verify.error_budgets import BudgetError
     from fa4verify.gates import assert_attention_within_budget
     q = np.ones((1, 4, 1, 8), np.float32)
-    with pytest.raises(BudgetError, match=key.replace(".", r"\.")):
+    with pytest.raises(BudgetError, match=key.replace(".", r"\.")) as ei:
         assert_attention_within_budget(np.zeros_like(q), q, q, q, dtype="bf16", arch="sm90", budget=str(f))
+    record(f"gates.assert_attention_within_budget(zeros, budget={name}.toml)", "BudgetError", str(ei.value))
 
 
 @pytest.mark.parametrize("target", ["directory", "binary", "/dev/zero", "fifo", "self", "chain-of-20"])
@@ -412,6 +431,7 @@ def test_08_exp2_sigint_exits_130_and_leaves_no_file(tmp_path):
         time.sleep(10)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=120)
+        record(f"SIGINT to fa4verify exp2 --degree 3 --jobs 1 --json {out.name}", p.returncode, err)
         assert p.returncode == 130, err
         assert one_line(err) == "fa4verify: interrupted"
     assert prev.read_text() == PREV and not (tmp_path / "new.json").exists()
@@ -445,6 +465,7 @@ def test_09_audit_sigint_exits_130_with_earlier_files_intact(tmp_path):
     time.sleep(8)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
+    record("SIGINT to fa4verify audit -k hang --isolate never --json a.json", p.returncode, err)
     assert p.returncode == 130, err
     assert one_line(err) == "fa4verify: interrupted"
     assert j.read_text() == PREV
@@ -463,6 +484,8 @@ def test_09_sass_json_dash_prints_json_alone(capsys, monkeypatch):
         "label": "stub", "compile_seconds": 0.0, "forward_config": {"arch": 90},
         "kernels": {"k": {"ptx": {"fma.rn.f32x2": 3}, "sass": {"FFMA": 7}}}, "ratio": float("nan")})
     rc, out, err = run(capsys, "sass", "--arch", "sm_90a", "--head-dim", "64", "--json", "-")
+    record("fa4verify sass --arch sm_90a --head-dim 64 --json - (stubbed compile)", rc,
+           f"stdout is JSON ({len(out)} bytes), table on stderr")
     assert rc == 0
     data = json.loads(out)                                # stdout is the JSON alone
     assert data["kernels"]["k"]["sass"]["FFMA"] == 7 and data["ratio"] == "nan"
@@ -474,6 +497,8 @@ def test_10_plugin_registers_its_markers(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-markers",
                         "--fa4verify=quick", "--fa4-only", "-k", "budgets.files"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    record("pytest --strict-markers --fa4verify=quick --fa4-only -k budgets.files", r.returncode,
+           (r.stdout.strip().splitlines() or [""])[-1])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "INTERNALERROR" not in r.stdout + r.stderr and "1 passed" in r.stdout
 
@@ -539,6 +564,7 @@ def test_14_exp2_mufu_is_judged_with_the_flush_band_apart(monkeypatch):
 
     ctx = CheckContext(dtype="bf16", arch="sm90", profile="default", check_id="exp2.mufu")
     r = X.mufu(ctx)
+    record("exp2.mufu on tests/data/golden/mufu_stats.json", r.status, r.summary)
     assert r.status == "pass", r.summary
     assert "8.389e+06" not in r.summary and "flush band" in r.summary and "mufu_ex2_rel" in r.summary
     assert not any("ulp" in k and "127" in k for k in r.metrics)
@@ -550,11 +576,14 @@ def test_14_exp2_mufu_is_judged_with_the_flush_band_apart(monkeypatch):
     worse["stats"]["stats"]["ex2.approx.ftz [0,8]"]["max_rel_err"] = 3e-7
     monkeypatch.setattr(E, "mufu_section", lambda: worse)
     r = X.mufu(ctx)
+    record("exp2.mufu with MUFU max rel 3e-7 on [0,8] (> mufu_ex2_rel)", r.status, r.summary)
     assert r.status == "fail" and "ex2.approx.ftz [0,8]" in r.summary
     # an entry reaching into the flush band with no separate main-domain figure cannot be judged
     del worse["stats"]["stats"]["ex2.approx.ftz [-126,0]"]
     worse["stats"]["stats"]["ex2.approx.ftz [0,8]"]["max_rel_err"] = 1e-7
-    assert X.mufu(ctx).status == "undecided"
+    r = X.mufu(ctx)
+    record("exp2.mufu with [-127,0] but no [-126,0] entry", r.status, r.summary)
+    assert r.status == "undecided"
 
 
 def test_14_exp2_checks_state_the_range_they_sample(monkeypatch):
@@ -563,6 +592,7 @@ def test_14_exp2_checks_state_the_range_they_sample(monkeypatch):
 
     ctx = CheckContext(dtype="bf16", arch="sm100", profile="quick", check_id="exp2.deg3", seed=0)
     r = X.deg3(ctx)
+    record("exp2.deg3 (quick)", r.status, r.summary)
     assert r.status == "pass", r.summary
     assert "main domain [-126, 8]" in r.summary and "[-127, 8]" not in r.summary
     assert r.details["main_domain"] == [-126.0, 8.0] and r.details["flush_band"]["within_floor"]
@@ -577,6 +607,8 @@ def test_15_a_broken_budget_file_fails_the_fuzz_tests_instead_of_skipping(tmp_pa
                         "--rootdir", str(ROOT)],
                        capture_output=True, text=True, env=dict(os.environ, FA4VERIFY_BUDGET_FILE=str(bad)),
                        timeout=300)
+    record("FA4VERIFY_BUDGET_FILE=bad.toml pytest tests/test_fuzz_properties.py -k violation_message",
+           r.returncode, (r.stdout.strip().splitlines() or [""])[-1])
     assert r.returncode == 1, r.stdout[-3000:]
     assert "1 failed" in r.stdout and "skipped" not in r.stdout and "constants.u_p" in r.stdout
 
@@ -595,6 +627,8 @@ def test_15_no_test_skips_when_fa4verify_modules_fail_to_import():
                         for b in h.body for c in ast.walk(b)) for h in node.handlers):
                 if "fa4verify" in ast.get_source_segment(src, node).split("except")[0]:
                     offenders.append(f"{p.name}:{node.lineno} try/except -> pytest.skip around fa4verify code")
+    record("lint tests/: importorskip or skip-on-failure of fa4verify's own modules", len(offenders),
+           f"{len(offenders)} offender(s)")
     assert not offenders, offenders
 
 
@@ -612,6 +646,8 @@ def test_16_no_test_asserts_a_constant():
                 names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
                 if names <= allowed:
                     offenders.append(f"{p.name}:{node.lineno}")
+    record("lint tests/: assert of a constant (assert np.isfinite(1.0))", len(offenders),
+           f"{len(offenders)} offender(s)")
     assert not offenders, offenders
 
 
@@ -625,6 +661,8 @@ def test_17_ci_run_fails_on_pip_errors_and_runs_the_main_command():
     r = subprocess.run(["bash", "-c", "set -euo pipefail\n" + fn +
                         "quiet_pip install -q --no-index /nonexistent/fa4verify-no-such-package\necho reached"],
                        capture_output=True, text=True, timeout=120)
+    record(".ci/run quiet_pip install <missing package> (set -euo pipefail)", r.returncode,
+           next((ln for ln in r.stdout.splitlines() + r.stderr.splitlines() if "ERROR" in ln), ""))
     assert r.returncode != 0 and "reached" not in r.stdout
     r = subprocess.run(["bash", "-c", "set -euo pipefail\n" + fn + "quiet_pip --version >/dev/null\necho reached"],
                        capture_output=True, text=True, timeout=120)
@@ -647,7 +685,9 @@ def test_17_ci_accepts_only_the_documented_exit_codes_of_the_main_command(rc, re
     finally:
         sys.path.pop(0)
     rep = {"summary": {"exit_code": rc}, "results": [{"id": i, "status": s} for i, s in results]}
-    assert C.verdict(rc, rep)[0] is ok
+    v = C.verdict(rc, rep)
+    record(f".ci/check_audit_exit.py rc={rc} results={results}", 0 if v[0] else 1, v[1])
+    assert v[0] is ok
 
 
 # --------------------------------------------------------------------------- extra defects
@@ -716,4 +756,5 @@ def test_extra_exit_codes_survive_click_standalone_mode(argv, code):
     from fa4verify.cli import cli as group
 
     r = CliRunner().invoke(group, argv)
+    record("CliRunner: fa4verify " + " ".join(argv), r.exit_code, r.output.strip().splitlines()[-1] if r.output.strip() else "")
     assert r.exit_code == code, r.output
