@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from fa4verify.cli import ExitCode
-from fa4verify.cli._common import (FiniteFloat, OneLineCommand, check_inputs, check_output_dir,
+from fa4verify.cli._common import (FiniteFloat, OneLineCommand, check_output_dir,
                                    check_outputs, json_bytes, usage, write_outputs)
 
 _PROFILES = ("ci", "dev", "nightly")
@@ -158,7 +158,12 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
     from fa4verify import fuzz
 
     replay_inputs = [("--replay", p) for p in replay]
-    check_inputs(replay_inputs)
+    from fa4verify.audit.atomic import InputPathError, check_readable
+    for _, p in replay_inputs:       # a FIFO or /dev/zero would hang the case reader
+        try:
+            check_readable(p)
+        except InputPathError as e:
+            raise usage(f"--replay: cannot read case {p!r}: {e}") from None
     check_outputs([("--json", json_path)], inputs=replay_inputs)
     props = _split(properties) or None
     if props:
