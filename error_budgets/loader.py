@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -228,6 +229,13 @@ class Formula:
         if isinstance(n, ast.Constant):
             if isinstance(n.value, bool) or not isinstance(n.value, (int, float)):
                 raise self._err(f"only numbers are allowed as literals, not {n.value!r}")
+            try:
+                v = float(n.value)
+            except OverflowError:
+                v = math.inf
+            if not math.isfinite(v):
+                raise self._err(f"literal {ast.get_source_segment(self.text, n) or n.value!r} "
+                                "is not a finite float64")
             return None
         if isinstance(n, ast.Name):
             if n.id not in known:
@@ -282,7 +290,8 @@ class Formula:
 
     # -- evaluation
     def evaluate(self, env: Mapping[str, Any]):
-        return _eval(self.tree, env)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return _eval(self.tree, env)
 
 
 def _gamma(n, u):
@@ -307,7 +316,7 @@ _FUNCS = {
 
 def _eval(n: ast.AST, env: Mapping[str, Any]):
     if isinstance(n, ast.Constant):
-        return float(n.value)
+        return np.float64(n.value)     # numpy semantics: 1 / 0 -> inf (rejected at load)
     if isinstance(n, ast.Name):
         return env[n.id]
     if isinstance(n, ast.UnaryOp):
@@ -315,17 +324,16 @@ def _eval(n: ast.AST, env: Mapping[str, Any]):
         return -v if isinstance(n.op, ast.USub) else v
     if isinstance(n, ast.BinOp):
         a, b = _eval(n.left, env), _eval(n.right, env)
-        op = type(n.op)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            if op is ast.Add:
-                return a + b
-            if op is ast.Sub:
-                return a - b
-            if op is ast.Mult:
-                return a * b
-            if op is ast.Div:
-                return a / b
-            return np.power(a, b)
+        op = type(n.op)       # floating-point errors: ignored by Formula.evaluate (inf/nan out)
+        if op is ast.Add:
+            return a + b
+        if op is ast.Sub:
+            return a - b
+        if op is ast.Mult:
+            return a * b
+        if op is ast.Div:
+            return a / b
+        return np.power(a, b)
     if isinstance(n, ast.Call):
         return _FUNCS[n.func.id](*[_eval(a, env) for a in n.args])
     raise TypeError(f"unexpected node {type(n).__name__}")  # unreachable after validation
@@ -417,28 +425,52 @@ def _slug(title: str) -> str:
     return s.replace(" ", "-")
 
 
-def _read_toml(path: Path) -> dict:
+#: Largest budget file read (a budget file is a few KiB; this refuses /dev/zero-like inputs).
+MAX_FILE_BYTES = 1 << 20
+#: Longest ``extends`` chain.
+MAX_EXTENDS_DEPTH = 16
+
+
+def _read_toml(path: Path, key: str = "-", via: str | Path | None = None) -> dict:
+    """A budget file as TOML: a regular file of at most :data:`MAX_FILE_BYTES` bytes of UTF-8
+    (a directory, FIFO, device or binary file is a :class:`BudgetError`, never a hang)."""
+    from fa4verify.audit.atomic import InputPathError, read_input_text
+
+    where = via if via is not None else path
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise BudgetError(path, "-", "file not found") from None
+        text = read_input_text(str(path), limit=MAX_FILE_BYTES)
+    except InputPathError as e:
+        msg = str(e)
+        if msg.startswith(str(path) + ": "):
+            msg = msg[len(str(path)) + 2:]
+        if "No such file" in msg:
+            msg = "file not found"
+        raise BudgetError(where, key, msg if via is None else f"{path}: {msg}") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise BudgetError(path, "-", f"not valid TOML: {e}") from None
+        raise BudgetError(where, key, (f"{path}: " if via is not None else "")
+                          + f"not valid TOML: {e}") from None
 
 
-def _merged(path: Path, seen: tuple = ()) -> tuple[dict, list[Path]]:
-    data = _read_toml(path)
+def _merged(path: Path, seen: tuple = (), via: Path | None = None) -> tuple[dict, list[Path]]:
+    data = _read_toml(path, "meta.extends" if via is not None else "-", via)
     meta = data.get("meta")
     if not isinstance(meta, dict):
         raise BudgetError(path, "meta", "missing [meta] table")
     ext = meta.get("extends")
     files = [path]
-    if ext:
-        base_path = (path.parent / str(ext)).resolve()
-        if base_path in seen:
+    if ext is not None:
+        if not isinstance(ext, str) or not ext.strip():
+            raise BudgetError(path, "meta.extends", f"must be a file name, not {ext!r}")
+        base_path = (path.parent / ext).resolve()
+        here = path.resolve()
+        if base_path in seen or base_path == here:
             raise BudgetError(path, "meta.extends", f"circular extends via {base_path.name}")
-        base, bfiles = _merged(base_path, seen + (path.resolve(),))
+        if len(seen) >= MAX_EXTENDS_DEPTH:
+            raise BudgetError(path, "meta.extends",
+                              f"extends chain longer than {MAX_EXTENDS_DEPTH} files")
+        base, bfiles = _merged(base_path, seen + (here,), via=path)
         files = bfiles + files
         out = {"meta": {**base.get("meta", {}), **meta},
                "constants": {**base.get("constants", {}), **data.get("constants", {})},
@@ -487,12 +519,19 @@ def load_file(path: str | Path, *, dtype: str | None = None, arch: str | None = 
         if name in STATISTICS:
             raise BudgetError(fname, key, "shadows a statistic")
         if isinstance(val, (int, float)) and not isinstance(val, bool):
-            consts[name] = float(val)
+            consts[name] = _check_constant(fname, key, float(val), repr(val))
         elif isinstance(val, str):
             f = Formula(val, where=(fname, key), known={k: known.get(k, ()) for k in consts})
             if f.dim:
                 raise BudgetError(fname, key, "constants must be dimensionless")
-            consts[name] = float(f.evaluate(consts))
+            try:
+                v = np.asarray(f.evaluate(consts), dtype=np.float64)
+            except (ArithmeticError, ValueError, TypeError) as e:
+                raise BudgetError(fname, key, f"formula {val!r} cannot be evaluated: "
+                                  f"{type(e).__name__}: {e}") from None
+            if v.shape != ():
+                raise BudgetError(fname, key, f"formula {val!r} is not a scalar")
+            consts[name] = _check_constant(fname, key, float(v), f"formula {val!r} = {float(v)!r}")
             known[name] = f.dim     # None: a unit-polymorphic floor (built from sub_*)
             continue
         else:
@@ -527,7 +566,7 @@ def load_file(path: str | Path, *, dtype: str | None = None, arch: str | None = 
             except ValueError as e:
                 raise BudgetError(fname, f"{key}.dim", str(e)) from None
             conf = ent.get("confidence", 1.0)
-            if not isinstance(conf, (int, float)) or not 0 < conf <= 1:
+            if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not 0 < conf <= 1:
                 raise BudgetError(fname, f"{key}.confidence", f"must be in (0, 1], got {conf!r}")
             m = re.search(r"DERIVATIONS\.md#([\w\-]+)", ent["reason"])
             if not m:
@@ -546,8 +585,62 @@ def load_file(path: str | Path, *, dtype: str | None = None, arch: str | None = 
                                    dim=fmt_dim(want), unit=unit, reason=ent["reason"],
                                    confidence=float(conf), file=fname, stats=stats)
             known[name] = want
-    return BudgetSet(dtype=fdt, arch=farch, files=tuple(str(p) for p in files),
-                     constants=consts, entries=entries, description=str(meta.get("description", "")))
+    bs = BudgetSet(dtype=fdt, arch=farch, files=tuple(str(p) for p in files),
+                   constants=consts, entries=entries, description=str(meta.get("description", "")))
+    _check_evaluable(bs)
+    return bs
+
+
+def _check_constant(fname: str, key: str, v: float, shown: str) -> float:
+    if not math.isfinite(v):
+        raise BudgetError(fname, key, f"{shown} is not finite")
+    if v < 0:
+        raise BudgetError(fname, key, f"{shown} is negative")
+    return v
+
+
+#: Representative statistics for the load-time evaluation of every entry (Note [budgets are
+#: evaluable]): counts and lengths, and magnitudes of the order of real problems.
+def representative_statistics() -> list[dict[str, float]]:
+    counts = {"d": 128.0, "dv": 128.0, "n_add": 128.0, "n_acc": 65.0, "seqlen_q": 1024.0,
+              "seqlen_k": 1024.0, "n_blocks": 8.0, "tile_n": 128.0, "n_rescale": 8.0,
+              "max_offset": 0.0, "x_max": 8.0, "softcap": 30.0}
+    out = []
+    for mag in (1.0, 0.03):
+        st = {n: mag for n in STATISTICS}
+        st.update(counts)
+        for n in ("p_exact", "p", "scale_exact", "e_p_bwd"):
+            st[n] = min(mag, 1.0) if n != "e_p_bwd" else 1e-3
+        out.append(st)
+    return out
+
+
+def _check_evaluable(bs: BudgetSet) -> None:
+    """Note [budgets are evaluable]: a budget is a bound, so on representative positive
+    statistics every entry must evaluate to a finite, non-negative number. ``1e400 * x``,
+    ``-1 * x``, ``1 / 0`` or a constant ``u_p = inf`` would otherwise turn the gate into a
+    silent pass (an infinite or NaN bound) or a silent fail."""
+    with np.errstate(all="ignore"):
+        _check_evaluable_at(bs)
+
+
+def _check_evaluable_at(bs: BudgetSet) -> None:
+    for st in representative_statistics():
+        env: dict[str, Any] = {**st, **bs.constants}
+        for name, b in bs.entries.items():     # an entry uses only earlier entries
+            key = f"{b.kind}.{name}.formula"
+            try:
+                v = np.asarray(b.formula.evaluate(env), dtype=np.float64)
+            except (ArithmeticError, ValueError, TypeError, KeyError) as e:
+                raise BudgetError(b.file, key, f"formula {b.text!r} cannot be evaluated: "
+                                  f"{type(e).__name__}: {e}") from None
+            env[name] = v
+            if not np.all(np.isfinite(v)):
+                raise BudgetError(b.file, key, f"formula {b.text!r} is not finite on "
+                                  f"representative statistics (got {float(np.max(v))!r})")
+            if np.any(v < 0):
+                raise BudgetError(b.file, key, f"formula {b.text!r} is negative on "
+                                  f"representative statistics (got {float(np.min(v))!r})")
 
 
 def budget_path(dtype: str, arch: str) -> Path:
@@ -559,9 +652,27 @@ def budget_path(dtype: str, arch: str) -> Path:
     return BUDGET_DIR / f"{dt}_{arch}.toml"
 
 
+#: An extra budget file (README): when its [meta] dtype/arch are the ones asked for, :func:`load`
+#: returns it instead of the shipped file. ``fa4verify audit`` validates it before any work.
+BUDGET_FILE_ENV = "FA4VERIFY_BUDGET_FILE"
+
+
+def budget_file_from_env() -> str | None:
+    v = os.environ.get(BUDGET_FILE_ENV)
+    return v if v is not None and v.strip() != "" else None
+
+
 def load(dtype: str, arch: str) -> BudgetSet:
     """The budget set for ``dtype`` ("bf16" | "fp16" | "fp8") on ``arch`` ("sm90" | "sm100" |
-    "sm103"); raises :class:`BudgetError` if the file is missing or malformed."""
+    "sm103"); raises :class:`BudgetError` if the file is missing or malformed.
+
+    With ``$FA4VERIFY_BUDGET_FILE`` set, that file is loaded (and must be valid); it is returned
+    when it is for this dtype and arch, else the shipped file is."""
+    extra = budget_file_from_env()
+    if extra is not None:
+        bs = load_file(extra)
+        if bs.dtype == DTYPE_ALIASES.get(dtype) and bs.arch == arch:
+            return bs
     return load_file(budget_path(dtype, arch), dtype=dtype, arch=arch)
 
 

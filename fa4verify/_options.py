@@ -11,6 +11,7 @@ Importing this module is light (no torch, numpy, click or pytest import at modul
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable, Sequence
 
@@ -42,6 +43,7 @@ class Option:
     metavar: str | None = None
     multiple: bool = False
     flag: bool = False
+    envvar: str | None = None   #: environment variable giving the default (README)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -51,8 +53,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("arch", "arch", "Architecture(s) audited; auto = the GPU's, or sm90 and sm100 twins on "
            "a CPU machine. Repeatable.", ("auto",), choices=ARCH_CHOICES, multiple=True),
     Option("profile", "profile", "Amount of work per check.", "default", choices=PROFILE_ORDER),
-    Option("seed", "seed", "Seed of every random stream (per-check streams are derived from it).",
-           0, type=int, metavar="N"),
+    Option("seed", "seed", "Seed of every random stream (per-check streams are derived from it); "
+           "env FA4VERIFY_SEED.", 0, type=int, metavar="N", envvar="FA4VERIFY_SEED"),
     Option("shard", "shard", "Run only shard I of N (deterministic partition of check ids).",
            None, metavar="I/N"),
     Option("checks-module", "checks_modules", "Extra check module (dotted name or .py path); "
@@ -197,9 +199,12 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
     if seed < 0:
         raise OptionError(f"--seed {seed}: expected a non-negative integer")
     try:
-        timeout = float(timeout or 0.0)
+        timeout_f = float(timeout or 0.0)
     except (TypeError, ValueError):
         raise OptionError(f"--timeout {timeout!r}: expected seconds") from None
+    if not math.isfinite(timeout_f) or timeout_f < 0:
+        raise OptionError(f"--timeout {timeout!r}: expected finite seconds >= 0 (0 = none)")
+    timeout = timeout_f
     shard_t = parse_shard(shard)
     opts_t = tuple(sorted(parse_opts(opts).items()))
     resolve_archs([a for a in ([arch] if isinstance(arch, str) else list(arch or ()))
@@ -222,7 +227,7 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
     return AuditConfig(dtype=dtype, device=dev, archs=archs, profile=profile, seed=seed,
                        keyword=keyword or None, shard=shard_t, checks_modules=mods,
                        no_default_checks=bool(no_default_checks), isolate=isolate,
-                       timeout=max(0.0, timeout), opts=opts_t, deployment=dep)
+                       timeout=timeout, opts=opts_t, deployment=dep)
 
 
 # ------------------------------------------------------------------------------------ frontends
@@ -242,6 +247,8 @@ def click_options(func: Callable) -> Callable:
                 kw["type"] = opt.type
             if opt.metavar and "metavar" not in kw:
                 kw["metavar"] = opt.metavar
+            if opt.envvar:
+                kw["envvar"] = opt.envvar
             deco = click.option(f"--{opt.name}", opt.dest, default=opt.default,
                                 multiple=opt.multiple, **kw)
         func = deco(func)
@@ -262,7 +269,10 @@ def add_pytest_options(group: Any) -> None:
                             metavar=opt.metavar or opt.name.upper(),
                             help=f"{opt.help} Default: {opt.default!r}")
         else:
-            group.addoption(name, action="store", dest=dest, default=opt.default,
+            default = opt.default
+            if opt.envvar and os.environ.get(opt.envvar, "").strip():
+                default = os.environ[opt.envvar].strip()   # validated by build_config
+            group.addoption(name, action="store", dest=dest, default=default,
                             metavar=opt.metavar or (opt.choices and "|".join(opt.choices)) or None,
                             help=f"{opt.help} Default: {opt.default!r}")
 

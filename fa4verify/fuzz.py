@@ -2,7 +2,7 @@
 
 Every property below runs on an :class:`~fa4verify.strategies.AttentionProblem` against a
 *target*: the CPU twin of FA4 (``"twin"``, figures labelled "CPU twin") or production FA4 on a
-GPU (``"production"``, "measured on H200"). The truth is the certified oracle
+GPU (``"production"``, "measured on <GPU> (sm_XY)"). The truth is the certified oracle
 ``fa4verify.oracles.attention`` and the tolerance the composed end-to-end error budget
 ``fa4verify.error_budgets.load(dtype, arch)``.
 

@@ -42,8 +42,20 @@ def pytest_addoption(parser: Any) -> None:
     add_pytest_options(group)
 
 
+#: Markers fa4verify's tests and audit items use, registered here too so that
+#: ``pytest --strict-markers --fa4verify`` works from any directory (not only this checkout's
+#: pyproject.toml).
+MARKERS = (
+    "fa4verify_audit: an fa4verify audit check item",
+    "gpu: needs a CUDA GPU and flash-attn-4",
+    "slow: longer CPU tests (minutes)",
+    "fa4: needs the flash-attn-4 package installed (compile-only work runs on the CPU)",
+)
+
+
 def pytest_configure(config: Any) -> None:
-    config.addinivalue_line("markers", "fa4verify_audit: an fa4verify audit check item")
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
     profile = config.getoption("fa4verify", default=None)
     if profile is None:
         return
@@ -53,19 +65,19 @@ def pytest_configure(config: Any) -> None:
         config.stash[_CONFIG_KEY] = config_from_pytest(config, profile)
     except OptionError as e:
         raise pytest.UsageError(f"fa4verify: {e}") from None
-    from fa4verify.audit.atomic import OutputPathError, check_writable
+    from fa4verify.audit.atomic import OutputPathError, check_outputs
 
-    for opt in ("fa4_json", "fa4_html"):
-        path = config.getoption(opt, default=None)
-        if path and config.getoption("numprocesses", default=None):
-            raise pytest.UsageError(f"fa4verify: --{opt.replace('_', '-')} does not work with "
+    outs = [(f"--{opt.replace('_', '-')}", config.getoption(opt, default=None))
+            for opt in ("fa4_json", "fa4_html")]
+    for opt, path in outs:
+        if path is not None and config.getoption("numprocesses", default=None):
+            raise pytest.UsageError(f"fa4verify: {opt} does not work with "
                                     "pytest-xdist (-n); use fa4verify audit --shard I/N and "
                                     "fa4verify report merge")
-        if path:
-            try:
-                check_writable(path)
-            except OutputPathError as e:
-                raise pytest.UsageError(f"fa4verify: --{opt.replace('_', '-')} {e}") from None
+    try:
+        check_outputs(outs)
+    except OutputPathError as e:
+        raise pytest.UsageError(f"fa4verify: {e}") from None
     config.stash[_RECORDS_KEY] = []
 
 
@@ -166,7 +178,7 @@ def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
     if _CONFIG_KEY not in config.stash:
         return
     jpath, hpath = config.getoption("fa4_json", None), config.getoption("fa4_html", None)
-    if not (jpath or hpath) or hasattr(config, "workerinput"):  # xdist workers write nothing
+    if (jpath is None and hpath is None) or hasattr(config, "workerinput"):  # xdist workers write nothing
         return
     from fa4verify.audit import environment
     from fa4verify.audit.report_json import build_report

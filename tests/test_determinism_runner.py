@@ -6,6 +6,7 @@ test the harness, not FA4.
 """
 from __future__ import annotations
 
+import importlib
 import dataclasses
 import os
 import sys
@@ -261,7 +262,7 @@ def test_fa4_backend_passes_every_feature_the_real_adapter_accepts():
     """The keywords the fa4 backend sends exist in fa4verify.kernels.adapter's signatures (so a
     feature cannot be dropped or rejected on the GPU), and buffers reach the adapter."""
     import inspect
-    adapter = pytest.importorskip("fa4verify.kernels.adapter")
+    adapter = importlib.import_module("fa4verify.kernels.adapter")
     fwd_params = set(inspect.signature(adapter.forward).parameters)
     bwd_params = set(inspect.signature(adapter.backward).parameters)
     for cfg in d.MATRICES["cpu"]:

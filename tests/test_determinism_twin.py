@@ -12,16 +12,9 @@ from fa4verify import determinism as d
 
 @pytest.fixture(scope="module")
 def twin_bwd():
-    try:
-        from fa4verify.kernels import twin_attention as ta
-    except ImportError as ex:
-        pytest.skip(f"fa4verify.kernels.twin_attention not available: {ex}")
-    if "dq_shuffled_order" not in getattr(ta, "MUTATIONS", ()):
-        pytest.skip("twin has no dq_shuffled_order mutation")
-    try:
-        from fa4verify.kernels import twin_bwd  # noqa: F401
-    except ImportError as ex:
-        pytest.skip(f"twin backward (twin_bwd.py) not available: {ex}")
+    from fa4verify.kernels import twin_attention as ta
+    assert "dq_shuffled_order" in getattr(ta, "MUTATIONS", ()), "twin has no dq_shuffled_order mutation"
+    from fa4verify.kernels import twin_bwd  # noqa: F401
     return ta
 
 

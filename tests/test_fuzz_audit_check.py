@@ -1,10 +1,11 @@
 """The fuzz audit checks: registered with the right needs, and fuzz.twin runs and reports."""
 from __future__ import annotations
 
+import importlib
 import pytest
 
-registry = pytest.importorskip("fa4verify.audit.registry", reason="audit registry not available")
-pytest.importorskip("fa4verify.kernels.twin_attention", reason="CPU twin not available")
+registry = importlib.import_module("fa4verify.audit.registry")
+importlib.import_module("fa4verify.kernels.twin_attention")
 
 
 def test_fuzz_checks_are_registered_with_their_needs():
@@ -17,11 +18,8 @@ def test_fuzz_checks_are_registered_with_their_needs():
 
 def test_fuzz_twin_check_passes_and_reports_coverage():
     from fa4verify import fuzz
-    try:
-        import fa4verify.oracles.attention  # noqa: F401
-        fuzz._budget(fuzz.AttentionProblem("sm90", "bf16", 1, 1, 1, 1, 1, 8, 8))
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"oracle/budgets not available: {e}")
+    import fa4verify.oracles.attention  # noqa: F401
+    fuzz._budget(fuzz.AttentionProblem("sm90", "bf16", 1, 1, 1, 1, 1, 8, 8))
     from fa4verify.checks import fuzz as checks
     ctx = registry.CheckContext(dtype="fp16", arch="sm90", profile="default", seed=1, check_id="fuzz.twin[sm90]")
     r = checks.twin(ctx)

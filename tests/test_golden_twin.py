@@ -26,10 +26,7 @@ def _load(name):
 
 
 def _twin():
-    try:
-        from fa4verify.kernels import twin
-    except ImportError as e:
-        pytest.skip(f"fa4verify.kernels.twin not available: {e}")
+    from fa4verify.kernels import twin
     return twin
 
 

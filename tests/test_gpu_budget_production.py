@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -26,10 +25,10 @@ def _cuda_or_skip():
         pytest.skip(f"no CUDA device: torch not importable ({e})")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: torch.cuda.is_available() is False")
-    try:
-        from fa4verify.kernels import adapter  # noqa: F401
-    except Exception as e:  # pragma: no cover
-        pytest.skip(f"no CUDA device / FA4 adapter unavailable: {e}")
+    import importlib.util
+    if importlib.util.find_spec("flash_attn") is None:  # pragma: no cover - optional dependency
+        pytest.skip("flash-attn-4 is not installed (pip install 'fa4verify[fa4]')")
+    from fa4verify.kernels import adapter  # noqa: F401  (fa4verify's own: a failure fails)
     return torch
 
 
@@ -85,4 +84,6 @@ def test_gpu_test_module_skips_cleanly_without_cuda():
     if not has:
         with pytest.raises(pytest.skip.Exception, match="no CUDA device"):
             _cuda_or_skip()
-    assert np.isfinite(1.0)
+    else:  # pragma: no cover - GPU machine: the guard hands back a usable torch
+        t = _cuda_or_skip()
+        assert t.cuda.is_available() and t.cuda.device_count() >= 1

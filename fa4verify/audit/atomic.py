@@ -1,88 +1,344 @@
-"""Atomic file writes: a temp file in the destination directory, fsync, then ``os.replace``.
+"""Safe input and output files for every fa4verify command (and the pytest plugin).
 
-A reader never sees a partial file, and an error while writing leaves no file behind (the
-previous content, if any, stays).
+Outputs
+    :func:`check_outputs` validates a command's output paths *before any work*: each one is
+    writable, is not a directory, a symlink, a device node, a FIFO or a socket (those are never
+    replaced), and no two outputs -- and no output and an input -- name the same file (compared by
+    device/inode when the file exists, else by the resolved real path of its directory).
+    :func:`write_all` writes several files all-or-none: every file is written to a temporary file
+    in its destination directory first; only when all of them are on disk are they renamed over
+    their destinations, together, with SIGINT held off for the renames, and a failed rename puts
+    back the files already replaced. :func:`staged` does the same for files that a library
+    function writes itself (it hands out the temporary paths).
+
+Inputs
+    :func:`read_input` reads a regular file under a size limit (a FIFO, ``/dev/zero`` or a
+    directory is refused instead of hanging or exhausting memory).
+
+Every problem is an :class:`OutputPathError` / :class:`InputPathError` (``OSError``) whose
+message is one line; the CLI turns it into ``<prog>: error: <message>`` and exit 2.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import stat
 import tempfile
-from typing import Iterable
+import threading
+from typing import Iterable, Iterator, Mapping, Sequence
+
+#: Largest input file read by default (reports, manifests, cases): 256 MiB.
+MAX_INPUT_BYTES = 256 << 20
 
 
 class OutputPathError(OSError):
-    """An output path that cannot be written (missing directory, no permission, a directory)."""
+    """An output path that cannot or must not be written (one-line message)."""
 
 
-def check_writable(path: str) -> None:
-    """Raise :class:`OutputPathError` (one-line message) if ``path`` cannot be written.
+class InputPathError(OSError):
+    """An input path that cannot or must not be read (one-line message)."""
 
-    Checked before an audit starts, so a bad ``--json``/``--html`` path costs nothing."""
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _as_str(path) -> str:
+    p = os.fspath(path)
+    return p.decode("utf-8", "surrogateescape") if isinstance(p, bytes) else p
+
+
+def check_writable(path, *, allow_dash: bool = False) -> None:
+    """Raise :class:`OutputPathError` if ``path`` cannot or must not be written.
+
+    Refused: an empty name, a name with a NUL byte, an existing directory, symlink (its target is
+    never replaced, nor the link), device node, FIFO or socket, a read-only file, a missing or
+    read-only directory. ``"-"`` (stdout) is accepted with ``allow_dash``."""
+    path = _as_str(path)
+    if path == "":
+        raise OutputPathError("empty file name")
+    if "\0" in path:
+        raise OutputPathError(f"{path!r}: file name contains a NUL byte")
+    if path == "-" and allow_dash:
+        return
     ap = os.path.abspath(path)
+    try:
+        st = os.lstat(ap)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OutputPathError(f"{path}: {e.strerror or e}") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputPathError(f"{path}: is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputPathError(f"{path}: is {_kind(st.st_mode)}, not a regular file "
+                                  "(refusing to replace it)")
+        if not os.access(ap, os.W_OK):
+            raise OutputPathError(f"{path}: file is not writable")
     d = os.path.dirname(ap)
-    if os.path.isdir(ap):
-        raise OutputPathError(f"{path}: is a directory")
     if not os.path.isdir(d):
         raise OutputPathError(f"{path}: directory {d} does not exist")
     if not os.access(d, os.W_OK | os.X_OK):
         raise OutputPathError(f"{path}: directory {d} is not writable")
-    if os.path.exists(ap) and not os.access(ap, os.W_OK):
-        raise OutputPathError(f"{path}: file is not writable")
+
+
+def file_identity(path) -> tuple:
+    """What makes two paths the same file: (device, inode) of an existing file (hard links and
+    symlinks included), else the resolved real path."""
+    path = _as_str(path)
+    ap = os.path.abspath(path)
+    try:
+        st = os.stat(ap)
+        return ("inode", st.st_dev, st.st_ino)
+    except OSError:
+        return ("path", os.path.join(os.path.realpath(os.path.dirname(ap)), os.path.basename(ap)))
+
+
+def same_file(a, b) -> bool:
+    """``os.path.samefile`` when both exist, else the resolved real paths are equal."""
+    return file_identity(a) == file_identity(b)
 
 
 def check_outputs(pairs: Iterable[tuple[str, "str | None"]], *,
-                  duplicate_message: str = "output files must be different") -> None:
-    """Check a command's ``(option, path)`` outputs before any work: the given paths are distinct
-    and each is writable. Raises :class:`OutputPathError` with a one-line message naming the
-    option (``"--json <why>"``); ``None`` paths are ignored."""
-    pairs = list(pairs)
-    paths = [p for _, p in pairs if p]
-    if len(set(paths)) != len(paths):
-        raise OutputPathError(duplicate_message)
-    for opt, p in pairs:
-        if p:
-            try:
-                check_writable(p)
-            except OutputPathError as e:
-                raise OutputPathError(f"{opt} {e}") from None
+                  inputs: Iterable[tuple[str, "str | None"]] = (),
+                  duplicate_message: str | None = None,
+                  allow_dash: Sequence[str] = ()) -> None:
+    """Check a command's ``(option, path)`` outputs before any work.
+
+    Each given output is writable (:func:`check_writable`; ``"-"`` only for the options in
+    ``allow_dash``), no two outputs are the same file, and no output is the same file as one of
+    the ``(label, path)`` ``inputs``. ``None`` paths are ignored; ``""`` is an error. Raises
+    :class:`OutputPathError` with a one-line message naming the option (``"--json <why>"``)."""
+    outs = [(o, _as_str(p)) for o, p in pairs if p is not None]
+    for opt, p in outs:
+        try:
+            check_writable(p, allow_dash=opt in allow_dash)
+        except OutputPathError as e:
+            raise OutputPathError(f"{opt} {e}") from None
+    files = [(o, p) for o, p in outs if p != "-" or o not in allow_dash]
+    ids = [file_identity(p) for _, p in files]
+    for i in range(len(files)):
+        for j in range(i):
+            if ids[i] == ids[j]:
+                raise OutputPathError(duplicate_message or
+                                      f"{files[j][0]} {files[j][1]} and {files[i][0]} "
+                                      f"{files[i][1]} name the same file")
+    for label, ip in inputs:
+        if ip is None or _as_str(ip) in ("", "-"):
+            continue
+        iid = file_identity(ip)
+        for (opt, p), oid in zip(files, ids):
+            if oid == iid:
+                raise OutputPathError(f"{opt} {p} is the same file as the input {label} {ip} "
+                                      "(refusing to overwrite an input)")
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    ap = os.path.abspath(path)
-    d = os.path.dirname(ap)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(ap)}.", suffix=".tmp", dir=d)
+def check_output_dir(opt: str, path) -> str:
+    """An output *directory* (created if missing) that a command will write files into: raise
+    :class:`OutputPathError` unless it is (or can be made) a writable directory. Returns the
+    absolute path. A probe file is created and removed, so an unwritable place such as
+    ``/proc/x`` fails here, before any work."""
+    p = _as_str(path)
+    if p == "":
+        raise OutputPathError(f"{opt} empty directory name")
+    ap = os.path.abspath(p)
+    if os.path.lexists(ap) and not os.path.isdir(ap):
+        raise OutputPathError(f"{opt} {p}: exists and is not a directory")
     try:
-        with os.fdopen(fd, "wb") as f:
+        os.makedirs(ap, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".fa4verify-probe-", dir=ap)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputPathError(f"{opt} {p}: cannot write into this directory "
+                              f"({e.strerror or e})") from None
+    return ap
+
+
+# ------------------------------------------------------------------------------------- inputs
+def check_readable(path, *, limit: int = MAX_INPUT_BYTES) -> os.stat_result:
+    """Raise :class:`InputPathError` unless ``path`` is a readable regular file (a symlink to
+    one is fine) of at most ``limit`` bytes."""
+    path = _as_str(path)
+    if path == "":
+        raise InputPathError("empty file name")
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise InputPathError(f"{path}: cannot read ({e.strerror or e})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputPathError(f"{path}: is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputPathError(f"{path}: is {_kind(st.st_mode)}, not a regular file")
+    if st.st_size > limit:
+        raise InputPathError(f"{path}: larger than {limit:,} bytes ({st.st_size:,})")
+    return st
+
+
+def read_input(path, *, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (:class:`InputPathError` else)."""
+    check_readable(path, limit=limit)
+    path = _as_str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        raise InputPathError(f"{path}: cannot read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):   # swapped after the check
+            raise InputPathError(f"{path}: is {_kind(st.st_mode)}, not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InputPathError(f"{path}: larger than {limit:,} bytes")
+    return data
+
+
+def read_input_text(path, *, limit: int = MAX_INPUT_BYTES) -> str:
+    data = read_input(path, limit=limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputPathError(f"{_as_str(path)}: not UTF-8 text (a binary file?)") from None
+
+
+# ------------------------------------------------------------------------------------ outputs
+def _temp_for(path: str) -> str:
+    ap = os.path.abspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(ap)}.", suffix=".tmp",
+                               dir=os.path.dirname(ap))
+    os.close(fd)
+    return tmp
+
+
+def _write_temp(path: str, data: bytes) -> str:
+    tmp = _temp_for(path)
+    try:
+        with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, ap)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
+    return tmp
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold SIGINT (delivered right after) while the renames run, in the main thread."""
+    can = (hasattr(signal, "pthread_sigmask") and
+           threading.current_thread() is threading.main_thread())
+    if can:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        if can:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def commit(staged_files: Sequence[tuple[str, str]]) -> None:
+    """Rename ``(temporary, destination)`` pairs over their destinations, all or none.
+
+    Each destination is re-checked first (still absent or a regular file); the previous content
+    of each is kept as a hard link until every rename succeeded, and put back if one fails."""
+    for tmp, dest in staged_files:
+        check_writable(dest)
+    backups: list[tuple[str, str]] = []      # (backup, dest)
+    done: list[tuple[str, bool]] = []        # (dest, existed)
+    with _sigint_held():
+        try:
+            for tmp, dest in staged_files:
+                ap = os.path.abspath(dest)
+                existed = os.path.lexists(ap)
+                if existed and len(staged_files) > 1:
+                    b = _temp_for(ap)
+                    os.unlink(b)
+                    try:
+                        os.link(ap, b)
+                        backups.append((b, ap))
+                    except OSError:
+                        pass
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, ap)
+                done.append((ap, existed))
+        except BaseException:
+            restore = dict((d, b) for b, d in backups)
+            for ap, existed in done:
+                with contextlib.suppress(OSError):
+                    if ap in restore:
+                        os.replace(restore.pop(ap), ap)
+                    elif not existed:
+                        os.unlink(ap)
+            for b in restore.values():
+                with contextlib.suppress(OSError):
+                    os.unlink(b)
+            raise
+        for b, _ in backups:
+            with contextlib.suppress(OSError):
+                os.unlink(b)
+
+
+def write_all(outputs: Iterable[tuple[str, bytes]]) -> None:
+    """Write several files all-or-none: every temporary file first, then the renames
+    (:func:`commit`). On any error (or SIGINT) before the renames no destination changes."""
+    temps: list[tuple[str, str]] = []
+    try:
+        for path, data in outputs:
+            path = _as_str(path)
+            check_writable(path)
+            temps.append((_write_temp(path, data), path))
+        commit(temps)
+    except BaseException:
+        for tmp, _ in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def staged(paths: Mapping[str, "str | None"]) -> Iterator[dict[str, str]]:
+    """Temporary paths, in each destination's directory, for files a library function writes
+    itself; renamed over the destinations together when the block ends without an error,
+    removed otherwise. ``None`` destinations (and ``"-"``) are skipped.
+
+        with staged({"json": json_path}) as tmp:
+            write_json(result, tmp["json"])
+    """
+    temps: dict[str, str] = {}
+    try:
+        for key, p in paths.items():
+            if p is None or p == "-":
+                continue
+            check_writable(p)
+            temps[key] = _temp_for(_as_str(p))
+        yield dict(temps)
+        commit([(temps[k], _as_str(paths[k])) for k in temps])   # type: ignore[arg-type]
+    except BaseException:
+        for tmp in temps.values():
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    write_all([(path, data)])
 
 
 def atomic_write_text(path: str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def write_all(outputs: Iterable[tuple[str, bytes]]) -> None:
-    """Write several files atomically; if one fails, remove the ones this call created."""
-    done: list[tuple[str, bool]] = []
-    try:
-        for path, data in outputs:
-            existed = os.path.exists(path)
-            atomic_write_bytes(path, data)
-            done.append((path, existed))
-    except BaseException:
-        for p, existed in done:
-            if not existed:
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
-        raise

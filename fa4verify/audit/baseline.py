@@ -82,14 +82,53 @@ def config_mismatch(current_config: dict[str, Any], baseline: dict[str, Any]) ->
     return out
 
 
-_MERGE_KEYS = ("dtype", "profile", "seed", "archs", "device")
+_MERGE_KEYS = ("dtype", "profile", "seed", "archs", "device", "keyword")
+
+
+def check_shard_set(reports: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """The reports are exactly the shards 1..N of one audit (or one unsharded report): no shard
+    twice, none missing, no unsharded report among shards (raises ReportError). A merge of an
+    incomplete set would otherwise gate like a complete audit."""
+    shards: dict[tuple[int, int], str] = {}
+    plain: list[str] = []
+    for path, rep in reports:
+        s = (rep.get("config") or {}).get("shard")
+        if s is None:
+            plain.append(path)
+            continue
+        try:
+            a, b = str(s).split("/")
+            i, n = int(a), int(b)
+            if not 1 <= i <= n:
+                raise ValueError
+        except ValueError:
+            raise ReportError(f"{path}: config shard {s!r} is not I/N") from None
+        if (i, n) in shards:
+            raise ReportError(f"{path}: shard {i}/{n} is also {shards[(i, n)]}; each shard "
+                              "once")
+        shards[(i, n)] = path
+    if plain and (shards or len(plain) > 1):
+        raise ReportError(f"{plain[-1]}: not a shard (audit without --shard); merge only the "
+                          "shards 1..N of one audit")
+    ns = sorted({n for _, n in shards})
+    if len(ns) > 1:
+        raise ReportError(f"shards of different partitions ({', '.join(f'/{n}' for n in ns)}); "
+                          "not one audit")
+    if ns:
+        n = ns[0]
+        missing = [f"{i}/{n}" for i in range(1, n + 1) if (i, n) not in shards]
+        if missing:
+            raise ReportError(f"incomplete shard set: missing shard {', '.join(missing)} "
+                              f"(have {len(shards)} of {n}); a partial merge is not a complete "
+                              "audit")
 
 
 def merge(reports: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """Merge shard reports of one configuration into one report (raises ReportError).
 
-    All reports must share dtype, profile, seed, archs and device; an id that appears in two
-    reports must have the same status there (a re-run shard), else it is an error.  The merged
+    All reports must share dtype, profile, seed, archs, device and keyword, and be exactly the
+    shards 1..N of that audit (:func:`check_shard_set`); an id that appears in two reports must
+    have the same status there, else it is an error.  The merged
     exit code is recomputed from the merged results."""
     from fa4verify.audit.runner import CheckRecord, exit_code_for
 
@@ -117,6 +156,7 @@ def merge(reports: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
                 raise ReportError(f"{path}: check {r['id']} is {r['status']} here but "
                                   f"{old['status']} in another report")
             results.setdefault(r["id"], r)
+    check_shard_set(reports)
     merged_results = sorted(results.values(), key=lambda r: r["id"])
     recs = [CheckRecord.from_dict(r) for r in merged_results]
     code = exit_code_for(recs)

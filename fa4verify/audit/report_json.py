@@ -137,13 +137,15 @@ def validate(rep: Any, source: str = "report") -> dict[str, Any]:
 
 def load_report(path: str) -> dict[str, Any]:
     """Read and validate a JSON report; any problem is a one-line :class:`ReportError`."""
+    from fa4verify.audit.atomic import InputPathError, read_input_text
+
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ReportError(f"{path}: cannot read ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise ReportError(f"{path}: not UTF-8 text (corrupt report?)") from None
+        text = read_input_text(path)
+    except InputPathError as e:
+        msg = str(e)
+        if "not UTF-8" in msg:
+            msg = f"{path}: not UTF-8 text (corrupt report?)"
+        raise ReportError(msg) from None
     try:
         rep = json.loads(text)
     except json.JSONDecodeError as e:

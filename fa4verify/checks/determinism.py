@@ -9,7 +9,7 @@
 * ``determinism.fa4``      (cuda) production FA4: ``deterministic=True`` backward bitwise
                            reproducible with guard bands and NaN pre-fill, default-mode divergence,
                            and the recorded manifest (kernels/evidence/determinism) compared when the
-                           environment matches ("measured on H200").
+                           environment matches ("measured on <GPU> (sm_XY)").
 
 Work grows with the profile: quick/default use few runs in this process; ``full`` runs the whole
 ``h200`` matrix with 100 runs x 3 fresh processes (what ``fa4verify determinism`` does).

@@ -1,8 +1,11 @@
 """Audit checks for FA4's polynomial exp2 emulation (CPU twin).
 
-``exp2.deg3`` / ``exp2.deg5``: the emulation's error over [-127, 8] (FA4's exponent arguments never
-exceed ``max_offset + rescale_threshold`` = 8) against an a-priori bound, for the audited dtype's
-rounding (bf16 or fp16). quick/default profiles: a stratified sample of 2^20 fp32 inputs plus
+``exp2.deg3`` / ``exp2.deg5``: the emulation's error over FA4's range [-127, 8] (its exponent
+arguments never exceed ``max_offset + rescale_threshold`` = 8) against an a-priori bound, for the
+audited dtype's rounding (bf16 or fp16): the main domain [-126, 8] (normal results) is judged
+against the relative bound below; the flush band (-127, -126), where the emulation writes a
+subnormal, is reported apart and judged against the stage budget's absolute floor
+``f32_min_normal`` (error_budgets ``stage.exp2_emu``). quick/default profiles: a stratified sample of 2^20 fp32 inputs plus
 the certified polynomial bound (a few seconds); full: 2^23 inputs; exhaustive: every fp32 input
 (``fa4verify.exp2_cert.sweep``, about a minute on 2 cores).
 
@@ -26,7 +29,11 @@ import math
 
 from fa4verify.audit.registry import CheckContext, CheckResult, check
 
-__all__ = ["apriori_bound", "stratified_sample"]
+__all__ = ["apriori_bound", "stratified_sample", "flush_band", "judge_mufu", "budget_constants"]
+
+MAIN_LO = -126.0            #: smallest x with a normal 2^x (the main domain is [-126, hi])
+FLUSH_BAND = (-127.0, -126.0)
+_SUB_ULP = 2.0**-149        #: fp32 spacing of subnormals (the ulp of an exact value < 2^-126)
 
 _SAMPLE = {"quick": 1 << 20, "default": 1 << 20, "full": 1 << 23}
 _FMT = {"bf16": ("bf16", 7), "fp16": ("f16", 10)}
@@ -71,7 +78,8 @@ def _run_degree(ctx: CheckContext, degree: int) -> CheckResult:
     fmt, p = _FMT[ctx.dtype]
     pb = certified_sup_rel_error(params.poly_ex2[degree], rel_tol=1e-4 if ctx.profile_level < 2 else 1e-6)
     B = apriori_bound(pb.upper, degree)
-    lo, hi = -127.0, params.max_exp2_argument
+    lo, hi = FLUSH_BAND[0], params.max_exp2_argument
+    consts = budget_constants(ctx.dtype, "sm100")
     if ctx.profile == "exhaustive":
         with ctx.progress(None, f"exp2 degree {degree}: every fp32 input of [{lo}, {hi}]") as bar:
             last = [0]
@@ -83,7 +91,7 @@ def _run_degree(ctx: CheckContext, degree: int) -> CheckResult:
         st, mode = res.stats, "exhaustive"
     else:
         n = _SAMPLE[ctx.profile]
-        x = stratified_sample(ctx.rng(degree), n, -126.0, hi)
+        x = stratified_sample(ctx.rng(degree), n, MAIN_LO, hi)
         with ctx.progress(x.size, f"exp2 degree {degree}: stratified sample") as bar:
             st = ec.direct_stats(x, ec.emu_direct(x, ec._coeffs(degree)))
             bar.advance(x.size)
@@ -95,9 +103,12 @@ def _run_degree(ctx: CheckContext, degree: int) -> CheckResult:
     ok_rel = st.max_rel <= B
     ok_ulp = u_fmt <= bound_ulp
     ok_mono = st.mono_violations == 0
-    status = "pass" if (ok_rel and ok_ulp and ok_mono) else "fail"
+    band = flush_band(degree, consts["f32_min_normal"])
+    ok_band = band["within_floor"]
+    status = "pass" if (ok_rel and ok_ulp and ok_mono and ok_band) else "fail"
     why = [] if status == "pass" else [w for w, ok in (("max_rel_error > bound", ok_rel), (f"{fmt} ulp > bound", ok_ulp),
-                                                        ("monotonicity violated", ok_mono)) if not ok]
+                                                        ("monotonicity violated", ok_mono),
+                                                        ("flush band error > f32_min_normal", ok_band)) if not ok]
     rate_in = wrong / st.n if st.n else float("nan")
     rate_val = getattr(st, f"weight_wrong_{fmt}") / st.weight if st.weight else float("nan")
     metrics = {
@@ -107,13 +118,18 @@ def _run_degree(ctx: CheckContext, degree: int) -> CheckResult:
         f"wrong_rate_{ctx.dtype}_uniform_in_value": rate_val,
         "monotonicity_violations": st.mono_violations, "n_inputs": st.n,
         "poly_bound_upper": pb.upper, "apriori_bound": B,
+        "flush_band.abs_error_bound": band["abs_error_bound"],
     }
-    summary = (f"degree {degree} over [{lo:g}, {hi:g}] ({mode}): max rel {st.max_rel:.4e} <= bound {B:.4e}, "
+    summary = (f"degree {degree}, main domain [{MAIN_LO:g}, {hi:g}] ({mode}): max rel {st.max_rel:.4e} "
+               f"{'<=' if ok_rel else '>'} bound {B:.4e}, "
                f"{st.max_ulp32} fp32 ulp, {u_fmt:.4f} {ctx.dtype} ulp after RN, wrong {ctx.dtype} "
-               f"{rate_val:.3%} of the range ({rate_in:.3%} of fp32 inputs)")
+               f"{rate_val:.3%} of the range ({rate_in:.3%} of fp32 inputs); flush band "
+               f"({lo:g}, {MAIN_LO:g}) apart: {band['n_inputs']:,} inputs, |error| <= "
+               f"{band['abs_error_bound'] / 2.0**-126:.6f} x 2^-126 {'<' if ok_band else '>='} f32_min_normal (absolute floor)")
     if why:
         summary = "FAIL: " + ", ".join(why) + "; " + summary
-    details = {"mode": mode, "range": [lo, hi], "params_source": params.source,
+    details = {"mode": mode, "range": [lo, hi], "main_domain": [MAIN_LO, hi], "flush_band": band,
+               "params_source": params.source,
                "certified_poly_bound": pb.as_dict(), "stats": st.as_dict(),
                "note": "Note [exp2 a-priori bound] in fa4verify/checks/exp2.py",
                "plot": {"kind": "bars", "title": f"exp2 degree {degree}: measured vs a-priori bound",
@@ -123,6 +139,97 @@ def _run_degree(ctx: CheckContext, degree: int) -> CheckResult:
     tight = max(st.max_rel / B, max(0.0, u_fmt - 0.5) / (B * 2.0 ** (p + 1)))
     return CheckResult(status=status, where="CPU twin", summary=summary, metrics=metrics, details=details,
                        tightness=tight)
+
+
+def budget_constants(dtype: str, arch: str) -> dict:
+    """The constants of the budget set FA4's exp2 stages are judged against (``emu_rel``,
+    ``mufu_ex2_rel``, ``f32_min_normal``; ``$FA4VERIFY_BUDGET_FILE`` honoured)."""
+    from fa4verify.error_budgets import loader
+    dt = {"fp8": "fp8_e4m3"}.get(dtype, dtype)
+    have = loader.available()
+    if (dt, arch) not in have:
+        arch = next((a for d, a in have if d == dt), "sm100")
+    return dict(loader.load(dt, arch).constants)
+
+
+def flush_band(degree: int, floor: float = 2.0**-126) -> dict:
+    """The emulation on every fp32 input of the flush band (-127, -126) (CPU twin): exact 2^x and
+    the result are both below 2^-126, so the error is judged in absolute terms against the
+    stage's floor ``f32_min_normal``; the fp32 ulp there is 2^-149."""
+    from fa4verify import exp2_cert as ec
+    sr = ec.edge_report(degree)["subnormal_region"]
+    bound = sr["max_ulp_fp32"] * _SUB_ULP
+    return {"range": list(FLUSH_BAND), "n_inputs": sr["n_inputs"], "max_ulp_fp32": sr["max_ulp_fp32"],
+            "abs_error_bound": bound, "floor": floor, "within_floor": bound < floor,
+            "wrong_count_fp32": sr["wrong_count_fp32"], "where": "CPU twin"}
+
+
+def judge_mufu(stats: dict, constants: dict) -> list[dict]:
+    """Judge the GPU-recorded exp2 statistics (``tests/data/golden/mufu_stats.json``): MUFU
+    ex2.approx against ``mufu_ex2_rel``, the GPU emulation against ``emu_rel``, both on the main
+    domain (x >= -126) in relative terms; a range that includes the flush band (-127, -126) is
+    split: its main part is the companion ``[-126, hi]`` entry, and the band is judged against the
+    absolute floor ``f32_min_normal`` (exact values < 2^-126, ulp 2^-149), never as a headline of
+    millions of ulps. Returns one row per judged part: key, part, range, inputs, measured, budget,
+    budget_name, status ("pass" | "fail" | "undecided"), text."""
+    floor = float(constants.get("f32_min_normal", 2.0**-126))
+    ents = {k: e for k, e in (stats or {}).items() if isinstance(e, dict) and k.startswith("ex2")}
+    rows: list[dict] = []
+
+    def num(v):
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    for key, e in ents.items():
+        emu = key.startswith("ex2_emulation")
+        bname = "emu_rel" if emu else "mufu_ex2_rel"
+        budget = float(constants[bname])
+        rng = e.get("range") or [None, None]
+        lo, hi = num(rng[0]), num(rng[1])
+        rel, n = num(e.get("max_rel_err")), e.get("inputs")
+        if lo is None or hi is None:
+            rows.append({"key": key, "part": "main", "range": rng, "inputs": n, "measured": rel,
+                         "budget": budget, "budget_name": bname, "status": "undecided",
+                         "text": f"{key}: no numeric range recorded"})
+            continue
+        if lo >= MAIN_LO:
+            ok = rel is not None and rel <= budget
+            rows.append({"key": key, "part": "main", "range": [lo, hi], "inputs": n, "measured": rel,
+                         "budget": budget, "budget_name": bname, "status": "pass" if ok else "fail",
+                         "text": f"{key}: max rel {rel if rel is None else format(rel, '.4g')} "
+                                 f"{'<=' if ok else '>'} {bname} {budget:.4g}"})
+            continue
+        # a range reaching into the flush band: judge the band apart
+        prefix = key.split(" [")[0]
+        main = next((e2 for k2, e2 in ents.items() if k2 != key and k2.split(" [")[0] == prefix
+                     and num((e2.get("range") or [None])[0]) == MAIN_LO
+                     and num((e2.get("range") or [None, None])[1]) == hi), None)
+        ulp = num(e.get("max_err")) if str(e.get("error_unit", "")).startswith("fp32 ulp") else None
+        bound = ulp * _SUB_ULP if ulp is not None else None
+        n_band = (n - main["inputs"]) if (main is not None and isinstance(n, int)
+                                          and isinstance(main.get("inputs"), int)) else None
+        zeros = None
+        if main is not None and isinstance(e.get("zero_outputs"), int):
+            zeros = e["zero_outputs"] - int(main.get("zero_outputs") or 0)
+        if bound is None:
+            st, txt = "undecided", f"{key}: flush band ({lo:g}, {MAIN_LO:g}): no fp32-ulp figure to bound it"
+        else:
+            ok = bound < floor
+            st = "pass" if ok else "fail"
+            txt = (f"{key}: flush band [{lo:g}, {MAIN_LO:g}) apart: "
+                   + (f"{n_band:,} inputs" if n_band is not None else "inputs")
+                   + (f", {zeros:,} flushed to 0 by .ftz" if zeros is not None else "")
+                   + f"; |error| <= {bound / floor:.6f} x 2^-126 {'<' if ok else '>='} f32_min_normal "
+                     "(the stage's absolute floor)")
+        rows.append({"key": key, "part": "flush band", "range": [lo, MAIN_LO], "inputs": n_band,
+                     "measured": bound, "budget": floor, "budget_name": "f32_min_normal",
+                     "status": st, "text": txt})
+        if main is None:
+            rows.append({"key": key, "part": "main", "range": [MAIN_LO, hi], "inputs": None,
+                         "measured": None, "budget": budget, "budget_name": bname,
+                         "status": "undecided",
+                         "text": f"{key}: no separate [{MAIN_LO:g}, {hi:g}] figure to judge the main "
+                                 "domain"})
+    return rows
 
 
 def _cpus() -> int:
@@ -200,34 +307,49 @@ def emulated_share(ctx: CheckContext) -> CheckResult:
                                           "rows": rows}})
 
 
-@check("exp2.mufu", title="MUFU ex2.approx statistics (GPU-recorded)", needs={"cpu"},
-       profiles={"default", "full", "exhaustive"})
+@check("exp2.mufu", title="MUFU ex2.approx and GPU emulation statistics (GPU-recorded) vs their budgets",
+       needs={"cpu"}, profiles={"default", "full", "exhaustive"})
 def mufu(ctx: CheckContext) -> CheckResult:
     from fa4verify.cli.exp2 import mufu_section
     m = mufu_section()
-    if m["status"] != "measured on H200":
+    if m["status"] != "recorded":
         return CheckResult(status="skip", summary=f"MUFU ex2.approx: {m['status']} ({m.get('note', '')})")
     import re
     stats = m["stats"].get("stats", {}) if isinstance(m["stats"], dict) else {}
-    metrics, rows = {}, []
-    for key, e in stats.items():
-        if not (isinstance(e, dict) and key.startswith(("ex2", "ex2_emulation"))):
-            continue
-        slug = re.sub(r"[^a-z0-9]+", "_", key.lower().replace("-", "m")).strip("_")
-        if isinstance(e.get("max_rel_err"), (int, float)):
-            metrics[f"{slug}.max_rel_error"] = e["max_rel_err"]
-        if e.get("error_unit", "").startswith("fp32 ulp") and isinstance(e.get("max_err"), (int, float)):
-            metrics[f"{slug}.max_ulp_fp32"] = e["max_err"]
-        rows.append([key, e.get("inputs"), e.get("max_rel_err"), e.get("argmax_rel_x"), e.get("max_err"),
-                     e.get("error_unit")])
+    rows = judge_mufu(stats, budget_constants(ctx.dtype, "sm90"))
     if not rows:
         return CheckResult(status="skip", summary=f"{m['source']} has no ex2 entries")
+    metrics, table = {}, []
+    for r in rows:
+        slug = re.sub(r"[^a-z0-9]+", "_", r["key"].lower().replace("-", "m")).strip("_")
+        if r["measured"] is not None:
+            name = "max_rel_error" if r["part"] == "main" else "flush_band_abs_error_bound"
+            metrics[f"{slug}.{name}"] = r["measured"]
+        table.append([r["key"], r["part"], r["range"], r["inputs"], r["measured"], r["budget_name"],
+                      r["budget"], r["status"]])
+    statuses = {r["status"] for r in rows}
+    status = "fail" if "fail" in statuses else ("undecided" if "undecided" in statuses else "pass")
+    main = [r for r in rows if r["part"] == "main" and r["measured"] is not None]
+    tight = max((r["measured"] / r["budget"] for r in main if r["budget"] > 0), default=None)
+    worst = {}
+    for r in main:
+        b = r["budget_name"]
+        if b not in worst or r["measured"] / r["budget"] > worst[b]["measured"] / worst[b]["budget"]:
+            worst[b] = r
+    head = "; ".join(f"{'MUFU ex2.approx' if b == 'mufu_ex2_rel' else 'GPU emulation'} max rel "
+                     f"{r['measured']:.4g} {'<=' if r['measured'] <= r['budget'] else '>'} {b} {r['budget']:.4g}"
+                     for b, r in worst.items())
+    band = [r for r in rows if r["part"] == "flush band"]
+    bad = [r["text"] for r in rows if r["status"] != "pass"]
+    summary = (("FAIL: " if status == "fail" else "UNDECIDED: " if status == "undecided" else "")
+               + head + (f"; {len(band)} flush band range(s) (-127, -126) judged apart against f32_min_normal"
+                         if band else "")
+               + (f"; {bad[0]}" if bad else "") + f" (read from {m['source']})")
     from fa4verify.audit.evidence import recording_from_versions
     rec = recording_from_versions("mufu_stats.json", (m["stats"].get("provenance") or {}).get("versions"))
     where = rec.require_applies(ctx, fa4=False, any_arch=True, any_gpu=True)
-    return CheckResult(status="pass", where=where,
-                       summary=f"MUFU ex2.approx and GPU emulation statistics read from {m['source']} "
-                               f"({len(rows)} ranges; reported, not judged here)",
-                       metrics=metrics,
-                       details={"table": {"columns": ["range", "inputs", "max_rel_err", "argmax", "max_err", "unit"],
-                                          "rows": rows}, "provenance": m["stats"].get("provenance")})
+    return CheckResult(status=status, where=where, summary=summary, metrics=metrics,
+                       tightness=tight,
+                       details={"table": {"columns": ["range", "part", "x", "inputs", "measured", "budget",
+                                                      "value", "status"], "rows": table},
+                                "judged": rows, "provenance": m["stats"].get("provenance")})

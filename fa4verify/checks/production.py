@@ -20,7 +20,7 @@
   ``fa4verify.kernels.fa4_params``); a recording for another FA4 version is not applied.
 
 The golden checks run on the CPU from data recorded on the H200; their figures are labelled
-"measured on H200" (the GPU bits) and the files' provenance is in ``details``.
+"recorded on <GPU> (sm_XY)" (the GPU bits) and the files' provenance is in ``details``.
 """
 from __future__ import annotations
 

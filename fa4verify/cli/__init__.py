@@ -28,6 +28,10 @@ class ExitCode(enum.IntEnum):
     UNDECIDED = 10       #: a certified comparison could not decide (interval too wide)
 
 
+#: SIGINT (Ctrl-C): 128 + SIGINT, the shell's convention; files written earlier stay intact.
+INTERRUPTED = 130
+
+
 # name -> (module, short help). Keep alphabetical.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("fa4verify.cli.audit", "Run every check, write reports, gate a release."),
@@ -84,8 +88,19 @@ def main(argv=None) -> int:
     """Console entry point: never lets a traceback reach a user for bad input."""
     try:
         rv = cli.main(args=argv, prog_name="fa4verify", standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        if isinstance(e.__context__, KeyboardInterrupt):
+            click.echo("fa4verify: interrupted", err=True)
+            return INTERRUPTED
         click.echo("fa4verify: aborted", err=True)
+        return int(ExitCode.USAGE)
+    except click.UsageError as e:  # one line, as every subcommand's (fa4verify.cli._common)
+        from fa4verify.cli._common import OneLineUsageError
+
+        if not isinstance(e, OneLineUsageError):
+            prog = e.ctx.command_path if e.ctx is not None else "fa4verify"
+            e = OneLineUsageError(e.format_message(), prog=prog)
+        e.show()
         return int(ExitCode.USAGE)
     except click.ClickException as e:
         e.show()
@@ -94,7 +109,7 @@ def main(argv=None) -> int:
         return int(e.exit_code)
     except KeyboardInterrupt:
         click.echo("fa4verify: interrupted", err=True)
-        return int(ExitCode.USAGE)
+        return INTERRUPTED
     except BrokenPipeError:
         return 0
     except Exception as e:  # pragma: no cover - last resort

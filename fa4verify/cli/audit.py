@@ -7,6 +7,7 @@ skipped or none selected); 10 undecided.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -15,55 +16,13 @@ import click
 from fa4verify._options import OptionError, build_config, click_options
 
 
-class OneLineUsageError(click.ClickException):
-    """Bad input or unusable environment: one line on stderr, exit 2 (ExitCode.USAGE)."""
-
-    exit_code = 2
-
-    def __init__(self, message: str, prog: str = "fa4verify audit") -> None:
-        super().__init__(message)
-        self.prog = prog
-
-    def show(self, file=None) -> None:  # noqa: D102 - click API
-        click.echo(f"{self.prog}: error: {self.format_message()}", err=True)
+from fa4verify.cli._common import (  # noqa: E402,F401 - shared by every subcommand
+    FiniteFloat, OneLineCommand, OneLineGroup, OneLineUsageError, _prog,
+)
 
 
 def _usage(msg: str) -> OneLineUsageError:
     return OneLineUsageError(msg)
-
-
-def _prog(parent, info_name) -> str:
-    if parent is not None:
-        return f"{parent.command_path} {info_name}"
-    return f"fa4verify {info_name}"
-
-
-class OneLineCommand(click.Command):
-    """A click command whose parse errors (unknown option, bad value) are one line, exit 2."""
-
-    def make_context(self, info_name, args, parent=None, **extra):
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except click.UsageError as e:
-            raise OneLineUsageError(e.format_message(), prog=_prog(parent, info_name)) from None
-
-
-class OneLineGroup(click.Group):
-    """A click group with one-line parse errors (see :class:`OneLineCommand`)."""
-
-    command_class = OneLineCommand
-
-    def make_context(self, info_name, args, parent=None, **extra):
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except click.UsageError as e:
-            raise OneLineUsageError(e.format_message(), prog=_prog(parent, info_name)) from None
-
-    def resolve_command(self, ctx, args):
-        try:
-            return super().resolve_command(ctx, args)
-        except click.UsageError as e:
-            raise OneLineUsageError(e.format_message(), prog=_prog(ctx.parent, ctx.info_name)) from None
 
 
 def _list(specs, selected, config, console) -> None:
@@ -102,7 +61,8 @@ def _list(specs, selected, config, console) -> None:
               help="Write the self-contained HTML report (plots embedded).")
 @click.option("--baseline", "baseline_path", default=None, metavar="FILE",
               help="Previous JSON report: also fail (exit 1) on any metric regression.")
-@click.option("--regression-rtol", default=0.0, type=float, show_default=True, metavar="R",
+@click.option("--regression-rtol", default=0.0, type=FiniteFloat(min=0.0), show_default=True,
+              metavar="R",
               help="Relative growth of a metric tolerated before it counts as a regression.")
 @click.option("--live/--no-live", "live", default=None,
               help="Live progress display (default: on a TTY only).")
@@ -122,6 +82,7 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     from fa4verify.audit.atomic import OutputPathError, check_outputs
     from fa4verify.audit.report_json import ReportError, load_report
     from fa4verify.audit.runner import KeywordError, compile_keyword, load_specs, select
+    from fa4verify.error_budgets.loader import BUDGET_FILE_ENV, budget_file_from_env
 
     t_start = time.time()
     try:
@@ -133,19 +94,37 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         compile_keyword(keyword)
     except (OptionError, KeywordError) as e:
         raise _usage(str(e)) from None
-    if regression_rtol < 0:
-        raise _usage(f"--regression-rtol {regression_rtol}: must be >= 0")
+    inputs = [("--baseline", baseline_path)]
+    inputs += [("--checks-module", m) for m in config.checks_modules if m.endswith(".py")]
+    from fa4verify.audit.atomic import InputPathError, check_readable
+
+    for opt, m in inputs[1:]:
+        if os.path.lexists(m):   # a FIFO or device given as a check module would hang the import
+            try:
+                check_readable(m)
+            except InputPathError as e:
+                raise _usage(f"{opt} {e}") from None
+    budget_file = budget_file_from_env()
+    if budget_file is not None:
+        inputs.append((BUDGET_FILE_ENV, budget_file))
     try:
         check_outputs([("--json", json_path), ("--junit", junit_path), ("--html", html_path)],
-                      duplicate_message="--json, --junit and --html must name different files")
+                      inputs=inputs)
     except OutputPathError as e:
         raise _usage(str(e)) from None
     baseline = None
-    if baseline_path:
+    if baseline_path is not None:
         try:
             baseline = load_report(baseline_path)
         except ReportError as e:
             raise _usage(f"--baseline {e}") from None
+    if budget_file is not None:
+        from fa4verify.error_budgets.loader import BudgetError, load_file
+
+        try:
+            load_file(budget_file)
+        except BudgetError as e:
+            raise _usage(f"{BUDGET_FILE_ENV}: {e}") from None
 
     from fa4verify.audit.terminal import TerminalReporter, make_console, render_verdict
 
@@ -173,10 +152,12 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
                           results=results, exit_code=code, duration_s=time.time() - t_start,
                           command=_command_line(), baseline=bl)
     report["summary"]["discovered"] = run.discovered
+    if budget_file is not None:
+        report["config"]["budget_file"] = budget_file
     try:
         write_reports(report, json_path=json_path, junit_path=junit_path, html_path=html_path)
     except OSError as e:
-        click.echo(f"fa4verify audit: cannot write report: {e}", err=True)
+        click.echo(f"fa4verify audit: error: cannot write report: {e}", err=True)
         render_verdict(report, console)
         return 2
     render_verdict(report, console)
@@ -188,8 +169,6 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
 
 def _command_line() -> list[str]:
     """argv of this run when started as the ``fa4verify`` program, else the command path."""
-    import os
-
     prog = os.path.basename(sys.argv[0]) if sys.argv else ""
     if prog in ("fa4verify", "__main__.py"):
         return ["fa4verify"] + sys.argv[1:]
@@ -203,13 +182,13 @@ def write_reports(report, *, json_path=None, junit_path=None, html_path=None) ->
     from fa4verify.audit.report_json import dumps
 
     outs = []
-    if json_path:
+    if json_path is not None:
         outs.append((json_path, dumps(report).encode("utf-8")))
-    if junit_path:
+    if junit_path is not None:
         from fa4verify.audit.report_junit import render as junit
 
         outs.append((junit_path, junit(report)))
-    if html_path:
+    if html_path is not None:
         from fa4verify.audit.report_html import render as html
 
         outs.append((html_path, html(report).encode("utf-8")))

@@ -16,32 +16,43 @@ import sys
 import click
 
 from fa4verify.cli import ExitCode
+from fa4verify.cli._common import OneLineGroup, usage
 
 
 def _load(dtype: str | None, arch: str | None, file: str | None):
     from fa4verify.error_budgets import loader
-    if file:
+    if file is not None:
         return [loader.load_file(file)]
     pairs = loader.available()
     if dtype:
         dt = loader.DTYPE_ALIASES.get(dtype)
         if dt is None:
-            raise click.BadParameter(f"unknown dtype {dtype!r} (bf16, fp16, fp8)",
-                                     param_hint="--dtype")
+            raise usage(f"--dtype: unknown dtype {dtype!r} (bf16, fp16, fp8)")
         pairs = [p for p in pairs if p[0] == dt]
     if arch:
         pairs = [p for p in pairs if p[1] == arch]
     if not pairs:
-        raise click.UsageError(f"no budget file for dtype={dtype or '*'} arch={arch or '*'}")
+        raise usage(f"no budget file for dtype={dtype or '*'} arch={arch or '*'}")
     return [loader.load(d, a) for d, a in pairs]
 
 
 def _fail(e: Exception) -> None:
-    click.echo(f"fa4verify budgets: {e}", err=True)
-    raise SystemExit(int(ExitCode.USAGE))
+    raise usage(str(e)) from None
 
 
-@click.group("budgets")
+def _json_safe(o):
+    """JSON has no NaN/inf: non-finite floats become the strings "nan", "inf", "-inf"."""
+    import math
+    if isinstance(o, float) and not math.isfinite(o):
+        return "nan" if math.isnan(o) else ("inf" if o > 0 else "-inf")
+    if isinstance(o, dict):
+        return {str(k): _json_safe(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_json_safe(v) for v in o]
+    return o
+
+
+@click.group("budgets", cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def command():
     """Show and validate the per-stage error budgets (error_budgets/*.toml)."""
 
@@ -69,13 +80,13 @@ def show(dtype, arch, file, kind, as_json):
         out = []
         for s in sets:
             out.append({"dtype": s.dtype, "arch": s.arch, "files": list(s.files),
-                        "constants": {k: v for k, v in s.constants.items()},
+                        "constants": {k: float(v) for k, v in s.constants.items()},
                         "entries": [{"name": b.name, "kind": b.kind, "formula": b.text,
                                      "dim": b.dim, "unit": b.unit, "confidence": b.confidence,
                                      "reason": b.reason, "statistics": list(b.stats)}
                                     for b in s.entries.values()
                                     if kind == "all" or b.kind == kind]})
-        click.echo(json.dumps(out, indent=1))
+        click.echo(json.dumps(_json_safe(out), indent=1, allow_nan=False))
         return
     from rich.console import Console
     from rich.table import Table
@@ -110,8 +121,8 @@ def validate(files):
     except loader.BudgetError as e:
         _fail(e)
     if not sets:
-        click.echo("fa4verify budgets: no budget files found", err=True)
-        raise SystemExit(int(ExitCode.NOTHING_RAN))
+        click.echo("fa4verify budgets validate: error: no budget files found", err=True)
+        raise click.exceptions.Exit(int(ExitCode.NOTHING_RAN))
     for s in sets:
         click.echo(f"ok  {s.dtype:9s} {s.arch:6s} {len(s.entries):3d} entries  {s.files[-1]}")
 

@@ -21,11 +21,12 @@ import time
 import click
 
 from fa4verify.cli import ExitCode
+from fa4verify.cli._common import (FiniteFloat, OneLineCommand, check_inputs, check_output_dir,
+                                   check_outputs, json_bytes, usage, write_outputs)
 
 
 def _err(msg: str, code: ExitCode = ExitCode.USAGE) -> None:
-    click.echo(f"fa4verify determinism: {msg}", err=True)
-    raise SystemExit(int(code))
+    raise usage(msg)
 
 
 def _fmt_div(dm: dict | None) -> str:
@@ -83,7 +84,7 @@ def _print_report(report: dict, against: dict | None, timing: list[dict]) -> Non
                            + (f" tensors={e['tensors']}" if e.get("tensors") else ""))
 
 
-@click.command("determinism", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("determinism", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--runs", type=int, default=100, show_default=True, metavar="N",
               help="Deterministic backward runs per process and device.")
 @click.option("--processes", type=int, default=3, show_default=True, metavar="P",
@@ -91,14 +92,13 @@ def _print_report(report: dict, against: dict | None, timing: list[dict]) -> Non
 @click.option("--configs", "configs", multiple=True, metavar="SPEC",
               help="Matrix name (h200, cpu), configuration names, globs (gqa-*) or @file.json; "
                    "repeatable, comma-separated. Default: h200 for --backend fa4, cpu otherwise.")
-@click.option("--manifest", type=click.Path(dir_okay=False), default=None, metavar="F",
+@click.option("--manifest", default=None, metavar="F",
               help="Write the digest manifest of this run to F.")
-@click.option("--against", type=click.Path(dir_okay=False), default=None, metavar="F",
+@click.option("--against", default=None, metavar="F",
               help="Compare this run's digests with the manifest F.")
 @click.option("--strict-env", is_flag=True, help="With --against: a different environment key "
               "counts as a mismatch.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True),
-              default=None, metavar="F", help="Write the full report (JSON) to F ('-' = stdout).")
+@click.option("--json", "json_out", default=None, metavar="F", help="Write the full report (JSON) to F ('-' = stdout).")
 @click.option("--default-mode/--no-default-mode", default=True, show_default=True,
               help="Also run the default (non-deterministic) mode and measure its divergence.")
 @click.option("--default-runs", type=int, default=None, metavar="N",
@@ -114,11 +114,11 @@ def _print_report(report: dict, against: dict | None, timing: list[dict]) -> Non
                    "(CPU reference for the harness), or module:attr.")
 @click.option("--guard-bytes", type=int, default=None, metavar="B",
               help="Guard band width per side in bytes (default 4096).")
-@click.option("--time-budget", type=float, default=None, metavar="S",
+@click.option("--time-budget", type=FiniteFloat(min=0.0, min_open=True), default=None, metavar="S",
               help="Seconds per worker after which remaining configurations are 'not-run'.")
 @click.option("--serial", is_flag=True, help="Run the processes one after another "
               "(default: concurrently).")
-@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+@click.option("--workdir", default=None,
               help="Keep worker specs, records and logs here (default: a temporary directory).")
 @click.option("--list-configs", is_flag=True, help="List the selected configurations and exit.")
 def command(runs, processes, configs, manifest, against, strict_env, json_out, default_mode,
@@ -128,34 +128,41 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
     from fa4verify import determinism as d
 
     if runs < 1:
-        raise click.BadParameter(f"must be >= 1, got {runs}", param_hint="--runs")
+        raise usage(f"--runs: must be >= 1, got {runs}")
     if processes < 1:
-        raise click.BadParameter(f"must be >= 1, got {processes}", param_hint="--processes")
+        raise usage(f"--processes: must be >= 1, got {processes}")
     if default_runs is not None and default_runs < 0:
-        raise click.BadParameter(f"must be >= 0, got {default_runs}", param_hint="--default-runs")
+        raise usage(f"--default-runs: must be >= 0, got {default_runs}")
     if timing_reps < 1:
-        raise click.BadParameter(f"must be >= 1, got {timing_reps}", param_hint="--timing-reps")
+        raise usage(f"--timing-reps: must be >= 1, got {timing_reps}")
     if guard_bytes is not None and guard_bytes < 16:
-        raise click.BadParameter(f"must be >= 16, got {guard_bytes}", param_hint="--guard-bytes")
-    if strict_env and not against:
-        raise click.UsageError("--strict-env needs --against")
+        raise usage(f"--guard-bytes: must be >= 16, got {guard_bytes}")
+    if strict_env and against is None:
+        raise usage("--strict-env needs --against")
+    cfg_files = [("--configs", c[1:]) for v in configs for c in v.split(",") if c.strip().startswith("@")]
+    inputs = [("--against", against)] + cfg_files
+    check_inputs(inputs)
+    check_outputs([("--manifest", manifest), ("--json", json_out)], inputs=inputs,
+                  allow_dash=("--json",))
+    if workdir is not None:
+        workdir = check_output_dir("--workdir", workdir)
     default_matrix = "h200" if backend == "fa4" else "cpu"
     try:
         cfgs = d.select_configs(list(configs) or None, default=default_matrix)
     except ValueError as ex:
-        raise click.BadParameter(str(ex), param_hint="--configs")
+        raise usage(f"--configs: {ex}") from None
     if list_configs:
         for c in cfgs:
             click.echo(f"{c.name:<28} {c.key()}")
         return
     reference = None
-    if against:
+    if against is not None:
         try:
             reference = d.load_manifest(against)
         except ValueError as ex:
-            raise click.BadParameter(str(ex), param_hint="--against")
+            raise usage(f"--against: {ex}") from None
     if backend not in ("fa4", "torch-math") and not backend.startswith("twin") and ":" not in backend:
-        raise click.BadParameter(f"unknown backend {backend!r}", param_hint="--backend")
+        raise usage(f"--backend: unknown backend {backend!r}")
 
     # environment check in this process: no GPU -> exit 2 with the reason
     try:
@@ -167,7 +174,7 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
     try:
         devs = d.resolve_devices(devices or "", be.name)
     except ValueError as ex:
-        raise click.BadParameter(str(ex), param_hint="--devices")
+        raise usage(f"--devices: {ex}") from None
     ndef = (runs if default_runs is None else default_runs) if default_mode else 0
 
     tmp = None
@@ -211,17 +218,16 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
         man = d.build_manifest(report, env, provenance=prov)
         cmp_ = d.compare_manifests(man, reference, strict_env=strict_env) if reference else None
         report["against"] = cmp_
-        if manifest:
-            with open(manifest, "w") as f:
-                json.dump(man, f, indent=1, sort_keys=True)
-                f.write("\n")
-        if json_out:
-            text = json.dumps(report, indent=1, sort_keys=True, default=str)
+        outs = []
+        if manifest is not None:
+            outs.append((manifest, json_bytes(man, sort_keys=True)))
+        if json_out is not None:
+            text = json_bytes(report, sort_keys=True)
             if json_out == "-":
-                click.echo(text)
+                click.echo(text.decode().rstrip("\n"))
             else:
-                with open(json_out, "w") as f:
-                    f.write(text + "\n")
+                outs.append((json_out, text))
+        write_outputs(outs)
         if json_out != "-":
             _print_report(report, cmp_, timing_recs)
         for f_ in fatal:
@@ -234,4 +240,4 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
         code = int(ExitCode.VIOLATION)
     if cmp_ is not None and cmp_["failed"]:
         code = int(ExitCode.VIOLATION)
-    raise SystemExit(code)
+    raise click.exceptions.Exit(code)

@@ -17,6 +17,15 @@ from pathlib import Path
 import click
 
 from fa4verify.cli import ExitCode
+from fa4verify.cli._common import OneLineCommand, check_outputs, usage, write_outputs
+
+#: Largest --sample (each input costs ~100 bytes of temporaries; --exhaustive covers every input).
+MAX_SAMPLE = 1 << 24
+#: Largest --jobs (worker processes).
+MAX_JOBS = 64
+#: The fp32 exponent arguments of the emulation: below -127 FA4 clamps (result 0), >= 128 the
+#: exponent field overflows; a range must be made of float32 values.
+F32_MAX = 3.4028234663852886e38
 
 from fa4verify.kernels.evidence import evidence_path
 
@@ -46,19 +55,27 @@ def _degrees(spec: str) -> list[int]:
     try:
         d = int(spec)
     except ValueError:
-        raise click.BadParameter(f"unknown degree {spec!r}: expected one of {avail} or 'all'",
-                                 param_hint="--degree") from None
+        raise usage(f"--degree: unknown degree {spec!r}: expected one of {avail} or 'all'") from None
     if d not in avail:
-        raise click.BadParameter(f"unknown degree {d}: FA4 has polynomials of degree {avail}",
-                                 param_hint="--degree")
+        raise usage(f"--degree: unknown degree {d}: FA4 has polynomials of degree {avail}")
     return [d]
+
+
+def _mufu_where(m: dict) -> str:
+    """``recorded on <GPU> (sm_XY)`` of the MUFU statistics file."""
+    from fa4verify.audit.evidence import recording_from_versions
+    st = m.get("stats") if isinstance(m.get("stats"), dict) else {}
+    try:
+        return recording_from_versions("mufu_stats.json", (st.get("provenance") or {}).get("versions")).where
+    except ValueError:
+        return "recorded on a GPU"
 
 
 def mufu_section() -> dict:
     """MUFU ex2.approx statistics recorded on a GPU (another engineer writes the file)."""
     if MUFU_STATS.is_file():
         try:
-            return {"status": "measured on H200", "source": str(MUFU_STATS),
+            return {"status": "recorded", "source": str(MUFU_STATS),
                     "stats": json.loads(MUFU_STATS.read_text())}
         except (OSError, json.JSONDecodeError) as e:
             return {"status": f"unreadable: {e}", "source": str(MUFU_STATS)}
@@ -142,8 +159,58 @@ def run_exp2(degrees: list[int], lo: float, hi: float, *, sample: int | None, di
     return report
 
 
+def judge(report: dict) -> dict:
+    """Judge every degree's measured maxima (main domain) against its certified bound and the
+    emulation budget, and the GPU-recorded MUFU figures against theirs; returns the verdict.
+
+    * certified bound: ``B = (1 + E)(1 + gamma_d) 2^(2^-25) - 1`` with ``E`` the certified sup
+      of the exact polynomial's error (Note [exp2 a-priori bound], fa4verify/checks/exp2.py), on
+      ``max_rel_error``, and ``1/2 + B 2^(p+1)`` on the bf16 / fp16 ulps after rounding;
+    * budget: ``emu_rel`` of the error budgets (``stage.exp2_emu``: the relative error every
+      composed budget assumes for the emulation), on ``max_rel_error``;
+    * monotonicity (exhaustive sweeps);
+    * MUFU ex2.approx / GPU emulation statistics: ``mufu_ex2_rel`` / ``emu_rel``, the flush band
+      apart (``fa4verify.checks.exp2.judge_mufu``).
+    """
+    from fa4verify.checks.exp2 import apriori_bound, budget_constants, judge_mufu
+    consts = budget_constants("bf16", "sm100")
+    emu_rel = float(consts["emu_rel"])
+    out = {"budget": {"emu_rel": emu_rel, "source": "error_budgets bf16_sm100 (stage.exp2_emu)"},
+           "degrees": {}, "mufu": [], "violations": []}
+    for d, e in report["degrees"].items():
+        checks = []
+        if e["n_inputs"]:
+            B = apriori_bound(float(e["certified_poly_bound"]["upper"]), int(d))
+            rel = e["max_rel_error"]
+            checks.append(("certified bound", "max_rel_error", rel, B))
+            checks.append(("certified bound", "bf16 ulp after rounding", e["max_ulp_bf16_after_rounding"],
+                           0.5 + B * 2.0**8))
+            checks.append(("certified bound", "fp16 ulp after rounding", e["max_ulp_fp16_after_rounding"],
+                           0.5 + B * 2.0**11))
+            checks.append(("budget emu_rel", "max_rel_error", rel, emu_rel))
+            if isinstance(e.get("monotonicity_violations"), int):
+                checks.append(("monotonicity", "monotonicity_violations", e["monotonicity_violations"], 0))
+        rows = []
+        for kind, what, measured, limit in checks:
+            ok = measured is not None and measured <= limit
+            rows.append({"against": kind, "figure": what, "measured": measured, "limit": limit,
+                         "ok": ok})
+            if not ok:
+                out["violations"].append(f"degree {d}: {what} {measured:.6g} > {kind} {limit:.6g}")
+        out["degrees"][d] = {"status": ("pass" if all(r["ok"] for r in rows) else "fail") if rows else "nothing measured",
+                             "checks": rows}
+    m = report.get("mufu") or {}
+    st = (m.get("stats") or {}).get("stats", {}) if isinstance(m.get("stats"), dict) else {}
+    if st:
+        out["mufu"] = judge_mufu(st, consts)
+        out["violations"] += [r["text"] for r in out["mufu"] if r["status"] == "fail"]
+    return out
+
+
 def _clean(o):
     if isinstance(o, float):
+        if math.isinf(o):
+            return "inf" if o > 0 else "-inf"
         return None if math.isnan(o) else o
     if isinstance(o, dict):
         return {str(k): _clean(v) for k, v in o.items()}
@@ -226,50 +293,69 @@ def render(report: dict) -> str:
     m = report["mufu"]
     lines.append(f"\nMUFU ex2.approx: {m['status']}" + (f" ({m.get('note', '')})" if m["status"] == "not measured here" else
                                                          f" (read from {m.get('source')})"))
-    st = (m.get("stats") or {}).get("stats", {}) if isinstance(m.get("stats"), dict) else {}
-    for key, e in st.items():
-        if isinstance(e, dict) and key.startswith("ex2"):
-            lines.append(f"  {key:<32} max rel {e.get('max_rel_err', float('nan')):.6g}, max {e.get('max_err', float('nan')):.4g} "
-                         f"{e.get('error_unit', '')}, {e.get('inputs', 0):,} inputs  [measured on H200]")
+    v = report.get("verdict") or {}
+    for r in v.get("mufu", []):
+        lines.append(f"  {r['status'].upper():<9} {r['text']}  [{_mufu_where(m)}]")
+    if v:
+        lines.append(f"\nverdict (budget emu_rel = {v['budget']['emu_rel']:.4g}, {v['budget']['source']}; "
+                     "certified bound of Note [exp2 a-priori bound]):")
+        for d, dv in v["degrees"].items():
+            bad = [f"{c['figure']} {c['measured']:.6g} > {c['against']} {c['limit']:.6g}"
+                   for c in dv["checks"] if not c["ok"]]
+            lines.append(f"  degree {d}: " + ("VIOLATION: " + "; ".join(bad) if bad else dv["status"]))
     return "\n".join(lines)
 
 
-@click.command("exp2", short_help="Certify FA4's polynomial exp2 emulation over all fp32 inputs.")
+@click.command("exp2", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]},
+               short_help="Certify FA4's polynomial exp2 emulation over all fp32 inputs.")
 @click.option("--degree", default="3", show_default=True, metavar="3|5|all",
               help="Polynomial degree (POLY_EX2 key; FA4 runs 3) or 'all' (1-5).")
 @click.option("--range", "range_", default="all", show_default=True, metavar="neg|pos|all|LO:HI",
-              help="neg = [-127, 0], pos = [0, 8], all = [-127, 8] (8 = max_offset + rescale_threshold).")
-@click.option("--exhaustive", "mode", flag_value="exhaustive", default=True,
-              help="Every fp32 input of the range (default; fast reductions, see --direct).")
-@click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
-              help="N inputs drawn uniformly over the fp32 values of the range instead.")
+              help="neg = [-127, 0], pos = [0, 8], all = [-127, 8] (8 = max_offset + rescale_threshold); "
+                   "LO and HI float32 values.")
+@click.option("--exhaustive", is_flag=True,
+              help="Every fp32 input of the range (the default; fast reductions, see --direct).")
+@click.option("--sample", type=click.IntRange(min=1, max=MAX_SAMPLE), default=None, metavar="N",
+              help=f"N inputs drawn uniformly over the fp32 values of the range instead (N <= {MAX_SAMPLE:,}).")
 @click.option("--direct", is_flag=True, help="Evaluate every input directly (slow; the reference for the fast path).")
-@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Worker processes.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Write the full report as JSON.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --sample.")
-def command(degree, range_, mode, sample, direct, jobs, json_path, seed):
-    """Certify FA4's polynomial exp2 (ex2_emulation_2) over a range of fp32 inputs (CPU twin)."""
+@click.option("--jobs", type=click.IntRange(min=1, max=MAX_JOBS), default=2, show_default=True,
+              help="Worker processes.")
+@click.option("--json", "json_path", default=None, metavar="FILE",
+              help="Write the full report as JSON (written at the end, atomically).")
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True,
+              help="Seed for --sample.")
+def command(degree, range_, exhaustive, sample, direct, jobs, json_path, seed):
+    """Certify FA4's polynomial exp2 (ex2_emulation_2) over a range of fp32 inputs (CPU twin).
+
+    \b
+    Exit: 0 every measured maximum within its certified bound and the emulation budget
+          (emu_rel), 1 a violation, 2 bad input, 5 nothing measured.
+    """
     from fa4verify.exp2_cert import parse_range
     try:
         lo, hi = parse_range(range_)
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--range") from None
+        raise usage(f"--range: {e}") from None
+    if max(abs(lo), abs(hi)) > F32_MAX:
+        raise usage(f"--range {range_!r}: LO and HI must be float32 values (|x| <= {F32_MAX:.8g})")
+    if sample is not None and exhaustive:
+        raise usage("--sample and --exhaustive are mutually exclusive")
+    if sample is not None and direct:
+        raise usage("--sample and --direct are mutually exclusive")
     degrees = _degrees(degree)
-    if sample and direct:
-        raise click.UsageError("--sample and --direct are mutually exclusive")
-    if json_path:
-        try:
-            with open(json_path, "a"):
-                pass
-        except OSError as e:
-            raise click.BadParameter(f"cannot write {json_path!r}: {e.strerror}", param_hint="--json") from None
+    check_outputs([("--json", json_path)])
     report = run_exp2(degrees, lo, hi, sample=sample, direct=direct, jobs=jobs, seed=seed)
+    report["verdict"] = _clean(judge(report))
+    nothing = all(not e["n_inputs"] for e in report["degrees"].values())
+    code = (ExitCode.NOTHING_RAN if nothing else
+            ExitCode.VIOLATION if report["verdict"]["violations"] else ExitCode.OK)
+    report["exit_code"] = int(code)
     click.echo(render(report))
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    if json_path is not None:
+        write_outputs([(json_path, (json.dumps(_clean(report), indent=2, allow_nan=False) + "\n").encode())])
         click.echo(f"wrote {json_path}", err=True)
-    if all(not e["n_inputs"] for e in report["degrees"].values()):
+    if nothing:
         click.echo("fa4verify exp2: nothing measured: the range has no input in [-126, 128)", err=True)
-        return int(ExitCode.NOTHING_RAN)
-    return int(ExitCode.OK)
+    # through click's Exit so that every way of calling the command (console script, CliRunner,
+    # standalone click) sees the verdict's exit code
+    raise click.exceptions.Exit(int(code))

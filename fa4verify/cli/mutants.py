@@ -14,6 +14,7 @@ from __future__ import annotations
 import click
 
 from fa4verify.cli import ExitCode
+from fa4verify.cli._common import OneLineCommand, check_inputs, check_outputs, usage
 
 _PROFILES = ("quick", "full")
 
@@ -26,17 +27,18 @@ def _parse_list(values: tuple[str, ...], known: tuple[str, ...], what: str) -> l
         return None
     bad = [n for n in names if n not in known]
     if bad:
-        raise click.BadParameter(f"unknown {what} {bad[0]!r}; known: {', '.join(known)}")
+        raise usage(f"--{what}: unknown {what} {bad[0]!r}; known: {', '.join(known)}")
     return names
 
 
-@click.command("mutants", short_help="Measure what fa4verify (and the field's rules) catch.")
+@click.command("mutants", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]},
+               short_help="Measure what fa4verify (and the field's rules) catch.")
 @click.option("--profile", type=click.Choice(_PROFILES), default="quick", show_default=True,
               help="Battery size: quick (tiny shapes, CI; ~2 min on one core) or full.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
-              default=None, metavar="FILE", help="Also write the full result as JSON.")
-@click.option("--markdown", "md_path", type=click.Path(dir_okay=False, writable=True),
-              default=None, metavar="FILE", help="Also write the table as markdown.")
+@click.option("--json", "json_path", default=None, metavar="FILE",
+              help="Also write the full result as JSON.")
+@click.option("--markdown", "md_path", default=None, metavar="FILE",
+              help="Also write the table as markdown.")
 @click.option("--seed", type=int, default=0, show_default=True, metavar="N",
               envvar="FA4VERIFY_SEED", help="Seed of the battery's inputs. Env: FA4VERIFY_SEED.")
 @click.option("--arch", "archs", multiple=True, type=click.Choice(("sm90", "sm100")),
@@ -49,8 +51,7 @@ def _parse_list(values: tuple[str, ...], known: tuple[str, ...], what: str) -> l
               show_default=True,
               help="twin: the CPU twin (any machine). production: FA4 on the local GPU, "
                    "knob-expressible mutants only.")
-@click.option("--from-json", "from_json", type=click.Path(exists=True, dir_okay=False),
-              default=None, metavar="FILE",
+@click.option("--from-json", "from_json", default=None, metavar="FILE",
               help="Render a saved --json result (e.g. a production run made on a GPU machine) "
                    "instead of running.")
 @click.option("--list", "list_only", is_flag=True, help="List mutants and verifiers, run nothing.")
@@ -68,7 +69,11 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
       fa4verify mutants --target production   on a GPU (H200: SM90 kernels)
     """
     from fa4verify import mutants as M
+    from fa4verify.audit.atomic import staged
 
+    check_inputs([("--from-json", from_json)])
+    check_outputs([("--json", json_path), ("--markdown", md_path)],
+                  inputs=[("--from-json", from_json)])
     if list_only:
         for m in M.CATALOGUE:
             knob = f"  [production: {m.production}]" if m.production else ""
@@ -87,12 +92,15 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
     if from_json:
         try:
             res = M.read_json(from_json)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise click.BadParameter(f"{from_json}: {exc}", param_hint="--from-json") from None
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            raise usage(f"--from-json {from_json}: {exc}") from None
         M.render_rich(res)
-        if md_path:
-            with open(md_path, "w", encoding="utf-8") as f:
-                f.write(M.render_markdown(res, f"fa4verify mutants (from {from_json})"))
+        with staged({"json": json_path, "md": md_path}) as tmp:
+            if "json" in tmp:
+                M.write_json(res, tmp["json"])
+            if "md" in tmp:
+                with open(tmp["md"], "w", encoding="utf-8") as f:
+                    f.write(M.render_markdown(res, f"fa4verify mutants (from {from_json})"))
         return int(M.exit_code(res))
     if target == "twin" and M.twin_module() is None:
         click.echo("fa4verify mutants: the CPU twin (fa4verify.kernels.twin_attention) is not "
@@ -105,9 +113,10 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
         click.echo(f"fa4verify mutants: {exc}", err=True)
         return int(ExitCode.USAGE)
     M.render_rich(res)
-    if json_path:
-        M.write_json(res, json_path)
-    if md_path:
-        with open(md_path, "w", encoding="utf-8") as f:
-            f.write(M.render_markdown(res, argv))
+    with staged({"json": json_path, "md": md_path}) as tmp:
+        if "json" in tmp:
+            M.write_json(res, tmp["json"])
+        if "md" in tmp:
+            with open(tmp["md"], "w", encoding="utf-8") as f:
+                f.write(M.render_markdown(res, argv))
     return int(M.exit_code(res))

@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import click
 
-
-def _OneLineGroup():
-    from fa4verify.cli.audit import OneLineGroup
-
-    return OneLineGroup
+from fa4verify.cli._common import FiniteFloat, OneLineGroup, check_outputs, usage
 
 
 def _usage(msg: str):
-    from fa4verify.cli.audit import OneLineUsageError
-
-    return OneLineUsageError(msg, prog="fa4verify report")
+    return usage(msg)
 
 
-@click.group(name="report", cls=_OneLineGroup(), context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(name="report", cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def command():
     """Merge and inspect fa4verify audit reports (JSON, schema fa4verify.audit/1)."""
 
@@ -40,13 +34,18 @@ def _load(paths):
     return out
 
 
-def _check_outputs(pairs):
-    from fa4verify.audit.atomic import OutputPathError, check_outputs
+def _distinct_inputs(pairs):
+    """The same report given twice (``s1.json ./s1.json``, a link) is an error."""
+    from fa4verify.audit.atomic import file_identity
 
-    try:
-        check_outputs(pairs)
-    except OutputPathError as e:
-        raise _usage(str(e)) from None
+    seen = {}
+    for opt, p in pairs:
+        if p is None:
+            continue
+        key = file_identity(p)
+        if key in seen:
+            raise _usage(f"{p} is the same file as {seen[key]}: each report once")
+        seen[key] = p
 
 
 @command.command("merge")
@@ -56,7 +55,8 @@ def _check_outputs(pairs):
 @click.option("--junit", "junit_path", default=None, metavar="FILE", help="Also write JUnit XML.")
 @click.option("--baseline", "baseline_path", default=None, metavar="FILE",
               help="Previous JSON report: exit 1 on any metric regression of the merged results.")
-@click.option("--regression-rtol", default=0.0, type=float, show_default=True, metavar="R",
+@click.option("--regression-rtol", default=0.0, type=FiniteFloat(min=0.0), show_default=True,
+              metavar="R",
               help="Relative growth of a metric tolerated before it counts as a regression.")
 def merge_cmd(reports, output, html_path, junit_path, baseline_path, regression_rtol):
     """Merge the JSON reports of the shards of one audit (same dtype/profile/seed/archs)."""
@@ -66,11 +66,11 @@ def merge_cmd(reports, output, html_path, junit_path, baseline_path, regression_
     from fa4verify.audit.terminal import make_console, render_verdict
     from fa4verify.cli.audit import write_reports
 
-    _check_outputs([("-o", output), ("--html", html_path), ("--junit", junit_path)])
-    if regression_rtol < 0:
-        raise _usage(f"--regression-rtol {regression_rtol}: must be >= 0")
+    inputs = [("REPORT", p) for p in reports] + [("--baseline", baseline_path)]
+    check_outputs([("-o", output), ("--html", html_path), ("--junit", junit_path)], inputs=inputs)
+    _distinct_inputs([("REPORT", p) for p in reports])
     baseline = None
-    if baseline_path:
+    if baseline_path is not None:
         (_, baseline), = _load([baseline_path])
     loaded = _load(reports)
     try:
@@ -88,7 +88,7 @@ def merge_cmd(reports, output, html_path, junit_path, baseline_path, regression_
     try:
         write_reports(merged, json_path=output, junit_path=junit_path, html_path=html_path)
     except OSError as e:
-        click.echo(f"fa4verify report merge: cannot write report: {e}", err=True)
+        click.echo(f"fa4verify report merge: error: cannot write report: {e}", err=True)
         return 2
     console = make_console()
     render_verdict(merged, console)
@@ -100,14 +100,18 @@ def merge_cmd(reports, output, html_path, junit_path, baseline_path, regression_
 @click.argument("report", metavar="REPORT.json")
 @click.option("--html", "html_path", default=None, metavar="FILE", help="Re-render as HTML.")
 @click.option("--junit", "junit_path", default=None, metavar="FILE", help="Re-render as JUnit XML.")
-@click.option("--rows", default=60, show_default=True, help="Rows of the check table.")
+@click.option("--rows", default=60, type=click.IntRange(min=1), show_default=True,
+              help="Rows of the check table.")
 def show_cmd(report, html_path, junit_path, rows):
     """Print the verdict of a saved report (and optionally re-render it)."""
     from fa4verify.audit.terminal import make_console, render_verdict
     from fa4verify.cli.audit import write_reports
 
-    _check_outputs([("--html", html_path), ("--junit", junit_path)])
+    check_outputs([("--html", html_path), ("--junit", junit_path)], inputs=[("REPORT", report)])
     (path, rep), = _load([report])
+    code = (rep.get("summary") or {}).get("exit_code")
+    if isinstance(code, bool) or code not in (0, 1, 2, 3, 5, 10):
+        raise _usage(f"{path}: summary.exit_code {code!r} is not an audit exit code")
     console = make_console()
     cfg = rep.get("config", {})
     hw = (rep.get("environment") or {}).get("hardware") or {}
@@ -115,10 +119,10 @@ def show_cmd(report, html_path, junit_path, rows):
                   f"profile={cfg.get('profile')} device={cfg.get('device')} "
                   f"archs={','.join(cfg.get('archs') or [])} on {hw.get('gpu_name') or hw.get('cpu', '?')}")
     render_verdict(rep, console, max_rows=rows)
-    if html_path or junit_path:
+    if html_path is not None or junit_path is not None:
         try:
             write_reports(rep, junit_path=junit_path, html_path=html_path)
         except OSError as e:
-            click.echo(f"fa4verify report show: cannot write report: {e}", err=True)
+            click.echo(f"fa4verify report show: error: cannot write report: {e}", err=True)
             return 2
-    return int((rep.get("summary") or {}).get("exit_code", 0))
+    return int(code)

@@ -10,10 +10,11 @@ failed, 3 internal error.
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import click
+
+from fa4verify.cli._common import OneLineCommand, check_output_dir, check_outputs, usage, write_outputs
 
 _KEY_PTX = ("ex2.approx.ftz.f32", "add.rm.f32x2 (emulation floor, pair)", "add.rm.ftz.f32 (emulation floor)",
             "fma.rn.f32x2", "poly3 c3 0f3D9DF09D", "lg2.approx.ftz.f32", "rcp.approx.ftz.f32",
@@ -24,23 +25,23 @@ _KEY_SASS = ("MUFU.EX2", "FFMA", "FFMA with negated addend", "FFMA2", "FADD2.RM"
 
 
 def _check_head_dim(arch: str, hd: int, hdv: int | None) -> int | None:
-    if hd % 8:
-        raise click.BadParameter(f"head dim must be a multiple of 8, got {hd}", param_hint="--head-dim")
-    if arch == "sm_90a":
-        if not 8 <= hd <= 256:
-            raise click.BadParameter(f"sm_90a supports 8..256, got {hd}", param_hint="--head-dim")
-        return hdv
-    if hd <= 128:
-        return hdv
-    if hd == 192:
-        return 128 if hdv is None else hdv
-    if hd == 256:
-        return 256 if hdv is None else hdv
-    raise click.BadParameter(f"sm_100a supports 8..128, 192 (with hdv 128) and 256, got {hd}",
-                             param_hint="--head-dim")
+    """FA4's own head-dim rule (``fa4verify.strategies.head_dim_supported``), checked here so a bad
+    pair is one line, never FA4's traceback from the compile subprocess."""
+    from fa4verify._strategies.shapes import head_dim_supported
+    if hdv is None:
+        hdv_eff = 128 if (arch == "sm_100a" and hd == 192) else hd
+    else:
+        hdv_eff = hdv
+    a = "sm90" if arch == "sm_90a" else "sm100"
+    if hd < 1 or hdv_eff < 1 or not head_dim_supported(a, hd, hdv_eff):
+        rule = ("both multiples of 8 in 8..256" if a == "sm90" else
+                "both multiples of 8 in 8..128, or (192, 128), or (256, 256)")
+        raise usage(f"--head-dim {hd} --head-dim-v {hdv if hdv is not None else hdv_eff}: "
+                    f"not supported by FA4 on {arch} ({rule})")
+    return hdv if hdv is not None else (128 if (arch == "sm_100a" and hd == 192) else None)
 
 
-@click.command("sass")
+@click.command("sass", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--arch", type=click.Choice(["sm_90a", "sm_100a"]), required=True,
               help="Compile target (FLASH_ATTENTION_ARCH and CUTE_DSL_ARCH are set to match).")
 @click.option("--head-dim", "head_dim", type=int, required=True, metavar="D", help="Head dim of q/k.")
@@ -54,9 +55,10 @@ def _check_head_dim(arch: str, hd: int, hdv: int | None) -> int | None:
 @click.option("--exp2-emulation/--no-exp2-emulation", "emulation", default=True,
               help="--no-exp2-emulation compiles with FA4's exp2 emulation switched off through the "
                    "tuning table (adapter.exp2_emulation_disabled).  Default: FA4's default.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              metavar="F", help="Write the full census as JSON to F ('-' for stdout).")
-@click.option("--keep-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--json", "json_path", default=None,
+              metavar="F", help="Write the full census as JSON to F ('-': stdout gets the JSON "
+                                "alone, the table goes to stderr).")
+@click.option("--keep-dir", default=None,
               help="Keep the PTX/SASS dumps in this directory (default: a temp dir).")
 def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen, emulation, json_path,
             keep_dir):
@@ -64,12 +66,13 @@ def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen,
     from fa4verify.cli import ExitCode
     head_dim_v = _check_head_dim(arch, head_dim, head_dim_v)
     if seqlen < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--seqlen")
+        raise usage(f"--seqlen: must be >= 1, got {seqlen}")
+    check_outputs([("--json", json_path)], allow_dash=("--json",))
+    if keep_dir is not None:
+        keep_dir = check_output_dir("--keep-dir", keep_dir)
     import importlib.util
     if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("cutlass") is None:
-        click.echo("fa4verify sass: flash-attn-4 / nvidia-cutlass-dsl not installed "
-                   "(pip install 'fa4verify[fa4]')", err=True)
-        raise SystemExit(int(ExitCode.USAGE))
+        raise usage("flash-attn-4 / nvidia-cutlass-dsl not installed (pip install 'fa4verify[fa4]')")
     from fa4verify import census as C
     case = C.CensusCase(arch, head_dim, causal=causal, backward=backward or deterministic,
                         deterministic=deterministic, head_dim_v=head_dim_v, seqlen=seqlen,
@@ -77,28 +80,27 @@ def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen,
     try:
         res = C.compile_case(case, keep_dir)
     except (RuntimeError, FileNotFoundError) as e:
-        msg = str(e).strip().splitlines()
-        click.echo(f"fa4verify sass: {msg[0] if msg else e}", err=True)
-        for line in msg[-6:]:
-            click.echo(f"  {line}", err=True)
-        raise SystemExit(int(ExitCode.USAGE))
+        msg = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        # one line: the compile subprocess's last line says what FA4 rejected
+        last = msg[-1] if msg else str(e)
+        raise usage(f"compile failed: {msg[0] if msg else e}" + (f" ... {last}" if len(msg) > 1 else ""))
     cen = C.census_case(res)
-    _print(cen)
-    if json_path:
-        text = json.dumps(cen, indent=1, default=str)
+    _print(cen, to_stderr=json_path == "-")
+    if json_path is not None:
+        from fa4verify.cli._common import json_bytes
+        text = json_bytes(cen)
         if json_path == "-":
-            click.echo(text)
+            click.echo(text.decode().rstrip("\n"))
         else:
-            with open(json_path, "w") as f:
-                f.write(text)
+            write_outputs([(json_path, text)])
     if cen.get("ptx_matches_twin") is False:
-        raise SystemExit(int(ExitCode.VIOLATION))
+        raise click.exceptions.Exit(int(ExitCode.VIOLATION))
 
 
-def _print(cen: dict) -> None:
+def _print(cen: dict, to_stderr: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
-    con = Console(file=sys.stdout, width=120)
+    con = Console(file=sys.stderr if to_stderr else sys.stdout, width=120)
     fc = cen["forward_config"]
     con.print(f"[bold]FA4 instruction census[/bold] {cen['label']}  (compile-only; "
               f"compile {cen['compile_seconds']} s)")
