@@ -554,6 +554,23 @@ def _sm90_bwd_compile(problem: AttentionProblem, a: Mapping[str, Any], v: "Viola
             and "failed to partition" in v.message)
 
 
+def _sm90_gqa_dkdv_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True when the violation is in dK or dV of a GQA/MQA problem (nheads_kv < nheads) on SM90
+    at a head dim whose accumulator roundings disagree (the dQ predictor's set: with GQA FA4 sums
+    dK/dV of the query heads of a group in fp32 accumulators tiled like dQ's)."""
+    if problem.arch != "sm90" or problem.nheads_kv >= problem.nheads:
+        return False
+    if v.prop not in ("bwd_budget", "masked_rows", "finite", "gqa_repeat"):
+        return False
+    quantity = str(v.metrics.get("quantity", ""))
+    if quantity not in ("dk", "dv") and not v.message.startswith(("dk", "dv")):
+        return False
+    from fa4verify.kernels import fa4_params
+    local = any(w is not None for w in problem.window_size)
+    return bool(fa4_params.sm90_dq_accum_mismatch(problem.head_dim, problem.head_dim_v, causal=problem.causal,
+                                                  local=local).get("mismatch"))
+
+
 #: FA4 behaviours the fuzzer has found and that are documented (docs/fuzzing.md).
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
@@ -585,6 +602,17 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "measured on H200, 2026-11-30, by scripts/gpu_hd_sweep.py (kernels/evidence/golden/hd_sweep_h200.json); "
         "causal (m_block 64) not measured",
         _sm90_bwd_compile, targets=("production",)),
+    KnownIssue(
+        "sm90_gqa_dkdv_accum_hdim_rounding",
+        "SM90 GQA/MQA backward: dK and dV are wrong (relative error 0.9-1.2) at head dims 8, 16, 40, "
+        "48, 72, 80 when nheads_kv < nheads; with nheads_kv == nheads they are right (dQ is wrong "
+        "either way: sm90_dq_accum_hdim_rounding)",
+        "predicted from flash-attn-4 4.0.0b36's source (flash_bwd_sm90.py dK/dV accumulators rounded to "
+        "16 vs interface.py's 32, the root cause of the dQ finding, upstream PR #2896) and CONFIRMED "
+        "measured on NVIDIA H200 (sm_90), 2026-12-01, scripts/gpu_predictions.py: hd 8/16/40/48/72/80 "
+        "with 4 query heads over 1 or 2 KV heads, seqlen 256: dK/dV rel err 0.91-1.16; hd 64/128 "
+        "2.3e-3; kernels/evidence/golden/bwd_predictions_h200.json",
+        _sm90_gqa_dkdv_accum, targets=("production",)),
 )
 
 
