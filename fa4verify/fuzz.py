@@ -47,6 +47,7 @@ replays every file there). The Hypothesis example database is a disposable cache
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import datetime as _dt
 import inspect
@@ -91,6 +92,9 @@ class Violation(AssertionError):
         self.prop = prop
         self.message = message
         self.metrics = dict(metrics or {})
+        #: indices (FA4 layout of the tensor) of every element over budget, when the violation is a
+        #: budget comparison; None otherwise
+        self.over_indices: Optional[np.ndarray] = None
 
 
 from fa4verify.targets import DependencyMissing, Unsupported  # noqa: E402,F401
@@ -211,6 +215,22 @@ def _where_str(idx: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(int(i)) for i in idx) + ")"
 
 
+#: Note [Known issues absorb one violation]: while a campaign runs an example, this holds the
+#: function that decides whether a violation is a known issue's (it records the hit and returns
+#: True); the example then goes on, so every other property and tensor is still checked.
+_ABSORB: "contextvars.ContextVar[Optional[Callable[[Violation], bool]]]" = contextvars.ContextVar(
+    "fa4verify_fuzz_absorb", default=None)
+
+
+def _fail(v: "Violation") -> None:
+    """Raise ``v`` unless a known issue absorbs exactly this violation (Note [Known issues absorb
+    one violation])."""
+    absorb = _ABSORB.get()
+    if absorb is not None and absorb(v):
+        return
+    raise v
+
+
 def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: np.ndarray,
              budget: np.ndarray, problem: AttentionProblem, undecided: dict[str, str],
              ftz_floor: Optional[np.ndarray] = None) -> float:
@@ -220,7 +240,7 @@ def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: n
     Returns the tightness over the judged elements."""
     if np.size(ref) == 0 and np.size(actual) == 0:
         return 0.0       # an empty tensor (e.g. dK of a batch with no keys): nothing exists to judge
-    v = judge.compare(name, actual, ref, oracle_bound=bound, budget=budget)
+    v = judge.compare(name, actual, ref, oracle_bound=bound, budget=budget, all_indices=True)
     if v.status == "fail":
         rows = [e.text() for e in v.violations]
         if not rows:
@@ -230,12 +250,14 @@ def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: n
             fl = np.broadcast_to(np.asarray(ftz_floor, np.float64), np.shape(ref))
             within = v.n_over <= len(v.violations) and all(
                 e.err <= e.allowed + float(fl[e.index]) for e in v.violations)
-        raise Violation(prop, f"{name}: {v.n_over} / {v.n_compared} elements "
+        viol = Violation(prop, f"{name}: {v.n_over} / {v.n_compared} elements "
                               f"({100.0 * v.n_over / max(v.n_compared, 1):.3g}%) exceed |{name} - oracle| <= "
                               f"oracle_bound + budget; worst: " + "; ".join(rows) + f" | case: {problem.describe()}",
                         {f"tightness_{name}": v.tightness, f"violations_{name}": v.n_over,
                          "max_violating_abs_err": max((e.err for e in v.violations), default=math.inf),
                          "quantity": name, "within_ftz_envelope": bool(within)})
+        viol.over_indices = v.over_indices      # every over element: what a known issue must explain
+        _fail(viol)
     if v.status == "undecided":
         undecided[f"{prop}.{name}"] = v.reason
     return v.tightness
@@ -250,9 +272,9 @@ def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, pro
     bad = sel & ~np.isfinite(actual)
     if bad.any():
         idx = tuple(np.argwhere(bad)[0])
-        raise Violation(prop, f"{name}: {int(bad.sum())} non-finite value(s) where the oracle is finite, first "
+        _fail(Violation(prop, f"{name}: {int(bad.sum())} non-finite value(s) where the oracle is finite, first "
                               f"{_where_str(idx)}: got {actual[idx]!r}, oracle {ref[idx]!r} | case: {problem.describe()}",
-                        {f"nonfinite_{name}": int(bad.sum())})
+                        {f"nonfinite_{name}": int(bad.sum())}))
 
 
 # ============================================================================ properties
@@ -323,14 +345,14 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
         nz = masked & np.any(mo != 0, axis=-1)
         if nz.any():
             idx = tuple(np.argwhere(nz)[0])
-            raise Violation("masked_rows", f"O != 0 on {int(nz.sum())} fully masked row(s) (LSE layout index "
-                                           f"{_where_str(idx)}) | case: {problem.describe()}")
+            _fail(Violation("masked_rows", f"O != 0 on {int(nz.sum())} fully masked row(s) (LSE layout index "
+                                           f"{_where_str(idx)}) | case: {problem.describe()}"))
         if not problem.sink:
             bad = masked & ~(np.isneginf(fwd.lse))
             if bad.any():
                 idx = tuple(np.argwhere(bad)[0])
-                raise Violation("masked_rows", f"LSE != -inf on {int(bad.sum())} fully masked row(s), first "
-                                               f"{_where_str(idx)}: {fwd.lse[idx]!r} | case: {problem.describe()}")
+                _fail(Violation("masked_rows", f"LSE != -inf on {int(bad.sum())} fully masked row(s), first "
+                                               f"{_where_str(idx)}: {fwd.lse[idx]!r} | case: {problem.describe()}"))
         metrics["masked_rows"] = int(masked.sum())
 
     if "finite" in props:
@@ -342,7 +364,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
             ran.append("finite")
             for name, x in (("out", fwd.out),):
                 if not np.isfinite(x).all():
-                    raise Violation("finite", f"{name}: non-finite output on finite inputs | case: {problem.describe()}")
+                    _fail(Violation("finite", f"{name}: non-finite output on finite inputs | case: {problem.describe()}"))
 
     if "fwd_budget" in props and need_ref("fwd_budget"):
         ran.append("fwd_budget")
@@ -385,8 +407,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                 for n, x, y in (("out", f1.out[0], fwd.out[b]), ("lse", f1.lse[0], fwd.lse[b])):
                     if not np.array_equal(x, y, equal_nan=True):
                         d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
-                        raise Violation("batch_invariance", f"{n} of batch entry {b} run alone differs bitwise "
-                                                            f"in {d} element(s) | case: {problem.describe()}")
+                        _fail(Violation("batch_invariance", f"{n} of batch entry {b} run alone differs bitwise "
+                                                            f"in {d} element(s) | case: {problem.describe()}"))
             elif need_ref("batch_invariance"):
                 _compare("batch_invariance", "out", f1.out[0], ref_out.value[b], ref_out.bound[b],
                          np.broadcast_to(ref_out.budget, ref_out.value.shape)[b], problem, undecided)
@@ -405,8 +427,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                 for n, x, y in (("out", fm.out, fwd.out), ("lse", fm.lse, fwd.lse)):
                     if not np.array_equal(x, y, equal_nan=True):
                         d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
-                        raise Violation("gqa_repeat", f"{n} with repeated KV heads differs bitwise from GQA in "
-                                                      f"{d} element(s) | case: {problem.describe()}")
+                        _fail(Violation("gqa_repeat", f"{n} with repeated KV heads differs bitwise from GQA in "
+                                                      f"{d} element(s) | case: {problem.describe()}"))
             elif need_ref("gqa_repeat"):
                 _compare("gqa_repeat", "out", fm.out, ref_out.value, ref_out.bound, ref_out.budget, problem,
                          undecided)
@@ -426,15 +448,15 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                 dq_rows = np.moveaxis(g.dq, -2, -3) if not problem.varlen else np.moveaxis(g.dq, -2, 0)
                 nz = masked & np.any(dq_rows != 0, axis=-1)
                 if nz.any():
-                    raise Violation("masked_rows", f"dQ != 0 on {int(nz.sum())} fully masked row(s) | "
-                                                   f"case: {problem.describe()}")
+                    _fail(Violation("masked_rows", f"dQ != 0 on {int(nz.sum())} fully masked row(s) | "
+                                                   f"case: {problem.describe()}"))
                 unseen = _unseen_keys(problem)
                 for n, x in (("dk", g.dk), ("dv", g.dv)):
                     xr = np.any(x != 0, axis=(-1, -2))   # (b, sk) or (total_k,)
                     bad = unseen & xr
                     if bad.any():
-                        raise Violation("masked_rows", f"{n} != 0 on {int(bad.sum())} key(s) no query can see | "
-                                                       f"case: {problem.describe()}")
+                        _fail(Violation("masked_rows", f"{n} != 0 on {int(bad.sum())} key(s) no query can see | "
+                                                       f"case: {problem.describe()}"))
             obwd = None
             if ({"bwd_budget", "finite"} & set(props)) and ref_out is not None:
                 try:
@@ -467,9 +489,9 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                     x, y = getattr(g, n), getattr(g2, n)
                     if not np.array_equal(x, y, equal_nan=True):
                         d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
-                        raise Violation("deterministic_bwd", f"{n} differs bitwise between two deterministic "
+                        _fail(Violation("deterministic_bwd", f"{n} differs bitwise between two deterministic "
                                                              f"backward calls in {d} element(s) | case: "
-                                                             f"{problem.describe()}")
+                                                             f"{problem.describe()}"))
     tights = [v for k, v in metrics.items() if k.startswith("tightness_") and math.isfinite(v)]
     metrics["tightness_max"] = max(tights) if tights else 0.0
     return CheckOutcome(metrics, skipped, ran, undecided)
@@ -496,12 +518,13 @@ class KnownIssue:
     targets: tuple[str, ...] = ("twin", "production")
 
 
-def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
-    """True when some row's sink exceeds its largest visible logit by >= 126 log2 units, where
-    ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold reaches fp32 overflow."""
-    if not problem.sink or v.prop not in ("finite", "fwd_budget", "bwd_budget", "key_permutation",
-                                          "batch_invariance", "gqa_repeat"):
-        return False
+def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any]) -> np.ndarray:
+    """Boolean (token, head) array: rows whose sink exceeds the largest visible logit by >= 126
+    log2 units, where ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold overflows fp32."""
+    tq = sum(lq for _, lq, _, _ in _token_bounds(problem))
+    rows = np.zeros((tq, problem.nheads), bool)
+    if not problem.sink:
+        return rows
     sink = np.asarray(a["learnable_sink"], np.float64)
     q = np.asarray(a["q"], np.float64)
     k = np.asarray(a["k"], np.float64)
@@ -515,9 +538,46 @@ def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
             if problem.softcap > 0:
                 y = problem.softcap * np.tanh(y / problem.softcap)
             m = np.max(np.where(keep, y, -np.inf), axis=1)
-            if np.any(np.isfinite(m) & ((sink[h] - m) * math.log2(math.e) >= 126.0)):
-                return True
-    return False
+            rows[q0:q0 + lq, h] = np.isfinite(m) & ((sink[h] - m) * math.log2(math.e) >= 126.0)
+    return rows
+
+
+def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True when the violation is explained by sink-fold overflow: some row overflows, and (for a
+    budget comparison) every over element of O, LSE or dQ lies in an overflowing (token, head) row;
+    dK/dV/dsink elements lie in a KV head whose query group has an overflowing row in the same
+    sequence (the bad row's gradient reaches every key it sees)."""
+    if not problem.sink or v.prop not in ("finite", "fwd_budget", "bwd_budget", "key_permutation",
+                                          "batch_invariance", "gqa_repeat"):
+        return False
+    rows = _sink_overflow_rows(problem, a)
+    if not rows.any():
+        return False
+    idx = v.over_indices
+    q = str(v.metrics.get("quantity", ""))
+    if idx is None or not len(idx) or q not in ("out", "lse", "dq", "dk", "dv"):
+        return v.prop == "finite"      # non-finite values: the overflow's LSE = +inf
+    idx = np.asarray(idx)
+    varlen = problem.varlen
+    if q == "lse":                     # (b, h, s) dense, (h, t) varlen
+        tok = idx[:, 1] if varlen else idx[:, 0] * problem.seqlen_q + idx[:, 2]
+        head = idx[:, 0] if varlen else idx[:, 1]
+        return bool(rows[tok, head].all())
+    if q in ("out", "dq"):             # (b, s, h, d) dense, (t, h, d) varlen
+        tok = idx[:, 0] if varlen else idx[:, 0] * problem.seqlen_q + idx[:, 1]
+        head = idx[:, 1] if varlen else idx[:, 2]
+        return bool(rows[tok, head].all())
+    # dk / dv: (b, s_k, hk, d) dense, (t_k, hk, d) varlen
+    g = problem.nheads // problem.nheads_kv
+    bounds = _token_bounds(problem)
+    ktok = idx[:, 0] if varlen else idx[:, 0] * problem.seqlen_k + idx[:, 1]
+    hk = idx[:, 1] if varlen else idx[:, 2]
+    for t, h in zip(ktok, hk):
+        seg = next(i for i, (_, _, k0, lk) in enumerate(bounds) if k0 <= t < k0 + lk)
+        q0, lq = bounds[seg][0], bounds[seg][1]
+        if not rows[q0:q0 + lq, h * g:(h + 1) * g].any():
+            return False
+    return True
 
 
 def _token_bounds(problem: AttentionProblem) -> list[tuple[int, int, int, int]]:
@@ -541,9 +601,22 @@ def _sm90_dq_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
     from fa4verify.kernels import fa4_params
     local = any(w is not None for w in problem.window_size)
     lens = problem.seqlens_q if problem.varlen else (problem.seqlen_q,)
-    return bool(fa4_params.sm90_dq_defect_predicted(problem.head_dim, problem.head_dim_v, lens,
-                                                    causal=problem.causal, local=local,
-                                                    varlen=problem.varlen))
+    if not fa4_params.sm90_dq_defect_predicted(problem.head_dim, problem.head_dim_v, lens, causal=problem.causal,
+                                               local=local, varlen=problem.varlen):
+        return False
+    idx = v.over_indices
+    if idx is None or not len(idx):
+        return True
+    # only dQ rows past the first SM90_DQ_DEFECT_GOOD_ROWS of a sequence are wrong (measured)
+    good = fa4_params.SM90_DQ_DEFECT_GOOD_ROWS
+    idx = np.asarray(idx)
+    if problem.varlen:
+        starts = np.array([q0 for q0, _, _, _ in problem._seq_bounds()])
+        tok = idx[:, 0]
+        row = tok - starts[np.searchsorted(starts, tok, side="right") - 1]
+    else:
+        row = idx[:, 1]
+    return bool((row >= good).all())
 
 
 def _sm90_bwd_compile(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -830,6 +903,26 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
                 and time.monotonic() - state["t0"] > time_limit_s):   # never cut a shrink short
             res.stopped = f"time limit {time_limit_s:g} s reached"
             raise _Stop()
+        a_cache: dict[str, Any] = {}
+
+        def absorb(v: Violation) -> bool:
+            if strict_known:
+                return False
+            if "a" not in a_cache:
+                a_cache["a"] = problem.materialize()
+            ki = match_known_issue(problem, v, a_cache["a"], target=target.name)
+            if ki is None:
+                return False
+            if state["last"] is None:    # count each drawn example once (not the shrink replays)
+                hit = res.known_hits.setdefault(ki.name, {"count": 0, "title": ki.title, "reference": ki.reference,
+                                                          "first": problem.describe(), "property": v.prop})
+                hit["count"] += 1
+                hit.setdefault("quantities", {})
+                q = str(v.metrics.get("quantity", v.prop))
+                hit["quantities"][q] = hit["quantities"].get(q, 0) + 1
+            return True
+
+        token = _ABSORB.set(absorb)
         try:
             out = check_problem(problem, target, properties=properties, backward=backward)
         except Unsupported as e:
@@ -847,6 +940,8 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
             raise
         except (DependencyMissing, _Stop):
             raise
+        finally:
+            _ABSORB.reset(token)
         dg = problem.digest()
         if dg not in seen and state["last"] is None:   # after a failure, calls are shrinking
             seen.add(dg)

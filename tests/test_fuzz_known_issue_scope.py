@@ -1,0 +1,111 @@
+"""Note [Known issues absorb one violation]: a known issue absorbs only the violation it
+describes; the example goes on, every other property and tensor is still checked, and an
+unrelated fault in the same example is reported (CPU twin)."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from fa4verify import fuzz
+from fa4verify._strategies.problem import AttentionProblem
+
+REG = pathlib.Path(__file__).parent / "regressions" / "finite-twin-sink-overflow.json"
+
+
+class _Faulty(fuzz.TwinTarget):
+    """The twin with a planted LSE offset (the "known" fault) and, optionally, a dK fault."""
+
+    def __init__(self, dk_fault: bool):
+        super().__init__()
+        self.dk_fault = dk_fault
+
+    def forward(self, problem, a):
+        f = super().forward(problem, a)
+        return fuzz.Fwd(f.out, f.lse + 1.0)
+
+    def backward(self, problem, a, fwd, *, deterministic=True):
+        fixed = fuzz.Fwd(fwd.out, fwd.lse - 1.0)
+        g = super().backward(problem, a, fixed, deterministic=deterministic)
+        if self.dk_fault:
+            g.dk = g.dk.copy()
+            g.dk.flat[0] += 1.0
+        return g
+
+
+def _problem():
+    return AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=16, seqlen_k=24, nheads=2, nheads_kv=2,
+                            head_dim=32, head_dim_v=32)
+
+
+def _run(target, absorbed):
+    def absorb(v):
+        if v.metrics.get("quantity") == "lse" or v.message.startswith("lse"):
+            absorbed.append(v.prop)
+            return True
+        return False
+    tok = fuzz._ABSORB.set(absorb)
+    try:
+        return fuzz.check_problem(_problem(), target, properties=("fwd_budget", "bwd_budget"))
+    finally:
+        fuzz._ABSORB.reset(tok)
+
+
+def test_an_unrelated_fault_after_an_absorbed_one_is_reported():
+    absorbed: list = []
+    with pytest.raises(fuzz.Violation) as ei:
+        _run(_Faulty(dk_fault=True), absorbed)
+    assert absorbed == ["fwd_budget"]                  # the LSE violation was absorbed ...
+    assert ei.value.prop == "bwd_budget" and ei.value.metrics["quantity"] == "dk"   # ... dK still judged
+
+
+def test_only_the_absorbed_fault_passes_and_every_tensor_is_judged():
+    absorbed: list = []
+    out = _run(_Faulty(dk_fault=False), absorbed)
+    assert absorbed == ["fwd_budget"]
+    for k in ("tightness_out", "tightness_dq", "tightness_dk", "tightness_dv"):
+        assert k in out.metrics, k
+
+
+def test_without_absorption_the_first_violation_is_raised():
+    with pytest.raises(fuzz.Violation) as ei:
+        fuzz.check_problem(_problem(), _Faulty(dk_fault=True), properties=("fwd_budget", "bwd_budget"))
+    assert ei.value.metrics["quantity"] == "lse"
+
+
+def test_sink_overflow_absorbs_the_overflow_rows_only():
+    case = json.loads(REG.read_text())
+    p = AttentionProblem.from_dict(case["problem"])
+    a = p.materialize()
+    rows = fuzz._sink_overflow_rows(p, a)
+    assert rows.all()                                   # every row of this case overflows
+    v = fuzz.Violation("fwd_budget", "lse: 3 / 3 elements exceed", {"quantity": "lse"})
+    v.over_indices = np.array([[0, 0, 0], [0, 0, 2]])
+    assert fuzz._sink_overflow(p, a, v)
+    # the same violation on a problem without an overflowing sink is not explained
+    p2 = p.replace(sink=False)
+    assert not fuzz._sink_overflow(p2, p2.materialize(), v)
+
+
+def test_campaign_counts_absorbed_hits_and_strict_mode_reports_them():
+    case = json.loads(REG.read_text())
+    p = AttentionProblem.from_dict(case["problem"])
+    target = fuzz.TwinTarget()
+    hits: list = []
+
+    def absorb(v):
+        ki = fuzz.match_known_issue(p, v, target=target.name)
+        if ki is not None:
+            hits.append((ki.name, v.prop))
+        return ki is not None
+    tok = fuzz._ABSORB.set(absorb)
+    try:
+        out = fuzz.check_problem(p, target)
+    finally:
+        fuzz._ABSORB.reset(tok)
+    assert hits and {h[0] for h in hits} == {"sink_rowsum_overflow"}
+    assert "finite" in out.ran and "masked_rows" in out.ran
+    with pytest.raises(fuzz.Violation):                  # strict: no absorber
+        fuzz.check_problem(p, target)
