@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import datetime as _dt
-import inspect
 import json
 import math
 import os
@@ -163,12 +162,7 @@ def _oracle():
     return _import("fa4verify.oracles.attention")
 
 
-def _accepts(fn: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+from fa4verify.targets import _accepts  # noqa: E402  (one signature probe)
 
 
 # the targets live in fa4verify.targets (one target layer for audit, gate, fuzz, mutants)
