@@ -102,6 +102,7 @@ class StageTally:
     n_over: int = 0
     worst: str = ""
     no_budget: bool = False
+    n_unjudged: int = 0       #: elements whose stage budget is negative or non-finite (undecided)
 
 
 class StageRecorder:
@@ -121,30 +122,43 @@ class StageRecorder:
         if sample.stage not in self.budgets:
             t.no_budget = True
             return
-        fa4 = np.asarray(sample.fa4, F64)
-        ex = np.asarray(sample.exact, F64)
-        fa4, ex = np.broadcast_arrays(fa4, ex)
-        ok = np.isfinite(ex)
-        if sample.where is not None:
-            ok = ok & np.broadcast_to(np.asarray(sample.where, bool), ok.shape)
-        if not ok.any():
-            return
-        stats = {k: (np.broadcast_to(np.asarray(v, F64), fa4.shape) if np.ndim(v) else v)
-                 for k, v in sample.stats.items()}
-        with np.errstate(invalid="ignore", over="ignore"):
-            bound = np.broadcast_to(np.asarray(self.budgets.evaluate(sample.stage, stats), F64),
-                                    fa4.shape)
-            err = np.abs(fa4 - ex)
-            err = np.where(np.isfinite(fa4), err, np.inf)
-            ratio = np.where(err == 0, 0.0, err / np.where(bound > 0, bound, 0.0))
-        err, ratio, bound_s = err[ok], ratio[ok], bound[ok]
-        t.n += int(err.size)
-        t.max_err = max(t.max_err, float(err.max()))
-        i = int(np.argmax(ratio))
-        if ratio[i] > t.max_ratio:
-            t.max_ratio = float(ratio[i])
-            t.worst = f"err {err[i]:.3g} vs budget {bound_s[i]:.3g}"
-        t.n_over += int((ratio > 1).sum())
+        v = stage_verdict(self.budgets, sample)
+        tally_verdict(t, v)
+
+
+def stage_verdict(budgets, sample, base_stats=None):
+    """The judge's verdict (:func:`fa4verify.judge.compare`) on one stage application: the stage's
+    as-FA4 value against the exact value of the same inputs within the stage's local budget.
+    Elements where the exact value is not finite, or outside ``sample.where``, are not selected."""
+    from fa4verify.judge import compare
+    fa4 = np.asarray(sample.fa4, F64)
+    ex = np.asarray(sample.exact, F64)
+    fa4, ex = np.broadcast_arrays(fa4, ex)
+    sel = np.isfinite(ex)
+    if sample.where is not None:
+        sel = sel & np.broadcast_to(np.asarray(sample.where, bool), sel.shape)
+    stats = dict(base_stats or {})
+    stats.update({k: (np.broadcast_to(np.asarray(v, F64), fa4.shape) if np.ndim(v) else v)
+                  for k, v in sample.stats.items()})
+    with np.errstate(invalid="ignore", over="ignore"):
+        bound = np.broadcast_to(np.asarray(budgets.evaluate(sample.stage, stats), F64), fa4.shape)
+    return compare(sample.stage, fa4, ex, budget=bound, select=sel)
+
+
+def tally_verdict(t, v) -> None:
+    """Add one stage verdict to a tally (``n``, ``n_over``, ``n_unjudged``, ``max_err``,
+    ``max_ratio``, ``worst``)."""
+    if v.n_compared == 0 and v.n_unjudged == 0:
+        return
+    t.n += v.n_compared
+    t.n_over += v.n_over
+    t.n_unjudged = getattr(t, "n_unjudged", 0) + v.n_unjudged
+    if hasattr(t, "max_err"):
+        t.max_err = max(t.max_err, v.max_abs_err)
+    if v.tightness > t.max_ratio and v.worst is not None:
+        t.max_ratio = v.tightness
+        t.worst = (f"{v.name}: |{v.worst.actual:.9g} - {v.worst.ref:.9g}| = {v.worst.err:.3g} vs budget "
+                   f"{v.worst.allowed:.3g}")
 
 
 def _bhsd(x) -> np.ndarray:
@@ -178,6 +192,8 @@ class ForwardCheck:
         st = [v.status for v in self.verdicts] or ["pass"]
         if not self.stages_ok:
             st.append("fail")
+        if any(t.n_unjudged for t in self.stages.values()):
+            st.append("undecided")
         return worst_status(st)
 
     @property

@@ -638,6 +638,7 @@ class StageTally:
     max_ratio: float = 0.0
     n_over: int = 0
     n: int = 0
+    n_unjudged: int = 0
     worst: str = ""
 
 
@@ -649,35 +650,13 @@ def _stage_collector(budgets, p: Problem, res: "TwinOutputs") -> Callable[[Any],
         if sample.stage not in budgets:
             tally.worst = tally.worst or f"no budget entry {sample.stage!r}"
             return
-        stats = {**base, **dict(sample.stats)}
+        from fa4verify.attribution import stage_verdict, tally_verdict
         try:
-            allowed = np.asarray(budgets.evaluate(sample.stage, stats), np.float64)
+            v = stage_verdict(budgets, sample, base)
         except Exception as exc:  # noqa: BLE001 - a missing statistic is a broken check
             res.stage_error = f"stage {sample.stage}: {_one_line(exc)}"
             return
-        fa4 = np.asarray(sample.fa4, np.float64)
-        ex = np.asarray(sample.exact, np.float64)
-        with np.errstate(invalid="ignore", over="ignore"):
-            err = np.abs(fa4 - ex)
-        allowed = np.broadcast_to(allowed, err.shape)
-        w = np.isfinite(ex) if sample.where is None else \
-            (np.broadcast_to(np.asarray(sample.where, bool), err.shape) & np.isfinite(ex))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = err / allowed
-        ratio = np.where(np.isnan(ratio) | np.isinf(err), np.inf, ratio)
-        ratio = np.where(err == 0.0, 0.0, ratio)  # exact (also 0/0 for a zero budget)
-        ratio = np.where(w, ratio, 0.0)
-        tally.n += int(w.sum())
-        if ratio.size == 0:
-            return
-        over = int((ratio > 1.0).sum())
-        tally.n_over += over
-        i = int(np.argmax(ratio))
-        mr = float(ratio.flat[i])
-        if mr > tally.max_ratio:
-            tally.max_ratio = mr
-            tally.worst = (f"{sample.stage}: |{fa4.flat[i]:.9g} - {ex.flat[i]:.9g}| = "
-                           f"{err.flat[i]:.3g} vs budget {allowed.flat[i]:.3g}")
+        tally_verdict(tally, v)
     return probe
 
 
@@ -822,6 +801,9 @@ def _v_stages(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
         return Verdict("fail", worst.max_ratio,
                        f"{sum(over.values())} elements over budget in {sorted(over)}; worst "
                        f"{worst.worst}")
+    unj = {k: t.n_unjudged for k, t in run.stage_tally.items() if t.n_unjudged}
+    if unj:
+        return Verdict("undecided", worst.max_ratio, f"stage budgets negative or non-finite on {unj} elements")
     return Verdict("pass", worst.max_ratio, f"all stages within budget; tightest {worst.worst}")
 
 

@@ -6,13 +6,11 @@ on a GPU, when present).
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 import platform
 import sys
 import time
-from pathlib import Path
 
 import click
 
@@ -38,11 +36,7 @@ def _versions() -> dict:
     from fa4verify.kernels.fa4_params import load_params
     p = load_params()
 
-    def v(name):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
+    from fa4verify.kernels.facts import dist_version as v
     return {"fa4": p.fa4_version, "dsl": p.dsl_version or v("nvidia-cutlass-dsl"), "numpy": np.__version__,
             "fa4verify": __version__, "python": platform.python_version(), "params_source": p.source}
 
@@ -252,7 +246,7 @@ class _Progress:
 
 def render(report: dict) -> str:
     v = report["versions"]
-    lines = [f"fa4verify exp2 -- CPU twin of flash_attn.cute.utils.ex2_emulation_2 (bit-exact numpy model)",
+    lines = ["fa4verify exp2 -- CPU twin of flash_attn.cute.utils.ex2_emulation_2 (bit-exact numpy model)",
              f"  fa4 {v['fa4']}, cutlass-dsl {v['dsl']}, numpy {v['numpy']}, fa4verify {v['fa4verify']}",
              f"  params: {report['params_source']}",
              f"  range [{report['range'][0]}, {report['range'][1]}], mode {report['mode']}"
