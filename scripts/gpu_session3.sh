@@ -39,4 +39,14 @@ case "${1:-audit}" in
     tail -4 "$OUT/audit_h200_llama3.log" "$OUT/audit_h200_smallhd.log" "$OUT/gpu_tests.log"
     grep -c '"wrong"' "$OUT/predictions_h200.json" 2>/dev/null
     ;;
+  more2)
+    t0=$(date +%s)
+    timeout 330 fa4verify audit --dtype bf16 --device cuda --seed 0 --deployment llama3-8b \
+      --json "$OUT/audit_h200_llama3_full.json" > "$OUT/audit_h200_llama3_full.log" 2>&1
+    echo "llama3 full rc=$? wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/audit_h200_llama3_full.log"
+    tail -12 "$OUT/audit_h200_llama3_full.log"
+    timeout 200 python3 -m pytest -q -m gpu -x --tb=short tests/test_fuzz_production.py > "$OUT/gpu_fuzz_test.log" 2>&1
+    echo "gpu fuzz test rc=$?" | tee -a "$OUT/gpu_fuzz_test.log"
+    tail -30 "$OUT/gpu_fuzz_test.log"
+    ;;
 esac
