@@ -129,7 +129,7 @@ def _sass_category(op: str) -> Optional[str]:
     if head in ("RED", "REDG", "ATOM", "ATOMG"):
         if ".CAS" in op:
             return SASS_KEYS[4]
-        if re.search(r"\.(F32|F16|BF16|F64|F16x2|BF16x2)\b", op, re.I) and ".ADD" in op:
+        if re.search(r"\.(F32|F16|BF16|F64)(X\d+)?(?=\.|$)", op, re.I) and ".ADD" in op:
             return SASS_KEYS[2]
         return SASS_KEYS[3]
     if head == "LDG" and ".STRONG.GPU" in op or head == "LDG" and ".STRONG.SYS" in op:
@@ -256,3 +256,18 @@ def dq_verdict(det: dict, default: dict) -> DqVerdict:
 ROW_COLUMNS = ["arch", "mode", "kernel", "role", "PTX fp reduce/atomic", "PTX ld.acquire", "PTX red.release",
                "PTX atom.cas", "PTX bulk wait (writes)", "PTX bulk wait.read", "SASS fp reduce/atomic",
                "SASS LDG.STRONG.GPU", "SASS int RED/ATOM", "SASS MEMBAR.GPU"]
+
+
+def compile_bwd_pair(arch: str, head_dim: int = 128, causal: bool = False,
+                     workdir=None, seqlen: int = 1024) -> tuple[dict, dict, dict]:
+    """Compile FA4's backward for ``arch`` with ``deterministic=True`` and with the default
+    (two census subprocesses) and return ``(det, default, seconds)``: two :func:`atomics_census`
+    dicts and the compile wall time per mode."""
+    from fa4verify import census as C
+    out, secs = [], {}
+    for det in (True, False):
+        case = C.CensusCase(arch, head_dim, causal=causal, backward=True, deterministic=det, seqlen=seqlen)
+        res = C.compile_case(case, workdir)
+        secs["deterministic" if det else "default"] = round(res.seconds, 1)
+        out.append(atomics_census(res))
+    return out[0], out[1], secs

@@ -48,7 +48,12 @@ def _check_head_dim(arch: str, hd: int, hdv: int | None) -> int | None:
               help="Head dim of v (default: D; 128 for D=192 on sm_100a).")
 @click.option("--causal/--no-causal", default=False, help="Causal mask.  Default: non-causal.")
 @click.option("--backward", is_flag=True, help="Also compile the backward kernels.")
-@click.option("--deterministic", is_flag=True, help="Deterministic backward (implies --backward).")
+@click.option("--deterministic/--no-deterministic", default=False,
+              help="Deterministic backward (--deterministic implies --backward).  Default: FA4's default mode.")
+@click.option("--atomics", is_flag=True,
+              help="Also print the backward's floating-point atomics (dQ fp32 bulk reduce-add) and the "
+                   "semaphore ops that order them, per kernel, with their PTX lines / SASS offsets "
+                   "(implies --backward; fa4verify.census_atomics).")
 @click.option("--seqlen", type=int, default=1024, show_default=True,
               help="Sequence length of the fake tensors (> 256 lets SM100 use 2-CTA).")
 @click.option("--exp2-emulation/--no-exp2-emulation", "emulation", default=True,
@@ -58,7 +63,7 @@ def _check_head_dim(arch: str, hd: int, hdv: int | None) -> int | None:
               metavar="F", help="Write the full census as JSON to F ('-' for stdout).")
 @click.option("--keep-dir", type=click.Path(file_okay=False), default=None,
               help="Keep the PTX/SASS dumps in this directory (default: a temp dir).")
-def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen, emulation, json_path,
+def command(arch, head_dim, head_dim_v, causal, backward, deterministic, atomics, seqlen, emulation, json_path,
             keep_dir):
     """Compile-only instruction census of FA4 for sm_90a / sm_100a (every figure: compile-only)."""
     from fa4verify.cli import ExitCode
@@ -71,7 +76,7 @@ def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen,
                    "(pip install 'fa4verify[fa4]')", err=True)
         raise SystemExit(int(ExitCode.USAGE))
     from fa4verify import census as C
-    case = C.CensusCase(arch, head_dim, causal=causal, backward=backward or deterministic,
+    case = C.CensusCase(arch, head_dim, causal=causal, backward=backward or deterministic or atomics,
                         deterministic=deterministic, head_dim_v=head_dim_v, seqlen=seqlen,
                         exp2_emulation=emulation)
     try:
@@ -84,6 +89,10 @@ def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen,
         raise SystemExit(int(ExitCode.USAGE))
     cen = C.census_case(res)
     _print(cen)
+    if atomics:
+        from fa4verify import census_atomics as A
+        cen["atomics"] = A.atomics_census(res)
+        _print_atomics(cen["atomics"])
     if json_path:
         text = json.dumps(cen, indent=1, default=str)
         if json_path == "-":
@@ -128,3 +137,27 @@ def _print(cen: dict) -> None:
     if cen.get("ffma_negated_addend") is not None and str(fc.get("arch")) == "90":
         con.print(f"SM90 exponent argument S*c - m*c: {cen['ffma_negated_addend']} FFMA with negated "
                   f"addend in SASS (ptxas contraction of PTX mul.f32 + sub.f32)")
+
+
+def _print_atomics(at: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from fa4verify import census_atomics as A
+    con = Console(file=sys.stdout, width=140)
+    mode = "deterministic=True" if at["deterministic"] else "deterministic=False (default)"
+    t = Table(title=f"backward atomics, {at['arch']}, {mode} (compile-only; static instruction sites)",
+              header_style="bold")
+    for c in ["kernel", "role", *A.PTX_KEYS, *A.SASS_KEYS]:
+        t.add_column(c.strip()[:22], justify="right" if c not in ("kernel", "role") else "left")
+    for name, k in at["kernels"].items():
+        p, s = k["ptx"]["counts"], (k["sass"] or {}).get("counts", {})
+        t.add_row(name, k["role"], *(str(p[x]) for x in A.PTX_KEYS), *(str(s.get(x, 0)) for x in A.SASS_KEYS))
+    con.print(t)
+    for name, k in at["kernels"].items():
+        if k["role"] != "bwd main":
+            continue
+        con.print(f"[bold]{name}[/bold] PTX sites (line: instruction):")
+        for ln, cat, ins in k["ptx"]["sites"]:
+            con.print(f"  {ln:>6}: {ins}   [{cat}]")
+        if k["sass"]:
+            con.print("  SASS: " + ", ".join(f"{o}:{op}" for o, _, op in k["sass"]["sites"]))
