@@ -165,6 +165,9 @@ def test_sm103_production_compiles_forward_and_backward(tmp_path_factory):
     run = run_cases("sm_103a", [C("forward", 128, False), C("backward", 128, False, deterministic=True),
                                 C("backward", 128, False, deterministic=False),
                                 C("forward", 64, True)], tmp_path_factory.mktemp("co103"))
+    print(f"\ncompile-only sm_103a: {len(run['results'])} cases in {run['wall_seconds']} s "
+          f"(import {run['import_seconds']} s): " +
+          ", ".join(f"{r['label']} {r['seconds']} s" for r in run["results"]))
     bad = {r["label"]: p for r in run["results"] if (p := _problems(r, 103))}
     assert not bad, bad
     fwd = run["results"][0]["forward_config"]
