@@ -133,3 +133,13 @@ def test_sm100_compiled_backward_atomics_shape(tmp_path):
         others = [k for k in fresh["kernels"].values() if k["role"] in ("bwd preprocess", "bwd postprocess")]
         assert others and all(k["ptx"]["counts"][A.PTX_KEYS[0]] == 0 for k in others)
     assert det["compile_key"]["deterministic"] is True and dft["compile_key"]["deterministic"] is False
+
+
+def test_sass_cli_has_atomics_and_deterministic_switch(capsys):
+    from click.testing import CliRunner
+    from fa4verify.cli.sass import _print_atomics, command
+    out = CliRunner().invoke(command, ["--help"]).output
+    assert "--atomics" in out and "--no-deterministic" in out
+    _print_atomics(_recorded("sm_100a", True))
+    text = capsys.readouterr().out
+    assert "compile-only" in text and "ld.global.acquire.gpu.b32" in text and "UBLKRED.G.S.ADD.F32.RN" in text

@@ -141,23 +141,28 @@ def _print(cen: dict) -> None:
 
 def _print_atomics(at: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     from fa4verify import census_atomics as A
-    con = Console(file=sys.stdout, width=140)
+    con = Console(file=sys.stdout, width=120)
     mode = "deterministic=True" if at["deterministic"] else "deterministic=False (default)"
     t = Table(title=f"backward atomics, {at['arch']}, {mode} (compile-only; static instruction sites)",
               header_style="bold")
-    for c in ["kernel", "role", *A.PTX_KEYS, *A.SASS_KEYS]:
-        t.add_column(c.strip()[:22], justify="right" if c not in ("kernel", "role") else "left")
-    for name, k in at["kernels"].items():
-        p, s = k["ptx"]["counts"], (k["sass"] or {}).get("counts", {})
-        t.add_row(name, k["role"], *(str(p[x]) for x in A.PTX_KEYS), *(str(s.get(x, 0)) for x in A.SASS_KEYS))
+    names = list(at["kernels"])
+    t.add_column("instruction class")
+    for n in names:
+        t.add_column(f"{n.replace('FlashAttention', '')}\n({at['kernels'][n]['role']})", justify="right")
+    for key in A.PTX_KEYS:
+        t.add_row(escape("PTX " + key.strip()), *(str(at["kernels"][n]["ptx"]["counts"][key]) for n in names))
+    for key in A.SASS_KEYS:
+        t.add_row(escape("SASS " + key), *(str(((at["kernels"][n]["sass"] or {}).get("counts") or {}).get(key, 0))
+                                        for n in names))
     con.print(t)
     for name, k in at["kernels"].items():
         if k["role"] != "bwd main":
             continue
         con.print(f"[bold]{name}[/bold] PTX sites (line: instruction):")
         for ln, cat, ins in k["ptx"]["sites"]:
-            con.print(f"  {ln:>6}: {ins}   [{cat}]")
+            con.print(escape(f"  {ln:>6}: {ins}   [{cat}]"))
         if k["sass"]:
-            con.print("  SASS: " + ", ".join(f"{o}:{op}" for o, _, op in k["sass"]["sites"]))
+            con.print(escape("  SASS (offset:opcode): " + ", ".join(f"{o}:{op}" for o, _, op in k["sass"]["sites"])))
