@@ -31,8 +31,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["atomics_ptx", "atomics_sass", "atomics_census", "dq_verdict", "kernel_role",
-           "PTX_KEYS", "SASS_KEYS"]
+__all__ = [
+    "PTX_KEYS",
+    "SASS_KEYS",
+    "atomics_census",
+    "atomics_ptx",
+    "atomics_sass",
+    "dq_verdict",
+    "kernel_role",
+]
 
 _FLOAT_TYPES = {"f32", "f64", "f16", "bf16", "f16x2", "bf16x2"}
 _INT_TYPES = {"s32", "u32", "b32", "s64", "u64", "b64"}

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["CompileCase", "run_cases", "kernel_class", "INJECTIONS"]
+__all__ = ["INJECTIONS", "CompileCase", "kernel_class", "run_cases"]
 
 INJECTIONS = ("", "raise", "skip-fa4")
 
@@ -121,6 +121,7 @@ def _summary_config(d: dict) -> dict:
 
 def _run_one(case: CompileCase, dump: Path) -> dict[str, Any]:
     import numpy as np
+
     from fa4verify._strategies.problem import AttentionProblem
     from fa4verify.kernels import adapter as ad
     from fa4verify.targets import ProductionTarget
@@ -180,6 +181,7 @@ def _worker(spec_json: str) -> None:
     from fa4verify.census import _install_cpu_shims
     _install_cpu_shims(int(os.environ["FLASH_ATTENTION_NUM_SMS"]))
     import torch  # noqa: F401
+
     from fa4verify.kernels import adapter  # noqa: F401  (imports flash_attn.cute)
     import_s = time.time() - t0
     dump = Path(os.environ["CUTE_DSL_DUMP_DIR"])

@@ -122,7 +122,7 @@ def test_verdict_passes_without_fp_atomics():
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("cutlass") is None,
                     reason="flash-attn-4 / nvidia-cutlass-dsl not installed")
 def test_sm100_compiled_backward_atomics_shape(tmp_path):
-    det, dft, secs = A.compile_bwd_pair("sm_100a", 128, False, tmp_path)
+    det, dft, _ = A.compile_bwd_pair("sm_100a", 128, False, tmp_path)
     v = A.dq_verdict(det, dft)
     assert v.status == "pass" and v.mode == "semaphore-ordered fp atomics", v.summary
     for fresh, recorded in ((det, _recorded("sm_100a", True)), (dft, _recorded("sm_100a", False))):
@@ -137,6 +137,7 @@ def test_sm100_compiled_backward_atomics_shape(tmp_path):
 
 def test_sass_cli_has_atomics_and_deterministic_switch(capsys):
     from click.testing import CliRunner
+
     from fa4verify.cli.sass import _print_atomics, command
     out = CliRunner().invoke(command, ["--help"]).output
     assert "--atomics" in out and "--no-deterministic" in out

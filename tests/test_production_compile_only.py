@@ -161,7 +161,8 @@ def test_compile_only_env_does_not_leak_into_this_process(sm100):
 @pytest.mark.slow
 @pytest.mark.skipif(not SLOW, reason="set FA4VERIFY_SLOW=1 for the sm_103a subprocess")
 def test_sm103_production_compiles_forward_and_backward(tmp_path_factory):
-    from fa4verify.compile_only import CompileCase as C, run_cases
+    from fa4verify.compile_only import CompileCase as C
+    from fa4verify.compile_only import run_cases
     run = run_cases("sm_103a", [C("forward", 128, False), C("backward", 128, False, deterministic=True),
                                 C("backward", 128, False, deterministic=False),
                                 C("forward", 64, True)], tmp_path_factory.mktemp("co103"))
