@@ -233,7 +233,11 @@ class ProductionTarget(Target):
         adapter module on CPU tensors); normal use takes ``fa4verify.kernels.adapter`` on CUDA.
         ``emulation``: "default" (FA4 as shipped) or "disabled" (SM100/SM103: every exp2 on MUFU).
         ``fake``: compile-only under torch ``FakeTensorMode`` (no GPU: FA4 compiles for
-        ``FLASH_ATTENTION_ARCH`` and skips the launch; outputs are not values)."""
+        ``FLASH_ATTENTION_ARCH`` and skips the launch; outputs are zero arrays of the right
+        shapes, not values). The target enters its own FakeTensorMode (one per target, so the
+        forward's fake O/LSE feed its backward) unless the caller already has one active. It needs
+        the compile-only environment and CPU shims of :mod:`fa4verify.census`; run it through
+        :func:`fa4verify.compile_only.run_cases` (a subprocess) so they do not leak."""
         if emulation not in ("default", "disabled"):
             raise ValueError(f"emulation={emulation!r}: expected 'default' or 'disabled'")
         self._ad = adapter if adapter is not None else _import("fa4verify.kernels.adapter")
