@@ -45,6 +45,31 @@ from pathlib import Path
 from typing import Any, Optional
 
 ARCHS = {"sm_90a": ("sm_90", "132"), "sm_100a": ("sm_100", "148")}
+#: Compile targets the compile-only production path (:mod:`fa4verify.compile_only`) also takes:
+#: sm_103a (B300-class; FA4 4.0.0b36 compiles its SM100 kernels for it, ``is_sm103`` in the
+#: tuning key). The SM count only sizes the persistent grid, not the per-element math.
+COMPILE_ARCHS = dict(ARCHS, **{"sm_103a": ("sm_103", "148")})
+
+
+def compile_env(arch: str, dump_dir: str | os.PathLike, cache_dir: str | os.PathLike,
+                keep: str = "ptx,cubin,sass") -> dict[str, str]:
+    """The environment of a compile-only subprocess for ``arch`` (a key of :data:`COMPILE_ARCHS`):
+    ``CUTE_DSL_ARCH``, ``FLASH_ATTENTION_ARCH``, ``FLASH_ATTENTION_NUM_SMS``, ``CUTE_DSL_KEEP``,
+    ``CUTE_DSL_DUMP_DIR`` (must exist: the DSL silently writes nothing otherwise) and a private
+    ``CUTE_DSL_CACHE_DIR``; knobs that would change FA4's kernel choice are removed."""
+    if arch not in COMPILE_ARCHS:
+        raise ValueError(f"arch must be one of {sorted(COMPILE_ARCHS)}, got {arch!r}")
+    fa_arch, sms = COMPILE_ARCHS[arch]
+    env = dict(os.environ)
+    for k in ("FA_DISABLE_2CTA", "FA_CLC", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"):
+        env.pop(k, None)
+    env.update({
+        "CUTE_DSL_ARCH": arch, "FLASH_ATTENTION_ARCH": fa_arch,
+        "FLASH_ATTENTION_NUM_SMS": sms, "CUTE_DSL_KEEP": keep,
+        "CUTE_DSL_DUMP_DIR": str(dump_dir), "CUTE_DSL_CACHE_DIR": str(cache_dir),
+        "PYTHONWARNINGS": "ignore",
+    })
+    return env
 
 #: POLY_EX2[3] constants as PTX hex immediates (c3, c2, c1); c0 = 1.0 = 0f3F800000.
 POLY3_PTX = ("0f3D9DF09D", "0f3E6906A4", "0f3F31F519")
@@ -172,16 +197,7 @@ def compile_case(case: CensusCase, workdir: str | os.PathLike | None = None,
     for old in dump.iterdir():
         if old.is_file():
             old.unlink()
-    fa_arch, sms = ARCHS[case.arch]
-    env = dict(os.environ)
-    for k in ("FA_DISABLE_2CTA", "FA_CLC", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"):
-        env.pop(k, None)
-    env.update({
-        "CUTE_DSL_ARCH": case.arch, "FLASH_ATTENTION_ARCH": fa_arch,
-        "FLASH_ATTENTION_NUM_SMS": sms, "CUTE_DSL_KEEP": "ptx,cubin,sass",
-        "CUTE_DSL_DUMP_DIR": str(dump), "CUTE_DSL_CACHE_DIR": str(base / "dsl-cache"),
-        "PYTHONWARNINGS": "ignore",
-    })
+    env = compile_env(case.arch, dump, base / "dsl-cache")
     result_json = dump / "_config.json"
     spec = json.dumps({"case": asdict(case), "result": str(result_json)})
     t0 = time.time()

@@ -233,7 +233,11 @@ class ProductionTarget(Target):
         adapter module on CPU tensors); normal use takes ``fa4verify.kernels.adapter`` on CUDA.
         ``emulation``: "default" (FA4 as shipped) or "disabled" (SM100/SM103: every exp2 on MUFU).
         ``fake``: compile-only under torch ``FakeTensorMode`` (no GPU: FA4 compiles for
-        ``FLASH_ATTENTION_ARCH`` and skips the launch; outputs are not values)."""
+        ``FLASH_ATTENTION_ARCH`` and skips the launch; outputs are zero arrays of the right
+        shapes, not values). The target enters its own FakeTensorMode (one per target, so the
+        forward's fake O/LSE feed its backward) unless the caller already has one active. It needs
+        the compile-only environment and CPU shims of :mod:`fa4verify.census`; run it through
+        :func:`fa4verify.compile_only.run_cases` (a subprocess) so they do not leak."""
         if emulation not in ("default", "disabled"):
             raise ValueError(f"emulation={emulation!r}: expected 'default' or 'disabled'")
         self._ad = adapter if adapter is not None else _import("fa4verify.kernels.adapter")
@@ -257,7 +261,7 @@ class ProductionTarget(Target):
         elif fake:
             import os
             from fa4verify.kernels import facts
-            fam = os.environ.get("FLASH_ATTENTION_ARCH", "sm_100").replace("sm_", "")
+            fam = "".join(ch for ch in os.environ.get("FLASH_ATTENTION_ARCH", "sm_100") if ch.isdigit()) or "100"
             self.gpu_name = None
             self.arch = facts.arch_from_capability(int(fam) // 10, int(fam) % 10)
             self.where = "compile-only"
@@ -268,11 +272,24 @@ class ProductionTarget(Target):
             raise Unsupported("FA4's SM90 kernels have no exp2 emulation to disable")
         self.last_config: Optional[dict] = None
         self.configs: dict[str, int] = {}
+        self._fake_mode = None
+        if self.fake:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            # one mode for the target's lifetime: the forward's fake (out, lse) feed its backward
+            self._fake_mode = FakeTensorMode()
 
     def _emulation(self):
         if self.emulation == "disabled":
             return self._ad.exp2_emulation_disabled()
         return contextlib.nullcontext()
+
+    def _mode(self):
+        """Compile-only: run inside the target's FakeTensorMode unless the caller already entered
+        one (then FA4 sees the caller's mode and the tensors made in it)."""
+        if not self.fake:
+            return contextlib.nullcontext()
+        from torch._guards import active_fake_mode
+        return contextlib.nullcontext() if active_fake_mode() is not None else self._fake_mode
 
     def features(self) -> tuple[str, ...]:
         return tuple(f for f in FEATURES if f != "mask_mod")
@@ -286,10 +303,21 @@ class ProductionTarget(Target):
             return None
         torch = self._torch
         if self.fake:   # FakeTensorMode: shapes and dtypes only, on the "cuda" device
-            tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}.get(dtype, torch.bfloat16)
             src = np.asarray(x)
-            return torch.empty(src.shape, dtype=tdt or torch.from_numpy(np.zeros(1, src.dtype)).dtype,
-                               device="cuda")
+            if dtype is None:   # keep the array's own dtype (cu_seqlens int32, sink float32)
+                tdt = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float32,
+                       np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64}.get(src.dtype)
+                if tdt is None:
+                    raise Unsupported(f"compile-only: no torch dtype for a {src.dtype} array")
+            else:
+                tdt = {"bf16": torch.bfloat16, "fp16": torch.float16,
+                       "fp8": getattr(torch, "float8_e4m3fn", None)}.get(dtype)
+                if tdt is None:
+                    raise Unsupported(f"compile-only: dtype {dtype!r} has no torch dtype here")
+            from torch._guards import active_fake_mode
+            if active_fake_mode() is None:
+                raise RuntimeError("ProductionTarget(fake=True) made a tensor outside FakeTensorMode")
+            return torch.empty(src.shape, dtype=tdt, device="cuda")
         if dtype is None:
             return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
         tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
@@ -318,12 +346,12 @@ class ProductionTarget(Target):
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
         dt = problem.dtype
-        with self._emulation():
+        with self._mode(), self._emulation():
             r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
                            return_lse=True, **self._kw(problem, a))
         self._note_config(r.config)
         if self.fake:
-            return Fwd(np.zeros(r.out.shape), np.zeros(r.lse.shape), native=(r.out, r.lse))
+            return Fwd(np.zeros(tuple(r.out.shape)), np.zeros(tuple(r.lse.shape)), native=(r.out, r.lse))
         return Fwd(self._np(r.out), self._np(r.lse), native=(r.out, r.lse))
 
     def _note_config(self, cfg: Any) -> None:
@@ -350,17 +378,22 @@ class ProductionTarget(Target):
                  deterministic: bool = True) -> Bwd:
         self.check_supported(problem)
         dt = problem.dtype
-        if fwd.native is not None:
-            out, lse = fwd.native          # FA4's own O and LSE tensors from the forward call
-        else:
-            out = self._t(fwd.out.astype(np.float32), dt)
-            lse = self._torch.from_numpy(np.ascontiguousarray(fwd.lse, np.float32)).to(self.device)
-        with self._emulation():
+        with self._mode(), self._emulation():
+            if fwd.native is not None:
+                out, lse = fwd.native          # FA4's own O and LSE tensors from the forward call
+            elif self.fake:
+                out = self._t(fwd.out, dt)
+                lse = self._t(np.asarray(fwd.lse, np.float32), None)
+            else:
+                out = self._t(fwd.out.astype(np.float32), dt)
+                lse = self._torch.from_numpy(np.ascontiguousarray(fwd.lse, np.float32)).to(self.device)
             r = self._call(self._ad.backward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt), out,
                            self._t(a["dout"], dt), lse, deterministic=deterministic, **self._kw(problem, a))
         self._note_config(r.config)
         if self.fake:
-            return Bwd(*(np.zeros(t.shape) for t in (r.dq, r.dk, r.dv)))
+            ds = getattr(r, "dsink", None)
+            return Bwd(*(np.zeros(tuple(t.shape)) for t in (r.dq, r.dk, r.dv)),
+                       dsink=None if ds is None else np.zeros(tuple(ds.shape)))
         return Bwd(self._np(r.dq), self._np(r.dk), self._np(r.dv), self._np(getattr(r, "dsink", None)))
 
 

@@ -12,6 +12,10 @@
   FA4 stage they isolate (degree-3 Horner = 3 FFMA after an FADD.FTZ.RM, packed variant =
   FFMA2/FADD2.RM, MUFU ops, RNE F2FP conversions).
 
+* ``census.bwd_atomics`` -- compile FA4's backward (sm_100a and sm_90a, deterministic and
+  default) and count the dQ path's fp32 atomics and the semaphore that orders them
+  (:mod:`fa4verify.census_atomics`); the static side of the B200 determinism claim.
+
 Each FA4 compile takes 5-15 s on 2 cores, so these run in the ``full`` and ``exhaustive``
 profiles only. Every figure is "compile-only".
 """
@@ -116,3 +120,42 @@ def probes(ctx: CheckContext) -> CheckResult:
                        summary="; ".join(bad) if bad else f"{len(rows)} probe compiles have the expected SASS",
                        metrics={"probe_compiles": len(rows), "unexpected": len(bad)},
                        details={"table": {"columns": ["arch", "probe", "SASS", "ok"], "rows": rows}})
+
+
+@check("census.bwd_atomics", title="Deterministic backward orders its dQ fp32 atomics (semaphore); default does not",
+       needs={"cpu", "fa4"}, profiles={"full", "exhaustive"})
+def bwd_atomics(ctx: CheckContext) -> CheckResult:
+    """Compile FA4's backward for sm_100a (and sm_90a) with ``deterministic=True`` and with the
+    default; count the dQ path's floating-point atomics (TMA bulk ``cp.reduce.async.bulk ...
+    add.f32`` / SASS ``UBLKRED.G.S.ADD.F32.RN``, plus any ``red``/``atom`` ``.add.f32``) and the
+    semaphore ops (``ld.global.acquire.gpu`` spin, ``red.release.gpu.global.add.s32``, bulk waits
+    for the writes). Pass when the deterministic dQ path has no fp atomics or orders them with the
+    semaphore; the default mode's unordered atomics are reported. Evidence: compile-only."""
+    from fa4verify import census_atomics as A
+    archs = ["sm_100a", "sm_90a"]
+    rows, metrics, bad, summaries = [], {}, [], []
+    with tempfile.TemporaryDirectory(prefix="fa4atomics-") as wd, \
+            ctx.progress(2 * len(archs), "compiling FA4 backward (deterministic / default)") as bar:
+        for arch in archs:
+            det, dft, secs = A.compile_bwd_pair(arch, 128, False, wd)
+            bar.advance(2)
+            v = A.dq_verdict(det, dft)
+            rows += v.rows
+            tag = arch.replace("_", "")
+            for cen, mode in ((det, "det"), (dft, "default")):
+                for name, k in cen["kernels"].items():
+                    if k["role"] == "bwd main":
+                        p = k["ptx"]["counts"]
+                        metrics[f"{tag}_{mode}_dq_fp_atomic_sites"] = p[A.PTX_KEYS[0]] + p[A.PTX_KEYS[1]] + p[A.PTX_KEYS[2]]
+                        metrics[f"{tag}_{mode}_acquire_loads"] = p[A.PTX_KEYS[6]]
+                        metrics[f"{tag}_{mode}_release_reds"] = p[A.PTX_KEYS[4]]
+            metrics[f"{tag}_det_mode"] = v.mode
+            summaries.append(v.summary)
+            if v.status != "pass":
+                bad.append(v.summary)
+    return CheckResult(
+        status="fail" if bad else "pass", where="compile-only",
+        summary="; ".join(bad) if bad else " | ".join(summaries),
+        metrics=metrics,
+        details={"table": {"columns": A.ROW_COLUMNS, "rows": rows},
+                 "note": "static instruction sites in the compiled PTX/SASS (compile-only), not executions"})

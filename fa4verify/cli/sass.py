@@ -49,7 +49,12 @@ def _check_head_dim(arch: str, hd: int, hdv: int | None) -> int | None:
               help="Head dim of v (default: D; 128 for D=192 on sm_100a).")
 @click.option("--causal/--no-causal", default=False, help="Causal mask.  Default: non-causal.")
 @click.option("--backward", is_flag=True, help="Also compile the backward kernels.")
-@click.option("--deterministic", is_flag=True, help="Deterministic backward (implies --backward).")
+@click.option("--deterministic/--no-deterministic", default=False,
+              help="Deterministic backward (--deterministic implies --backward).  Default: FA4's default mode.")
+@click.option("--atomics", is_flag=True,
+              help="Also print the backward's floating-point atomics (dQ fp32 bulk reduce-add) and the "
+                   "semaphore ops that order them, per kernel, with their PTX lines / SASS offsets "
+                   "(implies --backward; fa4verify.census_atomics).")
 @click.option("--seqlen", type=int, default=1024, show_default=True,
               help="Sequence length of the fake tensors (> 256 lets SM100 use 2-CTA).")
 @click.option("--exp2-emulation/--no-exp2-emulation", "emulation", default=True,
@@ -60,7 +65,7 @@ def _check_head_dim(arch: str, hd: int, hdv: int | None) -> int | None:
                                 "alone, the table goes to stderr).")
 @click.option("--keep-dir", default=None,
               help="Keep the PTX/SASS dumps in this directory (default: a temp dir).")
-def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen, emulation, json_path,
+def command(arch, head_dim, head_dim_v, causal, backward, deterministic, atomics, seqlen, emulation, json_path,
             keep_dir):
     """Compile-only instruction census of FA4 for sm_90a / sm_100a (every figure: compile-only)."""
     from fa4verify.cli import ExitCode
@@ -74,7 +79,7 @@ def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen,
     if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("cutlass") is None:
         raise usage("flash-attn-4 / nvidia-cutlass-dsl not installed (pip install 'fa4verify[fa4]')")
     from fa4verify import census as C
-    case = C.CensusCase(arch, head_dim, causal=causal, backward=backward or deterministic,
+    case = C.CensusCase(arch, head_dim, causal=causal, backward=backward or deterministic or atomics,
                         deterministic=deterministic, head_dim_v=head_dim_v, seqlen=seqlen,
                         exp2_emulation=emulation)
     try:
@@ -86,6 +91,10 @@ def command(arch, head_dim, head_dim_v, causal, backward, deterministic, seqlen,
         raise usage(f"compile failed: {msg[0] if msg else e}" + (f" ... {last}" if len(msg) > 1 else ""))
     cen = C.census_case(res)
     _print(cen, to_stderr=json_path == "-")
+    if atomics:
+        from fa4verify import census_atomics as A
+        cen["atomics"] = A.atomics_census(res)
+        _print_atomics(cen["atomics"], to_stderr=json_path == "-")
     if json_path is not None:
         from fa4verify.cli._common import json_bytes
         text = json_bytes(cen)
@@ -130,3 +139,32 @@ def _print(cen: dict, to_stderr: bool = False) -> None:
     if cen.get("ffma_negated_addend") is not None and str(fc.get("arch")) == "90":
         con.print(f"SM90 exponent argument S*c - m*c: {cen['ffma_negated_addend']} FFMA with negated "
                   f"addend in SASS (ptxas contraction of PTX mul.f32 + sub.f32)")
+
+
+def _print_atomics(at: dict, to_stderr: bool = False) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    from fa4verify import census_atomics as A
+    con = Console(file=sys.stderr if to_stderr else sys.stdout, width=120)
+    mode = "deterministic=True" if at["deterministic"] else "deterministic=False (default)"
+    t = Table(title=f"backward atomics, {at['arch']}, {mode} (compile-only; static instruction sites)",
+              header_style="bold")
+    names = list(at["kernels"])
+    t.add_column("instruction class")
+    for n in names:
+        t.add_column(f"{n.replace('FlashAttention', '')}\n({at['kernels'][n]['role']})", justify="right")
+    for key in A.PTX_KEYS:
+        t.add_row(escape("PTX " + key.strip()), *(str(at["kernels"][n]["ptx"]["counts"][key]) for n in names))
+    for key in A.SASS_KEYS:
+        t.add_row(escape("SASS " + key), *(str(((at["kernels"][n]["sass"] or {}).get("counts") or {}).get(key, 0))
+                                        for n in names))
+    con.print(t)
+    for name, k in at["kernels"].items():
+        if k["role"] != "bwd main":
+            continue
+        con.print(f"[bold]{name}[/bold] PTX sites (line: instruction):")
+        for ln, cat, ins in k["ptx"]["sites"]:
+            con.print(escape(f"  {ln:>6}: {ins}   [{cat}]"))
+        if k["sass"]:
+            con.print(escape("  SASS (offset:opcode): " + ", ".join(f"{o}:{op}" for o, _, op in k["sass"]["sites"])))

@@ -1,0 +1,238 @@
+"""Compile-only production FA4 through the target layer: :class:`~fa4verify.targets.ProductionTarget`
+with ``fake=True``, no GPU.
+
+:func:`run_cases` starts **one** Python subprocess per compile target (``sm_100a`` / ``sm_103a`` /
+``sm_90a``) with the census' environment (:func:`fa4verify.census.compile_env`: ``CUTE_DSL_ARCH``,
+``FLASH_ATTENTION_ARCH``, ``FLASH_ATTENTION_NUM_SMS``, ``CUTE_DSL_KEEP=ptx``, an existing
+``CUTE_DSL_DUMP_DIR``) and the census' CPU shims (:func:`fa4verify.census._install_cpu_shims`), so
+neither leaks into the calling process. In it every :class:`CompileCase` becomes an
+:class:`~fa4verify.judge.AttentionProblem`, is materialised, and runs
+``ProductionTarget(fake=True, emulation=...)`` forward (and backward, deterministic or default):
+FA4 traces and compiles its kernels for ``FLASH_ATTENTION_ARCH`` under torch ``FakeTensorMode`` and
+skips the launch. Per case the result records what the adapter saw (``CallConfig``: kernel family
+``arch``, FA4's own compile key, tile, 2-CTA, exp2 emulation), the kernel classes whose PTX the DSL
+dumped during the call (read from the dump file names, e.g. ``FlashAttentionBackwardSm100``), the
+output shapes, the target's ``where`` (``"compile-only"``), the wall time, and any error.
+
+Outputs are shapes, not values: every figure from here is **compile-only**.
+
+``inject`` (tests only) breaks the SM100 path on purpose inside the subprocess, so a test can
+show that its assertions fail: ``"raise"`` makes the adapter entry point raise;
+``"skip-fa4"`` replaces it by a stand-in that returns the right shapes and claims ``arch=100``
+without calling FA4 (nothing compiles, no compile key).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+__all__ = ["INJECTIONS", "CompileCase", "kernel_class", "run_cases"]
+
+INJECTIONS = ("", "raise", "skip-fa4")
+
+
+@dataclass(frozen=True)
+class CompileCase:
+    """One production call through ``ProductionTarget(fake=True)``: ``op`` "forward" or
+    "backward" (the backward case runs the target's forward first and feeds FA4's fake O/LSE to
+    it, as :meth:`ProductionTarget.backward` does with ``Fwd.native``)."""
+    op: str = "forward"
+    head_dim: int = 128
+    causal: bool = False
+    deterministic: bool = False          # backward only
+    emulation: str = "default"           # "default" | "disabled" (ProductionTarget(emulation=...))
+    dtype: str = "bf16"
+    batch: int = 1
+    seqlen: int = 256
+    nheads: int = 2
+    inject: str = ""
+
+    def __post_init__(self) -> None:
+        if self.op not in ("forward", "backward"):
+            raise ValueError(f"op={self.op!r}: expected 'forward' or 'backward'")
+        if self.inject not in INJECTIONS:
+            raise ValueError(f"inject={self.inject!r}: expected one of {INJECTIONS}")
+
+    def label(self) -> str:
+        s = f"{self.op[:3]}-hd{self.head_dim}-{'causal' if self.causal else 'noncausal'}"
+        if self.op == "backward":
+            s += "-det" if self.deterministic else "-default"
+        if self.emulation != "default":
+            s += f"-emu_{self.emulation}"
+        if self.inject:
+            s += f"-INJECT_{self.inject}"
+        return s
+
+
+_KERNEL_RE = re.compile(r"(FlashAttention[A-Za-z0-9]+?)_object")
+
+
+def kernel_class(dump_name: str) -> Optional[str]:
+    """FA4 kernel class from a DSL dump file name (``...flash_bwd_sm100FlashAttentionBackwardSm100_object_at...``)."""
+    m = _KERNEL_RE.search(dump_name)
+    return m.group(1) if m else None
+
+
+def _fa_arch(arch: str) -> str:
+    return {"sm_90a": "sm90", "sm_100a": "sm100", "sm_103a": "sm103"}[arch]
+
+
+# ----------------------------------------------------------------------------------------------
+# subprocess side
+# ----------------------------------------------------------------------------------------------
+
+def _inject(ad, case: CompileCase):
+    """Monkeypatch the adapter entry point of ``case.op``; returns an undo callable."""
+    name = case.op
+    orig = getattr(ad, name)
+    if case.inject == "raise":
+        def broken(*a, **k):
+            raise RuntimeError(f"injected: broken SM100 {name} path")
+    else:   # "skip-fa4": right shapes, claims arch 100, compiles nothing
+        import torch
+
+        def broken(q, k, v, *rest, **kw):
+            cfg = {"op": name, "arch": 100, "compile_key": None, "exp2_emulation": "stand-in"}
+            if name == "forward":
+                b, s, h, _ = q.shape
+                return ad.ForwardResult(torch.empty(b, s, h, v.shape[-1], dtype=q.dtype, device="cuda"),
+                                        torch.empty(b, h, s, dtype=torch.float32, device="cuda"), cfg)
+            return ad.BackwardResult(torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None, cfg)
+    setattr(ad, name, broken)
+    return lambda: setattr(ad, name, orig)
+
+
+def _summary_config(d: dict) -> dict:
+    key = d.get("compile_key") or None
+    keep = ("op", "entry", "arch", "dtype", "q_shape", "causal", "deterministic", "tile_mn", "use_2cta",
+            "tuning_key", "exp2_emulation", "emulated_share", "pack_gqa")
+    out = {k: d.get(k) for k in keep}
+    out["compile_key"] = key
+    return out
+
+
+def _run_one(case: CompileCase, dump: Path) -> dict[str, Any]:
+    import numpy as np
+
+    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify.kernels import adapter as ad
+    from fa4verify.targets import ProductionTarget
+    arch = _fa_arch(os.environ["CUTE_DSL_ARCH"])
+    prob = AttentionProblem(arch=arch, dtype=case.dtype, batch=case.batch, seqlen_q=case.seqlen,
+                            seqlen_k=case.seqlen, nheads=case.nheads, nheads_kv=case.nheads,
+                            head_dim=case.head_dim, head_dim_v=case.head_dim, causal=case.causal)
+    rec: dict[str, Any] = {"case": asdict(case), "label": case.label(), "ok": False, "error": None,
+                           "where": None, "target_arch": None, "forward_config": None,
+                           "backward_config": None, "kernels": [], "shapes": {}}
+    sh = prob.shapes()
+    b, s, h = case.batch, case.seqlen, case.nheads
+    rec["expected_shapes"] = ({"out": list(sh["out"]), "lse": [b, h, s]} if case.op == "forward" else
+                              {"dq": list(sh["q"]), "dk": list(sh["k"]), "dv": list(sh["v"])})
+    before = _snapshot(dump)
+    undo = None
+    t0 = time.time()
+    try:
+        a = prob.materialize()
+        tgt = ProductionTarget(fake=True, emulation=case.emulation)
+        rec["where"], rec["target_arch"] = tgt.where, tgt.arch
+        if case.inject and case.op == "forward":
+            undo = _inject(ad, case)
+        f = tgt.forward(prob, a)
+        rec["forward_config"] = _summary_config(tgt.last_config or {})
+        rec["shapes"].update(out=list(f.out.shape), lse=list(f.lse.shape))
+        if case.op == "backward":
+            if case.inject:
+                undo = _inject(ad, case)
+            r = tgt.backward(prob, a, f, deterministic=case.deterministic)
+            rec["backward_config"] = _summary_config(tgt.last_config or {})
+            rec["shapes"].update(dq=list(r.dq.shape), dk=list(r.dk.shape), dv=list(r.dv.shape))
+            rec["values_are_zero"] = bool(all(not np.any(x) for x in (r.dq, r.dk, r.dv)))
+        rec["describe"] = {k: v for k, v in tgt.describe().items() if k != "versions"}
+        rec["ok"] = True
+    except Exception as e:  # noqa: BLE001 - recorded; the caller decides
+        rec["error"] = f"{type(e).__name__}: {e}"[:2000]
+    finally:
+        if undo is not None:
+            undo()
+    rec["seconds"] = round(time.time() - t0, 2)
+    # dump names come from the kernel signature, not FA4's compile key: a recompile of the same
+    # class overwrites its file, so "compiled during this call" = new or rewritten since before
+    after = _snapshot(dump)
+    new = sorted(n for n, m in after.items() if n.endswith(".ptx") and before.get(n) != m)
+    rec["kernels"] = [kernel_class(n) or n[:80] for n in new]
+    return rec
+
+
+def _snapshot(d: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+
+
+def _worker(spec_json: str) -> None:
+    spec = json.loads(spec_json)
+    t0 = time.time()
+    from fa4verify.census import _install_cpu_shims
+    _install_cpu_shims(int(os.environ["FLASH_ATTENTION_NUM_SMS"]))
+    import torch  # noqa: F401
+
+    from fa4verify.kernels import adapter  # noqa: F401  (imports flash_attn.cute)
+    import_s = time.time() - t0
+    dump = Path(os.environ["CUTE_DSL_DUMP_DIR"])
+    results = []
+    for c in spec["cases"]:
+        results.append(_run_one(CompileCase(**c), dump))
+        Path(spec["result"]).write_text(json.dumps({"import_seconds": round(import_s, 2),
+                                                    "results": results}))
+
+
+# ----------------------------------------------------------------------------------------------
+# caller side
+# ----------------------------------------------------------------------------------------------
+
+def run_cases(arch: str, cases: Sequence[CompileCase], workdir: str | os.PathLike | None = None,
+              timeout: float = 600.0) -> dict[str, Any]:
+    """Run ``cases`` for compile target ``arch`` ("sm_100a", "sm_103a", "sm_90a") in one
+    subprocess. Returns ``{"arch", "wall_seconds", "import_seconds", "results": [per case]}``.
+    A case that fails records its error (``ok`` False); raises ``RuntimeError`` only when the
+    subprocess itself dies (with its stderr tail)."""
+    from fa4verify.census import compile_env
+    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="fa4compile-"))
+    dump = (base / f"{arch}-dump").resolve()
+    dump.mkdir(parents=True, exist_ok=True)
+    result = dump / "_results.json"
+    if result.exists():
+        result.unlink()
+    env = compile_env(arch, dump, base / "dsl-cache", keep="ptx")
+    spec = json.dumps({"cases": [asdict(c) for c in cases], "result": str(result)})
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c",
+                        "import sys; from fa4verify.compile_only import _worker; _worker(sys.argv[1])", spec],
+                       env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.time() - t0
+    if r.returncode != 0 or not result.exists():
+        raise RuntimeError(f"compile-only subprocess for {arch} died (rc={r.returncode}): {r.stderr[-3000:]}")
+    data = json.loads(result.read_text())
+    if len(data["results"]) != len(cases):
+        raise RuntimeError(f"compile-only subprocess for {arch} stopped after {len(data['results'])} of "
+                           f"{len(cases)} cases: {r.stderr[-3000:]}")
+    return {"arch": arch, "wall_seconds": round(wall, 2), **data}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import argparse
+    ap = argparse.ArgumentParser(description="compile-only production FA4 through ProductionTarget(fake=True)")
+    ap.add_argument("--arch", default="sm_100a", choices=["sm_90a", "sm_100a", "sm_103a"])
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ns = ap.parse_args()
+    cs = [CompileCase("forward", ns.head_dim, ns.causal),
+          CompileCase("backward", ns.head_dim, ns.causal, deterministic=True),
+          CompileCase("backward", ns.head_dim, ns.causal, deterministic=False)]
+    print(json.dumps(run_cases(ns.arch, cs), indent=1))
