@@ -723,7 +723,8 @@ def write_case(directory: os.PathLike, problem: AttentionProblem, violation: Vio
     while path.exists():
         path = d / f"{stem}-{n}.json"
         n += 1
-    path.write_text(json.dumps(case, indent=2, sort_keys=True) + "\n")
+    from fa4verify.audit.atomic import atomic_write_text
+    atomic_write_text(str(path), json.dumps(case, indent=2, sort_keys=True) + "\n")   # never a torn file
     return path
 
 
@@ -986,8 +987,11 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
         fail = {"property": v.prop, "message": v.message, "metrics": _jsonable(v.metrics),
                 "problem": problem.to_dict(), "describe": problem.describe(), "work": problem.work}
         if cases_dir is not None:
-            path = write_case(cases_dir, problem, v, target=target, profile=pname, seed=seed)
-            fail["case_file"] = str(path)
+            try:
+                path = write_case(cases_dir, problem, v, target=target, profile=pname, seed=seed)
+                fail["case_file"] = str(path)
+            except OSError as e:          # the finding is kept; only its case file is lost
+                fail["case_error"] = f"{type(e).__name__}: {e}"
         fail["snippet"] = regression_snippet(problem, v, target=target, case_path=fail.get("case_file"))
         res.failure = fail
     res.unique_problems = len(seen)
