@@ -149,41 +149,16 @@ def register_profiles(database_dir: Optional[os.PathLike] = None) -> None:
         settings.register_profile(name, **kw)
 
 
-# ============================================================================ lazy dependencies
-def _import(name: str):
-    import importlib
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:
-        raise DependencyMissing(f"{name} is not available ({e})") from None
-
-
-def _oracle():
-    return _import("fa4verify.oracles.attention")
-
-
-from fa4verify.targets import _accepts  # noqa: E402  (one signature probe)
-
-
 # the targets live in fa4verify.targets (one target layer for audit, gate, fuzz, mutants)
 from fa4verify.targets import (Bwd, Fwd, ProductionTarget, Target, TwinTarget,  # noqa: E402,F401
                                make_target)
 
 
 # ============================================================================ oracle + budget
-def _oracle_kwargs(problem: AttentionProblem, a: Mapping[str, Any], fn: Callable) -> dict[str, Any]:
-    kw = problem.kwargs(a)
-    if problem.mask_mod is not None:
-        if not _accepts(fn, "mask"):
-            raise Unsupported("the oracle has no boolean-mask argument")
-        kw["mask"] = a["mask"]
-    return kw
-
-
 def _budget(problem: AttentionProblem):
     """The composed budget set for the problem's (dtype, arch). Any failure to load it (module
     missing, malformed TOML) is a missing dependency of the judge, never a finding about the target."""
-    eb = _import("fa4verify.error_budgets")
+    from fa4verify import error_budgets as eb
     try:
         return eb.load(problem.dtype, problem.arch)
     except Exception as e:  # noqa: BLE001
@@ -192,8 +167,8 @@ def _budget(problem: AttentionProblem):
 
 
 def _oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
-    if problem.mask_mod is not None and not _accepts(_oracle().forward, "mask"):
-        raise Unsupported("the oracle has no boolean-mask argument")
+    if problem.mask_mod is not None:
+        raise Unsupported("the oracle has no mask_mod semantics yet (issue 16)")
     return judge.oracle_forward(problem, a)
 
 

@@ -661,12 +661,9 @@ def _stage_collector(budgets, p: Problem, res: "TwinOutputs") -> Callable[[Any],
 
 
 def twin_module():
-    """``fa4verify.kernels.twin_attention`` or ``None`` when it is not there (yet)."""
-    import importlib
-    try:
-        return importlib.import_module("fa4verify.kernels.twin_attention")
-    except ImportError:
-        return None
+    """``fa4verify.kernels.twin_attention`` (a plain import: a broken twin is an error, not a skip)."""
+    from fa4verify.kernels import twin_attention
+    return twin_attention
 
 
 def run_twin(data: ProblemData, arch: Arch, mutations: Iterable[str] = (), *,
@@ -757,11 +754,8 @@ class Unavailable(Exception):
 
 
 def _oracle_module():
-    import importlib
-    try:
-        return importlib.import_module("fa4verify.oracles.attention")
-    except ImportError as exc:
-        raise Unavailable(f"fa4verify.oracles.attention not available ({exc})") from None
+    from fa4verify.oracles import attention
+    return attention
 
 
 _BUDGET_CACHE: dict[tuple[str, str], Any] = {}
@@ -772,12 +766,8 @@ def load_budgets(dtype: str, arch: str):
     the budgets cannot be loaded (module missing or a malformed budget file)."""
     key = (dtype, arch)
     if key not in _BUDGET_CACHE:
-        import importlib
+        from fa4verify.error_budgets import load
         try:
-            mod = importlib.import_module("fa4verify.error_budgets")
-            load = getattr(mod, "load", None)
-            if load is None:
-                load = importlib.import_module("fa4verify.error_budgets.loader").load
             _BUDGET_CACHE[key] = load(dtype, arch)
         except Exception as exc:  # noqa: BLE001
             raise Unavailable(f"error budgets for {dtype}/{arch} not loadable: "
@@ -1021,10 +1011,7 @@ def _env_oracle(env: "ProblemEnv") -> OracleCase:
 
 
 def _attribution():
-    try:
-        from fa4verify import attribution
-    except ImportError as exc:
-        raise Unavailable(f"fa4verify.attribution not available ({exc})") from None
+    from fa4verify import attribution
     return attribution
 
 
@@ -1261,11 +1248,7 @@ def production_applies(m: Mutant, p: Problem) -> bool:
 def production_arch() -> str:
     """``"sm90"`` / ``"sm100"`` / ``"sm103"`` for the local GPU (raises :class:`Unavailable`
     without one, or on a GPU FA4 runs no SM90/SM100 kernel on)."""
-    import importlib
-    try:
-        adapter = importlib.import_module("fa4verify.kernels.adapter")
-    except ImportError as exc:
-        raise Unavailable(f"fa4verify.kernels.adapter not importable: {exc}") from None
+    from fa4verify.kernels import adapter
     ok, why = adapter.cuda_status()
     if not ok:
         raise Unavailable(f"no CUDA device: {why}")
@@ -1291,9 +1274,8 @@ def run_production(data: ProblemData, arch: str, mutations: Iterable[str] = (), 
     * ``dq_shuffled_order``: the backward with ``deterministic=False`` (unordered fp32
       reduce-adds into dQ).
     The backward is ``deterministic=True`` otherwise. Arrays come back as float32."""
-    import importlib
     torch = _torch()
-    adapter = importlib.import_module("fa4verify.kernels.adapter")
+    from fa4verify.kernels import adapter
     p = data.problem
     muts = set(mutations)
     res = TwinOutputs()
