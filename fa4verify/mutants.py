@@ -1263,7 +1263,7 @@ def production_arch() -> str:
 
 def run_production(data: ProblemData, arch: str, mutations: Iterable[str] = (), *,
                    bwd: bool = True, repeat_bwd: int = 0, **_: Any) -> TwinOutputs:
-    """Run production FA4 (``fa4verify.kernels.adapter``) on ``data``, with at most one
+    """Run production FA4 (through :class:`fa4verify.targets.ProductionTarget`) on ``data``, with at most one
     knob-expressed fault (:data:`PRODUCTION_KNOBS`):
 
     * ``causal_top_left``: ``causal=False, window_size=(None, seqlen_q - seqlen_k)`` (key j
@@ -1274,30 +1274,32 @@ def run_production(data: ProblemData, arch: str, mutations: Iterable[str] = (), 
     * ``dq_shuffled_order``: the backward with ``deterministic=False`` (unordered fp32
       reduce-adds into dQ).
     The backward is ``deterministic=True`` otherwise. Arrays come back as float32."""
-    torch = _torch()
+    from fa4verify import judge
     from fa4verify.kernels import adapter
+    from fa4verify.targets import ProductionTarget
     p = data.problem
     muts = set(mutations)
     res = TwinOutputs()
     dev = PRODUCTION_DEVICE
-    tq, tk, tv, tdo = (torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16).to(dev)
-                       for a in (data.q, data.k, data.v, data.dout))
-    kw: dict[str, Any] = dict(softmax_scale=p.softmax_scale, causal=p.causal)
-    keep = p.seqlen_k
+    causal, window, keep = p.causal, (None, None), p.seqlen_k
     if "causal_top_left" in muts:
-        kw.update(causal=False, window_size=(None, p.seqlen_q - p.seqlen_k))
+        causal, window = False, (None, p.seqlen_q - p.seqlen_k)
     if "causal_off_by_one" in muts:
-        kw.update(causal=False, window_size=(None, 1))
+        causal, window = False, (None, 1)
     if "tail_tile_dropped" in muts:
         tile_n = int(kernel_config(p, arch)["tile_n"])
         keep = (p.seqlen_k // tile_n) * tile_n
-        tk, tv = tk[:, :keep].contiguous(), tv[:, :keep].contiguous()
+    k, v = data.k[:, :keep], data.v[:, :keep]
+    # the one target layer: production on the local GPU (a stand-in adapter on the CPU in tests)
+    tgt = ProductionTarget() if dev == "cuda" else ProductionTarget(adapter=adapter, device=dev)
+    prob = judge.dense_problem(data.q, k, data.v[:, :keep], arch=arch, dtype=p.dtype, causal=causal,
+                               window_size=window, softmax_scale=p.softmax_scale)
+    a = {"q": data.q, "k": k, "v": v, "dout": data.dout, "learnable_sink": None, "cu_seqlens_q": None,
+         "cu_seqlens_k": None, "mask": None}
     try:
-        r = adapter.forward(tq, tk, tv, return_lse=True, **kw)
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        res.out = r.out.float().cpu().numpy()
-        res.lse = r.lse.float().cpu().numpy()
+        f = tgt.forward(prob, a)
+        res.out = f.out.astype(np.float32)
+        res.lse = f.lse.astype(np.float32)
     except Exception as exc:  # noqa: BLE001
         res.error = _one_line(exc)
         return res
@@ -1306,16 +1308,14 @@ def run_production(data: ProblemData, arch: str, mutations: Iterable[str] = (), 
     det = "dq_shuffled_order" not in muts
 
     def _grads():
-        g = adapter.backward(tq, tk, tv, r.out, tdo, r.lse, deterministic=det, **kw)
-        if dev == "cuda":
-            torch.cuda.synchronize()
+        g = tgt.backward(prob, a, f, deterministic=det)
         out = []
-        for t, full in ((g.dq, p.seqlen_q), (g.dk, p.seqlen_k), (g.dv, p.seqlen_k)):
-            a = t.float().cpu().numpy()
-            if a.shape[1] < full:  # dropped keys: no gradient written
-                pad = np.zeros(a.shape[:1] + (full - a.shape[1],) + a.shape[2:], np.float32)
-                a = np.concatenate([a, pad], axis=1)
-            out.append(a)
+        for arr, full in ((g.dq, p.seqlen_q), (g.dk, p.seqlen_k), (g.dv, p.seqlen_k)):
+            arr = arr.astype(np.float32)
+            if arr.shape[1] < full:  # dropped keys: no gradient written
+                pad = np.zeros(arr.shape[:1] + (full - arr.shape[1],) + arr.shape[2:], np.float32)
+                arr = np.concatenate([arr, pad], axis=1)
+            out.append(arr)
         return tuple(out)
     try:
         res.grads = _grads()
