@@ -9,6 +9,8 @@ test -f /root/site/env.sh || { echo COLD; exit 3; }
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 \
   || { tail -20 "$OUT/install.log"; exit 4; }
+# the device's copy carries stale git metadata: name the commit that runs (written here by the caller)
+test -f .fa4verify-commit && export FA4VERIFY_GIT_COMMIT="$(cat .fa4verify-commit)"
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/root/fa4cache
 mkdir -p /root/fa4cache
 case "${1:-audit}" in
