@@ -117,3 +117,11 @@ def test_production_target_takes_the_arch_and_label_from_the_device(fake_gpu, mo
     fake_gpu(*GPUS["h200"][:2])
     with pytest.raises(targets.Unsupported, match="no exp2 emulation"):
         targets.ProductionTarget(emulation="disabled")
+
+
+def test_fa4verify_git_commit_names_the_commit_in_reports(monkeypatch):
+    from fa4verify.audit import environment
+    monkeypatch.setenv("FA4VERIFY_GIT_COMMIT", "0123abc")
+    assert environment.collect("cpu")["versions"]["fa4verify_git"] == "0123abc"
+    monkeypatch.delenv("FA4VERIFY_GIT_COMMIT")
+    assert environment.collect("cpu")["versions"].get("fa4verify_git") != "0123abc"

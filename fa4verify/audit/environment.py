@@ -79,7 +79,9 @@ def collect(device: str = "cpu") -> dict[str, Any]:
     """{"versions": {...}, "hardware": {...}} for the report."""
     versions: dict[str, Any] = {name: dist_version(dist) for dist, name in DISTRIBUTIONS.items()}
     versions["python"] = platform.python_version()
-    commit = _git_commit()
+    # an explicit FA4VERIFY_GIT_COMMIT wins: a copied checkout (a GPU machine's) may carry stale
+    # git metadata, and a wheel install has none
+    commit = os.environ.get("FA4VERIFY_GIT_COMMIT", "").strip() or _git_commit()
     if commit:
         versions["fa4verify_git"] = commit
     hardware: dict[str, Any] = {
