@@ -125,3 +125,20 @@ def test_fa4verify_git_commit_names_the_commit_in_reports(monkeypatch):
     assert environment.collect("cpu")["versions"]["fa4verify_git"] == "0123abc"
     monkeypatch.delenv("FA4VERIFY_GIT_COMMIT")
     assert environment.collect("cpu")["versions"].get("fa4verify_git") != "0123abc"
+
+
+def test_fp8_sm100_audit_is_not_failed_by_sm90_recordings(tmp_path):
+    """``fa4verify audit --dtype fp8 --arch sm100`` on the CPU: the SM90 bf16 recordings do not
+    apply (skip "not applicable"), the fp8 twin budgets run, exit 0 (CPU twin / recorded)."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "fa4verify", "audit", "--dtype", "fp8", "--arch", "sm100", "--no-live",
+                        "-k", "budgets.twin.forward or production", "--json", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = {x["id"]: x for x in json.loads(out.read_text())["results"]}
+    assert res["budgets.twin.forward[sm100]"]["status"] == "pass"
+    for cid in ("production.head_dims", "production.figures"):
+        assert res[cid]["status"] == "skip" and res[cid]["summary"].startswith("not applicable"), res[cid]

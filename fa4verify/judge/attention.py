@@ -57,7 +57,9 @@ def _typed(x: np.ndarray, dtype: str):
 def dense_problem(q, k, v, *, arch: str, dtype: str, causal: bool = False, window_size=(None, None),
                   softmax_scale: Optional[float] = None, softcap: float = 0.0, sink: bool = False,
                   mask_mod=None) -> AttentionProblem:
-    """The :class:`AttentionProblem` describing dense arrays (b, s, h, d) given by a caller."""
+    """The :class:`AttentionProblem` describing dense arrays (b, s, h, d) given by a caller
+    (``dtype`` "fp8_e4m3", the twin's spelling, is read as fa4verify's "fp8")."""
+    dtype = {"fp8_e4m3": "fp8"}.get(dtype, dtype)
     b, sq, h, d = np.shape(q)
     _, sk, hk, _ = np.shape(k)
     dv = np.shape(v)[-1]
