@@ -95,7 +95,9 @@ def test_production_plumbing_with_a_fake_adapter(monkeypatch):
     tw = M.twin_module()
     assert not (tw is None or getattr(tw, "backward", None) is None), "fa4verify.kernels.twin_attention (forward and backward) failed to load (fa4verify's own module)"
     fake = _FakeAdapter()
+    import fa4verify.kernels
     monkeypatch.setitem(sys.modules, "fa4verify.kernels.adapter", fake)
+    monkeypatch.setattr(fa4verify.kernels, "adapter", fake, raising=False)   # plain imports read the attribute
     monkeypatch.setattr(M, "PRODUCTION_DEVICE", "cpu")
     monkeypatch.setattr(M, "production_arch", lambda: "sm90")
     ps = {p.name: p for p in M.battery("quick")}
