@@ -174,7 +174,8 @@ def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None
         e = float(err[idx]) if judged_fin[idx] else (0.0 if a[idx] == r[idx] else math.inf)
         return Element(idx, float(a[idx]), float(r[idx]), e, float(allowed[idx]))
 
-    worst = elem(int(np.argmax(ratio))) if n_cmp else None
+    judged = judged_fin | judged_inf | judged_nan
+    worst = elem(int(np.argmax(np.where(judged, ratio, -1.0)))) if n_cmp else None   # a judged element
     viol: tuple[Element, ...] = ()
     if n_over:
         order = np.argsort(-np.where(over_all, ratio, -1.0), axis=None, kind="stable")[:max_violations]

@@ -1,0 +1,67 @@
+"""``fa4verify.judge.compare``: the one comparison and its three-valued verdict (CPU)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fa4verify.judge import combine, compare
+
+
+def test_pass_fail_and_the_worst_element():
+    ref = np.array([1.0, 2.0, 3.0])
+    v = compare("x", ref + [0.0, 1e-3, 0.0], ref, budget=2e-3)
+    assert v.status == "pass" and v.n_compared == 3 and v.worst.index == (1,) and v.tightness == pytest.approx(0.5)
+    v = compare("x", ref + [0.0, 1e-3, 5e-3], ref, budget=2e-3, oracle_bound=1e-4)
+    assert v.status == "fail" and v.n_over == 1 and v.violations[0].index == (2,)
+    assert v.worst.allowed == pytest.approx(2.1e-3)
+
+
+@pytest.mark.parametrize("bound, budget, why", [
+    (math.inf, 1.0, "oracle bound"), (math.nan, 1.0, "oracle bound"), (-1e-9, 1.0, "oracle bound"),
+    (0.0, math.inf, "budget"), (0.0, -0.5, "negative"), (0.0, math.nan, "budget"),
+])
+def test_an_invalid_bound_or_budget_is_undecided_never_pass(bound, budget, why):
+    v = compare("x", np.zeros(4), np.zeros(4), oracle_bound=bound, budget=budget)
+    assert v.status == "undecided" and why in v.reason and v.n_compared == 0
+
+
+def test_a_violation_elsewhere_is_still_a_fail():
+    ref = np.zeros(3)
+    v = compare("x", [0.0, 1.0, 0.0], ref, budget=np.array([-1.0, 0.1, 0.1]))
+    assert v.status == "fail" and v.n_over == 1 and v.n_unjudged == 1
+
+
+def test_nan_reference_is_unjudged_or_matched():
+    ref = np.array([np.nan, 1.0])
+    assert compare("x", [0.0, 1.0], ref, budget=0.1).status == "undecided"
+    assert compare("x", [np.nan, 1.0], ref, budget=0.1, nan="match").status == "pass"
+    assert compare("x", [0.0, 1.0], ref, budget=0.1, nan="match").status == "fail"     # poison swallowed
+
+
+def test_infinite_references_are_judged_by_equality():
+    ref = np.array([-np.inf, 0.0])
+    assert compare("lse", [-np.inf, 0.0], ref, budget=0.1).status == "pass"
+    assert compare("lse", [-1e30, 0.0], ref, budget=0.1).status == "fail"
+
+
+def test_nan_output_is_over_and_nothing_compared_is_undecided():
+    v = compare("x", [np.nan], [1.0], budget=1.0)
+    assert v.status == "fail" and math.isinf(v.tightness)
+    assert compare("x", [1.0], [1.0], budget=1.0, select=[False]).status == "undecided"
+    assert compare("x", [1.0, 2.0], [1.0], budget=1.0).status == "fail"                 # shape mismatch
+
+
+def test_worst_element_is_a_judged_one():
+    ref = np.array([np.nan, 1.0])
+    v = compare("x", [5.0, 1.0], ref, budget=0.1)
+    assert v.worst.index == (1,)
+
+
+def test_combine_ranks_fail_over_undecided_over_pass():
+    p = compare("a", [1.0], [1.0], budget=1.0)
+    u = compare("b", [1.0], [np.nan], budget=1.0)
+    f = compare("c", [3.0], [1.0], budget=1.0)
+    assert combine([p, u]) == "undecided" and combine([p, u, f]) == "fail" and combine([p]) == "pass"
+    assert combine([]) == "undecided"
