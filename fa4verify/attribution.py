@@ -334,8 +334,7 @@ def _production_run(adapter, q, k, v, do, *, causal: bool, dtype: str, device: s
     tgt = ProductionTarget(adapter=adapter, device=device)
     f_arch = tgt.arch or "sm90"
     prob = judge.dense_problem(q, k, v, arch=f_arch, dtype=dtype, causal=causal)
-    a = {"q": q, "k": k, "v": v, "dout": do, "learnable_sink": None, "cu_seqlens_q": None,
-         "cu_seqlens_k": None, "mask": None}
+    a = judge.arrays_from(q, k, v, do)
     f = tgt.forward(prob, a)
     arch = _arch_of(SimpleNamespace(**tgt.last_config)) if tgt.last_config else f_arch
     g = tgt.backward(prob, a, f, deterministic=True) if backward else None

@@ -66,6 +66,16 @@ def _ints(v: Any, key: str, where: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _choices(v: Any, key: str, where: str, allowed: Iterable[str]) -> tuple[str, ...]:
+    """A string or list of strings, each one of ``allowed``, non-empty."""
+    allowed = tuple(allowed)
+    vals = tuple(v) if isinstance(v, list) else (v,)
+    bad = [x for x in vals if x not in allowed]
+    if bad or not vals:
+        raise DeploymentError(f"{where}: {key} {bad or vals!r}: choose from {', '.join(allowed)}")
+    return vals
+
+
 def _range(v: Any, key: str, where: str) -> tuple[int, int]:
     if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
         raise DeploymentError(f"{where}: {key} must be [min, max] integers, got {v!r}")
@@ -106,18 +116,11 @@ class Deployment:
             raise DeploymentError(f"{where}: name must be a non-empty string")
         kw: dict[str, Any] = {"name": d["name"].strip(), "source": where,
                               "description": str(d.get("description", ""))}
-        if "dtypes" in d:
-            dts = tuple(d["dtypes"]) if isinstance(d["dtypes"], list) else (d["dtypes"],)
-            bad = [x for x in dts if x not in facts.DTYPES]
-            if bad or not dts:
-                raise DeploymentError(f"{where}: dtypes {bad or dts!r}: choose from {', '.join(facts.DTYPES)}")
-            kw["dtypes"] = dts
-        if "archs" in d:
-            ar = tuple(d["archs"]) if isinstance(d["archs"], list) else (d["archs"],)
-            bad = [x for x in ar if x not in facts.ARCHS]
-            if bad or not ar:
-                raise DeploymentError(f"{where}: archs {bad or ar!r}: choose from {', '.join(facts.ARCHS)}")
-            kw["archs"] = ar
+        from fa4verify._strategies.values import DISTRIBUTIONS
+        for key, allowed in (("dtypes", facts.DTYPES), ("archs", facts.ARCHS), ("masks", MASKS),
+                             ("distributions", DISTRIBUTIONS)):
+            if key in d:
+                kw[key] = _choices(d[key], key, where, allowed)
         if "head_dims" in d:
             hds = []
             for x in d["head_dims"] if isinstance(d["head_dims"], list) else [d["head_dims"]]:
@@ -134,12 +137,6 @@ class Deployment:
         for key in ("nheads", "nheads_kv"):
             if key in d:
                 kw[key] = _ints(d[key], key, where)
-        if "masks" in d:
-            ms = tuple(d["masks"]) if isinstance(d["masks"], list) else (d["masks"],)
-            bad = [m for m in ms if m not in MASKS]
-            if bad or not ms:
-                raise DeploymentError(f"{where}: masks {bad or ms!r}: choose from {', '.join(MASKS)}")
-            kw["masks"] = ms
         if "window_sizes" in d:
             ws = []
             for w in d["window_sizes"]:
@@ -165,13 +162,6 @@ class Deployment:
         for key in ("seqlen_q", "seqlen_k"):
             if key in d:
                 kw[key] = _range(d[key], key, where)
-        if "distributions" in d:
-            from fa4verify._strategies.values import DISTRIBUTIONS
-            ds = tuple(d["distributions"]) if isinstance(d["distributions"], list) else (d["distributions"],)
-            bad = [x for x in ds if x not in DISTRIBUTIONS]
-            if bad or not ds:
-                raise DeploymentError(f"{where}: distributions {bad or ds!r}: choose from {', '.join(DISTRIBUTIONS)}")
-            kw["distributions"] = ds
         for key in ("nheads", "nheads_kv"):
             kw.setdefault(key, cls.__dataclass_fields__[key].default)
         for h in kw["nheads"]:

@@ -1292,10 +1292,9 @@ def run_production(data: ProblemData, arch: str, mutations: Iterable[str] = (), 
     k, v = data.k[:, :keep], data.v[:, :keep]
     # the one target layer: production on the local GPU (a stand-in adapter on the CPU in tests)
     tgt = ProductionTarget() if dev == "cuda" else ProductionTarget(adapter=adapter, device=dev)
-    prob = judge.dense_problem(data.q, k, data.v[:, :keep], arch=arch, dtype=p.dtype, causal=causal,
+    prob = judge.dense_problem(data.q, k, v, arch=arch, dtype=p.dtype, causal=causal,
                                window_size=window, softmax_scale=p.softmax_scale)
-    a = {"q": data.q, "k": k, "v": v, "dout": data.dout, "learnable_sink": None, "cu_seqlens_q": None,
-         "cu_seqlens_k": None, "mask": None}
+    a = judge.arrays_from(data.q, k, v, data.dout)
     try:
         f = tgt.forward(prob, a)
         res.out = f.out.astype(np.float32)

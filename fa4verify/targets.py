@@ -35,14 +35,7 @@ class DependencyMissing(RuntimeError):
     """A module the target needs (the twin backward, the adapter) is not installed."""
 
 
-def _typed(x: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 array holding exact ``dtype`` values -> numpy array of that dtype (exact)."""
-    if dtype == "fp16":
-        return np.asarray(x, np.float32).astype(np.float16)
-    import ml_dtypes
-    if dtype == "fp8":
-        return np.asarray(x, np.float32).astype(ml_dtypes.float8_e4m3fn)
-    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
+from fa4verify.judge.attention import as_input_dtype as _typed  # noqa: E402  (one dtype conversion)
 
 
 # ============================================================================ results
@@ -239,9 +232,11 @@ class ProductionTarget(Target):
         if device == "cuda" and not fake:
             from fa4verify.kernels.device import local_gpu, where_measured
             self.gpu = local_gpu()
-            self.gpu_name = self.gpu.name if self.gpu else None
-            self.arch = self.gpu.arch if self.gpu else None
-            self.where = where_measured(self.gpu) if self.gpu else "measured on an unknown GPU (sm_00)"
+            if self.gpu is None:     # a stand-in adapter asked for "cuda" on a machine without one
+                raise RuntimeError("no CUDA device: torch sees no GPU to label the measurements with")
+            self.gpu_name = self.gpu.name
+            self.arch = self.gpu.arch
+            self.where = where_measured(self.gpu)
         elif fake:
             import os
             from fa4verify.kernels import facts

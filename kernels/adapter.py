@@ -145,9 +145,8 @@ def _versions_cached() -> dict[str, Optional[str]]:
 
 def supported_head_dims(arch: int) -> str:
     """FA4's head-dim support rule for a kernel family (90, 100), as text (fa4_numerics 9.2)."""
-    if arch // 10 == 9:
-        return "8 <= hd, hdv <= 256, multiples of 8 (16-bit inputs)"
-    return "8 <= hd, hdv <= 128; (192,128); (64 or hd==hdv, 512); (256,256)"
+    from fa4verify.kernels.facts import supported_head_dims_text
+    return supported_head_dims_text("sm90" if arch // 10 == 9 else "sm100")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,7 +316,7 @@ def _gpu_name() -> Optional[str]:
 def _resolve_window(causal: bool, window_size) -> tuple[bool, bool]:
     """(causal, local) as FA4 resolves them (``interface._resolve_causal_local_window``): one
     rule shared with the twin, so the recorded kernel config and the twin cannot disagree."""
-    from fa4verify.kernels.twin_fwd import resolve_causal_local_window
+    from fa4verify.kernels.facts import resolve_causal_local_window
     c, local, _, _ = resolve_causal_local_window(causal, window_size)
     return c, local
 

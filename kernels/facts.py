@@ -11,7 +11,7 @@ Vocabulary (one spelling everywhere in fa4verify: CLI, TOML, JSON, code):
 * arch: ``"sm90"`` (Hopper: H100/H200/H800), ``"sm100"`` (B200/GB200/B300, and the sm_110 family,
   which FA4 runs with the SM100 kernels), ``"sm103"`` (B300/GB300: SM100 kernels with the sm103
   tuning-table rows). The PTX target spelling ``sm_90a`` / ``sm_100a`` appears only where a
-  compiler is addressed (:func:`ptx_target`).
+  compiler is addressed (``fa4verify sass``, the compile-only runs).
 * dtype: ``"bf16"``, ``"fp16"``, ``"fp8"`` (e4m3).
 
 This module imports nothing heavy (no numpy, torch or flash_attn).
@@ -25,7 +25,7 @@ from typing import Optional
 
 __all__ = [
     "ARCHS", "DTYPES", "KernelConstants", "arch_from_capability", "unsupported_reason",
-    "capability_label", "ptx_target", "sm90_fwd_tile", "sm90_bwd_tile", "fwd_tile",
+    "capability_label", "sm90_fwd_tile", "sm90_bwd_tile",
     "bwd_tile", "kernel_constants", "resolve_causal_local_window", "head_dims_supported",
     "supported_head_dims_text", "dist_version", "is_sm100_family",
 ]
@@ -62,11 +62,6 @@ def capability_label(major: int, minor: int) -> str:
     return f"sm_{int(major)}{int(minor)}"
 
 
-def ptx_target(arch: str) -> str:
-    """The CuTe DSL compile target of an arch (``CUTE_DSL_ARCH``)."""
-    return {"sm90": "sm_90a", "sm100": "sm_100a", "sm103": "sm_103a"}[arch]
-
-
 def is_sm100_family(arch: str) -> bool:
     return arch in ("sm100", "sm103")
 
@@ -96,13 +91,6 @@ def sm90_bwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> 
     if head_dim <= 192:
         return 64, 96
     return 64, 48
-
-
-def fwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:
-    """The forward (tile_m, tile_n) of an arch: SM90's table, 128 x 128 on SM100/SM103."""
-    if arch == "sm90":
-        return sm90_fwd_tile(head_dim, head_dim_v, causal, local)
-    return 128, 128
 
 
 def bwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:

@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import DrawFn
 
+from fa4verify.kernels import facts as _facts
+
 Arch = Literal["sm90", "sm100"]
 DType = Literal["bf16", "fp16"]
 
@@ -60,13 +62,9 @@ def head_dim_supported(arch: str, head_dim: int, head_dim_v: int) -> bool:
       (64 or d, 512) are valid in FA4 but outside this toolkit's scope and return False here.
     """
     check_arch(arch)
-    if head_dim % 8 or head_dim_v % 8:
+    if arch != "sm90" and head_dim_v == 512:      # MLA: valid in FA4, not generated here
         return False
-    if arch == "sm90":
-        return 8 <= head_dim <= 256 and 8 <= head_dim_v <= 256
-    if 8 <= head_dim <= 128 and 8 <= head_dim_v <= 128:
-        return True
-    return (head_dim, head_dim_v) in ((192, 128), (256, 256))
+    return _facts.head_dims_supported(arch, head_dim, head_dim_v)
 
 
 def check_head_dims(arch: str, head_dim: int, head_dim_v: int) -> None:

@@ -14,10 +14,6 @@ from fa4verify._strategies.values import ValueSpec
 from fa4verify.audit.registry import CheckContext
 from fa4verify.kernels import facts
 
-#: device of the production checks (tests swap in "cpu" with a stand-in adapter)
-DEVICE = "cuda"
-
-
 def target(ctx: CheckContext, *, device: str, emulation: str = "default"):
     """The production target and the arch its kernels run (skips on an unsupported GPU)."""
     from fa4verify.kernels import adapter

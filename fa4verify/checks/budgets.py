@@ -175,7 +175,7 @@ def production_forward(ctx: CheckContext) -> CheckResult:
     dt = _dtype(ctx)
     if dt not in ("bf16", "fp16"):
         ctx.skip("production check runs bf16/fp16")
-    dev = _live.DEVICE if _DEVICE == "cuda" else _DEVICE
+    dev = _DEVICE
     tgt, arch, where = _live.target(ctx, device=dev)
     off = None
     if dev == "cuda" and facts.is_sm100_family(arch):
@@ -233,7 +233,7 @@ def production_backward(ctx: CheckContext) -> CheckResult:
     dt = _dtype(ctx)
     if dt not in ("bf16", "fp16"):
         ctx.skip("FA4's backward runs bf16/fp16")
-    dev = _live.DEVICE if _DEVICE == "cuda" else _DEVICE
+    dev = _DEVICE
     tgt, arch, where = _live.target(ctx, device=dev)
     verdicts, rows, over = [], [], []
     probs = [p for p in _live.problems(ctx, arch, dt) if not (arch == "sm90" and p.head_dim > 192)]

@@ -17,18 +17,17 @@ Every verdict comes from :func:`fa4verify.judge.verdict.compare`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from fa4verify._strategies.problem import AttentionProblem
-from fa4verify.judge.stats import BudgetStats, FTZ
+from fa4verify.judge.stats import BudgetStats
 from fa4verify.judge.verdict import Verdict, compare
 
 __all__ = ["Reference", "ForwardJudgement", "BackwardJudgement", "dense_problem", "arrays_from",
            "oracle_forward", "oracle_backward", "forward_allowances", "judge_forward",
-           "judge_backward", "load_budgets"]
+           "judge_backward", "load_budgets", "as_input_dtype"]
 
 
 def load_budgets(dtype: str, arch: str, budgets: Any = None):
@@ -42,7 +41,7 @@ def load_budgets(dtype: str, arch: str, budgets: Any = None):
     return budgets
 
 
-def _typed(x: np.ndarray, dtype: str):
+def as_input_dtype(x: np.ndarray, dtype: str):
     """float32 holding exact ``dtype`` values -> an array of that dtype (exact), so the oracle
     reads the input dtype (its NaN/format checks)."""
     x = np.asarray(x, np.float32)
@@ -92,15 +91,15 @@ def _oracle_kwargs(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str,
 def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
     from fa4verify.oracles import attention as orc
     dt = problem.dtype
-    return orc.forward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt), **_oracle_kwargs(problem, a))
+    return orc.forward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt), **_oracle_kwargs(problem, a))
 
 
 def oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
     """The exact gradient (the oracle's own O enters D)."""
     from fa4verify.oracles import attention as orc
     dt = problem.dtype
-    return orc.backward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt), None,
-                        _typed(a["dout"], dt), **_oracle_kwargs(problem, a))
+    return orc.backward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt), None,
+                        as_input_dtype(a["dout"], dt), **_oracle_kwargs(problem, a))
 
 
 @dataclasses.dataclass
@@ -109,10 +108,6 @@ class Reference:
     value: np.ndarray
     bound: np.ndarray
     budget: np.ndarray
-
-    @property
-    def allowance(self) -> np.ndarray:   # the budget part (kept for the fuzz vocabulary)
-        return self.budget
 
 
 @dataclasses.dataclass
@@ -194,15 +189,3 @@ def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, 
     for n, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         vs[n] = compare(n, got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"), budget=allow[n])
     return BackwardJudgement(vs["dq"], vs["dk"], vs["dv"], obwd, allow, st.ftz_floor)
-
-
-def ftz_envelope_holds(v: Verdict, budget: np.ndarray, floor: np.ndarray, err_over: Optional[np.ndarray] = None) -> bool:
-    """Whether every violation of ``v`` lies within budget + the flush-to-zero floor (listed
-    violations only; a diagnostic, never a verdict)."""
-    if v.status != "fail" or not v.violations:
-        return False
-    fl = np.broadcast_to(floor, np.shape(budget))
-    return all(e.err <= e.allowed + float(fl[e.index]) for e in v.violations if math.isfinite(e.err))
-
-
-_ = FTZ
