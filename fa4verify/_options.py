@@ -65,6 +65,15 @@ OPTIONS: tuple[Option, ...] = (
            "cuda; always; never.", "auto", choices=ISOLATE),
     Option("timeout", "timeout", "Per-check time limit in seconds for isolated checks (0 = none).",
            0.0, type=float, metavar="S"),
+    Option("workers", "workers", "Persistent worker processes for isolated checks, run side by side; "
+           "auto = one per 4 CPU cores (at most 4) on a GPU, 1 on the CPU. Env FA4VERIFY_WORKERS.",
+           "auto", metavar="N|auto", envvar="FA4VERIFY_WORKERS"),
+    Option("fresh-workers", "fresh_workers", "A new worker process for every isolated check (no "
+           "reuse of imports, CUDA context or compiled kernels; slower, the pre-pool behaviour).",
+           False, flag=True),
+    Option("kernel-cache", "kernel_cache", "FA4's persistent compiled-kernel cache for the workers: "
+           "a directory, 'auto' (<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/fa4-kernels) or 'off'. "
+           "Ignored when FLASH_ATTENTION_CUTE_DSL_CACHE_* are set.", "auto", metavar="DIR|auto|off"),
     Option("opt", "opts", "Extra key=value passed to checks as ctx.options; repeatable.", (),
            metavar="KEY=VALUE", multiple=True),
     Option("deployment", "deployment", "Deployment profile (TOML file, or a shipped name: llama3-8b, "
@@ -161,6 +170,11 @@ class AuditConfig:
     isolate: str = "auto"
     timeout: float = 0.0
     opts: tuple[tuple[str, str], ...] = ()
+    #: worker processes for isolated checks (resolved: >= 1), fresh per check or persistent
+    workers: int = 1
+    fresh_workers: bool = False
+    #: FA4's persistent kernel cache directory for workers, or None (off)
+    kernel_cache: str | None = None
     #: the deployment profile (``--deployment``), as ``(name, json)`` so the config stays hashable
     deployment: tuple[str, str] | None = None
 
@@ -184,7 +198,8 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
                  shard: str | None = None, checks_modules: Sequence[str] = (),
                  no_default_checks: bool = False, isolate: str = "auto", timeout: float = 0.0,
                  opts: Sequence[str] = (), cuda: bool | None = None,
-                 deployment: str | None = None) -> AuditConfig:
+                 deployment: str | None = None, workers: str | int = "auto",
+                 fresh_workers: bool = False, kernel_cache: str | None = "auto") -> AuditConfig:
     """Validate raw option values into an :class:`AuditConfig` (raises :class:`OptionError`)."""
     if dtype not in DTYPES:
         raise OptionError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
@@ -205,12 +220,35 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
     if not math.isfinite(timeout_f) or timeout_f < 0:
         raise OptionError(f"--timeout {timeout!r}: expected finite seconds >= 0 (0 = none)")
     timeout = timeout_f
+    workers_s = str(workers if workers is not None else "auto").strip().lower()
+    if workers_s != "auto":
+        try:
+            workers_n = int(workers_s)
+        except ValueError:
+            raise OptionError(f"--workers {workers!r}: expected a positive integer or auto") from None
+        if not 1 <= workers_n <= 64:
+            raise OptionError(f"--workers {workers!r}: expected 1..64 or auto")
+    cache_s = str(kernel_cache if kernel_cache is not None else "off").strip()
+    if not cache_s:
+        raise OptionError("--kernel-cache '': expected a directory, auto or off")
     shard_t = parse_shard(shard)
     opts_t = tuple(sorted(parse_opts(opts).items()))
     resolve_archs([a for a in ([arch] if isinstance(arch, str) else list(arch or ()))
                    if a != "auto"], "cpu")  # validate names before the (slow) CUDA probe
     dev = resolve_device(device, cuda=cuda)
     archs = resolve_archs(arch, dev)
+    if workers_s == "auto":
+        from fa4verify.audit.pool import auto_workers
+        workers_n = auto_workers(dev)
+    if cache_s.lower() == "off":
+        cache_dir = None
+    elif cache_s.lower() == "auto":
+        from fa4verify.audit.pool import default_kernel_cache
+        cache_dir = default_kernel_cache()
+    else:
+        cache_dir = os.path.abspath(os.path.expanduser(cache_s))
+        if os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+            raise OptionError(f"--kernel-cache {kernel_cache!r}: exists and is not a directory")
     mods = tuple(dict.fromkeys(list(checks_modules) + list(checks_modules_from_env())))
     dep = None
     if deployment:
@@ -227,7 +265,8 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
     return AuditConfig(dtype=dtype, device=dev, archs=archs, profile=profile, seed=seed,
                        keyword=keyword or None, shard=shard_t, checks_modules=mods,
                        no_default_checks=bool(no_default_checks), isolate=isolate,
-                       timeout=timeout, opts=opts_t, deployment=dep)
+                       timeout=timeout, opts=opts_t, deployment=dep, workers=workers_n,
+                       fresh_workers=bool(fresh_workers), kernel_cache=cache_dir)
 
 
 # ------------------------------------------------------------------------------------ frontends
@@ -289,4 +328,6 @@ def config_from_pytest(config: Any, profile: str) -> AuditConfig:
                         profile=profile or vals["profile"], seed=vals["seed"],
                         shard=vals["shard"], checks_modules=vals["checks_modules"],
                         no_default_checks=vals["no_default_checks"], isolate=vals["isolate"],
-                        timeout=vals["timeout"], opts=vals["opts"], deployment=vals["deployment"])
+                        timeout=vals["timeout"], opts=vals["opts"], deployment=vals["deployment"],
+                        workers=vals["workers"], fresh_workers=vals["fresh_workers"],
+                        kernel_cache=vals["kernel_cache"])

@@ -344,6 +344,9 @@ class CheckSpec:
     func: Callable[[CheckContext], CheckResult]
     module: str
     archs: frozenset[str] | None = None
+    #: expected wall seconds on a reference GPU (the H200), for scheduling only: the runner
+    #: starts the most expensive isolated checks first so the pool's workers finish together
+    cost: float = 1.0
 
     @property
     def qualname(self) -> str:
@@ -362,7 +365,8 @@ _REGISTRY: dict[str, CheckSpec] = {}
 
 def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
           profiles: Iterable[str] = ("quick", "default", "full", "exhaustive"),
-          archs: Iterable[str] | None = None) -> Callable[[Callable[[CheckContext], CheckResult]],
+          archs: Iterable[str] | None = None, cost: float = 1.0
+          ) -> Callable[[Callable[[CheckContext], CheckResult]],
                                                           Callable[[CheckContext], CheckResult]]:
     """Register ``func(ctx) -> CheckResult`` as the audit check ``id`` (see module docstring)."""
     if not isinstance(id, str) or not _ID_RE.match(id):
@@ -375,6 +379,9 @@ def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
     bad = profiles_s - PROFILES
     if bad or not profiles_s:
         raise ValueError(f"check {id!r}: bad profiles {sorted(profiles_s)} (allowed: {list(PROFILE_ORDER)})")
+    import math
+    if not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
+        raise ValueError(f"check {id!r}: cost {cost!r} must be finite seconds >= 0")
     archs_s = None if archs is None else frozenset(archs)
     if archs_s is not None and (not archs_s or archs_s - set(ARCHS)):
         raise ValueError(f"check {id!r}: bad archs {sorted(archs_s)} (allowed: {list(ARCHS)})")
@@ -383,7 +390,7 @@ def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
         module = getattr(func, "__module__", "?")
         spec = CheckSpec(id=id, title=title or (func.__doc__ or id).strip().splitlines()[0],
                          needs=needs_s, profiles=profiles_s, func=func, module=module,
-                         archs=archs_s)
+                         archs=archs_s, cost=float(cost))
         old = _REGISTRY.get(id)
         if old is not None and (old.module != module
                                 or getattr(old.func, "__qualname__", None) != getattr(func, "__qualname__", None)):

@@ -1,28 +1,27 @@
 """Select and run audit checks: profile, ``-k`` expression, shard, needs, worker isolation.
 
-:func:`run_audit` is what ``fa4verify audit`` and the pytest plugin call.  Checks run one after
-another in this process, except those that need "cuda" (or all, with ``isolate="always"``),
-which run in a worker subprocess (``python -m fa4verify.audit.worker``): a fault that kills the
-process (CUDA illegal address, abort) becomes an ``error`` result and the audit goes on.
+:func:`run_audit` is what ``fa4verify audit`` and the pytest plugin call. Checks that need
+"cuda" (or all, with ``isolate="always"``) run in worker subprocesses of a
+:class:`~fa4verify.audit.pool.WorkerPool`: ``config.workers`` persistent workers side by side,
+the most expensive checks first (``@check(cost=...)``), while the other checks run one after
+another in this process. A fault that kills a worker (CUDA illegal address, abort) becomes that
+check's ``error`` result, the worker is replaced and the audit goes on. Reports list the checks
+in selection order whatever order they finished in.
 """
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import dataclasses
-import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from fa4verify._options import AuditConfig
-from fa4verify.audit.registry import (CheckContext, CheckResult, CheckSpec, SkipCheck,
-                                      cuda_available, discover, unmet_need)
+from fa4verify.audit.execute import execute
+from fa4verify.audit.registry import (CheckContext, CheckResult, CheckSpec, cuda_available,
+                                      discover, unmet_need)
 
 __all__ = ["CheckRecord", "Selected", "AuditRun", "select", "run_audit", "execute",
            "KeywordError", "compile_keyword", "exit_code_for"]
@@ -202,83 +201,6 @@ def select(specs: Iterable[CheckSpec], config: AuditConfig) -> list[Selected]:
     return out
 
 
-# --------------------------------------------------------------------------------- execution
-def execute(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
-    """Call the check function; exceptions become ``error``, :class:`SkipCheck` ``skip``."""
-    try:
-        res = spec.func(ctx)
-    except SkipCheck as e:
-        return CheckResult(status="skip", summary=str(e) or "skipped by the check")
-    except KeyboardInterrupt:
-        raise
-    except BaseException as e:  # noqa: BLE001 - SystemExit from a check is an error too
-        tb = traceback.format_exc()
-        return CheckResult(status="error", summary=f"{type(e).__name__}: {e}".strip()[:500],
-                           details={"traceback": tb[-6000:]})
-    if not isinstance(res, CheckResult):
-        return CheckResult(status="error",
-                           summary=f"check returned {type(res).__name__}, not CheckResult")
-    return res
-
-
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except (ValueError, AttributeError):
-        return f"signal {-rc}"
-
-
-def _run_isolated(spec: CheckSpec, ctx: CheckContext, timeout: float) -> tuple[CheckResult, list[str]]:
-    """Run one check in ``python -m fa4verify.audit.worker``; a dead worker is an error."""
-    from fa4verify.audit.worker import build_request
-
-    with tempfile.TemporaryDirectory(prefix="fa4verify-worker-") as td:
-        req_path = os.path.join(td, "request.json")
-        res_path = os.path.join(td, "result.json")
-        err_path = os.path.join(td, "stderr.txt")
-        with open(req_path, "w") as f:
-            json.dump(build_request(spec, ctx), f)
-        cmd = [sys.executable, "-m", "fa4verify.audit.worker", req_path, res_path]
-        env = dict(os.environ)
-        # the worker must import fa4verify (and .py check modules) exactly as we did
-        env["PYTHONPATH"] = os.pathsep.join(
-            [p for p in [os.getcwd(), env.get("PYTHONPATH", "")] if p])
-        timed_out = False
-        with open(err_path, "wb") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
-                                    start_new_session=True)
-            try:
-                rc = proc.wait(timeout=timeout if timeout and timeout > 0 else None)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                rc = proc.wait()
-            except KeyboardInterrupt:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise
-        with open(err_path, "rb") as f:
-            stderr_tail = f.read()[-4000:].decode("utf-8", "replace")
-        if not timed_out and rc == 0 and os.path.exists(res_path):
-            with open(res_path) as f:
-                payload = json.load(f)
-            return CheckResult.from_dict(payload["result"]), list(payload.get("notes", []))
-        if timed_out:
-            why = f"worker timed out after {timeout:g} s (killed)"
-        elif rc < 0:
-            why = f"worker process died: killed by {_signal_name(rc)} (exit {rc})"
-        else:
-            why = f"worker process exited with status {rc} without a result"
-        last = [ln for ln in stderr_tail.strip().splitlines() if ln.strip()]
-        if last:
-            why += f"; last stderr line: {last[-1].strip()[:300]}"
-        return (CheckResult(status="error", summary=why,
-                            details={"worker_stderr_tail": stderr_tail, "worker_exit": rc}),
-                [])
-
-
 class Reporter(Protocol):  # pragma: no cover - interface
     def start(self, selected: Sequence[Selected], config: AuditConfig) -> None: ...
     def check_started(self, sel: Selected) -> None: ...
@@ -303,10 +225,19 @@ def load_specs(config: AuditConfig) -> list[CheckSpec]:
     return discover(modules=config.checks_modules, include_package=not config.no_default_checks)
 
 
+def _context(config: AuditConfig, sel: Selected) -> CheckContext:
+    return CheckContext(dtype=config.dtype, arch=sel.arch, device=config.device,
+                        profile=config.profile, seed=config.seed, check_id=sel.id,
+                        archs=tuple(config.archs), options=dict(config.opts),
+                        deployment=config.deployment_dict)
+
+
 def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
               reporter: Reporter | None = None,
               selected: Sequence[Selected] | None = None) -> AuditRun:
     """Discover (unless ``specs``/``selected`` are given), select and run the checks."""
+    from fa4verify.audit.pool import WorkerPool
+
     started = time.time()
     if specs is None:
         specs = load_specs(config)
@@ -315,40 +246,87 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
     if reporter is not None:
         reporter.start(selected, config)
     have_cuda = cuda_available() if any("cuda" in s.spec.needs for s in selected) else False
-    records: list[CheckRecord] = []
-    for sel in selected:
-        spec = sel.spec
+
+    def record(sel: Selected, result: CheckResult, t0: float, isolated: bool,
+               notes: list[str]) -> CheckRecord:
+        return CheckRecord(id=sel.id, check_id=sel.spec.id, title=sel.spec.title,
+                           module=module_label(sel.spec.module), arch=sel.arch,
+                           needs=sorted(sel.spec.needs), result=result,
+                           duration_s=time.perf_counter() - t0, isolated=isolated, notes=notes)
+
+    def report(rec: CheckRecord, sel: Selected, announce: bool) -> None:
         if reporter is not None:
-            reporter.check_started(sel)
-        t0 = time.perf_counter()
-        isolated = False
-        notes: list[str] = []
-        reason = unmet_need(spec, config.device, cuda=have_cuda)
+            if announce:
+                reporter.check_started(sel)
+            reporter.check_finished(rec)
+
+    records: dict[int, CheckRecord] = {}
+    skipped: dict[int, str] = {}
+    isolated: list[int] = []
+    for i, sel in enumerate(selected):
+        reason = unmet_need(sel.spec, config.device, cuda=have_cuda)
         if reason is None and sel.arch not in config.archs:
             reason = f"arch {sel.arch} not selected (--arch {','.join(config.archs)})"
         if reason is not None:
-            result = CheckResult(status="skip", summary=reason)
-        else:
-            ctx = CheckContext(dtype=config.dtype, arch=sel.arch, device=config.device,
-                               profile=config.profile, seed=config.seed, check_id=sel.id,
-                               archs=tuple(config.archs), options=dict(config.opts),
-                               deployment=config.deployment_dict)
-            isolated = config.isolate == "always" or (config.isolate == "auto"
-                                                      and "cuda" in spec.needs)
-            if isolated:
-                result, notes = _run_isolated(spec, ctx, config.timeout)
-            else:
-                if reporter is not None:
-                    ctx._progress_factory = reporter.progress_factory(sel)
-                result = execute(spec, ctx)
-                notes = list(ctx._notes)
-        rec = CheckRecord(id=sel.id, check_id=spec.id, title=spec.title, module=module_label(spec.module),
-                          arch=sel.arch, needs=sorted(spec.needs), result=result,
-                          duration_s=time.perf_counter() - t0, isolated=isolated, notes=notes)
-        records.append(rec)
-        if reporter is not None:
-            reporter.check_finished(rec)
-    run = AuditRun(config=config, records=records, started=started, finished=time.time(),
+            skipped[i] = reason
+        elif config.isolate == "always" or (config.isolate == "auto" and "cuda" in sel.spec.needs):
+            isolated.append(i)
+
+    isolated_set = set(isolated)
+    pool = executor = None
+    futures: dict[concurrent.futures.Future, int] = {}
+    if isolated:
+        n = max(1, min(config.workers, len(isolated)))
+        pool = WorkerPool(n, timeout=config.timeout, fresh=config.fresh_workers,
+                          kernel_cache=config.kernel_cache)
+        executor = concurrent.futures.ThreadPoolExecutor(max_workers=n,
+                                                         thread_name_prefix="fa4verify-worker")
+
+        def run_one(i: int) -> CheckRecord:
+            sel = selected[i]
+            t0 = time.perf_counter()
+            result, notes = pool.run(sel.spec, _context(config, sel))
+            return record(sel, result, t0, True, notes)
+
+        # the most expensive first (stable: equal costs keep the selection order)
+        for i in sorted(isolated, key=lambda j: -selected[j].spec.cost):
+            futures[executor.submit(run_one, i)] = i
+
+    def drain(block: bool) -> None:
+        done = [f for f in futures if f.done()] if not block else \
+            list(concurrent.futures.as_completed(list(futures)))
+        for f in done:
+            i = futures.pop(f)
+            records[i] = f.result()
+            report(records[i], selected[i], True)
+
+    try:
+        for i, sel in enumerate(selected):
+            if i in skipped:
+                records[i] = record(sel, CheckResult(status="skip", summary=skipped[i]),
+                                    time.perf_counter(), False, [])
+                report(records[i], sel, True)
+                continue
+            if i in isolated_set:
+                continue
+            if reporter is not None:
+                reporter.check_started(sel)
+            t0 = time.perf_counter()
+            ctx = _context(config, sel)
+            if reporter is not None:
+                ctx._progress_factory = reporter.progress_factory(sel)
+            result = execute(sel.spec, ctx)
+            records[i] = record(sel, result, t0, False, list(ctx._notes))
+            report(records[i], sel, False)
+            drain(block=False)
+        drain(block=True)
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        if pool is not None:
+            pool.close()
+    run = AuditRun(config=config, records=[records[i] for i in range(len(selected))],
+                   started=started, finished=time.time(),
                    discovered=len(specs) if specs is not None else len(selected))
     if reporter is not None:
         reporter.finish(run)

@@ -161,7 +161,7 @@ def attribution(ctx: CheckContext) -> CheckResult:
 
 
 @check("budgets.production.forward", title="Production FA4 forward within the composed budget",
-       needs={"cuda", "fa4"})
+       needs={"cuda", "fa4"}, cost=28)
 def production_forward(ctx: CheckContext) -> CheckResult:
     """O and LSE of production FA4 on the local GPU against the oracle within the composed
     forward budget (the judge core). Cases: the deployment profile's, else hd 64/128 x causal
@@ -221,7 +221,7 @@ def production_forward(ctx: CheckContext) -> CheckResult:
 
 
 @check("budgets.production.backward", title="Production FA4 backward within the composed budget",
-       needs={"cuda", "fa4"})
+       needs={"cuda", "fa4"}, cost=33)
 def production_backward(ctx: CheckContext) -> CheckResult:
     """dQ, dK, dV of FA4's deterministic backward against the exact gradient, within the composed
     backward budgets (the deployment's cases, else hd 64/128, causal and not, seqlen 512,

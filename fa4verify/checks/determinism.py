@@ -130,7 +130,7 @@ def twin(ctx: CheckContext) -> CheckResult:
 
 @check("determinism.fa4", title="FA4 deterministic backward: bitwise reproducible, guard bands "
        "intact, default-mode divergence", needs={"cuda", "fa4"},
-       profiles={"quick", "default", "full", "exhaustive"})
+       profiles={"quick", "default", "full", "exhaustive"}, cost=50)
 def fa4(ctx: CheckContext) -> CheckResult:
     from fa4verify import determinism as d
     from fa4verify.kernels.evidence import evidence_path

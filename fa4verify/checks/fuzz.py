@@ -127,7 +127,7 @@ def mutants(ctx: CheckContext) -> CheckResult:
 
 
 @check("fuzz.production", title="Hypothesis fuzzing of production FA4 on the GPU", needs={"cuda", "fa4"},
-       profiles={"default", "full", "exhaustive"})
+       profiles={"default", "full", "exhaustive"}, cost=134)
 def production(ctx: CheckContext) -> CheckResult:
     from fa4verify import fuzz
     dtype = _dtype(ctx)

@@ -175,7 +175,7 @@ def figures(ctx: CheckContext) -> CheckResult:
 
 
 @check("production.forward_rule", title="Production FA4 forward within FA4's own test rule (live)",
-       needs={"cuda", "fa4"}, profiles={"quick", "default", "full", "exhaustive"})
+       needs={"cuda", "fa4"}, profiles={"quick", "default", "full", "exhaustive"}, cost=13)
 def forward_rule(ctx: CheckContext) -> CheckResult:
     import math
     import torch
@@ -295,7 +295,7 @@ def _deployment_rows(ctx: CheckContext, rows: list, name: str) -> list:
 
 
 @check("production.head_dims_live", title="FA4 backward at SM90 head dims, measured live (GPU)",
-       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"})
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=31)
 def head_dims_live(ctx: CheckContext) -> CheckResult:
     """default: head dims 8, 40, 64, 80, 128 at seqlen 256; full/exhaustive: every multiple of 8
     in 8..256 (about 3 minutes, one compile per head dim)."""

@@ -67,14 +67,15 @@ def _list(specs, selected, config, console) -> None:
 @click.option("--live/--no-live", "live", default=None,
               help="Live progress display (default: on a TTY only).")
 def command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate,
-            timeout, opts, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
+            timeout, workers, fresh_workers, kernel_cache, opts, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
             regression_rtol, live):
     """Run every audit check, print the verdict, write reports and return the gate's exit code.
 
     \b
     On a CPU machine: the CPU twins and the compile-only census; on a GPU machine also the
-    production FA4 kernels (each in a worker subprocess, so a CUDA fault is reported and the
-    audit goes on).
+    production FA4 kernels, in persistent worker subprocesses run side by side (--workers; a
+    CUDA fault is reported as that check's error, its worker replaced, and the audit goes on).
+    FA4's compiled kernels persist in --kernel-cache, so a second audit skips most compiles.
     \b
     Exit: 0 within budget, 1 violation/regression, 2 usage or environment error,
           3 a check crashed, 5 nothing ran, 10 undecided.
@@ -90,7 +91,8 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
                               profile=profile.lower(), seed=seed, keyword=keyword, shard=shard,
                               checks_modules=checks_modules, no_default_checks=no_default_checks,
                               isolate=isolate.lower(), timeout=timeout, opts=opts,
-                              deployment=deployment)
+                              deployment=deployment, workers=workers,
+                              fresh_workers=fresh_workers, kernel_cache=kernel_cache)
         compile_keyword(keyword)
     except (OptionError, KeywordError) as e:
         raise _usage(str(e)) from None

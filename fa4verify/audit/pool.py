@@ -1,0 +1,264 @@
+"""Worker processes for isolated checks: a pool of persistent workers, or one fresh per check.
+
+:class:`WorkerPool` owns ``size`` long-lived ``python -m fa4verify.audit.worker --serve``
+processes (see :mod:`fa4verify.audit.worker` for the protocol). :meth:`WorkerPool.run` is
+thread-safe: the runner drives one thread per worker, so up to ``size`` isolated checks run at
+once (on one GPU their kernel compiles, which are CPU work, overlap). A worker that dies, times
+out, or returns an ``error`` is discarded and a new one is started for the next check, so a CUDA
+fault in one check never leaks into another. ``fresh=True`` keeps the old behaviour (a new
+one-shot worker per check), which the speed benchmark uses as its "before".
+
+Worker environment: the parent's, plus the checkout on ``PYTHONPATH`` (workers import fa4verify
+and ``--checks-module`` files exactly as the parent did), FA4's persistent kernel cache
+(``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` and ``..._CACHE_DIR``) unless the caller turned it
+off or set it, and ``OMP_NUM_THREADS`` split between the workers unless set.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec
+from fa4verify.audit.worker import build_request
+
+__all__ = ["WorkerPool", "worker_env", "default_kernel_cache", "auto_workers",
+           "KERNEL_CACHE_ENV"]
+
+#: FA4's own switches for its persistent (AOT) kernel cache (flash_attn/cute/cache_utils.py).
+KERNEL_CACHE_ENV = ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
+
+
+def default_kernel_cache() -> str:
+    """``<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/fa4-kernels`` (absolute)."""
+    base = os.environ.get("FA4VERIFY_CACHE_DIR", "").strip() or ".fa4verify-cache"
+    return os.path.abspath(os.path.join(base, "fa4-kernels"))
+
+
+def auto_workers(device: str, cpu_count: int | None = None) -> int:
+    """Workers for ``--workers auto``: on a GPU, one per 4 CPU cores, at most 4 (compiles are
+    CPU-bound and overlap; the GPU is shared); on the CPU, 1."""
+    n = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    return max(1, min(4, n // 4)) if device == "cuda" else 1
+
+
+def worker_env(*, kernel_cache: str | None, workers: int, base: dict[str, str] | None = None
+               ) -> dict[str, str]:
+    """The environment of a worker process (see the module docstring)."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join([p for p in [os.getcwd(), env.get("PYTHONPATH", "")] if p])
+    if kernel_cache and not any(k in env for k in KERNEL_CACHE_ENV):
+        os.makedirs(kernel_cache, exist_ok=True)
+        env[KERNEL_CACHE_ENV[0]] = "1"
+        env[KERNEL_CACHE_ENV[1]] = kernel_cache
+    if workers > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (workers + 1)))
+    return env
+
+
+def _signal_name(rc: int) -> str:
+    try:
+        return signal.Signals(-rc).name
+    except (ValueError, AttributeError):
+        return f"signal {-rc}"
+
+
+def _died(rc: int | None, timed_out: bool, timeout: float, stderr_tail: str) -> CheckResult:
+    if timed_out:
+        why = f"worker timed out after {timeout:g} s (killed)"
+    elif rc is not None and rc < 0:
+        why = f"worker process died: killed by {_signal_name(rc)} (exit {rc})"
+    else:
+        why = f"worker process exited with status {rc} without a result"
+    last = [ln for ln in stderr_tail.strip().splitlines() if ln.strip()]
+    if last:
+        why += f"; last stderr line: {last[-1].strip()[:300]}"
+    return CheckResult(status="error", summary=why,
+                       details={"worker_stderr_tail": stderr_tail, "worker_exit": rc})
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+class _Worker:
+    """One serving worker process."""
+
+    def __init__(self, env: dict[str, str], tmp: str, n: int) -> None:
+        self.log_path = os.path.join(tmp, f"worker{n}.log")
+        self._log = open(self.log_path, "ab")
+        r, w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fa4verify.audit.worker", "--serve", "--reply-fd", str(w)],
+                stdin=subprocess.PIPE, stdout=self._log, stderr=self._log, env=env,
+                pass_fds=(w,), start_new_session=True)
+        finally:
+            os.close(w)
+        self._reply = os.fdopen(r, "r")
+        self.seq = 0
+        self.tmp = tmp
+        self.n = n
+
+    def _stderr_since(self, offset: int) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read()[-4000:].decode("utf-8", "replace")
+
+    def run(self, req: dict[str, Any], timeout: float) -> tuple[CheckResult, list[str], bool]:
+        """(result, notes, alive): ``alive`` is False when the process is gone or was killed."""
+        self.seq += 1
+        res_path = os.path.join(self.tmp, f"result{self.n}-{self.seq}.json")
+        offset = os.path.getsize(self.log_path)
+        try:
+            self.proc.stdin.write((json.dumps({"request": req, "result_path": res_path,
+                                               "seq": self.seq}) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            rc = self.proc.wait()
+            return _died(rc, False, timeout, self._stderr_since(offset)), [], False
+        deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
+        line = ""
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._reply], [], [], wait)
+            if not ready:   # timed out
+                _kill(self.proc)
+                return _died(self.proc.returncode, True, timeout, self._stderr_since(offset)), [], False
+            line = self._reply.readline()
+            break
+        if not line:        # EOF: the worker died
+            rc = self.proc.wait()
+            return _died(rc, False, timeout, self._stderr_since(offset)), [], False
+        with open(res_path) as f:
+            payload = json.load(f)
+        os.unlink(res_path)
+        return CheckResult.from_dict(payload["result"]), list(payload.get("notes", [])), True
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self.proc.stdin.write(b'{"op": "exit"}\n')
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                _kill(self.proc)
+        self._reply.close()
+        self._log.close()
+
+
+class WorkerPool:
+    """Up to ``size`` worker processes shared by the isolated checks of one audit."""
+
+    def __init__(self, size: int = 1, *, timeout: float = 0.0, fresh: bool = False,
+                 kernel_cache: str | None = None) -> None:
+        if size < 1:
+            raise ValueError(f"WorkerPool size {size} < 1")
+        self.size = size
+        self.timeout = timeout
+        self.fresh = fresh
+        self.env = worker_env(kernel_cache=kernel_cache, workers=size)
+        self._tmp = tempfile.TemporaryDirectory(prefix="fa4verify-workers-")
+        self._idle: "queue.Queue[_Worker | None]" = queue.Queue()
+        for _ in range(size):
+            self._idle.put(None)          # a slot; its worker starts on first use
+        self._lock = threading.Lock()
+        self._count = 0
+        self.started = 0                  #: worker processes started (for reports and tests)
+        self._all: set[_Worker] = set()
+
+    def _new(self) -> _Worker:
+        with self._lock:
+            self._count += 1
+            self.started += 1
+            n = self._count
+            w = _Worker(self.env, self._tmp.name, n)
+            self._all.add(w)
+        return w
+
+    def run(self, spec: CheckSpec, ctx: CheckContext) -> tuple[CheckResult, list[str]]:
+        """Run one check in a worker; a dead or timed-out worker is an ``error`` result."""
+        req = build_request(spec, ctx)
+        if self.fresh:
+            return self._run_fresh(req)
+        w = self._idle.get()
+        try:
+            if w is None or w.proc.poll() is not None:
+                if w is not None:
+                    w.close()
+                w = self._new()
+            result, notes, alive = w.run(req, self.timeout)
+            if not alive or result.status == "error":
+                w.close()        # a fault may have left the CUDA context unusable: start afresh
+                with self._lock:
+                    self._all.discard(w)
+                w = None
+            return result, notes
+        finally:
+            self._idle.put(w)
+
+    def _run_fresh(self, req: dict[str, Any]) -> tuple[CheckResult, list[str]]:
+        with self._lock:
+            self.started += 1
+        with tempfile.TemporaryDirectory(prefix="fa4verify-worker-") as td:
+            req_path, res_path = os.path.join(td, "request.json"), os.path.join(td, "result.json")
+            err_path = os.path.join(td, "stderr.txt")
+            with open(req_path, "w") as f:
+                json.dump(req, f)
+            timed_out = False
+            with open(err_path, "wb") as err:
+                proc = subprocess.Popen([sys.executable, "-m", "fa4verify.audit.worker", req_path,
+                                         res_path], stdin=subprocess.DEVNULL, stdout=err,
+                                        stderr=err, env=self.env, start_new_session=True)
+                try:
+                    rc = proc.wait(timeout=self.timeout if self.timeout and self.timeout > 0 else None)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill(proc)
+                    rc = proc.returncode
+                except KeyboardInterrupt:
+                    _kill(proc)
+                    raise
+            with open(err_path, "rb") as f:
+                tail = f.read()[-4000:].decode("utf-8", "replace")
+            if not timed_out and rc == 0 and os.path.exists(res_path):
+                with open(res_path) as f:
+                    payload = json.load(f)
+                return CheckResult.from_dict(payload["result"]), list(payload.get("notes", []))
+            return _died(rc, timed_out, self.timeout, tail), []
+
+    def close(self) -> None:
+        """Stop every worker: idle ones cleanly, busy ones (an interrupted audit) killed."""
+        idle: set[int] = set()
+        while True:
+            try:
+                w = self._idle.get_nowait()
+            except queue.Empty:
+                break
+            if w is not None:
+                idle.add(id(w))
+        with self._lock:
+            workers, self._all = list(self._all), set()
+        for w in workers:
+            if id(w) not in idle:
+                _kill(w.proc)
+            w.close()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

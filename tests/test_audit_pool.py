@@ -1,0 +1,157 @@
+"""The audit's worker pool (fa4verify.audit.pool): persistent workers reused across checks,
+side-by-side execution, a dead worker replaced, FA4's kernel cache handed to workers, reports in
+selection order, and the option errors (one line, exit 2). CPU only: fixture checks, isolated
+with ``--isolate always``."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pathlib
+
+import pytest
+
+from fa4verify.cli import main
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+POOL = os.path.join(FIX, "audit_checks_pool.py")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def audit(tmp_path, *args: str) -> tuple[int, dict]:
+    j = tmp_path / "a.json"
+    code = main(["audit", "--no-default-checks", "--no-live", "--checks-module", POOL,
+                 "--isolate", "always", "--json", str(j), *args])
+    with open(j) as f:
+        rep = json.load(f)
+    return code, rep
+
+
+def by_id(rep: dict) -> dict:
+    return {r["id"]: r for r in rep["results"]}
+
+
+def test_one_persistent_worker_runs_every_check(tmp_path):
+    code, rep = audit(tmp_path, "-k", "pid", "--workers", "1")
+    r = by_id(rep)
+    assert code == 0
+    assert r["fixture.pool.pid_a"]["metrics"]["pid"] == r["fixture.pool.pid_b"]["metrics"]["pid"]
+    assert r["fixture.pool.pid_a"]["isolated"] and r["fixture.pool.pid_b"]["isolated"]
+
+
+def test_fresh_workers_start_one_process_per_check(tmp_path):
+    code, rep = audit(tmp_path, "-k", "pid", "--workers", "1", "--fresh-workers")
+    r = by_id(rep)
+    assert code == 0
+    assert r["fixture.pool.pid_a"]["metrics"]["pid"] != r["fixture.pool.pid_b"]["metrics"]["pid"]
+
+
+def test_two_workers_run_checks_side_by_side(tmp_path):
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    code, rep = audit(tmp_path, "-k", "meet", "--workers", "2", "--opt", f"meet={meet}")
+    r = by_id(rep)
+    assert r["fixture.pool.meet_a"]["status"] == "pass", r["fixture.pool.meet_a"]["summary"]
+    assert r["fixture.pool.meet_b"]["status"] == "pass"
+    assert code == 0
+
+
+def test_one_worker_runs_them_one_after_another_so_they_never_meet(tmp_path):
+    """The same rendezvous fails with one worker (so the test above can fail)."""
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    code, rep = audit(tmp_path, "-k", "meet", "--workers", "1", "--opt", f"meet={meet}",
+                      "--opt", "meet_timeout=1")
+    statuses = sorted(r["status"] for r in rep["results"])
+    assert statuses == ["fail", "pass"] and code == 1
+
+
+def test_a_killed_worker_is_an_error_and_a_new_worker_runs_the_rest(tmp_path):
+    code, rep = audit(tmp_path, "-k", "crash or zlast or pid_a", "--workers", "1")
+    r = by_id(rep)
+    assert r["fixture.pool.crash"]["status"] == "error"
+    assert "SIGKILL" in r["fixture.pool.crash"]["summary"]
+    assert r["fixture.pool.zlast"]["status"] == "pass"
+    assert r["fixture.pool.pid_a"]["status"] == "pass"
+    # cost order: crash (3) runs before pid_a (1) and zlast (0); both after it in a new process
+    assert r["fixture.pool.zlast"]["metrics"]["pid"] == r["fixture.pool.pid_a"]["metrics"]["pid"]
+    assert code == 3
+
+
+def test_reports_keep_selection_order_whatever_order_checks_finished(tmp_path):
+    code, rep = audit(tmp_path, "-k", "pid or zlast or crash", "--workers", "1")
+    ids = [x["id"] for x in rep["results"]]
+    assert ids == sorted(ids, key=["fixture.pool.pid_a", "fixture.pool.pid_b",
+                                   "fixture.pool.crash", "fixture.pool.zlast"].index)
+
+
+def test_workers_get_fa4s_kernel_cache_unless_off(tmp_path, monkeypatch):
+    for k in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    cache = tmp_path / "kc"
+    code, rep = audit(tmp_path, "-k", "pid_a", "--kernel-cache", str(cache))
+    env = by_id(rep)["fixture.pool.pid_a"]["details"]["env"]
+    assert env == {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
+                   "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(cache)}
+    assert cache.is_dir()
+    code, rep = audit(tmp_path, "-k", "pid_a", "--kernel-cache", "off")
+    env = by_id(rep)["fixture.pool.pid_a"]["details"]["env"]
+    assert env == {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": None,
+                   "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": None}
+
+
+def test_a_users_own_fa4_cache_setting_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")
+    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", raising=False)
+    code, rep = audit(tmp_path, "-k", "pid_a", "--kernel-cache", str(tmp_path / "kc"))
+    env = by_id(rep)["fixture.pool.pid_a"]["details"]["env"]
+    assert env["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "0"
+    assert env["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] is None
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--workers", "0"], "--workers '0': expected 1..64 or auto"),
+    (["--workers", "two"], "--workers 'two': expected a positive integer or auto"),
+    (["--kernel-cache", ""], "--kernel-cache '': expected a directory, auto or off"),
+])
+def test_bad_pool_options_are_one_line_usage_errors(tmp_path, capsys, args, msg):
+    code = main(["audit", "--no-default-checks", "--no-live", "--checks-module", POOL, *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert msg in err and "Traceback" not in err
+
+
+def test_a_kernel_cache_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    code = main(["audit", "--no-default-checks", "--no-live", "--checks-module", POOL,
+                 "--kernel-cache", str(f)])
+    assert code == 2 and "exists and is not a directory" in capsys.readouterr().err
+    assert f.read_text() == "x"
+
+
+def test_auto_workers_rule():
+    from fa4verify.audit.pool import auto_workers
+    assert auto_workers("cpu", 64) == 1
+    assert auto_workers("cuda", 2) == 1
+    assert auto_workers("cuda", 8) == 2
+    assert auto_workers("cuda", 16) == 4
+    assert auto_workers("cuda", 128) == 4
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_runner_and_worker_do_not_import_each_other():
+    audit_dir = ROOT / "fa4verify" / "audit"
+    assert "fa4verify.audit.worker" not in _imports(audit_dir / "runner.py")
+    assert "fa4verify.audit.runner" not in _imports(audit_dir / "worker.py")
+    assert "fa4verify.audit.runner" not in _imports(audit_dir / "pool.py")
+    assert "fa4verify.audit.runner" not in _imports(audit_dir / "execute.py")
