@@ -33,3 +33,15 @@ def test_fuzz_twin_check_skips_fp8():
     ctx = registry.CheckContext(dtype="fp8", arch="sm100", profile="default")
     with pytest.raises(registry.SkipCheck):
         checks.twin(ctx)
+
+
+def test_the_gpu_campaigns_head_dim_palette_rotates_through_every_supported_dim():
+    from fa4verify._strategies.shapes import supported_head_dims
+    from fa4verify.checks.fuzz import head_dim_palette
+    dims = {d for d, dv in supported_head_dims("sm90", max_head_dim=256) if d == dv}
+    seen: set[int] = set()
+    for seed in range(len(dims)):
+        pal = head_dim_palette("sm90", seed)
+        assert pal[:2] == (64, 128) and len(pal) == 3 and set(pal) <= dims
+        seen.update(pal)
+    assert seen == dims

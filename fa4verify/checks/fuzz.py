@@ -8,7 +8,13 @@
                              causal_top_left, tail_tile_dropped and rescale_skipped (full and
                              exhaustive profiles; ~1 min on one core).
 * ``fuzz.production``        the same campaign against production FA4 on the GPU ("measured on
-                             <GPU>"): default 50 examples, full 200, exhaustive 1000.
+                             <GPU>"): default 50 examples, full 200, exhaustive 1000. The
+                             default profile draws head dims from a palette of three
+                             (:func:`head_dim_palette`: 64, 128 and one more rotated by the seed,
+                             so every head dim FA4 supports is drawn over as many seeds) to keep
+                             the number of distinct FA4 compile keys, i.e. kernel compiles, small;
+                             full and exhaustive draw every supported head dim. A deployment's
+                             head dims replace the palette.
 
 Known FA4 issues (``fa4verify.fuzz.KNOWN_ISSUES``) are counted, not failed; any other violation
 fails the check with the shrunk case and its ``@example`` snippet in the details.
@@ -126,6 +132,14 @@ def mutants(ctx: CheckContext) -> CheckResult:
                        details={"found": found, "missing_mutations": missing}, summary=summary)
 
 
+def head_dim_palette(arch: str, seed: int, *, max_head_dim: int = 256) -> tuple[int, ...]:
+    """64, 128 and the ``seed``-th (cyclically) other head dim FA4 supports on ``arch``."""
+    from fa4verify._strategies.shapes import supported_head_dims
+    others = [d for d, dv in supported_head_dims(arch, max_head_dim=max_head_dim)
+              if d == dv and d not in (64, 128)]
+    return (64, 128) + ((others[seed % len(others)],) if others else ())
+
+
 @check("fuzz.production", title="Hypothesis fuzzing of production FA4 on the GPU", needs={"cuda", "fa4"},
        profiles={"default", "full", "exhaustive"}, cost=134)
 def production(ctx: CheckContext) -> CheckResult:
@@ -135,8 +149,15 @@ def production(ctx: CheckContext) -> CheckResult:
     where = ctx.where_measured()
     tgt = fuzz.ProductionTarget()
     n = _GPU_EXAMPLES[ctx.profile]
+    limits: dict[str, Any] = {"max_head_dim": 256}
+    if ctx.profile in ("quick", "default"):
+        limits["head_dim_choices"] = head_dim_palette(gpu.arch, ctx.seed)
+    kw = _deployment_kw(ctx, limits)
+    if "head_dim_choices" in kw["limits"]:
+        kw["limits"].pop("max_head_dim", None)
     with ctx.progress(n, "fuzzing production FA4") as bar:
         res = fuzz.run_campaign(target=tgt, arch=gpu.arch, dtype=dtype, examples=n, seed=ctx.seed,
-                                profile=_profile(ctx), on_example=lambda i, p: bar.advance(1),
-                                **_deployment_kw(ctx, {"max_head_dim": 256}))
-    return _result(res, where)
+                                profile=_profile(ctx), on_example=lambda i, p: bar.advance(1), **kw)
+    out = _result(res, where)
+    out.details["head_dims_drawn_from"] = list(kw["limits"].get("head_dim_choices", ())) or "all"
+    return out
