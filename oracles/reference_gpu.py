@@ -135,6 +135,9 @@ class StreamedBackward:
     d: Any
     d_bound: Any
     forward: StreamedForward
+    #: by-products (the judge's statistics): ``dsk_abs`` (b, sq, h, d) = scale sum_j |dS||K|,
+    #: ``dsq_abs`` (b, sk, hk, d) = scale sum_i |dS||Q|, ``pdo_abs`` (b, sk, hk, dv) = sum_i P |dO|
+    aux: dict = field(default_factory=dict)
 
 
 def _torch():
@@ -304,6 +307,7 @@ def backward(q, k, v, dout, *, softmax_scale: Optional[float] = None, causal: bo
     dv_b = torch.zeros_like(dv)
     dd = torch.zeros((b, H, sq), dtype=f64, device=dev)
     dd_b = torch.zeros_like(dd)
+    aux = {"dsk_abs": torch.zeros_like(dq), "dsq_abs": torch.zeros_like(dk), "pdo_abs": torch.zeros_like(dv)}
     nvis = _n_visible(causal, sq, sk, dev)
     # queries that see key j: rows i >= j - (sk - sq) (causal)
     jj = torch.arange(sk, device=dev, dtype=f64)
@@ -405,4 +409,7 @@ def backward(q, k, v, dout, *, softmax_scale: Optional[float] = None, causal: bo
         dk_b[bi] = torch.nan_to_num(bK_, nan=math.inf).permute(1, 0, 2)
         dv[bi] = dV_.permute(1, 0, 2)
         dv_b[bi] = torch.nan_to_num(bV_, nan=math.inf).permute(1, 0, 2)
-    return StreamedBackward(dq, dk, dv, dq_b, dk_b, dv_b, dd, dd_b, fwd)
+        aux["dsk_abs"][bi] = (AQ * scale).permute(1, 0, 2)
+        aux["dsq_abs"][bi] = (AK * scale).reshape(Hk, g, sk, D).sum(dim=1).permute(1, 0, 2)
+        aux["pdo_abs"][bi] = PdO.reshape(Hk, g, sk, Dv).sum(dim=1).permute(1, 0, 2)
+    return StreamedBackward(dq, dk, dv, dq_b, dk_b, dv_b, dd, dd_b, fwd, aux)
