@@ -248,7 +248,8 @@ def judge_long_context(problem: AttentionProblem, q, k, v, out, lse, *, dout=Non
     else:
         verdicts["lse"] = compare("lse", _np(lse)[:, :, rows], _np(f.lse[:, :, ridx_t]),
                                   oracle_bound=_np(f.lse_bound[:, :, ridx_t]), budget=lse_budget)
-    rel = {"out": _bound_share(b_out, out_budget)}
+    rel = {"out": _bound_share(b_out, out_budget),
+           "lse": _bound_share(_np(f.lse_bound[:, :, ridx_t]), lse_budget)}
     allow = {"out": out_budget, "lse": lse_budget}
     secs["compare_forward"] = time.perf_counter() - t2
     if dout is not None:
