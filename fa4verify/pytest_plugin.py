@@ -3,6 +3,7 @@
     pytest --fa4verify                  # profile "default"
     pytest --fa4verify=quick --fa4-dtype bf16 --fa4-only
     pytest --fa4verify -k exp2          # pytest's own -k selects check ids
+    pytest --fa4verify -n 8 --fa4-only  # one GPU per xdist worker (fa4verify.sharding)
 
 One item per check instance (``fa4verify-audit::<check id>``); a skipped check becomes a pytest
 skip with its reason, ``fail``/``undecided``/``error`` a test failure whose message is the
@@ -59,6 +60,12 @@ def pytest_configure(config: Any) -> None:
     profile = config.getoption("fa4verify", default=None)
     if profile is None:
         return
+    # under pytest-xdist (-n N) each worker sees one GPU (fa4verify.sharding), before any CUDA use
+    from fa4verify.sharding import pin_worker_gpu
+    try:
+        pin_worker_gpu()
+    except (RuntimeError, ValueError) as e:
+        raise pytest.UsageError(str(e)) from None
     from fa4verify._options import OptionError, config_from_pytest
 
     try:

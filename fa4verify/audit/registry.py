@@ -73,7 +73,9 @@ __all__ = [
 #: What a check may need.  "cpu" is always available.
 NEEDS: frozenset[str] = frozenset({"cpu", "fa4", "cuda", "gmpy2"})
 #: Profiles, in increasing amount of work.
-PROFILE_ORDER: tuple[str, ...] = ("quick", "default", "full", "exhaustive")
+#: ``long`` is not a larger ``exhaustive``: only checks that list it run (the long-context
+#: audit, ``production.long_context``), so the default audit's time is untouched.
+PROFILE_ORDER: tuple[str, ...] = ("quick", "default", "full", "exhaustive", "long")
 PROFILES: frozenset[str] = frozenset(PROFILE_ORDER)
 STATUSES: frozenset[str] = frozenset({"pass", "fail", "skip", "error", "undecided"})
 #: Where a figure was obtained ("" allowed for skip/error results that measured nothing): one of

@@ -1,0 +1,148 @@
+"""Audit check ``production.long_context`` (profile ``long`` only): production FA4 forward and
+backward at long context (default seqlen 32768 and 131072, 1 x 8 heads x hd 128, causal, bf16)
+judged by the one judge core against the streamed float64 oracle
+(:func:`fa4verify.judge.long_context.judge_long_context`) within the composed budgets.
+
+``fa4verify audit --profile long --device cuda`` runs it (the default audit does not: 128k
+needs ~1 minute of H200 time). ``FA4VERIFY_LONG_SEQLENS`` (comma-separated, default
+``32768,131072``) and ``FA4VERIFY_LONG_ROW_STRIDE`` (default 1: every row judged) scale it.
+
+:func:`run_case` is shared with ``benchmarks/gpu_long_context.py``; ``kernel="torch32"`` is a
+CPU stand-in (float32 torch attention with outputs rounded to the input dtype) so the entry
+points run in the CPU tests.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional
+
+from fa4verify.audit.registry import CheckContext, CheckResult, check
+
+ENV_SEQLENS = "FA4VERIFY_LONG_SEQLENS"
+ENV_STRIDE = "FA4VERIFY_LONG_ROW_STRIDE"
+
+
+def _sync(device) -> None:
+    import torch
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _torch32(q, k, v, dout, causal: bool):
+    """CPU stand-in kernel: float32 attention (autograd), outputs rounded to the input dtype."""
+    import torch
+    qq, kk, vv = (x.float().permute(0, 2, 1, 3).detach().requires_grad_() for x in (q, k, v))
+    g = qq.shape[1] // kk.shape[1]
+    ke, ve = (x.repeat_interleave(g, dim=1) if g > 1 else x for x in (kk, vv))
+    s = qq @ ke.transpose(-1, -2) / (q.shape[-1] ** 0.5)
+    sq, sk = s.shape[-2:]
+    if causal:
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    o = torch.softmax(s, dim=-1) @ ve
+    o.backward(dout.float().permute(0, 2, 1, 3))
+    dt = q.dtype
+    back = lambda x: x.permute(0, 2, 1, 3).to(dt)   # noqa: E731
+    return back(o.detach()), lse.detach(), back(qq.grad), back(kk.grad), back(vv.grad)
+
+
+def run_case(seqlen: int, *, nheads: int = 8, nheads_kv: int = 8, head_dim: int = 128, causal: bool = True,
+             dtype: str = "bf16", device: str = "cuda", kernel: str = "fa4", seed: int = 0,
+             block: int = 4096, block_k: Optional[int] = None, row_stride: int = 1,
+             backward: bool = True, arch: Optional[str] = None) -> dict[str, Any]:
+    """Run one long-context case and judge it; returns the judgement, kernel seconds and arch."""
+    import numpy as np
+    import torch
+
+    from fa4verify.judge.attention import dense_problem
+    from fa4verify.judge.long_context import judge_long_context
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    shp_q, shp_k = (1, seqlen, nheads, head_dim), (1, seqlen, nheads_kv, head_dim)
+    q = torch.randn(shp_q, generator=gen).to(tdt).to(device)
+    k = torch.randn(shp_k, generator=gen).to(tdt).to(device)
+    v = torch.randn(shp_k, generator=gen).to(tdt).to(device)
+    dout = torch.randn(shp_q, generator=gen).to(tdt).to(device) if backward else None
+    secs: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if kernel == "fa4":
+        from fa4verify.kernels import adapter
+        f = adapter.forward(q, k, v, causal=causal)
+        out, lse = f.out, f.lse
+        _sync(device)
+        secs["kernel_forward"] = time.perf_counter() - t0
+        dq = dk = dv = None
+        if backward:
+            t1 = time.perf_counter()
+            b = adapter.backward(q, k, v, out, dout, lse, causal=causal)
+            dq, dk, dv = b.dq, b.dk, b.dv
+            _sync(device)
+            secs["kernel_backward"] = time.perf_counter() - t1
+    elif kernel == "torch32":
+        out, lse, dq, dk, dv = _torch32(q.cpu(), k.cpu(), v.cpu(),
+                                        dout.cpu() if backward else torch.zeros(shp_q, dtype=tdt), causal)
+        secs["kernel_forward_backward"] = time.perf_counter() - t0
+        if not backward:
+            dq = dk = dv = None
+    else:
+        raise ValueError(f"kernel {kernel!r}: choose fa4 or torch32")
+    n = lambda x: None if x is None else x.detach().float().cpu().numpy()   # noqa: E731
+    if arch is None:
+        from fa4verify.kernels import device as kdev
+        arch = (kdev.local_gpu().arch if kernel == "fa4" else None) or "sm90"
+    prob = dense_problem(np.zeros(shp_q, np.float32), np.zeros(shp_k, np.float32), np.zeros(shp_k, np.float32),
+                         arch=arch, dtype=dtype, causal=causal)
+    j = judge_long_context(prob, q, k, v, n(out), n(lse), dout=dout, dq=n(dq), dk=n(dk), dv=n(dv),
+                           device=device, block=block, block_k=block_k, row_stride=row_stride,
+                           sync=lambda: _sync(device))
+    return {"judgement": j, "kernel_seconds": secs, "arch": arch}
+
+
+def _seqlens() -> tuple[int, ...]:
+    raw = os.environ.get(ENV_SEQLENS, "32768,131072")
+    try:
+        out = tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        out = ()
+    if not out or min(out) < 1:
+        raise ValueError(f"{ENV_SEQLENS}={raw!r}: expected comma-separated positive integers")
+    return out
+
+
+@check("production.long_context", title="Production FA4 fwd+bwd at 32k/128k within budget (streamed fp64 oracle)",
+       needs={"cuda", "fa4"}, profiles={"long"})
+def long_context(ctx: CheckContext) -> CheckResult:
+    if ctx.dtype not in ("bf16", "fp16"):
+        ctx.skip(f"the long-context audit runs bf16/fp16; dtype {ctx.dtype} is not covered")
+    gpu = ctx.require_gpu()
+    where = ctx.where_measured()
+    try:
+        seqlens = _seqlens()
+        stride = int(os.environ.get(ENV_STRIDE, "1"))
+    except ValueError as e:
+        ctx.skip(str(e))
+    rows, metrics, statuses, reasons = [], {}, [], []
+    for s in seqlens:
+        r = run_case(s, device="cuda", dtype=ctx.dtype, seed=int(ctx.seed), row_stride=stride, arch=gpu.arch)
+        j = r["judgement"]
+        statuses.append(j.status)
+        for n, v in j.verdicts.items():
+            rows.append([s, n, v.status, v.n_compared, v.tightness, j.oracle_bound_rel.get(n, float("nan"))])
+            metrics[f"s{s}_{n}_tightness"] = v.tightness
+            if v.status != "pass":
+                reasons.append(f"s{s} {v.summary()}")
+        metrics[f"s{s}_seconds_total"] = j.seconds["total"] + sum(r["kernel_seconds"].values())
+        metrics[f"s{s}_n_compared"] = j.n_compared
+    from fa4verify.judge.verdict import worst_status
+    status = worst_status(statuses)
+    return CheckResult(
+        status=status, where=where,
+        summary=(f"1 x 8 x hd128 causal {ctx.dtype} at seqlen {', '.join(map(str, seqlens))}: "
+                 + ("every output within budget" if status == "pass" else "; ".join(reasons[:3]))),
+        metrics=metrics,
+        details={"table": {"columns": ["seqlen", "tensor", "status", "compared", "tightness", "oracle bound share"],
+                           "rows": rows}},
+        tightness=max((row[4] for row in rows), default=0.0))

@@ -1,0 +1,44 @@
+"""The GPU entry points of the long-context audit run on the CPU (small sizes, torch32 stand-in)
+so the first H200 run does not die of a typo; the check is only in profile 'long'."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_benchmark_runs_on_cpu_and_writes_json(tmp_path):
+    out = tmp_path / "lc.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_long_context.py"), "--device", "cpu", "--kernel",
+                        "torch32", "--seqlens", "96", "--heads", "2", "--heads-kv", "1", "--head-dim", "16",
+                        "--block", "32", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    run = d["runs"][0]
+    assert run["status"] == "pass" and set(run["verdicts"]) == {"out", "lse", "dq", "dk", "dv"}
+    assert "oracle_backward" in run["seconds"] and run["n_compared"] > 0
+
+
+def test_benchmark_bad_seqlens_is_one_line_exit_2():
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_long_context.py"), "--seqlens", "x"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+def test_long_check_is_registered_only_in_profile_long():
+    from fa4verify.audit import registry
+    registry.discover()
+    spec = registry.registered()["production.long_context"]
+    assert spec.profiles == frozenset({"long"})
+    assert "cuda" in spec.needs
+    assert all("long" not in s.profiles or s.id == "production.long_context" or s.func.__name__ == "_broken"
+               for s in registry.registered().values())
+
+
+def test_gpu_script_is_valid_bash():
+    r = subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu/long_context.sh")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
