@@ -259,11 +259,12 @@ def worker_env(copy: PrivateCopy, cache_root: Path) -> dict[str, str]:
     return env
 
 
-def run_worker(copy: PrivateCopy, out_json: Path, *, cache_root: Path, device: str = "cuda",
+def run_worker(copy: PrivateCopy, out_dir: Path, *, cache_root: Path, device: str = "cuda",
                timeout: float = 240.0, extra_args: Sequence[str] = ()) -> dict:
-    """Run the production checks on ``copy`` in a subprocess; returns the worker's JSON (or a
-    record with ``status`` "error" and the tail of its output)."""
-    cmd = [sys.executable, "-m", "fa4verify.source_mutants_worker", "--out", str(out_json),
+    """Run the subject on ``copy`` in a subprocess (``fa4verify.source_mutants_worker``); returns
+    its ``meta.json`` with ``"status": "ok"`` (tensors in ``out_dir/tensors.npz``), or
+    ``{"status": "error", ...}`` with the tail of its output."""
+    cmd = [sys.executable, "-m", "fa4verify.source_mutants_worker", "--out", str(out_dir),
            "--device", device, *extra_args]
     if copy.mutant is not None:
         cmd += ["--mutant", copy.mutant.id]
@@ -272,7 +273,10 @@ def run_worker(copy: PrivateCopy, out_json: Path, *, cache_root: Path, device: s
                            timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"status": "error", "error": f"worker timed out after {timeout:.0f} s"}
-    if r.returncode != 0 or not Path(out_json).exists():
+    meta = Path(out_dir) / "meta.json"
+    if r.returncode != 0 or not meta.exists():
         return {"status": "error", "error": f"worker exit {r.returncode}",
                 "tail": (r.stdout + r.stderr)[-3000:]}
-    return json.loads(Path(out_json).read_text())
+    d = json.loads(meta.read_text())
+    d["status"] = "ok"
+    return d
