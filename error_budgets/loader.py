@@ -162,6 +162,7 @@ STAGE_DIMS: dict[str, str] = {
     "dk_accum": "g v q", "dq_accum": "g v k",
     "forward_out": "v", "forward_out_prob": "v", "forward_lse": "1", "backward_dv": "g",
     "backward_dq": "g v q^-1", "backward_dk": "g v k^-1", "backward_p": "1",
+    "lse_log2": "1", "backward_dq_accum": "g v q^-1",
 }
 
 

@@ -84,6 +84,14 @@ def cuda_status() -> tuple[bool, str]:
     return True, f"{name}, sm_{major}{minor}"
 
 
+def interface_module():
+    """FA4's ``flash_attn.cute.interface`` module (the drivers the stage taps wrap,
+    ``fa4verify.kernels.stage_taps``); imported here so this stays the only importer of
+    ``flash_attn.cute``."""
+    from flash_attn.cute import interface
+    return interface
+
+
 def _require_cuda() -> None:
     if _fake_mode_active():
         return

@@ -284,6 +284,8 @@ class BudgetStats:
         st.update(q_el)
         st["abs_dq"] = flat(np.abs(np.asarray(obwd.dq, np.float64)))
         out["dq"] = self._to_out(np.broadcast_to(self.budget.evaluate("backward_dq", st), q.shape))
+        if "backward_dq_accum" in self.budget:   # the dq_accum stage tap (before the cast)
+            out["dq_accum"] = self._to_out(np.broadcast_to(self.budget.evaluate("backward_dq_accum", st), q.shape))
         # dk, dv (key layout)
         st = dict(common)
         for n, x in k_row.items():

@@ -1,0 +1,282 @@
+"""Production source mutants: kernel-code faults planted in a private, fingerprinted copy of the
+installed ``flash_attn/cute`` and judged by the production checks (issue #15 item 4).
+
+How a mutant runs (Note [Private FA4 copy]):
+
+1. :func:`make_copy` copies the installed ``flash_attn`` package (its ``cute`` subpackage is all
+   FA4 ships) into a private directory, applies the mutant's textual edits -- each asserted to
+   match the original source **exactly once** (:class:`EditError` otherwise) -- and writes a
+   fingerprint: sha256 over every original file, the mutant id and every edit.
+   The installed package is only read.
+2. :func:`run_worker` starts ``python -m fa4verify.source_mutants_worker`` with
+   ``PYTHONPATH=<copy>`` first and FA4's compile cache pointed at a directory named by the
+   fingerprint (``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``), so the cache can never serve the
+   unpatched kernel; the worker asserts ``flash_attn.cute.__file__`` lies in the copy.
+3. The worker runs one small forward and one small backward on the GPU, taps the backward's
+   stages (:mod:`fa4verify.stage_taps`) and hands every tensor to every verifier of
+   :data:`fa4verify.detection.VERIFIERS` (worst-case judge, FA's upstream rule,
+   ``assert_close``; the statistical tier plugs in there).
+
+Graded families (``recip_bias_2m7`` .. ``_2m13``, ``dpsum_bias_2m7`` .. ``_2m13``) give the
+detection curve: the smallest bias each verifier catches, per tensor
+(:func:`fa4verify.detection.detection_curve`).
+
+The catalogue is ours; a hidden set kept apart from the project is run against the same
+machinery (any :class:`SourceMutant` list can be passed to :func:`make_copy`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+__all__ = ["Edit", "SourceMutant", "EditError", "CATALOGUE", "catalogue", "installed_root",
+           "source_digest", "apply_edits", "make_copy", "PrivateCopy", "run_worker", "GRADED"]
+
+
+class EditError(RuntimeError):
+    """A mutant's edit does not match its file exactly once (the source moved: update the
+    catalogue, never loosen the check)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    """Replace ``old`` by ``new`` in ``file`` (relative to ``flash_attn/cute``); ``old`` must occur
+    exactly once."""
+
+    file: str
+    old: str
+    new: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceMutant:
+    """A kernel-code fault: ``edits`` applied together. ``stage``: "fwd", "bwd" or "both" (which
+    problem shows it); ``family``/``bias``: graded families (bias = relative or absolute size);
+    ``expect``: the tensors the fault is meant to reach (documentation; the worker judges all);
+    ``determinism``: judged by bitwise reruns of the deterministic backward."""
+
+    id: str
+    title: str
+    edits: tuple[Edit, ...]
+    stage: str
+    expect: tuple[str, ...]
+    family: Optional[str] = None
+    bias: Optional[float] = None
+    determinism: bool = False
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "title": self.title, "stage": self.stage, "expect": list(self.expect),
+                "family": self.family, "bias": self.bias, "determinism": self.determinism,
+                "edits": [dataclasses.asdict(e) for e in self.edits]}
+
+
+def _recip(k: int) -> SourceMutant:
+    return SourceMutant(
+        f"recip_bias_2m{k}", f"1/rowsum in the forward finalize biased by 2^-{k} (O scaled)",
+        (Edit("softmax.py",
+              "cute.arch.rcp_approx(row_sum[r] if not acc_O_mn_row_is_zero_or_nan else 1.0)\n"
+              "            ) * final_scale\n",
+              "cute.arch.rcp_approx(row_sum[r] if not acc_O_mn_row_is_zero_or_nan else 1.0)\n"
+              f"            ) * final_scale * (1.0 + 2.0 ** -{k})\n"),),
+        "fwd", ("out",), family="recip_bias", bias=2.0 ** -k)
+
+
+def _dpsum(k: int) -> SourceMutant:
+    return SourceMutant(
+        f"dpsum_bias_2m{k}", f"D = rowsum(dO*O) in the backward preprocess biased by 2^-{k}",
+        (Edit("flash_bwd_preprocess.py",
+              "                        PdPsum_val = PdP_sum[m]\n",
+              f"                        PdPsum_val = PdP_sum[m] * (1.0 + 2.0 ** -{k})\n"),),
+        "bwd", ("D", "dq", "dk"), family="dpsum_bias", bias=2.0 ** -k)
+
+
+GRADED = (7, 9, 10, 11, 13)
+
+CATALOGUE: tuple[SourceMutant, ...] = (
+    *(_recip(k) for k in GRADED),
+    *(_dpsum(k) for k in GRADED),
+    SourceMutant(
+        "p_cast_bias_2m8", "P fed to the PV MMA (the P cast input) biased by 2^-8; row sum unbiased",
+        (Edit("softmax.py",
+              "            row_sum[r] = acc_S_row_sum\n            acc_S_mn[r, None].store(acc_S_row_exp)\n",
+              "            row_sum[r] = acc_S_row_sum\n"
+              "            acc_S_mn[r, None].store(acc_S_row_exp * (1.0 + 2.0 ** -8))\n"),),
+        "fwd", ("out",)),
+    SourceMutant(
+        "softmax_scale_bias_2m9", "default softmax scale of the forward biased by 2^-9",
+        (Edit("interface.py",
+              "            1.0 / math.sqrt(head_dim) if qv is None or q is None\n"
+              "            else 1.0 / math.sqrt(head_dim + head_dim_v)\n        )\n    if softcap == 0.0:\n",
+              "            (1.0 + 2.0 ** -9) / math.sqrt(head_dim) if qv is None or q is None\n"
+              "            else 1.0 / math.sqrt(head_dim + head_dim_v)\n        )\n    if softcap == 0.0:\n"),),
+        "both", ("out", "lse")),
+    SourceMutant(
+        "lse_offset_2m12", "forward LSE offset by +2^-12 (natural log units)",
+        (Edit("softmax.py",
+              "                (row_max_scaled + cute.math.log2(row_sum_cur, fastmath=True)) * LN2\n",
+              "                (row_max_scaled + cute.math.log2(row_sum_cur, fastmath=True)) * LN2"
+              " + 2.0 ** -12\n"),),
+        "both", ("lse", "dq", "dk", "dv")),
+    SourceMutant(
+        "mask_off_by_one", "SM90 causal mask admits one key past the diagonal",
+        (Edit("mask.py",
+              "                causal_row_offset = (\n"
+              "                    1 + self.seqlen_k - n_block * self.tile_n - self.seqlen_q - thr_col_offset\n"
+              "                )\n                if const_expr(mask_causal):\n",
+              "                causal_row_offset = (\n"
+              "                    2 + self.seqlen_k - n_block * self.tile_n - self.seqlen_q - thr_col_offset\n"
+              "                )\n                if const_expr(mask_causal):\n"),),
+        "both", ("out", "lse", "dq", "dk", "dv")),
+    SourceMutant(
+        "dropped_rescale", "online-softmax rescale of O dropped in the SM90 forward main loop",
+        (Edit("flash_fwd_sm90.py",
+              "            cute.copy(smem_copy_params.smem_thr_copy_P, tPrP, smem_copy_params.tPsP)\n"
+              "        softmax.rescale_O(acc_O, row_scale)\n",
+              "            cute.copy(smem_copy_params.smem_thr_copy_P, tPrP, smem_copy_params.tPsP)\n"
+              "        pass  # mutant: softmax.rescale_O(acc_O, row_scale) dropped\n"),
+         Edit("flash_fwd_sm90.py",
+              "        if const_expr(not self.rescale_O_before_gemm):\n"
+              "            softmax.rescale_O(acc_O, row_scale)\n",
+              "        if const_expr(not self.rescale_O_before_gemm):\n"
+              "            pass  # mutant: softmax.rescale_O(acc_O, row_scale) dropped\n")),
+        "fwd", ("out",)),
+    SourceMutant(
+        "dq_accum_index", "SM90 dQ reduce-add into the next m_block's dq_accum tile (cyclic)",
+        (Edit("flash_bwd_sm90.py",
+              "gdQaccum[(None, warp_group_idx), m_block_safe].iterator,\n",
+              "gdQaccum[(None, warp_group_idx), m_block_min + (iter_idx + 1) % loop_count].iterator,\n"),),
+        "bwd", ("dq_accum", "dq")),
+    SourceMutant(
+        "nondeterministic_dq", "SM90 deterministic dQ: semaphore acquire skipped (reduce order free)",
+        (Edit("flash_bwd_sm90.py",
+              "                        # Semaphore acquire: wait for prior n_blocks to finish writing this m_block\n"
+              "                        if const_expr(self.deterministic):\n",
+              "                        # Semaphore acquire: wait for prior n_blocks to finish writing this m_block\n"
+              "                        if const_expr(False):  # mutant: acquire skipped\n"),),
+        "bwd", ("dq",), determinism=True),
+)
+
+
+def catalogue(ids: Optional[Iterable[str]] = None) -> list[SourceMutant]:
+    """The catalogue, or the named mutants (KeyError naming unknown ids)."""
+    if ids is None:
+        return list(CATALOGUE)
+    by = {m.id: m for m in CATALOGUE}
+    want = list(ids)
+    bad = [i for i in want if i not in by]
+    if bad:
+        raise KeyError(f"unknown source mutant(s) {bad}; have {sorted(by)}")
+    return [by[i] for i in want]
+
+
+def installed_root() -> Path:
+    """The installed ``flash_attn`` package directory (found without importing it)."""
+    import importlib.util
+    spec = importlib.util.find_spec("flash_attn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("flash_attn is not installed")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def source_digest(root: Path) -> str:
+    """sha256 over (relative path, bytes) of every file under ``root`` except ``__pycache__``."""
+    h = hashlib.sha256()
+    for p in _files(root):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def apply_edits(text: str, edits: Sequence[Edit], file: str) -> str:
+    """``text`` with every edit of ``file`` applied; each ``old`` must occur exactly once in the
+    original text (and still once when its turn comes)."""
+    for e in edits:
+        if e.file != file:
+            continue
+        n = text.count(e.old)
+        if n != 1:
+            raise EditError(f"{file}: edit expected to match exactly once, matched {n} times: "
+                            f"{e.old.strip()[:80]!r}")
+        text = text.replace(e.old, e.new, 1)
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateCopy:
+    """A patched copy: ``path`` goes first on PYTHONPATH; ``fingerprint`` names it."""
+
+    mutant: Optional[SourceMutant]
+    path: Path
+    fingerprint: str
+    original_digest: str
+
+
+def make_copy(mutant: Optional[SourceMutant], dest: Path, *, source: Optional[Path] = None) -> PrivateCopy:
+    """Copy the installed ``flash_attn`` (or ``source``) to ``dest/flash_attn`` and apply
+    ``mutant`` (None: a clean copy, the control). Raises :class:`EditError` when an edit does
+    not apply exactly once; the source tree is only read."""
+    src = Path(source) if source is not None else installed_root()
+    orig = source_digest(src)
+    dest = Path(dest)
+    pkg = dest / "flash_attn"
+    if pkg.exists():
+        shutil.rmtree(pkg)
+    shutil.copytree(src, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    h = hashlib.sha256(orig.encode())
+    if mutant is not None:
+        files = sorted({e.file for e in mutant.edits})
+        for f in files:
+            p = pkg / "cute" / f
+            if not p.is_file():
+                raise EditError(f"{mutant.id}: flash_attn/cute/{f} does not exist in {src}")
+            p.write_text(apply_edits(p.read_text(), mutant.edits, f))
+        h.update(json.dumps(mutant.to_dict(), sort_keys=True).encode())
+    fp = h.hexdigest()
+    (dest / "FINGERPRINT").write_text(json.dumps(
+        {"fingerprint": fp, "original_sha256": orig, "source": str(src),
+         "mutant": mutant.to_dict() if mutant else None}, indent=2))
+    return PrivateCopy(mutant, dest, fp, orig)
+
+
+def worker_env(copy: PrivateCopy, cache_root: Path) -> dict[str, str]:
+    """The worker's environment: the copy first on PYTHONPATH, FA4's compile cache keyed by the
+    fingerprint (the unpatched kernel can never be served)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy.path)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] = str(Path(cache_root) / copy.fingerprint[:16])
+    env["FA4VERIFY_PRIVATE_FA4"] = str(copy.path)
+    return env
+
+
+def run_worker(copy: PrivateCopy, out_dir: Path, *, cache_root: Path, device: str = "cuda",
+               timeout: float = 240.0, extra_args: Sequence[str] = ()) -> dict:
+    """Run the subject on ``copy`` in a subprocess (``fa4verify.source_mutants_worker``); returns
+    its ``meta.json`` with ``"status": "ok"`` (tensors in ``out_dir/tensors.npz``), or
+    ``{"status": "error", ...}`` with the tail of its output."""
+    cmd = [sys.executable, "-m", "fa4verify.source_mutants_worker", "--out", str(out_dir),
+           "--device", device, *extra_args]
+    if copy.mutant is not None:
+        cmd += ["--mutant", copy.mutant.id]
+    try:
+        r = subprocess.run(cmd, env=worker_env(copy, cache_root), capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "error": f"worker timed out after {timeout:.0f} s"}
+    meta = Path(out_dir) / "meta.json"
+    if r.returncode != 0 or not meta.exists():
+        return {"status": "error", "error": f"worker exit {r.returncode}",
+                "tail": (r.stdout + r.stderr)[-3000:]}
+    d = json.loads(meta.read_text())
+    d["status"] = "ok"
+    return d

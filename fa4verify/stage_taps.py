@@ -1,0 +1,85 @@
+"""Judging FA4's backward stage by stage on production (issue #15 item 3; the subject side is
+``fa4verify.kernels.stage_taps``).
+
+Each tapped buffer is judged against its own budget by :func:`fa4verify.judge.compare`
+(error_budgets/DERIVATIONS.md#dq-accum-tap):
+
+* ``D`` (preprocess ``dpsum``) -- stage ``d_pre`` against the exact ``rowsum(dO * O)`` of FA4's
+  rounded forward output;
+* ``lse_log2`` -- stage ``lse_log2`` against ``lse * log2 e`` of FA4's own fp32 LSE (0 where
+  the LSE is -inf);
+* ``dq_accum_zeroed`` -- the preprocess's zeroing, exactly;
+* ``dq_accum`` -- ``backward_dq_accum / scale`` against the oracle ``dQ / scale``.
+
+Arrays are numpy, FA4 layouts: out (b, s, h, dv), lse/dpsum/lse_log2 (b, h, s[_rounded]),
+dq_accum (b, s, h, d) as decoded by ``BackwardTaps.dq_accum_logical``. Dense (non-varlen) only.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from fa4verify.judge.verdict import Verdict, compare
+
+__all__ = ["tap_references", "judge_taps", "TAP_TENSORS"]
+
+TAP_TENSORS = ("D", "lse_log2", "dq_accum_zeroed", "dq_accum")
+_U64 = 2.0 ** -53
+
+
+def _gamma(n: float, u: float) -> float:
+    return n * u / (1 - n * u)
+
+
+def tap_references(problem, a: Mapping[str, Any], out, lse, *, budgets, backward) -> dict[str, tuple]:
+    """``{tensor: (reference, oracle_bound, budget)}`` for the tapped tensors. ``out``/``lse``:
+    FA4's forward outputs (the stage-local inputs of D and lse_log2); ``backward``: a
+    :class:`fa4verify.judge.BackwardJudgement` of the same problem (its oracle and allowances);
+    ``budgets``: the BudgetSet."""
+    dv = int(np.shape(out)[-1])
+    O = np.asarray(out, np.float64)
+    dO = np.asarray(a["dout"], np.float64)
+    prod = O * dO
+    d_ref = np.transpose(prod.sum(-1), (0, 2, 1))           # (b, h, s)
+    abs_od = np.transpose(np.abs(prod).sum(-1), (0, 2, 1))
+    d_budget = budgets.evaluate("d_pre", {"dv": float(dv), "abs_od": abs_od})
+    refs: dict[str, tuple] = {"D": (d_ref, _gamma(dv, _U64) * abs_od, d_budget)}
+    lse64 = np.asarray(lse, np.float64)
+    with np.errstate(invalid="ignore"):
+        l2 = np.where(np.isneginf(lse64), 0.0, lse64 * math.log2(math.e))
+    refs["lse_log2"] = (l2, 2 * _U64 * np.abs(l2), budgets.evaluate("lse_log2", {"abs_lse2": np.abs(l2)}))
+    scale = problem.softmax_scale if problem.softmax_scale is not None else 1.0 / math.sqrt(problem.head_dim)
+    ob = backward.oracle
+    refs["dq_accum"] = (np.asarray(ob.dq, np.float64) / scale, np.asarray(ob.dq_bound, np.float64) / scale,
+                        np.asarray(backward.budgets["dq_accum"], np.float64) / scale)
+    return refs
+
+
+def judge_taps(problem, a: Mapping[str, Any], out, lse, taps: Mapping[str, Any], *, budgets,
+               backward) -> dict[str, Verdict]:
+    """Verdicts on the tapped buffers (``taps``: "dpsum", "lse_log2", "dq_accum_zeroed",
+    "dq_accum" numpy arrays; a missing one is undecided)."""
+    refs = tap_references(problem, a, out, lse, budgets=budgets, backward=backward)
+    s = int(problem.seqlen_q)
+    got = {"D": taps.get("dpsum"), "lse_log2": taps.get("lse_log2"), "dq_accum": taps.get("dq_accum")}
+    vs: dict[str, Verdict] = {}
+    for n in ("D", "lse_log2", "dq_accum"):
+        g = got[n]
+        ref, ob, bu = refs[n]
+        if g is None:
+            vs[n] = Verdict(n, "undecided", 0, 0, int(np.size(ref)), 0.0, 0.0, None, (), "not captured")
+            continue
+        g = np.asarray(g, np.float64)
+        if n != "dq_accum":
+            g = g[..., :s]
+        vs[n] = compare(n, g, ref, oracle_bound=ob, budget=bu)
+    z = taps.get("dq_accum_zeroed")
+    if z is None:
+        vs["dq_accum_zeroed"] = Verdict("dq_accum_zeroed", "undecided", 0, 0, 0, 0.0, 0.0, None, (),
+                                        "not captured")
+    else:
+        z = np.asarray(z, np.float64)
+        vs["dq_accum_zeroed"] = compare("dq_accum_zeroed", z, np.zeros_like(z), budget=0.0)
+    return vs

@@ -1,0 +1,154 @@
+"""Stage taps: capture through a fake FA4 interface (CPU), the judge of the tapped buffers, the
+detection curve and the runner's pipeline on the CPU stand-in."""
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fa4verify import detection as det  # noqa: E402
+from fa4verify.kernels.stage_taps import capture_backward_stages  # noqa: E402
+
+
+def _fake_interface(perm):
+    """A stand-in for flash_attn.cute.interface: _flash_attn_bwd calls the two drivers through
+    module globals as FA4 does; dq_accum is stored in the permuted order ``perm``."""
+    mod = types.ModuleType("fake_interface")
+
+    def pre(out, dout, dpsum, lse, lse_log2, dq_accum, *a, fake_mode=False, **kw):
+        dpsum[:, :, :out.shape[1]] = (out.float() * dout.float()).sum(-1).transpose(1, 2)
+        lse_log2[:, :, :out.shape[1]] = lse * math.log2(math.e)
+        dq_accum.zero_()
+
+    def post(accum, output, scale, *a, fake_mode=False, sink_tensors=None, **kw):
+        b, s, h, d = output.shape
+        logical = accum[:, :, perm].reshape(b, h, s, d).transpose(1, 2)
+        output.copy_((logical * scale).to(output.dtype))
+
+    def bwd(q, out, dout, lse, scale):
+        b, s, h, d = q.shape
+        dpsum = torch.empty(b, h, s + 3)
+        lse_log2 = torch.empty(b, h, s + 3)
+        dq_accum = torch.empty(b, h, s * d)
+        mod._bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, None, fake_mode=False)
+        dq_accum[:, :, perm] = (q.float() / scale).transpose(1, 2).reshape(b, h, s * d)  # "main kernel"
+        dq = torch.empty_like(q)
+        mod._bwd_postprocess_convert(dq_accum, dq, scale, None, None, fake_mode=False)
+        return dq
+
+    pre.compile_cache = {}
+    mod._bwd_preprocess, mod._bwd_postprocess_convert, mod._flash_attn_bwd = pre, post, bwd
+    return mod
+
+
+def test_taps_capture_stage_buffers_and_restore_drivers():
+    b, s, h, d = 1, 8, 2, 4
+    perm = torch.randperm(s * d, generator=torch.Generator().manual_seed(0))
+    mod = _fake_interface(perm)
+    orig = (mod._bwd_preprocess, mod._bwd_postprocess_convert)
+    g = torch.Generator().manual_seed(1)
+    q = (torch.randint(-8, 8, (b, s, h, d), generator=g) / 4).to(torch.bfloat16)
+    out, dout = torch.randn(b, s, h, d).to(torch.bfloat16), torch.randn(b, s, h, d).to(torch.bfloat16)
+    lse = torch.randn(b, h, s)
+    with capture_backward_stages(mod) as taps:
+        dq = mod._flash_attn_bwd(q, out, dout, lse, 0.5)
+    assert (mod._bwd_preprocess, mod._bwd_postprocess_convert) == orig
+    assert taps.preprocess_calls == 1 and taps.postprocess_calls == 1 and taps.dq_scale == 0.5
+    assert torch.all(taps.dq_accum_zeroed == 0)
+    torch.testing.assert_close(taps.dpsum[:, :, :s], (out.float() * dout.float()).sum(-1).transpose(1, 2))
+    logical = taps.dq_accum_logical(dq)      # decoded through the (fake) postprocess's own layout
+    assert torch.equal(logical, q.float() / 0.5)
+
+
+def test_taps_restore_drivers_on_error():
+    mod = _fake_interface(torch.arange(4))
+    orig = mod._bwd_preprocess
+    with pytest.raises(RuntimeError):
+        with capture_backward_stages(mod):
+            raise RuntimeError("boom")
+    assert mod._bwd_preprocess is orig
+
+
+def _problem(seed=3, b=1, s=64, h=1, d=32):
+    from fa4verify.judge import attention as ja
+    from fa4verify.source_mutants_worker import problem_inputs
+    q, k, v, do = problem_inputs(seed, b, s, h, d)
+    p = ja.dense_problem(q, k, v, arch="sm90", dtype="bf16", causal=True)
+    a = ja.arrays_from(q, k, v, do)
+    return ja, p, a, q, do
+
+
+def test_d_tap_catches_a_2m10_bias_and_passes_the_exact_rowsum():
+    import ml_dtypes
+    from fa4verify.stage_taps import judge_taps
+    ja, p, a, q, do = _problem()
+    bs = ja.load_budgets("bf16", "sm90")
+    of = ja.oracle_forward(p, a)
+    O = np.asarray(of.out).astype(ml_dtypes.bfloat16).astype(np.float64)
+    lse = np.asarray(of.lse, np.float32)
+    fj = ja.judge_forward(p, a, O, lse, budgets=bs, oracle=of)
+    ob = ja.oracle_backward(p, a)
+    bj = ja.judge_backward(p, a, ob.dq, ob.dk, ob.dv, budgets=bs, forward=fj, oracle_bwd=ob)
+    D = (O * do).sum(-1).transpose(0, 2, 1).astype(np.float32)
+    scale = 1 / math.sqrt(q.shape[-1])
+    taps = {"dpsum": D, "lse_log2": (lse * np.float32(math.log2(math.e))).astype(np.float32),
+            "dq_accum_zeroed": np.zeros(4, np.float32), "dq_accum": (np.asarray(ob.dq) / scale).astype(np.float32)}
+    v = judge_taps(p, a, O, lse, taps, budgets=bs, backward=bj)
+    assert {n: x.status for n, x in v.items()} == {"D": "pass", "lse_log2": "pass", "dq_accum": "pass",
+                                                   "dq_accum_zeroed": "pass"}
+    bad = dict(taps, dpsum=(D * (1 + 2.0 ** -10)).astype(np.float32), dq_accum_zeroed=np.array([0, 1e-30]))
+    v = judge_taps(p, a, O, lse, bad, budgets=bs, backward=bj)
+    assert v["D"].status == "fail" and v["dq_accum_zeroed"].status == "fail"
+    v = judge_taps(p, a, O, lse, {k: x for k, x in taps.items() if k != "dpsum"}, budgets=bs, backward=bj)
+    assert v["D"].status == "undecided"
+
+
+def test_detection_curve_reports_smallest_caught_and_monotonicity():
+    from fa4verify.source_mutants import SourceMutant
+    ms = [SourceMutant(f"f{k}", "", (), "fwd", (), family="f", bias=2.0 ** -k) for k in (7, 9, 11)]
+    rec = lambda a, b: {"verdicts": {"out": {"worst_case": {"status": a}, "assert_close": {"status": b}}}}  # noqa: E731
+    res = {"f7": rec("caught", "caught"), "f9": rec("caught", "missed"), "f11": rec("missed", "caught")}
+    c = det.detection_curve(res, ms, "f")["out"]
+    assert c["worst_case"]["smallest_caught"] == 2.0 ** -9 and c["worst_case"]["monotone"]
+    assert c["assert_close"]["smallest_caught"] == 2.0 ** -11 and not c["assert_close"]["monotone"]
+
+
+def test_verifier_registry_is_pluggable_and_crashes_are_undecided():
+    def boom(case):
+        raise ValueError("x")
+    det.register_verifier("boom", boom)
+    try:
+        with pytest.raises(ValueError):
+            det.register_verifier("boom", boom)
+        case = det.TensorCase("lse", np.zeros(3), np.zeros(3), 0.0, 1e-6, "fp32")
+        r = det.run_verifiers([case])["lse"]
+        assert r["boom"]["status"] == "undecided" and r["worst_case"]["status"] == "missed"
+        assert r["fa_rule"]["status"] == "n/a"
+        case = det.TensorCase("lse", np.ones(3), np.zeros(3), 0.0, 1e-6, "fp32")
+        assert det.run_verifiers([case])["lse"]["worst_case"]["status"] == "caught"
+    finally:
+        det.VERIFIERS.pop("boom")
+
+
+def test_runner_pipeline_on_cpu_stand_in(tmp_path):
+    """The GPU script's entry point end to end on the CPU stand-in: the 2^-10 D bias is caught by
+    the D tap, the control raises no alarm, the installed FA4 is unchanged."""
+    import json
+    from fa4verify import source_mutants_run as run
+    rc = run.main(["--out", str(tmp_path / "o"), "--device", "cpu", "--jobs", "2",
+                   "--mutants", "dpsum_bias_2m10", "--shape", "1,64,1,32", "--work", str(tmp_path / "w")])
+    doc = json.loads((tmp_path / "o" / "source_mutants.json").read_text())
+    assert rc == 0, doc["summary"]
+    assert doc["summary"]["dpsum_bias_2m10"]["caught_by"]["worst_case"] == ["D"]
+    assert doc["installed_unchanged"] and not doc["control_alarm"]
+    assert doc["records"]["dpsum_bias_2m10"]["subject"] == "cpu-fake"
+
+
+def test_runner_rejects_unknown_mutant_with_exit_2(tmp_path, capsys):
+    from fa4verify import source_mutants_run as run
+    assert run.main(["--out", str(tmp_path), "--mutants", "nope"]) == 2
+    assert "error" in capsys.readouterr().err
