@@ -141,7 +141,8 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "rss_pdo": ("g", "sqrt(sum_i P_ij^2 dO_id^2)"),
     "derrp_pk": ("g v q^-1", "scale * derrp_i |sum_j P_ij K_jd| (derrp: probabilistic D error, "
                              "lam sqrt(sum_d (b_O,id dO_id)^2) + gamma~(dv) sum_d (|O| + b_O) |dO|)"),
-    "rss_p_derrp_q": ("g v k^-1", "scale * sqrt(sum_i (P_ij derrp_i Q_id)^2) over the g query heads"),
+    "rss_p_derrp_q": ("g v k^-1", "scale * sqrt(sum_i (P_ij derrp_i Q_id)^2) / lam over the g query heads "
+                                  "(one Hoeffding sum over (i, d))"),
     "e_p_bwd": ("1", "relative error bound of the recomputed backward P, per row"),
     "sum_abs_do": ("g", "sum_i |dO_id| over queries that see key j (dv-like; P-cast floor scale)"),
     "sub_dsk": ("g v q^-1", "scale * sum_j |K_jd| over visible keys, per unit of dS (dS-cast floor)"),

@@ -233,10 +233,12 @@ class BudgetStats:
             if "forward_out_prob" in self.budget:
                 bOp = flat(self.forward_out("forward_out_prob")) + flat(np.asarray(out_bound, np.float64))
             from fa4verify.error_budgets.loader import _gamma_prob
-            derrp = lam * np.sqrt(np.sum((bOp * dout) ** 2, axis=-1)) \
-                + _gamma_prob(self.Dv, _U32, lam) * np.sum((np.abs(O) + bOp) * np.abs(dout), axis=-1)
+            # derr_s: the D error in units of lam (one Hoeffding sum over (d) for dQ, one over (i, d) for dK)
+            derr_s = np.sqrt(np.sum((bOp * dout) ** 2, axis=-1)) \
+                + _gamma_prob(self.Dv, _U32, lam) * np.sum((np.abs(O) + bOp) * np.abs(dout), axis=-1) / lam
+            derrp = lam * derr_s
         else:
-            lam, derrp = 6.0, derr
+            lam, derrp, derr_s = 6.0, derr, derr
         q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk",
                                                         "abs_dpd_k", "rss_dsk", "derrp_pk")}
         k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq",
@@ -281,7 +283,7 @@ class BudgetStats:
                     # a D error dD_i shifts every dS_ij of row i by -P_ij dD_i: dQ_id by exactly
                     # -scale dD_i (P K)_id (first order), dK_jd by a sum over independent rows
                     q_el["derrp_pk"][qs, h] = sc * derrp[qs, h][:, None] * np.abs(w @ k[ks, hk])
-                    k_el["rss_p_derrp_q"][ks, hk] += sc * sc * ((w * derrp[qs, h][:, None]) ** 2).T @ (q[qs, h] ** 2)
+                    k_el["rss_p_derrp_q"][ks, hk] += sc * sc * ((w * derr_s[qs, h][:, None]) ** 2).T @ (q[qs, h] ** 2)
                 # flush-to-zero envelope: every P below 2^-126 may become 0 (ex2.approx.ftz)
                 # budget statistics of the subnormal floors (error_budgets/loader.py STATISTICS)
                 kf = keep_of(qs, ks).astype(np.float64)
