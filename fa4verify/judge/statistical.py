@@ -41,8 +41,10 @@ probability of a whole clean audit, default ``1e-6``):
 1. *signed bias* and 2. *radial bias*: paired over rows, ``d_b = mean_b(actual) - mean_b(predicted)``;
    Student t interval of ``mean(d)`` at level ``1 - alpha_test``; fail when it lies outside
    ``[-margin, margin]``;
-3. *distribution*: two-sample Kolmogorov-Smirnov (``scipy.stats.ks_2samp``) on the rows' mean
-   ``|e|`` of actual vs predicted; fail when ``p < alpha_test``.
+3. *distribution*: one-sided two-sample Kolmogorov-Smirnov (``scipy.stats.ks_2samp``,
+   ``alternative="less"``) on the rows' mean ``|e|`` of actual vs predicted: fail when ``p <
+   alpha_test`` for the alternative "actual's row errors are stochastically larger" (a kernel more
+   accurate than FA4's rounding model, e.g. exact-then-rounded, is not a fault).
 
 The verdict is three-valued like :func:`~fa4verify.judge.verdict.compare`: **undecided** when fewer
 than ``min_rows`` rows have usable statistics, or a tensor has no finite element to judge, never a
@@ -251,7 +253,7 @@ def stat_compare(name: str, actual, predicted, ref, dtype: str, *, alpha_test: f
     inputs), both against the oracle ``ref`` (see Note [Statistical tier])::
 
         fail  <=>  CI_{1-alpha_test}(mean_rows(e_actual - e_pred)) outside [-margin, margin]  (signed or radial)
-                   or  KS(row mean |e_actual|, row mean |e_pred|).pvalue < alpha_test
+                   or  KS_less(row mean |e_actual|, row mean |e_pred|).pvalue < alpha_test
 
     ``undecided`` when fewer than ``min_rows`` rows are usable in both (too few samples, or
     non-finite values / tiny references everywhere)."""
@@ -284,7 +286,7 @@ def stat_compare(name: str, actual, predicted, ref, dtype: str, *, alpha_test: f
         import warnings
         with warnings.catch_warnings():   # "exact calculation unsuccessful": scipy falls back to asymp
             warnings.simplefilter("ignore", RuntimeWarning)
-            r = stats.ks_2samp(aa, ap)
+            r = stats.ks_2samp(aa, ap, alternative="less")   # H1: actual's |err| stochastically larger
         ks, ksp = float(r.statistic), float(r.pvalue)
     reasons = []
     if blo > margin_ulp or bhi < -margin_ulp:
@@ -315,3 +317,28 @@ def summarize(verdicts: Sequence[StatVerdict]) -> dict[str, Any]:
 
 
 __all__ += ["judge_tensors", "summarize"]
+
+
+def twin_prediction(problem, a: Mapping[str, Any], *, backward: bool = True, twin: Any = None) -> dict:
+    """The CPU twin's outputs on the same inputs (``out`` and, with ``backward``, ``dq, dk, dv``):
+    the prediction the statistical tier compares a target against."""
+    from fa4verify.targets import TwinTarget
+    tw = twin if twin is not None else TwinTarget()
+    f = tw.forward(problem, a)
+    d = {"out": f.out}
+    if backward:
+        g = tw.backward(problem, a, f, deterministic=True)
+        d.update(dq=g.dq, dk=g.dk, dv=g.dv)
+    return d
+
+
+def tier_on(problem, got: Mapping[str, Any], refs: Mapping[str, Any], a: Mapping[str, Any], *,
+            alpha_test: float, twin: Any = None) -> list:
+    """Statistical verdicts of the tensors in ``got`` (names among out, dq, dk, dv) against the
+    twin's prediction on the same inputs, with oracle values ``refs``."""
+    pred = twin_prediction(problem, a, backward=any(n in got for n in ("dq", "dk", "dv")), twin=twin)
+    dt = {"fp8": "fp8_e4m3"}.get(problem.dtype, problem.dtype)
+    return [stat_compare(n, got[n], pred[n], refs[n], dt, alpha_test=alpha_test) for n in got]
+
+
+__all__ += ["twin_prediction", "tier_on"]
