@@ -135,3 +135,17 @@ def test_campaign_entry_point_runs_on_cpu(tmp_path):
     assert res["sweep"]["9"]["stat_caught"] == 1
     assert (tmp_path / "stat_tier.log").read_text().startswith("stat tier campaign")
     assert C.main(["--target", "twin", "--seqlens", "x", "--out", str(tmp_path)]) == 2
+
+
+def test_html_report_renders_the_statistical_tier_figures():
+    from fa4verify.audit import report_html as H
+    p = _problem(5)
+    a = p.materialize()
+    f = TwinTarget(mufu="perturbed", seed=9).forward(p, a)
+    of = judge.oracle_forward(p, a)
+    v = S.tier_on(p, {"out": f.out}, {"out": of.out}, a, alpha_test=1e-6)
+    r = {"id": "budgets.twin.backward", "status": "pass", "title": "t", "where": "CPU twin", "summary": "s",
+         "tightness": 0.4, "details": {"statistical": [x.to_dict() for x in v]}}
+    html = H._check_section(r)
+    assert 'alt="statistical tier" src="data:image/png;base64,' in html
+    assert H.plot_overview([r, {**r, "id": "x", "status": "fail", "tightness": 123.0}]) is not None
