@@ -134,6 +134,15 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "abs_p_derr_k": ("g v q^-1", "scale * sum_j P_ij derr_i |K_jd| (derr: D error bound)"),
     "abs_p_derr_q": ("g v k^-1", "scale * sum_i P_ij derr_i |Q_id|"),
     "abs_dq": ("g v q^-1", "|dQ_true|"), "abs_dk": ("g v k^-1", "|dK_true|"),
+    # probabilistic backward (DERIVATIONS.md#probabilistic-bwd): root sums of squares of the
+    # terms whose rounding errors are summed (Hoeffding), and the D error as a Hoeffding sum
+    "rss_dsk": ("g v q^-1", "scale * sqrt(sum_j dS_ij^2 K_jd^2)"),
+    "rss_dsq": ("g v k^-1", "scale * sqrt(sum_i dS_ij^2 Q_id^2) over the g query heads"),
+    "rss_pdo": ("g", "sqrt(sum_i P_ij^2 dO_id^2)"),
+    "derrp_pk": ("g v q^-1", "scale * derrp_i |sum_j P_ij K_jd| (derrp: probabilistic D error, "
+                             "lam sqrt(sum_d (b_O,id dO_id)^2) + gamma~(dv) sum_d (|O| + b_O) |dO|)"),
+    "rss_p_derrp_q": ("g v k^-1", "scale * sqrt(sum_i (P_ij derrp_i Q_id)^2) / lam over the g query heads "
+                                  "(one Hoeffding sum over (i, d))"),
     "e_p_bwd": ("1", "relative error bound of the recomputed backward P, per row"),
     "sum_abs_do": ("g", "sum_i |dO_id| over queries that see key j (dv-like; P-cast floor scale)"),
     "sub_dsk": ("g v q^-1", "scale * sum_j |K_jd| over visible keys, per unit of dS (dS-cast floor)"),
@@ -163,6 +172,7 @@ STAGE_DIMS: dict[str, str] = {
     "forward_out": "v", "forward_out_prob": "v", "forward_lse": "1", "backward_dv": "g",
     "backward_dq": "g v q^-1", "backward_dk": "g v k^-1", "backward_p": "1",
     "lse_log2": "1", "backward_dq_accum": "g v q^-1",
+    "backward_dq_prob": "g v q^-1", "backward_dk_prob": "g v k^-1", "backward_dv_prob": "g",
 }
 
 

@@ -100,10 +100,11 @@ class TwinTarget(Target):
     deterministic_by_construction = True
 
     def __init__(self, mutations: Collection[str] = (), *, accumulation: str = "exact-then-round",
-                 mufu: str = "correctly-rounded"):
+                 mufu: str = "correctly-rounded", seed: int = 0):
         self.mutations = frozenset(mutations)
         self.accumulation = accumulation
         self.mufu = mufu
+        self.seed = int(seed)   #: the MUFU model's seed (mufu="perturbed")
         from fa4verify.kernels import twin_attention
         self._ta = twin_attention
         known = set(getattr(self._ta, "MUTATIONS", ()))
@@ -120,13 +121,13 @@ class TwinTarget(Target):
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.name, "where": self.where, "mutations": sorted(self.mutations),
-                "accumulation": self.accumulation, "mufu": self.mufu}
+                "accumulation": self.accumulation, "mufu": self.mufu, "seed": self.seed}
 
     def _kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
         return dict(arch=problem.arch, softmax_scale=problem.softmax_scale, causal=problem.causal,
                     window_size=tuple(problem.window_size), softcap=float(problem.softcap),
                     learnable_sink=a["learnable_sink"], mutations=self.mutations,
-                    accumulation=self.accumulation, mufu=self.mufu)
+                    accumulation=self.accumulation, mufu=self.mufu, seed=self.seed)
 
     def _segments(self, problem: AttentionProblem, a: Mapping[str, Any]):
         """(b, q, k, v, dout, q-slice, k-slice) per sequence; dense problems: one per batch entry

@@ -223,15 +223,17 @@ def plot_overview(results: Sequence[dict[str, Any]]) -> str | None:
     fig = _figure(8.5, min(12, max(2.4, 0.36 * len(rows) + 1.3)))
     ax = fig.add_subplot()
     y = list(range(len(rows)))
-    ax.barh(y, [t for _, t, _ in rows], color=[STATUS_COLOR.get(s, "#0969da") for *_, s in rows],
-            height=0.6, zorder=2)
+    # log scale (issue #15): a linear axis squeezes every pass next to a 100x failure
+    ax.barh(y, [max(t, 1e-3) for _, t, _ in rows], color=[STATUS_COLOR.get(s, "#0969da") for *_, s in rows],
+            height=0.6, zorder=2, left=1e-3)
+    ax.set_xscale("log")
     ax.axvline(1.0, color="#1f2328", linestyle="--", linewidth=1.5, label="budget (= 1)")
     ax.set_yticks(y, [i for i, _, _ in rows])
     ax.invert_yaxis()
     _annotate(ax, [t for _, t, _ in rows], y)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    _axes_common(ax, {"title": "budget tightness per check (measured / budget; > 1 violates)",
-                      "xlabel": "measured / budget"})
+    _axes_common(ax, {"title": "budget tightness per check (measured / budget; > 1 violates; log scale)",
+                      "xlabel": "measured / budget (log)"})
     return _png(fig)
 
 
@@ -299,6 +301,61 @@ def _generic_table(val: Any) -> str | None:
     return None
 
 
+def _stat_items(val: Any) -> list[dict[str, Any]]:
+    """StatVerdict dicts (``fa4verify.judge.statistical``) found in a check's details entry."""
+    out: list[dict[str, Any]] = []
+    if isinstance(val, dict) and "actual" in val and "predicted" in val:
+        return [val]
+    if isinstance(val, (list, tuple)):
+        for x in val:
+            out += _stat_items(x)
+    return out
+
+
+def plot_statistical(items: Sequence[dict[str, Any]]) -> str:
+    """The statistical tier's pictures: ulp-error histograms (target vs the twin's prediction)
+    per tensor, and the bias interval (target - twin, signed and radial) per tensor."""
+    names: dict[str, list[dict[str, Any]]] = {}
+    for it in items:
+        names.setdefault(str(it.get("name")), []).append(it)
+    fig = _figure(9.0, 3.6)
+    ax1 = fig.add_subplot(1, 2, 1)
+    from fa4verify.judge.statistical import HIST_EDGES
+    edges = list(HIST_EDGES)
+    for i, (n, its) in enumerate(names.items()):
+        ha = [sum(c) for c in zip(*[x["actual"].get("hist") or [0] * (len(edges) - 1) for x in its])]
+        hp = [sum(c) for c in zip(*[x["predicted"].get("hist") or [0] * (len(edges) - 1) for x in its])]
+        col = PALETTE[i % len(PALETTE)]
+        ax1.stairs(ha, edges, color=col, linewidth=1.6, label=f"{n} target")
+        ax1.stairs(hp, edges, color=col, linewidth=1.0, linestyle="--", label=f"{n} twin")
+    ax1.set_yscale("log")
+    ax1.legend(fontsize=7, ncol=2)
+    _axes_common(ax1, {"title": "signed error (ulp of the reference)", "xlabel": "ulp (clipped to +-2)",
+                       "ylabel": "elements"})
+    ax1.set_yscale("log")
+    ax2 = fig.add_subplot(1, 2, 2)
+    y = 0
+    labels = []
+    for n, its in names.items():
+        for it in its:
+            for key, ci, c in (("bias_diff", "bias_ci", "#0969da"), ("radial_diff", "radial_ci", "#cf222e")):
+                m, lo_hi = as_number(it.get(key)), it.get(ci) or [None, None]
+                lo, hi = as_number(lo_hi[0]), as_number(lo_hi[1])
+                if m is None or lo is None or hi is None or not all(map(math.isfinite, (m, lo, hi))):
+                    continue
+                ax2.errorbar([m], [y], xerr=[[m - lo], [hi - m]], fmt="o", color=c, capsize=3)
+                labels.append(f"{n} {'signed' if key == 'bias_diff' else 'radial'}")
+                y += 1
+        mg = as_number(its[0].get("margin_ulp"))
+    if y:
+        mg = as_number(items[0].get("margin_ulp")) or 0.0
+        ax2.axvspan(-mg, mg, color="#2da44e", alpha=0.2, label="margin")
+        ax2.set_yticks(list(range(y)), labels, fontsize=7)
+        ax2.legend(fontsize=8)
+    _axes_common(ax2, {"title": "bias vs twin (ulp), interval at 1 - alpha/test", "xlabel": "ulp"})
+    return _png(fig)
+
+
 def _check_section(r: dict[str, Any]) -> str:
     st = r["status"]
     parts = [f'<div class="check" id="{_e(r["id"])}">',
@@ -317,6 +374,13 @@ def _check_section(r: dict[str, Any]) -> str:
     if plots is not None:
         for p in plots if isinstance(plots, list) else [plots]:
             parts.append(render_plot(p))
+    st_items = _stat_items(details.get("statistical"))
+    if st_items:
+        try:
+            parts.append(f'<img class="plot" alt="statistical tier" src="data:image/png;base64,'
+                         f'{plot_statistical(st_items)}">')
+        except (ValueError, TypeError, KeyError) as e:   # a malformed entry never breaks the report
+            parts.append(f'<p class="note">statistical tier plot unavailable: {_e(e)}</p>')
     metrics = r.get("metrics") or {}
     if metrics:
         parts.append(_table(["metric", "value"], [[k, v] for k, v in metrics.items()]))
@@ -324,7 +388,7 @@ def _check_section(r: dict[str, Any]) -> str:
     if isinstance(tab, dict) and "columns" in tab:
         parts.append(render_plot({"kind": "table", **tab}))
     for key, val in details.items():
-        if key in ("plot", "table", "traceback", "worker_stderr_tail", "worker_exit"):
+        if key in ("plot", "table", "traceback", "worker_stderr_tail", "worker_exit", "statistical"):
             continue
         t = _generic_table(val)
         if t:

@@ -104,13 +104,47 @@ def twin_backward(ctx: CheckContext) -> CheckResult:
     st = max((t.max_ratio for t in bc.stages.values()), default=0.0)
     bad = [s for s, t in bc.stages.items() if t.n_over] + [g for g, n in bc.over.items() if n]
     e2e = max(bc.ratios.values())
-    return CheckResult(status="fail" if bad else "pass", where="CPU twin",
+    tiers = _twin_tiers(ctx, dt, sq, sk)
+    bad += [v.name for v in tiers["verdicts"] if v.status == "fail"]
+    status = "fail" if bad else ("undecided" if any(v.status == "undecided" for v in tiers["verdicts"]) else "pass")
+    return CheckResult(status=status, where="CPU twin",
                        summary=(f"over budget: {bad}" if bad else
                                 f"within budget; dQ/dK/dV tightness {bc.ratios['dq']:.3f}/"
-                                f"{bc.ratios['dk']:.3f}/{bc.ratios['dv']:.3f}"),
+                                f"{bc.ratios['dk']:.3f}/{bc.ratios['dv']:.3f}; sharper tier "
+                                + "/".join(f"{tiers['sharper'][n]:.3f}" for n in ("dq", "dk", "dv"))
+                                + "; statistical tier pass"),
                        metrics={"stage_tightness": st, "e2e_tightness": e2e,
+                                **{f"sharper_tightness_{n}": x for n, x in tiers["sharper"].items()},
                                 **{f"rel_err_{g}": x for g, x in bc.rel_err.items()}},
+                       details={"statistical": [v.to_dict() for v in tiers["stat"]],
+                                "sharper": tiers["sharper"]},
                        tightness=max(st, e2e))
+
+
+def _twin_tiers(ctx: CheckContext, dt: str, sq: int, sk: int) -> dict:
+    """The sharper (probabilistic) and statistical tiers on the twin (Note [Statistical tier]):
+    the "target" is the twin with a perturbed MUFU (a stand-in for hardware the twin does not
+    model), the prediction the twin as shipped; both against the oracle."""
+    from fa4verify import judge
+    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.judge import statistical as S
+    from fa4verify.targets import TwinTarget
+    p = AttentionProblem(arch=ctx.arch, dtype={"fp8_e4m3": "fp8"}.get(dt, dt), batch=1, seqlen_q=sq, seqlen_k=sk,
+                         nheads=2, nheads_kv=2, head_dim=64, head_dim_v=64, causal=False,
+                         values=ValueSpec("normal", int(ctx.seed)))
+    a = p.materialize()
+    tgt = TwinTarget(mufu="perturbed", seed=int(ctx.seed) + 1)
+    f = tgt.forward(p, a)
+    g = tgt.backward(p, a, f, deterministic=True)
+    jf = judge.judge_forward(p, a, f.out, f.lse)
+    jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jf)
+    prob = list((jb.prob or {}).values())
+    refs = {"out": jf.ref_out.value, "dq": jb.oracle.dq, "dk": jb.oracle.dk, "dv": jb.oracle.dv}
+    stat = S.tier_on(p, {"out": f.out, "dq": g.dq, "dk": g.dk, "dv": g.dv}, refs, a,
+                     alpha_test=S.alpha_per_test(S.DEFAULT_ALPHA, 4))
+    return {"verdicts": prob + stat, "stat": stat,
+            "sharper": {v.name.replace("_prob", ""): v.tightness for v in prob}}
 
 
 @check("budgets.fp8.threshold", title="FA #2577: old fp8 rescale setting fails the P-cast budget",
@@ -235,7 +269,8 @@ def production_backward(ctx: CheckContext) -> CheckResult:
         ctx.skip("FA4's backward runs bf16/fp16")
     dev = _DEVICE
     tgt, arch, where = _live.target(ctx, device=dev)
-    verdicts, rows, over = [], [], []
+    from fa4verify.judge import statistical as S
+    verdicts, rows, over, stat_rows, wc = [], [], [], [], []
     probs = [p for p in _live.problems(ctx, arch, dt) if not (arch == "sm90" and p.head_dim > 192)]
     if not probs:
         ctx.skip("FA4's SM90 backward above hd 192 is xfail upstream; the deployment ships nothing else")
@@ -247,18 +282,33 @@ def production_backward(ctx: CheckContext) -> CheckResult:
             jf = judge.judge_forward(p, a, f.out, f.lse)
             jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jf)
             verdicts += list(jb.verdicts)
-            rows.append([_live.tag(p), *(round(v.tightness, 4) for v in jb.verdicts)])
-            if any(v.status == "fail" for v in jb.verdicts):
-                over.append(f"{_live.tag(p)}: " + "; ".join(v.summary() for v in jb.verdicts if v.status == "fail"))
+            wc += list(jb.verdicts)
+            # the sharper and statistical tiers (issue #15): a case fails if any tier fails
+            prob = list((jb.prob or {}).values())
+            stat = S.tier_on(p, {"dq": g.dq, "dk": g.dk, "dv": g.dv},
+                             {"dq": jb.oracle.dq, "dk": jb.oracle.dk, "dv": jb.oracle.dv}, a,
+                             alpha_test=S.alpha_per_test(S.DEFAULT_ALPHA, 3 * len(probs)))
+            verdicts += prob + stat
+            stat_rows.append([_live.tag(p)] + [v.to_dict() for v in stat])
+            rows.append([_live.tag(p), *(round(v.tightness, 4) for v in jb.verdicts),
+                         *(round(v.tightness, 4) for v in prob),
+                         *(f"{v.radial_diff:+.2e}" for v in stat)])
+            if any(v.status == "fail" for v in list(jb.verdicts) + prob + stat):
+                over.append(f"{_live.tag(p)}: " + "; ".join(v.summary() for v in list(jb.verdicts) + prob + stat
+                                                           if v.status == "fail"))
             bar.advance(1)
     status = judge.combine(verdicts)
-    worst = max((v.tightness for v in verdicts), default=0.0)
+    worst = max((v.tightness for v in wc), default=0.0)   # the worst-case tier's tightness
     undec = [v for v in verdicts if v.status == "undecided"]
     return CheckResult(status=status, where=where,
                        summary=(f"{len(over)}/{len(rows)} over budget: {over[0]}" if over else
                                 (f"undecided: {undec[0].reason}" if undec else
                                  f"{len(rows)} cases on {arch}, dQ/dK/dV within budget, tightness {worst:.3f}")),
                        metrics={"e2e_tightness": worst}, tightness=worst,
-                       details={"table": {"columns": ["case", "dQ tightness", "dK tightness", "dV tightness"],
+                       details={"table": {"columns": ["case", "dQ tightness", "dK tightness", "dV tightness",
+                                                      "dQ sharper", "dK sharper", "dV sharper",
+                                                      "dQ bias vs twin (ulp)", "dK bias vs twin (ulp)",
+                                                      "dV bias vs twin (ulp)"],
                                           "rows": rows},
+                                "statistical": stat_rows,
                                 "deployment": ctx.deploy.name if ctx.deploy else None})

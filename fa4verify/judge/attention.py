@@ -133,6 +133,8 @@ class BackwardJudgement:
     oracle: Any
     budgets: dict[str, np.ndarray]
     ftz_floor: dict[str, np.ndarray]
+    #: against ``backward_{dq,dk,dv}_prob`` (the sharper probabilistic tier) when the set has them
+    prob: Optional[dict[str, Verdict]] = None
 
     @property
     def verdicts(self) -> tuple[Verdict, ...]:
@@ -188,4 +190,8 @@ def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, 
     vs = {}
     for n, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         vs[n] = compare(n, got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"), budget=allow[n])
-    return BackwardJudgement(vs["dq"], vs["dk"], vs["dv"], obwd, allow, st.ftz_floor)
+    prob = None
+    if all(f"{n}_prob" in allow for n in ("dq", "dk", "dv")):
+        prob = {n: compare(f"{n}_prob", got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"),
+                           budget=allow[f"{n}_prob"]) for n, got in (("dq", dq), ("dk", dk), ("dv", dv))}
+    return BackwardJudgement(vs["dq"], vs["dk"], vs["dv"], obwd, allow, st.ftz_floor, prob)

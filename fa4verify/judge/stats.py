@@ -224,11 +224,27 @@ class BudgetStats:
         flat = lambda x: x.reshape((-1,) + x.shape[-2:]) if not p.varlen else x   # noqa: E731
         bO = flat(np.asarray(out_allow, np.float64)) + flat(np.asarray(out_bound, np.float64))
         derr = np.sum(bO * np.abs(dout), axis=-1) + gamma(self.Dv) * np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1)
+        # the probabilistic D error (DERIVATIONS.md#probabilistic-bwd): the O errors as a Hoeffding
+        # sum over d (bounded by the probabilistic forward allowance when the set has it)
+        prob = all(f"backward_{n}_prob" in self.budget for n in ("dq", "dk", "dv"))
+        if prob:
+            lam = float(getattr(self.budget, "constants", {}).get("lam", 6.0))
+            bOp = bO
+            if "forward_out_prob" in self.budget:
+                bOp = flat(self.forward_out("forward_out_prob")) + flat(np.asarray(out_bound, np.float64))
+            from fa4verify.error_budgets.loader import _gamma_prob
+            # derr_s: the D error in units of lam (one Hoeffding sum over (d) for dQ, one over (i, d) for dK)
+            derr_s = np.sqrt(np.sum((bOp * dout) ** 2, axis=-1)) \
+                + _gamma_prob(self.Dv, _U32, lam) * np.sum((np.abs(O) + bOp) * np.abs(dout), axis=-1) / lam
+            derrp = lam * derr_s
+        else:
+            lam, derrp, derr_s = 6.0, derr, derr
         q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk",
-                                                        "abs_dpd_k")}
+                                                        "abs_dpd_k", "rss_dsk", "derrp_pk")}
         k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq",
-                                                         "abs_dpd_q")}
-        v_el = {"abs_pdo": np.zeros((tk, Hk, self.Dv)), "sum_abs_do": np.zeros((tk, Hk, self.Dv))}
+                                                         "abs_dpd_q", "rss_dsq", "rss_p_derrp_q")}
+        v_el = {"abs_pdo": np.zeros((tk, Hk, self.Dv)), "sum_abs_do": np.zeros((tk, Hk, self.Dv)),
+                "rss_pdo": np.zeros((tk, Hk, self.Dv))}
         floor = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
         k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
         # backward_p per query row, then its max over the rows each key sums over
@@ -260,6 +276,14 @@ class BudgetStats:
                 k_el["abs_p_dov_q"][ks, hk] += sc * (w * DOV).T @ np.abs(q[qs, h])
                 k_el["abs_p_derr_q"][ks, hk] += sc * (w * derr[qs, h][:, None]).T @ np.abs(q[qs, h])
                 v_el["abs_pdo"][ks, hk] += w.T @ np.abs(dout[qs, h])
+                if prob:   # sums of squares here, square roots after the loop
+                    q_el["rss_dsk"][qs, h] = sc * sc * (dS * dS) @ (k[ks, hk] ** 2)
+                    k_el["rss_dsq"][ks, hk] += sc * sc * (dS * dS).T @ (q[qs, h] ** 2)
+                    v_el["rss_pdo"][ks, hk] += (w * w).T @ (dout[qs, h] ** 2)
+                    # a D error dD_i shifts every dS_ij of row i by -P_ij dD_i: dQ_id by exactly
+                    # -scale dD_i (P K)_id (first order), dK_jd by a sum over independent rows
+                    q_el["derrp_pk"][qs, h] = sc * derrp[qs, h][:, None] * np.abs(w @ k[ks, hk])
+                    k_el["rss_p_derrp_q"][ks, hk] += sc * sc * ((w * derr_s[qs, h][:, None]) ** 2).T @ (q[qs, h] ** 2)
                 # flush-to-zero envelope: every P below 2^-126 may become 0 (ex2.approx.ftz)
                 # budget statistics of the subnormal floors (error_budgets/loader.py STATISTICS)
                 kf = keep_of(qs, ks).astype(np.float64)
@@ -274,6 +298,8 @@ class BudgetStats:
                 floor["dv"][ks, hk] += FTZ * keep_of(qs, ks).T.astype(np.float64) @ np.abs(dout[qs, h])
                 k_row["backward_p"][ks, hk] = np.maximum(k_row["backward_p"][ks, hk],
                                                          np.max(bp_row[qs, h], initial=0.0))
+        for d_, n in ((q_el, "rss_dsk"), (k_el, "rss_dsq"), (v_el, "rss_pdo"), (k_el, "rss_p_derrp_q")):
+            d_[n] = np.sqrt(d_[n])
         out: dict[str, np.ndarray] = {}
         common = self._common()
         # dq (query layout)
@@ -286,6 +312,8 @@ class BudgetStats:
         out["dq"] = self._to_out(np.broadcast_to(self.budget.evaluate("backward_dq", st), q.shape))
         if "backward_dq_accum" in self.budget:   # the dq_accum stage tap (before the cast)
             out["dq_accum"] = self._to_out(np.broadcast_to(self.budget.evaluate("backward_dq_accum", st), q.shape))
+        if prob:
+            out["dq_prob"] = self._to_out(np.broadcast_to(self.budget.evaluate("backward_dq_prob", st), q.shape))
         # dk, dv (key layout)
         st = dict(common)
         for n, x in k_row.items():
@@ -293,9 +321,13 @@ class BudgetStats:
         st.update(k_el)
         st["abs_dk"] = flat(np.abs(np.asarray(obwd.dk, np.float64)))
         out["dk"] = self._to_kv(np.broadcast_to(self.budget.evaluate("backward_dk", st), k.shape))
+        if prob:
+            out["dk_prob"] = self._to_kv(np.broadcast_to(self.budget.evaluate("backward_dk_prob", st), k.shape))
         st.update(v_el)
         st["abs_dv"] = flat(np.abs(np.asarray(obwd.dv, np.float64)))
         out["dv"] = self._to_kv(np.broadcast_to(self.budget.evaluate("backward_dv", st), v.shape))
+        if prob:
+            out["dv_prob"] = self._to_kv(np.broadcast_to(self.budget.evaluate("backward_dv_prob", st), v.shape))
         self.ftz_floor = {"dq": self._to_out(floor["dq"]), "dk": self._to_kv(floor["dk"]),
                           "dv": self._to_kv(floor["dv"])}
         return out
