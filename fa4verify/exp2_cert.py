@@ -72,7 +72,8 @@ RANGES = {"neg": (-127.0, 0.0), "pos": (0.0, 8.0), "all": (-127.0, 8.0)}
 SEG_HI = 2.0**-5          # (R3) runs below this, direct above
 GRID_BITS = 24            # base fraction grid 2^-24
 MAX_STRIDE_LOG = 7        # strides 2^0 .. 2^7 (|x| < 256)
-CHUNK = 1 << 20
+CHUNK = 1 << 20           # inputs per direct task piece
+BLOCK = 1 << 16           # inputs evaluated at once: keeps the ~20 float64 temporaries in cache
 
 
 # ============================================================================ statistics
@@ -330,7 +331,7 @@ def task_direct(degree: int, olo: int, ohi: int, variant_check: bool = False) ->
     out = []
     o = olo
     while o <= ohi:
-        stop = min(ohi, o + CHUNK - 1)
+        stop = min(ohi, o + BLOCK - 1)
         x = _ordered_to_f32(np.arange(o, stop + 1, dtype=np.int64))
         emu = emu_direct(x, cs)
         if variant_check:
@@ -353,6 +354,16 @@ def task_grid(degree: int, a: int, b: int, kmin: int = 0) -> dict:
     ("highhalf", 0): i in [2^23, 2^24) (the halves only when kmin == 0). Each class's Stats uses
     x = f (n = 0); callers rescale (R1).
     """
+    span = BLOCK << kmin                   # a multiple of 2^MAX_STRIDE_LOG: blocks stay aligned
+    parts: dict = {}
+    for ba in range(a, b, span):
+        for key, st in _grid_block(degree, ba, min(b, ba + span), kmin).items():
+            parts.setdefault(key, []).append(st)
+    return {key: merge_all(v) for key, v in parts.items()}
+
+
+def _grid_block(degree: int, a: int, b: int, kmin: int) -> dict:
+    """``task_grid`` on one cache-sized block (``a`` aligned as there)."""
     cs = _coeffs(degree)
     i = np.arange(a, b, 1 << kmin, dtype=np.int64)
     f = (i.astype(np.float64) * 2.0**-GRID_BITS).astype(np.float32)
@@ -547,7 +558,9 @@ def runs_monotone(degree: int, olo: int, ohi: int, step: int = 4096) -> Runs:
 
 
 def task_runs_bucket(degree, ja, jb, olo, ohi) -> Stats:
-    return runs_stats(runs_bucket(degree, ja, jb, olo, ohi))
+    """(R2) statistics of buckets j in [ja, jb), evaluated in cache-sized blocks of buckets."""
+    return merge_all(runs_stats(runs_bucket(degree, a, min(jb, a + BLOCK), olo, ohi))
+                     for a in range(ja, jb, BLOCK))
 
 
 def task_runs_monotone(degree, olo, ohi) -> Stats:
