@@ -180,3 +180,25 @@ def test_packed_probe_compiles_for_sm100_family_with_packed_ffma2(arch, tmp_path
     from fa4verify.kernels.probes import probe_base as pb
     a = pb.compile_in_subprocess("ex2_emulation_packed", "3", arch, tmp_path)
     assert "fma.rn.f32x2" in a.ptx and "add.rm.f32x2" in a.ptx
+
+
+def test_probe_functions_pad_every_call_to_one_compiled_size(monkeypatch):
+    """Each probe compiles once per variant: the device sweep pads the last chunk, the edge spans
+    and the special inputs to a multiple of the probe chunk (no compile per odd size)."""
+    from fa4verify.kernels.probes import probe_base as pb
+    seen = []
+
+    class FakeProbe:
+        @staticmethod
+        def run(x, variant="3"):
+            seen.append(int(x.numel()))
+            return ex2_emulation_torch(x, int(variant), "scalar")
+
+    monkeypatch.setattr(pb, "load", lambda key: FakeProbe)
+    monkeypatch.setattr(pb, "DEFAULT_CHUNK", 1 << 10)
+    fn = ed._probe_fn("ex2_emulation", "3")
+    x = torch.linspace(-3, 3, 9).to(torch.float32)
+    assert torch.equal(fn(x).view(torch.int32), ex2_emulation_torch(x, 3, "scalar").view(torch.int32))
+    assert seen == [1 << 10]
+    fn(torch.zeros(3 << 10, dtype=torch.float32))
+    assert seen[-1] == 3 << 10
