@@ -193,6 +193,9 @@ def judge(report: dict) -> dict:
                 out["violations"].append(f"degree {d}: {what} {measured:.6g} > {kind} {limit:.6g}")
         out["degrees"][d] = {"status": ("pass" if all(r["ok"] for r in rows) else "fail") if rows else "nothing measured",
                              "checks": rows}
+    dev = report.get("device")
+    if dev:
+        out["violations"] += list(dev.get("violations", []))
     m = report.get("mufu") or {}
     st = (m.get("stats") or {}).get("stats", {}) if isinstance(m.get("stats"), dict) else {}
     if st:
@@ -284,6 +287,8 @@ def render(report: dict) -> str:
                   f"  edge: [-2^-25, 0) {tn['n_inputs']:,} inputs give {tn['emu_value']!r} "
                   f"({tn['fp32_ulp_error']} fp32 ulps from 1.0; bf16/fp16 round correctly: "
                   f"{tn['bf16_rounds_correctly']}/{tn['fp16_rounds_correctly']})"]
+    if report.get("device"):
+        lines += render_device(report["device"])
     m = report["mufu"]
     lines.append(f"\nMUFU ex2.approx: {m['status']}" + (f" ({m.get('note', '')})" if m["status"] == "not measured here" else
                                                          f" (read from {m.get('source')})"))
@@ -298,6 +303,53 @@ def render(report: dict) -> str:
                    for c in dv["checks"] if not c["ok"]]
             lines.append(f"  degree {d}: " + ("VIOLATION: " + "; ".join(bad) if bad else dv["status"]))
     return "\n".join(lines)
+
+
+def _device_gpu():
+    """The local GPU for ``--device cuda``, or a one-line usage error (exit 2)."""
+    from fa4verify.kernels.device import local_gpu
+    gpu = local_gpu()
+    if gpu is None:
+        raise usage("--device cuda: no CUDA GPU here (torch.cuda.is_available() is False)")
+    if gpu.arch is None:
+        raise usage(f"--device cuda: {gpu.unsupported_reason()}")
+    try:
+        import flash_attn.cute  # noqa: F401
+        import cutlass.cute  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure is an environment error
+        raise usage(f"--device cuda: FA4's device functions are not importable ({type(e).__name__}: {e})") from None
+    return gpu
+
+
+def device_section(degrees, lo, hi, *, gpu, mufu: bool = True, cpu_degrees: dict | None = None, **kw) -> dict:
+    """``report["device"]``: the device sweep (``fa4verify.exp2_device.run_device``), its
+    device-scored fp32 ulps cross-checked with the CPU certification of the same degrees."""
+    from fa4verify import exp2_device as ed
+    t0 = time.perf_counter()
+    sec = ed.run_device(degrees, lo, hi, gpu=gpu, mufu=mufu, **kw)
+    sec["violations"] += ed.cross_check(sec, cpu_degrees or {})
+    sec["versions"] = _versions()
+    sec["seconds_total"] = round(time.perf_counter() - t0, 2)
+    return _clean(sec)
+
+
+def render_device(sec: dict) -> list[str]:
+    lines = [f"\ndevice sweep [{sec['where']}] -- FA4's own device functions vs the device twin, bit for bit",
+             f"  fa4 {sec['versions']['fa4']}, cutlass-dsl {sec['versions']['dsl']}; {sec['seconds_total']} s in all"]
+    for s in sec["sweeps"]:
+        sc = (s.get("scored") or {}).get("main") or {}
+        lines.append(f"  {s['function']:<16} degree {s['degree']}: {s['n_inputs']:,} inputs (range + edge), "
+                     f"mismatches {s['mismatches']:,}, {s['seconds']} s (+{s['compile_seconds']} s compile); "
+                     f"max fp32 ulp vs CR {sc.get('max_ulp_fp32')} (CPU twin {s.get('cpu_max_ulp_fp32')})")
+        for e in s["examples"][:3]:
+            lines.append(f"      x = {e['x']!r} ({e['x_bits']}): device {e['device_bits']}, twin {e['twin_bits']}")
+    m = sec.get("mufu")
+    if m:
+        parts = ", ".join(f"{k} max {v['max_ulp_fp32']} ulp at x = {v['argmax']!r}" for k, v in m["scored"].items())
+        lines.append(f"  mufu ex2.approx.ftz: {m['n_inputs']:,} inputs, {parts} (vs CR fp32), {m['seconds']} s")
+    lines.append("  " + ("every input bit-identical: the CPU twin certification above applies to the device functions"
+                         if not sec["violations"] else "VIOLATION: " + "; ".join(sec["violations"])))
+    return lines
 
 
 @click.command("exp2", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]},
@@ -318,7 +370,12 @@ def render(report: dict) -> str:
               help="Write the full report as JSON (written at the end, atomically).")
 @click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True,
               help="Seed for --sample.")
-def command(degree, range_, exhaustive, sample, direct, jobs, json_path, seed):
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: also sweep FA4's own device functions (ex2_emulation; ex2_emulation_2 on "
+                   "SM100/103; MUFU ex2.approx) on the local GPU over every input of the range and the "
+                   "edge domain, bit for bit against the twin (fa4verify/exp2_device.py).")
+@click.option("--no-mufu", is_flag=True, help="With --device cuda: skip the MUFU ex2.approx sweep.")
+def command(degree, range_, exhaustive, sample, direct, jobs, json_path, seed, device, no_mufu):
     """Certify FA4's polynomial exp2 (ex2_emulation_2) over a range of fp32 inputs (CPU twin).
 
     \b
@@ -337,8 +394,14 @@ def command(degree, range_, exhaustive, sample, direct, jobs, json_path, seed):
     if sample is not None and direct:
         raise usage("--sample and --direct are mutually exclusive")
     degrees = _degrees(degree)
+    gpu = _device_gpu() if device == "cuda" else None
+    if gpu is not None and sample is not None:
+        raise usage("--device cuda sweeps every input: --sample does not apply")
     check_outputs([("--json", json_path)])
     report = run_exp2(degrees, lo, hi, sample=sample, direct=direct, jobs=jobs, seed=seed)
+    if gpu is not None:
+        report["device"] = device_section(degrees, lo, hi, gpu=gpu, mufu=not no_mufu,
+                                          cpu_degrees=report["degrees"])
     report["verdict"] = _clean(judge(report))
     nothing = all(not e["n_inputs"] for e in report["degrees"].values())
     code = (ExitCode.NOTHING_RAN if nothing else

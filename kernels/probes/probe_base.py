@@ -37,7 +37,10 @@ DEFAULT_CHUNK = 1 << 24
 #: All probe modules, in a stable order: name -> module path.
 PROBES: dict[str, str] = {
     "ex2_emulation": "fa4verify.kernels.probes.probe_ex2_emulation",
-    "ex2_emulation_2": "fa4verify.kernels.probes.probe_ex2_emulation_2",
+    # the packed probe; "ex2_emulation_2" (FA4's function name) is the key recorded evidence and
+    # the census use, "ex2_emulation_packed" says what it is; both load the same module
+    "ex2_emulation_2": "fa4verify.kernels.probes.probe_ex2_emulation_packed",
+    "ex2_emulation_packed": "fa4verify.kernels.probes.probe_ex2_emulation_packed",
     "fma_packed": "fa4verify.kernels.probes.probe_fma_packed",
     "mufu_ex2": "fa4verify.kernels.probes.probe_mufu_ex2",
     "cvt": "fa4verify.kernels.probes.probe_cvt",

@@ -7,7 +7,7 @@ FA4 stage: exp2 (fa4_numerics.md section 4.2, "Scalar variant"); mirrors
 The kernel calls FA4's own function, so whatever the DSL and ptxas make of it (the Horner loop
 contracted into FMAs, ``add.rm.ftz``, the integer exponent combine) is what runs. Scalar ops only,
 so it compiles for sm_90a (and runs on the H200) as well as sm_100a. The SM100 kernels call the
-packed twin ``ex2_emulation_2`` (see ``probe_ex2_emulation_2``), degree 3.
+packed twin ``ex2_emulation_2`` (see ``probe_ex2_emulation_packed``), degree 3.
 
 Output: fp32, one per input.
 """
