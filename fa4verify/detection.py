@@ -8,6 +8,9 @@ and :func:`register_verifier` adds one (the statistical tier,
 * ``worst_case`` -- fa4verify's judge, :func:`fa4verify.judge.compare` against the oracle with
   the composed (or stage) budget: caught = "fail"; "undecided" is reported as undecided, never as
   caught or missed;
+* ``statistical`` -- fa4verify's statistical tier (bias and distribution of the ulp error
+  against the twin's prediction on the same inputs, ``case.extra["predicted"]``); n/a for
+  tensors without a prediction (LSE, D, the dq_accum taps);
 * ``fa_rule`` -- FlashAttention's upstream test rule ``max|x - ref| <= 2 max|pt - ref| + atol``
   (``fa4verify.mutants.fa_rule``), with the upstream references in the input dtype; it exists
   for out, dq, dk, dv only (n/a elsewhere);
@@ -25,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 __all__ = ["TensorCase", "Outcome", "VERIFIERS", "register_verifier", "worst_case", "fa_rule_verifier",
-           "assert_close_verifier", "run_verifiers", "detection_curve", "TENSORS"]
+           "assert_close_verifier", "statistical_verifier", "run_verifiers", "detection_curve", "TENSORS"]
 
 TENSORS = ("out", "lse", "D", "lse_log2", "dq_accum", "dq", "dk", "dv")
 
@@ -89,9 +92,23 @@ def assert_close_verifier(case: TensorCase) -> Outcome:
     return Outcome("missed", "within torch defaults")
 
 
+def statistical_verifier(case: TensorCase) -> Outcome:
+    """fa4verify's statistical tier (:func:`fa4verify.judge.statistical.stat_compare`): the
+    tensor's ulp-error distribution against the twin's prediction on the same inputs
+    (``case.extra["predicted"]``), at ``case.extra["alpha_test"]``; n/a without a prediction."""
+    pred = case.extra.get("predicted")
+    if pred is None:
+        return Outcome("n/a", "no twin prediction for this tensor")
+    from fa4verify.judge.statistical import stat_compare
+    v = stat_compare(case.name, case.actual, pred, case.ref, case.dtype,
+                     alpha_test=float(case.extra["alpha_test"]))
+    st = {"fail": "caught", "pass": "missed"}.get(v.status, "undecided")
+    return Outcome(st, v.reason or f"bias {v.bias_diff:+.3g} ulp vs twin, KS p {v.ks_p:.3g}")
+
+
 #: name -> verifier, in table order
-VERIFIERS: dict[str, Verifier] = {"worst_case": worst_case, "fa_rule": fa_rule_verifier,
-                                  "assert_close": assert_close_verifier}
+VERIFIERS: dict[str, Verifier] = {"worst_case": worst_case, "statistical": statistical_verifier,
+                                  "fa_rule": fa_rule_verifier, "assert_close": assert_close_verifier}
 
 
 def register_verifier(name: str, fn: Verifier, *, replace: bool = False) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 from fa4verify import detection as det
 from fa4verify import source_mutants as sm
 
-FA4VERIFY_VERIFIERS = ("worst_case",)   # columns that count as fa4verify's own verdict
+FA4VERIFY_VERIFIERS = ("worst_case", "statistical")   # columns that count as fa4verify's own verdict
 
 
 def _upstream(q, k, v, do):
@@ -58,6 +58,11 @@ class Judge:
         self.ofwd = ja.oracle_forward(self.p, self.a)
         self.obwd = ja.oracle_backward(self.p, self.a)
         self.up = _upstream(q, k, v, do)
+        # the statistical tier's prediction: the CPU twin on the same inputs, once
+        from fa4verify.judge.statistical import DEFAULT_ALPHA, alpha_per_test, twin_prediction
+        self.pred = twin_prediction(self.p, self.a)
+        self.n_runs = 1
+        self._alpha = lambda: alpha_per_test(DEFAULT_ALPHA, 4 * self.n_runs)
 
     def cases(self, t: dict) -> list:
         from fa4verify.stage_taps import tap_references
@@ -66,8 +71,9 @@ class Judge:
         bj = ja.judge_backward(self.p, self.a, t["dq"], t["dk"], t["dv"], budgets=self.bs, forward=fj,
                                oracle_bwd=self.obwd)
         C = det.TensorCase
+        stat = lambda n: {"predicted": self.pred[n], "alpha_test": self._alpha()}  # noqa: E731
         cs = [C("out", t["out"], fj.ref_out.value, fj.ref_out.bound, fj.ref_out.budget, "bf16",
-                self.up["ref"]["out"], self.up["pt"]["out"]),
+                self.up["ref"]["out"], self.up["pt"]["out"], extra=stat("out")),
               C("lse", t["lse"], fj.ref_lse.value, fj.ref_lse.bound, fj.ref_lse.budget, "fp32")]
         # taps: D and lse_log2 are stage-local (FA4's own out / lse as inputs)
         refs = tap_references(self.p, self.a, t["out"], t["lse"], budgets=self.bs, backward=bj)
@@ -79,7 +85,7 @@ class Judge:
         cs.append(C("dq_accum_zeroed", z, np.zeros(z.shape), 0.0, 0.0, "fp32"))
         for n in ("dq", "dk", "dv"):
             cs.append(C(n, t[n], getattr(bj.oracle, n), getattr(bj.oracle, f"{n}_bound"), bj.budgets[n],
-                        "bf16", self.up["ref"][n], self.up["pt"][n]))
+                        "bf16", self.up["ref"][n], self.up["pt"][n], extra=stat(n)))
         return cs
 
     def judge(self, t: dict, meta: dict) -> dict:
@@ -184,6 +190,7 @@ def main(argv=None) -> int:
         metas = dict(ex.map(go, copies.items()))
     from fa4verify.source_mutants_worker import problem_inputs
     judge = Judge(*problem_inputs(15, b, s, h, d))
+    judge.n_runs = len(metas)     # Bonferroni over 4 tensors x every run (control + mutants)
     records = {}
     for mid, meta in metas.items():
         rec = dict(meta)
@@ -205,7 +212,8 @@ def main(argv=None) -> int:
     # required: every non-graded mutant and the 2^-10 D bias; the rest of a graded family is the curve
     missed = [m.id for m in mutants if (m.family is None or m.id == "dpsum_bias_2m10")
               and not any(summary.get(m.id, {}).get("caught_by", {}).get(n) for n in FA4VERIFY_VERIFIERS + ("determinism",))]
-    control_alarm = bool(summary_control.get("caught_by", {}).get("worst_case")) or summary_control.get("status") != "ok"
+    control_alarm = any(summary_control.get("caught_by", {}).get(n) for n in FA4VERIFY_VERIFIERS) \
+        or summary_control.get("status") != "ok"
     doc = {"device": args.device, "shape": [b, s, h, d], "causal": True, "dtype": "bf16",
            "installed_sha256_before": before, "installed_sha256_after": after,
            "installed_unchanged": before == after, "mutants": [m.to_dict() for m in mutants],
