@@ -162,7 +162,7 @@ def run_mismatch(args) -> list[dict]:
 
 def run_fp8(args) -> dict:
     from fa4verify import attribution as A
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     d, n = 64, 512
     q = np.zeros((1, 8, 1, d), np.float32)
     q[..., 0] = 1.0

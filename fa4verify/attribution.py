@@ -58,7 +58,7 @@ def gen_inputs(dist: str, *, batch: int, seqlen_q: int, seqlen_k: int, nheads: i
     * ``peaked``: rows whose max grows by ~6-10 log2 units from KV block to KV block (near the
       SM100 rescale threshold 8): k's first coordinate ramps with the key index.
     """
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     rng = np.random.default_rng(seed)
     cast = {"bf16": b32.to_bf16, "fp16": b32.to_fp16,
             "fp8_e4m3": lambda x: b32.to_fp8_e4m3fn(x), "fp8": lambda x: b32.to_fp8_e4m3fn(x)}[dtype]

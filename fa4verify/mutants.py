@@ -262,7 +262,7 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 
 def _round_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     x = np.asarray(x, dtype=np.float32)
     if dtype == "bf16":
         return b32.to_bf16(x)

@@ -62,7 +62,7 @@ from typing import Literal
 
 import numpy as np
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
 __all__ = ["ex2_emulation", "ex2_emulation_parts", "emulated_columns", "uses_2cta",
            "emulation_settings", "EmulationSettings", "ROUND_INT", "CLAMP_LO", "poly_coeffs_f32"]

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 from fa4verify.kernels import twin_fwd as tf
 from fa4verify.kernels import facts as _facts
 from fa4verify.kernels.twin_fwd import (F32, F64, LOG2_E, Mufu, StageSample, _add, _fma, _mul,

@@ -69,7 +69,7 @@ from typing import Any, Callable, Literal, Mapping, Optional
 
 import numpy as np
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 from fa4verify.kernels import facts as _facts
 
 Arch = Literal["sm90", "sm100", "sm103"]

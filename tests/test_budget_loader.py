@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 from fa4verify.error_budgets import loader
 from fa4verify.error_budgets.loader import BudgetError
 

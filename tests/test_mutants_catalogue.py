@@ -37,7 +37,7 @@ def test_production_knobs_only_for_api_expressible_faults():
 
 
 def test_battery_inputs_are_deterministic_and_representable():
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     for p in M.battery("full"):
         a, b = M.make_inputs(p, seed=5), M.make_inputs(p, seed=5)
         for x, y in ((a.q, b.q), (a.k, b.k), (a.v, b.v), (a.dout, b.dout)):

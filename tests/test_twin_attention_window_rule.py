@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
 ta = importlib.import_module("fa4verify.kernels.twin_attention")
 importlib.import_module("fa4verify.kernels.twin")

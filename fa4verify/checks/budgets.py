@@ -118,7 +118,7 @@ def twin_backward(ctx: CheckContext) -> CheckResult:
 def fp8_threshold(ctx: CheckContext) -> CheckResult:
     import numpy as np
     from fa4verify import attribution as A
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     d, n = 64, 512
     q = np.zeros((1, 8, 1, d), np.float32)
     q[..., 0] = 1.0

@@ -51,7 +51,7 @@ def stratified_sample(rng, n: int, lo: float = -126.0, hi: float = 8.0):
     uniform over fp32 bit patterns, a quarter in (-1/2, 0) (rounded fractions), a quarter in
     [0, 1) (bit patterns) -- plus every integer and its neighbours."""
     import numpy as np
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     from fa4verify.exp2_cert import _ordered_to_f32
     q = n // 4
     olo, ohi = b32.f32_range(lo, hi)
