@@ -1,7 +1,7 @@
 """Per-stage budget tightness, attribution and fwd/bwd P mismatch of FA4's numerics (CPU twin).
 
 Every figure printed here is labelled **CPU twin**: the numpy model of FA4's SM90/SM100 numerics in
-``fa4verify.kernels.twin_attention``, compared with the oracle ``fa4verify.oracles.attention``
+``fa4verify.kernels.twin.attention``, compared with the oracle ``fa4verify.oracles.attention``
 under the budgets in ``error_budgets/``.  Nothing is asserted; the script prints tables.
 
 Usage::

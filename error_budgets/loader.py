@@ -55,7 +55,7 @@ DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": 
                  "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "e4m3": "fp8_e4m3"}
 ARCHS = ("sm90", "sm100", "sm103")
 
-#: Built-in constants (dimensionless).  MUFU bounds match kernels/twin_fwd.MUFU_BOUNDS.
+#: Built-in constants (dimensionless).  MUFU bounds match kernels/twin/forward.MUFU_BOUNDS.
 CONSTANTS: dict[str, float] = {
     "u_fp32": 2.0**-24, "u_bf16": 2.0**-8, "u_fp16": 2.0**-11, "u_fp8_e4m3": 2.0**-4,
     # half the smallest subnormal spacing (absolute rounding floor) of each format

@@ -1,6 +1,6 @@
 """The target layer: what fa4verify runs and judges. One interface, two kinds of target.
 
-* :class:`TwinTarget` -- the CPU twin of FA4 (``fa4verify.kernels.twin_attention``) for any arch
+* :class:`TwinTarget` -- the CPU twin of FA4 (``fa4verify.kernels.twin.attention``) for any arch
   (sm90 / sm100 / sm103), optionally with planted ``mutations`` ("CPU twin");
 * :class:`ProductionTarget` -- production FA4 through ``fa4verify.kernels.adapter`` on the local
   GPU, whatever GPU FA4 supports: the arch comes from the device (:func:`fa4verify.kernels.device.local_gpu`),
@@ -87,7 +87,7 @@ class Target:
 
 
 class TwinTarget(Target):
-    """The CPU twin (``fa4verify.kernels.twin_attention``), optionally with ``mutations``.
+    """The CPU twin (``fa4verify.kernels.twin.attention``), optionally with ``mutations``.
 
     The twin has no varlen entry point; varlen problems run sequence by sequence through the dense
     twin (each sequence is an independent attention call in FA4 as well) and are reassembled in
@@ -104,7 +104,7 @@ class TwinTarget(Target):
         self.mutations = frozenset(mutations)
         self.accumulation = accumulation
         self.mufu = mufu
-        from fa4verify.kernels import twin_attention
+        from fa4verify.kernels.twin import attention as twin_attention
         self._ta = twin_attention
         known = set(getattr(self._ta, "MUTATIONS", ()))
         bad = self.mutations - known
@@ -159,7 +159,7 @@ class TwinTarget(Target):
                  deterministic: bool = True) -> Bwd:
         self.check_supported(problem)
         if not hasattr(self._ta, "backward"):
-            raise DependencyMissing("the twin backward (fa4verify.kernels.twin_bwd) is not available")
+            raise DependencyMissing("the twin backward (fa4verify.kernels.twin.backward) is not available")
         kw = self._kw(problem, a)
         kw["deterministic"] = deterministic
         dt = problem.dtype

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 importlib.import_module("fa4verify.kernels.twin")
-ta = importlib.import_module("fa4verify.kernels.twin_attention")
+ta = importlib.import_module("fa4verify.kernels.twin.attention")
 A = importlib.import_module("fa4verify.attribution")
 importlib.import_module("fa4verify.oracles.attention")
 

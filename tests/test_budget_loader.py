@@ -30,7 +30,7 @@ arch = "sm90"
 
 
 def test_every_shipped_file_loads_and_covers_every_forward_stage():
-    ta = importlib.import_module("fa4verify.kernels.twin_attention")
+    ta = importlib.import_module("fa4verify.kernels.twin.attention")
     pairs = loader.available()
     assert {(d, a) for d in ("bf16", "fp16") for a in ("sm90", "sm100", "sm103")} <= set(pairs)
     assert ("fp8_e4m3", "sm100") in pairs
@@ -52,7 +52,7 @@ def test_fp8_alias_and_dtype_specific_unit_roundoffs():
 
 
 def test_mufu_constants_agree_with_the_twin_model():
-    tf = importlib.import_module("fa4verify.kernels.twin_fwd")
+    tf = importlib.import_module("fa4verify.kernels.twin.forward")
     c = loader.CONSTANTS
     assert c["mufu_ex2_rel"] == tf.MUFU_BOUNDS["ex2"]
     assert c["rcp_rel"] == tf.MUFU_BOUNDS["rcp"]

@@ -15,7 +15,7 @@ ISSUE_MUTANTS = ("poly_degree_2", "poly_coeff_ulp", "p_cast_rz", "rescale_skippe
 
 def _twin():
     tw = M.twin_module()
-    assert tw is not None, "fa4verify.kernels.twin_attention failed to load (fa4verify's own module)"
+    assert tw is not None, "fa4verify.kernels.twin.attention failed to load (fa4verify's own module)"
     return tw
 
 

@@ -1,4 +1,4 @@
-"""Properties of the CPU twin of FA4's backward (kernels/twin_bwd.py). Small shapes only."""
+"""Properties of the CPU twin of FA4's backward (kernels/twin/backward.py). Small shapes only."""
 from __future__ import annotations
 
 import importlib
@@ -9,7 +9,7 @@ import pytest
 
 from fa4verify.oracles import binary32 as b32
 
-ta = importlib.import_module("fa4verify.kernels.twin_attention")
+ta = importlib.import_module("fa4verify.kernels.twin.attention")
 importlib.import_module("fa4verify.kernels.twin")
 
 

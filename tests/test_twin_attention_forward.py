@@ -1,4 +1,4 @@
-"""Properties of the CPU twin of FA4's forward (kernels/twin_fwd.py). Small shapes only."""
+"""Properties of the CPU twin of FA4's forward (kernels/twin/forward.py). Small shapes only."""
 from __future__ import annotations
 
 import importlib
@@ -9,7 +9,7 @@ import pytest
 
 from fa4verify.oracles import binary32 as b32
 
-ta = importlib.import_module("fa4verify.kernels.twin_attention")
+ta = importlib.import_module("fa4verify.kernels.twin.attention")
 importlib.import_module("fa4verify.kernels.twin")
 
 ALL_FWD = frozenset(ta.FWD_STAGES)
@@ -239,7 +239,7 @@ def test_perturbed_mufu_is_seeded():
 
 def test_custom_coefficient_emulation_equals_twin_emulation_bitwise():
     from fa4verify.kernels.twin import ex2_emulation, poly_coeffs_f32
-    from fa4verify.kernels.twin_fwd import _emu_custom
+    from fa4verify.kernels.twin.forward import _emu_custom
     x = np.random.default_rng(13).uniform(-130, 8, 20000).astype(np.float32)
     x[:3] = [-np.inf, np.nan, -1e-9]
     a = _emu_custom(x, list(poly_coeffs_f32(3)))
@@ -248,7 +248,7 @@ def test_custom_coefficient_emulation_equals_twin_emulation_bitwise():
 
 def test_sm100_row_sum_follows_fadd_reduce_tree_order():
     """Independent scalar model of ``utils.fadd_reduce`` (arch >= 100) in plain fp32 steps."""
-    from fa4verify.kernels.twin_fwd import _row_sum_sm100
+    from fa4verify.kernels.twin.forward import _row_sum_sm100
     rng = np.random.default_rng(14)
     P = (rng.random((3, 128)) ** 8).astype(np.float32)
     init = rng.random(3).astype(np.float32) * 50
