@@ -25,7 +25,8 @@ LSE paths) are reported separately.
 
 Every figure here is **compile-only**.
 
-Shims used only inside the compile subprocess (documented, not numerics): FA4's SM100
+Shims used only inside the compile subprocess (documented, not numerics; they live in the adapter,
+:func:`fa4verify.kernels.adapter.install_compile_only_shims`, so this module imports no FA4): FA4's SM100
 static-persistent scheduler asks ``cutlass.utils.HardwareInfo`` for the SM count at trace time
 (it sizes the grid, not the per-element math), so it is answered from
 ``FLASH_ATTENTION_NUM_SMS``; and torch's ``__dlpack__`` of a fake CUDA tensor asks
@@ -132,27 +133,10 @@ class CaseResult:
 # ----------------------------------------------------------------------------------------------
 
 def _install_cpu_shims(num_sms: int) -> None:
-    import torch
-    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
-    import cutlass.utils as cu
-
-    class _HardwareInfo:
-        def __init__(self, device_id: int = 0):
-            self.device_id = device_id
-
-        def get_device_multiprocessor_count(self) -> int:
-            return num_sms
-
-        def get_max_active_clusters(self, cluster_size: int, stream=None) -> int:
-            return num_sms // max(1, int(cluster_size))
-
-    cu.HardwareInfo = _HardwareInfo  # type: ignore[assignment]
-    try:
-        import flash_attn.cute.tile_scheduler as ts
-        if hasattr(ts, "HardwareInfo"):
-            ts.HardwareInfo = _HardwareInfo
-    except Exception:
-        pass
+    """The compile-only shims, which patch FA4: they live in the adapter (the one importer of
+    ``flash_attn.cute`` for production kernels), :func:`fa4verify.kernels.adapter.install_compile_only_shims`."""
+    from fa4verify.kernels import adapter
+    adapter.install_compile_only_shims(num_sms)
 
 
 def _worker(spec_json: str) -> None:

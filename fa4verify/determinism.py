@@ -756,7 +756,7 @@ def _features(p: Problem) -> dict:
 
 
 class Fa4Backend(Backend):
-    """Production FA4 through ``fa4verify.kernels.adapter`` (the only importer of flash_attn.cute)."""
+    """Production FA4 through ``fa4verify.kernels.adapter`` (the one importer of flash_attn.cute for production kernels)."""
     name = "fa4"
     writes_into_buffers = True
     unsupported_msg = UNSUPPORTED_MSG
