@@ -61,7 +61,7 @@ def gen_inputs(dist: str, *, batch: int, seqlen_q: int, seqlen_k: int, nheads: i
     from fa4verify.oracles import binary32 as b32
     rng = np.random.default_rng(seed)
     cast = {"bf16": b32.to_bf16, "fp16": b32.to_fp16,
-            "fp8_e4m3": lambda x: b32.to_fp8_e4m3fn(x), "fp8": lambda x: b32.to_fp8_e4m3fn(x)}[dtype]
+            "fp8": lambda x: b32.to_fp8_e4m3fn(x)}[dtype]
     sq = (batch, seqlen_q, nheads, hdim)
     sk = (batch, seqlen_k, nheads, hdim)
 
@@ -238,7 +238,7 @@ def check_forward(q, k, v, *, arch: str, dtype: str = "bf16", causal=False,
     from fa4verify.kernels.twin import attention as ta
     bs = budgets or eb.load(dtype, arch)
     rec = StageRecorder(bs)
-    r = ta.forward(q, k, v, arch=arch, dtype=dtype if dtype != "fp8" else "fp8_e4m3",
+    r = ta.forward(q, k, v, arch=arch, dtype=dtype,
                    causal=causal, window_size=window_size, softmax_scale=softmax_scale,
                    accumulation=accumulation, mufu=mufu, seed=seed, mutations=mutations,
                    softcap=softcap, learnable_sink=learnable_sink, stage_probe=rec)
@@ -394,7 +394,7 @@ def attribute_forward(q, k, v, *, arch: str, dtype: str = "bf16", causal=False,
     """
     from fa4verify.kernels.twin import attention as ta
     ALL = frozenset(ta.FWD_STAGES)
-    kw = dict(arch=arch, dtype=dtype if dtype != "fp8" else "fp8_e4m3", causal=causal,
+    kw = dict(arch=arch, dtype=dtype, causal=causal,
               window_size=window_size, softmax_scale=softmax_scale, accumulation=accumulation,
               mufu=mufu, seed=seed)
     ref = ta.forward(q, k, v, exact_stages=ALL, **kw)

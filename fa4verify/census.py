@@ -45,11 +45,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-ARCHS = {"sm_90a": ("sm_90", "132"), "sm_100a": ("sm_100", "148")}
+from fa4verify.kernels.facts import fa4_arch_env, ptx_target  # noqa: E402  (light: no numpy)
+
+#: compile target -> (FLASH_ATTENTION_ARCH, SM count of the persistent grid)
+ARCHS = {ptx_target(a): (fa4_arch_env(a), sms) for a, sms in (("sm90", "132"), ("sm100", "148"))}
 #: Compile targets the compile-only production path (:mod:`fa4verify.compile_only`) also takes:
 #: sm_103a (B300-class; FA4 4.0.0b36 compiles its SM100 kernels for it, ``is_sm103`` in the
 #: tuning key). The SM count only sizes the persistent grid, not the per-element math.
-COMPILE_ARCHS = dict(ARCHS, **{"sm_103a": ("sm_103", "148")})
+COMPILE_ARCHS = dict(ARCHS, **{ptx_target("sm103"): (fa4_arch_env("sm103"), "148")})
 
 
 def compile_env(arch: str, dump_dir: str | os.PathLike, cache_dir: str | os.PathLike,

@@ -82,7 +82,8 @@ def kernel_class(dump_name: str) -> Optional[str]:
 
 
 def _fa_arch(arch: str) -> str:
-    return {"sm_90a": "sm90", "sm_100a": "sm100", "sm_103a": "sm103"}[arch]
+    from fa4verify.kernels.facts import arch_of_ptx_target
+    return arch_of_ptx_target(arch)
 
 
 # ----------------------------------------------------------------------------------------------

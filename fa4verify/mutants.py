@@ -681,7 +681,7 @@ def run_twin(data: ProblemData, arch: Arch, mutations: Iterable[str] = (), *,
     p = data.problem
     muts = frozenset(mutations)
     kw = dict(arch=arch, softmax_scale=p.softmax_scale, causal=p.causal, mutations=muts,
-              dtype={"bf16": "bf16", "fp8": "fp8_e4m3"}[p.dtype])
+              dtype=p.dtype)
     res = TwinOutputs()
     fkw = dict(kw)
     if stage_budgets is not None:

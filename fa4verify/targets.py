@@ -240,9 +240,9 @@ class ProductionTarget(Target):
         elif fake:
             import os
             from fa4verify.kernels import facts
-            fam = "".join(ch for ch in os.environ.get("FLASH_ATTENTION_ARCH", "sm_100") if ch.isdigit()) or "100"
             self.gpu_name = None
-            self.arch = facts.arch_from_capability(int(fam) // 10, int(fam) % 10)
+            self.arch = facts.arch_of_fa4_arch_env(
+                os.environ.get("FLASH_ATTENTION_ARCH") or facts.fa4_arch_env("sm100"))
             self.where = "compile-only"
         else:
             self.gpu_name = None

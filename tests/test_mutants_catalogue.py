@@ -89,8 +89,8 @@ def test_fp8_peaks_stay_below_the_old_threshold():
     tw = _twin()
     p = next(x for x in M.battery("quick") if x.name == "fp8_peaked")
     d = M.make_inputs(p, 0)
-    base = tw.forward(d.q, d.k, d.v, arch="sm100", dtype="fp8_e4m3")
-    old = tw.forward(d.q, d.k, d.v, arch="sm100", dtype="fp8_e4m3",
+    base = tw.forward(d.q, d.k, d.v, arch="sm100", dtype="fp8")
+    old = tw.forward(d.q, d.k, d.v, arch="sm100", dtype="fp8",
                      mutations={"fp8_old_threshold"})
     assert base.stages["p_max"].max() <= 256.0
     assert old.stages["p_max"].max() > 448.0  # beyond e4m3's largest finite value

@@ -145,7 +145,7 @@ def budget_constants(dtype: str, arch: str) -> dict:
     """The constants of the budget set FA4's exp2 stages are judged against (``emu_rel``,
     ``mufu_ex2_rel``, ``f32_min_normal``; ``$FA4VERIFY_BUDGET_FILE`` honoured)."""
     from fa4verify.error_budgets import loader
-    dt = {"fp8": "fp8_e4m3"}.get(dtype, dtype)
+    dt = loader.DTYPE_ALIASES.get(dtype, dtype)
     have = loader.available()
     if (dt, arch) not in have:
         arch = next((a for d, a in have if d == dt), "sm100")

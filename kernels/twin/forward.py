@@ -129,7 +129,7 @@ class TwinConfig:
     """Everything that determines the twin's arithmetic for one call."""
     arch: str
     kernel: str                  # "sm90", "sm100", "sm100_hd256"
-    dtype: str                   # "bf16" | "fp16" | "fp8_e4m3"
+    dtype: str                   # "bf16" | "fp16" | "fp8"
     out_dtype: str               # "bf16" | "fp16"
     tile_m: int
     tile_n: int
@@ -298,9 +298,9 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
         raise ValueError(f"dtype={dt!r}: expected one of {_DTYPES}")
     for a, n in ((qa, "q"), (ka, "k"), (va, "v")):
         _check_representable(a, dt, n)
-    if dt == "fp8_e4m3" and arch == "sm90":
+    if dt == "fp8" and arch == "sm90":
         raise ValueError("fp8 forward exists only on SM100 (fa4_numerics.md §2.1)")
-    out_dtype = "bf16" if dt == "fp8_e4m3" else dt
+    out_dtype = "bf16" if dt == "fp8" else dt
 
     B, Sq, Hq, D = qa.shape
     Bk, Sk, Hk, Dk = ka.shape
@@ -331,7 +331,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     else:
         kernel = "sm100_hd256" if (D == 256 and Dv == 256) else "sm100"
         tile_m, tile_n = 128, 128
-        if dt == "fp8_e4m3":
+        if dt == "fp8":
             max_offset = float(params.max_offset_fp8)
             threshold = float(params.rescale_threshold_other)
             if "fp8_old_threshold" in muts:
@@ -348,7 +348,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             from fa4verify.kernels.twin.exp2 import emulated_columns as _emcols
             emu = _emcols(head_dim=D, head_dim_v=Dv, causal=is_causal, local=local,
                           pack_gqa=bool(pack_gqa), varlen_q=_varlen_q, use_2cta=use_2cta,
-                          is_sm103=(arch == "sm103"), fp8=(dt == "fp8_e4m3"), n_block_size=tile_n)
+                          is_sm103=(arch == "sm103"), fp8=(dt == "fp8"), n_block_size=tile_n)
     else:
         emu = np.zeros(tile_n, bool)
         emu[np.asarray(list(emulated_columns), int)] = True

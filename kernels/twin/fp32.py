@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from fa4verify.kernels import facts as _facts
 from fa4verify.oracles import binary32 as b32
 
 __all__ = ["F32", "F64", "LOG2_E", "LN2", "DTYPES", "ACCUMULATIONS", "is32", "rn32", "mul", "add",
@@ -30,7 +31,7 @@ LOG2_E = math.log2(math.e)
 LN2 = math.log(2.0)
 
 #: The input dtypes of the twin, in fa4verify's one spelling (``fp8`` is e4m3).
-DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8_e4m3")
+DTYPES: tuple[str, ...] = _facts.DTYPES
 #: The models of tensor-core fp32 accumulation (see :func:`mma`).
 ACCUMULATIONS: tuple[str, ...] = ("exact-then-round", "sequential", "pairwise")
 
@@ -95,7 +96,7 @@ def cast_to(x, dtype: str, *, rz: bool = False) -> np.ndarray:
         r = b32.to_bf16(x)
     elif dtype == "fp16":
         r = b32.to_fp16(x)
-    elif dtype == "fp8_e4m3":
+    elif dtype == "fp8":
         r = b32.to_fp8_e4m3fn(x, satfinite=True)
     else:
         raise ValueError(f"unknown dtype {dtype!r}")
@@ -161,7 +162,7 @@ def infer_dtype(x) -> tuple[np.ndarray, str | None]:
         import torch
         tmap = {torch.bfloat16: "bf16", torch.float16: "fp16"}
         if hasattr(torch, "float8_e4m3fn"):
-            tmap[torch.float8_e4m3fn] = "fp8_e4m3"
+            tmap[torch.float8_e4m3fn] = "fp8"
         name = tmap.get(x.dtype)
         arr = x.detach().to("cpu").float().numpy()
         return np.ascontiguousarray(arr, dtype=F32), name
@@ -172,7 +173,7 @@ def infer_dtype(x) -> tuple[np.ndarray, str | None]:
     elif a.dtype == np.float16:
         name = "fp16"
     elif dn == "float8_e4m3fn":
-        name = "fp8_e4m3"
+        name = "fp8"
     return np.ascontiguousarray(a.astype(F32)), name
 
 
