@@ -14,7 +14,7 @@ Vocabulary (one spelling everywhere in fa4verify: CLI, TOML, JSON, code):
   only where a compiler is addressed (``fa4verify sass --arch``, the census and compile-only runs,
   the probes' compile targets) and is produced and read only by :func:`ptx_target` /
   :func:`arch_of_ptx_target` (``tests/test_vocabulary.py`` greps for strays).
-* dtype: ``"bf16"``, ``"fp16"``, ``"fp8"`` (e4m3). Older spellings (``fp8_e4m3``, torch's names)
+* dtype: ``"bf16"``, ``"fp16"``, ``"fp8"`` (e4m3). The pre-#18 spelling of fp8 and torch's names
   are accepted on input in one place only, ``fa4verify.error_budgets.loader.DTYPE_ALIASES``.
 
 This module imports nothing heavy (no numpy, torch or flash_attn).
