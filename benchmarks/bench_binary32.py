@@ -1,4 +1,4 @@
-"""Benchmark: throughput of the exact binary32 kit (``fa4verify.binary32``) and the exp2 twin.
+"""Benchmark: throughput of the exact binary32 kit (``fa4verify.oracles.binary32``) and the exp2 twin.
 
 Usage::
 
@@ -21,7 +21,7 @@ def main() -> None:
     args = ap.parse_args()
     import numpy as np
     from fa4verify import __version__
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     from fa4verify import exp2_cert as ec
     from fa4verify.kernels.twin import ex2_emulation
     from fa4verify.oracles.exp2 import exp2_cr

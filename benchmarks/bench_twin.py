@@ -1,7 +1,7 @@
 """Per-stage budget tightness, attribution and fwd/bwd P mismatch of FA4's numerics (CPU twin).
 
 Every figure printed here is labelled **CPU twin**: the numpy model of FA4's SM90/SM100 numerics in
-``fa4verify.kernels.twin_attention``, compared with the oracle ``fa4verify.oracles.attention``
+``fa4verify.kernels.twin.attention``, compared with the oracle ``fa4verify.oracles.attention``
 under the budgets in ``error_budgets/``.  Nothing is asserted; the script prints tables.
 
 Usage::
@@ -162,7 +162,7 @@ def run_mismatch(args) -> list[dict]:
 
 def run_fp8(args) -> dict:
     from fa4verify import attribution as A
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     d, n = 64, 512
     q = np.zeros((1, 8, 1, d), np.float32)
     q[..., 0] = 1.0

@@ -51,15 +51,20 @@ BUDGET_DIR = Path(__file__).resolve().parent
 DERIVATIONS = BUDGET_DIR / "DERIVATIONS.md"
 SCHEMA_VERSION = 1
 
+#: The ONE place where another spelling of a dtype is accepted on input (``--dtype``, a budget
+#: file's ``[meta] dtype``, ``$FA4VERIFY_BUDGET_FILE``): torch's names and ``fp8_e4m3`` / ``e4m3``,
+#: the twin's and the budget files' spelling of fp8 before issue #18, map to fa4verify's one
+#: spelling ``bf16`` / ``fp16`` / ``fp8`` (:data:`fa4verify.kernels.facts.DTYPES`). Everything
+#: fa4verify writes uses the canonical spelling.
 DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
-                 "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "e4m3": "fp8_e4m3"}
+                 "fp8": "fp8", "fp8_e4m3": "fp8", "e4m3": "fp8"}
 ARCHS = ("sm90", "sm100", "sm103")
 
-#: Built-in constants (dimensionless).  MUFU bounds match kernels/twin_fwd.MUFU_BOUNDS.
+#: Built-in constants (dimensionless).  MUFU bounds match kernels/twin/forward.MUFU_BOUNDS.
 CONSTANTS: dict[str, float] = {
-    "u_fp32": 2.0**-24, "u_bf16": 2.0**-8, "u_fp16": 2.0**-11, "u_fp8_e4m3": 2.0**-4,
+    "u_fp32": 2.0**-24, "u_bf16": 2.0**-8, "u_fp16": 2.0**-11, "u_fp8": 2.0**-4,
     # half the smallest subnormal spacing (absolute rounding floor) of each format
-    "sub_fp32": 2.0**-150, "sub_bf16": 2.0**-134, "sub_fp16": 2.0**-25, "sub_fp8_e4m3": 2.0**-10,
+    "sub_fp32": 2.0**-150, "sub_bf16": 2.0**-134, "sub_fp16": 2.0**-25, "sub_fp8": 2.0**-10,
     "f32_min_normal": 2.0**-126,
     # FA4 exp2 emulation, degree 3: max relative error of the fp32 result on [0,1) incl. Horner
     # rounding (8.77e-5 measured, fa4_numerics.md §4.4; certified by `fa4verify exp2`)
@@ -71,7 +76,7 @@ CONSTANTS: dict[str, float] = {
 
 #: Absolute floors (half the smallest subnormal spacing, the ftz threshold): they carry the units
 #: of whatever value they are added to, so the dimension check treats them like a literal.
-UNIT_POLYMORPHIC = frozenset({"sub_fp32", "sub_bf16", "sub_fp16", "sub_fp8_e4m3",
+UNIT_POLYMORPHIC = frozenset({"sub_fp32", "sub_bf16", "sub_fp16", "sub_fp8",
                               "f32_min_normal"})
 
 #: Statistics a formula may use: name -> (dimension, meaning).  The judge
@@ -691,7 +696,7 @@ def available() -> list[tuple[str, str]]:
     """(dtype, arch) pairs that have a budget file."""
     out = []
     for p in sorted(BUDGET_DIR.glob("*.toml")):
-        m = re.fullmatch(r"(bf16|fp16|fp8_e4m3)_(sm90|sm100|sm103)", p.stem)
+        m = re.fullmatch(r"(bf16|fp16|fp8)_(sm90|sm100|sm103)", p.stem)
         if m:
             out.append((m.group(1), m.group(2)))
     return out

@@ -1,6 +1,6 @@
 """Per-stage error attribution and budget checks for FA4's forward/backward (the judge's side).
 
-Figures from this module come from the **CPU twin** (``fa4verify.kernels.twin_attention``) unless a
+Figures from this module come from the **CPU twin** (``fa4verify.kernels.twin.attention``) unless a
 caller passes production outputs (``check_forward_outputs``: "measured on <GPU> (sm_XY)").
 
 * :class:`StageRecorder` -- a ``stage_probe`` for the twin: every application of every stage is
@@ -58,10 +58,10 @@ def gen_inputs(dist: str, *, batch: int, seqlen_q: int, seqlen_k: int, nheads: i
     * ``peaked``: rows whose max grows by ~6-10 log2 units from KV block to KV block (near the
       SM100 rescale threshold 8): k's first coordinate ramps with the key index.
     """
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     rng = np.random.default_rng(seed)
     cast = {"bf16": b32.to_bf16, "fp16": b32.to_fp16,
-            "fp8_e4m3": lambda x: b32.to_fp8_e4m3fn(x), "fp8": lambda x: b32.to_fp8_e4m3fn(x)}[dtype]
+            "fp8": lambda x: b32.to_fp8_e4m3fn(x)}[dtype]
     sq = (batch, seqlen_q, nheads, hdim)
     sk = (batch, seqlen_k, nheads, hdim)
 
@@ -235,10 +235,10 @@ def check_forward(q, k, v, *, arch: str, dtype: str = "bf16", causal=False,
                   learnable_sink=None) -> ForwardCheck:
     """Run the CPU twin forward with a :class:`StageRecorder`, then the end-to-end check."""
     from fa4verify import error_budgets as eb
-    from fa4verify.kernels import twin_attention as ta
+    from fa4verify.kernels.twin import attention as ta
     bs = budgets or eb.load(dtype, arch)
     rec = StageRecorder(bs)
-    r = ta.forward(q, k, v, arch=arch, dtype=dtype if dtype != "fp8" else "fp8_e4m3",
+    r = ta.forward(q, k, v, arch=arch, dtype=dtype,
                    causal=causal, window_size=window_size, softmax_scale=softmax_scale,
                    accumulation=accumulation, mufu=mufu, seed=seed, mutations=mutations,
                    softcap=softcap, learnable_sink=learnable_sink, stage_probe=rec)
@@ -301,7 +301,7 @@ def check_backward(q, k, v, dout, *, arch: str, dtype: str = "bf16", causal=Fals
                    deterministic=True) -> BackwardCheck:
     """CPU twin forward + backward, backward stage tallies, gradients vs the oracle."""
     from fa4verify import error_budgets as eb
-    from fa4verify.kernels import twin_attention as ta
+    from fa4verify.kernels.twin import attention as ta
     bs = budgets or eb.load(dtype, arch)
     rec = StageRecorder(bs)
     kw = dict(arch=arch, dtype=dtype, causal=causal, window_size=window_size,
@@ -392,9 +392,9 @@ def attribute_forward(q, k, v, *, arch: str, dtype: str = "bf16", causal=False,
     ``dominant`` (stage with the largest isolated RMS) and ``emu_over_pcast`` (isolated RMS of
     ``exp2_emu`` divided by that of ``p_cast``; the expectation to test is < 1/40).
     """
-    from fa4verify.kernels import twin_attention as ta
+    from fa4verify.kernels.twin import attention as ta
     ALL = frozenset(ta.FWD_STAGES)
-    kw = dict(arch=arch, dtype=dtype if dtype != "fp8" else "fp8_e4m3", causal=causal,
+    kw = dict(arch=arch, dtype=dtype, causal=causal,
               window_size=window_size, softmax_scale=softmax_scale, accumulation=accumulation,
               mufu=mufu, seed=seed)
     ref = ta.forward(q, k, v, exact_stages=ALL, **kw)
@@ -441,8 +441,8 @@ def fwd_bwd_p_mismatch(q, k, v, dout, *, arch: str = "sm100", dtype: str = "bf16
     * ``grad_effect_via_lse_rms_share_*`` / ``grad_effect_via_o_rms_share_*``: the same with only
       the LSE (resp. only the rounded O) taken from the emulating forward.
     """
-    from fa4verify.kernels import twin_attention as ta
-    from fa4verify.kernels.twin_fwd import emulated_exp2
+    from fa4verify.kernels.twin import attention as ta
+    from fa4verify.kernels.twin.forward import emulated_exp2
     kw = dict(arch=arch, dtype=dtype, causal=causal, softmax_scale=softmax_scale, seed=seed)
     fr = ta.forward(q, k, v, **kw)
     emu = fr.stages["emulated_columns"]

@@ -25,7 +25,8 @@ LSE paths) are reported separately.
 
 Every figure here is **compile-only**.
 
-Shims used only inside the compile subprocess (documented, not numerics): FA4's SM100
+Shims used only inside the compile subprocess (documented, not numerics; they live in the adapter,
+:func:`fa4verify.kernels.adapter.install_compile_only_shims`, so this module imports no FA4): FA4's SM100
 static-persistent scheduler asks ``cutlass.utils.HardwareInfo`` for the SM count at trace time
 (it sizes the grid, not the per-element math), so it is answered from
 ``FLASH_ATTENTION_NUM_SMS``; and torch's ``__dlpack__`` of a fake CUDA tensor asks
@@ -44,11 +45,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-ARCHS = {"sm_90a": ("sm_90", "132"), "sm_100a": ("sm_100", "148")}
+from fa4verify.kernels.facts import fa4_arch_env, ptx_target  # noqa: E402  (light: no numpy)
+
+#: compile target -> (FLASH_ATTENTION_ARCH, SM count of the persistent grid)
+ARCHS = {ptx_target(a): (fa4_arch_env(a), sms) for a, sms in (("sm90", "132"), ("sm100", "148"))}
 #: Compile targets the compile-only production path (:mod:`fa4verify.compile_only`) also takes:
 #: sm_103a (B300-class; FA4 4.0.0b36 compiles its SM100 kernels for it, ``is_sm103`` in the
 #: tuning key). The SM count only sizes the persistent grid, not the per-element math.
-COMPILE_ARCHS = dict(ARCHS, **{"sm_103a": ("sm_103", "148")})
+COMPILE_ARCHS = dict(ARCHS, **{ptx_target("sm103"): (fa4_arch_env("sm103"), "148")})
 
 
 def compile_env(arch: str, dump_dir: str | os.PathLike, cache_dir: str | os.PathLike,
@@ -132,27 +136,10 @@ class CaseResult:
 # ----------------------------------------------------------------------------------------------
 
 def _install_cpu_shims(num_sms: int) -> None:
-    import torch
-    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
-    import cutlass.utils as cu
-
-    class _HardwareInfo:
-        def __init__(self, device_id: int = 0):
-            self.device_id = device_id
-
-        def get_device_multiprocessor_count(self) -> int:
-            return num_sms
-
-        def get_max_active_clusters(self, cluster_size: int, stream=None) -> int:
-            return num_sms // max(1, int(cluster_size))
-
-    cu.HardwareInfo = _HardwareInfo  # type: ignore[assignment]
-    try:
-        import flash_attn.cute.tile_scheduler as ts
-        if hasattr(ts, "HardwareInfo"):
-            ts.HardwareInfo = _HardwareInfo
-    except Exception:
-        pass
+    """The compile-only shims, which patch FA4: they live in the adapter (the one importer of
+    ``flash_attn.cute`` for production kernels), :func:`fa4verify.kernels.adapter.install_compile_only_shims`."""
+    from fa4verify.kernels import adapter
+    adapter.install_compile_only_shims(num_sms)
 
 
 def _worker(spec_json: str) -> None:

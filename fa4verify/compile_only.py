@@ -4,7 +4,7 @@ with ``fake=True``, no GPU.
 :func:`run_cases` starts **one** Python subprocess per compile target (``sm_100a`` / ``sm_103a`` /
 ``sm_90a``) with the census' environment (:func:`fa4verify.census.compile_env`: ``CUTE_DSL_ARCH``,
 ``FLASH_ATTENTION_ARCH``, ``FLASH_ATTENTION_NUM_SMS``, ``CUTE_DSL_KEEP=ptx``, an existing
-``CUTE_DSL_DUMP_DIR``) and the census' CPU shims (:func:`fa4verify.census._install_cpu_shims`), so
+``CUTE_DSL_DUMP_DIR``) and the adapter's compile-only shims (:func:`fa4verify.kernels.adapter.install_compile_only_shims`), so
 neither leaks into the calling process. In it every :class:`CompileCase` becomes an
 :class:`~fa4verify.judge.AttentionProblem`, is materialised, and runs
 ``ProductionTarget(fake=True, emulation=...)`` forward (and backward, deterministic or default):
@@ -82,7 +82,8 @@ def kernel_class(dump_name: str) -> Optional[str]:
 
 
 def _fa_arch(arch: str) -> str:
-    return {"sm_90a": "sm90", "sm_100a": "sm100", "sm_103a": "sm103"}[arch]
+    from fa4verify.kernels.facts import arch_of_ptx_target
+    return arch_of_ptx_target(arch)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,8 +179,8 @@ def _snapshot(d: Path) -> dict[str, int]:
 def _worker(spec_json: str) -> None:
     spec = json.loads(spec_json)
     t0 = time.time()
-    from fa4verify.census import _install_cpu_shims
-    _install_cpu_shims(int(os.environ["FLASH_ATTENTION_NUM_SMS"]))
+    from fa4verify.kernels.adapter import install_compile_only_shims
+    install_compile_only_shims(int(os.environ["FLASH_ATTENTION_NUM_SMS"]))
     import torch  # noqa: F401
 
     from fa4verify.kernels import adapter  # noqa: F401  (imports flash_attn.cute)

@@ -30,7 +30,7 @@ backend), ``not-run`` (the time budget ran out).
 
 Where figures come from: the ``fa4`` backend runs the production kernels through
 ``fa4verify.kernels.adapter`` ("measured on <GPU>"); ``twin`` runs the CPU twin
-(``fa4verify.kernels.twin_attention``, "CPU twin"); ``torch-math`` is an fp32 PyTorch reference
+(``fa4verify.kernels.twin.attention``, "CPU twin"); ``torch-math`` is an fp32 PyTorch reference
 that exercises the harness itself on the CPU ("CPU"). A backend can also be named ``module:attr``.
 
 Possible issues
@@ -756,7 +756,7 @@ def _features(p: Problem) -> dict:
 
 
 class Fa4Backend(Backend):
-    """Production FA4 through ``fa4verify.kernels.adapter`` (the only importer of flash_attn.cute)."""
+    """Production FA4 through ``fa4verify.kernels.adapter`` (the one importer of flash_attn.cute for production kernels)."""
     name = "fa4"
     writes_into_buffers = True
     unsupported_msg = UNSUPPORTED_MSG
@@ -914,7 +914,7 @@ class TorchMathBackend(Backend):
 
 
 class TwinBackend(Backend):
-    """The CPU twin ``fa4verify.kernels.twin_attention`` (numpy). It returns its own arrays, so
+    """The CPU twin ``fa4verify.kernels.twin.attention`` (numpy). It returns its own arrays, so
     guard bands do not apply; its fixed accumulation order (``deterministic=True``) must be
     bitwise reproducible. Besides dQ/dK/dV it exposes the fp32 ``dq_accum`` (before the scale
     and the cast to bf16/fp16), which is digested too: an order change moves fp32 sums by an ULP
@@ -927,7 +927,7 @@ class TwinBackend(Backend):
     unsupported_msg = "not modelled by the CPU twin for this configuration"
 
     def __init__(self, arch: str = "sm90", mutations: Iterable[str] = ()) -> None:
-        self.twin = importlib.import_module("fa4verify.kernels.twin_attention")
+        self.twin = importlib.import_module("fa4verify.kernels.twin.attention")
         self.arch = arch
         self.mutations = frozenset(mutations)
 

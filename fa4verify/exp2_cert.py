@@ -62,7 +62,7 @@ from typing import Callable, Iterable, Literal
 
 import numpy as np
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
 __all__ = ["Stats", "sweep", "edge_report", "parse_range", "RANGES", "emu_direct", "direct_stats",
            "SweepResult", "FMTS"]

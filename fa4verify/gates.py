@@ -70,7 +70,7 @@ def _bshd(x: np.ndarray, name: str) -> np.ndarray:
 
 
 def _ulps(err: np.ndarray, ref: np.ndarray, fmt: str) -> np.ndarray:
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
 
     with np.errstate(invalid="ignore", over="ignore"):
         ref32 = np.clip(np.nan_to_num(ref, nan=0.0), -3.0e38, 3.0e38).astype(np.float32)

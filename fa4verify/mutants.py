@@ -4,7 +4,7 @@ What this measures
 ------------------
 A verifier that never fails is worthless; one that fails on correct code is worse. This module
 plants known numeric faults ("mutants") into the CPU twin of FA4
-(``fa4verify.kernels.twin_attention``, through its ``mutations=`` parameter) and runs, side by
+(``fa4verify.kernels.twin.attention``, through its ``mutations=`` parameter) and runs, side by
 side, on a fixed battery of problems:
 
 * **fa4verify** -- the checks fa4verify applies to such a fault (each a column of its own):
@@ -262,7 +262,7 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 
 def _round_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     x = np.asarray(x, dtype=np.float32)
     if dtype == "bf16":
         return b32.to_bf16(x)
@@ -661,8 +661,8 @@ def _stage_collector(budgets, p: Problem, res: "TwinOutputs") -> Callable[[Any],
 
 
 def twin_module():
-    """``fa4verify.kernels.twin_attention`` (a plain import: a broken twin is an error, not a skip)."""
-    from fa4verify.kernels import twin_attention
+    """``fa4verify.kernels.twin.attention`` (a plain import: a broken twin is an error, not a skip)."""
+    from fa4verify.kernels.twin import attention as twin_attention
     return twin_attention
 
 
@@ -677,11 +677,11 @@ def run_twin(data: ProblemData, arch: Arch, mutations: Iterable[str] = (), *,
     stage application against its local budget (:class:`StageTally`)."""
     tw = twin_module()
     if tw is None:
-        return TwinOutputs(error="fa4verify.kernels.twin_attention is not available")
+        return TwinOutputs(error="fa4verify.kernels.twin.attention is not available")
     p = data.problem
     muts = frozenset(mutations)
     kw = dict(arch=arch, softmax_scale=p.softmax_scale, causal=p.causal, mutations=muts,
-              dtype={"bf16": "bf16", "fp8": "fp8_e4m3"}[p.dtype])
+              dtype=p.dtype)
     res = TwinOutputs()
     fkw = dict(kw)
     if stage_budgets is not None:
@@ -835,7 +835,7 @@ def golden_exp2(profile: str = "quick") -> tuple[np.ndarray, np.ndarray, str]:
     written by ``scripts/gpu_golden.py``, "measured on NVIDIA H200"): ``(x, y_bits, source)``,
     with x float32. The probe ran ``flash_attn.cute.utils.ex2_emulation`` (the scalar variant);
     the packed ``ex2_emulation_2`` the SM100 kernels run differs from it only on negative
-    subnormal inputs (Note [exp2 emulation] in ``kernels/twin.py``), which are left out here.
+    subnormal inputs (Note [exp2 emulation] in ``kernels/twin/exp2.py``), which are left out here.
     ``quick`` keeps every 8th stored input (~126k), ``full`` all (~1.0M)."""
     try:
         from fa4verify.kernels import golden

@@ -1,6 +1,6 @@
 """The target layer: what fa4verify runs and judges. One interface, two kinds of target.
 
-* :class:`TwinTarget` -- the CPU twin of FA4 (``fa4verify.kernels.twin_attention``) for any arch
+* :class:`TwinTarget` -- the CPU twin of FA4 (``fa4verify.kernels.twin.attention``) for any arch
   (sm90 / sm100 / sm103), optionally with planted ``mutations`` ("CPU twin");
 * :class:`ProductionTarget` -- production FA4 through ``fa4verify.kernels.adapter`` on the local
   GPU, whatever GPU FA4 supports: the arch comes from the device (:func:`fa4verify.kernels.device.local_gpu`),
@@ -87,7 +87,7 @@ class Target:
 
 
 class TwinTarget(Target):
-    """The CPU twin (``fa4verify.kernels.twin_attention``), optionally with ``mutations``.
+    """The CPU twin (``fa4verify.kernels.twin.attention``), optionally with ``mutations``.
 
     The twin has no varlen entry point; varlen problems run sequence by sequence through the dense
     twin (each sequence is an independent attention call in FA4 as well) and are reassembled in
@@ -105,7 +105,7 @@ class TwinTarget(Target):
         self.accumulation = accumulation
         self.mufu = mufu
         self.seed = int(seed)   #: the MUFU model's seed (mufu="perturbed")
-        from fa4verify.kernels import twin_attention
+        from fa4verify.kernels.twin import attention as twin_attention
         self._ta = twin_attention
         known = set(getattr(self._ta, "MUTATIONS", ()))
         bad = self.mutations - known
@@ -160,7 +160,7 @@ class TwinTarget(Target):
                  deterministic: bool = True) -> Bwd:
         self.check_supported(problem)
         if not hasattr(self._ta, "backward"):
-            raise DependencyMissing("the twin backward (fa4verify.kernels.twin_bwd) is not available")
+            raise DependencyMissing("the twin backward (fa4verify.kernels.twin.backward) is not available")
         kw = self._kw(problem, a)
         kw["deterministic"] = deterministic
         dt = problem.dtype
@@ -241,9 +241,9 @@ class ProductionTarget(Target):
         elif fake:
             import os
             from fa4verify.kernels import facts
-            fam = "".join(ch for ch in os.environ.get("FLASH_ATTENTION_ARCH", "sm_100") if ch.isdigit()) or "100"
             self.gpu_name = None
-            self.arch = facts.arch_from_capability(int(fam) // 10, int(fam) % 10)
+            self.arch = facts.arch_of_fa4_arch_env(
+                os.environ.get("FLASH_ATTENTION_ARCH") or facts.fa4_arch_env("sm100"))
             self.where = "compile-only"
         else:
             self.gpu_name = None

@@ -1,4 +1,10 @@
-"""Production FA4 adapter: the ONLY module of fa4verify that imports ``flash_attn.cute``.
+"""Production FA4 adapter.
+
+The one importer of ``flash_attn.cute`` for production kernels: every launch, compile, compile
+cache, config, upstream reference (``attention_ref``) and compile-only shim of FA4's production
+kernels goes through this module. (The other concerns have their own one importer:
+FA4's parameters, :mod:`fa4verify.kernels.fa4_params`; FA4's device functions for the probe
+kernels, :mod:`fa4verify.kernels.fa4_device`. ``tests/test_import_direction.py`` holds the table.)
 
 It runs FlashAttention-4's public entry points (``flash_attn_func``, ``flash_attn_varlen_func``)
 forward, and FA4's backward driver ``_flash_attn_bwd`` (the function the public autograd
@@ -20,7 +26,8 @@ and after.
 
 Without CUDA every entry point raises :class:`NoCudaError` ("no CUDA device: <reason>"), except
 in torch ``FakeTensorMode`` (compile-only use on the CPU, see ``fa4verify.census``), where FA4
-compiles and skips the launch.
+compiles and skips the launch. :func:`install_compile_only_shims` answers the two device queries
+such a compile makes (the SM count of the persistent scheduler, torch's current device).
 """
 from __future__ import annotations
 
@@ -613,3 +620,36 @@ def exp2_emulation_disabled() -> Iterator[None]:
 def exp2_emulation_enabled() -> bool:
     """False inside :func:`exp2_emulation_disabled`."""
     return not _EMULATION_DISABLED
+
+
+def install_compile_only_shims(num_sms: int) -> None:
+    """Make FA4 compile on a machine without a GPU (compile-only use; not numerics).
+
+    FA4's SM100 static-persistent scheduler asks ``cutlass.utils.HardwareInfo`` for the SM count
+    at trace time (it sizes the grid, not the per-element math), so it is answered with
+    ``num_sms`` -- in ``cutlass.utils`` and in ``flash_attn.cute.tile_scheduler``, which imported
+    the name; torch's ``__dlpack__`` of a fake CUDA tensor asks ``torch.cuda.current_device()``,
+    answered with 0. Only ever called inside a compile subprocess (``fa4verify.census``,
+    ``fa4verify.compile_only``): it patches process-wide state.
+    """
+    import torch
+    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
+    import cutlass.utils as cu
+
+    class _HardwareInfo:
+        def __init__(self, device_id: int = 0):
+            self.device_id = device_id
+
+        def get_device_multiprocessor_count(self) -> int:
+            return num_sms
+
+        def get_max_active_clusters(self, cluster_size: int, stream=None) -> int:
+            return num_sms // max(1, int(cluster_size))
+
+    cu.HardwareInfo = _HardwareInfo  # type: ignore[assignment]
+    try:
+        import flash_attn.cute.tile_scheduler as ts
+        if hasattr(ts, "HardwareInfo"):
+            ts.HardwareInfo = _HardwareInfo
+    except Exception:
+        pass

@@ -1,5 +1,9 @@
 """The numeric knobs of the installed FlashAttention-4, read from its source.
 
+The one importer of ``flash_attn.cute`` for FA4's parameters (the knobs below, and FA4's own
+backward tile function ``_tile_size_bwd_sm90`` for the SM90 dQ-accumulator rule); production
+kernels go through :mod:`fa4verify.kernels.adapter`.
+
 ``load_params()`` returns the values the twin (``fa4verify.kernels.twin``) and the sweeps need:
 
 * ``POLY_EX2``            -- the exp2 polynomial coefficients (``flash_attn/cute/utils.py``),

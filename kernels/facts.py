@@ -10,9 +10,12 @@ Vocabulary (one spelling everywhere in fa4verify: CLI, TOML, JSON, code):
 
 * arch: ``"sm90"`` (Hopper: H100/H200/H800), ``"sm100"`` (B200/GB200/B300, and the sm_110 family,
   which FA4 runs with the SM100 kernels), ``"sm103"`` (B300/GB300: SM100 kernels with the sm103
-  tuning-table rows). The PTX target spelling ``sm_90a`` / ``sm_100a`` appears only where a
-  compiler is addressed (``fa4verify sass``, the compile-only runs).
-* dtype: ``"bf16"``, ``"fp16"``, ``"fp8"`` (e4m3).
+  tuning-table rows). The compiler's target string ``sm_90a`` / ``sm_100a`` / ``sm_103a`` appears
+  only where a compiler is addressed (``fa4verify sass --arch``, the census and compile-only runs,
+  the probes' compile targets) and is produced and read only by :func:`ptx_target` /
+  :func:`arch_of_ptx_target` (``tests/test_vocabulary.py`` greps for strays).
+* dtype: ``"bf16"``, ``"fp16"``, ``"fp8"`` (e4m3). The pre-#18 spelling of fp8 and torch's names
+  are accepted on input in one place only, ``fa4verify.error_budgets.loader.DTYPE_ALIASES``.
 
 This module imports nothing heavy (no numpy, torch or flash_attn).
 """
@@ -27,7 +30,8 @@ __all__ = [
     "ARCHS", "DTYPES", "KernelConstants", "arch_from_capability", "unsupported_reason",
     "capability_label", "sm90_fwd_tile", "sm90_bwd_tile",
     "bwd_tile", "kernel_constants", "resolve_causal_local_window", "head_dims_supported",
-    "supported_head_dims_text", "dist_version", "is_sm100_family",
+    "supported_head_dims_text", "dist_version", "is_sm100_family", "ptx_target",
+    "arch_of_ptx_target", "fa4_arch_env", "arch_of_fa4_arch_env",
 ]
 
 #: The kernel families fa4verify audits (FA4's own names for its SM90 and SM100 kernels).
@@ -64,6 +68,50 @@ def capability_label(major: int, minor: int) -> str:
 
 def is_sm100_family(arch: str) -> bool:
     return arch in ("sm100", "sm103")
+
+
+# ------------------------------------------------------------------------- compiler targets
+#: The compiler's target string of each arch (PTX ``.target``, ``CUTE_DSL_ARCH``, nvdisasm) and
+#: FA4's ``FLASH_ATTENTION_ARCH`` spelling. Read only through :func:`ptx_target`,
+#: :func:`arch_of_ptx_target` and :func:`fa4_arch_env`: everywhere else the arch is ``sm90`` ...
+_COMPILER_TARGETS: dict[str, tuple[str, str]] = {
+    "sm90": ("sm_90a", "sm_90"), "sm100": ("sm_100a", "sm_100"), "sm103": ("sm_103a", "sm_103"),
+}
+
+
+def ptx_target(arch: str) -> str:
+    """The compiler target string of an fa4verify arch: ``"sm90"`` -> ``"sm_90a"``,
+    ``"sm100"`` -> ``"sm_100a"``, ``"sm103"`` -> ``"sm_103a"``; ValueError otherwise."""
+    try:
+        return _COMPILER_TARGETS[arch][0]
+    except KeyError:
+        raise ValueError(f"unknown arch {arch!r} (expected one of {ARCHS})") from None
+
+
+def arch_of_ptx_target(target: str) -> str:
+    """The fa4verify arch of a compiler target string (inverse of :func:`ptx_target`)."""
+    for arch, (t, _env) in _COMPILER_TARGETS.items():
+        if t == target:
+            return arch
+    raise ValueError(f"unknown compile target {target!r} (expected one of "
+                     f"{[t for t, _e in _COMPILER_TARGETS.values()]})")
+
+
+def fa4_arch_env(arch: str) -> str:
+    """FA4's ``FLASH_ATTENTION_ARCH`` value for an fa4verify arch (``"sm90"`` -> ``"sm_90"``)."""
+    ptx_target(arch)   # the same error for an unknown arch
+    return _COMPILER_TARGETS[arch][1]
+
+
+def arch_of_fa4_arch_env(value: str) -> Optional[str]:
+    """The fa4verify arch of a ``FLASH_ATTENTION_ARCH`` value (``"sm_90"`` -> ``"sm90"``,
+    ``"sm_100"``/``"sm_110"`` -> ``"sm100"``, ``"sm_103"`` -> ``"sm103"``; digits as a capability,
+    :func:`arch_from_capability`), or None where FA4 runs no SM90/SM100 kernel."""
+    digits = "".join(ch for ch in str(value) if ch.isdigit())
+    if not digits:
+        raise ValueError(f"FLASH_ATTENTION_ARCH={value!r} names no compute capability")
+    fam = int(digits)
+    return arch_from_capability(fam // 10, fam % 10)
 
 
 # ----------------------------------------------------------------------------------- tiles
@@ -155,7 +203,7 @@ def kernel_constants(arch: str, dtype: str, head_dim: int, head_dim_v: int, caus
         return KernelConstants(arch, sm90_fwd_tile(head_dim, head_dim_v, causal, local)[1], 0.0, 0.0, "sm90")
     from fa4verify.kernels.fa4_params import load_params
     prm = load_params()
-    fp8 = dtype in ("fp8", "fp8_e4m3")
+    fp8 = dtype == "fp8"
     mo = float(prm.max_offset_fp8 if fp8 else prm.max_offset_other)
     thr = float(prm.rescale_threshold_other if fp8 else prm.rescale_threshold_16bit)
     kernel = "sm100"
@@ -166,7 +214,7 @@ def kernel_constants(arch: str, dtype: str, head_dim: int, head_dim_v: int, caus
 
 def head_dims_supported(arch: str, head_dim: int, head_dim_v: int, dtype: str = "bf16") -> bool:
     """FA4's ``_validate_head_dims`` for the arch (fa4_numerics.md 9.2)."""
-    align = 16 if dtype in ("fp8", "fp8_e4m3") else 8
+    align = 16 if dtype == "fp8" else 8
     if head_dim % align or head_dim_v % align or head_dim < 8 or head_dim_v < 8:
         return False
     if arch == "sm90":

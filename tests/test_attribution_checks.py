@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 importlib.import_module("fa4verify.kernels.twin")
-ta = importlib.import_module("fa4verify.kernels.twin_attention")
+ta = importlib.import_module("fa4verify.kernels.twin.attention")
 A = importlib.import_module("fa4verify.attribution")
 importlib.import_module("fa4verify.oracles.attention")
 
@@ -47,7 +47,7 @@ def test_sm100_twin_within_composed_forward_budget_for_each_input_distribution(d
 def test_fp8_old_threshold_fails_the_p_cast_budget_current_setting_passes():
     """FA #2577: rescale_threshold 4 with max_offset 8 lets P reach 2^12 > 448 (e4m3 max)."""
     import math
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     d, n = 64, 512
     q = np.zeros((1, 8, 1, d), np.float32)
     q[..., 0] = 1.0

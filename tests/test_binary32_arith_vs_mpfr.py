@@ -1,4 +1,4 @@
-"""``fa4verify.binary32`` arithmetic equals MPFR (gmpy2 ``ieee(32)``) in every rounding mode, and
+"""``fa4verify.oracles.binary32`` arithmetic equals MPFR (gmpy2 ``ieee(32)``) in every rounding mode, and
 mpmath on normal-range results; double-rounding traps defeat a naive fp64 FMA but not the kit."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
 gmpy2 = pytest.importorskip("gmpy2")
 mpmath = pytest.importorskip("mpmath")

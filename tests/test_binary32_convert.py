@@ -1,11 +1,11 @@
-"""fp32 -> bf16 / fp16 / fp8 conversions of ``fa4verify.binary32`` equal ml_dtypes and torch
+"""fp32 -> bf16 / fp16 / fp8 conversions of ``fa4verify.oracles.binary32`` equal ml_dtypes and torch
 (RNE; NaN compared with isnan; satfinite modelled as PTX ``cvt.rn.satfinite``)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

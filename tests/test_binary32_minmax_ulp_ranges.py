@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
 NAN = np.float32(np.nan)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 from fa4verify.error_budgets import loader
 from fa4verify.error_budgets.loader import BudgetError
 
@@ -30,10 +30,10 @@ arch = "sm90"
 
 
 def test_every_shipped_file_loads_and_covers_every_forward_stage():
-    ta = importlib.import_module("fa4verify.kernels.twin_attention")
+    ta = importlib.import_module("fa4verify.kernels.twin.attention")
     pairs = loader.available()
     assert {(d, a) for d in ("bf16", "fp16") for a in ("sm90", "sm100", "sm103")} <= set(pairs)
-    assert ("fp8_e4m3", "sm100") in pairs
+    assert ("fp8", "sm100") in pairs
     for d, a in pairs:
         s = loader.load(d, a)
         stage_names = set(s.names("stage"))
@@ -52,7 +52,7 @@ def test_fp8_alias_and_dtype_specific_unit_roundoffs():
 
 
 def test_mufu_constants_agree_with_the_twin_model():
-    tf = importlib.import_module("fa4verify.kernels.twin_fwd")
+    tf = importlib.import_module("fa4verify.kernels.twin.forward")
     c = loader.CONSTANTS
     assert c["mufu_ex2_rel"] == tf.MUFU_BOUNDS["ex2"]
     assert c["rcp_rel"] == tf.MUFU_BOUNDS["rcp"]
@@ -162,7 +162,7 @@ def test_cli_show_prints_the_table_and_json():
     assert r.exit_code == 0, r.output
     import json
     data = json.loads(r.output)
-    assert data[0]["dtype"] == "fp8_e4m3" and any(e["name"] == "p_cast" for e in data[0]["entries"])
+    assert data[0]["dtype"] == "fp8" and any(e["name"] == "p_cast" for e in data[0]["entries"])
 
 
 def test_cli_malformed_file_is_exit_2_with_one_line_naming_file_and_key(tmp_path):

@@ -12,9 +12,9 @@ from fa4verify import determinism as d
 
 @pytest.fixture(scope="module")
 def twin_bwd():
-    from fa4verify.kernels import twin_attention as ta
+    from fa4verify.kernels.twin import attention as ta
     assert "dq_shuffled_order" in getattr(ta, "MUTATIONS", ()), "twin has no dq_shuffled_order mutation"
-    from fa4verify.kernels import twin_bwd  # noqa: F401
+    from fa4verify.kernels.twin import backward as twin_bwd  # noqa: F401
     return ta
 
 

@@ -5,7 +5,7 @@ import importlib
 import pytest
 
 registry = importlib.import_module("fa4verify.audit.registry")
-importlib.import_module("fa4verify.kernels.twin_attention")
+importlib.import_module("fa4verify.kernels.twin.attention")
 
 
 def test_fuzz_checks_are_registered_with_their_needs():

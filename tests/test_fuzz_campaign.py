@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from fa4verify import fuzz
 
-importlib.import_module("fa4verify.kernels.twin_attention")
+importlib.import_module("fa4verify.kernels.twin.attention")
 
 
 def _deps():

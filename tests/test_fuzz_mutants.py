@@ -1,7 +1,7 @@
 """Deliberately broken twin variants are FOUND by the fuzzer and SHRUNK to small shapes.
 
 Each test runs ``fa4verify fuzz --mutation NAME`` (ci profile, seed 0) against the CPU twin with one planted fault
-(``kernels/twin_fwd.py`` FWD_MUTATIONS) and checks that Hypothesis finds a counterexample, that
+(``kernels/twin/forward.py`` FWD_MUTATIONS) and checks that Hypothesis finds a counterexample, that
 the shrunk case is small, that the written JSON case replays as a failure on the mutant, and
 that the very same problem passes on the unmutated twin (so the failure is the mutant's doing).
 Figures: "CPU twin".
@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from fa4verify import fuzz
 
-ta = importlib.import_module("fa4verify.kernels.twin_attention")
+ta = importlib.import_module("fa4verify.kernels.twin.attention")
 
 
 def _deps():

@@ -14,7 +14,7 @@ from fa4verify import fuzz
 
 torch = pytest.importorskip("torch")
 adapter = importlib.import_module("fa4verify.kernels.adapter")
-ta = importlib.import_module("fa4verify.kernels.twin_attention")
+ta = importlib.import_module("fa4verify.kernels.twin.attention")
 
 
 def _np(t):

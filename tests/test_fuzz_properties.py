@@ -10,7 +10,7 @@ from fa4verify import fuzz
 from fa4verify.fuzz import TwinTarget, Violation, check_problem
 from fa4verify.strategies import AttentionProblem, ValueSpec
 
-importlib.import_module("fa4verify.kernels.twin_attention")
+importlib.import_module("fa4verify.kernels.twin.attention")
 
 
 def _needs_oracle():

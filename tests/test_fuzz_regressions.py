@@ -11,7 +11,7 @@ from fa4verify import fuzz
 
 CASES = sorted((Path(__file__).parent / "regressions").glob("*.json"))
 
-importlib.import_module("fa4verify.kernels.twin_attention")
+importlib.import_module("fa4verify.kernels.twin.attention")
 
 
 def _deps():

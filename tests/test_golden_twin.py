@@ -1,4 +1,4 @@
-"""The CPU twin and fa4verify.binary32 reproduce the H200 golden vectors bit for bit.
+"""The CPU twin and fa4verify.oracles.binary32 reproduce the H200 golden vectors bit for bit.
 
 The vectors in kernels/evidence/golden (package data) were recorded on the lent H200 by
 ``scripts/gpu_golden.py`` (see each file's .json for GPU, driver, CUDA, torch, FA4 and DSL
@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 from fa4verify.kernels.evidence import evidence_path
 
 GOLDEN = evidence_path("golden")

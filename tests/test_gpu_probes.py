@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
 pytestmark = pytest.mark.gpu
 

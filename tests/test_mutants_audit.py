@@ -28,7 +28,7 @@ def test_detection_check_passes_when_caught_and_fails_on_a_miss(monkeypatch):
     """With a one-problem battery: rescale_skipped on peaked rows is caught (pass); with a
     problem that cannot expose tail_tile_dropped the check fails and names the miss."""
     tw = M.twin_module()
-    assert not (tw is None or getattr(tw, "backward", None) is None), "fa4verify.kernels.twin_attention (forward and backward) failed to load (fa4verify's own module)"
+    assert not (tw is None or getattr(tw, "backward", None) is None), "fa4verify.kernels.twin.attention (forward and backward) failed to load (fa4verify's own module)"
     peaked = next(p for p in M.battery("quick") if p.name == "peaked_rescale")
     orig = M.run_suite
 

@@ -13,7 +13,7 @@ from fa4verify.cli.mutants import command
 
 def _needs_twin():
     tw = M.twin_module()
-    assert not (tw is None or getattr(tw, "backward", None) is None), "fa4verify.kernels.twin_attention (forward and backward) failed to load (fa4verify's own module)"
+    assert not (tw is None or getattr(tw, "backward", None) is None), "fa4verify.kernels.twin.attention (forward and backward) failed to load (fa4verify's own module)"
 
 
 def test_list_names_every_mutant_and_verifier():

@@ -24,7 +24,7 @@ def _compute():
 
 @pytest.fixture(scope="session")
 def quick_result(tmp_path_factory):
-    assert M.twin_module() is not None, "fa4verify.kernels.twin_attention failed to load (fa4verify's own module)"
+    assert M.twin_module() is not None, "fa4verify.kernels.twin.attention failed to load (fa4verify's own module)"
     tw = M.twin_module()
     assert getattr(tw, "backward", None) is not None, "twin_attention.backward failed to load (fa4verify's own module)"
     root = tmp_path_factory.getbasetemp()

@@ -14,7 +14,7 @@ from fa4verify import mutants as M
 
 @pytest.mark.parametrize("mutation", [(), ("row_sum_rounded_p",), ("causal_off_by_one",)])
 def test_own_forward_budget_path_agrees_with_the_judge(mutation):
-    assert M.twin_module() is not None, "fa4verify.kernels.twin_attention failed to load (fa4verify's own module)"
+    assert M.twin_module() is not None, "fa4verify.kernels.twin.attention failed to load (fa4verify's own module)"
     importlib.import_module("fa4verify.attribution")
     verdicts = []
     for p in M.battery("quick"):
@@ -38,7 +38,7 @@ def test_nan_semantics_emulated_lane_nan_is_masked_mufu_lane_nan_poisons():
     """Note [NaN in emulated lanes]: on SM100 the unmutated twin passes the NaN problem (the
     emulated-column NaN contributes P = 0, the MUFU-column NaN poisons its head), and the
     mutant that turns those NaNs into P = 1 fails it; on SM90 every NaN poisons its head."""
-    assert M.twin_module() is not None, "fa4verify.kernels.twin_attention failed to load (fa4verify's own module)"
+    assert M.twin_module() is not None, "fa4verify.kernels.twin.attention failed to load (fa4verify's own module)"
     p = next(x for x in M.battery("quick") if x.kind == "nan")
     d = M.make_inputs(p, 0)
     for arch in ("sm90", "sm100"):

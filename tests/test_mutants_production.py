@@ -56,7 +56,7 @@ class _FakeAdapter:
     without a GPU. Figures from it are "CPU twin"."""
 
     def __init__(self):
-        from fa4verify.kernels import twin_attention as ta
+        from fa4verify.kernels.twin import attention as ta
         self.ta = ta
         self.calls = []
 
@@ -93,7 +93,7 @@ def test_production_plumbing_with_a_fake_adapter(monkeypatch):
     fa4verify on the (twin-backed) fake; the correct calls raise no fa4verify false alarm."""
     import sys
     tw = M.twin_module()
-    assert not (tw is None or getattr(tw, "backward", None) is None), "fa4verify.kernels.twin_attention (forward and backward) failed to load (fa4verify's own module)"
+    assert not (tw is None or getattr(tw, "backward", None) is None), "fa4verify.kernels.twin.attention (forward and backward) failed to load (fa4verify's own module)"
     fake = _FakeAdapter()
     import fa4verify.kernels
     monkeypatch.setitem(sys.modules, "fa4verify.kernels.adapter", fake)

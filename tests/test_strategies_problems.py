@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, find, given, settings, strategies as st
 from hypothesis.errors import InvalidArgument
 
 import fa4verify.strategies as S
-from fa4verify import binary32
+from fa4verify.oracles import binary32
 from fa4verify.strategies import AttentionProblem, MaskMod, ValueSpec, attention_problems
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],

@@ -1,4 +1,4 @@
-"""Properties of the CPU twin of FA4's backward (kernels/twin_bwd.py). Small shapes only."""
+"""Properties of the CPU twin of FA4's backward (kernels/twin/backward.py). Small shapes only."""
 from __future__ import annotations
 
 import importlib
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
-ta = importlib.import_module("fa4verify.kernels.twin_attention")
+ta = importlib.import_module("fa4verify.kernels.twin.attention")
 importlib.import_module("fa4verify.kernels.twin")
 
 
@@ -104,7 +104,7 @@ def test_backward_rejects_fp8_and_unknown_names():
     rng = np.random.default_rng(5)
     q = bf16(rng, (1, 8, 1, 16))
     with pytest.raises(ValueError, match="bf16/fp16"):
-        ta.backward(q, q, q, q, q, dtype="fp8_e4m3")
+        ta.backward(q, q, q, q, q, dtype="fp8")
     with pytest.raises(ValueError, match="unknown backward stage"):
         ta.backward(q, q, q, q, q, exact_stages={"dqq"})
     assert set(ta.MUTATIONS) >= {"d_from_fp32_o", "dq_shuffled_order", "poly_degree_2"}

@@ -1,4 +1,4 @@
-"""Properties of the CPU twin of FA4's forward (kernels/twin_fwd.py). Small shapes only."""
+"""Properties of the CPU twin of FA4's forward (kernels/twin/forward.py). Small shapes only."""
 from __future__ import annotations
 
 import importlib
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
-ta = importlib.import_module("fa4verify.kernels.twin_attention")
+ta = importlib.import_module("fa4verify.kernels.twin.attention")
 importlib.import_module("fa4verify.kernels.twin")
 
 ALL_FWD = frozenset(ta.FWD_STAGES)
@@ -168,8 +168,8 @@ def _peaked_fp8_case():
 def test_fp8_current_setting_keeps_p_within_e4m3_range_old_setting_saturates():
     """FA #2577: threshold 4 with max_offset 8 lets P reach 2^12 > 448 (e4m3 max)."""
     q, k, v = _peaked_fp8_case()
-    new = ta.forward(q, k, v, arch="sm100", dtype="fp8_e4m3", softmax_scale=1.0)
-    old = ta.forward(q, k, v, arch="sm100", dtype="fp8_e4m3", softmax_scale=1.0,
+    new = ta.forward(q, k, v, arch="sm100", dtype="fp8", softmax_scale=1.0)
+    old = ta.forward(q, k, v, arch="sm100", dtype="fp8", softmax_scale=1.0,
                      mutations={"fp8_old_threshold"})
     assert new.stages["p_max"].max() <= 2.0**8
     assert old.stages["p_max"].max() > 448.0
@@ -239,7 +239,7 @@ def test_perturbed_mufu_is_seeded():
 
 def test_custom_coefficient_emulation_equals_twin_emulation_bitwise():
     from fa4verify.kernels.twin import ex2_emulation, poly_coeffs_f32
-    from fa4verify.kernels.twin_fwd import _emu_custom
+    from fa4verify.kernels.twin.forward import _emu_custom
     x = np.random.default_rng(13).uniform(-130, 8, 20000).astype(np.float32)
     x[:3] = [-np.inf, np.nan, -1e-9]
     a = _emu_custom(x, list(poly_coeffs_f32(3)))
@@ -248,7 +248,7 @@ def test_custom_coefficient_emulation_equals_twin_emulation_bitwise():
 
 def test_sm100_row_sum_follows_fadd_reduce_tree_order():
     """Independent scalar model of ``utils.fadd_reduce`` (arch >= 100) in plain fp32 steps."""
-    from fa4verify.kernels.twin_fwd import _row_sum_sm100
+    from fa4verify.kernels.twin.forward import _row_sum_sm100
     rng = np.random.default_rng(14)
     P = (rng.random((3, 128)) ** 8).astype(np.float32)
     init = rng.random(3).astype(np.float32) * 50

@@ -10,11 +10,11 @@ import itertools
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
-ta = importlib.import_module("fa4verify.kernels.twin_attention")
+ta = importlib.import_module("fa4verify.kernels.twin.attention")
 importlib.import_module("fa4verify.kernels.twin")
-from fa4verify.kernels import twin_fwd  # noqa: E402
+from fa4verify.kernels.twin import forward as twin_fwd  # noqa: E402
 
 SIDES = (None, -3, -1, 0, 1, 5)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 from fa4verify.kernels.fa4_params import load_params
 from fa4verify.kernels.twin import ex2_emulation, ex2_emulation_parts
 

@@ -1,7 +1,7 @@
 """The numpy twin of FA4's exp2 emulation equals an independent gmpy2 (MPFR) model, bit for bit.
 
 The reference below is written per element with MPFR ``ieee(32)`` contexts and explicit rounding
-modes (no numpy, no ``fa4verify.binary32``), following ``ex2_emulation_2`` / ``ex2_emulation`` in
+modes (no numpy, no ``fa4verify.oracles.binary32``), following ``ex2_emulation_2`` / ``ex2_emulation`` in
 ``flash_attn/cute/utils.py`` operation by operation.
 """
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_twin_bitwise_equals_gmpy2_reference_other_degrees(degree, variant):
 
 def test_reference_catches_an_unfused_horner():
     """The comparison can fail: an unfused (mul then add) Horner differs from the fused model."""
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     from fa4verify.kernels.twin import ex2_emulation_parts
     x = np.random.default_rng(1).uniform(-20, 8, 20_000).astype(np.float32)
     xc, xr, f, q, out = ex2_emulation_parts(x, 3, "packed")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 from fa4verify.kernels.evidence import evidence_path
 from fa4verify.kernels.twin import ex2_emulation
 

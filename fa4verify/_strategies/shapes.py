@@ -28,7 +28,7 @@ DType = Literal["bf16", "fp16"]
 
 #: Architectures the strategies know. "sm90" is Hopper (H100/H200, the production target here);
 #: "sm100" is Blackwell (B200), checked on the CPU twin only.
-ARCHS: tuple[str, ...] = ("sm90", "sm100", "sm103")   # sm103: the SM100 kernels, sm103 tuning rows
+ARCHS: tuple[str, ...] = _facts.ARCHS   # sm103: the SM100 kernels, sm103 tuning rows (one vocabulary)
 #: Input dtypes. fp8 (SM100 forward only) is deliberately not generated: it has no backward and
 #: needs descale tensors, which the properties here do not model.
 DTYPES: tuple[str, ...] = ("bf16", "fp16")

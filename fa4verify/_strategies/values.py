@@ -6,7 +6,7 @@ and shrink well: shrinking goes toward ``distribution="normal"``, seed 0 and the
 parameter value, never through megabytes of array data.
 
 Every generated value is exactly representable in the problem dtype: fp32 draws are rounded
-with :func:`fa4verify.binary32.to_bf16` or :func:`fa4verify.binary32.to_fp16` (RNE) and returned
+with :func:`fa4verify.oracles.binary32.to_bf16` or :func:`fa4verify.oracles.binary32.to_fp16` (RNE) and returned
 widened to float32. The distributions never produce NaN or infinity; fp16 magnitudes are kept
 below 2^14 (fp16 max is 65504) so that the inputs themselves never overflow.
 
@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import DrawFn
 
-from fa4verify import binary32
+from fa4verify.oracles import binary32
 
 #: Distribution names, in shrink order.
 DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", "peaked_rescale", "huge", "tiny")

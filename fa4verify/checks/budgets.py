@@ -27,7 +27,7 @@ _DEVICE = "cuda"
 
 
 def _dtype(ctx: CheckContext) -> str:
-    return {"fp8": "fp8_e4m3"}.get(ctx.dtype, ctx.dtype)
+    return ctx.dtype
 
 
 @check("budgets.files", title="Budget files load and validate (schema, units, derivations)",
@@ -56,7 +56,7 @@ def files(ctx: CheckContext) -> CheckResult:
 def twin_forward(ctx: CheckContext) -> CheckResult:
     from fa4verify import attribution as A
     dt = _dtype(ctx)
-    if dt == "fp8_e4m3" and ctx.arch == "sm90":
+    if dt == "fp8" and ctx.arch == "sm90":
         ctx.skip("fp8 forward exists only on SM100")
     sq, sk = _SIZES.get(ctx.profile, _SIZES["default"])
     dists = ("outliers",) if ctx.profile in ("quick", "default") else A.DISTRIBUTIONS
@@ -94,7 +94,7 @@ def twin_forward(ctx: CheckContext) -> CheckResult:
 def twin_backward(ctx: CheckContext) -> CheckResult:
     from fa4verify import attribution as A
     dt = _dtype(ctx)
-    if dt == "fp8_e4m3":
+    if dt == "fp8":
         ctx.skip("FA4 has no fp8 backward")
     sq, sk = _SIZES.get(ctx.profile, _SIZES["default"])
     sq, sk = min(sq, 128), min(sk, 256)
@@ -152,7 +152,7 @@ def _twin_tiers(ctx: CheckContext, dt: str, sq: int, sk: int) -> dict:
 def fp8_threshold(ctx: CheckContext) -> CheckResult:
     import numpy as np
     from fa4verify import attribution as A
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     d, n = 64, 512
     q = np.zeros((1, 8, 1, d), np.float32)
     q[..., 0] = 1.0

@@ -94,8 +94,8 @@ def twin(ctx: CheckContext) -> CheckResult:
     from fa4verify import determinism as d
     dt = _backward_dtype(ctx)
     try:
-        from fa4verify.kernels import twin_attention as ta
-        from fa4verify.kernels import twin_bwd  # noqa: F401
+        from fa4verify.kernels.twin import attention as ta
+        from fa4verify.kernels.twin import backward as twin_bwd  # noqa: F401
     except ImportError as ex:
         ctx.skip(f"CPU twin backward not available: {ex}")
     runs = _TWIN_RUNS.get(ctx.profile, 2)

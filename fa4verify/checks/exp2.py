@@ -51,7 +51,7 @@ def stratified_sample(rng, n: int, lo: float = -126.0, hi: float = 8.0):
     uniform over fp32 bit patterns, a quarter in (-1/2, 0) (rounded fractions), a quarter in
     [0, 1) (bit patterns) -- plus every integer and its neighbours."""
     import numpy as np
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     from fa4verify.exp2_cert import _ordered_to_f32
     q = n // 4
     olo, ohi = b32.f32_range(lo, hi)
@@ -145,7 +145,7 @@ def budget_constants(dtype: str, arch: str) -> dict:
     """The constants of the budget set FA4's exp2 stages are judged against (``emu_rel``,
     ``mufu_ex2_rel``, ``f32_min_normal``; ``$FA4VERIFY_BUDGET_FILE`` honoured)."""
     from fa4verify.error_budgets import loader
-    dt = {"fp8": "fp8_e4m3"}.get(dtype, dtype)
+    dt = loader.DTYPE_ALIASES.get(dtype, dtype)
     have = loader.available()
     if (dt, arch) not in have:
         arch = next((a for d, a in have if d == dt), "sm100")

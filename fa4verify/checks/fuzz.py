@@ -112,7 +112,7 @@ def twin(ctx: CheckContext) -> CheckResult:
        profiles={"full", "exhaustive"})
 def mutants(ctx: CheckContext) -> CheckResult:
     from fa4verify import fuzz
-    from fa4verify.kernels import twin_attention as ta
+    from fa4verify.kernels.twin import attention as ta
     found: dict[str, Any] = {}
     missing = [m for m in _MUTANTS if m not in ta.MUTATIONS]
     with ctx.progress(len(_MUTANTS), "fuzzing mutants") as bar:

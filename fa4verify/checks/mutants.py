@@ -22,7 +22,7 @@ def detection(ctx: CheckContext) -> CheckResult:
                  "has no battery of its own")
     tw = M.twin_module()
     if tw is None or getattr(tw, "backward", None) is None:
-        ctx.skip("fa4verify.kernels.twin_attention (forward and backward) is not available")
+        ctx.skip("fa4verify.kernels.twin.attention (forward and backward) is not available")
     archs = tuple(a for a in ctx.archs if a in ("sm90", "sm100")) or ("sm90", "sm100")
     battery = "full" if ctx.profile == "exhaustive" else "quick"
     with ctx.progress(None, f"mutant suite ({battery} battery, {','.join(archs)})") as bar:

@@ -4,7 +4,7 @@
   H200 output bits of FA4's ``utils.ex2_emulation`` for degrees 3 and 5 (all five in ``full``) on
   100% of the stored inputs (``kernels/evidence/golden/probe_outputs.npz``, ~1.0M inputs incl. the edge
   domain). NaN compared by isnan.
-* ``golden.binary32`` -- ``fa4verify.binary32`` equals the H200 bits of FA4's conversions
+* ``golden.binary32`` -- ``fa4verify.oracles.binary32`` equals the H200 bits of FA4's conversions
   (``cvt.rn.bf16x2/f16x2``, ``.to(bf16/f16)``) and of the SM90 exponent argument
   ``S*c - m*c`` (= ``fma(S, c, -(m*c))``, ptxas contraction), and the unfused model does not.
 * ``production.figures`` -- the recorded production figures (``production_figures.json``):
@@ -96,7 +96,7 @@ def twin_ex2(ctx: CheckContext) -> CheckResult:
        needs={"cpu"}, profiles={"quick", "default", "full", "exhaustive"})
 def binary32_vs_gpu(ctx: CheckContext) -> CheckResult:
     import numpy as np
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     g = _golden(ctx, "probe_outputs")
     where = _golden_where(ctx, g)
     x = g["x"].view(np.float32)

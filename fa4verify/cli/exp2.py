@@ -82,7 +82,7 @@ def sample_stats(degree: int, lo: float, hi: float, n: int, seed: int):
     """Direct statistics on ``n`` inputs drawn uniformly over the float32 values of [lo, hi]
     (uniform over fp32 bit patterns in the main domain), sorted."""
     import numpy as np
-    from fa4verify import binary32 as b32
+    from fa4verify.oracles import binary32 as b32
     from fa4verify import exp2_cert as ec
     lo2, hi2 = max(lo, -126.0), min(hi, 127.99999)
     olo, ohi = b32.f32_range(lo2, hi2) if lo2 <= hi2 else (1, 0)

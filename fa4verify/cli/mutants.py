@@ -103,7 +103,7 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
                     f.write(M.render_markdown(res, f"fa4verify mutants (from {from_json})"))
         return int(M.exit_code(res))
     if target == "twin" and M.twin_module() is None:
-        click.echo("fa4verify mutants: the CPU twin (fa4verify.kernels.twin_attention) is not "
+        click.echo("fa4verify mutants: the CPU twin (fa4verify.kernels.twin.attention) is not "
                    "installed; nothing to mutate", err=True)
         return int(ExitCode.USAGE)
     try:

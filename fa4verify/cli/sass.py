@@ -32,7 +32,8 @@ def _check_head_dim(arch: str, hd: int, hdv: int | None) -> int | None:
         hdv_eff = 128 if (arch == "sm_100a" and hd == 192) else hd
     else:
         hdv_eff = hdv
-    a = "sm90" if arch == "sm_90a" else "sm100"
+    from fa4verify.kernels.facts import arch_of_ptx_target
+    a = arch_of_ptx_target(arch)
     if hd < 1 or hdv_eff < 1 or not head_dim_supported(a, hd, hdv_eff):
         rule = ("both multiples of 8 in 8..256" if a == "sm90" else
                 "both multiples of 8 in 8..128, or (192, 128), or (256, 256)")

@@ -57,8 +57,7 @@ def dense_problem(q, k, v, *, arch: str, dtype: str, causal: bool = False, windo
                   softmax_scale: Optional[float] = None, softcap: float = 0.0, sink: bool = False,
                   mask_mod=None) -> AttentionProblem:
     """The :class:`AttentionProblem` describing dense arrays (b, s, h, d) given by a caller
-    (``dtype`` "fp8_e4m3", the twin's spelling, is read as fa4verify's "fp8")."""
-    dtype = {"fp8_e4m3": "fp8"}.get(dtype, dtype)
+    (``dtype``: "bf16", "fp16" or "fp8", fa4verify's one spelling)."""
     b, sq, h, d = np.shape(q)
     _, sk, hk, _ = np.shape(k)
     dv = np.shape(v)[-1]

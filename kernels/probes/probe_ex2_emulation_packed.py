@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from flash_attn.cute import utils as fa_utils
+from fa4verify.kernels.fa4_device import fa_utils
 
 from fa4verify.kernels.probes.probe_base import BLOCK, ChunkRunner, compile_only_here
 

@@ -1,5 +1,8 @@
 """Bit-exact CPU twin of FA4's polynomial exp2 emulation and of its column-selection rule.
 
+``fa4verify.kernels.twin.exp2`` (re-exported by the package ``fa4verify.kernels.twin``, which is
+what this module was before the twin became a package).
+
 Note [exp2 emulation]
 ---------------------
 FA4 (SM100/SM110 forward) computes part of ``P = 2^x`` with a polynomial on the FMA pipe instead
@@ -62,10 +65,11 @@ from typing import Literal
 
 import numpy as np
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
 __all__ = ["ex2_emulation", "ex2_emulation_parts", "emulated_columns", "uses_2cta",
-           "emulation_settings", "EmulationSettings", "ROUND_INT", "CLAMP_LO", "poly_coeffs_f32"]
+           "emulation_settings", "EmulationSettings", "columns_from_settings", "ROUND_INT",
+           "CLAMP_LO", "EX2_EMU_RES", "FRG_TILE", "Variant", "poly_coeffs_f32"]
 
 #: ``fp32_round_int = float(2**23 + 2**22)`` in ``ex2_emulation`` (0x4B400000).
 ROUND_INT = np.float32(2.0**23 + 2.0**22)
