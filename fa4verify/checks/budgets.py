@@ -130,7 +130,7 @@ def _twin_tiers(ctx: CheckContext, dt: str, sq: int, sk: int) -> dict:
     from fa4verify._strategies.values import ValueSpec
     from fa4verify.judge import statistical as S
     from fa4verify.targets import TwinTarget
-    p = AttentionProblem(arch=ctx.arch, dtype={"fp8_e4m3": "fp8"}.get(dt, dt), batch=1, seqlen_q=sq, seqlen_k=sk,
+    p = AttentionProblem(arch=ctx.arch, dtype=dt, batch=1, seqlen_q=sq, seqlen_k=sk,
                          nheads=2, nheads_kv=2, head_dim=64, head_dim_v=64, causal=False,
                          values=ValueSpec("normal", int(ctx.seed)))
     a = p.materialize()

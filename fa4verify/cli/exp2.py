@@ -314,7 +314,7 @@ def _device_gpu():
     if gpu.arch is None:
         raise usage(f"--device cuda: {gpu.unsupported_reason()}")
     try:
-        import flash_attn.cute  # noqa: F401
+        from fa4verify.kernels.fa4_device import fa_utils  # noqa: F401 (the probes' FA4 import)
         import cutlass.cute  # noqa: F401
     except Exception as e:  # noqa: BLE001 - any import failure is an environment error
         raise usage(f"--device cuda: FA4's device functions are not importable ({type(e).__name__}: {e})") from None

@@ -74,7 +74,7 @@ _MIN_ROWS = 20
 
 #: (precision bits p, smallest normal) per dtype
 _FORMATS = {"bf16": (8, 2.0 ** -126), "fp16": (11, 2.0 ** -14), "fp32": (24, 2.0 ** -126),
-            "fp8": (4, 2.0 ** -6), "fp8_e4m3": (4, 2.0 ** -6)}
+            "fp8": (4, 2.0 ** -6)}
 
 
 def alpha_per_test(alpha: float, n_tensors_x_cases: int, tests_per_tensor: int = TESTS_PER_TENSOR) -> float:
@@ -337,7 +337,7 @@ def tier_on(problem, got: Mapping[str, Any], refs: Mapping[str, Any], a: Mapping
     """Statistical verdicts of the tensors in ``got`` (names among out, dq, dk, dv) against the
     twin's prediction on the same inputs, with oracle values ``refs``."""
     pred = twin_prediction(problem, a, backward=any(n in got for n in ("dq", "dk", "dv")), twin=twin)
-    dt = {"fp8": "fp8_e4m3"}.get(problem.dtype, problem.dtype)
+    dt = problem.dtype
     return [stat_compare(n, got[n], pred[n], refs[n], dt, alpha_test=alpha_test) for n in got]
 
 
