@@ -54,6 +54,9 @@ class Bwd:
     dk: np.ndarray
     dv: np.ndarray
     dsink: Optional[np.ndarray] = None
+    #: the target's intermediate data where it exposes them (the twin's ``stages``, e.g. the fp32
+    #: ``dq_accum``; dense problems only), else None
+    stages: Optional[Mapping[str, Any]] = None
 
 
 # ============================================================================ targets
@@ -171,7 +174,7 @@ class TwinTarget(Target):
         if not problem.varlen:
             r = call(a["q"], a["k"], a["v"], fwd.out, a["dout"], fwd.lse)
             return Bwd(*(np.asarray(getattr(r, n), np.float64) for n in ("dq", "dk", "dv")),
-                       dsink=_maybe(getattr(r, "dsink", None)))
+                       dsink=_maybe(getattr(r, "dsink", None)), stages=getattr(r, "stages", None))
         dq = np.zeros(a["q"].shape)
         dk = np.zeros(a["k"].shape)
         dv = np.zeros(a["v"].shape)
@@ -333,6 +336,24 @@ class ProductionTarget(Target):
         if self.fake:
             return Fwd(np.zeros(tuple(r.out.shape)), np.zeros(tuple(r.lse.shape)), native=(r.out, r.lse))
         return Fwd(self._np(r.out), self._np(r.lse), native=(r.out, r.lse))
+
+    def forward_tensors(self, q, k, v, **kw):
+        """FA4's forward on the caller's own torch tensors (on the device, in the input dtype),
+        under this target's emulation and compile-only settings; the call's kernel configuration is
+        recorded. Returns the adapter's result unconverted (for a caller that needs the stored bits,
+        e.g. the determinism digests); FA4's rejections reach the caller as raised."""
+        with self._mode(), self._emulation():
+            r = self._ad.forward(q, k, v, **kw)
+        self._note_config(getattr(r, "config", None))
+        return r
+
+    def backward_tensors(self, q, k, v, out, dout, lse, **kw):
+        """FA4's backward on the caller's own tensors, like :meth:`forward_tensors`; ``dq``/``dk``/
+        ``dv`` buffers passed in ``kw`` are FA4's output buffers (written in place)."""
+        with self._mode(), self._emulation():
+            r = self._ad.backward(q, k, v, out, dout, lse, **kw)
+        self._note_config(getattr(r, "config", None))
+        return r
 
     def _note_config(self, cfg: Any) -> None:
         if hasattr(cfg, "to_dict"):

@@ -53,7 +53,7 @@ def test_one_mutant_one_problem_table_json_markdown(tmp_path, monkeypatch):
     says whether fa4verify caught the mutant (rescale_skipped on the peaked problem: caught)."""
     _needs_twin()
     peaked = next(p for p in M.battery("quick") if p.name == "peaked_rescale")
-    monkeypatch.setattr(M, "battery", lambda profile="quick": (peaked,))
+    monkeypatch.setattr(M.suite, "battery", lambda profile="quick": (peaked,))
     js, md = tmp_path / "m.json", tmp_path / "m.md"
     rc = main(["mutants", "--mutant", "rescale_skipped", "--arch", "sm90", "-q",
                "--json", str(js), "--markdown", str(md)])
@@ -81,7 +81,7 @@ def test_exit_code_is_1_when_fa4verify_misses(tmp_path, monkeypatch):
     """A mutant that no battery problem exposes is a miss: exit code 1 (not a pass)."""
     _needs_twin()
     small = M.Problem("no_tail", 16, 128, note="no partial KV tile: tail_tile_dropped is inert")
-    monkeypatch.setattr(M, "battery", lambda profile="quick": (small,))
+    monkeypatch.setattr(M.suite, "battery", lambda profile="quick": (small,))
     rc = main(["mutants", "--mutant", "tail_tile_dropped", "--arch", "sm90", "-q",
                "--verifier", "fwd_budget"])
     assert rc == 1

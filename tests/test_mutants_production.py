@@ -98,8 +98,8 @@ def test_production_plumbing_with_a_fake_adapter(monkeypatch):
     import fa4verify.kernels
     monkeypatch.setitem(sys.modules, "fa4verify.kernels.adapter", fake)
     monkeypatch.setattr(fa4verify.kernels, "adapter", fake, raising=False)   # plain imports read the attribute
-    monkeypatch.setattr(M, "PRODUCTION_DEVICE", "cpu")
-    monkeypatch.setattr(M, "production_arch", lambda: "sm90")
+    monkeypatch.setattr(M.production, "PRODUCTION_DEVICE", "cpu")
+    monkeypatch.setattr(M.production, "production_arch", lambda: "sm90")
     ps = {p.name: p for p in M.battery("quick")}
     res = M.run_suite("quick", target="production",
                       problems=(ps["causal_sq_lt_sk"], ps["tile_edge"]),

@@ -1,0 +1,221 @@
+"""A fuzz campaign: Hypothesis draws problems, every property runs on each against one target,
+known issues are counted, the first other failure is shrunk and kept as a replayable case."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Any, Callable, Collection, Mapping, Optional
+
+import numpy as np
+from hypothesis import Verbosity, settings
+
+from fa4verify._strategies.problem import FEATURES, AttentionProblem, attention_problems
+from fa4verify.fuzz.cases import _versions, regression_snippet, write_case
+from fa4verify.fuzz.known_issues import match_known_issue
+from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
+from fa4verify.fuzz.properties import PROPERTIES, check_problem
+from fa4verify.fuzz.violation import _ABSORB, Violation
+from fa4verify.targets import DependencyMissing, Target, Unsupported
+
+CAMPAIGN_FORMAT = "fa4verify-fuzz-campaign/1"
+
+
+@dataclasses.dataclass
+class CampaignResult:
+    """Everything one campaign measured; :meth:`to_json` is the ``--json`` schema
+    (:data:`CAMPAIGN_FORMAT`)."""
+    target: dict[str, Any]
+    arch: str
+    profile: str
+    seed: Optional[int]
+    examples_requested: int
+    examples_run: int = 0
+    unique_problems: int = 0
+    unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
+    coverage: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    properties_ran: dict[str, int] = dataclasses.field(default_factory=dict)
+    properties_skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    max_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    worst_problem: Optional[dict] = None
+    failure: Optional[dict[str, Any]] = None
+    seconds: float = 0.0
+    stopped: Optional[str] = None
+    known_hits: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    versions: dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
+    #: "<property>.<tensor>" -> {"count": examples, "reason": first reason, "first": problem}
+    undecided: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def found(self) -> bool:
+        return self.failure is not None
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["format"] = CAMPAIGN_FORMAT
+        d["where"] = self.target.get("where", "")
+        return _jsonable(d)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if math.isfinite(x) else repr(x)
+    return x
+
+
+class _Stop(Exception):
+    """Raised inside the test function once the campaign's time limit has passed."""
+
+
+def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = None, examples: int = 40,
+                 seed: Optional[int] = 0, profile: str = "ci", properties: Collection[str] = PROPERTIES,
+                 features: Optional[Collection[str]] = None, distributions: Optional[Collection[str]] = None,
+                 limits: Optional[Mapping[str, int]] = None, cases_dir: Optional[os.PathLike] = None,
+                 database_dir: Optional[os.PathLike] = None, time_limit_s: Optional[float] = None,
+                 backward: bool = True, strict_known: bool = False, on_example: Optional[Callable[[int, AttentionProblem], None]] = None,
+                 verbose: bool = False) -> CampaignResult:
+    """Run a Hypothesis campaign of ``examples`` problems against ``target``.
+
+    The first failing problem is shrunk; the shrunk failure is stored in ``result.failure``
+    (property, message, metrics, problem, snippet, and the case file when ``cases_dir`` is set).
+    ``hypothesis.target`` steers toward large ``tightness_max`` (and per quantity). With
+    ``time_limit_s``, generation stops at the limit and the result says so (``stopped``).
+    """
+    pname = profile_name(profile)
+    register_profiles(database_dir)
+    lim: dict[str, Any] = profile_limits(profile)
+    lim.update(limits or {})
+    feats = tuple(f for f in (features if features is not None else FEATURES) if f in target.features())
+    strategy = attention_problems(arch=arch, dtype=dtype, features=feats,
+                                  distributions=tuple(distributions) if distributions else None, **lim)
+    strategy.validate()   # bad limits raise InvalidArgument here, not inside the campaign
+    res = CampaignResult(target=target.describe(), arch=arch, profile=pname, seed=seed, examples_requested=examples,
+                         versions=_versions())
+    seen: set[str] = set()
+    state: dict[str, Any] = {"last": None, "t0": time.monotonic(), "best": -1.0}
+    from hypothesis import given, reject, seed as hseed, target as htarget
+
+    base = settings.get_profile(pname)
+    db = base.database
+    if database_dir is not None and pname != "fa4-ci":
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        db = DirectoryBasedExampleDatabase(str(database_dir))
+    st_kw = dict(max_examples=examples, database=db, report_multiple_bugs=False,
+                 verbosity=Verbosity.normal if verbose else Verbosity.quiet)
+    if pname == "fa4-ci":
+        # derandomized by default; an explicit seed keeps runs reproducible but distinct
+        st_kw["derandomize"] = seed is None
+
+    def body(problem: AttentionProblem) -> None:
+        if (time_limit_s is not None and state["last"] is None
+                and time.monotonic() - state["t0"] > time_limit_s):   # never cut a shrink short
+            res.stopped = f"time limit {time_limit_s:g} s reached"
+            raise _Stop()
+        a_cache: dict[str, Any] = {}
+
+        def absorb(v: Violation) -> bool:
+            if strict_known:
+                return False
+            if "a" not in a_cache:
+                a_cache["a"] = problem.materialize()
+            ki = match_known_issue(problem, v, a_cache["a"], target=target.name)
+            if ki is None:
+                return False
+            if state["last"] is None:    # count each drawn example once (not the shrink replays)
+                hit = res.known_hits.setdefault(ki.name, {"count": 0, "title": ki.title, "reference": ki.reference,
+                                                          "first": problem.describe(), "property": v.prop})
+                hit["count"] += 1
+                hit.setdefault("quantities", {})
+                q = str(v.metrics.get("quantity", v.prop))
+                hit["quantities"][q] = hit["quantities"].get(q, 0) + 1
+            return True
+
+        token = _ABSORB.set(absorb)
+        try:
+            out = check_problem(problem, target, properties=properties, backward=backward)
+        except Unsupported as e:
+            key = str(e).split(":")[0][:120]
+            res.unsupported[key] = res.unsupported.get(key, 0) + 1
+            reject()
+        except Violation as v:
+            ki = None if strict_known else match_known_issue(problem, v, target=target.name)
+            if ki is not None:
+                hit = res.known_hits.setdefault(ki.name, {"count": 0, "title": ki.title, "reference": ki.reference,
+                                                          "first": problem.describe(), "property": v.prop})
+                hit["count"] += 1
+                return
+            state["last"] = (problem, v)
+            raise
+        except (DependencyMissing, _Stop):
+            raise
+        finally:
+            _ABSORB.reset(token)
+        dg = problem.digest()
+        if dg not in seen and state["last"] is None:   # after a failure, calls are shrinking
+            seen.add(dg)
+            res.examples_run += 1
+            if on_example is not None:
+                on_example(res.examples_run, problem)
+            for k, val in problem.features().items():
+                res.coverage.setdefault(k, {})
+                res.coverage[k][str(val)] = res.coverage[k].get(str(val), 0) + 1
+            for p in out.ran:
+                res.properties_ran[p] = res.properties_ran.get(p, 0) + 1
+            for p, why in out.skipped.items():
+                res.properties_skipped.setdefault(p, why)
+            for p, why in out.undecided.items():
+                u = res.undecided.setdefault(p, {"count": 0, "reason": why, "first": problem.describe()})
+                u["count"] += 1
+            for k, val in out.metrics.items():
+                if isinstance(val, (int, float)) and math.isfinite(val):
+                    res.max_metrics[k] = max(res.max_metrics.get(k, -math.inf), float(val))
+            if out.metrics.get("tightness_max", 0.0) > state["best"]:
+                state["best"] = out.metrics["tightness_max"]
+                res.worst_problem = {"problem": problem.to_dict(), "tightness_max": state["best"]}
+        for k in ("tightness_max", "tightness_out", "tightness_lse", "tightness_dq", "tightness_dk", "tightness_dv"):
+            val = out.metrics.get(k)
+            if val is not None and math.isfinite(val):
+                htarget(float(val), label=k)
+
+    test = settings(base, **st_kw)(given(strategy)(body))
+    if seed is not None:
+        # a fixed seed makes the run reproducible; Hypothesis then neither reads nor writes the
+        # example database (leave seed=None in dev/nightly runs to use it)
+        test = hseed(seed)(test)
+    t0 = time.monotonic()
+    try:
+        test()
+    except _Stop:
+        if state["last"] is not None:   # pragma: no cover - _Stop is not raised once a failure exists
+            raise
+    except DependencyMissing:
+        raise
+    except BaseException as e:  # noqa: BLE001 - hypothesis re-raises the shrunk failure
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        last = state["last"]
+        if last is None:
+            raise
+        problem, v = last
+        fail = {"property": v.prop, "message": v.message, "metrics": _jsonable(v.metrics),
+                "problem": problem.to_dict(), "describe": problem.describe(), "work": problem.work}
+        if cases_dir is not None:
+            try:
+                path = write_case(cases_dir, problem, v, target=target, profile=pname, seed=seed)
+                fail["case_file"] = str(path)
+            except OSError as e:          # the finding is kept; only its case file is lost
+                fail["case_error"] = f"{type(e).__name__}: {e}"
+        fail["snippet"] = regression_snippet(problem, v, target=target, case_path=fail.get("case_file"))
+        res.failure = fail
+    res.unique_problems = len(seen)
+    res.seconds = time.monotonic() - t0
+    res.target = target.describe()          # production: the kernel configurations that ran
+    return res

@@ -1,0 +1,135 @@
+"""Replayable fuzz cases: write, load and replay the shrunk failure of a campaign, and the pytest
+snippet that pins it.
+
+
+Note [Fuzz cases are replayable]
+--------------------------------
+A failing example is shrunk by Hypothesis, and the *final* (shrunk) failure is written as a JSON
+case (:data:`CASE_FORMAT`) holding the problem (shapes, flags and a value seed -- the arrays are
+regenerated from it), the target, arch, mutations, violated property, message and metrics. Replay
+it with ``fa4verify fuzz --replay CASE.json`` or :func:`replay_case`; commit it under
+``tests/regressions/`` to keep it as a regression vector (``tests/test_fuzz_regressions.py``
+replays every file there). The Hypothesis example database is a disposable cache, never a record.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Collection, Mapping, Optional
+
+from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.fuzz.properties import check_problem
+from fa4verify.fuzz.violation import Violation
+from fa4verify.targets import Target, Unsupported, make_target
+
+CASE_FORMAT = "fa4verify-fuzz-case/1"
+
+
+def _versions() -> dict[str, Optional[str]]:
+    from fa4verify.kernels.facts import dist_version
+    return {d: dist_version(d) for d in ("fa4verify", "hypothesis", "numpy", "flash-attn-4", "nvidia-cutlass-dsl")}
+
+
+def write_case(directory: os.PathLike, problem: AttentionProblem, violation: Violation, *,
+               target: Target, profile: str = "", seed: Optional[int] = None) -> Path:
+    """Write a replayable JSON case (Note [Fuzz cases are replayable]); never overwrites: the
+    file name is ``<property>-<target>-<digest>.json``. Returns the path."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    desc = target.describe()
+    case = {
+        "format": CASE_FORMAT,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "target": desc["target"], "where": desc["where"],
+        "arch": problem.arch, "mutations": desc.get("mutations", []),
+        "property": violation.prop, "message": violation.message,
+        "metrics": {k: (v if not isinstance(v, float) or math.isfinite(v) else repr(v))
+                    for k, v in violation.metrics.items()},
+        "expect": "fail", "profile": profile, "seed": seed,
+        "problem": problem.to_dict(), "versions": _versions(),
+    }
+    stem = f"{violation.prop}-{desc['target']}{'-' + '+'.join(desc.get('mutations', [])) if desc.get('mutations') else ''}-{problem.digest()}"
+    path = d / f"{stem}.json"
+    n = 1
+    while path.exists():
+        path = d / f"{stem}-{n}.json"
+        n += 1
+    from fa4verify.audit.atomic import atomic_write_text
+    atomic_write_text(str(path), json.dumps(case, indent=2, sort_keys=True) + "\n")   # never a torn file
+    return path
+
+
+def load_case(path_or_dict: os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
+    """Read and validate a case file; returns the dict with ``problem`` parsed to an
+    :class:`AttentionProblem` under ``"problem_obj"``."""
+    if isinstance(path_or_dict, Mapping):
+        case = dict(path_or_dict)
+    else:
+        case = json.loads(Path(path_or_dict).read_text())
+    if case.get("format") != CASE_FORMAT:
+        raise ValueError(f"not a fuzz case: format={case.get('format')!r} (expected {CASE_FORMAT!r})")
+    case["problem_obj"] = AttentionProblem.from_dict(case["problem"])
+    return case
+
+
+@dataclasses.dataclass
+class ReplayOutcome:
+    status: str                     # "fail" | "pass" | "undecided" | "unsupported" | "skipped"
+    property: Optional[str]
+    message: str
+    metrics: dict[str, Any]
+
+
+def replay_case(case: os.PathLike | Mapping[str, Any], *, target: Optional[Target] = None,
+                properties: Optional[Collection[str]] = None) -> ReplayOutcome:
+    """Re-run a case. By default the case's own target and mutations, and only the property it
+    recorded (``properties`` overrides; pass :data:`PROPERTIES` for all)."""
+    c = load_case(case)
+    problem: AttentionProblem = c["problem_obj"]
+    if target is None:
+        target = make_target(c["target"], mutations=c.get("mutations", ()))
+    props = tuple(properties) if properties is not None else (c["property"],)
+    try:
+        out = check_problem(problem, target, properties=props)
+    except Violation as v:
+        return ReplayOutcome("fail", v.prop, v.message, v.metrics)
+    except Unsupported as e:
+        return ReplayOutcome("unsupported", None, str(e), {})
+    if not out.ran:
+        return ReplayOutcome("skipped", None, "; ".join(f"{k}: {v}" for k, v in out.skipped.items()), out.metrics)
+    if out.undecided:
+        return ReplayOutcome("undecided", next(iter(out.undecided)).split(".")[0],
+                             "; ".join(f"{k}: {v}" for k, v in out.undecided.items()), out.metrics)
+    return ReplayOutcome("pass", None, f"ran {out.ran}", out.metrics)
+
+
+def regression_snippet(problem: AttentionProblem, violation: Violation, *, target: Target,
+                       case_path: Optional[os.PathLike] = None) -> str:
+    """A pytest snippet that pins the shrunk counterexample: an ``@example`` for a Hypothesis
+    test over :func:`attention_problems` and a plain regression test."""
+    desc = target.describe()
+    muts = desc.get("mutations", [])
+    js = problem.to_json()
+    target_expr = f"TwinTarget({sorted(muts)!r})" if desc["target"] == "twin" else "ProductionTarget()"
+    lines = [
+        f"# Shrunk counterexample: property {violation.prop!r} on {desc['where']}"
+        + (f" with mutations {muts}" if muts else ""),
+        f"# {problem.describe()}",
+    ]
+    if case_path is not None:
+        lines.append(f"# case file: {case_path}  (replay: fa4verify fuzz --replay {case_path})")
+    lines += [
+        "from hypothesis import example, given",
+        "from fa4verify.fuzz import TwinTarget, ProductionTarget, check_problem",
+        "from fa4verify.strategies import AttentionProblem, attention_problems",
+        "",
+        f"@example(AttentionProblem.from_json({js!r}))",
+        f"@given(attention_problems(arch={problem.arch!r}, dtype={problem.dtype!r}))",
+        "def test_fuzz_properties(problem):",
+        f"    check_problem(problem, {target_expr}, properties=[{violation.prop!r}])",
+    ]
+    return "\n".join(lines)

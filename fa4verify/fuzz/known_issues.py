@@ -1,0 +1,204 @@
+"""Known FA4 issues: documented accuracy problems of FA4 itself, each with the predicate that
+decides whether a fuzz violation is exactly that issue's (docs/fuzzing.md)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+
+from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.fuzz.violation import Violation
+
+@dataclasses.dataclass(frozen=True)
+class KnownIssue:
+    """A documented accuracy problem of FA4 itself (reproduced by the twin). A campaign records a
+    violation that matches a known issue (``known_hits``) and keeps going instead of stopping on
+    it; ``strict_known=True`` makes it a failure like any other."""
+    name: str
+    title: str
+    reference: str
+    applies: Callable[[AttentionProblem, Mapping[str, Any], "Violation"], bool]
+    targets: tuple[str, ...] = ("twin", "production")
+
+
+def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any]) -> np.ndarray:
+    """Boolean (token, head) array: rows whose sink exceeds the largest visible logit by >= 126
+    log2 units, where ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold overflows fp32."""
+    tq = sum(lq for _, lq, _, _ in _token_bounds(problem))
+    rows = np.zeros((tq, problem.nheads), bool)
+    if not problem.sink:
+        return rows
+    sink = np.asarray(a["learnable_sink"], np.float64)
+    q = np.asarray(a["q"], np.float64)
+    k = np.asarray(a["k"], np.float64)
+    q, k = q.reshape((-1,) + q.shape[-2:]), k.reshape((-1,) + k.shape[-2:])
+    g = problem.nheads // problem.nheads_kv
+    for (q0, lq, k0, lk), keep in zip(_token_bounds(problem), problem.keep_masks()):
+        if lq == 0 or lk == 0:
+            continue
+        for h in range(problem.nheads):
+            y = (q[q0:q0 + lq, h] @ k[k0:k0 + lk, h // g].T) * problem.scale
+            if problem.softcap > 0:
+                y = problem.softcap * np.tanh(y / problem.softcap)
+            m = np.max(np.where(keep, y, -np.inf), axis=1)
+            rows[q0:q0 + lq, h] = np.isfinite(m) & ((sink[h] - m) * math.log2(math.e) >= 126.0)
+    return rows
+
+
+def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True when the violation is explained by sink-fold overflow: some row overflows, and (for a
+    budget comparison) every over element of O, LSE or dQ lies in an overflowing (token, head) row;
+    dK/dV/dsink elements lie in a KV head whose query group has an overflowing row in the same
+    sequence (the bad row's gradient reaches every key it sees)."""
+    if not problem.sink or v.prop not in ("finite", "fwd_budget", "bwd_budget", "key_permutation",
+                                          "batch_invariance", "gqa_repeat"):
+        return False
+    rows = _sink_overflow_rows(problem, a)
+    if not rows.any():
+        return False
+    idx = v.over_indices
+    q = str(v.metrics.get("quantity", ""))
+    if idx is None or not len(idx) or q not in ("out", "lse", "dq", "dk", "dv"):
+        return v.prop == "finite"      # non-finite values: the overflow's LSE = +inf
+    idx = np.asarray(idx)
+    varlen = problem.varlen
+    if q == "lse":                     # (b, h, s) dense, (h, t) varlen
+        tok = idx[:, 1] if varlen else idx[:, 0] * problem.seqlen_q + idx[:, 2]
+        head = idx[:, 0] if varlen else idx[:, 1]
+        return bool(rows[tok, head].all())
+    if q in ("out", "dq"):             # (b, s, h, d) dense, (t, h, d) varlen
+        tok = idx[:, 0] if varlen else idx[:, 0] * problem.seqlen_q + idx[:, 1]
+        head = idx[:, 1] if varlen else idx[:, 2]
+        return bool(rows[tok, head].all())
+    # dk / dv: (b, s_k, hk, d) dense, (t_k, hk, d) varlen
+    g = problem.nheads // problem.nheads_kv
+    bounds = _token_bounds(problem)
+    ktok = idx[:, 0] if varlen else idx[:, 0] * problem.seqlen_k + idx[:, 1]
+    hk = idx[:, 1] if varlen else idx[:, 2]
+    for t, h in zip(ktok, hk):
+        seg = next(i for i, (_, _, k0, lk) in enumerate(bounds) if k0 <= t < k0 + lk)
+        q0, lq = bounds[seg][0], bounds[seg][1]
+        if not rows[q0:q0 + lq, h * g:(h + 1) * g].any():
+            return False
+    return True
+
+
+def _token_bounds(problem: AttentionProblem) -> list[tuple[int, int, int, int]]:
+    """(q_start, q_len, k_start, k_len) per sequence on the token axis of (t, h, d) arrays; dense
+    problems are flattened batch-major."""
+    if problem.varlen:
+        return problem._seq_bounds()
+    return [(b * problem.seqlen_q, problem.seqlen_q, b * problem.seqlen_k, problem.seqlen_k)
+            for b in range(problem.batch)]
+
+
+def _sm90_dq_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True when the violation is in dQ and FA4's SM90 backward writes and reads its dQ
+    accumulator with different head-dim roundings for this problem (predicted from the installed
+    FA4 source by :func:`fa4verify.kernels.fa4_params.sm90_dq_accum_mismatch`)."""
+    if problem.arch != "sm90" or v.prop not in ("bwd_budget", "masked_rows", "finite"):
+        return False
+    quantity = str(v.metrics.get("quantity", ""))
+    if quantity != "dq" and not v.message.startswith("dq"):
+        return False
+    from fa4verify.kernels import fa4_params
+    local = any(w is not None for w in problem.window_size)
+    lens = problem.seqlens_q if problem.varlen else (problem.seqlen_q,)
+    if not fa4_params.sm90_dq_defect_predicted(problem.head_dim, problem.head_dim_v, lens, causal=problem.causal,
+                                               local=local, varlen=problem.varlen):
+        return False
+    idx = v.over_indices
+    if idx is None or not len(idx):
+        return True
+    # only dQ rows past the first SM90_DQ_DEFECT_GOOD_ROWS of a sequence are wrong (measured)
+    good = fa4_params.SM90_DQ_DEFECT_GOOD_ROWS
+    idx = np.asarray(idx)
+    if problem.varlen:
+        starts = np.array([q0 for q0, _, _, _ in problem._seq_bounds()])
+        tok = idx[:, 0]
+        row = tok - starts[np.searchsorted(starts, tok, side="right") - 1]
+    else:
+        row = idx[:, 1]
+    return bool((row >= good).all())
+
+
+def _sm90_bwd_compile(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True for the SM90 backward compile failure seen at head dims 104 and 112 (non-causal, FA4's
+    tile m=80): CuTe DSL raises "failed to partition ... with tiled_mma" for a head dim FA4's
+    interface accepts."""
+    return (problem.arch == "sm90" and v.prop == "runs" and problem.head_dim in (104, 112)
+            and "failed to partition" in v.message)
+
+
+def _sm90_gqa_dkdv_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True when the violation is in dK or dV of a GQA/MQA problem (nheads_kv < nheads) on SM90
+    at a head dim whose accumulator roundings disagree (the dQ predictor's set: with GQA FA4 sums
+    dK/dV of the query heads of a group in fp32 accumulators tiled like dQ's)."""
+    if problem.arch != "sm90" or problem.nheads_kv >= problem.nheads:
+        return False
+    if v.prop not in ("bwd_budget", "masked_rows", "finite", "gqa_repeat"):
+        return False
+    quantity = str(v.metrics.get("quantity", ""))
+    if quantity not in ("dk", "dv") and not v.message.startswith(("dk", "dv")):
+        return False
+    from fa4verify.kernels import fa4_params
+    local = any(w is not None for w in problem.window_size)
+    return bool(fa4_params.sm90_dq_accum_mismatch(problem.head_dim, problem.head_dim_v, causal=problem.causal,
+                                                  local=local).get("mismatch"))
+
+
+#: FA4 behaviours the fuzzer has found and that are documented (docs/fuzzing.md).
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    KnownIssue(
+        "sink_rowsum_overflow",
+        "learnable sink far above every visible logit: FA4's sink fold exp2(sink*log2e - "
+        "row_max*scale_log2) overflows fp32, so LSE = +inf (O = 0, dsink wrong)",
+        "flash_attn/cute/softmax.py Softmax.finalize / apply_learnable_sink (4.0.0b36); found by "
+        "fa4verify fuzz on the CPU twin and CONFIRMED on production FA4 (measured on H200, "
+        "2026-11-30, flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1, torch 2.11.0+cu130: LSE = +inf "
+        "where the oracle gives -0.336); tests/regressions/finite-twin-sink-overflow.json",
+        _sink_overflow),
+    KnownIssue(
+        "sm90_dq_accum_hdim_rounding",
+        "SM90 backward: the main kernel tiles the fp32 dQ accumulator with head dim rounded to 16 "
+        "but the postprocess reads it rounded to 32, so dQ rows past the first 64 of a sequence are "
+        "wrong (dK, dV right) for head dims 8, 16, 40, 48, 72, 80 (104 and 112 fail to compile)",
+        "flash_attn/cute/flash_bwd_sm90.py (hdim_multiple_of = 64 if dKV_swapAB else 16) vs "
+        "interface.py / flash_bwd_postprocess.py (hdim_multiple_of = ... else 32), flash-attn-4 "
+        "4.0.0b36; found by fa4verify on production FA4 and CONFIRMED by a head-dim sweep (measured "
+        "on H200, 2026-11-30: dQ relative error 0.76-1.17 at exactly the predicted head dims, "
+        "2.4e-3 elsewhere; correct while seqlen_q <= 64); docs/results/h200/README.md finding 2, "
+        "kernels/evidence/golden/hd_sweep_h200.json, hd_sweep_seqlens_h200.json",
+        _sm90_dq_accum, targets=("production",)),
+    KnownIssue(
+        "sm90_bwd_hd104_112_compile",
+        "SM90 backward does not compile at head dims 104 and 112 (MLIRError: failed to partition "
+        "'(112,80)' with tiled_mma) although FA4's interface accepts them",
+        "flash-attn-4 4.0.0b36 flash_bwd_sm90.py with _tile_size_bwd_sm90's m_block 80 (non-causal); "
+        "measured on H200, 2026-11-30, by scripts/gpu_hd_sweep.py (kernels/evidence/golden/hd_sweep_h200.json); "
+        "causal (m_block 64) not measured",
+        _sm90_bwd_compile, targets=("production",)),
+    KnownIssue(
+        "sm90_gqa_dkdv_accum_hdim_rounding",
+        "SM90 GQA/MQA backward: dK and dV are wrong (relative error 0.9-1.2) at head dims 8, 16, 40, "
+        "48, 72, 80 when nheads_kv < nheads; with nheads_kv == nheads they are right (dQ is wrong "
+        "either way: sm90_dq_accum_hdim_rounding)",
+        "predicted from flash-attn-4 4.0.0b36's source (flash_bwd_sm90.py dK/dV accumulators rounded to "
+        "16 vs interface.py's 32, the root cause of the dQ finding, upstream PR #2896) and CONFIRMED "
+        "measured on NVIDIA H200 (sm_90), 2026-12-01, scripts/gpu_predictions.py: hd 8/16/40/48/72/80 "
+        "with 4 query heads over 1 or 2 KV heads, seqlen 256: dK/dV rel err 0.91-1.16; hd 64/128 "
+        "2.3e-3; kernels/evidence/golden/bwd_predictions_h200.json",
+        _sm90_gqa_dkdv_accum, targets=("production",)),
+)
+
+
+def match_known_issue(problem: AttentionProblem, v: "Violation", a: Optional[Mapping[str, Any]] = None,
+                      target: str = "twin") -> Optional[KnownIssue]:
+    """The known issue explaining violation ``v`` on ``problem`` for ``target``, or None."""
+    a = problem.materialize() if a is None else a
+    for ki in KNOWN_ISSUES:
+        if target in ki.targets and ki.applies(problem, a, v):
+            return ki
+    return None

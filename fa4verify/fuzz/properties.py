@@ -1,0 +1,357 @@
+"""The fuzz properties: what :func:`check_problem` runs on one problem against one target.
+
+Every property below runs on an :class:`~fa4verify.strategies.AttentionProblem` against a
+*target*: the CPU twin of FA4 (``"twin"``, figures labelled "CPU twin") or production FA4 on a
+GPU (``"production"``, "measured on <GPU> (sm_XY)"). The truth is the certified oracle
+``fa4verify.oracles.attention`` and the tolerance the composed end-to-end error budget
+``fa4verify.error_budgets.load(dtype, arch)``.
+
+Properties (:data:`PROPERTIES`)
+-------------------------------
+``runs``
+    The target returns on every valid problem (a crash, e.g. FA #2562's zero-length varlen
+    error, is a failure; an explicit "unsupported" rejection is not).
+``fwd_budget``
+    ``|O - O*| <= bound(O*) + budget(O)`` and the same for the LSE, elementwise, where ``O*`` is
+    the oracle value, ``bound`` its certified error bound and ``budget`` the composed budget.
+``bwd_budget``
+    The same for dQ, dK, dV (and dsink) against the oracle backward (given the target's own O,
+    as FA4's backward uses the rounded O).
+``finite``
+    No NaN/Inf in O, LSE or the gradients where the oracle's value is finite (and, for outputs
+    stored in fp16/bf16, below the format's largest finite value); LSE = -inf is required
+    exactly on fully masked rows without a sink (checked by ``masked_rows``).
+``masked_rows``
+    Fully masked query rows give O = 0 exactly and, without a sink, LSE = -inf; their dQ rows are
+    exactly 0, and keys no query can see get dK = dV = 0 exactly.
+``key_permutation``
+    Non-causal, unmasked, dense problems: permuting the keys (and values) gives an output within
+    budget of the *unpermuted* oracle (within budget, not bitwise: FA4's sums change order).
+``batch_invariance``
+    Running batch entry ``b`` alone gives the same O and LSE as entry ``b`` of the batched call:
+    bitwise for the twin, within budget for production.
+``gqa_repeat``
+    GQA/MQA (``nheads_kv < nheads``) equals MHA with K, V repeated per query head: bitwise on the
+    twin's SM90 path (no emulated columns depend on pack_gqa there), within budget otherwise.
+``deterministic_bwd``
+    Two ``deterministic=True`` backward calls return bitwise-identical dQ, dK, dV.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Collection, Mapping, Optional
+
+import numpy as np
+
+from fa4verify import judge
+from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.fuzz.violation import Violation, _fail, _where_str
+from fa4verify.targets import DependencyMissing, Target, Unsupported
+
+PROPERTIES: tuple[str, ...] = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "key_permutation",
+                               "batch_invariance", "gqa_repeat", "deterministic_bwd")
+
+#: Largest finite value of the stored output formats.
+_FMT_MAX = {"bf16": 3.3895313892515355e38, "fp16": 65504.0}
+
+
+# ============================================================================ oracle + budget
+def _budget(problem: AttentionProblem):
+    """The composed budget set for the problem's (dtype, arch). Any failure to load it (module
+    missing, malformed TOML) is a missing dependency of the judge, never a finding about the target."""
+    from fa4verify import error_budgets as eb
+    try:
+        return eb.load(problem.dtype, problem.arch)
+    except Exception as e:  # noqa: BLE001
+        raise DependencyMissing(f"error budgets for {problem.dtype}/{problem.arch} unavailable: "
+                                f"{type(e).__name__}: {e}") from None
+
+
+def _oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
+    if problem.mask_mod is not None:
+        raise Unsupported("the oracle has no mask_mod semantics yet (issue 16)")
+    return judge.oracle_forward(problem, a)
+
+
+def _oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
+    """The exact gradient (the oracle's own O enters D), which is what the composed backward
+    budgets bound (their ``derr`` term covers the kernel's O error;
+    error_budgets/DERIVATIONS.md#bwd-composition)."""
+    return judge.oracle_backward(problem, a)
+
+
+
+# ============================================================================ comparisons
+def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: np.ndarray,
+             budget: np.ndarray, problem: AttentionProblem, undecided: dict[str, str],
+             ftz_floor: Optional[np.ndarray] = None) -> float:
+    """The judge's verdict (:func:`fa4verify.judge.compare`) on one tensor of one property.
+    ``fail`` raises :class:`Violation` with the five worst elements; ``undecided`` is recorded in
+    ``undecided`` (``"<prop>.<name>"`` -> reason) and never counts as a pass of the property.
+    Returns the tightness over the judged elements."""
+    if np.size(ref) == 0 and np.size(actual) == 0:
+        return 0.0       # an empty tensor (e.g. dK of a batch with no keys): nothing exists to judge
+    v = judge.compare(name, actual, ref, oracle_bound=bound, budget=budget, all_indices=True)
+    if v.status == "fail":
+        rows = [e.text() for e in v.violations]
+        if not rows:
+            rows = [v.reason]
+        within = False
+        if ftz_floor is not None and v.violations:
+            fl = np.broadcast_to(np.asarray(ftz_floor, np.float64), np.shape(ref))
+            within = v.n_over <= len(v.violations) and all(
+                e.err <= e.allowed + float(fl[e.index]) for e in v.violations)
+        viol = Violation(prop, f"{name}: {v.n_over} / {v.n_compared} elements "
+                              f"({100.0 * v.n_over / max(v.n_compared, 1):.3g}%) exceed |{name} - oracle| <= "
+                              f"oracle_bound + budget; worst: " + "; ".join(rows) + f" | case: {problem.describe()}",
+                        {f"tightness_{name}": v.tightness, f"violations_{name}": v.n_over,
+                         "max_violating_abs_err": max((e.err for e in v.violations), default=math.inf),
+                         "quantity": name, "within_ftz_envelope": bool(within)})
+        viol.over_indices = v.over_indices      # every over element: what a known issue must explain
+        _fail(viol)
+    if v.status == "undecided":
+        undecided[f"{prop}.{name}"] = v.reason
+    return v.tightness
+
+
+def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, problem: AttentionProblem,
+                  fmt_max: Optional[float]) -> None:
+    ref = np.asarray(ref, np.float64)
+    sel = np.isfinite(ref)
+    if fmt_max is not None:
+        sel &= np.abs(ref) < fmt_max * (1 - 2.0 ** -8)   # the oracle may legitimately overflow the format
+    bad = sel & ~np.isfinite(actual)
+    if bad.any():
+        idx = tuple(np.argwhere(bad)[0])
+        _fail(Violation(prop, f"{name}: {int(bad.sum())} non-finite value(s) where the oracle is finite, first "
+                              f"{_where_str(idx)}: got {actual[idx]!r}, oracle {ref[idx]!r} | case: {problem.describe()}",
+                        {f"nonfinite_{name}": int(bad.sum())}))
+
+
+# ============================================================================ properties
+@dataclasses.dataclass
+class CheckOutcome:
+    """What :func:`check_problem` measured: metrics (tightness per quantity, ...) and the
+    properties skipped with their reason; ``undecided``: ``"<property>.<tensor>"`` -> why the
+    judge could not decide (never counted as a pass of that property)."""
+    metrics: dict[str, float]
+    skipped: dict[str, str]
+    ran: list[str]
+    undecided: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _run_target(problem: AttentionProblem, fn: Callable, *args, **kw):
+    """Call the target; a crash on a valid problem is the ``runs`` property failing (an
+    Unsupported or DependencyMissing passes through)."""
+    try:
+        return fn(*args, **kw)
+    except (Violation, Unsupported, DependencyMissing):
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise Violation("runs", f"{type(e).__name__}: {e} | case: {problem.describe()}") from e
+
+
+def check_problem(problem: AttentionProblem, target: Target, *, properties: Collection[str] = PROPERTIES,
+                  backward: bool = True) -> CheckOutcome:
+    """Run ``properties`` on ``problem`` against ``target``; raise :class:`Violation` on the first
+    failing one, :class:`Unsupported` when the target cannot run the problem. Properties whose
+    dependencies are missing (oracle, budgets, twin backward) are skipped with the reason."""
+    props = [p for p in PROPERTIES if p in set(properties)]
+    unknown = set(properties) - set(PROPERTIES)
+    if unknown:
+        raise ValueError(f"unknown properties {sorted(unknown)}; known: {PROPERTIES}")
+    target.check_supported(problem)
+    a = problem.materialize()
+    metrics: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    undecided: dict[str, str] = {}
+    ran: list[str] = []
+    fwd = _run_target(problem, target.forward, problem, a)
+    ran.append("runs")
+    masked = problem.fully_masked_rows()
+    fmt_max = _FMT_MAX[problem.dtype]
+
+    # ---------------------------------------------------------------- oracle + budget (forward)
+    ofwd = None
+    stats = None
+    ref_out = ref_lse = None
+    try:
+        ofwd = _oracle_forward(problem, a)
+        ref_out, ref_lse, stats, _ = judge.forward_allowances(problem, a, budgets=_budget(problem),
+                                                              oracle=ofwd)
+        oracle_error = None
+    except (DependencyMissing, Unsupported) as e:
+        oracle_error = str(e)
+
+    def need_ref(p: str) -> bool:
+        if ref_out is None:
+            skipped[p] = oracle_error or "oracle unavailable"
+            return False
+        return True
+
+    if "masked_rows" in props:
+        ran.append("masked_rows")
+        mo = np.moveaxis(fwd.out, -2, -3) if not problem.varlen else np.moveaxis(fwd.out, -2, 0)
+        # mo: (b, h, s, dv) dense or (h, total, dv) varlen -- same leading layout as masked
+        nz = masked & np.any(mo != 0, axis=-1)
+        if nz.any():
+            idx = tuple(np.argwhere(nz)[0])
+            _fail(Violation("masked_rows", f"O != 0 on {int(nz.sum())} fully masked row(s) (LSE layout index "
+                                           f"{_where_str(idx)}) | case: {problem.describe()}"))
+        if not problem.sink:
+            bad = masked & ~(np.isneginf(fwd.lse))
+            if bad.any():
+                idx = tuple(np.argwhere(bad)[0])
+                _fail(Violation("masked_rows", f"LSE != -inf on {int(bad.sum())} fully masked row(s), first "
+                                               f"{_where_str(idx)}: {fwd.lse[idx]!r} | case: {problem.describe()}"))
+        metrics["masked_rows"] = int(masked.sum())
+
+    if "finite" in props:
+        if ref_out is not None:
+            ran.append("finite")
+            _check_finite("finite", "out", fwd.out, ref_out.value, problem, fmt_max)
+            _check_finite("finite", "lse", fwd.lse, ref_lse.value, problem, None)
+        else:
+            ran.append("finite")
+            for name, x in (("out", fwd.out),):
+                if not np.isfinite(x).all():
+                    _fail(Violation("finite", f"{name}: non-finite output on finite inputs | case: {problem.describe()}"))
+
+    if "fwd_budget" in props and need_ref("fwd_budget"):
+        ran.append("fwd_budget")
+        metrics["tightness_out"] = _compare("fwd_budget", "out", fwd.out, ref_out.value, ref_out.bound,
+                                            ref_out.budget, problem, undecided, ftz_floor=stats.forward_out_ftz_floor())
+        metrics["tightness_lse"] = _compare("fwd_budget", "lse", fwd.lse, ref_lse.value, ref_lse.bound,
+                                            ref_lse.budget, problem, undecided)
+
+    from fa4verify._strategies.masks import resolve_window
+    r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
+    plain = (not r_causal and not r_local and problem.mask_mod is None and not problem.varlen)
+    if "key_permutation" in props:
+        if not plain or problem.seqlen_k < 2:
+            skipped["key_permutation"] = "needs a dense problem without causal/local/mask_mod and seqlen_k >= 2"
+        elif need_ref("key_permutation"):
+            ran.append("key_permutation")
+            perm = np.random.default_rng(problem.values.seed ^ 0x5EED).permutation(problem.seqlen_k)
+            ap = dict(a)
+            ap["k"], ap["v"] = a["k"][:, perm], a["v"][:, perm]
+            fp = _run_target(problem, target.forward, problem, ap)
+            metrics["tightness_out_permuted"] = _compare("key_permutation", "out", fp.out, ref_out.value,
+                                                         ref_out.bound, ref_out.budget, problem, undecided)
+            _compare("key_permutation", "lse", fp.lse, ref_lse.value, ref_lse.bound, ref_lse.budget, problem,
+                     undecided)
+
+    if "batch_invariance" in props:
+        if problem.batch < 2 or problem.varlen:
+            skipped["batch_invariance"] = "needs a dense problem with batch >= 2"
+        else:
+            ran.append("batch_invariance")
+            b = problem.batch - 1
+            sub = problem.replace(batch=1)
+            ab = dict(a)
+            for n in ("q", "k", "v", "dout"):
+                ab[n] = a[n][b:b + 1]
+            if a.get("mask") is not None:
+                ab["mask"] = a["mask"][b:b + 1]
+            f1 = _run_target(problem, target.forward, sub, ab)
+            if target.bitwise_invariants:
+                for n, x, y in (("out", f1.out[0], fwd.out[b]), ("lse", f1.lse[0], fwd.lse[b])):
+                    if not np.array_equal(x, y, equal_nan=True):
+                        d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
+                        _fail(Violation("batch_invariance", f"{n} of batch entry {b} run alone differs bitwise "
+                                                            f"in {d} element(s) | case: {problem.describe()}"))
+            elif need_ref("batch_invariance"):
+                _compare("batch_invariance", "out", f1.out[0], ref_out.value[b], ref_out.bound[b],
+                         np.broadcast_to(ref_out.budget, ref_out.value.shape)[b], problem, undecided)
+
+    if "gqa_repeat" in props:
+        if problem.nheads_kv == problem.nheads or problem.varlen:
+            skipped["gqa_repeat"] = "needs a dense GQA/MQA problem (nheads_kv < nheads)"
+        else:
+            ran.append("gqa_repeat")
+            g = problem.nheads // problem.nheads_kv
+            mha = problem.replace(nheads_kv=problem.nheads)
+            am = dict(a)
+            am["k"], am["v"] = np.repeat(a["k"], g, axis=-2), np.repeat(a["v"], g, axis=-2)
+            fm = _run_target(problem, target.forward, mha, am)
+            if target.bitwise_invariants and problem.arch == "sm90":
+                for n, x, y in (("out", fm.out, fwd.out), ("lse", fm.lse, fwd.lse)):
+                    if not np.array_equal(x, y, equal_nan=True):
+                        d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
+                        _fail(Violation("gqa_repeat", f"{n} with repeated KV heads differs bitwise from GQA in "
+                                                      f"{d} element(s) | case: {problem.describe()}"))
+            elif need_ref("gqa_repeat"):
+                _compare("gqa_repeat", "out", fm.out, ref_out.value, ref_out.bound, ref_out.budget, problem,
+                         undecided)
+
+    # ---------------------------------------------------------------- backward
+    want_bwd = backward and {"bwd_budget", "deterministic_bwd", "masked_rows", "finite"} & set(props)
+    if want_bwd:
+        try:
+            g = _run_target(problem, target.backward, problem, a, fwd, deterministic=True)
+        except DependencyMissing as e:
+            for p in ("bwd_budget", "deterministic_bwd"):
+                if p in props:
+                    skipped[p] = str(e)
+            g = None
+        if g is not None:
+            if "masked_rows" in props:
+                dq_rows = np.moveaxis(g.dq, -2, -3) if not problem.varlen else np.moveaxis(g.dq, -2, 0)
+                nz = masked & np.any(dq_rows != 0, axis=-1)
+                if nz.any():
+                    _fail(Violation("masked_rows", f"dQ != 0 on {int(nz.sum())} fully masked row(s) | "
+                                                   f"case: {problem.describe()}"))
+                unseen = _unseen_keys(problem)
+                for n, x in (("dk", g.dk), ("dv", g.dv)):
+                    xr = np.any(x != 0, axis=(-1, -2))   # (b, sk) or (total_k,)
+                    bad = unseen & xr
+                    if bad.any():
+                        _fail(Violation("masked_rows", f"{n} != 0 on {int(bad.sum())} key(s) no query can see | "
+                                                       f"case: {problem.describe()}"))
+            obwd = None
+            if ({"bwd_budget", "finite"} & set(props)) and ref_out is not None:
+                try:
+                    obwd = _oracle_backward(problem, a)
+                except (DependencyMissing, Unsupported) as e:
+                    skipped["bwd_budget"] = str(e)
+            if obwd is not None:
+                for n in ("dq", "dk", "dv"):
+                    if "finite" in props:
+                        _check_finite("finite", n, getattr(g, n), getattr(obwd, n), problem, fmt_max)
+                if "bwd_budget" in props:
+                    try:
+                        with np.errstate(invalid="ignore", over="ignore"):
+                            allow = stats.backward(obwd, ref_out.budget, ref_out.bound)
+                    except (DependencyMissing, KeyError) as e:
+                        skipped["bwd_budget"] = f"backward budget unavailable: {e}"
+                        allow = None
+                    if allow is not None:
+                        ran.append("bwd_budget")
+                        for n in ("dq", "dk", "dv"):
+                            metrics[f"tightness_{n}"] = _compare("bwd_budget", n, getattr(g, n), getattr(obwd, n),
+                                                                 getattr(obwd, f"{n}_bound"), allow[n], problem,
+                                                                 undecided, ftz_floor=stats.ftz_floor[n])
+            if "deterministic_bwd" in props and target.deterministic_by_construction:
+                skipped["deterministic_bwd"] = f"{target.where} is deterministic by construction"
+            elif "deterministic_bwd" in props:
+                ran.append("deterministic_bwd")
+                g2 = _run_target(problem, target.backward, problem, a, fwd, deterministic=True)
+                for n in ("dq", "dk", "dv"):
+                    x, y = getattr(g, n), getattr(g2, n)
+                    if not np.array_equal(x, y, equal_nan=True):
+                        d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
+                        _fail(Violation("deterministic_bwd", f"{n} differs bitwise between two deterministic "
+                                                             f"backward calls in {d} element(s) | case: "
+                                                             f"{problem.describe()}"))
+    tights = [v for k, v in metrics.items() if k.startswith("tightness_") and math.isfinite(v)]
+    metrics["tightness_max"] = max(tights) if tights else 0.0
+    return CheckOutcome(metrics, skipped, ran, undecided)
+
+
+def _unseen_keys(problem: AttentionProblem) -> np.ndarray:
+    """Bool ``(batch, seqlen_k)`` (dense) or ``(total_k,)`` (varlen): keys no query row can see."""
+    cols = [~m.any(axis=0) for m in problem.keep_masks()]
+    if problem.varlen:
+        return np.concatenate(cols) if cols else np.zeros(0, bool)
+    return np.stack(cols)
