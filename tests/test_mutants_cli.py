@@ -85,3 +85,29 @@ def test_exit_code_is_1_when_fa4verify_misses(tmp_path, monkeypatch):
     rc = main(["mutants", "--mutant", "tail_tile_dropped", "--arch", "sm90", "-q",
                "--verifier", "fwd_budget"])
     assert rc == 1
+
+
+def test_source_dir_needs_the_production_target(tmp_path, capsys):
+    from fa4verify.cli import main
+    code = main(["mutants", "--source-dir", str(tmp_path), "--list"])
+    err = capsys.readouterr().err
+    assert code == 2 and "only with --target production" in err and "Traceback" not in err
+
+
+def test_a_source_dir_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    from fa4verify.cli import main
+    f = tmp_path / "f"
+    f.write_text("keep")
+    code = main(["mutants", "--target", "production", "--source-dir", str(f), "--list"])
+    assert code == 2 and "is not a directory" in capsys.readouterr().err
+    assert f.read_text() == "keep"
+
+
+def test_every_verifier_says_what_it_can_judge_and_the_production_column_follows():
+    from fa4verify import mutants as M
+    from fa4verify.mutants.production import PRODUCTION_VERIFIERS
+    judges = {s.name: s.judges for s in M.verifiers()}
+    assert set(judges.values()) <= {"production", "twin only", "bit comparison"}
+    assert judges["stages"] == "twin only" and judges["exp2_golden"] == "bit comparison"
+    assert judges["fwd_budget"] == judges["statistical"] == "production"
+    assert set(PRODUCTION_VERIFIERS) == {n for n, j in judges.items() if j == "production"}

@@ -49,15 +49,24 @@ def _parse_list(values: tuple[str, ...], known: tuple[str, ...], what: str) -> l
               help="Only these verifiers (repeatable or comma-separated). Default: all.")
 @click.option("--target", type=click.Choice(("twin", "production")), default="twin",
               show_default=True,
-              help="twin: the CPU twin (any machine). production: FA4 on the local GPU, "
-                   "knob-expressible mutants only.")
+              help="twin: the CPU twin (any machine). production: FA4 on the local GPU: the "
+                   "knob-expressible mutants, then the kernel-source mutants (--source-dir).")
+@click.option("--source-dir", "source_dir", default=None, metavar="DIR",
+              help="With --target production: where the kernel-source mutants (faults patched "
+                   "into private, fingerprinted copies of the installed flash_attn/cute, "
+                   "fa4verify.source_mutants) write source_mutants.json/.txt. Default: a new "
+                   "temporary directory.")
+@click.option("--source-jobs", type=click.IntRange(1, 64), default=8, show_default=True,
+              metavar="N", help="Source mutants compiled and run side by side.")
+@click.option("--no-source", is_flag=True,
+              help="With --target production: skip the kernel-source mutants.")
 @click.option("--from-json", "from_json", default=None, metavar="FILE",
               help="Render a saved --json result (e.g. a production run made on a GPU machine) "
                    "instead of running.")
 @click.option("--list", "list_only", is_flag=True, help="List mutants and verifiers, run nothing.")
 @click.option("-q", "--quiet", is_flag=True, help="No per-case progress lines on stderr.")
 def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts, target,
-            from_json, list_only, quiet):
+            source_dir, source_jobs, no_source, from_json, list_only, quiet):
     """Run fa4verify's verification on each planted numeric mutant of FA4 and print which
     verifiers catch it, side by side with FlashAttention's upstream rule and
     torch.testing.assert_close defaults.
@@ -66,7 +75,8 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
     Examples:
       fa4verify mutants                       quick battery, CPU twin, both archs
       fa4verify mutants --profile full --json mutants.json --markdown table.md
-      fa4verify mutants --target production   on a GPU (H200: SM90 kernels)
+      fa4verify mutants --target production   on a GPU (H200: SM90 kernels), with the
+                                              kernel-source mutants of the installed FA4
     """
     from fa4verify import mutants as M
     from fa4verify.audit.atomic import staged
@@ -74,6 +84,12 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
     check_inputs([("--from-json", from_json)])
     check_outputs([("--json", json_path), ("--markdown", md_path)],
                   inputs=[("--from-json", from_json)])
+    if source_dir is not None:
+        import os
+        if os.path.exists(source_dir) and not os.path.isdir(source_dir):
+            raise usage(f"--source-dir {source_dir}: exists and is not a directory")
+        if target != "production":
+            raise usage("--source-dir: kernel-source mutants run only with --target production")
     if list_only:
         for m in M.CATALOGUE:
             knob = f"  [production: {m.production}]" if m.production else ""
@@ -119,4 +135,13 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
         if "md" in tmp:
             with open(tmp["md"], "w", encoding="utf-8") as f:
                 f.write(M.render_markdown(res, argv))
-    return int(M.exit_code(res))
+    code = int(M.exit_code(res))
+    if target == "production" and not no_source and not mutants and not vnames:
+        import tempfile
+
+        from fa4verify import source_mutants_run
+        out = source_dir or tempfile.mkdtemp(prefix="fa4verify-source-mutants-")
+        click.echo(f"kernel-source mutants of the installed FA4 -> {out}", err=True)
+        rc = source_mutants_run.main(["--out", out, "--device", "cuda", "--jobs", str(source_jobs)])
+        code = max(code, int(rc))
+    return code

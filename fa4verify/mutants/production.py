@@ -10,11 +10,11 @@ from fa4verify.mutants.catalogue import Mutant
 from fa4verify.mutants.problems import Problem, ProblemData
 from fa4verify.mutants.twin_runs import TwinOutputs, _one_line
 from fa4verify.mutants.verdict import Unavailable
-from fa4verify.mutants.columns import kernel_config
+from fa4verify.mutants.columns import kernel_config, verifiers as _verifiers
 
-#: Verifiers that apply to production kernels (no stage probes, no exp2 emulation on SM90).
-PRODUCTION_VERIFIERS = ("fwd_budget", "bwd_budget", "determinism", "fa_rule_fwd", "fa_rule_bwd",
-                        "assert_close_fwd", "assert_close_bwd")
+#: Verifiers that apply to production kernels: those whose ``judges`` is "production" (no stage
+#: probes, no exp2 emulation on SM90, no bit comparison with the twin).
+PRODUCTION_VERIFIERS = tuple(s.name for s in _verifiers() if s.judges == "production")
 
 
 #: torch device of the production target (tests swap in "cpu" with a fake adapter).

@@ -134,6 +134,26 @@ class SuiteResult:
         errs = [c for _, c in cells if c.status == "error"]
         return (errs[0] if errs else Cell("n/a")), []
 
+    def headline(self) -> dict:
+        """The honest headline (issue #15 item 5): of the mutants, how many fa4verify catches at
+        all, and how many with a verifier that can judge a production kernel (``judges ==
+        "production"``); the rest were caught only by twin internals or bit comparisons. Each
+        mutant's ``judged_by`` is the strongest class that caught it."""
+        order = ("production", "twin only", "bit comparison")
+        per: dict[str, str] = {}
+        for m in self.mutants:
+            _, by = self.fa4verify_cell(m)
+            kinds = {_spec(v).judges for v in by}
+            per[m] = next((k for k in order if k in kinds), "missed")
+        counts = {k: sum(1 for v in per.values() if v == k) for k in order + ("missed",)}
+        return {"mutants": len(self.mutants), "caught": len(self.mutants) - counts["missed"],
+                "caught_by_production_verifiers": counts["production"], "by_class": counts,
+                "judged_by": per,
+                "text": (f"fa4verify catches {len(self.mutants) - counts['missed']}/{len(self.mutants)} "
+                         f"mutants; {counts['production']}/{len(self.mutants)} with verifiers that can "
+                         f"judge production FA4 (the rest: twin internals {counts['twin only']}, "
+                         f"bit comparison {counts['bit comparison']})")}
+
     def to_json(self) -> dict:
         fa = self.false_alarms()
         table = {}
@@ -147,8 +167,9 @@ class SuiteResult:
             "where": self.where, "target": self.target, "profile": self.profile,
             "seed": self.seed, "archs": list(self.archs), "seconds": round(self.seconds, 2),
             "mutants": [dataclasses.asdict(get_mutant(m)) for m in self.mutants],
-            "verifiers": [{"name": s.name, "group": s.group, "scope": s.scope, "title": s.title}
-                          for s in map(_spec, self.verifier_names)],
+            "verifiers": [{"name": s.name, "group": s.group, "scope": s.scope, "title": s.title,
+                           "judges": s.judges} for s in map(_spec, self.verifier_names)],
+            "headline": self.headline(),
             "problems": [dataclasses.asdict(p) for p in self.problems],
             "unavailable": dict(self.unavailable),
             "false_alarms": {v: [dataclasses.asdict(r) for r in rs] for v, rs in fa.items()},

@@ -28,18 +28,24 @@ def _cell_text(c: Cell) -> str:
     return c.status
 
 
+#: column-header tags of what each verifier can judge
+_JUDGES_SHORT = {"production": "prod", "twin only": "twin", "bit comparison": "bits"}
+
+
 def table_rows(res: SuiteResult) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the detection table (plain strings; the last row is the unmutated
     twin's false-alarm count per verifier)."""
-    header = ["mutant", "fa4verify", "caught by"] + list(res.verifier_names)
+    header = ["mutant", "fa4verify", "judged by", "caught by"] + [
+        f"{v} ({_JUDGES_SHORT[_spec(v).judges]})" for v in res.verifier_names]
     rows = []
+    judged = res.headline()["judged_by"]
     for m in res.mutants:
         c, by = res.fa4verify_cell(m)
-        rows.append([m, _cell_text(c), ",".join(by) or "-"]
+        rows.append([m, _cell_text(c), judged[m], ",".join(by) or "-"]
                     + [_cell_text(res.cell(m, v)) for v in res.verifier_names])
     fa = res.false_alarms()
     n_fa = sum(len(fa[v]) for v in res.verifier_names if _spec(v).group == "fa4verify")
-    rows.append(["(unmutated: false alarms)", str(n_fa), "-"]
+    rows.append(["(unmutated: false alarms)", str(n_fa), "-", "-"]
                 + [str(len(fa[v])) for v in res.verifier_names])
     return header, rows
 
@@ -65,6 +71,7 @@ def render_rich(res: SuiteResult, console=None) -> None:
                 styled.append(x)
         t.add_row(*styled)
     console.print(t)
+    console.print(res.headline()["text"])
     for name, why in res.unavailable.items():
         console.print(f"[yellow]verifier {name} unavailable:[/yellow] {why}")
 
@@ -75,6 +82,9 @@ def render_markdown(res: SuiteResult, command: str = "") -> str:
     out = []
     if command:
         out.append(f"Produced by `{command}` ({res.where}, {res.seconds:.0f} s).\n")
+    out.append(f"**{res.headline()['text']}.** Column tags: prod = can judge a production kernel, "
+               f"twin = needs the twin's internals, bits = compares bits with the unmutated twin or "
+               f"recorded golden bits.\n")
     out.append("| " + " | ".join(header) + " |")
     out.append("|" + "---|" * len(header))
     for r in rows:
