@@ -17,6 +17,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -153,6 +154,22 @@ def table_text(summary: dict, curves: dict, mutants: list, control: dict) -> str
     return "\n".join(lines)
 
 
+_JUDGE = None
+_WORK = None
+_PARENT_PID = os.getpid()
+
+
+def _judge_one(item):
+    """One worker's verdicts (module-level, so a forked process pool can run it)."""
+    mid, meta = item
+    if os.getpid() != _PARENT_PID:    # a forked judge: no OpenMP thread pool inherited from the parent
+        import torch
+        torch.set_num_threads(1)
+    with np.load(_WORK / mid / "result" / "tensors.npz") as z:
+        t = {k: z[k] for k in z.files}
+    return _JUDGE.judge(t, meta)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fa4verify.source_mutants_run")
     ap.add_argument("--out", required=True)
@@ -162,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="1,1024,2,128")
     ap.add_argument("--worker-timeout", type=float, default=240.0)
     ap.add_argument("--work", default=None, help="scratch dir for the private copies")
+    ap.add_argument("--judge-jobs", type=int, default=max(1, min(16, (os.cpu_count() or 1))),
+                    help="processes judging the workers' outputs (forked; default: the cores)")
     try:
         args = ap.parse_args(argv)
         mutants = sm.catalogue(args.mutants.split(",") if args.mutants else None)
@@ -195,11 +214,20 @@ def main(argv=None) -> int:
     for mid, meta in metas.items():
         rec = dict(meta)
         rec["fingerprint"] = copies[mid].fingerprint
-        if meta.get("status") == "ok":
-            with np.load(work / mid / "result" / "tensors.npz") as z:
-                t = {k: z[k] for k in z.files}
-            rec["verdicts"] = judge.judge(t, meta)
         records[mid] = rec
+    ok = [mid for mid, meta in metas.items() if meta.get("status") == "ok"]
+    global _JUDGE, _WORK
+    _JUDGE, _WORK = judge, work
+    if args.judge_jobs > 1 and len(ok) > 1:
+        import multiprocessing as mp
+        # forked judges share the oracle and the twin prediction computed above
+        with cf.ProcessPoolExecutor(max_workers=min(args.judge_jobs, len(ok)),
+                                    mp_context=mp.get_context("fork")) as ex:
+            for mid, verdicts in zip(ok, ex.map(_judge_one, [(m, metas[m]) for m in ok])):
+                records[mid]["verdicts"] = verdicts
+    else:
+        for mid in ok:
+            records[mid]["verdicts"] = _judge_one((mid, metas[mid]))
     summary = summarize(records, mutants)
     summary_control = summary.pop("control", {})
     curves = {fam: det.detection_curve(records, mutants, fam)

@@ -39,7 +39,26 @@ def _check_private_copy() -> str:
     return f
 
 
-def _run_cuda(q, k, v, do, *, det_runs: int) -> dict:
+def _det_reruns(shape, seed: int, runs: int) -> tuple[int, int]:
+    """(mismatched elements, runs): the deterministic backward on its own problem of ``shape``
+    (larger than the judged one: more CTAs than SMs, so an unordered dQ reduction shows), run
+    ``runs + 1`` times, dQ/dK/dV compared bitwise with the first run."""
+    import torch
+    from fa4verify.kernels import adapter
+    t = lambda x: torch.from_numpy(x).to("cuda", torch.bfloat16)   # noqa: E731
+    Q, K, V, DO = (t(x) for x in problem_inputs(seed + 1, *shape))
+    fwd = adapter.forward(Q, K, V, causal=True)
+    first = adapter.backward(Q, K, V, fwd.out, DO, fwd.lse, causal=True, deterministic=True)
+    mism = 0
+    for _ in range(runs):
+        r2 = adapter.backward(Q, K, V, fwd.out, DO, fwd.lse, causal=True, deterministic=True)
+        for a, b in ((first.dq, r2.dq), (first.dk, r2.dk), (first.dv, r2.dv)):
+            mism += int((a.view(torch.int16) != b.view(torch.int16)).sum())
+    torch.cuda.synchronize()
+    return mism, runs
+
+
+def _run_cuda(q, k, v, do, *, det_runs: int, det_shape=None, seed: int = 15) -> dict:
     import torch
     from fa4verify.kernels import adapter
     from fa4verify.kernels.stage_taps import backward_with_taps
@@ -59,8 +78,14 @@ def _run_cuda(q, k, v, do, *, det_runs: int) -> dict:
         r2 = adapter.backward(Q, K, V, fwd.out, DO, fwd.lse, causal=True, deterministic=True)
         for a, b in ((res.dq, r2.dq), (res.dk, r2.dk), (res.dv, r2.dv)):
             mism += int((a.view(torch.int16) != b.view(torch.int16)).sum())
+    det_big = None
+    if det_runs and det_shape is not None and tuple(det_shape) != tuple(q.shape):
+        m2, _ = _det_reruns(det_shape, seed, det_runs)
+        mism += m2
+        det_big = {"shape": list(det_shape), "runs": det_runs + 1, "mismatched_elements": m2}
     meta = {"subject": "production", "gpu": torch.cuda.get_device_name(),
             "dq_scale": taps.dq_scale, "det_runs": det_runs, "det_mismatched_elements": mism,
+            "det_large_problem": det_big,
             "config_fwd": fwd.config.to_dict(), "config_bwd": res.config.to_dict()}
     return out, meta
 
@@ -97,6 +122,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=15)
     ap.add_argument("--shape", default="1,1024,2,128", help="b,s,h,d. Default: %(default)s")
     ap.add_argument("--det-runs", type=int, default=None)
+    ap.add_argument("--det-shape", default="4,2048,8,128",
+                    help="b,s,h,d of the extra problem the deterministic reruns use (more CTAs "
+                         "than SMs). Default: %(default)s")
     args = ap.parse_args(argv)
     from fa4verify.source_mutants import catalogue
     mutant = catalogue([args.mutant])[0] if args.mutant else None
@@ -104,9 +132,10 @@ def main(argv=None) -> int:
     fc_file = _check_private_copy()
     b, s, h, d = (int(x) for x in args.shape.split(","))
     q, k, v, do = problem_inputs(args.seed, b, s, h, d)
-    det = args.det_runs if args.det_runs is not None else (4 if (mutant is None or mutant.determinism) else 0)
+    det = args.det_runs if args.det_runs is not None else (8 if (mutant is None or mutant.determinism) else 0)
     if args.device == "cuda":
-        tensors, meta = _run_cuda(q, k, v, do, det_runs=det)
+        det_shape = tuple(int(x) for x in args.det_shape.split(",")) if args.det_shape else None
+        tensors, meta = _run_cuda(q, k, v, do, det_runs=det, det_shape=det_shape, seed=args.seed)
     else:
         tensors, meta = _run_cpu_fake(q, k, v, do, mutant)
     outd = Path(args.out)
