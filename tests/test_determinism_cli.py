@@ -19,10 +19,7 @@ def _run(args):
     return CliRunner().invoke(command, args)
 
 
-def test_fa4_backend_without_gpu_exits_2_with_the_reason():
-    import torch
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present")
+def test_fa4_backend_without_gpu_exits_2_with_the_reason(no_cuda):
     r = _run(["--runs", "1", "--processes", "1", "--configs", "mha-hd64-full-edge"])
     assert r.exit_code == 2, r.output
     assert "no CUDA device" in r.output or "adapter" in r.output

@@ -80,10 +80,7 @@ def test_cli_bad_input_is_a_one_line_usage_error(args, msg, tmp_path):
     assert rc == 2 and msg in err.getvalue() and "Traceback" not in err.getvalue()
 
 
-def test_production_target_without_cuda_is_an_environment_error(tmp_path):
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present")
+def test_production_target_without_cuda_is_an_environment_error(tmp_path, no_cuda):
     from fa4verify.cli import main
     import contextlib, io
     err = io.StringIO()

@@ -559,12 +559,12 @@ def test_12_click_errors_are_one_line_in_every_subcommand(argv, prog, capsys):
 # ---------------------------------------------------------------------------- 14. exp2.mufu
 def test_14_exp2_mufu_is_judged_with_the_flush_band_apart(monkeypatch):
     import fa4verify.checks.exp2 as X
-    import fa4verify.cli.exp2 as E
+    import fa4verify.mufu_stats as E
     from fa4verify.audit.registry import CheckContext
 
     ctx = CheckContext(dtype="bf16", arch="sm90", profile="default", check_id="exp2.mufu")
     r = X.mufu(ctx)
-    record("exp2.mufu on tests/data/golden/mufu_stats.json", r.status, r.summary)
+    record("exp2.mufu on kernels/evidence/golden/mufu_stats.json", r.status, r.summary)
     assert r.status == "pass", r.summary
     assert "8.389e+06" not in r.summary and "flush band" in r.summary and "mufu_ex2_rel" in r.summary
     assert not any("ulp" in k and "127" in k for k in r.metrics)
