@@ -12,7 +12,8 @@ Markers (registered in pyproject's ``[tool.pytest.ini_options] markers``; ``--st
     reading: runs on a CPU). Skipped with the reason when either is missing. A test marked ``gpu``
     needs FA4 too, through ``cuda_status``.
 ``slow``
-    a CPU test that takes long (about 15 s or more on the 2-core CI box). The fast tier is
+    a CPU test that takes long (about 10 s or more on an idle 2-core machine: FA4 compiles,
+    Hypothesis find-and-shrink runs, fresh processes, the wheel build). The fast tier is
     ``python -m pytest -q -n 2 -m "not slow" tests`` (at most 3 minutes on 2 cores); the README's
     test command, ``python -m pytest -q -n 2 tests``, runs every tier, and CI (``.ci/run``) runs it.
 ``slow(extended="what")``

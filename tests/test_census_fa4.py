@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.fa4  # skipped with the reason without flash-attn-4 / the DSL (tests/conftest.py)
+# fa4: skipped with the reason without flash-attn-4 / the DSL (tests/conftest.py); slow: three
+# FA4 compiles (~5-15 s each on 2 cores)
+pytestmark = [pytest.mark.fa4, pytest.mark.slow]
 
 
 def _shared_dir(tmp_path_factory) -> Path:

@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-pytestmark = pytest.mark.fa4  # skipped with the reason without flash-attn-4 / the DSL (tests/conftest.py)
+# fa4: skipped with the reason without flash-attn-4 / the DSL (tests/conftest.py); slow: the
+# module fixtures compile the probe kernels (~30 s on 2 cores)
+pytestmark = [pytest.mark.fa4, pytest.mark.slow]
 
 
 def _ops(sass: str) -> list[str]:

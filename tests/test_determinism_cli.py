@@ -54,6 +54,7 @@ def test_list_configs_prints_keys():
     assert "mha-hd64-varlen" in r.output and "seed4" in r.output
 
 
+@pytest.mark.slow  # five runs of the command, each in fresh processes
 def test_manifest_round_trip_match_mismatch_and_env_differs(tmp_path):
     man, rep = tmp_path / "m.json", tmp_path / "r.json"
     r = _run(CPU2 + ["--manifest", str(man), "--json", str(rep)])

@@ -41,6 +41,7 @@ def test_ci_profile_on_the_twin_passes_every_property(arch, tmp_path):
     assert len(cov["distribution"]) >= 4
 
 
+@pytest.mark.slow  # a Hypothesis find-and-shrink through the CLI
 def test_cli_mutation_found_writes_case_and_snippet_and_replays(tmp_path):
     _deps()
     r = _cli(["--mutation", "causal_top_left", "--examples", "60", "--json", str(tmp_path / "f.json"),

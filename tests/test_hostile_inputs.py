@@ -372,6 +372,7 @@ def test_07_outputs_are_validated_before_any_work(case, tmp_path, capsys):
     assert (tmp_path / "real.json").read_text() == PREV and afile.read_text() == PREV
 
 
+@pytest.mark.slow  # a Hypothesis find-and-shrink through the CLI
 def test_07_fuzz_mutation_with_a_writable_cases_dir_exits_1_and_writes_the_case(tmp_path):
     """The repro's counterpart: the mutant is found (exit 1, not 3), the case is written, and no
     numpy RuntimeWarning (item 12) reaches the user."""
@@ -493,6 +494,7 @@ def test_09_sass_json_dash_prints_json_alone(capsys, monkeypatch):
 
 
 # ------------------------------------------------------------ 10. pytest --strict-markers
+@pytest.mark.slow  # a fresh pytest that discovers every audit check
 def test_10_plugin_registers_its_markers(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-markers",
                         "--fa4verify=quick", "--fa4-only", "-k", "budgets.files"],

@@ -20,7 +20,9 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.fa4  # skipped with the reason without flash-attn-4 / the DSL (tests/conftest.py)
+# fa4: skipped with the reason without flash-attn-4 / the DSL (tests/conftest.py); slow: the
+# module fixture is one compile subprocess of about 55-65 s
+pytestmark = [pytest.mark.fa4, pytest.mark.slow]
 SLOW = os.environ.get("FA4VERIFY_SLOW") == "1"
 
 FAMILY = {("forward", 100): "FlashAttentionForwardSm100", ("backward", 100): "FlashAttentionBackwardSm100",
