@@ -424,6 +424,7 @@ def test_08_exp2_json_is_not_pre_created_on_a_crash(tmp_path, capsys, monkeypatc
     no_temp_files(tmp_path)
 
 
+@pytest.mark.slow  # an exp2 sweep in a subprocess, interrupted
 def test_08_exp2_sigint_exits_130_and_leaves_no_file(tmp_path):
     prev = write_prev(tmp_path / "prev.json")
     for out in (prev, tmp_path / "new.json"):
