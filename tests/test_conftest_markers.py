@@ -77,7 +77,7 @@ def test_extended_slow_tests_need_fa4verify_slow(monkeypatch):
     assert C.skip_reason(ext) is None
 
 
-def test_a_run_of_marked_tests_skips_with_reasons_and_rejects_unknown_markers(tmp_path):
+def test_a_run_of_marked_tests_skips_with_their_reasons(tmp_path):
     """End to end in a fresh pytest: the copied conftest and the pyproject markers."""
     d = tmp_path / "suite"
     d.mkdir()
@@ -104,7 +104,8 @@ def test_a_run_of_marked_tests_skips_with_reasons_and_rejects_unknown_markers(tm
     """))
     env = {k: v for k, v in os.environ.items() if k != "FA4VERIFY_SLOW"}
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                        "-rs", str(d)], cwd=d, capture_output=True, text=True, env=env, timeout=300)
+                        "-p", "no:fa4verify", "-rs", str(d)], cwd=d, capture_output=True, text=True, env=env,
+                       timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "extended run: set FA4VERIFY_SLOW=1 for a long thing" in out
@@ -115,10 +116,6 @@ def test_a_run_of_marked_tests_skips_with_reasons_and_rejects_unknown_markers(tm
         assert f"a CUDA device is present ({why})" in out and "no CUDA device" not in out
     else:
         assert f"no CUDA device: {why}" in out and "a CUDA device is present" not in out
-    (d / "test_unknown.py").write_text("import pytest\n\n@pytest.mark.gpux\ndef test_x():\n    pass\n")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                        str(d / "test_unknown.py")], cwd=d, capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode != 0 and "'gpux' not found in `markers`" in r.stdout + r.stderr, r.stdout[-2000:]
 
 
 def _hand_rolled_skips(src: str) -> list[tuple[int, str]]:
