@@ -190,7 +190,7 @@ def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
     from fa4verify.audit import environment
     from fa4verify.audit.report_json import build_report
     from fa4verify.audit.runner import exit_code_for
-    from fa4verify.cli.audit import write_reports
+    from fa4verify.audit.report_files import write_reports
 
     audit_config = config.stash[_CONFIG_KEY]
     records = sorted(config.stash.get(_RECORDS_KEY, []), key=lambda r: r.id)

@@ -8,8 +8,6 @@ the same shape on fresh PTX/SASS, and that it equals the recorded fixture.
 """
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,6 @@ from fa4verify import census as C
 from fa4verify import census_atomics as A
 
 FIX = Path(__file__).parent / "fixtures" / "bwd_atomics"
-SLOW = os.environ.get("FA4VERIFY_SLOW") == "1"
 MAIN = {"sm_100a": "cutlass___call___flash_attncuteflash_bwd_sm100FlashAttentionBackwardSm100_object_at__x",
         "sm_90a": "cutlass___call___flash_attncuteflash_bwd_sm90FlashAttentionBackwardSm90_object_at__x"}
 
@@ -117,10 +114,7 @@ def test_verdict_passes_without_fp_atomics():
 
 
 @pytest.mark.fa4
-@pytest.mark.slow
-@pytest.mark.skipif(not SLOW, reason="set FA4VERIFY_SLOW=1 for the sm_100a backward compiles (~60 s)")
-@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("cutlass") is None,
-                    reason="flash-attn-4 / nvidia-cutlass-dsl not installed")
+@pytest.mark.slow(extended="the sm_100a backward compiles (~60 s)")
 def test_sm100_compiled_backward_atomics_shape(tmp_path):
     det, dft, _ = A.compile_bwd_pair("sm_100a", 128, False, tmp_path)
     v = A.dq_verdict(det, dft)

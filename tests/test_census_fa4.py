@@ -13,13 +13,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [
-    pytest.mark.fa4,
-    pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None
-                       or importlib.util.find_spec("cutlass") is None,
-                       reason="flash-attn-4 / nvidia-cutlass-dsl not installed"),
-]
-SLOW = os.environ.get("FA4VERIFY_SLOW") == "1"
+# fa4: skipped with the reason without flash-attn-4 / the DSL (tests/conftest.py); slow: three
+# FA4 compiles (~5-15 s each on 2 cores)
+pytestmark = [pytest.mark.fa4, pytest.mark.slow]
 
 
 def _shared_dir(tmp_path_factory) -> Path:
@@ -137,8 +133,7 @@ def test_census_sm90_has_no_emulation_and_contracts_exponent_argument(sm90_hd128
     assert sass["HGMMA"] > 0 and ptx["cvt.rn.bf16x2.f32"] > 0
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not SLOW, reason="set FA4VERIFY_SLOW=1 for the full compile matrix")
+@pytest.mark.slow(extended="the full compile matrix (16 FA4 compiles)")
 @pytest.mark.parametrize("arch,hd,causal", [(a, h, c) for a in ("sm_90a", "sm_100a")
                                              for h in (64, 128, 192, 256) for c in (False, True)])
 def test_census_full_matrix_twin_agreement(arch, hd, causal, tmp_path_factory):
@@ -151,8 +146,7 @@ def test_census_full_matrix_twin_agreement(arch, hd, causal, tmp_path_factory):
         assert d["emulated_columns"] == cen["twin_emulated_columns"], cen["label"]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not SLOW, reason="set FA4VERIFY_SLOW=1 for backward compiles")
+@pytest.mark.slow(extended="the backward compiles")
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_census_deterministic_backward_uses_hardware_exp2_only(arch, tmp_path_factory):
     from fa4verify.census import CensusCase
@@ -165,8 +159,7 @@ def test_census_deterministic_backward_uses_hardware_exp2_only(arch, tmp_path_fa
         assert k["ptx"]["poly3 c3 0f3D9DF09D"] == 0
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not SLOW, reason="set FA4VERIFY_SLOW=1 (one more FA4 compile)")
+@pytest.mark.slow(extended="one more FA4 compile (exp2 emulation off)")
 def test_census_exp2_emulation_switch_removes_every_polynomial(tmp_path_factory):
     """adapter.exp2_emulation_disabled() (tuning-table recipe, fa4_numerics 9.4): the compiled SM100
     kernel has no emulation floor and every tile exp2 is MUFU; the config records it."""

@@ -19,10 +19,7 @@ def _run(args):
     return CliRunner().invoke(command, args)
 
 
-def test_fa4_backend_without_gpu_exits_2_with_the_reason():
-    import torch
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present")
+def test_fa4_backend_without_gpu_exits_2_with_the_reason(no_cuda):
     r = _run(["--runs", "1", "--processes", "1", "--configs", "mha-hd64-full-edge"])
     assert r.exit_code == 2, r.output
     assert "no CUDA device" in r.output or "adapter" in r.output
@@ -57,6 +54,7 @@ def test_list_configs_prints_keys():
     assert "mha-hd64-varlen" in r.output and "seed4" in r.output
 
 
+@pytest.mark.slow  # five runs of the command, each in fresh processes
 def test_manifest_round_trip_match_mismatch_and_env_differs(tmp_path):
     man, rep = tmp_path / "m.json", tmp_path / "r.json"
     r = _run(CPU2 + ["--manifest", str(man), "--json", str(rep)])

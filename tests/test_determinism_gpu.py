@@ -14,8 +14,8 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def fa4():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: torch.cuda.is_available() is False")
+    # CUDA and FA4 are there (the ``gpu`` marker, tests/conftest.py); the backend may still refuse
+    # a GPU it cannot run on (its reason)
     try:
         return d.load_backend("fa4")
     except EnvironmentError as ex:

@@ -37,6 +37,7 @@ def test_twin_deterministic_backward_is_bitwise_reproducible_in_process(twin_bwd
     assert set(c["digests"]) == {"dq", "dk", "dv", "dq_accum"}
 
 
+@pytest.mark.slow  # fresh Python processes, each importing torch
 def test_twin_is_reproducible_across_fresh_processes(twin_bwd, tmp_path):
     cfg = KV_TILES[0]
     spec = d.worker_spec("twin", [cfg], ["cpu"], runs=2, default_runs=0)

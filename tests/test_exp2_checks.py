@@ -68,8 +68,7 @@ def test_emulated_share_table_and_twin_assumptions():
     assert r.status in ("pass", "skip")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not __import__("os").environ.get("FA4VERIFY_SLOW"), reason="slow (set FA4VERIFY_SLOW=1): full sweep")
+@pytest.mark.slow(extended="the exhaustive exp2 sweep (all 2.2e9 inputs)")
 def test_deg3_exhaustive_profile_runs_the_full_sweep():
     r = cx.deg3(_ctx(dtype="bf16", profile="exhaustive"))
     assert r.status == "pass", r.summary

@@ -75,8 +75,7 @@ def test_fast_sweep_equals_direct_evaluation(degree, lo, hi, kinds):
     _compare(degree, lo, hi, kinds)
 
 
-@pytest.mark.skipif(not __import__("os").environ.get("FA4VERIFY_SLOW"), reason="slow (set FA4VERIFY_SLOW=1)")
-@pytest.mark.slow
+@pytest.mark.slow(extended="the large fast-vs-direct sweep ranges")
 @pytest.mark.parametrize("degree,lo,hi,kinds", [
     (3, -1.0, -0.5, {"grid"}), (3, 0.5, 1.0, {"grid"}), (3, 1.0, 2.0, {"grid"}), (3, -0.5, -0.25, {"bucket"}),
     (5, -1.0, -0.5, {"grid"}), (3, -1.2, 0.7, {"bucket", "runs", "grid", "direct"}),

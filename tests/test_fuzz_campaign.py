@@ -41,6 +41,7 @@ def test_ci_profile_on_the_twin_passes_every_property(arch, tmp_path):
     assert len(cov["distribution"]) >= 4
 
 
+@pytest.mark.slow  # a Hypothesis find-and-shrink through the CLI
 def test_cli_mutation_found_writes_case_and_snippet_and_replays(tmp_path):
     _deps()
     r = _cli(["--mutation", "causal_top_left", "--examples", "60", "--json", str(tmp_path / "f.json"),
@@ -80,10 +81,7 @@ def test_cli_bad_input_is_a_one_line_usage_error(args, msg, tmp_path):
     assert rc == 2 and msg in err.getvalue() and "Traceback" not in err.getvalue()
 
 
-def test_production_target_without_cuda_is_an_environment_error(tmp_path):
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present")
+def test_production_target_without_cuda_is_an_environment_error(tmp_path, no_cuda):
     from fa4verify.cli import main
     import contextlib, io
     err = io.StringIO()

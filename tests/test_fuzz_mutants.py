@@ -18,6 +18,9 @@ from fa4verify import fuzz
 
 ta = importlib.import_module("fa4verify.kernels.twin.attention")
 
+# each test is a full Hypothesis find-and-shrink (100 examples): about 100 s for the module on 2 cores
+pytestmark = pytest.mark.slow
+
 
 def _deps():
     import fa4verify.oracles.attention  # noqa: F401

@@ -1,20 +1,16 @@
 """Adapter behaviour that needs no GPU: clear NoCudaError, config record, emulation switch."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from fa4verify.kernels import adapter
 
-needs_fa4 = pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None,
-                               reason="flash-attn-4 not installed")
+needs_fa4 = pytest.mark.fa4  # skipped with the reason without flash-attn-4 (tests/conftest.py)
 
 
-def test_every_entry_point_raises_no_cuda_error_without_a_gpu():
+def test_every_entry_point_raises_no_cuda_error_without_a_gpu(no_cuda):
     ok, why = adapter.cuda_status()
-    if ok:
-        pytest.skip("a CUDA device is present")
+    assert not ok
     import torch
     q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
     for call in (lambda: adapter.forward(q, q, q),
@@ -69,10 +65,12 @@ def test_call_config_to_dict_is_flat_json():
     assert d["q_shape"] == [1, 2, 3, 4] and d["tuning_key"] == [True, False, 128, False]
 
 
+@needs_fa4
 def test_adapter_window_resolution_matches_fa4_interface():
     """The adapter's (causal, local) record follows FA4's own ``_resolve_causal_local_window``:
     only a both-negative window is dropped, and the check comes before ``causal``."""
-    interface = pytest.importorskip("flash_attn.cute.interface")
+    from flash_attn.cute import interface
+
     from fa4verify.kernels.adapter import _resolve_window
     sides = (None, -2, -1, 0, 1, 5)
     for causal in (False, True):

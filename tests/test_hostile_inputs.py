@@ -372,6 +372,7 @@ def test_07_outputs_are_validated_before_any_work(case, tmp_path, capsys):
     assert (tmp_path / "real.json").read_text() == PREV and afile.read_text() == PREV
 
 
+@pytest.mark.slow  # a Hypothesis find-and-shrink through the CLI
 def test_07_fuzz_mutation_with_a_writable_cases_dir_exits_1_and_writes_the_case(tmp_path):
     """The repro's counterpart: the mutant is found (exit 1, not 3), the case is written, and no
     numpy RuntimeWarning (item 12) reaches the user."""
@@ -423,6 +424,7 @@ def test_08_exp2_json_is_not_pre_created_on_a_crash(tmp_path, capsys, monkeypatc
     no_temp_files(tmp_path)
 
 
+@pytest.mark.slow  # an exp2 sweep in a subprocess, interrupted
 def test_08_exp2_sigint_exits_130_and_leaves_no_file(tmp_path):
     prev = write_prev(tmp_path / "prev.json")
     for out in (prev, tmp_path / "new.json"):
@@ -493,6 +495,7 @@ def test_09_sass_json_dash_prints_json_alone(capsys, monkeypatch):
 
 
 # ------------------------------------------------------------ 10. pytest --strict-markers
+@pytest.mark.slow  # a fresh pytest that discovers every audit check
 def test_10_plugin_registers_its_markers(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-markers",
                         "--fa4verify=quick", "--fa4-only", "-k", "budgets.files"],
@@ -559,12 +562,12 @@ def test_12_click_errors_are_one_line_in_every_subcommand(argv, prog, capsys):
 # ---------------------------------------------------------------------------- 14. exp2.mufu
 def test_14_exp2_mufu_is_judged_with_the_flush_band_apart(monkeypatch):
     import fa4verify.checks.exp2 as X
-    import fa4verify.cli.exp2 as E
+    import fa4verify.mufu_stats as E
     from fa4verify.audit.registry import CheckContext
 
     ctx = CheckContext(dtype="bf16", arch="sm90", profile="default", check_id="exp2.mufu")
     r = X.mufu(ctx)
-    record("exp2.mufu on tests/data/golden/mufu_stats.json", r.status, r.summary)
+    record("exp2.mufu on kernels/evidence/golden/mufu_stats.json", r.status, r.summary)
     assert r.status == "pass", r.summary
     assert "8.389e+06" not in r.summary and "flush band" in r.summary and "mufu_ex2_rel" in r.summary
     assert not any("ulp" in k and "127" in k for k in r.metrics)

@@ -36,13 +36,7 @@ def test_bad_options_exit_2_with_one_line(args, capsys):
     assert any(x in err for x in ("nope", "huge", "sm80")), err
 
 
-def test_production_target_without_gpu_is_a_usage_error(capsys):
-    try:
-        import torch
-        if torch.cuda.is_available():
-            pytest.skip("a CUDA device is present")
-    except ImportError:
-        pass
+def test_production_target_without_gpu_is_a_usage_error(capsys, no_cuda):
     rc = main(["mutants", "--target", "production", "-q"])
     assert rc == 2
     assert "no CUDA device" in capsys.readouterr().err

@@ -17,6 +17,10 @@ from fa4verify import mutants as M
 
 FA4VERIFY = tuple(s.name for s in M.verifiers() if s.group == "fa4verify")
 
+# the session fixture runs the whole quick battery (~75 s on one core); the fast tier keeps one
+# mutant end to end in tests/test_mutants_cli.py
+pytestmark = pytest.mark.slow
+
 
 def _compute():
     return M.run_suite("quick", seed=0, verifier_names=FA4VERIFY)

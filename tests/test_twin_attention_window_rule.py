@@ -28,9 +28,10 @@ def _qkvdo(seed=0, sq=20, sk=24, d=8):
     return bf16(rng, (1, sq, 1, d)), bf16(rng, (1, sk, 1, d)), bf16(rng, (1, sk, 1, d)), bf16(rng, (1, sq, 1, d))
 
 
+@pytest.mark.fa4
 @pytest.mark.parametrize("causal", [False, True])
 def test_window_resolution_equals_fa4_interface_function(causal):
-    iface = pytest.importorskip("flash_attn.cute.interface", reason="flash-attn-4 not importable")
+    from flash_attn.cute import interface as iface
     for wl, wr in itertools.product(SIDES, SIDES):
         want = iface._resolve_causal_local_window(causal, wl, wr)
         assert twin_fwd.resolve_causal_local_window(causal, (wl, wr)) == want, (causal, wl, wr)

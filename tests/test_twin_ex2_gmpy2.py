@@ -115,6 +115,7 @@ def _compare(x: np.ndarray, degree: int, variant: str) -> None:
                               f"ref={ref[i]:#010x}" for i in bad[:5]))
 
 
+@pytest.mark.slow  # 200k inputs through gmpy2, ~20 s on 2 cores
 def test_twin_bitwise_equals_gmpy2_reference_deg3_packed_200k():
     x = edge_domain_inputs(200_000, seed=20261130)
     assert x.size >= 200_000

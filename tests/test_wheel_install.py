@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EVIDENCE_SRC = ROOT / "kernels" / "evidence"
 
 pytestmark = [
+    pytest.mark.slow,  # builds a wheel and a venv, runs the CLI in it
     pytest.mark.skipif(os.name != "posix", reason="the wheel test builds a POSIX venv (symlinked site view)"),
     pytest.mark.skipif(importlib.util.find_spec("setuptools") is None,
                        reason="setuptools (the build backend) is not installed; cannot build the wheel"),

@@ -165,7 +165,8 @@ def flush_band(degree: int, floor: float = 2.0**-126) -> dict:
 
 
 def judge_mufu(stats: dict, constants: dict) -> list[dict]:
-    """Judge the GPU-recorded exp2 statistics (``tests/data/golden/mufu_stats.json``): MUFU
+    """Judge the GPU-recorded exp2 statistics (``kernels/evidence/golden/mufu_stats.json``, read by
+    :func:`fa4verify.mufu_stats.mufu_section`): MUFU
     ex2.approx against ``mufu_ex2_rel``, the GPU emulation against ``emu_rel``, both on the main
     domain (x >= -126) in relative terms; a range that includes the flush band (-127, -126) is
     split: its main part is the companion ``[-126, hi]`` entry, and the band is judged against the
@@ -310,8 +311,8 @@ def emulated_share(ctx: CheckContext) -> CheckResult:
 @check("exp2.mufu", title="MUFU ex2.approx and GPU emulation statistics (GPU-recorded) vs their budgets",
        needs={"cpu"}, profiles={"default", "full", "exhaustive"})
 def mufu(ctx: CheckContext) -> CheckResult:
-    from fa4verify.cli.exp2 import mufu_section
-    m = mufu_section()
+    from fa4verify import mufu_stats
+    m = mufu_stats.mufu_section()
     if m["status"] != "recorded":
         return CheckResult(status="skip", summary=f"MUFU ex2.approx: {m['status']} ({m.get('note', '')})")
     import re

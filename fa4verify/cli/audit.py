@@ -14,6 +14,7 @@ import time
 import click
 
 from fa4verify._options import OptionError, build_config, click_options
+from fa4verify.audit.report_files import write_reports
 
 
 from fa4verify.cli._common import (  # noqa: E402,F401 - shared by every subcommand
@@ -176,22 +177,3 @@ def _command_line() -> list[str]:
         return ["fa4verify"] + sys.argv[1:]
     ctx = click.get_current_context(silent=True)
     return [ctx.command_path if ctx is not None else "fa4verify audit", "(called in-process)"]
-
-
-def write_reports(report, *, json_path=None, junit_path=None, html_path=None) -> None:
-    """Render every requested report in memory, then write them atomically (all or none)."""
-    from fa4verify.audit.atomic import write_all
-    from fa4verify.audit.report_json import dumps
-
-    outs = []
-    if json_path is not None:
-        outs.append((json_path, dumps(report).encode("utf-8")))
-    if junit_path is not None:
-        from fa4verify.audit.report_junit import render as junit
-
-        outs.append((junit_path, junit(report)))
-    if html_path is not None:
-        from fa4verify.audit.report_html import render as html
-
-        outs.append((html_path, html(report).encode("utf-8")))
-    write_all(outs)

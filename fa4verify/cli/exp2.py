@@ -16,6 +16,8 @@ import click
 
 from fa4verify.cli import ExitCode
 from fa4verify.cli._common import OneLineCommand, check_outputs, usage, write_outputs
+from fa4verify.mufu_stats import mufu_section
+from fa4verify.mufu_stats import mufu_where as _mufu_where
 
 #: Largest --sample (each input costs ~100 bytes of temporaries; --exhaustive covers every input).
 MAX_SAMPLE = 1 << 24
@@ -24,10 +26,6 @@ MAX_JOBS = 64
 #: The fp32 exponent arguments of the emulation: below -127 FA4 clamps (result 0), >= 128 the
 #: exponent field overflows; a range must be made of float32 values.
 F32_MAX = 3.4028234663852886e38
-
-from fa4verify.kernels.evidence import evidence_path
-
-MUFU_STATS = evidence_path("golden/mufu_stats.json")
 
 
 def _versions() -> dict:
@@ -53,29 +51,6 @@ def _degrees(spec: str) -> list[int]:
     if d not in avail:
         raise usage(f"--degree: unknown degree {d}: FA4 has polynomials of degree {avail}")
     return [d]
-
-
-def _mufu_where(m: dict) -> str:
-    """``recorded on <GPU> (sm_XY)`` of the MUFU statistics file."""
-    from fa4verify.audit.evidence import recording_from_versions
-    st = m.get("stats") if isinstance(m.get("stats"), dict) else {}
-    try:
-        return recording_from_versions("mufu_stats.json", (st.get("provenance") or {}).get("versions")).where
-    except ValueError:
-        return "recorded on a GPU"
-
-
-def mufu_section() -> dict:
-    """MUFU ex2.approx statistics recorded on a GPU (another engineer writes the file)."""
-    if MUFU_STATS.is_file():
-        try:
-            return {"status": "recorded", "source": str(MUFU_STATS),
-                    "stats": json.loads(MUFU_STATS.read_text())}
-        except (OSError, json.JSONDecodeError) as e:
-            return {"status": f"unreadable: {e}", "source": str(MUFU_STATS)}
-    return {"status": "not measured here",
-            "note": "the MUFU ex2.approx path cannot be modelled on a CPU; "
-                    f"no GPU-recorded statistics at {MUFU_STATS}"}
 
 
 def sample_stats(degree: int, lo: float, hi: float, n: int, seed: int):

@@ -64,7 +64,7 @@ def merge_cmd(reports, output, html_path, junit_path, baseline_path, regression_
     from fa4verify.audit.report_json import ReportError, verdict_text
     from fa4verify.audit.runner import CheckRecord, exit_code_for
     from fa4verify.audit.terminal import make_console, render_verdict
-    from fa4verify.cli.audit import write_reports
+    from fa4verify.audit.report_files import write_reports
 
     inputs = [("REPORT", p) for p in reports] + [("--baseline", baseline_path)]
     check_outputs([("-o", output), ("--html", html_path), ("--junit", junit_path)], inputs=inputs)
@@ -105,7 +105,7 @@ def merge_cmd(reports, output, html_path, junit_path, baseline_path, regression_
 def show_cmd(report, html_path, junit_path, rows):
     """Print the verdict of a saved report (and optionally re-render it)."""
     from fa4verify.audit.terminal import make_console, render_verdict
-    from fa4verify.cli.audit import write_reports
+    from fa4verify.audit.report_files import write_reports
 
     check_outputs([("--html", html_path), ("--junit", junit_path)], inputs=[("REPORT", report)])
     (path, rep), = _load([report])
