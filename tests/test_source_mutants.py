@@ -8,7 +8,7 @@ import pytest
 
 from fa4verify import source_mutants as sm
 
-fa = pytest.importorskip("flash_attn.cute", reason="flash-attn-4 not installed")
+pytestmark = pytest.mark.fa4
 
 
 @pytest.fixture(scope="module")
