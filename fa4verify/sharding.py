@@ -91,6 +91,9 @@ def pin_worker_gpu(env: MutableMapping[str, str] = os.environ) -> Optional[str]:
     if i is None:
         return None
     parent = env.get("FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES")
+    cur = (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
+    if parent is not None and cur not in [d.strip() for d in parent.split(",")]:
+        parent = None   # a stale record (inherited by a nested run): the current list wins
     devs = visible_devices({**env, "CUDA_VISIBLE_DEVICES": parent} if parent is not None else env)
     dev = devs[i % len(devs)]
     if env.get("CUDA_VISIBLE_DEVICES") == dev and parent is not None:

@@ -109,7 +109,10 @@ def test_streamed_statistics_equal_budgetstats_and_verdicts_agree():
     dq, dk, dv = (x.astype(ml_dtypes.bfloat16).astype(np.float64) for x in (jb0.oracle.dq, jb0.oracle.dk, jb0.oracle.dv))
     jb = judge_backward(prob, a, dq, dk, dv, forward=jf)
     L = judge_long_context(prob, q, k, v, out, lse, dout=do, dq=dq, dk=dk, dv=dv, block=16, block_k=24)
-    ref = {"out": jf.ref_out.budget, "lse": jf.ref_lse.budget, **jb.budgets}
+    # the long-context judge streams the five output budgets (not the stage-tap or sharper-tier ones)
+    ref = {"out": jf.ref_out.budget, "lse": jf.ref_lse.budget,
+           **{n: jb.budgets[n] for n in ("dq", "dk", "dv")}}
+    assert set(L.budgets) >= set(ref)
     for name, want in ref.items():
         np.testing.assert_allclose(L.budgets[name], want, rtol=1e-9, atol=0)
     mine = {"out": jf.out, "lse": jf.lse, "dq": jb.dq, "dk": jb.dk, "dv": jb.dv}

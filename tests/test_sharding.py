@@ -83,6 +83,14 @@ def test_shard_strides_like_seed_range():
         sharding.shard(items, 3, 3)
 
 
+def test_a_stale_parent_record_does_not_override_a_new_device_list():
+    env = {"PYTEST_XDIST_WORKER": "gw1", "CUDA_VISIBLE_DEVICES": "5,7",
+           "FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES": "0"}
+    assert sharding.pin_worker_gpu(env) == "7"
+    assert env["FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES"] == "5,7"
+    assert sharding.pin_worker_gpu(env) == "7"          # idempotent after pinning
+
+
 def test_pytest_worker_is_pinned_before_cuda(tmp_path):
     """A real pytest-xdist run (2 workers, --fa4verify): each worker's CUDA_VISIBLE_DEVICES is its own."""
     t = tmp_path / "test_pin_probe.py"
@@ -93,6 +101,7 @@ def test_pytest_worker_is_pinned_before_cuda(tmp_path):
                  "    test_probe(worker_id)\n")
     env = {**os.environ, "PROBE_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": "5,7"}
     env.pop("PYTEST_XDIST_WORKER", None)
+    env["FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES"] = "0"   # stale, as a nested run inherits it
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--fa4verify=quick",
                         "-k", "probe", str(t)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     files = {p.name: p.read_text() for p in tmp_path.iterdir() if p.name.startswith("gw")}
