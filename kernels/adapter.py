@@ -40,7 +40,7 @@ __all__ = [
     "NoCudaError", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
     "forward", "backward", "exp2_emulation_disabled", "exp2_emulation_enabled",
     "clear_compile_caches", "supported_head_dims", "upstream_reference", "timing_callable",
-    "forward_backward_autograd",
+    "forward_backward_autograd", "combine",
 ]
 
 
@@ -271,6 +271,9 @@ class CallConfig:
     emulated_share_source: str = ""
     env: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    #: features beyond the dense call: ``page_size``/``num_pages`` (paged KV), ``seqused_q``/
+    #: ``seqused_k`` (bool), ``num_splits`` (requested), ``block_sparse`` (bool), ``combine``
+    extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -401,7 +404,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
             window_size: tuple = (None, None), softcap: float = 0.0, learnable_sink=None,
             pack_gqa: Optional[bool] = None, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
-            return_lse: bool = True) -> ForwardResult:
+            return_lse: bool = True, page_table=None, seqused_q=None, seqused_k=None,
+            num_splits: int = 1) -> ForwardResult:
     """Run FA4's forward on CUDA tensors (fp16/bf16; layout (batch, seqlen, nheads, headdim), or
     (total, nheads, headdim) with ``cu_seqlens_q/k`` for varlen).
 
@@ -409,30 +413,55 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     used as given; gradients are the job of :func:`backward`). ``lse`` is FA4's fp32
     natural-log LSE, shape (batch, nheads, seqlen_q) or (nheads, total_q).
 
+    Paged KV: ``page_table`` (int32, (batch, max_pages_per_seq)) with ``k``/``v`` as pages
+    (num_pages, page_size, nheads_kv, d) and usually ``seqused_k`` (int32, (batch,)): token ``j``
+    of sequence ``b`` is ``k[page_table[b, j // page_size], j % page_size]``
+    (``fa4verify.oracles.paged_kv``); not with ``cu_seqlens_k`` (FA4 asserts). ``seqused_q`` /
+    ``seqused_k`` alone limit the used rows of batched q / k. Any of them routes the call to
+    ``flash_attn_varlen_func`` (the only public entry that takes them; it accepts batched q).
+    ``num_splits`` is FA4's split-KV knob (1 = off; SM90 asserts on > 1).
+
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
     _require_cuda()
     import torch
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func, interface
-    varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    entry = "flash_attn_varlen_func" if varlen else "flash_attn_func"
+    paged = page_table is not None
+    if paged and cu_seqlens_k is not None:
+        raise ValueError("page_table cannot be combined with cu_seqlens_k (FA4: batched pages only)")
+    if paged or seqused_q is not None or seqused_k is not None:
+        varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+        if cu_seqlens_k is not None and cu_seqlens_q is None:
+            raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
+        use_varlen_entry = True
+    else:
+        varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        use_varlen_entry = varlen
+    if int(num_splits) < 1 and int(num_splits) != 0:
+        raise ValueError(f"num_splits must be >= 1 (or 0: FA4's heuristic), got {num_splits}")
+    entry = "flash_attn_varlen_func" if use_varlen_entry else "flash_attn_func"
     cfg = _base_config("forward", entry, q, k, v, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
                        pack_gqa=pack_gqa, varlen=varlen, deterministic=False,
                        return_lse=return_lse)
+    cfg.extra = {"paged": paged, "page_size": int(k.shape[1]) if paged else None,
+                 "num_pages": int(k.shape[0]) if paged else None,
+                 "seqused_q": seqused_q is not None, "seqused_k": seqused_k is not None,
+                 "num_splits": int(num_splits)}
     ws = tuple(window_size) if window_size is not None else (None, None)
     with _record_keys(interface._flash_attn_fwd) as rec, torch.no_grad():
-        if varlen:
+        if use_varlen_entry:
             out, lse = flash_attn_varlen_func(
                 q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
+                seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
                 causal=causal, window_size=ws, learnable_sink=learnable_sink, softcap=softcap,
-                pack_gqa=pack_gqa, return_lse=return_lse)
+                num_splits=int(num_splits), pack_gqa=pack_gqa, return_lse=return_lse)
         else:
             out, lse = flash_attn_func(
                 q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=ws,
                 learnable_sink=learnable_sink, softcap=softcap, pack_gqa=pack_gqa,
-                return_lse=return_lse)
+                num_splits=int(num_splits), return_lse=return_lse)
     key = rec.keys[-1] if rec.keys else None
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")
@@ -447,7 +476,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
              learnable_sink=None, pack_gqa: Optional[bool] = None, cu_seqlens_q=None,
              cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
              max_seqlen_k: Optional[int] = None, deterministic: bool = False,
-             dq=None, dk=None, dv=None, dlse=None) -> BackwardResult:
+             dq=None, dk=None, dv=None, dlse=None, block_sparse_tensors=None) -> BackwardResult:
     """Run FA4's backward (``flash_attn.cute.interface._flash_attn_bwd``, what the public
     autograd backward of ``flash_attn_func``/``flash_attn_varlen_func`` calls).
 
@@ -455,7 +484,9 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     when given, are the output buffers FA4 writes (shapes/dtypes of q/k/v; e.g. views into
     guard-banded allocations); otherwise FA4 allocates them. ``pack_gqa`` is recorded only:
     FA4's backward never packs GQA (fa4_numerics.md 7). ``dsink`` is returned with a
-    ``learnable_sink``, else None.
+    ``learnable_sink``, else None. ``block_sparse_tensors``: FA4's
+    ``BlockSparseTensorsTorch`` in the backward's Q-direction form (per KV block, the Q blocks it
+    sees; ``fa4verify.kernels.block_sparse.to_fa4_bwd``); not with varlen (FA4 asserts).
 
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
@@ -467,6 +498,9 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
                        causal=causal, window_size=window_size, softcap=softcap,
                        learnable_sink=learnable_sink, pack_gqa=pack_gqa, varlen=varlen,
                        deterministic=deterministic, return_lse=dlse is not None)
+    cfg.extra = {"block_sparse": block_sparse_tensors is not None,
+                 "block_size": (list(block_sparse_tensors.block_size)
+                                if getattr(block_sparse_tensors, "block_size", None) else None)}
     ws = tuple(window_size) if window_size is not None else (None, None)
     for name, buf, ref in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if buf is not None and (tuple(buf.shape) != tuple(ref.shape) or buf.dtype != ref.dtype):
@@ -479,7 +513,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             deterministic=deterministic, dq=dq, dk=dk, dv=dv, dlse=dlse,
-            learnable_sink=learnable_sink)
+            learnable_sink=learnable_sink, block_sparse_tensors=block_sparse_tensors)
     if learnable_sink is None:
         gdq, gdk, gdv = res
         dsink = None
@@ -492,6 +526,33 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     _fill_kernel_fields(cfg, _named_key(interface._flash_attn_bwd, key), head_dim=int(q.shape[-1]),
                         head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
     return BackwardResult(gdq, gdk, gdv, dsink, cfg)
+
+
+def combine(out_partial, lse_partial, *, out_dtype=None, return_lse: bool = True):
+    """FA4's public ``flash_attn_combine``: merge split partial outputs.
+
+    ``out_partial`` (num_splits, batch, seqlen, nheads, d) (fp32/bf16/fp16) and ``lse_partial``
+    (num_splits, batch, seqlen, nheads) fp32 natural-log LSE of each split (FA4's forward LSE
+    (batch, nheads, seqlen) transposed). Returns ``(out, lse, config)``: ``out`` (batch, seqlen,
+    nheads, d) in ``out_dtype`` (default: the partials' dtype), ``lse`` (batch, seqlen, nheads)
+    or None. The arithmetic is modelled by ``fa4verify.kernels.twin_combine``.
+
+    Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
+    """
+    _require_cuda()
+    import torch
+    from flash_attn.cute import interface
+    from flash_attn.cute.interface import flash_attn_combine
+    cfg = {"op": "combine", "entry": "flash_attn_combine", "versions": versions(),
+           "arch": _device_arch(), "gpu_name": _gpu_name(),
+           "partial_dtype": str(out_partial.dtype).replace("torch.", ""),
+           "out_partial_shape": tuple(out_partial.shape), "num_splits": int(out_partial.shape[0])}
+    fn = interface._flash_attn_fwd_combine
+    with _record_keys(fn) as rec, torch.no_grad():
+        out, lse = flash_attn_combine(out_partial, lse_partial, out_dtype=out_dtype, return_lse=return_lse)
+    key = rec.keys[-1] if rec.keys else None
+    cfg["compile_key"] = None if key is None else [_jsonable(x) for x in key]
+    return out, lse, cfg
 
 
 def timing_callable(q, k, v, **kw):
