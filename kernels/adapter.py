@@ -40,7 +40,8 @@ __all__ = [
     "NoCudaError", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
     "forward", "backward", "exp2_emulation_disabled", "exp2_emulation_enabled",
     "clear_compile_caches", "supported_head_dims", "upstream_reference", "timing_callable",
-    "forward_backward_autograd", "combine",
+    "forward_backward_autograd", "combine", "block_sparse_tensors", "sm90_bwd_sparse_block_size",
+    "sm90_bwd_config",
 ]
 
 
@@ -553,6 +554,56 @@ def combine(out_partial, lse_partial, *, out_dtype=None, return_lse: bool = True
     key = rec.keys[-1] if rec.keys else None
     cfg["compile_key"] = None if key is None else [_jsonable(x) for x in key]
     return out, lse, cfg
+
+
+def sm90_bwd_sparse_block_size(head_dim: int, head_dim_v: Optional[int] = None, *, causal: bool = False,
+                               local: bool = False) -> tuple[int, int]:
+    """(q, kv) block size FA4's SM90 backward expects of ``block_sparse_tensors`` (128 Q rows, the
+    KV tile ``_tile_size_bwd_sm90`` picks under sparsity) and, for the record, its
+    ``dKV_swapAB`` (the flag the hd 200-240 prediction is about): ``(block_q, block_kv)``."""
+    from flash_attn.cute import interface
+    cfg = interface._tile_size_bwd_sm90(head_dim, head_dim_v or head_dim, causal, local,
+                                        sparse_block_size_q=128)
+    return 128, int(cfg.n_block_size)
+
+
+def sm90_bwd_config(head_dim: int, head_dim_v: Optional[int] = None, *, causal: bool = False,
+                    local: bool = False, sparse: bool = False) -> dict[str, Any]:
+    """FA4's SM90 ``BwdConfig`` for a head dim (as a dict), dense or under block sparsity."""
+    from flash_attn.cute import interface
+    cfg = interface._tile_size_bwd_sm90(head_dim, head_dim_v or head_dim, causal, local,
+                                        sparse_block_size_q=128 if sparse else None)
+    return {k: _jsonable(v) for k, v in asdict(cfg).items()}
+
+
+def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tuple[int, int],
+                         direction: str = "fwd", device: str = "cuda"):
+    """FA4's ``BlockSparseTensorsTorch`` for a dense boolean block mask ``(n_q_blocks,
+    n_kv_blocks)`` (the same for every batch entry and head): every selected block is a *full*
+    block (no ``mask_mod`` inside blocks), ``mask_block_cnt`` is 0. ``direction="fwd"`` lists per
+    Q block its KV blocks; ``"bwd"`` per KV block its Q blocks (the backward's Q-direction form).
+    The dense semantics: key j is visible to query i iff ``block_mask[i // bq, j // bk]``."""
+    import numpy as np
+    import torch
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+    m = np.asarray(block_mask, bool)
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction={direction!r}: expected 'fwd' or 'bwd'")
+    if direction == "bwd":
+        m = m.T
+    rows, cols = m.shape
+    cnt = m.sum(axis=1).astype(np.int32)
+    idx = np.zeros((rows, cols), np.int32)
+    for r in range(rows):
+        sel = np.flatnonzero(m[r])
+        idx[r, : sel.size] = sel
+
+    def full(x):
+        t = torch.as_tensor(x, dtype=torch.int32)
+        return t.expand(batch, nheads, *t.shape).contiguous().to(device)
+    return BlockSparseTensorsTorch(
+        mask_block_cnt=full(np.zeros(rows, np.int32)), mask_block_idx=full(np.zeros((rows, cols), np.int32)),
+        full_block_cnt=full(cnt), full_block_idx=full(idx), block_size=tuple(int(b) for b in block_size))
 
 
 def timing_callable(q, k, v, **kw):

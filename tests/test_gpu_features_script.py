@@ -1,0 +1,67 @@
+"""scripts/gpu_features.py runs every section end to end on the CPU stand-in (small sizes), so
+the first H200 run does not die of a typo; and the shell driver parses."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_features", ROOT / "scripts" / "gpu_features.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("section", ["paged", "combine", "sparse"])
+def test_section_runs_on_cpu_stand_in(section, tmp_path):
+    out = tmp_path / f"{section}.json"
+    rc = _script().main(["--section", section, "--json", str(out), "--device", "cpu"])
+    d = json.loads(out.read_text())
+    assert rc == 0, d.get("traceback")
+    assert d["where"].startswith("CPU stand-in")
+    r = d["result"]
+    if section == "paged":
+        assert r["permutation_bitwise"] is True and r["all_within_budget"] is True
+        assert {row["layout"] for row in r["rows"]} == {"contiguous+seqused_k", "paged-identity", "paged-permuted"}
+        assert 0 < r["max_tightness"] < 1
+    elif section == "combine":
+        assert r["all_within_budget"] is True and len(r["rows"]) == 2
+        assert all(row["twin_bitwise_share_out"] == 1.0 for row in r["rows"])   # the stand-in *is* the twin
+        assert r["num_splits_2"].startswith("AssertionError")
+    else:
+        assert r["verdict"] == "refuted"        # the stand-in's float32 gradients are right
+        assert all(row["dq_rel_err"] < 0.01 for row in r["rows"])
+
+
+def test_judge_in_script_catches_a_wrong_paged_kernel(tmp_path, monkeypatch):
+    """The paged section's verdicts can fail: a stand-in that reads the pages in the wrong order
+    (identity table instead of the permutation) is out of budget and not bitwise."""
+    mod = _script()
+    K = mod.CpuStandIn()
+    real = K.forward
+
+    def wrong(q, k, v, page_table=None, **kw):
+        if page_table is not None:
+            import torch
+            page_table = torch.arange(page_table.numel(), dtype=torch.int32).reshape(page_table.shape)
+        return real(q, k, v, page_table=page_table, **kw)
+    K.forward = wrong
+    r = mod.section_paged(K, small=True)
+    permuted = [row for row in r["rows"] if row["layout"] == "paged-permuted"]
+    assert permuted and all(row["out"]["status"] == "fail" for row in permuted)
+    assert r["all_within_budget"] is False and r["permutation_bitwise"] is False
+
+
+def test_shell_driver_parses_and_rejects_bad_section(tmp_path):
+    sh = ROOT / "scripts" / "gpu" / "features.sh"
+    assert subprocess.run(["bash", "-n", str(sh)]).returncode == 0
+    r = subprocess.run(["bash", str(sh), "bogus"], env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "usage" in r.stderr
