@@ -599,8 +599,9 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
         idx[r, : sel.size] = sel
 
     def full(x):
-        t = torch.as_tensor(x, dtype=torch.int32)
-        return t.expand(batch, nheads, *t.shape).contiguous().to(device)
+        # built on the device from a list (also under FakeTensorMode, where a CPU->CUDA copy fails)
+        x = np.broadcast_to(np.asarray(x, np.int32), (batch, nheads) + np.shape(x))
+        return torch.tensor(x.tolist(), dtype=torch.int32, device=device)
     return BlockSparseTensorsTorch(
         mask_block_cnt=full(np.zeros(rows, np.int32)), mask_block_idx=full(np.zeros((rows, cols), np.int32)),
         full_block_cnt=full(cnt), full_block_idx=full(idx), block_size=tuple(int(b) for b in block_size))

@@ -119,6 +119,9 @@ class CpuStandIn:
         return torch.from_numpy(r.out).to(op.dtype), torch.from_numpy(r.lse), {"stand_in": True}
 
     def sparse_backward(self, q, k, v, o, do, lse, block_mask, block_size):
+        import os
+        if str(q.shape[-1]) == os.environ.get("GPU_FEATURES_STANDIN_ABORT_HD"):
+            os.abort()          # test hook: behave like the DSL aborting on a layout
         dq, dk, dv = ref_grads(q, k, v, do, mask_from_blocks(block_mask, block_size, q.shape[1], k.shape[1]),
                                dtype="float32")
         return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), {"stand_in": True}
@@ -324,56 +327,81 @@ def section_combine(K, small: bool) -> dict[str, Any]:
     return res
 
 
-def section_sparse(K, small: bool) -> dict[str, Any]:
+def sparse_one(K, hd: int, small: bool) -> dict[str, Any]:
+    """One head dim of the block-sparse backward study (runs in its own process: the DSL aborts
+    the process, not just the call, on a layout it cannot build)."""
     import torch
-    hds = (64, 208) if small else (128, 200, 208, 232, 240, 256)
-    predicted = {200, 208, 232, 240}
     s, h = (256, 1) if small else (512, 2)
+    dev = K.device
+    gen = torch.Generator().manual_seed(hd)
+    q, k, v, do = (_bf16(torch.randn(1, s, h, hd, generator=gen)) for _ in range(4))
+    bq, bk = K.bwd_block_size(hd)
+    nq, nk = -(-s // bq), -(-s // bk)
+    rng = np.random.default_rng(hd)
+    bm = rng.random((nq, nk)) < 0.5
+    bm[np.arange(nq), rng.integers(0, nk, nq)] = True           # every query row sees a block
+    keep = mask_from_blocks(bm, (bq, bk), s, s)
+    row: dict[str, Any] = {"head_dim": hd, "predicted_wrong": hd in SPARSE_PREDICTED, "block_size": [bq, bk],
+                           "blocks_kept": int(bm.sum()), "blocks_total": int(bm.size), "seqlen": s, "nheads": h,
+                           "bwd_config": K.bwd_config(hd)}
+    o, lse = ref_forward(q, k, v, keep)
+    try:
+        dq, dk, dv, cfg = K.sparse_backward(q.to(dev), k.to(dev), v.to(dev), _bf16(o).to(dev), do.to(dev),
+                                            lse.float().to(dev), bm, (bq, bk))
+    except Exception as e:  # noqa: BLE001 - not compiling is a result
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        return row
+    row["config_compile_key"] = (cfg.get("compile_key") if isinstance(cfg, dict) else None)
+    refs = ref_grads(q, k, v, do, keep)
+    for n, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
+        g = got.double().cpu()
+        row[f"{n}_rel_err"] = float((g - ref).norm() / ref.norm())
+        row[f"{n}_nonfinite"] = int((~torch.isfinite(g)).sum())
+    row["wrong"] = [n for n in ("dq", "dk", "dv")
+                    if not row[f"{n}_rel_err"] <= RELERR_WRONG or row[f"{n}_nonfinite"]]
+    return row
+
+
+SPARSE_PREDICTED = {200, 208, 232, 240}
+
+
+def section_sparse(K, small: bool, device: str = "cuda") -> dict[str, Any]:
+    import subprocess
+    import tempfile
+    hds = (64, 208) if small else (128, 200, 208, 232, 240, 256)
     rows = []
     t0 = time.time()
-    dev = K.device
     for hd in hds:
-        gen = torch.Generator().manual_seed(hd)
-        q, k, v, do = (_bf16(torch.randn(1, s, h, hd, generator=gen)) for _ in range(4))
-        bq, bk = K.bwd_block_size(hd)
-        nq, nk = -(-s // bq), -(-s // bk)
-        rng = np.random.default_rng(hd)
-        bm = rng.random((nq, nk)) < 0.5
-        bm[np.arange(nq), rng.integers(0, nk, nq)] = True           # every query row sees a block
-        keep = mask_from_blocks(bm, (bq, bk), s, s)
-        row: dict[str, Any] = {"head_dim": hd, "predicted_wrong": hd in predicted, "block_size": [bq, bk],
-                               "blocks_kept": int(bm.sum()), "blocks_total": int(bm.size),
-                               "bwd_config": K.bwd_config(hd)}
-        o, lse = ref_forward(q, k, v, keep)
-        try:
-            dq, dk, dv, cfg = K.sparse_backward(q.to(dev), k.to(dev), v.to(dev), _bf16(o).to(dev), do.to(dev),
-                                                lse.float().to(dev), bm, (bq, bk))
-        except Exception as e:  # noqa: BLE001 - not compiling is a result
-            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            continue
-        row["config_compile_key"] = (cfg.get("compile_key") if isinstance(cfg, dict) else None)
-        refs = ref_grads(q, k, v, do, keep)
-        for n, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
-            g = got.double().cpu()
-            row[f"{n}_rel_err"] = float((g - ref).norm() / ref.norm())
-            row[f"{n}_nonfinite"] = int((~torch.isfinite(g)).sum())
-        row["wrong"] = [n for n in ("dq", "dk", "dv")
-                        if not row[f"{n}_rel_err"] <= RELERR_WRONG or row[f"{n}_nonfinite"]]
+        with tempfile.TemporaryDirectory() as td:
+            js = f"{td}/row.json"
+            r = subprocess.run([sys.executable, "-X", "faulthandler", __file__, "--section", "sparse-one",
+                                "--head-dim", str(hd), "--json", js, "--device", device],
+                               capture_output=True, text=True, timeout=280)
+            try:
+                with open(js) as f:
+                    d = json.load(f)
+                row = d.get("result") or {"head_dim": hd, "error": d.get("crash")}
+            except (OSError, ValueError):
+                lines = r.stderr.splitlines()
+                where = [ln.strip() for ln in lines if "flash_attn/cute/" in ln][:3]
+                row = {"head_dim": hd, "predicted_wrong": hd in SPARSE_PREDICTED, "aborted": True,
+                       "error": f"process died (exit status {r.returncode}): " + " | ".join(
+                           where or [ln for ln in lines if "Warning" not in ln][-4:])[-600:]}
         rows.append(row)
         print(json.dumps({kk: vv for kk, vv in row.items() if kk != "bwd_config"}), flush=True)
-    pred_rows = [r for r in rows if r["predicted_wrong"]]
-    ctrl_rows = [r for r in rows if not r["predicted_wrong"]]
-    confirmed = [r["head_dim"] for r in pred_rows if r.get("wrong") or "error" in r]
-    return {"rows": rows, "seconds": time.time() - t0, "seqlen": s, "nheads": h,
-            "wrong_threshold_rel_err": RELERR_WRONG,
+    pred_rows = [r for r in rows if r.get("predicted_wrong")]
+    ctrl_rows = [r for r in rows if not r.get("predicted_wrong")]
+    failed = [r["head_dim"] for r in pred_rows if r.get("wrong") or "error" in r]
+    return {"rows": rows, "seconds": time.time() - t0, "wrong_threshold_rel_err": RELERR_WRONG,
             "prediction": "SM90 block-sparse backward wrong at hd 200/208/232/240 (dKV_swapAB=False: kernel "
                           "tile_hdim rounded to 16, interface accumulator head dim rounded to 32)",
-            "predicted_hds_wrong_or_failed": confirmed,
+            "predicted_hds_wrong_or_failed": failed,
+            "predicted_hds_wrong_values": [r["head_dim"] for r in pred_rows if r.get("wrong")],
+            "predicted_hds_not_running": [r["head_dim"] for r in pred_rows if "error" in r],
             "controls_right": [r["head_dim"] for r in ctrl_rows if "error" not in r and not r.get("wrong")],
-            "verdict": ("confirmed" if pred_rows and len(confirmed) == len(pred_rows) else
-                        "refuted" if pred_rows and not confirmed else "partly confirmed")}
+            "verdict": ("confirmed (wrong values)" if pred_rows and all(r.get("wrong") for r in pred_rows) else
+                        "does not run (compile abort or error)" if pred_rows and all("error" in r for r in pred_rows)
+                        else "refuted" if pred_rows and not failed else "mixed")}
 
 
 SECTIONS = {"paged": section_paged, "combine": section_combine, "sparse": section_sparse}
@@ -381,7 +409,8 @@ SECTIONS = {"paged": section_paged, "combine": section_combine, "sparse": sectio
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--section", choices=sorted(SECTIONS), required=True)
+    ap.add_argument("--section", choices=sorted(SECTIONS) + ["sparse-one"], required=True)
+    ap.add_argument("--head-dim", type=int, default=208, help="sparse-one only")
     ap.add_argument("--json", required=True)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ns = ap.parse_args(argv)
@@ -390,7 +419,13 @@ def main(argv=None) -> int:
     out: dict[str, Any] = {"section": ns.section, "where": K.where, "versions": K.versions,
                            "command": "python scripts/gpu_features.py " + " ".join(argv or sys.argv[1:])}
     try:
-        out["result"] = SECTIONS[ns.section](K, small=ns.device == "cpu")
+        small = ns.device == "cpu"
+        if ns.section == "sparse-one":
+            out["result"] = sparse_one(K, ns.head_dim, small)
+        elif ns.section == "sparse":
+            out["result"] = section_sparse(K, small, ns.device)
+        else:
+            out["result"] = SECTIONS[ns.section](K, small=small)
         rc = 0
     except Exception as e:  # noqa: BLE001 - recorded, nonzero exit
         out["crash"] = f"{type(e).__name__}: {e}"

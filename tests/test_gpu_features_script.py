@@ -65,3 +65,16 @@ def test_shell_driver_parses_and_rejects_bad_section(tmp_path):
     r = subprocess.run(["bash", str(sh), "bogus"], env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"},
                        capture_output=True, text=True)
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_sparse_section_records_a_process_abort(tmp_path, monkeypatch):
+    """FA4's DSL aborts the process on the hd 200-240 block-sparse layouts (compile-only); the
+    driver runs each head dim in its own process and records the abort as a result."""
+    monkeypatch.setenv("GPU_FEATURES_STANDIN_ABORT_HD", "208")
+    mod = _script()
+    r = mod.section_sparse(mod.CpuStandIn(), small=True, device="cpu")
+    by_hd = {row["head_dim"]: row for row in r["rows"]}
+    assert by_hd[208].get("aborted") is True and "exit status" in by_hd[208]["error"]
+    assert not by_hd[64].get("wrong") and "error" not in by_hd[64]
+    assert r["predicted_hds_not_running"] == [208] and r["controls_right"] == [64]
+    assert r["verdict"] == "does not run (compile abort or error)"

@@ -13,7 +13,7 @@ for s in $sections; do
   case "$s" in
     paged)   lim=150 ;;
     combine) lim=150 ;;
-    sparse)  lim=300 ;;
+    sparse)  lim=420 ;;
     *) echo "usage: $0 [paged|combine|sparse]" >&2; exit 2 ;;
   esac
   timeout "$lim" python3 scripts/gpu_features.py --section "$s" --json "$OUT/features_$s.json" \
