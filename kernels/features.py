@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 __all__ = ["Evidence", "Cell", "FEATURES", "ARCHS", "DIRECTIONS", "SUPPORT", "cell", "fa4_source",
-           "check_evidence", "EvidenceError"]
+           "check_evidence", "EvidenceError", "sm90_sparse_bwd_does_not_build"]
 
 Status = Literal["supported", "not supported", "n/a"]
 ARCHS: tuple[str, ...] = ("sm90", "sm100")
@@ -117,7 +117,7 @@ def _cells() -> tuple[Cell, ...]:
             "not varlen")
         add("paged_kv", arch, "fwd", S, [_PAGED_NON_TMA, _PAGED_VARLEN],
             "batched K/V pages only (not with cu_seqlens_k); TMA loads when page_size == tile_n")
-        add("paged_kv", arch, "bwd", N, [_PAGED_BWD], "_flash_attn_bwd has no page_table")
+        add("paged_kv", arch, "bwd", N, [_PAGED_BWD])
         add("seqused", arch, "fwd", S, [_p("_flash_attn_fwd", "seqused_k")])
         add("seqused", arch, "bwd", S, [_p("_flash_attn_bwd", "seqused_k"), _BS_VARLEN_BWD],
             "not with block sparsity")
@@ -210,3 +210,19 @@ def check_evidence(c: Cell, sources: Optional[dict[str, str]] = None,
                                     f"{'lacks' if e.present else 'has'} parameter {e.text!r}")
             out.append(f"{e.func}({e.text})" if e.present else f"{e.func} has no {e.text}")
     return out
+
+
+def sm90_sparse_bwd_does_not_build(head_dim: int, head_dim_v: Optional[int] = None) -> bool:
+    """Finding (compile-only, docs/results/features/README.md): FA4 4.0.0b36's SM90 backward under
+    block sparsity cannot be built for head dims in (192, 256) that are not a multiple of 64.
+
+    Root cause, from FA4's source: ``_tile_size_bwd_sm90`` gives every head dim > 192 under
+    sparsity a 64 x 64 tile with ``dKV_swapAB=False``, while its own comment on the dense hd-256
+    config says ``dKV_swapAB`` "rounds tile_hdim to 64, which is what makes head_dim in (192, 256)
+    compile"; without it ``flash_bwd_sm90`` tiles the head dim in 16s (208, 240 ...) and the dK/dV
+    shared-memory epilogue (``epilogue_dKV`` -> ``quack.copy_utils.get_smem_store_C``) cannot be
+    partitioned: the DSL aborts the process (hd 200/208/232/240) or raises ``MLIRError: unable to
+    partition`` (hd 224). Narrow by construction: only this config (sparse, 192 < hd < 256, hd % 64
+    != 0); hd 256 and every dense head dim build. Matches the compile-only census exactly."""
+    hv = head_dim if head_dim_v is None else head_dim_v
+    return 192 < max(head_dim, hv) < 256 and (head_dim % 64 != 0 or hv % 64 != 0)
