@@ -365,11 +365,11 @@ def sparse_one(K, hd: int, small: bool) -> dict[str, Any]:
 SPARSE_PREDICTED = {200, 208, 232, 240}
 
 
-def section_sparse(K, small: bool, device: str = "cuda") -> dict[str, Any]:
+def section_sparse(K, small: bool, device: str = "cuda", head_dims=None) -> dict[str, Any]:
     import subprocess
     import tempfile
     # 224: no 16-vs-32 rounding mismatch, but not a multiple of 64 either (root-cause discriminator)
-    hds = (64, 208) if small else (128, 200, 208, 224, 232, 240, 256)
+    hds = tuple(head_dims) if head_dims else (64, 208) if small else (128, 200, 208, 224, 232, 240, 256)
     rows = []
     t0 = time.time()
     for hd in hds:
@@ -412,6 +412,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--section", choices=sorted(SECTIONS) + ["sparse-one"], required=True)
     ap.add_argument("--head-dim", type=int, default=208, help="sparse-one only")
+    ap.add_argument("--head-dims", default="", help="sparse only: comma list (default 128,200,208,224,232,240,256)")
     ap.add_argument("--json", required=True)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ns = ap.parse_args(argv)
@@ -424,7 +425,8 @@ def main(argv=None) -> int:
         if ns.section == "sparse-one":
             out["result"] = sparse_one(K, ns.head_dim, small)
         elif ns.section == "sparse":
-            out["result"] = section_sparse(K, small, ns.device)
+            hds = [int(x) for x in ns.head_dims.split(",") if x.strip()]
+            out["result"] = section_sparse(K, small, ns.device, hds or None)
         else:
             out["result"] = SECTIONS[ns.section](K, small=small)
         rc = 0

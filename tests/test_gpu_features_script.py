@@ -78,3 +78,22 @@ def test_sparse_section_records_a_process_abort(tmp_path, monkeypatch):
     assert not by_hd[64].get("wrong") and "error" not in by_hd[64]
     assert r["predicted_hds_not_running"] == [208] and r["controls_right"] == [64]
     assert r["verdict"] == "does not run (compile abort or error)"
+
+
+def test_shell_driver_end_to_end_on_cpu_stand_in(tmp_path):
+    import os
+    import sys
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").write_text(f"#!/bin/bash\nexec {sys.executable} \"$@\"\n")
+    (bindir / "python3").chmod(0o755)
+    env = dict(os.environ, OUT=str(tmp_path), FEATURES_DEVICE="cpu", SPARSE_HDS="64",
+               PATH=f"{bindir}:{os.environ['PATH']}")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "features.sh")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for s in ("paged", "combine", "sparse"):
+        d = json.loads((tmp_path / f"features_{s}.json").read_text())
+        assert "result" in d and d["where"].startswith("CPU stand-in")
+        assert f"[{s}] CPU stand-in" in r.stdout
+    assert [row["head_dim"] for row in json.loads((tmp_path / "features_sparse.json").read_text())["result"]["rows"]] == [64]

@@ -4,7 +4,9 @@
 # SM90 block-sparse backward prediction at hd 200/208/232/240 (controls hd 128, 256).
 #   bash scripts/gpu/features.sh            all three sections   (~4-6 min on the H200, cold FA4 compiles)
 #   bash scripts/gpu/features.sh paged      one section: paged | combine | sparse
+#   SPARSE_HDS=128,208,224 bash scripts/gpu/features.sh sparse   lean sparse study (~1.5 min)
 # Writes $OUT/features_<section>.json and .log; prints one summary line per section.
+# FEATURES_DEVICE=cpu runs the CPU stand-in (tests only; not evidence).
 set -u
 sections="${1:-paged combine sparse}"
 : "${OUT:?set OUT to the output folder}"
@@ -16,8 +18,11 @@ for s in $sections; do
     sparse)  lim=420 ;;
     *) echo "usage: $0 [paged|combine|sparse]" >&2; exit 2 ;;
   esac
+  extra=()
+  [ "$s" = sparse ] && [ -n "${SPARSE_HDS:-}" ] && extra=(--head-dims "$SPARSE_HDS")
   timeout "$lim" python3 scripts/gpu_features.py --section "$s" --json "$OUT/features_$s.json" \
-    > "$OUT/features_$s.log" 2>&1
+    --device "${FEATURES_DEVICE:-cuda}" \
+    ${extra[@]+"${extra[@]}"} > "$OUT/features_$s.log" 2>&1
   r=$?
   [ $r -ne 0 ] && rc=$r
   tail -n 1 "$OUT/features_$s.log"
