@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 __all__ = ["FeatureCase", "KINDS", "parse_cases", "run"]
 
-KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd")
+KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd", "sparse_fwd")
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def parse_cases(text: str) -> list[FeatureCase]:
             if not n.isdigit() or int(n) < 1:
                 raise ValueError(f"{item!r}: the number after ':' must be a positive integer")
             kw = {"paged": {"page_size": int(n)}, "sparse_bwd": {"head_dim": int(n)},
-                  "dense_bwd": {"head_dim": int(n)},
+                  "dense_bwd": {"head_dim": int(n)}, "sparse_fwd": {"head_dim": int(n)},
                   "split_kv": {"num_splits": int(n)}, "combine": {"num_splits": int(n)}}[kind]
         out.append(FeatureCase(kind, **kw))
     if not out:
@@ -100,6 +100,13 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
                 table = torch.empty(2, per, dtype=torch.int32, device="cuda")
                 used = torch.empty(2, dtype=torch.int32, device="cuda")
                 f = ad.forward(q, kp, torch.empty_like(kp), page_table=table, seqused_k=used)
+                rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
+                rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
+            elif case.kind == "sparse_fwd":
+                k = torch.empty(2, sk, h, d, dtype=bf, device="cuda")
+                bm = np.ones((-(-sq // 128), -(-sk // 128)), bool)
+                bs = ad.block_sparse_tensors(bm, batch=2, nheads=h, block_size=(128, 128), direction="fwd")
+                f = ad.forward(q, k, torch.empty_like(k), block_sparse_tensors=bs)
                 rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
                 rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
             elif case.kind == "combine":

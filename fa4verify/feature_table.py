@@ -40,11 +40,12 @@ TWIN: dict[tuple[str, str, str], str] = {
 }
 #: feature_compile kind of each (feature, direction)
 COMPILE_KIND = {("paged_kv", "fwd"): "paged", ("split_kv", "fwd"): "split_kv",
-                ("combine", "fwd"): "combine", ("block_sparse", "bwd"): "sparse_bwd"}
+                ("combine", "fwd"): "combine", ("block_sparse", "bwd"): "sparse_bwd",
+                ("block_sparse", "fwd"): "sparse_fwd"}
 _ARCH_FILE = {"sm90": "sm90a", "sm100": "sm100a"}
 #: H200 section that measures a cell
 _H200 = {("paged_kv", "fwd"): "paged", ("combine", "fwd"): "combine", ("split_kv", "fwd"): "combine",
-         ("block_sparse", "bwd"): "sparse", ("seqused", "fwd"): "paged"}
+         ("block_sparse", "bwd"): "sparse", ("seqused", "fwd"): "paged", ("block_sparse", "fwd"): "sparse_fwd"}
 
 
 def load_evidence(results: Path = RESULTS) -> dict[str, Any]:
@@ -53,7 +54,7 @@ def load_evidence(results: Path = RESULTS) -> dict[str, Any]:
         p = results / f"compile_only_{f}.json"
         if p.is_file():
             ev["compile"][arch] = json.loads(p.read_text())["results"]
-    for sec in ("paged", "combine", "sparse"):
+    for sec in ("paged", "combine", "sparse_fwd", "sparse"):
         p = results / "h200" / f"features_{sec}.json"
         if p.is_file():
             ev["h200"][sec] = json.loads(p.read_text())
@@ -67,7 +68,7 @@ def _compile_text(c: F.Cell, recs: list[dict]) -> Optional[str]:
         return None
     ok = [r for r in rows if r["ok"]]
     bad = [r for r in rows if not r["ok"]]
-    key = "page_size" if kind == "paged" else "head_dim" if kind == "sparse_bwd" else "num_splits"
+    key = "page_size" if kind == "paged" else "head_dim" if kind in ("sparse_bwd", "sparse_fwd") else "num_splits"
     name = {"page_size": "page", "head_dim": "hd", "num_splits": "splits"}[key]
     parts = []
     if ok:

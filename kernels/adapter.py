@@ -406,7 +406,7 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
             pack_gqa: Optional[bool] = None, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
             return_lse: bool = True, page_table=None, seqused_q=None, seqused_k=None,
-            num_splits: int = 1) -> ForwardResult:
+            num_splits: int = 1, block_sparse_tensors=None) -> ForwardResult:
     """Run FA4's forward on CUDA tensors (fp16/bf16; layout (batch, seqlen, nheads, headdim), or
     (total, nheads, headdim) with ``cu_seqlens_q/k`` for varlen).
 
@@ -421,6 +421,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     ``seqused_k`` alone limit the used rows of batched q / k. Any of them routes the call to
     ``flash_attn_varlen_func`` (the only public entry that takes them; it accepts batched q).
     ``num_splits`` is FA4's split-KV knob (1 = off; SM90 asserts on > 1).
+    ``block_sparse_tensors``: FA4's ``BlockSparseTensorsTorch`` (per Q block its KV blocks;
+    :func:`block_sparse_tensors` with ``direction="fwd"``).
 
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
@@ -448,7 +450,7 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     cfg.extra = {"paged": paged, "page_size": int(k.shape[1]) if paged else None,
                  "num_pages": int(k.shape[0]) if paged else None,
                  "seqused_q": seqused_q is not None, "seqused_k": seqused_k is not None,
-                 "num_splits": int(num_splits)}
+                 "num_splits": int(num_splits), "block_sparse": block_sparse_tensors is not None}
     ws = tuple(window_size) if window_size is not None else (None, None)
     with _record_keys(interface._flash_attn_fwd) as rec, torch.no_grad():
         if use_varlen_entry:
@@ -457,12 +459,14 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
                 seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
                 causal=causal, window_size=ws, learnable_sink=learnable_sink, softcap=softcap,
-                num_splits=int(num_splits), pack_gqa=pack_gqa, return_lse=return_lse)
+                num_splits=int(num_splits), pack_gqa=pack_gqa, return_lse=return_lse,
+                block_sparse_tensors=block_sparse_tensors)
         else:
             out, lse = flash_attn_func(
                 q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=ws,
                 learnable_sink=learnable_sink, softcap=softcap, pack_gqa=pack_gqa,
-                num_splits=int(num_splits), return_lse=return_lse)
+                num_splits=int(num_splits), return_lse=return_lse,
+                block_sparse_tensors=block_sparse_tensors)
     key = rec.keys[-1] if rec.keys else None
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")

@@ -12,6 +12,8 @@ Sections (``--section``; each writes one JSON, ``--json``):
   composed budget (DERIVATIONS.md#combine); the combine stage alone against its local budget; the
   share of output elements where the CPU twin of the combine (``kernels/twin_combine.py``) is
   bitwise FA4's; and ``num_splits=2`` on SM90 (FA4 asserts: "SplitKV not supported on SM 9.0").
+* ``sparse_fwd``: block-sparse forward under a random 128 x 128 block mask vs the oracle of dense
+  attention under that mask (the judge's mask_mod path), composed forward budget.
 * ``sparse``: the prediction of issue 16 item 7: SM90 block-sparse backward at head dims 200/208/
   232/240 (``dKV_swapAB=False`` under sparsity, so the kernel rounds the accumulator head dim to 16
   while ``interface.py`` allocates it rounded to 32) is predicted to return wrong gradients;
@@ -74,6 +76,14 @@ class Fa4:
         torch.cuda.synchronize()
         return r.dq, r.dk, r.dv, r.config.to_dict()
 
+    def sparse_forward(self, q, k, v, block_mask, block_size):
+        import torch
+        bs = self.ad.block_sparse_tensors(block_mask, batch=q.shape[0], nheads=q.shape[2],
+                                          block_size=block_size, direction="fwd")
+        r = self.ad.forward(q, k, v, return_lse=True, block_sparse_tensors=bs)
+        torch.cuda.synchronize()
+        return r.out, r.lse, r.config.to_dict()
+
     def bwd_block_size(self, hd):
         return self.ad.sm90_bwd_sparse_block_size(hd)
 
@@ -126,6 +136,11 @@ class CpuStandIn:
                                dtype="float32")
         return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), {"stand_in": True}
 
+    def sparse_forward(self, q, k, v, block_mask, block_size):
+        keep = mask_from_blocks(block_mask, block_size, q.shape[1], k.shape[1])
+        o, lse = ref_forward(q.float(), k.float(), v.float(), keep)
+        return o.to(q.dtype), lse.float(), {"stand_in": True}
+
     def bwd_block_size(self, hd):
         return (128, 64 if hd > 192 else 128)
 
@@ -170,7 +185,7 @@ def ref_forward(q, k, v, keep):
     s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) / math.sqrt(q.shape[-1])
     s = s.masked_fill(~keep.to(s.device), float("-inf"))
     lse = torch.logsumexp(s, -1)
-    o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), v.double())
+    o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1).nan_to_num(0.0), v.double())
     return o, lse
 
 
@@ -327,6 +342,48 @@ def section_combine(K, small: bool) -> dict[str, Any]:
     return res
 
 
+def section_sparse_fwd(K, small: bool) -> dict[str, Any]:
+    """Block-sparse forward (SM90 supports it): FA4 under a random 128 x 128 block mask (full
+    blocks only) vs the oracle of dense attention under that mask, written as a varlen batch with
+    one sequence per (batch, query block) (``fa4verify.oracles.block_sparse.as_varlen``), within
+    the composed forward budget."""
+    import torch
+    from fa4verify.judge import AttentionProblem, arrays_from, judge_forward
+    from fa4verify.oracles.block_sparse import as_varlen, dense_mask
+    b, sq, sk, h, d = (1, 256, 256, 1, 64) if small else (2, 512, 1024, 2, 128)
+    blk = 128
+    rng = np.random.default_rng(3)
+    bm = rng.random((sq // blk, sk // blk)) < 0.5
+    bm[np.arange(sq // blk), rng.integers(0, sk // blk, sq // blk)] = True
+    bm[0] = False                                   # one fully masked query block (O = 0, LSE = -inf)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (_bf16(torch.randn(b, n, h, d, generator=gen)) for n in (sq, sk, sk))
+    vr = as_varlen(_np(q), _np(k), _np(v), bm, (blk, blk))
+    prob = AttentionProblem(arch="sm90", dtype="bf16", batch=len(vr["seqlens_q"]), seqlen_q=max(vr["seqlens_q"]),
+                            seqlen_k=max(vr["seqlens_k"]), nheads=h, nheads_kv=h, head_dim=d, head_dim_v=d,
+                            seqlens_q=vr["seqlens_q"], seqlens_k=vr["seqlens_k"])
+    a = arrays_from(vr["q"], vr["k"], vr["v"], cu_seqlens_q=vr["cu_seqlens_q"], cu_seqlens_k=vr["cu_seqlens_k"])
+    res: dict[str, Any] = {"shape": {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "nheads": h, "head_dim": d},
+                           "block_size": [blk, blk], "blocks_kept": int(bm.sum()), "blocks_total": int(bm.size),
+                           "fully_masked_rows": int((~dense_mask(bm, (blk, blk), sq, sk).any(axis=1)).sum()) * b}
+    t0 = time.time()
+    dev = K.device
+    try:
+        out, lse, cfg = K.sparse_forward(q.to(dev), k.to(dev), v.to(dev), bm, (blk, blk))
+    except Exception as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        res["errors"] = [res["error"]]
+        return res
+    bi, row = vr["q_index"].T
+    o = _np(out)[bi, row]                                   # (total_q, h, d), the varlen order
+    l_ = _np(lse).transpose(0, 2, 1)[bi, row].T             # (h, total_q)
+    j = judge_forward(prob, a, o, l_)
+    res.update(out=_verdict(j.out), lse=_verdict(j.lse), config=cfg, seconds=time.time() - t0,
+               max_tightness=max(j.out.tightness, j.lse.tightness),
+               all_within_budget=j.out.status == j.lse.status == "pass", errors=[])
+    return res
+
+
 def sparse_one(K, hd: int, small: bool) -> dict[str, Any]:
     """One head dim of the block-sparse backward study (runs in its own process: the DSL aborts
     the process, not just the call, on a layout it cannot build)."""
@@ -405,7 +462,8 @@ def section_sparse(K, small: bool, device: str = "cuda", head_dims=None) -> dict
                         else "refuted" if pred_rows and not failed else "mixed")}
 
 
-SECTIONS = {"paged": section_paged, "combine": section_combine, "sparse": section_sparse}
+SECTIONS = {"paged": section_paged, "combine": section_combine, "sparse_fwd": section_sparse_fwd,
+            "sparse": section_sparse}
 
 
 def main(argv=None) -> int:

@@ -7,6 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +20,7 @@ def _script():
     return mod
 
 
-@pytest.mark.parametrize("section", ["paged", "combine", "sparse"])
+@pytest.mark.parametrize("section", ["paged", "combine", "sparse_fwd", "sparse"])
 def test_section_runs_on_cpu_stand_in(section, tmp_path):
     out = tmp_path / f"{section}.json"
     rc = _script().main(["--section", section, "--json", str(out), "--device", "cpu"])
@@ -35,6 +36,9 @@ def test_section_runs_on_cpu_stand_in(section, tmp_path):
         assert r["all_within_budget"] is True and len(r["rows"]) == 2
         assert all(row["twin_bitwise_share_out"] == 1.0 for row in r["rows"])   # the stand-in *is* the twin
         assert r["num_splits_2"].startswith("AssertionError")
+    elif section == "sparse_fwd":
+        assert r["all_within_budget"] is True and 0 < r["max_tightness"] < 1 and r["blocks_kept"] > 0
+        assert r["fully_masked_rows"] > 0
     else:
         assert r["verdict"] == "refuted"        # the stand-in's float32 gradients are right
         assert all(row["dq_rel_err"] < 0.01 for row in r["rows"])
@@ -92,8 +96,17 @@ def test_shell_driver_end_to_end_on_cpu_stand_in(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "features.sh")], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    for s in ("paged", "combine", "sparse"):
+    for s in ("paged", "combine", "sparse_fwd", "sparse"):
         d = json.loads((tmp_path / f"features_{s}.json").read_text())
         assert "result" in d and d["where"].startswith("CPU stand-in")
         assert f"[{s}] CPU stand-in" in r.stdout
     assert [row["head_dim"] for row in json.loads((tmp_path / "features_sparse.json").read_text())["result"]["rows"]] == [64]
+
+
+def test_sparse_forward_that_ignores_the_block_mask_fails():
+    mod = _script()
+    K = mod.CpuStandIn()
+    real = K.sparse_forward
+    K.sparse_forward = lambda q, k, v, bm, bs: real(q, k, v, np.ones_like(bm), bs)
+    r = mod.section_sparse_fwd(K, small=True)
+    assert r["out"]["status"] == "fail" and r["all_within_budget"] is False
