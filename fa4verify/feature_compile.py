@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 __all__ = ["FeatureCase", "KINDS", "parse_cases", "run"]
 
-KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd", "sparse_fwd")
+KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd", "sparse_fwd", "mask_mod_fwd")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,7 @@ def parse_cases(text: str) -> list[FeatureCase]:
                 raise ValueError(f"{item!r}: the number after ':' must be a positive integer")
             kw = {"paged": {"page_size": int(n)}, "sparse_bwd": {"head_dim": int(n)},
                   "dense_bwd": {"head_dim": int(n)}, "sparse_fwd": {"head_dim": int(n)},
+                  "mask_mod_fwd": {"head_dim": int(n)},
                   "split_kv": {"num_splits": int(n)}, "combine": {"num_splits": int(n)}}[kind]
         out.append(FeatureCase(kind, **kw))
     if not out:
@@ -107,6 +108,12 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
                 bm = np.ones((-(-sq // 128), -(-sk // 128)), bool)
                 bs = ad.block_sparse_tensors(bm, batch=2, nheads=h, block_size=(128, 128), direction="fwd")
                 f = ad.forward(q, k, torch.empty_like(k), block_sparse_tensors=bs)
+                rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
+                rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
+            elif case.kind == "mask_mod_fwd":
+                from fa4verify.kernels.mask_mods import checkerboard_128
+                k = torch.empty(2, sk, h, d, dtype=bf, device="cuda")
+                f = ad.forward(q, k, torch.empty_like(k), mask_mod=checkerboard_128)
                 rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
                 rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
             elif case.kind == "combine":

@@ -41,11 +41,12 @@ TWIN: dict[tuple[str, str, str], str] = {
 #: feature_compile kind of each (feature, direction)
 COMPILE_KIND = {("paged_kv", "fwd"): "paged", ("split_kv", "fwd"): "split_kv",
                 ("combine", "fwd"): "combine", ("block_sparse", "bwd"): "sparse_bwd",
-                ("block_sparse", "fwd"): "sparse_fwd"}
+                ("block_sparse", "fwd"): "sparse_fwd", ("score_mod", "fwd"): "mask_mod_fwd"}
 _ARCH_FILE = {"sm90": "sm90a", "sm100": "sm100a"}
 #: H200 section that measures a cell
 _H200 = {("paged_kv", "fwd"): "paged", ("combine", "fwd"): "combine", ("split_kv", "fwd"): "combine",
-         ("block_sparse", "bwd"): "sparse", ("seqused", "fwd"): "paged", ("block_sparse", "fwd"): "sparse_fwd"}
+         ("block_sparse", "bwd"): "sparse", ("seqused", "fwd"): "paged", ("block_sparse", "fwd"): "sparse_fwd",
+         ("score_mod", "fwd"): "sparse_fwd"}
 
 
 def load_evidence(results: Path = RESULTS) -> dict[str, Any]:
@@ -68,7 +69,8 @@ def _compile_text(c: F.Cell, recs: list[dict]) -> Optional[str]:
         return None
     ok = [r for r in rows if r["ok"]]
     bad = [r for r in rows if not r["ok"]]
-    key = "page_size" if kind == "paged" else "head_dim" if kind in ("sparse_bwd", "sparse_fwd") else "num_splits"
+    key = ("page_size" if kind == "paged" else "head_dim" if kind in ("sparse_bwd", "sparse_fwd", "mask_mod_fwd")
+           else "num_splits")
     name = {"page_size": "page", "head_dim": "hd", "num_splits": "splits"}[key]
     parts = []
     if ok:
@@ -104,6 +106,17 @@ def _h200_text(c: F.Cell, h200: dict[str, Any]) -> Optional[str]:
         t = max(x["out"]["tightness"], x["lse"]["tightness"])
         ok = x["out"]["status"] == x["lse"]["status"] == "pass"
         return f"{where}: seqused_k {'within budget' if ok else 'NOT within budget'}, max tightness {t:.3g}"
+    if c.feature == "score_mod":
+        eq = r.get("checkerboard_vs_mask_mod", {})
+        m = eq.get("mask_mod", {})
+        if "out" not in m:
+            return f"{where}: mask_mod run failed ({str(m.get('error', 'missing'))[:60]})"
+        t = max(m["out"]["tightness"], m["lse"]["tightness"])
+        ok = m["out"]["status"] == m["lse"]["status"] == "pass"
+        be = eq.get("bitwise_equal", {})
+        return (f"{where}: mask_mod (checkerboard) {'within budget' if ok else 'NOT within budget'}, max tightness "
+                f"{t:.3g}; {'bitwise equal to' if be.get('out') and be.get('lse') else 'differs from'} the "
+                f"equivalent block-sparse run")
     if c.feature == "split_kv":
         return f"{where}: num_splits=2 -> {str(r.get('num_splits_2'))[:50]}"
     if sec == "sparse":

@@ -406,7 +406,7 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
             pack_gqa: Optional[bool] = None, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
             return_lse: bool = True, page_table=None, seqused_q=None, seqused_k=None,
-            num_splits: int = 1, block_sparse_tensors=None) -> ForwardResult:
+            num_splits: int = 1, block_sparse_tensors=None, mask_mod=None) -> ForwardResult:
     """Run FA4's forward on CUDA tensors (fp16/bf16; layout (batch, seqlen, nheads, headdim), or
     (total, nheads, headdim) with ``cu_seqlens_q/k`` for varlen).
 
@@ -422,7 +422,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     ``flash_attn_varlen_func`` (the only public entry that takes them; it accepts batched q).
     ``num_splits`` is FA4's split-KV knob (1 = off; SM90 asserts on > 1).
     ``block_sparse_tensors``: FA4's ``BlockSparseTensorsTorch`` (per Q block its KV blocks;
-    :func:`block_sparse_tensors` with ``direction="fwd"``).
+    :func:`block_sparse_tensors` with ``direction="fwd"``). ``mask_mod``: an FA4 CuTe DSL mask
+    callable (``fa4verify.kernels.mask_mods``), passed through.
 
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
@@ -450,7 +451,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     cfg.extra = {"paged": paged, "page_size": int(k.shape[1]) if paged else None,
                  "num_pages": int(k.shape[0]) if paged else None,
                  "seqused_q": seqused_q is not None, "seqused_k": seqused_k is not None,
-                 "num_splits": int(num_splits), "block_sparse": block_sparse_tensors is not None}
+                 "num_splits": int(num_splits), "block_sparse": block_sparse_tensors is not None,
+                 "mask_mod": getattr(mask_mod, "__name__", None) if mask_mod is not None else None}
     ws = tuple(window_size) if window_size is not None else (None, None)
     with _record_keys(interface._flash_attn_fwd) as rec, torch.no_grad():
         if use_varlen_entry:
@@ -460,13 +462,13 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
                 seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
                 causal=causal, window_size=ws, learnable_sink=learnable_sink, softcap=softcap,
                 num_splits=int(num_splits), pack_gqa=pack_gqa, return_lse=return_lse,
-                block_sparse_tensors=block_sparse_tensors)
+                block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod)
         else:
             out, lse = flash_attn_func(
                 q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=ws,
                 learnable_sink=learnable_sink, softcap=softcap, pack_gqa=pack_gqa,
                 num_splits=int(num_splits), return_lse=return_lse,
-                block_sparse_tensors=block_sparse_tensors)
+                block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod)
     key = rec.keys[-1] if rec.keys else None
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")

@@ -39,6 +39,9 @@ def test_section_runs_on_cpu_stand_in(section, tmp_path):
     elif section == "sparse_fwd":
         assert r["all_within_budget"] is True and 0 < r["max_tightness"] < 1 and r["blocks_kept"] > 0
         assert r["fully_masked_rows"] > 0
+        eq = r["checkerboard_vs_mask_mod"]
+        assert eq["bitwise_equal"] == {"out": True, "lse": True}        # stand-in: the same computation
+        assert eq["mask_mod"]["out"]["status"] == eq["block_sparse"]["out"]["status"] == "pass"
     else:
         assert r["verdict"] == "refuted"        # the stand-in's float32 gradients are right
         assert all(row["dq_rel_err"] < 0.01 for row in r["rows"])
