@@ -16,7 +16,7 @@ seqlen_q, nheads)`` (``flash_attn_combine``'s), forward LSE ``(batch, nheads, se
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
