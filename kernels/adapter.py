@@ -47,7 +47,8 @@ __all__ = [
     "NoCudaError", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
     "forward", "backward", "exp2_emulation_disabled", "exp2_emulation_enabled",
     "clear_compile_caches", "supported_head_dims", "upstream_reference", "timing_callable",
-    "forward_backward_autograd",
+    "forward_backward_autograd", "combine", "block_sparse_tensors", "sm90_bwd_sparse_block_size",
+    "sm90_bwd_config",
 ]
 
 
@@ -286,6 +287,9 @@ class CallConfig:
     emulated_share_source: str = ""
     env: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    #: features beyond the dense call: ``page_size``/``num_pages`` (paged KV), ``seqused_q``/
+    #: ``seqused_k`` (bool), ``num_splits`` (requested), ``block_sparse`` (bool), ``combine``
+    extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -416,7 +420,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
             window_size: tuple = (None, None), softcap: float = 0.0, learnable_sink=None,
             pack_gqa: Optional[bool] = None, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
-            return_lse: bool = True) -> ForwardResult:
+            return_lse: bool = True, page_table=None, seqused_q=None, seqused_k=None,
+            num_splits: int = 1, block_sparse_tensors=None, mask_mod=None) -> ForwardResult:
     """Run FA4's forward on CUDA tensors (fp16/bf16; layout (batch, seqlen, nheads, headdim), or
     (total, nheads, headdim) with ``cu_seqlens_q/k`` for varlen).
 
@@ -424,30 +429,61 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     used as given; gradients are the job of :func:`backward`). ``lse`` is FA4's fp32
     natural-log LSE, shape (batch, nheads, seqlen_q) or (nheads, total_q).
 
+    Paged KV: ``page_table`` (int32, (batch, max_pages_per_seq)) with ``k``/``v`` as pages
+    (num_pages, page_size, nheads_kv, d) and usually ``seqused_k`` (int32, (batch,)): token ``j``
+    of sequence ``b`` is ``k[page_table[b, j // page_size], j % page_size]``
+    (``fa4verify.oracles.paged_kv``); not with ``cu_seqlens_k`` (FA4 asserts). ``seqused_q`` /
+    ``seqused_k`` alone limit the used rows of batched q / k. Any of them routes the call to
+    ``flash_attn_varlen_func`` (the only public entry that takes them; it accepts batched q).
+    ``num_splits`` is FA4's split-KV knob (1 = off; SM90 asserts on > 1).
+    ``block_sparse_tensors``: FA4's ``BlockSparseTensorsTorch`` (per Q block its KV blocks;
+    :func:`block_sparse_tensors` with ``direction="fwd"``). ``mask_mod``: an FA4 CuTe DSL mask
+    callable (``fa4verify.kernels.mask_mods``), passed through.
+
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
     _require_cuda()
     import torch
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func, interface
-    varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    entry = "flash_attn_varlen_func" if varlen else "flash_attn_func"
+    paged = page_table is not None
+    if paged and cu_seqlens_k is not None:
+        raise ValueError("page_table cannot be combined with cu_seqlens_k (FA4: batched pages only)")
+    if paged or seqused_q is not None or seqused_k is not None:
+        varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+        if cu_seqlens_k is not None and cu_seqlens_q is None:
+            raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
+        use_varlen_entry = True
+    else:
+        varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        use_varlen_entry = varlen
+    if int(num_splits) < 1 and int(num_splits) != 0:
+        raise ValueError(f"num_splits must be >= 1 (or 0: FA4's heuristic), got {num_splits}")
+    entry = "flash_attn_varlen_func" if use_varlen_entry else "flash_attn_func"
     cfg = _base_config("forward", entry, q, k, v, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
                        pack_gqa=pack_gqa, varlen=varlen, deterministic=False,
                        return_lse=return_lse)
+    cfg.extra = {"paged": paged, "page_size": int(k.shape[1]) if paged else None,
+                 "num_pages": int(k.shape[0]) if paged else None,
+                 "seqused_q": seqused_q is not None, "seqused_k": seqused_k is not None,
+                 "num_splits": int(num_splits), "block_sparse": block_sparse_tensors is not None,
+                 "mask_mod": getattr(mask_mod, "__name__", None) if mask_mod is not None else None}
     ws = tuple(window_size) if window_size is not None else (None, None)
     with _record_keys(interface._flash_attn_fwd) as rec, torch.no_grad():
-        if varlen:
+        if use_varlen_entry:
             out, lse = flash_attn_varlen_func(
                 q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
+                seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
                 causal=causal, window_size=ws, learnable_sink=learnable_sink, softcap=softcap,
-                pack_gqa=pack_gqa, return_lse=return_lse)
+                num_splits=int(num_splits), pack_gqa=pack_gqa, return_lse=return_lse,
+                block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod)
         else:
             out, lse = flash_attn_func(
                 q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=ws,
                 learnable_sink=learnable_sink, softcap=softcap, pack_gqa=pack_gqa,
-                return_lse=return_lse)
+                num_splits=int(num_splits), return_lse=return_lse,
+                block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod)
     key = rec.keys[-1] if rec.keys else None
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")
@@ -462,7 +498,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
              learnable_sink=None, pack_gqa: Optional[bool] = None, cu_seqlens_q=None,
              cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
              max_seqlen_k: Optional[int] = None, deterministic: bool = False,
-             dq=None, dk=None, dv=None, dlse=None) -> BackwardResult:
+             dq=None, dk=None, dv=None, dlse=None, block_sparse_tensors=None) -> BackwardResult:
     """Run FA4's backward (``flash_attn.cute.interface._flash_attn_bwd``, what the public
     autograd backward of ``flash_attn_func``/``flash_attn_varlen_func`` calls).
 
@@ -470,7 +506,9 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     when given, are the output buffers FA4 writes (shapes/dtypes of q/k/v; e.g. views into
     guard-banded allocations); otherwise FA4 allocates them. ``pack_gqa`` is recorded only:
     FA4's backward never packs GQA (fa4_numerics.md 7). ``dsink`` is returned with a
-    ``learnable_sink``, else None.
+    ``learnable_sink``, else None. ``block_sparse_tensors``: FA4's
+    ``BlockSparseTensorsTorch`` in the backward's Q-direction form (per KV block, the Q blocks it
+    sees; ``fa4verify.kernels.block_sparse.to_fa4_bwd``); not with varlen (FA4 asserts).
 
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
@@ -482,6 +520,9 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
                        causal=causal, window_size=window_size, softcap=softcap,
                        learnable_sink=learnable_sink, pack_gqa=pack_gqa, varlen=varlen,
                        deterministic=deterministic, return_lse=dlse is not None)
+    cfg.extra = {"block_sparse": block_sparse_tensors is not None,
+                 "block_size": (list(block_sparse_tensors.block_size)
+                                if getattr(block_sparse_tensors, "block_size", None) else None)}
     ws = tuple(window_size) if window_size is not None else (None, None)
     for name, buf, ref in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if buf is not None and (tuple(buf.shape) != tuple(ref.shape) or buf.dtype != ref.dtype):
@@ -494,7 +535,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             deterministic=deterministic, dq=dq, dk=dk, dv=dv, dlse=dlse,
-            learnable_sink=learnable_sink)
+            learnable_sink=learnable_sink, block_sparse_tensors=block_sparse_tensors)
     if learnable_sink is None:
         gdq, gdk, gdv = res
         dsink = None
@@ -507,6 +548,84 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     _fill_kernel_fields(cfg, _named_key(interface._flash_attn_bwd, key), head_dim=int(q.shape[-1]),
                         head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
     return BackwardResult(gdq, gdk, gdv, dsink, cfg)
+
+
+def combine(out_partial, lse_partial, *, out_dtype=None, return_lse: bool = True):
+    """FA4's public ``flash_attn_combine``: merge split partial outputs.
+
+    ``out_partial`` (num_splits, batch, seqlen, nheads, d) (fp32/bf16/fp16) and ``lse_partial``
+    (num_splits, batch, seqlen, nheads) fp32 natural-log LSE of each split (FA4's forward LSE
+    (batch, nheads, seqlen) transposed). Returns ``(out, lse, config)``: ``out`` (batch, seqlen,
+    nheads, d) in ``out_dtype`` (default: the partials' dtype), ``lse`` (batch, seqlen, nheads)
+    or None. The arithmetic is modelled by ``fa4verify.kernels.twin_combine``.
+
+    Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
+    """
+    _require_cuda()
+    import torch
+    from flash_attn.cute import interface
+    from flash_attn.cute.interface import flash_attn_combine
+    cfg = {"op": "combine", "entry": "flash_attn_combine", "versions": versions(),
+           "arch": _device_arch(), "gpu_name": _gpu_name(),
+           "partial_dtype": str(out_partial.dtype).replace("torch.", ""),
+           "out_partial_shape": tuple(out_partial.shape), "num_splits": int(out_partial.shape[0])}
+    fn = interface._flash_attn_fwd_combine
+    with _record_keys(fn) as rec, torch.no_grad():
+        out, lse = flash_attn_combine(out_partial, lse_partial, out_dtype=out_dtype, return_lse=return_lse)
+    key = rec.keys[-1] if rec.keys else None
+    cfg["compile_key"] = None if key is None else [_jsonable(x) for x in key]
+    return out, lse, cfg
+
+
+def sm90_bwd_sparse_block_size(head_dim: int, head_dim_v: Optional[int] = None, *, causal: bool = False,
+                               local: bool = False) -> tuple[int, int]:
+    """(q, kv) block size FA4's SM90 backward expects of ``block_sparse_tensors`` (128 Q rows, the
+    KV tile ``_tile_size_bwd_sm90`` picks under sparsity) and, for the record, its
+    ``dKV_swapAB`` (the flag the hd 200-240 prediction is about): ``(block_q, block_kv)``."""
+    from flash_attn.cute import interface
+    cfg = interface._tile_size_bwd_sm90(head_dim, head_dim_v or head_dim, causal, local,
+                                        sparse_block_size_q=128)
+    return 128, int(cfg.n_block_size)
+
+
+def sm90_bwd_config(head_dim: int, head_dim_v: Optional[int] = None, *, causal: bool = False,
+                    local: bool = False, sparse: bool = False) -> dict[str, Any]:
+    """FA4's SM90 ``BwdConfig`` for a head dim (as a dict), dense or under block sparsity."""
+    from flash_attn.cute import interface
+    cfg = interface._tile_size_bwd_sm90(head_dim, head_dim_v or head_dim, causal, local,
+                                        sparse_block_size_q=128 if sparse else None)
+    return {k: _jsonable(v) for k, v in asdict(cfg).items()}
+
+
+def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tuple[int, int],
+                         direction: str = "fwd", device: str = "cuda"):
+    """FA4's ``BlockSparseTensorsTorch`` for a dense boolean block mask ``(n_q_blocks,
+    n_kv_blocks)`` (the same for every batch entry and head): every selected block is a *full*
+    block (no ``mask_mod`` inside blocks), ``mask_block_cnt`` is 0. ``direction="fwd"`` lists per
+    Q block its KV blocks; ``"bwd"`` per KV block its Q blocks (the backward's Q-direction form).
+    The dense semantics: key j is visible to query i iff ``block_mask[i // bq, j // bk]``."""
+    import numpy as np
+    import torch
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+    m = np.asarray(block_mask, bool)
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction={direction!r}: expected 'fwd' or 'bwd'")
+    if direction == "bwd":
+        m = m.T
+    rows, cols = m.shape
+    cnt = m.sum(axis=1).astype(np.int32)
+    idx = np.zeros((rows, cols), np.int32)
+    for r in range(rows):
+        sel = np.flatnonzero(m[r])
+        idx[r, : sel.size] = sel
+
+    def full(x):
+        # built on the device from a list (also under FakeTensorMode, where a CPU->CUDA copy fails)
+        x = np.broadcast_to(np.asarray(x, np.int32), (batch, nheads) + np.shape(x))
+        return torch.tensor(x.tolist(), dtype=torch.int32, device=device)
+    return BlockSparseTensorsTorch(
+        mask_block_cnt=full(np.zeros(rows, np.int32)), mask_block_idx=full(np.zeros((rows, cols), np.int32)),
+        full_block_cnt=full(cnt), full_block_idx=full(idx), block_size=tuple(int(b) for b in block_size))
 
 
 def timing_callable(q, k, v, **kw):

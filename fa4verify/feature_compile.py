@@ -1,0 +1,222 @@
+"""Compile-only runs of FA4 features through the adapter (no GPU): split-KV (``num_splits``),
+paged KV, ``flash_attn_combine`` and the SM90 block-sparse backward (issue 16).
+
+:func:`run` starts one subprocess per compile target (``sm_90a`` / ``sm_100a``) with the census'
+environment and CPU shims (:func:`fa4verify.census.compile_env`, ``_install_cpu_shims``); in it
+each :class:`FeatureCase` makes fake CUDA tensors under torch ``FakeTensorMode`` and calls the
+adapter (``forward(..., num_splits=/page_table=)``, ``combine``, ``backward(...,
+block_sparse_tensors=)``): FA4 traces and compiles its kernels for ``FLASH_ATTENTION_ARCH`` and
+skips the launch. Per case: ok / the error FA4 raised, the kernel classes whose PTX the DSL wrote
+(``fa4verify.compile_only.kernel_class``), FA4's compile key, wall seconds.
+
+Every figure from here is **compile-only** (shapes and code, no values). Usage::
+
+    python -m fa4verify.feature_compile --arch sm_100a --cases split_kv,paged,combine --json F
+    python -m fa4verify.feature_compile --arch sm_90a --cases sparse_bwd:208 --json F
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["FeatureCase", "KINDS", "parse_cases", "run"]
+
+KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd", "sparse_fwd", "mask_mod_fwd")
+
+
+@dataclass(frozen=True)
+class FeatureCase:
+    kind: str                    #: one of KINDS
+    head_dim: int = 128
+    page_size: int = 128         #: paged only
+    num_splits: int = 4          #: split_kv / combine
+    seqlen_q: int = 128
+    seqlen_k: int = 1024
+    nheads: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r}: expected one of {KINDS}")
+
+    def label(self) -> str:
+        extra = {"paged": f"-p{self.page_size}", "split_kv": f"-s{self.num_splits}",
+                 "combine": f"-s{self.num_splits}"}.get(self.kind, "")
+        return f"{self.kind}-hd{self.head_dim}{extra}"
+
+
+def parse_cases(text: str) -> list[FeatureCase]:
+    """``"split_kv,paged:64,sparse_bwd:208"`` -> cases (``kind[:n]``: n is the page size for
+    paged, the head dim for sparse_bwd, the split count for split_kv/combine)."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        kind, _, n = item.partition(":")
+        if kind not in KINDS:
+            raise ValueError(f"unknown case {kind!r} (expected one of {KINDS})")
+        kw: dict[str, Any] = {}
+        if n:
+            if not n.isdigit() or int(n) < 1:
+                raise ValueError(f"{item!r}: the number after ':' must be a positive integer")
+            kw = {"paged": {"page_size": int(n)}, "sparse_bwd": {"head_dim": int(n)},
+                  "dense_bwd": {"head_dim": int(n)}, "sparse_fwd": {"head_dim": int(n)},
+                  "mask_mod_fwd": {"head_dim": int(n)},
+                  "split_kv": {"num_splits": int(n)}, "combine": {"num_splits": int(n)}}[kind]
+        out.append(FeatureCase(kind, **kw))
+    if not out:
+        raise ValueError("no cases")
+    return out
+
+
+def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
+    import numpy as np
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fa4verify.compile_only import kernel_class
+    from fa4verify.kernels import adapter as ad
+    rec: dict[str, Any] = {"case": asdict(case), "label": case.label(), "ok": False, "error": None,
+                           "where": "compile-only", "arch": os.environ.get("CUTE_DSL_ARCH")}
+    before = {p.name: p.stat().st_mtime_ns for p in dump.iterdir()}
+    t0 = time.time()
+    bf = torch.bfloat16
+    d, h, sq, sk = case.head_dim, case.nheads, case.seqlen_q, case.seqlen_k
+    try:
+        with FakeTensorMode():
+            q = torch.empty(2, sq, h, d, dtype=bf, device="cuda")
+            if case.kind == "split_kv":
+                k = torch.empty(2, sk, h, d, dtype=bf, device="cuda")
+                f = ad.forward(q, k, torch.empty_like(k), num_splits=case.num_splits)
+                rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
+                rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
+            elif case.kind == "paged":
+                per = -(-sk // case.page_size)
+                kp = torch.empty(2 * per + 1, case.page_size, h, d, dtype=bf, device="cuda")
+                table = torch.empty(2, per, dtype=torch.int32, device="cuda")
+                used = torch.empty(2, dtype=torch.int32, device="cuda")
+                f = ad.forward(q, kp, torch.empty_like(kp), page_table=table, seqused_k=used)
+                rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
+                rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
+            elif case.kind == "sparse_fwd":
+                k = torch.empty(2, sk, h, d, dtype=bf, device="cuda")
+                bm = np.ones((-(-sq // 128), -(-sk // 128)), bool)
+                bs = ad.block_sparse_tensors(bm, batch=2, nheads=h, block_size=(128, 128), direction="fwd")
+                f = ad.forward(q, k, torch.empty_like(k), block_sparse_tensors=bs)
+                rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
+                rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
+            elif case.kind == "mask_mod_fwd":
+                from fa4verify.kernels.mask_mods import checkerboard_128
+                k = torch.empty(2, sk, h, d, dtype=bf, device="cuda")
+                f = ad.forward(q, k, torch.empty_like(k), mask_mod=checkerboard_128)
+                rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
+                rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
+            elif case.kind == "combine":
+                op = torch.empty(case.num_splits, 2, sq, h, d, dtype=bf, device="cuda")
+                lp = torch.empty(case.num_splits, 2, h, sq, dtype=torch.float32, device="cuda").transpose(-1, -2)
+                out, lse, cfg = ad.combine(op, lp, out_dtype=bf)
+                rec["config"] = {"compile_key": cfg["compile_key"]}
+                rec["shapes"] = {"out": list(out.shape), "lse": list(lse.shape)}
+            else:   # sparse_bwd / dense_bwd (the same problem without block sparsity: the control)
+                s = 512
+                q = torch.empty(1, s, h, d, dtype=bf, device="cuda")
+                k, v, o, do = (torch.empty_like(q) for _ in range(4))
+                lse = torch.empty(1, h, s, dtype=torch.float32, device="cuda")
+                bs = None
+                if case.kind == "sparse_bwd":
+                    bq, bk = ad.sm90_bwd_sparse_block_size(d)
+                    bm = np.ones((-(-s // bq), -(-s // bk)), bool)
+                    bs = ad.block_sparse_tensors(bm, batch=1, nheads=h, block_size=(bq, bk), direction="bwd")
+                r = ad.backward(q, k, v, o, do, lse, block_sparse_tensors=bs)
+                rec["config"] = {"compile_key": r.config.compile_key, "extra": r.config.extra,
+                                 "bwd_config": ad.sm90_bwd_config(d, sparse=bs is not None)}
+                rec["shapes"] = {"dq": list(r.dq.shape)}
+        rec["ok"] = True
+    except Exception as e:  # noqa: BLE001 - FA4 refusing a feature is a result
+        rec["error"] = f"{type(e).__name__}: {e}"[:1500]
+    rec["seconds"] = round(time.time() - t0, 2)
+    after = {p.name: p.stat().st_mtime_ns for p in dump.iterdir()}
+    rec["kernels"] = sorted({kernel_class(n) or n[:80] for n, m in after.items()
+                             if n.endswith(".ptx") and before.get(n) != m})
+    return rec
+
+
+def _worker(spec_json: str) -> None:
+    spec = json.loads(spec_json)
+    from fa4verify.census import _install_cpu_shims
+    _install_cpu_shims(int(os.environ["FLASH_ATTENTION_NUM_SMS"]))
+    dump = Path(os.environ["CUTE_DSL_DUMP_DIR"])
+    results = []
+    for c in spec["cases"]:
+        results.append(_one(FeatureCase(**c), dump))
+        Path(spec["result"]).write_text(json.dumps(results, default=str))
+
+
+def run(arch: str, cases: Sequence[FeatureCase], workdir: str | os.PathLike | None = None,
+        timeout: float = 1200.0) -> dict[str, Any]:
+    """Compile ``cases`` for ``arch`` ("sm_90a" | "sm_100a"); returns ``{"arch", "where":
+    "compile-only", "wall_seconds", "results": [...]}``. A case that kills the compiler process
+    (the DSL aborts on some layouts instead of raising) is recorded with ``aborted: True``, its
+    exit status and the stderr tail, and the remaining cases run in a fresh subprocess."""
+    from fa4verify.census import compile_env
+    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="fa4feat-"))
+    dump = (base / f"{arch}-dump").resolve()
+    dump.mkdir(parents=True, exist_ok=True)
+    result = dump / "_results.json"
+    env = compile_env(arch, dump, base / "dsl-cache", keep="ptx")
+    t0 = time.time()
+    todo = list(cases)
+    results: list[dict[str, Any]] = []
+    while todo:
+        if result.exists():
+            result.unlink()
+        spec = json.dumps({"cases": [asdict(c) for c in todo], "result": str(result)})
+        r = subprocess.run([sys.executable, "-X", "faulthandler", "-c",
+                            "import sys; from fa4verify.feature_compile import _worker; _worker(sys.argv[1])", spec],
+                           env=env, capture_output=True, text=True, timeout=timeout)
+        done = json.loads(result.read_text()) if result.exists() else []
+        results.extend(done)
+        todo = todo[len(done):]
+        if todo and r.returncode == 0:
+            raise RuntimeError(f"compile subprocess for {arch} exited 0 after {len(done)} cases")
+        if todo:      # the next case killed the process
+            c = todo.pop(0)
+            lines = r.stderr.splitlines()
+            # faulthandler's stack: the innermost FA4 frames say where the DSL gave up
+            tail = [ln.strip() for ln in lines if "flash_attn/cute/" in ln][:3] or \
+                [ln for ln in lines if "Warning" not in ln and "LayoutEnum" not in ln][-6:]
+            results.append({"case": asdict(c), "label": c.label(), "ok": False, "aborted": True,
+                            "where": "compile-only", "arch": env.get("CUTE_DSL_ARCH"),
+                            "error": f"compiler process died (exit status {r.returncode}): " + " | ".join(tail)[-800:],
+                            "kernels": [], "seconds": None})
+    return {"arch": arch, "where": "compile-only", "wall_seconds": round(time.time() - t0, 2),
+            "results": results}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fa4verify.feature_compile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", choices=["sm_90a", "sm_100a"], required=True)
+    ap.add_argument("--cases", required=True, help="comma list: split_kv[:n], paged[:page], combine[:n], sparse_bwd[:hd]")
+    ap.add_argument("--json", default=None)
+    ns = ap.parse_args(argv)
+    try:
+        cases = parse_cases(ns.cases)
+    except ValueError as e:
+        print(f"fa4verify.feature_compile: error: {e}", file=sys.stderr)
+        return 2
+    out = run(ns.arch, cases)
+    for r in out["results"]:
+        print(f"{ns.arch} {r['label']}: {'compiles' if r['ok'] else 'ERROR ' + str(r['error'])[:160]} "
+              f"({r['seconds']} s) {r['kernels']}")
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""The README's feature x arch table: FA4's support claims (``fa4verify.kernels.features``, read
+from ``interface.py``) joined with the evidence fa4verify holds for each cell.
+
+Evidence, per cell, from files in the checkout (nothing is typed by hand):
+
+* **measured on <GPU>**: ``docs/results/features/h200/features_<section>.json`` written by
+  ``scripts/gpu/features.sh`` (``where`` says the GPU; the max tightness of the judged outputs);
+* **compile-only**: ``docs/results/features/compile_only_<arch>.json`` (``python -m
+  fa4verify.feature_compile``): compiles / FA4 refuses / the compiler aborts;
+* **CPU twin**: the feature's numerics are modelled by a twin in ``kernels/`` (listed in
+  :data:`TWIN`) and tested on the CPU;
+* otherwise the cell says FA4's claim and "not run by fa4verify yet".
+
+``python -m fa4verify.feature_table --write README.md`` replaces the block between
+``<!-- feature-table:start -->`` and ``<!-- feature-table:end -->``; ``--check README.md`` exits 1
+when the README's block is stale (``tests/test_feature_table.py`` runs it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from fa4verify.kernels import features as F
+
+__all__ = ["TWIN", "COMPILE_KIND", "load_evidence", "cell_text", "render", "replace_block", "main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results" / "features"
+START, END = "<!-- feature-table:start -->", "<!-- feature-table:end -->"
+
+#: cells whose numerics a CPU twin models (feature, arch, direction) -> what
+TWIN: dict[tuple[str, str, str], str] = {
+    ("combine", "sm90", "fwd"): "`kernels/twin_combine.py`",
+    ("combine", "sm100", "fwd"): "`kernels/twin_combine.py`",
+    ("split_kv", "sm100", "fwd"): "combine stage `kernels/twin_combine.py`",
+    ("fp8", "sm100", "fwd"): "`kernels/twin_fwd.py` fp8 e4m3 (FA #2577)",
+}
+#: feature_compile kind of each (feature, direction)
+COMPILE_KIND = {("paged_kv", "fwd"): "paged", ("split_kv", "fwd"): "split_kv",
+                ("combine", "fwd"): "combine", ("block_sparse", "bwd"): "sparse_bwd",
+                ("block_sparse", "fwd"): "sparse_fwd", ("score_mod", "fwd"): "mask_mod_fwd"}
+_ARCH_FILE = {"sm90": "sm90a", "sm100": "sm100a"}
+#: H200 section that measures a cell
+_H200 = {("paged_kv", "fwd"): "paged", ("combine", "fwd"): "combine", ("split_kv", "fwd"): "combine",
+         ("block_sparse", "bwd"): "sparse", ("seqused", "fwd"): "paged", ("block_sparse", "fwd"): "sparse_fwd",
+         ("score_mod", "fwd"): "sparse_fwd"}
+
+
+def load_evidence(results: Path = RESULTS) -> dict[str, Any]:
+    ev: dict[str, Any] = {"compile": {}, "h200": {}}
+    for arch, f in _ARCH_FILE.items():
+        p = results / f"compile_only_{f}.json"
+        if p.is_file():
+            ev["compile"][arch] = json.loads(p.read_text())["results"]
+    for sec in ("paged", "combine", "sparse_fwd", "sparse"):
+        p = results / "h200" / f"features_{sec}.json"
+        if p.is_file():
+            ev["h200"][sec] = json.loads(p.read_text())
+    return ev
+
+
+def _compile_text(c: F.Cell, recs: list[dict]) -> Optional[str]:
+    kind = COMPILE_KIND.get((c.feature, c.direction))
+    rows = [r for r in recs if r["case"]["kind"] == kind] if kind else []
+    if not rows:
+        return None
+    ok = [r for r in rows if r["ok"]]
+    bad = [r for r in rows if not r["ok"]]
+    key = ("page_size" if kind == "paged" else "head_dim" if kind in ("sparse_bwd", "sparse_fwd", "mask_mod_fwd")
+           else "num_splits")
+    name = {"page_size": "page", "head_dim": "hd", "num_splits": "splits"}[key]
+    parts = []
+    if ok:
+        parts.append(f"{name} {'/'.join(str(r['case'][key]) for r in ok)} compile")
+    if bad:
+        aborted = [r for r in bad if r.get("aborted")]
+        refused = [r for r in bad if not r.get("aborted")]
+        if refused and all("AssertionError" in (r["error"] or "") for r in refused) and not ok:
+            parts.append("FA4 asserts")
+        elif refused:
+            parts.append(f"{name} {'/'.join(str(r['case'][key]) for r in refused)} fail to compile")
+        if aborted:
+            parts.append(f"{name} {'/'.join(str(r['case'][key]) for r in aborted)} abort the compiler")
+    return "compile-only: " + ", ".join(parts)
+
+
+def _h200_text(c: F.Cell, h200: dict[str, Any]) -> Optional[str]:
+    sec = _H200.get((c.feature, c.direction))
+    if sec is None or c.arch != "sm90":
+        return None
+    d = h200.get(sec)
+    if d is None:
+        return "H200: not run yet (`scripts/gpu/features.sh`)"
+    where = d.get("where", "?")
+    r = d.get("result")
+    if r is None:
+        return f"{where}: crashed ({d.get('crash', '?')[:60]})"
+    if c.feature == "seqused":
+        rows = [x for x in r.get("rows", []) if x.get("layout") == "contiguous+seqused_k" and "out" in x]
+        if not rows:
+            return f"{where}: seqused_k row missing"
+        x = rows[0]
+        t = max(x["out"]["tightness"], x["lse"]["tightness"])
+        ok = x["out"]["status"] == x["lse"]["status"] == "pass"
+        return f"{where}: seqused_k {'within budget' if ok else 'NOT within budget'}, max tightness {t:.3g}"
+    if c.feature == "score_mod":
+        eq = r.get("checkerboard_vs_mask_mod", {})
+        m = eq.get("mask_mod", {})
+        if "out" not in m:
+            return f"{where}: mask_mod run failed ({str(m.get('error', 'missing'))[:60]})"
+        t = max(m["out"]["tightness"], m["lse"]["tightness"])
+        ok = m["out"]["status"] == m["lse"]["status"] == "pass"
+        be = eq.get("bitwise_equal", {})
+        return (f"{where}: mask_mod (checkerboard) {'within budget' if ok else 'NOT within budget'}, max tightness "
+                f"{t:.3g}; {'bitwise equal to' if be.get('out') and be.get('lse') else 'differs from'} the "
+                f"equivalent block-sparse run")
+    if c.feature == "split_kv":
+        return f"{where}: num_splits=2 -> {str(r.get('num_splits_2'))[:50]}"
+    if sec == "sparse":
+        return (f"{where}: prediction {r.get('verdict')}; hd not running {r.get('predicted_hds_not_running')}, "
+                f"wrong values {r.get('predicted_hds_wrong_values')}, controls right {r.get('controls_right')}")
+    t = r.get("max_tightness")
+    s = f"{where}: {'within budget' if r.get('all_within_budget') else 'NOT within budget'}, max tightness " \
+        f"{t:.3g}" if t is not None else f"{where}: nothing judged"
+    if sec == "paged":
+        s += f", permutation {'bitwise equal' if r.get('permutation_bitwise') else 'NOT bitwise equal'}"
+    return s
+
+
+def cell_text(c: F.Cell, ev: dict[str, Any]) -> str:
+    where = ", ".join(F.check_evidence(c)) if _fa4_installed() else "interface.py"
+    claim = {"supported": "supported", "not supported": "**not supported by FA4**", "n/a": "n/a"}[c.status]
+    parts = [f"{claim} ({where}{'; ' + c.note if c.note else ''})"]
+    if c.status == "n/a":
+        return parts[0]
+    h = _h200_text(c, ev["h200"])
+    if h:
+        parts.append(h)
+    ct = _compile_text(c, ev["compile"].get(c.arch, []))
+    if ct:
+        parts.append(ct)
+    tw = TWIN.get((c.feature, c.arch, c.direction))
+    if tw:
+        parts.append(f"CPU twin: {tw}")
+    if len(parts) == 1 and c.status == "supported":
+        parts.append("not run by fa4verify yet")
+    return "; ".join(parts)
+
+
+def _fa4_installed() -> bool:
+    try:
+        F.fa4_source()
+        return True
+    except (ImportError, FileNotFoundError):
+        return False
+
+
+def render(ev: Optional[dict[str, Any]] = None) -> str:
+    ev = load_evidence() if ev is None else ev
+    cols = [(a, d) for a in F.ARCHS for d in F.DIRECTIONS]
+    head = "| feature | " + " | ".join(f"{'SM90' if a == 'sm90' else 'SM100/110'} {d}" for a, d in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 1)]
+    for f, label in F.FEATURES.items():
+        cells = [cell_text(F.cell(f, a, d), ev).replace("|", "\\|") for a, d in cols]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, table: str) -> str:
+    if START not in text or END not in text:
+        raise ValueError(f"no {START} ... {END} block")
+    a = text.index(START) + len(START)
+    b = text.index(END)
+    return text[:a] + "\n" + table + text[b:]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fa4verify.feature_table")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", metavar="README")
+    g.add_argument("--check", metavar="README")
+    ns = ap.parse_args(argv)
+    table = render()
+    path = ns.write or ns.check
+    if path is None:
+        sys.stdout.write(table)
+        return 0
+    p = Path(path)
+    try:
+        old = p.read_text()
+        new = replace_block(old, table)
+    except (OSError, ValueError) as e:
+        print(f"fa4verify.feature_table: error: {e}", file=sys.stderr)
+        return 2
+    if ns.check:
+        if new != old:
+            print(f"fa4verify.feature_table: {path} is stale; run --write {path}", file=sys.stderr)
+            return 1
+        return 0
+    p.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

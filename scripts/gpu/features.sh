@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 16 items 3, 4, 7 on the H200 (scripts/gpu_features.py): paged KV (permutation bitwise +
+# within budget), per-chunk forwards + flash_attn_combine vs full forward and oracle, and the
+# SM90 block-sparse backward prediction at hd 200/208/232/240 (controls hd 128, 256).
+#   bash scripts/gpu/features.sh            all four sections   (~5-7 min on the H200 with cold FA4 compiles, estimate)
+#   bash scripts/gpu/features.sh paged      one section: paged | combine | sparse_fwd | sparse
+#   SPARSE_HDS=128,208,224 bash scripts/gpu/features.sh sparse   lean sparse study (~1.5 min)
+# Writes $OUT/features_<section>.json and .log; prints one summary line per section.
+# FEATURES_DEVICE=cpu runs the CPU stand-in (tests only; not evidence).
+set -u
+sections="${1:-paged combine sparse_fwd sparse}"
+: "${OUT:?set OUT to the output folder}"
+rc=0
+for s in $sections; do
+  case "$s" in
+    paged)   lim=150 ;;
+    combine) lim=150 ;;
+    sparse_fwd) lim=120 ;;
+    sparse)  lim=420 ;;
+    *) echo "usage: $0 [paged|combine|sparse_fwd|sparse]" >&2; exit 2 ;;
+  esac
+  extra=()
+  [ "$s" = sparse ] && [ -n "${SPARSE_HDS:-}" ] && extra=(--head-dims "$SPARSE_HDS")
+  timeout "$lim" python3 scripts/gpu_features.py --section "$s" --json "$OUT/features_$s.json" \
+    --device "${FEATURES_DEVICE:-cuda}" \
+    ${extra[@]+"${extra[@]}"} > "$OUT/features_$s.log" 2>&1
+  r=$?
+  [ $r -ne 0 ] && rc=$r
+  tail -n 1 "$OUT/features_$s.log"
+  [ $r -eq 124 ] && echo "[$s] TIMED OUT after ${lim}s (partial log in features_$s.log)"
+done
+exit $rc
