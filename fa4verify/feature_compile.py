@@ -200,7 +200,8 @@ def run(arch: str, cases: Sequence[FeatureCase], workdir: str | os.PathLike | No
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fa4verify.feature_compile", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", choices=["sm_90a", "sm_100a"], required=True)
+    from fa4verify.kernels.facts import ptx_target
+    ap.add_argument("--arch", choices=[ptx_target("sm90"), ptx_target("sm100")], required=True)
     ap.add_argument("--cases", required=True, help="comma list: split_kv[:n], paged[:page], combine[:n], sparse_bwd[:hd]")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)

@@ -203,8 +203,8 @@ def check_evidence(c: Cell, sources: Optional[dict[str, str]] = None,
             if signature_of is not None:
                 names = signature_of(e.func)
             else:
-                from flash_attn.cute import interface
-                names = list(inspect.signature(getattr(interface, e.func)).parameters)
+                from fa4verify.kernels.adapter import interface_module   # FA4's one importer
+                names = list(inspect.signature(getattr(interface_module(), e.func)).parameters)
             if (e.text in names) != e.present:
                 raise EvidenceError(f"{c.feature}/{c.arch}/{c.direction}: {e.func} "
                                     f"{'lacks' if e.present else 'has'} parameter {e.text!r}")

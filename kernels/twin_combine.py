@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 from fa4verify.kernels.twin_fwd import Mufu, cast_to
 
 __all__ = ["CombineTwinResult", "combine", "LOG2_E32"]

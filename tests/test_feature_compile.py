@@ -23,7 +23,8 @@ def test_bad_cases_exit_2(capsys):
     assert "error:" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None, reason="flash-attn-4 not installed")
+@pytest.mark.fa4
+@pytest.mark.slow
 def test_sm90_refusal_and_compiler_abort_are_recorded(tmp_path):
     out = run("sm_90a", parse_cases("split_kv:2,sparse_bwd:208,combine"), workdir=tmp_path)
     by = {r["label"]: r for r in out["results"]}

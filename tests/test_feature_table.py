@@ -64,8 +64,8 @@ def test_sparse_bwd_predicate_matches_compile_only_census():
     assert dense and all(dense.values())          # the same head dims build without sparsity
 
 
+@pytest.mark.fa4
 def test_sparse_bwd_premise_is_fa4s_config():
-    pytest.importorskip("flash_attn.cute", reason="flash-attn-4 not installed")
     from fa4verify.kernels import adapter
     for hd in (200, 208, 224, 232, 240, 256):
         assert adapter.sm90_bwd_config(hd, sparse=True)["dKV_swapAB"] is False
