@@ -8,7 +8,8 @@
 #   srcmut     scripts/gpu/source_mutants.sh    stage taps + production source mutants (#15)
 #   tdefault   scripts/gpu/audit_time.sh default   audit wall time cold/warm vs session 3 (#17.1)
 #   tquick     scripts/gpu/audit_time.sh quick     quick audit before/cold/warm (#17.1)
-#   features   scripts/gpu/features.sh          paged KV, combine, block-sparse prediction (#16)
+#   features   scripts/gpu/features.sh          paged KV, combine, block-sparse forward (#16)
+#   sparse     scripts/gpu/features.sh sparse   the SM90 block-sparse backward prediction (#16.7)
 #   gputests   pytest -m gpu                    the GPU tests
 set -u
 T0=$(date +%s)
@@ -38,7 +39,8 @@ for step in "$@"; do
                timeout "$left" bash scripts/gpu/audit_time.sh default) ;;
     tquick)   (unset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED FLASH_ATTENTION_CUTE_DSL_CACHE_DIR;
                timeout "$left" bash scripts/gpu/audit_time.sh quick) ;;
-    features) timeout "$left" bash scripts/gpu/features.sh ;;
+    features) timeout "$left" bash scripts/gpu/features.sh "paged combine sparse_fwd" ;;
+    sparse)   SPARSE_HDS="${SPARSE_HDS:-128,200,208,224,232,240,256}" timeout "$left" bash scripts/gpu/features.sh sparse ;;
     gputests) timeout "$left" python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1;
               tail -15 "$OUT/gpu_tests.log" ;;
     *) echo "unknown step $step" ;;
