@@ -1,5 +1,10 @@
 """Exhaustive certification of FA4's polynomial exp2 emulation over every fp32 input of a range.
 
+(One module of ~900 lines on purpose: Note [Fast exhaustive sweep] below is the proof that the
+fast path equals the direct sweep, and the code of each reduction (R1)-(R4) sits next to the
+paragraph that justifies it; ``tests/test_exp2_sweep_fastpath.py`` checks them against the direct
+path. The CLI and its report live in ``fa4verify/cli/exp2.py``.)
+
 For a degree ``d`` and a range ``[lo, hi]`` this computes, over **every** float32 ``x`` in it
 (labelled "CPU twin": the emulation is ``fa4verify.kernels.twin``'s bit-exact model):
 

@@ -41,6 +41,7 @@ for step in "$@"; do
                timeout "$left" bash scripts/gpu/audit_time.sh quick) ;;
     features) timeout "$left" bash scripts/gpu/features.sh "paged combine sparse_fwd" ;;
     sparse)   SPARSE_HDS="${SPARSE_HDS:-128,200,208,224,232,240,256}" timeout "$left" bash scripts/gpu/features.sh sparse ;;
+    pagednan) timeout "$left" python3 scripts/gpu_paged_empty_nan.py --json "$OUT/paged_empty_nan.json" 2>&1 | grep -v Warning | tail -8 ;;
     gputests) timeout "$left" python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1;
               tail -15 "$OUT/gpu_tests.log" ;;
     *) echo "unknown step $step" ;;

@@ -113,3 +113,13 @@ def test_bars_in_different_units_are_drawn_relative_to_their_budgets():
     html = report_html.render(_report([{"id": "m.x", "details": {"plot": plot}}]))
     assert len(_pngs(html)) == 1 and "plot not drawn" not in html
     assert report_html.plot_bars(plot) != report_html.plot_bars({**plot, "budget": [1.0, 1.0]})
+
+
+def test_error_vs_seqlen_plot_is_drawn_log_log_and_needs_two_seqlens():
+    from fa4verify.audit.report_html import render_plot
+    from fa4verify.checks._live import tightness_vs_seqlen_plot
+    pts = [(512, "out", 0.3), (2048, "out", 0.4), (512, "dq", 0.1), (2048, "dq", 0.12), (2048, "dq", 0.2)]
+    p = tightness_vs_seqlen_plot(pts, title="t", where="CPU twin")
+    assert p["x"] == [512, 2048] and p["series"]["dq"] == [0.1, 0.2] and p["logx"] and p["logy"]
+    assert render_plot(p).startswith('<img class="plot"')
+    assert tightness_vs_seqlen_plot([(512, "out", 0.3)], title="t") is None

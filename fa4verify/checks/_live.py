@@ -67,3 +67,25 @@ def rms_err(x: Any, ref: Any) -> float:
     a, r = np.asarray(x, np.float64), np.asarray(ref, np.float64)
     m = np.isfinite(r) & np.isfinite(a)
     return float(np.sqrt(np.mean((a[m] - r[m]) ** 2))) if m.any() else float("nan")
+
+
+def tightness_vs_seqlen_plot(points, *, title: str, where: str = "") -> dict | None:
+    """A ``lines`` plot (``details["plot"]``) of tightness per tensor against the sequence length,
+    log-log, with the budget line at 1; ``points`` = (seqlen, tensor, tightness). None when the
+    points span fewer than two sequence lengths (nothing to draw a trend from)."""
+    import math
+    seqlens = sorted({int(s) for s, _, _ in points})
+    if len(seqlens) < 2:
+        return None
+    by: dict[str, dict[int, float]] = {}
+    for s, n, t in points:
+        t = float(t)
+        if math.isfinite(t) and t > 0:
+            cur = by.setdefault(str(n), {})
+            cur[int(s)] = max(cur.get(int(s), 0.0), t)
+    series = {n: [d.get(s, float("nan")) for s in seqlens] for n, d in by.items()}
+    if not series:
+        return None
+    return {"kind": "lines", "title": title, "x": seqlens, "series": series, "budget": 1.0,
+            "xlabel": "sequence length (keys)", "ylabel": "max tightness (error / budget)",
+            "logx": True, "logy": True, "where": where}

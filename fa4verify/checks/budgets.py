@@ -214,7 +214,8 @@ def production_forward(ctx: CheckContext) -> CheckResult:
     off = None
     if dev == "cuda" and facts.is_sm100_family(arch):
         off, _, _ = _live.target(ctx, device=dev, emulation="disabled")
-    verdicts, rows, over, cost = [], [], [], []
+    from fa4verify.judge import statistical as S
+    verdicts, rows, over, cost, stat_rows, pts = [], [], [], [], [], []
     probs = _live.problems(ctx, arch, dt)
     with ctx.progress(len(probs), f"production forward on {arch}") as bar:
         for p in probs:
@@ -222,7 +223,15 @@ def production_forward(ctx: CheckContext) -> CheckResult:
             f = tgt.forward(p, a)
             j = judge.judge_forward(p, a, f.out, f.lse)
             verdicts += list(j.verdicts)
-            row = [_live.tag(p), round(j.out.tightness, 4), round(j.lse.tightness, 4)]
+            # the statistical tier on O (issue #15): production's ulp-error distribution against
+            # the twin's prediction on the same inputs; a case fails if either tier fails
+            stat = S.tier_on(p, {"out": f.out}, {"out": j.ref_out.value}, a,
+                             alpha_test=S.alpha_per_test(S.DEFAULT_ALPHA, len(probs)))
+            verdicts += stat
+            stat_rows.append([_live.tag(p)] + [v.to_dict() for v in stat])
+            pts += [(p.seqlen_k, "out", j.out.tightness), (p.seqlen_k, "lse", j.lse.tightness)]
+            row = [_live.tag(p), round(j.out.tightness, 4), round(j.lse.tightness, 4),
+                   f"{stat[0].bias_diff:+.2e}", stat[0].status]
             if off is not None:
                 f0 = off.forward(p, a)
                 j0 = judge.judge_forward(p, a, f0.out, f0.lse, oracle=j.oracle)
@@ -232,12 +241,12 @@ def production_forward(ctx: CheckContext) -> CheckResult:
                 row += [round(j0.out.tightness, 4), f"{r_on:.3g}", f"{r_off:.3g}",
                         int(np.sum(np.asarray(f.out) != np.asarray(f0.out)))]
             rows.append(row)
-            if "fail" in (j.out.status, j.lse.status):
-                over.append(f"{_live.tag(p)}: {j.out.summary()}; {j.lse.summary()}")
+            if "fail" in (j.out.status, j.lse.status, stat[0].status):
+                over.append(f"{_live.tag(p)}: {j.out.summary()}; {j.lse.summary()}; {stat[0].summary()}")
             bar.advance(1)
     status = judge.combine(verdicts)
-    worst = max((v.tightness for v in verdicts), default=0.0)
-    cols = ["case", "out tightness", "LSE tightness"]
+    worst = max((v.tightness for v in verdicts if hasattr(v, "tightness")), default=0.0)
+    cols = ["case", "out tightness", "LSE tightness", "O bias vs twin (ulp)", "statistical"]
     metrics: dict = {"e2e_tightness": worst, "cases": len(rows)}
     if off is not None:
         cols += ["out tightness (emulation off)", "RMS err O", "RMS err O (emulation off)",
@@ -250,6 +259,12 @@ def production_forward(ctx: CheckContext) -> CheckResult:
                 + (f"; exp2 emulation costs x{max(cost):.3f} RMS error of O vs MUFU-only" if cost else "")))
     return CheckResult(status=status, where=where, summary=summary, metrics=metrics, tightness=worst,
                        details={"table": {"columns": cols, "rows": rows},
+                                "statistical": stat_rows,
+                                **({"plot": pl} if (pl := _live.tightness_vs_seqlen_plot(
+                                    pts, title="backward error vs sequence length", where=where))
+                                   else {}),
+                                **({"plot": pl} if (pl := _live.tightness_vs_seqlen_plot(
+                                    pts, title="forward error vs sequence length", where=where)) else {}),
                                 "deployment": ctx.deploy.name if ctx.deploy else None,
                                 "kernel_configs": tgt.describe().get("kernel_configs")})
 
@@ -270,7 +285,7 @@ def production_backward(ctx: CheckContext) -> CheckResult:
     dev = _DEVICE
     tgt, arch, where = _live.target(ctx, device=dev)
     from fa4verify.judge import statistical as S
-    verdicts, rows, over, stat_rows, wc = [], [], [], [], []
+    verdicts, rows, over, stat_rows, wc, pts = [], [], [], [], [], []
     probs = [p for p in _live.problems(ctx, arch, dt) if not (arch == "sm90" and p.head_dim > 192)]
     if not probs:
         ctx.skip("FA4's SM90 backward above hd 192 is xfail upstream; the deployment ships nothing else")
@@ -290,6 +305,7 @@ def production_backward(ctx: CheckContext) -> CheckResult:
                              alpha_test=S.alpha_per_test(S.DEFAULT_ALPHA, 3 * len(probs)))
             verdicts += prob + stat
             stat_rows.append([_live.tag(p)] + [v.to_dict() for v in stat])
+            pts += [(p.seqlen_k, v.name, v.tightness) for v in jb.verdicts]
             rows.append([_live.tag(p), *(round(v.tightness, 4) for v in jb.verdicts),
                          *(round(v.tightness, 4) for v in prob),
                          *(f"{v.radial_diff:+.2e}" for v in stat)])
@@ -311,4 +327,7 @@ def production_backward(ctx: CheckContext) -> CheckResult:
                                                       "dV bias vs twin (ulp)"],
                                           "rows": rows},
                                 "statistical": stat_rows,
+                                **({"plot": pl} if (pl := _live.tightness_vs_seqlen_plot(
+                                    pts, title="backward error vs sequence length", where=where))
+                                   else {}),
                                 "deployment": ctx.deploy.name if ctx.deploy else None})

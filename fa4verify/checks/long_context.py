@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any, Optional
 
+from fa4verify.checks import _live
 from fa4verify.audit.registry import CheckContext, CheckResult, check
 
 ENV_SEQLENS = "FA4VERIFY_LONG_SEQLENS"
@@ -144,5 +145,8 @@ def long_context(ctx: CheckContext) -> CheckResult:
                  + ("every output within budget" if status == "pass" else "; ".join(reasons[:3]))),
         metrics=metrics,
         details={"table": {"columns": ["seqlen", "tensor", "status", "compared", "tightness", "oracle bound share"],
-                           "rows": rows}},
+                           "rows": rows},
+                 **({"plot": pl} if (pl := _live.tightness_vs_seqlen_plot(
+                     [(r[0], r[1], r[4]) for r in rows], title="error vs sequence length (causal, hd 128)",
+                     where=where)) else {})},
         tightness=max((row[4] for row in rows), default=0.0))
