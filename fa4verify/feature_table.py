@@ -97,7 +97,10 @@ def _h200_text(c: F.Cell, h200: dict[str, Any]) -> Optional[str]:
     where = d.get("where", "?")
     r = d.get("result")
     if r is None:
-        return f"{where}: crashed ({d.get('crash', '?')[:60]})"
+        if c.feature == "split_kv":
+            return f"{where}: num_splits not reached (the {sec} section crashed first)"
+        return (f"{where}: crashed ({d.get('crash', '?')[:60]}...; not yet diagnosed: fa4verify's call "
+                f"or FA4)")
     if c.feature == "seqused":
         rows = [x for x in r.get("rows", []) if x.get("layout") == "contiguous+seqused_k" and "out" in x]
         if not rows:
@@ -127,6 +130,14 @@ def _h200_text(c: F.Cell, h200: dict[str, Any]) -> Optional[str]:
         f"{t:.3g}" if t is not None else f"{where}: nothing judged"
     if sec == "paged":
         s += f", permutation {'bitwise equal' if r.get('permutation_bitwise') else 'NOT bitwise equal'}"
+        bad = [x for x in r.get("rows", []) if "out" in x and x["out"]["status"] != "pass"]
+        good = sorted({x["page_size"] for x in r.get("rows", []) if x.get("page_size") and x not in bad})
+        if bad and all(x.get("nan_in_output") for x in bad):
+            ps = sorted({x["page_size"] for x in bad})
+            s += (f"; finding: at page {'/'.join(map(str, ps))} (TMA) the seqused_k=0 sequence's O is NaN "
+                  f"where its pages hold NaN (LSE right; `scripts/gpu_paged_empty_nan.py`, "
+                  f"docs/results/h200_session4/README.md)"
+                  + (f"; page {'/'.join(map(str, good))} within budget" if good else ""))
     return s
 
 
