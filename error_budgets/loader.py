@@ -128,7 +128,7 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "lse_abs": ("1", "|LSE_true| (natural log)"),
     "lg2_l": ("1", "|log2 l| of the kernel's row sum (upper estimate)"),
     "n_rescale": ("1", "O rescales per row (<= n_blocks)"),
-    # split-KV combine (kernels/twin_combine.py; fa4verify/judge/combine.py)
+    # split-KV combine (kernels/twin_combine.py; fa4verify/judge/split_combine.py)
     "n_splits": ("1", "number of splits merged by the combine"),
     "cmb_lse_abs": ("1", "max_s |L_s| of a row's split LSEs (natural log, finite ones)"),
     "cmb_abs": ("v", "sum_s w_s |O_s| (exact split weights w_s = exp(L_s - LSE))"),

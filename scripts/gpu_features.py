@@ -293,7 +293,7 @@ def section_paged(K, small: bool) -> dict[str, Any]:
 def section_combine(K, small: bool) -> dict[str, Any]:
     import torch
     from fa4verify.judge import arrays_from, dense_problem
-    from fa4verify.judge.combine import judge_split_combine, split_problems
+    from fa4verify.judge.split_combine import judge_split_combine, split_problems
     from fa4verify.kernels import twin_combine
     b, sq, h, d, sk = (1, 16, 2, 64, 96) if small else (2, 256, 4, 128, 2048)
     splits = (2, 3) if small else (3, 8)

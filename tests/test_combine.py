@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fa4verify.judge import dense_problem
-from fa4verify.judge.combine import judge_combine_stage, judge_split_combine, split_problems
+from fa4verify.judge.split_combine import judge_combine_stage, judge_split_combine, split_problems
 from fa4verify.kernels import twin_combine as tc
 from fa4verify.oracles import combine as oc
 from fa4verify.targets import TwinTarget

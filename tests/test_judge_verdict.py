@@ -65,3 +65,13 @@ def test_combine_ranks_fail_over_undecided_over_pass():
     f = compare("c", [3.0], [1.0], budget=1.0)
     assert combine([p, u]) == "undecided" and combine([p, u, f]) == "fail" and combine([p]) == "pass"
     assert combine([]) == "undecided"
+
+
+def test_no_judge_submodule_shadows_a_judge_function():
+    """A submodule named like a function of ``fa4verify.judge`` (e.g. ``judge/combine.py``)
+    replaces that function on the package as soon as anything imports the submodule."""
+    import pkgutil
+
+    import fa4verify.judge as J
+    subs = {m.name for m in pkgutil.iter_modules(J.__path__)}
+    assert not subs & set(J.__all__), subs & set(J.__all__)
