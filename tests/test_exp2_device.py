@@ -175,6 +175,7 @@ def test_old_packed_probe_name_is_a_shim_of_the_renamed_module():
     assert shim.run is new.run and shim.compile_only is new.compile_only
 
 
+@pytest.mark.slow
 @pytest.mark.fa4
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_103a"])
 def test_packed_probe_compiles_for_sm100_family_with_packed_ffma2(arch, tmp_path):

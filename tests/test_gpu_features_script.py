@@ -74,6 +74,7 @@ def test_shell_driver_parses_and_rejects_bad_section(tmp_path):
     assert r.returncode == 2 and "usage" in r.stderr
 
 
+@pytest.mark.slow
 def test_sparse_section_records_a_process_abort(tmp_path, monkeypatch):
     """FA4's DSL aborts the process on the hd 200-240 block-sparse layouts (compile-only); the
     driver runs each head dim in its own process and records the abort as a result."""
@@ -87,6 +88,7 @@ def test_sparse_section_records_a_process_abort(tmp_path, monkeypatch):
     assert r["verdict"] == "does not run (compile abort or error)"
 
 
+@pytest.mark.slow
 def test_shell_driver_end_to_end_on_cpu_stand_in(tmp_path):
     import os
     import sys

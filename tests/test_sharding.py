@@ -91,6 +91,7 @@ def test_a_stale_parent_record_does_not_override_a_new_device_list():
     assert sharding.pin_worker_gpu(env) == "7"          # idempotent after pinning
 
 
+@pytest.mark.slow
 def test_pytest_worker_is_pinned_before_cuda(tmp_path):
     """A real pytest-xdist run (2 workers, --fa4verify): each worker's CUDA_VISIBLE_DEVICES is its own."""
     t = tmp_path / "test_pin_probe.py"

@@ -51,6 +51,7 @@ def test_private_copy_is_patched_fingerprinted_and_installed_untouched(root, tmp
     assert c.fingerprint[:16] in env["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"]
 
 
+@pytest.mark.slow
 def test_patched_copy_imports_first_on_path(tmp_path):
     c = sm.make_copy(sm.catalogue(["dropped_rescale"])[0], tmp_path / "m")
     code = ("import flash_attn.cute.flash_fwd_sm90 as f, flash_attn.cute.interface, inspect;"

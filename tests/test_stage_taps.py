@@ -134,6 +134,7 @@ def test_verifier_registry_is_pluggable_and_crashes_are_undecided():
         det.VERIFIERS.pop("boom")
 
 
+@pytest.mark.slow
 def test_runner_pipeline_on_cpu_stand_in(tmp_path):
     """The GPU script's entry point end to end on the CPU stand-in: the 2^-10 D bias is caught by
     the D tap, the control raises no alarm, the installed FA4 is unchanged."""
