@@ -64,7 +64,10 @@ class Fa4:
 
     def combine(self, op, lp):
         import torch
-        out, lse, cfg = self.ad.combine(op, lp, out_dtype=op.dtype)
+        # FA4's own split-KV path hands the combine fp32 partials (interface.py: out_partial
+        # dtype=torch.float32) and a bf16/fp16 output; the partials here are FA4's bf16 outputs
+        # widened exactly to fp32 (session 4: bf16 partials ended in an illegal memory access)
+        out, lse, cfg = self.ad.combine(op.float(), lp, out_dtype=op.dtype)
         torch.cuda.synchronize()
         return out, lse, cfg
 
@@ -312,11 +315,13 @@ def section_combine(K, small: bool) -> dict[str, Any]:
     full_oracle = (jf.ref_out.value, jf.ref_out.bound)
     for S in splits:
         row: dict[str, Any] = {"num_splits": S}
+        print(f"[combine] num_splits={S}: per-chunk forwards", flush=True)
         chunks = split_problems(prob, a, S)
         parts = [K.forward(q.to(dev), k[:, k0:k1].contiguous().to(dev), v[:, k0:k1].contiguous().to(dev))
                  for _, _, (k0, k1) in chunks]
         op = torch.stack([p[0] for p in parts])                           # (S, b, sq, h, d) bf16
         lp = torch.stack([p[1] for p in parts]).transpose(-1, -2)         # (S, b, sq, h), seqlen-contiguous
+        print(f"[combine] num_splits={S}: flash_attn_combine", flush=True)
         try:
             out, lse, cfg = K.combine(op, lp)
         except Exception as e:  # noqa: BLE001

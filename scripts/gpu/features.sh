@@ -21,7 +21,10 @@ for s in $sections; do
   esac
   extra=()
   [ "$s" = sparse ] && [ -n "${SPARSE_HDS:-}" ] && extra=(--head-dims "$SPARSE_HDS")
-  timeout "$lim" python3 scripts/gpu_features.py --section "$s" --json "$OUT/features_$s.json" \
+  # combine: synchronous launches, so the log names the call that faults (session 4: an
+  # illegal memory access whose call was not identified)
+  blocking=0; [ "$s" = combine ] && blocking=1
+  CUDA_LAUNCH_BLOCKING=$blocking timeout "$lim" python3 scripts/gpu_features.py --section "$s" --json "$OUT/features_$s.json" \
     --device "${FEATURES_DEVICE:-cuda}" \
     ${extra[@]+"${extra[@]}"} > "$OUT/features_$s.log" 2>&1
   r=$?
