@@ -288,7 +288,7 @@ def check_backward_outputs(dq, dk, dv, q, k, v, dout, *, arch: str, dtype: str =
                                   softmax_scale=softmax_scale)
     a = judge.arrays_from(q, k, v, dout)
     j = judge.judge_backward(problem, a, np.asarray(dq, F64), np.asarray(dk, F64), np.asarray(dv, F64),
-                             budgets=budgets)
+                             budgets=budgets, probabilistic=False)   # the worst-case tier only
     ratios, over, rel = {}, {}, {}
     for vd in j.verdicts:
         ref = np.asarray(getattr(j.oracle, vd.name), F64)

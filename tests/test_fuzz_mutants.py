@@ -12,7 +12,6 @@ import importlib
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from fa4verify import fuzz
 
@@ -33,14 +32,19 @@ def _find(mutation: str, arch: str, tmp_path, distributions=None):
     the shrunk problem and the failure record of its ``--json`` output."""
     _deps()
     assert mutation in ta.MUTATIONS, f"the twin has no mutation {mutation!r}"
-    from fa4verify.cli import cli
     args = ["fuzz", "--mutation", mutation, "--arch", arch, "--examples", "100", "--seed", "0",
             "--profile", "ci", "--cache-dir", str(tmp_path / "cache"), "--cases-dir", str(tmp_path / "cases"),
             "--json", str(tmp_path / "run.json")]
     for d in distributions or ():
         args += ["--distribution", d]
-    r = CliRunner().invoke(cli, args, catch_exceptions=False)
-    assert r.exit_code == 1, f"{mutation} on {arch} not found:\n{r.output}"
+    # a fresh process: in a long pytest process (other test files first) this campaign has been
+    # seen to miss the planted fault (CI, session 4; not yet root-caused: some in-process state
+    # weakens the Hypothesis search), and `fa4verify fuzz` is a process-level entry point anyway
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "fa4verify", *args], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 1, f"{mutation} on {arch} not found:\n{r.stdout}{r.stderr}"
     data = json.loads((tmp_path / "run.json").read_text())
     f = data["failure"]
     assert f is not None, f"{mutation} on {arch} not found in {data['examples_run']} examples"

@@ -178,7 +178,8 @@ def judge_forward(problem: AttentionProblem, a: Mapping[str, Any], out, lse, *, 
 
 
 def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, *, budgets: Any = None,
-                   forward: Optional[ForwardJudgement] = None, oracle_bwd: Any = None) -> BackwardJudgement:
+                   forward: Optional[ForwardJudgement] = None, oracle_bwd: Any = None,
+                   probabilistic: bool = True) -> BackwardJudgement:
     """Verdicts on dQ, dK, dV (FA4 layouts) against the exact gradient within
     ``backward_dq/dk/dv``. ``forward``: a :func:`judge_forward` result of the same problem
     (reuses its oracle and statistics)."""
@@ -188,7 +189,7 @@ def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, 
         ref_out, st = forward.ref_out, forward.stats
     obwd = oracle_bwd if oracle_bwd is not None else oracle_backward(problem, a)
     with np.errstate(invalid="ignore", over="ignore"):
-        allow = st.backward(obwd, ref_out.budget, ref_out.bound)
+        allow = st.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=probabilistic)
     vs = {}
     for n, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         vs[n] = compare(n, got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"), budget=allow[n])

@@ -213,8 +213,11 @@ class BudgetStats:
         st.update(self._row_stats())
         return self._to_lse(np.broadcast_to(self.budget.evaluate("forward_lse", st), self.row["lse_abs"].shape))
 
-    def backward(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray) -> dict[str, np.ndarray]:
-        """Allowances for dq, dk, dv (FA4 layouts) given the oracle backward (exact O)."""
+    def backward(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
+                 probabilistic: bool = True) -> dict[str, np.ndarray]:
+        """Allowances for dq, dk, dv (FA4 layouts) given the oracle backward (exact O); with
+        ``probabilistic`` also the sharper tier's ``dq_prob``/``dk_prob``/``dv_prob`` where the
+        budget set has them (callers that judge only the worst-case tier skip their cost)."""
         p = self.problem
         if self.dout is None:
             raise ValueError("BudgetStats.backward: the arrays carry no dout")
@@ -226,7 +229,7 @@ class BudgetStats:
         derr = np.sum(bO * np.abs(dout), axis=-1) + gamma(self.Dv) * np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1)
         # the probabilistic D error (DERIVATIONS.md#probabilistic-bwd): the O errors as a Hoeffding
         # sum over d (bounded by the probabilistic forward allowance when the set has it)
-        prob = all(f"backward_{n}_prob" in self.budget for n in ("dq", "dk", "dv"))
+        prob = probabilistic and all(f"backward_{n}_prob" in self.budget for n in ("dq", "dk", "dv"))
         if prob:
             lam = float(getattr(self.budget, "constants", {}).get("lam", 6.0))
             bOp = bO
