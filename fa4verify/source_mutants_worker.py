@@ -49,13 +49,22 @@ def _det_reruns(shape, seed: int, runs: int) -> tuple[int, int]:
     Q, K, V, DO = (t(x) for x in problem_inputs(seed + 1, *shape))
     fwd = adapter.forward(Q, K, V, causal=True)
     first = adapter.backward(Q, K, V, fwd.out, DO, fwd.lse, causal=True, deterministic=True)
+    mism = _rerun_mismatches(Q, K, V, fwd, DO, first, runs)
+    torch.cuda.synchronize()
+    return mism, runs
+
+
+def _rerun_mismatches(Q, K, V, fwd, DO, first, runs: int) -> int:
+    """Elements of dQ/dK/dV that differ bitwise from ``first`` over ``runs`` more deterministic
+    backward calls on the same inputs."""
+    import torch
+    from fa4verify.kernels import adapter
     mism = 0
     for _ in range(runs):
         r2 = adapter.backward(Q, K, V, fwd.out, DO, fwd.lse, causal=True, deterministic=True)
         for a, b in ((first.dq, r2.dq), (first.dk, r2.dk), (first.dv, r2.dv)):
             mism += int((a.view(torch.int16) != b.view(torch.int16)).sum())
-    torch.cuda.synchronize()
-    return mism, runs
+    return mism
 
 
 def _run_cuda(q, k, v, do, *, det_runs: int, det_shape=None, seed: int = 15) -> dict:
@@ -73,11 +82,7 @@ def _run_cuda(q, k, v, do, *, det_runs: int, det_shape=None, seed: int = 15) -> 
            "dpsum": f(taps.dpsum), "lse_log2": f(taps.lse_log2),
            "dq_accum_zeroed": f(taps.dq_accum_zeroed), "dq_accum": f(acc)}
     # bitwise reruns of the deterministic backward (dQ, dK, dV)
-    mism = 0
-    for _ in range(det_runs):
-        r2 = adapter.backward(Q, K, V, fwd.out, DO, fwd.lse, causal=True, deterministic=True)
-        for a, b in ((res.dq, r2.dq), (res.dk, r2.dk), (res.dv, r2.dv)):
-            mism += int((a.view(torch.int16) != b.view(torch.int16)).sum())
+    mism = _rerun_mismatches(Q, K, V, fwd, DO, res, det_runs)
     det_big = None
     if det_runs and det_shape is not None and tuple(det_shape) != tuple(q.shape):
         m2, _ = _det_reruns(det_shape, seed, det_runs)

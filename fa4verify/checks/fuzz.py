@@ -80,12 +80,13 @@ def _result(res: Any, where: str) -> CheckResult:
 def _deployment_kw(ctx: CheckContext, limits: dict) -> dict:
     """run_campaign arguments that keep the drawn problems inside the audit's deployment."""
     dep = ctx.deploy
-    if dep is None:
-        return {"limits": limits}
-    kw = dep.strategy_kwargs()
     lim = dict(limits)
-    lim.update(kw["limits"])
-    lim.pop("max_head_dim", None) if "head_dim_choices" in lim else None
+    kw = dep.strategy_kwargs() if dep is not None else {}
+    lim.update(kw.get("limits", {}))
+    if "head_dim_choices" in lim:   # explicit head dims replace the bound
+        lim.pop("max_head_dim", None)
+    if dep is None:
+        return {"limits": lim}
     return {"limits": lim, "features": kw["features"], "distributions": kw["distributions"]}
 
 
@@ -153,8 +154,6 @@ def production(ctx: CheckContext) -> CheckResult:
     if ctx.profile in ("quick", "default"):
         limits["head_dim_choices"] = head_dim_palette(gpu.arch, ctx.seed)
     kw = _deployment_kw(ctx, limits)
-    if "head_dim_choices" in kw["limits"]:
-        kw["limits"].pop("max_head_dim", None)
     with ctx.progress(n, "fuzzing production FA4") as bar:
         res = fuzz.run_campaign(target=tgt, arch=gpu.arch, dtype=dtype, examples=n, seed=ctx.seed,
                                 profile=_profile(ctx), on_example=lambda i, p: bar.advance(1), **kw)
