@@ -53,6 +53,7 @@ __all__ = [
     "fa4_source_dir",
     "load_params",
     "params_to_json",
+    "combine_partial_tiling",
 ]
 
 FA4_DIST = "flash-attn-4"
@@ -340,3 +341,62 @@ def sm90_dq_defect_predicted(head_dim: int, head_dim_v: int, seqlens_q, *, causa
     if any(n > SM90_DQ_DEFECT_GOOD_ROWS for n in lens):
         return True
     return bool(varlen and any(n > 0 for n in lens[1:]))
+
+
+# --- the public combine's O-partial copy tiling (session-5 finding, flash_attn_combine) -------
+
+_COMBINE_KBLOCK_RE = re.compile(r"k_block_size\s*=\s*(\d+)\s+if\s+head_dim\s*<=\s*(\d+)\s+else\s+(\d+)")
+_COMBINE_TILEM_RE = re.compile(
+    r"tile_m\s*=\s*(\d+)\s+if\s+k_block_size\s*%\s*128\s*==\s*0\s+else\s+\((\d+)\s+if\s+k_block_size\s*%\s*64"
+    r"\s*==\s*0\s+else\s+(\d+)\)")
+_COMBINE_THREADS_RE = re.compile(r"num_threads:\s*int\s*=\s*(\d+)")
+_COMBINE_COPYBITS_RE = re.compile(r"universal_copy_bits\s*=\s*(\d+)")
+_COMBINE_KGMEM_RE = re.compile(
+    r"k_block_gmem\s*=\s*\(\s*(\d+)\s+if\s+self\.k_block_size\s*%\s*128\s*==\s*0\s+else\s+\((\d+)\s+if\s+"
+    r"self\.k_block_size\s*%\s*64\s*==\s*0\s+else\s+(\d+)\)")
+
+
+@functools.cache
+def _combine_source_rules() -> dict[str, Any]:
+    d = fa4_source_dir()
+    if d is None:
+        return {"error": "flash-attn-4 is not installed"}
+    try:
+        intf = (d / "interface.py").read_text()
+        comb = (d / "flash_fwd_combine.py").read_text()
+    except OSError as e:
+        return {"error": f"cannot read FA4 source: {e}"}
+    kb, tm = _COMBINE_KBLOCK_RE.search(intf), _COMBINE_TILEM_RE.search(intf)
+    th, cb, kg = (_COMBINE_THREADS_RE.search(comb), _COMBINE_COPYBITS_RE.search(comb),
+                  _COMBINE_KGMEM_RE.search(comb))
+    if None in (kb, tm, th, cb, kg):
+        return {"error": "the combine's tile rules are not in this FA4 release (interface.py / "
+                         "flash_fwd_combine.py changed); re-derive the known issue"}
+    return {"k_block": tuple(int(x) for x in kb.groups()), "tile_m": tuple(int(x) for x in tm.groups()),
+            "num_threads": int(th.group(1)), "copy_bits": int(cb.group(1)),
+            "k_block_gmem": tuple(int(x) for x in kg.groups()), "source": str(d)}
+
+
+def combine_partial_tiling(head_dim: int, partial_bits: int) -> dict[str, Any]:
+    """How FA4's public ``flash_attn_combine`` tiles the O-partial load, read from the installed
+    source: ``tile_m`` (rows per CTA tile, chosen in ``interface.py`` from the head dim alone),
+    ``rows_per_copy_pass`` (``num_threads / (k_block_gmem / (copy_bits / partial_bits))``: the
+    rows one pass of the 128-bit cp.async thread layout covers) and ``overrun`` (the copy layout
+    covers more rows than the tile). ``{"overrun": None, "reason": ...}`` when undecidable.
+
+    For fp32 partials (what FA4's own split-KV path writes) the two agree; for 16-bit partials,
+    which the public API accepts, the copy covers twice the tile's rows."""
+    r = _combine_source_rules()
+    if "error" in r:
+        return {"overrun": None, "reason": r["error"]}
+    kb_small, kb_cut, kb_big = r["k_block"]
+    k_block = kb_small if head_dim <= kb_cut else kb_big
+    t128, t64, t_else = r["tile_m"]
+    tile_m = t128 if k_block % 128 == 0 else (t64 if k_block % 64 == 0 else t_else)
+    g128, g64, g_else = r["k_block_gmem"]
+    k_gmem = g128 if k_block % 128 == 0 else (g64 if k_block % 64 == 0 else g_else)
+    elems = r["copy_bits"] // int(partial_bits)
+    threads_per_row = k_gmem // elems
+    rows = r["num_threads"] // threads_per_row
+    return {"overrun": rows > tile_m, "tile_m": tile_m, "k_block_size": k_block,
+            "rows_per_copy_pass": rows, "threads_per_row": threads_per_row, "elems_per_copy": elems}
