@@ -39,12 +39,16 @@ _LOG2E = math.log2(math.e)
 
 
 def _to_dev(torch, x, dev):
-    """A kernel output (torch or numpy) as float64 on ``dev`` (values exact: bf16/fp16/fp32)."""
+    """A kernel output (torch or numpy) on ``dev`` in its own dtype (bf16 stays bf16: each slab
+    becomes float64, exactly, inside the comparison; numpy dtypes torch lacks become float64)."""
     if x is None:
         return None
     if isinstance(x, torch.Tensor):
-        return x.detach().to(device=dev, dtype=torch.float64)
-    return torch.as_tensor(np.asarray(x, np.float64), device=dev)
+        return x.detach().to(device=dev)
+    x = np.asarray(x)
+    if x.dtype not in (np.float16, np.float32, np.float64):
+        x = x.astype(np.float64)
+    return torch.as_tensor(x, device=dev)
 
 
 class _Phase:
