@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block", type=int, default=4096)
     ap.add_argument("--engine", default="device", choices=("device", "host"))
     ap.add_argument("--chunk", type=int, default=16384, help="judged rows per device slab. Default: %(default)r")
+    ap.add_argument("--cross-check", default="", metavar="SEQLENS",
+                    help="seqlens whose outputs the other engine judges too (agreement printed). Default: none")
     ap.add_argument("--row-stride", type=int, default=1)
     ap.add_argument("--forward-only", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
@@ -38,11 +40,13 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         seqlens = [int(x) for x in a.seqlens.split(",") if x.strip()]
+        cross = {int(x) for x in a.cross_check.split(",") if x.strip()}
     except ValueError:
-        print(f"gpu_long_context: error: --seqlens {a.seqlens!r}: expected integers", file=sys.stderr)
+        print(f"gpu_long_context: error: --seqlens {a.seqlens!r} / --cross-check {a.cross_check!r}: "
+              "expected integers", file=sys.stderr)
         return 2
     import torch
-    from fa4verify.checks.long_context import histogram_row, phase_seconds, run_case
+    from fa4verify.checks.long_context import engine_agreement, histogram_row, phase_seconds, run_case
     where = "CPU stand-in"
     if a.kernel == "fa4":
         from fa4verify.kernels import device as kdev
@@ -54,7 +58,7 @@ def main(argv=None) -> int:
     for s in seqlens:
         r = run_case(s, nheads=a.heads, nheads_kv=a.heads_kv or a.heads, head_dim=a.head_dim, causal=not a.no_causal,
                      device=a.device, kernel=a.kernel, seed=a.seed, block=a.block, row_stride=a.row_stride,
-                     backward=not a.forward_only, engine=a.engine, chunk=a.chunk)
+                     backward=not a.forward_only, engine=a.engine, chunk=a.chunk, cross_check=s in cross)
         j = r["judgement"]
         secs = phase_seconds(r)
         audit = secs["total"]
@@ -65,15 +69,25 @@ def main(argv=None) -> int:
                   f"max|err| {v.max_abs_err:.3g}  oracle bound share {j.oracle_bound_rel.get(n, float('nan')):.3g}")
         for n, h in j.histograms.items():
             print(f"  {n:4s} tightness histogram " + " ".join(f"{k}:{c}" for k, c in histogram_row(h).items()))
+        agree = None
+        if "other" in r:
+            agree = engine_agreement(j, r["other"])
+            o = r["other"]
+            print(f"  cross-check ({o.fingerprint['engine']} engine, {o.seconds['total']:.2f} s judge): "
+                  + ("verdicts and counts equal" if agree["all_same"] else "DIFFERENT")
+                  + ", tightness rel. diff max "
+                  + f"{max(x['tightness_rel_diff'] for x in agree.values() if isinstance(x, dict) and 'tightness_rel_diff' in x):.2g}")
         res.append({"seqlen": s, "status": j.status, "n_compared": j.n_compared, "audit_seconds": audit,
                     "seconds": secs, "where": where, "fingerprint": j.fingerprint, "arch": r["arch"],
                     "histograms": {n: histogram_row(h) for n, h in j.histograms.items()},
                     "verdicts": {n: {"status": v.status, "n_compared": v.n_compared, "tightness": v.tightness,
                                      "max_abs_err": v.max_abs_err, "reason": v.reason,
-                                     "oracle_bound_share": j.oracle_bound_rel.get(n)} for n, v in j.verdicts.items()}})
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"format": "fa4verify.long_context/2", "runs": res}, fh, indent=1, default=str)
+                                     "oracle_bound_share": j.oracle_bound_rel.get(n)} for n, v in j.verdicts.items()},
+                    **({"cross_check": agree} if agree is not None else {})})
+        if a.json:     # after every seqlen: a later timeout keeps the earlier figures
+            with open(a.json, "w") as fh:
+                json.dump({"format": "fa4verify.long_context/2", "runs": res}, fh, indent=1, default=str)
+        del r, j
     return 0
 
 

@@ -54,12 +54,13 @@ def run_case(seqlen: int, *, nheads: int = 8, nheads_kv: int = 8, head_dim: int 
              dtype: str = "bf16", device: str = "cuda", kernel: str = "fa4", seed: int = 0,
              block: int = 4096, block_k: Optional[int] = None, row_stride: int = 1,
              backward: bool = True, arch: Optional[str] = None, engine: str = "device",
-             chunk: int = 16384) -> dict[str, Any]:
+             chunk: int = 16384, cross_check: bool = False) -> dict[str, Any]:
     """Run one long-context case and judge it; returns the judgement, kernel seconds and arch.
 
     ``engine="device"`` (default): the kernel outputs stay on the device and the budgets and
     the comparison run there (Note [Device engine] in :mod:`fa4verify.judge.long_context_device`);
-    ``"host"``: the numpy path (outputs copied to the host)."""
+    ``"host"``: the numpy path (outputs copied to the host). ``cross_check``: the same kernel
+    outputs are judged by the other engine too (``result["other"]``, its judgement)."""
     import numpy as np
     import torch
 
@@ -95,19 +96,40 @@ def run_case(seqlen: int, *, nheads: int = 8, nheads_kv: int = 8, head_dim: int 
             dq = dk = dv = None
     else:
         raise ValueError(f"kernel {kernel!r}: choose fa4 or torch32")
-    if engine == "host":
-        n = lambda x: None if x is None else x.detach().float().cpu().numpy()   # noqa: E731
-    else:
-        n = lambda x: None if x is None else x.detach()   # noqa: E731
+    def judge(eng: str):
+        if eng == "host":
+            n = lambda x: None if x is None else x.detach().float().cpu().numpy()   # noqa: E731
+        else:
+            n = lambda x: None if x is None else x.detach()   # noqa: E731
+        return judge_long_context(prob, q, k, v, n(out), n(lse), dout=dout, dq=n(dq), dk=n(dk), dv=n(dv),
+                                  device=device, block=block, block_k=block_k, row_stride=row_stride,
+                                  sync=lambda: _sync(device), engine=eng, chunk=chunk)
     if arch is None:
         from fa4verify.kernels import device as kdev
         arch = (kdev.local_gpu().arch if kernel == "fa4" else None) or "sm90"
     prob = dense_problem(np.zeros(shp_q, np.float32), np.zeros(shp_k, np.float32), np.zeros(shp_k, np.float32),
                          arch=arch, dtype=dtype, causal=causal)
-    j = judge_long_context(prob, q, k, v, n(out), n(lse), dout=dout, dq=n(dq), dk=n(dk), dv=n(dv),
-                           device=device, block=block, block_k=block_k, row_stride=row_stride,
-                           sync=lambda: _sync(device), engine=engine, chunk=chunk)
-    return {"judgement": j, "kernel_seconds": secs, "arch": arch}
+    res = {"judgement": judge(engine), "kernel_seconds": secs, "arch": arch}
+    if cross_check:
+        res["other"] = judge("host" if engine == "device" else "device")
+    return res
+
+
+def engine_agreement(a, b) -> dict[str, Any]:
+    """How two judgements of the same outputs agree (the device vs the host engine): per
+    tensor, whether status and counts are equal and the relative tightness difference."""
+    out: dict[str, Any] = {}
+    for n, va in a.verdicts.items():
+        vb = b.verdicts.get(n)
+        if vb is None:
+            out[n] = {"same": False, "why": "missing"}
+            continue
+        same = (va.status, va.n_compared, va.n_over, va.n_unjudged) == (vb.status, vb.n_compared, vb.n_over, vb.n_unjudged)
+        t = max(abs(va.tightness), abs(vb.tightness))
+        out[n] = {"same": bool(same), "tightness_rel_diff": (abs(va.tightness - vb.tightness) / t) if t else 0.0,
+                  "status": [va.status, vb.status]}
+    out["all_same"] = all(x["same"] for x in out.values() if isinstance(x, dict))
+    return out
 
 
 #: the phases the long-context evidence times (kernel, oracle, budgets, comparison), in order
