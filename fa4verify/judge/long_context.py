@@ -14,6 +14,12 @@ mask_mod (``ValueError`` otherwise). ``row_stride`` > 1 judges every ``row_strid
 and key row (plus the last), for time: the oracle and the statistics still run over every row
 (dK/dV sum over all of them); :attr:`LongContextJudgement.n_compared` says how many elements
 were compared.
+
+Two engines evaluate the budgets and compare (the oracle is the same): ``engine="device"``
+(default; :mod:`fa4verify.judge.long_context_device`, Note [Device engine]) on the oracle's
+device in slabs, only scalars back; ``engine="host"`` with :class:`StreamedBudgetStats` and
+:func:`~fa4verify.judge.verdict.compare` in numpy (the cross-check:
+``tests/test_long_context_device.py`` checks that both give the same verdicts and budgets).
 """
 from __future__ import annotations
 
