@@ -149,6 +149,31 @@ def test_device_engine_equals_host_engine_fwd_bwd(causal):
             "budget_backward", "compare_backward", "total"} <= set(dev.seconds)
 
 
+@pytest.mark.parametrize("case", [
+    (2, 40, 56, 4, 2, 16, True, 1),     # batch 2, GQA, seqlen_q < seqlen_k (bottom-right causal)
+    (2, 48, 33, 2, 1, 16, False, 3),    # MQA, row_stride 3 (judged rows and keys sampled)
+])
+def test_device_engine_equals_host_engine_gqa_batch_and_stride(case):
+    from fa4verify.checks.long_context import _torch32
+    b, sq, sk, h, hk, d, causal, stride = case
+    q, k, v, do = _inputs(b, sq, sk, h, hk, d, seed=7)
+    prob = dense_problem(q.float().numpy(), k.float().numpy(), v.float().numpy(), arch="sm90", dtype="bf16",
+                         causal=causal)
+    out, lse, dq, dk, dv = _torch32(q, k, v, do, causal)
+    dv = dv.float()
+    dv[1, 5, 0, 3] += 0.3                     # a planted dV fault in batch entry 1
+    n = lambda x: x.float().numpy()   # noqa: E731
+    host = judge_long_context(prob, q, k, v, n(out), n(lse), dout=do, dq=n(dq), dk=n(dk), dv=n(dv), block=16,
+                              block_k=24, row_stride=stride, engine="host")
+    dev = judge_long_context(prob, q, k, v, out, lse, dout=do, dq=dq, dk=dk, dv=dv, block=16, block_k=24,
+                             row_stride=stride, engine="device", chunk=7, keep_budgets=True)
+    _same(host, dev, ("out", "lse", "dq", "dk", "dv"))
+    if stride == 1 or 5 % stride == 0:
+        assert dev.verdicts["dv"].status == "fail"
+        assert dev.verdicts["dv"].worst.index == (1, 5 // stride, 0, 3)
+    assert dev.status == host.status
+
+
 def test_device_engine_fails_a_planted_fault_like_the_host_engine():
     from fa4verify.checks.long_context import _torch32
     q, k, v, do = _inputs(1, 512, 512, 2, 2, 64, seed=4)
