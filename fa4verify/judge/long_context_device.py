@@ -15,6 +15,18 @@ and judges with :class:`fa4verify.judge.verdict.StreamedCompare` (the policy of 
 slabs of ``chunk`` judged rows (keys for dK/dV) on the device; only scalars come back (counts, the
 maximum tightness and error, the worst elements, the oracle bound share, a tightness histogram).
 
+Where the time goes at 131072 x 8 heads x hd 128, causal (estimates; the H200 run of
+``scripts/gpu/long_context.sh`` measures each phase): one causal (s x s/2 x d) product over all
+heads is 8 x 131072^2 / 2 x 128 x 2 = 1.8e13 FLOP; the oracle forward runs 5 of them (S and
+|Q||K|^T in pass 1; S, P V, P |V| in pass 2) = 8.8e13 FLOP, 1.3 s at the H200's 67 TFLOP/s
+float64, measured 7.1 s (elementwise exp/mask/max passes over 4096 x 4096 x 8 tiles dominate);
+the oracle backward with the judge's tile statistics 17 = 3.0e14 FLOP, 4.5 s at peak, measured
+12.9 s. FA4's own forward + backward are ~1.2e14 bf16 FLOP (0.25 s measured for the backward; the
+10.3 s "kernel_forward" of session 4 is its JIT compile and first call). The device engine
+touches each of the ~40 per-element statistics a few times: ~40 x 1 GiB x ~10 passes at
+4.8 TB/s ~ 1 s. So after this change the oracle (~20 s) and FA4's compile (~10 s) dominate, and
+131072 is expected at ~30-35 s instead of 126.7 s.
+
 What is the same: every judged element compared, the oracle's a-priori bound untouched (it is
 the oracle's output), undecided on non-finite or negative bounds/budgets. What can differ: the
 last bits of reductions (sums over ``d`` in the D error, whose order torch and numpy choose
