@@ -4,7 +4,10 @@ judged by the one judge core against the streamed float64 oracle
 (:func:`fa4verify.judge.long_context.judge_long_context`) within the composed budgets.
 
 ``fa4verify audit --profile long --device cuda`` runs it (the default audit does not: 128k
-needs ~1 minute of H200 time). ``FA4VERIFY_LONG_SEQLENS`` (comma-separated, default
+took 126.7 s of H200 time with the host engine in session 4; the device engine, default since
+session 5, is expected at ~30-35 s). Its evidence has the seconds of every phase
+(:data:`PHASES`, ``details["phase_seconds"]``) and the tightness histograms
+(``details["tightness_histogram"]``). ``FA4VERIFY_LONG_SEQLENS`` (comma-separated, default
 ``32768,131072``) and ``FA4VERIFY_LONG_ROW_STRIDE`` (default 1: every row judged) scale it.
 
 :func:`run_case` is shared with ``benchmarks/gpu_long_context.py``; ``kernel="torch32"`` is a
