@@ -8,7 +8,8 @@
 #    budget bwd, compare bwd), tightness, histograms; at 8192 the same outputs are judged by the
 #    host (numpy) engine too and the agreement printed (device vs host on CUDA).
 # 2. a one-worker sharding smoke run, its own timeout 90 s: pytest --fa4verify=long -n 1, the
-#    production.long_context check at seqlen 8192 only (the check's evidence path on CUDA).
+#    production.long_context check at seqlen 8192 only (the check's evidence path on CUDA);
+#    LONG_SMOKE=0 skips it.
 # Expected wall time: ~10-15 s FA4 compile + input generation ~3 s/seqlen + ~10 s (32k) +
 # ~30-40 s (131072; the oracle fwd ~7 s + bwd ~13 s measured in session 4) + ~5 s (8192 + host
 # cross-check) => ~65-80 s for step 1, ~30-40 s for step 2; hard caps 200 s + 90 s.
@@ -23,7 +24,9 @@ timeout 200 python3 benchmarks/gpu_long_context.py --seqlens 32768,131072,8192 -
 echo "long rc=$? wall=$(( $(date +%s) - t0 ))s"
 grep -v "tightness histogram" "$OUT/long_context.log" | tail -30
 t1=$(date +%s)
-FA4VERIFY_LONG_SEQLENS=8192 timeout 90 python3 -m pytest -q -p no:cacheprovider -n 1 --fa4verify=long --fa4-only \
-  --fa4-device cuda -k long_context --junitxml "$OUT/smoke_junit.xml" > "$OUT/smoke.log" 2>&1
-echo "smoke rc=$? wall=$(( $(date +%s) - t1 ))s"; tail -5 "$OUT/smoke.log"
+if [ "${LONG_SMOKE:-1}" != 0 ]; then
+  FA4VERIFY_LONG_SEQLENS=8192 timeout 90 python3 -m pytest -q -p no:cacheprovider -n 1 --fa4verify=long --fa4-only \
+    --fa4-device cuda -k long_context --junitxml "$OUT/smoke_junit.xml" > "$OUT/smoke.log" 2>&1
+  echo "smoke rc=$? wall=$(( $(date +%s) - t1 ))s"; tail -5 "$OUT/smoke.log"
+fi
 echo "total wall=$(( $(date +%s) - t0 ))s"
