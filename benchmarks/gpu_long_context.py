@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block", type=int, default=4096)
     ap.add_argument("--engine", default="device", choices=("device", "host"))
     ap.add_argument("--chunk", type=int, default=16384, help="judged rows per device slab. Default: %(default)r")
+    ap.add_argument("--plant", default="", metavar="SEQLENS",
+                    help="seqlens whose out and dq get one planted fault each (the verdict must be fail). Default: none")
     ap.add_argument("--cross-check", default="", metavar="SEQLENS",
                     help="seqlens whose outputs the other engine judges too (agreement printed). Default: none")
     ap.add_argument("--row-stride", type=int, default=1)
@@ -41,9 +43,10 @@ def main(argv=None) -> int:
     try:
         seqlens = [int(x) for x in a.seqlens.split(",") if x.strip()]
         cross = {int(x) for x in a.cross_check.split(",") if x.strip()}
+        plant = {int(x) for x in a.plant.split(",") if x.strip()}
     except ValueError:
-        print(f"gpu_long_context: error: --seqlens {a.seqlens!r} / --cross-check {a.cross_check!r}: "
-              "expected integers", file=sys.stderr)
+        print(f"gpu_long_context: error: --seqlens {a.seqlens!r} / --cross-check {a.cross_check!r} / "
+              f"--plant {a.plant!r}: expected integers", file=sys.stderr)
         return 2
     import torch
     from fa4verify.checks.long_context import engine_agreement, histogram_row, phase_seconds, run_case
@@ -58,11 +61,17 @@ def main(argv=None) -> int:
     for s in seqlens:
         r = run_case(s, nheads=a.heads, nheads_kv=a.heads_kv or a.heads, head_dim=a.head_dim, causal=not a.no_causal,
                      device=a.device, kernel=a.kernel, seed=a.seed, block=a.block, row_stride=a.row_stride,
-                     backward=not a.forward_only, engine=a.engine, chunk=a.chunk, cross_check=s in cross)
+                     backward=not a.forward_only, engine=a.engine, chunk=a.chunk, cross_check=s in cross,
+                     plant=s in plant)
         j = r["judgement"]
         secs = phase_seconds(r)
         audit = secs["total"]
         print(f"seqlen {s}: {j.status}, {j.n_compared} elements compared, audit {audit:.2f} s")
+        if r["planted"]:
+            caught = {n: (j.verdicts[n].status == "fail" and j.verdicts[n].worst is not None
+                          and j.verdicts[n].worst.index == idx) for n, idx in r["planted"].items()}
+            print(f"  planted faults {r['planted']}: " + ", ".join(
+                f"{n} {'caught (fail, worst element = the planted one)' if c else 'NOT CAUGHT'}" for n, c in caught.items()))
         print("  phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in secs.items()))
         for n, v in j.verdicts.items():
             print(f"  {n:4s} {v.status:9s} compared {v.n_compared:>11d}  tightness {v.tightness:.4f}  "
@@ -83,7 +92,9 @@ def main(argv=None) -> int:
                     "verdicts": {n: {"status": v.status, "n_compared": v.n_compared, "tightness": v.tightness,
                                      "max_abs_err": v.max_abs_err, "reason": v.reason,
                                      "oracle_bound_share": j.oracle_bound_rel.get(n)} for n, v in j.verdicts.items()},
-                    **({"cross_check": agree} if agree is not None else {})})
+                    **({"cross_check": agree} if agree is not None else {}),
+                    **({"planted": {n: list(i) for n, i in r["planted"].items()},
+                        "planted_caught": caught} if r["planted"] else {})})
         if a.json:     # after every seqlen: a later timeout keeps the earlier figures
             with open(a.json, "w") as fh:
                 json.dump({"format": "fa4verify.long_context/2", "runs": res}, fh, indent=1, default=str)

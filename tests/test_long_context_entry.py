@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_benchmark_runs_on_cpu_and_writes_json(tmp_path):
     out = tmp_path / "lc.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_long_context.py"), "--device", "cpu", "--kernel",
-                        "torch32", "--seqlens", "96", "--heads", "2", "--heads-kv", "1", "--head-dim", "16",
-                        "--block", "32", "--engine", "device", "--chunk", "40", "--cross-check", "96",
+                        "torch32", "--seqlens", "96,64", "--heads", "2", "--heads-kv", "1", "--head-dim", "16",
+                        "--block", "32", "--engine", "device", "--chunk", "40", "--cross-check", "64", "--plant", "64",
                         "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     d = json.loads(out.read_text())
@@ -24,8 +24,11 @@ def test_benchmark_runs_on_cpu_and_writes_json(tmp_path):
     assert {"oracle_forward", "budget_forward", "compare_forward", "oracle_backward", "budget_backward",
             "compare_backward", "total"} <= set(run["seconds"]) and run["n_compared"] > 0
     assert run["fingerprint"]["engine"] == "device"
-    assert run["cross_check"]["all_same"] is True      # the host engine judged the same outputs alike
     assert sum(run["histograms"]["dv"].values()) == run["verdicts"]["dv"]["n_compared"]
+    planted = d["runs"][1]                             # seqlen 64: a fault in out and one in dq
+    assert planted["status"] == "fail" and planted["planted_caught"] == {"out": True, "dq": True}
+    assert planted["verdicts"]["dk"]["status"] == "pass"
+    assert planted["cross_check"]["all_same"] is True  # the host engine judged the same outputs alike
     assert "cross-check (host engine" in r.stdout and "phases:" in r.stdout
 
 

@@ -57,13 +57,15 @@ def run_case(seqlen: int, *, nheads: int = 8, nheads_kv: int = 8, head_dim: int 
              dtype: str = "bf16", device: str = "cuda", kernel: str = "fa4", seed: int = 0,
              block: int = 4096, block_k: Optional[int] = None, row_stride: int = 1,
              backward: bool = True, arch: Optional[str] = None, engine: str = "device",
-             chunk: int = 16384, cross_check: bool = False) -> dict[str, Any]:
+             chunk: int = 16384, cross_check: bool = False, plant: bool = False) -> dict[str, Any]:
     """Run one long-context case and judge it; returns the judgement, kernel seconds and arch.
 
     ``engine="device"`` (default): the kernel outputs stay on the device and the budgets and
     the comparison run there (Note [Device engine] in :mod:`fa4verify.judge.long_context_device`);
     ``"host"``: the numpy path (outputs copied to the host). ``cross_check``: the same kernel
-    outputs are judged by the other engine too (``result["other"]``, its judgement)."""
+    outputs are judged by the other engine too (``result["other"]``, its judgement). ``plant``:
+    one element of ``out`` (+1) and of ``dq`` (+10) is corrupted after the kernels ran
+    (``result["planted"]``: their indices), so the verdicts must be fail there."""
     import numpy as np
     import torch
 
@@ -99,6 +101,16 @@ def run_case(seqlen: int, *, nheads: int = 8, nheads_kv: int = 8, head_dim: int 
             dq = dk = dv = None
     else:
         raise ValueError(f"kernel {kernel!r}: choose fa4 or torch32")
+    planted = {}
+    if plant:   # faults far over any budget (|O| <~ 1, |dQ| <~ 1 here): the judge must fail them
+        out = out.clone()
+        planted["out"] = (0, seqlen // 2, 0, 0)
+        out[planted["out"]] += 1.0
+        if dq is not None:
+            dq = dq.clone()
+            planted["dq"] = (0, seqlen // 3, 0, 1)
+            dq[planted["dq"]] += 10.0
+
     def judge(eng: str):
         if eng == "host":
             n = lambda x: None if x is None else x.detach().float().cpu().numpy()   # noqa: E731
@@ -112,7 +124,7 @@ def run_case(seqlen: int, *, nheads: int = 8, nheads_kv: int = 8, head_dim: int 
         arch = (kdev.local_gpu().arch if kernel == "fa4" else None) or "sm90"
     prob = dense_problem(np.zeros(shp_q, np.float32), np.zeros(shp_k, np.float32), np.zeros(shp_k, np.float32),
                          arch=arch, dtype=dtype, causal=causal)
-    res = {"judgement": judge(engine), "kernel_seconds": secs, "arch": arch}
+    res = {"judgement": judge(engine), "kernel_seconds": secs, "arch": arch, "planted": planted}
     if cross_check:
         res["other"] = judge("host" if engine == "device" else "device")
     return res

@@ -5,8 +5,9 @@
 #    8192 cross-checked (1 x 8 x hd128, causal, bf16, FA4 fwd+bwd, streamed fp64 oracle, every
 #    row judged, budgets and compare on the GPU: engine device). Prints per seqlen the seconds of
 #    every phase (kernel fwd/bwd, oracle fwd, budget fwd, compare fwd, D error, oracle bwd,
-#    budget bwd, compare bwd), tightness, histograms; at 8192 the same outputs are judged by the
-#    host (numpy) engine too and the agreement printed (device vs host on CUDA).
+#    budget bwd, compare bwd), tightness, histograms; at 8192 one planted fault in out and one in
+#    dQ (expected: "fail", both "caught") and the same outputs judged by the host (numpy) engine
+#    too, the agreement printed (device vs host on CUDA; expected "verdicts and counts equal").
 # 2. a one-worker sharding smoke run, its own timeout 90 s: pytest --fa4verify=long -n 1, the
 #    production.long_context check at seqlen 8192 only (the check's evidence path on CUDA);
 #    LONG_SMOKE=0 skips it.
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 t0=$(date +%s)
-timeout 200 python3 benchmarks/gpu_long_context.py --seqlens 32768,131072,8192 --cross-check 8192 \
+timeout 200 python3 benchmarks/gpu_long_context.py --seqlens 32768,131072,8192 --cross-check 8192 --plant 8192 \
   --engine device --json "$OUT/long_context.json" > "$OUT/long_context.log" 2>&1
 echo "long rc=$? wall=$(( $(date +%s) - t0 ))s"
 grep -v "tightness histogram" "$OUT/long_context.log" | tail -30
