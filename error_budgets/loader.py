@@ -310,7 +310,10 @@ class Formula:
         raise self._err(f"construct {type(n).__name__} is not allowed")
 
     # -- evaluation
-    def evaluate(self, env: Mapping[str, Any]):
+    def evaluate(self, env: Mapping[str, Any], backend: "TorchBackend | None" = None):
+        """The formula's value on ``env`` (numpy; with ``backend``, torch tensors on its device)."""
+        if backend is not None:
+            return _eval(self.tree, env, backend)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return _eval(self.tree, env)
 
@@ -335,16 +338,56 @@ _FUNCS = {
 }
 
 
-def _eval(n: ast.AST, env: Mapping[str, Any]):
+class TorchBackend:
+    """Evaluates formulas on torch float64 tensors on one device (the long-context judge's
+    budgets on the GPU): the same expression tree, operators and functions as the numpy
+    evaluation (IEEE float64 both: ``+ - * /`` and ``sqrt`` give identical bits; ``exp``,
+    ``log2``, ``expm1`` may differ from numpy's by the library's ulp), every literal, constant
+    and non-tensor statistic a 0-d float64 tensor on the device (so ``1 / 0`` is ``inf`` as in
+    numpy, never ZeroDivisionError)."""
+
+    def __init__(self, device: Any = "cpu"):
+        import torch
+        self.torch = torch
+        self.device = torch.device(device)
+        self._c: dict[float, Any] = {}
+        t = torch
+        self.funcs = {
+            "gamma": self._gamma, "gamma_prob": self._gamma_prob, "sqrt": t.sqrt, "log2": t.log2,
+            "ceil": t.ceil, "exp": t.exp, "abs": t.abs, "maximum": t.maximum, "minimum": t.minimum,
+        }
+
+    def const(self, v: Any):
+        t = self.torch
+        if isinstance(v, t.Tensor):
+            return v if v.dtype == t.float64 and v.device == self.device else v.to(self.device, t.float64)
+        if isinstance(v, np.ndarray) and v.ndim:
+            return t.as_tensor(np.asarray(v, np.float64), device=self.device)
+        f = float(v)
+        c = self._c.get(f)
+        if c is None:
+            c = self._c[f] = t.tensor(f, dtype=t.float64, device=self.device)
+        return c
+
+    def _gamma(self, n, u):
+        nu = n * u
+        return self.torch.where(nu < 1, nu / (1 - nu), self.const(math.inf))
+
+    def _gamma_prob(self, n, u, lam):
+        return self.torch.expm1(lam * self.torch.sqrt(n) * u + n * u * u / (1 - u))
+
+
+def _eval(n: ast.AST, env: Mapping[str, Any], be: "TorchBackend | None" = None):
     if isinstance(n, ast.Constant):
-        return np.float64(n.value)     # numpy semantics: 1 / 0 -> inf (rejected at load)
+        # numpy semantics: 1 / 0 -> inf (rejected at load)
+        return np.float64(n.value) if be is None else be.const(n.value)
     if isinstance(n, ast.Name):
-        return env[n.id]
+        return env[n.id] if be is None else be.const(env[n.id])
     if isinstance(n, ast.UnaryOp):
-        v = _eval(n.operand, env)
+        v = _eval(n.operand, env, be)
         return -v if isinstance(n.op, ast.USub) else v
     if isinstance(n, ast.BinOp):
-        a, b = _eval(n.left, env), _eval(n.right, env)
+        a, b = _eval(n.left, env, be), _eval(n.right, env, be)
         op = type(n.op)       # floating-point errors: ignored by Formula.evaluate (inf/nan out)
         if op is ast.Add:
             return a + b
@@ -354,9 +397,10 @@ def _eval(n: ast.AST, env: Mapping[str, Any]):
             return a * b
         if op is ast.Div:
             return a / b
-        return np.power(a, b)
+        return np.power(a, b) if be is None else be.torch.pow(a, b)
     if isinstance(n, ast.Call):
-        return _FUNCS[n.func.id](*[_eval(a, env) for a in n.args])
+        fns = _FUNCS if be is None else be.funcs
+        return fns[n.func.id](*[_eval(a, env, be) for a in n.args])
     raise TypeError(f"unexpected node {type(n).__name__}")  # unreachable after validation
 
 
@@ -400,11 +444,14 @@ class BudgetSet:
                            f"{sorted(self.entries)}")
         return self.entries[name]
 
-    def evaluate(self, name: str, stats: Mapping[str, Any] | None = None):
+    def evaluate(self, name: str, stats: Mapping[str, Any] | None = None,
+                 backend: "TorchBackend | None" = None):
         """The bound for entry ``name`` given statistics (arrays broadcast elementwise).
 
         Entries may use earlier entries' values (e.g. the composed end-to-end bounds use stage
-        bounds); those are evaluated recursively on the same ``stats``.
+        bounds); those are evaluated recursively on the same ``stats``. With ``backend`` (a
+        :class:`TorchBackend`) the statistics are torch tensors and the value is a float64
+        tensor on the backend's device.
         """
         b = self.get(name)
         env: dict[str, Any] = dict(self.constants)
@@ -415,11 +462,11 @@ class BudgetSet:
             if nm in stats:
                 env[nm] = stats[nm]
             elif nm in self.entries:
-                env[nm] = self.evaluate(nm, stats)
+                env[nm] = self.evaluate(nm, stats, backend)
             else:
                 raise KeyError(f"budget {name!r} ({b.file}) needs statistic {nm!r}; "
                                f"got {sorted(stats)}")
-        return b.formula.evaluate(env)
+        return b.formula.evaluate(env, backend)
 
 
 # =========================================================================== loading

@@ -14,13 +14,22 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_benchmark_runs_on_cpu_and_writes_json(tmp_path):
     out = tmp_path / "lc.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_long_context.py"), "--device", "cpu", "--kernel",
-                        "torch32", "--seqlens", "96", "--heads", "2", "--heads-kv", "1", "--head-dim", "16",
-                        "--block", "32", "--json", str(out)], capture_output=True, text=True, timeout=300)
+                        "torch32", "--seqlens", "96,64", "--heads", "2", "--heads-kv", "1", "--head-dim", "16",
+                        "--block", "32", "--engine", "device", "--chunk", "40", "--cross-check", "64", "--plant", "64",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     d = json.loads(out.read_text())
     run = d["runs"][0]
     assert run["status"] == "pass" and set(run["verdicts"]) == {"out", "lse", "dq", "dk", "dv"}
-    assert "oracle_backward" in run["seconds"] and run["n_compared"] > 0
+    assert {"oracle_forward", "budget_forward", "compare_forward", "oracle_backward", "budget_backward",
+            "compare_backward", "total"} <= set(run["seconds"]) and run["n_compared"] > 0
+    assert run["fingerprint"]["engine"] == "device"
+    assert sum(run["histograms"]["dv"].values()) == run["verdicts"]["dv"]["n_compared"]
+    planted = d["runs"][1]                             # seqlen 64: a fault in out and one in dq
+    assert planted["status"] == "fail" and planted["planted_caught"] == {"out": True, "dq": True}
+    assert planted["verdicts"]["dk"]["status"] == "pass"
+    assert planted["cross_check"]["all_same"] is True  # the host engine judged the same outputs alike
+    assert "cross-check (host engine" in r.stdout and "phases:" in r.stdout
 
 
 def test_benchmark_bad_seqlens_is_one_line_exit_2():
@@ -42,3 +51,13 @@ def test_long_check_is_registered_only_in_profile_long():
 def test_gpu_script_is_valid_bash():
     r = subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu/long_context.sh")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_gpu_script_flags_are_the_benchmarks():
+    """Every flag the GPU script passes to the benchmark exists (argparse would exit 2 on the H200)."""
+    import re
+    text = (ROOT / "scripts/gpu/long_context.sh").read_text()
+    flags = set(re.findall(r"(--[a-z][a-z-]+)", text.split("python3 benchmarks/gpu_long_context.py", 1)[1].split("> \"$OUT", 1)[0]))
+    helptext = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_long_context.py"), "--help"],
+                              capture_output=True, text=True, timeout=120).stdout
+    assert flags and all(f in helptext for f in flags), flags

@@ -62,14 +62,16 @@ def test_streamed_bound_is_far_below_bf16_budgets():
         assert float(bnd.max()) < 1e-6 * u_bf16 * float(val.abs().max())
 
 
-def test_bound_is_infinite_and_judge_undecided_when_logits_are_too_large():
+@pytest.mark.parametrize("engine", ["host", "device"])
+def test_bound_is_infinite_and_judge_undecided_when_logits_are_too_large(engine):
     q, k, v, do = _inputs(1, 16, 16, 1, 1, 16, 2.0 ** 14)
     f = rg.forward(q, k, v, causal=False, block=8)
     assert torch.isinf(f.bound).any() and torch.isinf(f.lse_bound).any()
     prob = dense_problem(q.float().numpy(), k.float().numpy(), v.float().numpy(), arch="sm90", dtype="bf16")
     out = f.out.bfloat16().double().numpy()
-    j = judge_long_context(prob, q, k, v, out, f.lse.float().numpy(), block=8)
+    j = judge_long_context(prob, q, k, v, out, f.lse.float().numpy(), block=8, engine=engine, chunk=5)
     assert j.verdicts["out"].status == "undecided"
+    assert "oracle bound(s) non-finite" in j.verdicts["out"].reason
     assert j.status != "pass"
 
 
@@ -94,7 +96,8 @@ def test_device_exp_log_within_the_assumed_ulps():
     del mp
 
 
-def test_streamed_statistics_equal_budgetstats_and_verdicts_agree():
+@pytest.mark.parametrize("engine", ["host", "device"])
+def test_streamed_statistics_equal_budgetstats_and_verdicts_agree(engine):
     b, sq, sk, h, hk, d = 1, 60, 80, 4, 2, 32
     q, k, v, do = _inputs(b, sq, sk, h, hk, d, 1.0, seed=3)
     n = lambda x: x.float().numpy()   # noqa: E731
@@ -107,8 +110,10 @@ def test_streamed_statistics_equal_budgetstats_and_verdicts_agree():
     jf = judge_forward(prob, a, out, lse)
     jb0 = judge_backward(prob, a, np.zeros((b, sq, h, d)), np.zeros((b, sk, hk, d)), np.zeros((b, sk, hk, d)), forward=jf)
     dq, dk, dv = (x.astype(ml_dtypes.bfloat16).astype(np.float64) for x in (jb0.oracle.dq, jb0.oracle.dk, jb0.oracle.dv))
+    dk[0, 11, 1, 2] -= 0.25                    # and one in dK
     jb = judge_backward(prob, a, dq, dk, dv, forward=jf)
-    L = judge_long_context(prob, q, k, v, out, lse, dout=do, dq=dq, dk=dk, dv=dv, block=16, block_k=24)
+    L = judge_long_context(prob, q, k, v, out, lse, dout=do, dq=dq, dk=dk, dv=dv, block=16, block_k=24,
+                           engine=engine, chunk=13, keep_budgets=True)
     # the long-context judge streams the five output budgets (not the stage-tap or sharper-tier ones)
     ref = {"out": jf.ref_out.budget, "lse": jf.ref_lse.budget,
            **{n: jb.budgets[n] for n in ("dq", "dk", "dv")}}
@@ -119,15 +124,18 @@ def test_streamed_statistics_equal_budgetstats_and_verdicts_agree():
     for name, v_ in mine.items():
         assert L.verdicts[name].status == v_.status
         assert L.verdicts[name].n_compared == v_.n_compared
-    assert L.verdicts["out"].status == "fail"
+        assert L.verdicts[name].n_over == v_.n_over
+    assert L.verdicts["out"].status == "fail" and L.verdicts["out"].worst.index == (0, 7, 1, 3)
+    assert L.verdicts["dk"].status == "fail" and L.verdicts["dk"].worst.index == (0, 11, 1, 2)
 
 
-def test_row_stride_judges_the_sampled_rows_only():
+@pytest.mark.parametrize("engine", ["host", "device"])
+def test_row_stride_judges_the_sampled_rows_only(engine):
     q, k, v, do = _inputs(1, 50, 50, 2, 2, 16, 1.0)
     prob = dense_problem(q.float().numpy(), k.float().numpy(), v.float().numpy(), arch="sm90", dtype="bf16", causal=True)
     f = rg.forward(q, k, v, causal=True, block=16)
     out = f.out.bfloat16().double().numpy()
-    j = judge_long_context(prob, q, k, v, out, f.lse.float().numpy(), row_stride=4, block=16)
+    j = judge_long_context(prob, q, k, v, out, f.lse.float().numpy(), row_stride=4, block=16, engine=engine, chunk=5)
     assert list(j.rows) == list(range(0, 50, 4)) + [49]
     assert j.verdicts["out"].n_compared == len(j.rows) * 2 * 16
     assert j.status == "pass"

@@ -1,7 +1,9 @@
 """The judge core: one comparison, one statistics producer, one problem type.
 
 * :mod:`fa4verify.judge.verdict` -- :func:`compare` (``|actual - ref| <= oracle_bound + budget``,
-  verdict ``pass | fail | undecided``), :class:`Verdict`, :class:`UndecidedError`;
+  verdict ``pass | fail | undecided``), :class:`Verdict`, :class:`UndecidedError`, and
+  :class:`StreamedCompare` (the same policy over slabs of torch tensors on a device: the
+  long-context judge);
 * :mod:`fa4verify.judge.stats` -- :class:`BudgetStats`, the composed budgets' statistics;
 * :mod:`fa4verify.judge.attention` -- oracle + budgets + compare for forward and backward outputs
   of an :class:`AttentionProblem`.

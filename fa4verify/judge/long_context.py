@@ -14,6 +14,12 @@ mask_mod (``ValueError`` otherwise). ``row_stride`` > 1 judges every ``row_strid
 and key row (plus the last), for time: the oracle and the statistics still run over every row
 (dK/dV sum over all of them); :attr:`LongContextJudgement.n_compared` says how many elements
 were compared.
+
+Two engines evaluate the budgets and compare (the oracle is the same): ``engine="device"``
+(default; :mod:`fa4verify.judge.long_context_device`, Note [Device engine]) on the oracle's
+device in slabs, only scalars back; ``engine="host"`` with :class:`StreamedBudgetStats` and
+:func:`~fa4verify.judge.verdict.compare` in numpy (the cross-check:
+``tests/test_long_context_device.py`` checks that both give the same verdicts and budgets).
 """
 from __future__ import annotations
 
@@ -130,8 +136,12 @@ class LongContextJudgement:
     keys: np.ndarray
     oracle_bound_rel: dict       #: max over elements of oracle bound / (oracle bound + budget)
     fingerprint: dict
-    #: the composed budgets at the judged rows (out, lse, dq, dk, dv), numpy float64
+    #: the composed budgets at the judged rows (out, lse, dq, dk, dv), numpy float64 (the device
+    #: engine: only with ``keep_budgets``)
     budgets: dict = dataclasses.field(default_factory=dict, repr=False)
+    #: per tensor, judged elements by tightness |err| / allowed: ``{"edges": upper bin edges,
+    #: "counts": ...}`` (device engine; the last bin, > 1, holds the violations)
+    histograms: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def status(self) -> str:
@@ -163,17 +173,27 @@ def _nblocks(causal: bool, sq: int, sk: int, tile: int) -> np.ndarray:
 def judge_long_context(problem: AttentionProblem, q, k, v, out, lse, *, dout=None, dq=None, dk=None,
                        dv=None, budgets: Any = None, device: Any = None, block: int = 1024,
                        block_k: Optional[int] = None, row_stride: int = 1, threads: int = 8,
-                       sync=None) -> LongContextJudgement:
+                       sync=None, engine: str = "device", chunk: int = 16384,
+                       keep_budgets: bool = False) -> LongContextJudgement:
     """Judge a long-context forward (``out``, ``lse``) and, given ``dout``, backward (``dq``,
     ``dk``, ``dv``) against the streamed float64 oracle within the composed budgets.
 
     ``q, k, v, dout``: torch tensors (b, s, h, d) of the exact inputs; the oracle runs on
     ``device`` (default: theirs). Kernel outputs: torch or numpy, FA4 layouts. ``sync``: a
-    callable run before each phase time is taken (``torch.cuda.synchronize``)."""
+    callable run before each phase time is taken (``torch.cuda.synchronize``).
+
+    ``engine``: ``"device"`` (default) evaluates the budgets and compares on the oracle's device
+    in slabs of ``chunk`` judged rows, only scalars coming back
+    (:mod:`fa4verify.judge.long_context_device`, Note [Device engine]); ``"host"`` is the numpy
+    path (:class:`StreamedBudgetStats` + :func:`~fa4verify.judge.verdict.compare`), kept as the
+    cross-check. ``keep_budgets``: the device engine also returns the composed budgets at the
+    judged rows (to the host: only for small problems; the host engine always does)."""
     import torch
     from fa4verify.oracles import reference_gpu as rg
 
     long_problem(problem)
+    if engine not in ("device", "host"):
+        raise ValueError(f"engine={engine!r}: expected 'device' or 'host'")
     bs = load_budgets(problem.dtype, problem.arch, budgets)
     dev = torch.device(device) if device is not None else q.device
     q, k, v = (x.to(dev) for x in (q, k, v))
@@ -232,6 +252,21 @@ def judge_long_context(problem: AttentionProblem, q, k, v, out, lse, *, dout=Non
 
     rows = sample_rows(sq, row_stride)
     keys = sample_rows(sk, row_stride)
+    fp = {"nheads": H, "nheads_kv": Hk, "seqlen_q": sq, "seqlen_k": sk, "head_dim": D, "batch": B,
+          "causal": causal, "arch": problem.arch, "dtype": problem.dtype, "row_stride": row_stride,
+          "block": block, "block_k": block_k or block, "device": str(dev), "engine": engine}
+    if engine == "device":
+        from fa4verify.judge import long_context_device as lcd
+        fp["chunk"] = int(chunk)
+        sync()
+        secs["budget_forward"] = time.perf_counter() - t1     # the prefix sums; the slabs add theirs
+        verdicts, rel, allow, hist = lcd.judge_device(
+            problem, bs, f, q, k, v, out, lse, dout=dout, dq=dq, dk=dk, dv=dv, rows=rows, keys=keys, nb=nb,
+            nbb=nbb, dev=dev, cV=cV, vis_row=vis_row, last_c=last_c, block=block, block_k=block_k, chunk=chunk,
+            secs=secs, sync=sync, keep_budgets=keep_budgets)
+        sync()
+        secs["total"] = time.perf_counter() - t0
+        return LongContextJudgement(verdicts, secs, rows, keys, rel, fp, allow, hist)
     st = rowstats(rows)
     with np.errstate(invalid="ignore", over="ignore"):
         out_budget = st.forward_out()
@@ -293,9 +328,6 @@ def judge_long_context(problem: AttentionProblem, q, k, v, out, lse, *, dout=Non
         allow.update(bb)
         secs["budget_compare_backward"] = time.perf_counter() - t5
     secs["total"] = time.perf_counter() - t0
-    fp = {"nheads": H, "nheads_kv": Hk, "seqlen_q": sq, "seqlen_k": sk, "head_dim": D, "batch": B,
-          "causal": causal, "arch": problem.arch, "dtype": problem.dtype, "row_stride": row_stride,
-          "block": block, "block_k": block_k or block, "device": str(dev)}
     return LongContextJudgement(verdicts, secs, rows, keys, rel, fp, allow)
 
 

@@ -33,7 +33,8 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Verdict", "Element", "compare", "combine", "UndecidedError", "STATUSES", "worst_status"]
+__all__ = ["Verdict", "Element", "compare", "combine", "UndecidedError", "STATUSES", "worst_status",
+           "StreamedCompare"]
 
 STATUSES = ("pass", "fail", "undecided")
 _RANK = {"pass": 0, "undecided": 1, "fail": 2}
@@ -192,20 +193,173 @@ def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None
 
 
 def _undecided_reason(n_cmp, sel, fin, isnan_ref, ob, bu, nan) -> str:
-    parts = []
     if not sel.any():
-        return "nothing compared (no element selected)"
+        return _undecided_text(n_cmp, False, 0, 0, 0, 0)
     n_nan = int((sel & isnan_ref).sum()) if nan != "match" else 0
+    bad_ob = sel & fin & ~(np.isfinite(ob) & (ob >= 0))
+    bad_bu = sel & fin & ~(np.isfinite(bu) & (bu >= 0))
+    nneg = int((sel & fin & np.isfinite(bu) & (bu < 0)).sum())
+    return _undecided_text(n_cmp, True, n_nan, int(bad_ob.sum()), int(bad_bu.sum()), nneg)
+
+
+def _undecided_text(n_cmp: int, any_sel: bool, n_nan: int, n_bad_ob: int, n_bad_bu: int, nneg: int) -> str:
+    """The undecided reason from its counts (shared by :func:`compare` and :class:`StreamedCompare`)."""
+    if not any_sel:
+        return "nothing compared (no element selected)"
+    parts = []
     if n_nan:
         parts.append(f"{n_nan} oracle value(s) NaN (non-finite inputs: the budget defines nothing there)")
-    bad_ob = sel & fin & ~(np.isfinite(ob) & (ob >= 0))
-    if bad_ob.any():
-        parts.append(f"{int(bad_ob.sum())} oracle bound(s) non-finite or negative (the oracle could not certify)")
-    bad_bu = sel & fin & ~(np.isfinite(bu) & (bu >= 0))
-    if bad_bu.any():
-        nneg = int((sel & fin & np.isfinite(bu) & (bu < 0)).sum())
-        parts.append(f"{int(bad_bu.sum())} budget value(s) non-finite or negative"
+    if n_bad_ob:
+        parts.append(f"{n_bad_ob} oracle bound(s) non-finite or negative (the oracle could not certify)")
+    if n_bad_bu:
+        parts.append(f"{n_bad_bu} budget value(s) non-finite or negative"
                      + (f" ({nneg} negative)" if nneg else "") + " (the composed budget is not valid here)")
     if n_cmp == 0:
         parts.append("nothing compared")
     return "; ".join(parts) or "nothing compared"
+
+
+#: upper edges of the tightness histogram bins of :class:`StreamedCompare` (the last bin: > 1, over)
+HIST_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.25, 0.5, 0.75, 1.0)
+
+
+class StreamedCompare:
+    """:func:`compare`'s policy (Note [Undecided]) accumulated over chunks of torch tensors on any
+    device, so that a long-context judgement moves only scalars to the host: counts, the
+    maximum tightness and error, the worst element and the first ``max_violations`` violations
+    (the same elements :func:`compare` picks: largest ratio, ties by C order), the oracle-bound
+    share and a tightness histogram.
+
+    ``shape``: the whole compared array's shape; each :meth:`add` passes a slab of it along axis
+    ``axis`` starting at ``start`` (any order, each element once). :meth:`verdict` equals
+    ``compare(name, whole actual, whole ref, oracle_bound=..., budget=...)`` on the concatenation
+    (``tests/test_long_context_device.py`` checks it, NaN/inf/negative budgets included).
+
+    Elementwise arithmetic is IEEE float64 in torch as in numpy (``|a - r|``, ``err / allowed``),
+    so the figures are bitwise those of :func:`compare`."""
+
+    def __init__(self, name: str, shape: Sequence[int], axis: int, *, nan: str = "unjudged",
+                 max_violations: int = 5):
+        if nan not in ("unjudged", "match"):
+            raise ValueError(f"nan={nan!r}: expected 'unjudged' or 'match'")
+        self.name, self.shape, self.axis, self.nan, self.k = name, tuple(int(x) for x in shape), int(axis), nan, max_violations
+        self.n_cmp = self.n_over = self.n_unj = self.n_sel = 0
+        self.n_nan = self.n_bad_ob = self.n_bad_bu = self.n_neg = 0
+        self.tight, self.maxerr, self.share = 0.0, 0.0, -math.inf
+        self.worst: Optional[tuple] = None        # (ratio, flat index, Element)
+        self.viol: list = []                      # [(ratio, flat index, Element)]
+        self.hist = [0] * (len(HIST_EDGES) + 1)   # bins (.., 0], (0, e_1], ..., (0.75, 1], (1, inf]
+        self.shape_error = ""
+
+    def _flat(self, local_shape, start: int, li: int) -> tuple[int, tuple[int, ...]]:
+        idx = list(np.unravel_index(li, local_shape))
+        idx[self.axis] += start
+        idx = tuple(int(x) for x in idx)
+        return int(np.ravel_multi_index(idx, self.shape)), idx
+
+    def add(self, actual, ref, oracle_bound, budget, start: int = 0) -> None:
+        """Judge one slab (torch tensors, broadcastable ``oracle_bound`` and ``budget``)."""
+        import torch
+        f64 = torch.float64
+        r = ref.to(f64)
+        a = actual.to(device=r.device, dtype=f64)
+        if tuple(a.shape) != tuple(r.shape):
+            self.shape_error = f"shape {tuple(a.shape)} != oracle shape {tuple(r.shape)}"
+            return
+        ob = torch.as_tensor(oracle_bound, dtype=f64, device=r.device).expand(r.shape)
+        bu = torch.as_tensor(budget, dtype=f64, device=r.device).expand(r.shape)
+        allowed = ob + bu
+        valid_allow = torch.isfinite(ob) & torch.isfinite(bu) & (ob >= 0) & (bu >= 0)
+        fin = torch.isfinite(r)
+        isinf_ref = torch.isinf(r)
+        isnan_ref = torch.isnan(r)
+        judged_fin = fin & valid_allow
+        judged_nan = isnan_ref if self.nan == "match" else torch.zeros_like(fin)
+        judged = judged_fin | isinf_ref | judged_nan
+        zero = torch.zeros((), dtype=f64, device=r.device)
+        inf = torch.full((), math.inf, dtype=f64, device=r.device)
+        err = torch.where(judged_fin, (a - r).abs(), zero)
+        err = torch.where(judged_fin & ~torch.isfinite(err), inf, err)
+        ratio = torch.where(judged_fin, torch.where(err == 0, zero, err / torch.where(allowed > 0, allowed, zero)), zero)
+        ratio = torch.where(judged_fin & torch.isnan(ratio), inf, ratio)
+        over = judged_fin & ((err > allowed) | ~torch.isfinite(a))
+        bad = (isinf_ref & (a != r)) | (judged_nan & torch.isfinite(a))
+        ratio = torch.where(bad, inf, ratio)
+        over_all = over | bad
+        # the scalars that come back
+        cnt = torch.stack([judged.sum(), over_all.sum(), (~judged).sum(),
+                           (isnan_ref.sum() if self.nan != "match" else torch.zeros((), dtype=torch.long, device=r.device)),
+                           (fin & ~(torch.isfinite(ob) & (ob >= 0))).sum(), (fin & ~(torch.isfinite(bu) & (bu >= 0))).sum(),
+                           (fin & torch.isfinite(bu) & (bu < 0)).sum()]).tolist()
+        n_cmp, n_over = int(cnt[0]), int(cnt[1])
+        self.n_cmp += n_cmp
+        self.n_over += n_over
+        self.n_unj += int(cnt[2])
+        self.n_nan += int(cnt[3])
+        self.n_bad_ob += int(cnt[4])
+        self.n_bad_bu += int(cnt[5])
+        self.n_neg += int(cnt[6])
+        self.n_sel += r.numel()
+        if r.numel():
+            mx = torch.stack([ratio.max(), err.max()]).tolist()
+            self.tight, self.maxerr = max(self.tight, mx[0]), max(self.maxerr, mx[1])
+            edges = torch.tensor(HIST_EDGES, dtype=f64, device=r.device)
+            # bucketize: bin i holds edges[i-1] < x <= edges[i]; bin 0: x <= 0; the last: x > 1
+            h = torch.bincount(torch.bucketize(ratio[judged_fin], edges), minlength=len(HIST_EDGES) + 1).tolist()
+            for i, c in enumerate(h):
+                self.hist[i] += int(c)
+            sh = ob / (ob + bu)
+            sh = sh[torch.isfinite(sh)]
+            if sh.numel():
+                self.share = max(self.share, float(sh.max()))
+        if n_cmp:
+            flat = torch.where(judged, ratio, torch.full((), -1.0, dtype=f64, device=r.device)).reshape(-1)
+            li = int(torch.argmax(flat))
+            self._offer_worst(self._elem(a, r, err, ratio, allowed, judged_fin, li, start))
+        if n_over:
+            oi = torch.nonzero(over_all.reshape(-1)).reshape(-1)
+            rv = ratio.reshape(-1)[oi]
+            order = torch.sort(rv, descending=True, stable=True).indices[: self.k]
+            for li in oi[order].tolist():
+                self.viol.append(self._elem(a, r, err, ratio, allowed, judged_fin, int(li), start))
+            self.viol.sort(key=lambda t: (-t[0], t[1]))
+            del self.viol[self.k:]
+
+    def _elem(self, a, r, err, ratio, allowed, judged_fin, li: int, start: int):
+        """(ratio, flat index in the whole array, Element) of local flat index ``li``."""
+        shp = tuple(r.shape)
+        loc = tuple(int(x) for x in np.unravel_index(li, shp))
+        gf, gidx = self._flat(shp, start, li)
+        av, rv, ev, al, rt = (float(x[loc]) for x in (a, r, err, allowed, ratio))
+        e = ev if bool(judged_fin[loc]) else (0.0 if av == rv else math.inf)
+        return (rt, gf, Element(gidx, av, rv, e, al))
+
+    def _offer_worst(self, t) -> None:
+        if self.worst is None or (t[0], -t[1]) > (self.worst[0], -self.worst[1]):
+            self.worst = t
+
+    def verdict(self) -> Verdict:
+        """The :class:`Verdict` of everything added (as :func:`compare` on the whole array)."""
+        name = self.name
+        if self.shape_error:
+            return Verdict(name, "fail", 0, 0, 0, math.inf, math.inf, None, (), self.shape_error)
+        worst = self.worst[2] if (self.worst is not None and self.n_cmp) else None
+        viol = tuple(t[2] for t in self.viol) if self.n_over else ()
+        if self.n_over:
+            status, reason = "fail", f"{self.n_over} of {self.n_cmp} judged elements over oracle bound + budget"
+        elif self.n_unj or self.n_cmp == 0:
+            status = "undecided"
+            reason = _undecided_text(self.n_cmp, self.n_sel > 0, self.n_nan, self.n_bad_ob, self.n_bad_bu, self.n_neg)
+        else:
+            status, reason = "pass", ""
+        return Verdict(name, status, self.n_cmp, self.n_over, self.n_unj, float(self.tight), float(self.maxerr),
+                       worst, viol, reason)
+
+    @property
+    def oracle_bound_share(self) -> float:
+        """max over elements of oracle_bound / (oracle_bound + budget) (finite ones; NaN if none)."""
+        return self.share if self.share > -math.inf else math.nan
+
+    def histogram(self) -> dict:
+        """Judged elements by tightness |err| / allowed: bin upper edges and counts (last: > 1)."""
+        return {"edges": list(HIST_EDGES) + [math.inf], "counts": list(self.hist)}
