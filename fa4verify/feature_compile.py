@@ -1,5 +1,7 @@
 """Compile-only runs of FA4 features through the adapter (no GPU): split-KV (``num_splits``),
-paged KV, ``flash_attn_combine`` and the SM90 block-sparse backward (issue 16).
+paged KV, ``flash_attn_combine``, block sparsity (forward, backward), MLA (``qv``, hd 64 + 512),
+top-k gather (``gather_kv_indices``, forward and the sparse MLA backward), fp8 e4m3 with
+``q/k/v_descale``, and ``seqused_k`` forward/backward (issue 16).
 
 :func:`run` starts one subprocess per compile target (``sm_90a`` / ``sm_100a``) with the census'
 environment and CPU shims (:func:`fa4verify.census.compile_env`, ``_install_cpu_shims``); in it
@@ -13,6 +15,10 @@ Every figure from here is **compile-only** (shapes and code, no values). Usage::
 
     python -m fa4verify.feature_compile --arch sm_100a --cases split_kv,paged,combine --json F
     python -m fa4verify.feature_compile --arch sm_90a --cases sparse_bwd:208 --json F
+    python -m fa4verify.feature_compile --arch sm_100a --cases mla_fwd,gather_fwd,gather_bwd --json F
+
+``kind[:n]``: n is the page size (paged), the split count (split_kv, combine), the number of query
+heads (mla_fwd, gather_fwd, gather_bwd, gather_bwd_rp: MLA has one KV head) or the head dim.
 """
 from __future__ import annotations
 
@@ -29,7 +35,13 @@ from typing import Any, Sequence
 
 __all__ = ["FeatureCase", "KINDS", "parse_cases", "run"]
 
-KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd", "sparse_fwd", "mask_mod_fwd")
+KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd", "sparse_fwd", "mask_mod_fwd",
+         "mla_fwd", "gather_fwd", "gather_bwd", "gather_bwd_rp", "fp8_fwd", "seqused_fwd", "seqused_bwd")
+#: kinds whose ``:n`` is the number of query heads (MLA: one KV head); the others take a head dim,
+#: a page size (paged) or a split count (split_kv, combine)
+_NHEADS_KINDS = ("mla_fwd", "gather_fwd", "gather_bwd", "gather_bwd_rp")
+#: MLA shape (FA4's "deepseek MLA absorbed" head dims) and the top-k length of the gather cases
+MLA_HEAD_DIM, MLA_HEAD_DIM_V, GATHER_TOPK = 64, 512, 256
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,8 @@ class FeatureCase:
             raise ValueError(f"kind={self.kind!r}: expected one of {KINDS}")
 
     def label(self) -> str:
+        if self.kind in _NHEADS_KINDS:
+            return f"{self.kind}-hd{MLA_HEAD_DIM}v{MLA_HEAD_DIM_V}-h{self.nheads}"
         extra = {"paged": f"-p{self.page_size}", "split_kv": f"-s{self.num_splits}",
                  "combine": f"-s{self.num_splits}"}.get(self.kind, "")
         return f"{self.kind}-hd{self.head_dim}{extra}"
@@ -64,10 +78,15 @@ def parse_cases(text: str) -> list[FeatureCase]:
         if n:
             if not n.isdigit() or int(n) < 1:
                 raise ValueError(f"{item!r}: the number after ':' must be a positive integer")
-            kw = {"paged": {"page_size": int(n)}, "sparse_bwd": {"head_dim": int(n)},
-                  "dense_bwd": {"head_dim": int(n)}, "sparse_fwd": {"head_dim": int(n)},
-                  "mask_mod_fwd": {"head_dim": int(n)},
-                  "split_kv": {"num_splits": int(n)}, "combine": {"num_splits": int(n)}}[kind]
+            if kind in _NHEADS_KINDS:
+                kw = {"nheads": int(n)}
+            else:
+                kw = {"paged": {"page_size": int(n)}, "split_kv": {"num_splits": int(n)},
+                      "combine": {"num_splits": int(n)}}.get(kind, {"head_dim": int(n)})
+        elif kind in _NHEADS_KINDS:
+            kw = {"nheads": 128 if kind in ("gather_fwd", "gather_bwd") else 64 if kind == "gather_bwd_rp" else 16}
+        if kind in _NHEADS_KINDS:
+            kw["head_dim"] = MLA_HEAD_DIM
         out.append(FeatureCase(kind, **kw))
     if not out:
         raise ValueError("no cases")
@@ -122,6 +141,33 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
                 out, lse, cfg = ad.combine(op, lp, out_dtype=bf)
                 rec["config"] = {"compile_key": cfg["compile_key"]}
                 rec["shapes"] = {"out": list(out.shape), "lse": list(lse.shape)}
+            elif case.kind in _NHEADS_KINDS:
+                _mla_case(case, rec)
+            elif case.kind == "fp8_fwd":
+                e4 = torch.float8_e4m3fn
+                q = torch.empty(2, sq, h, d, dtype=e4, device="cuda")
+                k = torch.empty(2, sk, h, d, dtype=e4, device="cuda")
+                desc = [torch.empty(2, h, dtype=torch.float32, device="cuda") for _ in range(3)]
+                f = ad.forward(q, k, torch.empty_like(k), q_descale=desc[0], k_descale=desc[1],
+                               v_descale=desc[2])
+                rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra,
+                                 "entry": f.config.entry}
+                rec["shapes"] = {"out": list(f.out.shape), "out_dtype": str(f.out.dtype), "lse": list(f.lse.shape)}
+            elif case.kind == "seqused_fwd":
+                k = torch.empty(2, sk, h, d, dtype=bf, device="cuda")
+                used = torch.empty(2, dtype=torch.int32, device="cuda")
+                f = ad.forward(q, k, torch.empty_like(k), seqused_k=used)
+                rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
+                rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
+            elif case.kind == "seqused_bwd":
+                k = torch.empty(2, sk, h, d, dtype=bf, device="cuda")
+                v = torch.empty_like(k)
+                o, do = torch.empty_like(q), torch.empty_like(q)
+                lse = torch.empty(2, h, sq, dtype=torch.float32, device="cuda")
+                used = torch.empty(2, dtype=torch.int32, device="cuda")
+                r = ad.backward(q, k, v, o, do, lse, seqused_k=used)
+                rec["config"] = {"compile_key": r.config.compile_key, "extra": r.config.extra}
+                rec["shapes"] = {"dq": list(r.dq.shape), "dk": list(r.dk.shape)}
             else:   # sparse_bwd / dense_bwd (the same problem without block sparsity: the control)
                 s = 512
                 q = torch.empty(1, s, h, d, dtype=bf, device="cuda")
@@ -129,7 +175,10 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
                 lse = torch.empty(1, h, s, dtype=torch.float32, device="cuda")
                 bs = None
                 if case.kind == "sparse_bwd":
-                    bq, bk = ad.sm90_bwd_sparse_block_size(d)
+                    # SM100's backward tiles are 128 x 128 (interface._flash_attn_bwd); SM90's
+                    # depend on the head dim (_tile_size_bwd_sm90)
+                    sm100 = str(rec["arch"] or "").startswith("sm_10")
+                    bq, bk = (128, 128) if sm100 else ad.sm90_bwd_sparse_block_size(d)
                     bm = np.ones((-(-s // bq), -(-s // bk)), bool)
                     bs = ad.block_sparse_tensors(bm, batch=1, nheads=h, block_size=(bq, bk), direction="bwd")
                 r = ad.backward(q, k, v, o, do, lse, block_sparse_tensors=bs)
@@ -144,6 +193,36 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
     rec["kernels"] = sorted({kernel_class(n) or n[:80] for n, m in after.items()
                              if n.endswith(".ptx") and before.get(n) != m})
     return rec
+
+
+def _mla_case(case: FeatureCase, rec: dict[str, Any]) -> None:
+    """MLA (qv) forward, top-k gather forward, and the sparse MLA backward (saved P, or P
+    recomputed in-kernel: ``gather_bwd_rp``), under FakeTensorMode: q (b, s, h, 64), k (b, sk, 1,
+    64), v the latent cache (b, sk, 1, 512), qv (b, s, h, 512); gather: one index row of
+    GATHER_TOPK slots per query token."""
+    import torch
+
+    from fa4verify.kernels import adapter as ad
+    bf = torch.bfloat16
+    h, sq, sk = case.nheads, case.seqlen_q, case.seqlen_k
+    b = 2 if case.kind == "mla_fwd" else 1
+    q = torch.empty(b, sq, h, MLA_HEAD_DIM, dtype=bf, device="cuda")
+    qv = torch.empty(b, sq, h, MLA_HEAD_DIM_V, dtype=bf, device="cuda")
+    k = torch.empty(b, sk, 1, MLA_HEAD_DIM, dtype=bf, device="cuda")
+    v = torch.empty(b, sk, 1, MLA_HEAD_DIM_V, dtype=bf, device="cuda")
+    idx = None if case.kind == "mla_fwd" else torch.empty(b, sq, GATHER_TOPK, dtype=torch.int32, device="cuda")
+    bwd = case.kind in ("gather_bwd", "gather_bwd_rp")
+    rp = case.kind == "gather_bwd_rp"
+    f = ad.mla_forward(q, k, v, qv, gather_kv_indices=idx, for_backward=bwd, gather_bwd_recompute_p=rp)
+    rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra,
+                     "softmax_scale": f.config.softmax_scale}
+    rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape),
+                     "p": list(f.p.shape) if f.p is not None else None}
+    if bwd:
+        r = ad.mla_backward(q, k, v, qv, f.out, torch.empty_like(f.out), f.lse, idx, fwd=f, recompute_p=rp)
+        rec["config"]["backward"] = {"compile_key": r.config.compile_key, "extra": r.config.extra}
+        rec["shapes"].update(dq=list(r.dq.shape), dk=list(r.dk.shape), dv=list(r.dv.shape),
+                             dqv=list(r.dqv.shape))
 
 
 def _worker(spec_json: str) -> None:
@@ -202,7 +281,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fa4verify.feature_compile", description=__doc__.split("\n\n")[0])
     from fa4verify.kernels.facts import ptx_target
     ap.add_argument("--arch", choices=[ptx_target("sm90"), ptx_target("sm100")], required=True)
-    ap.add_argument("--cases", required=True, help="comma list: split_kv[:n], paged[:page], combine[:n], sparse_bwd[:hd]")
+    ap.add_argument("--cases", required=True, help="comma list of kind[:n]: " + ", ".join(KINDS))
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
     try:
