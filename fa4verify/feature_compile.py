@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["FeatureCase", "KINDS", "parse_cases", "run"]
+__all__ = ["FeatureCase", "KINDS", "parse_cases", "run", "merge"]
 
 KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd", "sparse_fwd", "mask_mod_fwd",
          "mla_fwd", "gather_fwd", "gather_bwd", "gather_bwd_rp", "fp8_fwd", "seqused_fwd", "seqused_bwd")
@@ -213,12 +213,27 @@ def _mla_case(case: FeatureCase, rec: dict[str, Any]) -> None:
     idx = None if case.kind == "mla_fwd" else torch.empty(b, sq, GATHER_TOPK, dtype=torch.int32, device="cuda")
     bwd = case.kind in ("gather_bwd", "gather_bwd_rp")
     rp = case.kind == "gather_bwd_rp"
-    f = ad.mla_forward(q, k, v, qv, gather_kv_indices=idx, for_backward=bwd, gather_bwd_recompute_p=rp)
+    rec["stage"] = "forward"       # where a refusal came from (a backward case runs the forward first)
+    try:
+        f = ad.mla_forward(q, k, v, qv, gather_kv_indices=idx, for_backward=bwd, gather_bwd_recompute_p=rp)
+    except AssertionError as e:
+        if not bwd:
+            raise
+        # the forward is refused (SM90): ask the backward itself, with stand-in forward outputs
+        rec["forward_error"] = f"{type(e).__name__}: {e}"[:500]
+        rec["stage"] = "backward"
+        out = torch.empty(b, sq, h, MLA_HEAD_DIM_V, dtype=bf, device="cuda")
+        lse = torch.empty(b, sq, h, dtype=torch.float32, device="cuda")
+        p = None if rp else torch.empty(b, sq, h, GATHER_TOPK, dtype=bf, device="cuda")
+        rm = None if rp else torch.empty(b, sq, GATHER_TOPK // 128, h, dtype=torch.float32, device="cuda")
+        ad.mla_backward(q, k, v, qv, out, torch.empty_like(out), lse, idx, p=p, row_max=rm, recompute_p=rp)
+        raise
     rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra,
                      "softmax_scale": f.config.softmax_scale}
     rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape),
                      "p": list(f.p.shape) if f.p is not None else None}
     if bwd:
+        rec["stage"] = "backward"
         r = ad.mla_backward(q, k, v, qv, f.out, torch.empty_like(f.out), f.lse, idx, fwd=f, recompute_p=rp)
         rec["config"]["backward"] = {"compile_key": r.config.compile_key, "extra": r.config.extra}
         rec["shapes"].update(dq=list(r.dq.shape), dk=list(r.dk.shape), dv=list(r.dv.shape),
@@ -327,19 +342,44 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", choices=[ptx_target("sm90"), ptx_target("sm100")], required=True)
     ap.add_argument("--cases", required=True, help="comma list of kind[:n]: " + ", ".join(KINDS))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--merge", default=None, metavar="FILE",
+                    help="also merge the results into FILE (a compile_only_<arch>.json): a case with the "
+                         "same label is replaced, the others kept; the run is listed under 'merged_runs'")
     ns = ap.parse_args(argv)
     try:
         cases = parse_cases(ns.cases)
     except ValueError as e:
         print(f"fa4verify.feature_compile: error: {e}", file=sys.stderr)
         return 2
+    if ns.merge:
+        try:
+            old = json.loads(Path(ns.merge).read_text())
+            if old.get("arch") != ns.arch or not isinstance(old.get("results"), list):
+                raise ValueError(f"arch {old.get('arch')!r} != {ns.arch!r} or no results list")
+        except (OSError, ValueError) as e:
+            print(f"fa4verify.feature_compile: error: --merge {ns.merge}: {e}", file=sys.stderr)
+            return 2
     out = run(ns.arch, cases)
     for r in out["results"]:
         print(f"{ns.arch} {r['label']}: {'compiles' if r['ok'] else 'ERROR ' + str(r['error'])[:160]} "
               f"({r['seconds']} s) {r['kernels']}")
     if ns.json:
         Path(ns.json).write_text(json.dumps(out, indent=1, default=str))
+    if ns.merge:
+        Path(ns.merge).write_text(json.dumps(merge(old, out), indent=1, default=str))
     return 0
+
+
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` census with ``new``'s results merged in (same label: replaced; order: old's, then
+    the new labels); ``merged_runs`` lists each merged run's labels and wall seconds."""
+    if old.get("arch") != new.get("arch"):
+        raise ValueError(f"arch {old.get('arch')!r} != {new.get('arch')!r}")
+    fresh = {r["label"]: r for r in new["results"]}
+    results = [fresh.pop(r["label"], r) for r in old["results"]] + list(fresh.values())
+    runs = list(old.get("merged_runs", [])) + [{"labels": [r["label"] for r in new["results"]],
+                                                "wall_seconds": new.get("wall_seconds")}]
+    return {**old, "results": results, "merged_runs": runs}
 
 
 if __name__ == "__main__":
