@@ -99,3 +99,17 @@ def test_mla_forward_compiles_for_sm100a_and_fa4_asserts_on_sm90a(tmp_path):
     assert a["kernels"] == ["FlashAttentionMLAForwardSm100"] and a["shapes"]["lse"] == [2, 128, 16]
     b = run("sm_90a", parse_cases("mla_fwd"), workdir=tmp_path / "b")["results"][0]
     assert not b["ok"] and "(64, 512) is not supported on SM90" in b["error"]
+
+
+@pytest.mark.fa4
+@pytest.mark.slow(extended="the sparse MLA backward and fp8 forward compiles for sm_100a (~2-4 min)")
+def test_sparse_mla_backward_and_fp8_descale_compile_for_sm100a(tmp_path):
+    out = run("sm_100a", parse_cases("gather_bwd_rp,fp8_fwd"), workdir=tmp_path)
+    by = {r["label"]: r for r in out["results"]}
+    g = by["gather_bwd_rp-hd64v512-h64"]
+    assert g["ok"], g["error"]
+    assert "FlashAttentionSparseMLABackwardSm100" in g["kernels"]
+    assert g["config"]["backward"]["extra"]["recompute_p"] is True and g["shapes"]["p"] is None
+    f = by["fp8_fwd-hd128"]
+    assert f["ok"], f["error"]
+    assert f["config"]["entry"] == "_flash_attn_fwd" and f["config"]["extra"]["q_descale"] is True
