@@ -113,3 +113,12 @@ def test_sparse_mla_backward_and_fp8_descale_compile_for_sm100a(tmp_path):
     f = by["fp8_fwd-hd128"]
     assert f["ok"], f["error"]
     assert f["config"]["entry"] == "_flash_attn_fwd" and f["config"]["extra"]["q_descale"] is True
+
+
+def test_bad_merge_file_exits_2_before_compiling(tmp_path, capsys):
+    assert main(["--arch", "sm_90a", "--cases", "mla_fwd", "--merge", str(tmp_path / "missing.json")]) == 2
+    other = tmp_path / "other.json"
+    other.write_text('{"arch": "sm_100a", "results": []}')
+    assert main(["--arch", "sm_90a", "--cases", "mla_fwd", "--merge", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 2 and "Traceback" not in err
