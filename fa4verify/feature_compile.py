@@ -1,5 +1,7 @@
 """Compile-only runs of FA4 features through the adapter (no GPU): split-KV (``num_splits``),
-paged KV, ``flash_attn_combine`` and the SM90 block-sparse backward (issue 16).
+paged KV, ``flash_attn_combine``, block sparsity (forward, backward), MLA (``qv``, hd 64 + 512),
+top-k gather (``gather_kv_indices``, forward and the sparse MLA backward), fp8 e4m3 with
+``q/k/v_descale``, and ``seqused_k`` forward/backward (issue 16).
 
 :func:`run` starts one subprocess per compile target (``sm_90a`` / ``sm_100a``) with the census'
 environment and CPU shims (:func:`fa4verify.census.compile_env`, ``_install_cpu_shims``); in it
@@ -13,6 +15,10 @@ Every figure from here is **compile-only** (shapes and code, no values). Usage::
 
     python -m fa4verify.feature_compile --arch sm_100a --cases split_kv,paged,combine --json F
     python -m fa4verify.feature_compile --arch sm_90a --cases sparse_bwd:208 --json F
+    python -m fa4verify.feature_compile --arch sm_100a --cases mla_fwd,gather_fwd,gather_bwd --json F
+
+``kind[:n]``: n is the page size (paged), the split count (split_kv, combine), the number of query
+heads (mla_fwd, gather_fwd, gather_bwd, gather_bwd_rp: MLA has one KV head) or the head dim.
 """
 from __future__ import annotations
 
@@ -27,9 +33,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["FeatureCase", "KINDS", "parse_cases", "run"]
+__all__ = ["FeatureCase", "KINDS", "parse_cases", "run", "merge"]
 
-KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd", "sparse_fwd", "mask_mod_fwd")
+KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd", "sparse_fwd", "mask_mod_fwd",
+         "mla_fwd", "gather_fwd", "gather_bwd", "gather_bwd_rp", "fp8_fwd", "seqused_fwd", "seqused_bwd")
+#: kinds whose ``:n`` is the number of query heads (MLA: one KV head); the others take a head dim,
+#: a page size (paged) or a split count (split_kv, combine)
+_NHEADS_KINDS = ("mla_fwd", "gather_fwd", "gather_bwd", "gather_bwd_rp")
+#: MLA shape (FA4's "deepseek MLA absorbed" head dims) and the top-k length of the gather cases
+MLA_HEAD_DIM, MLA_HEAD_DIM_V, GATHER_TOPK = 64, 512, 256
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,8 @@ class FeatureCase:
             raise ValueError(f"kind={self.kind!r}: expected one of {KINDS}")
 
     def label(self) -> str:
+        if self.kind in _NHEADS_KINDS:
+            return f"{self.kind}-hd{MLA_HEAD_DIM}v{MLA_HEAD_DIM_V}-h{self.nheads}"
         extra = {"paged": f"-p{self.page_size}", "split_kv": f"-s{self.num_splits}",
                  "combine": f"-s{self.num_splits}"}.get(self.kind, "")
         return f"{self.kind}-hd{self.head_dim}{extra}"
@@ -64,10 +78,15 @@ def parse_cases(text: str) -> list[FeatureCase]:
         if n:
             if not n.isdigit() or int(n) < 1:
                 raise ValueError(f"{item!r}: the number after ':' must be a positive integer")
-            kw = {"paged": {"page_size": int(n)}, "sparse_bwd": {"head_dim": int(n)},
-                  "dense_bwd": {"head_dim": int(n)}, "sparse_fwd": {"head_dim": int(n)},
-                  "mask_mod_fwd": {"head_dim": int(n)},
-                  "split_kv": {"num_splits": int(n)}, "combine": {"num_splits": int(n)}}[kind]
+            if kind in _NHEADS_KINDS:
+                kw = {"nheads": int(n)}
+            else:
+                kw = {"paged": {"page_size": int(n)}, "split_kv": {"num_splits": int(n)},
+                      "combine": {"num_splits": int(n)}}.get(kind, {"head_dim": int(n)})
+        elif kind in _NHEADS_KINDS:
+            kw = {"nheads": 128 if kind in ("gather_fwd", "gather_bwd") else 64 if kind == "gather_bwd_rp" else 16}
+        if kind in _NHEADS_KINDS:
+            kw["head_dim"] = MLA_HEAD_DIM
         out.append(FeatureCase(kind, **kw))
     if not out:
         raise ValueError("no cases")
@@ -122,6 +141,33 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
                 out, lse, cfg = ad.combine(op, lp, out_dtype=bf)
                 rec["config"] = {"compile_key": cfg["compile_key"]}
                 rec["shapes"] = {"out": list(out.shape), "lse": list(lse.shape)}
+            elif case.kind in _NHEADS_KINDS:
+                _mla_case(case, rec)
+            elif case.kind == "fp8_fwd":
+                e4 = torch.float8_e4m3fn
+                q = torch.empty(2, sq, h, d, dtype=e4, device="cuda")
+                k = torch.empty(2, sk, h, d, dtype=e4, device="cuda")
+                desc = [torch.empty(2, h, dtype=torch.float32, device="cuda") for _ in range(3)]
+                f = ad.forward(q, k, torch.empty_like(k), q_descale=desc[0], k_descale=desc[1],
+                               v_descale=desc[2])
+                rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra,
+                                 "entry": f.config.entry}
+                rec["shapes"] = {"out": list(f.out.shape), "out_dtype": str(f.out.dtype), "lse": list(f.lse.shape)}
+            elif case.kind == "seqused_fwd":
+                k = torch.empty(2, sk, h, d, dtype=bf, device="cuda")
+                used = torch.empty(2, dtype=torch.int32, device="cuda")
+                f = ad.forward(q, k, torch.empty_like(k), seqused_k=used)
+                rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
+                rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
+            elif case.kind == "seqused_bwd":
+                k = torch.empty(2, sk, h, d, dtype=bf, device="cuda")
+                v = torch.empty_like(k)
+                o, do = torch.empty_like(q), torch.empty_like(q)
+                lse = torch.empty(2, h, sq, dtype=torch.float32, device="cuda")
+                used = torch.empty(2, dtype=torch.int32, device="cuda")
+                r = ad.backward(q, k, v, o, do, lse, seqused_k=used)
+                rec["config"] = {"compile_key": r.config.compile_key, "extra": r.config.extra}
+                rec["shapes"] = {"dq": list(r.dq.shape), "dk": list(r.dk.shape)}
             else:   # sparse_bwd / dense_bwd (the same problem without block sparsity: the control)
                 s = 512
                 q = torch.empty(1, s, h, d, dtype=bf, device="cuda")
@@ -129,7 +175,10 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
                 lse = torch.empty(1, h, s, dtype=torch.float32, device="cuda")
                 bs = None
                 if case.kind == "sparse_bwd":
-                    bq, bk = ad.sm90_bwd_sparse_block_size(d)
+                    # SM100's backward tiles are 128 x 128 (interface._flash_attn_bwd); SM90's
+                    # depend on the head dim (_tile_size_bwd_sm90)
+                    sm100 = str(rec["arch"] or "").startswith("sm_10")
+                    bq, bk = (128, 128) if sm100 else ad.sm90_bwd_sparse_block_size(d)
                     bm = np.ones((-(-s // bq), -(-s // bk)), bool)
                     bs = ad.block_sparse_tensors(bm, batch=1, nheads=h, block_size=(bq, bk), direction="bwd")
                 r = ad.backward(q, k, v, o, do, lse, block_sparse_tensors=bs)
@@ -146,10 +195,99 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
     return rec
 
 
+def _mla_case(case: FeatureCase, rec: dict[str, Any]) -> None:
+    """MLA (qv) forward, top-k gather forward, and the sparse MLA backward (saved P, or P
+    recomputed in-kernel: ``gather_bwd_rp``), under FakeTensorMode: q (b, s, h, 64), k (b, sk, 1,
+    64), v the latent cache (b, sk, 1, 512), qv (b, s, h, 512); gather: one index row of
+    GATHER_TOPK slots per query token."""
+    import torch
+
+    from fa4verify.kernels import adapter as ad
+    bf = torch.bfloat16
+    h, sq, sk = case.nheads, case.seqlen_q, case.seqlen_k
+    b = 2 if case.kind == "mla_fwd" else 1
+    q = torch.empty(b, sq, h, MLA_HEAD_DIM, dtype=bf, device="cuda")
+    qv = torch.empty(b, sq, h, MLA_HEAD_DIM_V, dtype=bf, device="cuda")
+    k = torch.empty(b, sk, 1, MLA_HEAD_DIM, dtype=bf, device="cuda")
+    v = torch.empty(b, sk, 1, MLA_HEAD_DIM_V, dtype=bf, device="cuda")
+    idx = None if case.kind == "mla_fwd" else torch.empty(b, sq, GATHER_TOPK, dtype=torch.int32, device="cuda")
+    bwd = case.kind in ("gather_bwd", "gather_bwd_rp")
+    rp = case.kind == "gather_bwd_rp"
+    rec["stage"] = "forward"       # where a refusal came from (a backward case runs the forward first)
+    try:
+        f = ad.mla_forward(q, k, v, qv, gather_kv_indices=idx, for_backward=bwd, gather_bwd_recompute_p=rp)
+    except AssertionError as e:
+        if not bwd:
+            raise
+        # the forward is refused (SM90): ask the backward itself, with stand-in forward outputs
+        rec["forward_error"] = f"{type(e).__name__}: {e}"[:500]
+        rec["stage"] = "backward"
+        out = torch.empty(b, sq, h, MLA_HEAD_DIM_V, dtype=bf, device="cuda")
+        lse = torch.empty(b, sq, h, dtype=torch.float32, device="cuda")
+        p = None if rp else torch.empty(b, sq, h, GATHER_TOPK, dtype=bf, device="cuda")
+        rm = None if rp else torch.empty(b, sq, GATHER_TOPK // 128, h, dtype=torch.float32, device="cuda")
+        ad.mla_backward(q, k, v, qv, out, torch.empty_like(out), lse, idx, p=p, row_max=rm, recompute_p=rp)
+        raise
+    rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra,
+                     "softmax_scale": f.config.softmax_scale}
+    rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape),
+                     "p": list(f.p.shape) if f.p is not None else None}
+    if bwd:
+        rec["stage"] = "backward"
+        r = ad.mla_backward(q, k, v, qv, f.out, torch.empty_like(f.out), f.lse, idx, fwd=f, recompute_p=rp)
+        rec["config"]["backward"] = {"compile_key": r.config.compile_key, "extra": r.config.extra}
+        rec["shapes"].update(dq=list(r.dq.shape), dk=list(r.dk.shape), dv=list(r.dv.shape),
+                             dqv=list(r.dqv.shape))
+
+
+def _install_fake_cuda_indexing() -> None:
+    """Compile-only shim (this subprocess only): basic indexing (ints, slices, ``...``, None) of a
+    fake CUDA tensor through ``aten.select`` / ``aten.slice``. A CPU-only torch refuses
+    ``fake_cuda[..., :n]`` ("PyTorch is not linked with support for cuda devices": Python
+    indexing takes a CUDA device guard before dispatch), which FA4's sparse MLA backward does
+    (``dpsum[..., :nheads]``); the result is the same view the CUDA build would make."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    orig = torch.Tensor.__getitem__
+    if getattr(orig, "_fa4verify_shim", False):
+        return
+
+    def getitem(self, idx):
+        if not (isinstance(self, FakeTensor) and self.device.type == "cuda"):
+            return orig(self, idx)
+        items = idx if isinstance(idx, tuple) else (idx,)
+        if not all(i is Ellipsis or i is None or isinstance(i, (int, slice)) for i in items) \
+                or any(isinstance(i, bool) for i in items):
+            return orig(self, idx)
+        n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
+        if sum(1 for i in items if i is Ellipsis) > 1 or n_real > self.dim():
+            return orig(self, idx)
+        if Ellipsis in items:
+            e = items.index(Ellipsis)
+            items = items[:e] + (slice(None),) * (self.dim() - n_real) + items[e + 1:]
+        out, dim = self, 0
+        for i in items:
+            if i is None:
+                out = out.unsqueeze(dim)
+                dim += 1
+            elif isinstance(i, int):
+                out = torch.ops.aten.select.int(out, dim, i)
+            else:
+                st, sp, step = i.start, i.stop, i.step if i.step is not None else 1
+                if step < 1:
+                    return orig(self, idx)
+                out = torch.ops.aten.slice.Tensor(out, dim, st, sp, step)
+                dim += 1
+        return out
+    getitem._fa4verify_shim = True
+    torch.Tensor.__getitem__ = getitem
+
+
 def _worker(spec_json: str) -> None:
     spec = json.loads(spec_json)
     from fa4verify.census import _install_cpu_shims
     _install_cpu_shims(int(os.environ["FLASH_ATTENTION_NUM_SMS"]))
+    _install_fake_cuda_indexing()
     dump = Path(os.environ["CUTE_DSL_DUMP_DIR"])
     results = []
     for c in spec["cases"]:
@@ -202,21 +340,46 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fa4verify.feature_compile", description=__doc__.split("\n\n")[0])
     from fa4verify.kernels.facts import ptx_target
     ap.add_argument("--arch", choices=[ptx_target("sm90"), ptx_target("sm100")], required=True)
-    ap.add_argument("--cases", required=True, help="comma list: split_kv[:n], paged[:page], combine[:n], sparse_bwd[:hd]")
+    ap.add_argument("--cases", required=True, help="comma list of kind[:n]: " + ", ".join(KINDS))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--merge", default=None, metavar="FILE",
+                    help="also merge the results into FILE (a compile_only_<arch>.json): a case with the "
+                         "same label is replaced, the others kept; the run is listed under 'merged_runs'")
     ns = ap.parse_args(argv)
     try:
         cases = parse_cases(ns.cases)
     except ValueError as e:
         print(f"fa4verify.feature_compile: error: {e}", file=sys.stderr)
         return 2
+    if ns.merge:
+        try:
+            old = json.loads(Path(ns.merge).read_text())
+            if old.get("arch") != ns.arch or not isinstance(old.get("results"), list):
+                raise ValueError(f"arch {old.get('arch')!r} != {ns.arch!r} or no results list")
+        except (OSError, ValueError) as e:
+            print(f"fa4verify.feature_compile: error: --merge {ns.merge}: {e}", file=sys.stderr)
+            return 2
     out = run(ns.arch, cases)
     for r in out["results"]:
         print(f"{ns.arch} {r['label']}: {'compiles' if r['ok'] else 'ERROR ' + str(r['error'])[:160]} "
               f"({r['seconds']} s) {r['kernels']}")
     if ns.json:
         Path(ns.json).write_text(json.dumps(out, indent=1, default=str))
+    if ns.merge:
+        Path(ns.merge).write_text(json.dumps(merge(old, out), indent=1, default=str))
     return 0
+
+
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` census with ``new``'s results merged in (same label: replaced; order: old's, then
+    the new labels); ``merged_runs`` lists each merged run's labels and wall seconds."""
+    if old.get("arch") != new.get("arch"):
+        raise ValueError(f"arch {old.get('arch')!r} != {new.get('arch')!r}")
+    fresh = {r["label"]: r for r in new["results"]}
+    results = [fresh.pop(r["label"], r) for r in old["results"]] + list(fresh.values())
+    runs = list(old.get("merged_runs", [])) + [{"labels": [r["label"] for r in new["results"]],
+                                                "wall_seconds": new.get("wall_seconds")}]
+    return {**old, "results": results, "merged_runs": runs}
 
 
 if __name__ == "__main__":

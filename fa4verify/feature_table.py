@@ -38,15 +38,33 @@ TWIN: dict[tuple[str, str, str], str] = {
     ("split_kv", "sm100", "fwd"): "combine stage `kernels/twin_combine.py`",
     ("fp8", "sm100", "fwd"): "`kernels/twin_fwd.py` fp8 e4m3 (FA #2577)",
 }
-#: feature_compile kind of each (feature, direction)
-COMPILE_KIND = {("paged_kv", "fwd"): "paged", ("split_kv", "fwd"): "split_kv",
-                ("combine", "fwd"): "combine", ("block_sparse", "bwd"): "sparse_bwd",
-                ("block_sparse", "fwd"): "sparse_fwd", ("score_mod", "fwd"): "mask_mod_fwd"}
+#: feature_compile kind(s) of each (feature, direction); FA4 has a backward for MLA only on the
+#: sparse (gather) path, so both the MLA and the gather backward cells read the gather cases
+COMPILE_KIND: dict[tuple[str, str], Any] = {
+    ("paged_kv", "fwd"): "paged", ("split_kv", "fwd"): "split_kv",
+    ("combine", "fwd"): "combine", ("block_sparse", "bwd"): "sparse_bwd",
+    ("block_sparse", "fwd"): "sparse_fwd", ("score_mod", "fwd"): "mask_mod_fwd",
+    ("mla", "fwd"): "mla_fwd", ("mla", "bwd"): ("gather_bwd", "gather_bwd_rp"),
+    ("gather", "fwd"): "gather_fwd", ("gather", "bwd"): ("gather_bwd", "gather_bwd_rp"),
+    ("fp8", "fwd"): "fp8_fwd", ("seqused", "fwd"): "seqused_fwd", ("seqused", "bwd"): "seqused_bwd"}
+#: how a case of each kind is named in a cell: (prefix, value) -- values of one prefix are joined
+_CASE_NAME = {
+    "paged": lambda c: ("page", str(c["page_size"])),
+    "split_kv": lambda c: ("splits", str(c["num_splits"])),
+    "combine": lambda c: ("splits", str(c["num_splits"])),
+    "mla_fwd": lambda c: ("hd 64 + 512, heads", str(c["nheads"])),
+    "gather_fwd": lambda c: ("hd 64 + 512, top-256, heads", str(c["nheads"])),
+    "gather_bwd": lambda c: ("saved P, heads", str(c["nheads"])),
+    "gather_bwd_rp": lambda c: ("recomputed P, heads", str(c["nheads"])),
+    "fp8_fwd": lambda c: ("e4m3 + q/k/v descale, hd", str(c["head_dim"])),
+    "seqused_fwd": lambda c: ("seqused_k, hd", str(c["head_dim"])),
+    "seqused_bwd": lambda c: ("seqused_k, hd", str(c["head_dim"])),
+}
 _ARCH_FILE = {"sm90": "sm90a", "sm100": "sm100a"}
 #: H200 section that measures a cell
 _H200 = {("paged_kv", "fwd"): "paged", ("combine", "fwd"): "combine", ("split_kv", "fwd"): "combine",
          ("block_sparse", "bwd"): "sparse", ("seqused", "fwd"): "paged", ("block_sparse", "fwd"): "sparse_fwd",
-         ("score_mod", "fwd"): "sparse_fwd"}
+         ("score_mod", "fwd"): "sparse_fwd", ("seqused", "bwd"): "seqused_bwd"}
 
 
 def load_evidence(results: Path = RESULTS) -> dict[str, Any]:
@@ -55,36 +73,60 @@ def load_evidence(results: Path = RESULTS) -> dict[str, Any]:
         p = results / f"compile_only_{f}.json"
         if p.is_file():
             ev["compile"][arch] = json.loads(p.read_text())["results"]
-    for sec in ("paged", "combine", "sparse_fwd", "sparse"):
+    for sec in ("paged", "combine", "sparse_fwd", "sparse", "seqused_bwd"):
         p = results / "h200" / f"features_{sec}.json"
         if p.is_file():
             ev["h200"][sec] = json.loads(p.read_text())
     return ev
 
 
+def _assert_message(err: str) -> str:
+    """The message of an ``AssertionError: <msg>`` record (first 70 characters)."""
+    msg = err.split("AssertionError:", 1)[-1].strip().splitlines()[0] if err else ""
+    return msg[:70] + ("..." if len(msg) > 70 else "")
+
+
 def _compile_text(c: F.Cell, recs: list[dict]) -> Optional[str]:
-    kind = COMPILE_KIND.get((c.feature, c.direction))
-    rows = [r for r in recs if r["case"]["kind"] == kind] if kind else []
-    if not rows:
+    kinds = COMPILE_KIND.get((c.feature, c.direction))
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds or ())
+    parts = []
+    for kind in kinds:
+        rows = [r for r in recs if r["case"]["kind"] == kind]
+        if rows:
+            # two kinds refused with the same assertion (both sparse MLA backward modes) read once
+            parts.extend(p for p in _kind_parts(kind, rows) if p not in parts)
+    if not parts:
         return None
+    return "compile-only: " + ", ".join(parts)
+
+
+def _kind_parts(kind: str, rows: list[dict]) -> list[str]:
     ok = [r for r in rows if r["ok"]]
     bad = [r for r in rows if not r["ok"]]
-    key = ("page_size" if kind == "paged" else "head_dim" if kind in ("sparse_bwd", "sparse_fwd", "mask_mod_fwd")
-           else "num_splits")
-    name = {"page_size": "page", "head_dim": "hd", "num_splits": "splits"}[key]
+    namer = _CASE_NAME.get(kind, lambda cs: ("hd", str(cs["head_dim"])))
+    name = namer(rows[0]["case"])[0]
+
+    def vals(rs):
+        return "/".join(namer(r["case"])[1] for r in rs)
     parts = []
     if ok:
-        parts.append(f"{name} {'/'.join(str(r['case'][key]) for r in ok)} compile")
+        parts.append(f"{name} {vals(ok)} compile")
     if bad:
         aborted = [r for r in bad if r.get("aborted")]
         refused = [r for r in bad if not r.get("aborted")]
         if refused and all("AssertionError" in (r["error"] or "") for r in refused) and not ok:
-            parts.append("FA4 asserts")
+            msgs = sorted({_assert_message(r["error"]) for r in refused})
+            # the legacy kinds keep their short text; the issue-16 item 5/6 kinds quote FA4
+            where = (" in the forward it needs" if kind in ("gather_bwd", "gather_bwd_rp")
+                     and all(r.get("stage") == "forward" for r in refused) else
+                     " in the backward" if kind in ("gather_bwd", "gather_bwd_rp") else "")
+            parts.append("FA4 asserts" if kind in ("split_kv",) else
+                         f"FA4 asserts{where} (" + "; ".join(f'"{m}"' for m in msgs) + ")")
         elif refused:
-            parts.append(f"{name} {'/'.join(str(r['case'][key]) for r in refused)} fail to compile")
+            parts.append(f"{name} {vals(refused)} fail to compile")
         if aborted:
-            parts.append(f"{name} {'/'.join(str(r['case'][key]) for r in aborted)} abort the compiler")
-    return "compile-only: " + ", ".join(parts)
+            parts.append(f"{name} {vals(aborted)} abort the compiler")
+    return parts
 
 
 def _h200_text(c: F.Cell, h200: dict[str, Any]) -> Optional[str]:
@@ -101,6 +143,14 @@ def _h200_text(c: F.Cell, h200: dict[str, Any]) -> Optional[str]:
             return f"{where}: num_splits not reached (the {sec} section crashed first)"
         return (f"{where}: crashed ({d.get('crash', '?')[:60]}...; not yet diagnosed: fa4verify's call "
                 f"or FA4)")
+    if sec == "seqused_bwd":
+        rows = [x for x in r.get("rows", []) if "dq" in x]
+        if not rows:
+            return f"{where}: seqused_k backward did not run ({'; '.join(r.get('errors', []))[:80]})"
+        t = r.get("max_tightness")
+        ok = r.get("all_within_budget")
+        return (f"{where}: seqused_k backward (causal and not) {'within budget' if ok else 'NOT within budget'}, "
+                f"max tightness {t:.3g}")
     if c.feature == "seqused":
         rows = [x for x in r.get("rows", []) if x.get("layout") == "contiguous+seqused_k" and "out" in x]
         if not rows:

@@ -48,7 +48,7 @@ __all__ = [
     "forward", "backward", "exp2_emulation_disabled", "exp2_emulation_enabled",
     "clear_compile_caches", "supported_head_dims", "upstream_reference", "timing_callable",
     "forward_backward_autograd", "combine", "block_sparse_tensors", "sm90_bwd_sparse_block_size",
-    "sm90_bwd_config",
+    "sm90_bwd_config", "MLAForwardResult", "MLABackwardResult", "mla_forward", "mla_backward",
 ]
 
 
@@ -421,7 +421,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
             pack_gqa: Optional[bool] = None, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
             return_lse: bool = True, page_table=None, seqused_q=None, seqused_k=None,
-            num_splits: int = 1, block_sparse_tensors=None, mask_mod=None) -> ForwardResult:
+            num_splits: int = 1, block_sparse_tensors=None, mask_mod=None,
+            q_descale=None, k_descale=None, v_descale=None) -> ForwardResult:
     """Run FA4's forward on CUDA tensors (fp16/bf16; layout (batch, seqlen, nheads, headdim), or
     (total, nheads, headdim) with ``cu_seqlens_q/k`` for varlen).
 
@@ -439,12 +440,28 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     ``block_sparse_tensors``: FA4's ``BlockSparseTensorsTorch`` (per Q block its KV blocks;
     :func:`block_sparse_tensors` with ``direction="fwd"``). ``mask_mod``: an FA4 CuTe DSL mask
     callable (``fa4verify.kernels.mask_mods``), passed through.
+    ``q_descale`` / ``k_descale`` / ``v_descale``: fp32 (batch, nheads_kv) factors of fp8 inputs
+    (e4m3/e5m2; SM 10.x only): the logits are ``scale * (q_descale q) . (k_descale k)`` and the
+    output ``P (v_descale v)`` (``fa4verify.oracles.descale``); FA4's public functions do not take
+    them, so fp8 and descale calls go to ``interface._flash_attn_fwd`` (recorded as ``entry``).
 
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
     _require_cuda()
     import torch
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func, interface
+    descale = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    fp8 = str(q.dtype).startswith("torch.float8")
+    if fp8 or any(t is not None for t in descale.values()):
+        return _forward_private(q, k, v, None, softmax_scale=softmax_scale, causal=causal,
+                                window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
+                                pack_gqa=pack_gqa, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                return_lse=return_lse, page_table=page_table, seqused_q=seqused_q,
+                                seqused_k=seqused_k, num_splits=num_splits,
+                                block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod,
+                                gather_kv_indices=None, requires_grad=False,
+                                gather_bwd_recompute_p=False, **descale)[0]
     paged = page_table is not None
     if paged and cu_seqlens_k is not None:
         raise ValueError("page_table cannot be combined with cu_seqlens_k (FA4: batched pages only)")
@@ -498,7 +515,8 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
              learnable_sink=None, pack_gqa: Optional[bool] = None, cu_seqlens_q=None,
              cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
              max_seqlen_k: Optional[int] = None, deterministic: bool = False,
-             dq=None, dk=None, dv=None, dlse=None, block_sparse_tensors=None) -> BackwardResult:
+             dq=None, dk=None, dv=None, dlse=None, block_sparse_tensors=None,
+             seqused_q=None, seqused_k=None) -> BackwardResult:
     """Run FA4's backward (``flash_attn.cute.interface._flash_attn_bwd``, what the public
     autograd backward of ``flash_attn_func``/``flash_attn_varlen_func`` calls).
 
@@ -509,20 +527,28 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     ``learnable_sink``, else None. ``block_sparse_tensors``: FA4's
     ``BlockSparseTensorsTorch`` in the backward's Q-direction form (per KV block, the Q blocks it
     sees; ``fa4verify.kernels.block_sparse.to_fa4_bwd``); not with varlen (FA4 asserts).
+    ``seqused_q`` / ``seqused_k`` (int32, (batch,)): the used rows of batched q / k, as in
+    :func:`forward` (FA4's ``_flash_attn_bwd`` takes them; not with block sparsity).
 
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
     _require_cuda()
     import torch
     from flash_attn.cute import interface
-    varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if seqused_q is not None or seqused_k is not None:
+        varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+        if varlen:
+            _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    else:
+        varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     cfg = _base_config("backward", "_flash_attn_bwd", q, k, v, softmax_scale=softmax_scale,
                        causal=causal, window_size=window_size, softcap=softcap,
                        learnable_sink=learnable_sink, pack_gqa=pack_gqa, varlen=varlen,
                        deterministic=deterministic, return_lse=dlse is not None)
     cfg.extra = {"block_sparse": block_sparse_tensors is not None,
                  "block_size": (list(block_sparse_tensors.block_size)
-                                if getattr(block_sparse_tensors, "block_size", None) else None)}
+                                if getattr(block_sparse_tensors, "block_size", None) else None),
+                 "seqused_q": seqused_q is not None, "seqused_k": seqused_k is not None}
     ws = tuple(window_size) if window_size is not None else (None, None)
     for name, buf, ref in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if buf is not None and (tuple(buf.shape) != tuple(ref.shape) or buf.dtype != ref.dtype):
@@ -535,7 +561,8 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             deterministic=deterministic, dq=dq, dk=dk, dv=dv, dlse=dlse,
-            learnable_sink=learnable_sink, block_sparse_tensors=block_sparse_tensors)
+            learnable_sink=learnable_sink, block_sparse_tensors=block_sparse_tensors,
+            seqused_q=seqused_q, seqused_k=seqused_k)
     if learnable_sink is None:
         gdq, gdk, gdv = res
         dsink = None
@@ -548,6 +575,180 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     _fill_kernel_fields(cfg, _named_key(interface._flash_attn_bwd, key), head_dim=int(q.shape[-1]),
                         head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
     return BackwardResult(gdq, gdk, gdv, dsink, cfg)
+
+
+class MLAForwardResult(NamedTuple):
+    out: Any            # (b, s, h, 512) or (total, h, 512); bf16 (fp8 inputs: bf16)
+    lse: Any            # fp32 natural-log LSE in FA4's MLA layout (b, s, h) or (total, h); None
+    p: Any              # sparse MLA training: saved P (b, s, h, topk) for the backward, else None
+    row_max: Any        # sparse MLA training: per-128-key-block row max, else None
+    o_lo: Any           # sparse MLA training: fp32(O) - bf16(O) residual, else None
+    config: CallConfig
+
+
+class MLABackwardResult(NamedTuple):
+    dq: Any             # like q (None when q is None)
+    dk: Any             # like k (None when k is None)
+    dv: Any             # like v: both uses of the latent V (score and value)
+    dqv: Any            # like qv
+    dsink: Any
+    config: CallConfig
+
+
+def _mla_scale(q, qv, v, softmax_scale) -> float:
+    """FA4's default MLA scale (``interface._flash_attn_fwd``): ``1/sqrt(head_dim + head_dim_v)``
+    with q and qv, ``1/sqrt(head_dim)`` of the tensor in q's place otherwise."""
+    if softmax_scale is not None:
+        return float(softmax_scale)
+    if qv is None or q is None:
+        return 1.0 / math.sqrt(int((q if q is not None else qv).shape[-1]))
+    return 1.0 / math.sqrt(int(q.shape[-1]) + int(v.shape[-1]))
+
+
+def _forward_private(q, k, v, qv, *, softmax_scale, causal, window_size, softcap, learnable_sink,
+                     pack_gqa, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse,
+                     page_table, seqused_q, seqused_k, num_splits, block_sparse_tensors, mask_mod,
+                     gather_kv_indices, requires_grad, gather_bwd_recompute_p, q_descale, k_descale,
+                     v_descale) -> tuple[ForwardResult, Any, Any, Any]:
+    """``interface._flash_attn_fwd`` with every feature argument (MLA, gather, descales):
+    (ForwardResult, p, row_max, o_lo)."""
+    import torch
+    from flash_attn.cute import interface
+    if int(num_splits) < 1 and int(num_splits) != 0:
+        raise ValueError(f"num_splits must be >= 1 (or 0: FA4's heuristic), got {num_splits}")
+    if gather_kv_indices is not None and qv is None:
+        raise ValueError("gather_kv_indices needs qv (FA4: sparse MLA only)")
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    ref = q if q is not None else qv
+    kref = k if k is not None else v
+    cfg = _base_config("forward", "_flash_attn_fwd", ref, kref, v, softmax_scale=softmax_scale,
+                       causal=causal, window_size=window_size, softcap=softcap,
+                       learnable_sink=learnable_sink, pack_gqa=pack_gqa, varlen=varlen,
+                       deterministic=False, return_lse=return_lse)
+    if qv is not None:
+        cfg.softmax_scale = _mla_scale(q, qv, v, softmax_scale)
+    paged = page_table is not None
+    cfg.extra = {"paged": paged, "page_size": int(v.shape[1]) if paged else None,
+                 "seqused_q": seqused_q is not None, "seqused_k": seqused_k is not None,
+                 "num_splits": int(num_splits), "block_sparse": block_sparse_tensors is not None,
+                 "mask_mod": getattr(mask_mod, "__name__", None) if mask_mod is not None else None,
+                 "mla": qv is not None, "qv_shape": list(qv.shape) if qv is not None else None,
+                 "has_qk": q is not None and k is not None,
+                 "head_dim_v": int(v.shape[-1]),
+                 "gather_kv_indices": (list(gather_kv_indices.shape) if gather_kv_indices is not None
+                                       else None),
+                 "gather_bwd_recompute_p": bool(gather_bwd_recompute_p),
+                 "requires_grad": bool(requires_grad),
+                 "q_descale": q_descale is not None, "k_descale": k_descale is not None,
+                 "v_descale": v_descale is not None,
+                 "kv_descale_shared": k_descale is not None and k_descale is v_descale}
+
+    def grad(t):
+        return None if t is None else (t.detach().requires_grad_(True) if requires_grad else t)
+    ws = tuple(window_size) if window_size is not None else (None, None)
+    with _record_keys(interface._flash_attn_fwd) as rec, torch.no_grad():
+        out, lse, p, row_max, o_lo = interface._flash_attn_fwd(
+            grad(q), grad(k), grad(v), qv=grad(qv), cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, page_table=page_table,
+            softmax_scale=softmax_scale, causal=causal, softcap=softcap,
+            window_size_left=ws[0], window_size_right=ws[1], learnable_sink=learnable_sink,
+            num_splits=int(num_splits), pack_gqa=pack_gqa, mask_mod=mask_mod,
+            block_sparse_tensors=block_sparse_tensors, return_lse=return_lse,
+            q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+            gather_kv_indices=gather_kv_indices, gather_bwd_recompute_p=gather_bwd_recompute_p)
+    key = rec.keys[-1] if rec.keys else None
+    if key is None:
+        cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")
+    _, local = _resolve_window(causal, ws)
+    named = _named_key(interface._flash_attn_fwd, key)
+    if qv is None:
+        _fill_kernel_fields(cfg, named, head_dim=int(ref.shape[-1]), head_dim_v=int(v.shape[-1]),
+                            local=local, varlen_q=cu_seqlens_q is not None)
+    else:
+        cfg.compile_key = named
+        if named is not None:
+            cfg.tile_mn = (named.get("tile_m"), named.get("tile_n"))
+            cfg.use_2cta = named.get("use_2cta_instrs", named.get("use_2cta"))
+            cfg.extra["mla_1cta"] = named.get("mla_1cta")
+        cfg.exp2_emulation = "MLA kernel (flash_fwd_mla_*_sm100.py): not modelled by the twin"
+        cfg.emulated_share = None
+        cfg.emulated_share_source = "not modelled (MLA kernels)"
+    return ForwardResult(out, lse, cfg), p, row_max, o_lo
+
+
+def mla_forward(q, k, v, qv, *, gather_kv_indices=None, softmax_scale: Optional[float] = None,
+                causal: bool = False, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
+                seqused_k=None, max_seqlen_q: Optional[int] = None,
+                max_seqlen_k: Optional[int] = None, page_table=None, num_splits: int = 1,
+                q_descale=None, k_descale=None, v_descale=None, learnable_sink=None,
+                return_lse: bool = True, for_backward: bool = False,
+                gather_bwd_recompute_p: bool = False) -> MLAForwardResult:
+    """FA4's MLA forward (``qv``; SM 10.x/11.x only): ``q`` (b, s, h, 64) rope part, ``k``
+    (b, sk, hk, 64), ``v`` (b, sk, hk, 512) the latent cache, ``qv`` (b, s, h, 512); the logits are
+    ``scale * (q . k_j + qv . v_j)`` and ``O = P V`` (``fa4verify.oracles.mla``); default scale
+    ``1/sqrt(64 + 512)``. ``q``/``k`` may be None (no rope part: logits ``scale qv . v_j``).
+
+    ``gather_kv_indices`` (int32, (b, s, topk), topk % 128 == 0; FA4: one KV head): top-k sparse
+    MLA, query token ``(b, i)`` sees the key slots listed for it; ``-1`` (or an index outside
+    ``[0, seqlen_k)``, or past the causal limit ``i + 1 + seqlen_k - seqlen_q``) is an empty slot.
+    ``for_backward`` makes FA4 see inputs that require grad (detached views with
+    ``requires_grad``; the caller's tensors are not changed), so it saves ``p``/``row_max``/``o_lo``
+    for :func:`mla_backward` (unless ``gather_bwd_recompute_p``). Descales: fp8 inputs only, and
+    FA4 routes them to the 1CTA MLA kernel with ``k_descale is v_descale`` (FA4 asserts).
+    Calls ``interface._flash_attn_fwd`` (the public functions take no descales).
+    """
+    _require_cuda()
+    if qv is None:
+        raise ValueError("mla_forward needs qv (b, s, h, 512)")
+    r, p, row_max, o_lo = _forward_private(
+        q, k, v, qv, softmax_scale=softmax_scale, causal=causal, window_size=(None, None),
+        softcap=0.0, learnable_sink=learnable_sink, pack_gqa=None, cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        return_lse=return_lse, page_table=page_table, seqused_q=seqused_q, seqused_k=seqused_k,
+        num_splits=num_splits, block_sparse_tensors=None, mask_mod=None,
+        gather_kv_indices=gather_kv_indices, requires_grad=for_backward,
+        gather_bwd_recompute_p=gather_bwd_recompute_p, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale)
+    return MLAForwardResult(r.out, r.lse, p, row_max, o_lo, r.config)
+
+
+def mla_backward(q, k, v, qv, out, dout, lse, gather_kv_indices, *, fwd: Optional[MLAForwardResult] = None,
+                 p=None, row_max=None, o_lo=None, softmax_scale: Optional[float] = None,
+                 causal: bool = False, recompute_p: bool = False, token_chunk: Optional[int] = None,
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
+                 max_seqlen_k: Optional[int] = None, learnable_sink=None) -> MLABackwardResult:
+    """FA4's sparse MLA backward (``interface._flash_attn_bwd_sparse_mla``, what the autograd
+    backward of ``flash_attn_func(..., qv=, gather_kv_indices=)`` calls; FA4 has no dense MLA
+    backward). ``p``/``row_max``/``o_lo`` from :func:`mla_forward` ``(for_backward=True)`` (or
+    ``fwd=`` that result), or ``recompute_p=True`` (FA4's ``gather_bwd_recompute_p``: P is rebuilt
+    in-kernel; the forward must have run with it). ``token_chunk``: FA4's
+    ``gather_bwd_token_chunk``. Returns dq, dk, dv (both uses of V summed), dqv, dsink."""
+    _require_cuda()
+    import torch
+    from flash_attn.cute import interface
+    if fwd is not None:
+        p, row_max, o_lo = fwd.p, fwd.row_max, fwd.o_lo
+    ref = q if q is not None else qv
+    cfg = _base_config("backward", "_flash_attn_bwd_sparse_mla", ref, k if k is not None else v, v,
+                       softmax_scale=softmax_scale, causal=causal, window_size=(None, None),
+                       softcap=0.0, learnable_sink=learnable_sink, pack_gqa=None,
+                       varlen=cu_seqlens_q is not None, deterministic=False, return_lse=False)
+    cfg.softmax_scale = _mla_scale(q, qv, v, softmax_scale)
+    cfg.extra = {"mla": True, "has_qk": q is not None and k is not None, "head_dim_v": int(v.shape[-1]),
+                 "gather_kv_indices": list(gather_kv_indices.shape), "recompute_p": bool(recompute_p),
+                 "token_chunk": token_chunk, "saved_p": p is not None}
+    fn = interface._flash_attn_bwd_sparse_mla
+    with _record_keys(fn) as rec, torch.no_grad():
+        dq, dk, dv, dqv, dsink = fn(
+            q, k, v, qv, out, dout, lse, p, row_max, gather_kv_indices, learnable_sink=learnable_sink,
+            softmax_scale=softmax_scale, causal=causal, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+            recompute_p=recompute_p, token_chunk=token_chunk, o_lo=o_lo)
+    key = rec.keys[-1] if rec.keys else None
+    cfg.compile_key = _named_key(fn, key)
+    cfg.exp2_emulation = "none (backward recomputes P with hardware exp2 only)"
+    return MLABackwardResult(dq, dk, dv, dqv, dsink, cfg)
 
 
 def combine(out_partial, lse_partial, *, out_dtype=None, return_lse: bool = True):

@@ -14,6 +14,9 @@ Sections (``--section``; each writes one JSON, ``--json``):
   bitwise FA4's; and ``num_splits=2`` on SM90 (FA4 asserts: "SplitKV not supported on SM 9.0").
 * ``sparse_fwd``: block-sparse forward under a random 128 x 128 block mask vs the oracle of dense
   attention under that mask (the judge's mask_mod path), composed forward budget.
+* ``seqused_bwd``: the backward with ``seqused_k`` (batched q/k, only the first ``seqused_k[b]``
+  keys used), causal and not: FA4's dQ/dK/dV over the used rows vs the exact gradient of the
+  varlen problem, composed backward budget (``section_seqused_bwd``).
 * ``sparse``: the prediction of issue 16 item 7: SM90 block-sparse backward at head dims 200/208/
   232/240 (``dKV_swapAB=False`` under sparsity, so the kernel rounds the accumulator head dim to 16
   while ``interface.py`` allocates it rounded to 32) is predicted to return wrong gradients;
@@ -94,6 +97,12 @@ class Fa4:
         torch.cuda.synchronize()
         return r.out, r.lse, r.config.to_dict()
 
+    def seqused_backward(self, q, k, v, o, do, lse, seqused_k, causal):
+        import torch
+        r = self.ad.backward(q, k, v, o, do, lse, seqused_k=seqused_k, causal=causal)
+        torch.cuda.synchronize()
+        return r.dq, r.dk, r.dv, r.config.to_dict()
+
     def bwd_block_size(self, hd):
         return self.ad.sm90_bwd_sparse_block_size(hd)
 
@@ -107,7 +116,7 @@ class CpuStandIn:
     where = "CPU stand-in (not evidence)"
     versions: dict = {}
 
-    def forward(self, q, k, v, page_table=None, seqused_k=None, num_splits=1, **kw):
+    def forward(self, q, k, v, page_table=None, seqused_k=None, num_splits=1, causal=False, **kw):
         import torch
         if num_splits > 1:
             raise AssertionError("SplitKV not supported on SM 9.0 (stand-in)")
@@ -128,6 +137,10 @@ class CpuStandIn:
             K = torch.from_numpy(np.repeat(kb, g, axis=1))
             V = torch.from_numpy(np.repeat(vb, g, axis=1))
             s = torch.einsum("qhd,khd->hqk", q[i].float(), K) / math.sqrt(d)
+            if causal:       # bottom-right aligned, as FA4
+                n = K.shape[0]
+                keep = torch.arange(n)[None, :] <= torch.arange(sq)[:, None] + (n - sq)
+                s = s.masked_fill(~keep, float("-inf"))
             lse[i] = torch.logsumexp(s, -1)
             out[i] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), V).to(q.dtype)
         return out, lse, {"arch": 0, "stand_in": True}
@@ -157,6 +170,21 @@ class CpuStandIn:
         keep = torch.from_numpy(checkerboard_keep(q.shape[1], k.shape[1]))
         o, lse = ref_forward(q.float(), k.float(), v.float(), keep)
         return o.to(q.dtype), lse.float(), {"stand_in": True}
+
+    def seqused_backward(self, q, k, v, o, do, lse, seqused_k, causal):
+        import torch
+        b, sq, _, _ = q.shape
+        sk = k.shape[1]
+        used = seqused_k.cpu().numpy()
+        keep = torch.zeros(b, 1, sq, sk, dtype=torch.bool)
+        for i in range(b):
+            cols = torch.arange(sk)[None, :]
+            m = cols < int(used[i])
+            if causal:
+                m = m & (cols <= torch.arange(sq)[:, None] + (int(used[i]) - sq))
+            keep[i, 0] = m
+        dq, dk, dv = ref_grads(q, k, v, do, keep, dtype="float32")
+        return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), {"stand_in": True}
 
     def bwd_block_size(self, hd):
         return (128, 64 if hd > 192 else 128)
@@ -518,8 +546,69 @@ def section_sparse(K, small: bool, device: str = "cuda", head_dims=None) -> dict
                         else "refuted" if pred_rows and not failed else "mixed")}
 
 
+def section_seqused_bwd(K, small: bool) -> dict[str, Any]:
+    """Backward with ``seqused_k`` (FA4's ``_flash_attn_bwd(seqused_k=)``, SM90 and SM100): batched
+    q/k/v where only the first ``seqused_k[b]`` keys of sequence b exist; FA4's forward (with the
+    same ``seqused_k``) gives O and LSE, then the backward's dQ/dK/dV over the used rows are judged
+    against the exact gradient of the varlen problem (the used keys only) within the composed
+    backward budget. Rows ``j >= seqused_k[b]`` of dK/dV are not part of the problem: their
+    largest magnitude is reported (``unused_rows_max_abs``; FA4 allocates dK/dV with
+    ``torch.empty``, so non-zero there is a fact to note, not a violation). One causal and one
+    non-causal row; the second batch entry uses a third of the keys."""
+    import torch
+    from fa4verify.judge import AttentionProblem, arrays_from, judge_backward, judge_forward
+    b, sq, h, d, sk = (2, 16, 2, 64, 48) if small else (2, 256, 4, 128, 1024)
+    used = np.array([sk, sk // 3 + 1], np.int32)
+    gen = torch.Generator().manual_seed(5)
+    q, do = (_bf16(torch.randn(b, sq, h, d, generator=gen)) for _ in range(2))
+    k, v = (_bf16(torch.randn(b, sk, h, d, generator=gen)) for _ in range(2))
+    dev = K.device
+    su = torch.from_numpy(used).to(dev)
+    cq = np.arange(0, (b + 1) * sq, sq, dtype=np.int32)
+    ck = np.concatenate([[0], np.cumsum(used)]).astype(np.int32)
+
+    def pack_k(x):
+        return np.concatenate([_np(x)[i, : used[i]] for i in range(b)])
+    rows = []
+    t0 = time.time()
+    for causal in (False, True):
+        prob = AttentionProblem(arch="sm90", dtype="bf16", batch=b, seqlen_q=sq, seqlen_k=int(used.max()),
+                                nheads=h, nheads_kv=h, head_dim=d, head_dim_v=d, seqlens_q=(sq,) * b,
+                                seqlens_k=tuple(int(x) for x in used), causal=causal)
+        a = arrays_from(_np(q).reshape(b * sq, h, d), pack_k(k), pack_k(v), dout=_np(do).reshape(b * sq, h, d),
+                        cu_seqlens_q=cq, cu_seqlens_k=ck)
+        row: dict[str, Any] = {"causal": causal, "seqused_k": used.tolist()}
+        try:
+            out, lse, fcfg = K.forward(q.to(dev), k.to(dev), v.to(dev), seqused_k=su, causal=causal)
+            dq, dk, dv, bcfg = K.seqused_backward(q.to(dev), k.to(dev), v.to(dev), out, do.to(dev), lse,
+                                                  seqused_k=su, causal=causal)
+        except Exception as e:  # noqa: BLE001 - FA4 refusing or crashing is a result
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            rows.append(row)
+            continue
+        jf = judge_forward(prob, a, _np(out).reshape(b * sq, h, d), _np(lse).transpose(1, 0, 2).reshape(h, b * sq))
+        jb = judge_backward(prob, a, _np(dq).reshape(b * sq, h, d), pack_k(dk), pack_k(dv), forward=jf)
+        row.update(out=_verdict(jf.out), lse=_verdict(jf.lse), dq=_verdict(jb.dq), dk=_verdict(jb.dk),
+                   dv=_verdict(jb.dv), forward_config=fcfg, backward_config=bcfg,
+                   unused_rows_max_abs={n: float(max([np.abs(_np(x)[i, used[i]:]).max(initial=0.0)
+                                                      for i in range(b)]))
+                                        for n, x in (("dk", dk), ("dv", dv))})
+        rows.append(row)
+    judged = [r for r in rows if "dq" in r]
+    names = ("dq", "dk", "dv")
+    return {"shape": {"batch": b, "seqlen_q": sq, "nheads": h, "head_dim": d, "seqlen_k": sk,
+                      "seqused_k": used.tolist()},
+            "rows": rows, "seconds": time.time() - t0,
+            "max_tightness": max([r[n]["tightness"] for r in judged for n in names], default=None),
+            "forward_max_tightness": max([max(r["out"]["tightness"], r["lse"]["tightness"]) for r in judged],
+                                         default=None),
+            "all_within_budget": bool(judged) and len(judged) == len(rows) and all(
+                r[n]["status"] == "pass" for r in judged for n in names + ("out", "lse")),
+            "errors": [r["error"] for r in rows if "error" in r]}
+
+
 SECTIONS = {"paged": section_paged, "combine": section_combine, "sparse_fwd": section_sparse_fwd,
-            "sparse": section_sparse}
+            "sparse": section_sparse, "seqused_bwd": section_seqused_bwd}
 
 
 def main(argv=None) -> int:

@@ -70,3 +70,27 @@ def test_sparse_bwd_premise_is_fa4s_config():
     for hd in (200, 208, 224, 232, 240, 256):
         assert adapter.sm90_bwd_config(hd, sparse=True)["dKV_swapAB"] is False
         assert adapter.sm90_bwd_config(hd)["dKV_swapAB"] is True
+
+
+def test_seqused_backward_cell_reads_its_h200_section():
+    ev = T.load_evidence()
+    c = F.cell("seqused", "sm90", "bwd")
+    ev["h200"].pop("seqused_bwd", None)
+    assert "H200: not run yet" in T.cell_text(c, ev)
+    ev["h200"]["seqused_bwd"] = {"where": "measured on NVIDIA H200 (sm_90)", "result": {
+        "rows": [{"causal": False, "dq": {}}, {"causal": True, "dq": {}}], "max_tightness": 0.5123,
+        "all_within_budget": True, "errors": []}}
+    txt = T.cell_text(c, ev)
+    assert "measured on NVIDIA H200 (sm_90): seqused_k backward (causal and not) within budget, max tightness 0.512" in txt
+    assert "compile-only: seqused_k, hd 128 compile" in txt
+    ev["h200"]["seqused_bwd"]["result"]["all_within_budget"] = False
+    assert "NOT within budget" in T.cell_text(c, ev)
+
+
+def test_sm90_mla_cells_quote_fa4s_assertions():
+    ev = T.load_evidence()
+    fwd = T.cell_text(F.cell("mla", "sm90", "fwd"), ev)
+    bwd = T.cell_text(F.cell("gather", "sm90", "bwd"), ev)
+    assert "**not supported by FA4**" in fwd and 'FA4 asserts ("(head_dim, head_dim_v)=(64, 512)' in fwd
+    assert 'FA4 asserts in the backward ("Unsupported compute capability. Supported: 10.x, 11.x")' in bwd
+    assert bwd.count("FA4 asserts") == 1

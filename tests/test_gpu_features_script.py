@@ -20,7 +20,7 @@ def _script():
     return mod
 
 
-@pytest.mark.parametrize("section", ["paged", "combine", "sparse_fwd", "sparse"])
+@pytest.mark.parametrize("section", ["paged", "combine", "sparse_fwd", "sparse", "seqused_bwd"])
 def test_section_runs_on_cpu_stand_in(section, tmp_path):
     out = tmp_path / f"{section}.json"
     rc = _script().main(["--section", section, "--json", str(out), "--device", "cpu"])
@@ -42,6 +42,10 @@ def test_section_runs_on_cpu_stand_in(section, tmp_path):
         eq = r["checkerboard_vs_mask_mod"]
         assert eq["bitwise_equal"] == {"out": True, "lse": True}        # stand-in: the same computation
         assert eq["mask_mod"]["out"]["status"] == eq["block_sparse"]["out"]["status"] == "pass"
+    elif section == "seqused_bwd":
+        assert r["all_within_budget"] is True and 0 < r["max_tightness"] < 1 and r["errors"] == []
+        assert [row["causal"] for row in r["rows"]] == [False, True]
+        assert all(row["unused_rows_max_abs"] == {"dk": 0.0, "dv": 0.0} for row in r["rows"])
     else:
         assert r["verdict"] == "refuted"        # the stand-in's float32 gradients are right
         assert all(row["dq_rel_err"] < 0.01 for row in r["rows"])
@@ -115,3 +119,19 @@ def test_sparse_forward_that_ignores_the_block_mask_fails():
     K.sparse_forward = lambda q, k, v, bm, bs: real(q, k, v, np.ones_like(bm), bs)
     r = mod.section_sparse_fwd(K, small=True)
     assert r["out"]["status"] == "fail" and r["all_within_budget"] is False
+
+
+def test_judge_in_script_catches_a_backward_that_ignores_seqused_k(tmp_path):
+    """The seqused_bwd verdicts can fail: a stand-in backward that attends to every key (as if
+    seqused_k were not passed) is out of the composed backward budget."""
+    mod = _script()
+    K = mod.CpuStandIn()
+    real = K.seqused_backward
+
+    def wrong(q, k, v, o, do, lse, seqused_k, causal):
+        import torch
+        return real(q, k, v, o, do, lse, torch.full_like(seqused_k, k.shape[1]), causal)
+    K.seqused_backward = wrong
+    r = mod.section_seqused_bwd(K, small=True)
+    assert r["all_within_budget"] is False
+    assert any(row["dq"]["status"] == "fail" for row in r["rows"])
