@@ -51,7 +51,7 @@ for step in "$@"; do
               tail -15 "$OUT/gpu_tests.log" ;;
     combine)  timeout "$left" python3 scripts/gpu_combine_diag.py --json "$OUT/combine_diag.json" --timeout 60 2>&1 | grep -v Warn | tail -20 ;;
     mods)     timeout "$left" bash scripts/gpu/mods.sh ;;
-    seqused)  timeout "$left" bash scripts/gpu/features.sh seqused ;;
+    seqused)  timeout "$left" bash scripts/gpu/features.sh seqused_bwd ;;
     fuzzfeat) timeout "$left" bash scripts/gpu/fuzz_features.sh ;;
     multigpu) timeout "$left" bash scripts/gpu/multigpu.sh ;;
     *) echo "unknown step $step" ;;
