@@ -45,10 +45,11 @@ def default_kernel_cache() -> str:
 
 
 def auto_workers(device: str, cpu_count: int | None = None) -> int:
-    """Workers for ``--workers auto``: on a GPU, one per 4 CPU cores, at most 4 (compiles are
-    CPU-bound and overlap; the GPU is shared); on the CPU, 1."""
+    """Workers for ``--workers auto``: on a GPU, half the CPU cores, at most 8 (FA4's kernel
+    compiles are CPU-bound and overlap; the GPU is shared: 8 on the 16-core H200 box); on the
+    CPU, 2 (at most the cores)."""
     n = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-    return max(1, min(4, n // 4)) if device == "cuda" else 1
+    return max(1, min(8, n // 2)) if device == "cuda" else max(1, min(2, n))
 
 
 def worker_env(*, kernel_cache: str | None, workers: int, base: dict[str, str] | None = None
