@@ -282,7 +282,7 @@ class CheckContext:
         """Whether this run is one shard of several (its result is merged by the runner)."""
         return int(self.shard[1]) > 1
 
-    def shard_items(self, items, *, key=None, cost=None) -> list:
+    def shard_items(self, items, *, key=None, cost=None, key_cost: float = 0.0) -> list:
         """This shard's share of ``items`` (all of them when unsharded), in their original order.
 
         Items with the same ``key(item)`` (e.g. an FA4 compile key) go to the same shard, so
@@ -294,7 +294,7 @@ class CheckContext:
         items = list(items)
         if k <= 1:
             return items
-        return [items[j] for j in assign_groups(items, k, key=key, cost=cost)[i]]
+        return [items[j] for j in assign_groups(items, k, key=key, cost=cost, key_cost=key_cost)[i]]
 
     @property
     def profile_level(self) -> int:
