@@ -294,11 +294,29 @@ def _deployment_rows(ctx: CheckContext, rows: list, name: str) -> list:
     return keep
 
 
+def _hd_shards(profile: str, workers: int) -> int:
+    """One shard per worker, at most one per head dim of the profile (5 in default)."""
+    return max(1, min(int(workers), 5 if profile == "default" else 32))
+
+
+def _head_dims_live_merge(ctx: CheckContext, parts: list) -> CheckResult:
+    """The sweep's verdict from its shards' rows: every head dim exactly once, in sweep order."""
+    from fa4verify.sharding import merge
+    pays = [p.details["shard_payload"] for p in parts]
+    head = next(p for p in pays if p.get("hds") is not None)
+    got = merge([{r["head_dim"]: r for r in p["rows"]} for p in pays], expected=head["hds"])
+    rows = [got[h] for h in head["hds"]]
+    return _head_dim_result(rows, head["where"], head["version"], arch=head["arch"])
+
+
 @check("production.head_dims_live", title="FA4 backward at SM90 head dims, measured live (GPU)",
-       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=31)
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=31, shards=_hd_shards,
+       merge=_head_dims_live_merge)
 def head_dims_live(ctx: CheckContext) -> CheckResult:
     """default: head dims 8, 40, 64, 80, 128 at seqlen 256; full/exhaustive: every multiple of 8
-    in 8..256 (about 3 minutes, one compile per head dim)."""
+    in 8..256 (about 3 minutes, one compile per head dim). Sharded by head dim (one compile
+    each); every head dim draws its inputs from its own stream (seed, head dim), so a shard's rows
+    are those of the unsharded sweep."""
     import torch
 
     from fa4verify import hd_sweep
@@ -314,10 +332,18 @@ def head_dims_live(ctx: CheckContext) -> CheckResult:
     hds = tuple(h for h in hds if facts.head_dims_supported(gpu.arch, h, h))
     if not hds:
         ctx.skip(f"no head dim to sweep on {gpu.arch}")
-    g = torch.Generator(device="cpu").manual_seed(ctx.seed)
+    mine = ctx.shard_items(hds)
+    head = {"hds": list(hds), "where": where, "version": dist_version("flash-attn-4"), "arch": gpu.arch}
+    if ctx.sharded and not mine:
+        from fa4verify.audit.shards import empty_shard
+        return empty_shard(ctx, "head dim", dict(head, rows=[]))
     rows = []
-    with ctx.progress(len(hds), "FA4 backward per head dim") as bar:
-        for hd in hds:
+    with ctx.progress(len(mine), "FA4 backward per head dim") as bar:
+        for hd in mine:
+            g = torch.Generator(device="cpu").manual_seed(int(ctx.seed) * 1009 + int(hd))
             rows.append(hd_sweep.measure(adapter, hd, 256, 256, generator=g))
             bar.advance(1)
-    return _head_dim_result(rows, where, dist_version("flash-attn-4"), arch=gpu.arch)
+    out = _head_dim_result(rows, where, head["version"], arch=gpu.arch)
+    if ctx.sharded:
+        out.details["shard_payload"] = dict(head, rows=rows)
+    return out
