@@ -241,6 +241,7 @@ def test_a_drawn_campaign_merged_from_shards_equals_the_unsharded_one_and_refuse
         fuzz.merge_drawn([whole, halves[0]], expected=8, arch="sm90", profile="ci", seed=2)
 
 
+@pytest.mark.slow
 def test_the_real_fuzz_twin_check_gives_the_same_verdict_sharded():
     import fa4verify.checks.fuzz  # noqa: F401 - registers the check
     spec = registry.registered()["fuzz.twin"]
@@ -261,6 +262,7 @@ def test_the_real_fuzz_twin_check_gives_the_same_verdict_sharded():
 
 
 # ------------------------------------------------------------------------------ live checks on a CPU stand-in
+@pytest.mark.slow
 def test_production_backward_sharded_equals_unsharded_with_a_cpu_stand_in(monkeypatch):
     pytest.importorskip("torch")
     import test_production_budget_checks as tpb

@@ -60,17 +60,25 @@ def draw_problems(*, arch: str, dtype: Optional[str], examples: int, seed: int, 
     seen: set[str] = set()
 
     def body(problem: AttentionProblem) -> None:
-        if len(out) < examples:
-            dg = problem.digest()
-            if dg not in seen:
-                seen.add(dg)
-                out.append(problem)
+        if len(out) >= examples:
+            raise _Full()      # ends the generate phase; raised again on Hypothesis's replay
+        dg = problem.digest()
+        if dg not in seen:
+            seen.add(dg)
+            out.append(problem)
 
     base = settings.get_profile(pname)
     st = settings(base, max_examples=max(1, DRAW_FACTOR * examples), database=None, deadline=None,
                   phases=[Phase.generate], derandomize=False, verbosity=Verbosity.quiet)
-    hseed(int(seed))(st(given(strategy)(body)))()
-    return out
+    try:
+        hseed(int(seed))(st(given(strategy)(body)))()
+    except _Full:
+        pass
+    return out[:examples]
+
+
+class _Full(Exception):
+    """Raised by the drawing body once ``examples`` distinct problems are drawn."""
 
 
 def compile_key(problem: AttentionProblem) -> tuple:
