@@ -123,20 +123,20 @@ def format_table(cols: Sequence[tuple[str, dict]], walls: Sequence[float | None]
     ids = list(dict.fromkeys(i for t in tables for i in t))
     lines = [f"fa4verify audit --profile {profile}: wall seconds per check (measured on "
              f"{gpu or 'the local GPU'}; 'max/k' = the slowest of the check's k shards)"]
-    head = f"{'check':40s}" + "".join(f"{name:>12s}" + (f"{'max/k':>10s}" if sh else "")
+    head = f"{'check':40s}" + "".join(f"{name:>14s}" + (f"{'max/k':>10s}" if sh else "")
                                      for (name, _), sh in zip(cols, sharded))
     lines += [head, "-" * len(head)]
     for i in ids:
         row = f"{i:40s}"
         for t, sh in zip(tables, sharded):
             v = t.get(i)
-            row += f"{'-':>12s}" if v is None else f"{v['s']:8.1f} {v['status'][:3]:>3s}"
+            row += f"{'-':>14s}" if v is None else f"{v['s']:10.1f} {v['status'][:3]:>3s}"
             if sh:
                 row += (f"{v['max_shard_s']:7.1f}/{v['shards']:<2d}" if v and v["shards"] else f"{'':10s}")
         lines.append(row)
     lines.append("-" * len(head))
     lines.append(f"{'audit wall (s)':40s}" + "".join(
-        (f"{'':>12s}" if w is None else f"{w:12.1f}") + ("" if not sh else f"{'':10s}")
+        (f"{'':>14s}" if w is None else f"{w:14.1f}") + ("" if not sh else f"{'':10s}")
         for w, sh in zip(walls, sharded)))
     summary: dict[str, Any] = {"profile": profile, "gpu": gpu, "modes": {}}
     for (name, rep), t, w in zip(cols, tables, walls):
@@ -148,10 +148,15 @@ def format_table(cols: Sequence[tuple[str, dict]], walls: Sequence[float | None]
         summary["modes"][name] = {"wall_s": w, "exit_code": s.get("exit_code"), "counts": s.get("counts"),
                                   "workers": workers, "largest_item": [big, round(big_s, 2)],
                                   "per_check": t}
-    verdicts = [{k: v["status"] for k, v in t.items()} for t in tables]
-    agree = all(v == verdicts[0] for v in verdicts) if verdicts else True
-    lines.append("verdicts of every mode agree" if agree else "VERDICTS DIFFER between modes")
+    common = set(ids).intersection(*[set(t) for t in tables]) if tables else set()
+    differ = [i for i in ids if i in common and len({t[i]["status"] for t in tables}) > 1]
+    agree = not differ
+    only = [i for i in ids if i not in common]
+    lines.append("verdicts of every mode agree" + (f" (on the {len(common)} checks every column has)" if only else "")
+                 if agree else f"VERDICTS DIFFER between modes: {', '.join(differ)}")
     summary["verdicts_agree"] = agree
+    summary["verdicts_differ"] = differ
+    summary["checks_not_in_every_column"] = only
     return lines, summary
 
 

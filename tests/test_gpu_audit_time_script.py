@@ -42,7 +42,7 @@ def test_table_shows_merged_rows_and_the_slowest_shard_per_check():
     assert summary["modes"]["cold"]["per_check"]["fuzz.production"]["shards"] == 8
     other = _rep([("fuzz.production", 20.0, "undecided", {}), ("exp2.deg3", 0.4, "pass", {})])
     lines, summary = b.format_table([("a", after), ("b", other)], [1.0, 2.0], profile="default", gpu=None)
-    assert lines[-1] == "VERDICTS DIFFER between modes" and summary["verdicts_agree"] is False
+    assert lines[-1] == "VERDICTS DIFFER between modes: fuzz.production" and summary["verdicts_agree"] is False
 
 
 def test_the_script_runs_every_mode_on_the_cpu(tmp_path, capsys):
