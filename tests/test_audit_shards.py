@@ -281,6 +281,36 @@ def test_production_backward_sharded_equals_unsharded_with_a_cpu_stand_in(monkey
     assert B._case_shards("default", 8) == 4
 
 
+def test_determinism_fa4_sharded_equals_unsharded_with_a_cpu_backend(monkeypatch):
+    pytest.importorskip("torch")
+    from fa4verify import determinism as d
+    from fa4verify.checks import determinism as D
+    spec = registry.registered()["determinism.fa4"]
+    plan = (("mha-hd64-full", "gqa-hd64-causal", "mha-hd64-sink", "mha-hd64-kv-tiles"), 2, 1, 1)
+    monkeypatch.setitem(D._FA4_PLAN, "default", plan)
+    monkeypatch.setattr(D, "_FA4_DEVICE", "cpu")
+
+    def backend(name):
+        be = d.TorchMathBackend()
+        be.arch = "sm90"
+        return be
+    monkeypatch.setattr(d, "load_backend", backend)
+    monkeypatch.setattr(CheckContext, "where_measured", lambda self: "CPU")
+
+    def ctx(sh=(0, 1)):
+        return CheckContext(profile="default", check_id="determinism.fa4", dtype="bf16", shard=sh)
+    whole = execute(spec, ctx())
+    parts = [execute(spec, ctx((i, 3))) for i in range(3)]
+    # mha-hd64-full and mha-hd64-kv-tiles compile one kernel: they share a shard
+    assert sorted(len(p.details["shard_payload"].get("configs", [])) for p in parts) == [1, 1, 2]
+    merged = merge_shards(spec, ctx(), parts, [1.0, 1.0, 1.0])
+    assert whole.status == "pass", whole.summary
+    assert (merged.status, merged.summary, merged.metrics) == (whole.status, whole.summary, whole.metrics)
+    assert [c["name"] for c in merged.details["report"]["configs"]] == list(plan[0])
+    parts[0] = _r("pass", details={"shard_payload": {"records": [], "configs": []}})
+    assert merge_shards(spec, ctx(), parts, [1.0, 1.0, 1.0]).status == "error"   # a config missing
+
+
 def test_head_dims_live_merge_needs_every_head_dim():
     from fa4verify.checks import production as P
     spec = registry.registered()["production.head_dims_live"]

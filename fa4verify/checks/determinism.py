@@ -33,6 +33,10 @@ _FA4_PLAN = {
 }
 
 
+#: device of determinism.fa4 (tests swap in "cpu" with a CPU backend)
+_FA4_DEVICE = "cuda:0"
+
+
 def _backward_dtype(ctx: CheckContext) -> str:
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"FA4's backward takes bf16/fp16 only (dtype {ctx.dtype})")
@@ -164,7 +168,7 @@ def fa4(ctx: CheckContext) -> CheckResult:
         ctx.skip(str(ex))
     cfgs, runs, procs, ndef = _fa4_configs(ctx, dt)
     mine = ctx.shard_items(cfgs, key=_fa4_key)
-    dev = "cuda:0"
+    dev = _FA4_DEVICE
     if ctx.sharded and not mine:
         from fa4verify.audit.shards import empty_shard
         return empty_shard(ctx, "configuration", {"records": []})
