@@ -12,6 +12,14 @@ Worker environment: the parent's, plus the checkout on ``PYTHONPATH`` (workers i
 and ``--checks-module`` files exactly as the parent did), FA4's persistent kernel cache
 (``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` and ``..._CACHE_DIR``) unless the caller turned it
 off or set it, and ``OMP_NUM_THREADS`` split between the workers unless set.
+
+One cache directory serves every worker at once: FA4 (``flash_attn/cute/cache_utils.py``,
+``JITCache``) names an entry ``<sha256 of the compile key>.o``, loads it under a shared
+``fcntl.flock`` on ``<sha>.lock``, exports under the exclusive lock to a per-pid temporary file
+renamed into place (``os.replace``), and skips the export when a valid entry exists. Concurrent
+writers are therefore safe, but two workers compiling one key at the same time both compile
+(the second export is skipped): the check shards keep the cases of one compile key on one shard
+(:meth:`~fa4verify.audit.registry.CheckContext.shard_items`). FA4 waits at most 15 s for a lock.
 """
 from __future__ import annotations
 

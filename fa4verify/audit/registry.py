@@ -32,6 +32,14 @@ Contract
   (loop over ``ctx.archs`` yourself if the check covers several).  A set such as
   ``{"sm90", "sm100"}`` makes the audit run the check once per selected arch in that set, with
   the result id ``"<id>[<arch>]"`` and ``ctx.arch`` that arch.
+* ``shards`` (optional keyword): an int, or ``f(profile, workers) -> int``. A check with more than
+  one shard runs as that many work items ``"<id>[i/k]"`` (``ctx.shard = (i - 1, k)``) that the
+  worker pool runs side by side; the check takes its share of its cases with
+  :meth:`CheckContext.shard_items` (same key -- e.g. FA4 compile key -- on one shard) and returns
+  its raw per-case results in ``details["shard_payload"]``; ``merge(ctx, parts) -> CheckResult``
+  (optional keyword) judges the union, so the merged verdict is the unsharded one. A missing or
+  errored shard makes the check ``error``, never ``pass`` (:mod:`fa4verify.audit.shards`).
+  ``--shards N`` / ``--no-shard`` override the count.
 * ``ctx.dtype`` is "bf16" | "fp16" | "fp8"; a check that does not apply to a dtype returns
   ``CheckResult(status="skip", summary="<reason>")`` (or calls ``ctx.skip(reason)``).
 * The function returns a :class:`CheckResult`.  An exception becomes an ``error`` result with

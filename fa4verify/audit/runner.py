@@ -4,7 +4,9 @@
 "cuda" (or all, with ``isolate="always"``) run in worker subprocesses of a
 :class:`~fa4verify.audit.pool.WorkerPool`: ``config.workers`` persistent workers side by side,
 the most expensive checks first (``@check(cost=...)``), while the other checks run one after
-another in this process. A fault that kills a worker (CUDA illegal address, abort) becomes that
+another in this process. A shardable check (``@check(shards=)``) becomes several work items,
+scheduled like checks (the costliest first, a check's cost split over its shards), and its
+shards' results are merged into one record (:mod:`fa4verify.audit.shards`). A fault that kills a worker (CUDA illegal address, abort) becomes that
 check's ``error`` result, the worker is replaced and the audit goes on. Reports list the checks
 in selection order whatever order they finished in.
 """
