@@ -281,6 +281,25 @@ def test_production_backward_sharded_equals_unsharded_with_a_cpu_stand_in(monkey
     assert B._case_shards("default", 8) == 4
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("shift", [0.0, 0.01])
+def test_production_forward_sharded_equals_unsharded_with_a_cpu_stand_in(monkeypatch, shift):
+    pytest.importorskip("torch")
+    import test_production_budget_checks as tpb
+    tpb._stand_in(monkeypatch, out_shift=shift)             # 0.01 on O: the check fails
+    spec = registry.registered()["budgets.production.forward"]
+
+    def ctx(sh=(0, 1)):
+        return CheckContext(profile="default", check_id="budgets.production.forward", dtype="bf16", shard=sh)
+    whole = execute(spec, ctx())
+    parts = [execute(spec, ctx((i, 3))) for i in range(3)]
+    merged = merge_shards(spec, ctx(), parts, [1.0, 1.0, 1.0])
+    assert whole.status == ("fail" if shift else "pass"), whole.summary
+    assert (merged.status, merged.summary, merged.tightness) == (whole.status, whole.summary, whole.tightness)
+    assert merged.details["table"] == whole.details["table"]
+    assert merged.details["kernel_configs"] == whole.details["kernel_configs"]
+
+
 def test_determinism_fa4_sharded_equals_unsharded_with_a_cpu_backend(monkeypatch):
     pytest.importorskip("torch")
     from fa4verify import determinism as d
@@ -333,7 +352,7 @@ def test_the_gpu_checks_declare_their_shards():
     from fa4verify.audit.registry import discover
     specs = {s.id: s for s in discover()}
     for cid in ("fuzz.production", "determinism.fa4", "budgets.production.backward",
-                "production.head_dims_live"):
+                "budgets.production.forward", "production.head_dims_live"):
         assert specs[cid].shard_count("default", 8) > 1, cid
         assert specs[cid].merge is not None, cid
         assert specs[cid].shard_count("default", 1) == 1, cid
