@@ -347,12 +347,26 @@ def test_head_dims_live_merge_needs_every_head_dim():
     assert merge_shards(spec, CheckContext(check_id=spec.id), parts, [1.0, 1.0]).status == "error"
 
 
+def test_forward_rule_merge_needs_both_masks():
+    from fa4verify.checks import production as P
+    spec = registry.registered()["production.forward_rule"]
+    rows = [["noncausal", 0.002, 0.005], ["causal", 0.012, 0.005]]    # causal over the rule: fail
+    parts = [_r("pass", details={"shard_payload": {"rows": [rows[0]], "where": "CPU", "config": {"arch": 90}}}),
+             _r("fail", details={"shard_payload": {"rows": [rows[1]], "where": "CPU", "config": {"arch": 90}}})]
+    merged = merge_shards(spec, CheckContext(check_id=spec.id), parts, [1.0, 1.0])
+    whole = P._forward_rule_result(rows, "CPU", {"arch": 90})
+    assert whole.status == "fail" and (merged.status, merged.summary, merged.metrics) == \
+        (whole.status, whole.summary, whole.metrics)
+    parts[1] = _r("skip", details={"shard_empty": True, "shard_payload": {"rows": [], "where": "CPU", "config": {}}})
+    assert merge_shards(spec, CheckContext(check_id=spec.id), parts, [1.0, 1.0]).status == "error"
+
+
 def test_the_gpu_checks_declare_their_shards():
     import fa4verify.checks  # noqa: F401
     from fa4verify.audit.registry import discover
     specs = {s.id: s for s in discover()}
     for cid in ("fuzz.production", "determinism.fa4", "budgets.production.backward",
-                "budgets.production.forward", "production.head_dims_live"):
+                "budgets.production.forward", "production.head_dims_live", "production.forward_rule"):
         assert specs[cid].shard_count("default", 8) > 1, cid
         assert specs[cid].merge is not None, cid
         assert specs[cid].shard_count("default", 1) == 1, cid
