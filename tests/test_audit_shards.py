@@ -261,6 +261,24 @@ def test_the_real_fuzz_twin_check_gives_the_same_verdict_sharded():
     assert sum(1 for p in parts if p.status != "skip" or not p.details.get("shard_empty")) >= 2
 
 
+@pytest.mark.slow
+def test_fuzz_twin_shards_in_separate_workers_draw_the_same_campaign(tmp_path):
+    """Across processes: two workers each draw the campaign and run their share; the merged row
+    equals the unsharded in-process check (and a different draw would be refused)."""
+    j1, j0 = tmp_path / "s.json", tmp_path / "u.json"
+    base = ["audit", "--no-live", "-k", "fuzz.twin", "--arch", "sm90", "--seed", "4"]
+    c1 = main(base + ["--isolate", "always", "--workers", "2", "--shards", "2", "--json", str(j1)])
+    c0 = main(base + ["--json", str(j0)])
+    a, b = by_id(json.loads(j1.read_text()))["fuzz.twin[sm90]"], by_id(json.loads(j0.read_text()))["fuzz.twin[sm90]"]
+    assert c1 == c0 and a["isolated"] and not b["isolated"] and len(a["details"]["shards"]) == 2
+    assert (a["status"], a["summary"], a["details"]["draw_digest"]) == (b["status"], b["summary"], b["details"]["draw_digest"])
+    assert a["details"]["coverage"] == b["details"]["coverage"]
+    parts = [CheckResult(status="pass", details={"shard_payload": {"draw_digest": d}}) for d in ("x", "y")]
+    from fa4verify.checks import fuzz as F
+    with pytest.raises(ValueError, match="different example lists"):
+        F._merge_campaign(CheckContext(), parts)
+
+
 # ------------------------------------------------------------------------------ live checks on a CPU stand-in
 @pytest.mark.slow
 def test_production_backward_sharded_equals_unsharded_with_a_cpu_stand_in(monkeypatch):

@@ -122,8 +122,10 @@ def _drawn_campaign(ctx: CheckContext, *, target: Any, arch: str, dtype: str, n:
                                    target=target, **kw)
     mine = ctx.shard_items(range(len(problems)), key=lambda j: drawn.compile_key(problems[j]),
                            key_cost=_KEY_COST)
+    import hashlib
+    draw = hashlib.sha256("".join(p.digest() for p in problems).encode()).hexdigest()[:16]
     head = {"expected": len(problems), "arch": arch, "profile": _profile(ctx), "seed": ctx.seed,
-            "where": where, "extra": extra or {}}
+            "where": where, "extra": extra or {}, "draw_digest": draw}
     if ctx.sharded and not mine:
         from fa4verify.audit.shards import empty_shard
         return empty_shard(ctx, "example", dict(head, part={"outcomes": [], "seconds": 0.0, "target": {}}))
@@ -146,11 +148,15 @@ def _merge_campaign(ctx: CheckContext, parts: list) -> CheckResult:
     from fa4verify.fuzz import drawn
     pays = [p.details["shard_payload"] for p in parts]
     h = pays[0]
+    draws = {p["draw_digest"] for p in pays}
+    if len(draws) != 1:   # the shards drew different campaigns: their union is no campaign
+        raise ValueError(f"the shards drew {len(draws)} different example lists (digests {sorted(draws)})")
     res = drawn.merge_drawn([p["part"] for p in pays], expected=h["expected"], arch=h["arch"],
                             profile=h["profile"], seed=h["seed"])
     out = _result(res, h["where"])
     out.details.update(h["extra"])
     out.details["examples_drawn"] = h["expected"]
+    out.details["draw_digest"] = h["draw_digest"]
     out.details["violating_examples"] = int(getattr(res, "violations", 0))
     out.details["worst_problem"] = res.worst_problem
     return out
