@@ -318,6 +318,7 @@ def test_production_forward_sharded_equals_unsharded_with_a_cpu_stand_in(monkeyp
     assert merged.details["kernel_configs"] == whole.details["kernel_configs"]
 
 
+@pytest.mark.slow
 def test_determinism_fa4_sharded_equals_unsharded_with_a_cpu_backend(monkeypatch):
     pytest.importorskip("torch")
     from fa4verify import determinism as d
