@@ -1,22 +1,32 @@
 #!/usr/bin/env python3
-"""Wall time of the GPU audit, per check, before and after the worker pool, in one run.
+"""Wall time of the GPU audit, per check, with and without check shards, in one run.
 
 Runs ``fa4verify audit --dtype bf16 --device cuda --seed 0 --profile P --json ...`` as
 subprocesses in these modes (``--modes``, comma-separated, in order):
 
-* ``before``     ``--workers 1 --fresh-workers --kernel-cache off``: a new worker process per
-                 isolated check, no compiled-kernel reuse (the runner of session 3);
-* ``cold``       the defaults (``--workers auto``, persistent workers, FA4's kernel cache) with
-                 an empty kernel cache (a fresh temporary directory);
-* ``warm``       the defaults again with the cache ``cold`` filled (a second audit).
+* ``before``        ``--workers 1 --fresh-workers --kernel-cache off``: a new worker process per
+                    isolated check, no compiled-kernel reuse (the runner of session 3);
+* ``cold``          the defaults (``--workers auto``, persistent workers, FA4's kernel cache, the
+                    big checks split into shards, ``@check(shards=)``) with an empty kernel cache;
+* ``warm``          the defaults again with the cache ``cold`` filled (a second audit);
+* ``cold-noshard``  ``--no-shard`` (every check one work item: the session-4 runner) with its own
+                    empty kernel cache;
+* ``warm-noshard``  ``--no-shard`` with a filled cache (``cold-noshard``'s, else ``cold``'s).
 
-and prints one table: check id, then seconds per mode, then the audit's wall time, exit code
-and verdict counts per mode; ``--recorded FILE`` adds a column from an earlier JSON report
-(e.g. docs/results/h200_session3/audit_h200_default.json, labelled "recorded"). The verdicts
-of the modes must agree (it says so when they do not). Usage::
+It prints one table: per check the seconds and verdict of every mode and, for modes where the
+check ran as shards, the slowest shard and the shard count (``max/k``: the check's share of the
+critical path); then per mode the audit's wall time, its largest work item, the exit code and
+verdict counts. ``--recorded LABEL=FILE`` (repeatable) adds a column from an earlier JSON
+report (e.g. ``s4-cold=docs/results/h200_session4/tdefault/audit_time_default/audit_default_cold.json``,
+the session-4 cold run without shards). The verdicts of the modes must agree (it says so when they
+do not). Usage::
 
-    python3 benchmarks/gpu_audit_time.py --profile default --modes cold,warm --out DIR
-    python3 benchmarks/gpu_audit_time.py --profile quick --modes before,cold,warm --out DIR
+    python3 benchmarks/gpu_audit_time.py --profile default --modes cold,warm,warm-noshard --out DIR \\
+        --recorded s4-cold=docs/results/h200_session4/tdefault/audit_time_default/audit_default_cold.json
+    python3 benchmarks/gpu_audit_time.py --profile quick --modes cold-noshard,cold,warm,warm-noshard --out DIR
+
+``--dry-run`` runs every mode on the CPU (``--device cpu``, the CPU checks only) to test the
+script itself.
 """
 from __future__ import annotations
 
@@ -27,20 +37,33 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Sequence
 
 MODES = {
     "before": ["--workers", "1", "--fresh-workers", "--kernel-cache", "off"],
     "cold": [],
     "warm": [],
+    "cold-noshard": ["--no-shard"],
+    "warm-noshard": ["--no-shard"],
 }
 
 
-def run_mode(mode: str, profile: str, out_dir: str, cache: str, extra: list[str],
-             timeout: float) -> dict:
+def _cache_for(mode: str, modes: Sequence[str], caches: dict[str, str]) -> str | None:
+    """The kernel-cache directory of ``mode``: cold/warm share one, cold-noshard has its own
+    (warm-noshard reuses it when cold-noshard ran, else cold's)."""
+    if mode == "before":
+        return None
+    if mode in ("cold-noshard",) or (mode == "warm-noshard" and "cold-noshard" in modes):
+        return caches["noshard"]
+    return caches["shard"]
+
+
+def run_mode(mode: str, profile: str, out_dir: str, cache: str | None, extra: list[str],
+             timeout: float, device: str = "cuda") -> dict:
     js = os.path.join(out_dir, f"audit_{profile}_{mode}.json")
-    args = [sys.executable, "-m", "fa4verify", "audit", "--dtype", "bf16", "--device", "cuda",
+    args = [sys.executable, "-m", "fa4verify", "audit", "--dtype", "bf16", "--device", device,
             "--seed", "0", "--profile", profile, "--no-live", "--json", js, *MODES[mode], *extra]
-    if mode != "before":
+    if cache is not None:
         args += ["--kernel-cache", cache]
     env = dict(os.environ)
     for k in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
@@ -48,8 +71,8 @@ def run_mode(mode: str, profile: str, out_dir: str, cache: str, extra: list[str]
     t0 = time.perf_counter()
     with open(os.path.join(out_dir, f"audit_{profile}_{mode}.log"), "w") as log:
         try:
-            rc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                timeout=timeout).returncode
+            rc: Any = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     wall = time.perf_counter() - t0
@@ -70,63 +93,126 @@ def _gpu_name(rep: dict) -> str | None:
     return g
 
 
-def per_check(rep: dict) -> dict[str, tuple[float, str]]:
-    return {r["id"]: (float(r.get("duration_s", 0.0)), r.get("status", "?"))
-            for r in rep.get("results", [])}
+def per_check(rep: dict) -> dict[str, dict[str, Any]]:
+    """check id -> {"s": wall seconds, "status", "shards": k or 0, "max_shard_s": seconds or None}."""
+    out = {}
+    for r in rep.get("results", []):
+        det = r.get("details") or {}
+        sh = det.get("shards") or []
+        out[r["id"]] = {"s": float(r.get("duration_s", 0.0)), "status": r.get("status", "?"),
+                        "shards": len(sh), "max_shard_s": det.get("shard_max_s") if sh else None}
+    return out
+
+
+def largest_item(table: dict[str, dict[str, Any]]) -> tuple[str, float]:
+    """The longest work item of an audit: a check's slowest shard, or the check if unsharded."""
+    best = ("-", 0.0)
+    for cid, v in table.items():
+        s = v["max_shard_s"] if v["max_shard_s"] is not None else v["s"]
+        if s > best[1]:
+            best = (cid + (f" (1 of {v['shards']} shards)" if v["shards"] else ""), s)
+    return best
+
+
+def format_table(cols: Sequence[tuple[str, dict]], walls: Sequence[float | None], *, profile: str,
+                 gpu: str | None) -> tuple[list[str], dict[str, Any]]:
+    """The printed lines and the JSON summary for reports ``cols`` = [(label, report)] with
+    audit walls ``walls`` (None for a recorded column)."""
+    tables = [per_check(rep) for _, rep in cols]
+    sharded = [any(v["shards"] for v in t.values()) for t in tables]
+    ids = list(dict.fromkeys(i for t in tables for i in t))
+    lines = [f"fa4verify audit --profile {profile}: wall seconds per check (measured on "
+             f"{gpu or 'the local GPU'}; 'max/k' = the slowest of the check's k shards)"]
+    head = f"{'check':40s}" + "".join(f"{name:>14s}" + (f"{'max/k':>10s}" if sh else "")
+                                     for (name, _), sh in zip(cols, sharded))
+    lines += [head, "-" * len(head)]
+    for i in ids:
+        row = f"{i:40s}"
+        for t, sh in zip(tables, sharded):
+            v = t.get(i)
+            row += f"{'-':>14s}" if v is None else f"{v['s']:10.1f} {v['status'][:3]:>3s}"
+            if sh:
+                row += (f"{v['max_shard_s']:7.1f}/{v['shards']:<2d}" if v and v["shards"] else f"{'':10s}")
+        lines.append(row)
+    lines.append("-" * len(head))
+    lines.append(f"{'audit wall (s)':40s}" + "".join(
+        (f"{'':>14s}" if w is None else f"{w:14.1f}") + ("" if not sh else f"{'':10s}")
+        for w, sh in zip(walls, sharded)))
+    summary: dict[str, Any] = {"profile": profile, "gpu": gpu, "modes": {}}
+    for (name, rep), t, w in zip(cols, tables, walls):
+        s = rep.get("summary", {})
+        big, big_s = largest_item(t)
+        workers = (rep.get("config") or {}).get("workers")
+        lines.append(f"  {name:13s} exit {s.get('exit_code')} workers {workers} counts {s.get('counts')}; "
+                     f"largest item {big} {big_s:.1f} s")
+        summary["modes"][name] = {"wall_s": w, "exit_code": s.get("exit_code"), "counts": s.get("counts"),
+                                  "workers": workers, "largest_item": [big, round(big_s, 2)],
+                                  "per_check": t}
+    common = set(ids).intersection(*[set(t) for t in tables]) if tables else set()
+    differ = [i for i in ids if i in common and len({t[i]["status"] for t in tables}) > 1]
+    agree = not differ
+    only = [i for i in ids if i not in common]
+    lines.append("verdicts of every mode agree" + (f" (on the {len(common)} checks every column has)" if only else "")
+                 if agree else f"VERDICTS DIFFER between modes: {', '.join(differ)}")
+    summary["verdicts_agree"] = agree
+    summary["verdicts_differ"] = differ
+    summary["checks_not_in_every_column"] = only
+    return lines, summary
+
+
+def _recorded(spec: str) -> tuple[str, str]:
+    label, sep, path = spec.partition("=")
+    return (label, path) if sep else ("recorded", spec)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="default", choices=("quick", "default", "full"))
-    ap.add_argument("--modes", default="before,cold,warm")
+    ap.add_argument("--modes", default="cold,warm,warm-noshard")
     ap.add_argument("--out", default=None, help="directory for the JSON reports and logs")
-    ap.add_argument("--recorded", default=None, help="an earlier JSON report to add as a column")
-    ap.add_argument("--timeout", type=float, default=560.0, help="per-audit limit (s)")
+    ap.add_argument("--recorded", action="append", default=[], metavar="[LABEL=]FILE",
+                    help="an earlier JSON report to add as a column (repeatable)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="per-audit limit (s)")
+    ap.add_argument("--dry-run", action="store_true", help="run on the CPU (--device cpu) to test the script")
     ap.add_argument("extra", nargs="*", help="extra audit arguments (after --)")
     a = ap.parse_args(argv)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
-    if bad:
+    if bad or not modes:
         print(f"error: unknown mode(s) {bad}; choose from {list(MODES)}", file=sys.stderr)
         return 2
+    recorded = [_recorded(r) for r in a.recorded]
+    for _, path in recorded:
+        if not os.path.isfile(path):
+            print(f"error: --recorded {path}: no such file", file=sys.stderr)
+            return 2
     out = a.out or tempfile.mkdtemp(prefix="fa4verify-audit-time-")
     os.makedirs(out, exist_ok=True)
-    cache = tempfile.mkdtemp(prefix="fa4verify-kernel-cache-")
-    runs = [run_mode(m, a.profile, out, cache, a.extra, a.timeout) for m in modes]
+    caches = {"shard": tempfile.mkdtemp(prefix="fa4verify-kernel-cache-"),
+              "noshard": tempfile.mkdtemp(prefix="fa4verify-kernel-cache-noshard-")}
+    device = "cpu" if a.dry_run else "cuda"
+    runs = []
+    for m in modes:
+        r = run_mode(m, a.profile, out, _cache_for(m, modes, caches), a.extra, a.timeout, device=device)
+        print(f"[{m}] exit {r['rc']} in {r['wall_s']:.1f} s", flush=True)
+        runs.append(r)
     cols: list[tuple[str, dict]] = []
-    if a.recorded:
-        with open(a.recorded) as f:
-            cols.append(("recorded", json.load(f)))
+    walls: list[float | None] = []
+    for label, path in recorded:
+        with open(path) as f:
+            cols.append((label, json.load(f)))
+        walls.append(None)
     cols += [(r["mode"], r["report"]) for r in runs]
-    tables = [per_check(rep) for _, rep in cols]
-    ids = list(dict.fromkeys(i for t in tables for i in t))
+    walls += [r["wall_s"] for r in runs]
     gpu = next((_gpu_name(rep) for _, rep in cols if _gpu_name(rep)), None)
-    print(f"fa4verify audit --profile {a.profile} --device cuda: wall seconds per check "
-          f"(measured on {gpu or 'the local GPU'}; 'recorded' = {a.recorded})")
-    head = f"{'check':44s}" + "".join(f"{name:>12s}" for name, _ in cols)
-    print(head)
-    print("-" * len(head))
-    for i in ids:
-        row = f"{i:44s}"
-        for t in tables:
-            v = t.get(i)
-            row += f"{'-':>12s}" if v is None else f"{v[0]:8.1f} {v[1][:3]:>3s}"
-        print(row)
-    print("-" * len(head))
-    walls = ["" if name == "recorded" else f"{r['wall_s']:.1f}" for (name, _), r in
-             zip(cols, ([None] if a.recorded else []) + runs)]
-    print(f"{'audit wall (s)':44s}" + "".join(f"{w:>12s}" for w in walls))
-    for name, rep in cols:
-        s = rep.get("summary", {})
-        print(f"  {name:10s} exit {s.get('exit_code')} counts {s.get('counts')}")
-    verdicts = [{k: v[1] for k, v in t.items()} for t in tables]
-    agree = all(v == verdicts[-1] for v in verdicts[1 if a.recorded else 0:])
-    print("verdicts of the modes run here agree" if agree else "VERDICTS DIFFER between modes")
+    lines, summary = format_table(cols, walls, profile=a.profile, gpu=gpu)
+    print("\n".join(lines))
+    summary["runs"] = [{k: v for k, v in r.items() if k != "report"} for r in runs]
+    summary["recorded"] = dict(recorded)
     with open(os.path.join(out, f"audit_time_{a.profile}.json"), "w") as f:
-        json.dump({"profile": a.profile, "gpu": gpu,
-                   "runs": [{k: v for k, v in r.items() if k != "report"} for r in runs],
-                   "per_check": {name: t for (name, _), t in zip(cols, tables)},
-                   "verdicts_agree": agree}, f, indent=1)
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(out, f"audit_time_{a.profile}.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
     return 0
 
 

@@ -66,8 +66,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("timeout", "timeout", "Per-check time limit in seconds for isolated checks (0 = none).",
            0.0, type=float, metavar="S"),
     Option("workers", "workers", "Persistent worker processes for isolated checks, run side by side; "
-           "auto = one per 4 CPU cores (at most 4) on a GPU, 1 on the CPU. Env FA4VERIFY_WORKERS.",
+           "auto = half the CPU cores, at most 8, on a GPU (FA4 compiles are CPU work), 2 on "
+           "the CPU. Env FA4VERIFY_WORKERS.",
            "auto", metavar="N|auto", envvar="FA4VERIFY_WORKERS"),
+    Option("shards", "check_shards", "Split each shardable check (fuzz.production, determinism.fa4, "
+           "the live production checks) into N work items the workers run side by side, merged "
+           "into one result; auto = the check's own count (about one per worker); 1 = no "
+           "sharding.", "auto", metavar="N|auto"),
+    Option("no-shard", "no_shard", "Run every check as one work item (same as --shards 1).", False,
+           flag=True),
     Option("fresh-workers", "fresh_workers", "A new worker process for every isolated check (no "
            "reuse of imports, CUDA context or compiled kernels; slower, the pre-pool behaviour).",
            False, flag=True),
@@ -175,6 +182,8 @@ class AuditConfig:
     fresh_workers: bool = False
     #: FA4's persistent kernel cache directory for workers, or None (off)
     kernel_cache: str | None = None
+    #: shards per shardable check: None = each check's own count, 1 = none (``--no-shard``)
+    check_shards: int | None = None
     #: the deployment profile (``--deployment``), as ``(name, json)`` so the config stays hashable
     deployment: tuple[str, str] | None = None
 
@@ -199,7 +208,8 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
                  no_default_checks: bool = False, isolate: str = "auto", timeout: float = 0.0,
                  opts: Sequence[str] = (), cuda: bool | None = None,
                  deployment: str | None = None, workers: str | int = "auto",
-                 fresh_workers: bool = False, kernel_cache: str | None = "auto") -> AuditConfig:
+                 fresh_workers: bool = False, kernel_cache: str | None = "auto",
+                 check_shards: str | int | None = "auto", no_shard: bool = False) -> AuditConfig:
     """Validate raw option values into an :class:`AuditConfig` (raises :class:`OptionError`)."""
     if dtype not in DTYPES:
         raise OptionError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
@@ -228,6 +238,19 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
             raise OptionError(f"--workers {workers!r}: expected a positive integer or auto") from None
         if not 1 <= workers_n <= 64:
             raise OptionError(f"--workers {workers!r}: expected 1..64 or auto")
+    shards_s = str(check_shards if check_shards is not None else "auto").strip().lower()
+    shards_n: int | None = None
+    if shards_s != "auto":
+        try:
+            shards_n = int(shards_s)
+        except ValueError:
+            raise OptionError(f"--shards {check_shards!r}: expected a positive integer or auto") from None
+        if not 1 <= shards_n <= 64:
+            raise OptionError(f"--shards {check_shards!r}: expected 1..64 or auto")
+    if no_shard:
+        if shards_n not in (None, 1):
+            raise OptionError(f"--no-shard contradicts --shards {check_shards}")
+        shards_n = 1
     cache_s = str(kernel_cache if kernel_cache is not None else "off").strip()
     if not cache_s:
         raise OptionError("--kernel-cache '': expected a directory, auto or off")
@@ -266,7 +289,8 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
                        keyword=keyword or None, shard=shard_t, checks_modules=mods,
                        no_default_checks=bool(no_default_checks), isolate=isolate,
                        timeout=timeout, opts=opts_t, deployment=dep, workers=workers_n,
-                       fresh_workers=bool(fresh_workers), kernel_cache=cache_dir)
+                       fresh_workers=bool(fresh_workers), kernel_cache=cache_dir,
+                       check_shards=shards_n)
 
 
 # ------------------------------------------------------------------------------------ frontends
@@ -330,4 +354,5 @@ def config_from_pytest(config: Any, profile: str) -> AuditConfig:
                         no_default_checks=vals["no_default_checks"], isolate=vals["isolate"],
                         timeout=vals["timeout"], opts=vals["opts"], deployment=vals["deployment"],
                         workers=vals["workers"], fresh_workers=vals["fresh_workers"],
-                        kernel_cache=vals["kernel_cache"])
+                        kernel_cache=vals["kernel_cache"], check_shards=vals["check_shards"],
+                        no_shard=vals["no_shard"])

@@ -14,6 +14,8 @@ module only decides which GPU a worker sees and which seeds it draws.
   (every seed exactly once over the workers); :func:`merge` joins per-worker results (a dict
   ``seed -> status``) and refuses duplicates or gaps, and :func:`merged_status` is the judge's
   fail > undecided > pass over them.
+* :func:`assign_groups` -- the audit's check shards (``@check(shards=)``): cases with the same key
+  (an FA4 compile key) on one shard, the groups spread heaviest first over the least loaded shard.
 
 Nothing here imports torch.
 """
@@ -25,7 +27,7 @@ import sys
 from typing import Iterable, Mapping, MutableMapping, Optional, Sequence
 
 __all__ = ["ENV_WORKER", "ENV_PIN", "ENV_NGPUS", "worker_index", "worker_count", "visible_devices",
-           "pin_worker_gpu", "seed_range", "shard", "merge", "merged_status"]
+           "pin_worker_gpu", "seed_range", "shard", "merge", "merged_status", "assign_groups"]
 
 ENV_WORKER = "PYTEST_XDIST_WORKER"
 ENV_COUNT = "PYTEST_XDIST_WORKER_COUNT"
@@ -143,3 +145,33 @@ def merged_status(statuses: Iterable[str]) -> str:
     """fail > undecided > pass over merged results (none: undecided), as the judge."""
     from fa4verify.judge.verdict import worst_status
     return worst_status(statuses)
+
+
+def assign_groups(items: Sequence, shards: int, *, key=None, cost=None, key_cost: float = 0.0
+                  ) -> list[list[int]]:
+    """Indices of ``items`` per shard (``shards`` lists, each in increasing order): a partition.
+
+    Items with equal ``key(item)`` form one group that stays on one shard (``key=None``: every
+    item its own group). A group weighs ``key_cost`` (e.g. one kernel compile) plus the sum of
+    ``cost(item)`` (default 1 each); groups are taken heaviest first (ties: first appearance) and
+    each goes to the least loaded shard (ties: the lowest index) -- the LPT rule, deterministic,
+    within 4/3 of the best makespan. ``shards`` larger than the number of groups leaves shards
+    empty.
+    """
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ValueError(f"shards {shards!r}: expected an int >= 1")
+    groups: dict = {}
+    for j, it in enumerate(items):
+        g = groups.setdefault(("k", key(it)) if key is not None else ("i", j), [])
+        g.append(j)
+    weight = {g: (key_cost if key is not None else 0.0)
+              + sum(float(cost(items[j])) if cost is not None else 1.0 for j in idx)
+              for g, idx in groups.items()}
+    order = sorted(groups, key=lambda g: (-weight[g], groups[g][0]))
+    load = [0.0] * shards
+    out: list[list[int]] = [[] for _ in range(shards)]
+    for g in order:
+        s = min(range(shards), key=lambda i: (load[i], i))
+        load[s] += weight[g]
+        out[s].extend(groups[g])
+    return [sorted(o) for o in out]

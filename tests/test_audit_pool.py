@@ -132,11 +132,12 @@ def test_a_kernel_cache_that_is_a_file_is_a_usage_error(tmp_path, capsys):
 
 def test_auto_workers_rule():
     from fa4verify.audit.pool import auto_workers
-    assert auto_workers("cpu", 64) == 1
+    assert auto_workers("cpu", 64) == 2      # the 2-core development box: 2
+    assert auto_workers("cpu", 1) == 1
     assert auto_workers("cuda", 2) == 1
-    assert auto_workers("cuda", 8) == 2
-    assert auto_workers("cuda", 16) == 4
-    assert auto_workers("cuda", 128) == 4
+    assert auto_workers("cuda", 8) == 4
+    assert auto_workers("cuda", 16) == 8     # the 16-core H200 box
+    assert auto_workers("cuda", 128) == 8
 
 
 def _imports(path: pathlib.Path) -> set[str]:

@@ -37,10 +37,12 @@ def context_to_dict(ctx: CheckContext) -> dict[str, Any]:
     """The JSON form of a check context (what a worker needs to rebuild it)."""
     return {"dtype": ctx.dtype, "arch": ctx.arch, "device": ctx.device, "profile": ctx.profile,
             "seed": ctx.seed, "check_id": ctx.check_id, "archs": list(ctx.archs),
-            "options": dict(ctx.options), "deployment": ctx.deployment}
+            "options": dict(ctx.options), "deployment": ctx.deployment,
+            "shard": [int(ctx.shard[0]), int(ctx.shard[1])]}
 
 
 def context_from_dict(c: dict[str, Any]) -> CheckContext:
     return CheckContext(dtype=c["dtype"], arch=c["arch"], device=c["device"], profile=c["profile"],
                         seed=int(c["seed"]), check_id=c["check_id"], archs=tuple(c["archs"]),
-                        options=dict(c.get("options", {})), deployment=c.get("deployment"))
+                        options=dict(c.get("options", {})), deployment=c.get("deployment"),
+                        shard=tuple(int(x) for x in c.get("shard", (0, 1))))

@@ -12,6 +12,14 @@ Worker environment: the parent's, plus the checkout on ``PYTHONPATH`` (workers i
 and ``--checks-module`` files exactly as the parent did), FA4's persistent kernel cache
 (``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` and ``..._CACHE_DIR``) unless the caller turned it
 off or set it, and ``OMP_NUM_THREADS`` split between the workers unless set.
+
+One cache directory serves every worker at once: FA4 (``flash_attn/cute/cache_utils.py``,
+``JITCache``) names an entry ``<sha256 of the compile key>.o``, loads it under a shared
+``fcntl.flock`` on ``<sha>.lock``, exports under the exclusive lock to a per-pid temporary file
+renamed into place (``os.replace``), and skips the export when a valid entry exists. Concurrent
+writers are therefore safe, but two workers compiling one key at the same time both compile
+(the second export is skipped): the check shards keep the cases of one compile key on one shard
+(:meth:`~fa4verify.audit.registry.CheckContext.shard_items`). FA4 waits at most 15 s for a lock.
 """
 from __future__ import annotations
 
@@ -45,10 +53,11 @@ def default_kernel_cache() -> str:
 
 
 def auto_workers(device: str, cpu_count: int | None = None) -> int:
-    """Workers for ``--workers auto``: on a GPU, one per 4 CPU cores, at most 4 (compiles are
-    CPU-bound and overlap; the GPU is shared); on the CPU, 1."""
+    """Workers for ``--workers auto``: on a GPU, half the CPU cores, at most 8 (FA4's kernel
+    compiles are CPU-bound and overlap; the GPU is shared: 8 on the 16-core H200 box); on the
+    CPU, 2 (at most the cores)."""
     n = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-    return max(1, min(4, n // 4)) if device == "cuda" else 1
+    return max(1, min(8, n // 2)) if device == "cuda" else max(1, min(2, n))
 
 
 def worker_env(*, kernel_cache: str | None, workers: int, base: dict[str, str] | None = None

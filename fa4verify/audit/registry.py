@@ -32,6 +32,14 @@ Contract
   (loop over ``ctx.archs`` yourself if the check covers several).  A set such as
   ``{"sm90", "sm100"}`` makes the audit run the check once per selected arch in that set, with
   the result id ``"<id>[<arch>]"`` and ``ctx.arch`` that arch.
+* ``shards`` (optional keyword): an int, or ``f(profile, workers) -> int``. A check with more than
+  one shard runs as that many work items ``"<id>[i/k]"`` (``ctx.shard = (i - 1, k)``) that the
+  worker pool runs side by side; the check takes its share of its cases with
+  :meth:`CheckContext.shard_items` (same key -- e.g. FA4 compile key -- on one shard) and returns
+  its raw per-case results in ``details["shard_payload"]``; ``merge(ctx, parts) -> CheckResult``
+  (optional keyword) judges the union, so the merged verdict is the unsharded one. A missing or
+  errored shard makes the check ``error``, never ``pass`` (:mod:`fa4verify.audit.shards`).
+  ``--shards N`` / ``--no-shard`` override the count.
 * ``ctx.dtype`` is "bf16" | "fp16" | "fp8"; a check that does not apply to a dtype returns
   ``CheckResult(status="skip", summary="<reason>")`` (or calls ``ctx.skip(reason)``).
 * The function returns a :class:`CheckResult`.  An exception becomes an ``error`` result with
@@ -263,6 +271,9 @@ class CheckContext:
     #: the audit's deployment profile (``Deployment.to_dict()``) or None: every case a check draws
     #: comes from it, and recorded findings apply only where they intersect it
     deployment: dict[str, Any] | None = None
+    #: (index, count) of this run among the shards of a shardable check (``@check(shards=)``):
+    #: ``(0, 1)`` = the whole check; :meth:`shard_items` picks this shard's cases
+    shard: tuple[int, int] = (0, 1)
     _progress_factory: ProgressFactory | None = dataclasses.field(default=None, repr=False)
     _notes: list[str] = dataclasses.field(default_factory=list, repr=False)
 
@@ -273,6 +284,25 @@ class CheckContext:
 
         key = zlib.crc32(f"{self.check_id}\x00{stream}".encode())
         return np.random.default_rng([int(self.seed) & 0xFFFFFFFFFFFFFFFF, key])
+
+    @property
+    def sharded(self) -> bool:
+        """Whether this run is one shard of several (its result is merged by the runner)."""
+        return int(self.shard[1]) > 1
+
+    def shard_items(self, items, *, key=None, cost=None, key_cost: float = 0.0) -> list:
+        """This shard's share of ``items`` (all of them when unsharded), in their original order.
+
+        Items with the same ``key(item)`` (e.g. an FA4 compile key) go to the same shard, so
+        shards never compile the same kernel twice; groups are spread over the shards by
+        :func:`fa4verify.sharding.assign_groups` (deterministic, the heaviest group first).
+        """
+        from fa4verify.sharding import assign_groups
+        i, k = int(self.shard[0]), int(self.shard[1])
+        items = list(items)
+        if k <= 1:
+            return items
+        return [items[j] for j in assign_groups(items, k, key=key, cost=cost, key_cost=key_cost)[i]]
 
     @property
     def profile_level(self) -> int:
@@ -349,6 +379,19 @@ class CheckSpec:
     #: expected wall seconds on a reference GPU (the H200), for scheduling only: the runner
     #: starts the most expensive isolated checks first so the pool's workers finish together
     cost: float = 1.0
+    #: shards the runner splits this check into: an int, or ``f(profile, workers) -> int``
+    #: (1 = not shardable); see :func:`check`
+    shards: Any = 1
+    #: ``merge(ctx, parts) -> CheckResult``: one result from the shards' results (index order,
+    #: every shard present and none errored); None: :func:`fa4verify.audit.shards.generic_merge`
+    merge: Callable[..., CheckResult] | None = None
+
+    def shard_count(self, profile: str, workers: int) -> int:
+        """How many shards this check runs as in ``profile`` with ``workers`` workers (>= 1)."""
+        n = self.shards(profile, workers) if callable(self.shards) else self.shards
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"check {self.id!r}: shards gave {n!r}, expected an int >= 1")
+        return n
 
     @property
     def qualname(self) -> str:
@@ -367,7 +410,9 @@ _REGISTRY: dict[str, CheckSpec] = {}
 
 def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
           profiles: Iterable[str] = ("quick", "default", "full", "exhaustive"),
-          archs: Iterable[str] | None = None, cost: float = 1.0
+          archs: Iterable[str] | None = None, cost: float = 1.0,
+          shards: int | Callable[[str, int], int] = 1,
+          merge: Callable[..., CheckResult] | None = None
           ) -> Callable[[Callable[[CheckContext], CheckResult]],
                                                           Callable[[CheckContext], CheckResult]]:
     """Register ``func(ctx) -> CheckResult`` as the audit check ``id`` (see module docstring)."""
@@ -384,6 +429,10 @@ def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
     import math
     if not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
         raise ValueError(f"check {id!r}: cost {cost!r} must be finite seconds >= 0")
+    if not callable(shards) and (isinstance(shards, bool) or not isinstance(shards, int) or shards < 1):
+        raise ValueError(f"check {id!r}: shards {shards!r} must be an int >= 1 or f(profile, workers)")
+    if merge is not None and not callable(merge):
+        raise ValueError(f"check {id!r}: merge must be callable")
     archs_s = None if archs is None else frozenset(archs)
     if archs_s is not None and (not archs_s or archs_s - set(ARCHS)):
         raise ValueError(f"check {id!r}: bad archs {sorted(archs_s)} (allowed: {list(ARCHS)})")
@@ -392,7 +441,7 @@ def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
         module = getattr(func, "__module__", "?")
         spec = CheckSpec(id=id, title=title or (func.__doc__ or id).strip().splitlines()[0],
                          needs=needs_s, profiles=profiles_s, func=func, module=module,
-                         archs=archs_s, cost=float(cost))
+                         archs=archs_s, cost=float(cost), shards=shards, merge=merge)
         old = _REGISTRY.get(id)
         if old is not None and (old.module != module
                                 or getattr(old.func, "__qualname__", None) != getattr(func, "__qualname__", None)):

@@ -4,7 +4,9 @@
 "cuda" (or all, with ``isolate="always"``) run in worker subprocesses of a
 :class:`~fa4verify.audit.pool.WorkerPool`: ``config.workers`` persistent workers side by side,
 the most expensive checks first (``@check(cost=...)``), while the other checks run one after
-another in this process. A fault that kills a worker (CUDA illegal address, abort) becomes that
+another in this process. A shardable check (``@check(shards=)``) becomes several work items,
+scheduled like checks (the costliest first, a check's cost split over its shards), and its
+shards' results are merged into one record (:mod:`fa4verify.audit.shards`). A fault that kills a worker (CUDA illegal address, abort) becomes that
 check's ``error`` result, the worker is replaced and the audit goes on. Reports list the checks
 in selection order whatever order they finished in.
 """
@@ -272,33 +274,80 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
         elif config.isolate == "always" or (config.isolate == "auto" and "cuda" in sel.spec.needs):
             isolated.append(i)
 
+    from fa4verify.audit.shards import merge_shards, shard_count
+
+    def n_shards(i: int) -> int:
+        sel = selected[i]
+        try:
+            return shard_count(sel.spec, config.profile, config.workers if i in isolated_set else 1,
+                               config.check_shards)
+        except ValueError:
+            return 1
     isolated_set = set(isolated)
+    shards = {i: n_shards(i) for i in range(len(selected)) if i not in skipped}
+    # shard results per sharded check: parts[i][s] = (result, notes, seconds, t_start, t_end)
+    parts: dict[int, list] = {i: [None] * k for i, k in shards.items() if k > 1}
+
+    def shard_ctx(sel: Selected, s: int, k: int) -> CheckContext:
+        ctx = _context(config, sel)
+        if k > 1:
+            ctx.shard = (s, k)
+        return ctx
+
+    def merged(i: int) -> CheckRecord:
+        sel = selected[i]
+        got = parts[i]
+        ctx = _context(config, sel)
+        res = merge_shards(sel.spec, ctx, [g[0] if g else None for g in got],
+                           [g[2] if g else None for g in got])
+        notes = [n for g in got if g for n in g[1]]
+        t0 = min((g[3] for g in got if g), default=time.perf_counter())
+        t1 = max((g[4] for g in got if g), default=t0)
+        rec = record(sel, res, t0, i in isolated_set, list(dict.fromkeys(notes)))
+        rec.duration_s = t1 - t0
+        return rec
+
     pool = executor = None
-    futures: dict[concurrent.futures.Future, int] = {}
+    futures: dict[concurrent.futures.Future, tuple[int, int]] = {}
     if isolated:
-        n = max(1, min(config.workers, len(isolated)))
+        jobs = [(i, s) for i in isolated for s in range(shards[i])]
+        n = max(1, min(config.workers, len(jobs)))
         pool = WorkerPool(n, timeout=config.timeout, fresh=config.fresh_workers,
                           kernel_cache=config.kernel_cache)
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=n,
                                                          thread_name_prefix="fa4verify-worker")
 
-        def run_one(i: int) -> CheckRecord:
+        def run_one(i: int, s: int):
             sel = selected[i]
+            k = shards[i]
             t0 = time.perf_counter()
-            result, notes = pool.run(sel.spec, _context(config, sel))
-            return record(sel, result, t0, True, notes)
+            try:
+                result, notes = pool.run(sel.spec, shard_ctx(sel, s, k))
+            except Exception as e:  # noqa: BLE001 - the pool itself broke: this item's error
+                result, notes = CheckResult(status="error", summary=f"worker pool: {type(e).__name__}: {e}"), []
+            if k == 1:
+                return record(sel, result, t0, True, notes)
+            t1 = time.perf_counter()
+            return (result, notes, t1 - t0, t0, t1)
 
-        # the most expensive first (stable: equal costs keep the selection order)
-        for i in sorted(isolated, key=lambda j: -selected[j].spec.cost):
-            futures[executor.submit(run_one, i)] = i
+        # the most expensive work items first (a check's cost split over its shards; stable:
+        # equal costs keep the selection order, then the shard order)
+        for i, s in sorted(jobs, key=lambda js: -selected[js[0]].spec.cost / shards[js[0]]):
+            futures[executor.submit(run_one, i, s)] = (i, s)
 
     def drain(block: bool) -> None:
         done = [f for f in futures if f.done()] if not block else \
             list(concurrent.futures.as_completed(list(futures)))
         for f in done:
-            i = futures.pop(f)
-            records[i] = f.result()
-            report(records[i], selected[i], True)
+            i, s = futures.pop(f)
+            if shards[i] == 1:
+                records[i] = f.result()
+                report(records[i], selected[i], True)
+                continue
+            parts[i][s] = f.result()
+            if all(g is not None for g in parts[i]):
+                records[i] = merged(i)
+                report(records[i], selected[i], True)
 
     try:
         for i, sel in enumerate(selected):
@@ -311,12 +360,20 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
                 continue
             if reporter is not None:
                 reporter.check_started(sel)
-            t0 = time.perf_counter()
-            ctx = _context(config, sel)
-            if reporter is not None:
-                ctx._progress_factory = reporter.progress_factory(sel)
-            result = execute(sel.spec, ctx)
-            records[i] = record(sel, result, t0, False, list(ctx._notes))
+            k = shards[i]
+            for s in range(k):
+                t0 = time.perf_counter()
+                ctx = shard_ctx(sel, s, k)
+                if reporter is not None:
+                    ctx._progress_factory = reporter.progress_factory(sel)
+                result = execute(sel.spec, ctx)
+                if k == 1:
+                    records[i] = record(sel, result, t0, False, list(ctx._notes))
+                else:
+                    parts[i][s] = (result, list(ctx._notes), time.perf_counter() - t0, t0,
+                                   time.perf_counter())
+            if k > 1:
+                records[i] = merged(i)
             report(records[i], sel, False)
             drain(block=False)
         drain(block=True)
@@ -325,6 +382,9 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
             executor.shutdown(wait=False, cancel_futures=True)
         if pool is not None:
             pool.close()
+    for i in parts:       # an interrupted audit: a sharded check with missing shards is an error
+        if i not in records:
+            records[i] = merged(i)
     run = AuditRun(config=config, records=[records[i] for i in range(len(selected))],
                    started=started, finished=time.time(),
                    discovered=len(specs) if specs is not None else len(selected))

@@ -77,7 +77,9 @@ def _serve(reply_fd: int) -> int:
         msg = json.loads(line)
         if msg.get("op") == "exit":
             break
-        print(f"--- fa4verify worker: {msg['request'].get('check_id')}", file=sys.stderr, flush=True)
+        sh = (msg["request"].get("ctx") or {}).get("shard") or [0, 1]
+        label = msg["request"].get("check_id", "?") + (f"[{sh[0] + 1}/{sh[1]}]" if sh[1] > 1 else "")
+        print(f"--- fa4verify worker: {label}", file=sys.stderr, flush=True)
         _write(msg["result_path"], run_request(msg["request"]))
         reply.write(json.dumps({"done": msg.get("seq")}) + "\n")
         reply.flush()

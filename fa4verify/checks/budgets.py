@@ -195,13 +195,15 @@ def attribution(ctx: CheckContext) -> CheckResult:
 
 
 @check("budgets.production.forward", title="Production FA4 forward within the composed budget",
-       needs={"cuda", "fa4"}, cost=28)
+       needs={"cuda", "fa4"}, cost=28, shards=lambda profile, workers: _case_shards(profile, workers),
+       merge=lambda ctx, parts: _forward_merge(ctx, parts))
 def production_forward(ctx: CheckContext) -> CheckResult:
     """O and LSE of production FA4 on the local GPU against the oracle within the composed
     forward budget (the judge core). Cases: the deployment profile's, else hd 64/128 x causal
     and not at seqlen 512. On SM100/SM103 the same cases also run with FA4's exp2 emulation
     disabled (every exp2 on MUFU) and both are reported against the oracle: the production-level
-    cost of the polynomial (RMS error of O with / without it)."""
+    cost of the polynomial (RMS error of O with / without it). Sharded by case like the
+    backward check."""
     import numpy as np
 
     from fa4verify import judge
@@ -215,68 +217,120 @@ def production_forward(ctx: CheckContext) -> CheckResult:
     if dev == "cuda" and facts.is_sm100_family(arch):
         off, _, _ = _live.target(ctx, device=dev, emulation="disabled")
     from fa4verify.judge import statistical as S
-    verdicts, rows, over, cost, stat_rows, pts = [], [], [], [], [], []
     probs = _live.problems(ctx, arch, dt)
-    with ctx.progress(len(probs), f"production forward on {arch}") as bar:
-        for p in probs:
+    mine = ctx.shard_items(list(enumerate(probs)), key=lambda jp: _problem_key(jp[1]))
+    head = {"arch": arch, "where": where, "cases_total": len(probs), "emulation_off": off is not None}
+    if ctx.sharded and not mine:
+        from fa4verify.audit.shards import empty_shard
+        return empty_shard(ctx, "case", dict(head, cases=[], kernel_configs={}))
+    cases = []
+    with ctx.progress(len(mine), f"production forward on {arch}") as bar:
+        for j, p in mine:
             a = p.materialize()
             f = tgt.forward(p, a)
-            j = judge.judge_forward(p, a, f.out, f.lse)
-            verdicts += list(j.verdicts)
+            jf = judge.judge_forward(p, a, f.out, f.lse)
+            verdicts = list(jf.verdicts)
             # the statistical tier on O (issue #15): production's ulp-error distribution against
             # the twin's prediction on the same inputs; a case fails if either tier fails
-            stat = S.tier_on(p, {"out": f.out}, {"out": j.ref_out.value}, a,
+            stat = S.tier_on(p, {"out": f.out}, {"out": jf.ref_out.value}, a,
                              alpha_test=S.alpha_per_test(S.DEFAULT_ALPHA, len(probs)))
             verdicts += stat
-            stat_rows.append([_live.tag(p)] + [v.to_dict() for v in stat])
-            pts += [(p.seqlen_k, "out", j.out.tightness), (p.seqlen_k, "lse", j.lse.tightness)]
-            row = [_live.tag(p), round(j.out.tightness, 4), round(j.lse.tightness, 4),
+            row = [_live.tag(p), round(jf.out.tightness, 4), round(jf.lse.tightness, 4),
                    f"{stat[0].bias_diff:+.2e}", stat[0].status]
+            cost = None
             if off is not None:
                 f0 = off.forward(p, a)
-                j0 = judge.judge_forward(p, a, f0.out, f0.lse, oracle=j.oracle)
+                j0 = judge.judge_forward(p, a, f0.out, f0.lse, oracle=jf.oracle)
                 verdicts += list(j0.verdicts)
-                r_on, r_off = _live.rms_err(f.out, j.ref_out.value), _live.rms_err(f0.out, j.ref_out.value)
-                cost.append(r_on / r_off if r_off > 0 else float("nan"))
+                r_on, r_off = _live.rms_err(f.out, jf.ref_out.value), _live.rms_err(f0.out, jf.ref_out.value)
+                cost = r_on / r_off if r_off > 0 else float("nan")
                 row += [round(j0.out.tightness, 4), f"{r_on:.3g}", f"{r_off:.3g}",
                         int(np.sum(np.asarray(f.out) != np.asarray(f0.out)))]
-            rows.append(row)
-            if "fail" in (j.out.status, j.lse.status, stat[0].status):
-                over.append(f"{_live.tag(p)}: {j.out.summary()}; {j.lse.summary()}; {stat[0].summary()}")
+            cases.append({
+                "index": j, "row": row, "cost": cost,
+                "statuses": [v.status for v in verdicts],
+                "undecided": [v.reason for v in verdicts if v.status == "undecided"],
+                "tightness": [float(v.tightness) for v in verdicts if hasattr(v, "tightness")],
+                "stat_row": [_live.tag(p)] + [v.to_dict() for v in stat],
+                "pts": [(p.seqlen_k, "out", float(jf.out.tightness)), (p.seqlen_k, "lse", float(jf.lse.tightness))],
+                "over": (f"{_live.tag(p)}: {jf.out.summary()}; {jf.lse.summary()}; {stat[0].summary()}"
+                         if "fail" in (jf.out.status, jf.lse.status, stat[0].status) else None)})
             bar.advance(1)
-    status = judge.combine(verdicts)
-    worst = max((v.tightness for v in verdicts if hasattr(v, "tightness")), default=0.0)
+    payload = dict(head, cases=cases, kernel_configs=tgt.describe().get("kernel_configs") or {})
+    out = _forward_summary(ctx, cases, payload)
+    if ctx.sharded:
+        out.details["shard_payload"] = payload
+    return out
+
+
+def _forward_merge(ctx: CheckContext, parts: list) -> CheckResult:
+    """The forward check's result from its shards' cases (and the kernel configurations they ran)."""
+    pays = [p.details["shard_payload"] for p in parts]
+    kc: dict = {}
+    for p in pays:
+        for k, v in (p.get("kernel_configs") or {}).items():
+            kc[k] = kc.get(k, 0) + int(v)
+    return _forward_summary(ctx, [c for p in pays for c in p["cases"]], dict(pays[0], kernel_configs=kc))
+
+
+def _forward_summary(ctx: CheckContext, cases: list, head: dict) -> CheckResult:
+    """The forward check's verdict over ``cases`` (a shard's, or every shard's: each case once)."""
+    from fa4verify.checks import _live
+    from fa4verify.judge.verdict import worst_status
+    from fa4verify.sharding import merge
+    if not ctx.sharded:
+        merge([{c["index"]: 1} for c in cases], expected=range(head["cases_total"]))
+    cases = sorted(cases, key=lambda c: c["index"])
+    arch, where = head["arch"], head["where"]
+    status = worst_status(s for c in cases for s in c["statuses"])
+    worst = max((t for c in cases for t in c["tightness"]), default=0.0)
+    over = [c["over"] for c in cases if c["over"]]
+    undec = [r for c in cases for r in c["undecided"]]
+    rows = [c["row"] for c in cases]
+    cost = [c["cost"] for c in cases if c["cost"] is not None]
+    pts = [tuple(x) for c in cases for x in c["pts"]]
     cols = ["case", "out tightness", "LSE tightness", "O bias vs twin (ulp)", "statistical"]
     metrics: dict = {"e2e_tightness": worst, "cases": len(rows)}
-    if off is not None:
+    if head["emulation_off"]:
         cols += ["out tightness (emulation off)", "RMS err O", "RMS err O (emulation off)",
                  "elements differing"]
         metrics["emulation_rms_cost_ratio"] = max(cost) if cost else float("nan")
-    undec = [v for v in verdicts if v.status == "undecided"]
     summary = (f"{len(over)}/{len(rows)} over budget: {over[0]}" if over else
-               (f"undecided: {undec[0].reason}" if undec else
+               (f"undecided: {undec[0]}" if undec else
                 f"{len(rows)} cases within budget on {arch}, tightness {worst:.3f}"
                 + (f"; exp2 emulation costs x{max(cost):.3f} RMS error of O vs MUFU-only" if cost else "")))
     return CheckResult(status=status, where=where, summary=summary, metrics=metrics, tightness=worst,
                        details={"table": {"columns": cols, "rows": rows},
-                                "statistical": stat_rows,
-                                **({"plot": pl} if (pl := _live.tightness_vs_seqlen_plot(
-                                    pts, title="backward error vs sequence length", where=where))
-                                   else {}),
+                                "statistical": [c["stat_row"] for c in cases],
                                 **({"plot": pl} if (pl := _live.tightness_vs_seqlen_plot(
                                     pts, title="forward error vs sequence length", where=where)) else {}),
                                 "deployment": ctx.deploy.name if ctx.deploy else None,
-                                "kernel_configs": tgt.describe().get("kernel_configs")})
+                                "kernel_configs": head.get("kernel_configs")})
+
+
+def _case_shards(profile: str, workers: int) -> int:
+    """One shard per worker, at most 4 (the default grid's four cases; a deployment has at most
+    four live cases too)."""
+    return max(1, min(int(workers), 4))
+
+
+def _problem_key(p) -> tuple:
+    """The FA4 kernels a live case compiles (cases sharing them stay on one shard)."""
+    return (p.head_dim, p.head_dim_v, p.causal, p.local, bool(p.softcap), p.sink, p.nheads != p.nheads_kv)
 
 
 @check("budgets.production.backward", title="Production FA4 backward within the composed budget",
-       needs={"cuda", "fa4"}, cost=33)
+       needs={"cuda", "fa4"}, cost=33, shards=_case_shards,
+       merge=lambda ctx, parts: _backward_summary(ctx, [c for p in parts
+                                                        for c in p.details["shard_payload"]["cases"]],
+                                                  parts[0].details["shard_payload"]))
 def production_backward(ctx: CheckContext) -> CheckResult:
     """dQ, dK, dV of FA4's deterministic backward against the exact gradient, within the composed
     backward budgets (the deployment's cases, else hd 64/128, causal and not, seqlen 512,
     standard normal).  The budget is a worst-case bound: exact-then-rounded gradients sit at dQ
     tightness 0.05-0.09 here, a systematic 1 % dQ error at 0.2-0.5 (visible as a regression with
-    --baseline), 3-5 % fails (CPU stand-in, tests/test_production_budget_checks.py)."""
+    --baseline), 3-5 % fails (CPU stand-in, tests/test_production_budget_checks.py). Sharded by
+    case (``@check(shards=)``): each shard judges its cases, the merge judges the union."""
     from fa4verify import judge
     from fa4verify.checks import _live
     dt = _dtype(ctx)
@@ -285,40 +339,68 @@ def production_backward(ctx: CheckContext) -> CheckResult:
     dev = _DEVICE
     tgt, arch, where = _live.target(ctx, device=dev)
     from fa4verify.judge import statistical as S
-    verdicts, rows, over, stat_rows, wc, pts = [], [], [], [], [], []
     probs = [p for p in _live.problems(ctx, arch, dt) if not (arch == "sm90" and p.head_dim > 192)]
     if not probs:
         ctx.skip("FA4's SM90 backward above hd 192 is xfail upstream; the deployment ships nothing else")
-    with ctx.progress(len(probs), f"production backward on {arch}") as bar:
-        for p in probs:
+    mine = ctx.shard_items(list(enumerate(probs)), key=lambda jp: _problem_key(jp[1]))
+    head = {"arch": arch, "where": where, "cases_total": len(probs)}
+    if ctx.sharded and not mine:
+        from fa4verify.audit.shards import empty_shard
+        return empty_shard(ctx, "case", dict(head, cases=[]))
+    cases = []
+    with ctx.progress(len(mine), f"production backward on {arch}") as bar:
+        for j, p in mine:
             a = p.materialize()
             f = tgt.forward(p, a)
             g = tgt.backward(p, a, f, deterministic=True)
             jf = judge.judge_forward(p, a, f.out, f.lse)
             jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jf)
-            verdicts += list(jb.verdicts)
-            wc += list(jb.verdicts)
             # the sharper and statistical tiers (issue #15): a case fails if any tier fails
             prob = list((jb.prob or {}).values())
             stat = S.tier_on(p, {"dq": g.dq, "dk": g.dk, "dv": g.dv},
                              {"dq": jb.oracle.dq, "dk": jb.oracle.dk, "dv": jb.oracle.dv}, a,
                              alpha_test=S.alpha_per_test(S.DEFAULT_ALPHA, 3 * len(probs)))
-            verdicts += prob + stat
-            stat_rows.append([_live.tag(p)] + [v.to_dict() for v in stat])
-            pts += [(p.seqlen_k, v.name, v.tightness) for v in jb.verdicts]
-            rows.append([_live.tag(p), *(round(v.tightness, 4) for v in jb.verdicts),
-                         *(round(v.tightness, 4) for v in prob),
-                         *(f"{v.radial_diff:+.2e}" for v in stat)])
-            if any(v.status == "fail" for v in list(jb.verdicts) + prob + stat):
-                over.append(f"{_live.tag(p)}: " + "; ".join(v.summary() for v in list(jb.verdicts) + prob + stat
-                                                           if v.status == "fail"))
+            every = list(jb.verdicts) + prob + stat
+            cases.append({
+                "index": j,
+                "statuses": [v.status for v in every],
+                "undecided": [v.reason for v in every if v.status == "undecided"],
+                "wc_tightness": [float(v.tightness) for v in jb.verdicts],
+                "stat_row": [_live.tag(p)] + [v.to_dict() for v in stat],
+                "pts": [(p.seqlen_k, v.name, float(v.tightness)) for v in jb.verdicts],
+                "row": [_live.tag(p), *(round(v.tightness, 4) for v in jb.verdicts),
+                        *(round(v.tightness, 4) for v in prob),
+                        *(f"{v.radial_diff:+.2e}" for v in stat)],
+                "over": (f"{_live.tag(p)}: " + "; ".join(v.summary() for v in every if v.status == "fail")
+                         if any(v.status == "fail" for v in every) else None)})
             bar.advance(1)
-    status = judge.combine(verdicts)
-    worst = max((v.tightness for v in wc), default=0.0)   # the worst-case tier's tightness
-    undec = [v for v in verdicts if v.status == "undecided"]
+    payload = dict(head, cases=cases)
+    out = _backward_summary(ctx, cases, payload)
+    if ctx.sharded:
+        out.details["shard_payload"] = payload
+    return out
+
+
+def _backward_summary(ctx: CheckContext, cases: list, head: dict) -> CheckResult:
+    """The backward check's verdict over ``cases`` (a shard's, or the union of every shard's:
+    each case exactly once, in case order)."""
+    from fa4verify.checks import _live
+    from fa4verify.judge.verdict import worst_status
+    from fa4verify.sharding import merge
+    if not ctx.sharded:   # the merged (or unsharded) result: every case exactly once
+        merge([{c["index"]: 1} for c in cases], expected=range(head["cases_total"]))
+    cases = sorted(cases, key=lambda c: c["index"])
+    arch, where = head["arch"], head["where"]
+    status = worst_status(s for c in cases for s in c["statuses"])
+    wc = [t for c in cases for t in c["wc_tightness"]]
+    worst = max(wc, default=0.0)   # the worst-case tier's tightness
+    over = [c["over"] for c in cases if c["over"]]
+    undec = [r for c in cases for r in c["undecided"]]
+    rows = [c["row"] for c in cases]
+    pts = [tuple(x) for c in cases for x in c["pts"]]
     return CheckResult(status=status, where=where,
                        summary=(f"{len(over)}/{len(rows)} over budget: {over[0]}" if over else
-                                (f"undecided: {undec[0].reason}" if undec else
+                                (f"undecided: {undec[0]}" if undec else
                                  f"{len(rows)} cases on {arch}, dQ/dK/dV within budget, tightness {worst:.3f}")),
                        metrics={"e2e_tightness": worst}, tightness=worst,
                        details={"table": {"columns": ["case", "dQ tightness", "dK tightness", "dV tightness",
@@ -326,7 +408,7 @@ def production_backward(ctx: CheckContext) -> CheckResult:
                                                       "dQ bias vs twin (ulp)", "dK bias vs twin (ulp)",
                                                       "dV bias vs twin (ulp)"],
                                           "rows": rows},
-                                "statistical": stat_rows,
+                                "statistical": [c["stat_row"] for c in cases],
                                 **({"plot": pl} if (pl := _live.tightness_vs_seqlen_plot(
                                     pts, title="backward error vs sequence length", where=where))
                                    else {}),

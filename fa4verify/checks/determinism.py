@@ -33,6 +33,10 @@ _FA4_PLAN = {
 }
 
 
+#: device of determinism.fa4 (tests swap in "cpu" with a CPU backend)
+_FA4_DEVICE = "cuda:0"
+
+
 def _backward_dtype(ctx: CheckContext) -> str:
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"FA4's backward takes bf16/fp16 only (dtype {ctx.dtype})")
@@ -128,38 +132,95 @@ def twin(ctx: CheckContext) -> CheckResult:
         details={"statuses": statuses, "mutation": mutation, "runs": runs})
 
 
+def _fa4_shards(profile: str, workers: int) -> int:
+    """One shard per worker, at most one per configuration; ``full``/``exhaustive`` run their
+    matrix in fresh processes (``spawn_workers``) as one item."""
+    names, _, procs, _ = _FA4_PLAN.get(profile, _FA4_PLAN["default"])
+    return 1 if procs > 1 else max(1, min(int(workers), len(names)))
+
+
+def _fa4_key(c) -> tuple:
+    """The FA4 backward kernel a configuration compiles (configurations sharing one stay on one
+    shard)."""
+    return (c.head_dim, c.hdv, c.causal, tuple(c.window), bool(c.softcap), c.sink, c.varlen,
+            c.nheads != c.nheads_kv, c.dtype)
+
+
+def _fa4_configs(ctx: CheckContext, dt: str):
+    from fa4verify import determinism as d
+    names, runs, procs, ndef = _FA4_PLAN.get(ctx.profile, _FA4_PLAN["default"])
+    cfgs = d.select_configs(list(names))
+    if dt == "fp16":
+        cfgs = tuple(dataclasses.replace(c, dtype="fp16") for c in cfgs)
+    return cfgs, runs, procs, ndef
+
+
 @check("determinism.fa4", title="FA4 deterministic backward: bitwise reproducible, guard bands "
        "intact, default-mode divergence", needs={"cuda", "fa4"},
-       profiles={"quick", "default", "full", "exhaustive"}, cost=50)
+       profiles={"quick", "default", "full", "exhaustive"}, cost=50, shards=_fa4_shards,
+       merge=lambda ctx, parts: _fa4_merge(ctx, parts))
 def fa4(ctx: CheckContext) -> CheckResult:
     from fa4verify import determinism as d
-    from fa4verify.kernels.evidence import evidence_path
     dt = _backward_dtype(ctx)
     try:
         be = d.load_backend("fa4")
     except EnvironmentError as ex:
         ctx.skip(str(ex))
-    names, runs, procs, ndef = _FA4_PLAN.get(ctx.profile, _FA4_PLAN["default"])
-    cfgs = d.select_configs(list(names))
-    if dt == "fp16":
-        cfgs = tuple(dataclasses.replace(c, dtype="fp16") for c in cfgs)
-    dev = "cuda:0"
+    cfgs, runs, procs, ndef = _fa4_configs(ctx, dt)
+    mine = ctx.shard_items(cfgs, key=_fa4_key)
+    dev = _FA4_DEVICE
+    if ctx.sharded and not mine:
+        from fa4verify.audit.shards import empty_shard
+        return empty_shard(ctx, "configuration", {"records": []})
     if procs <= 1:
         recs = []
-        with ctx.progress(len(cfgs), "FA4 deterministic backward") as bar:
-            for c in cfgs:
+        with ctx.progress(len(mine), "FA4 deterministic backward") as bar:
+            for c in mine:
                 recs.append(d.run_config(be, c, dev, runs=runs, default_runs=ndef))
                 bar.advance(1)
         records = [dict(results=recs, arch=be.arch, where=be.where, process_index=0)]
     else:
-        spec = d.worker_spec("fa4", cfgs, [dev], runs=runs, default_runs=ndef)
+        spec = d.worker_spec("fa4", list(mine), [dev], runs=runs, default_runs=ndef)
         with tempfile.TemporaryDirectory(prefix="fa4v-det-") as wd:
             records = d.spawn_workers(spec, procs, wd)
         fatal = [r["fatal"] for r in records if r.get("fatal")]
         if fatal:
             return CheckResult(status="error", summary=f"worker failure: {fatal[0]}")
+    payload = {"records": records, "where": ctx.where_measured(), "environment": be.environment(dev),
+               "configs": [c.name for c in mine]}
+    part = CheckResult(status="pass", details={"shard_payload": payload})
+    if not ctx.sharded:
+        return _fa4_merge(ctx, [part])
+    out = _fa4_summary(ctx, [payload], [c for c in cfgs if c.name in set(payload["configs"])])
+    out.details["shard_payload"] = payload
+    return out
+
+
+def _fa4_merge(ctx: CheckContext, parts: list) -> CheckResult:
+    """The check's result from its shards' records: every configuration of the plan exactly once."""
+    from fa4verify.sharding import merge
+    cfgs, _, _, _ = _fa4_configs(ctx, _backward_dtype(ctx))
+    pays = [p.details["shard_payload"] for p in parts if p.details["shard_payload"].get("records")]
+    merge([{n: 1 for n in p["configs"]} for p in pays], expected=[c.name for c in cfgs])
+    return _fa4_summary(ctx, pays, list(cfgs))
+
+
+def _fa4_summary(ctx: CheckContext, pays: list, cfgs: list) -> CheckResult:
+    from fa4verify import determinism as d
+    from fa4verify.kernels.evidence import evidence_path
+    _, runs, procs, _ = _FA4_PLAN.get(ctx.profile, _FA4_PLAN["default"])
+    records = []
+    for p in pays:
+        for r in p["records"]:
+            if procs <= 1 and records:
+                records[0]["results"].extend(r["results"])   # one process in every shard
+            else:
+                records.append(dict(r, results=list(r["results"])))
+    order = {c.name: j for j, c in enumerate(cfgs)}
+    for r in records:
+        r["results"].sort(key=lambda x: order.get(x.get("name"), len(order)))
     rep = d.aggregate(records, cfgs)
-    where = ctx.where_measured()
+    where = pays[0]["where"]
     counts = rep["counts"]
     failing = [c for c in rep["configs"] if c["status"] in d.FAILING]
     # recorded manifest, compared when this environment is the recorded one
@@ -167,7 +228,7 @@ def fa4(ctx: CheckContext) -> CheckResult:
     ref_path = evidence_path("determinism/h200_manifest.json")
     if ref_path.exists():
         ref = d.load_manifest(str(ref_path))
-        cur = d.build_manifest(rep, be.environment(dev))
+        cur = d.build_manifest(rep, pays[0]["environment"])
         cmp_ = d.compare_manifests(cur, ref)
         mismatches = sum(1 for e in cmp_["entries"] if e["outcome"] == "mismatch")
         manifest_note = f"; recorded manifest: {cmp_['verdict']}"

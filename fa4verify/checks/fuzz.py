@@ -17,7 +17,14 @@
                              head dims replace the palette.
 
 Known FA4 issues (``fa4verify.fuzz.KNOWN_ISSUES``) are counted, not failed; any other violation
-fails the check with the shrunk case and its ``@example`` snippet in the details.
+fails the check with the first violating case (lowest example index) and its ``@example`` snippet
+in the details.
+
+Both campaigns are drawn up front (Note [Drawn campaigns], :mod:`fa4verify.fuzz.drawn`): the seed
+fixes the examples, and the audit runs them as one shard per worker (``@check(shards=)``: the
+shards split the examples by FA4 compile key, so no two compile the same kernel), merged into one
+result equal to the unsharded one. Hypothesis's targeting and shrinking are not used in the audit
+(``fa4verify fuzz`` keeps them).
 """
 from __future__ import annotations
 
@@ -96,17 +103,74 @@ def _dtype(ctx: CheckContext) -> str:
     return ctx.dtype
 
 
+def _per_worker(profile: str, workers: int) -> int:
+    """One shard per worker (in this process: 1)."""
+    return max(1, int(workers))
+
+
+#: a compile key's weight in examples when shards are balanced (one FA4 compile ~ 8 example runs)
+_KEY_COST = 8.0
+
+
+def _drawn_campaign(ctx: CheckContext, *, target: Any, arch: str, dtype: str, n: int, kw: dict,
+                    where: str, label: str, extra: dict | None = None) -> CheckResult:
+    """Note [Drawn campaigns] (fa4verify.fuzz.drawn): the campaign's ``n`` examples are drawn up
+    front from the seed, this shard runs its share (split by compile key), and the result is
+    that of the share; :func:`_merge_campaign` makes the check's one result of the shards'."""
+    from fa4verify.fuzz import drawn
+    problems = drawn.draw_problems(arch=arch, dtype=dtype, examples=n, seed=ctx.seed, profile=_profile(ctx),
+                                   target=target, **kw)
+    mine = ctx.shard_items(range(len(problems)), key=lambda j: drawn.compile_key(problems[j]),
+                           key_cost=_KEY_COST)
+    import hashlib
+    draw = hashlib.sha256("".join(p.digest() for p in problems).encode()).hexdigest()[:16]
+    head = {"expected": len(problems), "arch": arch, "profile": _profile(ctx), "seed": ctx.seed,
+            "where": where, "extra": extra or {}, "draw_digest": draw}
+    if ctx.sharded and not mine:
+        from fa4verify.audit.shards import empty_shard
+        return empty_shard(ctx, "example", dict(head, part={"outcomes": [], "seconds": 0.0, "target": {}}))
+    with ctx.progress(len(mine), label) as bar:
+        part = drawn.run_drawn(problems, mine, target=target, on_example=lambda i, p: bar.advance(1))
+    payload = dict(head, part=part)
+    if not ctx.sharded:
+        return _merge_campaign(ctx, [CheckResult(status="pass", details={"shard_payload": payload})])
+    res = drawn.merge_drawn([part], expected=mine, arch=arch, profile=_profile(ctx), seed=ctx.seed)
+    out = _result(res, where)
+    if res.examples_run == 0 and not res.found:   # this share only: the union decides
+        from fa4verify.audit.shards import empty_shard
+        out = empty_shard(ctx, "example that ran", payload)
+    out.details["shard_payload"] = payload
+    return out
+
+
+def _merge_campaign(ctx: CheckContext, parts: list) -> CheckResult:
+    """The check's result from its shards' example outcomes (every example exactly once)."""
+    from fa4verify.fuzz import drawn
+    pays = [p.details["shard_payload"] for p in parts]
+    h = pays[0]
+    draws = {p["draw_digest"] for p in pays}
+    if len(draws) != 1:   # the shards drew different campaigns: their union is no campaign
+        raise ValueError(f"the shards drew {len(draws)} different example lists (digests {sorted(draws)})")
+    res = drawn.merge_drawn([p["part"] for p in pays], expected=h["expected"], arch=h["arch"],
+                            profile=h["profile"], seed=h["seed"])
+    out = _result(res, h["where"])
+    out.details.update(h["extra"])
+    out.details["examples_drawn"] = h["expected"]
+    out.details["draw_digest"] = h["draw_digest"]
+    out.details["violating_examples"] = int(getattr(res, "violations", 0))
+    out.details["worst_problem"] = res.worst_problem
+    return out
+
+
 @check("fuzz.twin", title="Hypothesis fuzzing of shapes, masks and values on the CPU twin",
-       needs={"cpu"}, profiles={"default", "full", "exhaustive"}, archs={"sm90", "sm100"})
+       needs={"cpu"}, profiles={"default", "full", "exhaustive"}, archs={"sm90", "sm100"},
+       shards=_per_worker, merge=_merge_campaign)
 def twin(ctx: CheckContext) -> CheckResult:
     from fa4verify import fuzz
     dtype = _dtype(ctx)
     n = _TWIN_EXAMPLES[ctx.profile]
-    with ctx.progress(n, f"fuzzing the {ctx.arch} twin") as bar:
-        res = fuzz.run_campaign(target=fuzz.TwinTarget(), arch=ctx.arch, dtype=dtype, examples=n, seed=ctx.seed,
-                                profile=_profile(ctx), on_example=lambda i, p: bar.advance(1),
-                                **_deployment_kw(ctx, {}))
-    return _result(res, "CPU twin")
+    return _drawn_campaign(ctx, target=fuzz.TwinTarget(), arch=ctx.arch, dtype=dtype, n=n,
+                           kw=_deployment_kw(ctx, {}), where="CPU twin", label=f"fuzzing the {ctx.arch} twin")
 
 
 @check("fuzz.mutants", title="fuzzing finds and shrinks planted twin faults", needs={"cpu"},
@@ -142,7 +206,7 @@ def head_dim_palette(arch: str, seed: int, *, max_head_dim: int = 256) -> tuple[
 
 
 @check("fuzz.production", title="Hypothesis fuzzing of production FA4 on the GPU", needs={"cuda", "fa4"},
-       profiles={"default", "full", "exhaustive"}, cost=134)
+       profiles={"default", "full", "exhaustive"}, cost=134, shards=_per_worker, merge=_merge_campaign)
 def production(ctx: CheckContext) -> CheckResult:
     from fa4verify import fuzz
     dtype = _dtype(ctx)
@@ -154,9 +218,6 @@ def production(ctx: CheckContext) -> CheckResult:
     if ctx.profile in ("quick", "default"):
         limits["head_dim_choices"] = head_dim_palette(gpu.arch, ctx.seed)
     kw = _deployment_kw(ctx, limits)
-    with ctx.progress(n, "fuzzing production FA4") as bar:
-        res = fuzz.run_campaign(target=tgt, arch=gpu.arch, dtype=dtype, examples=n, seed=ctx.seed,
-                                profile=_profile(ctx), on_example=lambda i, p: bar.advance(1), **kw)
-    out = _result(res, where)
-    out.details["head_dims_drawn_from"] = list(kw["limits"].get("head_dim_choices", ())) or "all"
-    return out
+    drawn_from = list(kw["limits"].get("head_dim_choices", ())) or "all"
+    return _drawn_campaign(ctx, target=tgt, arch=gpu.arch, dtype=dtype, n=n, kw=kw, where=where,
+                           label="fuzzing production FA4", extra={"head_dims_drawn_from": drawn_from})

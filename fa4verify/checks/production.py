@@ -174,9 +174,39 @@ def figures(ctx: CheckContext) -> CheckResult:
                  "provenance": d.get("provenance"), "where": d.get("where")})
 
 
+def _forward_rule_merge(ctx: CheckContext, parts: list) -> CheckResult:
+    """The rule's result from its shards' rows (non-causal and causal, each exactly once)."""
+    from fa4verify.sharding import merge
+    pays = [p.details["shard_payload"] for p in parts]
+    rows = merge([{r[0]: r for r in p["rows"]} for p in pays], expected=["noncausal", "causal"])
+    head = next(p for p in pays if p["rows"])
+    return _forward_rule_result([rows["noncausal"], rows["causal"]], head["where"],
+                                head["config"])
+
+
+def _forward_rule_result(rows: list, where: str, config: dict) -> CheckResult:
+    metrics: dict = {}
+    worst = 0.0
+    for tag, e_fa, e_pt in rows:
+        metrics[f"fwd_max_abs_err_{tag}"] = e_fa
+        metrics[f"pt_max_abs_err_{tag}"] = e_pt
+        worst = max(worst, e_fa / (2 * e_pt))
+    return CheckResult(
+        status="pass" if worst <= 1 else "fail",
+        where=where,
+        summary=f"max|FA4 - ref64| / (2 max|PyTorch-bf16 - ref64|) = {worst:.2f} ({config.get('arch')} kernels)",
+        metrics=metrics, tightness=worst,
+        details={"table": {"columns": ["mask", "FA4 max|err|", "PyTorch-bf16 max|err|"], "rows": rows},
+                 "config": config})
+
+
 @check("production.forward_rule", title="Production FA4 forward within FA4's own test rule (live)",
-       needs={"cuda", "fa4"}, profiles={"quick", "default", "full", "exhaustive"}, cost=13)
+       needs={"cuda", "fa4"}, profiles={"quick", "default", "full", "exhaustive"}, cost=13,
+       shards=lambda profile, workers: max(1, min(int(workers), 2)), merge=_forward_rule_merge)
 def forward_rule(ctx: CheckContext) -> CheckResult:
+    """FA4's forward, non-causal and causal (2 x seq x 8 x 128), against a float64 reference, within
+    twice the error of PyTorch's bf16 attention (FA4's own test rule). One shard per mask; each
+    mask draws its inputs from its own stream (seed, mask)."""
     import math
     import torch
     from fa4verify.kernels import adapter
@@ -185,9 +215,13 @@ def forward_rule(ctx: CheckContext) -> CheckResult:
         ctx.skip(f"the upstream forward rule runs bf16/fp16 inputs; dtype {ctx.dtype} is not covered")
     dt = torch.bfloat16 if ctx.dtype == "bf16" else torch.float16
     seq = 256 if ctx.profile == "quick" else 1024
-    g = torch.Generator(device="cuda").manual_seed(ctx.seed)
-    rows, worst, metrics = [], 0.0, {}
-    for causal in (False, True):
+    rows, config = [], {}
+    mine = ctx.shard_items((False, True))
+    if ctx.sharded and not mine:
+        from fa4verify.audit.shards import empty_shard
+        return empty_shard(ctx, "mask", {"rows": [], "where": where, "config": {}})
+    for causal in mine:
+        g = torch.Generator(device="cuda").manual_seed(int(ctx.seed) * 2 + int(causal))
         q, k, v = (torch.randn(2, seq, 8, 128, device="cuda", dtype=dt, generator=g) for _ in range(3))
         f = adapter.forward(q, k, v, causal=causal)
         scale = 1 / math.sqrt(128)
@@ -198,18 +232,12 @@ def forward_rule(ctx: CheckContext) -> CheckResult:
         pt = adapter.upstream_reference(q, k, v, causal=causal, upcast=False, reorder_ops=True)
         e_fa = float((f.out.double() - ref).abs().max())
         e_pt = float((pt.double() - ref).abs().max())
-        tag = "causal" if causal else "noncausal"
-        metrics[f"fwd_max_abs_err_{tag}"] = e_fa
-        metrics[f"pt_max_abs_err_{tag}"] = e_pt
-        worst = max(worst, e_fa / (2 * e_pt))
-        rows.append([tag, e_fa, e_pt])
-    return CheckResult(
-        status="pass" if worst <= 1 else "fail",
-        where=where,
-        summary=f"max|FA4 - ref64| / (2 max|PyTorch-bf16 - ref64|) = {worst:.2f} ({f.config.arch} kernels)",
-        metrics=metrics, tightness=worst,
-        details={"table": {"columns": ["mask", "FA4 max|err|", "PyTorch-bf16 max|err|"], "rows": rows},
-                 "config": f.config.to_dict()})
+        rows.append(["causal" if causal else "noncausal", e_fa, e_pt])
+        config = f.config.to_dict()
+    out = _forward_rule_result(rows, where, config)
+    if ctx.sharded:
+        out.details["shard_payload"] = {"rows": rows, "where": where, "config": config}
+    return out
 
 
 def _head_dim_result(rows, where: str, fa4_version, extra_details=None, *, arch: str = "sm90") -> CheckResult:
@@ -294,11 +322,29 @@ def _deployment_rows(ctx: CheckContext, rows: list, name: str) -> list:
     return keep
 
 
+def _hd_shards(profile: str, workers: int) -> int:
+    """One shard per worker, at most one per head dim of the profile (5 in default)."""
+    return max(1, min(int(workers), 5 if profile == "default" else 32))
+
+
+def _head_dims_live_merge(ctx: CheckContext, parts: list) -> CheckResult:
+    """The sweep's verdict from its shards' rows: every head dim exactly once, in sweep order."""
+    from fa4verify.sharding import merge
+    pays = [p.details["shard_payload"] for p in parts]
+    head = next(p for p in pays if p.get("hds") is not None)
+    got = merge([{r["head_dim"]: r for r in p["rows"]} for p in pays], expected=head["hds"])
+    rows = [got[h] for h in head["hds"]]
+    return _head_dim_result(rows, head["where"], head["version"], arch=head["arch"])
+
+
 @check("production.head_dims_live", title="FA4 backward at SM90 head dims, measured live (GPU)",
-       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=31)
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=31, shards=_hd_shards,
+       merge=_head_dims_live_merge)
 def head_dims_live(ctx: CheckContext) -> CheckResult:
     """default: head dims 8, 40, 64, 80, 128 at seqlen 256; full/exhaustive: every multiple of 8
-    in 8..256 (about 3 minutes, one compile per head dim)."""
+    in 8..256 (about 3 minutes, one compile per head dim). Sharded by head dim (one compile
+    each); every head dim draws its inputs from its own stream (seed, head dim), so a shard's rows
+    are those of the unsharded sweep."""
     import torch
 
     from fa4verify import hd_sweep
@@ -314,10 +360,18 @@ def head_dims_live(ctx: CheckContext) -> CheckResult:
     hds = tuple(h for h in hds if facts.head_dims_supported(gpu.arch, h, h))
     if not hds:
         ctx.skip(f"no head dim to sweep on {gpu.arch}")
-    g = torch.Generator(device="cpu").manual_seed(ctx.seed)
+    mine = ctx.shard_items(hds)
+    head = {"hds": list(hds), "where": where, "version": dist_version("flash-attn-4"), "arch": gpu.arch}
+    if ctx.sharded and not mine:
+        from fa4verify.audit.shards import empty_shard
+        return empty_shard(ctx, "head dim", dict(head, rows=[]))
     rows = []
-    with ctx.progress(len(hds), "FA4 backward per head dim") as bar:
-        for hd in hds:
+    with ctx.progress(len(mine), "FA4 backward per head dim") as bar:
+        for hd in mine:
+            g = torch.Generator(device="cpu").manual_seed(int(ctx.seed) * 1009 + int(hd))
             rows.append(hd_sweep.measure(adapter, hd, 256, 256, generator=g))
             bar.advance(1)
-    return _head_dim_result(rows, where, dist_version("flash-attn-4"), arch=gpu.arch)
+    out = _head_dim_result(rows, where, head["version"], arch=gpu.arch)
+    if ctx.sharded:
+        out.details["shard_payload"] = dict(head, rows=rows)
+    return out

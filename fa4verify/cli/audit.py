@@ -68,7 +68,7 @@ def _list(specs, selected, config, console) -> None:
 @click.option("--live/--no-live", "live", default=None,
               help="Live progress display (default: on a TTY only).")
 def command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate,
-            timeout, workers, fresh_workers, kernel_cache, opts, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
+            timeout, workers, check_shards, no_shard, fresh_workers, kernel_cache, opts, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
             regression_rtol, live):
     """Run every audit check, print the verdict, write reports and return the gate's exit code.
 
@@ -93,7 +93,8 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
                               checks_modules=checks_modules, no_default_checks=no_default_checks,
                               isolate=isolate.lower(), timeout=timeout, opts=opts,
                               deployment=deployment, workers=workers,
-                              fresh_workers=fresh_workers, kernel_cache=kernel_cache)
+                              fresh_workers=fresh_workers, kernel_cache=kernel_cache,
+                              check_shards=check_shards, no_shard=no_shard)
         compile_keyword(keyword)
     except (OptionError, KeywordError) as e:
         raise _usage(str(e)) from None

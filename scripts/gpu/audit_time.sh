@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
-# GPU audit wall time per check, before/after the worker pool (benchmarks/gpu_audit_time.py).
-#   bash scripts/gpu/audit_time.sh quick     quick profile: before, cold, warm   (~3 min on the H200)
-#   bash scripts/gpu/audit_time.sh default   default profile: cold, warm + the session-3 recording
+# GPU audit wall time per check, with and without check shards (benchmarks/gpu_audit_time.py).
+#   bash scripts/gpu/audit_time.sh default  cold, warm (sharded) + warm --no-shard; the session-4
+#                                           cold/warm runs (no shards) as the 'before' columns
+#                                           (~2 min on the H200: ~50 + ~20 + ~30 s + starts)
+#   bash scripts/gpu/audit_time.sh quick    cold --no-shard, cold, warm, warm --no-shard
+#                                           (~2.5 min on the H200)
+#   bash scripts/gpu/audit_time.sh all      default then quick (~4.5 min)
+# Run from the repo root; writes $OUT/audit_time_<profile>/ (JSON reports, logs, the table as
+# .txt and .json) and $OUT/audit_time_<profile>.txt (stdout); prints the table.
 set -u
-prof="${1:-default}"
-case "$prof" in
-  quick)   modes="before,cold,warm" ;;
-  default) modes="cold,warm" ;;
-  *) echo "usage: $0 quick|default" >&2; exit 2 ;;
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+s4=docs/results/h200_session4
+one() {
+  local prof="$1" modes rec=() lim
+  case "$prof" in
+    default) modes="cold,warm,warm-noshard"; lim=330
+             rec=(--recorded "s4-cold=$s4/tdefault/audit_time_default/audit_default_cold.json"
+                  --recorded "s4-warm=$s4/tdefault/audit_time_default/audit_default_warm.json") ;;
+    quick)   modes="cold-noshard,cold,warm,warm-noshard"; lim=270
+             rec=(--recorded "s4-cold=$s4/tquick/audit_time_quick/audit_quick_cold.json") ;;
+  esac
+  echo "== audit time, profile $prof (modes $modes) =="
+  timeout "$lim" python3 benchmarks/gpu_audit_time.py --profile "$prof" --modes "$modes" \
+    --timeout 200 --out "$OUT/audit_time_$prof" "${rec[@]}" 2>&1 | tee "$OUT/audit_time_$prof.txt"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || echo "audit_time $prof: exit $rc (124 = the step's time limit)"
+}
+case "${1:-default}" in
+  default|quick) one "$1" ;;
+  all) one default; one quick ;;
+  *) echo "usage: $0 default|quick|all" >&2; exit 2 ;;
 esac
-rec=docs/results/h200_session3/audit_h200_default.json
-extra=()
-[ "$prof" = default ] && extra=(--recorded "$rec")
-timeout 590 python3 benchmarks/gpu_audit_time.py --profile "$prof" --modes "$modes" \
-  --out "$OUT/audit_time_$prof" "${extra[@]}" 2>&1 | tee "$OUT/audit_time_$prof.txt"
