@@ -41,7 +41,20 @@ def test_one_item_per_check_and_skip_reasons(pytester):
 
 def test_fa4_only_deselects_other_tests_and_k_selects_checks(pytester):
     res = _run(pytester, "--fa4verify", "--fa4-only", "-k", "dot")
-    res.assert_outcomes(passed=1, deselected=5)
+    res.assert_outcomes(passed=1, deselected=4)   # the user's test is not even collected
+
+
+def test_fa4_only_imports_no_test_module(pytester):
+    """--fa4-only collects no test file (a smoke run must not pay for importing the suite):
+    a test module that fails at import does not break the run; without --fa4-only it does."""
+    pytester.makepyfile(test_broken="raise RuntimeError('imported although --fa4-only')\n")
+    args = ("-p", "no:cacheprovider", "--fa4-no-default-checks", "--fa4-checks-module", OK,
+            "--fa4verify", "-k", "dot")
+    res = pytester.runpytest(*args, "--fa4-only")
+    res.assert_outcomes(passed=1)
+    assert "imported although" not in res.stdout.str()
+    res = pytester.runpytest(*args)
+    res.assert_outcomes(errors=1)
 
 
 def test_failing_check_fails_the_item_with_its_summary(pytester):
