@@ -177,6 +177,17 @@ def test_a_configuration_missing_on_one_gpu_is_an_error_never_reproducible():
     assert any("SIGABRT" in e for e in s["errors"])
 
 
+def test_a_configuration_the_time_budget_cut_on_one_gpu_leaves_the_claim_undecided():
+    full = {"c1": {"dq": "a"}, "c2": {"dq": "c"}}
+    cut = _rec(1, 0, {"c1": {"dq": "a"}})
+    cut["results"].append({"config": "c2", "name": "c2", "device": "fake:1", "status": "not-run",
+                           "reason": "time budget exhausted before this configuration"})
+    rep, s = _cross([_rec(0, 0, full), cut], 2)
+    assert s["status"] == "undecided" and s["configs_compared"] == 1
+    assert [c["status"] for c in rep["configs"]] == ["reproducible", "not-run"]
+    assert "not run on GPU 1 (Fake GPU 1, GPU-fake-1) process 0" in rep["configs"][1]["reason"]
+
+
 def test_one_gpu_judges_reproducibility_but_leaves_the_cross_gpu_claim_not_tested():
     rep, s = _cross([_rec(0, 0, {"c1": {"dq": "a"}, "c2": {"dq": "c"}})], 1)
     assert s["status"] == "not-tested"

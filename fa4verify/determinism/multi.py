@@ -17,7 +17,9 @@ saw them, so :func:`fa4verify.determinism.aggregate` compares runs, processes *a
   others ran (such a configuration is never ``reproducible``: its status becomes ``error``);
 * ``not-tested``: one GPU only ("1 GPU: cross-GPU agreement not tested"); the per-GPU
   reproducibility is still judged, the cross-GPU claim is not;
-* ``undecided``: nothing could be compared (every configuration unsupported or not run);
+* ``undecided``: nothing could be compared (every configuration unsupported or not run), or a
+  configuration was not run on every GPU because ``--time-budget`` ran out (that configuration
+  is ``not-run``, never ``reproducible``);
 * ``pass``: at least two GPUs, every process on every GPU finished, and every configuration
   that ran gave one digest per tensor across GPUs, processes and runs.
 """
@@ -162,11 +164,13 @@ def cross_gpu(report: dict, records: Sequence[Mapping[str, Any]], gpus: Sequence
     died = [r["fatal"] for r in records if r.get("fatal")]
     mismatches: list[str] = []
     errors: list[str] = list(died)
+    not_run: list[str] = []
     compared = 0
     for c in report["configs"]:
         got = by_cfg.get(c["key"], {})
         done = {k for k, x in got.items() if x["status"] in ("ok", "unsupported")}
-        missing = sorted(expected - done)
+        skipped = sorted(k for k, x in got.items() if x["status"] == "not-run")
+        missing = sorted(expected - done - set(skipped))
         per: dict[int, set] = {}
         for (gi, _p), x in got.items():
             if x["status"] == "ok":
@@ -189,6 +193,14 @@ def cross_gpu(report: dict, records: Sequence[Mapping[str, Any]], gpus: Sequence
             status = "error"
             if c["status"] in _PASSING or c["status"] == "not-run":
                 c["status"] = "error"
+                c["reason"] = msg
+        elif skipped and c["status"] not in ("unsupported",):
+            why = "; ".join(f"{ident[gi].label()} process {p}" for gi, p in skipped[:4])
+            msg = f"{c['name']}: not run on {why} (--time-budget ran out)"
+            not_run.append(msg)
+            status = "undecided"
+            if c["status"] in _PASSING:
+                c["status"] = "not-run"
                 c["reason"] = msg
         if len(set(agreed.values())) > 1:
             ref = min(agreed)
@@ -222,12 +234,17 @@ def cross_gpu(report: dict, records: Sequence[Mapping[str, Any]], gpus: Sequence
     elif compared == 0:
         st = "undecided"
         ev.append(f"{len(gpus)} GPUs: no configuration ran on every GPU, nothing compared")
+    elif not_run:
+        st = "undecided"
+        ev.append(f"{len(gpus)} GPUs: {compared} configuration(s) bitwise identical across GPUs, "
+                  f"{len(not_run)} not run on every GPU (time budget): the claim is not decided")
     else:
         st = "pass"
         ev.append(f"{len(gpus)} GPUs ({', '.join(names)}): {compared} configuration(s) bitwise "
                   f"identical across GPUs, {processes} process(es) per GPU and every run")
     if errors:
         ev += [f"error: {e}" for e in errors[:10]]
+    ev += [f"not run: {m}" for m in not_run[:10]]
     if len(gpus) == 1 and st != "not-tested":
         ev.append("1 GPU: cross-GPU agreement not tested")
     for g in gpus:
@@ -235,7 +252,7 @@ def cross_gpu(report: dict, records: Sequence[Mapping[str, Any]], gpus: Sequence
         ev.append(f"GPU {gg.index}: {gg.name} {gg.uuid}")
     return {"status": st, "evidence": ev, "gpus": [ident[g.index].to_json() for g in gpus],
             "processes_per_gpu": processes, "mismatches": mismatches, "errors": errors,
-            "configs_compared": compared}
+            "not_run": not_run, "configs_compared": compared}
 
 
 def manifest_extra(report: Mapping[str, Any], summary: Mapping[str, Any],
