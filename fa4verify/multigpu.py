@@ -138,18 +138,32 @@ def fake_set(var: str, env: Mapping[str, str] = os.environ) -> set[int]:
         raise ValueError(f"{var}={v!r}: expected comma-separated GPU indices") from None
 
 
+def _torch_count() -> int:
+    """torch's CUDA device count (NVML-based where it can be: no CUDA context), 0 without torch."""
+    try:
+        import torch
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no torch / broken CUDA: no GPUs
+        return 0
+
+
 def visible_gpus(env: Mapping[str, str] = os.environ,
-                 query: Callable[[], Sequence[tuple[str, str, str]]] = query_gpus) -> list[Gpu]:
+                 query: Callable[[], Sequence[tuple[str, str, str]]] = query_gpus,
+                 count: Callable[[], int] | None = _torch_count) -> list[Gpu]:
     """The GPUs this process may hand to children, numbered as CUDA numbers them here: the
     entries of ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs, in that order) when set, else every GPU
     ``nvidia-smi`` lists. ``CUDA_VISIBLE_DEVICES=""`` (or ``-1``) means none. An entry
-    ``nvidia-smi`` does not know keeps its text as ``visible`` (name "unknown")."""
+    ``nvidia-smi`` does not know keeps its text as ``visible`` (name "unknown"). Without
+    ``nvidia-smi``, ``count()`` (torch's device count) gives indices without names; each pinned
+    child then records its GPU's name and UUID from torch."""
     n = _fake_count(env)
     if n is not None:
         return [Gpu(i, str(i), f"Fake GPU {i}", f"GPU-fake-{i:08d}", True) for i in range(n)]
     phys = list(query())
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
+        if not phys and count is not None:
+            return [Gpu(i, str(i)) for i in range(count())]   # no nvidia-smi: indices only
         return [Gpu(i, uuid or idx, name, uuid) for i, (idx, name, uuid) in enumerate(phys)]
     out: list[Gpu] = []
     for tok in [t.strip() for t in cvd.split(",")]:

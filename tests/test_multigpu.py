@@ -76,7 +76,12 @@ def test_select_gpus_refuses_bad_specs_in_one_line(spec, needle):
 
 def test_no_gpu_visible_says_so_and_names_the_test_mode():
     with pytest.raises(ValueError, match="no GPU visible.*FA4VERIFY_FAKE_GPUS"):
-        mg.select_gpus("all", mg.visible_gpus({}, query=lambda: []))
+        mg.select_gpus("all", mg.visible_gpus({}, query=lambda: [], count=lambda: 0))
+
+
+def test_without_nvidia_smi_torchs_device_count_gives_indices():
+    gs = mg.visible_gpus({}, query=lambda: [], count=lambda: 2)
+    assert [(g.index, g.visible, g.name) for g in gs] == [(0, "0", "unknown"), (1, "1", "unknown")]
 
 
 def test_pinning_refuses_when_cuda_is_already_initialised(monkeypatch):
@@ -346,3 +351,19 @@ def test_audit_gpus_usage_errors(monkeypatch):
     assert r.exit_code == 2 and "--device is cpu" in r.output and "Traceback" not in r.output
     r = _audit(AUDIT + ["--gpus", "4"], monkeypatch, FA4VERIFY_FAKE_GPUS="2")
     assert r.exit_code == 2 and "asks for 4" in r.output
+
+
+def test_a_child_whose_cuda_device_is_not_its_gpu_reports_a_pin_mismatch(monkeypatch):
+    from fa4verify.determinism.multi import _gpu_identity
+
+    props = types.SimpleNamespace(name="NVIDIA H200", uuid="bbbb1111-1111", major=9, minor=0)
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        is_available=lambda: True, get_device_properties=lambda i: props))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    ok = _gpu_identity(Gpu(1, "GPU-bbbb1111-1111", "NVIDIA H200", "GPU-bbbb1111-1111"))
+    assert "pin_mismatch" not in ok and ok["torch_uuid"] == "GPU-bbbb1111-1111"
+    bad = _gpu_identity(Gpu(0, "GPU-aaaa0000-0000", "NVIDIA H200", "GPU-aaaa0000-0000"))
+    assert bad["pin_mismatch"] == ("pinned to GPU-aaaa0000-0000 (CUDA_VISIBLE_DEVICES="
+                                   "GPU-aaaa0000-0000) but CUDA device 0 is GPU-bbbb1111-1111")
+    unknown = _gpu_identity(Gpu(2, "2"))
+    assert unknown["uuid"] == "GPU-bbbb1111-1111" and "pin_mismatch" not in unknown

@@ -57,7 +57,13 @@ def _gpu_identity(gpu: Gpu) -> dict[str, Any]:
             d["name"] = props.name
             u = str(getattr(props, "uuid", "") or "")
             if u:
-                d["uuid"] = u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}"
+                u = u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}"
+                d["torch_uuid"] = u
+                if gpu.uuid == "unknown":
+                    d["uuid"] = u
+                elif u != gpu.uuid:   # the pinning did not take: CUDA device 0 is another GPU
+                    d["pin_mismatch"] = (f"pinned to {gpu.uuid} (CUDA_VISIBLE_DEVICES="
+                                         f"{gpu.visible}) but CUDA device 0 is {u}")
             d["compute_capability"] = f"{props.major}.{props.minor}"
     except Exception as ex:  # noqa: BLE001 - identity is informative; the record says why
         d["identity_error"] = f"{type(ex).__name__}: {ex}"[:200]
@@ -125,7 +131,11 @@ def run_on_gpus(spec: Mapping[str, Any], gpus: Sequence[Gpu], processes: int, wo
             rec["environment"] = {lab: dict(envs[0], gpu_uuid=ident.get("uuid", "unknown"))
                                   if envs else {}}
         who = f"{Gpu.from_json(rec['gpu']).label()} process {p}"
-        if rec.get("fatal"):
+        if ident.get("pin_mismatch"):
+            rec["fatal"] = f"{who}: {ident['pin_mismatch']}"
+            rec["fatal_kind"] = "pin"
+            rec["results"] = []      # its results belong to another GPU: not counted
+        elif rec.get("fatal"):
             rec["fatal"] = f"{who}: {rec['fatal']}"
         elif not oc.ok:
             rec["fatal"] = f"{who} {oc.error}"
