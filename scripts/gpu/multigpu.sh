@@ -17,7 +17,7 @@
 # Outputs in $OUT: gpu.txt, smoke.log, smoke_junit.xml, determinism.log, det_report.json,
 # det_manifest.json, [audit.log, audit.json, audit_junit.xml], multigpu_summary.json.
 # Knobs (CPU test: tests/test_multigpu_script.py): MG_BACKEND (fa4), MG_CONFIGS (h200), MG_RUNS (5),
-# MG_PROCS (1 per GPU), MG_DET_BUDGET (80 s), MG_DET_TIMEOUT (100 s), MG_SMOKE_TIMEOUT (45 s),
+# MG_PROCS (1 per GPU), MG_DET_BUDGET (80 s; empty: none), MG_DET_TIMEOUT (100 s), MG_SMOKE_TIMEOUT (45 s),
 # MG_SMOKE_K, MG_DEVICE (cuda), MG_AUDIT_K (all quick checks), MG_AUDIT_TIMEOUT (240 s).
 set -u
 cd "$(dirname "$0")/../.."
@@ -57,11 +57,12 @@ smoke_rc=$?
 smoke_s=$(sec $(( $(ms) - t )))
 echo "smoke rc=$smoke_rc wall=${smoke_s}s"; tail -3 "$OUT/smoke.log"
 
-# 2. determinism across every GPU
+# 2. determinism across every GPU (MG_DET_BUDGET= empty: no time budget)
+budget=(); [ -n "${MG_DET_BUDGET-80}" ] && budget=(--time-budget "${MG_DET_BUDGET-80}")
 t=$(ms)
 timeout "${MG_DET_TIMEOUT:-100}" "$PY" -m fa4verify determinism --gpus all --processes "$PROCS" \
   --runs "$RUNS" --no-default-mode --configs "$CONFIGS" --backend "$BACKEND" \
-  --time-budget "${MG_DET_BUDGET:-80}" --manifest "$OUT/det_manifest.json" \
+  ${budget[@]+"${budget[@]}"} --manifest "$OUT/det_manifest.json" \
   --json "$OUT/det_report.json" > "$OUT/determinism.log" 2>&1
 det_rc=$?
 det_s=$(sec $(( $(ms) - t )))
