@@ -10,14 +10,15 @@
 #    with GPU names/UUIDs. One GPU: "1 GPU: cross-GPU agreement not tested".
 # 3. only with >= 2 GPUs: fa4verify audit --gpus all --profile quick (checks spread over the GPUs,
 #    one merged report).
-# Expected wall time on the H200 (1 GPU): smoke ~25 s + determinism ~95 s (16 configurations, ~26
-# cold FA4 compiles at ~3.3 s in one process; --time-budget cuts it at 80 s: later configurations
-# are reported not-run, never reproducible) = ~110-125 s; hard caps 45 + 100 s. On an 8-GPU node
-# the same (the processes run side by side) plus step 3 (~60 s, cap 240 s).
+# Expected wall time on the H200 (1 GPU): smoke ~35 s (xdist start, one worker process, two FA4
+# items compiled cold, two recorded/CPU items; cap 50 s) + determinism ~80 s (16 configurations
+# need ~26 cold FA4 compiles at ~3.3 s in one process, ~95 s: --time-budget 60 s per worker cuts
+# the tail, reported "not-run", never reproducible; cap 85 s) = ~115 s, worst case 135 s.
+# On an 8-GPU node: about the same (the GPU processes run side by side) plus step 3 (cap 240 s).
 # Outputs in $OUT: gpu.txt, smoke.log, smoke_junit.xml, determinism.log, det_report.json,
 # det_manifest.json, [audit.log, audit.json, audit_junit.xml], multigpu_summary.json.
 # Knobs (CPU test: tests/test_multigpu_script.py): MG_BACKEND (fa4), MG_CONFIGS (h200), MG_RUNS (5),
-# MG_PROCS (1 per GPU), MG_DET_BUDGET (80 s; empty: none), MG_DET_TIMEOUT (100 s), MG_SMOKE_TIMEOUT (45 s),
+# MG_PROCS (1 per GPU), MG_DET_BUDGET (60 s; empty: none), MG_DET_TIMEOUT (85 s), MG_SMOKE_TIMEOUT (50 s),
 # MG_SMOKE_K, MG_DEVICE (cuda), MG_AUDIT_K (all quick checks), MG_AUDIT_TIMEOUT (240 s).
 set -u
 cd "$(dirname "$0")/../.."
@@ -50,7 +51,7 @@ t0=$(ms)
 
 # 1. the pinned xdist smoke run
 t=$(ms)
-FA4VERIFY_NGPUS=$NGPU timeout "${MG_SMOKE_TIMEOUT:-45}" "$PY" -m pytest -q -p no:cacheprovider \
+FA4VERIFY_NGPUS=$NGPU timeout "${MG_SMOKE_TIMEOUT:-50}" "$PY" -m pytest -q -p no:cacheprovider \
   -p fa4verify -n "$NGPU" --fa4verify=quick --fa4-only --fa4-device "$DEVICE" -k "$SMOKE_K" \
   --junitxml "$OUT/smoke_junit.xml" > "$OUT/smoke.log" 2>&1
 smoke_rc=$?
@@ -58,9 +59,9 @@ smoke_s=$(sec $(( $(ms) - t )))
 echo "smoke rc=$smoke_rc wall=${smoke_s}s"; tail -3 "$OUT/smoke.log"
 
 # 2. determinism across every GPU (MG_DET_BUDGET= empty: no time budget)
-budget=(); [ -n "${MG_DET_BUDGET-80}" ] && budget=(--time-budget "${MG_DET_BUDGET-80}")
+budget=(); [ -n "${MG_DET_BUDGET-60}" ] && budget=(--time-budget "${MG_DET_BUDGET-60}")
 t=$(ms)
-timeout "${MG_DET_TIMEOUT:-100}" "$PY" -m fa4verify determinism --gpus all --processes "$PROCS" \
+timeout "${MG_DET_TIMEOUT:-85}" "$PY" -m fa4verify determinism --gpus all --processes "$PROCS" \
   --runs "$RUNS" --no-default-mode --configs "$CONFIGS" --backend "$BACKEND" \
   ${budget[@]+"${budget[@]}"} --manifest "$OUT/det_manifest.json" \
   --json "$OUT/det_report.json" > "$OUT/determinism.log" 2>&1
