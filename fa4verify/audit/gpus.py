@@ -1,8 +1,7 @@
 """The audit sharded over a node's GPUs: ``fa4verify audit --gpus all|N|I,J``.
 
-The selected check instances (after profile, ``-k`` and arch expansion: a fuzz campaign split
-into work items ``name[i/k]`` by ``@check(shards=)`` is several instances, so its shards spread
-over the GPUs too) are assigned to the GPUs by :func:`assign`, longest first (``@check(cost=)``,
+The selected check instances (after profile, ``-k`` and arch expansion) are assigned to the GPUs
+by :func:`assign`, longest first (``@check(cost=)``,
 ties in selection order), each to the GPU with the least assigned cost so far: deterministic, so
 a rerun puts every check on the same GPU. One process per GPU is started through
 :func:`fa4verify.multigpu.run_per_gpu` (torch.multiprocessing spawn, pinned through
@@ -16,6 +15,13 @@ the note ``ran on GPU i (<name>, <uuid>)``. A check whose GPU process died befor
 that check's ``error`` ("GPU 1 (...) process died before this check finished: killed by
 SIGSEGV"), never a pass and never silently missing. ``environments`` holds one environment per
 GPU process.
+
+Possible issues
+---------------
+* A check split into shards inside the runner (``@check(shards=)``) runs on one GPU, its shards
+  over that GPU process's worker pool; spreading one check's shards over GPUs needs ``(check,
+  shard)`` units here and the shard merge in the parent (``docs/multigpu.md``).
+* Records reach the parent when a GPU process ends, so the terminal shows them all at the end.
 """
 from __future__ import annotations
 
