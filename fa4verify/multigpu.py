@@ -264,19 +264,19 @@ def _child_main(rank: int, target: str, payloads: list, gpus: list) -> None:
     fn(payloads[rank])
 
 
-def run_per_gpu(target: str, payloads: Sequence[Mapping[str, Any]], gpus: Sequence[Gpu], *,
+def run_per_gpu(target: str, payloads: Sequence[Any], gpus: Sequence[Gpu], *,
                 timeout_s: float | None = None) -> list[Outcome]:
     """Start one spawned process per payload (child ``i`` pinned to ``gpus[i]``, which may repeat
     a GPU for several processes on it), all at once, and wait for each. ``target`` is
-    ``"module:function"``, called as ``function(payload)`` in the child after pinning; it
-    reports through files it writes (named in the payload). Never raises for a child's failure:
+    ``"module:function"``, called as ``function(payload)`` in the child after pinning (a payload
+    is anything picklable); it reports through files it writes (named in the payload). Never raises for a child's failure:
     it is in that child's :class:`Outcome`."""
     if len(payloads) != len(gpus):
         raise ValueError(f"{len(payloads)} payloads for {len(gpus)} GPU slots")
     import torch.multiprocessing as tmp
 
     t0 = time.monotonic()
-    ctx = tmp.start_processes(_child_main, args=(target, [dict(p) for p in payloads],
+    ctx = tmp.start_processes(_child_main, args=(target, list(payloads),
                                                  [g.to_json() for g in gpus]),
                               nprocs=len(payloads), join=False, start_method="spawn")
     deadline = None if not timeout_s else t0 + float(timeout_s)

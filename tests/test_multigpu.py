@@ -367,3 +367,19 @@ def test_a_child_whose_cuda_device_is_not_its_gpu_reports_a_pin_mismatch(monkeyp
                                    "GPU-aaaa0000-0000) but CUDA device 0 is GPU-bbbb1111-1111")
     unknown = _gpu_identity(Gpu(2, "2"))
     assert unknown["uuid"] == "GPU-bbbb1111-1111" and "pin_mismatch" not in unknown
+
+
+@pytest.mark.slow   # spawns four processes
+def test_the_engine_names_how_each_gpu_process_ended():
+    pytest.importorskip("torch")
+    gpus = [Gpu(0, "0", "Fake GPU 0", "GPU-fake-0", True), Gpu(1, "1", "Fake GPU 1", "GPU-fake-1", True)]
+    # signal.raise_signal(9) is killed by SIGKILL; raise_signal(-1) raises (out of range)
+    o = mg.run_per_gpu("signal:raise_signal", [9, -1], gpus)
+    assert o[0].exitcode == -9 and o[0].error == "killed by SIGKILL (exit -9)" and not o[0].ok
+    assert o[1].exitcode == 1 and o[1].error.startswith("raised ") and "Error" in o[1].error
+    assert o[1].gpu.label() == "GPU 1 (Fake GPU 1, GPU-fake-1)"
+    # time.sleep(0) ends well; time.sleep(600) is killed at the timeout (which includes the
+    # start-up: torch imports in each child, seconds on a loaded box)
+    o = mg.run_per_gpu("time:sleep", [0, 600], gpus, timeout_s=40)
+    assert o[0].ok and o[0].exitcode == 0 and o[0].error is None
+    assert o[1].exitcode is None and o[1].error == "timed out after 40 s (killed)" and not o[1].ok
