@@ -45,6 +45,17 @@ def device_label(gpu: Gpu) -> str:
     return f"{'fake' if gpu.fake else 'cuda'}:{gpu.index}"
 
 
+def _same_gpu(a: str, b: str) -> bool | None:
+    """Whether two ``GPU-<uuid>`` strings name the same GPU (case and dashes ignored); None when
+    they cannot be compared (a MIG instance, an unknown form)."""
+    if not (a.upper().startswith("GPU-") and b.upper().startswith("GPU-")):
+        return None
+    norm = [x[4:].replace("-", "").lower() for x in (a, b)]
+    if not all(len(x) == 32 and all(c in "0123456789abcdef" for c in x) for x in norm):
+        return None
+    return norm[0] == norm[1]
+
+
 def _gpu_identity(gpu: Gpu) -> dict[str, Any]:
     """The GPU as this (pinned) child sees it: torch's name and UUID on a real GPU."""
     d = gpu.to_json()
@@ -61,7 +72,7 @@ def _gpu_identity(gpu: Gpu) -> dict[str, Any]:
                 d["torch_uuid"] = u
                 if gpu.uuid == "unknown":
                     d["uuid"] = u
-                elif u != gpu.uuid:   # the pinning did not take: CUDA device 0 is another GPU
+                elif _same_gpu(u, gpu.uuid) is False:   # the pinning did not take
                     d["pin_mismatch"] = (f"pinned to {gpu.uuid} (CUDA_VISIBLE_DEVICES="
                                          f"{gpu.visible}) but CUDA device 0 is {u}")
             d["compute_capability"] = f"{props.major}.{props.minor}"
