@@ -5,6 +5,14 @@
     pytest --fa4verify -k exp2          # pytest's own -k selects check ids
     pytest --fa4verify -n 8 --fa4-only  # one GPU per xdist worker (fa4verify.sharding)
 
+Fast runs (``--fa4-only``, e.g. the one-worker xdist smoke run on a GPU): no test module is
+imported (:func:`pytest_ignore_collect`; collecting the test suite only to deselect it costs
+seconds per xdist worker), and every item of one pytest process shares one worker pool
+(:func:`_session_pool`: one worker process per pytest process instead of one per item, so torch,
+the CUDA context and FA4's in-memory compiled kernels are paid once) and FA4's on-disk kernel
+cache (``--fa4-kernel-cache``, default ``.fa4verify-cache/fa4-kernels``, shared by the xdist
+workers).
+
 One item per check instance (``fa4verify-audit::<check id>``); a skipped check becomes a pytest
 skip with its reason, ``fail``/``undecided``/``error`` a test failure whose message is the
 check's summary (no traceback).  The ``--fa4-*`` options are the CLI's audit options
@@ -90,6 +98,33 @@ def pytest_configure(config: Any) -> None:
 
 _CONFIG_KEY: "pytest.StashKey[Any]" = pytest.StashKey()
 _RECORDS_KEY: "pytest.StashKey[list[Any]]" = pytest.StashKey()
+_POOL_KEY: "pytest.StashKey[Any]" = pytest.StashKey()
+
+
+def pytest_ignore_collect(collection_path: Any, config: Any) -> bool | None:
+    """With ``--fa4verify --fa4-only`` nothing but the audit items runs: import no test module."""
+    if _CONFIG_KEY in config.stash and config.getoption("fa4_only", default=False):
+        return True
+    return None
+
+
+def _session_pool(config: Any, audit_config: Any) -> Any:
+    """This pytest process's worker pool for isolated checks (created on first use, closed at
+    ``pytest_unconfigure``)."""
+    pool = config.stash.get(_POOL_KEY, None)
+    if pool is None:
+        from fa4verify.audit.pool import WorkerPool
+        pool = WorkerPool(audit_config.workers, timeout=audit_config.timeout,
+                          fresh=audit_config.fresh_workers, kernel_cache=audit_config.kernel_cache)
+        config.stash[_POOL_KEY] = pool
+    return pool
+
+
+def pytest_unconfigure(config: Any) -> None:
+    pool = config.stash.get(_POOL_KEY, None)
+    if pool is not None:
+        del config.stash[_POOL_KEY]
+        pool.close()
 
 
 class AuditCheckFailure(Exception):
@@ -131,7 +166,8 @@ class AuditItem(pytest.Item):
     def runtest(self) -> None:
         from fa4verify.audit.runner import run_audit
 
-        run = run_audit(self.audit_config, selected=[self.sel], specs=[self.sel.spec])
+        run = run_audit(self.audit_config, selected=[self.sel], specs=[self.sel.spec],
+                        pool=_session_pool(self.config, self.audit_config))
         rec = run.records[0]
         self.config.stash.get(_RECORDS_KEY, []).append(rec)
         r = rec.result

@@ -41,7 +41,20 @@ def test_one_item_per_check_and_skip_reasons(pytester):
 
 def test_fa4_only_deselects_other_tests_and_k_selects_checks(pytester):
     res = _run(pytester, "--fa4verify", "--fa4-only", "-k", "dot")
-    res.assert_outcomes(passed=1, deselected=5)
+    res.assert_outcomes(passed=1, deselected=4)   # the user's test is not even collected
+
+
+def test_fa4_only_imports_no_test_module(pytester):
+    """--fa4-only collects no test file (a smoke run must not pay for importing the suite):
+    a test module that fails at import does not break the run; without --fa4-only it does."""
+    pytester.makepyfile(test_broken="raise RuntimeError('imported although --fa4-only')\n")
+    args = ("-p", "no:cacheprovider", "--fa4-no-default-checks", "--fa4-checks-module", OK,
+            "--fa4verify", "-k", "dot")
+    res = pytester.runpytest(*args, "--fa4-only")
+    res.assert_outcomes(passed=1)
+    assert "imported although" not in res.stdout.str()
+    res = pytester.runpytest(*args)
+    res.assert_outcomes(errors=1)
 
 
 def test_failing_check_fails_the_item_with_its_summary(pytester):
@@ -93,3 +106,21 @@ def test_json_and_html_reports_from_a_pytest_session(pytester, tmp_path):
 def test_unwritable_report_path_is_a_usage_error(pytester, tmp_path):
     res = _run(pytester, "--fa4verify", "--fa4-json", str(tmp_path / "missing" / "a.json"))
     assert res.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_items_of_one_pytest_process_share_one_worker_process(pytester, tmp_path):
+    """Isolated checks of consecutive items run in the same worker process (one pool per pytest
+    process), not one fresh worker per item: imports, CUDA context and compiled kernels are paid
+    once per xdist worker."""
+    import xml.etree.ElementTree as ET
+
+    pool = os.path.join(FIX, "audit_checks_pool.py")
+    xml = tmp_path / "j.xml"
+    res = pytester.runpytest("-p", "no:cacheprovider", "--fa4-no-default-checks",
+                             "--fa4-checks-module", pool, "--fa4verify", "--fa4-only",
+                             "--fa4-isolate", "always", "--fa4-workers", "1", "-k", "pid",
+                             f"--junitxml={xml}")
+    res.assert_outcomes(passed=2)
+    pids = [p.get("value") for p in ET.parse(xml).getroot().iter("property")
+            if p.get("name") == "fa4verify.metric.pid"]
+    assert len(pids) == 2 and pids[0] == pids[1] and int(pids[0]) != os.getpid()

@@ -236,8 +236,12 @@ def _context(config: AuditConfig, sel: Selected) -> CheckContext:
 
 def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
               reporter: Reporter | None = None,
-              selected: Sequence[Selected] | None = None) -> AuditRun:
-    """Discover (unless ``specs``/``selected`` are given), select and run the checks."""
+              selected: Sequence[Selected] | None = None, pool: Any = None) -> AuditRun:
+    """Discover (unless ``specs``/``selected`` are given), select and run the checks.
+
+    ``pool``: a :class:`~fa4verify.audit.pool.WorkerPool` owned by the caller, used for the
+    isolated checks instead of a new one and left open (the pytest plugin passes one per pytest
+    process, so consecutive items share a worker, its imports and FA4's in-memory kernels)."""
     from fa4verify.audit.pool import WorkerPool
 
     started = time.time()
@@ -307,13 +311,15 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
         rec.duration_s = t1 - t0
         return rec
 
-    pool = executor = None
+    own_pool = pool is None
+    executor = None
     futures: dict[concurrent.futures.Future, tuple[int, int]] = {}
     if isolated:
         jobs = [(i, s) for i in isolated for s in range(shards[i])]
-        n = max(1, min(config.workers, len(jobs)))
-        pool = WorkerPool(n, timeout=config.timeout, fresh=config.fresh_workers,
-                          kernel_cache=config.kernel_cache)
+        n = max(1, min(config.workers if own_pool else pool.size, len(jobs)))
+        if own_pool:
+            pool = WorkerPool(n, timeout=config.timeout, fresh=config.fresh_workers,
+                              kernel_cache=config.kernel_cache)
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=n,
                                                          thread_name_prefix="fa4verify-worker")
 
@@ -380,7 +386,7 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
     finally:
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
-        if pool is not None:
+        if pool is not None and own_pool:
             pool.close()
     for i in parts:       # an interrupted audit: a sharded check with missing shards is an error
         if i not in records:

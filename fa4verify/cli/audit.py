@@ -67,9 +67,14 @@ def _list(specs, selected, config, console) -> None:
               help="Relative growth of a metric tolerated before it counts as a regression.")
 @click.option("--live/--no-live", "live", default=None,
               help="Live progress display (default: on a TTY only).")
+@click.option("--gpus", "gpus", default=None, metavar="all|N|I,J",
+              help="Spread the checks over a node's GPUs: one process per GPU, pinned before CUDA "
+                   "starts (torch.multiprocessing spawn), longest checks first; ONE merged report "
+                   "with the verdicts of a one-GPU audit. 'all', a count N, or indices 'I,J' "
+                   "('I,' for one). Excludes --shard. CPU test mode: FA4VERIFY_FAKE_GPUS=N.")
 def command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate,
             timeout, workers, check_shards, no_shard, fresh_workers, kernel_cache, opts, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
-            regression_rtol, live):
+            regression_rtol, live, gpus):
     """Run every audit check, print the verdict, write reports and return the gate's exit code.
 
     \b
@@ -98,6 +103,7 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         compile_keyword(keyword)
     except (OptionError, KeywordError) as e:
         raise _usage(str(e)) from None
+    gpu_sel = _select_gpus(gpus, shard, config.device) if gpus is not None else None
     inputs = [("--baseline", baseline_path)]
     inputs += [("--checks-module", m) for m in config.checks_modules if m.endswith(".py")]
     from fa4verify.audit.atomic import InputPathError, check_readable
@@ -145,7 +151,15 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     from fa4verify.audit.runner import exit_code_for, run_audit
 
     reporter = TerminalReporter(console, live=live)
-    run = run_audit(config, specs=specs, selected=selected, reporter=reporter)
+    envs = None
+    if gpu_sel is None:
+        run = run_audit(config, specs=specs, selected=selected, reporter=reporter)
+    else:
+        from fa4verify.audit.gpus import run_audit_on_gpus
+        click.echo(f"fa4verify audit: {len(selected)} check(s) over {len(gpu_sel)} GPU "
+                   f"process(es): " + ", ".join(g.label() for g in gpu_sel), err=True)
+        run, envs = run_audit_on_gpus(config, gpu_sel, specs=specs, selected=selected,
+                                      reporter=reporter)
     results = [r.to_dict() for r in run.records]
     bl = None
     if baseline is not None:
@@ -154,8 +168,10 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     code = exit_code_for(run.records, regressions=len(bl["regressions"]) if bl else 0)
     report = build_report(config=config.to_dict(), environment=environment.collect(config.device),
                           results=results, exit_code=code, duration_s=time.time() - t_start,
-                          command=_command_line(), baseline=bl)
+                          command=_command_line(), baseline=bl, environments=envs)
     report["summary"]["discovered"] = run.discovered
+    if gpu_sel is not None:
+        report["gpus"] = [g.to_json() for g in gpu_sel]
     if budget_file is not None:
         report["config"]["budget_file"] = budget_file
     try:
@@ -169,6 +185,24 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         if p:
             console.print(f"{label} report: {p}")
     return code
+
+
+def _select_gpus(gpus: str, shard, device: str):
+    """``--gpus``: the GPUs to spread the checks over, or a one-line usage error."""
+    from fa4verify import multigpu
+
+    if shard is not None:
+        raise _usage("--gpus and --shard exclude each other (--gpus shards over this node's GPUs; "
+                     "--shard I/N takes one part of a run split over machines)")
+    try:
+        fake = multigpu.fake_mode()
+        if not fake and device != "cuda":
+            raise ValueError(f"--gpus runs the checks on GPUs, but --device is {device} "
+                             f"(CPU test mode: {multigpu.ENV_FAKE}=N)")
+        return multigpu.select_gpus(gpus, multigpu.visible_gpus())
+    except ValueError as e:
+        msg = str(e)
+        raise _usage(msg if msg.startswith("--") else f"--gpus: {msg}") from None
 
 
 def _command_line() -> list[str]:

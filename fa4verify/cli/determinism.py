@@ -6,9 +6,17 @@ dQ/dK/dV/dsink through SHA-256 digests of their bytes, measures the default mode
 optionally writes (``--manifest``) or checks against (``--against``) a digest manifest.
 See :mod:`fa4verify.determinism` for the definitions.
 
+With ``--gpus all|N|I,J`` the matrix runs in one spawned process per GPU (times ``--processes``),
+each pinned to its GPU before CUDA starts, and the digests are compared across GPUs too
+(:mod:`fa4verify.determinism.multi`; the engine and why: :mod:`fa4verify.multigpu`). The manifest
+then lists every GPU (name, UUID) and the per-GPU digests. With one GPU the verdict evidence says
+"1 GPU: cross-GPU agreement not tested".
+
 Exit codes: 0 reproducible (and manifest match / different environment), 1 a non-reproducible,
-guard-band, unwritten-element or error result or a manifest mismatch, 2 usage or environment error
-(no GPU: the reason is printed), 5 nothing ran (every configuration unsupported).
+guard-band, unwritten-element or error result, a manifest mismatch or (``--gpus``) two GPUs
+that disagree, 2 usage or environment error (no GPU: the reason is printed), 3 (``--gpus``) a GPU
+process died or left a configuration without a result (an error, never a pass), 5 nothing ran
+(every configuration unsupported).
 """
 from __future__ import annotations
 
@@ -84,6 +92,31 @@ def _print_report(report: dict, against: dict | None, timing: list[dict]) -> Non
                            + (f" tensors={e['tensors']}" if e.get("tensors") else ""))
 
 
+def _select_gpus(gpus: str, devices, timing: bool, backend: str, serial: bool):
+    """``--gpus``: the GPUs, or a one-line usage error."""
+    from fa4verify import multigpu
+
+    if devices is not None:
+        raise usage("--gpus and --devices exclude each other (--devices: several devices in one "
+                    "process; --gpus: one pinned process per GPU)")
+    if timing:
+        raise usage("--timing does not run with --gpus (time one GPU: --devices 0 --timing)")
+    if serial:
+        raise usage("--serial does not run with --gpus (the GPU processes run side by side)")
+    try:
+        fake = multigpu.fake_mode()
+        if fake and backend == "fa4":
+            raise ValueError(f"{multigpu.ENV_FAKE} is set: the fake GPUs run a CPU backend "
+                             "(--backend twin)")
+        if not fake and backend != "fa4":
+            raise ValueError(f"--backend {backend}: --gpus runs the production backend fa4 "
+                             f"({multigpu.ENV_FAKE}=N: the CPU test mode with --backend twin)")
+        return multigpu.select_gpus(gpus, multigpu.visible_gpus())
+    except ValueError as ex:
+        msg = str(ex)
+        raise usage(msg if msg.startswith("--") else f"--gpus: {msg}") from None
+
+
 @click.command("determinism", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--runs", type=int, default=100, show_default=True, metavar="N",
               help="Deterministic backward runs per process and device.")
@@ -106,6 +139,13 @@ def _print_report(report: dict, against: dict | None, timing: list[dict]) -> Non
 @click.option("--devices", default=None, metavar="D",
               help="GPU indices ('0', '0,1') or 'all' (cross-device equality is checked). "
                    "Default: 0 for --backend fa4, cpu otherwise.")
+@click.option("--gpus", default=None, metavar="all|N|I,J",
+              help="One pinned process per GPU (x --processes); digests compared across GPUs, "
+                   "processes and runs. 'all' = every visible GPU, N = the first N, 'I,J,...' = "
+                   "those indices ('I,' for one). Excludes --devices and --timing. CPU test mode: "
+                   "FA4VERIFY_FAKE_GPUS=N with --backend twin.")
+@click.option("--gpu-timeout", type=FiniteFloat(min=0.0, min_open=True), default=None, metavar="S",
+              help="With --gpus: kill a GPU process still running after S seconds (an error).")
 @click.option("--timing", is_flag=True, help="Also time the backward, deterministic vs "
               "default (in one extra process after the matrix, on the first device).")
 @click.option("--timing-reps", type=int, default=20, show_default=True, metavar="N")
@@ -122,9 +162,16 @@ def _print_report(report: dict, against: dict | None, timing: list[dict]) -> Non
               help="Keep worker specs, records and logs here (default: a temporary directory).")
 @click.option("--list-configs", is_flag=True, help="List the selected configurations and exit.")
 def command(runs, processes, configs, manifest, against, strict_env, json_out, default_mode,
-            default_runs, devices, timing, timing_reps, backend, guard_bytes, time_budget,
-            serial, workdir, list_configs):
-    """Bitwise reproducibility of FA4's deterministic backward (dQ, dK, dV, dsink)."""
+            default_runs, devices, gpus, gpu_timeout, timing, timing_reps, backend, guard_bytes,
+            time_budget, serial, workdir, list_configs):
+    """Bitwise reproducibility of FA4's deterministic backward (dQ, dK, dV, dsink).
+
+    \b
+    One GPU, three fresh processes, 100 runs each:  fa4verify determinism
+    Every GPU of a node, one process per GPU:       fa4verify determinism --gpus all --processes 1
+    Exit: 0 reproducible, 1 not reproducible / GPUs disagree, 2 usage, 3 a GPU process died,
+          5 nothing ran.
+    """
     from fa4verify import determinism as d
 
     if runs < 1:
@@ -164,17 +211,27 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
     if backend not in ("fa4", "torch-math") and not backend.startswith("twin") and ":" not in backend:
         raise usage(f"--backend: unknown backend {backend!r}")
 
-    # environment check in this process: no GPU -> exit 2 with the reason
-    try:
-        be = d.load_backend(backend)
-    except EnvironmentError as ex:
-        _err(str(ex))
-    except (ImportError, AttributeError, ValueError) as ex:
-        _err(f"backend {backend!r} unavailable: {type(ex).__name__}: {ex}")
-    try:
-        devs = d.resolve_devices(devices or "", be.name)
-    except ValueError as ex:
-        raise usage(f"--devices: {ex}") from None
+    gpu_sel = None
+    if gpus is not None:
+        gpu_sel = _select_gpus(gpus, devices, timing, backend, serial)
+    elif gpu_timeout is not None:
+        raise usage("--gpu-timeout needs --gpus")
+    be = None
+    if gpu_sel is None:
+        # environment check in this process: no GPU -> exit 2 with the reason
+        try:
+            be = d.load_backend(backend)
+        except EnvironmentError as ex:
+            _err(str(ex))
+        except (ImportError, AttributeError, ValueError) as ex:
+            _err(f"backend {backend!r} unavailable: {type(ex).__name__}: {ex}")
+        try:
+            devs = d.resolve_devices(devices or "", be.name)
+        except ValueError as ex:
+            raise usage(f"--devices: {ex}") from None
+    else:
+        from fa4verify.determinism.multi import device_label
+        devs = [device_label(g) for g in gpu_sel]
     ndef = (runs if default_runs is None else default_runs) if default_mode else 0
 
     tmp = None
@@ -186,12 +243,20 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
         spec = d.worker_spec(backend, cfgs, devs, runs=runs, default_runs=ndef, guard_bytes=guard_bytes,
                              time_budget_s=time_budget)
         click.echo(f"running {len(cfgs)} configuration(s) x {runs} runs x {processes} process(es)"
-                   f" x {len(devs)} device(s) [{backend}]", err=True)
-        records = d.spawn_workers(spec, processes, os.path.join(workdir, "matrix"),
-                                  parallel=not serial)
-        for r in records:
-            if r.get("fatal") and r.get("fatal_kind") == "environment":
-                _err(r["fatal"])
+                   f" x {len(devs)} {'GPU process group(s)' if gpu_sel else 'device(s)'} "
+                   f"[{backend}]", err=True)
+        cross = None
+        if gpu_sel is None:
+            records = d.spawn_workers(spec, processes, os.path.join(workdir, "matrix"),
+                                      parallel=not serial)
+        else:
+            from fa4verify.determinism import multi
+            records = multi.run_on_gpus(spec, gpu_sel, processes, os.path.join(workdir, "gpus"),
+                                        timeout_s=gpu_timeout)
+        env_fatal = [r["fatal"] for r in records
+                     if r.get("fatal") and r.get("fatal_kind") == "environment"]
+        if env_fatal and (gpu_sel is None or len(env_fatal) == len(records)):
+            _err(env_fatal[0])
         timing_recs: list[dict] = []
         if timing:
             tspec = d.worker_spec(backend, [], devs[:1], runs=1, default_runs=0, timing=True,
@@ -202,11 +267,18 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
                 timing_recs.append({"name": "timing", "status": "error",
                                     "reason": trec["fatal"]})
         report = d.aggregate(records, cfgs)
+        if gpu_sel is not None:
+            cross = multi.cross_gpu(report, records, gpu_sel, processes)
+            report["cross_gpu"] = cross
+            report["counts"] = {s: n for s, n in
+                                ((s, sum(1 for c in report["configs"] if c["status"] == s))
+                                 for s in d.STATUSES) if n}
         fatal = [r["fatal"] for r in records if r.get("fatal")]
-        env = next((r["environment"][devs[0]] for r in records if r.get("environment")), {})
-        if not env:
+        env = next((e for r in records for e in (r.get("environment") or {}).values() if e), {})
+        if not env and be is not None:
             env = be.environment(devs[0])
-        env = dict(env, backend=be.name) if "backend" not in env else env
+        env = dict(env, backend=backend.split(":")[0] if be is None else be.name) \
+            if "backend" not in env else env
         prov = {"command": "fa4verify determinism " + " ".join(sys.argv[2:]) if
                 len(sys.argv) > 1 else "fa4verify determinism",
                 "date": d._now(), "git_commit": d.git_commit(), "runs": runs,
@@ -216,6 +288,8 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
                                                       for r in records},
                       provenance=prov, timing=timing_recs, worker_fatal=fatal)
         man = d.build_manifest(report, env, provenance=prov)
+        if cross is not None:
+            man.update(multi.manifest_extra(report, cross, records))
         cmp_ = d.compare_manifests(man, reference, strict_env=strict_env) if reference else None
         report["against"] = cmp_
         outs = []
@@ -230,12 +304,22 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
         write_outputs(outs)
         if json_out != "-":
             _print_report(report, cmp_, timing_recs)
+            if cross is not None:
+                click.echo(f"cross-GPU: {cross['status']}")
+                for line in cross["evidence"]:
+                    click.echo(f"    {line}")
         for f_ in fatal:
             click.echo(f"worker failure: {f_}", err=True)
     finally:
         if tmp is not None:
             tmp.cleanup()
     code = d.exit_status(report)
+    if cross is not None and cross["status"] == "fail":
+        code = int(ExitCode.VIOLATION)
+    elif cross is not None and cross["status"] == "error" and not any(
+            c["status"] in ("not-reproducible", "guard-violation", "unwritten")
+            for c in report["configs"]):
+        code = int(ExitCode.INTERNAL)     # a GPU process died: an error, not a violation found
     if fatal and code == 0:
         code = int(ExitCode.VIOLATION)
     if cmp_ is not None and cmp_["failed"]:
