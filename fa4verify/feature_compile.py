@@ -234,6 +234,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", choices=[ptx_target("sm90"), ptx_target("sm100")], required=True)
     ap.add_argument("--cases", required=True, help="comma list: split_kv[:n], paged[:page], combine[:n], sparse_bwd[:hd]")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--merge", default=None, metavar="FILE",
+                    help="merge into an existing result JSON (same labels replaced, others kept)")
     ns = ap.parse_args(argv)
     try:
         cases = parse_cases(ns.cases)
@@ -246,7 +248,22 @@ def main(argv=None) -> int:
               f"({r['seconds']} s) {r['kernels']}")
     if ns.json:
         Path(ns.json).write_text(json.dumps(out, indent=1, default=str))
+    if ns.merge:
+        Path(ns.merge).write_text(json.dumps(merge(json.loads(Path(ns.merge).read_text()), out), indent=1,
+                                             default=str))
     return 0
+
+
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` with ``new``'s results added (rows of the same label replaced, order kept); each
+    run's wall seconds listed under ``runs``."""
+    if old.get("arch") != new.get("arch"):
+        raise ValueError(f"cannot merge {new.get('arch')} results into a {old.get('arch')} file")
+    labels = {r["label"] for r in new["results"]}
+    res = [r for r in old["results"] if r["label"] not in labels] + list(new["results"])
+    runs = list(old.get("runs") or [{"wall_seconds": old.get("wall_seconds"), "n": len(old["results"])}])
+    runs.append({"wall_seconds": new.get("wall_seconds"), "n": len(new["results"])})
+    return {**old, "results": res, "runs": runs}
 
 
 if __name__ == "__main__":
