@@ -137,6 +137,15 @@ class ModPair:
         return np.where(keep, s, -np.inf)
 
 
+def _ssa(a, dtype):
+    """A scalar as a shape-(1,) TensorSSA (inside ``@cute.jit`` code; the idiom of FA4's
+    ``utils.scalar_to_ssa``, written here so this module does not import flash_attn)."""
+    import cutlass.cute as cute
+    vec = cute.make_rmem_tensor(1, dtype)
+    vec[0] = a
+    return vec.load()
+
+
 def _absdiff(q_idx, kv_idx):
     return np.abs(np.asarray(q_idx, np.int64) - np.asarray(kv_idx, np.int64)).astype(np.float64)
 
@@ -174,12 +183,11 @@ def alibi() -> ModPair:
         import cutlass
         import cutlass.cute as cute
         from cutlass._mlir.dialects import math as mlir_math
-        from flash_attn.cute import utils as fu
 
         @cute.jit
         def alibi_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
             slopes = aux_tensors[0]
-            slope = fu.scalar_to_ssa(slopes[h[0]], cutlass.Float32)
+            slope = _ssa(slopes[h[0]], cutlass.Float32)
             diff = q_idx - kv_idx
             dist = cute.TensorSSA(mlir_math.absi(diff), diff.shape, diff.dtype).to(cutlass.Float32)
             return score - slope * dist
@@ -213,7 +221,6 @@ def rel_bias(radius: int = REL_RADIUS) -> ModPair:
     def build():
         import cutlass
         import cutlass.cute as cute
-        from flash_attn.cute import utils as fu
 
         @cute.jit
         def rel_bias_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
@@ -224,7 +231,7 @@ def rel_bias(radius: int = REL_RADIUS) -> ModPair:
             d = cute.where(d < lo, lo, d)
             d = cute.where(d > hi, hi, d)
             i = d + cute.full_like(d, R)
-            t = fu.scalar_to_ssa(table[i[0]], cutlass.Float32)
+            t = _ssa(table[i[0]], cutlass.Float32)
             return score + t
         return rel_bias_score, _identity_bwd()
 
@@ -304,13 +311,12 @@ def document_mask(max_docs: int = 4) -> ModPair:
     def build():
         import cutlass
         import cutlass.cute as cute
-        from flash_attn.cute import utils as fu
 
         @cute.jit
         def document_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
             doc = aux_tensors[0]
-            dq = fu.scalar_to_ssa(doc[b[0], q_idx[0]], cutlass.Int32)
-            dk = fu.scalar_to_ssa(doc[b[0], kv_idx[0]], cutlass.Int32)
+            dq = _ssa(doc[b[0], q_idx[0]], cutlass.Int32)
+            dk = _ssa(doc[b[0], kv_idx[0]], cutlass.Int32)
             return dq == dk
         return document_keep, None
 
@@ -334,11 +340,10 @@ def prefix_lm(prefix: int = PREFIX) -> ModPair:
     def build():
         import cutlass
         import cutlass.cute as cute
-        from flash_attn.cute import utils as fu
 
         @cute.jit
         def prefix_lm_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
-            p = fu.scalar_to_ssa(P, cutlass.Int32)
+            p = _ssa(P, cutlass.Int32)
             return (kv_idx < p) | (kv_idx <= q_idx)
         return prefix_lm_keep, None
 
@@ -375,24 +380,23 @@ def sliding_window(left: Optional[int], right: Optional[int], offset: int = 0, n
     def build():
         import cutlass
         import cutlass.cute as cute
-        from flash_attn.cute import utils as fu
 
         if L is not None and Rr is not None:
             @cute.jit
             def window_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
-                c = q_idx + fu.scalar_to_ssa(off, cutlass.Int32)
-                return (kv_idx >= c - fu.scalar_to_ssa(L, cutlass.Int32)) & \
-                    (kv_idx <= c + fu.scalar_to_ssa(Rr, cutlass.Int32))
+                c = q_idx + _ssa(off, cutlass.Int32)
+                return (kv_idx >= c - _ssa(L, cutlass.Int32)) & \
+                    (kv_idx <= c + _ssa(Rr, cutlass.Int32))
         elif L is not None:
             @cute.jit
             def window_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
-                c = q_idx + fu.scalar_to_ssa(off, cutlass.Int32)
-                return kv_idx >= c - fu.scalar_to_ssa(L, cutlass.Int32)
+                c = q_idx + _ssa(off, cutlass.Int32)
+                return kv_idx >= c - _ssa(L, cutlass.Int32)
         elif Rr is not None:
             @cute.jit
             def window_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
-                c = q_idx + fu.scalar_to_ssa(off, cutlass.Int32)
-                return kv_idx <= c + fu.scalar_to_ssa(Rr, cutlass.Int32)
+                c = q_idx + _ssa(off, cutlass.Int32)
+                return kv_idx <= c + _ssa(Rr, cutlass.Int32)
         else:
             raise ValueError("sliding_window: at least one side must be bounded")
         return window_keep, None
