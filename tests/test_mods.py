@@ -216,9 +216,11 @@ def test_registry_refuses_builtin_and_duplicate_names_and_unknown_lookups():
 
 
 # -- the judge on problems with mods
-def _bf16(x):
+def _bf16(x, dtype="bf16"):
+    """``x`` rounded to the kernel's output dtype (bf16 or fp16), as float64."""
     import ml_dtypes
-    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    t = np.float16 if dtype == "fp16" else ml_dtypes.bfloat16
+    return np.asarray(x, np.float32).astype(t).astype(np.float64)
 
 
 def _problem(mods_, **kw):
@@ -310,3 +312,58 @@ def test_cute_functions_are_built_lazily_and_cached():
     assert f is not None and pair.cute() is f and pair.cute_bwd() is not None
     assert km.document_mask().cute_bwd() is None
     assert math.isclose(km.softcap_mod().equivalent["softcap"], km.SOFTCAP)
+
+
+# -- fuzzing: mod problems drawn by the public strategy, built-in and user pairs alike
+def test_drawn_mod_problems_pass_the_rounded_oracle_forward_and_backward():
+    from hypothesis import HealthCheck, given, settings
+
+    from fa4verify.judge import judge_backward, judge_forward
+    from fa4verify.judge.attention import oracle_backward
+    from fa4verify.strategies import mod_problems
+    mods.register_mod_pair(_score("user_fuzz_bias"))
+    seen = set()
+    try:
+        @settings(max_examples=12, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(mod_problems(max_seqlen=72, max_heads=2, max_head_dim=32))
+        def prop(p):
+            assert len(p.mods) == 1 and not p.varlen
+            pair = mods.get(p.mods[0])
+            assert not (pair.kind == "mask" and p.causal)
+            seen.add(p.mods[0])
+            a = p.materialize()
+            ob = oracle_backward(p, a)
+            r = lambda x: _bf16(x, p.dtype)  # noqa: E731
+            j = judge_forward(p, a, r(ob.forward.out), ob.forward.lse, oracle=ob.forward)
+            assert j.out.status == "pass" and j.lse.status in ("pass",), (p.describe(), j.out.summary())
+            jb = judge_backward(p, a, r(ob.dq), r(ob.dk), r(ob.dv), forward=j, oracle_bwd=ob,
+                                probabilistic=False)
+            assert all(v.status == "pass" for v in jb.verdicts), p.describe()
+        prop()
+    finally:
+        mods.unregister("user_fuzz_bias")
+    assert len(seen) >= 4
+
+
+def test_mod_problems_refuse_unknown_names():
+    from hypothesis.errors import InvalidArgument
+
+    from fa4verify.strategies import mod_problems
+    with pytest.raises(mods.ModPairError, match="unknown mod pair"):
+        mod_problems(mods=("nope",)).example()
+    with pytest.raises(InvalidArgument):
+        mod_problems(mods=()).example()
+
+
+def test_gate_takes_mods_and_catches_a_dropped_mod():
+    from fa4verify import assert_attention_within_budget
+    from fa4verify.judge.attention import oracle_forward
+    p = _problem(("alibi",))
+    a = p.materialize()
+    o = oracle_forward(p, a)
+    s = assert_attention_within_budget(_bf16(o.out), a["q"], a["k"], a["v"], dtype="bf16", mods=("alibi",))
+    assert s.status == "pass"
+    plain = oracle_forward(p.replace(mods=()), a)
+    with pytest.raises(AssertionError, match="mods=alibi"):
+        assert_attention_within_budget(_bf16(plain.out), a["q"], a["k"], a["v"], dtype="bf16", mods=("alibi",))

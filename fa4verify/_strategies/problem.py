@@ -405,3 +405,33 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         from hypothesis import assume
         assume(prob.work <= max_work)
     return prob
+
+
+@st.composite
+def mod_problems(draw: DrawFn, *, mods: Optional[Collection[str]] = None, arch: str = "sm90",
+                 dtype: Optional[str] = None, max_seqlen: int = 256, max_batch: int = 2, max_heads: int = 4,
+                 max_head_dim: int = 128, distributions: Optional[Collection[str]] = None,
+                 head_dim_choices: Optional[Collection[int]] = None) -> AttentionProblem:
+    """Draw a dense :class:`AttentionProblem` with one registered score_mod / mask_mod pair
+    (``fa4verify.mods``; ``mods``: the names to draw from, default every registered pair, yours
+    included). Score pairs may come with causal masking (FA4 keeps it with a score_mod); mask
+    pairs never (FA4 drops causal and windows with a mask_mod). Pairs that need
+    ``seqlen_q == seqlen_k`` get it. The aux tensors come from the pair's factory at the drawn
+    ``mod_seed`` (0..3). Never generates: varlen, softcap, sinks, MaskMod patterns. Shrinks
+    toward the first name in sorted order, then as :func:`attention_problems`."""
+    from fa4verify import mods as _mods
+    names = sorted(mods) if mods is not None else _mods.names()
+    if not names:
+        raise InvalidArgument("mods: no pair names to draw from")
+    for n in names:
+        _mods.get(n)                       # unknown names fail here, with the registry's message
+    name = draw(st.sampled_from(names))
+    pair = _mods.get(name)
+    feats = {"gqa"} | ({"causal"} if pair.kind == "score" else set())
+    base = draw(attention_problems(arch=arch, dtype=dtype, max_seqlen=max_seqlen, max_batch=max_batch,
+                                   max_heads=max_heads, max_head_dim=max_head_dim, features=feats,
+                                   distributions=distributions, head_dim_choices=head_dim_choices))
+    sk = base.seqlen_q if pair.self_attention_only else base.seqlen_k
+    causal = bool(base.causal) and pair.kind == "score"
+    return base.replace(seqlen_k=sk, causal=causal, window_size=(None, None), mods=(name,),
+                        mod_seed=draw(st.integers(0, 3)))

@@ -55,7 +55,7 @@ def as_input_dtype(x: np.ndarray, dtype: str):
 
 def dense_problem(q, k, v, *, arch: str, dtype: str, causal: bool = False, window_size=(None, None),
                   softmax_scale: Optional[float] = None, softcap: float = 0.0, sink: bool = False,
-                  mask_mod=None) -> AttentionProblem:
+                  mask_mod=None, mods=(), mod_seed: int = 0) -> AttentionProblem:
     """The :class:`AttentionProblem` describing dense arrays (b, s, h, d) given by a caller
     (``dtype``: "bf16", "fp16" or "fp8", fa4verify's one spelling)."""
     b, sq, h, d = np.shape(q)
@@ -64,7 +64,8 @@ def dense_problem(q, k, v, *, arch: str, dtype: str, causal: bool = False, windo
     return AttentionProblem(arch=arch, dtype=dtype, batch=int(b), seqlen_q=int(sq), seqlen_k=int(sk),
                             nheads=int(h), nheads_kv=int(hk), head_dim=int(d), head_dim_v=int(dv),
                             causal=bool(causal), window_size=tuple(window_size), softcap=float(softcap or 0.0),
-                            sink=bool(sink), softmax_scale=softmax_scale, mask_mod=mask_mod)
+                            sink=bool(sink), softmax_scale=softmax_scale, mask_mod=mask_mod, mods=tuple(mods),
+                            mod_seed=int(mod_seed))
 
 
 def arrays_from(q, k, v, dout=None, learnable_sink=None, mask=None, cu_seqlens_q=None,
