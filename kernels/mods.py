@@ -61,7 +61,8 @@ class ModPair:
       returns the boolean keep-mask, True = attend; it must not depend on the head).
     * ``build``: ``() -> (cute_fn, cute_bwd_fn_or_None)``, imported and traced only when called.
     * ``aux``: ``(ModShape, numpy Generator) -> [numpy arrays]`` (float32 / int32; handed to FA4
-      as CUDA tensors and to ``ref`` as numpy), or None.
+      as CUDA tensors and to ``ref`` as numpy), or None. The CuTe function reads them from
+      ``aux_tensors[0]`` on: two pairs with aux tensors cannot share one FA4 call.
     * ``lipschitz``: ``sup |dy/dx|``; the composed budgets assume <= 1 (the judge reports a pair
       above it undecided: error_budgets/DERIVATIONS.md#score-mod).
     * ``equivalent``: the FA4 built-in this pair equals, e.g. ``{"softcap": 30.0}``,

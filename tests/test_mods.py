@@ -367,3 +367,51 @@ def test_gate_takes_mods_and_catches_a_dropped_mod():
     plain = oracle_forward(p.replace(mods=()), a)
     with pytest.raises(AssertionError, match="mods=alibi"):
         assert_attention_within_budget(_bf16(plain.out), a["q"], a["k"], a["v"], dtype="bf16", mods=("alibi",))
+
+
+# -- the production target passes the pairs through the adapter (stand-in adapter on the CPU)
+def _recording_adapter(problem, arrays):
+    import inspect
+    import types
+
+    from fa4verify.judge.attention import oracle_backward
+    from fa4verify.kernels import adapter
+    calls = []
+    ob = oracle_backward(problem, arrays)
+    bf = lambda x: torch.from_numpy(np.asarray(x, np.float32)).to(torch.bfloat16)  # noqa: E731
+    cfg = types.SimpleNamespace(to_dict=lambda: {"op": "x", "arch": 90, "tile_mn": None, "dtype": "bf16"})
+
+    def forward(q, k, v, **kw):
+        inspect.signature(adapter.forward).bind(q, k, v, **kw)
+        calls.append(("forward", kw))
+        return types.SimpleNamespace(out=bf(ob.forward.out), lse=torch.from_numpy(ob.forward.lse.astype(np.float32)),
+                                     config=cfg)
+
+    def backward(q, k, v, out, dout, lse, **kw):
+        inspect.signature(adapter.backward).bind(q, k, v, out, dout, lse, **kw)
+        calls.append(("backward", kw))
+        return types.SimpleNamespace(dq=bf(ob.dq), dk=bf(ob.dk), dv=bf(ob.dv), dsink=None, config=cfg)
+    mod = types.SimpleNamespace(forward=forward, backward=backward, versions=lambda: {})
+    return mod, calls
+
+
+def test_production_target_passes_cute_mods_and_aux_tensors_and_the_twin_refuses_them():
+    pytest.importorskip("cutlass")
+    from fa4verify import fuzz
+    from fa4verify.targets import TwinTarget, Unsupported
+    p = _problem(("rel_bias", "prefix_lm"))
+    a = p.materialize()
+    ad, calls = _recording_adapter(p, a)
+    t = fuzz.ProductionTarget(adapter=ad, device="cpu")
+    f = t.forward(p, a)
+    t.backward(p, a, f)
+    (fn, fkw), (bn, bkw) = calls
+    score, mask = mods.get("rel_bias"), mods.get("prefix_lm")
+    assert fkw["score_mod"] is score.cute() and fkw["mask_mod"] is mask.cute() and "score_mod_bwd" not in fkw
+    assert bkw["score_mod_bwd"] is score.cute_bwd() and bkw["mask_mod"] is mask.cute()
+    (aux,) = fkw["aux_tensors"]
+    assert aux.dtype == torch.float32 and np.array_equal(aux.numpy(), mods.aux_for(p, score, a)[0])
+    with pytest.raises(Unsupported, match="does not model score_mod"):
+        TwinTarget().forward(p, a)
+    with pytest.raises(Unsupported, match="aux_tensors list"):
+        t.forward(_problem(("alibi", "document")), a)
