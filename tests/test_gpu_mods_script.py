@@ -65,3 +65,16 @@ def test_shell_driver_parses_and_needs_out():
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "mods.sh")], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin"})
     assert r.returncode != 0 and "OUT" in r.stderr
+
+
+def test_jobs_cover_every_pair_once_and_workers_are_balanced():
+    mod = _script()
+    from fa4verify import mods
+    todo = mod.jobs(mods.names())
+    assert {j["pair"] for j in todo} == set(mods.names()) and {"pair": "alibi", "causal": True} in todo
+    for n in (1, 3, 6, 20):
+        groups = mod.balance(todo, n)
+        flat = [j for g in groups for j in g]
+        assert sorted(map(str, flat)) == sorted(map(str, todo)) and len(groups) <= n
+        loads = [sum(2 if j["pair"] in mod.BUILTIN and not j["causal"] else 1 for j in g) for g in groups]
+        assert max(loads) - min(loads) <= 2
