@@ -6,7 +6,9 @@ Public API (the names in :data:`__all__`, each the very object of its home modul
 * :func:`assert_attention_within_budget`, :class:`GateSummary` -- the gate for your own tests
   (:mod:`fa4verify.gates`);
 * :func:`compare`, :class:`Verdict`, :class:`UndecidedError`, :class:`BudgetStats`,
-  :class:`AttentionProblem` -- the one judge (:mod:`fa4verify.judge`): ``pass | fail | undecided``.
+  :class:`AttentionProblem` -- the one judge (:mod:`fa4verify.judge`): ``pass | fail | undecided``;
+* :func:`register_mod_pair`, :class:`ModPair` -- your own FA4 score_mod / mask_mod with its
+  float64 reference, judged like the built-in pairs (:mod:`fa4verify.mods`).
 
 Importing this package is light: no numpy, torch, cutlass or flash_attn import happens here; each
 public name is imported from its home module on first access (PEP 562 ``__getattr__``).
@@ -27,6 +29,8 @@ _HOME: dict[str, str] = {
     "compare": "fa4verify.judge.verdict",
     "BudgetStats": "fa4verify.judge.stats",
     "AttentionProblem": "fa4verify._strategies.problem",
+    "register_mod_pair": "fa4verify.mods",
+    "ModPair": "fa4verify.mods",
 }
 
 __all__ = ["__version__", *_HOME]

@@ -36,7 +36,8 @@ from typing import Any, Sequence
 __all__ = ["FeatureCase", "KINDS", "parse_cases", "run", "merge"]
 
 KINDS = ("split_kv", "paged", "combine", "sparse_bwd", "dense_bwd", "sparse_fwd", "mask_mod_fwd",
-         "mla_fwd", "gather_fwd", "gather_bwd", "gather_bwd_rp", "fp8_fwd", "seqused_fwd", "seqused_bwd")
+         "mla_fwd", "gather_fwd", "gather_bwd", "gather_bwd_rp", "fp8_fwd", "seqused_fwd", "seqused_bwd",
+         "mod_fwd", "mod_bwd")
 #: kinds whose ``:n`` is the number of query heads (MLA: one KV head); the others take a head dim,
 #: a page size (paged) or a split count (split_kv, combine)
 _NHEADS_KINDS = ("mla_fwd", "gather_fwd", "gather_bwd", "gather_bwd_rp")
@@ -53,16 +54,20 @@ class FeatureCase:
     seqlen_q: int = 128
     seqlen_k: int = 1024
     nheads: int = 2
+    mod: str = ""                #: mod_fwd / mod_bwd: a registered ModPair name (fa4verify.mods)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r}: expected one of {KINDS}")
+        if self.kind in ("mod_fwd", "mod_bwd") and not self.mod:
+            raise ValueError(f"{self.kind} needs a mod pair name ({self.kind}:NAME)")
 
     def label(self) -> str:
         if self.kind in _NHEADS_KINDS:
             return f"{self.kind}-hd{MLA_HEAD_DIM}v{MLA_HEAD_DIM_V}-h{self.nheads}"
         extra = {"paged": f"-p{self.page_size}", "split_kv": f"-s{self.num_splits}",
-                 "combine": f"-s{self.num_splits}"}.get(self.kind, "")
+                 "combine": f"-s{self.num_splits}", "mod_fwd": f"-{self.mod}",
+                 "mod_bwd": f"-{self.mod}"}.get(self.kind, "")
         return f"{self.kind}-hd{self.head_dim}{extra}"
 
 
@@ -75,6 +80,12 @@ def parse_cases(text: str) -> list[FeatureCase]:
         if kind not in KINDS:
             raise ValueError(f"unknown case {kind!r} (expected one of {KINDS})")
         kw: dict[str, Any] = {}
+        if kind in ("mod_fwd", "mod_bwd"):
+            from fa4verify import mods as _mods
+            if n not in _mods.names():
+                raise ValueError(f"{item!r}: unknown mod pair {n!r} (registered: {', '.join(_mods.names())})")
+            out.append(FeatureCase(kind, mod=n))
+            continue
         if n:
             if not n.isdigit() or int(n) < 1:
                 raise ValueError(f"{item!r}: the number after ':' must be a positive integer")
@@ -135,6 +146,25 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
                 f = ad.forward(q, k, torch.empty_like(k), mask_mod=checkerboard_128)
                 rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
                 rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
+            elif case.kind in ("mod_fwd", "mod_bwd"):
+                from fa4verify import mods as _mods
+                pair = _mods.get(case.mod)
+                s = 256
+                q = torch.empty(2, s, h, d, dtype=bf, device="cuda")
+                aux = [torch.empty(x.shape, dtype=getattr(torch, str(x.dtype)), device="cuda")
+                       for x in pair.make_aux(_mods.ModShape(2, h, s, s))]
+                kw = pair.kw_fa4(aux)
+                if case.kind == "mod_fwd":
+                    kw.pop("score_mod_bwd", None)
+                    f = ad.forward(q, torch.empty_like(q), torch.empty_like(q), **kw)
+                    rec["config"] = {"compile_key": f.config.compile_key, "extra": f.config.extra}
+                    rec["shapes"] = {"out": list(f.out.shape), "lse": list(f.lse.shape)}
+                else:
+                    lse = torch.empty(2, h, s, dtype=torch.float32, device="cuda")
+                    r = ad.backward(q, torch.empty_like(q), torch.empty_like(q), torch.empty_like(q),
+                                    torch.empty_like(q), lse, **kw)
+                    rec["config"] = {"compile_key": r.config.compile_key, "extra": r.config.extra}
+                    rec["shapes"] = {"dq": list(r.dq.shape)}
             elif case.kind == "combine":
                 op = torch.empty(case.num_splits, 2, sq, h, d, dtype=bf, device="cuda")
                 lp = torch.empty(case.num_splits, 2, h, sq, dtype=torch.float32, device="cuda").transpose(-1, -2)

@@ -60,6 +60,8 @@ _CASE_NAME = {
     "seqused_fwd": lambda c: ("seqused_k, hd", str(c["head_dim"])),
     "seqused_bwd": lambda c: ("seqused_k, hd", str(c["head_dim"])),
 }
+#: compile-only kinds of the score_mod / mask_mod pairs (``fa4verify.mods``), per direction
+MOD_KIND = {"fwd": "mod_fwd", "bwd": "mod_bwd"}
 _ARCH_FILE = {"sm90": "sm90a", "sm100": "sm100a"}
 #: H200 section that measures a cell
 _H200 = {("paged_kv", "fwd"): "paged", ("combine", "fwd"): "combine", ("split_kv", "fwd"): "combine",
@@ -73,7 +75,7 @@ def load_evidence(results: Path = RESULTS) -> dict[str, Any]:
         p = results / f"compile_only_{f}.json"
         if p.is_file():
             ev["compile"][arch] = json.loads(p.read_text())["results"]
-    for sec in ("paged", "combine", "sparse_fwd", "sparse", "seqused_bwd"):
+    for sec in ("paged", "combine", "sparse_fwd", "sparse", "seqused_bwd", "mods"):
         p = results / "h200" / f"features_{sec}.json"
         if p.is_file():
             ev["h200"][sec] = json.loads(p.read_text())
@@ -86,7 +88,24 @@ def _assert_message(err: str) -> str:
     return msg[:70] + ("..." if len(msg) > 70 else "")
 
 
+def _mods_compile_text(c: F.Cell, recs: list[dict]) -> Optional[str]:
+    rows = [r for r in recs if r["case"]["kind"] == MOD_KIND[c.direction]]
+    if not rows:
+        return None
+    ok = [r["case"]["mod"] for r in rows if r["ok"]]
+    bad = [r["case"]["mod"] for r in rows if not r["ok"]]
+    hd = sorted({r["case"]["head_dim"] for r in rows})
+    s = f"{len(ok)}/{len(rows)} mod pairs ({'/'.join(sorted(ok))}) compile at hd {'/'.join(map(str, hd))}"
+    if bad:
+        s += f"; {'/'.join(sorted(bad))} fail to compile"
+    return s
+
+
 def _compile_text(c: F.Cell, recs: list[dict]) -> Optional[str]:
+    if c.feature == "score_mod":
+        mt = _mods_compile_text(c, recs)
+        if mt:
+            return "compile-only: " + mt
     kinds = COMPILE_KIND.get((c.feature, c.direction))
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds or ())
     parts = []
@@ -129,7 +148,37 @@ def _kind_parts(kind: str, rows: list[dict]) -> list[str]:
     return parts
 
 
+def _mods_h200_text(c: F.Cell, d: dict[str, Any]) -> str:
+    where = d.get("where", "?")
+    r = d.get("result")
+    if r is None:
+        return f"{where}: the mods run crashed ({str(d.get('crash', '?'))[:60]})"
+    part = r.get(c.direction) or {}
+    n_err = len(r.get("errors") or [])
+    t = part.get("max_tightness")
+    s = (f"{where}: {part.get('n_runs', 0)} mod-pair runs ({'/'.join(r.get('pairs', []))}) "
+         f"{'within budget' if part.get('all_within_budget') else 'NOT all within budget'}"
+         + (f", max tightness {t:.3g}" if t is not None else "") + (f", {n_err} runs failed" if n_err else ""))
+    names = ("out", "lse") if c.direction == "fwd" else ("dq", "dk", "dv")
+    eq = []
+    for pair, x in sorted((r.get("vs_builtin") or {}).items()):
+        bw = (x or {}).get("bitwise") or {}
+        if not bw:
+            eq.append(f"{pair} vs built-in not run")
+            continue
+        same = all(bw.get(n) for n in names)
+        eq.append(f"{pair} {'bitwise equal to' if same else 'differs from'} the built-in"
+                  + ("" if same or not x.get("builtin_within_budget") else " (both within budget)"))
+    if eq:
+        s += "; " + ", ".join(eq)
+    return s
+
+
 def _h200_text(c: F.Cell, h200: dict[str, Any]) -> Optional[str]:
+    if c.feature == "score_mod" and c.arch == "sm90" and "mods" in h200:
+        return _mods_h200_text(c, h200["mods"])
+    if c.feature == "score_mod" and c.arch == "sm90" and c.direction == "bwd":
+        return "H200: not run yet (`scripts/gpu/mods.sh`)"
     sec = _H200.get((c.feature, c.direction))
     if sec is None or c.arch != "sm90":
         return None

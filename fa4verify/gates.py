@@ -88,6 +88,7 @@ def assert_attention_within_budget(out: Any, q: Any, k: Any, v: Any, *, dtype: s
                                    softcap: float = 0.0, learnable_sink: Any = None,
                                    budget: Any = None, budget_name: str = "forward_out",
                                    tile_n: int | None = None, oracle: Any = None,
+                                   mods: Sequence[str] = (), mod_aux: Any = None,
                                    msg: str = "") -> GateSummary:
     """Assert that FA4's forward output ``out`` is within the composed forward budget.
 
@@ -127,9 +128,14 @@ def assert_attention_within_budget(out: Any, q: Any, k: Any, v: Any, *, dtype: s
     sink = None if learnable_sink is None else _to_f64(learnable_sink, "learnable_sink")[0]
     problem = dense_problem(q64, k64, v64, arch=arch, dtype=dtype, causal=causal,
                             window_size=tuple(window_size), softmax_scale=softmax_scale,
-                            softcap=float(softcap or 0.0), sink=sink is not None)
+                            softcap=float(softcap or 0.0), sink=sink is not None, mods=tuple(mods))
     a = arrays_from(q64, k64, v64, learnable_sink=sink)
+    if mod_aux:
+        a["mod_aux"] = dict(mod_aux)
     bset = load_budgets(dtype, arch, budget)
+    if oracle is None and mods:
+        from fa4verify.judge.attention import oracle_forward as _mod_oracle
+        oracle = _mod_oracle(problem, a)
     if oracle is None:
         from fa4verify.oracles.attention import forward as oracle_forward
 
@@ -162,7 +168,7 @@ def assert_attention_within_budget(out: Any, q: Any, k: Any, v: Any, *, dtype: s
             f"head_dim_v={o64.shape[3]} causal={causal} window_size=({left}, {right}) "
             f"softmax_scale={problem.scale:.6g} softcap={float(softcap or 0.0):g} "
             f"learnable_sink={'yes' if learnable_sink is not None else 'no'} "
-            f"tile_n={_tile(problem)}")
+            f"tile_n={_tile(problem)}" + (f" mods={'+'.join(mods)}" if mods else ""))
     summary = GateSummary(budget=budget_name, n=verdict.n_compared, count_over=verdict.n_over,
                           max_abs_err=verdict.max_abs_err,
                           max_ulp=float(np.nanmax(np.where(judged, ulps, 0.0))) if verdict.n_compared else 0.0,

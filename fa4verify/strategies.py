@@ -26,7 +26,7 @@ from fa4verify._strategies.masks import (
     varlen_seqlens,
     window_keep_mask,
 )
-from fa4verify._strategies.problem import FEATURES, PROBLEM_FORMAT, AttentionProblem, attention_problems
+from fa4verify._strategies.problem import FEATURES, PROBLEM_FORMAT, AttentionProblem, attention_problems, mod_problems
 from fa4verify._strategies.shapes import (
     ARCHS,
     DTYPES,
@@ -53,6 +53,7 @@ __all__ = [
     "MaskMod",
     "ValueSpec",
     "attention_problems",
+    "mod_problems",
     "causal_and_windows",
     "generate_values",
     "head_counts",

@@ -121,6 +121,8 @@ class TwinTarget(Target):
     def check_supported(self, problem: AttentionProblem) -> None:
         if problem.mask_mod is not None and "mask_mod" not in self.features():
             raise Unsupported("the twin does not model mask_mod patterns")
+        if problem.mods:
+            raise Unsupported("the twin does not model score_mod / mask_mod pairs (fa4verify.mods)")
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.name, "where": self.where, "mutations": sorted(self.mutations),
@@ -280,6 +282,9 @@ class ProductionTarget(Target):
     def check_supported(self, problem: AttentionProblem) -> None:
         if problem.mask_mod is not None:
             raise Unsupported("production FA4 takes mask_mod as a CuTe callable; boolean patterns are twin-only")
+        for pair in problem.mod_pairs() if problem.mods else ():
+            if pair is not None and pair.cute() is None:
+                raise Unsupported(f"mod pair {pair.name!r} has no CuTe function here (no CUTLASS DSL, or no build)")
 
     def _t(self, x: Optional[np.ndarray], dtype: Optional[str]):
         if x is None:
@@ -313,6 +318,24 @@ class ProductionTarget(Target):
         if problem.varlen:
             kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
                       max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
+        if problem.mods:     # the pairs' CuTe functions and their aux tensors (fa4verify.mods)
+            from fa4verify import mods as _mods
+            aux: list = []
+            for pair in problem.mod_pairs():
+                if pair is None:
+                    continue
+                aux_p = _mods.aux_for(problem, pair, a)
+                if aux and aux_p:
+                    raise Unsupported("two mod pairs with aux tensors: FA4 shares one aux_tensors list")
+                aux = aux or aux_p
+                kw.update({n: x for n, x in pair.kw_fa4().items() if n != "aux_tensors"})
+            if aux:
+                kw["aux_tensors"] = [self._t(np.asarray(x), None) for x in aux]
+        return kw
+
+    def _fwd_kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+        kw = self._kw(problem, a)
+        kw.pop("score_mod_bwd", None)     # forward-only argument set
         return kw
 
     @staticmethod
@@ -331,7 +354,7 @@ class ProductionTarget(Target):
         dt = problem.dtype
         with self._mode(), self._emulation():
             r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
-                           return_lse=True, **self._kw(problem, a))
+                           return_lse=True, **self._fwd_kw(problem, a))
         self._note_config(r.config)
         if self.fake:
             return Fwd(np.zeros(tuple(r.out.shape)), np.zeros(tuple(r.lse.shape)), native=(r.out, r.lse))

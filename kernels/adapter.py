@@ -405,6 +405,13 @@ def _base_config(op: str, entry: str, q, k, v, *, softmax_scale, causal, window_
     )
 
 
+def _check_mods(mask_mod, causal, window_size) -> None:
+    ws = tuple(window_size) if window_size is not None else (None, None)
+    if mask_mod is not None and (causal or ws != (None, None)):
+        raise ValueError("mask_mod with causal/window_size: FA4 silently drops causal and the window "
+                         "when a mask_mod is given (_resolve_causal_local_window); write them into the mask_mod")
+
+
 def _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> bool:
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
@@ -421,8 +428,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
             pack_gqa: Optional[bool] = None, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
             return_lse: bool = True, page_table=None, seqused_q=None, seqused_k=None,
-            num_splits: int = 1, block_sparse_tensors=None, mask_mod=None,
-            q_descale=None, k_descale=None, v_descale=None) -> ForwardResult:
+            num_splits: int = 1, block_sparse_tensors=None, mask_mod=None, score_mod=None,
+            aux_tensors=None, q_descale=None, k_descale=None, v_descale=None) -> ForwardResult:
     """Run FA4's forward on CUDA tensors (fp16/bf16; layout (batch, seqlen, nheads, headdim), or
     (total, nheads, headdim) with ``cu_seqlens_q/k`` for varlen).
 
@@ -439,7 +446,10 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     ``num_splits`` is FA4's split-KV knob (1 = off; SM90 asserts on > 1).
     ``block_sparse_tensors``: FA4's ``BlockSparseTensorsTorch`` (per Q block its KV blocks;
     :func:`block_sparse_tensors` with ``direction="fwd"``). ``mask_mod``: an FA4 CuTe DSL mask
-    callable (``fa4verify.kernels.mask_mods``), passed through.
+    callable (``fa4verify.kernels.mask_mods``, ``fa4verify.kernels.mods``), passed through;
+    ``score_mod`` likewise (FA4 applies it to the scaled score, ``kernels/mods.py``);
+    ``aux_tensors``: the CUDA tensors both read. A mask_mod makes FA4 ignore ``causal`` and
+    ``window_size`` (``_resolve_causal_local_window``): they are refused here with a mask_mod.
     ``q_descale`` / ``k_descale`` / ``v_descale``: fp32 (batch, nheads_kv) factors of fp8 inputs
     (e4m3/e5m2; SM 10.x only): the logits are ``scale * (q_descale q) . (k_descale k)`` and the
     output ``P (v_descale v)`` (``fa4verify.oracles.descale``); FA4's public functions do not take
@@ -450,9 +460,14 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     _require_cuda()
     import torch
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func, interface
+    _check_mods(mask_mod, causal, window_size)
+    mods = {} if score_mod is None and aux_tensors is None else {"score_mod": score_mod, "aux_tensors": aux_tensors}
     descale = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     fp8 = str(q.dtype).startswith("torch.float8")
     if fp8 or any(t is not None for t in descale.values()):
+        if mods:
+            raise ValueError("score_mod / aux_tensors with fp8 or descale inputs are not routed by "
+                             "the adapter (FA4's private entry takes them; not audited yet)")
         return _forward_private(q, k, v, None, softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
                                 pack_gqa=pack_gqa, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -484,7 +499,9 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
                  "num_pages": int(k.shape[0]) if paged else None,
                  "seqused_q": seqused_q is not None, "seqused_k": seqused_k is not None,
                  "num_splits": int(num_splits), "block_sparse": block_sparse_tensors is not None,
-                 "mask_mod": getattr(mask_mod, "__name__", None) if mask_mod is not None else None}
+                 "mask_mod": getattr(mask_mod, "__name__", None) if mask_mod is not None else None,
+                 "score_mod": getattr(score_mod, "__name__", None) if score_mod is not None else None,
+                 "aux_tensors": len(aux_tensors) if aux_tensors else 0}
     ws = tuple(window_size) if window_size is not None else (None, None)
     with _record_keys(interface._flash_attn_fwd) as rec, torch.no_grad():
         if use_varlen_entry:
@@ -494,13 +511,13 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
                 seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
                 causal=causal, window_size=ws, learnable_sink=learnable_sink, softcap=softcap,
                 num_splits=int(num_splits), pack_gqa=pack_gqa, return_lse=return_lse,
-                block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod)
+                block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod, **mods)
         else:
             out, lse = flash_attn_func(
                 q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=ws,
                 learnable_sink=learnable_sink, softcap=softcap, pack_gqa=pack_gqa,
                 num_splits=int(num_splits), return_lse=return_lse,
-                block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod)
+                block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod, **mods)
     key = rec.keys[-1] if rec.keys else None
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")
@@ -516,7 +533,8 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
              cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
              max_seqlen_k: Optional[int] = None, deterministic: bool = False,
              dq=None, dk=None, dv=None, dlse=None, block_sparse_tensors=None,
-             seqused_q=None, seqused_k=None) -> BackwardResult:
+             seqused_q=None, seqused_k=None, score_mod=None, score_mod_bwd=None, mask_mod=None,
+             aux_tensors=None) -> BackwardResult:
     """Run FA4's backward (``flash_attn.cute.interface._flash_attn_bwd``, what the public
     autograd backward of ``flash_attn_func``/``flash_attn_varlen_func`` calls).
 
@@ -529,6 +547,8 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     sees; ``fa4verify.kernels.block_sparse.to_fa4_bwd``); not with varlen (FA4 asserts).
     ``seqused_q`` / ``seqused_k`` (int32, (batch,)): the used rows of batched q / k, as in
     :func:`forward` (FA4's ``_flash_attn_bwd`` takes them; not with block sparsity).
+    ``score_mod`` + ``score_mod_bwd`` (FA4 requires both), ``mask_mod``, ``aux_tensors``: as in
+    :func:`forward` (the same callables and tensors the forward ran with).
 
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
@@ -541,11 +561,17 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
             _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     else:
         varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _check_mods(mask_mod, causal, window_size)
+    if score_mod is not None and score_mod_bwd is None:
+        raise ValueError("backward with a score_mod needs its score_mod_bwd (FA4 asserts)")
     cfg = _base_config("backward", "_flash_attn_bwd", q, k, v, softmax_scale=softmax_scale,
                        causal=causal, window_size=window_size, softcap=softcap,
                        learnable_sink=learnable_sink, pack_gqa=pack_gqa, varlen=varlen,
                        deterministic=deterministic, return_lse=dlse is not None)
     cfg.extra = {"block_sparse": block_sparse_tensors is not None,
+                 "mask_mod": getattr(mask_mod, "__name__", None) if mask_mod is not None else None,
+                 "score_mod": getattr(score_mod, "__name__", None) if score_mod is not None else None,
+                 "aux_tensors": len(aux_tensors) if aux_tensors else 0,
                  "block_size": (list(block_sparse_tensors.block_size)
                                 if getattr(block_sparse_tensors, "block_size", None) else None),
                  "seqused_q": seqused_q is not None, "seqused_k": seqused_k is not None}
@@ -562,7 +588,8 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             deterministic=deterministic, dq=dq, dk=dk, dv=dv, dlse=dlse,
             learnable_sink=learnable_sink, block_sparse_tensors=block_sparse_tensors,
-            seqused_q=seqused_q, seqused_k=seqused_k)
+            seqused_q=seqused_q, seqused_k=seqused_k,
+            score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod, aux_tensors=aux_tensors)
     if learnable_sink is None:
         gdq, gdk, gdv = res
         dsink = None

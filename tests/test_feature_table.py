@@ -94,3 +94,24 @@ def test_sm90_mla_cells_quote_fa4s_assertions():
     assert "**not supported by FA4**" in fwd and 'FA4 asserts ("(head_dim, head_dim_v)=(64, 512)' in fwd
     assert 'FA4 asserts in the backward ("Unsupported compute capability. Supported: 10.x, 11.x")' in bwd
     assert bwd.count("FA4 asserts") == 1
+
+
+def test_mods_h200_results_fill_the_score_mod_cells_fwd_and_bwd():
+    """scripts/gpu/mods.sh's JSON makes both SM90 score_mod cells "measured on"; a built-in
+    comparison that is not bitwise is said so; SM100 cells stay compile-only."""
+    ev = T.load_evidence()
+    v = {"status": "pass", "tightness": 0.5}
+    ev["h200"]["mods"] = {"where": "measured on NVIDIA H200 (sm_90)", "result": {
+        "pairs": ["alibi", "softcap"], "errors": [],
+        "fwd": {"n_runs": 2, "max_tightness": 0.61, "all_within_budget": True},
+        "bwd": {"n_runs": 2, "max_tightness": 0.72, "all_within_budget": False},
+        "vs_builtin": {"softcap": {"bitwise": {"out": True, "lse": True, "dq": True, "dk": False, "dv": True},
+                                   "builtin_within_budget": True}},
+        "rows": [{"out": v}]}}
+    fwd = T.cell_text(F.cell("score_mod", "sm90", "fwd"), ev)
+    bwd = T.cell_text(F.cell("score_mod", "sm90", "bwd"), ev)
+    assert "measured on NVIDIA H200 (sm_90): 2 mod-pair runs (alibi/softcap) within budget, max tightness 0.61" in fwd
+    assert "softcap bitwise equal to the built-in" in fwd
+    assert "NOT all within budget, max tightness 0.72" in bwd and "softcap differs from the built-in" in bwd
+    assert "measured on" not in T.cell_text(F.cell("score_mod", "sm100", "bwd"), ev)
+    assert "compile-only: 8/8 mod pairs" in T.cell_text(F.cell("score_mod", "sm100", "bwd"), ev)

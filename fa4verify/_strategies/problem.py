@@ -68,6 +68,10 @@ class AttentionProblem:
     seqlens_k: Optional[tuple[int, ...]] = None
     mask_mod: Optional[MaskMod] = None
     values: ValueSpec = field(default_factory=ValueSpec)
+    #: registered score_mod / mask_mod pair names (``fa4verify.mods``; at most one of each kind)
+    mods: tuple[str, ...] = ()
+    #: seed of the pairs' aux-tensor factories (callers may pass real aux data: ``arrays["mod_aux"]``)
+    mod_seed: int = 0
 
     def __post_init__(self) -> None:
         # the one problem type of fa4verify: every arch and dtype FA4 has (the strategies draw
@@ -103,6 +107,19 @@ class AttentionProblem:
         if self.softcap < 0 or not math.isfinite(self.softcap):
             raise ValueError(f"softcap={self.softcap} must be finite and >= 0")
         object.__setattr__(self, "window_size", tuple(self.window_size))
+        object.__setattr__(self, "mods", tuple(self.mods))
+        if self.mods:
+            score, mask = self.mod_pairs()
+            if self.varlen or self.mask_mod is not None:
+                raise ValueError("mods cannot be combined with varlen or a MaskMod pattern (dense problems only)")
+            if mask is not None and (self.causal or self.window_size != (None, None)):
+                raise ValueError(f"mask pair {mask.name!r} with causal/window: FA4 drops causal and the window "
+                                 f"when a mask_mod is given; write them into the mask")
+            if score is not None and self.softcap:
+                raise ValueError("a score pair and softcap cannot be combined (FA4 asserts)")
+            for p_ in (score, mask):
+                if p_ is not None and p_.self_attention_only and self.seqlen_q != self.seqlen_k:
+                    raise ValueError(f"mod pair {p_.name!r} needs seqlen_q == seqlen_k")
 
     # ------------------------------------------------------------------ derived facts
     @property
@@ -133,6 +150,7 @@ class AttentionProblem:
                 "causal": self.causal, "local": self.local, "softcap": self.softcap > 0, "sink": self.sink,
                 "varlen": self.varlen, "gqa": self.nheads_kv < self.nheads,
                 "mask_mod": self.mask_mod.kind if self.mask_mod else None,
+                "mods": "+".join(self.mods) or None,
                 "distribution": self.values.distribution,
                 "seqlen_q_ne_k": self.seqlen_q != self.seqlen_k,
                 "tile_edge": any(x % 64 in (0, 1, 63) for x in (self.seqlen_q, self.seqlen_k)),
@@ -157,6 +175,8 @@ class AttentionProblem:
             parts.append(f"scale={self.softmax_scale:g}")
         if self.mask_mod:
             parts.append(f"mask_mod={self.mask_mod.kind}({self.mask_mod.param})")
+        if self.mods:
+            parts.append("mods=" + "+".join(self.mods) + (f"#{self.mod_seed}" if self.mod_seed else ""))
         parts.append(f"values={self.values.distribution}#{self.values.seed}")
         return " ".join(parts)
 
@@ -169,10 +189,24 @@ class AttentionProblem:
         ck = np.concatenate([[0], np.cumsum(self.seqlens_k)])
         return [(int(cq[b]), self.seqlens_q[b], int(ck[b]), self.seqlens_k[b]) for b in range(self.batch)]
 
-    def keep_masks(self) -> list[np.ndarray]:
+    def mod_pairs(self):
+        """``(score pair, mask pair)`` named by :attr:`mods` (None where absent)."""
+        from fa4verify import mods as _mods
+        return _mods.resolve(self.mods)
+
+    def keep_masks(self, arrays: Optional[dict] = None) -> list[np.ndarray]:
         """Per batch entry, the boolean ``(len_q, len_k)`` keep-mask (True = attended) combining
-        causal/local masking and the mask_mod pattern. Independent of heads."""
+        causal/local masking, the mask_mod pattern and a mask pair (its aux from ``arrays`` or its
+        factory). Independent of heads."""
         out = []
+        mask = self.mod_pairs()[1] if self.mods else None
+        if mask is not None:
+            from fa4verify import mods as _mods
+            aux = _mods.aux_for(self, mask, arrays)
+            qi = np.arange(self.seqlen_q)[:, None]
+            ki = np.arange(self.seqlen_k)[None, :]
+            return [np.broadcast_to(np.asarray(mask.ref(b, 0, qi, ki, aux), bool), (self.seqlen_q, self.seqlen_k))
+                    for b in range(self.batch)]
         for _, lq, _, lk in self._seq_bounds():
             if self.mask_mod is not None:
                 out.append(self.mask_mod.keep_mask(lq, lk))
@@ -248,7 +282,8 @@ class AttentionProblem:
                 "seqlens_q": list(self.seqlens_q) if self.varlen else None,
                 "seqlens_k": list(self.seqlens_k) if self.varlen else None,
                 "mask_mod": self.mask_mod.to_dict() if self.mask_mod else None,
-                "values": self.values.to_dict()}
+                "values": self.values.to_dict(),
+                **({"mods": list(self.mods), "mod_seed": self.mod_seed} if self.mods else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "AttentionProblem":
@@ -264,7 +299,8 @@ class AttentionProblem:
                    seqlens_q=tuple(d["seqlens_q"]) if d.get("seqlens_q") is not None else None,
                    seqlens_k=tuple(d["seqlens_k"]) if d.get("seqlens_k") is not None else None,
                    mask_mod=MaskMod.from_dict(d["mask_mod"]) if d.get("mask_mod") else None,
-                   values=ValueSpec.from_dict(d.get("values", {"distribution": "normal", "seed": 0})))
+                   values=ValueSpec.from_dict(d.get("values", {"distribution": "normal", "seed": 0})),
+                   mods=tuple(d.get("mods") or ()), mod_seed=int(d.get("mod_seed", 0)))
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, **kw)
@@ -369,3 +405,33 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         from hypothesis import assume
         assume(prob.work <= max_work)
     return prob
+
+
+@st.composite
+def mod_problems(draw: DrawFn, *, mods: Optional[Collection[str]] = None, arch: str = "sm90",
+                 dtype: Optional[str] = None, max_seqlen: int = 256, max_batch: int = 2, max_heads: int = 4,
+                 max_head_dim: int = 128, distributions: Optional[Collection[str]] = None,
+                 head_dim_choices: Optional[Collection[int]] = None) -> AttentionProblem:
+    """Draw a dense :class:`AttentionProblem` with one registered score_mod / mask_mod pair
+    (``fa4verify.mods``; ``mods``: the names to draw from, default every registered pair, yours
+    included). Score pairs may come with causal masking (FA4 keeps it with a score_mod); mask
+    pairs never (FA4 drops causal and windows with a mask_mod). Pairs that need
+    ``seqlen_q == seqlen_k`` get it. The aux tensors come from the pair's factory at the drawn
+    ``mod_seed`` (0..3). Never generates: varlen, softcap, sinks, MaskMod patterns. Shrinks
+    toward the first name in sorted order, then as :func:`attention_problems`."""
+    from fa4verify import mods as _mods
+    names = sorted(mods) if mods is not None else _mods.names()
+    if not names:
+        raise InvalidArgument("mods: no pair names to draw from")
+    for n in names:
+        _mods.get(n)                       # unknown names fail here, with the registry's message
+    name = draw(st.sampled_from(names))
+    pair = _mods.get(name)
+    feats = {"gqa"} | ({"causal"} if pair.kind == "score" else set())
+    base = draw(attention_problems(arch=arch, dtype=dtype, max_seqlen=max_seqlen, max_batch=max_batch,
+                                   max_heads=max_heads, max_head_dim=max_head_dim, features=feats,
+                                   distributions=distributions, head_dim_choices=head_dim_choices))
+    sk = base.seqlen_q if pair.self_attention_only else base.seqlen_k
+    causal = bool(base.causal) and pair.kind == "score"
+    return base.replace(seqlen_k=sk, causal=causal, window_size=(None, None), mods=(name,),
+                        mod_seed=draw(st.integers(0, 3)))

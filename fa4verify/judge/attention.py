@@ -55,7 +55,7 @@ def as_input_dtype(x: np.ndarray, dtype: str):
 
 def dense_problem(q, k, v, *, arch: str, dtype: str, causal: bool = False, window_size=(None, None),
                   softmax_scale: Optional[float] = None, softcap: float = 0.0, sink: bool = False,
-                  mask_mod=None) -> AttentionProblem:
+                  mask_mod=None, mods=(), mod_seed: int = 0) -> AttentionProblem:
     """The :class:`AttentionProblem` describing dense arrays (b, s, h, d) given by a caller
     (``dtype``: "bf16", "fp16" or "fp8", fa4verify's one spelling)."""
     b, sq, h, d = np.shape(q)
@@ -64,7 +64,8 @@ def dense_problem(q, k, v, *, arch: str, dtype: str, causal: bool = False, windo
     return AttentionProblem(arch=arch, dtype=dtype, batch=int(b), seqlen_q=int(sq), seqlen_k=int(sk),
                             nheads=int(h), nheads_kv=int(hk), head_dim=int(d), head_dim_v=int(dv),
                             causal=bool(causal), window_size=tuple(window_size), softcap=float(softcap or 0.0),
-                            sink=bool(sink), softmax_scale=softmax_scale, mask_mod=mask_mod)
+                            sink=bool(sink), softmax_scale=softmax_scale, mask_mod=mask_mod, mods=tuple(mods),
+                            mod_seed=int(mod_seed))
 
 
 def arrays_from(q, k, v, dout=None, learnable_sink=None, mask=None, cu_seqlens_q=None,
@@ -90,9 +91,34 @@ def _oracle_kwargs(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str,
     return kw
 
 
+def _mod_callables(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+    """The float64 oracle's score / grad / keep callables for a problem with ``mods``
+    (``fa4verify.oracles.mods``): the pairs' references on each (batch entry, head) block, with
+    the aux arrays of :func:`fa4verify.mods.aux_for`."""
+    from fa4verify import mods as _mods
+    score, _ = problem.mod_pairs()
+    keeps = problem.keep_masks(a)
+    qi = np.arange(problem.seqlen_q)[:, None]
+    ki = np.arange(problem.seqlen_k)[None, :]
+    kw: dict[str, Any] = {"softmax_scale": problem.scale, "keep": lambda b: keeps[b]}
+    if score is not None:
+        aux = _mods.aux_for(problem, score, a)
+        kw["score"] = lambda x, b, h: score.ref(x, b, h, qi, ki, aux)
+        kw["grad"] = lambda x, b, h: score.grad(x, b, h, qi, ki, aux)
+        kw["lipschitz"] = float(score.lipschitz)
+        kw["curvature"] = float(score.curvature)
+    return kw
+
+
 def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
     from fa4verify.oracles import attention as orc
     dt = problem.dtype
+    if problem.mods:
+        from fa4verify.oracles import mods as om
+        kw = _mod_callables(problem, a)
+        kw.pop("grad", None)
+        kw.pop("curvature", None)
+        return om.forward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt), **kw)
     return orc.forward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt), **_oracle_kwargs(problem, a))
 
 
@@ -100,6 +126,10 @@ def oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
     """The exact gradient (the oracle's own O enters D)."""
     from fa4verify.oracles import attention as orc
     dt = problem.dtype
+    if problem.mods:
+        from fa4verify.oracles import mods as om
+        return om.backward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt),
+                           as_input_dtype(a["dout"], dt), **_mod_callables(problem, a))
     return orc.backward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt), None,
                         as_input_dtype(a["dout"], dt), **_oracle_kwargs(problem, a))
 

@@ -101,8 +101,18 @@ class BudgetStats:
         if not varlen:
             bounds = [(b * problem.seqlen_q, problem.seqlen_q, b * problem.seqlen_k, problem.seqlen_k)
                       for b in range(problem.batch)]
-        masks = problem.keep_masks()
-        for (q0, lq, k0, lk), keep in zip(bounds, masks):
+        masks = problem.keep_masks(a) if problem.mods else problem.keep_masks()
+        # a score pair (fa4verify.mods): y = its reference, its derivative where softcap keeps
+        # tanh, its fp32 evaluation error (plus the rounding of x = fl(S scale) FA4 does before
+        # calling it) in the softcap_err slot (error_budgets/DERIVATIONS.md#score-mod)
+        spair = problem.mod_pairs()[0] if problem.mods else None
+        if spair is not None:
+            from fa4verify import mods as _mods
+            saux = _mods.aux_for(problem, spair, a)
+            sqi = np.arange(problem.seqlen_q)[:, None]
+            ski = np.arange(problem.seqlen_k)[None, :]
+        self.score_pair = spair
+        for bidx, ((q0, lq, k0, lk), keep) in enumerate(zip(bounds, masks)):
             qs, ks = slice(q0, q0 + lq), slice(k0, k0 + lk)
             if lq == 0:
                 continue
@@ -131,6 +141,9 @@ class BudgetStats:
                     th = np.tanh(x / cap)
                     y = cap * th
                     TH[h] = th
+                elif spair is not None:
+                    y = np.broadcast_to(np.asarray(spair.ref(x, bidx, h, sqi, ski, saux), np.float64), x.shape)
+                    TH[h] = np.broadcast_to(np.asarray(spair.grad(x, bidx, h, sqi, ski, saux), np.float64), x.shape)
                 else:
                     y = x
                 vis = keep
@@ -146,6 +159,12 @@ class BudgetStats:
                 if cap > 0:
                     se = budget.evaluate("softcap", {"abs_out": np.abs(y), "abs_score": np.abs(x)})
                     row["softcap_err"][qs, h] = np.max(np.where(vis, se, 0.0), axis=1, initial=0.0) * _LOG2E
+                elif spair is not None:
+                    se = _U32 * np.abs(x) + np.asarray(spair.err(x, y, bidx, h, sqi, ski, saux), np.float64)
+                    row["softcap_err"][qs, h] = np.max(np.where(vis, se, 0.0), axis=1, initial=0.0) * _LOG2E
+                    if not spair.lipschitz <= 1.0:
+                        # the S-error terms of the budgets assume |dy/dx| <= 1: not derived, undecided
+                        row["softcap_err"][qs, h] = np.nan
                 L = lse_t[qs, h]
                 with np.errstate(invalid="ignore", over="ignore"):
                     w = np.where(vis & np.isfinite(L)[:, None], np.exp(y - np.where(np.isfinite(L), L, 0.0)[:, None]), 0.0)
@@ -271,6 +290,8 @@ class BudgetStats:
                 dS = w * (dP - Dh[:, None])
                 if p.softcap > 0:
                     dS = dS * (1 - TH[h] ** 2)
+                elif self.score_pair is not None:
+                    dS = dS * TH[h]        # dy/dx of the score pair (|dy/dx| <= 1: DERIVATIONS.md#score-mod)
                 DOV = np.abs(dout[qs, h]) @ np.abs(v[ks, hk]).T
                 q_el["abs_dsk"][qs, h] = sc * np.abs(dS) @ np.abs(k[ks, hk])
                 q_el["abs_p_dov_k"][qs, h] = sc * (w * DOV) @ np.abs(k[ks, hk])

@@ -1,0 +1,170 @@
+"""The registry of score_mod / mask_mod pairs (issue 16 item 1): fa4verify's library
+(:func:`fa4verify.kernels.mods.library`) plus users' own pairs, so a user's mod is audited,
+fuzzed and gated like a built-in.
+
+>>> import numpy as np
+>>> from fa4verify import mods
+>>> from fa4verify.kernels.mods import ModPair
+>>> p = ModPair("my_bias", "score", lambda x, b, h, qi, ki, a: x + 0.25,
+...             grad=lambda x, *r: np.ones_like(x),
+...             err=lambda x, y, *r: 2.0 ** -24 * (np.abs(x) + 0.25))
+>>> mods.register_mod_pair(p) is p
+True
+>>> "my_bias" in mods.names()
+True
+>>> mods.unregister("my_bias")
+
+A problem names its pairs (``AttentionProblem(mods=("alibi",))``); the judge's oracle applies
+each pair's float64 reference (``fa4verify.oracles.mods``) and the budgets add the pair's
+``err`` term (error_budgets/DERIVATIONS.md#score-mod). :func:`validate` is what registration
+checks: a malformed pair is refused with a one-line :class:`ModPairError`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable, Optional
+
+import numpy as np
+
+from fa4verify.kernels.mods import ModPair, ModShape, library
+
+__all__ = ["ModPair", "ModShape", "ModPairError", "register_mod_pair", "unregister", "get", "names",
+           "validate", "resolve", "aux_for"]
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_REGISTRY: dict[str, ModPair] = {}
+_BUILTIN: set[str] = set()
+
+
+class ModPairError(ValueError):
+    """A malformed or unknown mod pair (one-line message)."""
+
+
+def _probe_shape() -> ModShape:
+    return ModShape(batch=2, nheads=2, seqlen_q=8, seqlen_k=8)
+
+
+def validate(pair: ModPair) -> ModPair:
+    """Check ``pair`` on a small problem: name, kind, callables, the reference's shape and dtype,
+    finiteness, head independence of masks, and for score pairs ``grad`` and ``err`` (finite,
+    ``err >= 0``) and a finite ``lipschitz`` >= 0. Raises :class:`ModPairError`."""
+    if not isinstance(pair, ModPair):
+        raise ModPairError(f"expected a fa4verify.kernels.mods.ModPair, got {type(pair).__name__}")
+    n = pair.name
+    if not isinstance(n, str) or not _NAME.match(n):
+        raise ModPairError(f"mod pair name {n!r} must match [a-z][a-z0-9_]* (at most 64 characters)")
+    if pair.kind not in ("score", "mask"):
+        raise ModPairError(f"mod pair {n!r}: kind must be 'score' or 'mask', got {pair.kind!r}")
+    if not callable(pair.ref):
+        raise ModPairError(f"mod pair {n!r}: ref must be callable")
+    if pair.build is not None and not callable(pair.build):
+        raise ModPairError(f"mod pair {n!r}: build must be callable or None")
+    if pair.kind == "score":
+        for f in ("grad", "err"):
+            if not callable(getattr(pair, f)):
+                raise ModPairError(f"mod pair {n!r}: a score pair needs a callable {f} "
+                                   f"({'dy/dx for the backward' if f == 'grad' else 'its fp32 evaluation error bound'})")
+        for f in ("lipschitz", "curvature"):
+            val = getattr(pair, f)
+            if not (isinstance(val, (int, float)) and np.isfinite(val) and val >= 0):
+                raise ModPairError(f"mod pair {n!r}: {f} must be a finite number >= 0, got {val!r}")
+    elif pair.grad is not None or pair.err is not None:
+        raise ModPairError(f"mod pair {n!r}: a mask pair has no grad/err (its keep set is exact)")
+    sh = _probe_shape()
+    try:
+        aux = pair.make_aux(sh, seed=0)
+    except Exception as e:  # noqa: BLE001 - the user's factory failing is the message
+        raise ModPairError(f"mod pair {n!r}: aux factory failed on {sh}: {type(e).__name__}: {e}") from None
+    qi = np.arange(sh.seqlen_q)[:, None]
+    ki = np.arange(sh.seqlen_k)[None, :]
+    x = np.linspace(-3.0, 3.0, sh.seqlen_q * sh.seqlen_k).reshape(sh.seqlen_q, sh.seqlen_k)
+    try:
+        if pair.kind == "score":
+            y = np.asarray(pair.ref(x.copy(), 0, 1, qi, ki, aux))
+            g = np.asarray(pair.grad(x.copy(), 0, 1, qi, ki, aux))
+            e = np.asarray(pair.err(x.copy(), np.broadcast_to(y, x.shape), 0, 1, qi, ki, aux))
+            outs = {"ref": y, "grad": g, "err": e}
+        else:
+            k0 = np.asarray(pair.ref(0, 0, qi, ki, aux))
+            k1 = np.asarray(pair.ref(0, 1, qi, ki, aux))
+            outs = {"ref": k0}
+    except Exception as e:  # noqa: BLE001
+        raise ModPairError(f"mod pair {n!r}: reference failed on {sh}: {type(e).__name__}: {e}") from None
+    for what, arr in outs.items():
+        try:
+            arr = np.broadcast_to(arr, x.shape)
+        except ValueError:
+            raise ModPairError(f"mod pair {n!r}: {what} returned shape {np.shape(arr)}, not broadcastable "
+                               f"to the (q, kv) block {x.shape}") from None
+        if pair.kind == "mask":
+            if arr.dtype != bool:
+                raise ModPairError(f"mod pair {n!r}: a mask ref must return booleans, got {arr.dtype}")
+        elif not np.issubdtype(arr.dtype, np.floating) or not np.isfinite(arr).all():
+            raise ModPairError(f"mod pair {n!r}: {what} must return finite floats on finite scores")
+    if pair.kind == "score" and (np.asarray(outs["err"]) < 0).any():
+        raise ModPairError(f"mod pair {n!r}: err must be >= 0")
+    if pair.kind == "mask" and not np.array_equal(np.broadcast_to(k0, x.shape), np.broadcast_to(k1, x.shape)):
+        raise ModPairError(f"mod pair {n!r}: the mask depends on the head; the judge's keep-masks are per "
+                           f"batch entry (write a head-independent mask)")
+    return pair
+
+
+def register_mod_pair(pair: ModPair, *, replace: bool = False) -> ModPair:
+    """Validate and register ``pair`` under ``pair.name``; returns it. A built-in name, or a
+    taken name without ``replace=True``, is refused (:class:`ModPairError`)."""
+    validate(pair)
+    if pair.name in _BUILTIN:
+        raise ModPairError(f"mod pair name {pair.name!r} is a fa4verify built-in; choose another name")
+    if pair.name in _REGISTRY and not replace:
+        raise ModPairError(f"mod pair {pair.name!r} is already registered (replace=True to overwrite)")
+    _REGISTRY[pair.name] = pair
+    return pair
+
+
+def unregister(name: str) -> None:
+    if name in _BUILTIN:
+        raise ModPairError(f"mod pair {name!r} is a built-in and cannot be unregistered")
+    _REGISTRY.pop(name, None)
+
+
+def get(name: str) -> ModPair:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ModPairError(f"unknown mod pair {name!r} (registered: {', '.join(sorted(_REGISTRY))})") from None
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def resolve(names_: Iterable[str]) -> tuple[Optional[ModPair], Optional[ModPair]]:
+    """``(score pair, mask pair)`` of a problem's ``mods`` (at most one of each)."""
+    score = mask = None
+    for nm in names_:
+        p = get(nm)
+        if p.kind == "score":
+            if score is not None:
+                raise ModPairError(f"two score mods ({score.name}, {nm}): FA4 takes one score_mod")
+            score = p
+        else:
+            if mask is not None:
+                raise ModPairError(f"two mask mods ({mask.name}, {nm}): FA4 takes one mask_mod")
+            mask = p
+    return score, mask
+
+
+def aux_for(problem, pair: ModPair, arrays=None) -> list:
+    """The aux arrays of ``pair`` in ``problem``: ``arrays["mod_aux"][pair.name]`` when the
+    caller gives them (real data), else the pair's factory at the problem's ``mod_seed``."""
+    given = (arrays or {}).get("mod_aux") or {}
+    if pair.name in given:
+        return [np.asarray(x) for x in given[pair.name]]
+    return pair.make_aux(ModShape(problem.batch, problem.nheads, problem.seqlen_q, problem.seqlen_k),
+                         seed=int(getattr(problem, "mod_seed", 0)))
+
+
+for _p in library():
+    validate(_p)
+    _REGISTRY[_p.name] = _p
+    _BUILTIN.add(_p.name)

@@ -1,0 +1,438 @@
+"""Paired FA4 ``score_mod`` / ``mask_mod`` callables: each :class:`ModPair` holds the CuTe DSL
+function FA4 runs and a float64 numpy reference of the same function, so the oracle applies
+exactly the modification the kernel applies (issue 16 item 1).
+
+FA4's contract (flash-attn-4 4.0.0b36, read from the installed source):
+
+* ``score_mod(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors) -> score`` gets the
+  **scaled** score ``x = fl(S * softmax_scale)`` in natural-log units (``softmax.py:
+  apply_score_mod_inner``: ``score_tensor[i] * softmax_scale``; ``utils.compute_softmax_scale_log2``
+  keeps ``softmax_scale`` apart and uses ``log2(e)`` as the exp2 scale when a score_mod is set), as
+  fp32 ``TensorSSA`` of ``vec_size`` elements (1 with aux tensors); indices are Int32 SSA.
+  The softmax is over the returned ``y``; masking (``-inf``) comes after.
+* ``score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors) -> grad * dy/dx``
+  (``apply_score_mod_bwd_inner``: "dlogits rewritten in-place with d(scaled_scores)"; ``score`` is
+  again the scaled pre-mod score). FA4's backward requires it whenever a score_mod is given
+  (``interface.py``: "score_mod_bwd is required when score_mod is provided").
+* ``mask_mod(b, h, q_idx, kv_idx, seqlen_info, aux_tensors) -> Boolean`` (``mask.py:
+  call_mask_mod``; True = attend; scalar SSA indices). With a mask_mod FA4 **drops causal and
+  window** (``_resolve_causal_local_window`` returns ``causal=False, local=False``): a causal
+  mask must be written into the mask_mod.
+* ``aux_tensors``: torch tensors handed through to both; indices reaching them are wrapped
+  modulo seqlen when FA4 also masks the sequence end.
+
+References take numpy arrays broadcast to one (batch entry, head) block: ``b``, ``h`` ints,
+``q_idx`` (lq, 1), ``kv_idx`` (1, lk), ``scores`` (lq, lk) float64, ``aux`` the list of numpy
+aux arrays. CuTe functions are built lazily (:meth:`ModPair.cute`), ``None`` without the DSL.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["ModShape", "ModPair", "alibi", "rel_bias", "softcap_mod", "document_mask", "prefix_lm",
+           "sliding_window", "causal_mask", "checkerboard", "library", "U32"]
+
+U32 = 2.0 ** -24
+#: PTX ``tanh.approx.f32`` maximum relative error (error_budgets/DERIVATIONS.md#m-constants)
+TANH_REL = 2.0 ** -10.987
+
+
+@dataclass(frozen=True)
+class ModShape:
+    """What an aux-tensor factory needs to know about the problem."""
+    batch: int
+    nheads: int
+    seqlen_q: int
+    seqlen_k: int
+
+
+@dataclass(frozen=True, eq=False)
+class ModPair:
+    """One FA4 modification and its float64 reference.
+
+    * ``name``: registry key (``[a-z0-9_]+``).
+    * ``kind``: "score" (``ref`` returns the modified score ``y``, ``grad`` returns ``dy/dx``,
+      ``err`` an upper bound, natural-log units, on ``|y_kernel - y(x)|`` for the fp32 ``x`` the
+      kernel holds: the mod's own fp32 evaluation, not the rounding of ``x``) or "mask" (``ref``
+      returns the boolean keep-mask, True = attend; it must not depend on the head).
+    * ``build``: ``() -> (cute_fn, cute_bwd_fn_or_None)``, imported and traced only when called.
+    * ``aux``: ``(ModShape, numpy Generator) -> [numpy arrays]`` (float32 / int32; handed to FA4
+      as CUDA tensors and to ``ref`` as numpy), or None. The CuTe function reads them from
+      ``aux_tensors[0]`` on: two pairs with aux tensors cannot share one FA4 call.
+    * ``lipschitz``: ``sup |dy/dx|``; the composed budgets assume <= 1 (the judge reports a pair
+      above it undecided: error_budgets/DERIVATIONS.md#score-mod).
+    * ``equivalent``: the FA4 built-in this pair equals, e.g. ``{"softcap": 30.0}``,
+      ``{"window_size": (l, r)}``, ``{"causal": True}`` (the GPU script compares them).
+    * ``features``: FA4 features the call needs ("score_mod", "score_mod_bwd", "mask_mod",
+      "aux_tensors").
+    """
+
+    name: str
+    kind: Literal["score", "mask"]
+    ref: Callable[..., np.ndarray]
+    build: Optional[Callable[[], tuple]] = None
+    grad: Optional[Callable[..., np.ndarray]] = None
+    err: Optional[Callable[..., np.ndarray]] = None
+    aux: Optional[Callable[[ModShape, np.random.Generator], list]] = None
+    lipschitz: float = 1.0
+    curvature: float = 0.0                 #: sup |d^2 y / dx^2| (the oracle's bound on grad)
+    equivalent: dict = field(default_factory=dict)
+    features: tuple = ()
+    description: str = ""
+    self_attention_only: bool = False      #: needs seqlen_q == seqlen_k (indices shared)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_cache", {})
+
+    # -- CuTe side (lazy)
+    def _built(self):
+        c = self._cache           # type: ignore[attr-defined]
+        if "fns" not in c:
+            if self.build is None:
+                c["fns"] = (None, None)
+            else:
+                try:
+                    import cutlass.cute  # noqa: F401
+                except Exception:          # no CUTLASS DSL: the references still work
+                    c["fns"] = (None, None)
+                else:
+                    c["fns"] = tuple(self.build())
+        return c["fns"]
+
+    def cute(self):
+        """The CuTe DSL ``score_mod`` / ``mask_mod`` (None without nvidia-cutlass-dsl)."""
+        return self._built()[0]
+
+    def cute_bwd(self):
+        """The CuTe DSL ``score_mod_bwd`` (score pairs; None for masks or without the DSL)."""
+        return self._built()[1]
+
+    # -- data side
+    def make_aux(self, shape: ModShape, seed: int = 0) -> list:
+        if self.aux is None:
+            return []
+        return [np.ascontiguousarray(x) for x in self.aux(shape, np.random.default_rng(seed))]
+
+    def kw_fa4(self, aux_torch=None) -> dict[str, Any]:
+        """Keyword arguments for ``fa4verify.kernels.adapter.forward`` / ``backward``."""
+        kw: dict[str, Any] = {}
+        if self.kind == "score":
+            kw["score_mod"] = self.cute()
+            kw["score_mod_bwd"] = self.cute_bwd()
+        else:
+            kw["mask_mod"] = self.cute()
+        if aux_torch:
+            kw["aux_tensors"] = list(aux_torch)
+        return kw
+
+    def apply(self, scores, b: int, h: int, q_idx, kv_idx, aux):
+        """Score pairs: ``y``; mask pairs: ``scores`` with ``-inf`` where not kept (float64)."""
+        s = np.asarray(scores, np.float64)
+        if self.kind == "score":
+            return np.broadcast_to(np.asarray(self.ref(s, b, h, q_idx, kv_idx, aux), np.float64), s.shape)
+        keep = np.broadcast_to(np.asarray(self.ref(b, h, q_idx, kv_idx, aux), bool), s.shape)
+        return np.where(keep, s, -np.inf)
+
+
+def _ssa(a, dtype):
+    """A scalar as a shape-(1,) TensorSSA (inside ``@cute.jit`` code; the idiom of FA4's
+    ``utils.scalar_to_ssa``, written here so this module does not import flash_attn)."""
+    import cutlass.cute as cute
+    vec = cute.make_rmem_tensor(1, dtype)
+    vec[0] = a
+    return vec.load()
+
+
+def _absdiff(q_idx, kv_idx):
+    return np.abs(np.asarray(q_idx, np.int64) - np.asarray(kv_idx, np.int64)).astype(np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# score mods
+# ---------------------------------------------------------------------------------------------
+
+def _identity_bwd():
+    import cutlass.cute as cute
+
+    @cute.jit
+    def identity_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return grad
+    return identity_bwd
+
+
+def alibi() -> ModPair:
+    """ALiBi: ``y = x - slope[h] * |q_idx - kv_idx|``, per-head slopes ``2^(-8 (h+1) / H)`` as
+    an fp32 aux tensor (the reference reads the same fp32 slopes).
+
+    Kernel error (fp32): ``|q - kv|`` converts exactly (< 2^24), ``slope * d`` and the subtraction
+    round once each (or fuse into one FMA): ``err <= gamma(2) (|x| + |slope d|)``."""
+    def aux(s: ModShape, rng):
+        return [np.asarray([2.0 ** (-8.0 * (i + 1) / s.nheads) for i in range(s.nheads)], np.float32)]
+
+    def ref(x, b, h, qi, ki, a):
+        return x - float(a[0][h]) * _absdiff(qi, ki)
+
+    def err(x, y, b, h, qi, ki, a):
+        g2 = 2 * U32 / (1 - 2 * U32)
+        return g2 * (np.abs(x) + float(a[0][h]) * _absdiff(qi, ki))
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass._mlir.dialects import math as mlir_math
+
+        @cute.jit
+        def alibi_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            slopes = aux_tensors[0]
+            slope = _ssa(slopes[h[0]], cutlass.Float32)
+            diff = q_idx - kv_idx
+            dist = cute.TensorSSA(mlir_math.absi(diff), diff.shape, diff.dtype).to(cutlass.Float32)
+            return score - slope * dist
+        return alibi_score, _identity_bwd()
+
+    return ModPair("alibi", "score", ref, build, grad=lambda x, *r: np.ones_like(x), err=err, aux=aux,
+                   features=("score_mod", "score_mod_bwd", "aux_tensors"),
+                   description="ALiBi, per-head fp32 slopes 2^(-8(h+1)/H) in aux_tensors[0]")
+
+
+REL_RADIUS = 64
+
+
+def rel_bias(radius: int = REL_RADIUS) -> ModPair:
+    """Relative-position bias table: ``y = x + table[clip(kv - q, -R, R) + R]``, an fp32 aux
+    tensor of ``2R + 1`` entries (one rounding: ``err <= u (|x| + |t|)``)."""
+    R = int(radius)
+
+    def aux(s: ModShape, rng):
+        return [(0.5 * rng.standard_normal(2 * R + 1)).astype(np.float32)]
+
+    def idx(qi, ki):
+        return np.clip(np.asarray(ki, np.int64) - np.asarray(qi, np.int64), -R, R) + R
+
+    def ref(x, b, h, qi, ki, a):
+        return x + np.asarray(a[0], np.float64)[idx(qi, ki)]
+
+    def err(x, y, b, h, qi, ki, a):
+        return U32 * (np.abs(x) + np.abs(np.asarray(a[0], np.float64)[idx(qi, ki)]))
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+
+        @cute.jit
+        def rel_bias_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            table = aux_tensors[0]
+            d = kv_idx - q_idx
+            lo = cute.full_like(d, -R)
+            hi = cute.full_like(d, R)
+            d = cute.where(d < lo, lo, d)
+            d = cute.where(d > hi, hi, d)
+            i = d + cute.full_like(d, R)
+            t = _ssa(table[i[0]], cutlass.Float32)
+            return score + t
+        return rel_bias_score, _identity_bwd()
+
+    return ModPair("rel_bias", "score", ref, build, grad=lambda x, *r: np.ones_like(x), err=err, aux=aux,
+                   features=("score_mod", "score_mod_bwd", "aux_tensors"),
+                   description=f"relative-position bias table, clip(kv - q, -{R}, {R}), fp32 aux_tensors[0]")
+
+
+SOFTCAP = 30.0
+
+
+def softcap_mod(cap: float = SOFTCAP) -> ModPair:
+    """Softcap as a score_mod: ``y = cap * tanh(x / cap)``, ``dy/dx = 1 - tanh^2``, written with
+    the operations of FA4's built-in (``utils.create_softcap_scoremod``: IEEE division,
+    ``tanh(fastmath=True)`` = ``tanh.approx.f32``, one multiply), so the kernel FA4 builds for
+    ``softcap=cap`` and for this pair is the same code: **expected bitwise equal** to the
+    built-in (forward and backward), and within budget in any case.
+
+    Kernel error: ``err <= (tanh_rel + gamma(2)) |y| + gamma(2) |x|`` (DERIVATIONS.md#softcap,
+    the x rounding included there is counted separately here: it is below it)."""
+    c = float(cap)
+    if not (c > 0 and math.isfinite(c)):
+        raise ValueError(f"softcap must be finite and > 0, got {cap}")
+
+    def ref(x, *r):
+        return c * np.tanh(x / c)
+
+    def grad(x, *r):
+        return 1.0 / np.cosh(x / c) ** 2
+
+    def err(x, y, *r):
+        g2 = 2 * U32 / (1 - 2 * U32)
+        return (TANH_REL + g2) * np.abs(y) + g2 * np.abs(x)
+
+    def build():
+        import cutlass.cute as cute
+
+        @cute.jit
+        def softcap_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            t = score / c
+            return c * cute.math.tanh(t, fastmath=True)
+
+        @cute.jit
+        def softcap_score_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            t = cute.math.tanh(score / c, fastmath=True)
+            return grad * (1.0 - t * t)
+        return softcap_score, softcap_score_bwd
+
+    # |d^2/dx^2 c tanh(x/c)| = 2 sech^2 tanh / c <= (4 / (3 sqrt 3)) / c < 1 / c
+    return ModPair("softcap", "score", ref, build, grad=grad, err=err, curvature=1.0 / c, equivalent={"softcap": c},
+                   features=("score_mod", "score_mod_bwd"),
+                   description=f"softcap {c:g} * tanh(x / {c:g}) as a score_mod")
+
+
+# ---------------------------------------------------------------------------------------------
+# mask mods (exact: integer index arithmetic, so kernel and reference keep the same set)
+# ---------------------------------------------------------------------------------------------
+
+def document_mask(max_docs: int = 4) -> ModPair:
+    """Document / segment mask: keep iff ``doc[b, q] == doc[b, kv]`` (aux int32 ``(batch,
+    seqlen)`` of non-decreasing document ids; self-attention, seqlen_q == seqlen_k)."""
+    def aux(s: ModShape, rng):
+        if s.seqlen_q != s.seqlen_k:
+            raise ValueError("document_mask: seqlen_q must equal seqlen_k (shared token positions)")
+        ids = np.zeros((s.batch, s.seqlen_k), np.int32)
+        for b in range(s.batch):
+            n = int(rng.integers(1, max_docs + 1))
+            cuts = np.sort(rng.choice(np.arange(1, max(s.seqlen_k, 2)), size=min(n - 1, max(s.seqlen_k - 1, 0)),
+                                      replace=False)) if s.seqlen_k > 1 else np.zeros(0, int)
+            ids[b] = np.searchsorted(cuts, np.arange(s.seqlen_k), side="right")
+        return [ids]
+
+    def ref(b, h, qi, ki, a):
+        d = np.asarray(a[0])
+        return d[b][np.asarray(qi)] == d[b][np.asarray(ki)]
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+
+        @cute.jit
+        def document_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            doc = aux_tensors[0]
+            dq = _ssa(doc[b[0], q_idx[0]], cutlass.Int32)
+            dk = _ssa(doc[b[0], kv_idx[0]], cutlass.Int32)
+            return dq == dk
+        return document_keep, None
+
+    return ModPair("document", "mask", ref, build, aux=aux, features=("mask_mod", "aux_tensors"),
+                   self_attention_only=True,
+                   description="document mask, int32 doc ids (batch, seqlen) in aux_tensors[0]")
+
+
+PREFIX = 192
+
+
+def prefix_lm(prefix: int = PREFIX) -> ModPair:
+    """Prefix-LM: keys ``< prefix`` are visible to every query, the rest causally
+    (``kv <= q``, top-left aligned; self-attention)."""
+    P = int(prefix)
+
+    def ref(b, h, qi, ki, a):
+        qi, ki = np.asarray(qi), np.asarray(ki)
+        return (ki < P) | (ki <= qi)
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+
+        @cute.jit
+        def prefix_lm_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            p = _ssa(P, cutlass.Int32)
+            return (kv_idx < p) | (kv_idx <= q_idx)
+        return prefix_lm_keep, None
+
+    return ModPair("prefix_lm", "mask", ref, build, features=("mask_mod",), self_attention_only=True,
+                   description=f"prefix-LM, bidirectional prefix of {P} keys, causal after")
+
+
+def _window_keep(qi, ki, left, right, offset):
+    c = np.asarray(qi, np.int64) + offset
+    ki = np.asarray(ki, np.int64)
+    keep = np.ones(np.broadcast_shapes(np.shape(c), np.shape(ki)), bool)
+    if left is not None:
+        keep &= ki >= c - left
+    if right is not None:
+        keep &= ki <= c + right
+    return keep
+
+
+def sliding_window(left: Optional[int], right: Optional[int], offset: int = 0, name: str = "") -> ModPair:
+    """FA4's ``window_size=(left, right)`` written as a mask_mod: keep iff ``c - left <= kv <=
+    c + right`` with ``c = q + offset`` (``offset = seqlen_k - seqlen_q``: FA4's bottom-right
+    alignment; None = unbounded side). The keep set equals FA4's window exactly; outputs are
+    expected **bitwise** equal to the ``window_size`` call at hd 128 on SM90 (same 128 x 128
+    forward tiles, ``_tile_size_fwd_sm90``; the mask_mod path also visits the fully masked KV
+    tiles the window path skips, and those add exact zeros to the row sum and O) -- the GPU
+    script measures it; the contract judged is the budget."""
+    L = None if left is None else int(left)
+    Rr = None if right is None else int(right)
+    off = int(offset)
+
+    def ref(b, h, qi, ki, a):
+        return _window_keep(qi, ki, L, Rr, off)
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+
+        if L is not None and Rr is not None:
+            @cute.jit
+            def window_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+                c = q_idx + _ssa(off, cutlass.Int32)
+                return (kv_idx >= c - _ssa(L, cutlass.Int32)) & \
+                    (kv_idx <= c + _ssa(Rr, cutlass.Int32))
+        elif L is not None:
+            @cute.jit
+            def window_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+                c = q_idx + _ssa(off, cutlass.Int32)
+                return kv_idx >= c - _ssa(L, cutlass.Int32)
+        elif Rr is not None:
+            @cute.jit
+            def window_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+                c = q_idx + _ssa(off, cutlass.Int32)
+                return kv_idx <= c + _ssa(Rr, cutlass.Int32)
+        else:
+            raise ValueError("sliding_window: at least one side must be bounded")
+        return window_keep, None
+
+    if L is None and Rr is None:
+        raise ValueError("sliding_window: at least one of left/right must be given")
+    return ModPair(name or "sliding_window", "mask", ref, build, features=("mask_mod",),
+                   equivalent={"window_size": (L, Rr), "offset": off},
+                   description=f"window ({L}, {Rr}) offset {off} as a mask_mod")
+
+
+def causal_mask(offset: int = 0) -> ModPair:
+    """Causal as a mask_mod: keep iff ``kv <= q + offset`` (``offset = seqlen_k - seqlen_q`` is
+    FA4's ``causal=True``)."""
+    p = sliding_window(None, 0, offset, name="causal")
+    return ModPair("causal", "mask", p.ref, p.build, features=("mask_mod",),
+                   equivalent={"causal": True, "offset": int(offset)},
+                   description=f"causal (kv <= q + {int(offset)}) as a mask_mod")
+
+
+def checkerboard() -> ModPair:
+    """The 128 x 128 checkerboard of :mod:`fa4verify.kernels.mask_mods`."""
+    from fa4verify.kernels import mask_mods as mm
+
+    def ref(b, h, qi, ki, a):
+        return ((np.asarray(qi) // mm.CHECKER_BLOCK + np.asarray(ki) // mm.CHECKER_BLOCK) % 2) == 0
+
+    return ModPair("checkerboard", "mask", ref, lambda: (mm.checkerboard_128, None), features=("mask_mod",),
+                   description="(q // 128 + kv // 128) % 2 == 0")
+
+
+WINDOW = (128, 0)
+
+
+def library() -> list[ModPair]:
+    """fa4verify's built-in pairs (the default parameters the GPU script and tests use)."""
+    return [alibi(), rel_bias(), softcap_mod(), document_mask(), prefix_lm(),
+            sliding_window(*WINDOW), causal_mask(), checkerboard()]
