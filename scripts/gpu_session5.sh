@@ -49,7 +49,7 @@ for step in "$@"; do
     pagednan) timeout "$left" python3 scripts/gpu_paged_empty_nan.py --json "$OUT/paged_empty_nan.json" 2>&1 | grep -v Warning | tail -8 ;;
     gputests) timeout "$left" python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1;
               tail -15 "$OUT/gpu_tests.log" ;;
-    combine)  timeout "$left" python3 scripts/gpu_combine_diag.py --json "$OUT/combine_diag.json" --timeout 60 2>&1 | grep -v Warn | tail -20 ;;
+    combine)  timeout "$left" python3 scripts/gpu_combine_diag.py --json "$OUT/combine_diag.json" --timeout 60 ${COMBINE_ONLY:+--only $COMBINE_ONLY} 2>&1 | grep -v Warn | tail -20 ;;
     mods)     timeout "$left" bash scripts/gpu/mods.sh ;;
     seqused)  timeout "$left" bash scripts/gpu/features.sh seqused_bwd ;;
     fuzzfeat) timeout "$left" bash scripts/gpu/fuzz_features.sh ;;
