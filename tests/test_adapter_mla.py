@@ -6,10 +6,11 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("flash_attn.cute", reason="flash_attn.cute (flash-attn-4) not installed")
+import torch
 
-from fa4verify.kernels import adapter  # noqa: E402
+from fa4verify.kernels import adapter
+
+pytestmark = pytest.mark.fa4
 
 
 def _t(*shape):

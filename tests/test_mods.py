@@ -304,11 +304,11 @@ def test_problem_with_mods_round_trips_json_and_refuses_bad_combinations():
     assert _problem(("alibi",), causal=True).causal
 
 
+@pytest.mark.fa4
 def test_cute_functions_are_built_lazily_and_cached():
     pair = km.alibi()
     assert "fns" not in pair._cache
     f = pair.cute()
-    pytest.importorskip("cutlass")
     assert f is not None and pair.cute() is f and pair.cute_bwd() is not None
     assert km.document_mask().cute_bwd() is None
     assert math.isclose(km.softcap_mod().equivalent["softcap"], km.SOFTCAP)
@@ -395,8 +395,8 @@ def _recording_adapter(problem, arrays):
     return mod, calls
 
 
+@pytest.mark.fa4
 def test_production_target_passes_cute_mods_and_aux_tensors_and_the_twin_refuses_them():
-    pytest.importorskip("cutlass")
     from fa4verify import fuzz
     from fa4verify.targets import TwinTarget, Unsupported
     p = _problem(("rel_bias", "prefix_lm"))
