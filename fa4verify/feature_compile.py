@@ -207,7 +207,8 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
                 if case.kind == "sparse_bwd":
                     # SM100's backward tiles are 128 x 128 (interface._flash_attn_bwd); SM90's
                     # depend on the head dim (_tile_size_bwd_sm90)
-                    sm100 = str(rec["arch"] or "").startswith("sm_10")
+                    from fa4verify.kernels.facts import arch_of_ptx_target, is_sm100_family
+                    sm100 = is_sm100_family(arch_of_ptx_target(rec["arch"])) if rec["arch"] else False
                     bq, bk = (128, 128) if sm100 else ad.sm90_bwd_sparse_block_size(d)
                     bm = np.ones((-(-s // bq), -(-s // bk)), bool)
                     bs = ad.block_sparse_tensors(bm, batch=1, nheads=h, block_size=(bq, bk), direction="bwd")

@@ -30,8 +30,8 @@ def test_merge_replaces_same_labels_and_keeps_the_rest():
     new = {"arch": "sm_90a", "wall_seconds": 2.0, "results": [{"label": "b", "ok": True}, {"label": "c", "ok": True}]}
     m = merge(old, new)
     assert [(r["label"], r["ok"]) for r in m["results"]] == [("a", True), ("b", True), ("c", True)]
-    assert [r["wall_seconds"] for r in m["runs"]] == [1.0, 2.0]
-    with pytest.raises(ValueError, match="cannot merge"):
+    assert [(r["labels"], r["wall_seconds"]) for r in m["merged_runs"]] == [(["b", "c"], 2.0)]
+    with pytest.raises(ValueError, match="sm_90a.*sm_100a"):
         merge(old, dict(new, arch="sm_100a"))
 
 
