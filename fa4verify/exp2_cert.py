@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable, Literal
 
 import numpy as np
@@ -195,8 +195,46 @@ def _fma_pos(q: np.ndarray, f64: np.ndarray, c: float, out: np.ndarray | None = 
     return out
 
 
+def _fma_pos_fast(q: np.ndarray, f64: np.ndarray, c: float) -> np.ndarray:
+    """``_fma_pos`` (RN fp32 fma(q, f, c), f >= 0, c > 0), bit for bit, in fewer passes.
+
+    Note [Horner without round-to-odd]: p = q*f is exact in float64 (24 + 24 bits) and
+    s = RN64(p + c). RN32(s) differs from RN32(p + c) only when s is an fp32 midpoint: RN64 is
+    monotone and every fp32 midpoint is a float64, so if s is no midpoint then s and the exact sum
+    lie on the same side of every midpoint, hence round to the same fp32 value. s > 0 is a
+    midpoint iff its 29 low mantissa bits are 1 followed by 28 zeros (s is a normal float64: an fp32
+    midpoint between normal fp32 values has 25 significant bits). Only those elements (about 2^-28
+    of them) take the exact round-to-odd path of ``_fma_pos``.
+    """
+    p = q.astype(np.float64)
+    p *= f64
+    s = p + c
+    mid = (s.view(np.int64) & 0x1FFFFFFF) == 0x10000000
+    out = s.astype(np.float32)
+    if mid.any():
+        i = np.flatnonzero(mid)
+        out[i] = _fma_pos(q[i], f64[i], c)
+    return out
+
+
 def _horner(f: np.ndarray, cs: tuple[np.float32, ...]) -> np.ndarray:
     """fp32 Horner with fused FMAs (FA4's ``evaluate_polynomial``), for f >= 0, positive coeffs."""
+    if _IMPL == "reference":
+        return _horner_reference(f, cs)
+    out = np.empty(f.shape, dtype=np.float32)
+    step = 1 << 16                              # cache-sized blocks
+    for a in range(0, f.size, step):
+        fb = f[a:a + step]
+        f64 = fb.astype(np.float64)
+        q = np.full(fb.shape, cs[-1], dtype=np.float32)
+        for c in cs[-2::-1]:
+            q = _fma_pos_fast(q, f64, float(c))
+        out[a:a + step] = q
+    return out
+
+
+def _horner_reference(f: np.ndarray, cs: tuple[np.float32, ...]) -> np.ndarray:
+    """``_horner`` by round-to-odd FMAs at every step (the implementation before session 5)."""
     out = np.empty(f.shape, dtype=np.float32)
     step = 1 << 16                              # cache-sized blocks
     for a in range(0, f.size, step):
@@ -253,8 +291,10 @@ def _spacing(x: np.ndarray) -> np.ndarray:
 
 
 # ============================================================================ direct evaluation
-def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Per-input error measures for float32 inputs ``x`` (main domain) and emulated values ``emu``:
+def metrics_reference(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """``metrics`` as computed before session 5 (one oracle filter per format; any emu values).
+
+    Per-input error measures for float32 inputs ``x`` (main domain) and emulated values ``emu``:
     ``rel`` (signed), ``d32`` (fp32 ulps from RN32(2^x)), ``u_bf16``/``u_f16`` (|RN_fmt(emu) - 2^x|
     in ulps of 2^x), ``w_bf16``/``w_f16`` (RN_fmt(emu) != RN_fmt(2^x)) and ``w`` (ulp(x) weights)."""
     from fa4verify.oracles.exp2 import exp2_cr_from_f64, round_f64
@@ -278,6 +318,97 @@ def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict
         m[f"w_{fmt}"] = r != cr
     m["w"] = _spacing(x)
     return m
+
+
+#: "fused" (default) or "reference": which ``metrics`` / ``_horner`` the sweep runs; the two are
+#: equal bit for bit (tests/test_exp2_sweep_speed.py compares whole sweeps).
+_IMPL: Literal["fused", "reference"] = "fused"
+
+
+def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-input error measures for float32 inputs ``x`` (main domain) and emulated values ``emu``:
+    ``rel`` (signed), ``d32`` (fp32 ulps from RN32(2^x)), ``u_bf16``/``u_f16`` (|RN_fmt(emu) - 2^x|
+    in ulps of 2^x), ``w_bf16``/``w_f16`` (RN_fmt(emu) != RN_fmt(2^x)) and ``w`` (ulp(x) weights).
+
+    Note [One oracle filter]: equal to ``metrics_reference`` value for value, with one float64
+    filter (fp32) instead of three. For x in the main domain the exact 2^x is irrational (x not an
+    integer) or a power of two, never a bf16/fp16 midpoint, so RN_fmt(2^x) = RN_fmt(RN32(2^x))
+    unless RN32(2^x) is itself a midpoint of fmt (double rounding: the argument of Note [Horner
+    without round-to-odd]; every bf16/fp16 midpoint at or above 2^-25 is an fp32). Those elements
+    -- fp32 values with low 16 bits 0x8000 (bf16), or low 13 bits 0x1000 in the fp16 normal
+    range, and every value below 2^-14 (fp16 subnormal range, where the test is not the bit
+    pattern) -- go through the format's own filter (``exp2_cr_from_f64``). An input the old
+    per-format filter left undecided has 2^x within 2^-49 relative of a midpoint m of fmt, so
+    RN32(2^x) = m and the input is in that subset: the mpmath fallbacks (and their count) are the
+    same. Emulated values outside (0, inf) (mutants) take ``metrics_reference``.
+    """
+    if _IMPL == "reference" or x.size == 0 or not bool(np.all((emu > 0) & (emu < np.inf))):
+        return metrics_reference(x, emu, y)
+    from fa4verify.oracles.exp2 import FILTER_REL_BOUND, exp2_cr_from_f64
+    x64 = x.astype(np.float64)
+    if y is None:
+        y = np.exp2(x64)
+    rel = emu.astype(np.float64)
+    rel /= y
+    rel -= 1.0
+    m = {"rel": rel}
+    # fp32: the filter of exp2_cr_from_f64 inline (same products, same casts), its fallback on
+    # the undecided elements only
+    with np.errstate(over="ignore", under="ignore"):
+        cr32 = (y * (1 - FILTER_REL_BOUND)).astype(np.float32)
+        hi = (y * (1 + FILTER_REL_BOUND)).astype(np.float32)
+    und = cr32 != hi
+    if und.any():
+        i = np.flatnonzero(und)
+        cr32[i] = exp2_cr_from_f64(x[i], y[i], "f32").astype(np.float32)
+    cb = cr32.view(np.int32)
+    d = emu.view(np.int32) - cb                 # both positive: bit patterns are ordered ints
+    np.abs(d, out=d)
+    m["d32"] = d
+    # 1 / ulp_fmt(2^x) = 2^(mant - max(floor(x), emin)) (as _ulp_fmt; exact scaling)
+    fl = np.floor(x64).astype(np.int64)
+    for fmt, mant, emin in (("bf16", 7, -126), ("f16", 10, -14)):
+        if fmt == "bf16":
+            r32 = _bf16_rne(emu)
+            cr = _bf16_rne(cr32)
+            sub = (cb & 0xFFFF) == 0x8000
+        else:
+            r32 = _f16_rne(emu)
+            cr = _f16_rne(cr32)
+            sub = ((cb & 0x1FFF) == 0x1000) | (cb < 0x38800000)      # 0x38800000 = 2^-14
+        if sub.any():
+            i = np.flatnonzero(sub)
+            cr[i] = exp2_cr_from_f64(x[i], y[i], fmt).astype(np.float32)
+        r = r32.astype(np.float64)
+        r -= y
+        np.abs(r, out=r)
+        e = np.maximum(fl, emin)
+        np.subtract(1023 + mant, e, out=e)
+        e <<= 52
+        r *= e.view(np.float64)
+        nan = np.isnan(r)
+        if nan.any():
+            r[nan] = np.inf
+        m[f"u_{fmt}"] = r
+        m[f"w_{fmt}"] = r32 != cr
+    m["w"] = _spacing(x)
+    return m
+
+
+def _f16_rne(v: np.ndarray) -> np.ndarray:
+    """RNE float32 -> fp16 (widened to float32) for v > 0: the bit trick of ``_bf16_rne`` with 13
+    dropped bits where the result is an fp16 normal or overflows (v >= 2^-14), numpy's cast below
+    (fp16 subnormals). Equals ``v.astype(float16).astype(float32)`` (tested)."""
+    b = v.view(np.uint32)
+    r = b + (np.uint32(0xFFF) + ((b >> 13) & np.uint32(1)))
+    r &= np.uint32(0xFFFFE000)
+    out = r.view(np.float32)
+    out[out >= np.float32(65536.0)] = np.inf
+    low = b < np.uint32(0x38800000)
+    if low.any():
+        with np.errstate(over="ignore"):
+            out[low] = v[low].astype(np.float16).astype(np.float32)
+    return out
 
 
 def aggregate(x: np.ndarray, emu: np.ndarray, m: dict[str, np.ndarray]) -> Stats:
@@ -386,7 +517,9 @@ def _grid_block(degree: int, a: int, b: int, kmin: int) -> dict:
         if kmin:
             continue
         m = (i <= (1 << 23)) if cls == "lowhalf" else (i >= (1 << 23))
-        if m.any():
+        if m.all():                 # the whole block: the same aggregate as ("full", 0)
+            res[(cls, k)] = replace(res[("full", 0)], mono_at=list(res[("full", 0)].mono_at))
+        elif m.any():
             res[(cls, k)] = aggregate(f[m], q[m], {kk: vv[m] for kk, vv in met.items()})
     return res
 
@@ -716,38 +849,68 @@ class SweepResult:
 
 _GRID_CACHE: dict = {}
 
+#: direct pieces are cut into tasks of at most this many inputs (load balance over --jobs)
+DIRECT_TASK = 1 << 21
+#: relative cost per unit of work (input, grid point, bucket) by task kind, for the longest-first
+#: schedule (measured on the 2-core box, session 5; only the order of tasks depends on it)
+_COST = {"direct": 1.0, "grid": 1.2, "bucket": 4.5, "runs": 1.0}
+
 
 def _run_task(t):
-    kind, degree, args = t
+    kind, degree, args, impl = t[:4]
+    global _IMPL
+    _IMPL = impl
     from fa4verify.oracles.exp2 import oracle_stats
     fb0 = oracle_stats()["fallbacks"]
-    if kind == "grid" and (degree, args) in _GRID_CACHE:       # same coefficients: same result
-        return kind, args, _GRID_CACHE[(degree, args)], 0
+    key = (degree, args, impl)
+    if kind == "grid" and key in _GRID_CACHE:                  # same coefficients: same result
+        return t, _GRID_CACHE[key], 0
     if kind == "direct":
         r = task_direct(degree, *args)
     elif kind == "grid":
         r = task_grid(degree, *args)
-        _GRID_CACHE[(degree, args)] = r
+        _GRID_CACHE[key] = r
     elif kind == "bucket":
         r = task_runs_bucket(degree, *args)
     elif kind == "runs":
         r = task_runs_monotone(degree, *args)
     else:
         raise ValueError(kind)
-    return kind, args, r, oracle_stats()["fallbacks"] - fb0
+    return t, r, oracle_stats()["fallbacks"] - fb0
+
+
+def _task_work(kind: str, args: tuple, size: int) -> float:
+    """Estimated cost of a task (schedule order only)."""
+    if kind == "grid":
+        return _COST["grid"] * ((args[1] - args[0]) >> args[2])
+    if kind == "bucket":
+        return _COST["bucket"] * (args[1] - args[0])
+    return _COST[kind] * size
 
 
 def sweep(degree: int, lo: float, hi: float, *, method: str = "fast", jobs: int = 1,
-          progress: Callable[[int, int], None] | None = None) -> SweepResult:
+          progress: Callable[[int, int], None] | None = None,
+          impl: Literal["fused", "reference"] = "fused") -> SweepResult:
     """Statistics over every float32 x in [lo, hi] ∩ [-126, 128) (see module docstring).
 
     ``method="fast"`` uses the reductions (R1)-(R3); ``"direct"`` evaluates every input.
-    ``progress(done, total)`` is called as tasks finish (units: inputs).
+    ``progress(done, total)`` is called as tasks finish (units: inputs). ``impl`` picks the
+    per-input kernels (``metrics`` and ``_horner``: "fused", or "reference", the pre-session-5
+    code); the statistics are the same bit for bit (Note [Sweep schedule]).
+
+    Note [Sweep schedule]: the statistics do not depend on the schedule. Tasks run longest first
+    (``_task_work``) on ``jobs`` processes, in any completion order; a direct piece (at most 2^23
+    contiguous inputs, so within two binades of x) is cut into tasks of ``DIRECT_TASK`` inputs whose
+    Stats are merged back into the piece's Stats before anything else (every weight sum inside a
+    piece is an exact multiple of the smaller spacing below 2^53 of it, so the association of the
+    merge cannot change it); then all pieces are merged in input order as before.
     """
     t0 = time.perf_counter()
     _coeffs(degree)                                  # validate the degree early
+    if impl not in ("fused", "reference"):
+        raise ValueError(f"impl must be 'fused' or 'reference', got {impl!r}")
     pieces = plan(lo, hi, method=method)
-    tasks = []
+    tasks = []                                        # (kind, degree, args, impl, piece index, work)
     classes = {p.args[0] for p in pieces if p.kind == "grid"}
     need_grid = bool(classes)
     if need_grid:
@@ -757,68 +920,88 @@ def sweep(degree: int, lo: float, hi: float, *, method: str = "fast", jobs: int 
         # only the points the requested strides need (all of them once a half piece is needed)
         kmin = 0 if classes & {"lowhalf", "highhalf"} else min(p.args[1] for p in pieces if p.kind == "grid")
         for a in range(ga, gb, g):
-            tasks.append(("grid", degree, (a, a + g, kmin)))
-    for p in pieces:
-        if p.kind != "grid":
-            tasks.append((p.kind, degree, p.args))
+            tasks.append(("grid", degree, (a, a + g, kmin), impl, -1))
+    for ip, p in enumerate(pieces):
+        if p.kind == "direct":
+            a, b = p.args
+            for o in range(a, b + 1, DIRECT_TASK):
+                tasks.append(("direct", degree, (o, min(b, o + DIRECT_TASK - 1)), impl, ip))
+        elif p.kind != "grid":
+            tasks.append((p.kind, degree, p.args, impl, ip))
+    size_of = {ip: p.size for ip, p in enumerate(pieces)}
+
+    def work_of(t):
+        kind, _, args, _, ip = t
+        if kind == "direct":
+            return _task_work(kind, args, args[1] - args[0] + 1)
+        return _task_work(kind, args, size_of.get(ip, 0))
+
+    tasks.sort(key=work_of, reverse=True)             # longest first; ties keep plan order
     total = sum(p.size for p in pieces) + sum((t[2][1] - t[2][0]) >> t[2][2] for t in tasks if t[0] == "grid")
-    sizes = {}
-    for p in pieces:
-        if p.kind != "grid":
-            sizes[(p.kind, p.args)] = p.size
     done = 0
     results = []
     fallbacks = 0
-    if jobs > 1 and len(tasks) > 1:
-        import multiprocessing as mp
-        ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-        with ctx.Pool(jobs) as pool:
-            for kind, args, r, fb in pool.imap_unordered(_run_task, tasks):
-                if kind == "grid":
-                    _GRID_CACHE[(degree, args)] = r
-                results.append((kind, args, r))
-                fallbacks += fb
-                done += ((args[1] - args[0]) >> args[2]) if kind == "grid" else _task_size(kind, args, r, sizes)
-                if progress:
-                    progress(done, total)
-    else:
-        for t in tasks:
-            kind, args, r, fb = _run_task(t)
-            results.append((kind, args, r))
-            fallbacks += fb
-            done += ((args[1] - args[0]) >> args[2]) if kind == "grid" else _task_size(kind, args, r, sizes)
-            if progress:
-                progress(done, total)
+
+    def account(t, r, fb):
+        nonlocal done, fallbacks
+        kind, _, args, _, ip = t
+        if kind == "grid":
+            _GRID_CACHE[(degree, args, impl)] = r
+        results.append((t, r))
+        fallbacks += fb
+        if kind == "grid":
+            done += (args[1] - args[0]) >> args[2]
+        elif kind == "direct":
+            done += args[1] - args[0] + 1
+        elif kind == "bucket":
+            done += r.n
+        else:
+            done += size_of.get(ip, r.n)
+        if progress:
+            progress(done, total)
+
+    global _IMPL
+    old_impl = _IMPL
+    try:
+        if jobs > 1 and len(tasks) > 1:
+            import multiprocessing as mp
+            ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
+            with ctx.Pool(jobs) as pool:
+                for t, r, fb in pool.imap_unordered(_run_task, tasks):
+                    account(t, r, fb)
+        else:
+            for t in tasks:
+                account(*_run_task(t))
+    finally:
+        _IMPL = old_impl
     # combine grid partials per class
     grid_parts: dict = {}
-    for kind, args, r in results:
-        if kind == "grid":
+    for t, r in results:
+        if t[0] == "grid":
             for key, s in r.items():
                 grid_parts.setdefault(key, []).append(s)
     # merge in input order (Stats.merge checks monotonicity at the seam of adjacent pieces)
     grid = {key: merge_all(v) for key, v in grid_parts.items()}
+    by_piece: dict = {}
+    for t, r in results:
+        if t[0] != "grid":
+            by_piece.setdefault(t[4], []).append(r)
     parts = []
     counts = {"direct": 0, "grid": 0, "bucket": 0, "runs": 0}
-    for kind, args, r in results:
-        if kind != "grid":
-            parts.append(r)
-            counts[kind] += r.n
-    for p in pieces:
+    for ip, p in enumerate(pieces):
         if p.kind == "grid":
             cls = grid[p.args]
             u = _unit_ulp(p.n) if p.args[0] == "full" else 2.0**-24
             s = _scale_grid_stats(cls, p.n, u, p.size)
             assert s.n == p.size, (p, s.n)
-            parts.append(s)
-            counts["grid"] += s.n
+        else:
+            s = merge_all(by_piece.get(ip, []))
+            if p.kind == "direct":
+                assert s.n == p.size, (p, s.n)
+        parts.append(s)
+        counts[p.kind] += s.n
     st = merge_all(parts)
     return SweepResult(degree, lo, hi, method, st, time.perf_counter() - t0, counts, fallbacks)
-
-
-def _task_size(kind, args, r, sizes) -> int:
-    if kind == "bucket":
-        return r.n
-    return sizes.get((kind, args), r.n)
 
 
 def grid_mean_rel(degree: int) -> dict:
