@@ -378,7 +378,7 @@ def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict
             sub = ((cb & 0x1FFF) == 0x1000) | (cb < 0x38800000)      # 0x38800000 = 2^-14
         if sub.any():
             i = np.flatnonzero(sub)
-            cr[i] = exp2_cr_from_f64(x[i], y[i], fmt).astype(np.float32)
+            cr[i] = (exp2_cr_from_f64(x[i], y[i], fmt) if fmt == "bf16" else _cr_f16(x[i], y[i])).astype(np.float32)
         r = r32.astype(np.float64)
         r -= y
         np.abs(r, out=r)
@@ -395,10 +395,31 @@ def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict
     return m
 
 
+def _cr_f16(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``exp2_cr_from_f64(x, y, "f16")``, value for value and with the same fallbacks, without
+    numpy's float64 -> float16 cast where the filter's products lie below 2^-14 (that cast is
+    slow on fp16 subnormals): there RN_f16(v) = rint(v 2^24) 2^-24 exactly (power-of-two scaling,
+    RNE ``rint``; a v that rounds up to 2^-14 gives 2^-14 both ways). Undecided elements (the two
+    products round apart) and elements at or above 2^-14 go through ``exp2_cr_from_f64``."""
+    from fa4verify.oracles.exp2 import FILTER_REL_BOUND, exp2_cr_from_f64
+    with np.errstate(over="ignore", under="ignore"):
+        vlo = y * (1 - FILTER_REL_BOUND)
+        vhi = y * (1 + FILTER_REL_BOUND)
+    small = vhi < 2.0**-14
+    lo = np.rint(vlo * 2.0**24) * 2.0**-24
+    hi = np.rint(vhi * 2.0**24) * 2.0**-24
+    other = ~small | (lo != hi)
+    if other.any():
+        i = np.flatnonzero(other)
+        lo[i] = exp2_cr_from_f64(x[i], y[i], "f16")
+    return lo
+
+
 def _f16_rne(v: np.ndarray) -> np.ndarray:
     """RNE float32 -> fp16 (widened to float32) for v > 0: the bit trick of ``_bf16_rne`` with 13
-    dropped bits where the result is an fp16 normal or overflows (v >= 2^-14), numpy's cast below
-    (fp16 subnormals). Equals ``v.astype(float16).astype(float32)`` (tested)."""
+    dropped bits where the result is an fp16 normal or overflows (v >= 2^-14), and below (fp16
+    subnormals) rint(v 2^24) 2^-24 (exact scaling and RNE). Equals
+    ``v.astype(float16).astype(float32)`` (tested)."""
     b = v.view(np.uint32)
     r = b + (np.uint32(0xFFF) + ((b >> 13) & np.uint32(1)))
     r &= np.uint32(0xFFFFE000)
@@ -406,8 +427,7 @@ def _f16_rne(v: np.ndarray) -> np.ndarray:
     out[out >= np.float32(65536.0)] = np.inf
     low = b < np.uint32(0x38800000)
     if low.any():
-        with np.errstate(over="ignore"):
-            out[low] = v[low].astype(np.float16).astype(np.float32)
+        out[low] = np.rint(v[low] * np.float32(2.0**24)) * np.float32(2.0**-24)
     return out
 
 
