@@ -325,7 +325,8 @@ def metrics_reference(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = Non
 _IMPL: Literal["fused", "reference"] = "fused"
 
 
-def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None, *,
+            maxima_only: bool = False) -> dict[str, np.ndarray]:
     """Per-input error measures for float32 inputs ``x`` (main domain) and emulated values ``emu``:
     ``rel`` (signed), ``d32`` (fp32 ulps from RN32(2^x)), ``u_bf16``/``u_f16`` (|RN_fmt(emu) - 2^x|
     in ulps of 2^x), ``w_bf16``/``w_f16`` (RN_fmt(emu) != RN_fmt(2^x)) and ``w`` (ulp(x) weights).
@@ -341,6 +342,9 @@ def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict
     per-format filter left undecided has 2^x within 2^-49 relative of a midpoint m of fmt, so
     RN32(2^x) = m and the input is in that subset: the mpmath fallbacks (and their count) are the
     same. Emulated values outside (0, inf) (mutants) take ``metrics_reference``.
+
+    ``maxima_only``: only ``rel``, ``d32`` and ``u_*`` (what ``_maxima`` reads); the midpoint
+    subsets still go through the oracle filters, so the fallback count does not change.
     """
     if _IMPL == "reference" or x.size == 0 or not bool(np.all((emu > 0) & (emu < np.inf))):
         return metrics_reference(x, emu, y)
@@ -370,15 +374,17 @@ def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict
     for fmt, mant, emin in (("bf16", 7, -126), ("f16", 10, -14)):
         if fmt == "bf16":
             r32 = _bf16_rne(emu)
-            cr = _bf16_rne(cr32)
+            cr = None if maxima_only else _bf16_rne(cr32)
             sub = (cb & 0xFFFF) == 0x8000
         else:
             r32 = _f16_rne(emu)
-            cr = _f16_rne(cr32)
+            cr = None if maxima_only else _f16_rne(cr32)
             sub = ((cb & 0x1FFF) == 0x1000) | (cb < 0x38800000)      # 0x38800000 = 2^-14
         if sub.any():
             i = np.flatnonzero(sub)
-            cr[i] = (exp2_cr_from_f64(x[i], y[i], fmt) if fmt == "bf16" else _cr_f16(x[i], y[i])).astype(np.float32)
+            ci = (exp2_cr_from_f64(x[i], y[i], fmt) if fmt == "bf16" else _cr_f16(x[i], y[i])).astype(np.float32)
+            if cr is not None:
+                cr[i] = ci
         r = r32.astype(np.float64)
         r -= y
         np.abs(r, out=r)
@@ -390,8 +396,10 @@ def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict
         if nan.any():
             r[nan] = np.inf
         m[f"u_{fmt}"] = r
-        m[f"w_{fmt}"] = r32 != cr
-    m["w"] = _spacing(x)
+        if not maxima_only:
+            m[f"w_{fmt}"] = r32 != cr
+    if not maxima_only:
+        m["w"] = _spacing(x)
     return m
 
 
@@ -437,18 +445,11 @@ def aggregate(x: np.ndarray, emu: np.ndarray, m: dict[str, np.ndarray]) -> Stats
     if x.size == 0:
         return st
     st.n = int(x.size)
-    ar = np.abs(m["rel"])
-    i = int(np.argmax(ar))
-    st.max_rel, st.argmax_rel, st.signed_rel_at_max = float(ar[i]), float(x[i]), float(m["rel"][i])
-    i = int(np.argmax(m["d32"]))
-    st.max_ulp32, st.argmax_ulp32 = int(m["d32"][i]), float(x[i])
+    _maxima(x, m, st)
     w = m["w"]
     st.weight = float(w.sum())
     for fmt in FMTS:
         u, wrong = m[f"u_{fmt}"], m[f"w_{fmt}"]
-        i = int(np.argmax(u))
-        setattr(st, f"max_ulp_{fmt}", float(u[i]))
-        setattr(st, f"argmax_ulp_{fmt}", float(x[i]))
         setattr(st, f"wrong_{fmt}", int(np.count_nonzero(wrong)))
         setattr(st, f"weight_wrong_{fmt}", float(w[wrong].sum()))
         if wrong.any():
@@ -462,6 +463,20 @@ def aggregate(x: np.ndarray, emu: np.ndarray, m: dict[str, np.ndarray]) -> Stats
     st.first = (float(x[0]), float(emu[0]))
     st.last = (float(x[-1]), float(emu[-1]))
     return st
+
+
+def _maxima(x: np.ndarray, m: dict[str, np.ndarray], st: Stats) -> None:
+    """Set the maxima of ``st`` (rel, fp32 ulps, bf16/fp16 ulps; argmax = first input attaining it)."""
+    ar = np.abs(m["rel"])
+    i = int(np.argmax(ar))
+    st.max_rel, st.argmax_rel, st.signed_rel_at_max = float(ar[i]), float(x[i]), float(m["rel"][i])
+    i = int(np.argmax(m["d32"]))
+    st.max_ulp32, st.argmax_ulp32 = int(m["d32"][i]), float(x[i])
+    for fmt in FMTS:
+        u = m[f"u_{fmt}"]
+        i = int(np.argmax(u))
+        setattr(st, f"max_ulp_{fmt}", float(u[i]))
+        setattr(st, f"argmax_ulp_{fmt}", float(x[i]))
 
 
 def direct_stats(x: np.ndarray, emu: np.ndarray, *, y: np.ndarray | None = None) -> Stats:
@@ -592,6 +607,18 @@ def _value_measure(oa: np.ndarray, ob: np.ndarray) -> np.ndarray:
     """Sum of ulp(x) over the inputs with ordered ints in [oa, ob] (same sign, oa <= ob);
     0 for empty ranges (ob < oa)."""
     empty = ob < oa
+    if _IMPL == "fused" and oa.size and not empty.any() and (bool(np.all(ob < 0)) or bool(np.all(oa >= 0))):
+        # one sign, no empty range: the branch of the general formula below that applies
+        fa, fb = _ordered_to_f32(oa), _ordered_to_f32(ob)
+        xa, xb = fa.astype(np.float64), fb.astype(np.float64)
+        if ob[0] < 0:
+            w = np.abs(xa)
+            w += _spacing(fa)
+            w -= np.abs(xb)
+        else:
+            w = xb + _spacing(fb)
+            w -= xa
+        return w
     oa2, ob2 = np.where(empty, 0, oa), np.where(empty, 0, ob)
     fa, fb = _ordered_to_f32(oa2), _ordered_to_f32(ob2)
     xa, xb = fa.astype(np.float64), fb.astype(np.float64)
@@ -616,14 +643,16 @@ def runs_stats(runs: Runs) -> Stats:
     # the result binade of 2^x must not change inside a run (ulps constant): check
     ya, yb = y[: oa.size], y[oa.size:]
     assert np.all(np.floor(xa) == np.floor(xb)), "run crosses a binade of 2^x"
-    end_stats = direct_stats_unsorted(ends, vv, y)
-    for k in ("max_rel", "argmax_rel", "signed_rel_at_max", "max_ulp32", "argmax_ulp32", "max_ulp_bf16",
-              "argmax_ulp_bf16", "max_ulp_f16", "argmax_ulp_f16"):
-        setattr(st, k, getattr(end_stats, k))
+    # maxima at the run ends (the error is monotone inside a run): as direct_stats of the ends
+    _maxima(ends, metrics(ends, vv, y, maxima_only=True), st)
     st.weight = float(_value_measure(oa, ob).sum())
     v64 = v.astype(np.float64)
+    fused = _IMPL == "fused" and bool(np.all((v > 0) & (v < np.inf)))
     for fmt in FMTS:
-        r = b32.to_bf16(v).astype(np.float64) if fmt == "bf16" else round_f64(v64, "f16")
+        if fused:           # v > 0 finite: the bit tricks equal the general roundings (tested)
+            r = (_bf16_rne(v) if fmt == "bf16" else _f16_rne(v)).astype(np.float64)
+        else:
+            r = b32.to_bf16(v).astype(np.float64) if fmt == "bf16" else round_f64(v64, "f16")
         lo, hi, _ = _boundary_table(fmt, r)
         # wrong = inputs below X(m_lo) or at/above X(m_hi)
         below_b = np.minimum(ob, lo - 1)
@@ -642,9 +671,10 @@ def runs_stats(runs: Runs) -> Stats:
         bad = (n_below + n_above) > 0
         if bad.any():
             mant, emin = (7, -126) if fmt == "bf16" else (10, -14)
-            ulp_e = np.concatenate([np.abs(r - ya) / _ulp_fmt(xa, mant, emin), np.abs(r - yb) / _ulp_fmt(xb, mant, emin)])
-            badm = np.concatenate([n_below > 0, n_above > 0])
-            ulp_e = np.where(badm, ulp_e, -1.0)
+            # the error at the far end of each wrong run (computed on those runs only), -1 elsewhere
+            ulp_e = np.full(2 * oa.size, -1.0)
+            ulp_e[wb] = np.abs(r[wb] - ya[wb]) / _ulp_fmt(xa[wb], mant, emin)
+            ulp_e[oa.size + wa] = np.abs(r[wa] - yb[wa]) / _ulp_fmt(xb[wa], mant, emin)
             j = int(np.argmax(ulp_e))
             setattr(st, f"worst_wrong_{fmt}", float(ends[j]))
             setattr(st, f"worst_wrong_{fmt}_ulp", float(ulp_e[j]))
