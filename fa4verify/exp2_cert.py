@@ -78,7 +78,8 @@ SEG_HI = 2.0**-5          # (R3) runs below this, direct above
 GRID_BITS = 24            # base fraction grid 2^-24
 MAX_STRIDE_LOG = 7        # strides 2^0 .. 2^7 (|x| < 256)
 CHUNK = 1 << 20           # inputs per direct task piece
-BLOCK = 1 << 16           # inputs evaluated at once: keeps the ~20 float64 temporaries in cache
+BLOCK = 1 << 16           # buckets per (R2) block (fixes the order of the bucket weight sums)
+FUSED_BLOCK = 1 << 14     # inputs per block of the fused kernels: the ~20 temporaries stay in L2
 
 
 # ============================================================================ statistics
@@ -222,7 +223,7 @@ def _horner(f: np.ndarray, cs: tuple[np.float32, ...]) -> np.ndarray:
     if _IMPL == "reference":
         return _horner_reference(f, cs)
     out = np.empty(f.shape, dtype=np.float32)
-    step = 1 << 16                              # cache-sized blocks
+    step = FUSED_BLOCK                          # cache-sized blocks (elementwise: any size)
     for a in range(0, f.size, step):
         fb = f[a:a + step]
         f64 = fb.astype(np.float64)
@@ -310,7 +311,8 @@ def metrics_reference(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = Non
         m["d32"] = np.abs(b32.ordered(emu) - b32.ordered(cr32))
     for fmt, mant, emin in (("bf16", 7, -126), ("f16", 10, -14)):
         # emu is a float32: RN_f16(emu) by numpy's float32 -> float16 cast (RNE, = round_f64(e64, "f16"))
-        r = (_bf16_rne(emu) if fmt == "bf16" else emu.astype(np.float16)).astype(np.float64)
+        with np.errstate(over="ignore"):                 # fp16 overflow to inf is intended
+            r = (_bf16_rne(emu) if fmt == "bf16" else emu.astype(np.float16)).astype(np.float64)
         cr = exp2_cr_from_f64(x, y, fmt)
         with np.errstate(invalid="ignore"):
             u = np.abs(r - y) / _ulp_fmt(x64, mant, emin)
@@ -479,6 +481,25 @@ def _maxima(x: np.ndarray, m: dict[str, np.ndarray], st: Stats) -> None:
         setattr(st, f"argmax_ulp_{fmt}", float(x[i]))
 
 
+def _maxima_blocked(x: np.ndarray, emu: np.ndarray, y: np.ndarray, st: Stats) -> None:
+    """``_maxima(x, metrics(x, emu, y), st)`` in blocks of ``FUSED_BLOCK`` (the first input
+    attaining each maximum wins, as with one argmax over the whole array)."""
+    best: dict = {}
+    for a in range(0, x.size, FUSED_BLOCK):
+        sl = slice(a, a + FUSED_BLOCK)
+        part = Stats()
+        _maxima(x[sl], metrics(x[sl], emu[sl], y[sl], maxima_only=True), part)
+        for key in ("rel", "ulp32", "ulp_bf16", "ulp_f16"):
+            v = getattr(part, f"max_{key}")
+            if key not in best or v > best[key][0]:
+                best[key] = (v, getattr(part, f"argmax_{key}"), part.signed_rel_at_max)
+    for key, (v, arg, sgn) in best.items():
+        setattr(st, f"max_{key}", v)
+        setattr(st, f"argmax_{key}", arg)
+        if key == "rel":
+            st.signed_rel_at_max = sgn
+
+
 def direct_stats(x: np.ndarray, emu: np.ndarray, *, y: np.ndarray | None = None) -> Stats:
     """Statistics for sorted float32 inputs ``x`` (main domain, x >= -126) and their emulated values."""
     if x.size == 0:
@@ -502,8 +523,9 @@ def task_direct(degree: int, olo: int, ohi: int, variant_check: bool = False) ->
     cs = _coeffs(degree)
     out = []
     o = olo
+    block = FUSED_BLOCK if _IMPL == "fused" else BLOCK      # Note [Sweep schedule]: same Stats
     while o <= ohi:
-        stop = min(ohi, o + BLOCK - 1)
+        stop = min(ohi, o + block - 1)
         x = _ordered_to_f32(np.arange(o, stop + 1, dtype=np.int64))
         emu = emu_direct(x, cs)
         if variant_check:
@@ -526,7 +548,10 @@ def task_grid(degree: int, a: int, b: int, kmin: int = 0) -> dict:
     ("highhalf", 0): i in [2^23, 2^24) (the halves only when kmin == 0). Each class's Stats uses
     x = f (n = 0); callers rescale (R1).
     """
-    span = BLOCK << kmin                   # a multiple of 2^MAX_STRIDE_LOG: blocks stay aligned
+    # a multiple of 2^MAX_STRIDE_LOG: blocks stay aligned. The block size does not change the
+    # class Stats after _scale_grid_stats (maxima, counts and seams merge associatively; the
+    # weights are recomputed from counts there)
+    span = (FUSED_BLOCK if _IMPL == "fused" else BLOCK) << kmin
     parts: dict = {}
     for ba in range(a, b, span):
         for key, st in _grid_block(degree, ba, min(b, ba + span), kmin).items():
@@ -644,7 +669,10 @@ def runs_stats(runs: Runs) -> Stats:
     ya, yb = y[: oa.size], y[oa.size:]
     assert np.all(np.floor(xa) == np.floor(xb)), "run crosses a binade of 2^x"
     # maxima at the run ends (the error is monotone inside a run): as direct_stats of the ends
-    _maxima(ends, metrics(ends, vv, y, maxima_only=True), st)
+    if _IMPL == "fused":
+        _maxima_blocked(ends, vv, y, st)
+    else:
+        _maxima(ends, metrics(ends, vv, y, maxima_only=True), st)
     st.weight = float(_value_measure(oa, ob).sum())
     v64 = v.astype(np.float64)
     fused = _IMPL == "fused" and bool(np.all((v > 0) & (v < np.inf)))
