@@ -172,9 +172,19 @@ def merge_all(parts: Iterable[Stats]) -> Stats:
 
 
 # ============================================================================ arithmetic
+_COEFFS: dict = {}
+
+
 def _coeffs(degree: int) -> tuple[np.float32, ...]:
+    """FA4's POLY_EX2[degree] as float32 (``poly_coeffs_f32``, converted and checked once per
+    coefficient list of ``load_params()``)."""
+    from fa4verify.kernels.fa4_params import load_params
     from fa4verify.kernels.twin import poly_coeffs_f32
-    return poly_coeffs_f32(degree)
+    key = (degree, tuple(load_params().poly_ex2.get(degree, ())))
+    r = _COEFFS.get(key)
+    if r is None:
+        r = _COEFFS[key] = poly_coeffs_f32(degree)
+    return r
 
 
 def _fma_pos(q: np.ndarray, f64: np.ndarray, c: float, out: np.ndarray | None = None) -> np.ndarray:
@@ -405,6 +415,26 @@ def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None, *,
     return m
 
 
+def metrics_blocked(x: np.ndarray, emu: np.ndarray) -> dict[str, np.ndarray]:
+    """``metrics(x, emu)`` computed in blocks of ``FUSED_BLOCK`` into whole arrays (the measures
+    are elementwise: the same arrays)."""
+    if _IMPL == "reference" or x.size <= FUSED_BLOCK:
+        return metrics(x, emu)
+    out: dict = {}
+    for a in range(0, x.size, FUSED_BLOCK):
+        sl = slice(a, a + FUSED_BLOCK)
+        m = metrics(x[sl], emu[sl])
+        if not out:
+            if set(m) != {"rel", "d32", "u_bf16", "u_f16", "w_bf16", "w_f16", "w"}:
+                return metrics(x, emu)              # the reference path (mutant values)
+            out = {k: np.empty(x.shape, dtype=v.dtype) for k, v in m.items()}
+        if m.keys() != out.keys() or any(m[k].dtype != out[k].dtype for k in m):
+            return metrics(x, emu)
+        for k, v in m.items():
+            out[k][sl] = v
+    return out
+
+
 def _cr_f16(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``exp2_cr_from_f64(x, y, "f16")``, value for value and with the same fallbacks, without
     numpy's float64 -> float16 cast where the filter's products lie below 2^-14 (that cast is
@@ -548,10 +578,8 @@ def task_grid(degree: int, a: int, b: int, kmin: int = 0) -> dict:
     ("highhalf", 0): i in [2^23, 2^24) (the halves only when kmin == 0). Each class's Stats uses
     x = f (n = 0); callers rescale (R1).
     """
-    # a multiple of 2^MAX_STRIDE_LOG: blocks stay aligned. The block size does not change the
-    # class Stats after _scale_grid_stats (maxima, counts and seams merge associatively; the
-    # weights are recomputed from counts there)
-    span = (FUSED_BLOCK if _IMPL == "fused" else BLOCK) << kmin
+    # a multiple of 2^MAX_STRIDE_LOG: blocks stay aligned
+    span = BLOCK << kmin
     parts: dict = {}
     for ba in range(a, b, span):
         for key, st in _grid_block(degree, ba, min(b, ba + span), kmin).items():
@@ -565,7 +593,7 @@ def _grid_block(degree: int, a: int, b: int, kmin: int) -> dict:
     i = np.arange(a, b, 1 << kmin, dtype=np.int64)
     f = (i.astype(np.float64) * 2.0**-GRID_BITS).astype(np.float32)
     q = _horner(f, cs)
-    met = metrics(f, q)
+    met = metrics_blocked(f, q)
     res = {}
     for cls, k in _GRID_KEYS:
         if cls == "full":
