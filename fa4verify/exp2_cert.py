@@ -1,6 +1,6 @@
 """Exhaustive certification of FA4's polynomial exp2 emulation over every fp32 input of a range.
 
-(One module of ~900 lines on purpose: Note [Fast exhaustive sweep] below is the proof that the
+(One module of ~1200 lines on purpose: Note [Fast exhaustive sweep] below is the proof that the
 fast path equals the direct sweep, and the code of each reduction (R1)-(R4) sits next to the
 paragraph that justifies it; ``tests/test_exp2_sweep_fastpath.py`` checks them against the direct
 path. The CLI and its report live in ``fa4verify/cli/exp2.py``.)
@@ -56,6 +56,31 @@ sweep counts violations from the computed values rather than assuming it.
 
 The edge domain (NaN, +-inf, x <= -127, (-127, -126), tiny negatives, x >= 128) is reported apart
 by ``edge_report``.
+
+Speed (issue 17 item 4, session 5) -- the same figures, fewer passes
+---------------------------------------------------------------------
+The reductions above are unchanged; what changed is how each evaluated input is scored, and every
+change is an exact identity, so the statistics are bit for bit those of the kernels before
+session 5 (kept as ``impl="reference"``; ``tests/test_exp2_sweep_speed.py`` compares whole sweeps
+on every special region and the whole CLI report):
+
+* Note [Horner without round-to-odd] (``_fma_pos_fast``): one float64 add and a cast per FMA; the
+  round-to-odd correction only where the float64 sum is an fp32 midpoint.
+* Note [One oracle filter] (``metrics``): the float64 filter for fp32 only; RN_bf16 / RN_fp16 of
+  2^x derived from RN32(2^x) by integer rounding, except at midpoints of the format, which take the
+  format's own filter (so the mpmath fallbacks are the same inputs); fp16 subnormal rounding by
+  exact scaling and ``rint`` instead of numpy's (slow) float16 cast; fp32 ulps as int32 bit
+  differences.
+* Run ends (R2/R3) score only the maxima they contribute; the value measure of one-sign runs takes
+  the one branch that applies.
+* L2-sized blocks (``FUSED_BLOCK`` = 2^14 inputs) for the elementwise work; the (R2) bucket blocks
+  stay at ``BLOCK`` = 2^16, which fixes the order of their (inexact) float weight sums.
+* Note [Sweep schedule] (``sweep``): direct pieces cut into tasks of 2^21 inputs, all tasks run
+  longest first over ``jobs`` processes; merging is arranged so that the result does not depend on
+  the schedule.
+
+``benchmarks/exp2_cpu.py`` prints the full-range seconds per degree and, on sub-ranges in the same
+run, the ratios to the reference kernels and to the direct sweep, with the bit-for-bit checks.
 """
 from __future__ import annotations
 
@@ -232,6 +257,9 @@ def _horner(f: np.ndarray, cs: tuple[np.float32, ...]) -> np.ndarray:
     """fp32 Horner with fused FMAs (FA4's ``evaluate_polynomial``), for f >= 0, positive coeffs."""
     if _IMPL == "reference":
         return _horner_reference(f, cs)
+    if not all(float(c) >= 2.0**-126 for c in cs):
+        raise ValueError("the fused Horner needs positive normal coefficients (Note [Horner without "
+                         f"round-to-odd]); got {[float(c) for c in cs]}")
     out = np.empty(f.shape, dtype=np.float32)
     step = FUSED_BLOCK                          # cache-sized blocks (elementwise: any size)
     for a in range(0, f.size, step):
