@@ -5,6 +5,7 @@ Usage::
     python benchmarks/exp2_cpu.py                          # degrees 3 and 5, [-127, 8], 2 jobs
     python benchmarks/exp2_cpu.py --degree 3 --repeats 5
     python benchmarks/exp2_cpu.py --no-full                # only the sub-range comparisons
+    python benchmarks/exp2_cpu.py --no-sub --full-old      # full sweeps, new then reference kernels
     python benchmarks/exp2_cpu.py --sub-range=-0.5:-0.0625 --sub-range=0.015625:0.125
 
 Prints, in one run (CPU twin, this machine; labelled with its load average):
@@ -48,13 +49,16 @@ def main() -> None:
     ap.add_argument("--degree", type=int, nargs="+", default=[3, 5])
     ap.add_argument("--jobs", type=int, default=2, help="processes for the full sweep (default 2)")
     ap.add_argument("--no-full", action="store_true", help="skip the full [-127, 8] sweeps")
+    ap.add_argument("--full-old", action="store_true",
+                    help="also run the full sweep with the reference kernels, right after each new one")
     ap.add_argument("--sub-range", action="append", default=None, metavar="LO:HI",
                     help="sub-range for the new/old/direct comparison (repeatable; default "
                          "-0.5:-0.0625 (buckets) and 0.015625:0.125 (runs + direct), 2^25.6 inputs)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions per sub-range")
     ap.add_argument("--no-direct", action="store_true", help="skip the direct sweeps of the sub-ranges")
+    ap.add_argument("--no-sub", action="store_true", help="skip the sub-range comparisons")
     args = ap.parse_args()
-    subs = args.sub_range or ["-0.5:-0.0625", "0.015625:0.125"]
+    subs = [] if args.no_sub else (args.sub_range or ["-0.5:-0.0625", "0.015625:0.125"])
 
     import numpy as np
     from fa4verify import __version__
@@ -81,6 +85,12 @@ def main() -> None:
             print(f"{f'degree {d}, fast, fused, {args.jobs} jobs':<34} {r.seconds:8.2f} {c:8.2f} "
                   f"{r.stats.n:15,d}  <= 10 s: {'yes' if r.seconds <= 10 else 'no'} "
                   f"(max fp32 ulp {r.stats.max_ulp32}, bf16 wrong {r.stats.wrong_bf16:,})")
+            if args.full_old:
+                ro, co = run(d, -127.0, 8.0, method="fast", jobs=args.jobs, impl="reference")
+                same = repr(ec.asdict(r.stats)) == repr(ec.asdict(ro.stats)) and r.fallbacks == ro.fallbacks
+                print(f"{f'degree {d}, fast, reference, {args.jobs} jobs':<34} {ro.seconds:8.2f} {co:8.2f} "
+                      f"{ro.stats.n:15,d}  old/new {ro.seconds / r.seconds:.2f} wall, {co / max(c, 1e-9):.2f} CPU; "
+                      f"bit for bit equal: {same}")
 
     for spec in subs:
         lo, hi = ec.parse_range(spec)
