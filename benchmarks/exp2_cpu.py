@@ -6,6 +6,7 @@ Usage::
     python benchmarks/exp2_cpu.py --degree 3 --repeats 5
     python benchmarks/exp2_cpu.py --no-full                # only the sub-range comparisons
     python benchmarks/exp2_cpu.py --no-sub --full-old      # full sweeps, new then reference kernels
+    python benchmarks/exp2_cpu.py --no-sub --vs-commit 40a9f49   # new vs the module before session 5
     python benchmarks/exp2_cpu.py --sub-range=-0.5:-0.0625 --sub-range=0.015625:0.125
 
 Prints, in one run (CPU twin, this machine; labelled with its load average):
@@ -44,6 +45,27 @@ def _key(st) -> tuple:
             st.max_ulp_bf16, st.max_ulp_f16, st.worst_wrong_bf16_ulp, st.worst_wrong_f16_ulp)
 
 
+def _module_at(rev: str):
+    """``fa4verify/exp2_cert.py`` as of git revision ``rev`` (read with ``git show``), imported as a
+    separate module (it imports the current oracles and twin, which session 5 did not change)."""
+    import importlib.util
+    import subprocess
+    import sys
+    import tempfile
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = subprocess.run(["git", "-C", root, "show", f"{rev}:fa4verify/exp2_cert.py"], check=True,
+                         capture_output=True, text=True).stdout
+    path = os.path.join(tempfile.mkdtemp(prefix="exp2_cert_"), f"exp2_cert_{rev}.py")
+    with open(path, "w") as fh:
+        fh.write(src)
+    name = f"exp2_cert_at_{rev}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod            # the worker processes (fork) find it by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--degree", type=int, nargs="+", default=[3, 5])
@@ -57,6 +79,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions per sub-range")
     ap.add_argument("--no-direct", action="store_true", help="skip the direct sweeps of the sub-ranges")
     ap.add_argument("--no-sub", action="store_true", help="skip the sub-range comparisons")
+    ap.add_argument("--vs-commit", default=None, metavar="REV",
+                    help="also run the full sweep with fa4verify/exp2_cert.py as of git REV (e.g. 40a9f49, "
+                         "before session 5), right after each new one, and compare every statistic")
     args = ap.parse_args()
     subs = [] if args.no_sub else (args.sub_range or ["-0.5:-0.0625", "0.015625:0.125"])
 
@@ -78,6 +103,7 @@ def main() -> None:
         r = ec.sweep(d, lo, hi, **kw)
         return r, _cpu() - c0
 
+    old_mod = _module_at(args.vs_commit) if args.vs_commit else None
     if not args.no_full:
         print(f"\n{'full certification [-127, 8]':<34} {'wall s':>8} {'CPU s':>8} {'inputs':>15}  goal")
         for d in args.degree:
@@ -90,6 +116,16 @@ def main() -> None:
                 same = repr(ec.asdict(r.stats)) == repr(ec.asdict(ro.stats)) and r.fallbacks == ro.fallbacks
                 print(f"{f'degree {d}, fast, reference, {args.jobs} jobs':<34} {ro.seconds:8.2f} {co:8.2f} "
                       f"{ro.stats.n:15,d}  old/new {ro.seconds / r.seconds:.2f} wall, {co / max(c, 1e-9):.2f} CPU; "
+                      f"bit for bit equal: {same}")
+            if old_mod is not None:
+                old_mod._FIRST_ABOVE.clear()
+                old_mod._GRID_CACHE.clear()
+                c0 = _cpu()
+                rv = old_mod.sweep(d, -127.0, 8.0, method="fast", jobs=args.jobs)
+                cv = _cpu() - c0
+                same = repr(ec.asdict(r.stats)) == repr(ec.asdict(rv.stats)) and r.fallbacks == rv.fallbacks
+                print(f"{f'degree {d}, fast, {args.vs_commit}, {args.jobs} jobs':<34} {rv.seconds:8.2f} {cv:8.2f} "
+                      f"{rv.stats.n:15,d}  old/new {rv.seconds / r.seconds:.2f} wall, {cv / max(c, 1e-9):.2f} CPU; "
                       f"bit for bit equal: {same}")
 
     for spec in subs:
