@@ -1,6 +1,6 @@
 """Exhaustive certification of FA4's polynomial exp2 emulation over every fp32 input of a range.
 
-(One module of ~900 lines on purpose: Note [Fast exhaustive sweep] below is the proof that the
+(One module of ~1200 lines on purpose: Note [Fast exhaustive sweep] below is the proof that the
 fast path equals the direct sweep, and the code of each reduction (R1)-(R4) sits next to the
 paragraph that justifies it; ``tests/test_exp2_sweep_fastpath.py`` checks them against the direct
 path. The CLI and its report live in ``fa4verify/cli/exp2.py``.)
@@ -56,13 +56,38 @@ sweep counts violations from the computed values rather than assuming it.
 
 The edge domain (NaN, +-inf, x <= -127, (-127, -126), tiny negatives, x >= 128) is reported apart
 by ``edge_report``.
+
+Speed (issue 17 item 4, session 5) -- the same figures, fewer passes
+---------------------------------------------------------------------
+The reductions above are unchanged; what changed is how each evaluated input is scored, and every
+change is an exact identity, so the statistics are bit for bit those of the kernels before
+session 5 (kept as ``impl="reference"``; ``tests/test_exp2_sweep_speed.py`` compares whole sweeps
+on every special region and the whole CLI report):
+
+* Note [Horner without round-to-odd] (``_fma_pos_fast``): one float64 add and a cast per FMA; the
+  round-to-odd correction only where the float64 sum is an fp32 midpoint.
+* Note [One oracle filter] (``metrics``): the float64 filter for fp32 only; RN_bf16 / RN_fp16 of
+  2^x derived from RN32(2^x) by integer rounding, except at midpoints of the format, which take the
+  format's own filter (so the mpmath fallbacks are the same inputs); fp16 subnormal rounding by
+  exact scaling and ``rint`` instead of numpy's (slow) float16 cast; fp32 ulps as int32 bit
+  differences.
+* Run ends (R2/R3) score only the maxima they contribute; the value measure of one-sign runs takes
+  the one branch that applies.
+* L2-sized blocks (``FUSED_BLOCK`` = 2^14 inputs) for the elementwise work; the (R2) bucket blocks
+  stay at ``BLOCK`` = 2^16, which fixes the order of their (inexact) float weight sums.
+* Note [Sweep schedule] (``sweep``): direct pieces cut into tasks of 2^21 inputs, all tasks run
+  longest first over ``jobs`` processes; merging is arranged so that the result does not depend on
+  the schedule.
+
+``benchmarks/exp2_cpu.py`` prints the full-range seconds per degree and, on sub-ranges in the same
+run, the ratios to the reference kernels and to the direct sweep, with the bit-for-bit checks.
 """
 from __future__ import annotations
 
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable, Literal
 
 import numpy as np
@@ -78,7 +103,8 @@ SEG_HI = 2.0**-5          # (R3) runs below this, direct above
 GRID_BITS = 24            # base fraction grid 2^-24
 MAX_STRIDE_LOG = 7        # strides 2^0 .. 2^7 (|x| < 256)
 CHUNK = 1 << 20           # inputs per direct task piece
-BLOCK = 1 << 16           # inputs evaluated at once: keeps the ~20 float64 temporaries in cache
+BLOCK = 1 << 16           # buckets per (R2) block (fixes the order of the bucket weight sums)
+FUSED_BLOCK = 1 << 14     # inputs per block of the fused kernels: the ~20 temporaries stay in L2
 
 
 # ============================================================================ statistics
@@ -171,9 +197,19 @@ def merge_all(parts: Iterable[Stats]) -> Stats:
 
 
 # ============================================================================ arithmetic
+_COEFFS: dict = {}
+
+
 def _coeffs(degree: int) -> tuple[np.float32, ...]:
+    """FA4's POLY_EX2[degree] as float32 (``poly_coeffs_f32``, converted and checked once per
+    coefficient list of ``load_params()``)."""
+    from fa4verify.kernels.fa4_params import load_params
     from fa4verify.kernels.twin import poly_coeffs_f32
-    return poly_coeffs_f32(degree)
+    key = (degree, tuple(load_params().poly_ex2.get(degree, ())))
+    r = _COEFFS.get(key)
+    if r is None:
+        r = _COEFFS[key] = poly_coeffs_f32(degree)
+    return r
 
 
 def _fma_pos(q: np.ndarray, f64: np.ndarray, c: float, out: np.ndarray | None = None) -> np.ndarray:
@@ -195,8 +231,49 @@ def _fma_pos(q: np.ndarray, f64: np.ndarray, c: float, out: np.ndarray | None = 
     return out
 
 
+def _fma_pos_fast(q: np.ndarray, f64: np.ndarray, c: float) -> np.ndarray:
+    """``_fma_pos`` (RN fp32 fma(q, f, c), f >= 0, c > 0), bit for bit, in fewer passes.
+
+    Note [Horner without round-to-odd]: p = q*f is exact in float64 (24 + 24 bits) and
+    s = RN64(p + c). RN32(s) differs from RN32(p + c) only when s is an fp32 midpoint: RN64 is
+    monotone and every fp32 midpoint is a float64, so if s is no midpoint then s and the exact sum
+    lie on the same side of every midpoint, hence round to the same fp32 value. s > 0 is a
+    midpoint iff its 29 low mantissa bits are 1 followed by 28 zeros (s is a normal float64: an fp32
+    midpoint between normal fp32 values has 25 significant bits). Only those elements (about 2^-28
+    of them) take the exact round-to-odd path of ``_fma_pos``.
+    """
+    p = q.astype(np.float64)
+    p *= f64
+    s = p + c
+    mid = (s.view(np.int64) & 0x1FFFFFFF) == 0x10000000
+    out = s.astype(np.float32)
+    if mid.any():
+        i = np.flatnonzero(mid)
+        out[i] = _fma_pos(q[i], f64[i], c)
+    return out
+
+
 def _horner(f: np.ndarray, cs: tuple[np.float32, ...]) -> np.ndarray:
     """fp32 Horner with fused FMAs (FA4's ``evaluate_polynomial``), for f >= 0, positive coeffs."""
+    if _IMPL == "reference":
+        return _horner_reference(f, cs)
+    if not all(float(c) >= 2.0**-126 for c in cs):
+        raise ValueError("the fused Horner needs positive normal coefficients (Note [Horner without "
+                         f"round-to-odd]); got {[float(c) for c in cs]}")
+    out = np.empty(f.shape, dtype=np.float32)
+    step = FUSED_BLOCK                          # cache-sized blocks (elementwise: any size)
+    for a in range(0, f.size, step):
+        fb = f[a:a + step]
+        f64 = fb.astype(np.float64)
+        q = np.full(fb.shape, cs[-1], dtype=np.float32)
+        for c in cs[-2::-1]:
+            q = _fma_pos_fast(q, f64, float(c))
+        out[a:a + step] = q
+    return out
+
+
+def _horner_reference(f: np.ndarray, cs: tuple[np.float32, ...]) -> np.ndarray:
+    """``_horner`` by round-to-odd FMAs at every step (the implementation before session 5)."""
     out = np.empty(f.shape, dtype=np.float32)
     step = 1 << 16                              # cache-sized blocks
     for a in range(0, f.size, step):
@@ -253,8 +330,10 @@ def _spacing(x: np.ndarray) -> np.ndarray:
 
 
 # ============================================================================ direct evaluation
-def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Per-input error measures for float32 inputs ``x`` (main domain) and emulated values ``emu``:
+def metrics_reference(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """``metrics`` as computed before session 5 (one oracle filter per format; any emu values).
+
+    Per-input error measures for float32 inputs ``x`` (main domain) and emulated values ``emu``:
     ``rel`` (signed), ``d32`` (fp32 ulps from RN32(2^x)), ``u_bf16``/``u_f16`` (|RN_fmt(emu) - 2^x|
     in ulps of 2^x), ``w_bf16``/``w_f16`` (RN_fmt(emu) != RN_fmt(2^x)) and ``w`` (ulp(x) weights)."""
     from fa4verify.oracles.exp2 import exp2_cr_from_f64, round_f64
@@ -270,7 +349,8 @@ def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict
         m["d32"] = np.abs(b32.ordered(emu) - b32.ordered(cr32))
     for fmt, mant, emin in (("bf16", 7, -126), ("f16", 10, -14)):
         # emu is a float32: RN_f16(emu) by numpy's float32 -> float16 cast (RNE, = round_f64(e64, "f16"))
-        r = (_bf16_rne(emu) if fmt == "bf16" else emu.astype(np.float16)).astype(np.float64)
+        with np.errstate(over="ignore"):                 # fp16 overflow to inf is intended
+            r = (_bf16_rne(emu) if fmt == "bf16" else emu.astype(np.float16)).astype(np.float64)
         cr = exp2_cr_from_f64(x, y, fmt)
         with np.errstate(invalid="ignore"):
             u = np.abs(r - y) / _ulp_fmt(x64, mant, emin)
@@ -280,24 +360,156 @@ def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict
     return m
 
 
+#: "fused" (default) or "reference": which ``metrics`` / ``_horner`` the sweep runs; the two are
+#: equal bit for bit (tests/test_exp2_sweep_speed.py compares whole sweeps).
+_IMPL: Literal["fused", "reference"] = "fused"
+
+
+def metrics(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None, *,
+            maxima_only: bool = False) -> dict[str, np.ndarray]:
+    """Per-input error measures for float32 inputs ``x`` (main domain) and emulated values ``emu``:
+    ``rel`` (signed), ``d32`` (fp32 ulps from RN32(2^x)), ``u_bf16``/``u_f16`` (|RN_fmt(emu) - 2^x|
+    in ulps of 2^x), ``w_bf16``/``w_f16`` (RN_fmt(emu) != RN_fmt(2^x)) and ``w`` (ulp(x) weights).
+
+    Note [One oracle filter]: equal to ``metrics_reference`` value for value, with one float64
+    filter (fp32) instead of three. For x in the main domain the exact 2^x is irrational (x not an
+    integer) or a power of two, never a bf16/fp16 midpoint, so RN_fmt(2^x) = RN_fmt(RN32(2^x))
+    unless RN32(2^x) is itself a midpoint of fmt (double rounding: the argument of Note [Horner
+    without round-to-odd]; every bf16/fp16 midpoint at or above 2^-25 is an fp32). Those elements
+    -- fp32 values with low 16 bits 0x8000 (bf16), or low 13 bits 0x1000 in the fp16 normal
+    range, and every value below 2^-14 (fp16 subnormal range, where the test is not the bit
+    pattern) -- go through the format's own filter (``exp2_cr_from_f64``). An input the old
+    per-format filter left undecided has 2^x within 2^-49 relative of a midpoint m of fmt, so
+    RN32(2^x) = m and the input is in that subset: the mpmath fallbacks (and their count) are the
+    same. Emulated values outside (0, inf) (mutants) take ``metrics_reference``.
+
+    ``maxima_only``: only ``rel``, ``d32`` and ``u_*`` (what ``_maxima`` reads); the midpoint
+    subsets still go through the oracle filters, so the fallback count does not change.
+    """
+    if _IMPL == "reference" or x.size == 0 or not bool(np.all((emu > 0) & (emu < np.inf))):
+        return metrics_reference(x, emu, y)
+    from fa4verify.oracles.exp2 import FILTER_REL_BOUND, exp2_cr_from_f64
+    x64 = x.astype(np.float64)
+    if y is None:
+        y = np.exp2(x64)
+    rel = emu.astype(np.float64)
+    rel /= y
+    rel -= 1.0
+    m = {"rel": rel}
+    # fp32: the filter of exp2_cr_from_f64 inline (same products, same casts), its fallback on
+    # the undecided elements only
+    with np.errstate(over="ignore", under="ignore"):
+        cr32 = (y * (1 - FILTER_REL_BOUND)).astype(np.float32)
+        hi = (y * (1 + FILTER_REL_BOUND)).astype(np.float32)
+    und = cr32 != hi
+    if und.any():
+        i = np.flatnonzero(und)
+        cr32[i] = exp2_cr_from_f64(x[i], y[i], "f32").astype(np.float32)
+    cb = cr32.view(np.int32)
+    d = emu.view(np.int32) - cb                 # both positive: bit patterns are ordered ints
+    np.abs(d, out=d)
+    m["d32"] = d
+    # 1 / ulp_fmt(2^x) = 2^(mant - max(floor(x), emin)) (as _ulp_fmt; exact scaling)
+    fl = np.floor(x64).astype(np.int64)
+    for fmt, mant, emin in (("bf16", 7, -126), ("f16", 10, -14)):
+        if fmt == "bf16":
+            r32 = _bf16_rne(emu)
+            cr = None if maxima_only else _bf16_rne(cr32)
+            sub = (cb & 0xFFFF) == 0x8000
+        else:
+            r32 = _f16_rne(emu)
+            cr = None if maxima_only else _f16_rne(cr32)
+            sub = ((cb & 0x1FFF) == 0x1000) | (cb < 0x38800000)      # 0x38800000 = 2^-14
+        if sub.any():
+            i = np.flatnonzero(sub)
+            ci = (exp2_cr_from_f64(x[i], y[i], fmt) if fmt == "bf16" else _cr_f16(x[i], y[i])).astype(np.float32)
+            if cr is not None:
+                cr[i] = ci
+        r = r32.astype(np.float64)
+        r -= y
+        np.abs(r, out=r)
+        e = np.maximum(fl, emin)
+        np.subtract(1023 + mant, e, out=e)
+        e <<= 52
+        r *= e.view(np.float64)
+        nan = np.isnan(r)
+        if nan.any():
+            r[nan] = np.inf
+        m[f"u_{fmt}"] = r
+        if not maxima_only:
+            m[f"w_{fmt}"] = r32 != cr
+    if not maxima_only:
+        m["w"] = _spacing(x)
+    return m
+
+
+def metrics_blocked(x: np.ndarray, emu: np.ndarray) -> dict[str, np.ndarray]:
+    """``metrics(x, emu)`` computed in blocks of ``FUSED_BLOCK`` into whole arrays (the measures
+    are elementwise: the same arrays)."""
+    if _IMPL == "reference" or x.size <= FUSED_BLOCK:
+        return metrics(x, emu)
+    out: dict = {}
+    for a in range(0, x.size, FUSED_BLOCK):
+        sl = slice(a, a + FUSED_BLOCK)
+        m = metrics(x[sl], emu[sl])
+        if not out:
+            if set(m) != {"rel", "d32", "u_bf16", "u_f16", "w_bf16", "w_f16", "w"}:
+                return metrics(x, emu)              # the reference path (mutant values)
+            out = {k: np.empty(x.shape, dtype=v.dtype) for k, v in m.items()}
+        if m.keys() != out.keys() or any(m[k].dtype != out[k].dtype for k in m):
+            return metrics(x, emu)
+        for k, v in m.items():
+            out[k][sl] = v
+    return out
+
+
+def _cr_f16(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``exp2_cr_from_f64(x, y, "f16")``, value for value and with the same fallbacks, without
+    numpy's float64 -> float16 cast where the filter's products lie below 2^-14 (that cast is
+    slow on fp16 subnormals): there RN_f16(v) = rint(v 2^24) 2^-24 exactly (power-of-two scaling,
+    RNE ``rint``; a v that rounds up to 2^-14 gives 2^-14 both ways). Undecided elements (the two
+    products round apart) and elements at or above 2^-14 go through ``exp2_cr_from_f64``."""
+    from fa4verify.oracles.exp2 import FILTER_REL_BOUND, exp2_cr_from_f64
+    with np.errstate(over="ignore", under="ignore"):
+        vlo = y * (1 - FILTER_REL_BOUND)
+        vhi = y * (1 + FILTER_REL_BOUND)
+    small = vhi < 2.0**-14
+    lo = np.rint(vlo * 2.0**24) * 2.0**-24
+    hi = np.rint(vhi * 2.0**24) * 2.0**-24
+    other = ~small | (lo != hi)
+    if other.any():
+        i = np.flatnonzero(other)
+        lo[i] = exp2_cr_from_f64(x[i], y[i], "f16")
+    return lo
+
+
+def _f16_rne(v: np.ndarray) -> np.ndarray:
+    """RNE float32 -> fp16 (widened to float32) for v > 0: the bit trick of ``_bf16_rne`` with 13
+    dropped bits where the result is an fp16 normal or overflows (v >= 2^-14), and below (fp16
+    subnormals) rint(v 2^24) 2^-24 (exact scaling and RNE). Equals
+    ``v.astype(float16).astype(float32)`` (tested)."""
+    b = v.view(np.uint32)
+    r = b + (np.uint32(0xFFF) + ((b >> 13) & np.uint32(1)))
+    r &= np.uint32(0xFFFFE000)
+    out = r.view(np.float32)
+    out[out >= np.float32(65536.0)] = np.inf
+    low = b < np.uint32(0x38800000)
+    if low.any():
+        out[low] = np.rint(v[low] * np.float32(2.0**24)) * np.float32(2.0**-24)
+    return out
+
+
 def aggregate(x: np.ndarray, emu: np.ndarray, m: dict[str, np.ndarray]) -> Stats:
     """Stats of sorted inputs ``x`` from their per-input ``metrics``."""
     st = Stats()
     if x.size == 0:
         return st
     st.n = int(x.size)
-    ar = np.abs(m["rel"])
-    i = int(np.argmax(ar))
-    st.max_rel, st.argmax_rel, st.signed_rel_at_max = float(ar[i]), float(x[i]), float(m["rel"][i])
-    i = int(np.argmax(m["d32"]))
-    st.max_ulp32, st.argmax_ulp32 = int(m["d32"][i]), float(x[i])
+    _maxima(x, m, st)
     w = m["w"]
     st.weight = float(w.sum())
     for fmt in FMTS:
         u, wrong = m[f"u_{fmt}"], m[f"w_{fmt}"]
-        i = int(np.argmax(u))
-        setattr(st, f"max_ulp_{fmt}", float(u[i]))
-        setattr(st, f"argmax_ulp_{fmt}", float(x[i]))
         setattr(st, f"wrong_{fmt}", int(np.count_nonzero(wrong)))
         setattr(st, f"weight_wrong_{fmt}", float(w[wrong].sum()))
         if wrong.any():
@@ -311,6 +523,39 @@ def aggregate(x: np.ndarray, emu: np.ndarray, m: dict[str, np.ndarray]) -> Stats
     st.first = (float(x[0]), float(emu[0]))
     st.last = (float(x[-1]), float(emu[-1]))
     return st
+
+
+def _maxima(x: np.ndarray, m: dict[str, np.ndarray], st: Stats) -> None:
+    """Set the maxima of ``st`` (rel, fp32 ulps, bf16/fp16 ulps; argmax = first input attaining it)."""
+    ar = np.abs(m["rel"])
+    i = int(np.argmax(ar))
+    st.max_rel, st.argmax_rel, st.signed_rel_at_max = float(ar[i]), float(x[i]), float(m["rel"][i])
+    i = int(np.argmax(m["d32"]))
+    st.max_ulp32, st.argmax_ulp32 = int(m["d32"][i]), float(x[i])
+    for fmt in FMTS:
+        u = m[f"u_{fmt}"]
+        i = int(np.argmax(u))
+        setattr(st, f"max_ulp_{fmt}", float(u[i]))
+        setattr(st, f"argmax_ulp_{fmt}", float(x[i]))
+
+
+def _maxima_blocked(x: np.ndarray, emu: np.ndarray, y: np.ndarray, st: Stats) -> None:
+    """``_maxima(x, metrics(x, emu, y), st)`` in blocks of ``FUSED_BLOCK`` (the first input
+    attaining each maximum wins, as with one argmax over the whole array)."""
+    best: dict = {}
+    for a in range(0, x.size, FUSED_BLOCK):
+        sl = slice(a, a + FUSED_BLOCK)
+        part = Stats()
+        _maxima(x[sl], metrics(x[sl], emu[sl], y[sl], maxima_only=True), part)
+        for key in ("rel", "ulp32", "ulp_bf16", "ulp_f16"):
+            v = getattr(part, f"max_{key}")
+            if key not in best or v > best[key][0]:
+                best[key] = (v, getattr(part, f"argmax_{key}"), part.signed_rel_at_max)
+    for key, (v, arg, sgn) in best.items():
+        setattr(st, f"max_{key}", v)
+        setattr(st, f"argmax_{key}", arg)
+        if key == "rel":
+            st.signed_rel_at_max = sgn
 
 
 def direct_stats(x: np.ndarray, emu: np.ndarray, *, y: np.ndarray | None = None) -> Stats:
@@ -336,8 +581,9 @@ def task_direct(degree: int, olo: int, ohi: int, variant_check: bool = False) ->
     cs = _coeffs(degree)
     out = []
     o = olo
+    block = FUSED_BLOCK if _IMPL == "fused" else BLOCK      # Note [Sweep schedule]: same Stats
     while o <= ohi:
-        stop = min(ohi, o + BLOCK - 1)
+        stop = min(ohi, o + block - 1)
         x = _ordered_to_f32(np.arange(o, stop + 1, dtype=np.int64))
         emu = emu_direct(x, cs)
         if variant_check:
@@ -360,7 +606,8 @@ def task_grid(degree: int, a: int, b: int, kmin: int = 0) -> dict:
     ("highhalf", 0): i in [2^23, 2^24) (the halves only when kmin == 0). Each class's Stats uses
     x = f (n = 0); callers rescale (R1).
     """
-    span = BLOCK << kmin                   # a multiple of 2^MAX_STRIDE_LOG: blocks stay aligned
+    # a multiple of 2^MAX_STRIDE_LOG: blocks stay aligned
+    span = BLOCK << kmin
     parts: dict = {}
     for ba in range(a, b, span):
         for key, st in _grid_block(degree, ba, min(b, ba + span), kmin).items():
@@ -374,7 +621,7 @@ def _grid_block(degree: int, a: int, b: int, kmin: int) -> dict:
     i = np.arange(a, b, 1 << kmin, dtype=np.int64)
     f = (i.astype(np.float64) * 2.0**-GRID_BITS).astype(np.float32)
     q = _horner(f, cs)
-    met = metrics(f, q)
+    met = metrics_blocked(f, q)
     res = {}
     for cls, k in _GRID_KEYS:
         if cls == "full":
@@ -386,7 +633,9 @@ def _grid_block(degree: int, a: int, b: int, kmin: int) -> dict:
         if kmin:
             continue
         m = (i <= (1 << 23)) if cls == "lowhalf" else (i >= (1 << 23))
-        if m.any():
+        if m.all():                 # the whole block: the same aggregate as ("full", 0)
+            res[(cls, k)] = replace(res[("full", 0)], mono_at=list(res[("full", 0)].mono_at))
+        elif m.any():
             res[(cls, k)] = aggregate(f[m], q[m], {kk: vv[m] for kk, vv in met.items()})
     return res
 
@@ -439,6 +688,18 @@ def _value_measure(oa: np.ndarray, ob: np.ndarray) -> np.ndarray:
     """Sum of ulp(x) over the inputs with ordered ints in [oa, ob] (same sign, oa <= ob);
     0 for empty ranges (ob < oa)."""
     empty = ob < oa
+    if _IMPL == "fused" and oa.size and not empty.any() and (bool(np.all(ob < 0)) or bool(np.all(oa >= 0))):
+        # one sign, no empty range: the branch of the general formula below that applies
+        fa, fb = _ordered_to_f32(oa), _ordered_to_f32(ob)
+        xa, xb = fa.astype(np.float64), fb.astype(np.float64)
+        if ob[0] < 0:
+            w = np.abs(xa)
+            w += _spacing(fa)
+            w -= np.abs(xb)
+        else:
+            w = xb + _spacing(fb)
+            w -= xa
+        return w
     oa2, ob2 = np.where(empty, 0, oa), np.where(empty, 0, ob)
     fa, fb = _ordered_to_f32(oa2), _ordered_to_f32(ob2)
     xa, xb = fa.astype(np.float64), fb.astype(np.float64)
@@ -463,14 +724,19 @@ def runs_stats(runs: Runs) -> Stats:
     # the result binade of 2^x must not change inside a run (ulps constant): check
     ya, yb = y[: oa.size], y[oa.size:]
     assert np.all(np.floor(xa) == np.floor(xb)), "run crosses a binade of 2^x"
-    end_stats = direct_stats_unsorted(ends, vv, y)
-    for k in ("max_rel", "argmax_rel", "signed_rel_at_max", "max_ulp32", "argmax_ulp32", "max_ulp_bf16",
-              "argmax_ulp_bf16", "max_ulp_f16", "argmax_ulp_f16"):
-        setattr(st, k, getattr(end_stats, k))
+    # maxima at the run ends (the error is monotone inside a run): as direct_stats of the ends
+    if _IMPL == "fused":
+        _maxima_blocked(ends, vv, y, st)
+    else:
+        _maxima(ends, metrics(ends, vv, y, maxima_only=True), st)
     st.weight = float(_value_measure(oa, ob).sum())
     v64 = v.astype(np.float64)
+    fused = _IMPL == "fused" and bool(np.all((v > 0) & (v < np.inf)))
     for fmt in FMTS:
-        r = b32.to_bf16(v).astype(np.float64) if fmt == "bf16" else round_f64(v64, "f16")
+        if fused:           # v > 0 finite: the bit tricks equal the general roundings (tested)
+            r = (_bf16_rne(v) if fmt == "bf16" else _f16_rne(v)).astype(np.float64)
+        else:
+            r = b32.to_bf16(v).astype(np.float64) if fmt == "bf16" else round_f64(v64, "f16")
         lo, hi, _ = _boundary_table(fmt, r)
         # wrong = inputs below X(m_lo) or at/above X(m_hi)
         below_b = np.minimum(ob, lo - 1)
@@ -489,9 +755,10 @@ def runs_stats(runs: Runs) -> Stats:
         bad = (n_below + n_above) > 0
         if bad.any():
             mant, emin = (7, -126) if fmt == "bf16" else (10, -14)
-            ulp_e = np.concatenate([np.abs(r - ya) / _ulp_fmt(xa, mant, emin), np.abs(r - yb) / _ulp_fmt(xb, mant, emin)])
-            badm = np.concatenate([n_below > 0, n_above > 0])
-            ulp_e = np.where(badm, ulp_e, -1.0)
+            # the error at the far end of each wrong run (computed on those runs only), -1 elsewhere
+            ulp_e = np.full(2 * oa.size, -1.0)
+            ulp_e[wb] = np.abs(r[wb] - ya[wb]) / _ulp_fmt(xa[wb], mant, emin)
+            ulp_e[oa.size + wa] = np.abs(r[wa] - yb[wa]) / _ulp_fmt(xb[wa], mant, emin)
             j = int(np.argmax(ulp_e))
             setattr(st, f"worst_wrong_{fmt}", float(ends[j]))
             setattr(st, f"worst_wrong_{fmt}_ulp", float(ulp_e[j]))
@@ -716,38 +983,68 @@ class SweepResult:
 
 _GRID_CACHE: dict = {}
 
+#: direct pieces are cut into tasks of at most this many inputs (load balance over --jobs)
+DIRECT_TASK = 1 << 21
+#: relative cost per unit of work (input, grid point, bucket) by task kind, for the longest-first
+#: schedule (measured on the 2-core box, session 5; only the order of tasks depends on it)
+_COST = {"direct": 1.0, "grid": 1.2, "bucket": 4.5, "runs": 1.0}
+
 
 def _run_task(t):
-    kind, degree, args = t
+    kind, degree, args, impl = t[:4]
+    global _IMPL
+    _IMPL = impl
     from fa4verify.oracles.exp2 import oracle_stats
     fb0 = oracle_stats()["fallbacks"]
-    if kind == "grid" and (degree, args) in _GRID_CACHE:       # same coefficients: same result
-        return kind, args, _GRID_CACHE[(degree, args)], 0
+    key = (degree, args, impl)
+    if kind == "grid" and key in _GRID_CACHE:                  # same coefficients: same result
+        return t, _GRID_CACHE[key], 0
     if kind == "direct":
         r = task_direct(degree, *args)
     elif kind == "grid":
         r = task_grid(degree, *args)
-        _GRID_CACHE[(degree, args)] = r
+        _GRID_CACHE[key] = r
     elif kind == "bucket":
         r = task_runs_bucket(degree, *args)
     elif kind == "runs":
         r = task_runs_monotone(degree, *args)
     else:
         raise ValueError(kind)
-    return kind, args, r, oracle_stats()["fallbacks"] - fb0
+    return t, r, oracle_stats()["fallbacks"] - fb0
+
+
+def _task_work(kind: str, args: tuple, size: int) -> float:
+    """Estimated cost of a task (schedule order only)."""
+    if kind == "grid":
+        return _COST["grid"] * ((args[1] - args[0]) >> args[2])
+    if kind == "bucket":
+        return _COST["bucket"] * (args[1] - args[0])
+    return _COST[kind] * size
 
 
 def sweep(degree: int, lo: float, hi: float, *, method: str = "fast", jobs: int = 1,
-          progress: Callable[[int, int], None] | None = None) -> SweepResult:
+          progress: Callable[[int, int], None] | None = None,
+          impl: Literal["fused", "reference"] = "fused") -> SweepResult:
     """Statistics over every float32 x in [lo, hi] ∩ [-126, 128) (see module docstring).
 
     ``method="fast"`` uses the reductions (R1)-(R3); ``"direct"`` evaluates every input.
-    ``progress(done, total)`` is called as tasks finish (units: inputs).
+    ``progress(done, total)`` is called as tasks finish (units: inputs). ``impl`` picks the
+    per-input kernels (``metrics`` and ``_horner``: "fused", or "reference", the pre-session-5
+    code); the statistics are the same bit for bit (Note [Sweep schedule]).
+
+    Note [Sweep schedule]: the statistics do not depend on the schedule. Tasks run longest first
+    (``_task_work``) on ``jobs`` processes, in any completion order; a direct piece (at most 2^23
+    contiguous inputs, so within two binades of x) is cut into tasks of ``DIRECT_TASK`` inputs whose
+    Stats are merged back into the piece's Stats before anything else (every weight sum inside a
+    piece is an exact multiple of the smaller spacing below 2^53 of it, so the association of the
+    merge cannot change it); then all pieces are merged in input order as before.
     """
     t0 = time.perf_counter()
     _coeffs(degree)                                  # validate the degree early
+    if impl not in ("fused", "reference"):
+        raise ValueError(f"impl must be 'fused' or 'reference', got {impl!r}")
     pieces = plan(lo, hi, method=method)
-    tasks = []
+    tasks = []                                        # (kind, degree, args, impl, piece index, work)
     classes = {p.args[0] for p in pieces if p.kind == "grid"}
     need_grid = bool(classes)
     if need_grid:
@@ -757,68 +1054,88 @@ def sweep(degree: int, lo: float, hi: float, *, method: str = "fast", jobs: int 
         # only the points the requested strides need (all of them once a half piece is needed)
         kmin = 0 if classes & {"lowhalf", "highhalf"} else min(p.args[1] for p in pieces if p.kind == "grid")
         for a in range(ga, gb, g):
-            tasks.append(("grid", degree, (a, a + g, kmin)))
-    for p in pieces:
-        if p.kind != "grid":
-            tasks.append((p.kind, degree, p.args))
+            tasks.append(("grid", degree, (a, a + g, kmin), impl, -1))
+    for ip, p in enumerate(pieces):
+        if p.kind == "direct":
+            a, b = p.args
+            for o in range(a, b + 1, DIRECT_TASK):
+                tasks.append(("direct", degree, (o, min(b, o + DIRECT_TASK - 1)), impl, ip))
+        elif p.kind != "grid":
+            tasks.append((p.kind, degree, p.args, impl, ip))
+    size_of = {ip: p.size for ip, p in enumerate(pieces)}
+
+    def work_of(t):
+        kind, _, args, _, ip = t
+        if kind == "direct":
+            return _task_work(kind, args, args[1] - args[0] + 1)
+        return _task_work(kind, args, size_of.get(ip, 0))
+
+    tasks.sort(key=work_of, reverse=True)             # longest first; ties keep plan order
     total = sum(p.size for p in pieces) + sum((t[2][1] - t[2][0]) >> t[2][2] for t in tasks if t[0] == "grid")
-    sizes = {}
-    for p in pieces:
-        if p.kind != "grid":
-            sizes[(p.kind, p.args)] = p.size
     done = 0
     results = []
     fallbacks = 0
-    if jobs > 1 and len(tasks) > 1:
-        import multiprocessing as mp
-        ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-        with ctx.Pool(jobs) as pool:
-            for kind, args, r, fb in pool.imap_unordered(_run_task, tasks):
-                if kind == "grid":
-                    _GRID_CACHE[(degree, args)] = r
-                results.append((kind, args, r))
-                fallbacks += fb
-                done += ((args[1] - args[0]) >> args[2]) if kind == "grid" else _task_size(kind, args, r, sizes)
-                if progress:
-                    progress(done, total)
-    else:
-        for t in tasks:
-            kind, args, r, fb = _run_task(t)
-            results.append((kind, args, r))
-            fallbacks += fb
-            done += ((args[1] - args[0]) >> args[2]) if kind == "grid" else _task_size(kind, args, r, sizes)
-            if progress:
-                progress(done, total)
+
+    def account(t, r, fb):
+        nonlocal done, fallbacks
+        kind, _, args, _, ip = t
+        if kind == "grid":
+            _GRID_CACHE[(degree, args, impl)] = r
+        results.append((t, r))
+        fallbacks += fb
+        if kind == "grid":
+            done += (args[1] - args[0]) >> args[2]
+        elif kind == "direct":
+            done += args[1] - args[0] + 1
+        elif kind == "bucket":
+            done += r.n
+        else:
+            done += size_of.get(ip, r.n)
+        if progress:
+            progress(done, total)
+
+    global _IMPL
+    old_impl = _IMPL
+    try:
+        if jobs > 1 and len(tasks) > 1:
+            import multiprocessing as mp
+            ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
+            with ctx.Pool(jobs) as pool:
+                for t, r, fb in pool.imap_unordered(_run_task, tasks):
+                    account(t, r, fb)
+        else:
+            for t in tasks:
+                account(*_run_task(t))
+    finally:
+        _IMPL = old_impl
     # combine grid partials per class
     grid_parts: dict = {}
-    for kind, args, r in results:
-        if kind == "grid":
+    for t, r in results:
+        if t[0] == "grid":
             for key, s in r.items():
                 grid_parts.setdefault(key, []).append(s)
     # merge in input order (Stats.merge checks monotonicity at the seam of adjacent pieces)
     grid = {key: merge_all(v) for key, v in grid_parts.items()}
+    by_piece: dict = {}
+    for t, r in results:
+        if t[0] != "grid":
+            by_piece.setdefault(t[4], []).append(r)
     parts = []
     counts = {"direct": 0, "grid": 0, "bucket": 0, "runs": 0}
-    for kind, args, r in results:
-        if kind != "grid":
-            parts.append(r)
-            counts[kind] += r.n
-    for p in pieces:
+    for ip, p in enumerate(pieces):
         if p.kind == "grid":
             cls = grid[p.args]
             u = _unit_ulp(p.n) if p.args[0] == "full" else 2.0**-24
             s = _scale_grid_stats(cls, p.n, u, p.size)
             assert s.n == p.size, (p, s.n)
-            parts.append(s)
-            counts["grid"] += s.n
+        else:
+            s = merge_all(by_piece.get(ip, []))
+            if p.kind == "direct":
+                assert s.n == p.size, (p, s.n)
+        parts.append(s)
+        counts[p.kind] += s.n
     st = merge_all(parts)
     return SweepResult(degree, lo, hi, method, st, time.perf_counter() - t0, counts, fallbacks)
-
-
-def _task_size(kind, args, r, sizes) -> int:
-    if kind == "bucket":
-        return r.n
-    return sizes.get((kind, args), r.n)
 
 
 def grid_mean_rel(degree: int) -> dict:

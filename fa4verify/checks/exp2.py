@@ -7,7 +7,7 @@ against the relative bound below; the flush band (-127, -126), where the emulati
 subnormal, is reported apart and judged against the stage budget's absolute floor
 ``f32_min_normal`` (error_budgets ``stage.exp2_emu``). quick/default profiles: a stratified sample of 2^20 fp32 inputs plus
 the certified polynomial bound (a few seconds); full: 2^23 inputs; exhaustive: every fp32 input
-(``fa4verify.exp2_cert.sweep``, about a minute on 2 cores).
+(``fa4verify.exp2_cert.sweep``, 6-8 s per degree on 2 cores, ``docs/results/exp2/``).
 
 Note [exp2 a-priori bound]
 --------------------------
