@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import DrawFn
 
+from fa4verify._strategies.calls import CALL_FEATURES, DEFAULT_PAGE_SIZES, CallForm, keep_call_forms, \
+    kv_call_forms
 from fa4verify._strategies.masks import MaskMod, Window, causal_and_windows, mask_mods, resolve_window, \
     softcaps, varlen_seqlens, window_keep_mask
 from fa4verify._strategies.shapes import ARCHS, DTYPES, check_arch, check_dtype, check_head_dims, head_counts, \
@@ -48,6 +50,10 @@ class AttentionProblem:
     * ``mask_mod``: a boolean keep-pattern (:class:`MaskMod`) or None; never together with
       causal/window/varlen.
     * ``values``: the :class:`ValueSpec` the arrays are generated from.
+    * ``call``: how FA4 is called (:class:`~fa4verify._strategies.calls.CallForm`: paged KV,
+      seqused_k, block sparsity, a CuTe mask_mod), or None for the plain call; it never changes
+      what the problem computes beyond the keep-mask it adds (Note [Call forms keep the
+      problem's meaning]).
     """
 
     arch: str
@@ -68,6 +74,7 @@ class AttentionProblem:
     seqlens_k: Optional[tuple[int, ...]] = None
     mask_mod: Optional[MaskMod] = None
     values: ValueSpec = field(default_factory=ValueSpec)
+    call: Optional[CallForm] = None
 
     def __post_init__(self) -> None:
         # the one problem type of fa4verify: every arch and dtype FA4 has (the strategies draw
@@ -103,6 +110,8 @@ class AttentionProblem:
         if self.softcap < 0 or not math.isfinite(self.softcap):
             raise ValueError(f"softcap={self.softcap} must be finite and >= 0")
         object.__setattr__(self, "window_size", tuple(self.window_size))
+        if self.call is not None:
+            self.call.validate(self)
 
     # ------------------------------------------------------------------ derived facts
     @property
@@ -136,7 +145,8 @@ class AttentionProblem:
                 "distribution": self.values.distribution,
                 "seqlen_q_ne_k": self.seqlen_q != self.seqlen_k,
                 "tile_edge": any(x % 64 in (0, 1, 63) for x in (self.seqlen_q, self.seqlen_k)),
-                "zero_length": bool(self.varlen and 0 in (self.seqlens_q + self.seqlens_k))}
+                "zero_length": bool(self.varlen and 0 in (self.seqlens_q + self.seqlens_k)),
+                **(self.call.labels() if self.call is not None else {})}
 
     def describe(self) -> str:
         """One-line human summary."""
@@ -157,6 +167,8 @@ class AttentionProblem:
             parts.append(f"scale={self.softmax_scale:g}")
         if self.mask_mod:
             parts.append(f"mask_mod={self.mask_mod.kind}({self.mask_mod.param})")
+        if self.call is not None:
+            parts.append(self.call.describe())
         parts.append(f"values={self.values.distribution}#{self.values.seed}")
         return " ".join(parts)
 
@@ -178,6 +190,9 @@ class AttentionProblem:
                 out.append(self.mask_mod.keep_mask(lq, lk))
             else:
                 out.append(window_keep_mask(lq, lk, causal=self.causal, window_size=self.window_size))
+            extra = self.call.keep_mask(lq, lk) if self.call is not None else None
+            if extra is not None:
+                out[-1] = out[-1] & extra
         return out
 
     def fully_masked_rows(self) -> np.ndarray:
@@ -248,7 +263,9 @@ class AttentionProblem:
                 "seqlens_q": list(self.seqlens_q) if self.varlen else None,
                 "seqlens_k": list(self.seqlens_k) if self.varlen else None,
                 "mask_mod": self.mask_mod.to_dict() if self.mask_mod else None,
-                "values": self.values.to_dict()}
+                "values": self.values.to_dict(),
+                # only when set: the JSON (and digest) of a plain problem is unchanged
+                **({"call": self.call.to_dict()} if self.call is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "AttentionProblem":
@@ -264,7 +281,8 @@ class AttentionProblem:
                    seqlens_q=tuple(d["seqlens_q"]) if d.get("seqlens_q") is not None else None,
                    seqlens_k=tuple(d["seqlens_k"]) if d.get("seqlens_k") is not None else None,
                    mask_mod=MaskMod.from_dict(d["mask_mod"]) if d.get("mask_mod") else None,
-                   values=ValueSpec.from_dict(d.get("values", {"distribution": "normal", "seed": 0})))
+                   values=ValueSpec.from_dict(d.get("values", {"distribution": "normal", "seed": 0})),
+                   call=CallForm.from_dict(d["call"]) if d.get("call") else None)
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, **kw)
@@ -294,7 +312,9 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                        max_batch: int = 3, max_heads: int = 4, max_head_dim: int = 128,
                        features: Collection[str] = FEATURES, distributions: Optional[Collection[str]] = None,
                        max_work: Optional[int] = None,
-                       head_dim_choices: Optional[Collection[int]] = None) -> AttentionProblem:
+                       head_dim_choices: Optional[Collection[int]] = None,
+                       page_sizes: Collection[int] = DEFAULT_PAGE_SIZES,
+                       hostile_nan: bool = False) -> AttentionProblem:
     """Draw an :class:`AttentionProblem` that FA4 accepts on ``arch``. Never runs a kernel.
 
     Arguments (all keyword-only):
@@ -313,6 +333,11 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
       with ``assume`` (keep it generous: rejection costs examples).
     * ``head_dim_choices``: only ``head_dim == head_dim_v`` in this set (each must be valid on
       ``arch``; ``max_head_dim`` is then ignored).
+    * call features (opt-in, :data:`~fa4verify._strategies.calls.CALL_FEATURES` in ``features``):
+      ``"paged_kv"`` / ``"seqused_k"`` (one of them, or neither, per problem: a varlen problem run
+      with batched K/V, paged with ``page_sizes`` (-1 = the head dim's tile_n) and a random page
+      permutation), ``"block_sparse"`` / ``"mask_mod_fn"`` (dense non-causal problems). NaN in
+      unused pages only with ``hostile_nan=True``.
 
     Never generates: fp8, MLA head dims, empty dense sequences, NaN/Inf inputs, a mask_mod together
     with causal/window/varlen, or a varlen batch with no query row. Values are exact in ``dtype``.
@@ -327,9 +352,13 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         if not isinstance(val, int) or val < lo:
             raise InvalidArgument(f"{name}={val!r} must be an int >= {lo}")
     feats = set(features)
-    unknown = feats - set(FEATURES)
+    unknown = feats - set(FEATURES) - set(CALL_FEATURES)
     if unknown:
-        raise InvalidArgument(f"features={sorted(features)!r}: unknown {sorted(unknown)} (known: {FEATURES})")
+        raise InvalidArgument(f"features={sorted(features)!r}: unknown {sorted(unknown)} "
+                              f"(known: {FEATURES + CALL_FEATURES})")
+    for p in page_sizes:
+        if not isinstance(p, int) or not (p == -1 or p >= 1):
+            raise InvalidArgument(f"page_sizes={tuple(page_sizes)!r}: each must be an int >= 1 (or -1: tile_n)")
     if distributions is not None:
         bad = set(distributions) - set(DISTRIBUTIONS)
         if bad or not distributions:
@@ -365,6 +394,17 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                             nheads_kv=nheads_kv, head_dim=hd, head_dim_v=hdv, causal=causal, window_size=window,
                             softcap=softcap, sink=sink, softmax_scale=scale, seqlens_q=sq_list, seqlens_k=sk_list,
                             mask_mod=mm, values=values)
+    kv = [f for f in ("paged_kv", "seqused_k") if f in feats]
+    keep = "block_sparse" in feats or "mask_mod_fn" in feats
+    if kv or keep:
+        # one call-form family per problem; "plain" first so it shrinks away
+        fam = draw(st.sampled_from(["plain"] + kv + (["keep"] if keep else [])))
+        if fam in ("paged_kv", "seqused_k"):
+            prob = draw(kv_call_forms(prob, paged=fam == "paged_kv", page_sizes=tuple(page_sizes),
+                                      hostile_nan=hostile_nan))
+        elif fam == "keep":
+            prob = draw(keep_call_forms(prob, block_sparse="block_sparse" in feats,
+                                        mask_mod_fn="mask_mod_fn" in feats))
     if max_work is not None:
         from hypothesis import assume
         assume(prob.work <= max_work)
