@@ -498,7 +498,8 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
              learnable_sink=None, pack_gqa: Optional[bool] = None, cu_seqlens_q=None,
              cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
              max_seqlen_k: Optional[int] = None, deterministic: bool = False,
-             dq=None, dk=None, dv=None, dlse=None, block_sparse_tensors=None) -> BackwardResult:
+             dq=None, dk=None, dv=None, dlse=None, block_sparse_tensors=None, seqused_q=None,
+             seqused_k=None) -> BackwardResult:
     """Run FA4's backward (``flash_attn.cute.interface._flash_attn_bwd``, what the public
     autograd backward of ``flash_attn_func``/``flash_attn_varlen_func`` calls).
 
@@ -509,18 +510,24 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     ``learnable_sink``, else None. ``block_sparse_tensors``: FA4's
     ``BlockSparseTensorsTorch`` in the backward's Q-direction form (per KV block, the Q blocks it
     sees; ``fa4verify.kernels.block_sparse.to_fa4_bwd``); not with varlen (FA4 asserts).
+    ``seqused_q`` / ``seqused_k`` (int32, (batch,)): the used rows of batched q / k, as in
+    :func:`forward` (FA4's ``_flash_attn_bwd`` takes them; there is no paged backward).
 
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
     _require_cuda()
     import torch
     from flash_attn.cute import interface
-    varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if seqused_q is not None or seqused_k is not None:
+        varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    else:
+        varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     cfg = _base_config("backward", "_flash_attn_bwd", q, k, v, softmax_scale=softmax_scale,
                        causal=causal, window_size=window_size, softcap=softcap,
                        learnable_sink=learnable_sink, pack_gqa=pack_gqa, varlen=varlen,
                        deterministic=deterministic, return_lse=dlse is not None)
     cfg.extra = {"block_sparse": block_sparse_tensors is not None,
+                 "seqused_q": seqused_q is not None, "seqused_k": seqused_k is not None,
                  "block_size": (list(block_sparse_tensors.block_size)
                                 if getattr(block_sparse_tensors, "block_size", None) else None)}
     ws = tuple(window_size) if window_size is not None else (None, None)
@@ -533,6 +540,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
             q, k, v, out, dout, lse, softmax_scale, causal, softcap,
             window_size_left=ws[0], window_size_right=ws[1],
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            seqused_q=seqused_q, seqused_k=seqused_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             deterministic=deterministic, dq=dq, dk=dk, dv=dv, dlse=dlse,
             learnable_sink=learnable_sink, block_sparse_tensors=block_sparse_tensors)

@@ -3,8 +3,8 @@
 
 The certified oracle has no keep-mask argument; a keep-pattern is rewritten exactly as a varlen
 batch (``fa4verify.oracles.block_sparse``): one sequence per (batch entry, query block) holding
-the keys that block keeps (blocks of the call's block size; a general mask_mod pattern uses 1 x 1
-blocks, one sequence per query row). The varlen oracle's results are mapped back to the dense
+the keys that block keeps (blocks of the call's block size; a mask_mod pattern the coarsest square block
+grid it is constant on, down to 1 x 1: one sequence per query row). The varlen oracle's results are mapped back to the dense
 layout: O, LSE and dQ row for row; dK and dV are the *sums* of the copies of a key over the
 sequences that see it (their bounds add, plus the float64 rounding of that sum); the learnable
 sink's gradient sums over sequences.
@@ -29,6 +29,14 @@ def _blocks(problem) -> tuple[np.ndarray, tuple[int, int]]:
     if call.block_size is not None:
         return call.block_mask(problem.seqlen_q, problem.seqlen_k), tuple(call.block_size)
     keep = problem.keep_masks()[0]
+    sq, sk = keep.shape
+    for blk in (128, 64, 32, 16, 8, 4, 2):   # the coarsest block grid the pattern is constant on
+        pad = np.zeros((-(-sq // blk) * blk, -(-sk // blk) * blk), bool)
+        pad[:sq, :sk] = keep
+        tiles = pad.reshape(pad.shape[0] // blk, blk, pad.shape[1] // blk, blk)
+        bm = tiles[:, 0, :, 0]
+        if np.array_equal(np.kron(bm, np.ones((blk, blk), bool))[:sq, :sk], keep):
+            return bm, (blk, blk)
     return keep, (1, 1)
 
 
