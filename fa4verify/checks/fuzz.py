@@ -14,7 +14,11 @@
                              so every head dim FA4 supports is drawn over as many seeds) to keep
                              the number of distinct FA4 compile keys, i.e. kernel compiles, small;
                              full and exhaustive draw every supported head dim. A deployment's
-                             head dims replace the palette.
+                             head dims replace the palette. Besides the dense call's features
+                             it draws every FA4 call form the H200 runs (CALL_FEATURES: paged
+                             KV, seqused_k, block sparsity, CuTe mask_mods); a deployment draws
+                             the call forms it names (``features``, ``page_sizes``,
+                             ``nan_pages``).
 
 Known FA4 issues (``fa4verify.fuzz.KNOWN_ISSUES``) are counted, not failed; any other violation
 fails the check with the shrunk case and its ``@example`` snippet in the details.
@@ -77,8 +81,11 @@ def _result(res: Any, where: str) -> CheckResult:
                        tightness=metrics["tightness_max"] or None)
 
 
-def _deployment_kw(ctx: CheckContext, limits: dict) -> dict:
-    """run_campaign arguments that keep the drawn problems inside the audit's deployment."""
+def _deployment_kw(ctx: CheckContext, limits: dict, *, call_features: bool = False) -> dict:
+    """run_campaign arguments that keep the drawn problems inside the audit's deployment. A
+    deployment's call forms (``features``) are drawn with its ``page_sizes`` / ``nan_pages``;
+    without a deployment, ``call_features`` adds every call form (CALL_FEATURES) to the dense
+    call's features."""
     dep = ctx.deploy
     lim = dict(limits)
     kw = dep.strategy_kwargs() if dep is not None else {}
@@ -86,6 +93,10 @@ def _deployment_kw(ctx: CheckContext, limits: dict) -> dict:
     if "head_dim_choices" in lim:   # explicit head dims replace the bound
         lim.pop("max_head_dim", None)
     if dep is None:
+        if call_features:
+            from fa4verify._strategies.calls import CALL_FEATURES
+            from fa4verify._strategies.problem import FEATURES
+            return {"limits": lim, "features": FEATURES + CALL_FEATURES}
         return {"limits": lim}
     return {"limits": lim, "features": kw["features"], "distributions": kw["distributions"]}
 
@@ -153,10 +164,11 @@ def production(ctx: CheckContext) -> CheckResult:
     limits: dict[str, Any] = {"max_head_dim": 256}
     if ctx.profile in ("quick", "default"):
         limits["head_dim_choices"] = head_dim_palette(gpu.arch, ctx.seed)
-    kw = _deployment_kw(ctx, limits)
+    kw = _deployment_kw(ctx, limits, call_features=True)
     with ctx.progress(n, "fuzzing production FA4") as bar:
         res = fuzz.run_campaign(target=tgt, arch=gpu.arch, dtype=dtype, examples=n, seed=ctx.seed,
                                 profile=_profile(ctx), on_example=lambda i, p: bar.advance(1), **kw)
     out = _result(res, where)
     out.details["head_dims_drawn_from"] = list(kw["limits"].get("head_dim_choices", ())) or "all"
+    out.details["features_drawn_from"] = list(kw.get("features") or ())
     return out
