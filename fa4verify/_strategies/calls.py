@@ -247,12 +247,15 @@ def kv_call_forms(draw: DrawFn, problem: Any, *, paged: bool, page_sizes: tuple[
 
 @st.composite
 def keep_call_forms(draw: DrawFn, problem: Any, *, block_sparse: bool, mask_mod_fn: bool) -> Any:
-    """A dense non-causal problem with a block-sparse or mask_mod call form (or the problem
-    unchanged when it has causal/window/varlen/mask_mod). SM90 block sizes: q block 64 or 128 (a
+    """A dense non-causal problem with a block-sparse or mask_mod call form (causal/window are
+    dropped; a varlen or boolean-mask_mod problem is returned unchanged). SM90 block sizes: q block 64 or 128 (a
     multiple of tile_m, or 64 with tile_m 64), kv block 64 or tile_n (FA4 shrinks tile_n to a
     smaller multiple of 16; a larger one must equal tile_n)."""
-    if problem.varlen or problem.causal or problem.window_size != (None, None) or problem.mask_mod is not None:
+    if problem.varlen or problem.mask_mod is not None:
         return problem
+    if problem.causal or problem.window_size != (None, None):
+        # the family was drawn: FA4 takes causal/local masking here only inside a mask_mod
+        problem = problem.replace(causal=False, window_size=(None, None))
     kinds = ([("block", None)] if block_sparse else []) + (
         [("mm", n) for n in sorted(mask_mod_pairs())] if mask_mod_fn else [])
     if not kinds:
