@@ -20,6 +20,10 @@
                              the call forms it names (``features``, ``page_sizes``,
                              ``nan_pages``).
 
+Options (``--opt KEY=VALUE``): ``fuzz_examples=N`` replaces the profile's example count and
+``fuzz_time_limit_s=S`` stops drawing new examples after S seconds (a shrink is never cut short;
+the summary says so), for fuzz.twin and fuzz.production.
+
 Known FA4 issues (``fa4verify.fuzz.KNOWN_ISSUES``) are counted, not failed; any other violation
 fails the check with the shrunk case and its ``@example`` snippet in the details.
 """
@@ -75,6 +79,12 @@ def _result(res: Any, where: str) -> CheckResult:
                            tightness=metrics["tightness_max"] or None)
     summary = (f"{res.examples_run} examples, every property held; max tightness "
                f"{metrics['tightness_max']:.3g}")
+    if res.stopped:
+        summary += f" ({res.stopped})"
+    calls = {k: sum(n for v, n in res.coverage.get(k, {}).items() if v not in ("None", "False"))
+             for k in ("paged_kv", "seqused_k", "block_sparse", "mask_mod_fn")}
+    if any(calls.values()):
+        summary += "; call forms: " + ", ".join(f"{k} x{v}" for k, v in calls.items() if v)
     if known:
         summary += "; known issues hit: " + ", ".join(f"{k} x{v}" for k, v in known.items())
     return CheckResult(status="pass", where=where, metrics=metrics, details=details, summary=summary,
@@ -101,6 +111,20 @@ def _deployment_kw(ctx: CheckContext, limits: dict, *, call_features: bool = Fal
     return {"limits": lim, "features": kw["features"], "distributions": kw["distributions"]}
 
 
+def _budget_opts(ctx: CheckContext, n: int) -> tuple[int, Any]:
+    """(examples, time limit or None) from ``--opt fuzz_examples=N`` / ``fuzz_time_limit_s=S``."""
+    opts = getattr(ctx, "options", None) or {}
+    try:
+        n = int(opts.get("fuzz_examples", n))
+        t = opts.get("fuzz_time_limit_s")
+        t = None if t in (None, "") else float(t)
+    except ValueError as e:
+        raise ValueError(f"--opt fuzz_examples / fuzz_time_limit_s: {e}") from None
+    if n < 1 or (t is not None and not t > 0):
+        raise ValueError("--opt fuzz_examples must be >= 1 and fuzz_time_limit_s > 0")
+    return n, t
+
+
 def _dtype(ctx: CheckContext) -> str:
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"fuzzing draws bf16/fp16 problems; dtype {ctx.dtype} (forward-only fp8) is not generated")
@@ -112,11 +136,11 @@ def _dtype(ctx: CheckContext) -> str:
 def twin(ctx: CheckContext) -> CheckResult:
     from fa4verify import fuzz
     dtype = _dtype(ctx)
-    n = _TWIN_EXAMPLES[ctx.profile]
+    n, tl = _budget_opts(ctx, _TWIN_EXAMPLES[ctx.profile])
     with ctx.progress(n, f"fuzzing the {ctx.arch} twin") as bar:
         res = fuzz.run_campaign(target=fuzz.TwinTarget(), arch=ctx.arch, dtype=dtype, examples=n, seed=ctx.seed,
                                 profile=_profile(ctx), on_example=lambda i, p: bar.advance(1),
-                                **_deployment_kw(ctx, {}))
+                                time_limit_s=tl, **_deployment_kw(ctx, {}))
     return _result(res, "CPU twin")
 
 
@@ -160,14 +184,15 @@ def production(ctx: CheckContext) -> CheckResult:
     gpu = ctx.require_gpu()
     where = ctx.where_measured()
     tgt = fuzz.ProductionTarget()
-    n = _GPU_EXAMPLES[ctx.profile]
+    n, tl = _budget_opts(ctx, _GPU_EXAMPLES[ctx.profile])
     limits: dict[str, Any] = {"max_head_dim": 256}
     if ctx.profile in ("quick", "default"):
         limits["head_dim_choices"] = head_dim_palette(gpu.arch, ctx.seed)
     kw = _deployment_kw(ctx, limits, call_features=True)
     with ctx.progress(n, "fuzzing production FA4") as bar:
         res = fuzz.run_campaign(target=tgt, arch=gpu.arch, dtype=dtype, examples=n, seed=ctx.seed,
-                                profile=_profile(ctx), on_example=lambda i, p: bar.advance(1), **kw)
+                                profile=_profile(ctx), on_example=lambda i, p: bar.advance(1),
+                                time_limit_s=tl, **kw)
     out = _result(res, where)
     out.details["head_dims_drawn_from"] = list(kw["limits"].get("head_dim_choices", ())) or "all"
     out.details["features_drawn_from"] = list(kw.get("features") or ())
