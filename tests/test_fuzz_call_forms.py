@@ -377,7 +377,8 @@ def test_drawn_call_forms_pass_fa4_checks_compile_only():
         ("backward", lambda p: p.call is not None and p.call.seqused_k and not p.call.paged),
         ("forward", lambda p: p.call is not None and p.call.block_size is not None),
     ]
-    cases = [CompileCase(op, problem_json=find(strat, cond, settings=_QUIET).to_json()) for op, cond in picks]
+    cases = [CompileCase(op, problem_json=find(strat, cond, settings=settings(_QUIET, max_examples=5000)).to_json())
+             for op, cond in picks]
     res = run_cases("sm_90a", cases, timeout=900)
     for c, r in zip(cases, res["results"]):
         prob = json.loads(c.problem_json)
