@@ -332,7 +332,7 @@ class ProductionTarget(Target):
     def backward_unsupported(self, problem: AttentionProblem) -> Optional[str]:
         why = _call_backward_unsupported(problem)
         if why is None and problem.call is not None and problem.call.block_size is not None \
-                and problem.arch == "sm90" and not self.fake:
+                and problem.arch == "sm90":
             want = tuple(self._ad.sm90_bwd_sparse_block_size(problem.head_dim, problem.head_dim_v))
             if tuple(problem.call.block_size) != want:
                 why = (f"FA4's SM90 block-sparse backward takes {want[0]} x {want[1]} blocks; the forward's "
