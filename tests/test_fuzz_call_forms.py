@@ -185,7 +185,8 @@ def test_twin_campaign_over_every_call_form_holds():
                             features=FEATURES + CALL_FEATURES, limits=dict(SMALL, max_seqlen=140))
     assert not res.found, res.failure
     assert res.examples_run >= 8
-    assert res.properties_ran.get("paged_kv_bitwise", 0) >= 1 or res.coverage.get("paged_kv")
+    assert res.properties_ran.get("paged_kv_bitwise", 0) >= 1 and res.properties_ran.get("bwd_budget", 0) >= 1
+    assert set(res.coverage["block_sparse"]) - {"None"} and res.coverage["seqused_k"].get("True")
     assert not res.undecided or all("huge" in str(u["first"]) for u in res.undecided.values())
 
 
