@@ -17,7 +17,6 @@ from fa4verify import call_layout, fuzz
 from fa4verify._strategies.calls import CALL_FEATURES, CallForm, mask_mod_pairs, set_mask_mod_source, sm90_tile_n
 from fa4verify._strategies.problem import FEATURES, AttentionProblem, attention_problems
 from fa4verify.fuzz.violation import _ABSORB, Violation
-from fa4verify.oracles.paged_kv import contiguous_kv
 
 SMALL = dict(max_seqlen=200, max_batch=3, max_heads=2, max_head_dim=64, max_work=600_000)
 _QUIET = settings(deadline=None, database=None, derandomize=True,

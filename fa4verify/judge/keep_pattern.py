@@ -3,9 +3,9 @@
 
 The certified oracle has no keep-mask argument; a keep-pattern is rewritten exactly as a varlen
 batch (``fa4verify.oracles.block_sparse``): one sequence per (batch entry, query block) holding
-the keys that block keeps (blocks of the call's block size; a mask_mod pattern the coarsest square block
-grid it is constant on, down to 1 x 1: one sequence per query row). The varlen oracle's results are mapped back to the dense
-layout: O, LSE and dQ row for row; dK and dV are the *sums* of the copies of a key over the
+the keys that block keeps (blocks of the call's block size; a mask_mod pattern: the coarsest
+square block grid it is constant on, down to 1 x 1, one sequence per query row). The varlen
+oracle's results are mapped back to the dense layout: O, LSE and dQ row for row; dK and dV are the *sums* of the copies of a key over the
 sequences that see it (their bounds add, plus the float64 rounding of that sum); the learnable
 sink's gradient sums over sequences.
 
