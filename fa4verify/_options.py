@@ -84,7 +84,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("opt", "opts", "Extra key=value passed to checks as ctx.options; repeatable.", (),
            metavar="KEY=VALUE", multiple=True),
     Option("deployment", "deployment", "Deployment profile (TOML file, or a shipped name: llama3-8b, "
-           "swa-sink-hd64, hd256, small-hd): every check draws its cases from what it ships, and "
+           "swa-sink-hd64, hd256, small-hd, decode-paged): every check draws its cases from what it ships, and "
            "recorded findings apply only where they intersect it.", None, metavar="FILE.toml"),
 )
 

@@ -54,6 +54,9 @@ class CompileCase:
     seqlen: int = 256
     nheads: int = 2
     inject: str = ""
+    #: a whole :class:`~fa4verify.judge.AttentionProblem` as JSON (e.g. a drawn call form: paged
+    #: KV, seqused_k, block sparsity); replaces the shape fields above when set
+    problem_json: str = ""
 
     def __post_init__(self) -> None:
         if self.op not in ("forward", "backward"):
@@ -69,6 +72,9 @@ class CompileCase:
             s += f"-emu_{self.emulation}"
         if self.inject:
             s += f"-INJECT_{self.inject}"
+        if self.problem_json:
+            import hashlib
+            s = f"{self.op[:3]}-problem-{hashlib.sha256(self.problem_json.encode()).hexdigest()[:8]}"
         return s
 
 
@@ -127,15 +133,21 @@ def _run_one(case: CompileCase, dump: Path) -> dict[str, Any]:
     from fa4verify.kernels import adapter as ad
     from fa4verify.targets import ProductionTarget
     arch = _fa_arch(os.environ["CUTE_DSL_ARCH"])
-    prob = AttentionProblem(arch=arch, dtype=case.dtype, batch=case.batch, seqlen_q=case.seqlen,
-                            seqlen_k=case.seqlen, nheads=case.nheads, nheads_kv=case.nheads,
-                            head_dim=case.head_dim, head_dim_v=case.head_dim, causal=case.causal)
+    if case.problem_json:
+        prob = AttentionProblem.from_json(case.problem_json).replace(arch=arch)
+    else:
+        prob = AttentionProblem(arch=arch, dtype=case.dtype, batch=case.batch, seqlen_q=case.seqlen,
+                                seqlen_k=case.seqlen, nheads=case.nheads, nheads_kv=case.nheads,
+                                head_dim=case.head_dim, head_dim_v=case.head_dim, causal=case.causal)
     rec: dict[str, Any] = {"case": asdict(case), "label": case.label(), "ok": False, "error": None,
                            "where": None, "target_arch": None, "forward_config": None,
                            "backward_config": None, "kernels": [], "shapes": {}}
     sh = prob.shapes()
     b, s, h = case.batch, case.seqlen, case.nheads
-    rec["expected_shapes"] = ({"out": list(sh["out"]), "lse": [b, h, s]} if case.op == "forward" else
+    lse_shape = [h, sh["q"][0]] if prob.varlen else [prob.batch, h, prob.seqlen_q]
+    if not case.problem_json:
+        lse_shape = [b, h, s]
+    rec["expected_shapes"] = ({"out": list(sh["out"]), "lse": lse_shape} if case.op == "forward" else
                               {"dq": list(sh["q"]), "dk": list(sh["k"]), "dv": list(sh["v"])})
     before = _snapshot(dump)
     undo = None

@@ -22,6 +22,10 @@ Format (every key optional except ``name``; lists mean "any of")::
     seqlen_k = [1, 8192]
     distributions = ["normal", "outliers"]   # value recipes the fuzz strategies draw (default: all;
                                              # fa4verify._strategies.values.DISTRIBUTIONS)
+    features = ["paged_kv", "seqused_k"]     # FA4 call forms the fuzz draws (CALL_FEATURES:
+                                             # paged_kv, seqused_k, block_sparse, mask_mod_fn)
+    page_sizes = [16, 128]       # paged_kv page sizes (default: 16 and the head dim's tile_n)
+    nan_pages = false            # the KV pool may hold NaN in pages no key uses (stale pages)
 
 Profiles shipped with fa4verify are in ``fa4verify/data/deployments/`` (``--deployment
 llama3-8b`` names one of them).
@@ -46,7 +50,8 @@ __all__ = ["Deployment", "DeploymentError", "load", "shipped", "SHIPPED_DIR", "M
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "deployments"
 MASKS = ("none", "causal", "window")
 _KEYS = {"name", "description", "dtypes", "head_dims", "nheads", "nheads_kv", "masks", "window_sizes",
-         "softcap", "sinks", "varlen", "seqlen_q", "seqlen_k", "archs", "distributions"}
+         "softcap", "sinks", "varlen", "seqlen_q", "seqlen_k", "archs", "distributions", "features",
+         "page_sizes", "nan_pages"}
 _MAX_BYTES = 1 << 20
 
 
@@ -104,6 +109,10 @@ class Deployment:
     seqlen_k: tuple[int, int] = (1, 8192)
     archs: tuple[str, ...] = facts.ARCHS
     distributions: tuple[str, ...] = ()     #: () = every value recipe
+    #: FA4 call forms the fuzz draws (``fa4verify._strategies.calls.CALL_FEATURES``)
+    features: tuple[str, ...] = ()
+    page_sizes: tuple[int, ...] = ()        #: () = 16 and the head dim's tile_n
+    nan_pages: bool = False
     source: str = ""
 
     # ------------------------------------------------------------------ loading
@@ -116,9 +125,10 @@ class Deployment:
             raise DeploymentError(f"{where}: name must be a non-empty string")
         kw: dict[str, Any] = {"name": d["name"].strip(), "source": where,
                               "description": str(d.get("description", ""))}
+        from fa4verify._strategies.calls import CALL_FEATURES
         from fa4verify._strategies.values import DISTRIBUTIONS
         for key, allowed in (("dtypes", facts.DTYPES), ("archs", facts.ARCHS), ("masks", MASKS),
-                             ("distributions", DISTRIBUTIONS)):
+                             ("distributions", DISTRIBUTIONS), ("features", CALL_FEATURES)):
             if key in d:
                 kw[key] = _choices(d[key], key, where, allowed)
         if "head_dims" in d:
@@ -154,11 +164,17 @@ class Deployment:
                     raise DeploymentError(f"{where}: softcap {x!r} must be finite and >= 0")
                 vals.append(float(x))
             kw["softcap"] = tuple(vals)
-        for key in ("sinks", "varlen"):
+        if "page_sizes" in d:
+            kw["page_sizes"] = _ints(d["page_sizes"], "page_sizes", where)
+            if "paged_kv" not in kw.get("features", ()):
+                raise DeploymentError(f"{where}: page_sizes needs \"paged_kv\" in features")
+        for key in ("sinks", "varlen", "nan_pages"):
             if key in d:
                 if not isinstance(d[key], bool):
                     raise DeploymentError(f"{where}: {key} must be true or false")
                 kw[key] = d[key]
+        if kw.get("nan_pages") and "paged_kv" not in kw.get("features", ()):
+            raise DeploymentError(f"{where}: nan_pages needs \"paged_kv\" in features")
         for key in ("seqlen_q", "seqlen_k"):
             if key in d:
                 kw[key] = _range(d[key], key, where)
@@ -173,8 +189,11 @@ class Deployment:
         d = dataclasses.asdict(self)
         out = {k: (list(map(list, v)) if k in ("head_dims", "window_sizes") else (list(v) if isinstance(v, tuple) else v))
                for k, v in d.items()}
-        if not out["distributions"]:
-            out.pop("distributions")
+        for k in ("distributions", "features", "page_sizes"):
+            if not out[k]:
+                out.pop(k)
+        if not out["nan_pages"]:
+            out.pop("nan_pages")
         return out
 
     @classmethod
@@ -251,10 +270,17 @@ class Deployment:
             feats.add("varlen")
         if any(h != hk for h in self.nheads for hk in self.nheads_kv):
             feats.add("gqa")
+        feats |= set(self.features)            # FA4 call forms (paged KV, seqused_k, ...)
+        if "paged_kv" in self.features and not self.varlen:
+            feats.add("varlen")                 # paged KV is a varlen call (packed or batched q)
         limits: dict[str, Any] = {}
         hd_eq = sorted({h for h, hv in self.head_dims if h == hv})
         if hd_eq:
             limits["head_dim_choices"] = tuple(hd_eq)
+        if self.page_sizes:
+            limits["page_sizes"] = tuple(self.page_sizes)
+        if self.nan_pages:
+            limits["hostile_nan"] = True
         # features are *allowed* (each drawn on or off), not forced: a causal-only deployment also
         # gets non-causal draws, which only widen what is checked
         return {"features": tuple(sorted(feats)), "limits": limits, "max_seqlen": int(self.seqlen_k[1]),
@@ -266,7 +292,10 @@ class Deployment:
                 f"masks {', '.join(self.masks)}; {', '.join(self.dtypes)}; seqlen "
                 f"{self.seqlen_q[0]}..{self.seqlen_q[1]}"
                 + ("; sinks" if self.sinks else "") + ("; varlen" if self.varlen else "")
-                + ("; softcap " + "/".join(f"{x:g}" for x in self.softcap) if any(self.softcap) else ""))
+                + ("; softcap " + "/".join(f"{x:g}" for x in self.softcap) if any(self.softcap) else "")
+                + ("; calls " + ", ".join(self.features) if self.features else "")
+                + ("; pages " + "/".join(map(str, self.page_sizes)) if self.page_sizes else "")
+                + ("; NaN page pool" if self.nan_pages else ""))
 
 
 def shipped() -> dict[str, Path]:

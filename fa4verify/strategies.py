@@ -16,6 +16,15 @@ toward. None of them launches a kernel.
 """
 from __future__ import annotations
 
+from fa4verify._strategies.calls import (
+    CALL_FEATURES,
+    CallForm,
+    MaskModPair,
+    keep_call_forms,
+    kv_call_forms,
+    mask_mod_pairs,
+    set_mask_mod_source,
+)
 from fa4verify._strategies.masks import (
     MASK_KINDS,
     MaskMod,
@@ -43,6 +52,13 @@ from fa4verify._strategies.values import DISTRIBUTIONS, ValueSpec, generate_valu
 
 __all__ = [
     "ARCHS",
+    "CALL_FEATURES",
+    "CallForm",
+    "MaskModPair",
+    "keep_call_forms",
+    "kv_call_forms",
+    "mask_mod_pairs",
+    "set_mask_mod_source",
     "DISTRIBUTIONS",
     "DTYPES",
     "FEATURES",

@@ -21,6 +21,7 @@ from typing import Any, Collection, Mapping, Optional
 
 import numpy as np
 
+from fa4verify._strategies.calls import CALL_FEATURES
 from fa4verify._strategies.problem import FEATURES, AttentionProblem
 
 __all__ = ["Target", "TwinTarget", "ProductionTarget", "Fwd", "Bwd", "Unsupported", "DependencyMissing",
@@ -78,6 +79,10 @@ class Target:
     def check_supported(self, problem: AttentionProblem) -> None:
         """Raise :class:`Unsupported` when the target cannot run ``problem``."""
 
+    def backward_unsupported(self, problem: AttentionProblem) -> Optional[str]:
+        """Why the target has no backward for ``problem`` (the forward still runs), or None."""
+        return _call_backward_unsupported(problem)
+
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         raise NotImplementedError
 
@@ -105,18 +110,22 @@ class TwinTarget(Target):
     def __init__(self, mutations: Collection[str] = (), *, accumulation: str = "exact-then-round",
                  mufu: str = "correctly-rounded", seed: int = 0):
         self.mutations = frozenset(mutations)
+        #: faults planted in the twin's call-form layer (not in the kernel model)
+        self.layout_mutations = self.mutations & set(LAYOUT_MUTATIONS)
         self.accumulation = accumulation
         self.mufu = mufu
         self.seed = int(seed)   #: the MUFU model's seed (mufu="perturbed")
         from fa4verify.kernels.twin import attention as twin_attention
         self._ta = twin_attention
-        known = set(getattr(self._ta, "MUTATIONS", ()))
+        known = set(getattr(self._ta, "MUTATIONS", ())) | set(LAYOUT_MUTATIONS)
         bad = self.mutations - known
         if bad:
             raise ValueError(f"unknown mutation(s) {sorted(bad)}; the twin knows {sorted(known)}")
 
     def features(self) -> tuple[str, ...]:
-        return tuple(f for f in FEATURES if f != "mask_mod")   # the twin models no mask_mod yet (issue 16)
+        # the twin models no boolean mask_mod pattern yet (issue 16); call forms run through
+        # fa4verify.call_layout (gathered K/V, or the exact varlen rewrite of a keep-pattern)
+        return tuple(f for f in FEATURES if f != "mask_mod") + CALL_FEATURES
 
     def check_supported(self, problem: AttentionProblem) -> None:
         if problem.mask_mod is not None and "mask_mod" not in self.features():
@@ -131,7 +140,7 @@ class TwinTarget(Target):
     def _kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
         return dict(arch=problem.arch, softmax_scale=problem.softmax_scale, causal=problem.causal,
                     window_size=tuple(problem.window_size), softcap=float(problem.softcap),
-                    learnable_sink=a["learnable_sink"], mutations=self.mutations,
+                    learnable_sink=a["learnable_sink"], mutations=self.mutations - self.layout_mutations,
                     accumulation=self.accumulation, mufu=self.mufu, seed=self.seed)
 
     def _segments(self, problem: AttentionProblem, a: Mapping[str, Any]):
@@ -140,8 +149,35 @@ class TwinTarget(Target):
         for b, (q0, lq, k0, lk) in enumerate(problem._seq_bounds()):
             yield b, slice(q0, q0 + lq), slice(k0, k0 + lk)
 
+    def _call_form(self, problem: AttentionProblem, a: Mapping[str, Any]):
+        """(problem, arrays) the twin runs for a call form: the same varlen problem on the K/V
+        the call reads (gathered from pages or batched rows), or the varlen rewrite of a
+        keep-pattern (with its index maps)."""
+        from fa4verify import call_layout
+        if problem.call.seqused_k:
+            c = call_layout.kv_call_arrays(problem, a)
+            k, v = call_layout.gather_kv(problem, c, wrong_permutation="paged_wrong_permutation" in self.mutations)
+            return problem.replace(call=None), dict(a, k=k.astype(np.float64), v=v.astype(np.float64)), None
+        from fa4verify.judge import keep_pattern
+        rw = keep_pattern.rewrite(problem)
+        (qb, qr), (kb, kr) = rw["q_index"].T, rw["k_index"].T
+        vp = problem.replace(call=None, batch=len(rw["seqlens_q"]), seqlen_q=max(rw["seqlens_q"]),
+                             seqlen_k=max(rw["seqlens_k"]), seqlens_q=rw["seqlens_q"], seqlens_k=rw["seqlens_k"])
+        va = dict(a, q=np.asarray(a["q"])[qb, qr], k=np.asarray(a["k"])[kb, kr], v=np.asarray(a["v"])[kb, kr],
+                  dout=None if a.get("dout") is None else np.asarray(a["dout"])[qb, qr], mask=None,
+                  cu_seqlens_q=np.concatenate([[0], np.cumsum(rw["seqlens_q"])]).astype(np.int32),
+                  cu_seqlens_k=np.concatenate([[0], np.cumsum(rw["seqlens_k"])]).astype(np.int32))
+        return vp, va, rw
+
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
+        if problem.call is not None:
+            vp, va, rw = self._call_form(problem, a)
+            f = self.forward(vp, va)
+            if rw is None:
+                return f
+            from fa4verify.judge import keep_pattern as kp
+            return Fwd(kp._dense_rows(problem, f.out, rw, 0.0), kp._dense_lse(problem, f.lse, rw, -np.inf))
         kw = self._kw(problem, a)
         dt = problem.dtype
         if problem.mask_mod is not None:
@@ -166,6 +202,17 @@ class TwinTarget(Target):
         self.check_supported(problem)
         if not hasattr(self._ta, "backward"):
             raise DependencyMissing("the twin backward (fa4verify.kernels.twin.backward) is not available")
+        if problem.call is not None:
+            vp, va, rw = self._call_form(problem, a)
+            if rw is None:
+                return self.backward(vp, va, fwd, deterministic=deterministic)
+            qb, qr = rw["q_index"].T
+            vf = Fwd(np.asarray(fwd.out)[qb, qr], np.asarray(fwd.lse)[qb, :, qr].T)
+            g = self.backward(vp, va, vf, deterministic=deterministic)
+            from fa4verify.judge import keep_pattern as kp
+            dk, _ = kp._sum_keys(problem, g.dk, np.zeros_like(g.dk), rw)
+            dv, _ = kp._sum_keys(problem, g.dv, np.zeros_like(g.dv), rw)
+            return Bwd(kp._dense_rows(problem, g.dq, rw, 0.0), dk, dv, g.dsink)
         kw = self._kw(problem, a)
         kw["deterministic"] = deterministic
         dt = problem.dtype
@@ -277,7 +324,8 @@ class ProductionTarget(Target):
         return contextlib.nullcontext() if active_fake_mode() is not None else self._fake_mode
 
     def features(self) -> tuple[str, ...]:
-        return tuple(f for f in FEATURES if f != "mask_mod")
+        # boolean mask_mod patterns are twin-only; CuTe mask_mods come as call forms (mask_mod_fn)
+        return tuple(f for f in FEATURES if f != "mask_mod") + CALL_FEATURES
 
     def check_supported(self, problem: AttentionProblem) -> None:
         if problem.mask_mod is not None:
@@ -285,6 +333,50 @@ class ProductionTarget(Target):
         for pair in problem.mod_pairs() if problem.mods else ():
             if pair is not None and pair.cute() is None:
                 raise Unsupported(f"mod pair {pair.name!r} has no CuTe function here (no CUTLASS DSL, or no build)")
+
+    def backward_unsupported(self, problem: AttentionProblem) -> Optional[str]:
+        why = _call_backward_unsupported(problem)
+        if why is None and problem.call is not None and problem.call.block_size is not None \
+                and problem.arch == "sm90":
+            want = tuple(self._ad.sm90_bwd_sparse_block_size(problem.head_dim, problem.head_dim_v))
+            if tuple(problem.call.block_size) != want:
+                why = (f"FA4's SM90 block-sparse backward takes {want[0]} x {want[1]} blocks; the forward's "
+                       f"{problem.call.block_size[0]} x {problem.call.block_size[1]} mask is not on that grid")
+        return why
+
+    def _call_kw(self, problem: AttentionProblem, a: Mapping[str, Any], *, backward: bool = False
+                 ) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """(q, k, v, dout, kwargs) of the adapter call for the problem's call form."""
+        dt = problem.dtype
+        kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
+                  softcap=float(problem.softcap), learnable_sink=self._t(a["learnable_sink"], None))
+        call = problem.call
+        if call.seqused_k:
+            from fa4verify import call_layout
+            c = call_layout.kv_call_arrays(problem, a)
+            kw["seqused_k"] = self._t(c["seqused_k"], None)
+            if c["page_table"] is not None:
+                kw["page_table"] = self._t(c["page_table"], None)
+            if c["cu_seqlens_q"] is not None:
+                kw.update(cu_seqlens_q=self._t(c["cu_seqlens_q"], None), max_seqlen_q=c["max_seqlen_q"])
+            return (self._t(c["q"], dt), self._t(c["k"], dt), self._t(c["v"], dt),
+                    None if c["dout"] is None else self._t(c["dout"], dt), kw)
+        if call.block_size is not None:
+            bs = call.block_size
+            if backward and problem.arch == "sm90":
+                bs = tuple(self._ad.sm90_bwd_sparse_block_size(problem.head_dim, problem.head_dim_v))
+            bm = call.block_mask(problem.seqlen_q, problem.seqlen_k)
+            kw["block_sparse_tensors"] = self._ad.block_sparse_tensors(
+                bm, batch=problem.batch, nheads=problem.nheads, block_size=tuple(bs),
+                direction="bwd" if backward else "fwd", device=self.device)
+        elif call.mask_mod_fn is not None:
+            from fa4verify._strategies.calls import mask_mod_pairs
+            fn = mask_mod_pairs()[call.mask_mod_fn].load()
+            if fn is None:
+                raise DependencyMissing(f"mask_mod {call.mask_mod_fn!r} needs the CUTLASS DSL (nvidia-cutlass-dsl)")
+            kw["mask_mod"] = fn
+        return (self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
+                None if a.get("dout") is None else self._t(a["dout"], dt), kw)
 
     def _t(self, x: Optional[np.ndarray], dtype: Optional[str]):
         if x is None:
@@ -353,12 +445,21 @@ class ProductionTarget(Target):
         self.check_supported(problem)
         dt = problem.dtype
         with self._mode(), self._emulation():
-            r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
-                           return_lse=True, **self._fwd_kw(problem, a))
+            if problem.call is not None:
+                q, k, v, _, kw = self._call_kw(problem, a)
+                r = self._call(self._ad.forward, q, k, v, return_lse=True, **kw)
+            else:
+                r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
+                               return_lse=True, **self._fwd_kw(problem, a))
         self._note_config(r.config)
         if self.fake:
-            return Fwd(np.zeros(tuple(r.out.shape)), np.zeros(tuple(r.lse.shape)), native=(r.out, r.lse))
-        return Fwd(self._np(r.out), self._np(r.lse), native=(r.out, r.lse))
+            out, lse = np.zeros(tuple(r.out.shape)), np.zeros(tuple(r.lse.shape))
+        else:
+            out, lse = self._np(r.out), self._np(r.lse)
+        if problem.call is not None and problem.call.seqused_k:
+            from fa4verify import call_layout
+            out, lse = call_layout.to_problem_fwd(problem, out, lse)
+        return Fwd(out, lse, native=(r.out, r.lse))
 
     def forward_tensors(self, q, k, v, **kw):
         """FA4's forward on the caller's own torch tensors (on the device, in the input dtype),
@@ -411,14 +512,51 @@ class ProductionTarget(Target):
             else:
                 out = self._t(fwd.out.astype(np.float32), dt)
                 lse = self._torch.from_numpy(np.ascontiguousarray(fwd.lse, np.float32)).to(self.device)
-            r = self._call(self._ad.backward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt), out,
-                           self._t(a["dout"], dt), lse, deterministic=deterministic, **self._kw(problem, a))
+            if problem.call is not None:
+                if fwd.native is None:
+                    raise Unsupported("a call-form backward needs the forward's own O and LSE tensors")
+                q, k, v, do, kw = self._call_kw(problem, a, backward=True)
+                kw.pop("page_table", None)
+                r = self._call(self._ad.backward, q, k, v, out, do, lse, deterministic=deterministic, **kw)
+            else:
+                r = self._call(self._ad.backward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
+                               out, self._t(a["dout"], dt), lse, deterministic=deterministic,
+                               **self._kw(problem, a))
         self._note_config(r.config)
         if self.fake:
             ds = getattr(r, "dsink", None)
             return Bwd(*(np.zeros(tuple(t.shape)) for t in (r.dq, r.dk, r.dv)),
                        dsink=None if ds is None else np.zeros(tuple(ds.shape)))
-        return Bwd(self._np(r.dq), self._np(r.dk), self._np(r.dv), self._np(getattr(r, "dsink", None)))
+        dq, dk, dv = self._np(r.dq), self._np(r.dk), self._np(r.dv)
+        if problem.call is not None and problem.call.seqused_k:
+            from fa4verify import call_layout
+            dq, dk, dv = call_layout.to_problem_grads(problem, dq, dk, dv)
+        return Bwd(dq, dk, dv, self._np(getattr(r, "dsink", None)))
+
+
+#: faults the twin can plant in its call-form layer (fa4verify.call_layout), for the fuzz's own
+#: mutation tests: ``paged_wrong_permutation`` reads a permuted page table in reversed order
+LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation",)
+
+
+def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
+    """FA4 4.0.0b36's limits on the backward of a call form (interface.py), or None."""
+    call = problem.call
+    if call is None:
+        return None
+    if call.paged:
+        return "FA4 has no paged-KV backward (page_table is forward-only, interface.py)"
+    if call.mask_mod_fn is not None:
+        from fa4verify._strategies.calls import mask_mod_pairs
+        pair = mask_mod_pairs().get(call.mask_mod_fn)
+        if pair is None or not pair.backward:
+            return f"mask_mod {call.mask_mod_fn!r}: no backward pair registered"
+    if call.block_size is not None and problem.arch == "sm90":
+        from fa4verify.kernels.features import sm90_sparse_bwd_does_not_build
+        if sm90_sparse_bwd_does_not_build(problem.head_dim, problem.head_dim_v):
+            return ("known issue sm90_block_sparse_bwd_no_build: FA4's SM90 block-sparse backward does not "
+                    f"build at head dim {problem.head_dim} (the DSL aborts the process)")
+    return None
 
 
 def make_target(name: str, *, mutations: Collection[str] = ()) -> Target:

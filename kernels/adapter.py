@@ -585,10 +585,10 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
             q, k, v, out, dout, lse, softmax_scale, causal, softcap,
             window_size_left=ws[0], window_size_right=ws[1],
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            seqused_q=seqused_q, seqused_k=seqused_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             deterministic=deterministic, dq=dq, dk=dk, dv=dv, dlse=dlse,
             learnable_sink=learnable_sink, block_sparse_tensors=block_sparse_tensors,
-            seqused_q=seqused_q, seqused_k=seqused_k,
             score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod, aux_tensors=aux_tensors)
     if learnable_sink is None:
         gdq, gdk, gdv = res

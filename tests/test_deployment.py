@@ -8,7 +8,7 @@ from fa4verify import deployment as D
 from fa4verify.kernels import facts
 
 
-@pytest.mark.parametrize("name", ["llama3-8b", "swa-sink-hd64", "hd256", "small-hd"])
+@pytest.mark.parametrize("name", ["llama3-8b", "swa-sink-hd64", "hd256", "small-hd", "decode-paged"])
 def test_shipped_profiles_load_and_round_trip(name):
     d = D.load(name)
     assert d.name == name and d.description
@@ -27,7 +27,7 @@ def test_llama3_shape():
 
 @pytest.mark.parametrize("arch", facts.ARCHS)
 def test_live_cases_are_supported_by_fa4_and_inside_the_profile(arch):
-    for name in ("llama3-8b", "swa-sink-hd64", "hd256", "small-hd"):
+    for name in ("llama3-8b", "swa-sink-hd64", "hd256", "small-hd", "decode-paged"):
         d = D.load(name)
         for c in d.live_cases(arch=arch, dtype="bf16", seqlens=(512, 100000)):
             assert facts.head_dims_supported(arch, c["head_dim"], c["head_dim_v"])
@@ -64,6 +64,10 @@ def test_strategy_draws_only_shipped_head_dims():
     ("name = 'x'\ndtypes = ['fp4']", "dtypes"),
     ("name = 'x'\nbogus = 1", "unknown key"),
     ("name = 'x'\ndistributions = ['gaussian']", "distributions"),
+    ("name = 'x'\nfeatures = ['paged']", "features .'paged'.: choose from seqused_k, paged_kv"),
+    ("name = 'x'\npage_sizes = [16]", "page_sizes needs"),
+    ("name = 'x'\nfeatures = ['seqused_k']\nnan_pages = true", "nan_pages needs"),
+    ("name = 'x'\nfeatures = ['paged_kv']\npage_sizes = [0]", "page_sizes must be positive"),
     ("name = [", "not valid TOML"),
 ])
 def test_malformed_profiles_are_one_line_errors(tmp_path, text, match):

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import DrawFn
 
+from fa4verify._strategies.calls import CALL_FEATURES, DEFAULT_PAGE_SIZES, CallForm, keep_call_forms, \
+    kv_call_forms
 from fa4verify._strategies.masks import MaskMod, Window, causal_and_windows, mask_mods, resolve_window, \
     softcaps, varlen_seqlens, window_keep_mask
 from fa4verify._strategies.shapes import ARCHS, DTYPES, check_arch, check_dtype, check_head_dims, head_counts, \
@@ -48,6 +50,10 @@ class AttentionProblem:
     * ``mask_mod``: a boolean keep-pattern (:class:`MaskMod`) or None; never together with
       causal/window/varlen.
     * ``values``: the :class:`ValueSpec` the arrays are generated from.
+    * ``call``: how FA4 is called (:class:`~fa4verify._strategies.calls.CallForm`: paged KV,
+      seqused_k, block sparsity, a CuTe mask_mod), or None for the plain call; it never changes
+      what the problem computes beyond the keep-mask it adds (Note [Call forms keep the
+      problem's meaning]).
     """
 
     arch: str
@@ -72,6 +78,7 @@ class AttentionProblem:
     mods: tuple[str, ...] = ()
     #: seed of the pairs' aux-tensor factories (callers may pass real aux data: ``arrays["mod_aux"]``)
     mod_seed: int = 0
+    call: Optional[CallForm] = None
 
     def __post_init__(self) -> None:
         # the one problem type of fa4verify: every arch and dtype FA4 has (the strategies draw
@@ -112,6 +119,9 @@ class AttentionProblem:
             score, mask = self.mod_pairs()
             if self.varlen or self.mask_mod is not None:
                 raise ValueError("mods cannot be combined with varlen or a MaskMod pattern (dense problems only)")
+            if self.call is not None:
+                raise ValueError("mods cannot be combined with an FA4 call form (paged KV, seqused_k, "
+                                 "block sparsity, a named mask_mod) yet")
             if mask is not None and (self.causal or self.window_size != (None, None)):
                 raise ValueError(f"mask pair {mask.name!r} with causal/window: FA4 drops causal and the window "
                                  f"when a mask_mod is given; write them into the mask")
@@ -120,6 +130,8 @@ class AttentionProblem:
             for p_ in (score, mask):
                 if p_ is not None and p_.self_attention_only and self.seqlen_q != self.seqlen_k:
                     raise ValueError(f"mod pair {p_.name!r} needs seqlen_q == seqlen_k")
+        if self.call is not None:
+            self.call.validate(self)
 
     # ------------------------------------------------------------------ derived facts
     @property
@@ -154,7 +166,8 @@ class AttentionProblem:
                 "distribution": self.values.distribution,
                 "seqlen_q_ne_k": self.seqlen_q != self.seqlen_k,
                 "tile_edge": any(x % 64 in (0, 1, 63) for x in (self.seqlen_q, self.seqlen_k)),
-                "zero_length": bool(self.varlen and 0 in (self.seqlens_q + self.seqlens_k))}
+                "zero_length": bool(self.varlen and 0 in (self.seqlens_q + self.seqlens_k)),
+                **(self.call.labels() if self.call is not None else {})}
 
     def describe(self) -> str:
         """One-line human summary."""
@@ -177,6 +190,8 @@ class AttentionProblem:
             parts.append(f"mask_mod={self.mask_mod.kind}({self.mask_mod.param})")
         if self.mods:
             parts.append("mods=" + "+".join(self.mods) + (f"#{self.mod_seed}" if self.mod_seed else ""))
+        if self.call is not None:
+            parts.append(self.call.describe())
         parts.append(f"values={self.values.distribution}#{self.values.seed}")
         return " ".join(parts)
 
@@ -212,6 +227,9 @@ class AttentionProblem:
                 out.append(self.mask_mod.keep_mask(lq, lk))
             else:
                 out.append(window_keep_mask(lq, lk, causal=self.causal, window_size=self.window_size))
+            extra = self.call.keep_mask(lq, lk) if self.call is not None else None
+            if extra is not None:
+                out[-1] = out[-1] & extra
         return out
 
     def fully_masked_rows(self) -> np.ndarray:
@@ -283,7 +301,9 @@ class AttentionProblem:
                 "seqlens_k": list(self.seqlens_k) if self.varlen else None,
                 "mask_mod": self.mask_mod.to_dict() if self.mask_mod else None,
                 "values": self.values.to_dict(),
-                **({"mods": list(self.mods), "mod_seed": self.mod_seed} if self.mods else {})}
+                **({"mods": list(self.mods), "mod_seed": self.mod_seed} if self.mods else {}),
+                # only when set: the JSON (and digest) of a plain problem is unchanged
+                **({"call": self.call.to_dict()} if self.call is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "AttentionProblem":
@@ -300,7 +320,8 @@ class AttentionProblem:
                    seqlens_k=tuple(d["seqlens_k"]) if d.get("seqlens_k") is not None else None,
                    mask_mod=MaskMod.from_dict(d["mask_mod"]) if d.get("mask_mod") else None,
                    values=ValueSpec.from_dict(d.get("values", {"distribution": "normal", "seed": 0})),
-                   mods=tuple(d.get("mods") or ()), mod_seed=int(d.get("mod_seed", 0)))
+                   mods=tuple(d.get("mods") or ()), mod_seed=int(d.get("mod_seed", 0)),
+                   call=CallForm.from_dict(d["call"]) if d.get("call") else None)
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, **kw)
@@ -330,7 +351,9 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                        max_batch: int = 3, max_heads: int = 4, max_head_dim: int = 128,
                        features: Collection[str] = FEATURES, distributions: Optional[Collection[str]] = None,
                        max_work: Optional[int] = None,
-                       head_dim_choices: Optional[Collection[int]] = None) -> AttentionProblem:
+                       head_dim_choices: Optional[Collection[int]] = None,
+                       page_sizes: Collection[int] = DEFAULT_PAGE_SIZES,
+                       hostile_nan: bool = False) -> AttentionProblem:
     """Draw an :class:`AttentionProblem` that FA4 accepts on ``arch``. Never runs a kernel.
 
     Arguments (all keyword-only):
@@ -349,6 +372,11 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
       with ``assume`` (keep it generous: rejection costs examples).
     * ``head_dim_choices``: only ``head_dim == head_dim_v`` in this set (each must be valid on
       ``arch``; ``max_head_dim`` is then ignored).
+    * call features (opt-in, :data:`~fa4verify._strategies.calls.CALL_FEATURES` in ``features``):
+      ``"paged_kv"`` / ``"seqused_k"`` (one of them, or neither, per problem: a varlen problem run
+      with batched K/V, paged with ``page_sizes`` (-1 = the head dim's tile_n) and a random page
+      permutation), ``"block_sparse"`` / ``"mask_mod_fn"`` (dense non-causal problems). NaN in
+      unused pages only with ``hostile_nan=True``.
 
     Never generates: fp8, MLA head dims, empty dense sequences, NaN/Inf inputs, a mask_mod together
     with causal/window/varlen, or a varlen batch with no query row. Values are exact in ``dtype``.
@@ -363,9 +391,13 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         if not isinstance(val, int) or val < lo:
             raise InvalidArgument(f"{name}={val!r} must be an int >= {lo}")
     feats = set(features)
-    unknown = feats - set(FEATURES)
+    unknown = feats - set(FEATURES) - set(CALL_FEATURES)
     if unknown:
-        raise InvalidArgument(f"features={sorted(features)!r}: unknown {sorted(unknown)} (known: {FEATURES})")
+        raise InvalidArgument(f"features={sorted(features)!r}: unknown {sorted(unknown)} "
+                              f"(known: {FEATURES + CALL_FEATURES})")
+    for p in page_sizes:
+        if not isinstance(p, int) or not (p == -1 or p >= 1):
+            raise InvalidArgument(f"page_sizes={tuple(page_sizes)!r}: each must be an int >= 1 (or -1: tile_n)")
     if distributions is not None:
         bad = set(distributions) - set(DISTRIBUTIONS)
         if bad or not distributions:
@@ -401,6 +433,17 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                             nheads_kv=nheads_kv, head_dim=hd, head_dim_v=hdv, causal=causal, window_size=window,
                             softcap=softcap, sink=sink, softmax_scale=scale, seqlens_q=sq_list, seqlens_k=sk_list,
                             mask_mod=mm, values=values)
+    kv = [f for f in ("paged_kv", "seqused_k") if f in feats]
+    keep = "block_sparse" in feats or "mask_mod_fn" in feats
+    if kv or keep:
+        # one call-form family per problem; "plain" first so it shrinks away
+        fam = draw(st.sampled_from(["plain"] + kv + (["keep"] if keep else [])))
+        if fam in ("paged_kv", "seqused_k"):
+            prob = draw(kv_call_forms(prob, paged=fam == "paged_kv", page_sizes=tuple(page_sizes),
+                                      hostile_nan=hostile_nan))
+        elif fam == "keep":
+            prob = draw(keep_call_forms(prob, block_sparse="block_sparse" in feats,
+                                        mask_mod_fn="mask_mod_fn" in feats))
     if max_work is not None:
         from hypothesis import assume
         assume(prob.work <= max_work)

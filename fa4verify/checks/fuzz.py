@@ -14,7 +14,15 @@
                              so every head dim FA4 supports is drawn over as many seeds) to keep
                              the number of distinct FA4 compile keys, i.e. kernel compiles, small;
                              full and exhaustive draw every supported head dim. A deployment's
-                             head dims replace the palette.
+                             head dims replace the palette. Besides the dense call's features
+                             it draws every FA4 call form the H200 runs (CALL_FEATURES: paged
+                             KV, seqused_k, block sparsity, CuTe mask_mods); a deployment draws
+                             the call forms it names (``features``, ``page_sizes``,
+                             ``nan_pages``).
+
+Options (``--opt KEY=VALUE``): ``fuzz_examples=N`` replaces the profile's example count and
+``fuzz_time_limit_s=S`` stops drawing new examples after S seconds (a shrink is never cut short;
+the summary says so), for fuzz.twin and fuzz.production.
 
 Known FA4 issues (``fa4verify.fuzz.KNOWN_ISSUES``) are counted, not failed; any other violation
 fails the check with the first violating case (lowest example index) and its ``@example`` snippet
@@ -78,14 +86,23 @@ def _result(res: Any, where: str) -> CheckResult:
                            tightness=metrics["tightness_max"] or None)
     summary = (f"{res.examples_run} examples, every property held; max tightness "
                f"{metrics['tightness_max']:.3g}")
+    if res.stopped:
+        summary += f" ({res.stopped})"
+    calls = {k: sum(n for v, n in res.coverage.get(k, {}).items() if v not in ("None", "False"))
+             for k in ("paged_kv", "seqused_k", "block_sparse", "mask_mod_fn")}
+    if any(calls.values()):
+        summary += "; call forms: " + ", ".join(f"{k} x{v}" for k, v in calls.items() if v)
     if known:
         summary += "; known issues hit: " + ", ".join(f"{k} x{v}" for k, v in known.items())
     return CheckResult(status="pass", where=where, metrics=metrics, details=details, summary=summary,
                        tightness=metrics["tightness_max"] or None)
 
 
-def _deployment_kw(ctx: CheckContext, limits: dict) -> dict:
-    """run_campaign arguments that keep the drawn problems inside the audit's deployment."""
+def _deployment_kw(ctx: CheckContext, limits: dict, *, call_features: bool = False) -> dict:
+    """run_campaign arguments that keep the drawn problems inside the audit's deployment. A
+    deployment's call forms (``features``) are drawn with its ``page_sizes`` / ``nan_pages``;
+    without a deployment, ``call_features`` adds every call form (CALL_FEATURES) to the dense
+    call's features."""
     dep = ctx.deploy
     lim = dict(limits)
     kw = dep.strategy_kwargs() if dep is not None else {}
@@ -93,8 +110,26 @@ def _deployment_kw(ctx: CheckContext, limits: dict) -> dict:
     if "head_dim_choices" in lim:   # explicit head dims replace the bound
         lim.pop("max_head_dim", None)
     if dep is None:
+        if call_features:
+            from fa4verify._strategies.calls import CALL_FEATURES
+            from fa4verify._strategies.problem import FEATURES
+            return {"limits": lim, "features": FEATURES + CALL_FEATURES}
         return {"limits": lim}
     return {"limits": lim, "features": kw["features"], "distributions": kw["distributions"]}
+
+
+def _budget_opts(ctx: CheckContext, n: int) -> tuple[int, Any]:
+    """(examples, time limit or None) from ``--opt fuzz_examples=N`` / ``fuzz_time_limit_s=S``."""
+    opts = getattr(ctx, "options", None) or {}
+    try:
+        n = int(opts.get("fuzz_examples", n))
+        t = opts.get("fuzz_time_limit_s")
+        t = None if t in (None, "") else float(t)
+    except ValueError as e:
+        raise ValueError(f"--opt fuzz_examples / fuzz_time_limit_s: {e}") from None
+    if n < 1 or (t is not None and not t > 0):
+        raise ValueError("--opt fuzz_examples must be >= 1 and fuzz_time_limit_s > 0")
+    return n, t
 
 
 def _dtype(ctx: CheckContext) -> str:
@@ -113,7 +148,8 @@ _KEY_COST = 8.0
 
 
 def _drawn_campaign(ctx: CheckContext, *, target: Any, arch: str, dtype: str, n: int, kw: dict,
-                    where: str, label: str, extra: dict | None = None) -> CheckResult:
+                    where: str, label: str, extra: dict | None = None,
+                    time_limit_s: float | None = None) -> CheckResult:
     """Note [Drawn campaigns] (fa4verify.fuzz.drawn): the campaign's ``n`` examples are drawn up
     front from the seed, this shard runs its share (split by compile key), and the result is
     that of the share; :func:`_merge_campaign` makes the check's one result of the shards'."""
@@ -130,7 +166,8 @@ def _drawn_campaign(ctx: CheckContext, *, target: Any, arch: str, dtype: str, n:
         from fa4verify.audit.shards import empty_shard
         return empty_shard(ctx, "example", dict(head, part={"outcomes": [], "seconds": 0.0, "target": {}}))
     with ctx.progress(len(mine), label) as bar:
-        part = drawn.run_drawn(problems, mine, target=target, on_example=lambda i, p: bar.advance(1))
+        part = drawn.run_drawn(problems, mine, target=target, on_example=lambda i, p: bar.advance(1),
+                               time_limit_s=time_limit_s)
     payload = dict(head, part=part)
     if not ctx.sharded:
         return _merge_campaign(ctx, [CheckResult(status="pass", details={"shard_payload": payload})])
@@ -168,8 +205,8 @@ def _merge_campaign(ctx: CheckContext, parts: list) -> CheckResult:
 def twin(ctx: CheckContext) -> CheckResult:
     from fa4verify import fuzz
     dtype = _dtype(ctx)
-    n = _TWIN_EXAMPLES[ctx.profile]
-    return _drawn_campaign(ctx, target=fuzz.TwinTarget(), arch=ctx.arch, dtype=dtype, n=n,
+    n, tl = _budget_opts(ctx, _TWIN_EXAMPLES[ctx.profile])
+    return _drawn_campaign(ctx, target=fuzz.TwinTarget(), arch=ctx.arch, dtype=dtype, n=n, time_limit_s=tl,
                            kw=_deployment_kw(ctx, {}), where="CPU twin", label=f"fuzzing the {ctx.arch} twin")
 
 
@@ -213,11 +250,13 @@ def production(ctx: CheckContext) -> CheckResult:
     gpu = ctx.require_gpu()
     where = ctx.where_measured()
     tgt = fuzz.ProductionTarget()
-    n = _GPU_EXAMPLES[ctx.profile]
+    n, tl = _budget_opts(ctx, _GPU_EXAMPLES[ctx.profile])
     limits: dict[str, Any] = {"max_head_dim": 256}
     if ctx.profile in ("quick", "default"):
         limits["head_dim_choices"] = head_dim_palette(gpu.arch, ctx.seed)
-    kw = _deployment_kw(ctx, limits)
+    kw = _deployment_kw(ctx, limits, call_features=True)
     drawn_from = list(kw["limits"].get("head_dim_choices", ())) or "all"
-    return _drawn_campaign(ctx, target=tgt, arch=gpu.arch, dtype=dtype, n=n, kw=kw, where=where,
-                           label="fuzzing production FA4", extra={"head_dims_drawn_from": drawn_from})
+    return _drawn_campaign(ctx, target=tgt, arch=gpu.arch, dtype=dtype, n=n, kw=kw, where=where, time_limit_s=tl,
+                           label="fuzzing production FA4",
+                           extra={"head_dims_drawn_from": drawn_from,
+                                  "features_drawn_from": list(kw.get("features") or ())})

@@ -1,7 +1,23 @@
 """A fuzz campaign: Hypothesis draws problems, every property runs on each against one target,
-known issues are counted, the first other failure is shrunk and kept as a replayable case."""
+known issues are counted, the first other failure is shrunk and kept as a replayable case.
+
+
+Note [Campaigns do not depend on what is imported]
+--------------------------------------------------
+Hypothesis (6.1xx, ``hypothesis.internal.conjecture.providers._get_local_constants``) mixes the
+literal constants of every *local* module in ``sys.modules`` (non-test files outside
+site-packages: with an editable install, all of fa4verify) into its integer and float draws, and
+re-reads the pool whenever ``sys.modules`` grows. A seeded campaign therefore drew different
+examples in a long process (a pytest session, an audit that imported more of fa4verify first)
+than in a fresh one: session 4's in-process rescale_skipped find-and-shrink missed the fault that
+the same seed finds in a fresh process (``tests/test_fuzz_in_process_state.py`` reproduces the
+divergence). :func:`run_campaign` draws with an empty local-constant pool (Hypothesis' own
+global constants stay), so a seed means the same examples in any process; with a Hypothesis
+that lacks that hook the campaign runs unchanged.
+"""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -69,6 +85,27 @@ def _jsonable(x: Any) -> Any:
         x = float(x)
         return x if math.isfinite(x) else repr(x)
     return x
+
+
+@contextlib.contextmanager
+def _fixed_constant_pool():
+    """Note [Campaigns do not depend on what is imported]: Hypothesis' local-constant pool is
+    empty while the campaign draws (its constant cache is cleared on entry and exit)."""
+    try:
+        from hypothesis.internal.conjecture import providers as _prov
+        orig = _prov._get_local_constants
+        empty = _prov.Constants()
+        cache = _prov.CONSTANTS_CACHE.cache
+    except (ImportError, AttributeError):       # another Hypothesis: nothing to pin
+        yield
+        return
+    cache.clear()
+    _prov._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        _prov._get_local_constants = orig
+        cache.clear()
 
 
 class _Stop(Exception):
@@ -192,7 +229,8 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
         test = hseed(seed)(test)
     t0 = time.monotonic()
     try:
-        test()
+        with _fixed_constant_pool():
+            test()
     except _Stop:
         if state["last"] is not None:   # pragma: no cover - _Stop is not raised once a failure exists
             raise

@@ -111,8 +111,10 @@ def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, pro
     base = settings.get_profile(pname)
     st = settings(base, max_examples=max(1, DRAW_FACTOR * examples), database=None, deadline=None,
                   phases=[Phase.generate], derandomize=False, verbosity=Verbosity.quiet)
+    from fa4verify.fuzz.campaign import _fixed_constant_pool
     try:
-        hseed(int(seed))(st(given(strategy)(body)))()
+        with _fixed_constant_pool():     # Note [Campaigns do not depend on what is imported]
+            hseed(int(seed))(st(given(strategy)(body)))()
     except _Full:
         pass
     return out[:examples]
@@ -134,15 +136,23 @@ def compile_key(problem: AttentionProblem) -> tuple:
 
 def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, target: Target,
               properties: Collection[str] = PROPERTIES, backward: bool = True, strict_known: bool = False,
-              on_example: Optional[Callable[[int, AttentionProblem], None]] = None) -> dict[str, Any]:
+              on_example: Optional[Callable[[int, AttentionProblem], None]] = None,
+              time_limit_s: Optional[float] = None) -> dict[str, Any]:
     """Run the examples ``indices`` of ``problems``; the JSON-able per-example outcomes
-    (``{"outcomes": [...], "seconds": s, "target": describe}``) for :func:`merge_drawn`."""
+    (``{"outcomes": [...], "seconds": s, "target": describe}``) for :func:`merge_drawn`.
+
+    ``time_limit_s``: examples not started by then are recorded ``not_run`` (every example still
+    has one outcome, so the merge stays complete; the result says how many did not run)."""
     t0 = time.monotonic()
     outcomes: list[dict[str, Any]] = []
     for n, j in enumerate(indices):
         problem = problems[j]
         o: dict[str, Any] = {"index": int(j), "digest": problem.digest(), "describe": problem.describe(),
                              "known": []}
+        if time_limit_s is not None and time.monotonic() - t0 >= time_limit_s:
+            o["status"] = "not_run"
+            outcomes.append(o)
+            continue
         a_cache: dict[str, Any] = {}
 
         def absorb(v: Violation) -> bool:
@@ -228,7 +238,10 @@ def merge_drawn(parts: Sequence[Mapping[str, Any]], *, expected: int | Collectio
                 hit.setdefault("quantities", {})
                 hit["quantities"][k["quantity"]] = hit["quantities"].get(k["quantity"], 0) + 1
         st = o["status"]
-        if st == "unsupported":
+        if st == "not_run":
+            res.not_run = getattr(res, "not_run", 0) + 1
+            res.stopped = f"time limit reached: {res.not_run} of {len(want)} drawn examples not run"
+        elif st == "unsupported":
             res.unsupported[o["unsupported"]] = res.unsupported.get(o["unsupported"], 0) + 1
         elif st == "violation":
             if res.failure is None:

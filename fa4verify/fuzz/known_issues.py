@@ -149,6 +149,51 @@ def _sm90_gqa_dkdv_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Vi
                                                   local=local).get("mismatch"))
 
 
+def _empty_seq_tokens(problem: AttentionProblem) -> np.ndarray:
+    """Bool (total_q,): query tokens of sequences with no key (seqlens_k[b] == 0)."""
+    out = np.zeros(sum(problem.seqlens_q), bool)
+    for q0, lq, _, lk in problem._seq_bounds():
+        if lk == 0:
+            out[q0:q0 + lq] = True
+    return out
+
+
+def _sm90_paged_tma_empty_seq_nan(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True when the violation is exactly the recorded paged-KV finding: SM90, a paged call at
+    page_size == tile_n (FA4's TMA paged path), NaN in the page pool (``hostile_nan``), and every
+    offending element is O (not LSE) of a sequence with ``seqused_k[b] = 0``."""
+    call = problem.call
+    if problem.arch != "sm90" or call is None or not call.paged or not call.hostile_nan:
+        return False
+    from fa4verify._strategies.calls import sm90_tile_n
+    from fa4verify._strategies.masks import resolve_window
+    r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
+    if call.page_size != sm90_tile_n(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local):
+        return False
+    q = str(v.metrics.get("quantity", ""))
+    if (v.prop, q) not in (("finite", "out"), ("fwd_budget", "out"), ("paged_kv_bitwise", "out"),
+                           ("masked_rows", "lse_rows")):
+        return False
+    idx = v.over_indices
+    if idx is None or not len(idx):
+        return False
+    idx = np.asarray(idx)
+    tok = idx[:, 1] if q == "lse_rows" else idx[:, 0]     # LSE layout (h, t); O layout (t, h, d)
+    empty = _empty_seq_tokens(problem)
+    return bool(empty.any() and (tok < empty.size).all() and empty[tok].all())
+
+
+def _sm90_block_sparse_bwd_no_build(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True for a failed build of FA4's SM90 block-sparse backward at a head dim in (192, 256)
+    that is not a multiple of 64 (the fuzz does not call it there: the DSL usually aborts the
+    process; this absorbs the MLIRError form, e.g. hd 224)."""
+    if problem.arch != "sm90" or problem.call is None or problem.call.block_size is None or v.prop != "runs":
+        return False
+    from fa4verify.kernels.features import sm90_sparse_bwd_does_not_build
+    return bool(sm90_sparse_bwd_does_not_build(problem.head_dim, problem.head_dim_v)
+                and "partition" in v.message)
+
+
 #: FA4 behaviours the fuzzer has found and that are documented (docs/fuzzing.md).
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
@@ -191,6 +236,25 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "with 4 query heads over 1 or 2 KV heads, seqlen 256: dK/dV rel err 0.91-1.16; hd 64/128 "
         "2.3e-3; kernels/evidence/golden/bwd_predictions_h200.json",
         _sm90_gqa_dkdv_accum, targets=("production",)),
+    KnownIssue(
+        "sm90_paged_tma_empty_seq_nan",
+        "SM90 paged KV at page_size == tile_n (FA4's TMA paged path): a sequence with seqused_k[b] = 0 "
+        "whose table row points at pages holding NaN gets O = NaN (its LSE is -inf, as it should be); "
+        "with finite pages, at page_size 16 (cp.async path), or in sequences with keys, O is right",
+        "measured on NVIDIA H200 (sm_90), session 4, flash-attn-4 4.0.0b36: hd 128, page_size 128, "
+        "65,536 of 65,536 O elements of the empty sequence NaN; docs/results/h200_session4/README.md "
+        "'Finding: paged KV', scripts/gpu_paged_empty_nan.py (pagednan/paged_empty_nan.json). The fuzz "
+        "puts NaN in the page pool only when asked (attention_problems(hostile_nan=True))",
+        _sm90_paged_tma_empty_seq_nan, targets=("production",)),
+    KnownIssue(
+        "sm90_block_sparse_bwd_no_build",
+        "SM90 block-sparse backward does not build at head dims 200/208/224/232/240 (the CuTe DSL "
+        "aborts the process, or MLIRError: unable to partition at 224); hd 128/192/256 and the dense "
+        "backward at those head dims build",
+        "compile-only (sm_90a), flash-attn-4 4.0.0b36: docs/results/features/README.md, "
+        "fa4verify.kernels.features.sm90_sparse_bwd_does_not_build (root cause: _tile_size_bwd_sm90 "
+        "drops dKV_swapAB under sparsity); the fuzz skips that backward (an abort takes the process)",
+        _sm90_block_sparse_bwd_no_build, targets=("production",)),
 )
 
 

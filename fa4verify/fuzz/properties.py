@@ -35,6 +35,16 @@ Properties (:data:`PROPERTIES`)
     twin's SM90 path (no emulated columns depend on pack_gqa there), within budget otherwise.
 ``deterministic_bwd``
     Two ``deterministic=True`` backward calls return bitwise-identical dQ, dK, dV.
+``paged_kv_bitwise``
+    Paged-KV problems (a ``page_table`` call form, drawn page permutation): O and LSE are bitwise
+    those of the same problem called with contiguous batched K/V and ``seqused_k`` (a page table
+    is only an indexing: FA4 visits the same keys in the same tiles). Within budget is checked by
+    ``fwd_budget`` on the same run.
+
+Problems with a call form (paged KV, seqused_k, block sparsity, a CuTe mask_mod; Note [Call
+forms keep the problem's meaning]) are judged as the problem they describe; the backward
+properties are skipped where FA4 has no backward for the call form
+(:meth:`~fa4verify.targets.Target.backward_unsupported`).
 """
 from __future__ import annotations
 
@@ -50,7 +60,7 @@ from fa4verify.fuzz.violation import Violation, _fail, _where_str
 from fa4verify.targets import DependencyMissing, Target, Unsupported
 
 PROPERTIES: tuple[str, ...] = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "key_permutation",
-                               "batch_invariance", "gqa_repeat", "deterministic_bwd")
+                               "batch_invariance", "gqa_repeat", "deterministic_bwd", "paged_kv_bitwise")
 
 #: Largest finite value of the stored output formats.
 _FMT_MAX = {"bf16": 3.3895313892515355e38, "fp16": 65504.0}
@@ -124,9 +134,11 @@ def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, pro
     bad = sel & ~np.isfinite(actual)
     if bad.any():
         idx = tuple(np.argwhere(bad)[0])
-        _fail(Violation(prop, f"{name}: {int(bad.sum())} non-finite value(s) where the oracle is finite, first "
-                              f"{_where_str(idx)}: got {actual[idx]!r}, oracle {ref[idx]!r} | case: {problem.describe()}",
-                        {f"nonfinite_{name}": int(bad.sum())}))
+        v = Violation(prop, f"{name}: {int(bad.sum())} non-finite value(s) where the oracle is finite, first "
+                            f"{_where_str(idx)}: got {actual[idx]!r}, oracle {ref[idx]!r} | case: {problem.describe()}",
+                      {f"nonfinite_{name}": int(bad.sum()), "quantity": name})
+        v.over_indices = np.argwhere(bad)        # what a known issue must explain
+        _fail(v)
 
 
 # ============================================================================ properties
@@ -197,8 +209,10 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
         nz = masked & np.any(mo != 0, axis=-1)
         if nz.any():
             idx = tuple(np.argwhere(nz)[0])
-            _fail(Violation("masked_rows", f"O != 0 on {int(nz.sum())} fully masked row(s) (LSE layout index "
-                                           f"{_where_str(idx)}) | case: {problem.describe()}"))
+            v = Violation("masked_rows", f"O != 0 on {int(nz.sum())} fully masked row(s) (LSE layout index "
+                                         f"{_where_str(idx)}) | case: {problem.describe()}", {"quantity": "lse_rows"})
+            v.over_indices = np.argwhere(nz)     # LSE layout: (b, h, s) dense, (h, t) varlen
+            _fail(v)
         if not problem.sink:
             bad = masked & ~(np.isneginf(fwd.lse))
             if bad.any():
@@ -227,7 +241,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
 
     from fa4verify._strategies.masks import resolve_window
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
-    plain = (not r_causal and not r_local and problem.mask_mod is None and not problem.varlen)
+    plain = (not r_causal and not r_local and problem.mask_mod is None and not problem.varlen
+             and problem.call is None)
     if "key_permutation" in props:
         if not plain or problem.seqlen_k < 2:
             skipped["key_permutation"] = "needs a dense problem without causal/local/mask_mod and seqlen_k >= 2"
@@ -285,8 +300,34 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                 _compare("gqa_repeat", "out", fm.out, ref_out.value, ref_out.bound, ref_out.budget, problem,
                          undecided)
 
+    if "paged_kv_bitwise" in props:
+        if problem.call is None or not problem.call.paged:
+            skipped["paged_kv_bitwise"] = "needs a paged-KV problem"
+        else:
+            ran.append("paged_kv_bitwise")
+            contiguous = problem.replace(call=dataclasses.replace(problem.call, page_size=None, page_seed=None,
+                                                                  spare_pages=0, hostile_nan=False))
+            fc = _run_target(problem, target.forward, contiguous, a)
+            for n, x, y in (("out", fwd.out, fc.out), ("lse", fwd.lse, fc.lse)):
+                same = (x == y) | (np.isnan(x) & np.isnan(y))
+                if not same.all():
+                    v = Violation("paged_kv_bitwise", f"{n} of the paged call differs bitwise from contiguous K/V with "
+                                                      f"seqused_k in {int((~same).sum())} element(s), first "
+                                                      f"{_where_str(tuple(np.argwhere(~same)[0]))} | case: "
+                                                      f"{problem.describe()}", {"quantity": n,
+                                                                                "paged_differs": int((~same).sum())})
+                    v.over_indices = np.argwhere(~same)
+                    _fail(v)
+
     # ---------------------------------------------------------------- backward
     want_bwd = backward and {"bwd_budget", "deterministic_bwd", "masked_rows", "finite"} & set(props)
+    bu = getattr(target, "backward_unsupported", None)
+    no_bwd = bu(problem) if (want_bwd and bu is not None) else None
+    if no_bwd is not None:
+        for p in ("bwd_budget", "deterministic_bwd"):
+            if p in props:
+                skipped[p] = no_bwd
+        want_bwd = False
     if want_bwd:
         try:
             g = _run_target(problem, target.backward, problem, a, fwd, deterministic=True)

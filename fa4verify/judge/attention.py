@@ -110,8 +110,18 @@ def _mod_callables(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str,
     return kw
 
 
+def _keep_pattern(problem: AttentionProblem) -> bool:
+    """A call form that adds a keep-pattern (block sparsity, a CuTe mask_mod): the oracle runs on
+    its exact varlen rewrite (:mod:`fa4verify.judge.keep_pattern`)."""
+    call = getattr(problem, "call", None)
+    return call is not None and call.keep_pattern
+
+
 def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
     from fa4verify.oracles import attention as orc
+    if _keep_pattern(problem):
+        from fa4verify.judge import keep_pattern
+        return keep_pattern.oracle_forward(problem, a)
     dt = problem.dtype
     if problem.mods:
         from fa4verify.oracles import mods as om
@@ -125,6 +135,9 @@ def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
 def oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
     """The exact gradient (the oracle's own O enters D)."""
     from fa4verify.oracles import attention as orc
+    if _keep_pattern(problem):
+        from fa4verify.judge import keep_pattern
+        return keep_pattern.oracle_backward(problem, a)
     dt = problem.dtype
     if problem.mods:
         from fa4verify.oracles import mods as om

@@ -1,0 +1,145 @@
+"""The oracle of a dense problem under a keep-pattern its call form adds (block sparsity, a CuTe
+``mask_mod``; Note [Call forms keep the problem's meaning] in ``fa4verify._strategies.calls``).
+
+The certified oracle has no keep-mask argument; a keep-pattern is rewritten exactly as a varlen
+batch (``fa4verify.oracles.block_sparse``): one sequence per (batch entry, query block) holding
+the keys that block keeps (blocks of the call's block size; a mask_mod pattern: the coarsest
+square block grid it is constant on, down to 1 x 1, one sequence per query row). The varlen
+oracle's results are mapped back to the dense layout: O, LSE and dQ row for row; dK and dV are the *sums* of the copies of a key over the
+sequences that see it (their bounds add, plus the float64 rounding of that sum); the learnable
+sink's gradient sums over sequences.
+
+Accuracy: exactly the oracle's (the rewrite is pure indexing), with dK/dV/dsink bounds widened by
+``n * 2^-52 * sum |partials|`` for their float64 sums.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+__all__ = ["rewrite", "oracle_forward", "oracle_backward"]
+
+_EPS = 2.0 ** -52
+
+
+def _blocks(problem) -> tuple[np.ndarray, tuple[int, int]]:
+    call = problem.call
+    if call.block_size is not None:
+        return call.block_mask(problem.seqlen_q, problem.seqlen_k), tuple(call.block_size)
+    keep = problem.keep_masks()[0]
+    sq, sk = keep.shape
+    for blk in (128, 64, 32, 16, 8, 4, 2):   # the coarsest block grid the pattern is constant on
+        pad = np.zeros((-(-sq // blk) * blk, -(-sk // blk) * blk), bool)
+        pad[:sq, :sk] = keep
+        tiles = pad.reshape(pad.shape[0] // blk, blk, pad.shape[1] // blk, blk)
+        bm = tiles[:, 0, :, 0]
+        if np.array_equal(np.kron(bm, np.ones((blk, blk), bool))[:sq, :sk], keep):
+            return bm, (blk, blk)
+    return keep, (1, 1)
+
+
+def rewrite(problem) -> dict[str, Any]:
+    """Index maps of the varlen rewrite: ``q_index`` (total_q, 2) = (batch, row) and
+    ``k_index`` (total_k, 2) = (batch, key) of each packed token; ``seqlens_q/k``."""
+    bm, (bq, bk) = _blocks(problem)
+    sq, sk = problem.seqlen_q, problem.seqlen_k
+    qi, ki, lq, lk = [], [], [], []
+    for b in range(problem.batch):
+        for r in range(bm.shape[0]):
+            rows = np.arange(r * bq, min((r + 1) * bq, sq))
+            keys = np.concatenate([np.arange(c * bk, min((c + 1) * bk, sk)) for c in np.flatnonzero(bm[r])]
+                                  or [np.zeros(0, np.int64)])
+            qi.append(np.stack([np.full(len(rows), b), rows], axis=1))
+            ki.append(np.stack([np.full(len(keys), b), keys], axis=1).reshape(-1, 2))
+            lq.append(len(rows))
+            lk.append(len(keys))
+    return {"q_index": np.concatenate(qi).astype(np.int64), "k_index": np.concatenate(ki).astype(np.int64),
+            "seqlens_q": tuple(lq), "seqlens_k": tuple(lk)}
+
+
+def _packed(problem, a: Mapping[str, Any], rw: Mapping[str, Any]):
+    from fa4verify.judge.attention import as_input_dtype
+    dt = problem.dtype
+    qb, qr = rw["q_index"].T
+    kb, kr = rw["k_index"].T
+    cq = np.concatenate([[0], np.cumsum(rw["seqlens_q"])]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(rw["seqlens_k"])]).astype(np.int32)
+    q = as_input_dtype(np.asarray(a["q"])[qb, qr], dt)
+    k = as_input_dtype(np.asarray(a["k"])[kb, kr], dt)
+    v = as_input_dtype(np.asarray(a["v"])[kb, kr], dt)
+    kw = {"softmax_scale": problem.softmax_scale, "softcap": float(problem.softcap),
+          "learnable_sink": a.get("learnable_sink") if problem.sink else None,
+          "cu_seqlens_q": cq, "cu_seqlens_k": ck}
+    return q, k, v, kw
+
+
+def _dense_rows(problem, x_packed: np.ndarray, rw, fill: float) -> np.ndarray:
+    qb, qr = rw["q_index"].T
+    out = np.full((problem.batch, problem.seqlen_q) + x_packed.shape[1:], fill)
+    out[qb, qr] = x_packed
+    return out
+
+
+def _dense_lse(problem, x_packed: np.ndarray, rw, fill: float) -> np.ndarray:
+    qb, qr = rw["q_index"].T
+    out = np.full((problem.batch, problem.nheads, problem.seqlen_q), fill)
+    out[qb, :, qr] = x_packed.T
+    return out
+
+
+def oracle_forward(problem, a: Mapping[str, Any]):
+    """The oracle forward of ``problem`` (dense, with a keep-pattern) in the dense layout."""
+    from fa4verify.oracles import attention as orc
+    rw = rewrite(problem)
+    q, k, v, kw = _packed(problem, a, rw)
+    f = orc.forward(q, k, v, **kw)
+    return dataclasses.replace(
+        f, out=_dense_rows(problem, np.asarray(f.out, np.float64), rw, 0.0),
+        bound=_dense_rows(problem, np.asarray(f.bound, np.float64), rw, 0.0),
+        lse=_dense_lse(problem, np.asarray(f.lse, np.float64), rw, -np.inf),
+        lse_bound=_dense_lse(problem, np.asarray(f.lse_bound, np.float64), rw, 0.0))
+
+
+def _sum_keys(problem, x: np.ndarray, bound: np.ndarray, rw) -> tuple[np.ndarray, np.ndarray]:
+    kb, kr = rw["k_index"].T
+    shape = (problem.batch, problem.seqlen_k) + x.shape[1:]
+    s = np.zeros(shape)
+    sa = np.zeros(shape)
+    sb = np.zeros(shape)
+    n = np.zeros(shape[:2])
+    np.add.at(s, (kb, kr), x)
+    np.add.at(sa, (kb, kr), np.abs(x))
+    np.add.at(sb, (kb, kr), bound)
+    np.add.at(n, (kb, kr), 1.0)
+    return s, sb + n.reshape(n.shape + (1,) * (x.ndim - 1)) * _EPS * sa
+
+
+def oracle_backward(problem, a: Mapping[str, Any]):
+    """The exact gradient of ``problem`` (dense, with a keep-pattern) in the dense layouts."""
+    from fa4verify.judge.attention import as_input_dtype
+    from fa4verify.oracles import attention as orc
+    rw = rewrite(problem)
+    q, k, v, kw = _packed(problem, a, rw)
+    qb, qr = rw["q_index"].T
+    do = as_input_dtype(np.asarray(a["dout"])[qb, qr], problem.dtype)
+    g = orc.backward(q, k, v, None, do, **kw)
+    dk, dkb = _sum_keys(problem, np.asarray(g.dk, np.float64), np.asarray(g.dk_bound, np.float64), rw)
+    dv, dvb = _sum_keys(problem, np.asarray(g.dv, np.float64), np.asarray(g.dv_bound, np.float64), rw)
+    fwd = None
+    if g.forward is not None:
+        f = g.forward
+        fwd = dataclasses.replace(
+            f, out=_dense_rows(problem, np.asarray(f.out, np.float64), rw, 0.0),
+            bound=_dense_rows(problem, np.asarray(f.bound, np.float64), rw, 0.0),
+            lse=_dense_lse(problem, np.asarray(f.lse, np.float64), rw, -np.inf),
+            lse_bound=_dense_lse(problem, np.asarray(f.lse_bound, np.float64), rw, 0.0))
+    return dataclasses.replace(
+        g, dq=_dense_rows(problem, np.asarray(g.dq, np.float64), rw, 0.0),
+        dq_bound=_dense_rows(problem, np.asarray(g.dq_bound, np.float64), rw, 0.0),
+        dk=dk, dk_bound=dkb, dv=dv, dv_bound=dvb,
+        d=_dense_lse(problem, np.asarray(g.d, np.float64), rw, 0.0),
+        d_bound=_dense_lse(problem, np.asarray(g.d_bound, np.float64), rw, 0.0),
+        out=_dense_rows(problem, np.asarray(g.out, np.float64), rw, 0.0),
+        lse=_dense_lse(problem, np.asarray(g.lse, np.float64), rw, -np.inf), forward=fwd)
