@@ -296,3 +296,21 @@ def test_drawn_huge_fuzz_examples_are_decided_forward_on_the_twin():
         assert j.out.status == "pass" and j.lse.status == "pass", (j.out.summary(), j.lse.summary())
         vacuous += j.out.n_hull > 0
     assert vacuous, "no drawn example needed the hull: the test no longer covers the fallback"
+
+
+@pytest.mark.parametrize("dtype,arch", eb.available())
+def test_every_budget_file_has_the_hull_with_its_own_p_cast_parameters(dtype, arch):
+    """The hull's P-cast parameters are the file's constants (fp8 on SM100: e4m3 P, u_p = 2^-4),
+    not hard-coded: hull_num at one V unit, no keys, no blocks is u_p + gamma(2) (1 + u_p)."""
+    bs = eb.load(dtype, arch)
+    for n in ("hull_lmin", "hull_tau", "hull_num", "hull_err", "forward_out_hull"):
+        assert n in bs, n
+    st = {n: 0.0 for n in eb.STATISTICS}
+    st.update({"v_max_abs": 1.0, "d": 64.0, "dv": 64.0, "tile_n": 128.0, "x_max": 0.0})
+    u = 2.0 ** -24
+    got = float(bs.evaluate("hull_num", st))
+    lmin = float(bs.evaluate("hull_lmin", st))
+    up = bs.constants["u_p"]
+    want = up + (2 * u / (1 - 2 * u)) * (1 + up) + 1.01 * 2.0 ** -126 * 2 / lmin
+    assert got == pytest.approx(want, rel=1e-12)
+    assert up == {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp8": 2.0 ** -4}[dtype]
