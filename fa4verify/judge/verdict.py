@@ -22,6 +22,11 @@ The verdict:
 * ``undecided`` -- nothing over, but some element is unjudged, or nothing at all was compared;
 * ``pass``      -- every element judged and none over.
 
+The forward O budget handed in by :func:`fa4verify.judge.attention.forward_allowances` is already
+the element-wise minimum of the valid bounds among the first-order ``forward_out`` and the
+convex-hull fallback ``forward_out_hull`` (Note [Hull fallback]); elements the fallback bounds
+are judged like any other and counted in :attr:`Verdict.n_hull` (``compare(..., fallback=)``).
+
 Undecided is never shown or counted as a pass: the audit maps it to exit 10, the gate raises
 :class:`UndecidedError` whose message contains the word "undecided" and the reason.
 """
