@@ -128,6 +128,11 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "lse_abs": ("1", "|LSE_true| (natural log)"),
     "lg2_l": ("1", "|log2 l| of the kernel's row sum (upper estimate)"),
     "n_rescale": ("1", "O rescales per row (<= n_blocks)"),
+    # the convex-hull fallback (DERIVATIONS.md#hull-fallback): over ALL keys of the row's segment
+    # and KV head (a superset of any mask's attended set), per (row, d)
+    "v_max_abs": ("v", "max_j |V_jd| over all keys of the segment (KV head)"),
+    "v_range": ("v", "max_j V_jd - min_j V_jd over all keys of the segment, widened to 0 with a sink"),
+    "sum_abs_v_all": ("v", "sum_j |V_jd| over all keys of the segment (KV head)"),
     # split-KV combine (kernels/twin_combine.py; fa4verify/judge/split_combine.py)
     "n_splits": ("1", "number of splits merged by the combine"),
     "cmb_lse_abs": ("1", "max_s |L_s| of a row's split LSEs (natural log, finite ones)"),

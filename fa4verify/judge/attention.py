@@ -153,6 +153,8 @@ class Reference:
     value: np.ndarray
     bound: np.ndarray
     budget: np.ndarray
+    #: elements whose budget is the convex-hull fallback (Note [Hull fallback]); None: none
+    fallback: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass
@@ -193,7 +195,10 @@ def forward_allowances(problem: AttentionProblem, a: Mapping[str, Any], *, budge
     ofwd = oracle if oracle is not None else oracle_forward(problem, a)
     with np.errstate(invalid="ignore", over="ignore"):
         st = BudgetStats(problem, a, ofwd, bs)
-        ref_out = Reference(np.asarray(ofwd.out, np.float64), np.asarray(ofwd.bound, np.float64), st.forward_out())
+        # Note [Hull fallback]: per element the smaller valid bound of forward_out (first order) and
+        # forward_out_hull (rigorous for any logit size; DERIVATIONS.md#hull-fallback)
+        out_budget, hull = st.forward_out_decided()
+        ref_out = Reference(np.asarray(ofwd.out, np.float64), np.asarray(ofwd.bound, np.float64), out_budget, hull)
         lse_ref = np.asarray(ofwd.lse, np.float64)
         # a budget set without forward_lse (a user's fixture) leaves the LSE unjudged: NaN budget
         lse_budget = st.forward_lse() if "forward_lse" in bs else np.full(lse_ref.shape, np.nan)
@@ -206,7 +211,8 @@ def judge_forward(problem: AttentionProblem, a: Mapping[str, Any], out, lse, *, 
     """Verdicts on a kernel's forward ``out`` (FA4 layout) and ``lse`` (``None``: not judged,
     reported undecided) against the oracle within ``forward_out`` / ``forward_lse``."""
     ref_out, ref_lse, st, ofwd = forward_allowances(problem, a, budgets=budgets, oracle=oracle)
-    vo = compare("out", out, ref_out.value, oracle_bound=ref_out.bound, budget=ref_out.budget, nan=nan)
+    vo = compare("out", out, ref_out.value, oracle_bound=ref_out.bound, budget=ref_out.budget, nan=nan,
+                 fallback=ref_out.fallback)
     if lse is None:
         vl = Verdict("lse", "undecided", 0, 0, int(np.size(ref_lse.value)), 0.0, 0.0, None, (),
                      "the target returned no LSE")
@@ -215,8 +221,9 @@ def judge_forward(problem: AttentionProblem, a: Mapping[str, Any], out, lse, *, 
     prob = None
     if "forward_out_prob" in st.budget:
         with np.errstate(invalid="ignore", over="ignore"):
-            pb = st.forward_out("forward_out_prob")
-        prob = compare("out_prob", out, ref_out.value, oracle_bound=ref_out.bound, budget=pb, nan=nan)
+            pb, pb_hull = st.forward_out_decided("forward_out_prob")
+        prob = compare("out_prob", out, ref_out.value, oracle_bound=ref_out.bound, budget=pb, nan=nan,
+                       fallback=pb_hull)
     return ForwardJudgement(vo, vl, ref_out, ref_lse, st, ofwd, prob)
 
 

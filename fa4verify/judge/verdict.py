@@ -22,6 +22,11 @@ The verdict:
 * ``undecided`` -- nothing over, but some element is unjudged, or nothing at all was compared;
 * ``pass``      -- every element judged and none over.
 
+The forward O budget handed in by :func:`fa4verify.judge.attention.forward_allowances` is already
+the element-wise minimum of the valid bounds among the first-order ``forward_out`` and the
+convex-hull fallback ``forward_out_hull`` (Note [Hull fallback]); elements the fallback bounds
+are judged like any other and counted in :attr:`Verdict.n_hull` (``compare(..., fallback=)``).
+
 Undecided is never shown or counted as a pass: the audit maps it to exit 10, the gate raises
 :class:`UndecidedError` whose message contains the word "undecided" and the reason.
 """
@@ -88,6 +93,12 @@ class Verdict:
     reason: str = ""         #: why undecided (or fail), one line
     #: indices of every over element (C order), only with ``compare(..., all_indices=True)``
     over_indices: Optional[np.ndarray] = dataclasses.field(default=None, repr=False, compare=False)
+    #: judged elements whose allowance is the convex-hull fallback (``compare(..., fallback=)``;
+    #: Note [Hull fallback], error_budgets/DERIVATIONS.md#hull-fallback); JSON key ``n_hull``
+    n_hull: int = 0
+
+    def _hull_text(self) -> str:
+        return f" ({self.n_hull} by the hull fallback)" if self.n_hull else ""
 
     @property
     def ok(self) -> bool:
@@ -96,11 +107,12 @@ class Verdict:
     def summary(self) -> str:
         if self.status == "pass":
             return (f"{self.name}: {self.n_compared} elements within budget, tightness "
-                    f"{self.tightness:.3g}")
+                    f"{self.tightness:.3g}{self._hull_text()}")
         if self.status == "fail":
             return (f"{self.name}: {self.n_over} / {self.n_compared} elements over budget "
-                    f"(tightness {self.tightness:.3g}); worst {self.worst.text() if self.worst else '?'}")
-        return f"{self.name}: undecided: {self.reason}"
+                    f"(tightness {self.tightness:.3g}){self._hull_text()}; worst "
+                    f"{self.worst.text() if self.worst else '?'}")
+        return f"{self.name}: undecided: {self.reason}{self._hull_text()}"
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "over_indices"}
@@ -124,14 +136,17 @@ def combine(verdicts: Sequence[Verdict]) -> str:
 
 
 def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None,
-            nan: str = "unjudged", max_violations: int = 5, all_indices: bool = False) -> Verdict:
+            nan: str = "unjudged", max_violations: int = 5, all_indices: bool = False,
+            fallback=None) -> Verdict:
     """Judge ``actual`` against ``ref`` elementwise (see the module docstring).
 
     ``oracle_bound`` (the oracle's certified error) and ``budget`` (the composed error budget)
     broadcast to ``ref``; ``select`` (bool, broadcastable) restricts the comparison to some
     elements (the rest are neither judged nor unjudged: e.g. the rows a known issue owns are
     judged by that issue, not here). ``nan``: "unjudged" (default) or "match" for a NaN
-    reference (see Note [Undecided]).
+    reference (see Note [Undecided]). ``fallback`` (bool, broadcastable; optional): the elements
+    whose ``budget`` is the convex-hull fallback (:meth:`BudgetStats.forward_out_decided`); it
+    changes no verdict, the judged ones among them are counted in :attr:`Verdict.n_hull`.
     """
     if nan not in ("unjudged", "match"):
         raise ValueError(f"nan={nan!r}: expected 'unjudged' or 'match'")
@@ -188,8 +203,9 @@ def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None
         reason = _undecided_reason(n_cmp, sel, fin, isnan_ref, ob, bu, nan)
     else:
         status, reason = "pass", ""
+    n_hull = 0 if fallback is None else int((judged_fin & np.broadcast_to(np.asarray(fallback, bool), r.shape)).sum())
     return Verdict(name, status, n_cmp, n_over, n_unj, tight, maxerr, worst, viol, reason,
-                   np.argwhere(over_all) if all_indices else None)
+                   np.argwhere(over_all) if all_indices else None, n_hull)
 
 
 def _undecided_reason(n_cmp, sel, fin, isnan_ref, ob, bu, nan) -> str:
