@@ -95,14 +95,19 @@ def _oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
 # ============================================================================ comparisons
 def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: np.ndarray,
              budget: np.ndarray, problem: AttentionProblem, undecided: dict[str, str],
-             ftz_floor: Optional[np.ndarray] = None) -> float:
+             ftz_floor: Optional[np.ndarray] = None, fallback: Optional[np.ndarray] = None,
+             metrics: Optional[dict] = None) -> float:
     """The judge's verdict (:func:`fa4verify.judge.compare`) on one tensor of one property.
     ``fail`` raises :class:`Violation` with the five worst elements; ``undecided`` is recorded in
     ``undecided`` (``"<prop>.<name>"`` -> reason) and never counts as a pass of the property.
     Returns the tightness over the judged elements."""
     if np.size(ref) == 0 and np.size(actual) == 0:
         return 0.0       # an empty tensor (e.g. dK of a batch with no keys): nothing exists to judge
-    v = judge.compare(name, actual, ref, oracle_bound=bound, budget=budget, all_indices=True)
+    v = judge.compare(name, actual, ref, oracle_bound=bound, budget=budget, all_indices=True, fallback=fallback)
+    if metrics is not None and getattr(v, "n_hull", 0):
+        # Note [Hull fallback]: how many elements the convex-hull bound judged (the first-order
+        # budget was vacuous there)
+        metrics[f"hull_{name}"] = float(v.n_hull)
     if v.status == "fail":
         rows = [e.text() for e in v.violations]
         if not rows:
@@ -235,7 +240,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
     if "fwd_budget" in props and need_ref("fwd_budget"):
         ran.append("fwd_budget")
         metrics["tightness_out"] = _compare("fwd_budget", "out", fwd.out, ref_out.value, ref_out.bound,
-                                            ref_out.budget, problem, undecided, ftz_floor=stats.forward_out_ftz_floor())
+                                            ref_out.budget, problem, undecided, ftz_floor=stats.forward_out_ftz_floor(),
+                                            fallback=getattr(ref_out, "fallback", None), metrics=metrics)
         metrics["tightness_lse"] = _compare("fwd_budget", "lse", fwd.lse, ref_lse.value, ref_lse.bound,
                                             ref_lse.budget, problem, undecided)
 
