@@ -15,6 +15,7 @@
 #   mods       scripts/gpu/mods.sh              score_mod / mask_mod pairs fwd+bwd vs the oracle (#16.1)
 #   seqused    scripts/gpu/features.sh seqused  seqused_k backward (#16)
 #   fuzzfeat   fuzz.production drawing paged KV / seqused_k / block sparsity / mask_mod (#16.8)
+#   hull       scripts/gpu/hull.sh               the hull fallback on fuzz.production's huge examples
 #   multigpu   scripts/gpu/multigpu.sh          determinism --gpus all (1 GPU) + one-worker xdist smoke (#19, #17.5)
 set -u
 T0=$(date +%s)
@@ -40,6 +41,7 @@ for step in "$@"; do
     long)     timeout "$left" bash scripts/gpu/long_context.sh ;;
     stat)     STAT_TIMEOUT=$((left - 10)) timeout "$left" bash scripts/gpu/stat_tier.sh ;;
     srcmut)   FA4V_SRCMUT_JOBS=12 timeout "$left" bash scripts/gpu/source_mutants.sh ;;
+    hull)     timeout "$left" bash scripts/gpu/hull.sh ;;
     tdefault) (unset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED FLASH_ATTENTION_CUTE_DSL_CACHE_DIR;
                timeout "$left" bash scripts/gpu/audit_time.sh default) ;;
     tquick)   (unset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED FLASH_ATTENTION_CUTE_DSL_CACHE_DIR;

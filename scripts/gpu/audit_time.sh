@@ -21,6 +21,7 @@ one() {
     quick)   modes="cold-noshard,cold,warm,warm-noshard"; lim=270
              rec=(--recorded "s4-cold=$s4/tquick/audit_time_quick/audit_quick_cold.json") ;;
   esac
+  modes="${AUDIT_MODES:-$modes}"     # e.g. AUDIT_MODES=cold,warm for a lean run
   echo "== audit time, profile $prof (modes $modes) =="
   timeout "$lim" python3 benchmarks/gpu_audit_time.py --profile "$prof" --modes "$modes" \
     --timeout 200 --out "$OUT/audit_time_$prof" "${rec[@]}" 2>&1 | tee "$OUT/audit_time_$prof.txt"
