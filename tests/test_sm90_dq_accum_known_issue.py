@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from fa4verify import fuzz
@@ -149,3 +150,27 @@ def test_compile_failure_known_issue_is_narrow():
     assert fuzz.match_known_issue(_problem(104), Violation("runs", "RuntimeError: CUDA error"), a,
                                   target="production") is None
     assert fuzz.match_known_issue(_problem(104), Violation("runs", msg), a, target="twin") is None
+
+
+def _varlen_problem(lens_q, lens_k, hd=8):
+    return AttentionProblem("sm90", "bf16", len(lens_q), max(lens_q), max(lens_k), 1, 1, hd, hd,
+                            seqlens_q=tuple(lens_q), seqlens_k=tuple(lens_k))
+
+
+def _v_at(tokens):
+    v = _v("bwd_budget", "dq")
+    v.over_indices = np.array([(t, 0, 0) for t in tokens])
+    return v
+
+
+def test_varlen_rows_of_later_sequences_are_the_issue_but_early_rows_of_the_first_are_not():
+    """The H200 case of session 5 (q lens [65, 1] at hd 8: dQ wrong at token 64 = row 64 of
+    sequence 0, and token 65 = row 0 of sequence 1) is absorbed; a dQ violation in the first
+    64 rows of the first sequence is not."""
+    _pred_or_skip(8)
+    p = _varlen_problem((65, 1), (15, 191))
+    ki = fuzz.match_known_issue(p, _v_at([64, 65]), {}, target="production")
+    assert ki is not None and ki.name == "sm90_dq_accum_hdim_rounding"
+    assert fuzz.match_known_issue(p, _v_at([3, 64]), {}, target="production") is None
+    assert fuzz.match_known_issue(_varlen_problem((65, 1), (15, 191), hd=64), _v_at([64, 65]), {},
+                                  target="production") is None
