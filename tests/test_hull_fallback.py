@@ -1,7 +1,8 @@
 """The convex-hull fallback of the forward O budget (error_budgets/DERIVATIONS.md#hull-fallback,
 Note [Hull fallback] in fa4verify/judge/stats.py).
 
-Where the first-order ``forward_out`` is vacuous ("huge" logits: e_den >= 1) the judge takes the
+Where the first-order ``forward_out`` is vacuous ("huge" logits: e_den >= 1, or relative terms past
+the first-order limit 2^-7, Note [First-order validity]) the judge takes the
 rigorous ``forward_out_hull`` instead and still judges (pass within, fail over); on normal draws it
 keeps the first-order budget. Figures: CPU twin.
 """
@@ -58,7 +59,10 @@ def test_huge_logits_are_decided_by_the_hull_and_the_twin_is_within_it(p):
     a = p.materialize()
     f = _twin_out(p, a)
     ref_out, ref_lse, st, fo, hb = _hull(p, a)
-    vacuous = p.dtype == "bf16"      # fp16 "huge" (e_qk <= 6) keeps e_den < 1: first order valid
+    # every "huge" draw is past the first-order limit (Note [First-order validity]): bf16 e_qk >= 8
+    # has e_den >= 1; fp16 e_qk 6 keeps e_den < 1 but e_arg ~ 0.13 > 2^-7, so its first-order
+    # budget is +inf (session 5: it was finite there, but not rigorous)
+    vacuous = True
     assert vacuous == (not np.all(np.isfinite(fo) & (fo >= 0))), "vacuity of the first-order budget"
     assert np.all(np.isfinite(hb) & (hb >= 0))
     j = judge.judge_forward(p, a, f.out, f.lse)
@@ -141,9 +145,12 @@ def test_any_convex_combination_of_v_rows_is_within_the_hull_bound(p):
 NORMAL = [
     _problem("normal", 21, (("sigma", 1.0),)),
     _problem("normal", 22, (("sigma", 2.0),), causal=True, h=4, hk=2),
-    _problem("outliers", 23, (("p", 0.01), ("outlier_std", 100.0)), sink=True),
     _problem("normal", 24, (("sigma", 0.5),), arch="sm100", sk=150),
 ]
+#: an "outliers" draw (1 % of the values N(0, 100^2)): rows with an outlier logit have e_arg up to
+#: 0.024, past the first-order limit (Note [First-order validity]); until session 5 they kept a
+#: finite, non-rigorous first-order budget
+OUTLIERS = _problem("outliers", 23, (("p", 0.01), ("outlier_std", 100.0)), sink=True)
 
 
 @pytest.mark.parametrize("p", NORMAL, ids=lambda p: p.describe()[:60])
@@ -156,6 +163,29 @@ def test_normal_draws_keep_the_first_order_budget(p):
     assert "hull" not in j.out.summary()
     np.testing.assert_array_equal(ref_out.budget, fo)
     assert np.all(hb > fo)     # the hull bound is >= the V range: far looser on normal draws
+
+
+def test_rows_past_the_first_order_limit_are_decided_by_the_hull_exactly():
+    """Per row, the first-order budget is +inf exactly where its relative terms other than u_p
+    sum past 2^-7 (e_num - u_p + e_den > FIRST_ORDER_LIMIT); the hull decides those elements and
+    no others, and the twin passes."""
+    p = OUTLIERS
+    a = p.materialize()
+    f = _twin_out(p, a)
+    ref_out, _, st, fo, hb = _hull(p, a)
+    env = dict(st._common())
+    env.update(st._row_stats())
+    with np.errstate(all="ignore"):
+        sig = np.asarray(st.budget.evaluate("e_num", env) - st.budget.constants["u_p"]
+                         + st.budget.evaluate("e_den", env))
+    past = sig > eb.loader.FIRST_ORDER_LIMIT                     # (t, h), token-major rows
+    past_el = st._to_out(np.broadcast_to(past[..., None], st.abs_o.shape))
+    assert past.any() and not past.all(), "the draw no longer straddles the limit"
+    assert np.array_equal(~np.isfinite(fo), past_el)
+    j = judge.judge_forward(p, a, f.out, f.lse)
+    assert j.out.status == "pass", j.out.summary()
+    assert np.array_equal(ref_out.fallback, past_el | (hb < fo))
+    assert j.out.n_hull == int(np.sum(ref_out.fallback)) >= int(np.sum(past_el))
 
 
 def test_a_budget_set_without_the_hull_entry_keeps_the_first_order_budget():
