@@ -129,14 +129,18 @@ def test_past_the_limit_the_gradients_are_undecided_and_the_hull_decides_o(sessi
     assert j.lse.status == "pass", j.lse.summary()       # rigorous for any size: still decided
     g = t.backward(p, a, f)
     jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=j)
-    for v in (jb.dq, jb.dk, jb.dv):
-        assert v.status == "undecided", v.summary()      # never a pass past the limit
+    for v in (jb.dq, jb.dk):
+        # they need the forward O error (D = rowsum(dO O)): +inf past the limit, never a pass
+        assert v.status == "undecided", v.summary()
         assert v.n_over == 0 and v.n_unjudged > 0
+    # dV = P^T dO needs no forward O error, and backward_p is its exempt factor: still decided
+    bp = np.asarray(jb.budgets["dv"])
+    assert np.isfinite(bp).all() and jb.dv.status == "pass", jb.dv.summary()
     # with the session-4 formulas the same gradients "passed" on a non-rigorous budget
     old = session4(p.dtype, p.arch)
     jo = judge.judge_forward(p, a, f.out, f.lse, budgets=old)
     jbo = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jo)
-    assert {jbo.dq.status, jbo.dk.status, jbo.dv.status} == {"pass"}
+    assert jbo.dq.status == jbo.dk.status == "pass"
 
 
 def test_a_kernel_fault_past_the_limit_is_not_a_pass():
@@ -178,8 +182,9 @@ NORMAL = [
 @pytest.mark.parametrize("p", NORMAL, ids=lambda p: p.describe()[:60])
 def test_on_normal_draws_the_new_budgets_are_equal_or_slightly_smaller(p, session4):
     """expm1 replaced ``1.01 x`` (e_arg, rescale, backward_p) and the LSE lost its doubled margin:
-    every composed budget is <= its session-4 value and within 1 % of it (forward_lse within 2 %:
-    its argument part was 1.01 * 1.01 ln2 A, now ln2 A exactly); every verdict equal."""
+    O, LSE and dV budgets are <= their session-4 values and within 1 % (LSE 2 %: its argument part
+    was 1.01 * 1.01 ln2 A, now ln2 A exactly); dQ / dK grew by at most u_p relative (their dP and
+    D error terms now carry the factor 1 + max(backward_p, u_p) they lacked); every verdict equal."""
     a = p.materialize()
     t = TwinTarget()
     f = t.forward(p, a)
@@ -191,12 +196,14 @@ def test_on_normal_draws_the_new_budgets_are_equal_or_slightly_smaller(p, sessio
     old_b = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=old_j)
     pairs = {"out": (new_j.ref_out.budget, old_j.ref_out.budget, 0.01),
              "lse": (new_j.ref_lse.budget, old_j.ref_lse.budget, 0.02)}
+    up = eb.load(p.dtype, p.arch).constants["u_p"]
     for n in ("dq", "dk", "dv", "dq_prob", "dk_prob", "dv_prob"):
         pairs[n] = (new_b.budgets[n], old_b.budgets[n], 0.01)
     for n, (nb, ob, tol) in pairs.items():
         nb, ob = np.asarray(nb, np.float64), np.asarray(ob, np.float64)
         assert np.isfinite(nb).all() and np.isfinite(ob).all(), n
-        assert np.all(nb <= ob * (1 + 1e-12)), (n, float(np.max(nb / ob)))
+        grow = up if n[:2] in ("dq", "dk") else (1e-6 if (n == "out" and p.dtype == "fp16") else 1e-12)
+        assert np.all(nb <= ob * (1 + grow)), (n, float(np.max(nb / ob)))
         assert np.all(nb >= ob * (1 - tol)), (n, float(np.min(nb / ob)))
     for v_new, v_old in zip(new_j.verdicts + new_b.verdicts, old_j.verdicts + old_b.verdicts):
         assert v_new.status == v_old.status == "pass", (v_new.summary(), v_old.summary())
