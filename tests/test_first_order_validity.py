@@ -96,7 +96,8 @@ def test_every_composed_first_order_budget_is_guarded(dtype, arch):
     of the session-4 shortcuts (``1.01 * ln2``, ``1.01 * forward_lse``, ``2.02 * ln2``) is left."""
     bs = eb.load(dtype, arch)
     for n in ("forward_out", "forward_out_prob", "backward_dv", "backward_dq", "backward_dq_accum",
-              "backward_dk", "backward_dv_prob", "backward_dq_prob", "backward_dk_prob"):
+              "backward_dk", "backward_dv_prob", "backward_dq_prob", "backward_dk_prob",
+              "combine_out", "combine_lse"):
         assert bs.get(n).text.startswith("first_order("), n
     for n, b in bs.entries.items():
         for bad in ("1.01 * ln2", "1.01 * forward_lse", "2.02 * ln2", "1.01 * (e_p"):
@@ -141,6 +142,16 @@ def test_past_the_limit_the_gradients_are_undecided_and_the_hull_decides_o(sessi
     jo = judge.judge_forward(p, a, f.out, f.lse, budgets=old)
     jbo = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jo)
     assert jbo.dq.status == jbo.dk.status == "pass"
+
+
+def test_combine_budgets_are_inf_past_their_margin():
+    """combine_out / combine_lse use the margin 1 + 2^-9 (valid for a weight error <= 2^-9): finite
+    for split LSEs of tens of nats, +inf for |L| ~ 10^4 (DERIVATIONS.md#combine)."""
+    bs = eb.load("bf16", "sm90")
+    st = {"n_splits": 4.0, "cmb_abs": 1.0, "cmb_abs_o": 1.0}
+    for n in ("combine_out", "combine_lse"):
+        assert np.isfinite(bs.evaluate(n, dict(st, cmb_lse_abs=30.0))), n
+        assert np.isinf(bs.evaluate(n, dict(st, cmb_lse_abs=1e4))), n
 
 
 def test_a_kernel_fault_past_the_limit_is_not_a_pass():
