@@ -1,7 +1,8 @@
 """The convex-hull fallback of the forward O budget (error_budgets/DERIVATIONS.md#hull-fallback,
 Note [Hull fallback] in fa4verify/judge/stats.py).
 
-Where the first-order ``forward_out`` is vacuous ("huge" logits: e_den >= 1) the judge takes the
+Where the first-order ``forward_out`` is vacuous ("huge" logits: e_den >= 1, or relative terms past
+the first-order limit 2^-7, Note [First-order validity]) the judge takes the
 rigorous ``forward_out_hull`` instead and still judges (pass within, fail over); on normal draws it
 keeps the first-order budget. Figures: CPU twin.
 """
@@ -58,7 +59,10 @@ def test_huge_logits_are_decided_by_the_hull_and_the_twin_is_within_it(p):
     a = p.materialize()
     f = _twin_out(p, a)
     ref_out, ref_lse, st, fo, hb = _hull(p, a)
-    vacuous = p.dtype == "bf16"      # fp16 "huge" (e_qk <= 6) keeps e_den < 1: first order valid
+    # every "huge" draw is past the first-order limit (Note [First-order validity]): bf16 e_qk >= 8
+    # has e_den >= 1; fp16 e_qk 6 keeps e_den < 1 but e_arg ~ 0.13 > 2^-7, so its first-order
+    # budget is +inf (session 5: it was finite there, but not rigorous)
+    vacuous = True
     assert vacuous == (not np.all(np.isfinite(fo) & (fo >= 0))), "vacuity of the first-order budget"
     assert np.all(np.isfinite(hb) & (hb >= 0))
     j = judge.judge_forward(p, a, f.out, f.lse)
@@ -141,9 +145,14 @@ def test_any_convex_combination_of_v_rows_is_within_the_hull_bound(p):
 NORMAL = [
     _problem("normal", 21, (("sigma", 1.0),)),
     _problem("normal", 22, (("sigma", 2.0),), causal=True, h=4, hk=2),
+    # rows with an outlier logit reach e_arg 0.024: still first order (e_arg is the exempt factor,
+    # e_den <= 0.1; Note [First-order validity])
     _problem("outliers", 23, (("p", 0.01), ("outlier_std", 100.0)), sink=True),
     _problem("normal", 24, (("sigma", 0.5),), arch="sm100", sk=150),
 ]
+#: an "outliers" draw with N(0, 1000^2) outliers: the rows with an outlier logit have e_den up to
+#: 9, past the first-order limit, the others stay first order
+OUTLIERS = _problem("outliers", 23, (("p", 0.01), ("outlier_std", 1000.0)), sink=True)
 
 
 @pytest.mark.parametrize("p", NORMAL, ids=lambda p: p.describe()[:60])
@@ -156,6 +165,31 @@ def test_normal_draws_keep_the_first_order_budget(p):
     assert "hull" not in j.out.summary()
     np.testing.assert_array_equal(ref_out.budget, fo)
     assert np.all(hb > fo)     # the hull bound is >= the V range: far looser on normal draws
+
+
+def test_rows_past_the_first_order_limit_are_decided_by_the_hull_exactly():
+    """Per row, the first-order budget is +inf exactly where its validity measure
+    ``forward_first_order`` exceeds 2^-7 (checked here from e_num, e_den, e_arg, u_p directly);
+    the hull decides those elements (and any where it is smaller), and the twin passes."""
+    p = OUTLIERS
+    a = p.materialize()
+    f = _twin_out(p, a)
+    ref_out, _, st, fo, hb = _hull(p, a)
+    env = dict(st._common())
+    env.update(st._row_stats())
+    with np.errstate(all="ignore"):
+        C = st.budget.constants
+        e_num, e_den, e_arg = (np.asarray(st.budget.evaluate(n, env)) for n in ("e_num", "e_den", "e_arg"))
+        sig = np.maximum(e_num + C["rcp_rel"] + 2 * C["u_fp32"] - np.maximum(C["u_p"], e_arg),
+                         np.maximum(e_den - e_arg, e_den / 12.8))
+    past = sig > eb.loader.FIRST_ORDER_LIMIT                     # (t, h), token-major rows
+    past_el = st._to_out(np.broadcast_to(past[..., None], st.abs_o.shape))
+    assert past.any() and not past.all(), "the draw no longer straddles the limit"
+    assert np.array_equal(~np.isfinite(fo), past_el)
+    j = judge.judge_forward(p, a, f.out, f.lse)
+    assert j.out.status == "pass", j.out.summary()
+    assert np.array_equal(ref_out.fallback, past_el | (hb < fo))
+    assert j.out.n_hull == int(np.sum(ref_out.fallback)) >= int(np.sum(past_el))
 
 
 def test_a_budget_set_without_the_hull_entry_keeps_the_first_order_budget():

@@ -260,7 +260,9 @@ class BudgetStats:
 
         Note [Hull fallback]: both are upper bounds on |O_kernel - O_exact| under the same kernel
         model, so their minimum is one; the hull bound holds for any logit magnitude, the
-        first-order one only while ``e_den < 1`` (DERIVATIONS.md#hull-fallback)."""
+        first-order one only while its precondition holds; past it (``forward_first_order > 2^-7``,
+        Note [First-order validity] in error_budgets/loader.py) ``forward_out`` is ``+inf``, so the
+        hull's bound is taken automatically (DERIVATIONS.md#hull-fallback)."""
         fo = np.asarray(self.forward_out(name), np.float64)
         if "forward_out_hull" not in self.budget:
             return fo, np.zeros(fo.shape, bool)
