@@ -237,7 +237,30 @@ def _h200_text(c: F.Cell, h200: dict[str, Any]) -> Optional[str]:
                   f"where its pages hold NaN (LSE right; `scripts/gpu_paged_empty_nan.py`, "
                   f"docs/results/h200_session4/README.md)"
                   + (f"; page {'/'.join(map(str, good))} within budget" if good else ""))
+    if sec == "combine":
+        dts = sorted({str((x.get("config") or {}).get("partial_dtype")) for x in r.get("rows", [])
+                      if x.get("config")})
+        if dts:
+            s += f" ({'/'.join(dts)} partials, FA4's split-KV format; composed vs the full oracle and the stage alone)"
+        wrong = _combine_16bit_finding()
+        if wrong:
+            s += (f"; finding: 16-bit partials give wrong O ({wrong}; the O-partial copy covers twice the "
+                  f"tile's rows, `fa4_params.combine_partial_tiling`; docs/results/h200_session5/README.md)")
     return s
+
+
+def _combine_16bit_finding() -> Optional[str]:
+    """Session 5's H200 diagnosis of ``flash_attn_combine``: the 16-bit cases measured wrong."""
+    p = RESULTS.parent / "h200_session5" / "combine" / "combine_diag.json"
+    if not p.is_file():
+        return None
+    cases = json.loads(p.read_text()).get("cases", {})
+    n16 = [n for n, r in cases.items() if ("bf16" in n or "fp16" in n) and "frac_elems_wrong" in r]
+    bad = [n for n in n16 if cases[n]["frac_elems_wrong"] > 0]
+    if not bad:
+        return None
+    worst = max(cases[n]["max_abs_err_out"] for n in bad)
+    return f"{len(bad)}/{len(n16)} bf16/fp16 cases wrong, max abs error {worst:.3g}"
 
 
 def cell_text(c: F.Cell, ev: dict[str, Any]) -> str:
