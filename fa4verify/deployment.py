@@ -125,10 +125,10 @@ class Deployment:
             raise DeploymentError(f"{where}: name must be a non-empty string")
         kw: dict[str, Any] = {"name": d["name"].strip(), "source": where,
                               "description": str(d.get("description", ""))}
-        from fa4verify._strategies.calls import CALL_FEATURES
+        from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
         from fa4verify._strategies.values import DISTRIBUTIONS
         for key, allowed in (("dtypes", facts.DTYPES), ("archs", facts.ARCHS), ("masks", MASKS),
-                             ("distributions", DISTRIBUTIONS), ("features", CALL_FEATURES)):
+                             ("distributions", DISTRIBUTIONS), ("features", CALL_FEATURES + (MOD_FEATURE,))):
             if key in d:
                 kw[key] = _choices(d[key], key, where, allowed)
         if "head_dims" in d:

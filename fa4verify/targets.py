@@ -21,7 +21,7 @@ from typing import Any, Collection, Mapping, Optional
 
 import numpy as np
 
-from fa4verify._strategies.calls import CALL_FEATURES
+from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
 from fa4verify._strategies.problem import FEATURES, AttentionProblem
 
 __all__ = ["Target", "TwinTarget", "ProductionTarget", "Fwd", "Bwd", "Unsupported", "DependencyMissing",
@@ -325,7 +325,8 @@ class ProductionTarget(Target):
 
     def features(self) -> tuple[str, ...]:
         # boolean mask_mod patterns are twin-only; CuTe mask_mods come as call forms (mask_mod_fn)
-        return tuple(f for f in FEATURES if f != "mask_mod") + CALL_FEATURES
+        # and as registered score_mod / mask_mod pairs (mod_pairs, fa4verify.mods)
+        return tuple(f for f in FEATURES if f != "mask_mod") + CALL_FEATURES + (MOD_FEATURE,)
 
     def check_supported(self, problem: AttentionProblem) -> None:
         if problem.mask_mod is not None:

@@ -415,3 +415,42 @@ def test_production_target_passes_cute_mods_and_aux_tensors_and_the_twin_refuses
         TwinTarget().forward(p, a)
     with pytest.raises(Unsupported, match="aux_tensors list"):
         t.forward(_problem(("alibi", "document")), a)
+
+
+def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_constraints():
+    """The ``mod_pairs`` feature (what fuzz.production and deployment profiles draw): every
+    registered pair appears, only on dense problems without sinks or MaskMod patterns, mask
+    pairs without causal/window, score pairs without softcap; never without the feature."""
+    from hypothesis import HealthCheck, given, settings
+
+    from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
+    from fa4verify._strategies.problem import FEATURES, attention_problems
+    from fa4verify.fuzz.campaign import _fixed_constant_pool
+    seen: dict[str, int] = {}
+
+    @settings(max_examples=700, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(attention_problems(arch="sm90", dtype="bf16", features=FEATURES + CALL_FEATURES + (MOD_FEATURE,),
+                              max_seqlen=64, max_batch=2, max_heads=2, head_dim_choices=(64,)))
+    def body(p):
+        if not p.mods:
+            return
+        (name,) = p.mods
+        seen[name] = seen.get(name, 0) + 1
+        pair = mods.get(name)
+        assert not p.varlen and not p.sink and p.mask_mod is None and p.call is None and p.softcap == 0
+        if pair.kind == "mask":
+            assert not p.causal and p.window_size == (None, None)
+        if pair.self_attention_only:
+            assert p.seqlen_q == p.seqlen_k
+
+    @settings(max_examples=60, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(attention_problems(arch="sm90", dtype="bf16", features=FEATURES + CALL_FEATURES, max_seqlen=64))
+    def without(p):
+        assert not p.mods
+
+    with _fixed_constant_pool():
+        body()
+        without()
+    assert set(seen) == set(mods.names()), seen

@@ -43,6 +43,11 @@ from hypothesis.strategies import DrawFn
 #: draw when asked (opt-in: the default ``FEATURES`` draws none of them)
 CALL_FEATURES: tuple[str, ...] = ("seqused_k", "paged_kv", "block_sparse", "mask_mod_fn")
 
+#: The score_mod / mask_mod pair feature (``fa4verify.mods``: a registered pair, yours included,
+#: run through FA4's ``score_mod`` / ``mask_mod`` + ``aux_tensors``): opt-in like the call forms,
+#: production-only (the twin refuses mod problems).
+MOD_FEATURE = "mod_pairs"
+
 #: page sizes drawn by default: 16 (FA4's cp.async path) and the forward tile_n (its TMA path:
 #: ``interface.py`` ``paged_kv_tma = page_size == tile_n``), the two measured on the H200
 DEFAULT_PAGE_SIZES: tuple[int, ...] = (16, -1)     # -1 = the head dim's tile_n

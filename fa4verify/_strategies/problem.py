@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import DrawFn
 
-from fa4verify._strategies.calls import CALL_FEATURES, DEFAULT_PAGE_SIZES, CallForm, keep_call_forms, \
+from fa4verify._strategies.calls import CALL_FEATURES, DEFAULT_PAGE_SIZES, MOD_FEATURE, CallForm, keep_call_forms, \
     kv_call_forms
 from fa4verify._strategies.masks import MaskMod, Window, causal_and_windows, mask_mods, resolve_window, \
     softcaps, varlen_seqlens, window_keep_mask
@@ -391,10 +391,10 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         if not isinstance(val, int) or val < lo:
             raise InvalidArgument(f"{name}={val!r} must be an int >= {lo}")
     feats = set(features)
-    unknown = feats - set(FEATURES) - set(CALL_FEATURES)
+    unknown = feats - set(FEATURES) - set(CALL_FEATURES) - {MOD_FEATURE}
     if unknown:
         raise InvalidArgument(f"features={sorted(features)!r}: unknown {sorted(unknown)} "
-                              f"(known: {FEATURES + CALL_FEATURES})")
+                              f"(known: {FEATURES + CALL_FEATURES + (MOD_FEATURE,)})")
     for p in page_sizes:
         if not isinstance(p, int) or not (p == -1 or p >= 1):
             raise InvalidArgument(f"page_sizes={tuple(page_sizes)!r}: each must be an int >= 1 (or -1: tile_n)")
@@ -416,9 +416,12 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
     else:
         sq_list = sk_list = None
         sq, sk = draw(seqlen_pairs(max_seqlen=max_seqlen))
+    # a registered score_mod / mask_mod pair (the mod_pairs feature): dense problems only, about
+    # one in three of them; no MaskMod pattern, sink or call form with it (what mod_problems draws)
+    use_mods = MOD_FEATURE in feats and not use_varlen and draw(st.sampled_from((False, False, True)))
     mm = None
     causal, window = False, (None, None)
-    if "mask_mod" in feats and not use_varlen and draw(st.booleans()):
+    if "mask_mod" in feats and not use_varlen and not use_mods and draw(st.booleans()):
         mm = draw(mask_mods(seqlen_q=sq, seqlen_k=sk))
     elif "causal" in feats or "local" in feats:
         causal, window = draw(causal_and_windows(seqlen_q=max(sq, 1), seqlen_k=max(sk, 1),
@@ -426,7 +429,7 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         if "causal" not in feats and resolve_window(causal, window)[0]:
             causal, window = False, (None, None)   # e.g. (None, 0) is causal in FA4's resolution
     softcap = draw(softcaps()) if "softcap" in feats and draw(st.booleans()) else 0.0
-    sink = "sink" in feats and draw(st.booleans())
+    sink = "sink" in feats and not use_mods and draw(st.booleans())
     scale = draw(st.sampled_from((None, None, None, 1.0, 0.0625)))
     values = draw(value_specs(dtype=dt, distributions=tuple(distributions) if distributions else None, sinks=sink))
     prob = AttentionProblem(arch=arch, dtype=dt, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads,
@@ -435,7 +438,9 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                             mask_mod=mm, values=values)
     kv = [f for f in ("paged_kv", "seqused_k") if f in feats]
     keep = "block_sparse" in feats or "mask_mod_fn" in feats
-    if kv or keep:
+    if use_mods:
+        prob = draw(_with_mod_pair(prob))
+    elif kv or keep:
         # one call-form family per problem; "plain" first so it shrinks away
         fam = draw(st.sampled_from(["plain"] + kv + (["keep"] if keep else [])))
         if fam in ("paged_kv", "seqused_k"):
@@ -448,6 +453,24 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         from hypothesis import assume
         assume(prob.work <= max_work)
     return prob
+
+
+@st.composite
+def _with_mod_pair(draw: DrawFn, prob: AttentionProblem) -> AttentionProblem:
+    """``prob`` with one registered score_mod / mask_mod pair (the ``mod_pairs`` feature of
+    :func:`attention_problems`), under the same constraints as :func:`mod_problems`: a mask pair
+    drops causal and the window (FA4 ignores them with a mask_mod), a score pair drops softcap,
+    a self-attention pair gets ``seqlen_k = seqlen_q``."""
+    from fa4verify import mods as _mods
+    names = _mods.names()
+    if not names:
+        return prob
+    name = draw(st.sampled_from(names))
+    pair = _mods.get(name)
+    sk = prob.seqlen_q if pair.self_attention_only else prob.seqlen_k
+    causal = bool(prob.causal) and pair.kind == "score" and prob.window_size == (None, None)
+    return prob.replace(seqlen_k=sk, causal=causal, window_size=(None, None), softcap=0.0, mods=(name,),
+                        mod_seed=draw(st.integers(0, 3)))
 
 
 @st.composite

@@ -111,9 +111,9 @@ def _deployment_kw(ctx: CheckContext, limits: dict, *, call_features: bool = Fal
         lim.pop("max_head_dim", None)
     if dep is None:
         if call_features:
-            from fa4verify._strategies.calls import CALL_FEATURES
+            from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
             from fa4verify._strategies.problem import FEATURES
-            return {"limits": lim, "features": FEATURES + CALL_FEATURES}
+            return {"limits": lim, "features": FEATURES + CALL_FEATURES + (MOD_FEATURE,)}
         return {"limits": lim}
     return {"limits": lim, "features": kw["features"], "distributions": kw["distributions"]}
 

@@ -248,7 +248,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
     from fa4verify._strategies.masks import resolve_window
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
     plain = (not r_causal and not r_local and problem.mask_mod is None and not problem.varlen
-             and problem.call is None)
+             and problem.call is None and not problem.mods)     # a mod sees positions: no permutation
     if "key_permutation" in props:
         if not plain or problem.seqlen_k < 2:
             skipped["key_permutation"] = "needs a dense problem without causal/local/mask_mod and seqlen_k >= 2"
@@ -264,8 +264,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                      undecided)
 
     if "batch_invariance" in props:
-        if problem.batch < 2 or problem.varlen:
-            skipped["batch_invariance"] = "needs a dense problem with batch >= 2"
+        if problem.batch < 2 or problem.varlen or problem.mods:
+            skipped["batch_invariance"] = "needs a dense problem with batch >= 2 (no mod pair: its aux data is per batch)"
         else:
             ran.append("batch_invariance")
             b = problem.batch - 1
@@ -287,8 +287,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                          np.broadcast_to(ref_out.budget, ref_out.value.shape)[b], problem, undecided)
 
     if "gqa_repeat" in props:
-        if problem.nheads_kv == problem.nheads or problem.varlen:
-            skipped["gqa_repeat"] = "needs a dense GQA/MQA problem (nheads_kv < nheads)"
+        if problem.nheads_kv == problem.nheads or problem.varlen or problem.mods:
+            skipped["gqa_repeat"] = "needs a dense GQA/MQA problem (nheads_kv < nheads), no mod pair"
         else:
             ran.append("gqa_repeat")
             g = problem.nheads // problem.nheads_kv
