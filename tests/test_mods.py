@@ -454,3 +454,21 @@ def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_const
         body()
         without()
     assert set(seen) == set(mods.names()), seen
+
+
+def test_drawn_campaign_meets_the_mod_quota_deterministically():
+    """Note [Mod quota]: a drawn campaign asked for ``mod_pairs`` carries at least
+    examples // MOD_QUOTA_SHARE mod problems (seed 0 drew none before the quota), the same list
+    twice, and none without the feature."""
+    from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
+    from fa4verify._strategies.problem import FEATURES
+    from fa4verify.fuzz import drawn
+    feats = [f for f in FEATURES if f != "mask_mod"] + list(CALL_FEATURES) + [MOD_FEATURE]
+    kw = dict(arch="sm90", dtype="bf16", examples=24, seed=0, profile="ci", distributions=None,
+              limits={"head_dim_choices": [64, 128]})
+    a = drawn._draw_here(features=feats, **kw)
+    b = drawn._draw_here(features=feats, **kw)
+    assert [p.digest() for p in a] == [p.digest() for p in b]
+    assert sum(1 for p in a if p.mods) >= 24 // drawn.MOD_QUOTA_SHARE
+    assert len({p.digest() for p in a}) == len(a) <= 24
+    assert not any(p.mods for p in drawn._draw_here(features=feats[:-1], **kw))

@@ -97,6 +97,36 @@ def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, pro
     strategy = attention_problems(arch=arch, dtype=dtype, features=feats,
                                   distributions=tuple(distributions) if distributions else None, **lim)
     strategy.validate()
+    out = _generate(strategy, examples, seed, pname)
+    from fa4verify._strategies.calls import MOD_FEATURE
+    if MOD_FEATURE in feats and examples >= 2:
+        # Note [Mod quota]: a seeded Hypothesis run draws the mod_pairs family unevenly (0 of 44
+        # examples at seed 0, 4 at seed 1), so a campaign that asks for it gets at least
+        # examples // MOD_QUOTA_SHARE problems with a registered pair, drawn by mod_problems with
+        # the next seed (deterministic: the same list in every shard)
+        from fa4verify import mods as _mods
+        from fa4verify._strategies.problem import mod_problems
+        need = max(1, examples // MOD_QUOTA_SHARE) - sum(1 for p in out if p.mods)
+        if need > 0 and _mods.names():
+            keys = ("max_seqlen", "max_batch", "max_heads", "max_head_dim", "head_dim_choices")
+            ms = mod_problems(arch=arch, dtype=dtype, distributions=tuple(distributions) if distributions else None,
+                              **{k: lim[k] for k in keys if k in lim})
+            extra = [p for p in _generate(ms, need, int(seed) + 1, pname) if p.digest() not in
+                     {q.digest() for q in out}][:need]
+            keep = [p for p in out if p.mods]
+            rest = [p for p in out if not p.mods][:max(0, examples - len(keep) - len(extra))]
+            out = sorted(keep + rest, key=out.index) + extra
+    return out[:examples]
+
+
+#: Note [Mod quota]: at least one in this many drawn examples carries a mod pair when asked for
+MOD_QUOTA_SHARE = 8
+
+
+def _generate(strategy: Any, examples: int, seed: int, pname: str) -> list[AttentionProblem]:
+    """``examples`` distinct problems (by digest, in draw order) from Hypothesis's generate
+    phase at ``seed``."""
+    from hypothesis import Phase, given, seed as hseed, settings, Verbosity
     out: list[AttentionProblem] = []
     seen: set[str] = set()
 
