@@ -556,9 +556,11 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     import torch
     from flash_attn.cute import interface
     if seqused_q is not None or seqused_k is not None:
+        # as in forward: packed q (cu_seqlens_q) with batched K/V limited by seqused_k is FA4's
+        # call; only cu_seqlens_k without cu_seqlens_q is refused
         varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-        if varlen:
-            _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        if cu_seqlens_k is not None and cu_seqlens_q is None:
+            raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
     else:
         varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _check_mods(mask_mod, causal, window_size)

@@ -40,3 +40,37 @@ def test_gather_without_qv_and_bad_num_splits_are_refused_before_fa4():
             adapter._forward_private(q, q, q, None, num_splits=-2, gather_kv_indices=None, **kw)
         with pytest.raises(ValueError, match="needs qv"):
             adapter.mla_forward(q, q, q, None)
+
+
+def test_backward_with_seqused_refuses_cu_seqlens_k_without_cu_seqlens_q_before_fa4():
+    """The seqused backward takes packed q (cu_seqlens_q) with batched K/V (FA4's call, what the
+    fuzz's seqused_k call form passes); cu_seqlens_k alone is refused, like the forward."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q = torch.empty(1, 128, 2, 64, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(1, 2, 128, dtype=torch.float32, device="cuda")
+        cu = torch.empty(2, dtype=torch.int32, device="cuda")
+        used = torch.empty(1, dtype=torch.int32, device="cuda")
+        with pytest.raises(ValueError, match="needs both cu_seqlens_q and cu_seqlens_k"):
+            adapter.backward(q, q, q, q, q, lse, cu_seqlens_k=cu, seqused_k=used)
+
+
+def test_a_refusal_by_the_adapter_is_not_reported_as_fa4s():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fa4verify.targets import _raised_in_adapter
+    with FakeTensorMode():
+        q = torch.empty(1, 128, 2, 64, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(1, 2, 128, dtype=torch.float32, device="cuda")
+        cu = torch.empty(2, dtype=torch.int32, device="cuda")
+        used = torch.empty(1, dtype=torch.int32, device="cuda")
+        try:
+            adapter.backward(q, q, q, q, q, lse, cu_seqlens_k=cu, seqused_k=used)
+        except ValueError as e:
+            assert _raised_in_adapter(e)
+        else:
+            raise AssertionError("the adapter did not refuse")
+    try:
+        raise ValueError("elsewhere")
+    except ValueError as e:
+        assert not _raised_in_adapter(e)
