@@ -29,7 +29,7 @@ from hypothesis import Verbosity, settings
 
 from fa4verify._strategies.problem import FEATURES, AttentionProblem, attention_problems
 from fa4verify.fuzz.cases import _versions, regression_snippet, write_case
-from fa4verify.fuzz.known_issues import match_known_issue
+from fa4verify.fuzz.known_issues import known_issue_matcher
 from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
 from fa4verify.fuzz.properties import PROPERTIES, check_problem
 from fa4verify.fuzz.violation import _ABSORB, Violation
@@ -156,14 +156,10 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
                 and time.monotonic() - state["t0"] > time_limit_s):   # never cut a shrink short
             res.stopped = f"time limit {time_limit_s:g} s reached"
             raise _Stop()
-        a_cache: dict[str, Any] = {}
+        match = known_issue_matcher(problem, target.name, strict=strict_known)
 
         def absorb(v: Violation) -> bool:
-            if strict_known:
-                return False
-            if "a" not in a_cache:
-                a_cache["a"] = problem.materialize()
-            ki = match_known_issue(problem, v, a_cache["a"], target=target.name)
+            ki = match(v)
             if ki is None:
                 return False
             if state["last"] is None:    # count each drawn example once (not the shrink replays)
@@ -183,7 +179,7 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
             res.unsupported[key] = res.unsupported.get(key, 0) + 1
             reject()
         except Violation as v:
-            ki = None if strict_known else match_known_issue(problem, v, target=target.name)
+            ki = match(v)
             if ki is not None:
                 hit = res.known_hits.setdefault(ki.name, {"count": 0, "title": ki.title, "reference": ki.reference,
                                                           "first": problem.describe(), "property": v.prop})

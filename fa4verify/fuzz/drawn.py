@@ -23,7 +23,7 @@ from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 from fa4verify._strategies.problem import FEATURES, AttentionProblem, attention_problems
 from fa4verify.fuzz.campaign import CampaignResult, _jsonable, _versions
 from fa4verify.fuzz.cases import regression_snippet
-from fa4verify.fuzz.known_issues import match_known_issue
+from fa4verify.fuzz.known_issues import known_issue_matcher
 from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
 from fa4verify.fuzz.properties import PROPERTIES, check_problem
 from fa4verify.fuzz.violation import _ABSORB, Violation
@@ -183,14 +183,10 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
             o["status"] = "not_run"
             outcomes.append(o)
             continue
-        a_cache: dict[str, Any] = {}
+        match = known_issue_matcher(problem, target.name, strict=strict_known)
 
         def absorb(v: Violation) -> bool:
-            if strict_known:
-                return False
-            if "a" not in a_cache:
-                a_cache["a"] = problem.materialize()
-            ki = match_known_issue(problem, v, a_cache["a"], target=target.name)
+            ki = match(v)
             if ki is None:
                 return False
             o["known"].append({"name": ki.name, "title": ki.title, "reference": ki.reference,
@@ -204,7 +200,7 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
             o["status"] = "unsupported"
             o["unsupported"] = str(e).split(":")[0][:120]
         except Violation as v:
-            ki = None if strict_known else match_known_issue(problem, v, target=target.name)
+            ki = match(v)
             if ki is not None:
                 o["status"] = "known"
                 o["known_raised"] = {"name": ki.name, "title": ki.title, "reference": ki.reference,

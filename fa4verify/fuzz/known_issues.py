@@ -272,3 +272,18 @@ def match_known_issue(problem: AttentionProblem, v: "Violation", a: Optional[Map
         if target in ki.targets and ki.applies(problem, a, v):
             return ki
     return None
+
+
+def known_issue_matcher(problem: AttentionProblem, target: str, *, strict: bool = False
+                        ) -> "Callable[[Violation], Optional[KnownIssue]]":
+    """:func:`match_known_issue` for the violations of one problem's run, materialising the
+    problem at most once (only when a violation asks); ``strict``: nothing is ever matched."""
+    cache: dict[str, Any] = {}
+
+    def match(v: "Violation") -> Optional[KnownIssue]:
+        if strict:
+            return None
+        if "a" not in cache:
+            cache["a"] = problem.materialize()
+        return match_known_issue(problem, v, cache["a"], target=target)
+    return match
