@@ -110,16 +110,8 @@ def query_gpus(timeout_s: float = 20.0) -> list[tuple[str, str, str]]:
 
 
 def _fake_count(env: Mapping[str, str]) -> int | None:
-    v = env.get(ENV_FAKE, "").strip()
-    if not v:
-        return None
-    try:
-        n = int(v)
-    except ValueError:
-        raise ValueError(f"{ENV_FAKE}={v!r}: expected a positive integer") from None
-    if n < 1:
-        raise ValueError(f"{ENV_FAKE}={v!r}: expected a positive integer")
-    return n
+    from fa4verify.sharding import positive_int_env
+    return positive_int_env(ENV_FAKE, env)
 
 
 def fake_mode(env: Mapping[str, str] = os.environ) -> bool:

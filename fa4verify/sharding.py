@@ -27,7 +27,7 @@ import sys
 from typing import Iterable, Mapping, MutableMapping, Optional, Sequence
 
 __all__ = ["ENV_WORKER", "ENV_PIN", "ENV_NGPUS", "worker_index", "worker_count", "visible_devices",
-           "pin_worker_gpu", "seed_range", "shard", "merge", "merged_status", "assign_groups"]
+           "pin_worker_gpu", "positive_int_env", "seed_range", "shard", "merge", "merged_status", "assign_groups"]
 
 ENV_WORKER = "PYTEST_XDIST_WORKER"
 ENV_COUNT = "PYTEST_XDIST_WORKER_COUNT"
@@ -61,16 +61,25 @@ def visible_devices(env: Mapping[str, str] = os.environ) -> list[str]:
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None and cvd.strip():
         return [d.strip() for d in cvd.split(",") if d.strip()]
-    n = env.get(ENV_NGPUS)
-    if n:
-        try:
-            k = int(n)
-        except ValueError:
-            raise ValueError(f"{ENV_NGPUS}={n!r}: expected a positive integer") from None
-        if k < 1:
-            raise ValueError(f"{ENV_NGPUS}={n!r}: expected a positive integer")
+    k = positive_int_env(ENV_NGPUS, env)
+    if k is not None:
         return [str(i) for i in range(k)]
     return ["0"]
+
+
+def positive_int_env(name: str, env: Mapping[str, str] = os.environ) -> Optional[int]:
+    """The positive integer in ``env[name]``, None when unset or empty; ValueError naming the
+    variable otherwise."""
+    v = env.get(name, "").strip()
+    if not v:
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{name}={v!r}: expected a positive integer")
+    return n
 
 
 def _cuda_initialised() -> bool:

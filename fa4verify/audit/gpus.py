@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 from fa4verify._options import AuditConfig
 from fa4verify.audit.registry import CheckResult
-from fa4verify.audit.runner import AuditRun, CheckRecord, Selected, load_specs, run_audit, select
+from fa4verify.audit.runner import AuditRun, CheckRecord, Selected, load_specs, run_audit, select, start_selection
 from fa4verify.multigpu import ENV_FAKE_CRASH, Gpu, fake_set, run_per_gpu
 
 __all__ = ["assign", "gpu_child", "run_audit_on_gpus"]
@@ -124,12 +124,7 @@ def run_audit_on_gpus(config: AuditConfig, gpus: Sequence[Gpu], *, specs=None,
     """Run the audit with its instances spread over ``gpus`` (module docstring). Returns the
     merged :class:`AuditRun` (records in selection order) and one environment per GPU process."""
     started = time.time()
-    if specs is None:
-        specs = load_specs(config)
-    if selected is None:
-        selected = select(specs, config)
-    if reporter is not None:
-        reporter.start(selected, config)
+    specs, selected = start_selection(config, specs, selected, reporter)
     parts = assign(selected, len(gpus))
     cfg = dataclasses.replace(config, shard=None)
     envs: list[dict] = []

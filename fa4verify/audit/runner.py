@@ -234,6 +234,20 @@ def _context(config: AuditConfig, sel: Selected) -> CheckContext:
                         deployment=config.deployment_dict)
 
 
+def start_selection(config: AuditConfig, specs: Sequence[CheckSpec] | None,
+                    selected: Sequence[Selected] | None, reporter: Reporter | None
+                    ) -> tuple[Sequence[CheckSpec], Sequence[Selected]]:
+    """The specs (discovered unless given) and the selected instances (selected unless given),
+    announced to ``reporter``: the start of every audit run, on one GPU or spread over several."""
+    if specs is None:
+        specs = load_specs(config)
+    if selected is None:
+        selected = select(specs, config)
+    if reporter is not None:
+        reporter.start(selected, config)
+    return specs, selected
+
+
 def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
               reporter: Reporter | None = None,
               selected: Sequence[Selected] | None = None, pool: Any = None) -> AuditRun:
@@ -245,12 +259,7 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
     from fa4verify.audit.pool import WorkerPool
 
     started = time.time()
-    if specs is None:
-        specs = load_specs(config)
-    if selected is None:
-        selected = select(specs, config)
-    if reporter is not None:
-        reporter.start(selected, config)
+    specs, selected = start_selection(config, specs, selected, reporter)
     have_cuda = cuda_available() if any("cuda" in s.spec.needs for s in selected) else False
 
     def record(sel: Selected, result: CheckResult, t0: float, isolated: bool,
