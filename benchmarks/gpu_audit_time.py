@@ -13,6 +13,9 @@ subprocesses in these modes (``--modes``, comma-separated, in order):
                     empty kernel cache;
 * ``warm-noshard``  ``--no-shard`` with a filled cache (``cold-noshard``'s, else ``cold``'s).
 
+With timing in the reports (``CheckRecord.timing``) it also prints, per mode, where the time
+went (worker start-ups, FA4 kernel compiles and disk-cache loads, each worker's busy seconds, the
+critical item) and writes a timeline chart per mode (``audit_<profile>_<mode>_timeline.png``).
 It prints one table: per check the seconds and verdict of every mode and, for modes where the
 check ran as shards, the slowest shard and the shard count (``max/k``: the check's share of the
 critical path); then per mode the audit's wall time, its largest work item, the exit code and
@@ -145,9 +148,12 @@ def format_table(cols: Sequence[tuple[str, dict]], walls: Sequence[float | None]
         workers = (rep.get("config") or {}).get("workers")
         lines.append(f"  {name:13s} exit {s.get('exit_code')} workers {workers} counts {s.get('counts')}; "
                      f"largest item {big} {big_s:.1f} s")
+        tl_lines, tl = timeline(rep, w)
+        if tl:
+            lines += tl_lines
         summary["modes"][name] = {"wall_s": w, "exit_code": s.get("exit_code"), "counts": s.get("counts"),
                                   "workers": workers, "largest_item": [big, round(big_s, 2)],
-                                  "per_check": t}
+                                  "per_check": t, "timeline": tl}
     common = set(ids).intersection(*[set(t) for t in tables]) if tables else set()
     differ = [i for i in ids if i in common and len({t[i]["status"] for t in tables}) > 1]
     agree = not differ
@@ -158,6 +164,96 @@ def format_table(cols: Sequence[tuple[str, dict]], walls: Sequence[float | None]
     summary["verdicts_differ"] = differ
     summary["checks_not_in_every_column"] = only
     return lines, summary
+
+
+def _items(rep: dict) -> list[dict[str, Any]]:
+    """Every work item of a report with its timing (``CheckRecord.timing``): id, lane (worker
+    pid, or "parent" for in-process checks), start/end from the audit's start and the worker's
+    figures."""
+    out = []
+    for r in rep.get("results", []):
+        for t in r.get("timing") or []:
+            sh = t.get("shard")
+            k = len((r.get("details") or {}).get("shards") or []) or None
+            label = r["id"] + (f"[{sh + 1}/{k}]" if sh is not None and k else "")
+            out.append(dict(t, id=label, lane=str(t.get("pid", "parent" if not r.get("isolated") else "?"))))
+    return sorted(out, key=lambda t: t.get("start_s", 0.0))
+
+
+def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
+    """Where an audit's seconds went: worker start-ups, FA4 compiles and cache loads, each
+    worker's busy share, and the critical item (the one that ended last)."""
+    items = _items(rep)
+    if not items:
+        return ["    (no timing in this report)"], {}
+    iso = [t for t in items if t["lane"] != "parent"]
+    starts = [t["worker_start_s"] for t in iso if "worker_start_s" in t]
+    waits = [t.get("worker_wait_s", 0.0) for t in iso if "worker_start_s" in t]
+    pre: dict[str, list[float]] = {}
+    for t in iso:
+        for k, v in (t.get("preload") or {}).items():
+            pre.setdefault(k, []).append(float(v))
+    comp = sum(t.get("compiles", 0) for t in iso)
+    comp_s = sum(t.get("compile_s", 0.0) for t in iso)
+    loads = sum(t.get("loads", 0) for t in iso)
+    load_s = sum(t.get("load_s", 0.0) for t in iso)
+    exec_s = sum(t.get("exec_s", 0.0) for t in iso)
+    end = max(t.get("end_s", 0.0) for t in items)
+    lanes: dict[str, list[dict]] = {}
+    for t in items:
+        lanes.setdefault(t["lane"], []).append(t)
+    busy = {ln: sum(t["end_s"] - t["start_s"] for t in ts) for ln, ts in lanes.items()}
+    last = max(items, key=lambda t: t.get("end_s", 0.0))
+    lines = []
+    if starts:
+        lines.append(f"    worker start-up: {len(starts)} workers, {max(starts):.1f} s max, "
+                     f"{sum(starts) / len(starts):.1f} s mean (preload "
+                     + ", ".join(f"{k} {sum(v) / len(v):.1f}" for k, v in pre.items())
+                     + f"); first items waited {max(waits, default=0.0):.1f} s at most")
+    lines.append(f"    FA4 kernels: {comp} compiled in {comp_s:.1f} s, {loads} loaded from the disk "
+                 f"cache in {load_s:.1f} s; worker exec {exec_s:.1f} s in all")
+    lines.append(f"    busy: " + ", ".join(f"{ln if ln == 'parent' else 'w' + str(j)} {b:.0f}/{end:.0f} s"
+                                          for j, (ln, b) in enumerate(sorted(busy.items()))))
+    lines.append(f"    critical item: {last['id']} {last['start_s']:.1f}-{last['end_s']:.1f} s"
+                 f" (compile {last.get('compile_s', 0.0):.1f} s, worker wait {last.get('worker_wait_s', 0.0):.1f} s)"
+                 + (f"; audit wall {wall:.1f} s (process start and reports: {wall - end:.1f} s)" if wall else ""))
+    info = {"worker_start_s": starts, "preload_mean_s": {k: sum(v) / len(v) for k, v in pre.items()},
+            "compiles": comp, "compile_s": round(comp_s, 2), "loads": loads, "load_s": round(load_s, 2),
+            "exec_s": round(exec_s, 2), "items_end_s": round(end, 2), "busy_s": busy,
+            "critical_item": {k: last.get(k) for k in ("id", "start_s", "end_s", "compile_s", "worker_wait_s")}}
+    return lines, info
+
+
+def plot_timeline(rep: dict, path: str, title: str) -> bool:
+    """A Gantt chart of the audit's work items per worker (matplotlib; False without it)."""
+    items = _items(rep)
+    if not items:
+        return False
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    lanes = sorted({t["lane"] for t in items}, key=lambda x: (x != "parent", x))
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(lanes) + 1.5))
+    for y, ln in enumerate(lanes):
+        for t in (t for t in items if t["lane"] == ln):
+            s0, s1 = t["start_s"], t["end_s"]
+            ws = min(t.get("worker_wait_s", 0.0), s1 - s0)
+            cs = min(t.get("compile_s", 0.0), s1 - s0 - ws)
+            ax.barh(y, ws, left=s0, color="#bbbbbb", edgecolor="none")
+            ax.barh(y, cs, left=s0 + ws, color="#e07b39", edgecolor="none")
+            ax.barh(y, s1 - s0 - ws - cs, left=s0 + ws + cs, color="#3b7dd8", edgecolor="white", lw=0.5)
+            if s1 - s0 > 3:
+                ax.text(s0 + 0.3, y, t["id"].split(".")[-1][:22], va="center", fontsize=6, color="black")
+    ax.set_yticks(range(len(lanes)), [ln if ln == "parent" else f"worker {j}" for j, ln in enumerate(lanes)])
+    ax.set_xlabel("seconds from the audit's start (grey: worker start-up, orange: FA4 compiles, blue: the rest)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def _recorded(spec: str) -> tuple[str, str]:
@@ -207,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu = next((_gpu_name(rep) for _, rep in cols if _gpu_name(rep)), None)
     lines, summary = format_table(cols, walls, profile=a.profile, gpu=gpu)
     print("\n".join(lines))
+    for r in runs:
+        plot_timeline(r["report"], os.path.join(out, f"audit_{a.profile}_{r['mode']}_timeline.png"),
+                      f"fa4verify audit --profile {a.profile} ({r['mode']}) on {gpu or 'the local GPU'}: "
+                      f"{r['wall_s']:.1f} s")
     summary["runs"] = [{k: v for k, v in r.items() if k != "report"} for r in runs]
     summary["recorded"] = dict(recorded)
     with open(os.path.join(out, f"audit_time_{a.profile}.json"), "w") as f:

@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec
-from fa4verify.audit.worker import build_request
+from fa4verify.audit.worker import PRELOAD_ENV, build_request
 
 __all__ = ["WorkerPool", "worker_env", "default_kernel_cache", "auto_workers",
            "KERNEL_CACHE_ENV"]
@@ -105,6 +105,9 @@ class _Worker:
     """One serving worker process."""
 
     def __init__(self, env: dict[str, str], tmp: str, n: int) -> None:
+        self.spawned = time.time()
+        #: the worker's start-up: {"ready": preload s, "steps": {...}, "start_s": spawn to ready}
+        self.ready: dict[str, Any] | None = None
         self.log_path = os.path.join(tmp, f"worker{n}.log")
         self._log = open(self.log_path, "ab")
         r, w = os.pipe()
@@ -125,8 +128,10 @@ class _Worker:
             f.seek(offset)
             return f.read()[-4000:].decode("utf-8", "replace")
 
-    def run(self, req: dict[str, Any], timeout: float) -> tuple[CheckResult, list[str], bool]:
-        """(result, notes, alive): ``alive`` is False when the process is gone or was killed."""
+    def run(self, req: dict[str, Any], timeout: float
+            ) -> tuple[CheckResult, list[str], bool, dict[str, Any]]:
+        """(result, notes, alive, timing): ``alive`` is False when the process is gone or was
+        killed; ``timing`` the worker's figures for the request (empty when it died)."""
         self.seq += 1
         res_path = os.path.join(self.tmp, f"result{self.n}-{self.seq}.json")
         offset = os.path.getsize(self.log_path)
@@ -136,24 +141,35 @@ class _Worker:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             rc = self.proc.wait()
-            return _died(rc, False, timeout, self._stderr_since(offset)), [], False
+            return _died(rc, False, timeout, self._stderr_since(offset)), [], False, {}
         deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
-        line = ""
+        first = self.ready is None
+        t_sent = time.time()
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, _, _ = select.select([self._reply], [], [], wait)
             if not ready:   # timed out
                 _kill(self.proc)
-                return _died(self.proc.returncode, True, timeout, self._stderr_since(offset)), [], False
+                return _died(self.proc.returncode, True, timeout, self._stderr_since(offset)), [], False, {}
             line = self._reply.readline()
+            if not line:    # EOF: the worker died
+                rc = self.proc.wait()
+                return _died(rc, False, timeout, self._stderr_since(offset)), [], False, {}
+            msg = json.loads(line)
+            if "ready" in msg:          # the start-up line, before the first result
+                self.ready = dict(msg, start_s=round(float(msg.pop("wall", time.time())) - self.spawned, 3))
+                continue
             break
-        if not line:        # EOF: the worker died
-            rc = self.proc.wait()
-            return _died(rc, False, timeout, self._stderr_since(offset)), [], False
         with open(res_path) as f:
             payload = json.load(f)
         os.unlink(res_path)
-        return CheckResult.from_dict(payload["result"]), list(payload.get("notes", [])), True
+        timing = dict(payload.get("timing") or {})
+        if first and self.ready is not None:
+            # the item waited for the worker's start-up this long (0 when it was ready already)
+            timing["worker_start_s"] = self.ready["start_s"]
+            timing["worker_wait_s"] = round(max(0.0, self.spawned + self.ready["start_s"] - t_sent), 3)
+            timing["preload"] = self.ready.get("steps", {})
+        return CheckResult.from_dict(payload["result"]), list(payload.get("notes", [])), True, timing
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -172,13 +188,16 @@ class WorkerPool:
     """Up to ``size`` worker processes shared by the isolated checks of one audit."""
 
     def __init__(self, size: int = 1, *, timeout: float = 0.0, fresh: bool = False,
-                 kernel_cache: str | None = None) -> None:
+                 kernel_cache: str | None = None, preload: str = "none") -> None:
         if size < 1:
             raise ValueError(f"WorkerPool size {size} < 1")
+        if preload not in ("cuda", "cpu", "none"):
+            raise ValueError(f"WorkerPool preload {preload!r}: expected cuda, cpu or none")
         self.size = size
         self.timeout = timeout
         self.fresh = fresh
         self.env = worker_env(kernel_cache=kernel_cache, workers=size)
+        self.env.setdefault(PRELOAD_ENV, preload)
         self._tmp = tempfile.TemporaryDirectory(prefix="fa4verify-workers-")
         self._idle: "queue.Queue[_Worker | None]" = queue.Queue()
         for _ in range(size):
@@ -197,24 +216,53 @@ class WorkerPool:
             self._all.add(w)
         return w
 
+    def prestart(self, n: int | None = None) -> int:
+        """Start up to ``n`` (default: every) idle slot's worker now, so their start-up (imports,
+        CUDA context: :func:`fa4verify.audit.worker.preload`) overlaps whatever the caller does
+        next; returns how many were started. No-op with ``fresh=True``."""
+        if self.fresh:
+            return 0
+        slots = []
+        while True:
+            try:
+                slots.append(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        started = 0
+        for j, w in enumerate(slots):
+            if w is None and (n is None or started < n):
+                slots[j] = self._new()
+                started += 1
+        for w in slots:
+            self._idle.put(w)
+        return started
+
     def run(self, spec: CheckSpec, ctx: CheckContext) -> tuple[CheckResult, list[str]]:
         """Run one check in a worker; a dead or timed-out worker is an ``error`` result."""
+        result, notes, _ = self.run_timed(spec, ctx)
+        return result, notes
+
+    def run_timed(self, spec: CheckSpec, ctx: CheckContext
+                  ) -> tuple[CheckResult, list[str], dict[str, Any]]:
+        """:meth:`run`, plus the worker's timing of the request (``exec_s``, FA4 compiles and
+        disk-cache loads, and for a worker's first request its start-up): see
+        :mod:`fa4verify.audit.worker`."""
         req = build_request(spec, ctx)
         if self.fresh:
-            return self._run_fresh(req)
+            return (*self._run_fresh(req), {})
         w = self._idle.get()
         try:
             if w is None or w.proc.poll() is not None:
                 if w is not None:
                     w.close()
                 w = self._new()
-            result, notes, alive = w.run(req, self.timeout)
+            result, notes, alive, timing = w.run(req, self.timeout)
             if not alive or result.status == "error":
                 w.close()        # a fault may have left the CUDA context unusable: start afresh
                 with self._lock:
                     self._all.discard(w)
                 w = None
-            return result, notes
+            return result, notes, timing
         finally:
             self._idle.put(w)
 

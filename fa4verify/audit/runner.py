@@ -121,6 +121,11 @@ class CheckRecord:
     duration_s: float = 0.0  #: wall seconds, including the worker start when isolated
     isolated: bool = False
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: one entry per work item (a shard, or the whole check): ``start_s``/``end_s`` from the
+    #: audit's start and, for isolated items, the worker's figures (``exec_s``, FA4 kernel
+    #: ``compiles``/``compile_s``, disk-cache ``loads``/``load_s``, a first item's
+    #: ``worker_start_s`` and ``worker_wait_s``): what the speed benchmark's timeline reads
+    timing: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -137,7 +142,7 @@ class CheckRecord:
                    module=d.get("module", ""), arch=d.get("arch", ""),
                    needs=list(d.get("needs", [])), result=CheckResult.from_dict(d),
                    duration_s=float(d.get("duration_s", 0.0)), isolated=bool(d.get("isolated")),
-                   notes=list(d.get("notes", [])))
+                   notes=list(d.get("notes", [])), timing=list(d.get("timing", [])))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +264,7 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
     from fa4verify.audit.pool import WorkerPool
 
     started = time.time()
+    t_audit = time.perf_counter()
     specs, selected = start_selection(config, specs, selected, reporter)
     have_cuda = cuda_available() if any("cuda" in s.spec.needs for s in selected) else False
 
@@ -298,8 +304,16 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
             return 1
     isolated_set = set(isolated)
     shards = {i: n_shards(i) for i in range(len(selected)) if i not in skipped}
-    # shard results per sharded check: parts[i][s] = (result, notes, seconds, t_start, t_end)
+    # shard results per sharded check: parts[i][s] = (result, notes, seconds, t_start, t_end, timing)
     parts: dict[int, list] = {i: [None] * k for i, k in shards.items() if k > 1}
+
+    def item_timing(t0: float, t1: float, extra: dict | None = None, shard: int | None = None
+                    ) -> dict[str, Any]:
+        d: dict[str, Any] = {"start_s": round(t0 - t_audit, 3), "end_s": round(t1 - t_audit, 3)}
+        if shard is not None:
+            d["shard"] = shard
+        d.update(extra or {})
+        return d
 
     def shard_ctx(sel: Selected, s: int, k: int) -> CheckContext:
         ctx = _context(config, sel)
@@ -318,6 +332,7 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
         t1 = max((g[4] for g in got if g), default=t0)
         rec = record(sel, res, t0, i in isolated_set, list(dict.fromkeys(notes)))
         rec.duration_s = t1 - t0
+        rec.timing = [g[5] for g in got if g and len(g) > 5]
         return rec
 
     own_pool = pool is None
@@ -328,7 +343,11 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
         n = max(1, min(config.workers if own_pool else pool.size, len(jobs)))
         if own_pool:
             pool = WorkerPool(n, timeout=config.timeout, fresh=config.fresh_workers,
-                              kernel_cache=config.kernel_cache)
+                              kernel_cache=config.kernel_cache,
+                              preload="cuda" if config.device == "cuda" else "none")
+            # every worker starts now: their imports and CUDA contexts overlap the checks this
+            # process runs next (and each other) instead of delaying each worker's first item
+            pool.prestart()
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=n,
                                                          thread_name_prefix="fa4verify-worker")
 
@@ -336,14 +355,20 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
             sel = selected[i]
             k = shards[i]
             t0 = time.perf_counter()
+            timing: dict = {}
             try:
-                result, notes = pool.run(sel.spec, shard_ctx(sel, s, k))
+                if hasattr(pool, "run_timed"):
+                    result, notes, timing = pool.run_timed(sel.spec, shard_ctx(sel, s, k))
+                else:
+                    result, notes = pool.run(sel.spec, shard_ctx(sel, s, k))
             except Exception as e:  # noqa: BLE001 - the pool itself broke: this item's error
                 result, notes = CheckResult(status="error", summary=f"worker pool: {type(e).__name__}: {e}"), []
-            if k == 1:
-                return record(sel, result, t0, True, notes)
             t1 = time.perf_counter()
-            return (result, notes, t1 - t0, t0, t1)
+            if k == 1:
+                rec = record(sel, result, t0, True, notes)
+                rec.timing = [item_timing(t0, t1, timing)]
+                return rec
+            return (result, notes, t1 - t0, t0, t1, item_timing(t0, t1, timing, shard=s))
 
         # the most expensive work items first (a check's cost split over its shards; stable:
         # equal costs keep the selection order, then the shard order)
@@ -382,11 +407,13 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
                 if reporter is not None:
                     ctx._progress_factory = reporter.progress_factory(sel)
                 result = execute(sel.spec, ctx)
+                t1 = time.perf_counter()
                 if k == 1:
                     records[i] = record(sel, result, t0, False, list(ctx._notes))
+                    records[i].timing = [item_timing(t0, t1)]
                 else:
-                    parts[i][s] = (result, list(ctx._notes), time.perf_counter() - t0, t0,
-                                   time.perf_counter())
+                    parts[i][s] = (result, list(ctx._notes), t1 - t0, t0, t1,
+                                   item_timing(t0, t1, shard=s))
             if k > 1:
                 records[i] = merged(i)
             report(records[i], sel, False)

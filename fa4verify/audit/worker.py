@@ -14,12 +14,22 @@ context):
 If the process dies instead (abort, CUDA illegal address, OOM kill), no result appears and the
 parent records an ``error`` with the signal and the last stderr line, then starts a new worker.
 This module imports :mod:`fa4verify.audit.execute`, never the runner.
+
+Start-up (serving mode): before its first request the worker does the imports every check pays
+for (:func:`preload`, chosen by ``FA4VERIFY_WORKER_PRELOAD``: ``cuda`` -- torch, the CUDA context,
+the CuTe DSL and FA4's interface, fa4verify's judge and oracles; ``cpu`` -- the same without CUDA;
+``none``) and then writes one line ``{"ready": seconds, "pid": ...}`` on the reply descriptor, so
+the pool can start its workers while the parent runs its own checks and report what the start
+cost. Each result carries ``timing``: the check's seconds in the worker and, from
+:mod:`fa4verify.audit.kernel_timing`, FA4's kernel compiles and disk-cache loads during it.
+``FA4VERIFY_WORKER_PROFILE=DIR`` also writes a cProfile of each request to DIR (for benchmarks).
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from fa4verify.audit.execute import context_from_dict, context_to_dict, execute
@@ -27,7 +37,12 @@ from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec
 
 REQUEST_VERSION = 1
 
-__all__ = ["build_request", "run_request", "main", "REQUEST_VERSION"]
+__all__ = ["build_request", "run_request", "main", "REQUEST_VERSION", "preload", "PRELOAD_ENV"]
+
+#: what a serving worker imports before its first request: cuda, cpu or none
+PRELOAD_ENV = "FA4VERIFY_WORKER_PRELOAD"
+#: a directory for one cProfile dump per request (benchmarks), unset: no profiling
+PROFILE_ENV = "FA4VERIFY_WORKER_PROFILE"
 
 
 def build_request(spec: CheckSpec, ctx: CheckContext) -> dict[str, Any]:
@@ -56,9 +71,68 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
                                                      f"{type(e).__name__}: {e}")
         notes: list[str] = []
     else:
-        result = execute(spec, ctx)
+        from fa4verify.audit import kernel_timing
+        kernel_timing.install()
+        before = kernel_timing.snapshot()
+        t0 = time.perf_counter()
+        prof_dir = os.environ.get(PROFILE_ENV, "").strip()
+        if prof_dir:
+            import cProfile
+            prof = cProfile.Profile()
+            result = prof.runcall(execute, spec, ctx)
+            sh = ctx.shard
+            os.makedirs(prof_dir, exist_ok=True)
+            prof.dump_stats(os.path.join(prof_dir, f"{ctx.check_id}-{sh[0] + 1}of{sh[1]}-{os.getpid()}.pstats"))
+        else:
+            result = execute(spec, ctx)
         notes = list(ctx._notes)
+        timing = dict(kernel_timing.delta(before), exec_s=round(time.perf_counter() - t0, 3),
+                      pid=os.getpid())
+        return {"result": result.to_dict(), "notes": notes, "timing": timing}
     return {"result": result.to_dict(), "notes": notes}
+
+
+def preload(what: str) -> dict[str, float]:
+    """Import what the checks of a worker need before the first request (see the module
+    docstring); returns seconds per step. A failing import is left to the check that needs it
+    (the check reports it as its error), so preloading never fails."""
+    steps: dict[str, float] = {}
+    if what not in ("cuda", "cpu"):
+        return steps
+
+    def step(name: str, fn) -> None:
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - the check that needs it reports the failure
+            pass
+        steps[name] = round(time.perf_counter() - t0, 3)
+
+    def _torch() -> None:
+        import torch  # noqa: F401
+
+    def _cuda() -> None:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.init()
+            torch.empty(1, device="cuda")          # the context, not just the driver
+
+    def _fa4() -> None:
+        import flash_attn.cute.interface  # noqa: F401 - imports the CuTe DSL too
+        from fa4verify.audit import kernel_timing
+        kernel_timing.install()
+
+    def _judge() -> None:
+        import fa4verify.judge  # noqa: F401
+        import fa4verify.kernels.adapter  # noqa: F401
+        import fa4verify.oracles  # noqa: F401
+
+    step("torch", _torch)
+    if what == "cuda":
+        step("cuda_context", _cuda)
+        step("fa4", _fa4)
+    step("judge", _judge)
+    return steps
 
 
 def _write(path: str, payload: dict[str, Any]) -> None:
@@ -70,6 +144,11 @@ def _write(path: str, payload: dict[str, Any]) -> None:
 
 def _serve(reply_fd: int) -> int:
     reply = os.fdopen(reply_fd, "w", buffering=1)
+    t0 = time.perf_counter()
+    steps = preload(os.environ.get(PRELOAD_ENV, "none").strip().lower())
+    reply.write(json.dumps({"ready": round(time.perf_counter() - t0, 3), "steps": steps,
+                            "pid": os.getpid(), "wall": time.time()}) + "\n")
+    reply.flush()
     for line in sys.stdin:
         line = line.strip()
         if not line:

@@ -1,0 +1,136 @@
+"""Where the audit's seconds go (issue #17): FA4's compile caches counted by a forwarding proxy
+(fa4verify.audit.kernel_timing), workers that start before their first item and say what the
+start cost, and per work item timing in the report (``CheckRecord.timing``) that the speed
+benchmark reads. CPU only: a fake compile cache and fixture checks."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from fa4verify.audit import kernel_timing as kt
+from fa4verify.cli import main
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+POOL = os.path.join(FIX, "audit_checks_pool.py")
+
+
+class FakeCache:
+    """FA4's JITPersistentCache in miniature: ``in`` loads a key from 'disk' (slowly)."""
+
+    def __init__(self, disk=()):
+        self.mem, self.disk, self.cleared = {}, set(disk), 0
+
+    def __contains__(self, key):
+        if key in self.mem:
+            return True
+        if key in self.disk:
+            time.sleep(0.01)
+            self.mem[key] = f"loaded {key}"
+            return True
+        return False
+
+    def __getitem__(self, key):
+        return self.mem[key]
+
+    def __setitem__(self, key, fn):
+        self.mem[key] = fn
+
+    def clear(self):
+        self.cleared += 1
+
+
+def _use(cache, key, compile_s=0.02):
+    """What FA4's interface does with its cache for one call."""
+    if key not in cache:
+        time.sleep(compile_s)
+        cache[key] = f"compiled {key}"
+    return cache[key]
+
+
+def test_proxy_counts_compiles_loads_and_hits_and_forwards_everything():
+    inner = FakeCache(disk={"b"})
+    c = kt.TimedCache(inner, "fake")
+    before = kt.snapshot()
+    assert _use(c, "a") == "compiled a"          # a miss: compiled
+    assert _use(c, "a") == "compiled a"          # in memory: a hit
+    assert _use(c, "b") == "loaded b"            # from disk: a load
+    assert _use(c, "b") == "loaded b"            # then a hit
+    d = kt.delta(before)
+    assert (d["compiles"], d["loads"], d["hits"]) == (1, 1, 2)
+    assert 0.015 < d["compile_s"] < 1.0 and 0.005 < d["load_s"] < 1.0
+    c.clear()                                    # other attributes reach the real cache
+    assert inner.cleared == 1 and inner.mem["a"] == "compiled a"
+
+
+def test_install_wraps_fa4s_caches_without_changing_their_entries():
+    fa = pytest.importorskip("flash_attn.cute.interface", reason="flash-attn-4 not installed")
+    names = kt.install()
+    assert "_flash_attn_fwd" in names and "_flash_attn_bwd" in names
+    assert isinstance(fa._flash_attn_fwd.compile_cache, kt.TimedCache)
+    assert kt.install() == names                 # idempotent: never a proxy of a proxy
+    assert not isinstance(fa._flash_attn_fwd.compile_cache._inner, kt.TimedCache)
+
+
+def test_workers_start_before_their_first_item_and_every_item_is_timed(tmp_path):
+    j = tmp_path / "a.json"
+    code = main(["audit", "--no-default-checks", "--no-live", "--checks-module", POOL,
+                 "--isolate", "always", "--workers", "2", "-k", "pid", "--json", str(j)])
+    rep = json.loads(j.read_text())
+    assert code == 0
+    timings = [t for r in rep["results"] for t in r["timing"]]
+    assert len(timings) == len(rep["results"]) == 2
+    for t in timings:
+        assert 0.0 <= t["start_s"] <= t["end_s"]
+        assert t["exec_s"] >= 0.0 and t["compiles"] == 0 and isinstance(t["pid"], int)
+    firsts = [t for t in timings if "worker_start_s" in t]
+    assert firsts, "a worker's first item carries its start-up"
+    assert all(t["worker_start_s"] > 0 and t["worker_wait_s"] >= 0 for t in firsts)
+
+
+def test_prestart_starts_every_slot_once():
+    from fa4verify.audit.pool import WorkerPool
+    with WorkerPool(2) as pool:
+        assert pool.prestart() == 2 and pool.started == 2
+        assert pool.prestart() == 0 and pool.started == 2
+    with WorkerPool(2, fresh=True) as pool:
+        assert pool.prestart() == 0 and pool.started == 0
+    with pytest.raises(ValueError, match="preload"):
+        WorkerPool(1, preload="gpu")
+
+
+def test_preload_reports_its_steps():
+    from fa4verify.audit.worker import preload
+    assert preload("none") == {}
+    steps = preload("cpu")
+    assert set(steps) == {"torch", "judge"} and all(v >= 0 for v in steps.values())
+
+
+def test_benchmark_timeline_reads_the_timing(tmp_path):
+    """benchmarks/gpu_audit_time.py's timeline: start-ups, compiles and the critical item."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gat", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_audit_time.py"))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    rep = {"results": [
+        {"id": "a", "isolated": True, "details": {}, "timing": [
+            {"start_s": 1.0, "end_s": 9.0, "exec_s": 6.0, "compiles": 2, "compile_s": 4.0, "loads": 0,
+             "load_s": 0.0, "pid": 11, "worker_start_s": 3.0, "worker_wait_s": 2.0,
+             "preload": {"torch": 1.0}}]},
+        {"id": "b", "isolated": True, "details": {"shards": [{}, {}]}, "timing": [
+            {"start_s": 1.0, "end_s": 4.0, "exec_s": 1.0, "compiles": 0, "compile_s": 0.0, "loads": 3,
+             "load_s": 0.6, "pid": 12, "shard": 0},
+            {"start_s": 4.0, "end_s": 12.0, "exec_s": 8.0, "compiles": 1, "compile_s": 5.0, "loads": 0,
+             "load_s": 0.0, "pid": 12, "shard": 1}]},
+        {"id": "c", "isolated": False, "details": {}, "timing": [{"start_s": 0.5, "end_s": 2.0}]}]}
+    lines, info = m.timeline(rep, 14.0)
+    assert info["compiles"] == 3 and info["compile_s"] == 9.0 and info["loads"] == 3
+    assert info["critical_item"]["id"] == "b[2/2]" and info["critical_item"]["end_s"] == 12.0
+    assert info["busy_s"] == {"11": 8.0, "12": 11.0, "parent": 1.5}
+    assert any("3 compiled in 9.0 s" in ln for ln in lines)
+    png = tmp_path / "t.png"
+    pytest.importorskip("matplotlib", reason="matplotlib not installed")
+    assert m.plot_timeline(rep, str(png), "t") and png.stat().st_size > 1000
