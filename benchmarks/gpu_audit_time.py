@@ -269,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recorded", action="append", default=[], metavar="[LABEL=]FILE",
                     help="an earlier JSON report to add as a column (repeatable)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-audit limit (s)")
+    ap.add_argument("--cache-root", default=None,
+                    help="keep the kernel caches under DIR/shard and DIR/noshard (default: new temporary "
+                         "directories); a filled DIR makes 'cold' warm, so give an empty one for a cold run")
     ap.add_argument("--dry-run", action="store_true", help="run on the CPU (--device cpu) to test the script")
     ap.add_argument("extra", nargs="*", help="extra audit arguments (after --)")
     a = ap.parse_args(argv)
@@ -284,8 +287,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     out = a.out or tempfile.mkdtemp(prefix="fa4verify-audit-time-")
     os.makedirs(out, exist_ok=True)
-    caches = {"shard": tempfile.mkdtemp(prefix="fa4verify-kernel-cache-"),
-              "noshard": tempfile.mkdtemp(prefix="fa4verify-kernel-cache-noshard-")}
+    if a.cache_root:
+        caches = {"shard": os.path.join(a.cache_root, "shard"), "noshard": os.path.join(a.cache_root, "noshard")}
+        for c in caches.values():
+            os.makedirs(c, exist_ok=True)
+    else:
+        caches = {"shard": tempfile.mkdtemp(prefix="fa4verify-kernel-cache-"),
+                  "noshard": tempfile.mkdtemp(prefix="fa4verify-kernel-cache-noshard-")}
     device = "cpu" if a.dry_run else "cuda"
     runs = []
     for m in modes:
