@@ -134,3 +134,41 @@ def test_benchmark_timeline_reads_the_timing(tmp_path):
     png = tmp_path / "t.png"
     pytest.importorskip("matplotlib", reason="matplotlib not installed")
     assert m.plot_timeline(rep, str(png), "t") and png.stat().st_size > 1000
+
+
+def test_the_shards_of_a_campaign_share_one_draw_inside_an_audit(tmp_path, monkeypatch):
+    """Note [One draw per audit]: with the pool's run directory set, the second shard reads the
+    first shard's draw (no second drawing process) and gets the same list; without it, every
+    call draws."""
+    from fa4verify.fuzz import drawn
+    calls = []
+    real = drawn._draw_subprocess
+
+    def counting(args):
+        calls.append(args)
+        return real(args)
+
+    monkeypatch.setattr(drawn, "_draw_subprocess", counting)
+    kw = dict(arch="sm90", dtype="bf16", examples=3, seed=5, profile="ci")
+    monkeypatch.setenv(drawn.RUN_DIR_ENV, str(tmp_path))
+    a = drawn.draw_problems(**kw)
+    b = drawn.draw_problems(**kw)
+    assert len(calls) == 1 and [p.digest() for p in a] == [p.digest() for p in b] and len(a) == 3
+    drawn.draw_problems(**dict(kw, seed=6))           # another campaign: its own draw
+    assert len(calls) == 2
+    monkeypatch.delenv(drawn.RUN_DIR_ENV)
+    c = drawn.draw_problems(**kw)
+    assert len(calls) == 3 and [p.digest() for p in c] == [p.digest() for p in a]
+
+
+def test_a_tampered_shared_draw_is_refused(tmp_path, monkeypatch):
+    from fa4verify.fuzz import drawn
+    monkeypatch.setenv(drawn.RUN_DIR_ENV, str(tmp_path))
+    kw = dict(arch="sm90", dtype="bf16", examples=2, seed=5, profile="ci")
+    drawn.draw_problems(**kw)
+    (f,) = tmp_path.glob("draw-*.json")
+    d = json.loads(f.read_text())
+    d["digests"][0] = "0" * len(d["digests"][0])
+    f.write_text(json.dumps(d))
+    with pytest.raises(RuntimeError, match="round trip"):
+        drawn.draw_problems(**kw)

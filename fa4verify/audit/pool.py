@@ -171,16 +171,22 @@ class _Worker:
             timing["preload"] = self.ready.get("steps", {})
         return CheckResult.from_dict(payload["result"]), list(payload.get("notes", [])), True, timing
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(BrokenPipeError, OSError):
+    def ask_exit(self) -> None:
+        """Tell an idle worker to exit (it does at once: no interpreter teardown)."""
+        if self.proc.poll() is None and not self.proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError, OSError, ValueError):
                 self.proc.stdin.write(b'{"op": "exit"}\n')
                 self.proc.stdin.close()
+
+    def close(self, wait: float = 10.0) -> None:
+        self.ask_exit()
+        if self.proc.poll() is None:
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 _kill(self.proc)
-        self._reply.close()
+        with contextlib.suppress(OSError):
+            self._reply.close()
         self._log.close()
 
 
@@ -199,6 +205,10 @@ class WorkerPool:
         self.env = worker_env(kernel_cache=kernel_cache, workers=size)
         self.env.setdefault(PRELOAD_ENV, preload)
         self._tmp = tempfile.TemporaryDirectory(prefix="fa4verify-workers-")
+        # what the workers of this pool share (Note [One draw per audit], fa4verify.fuzz.drawn)
+        self.run_dir = os.path.join(self._tmp.name, "shared")
+        os.makedirs(self.run_dir)
+        self.env["FA4VERIFY_RUN_DIR"] = self.run_dir
         self._idle: "queue.Queue[_Worker | None]" = queue.Queue()
         for _ in range(size):
             self._idle.put(None)          # a slot; its worker starts on first use
@@ -308,10 +318,14 @@ class WorkerPool:
                 idle.add(id(w))
         with self._lock:
             workers, self._all = list(self._all), set()
-        for w in workers:
+        for w in workers:          # every worker at once: their exits overlap
             if id(w) not in idle:
                 _kill(w.proc)
-            w.close()
+            else:
+                w.ask_exit()
+        deadline = time.monotonic() + 10.0
+        for w in workers:
+            w.close(wait=max(0.1, deadline - time.monotonic()))
         self._tmp.cleanup()
 
     def __enter__(self) -> "WorkerPool":
