@@ -4,6 +4,7 @@
 # Steps (each writes under $OUT/<step>/, guarded by its own timeout and by a call deadline):
 #   tquick     quick audit, cold then warm, with the timeline (benchmarks/gpu_audit_time.py)
 #   tdefault   default audit, cold then warm, with the timeline
+#   tdefault@N, tquick@N   the same with --workers N (its own empty kernel cache)
 #   profile    the default audit once more on tdefault's (warm) kernel cache, each worker request
 #              under cProfile (FA4VERIFY_WORKER_PROFILE): where the warm seconds go
 #   gputests   pytest -m gpu
@@ -31,15 +32,16 @@ for step in "$@"; do
   t=$(date +%s)
   echo "== $step (limit ${left}s)"
   case "$step" in
-    tquick|tdefault)
-      prof=${step#t}
-      rm -rf "$CR/$prof"; mkdir -p "$CR/$prof"
+    tquick|tdefault|tquick@*|tdefault@*)
+      prof=${step#t}; prof=${prof%@*}; WW=("${W[@]}")
+      case "$step" in *@*) WW=(-- --workers "${step#*@}") ;; esac
+      rm -rf "$CR/$step"; mkdir -p "$CR/$step"
       timeout "$left" python3 benchmarks/gpu_audit_time.py --profile "$prof" --modes "${AUDIT_MODES:-cold,warm}" \
-        --timeout 250 --cache-root "$CR/$prof" --out "$OUT" "${W[@]}" ${EXTRA:-} 2>&1 | tail -40 ;;
+        --timeout 250 --cache-root "$CR/$step" --out "$OUT" "${WW[@]}" ${EXTRA:-} 2>&1 | grep -v "^[a-z]" | tail -16 ;;
     profile)
-      mkdir -p "$CR/default/shard"
+      mkdir -p "$CR/tdefault/shard"
       FA4VERIFY_WORKER_PROFILE="$OUT/pstats" timeout "$left" python3 -m fa4verify audit --dtype bf16 --device cuda \
-        --seed 0 --profile default --no-live --kernel-cache "$CR/default/shard" --json "$OUT/audit_profiled.json" \
+        --seed 0 --profile default --no-live --kernel-cache "$CR/tdefault/shard" --json "$OUT/audit_profiled.json" \
         > "$OUT/audit_profiled.log" 2>&1
       echo "profiled audit rc=$?"; tail -3 "$OUT/audit_profiled.log"
       python3 - "$OUT/pstats" > "$OUT/pstats_top.txt" <<'PY'
