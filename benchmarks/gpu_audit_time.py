@@ -214,13 +214,17 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
                  f"cache in {load_s:.1f} s; worker exec {exec_s:.1f} s in all")
     lines.append(f"    busy: " + ", ".join(f"{ln if ln == 'parent' else 'w' + str(j)} {b:.0f}/{end:.0f} s"
                                           for j, (ln, b) in enumerate(sorted(busy.items()))))
+    ph = (rep.get("summary") or {}).get("phases") or {}
+    if ph:
+        lines.append("    parent: " + ", ".join(f"{k} {float(v):.1f} s" for k, v in ph.items()))
     lines.append(f"    critical item: {last['id']} {last['start_s']:.1f}-{last['end_s']:.1f} s"
                  f" (compile {last.get('compile_s', 0.0):.1f} s, worker wait {last.get('worker_wait_s', 0.0):.1f} s)"
                  + (f"; audit wall {wall:.1f} s (process start and reports: {wall - end:.1f} s)" if wall else ""))
     info = {"worker_start_s": starts, "preload_mean_s": {k: sum(v) / len(v) for k, v in pre.items()},
             "compiles": comp, "compile_s": round(comp_s, 2), "loads": loads, "load_s": round(load_s, 2),
             "exec_s": round(exec_s, 2), "items_end_s": round(end, 2), "busy_s": busy,
-            "critical_item": {k: last.get(k) for k in ("id", "start_s", "end_s", "compile_s", "worker_wait_s")}}
+            "critical_item": {k: last.get(k) for k in ("id", "start_s", "end_s", "compile_s", "worker_wait_s")},
+            "parent_phases": ph}
     return lines, info
 
 

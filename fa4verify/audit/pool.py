@@ -29,6 +29,7 @@ import os
 import queue
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -101,21 +102,165 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-class _Worker:
-    """One serving worker process."""
+class _Zygote:
+    """The parent's end of a :mod:`fa4verify.audit.zygote` process: forks workers on request
+    and reports their exits. ``usable`` is False once it died or refused to fork; the pool then
+    spawns workers instead."""
 
-    def __init__(self, env: dict[str, str], tmp: str, n: int) -> None:
+    def __init__(self, env: dict[str, str], tmp: str) -> None:
+        self._ctl, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log_path = os.path.join(tmp, "zygote.log")
+        self._log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fa4verify.audit.zygote", "--control-fd", str(child.fileno())],
+                stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, env=env,
+                pass_fds=(child.fileno(),), start_new_session=True)
+        finally:
+            child.close()
+        self.spawned = time.time()
+        self.ready: dict[str, Any] | None = None
+        self.usable = True
+        self._cond = threading.Condition()
+        self._forked: dict[int, dict[str, Any]] = {}
+        self._exits: dict[int, int] = {}
+        self._next = 0
+        self._send_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, name="fa4verify-zygote", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._ctl.recv(65536)
+            except OSError:
+                data = b""
+            with self._cond:
+                if not data:                     # the zygote is gone
+                    self.usable = False
+                    self._cond.notify_all()
+                    return
+                msg = json.loads(data)
+                if "ready" in msg:
+                    self.ready = dict(msg, start_s=round(time.time() - self.spawned, 3))
+                elif "forked" in msg:
+                    self._forked[int(msg["forked"])] = msg
+                    if "error" in msg:
+                        self.usable = False
+                elif "exit" in msg:
+                    self._exits[int(msg["exit"])] = int(msg["rc"])
+                self._cond.notify_all()
+
+    def fork(self, fds: tuple[int, int, int]) -> int:
+        """Ask for a worker on ``fds`` (stdin read end, reply write end, log); returns the request
+        id (the pid arrives later: :meth:`pid`). OSError when the zygote is gone."""
+        with self._send_lock:
+            self._next += 1
+            k = self._next
+            socket.send_fds(self._ctl, [json.dumps({"op": "fork", "id": k}).encode()], list(fds))
+        return k
+
+    def pid(self, k: int, timeout: float | None = None) -> int | None:
+        """The pid of fork request ``k`` (waits for the zygote's imports); None if it failed."""
+        with self._cond:
+            self._cond.wait_for(lambda: k in self._forked or not self.usable, timeout)
+            got = self._forked.get(k)
+        return int(got["pid"]) if got and "pid" in got else None
+
+    def exit_code(self, pid: int, timeout: float | None = 0.0) -> int | None:
+        """The exit code of worker ``pid`` once it exited (None while alive; -9 when the zygote
+        died and can no longer say)."""
+        with self._cond:
+            if timeout != 0.0:
+                self._cond.wait_for(lambda: pid in self._exits or not self.usable, timeout)
+            if pid in self._exits:
+                return self._exits[pid]
+            if not self.usable and self.proc.poll() is not None:
+                return -signal.SIGKILL
+            return None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._ctl.shutdown(socket.SHUT_RDWR)
+        self._ctl.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _kill(self.proc)
+        self._log.close()
+
+
+class _ForkedProc:
+    """A worker forked by the zygote, with the part of ``subprocess.Popen``'s interface that
+    :class:`_Worker` and :func:`_kill` use (``pid``, ``stdin``, ``poll``, ``wait``,
+    ``returncode``)."""
+
+    def __init__(self, zygote: _Zygote, k: int, stdin_w: int) -> None:
+        self._z = zygote
+        self._k = k
+        self._pid: int | None = None
+        self.stdin = os.fdopen(stdin_w, "wb")
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._pid is None:
+            self._pid = self._z.pid(self._k, timeout=600)
+            if self._pid is None:
+                raise ProcessLookupError("the zygote did not fork this worker")
+        return self._pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            if self._pid is None and not self._z.usable and self._z.pid(self._k, 0.0) is None:
+                self.returncode = -signal.SIGKILL        # never forked
+            elif self._pid is not None or self._z.pid(self._k, 0.0) is not None:
+                self.returncode = self._z.exit_code(self.pid, 0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                pid = self.pid
+            except ProcessLookupError:
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            rc = self._z.exit_code(pid, timeout)
+            if rc is None:
+                raise subprocess.TimeoutExpired("fa4verify worker", timeout)
+            self.returncode = rc
+        return self.returncode
+
+
+class _Worker:
+    """One serving worker process (spawned, or forked by the pool's zygote)."""
+
+    def __init__(self, env: dict[str, str], tmp: str, n: int, zygote: "_Zygote | None" = None) -> None:
         self.spawned = time.time()
         #: the worker's start-up: {"ready": preload s, "steps": {...}, "start_s": spawn to ready}
         self.ready: dict[str, Any] | None = None
         self.log_path = os.path.join(tmp, f"worker{n}.log")
         self._log = open(self.log_path, "ab")
+        self.forked = False
         r, w = os.pipe()
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fa4verify.audit.worker", "--serve", "--reply-fd", str(w)],
-                stdin=subprocess.PIPE, stdout=self._log, stderr=self._log, env=env,
-                pass_fds=(w,), start_new_session=True)
+            if zygote is not None and zygote.usable:
+                sr, sw = os.pipe()
+                try:
+                    k = zygote.fork((sr, w, self._log.fileno()))
+                except OSError:
+                    os.close(sw)
+                    zygote = None
+                else:
+                    self.proc: Any = _ForkedProc(zygote, k, sw)
+                    self.forked = True
+                finally:
+                    os.close(sr)
+            if not self.forked:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "fa4verify.audit.worker", "--serve", "--reply-fd", str(w)],
+                    stdin=subprocess.PIPE, stdout=self._log, stderr=self._log, env=env,
+                    pass_fds=(w,), start_new_session=True)
         finally:
             os.close(w)
         self._reply = os.fdopen(r, "r")
@@ -169,6 +314,7 @@ class _Worker:
             timing["worker_start_s"] = self.ready["start_s"]
             timing["worker_wait_s"] = round(max(0.0, self.spawned + self.ready["start_s"] - t_sent), 3)
             timing["preload"] = self.ready.get("steps", {})
+            timing["worker_start"] = "fork" if self.forked else "spawn"
         return CheckResult.from_dict(payload["result"]), list(payload.get("notes", [])), True, timing
 
     def ask_exit(self) -> None:
@@ -194,11 +340,23 @@ class WorkerPool:
     """Up to ``size`` worker processes shared by the isolated checks of one audit."""
 
     def __init__(self, size: int = 1, *, timeout: float = 0.0, fresh: bool = False,
-                 kernel_cache: str | None = None, preload: str = "none") -> None:
+                 kernel_cache: str | None = None, preload: str = "none",
+                 start: str = "auto") -> None:
         if size < 1:
             raise ValueError(f"WorkerPool size {size} < 1")
         if preload not in ("cuda", "cpu", "none"):
             raise ValueError(f"WorkerPool preload {preload!r}: expected cuda, cpu or none")
+        if start not in ("auto", "fork", "spawn"):
+            raise ValueError(f"WorkerPool start {start!r}: expected auto, fork or spawn")
+        #: how workers start: "fork" from a zygote that imported torch and FA4 once
+        #: (:mod:`fa4verify.audit.zygote`), or "spawn" (a fresh interpreter each); "auto" forks
+        #: when the workers preload CUDA (the GPU audit, where imports dominate a worker's start)
+        #: unless ``FA4VERIFY_WORKER_START=spawn``
+        env_start = os.environ.get("FA4VERIFY_WORKER_START", "").strip().lower()
+        if start == "auto":
+            start = env_start if env_start in ("fork", "spawn") else ("fork" if preload == "cuda" else "spawn")
+        self.start = "spawn" if fresh else start
+        self._zygote: _Zygote | None = None
         self.size = size
         self.timeout = timeout
         self.fresh = fresh
@@ -222,7 +380,13 @@ class WorkerPool:
             self._count += 1
             self.started += 1
             n = self._count
-            w = _Worker(self.env, self._tmp.name, n)
+            if self.start == "fork" and self._zygote is None:
+                try:
+                    self._zygote = _Zygote(self.env, self._tmp.name)
+                except OSError:
+                    self.start = "spawn"
+            z = self._zygote if self.start == "fork" and self._zygote and self._zygote.usable else None
+            w = _Worker(self.env, self._tmp.name, n, zygote=z)
             self._all.add(w)
         return w
 
@@ -326,6 +490,9 @@ class WorkerPool:
         deadline = time.monotonic() + 10.0
         for w in workers:
             w.close(wait=max(0.1, deadline - time.monotonic()))
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
         self._tmp.cleanup()
 
     def __enter__(self) -> "WorkerPool":

@@ -37,7 +37,7 @@ from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec
 
 REQUEST_VERSION = 1
 
-__all__ = ["build_request", "run_request", "main", "REQUEST_VERSION", "preload", "PRELOAD_ENV"]
+__all__ = ["build_request", "run_request", "main", "serve", "REQUEST_VERSION", "preload", "PRELOAD_ENV"]
 
 #: what a serving worker imports before its first request: cuda, cpu or none
 PRELOAD_ENV = "FA4VERIFY_WORKER_PRELOAD"
@@ -142,7 +142,8 @@ def _write(path: str, payload: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(payload, default=str))
 
 
-def _serve(reply_fd: int) -> int:
+def serve(reply_fd: int) -> int:
+    """The serving loop on stdin and ``reply_fd`` (see the module docstring)."""
     reply = os.fdopen(reply_fd, "w", buffering=1)
     t0 = time.perf_counter()
     steps = preload(os.environ.get(PRELOAD_ENV, "none").strip().lower())
@@ -174,7 +175,7 @@ def _serve(reply_fd: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 3 and argv[0] == "--serve" and argv[1] == "--reply-fd":
-        return _serve(int(argv[2]))
+        return serve(int(argv[2]))
     if len(argv) != 2 or argv[0].startswith("--"):
         print("usage: python -m fa4verify.audit.worker REQUEST.json RESULT.json\n"
               "       python -m fa4verify.audit.worker --serve --reply-fd N", file=sys.stderr)

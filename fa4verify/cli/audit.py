@@ -166,10 +166,15 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         bl = compare(results, baseline, rtol=regression_rtol, path=baseline_path)
         bl["mismatch"] = config_mismatch(config.to_dict(), baseline)
     code = exit_code_for(run.records, regressions=len(bl["regressions"]) if bl else 0)
-    report = build_report(config=config.to_dict(), environment=environment.collect(config.device),
+    t_env = time.time()
+    env_now = environment.collect(config.device)
+    phases = dict(getattr(run, "phases", {}) or {}, before_run=round(run.started - t_start, 3),
+                  run=round(run.finished - run.started, 3), environment=round(time.time() - t_env, 3))
+    report = build_report(config=config.to_dict(), environment=env_now,
                           results=results, exit_code=code, duration_s=time.time() - t_start,
                           command=_command_line(), baseline=bl, environments=envs)
     report["summary"]["discovered"] = run.discovered
+    report["summary"]["phases"] = phases
     if gpu_sel is not None:
         report["gpus"] = [g.to_json() for g in gpu_sel]
     if budget_file is not None:

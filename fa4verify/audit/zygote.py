@@ -1,0 +1,164 @@
+"""A zygote for audit workers: import torch, the CuTe DSL and FA4 once, then fork each worker.
+
+Measured on the H200 (session 6): a worker spawned from scratch spent 15-17 s on its imports when
+eight started together (torch ~4 s, ``flash_attn.cute.interface`` ~10 s: FA4 imports quack, which
+imports torch._dynamo, tvm_ffi and ml_dtypes), and every GPU audit waited for it. The zygote does
+those imports once, in a process started with the workers' exact environment (FA4 reads its
+kernel-cache switches at import), without touching CUDA, and then forks a worker per request:
+the child starts with everything imported and only creates its own CUDA context.
+
+Protocol (``python -m fa4verify.audit.zygote --control-fd N``): N is one end of an AF_UNIX
+SOCK_SEQPACKET socket pair. The zygote sends ``{"ready": seconds, "pid": ...}`` after its imports,
+then handles messages from the parent:
+
+* ``{"op": "fork", "id": K}`` with three file descriptors attached (``socket.send_fds``): the
+  worker's stdin (read end), its reply descriptor (write end) and its log file. The zygote forks;
+  the child starts a new session, puts stdin on 0 and the log on 1 and 2, and runs
+  :func:`fa4verify.audit.worker.serve` on the reply descriptor (the usual worker protocol). The
+  zygote answers ``{"forked": K, "pid": P}`` (or ``{"forked": K, "error": "..."}``).
+* every child that exits is reaped and reported as ``{"exit": P, "rc": R}`` (R as
+  ``subprocess.Popen.returncode``: negative for a signal).
+
+The zygote exits when the parent closes its end. It never runs a check itself, so a fault in a
+worker (a CUDA illegal address, an abort) cannot reach it; the pool replaces the dead worker with
+another fork. Forking is safe here because the zygote is single-threaded and has no CUDA context
+(checked before each fork: a zygote in which CUDA is initialised refuses to fork, and the pool
+falls back to spawning workers).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+__all__ = ["main", "ZYGOTE_PRELOAD"]
+
+#: what the zygote imports (never CUDA): the modules every GPU check's worker needs
+ZYGOTE_PRELOAD = ("torch", "flash_attn.cute.interface", "fa4verify.judge", "fa4verify.kernels.adapter",
+                  "fa4verify.oracles")
+
+
+def _preload() -> dict[str, float]:
+    import importlib
+    steps: dict[str, float] = {}
+    for mod in ZYGOTE_PRELOAD:
+        t0 = time.perf_counter()
+        try:
+            importlib.import_module(mod)
+        except Exception:  # noqa: BLE001 - the check that needs it reports the failure
+            pass
+        steps[mod] = round(time.perf_counter() - t0, 3)
+    try:
+        from fa4verify.audit import kernel_timing
+        kernel_timing.install()
+    except Exception:  # noqa: BLE001
+        pass
+    return steps
+
+
+def _cuda_initialised() -> bool:
+    t = sys.modules.get("torch")
+    try:
+        return bool(t is not None and t.cuda.is_initialized())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _send(ctl: socket.socket, msg: dict) -> None:
+    ctl.send(json.dumps(msg).encode())
+
+
+def _child(ctl: socket.socket, fds: list[int]) -> None:
+    """In the forked child: become a worker (never returns)."""
+    code = 1
+    try:
+        stdin_r, reply_w, log_fd = fds
+        ctl.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        os.dup2(stdin_r, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        for fd in (stdin_r, log_fd):
+            if fd > 2:
+                os.close(fd)
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        from fa4verify.audit import worker
+        code = worker.serve(reply_w)
+    except BaseException:  # noqa: BLE001 - the parent sees the exit code and the log
+        import traceback
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _reap(ctl: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(ctl, {"exit": pid, "rc": os.waitstatus_to_exitcode(status)})
+
+
+def serve(ctl: socket.socket) -> int:
+    t0 = time.perf_counter()
+    steps = _preload()
+    _send(ctl, {"ready": round(time.perf_counter() - t0, 3), "steps": steps, "pid": os.getpid()})
+    while True:
+        ready, _, _ = select.select([ctl], [], [], 0.1)
+        _reap(ctl)
+        if not ready:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(ctl, 65536, 3)
+        except (ConnectionError, OSError):
+            return 0
+        if not data:
+            return 0                       # the parent closed its end: exit (children go on)
+        msg = json.loads(data)
+        if msg.get("op") != "fork":
+            for fd in fds:
+                os.close(fd)
+            continue
+        if len(fds) != 3 or _cuda_initialised():
+            for fd in fds:
+                os.close(fd)
+            _send(ctl, {"forked": msg.get("id"), "error": "CUDA is initialised in the zygote"
+                        if len(fds) == 3 else f"{len(fds)} file descriptors, expected 3"})
+            continue
+        pid = os.fork()
+        if pid == 0:
+            _child(ctl, fds)
+        for fd in fds:
+            os.close(fd)
+        _send(ctl, {"forked": msg.get("id"), "pid": pid})
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "--control-fd":
+        print("usage: python -m fa4verify.audit.zygote --control-fd N", file=sys.stderr)
+        return 2
+    ctl = socket.socket(fileno=int(argv[1]))
+    code = serve(ctl)
+    ctl.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)          # no teardown of torch and the DSL (seconds): nothing is pending
+
+
+if __name__ == "__main__":
+    sys.exit(main())

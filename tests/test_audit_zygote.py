@@ -1,0 +1,101 @@
+"""Workers forked from a zygote (fa4verify.audit.zygote): the imports are paid once, each worker
+is its own process with its own session, a killed worker is an error and is replaced by another
+fork, a dead zygote makes the pool spawn workers instead, and the zygote never forks once CUDA
+is initialised in it. CPU only (fixture checks; the zygote imports torch and, where installed,
+FA4)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from fa4verify.audit.pool import WorkerPool
+from fa4verify.audit.registry import CheckContext, discover
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures", "audit_checks_pool.py")
+
+
+@pytest.fixture(scope="module")
+def specs():
+    return {s.id: s for s in discover(modules=[FIX], include_package=False)}
+
+
+def _ctx(spec):
+    return CheckContext(dtype="bf16", arch="sm90", device="cpu", profile="quick", seed=0, check_id=spec.id)
+
+
+def test_forked_workers_are_separate_sessions_started_by_the_zygote(specs):
+    sp = specs["fixture.pool.pid_a"]
+    with WorkerPool(2, preload="cpu", start="fork") as pool:
+        pool.prestart()
+        got = [pool.run_timed(sp, _ctx(sp)) for _ in range(2)]
+        zpid = pool._zygote.proc.pid
+        pids = {r.metrics["pid"] for r, _, _ in got}
+        for r, _, t in got:
+            assert r.status == "pass"
+        firsts = [t for _, _, t in got if "worker_start" in t]
+        assert firsts and all(t["worker_start"] == "fork" for t in firsts)
+        assert zpid not in pids and os.getpid() not in pids
+        for pid in pids:                       # each worker leads its own session (killpg-able)
+            assert os.getsid(pid) == pid
+        assert pool._zygote.ready and pool._zygote.ready["pid"] == zpid
+
+
+def test_a_killed_forked_worker_is_an_error_and_the_next_check_gets_a_new_fork(specs):
+    crash, ok = specs["fixture.pool.crash"], specs["fixture.pool.pid_a"]
+    with WorkerPool(1, preload="cpu", start="fork") as pool:
+        r0, _, _ = pool.run_timed(ok, _ctx(ok))
+        r1, _, _ = pool.run_timed(crash, _ctx(crash))
+        r2, _, t2 = pool.run_timed(ok, _ctx(ok))
+        assert r0.status == "pass" and r2.status == "pass"
+        assert r1.status == "error" and "SIGKILL" in r1.summary, r1.summary
+        assert r2.metrics["pid"] != r0.metrics["pid"] and t2["worker_start"] == "fork"
+        assert pool.started == 2
+
+
+def test_a_dead_zygote_makes_the_pool_spawn_workers(specs):
+    crash, ok = specs["fixture.pool.crash"], specs["fixture.pool.pid_a"]
+    with WorkerPool(1, preload="cpu", start="fork") as pool:
+        r0, _, t0 = pool.run_timed(ok, _ctx(ok))
+        assert t0["worker_start"] == "fork"
+        os.killpg(pool._zygote.proc.pid, signal.SIGKILL)
+        pool._zygote.proc.wait()
+        deadline = time.monotonic() + 10
+        while pool._zygote.usable and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pool._zygote.usable
+        r1, _, _ = pool.run_timed(crash, _ctx(crash))      # the forked worker dies now
+        assert r1.status == "error"
+        r2, _, t2 = pool.run_timed(ok, _ctx(ok))
+        assert r2.status == "pass" and t2["worker_start"] == "spawn"
+
+
+def test_start_modes_and_the_environment_switch(monkeypatch):
+    monkeypatch.delenv("FA4VERIFY_WORKER_START", raising=False)
+    assert WorkerPool(1, preload="cuda").start == "fork"
+    assert WorkerPool(1, preload="none").start == "spawn"
+    assert WorkerPool(1, preload="cuda", fresh=True).start == "spawn"
+    monkeypatch.setenv("FA4VERIFY_WORKER_START", "spawn")
+    assert WorkerPool(1, preload="cuda").start == "spawn"
+    with pytest.raises(ValueError, match="start"):
+        WorkerPool(1, start="thread")
+
+
+def test_the_zygote_refuses_to_fork_with_cuda_initialised(monkeypatch):
+    """The guard the zygote runs before every fork (a CUDA context does not survive fork)."""
+    from fa4verify.audit import zygote
+
+    class FakeCuda:
+        @staticmethod
+        def is_initialized():
+            return True
+
+    class FakeTorch:
+        cuda = FakeCuda()
+
+    monkeypatch.setitem(__import__("sys").modules, "torch", FakeTorch())
+    assert zygote._cuda_initialised() is True
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)
+    assert zygote._cuda_initialised() is False
