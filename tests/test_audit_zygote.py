@@ -99,3 +99,43 @@ def test_the_zygote_refuses_to_fork_with_cuda_initialised(monkeypatch):
     assert zygote._cuda_initialised() is True
     monkeypatch.setitem(__import__("sys").modules, "torch", None)
     assert zygote._cuda_initialised() is False
+
+
+def test_a_forked_worker_without_cuda_is_replaced_by_a_spawned_one(specs):
+    """On this CPU box a worker that must preload CUDA has none: forked, that is a failed start
+    (the zygote cannot give working GPU workers), so the pool spawns one and runs the check
+    there; the check never sees the failure."""
+    sp = specs["fixture.pool.pid_a"]
+    with WorkerPool(1, preload="cuda", start="fork") as pool:
+        r, _, t = pool.run_timed(sp, _ctx(sp))
+        assert r.status == "pass", r.summary
+        assert pool.start == "spawn" and "no CUDA device" in (pool.fork_failure or "")
+        assert "no CUDA device" in t["fork_failed"] and t["worker_start"] == "spawn"
+
+
+def test_the_zygote_environment_switches_and_their_restore(monkeypatch):
+    """Note [Zygote environment]: the zygote gets QUACK_ARCH (from nvidia-smi) and the NVML
+    availability check; a forked worker sees the parent's values again."""
+    import json
+
+    from fa4verify.audit import pool as P
+    monkeypatch.setattr(P, "_visible_compute_cap", lambda env: "90")
+    z = P.zygote_env({"A": "1"})
+    assert z["QUACK_ARCH"] == "90" and z["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1" and z["A"] == "1"
+    assert json.loads(z["FA4VERIFY_ZYGOTE_RESTORE"]) == {"QUACK_ARCH": None, "PYTORCH_NVML_BASED_CUDA_CHECK": None}
+    z2 = P.zygote_env({"QUACK_ARCH": "100", "PYTORCH_NVML_BASED_CUDA_CHECK": "0"})
+    assert z2["QUACK_ARCH"] == "100" and z2["PYTORCH_NVML_BASED_CUDA_CHECK"] == "0"
+    assert json.loads(z2["FA4VERIFY_ZYGOTE_RESTORE"]) == {}
+    monkeypatch.setattr(P, "_visible_compute_cap", lambda env: None)
+    assert "QUACK_ARCH" not in P.zygote_env({})
+
+    env_fix = os.path.join(os.path.dirname(__file__), "fixtures", "audit_checks_env.py")
+    sp = {s.id: s for s in discover(modules=[env_fix], include_package=False)}["fixture.env.view"]
+    monkeypatch.setattr(P, "_visible_compute_cap", lambda env: "90")
+    monkeypatch.delenv("QUACK_ARCH", raising=False)
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    with WorkerPool(1, preload="cpu", start="fork") as pool:
+        r, _, t = pool.run_timed(sp, _ctx(sp))
+    assert t["worker_start"] == "fork"
+    assert r.details["env"] == {"QUACK_ARCH": None, "PYTORCH_NVML_BASED_CUDA_CHECK": None,
+                                "FA4VERIFY_ZYGOTE_RESTORE": None, "FA4VERIFY_FORKED": "1"}

@@ -83,12 +83,16 @@ class TimedCache:
         return len(self._inner)
 
 
-def install() -> list[str]:
+def install(*, import_fa4: bool = True) -> list[str]:
     """Wrap the compile caches of ``flash_attn.cute.interface`` (idempotent). Returns the names
-    of the wrapped caches; [] when FA4 is not importable."""
+    of the wrapped caches; [] when FA4 is not importable, or (``import_fa4=False``) not imported
+    yet -- a worker that runs only CPU checks never pays FA4's import for the instrument."""
+    import sys
     with _lock:
         if _installed:
             return list(_installed)
+    if not import_fa4 and "flash_attn.cute.interface" not in sys.modules:
+        return []
     try:
         from flash_attn.cute import interface as fa
     except Exception:   # noqa: BLE001 - no FA4 here: nothing to time

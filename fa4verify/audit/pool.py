@@ -96,10 +96,62 @@ def _died(rc: int | None, timed_out: bool, timeout: float, stderr_tail: str) -> 
                        details={"worker_stderr_tail": stderr_tail, "worker_exit": rc})
 
 
+def _kill_quietly(w: Any) -> None:
+    with contextlib.suppress(Exception):
+        _kill(w.proc)
+    with contextlib.suppress(Exception):
+        w.close(wait=1.0)
+
+
 def _kill(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+class _ForkFailed(Exception):
+    """A worker the zygote was asked for did not start (refused, or no CUDA context in it)."""
+
+
+def _visible_compute_cap(env: dict[str, str]) -> str | None:
+    """The compute capability ("90") of the first GPU visible under ``env`` by nvidia-smi
+    (which does not read ``CUDA_VISIBLE_DEVICES``: its first entry is passed as ``-i``), or
+    None. Never touches CUDA in this process."""
+    first = (env.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0].strip()
+    cmd = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"] + (["-i", first] if first else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not out or not out[0].replace(".", "").isdigit() or "." not in out[0]:
+        return None
+    major, minor = out[0].split(".", 1)
+    return f"{int(major)}{int(minor)}"
+
+
+def zygote_env(env: dict[str, str]) -> dict[str, str]:
+    """Note [Zygote environment]: the zygote runs with the workers' environment plus two switches
+    that keep its imports off CUDA, which a forked child could not use again. ``import quack``
+    (FA4's interface imports it) calls ``torch.cuda.is_available()`` and the device capability
+    at import (quack/rmsnorm_config.py) unless ``QUACK_ARCH`` names the arch: it is set to the
+    compute capability nvidia-smi reports for the first visible GPU (the value quack would have
+    read from the device; FA4's own dispatch never reads it). ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
+    makes torch's availability check use NVML instead of initialising the driver. A forked
+    worker restores both to the parent's values first thing (``FA4VERIFY_ZYGOTE_RESTORE``), and
+    a worker whose CUDA context fails anyway is replaced by a spawned one."""
+    import json as _json
+    z = dict(env)
+    restore: dict[str, str | None] = {}
+    if "QUACK_ARCH" not in env:
+        cap = _visible_compute_cap(env)
+        if cap:
+            z["QUACK_ARCH"] = cap
+            restore["QUACK_ARCH"] = None
+    if "PYTORCH_NVML_BASED_CUDA_CHECK" not in env:
+        z["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        restore["PYTORCH_NVML_BASED_CUDA_CHECK"] = None
+    z["FA4VERIFY_ZYGOTE_RESTORE"] = _json.dumps(restore)
+    return z
 
 
 class _Zygote:
@@ -114,7 +166,7 @@ class _Zygote:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "fa4verify.audit.zygote", "--control-fd", str(child.fileno())],
-                stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, env=env,
+                stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, env=zygote_env(env),
                 pass_fds=(child.fileno(),), start_new_session=True)
         finally:
             child.close()
@@ -280,6 +332,10 @@ class _Worker:
         self.seq += 1
         res_path = os.path.join(self.tmp, f"result{self.n}-{self.seq}.json")
         offset = os.path.getsize(self.log_path)
+        first = self.ready is None
+        t_asked = time.time()
+        if self.forked and first:
+            self._await_forked_start(timeout)
         try:
             self.proc.stdin.write((json.dumps({"request": req, "result_path": res_path,
                                                "seq": self.seq}) + "\n").encode())
@@ -288,8 +344,6 @@ class _Worker:
             rc = self.proc.wait()
             return _died(rc, False, timeout, self._stderr_since(offset)), [], False, {}
         deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
-        first = self.ready is None
-        t_sent = time.time()
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, _, _ = select.select([self._reply], [], [], wait)
@@ -312,7 +366,7 @@ class _Worker:
         if first and self.ready is not None:
             # the item waited for the worker's start-up this long (0 when it was ready already)
             timing["worker_start_s"] = self.ready["start_s"]
-            timing["worker_wait_s"] = round(max(0.0, self.spawned + self.ready["start_s"] - t_sent), 3)
+            timing["worker_wait_s"] = round(max(0.0, self.spawned + self.ready["start_s"] - t_asked), 3)
             timing["preload"] = self.ready.get("steps", {})
             timing["worker_start"] = "fork" if self.forked else "spawn"
         return CheckResult.from_dict(payload["result"]), list(payload.get("notes", [])), True, timing
@@ -323,6 +377,24 @@ class _Worker:
             with contextlib.suppress(BrokenPipeError, OSError, ValueError):
                 self.proc.stdin.write(b'{"op": "exit"}\n')
                 self.proc.stdin.close()
+
+    def _await_forked_start(self, timeout: float) -> None:
+        """A forked worker's start-up, before its first request: :class:`_ForkFailed` when the
+        zygote did not fork it or its CUDA context failed (the pool then spawns a worker)."""
+        try:
+            self.proc.pid
+        except ProcessLookupError as e:
+            raise _ForkFailed(str(e)) from None
+        wait = timeout if timeout and timeout > 0 else None
+        ready, _, _ = select.select([self._reply], [], [], 600 if wait is None else max(wait, 60))
+        line = self._reply.readline() if ready else ""
+        if not line:
+            raise _ForkFailed("the forked worker exited before it was ready")
+        msg = json.loads(line)
+        errs = msg.get("errors") or {}
+        if "cuda_context" in errs:
+            raise _ForkFailed(f"no CUDA context in the forked worker: {errs['cuda_context']}")
+        self.ready = dict(msg, start_s=round(float(msg.pop("wall", time.time())) - self.spawned, 3))
 
     def close(self, wait: float = 10.0) -> None:
         self.ask_exit()
@@ -357,6 +429,8 @@ class WorkerPool:
             start = env_start if env_start in ("fork", "spawn") else ("fork" if preload == "cuda" else "spawn")
         self.start = "spawn" if fresh else start
         self._zygote: _Zygote | None = None
+        #: why forked workers were given up for spawned ones (None while forking works)
+        self.fork_failure: str | None = None
         self.size = size
         self.timeout = timeout
         self.fresh = fresh
@@ -430,7 +504,19 @@ class WorkerPool:
                 if w is not None:
                     w.close()
                 w = self._new()
-            result, notes, alive, timing = w.run(req, self.timeout)
+            try:
+                result, notes, alive, timing = w.run(req, self.timeout)
+            except _ForkFailed as e:
+                # the zygote cannot give working workers here: spawn them from now on (the
+                # check itself never sees this)
+                self.fork_failure = str(e)
+                self.start = "spawn"
+                _kill_quietly(w)
+                with self._lock:
+                    self._all.discard(w)
+                w = self._new()
+                result, notes, alive, timing = w.run(req, self.timeout)
+                timing["fork_failed"] = str(e)
             if not alive or result.status == "error":
                 w.close()        # a fault may have left the CUDA context unusable: start afresh
                 with self._lock:

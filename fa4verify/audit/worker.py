@@ -72,7 +72,8 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
         notes: list[str] = []
     else:
         from fa4verify.audit import kernel_timing
-        kernel_timing.install()
+        # counted from the first check after FA4 is imported (a GPU worker imports it at start-up)
+        kernel_timing.install(import_fa4=False)
         before = kernel_timing.snapshot()
         t0 = time.perf_counter()
         prof_dir = os.environ.get(PROFILE_ENV, "").strip()
@@ -88,14 +89,17 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
         notes = list(ctx._notes)
         timing = dict(kernel_timing.delta(before), exec_s=round(time.perf_counter() - t0, 3),
                       pid=os.getpid())
+        kernel_timing.install(import_fa4=False)
         return {"result": result.to_dict(), "notes": notes, "timing": timing}
     return {"result": result.to_dict(), "notes": notes}
 
 
-def preload(what: str) -> dict[str, float]:
+def preload(what: str, errors: dict[str, str] | None = None) -> dict[str, float]:
     """Import what the checks of a worker need before the first request (see the module
-    docstring); returns seconds per step. A failing import is left to the check that needs it
-    (the check reports it as its error), so preloading never fails."""
+    docstring); returns seconds per step. A failing step is left to the check that needs it
+    (the check reports it as its error), so preloading never fails; ``errors`` (if given)
+    receives each failed step's exception (the pool reads ``cuda_context``'s: a worker forked
+    from a zygote that cannot create a CUDA context is replaced by a spawned one)."""
     steps: dict[str, float] = {}
     if what not in ("cuda", "cpu"):
         return steps
@@ -104,8 +108,9 @@ def preload(what: str) -> dict[str, float]:
         t0 = time.perf_counter()
         try:
             fn()
-        except Exception:  # noqa: BLE001 - the check that needs it reports the failure
-            pass
+        except Exception as e:  # noqa: BLE001 - the check that needs it reports the failure
+            if errors is not None:
+                errors[name] = f"{type(e).__name__}: {e}"[:300]
         steps[name] = round(time.perf_counter() - t0, 3)
 
     def _torch() -> None:
@@ -116,6 +121,8 @@ def preload(what: str) -> dict[str, float]:
         if torch.cuda.is_available():
             torch.cuda.init()
             torch.empty(1, device="cuda")          # the context, not just the driver
+        elif os.environ.get("FA4VERIFY_FORKED") == "1":
+            raise RuntimeError("no CUDA device in a worker forked from the zygote")
 
     def _fa4() -> None:
         import flash_attn.cute.interface  # noqa: F401 - imports the CuTe DSL too
@@ -146,9 +153,10 @@ def serve(reply_fd: int) -> int:
     """The serving loop on stdin and ``reply_fd`` (see the module docstring)."""
     reply = os.fdopen(reply_fd, "w", buffering=1)
     t0 = time.perf_counter()
-    steps = preload(os.environ.get(PRELOAD_ENV, "none").strip().lower())
+    errors: dict[str, str] = {}
+    steps = preload(os.environ.get(PRELOAD_ENV, "none").strip().lower(), errors)
     reply.write(json.dumps({"ready": round(time.perf_counter() - t0, 3), "steps": steps,
-                            "pid": os.getpid(), "wall": time.time()}) + "\n")
+                            "errors": errors, "pid": os.getpid(), "wall": time.time()}) + "\n")
     reply.flush()
     for line in sys.stdin:
         line = line.strip()

@@ -35,7 +35,10 @@ import socket
 import sys
 import time
 
-__all__ = ["main", "ZYGOTE_PRELOAD"]
+__all__ = ["main", "ZYGOTE_PRELOAD", "RESTORE_ENV"]
+
+#: JSON {name: value or null} of environment variables a forked worker restores (or unsets)
+RESTORE_ENV = "FA4VERIFY_ZYGOTE_RESTORE"
 
 #: what the zygote imports (never CUDA): the modules every GPU check's worker needs
 ZYGOTE_PRELOAD = ("torch", "flash_attn.cute.interface", "fa4verify.judge", "fa4verify.kernels.adapter",
@@ -80,6 +83,14 @@ def _child(ctl: socket.socket, fds: list[int]) -> None:
         ctl.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
+        # the worker's own environment: the switches only the zygote's imports needed go back
+        # to the parent's values (Note [Zygote environment], fa4verify.audit.pool)
+        for k, v in json.loads(os.environ.pop(RESTORE_ENV, "{}")).items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.environ["FA4VERIFY_FORKED"] = "1"
         os.dup2(stdin_r, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
@@ -116,7 +127,8 @@ def _reap(ctl: socket.socket) -> None:
 def serve(ctl: socket.socket) -> int:
     t0 = time.perf_counter()
     steps = _preload()
-    _send(ctl, {"ready": round(time.perf_counter() - t0, 3), "steps": steps, "pid": os.getpid()})
+    _send(ctl, {"ready": round(time.perf_counter() - t0, 3), "steps": steps, "pid": os.getpid(),
+                "cuda_initialised": _cuda_initialised()})
     while True:
         ready, _, _ = select.select([ctl], [], [], 0.1)
         _reap(ctl)
