@@ -201,6 +201,14 @@ def _one_gpu(tmp_path, monkeypatch, isolate="never"):
     return r, json.loads(one.read_text())
 
 
+def test_a_malformed_crash_after_knob_is_a_one_line_usage_error(monkeypatch):
+    r = _audit(AUDIT + ["--gpus", "all"], monkeypatch, FA4VERIFY_FAKE_GPUS="2",
+               FA4VERIFY_FAKE_GPU_CRASH_AFTER="x")
+    assert r.exit_code == 2 and "FA4VERIFY_FAKE_GPU_CRASH_AFTER='x'" in r.output
+    assert "Traceback" not in r.output
+    assert mg.fake_crash_after({}) == 1 and mg.fake_crash_after({mg.ENV_FAKE_CRASH_AFTER: "0"}) == 0
+
+
 @pytest.mark.slow   # three spawned processes
 def test_three_fake_gpus_give_the_one_gpu_verdicts_and_merged_metrics(tmp_path, monkeypatch):
     r1, a = _one_gpu(tmp_path, monkeypatch)

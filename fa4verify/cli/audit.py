@@ -196,6 +196,8 @@ def _select_gpus(gpus: str, shard, device: str):
                      "--shard I/N takes one part of a run split over machines)")
     try:
         fake = multigpu.fake_mode()
+        if fake:
+            multigpu.fake_crash_after()      # a malformed test knob: one line here, not in a child
         if not fake and device != "cuda":
             raise ValueError(f"--gpus runs the checks on GPUs, but --device is {device} "
                              f"(CPU test mode: {multigpu.ENV_FAKE}=N)")
