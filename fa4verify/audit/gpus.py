@@ -210,7 +210,6 @@ def merge_parts(config: AuditConfig, sel: Selected, units: Sequence[WorkUnit],
     if problems:
         more = f" (+{len(problems) - 1} more: {'; '.join(problems[1:])})" if len(problems) > 1 else ""
         why = problems[0] + more
-        details: dict[str, Any] = {}
         res = CheckResult(status="error", summary=why[:1000])
         if k > 1:
             base = merge_shards(sel.spec, _context(config, sel),
