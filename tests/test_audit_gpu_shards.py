@@ -217,6 +217,8 @@ def test_three_fake_gpus_give_the_one_gpu_verdicts_and_merged_metrics(tmp_path, 
                 FA4VERIFY_FAKE_GPUS="3")
     b = json.loads(three.read_text())
     assert r1.exit_code == r3.exit_code == 1, (r1.output, r3.output)     # the planted fails
+    n_units = sum(max(1, len(x["timing"])) for x in b["results"])
+    assert f"{len(b['results'])} check(s) as {n_units} work unit(s) over 3 GPU process(es)" in r3.output
     assert [(x["id"], x["status"]) for x in a["results"]] == [(x["id"], x["status"]) for x in b["results"]]
     assert {x["status"] for x in a["results"]} >= {"pass", "fail", "undecided", "skip"}
     assert a["summary"]["counts"] == b["summary"]["counts"]
