@@ -36,7 +36,9 @@ CPU test mode
 the N processes. Two faults can be planted for tests, only in that mode:
 ``FA4VERIFY_FAKE_GPU_FAULT=i[,j]`` (those fake GPUs compute differently: the determinism child
 runs the twin with the ``d_from_fp32_o`` mutation, a reproducible but different result) and
-``FA4VERIFY_FAKE_GPU_CRASH=i[,j]`` (those GPUs' processes abort after their first unit of work).
+``FA4VERIFY_FAKE_GPU_CRASH=i[,j]`` (those GPUs' processes abort after their first unit of work;
+for the audit ``FA4VERIFY_FAKE_GPU_CRASH_AFTER=N`` sets how many work units finish first, default
+1, 0 = abort before any: :func:`fake_crash_after`).
 
 Nothing here imports torch at module level.
 """
@@ -52,13 +54,15 @@ import subprocess
 import time
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
-__all__ = ["ENV_FAKE", "ENV_FAKE_FAULT", "ENV_FAKE_CRASH", "Gpu", "query_gpus", "visible_gpus",
+__all__ = ["ENV_FAKE", "ENV_FAKE_FAULT", "ENV_FAKE_CRASH", "ENV_FAKE_CRASH_AFTER", "Gpu", "query_gpus",
+           "visible_gpus",
            "select_gpus", "child_env", "pin_process", "Outcome", "run_per_gpu", "fake_set",
-           "fake_mode", "read_json", "GPUS_HELP"]
+           "fake_mode", "fake_crash_after", "read_json", "GPUS_HELP"]
 
 ENV_FAKE = "FA4VERIFY_FAKE_GPUS"
 ENV_FAKE_FAULT = "FA4VERIFY_FAKE_GPU_FAULT"
 ENV_FAKE_CRASH = "FA4VERIFY_FAKE_GPU_CRASH"
+ENV_FAKE_CRASH_AFTER = "FA4VERIFY_FAKE_GPU_CRASH_AFTER"
 ENV_INDEX = "FA4VERIFY_GPU_INDEX"
 
 #: the ``--gpus`` help text shared by the commands
@@ -128,6 +132,17 @@ def fake_set(var: str, env: Mapping[str, str] = os.environ) -> set[int]:
         return {int(t) for t in v.split(",") if t.strip()}
     except ValueError:
         raise ValueError(f"{var}={v!r}: expected comma-separated GPU indices") from None
+
+
+def fake_crash_after(env: Mapping[str, str] = os.environ) -> int:
+    """How many work units a planted-crash audit process finishes before it aborts
+    (``FA4VERIFY_FAKE_GPU_CRASH_AFTER``: an integer >= 0, default 1); ValueError when malformed."""
+    v = env.get(ENV_FAKE_CRASH_AFTER, "").strip()
+    if not v:
+        return 1
+    if not v.isdigit():
+        raise ValueError(f"{ENV_FAKE_CRASH_AFTER}={v!r}: expected an integer >= 0")
+    return int(v)
 
 
 def _torch_count() -> int:

@@ -155,9 +155,11 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     if gpu_sel is None:
         run = run_audit(config, specs=specs, selected=selected, reporter=reporter)
     else:
-        from fa4verify.audit.gpus import run_audit_on_gpus
-        click.echo(f"fa4verify audit: {len(selected)} check(s) over {len(gpu_sel)} GPU "
-                   f"process(es): " + ", ".join(g.label() for g in gpu_sel), err=True)
+        from fa4verify.audit.gpus import plan_units, run_audit_on_gpus
+        n_units = len(plan_units(selected, config, len(gpu_sel)))
+        click.echo(f"fa4verify audit: {len(selected)} check(s) as {n_units} work unit(s) over "
+                   f"{len(gpu_sel)} GPU process(es): " + ", ".join(g.label() for g in gpu_sel),
+                   err=True)
         run, envs = run_audit_on_gpus(config, gpu_sel, specs=specs, selected=selected,
                                       reporter=reporter)
     results = [r.to_dict() for r in run.records]
@@ -201,6 +203,8 @@ def _select_gpus(gpus: str, shard, device: str):
                      "--shard I/N takes one part of a run split over machines)")
     try:
         fake = multigpu.fake_mode()
+        if fake:
+            multigpu.fake_crash_after()      # a malformed test knob: one line here, not in a child
         if not fake and device != "cuda":
             raise ValueError(f"--gpus runs the checks on GPUs, but --device is {device} "
                              f"(CPU test mode: {multigpu.ENV_FAKE}=N)")
