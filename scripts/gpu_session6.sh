@@ -5,6 +5,7 @@
 #   tquick     quick audit, cold then warm, with the timeline (benchmarks/gpu_audit_time.py)
 #   tdefault   default audit, cold then warm, with the timeline
 #   tdefault@N, tquick@N   the same with --workers N (its own empty kernel cache)
+#   tquick:spawn, tdefault:fork ...  the same with FA4VERIFY_WORKER_START=spawn|fork
 #   profile    the default audit once more on tdefault's (warm) kernel cache, each worker request
 #              under cProfile (FA4VERIFY_WORKER_PROFILE): where the warm seconds go
 #   gputests   pytest -m gpu
@@ -32,9 +33,11 @@ for step in "$@"; do
   t=$(date +%s)
   echo "== $step (limit ${left}s)"
   case "$step" in
-    tquick|tdefault|tquick@*|tdefault@*)
-      prof=${step#t}; prof=${prof%@*}; WW=("${W[@]}")
+    tquick|tdefault|tquick[@:]*|tdefault[@:]*)
+      prof=${step#t}; prof=${prof%%[@:]*}; WW=("${W[@]}")
       case "$step" in *@*) WW=(-- --workers "${step#*@}") ;; esac
+      case "$step" in *:spawn) export FA4VERIFY_WORKER_START=spawn ;; *:fork) export FA4VERIFY_WORKER_START=fork ;;
+                      *) unset FA4VERIFY_WORKER_START ;; esac
       rm -rf "$CR/$step"; mkdir -p "$CR/$step"
       timeout "$left" python3 benchmarks/gpu_audit_time.py --profile "$prof" --modes "${AUDIT_MODES:-cold,warm}" \
         --timeout 250 --cache-root "$CR/$step" --out "$OUT" "${WW[@]}" ${EXTRA:-} 2>&1 | grep -v "^[a-z]" | tail -16 ;;

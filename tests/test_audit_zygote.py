@@ -139,3 +139,15 @@ def test_the_zygote_environment_switches_and_their_restore(monkeypatch):
     assert t["worker_start"] == "fork"
     assert r.details["env"] == {"QUACK_ARCH": None, "PYTORCH_NVML_BASED_CUDA_CHECK": None,
                                 "FA4VERIFY_ZYGOTE_RESTORE": None, "FA4VERIFY_FORKED": "1"}
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_closing_a_pool_whose_workers_are_still_starting_does_not_wait_for_them(start):
+    """The CLI starts a GPU audit's workers before it knows whether any check needs one; a pool
+    closed while they (or the zygote) are still importing must not wait for the imports."""
+    pool = WorkerPool(2, preload="cpu", start=start)
+    pool.prestart()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    pool.close()
+    assert time.monotonic() - t0 < 3.0

@@ -103,7 +103,10 @@ def _kill_quietly(w: Any) -> None:
         w.close(wait=1.0)
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: Any) -> None:
+    if isinstance(proc, _ForkedProc):
+        proc.kill_now()
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -232,13 +235,12 @@ class _Zygote:
             return None
 
     def close(self) -> None:
+        """Stop the zygote at once: it never runs a check and its workers are sessions of their
+        own, so killing it (perhaps in the middle of its imports) loses nothing."""
         with contextlib.suppress(OSError):
             self._ctl.shutdown(socket.SHUT_RDWR)
         self._ctl.close()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            _kill(self.proc)
+        _kill(self.proc)
         self._log.close()
 
 
@@ -261,6 +263,22 @@ class _ForkedProc:
             if self._pid is None:
                 raise ProcessLookupError("the zygote did not fork this worker")
         return self._pid
+
+    def kill_now(self) -> None:
+        """SIGKILL the worker, without waiting for a fork still pending in the zygote (its
+        stdin is closed instead: a worker forked later reads EOF and exits)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.stdin.close()
+        pid = self._pid if self._pid is not None else self._z.pid(self._k, 0.0)
+        if pid is None:
+            self.returncode = -signal.SIGKILL
+            return
+        self._pid = pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        self.returncode = self._z.exit_code(pid, 2.0)
+        if self.returncode is None:
+            self.returncode = -signal.SIGKILL
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -369,6 +387,9 @@ class _Worker:
             timing["worker_wait_s"] = round(max(0.0, self.spawned + self.ready["start_s"] - t_asked), 3)
             timing["preload"] = self.ready.get("steps", {})
             timing["worker_start"] = "fork" if self.forked else "spawn"
+            zr = self.proc._z.ready if self.forked else None
+            if zr:
+                timing["zygote_ready_s"] = zr.get("start_s")
         return CheckResult.from_dict(payload["result"]), list(payload.get("notes", [])), True, timing
 
     def ask_exit(self) -> None:
@@ -569,7 +590,9 @@ class WorkerPool:
         with self._lock:
             workers, self._all = list(self._all), set()
         for w in workers:          # every worker at once: their exits overlap
-            if id(w) not in idle:
+            if id(w) not in idle or w.seq == 0:
+                # busy (an interrupted audit), or never given a request (it may still be in
+                # its start-up, which would not read an exit request for seconds)
                 _kill(w.proc)
             else:
                 w.ask_exit()

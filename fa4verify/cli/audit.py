@@ -136,9 +136,35 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         except BudgetError as e:
             raise _usage(f"{BUDGET_FILE_ENV}: {e}") from None
 
-    from fa4verify.audit.terminal import TerminalReporter, make_console, render_verdict
+    from fa4verify.audit.terminal import make_console
 
-    console = make_console()
+    # a GPU audit's workers start now, before the checks are discovered: their start-up (the
+    # imports of torch and FA4, a CUDA context each; seconds, measured on the H200) overlaps
+    # everything this process does before its first check
+    early_pool = None
+    if (config.device == "cuda" and gpu_sel is None and not list_only and not config.fresh_workers
+            and config.isolate != "never"):
+        from fa4verify.audit.pool import WorkerPool
+        early_pool = WorkerPool(config.workers, timeout=config.timeout, kernel_cache=config.kernel_cache,
+                                preload="cuda")
+        early_pool.prestart()
+    try:
+        return _audit_run(config, gpu_sel, early_pool, t_start, console_factory=make_console,
+                          load_specs=load_specs, select=select, list_only=list_only, baseline=baseline,
+                          baseline_path=baseline_path, regression_rtol=regression_rtol,
+                          budget_file=budget_file, json_path=json_path, junit_path=junit_path,
+                          html_path=html_path, live=live)
+    finally:
+        if early_pool is not None:
+            early_pool.close()
+
+
+def _audit_run(config, gpu_sel, early_pool, t_start, *, console_factory, load_specs, select, list_only,
+               baseline, baseline_path, regression_rtol, budget_file, json_path, junit_path, html_path,
+               live) -> int:
+    from fa4verify.audit.terminal import TerminalReporter, render_verdict
+
+    console = console_factory()
     specs = load_specs(config)
     selected = select(specs, config)
     if list_only:
@@ -153,7 +179,7 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     reporter = TerminalReporter(console, live=live)
     envs = None
     if gpu_sel is None:
-        run = run_audit(config, specs=specs, selected=selected, reporter=reporter)
+        run = run_audit(config, specs=specs, selected=selected, reporter=reporter, pool=early_pool)
     else:
         from fa4verify.audit.gpus import plan_units, run_audit_on_gpus
         n_units = len(plan_units(selected, config, len(gpu_sel)))
