@@ -8,6 +8,15 @@ out, or returns an ``error`` is discarded and a new one is started for the next 
 fault in one check never leaks into another. ``fresh=True`` keeps the old behaviour (a new
 one-shot worker per check), which the speed benchmark uses as its "before".
 
+Start-up (measured on the H200, session 6, ``docs/results/h200_session6/``): a GPU worker's
+imports (torch ~3.5 s, FA4's interface ~7-10 s) and CUDA context dominate its start, so the pool
+starts every worker at once (:meth:`WorkerPool.prestart`; the CLI does it before discovering the
+checks) and, for GPU audits, forks them from a zygote that did those imports once
+(:mod:`fa4verify.audit.zygote`, Note [Zygote environment]; ``FA4VERIFY_WORKER_START=spawn``
+turns it off, and a zygote that cannot give working workers falls back to spawning). Workers
+exit without the interpreter's teardown and all at once (it had cost ~14 s per audit, serially).
+Each result carries the worker's timing (:meth:`WorkerPool.run_timed`).
+
 Worker environment: the parent's, plus the checkout on ``PYTHONPATH`` (workers import fa4verify
 and ``--checks-module`` files exactly as the parent did), FA4's persistent kernel cache
 (``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` and ``..._CACHE_DIR``) unless the caller turned it
