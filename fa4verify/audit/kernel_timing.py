@@ -1,6 +1,8 @@
 """Where a worker's seconds go: FA4 kernel compiles, loads from FA4's disk cache, the rest.
 
-:func:`install` wraps every ``compile_cache`` FA4's interface module keeps (``get_jit_cache``
+:func:`install` wraps every ``compile_cache`` FA4's interface module keeps (the module comes
+from :func:`fa4verify.kernels.adapter.interface_module`, the one importer of FA4 for production
+kernels) (``get_jit_cache``
 objects on ``_flash_attn_fwd``, ``_flash_attn_bwd``, ``_bwd_preprocess`` ...) in a
 :class:`TimedCache` proxy that forwards every call unchanged and counts:
 
@@ -82,6 +84,13 @@ class TimedCache:
     def __len__(self) -> int:
         return len(self._inner)
 
+    def clear(self) -> None:
+        """Forwarded (``fa4verify.kernels.adapter.clear_compile_caches``); what was in memory is
+        forgotten, so the next lookup counts as a load or a compile again."""
+        self._memory.clear()
+        self._miss_t.clear()
+        self._inner.clear()
+
 
 def install(*, import_fa4: bool = True) -> list[str]:
     """Wrap the compile caches of ``flash_attn.cute.interface`` (idempotent). Returns the names
@@ -94,7 +103,8 @@ def install(*, import_fa4: bool = True) -> list[str]:
     if not import_fa4 and "flash_attn.cute.interface" not in sys.modules:
         return []
     try:
-        from flash_attn.cute import interface as fa
+        from fa4verify.kernels.adapter import interface_module
+        fa = interface_module()
     except Exception:   # noqa: BLE001 - no FA4 here: nothing to time
         return []
     names = []

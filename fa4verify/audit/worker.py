@@ -125,7 +125,8 @@ def preload(what: str, errors: dict[str, str] | None = None) -> dict[str, float]
             raise RuntimeError("no CUDA device in a worker forked from the zygote")
 
     def _fa4() -> None:
-        import flash_attn.cute.interface  # noqa: F401 - imports the CuTe DSL too
+        from fa4verify.kernels.adapter import interface_module
+        interface_module()                    # FA4's interface; imports the CuTe DSL too
         from fa4verify.audit import kernel_timing
         kernel_timing.install()
 
