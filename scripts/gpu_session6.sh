@@ -39,8 +39,11 @@ for step in "$@"; do
       case "$step" in *:spawn) export FA4VERIFY_WORKER_START=spawn ;; *:fork) export FA4VERIFY_WORKER_START=fork ;;
                       *) unset FA4VERIFY_WORKER_START ;; esac
       rm -rf "$CR/$step"; mkdir -p "$CR/$step"
+      s5=docs/results/h200_session5/t$prof/audit_time_$prof
+      REC=(--recorded "s5-cold=$s5/audit_${prof}_cold.json" --recorded "s5-warm=$s5/audit_${prof}_warm.json")
+      [ -f "$s5/audit_${prof}_cold.json" ] || REC=()
       timeout "$left" python3 benchmarks/gpu_audit_time.py --profile "$prof" --modes "${AUDIT_MODES:-cold,warm}" \
-        --timeout 250 --cache-root "$CR/$step" --out "$OUT" "${WW[@]}" ${EXTRA:-} 2>&1 | grep -v "^[a-z]" | tail -16 ;;
+        --timeout 250 --cache-root "$CR/$step" --out "$OUT" "${REC[@]}" "${WW[@]}" ${EXTRA:-} 2>&1 | grep -v "^[a-z]" | tail -16 ;;
     profile)
       mkdir -p "$CR/tdefault/shard"
       FA4VERIFY_WORKER_PROFILE="$OUT/pstats" timeout "$left" python3 -m fa4verify audit --dtype bf16 --device cuda \
