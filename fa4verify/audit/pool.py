@@ -494,6 +494,19 @@ class WorkerPool:
             self._all.add(w)
         return w
 
+    @classmethod
+    def for_audit(cls, config: Any, size: int | None = None) -> "WorkerPool":
+        """The pool of an audit run (``config``: an :class:`~fa4verify._options.AuditConfig`),
+        ``size`` workers (default ``config.workers``), preloading CUDA on a GPU audit, every
+        worker started now (:meth:`prestart`): their imports and CUDA contexts overlap whatever
+        the caller does next (the CLI's discovery, the runner's in-process checks) and each
+        other, instead of delaying each worker's first item."""
+        pool = cls(size if size is not None else config.workers, timeout=config.timeout,
+                   fresh=config.fresh_workers, kernel_cache=config.kernel_cache,
+                   preload="cuda" if config.device == "cuda" else "none")
+        pool.prestart()
+        return pool
+
     def prestart(self, n: int | None = None) -> int:
         """Start up to ``n`` (default: every) idle slot's worker now, so their start-up (imports,
         CUDA context: :func:`fa4verify.audit.worker.preload`) overlaps whatever the caller does

@@ -347,12 +347,7 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
         jobs = [(i, s) for i in isolated for s in range(shards[i])]
         n = max(1, min(config.workers if own_pool else pool.size, len(jobs)))
         if own_pool:
-            pool = WorkerPool(n, timeout=config.timeout, fresh=config.fresh_workers,
-                              kernel_cache=config.kernel_cache,
-                              preload="cuda" if config.device == "cuda" else "none")
-            # every worker starts now: their imports and CUDA contexts overlap the checks this
-            # process runs next (and each other) instead of delaying each worker's first item
-            pool.prestart()
+            pool = WorkerPool.for_audit(config, n)
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=n,
                                                          thread_name_prefix="fa4verify-worker")
 

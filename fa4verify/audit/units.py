@@ -159,10 +159,7 @@ def run_units(config: AuditConfig, items: Sequence[tuple[Selected, WorkUnit]], *
         if jobs:
             n = max(1, min(config.workers if own_pool else pool.size, len(jobs)))
             if own_pool:
-                pool = WorkerPool(n, timeout=config.timeout, fresh=config.fresh_workers,
-                                  kernel_cache=config.kernel_cache,
-                                  preload="cuda" if config.device == "cuda" else "none")
-                pool.prestart()
+                pool = WorkerPool.for_audit(config, n)
             executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=n, thread_name_prefix="fa4verify-unit")
 

@@ -145,9 +145,7 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     if (config.device == "cuda" and gpu_sel is None and not list_only and not config.fresh_workers
             and config.isolate != "never"):
         from fa4verify.audit.pool import WorkerPool
-        early_pool = WorkerPool(config.workers, timeout=config.timeout, kernel_cache=config.kernel_cache,
-                                preload="cuda")
-        early_pool.prestart()
+        early_pool = WorkerPool.for_audit(config)
     try:
         return _audit_run(config, gpu_sel, early_pool, t_start, console_factory=make_console,
                           load_specs=load_specs, select=select, list_only=list_only, baseline=baseline,
