@@ -151,3 +151,37 @@ def test_closing_a_pool_whose_workers_are_still_starting_does_not_wait_for_them(
     t0 = time.monotonic()
     pool.close()
     assert time.monotonic() - t0 < 3.0
+
+
+def test_two_lines_that_arrive_together_are_both_seen(specs, monkeypatch):
+    """Review finding: a worker's start-up line and its first result can reach the pipe before
+    the parent reads; a buffered readline took both and select then waited for a line already
+    read (the check "timed out", or hung without a timeout). The parent is held back here until
+    both lines are in the pipe."""
+    from fa4verify.audit import pool as P
+    real = P.select.select
+    calls = []
+
+    def late(r, w, x, timeout=None):
+        if not calls:
+            calls.append(1)
+            time.sleep(4.0)           # the worker writes "ready" and then its result meanwhile
+        return real(r, w, x, timeout)
+
+    sp = specs["fixture.pool.pid_a"]
+    with WorkerPool(1, preload="none", start="spawn", timeout=20) as pool:
+        pool.prestart()
+        time.sleep(1.0)
+        monkeypatch.setattr(P.select, "select", late)
+        t0 = time.monotonic()
+        r, _, t = pool.run_timed(sp, _ctx(sp))
+        assert r.status == "pass", r.summary
+        assert time.monotonic() - t0 < 15 and calls
+
+
+def test_a_closed_pool_starts_no_worker(specs):
+    sp = specs["fixture.pool.pid_a"]
+    pool = WorkerPool(1, preload="none", start="spawn")
+    pool.close()
+    r, _, _ = pool.run_timed(sp, _ctx(sp))
+    assert r.status == "error" and "closed" in r.summary and pool.started == 0

@@ -84,6 +84,10 @@ def worker_env(*, kernel_cache: str | None, workers: int, base: dict[str, str] |
     return env
 
 
+#: the exit code of a forked worker whose zygote died before it could report the status
+EXIT_UNKNOWN = -1000
+
+
 def _signal_name(rc: int) -> str:
     try:
         return signal.Signals(-rc).name
@@ -94,6 +98,8 @@ def _signal_name(rc: int) -> str:
 def _died(rc: int | None, timed_out: bool, timeout: float, stderr_tail: str) -> CheckResult:
     if timed_out:
         why = f"worker timed out after {timeout:g} s (killed)"
+    elif rc == EXIT_UNKNOWN:
+        why = "worker process died (exit status unknown: the zygote that forked it is gone)"
     elif rc is not None and rc < 0:
         why = f"worker process died: killed by {_signal_name(rc)} (exit {rc})"
     else:
@@ -119,6 +125,10 @@ def _kill(proc: Any) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+class _PoolClosed(RuntimeError):
+    """A check reached the pool after :meth:`WorkerPool.close` (an interrupted audit)."""
 
 
 class _ForkFailed(Exception):
@@ -232,16 +242,24 @@ class _Zygote:
         return int(got["pid"]) if got and "pid" in got else None
 
     def exit_code(self, pid: int, timeout: float | None = 0.0) -> int | None:
-        """The exit code of worker ``pid`` once it exited (None while alive; -9 when the zygote
-        died and can no longer say)."""
+        """The exit code of worker ``pid`` once it exited, else None (alive after ``timeout``).
+        Once the zygote is gone it cannot report: a worker no longer alive (``kill(pid, 0)``)
+        is then :data:`EXIT_UNKNOWN`. A reported code is handed out once (pids are reused)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            if timeout != 0.0:
-                self._cond.wait_for(lambda: pid in self._exits or not self.usable, timeout)
+            self._cond.wait_for(lambda: pid in self._exits or not self.usable, timeout)
             if pid in self._exits:
-                return self._exits[pid]
-            if not self.usable and self.proc.poll() is not None:
-                return -signal.SIGKILL
-            return None
+                return self._exits.pop(pid)
+        while True:                       # the zygote is gone: ask the kernel
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return EXIT_UNKNOWN
+            except PermissionError:
+                pass
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def close(self) -> None:
         """Stop the zygote at once: it never runs a check and its workers are sessions of their
@@ -267,10 +285,18 @@ class _ForkedProc:
 
     @property
     def pid(self) -> int:
+        return self.pid_within(None)
+
+    def pid_within(self, timeout: float | None) -> int:
+        """The worker's pid, waiting at most ``timeout`` s for the zygote (None: as long as it
+        takes). ProcessLookupError when it was not forked, TimeoutError when not yet."""
         if self._pid is None:
-            self._pid = self._z.pid(self._k, timeout=600)
-            if self._pid is None:
+            pid = self._z.pid(self._k, timeout=timeout)
+            if pid is None:
+                if self._z.usable and (self._k not in self._z._forked):
+                    raise TimeoutError("the zygote has not forked this worker yet")
                 raise ProcessLookupError("the zygote did not fork this worker")
+            self._pid = pid
         return self._pid
 
     def kill_now(self) -> None:
@@ -283,26 +309,35 @@ class _ForkedProc:
             self.returncode = -signal.SIGKILL
             return
         self._pid = pid
+        # the process group first, then the pid itself: a child forked a moment ago may not
+        # have called setsid() yet (its group does not exist)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        self.returncode = self._z.exit_code(pid, 2.0)
-        if self.returncode is None:
-            self.returncode = -signal.SIGKILL
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+        rc = self._z.exit_code(pid, 2.0)
+        self.returncode = -signal.SIGKILL if rc is None else rc
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            if self._pid is None and not self._z.usable and self._z.pid(self._k, 0.0) is None:
-                self.returncode = -signal.SIGKILL        # never forked
-            elif self._pid is not None or self._z.pid(self._k, 0.0) is not None:
-                self.returncode = self._z.exit_code(self.pid, 0.0)
+            try:
+                pid = self.pid_within(0.0)
+            except TimeoutError:
+                return None                              # still to be forked: alive
+            except ProcessLookupError:
+                self.returncode = EXIT_UNKNOWN           # never forked
+                return self.returncode
+            self.returncode = self._z.exit_code(pid, 0.0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             try:
-                pid = self.pid
+                pid = self.pid_within(timeout)
+            except TimeoutError:
+                raise subprocess.TimeoutExpired("fa4verify worker", timeout) from None
             except ProcessLookupError:
-                self.returncode = -signal.SIGKILL
+                self.returncode = EXIT_UNKNOWN
                 return self.returncode
             rc = self._z.exit_code(pid, timeout)
             if rc is None:
@@ -342,10 +377,34 @@ class _Worker:
                     pass_fds=(w,), start_new_session=True)
         finally:
             os.close(w)
-        self._reply = os.fdopen(r, "r")
+        self._reply_fd = r
+        self._buf = b""
         self.seq = 0
         self.tmp = tmp
         self.n = n
+
+    def _readline(self, deadline: float | None) -> str | None:
+        """The next line from the worker's reply descriptor: "" at EOF (the worker is gone),
+        None when ``deadline`` (time.monotonic) passed first. Reads the raw descriptor into this
+        object's buffer, so a second line that arrived with the first is never hidden from
+        ``select`` (a buffered reader's readline would hold it where select cannot see it)."""
+        while b"\n" not in self._buf:
+            if self._reply_fd < 0:
+                return ""
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._reply_fd], [], [], wait)
+            if not ready:
+                return None
+            try:
+                chunk = os.read(self._reply_fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._buf = b""
+                return ""
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode("utf-8", "replace") + "\n"
 
     def _stderr_since(self, offset: int) -> str:
         with open(self.log_path, "rb") as f:
@@ -361,25 +420,35 @@ class _Worker:
         offset = os.path.getsize(self.log_path)
         first = self.ready is None
         t_asked = time.time()
+        # one deadline for the whole item, a forked worker's start-up included (as a spawned
+        # worker's start-up is: it reads the request only after its imports)
+        deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
         if self.forked and first:
-            self._await_forked_start(timeout)
+            if not self._await_forked_start(deadline):        # the deadline passed first
+                _kill(self.proc)
+                return _died(self.proc.returncode, True, timeout, self._stderr_since(offset)), [], False, {}
         try:
             self.proc.stdin.write((json.dumps({"request": req, "result_path": res_path,
                                                "seq": self.seq}) + "\n").encode())
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            rc = self.proc.wait()
+        except (BrokenPipeError, OSError, ValueError):
+            try:
+                rc = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _kill(self.proc)
+                rc = self.proc.returncode
             return _died(rc, False, timeout, self._stderr_since(offset)), [], False, {}
-        deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
         while True:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([self._reply], [], [], wait)
-            if not ready:   # timed out
+            line = self._readline(deadline)
+            if line is None:   # timed out
                 _kill(self.proc)
                 return _died(self.proc.returncode, True, timeout, self._stderr_since(offset)), [], False, {}
-            line = self._reply.readline()
             if not line:    # EOF: the worker died
-                rc = self.proc.wait()
+                try:
+                    rc = self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    _kill(self.proc)
+                    rc = self.proc.returncode
                 return _died(rc, False, timeout, self._stderr_since(offset)), [], False, {}
             msg = json.loads(line)
             if "ready" in msg:          # the start-up line, before the first result
@@ -408,16 +477,19 @@ class _Worker:
                 self.proc.stdin.write(b'{"op": "exit"}\n')
                 self.proc.stdin.close()
 
-    def _await_forked_start(self, timeout: float) -> None:
-        """A forked worker's start-up, before its first request: :class:`_ForkFailed` when the
+    def _await_forked_start(self, deadline: float | None) -> bool:
+        """A forked worker's start-up, before its first request, within the item's
+        ``deadline``: False when the deadline passed first; :class:`_ForkFailed` when the
         zygote did not fork it or its CUDA context failed (the pool then spawns a worker)."""
         try:
-            self.proc.pid
+            self.proc.pid_within(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return False
         except ProcessLookupError as e:
             raise _ForkFailed(str(e)) from None
-        wait = timeout if timeout and timeout > 0 else None
-        ready, _, _ = select.select([self._reply], [], [], 600 if wait is None else max(wait, 60))
-        line = self._reply.readline() if ready else ""
+        line = self._readline(deadline)
+        if line is None:
+            return False
         if not line:
             raise _ForkFailed("the forked worker exited before it was ready")
         msg = json.loads(line)
@@ -425,6 +497,7 @@ class _Worker:
         if "cuda_context" in errs:
             raise _ForkFailed(f"no CUDA context in the forked worker: {errs['cuda_context']}")
         self.ready = dict(msg, start_s=round(float(msg.pop("wall", time.time())) - self.spawned, 3))
+        return True
 
     def close(self, wait: float = 10.0) -> None:
         self.ask_exit()
@@ -433,8 +506,10 @@ class _Worker:
                 self.proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 _kill(self.proc)
-        with contextlib.suppress(OSError):
-            self._reply.close()
+        fd, self._reply_fd = self._reply_fd, -1
+        if fd >= 0:                      # once: the number may be reused after the close
+            with contextlib.suppress(OSError):
+                os.close(fd)
         self._log.close()
 
 
@@ -461,6 +536,7 @@ class WorkerPool:
         self._zygote: _Zygote | None = None
         #: why forked workers were given up for spawned ones (None while forking works)
         self.fork_failure: str | None = None
+        self._closed = False
         self.size = size
         self.timeout = timeout
         self.fresh = fresh
@@ -481,6 +557,8 @@ class WorkerPool:
 
     def _new(self) -> _Worker:
         with self._lock:
+            if self._closed:
+                raise _PoolClosed("the worker pool is closed (the audit was interrupted)")
             self._count += 1
             self.started += 1
             n = self._count
@@ -504,7 +582,11 @@ class WorkerPool:
         pool = cls(size if size is not None else config.workers, timeout=config.timeout,
                    fresh=config.fresh_workers, kernel_cache=config.kernel_cache,
                    preload="cuda" if config.device == "cuda" else "none")
-        pool.prestart()
+        try:
+            pool.prestart()
+        except BaseException:          # a half-started pool (Ctrl-C, a failed spawn) is closed
+            pool.close()
+            raise
         return pool
 
     def prestart(self, n: int | None = None) -> int:
@@ -541,22 +623,33 @@ class WorkerPool:
         req = build_request(spec, ctx)
         if self.fresh:
             return (*self._run_fresh(req), {})
+        if self._closed:
+            return CheckResult(status="error", summary="the worker pool is closed (the audit was "
+                                                       "interrupted)"), [], {}
         w = self._idle.get()
         try:
             if w is None or w.proc.poll() is not None:
                 if w is not None:
                     w.close()
-                w = self._new()
+                    w = None
+                try:
+                    w = self._new()
+                except _PoolClosed as e:
+                    return CheckResult(status="error", summary=str(e)), [], {}
             try:
                 result, notes, alive, timing = w.run(req, self.timeout)
             except _ForkFailed as e:
                 # the zygote cannot give working workers here: spawn them from now on (the
-                # check itself never sees this)
-                self.fork_failure = str(e)
-                self.start = "spawn"
+                # check itself never sees this) -- unless the pool was closed meanwhile
                 _kill_quietly(w)
                 with self._lock:
                     self._all.discard(w)
+                w = None
+                if self._closed:
+                    return (CheckResult(status="error", summary="the worker pool was closed before "
+                                        "this check ran (the audit was interrupted)"), [], {})
+                self.fork_failure = str(e)
+                self.start = "spawn"
                 w = self._new()
                 result, notes, alive, timing = w.run(req, self.timeout)
                 timing["fork_failed"] = str(e)
@@ -600,7 +693,10 @@ class WorkerPool:
             return _died(rc, timed_out, self.timeout, tail), []
 
     def close(self) -> None:
-        """Stop every worker: idle ones cleanly, busy ones (an interrupted audit) killed."""
+        """Stop every worker: idle ones cleanly, busy ones (an interrupted audit) killed. No
+        worker starts after this (a check that reaches the pool then is an ``error``)."""
+        with self._lock:
+            self._closed = True
         idle: set[int] = set()
         while True:
             try:
@@ -621,6 +717,8 @@ class WorkerPool:
         deadline = time.monotonic() + 10.0
         for w in workers:
             w.close(wait=max(0.1, deadline - time.monotonic()))
+        for _ in range(self.size):       # wake any thread still waiting for a slot: its
+            self._idle.put(None)         # _new() then refuses (the pool is closed)
         if self._zygote is not None:
             self._zygote.close()
             self._zygote = None
