@@ -48,6 +48,7 @@ from typing import Any
 
 from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec
 from fa4verify.audit.worker import PRELOAD_ENV, build_request
+from fa4verify.audit.zygote import RESTORE_ENV
 
 __all__ = ["WorkerPool", "worker_env", "default_kernel_cache", "auto_workers",
            "KERNEL_CACHE_ENV"]
@@ -161,7 +162,6 @@ def zygote_env(env: dict[str, str]) -> dict[str, str]:
     makes torch's availability check use NVML instead of initialising the driver. A forked
     worker restores both to the parent's values first thing (``FA4VERIFY_ZYGOTE_RESTORE``), and
     a worker whose CUDA context fails anyway is replaced by a spawned one."""
-    import json as _json
     z = dict(env)
     restore: dict[str, str | None] = {}
     if "QUACK_ARCH" not in env:
@@ -172,7 +172,7 @@ def zygote_env(env: dict[str, str]) -> dict[str, str]:
     if "PYTORCH_NVML_BASED_CUDA_CHECK" not in env:
         z["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         restore["PYTORCH_NVML_BASED_CUDA_CHECK"] = None
-    z["FA4VERIFY_ZYGOTE_RESTORE"] = _json.dumps(restore)
+    z[RESTORE_ENV] = json.dumps(restore)
     return z
 
 
@@ -383,6 +383,15 @@ class _Worker:
         self.tmp = tmp
         self.n = n
 
+    def _exit_code(self, wait: float) -> int | None:
+        """The exit code of a worker that stopped answering, waiting at most ``wait`` s for it
+        to exit before killing it."""
+        try:
+            return self.proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            _kill(self.proc)
+            return self.proc.returncode
+
     def _readline(self, deadline: float | None) -> str | None:
         """The next line from the worker's reply descriptor: "" at EOF (the worker is gone),
         None when ``deadline`` (time.monotonic) passed first. Reads the raw descriptor into this
@@ -432,24 +441,14 @@ class _Worker:
                                                "seq": self.seq}) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
-            try:
-                rc = self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                _kill(self.proc)
-                rc = self.proc.returncode
-            return _died(rc, False, timeout, self._stderr_since(offset)), [], False, {}
+            return _died(self._exit_code(5), False, timeout, self._stderr_since(offset)), [], False, {}
         while True:
             line = self._readline(deadline)
             if line is None:   # timed out
                 _kill(self.proc)
                 return _died(self.proc.returncode, True, timeout, self._stderr_since(offset)), [], False, {}
             if not line:    # EOF: the worker died
-                try:
-                    rc = self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    _kill(self.proc)
-                    rc = self.proc.returncode
-                return _died(rc, False, timeout, self._stderr_since(offset)), [], False, {}
+                return _died(self._exit_code(10), False, timeout, self._stderr_since(offset)), [], False, {}
             msg = json.loads(line)
             if "ready" in msg:          # the start-up line, before the first result
                 self.ready = dict(msg, start_s=round(float(msg.pop("wall", time.time())) - self.spawned, 3))

@@ -88,7 +88,7 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     """
     from fa4verify.audit.atomic import OutputPathError, check_outputs
     from fa4verify.audit.report_json import ReportError, load_report
-    from fa4verify.audit.runner import KeywordError, compile_keyword, load_specs, select
+    from fa4verify.audit.runner import KeywordError, compile_keyword
     from fa4verify.error_budgets.loader import BUDGET_FILE_ENV, budget_file_from_env
 
     t_start = time.time()
@@ -136,8 +136,6 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         except BudgetError as e:
             raise _usage(f"{BUDGET_FILE_ENV}: {e}") from None
 
-    from fa4verify.audit.terminal import make_console
-
     # a GPU audit's workers start now, before the checks are discovered: their start-up (the
     # imports of torch and FA4, a CUDA context each; seconds, measured on the H200) overlaps
     # everything this process does before its first check
@@ -147,8 +145,7 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         from fa4verify.audit.pool import WorkerPool
         early_pool = WorkerPool.for_audit(config)
     try:
-        return _audit_run(config, gpu_sel, early_pool, t_start, console_factory=make_console,
-                          load_specs=load_specs, select=select, list_only=list_only, baseline=baseline,
+        return _audit_run(config, gpu_sel, early_pool, t_start, list_only=list_only, baseline=baseline,
                           baseline_path=baseline_path, regression_rtol=regression_rtol,
                           budget_file=budget_file, json_path=json_path, junit_path=junit_path,
                           html_path=html_path, live=live)
@@ -157,12 +154,13 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
             early_pool.close()
 
 
-def _audit_run(config, gpu_sel, early_pool, t_start, *, console_factory, load_specs, select, list_only,
-               baseline, baseline_path, regression_rtol, budget_file, json_path, junit_path, html_path,
-               live) -> int:
-    from fa4verify.audit.terminal import TerminalReporter, render_verdict
+def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, baseline_path,
+               regression_rtol, budget_file, json_path, junit_path, html_path, live) -> int:
+    """The audit after its options are checked (and, on a GPU, its workers started)."""
+    from fa4verify.audit.runner import load_specs, select
+    from fa4verify.audit.terminal import TerminalReporter, make_console, render_verdict
 
-    console = console_factory()
+    console = make_console()
     specs = load_specs(config)
     selected = select(specs, config)
     if list_only:
