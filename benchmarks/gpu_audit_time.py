@@ -195,6 +195,7 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
             pre.setdefault(k, []).append(float(v))
     comp = sum(t.get("compiles", 0) for t in iso)
     comp_s = sum(t.get("compile_s", 0.0) for t in iso)
+    comp_cpu = sum(t.get("compile_cpu_s", 0.0) for t in iso)
     loads = sum(t.get("loads", 0) for t in iso)
     load_s = sum(t.get("load_s", 0.0) for t in iso)
     exec_s = sum(t.get("exec_s", 0.0) for t in iso)
@@ -210,7 +211,8 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
                      f"{sum(starts) / len(starts):.1f} s mean (preload "
                      + ", ".join(f"{k} {sum(v) / len(v):.1f}" for k, v in pre.items())
                      + f"); first items waited {max(waits, default=0.0):.1f} s at most")
-    lines.append(f"    FA4 kernels: {comp} compiled in {comp_s:.1f} s, {loads} loaded from the disk "
+    cpu = f" ({comp_cpu:.1f} CPU s in the compiling processes)" if comp_cpu else ""
+    lines.append(f"    FA4 kernels: {comp} compiled in {comp_s:.1f} s{cpu}, {loads} loaded from the disk "
                  f"cache in {load_s:.1f} s; worker exec {exec_s:.1f} s in all")
     lines.append(f"    busy: " + ", ".join(f"{ln if ln == 'parent' else 'w' + str(j)} {b:.0f}/{end:.0f} s"
                                           for j, (ln, b) in enumerate(sorted(busy.items()))))
@@ -220,11 +222,68 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
     lines.append(f"    critical item: {last['id']} {last['start_s']:.1f}-{last['end_s']:.1f} s"
                  f" (compile {last.get('compile_s', 0.0):.1f} s, worker wait {last.get('worker_wait_s', 0.0):.1f} s)"
                  + (f"; audit wall {wall:.1f} s (process start and reports: {wall - end:.1f} s)" if wall else ""))
+    key_lines, key_info = key_sharing(items)
+    lines.extend(key_lines)
     info = {"worker_start_s": starts, "preload_mean_s": {k: sum(v) / len(v) for k, v in pre.items()},
-            "compiles": comp, "compile_s": round(comp_s, 2), "loads": loads, "load_s": round(load_s, 2),
+            "kernel_keys": key_info,
+            "compiles": comp, "compile_s": round(comp_s, 2), "compile_cpu_s": round(comp_cpu, 2), "loads": loads, "load_s": round(load_s, 2),
             "exec_s": round(exec_s, 2), "items_end_s": round(end, 2), "busy_s": busy,
             "critical_item": {k: last.get(k) for k in ("id", "start_s", "end_s", "compile_s", "worker_wait_s")},
             "parent_phases": ph}
+    return lines, info
+
+
+def key_sharing(items: list[dict]) -> tuple[list[str], dict[str, Any]]:
+    """Note [Compile keys in the timeline] (fa4verify.audit.kernel_timing): which FA4 compile
+    keys the audit's work items compiled and loaded. A key compiled by two items is one kernel
+    compiled twice (two workers at once, before either stored it); a key loaded by an item after
+    another compiled it is a saving; per check, the keys it shares with other checks."""
+    compiled: dict[str, list[str]] = {}
+    loaded: dict[str, list[str]] = {}
+    text: dict[str, str] = {}
+    cache_of: dict[str, str] = {}
+    seconds: dict[str, float] = {}
+    for t in items:
+        for kind, cache, dg, sec, txt in t.get("kernels") or []:
+            (compiled if kind == "compile" else loaded).setdefault(dg, []).append(t["id"])
+            cache_of[dg] = cache
+            if txt:
+                text[dg] = txt
+            if kind == "compile":
+                seconds[dg] = seconds.get(dg, 0.0) + float(sec)
+    if not compiled and not loaded:
+        return [], {}
+    base = lambda i: i.split("[")[0] if i.endswith("]") and "/" in i.rsplit("[", 1)[-1] else i  # noqa: E731
+    n_comp = sum(len(v) for v in compiled.values())
+    twice = {dg: v for dg, v in compiled.items() if len(v) > 1}
+    reuse = sum(len(v) for dg, v in loaded.items() if dg in compiled)
+    per_check: dict[str, set[str]] = {}
+    for dg, v in list(compiled.items()) + list(loaded.items()):
+        for i in v:
+            per_check.setdefault(base(i), set()).add(dg)
+    for t in items:                     # keys found in memory (hits) count for their check too
+        for dg in t.get("used") or []:
+            per_check.setdefault(base(t["id"]), set()).add(dg)
+    users = {dg: {c for c, ks in per_check.items() if dg in ks} for ks in per_check.values() for dg in ks}
+    by_cache: dict[str, int] = {}
+    for dg in compiled:
+        by_cache[cache_of[dg]] = by_cache.get(cache_of[dg], 0) + 1
+    lines = [f"    compile keys: {len(compiled)} distinct compiled ({n_comp} compiles; "
+             f"{n_comp - len(compiled)} repeated a key another item compiled, "
+             f"{sum(seconds[d] for d in twice):.1f} s on twice-compiled keys), {reuse} loads of a key "
+             f"compiled in this run; by cache: "
+             + ", ".join(f"{k} {v}" for k, v in sorted(by_cache.items()))]
+    rows = []
+    for c, ks in sorted(per_check.items(), key=lambda kv: -len(kv[1])):
+        shared = sum(1 for dg in ks if len(users[dg]) > 1)
+        rows.append(f"{c} {len(ks)} keys ({shared} shared)")
+    lines.append("    keys per check: " + ", ".join(rows))
+    info = {"distinct_compiled": len(compiled), "compiles": n_comp, "twice": len(twice),
+            "reuse_loads": reuse, "by_cache": by_cache,
+            "keys": {dg: {"cache": cache_of[dg], "compiled_by": compiled.get(dg, []),
+                          "loaded_by": loaded.get(dg, []), "compile_s": round(seconds.get(dg, 0.0), 3),
+                          "text": text.get(dg, "")}
+                     for dg in sorted(set(compiled) | set(loaded))}}
     return lines, info
 
 

@@ -62,6 +62,12 @@ def test_proxy_counts_compiles_loads_and_hits_and_forwards_everything():
     d = kt.delta(before)
     assert (d["compiles"], d["loads"], d["hits"]) == (1, 1, 2)
     assert 0.015 < d["compile_s"] < 1.0 and 0.005 < d["load_s"] < 1.0
+    ev = kt.events_since(before)                 # Note [Compile keys in the timeline]
+    assert [(e[0], e[1], e[2]) for e in ev] == [("compile", "fake", kt.key_digest("a")),
+                                                ("load", "fake", kt.key_digest("b"))]
+    assert ev[0][4] == "'a'" and ev[1][4] == "" and ev[0][3] >= 0.015
+    assert kt.key_digest(("x", 1)) == kt.key_digest(("x", 1)) != kt.key_digest(("x", 2))
+    assert kt.keys_used_since(before) == [["fake", kt.key_digest("a")], ["fake", kt.key_digest("b")]]
     c.clear()                                    # other attributes reach the real cache
     assert inner.cleared == 1 and "a" not in inner.mem
 
@@ -134,6 +140,20 @@ def test_benchmark_timeline_reads_the_timing(tmp_path):
     assert info["critical_item"]["id"] == "b[2/2]" and info["critical_item"]["end_s"] == 12.0
     assert info["busy_s"] == {"11": 8.0, "12": 11.0, "parent": 1.5}
     assert any("3 compiled in 9.0 s" in ln for ln in lines)
+    assert "kernel_keys" not in info or info["kernel_keys"] == {}   # no key log: no key lines
+    # Note [Compile keys in the timeline]: the same key compiled by two items is counted once as
+    # distinct and once as repeated; a load of a key compiled in the run is a reuse
+    t = rep["results"]
+    t[0]["timing"][0]["kernels"] = [["compile", "fwd", "k1", 2.0, "(1,)"], ["compile", "bwd", "k2", 2.0, "(2,)"]]
+    t[1]["timing"][0]["kernels"] = [["load", "fwd", "k1", 0.2, ""], ["load", "fwd", "k9", 0.2, ""]]
+    t[1]["timing"][1]["kernels"] = [["compile", "bwd", "k2", 5.0, "(2,)"]]
+    lines, info = m.timeline(rep, 14.0)
+    k = info["kernel_keys"]
+    assert (k["distinct_compiled"], k["compiles"], k["twice"], k["reuse_loads"]) == (2, 3, 1, 1)
+    assert k["by_cache"] == {"bwd": 1, "fwd": 1}
+    assert k["keys"]["k2"]["compiled_by"] == ["a", "b[2/2]"] and k["keys"]["k2"]["compile_s"] == 7.0
+    assert any("2 distinct compiled (3 compiles; 1 repeated" in ln for ln in lines)
+    assert any("a 2 keys (2 shared)" in ln and "b 3 keys (2 shared)" in ln for ln in lines)
     png = tmp_path / "t.png"
     pytest.importorskip("matplotlib", reason="matplotlib not installed")
     assert m.plot_timeline(rep, str(png), "t") and png.stat().st_size > 1000

@@ -23,12 +23,34 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["TimedCache", "install", "snapshot", "delta", "installed"]
+__all__ = ["TimedCache", "install", "snapshot", "delta", "installed", "events_since", "key_digest"]
 
 _lock = threading.Lock()
-_counters: dict[str, float] = {"compiles": 0, "compile_s": 0.0, "loads": 0, "load_s": 0.0,
-                               "hits": 0}
+_counters: dict[str, float] = {"compiles": 0, "compile_s": 0.0, "compile_cpu_s": 0.0, "loads": 0, "load_s": 0.0,
+                               "hits": 0, "events": 0, "used": 0}
 _installed: list[str] = []
+#: one entry per compile or disk load, in order: [kind, cache name, key digest, seconds, key text]
+#: (Note [Compile keys in the timeline]); the key text only for compiles (what differs between
+#: two compiles is read from it), cut to KEY_TEXT_CHARS
+_events: list[list[Any]] = []
+KEY_TEXT_CHARS = 600
+#: every lookup's (cache name, key digest), in order: which kernels a piece of work used, hits
+#: included (:func:`keys_used_since`)
+_used: list[tuple[str, str]] = []
+
+
+def key_digest(key: Any) -> str:
+    """A digest of an FA4 compile key equal in every process: ``repr`` of the key's tuple
+    (dtypes, bools, ints, hashes of mods -- no object addresses in FA4's keys), sha256, 12 hex."""
+    import hashlib
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+
+
+def _event(kind: str, cache: str, key: Any, seconds: float) -> None:
+    text = repr(key)[:KEY_TEXT_CHARS] if kind == "compile" else ""
+    with _lock:
+        _events.append([kind, cache, key_digest(key), round(seconds, 3), text])
+        _counters["events"] = len(_events)
 
 
 def _bump(**kv: float) -> None:
@@ -47,6 +69,10 @@ class TimedCache:
         object.__setattr__(self, "_memory", set())
 
     def __contains__(self, key: Any) -> bool:
+        dg = key_digest(key)
+        with _lock:
+            _used.append((self._name, dg))
+            _counters["used"] = len(_used)
         known = key in self._memory
         t0 = time.perf_counter()
         found = key in self._inner
@@ -59,10 +85,11 @@ class TimedCache:
             # is cheap; a disk load is not: count a load only when the call took measurable time
             if dt > 1e-3:
                 _bump(loads=1, load_s=dt)
+                _event("load", self._name, key, dt)
             else:
                 _bump(hits=1)
         else:
-            self._miss_t[key] = time.perf_counter()
+            self._miss_t[key] = (time.perf_counter(), time.process_time())
         return found
 
     def __getitem__(self, key: Any) -> Any:
@@ -73,7 +100,9 @@ class TimedCache:
         self._inner[key] = fn
         self._memory.add(key)
         if t_miss is not None:
-            _bump(compiles=1, compile_s=time.perf_counter() - t_miss)
+            dt = time.perf_counter() - t_miss[0]
+            _bump(compiles=1, compile_s=dt, compile_cpu_s=time.process_time() - t_miss[1])
+            _event("compile", self._name, key, dt)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -140,6 +169,28 @@ def delta(before: dict[str, float], after: dict[str, float] | None = None) -> di
     after = snapshot() if after is None else after
     out = {}
     for k in _counters:
+        if k in ("events", "used"):
+            continue
         v = after.get(k, 0) - before.get(k, 0)
         out[k] = round(v, 3) if k.endswith("_s") else int(v)
     return out
+
+
+def keys_used_since(before: dict[str, float]) -> list[list[str]]:
+    """The distinct ``[cache, key digest]`` looked up since ``before`` (a :func:`snapshot`),
+    in first-use order: the FA4 kernels a piece of work ran, whether compiled, loaded or hit."""
+    with _lock:
+        seen = dict.fromkeys(_used[int(before.get("used", 0)):])
+    return [list(k) for k in seen]
+
+
+def events_since(before: dict[str, float]) -> list[list[Any]]:
+    """The compiles and loads since ``before`` (a :func:`snapshot`):
+    ``[kind, cache, key digest, seconds, key text]`` each.
+
+    Note [Compile keys in the timeline]: two work items that compile the same key (the same
+    digest) in two workers compiled one kernel twice; a key compiled by one item and loaded by
+    another is a saving. The audit benchmark counts both from these lists, which is how the
+    sharing of keys between checks is measured, not assumed."""
+    with _lock:
+        return [list(e) for e in _events[int(before.get("events", 0)):]]

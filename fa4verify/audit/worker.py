@@ -88,7 +88,8 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
             result = execute(spec, ctx)
         notes = list(ctx._notes)
         timing = dict(kernel_timing.delta(before), exec_s=round(time.perf_counter() - t0, 3),
-                      pid=os.getpid())
+                      pid=os.getpid(), kernels=kernel_timing.events_since(before),
+                      used=[d for _c, d in kernel_timing.keys_used_since(before)])
         kernel_timing.install(import_fa4=False)
         return {"result": result.to_dict(), "notes": notes, "timing": timing}
     return {"result": result.to_dict(), "notes": notes}

@@ -208,6 +208,11 @@ def _merge_campaign(ctx: CheckContext, parts: list) -> CheckResult:
     out.details["draw_digest"] = h["draw_digest"]
     out.details["violating_examples"] = int(getattr(res, "violations", 0))
     out.details["worst_problem"] = res.worst_problem
+    # Note [Compile keys in the timeline]: example index -> the FA4 kernels it ran ("cache:digest")
+    ek = {str(o["index"]): [f"{c}:{d}" for c, d in o["kernels"]]
+          for p in pays for o in p["part"]["outcomes"] if o.get("kernels")}
+    if ek:
+        out.details["example_kernels"] = dict(sorted(ek.items(), key=lambda kv: int(kv[0])))
     return out
 
 

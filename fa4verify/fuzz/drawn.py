@@ -216,9 +216,11 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
 
     ``time_limit_s``: examples not started by then are recorded ``not_run`` (every example still
     has one outcome, so the merge stays complete; the result says how many did not run)."""
+    from fa4verify.audit import kernel_timing
     t0 = time.monotonic()
     outcomes: list[dict[str, Any]] = []
     for n, j in enumerate(indices):
+        snap = kernel_timing.snapshot()
         problem = problems[j]
         o: dict[str, Any] = {"index": int(j), "digest": problem.digest(), "describe": problem.describe(),
                              "known": []}
@@ -267,6 +269,11 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
             o["problem"] = problem.to_dict()
         finally:
             _ABSORB.reset(token)
+        # Note [Compile keys in the timeline]: the FA4 kernels this example ran (when the
+        # audit's instrument is installed; none otherwise)
+        used = kernel_timing.keys_used_since(snap)
+        if used:
+            o["kernels"] = used
         outcomes.append(o)
         if on_example is not None:
             on_example(n + 1, problem)
