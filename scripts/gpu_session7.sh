@@ -9,6 +9,8 @@
 #   profile    the default audit once more on tdefault's (warm) kernel cache, each worker request
 #              under cProfile (FA4VERIFY_WORKER_PROFILE): where the warm seconds go
 #   gputests   pytest -m gpu
+#   imports    python -X importtime of what the zygote imports (torch, FA4's interface, the judge),
+#              alone and with a parent importing torch beside it: where a worker's start-up goes
 # Env: CALL_BUDGET_S (575), AUDIT_MODES (cold,warm), WORKERS (auto), EXTRA (extra audit args).
 set -u
 T0=$(date +%s)
@@ -57,6 +59,15 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.pstats"))):
     st = pstats.Stats(f); st.sort_stats("cumulative"); st.print_stats(28)
 PY
       head -c 3000 "$OUT/pstats_top.txt" ;;
+    imports)
+      Z='import torch; from fa4verify.kernels.adapter import interface_module; interface_module(); import fa4verify.judge, fa4verify.oracles'
+      for mode in alone beside; do
+        [ "$mode" = beside ] && (python3 -c 'import torch; torch.cuda.is_available()' &)
+        TIMEFORMAT="$mode: wall %R s, user %U s, sys %S s"
+        time (env QUACK_ARCH=90 PYTORCH_NVML_BASED_CUDA_CHECK=1 python3 -X importtime -c "$Z" 2> "$OUT/importtime_$mode.txt")
+        sort -t'|' -k2 -n "$OUT/importtime_$mode.txt" | tail -14 | cut -c1-110
+        wait
+      done ;;
     gputests) timeout "$left" python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1;
               tail -15 "$OUT/gpu_tests.log" ;;
     *) echo "unknown step $step" ;;

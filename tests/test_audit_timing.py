@@ -101,9 +101,12 @@ def test_workers_start_before_their_first_item_and_every_item_is_timed(tmp_path)
 
 def test_prestart_starts_every_slot_once():
     from fa4verify.audit.pool import WorkerPool
+    t0 = time.time()
     with WorkerPool(2) as pool:
         assert pool.prestart() == 2 and pool.started == 2
         assert pool.prestart() == 0 and pool.started == 2
+        st = pool.start_times(t0)        # spawned workers: no zygote to report
+        assert set(st) == {"pool_created"} and 0.0 <= st["pool_created"] < 5.0
     with WorkerPool(2, fresh=True) as pool:
         assert pool.prestart() == 0 and pool.started == 0
     with pytest.raises(ValueError, match="preload"):

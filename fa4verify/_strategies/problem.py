@@ -501,3 +501,48 @@ def mod_problems(draw: DrawFn, *, mods: Optional[Collection[str]] = None, arch: 
     causal = bool(base.causal) and pair.kind == "score"
     return base.replace(seqlen_k=sk, causal=causal, window_size=(None, None), mods=(name,),
                         mod_seed=draw(st.integers(0, 3)))
+
+
+@st.composite
+def problem_groups(draw: DrawFn, problems: st.SearchStrategy[AttentionProblem], *, siblings: int,
+                   distributions: Optional[Collection[str]] = None) -> list[AttentionProblem]:
+    """A drawn problem followed by ``siblings`` problems that run the same FA4 kernels with other
+    inputs (Note [Siblings share compile keys]).
+
+    Each sibling has its own :class:`ValueSpec` (distribution, parameters and seed drawn as by
+    :func:`value_specs`); a varlen problem's siblings also get new per-sequence lengths, tile-edge
+    biased in ``[0, max]``, with the batch's maxima kept (FA4 compiles for the maxima, never for
+    the lengths: cu_seqlens are run-time data). Everything else -- head dims, head counts, masks,
+    softcap, sink, scale, call form, mods -- is the drawn problem's.
+
+    Note [Siblings share compile keys]: a production fuzz example costs FA4 compiles (1 to 4 s each
+    on the H200, measured) for every kernel it is the first to need; a campaign of distinct draws
+    compiled 80 kernels for 50 examples (session 7). What selects FA4's kernel is the key built
+    in ``flash_attn.cute.interface`` from dtypes, head dims, flags, tiles and, through heuristics
+    (split-KV, single-block backward), the maximal sequence lengths -- not the input values and
+    not the lengths of a varlen batch below its maxima. A sibling keeps every one of those, so it
+    reuses its group's kernels: the audit measures it (``example_kernels`` in the fuzz result,
+    Note [Compile keys in the timeline]) rather than trusting this model. A sibling that compiles
+    anyway is only slower, never less checked: every example is judged in full.
+    """
+    from fa4verify._strategies.shapes import seqlen_edges
+    if siblings < 0:
+        raise InvalidArgument(f"siblings={siblings} must be >= 0")
+    p = draw(problems)
+    out = [p]
+    for _ in range(siblings):
+        q = p.replace(values=draw(value_specs(dtype=p.dtype, distributions=tuple(distributions) if distributions
+                                               else None, sinks=p.sink)))
+        if p.varlen and p.call is None and p.batch > 1:
+            lens = []
+            for m in (p.seqlen_q, p.seqlen_k):
+                edges = (0,) + seqlen_edges(m) if m >= 1 else (0,)
+                xs = [draw(st.sampled_from(edges)) for _ in range(p.batch)]
+                xs[draw(st.integers(0, p.batch - 1))] = m     # the maximum stays: the same kernel
+                lens.append(tuple(xs))
+            try:
+                q = q.replace(seqlens_q=lens[0], seqlens_k=lens[1])
+            except ValueError:
+                pass                       # lengths this problem cannot take: the values only
+        out.append(q)
+    return out

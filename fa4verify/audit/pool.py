@@ -539,6 +539,8 @@ class WorkerPool:
         self.size = size
         self.timeout = timeout
         self.fresh = fresh
+        self.kernel_cache = kernel_cache
+        self.created = time.time()        #: wall clock of the pool's creation (report phases)
         self.env = worker_env(kernel_cache=kernel_cache, workers=size)
         self.env.setdefault(PRELOAD_ENV, preload)
         self._tmp = tempfile.TemporaryDirectory(prefix="fa4verify-workers-")
@@ -587,6 +589,15 @@ class WorkerPool:
             pool.close()
             raise
         return pool
+
+    def start_times(self, t0: float) -> dict[str, float]:
+        """When, in seconds after ``t0`` (wall clock), this pool was created and its zygote (if
+        any) finished its imports: for the audit's report phases."""
+        out = {"pool_created": round(self.created - t0, 3)}
+        z = self._zygote
+        if z is not None and z.ready is not None:
+            out["zygote_ready"] = round(z.spawned + float(z.ready["start_s"]) - t0, 3)
+        return out
 
     def prestart(self, n: int | None = None) -> int:
         """Start up to ``n`` (default: every) idle slot's worker now, so their start-up (imports,

@@ -139,6 +139,26 @@ def _budget_opts(ctx: CheckContext, n: int) -> tuple[int, Any]:
     return n, t
 
 
+#: Note [Siblings share compile keys] (fa4verify._strategies.problem.problem_groups): in the
+#: quick and default profiles every drawn production problem comes with this many siblings (other
+#: values, other varlen lengths, the same FA4 kernels), so the campaign's examples cost about half
+#: the compiles; full and exhaustive draw every example on its own
+_GPU_SIBLINGS = {"quick": 1, "default": 1, "full": 0, "exhaustive": 0}
+
+
+def _siblings(ctx: CheckContext) -> int:
+    """Siblings per drawn production problem: the profile's, or ``--opt fuzz_siblings=N``."""
+    opts = getattr(ctx, "options", None) or {}
+    raw = opts.get("fuzz_siblings", _GPU_SIBLINGS.get(ctx.profile, 0))
+    try:
+        n = int(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"--opt fuzz_siblings={raw!r}: expected an integer >= 0") from None
+    if n < 0:
+        raise ValueError(f"--opt fuzz_siblings={raw!r}: expected an integer >= 0")
+    return n
+
+
 def _dtype(ctx: CheckContext) -> str:
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"fuzzing draws bf16/fp16 problems; dtype {ctx.dtype} (forward-only fp8) is not generated")
@@ -161,19 +181,19 @@ _KEY_COST = 8.0
 
 def _drawn_campaign(ctx: CheckContext, *, target: Any, arch: str, dtype: str, n: int, kw: dict,
                     where: str, label: str, extra: dict | None = None,
-                    time_limit_s: float | None = None) -> CheckResult:
+                    time_limit_s: float | None = None, siblings: int = 0) -> CheckResult:
     """Note [Drawn campaigns] (fa4verify.fuzz.drawn): the campaign's ``n`` examples are drawn up
     front from the seed, this shard runs its share (split by compile key), and the result is
     that of the share; :func:`_merge_campaign` makes the check's one result of the shards'."""
     from fa4verify.fuzz import drawn
     problems = drawn.draw_problems(arch=arch, dtype=dtype, examples=n, seed=ctx.seed, profile=_profile(ctx),
-                                   target=target, **kw)
+                                   target=target, siblings=siblings, **kw)
     mine = ctx.shard_items(range(len(problems)), key=lambda j: drawn.compile_key(problems[j]),
                            key_cost=_KEY_COST)
     import hashlib
     draw = hashlib.sha256("".join(p.digest() for p in problems).encode()).hexdigest()[:16]
     head = {"expected": len(problems), "arch": arch, "profile": _profile(ctx), "seed": ctx.seed,
-            "where": where, "extra": extra or {}, "draw_digest": draw}
+            "where": where, "extra": dict(extra or {}, siblings=siblings), "draw_digest": draw}
     if ctx.sharded and not mine:
         from fa4verify.audit.shards import empty_shard
         return empty_shard(ctx, "example", dict(head, part={"outcomes": [], "seconds": 0.0, "target": {}}))
@@ -273,7 +293,8 @@ def production(ctx: CheckContext) -> CheckResult:
         limits["head_dim_choices"] = head_dim_palette(gpu.arch, ctx.seed)
     kw = _deployment_kw(ctx, limits, call_features=True)
     drawn_from = list(kw["limits"].get("head_dim_choices", ())) or "all"
+    sib = _siblings(ctx)
     return _drawn_campaign(ctx, target=tgt, arch=gpu.arch, dtype=dtype, n=n, kw=kw, where=where, time_limit_s=tl,
-                           label="fuzzing production FA4",
+                           label="fuzzing production FA4", siblings=sib,
                            extra={"head_dims_drawn_from": drawn_from,
                                   "features_drawn_from": list(kw.get("features") or ())})

@@ -86,23 +86,74 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     Exit: 0 within budget, 1 violation/regression, 2 usage or environment error,
           3 a check crashed, 5 nothing ran, 10 undecided.
     """
-    from fa4verify.audit.atomic import OutputPathError, check_outputs
-    from fa4verify.audit.report_json import ReportError, load_report
     from fa4verify.audit.runner import KeywordError, compile_keyword
-    from fa4verify.error_budgets.loader import BUDGET_FILE_ENV, budget_file_from_env
 
     t_start = time.time()
+    raw = dict(dtype=dtype.lower(), device=device.lower(), arch=arch,
+               profile=profile.lower(), seed=seed, keyword=keyword, shard=shard,
+               checks_modules=checks_modules, no_default_checks=no_default_checks,
+               isolate=isolate.lower(), timeout=timeout, opts=opts,
+               deployment=deployment, workers=workers,
+               fresh_workers=fresh_workers, kernel_cache=kernel_cache,
+               check_shards=check_shards, no_shard=no_shard)
+    # Note [Workers before the CUDA probe]: a GPU audit's workers start before this process
+    # imports torch to probe CUDA (seconds on the H200, measured: the zygote's imports then overlap
+    # the probe as well as the discovery)
+    early_pool = None
+    if gpus is None and not list_only:
+        early_pool = _start_pool_early(raw)
     try:
-        config = build_config(dtype=dtype.lower(), device=device.lower(), arch=arch,
-                              profile=profile.lower(), seed=seed, keyword=keyword, shard=shard,
-                              checks_modules=checks_modules, no_default_checks=no_default_checks,
-                              isolate=isolate.lower(), timeout=timeout, opts=opts,
-                              deployment=deployment, workers=workers,
-                              fresh_workers=fresh_workers, kernel_cache=kernel_cache,
-                              check_shards=check_shards, no_shard=no_shard)
+        config = build_config(**raw)
         compile_keyword(keyword)
     except (OptionError, KeywordError) as e:
+        if early_pool is not None:
+            early_pool.close()
         raise _usage(str(e)) from None
+    if early_pool is not None and not _pool_fits(early_pool, config):
+        early_pool.close()
+        early_pool = None
+    try:
+        return _checked_run(config, early_pool, t_start, gpus=gpus, shard=shard, list_only=list_only,
+                            baseline_path=baseline_path, regression_rtol=regression_rtol,
+                            json_path=json_path, junit_path=junit_path, html_path=html_path, live=live)
+    finally:
+        if early_pool is not None:
+            early_pool.close()
+
+
+def _start_pool_early(raw: dict):
+    """Note [Workers before the CUDA probe]: the worker pool of an audit that will run on a GPU,
+    started from the raw options before :func:`build_config` probes CUDA (which imports torch in
+    this process). Only when the GPU is certain enough to be worth it -- ``--device cuda`` or
+    ``auto``, and a GPU that nvidia-smi lists -- and the options already make a pool
+    (``build_config`` with ``cuda=True`` and the arch left out, so nothing here imports torch);
+    any doubt returns None and the pool starts after the probe, as before. The caller closes
+    it when the real configuration does not match (:func:`_pool_fits`)."""
+    if raw["device"] not in ("cuda", "auto") or raw["fresh_workers"] or raw["isolate"] == "never":
+        return None
+    from fa4verify.audit.pool import WorkerPool, _visible_compute_cap
+    if _visible_compute_cap(dict(os.environ)) is None:
+        return None
+    try:
+        pre = build_config(**dict(raw, arch=("sm90",), deployment=None), cuda=True)
+    except OptionError:
+        return None                 # the real build says what is wrong
+    return WorkerPool.for_audit(pre)
+
+
+def _pool_fits(pool, config) -> bool:
+    """Whether an early pool is the one :meth:`WorkerPool.for_audit` would make for ``config``."""
+    return (config.device == "cuda" and not config.fresh_workers and config.isolate != "never"
+            and pool.size == config.workers and pool.timeout == config.timeout
+            and pool.kernel_cache == config.kernel_cache)
+
+
+def _checked_run(config, early_pool, t_start, *, gpus, shard, list_only, baseline_path,
+                 regression_rtol, json_path, junit_path, html_path, live) -> int:
+    """The audit after its options are parsed: the inputs and outputs checked, then the run."""
+    from fa4verify.audit.atomic import OutputPathError, check_outputs
+    from fa4verify.audit.report_json import ReportError, load_report
+    from fa4verify.error_budgets.loader import BUDGET_FILE_ENV, budget_file_from_env
     gpu_sel = _select_gpus(gpus, shard, config.device) if gpus is not None else None
     inputs = [("--baseline", baseline_path)]
     inputs += [("--checks-module", m) for m in config.checks_modules if m.endswith(".py")]
@@ -136,22 +187,22 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
         except BudgetError as e:
             raise _usage(f"{BUDGET_FILE_ENV}: {e}") from None
 
-    # a GPU audit's workers start now, before the checks are discovered: their start-up (the
-    # imports of torch and FA4, a CUDA context each; seconds, measured on the H200) overlaps
-    # everything this process does before its first check
-    early_pool = None
-    if (config.device == "cuda" and gpu_sel is None and not list_only and not config.fresh_workers
-            and config.isolate != "never"):
+    # a GPU audit's workers start now at the latest, before the checks are discovered: their
+    # start-up (the imports of torch and FA4, a CUDA context each; seconds, measured on the H200)
+    # overlaps everything this process does before its first check
+    own_pool = None
+    if (early_pool is None and config.device == "cuda" and gpu_sel is None and not list_only
+            and not config.fresh_workers and config.isolate != "never"):
         from fa4verify.audit.pool import WorkerPool
-        early_pool = WorkerPool.for_audit(config)
+        early_pool = own_pool = WorkerPool.for_audit(config)
     try:
         return _audit_run(config, gpu_sel, early_pool, t_start, list_only=list_only, baseline=baseline,
                           baseline_path=baseline_path, regression_rtol=regression_rtol,
                           budget_file=budget_file, json_path=json_path, junit_path=junit_path,
                           html_path=html_path, live=live)
     finally:
-        if early_pool is not None:
-            early_pool.close()
+        if own_pool is not None:
+            own_pool.close()
 
 
 def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, baseline_path,
@@ -194,6 +245,8 @@ def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, bas
     env_now = environment.collect(config.device)
     phases = dict(getattr(run, "phases", {}) or {}, before_run=round(run.started - t_start, 3),
                   run=round(run.finished - run.started, 3), environment=round(time.time() - t_env, 3))
+    if early_pool is not None:       # Note [Workers before the CUDA probe]: when they started
+        phases.update(early_pool.start_times(t_start))
     report = build_report(config=config.to_dict(), environment=env_now,
                           results=results, exit_code=code, duration_s=time.time() - t_start,
                           command=_command_line(), baseline=bl, environments=envs)

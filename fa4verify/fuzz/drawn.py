@@ -44,12 +44,15 @@ DRAW_FACTOR = 1
 def draw_problems(*, arch: str, dtype: Optional[str], examples: int, seed: int, profile: str = "ci",
                   features: Optional[Collection[str]] = None, distributions: Optional[Collection[str]] = None,
                   limits: Optional[Mapping[str, Any]] = None, target: Optional[Target] = None,
-                  fresh_process: bool = True) -> list[AttentionProblem]:
+                  fresh_process: bool = True, siblings: int = 0) -> list[AttentionProblem]:
     """``examples`` distinct problems (by digest, in draw order), deterministic in ``seed``.
 
     The strategy is :func:`run_campaign`'s (profile limits updated by ``limits``; the features
     the ``target`` runs). Only Hypothesis's generate phase runs, with no database and a body that
-    never fails, rejects or targets.
+    never fails, rejects or targets. With ``siblings`` = s, each drawn problem is followed by s
+    siblings that run the same FA4 kernels on other inputs
+    (:func:`~fa4verify._strategies.problem.problem_groups`, Note [Siblings share compile keys]):
+    ``examples`` problems in about ``examples / (s + 1)`` groups.
 
     Possible issues: Hypothesis's generation also depends on its state in the process (a long
     process that ran other Hypothesis tests draws a different list from the same seed: measured
@@ -58,9 +61,13 @@ def draw_problems(*, arch: str, dtype: Optional[str], examples: int, seed: int, 
     and every process, about 2 s."""
     feats = tuple(f for f in (features if features is not None else FEATURES)
                   if target is None or f in target.features())
+    if int(siblings) < 0:
+        raise ValueError(f"siblings={siblings} must be >= 0")
     args = {"arch": arch, "dtype": dtype, "examples": int(examples), "seed": int(seed), "profile": profile,
             "features": list(feats), "distributions": list(distributions) if distributions else None,
             "limits": {k: (list(v) if isinstance(v, (tuple, list)) else v) for k, v in (limits or {}).items()}}
+    if int(siblings):
+        args["siblings"] = int(siblings)     # absent when 0: the shared-draw key of older draws stays
     if fresh_process:
         return _draw_in_fresh_process(args)
     return _draw_here(**args)
@@ -129,9 +136,7 @@ def _parse_draw(text: str) -> list[AttentionProblem]:
 
 def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, profile: str,
                features: Collection[str], distributions: Optional[Collection[str]],
-               limits: Mapping[str, Any]) -> list[AttentionProblem]:
-    from hypothesis import Phase, given, seed as hseed, settings, Verbosity
-
+               limits: Mapping[str, Any], siblings: int = 0) -> list[AttentionProblem]:
     pname = profile_name(profile)
     register_profiles(None)
     lim: dict[str, Any] = profile_limits(profile)
@@ -140,6 +145,10 @@ def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, pro
     strategy = attention_problems(arch=arch, dtype=dtype, features=feats,
                                   distributions=tuple(distributions) if distributions else None, **lim)
     strategy.validate()
+    if siblings:
+        from fa4verify._strategies.problem import problem_groups
+        strategy = problem_groups(strategy, siblings=int(siblings),
+                                  distributions=tuple(distributions) if distributions else None)
     out = _generate(strategy, examples, seed, pname)
     from fa4verify._strategies.calls import MOD_FEATURE
     if MOD_FEATURE in feats and examples >= 2:
@@ -168,18 +177,19 @@ MOD_QUOTA_SHARE = 8
 
 def _generate(strategy: Any, examples: int, seed: int, pname: str) -> list[AttentionProblem]:
     """``examples`` distinct problems (by digest, in draw order) from Hypothesis's generate
-    phase at ``seed``."""
+    phase at ``seed``; a strategy of lists (:func:`problem_groups`) gives its problems in order."""
     from hypothesis import Phase, given, seed as hseed, settings, Verbosity
     out: list[AttentionProblem] = []
     seen: set[str] = set()
 
-    def body(problem: AttentionProblem) -> None:
+    def body(drawn: Any) -> None:
         if len(out) >= examples:
             raise _Full()      # ends the generate phase; raised again on Hypothesis's replay
-        dg = problem.digest()
-        if dg not in seen:
-            seen.add(dg)
-            out.append(problem)
+        for problem in (drawn if isinstance(drawn, list) else [drawn]):   # a group: in order
+            dg = problem.digest()
+            if dg not in seen and len(out) < examples:
+                seen.add(dg)
+                out.append(problem)
 
     base = settings.get_profile(pname)
     st = settings(base, max_examples=max(1, DRAW_FACTOR * examples), database=None, deadline=None,

@@ -1,0 +1,91 @@
+"""Note [Siblings share compile keys] (fa4verify._strategies.problem.problem_groups): a drawn
+production problem's siblings change only what FA4 does not compile for (the values; a varlen
+batch's lengths below its maxima), the draw stays deterministic, and siblings=0 is the old draw."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
+from fa4verify._strategies.problem import FEATURES, attention_problems, problem_groups
+from fa4verify.fuzz import drawn
+
+_FEATS = tuple(f for f in FEATURES if f != "mask_mod") + CALL_FEATURES + (MOD_FEATURE,)
+
+
+def _kernel_part(p):
+    """Everything of a problem but what a sibling may change."""
+    d = dataclasses.asdict(p)
+    d.pop("values")
+    if p.varlen and p.call is None:
+        d.pop("seqlens_q")
+        d.pop("seqlens_k")
+    return d
+
+
+@settings(max_examples=60, deadline=None)
+@given(problem_groups(attention_problems(arch="sm90", dtype="bf16", features=_FEATS,
+                                         head_dim_choices=(8, 64, 128)), siblings=2))
+def test_siblings_keep_everything_fa4_compiles_for(group):
+    base, *sibs = group
+    assert len(sibs) == 2
+    for s in sibs:
+        assert _kernel_part(s) == _kernel_part(base)
+        assert (s.seqlen_q, s.seqlen_k, s.batch) == (base.seqlen_q, base.seqlen_k, base.batch)
+        assert drawn.compile_key(s) == drawn.compile_key(base)
+        if s.varlen:
+            assert (max(s.seqlens_q), max(s.seqlens_k)) == (base.seqlen_q, base.seqlen_k)
+
+
+def test_varlen_siblings_also_vary_the_lengths():
+    seen = []
+
+    @settings(max_examples=80, deadline=None)
+    @given(problem_groups(attention_problems(arch="sm90", dtype="bf16", features=("varlen",),
+                                             max_batch=3), siblings=1))
+    def run(group):
+        base, sib = group
+        if base.varlen and base.batch > 1:
+            seen.append(sib.seqlens_q != base.seqlens_q or sib.seqlens_k != base.seqlens_k)
+    run()
+    assert seen and any(seen)
+
+
+def test_negative_siblings_are_refused():
+    with pytest.raises(ValueError, match="siblings"):
+        drawn.draw_problems(arch="sm90", dtype="bf16", examples=4, seed=0, siblings=-1)
+    with pytest.raises(Exception, match="siblings"):
+        problem_groups(attention_problems(), siblings=-1).example()
+
+
+def _draw(sib, seed=0):
+    return drawn.draw_problems(arch="sm90", dtype="bf16", examples=24, seed=seed, profile="ci", features=_FEATS,
+                               limits={"head_dim_choices": (8, 64, 128), "max_head_dim": 256}, siblings=sib)
+
+
+def test_a_sibling_draw_is_deterministic_and_repeats_kernels():
+    a, b = _draw(1), _draw(1)
+    assert [p.digest() for p in a] == [p.digest() for p in b]
+    assert len(a) == 24 and len({p.digest() for p in a}) == 24
+    plain = _draw(0)
+    kern = lambda ps: len({repr(sorted(_kernel_part(p).items())) for p in ps})  # noqa: E731
+    # the same number of examples runs over fewer distinct kernel configurations
+    assert kern(a) < kern(plain)
+    # a sibling follows its base: at least one (base, sibling) pair of equal kernel parts in a row
+    assert any(_kernel_part(x) == _kernel_part(y) and x.values != y.values for x, y in zip(a, a[1:]))
+
+
+def test_the_production_check_takes_siblings_from_the_profile_or_the_option():
+    from fa4verify.checks import fuzz as cf
+
+    class Ctx:
+        def __init__(self, profile, options=None):
+            self.profile, self.options = profile, options or {}
+    assert cf._siblings(Ctx("default")) == 1 and cf._siblings(Ctx("quick")) == 1
+    assert cf._siblings(Ctx("full")) == 0 and cf._siblings(Ctx("exhaustive")) == 0
+    assert cf._siblings(Ctx("default", {"fuzz_siblings": "3"})) == 3
+    for bad in ("-1", "two"):
+        with pytest.raises(ValueError, match="fuzz_siblings"):
+            cf._siblings(Ctx("default", {"fuzz_siblings": bad}))
