@@ -212,6 +212,10 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
                      + ", ".join(f"{k} {sum(v) / len(v):.1f}" for k, v in pre.items())
                      + f"); first items waited {max(waits, default=0.0):.1f} s at most")
     cpu = f" ({comp_cpu:.1f} CPU s in the compiling processes)" if comp_cpu else ""
+    waits = sum(t.get("waits", 0) for t in iso)
+    wait_s = sum(t.get("wait_s", 0.0) for t in iso)
+    if waits:      # Note [One compile per key per audit] (fa4verify.audit.kernel_timing)
+        cpu += f"; {waits} waits for another worker's compile of the same key ({wait_s:.1f} s)"
     lines.append(f"    FA4 kernels: {comp} compiled in {comp_s:.1f} s{cpu}, {loads} loaded from the disk "
                  f"cache in {load_s:.1f} s; worker exec {exec_s:.1f} s in all")
     lines.append(f"    busy: " + ", ".join(f"{ln if ln == 'parent' else 'w' + str(j)} {b:.0f}/{end:.0f} s"
@@ -226,7 +230,8 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
     lines.extend(key_lines)
     info = {"worker_start_s": starts, "preload_mean_s": {k: sum(v) / len(v) for k, v in pre.items()},
             "kernel_keys": key_info,
-            "compiles": comp, "compile_s": round(comp_s, 2), "compile_cpu_s": round(comp_cpu, 2), "loads": loads, "load_s": round(load_s, 2),
+            "compiles": comp, "compile_s": round(comp_s, 2), "compile_cpu_s": round(comp_cpu, 2),
+            "waits": waits, "wait_s": round(wait_s, 2), "loads": loads, "load_s": round(load_s, 2),
             "exec_s": round(exec_s, 2), "items_end_s": round(end, 2), "busy_s": busy,
             "critical_item": {k: last.get(k) for k in ("id", "start_s", "end_s", "compile_s", "worker_wait_s")},
             "parent_phases": ph}
@@ -245,6 +250,8 @@ def key_sharing(items: list[dict]) -> tuple[list[str], dict[str, Any]]:
     seconds: dict[str, float] = {}
     for t in items:
         for kind, cache, dg, sec, txt in t.get("kernels") or []:
+            if kind not in ("compile", "load"):      # "wait": Note [One compile per key per audit]
+                continue
             (compiled if kind == "compile" else loaded).setdefault(dg, []).append(t["id"])
             cache_of[dg] = cache
             if txt:

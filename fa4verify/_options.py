@@ -66,7 +66,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("timeout", "timeout", "Per-check time limit in seconds for isolated checks (0 = none).",
            0.0, type=float, metavar="S"),
     Option("workers", "workers", "Persistent worker processes for isolated checks, run side by side; "
-           "auto = half the CPU cores, at most 8, on a GPU (FA4 compiles are CPU work), 2 on "
+           "auto = three quarters of the CPU cores, at most 12, on a GPU (FA4 compiles are CPU work), 2 on "
            "the CPU. Env FA4VERIFY_WORKERS.",
            "auto", metavar="N|auto", envvar="FA4VERIFY_WORKERS"),
     Option("shards", "check_shards", "Split each shardable check (fuzz.production, determinism.fa4, "

@@ -135,9 +135,9 @@ def test_auto_workers_rule():
     assert auto_workers("cpu", 64) == 2      # the 2-core development box: 2
     assert auto_workers("cpu", 1) == 1
     assert auto_workers("cuda", 2) == 1
-    assert auto_workers("cuda", 8) == 4
-    assert auto_workers("cuda", 16) == 8     # the 16-core H200 box
-    assert auto_workers("cuda", 128) == 8
+    assert auto_workers("cuda", 8) == 6
+    assert auto_workers("cuda", 16) == 12    # the 16-core H200 box
+    assert auto_workers("cuda", 128) == 12
 
 
 def _imports(path: pathlib.Path) -> set[str]:

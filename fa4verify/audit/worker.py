@@ -86,6 +86,7 @@ def run_request(req: dict[str, Any]) -> dict[str, Any]:
             prof.dump_stats(os.path.join(prof_dir, f"{ctx.check_id}-{sh[0] + 1}of{sh[1]}-{os.getpid()}.pstats"))
         else:
             result = execute(spec, ctx)
+        kernel_timing.release_compile_locks()    # a compile the check abandoned holds none
         notes = list(ctx._notes)
         timing = dict(kernel_timing.delta(before), exec_s=round(time.perf_counter() - t0, 3),
                       pid=os.getpid(), kernels=kernel_timing.events_since(before),

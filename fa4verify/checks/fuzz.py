@@ -30,7 +30,8 @@ in the details.
 
 Both campaigns are drawn up front (Note [Drawn campaigns], :mod:`fa4verify.fuzz.drawn`): the seed
 fixes the examples, and the audit runs them as one shard per worker (``@check(shards=)``: the
-shards split the examples by FA4 compile key, so no two compile the same kernel), merged into one
+shards split the examples by FA4 compile key, and a kernel two shards need is compiled once:
+Note [One compile per key per audit]), merged into one
 result equal to the unsharded one. Hypothesis's targeting and shrinking are not used in the audit
 (``fa4verify fuzz`` keeps them).
 """

@@ -5,7 +5,8 @@
 checks instead draw the campaign's ``examples`` distinct problems first (:func:`draw_problems`:
 Hypothesis's generate phase only, with the campaign's seed, strategy and limits: the same list in
 every process), then each shard runs its share (:func:`run_drawn`; shards split by
-:func:`compile_key`, so two shards never compile the same FA4 kernel), and :func:`merge_drawn`
+:func:`compile_key`, so the examples of one kernel stay in one shard; a kernel two shards need is
+compiled once all the same: Note [One compile per key per audit]), and :func:`merge_drawn`
 joins the per-example outcomes into one :class:`~fa4verify.fuzz.campaign.CampaignResult`.
 Every example runs (a violation does not stop the campaign), so the merged result of any
 sharding equals the unsharded one; the first violation (lowest example index) is the reported
@@ -208,13 +209,23 @@ class _Full(Exception):
 
 
 def compile_key(problem: AttentionProblem) -> tuple:
-    """What selects a distinct FA4 kernel (a compile) for ``problem``: arch, dtype, head dims,
-    the mask kind (causal, local, mask_mod), softcap on/off, sink, varlen and GQA packing. Not
-    FA4's own key (which also holds tile choices derived from these), but one FA4 key never
-    spans two of these."""
+    """What selects the FA4 kernels of ``problem`` (the fuzz shards group examples by it): arch,
+    dtype, head dims, the GQA ratio, the mask kind (causal, which window sides, mask_mod, mods),
+    softcap on/off, sink, varlen, the call form (paged with its page size, seqused_k, block
+    sparsity, a named mask_mod) and whether each sequence-length maximum fits one 128-wide tile
+    (FA4's single-block backward). Not FA4's own key -- that also holds tiles and heuristics
+    derived from these -- but close to it: examples with equal keys share their kernels (a
+    sibling keeps its problem's key: Note [Siblings share compile keys]), and the rare kernel
+    two groups share is compiled once per audit all the same (Note [One compile per key per
+    audit], fa4verify.audit.kernel_timing)."""
     f = problem.features()
-    return (f["arch"], f["dtype"], f["hdim"], f["causal"], f["local"], f["softcap"], f["sink"],
-            f["varlen"], f["gqa"], f["mask_mod"])
+    c = problem.call
+    call = None if c is None else (c.page_size, c.seqused_k, c.q_batched, c.block_size, c.mask_mod_fn)
+    wl, wr = problem.window_size
+    return (f["arch"], f["dtype"], f["hdim"], problem.nheads // problem.nheads_kv, f["causal"],
+            wl is not None, wr is not None, f["softcap"], f["sink"], f["varlen"], f["mask_mod"],
+            problem.mods, call, problem.seqlen_q <= 128, problem.seqlen_k <= 128,
+            problem.batch > 1 and not problem.varlen)
 
 
 def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, target: Target,
