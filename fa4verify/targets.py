@@ -94,6 +94,13 @@ class Target:
         return {"target": self.name, "where": self.where}
 
 
+def production_features() -> tuple[str, ...]:
+    """The problem features production FA4 runs (:meth:`ProductionTarget.features`, known without
+    a GPU): boolean mask_mod patterns are twin-only; CuTe mask_mods come as call forms
+    (mask_mod_fn) and as registered score_mod / mask_mod pairs (mod_pairs, fa4verify.mods)."""
+    return tuple(f for f in FEATURES if f != "mask_mod") + CALL_FEATURES + (MOD_FEATURE,)
+
+
 class TwinTarget(Target):
     """The CPU twin (``fa4verify.kernels.twin.attention``), optionally with ``mutations``.
 
@@ -324,9 +331,7 @@ class ProductionTarget(Target):
         return contextlib.nullcontext() if active_fake_mode() is not None else self._fake_mode
 
     def features(self) -> tuple[str, ...]:
-        # boolean mask_mod patterns are twin-only; CuTe mask_mods come as call forms (mask_mod_fn)
-        # and as registered score_mod / mask_mod pairs (mod_pairs, fa4verify.mods)
-        return tuple(f for f in FEATURES if f != "mask_mod") + CALL_FEATURES + (MOD_FEATURE,)
+        return production_features()
 
     def check_supported(self, problem: AttentionProblem) -> None:
         if problem.mask_mod is not None:

@@ -8,7 +8,7 @@
 #   tquick:spawn, tdefault:fork ...  the same with FA4VERIFY_WORKER_START=spawn|fork
 #   profile    the default audit once more on tdefault's (warm) kernel cache, each worker request
 #              under cProfile (FA4VERIFY_WORKER_PROFILE): where the warm seconds go
-#   gputests   pytest -m gpu
+#   gputests   pytest -m gpu (-n GPU_TEST_WORKERS, default 6, when pytest-xdist is there)
 #   imports    python -X importtime of what the zygote imports (torch, FA4's interface, the judge),
 #              alone and with a parent importing torch beside it: where a worker's start-up goes
 # Env: CALL_BUDGET_S (575), AUDIT_MODES (cold,warm), WORKERS (auto), EXTRA (extra audit args).
@@ -68,7 +68,8 @@ PY
         sort -t'|' -k2 -n "$OUT/importtime_$mode.txt" | tail -14 | cut -c1-110
         wait
       done ;;
-    gputests) timeout "$left" python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1;
+    gputests) NX=(); python3 -c "import xdist" 2>/dev/null && NX=(-n "${GPU_TEST_WORKERS:-6}")
+              timeout "$left" python3 -m pytest -q -m gpu "${NX[@]}" -rfEs -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1;
               tail -15 "$OUT/gpu_tests.log" ;;
     *) echo "unknown step $step" ;;
   esac
