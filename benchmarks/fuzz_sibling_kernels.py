@@ -10,7 +10,8 @@ digest) and prints, per sibling, whether it needed a kernel its group's first pr
 
     python benchmarks/fuzz_sibling_kernels.py REPORT.json
 
-Exit 0 when every sibling ran only its group's kernels, 1 when some did not (listed), 2 on bad
+Exit 0 when every sibling ran only its group's kernels, 1 when some did not or have no record
+(listed: an example that ran no kernel, e.g. one FA4 refused, shows nothing), 2 on bad
 input (no fuzz.production result with kernels, or a draw that does not match the report's).
 """
 from __future__ import annotations
@@ -67,21 +68,25 @@ def main(argv: list[str] | None = None) -> int:
             groups[-1].append(i)
         else:
             groups.append([i])
-    sibs = bad = 0
+    sibs = bad = unseen = 0
     for g in groups:
         base = set(kernels.get(str(g[0]), []))
         for j in g[1:]:
             sibs += 1
+            if not kernels.get(str(j)) or not base:   # nothing recorded: not evidence either way
+                unseen += 1
+                print(f"  example {j} ({ps[j].describe()}): no kernels recorded for it or its group's first problem")
+                continue
             extra = sorted(set(kernels.get(str(j), [])) - base)
             if extra:
                 bad += 1
                 print(f"  example {j} ({ps[j].describe()}): {len(extra)} kernel(s) its group's first "
                       f"problem did not run: {', '.join(extra)}")
     n_kernels = len({k for v in kernels.values() for k in v})
-    print(f"{len(ps)} examples in {len(groups)} groups; {sibs} siblings, {sibs - bad} ran only their "
-          f"group's kernels; {n_kernels} distinct FA4 kernels in the campaign (draw {digest}, "
-          f"{res.get('where', '?')})")
-    return 1 if bad else 0
+    print(f"{len(ps)} examples in {len(groups)} groups; {sibs} siblings, {sibs - bad - unseen} ran only "
+          f"their group's kernels, {bad} did not, {unseen} without a record; {n_kernels} distinct FA4 "
+          f"kernels in the campaign (draw {digest}, {res.get('where', '?')})")
+    return 1 if bad or unseen else 0
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ def fakes(monkeypatch):
     FakePool.made = []
     monkeypatch.setattr(pool_mod, "WorkerPool", FakePool)
     monkeypatch.setattr(pool_mod, "_visible_compute_cap", lambda env: "90")
+    # the real build finds no CUDA, also on a GPU machine (the tests below need that)
+    import fa4verify._options as opts
+    monkeypatch.setattr(opts, "cuda_available", lambda: False)
     return FakePool
 
 
@@ -85,3 +88,32 @@ def test_a_pool_that_does_not_fit_the_real_config_is_closed(fakes, monkeypatch):
     rc = main(["audit", "--no-default-checks", "--no-live", "--device", "auto", "--checks-module", OK])
     assert rc == 0
     assert len(FakePool.made) == 1 and FakePool.made[0].closed == 1
+
+
+def test_an_interrupt_during_the_cuda_probe_closes_the_early_pool(fakes, monkeypatch):
+    def interrupted(**kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli_audit, "build_config", interrupted)
+    monkeypatch.setattr(cli_audit, "_start_pool_early", lambda raw: FakePool.for_audit(
+        __import__("fa4verify._options", fromlist=["build_config"]).build_config(**_raw(), cuda=True)))
+    with pytest.raises(KeyboardInterrupt):
+        cli_audit.command.callback(**{**_cli_defaults(), "device": "cuda"})
+    assert len(FakePool.made) == 1 and FakePool.made[0].closed == 1
+
+
+def _cli_defaults():
+    import click
+    ctx = click.Context(cli_audit.command)
+    return {p.name: p.get_default(ctx) for p in cli_audit.command.params}
+
+
+def test_an_empty_cuda_visible_devices_lists_no_gpu(monkeypatch):
+    """CUDA_VISIBLE_DEVICES="" (or "-1") hides every GPU from CUDA, whatever nvidia-smi lists:
+    no early pool, no QUACK_ARCH for the zygote (review, session 7)."""
+    import subprocess
+
+    def no_smi(*a, **k):
+        raise AssertionError("nvidia-smi must not be asked")
+    monkeypatch.setattr(subprocess, "run", no_smi)
+    assert pool_mod._visible_compute_cap({"CUDA_VISIBLE_DEVICES": ""}) is None
+    assert pool_mod._visible_compute_cap({"CUDA_VISIBLE_DEVICES": "-1"}) is None

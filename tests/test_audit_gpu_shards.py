@@ -300,3 +300,25 @@ def test_parts_a_dying_gpu_finished_before_it_died_are_kept(tmp_path, monkeypatc
         in fixed["summary"] and "shard 2/4 never arrived" in fixed["summary"]
     assert [s["status"] for s in fixed["details"]["shards"]] == ["pass", "missing", "pass", "missing"]
     assert r.exit_code == 1
+
+
+@pytest.mark.parametrize("workers, want", [(None, 3), ("5", 5)])
+def test_auto_workers_under_gpus_share_the_nodes_cores(monkeypatch, workers, want):
+    """--workers auto with --gpus: one pool per GPU process, so each gets its share of the cores
+    (16 cores, 4 GPUs: auto_workers("cuda", 4) = 3); an explicit count is kept (review, session 7)."""
+    import fa4verify.audit.gpus as gpus_mod
+    from fa4verify.audit.pool import auto_workers
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(config, gpu_sel, **kw):
+        seen["workers"] = config.workers
+        raise Stop
+    monkeypatch.setattr(gpus_mod, "run_audit_on_gpus", capture)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    args = AUDIT + ["--gpus", "all"] + (["--workers", workers] if workers else [])
+    r = _audit(args, monkeypatch, FA4VERIFY_FAKE_GPUS="4")
+    assert isinstance(r.exception, Stop), r.output
+    assert seen["workers"] == want and auto_workers("cuda", 4) == 3

@@ -38,6 +38,7 @@ _SCRIPT = textwrap.dedent('''
                 f.write(fn)
 
     c = kt.TimedCache(Persistent(sys.argv[1]), "fake")
+    open(sys.argv[2] + "." + str(os.getpid()), "w").close()     # ready: everything imported
     while not os.path.exists(sys.argv[2]):    # start together
         time.sleep(0.01)
     before = kt.snapshot()
@@ -58,6 +59,10 @@ def _run_two(tmp_path, run_dir: str | None) -> list[dict]:
         env[kt.RUN_DIR_ENV] = run_dir
     procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT, str(store), str(go)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    import time
+    t0 = time.monotonic()
+    while len(list(tmp_path.glob("go.*"))) < 2 and time.monotonic() - t0 < 60:   # both imported
+        time.sleep(0.01)
     go.write_text("")
     outs = []
     for p in procs:
@@ -116,5 +121,53 @@ def test_a_lock_of_a_dead_compiler_is_free(tmp_path):
     fd = os.open(path, os.O_RDWR)
     try:
         assert kt._try_flock(fd, fcntl)
+    finally:
+        os.close(fd)
+
+
+def test_a_filesystem_without_flock_compiles_at_once(tmp_path, monkeypatch):
+    """flock failing for another reason than a held lock (ENOLCK) is no lock to wait for."""
+    import errno
+    import fcntl
+    import time
+    monkeypatch.setenv(kt.RUN_DIR_ENV, str(tmp_path))
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "no locks available")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+
+    class Persistent(dict):
+        def _try_load_from_storage(self, key):
+            return False
+    c = kt.TimedCache(Persistent(), "per")
+    before = kt.snapshot()
+    t0 = time.perf_counter()
+    assert "k" not in c
+    assert time.perf_counter() - t0 < 1.0 and not kt._held and kt.delta(before)["waits"] == 0
+
+
+def test_a_lookup_that_raises_under_the_lock_releases_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(kt.RUN_DIR_ENV, str(tmp_path))
+
+    class Flaky(dict):
+        calls = 0
+
+        def _try_load_from_storage(self, key):
+            return False
+
+        def __contains__(self, key):
+            Flaky.calls += 1
+            if Flaky.calls == 2:             # the re-check under the lock: FA4's own lock timed out
+                raise RuntimeError("FileLock timeout")
+            return False
+    c = kt.TimedCache(Flaky(), "flaky")
+    with pytest.raises(RuntimeError, match="FileLock"):
+        "k" in c
+    assert not kt._held
+    import fcntl
+    path = tmp_path / "compile-locks" / f"flaky-{kt.key_digest('k')}.lock"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert kt._try_flock(fd, fcntl)      # free for the next worker
     finally:
         os.close(fd)

@@ -55,6 +55,15 @@ def test_a_sibling_with_a_kernel_of_its_own_is_listed(tmp_path, capsys):
     assert "_flash_attn_bwd:beef" in capsys.readouterr().out
 
 
+def test_a_sibling_without_a_record_is_no_evidence(tmp_path, capsys):
+    def drop(det, ps, m):
+        j = next(i for i in range(1, len(ps)) if m._kernel_part(ps[i]) == m._kernel_part(ps[i - 1]))
+        del det["example_kernels"][str(j)]
+    f, _ = _report(tmp_path, drop)
+    assert _script().main([f]) == 1
+    assert "1 without a record" in capsys.readouterr().out
+
+
 def test_a_report_of_another_draw_or_no_kernels_is_refused(tmp_path, capsys):
     f, _ = _report(tmp_path, lambda det, ps, m: det.update(draw_digest="0" * 16))
     assert _script().main([f]) == 2

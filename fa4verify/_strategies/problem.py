@@ -505,15 +505,17 @@ def mod_problems(draw: DrawFn, *, mods: Optional[Collection[str]] = None, arch: 
 
 @st.composite
 def problem_groups(draw: DrawFn, problems: st.SearchStrategy[AttentionProblem], *, siblings: int,
-                   distributions: Optional[Collection[str]] = None) -> list[AttentionProblem]:
+                   distributions: Optional[Collection[str]] = None,
+                   max_work: Optional[int] = None) -> list[AttentionProblem]:
     """A drawn problem followed by ``siblings`` problems that run the same FA4 kernels with other
     inputs (Note [Siblings share compile keys]).
 
     Each sibling has its own :class:`ValueSpec` (distribution, parameters and seed drawn as by
     :func:`value_specs`); a varlen problem's siblings also get new per-sequence lengths, tile-edge
     biased in ``[0, max]``, with the batch's maxima kept (FA4 compiles for the maxima, never for
-    the lengths: cu_seqlens are run-time data). Everything else -- head dims, head counts, masks,
-    softcap, sink, scale, call form, mods -- is the drawn problem's.
+    the lengths: cu_seqlens are run-time data), unless they would exceed ``max_work`` (the bound
+    :func:`attention_problems` drew under): then the sibling keeps the lengths. Everything else --
+    head dims, head counts, masks, softcap, sink, scale, call form, mods -- is the drawn problem's.
 
     Note [Siblings share compile keys]: a production fuzz example costs FA4 compiles (1 to 4 s each
     on the H200, measured) for every kernel it is the first to need; a campaign of distinct draws
@@ -541,8 +543,10 @@ def problem_groups(draw: DrawFn, problems: st.SearchStrategy[AttentionProblem], 
                 xs[draw(st.integers(0, p.batch - 1))] = m     # the maximum stays: the same kernel
                 lens.append(tuple(xs))
             try:
-                q = q.replace(seqlens_q=lens[0], seqlens_k=lens[1])
+                r = q.replace(seqlens_q=lens[0], seqlens_k=lens[1])
             except ValueError:
-                pass                       # lengths this problem cannot take: the values only
+                r = q                      # lengths this problem cannot take: the values only
+            if max_work is None or r.work <= max_work:
+                q = r
         out.append(q)
     return out

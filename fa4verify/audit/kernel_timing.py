@@ -16,7 +16,8 @@ The proxy never changes what FA4 computes: it holds the original cache object an
 ``__contains__``, ``__getitem__``, ``__setitem__`` and every other attribute to it.
 
 Note [One compile per key per audit]: inside an audit (``FA4VERIFY_RUN_DIR`` set by the worker
-pool) and for FA4's persistent cache only, a miss first takes an ``flock`` on
+pool: the locks are shared by the workers of one pool, i.e. of one GPU process under ``--gpus``)
+and for FA4's persistent cache only (``--kernel-cache off``: no locks, as before), a miss first takes an ``flock`` on
 ``<run dir>/compile-locks/<cache>-<key digest>.lock``, held until the store. A worker that finds
 the lock taken is behind another that compiles the same kernel: it waits (at most
 ``COMPILE_WAIT_S``), then asks FA4 again, and FA4 loads the other worker's export from its disk
@@ -25,7 +26,8 @@ cache -- what a second audit does for every kernel. Measured before the locks (H
 another worker was compiling at the same time. The wait and the load are counted (``waits``,
 ``wait_s``, a "wait" event); the lock dies with its descriptor, so a worker killed mid-compile
 never blocks the others, and every lock is dropped at the next lookup and at the end of a work
-item (a compile FA4 refused leaves none behind). It is the
+item (a compile FA4 refused holds its lock only until then); a lookup that raises under the lock
+drops it at once, and a filesystem without flock means no locking (never a wait). It is the
 judge's instrument (:mod:`fa4verify.audit.worker` installs it in each worker process), never the
 subject's code. :func:`snapshot` returns the counters; a worker reports the difference per check.
 """
@@ -61,12 +63,21 @@ RUN_DIR_ENV = "FA4VERIFY_RUN_DIR"
 _held: dict[tuple[str, str], int] = {}
 
 
+class _NoLocking(Exception):
+    """flock failed for another reason than a lock held elsewhere (a filesystem without locks)."""
+
+
 def _try_flock(fd: int, fcntl: Any) -> bool:
+    """True: this process now holds the lock; False: another holds it. :class:`_NoLocking` for
+    any other failure (waiting would never end in the lock: compile as without locks)."""
+    import errno
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
-    except OSError:
-        return False
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise _NoLocking(str(e)) from None
 
 
 def _lock_dir(inner: Any) -> str | None:
@@ -168,25 +179,36 @@ class TimedCache:
         except OSError:
             return False, dt
         t_wait = time.perf_counter()
-        got = _try_flock(fd, fcntl)
+        try:
+            got = _try_flock(fd, fcntl)
+            if not got:
+                while not got and time.perf_counter() - t_wait < COMPILE_WAIT_S:
+                    time.sleep(0.05)
+                    got = _try_flock(fd, fcntl)
+                waited = time.perf_counter() - t_wait
+                _bump(waits=1, wait_s=waited)
+                _event("wait", self._name, key, waited)
+        except BaseException as e:       # no locking here, or interrupted while waiting
+            os.close(fd)
+            if isinstance(e, _NoLocking):
+                return False, dt
+            raise
         if not got:
-            while not got and time.perf_counter() - t_wait < COMPILE_WAIT_S:
-                time.sleep(0.05)
-                got = _try_flock(fd, fcntl)
-            waited = time.perf_counter() - t_wait
-            _bump(waits=1, wait_s=waited)
-            _event("wait", self._name, key, waited)
-        if got:
-            # under the lock, ask again: the other worker's export (waited for, or stored between
-            # this process's miss and its lock) loads from disk
-            t0 = time.perf_counter()
-            if key in self._inner:
-                os.close(fd)                       # closing the descriptor drops the lock
-                return True, time.perf_counter() - t0
-            with _lock:
-                _held[(self._name, dg)] = fd
-        else:
             os.close(fd)                           # waited too long: compile beside the other
+            return False, dt
+        with _lock:                                # held from here: every way out releases it
+            _held[(self._name, dg)] = fd
+        # under the lock, ask again: the other worker's export (waited for, or stored between
+        # this process's miss and its lock) loads from disk
+        t0 = time.perf_counter()
+        try:
+            found = key in self._inner
+        except BaseException:
+            release_compile_locks()
+            raise
+        if found:
+            release_compile_locks()
+            return True, time.perf_counter() - t0
         return False, dt
 
     def __getitem__(self, key: Any) -> Any:

@@ -143,6 +143,8 @@ def _visible_compute_cap(env: dict[str, str]) -> str | None:
     (which does not read ``CUDA_VISIBLE_DEVICES``: its first entry is passed as ``-i``), or
     None. Never touches CUDA in this process."""
     first = (env.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0].strip()
+    if "CUDA_VISIBLE_DEVICES" in env and (not first or first.startswith("-")):
+        return None                       # "" or "-1": CUDA sees no GPU, whatever nvidia-smi lists
     cmd = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"] + (["-i", first] if first else [])
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.split()

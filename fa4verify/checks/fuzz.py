@@ -30,7 +30,8 @@ in the details.
 
 Both campaigns are drawn up front (Note [Drawn campaigns], :mod:`fa4verify.fuzz.drawn`): the seed
 fixes the examples, and the audit runs them as one shard per worker (``@check(shards=)``: the
-shards split the examples by FA4 compile key, and a kernel two shards need is compiled once:
+shards split the examples by FA4 compile key, and a kernel two shards need is compiled once by
+the workers of one pool when FA4's kernel cache is on:
 Note [One compile per key per audit]), merged into one
 result equal to the unsharded one. Hypothesis's targeting and shrinking are not used in the audit
 (``fa4verify fuzz`` keeps them).
@@ -141,10 +142,11 @@ def _budget_opts(ctx: CheckContext, n: int) -> tuple[int, Any]:
 
 
 #: Note [Siblings share compile keys] (fa4verify._strategies.problem.problem_groups): in the
-#: quick and default profiles every drawn production problem comes with this many siblings (other
+#: default profile (fuzz.production does not run in quick) every drawn production problem comes
+#: with this many siblings (other
 #: values, other varlen lengths, the same FA4 kernels), so the campaign's examples cost about half
 #: the compiles; full and exhaustive draw every example on its own
-_GPU_SIBLINGS = {"quick": 1, "default": 1, "full": 0, "exhaustive": 0}
+_GPU_SIBLINGS = {"default": 1, "full": 0, "exhaustive": 0}
 
 
 def _siblings(ctx: CheckContext) -> int:

@@ -102,20 +102,20 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     early_pool = None
     if gpus is None and not list_only:
         early_pool = _start_pool_early(raw)
-    try:
-        config = build_config(**raw)
-        compile_keyword(keyword)
-    except (OptionError, KeywordError) as e:
-        if early_pool is not None:
+    try:                    # every way out closes the early pool (usage errors, Ctrl-C, the end)
+        try:
+            config = build_config(**raw)
+            compile_keyword(keyword)
+        except (OptionError, KeywordError) as e:
+            raise _usage(str(e)) from None
+        if early_pool is not None and not _pool_fits(early_pool, config):
             early_pool.close()
-        raise _usage(str(e)) from None
-    if early_pool is not None and not _pool_fits(early_pool, config):
-        early_pool.close()
-        early_pool = None
-    try:
+            early_pool = None
         return _checked_run(config, early_pool, t_start, gpus=gpus, shard=shard, list_only=list_only,
                             baseline_path=baseline_path, regression_rtol=regression_rtol,
-                            json_path=json_path, junit_path=junit_path, html_path=html_path, live=live)
+                            json_path=json_path, junit_path=junit_path, html_path=html_path, live=live,
+                            workers_auto=str(workers if workers is not None else "auto").strip().lower()
+                            == "auto")
     finally:
         if early_pool is not None:
             early_pool.close()
@@ -149,12 +149,19 @@ def _pool_fits(pool, config) -> bool:
 
 
 def _checked_run(config, early_pool, t_start, *, gpus, shard, list_only, baseline_path,
-                 regression_rtol, json_path, junit_path, html_path, live) -> int:
+                 regression_rtol, json_path, junit_path, html_path, live, workers_auto=False) -> int:
     """The audit after its options are parsed: the inputs and outputs checked, then the run."""
     from fa4verify.audit.atomic import OutputPathError, check_outputs
     from fa4verify.audit.report_json import ReportError, load_report
     from fa4verify.error_budgets.loader import BUDGET_FILE_ENV, budget_file_from_env
     gpu_sel = _select_gpus(gpus, shard, config.device) if gpus is not None else None
+    if gpu_sel and workers_auto:
+        # --workers auto under --gpus: the node's cores are shared by one pool per GPU process
+        import dataclasses
+
+        from fa4verify.audit.pool import auto_workers
+        config = dataclasses.replace(config, workers=auto_workers(
+            "cuda", max(1, (os.cpu_count() or 1) // len(gpu_sel))))
     inputs = [("--baseline", baseline_path)]
     inputs += [("--checks-module", m) for m in config.checks_modules if m.endswith(".py")]
     from fa4verify.audit.atomic import InputPathError, check_readable

@@ -6,7 +6,8 @@ checks instead draw the campaign's ``examples`` distinct problems first (:func:`
 Hypothesis's generate phase only, with the campaign's seed, strategy and limits: the same list in
 every process), then each shard runs its share (:func:`run_drawn`; shards split by
 :func:`compile_key`, so the examples of one kernel stay in one shard; a kernel two shards need is
-compiled once all the same: Note [One compile per key per audit]), and :func:`merge_drawn`
+compiled once all the same when the workers share FA4's kernel cache: Note [One compile per key
+per audit]), and :func:`merge_drawn`
 joins the per-example outcomes into one :class:`~fa4verify.fuzz.campaign.CampaignResult`.
 Every example runs (a violation does not stop the campaign), so the merged result of any
 sharding equals the unsharded one; the first violation (lowest example index) is the reported
@@ -149,7 +150,8 @@ def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, pro
     if siblings:
         from fa4verify._strategies.problem import problem_groups
         strategy = problem_groups(strategy, siblings=int(siblings),
-                                  distributions=tuple(distributions) if distributions else None)
+                                  distributions=tuple(distributions) if distributions else None,
+                                  max_work=lim.get("max_work"))
     out = _generate(strategy, examples, seed, pname)
     from fa4verify._strategies.calls import MOD_FEATURE
     if MOD_FEATURE in feats and examples >= 2:
@@ -216,8 +218,8 @@ def compile_key(problem: AttentionProblem) -> tuple:
     (FA4's single-block backward). Not FA4's own key -- that also holds tiles and heuristics
     derived from these -- but close to it: examples with equal keys share their kernels (a
     sibling keeps its problem's key: Note [Siblings share compile keys]), and the rare kernel
-    two groups share is compiled once per audit all the same (Note [One compile per key per
-    audit], fa4verify.audit.kernel_timing)."""
+    two groups share is compiled once all the same by the workers of one pool that share FA4's
+    kernel cache (Note [One compile per key per audit], fa4verify.audit.kernel_timing)."""
     f = problem.features()
     c = problem.call
     call = None if c is None else (c.page_size, c.seqused_k, c.q_batched, c.block_size, c.mask_mod_fn)
