@@ -16,19 +16,9 @@ input (no fuzz.production result with kernels, or a draw that does not match the
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import sys
-
-
-def _kernel_part(p) -> str:
-    d = dataclasses.asdict(p)
-    d.pop("values")
-    if p.varlen and p.call is None:
-        d.pop("seqlens_q")
-        d.pop("seqlens_k")
-    return repr(d)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fuzz_sibling_kernels: error: {argv[0]}: no fuzz.production result with example kernels "
               f"({type(e).__name__}: {e})", file=sys.stderr)
         return 2
+    from fa4verify._strategies.problem import sibling_key
     from fa4verify.fuzz import drawn
     from fa4verify.targets import production_features
     arch = (rep.get("config", {}).get("archs") or ["sm90"])[0]
@@ -64,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     groups: list[list[int]] = []
     for i, p in enumerate(ps):
-        if groups and _kernel_part(p) == _kernel_part(ps[groups[-1][0]]):
+        if groups and sibling_key(p) == sibling_key(ps[groups[-1][0]]):
             groups[-1].append(i)
         else:
             groups.append([i])

@@ -176,7 +176,7 @@ def _items(rep: dict) -> list[dict[str, Any]]:
             sh = t.get("shard")
             k = len((r.get("details") or {}).get("shards") or []) or None
             label = r["id"] + (f"[{sh + 1}/{k}]" if sh is not None and k else "")
-            out.append(dict(t, id=label, lane=str(t.get("pid", "parent" if not r.get("isolated") else "?"))))
+            out.append(dict(t, id=label, check=r["id"], lane=str(t.get("pid", "parent" if not r.get("isolated") else "?"))))
     return sorted(out, key=lambda t: t.get("start_s", 0.0))
 
 
@@ -245,6 +245,7 @@ def key_sharing(items: list[dict]) -> tuple[list[str], dict[str, Any]]:
     another compiled it is a saving; per check, the keys it shares with other checks."""
     compiled: dict[str, list[str]] = {}
     loaded: dict[str, list[str]] = {}
+    check_of: dict[str, str] = {}      # work item label -> its check
     text: dict[str, str] = {}
     cache_of: dict[str, str] = {}
     seconds: dict[str, float] = {}
@@ -253,6 +254,7 @@ def key_sharing(items: list[dict]) -> tuple[list[str], dict[str, Any]]:
             if kind not in ("compile", "load"):      # "wait": Note [One compile per key per audit]
                 continue
             (compiled if kind == "compile" else loaded).setdefault(dg, []).append(t["id"])
+            check_of[t["id"]] = t.get("check", t["id"])
             cache_of[dg] = cache
             if txt:
                 text[dg] = txt
@@ -260,17 +262,16 @@ def key_sharing(items: list[dict]) -> tuple[list[str], dict[str, Any]]:
                 seconds[dg] = seconds.get(dg, 0.0) + float(sec)
     if not compiled and not loaded:
         return [], {}
-    base = lambda i: i.split("[")[0] if i.endswith("]") and "/" in i.rsplit("[", 1)[-1] else i  # noqa: E731
     n_comp = sum(len(v) for v in compiled.values())
     twice = {dg: v for dg, v in compiled.items() if len(v) > 1}
     reuse = sum(len(v) for dg, v in loaded.items() if dg in compiled)
     per_check: dict[str, set[str]] = {}
     for dg, v in list(compiled.items()) + list(loaded.items()):
         for i in v:
-            per_check.setdefault(base(i), set()).add(dg)
+            per_check.setdefault(check_of[i], set()).add(dg)
     for t in items:                     # keys found in memory (hits) count for their check too
         for dg in t.get("used") or []:
-            per_check.setdefault(base(t["id"]), set()).add(dg)
+            per_check.setdefault(t.get("check", t["id"]), set()).add(dg)
     users = {dg: {c for c, ks in per_check.items() if dg in ks} for ks in per_check.values() for dg in ks}
     by_cache: dict[str, int] = {}
     for dg in compiled:

@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from fa4verify._strategies.problem import sibling_key
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,7 +28,7 @@ def _report(tmp_path, mutate=None):
     m = _script()
     kernels, first = {}, {}
     for i, p in enumerate(ps):
-        base = first.setdefault(m._kernel_part(p), i)
+        base = first.setdefault(sibling_key(p), i)
         kernels[str(i)] = [f"_flash_attn_fwd:{base:04d}"]
     det = {"example_kernels": kernels, "features_drawn_from": list(feats), "head_dims_drawn_from": [8, 64],
            "siblings": 1, "examples_drawn": len(ps),
@@ -48,7 +50,7 @@ def test_siblings_on_their_groups_kernels_pass(tmp_path, capsys):
 
 def test_a_sibling_with_a_kernel_of_its_own_is_listed(tmp_path, capsys):
     def extra(det, ps, m):
-        j = next(i for i in range(1, len(ps)) if m._kernel_part(ps[i]) == m._kernel_part(ps[i - 1]))
+        j = next(i for i in range(1, len(ps)) if sibling_key(ps[i]) == sibling_key(ps[i - 1]))
         det["example_kernels"][str(j)].append("_flash_attn_bwd:beef")
     f, _ = _report(tmp_path, extra)
     assert _script().main([f]) == 1
@@ -57,7 +59,7 @@ def test_a_sibling_with_a_kernel_of_its_own_is_listed(tmp_path, capsys):
 
 def test_a_sibling_without_a_record_is_no_evidence(tmp_path, capsys):
     def drop(det, ps, m):
-        j = next(i for i in range(1, len(ps)) if m._kernel_part(ps[i]) == m._kernel_part(ps[i - 1]))
+        j = next(i for i in range(1, len(ps)) if sibling_key(ps[i]) == sibling_key(ps[i - 1]))
         del det["example_kernels"][str(j)]
     f, _ = _report(tmp_path, drop)
     assert _script().main([f]) == 1

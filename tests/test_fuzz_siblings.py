@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
-from fa4verify._strategies.problem import FEATURES, attention_problems, problem_groups
+from fa4verify._strategies.problem import attention_problems, problem_groups
 from fa4verify.fuzz import drawn
+from fa4verify.targets import production_features
 
-_FEATS = tuple(f for f in FEATURES if f != "mask_mod") + CALL_FEATURES + (MOD_FEATURE,)
+_FEATS = production_features()
 
 
 def _kernel_part(p):

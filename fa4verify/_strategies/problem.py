@@ -503,6 +503,18 @@ def mod_problems(draw: DrawFn, *, mods: Optional[Collection[str]] = None, arch: 
                         mod_seed=draw(st.integers(0, 3)))
 
 
+def sibling_key(problem: AttentionProblem) -> str:
+    """What a sibling keeps of its problem (:func:`problem_groups`): everything but the values
+    and, for a varlen problem with the plain call, the per-sequence lengths. Equal keys in a row
+    of a drawn campaign are one group."""
+    d = problem.to_dict()
+    d.pop("values", None)
+    if problem.varlen and problem.call is None:
+        d.pop("seqlens_q", None)
+        d.pop("seqlens_k", None)
+    return json.dumps(d, sort_keys=True)
+
+
 @st.composite
 def problem_groups(draw: DrawFn, problems: st.SearchStrategy[AttentionProblem], *, siblings: int,
                    distributions: Optional[Collection[str]] = None,

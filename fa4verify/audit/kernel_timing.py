@@ -57,7 +57,9 @@ _used: list[tuple[str, str]] = []
 #: Note [One compile per key per audit]: the longest a worker waits for another that compiles the
 #: same kernel (a compile takes 1 to 10 s on the H200, measured); after it, both compile
 COMPILE_WAIT_S = 120.0
-#: the audit's run directory (set by the worker pool: fa4verify.fuzz.drawn.RUN_DIR_ENV)
+#: a directory private to one audit's worker pool, shared by its workers (set by
+#: fa4verify.audit.pool; also where the shards of a fuzz campaign share one draw:
+#: Note [One draw per audit], fa4verify.fuzz.drawn)
 RUN_DIR_ENV = "FA4VERIFY_RUN_DIR"
 #: compile locks this process holds: (cache name, key digest) -> descriptor
 _held: dict[tuple[str, str], int] = {}

@@ -48,6 +48,7 @@ from typing import Any
 
 from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec
 from fa4verify.audit.worker import PRELOAD_ENV, build_request
+from fa4verify.audit.kernel_timing import RUN_DIR_ENV
 from fa4verify.audit.zygote import RESTORE_ENV
 
 __all__ = ["WorkerPool", "worker_env", "default_kernel_cache", "auto_workers",
@@ -551,7 +552,7 @@ class WorkerPool:
         # what the workers of this pool share (Note [One draw per audit], fa4verify.fuzz.drawn)
         self.run_dir = os.path.join(self._tmp.name, "shared")
         os.makedirs(self.run_dir)
-        self.env["FA4VERIFY_RUN_DIR"] = self.run_dir
+        self.env[RUN_DIR_ENV] = self.run_dir
         self._idle: "queue.Queue[_Worker | None]" = queue.Queue()
         for _ in range(size):
             self._idle.put(None)          # a slot; its worker starts on first use

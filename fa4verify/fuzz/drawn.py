@@ -77,7 +77,7 @@ def draw_problems(*, arch: str, dtype: Optional[str], examples: int, seed: int, 
 
 #: a directory private to one audit run (its worker pool's), where the shards of a campaign share
 #: one draw: Note [One draw per audit]
-RUN_DIR_ENV = "FA4VERIFY_RUN_DIR"
+from fa4verify.audit.kernel_timing import RUN_DIR_ENV  # noqa: E402  (one definition)
 
 
 def _draw_in_fresh_process(args: dict[str, Any]) -> list[AttentionProblem]:
