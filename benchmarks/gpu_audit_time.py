@@ -20,12 +20,12 @@ It prints one table: per check the seconds and verdict of every mode and, for mo
 check ran as shards, the slowest shard and the shard count (``max/k``: the check's share of the
 critical path); then per mode the audit's wall time, its largest work item, the exit code and
 verdict counts. ``--recorded LABEL=FILE`` (repeatable) adds a column from an earlier JSON
-report (e.g. ``s4-cold=docs/results/h200_session4/tdefault/audit_time_default/audit_default_cold.json``,
+report (e.g. ``last-cold=docs/results/h200/audit_time/audit_default_cold.json``,
 the session-4 cold run without shards). The verdicts of the modes must agree (it says so when they
 do not). Usage::
 
     python3 benchmarks/gpu_audit_time.py --profile default --modes cold,warm,warm-noshard --out DIR \\
-        --recorded s4-cold=docs/results/h200_session4/tdefault/audit_time_default/audit_default_cold.json
+        --recorded last-cold=docs/results/h200/audit_time/audit_default_cold.json
     python3 benchmarks/gpu_audit_time.py --profile quick --modes cold-noshard,cold,warm,warm-noshard --out DIR
 
 ``--dry-run`` runs every mode on the CPU (``--device cpu``, the CPU checks only) to test the

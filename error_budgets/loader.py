@@ -549,7 +549,7 @@ MAX_EXTENDS_DEPTH = 16
 def _read_toml(path: Path, key: str = "-", via: str | Path | None = None) -> dict:
     """A budget file as TOML: a regular file of at most :data:`MAX_FILE_BYTES` bytes of UTF-8
     (a directory, FIFO, device or binary file is a :class:`BudgetError`, never a hang)."""
-    from fa4verify.audit.atomic import InputPathError, read_input_text
+    from fa4verify.error_budgets.input_files import InputPathError, read_input_text
 
     where = via if via is not None else path
     try:

@@ -34,7 +34,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from fa4verify import binary32 as b32
+from fa4verify.oracles import binary32 as b32
 
 __all__ = ["CHUNK", "EDGE_NAN_BITS", "emulation_ranges", "sweep_emulation", "sweep_mufu",
            "device_functions", "run_device", "cr_f32_torch", "DeviceSweep"]

@@ -36,7 +36,7 @@ TWIN: dict[tuple[str, str, str], str] = {
     ("combine", "sm90", "fwd"): "`kernels/twin_combine.py`",
     ("combine", "sm100", "fwd"): "`kernels/twin_combine.py`",
     ("split_kv", "sm100", "fwd"): "combine stage `kernels/twin_combine.py`",
-    ("fp8", "sm100", "fwd"): "`kernels/twin_fwd.py` fp8 e4m3 (FA #2577)",
+    ("fp8", "sm100", "fwd"): "`kernels/twin/forward.py` fp8 e4m3 (FA #2577)",
 }
 #: feature_compile kind(s) of each (feature, direction); FA4 has a backward for MLA only on the
 #: sparse (gather) path, so both the MLA and the gather backward cells read the gather cases

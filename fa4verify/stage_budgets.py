@@ -1,7 +1,6 @@
 """Stage budgets of FA4's forward/backward (the judge's side): every stage of the CPU twin against
 its local budget, the twin's (or production's) outputs against the composed budgets, and which stage
-the error comes from. (Formerly ``fa4verify.attribution``: attribution is one function of it,
-:func:`attribute_forward`; that name stays importable as an alias of this module.)
+the error comes from (attribution is one function of it, :func:`attribute_forward`).
 
 Figures from this module come from the **CPU twin** (``fa4verify.kernels.twin.attention``) unless a
 caller passes production outputs (``check_forward_outputs``: "measured on <GPU> (sm_XY)").

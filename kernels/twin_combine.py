@@ -22,7 +22,7 @@ Per row (the kernel's Steps 4-7, ``kernel`` lines ~555-700)::
 The kernel skips splits past the last one with ``L_s != -inf`` and terms whose weight is 0, so a
 NaN partial of an empty split never reaches the output (modelled).
 
-``mufu``: as :class:`fa4verify.kernels.twin_fwd.Mufu` ("correctly-rounded" or "perturbed" within
+``mufu``: as :class:`fa4verify.kernels.twin.forward.Mufu` ("correctly-rounded" or "perturbed" within
 ``MUFU_BOUNDS``). The local budget of this stage is ``[stage.combine_out]`` /
 ``[stage.combine_lse]`` in ``error_budgets/_base.toml`` (DERIVATIONS.md#combine).
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fa4verify.oracles import binary32 as b32
-from fa4verify.kernels.twin_fwd import Mufu, cast_to
+from fa4verify.kernels.twin.forward import Mufu, cast_to
 
 __all__ = ["CombineTwinResult", "combine", "LOG2_E32"]
 

@@ -3,8 +3,7 @@
 This is the one module every other part of fa4verify uses for bit-level fp32 work: the twin
 (``fa4verify.kernels.twin``), the oracles and the judge. It lives in ``oracles/`` (imported as
 ``fa4verify.oracles.binary32``) because exact IEEE arithmetic is a truth-side primitive that both
-the subject (``kernels/``) and the judge may import; ``fa4verify.binary32`` is a thin re-export of
-this module kept for older imports. Every operation returns exactly the bits
+the subject (``kernels/``) and the judge may import. Every operation returns exactly the bits
 the corresponding PTX instruction returns on an NVIDIA GPU, under the semantics stated here.
 
 Method (Note [Round to odd])

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Determinism run on the lent H200 (or any CUDA machine with flash-attn-4 installed).
 #
-# Usage, in the repository root after the two-call bundle setup of shared/device/README.md
+# Usage, in the repository root on a CUDA machine with flash-attn-4 installed
 # (". /root/site/env.sh; python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ."):
 #
 #     bash scripts/gpu_determinism.sh "$OUT"

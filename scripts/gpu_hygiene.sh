@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# H200 check of tests/conftest.py (issue #18 item 5): on a machine with CUDA and FA4 the `gpu`
+# GPU check of tests/conftest.py: on a machine with CUDA and FA4 the `gpu`
 # tests run instead of skipping, the conftest tests take their GPU branches, and the tests of
 # "no GPU" behaviour (`no_cuda` fixture) skip with "a CUDA device is present (...)".
 #
 #   bash scripts/gpu_hygiene.sh          # writes $OUT/hygiene/pytest.log; about 3-4 minutes
 #
-# Uses the environment of scripts/gpu_run.sh when it is there (/root/site/env.sh), else the
+# Uses the prepared environment /root/site/env.sh when it is there (as scripts/gpu.sh does), else the
 # current python3 (needs torch with CUDA, flash-attn-4 4.0.0b36, pytest, hypothesis).
 set -uo pipefail
 [ -f /root/site/env.sh ] && . /root/site/env.sh

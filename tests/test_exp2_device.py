@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fa4verify import binary32 as b32  # noqa: E402
+from fa4verify.oracles import binary32 as b32  # noqa: E402
 from fa4verify import exp2_device as ed  # noqa: E402
 from fa4verify.kernels.device import GPU  # noqa: E402
 from fa4verify.kernels.twin import ex2_emulation  # noqa: E402

@@ -78,8 +78,10 @@ def test_the_shell_driver_parses_and_its_recorded_reports_exist(tmp_path):
     sh = ROOT / "scripts" / "gpu" / "audit_time.sh"
     assert subprocess.run(["bash", "-n", str(sh)]).returncode == 0
     text = sh.read_text()
-    for path in re.findall(r"=\$s4/(\S+?\.json)", text):
-        assert (ROOT / "docs" / "results" / "h200_session4" / path).is_file(), path
+    recorded = re.findall(r"=\$base/(\S+?\.json)", text)
+    assert recorded
+    for path in recorded:
+        assert (ROOT / "docs" / "results" / "h200" / "audit_time" / path).is_file(), path
     assert "set -u" in text and "timeout" in text
     rc = subprocess.run(["bash", str(sh), "sideways"], capture_output=True, text=True,
                         env={**os.environ, "OUT": str(tmp_path / "out")})

@@ -1,7 +1,7 @@
 """Imports run one way (issue #18, item 2), checked on the source by an AST scan.
 
-* No module under ``kernels/`` (the subject) or ``oracles/`` (the truth) imports the judge: every
-  ``fa4verify.*`` import there is ``fa4verify.kernels``, ``fa4verify.oracles`` or
+* No module under ``kernels/`` (the subject), ``oracles/`` (the truth) or ``error_budgets/`` (the
+  tolerance) imports the judge: every ``fa4verify.*`` import there is ``fa4verify.kernels``, ``fa4verify.oracles`` or
   ``fa4verify.error_budgets``; and ``oracles/`` never imports ``fa4verify.kernels``.
 * ``flash_attn`` (FA4) is imported by exactly one module per concern, the modules named in
   :data:`FA4_IMPORTERS`, and each of them names its concern in its docstring.
@@ -85,6 +85,7 @@ def test_scan_sees_the_modules_it_judges():
     # the scan must reach the twin package, the binary32 kit and the probes, or it proves nothing
     for must in ("fa4verify.kernels.twin.forward", "fa4verify.kernels.twin.backward",
                  "fa4verify.oracles.binary32", "fa4verify.kernels.probes.probe_cvt",
+                 "fa4verify.error_budgets.loader",
                  "fa4verify.kernels.adapter", "fa4verify.census"):
         assert must in names, must
 
@@ -98,8 +99,8 @@ def test_scan_resolves_relative_imports_and_lazy_imports(tmp_path):
             "fa4verify.judge.compare", "flash_attn.cute", "fa4verify.gates"} <= got
 
 
-@pytest.mark.parametrize("src_dir", ["kernels", "oracles"])
-def test_subject_and_truth_never_import_the_judge(src_dir):
+@pytest.mark.parametrize("src_dir", ["kernels", "oracles", "error_budgets"])
+def test_subject_truth_and_tolerance_never_import_the_judge(src_dir):
     bad = []
     for name, path, is_pkg in _modules(src_dir):
         for line, mod in _imports(name, path, is_pkg):

@@ -16,7 +16,6 @@ Mutations (``mutations``): :data:`MUTATIONS` -- named faults for mutation testin
 The implementation lives in ``forward.py`` and ``backward.py`` of this package (their module
 docstrings list what is modelled, with FA4 file references, and the known limitations); the fp32
 helpers both use are in ``fp32.py``, FA4's polynomial exp2 and column rule in ``exp2.py``.
-(``fa4verify.kernels.twin_attention`` is a thin re-export of this module for older imports.)
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU audit wall time per check, with and without check shards (benchmarks/gpu_audit_time.py).
-#   bash scripts/gpu/audit_time.sh default  cold, warm (sharded) + warm --no-shard; the session-4
-#                                           cold/warm runs (no shards) as the 'before' columns
+#   bash scripts/gpu/audit_time.sh default  cold, warm (sharded) + warm --no-shard; the last
+#                                           recorded cold/warm runs as the 'before' columns
 #                                           (~2 min on the H200: ~50 + ~20 + ~30 s + starts)
 #   bash scripts/gpu/audit_time.sh quick    cold --no-shard, cold, warm, warm --no-shard
 #                                           (~2.5 min on the H200)
@@ -11,15 +11,15 @@
 set -u
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-s4=docs/results/h200_session4
+base=docs/results/h200/audit_time
 one() {
   local prof="$1" modes rec=() lim
   case "$prof" in
     default) modes="cold,warm,warm-noshard"; lim=330
-             rec=(--recorded "s4-cold=$s4/tdefault/audit_time_default/audit_default_cold.json"
-                  --recorded "s4-warm=$s4/tdefault/audit_time_default/audit_default_warm.json") ;;
+             rec=(--recorded "last-cold=$base/audit_default_cold.json"
+                  --recorded "last-warm=$base/audit_default_warm.json") ;;
     quick)   modes="cold-noshard,cold,warm,warm-noshard"; lim=270
-             rec=(--recorded "s4-cold=$s4/tquick/audit_time_quick/audit_quick_cold.json") ;;
+             rec=(--recorded "last-cold=$base/audit_quick_cold.json") ;;
   esac
   modes="${AUDIT_MODES:-$modes}"     # e.g. AUDIT_MODES=cold,warm for a lean run
   echo "== audit time, profile $prof (modes $modes) =="

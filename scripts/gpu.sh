@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The one GPU driver: run the named steps on a CUDA machine with flash-attn-4 installed.
+#
+#   OUT=/path/to/results bash scripts/gpu.sh STEP [STEP ...]
+#
+# Each step writes under $OUT/<step>/, runs under its own timeout and under a call deadline
+# (CALL_BUDGET_S, default 575 s: a step that would start with < 30 s left is skipped). When
+# /root/site/env.sh exists (an offline device with a prepared site-packages) it is sourced and the
+# checkout is installed with `pip install --no-deps --no-index -e .`; otherwise the current python3
+# is used as is. FA4VERIFY_GIT_COMMIT is read from .fa4verify-commit when the device's copy has no
+# git metadata. Steps:
+#
+#   audit          the default GPU audit: JSON, JUnit and HTML reports (audit.{json,xml,html,log})
+#   deploy:NAME    the audit under a shipped deployment profile (llama3-8b, small-hd, ...)
+#   gputests       pytest -m gpu over tests/ (-n GPU_TEST_WORKERS, default 6, with pytest-xdist)
+#   golden         record golden vectors and MUFU statistics (scripts/gpu_golden.py)
+#   figures        production forward/backward figures (benchmarks/gpu_production_figures.py)
+#   exp2           exhaustive device exp2 sweep vs the device twin (scripts/gpu/exp2_device.sh)
+#   long           32k / 128k certified forward + backward (scripts/gpu/long_context.sh)
+#   stat           >= 1000 clean production problems and the bias sweep (scripts/gpu/stat_tier.sh)
+#   srcmut         production stage taps and kernel-source mutants (scripts/gpu/source_mutants.sh)
+#   hull           the hull fallback on fuzz.production's huge examples (scripts/gpu/hull.sh)
+#   features       paged KV, combine, block-sparse forward (scripts/gpu/features.sh)
+#   sparse         the SM90 block-sparse backward prediction (SPARSE_HDS)
+#   seqused        seqused_k backward
+#   mods           score_mod / mask_mod pairs forward + backward (scripts/gpu/mods.sh)
+#   fuzzfeat       fuzz.production drawing paged KV / seqused_k / block sparsity / mask_mod
+#   combine        flash_attn_combine with fp32 / bf16 / fp16 partials (scripts/gpu_combine_diag.py)
+#   pagednan       the empty-sequence NaN page finding (scripts/gpu_paged_empty_nan.py)
+#   predictions    the predicted SM90 defects (scripts/gpu_predictions.py)
+#   investigate    the small-head-dim dQ finding (scripts/gpu_investigate_small_hd.py)
+#   hdsweep        backward over every head dim, non-causal and causal (scripts/gpu_hd_sweep.py)
+#   replay         replay tests/regressions/ on production FA4 (scripts/gpu_replay_regressions.py)
+#   fuzz           a production fuzz campaign (FUZZ_EXAMPLES, FUZZ_SEED, FUZZ_HDIMS, FUZZ_LIMIT)
+#   mutants        fa4verify mutants --target production
+#   determinism    the determinism matrix (scripts/gpu_determinism.sh)
+#   multigpu       determinism --gpus all + one-worker xdist smoke (scripts/gpu/multigpu.sh)
+#   hygiene        the test markers on a GPU (scripts/gpu_hygiene.sh)
+#   time:PROFILE[@N][:spawn|:fork]
+#                  audit wall time, cold then warm, with the per-worker timeline
+#                  (benchmarks/gpu_audit_time.py; --workers N; FA4VERIFY_WORKER_START)
+#   profile        the default audit on time:default's warm cache, each worker request under cProfile
+#   imports        python -X importtime of what an audit worker imports
+#
+# Env: CALL_BUDGET_S (575), AUDIT_MODES (cold,warm), WORKERS, EXTRA (extra audit args for time:*).
+set -u
+[ $# -gt 0 ] || { sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2; }
+: "${OUT:?set OUT to the results directory}"
+T0=$(date +%s)
+DEADLINE=$((T0 + ${CALL_BUDGET_S:-575}))
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+if [ -f /root/site/env.sh ]; then
+  . /root/site/env.sh
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 \
+    || { tail -20 "$OUT/install.log"; exit 4; }
+fi
+test -f .fa4verify-commit && export FA4VERIFY_GIT_COMMIT="$(cat .fa4verify-commit)"
+nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+nproc >> "$OUT/gpu.txt"
+CR=${KERNEL_CACHE_ROOT:-/tmp/fa4verify-kcache}
+ROOT_OUT="$OUT"
+AUDIT=(python3 -m fa4verify audit --dtype bf16 --device cuda --seed 0)
+for step in "$@"; do
+  left=$((DEADLINE - $(date +%s)))
+  if [ "$left" -lt 30 ]; then echo "== $step: skipped, ${left}s left in this call"; continue; fi
+  export OUT="$ROOT_OUT/${step//[:@]/_}"; mkdir -p "$OUT"
+  t=$(date +%s)
+  echo "== $step (limit ${left}s)"
+  case "$step" in
+    audit)    timeout "$left" "${AUDIT[@]}" --json "$OUT/audit.json" --junit "$OUT/audit.xml" \
+                --html "$OUT/audit.html" > "$OUT/audit.log" 2>&1; echo "audit rc=$?"; tail -25 "$OUT/audit.log" ;;
+    deploy:*) timeout "$left" "${AUDIT[@]}" --deployment "${step#deploy:}" --json "$OUT/audit.json" \
+                > "$OUT/audit.log" 2>&1; echo "audit rc=$?"; tail -12 "$OUT/audit.log" ;;
+    gputests) NX=(); python3 -c "import xdist" 2>/dev/null && NX=(-n "${GPU_TEST_WORKERS:-6}")
+              timeout "$left" python3 -m pytest -q -m gpu "${NX[@]}" -rfEs -p no:cacheprovider tests \
+                > "$OUT/gpu_tests.log" 2>&1; tail -15 "$OUT/gpu_tests.log" ;;
+    golden)   timeout "$left" python3 scripts/gpu_golden.py --out "$OUT/golden" 2>&1 | tail -20 ;;
+    figures)  timeout "$left" python3 benchmarks/gpu_production_figures.py --json "$OUT/production_figures.json" 2>&1 | tail -20 ;;
+    exp2)     timeout "$left" bash scripts/gpu/exp2_device.sh ;;
+    long)     timeout "$left" bash scripts/gpu/long_context.sh ;;
+    stat)     STAT_TIMEOUT=$((left - 10)) timeout "$left" bash scripts/gpu/stat_tier.sh ;;
+    srcmut)   FA4V_SRCMUT_JOBS=${FA4V_SRCMUT_JOBS:-12} timeout "$left" bash scripts/gpu/source_mutants.sh ;;
+    hull)     timeout "$left" bash scripts/gpu/hull.sh ;;
+    features) timeout "$left" bash scripts/gpu/features.sh "paged combine sparse_fwd" ;;
+    sparse)   SPARSE_HDS="${SPARSE_HDS:-128,200,208,224,232,240,256}" timeout "$left" bash scripts/gpu/features.sh sparse ;;
+    seqused)  timeout "$left" bash scripts/gpu/features.sh seqused_bwd ;;
+    mods)     timeout "$left" bash scripts/gpu/mods.sh ;;
+    fuzzfeat) timeout "$left" bash scripts/gpu/fuzz_features.sh ;;
+    combine)  timeout "$left" python3 scripts/gpu_combine_diag.py --json "$OUT/combine_diag.json" --timeout 60 \
+                ${COMBINE_ONLY:+--only $COMBINE_ONLY} 2>&1 | grep -v Warn | tail -20 ;;
+    pagednan) timeout "$left" python3 scripts/gpu_paged_empty_nan.py --json "$OUT/paged_empty_nan.json" 2>&1 | grep -v Warning | tail -8 ;;
+    predictions) timeout "$left" python3 scripts/gpu_predictions.py --json "$OUT/predictions.json" > "$OUT/predictions.log" 2>&1
+              echo "predictions rc=$?"; tail -8 "$OUT/predictions.log" ;;
+    investigate) timeout "$left" python3 scripts/gpu_investigate_small_hd.py --json "$OUT/small_hd.json" 2>&1 | tail -20 ;;
+    hdsweep)  timeout "$left" bash -c "python3 scripts/gpu_hd_sweep.py --json $OUT/hd_sweep.json; python3 scripts/gpu_hd_sweep.py \
+                --causal --head-dims 8,16,24,32,40,48,56,64 --json $OUT/hd_sweep_causal.json" 2>&1 | tail -20 ;;
+    replay)   timeout "$left" python3 scripts/gpu_replay_regressions.py --json "$OUT/regressions.json" 2>&1 | tail -20 ;;
+    fuzz)     timeout "$left" python3 -m fa4verify fuzz --target production --examples "${FUZZ_EXAMPLES:-240}" \
+                --seed "${FUZZ_SEED:-0}" --dtype bf16 --head-dims "${FUZZ_HDIMS:-64,128}" --time-limit "${FUZZ_LIMIT:-170}" \
+                --json "$OUT/fuzz.json" --cases-dir "$OUT/cases" > "$OUT/fuzz.log" 2>&1; echo "fuzz rc=$?"; tail -20 "$OUT/fuzz.log" ;;
+    mutants)  timeout "$left" python3 -m fa4verify mutants --target production --json "$OUT/mutants.json" \
+                --markdown "$OUT/mutants.md" > "$OUT/mutants.log" 2>&1; echo "mutants rc=$?"; tail -25 "$OUT/mutants.log" ;;
+    determinism) DET_TIMEOUT=$((left - 5)) timeout "$left" bash scripts/gpu_determinism.sh "$OUT" ;;
+    multigpu) timeout "$left" bash scripts/gpu/multigpu.sh ;;
+    hygiene)  timeout "$left" bash scripts/gpu_hygiene.sh ;;
+    time:*)
+      spec=${step#time:}; prof=${spec%%[@:]*}; WW=()
+      [ -n "${WORKERS:-}" ] && WW=(-- --workers "$WORKERS")
+      case "$spec" in *@*) n=${spec#*@}; WW=(-- --workers "${n%%:*}") ;; esac
+      case "$spec" in *:spawn) export FA4VERIFY_WORKER_START=spawn ;; *:fork) export FA4VERIFY_WORKER_START=fork ;;
+                      *) unset FA4VERIFY_WORKER_START ;; esac
+      rm -rf "$CR/$spec"; mkdir -p "$CR/$spec"
+      (unset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED FLASH_ATTENTION_CUTE_DSL_CACHE_DIR
+       timeout "$left" python3 benchmarks/gpu_audit_time.py --profile "$prof" --modes "${AUDIT_MODES:-cold,warm}" \
+         --timeout 250 --cache-root "$CR/$spec" --out "$OUT" "${WW[@]}" ${EXTRA:-} 2>&1 | grep -v "^[a-z]" | tail -16) ;;
+    profile)
+      mkdir -p "$CR/default/shard"
+      FA4VERIFY_WORKER_PROFILE="$OUT/pstats" timeout "$left" "${AUDIT[@]}" --profile default --no-live \
+        --kernel-cache "$CR/default/shard" --json "$OUT/audit_profiled.json" > "$OUT/audit_profiled.log" 2>&1
+      echo "profiled audit rc=$?"; tail -3 "$OUT/audit_profiled.log"
+      python3 - "$OUT/pstats" > "$OUT/pstats_top.txt" <<'PY'
+import glob, os, pstats, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.pstats"))):
+    print("=" * 30, os.path.basename(f))
+    st = pstats.Stats(f); st.sort_stats("cumulative"); st.print_stats(28)
+PY
+      head -c 3000 "$OUT/pstats_top.txt" ;;
+    imports)
+      Z='import torch; from fa4verify.kernels.adapter import interface_module; interface_module(); import fa4verify.judge, fa4verify.oracles'
+      TIMEFORMAT="wall %R s, user %U s, sys %S s"
+      time (env QUACK_ARCH=90 PYTORCH_NVML_BASED_CUDA_CHECK=1 python3 -X importtime -c "$Z" 2> "$OUT/importtime.txt")
+      sort -t'|' -k2 -n "$OUT/importtime.txt" | tail -14 | cut -c1-110 ;;
+    *) echo "unknown step $step (bash scripts/gpu.sh with no argument lists the steps)" ;;
+  esac
+  echo "== $step rc=$? wall=$(( $(date +%s) - t ))s"
+done
+echo "call wall=$(( $(date +%s) - T0 ))s"
