@@ -254,6 +254,77 @@ class Deployment:
                                     "seqlen": s})
         return out[:limit] if limit else out
 
+    def confine(self, space: Any) -> Any:
+        """The coverage plan's :class:`~fa4verify.coverage.space.FeatureSpace` confined to this
+        deployment: its head dims, masks and windows, head counts, sequence lengths (tile edges
+        inside the range, else its ends), softcap values, sinks, call forms (``features``, page
+        sizes), value recipes, arch and dtype. A dimension left with no value makes the space
+        empty: the plan has no row ("nothing ran")."""
+        from fa4verify.coverage.space import PLAN_DISTRIBUTIONS, is_paged
+        sp = space
+        if space.arch not in self.archs or space.dtype not in self.dtypes:
+            why = (f"arch {space.arch} not in {list(self.archs)}" if space.arch not in self.archs
+                   else f"dtype {space.dtype} not in {list(self.dtypes)}")
+            return sp.restrict("form", (), f"deployment {self.name}: {why}")
+        hd = {(f"{a}" if a == b else f"{a}x{b}"): (a, b) for a, b in self.head_dims
+              if facts.head_dims_supported(space.arch, a, b, space.dtype)}
+        sp = dataclasses.replace(sp, hd=hd, values=dict(sp.values, hd=tuple(hd)),
+                                 notes=dict(sp.notes, hd=f"deployment {self.name}: head dims "
+                                            f"{[list(p) for p in self.head_dims]} ({len(hd)} supported)"))
+        masks: list[str] = []
+        windows: dict[str, tuple] = {}
+        for m in self.masks:
+            if m in ("none", "causal"):
+                masks.append(m)
+            else:
+                for wl, wr in self.window_sizes:
+                    name = f"win:{wl},{wr}"
+                    windows[name] = (wl, wr)
+                    masks.append(name)
+        sp = dataclasses.replace(sp, windows=windows, values=dict(sp.values, mask=tuple(masks)),
+                                 notes=dict(sp.notes, mask=f"deployment {self.name}: masks {list(self.masks)}"))
+        heads = {f"h:{h}/{hk}": (h, hk) for h in self.nheads for hk in self.nheads_kv if h % hk == 0}
+        sp = dataclasses.replace(sp, heads=heads, values=dict(sp.values, gqa=tuple(heads)))
+        (ql, qh), (kl, kh) = self.seqlen_q, self.seqlen_k
+        lengths: dict[str, tuple[int, int]] = {}
+        for a in sorted({max(ql, 1), min(ql + 1, qh), min(max(ql, 128), qh), min(max(ql, 129), qh)}):
+            b = max(kl, min(a, kh))
+            lengths[f"len:{a},{b}"] = (a, b)
+        if qh != kh or ql != kl:
+            lengths[f"len:{ql},{kh if kh <= 4 * max(ql, 1) else max(kl, min(kh, 2 * max(ql, 64)))}"] = \
+                (ql, kh if kh <= 4 * max(ql, 1) else max(kl, min(kh, 2 * max(ql, 64))))
+        sp = dataclasses.replace(sp, lengths=lengths, values=dict(sp.values, seqlen=tuple(lengths)),
+                                 notes=dict(sp.notes, seqlen=f"deployment {self.name}: seqlen_q {list(self.seqlen_q)}, "
+                                            f"seqlen_k {list(self.seqlen_k)}"))
+        caps = {("off" if c == 0 else f"on:{c:g}"): float(c) for c in self.softcap}
+        sp = dataclasses.replace(sp, softcaps=caps, values=dict(sp.values, softcap=tuple(caps)))
+        sp = sp.restrict("sink", ("on",) if self.sinks else ("off",), f"deployment {self.name}: sinks={self.sinks}")
+        forms = ["dense"] + (["varlen"] if self.varlen else [])
+        pages: dict[str, int] = {}
+        if "seqused_k" in self.features:
+            forms.append("seqused_k")
+        if "paged_kv" in self.features:
+            if self.page_sizes:
+                for ps in self.page_sizes:
+                    pages[f"paged:{ps}"] = int(ps)
+                    forms.append(f"paged:{ps}")
+            else:
+                forms += ["paged_small", "paged_tile"]
+        if "block_sparse" in self.features:
+            forms.append("block_sparse")
+        if "mask_mod_fn" in self.features or "mod_pairs" in self.features:
+            forms.append("mask_mod")
+        if "mod_pairs" in self.features:
+            forms.append("score_mod")
+        keep = [f for f in forms if f in space.values["form"] or is_paged(f)]
+        sp = dataclasses.replace(sp, pages=pages, values=dict(sp.values, form=tuple(keep)),
+                                 notes=dict(sp.notes, form=f"deployment {self.name}: call forms {keep}"))
+        dists = [d for d in (self.distributions or PLAN_DISTRIBUTIONS) if d in PLAN_DISTRIBUTIONS]
+        if "edges" not in dists and dists:
+            dists.append("edges")     # the mask-edge values are no distribution of activations: always judged
+        sp = sp.restrict("values", dists, f"deployment {self.name}: value recipes {dists}")
+        return sp
+
     def strategy_kwargs(self) -> dict[str, Any]:
         """Arguments for :func:`fa4verify._strategies.problem.attention_problems` that keep the
         drawn problems inside this deployment."""

@@ -268,6 +268,15 @@ class AttentionProblem:
         arrs = generate_values(self.values, dtype=self.dtype, q_shape=sh["q"], k_shape=sh["k"], v_shape=sh["v"],
                                key_positions=key_pos, softmax_scale=self.scale, nheads=self.nheads,
                                with_sink=self.sink)
+        if self.values.distribution == "edges":     # Note [Edge values]
+            from fa4verify._strategies.edges import plant_edges
+            from fa4verify._strategies.values import round_to_dtype
+            planted = plant_edges(self, {"q": arrs["q"].astype(np.float64), "k": arrs["k"].astype(np.float64)},
+                                  score=self.values.param("score", 6.0), seed=self.values.seed)
+            lim = 16384.0 if self.dtype == "fp16" else 1e30
+            for n in ("q", "k"):
+                arrs[n] = round_to_dtype(np.clip(planted[n], -lim, lim).astype(np.float32), self.dtype)
+            arrs["edges"] = planted["edges"]
         arrs["cu_seqlens_q"] = arrs["cu_seqlens_k"] = None
         if self.varlen:
             arrs["cu_seqlens_q"] = np.concatenate([[0], np.cumsum(self.seqlens_q)]).astype(np.int32)

@@ -25,6 +25,10 @@ Distributions (``ValueSpec.distribution``), ``n`` = standard normal:
 * ``"huge"``: q, k scaled by ``2^e_qk`` and v by ``2^e_v`` (bf16: e_qk <= 10, e_v <= 20; fp16:
   e_qk <= 6, e_v <= 10): one-hot softmax rows and large outputs.
 * ``"tiny"``: everything scaled by ``2^-e`` (bf16: e <= 30; fp16: e <= 16, subnormal fp16 inputs).
+* ``"edges"``: standard normal, then the keys just inside and just outside every mask edge of the
+  tile-boundary query rows score ``score`` nats (default 6) above the rest
+  (:mod:`fa4verify._strategies.edges`, Note [Edge values]; applied by
+  ``AttentionProblem.materialize``, which knows the keep-mask).
 
 Learnable sinks (when the problem has them): ``sink_shift + sink_scale * n`` per head, rounded to
 bf16 (FA4 accepts fp32 sinks; bf16-exact values keep the problem exact in every sink dtype).
@@ -43,7 +47,8 @@ from hypothesis.strategies import DrawFn
 from fa4verify.oracles import binary32
 
 #: Distribution names, in shrink order.
-DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", "peaked_rescale", "huge", "tiny")
+DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", "peaked_rescale", "huge", "tiny",
+                                   "edges")
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,8 @@ def value_specs(draw: DrawFn, *, dtype: str, distributions: Optional[tuple[str, 
         p["e_v"] = float(draw(st.integers(0, lim["e_v"])))
     elif dist == "tiny":
         p["e"] = float(draw(st.integers(4, lim["tiny"])))
+    elif dist == "edges":
+        p["score"] = draw(st.sampled_from((6.0, 4.0, 9.0)))
     if sinks:
         p["sink_scale"] = draw(st.sampled_from((1.0, 4.0, 16.0)))
         p["sink_shift"] = draw(st.sampled_from((0.0, 5.0, -5.0, 50.0, -50.0)))

@@ -184,13 +184,17 @@ _KEY_COST = 8.0
 
 def _drawn_campaign(ctx: CheckContext, *, target: Any, arch: str, dtype: str, n: int, kw: dict,
                     where: str, label: str, extra: dict | None = None,
-                    time_limit_s: float | None = None, siblings: int = 0) -> CheckResult:
+                    time_limit_s: float | None = None, siblings: int = 0,
+                    problems: list | None = None, run_kw: dict | None = None) -> CheckResult:
     """Note [Drawn campaigns] (fa4verify.fuzz.drawn): the campaign's ``n`` examples are drawn up
     front from the seed, this shard runs its share (split by compile key), and the result is
-    that of the share; :func:`_merge_campaign` makes the check's one result of the shards'."""
+    that of the share; :func:`_merge_campaign` makes the check's one result of the shards'.
+    ``problems``: a planned list instead of a draw (``coverage.*``); ``run_kw``: more arguments of
+    :func:`~fa4verify.fuzz.drawn.run_drawn` (properties, deterministic flags)."""
     from fa4verify.fuzz import drawn
-    problems = drawn.draw_problems(arch=arch, dtype=dtype, examples=n, seed=ctx.seed, profile=_profile(ctx),
-                                   target=target, siblings=siblings, **kw)
+    if problems is None:
+        problems = drawn.draw_problems(arch=arch, dtype=dtype, examples=n, seed=ctx.seed, profile=_profile(ctx),
+                                       target=target, siblings=siblings, **kw)
     mine = ctx.shard_items(range(len(problems)), key=lambda j: drawn.compile_key(problems[j]),
                            key_cost=_KEY_COST)
     import hashlib
@@ -202,7 +206,7 @@ def _drawn_campaign(ctx: CheckContext, *, target: Any, arch: str, dtype: str, n:
         return empty_shard(ctx, "example", dict(head, part={"outcomes": [], "seconds": 0.0, "target": {}}))
     with ctx.progress(len(mine), label) as bar:
         part = drawn.run_drawn(problems, mine, target=target, on_example=lambda i, p: bar.advance(1),
-                               time_limit_s=time_limit_s)
+                               time_limit_s=time_limit_s, **(run_kw or {}))
     payload = dict(head, part=part)
     if not ctx.sharded:
         return _merge_campaign(ctx, [CheckResult(status="pass", details={"shard_payload": payload})])
@@ -236,6 +240,9 @@ def _merge_campaign(ctx: CheckContext, parts: list) -> CheckResult:
           for p in pays for o in p["part"]["outcomes"] if o.get("kernels")}
     if ek:
         out.details["example_kernels"] = dict(sorted(ek.items(), key=lambda kv: int(kv[0])))
+    if "plan" in h["extra"]:       # a planned campaign (coverage.*): what the rows that ran covered
+        from fa4verify.checks.coverage import planned_result
+        out = planned_result(out, h, [o for p in pays for o in p["part"]["outcomes"]])
     return out
 
 

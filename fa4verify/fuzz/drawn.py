@@ -233,12 +233,14 @@ def compile_key(problem: AttentionProblem) -> tuple:
 def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, target: Target,
               properties: Collection[str] = PROPERTIES, backward: bool = True, strict_known: bool = False,
               on_example: Optional[Callable[[int, AttentionProblem], None]] = None,
-              time_limit_s: Optional[float] = None) -> dict[str, Any]:
+              time_limit_s: Optional[float] = None,
+              deterministic: Optional[Mapping[int, bool]] = None) -> dict[str, Any]:
     """Run the examples ``indices`` of ``problems``; the JSON-able per-example outcomes
     (``{"outcomes": [...], "seconds": s, "target": describe}``) for :func:`merge_drawn`.
 
     ``time_limit_s``: examples not started by then are recorded ``not_run`` (every example still
-    has one outcome, so the merge stays complete; the result says how many did not run)."""
+    has one outcome, so the merge stays complete; the result says how many did not run).
+    ``deterministic``: example index -> the backward's ``deterministic`` flag (default True)."""
     from fa4verify.audit import kernel_timing
     t0 = time.monotonic()
     outcomes: list[dict[str, Any]] = []
@@ -263,7 +265,8 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
 
         token = _ABSORB.set(absorb)
         try:
-            out = check_problem(problem, target, properties=properties, backward=backward)
+            out = check_problem(problem, target, properties=properties, backward=backward,
+                                deterministic=True if deterministic is None else bool(deterministic.get(j, True)))
         except Unsupported as e:
             o["status"] = "unsupported"
             o["unsupported"] = str(e).split(":")[0][:120]

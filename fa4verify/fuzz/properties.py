@@ -35,6 +35,17 @@ Properties (:data:`PROPERTIES`)
     twin's SM90 path (no emulated columns depend on pack_gqa there), within budget otherwise.
 ``deterministic_bwd``
     Two ``deterministic=True`` backward calls return bitwise-identical dQ, dK, dV.
+``edge_sensitive``
+    Problems with ``"edges"`` values (Note [Edge values], :mod:`fa4verify._strategies.edges`):
+    flipping the keep bit of any one target key next to a mask edge (the edge shifted by one key)
+    moves the reference O row by more than the judge's allowance, so ``fwd_budget`` on the same run
+    could see a one-key error at every edge it planted. A blind edge is undecided, never a pass.
+``bwd_stages``
+    Production backward of a dense problem: FA4's own stage buffers of the same call (the
+    preprocess's D = rowsum(dO * O) and lse_log2, the zeroed and the accumulated dq_accum;
+    :mod:`fa4verify.kernels.stage_taps`) within their stage budgets
+    (:func:`fa4verify.stage_taps.judge_taps`): a fault in one stage shows there even when the
+    end-to-end dQ/dK/dV budgets hide it.
 ``paged_kv_bitwise``
     Paged-KV problems (a ``page_table`` call form, drawn page permutation): O and LSE are bitwise
     those of the same problem called with contiguous batched K/V and ``seqused_k`` (a page table
@@ -60,7 +71,8 @@ from fa4verify.fuzz.violation import Violation, _fail, _where_str
 from fa4verify.targets import DependencyMissing, Target, Unsupported
 
 PROPERTIES: tuple[str, ...] = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "key_permutation",
-                               "batch_invariance", "gqa_repeat", "deterministic_bwd", "paged_kv_bitwise")
+                               "batch_invariance", "gqa_repeat", "deterministic_bwd", "paged_kv_bitwise",
+                               "edge_sensitive", "bwd_stages")
 
 #: Largest finite value of the stored output formats.
 _FMT_MAX = {"bf16": 3.3895313892515355e38, "fp16": 65504.0}
@@ -170,10 +182,12 @@ def _run_target(problem: AttentionProblem, fn: Callable, *args, **kw):
 
 
 def check_problem(problem: AttentionProblem, target: Target, *, properties: Collection[str] = PROPERTIES,
-                  backward: bool = True) -> CheckOutcome:
+                  backward: bool = True, deterministic: bool = True) -> CheckOutcome:
     """Run ``properties`` on ``problem`` against ``target``; raise :class:`Violation` on the first
     failing one, :class:`Unsupported` when the target cannot run the problem. Properties whose
-    dependencies are missing (oracle, budgets, twin backward) are skipped with the reason."""
+    dependencies are missing (oracle, budgets, twin backward) are skipped with the reason.
+    ``deterministic``: the backward's mode for ``bwd_budget`` (``deterministic_bwd`` always
+    compares two deterministic calls)."""
     props = [p for p in PROPERTIES if p in set(properties)]
     unknown = set(properties) - set(PROPERTIES)
     if unknown:
@@ -244,6 +258,25 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                                             fallback=getattr(ref_out, "fallback", None), metrics=metrics)
         metrics["tightness_lse"] = _compare("fwd_budget", "lse", fwd.lse, ref_lse.value, ref_lse.bound,
                                             ref_lse.budget, problem, undecided)
+
+    if "edge_sensitive" in props:
+        if problem.values.distribution != "edges":
+            skipped["edge_sensitive"] = "needs 'edges' values (Note [Edge values])"
+        elif need_ref("edge_sensitive"):
+            from fa4verify._strategies.edges import edge_sensitivity
+            with np.errstate(invalid="ignore"):
+                allow_out = np.broadcast_to(ref_out.bound + ref_out.budget, np.shape(ref_out.value))
+            es = edge_sensitivity(problem, a, fwd.out, allow_out)
+            if not es["applicable"]:
+                skipped["edge_sensitive"] = es["why"]
+            else:
+                ran.append("edge_sensitive")
+                metrics["edges_planted"] = float(es["edges"])
+                metrics["edges_seen"] = float(es["seen"])
+                if es["blind"]:
+                    undecided["edge_sensitive.out"] = (f"{len(es['blind'])} of {es['edges']} planted edge keys "
+                                                       f"are blind (a one-key shift stays within the allowance): "
+                                                       + "; ".join(es["blind"][:3]))
 
     from fa4verify._strategies.masks import resolve_window
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
@@ -334,9 +367,20 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
             if p in props:
                 skipped[p] = no_bwd
         want_bwd = False
+    taps: Optional[dict] = None
+    if "bwd_stages" in props:
+        tu = getattr(target, "taps_unsupported", None)
+        why_taps = "the target has no stage taps" if tu is None else tu(problem)
+        if not want_bwd:
+            skipped["bwd_stages"] = no_bwd or "no backward run"
+        elif why_taps is not None:
+            skipped["bwd_stages"] = why_taps
+        else:
+            taps = {}
     if want_bwd:
         try:
-            g = _run_target(problem, target.backward, problem, a, fwd, deterministic=True)
+            extra = {} if taps is None else {"taps": taps}
+            g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, **extra)
         except DependencyMissing as e:
             for p in ("bwd_budget", "deterministic_bwd"):
                 if p in props:
@@ -379,6 +423,10 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                             metrics[f"tightness_{n}"] = _compare("bwd_budget", n, getattr(g, n), getattr(obwd, n),
                                                                  getattr(obwd, f"{n}_bound"), allow[n], problem,
                                                                  undecided, ftz_floor=stats.ftz_floor[n])
+                        if taps is not None:
+                            _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran)
+            elif taps is not None:
+                skipped["bwd_stages"] = skipped.get("bwd_budget", "no oracle backward")
             if "deterministic_bwd" in props and target.deterministic_by_construction:
                 skipped["deterministic_bwd"] = f"{target.where} is deterministic by construction"
             elif "deterministic_bwd" in props:
@@ -394,6 +442,31 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
     tights = [v for k, v in metrics.items() if k.startswith("tightness_") and math.isfinite(v)]
     metrics["tightness_max"] = max(tights) if tights else 0.0
     return CheckOutcome(metrics, skipped, ran, undecided)
+
+
+def _judge_stages(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, taps: Mapping[str, Any], obwd: Any,
+                  allow: Mapping[str, Any], metrics: dict, undecided: dict, ran: list) -> None:
+    """``bwd_stages``: the tapped D, lse_log2 and dq_accum within their stage budgets."""
+    import types
+    from fa4verify.stage_taps import judge_taps
+    if taps.get("dq_accum") is None and taps.get("dq_accum_missing"):
+        undecided["bwd_stages.dq_accum"] = taps["dq_accum_missing"]
+    ran.append("bwd_stages")
+    with np.errstate(invalid="ignore", over="ignore"):
+        vs = judge_taps(problem, a, fwd.out, fwd.lse, taps, budgets=_budget(problem),
+                        backward=types.SimpleNamespace(oracle=obwd, budgets=allow))
+    for n, v in vs.items():
+        if v.status == "fail":
+            rows = [e.text() for e in v.violations] or [v.reason]
+            viol = Violation("bwd_stages", f"{n}: {v.n_over} / {v.n_compared} elements exceed the stage budget; "
+                                           f"worst: " + "; ".join(rows) + f" | case: {problem.describe()}",
+                             {f"tightness_{n}": v.tightness, "quantity": n})
+            viol.over_indices = v.over_indices
+            _fail(viol)
+        if v.status == "undecided":
+            undecided.setdefault(f"bwd_stages.{n}", v.reason)
+        elif n != "dq_accum_zeroed":
+            metrics[f"tightness_{n}"] = v.tightness
 
 
 def _unseen_keys(problem: AttentionProblem) -> np.ndarray:

@@ -1,0 +1,159 @@
+"""Audit checks: coverage by construction (:mod:`fa4verify.coverage`).
+
+* ``coverage.production`` (GPU): the covering-array plan of the local arch's feature space run on
+  production FA4 -- every pair of supported dimension values and every supported
+  mask x call form x pass triple at least once, in shapes chosen at the tile edges, the
+  ``"edges"`` values on a share of the rows (every mask edge with its one-key self-check), the
+  backward's stage taps (D, lse_log2, dq_accum) on every dense backward row. The deployment
+  profile confines the space; a space with nothing FA4 supports skips ("nothing ran").
+* ``coverage.twin[<arch>]`` (CPU): the same plan on the CPU twin (the forms the twin runs), so a
+  machine without a GPU shows what the plan covers and judges it on the twin.
+
+Each row runs through the fuzz runner (:func:`fa4verify.fuzz.drawn.run_drawn`: the one judge,
+known FA4 issues absorbed only where they explain the violation), sharded by compile key like
+``fuzz.production``. The result's details hold the coverage matrix: per dimension pair (and per
+triple) the tuples covered of those supported, every hole by name, and every unsupported tuple
+with the reason from FA4's own claims. A hole (a supported tuple whose rows FA4 refused or that
+did not run) makes the check undecided, never a pass.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fa4verify.audit.registry import CheckContext, CheckResult, check
+from fa4verify.checks.fuzz import _KEY_COST, _drawn_campaign, _dtype, _merge_campaign, _per_worker
+
+#: the properties a planned row is judged on (the rest need extra kernels: the fuzz runs them)
+PLAN_PROPERTIES = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "edge_sensitive", "bwd_stages")
+
+
+def forms_of(features: tuple[str, ...]) -> tuple[str, ...]:
+    """The plan's call forms a target with ``features`` runs."""
+    from fa4verify._strategies.calls import MOD_FEATURE
+    out = ["dense"]
+    if "varlen" in features:
+        out.append("varlen")
+    if "seqused_k" in features:
+        out.append("seqused_k")
+    if "paged_kv" in features:
+        out += ["paged_small", "paged_tile"]
+    if "block_sparse" in features:
+        out.append("block_sparse")
+    if "mask_mod_fn" in features or MOD_FEATURE in features:
+        out.append("mask_mod")
+    if MOD_FEATURE in features:
+        out.append("score_mod")
+    return tuple(out)
+
+
+def build(ctx: CheckContext, *, arch: str, dtype: str, features: tuple[str, ...]):
+    """(space, plan, problems) of this audit on ``arch``."""
+    from fa4verify._strategies.calls import MOD_FEATURE
+    from fa4verify.coverage.cases import problem_for
+    from fa4verify.coverage.planner import plan
+    from fa4verify.coverage.space import registered_pairs, space_for
+    score, mask, mask_bwd = registered_pairs()
+    if MOD_FEATURE not in features:     # the twin runs CuTe mask_mod call forms, not mod pairs
+        score = ()
+        mask = tuple(m for m in mask if m.startswith("fn:"))
+        mask_bwd = tuple(m for m in mask_bwd if m.startswith("fn:"))
+    sp = space_for(arch, dtype, forms=forms_of(features), deployment=ctx.deploy, score_pairs=score,
+                   mask_pairs=mask, mask_pairs_bwd=mask_bwd)
+    pl = plan(sp, seed=int(ctx.seed))
+    return sp, pl, [problem_for(sp, r, i, seed=int(ctx.seed)) for i, r in enumerate(pl.rows)]
+
+
+def _run(ctx: CheckContext, *, target: Any, arch: str, dtype: str, where: str, label: str) -> CheckResult:
+    sp, pl, problems = build(ctx, arch=arch, dtype=dtype, features=target.features())
+    if not pl.rows:
+        why = "; ".join(f"{k}: {v}" for k, v in sp.notes.items()) or "the space is empty"
+        ctx.skip(f"nothing to run: the audit's space holds no value FA4 supports on {arch} ({why})")
+    det = {i: r["det"] == "on" for i, r in enumerate(pl.rows)}
+    extra = {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": int(ctx.seed),
+                      "uncoverable": [list(map(list, t)) for t in pl.uncoverable]}}
+    return _drawn_campaign(ctx, target=target, arch=arch, dtype=dtype, n=len(problems), kw={}, where=where,
+                           label=label, extra=extra, problems=problems,
+                           run_kw={"properties": PLAN_PROPERTIES, "deterministic": det})
+
+
+def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
+    """The campaign result ``out`` of a planned run, with what the rows that ran covered
+    (``details["coverage"]``); holes make it undecided (never a pass)."""
+    from fa4verify.coverage.planner import coverage
+    from fa4verify.coverage.space import FeatureSpace
+    pl = head["extra"]["plan"]
+    sp = FeatureSpace.from_dict(pl["space"])
+    rows = pl["rows"]
+    by = {int(o["index"]): o for o in outcomes}
+    ran = [i for i in range(len(rows)) if by.get(i, {}).get("status") in ("ran", "known", "violation")]
+    refused = {i: by[i].get("unsupported", "") for i in range(len(rows)) if by.get(i, {}).get("status") == "unsupported"}
+    cov = coverage(sp, [rows[i] for i in ran])
+    cov["refused_rows"] = {str(i): {"row": rows[i], "why": w} for i, w in refused.items()}
+    cov["not_run_rows"] = [i for i in range(len(rows)) if by.get(i, {}).get("status") == "not_run"]
+    cov["uncoverable"] = pl.get("uncoverable", [])
+    out.details.pop("plan", None)
+    out.details["coverage"] = cov
+    out.details["plan"] = {"rows": len(rows), "seed": pl["seed"], "space": pl["space"],
+                           "row_values": rows}
+    out.details["plot"] = coverage_plot(cov, where=out.where)
+    out.metrics["coverage_covered_higher_is_better"] = cov["covered"]
+    out.metrics["coverage_supported"] = cov["supported"]
+    out.metrics["coverage_holes"] = len(cov["holes"])
+    head_line = (f"covered {cov['covered']}/{cov['supported']} supported value pairs and mask x form x pass "
+                 f"triples in {len(ran)} of {len(rows)} planned rows ({sp.arch} {sp.dtype}; "
+                 f"{len(cov['unsupported'])} tuples FA4 does not support)")
+    if cov["holes"] or cov["uncoverable"]:
+        first = cov["holes"][0] if cov["holes"] else str(cov["uncoverable"][0])
+        why = ""
+        if refused:
+            i, w = next(iter(refused.items()))
+            why = f"; row {i} refused: {w}"
+        out.summary = f"{head_line}; {len(cov['holes'])} HOLE(S), first: {first}{why}; " + out.summary
+        if out.status == "pass":
+            out.status = "undecided"
+    else:
+        out.summary = f"{head_line}; " + out.summary
+    return out
+
+
+def coverage_plot(cov: dict, *, where: str = "") -> list:
+    """The HTML report's coverage matrix: a table per dimension pair (covered / supported) and
+    the unsupported tuples with their reasons."""
+    rows = [[g, c["covered"], c["supported"], cov["unsupported_per_group"].get(g, 0)]
+            for g, c in cov["per_group"].items()]
+    out = [{"kind": "table", "title": "coverage by construction: tuples covered / supported",
+            "columns": ["dimensions", "covered", "supported", "not supported by FA4"], "rows": rows,
+            "where": where}]
+    if cov["holes"]:
+        out.append({"kind": "table", "title": "holes (supported, not covered)", "columns": ["tuple"],
+                    "rows": [[h] for h in cov["holes"][:200]]})
+    uns = list(cov["unsupported"].items())
+    if uns:
+        out.append({"kind": "table", "title": "not supported by the installed FA4 (or by the problem type)",
+                    "columns": ["tuple", "why"], "rows": [[t, w] for t, w in uns[:300]]})
+    return out
+
+
+@check("coverage.production", title="Coverage by construction: every supported pair and mask x form x pass "
+                                    "triple on production FA4",
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=200, shards=_per_worker,
+       merge=_merge_campaign)
+def production(ctx: CheckContext) -> CheckResult:
+    from fa4verify.targets import ProductionTarget
+    dtype = _dtype(ctx)
+    gpu = ctx.require_gpu()
+    return _run(ctx, target=ProductionTarget(), arch=gpu.arch, dtype=dtype, where=ctx.where_measured(),
+                label="planned coverage on production FA4")
+
+
+@check("coverage.twin", title="Coverage by construction on the CPU twin (the forms it runs)",
+       needs={"cpu"}, profiles={"full", "exhaustive"}, archs={"sm90", "sm100"}, shards=_per_worker,
+       merge=_merge_campaign)
+def twin(ctx: CheckContext) -> CheckResult:
+    from fa4verify.targets import TwinTarget
+    dtype = _dtype(ctx)
+    return _run(ctx, target=TwinTarget(), arch=ctx.arch, dtype=dtype, where="CPU twin",
+                label=f"planned coverage on the {ctx.arch} twin")
+
+
+__all__ = ["PLAN_PROPERTIES", "forms_of", "build", "planned_result", "coverage_plot", "_KEY_COST"]

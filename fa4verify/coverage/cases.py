@@ -1,0 +1,119 @@
+"""A plan row made concrete: the :class:`~fa4verify._strategies.problem.AttentionProblem` it runs.
+
+Shapes are chosen relative to the forward tile the row's head dim selects (``seqlen`` class),
+windows cross a tile boundary, page tables are permuted, block masks use the block size FA4's
+backward takes, and every row with a mask or call-form edge gets the ``"edges"`` value
+distribution on every other row of the plan (Note [Edge values]) so each edge kind is also judged
+with the one-key self-check. Deterministic in (row, index, seed).
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Mapping, Optional
+
+from fa4verify.coverage.space import FeatureSpace, is_local, is_paged
+
+__all__ = ["problem_for", "sparse_block_size"]
+
+_VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
+    "normal": (("sigma", 1.0),), "outliers": (("p", 0.01), ("outlier_std", 100.0)),
+    "negative_scores": (("shift", 100.0),), "peaked_rescale": (("delta", 8.0), ("sigma", 0.1)),
+    "tiny": (("e", 8.0),), "edges": (("score", 6.0),), "huge": (("e_qk", 6.0), ("e_v", 4.0)),
+}
+_HEADS = {"1": (2, 2), "2": (4, 2), "4": (8, 2), "mqa": (3, 1)}
+
+
+def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
+    """The (q, kv) block of a block-sparse row: on SM90 the block FA4's backward takes (read from
+    FA4's ``_tile_size_bwd_sm90`` through the adapter when FA4 is installed), so forward and
+    backward run on one block mask; 128 x 128 on SM100."""
+    if arch != "sm90":
+        return 128, 128
+    try:
+        from fa4verify.kernels import adapter
+        return tuple(adapter.sm90_bwd_sparse_block_size(hd, hdv))
+    except Exception:  # noqa: BLE001  (no FA4 here: the twin's stand-in grid)
+        from fa4verify.kernels import facts
+        return 128, facts.sm90_bwd_tile(hd, hdv, False, False)[1]
+
+
+def _lengths(cls: str, tm: int, tn: int) -> tuple[int, int]:
+    return {"lt_tile": (tn // 2 + 3, tn // 2 + 3), "eq_tile": (tn, tn), "tile_m1": (tn - 1, tn - 1),
+            "tile_p1": (tn + 1, tn + 1), "multi": (2 * tm + 5, 3 * tn + 7), "q_gt_k": (tm + 9, tn // 2 - 5),
+            "q_lt_k": (17, 2 * tn + 3), "zero": (tn + 1, tn - 1)}[cls]
+
+
+def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed: int = 0):
+    """The problem of plan row ``index``."""
+    from fa4verify._strategies.calls import CallForm
+    from fa4verify._strategies.edges import _tile_rows
+    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify._strategies.values import ValueSpec
+    rng = random.Random(f"{seed}:{index}:{sorted(row.items())}")
+    arch, dtype = space.arch, space.dtype
+    hd, hdv = space.hd[row["hd"]]
+    form, mask = row["form"], row["mask"]
+    nh, nk = space.heads.get(row["gqa"]) or _HEADS[row["gqa"]]
+    causal = mask in ("causal", "causal_left")
+    local = is_local(mask)
+    probe = AttentionProblem(arch=arch, dtype=dtype, batch=1, seqlen_q=8, seqlen_k=8, nheads=1, nheads_kv=1,
+                             head_dim=hd, head_dim_v=hdv, causal=causal and not local,
+                             window_size=(3, 0) if mask == "causal_left" else ((3, 3) if local else (None, None)))
+    tm, tn = _tile_rows(probe)
+    sq, sk = space.lengths.get(row["seqlen"]) or _lengths(row["seqlen"], tm, tn)
+    wl = rng.choice((1, 7, tn - 1, tn + 1))
+    wr = rng.choice((1, 5, tn))
+    window = space.windows.get(mask) or {"none": (None, None), "causal": (None, None), "left": (wl, None),
+                                         "right": (None, wr), "both": (wl, wr), "causal_left": (wl, None)}[mask]
+    dist = row["values"]
+    vs = ValueSpec(dist, rng.randrange(2 ** 31), _VALUE_PARAMS.get(dist, ()))
+    kw: dict[str, Any] = dict(arch=arch, dtype=dtype, nheads=nh, nheads_kv=nk, head_dim=hd, head_dim_v=hdv,
+                              causal=causal, window_size=tuple(window),
+                              softcap=space.softcaps.get(row["softcap"], 30.0 if row["softcap"] == "on" else 0.0),
+                              sink=row["sink"] == "on", values=vs)
+    if form in ("varlen", "seqused_k") or is_paged(form):
+        if row["seqlen"] in space.lengths:         # a deployment's lengths: every sequence inside it
+            sqs, sks = (sq, sq), (sk, sk)
+        elif row["seqlen"] == "zero":
+            sqs, sks = (sq, 0, 33), (sk, 5, 0)
+        else:
+            sqs, sks = (sq, max(1, sq // 3), sq // 2 + 1), (sk, max(1, sk // 2 + 3), max(1, sk - 9))
+        kw.update(batch=len(sqs), seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks))
+        if form != "varlen":
+            cap = max(sks) + 7
+            page: Optional[int] = None
+            if form == "paged_small":
+                page = 16
+            elif form == "paged_tile":
+                page = tn
+            elif is_paged(form):
+                page = space.pages[form]
+            if page is not None:
+                cap = -(-cap // page) * page
+            kw["call"] = CallForm(seqused_k=True, kv_capacity=cap, page_size=page,
+                                  page_seed=rng.randrange(2 ** 16) if page else None, spare_pages=1 if page else 0)
+    else:
+        kw.update(batch=2, seqlen_q=sq, seqlen_k=sk)
+    if form == "block_sparse":
+        kw["call"] = CallForm(block_size=sparse_block_size(arch, hd, hdv), block_seed=rng.randrange(2 ** 16),
+                              block_keep=0.6)
+    elif form in ("mask_mod", "score_mod"):
+        names = space.mask_pairs if form == "mask_mod" else space.score_pairs
+        usable = [n for n in names if sq == sk or not _self_only(n)]
+        name = usable[index % len(usable)] if usable else names[index % len(names)]
+        kind, _, pair = name.partition(":")
+        if kind == "fn":
+            kw["call"] = CallForm(mask_mod_fn=pair)
+        else:
+            kw["mods"] = (pair,)
+        if not usable:      # only self-attention pairs: make the row square
+            kw.update(seqlen_q=sk)
+    return AttentionProblem(**kw)
+
+
+def _self_only(name: str) -> bool:
+    kind, _, pair = name.partition(":")
+    if kind != "mod":
+        return False
+    from fa4verify import mods
+    return bool(getattr(mods.get(pair), "self_attention_only", False))

@@ -1,0 +1,261 @@
+"""The feature space of FA4's public call on one arch and dtype, and what FA4 supports in it.
+
+Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
+
+* ``form``: how FA4 is called: ``dense``, ``varlen`` (cu_seqlens), ``seqused_k`` (batched K/V),
+  ``paged_small`` (page size 16: FA4's cp.async path), ``paged_tile`` (page size = the forward
+  tile_n: FA4's TMA path, ``interface.py`` ``paged_kv_non_tma=page_size not in [None, tile_n]``),
+  ``block_sparse`` (``block_sparse_tensors``), ``mask_mod`` (a CuTe mask_mod callable, yours
+  included), ``score_mod`` (a score_mod pair, yours included);
+* ``mask``: ``none``, ``causal``, ``left`` (window left side only), ``right``, ``both``,
+  ``causal_left`` (causal + a left window);
+* ``hd``: head-dim classes, one per tile class FA4's tile tables select (forward tile, backward
+  tile, and the dQ-accumulator rounding class: whether rounding the head dim to 16 and to 32
+  differ), each represented by one head dim (:func:`head_dim_classes`), plus one hd != hdv pair;
+* ``gqa``: query heads per KV head: ``1``, ``2``, ``4``, ``mqa`` (one KV head);
+* ``seqlen``: relative to the forward tile: ``lt_tile``, ``eq_tile``, ``tile_m1``, ``tile_p1``,
+  ``multi`` (several tiles), ``q_gt_k``, ``q_lt_k``, ``zero`` (a zero-length sequence);
+* ``softcap``, ``sink``: ``off`` / ``on``;
+* ``det``: ``on`` / ``off``: the backward's ``deterministic`` flag;
+* ``values``: the value distribution (``normal``, ``outliers``, ``negative_scores``,
+  ``peaked_rescale``, ``tiny``, ``edges``: Note [Edge values]).
+
+``pass`` (``fwd`` / ``bwd``) is not chosen: a row runs the backward wherever FA4 has one for it
+(:meth:`FeatureSpace.passes`), so a row covers its tuples for every pass it runs.
+
+Support comes from the installed FA4's claims (:mod:`fa4verify.kernels.features`, checked against
+its source by ``tests/test_features_table.py``), its head-dim rules and tile tables
+(:mod:`fa4verify.kernels.facts`) and the problem type's own constraints; each unsupported value
+pair says why (:meth:`FeatureSpace.why_not`), and the coverage report lists them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+from fa4verify.kernels import facts
+
+__all__ = ["DIMENSIONS", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
+           "PASSES", "PLAN_DISTRIBUTIONS"]
+
+FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "paged_small", "paged_tile", "block_sparse",
+                          "mask_mod", "score_mod")
+MASKS: tuple[str, ...] = ("none", "causal", "left", "right", "both", "causal_left")
+GQAS: tuple[str, ...] = ("1", "2", "4", "mqa")
+SEQLENS: tuple[str, ...] = ("lt_tile", "eq_tile", "tile_m1", "tile_p1", "multi", "q_gt_k", "q_lt_k", "zero")
+ONOFF: tuple[str, ...] = ("off", "on")
+PASSES: tuple[str, ...] = ("fwd", "bwd")
+#: the value distributions the plan covers ("huge" is left to the fuzz while the backward budget
+#: is first-order only: its dQ/dK/dV are undecided there, error_budgets/DERIVATIONS.md)
+PLAN_DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", "peaked_rescale", "tiny", "edges")
+
+DIMENSIONS: tuple[str, ...] = ("form", "mask", "hd", "gqa", "seqlen", "softcap", "sink", "det", "values")
+
+_PAGED = ("paged_small", "paged_tile")
+_KV_FORMS = ("varlen", "seqused_k") + _PAGED          # forms whose problem is varlen (zero lengths)
+_KEEP_FORMS = ("block_sparse", "mask_mod")            # FA4 drops causal/window with these
+
+
+def is_local(mask: Optional[str]) -> bool:
+    """Whether a mask value is a local window (FA4's ``local``)."""
+    return mask in ("left", "right", "both", "causal_left") or (mask or "").startswith("win:")
+
+
+def is_paged(form: Optional[str]) -> bool:
+    return (form or "").startswith("paged")
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def head_dim_classes(arch: str, dtype: str = "bf16", *, limit: Optional[Iterable[tuple[int, int]]] = None
+                     ) -> dict[str, tuple[int, int]]:
+    """One representative (hd, hdv) per tile class FA4 selects on ``arch``: the class of a head
+    dim is (forward tile, backward tile, ``round_up(hd, 16) != round_up(hd, 32)``); the
+    representative is the largest head dim of its class (the class's widest tile use), except the
+    odd class, whose smallest member is taken (8, 40, 72, ...: the narrowest padding). ``limit``:
+    only these (hd, hdv) pairs (a deployment's); the classes are then those the pairs fall in."""
+    cands = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
+    if limit is not None:
+        cands = sorted({(int(a), int(b)) for a, b in limit})
+    out: dict[tuple, tuple[int, int]] = {}
+    for hd, hdv in cands:
+        if not facts.head_dims_supported(arch, hd, hdv, dtype):
+            continue
+        if arch == "sm90":
+            key: tuple = (facts.sm90_fwd_tile(hd, hdv, False, False), facts.sm90_bwd_tile(hd, hdv, False, False),
+                          _round_up(hd, 16) != _round_up(hd, 32), hd != hdv)
+        else:
+            k = facts.kernel_constants(arch, dtype, hd, hdv)
+            key = (k.kernel, hd <= 64, _round_up(hd, 16) != _round_up(hd, 32), hd != hdv)
+        prev = out.get(key)
+        odd = key[2]
+        if prev is None or (not odd and hd > prev[0]) or (odd and hd < prev[0]):
+            out[key] = (hd, hdv)
+    named = {}
+    for hd, hdv in sorted(out.values()):
+        named[f"{hd}" if hd == hdv else f"{hd}x{hdv}"] = (hd, hdv)
+    return named
+
+
+@dataclasses.dataclass
+class FeatureSpace:
+    """The dimensions and values of one audit's space, and the support predicate.
+
+    ``values``: dimension -> its values (ordered). ``hd``: class name -> (hd, hdv).
+    ``bwd_support(row) -> reason or None``: why FA4 runs no backward for a (partial) row."""
+
+    arch: str
+    dtype: str
+    values: dict[str, tuple[str, ...]]
+    hd: dict[str, tuple[int, int]]
+    score_pairs: tuple[str, ...] = ()
+    mask_pairs: tuple[str, ...] = ()
+    mask_pairs_bwd: tuple[str, ...] = ()
+    notes: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: concrete values behind a deployment's dimension values (name -> value); the generic
+    #: space's values are realised by :func:`fa4verify.coverage.cases.problem_for` itself
+    windows: dict[str, tuple] = dataclasses.field(default_factory=dict)     # "win:L,R" -> (L, R)
+    heads: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)   # "h:32/8" -> (32, 8)
+    lengths: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # "len:a,b" -> (a, b)
+    softcaps: dict[str, float] = dataclasses.field(default_factory=dict)  # "on:30" -> 30.0
+    pages: dict[str, int] = dataclasses.field(default_factory=dict)       # "paged:16" -> 16
+
+    # ---------------------------------------------------------------- support
+    def why_not(self, row: Mapping[str, str]) -> Optional[str]:
+        """Why no valid problem has the (partial) ``row``'s values, or None. Pairwise by
+        construction: every rule names at most two dimensions (plus the arch)."""
+        g = row.get
+        form, mask, hd = g("form"), g("mask"), g("hd")
+        for dim, v in row.items():
+            if dim in self.values and v not in self.values[dim]:
+                return f"{dim}={v} is outside this space"
+        if g("softcap") not in (None, "off"):
+            row = dict(row, softcap="on")
+            g = row.get
+        if form in _KEEP_FORMS and mask not in (None, "none"):
+            return f"{form}: FA4 drops causal/window with a block mask or mask_mod (write them into the mask)"
+        if form == "score_mod":
+            if not self.score_pairs:
+                return "no score_mod pair with a CuTe function is registered"
+            if g("softcap") == "on":
+                return "a score_mod pair and softcap cannot be combined (FA4 asserts)"
+            if g("sink") == "on":
+                return "a score_mod pair is not drawn with a learnable sink"
+            if g("seqlen") == "zero":
+                return "score_mod pairs run on dense problems (no zero-length sequence)"
+        if form == "mask_mod" and not self.mask_pairs:
+            return "no CuTe mask_mod pair is registered"
+        if g("seqlen") == "zero" and form is not None and not (form in _KV_FORMS or is_paged(form)):
+            return f"a zero-length sequence needs a varlen call form, not {form}"
+        if hd is not None and self.arch in ("sm100", "sm103") and self.hd.get(hd) == (256, 256):
+            if g("softcap") == "on" or g("sink") == "on" or is_local(mask) or form == "mask_mod":
+                return "SM100's dedicated (256, 256) kernel has no softcap, sinks, local windows or mask_mod"
+        if g("det") == "off" and form is not None and self._form_bwd(form) is not None:
+            return f"det=off is a backward setting and {form} has no FA4 backward"
+        if g("det") == "off" and form is not None and hd is not None and self._bwd(form, hd) is not None:
+            return f"det=off is a backward setting; {self._bwd(form, hd)}"
+        return None
+
+    def _form_bwd(self, form: str) -> Optional[str]:
+        from fa4verify.kernels.features import cell
+        if is_paged(form):
+            c = cell("paged_kv", "sm90" if self.arch == "sm90" else "sm100", "bwd")
+            if c.status != "supported":
+                return "FA4 has no paged-KV backward (page_table is forward-only)"
+        if form == "mask_mod" and not self.mask_pairs_bwd:
+            return "no registered CuTe mask_mod pair has a backward"
+        return None
+
+    def _bwd(self, form: str, hd: str) -> Optional[str]:
+        why = self._form_bwd(form)
+        if why is None and form == "block_sparse" and self.arch == "sm90":
+            from fa4verify.kernels.features import sm90_sparse_bwd_does_not_build
+            if sm90_sparse_bwd_does_not_build(*self.hd[hd]):
+                why = "known issue sm90_block_sparse_bwd_no_build (FA4's SM90 block-sparse backward does not build)"
+        return why
+
+    def passes(self, row: Mapping[str, str]) -> tuple[str, ...]:
+        """The passes a full row runs: ("fwd", "bwd") where FA4 has a backward for it."""
+        return ("fwd",) if self._bwd(row["form"], row["hd"]) is not None else PASSES
+
+    def valid(self, row: Mapping[str, str]) -> bool:
+        return self.why_not(row) is None
+
+    def describe(self) -> dict[str, Any]:
+        """JSON form (:meth:`from_dict` reads it back: the report's merge re-derives coverage)."""
+        return {"arch": self.arch, "dtype": self.dtype, "dimensions": {k: list(v) for k, v in self.values.items()},
+                "head_dims": {k: list(v) for k, v in self.hd.items()}, "score_pairs": list(self.score_pairs),
+                "mask_pairs": list(self.mask_pairs), "mask_pairs_bwd": list(self.mask_pairs_bwd),
+                "notes": dict(self.notes), "windows": {k: list(v) for k, v in self.windows.items()},
+                "heads": {k: list(v) for k, v in self.heads.items()},
+                "lengths": {k: list(v) for k, v in self.lengths.items()}, "softcaps": dict(self.softcaps),
+                "pages": dict(self.pages)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FeatureSpace":
+        return cls(d["arch"], d["dtype"], {k: tuple(v) for k, v in d["dimensions"].items()},
+                   {k: (int(v[0]), int(v[1])) for k, v in d["head_dims"].items()}, tuple(d.get("score_pairs", ())),
+                   tuple(d.get("mask_pairs", ())), tuple(d.get("mask_pairs_bwd", ())), dict(d.get("notes", {})),
+                   {k: tuple(v) for k, v in d.get("windows", {}).items()},
+                   {k: (int(v[0]), int(v[1])) for k, v in d.get("heads", {}).items()},
+                   {k: (int(v[0]), int(v[1])) for k, v in d.get("lengths", {}).items()},
+                   {k: float(v) for k, v in d.get("softcaps", {}).items()},
+                   {k: int(v) for k, v in d.get("pages", {}).items()})
+
+    def restrict(self, dim: str, keep: Iterable[str], note: str) -> "FeatureSpace":
+        """This space with ``dim`` confined to ``keep`` (order kept); ``note`` says why (reports)."""
+        k = set(keep)
+        vals = dict(self.values)
+        vals[dim] = tuple(v for v in self.values[dim] if v in k)
+        hd = self.hd if dim != "hd" else {n: self.hd[n] for n in vals["hd"]}
+        notes = dict(self.notes)
+        notes[dim] = note
+        return dataclasses.replace(self, values=vals, hd=hd, notes=notes)
+
+    def empty(self) -> bool:
+        return any(not v for v in self.values.values())
+
+
+def space_for(arch: str, dtype: str, *, forms: Optional[Sequence[str]] = None, deployment: Any = None,
+              score_pairs: Optional[Sequence[str]] = None, mask_pairs: Optional[Sequence[str]] = None,
+              mask_pairs_bwd: Optional[Sequence[str]] = None,
+              distributions: Sequence[str] = PLAN_DISTRIBUTIONS) -> FeatureSpace:
+    """The space of an audit on ``arch`` / ``dtype``. ``forms``: the call forms the target runs
+    (default all); ``deployment``: a :class:`fa4verify.deployment.Deployment` that confines every
+    dimension (:meth:`~fa4verify.deployment.Deployment.confine`); the registered pairs default to
+    the registries' (:mod:`fa4verify.mods`, :func:`fa4verify._strategies.calls.mask_mod_pairs`)."""
+    if score_pairs is None or mask_pairs is None or mask_pairs_bwd is None:
+        reg_s, reg_m, reg_mb = registered_pairs()
+        score_pairs = reg_s if score_pairs is None else score_pairs
+        mask_pairs = reg_m if mask_pairs is None else mask_pairs
+        mask_pairs_bwd = reg_mb if mask_pairs_bwd is None else mask_pairs_bwd
+    hd = head_dim_classes(arch, dtype)
+    vals: dict[str, tuple[str, ...]] = {
+        "form": tuple(f for f in FORMS if forms is None or f in forms),
+        "mask": MASKS, "hd": tuple(hd), "gqa": GQAS, "seqlen": SEQLENS, "softcap": ONOFF, "sink": ONOFF,
+        "det": ("on", "off"), "values": tuple(distributions)}
+    if not score_pairs:
+        vals["form"] = tuple(f for f in vals["form"] if f != "score_mod")
+    if not mask_pairs:
+        vals["form"] = tuple(f for f in vals["form"] if f != "mask_mod")
+    sp = FeatureSpace(arch, dtype, vals, hd, tuple(score_pairs), tuple(mask_pairs), tuple(mask_pairs_bwd))
+    if deployment is not None:
+        sp = deployment.confine(sp)
+    return sp
+
+
+def registered_pairs() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(score pairs, mask pairs, mask pairs with a backward) registered in this process: the
+    :mod:`fa4verify.mods` pairs (``"mod:<name>"``: run through FA4's ``mask_mod`` / ``score_mod``
+    with their aux tensors, backward included) and the CuTe mask_mod call forms of
+    :func:`fa4verify._strategies.calls.mask_mod_pairs` (``"fn:<name>"``)."""
+    from fa4verify import mods
+    from fa4verify._strategies.calls import mask_mod_pairs
+    score = tuple(f"mod:{n}" for n in mods.names() if mods.get(n).kind == "score")
+    mask_mod = tuple(f"mod:{n}" for n in mods.names() if mods.get(n).kind == "mask")
+    mm = mask_mod_pairs()
+    fn = tuple(f"fn:{n}" for n in sorted(mm))
+    fn_bwd = tuple(f"fn:{n}" for n in sorted(mm) if mm[n].backward)
+    return score, mask_mod + fn, mask_mod + fn_bwd
