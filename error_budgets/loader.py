@@ -54,7 +54,7 @@ SCHEMA_VERSION = 1
 
 #: The ONE place where another spelling of a dtype is accepted on input (``--dtype``, a budget
 #: file's ``[meta] dtype``, ``$FA4VERIFY_BUDGET_FILE``): torch's names and ``fp8_e4m3`` / ``e4m3``,
-#: the twin's and the budget files' spelling of fp8 before issue #18, map to fa4verify's one
+#: the twin's and the budget files' spelling of fp8 of older releases, map to fa4verify's one
 #: spelling ``bf16`` / ``fp16`` / ``fp8`` (:data:`fa4verify.kernels.facts.DTYPES`). Everything
 #: fa4verify writes uses the canonical spelling.
 DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",

@@ -1,5 +1,5 @@
 """Which verifier catches which production fault: pluggable verifiers per tensor and the
-detection curve over graded biases (issue #15 items 4 and 5).
+detection curve over graded biases.
 
 A verifier is ``fn(case: TensorCase) -> Outcome``; :data:`VERIFIERS` holds them in table order
 and :func:`register_verifier` adds one (the statistical tier,

@@ -57,11 +57,11 @@ sweep counts violations from the computed values rather than assuming it.
 The edge domain (NaN, +-inf, x <= -127, (-127, -126), tiny negatives, x >= 128) is reported apart
 by ``edge_report``.
 
-Speed (issue 17 item 4, session 5) -- the same figures, fewer passes
----------------------------------------------------------------------
+Speed -- the same figures, fewer passes
+---------------------------------------
 The reductions above are unchanged; what changed is how each evaluated input is scored, and every
-change is an exact identity, so the statistics are bit for bit those of the kernels before
-session 5 (kept as ``impl="reference"``; ``tests/test_exp2_sweep_speed.py`` compares whole sweeps
+change is an exact identity, so the statistics are bit for bit those of the earlier kernels
+(kept as ``impl="reference"``; ``tests/test_exp2_sweep_speed.py`` compares whole sweeps
 on every special region and the whole CLI report):
 
 * Note [Horner without round-to-odd] (``_fma_pos_fast``): one float64 add and a cast per FMA; the
@@ -273,7 +273,7 @@ def _horner(f: np.ndarray, cs: tuple[np.float32, ...]) -> np.ndarray:
 
 
 def _horner_reference(f: np.ndarray, cs: tuple[np.float32, ...]) -> np.ndarray:
-    """``_horner`` by round-to-odd FMAs at every step (the implementation before session 5)."""
+    """``_horner`` by round-to-odd FMAs at every step (the earlier implementation)."""
     out = np.empty(f.shape, dtype=np.float32)
     step = 1 << 16                              # cache-sized blocks
     for a in range(0, f.size, step):
@@ -331,7 +331,7 @@ def _spacing(x: np.ndarray) -> np.ndarray:
 
 # ============================================================================ direct evaluation
 def metrics_reference(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """``metrics`` as computed before session 5 (one oracle filter per format; any emu values).
+    """``metrics`` as computed by the earlier kernels (one oracle filter per format; any emu values).
 
     Per-input error measures for float32 inputs ``x`` (main domain) and emulated values ``emu``:
     ``rel`` (signed), ``d32`` (fp32 ulps from RN32(2^x)), ``u_bf16``/``u_f16`` (|RN_fmt(emu) - 2^x|
@@ -986,7 +986,7 @@ _GRID_CACHE: dict = {}
 #: direct pieces are cut into tasks of at most this many inputs (load balance over --jobs)
 DIRECT_TASK = 1 << 21
 #: relative cost per unit of work (input, grid point, bucket) by task kind, for the longest-first
-#: schedule (measured on the 2-core box, session 5; only the order of tasks depends on it)
+#: schedule (measured on the 2-core box; only the order of tasks depends on it)
 _COST = {"direct": 1.0, "grid": 1.2, "bucket": 4.5, "runs": 1.0}
 
 
@@ -1029,7 +1029,7 @@ def sweep(degree: int, lo: float, hi: float, *, method: str = "fast", jobs: int 
 
     ``method="fast"`` uses the reductions (R1)-(R3); ``"direct"`` evaluates every input.
     ``progress(done, total)`` is called as tasks finish (units: inputs). ``impl`` picks the
-    per-input kernels (``metrics`` and ``_horner``: "fused", or "reference", the pre-session-5
+    per-input kernels (``metrics`` and ``_horner``: "fused", or "reference", the earlier
     code); the statistics are the same bit for bit (Note [Sweep schedule]).
 
     Note [Sweep schedule]: the statistics do not depend on the schedule. Tasks run longest first

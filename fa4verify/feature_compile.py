@@ -1,7 +1,7 @@
 """Compile-only runs of FA4 features through the adapter (no GPU): split-KV (``num_splits``),
 paged KV, ``flash_attn_combine``, block sparsity (forward, backward), MLA (``qv``, hd 64 + 512),
 top-k gather (``gather_kv_indices``, forward and the sparse MLA backward), fp8 e4m3 with
-``q/k/v_descale``, and ``seqused_k`` forward/backward (issue 16).
+``q/k/v_descale``, and ``seqused_k`` forward/backward.
 
 :func:`run` starts one subprocess per compile target (``sm_90a`` / ``sm_100a``) with the census'
 environment and CPU shims (:func:`fa4verify.census.compile_env`, ``_install_cpu_shims``); in it

@@ -135,7 +135,7 @@ def _kind_parts(kind: str, rows: list[dict]) -> list[str]:
         refused = [r for r in bad if not r.get("aborted")]
         if refused and all("AssertionError" in (r["error"] or "") for r in refused) and not ok:
             msgs = sorted({_assert_message(r["error"]) for r in refused})
-            # the legacy kinds keep their short text; the issue-16 item 5/6 kinds quote FA4
+            # the legacy kinds keep their short text; the newer kinds quote FA4
             where = (" in the forward it needs" if kind in ("gather_bwd", "gather_bwd_rp")
                      and all(r.get("stage") == "forward" for r in refused) else
                      " in the backward" if kind in ("gather_bwd", "gather_bwd_rp") else "")
@@ -250,7 +250,7 @@ def _h200_text(c: F.Cell, h200: dict[str, Any]) -> Optional[str]:
 
 
 def _combine_16bit_finding() -> Optional[str]:
-    """Session 5's H200 diagnosis of ``flash_attn_combine``: the 16-bit cases measured wrong."""
+    """The H200 diagnosis of ``flash_attn_combine``: the 16-bit cases measured wrong."""
     p = RESULTS.parent / "h200_session5" / "combine" / "combine_diag.json"
     if not p.is_file():
         return None

@@ -1,4 +1,4 @@
-"""The registry of score_mod / mask_mod pairs (issue 16 item 1): fa4verify's library
+"""The registry of score_mod / mask_mod pairs: fa4verify's library
 (:func:`fa4verify.kernels.mods.library`) plus users' own pairs, so a user's mod is audited,
 fuzzed and gated like a built-in.
 

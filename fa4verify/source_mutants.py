@@ -1,5 +1,5 @@
 """Production source mutants: kernel-code faults planted in a private, fingerprinted copy of the
-installed ``flash_attn/cute`` and judged by the production checks (issue #15 item 4).
+installed ``flash_attn/cute`` and judged by the production checks.
 
 How a mutant runs (Note [Private FA4 copy]):
 

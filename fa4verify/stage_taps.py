@@ -1,4 +1,4 @@
-"""Judging FA4's backward stage by stage on production (issue #15 item 3; the subject side is
+"""Judging FA4's backward stage by stage on production (the subject side is
 ``fa4verify.kernels.stage_taps``).
 
 Each tapped buffer is judged against its own budget by :func:`fa4verify.judge.compare`

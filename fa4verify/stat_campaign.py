@@ -1,4 +1,4 @@
-"""Clean-run false alarms and fault sensitivity of the three tiers (issue #15): the entry point of
+"""Clean-run false alarms and fault sensitivity of the three tiers: the entry point of
 ``scripts/gpu/stat_tier.sh``.
 
 For ``N`` clean problems (a few FA4 compile keys: (head dim, causal) combos in bf16, varied seqlen,

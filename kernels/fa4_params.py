@@ -343,7 +343,7 @@ def sm90_dq_defect_predicted(head_dim: int, head_dim_v: int, seqlens_q, *, causa
     return bool(varlen and any(n > 0 for n in lens[1:]))
 
 
-# --- the public combine's O-partial copy tiling (session-5 finding, flash_attn_combine) -------
+# --- the public combine's O-partial copy tiling (a finding, flash_attn_combine) -------
 
 _COMBINE_KBLOCK_RE = re.compile(r"k_block_size\s*=\s*(\d+)\s+if\s+head_dim\s*<=\s*(\d+)\s+else\s+(\d+)")
 _COMBINE_TILEM_RE = re.compile(

@@ -6,8 +6,8 @@ A ``mask_mod`` is FA4's ``(batch, head, q_idx, kv_idx, seqlen_info, aux_tensors)
 
 * :data:`checkerboard_128` keeps key ``j`` for query ``i`` iff ``(i // 128 + j // 128) % 2 == 0``:
   a block-aligned pattern (128 x 128 blocks), so the same mask is also expressible as block
-  sparsity with full blocks only (:func:`checkerboard_block_mask`), which is the property of
-  issue 16 item 2 (a block-sparse run equals the equivalent mask_mod run, both within budget).
+  sparsity with full blocks only (:func:`checkerboard_block_mask`), which is the property
+  (a block-sparse run equals the equivalent mask_mod run, both within budget).
 """
 from __future__ import annotations
 

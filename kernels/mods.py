@@ -1,6 +1,6 @@
 """Paired FA4 ``score_mod`` / ``mask_mod`` callables: each :class:`ModPair` holds the CuTe DSL
 function FA4 runs and a float64 numpy reference of the same function, so the oracle applies
-exactly the modification the kernel applies (issue 16 item 1).
+exactly the modification the kernel applies.
 
 FA4's contract (flash-attn-4 4.0.0b36, read from the installed source):
 

@@ -1,4 +1,4 @@
-"""Production stage taps: FA4's backward observed stage by stage (subject side; issue #15 item 3).
+"""Production stage taps: FA4's backward observed stage by stage (subject side).
 
 FA4's backward (``flash_attn.cute.interface._flash_attn_bwd``) runs three kernels:
 

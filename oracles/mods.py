@@ -1,5 +1,5 @@
 """Float64 attention oracle with a user score modification and keep-mask (FA4's ``score_mod`` /
-``mask_mod``, issue 16 item 1), forward and backward, dense (batch, seqlen, heads, dim) layouts.
+``mask_mod``), forward and backward, dense (batch, seqlen, heads, dim) layouts.
 
 Semantics (FA4 4.0.0b36, ``fa4verify/kernels/mods.py``)::
 

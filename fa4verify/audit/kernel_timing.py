@@ -21,7 +21,7 @@ and for FA4's persistent cache only (``--kernel-cache off``: no locks, as before
 ``<run dir>/compile-locks/<cache>-<key digest>.lock``, held until the store. A worker that finds
 the lock taken is behind another that compiles the same kernel: it waits (at most
 ``COMPILE_WAIT_S``), then asks FA4 again, and FA4 loads the other worker's export from its disk
-cache -- what a second audit does for every kernel. Measured before the locks (H200, session 7):
+cache -- what a second audit does for every kernel. Measured before the locks (H200):
 3 of 89 compiles of a cold default audit with 8 workers and 14 of 100 with 12 repeated a key
 another worker was compiling at the same time. The wait and the load are counted (``waits``,
 ``wait_s``, a "wait" event); the lock dies with its descriptor, so a worker killed mid-compile

@@ -8,7 +8,7 @@ out, or returns an ``error`` is discarded and a new one is started for the next 
 fault in one check never leaks into another. ``fresh=True`` keeps the old behaviour (a new
 one-shot worker per check), which the speed benchmark uses as its "before".
 
-Start-up (measured on the H200, session 6, ``docs/results/h200_session6/``): a GPU worker's
+Start-up (measured on the H200): a GPU worker's
 imports (torch ~3.5 s, FA4's interface ~7-10 s) and CUDA context dominate its start, so the pool
 starts every worker at once (:meth:`WorkerPool.prestart`; the CLI does it before discovering the
 checks) and, for GPU audits, forks them from a zygote that did those imports once
@@ -69,7 +69,7 @@ def auto_workers(device: str, cpu_count: int | None = None) -> int:
     (FA4's kernel compiles are single-threaded CPU work -- a compile's CPU seconds equal its wall
     seconds, measured -- and overlap; the GPU is shared; the rest of the cores are the parent's
     and the zygote's): 12 on the 16-core H200 box, where a cold default audit took 57.0 s with
-    12 workers and 61.2 s with 8 in one lease (session 7); on the CPU, 2 (at most the cores)."""
+    12 workers and 61.2 s with 8 in one run; on the CPU, 2 (at most the cores)."""
     n = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
     return max(1, min(12, (3 * n) // 4)) if device == "cuda" else max(1, min(2, n))
 

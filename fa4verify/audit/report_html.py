@@ -223,7 +223,7 @@ def plot_overview(results: Sequence[dict[str, Any]]) -> str | None:
     fig = _figure(8.5, min(12, max(2.4, 0.36 * len(rows) + 1.3)))
     ax = fig.add_subplot()
     y = list(range(len(rows)))
-    # log scale (issue #15): a linear axis squeezes every pass next to a 100x failure
+    # log scale: a linear axis squeezes every pass next to a 100x failure
     ax.barh(y, [max(t, 1e-3) for _, t, _ in rows], color=[STATUS_COLOR.get(s, "#0969da") for *_, s in rows],
             height=0.6, zorder=2, left=1e-3)
     ax.set_xscale("log")

@@ -1,6 +1,6 @@
 """A zygote for audit workers: import torch, the CuTe DSL and FA4 once, then fork each worker.
 
-Measured on the H200 (session 6): a worker spawned from scratch spent 15-17 s on its imports when
+Measured on the H200: a worker spawned from scratch spent 15-17 s on its imports when
 eight started together (torch ~4 s, ``flash_attn.cute.interface`` ~10 s: FA4 imports quack, which
 imports torch._dynamo, tvm_ffi and ml_dtypes), and every GPU audit waited for it. The zygote does
 those imports once, in a process started with the workers' exact environment (FA4 reads its

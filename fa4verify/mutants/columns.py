@@ -393,7 +393,7 @@ class VerifierSpec:
     scope: Literal["problem", "exp2"]
     title: str
     fn: Callable[..., Verdict]
-    #: what the verifier can judge (the honest headline, issue #15 item 5): "production" --
+    #: what the verifier can judge (the honest headline): "production" --
     #: it reads only what a production kernel returns (outputs against the oracle, reruns,
     #: a manifest recorded on the same GPU); "twin only" -- it needs the twin's internals
     #: (stage hooks, the twin's own exp2 model); "bit comparison" -- it compares bits with

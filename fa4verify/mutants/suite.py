@@ -135,7 +135,7 @@ class SuiteResult:
         return (errs[0] if errs else Cell("n/a")), []
 
     def headline(self) -> dict:
-        """The honest headline (issue #15 item 5): of the mutants, how many fa4verify catches at
+        """The honest headline: of the mutants, how many fa4verify catches at
         all, and how many with a verifier that can judge a production kernel (``judges ==
         "production"``); the rest were caught only by twin internals or bit comparisons. Each
         mutant's ``judged_by`` is the strongest class that caught it."""

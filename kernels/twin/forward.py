@@ -4,7 +4,7 @@ Public entry: :func:`fa4verify.kernels.twin.attention.forward` (this module is i
 building blocks it shares with the backward are in :mod:`fa4verify.kernels.twin.fp32`.
 Labelled "CPU twin" everywhere: nothing here ran on a GPU.
 
-Why one module of ~900 lines (issue #18 asks for a reason above ~800): it is FA4's forward
+Why one module of ~900 lines (a module above ~800 lines needs a reason): it is FA4's forward
 softmax pipeline in FA4's own order -- tile loop, row max with lazy rescale, exp2 split between
 MUFU and the polynomial, P cast, PV accumulation, normaliser, output cast -- with one stage hook
 per step; each step reads state the previous one left (running max, row sum, emulated columns),
