@@ -508,11 +508,29 @@ class ProductionTarget(Target):
             pass
         return d
 
+    def taps_unsupported(self, problem: AttentionProblem) -> Optional[str]:
+        """Why the backward's stage taps (:mod:`fa4verify.kernels.stage_taps`: D, lse_log2 and
+        dq_accum) cannot be read for ``problem``, or None."""
+        if self.fake or self.device != "cuda":
+            return "stage taps need FA4 on a GPU"
+        if problem.varlen:
+            return "stage taps read dense layouts only (varlen D / dq_accum are packed per tile)"
+        if problem.arch != "sm90" and (problem.head_dim, problem.head_dim_v) == (256, 256):
+            return "SM100's hd-256 backward has no separate dQ postprocess to tap"
+        return None
+
     def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
-                 deterministic: bool = True) -> Bwd:
+                 deterministic: bool = True, taps: Optional[dict] = None) -> Bwd:
+        """FA4's backward of ``problem``. ``taps``: a dict to fill with the stage buffers of this
+        very call (numpy: ``dpsum``, ``lse_log2``, ``dq_accum_zeroed``, ``dq_accum`` in (b, s, h, d));
+        see :meth:`taps_unsupported`."""
         self.check_supported(problem)
         dt = problem.dtype
-        with self._mode(), self._emulation():
+        cap = contextlib.nullcontext(None)
+        if taps is not None:
+            from fa4verify.kernels.stage_taps import capture_backward_stages
+            cap = capture_backward_stages()
+        with self._mode(), self._emulation(), cap as tapped:
             if fwd.native is not None:
                 out, lse = fwd.native          # FA4's own O and LSE tensors from the forward call
             elif self.fake:
@@ -532,6 +550,13 @@ class ProductionTarget(Target):
                                out, self._t(a["dout"], dt), lse, deterministic=deterministic,
                                **self._kw(problem, a))
         self._note_config(r.config)
+        if taps is not None and tapped is not None:
+            for n in ("dpsum", "lse_log2", "dq_accum_zeroed"):
+                taps[n] = self._np(getattr(tapped, n))
+            try:
+                taps["dq_accum"] = self._np(tapped.dq_accum_logical(r.dq))
+            except RuntimeError as e:
+                taps["dq_accum_missing"] = str(e)
         if self.fake:
             ds = getattr(r, "dsink", None)
             return Bwd(*(np.zeros(tuple(t.shape)) for t in (r.dq, r.dk, r.dv)),
