@@ -84,7 +84,7 @@ class CensusCase:
     """One compile: FA4 forward (and backward if ``backward``) for ``arch``.
 
     Shape (batch, seqlen, nheads, head_dim) defaults to (2, 1024, 8, hd): seqlen > 256 so that
-    the SM100 2-CTA rule can apply (fa4_numerics 2.1).
+    the SM100 2-CTA rule can apply (flash_attn/cute/interface.py).
     """
     arch: str = "sm_90a"
     head_dim: int = 128

@@ -54,7 +54,7 @@ def gen_inputs(dist: str, *, batch: int, seqlen_q: int, seqlen_k: int, nheads: i
     """Test inputs (b, s, h, d) rounded to ``dtype`` (values as float32):
 
     * ``normal``: N(0, 1).
-    * ``outliers``: N(0,1) + N(0,100) * Bernoulli(0.001) (FA3 paper §4.3 / anchors.md A.8).
+    * ``outliers``: N(0,1) + N(0,100) * Bernoulli(0.001) (FA3 paper, §4.3).
     * ``negative``: deeply negative scores (cuDNN-frontend #744): q ~ N(0,1) + 2, k ~ N(0,1) - 2
       so every score sits around -4 hdim (all P tiny relative to 2^-126 before the max shift).
     * ``peaked``: rows whose max grows by ~6-10 log2 units from KV block to KV block (near the

@@ -21,7 +21,7 @@ the polynomial emulation (from ``fa4verify.kernels.twin.emulated_columns``; 0 on
 kernels have no emulation).
 
 :func:`exp2_emulation_disabled` turns FA4's exp2 emulation off through the tuning-table recipe
-(fa4_numerics.md section 9.4): ``ex2_emu_freq = 0`` for every key, compile cache cleared before
+(flash_attn/cute/flash_fwd_sm100.py:550-557, ex2_emu_freq): ``ex2_emu_freq = 0`` for every key, compile cache cleared before
 and after.
 
 Without CUDA every entry point raises :class:`NoCudaError` ("no CUDA device: <reason>"), except
@@ -160,7 +160,7 @@ def _versions_cached() -> dict[str, Optional[str]]:
 
 
 def supported_head_dims(arch: int) -> str:
-    """FA4's head-dim support rule for a kernel family (90, 100), as text (fa4_numerics 9.2)."""
+    """FA4's head-dim support rule for a kernel family (90, 100), as text (flash_attn/cute/interface.py:121 _validate_head_dims)."""
     from fa4verify.kernels.facts import supported_head_dims_text
     return supported_head_dims_text("sm90" if arch // 10 == 9 else "sm100")
 
@@ -356,13 +356,13 @@ def _fill_kernel_fields(cfg: CallConfig, key: Optional[dict], *, head_dim: int, 
         cfg.tuning_key = None
         cfg.exp2_emulation = "none (SM90 kernels: hardware ex2.approx.ftz only)"
         cfg.emulated_share, cfg.emulated_columns = 0.0, []
-        cfg.emulated_share_source = "SM90 has no exp2 emulation (fa4_numerics.md 3)"
+        cfg.emulated_share_source = "SM90 has no exp2 emulation (flash_attn/cute/softmax.py:187 Softmax.online_softmax)"
         return
     if arch // 10 not in (10, 11) or cfg.op != "forward":
         cfg.exp2_emulation = ("none (backward recomputes P with hardware exp2 only)"
                               if cfg.op == "backward" else f"unknown for arch {arch}")
         cfg.emulated_share = 0.0 if cfg.op == "backward" else None
-        cfg.emulated_share_source = "fa4_numerics.md 7.3" if cfg.op == "backward" else ""
+        cfg.emulated_share_source = "flash_attn/cute/flash_bwd_preprocess.py / flash_bwd_postprocess.py" if cfg.op == "backward" else ""
         return
     hd_pad = int(math.ceil(head_dim / 16) * 16)
     is_sm103 = arch == 103 or (arch // 10 == 10 and arch % 10 >= 3)
@@ -541,7 +541,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     ``out`` and ``lse`` must come from :func:`forward` with the same features. ``dq/dk/dv``,
     when given, are the output buffers FA4 writes (shapes/dtypes of q/k/v; e.g. views into
     guard-banded allocations); otherwise FA4 allocates them. ``pack_gqa`` is recorded only:
-    FA4's backward never packs GQA (fa4_numerics.md 7). ``dsink`` is returned with a
+    FA4's backward never packs GQA (flash_attn/cute/flash_bwd_preprocess.py / flash_bwd_postprocess.py). ``dsink`` is returned with a
     ``learnable_sink``, else None. ``block_sparse_tensors``: FA4's
     ``BlockSparseTensorsTorch`` in the backward's Q-direction form (per KV block, the Q blocks it
     sees; ``fa4verify.kernels.block_sparse.to_fa4_bwd``); not with varlen (FA4 asserts).
@@ -930,7 +930,7 @@ def _all_tuning_keys() -> list[tuple]:
 def exp2_emulation_disabled() -> Iterator[None]:
     """Within the block FA4's SM100 forward uses hardware exp2 on every column.
 
-    Recipe (fa4_numerics.md 9.4, not an upstream API): set ``ex2_emu_freq = 0`` for every key of
+    Recipe (flash_attn/cute/flash_fwd_sm100.py:550-557, ex2_emu_freq, not an upstream API): set ``ex2_emu_freq = 0`` for every key of
     ``flash_fwd_sm100._TUNING_CONFIG`` (absent keys are added with only that field, so the
     register split stays FA4's default) and of ``_FP8_TUNING_CONFIG``'s present keys, and clear
     the compile cache before and after. SM90 kernels never emulate; there it changes nothing.

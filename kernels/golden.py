@@ -218,7 +218,7 @@ def golden_inputs(seed: int = 20261130, width: int = 256) -> np.ndarray:
 
 
 #: fp32 exponent-argument scales c = softmax_scale * log2(e) for head dims 64, 128, 256, and a
-#: "random" one, as FA4 computes them in fp32 (fa4_numerics.md 2.3).
+#: "random" one, as FA4 computes them in fp32 (flash_attn/cute/softmax.py).
 EXPARG_SCALES = tuple(float(np.float32(np.float32(1.0 / np.sqrt(np.float64(d))) * np.float32(1.4426950408889634)))
                       for d in (64, 128, 256)) + (float(np.float32(0.3183098861837907)),)
 

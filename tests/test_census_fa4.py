@@ -81,7 +81,7 @@ def test_census_sm100_emulated_columns_from_ptx_equal_twin_rule(fixture, request
 
 
 def test_census_sm100_noncausal_uses_2cta_and_18_75_percent(sm100_hd128_noncausal):
-    # fa4_numerics.md 4.6: hd128 non-causal 2-CTA key (T,F,128,F) has freq 10 -> 24/128 columns
+    # flash_attn/cute/flash_fwd_sm100.py:550-557, ex2_emu_freq: hd128 non-causal 2-CTA key (T,F,128,F) has freq 10 -> 24/128 columns
     cen = sm100_hd128_noncausal
     assert cen["forward_config"]["use_2cta"] is True
     assert cen["forward_config"]["tuning_key"] == [True, False, 128, False]
@@ -161,7 +161,7 @@ def test_census_deterministic_backward_uses_hardware_exp2_only(arch, tmp_path_fa
 
 @pytest.mark.slow(extended="one more FA4 compile (exp2 emulation off)")
 def test_census_exp2_emulation_switch_removes_every_polynomial(tmp_path_factory):
-    """adapter.exp2_emulation_disabled() (tuning-table recipe, fa4_numerics 9.4): the compiled SM100
+    """adapter.exp2_emulation_disabled() (tuning-table recipe, flash_attn/cute/flash_fwd_sm100.py:550-557, ex2_emu_freq): the compiled SM100
     kernel has no emulation floor and every tile exp2 is MUFU; the config records it."""
     from fa4verify.census import CensusCase
     cen = census_of(CensusCase("sm_100a", 128, causal=False, exp2_emulation=False), tmp_path_factory)

@@ -49,7 +49,7 @@ def test_poly_coefficients_are_binary32_and_c0_is_one():
     for d, cs in p.poly_ex2.items():
         assert len(cs) == d + 1 and cs[0] == 1.0
         assert all(float(np.float32(c)) == c for c in cs)
-    # the hex values of fa4_numerics.md section 4.1 (read from the sollya output, independently)
+    # the hex values of flash_attn/cute/utils.py:30 POLY_EX2 (read from the sollya output, independently)
     hexes = [hex(int(np.float32(c).view(np.uint32))) for c in p.poly_ex2[3]]
     assert hexes == ["0x3f800000", "0x3f31f519", "0x3e6906a4", "0x3d9df09d"]
 

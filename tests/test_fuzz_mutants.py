@@ -83,7 +83,7 @@ def test_tail_tile_dropped_is_found_and_shrunk(tmp_path):
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_rescale_skipped_is_found_and_shrunk(arch, tmp_path):
     # SM100 rescales lazily, only when a row max grows by more than 8 log2 units between KV tiles
-    # (fa4_numerics.md 2.4), which standard-normal scores rarely do: the peaked_rescale
+    # (flash_attn/cute/softmax.py, rescale_threshold), which standard-normal scores rarely do: the peaked_rescale
     # distribution is built for exactly that
     dists = ("normal", "peaked_rescale") if arch == "sm100" else None
     p, f = _find("rescale_skipped", arch, tmp_path, distributions=dists)

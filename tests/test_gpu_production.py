@@ -1,6 +1,6 @@
 """Production FA4 forward/backward on the GPU vs a float64 reference (``pytest -m gpu``).
 
-Acceptance rule = FA4's own test rule (fa4_numerics.md 10.2): ``max|fa4 - ref64| <=
+Acceptance rule = FA4's own test rule (upstream tests/cute/test_flash_attn.py): ``max|fa4 - ref64| <=
 2 * max|pt - ref64| + atol`` where ``pt`` is FA4's "PyTorch in bf16" reference
 (``attention_ref(upcast=False, reorder_ops=True)``), for out and for dQ, dK, dV (dsink: same with
 the pt reference's dsink). atol is FA4's expression ``2*max|(ref + 0.3 - 0.3) - ref|`` evaluated

@@ -1,6 +1,6 @@
 """``emulated_columns`` reproduces FA4's column-selection rule.
 
-Expected column sets are the ones listed in fa4_numerics.md section 4.6 (computed there by hand
+Expected column sets follow FA4's tuning table (flash_attn/cute/flash_fwd_sm100.py:550-557, ex2_emu_freq) (computed by hand
 from the rule, independently of this code). One row differs on purpose: see
 ``test_hd256_uses_main_kernel_rule_in_installed_fa4``.
 """
@@ -54,7 +54,7 @@ def _got(**kw) -> list[int]:
     (dict(head_dim=128, fp8=True, causal=True), R8, 0.25),
     (dict(head_dim=64, fp8=True, causal=True), R16, 0.125),   # fp8 table only for hd_pad >= 96
 ])
-def test_emulated_columns_match_fa4_numerics_table(kw, expected, share):
+def test_emulated_columns_match_fa4_tuning_table(kw, expected, share):
     got = _got(**kw)
     assert got == expected, f"{kw}: got {got}, expected {expected}"
     assert emulated_columns(**kw).mean() == share
@@ -67,7 +67,7 @@ def test_split_kv_tile_of_64_has_no_emulation():
 
 
 def test_hd256_uses_main_kernel_rule_in_installed_fa4():
-    """fa4_numerics.md 4.6 lists the dedicated hd256 kernel (freq/res/start 14/6/0, 28.125%) of the
+    """FA4's tuning table (flash_attn/cute/flash_fwd_sm100.py:550-557) lists the dedicated hd256 kernel (freq/res/start 14/6/0, 28.125%) of the
     git commit it studied. flash-attn-4 4.0.0b36 has no ``sm100_hd256_2cta_fmha_forward.py``: hd256
     runs ``FlashAttentionForwardSm100`` with table rows (True, *, 256, False) = freq 14, start 0 and
     the default res 4 (``apply_exp2_convert`` callers never pass res). By hand: k % 14 in {10, 12}

@@ -160,9 +160,9 @@ def validate_config(cfg: DeterminismConfig) -> list[str]:
 
 
 _XF_SM90_192 = ("sm90", "upstream tests/cute/test_flash_attn_race_condition.py: "
-                "'headdim 192 not supported on sm90' (xfail) -- fa4_numerics.md §10.3")
+                "'headdim 192 not supported on sm90' (xfail) -- upstream tests/cute/test_flash_attn.py")
 _XF_SM90_256 = ("sm90", "upstream tests/cute/test_flash_attn.py marks SM90 hd>192 backward xfail "
-                "-- fa4_numerics.md §7.2; FA4 4.0.0b36 accepts it (tile 64x48, interface.py "
+                "-- flash_attn/cute/flash_bwd_preprocess.py / flash_bwd_postprocess.py; FA4 4.0.0b36 accepts it (tile 64x48, interface.py "
                 "_tile_size_bwd_sm90)")
 
 #: Named matrices. ``h200`` is sized to run 100 x 3 processes inside a few minutes on one H200;

@@ -86,7 +86,7 @@ MUTANT_NAMES: tuple[str, ...] = tuple(m.name for m in CATALOGUE)
 #: Mutants the production column can express through FA4's public API on the H200 (SM90 kernels);
 #: every other mutant is hard-coded kernel arithmetic. SM100-only knob (not runnable on the H200):
 #: ``ex2_emu_freq = 0`` in ``flash_attn.cute.flash_fwd_sm100._TUNING_CONFIG`` turns the exp2
-#: emulation off (fa4_numerics.md section 9.4) -- not a fault, so not a mutant here.
+#: emulation off (flash_attn/cute/flash_fwd_sm100.py:550-557, ex2_emu_freq) -- not a fault, so not a mutant here.
 PRODUCTION_KNOBS: dict[str, str] = {m.name: m.production for m in CATALOGUE if m.production}
 
 

@@ -127,7 +127,7 @@ def oracle_case(data: ProblemData, arch: str) -> OracleCase:
     (``fmax(NaN, -127) = -127``, Note [exp2 emulation]), so on SM100 a key whose score is NaN
     only in *emulated* columns (``twin.emulated_columns``, key index mod 128) contributes P = 0:
     it is as if that key were masked. A NaN in a MUFU column propagates to the row (O = NaN).
-    fa4verify's judge encodes this documented contract (fa4_numerics.md section 4.3): for SM100,
+    fa4verify's judge encodes this documented contract (flash_attn/cute/utils.py:786 ex2_emulation): for SM100,
     keys whose K row holds a NaN in an emulated column are removed, per head, before the oracle
     runs (non-causal problems only: removing a key would shift the bottom-right causal
     alignment); every other NaN follows the oracle's Note [Oracle NaN policy] (NaN output).
@@ -216,7 +216,7 @@ def _fwd_budget_judge(env: "ProblemEnv", run: "TwinOutputs", budgets) -> Verdict
 def _fwd_budget_own(env: "ProblemEnv", run: "TwinOutputs", budgets) -> Verdict:
     """The judge per head, on the oracle of FA4's NaN semantics (Note [NaN in emulated lanes]),
     with NaN locations judged (``nan="match"``: where the oracle is NaN the output must be
-    non-finite; FA4 writes LSE = -inf for a row whose sum is NaN, fa4_numerics.md 2.8)."""
+    non-finite; FA4 writes LSE = -inf for a row whose sum is NaN, flash_attn/cute/softmax.py:253 Softmax.finalize)."""
     from fa4verify import judge
     oc = _env_oracle(env)
     p = env.data.problem

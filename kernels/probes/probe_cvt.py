@@ -1,7 +1,7 @@
 """Probe: FA4's fp32 -> bf16 / fp16 conversions.
 
 FA4 stage: the P cast before the PV MMA, the dS cast in backward and the output cast
-(fa4_numerics.md sections 2.5, 3 "P cast", 7.2 steps 3-4); mirrors
+(the P cast of the forward, the dS cast of the backward: flash_attn/cute/utils.py:689 cvt_f16); mirrors
 ``flash_attn/cute/utils.py::cvt_f16x2_f32`` (inline ``cvt.rn.{bf16x2|f16x2}.f32``, called by
 ``utils.cvt_f16`` on SM90) and the DSL ``.to(dtype)`` (``arith.truncf``, used for ``acc_O`` and
 on SM100).
@@ -19,7 +19,7 @@ from fa4verify.kernels.fa4_device import fa_utils
 
 from fa4verify.kernels.probes.probe_base import BLOCK, ChunkRunner, compile_only_here
 
-STAGE = "P / dS / O cast fp32 -> bf16|fp16 (RNE), fa4_numerics.md 2.5 / 3 / 7.2"
+STAGE = "P / dS / O cast fp32 -> bf16|fp16 (RNE), flash_attn/cute/utils.py:689 cvt_f16"
 MIRRORS = "flash_attn/cute/utils.py::cvt_f16x2_f32 (via cvt_f16) and Float32.to(dtype)"
 ARCHS = ("sm_90a", "sm_100a")
 VARIANTS = ("cvt_bf16x2", "cvt_f16x2", "to_bf16", "to_f16")

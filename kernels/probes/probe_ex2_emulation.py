@@ -1,6 +1,6 @@
 """Probe: FA4's scalar polynomial exp2 emulation, ``flash_attn.cute.utils.ex2_emulation``.
 
-FA4 stage: exp2 (fa4_numerics.md section 4.2, "Scalar variant"); mirrors
+FA4 stage: exp2 (flash_attn/cute/utils.py:786 ex2_emulation, "Scalar variant"); mirrors
 ``flash_attn/cute/utils.py::ex2_emulation`` (with ``evaluate_polynomial``, ``add_round_down``,
 ``combine_int_frac_ex2``) for ``poly_degree`` 1..5 (``POLY_EX2``).
 
@@ -19,7 +19,7 @@ from fa4verify.kernels.fa4_device import fa_utils
 
 from fa4verify.kernels.probes.probe_base import BLOCK, ChunkRunner, compile_only_here
 
-STAGE = "exp2 emulation (scalar), fa4_numerics.md 4.2"
+STAGE = "exp2 emulation (scalar), flash_attn/cute/utils.py:786 ex2_emulation"
 MIRRORS = "flash_attn/cute/utils.py::ex2_emulation"
 ARCHS = ("sm_90a", "sm_100a")
 VARIANTS = ("1", "2", "3", "4", "5")   # polynomial degree

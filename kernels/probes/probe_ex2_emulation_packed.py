@@ -1,6 +1,6 @@
 """Probe (compile-only on the H200 lease): FA4's PACKED exp2 emulation ``utils.ex2_emulation_2``.
 
-FA4 stage: exp2 on emulated columns of the SM100 forward (fa4_numerics.md section 4.2, "the path
+FA4 stage: exp2 on emulated columns of the SM100 forward (flash_attn/cute/utils.py:786 ex2_emulation, "the path
 that runs"); mirrors ``flash_attn/cute/utils.py::ex2_emulation_2`` (``add_packed_f32x2`` with
 ``rnd="rm"``, ``sub_packed_f32x2``, ``evaluate_polynomial_2`` via ``fma_packed_f32x2``).
 
@@ -16,7 +16,7 @@ from fa4verify.kernels.fa4_device import fa_utils
 
 from fa4verify.kernels.probes.probe_base import BLOCK, ChunkRunner, compile_only_here
 
-STAGE = "exp2 emulation (packed f32x2, SM100), fa4_numerics.md 4.2"
+STAGE = "exp2 emulation (packed f32x2, SM100), flash_attn/cute/utils.py:786 ex2_emulation"
 MIRRORS = "flash_attn/cute/utils.py::ex2_emulation_2"
 ARCHS = ("sm_100a",)
 VARIANTS = ("1", "2", "3", "4", "5")

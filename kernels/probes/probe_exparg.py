@@ -1,7 +1,6 @@
 """Probe: FA4's SM90 softmax exponent argument ``S*c - m*c`` and ``P = exp2(that)``.
 
-FA4 stage: scale / exponent argument and exp2 of the SM90 online softmax (fa4_numerics.md
-section 3, "Online softmax" steps 2; section 12 "Exponent argument"); mirrors
+FA4 stage: scale / exponent argument and exp2 of the SM90 online softmax (``flash_attn/cute/softmax.py:187``); mirrors
 ``flash_attn/cute/softmax.py::Softmax.online_softmax``::
 
     row_max_cur_scaled = row_max_cur * scale_log2
@@ -21,7 +20,7 @@ from cutlass import Float32
 
 from fa4verify.kernels.probes.probe_base import BLOCK, ChunkRunner, compile_only_here
 
-STAGE = "SM90 exponent argument S*c - m*c (ptxas FFMA) and exp2, fa4_numerics.md 3"
+STAGE = "SM90 exponent argument S*c - m*c (ptxas FFMA) and exp2, flash_attn/cute/softmax.py:187 Softmax.online_softmax"
 MIRRORS = "flash_attn/cute/softmax.py::Softmax.online_softmax"
 ARCHS = ("sm_90a", "sm_100a")
 VARIANTS = ("sm90",)

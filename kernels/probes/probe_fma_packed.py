@@ -1,7 +1,7 @@
 """Probe (compile-only on the H200 lease): ``cute.arch.fma_packed_f32x2``, FA4's packed FFMA2.
 
 FA4 stage: the SM100 exponent argument ``x = fma(S, scale_log2, max_offset - m*scale_log2)``
-as one packed FFMA2 per element pair (fa4_numerics.md section 2.3), and the backward P
+as one packed FFMA2 per element pair (flash_attn/cute/softmax.py), and the backward P
 recomputation (section 7.3); mirrors ``flash_attn/cute/softmax.py::SoftmaxSm100.scale_subtract_rowmax``
 (``cute.arch.fma_packed_f32x2``, default ``rn``).
 
@@ -14,7 +14,7 @@ import cutlass.cute as cute
 
 from fa4verify.kernels.probes.probe_base import BLOCK, ChunkRunner, compile_only_here
 
-STAGE = "SM100 exponent argument (packed FFMA2), fa4_numerics.md 2.3 / 7.3"
+STAGE = "SM100 exponent argument (packed FFMA2), flash_attn/cute/softmax.py"
 MIRRORS = "flash_attn/cute/softmax.py::SoftmaxSm100 (cute.arch.fma_packed_f32x2)"
 ARCHS = ("sm_100a",)
 VARIANTS = ("rn",)

@@ -1,6 +1,6 @@
 """Probe: FA4's ``cute.math.log2(x, fastmath=True)`` (MUFU ``lg2.approx.ftz.f32``).
 
-FA4 stage: LSE ``(m*c + log2(row_sum)) * ln2`` (fa4_numerics.md sections 2.8 and 3, "Finalize");
+FA4 stage: LSE ``(m*c + log2(row_sum)) * ln2`` (flash_attn/cute/softmax.py:253 Softmax.finalize, "Finalize");
 mirrors ``flash_attn/cute/softmax.py::Softmax.finalize`` (``cute.math.log2(..., fastmath=True)``).
 
 Output: fp32, one per input.
@@ -11,7 +11,7 @@ import cutlass.cute as cute
 
 from fa4verify.kernels.probes.probe_base import BLOCK, ChunkRunner, compile_only_here
 
-STAGE = "LSE log2 (lg2.approx.ftz), fa4_numerics.md 2.8 / 3"
+STAGE = "LSE log2 (lg2.approx.ftz), flash_attn/cute/softmax.py:253 Softmax.finalize"
 MIRRORS = "flash_attn/cute/softmax.py::Softmax.finalize (cute.math.log2 fastmath)"
 ARCHS = ("sm_90a", "sm_100a")
 VARIANTS = ("fastmath",)

@@ -1,7 +1,7 @@
 """Probe: FA4's hardware exp2, ``cute.math.exp2(x, fastmath=True)`` (MUFU ``ex2.approx.ftz.f32``).
 
 FA4 stage: exp2 on hardware columns, the row-rescale factor, the sink term and the backward P
-recomputation (fa4_numerics.md sections 1, 3 step 2, 4, 7.2); mirrors
+recomputation (flash_attn/cute/softmax.py:187 Softmax.online_softmax); mirrors
 ``flash_attn/cute/softmax.py::Softmax.online_softmax`` (``cute.math.exp2(..., fastmath=True)``).
 
 Output: fp32, one per input.
@@ -12,7 +12,7 @@ import cutlass.cute as cute
 
 from fa4verify.kernels.probes.probe_base import BLOCK, ChunkRunner, compile_only_here
 
-STAGE = "exp2 hardware (MUFU.EX2), fa4_numerics.md 3 / 4"
+STAGE = "exp2 hardware (MUFU.EX2), flash_attn/cute/softmax.py:187 Softmax.online_softmax"
 MIRRORS = "flash_attn/cute/softmax.py::Softmax.online_softmax (cute.math.exp2 fastmath)"
 ARCHS = ("sm_90a", "sm_100a")
 VARIANTS = ("fastmath",)

@@ -1,6 +1,6 @@
 """Probe: FA4's approximate reciprocal, ``cute.arch.rcp_approx`` (``rcp.approx.ftz.f32``).
 
-FA4 stage: final normalisation ``O * rcp_approx(row_sum)`` (fa4_numerics.md sections 2.8 and 3,
+FA4 stage: final normalisation ``O * rcp_approx(row_sum)`` (flash_attn/cute/softmax.py:253 Softmax.finalize,
 "Finalize"); mirrors ``flash_attn/cute/softmax.py::Softmax.finalize`` (``cute.arch.rcp_approx``).
 
 Output: fp32, one per input.
@@ -11,7 +11,7 @@ import cutlass.cute as cute
 
 from fa4verify.kernels.probes.probe_base import BLOCK, ChunkRunner, compile_only_here
 
-STAGE = "normalise (rcp.approx.ftz), fa4_numerics.md 2.8 / 3"
+STAGE = "normalise (rcp.approx.ftz), flash_attn/cute/softmax.py:253 Softmax.finalize"
 MIRRORS = "flash_attn/cute/softmax.py::Softmax.finalize (cute.arch.rcp_approx)"
 ARCHS = ("sm_90a", "sm_100a")
 VARIANTS = ("approx",)

@@ -2,7 +2,7 @@
 
 Public entry: :func:`fa4verify.kernels.twin.attention.backward`.  Labelled "CPU twin".
 
-What is modelled (fa4_numerics.md §7-§8; FA4 ``flash_attn/cute/{flash_bwd_preprocess.py,
+What is modelled (flash_attn/cute/flash_bwd_preprocess.py / flash_bwd_postprocess.py; FA4 ``flash_attn/cute/{flash_bwd_preprocess.py,
 flash_bwd_sm90.py, flash_bwd_sm100.py, flash_bwd_postprocess.py}``)
 --------------------------------------------------------------------------------------
 * Preprocess: ``D_i = sum_d fp32(O_bf16) * fp32(dO)`` from the **rounded** O; each of the

@@ -27,7 +27,7 @@ functions in ``flash_attn/cute/utils.py``:
 The same sequence, except ``add.rm.ftz.f32`` (inline asm), then two Python-level ``-`` (emitted
 as ``sub.f32`` = round-to-nearest) and Horner written as ``out * x + c``, which the compiler
 contracts into ``fma.rn.f32``; the twin models these as fused FMAs (an unfused model disagrees
-with the GPU on ~3.5% of inputs, measured_notes.md). Whether the ``sub``/``fma`` carry ``.ftz``
+with the GPU on ~3.5% of inputs). Whether the ``sub``/``fma`` carry ``.ftz``
 does not change any result: a subnormal operand only reaches them as ``f == x`` for a subnormal
 ``x``, where both choices give ``p(f)`` rounding to exactly 1.0.
 

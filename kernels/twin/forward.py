@@ -11,7 +11,7 @@ per step; each step reads state the previous one left (running max, row sum, emu
 and splitting the loop across modules would scatter that state. Its reusable fp32 pieces are
 already in :mod:`fa4verify.kernels.twin.fp32` and the exp2 model in ``twin/exp2.py``.
 
-What is modelled (fa4_numerics.md §2-§5; FA4 source ``flash_attn/cute/{softmax.py,
+What is modelled (flash_attn/cute/softmax.py; FA4 source ``flash_attn/cute/{softmax.py,
 flash_fwd_sm100.py,flash_fwd_sm90.py,utils.py}``)
 ------------------------------------------------------------------------------------------
 * Tiles: SM90 ``_tile_size_fwd_sm90`` (hd<=64: 192x128, hd<=96: 192x144 / 192x128 causal-local,
@@ -103,7 +103,7 @@ FWD_MUTATIONS: tuple[str, ...] = (
 MUFU_MODES: tuple[str, ...] = ("correctly-rounded", "perturbed")
 
 #: Relative (ex2, rcp, tanh) / absolute (lg2) error bounds of the MUFU model "perturbed".
-#: ex2: 2^-22 (the FA4 paper measured 1.41e-7 = 2^-22.76 max relative on B200, anchors.md F;
+#: ex2: 2^-22 (the FA4 paper measured 1.41e-7 = 2^-22.76 max relative on B200, FA4 paper Table 2;
 #: CUDA documents exp2f at 2 ulp); rcp: 1 fp32 ulp = 2^-23 relative; lg2: 2^-22 absolute
 #: (CUDA ``__log2f`` on [0.5, 2]) plus 2 ulp relative elsewhere; tanh: 2^-10.987 (PTX
 #: ``tanh.approx.f32``; CUDA ``__tanhf`` 2^-11).  The budgets use the same constants
@@ -306,7 +306,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     for a, n in ((qa, "q"), (ka, "k"), (va, "v")):
         _check_representable(a, dt, n)
     if dt == "fp8" and arch == "sm90":
-        raise ValueError("fp8 forward exists only on SM100 (fa4_numerics.md §2.1)")
+        raise ValueError("fp8 forward exists only on SM100 (flash_attn/cute/interface.py)")
     out_dtype = "bf16" if dt == "fp8" else dt
 
     B, Sq, Hq, D = qa.shape
