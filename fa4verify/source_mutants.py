@@ -135,6 +135,24 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "                )\n                if const_expr(mask_causal):\n"),),
         "both", ("out", "lse", "dq", "dk", "dv")),
     SourceMutant(
+        "mask_window_left_off_by_one", "SM90 forward local mask drops the key at the window's left edge",
+        (Edit("mask.py",
+              "                        causal_row_offset - 1 - self.window_size_left\n",
+              "                        causal_row_offset - self.window_size_left\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "mask_window_right_off_by_one", "SM90 forward local mask admits one key past the window's right edge",
+        (Edit("mask.py",
+              "                        causal_row_offset + self.window_size_right\n",
+              "                        causal_row_offset + 1 + self.window_size_right\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "varlen_boundary_off_by_one", "varlen: each sequence's seqlen_k from cu_seqlens_k is one key short",
+        (Edit("seqlen_info.py",
+              "                else mCuSeqlensK[batch_idx + 1] - offset_k\n",
+              "                else mCuSeqlensK[batch_idx + 1] - offset_k - 1\n"),),
+        "both", ("out", "lse")),
+    SourceMutant(
         "dropped_rescale", "online-softmax rescale of O dropped in the SM90 forward main loop",
         (Edit("flash_fwd_sm90.py",
               "            cute.copy(smem_copy_params.smem_thr_copy_P, tPrP, smem_copy_params.tPsP)\n"

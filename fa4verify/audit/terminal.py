@@ -120,6 +120,37 @@ class TerminalReporter:
             self._progress = None
 
 
+def coverage_block(check_id: str, where: str, cov: dict[str, Any], space: dict[str, Any]):
+    """The coverage matrix of a planned check (``details["coverage"]``, fa4verify.coverage): per
+    dimension its values and the pairs covered / supported, the mask x form x pass triples, the
+    holes by name and how many tuples the installed FA4 does not support."""
+    from rich.table import Table
+    tab = Table(title=f"coverage by construction: {_escape(check_id)} ({_escape(where)})", title_justify="left",
+                caption=(f"{cov['covered']}/{cov['supported']} supported tuples covered in {cov['rows']} rows; "
+                         f"{len(cov.get('unsupported', {}))} tuples not supported by the installed FA4 "
+                         f"(listed in the JSON/HTML report)"))
+    tab.add_column("dimension")
+    tab.add_column("values")
+    tab.add_column("pairs covered", justify="right")
+    tab.add_column("not supported", justify="right")
+    dims = space.get("dimensions") or {}
+    per = cov.get("per_group") or {}
+    uns = cov.get("unsupported_per_group") or {}
+    for d, vals in dims.items():
+        got = sum(c["covered"] for g, c in per.items() if d in g.split(" x ") and g.count(" x ") == 1)
+        sup = sum(c["supported"] for g, c in per.items() if d in g.split(" x ") and g.count(" x ") == 1)
+        un = sum(n for g, n in uns.items() if d in g.split(" x ") and g.count(" x ") == 1)
+        tab.add_row(d, _escape(" ".join(map(str, vals))), f"{got}/{sup}", str(un))
+    for g, c in per.items():
+        if g.count(" x ") >= 2:
+            tab.add_row(_escape(g), "(triples)", f"{c['covered']}/{c['supported']}", str(uns.get(g, 0)))
+    holes = cov.get("holes") or []
+    if holes:
+        tab.add_row("[red]holes[/]", _escape("; ".join(holes[:5]) + (f" (+{len(holes) - 5})" if len(holes) > 5 else "")),
+                    str(len(holes)), "")
+    return tab
+
+
 def _escape(s: str) -> str:
     from rich.markup import escape
 
@@ -165,6 +196,12 @@ def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 25) 
         tab.caption = (f"{hidden} more not shown (loosest passes and skips; see the lines above "
                        "and the JSON/HTML report)")
     con.print(tab)
+
+    for r in results:
+        cov = (r.get("details") or {}).get("coverage")
+        if cov:
+            con.print(coverage_block(r["id"], r.get("where") or "", cov,
+                                     ((r.get("details") or {}).get("plan") or {}).get("space") or {}))
 
     lines: list[str] = []
     c = summ["counts"]
