@@ -121,7 +121,7 @@ class TerminalReporter:
 
 
 def coverage_block(check_id: str, where: str, cov: dict[str, Any], space: dict[str, Any]):
-    """The coverage matrix of a planned check (``details["coverage"]``, fa4verify.coverage): per
+    """The coverage matrix of a planned check (``details["plan_coverage"]``, fa4verify.coverage): per
     dimension its values and the pairs covered / supported, the mask x form x pass triples, the
     holes by name and how many tuples the installed FA4 does not support."""
     from rich.table import Table
@@ -198,7 +198,7 @@ def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 25) 
     con.print(tab)
 
     for r in results:
-        cov = (r.get("details") or {}).get("coverage")
+        cov = (r.get("details") or {}).get("plan_coverage")
         if cov:
             con.print(coverage_block(r["id"], r.get("where") or "", cov,
                                      ((r.get("details") or {}).get("plan") or {}).get("space") or {}))

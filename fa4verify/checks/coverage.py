@@ -78,7 +78,7 @@ def _run(ctx: CheckContext, *, target: Any, arch: str, dtype: str, where: str, l
 
 def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     """The campaign result ``out`` of a planned run, with what the rows that ran covered
-    (``details["coverage"]``); holes make it undecided (never a pass)."""
+    (``details["plan_coverage"]``); holes make it undecided (never a pass)."""
     from fa4verify.coverage.planner import coverage
     from fa4verify.coverage.space import FeatureSpace
     pl = head["extra"]["plan"]
@@ -86,13 +86,21 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     rows = pl["rows"]
     by = {int(o["index"]): o for o in outcomes}
     ran = [i for i in range(len(rows)) if by.get(i, {}).get("status") in ("ran", "known", "violation")]
-    refused = {i: by[i].get("unsupported", "") for i in range(len(rows)) if by.get(i, {}).get("status") == "unsupported"}
+    refused = {i: by[i].get("unsupported_detail") or by[i].get("unsupported", "") for i in range(len(rows))
+               if by.get(i, {}).get("status") == "unsupported"}
     cov = coverage(sp, [rows[i] for i in ran])
     cov["refused_rows"] = {str(i): {"row": rows[i], "why": w} for i, w in refused.items()}
     cov["not_run_rows"] = [i for i in range(len(rows)) if by.get(i, {}).get("status") == "not_run"]
     cov["uncoverable"] = pl.get("uncoverable", [])
+    # Note [Edge values]: a planned edge row must see every edge it planted
+    blind = {i: int(by[i].get("metrics", {}).get("edges_blind", 0)) for i in ran
+             if rows[i].get("values") == "edges" and by[i].get("metrics", {}).get("edges_blind", 0)}
+    cov["blind_edge_rows"] = {str(i): n for i, n in blind.items()}
+    edge_rows = [i for i in ran if rows[i].get("values") == "edges"]
+    out.metrics["edge_rows"] = len(edge_rows)
+    out.metrics["edges_seen"] = int(sum(by[i].get("metrics", {}).get("edges_seen", 0) for i in edge_rows))
     out.details.pop("plan", None)
-    out.details["coverage"] = cov
+    out.details["plan_coverage"] = cov
     out.details["plan"] = {"rows": len(rows), "seed": pl["seed"], "space": pl["space"],
                            "row_values": rows}
     out.details["plot"] = coverage_plot(cov, where=out.where)
@@ -102,6 +110,11 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     head_line = (f"covered {cov['covered']}/{cov['supported']} supported value pairs and mask x form x pass "
                  f"triples in {len(ran)} of {len(rows)} planned rows ({sp.arch} {sp.dtype}; "
                  f"{len(cov['unsupported'])} tuples FA4 does not support)")
+    if blind:
+        out.summary = (f"{len(blind)} planned edge row(s) blind to a one-key shift (first: row {next(iter(blind))}); "
+                       + out.summary)
+        if out.status == "pass":
+            out.status = "undecided"
     if cov["holes"] or cov["uncoverable"]:
         first = cov["holes"][0] if cov["holes"] else str(cov["uncoverable"][0])
         why = ""

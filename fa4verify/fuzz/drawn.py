@@ -270,6 +270,7 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
         except Unsupported as e:
             o["status"] = "unsupported"
             o["unsupported"] = str(e).split(":")[0][:120]
+            o["unsupported_detail"] = str(e)[:400]
         except Violation as v:
             ki = match(v)
             if ki is not None:
