@@ -218,24 +218,19 @@ def test_nan_and_infinite_inputs_stay_undecided():
         assert j.out.n_unjudged > 0
 
 
-def test_gradients_read_the_decided_forward_allowance_hull_included():
-    """Note [Backward at any scale] (DERIVATIONS.md#bwd-composition): the worst-case backward
-    budgets are exact (linear) in the O error that enters D, so they read the decided forward
-    allowance (the hull where the first-order forward_out is +inf) and are finite everywhere."""
+def test_gradients_are_not_bounded_by_the_hull():
+    """Note [Hull fallback]: the backward budgets read the first-order forward budget where it
+    is vacuous (their premise fails there too), so they are as before the fallback."""
     p = HUGE[1]
     a = p.materialize()
     ref_out, _, st, fo, hb = _hull(p, a)
-    assert ref_out.fallback.any() and np.isinf(fo).any()
+    assert ref_out.fallback.any()
     obwd = judge.oracle_backward(p, a)
     with np.errstate(all="ignore"):
         b1 = st.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=False)
         b0 = st.backward(obwd, fo, ref_out.bound, probabilistic=False)
     for n in ("dq", "dk", "dv"):
-        assert np.isfinite(b1[n]).all() and (np.asarray(b1[n]) >= 0).all(), n
-    # dQ/dK carry the O error (through D): with the first-order forward_out (+inf) they would be vacuous
-    assert not np.isfinite(b0["dq"]).all() and not np.isfinite(b0["dk"]).all()
-    # dV does not read the O error
-    np.testing.assert_array_equal(b1["dv"], b0["dv"])
+        np.testing.assert_array_equal(b1[n], b0[n])
 
 
 def test_the_toml_formula_equals_the_derivation_recomputed_by_hand():
@@ -313,8 +308,8 @@ def test_the_bound_holds_against_an_exact_model_kernel_with_worst_case_roundings
 def test_drawn_huge_fuzz_examples_are_decided_forward_on_the_twin():
     """The audit's drawn fuzz (fa4verify.fuzz.drawn), restricted to "huge" draws at seed 0 on the
     CPU twin: the forward properties were undecided there (e_den >= 1, README "one judge on the
-    H200"); with the hull fallback every forward tensor is decided and passes, and with the exact
-    backward budgets (DERIVATIONS.md#bwd-composition, Note [Backward at any scale]) every gradient too."""
+    H200"); with the hull fallback every forward tensor is decided and passes. The gradients keep
+    their first-order budgets (DERIVATIONS.md#hull-fallback, Backward): dQ/dK may stay undecided."""
     from fa4verify.fuzz import drawn
     t = fuzz.TwinTarget()
     probs = drawn.draw_problems(arch="sm90", dtype="bf16", examples=4, seed=0, distributions=("huge",), target=t)
@@ -326,7 +321,8 @@ def test_drawn_huge_fuzz_examples_are_decided_forward_on_the_twin():
     assert ran and all(o["status"] in ("ran", "unsupported") for o in part["outcomes"]), part["outcomes"]
     vacuous = 0
     for o in ran:
-        assert not o["undecided"], (o["describe"], o["undecided"])
+        fwd_undecided = [k for k in o["undecided"] if not k.startswith("bwd_budget.")]
+        assert not fwd_undecided, (o["describe"], o["undecided"])
         p = AttentionProblem.from_dict(o["problem"])
         a = p.materialize()
         f = t.forward(p, a)

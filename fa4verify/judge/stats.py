@@ -193,6 +193,9 @@ class BudgetStats:
         self.q, self.k, self.v, self.dout, self.O = q, k, v, dout, O
         self.row, self.el = row, el
         self.hull = hull
+        #: set by :meth:`forward_out_decided`: (mask of the elements the hull fallback bounds,
+        #: the first-order ``forward_out`` there), so :meth:`backward` keeps its first-order premise
+        self.out_fallback: tuple | None = None
         self.abs_o = np.abs(O)
         self.varlen = varlen
 
@@ -267,7 +270,10 @@ class BudgetStats:
         ok_fo = np.isfinite(fo) & (fo >= 0)
         ok_h = np.isfinite(hb) & (hb >= 0)
         use_h = ok_h & (~ok_fo | (hb < fo))
-        return np.where(use_h, hb, fo), use_h
+        out = np.where(use_h, hb, fo)
+        if name == "forward_out":
+            self.out_fallback = (use_h, fo)
+        return out, use_h
 
     def forward_out_ftz_floor(self) -> np.ndarray:
         """Flush-to-zero envelope of O: each P < 2^-126 may become 0 and l >= 1, so
@@ -291,10 +297,13 @@ class BudgetStats:
         q, k, v, dout, O = self.q, self.k, self.v, self.dout, self.O
         tq, tk = q.shape[0], k.shape[0]
         flat = lambda x: x.reshape((-1,) + x.shape[-2:]) if not p.varlen else x   # noqa: E731
-        # Note [Backward at any scale]: the worst-case backward budgets are exact (linear) in the
-        # O error that enters D (DERIVATIONS.md#bwd-composition), so any valid bound on it serves:
-        # the decided forward allowance, the convex-hull fallback included
         out_allow = np.asarray(out_allow, np.float64)
+        if self.out_fallback is not None and self.out_fallback[0].any() \
+                and np.shape(out_allow) == self.out_fallback[0].shape:
+            # Note [Hull fallback]: the backward budgets are first order in the forward O error
+            # (DERIVATIONS.md#bwd-composition); where the forward first-order budget is vacuous
+            # their premise fails too, so the hull bound does not feed them (they stay undecided)
+            out_allow = np.where(self.out_fallback[0], self.out_fallback[1], out_allow)
         bO = flat(out_allow) + flat(np.asarray(out_bound, np.float64))
         derr = np.sum(bO * np.abs(dout), axis=-1) + gamma(self.Dv) * np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1)
         # the probabilistic D error (DERIVATIONS.md#probabilistic-bwd): the O errors as a Hoeffding
