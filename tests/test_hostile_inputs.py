@@ -428,9 +428,12 @@ def test_08_exp2_json_is_not_pre_created_on_a_crash(tmp_path, capsys, monkeypatc
 def test_08_exp2_sigint_exits_130_and_leaves_no_file(tmp_path):
     prev = write_prev(tmp_path / "prev.json")
     for out in (prev, tmp_path / "new.json"):
-        p = subprocess.Popen([sys.executable, "-m", "fa4verify", "exp2", "--degree", "3", "--jobs", "1",
-                              "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(10)
+        # the exhaustive sweep on one job (2.2e9 inputs) outlasts the wait on any machine; the
+        # sampled sweep could finish before the signal on an idle one
+        p = subprocess.Popen([sys.executable, "-m", "fa4verify", "exp2", "--degree", "3", "--exhaustive",
+                              "--jobs", "1", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        time.sleep(6)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=120)
         record(f"SIGINT to fa4verify exp2 --degree 3 --jobs 1 --json {out.name}", p.returncode, err)
