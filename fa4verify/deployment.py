@@ -291,8 +291,8 @@ class Deployment:
             b = max(kl, min(a, kh))
             lengths[f"len:{a},{b}"] = (a, b)
         if qh != kh or ql != kl:
-            lengths[f"len:{ql},{kh if kh <= 4 * max(ql, 1) else max(kl, min(kh, 2 * max(ql, 64)))}"] = \
-                (ql, kh if kh <= 4 * max(ql, 1) else max(kl, min(kh, 2 * max(ql, 64))))
+            k_long = kh if kh <= 4 * max(ql, 1) else max(kl, min(kh, 2 * max(ql, 64)))
+            lengths[f"len:{ql},{k_long}"] = (ql, k_long)
         sp = dataclasses.replace(sp, lengths=lengths, values=dict(sp.values, seqlen=tuple(lengths)),
                                  notes=dict(sp.notes, seqlen=f"deployment {self.name}: seqlen_q {list(self.seqlen_q)}, "
                                             f"seqlen_k {list(self.seqlen_k)}"))

@@ -302,12 +302,37 @@ def render(ev: Optional[dict[str, Any]] = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_block(text: str, table: str) -> str:
-    if START not in text or END not in text:
-        raise ValueError(f"no {START} ... {END} block")
-    a = text.index(START) + len(START)
-    b = text.index(END)
+def replace_block(text: str, table: str, start: str = START, end: str = END) -> str:
+    """``text`` with the generated block between the ``start`` and ``end`` markers replaced."""
+    if start not in text or end not in text:
+        raise ValueError(f"no {start} ... {end} block")
+    a = text.index(start) + len(start)
+    b = text.index(end)
     return text[:a] + "\n" + table + text[b:]
+
+
+def write_or_check(prog: str, table: str, *, write: Optional[str], check: Optional[str], start: str = START,
+                   end: str = END, rerun: str = "") -> int:
+    """The ``--write FILE`` / ``--check FILE`` / stdout logic of a generated markdown block:
+    exit 0, 1 (``--check``: the file's block is stale) or 2 (unreadable file, no markers)."""
+    path = write or check
+    if path is None:
+        sys.stdout.write(table)
+        return 0
+    p = Path(path)
+    try:
+        old = p.read_text(encoding="utf-8")
+        new = replace_block(old, table, start, end)
+    except (OSError, ValueError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    if check:
+        if new != old:
+            print(f"{prog}: {path} is stale; run --write {path}{rerun}", file=sys.stderr)
+            return 1
+        return 0
+    p.write_text(new, encoding="utf-8")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -316,25 +341,7 @@ def main(argv=None) -> int:
     g.add_argument("--write", metavar="README")
     g.add_argument("--check", metavar="README")
     ns = ap.parse_args(argv)
-    table = render()
-    path = ns.write or ns.check
-    if path is None:
-        sys.stdout.write(table)
-        return 0
-    p = Path(path)
-    try:
-        old = p.read_text()
-        new = replace_block(old, table)
-    except (OSError, ValueError) as e:
-        print(f"fa4verify.feature_table: error: {e}", file=sys.stderr)
-        return 2
-    if ns.check:
-        if new != old:
-            print(f"fa4verify.feature_table: {path} is stale; run --write {path}", file=sys.stderr)
-            return 1
-        return 0
-    p.write_text(new)
-    return 0
+    return write_or_check("fa4verify.feature_table", render(), write=ns.write, check=ns.check)
 
 
 if __name__ == "__main__":

@@ -95,33 +95,9 @@ def main(argv=None) -> int:
     except (OSError, ValueError, tomllib.TOMLDecodeError) as e:
         print(f"fa4verify.results_table: error: {e}", file=sys.stderr)
         return 2
-    path = ns.write or ns.check
-    if path is None:
-        sys.stdout.write(table)
-        return 0
-    p = Path(path)
-    try:
-        old = p.read_text(encoding="utf-8")
-        new = _replace_block_here(old, table)
-    except (OSError, ValueError) as e:
-        print(f"fa4verify.results_table: error: {e}", file=sys.stderr)
-        return 2
-    if ns.check:
-        if new != old:
-            print(f"fa4verify.results_table: {path} is stale; run --write {path}"
-                  + (" --all" if ns.all else ""), file=sys.stderr)
-            return 1
-        return 0
-    p.write_text(new, encoding="utf-8")
-    return 0
-
-
-def _replace_block_here(text: str, table: str) -> str:
-    if START not in text or END not in text:
-        raise ValueError(f"no {START} ... {END} block")
-    a = text.index(START) + len(START)
-    b = text.index(END)
-    return text[:a] + "\n" + table + text[b:]
+    from fa4verify.feature_table import write_or_check
+    return write_or_check("fa4verify.results_table", table, write=ns.write, check=ns.check, start=START, end=END,
+                          rerun=" --all" if ns.all else "")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ one-key error it could not have seen.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -39,14 +39,12 @@ EDGE_SCORE = 6.0
 _MAX_KEYS = 8
 
 
-def _tile_rows(problem: Any) -> tuple[int, int]:
-    """(tile_m, tile_n) of the forward kernel that runs ``problem`` (FA4's tile tables)."""
+def fwd_tile(arch: str, dtype: str, head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:
+    """(tile_m, tile_n) of the forward kernel FA4 runs for these parameters (its tile tables)."""
     from fa4verify.kernels import facts
-    causal, local = problem.causal, problem.local
-    if problem.arch == "sm90":
-        return facts.sm90_fwd_tile(problem.head_dim, problem.head_dim_v, causal, local)
-    return 128, int(facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
-                                           causal, local).tile_n)
+    if arch == "sm90":
+        return facts.sm90_fwd_tile(head_dim, head_dim_v, causal, local)
+    return 128, int(facts.kernel_constants(arch, dtype, head_dim, head_dim_v, causal, local).tile_n)
 
 
 def edge_targets(problem: Any) -> list[dict[str, Any]]:
@@ -54,7 +52,8 @@ def edge_targets(problem: Any) -> list[dict[str, Any]]:
     ``{"b", "i", "keys": [(j, kept)]}`` with ``i`` the row and ``j`` the key index within batch entry
     ``b``'s sequence (``j = -1`` / ``j = len_k`` name the neighbouring sequences' keys in a packed
     varlen batch)."""
-    tm, tn = _tile_rows(problem)
+    tm, tn = fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, problem.causal,
+                      problem.local)
     keeps = problem.keep_masks()
     bounds = problem._seq_bounds()
     page = problem.call.page_size if problem.call is not None and problem.call.paged else None
@@ -143,7 +142,6 @@ def _row_reference(problem: Any, a: Mapping[str, Any], b: int, i: int, keep_row:
     packed neighbours' keys ``extra`` (j = -1 or len_k)."""
     g = problem.nheads // problem.nheads_kv
     q = np.asarray(a["q"], np.float64)[_q_token(problem, b, i) + (h,)]
-    lk = keep_row.size
     js = [int(j) for j in np.flatnonzero(keep_row)] + [int(j) for j in extra]
     if not js:
         return np.zeros(problem.head_dim_v)
@@ -159,7 +157,6 @@ def _row_reference(problem: Any, a: Mapping[str, Any], b: int, i: int, keep_row:
         m = max(m, sink)
     w = np.exp(s - m)
     den = float(w.sum()) + (math.exp(sink - m) if sink is not None else 0.0)
-    del lk
     return (w @ v) / den
 
 

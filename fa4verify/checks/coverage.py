@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from fa4verify.audit.registry import CheckContext, CheckResult, check
-from fa4verify.checks.fuzz import _KEY_COST, _drawn_campaign, _dtype, _merge_campaign, _per_worker
+from fa4verify.checks.fuzz import _drawn_campaign, _dtype, _merge_campaign, _per_worker
 
 #: the properties a planned row is judged on (the rest need extra kernels: the fuzz runs them)
 PLAN_PROPERTIES = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "edge_sensitive", "bwd_stages")
@@ -73,7 +73,13 @@ def _run(ctx: CheckContext, *, target: Any, arch: str, dtype: str, where: str, l
                       "uncoverable": [list(map(list, t)) for t in pl.uncoverable]}}
     return _drawn_campaign(ctx, target=target, arch=arch, dtype=dtype, n=len(problems), kw={}, where=where,
                            label=label, extra=extra, problems=problems,
-                           run_kw={"properties": PLAN_PROPERTIES, "deterministic": det})
+                           run_kw={"properties": PLAN_PROPERTIES, "deterministic": det}, merge=merge_planned)
+
+
+def merge_planned(ctx: CheckContext, parts: list) -> CheckResult:
+    """The campaign merge of the shards, then what the rows that ran covered."""
+    pays = [p.details["shard_payload"] for p in parts]
+    return planned_result(_merge_campaign(ctx, parts), pays[0], [o for p in pays for o in p["part"]["outcomes"]])
 
 
 def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
@@ -150,7 +156,7 @@ def coverage_plot(cov: dict, *, where: str = "") -> list:
 @check("coverage.production", title="Coverage by construction: every supported pair and mask x form x pass "
                                     "triple on production FA4",
        needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=200, shards=_per_worker,
-       merge=_merge_campaign)
+       merge=merge_planned)
 def production(ctx: CheckContext) -> CheckResult:
     from fa4verify.targets import ProductionTarget
     dtype = _dtype(ctx)
@@ -161,7 +167,7 @@ def production(ctx: CheckContext) -> CheckResult:
 
 @check("coverage.twin", title="Coverage by construction on the CPU twin (the forms it runs)",
        needs={"cpu"}, profiles={"full", "exhaustive"}, archs={"sm90", "sm100"}, shards=_per_worker,
-       merge=_merge_campaign)
+       merge=merge_planned)
 def twin(ctx: CheckContext) -> CheckResult:
     from fa4verify.targets import TwinTarget
     dtype = _dtype(ctx)
@@ -169,4 +175,4 @@ def twin(ctx: CheckContext) -> CheckResult:
                 label=f"planned coverage on the {ctx.arch} twin")
 
 
-__all__ = ["PLAN_PROPERTIES", "forms_of", "build", "planned_result", "coverage_plot", "_KEY_COST"]
+__all__ = ["PLAN_PROPERTIES", "forms_of", "build", "merge_planned", "planned_result", "coverage_plot"]

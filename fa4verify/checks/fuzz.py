@@ -185,12 +185,14 @@ _KEY_COST = 8.0
 def _drawn_campaign(ctx: CheckContext, *, target: Any, arch: str, dtype: str, n: int, kw: dict,
                     where: str, label: str, extra: dict | None = None,
                     time_limit_s: float | None = None, siblings: int = 0,
-                    problems: list | None = None, run_kw: dict | None = None) -> CheckResult:
+                    problems: list | None = None, run_kw: dict | None = None,
+                    merge: Any = None) -> CheckResult:
     """Note [Drawn campaigns] (fa4verify.fuzz.drawn): the campaign's ``n`` examples are drawn up
     front from the seed, this shard runs its share (split by compile key), and the result is
     that of the share; :func:`_merge_campaign` makes the check's one result of the shards'.
     ``problems``: a planned list instead of a draw (``coverage.*``); ``run_kw``: more arguments of
-    :func:`~fa4verify.fuzz.drawn.run_drawn` (properties, deterministic flags)."""
+    :func:`~fa4verify.fuzz.drawn.run_drawn` (properties, deterministic flags); ``merge``: the
+    check's merge (default :func:`_merge_campaign`), used here when the check is not sharded."""
     from fa4verify.fuzz import drawn
     if problems is None:
         problems = drawn.draw_problems(arch=arch, dtype=dtype, examples=n, seed=ctx.seed, profile=_profile(ctx),
@@ -209,7 +211,7 @@ def _drawn_campaign(ctx: CheckContext, *, target: Any, arch: str, dtype: str, n:
                                time_limit_s=time_limit_s, **(run_kw or {}))
     payload = dict(head, part=part)
     if not ctx.sharded:
-        return _merge_campaign(ctx, [CheckResult(status="pass", details={"shard_payload": payload})])
+        return (merge or _merge_campaign)(ctx, [CheckResult(status="pass", details={"shard_payload": payload})])
     res = drawn.merge_drawn([part], expected=mine, arch=arch, profile=_profile(ctx), seed=ctx.seed)
     out = _result(res, where)
     if res.examples_run == 0 and not res.found:   # this share only: the union decides
@@ -240,9 +242,6 @@ def _merge_campaign(ctx: CheckContext, parts: list) -> CheckResult:
           for p in pays for o in p["part"]["outcomes"] if o.get("kernels")}
     if ek:
         out.details["example_kernels"] = dict(sorted(ek.items(), key=lambda kv: int(kv[0])))
-    if "plan" in h["extra"]:       # a planned campaign (coverage.*): what the rows that ran covered
-        from fa4verify.checks.coverage import planned_result
-        out = planned_result(out, h, [o for p in pays for o in p["part"]["outcomes"]])
     return out
 
 

@@ -46,7 +46,7 @@ def _lengths(cls: str, tm: int, tn: int) -> tuple[int, int]:
 def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed: int = 0):
     """The problem of plan row ``index``."""
     from fa4verify._strategies.calls import CallForm
-    from fa4verify._strategies.edges import _tile_rows
+    from fa4verify._strategies.edges import fwd_tile
     from fa4verify._strategies.problem import AttentionProblem
     from fa4verify._strategies.values import ValueSpec
     rng = random.Random(f"{seed}:{index}:{sorted(row.items())}")
@@ -56,10 +56,7 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
     nh, nk = space.heads.get(row["gqa"]) or _HEADS[row["gqa"]]
     causal = mask in ("causal", "causal_left")
     local = is_local(mask)
-    probe = AttentionProblem(arch=arch, dtype=dtype, batch=1, seqlen_q=8, seqlen_k=8, nheads=1, nheads_kv=1,
-                             head_dim=hd, head_dim_v=hdv, causal=causal and not local,
-                             window_size=(3, 0) if mask == "causal_left" else ((3, 3) if local else (None, None)))
-    tm, tn = _tile_rows(probe)
+    tm, tn = fwd_tile(arch, dtype, hd, hdv, causal and not local, local)
     sq, sk = space.lengths.get(row["seqlen"]) or _lengths(row["seqlen"], tm, tn)
     wl = rng.choice((1, 7, tn - 1, tn + 1))
     wr = rng.choice((1, 5, tn))

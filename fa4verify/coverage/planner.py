@@ -36,13 +36,7 @@ def _key(items: Iterable[tuple[str, str]]) -> Tuple_:
 
 
 def _pass_ok(space: FeatureSpace, partial: Mapping[str, str], p: str) -> bool:
-    if p == "fwd":
-        return True
-    if "form" in partial and "hd" in partial:
-        return space._bwd(partial["form"], partial["hd"]) is None
-    if "form" in partial:
-        return space._form_bwd(partial["form"]) is None
-    return True
+    return p == "fwd" or space.no_backward(partial) is None
 
 
 def required_tuples(space: FeatureSpace, *, triples: Sequence[Sequence[str]] = TRIPLES
@@ -58,7 +52,7 @@ def required_tuples(space: FeatureSpace, *, triples: Sequence[Sequence[str]] = T
         part = {k: v for k, v in assign.items() if k != "pass"}
         reason = space.why_not(part)
         if reason is None and "pass" in assign and not _pass_ok(space, part, assign["pass"]):
-            reason = space._bwd(part["form"], part["hd"]) if "hd" in part else space._form_bwd(part["form"])
+            reason = space.no_backward(part)
         if reason is None:
             need.add(t)
         else:

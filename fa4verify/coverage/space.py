@@ -31,7 +31,7 @@ pair says why (:meth:`FeatureSpace.why_not`), and the coverage report lists them
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from fa4verify.kernels import facts
 
@@ -152,10 +152,8 @@ class FeatureSpace:
         if hd is not None and self.arch in ("sm100", "sm103") and self.hd.get(hd) == (256, 256):
             if g("softcap") == "on" or g("sink") == "on" or is_local(mask) or form == "mask_mod":
                 return "SM100's dedicated (256, 256) kernel has no softcap, sinks, local windows or mask_mod"
-        if g("det") == "off" and form is not None and self._form_bwd(form) is not None:
-            return f"det=off is a backward setting and {form} has no FA4 backward"
-        if g("det") == "off" and form is not None and hd is not None and self._bwd(form, hd) is not None:
-            return f"det=off is a backward setting; {self._bwd(form, hd)}"
+        if g("det") == "off" and (why := self.no_backward(row)) is not None:
+            return f"det=off is a backward setting; {why}"
         return None
 
     def _form_bwd(self, form: str) -> Optional[str]:
@@ -176,9 +174,18 @@ class FeatureSpace:
                 why = "known issue sm90_block_sparse_bwd_no_build (FA4's SM90 block-sparse backward does not build)"
         return why
 
+    def no_backward(self, row: Mapping[str, str]) -> Optional[str]:
+        """Why FA4 runs no backward for a (partial) row, as far as its form (and head dim) tell;
+        None where it may."""
+        if row.get("form") is None:
+            return None
+        if row.get("hd") is None:
+            return self._form_bwd(row["form"])
+        return self._bwd(row["form"], row["hd"])
+
     def passes(self, row: Mapping[str, str]) -> tuple[str, ...]:
         """The passes a full row runs: ("fwd", "bwd") where FA4 has a backward for it."""
-        return ("fwd",) if self._bwd(row["form"], row["hd"]) is not None else PASSES
+        return ("fwd",) if self.no_backward(row) is not None else PASSES
 
     def valid(self, row: Mapping[str, str]) -> bool:
         return self.why_not(row) is None
