@@ -1,0 +1,173 @@
+"""Coverage by construction (issue 26, CPU must-shows): the plan the audit's coverage checks run
+covers every supported value pair and every supported mask x call form x pass triple, its rows
+become problems that hold the row's values, and a plan that lacks a value makes the check name
+the hole and go undecided, never pass.
+
+The supported tuples are enumerated here from the feature space's support predicate
+(``FeatureSpace.why_not`` / ``no_backward`` / ``passes``) and looked up in the rows directly; the
+planner's own bookkeeping (``required_tuples``, ``coverage``) is not used to decide them.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from fa4verify.audit import registry
+from fa4verify.checks import coverage as C
+from fa4verify.coverage import planner
+from fa4verify.coverage.space import DIMENSIONS, FORMS, MASKS, PASSES
+from fa4verify.deployment import Deployment
+from fa4verify.targets import TwinTarget, production_features
+
+ARCHS = ("sm90", "sm100")
+
+
+def _build(arch, features, deployment=None, seed=0):
+    ctx = registry.CheckContext(arch=arch, seed=seed, profile="full", check_id=f"coverage.twin[{arch}]",
+                                deployment=deployment.to_dict() if deployment is not None else None)
+    return C.build(ctx, arch=arch, dtype="bf16", features=features)
+
+
+def _realises(sp, row, p) -> list[str]:
+    """What of ``row`` the problem ``p`` does not hold (empty: the problem is the row)."""
+    from fa4verify._strategies.edges import fwd_tile
+    bad = []
+    if (p.head_dim, p.head_dim_v) != sp.hd[row["hd"]]:
+        bad.append("hd")
+    ratio = p.nheads // p.nheads_kv
+    if row["gqa"] in sp.heads:
+        if (p.nheads, p.nheads_kv) != sp.heads[row["gqa"]]:
+            bad.append("gqa")
+    elif not (p.nheads_kv == 1 < p.nheads if row["gqa"] == "mqa" else ratio == int(row["gqa"])):
+        bad.append("gqa")
+    wl, wr = p.window_size
+    want = {"none": (False, False, False), "causal": (True, False, False), "left": (False, True, False),
+            "right": (False, False, True), "both": (False, True, True), "causal_left": (True, True, False)}
+    if row["mask"] in sp.windows:
+        if (p.causal, (wl, wr)) != (False, sp.windows[row["mask"]]):
+            bad.append("mask")
+    elif (p.causal, wl is not None, wr is not None) != want[row["mask"]]:
+        bad.append("mask")
+    c = p.call
+    form = row["form"]
+    got = ("dense" if c is None and not p.varlen and not p.mods else
+           "varlen" if c is None and p.varlen else
+           "score_mod" if p.mods and p.mod_pairs()[0] is not None else
+           "mask_mod" if p.mods or (c is not None and c.mask_mod_fn) else
+           "block_sparse" if c.block_size else
+           "seqused_k" if c.page_size is None else
+           "paged_small" if c.page_size == 16 else "paged_tile")
+    if form in sp.pages:
+        ok = c is not None and c.page_size == sp.pages[form]
+    elif form == "paged_tile":
+        tn = fwd_tile(sp.arch, sp.dtype, p.head_dim, p.head_dim_v, p.causal and not p.local, p.local)[1]
+        ok = got == form and c.page_size == tn
+    else:
+        ok = got == form
+    if not ok:
+        bad.append("form")
+    lens = (p.seqlens_q + p.seqlens_k) if p.varlen else (p.seqlen_q, p.seqlen_k)
+    sl = row["seqlen"]
+    tn = fwd_tile(sp.arch, sp.dtype, p.head_dim, p.head_dim_v, p.causal and not p.local, p.local)[1]
+    if sl in sp.lengths:
+        ok = (p.seqlen_q, p.seqlen_k) == sp.lengths[sl]
+    else:
+        ok = {"zero": 0 in lens, "q_gt_k": p.seqlen_q > p.seqlen_k, "q_lt_k": p.seqlen_q < p.seqlen_k,
+              "eq_tile": p.seqlen_k == tn, "tile_m1": p.seqlen_k == tn - 1, "tile_p1": p.seqlen_k == tn + 1,
+              "lt_tile": p.seqlen_k < tn, "multi": p.seqlen_k > 2 * tn}[sl]
+    if not ok:
+        bad.append("seqlen")
+    if (p.softcap > 0) != (row["softcap"] != "off") or (row["softcap"] in sp.softcaps
+                                                        and p.softcap != sp.softcaps[row["softcap"]]):
+        bad.append("softcap")
+    if p.sink != (row["sink"] == "on"):
+        bad.append("sink")
+    if p.values.distribution != row["values"]:
+        bad.append("values")
+    return bad
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("target", ["twin", "production"])
+def test_the_plan_covers_every_supported_pair_and_mask_form_pass_triple(arch, target):
+    feats = TwinTarget().features() if target == "twin" else production_features()
+    sp, pl, problems = _build(arch, feats)
+    rows = pl.rows
+    assert rows and not pl.uncoverable
+    assert set(sp.values["mask"]) == set(MASKS) and set(sp.values["form"]) <= set(FORMS)
+    if target == "twin":      # the twin runs every call form but the score_mod pairs (production only)
+        assert set(sp.values["form"]) == set(FORMS) - {"score_mod"}
+    else:
+        assert set(sp.values["form"]) == set(FORMS)
+    for r in rows:
+        assert sp.why_not(r) is None, r
+    dims = [d for d in DIMENSIONS if d in sp.values]
+    supported = missing = 0
+    for a, b in itertools.combinations(dims, 2):
+        for va, vb in itertools.product(sp.values[a], sp.values[b]):
+            if sp.why_not({a: va, b: vb}) is not None:
+                continue
+            supported += 1
+            if not any(r[a] == va and r[b] == vb for r in rows):
+                missing += 1
+                pytest.fail(f"{arch} {target}: supported pair {a}={va}, {b}={vb} is in no planned row")
+    triples = 0
+    for m, f, ps in itertools.product(sp.values["mask"], sp.values["form"], PASSES):
+        part = {"mask": m, "form": f}
+        if sp.why_not(part) is not None or (ps == "bwd" and sp.no_backward(part) is not None):
+            continue
+        triples += 1
+        assert any(r["mask"] == m and r["form"] == f and ps in sp.passes(r) for r in rows), \
+            f"{arch} {target}: supported triple mask={m}, form={f}, pass={ps} is in no planned row"
+    # the space is not trivial: most pairs and triples are supported, and the backward is planned
+    assert supported > 500 and triples > 30 and missing == 0
+    assert any("bwd" in sp.passes(r) for r in rows)
+    # every planned row becomes a problem that holds its values
+    for i, (r, p) in enumerate(zip(rows, problems)):
+        assert _realises(sp, r, p) == [], (i, r, p.describe())
+    # deterministic per seed, and another seed is another plan of the same coverage
+    assert _build(arch, feats)[1].rows == rows
+
+
+@pytest.mark.parametrize("drop", [("hd", "32"), ("mask", "causal"), ("values", "edges")])
+def test_a_value_missing_from_the_plan_is_named_as_a_hole_and_undecided(monkeypatch, drop):
+    """The coverage check (coverage.twin, run on the CPU twin) on a plan with every row of one
+    value removed: the check names the uncovered tuples of that value and is undecided; the
+    same check on the whole plan passes with no hole (so the hole is the removal's)."""
+    dim, val = drop
+    dep = Deployment.from_mapping({"name": "tiny", "head_dims": [16, 32], "nheads": 2, "nheads_kv": 1,
+                                   "masks": ["none", "causal"], "seqlen_q": [1, 70], "seqlen_k": [1, 70],
+                                   "distributions": ["normal"]}, "<test>")
+    ctx = registry.CheckContext(arch="sm90", seed=0, profile="full", check_id="coverage.twin[sm90]",
+                                deployment=dep.to_dict())
+    whole = C.twin(ctx)
+    assert whole.status == "pass", whole.summary
+    cov = whole.details["plan_coverage"]
+    assert cov["holes"] == [] and cov["covered"] == cov["supported"] > 50
+    assert any(r[dim] == val for r in whole.details["plan"]["row_values"])
+
+    real_plan = planner.plan
+
+    def without(space, **kw):
+        pl = real_plan(space, **kw)
+        pl.rows = [r for r in pl.rows if r[dim] != val]
+        return pl
+
+    monkeypatch.setattr(planner, "plan", without)
+    r = C.twin(ctx)
+    assert r.status == "undecided", r.summary
+    cov = r.details["plan_coverage"]
+    named = f"{dim}={val}"
+    # every supported pair of the missing value is a hole, by name (other pairs that only the
+    # removed rows held are holes too)
+    from fa4verify.coverage.space import FeatureSpace
+    sp = FeatureSpace.from_dict(r.details["plan"]["space"])
+    of_value = {", ".join(f"{d}={v}" for d, v in sorted({dim: val, other: w}.items()))
+                for other in sp.values if other != dim for w in sp.values[other]
+                if sp.why_not({dim: val, other: w}) is None}
+    assert len(of_value) > 5 and of_value <= set(cov["holes"])
+    assert cov["covered"] < cov["supported"] and r.metrics["coverage_holes"] == len(cov["holes"])
+    assert f"{len(cov['holes'])} HOLE(S), first: {cov['holes'][0]}" in r.summary
+    if dim == "mask":         # the triple of the missing mask, by name
+        assert "form=dense, mask=causal, pass=bwd" in cov["holes"]
