@@ -215,9 +215,33 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
         items.extend(new)
 
 
-def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
-    """Write ``--fa4-json`` / ``--fa4-html`` from the checks this process ran (atomically)."""
+def _nothing_ran(session: Any) -> None:
+    """Note [Nothing ran is not a pass]: audit items that all skipped (no check passed or
+    failed) are exit 5, as ``fa4verify audit`` says -- a gate that checked nothing must not pass."""
     config = session.config
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is None:
+        return
+    out: dict[str, int] = {}          # the terminal's reports: the xdist controller's included
+    for key in ("passed", "failed", "skipped"):
+        for r in tr.stats.get(key, []):
+            if "fa4verify-audit::" in getattr(r, "nodeid", "") and getattr(r, "when", None) in ("setup", "call"):
+                out[key] = out.get(key, 0) + 1
+    if sum(out.values()) and not out.get("passed") and not out.get("failed") \
+            and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
+        msg = (f"fa4verify: nothing ran: all {sum(out.values())} selected audit check(s) skipped "
+               "(exit 5, as fa4verify audit)")
+        tr.ensure_newline()
+        tr.write_line(msg, red=True)
+
+
+def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
+    """Write ``--fa4-json`` / ``--fa4-html`` from the checks this process ran (atomically); an
+    audit whose every item skipped fails the session (Note [Nothing ran is not a pass])."""
+    config = session.config
+    if _CONFIG_KEY in config.stash and not hasattr(config, "workerinput"):
+        _nothing_ran(session)
     if _CONFIG_KEY not in config.stash:
         return
     jpath, hpath = config.getoption("fa4_json", None), config.getoption("fa4_html", None)

@@ -764,3 +764,163 @@ def test_extra_exit_codes_survive_click_standalone_mode(argv, code):
     r = CliRunner().invoke(group, argv)
     record("CliRunner: fa4verify " + " ".join(argv), r.exit_code, r.output.strip().splitlines()[-1] if r.output.strip() else "")
     assert r.exit_code == code, r.output
+
+
+# ====================================================================================== issue 30
+# ------------------------------------------------ 18. evidence identity (audit fingerprint)
+def _shards(tmp_path, first=(), second=(), mod2=None):
+    s1, s2 = tmp_path / "s1.json", tmp_path / "s2.json"
+    assert main(audit_args(*first, "--shard", "1/2", "--json", str(s1))) in (0, 5)
+    argv = audit_args(*second, "--shard", "2/2", "--json", str(s2))
+    if mod2 is not None:
+        argv[argv.index(OK)] = str(mod2)
+    assert main(argv) in (0, 1, 5)
+    return s1, s2
+
+
+@pytest.mark.parametrize("case", ["other-opt", "other-checks-module", "other-budget-file", "no-fingerprint",
+                                  "tampered-digest"])
+def test_18_merge_refuses_shards_of_different_audits(case, tmp_path, capsys, monkeypatch):
+    """Shard 1/2 of one audit and shard 2/2 of another used to merge into PASSED, exit 0."""
+    mod2 = None
+    if case == "other-checks-module":
+        mod2 = tmp_path / "audit_checks_ok.py"          # same name, other content
+        mod2.write_text(Path(OK).read_text() + "\n# another checks module\n")
+    if case == "other-budget-file":
+        s1 = tmp_path / "s1.json"
+        assert main(audit_args("--shard", "1/2", "--json", str(s1))) in (0, 5)
+        monkeypatch.setenv("FA4VERIFY_BUDGET_FILE", str(budget_file(tmp_path, "mine.toml", "")))
+        s2 = tmp_path / "s2.json"
+        assert main(audit_args("--shard", "2/2", "--json", str(s2))) in (0, 5)
+    else:
+        s1, s2 = _shards(tmp_path, second=("--opt", "scale=1.5") if case == "other-opt" else (), mod2=mod2)
+    if case in ("no-fingerprint", "tampered-digest"):
+        rep = json.loads(s2.read_text())
+        if case == "no-fingerprint":
+            del rep["fingerprint"]
+        else:
+            rep["fingerprint"]["digest"] = "0" * 64
+        s2.write_text(json.dumps(rep))
+    capsys.readouterr()
+    rc, out, err = run(capsys, "report", "merge", str(s1), str(s2), "-o", str(tmp_path / "m.json"))
+    assert rc == 2, out + err
+    line = one_line(err, "fa4verify report merge")
+    assert "audit" in line and "fingerprint" in line or "another audit" in line, line
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_18_every_report_carries_the_audit_fingerprint(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(audit_args("--json", str(a))) == 0
+    assert main(audit_args("--opt", "scale=1.5", "--json", str(b))) == 0
+    fa, fb = json.loads(a.read_text())["fingerprint"], json.loads(b.read_text())["fingerprint"]
+    assert len(fa["digest"]) == 64 and fa["digest"] != fb["digest"]
+    assert set(fa["parts"]) >= {"config", "checks_modules", "budget_files", "versions", "gpu"}
+    assert fa["parts"]["config"]["opts"] == {} and fb["parts"]["config"]["opts"] == {"scale": "1.5"}
+    s1, s2 = _shards(tmp_path)                      # the shards of one audit share it, and merge
+    f1, f2 = (json.loads(p.read_text())["fingerprint"] for p in (s1, s2))
+    assert f1 == f2 and f1["digest"] == fa["digest"]
+    capsys.readouterr()
+    assert main(["report", "merge", str(s1), str(s2), "-o", str(tmp_path / "m.json")]) == 0
+    assert json.loads((tmp_path / "m.json").read_text())["fingerprint"]["digest"] == fa["digest"]
+
+
+def _hollow_baseline(base: Path, how: str) -> None:
+    rep = json.loads(base.read_text())
+    for r in rep["results"]:
+        if how == "all-nan":
+            r["metrics"] = {k: "nan" for k in r["metrics"]}
+            r["tightness"] = None
+        elif how == "all-skip":
+            r["status"] = "skip"
+        else:
+            r["id"] = "other." + r["id"]
+    base.write_text(json.dumps(rep))
+
+
+@pytest.mark.parametrize("cmd", ["audit", "merge"])
+@pytest.mark.parametrize("how", ["all-nan", "all-skip", "other-check-ids"])
+def test_18_a_baseline_that_compares_nothing_is_undecided(how, cmd, tmp_path, capsys):
+    """A --baseline that compared nothing used to report '0 regressions', exit 0."""
+    base = tmp_path / "base.json"
+    assert main(audit_args("--json", str(base))) == 0
+    assert main(audit_args("--baseline", str(base))) == 0          # a real comparison passes
+    _hollow_baseline(base, how)
+    if cmd == "audit":
+        argv = audit_args("--baseline", str(base), "--json", str(tmp_path / "out.json"))
+    else:
+        s1, s2 = _shards(tmp_path)
+        argv = ["report", "merge", str(s1), str(s2), "-o", str(tmp_path / "out.json"), "--baseline", str(base)]
+    capsys.readouterr()
+    rc, out, err = run(capsys, *argv)
+    assert rc == 10, out + err
+    bl = json.loads((tmp_path / "out.json").read_text())["baseline"]
+    assert bl["compared"] == 0 and bl["undecided"] and not bl["regressions"]
+    assert "UNDECIDED" in out
+
+
+def _case(tmp_path: Path, name: str, **problem) -> Path:
+    src = ROOT / "tests" / "regressions" / "masked_rows-twin-window-sum-rule.json"
+    case = json.loads(src.read_text())
+    case["problem"].update(problem)
+    p = tmp_path / name
+    p.write_text(json.dumps(case))
+    return p
+
+
+def test_18_replays_of_undecided_cases_exit_10(tmp_path, capsys, monkeypatch):
+    """`fuzz --replay pass.json --replay undecided.json` used to exit 0, an undecided case alone 5."""
+    from fa4verify import fuzz
+    from fa4verify.fuzz.cases import ReplayOutcome
+
+    good, und = _case(tmp_path, "pass.json"), _case(tmp_path, "undecided.json", seqlen_k=2)
+    real = fuzz.replay_case
+
+    def replay(case, **kw):
+        if case["problem"]["seqlen_k"] == 2:        # the interval could not decide this one
+            return ReplayOutcome("undecided", "masked_rows", "interval too wide (simulated)", {})
+        return real(case, **kw)
+
+    monkeypatch.setattr(fuzz, "replay_case", replay)
+    rc, out, err = run(capsys, "fuzz", "--replay", str(good))
+    assert rc == 0, out + err
+    rc, out, err = run(capsys, "fuzz", "--replay", str(good), "--replay", str(und))
+    assert rc == 10, out + err
+    rc, out, err = run(capsys, "fuzz", "--replay", str(und))
+    assert rc == 10, out + err
+
+
+@pytest.mark.parametrize("window", [["a", 3], [5], 5, [1e300, 0], [True, 0], "left"])
+def test_18_a_malformed_window_in_a_replay_case_is_exit_2(window, tmp_path, capsys):
+    """A malformed window used to be reported as the kernel failing (exit 1) or exit 3."""
+    p = _case(tmp_path, "w.json", window_size=window)
+    rc, out, err = run(capsys, "fuzz", "--replay", str(p))
+    assert rc == 2, out + err
+    assert "window_size" in one_line(err, "fa4verify fuzz")
+
+
+@pytest.mark.parametrize("prop", ["paged_kv_bitwise", "gqa_repeat", "deterministic_bwd"])
+def test_18_a_requested_property_that_never_ran_is_exit_5(prop, tmp_path, capsys):
+    rc, out, err = run(capsys, "fuzz", "--property", prop, "--examples", "5", "--cache-dir", str(tmp_path))
+    if f"never ran: {prop}" in out:
+        assert rc == 5, out + err
+        assert "nothing ran" in err
+    else:
+        assert rc == 0 and f"{prop} x" in out, out + err
+
+
+def test_18_the_plugin_fails_when_every_selected_check_skipped(tmp_path):
+    """pytest --fa4verify with every selected audit check skipped used to pass (exit 0)."""
+    shutil.copy(OK, tmp_path / "okchecks.py")
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--fa4verify=quick", "--fa4-only",
+            "--fa4-no-default-checks", "--fa4-checks-module", "okchecks.py"]
+    r = subprocess.run(base + ["-k", "needs_cuda"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    record("pytest --fa4verify=quick --fa4-only -k needs_cuda (every selected check skips)", r.returncode,
+           next((ln for ln in r.stdout.splitlines() if "nothing ran" in ln), r.stdout[-200:]))
+    if "1 passed" in r.stdout:
+        pytest.skip("fixture.needs_cuda ran: a CUDA GPU is present")
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "nothing ran" in r.stdout and "1 skipped" in r.stdout
+    r = subprocess.run(base + ["-k", "needs_cuda or lines"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr                  # one check ran: the skip is fine

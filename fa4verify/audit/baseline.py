@@ -7,13 +7,19 @@ any growth) is a regression, even if the check still passes its budget; NaN wher
 had a number is a regression too.  A check that passed in the baseline and now fails or errors
 is a regression (it already fails the gate on its own).  ``tightness`` is compared like a metric.
 Checks only in one of the two reports are listed ("missing"/"new"), not failed.
+
+A baseline that compares nothing -- no check id in both reports ran in both with a finite metric
+in both (all-nan metrics, all skips, another version's check ids) -- cannot say "no regression":
+the comparison is undecided (``compared`` 0, ``undecided`` the reason) and the gate's 0 becomes
+10 (:func:`gate`).
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Sequence
 
-from fa4verify.audit.report_json import ReportError, as_number, build_report, counts
+from fa4verify.audit.report_json import (ReportError, as_number, build_report, counts,
+                                         fingerprint_difference)
 
 HIB = "_higher_is_better"
 
@@ -43,10 +49,13 @@ def compare(current: Sequence[dict[str, Any]], baseline: dict[str, Any], *,
     cur = {r["id"]: r for r in current}
     regressions: list[dict[str, Any]] = []
     improvements: list[dict[str, Any]] = []
+    compared = 0                     # (check, metric) pairs with a finite value on both sides
+    both_ran = 0
     for cid, r in cur.items():
         b = base.get(cid)
         if b is None or r["status"] == "skip" or b["status"] == "skip":
             continue
+        both_ran += 1
         if b["status"] == "pass" and r["status"] in ("fail", "error", "undecided"):
             regressions.append({"id": cid, "metric": "status", "old": b["status"],
                                 "new": r["status"]})
@@ -61,15 +70,33 @@ def compare(current: Sequence[dict[str, Any]], baseline: dict[str, Any], *,
             o, n = as_number(ov), as_number(cm[name])
             if o is None or n is None:
                 continue
+            if math.isfinite(o) and math.isfinite(n):
+                compared += 1
             if _worse(name, o, n, rtol):
                 regressions.append({"id": cid, "metric": name, "old": ov, "new": cm[name]})
             elif _better(name, o, n):
                 improvements.append({"id": cid, "metric": name, "old": ov, "new": cm[name]})
     missing = sorted(set(base) - set(cur))
     new = sorted(set(cur) - set(base))
+    undecided = None
+    if compared == 0:
+        if not set(base) & set(cur):
+            undecided = "no check id in both reports (another version's or selection's checks?)"
+        elif both_ran == 0:
+            undecided = "no check ran in both reports (skipped in one or the other)"
+        else:
+            undecided = f"no finite metric in both reports for the {both_ran} check(s) run in both"
     return {"path": path, "rtol": rtol, "regressions": regressions, "improvements": improvements,
-            "missing": missing, "new": new, "baseline_config": baseline.get("config") or {},
+            "missing": missing, "new": new, "compared": compared, "undecided": undecided, "baseline_config": baseline.get("config") or {},
             "baseline_versions": (baseline.get("environment") or {}).get("versions", {})}
+
+
+def gate(code: int, bl: dict[str, Any] | None) -> int:
+    """The exit code with a baseline: a passing run (0) whose baseline compared nothing is
+    undecided (10), never "0 regressions"; every other code stands."""
+    if bl is not None and code == 0 and bl.get("undecided"):
+        return 10
+    return code
 
 
 def config_mismatch(current_config: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
@@ -140,8 +167,16 @@ def merge(reports: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     envs = []
     shards = []
     duration = 0.0
+    fp0 = first.get("fingerprint")
     for path, rep in reports:
         cfg = rep.get("config") or {}
+        fp = rep.get("fingerprint")
+        if not isinstance(fp, dict) or not isinstance(fp.get("digest"), str):
+            raise ReportError(f"{path}: carries no audit fingerprint (Note [Audit fingerprint]); "
+                              "cannot tell it is a shard of the same audit")
+        if fp["digest"] != fp0["digest"]:
+            raise ReportError(f"{path}: a shard of another audit than {first_path} "
+                              f"({fingerprint_difference(fp0, fp)}); not shards of one audit")
         for k in _MERGE_KEYS:
             if cfg.get(k) != cfg0.get(k):
                 raise ReportError(f"{path}: config {k}={cfg.get(k)!r} differs from "
@@ -165,9 +200,9 @@ def merge(reports: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     cfg["merged_shards"] = shards
     rep = build_report(config=cfg, environment=first.get("environment") or {},
                        results=merged_results, exit_code=code, duration_s=duration,
-                       command=[], environments=envs)
+                       command=[], environments=envs, audit_fingerprint=fp0)
     rep["summary"]["merged_from"] = [p for p, _ in reports]
     return rep
 
 
-__all__ = ["compare", "merge", "config_mismatch", "counts"]
+__all__ = ["compare", "merge", "config_mismatch", "counts", "gate"]

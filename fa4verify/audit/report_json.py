@@ -14,8 +14,10 @@ Top level (all keys always present unless marked optional)::
                    "verdict": str, "where": {where: n}}
     results       list of per-check dicts: id, check_id, title, module, arch, needs, status,
                   where, summary, metrics, details, tightness, duration_s, isolated, notes
+    fingerprint   {"digest": sha256 hex, "parts": {...}}: what the audit was (Note [Audit
+                   fingerprint]); the shards of one audit share it
     baseline      (optional) {"path": str, "regressions": [...], "improvements": [...],
-                   "missing": [...], "new": [...]}
+                   "missing": [...], "new": [...], "compared": int, "undecided": str|None}
 
 Non-finite floats are written as the strings "nan", "inf", "-inf" (JSON has no NaN) and read
 back as floats by :func:`load_report`.
@@ -87,10 +89,87 @@ def verdict_text(exit_code: int) -> str:
             10: "UNDECIDED: a certified comparison could not decide"}.get(exit_code, f"exit {exit_code}")
 
 
+#: Note [Audit fingerprint]
+#: ------------------------
+#: What makes two reports parts of ONE audit (``report merge``) or the same question
+#: (``--baseline``): the checks asked (profile, keyword, archs, dtype, device, seed, options,
+#: the checks modules with their content hashes), the deployment, the error-budget files
+#: (content hashes: a budget edit is another audit), the software versions and the GPU model.
+#: Execution-only knobs (shard, workers, kernel cache, isolation, timeout, check shards) and the
+#: host (name, CPU) are left out: shards of one audit run on different machines.
+FINGERPRINT_CONFIG = ("dtype", "device", "archs", "profile", "seed", "keyword", "no_default_checks",
+                      "opts", "deployment", "budget_file")
+FINGERPRINT_VERSIONS_IGNORED = ("python",)
+
+
+def _file_sha256(path: str) -> str | None:
+    import hashlib
+
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def budget_file_hashes(extra: str | None = None) -> dict[str, str | None]:
+    """sha256 of every shipped budget file (``error_budgets/*.toml``), plus ``extra``
+    (``$FA4VERIFY_BUDGET_FILE``) when set, keyed by file name."""
+    import glob
+    import os
+
+    from fa4verify import error_budgets
+
+    d = os.path.dirname(error_budgets.__file__)
+    out = {os.path.basename(p): _file_sha256(p) for p in sorted(glob.glob(os.path.join(d, "*.toml")))}
+    if extra:
+        out[f"FA4VERIFY_BUDGET_FILE:{extra}"] = _file_sha256(extra)
+    return out
+
+
+def fingerprint(config: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
+    """The audit fingerprint of a report (Note [Audit fingerprint]): ``{"digest", "parts"}``."""
+    import hashlib
+    import os
+
+    hw = (environment or {}).get("hardware") or {}
+    versions = {k: v for k, v in sorted(((environment or {}).get("versions") or {}).items())
+                if k not in FINGERPRINT_VERSIONS_IGNORED}
+    parts = {
+        "config": {k: config.get(k) for k in FINGERPRINT_CONFIG},
+        # by file name and content: shards run from different checkouts name other paths
+        "checks_modules": [[os.path.basename(str(m)), _file_sha256(str(m)) if str(m).endswith(".py") else None]
+                           for m in (config.get("checks_modules") or ())],
+        "budget_files": budget_file_hashes(config.get("budget_file")),
+        "versions": versions,
+        "gpu": hw.get("gpu_name") if config.get("device") == "cuda" else None,
+    }
+    blob = json.dumps(_sanitize(parts), sort_keys=True, default=str)
+    return {"digest": hashlib.sha256(blob.encode()).hexdigest(), "parts": _sanitize(parts)}
+
+
+def fingerprint_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The first part in which two fingerprints differ, as ``part.key: x vs y`` (for messages)."""
+    pa, pb = (a or {}).get("parts") or {}, (b or {}).get("parts") or {}
+    for part in sorted(set(pa) | set(pb)):
+        x, y = pa.get(part), pb.get(part)
+        if x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in sorted(set(x) | set(y), key=str):
+                if x.get(k) != y.get(k):
+                    return f"{part}.{k}: {x.get(k)!r} vs {y.get(k)!r}"
+        return f"{part}: {x!r} vs {y!r}"
+    return "digest"
+
+
 def build_report(*, config: dict[str, Any], environment: dict[str, Any],
                  results: list[dict[str, Any]], exit_code: int, duration_s: float,
                  command: Sequence[str] = (), baseline: dict[str, Any] | None = None,
-                 environments: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 environments: list[dict[str, Any]] | None = None,
+                 audit_fingerprint: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report dict; ``audit_fingerprint`` (a merge passes its shards' one) defaults to
+    :func:`fingerprint` of ``config`` and ``environment``."""
     rep: dict[str, Any] = {
         "schema": SCHEMA,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -102,6 +181,7 @@ def build_report(*, config: dict[str, Any], environment: dict[str, Any],
                     "duration_s": round(float(duration_s), 3), "verdict": verdict_text(exit_code),
                     "where": where_counts(results)},
         "results": results,
+        "fingerprint": audit_fingerprint if audit_fingerprint is not None else fingerprint(config, environment),
     }
     if environments is not None:
         rep["environments"] = environments

@@ -242,6 +242,8 @@ def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 25) 
         lines.append(f"baseline {bl.get('path', '')}: {len(regs)} regression(s), "
                      f"{len(bl.get('improvements') or [])} improvement(s), "
                      f"{len(bl.get('missing') or [])} missing, {len(bl.get('new') or [])} new")
+        if bl.get("undecided"):
+            lines.append(f"  [yellow]UNDECIDED: the baseline compared nothing: {_escape(str(bl['undecided']))}[/]")
         for g in regs[:10]:
             lines.append(f"  [red]REGRESSION[/] {_escape(g['id'])} {g['metric']}: {_fmt_num(g['old'])} -> "
                          f"{_fmt_num(g['new'])}")

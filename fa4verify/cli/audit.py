@@ -226,7 +226,7 @@ def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, bas
         return 0
 
     from fa4verify.audit import environment
-    from fa4verify.audit.baseline import compare, config_mismatch
+    from fa4verify.audit.baseline import compare, config_mismatch, gate
     from fa4verify.audit.report_json import build_report
     from fa4verify.audit.runner import exit_code_for, run_audit
 
@@ -247,22 +247,23 @@ def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, bas
     if baseline is not None:
         bl = compare(results, baseline, rtol=regression_rtol, path=baseline_path)
         bl["mismatch"] = config_mismatch(config.to_dict(), baseline)
-    code = exit_code_for(run.records, regressions=len(bl["regressions"]) if bl else 0)
+    code = gate(exit_code_for(run.records, regressions=len(bl["regressions"]) if bl else 0), bl)
     t_env = time.time()
     env_now = environment.collect(config.device)
     phases = dict(getattr(run, "phases", {}) or {}, before_run=round(run.started - t_start, 3),
                   run=round(run.finished - run.started, 3), environment=round(time.time() - t_env, 3))
     if early_pool is not None:       # Note [Workers before the CUDA probe]: when they started
         phases.update(early_pool.start_times(t_start))
-    report = build_report(config=config.to_dict(), environment=env_now,
+    cfg_dict = config.to_dict()
+    if budget_file is not None:
+        cfg_dict["budget_file"] = budget_file
+    report = build_report(config=cfg_dict, environment=env_now,
                           results=results, exit_code=code, duration_s=time.time() - t_start,
                           command=_command_line(), baseline=bl, environments=envs)
     report["summary"]["discovered"] = run.discovered
     report["summary"]["phases"] = phases
     if gpu_sel is not None:
         report["gpus"] = [g.to_json() for g in gpu_sel]
-    if budget_file is not None:
-        report["config"]["budget_file"] = budget_file
     try:
         write_reports(report, json_path=json_path, junit_path=junit_path, html_path=html_path)
     except OSError as e:

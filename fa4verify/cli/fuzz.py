@@ -50,14 +50,18 @@ def _default_arch(target: str) -> str:
 
 
 def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
+    """Replay every case (each is read and checked before any runs); the exit code is the
+    worst verdict: 1 a failure, 10 an undecided case (never 0 or 5: an undecided replay is
+    not a pass), 0 passes, 5 when no case ran."""
     from fa4verify import fuzz
-    worst = int(ExitCode.OK)
-    ran = 0
+    cases = []
     for p in paths:
         try:
-            case = fuzz.load_case(p)
+            cases.append((p, fuzz.load_case(p)))
         except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
             raise usage(f"--replay: cannot read case {p!r}: {e}") from None
+    seen: set[str] = set()
+    for p, case in cases:
         try:
             out = fuzz.replay_case(case, properties=properties)
         except fuzz.DependencyMissing as e:
@@ -72,15 +76,16 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
         click.echo(f"{p}: {out.status.upper()} [{where}] {case['problem_obj'].describe()}")
         if out.status == "fail":
             click.echo(f"  {out.property}: {out.message}")
-            worst = max(worst, int(ExitCode.VIOLATION))
-            ran += 1
-        elif out.status == "pass":
-            ran += 1
-        else:
+        elif out.status != "pass":
             click.echo(f"  {out.message}")
-    if ran == 0:
-        return int(ExitCode.NOTHING_RAN)
-    return worst
+        seen.add(out.status)
+    if "fail" in seen:
+        return int(ExitCode.VIOLATION)
+    if "undecided" in seen:
+        return int(ExitCode.UNDECIDED)
+    if "pass" in seen:
+        return int(ExitCode.OK)
+    return int(ExitCode.NOTHING_RAN)
 
 
 @click.command("fuzz", cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]},
@@ -273,4 +278,8 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
         for k, u in res.undecided.items():
             click.echo(f"UNDECIDED {k} x{u['count']} (first: {u['first']}): {u['reason']}")
         _exit(int(ExitCode.UNDECIDED))
+    if props and never:
+        # a property asked for by name that never ran was not tested: not a pass
+        _err(f"nothing ran for --property {', '.join(never)} (never ran in {res.examples_run} examples)")
+        _exit(int(ExitCode.NOTHING_RAN))
     _exit(int(ExitCode.OK))

@@ -60,7 +60,7 @@ def _distinct_inputs(pairs):
               help="Relative growth of a metric tolerated before it counts as a regression.")
 def merge_cmd(reports, output, html_path, junit_path, baseline_path, regression_rtol):
     """Merge the JSON reports of the shards of one audit (same dtype/profile/seed/archs)."""
-    from fa4verify.audit.baseline import compare, config_mismatch, merge
+    from fa4verify.audit.baseline import compare, config_mismatch, gate, merge
     from fa4verify.audit.report_json import ReportError, verdict_text
     from fa4verify.audit.runner import CheckRecord, exit_code_for
     from fa4verify.audit.terminal import make_console, render_verdict
@@ -81,8 +81,8 @@ def merge_cmd(reports, output, html_path, junit_path, baseline_path, regression_
         bl = compare(merged["results"], baseline, rtol=regression_rtol, path=baseline_path)
         bl["mismatch"] = config_mismatch(merged["config"], baseline)
         merged["baseline"] = bl
-        code = exit_code_for([CheckRecord.from_dict(r) for r in merged["results"]],
-                             regressions=len(bl["regressions"]))
+        code = gate(exit_code_for([CheckRecord.from_dict(r) for r in merged["results"]],
+                                  regressions=len(bl["regressions"])), bl)
         merged["summary"]["exit_code"] = code
         merged["summary"]["verdict"] = verdict_text(code)
     try:

@@ -63,16 +63,98 @@ def write_case(directory: os.PathLike, problem: AttentionProblem, violation: Vio
     return path
 
 
+#: Note [Replay limits]: a case file is input, and a replay materializes its problem (the float64
+#: oracle holds a seqlen_q x seqlen_k score matrix per head): sizes past these are refused up
+#: front (exit 2, the limit named) instead of a MemoryError. Far above any drawn problem (the
+#: nightly profile: seqlen 600, work 6e7).
+REPLAY_LIMITS = {"seqlen": 8192, "batch": 256, "heads": 128, "work": 1 << 31}
+
+
+def _int(d: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"problem.{key}: expected an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise ValueError(f"problem.{key}={v} is outside [{lo}, {hi}] (replay limit)")
+    return v
+
+
+def check_problem_dict(d: Any) -> None:
+    """Types and sizes of a case's ``problem`` (Note [Replay limits]); raises ValueError with a
+    one-line message naming the field. The problem's own checks (supported head dims, varlen
+    consistency) follow in :class:`AttentionProblem`."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"problem: expected an object, got {type(d).__name__}")
+    for k in ("arch", "dtype"):
+        if not isinstance(d.get(k), str):
+            raise ValueError(f"problem.{k}: expected a string, got {d.get(k)!r}")
+    L = REPLAY_LIMITS
+    b = _int(d, "batch", 0, L["batch"])
+    sq, sk = _int(d, "seqlen_q", 0, L["seqlen"]), _int(d, "seqlen_k", 0, L["seqlen"])
+    h = _int(d, "nheads", 1, L["heads"])
+    _int(d, "nheads_kv", 1, L["heads"])
+    hd, hdv = _int(d, "head_dim", 1, 1024), _int(d, "head_dim_v", 1, 1024)
+    work = max(b, 1) * h * sq * sk * max(hd, hdv)
+    if work > L["work"]:
+        raise ValueError(f"problem: batch*nheads*seqlen_q*seqlen_k*head_dim = {work} exceeds the "
+                         f"replay limit {L['work']}")
+    ws = d.get("window_size")
+    if ws is not None:
+        if (not isinstance(ws, (list, tuple)) or len(ws) != 2
+                or any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or abs(w) > 1 << 31)
+                       for w in ws)):
+            raise ValueError(f"problem.window_size: expected [left, right] of integers or null, got {ws!r}")
+    for k in ("causal", "sink"):
+        if d.get(k) is not None and not isinstance(d.get(k), bool):
+            raise ValueError(f"problem.{k}: expected true/false, got {d.get(k)!r}")
+    for k, lo in (("softcap", 0.0), ("softmax_scale", None)):
+        v = d.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
+                lo is not None and v < lo) or (lo is None and v <= 0):
+            raise ValueError(f"problem.{k}: expected a finite {'>= 0' if lo is not None else '> 0'} "
+                             f"number, got {v!r}")
+    for k in ("seqlens_q", "seqlens_k"):
+        v = d.get(k)
+        if v is None:
+            continue
+        if not isinstance(v, list) or len(v) > L["batch"] or any(
+                isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= L["seqlen"] for x in v):
+            raise ValueError(f"problem.{k}: expected a list of at most {L['batch']} integers in "
+                             f"[0, {L['seqlen']}] (replay limit)")
+    for k in ("mask_mod", "values", "call"):
+        if d.get(k) is not None and not isinstance(d.get(k), Mapping):
+            raise ValueError(f"problem.{k}: expected an object, got {d.get(k)!r}")
+    mods = d.get("mods")
+    if mods is not None and (not isinstance(mods, list) or not all(isinstance(m, str) for m in mods)):
+        raise ValueError(f"problem.mods: expected a list of names, got {mods!r}")
+    if "mod_seed" in d:
+        _int(d, "mod_seed", 0, 2**63 - 1)
+
+
 def load_case(path_or_dict: os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
     """Read and validate a case file; returns the dict with ``problem`` parsed to an
-    :class:`AttentionProblem` under ``"problem_obj"``."""
+    :class:`AttentionProblem` under ``"problem_obj"``. A malformed case raises ValueError (one
+    line), never reaches a kernel."""
     if isinstance(path_or_dict, Mapping):
         case = dict(path_or_dict)
     else:
         case = json.loads(Path(path_or_dict).read_text())
+    if not isinstance(case, dict):
+        raise ValueError(f"not a fuzz case: a JSON {type(case).__name__}, not an object")
     if case.get("format") != CASE_FORMAT:
         raise ValueError(f"not a fuzz case: format={case.get('format')!r} (expected {CASE_FORMAT!r})")
-    case["problem_obj"] = AttentionProblem.from_dict(case["problem"])
+    check_problem_dict(case.get("problem"))
+    for k in ("target", "property"):
+        if not isinstance(case.get(k), str):
+            raise ValueError(f"{k}: expected a string, got {case.get(k)!r}")
+    if not isinstance(case.get("mutations", []), list):
+        raise ValueError(f"mutations: expected a list, got {case.get('mutations')!r}")
+    try:
+        case["problem_obj"] = AttentionProblem.from_dict(case["problem"])
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ValueError(f"problem: {e}") from None
     return case
 
 
