@@ -3,7 +3,9 @@
 Used by ``scripts/gpu_hd_sweep.py`` (recording), the audit checks ``production.head_dims``
 (recorded data) and ``production.head_dims_live`` (on a GPU).  One row per (head dim, seqlen_q):
 ``{"head_dim", "seqlen_q", "seqlen_k", "causal", "dq_rel_err", "dk_rel_err", "dv_rel_err"}`` or,
-when FA4 raises, ``{"head_dim", ..., "error": "<type>: <message>"}``.
+when the call raises, ``{"head_dim", ..., "error": "<type>: <message>", "blame": "fa4" | "fa4verify"}``
+(Note [Blame], :mod:`fa4verify.blame`: only a row FA4 raised in says the backward raises; a row
+fa4verify's own call failed on is fa4verify's error; a recorded row without ``blame`` was FA4's).
 
 Criterion (:func:`dq_ratio`): dQ's relative error divided by ``DQ_RATIO_LIMIT`` times the larger
 of dK's and dV's relative error of the same run.  dK and dV come from the same bf16 algorithm, so
@@ -48,7 +50,9 @@ def measure(adapter: Any, head_dim: int, seqlen_q: int, seqlen_k: int, *, causal
         if device == "cuda":
             torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - an accepted head dim FA4 cannot run is a result
+        from fa4verify import blame
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        row["blame"] = blame.origin(e)
         return row
     refs = reference_grads(q, k, v, do, 1.0 / math.sqrt(head_dim), causal)
     for name, got, ref in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), refs):
@@ -68,12 +72,18 @@ def tag(row: dict[str, Any]) -> str:
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """``{"wrong": [tags], "raised": [tags], "wrong_hds": [...], "raised_hds": [...], "worst": r,
-    "table": [[tag, outcome, dq, dk, dv], ...]}``."""
-    out: dict[str, Any] = {"wrong": [], "raised": [], "worst": 0.0, "table": []}
-    wrong_hds, raised_hds = set(), set()
+    """``{"wrong": [tags], "raised": [tags], "errored": [tags], "wrong_hds": [...], "raised_hds":
+    [...], "errored_hds": [...], "worst": r, "table": [[tag, outcome, dq, dk, dv], ...]}``;
+    ``raised``: FA4 raised; ``errored``: fa4verify's own call failed (Note [Blame])."""
+    out: dict[str, Any] = {"wrong": [], "raised": [], "errored": [], "worst": 0.0, "table": []}
+    wrong_hds, raised_hds, errored_hds = set(), set(), set()
     for r in rows:
         ratio = dq_ratio(r)
+        if ratio is None and r.get("blame") == "fa4verify":
+            out["errored"].append(tag(r))
+            errored_hds.add(r["head_dim"])
+            out["table"].append([tag(r), "fa4verify error", r["error"][:80], "", ""])
+            continue
         if ratio is None:
             out["raised"].append(tag(r))
             raised_hds.add(r["head_dim"])
@@ -86,4 +96,5 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
             wrong_hds.add(r["head_dim"])
         out["table"].append([tag(r), "wrong dQ" if bad else "ok", r["dq_rel_err"], r["dk_rel_err"], r["dv_rel_err"]])
     out["wrong_hds"], out["raised_hds"] = sorted(wrong_hds), sorted(raised_hds)
+    out["errored_hds"] = sorted(errored_hds)
     return out

@@ -25,7 +25,7 @@ from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
 from fa4verify._strategies.problem import FEATURES, AttentionProblem
 
 __all__ = ["Target", "TwinTarget", "ProductionTarget", "Fwd", "Bwd", "Unsupported", "DependencyMissing",
-           "make_target"]
+           "HarnessError", "make_target"]
 
 
 class Unsupported(Exception):
@@ -34,6 +34,13 @@ class Unsupported(Exception):
 
 class DependencyMissing(RuntimeError):
     """A module the target needs (the twin backward, the adapter) is not installed."""
+
+
+class HarnessError(RuntimeError):
+    """An exception raised in fa4verify's own call (the adapter, building the arguments,
+    converting the results; Note [Blame], :mod:`fa4verify.blame`): an ``error`` of fa4verify,
+    never a violation and never a finding about FA4. The judge passes it through; campaigns count
+    it and checks report ``error`` with the count."""
 
 
 from fa4verify.judge.attention import as_input_dtype as _typed  # noqa: E402  (one dtype conversion)
@@ -71,6 +78,10 @@ class Target:
     bitwise_invariants = False
     #: a numpy model has no run-to-run nondeterminism to find (deterministic_bwd is skipped).
     deterministic_by_construction = False
+    #: the code under test is FA4, reached through fa4verify's own call: an exception raised in
+    #: fa4verify's code is fa4verify's error, not the target's (Note [Blame]); on the twin the
+    #: model is fa4verify's code and is the subject
+    blames_fa4 = False
 
     def features(self) -> tuple[str, ...]:
         """Problem features this target can run (subset of FEATURES)."""
@@ -259,6 +270,7 @@ class ProductionTarget(Target):
 
     name = "production"
     bitwise_invariants = False
+    blames_fa4 = True
 
     def __init__(self, *, adapter: Any = None, device: str = "cuda", emulation: str = "default",
                  fake: bool = False) -> None:
@@ -350,8 +362,8 @@ class ProductionTarget(Target):
                        f"{problem.call.block_size[0]} x {problem.call.block_size[1]} mask is not on that grid")
         return why
 
-    def _call_kw(self, problem: AttentionProblem, a: Mapping[str, Any], *, backward: bool = False
-                 ) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    def _call_kw(self, problem: AttentionProblem, a: Mapping[str, Any], *, backward: bool = False,
+                 deterministic: bool = False) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """(q, k, v, dout, kwargs) of the adapter call for the problem's call form."""
         dt = problem.dtype
         kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
@@ -374,7 +386,8 @@ class ProductionTarget(Target):
             bm = call.block_mask(problem.seqlen_q, problem.seqlen_k)
             kw["block_sparse_tensors"] = self._ad.block_sparse_tensors(
                 bm, batch=problem.batch, nheads=problem.nheads, block_size=tuple(bs),
-                direction="bwd" if backward else "fwd", device=self.device)
+                direction="bwd" if backward else "fwd", device=self.device,
+                deterministic=backward and deterministic)
         elif call.mask_mod_fn is not None:
             from fa4verify._strategies.calls import mask_mod_pairs
             fn = mask_mod_pairs()[call.mask_mod_fn].load()
@@ -441,14 +454,26 @@ class ProductionTarget(Target):
         return None if t is None else t.detach().float().cpu().numpy().astype(np.float64)
 
     def _call(self, fn, *args, **kw):
+        """Note [Blame]: FA4's own refusals (asserts, argument checks raised in FA4) are
+        "FA4 rejected the call" (unsupported, counted); a feature the installed release cannot
+        express is "unsupported by this FA4 release"; the adapter's deliberate refusals
+        (``AdapterRefusal``) are "fa4verify's adapter refused the call"; anything else raised in
+        fa4verify's own code is a :class:`HarnessError`. Other exceptions raised in FA4 (a crash)
+        pass through: the judge's ``runs`` property fails on them."""
+        from fa4verify import blame
         try:
             return fn(*args, **kw)
-        except (AssertionError, NotImplementedError, TypeError, ValueError) as e:
-            # FA4 rejects unsupported combinations with asserts; count them, do not fail on them.
-            # A refusal raised by fa4verify's own adapter is said so: it is fa4verify's choice (or
-            # bug), not FA4's verdict (a merge once left the seqused_k backward refused)
-            who = "fa4verify's adapter refused the call" if _raised_in_adapter(e) else "FA4 rejected the call"
-            raise Unsupported(f"{who}: {type(e).__name__}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - classified below, never swallowed
+            ad = self._ad
+            if isinstance(e, getattr(ad, "UnsupportedByRelease", ())):
+                raise Unsupported(str(e)) from None
+            if isinstance(e, getattr(ad, "AdapterRefusal", ())):
+                raise Unsupported(f"fa4verify's adapter refused the call: {e}") from None
+            if blame.origin(e) == blame.FA4:
+                if isinstance(e, blame.REFUSAL_TYPES):
+                    raise Unsupported(f"FA4 rejected the call: {type(e).__name__}: {e}") from None
+                raise
+            raise HarnessError(f"fa4verify's own call failed ({type(e).__name__}: {e})") from e
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
@@ -542,7 +567,7 @@ class ProductionTarget(Target):
             if problem.call is not None:
                 if fwd.native is None:
                     raise Unsupported("a call-form backward needs the forward's own O and LSE tensors")
-                q, k, v, do, kw = self._call_kw(problem, a, backward=True)
+                q, k, v, do, kw = self._call_kw(problem, a, backward=True, deterministic=deterministic)
                 kw.pop("page_table", None)
                 r = self._call(self._ad.backward, q, k, v, out, do, lse, deterministic=deterministic, **kw)
             else:
@@ -603,15 +628,3 @@ def make_target(name: str, *, mutations: Collection[str] = ()) -> Target:
         return ProductionTarget()
     raise ValueError(f"target={name!r}: expected 'twin' or 'production'")
 
-
-def _raised_in_adapter(e: BaseException) -> bool:
-    """Whether the innermost frame of ``e``'s traceback is fa4verify's adapter (its own argument
-    checks), not FA4 or the DSL."""
-    import os
-    tb = e.__traceback__
-    last = None
-    while tb is not None:
-        last = tb.tb_frame.f_code.co_filename
-        tb = tb.tb_next
-    return last is not None and os.path.basename(os.path.dirname(last)) == "kernels" \
-        and os.path.basename(last) == "adapter.py"

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, NamedTuple, Optional
 
 __all__ = [
-    "NoCudaError", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
+    "NoCudaError", "UnsupportedByRelease", "AdapterRefusal", "ReleaseInterfaceError", "fa4_interface", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
     "forward", "backward", "exp2_emulation_disabled", "exp2_emulation_enabled",
     "clear_compile_caches", "supported_head_dims", "upstream_reference", "timing_callable",
     "forward_backward_autograd", "combine", "block_sparse_tensors", "sm90_bwd_sparse_block_size",
@@ -54,6 +54,103 @@ __all__ = [
 
 class NoCudaError(RuntimeError):
     """Raised by every entry point when no usable CUDA device (or no FA4) is available."""
+
+
+class UnsupportedByRelease(NotImplementedError):
+    """The call asks for a feature whose keyword the installed FA4 release's function does not take
+    (Note [One adapter for every release]): the feature is unsupported by this FA4 release, named;
+    never a ``TypeError`` at the call."""
+
+    def __init__(self, function: str, keyword: str, value: Any = None):
+        self.function, self.keyword = function, keyword
+        v = _dist_version("flash-attn-4")
+        super().__init__(f"{keyword}= unsupported by this FA4 release (flash-attn-4 {v}, {function} takes "
+                         f"no {keyword}=): the call asks for {keyword}={_short(value)}")
+
+
+class AdapterRefusal(ValueError):
+    """fa4verify's adapter refuses a call on purpose (an argument combination FA4 would silently
+    misread, or one the adapter does not route): a named limit of fa4verify, not FA4's refusal."""
+
+
+class ReleaseInterfaceError(RuntimeError):
+    """The installed FA4 release lacks a function the adapter calls (renamed or removed): the
+    adapter cannot drive this release. An error of fa4verify (Note [Blame], fa4verify.blame),
+    never a finding about FA4."""
+
+
+def _short(v: Any) -> str:
+    if hasattr(v, "shape") and hasattr(v, "dtype"):
+        return f"<tensor {tuple(v.shape)} {v.dtype}>"
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+# Note [One adapter for every release]
+# ------------------------------------
+# FA4's interface changes between releases (4.0.0b26 added ``learnable_sink`` to
+# ``_flash_attn_bwd``; 4.0.0b32 ``gather_bwd_recompute_p``; docs/howto.md has the table). The
+# adapter reaches FA4 only through :func:`fa4_interface` (``flash_attn.cute.interface``; tests put
+# a fake older release there) and calls FA4's functions only through :func:`_call_fa4`, which
+# reads the installed function's signature (``inspect.signature``) and passes only the keywords it
+# takes. A keyword it does not take is dropped when its value asks for nothing (None, False,
+# ``(None, None)``, or the neutral value of :data:`_NEUTRAL`); otherwise the call raises
+# :class:`UnsupportedByRelease` naming the function and the keyword. A function the release does
+# not have raises :class:`ReleaseInterfaceError`.
+
+#: keyword -> the value that asks for no feature (a release without the keyword behaves so)
+_NEUTRAL: dict[str, Any] = {"num_splits": 1, "softcap": 0.0, "deterministic": False,
+                            "gather_bwd_recompute_p": False, "recompute_p": False}
+
+
+def fa4_interface():
+    """FA4's ``flash_attn.cute.interface`` module: the adapter's one view of FA4 (Note [One adapter
+    for every release])."""
+    from flash_attn.cute import interface
+    return interface
+
+
+def _fa4_fn(name: str):
+    """FA4's interface function ``name``; :class:`ReleaseInterfaceError` when this release lacks it."""
+    fa = fa4_interface()
+    fn = getattr(fa, name, None)
+    if fn is None:
+        raise ReleaseInterfaceError(
+            f"fa4verify's adapter cannot drive this FA4 release (flash-attn-4 {_dist_version('flash-attn-4')}): "
+            f"flash_attn.cute.interface has no {name} (renamed or removed)")
+    return fn
+
+
+def _asks_for_nothing(name: str, value: Any) -> bool:
+    if value is None or value is False:
+        return True
+    if isinstance(value, tuple) and all(x is None for x in value):
+        return True
+    if name in _NEUTRAL and isinstance(value, (bool, int, float)):
+        return value == _NEUTRAL[name]
+    return False
+
+
+def _accepted_kwargs(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of ``kwargs`` that ``fn`` takes (Note [One adapter for every release])."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):      # no signature to read: pass everything
+        return dict(kwargs)
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return dict(kwargs)
+    out = {}
+    for k, v in kwargs.items():
+        if k in params:
+            out[k] = v
+        elif not _asks_for_nothing(k, v):
+            raise UnsupportedByRelease(getattr(fn, "__name__", str(fn)), k, v)
+    return out
+
+
+def _call_fa4(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with only the keywords the installed release's ``fn`` takes."""
+    return fn(*args, **_accepted_kwargs(fn, kwargs))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,8 +193,7 @@ def interface_module():
     """FA4's ``flash_attn.cute.interface`` module (the drivers the stage taps wrap,
     ``fa4verify.kernels.stage_taps``); imported here so this stays the only importer of
     ``flash_attn.cute``."""
-    from flash_attn.cute import interface
-    return interface
+    return fa4_interface()
 
 
 def _require_cuda() -> None:
@@ -220,6 +316,9 @@ class _KeyRecorder:
 @contextlib.contextmanager
 def _record_keys(fn) -> Iterator[_KeyRecorder]:
     with _LOCK:
+        if not hasattr(fn, "compile_cache"):     # a release without an in-process cache here
+            yield _KeyRecorder({})
+            return
         orig = fn.compile_cache
         rec = _KeyRecorder(orig)
         fn.compile_cache = rec
@@ -318,8 +417,7 @@ _EMULATION_DISABLED = False
 
 
 def _device_arch() -> int:
-    from flash_attn.cute import interface
-    return int(interface._get_device_arch())
+    return int(_fa4_fn("_get_device_arch")())
 
 
 def _gpu_name() -> Optional[str]:
@@ -408,14 +506,14 @@ def _base_config(op: str, entry: str, q, k, v, *, softmax_scale, causal, window_
 def _check_mods(mask_mod, causal, window_size) -> None:
     ws = tuple(window_size) if window_size is not None else (None, None)
     if mask_mod is not None and (causal or ws != (None, None)):
-        raise ValueError("mask_mod with causal/window_size: FA4 silently drops causal and the window "
+        raise AdapterRefusal("mask_mod with causal/window_size: FA4 silently drops causal and the window "
                          "when a mask_mod is given (_resolve_causal_local_window); write them into the mask_mod")
 
 
 def _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> bool:
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
-        raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
+        raise AdapterRefusal("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
     return varlen
 
 
@@ -459,14 +557,13 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     """
     _require_cuda()
     import torch
-    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func, interface
     _check_mods(mask_mod, causal, window_size)
     mods = {} if score_mod is None and aux_tensors is None else {"score_mod": score_mod, "aux_tensors": aux_tensors}
     descale = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     fp8 = str(q.dtype).startswith("torch.float8")
     if fp8 or any(t is not None for t in descale.values()):
         if mods:
-            raise ValueError("score_mod / aux_tensors with fp8 or descale inputs are not routed by "
+            raise AdapterRefusal("score_mod / aux_tensors with fp8 or descale inputs are not routed by "
                              "the adapter (FA4's private entry takes them; not audited yet)")
         return _forward_private(q, k, v, None, softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
@@ -479,17 +576,17 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
                                 gather_bwd_recompute_p=False, **descale)[0]
     paged = page_table is not None
     if paged and cu_seqlens_k is not None:
-        raise ValueError("page_table cannot be combined with cu_seqlens_k (FA4: batched pages only)")
+        raise AdapterRefusal("page_table cannot be combined with cu_seqlens_k (FA4: batched pages only)")
     if paged or seqused_q is not None or seqused_k is not None:
         varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
         if cu_seqlens_k is not None and cu_seqlens_q is None:
-            raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
+            raise AdapterRefusal("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
         use_varlen_entry = True
     else:
         varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         use_varlen_entry = varlen
     if int(num_splits) < 1 and int(num_splits) != 0:
-        raise ValueError(f"num_splits must be >= 1 (or 0: FA4's heuristic), got {num_splits}")
+        raise AdapterRefusal(f"num_splits must be >= 1 (or 0: FA4's heuristic), got {num_splits}")
     entry = "flash_attn_varlen_func" if use_varlen_entry else "flash_attn_func"
     cfg = _base_config("forward", entry, q, k, v, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
@@ -503,18 +600,20 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
                  "score_mod": getattr(score_mod, "__name__", None) if score_mod is not None else None,
                  "aux_tensors": len(aux_tensors) if aux_tensors else 0}
     ws = tuple(window_size) if window_size is not None else (None, None)
-    with _record_keys(interface._flash_attn_fwd) as rec, torch.no_grad():
+    fwd_fn = _fa4_fn("_flash_attn_fwd")
+    public = _fa4_fn(entry)
+    with _record_keys(fwd_fn) as rec, torch.no_grad():
         if use_varlen_entry:
-            out, lse = flash_attn_varlen_func(
-                q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            out, lse = _call_fa4(
+                public, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q,
                 seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
                 causal=causal, window_size=ws, learnable_sink=learnable_sink, softcap=softcap,
                 num_splits=int(num_splits), pack_gqa=pack_gqa, return_lse=return_lse,
                 block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod, **mods)
         else:
-            out, lse = flash_attn_func(
-                q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=ws,
+            out, lse = _call_fa4(
+                public, q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=ws,
                 learnable_sink=learnable_sink, softcap=softcap, pack_gqa=pack_gqa,
                 num_splits=int(num_splits), return_lse=return_lse,
                 block_sparse_tensors=block_sparse_tensors, mask_mod=mask_mod, **mods)
@@ -522,7 +621,7 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")
     _, local = _resolve_window(causal, ws)
-    _fill_kernel_fields(cfg, _named_key(interface._flash_attn_fwd, key), head_dim=int(q.shape[-1]),
+    _fill_kernel_fields(cfg, _named_key(fwd_fn, key), head_dim=int(q.shape[-1]),
                         head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
     return ForwardResult(out, lse, cfg)
 
@@ -554,18 +653,17 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     """
     _require_cuda()
     import torch
-    from flash_attn.cute import interface
     if seqused_q is not None or seqused_k is not None:
         # as in forward: packed q (cu_seqlens_q) with batched K/V limited by seqused_k is FA4's
         # call; only cu_seqlens_k without cu_seqlens_q is refused
         varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
         if cu_seqlens_k is not None and cu_seqlens_q is None:
-            raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
+            raise AdapterRefusal("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
     else:
         varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _check_mods(mask_mod, causal, window_size)
     if score_mod is not None and score_mod_bwd is None:
-        raise ValueError("backward with a score_mod needs its score_mod_bwd (FA4 asserts)")
+        raise AdapterRefusal("backward with a score_mod needs its score_mod_bwd (FA4 asserts)")
     cfg = _base_config("backward", "_flash_attn_bwd", q, k, v, softmax_scale=softmax_scale,
                        causal=causal, window_size=window_size, softcap=softcap,
                        learnable_sink=learnable_sink, pack_gqa=pack_gqa, varlen=varlen,
@@ -580,11 +678,12 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     ws = tuple(window_size) if window_size is not None else (None, None)
     for name, buf, ref in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if buf is not None and (tuple(buf.shape) != tuple(ref.shape) or buf.dtype != ref.dtype):
-            raise ValueError(f"{name} buffer must have shape {tuple(ref.shape)} and dtype {ref.dtype}, "
+            raise AdapterRefusal(f"{name} buffer must have shape {tuple(ref.shape)} and dtype {ref.dtype}, "
                              f"got {tuple(buf.shape)} {buf.dtype}")
-    with _record_keys(interface._flash_attn_bwd) as rec, torch.no_grad():
-        res = interface._flash_attn_bwd(
-            q, k, v, out, dout, lse, softmax_scale, causal, softcap,
+    bwd_fn = _fa4_fn("_flash_attn_bwd")
+    with _record_keys(bwd_fn) as rec, torch.no_grad():
+        res = _call_fa4(
+            bwd_fn, q, k, v, out, dout, lse, softmax_scale, causal, softcap,
             window_size_left=ws[0], window_size_right=ws[1],
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             seqused_q=seqused_q, seqused_k=seqused_k,
@@ -601,7 +700,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 zero-fills the gradients)")
     _, local = _resolve_window(causal, ws)
-    _fill_kernel_fields(cfg, _named_key(interface._flash_attn_bwd, key), head_dim=int(q.shape[-1]),
+    _fill_kernel_fields(cfg, _named_key(bwd_fn, key), head_dim=int(q.shape[-1]),
                         head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
     return BackwardResult(gdq, gdk, gdv, dsink, cfg)
 
@@ -642,11 +741,10 @@ def _forward_private(q, k, v, qv, *, softmax_scale, causal, window_size, softcap
     """``interface._flash_attn_fwd`` with every feature argument (MLA, gather, descales):
     (ForwardResult, p, row_max, o_lo)."""
     import torch
-    from flash_attn.cute import interface
     if int(num_splits) < 1 and int(num_splits) != 0:
-        raise ValueError(f"num_splits must be >= 1 (or 0: FA4's heuristic), got {num_splits}")
+        raise AdapterRefusal(f"num_splits must be >= 1 (or 0: FA4's heuristic), got {num_splits}")
     if gather_kv_indices is not None and qv is None:
-        raise ValueError("gather_kv_indices needs qv (FA4: sparse MLA only)")
+        raise AdapterRefusal("gather_kv_indices needs qv (FA4: sparse MLA only)")
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     ref = q if q is not None else qv
     kref = k if k is not None else v
@@ -675,9 +773,10 @@ def _forward_private(q, k, v, qv, *, softmax_scale, causal, window_size, softcap
     def grad(t):
         return None if t is None else (t.detach().requires_grad_(True) if requires_grad else t)
     ws = tuple(window_size) if window_size is not None else (None, None)
-    with _record_keys(interface._flash_attn_fwd) as rec, torch.no_grad():
-        out, lse, p, row_max, o_lo = interface._flash_attn_fwd(
-            grad(q), grad(k), grad(v), qv=grad(qv), cu_seqlens_q=cu_seqlens_q,
+    fwd_fn = _fa4_fn("_flash_attn_fwd")
+    with _record_keys(fwd_fn) as rec, torch.no_grad():
+        res = _call_fa4(
+            fwd_fn, grad(q), grad(k), grad(v), qv=grad(qv), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, page_table=page_table,
             softmax_scale=softmax_scale, causal=causal, softcap=softcap,
@@ -686,11 +785,14 @@ def _forward_private(q, k, v, qv, *, softmax_scale, causal, window_size, softcap
             block_sparse_tensors=block_sparse_tensors, return_lse=return_lse,
             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
             gather_kv_indices=gather_kv_indices, gather_bwd_recompute_p=gather_bwd_recompute_p)
+    # (out, lse, p, row_max, o_lo) since 4.0.0b33 (o_lo added); (out, lse, p, row_max) before
+    out, lse, p, row_max = res[:4]
+    o_lo = res[4] if len(res) > 4 else None
     key = rec.keys[-1] if rec.keys else None
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")
     _, local = _resolve_window(causal, ws)
-    named = _named_key(interface._flash_attn_fwd, key)
+    named = _named_key(fwd_fn, key)
     if qv is None:
         _fill_kernel_fields(cfg, named, head_dim=int(ref.shape[-1]), head_dim_v=int(v.shape[-1]),
                             local=local, varlen_q=cu_seqlens_q is not None)
@@ -729,7 +831,7 @@ def mla_forward(q, k, v, qv, *, gather_kv_indices=None, softmax_scale: Optional[
     """
     _require_cuda()
     if qv is None:
-        raise ValueError("mla_forward needs qv (b, s, h, 512)")
+        raise AdapterRefusal("mla_forward needs qv (b, s, h, 512)")
     r, p, row_max, o_lo = _forward_private(
         q, k, v, qv, softmax_scale=softmax_scale, causal=causal, window_size=(None, None),
         softcap=0.0, learnable_sink=learnable_sink, pack_gqa=None, cu_seqlens_q=cu_seqlens_q,
@@ -755,7 +857,6 @@ def mla_backward(q, k, v, qv, out, dout, lse, gather_kv_indices, *, fwd: Optiona
     ``gather_bwd_token_chunk``. Returns dq, dk, dv (both uses of V summed), dqv, dsink."""
     _require_cuda()
     import torch
-    from flash_attn.cute import interface
     if fwd is not None:
         p, row_max, o_lo = fwd.p, fwd.row_max, fwd.o_lo
     ref = q if q is not None else qv
@@ -767,10 +868,10 @@ def mla_backward(q, k, v, qv, out, dout, lse, gather_kv_indices, *, fwd: Optiona
     cfg.extra = {"mla": True, "has_qk": q is not None and k is not None, "head_dim_v": int(v.shape[-1]),
                  "gather_kv_indices": list(gather_kv_indices.shape), "recompute_p": bool(recompute_p),
                  "token_chunk": token_chunk, "saved_p": p is not None}
-    fn = interface._flash_attn_bwd_sparse_mla
+    fn = _fa4_fn("_flash_attn_bwd_sparse_mla")
     with _record_keys(fn) as rec, torch.no_grad():
-        dq, dk, dv, dqv, dsink = fn(
-            q, k, v, qv, out, dout, lse, p, row_max, gather_kv_indices, learnable_sink=learnable_sink,
+        dq, dk, dv, dqv, dsink = _call_fa4(
+            fn, q, k, v, qv, out, dout, lse, p, row_max, gather_kv_indices, learnable_sink=learnable_sink,
             softmax_scale=softmax_scale, causal=causal, cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             recompute_p=recompute_p, token_chunk=token_chunk, o_lo=o_lo)
@@ -828,34 +929,52 @@ def sm90_bwd_config(head_dim: int, head_dim_v: Optional[int] = None, *, causal: 
 
 
 def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tuple[int, int],
-                         direction: str = "fwd", device: str = "cuda"):
+                         direction: str = "fwd", device: str = "cuda", deterministic: bool = False):
     """FA4's ``BlockSparseTensorsTorch`` for a dense boolean block mask ``(n_q_blocks,
     n_kv_blocks)`` (the same for every batch entry and head): every selected block is a *full*
     block (no ``mask_mod`` inside blocks), ``mask_block_cnt`` is 0. ``direction="fwd"`` lists per
     Q block its KV blocks; ``"bwd"`` per KV block its Q blocks (the backward's Q-direction form).
-    The dense semantics: key j is visible to query i iff ``block_mask[i // bq, j // bk]``."""
+    The dense semantics: key j is visible to query i iff ``block_mask[i // bq, j // bk]``.
+
+    ``deterministic`` (``"bwd"`` only): FA4's deterministic block-sparse backward serialises the dQ
+    writes by an order it does not derive itself (``interface.py``: "deterministic block-sparse
+    backward requires dq_write_order in block_sparse_tensors", and ``spt``); the order comes from
+    FA4's own ``block_sparsity.compute_dq_write_order`` over both directions' lists, ascending KV
+    blocks (``spt=False``: FA4 drops causal/local under block sparsity, and its dense rule is
+    ``spt = (causal or local) and deterministic``)."""
     import numpy as np
     import torch
     from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
     m = np.asarray(block_mask, bool)
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction={direction!r}: expected 'fwd' or 'bwd'")
-    if direction == "bwd":
-        m = m.T
-    rows, cols = m.shape
-    cnt = m.sum(axis=1).astype(np.int32)
-    idx = np.zeros((rows, cols), np.int32)
-    for r in range(rows):
-        sel = np.flatnonzero(m[r])
-        idx[r, : sel.size] = sel
+    if deterministic and direction != "bwd":
+        raise ValueError("deterministic=True is a backward (direction='bwd') setting")
 
     def full(x):
         # built on the device from a list (also under FakeTensorMode, where a CPU->CUDA copy fails)
         x = np.broadcast_to(np.asarray(x, np.int32), (batch, nheads) + np.shape(x))
         return torch.tensor(x.tolist(), dtype=torch.int32, device=device)
+
+    def lists(mm):
+        """(mask_cnt, mask_idx, full_cnt, full_idx) of one direction: every block full."""
+        rows, cols = mm.shape
+        idx = np.zeros((rows, cols), np.int32)
+        for r in range(rows):
+            sel = np.flatnonzero(mm[r])
+            idx[r, : sel.size] = sel
+        return (full(np.zeros(rows, np.int32)), full(np.zeros((rows, cols), np.int32)),
+                full(mm.sum(axis=1).astype(np.int32)), full(idx))
+    mine = lists(m.T if direction == "bwd" else m)
+    order: dict[str, Any] = {}
+    if deterministic:
+        from flash_attn.cute.block_sparsity import compute_dq_write_order
+        fwd = lists(m)
+        partial, full_order = compute_dq_write_order(*fwd, *mine, spt=False)
+        order = dict(dq_write_order=partial, dq_write_order_full=full_order, spt=False)
     return BlockSparseTensorsTorch(
-        mask_block_cnt=full(np.zeros(rows, np.int32)), mask_block_idx=full(np.zeros((rows, cols), np.int32)),
-        full_block_cnt=full(cnt), full_block_idx=full(idx), block_size=tuple(int(b) for b in block_size))
+        mask_block_cnt=mine[0], mask_block_idx=mine[1], full_block_cnt=mine[2], full_block_idx=mine[3],
+        block_size=tuple(int(b) for b in block_size), **order)
 
 
 def timing_callable(q, k, v, **kw):
@@ -910,7 +1029,8 @@ def clear_compile_caches() -> None:
     """Drop FA4's in-memory compiled kernels (the tuning table is not part of FA4's compile key,
     so a table change needs this). Raises if FA4's persistent cache is on, because stale kernels
     would survive (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1)."""
-    from flash_attn.cute import cache_utils, interface
+    from flash_attn.cute import cache_utils
+    interface = fa4_interface()
     if getattr(cache_utils, "CUTE_DSL_CACHE_ENABLED", False):
         raise RuntimeError("FA4's persistent compile cache is enabled "
                            "(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1); unset it to switch emulation")

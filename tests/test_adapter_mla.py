@@ -56,9 +56,11 @@ def test_backward_with_seqused_refuses_cu_seqlens_k_without_cu_seqlens_q_before_
 
 
 def test_a_refusal_by_the_adapter_is_not_reported_as_fa4s():
+    """Note [Blame]: the adapter's own refusal is fa4verify's (an AdapterRefusal raised in the
+    adapter); a ValueError raised in a flash_attn frame is FA4's."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fa4verify.targets import _raised_in_adapter
+    from fa4verify import blame
     with FakeTensorMode():
         q = torch.empty(1, 128, 2, 64, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(1, 2, 128, dtype=torch.float32, device="cuda")
@@ -67,10 +69,14 @@ def test_a_refusal_by_the_adapter_is_not_reported_as_fa4s():
         try:
             adapter.backward(q, q, q, q, q, lse, cu_seqlens_k=cu, seqused_k=used)
         except ValueError as e:
-            assert _raised_in_adapter(e)
+            assert isinstance(e, adapter.AdapterRefusal)
+            assert blame.origin(e) == blame.FA4VERIFY and not blame.fa4_refusal(e)
         else:
             raise AssertionError("the adapter did not refuse")
+    ns: dict = {}
+    exec(compile("def refuse():\n    raise ValueError('FA4 says no')\n",
+                 "/site-packages/flash_attn/cute/interface.py", "exec"), ns)
     try:
-        raise ValueError("elsewhere")
+        ns["refuse"]()
     except ValueError as e:
-        assert not _raised_in_adapter(e)
+        assert blame.origin(e) == blame.FA4 and blame.fa4_refusal(e)

@@ -168,15 +168,30 @@ def test_rejected_configuration_is_unsupported_not_a_crash():
 
 
 def test_fa4_backend_classifies_fa4_rejections_as_unsupported():
+    """Note [Blame]: FA4's refusals (raised in a flash_attn frame), a feature the release lacks and
+    the adapter's own refusals are unsupported; the same exception types raised in fa4verify's own
+    call, and crashes, are errors (never "not reproducible")."""
+    from fa4verify.kernels import adapter
     be = object.__new__(d.Fa4Backend)
-    class AdapterRejects(Exception):
-        pass
-    be.adapter = types.SimpleNamespace(UnsupportedConfigError=AdapterRejects)
-    assert be.classify(AssertionError("GQA backward requires head_dim == head_dim_v")) == \
+    be.adapter = adapter
+    fa4: dict = {}
+    exec(compile("def fa4(e):\n    raise e\n", "/site-packages/flash_attn/cute/interface.py", "exec"), fa4)
+
+    def raised_in_fa4(e):
+        try:
+            fa4["fa4"](e)
+        except Exception as got:  # noqa: BLE001
+            return got
+    assert be.classify(raised_in_fa4(AssertionError("GQA backward requires head_dim == head_dim_v"))) == \
         "unsupported"
-    assert be.classify(ValueError("requires 2CTA")) == "unsupported"
-    assert be.classify(AdapterRejects("x")) == "unsupported"
-    assert be.classify(RuntimeError("CUDA error: an illegal memory access")) == "error"
+    assert be.classify(raised_in_fa4(ValueError("requires 2CTA"))) == "unsupported"
+    assert be.classify(adapter.UnsupportedByRelease("_flash_attn_bwd", "learnable_sink", 1.0)) == "unsupported"
+    assert be.classify(adapter.AdapterRefusal("mask_mod with causal")) == "unsupported"
+    assert be.classify(raised_in_fa4(RuntimeError("CUDA error: an illegal memory access"))) == "error"
+    try:
+        {}.get(1, 2, 3)          # a TypeError in fa4verify's own call
+    except TypeError as own:
+        assert be.classify(own) == "error"
 
 
 def test_crash_is_an_error_with_stage_and_traceback():

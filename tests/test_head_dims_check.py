@@ -78,12 +78,16 @@ def test_predictor_disagreement_is_reported(ctx, tmp_path, monkeypatch):
 
 def test_live_sweep_plumbing_with_a_stand_in_adapter():
     """fa4verify.hd_sweep.measure/summarize on the CPU: an adapter whose dQ is exact passes, one
-    whose dQ is permuted across rows (what the FA4 defect does) is flagged, one that raises is
-    recorded as raised."""
+    whose dQ is permuted across rows (what the FA4 defect does) is flagged, one where FA4 raises
+    (a flash_attn frame) is recorded as raised, and one where the call fails outside FA4 is
+    fa4verify's error (Note [Blame]), never "the backward raises"."""
     pytest.importorskip("torch")
     from types import SimpleNamespace
 
     from fa4verify import hd_sweep
+    fa4: dict = {}
+    exec(compile("def bwd():\n    raise RuntimeError('failed to partition')\n",
+                 "/site-packages/flash_attn/cute/interface.py", "exec"), fa4)
 
     def make(kind):
         def forward(q, k, v, *, causal=False, return_lse=True):
@@ -91,17 +95,23 @@ def test_live_sweep_plumbing_with_a_stand_in_adapter():
 
         def backward(q, k, v, out, do, lse, *, causal=False, deterministic=True):
             if kind == "raise":
-                raise RuntimeError("failed to partition")
+                fa4["bwd"]()
+            if kind == "own":
+                raise TypeError("_flash_attn_bwd() got an unexpected keyword argument 'learnable_sink'")
             dq, dk, dv = hd_sweep.reference_grads(q, k, v, do, q.shape[-1] ** -0.5, causal)
             if kind == "rows":
                 dq = dq.roll(64, dims=1)
             return SimpleNamespace(dq=dq.to(q.dtype), dk=dk.to(q.dtype), dv=dv.to(q.dtype))
         return SimpleNamespace(forward=forward, backward=backward)
 
-    rows = [hd_sweep.measure(make(kind), 16, 256, 256, device="cpu") for kind in ("ok", "rows", "raise")]
+    rows = [hd_sweep.measure(make(kind), 16, 256, 256, device="cpu") for kind in ("ok", "rows", "raise", "own")]
     sm = hd_sweep.summarize(rows)
-    assert [t[1] for t in sm["table"]] == ["ok", "wrong dQ", "raised"]
+    assert [t[1] for t in sm["table"]] == ["ok", "wrong dQ", "raised", "fa4verify error"]
     assert hd_sweep.dq_ratio(rows[0]) < 1 < hd_sweep.dq_ratio(rows[1])
+    # only fa4verify's error: the check is an error, and it does not blame FA4
+    r = production._head_dim_result([rows[0], rows[3]], "CPU", "4.0.0b25")
+    assert r.status == "error" and "fa4verify's own call failed" in r.summary
+    assert "backward raises" not in r.summary and "FA4 4.0.0b25" not in r.summary
 
 
 # ------------------------------------------------------------- evidence scoped to what it describes

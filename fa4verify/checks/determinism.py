@@ -119,9 +119,16 @@ def twin(ctx: CheckContext) -> CheckResult:
                 mutation[c.name] = d.aggregate([dict(results=[mrec], arch=ctx.arch)],
                                                [c])["configs"][0]["status"]
             bar.advance(1)
-    bad = {n: s for n, s in statuses.items() if s != "reproducible"}
-    undetected = [n for n, s in mutation.items() if s != "not-reproducible"]
+    # Note [Blame]: a configuration whose run errored measured nothing: an error, not "not reproducible"
+    errored = {n: s for n, s in list(statuses.items()) + list(mutation.items()) if s in ("error", "not-run")}
+    bad = {n: s for n, s in statuses.items() if s != "reproducible" and n not in errored}
+    undetected = [n for n, s in mutation.items() if s != "not-reproducible" and n not in errored]
     ok = not bad and not undetected
+    if ok and errored:
+        return CheckResult(status="error", where="CPU twin",
+                           summary=f"the run errored (nothing measured) for {errored}",
+                           metrics={"configs_errored": len(errored)},
+                           details={"statuses": statuses, "mutation": mutation, "runs": runs})
     return CheckResult(
         status="pass" if ok else "fail", where="CPU twin",
         summary=(f"{len(statuses)} config(s) x {runs} runs bitwise identical; dq_shuffled_order "
@@ -222,7 +229,10 @@ def _fa4_summary(ctx: CheckContext, pays: list, cfgs: list) -> CheckResult:
     rep = d.aggregate(records, cfgs)
     where = pays[0]["where"]
     counts = rep["counts"]
-    failing = [c for c in rep["configs"] if c["status"] in d.FAILING]
+    # Note [Blame]: a configuration whose run errored measured nothing about FA4: it makes the
+    # check an error (with the reason), never "NOT reproducible"
+    errored = [c for c in rep["configs"] if c["status"] == "error"]
+    failing = [c for c in rep["configs"] if c["status"] in d.FAILING and c["status"] != "error"]
     # recorded manifest, compared when this environment is the recorded one
     manifest_note, mismatches = "", 0
     ref_path = evidence_path("determinism/h200_manifest.json")
@@ -236,18 +246,22 @@ def _fa4_summary(ctx: CheckContext, pays: list, cfgs: list) -> CheckResult:
     for c in rep["configs"]:
         for t in (c.get("default_mode") or {}).get("tensors", {}).values():
             max_ulp = max(max_ulp, t["max_ulp"])
-    status = "fail" if failing or mismatches else "pass"
-    if not failing and not any(c["status"] in ("reproducible", "xpass", "xfail")
-                               for c in rep["configs"]):
+    status = "fail" if failing or mismatches else ("error" if errored else "pass")
+    if not failing and not errored and not any(c["status"] in ("reproducible", "xpass", "xfail")
+                                               for c in rep["configs"]):
         status = "skip"
     summary = (", ".join(f"{k}={v}" for k, v in counts.items())
                + f" ({runs} runs x {procs} proc){manifest_note}")
+    if errored:
+        summary = (f"{len(errored)} configuration(s) errored, nothing measured: "
+                   + "; ".join(f"{c['name']}: {c.get('reason', '?')}"[:200] for c in errored[:3]) + "; " + summary)
     if failing:
         summary = "NOT reproducible: " + ", ".join(f"{c['name']} ({c['status']})"
                                                    for c in failing) + "; " + summary
     return CheckResult(
         status=status, where=where, summary=summary,
-        metrics={"configs_failing": len(failing), "manifest_mismatches": mismatches,
+        metrics={"configs_failing": len(failing), "configs_errored": len(errored),
+                 "manifest_mismatches": mismatches,
                  "configs_reproducible_higher_is_better": counts.get("reproducible", 0)
                  + counts.get("xpass", 0),
                  "default_mode_max_ulp": max_ulp},

@@ -69,18 +69,38 @@ def _result(res: Any, where: str) -> CheckResult:
     if known and outside is not None:
         metrics["tightness_outside_known"] = round(float(outside), 4)
     tight = metrics.get("tightness_outside_known", metrics["tightness_max"])
+    from fa4verify.fuzz.campaign import judged_examples, power_shortfall
+    errors = dict(getattr(res, "errors", {}) or {})
+    metrics["judged"] = judged_examples(res)
+    metrics["unsupported"] = sum(res.unsupported.values())
+    metrics["fa4verify_errors"] = sum(errors.values())
     details: dict[str, Any] = {"coverage": res.coverage, "properties_ran": res.properties_ran,
                                "properties_skipped": res.properties_skipped, "known_issues": res.known_hits,
-                               "unsupported": res.unsupported, "target": res.target}
+                               "unsupported": res.unsupported, "errors": errors, "target": res.target}
+    err_note = ""
+    if errors:   # Note [Blame]: fa4verify's own call failed; never a verdict about FA4
+        first = next(iter(errors))
+        err_note = (f"fa4verify's own call failed on {metrics['fa4verify_errors']} example(s) "
+                    f"(first: {first})")
     if res.found:
         f = res.failure
         details["failure"] = {k: f[k] for k in ("property", "message", "describe", "snippet", "problem")}
         return CheckResult(status="fail", where=where, metrics=metrics, details=details,
-                           summary=f"{f['property']} violated, shrunk to {f['describe']}",
+                           summary=f"{f['property']} violated, shrunk to {f['describe']}"
+                                   + (f"; {err_note}" if err_note else ""),
                            tightness=metrics["tightness_max"] or None)
-    if res.examples_run == 0:
+    if errors:
+        return CheckResult(status="error", where=where, metrics=metrics, details=details,
+                           summary=f"{err_note}; {metrics['judged']} examples judged")
+    if res.examples_run == 0 and metrics["judged"] == 0:
         return CheckResult(status="error", where=where, metrics=metrics, details=details,
                            summary="no example ran (every draw rejected)")
+    short = power_shortfall(res)   # Note [Judged share]
+    if short is not None:
+        first = next(iter(res.unsupported), "")
+        return CheckResult(status="undecided", where=where, metrics=metrics, details=details,
+                           summary=short + (f" (first refusal: {first})" if first else ""),
+                           tightness=metrics["tightness_max"] or None)
     undecided = getattr(res, "undecided", {}) or {}
     if undecided:
         details["undecided"] = undecided

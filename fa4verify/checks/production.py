@@ -254,6 +254,7 @@ def _head_dim_result(rows, where: str, fa4_version, extra_details=None, *, arch:
         if pred is not None and pred != (ratio > 1):
             disagree.append(hd_sweep.tag(r))
     metrics = {"cases": len(sm["table"]), "dq_wrong": len(sm["wrong"]), "raised": len(sm["raised"]),
+               "fa4verify_errors": len(sm["errored"]),
                "predictor_disagreements": len(disagree), "worst_dq_ratio": round(sm["worst"], 3)}
     details = {"table": {"columns": ["case", "outcome", "dQ rel err", "dK rel err", "dV rel err"],
                          "rows": sm["table"]},
@@ -268,8 +269,16 @@ def _head_dim_result(rows, where: str, fa4_version, extra_details=None, *, arch:
         if sm["raised"]:
             parts.append(f"the backward raises at head dims {sm['raised_hds']}")
         note = "" if not disagree else f"; source-level predictor disagrees at {disagree[:4]}"
+        if sm["errored"]:
+            note += f"; fa4verify's own call failed at head dims {sm['errored_hds']} (not judged)"
         return CheckResult(status="fail", where=where, metrics=metrics, details=details, tightness=sm["worst"],
                            summary=f"FA4 {fa4_version} {arch} backward: " + "; ".join(parts) + note)
+    if sm["errored"]:   # Note [Blame]: fa4verify's error, never a finding about FA4
+        first = next(r for r in rows if r.get("blame") == "fa4verify")
+        return CheckResult(status="error", where=where, metrics=metrics, details=details,
+                           summary=(f"fa4verify's own call failed at head dims {sm['errored_hds']} (nothing "
+                                    f"measured there; first: {first['error'][:160]}); "
+                                    f"{len(sm['table']) - len(sm['errored'])} head-dim cases judged"))
     if disagree:
         return CheckResult(status="error", where=where, metrics=metrics, details=details,
                            summary=f"the source-level predictor expects a wrong dQ at {disagree[:4]}, measured right")

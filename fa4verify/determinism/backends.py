@@ -200,13 +200,17 @@ class Fa4Backend(Backend):
         torch.cuda.synchronize(device)
 
     def classify(self, exc: BaseException) -> str:
-        unsupported = tuple(getattr(self.adapter, n) for n in
-                            ("UnsupportedConfigError", "UnsupportedError", "Unsupported")
-                            if isinstance(getattr(self.adapter, n, None), type))
-        if isinstance(exc, (AssertionError, NotImplementedError, ValueError, UnsupportedConfig)
-                      + unsupported):
+        """Note [Blame] (fa4verify.blame): ``unsupported`` for FA4's own refusal (raised in FA4),
+        a feature the release lacks (``UnsupportedByRelease``) or a refusal of the adapter;
+        ``error`` for anything else -- above all an exception raised in fa4verify's own call,
+        which measured nothing about FA4."""
+        from fa4verify import blame
+        from fa4verify.targets import Unsupported
+        own = tuple(getattr(self.adapter, n) for n in ("UnsupportedByRelease", "AdapterRefusal")
+                    if isinstance(getattr(self.adapter, n, None), type))
+        if isinstance(exc, (UnsupportedConfig, Unsupported) + own):
             return "unsupported"
-        return "error"
+        return "unsupported" if blame.fa4_refusal(exc) else "error"
 
 
 class TorchMathBackend(Backend):

@@ -33,9 +33,20 @@ from fa4verify.fuzz.known_issues import known_issue_matcher
 from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
 from fa4verify.fuzz.properties import PROPERTIES, check_problem
 from fa4verify.fuzz.violation import _ABSORB, Violation
-from fa4verify.targets import DependencyMissing, Target, Unsupported
+from fa4verify.targets import DependencyMissing, HarnessError, Target, Unsupported
 
 CAMPAIGN_FORMAT = "fa4verify-fuzz-campaign/1"
+
+# Note [Judged share]
+# -------------------
+# A campaign's verdict is about the examples it judged, not the ones it drew. Drawn examples
+# that the target refused (unsupported: FA4 rejected the call, or the release lacks the
+# feature), that fa4verify's own call failed on (errors, Note [Blame]) or that the time limit
+# left unrun are not judged. A campaign that judged fewer than JUDGED_SHARE_MIN of its draw, or
+# fewer than JUDGED_MIN examples (or the whole draw when it is smaller), is undecided with the
+# counts, never a pass: 2 judged of 50 drawn verified 4 % of the campaign.
+JUDGED_SHARE_MIN = 0.5
+JUDGED_MIN = 10
 
 
 @dataclasses.dataclass
@@ -50,6 +61,10 @@ class CampaignResult:
     examples_run: int = 0
     unique_problems: int = 0
     unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: examples fa4verify's own call failed on (Note [Blame]): "<first line>" -> count; never judged
+    errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: examples stopped by a violation a known FA4 issue explains (judged, not run to the end)
+    known_raised: int = 0
     coverage: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     properties_ran: dict[str, int] = dataclasses.field(default_factory=dict)
     properties_skipped: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -72,6 +87,27 @@ class CampaignResult:
         d["format"] = CAMPAIGN_FORMAT
         d["where"] = self.target.get("where", "")
         return _jsonable(d)
+
+
+def judged_examples(res: "CampaignResult") -> int:
+    """Examples the judge decided on: ran, or stopped on a violation (known or not)."""
+    return int(res.examples_run) + int(getattr(res, "violations", int(res.found))) \
+        + int(getattr(res, "known_raised", 0))
+
+
+def power_shortfall(res: "CampaignResult") -> Optional[str]:
+    """Why the campaign judged too little of its draw to pass (Note [Judged share]), or None."""
+    judged = judged_examples(res)
+    uns, err = sum(res.unsupported.values()), sum(res.errors.values())
+    not_run = int(getattr(res, "not_run", 0))
+    drawn = max(int(res.examples_requested), judged + uns + err + not_run)
+    need = min(JUDGED_MIN, drawn)
+    if judged >= need and judged >= JUDGED_SHARE_MIN * drawn:
+        return None
+    parts = [f"{uns} unsupported"] + ([f"{err} fa4verify errors"] if err else []) \
+        + ([f"{not_run} not run"] if not_run else [])
+    return (f"judged {judged} of {drawn} drawn examples ({', '.join(parts)}); a verdict needs at least "
+            f"{JUDGED_SHARE_MIN:.0%} of the draw and at least {need} judged examples")
 
 
 def _jsonable(x: Any) -> Any:
@@ -178,12 +214,19 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
             key = str(e).split(":")[0][:120]
             res.unsupported[key] = res.unsupported.get(key, 0) + 1
             reject()
+        except HarnessError as e:
+            key = str(e)[:120]
+            res.errors[key] = res.errors.get(key, 0) + 1
+            reject()
         except Violation as v:
             ki = match(v)
             if ki is not None:
                 hit = res.known_hits.setdefault(ki.name, {"count": 0, "title": ki.title, "reference": ki.reference,
                                                           "first": problem.describe(), "property": v.prop})
                 hit["count"] += 1
+                if state["last"] is None and problem.digest() not in seen:
+                    seen.add(problem.digest())
+                    res.known_raised += 1
                 return
             state["last"] = (problem, v)
             raise

@@ -29,7 +29,7 @@ from fa4verify.fuzz.known_issues import known_issue_matcher
 from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
 from fa4verify.fuzz.properties import PROPERTIES, check_problem
 from fa4verify.fuzz.violation import _ABSORB, Violation
-from fa4verify.targets import DependencyMissing, Target, Unsupported
+from fa4verify.targets import DependencyMissing, HarnessError, Target, Unsupported
 
 __all__ = ["draw_problems", "compile_key", "run_drawn", "merge_drawn", "DRAW_FACTOR"]
 
@@ -151,7 +151,8 @@ def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, pro
         from fa4verify._strategies.problem import problem_groups
         strategy = problem_groups(strategy, siblings=int(siblings),
                                   distributions=tuple(distributions) if distributions else None,
-                                  max_work=lim.get("max_work"))
+                                  max_work=lim.get("max_work"), seqlen_q_range=lim.get("seqlen_q_range"),
+                                  seqlen_k_range=lim.get("seqlen_k_range"))
     out = _generate(strategy, examples, seed, pname)
     from fa4verify._strategies.calls import MOD_FEATURE
     if MOD_FEATURE in feats and examples >= 2:
@@ -163,7 +164,8 @@ def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, pro
         from fa4verify._strategies.problem import mod_problems
         need = max(1, examples // MOD_QUOTA_SHARE) - sum(1 for p in out if p.mods)
         if need > 0 and _mods.names():
-            keys = ("max_seqlen", "max_batch", "max_heads", "max_head_dim", "head_dim_choices")
+            keys = ("max_seqlen", "max_batch", "max_heads", "max_head_dim", "head_dim_choices",
+                    "head_count_choices", "seqlen_q_range", "seqlen_k_range")
             ms = mod_problems(arch=arch, dtype=dtype, distributions=tuple(distributions) if distributions else None,
                               **{k: lim[k] for k in keys if k in lim})
             extra = [p for p in _generate(ms, need, int(seed) + 1, pname) if p.digest() not in
@@ -271,10 +273,13 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
             o["status"] = "unsupported"
             o["unsupported"] = str(e).split(":")[0][:120]
             o["unsupported_detail"] = str(e)[:400]
+        except HarnessError as e:        # Note [Blame]: fa4verify's own error, not judged
+            o["status"] = "error"
+            o["error"] = str(e)[:400]
         except Violation as v:
             ki = match(v)
             if ki is not None:
-                o["status"] = "known"
+                o["status"] = "known"        # judged: FA4 failed in a known way
                 o["known_raised"] = {"name": ki.name, "title": ki.title, "reference": ki.reference,
                                      "property": v.prop}
             else:
@@ -341,11 +346,16 @@ def merge_drawn(parts: Sequence[Mapping[str, Any]], *, expected: int | Collectio
                 hit.setdefault("quantities", {})
                 hit["quantities"][k["quantity"]] = hit["quantities"].get(k["quantity"], 0) + 1
         st = o["status"]
+        if st == "known":
+            res.known_raised += 1
         if st == "not_run":
             res.not_run = getattr(res, "not_run", 0) + 1
             res.stopped = f"time limit reached: {res.not_run} of {len(want)} drawn examples not run"
         elif st == "unsupported":
             res.unsupported[o["unsupported"]] = res.unsupported.get(o["unsupported"], 0) + 1
+        elif st == "error":
+            key = o["error"][:120]
+            res.errors[key] = res.errors.get(key, 0) + 1
         elif st == "violation":
             if res.failure is None:
                 res.failure = dict(o["failure"], example_index=j)

@@ -68,7 +68,7 @@ import numpy as np
 from fa4verify import judge
 from fa4verify._strategies.problem import AttentionProblem
 from fa4verify.fuzz.violation import Violation, _fail, _where_str
-from fa4verify.targets import DependencyMissing, Target, Unsupported
+from fa4verify.targets import DependencyMissing, HarnessError, Target, Unsupported
 
 PROPERTIES: tuple[str, ...] = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "key_permutation",
                                "batch_invariance", "gqa_repeat", "deterministic_bwd", "paged_kv_bitwise",
@@ -171,14 +171,23 @@ class CheckOutcome:
 
 
 def _run_target(problem: AttentionProblem, fn: Callable, *args, **kw):
-    """Call the target; a crash on a valid problem is the ``runs`` property failing (an
-    Unsupported or DependencyMissing passes through)."""
+    """Call the target; a crash of the target on a valid problem is the ``runs`` property failing
+    (an Unsupported, DependencyMissing or HarnessError passes through; an exception raised in
+    fa4verify's own code becomes a HarnessError: Note [Blame], never a violation)."""
     try:
         return fn(*args, **kw)
-    except (Violation, Unsupported, DependencyMissing):
+    except (Violation, Unsupported, DependencyMissing, HarnessError):
         raise
     except Exception as e:  # noqa: BLE001
+        from fa4verify import blame
+        if getattr(target_of(fn), "blames_fa4", False) and blame.origin(e) == blame.FA4VERIFY:
+            raise HarnessError(f"fa4verify's own call failed ({type(e).__name__}: {e})") from e
         raise Violation("runs", f"{type(e).__name__}: {e} | case: {problem.describe()}") from e
+
+
+def target_of(fn: Callable) -> Any:
+    """The target a bound method belongs to (None for a plain function)."""
+    return getattr(fn, "__self__", None)
 
 
 def check_problem(problem: AttentionProblem, target: Target, *, properties: Collection[str] = PROPERTIES,
