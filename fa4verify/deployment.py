@@ -53,6 +53,11 @@ _KEYS = {"name", "description", "dtypes", "head_dims", "nheads", "nheads_kv", "m
          "softcap", "sinks", "varlen", "seqlen_q", "seqlen_k", "archs", "distributions", "features",
          "page_sizes", "nan_pages"}
 _MAX_BYTES = 1 << 20
+#: upper bounds of the integer keys (a profile is input: 2**63 would reach numpy and FA4 as an
+#: overflow or a huge allocation instead of a one-line error); far above any real model
+_MAX = {"head_dims": 1024, "nheads": 1 << 16, "nheads_kv": 1 << 16, "page_sizes": 1 << 20,
+        "seqlen_q": 1 << 24, "seqlen_k": 1 << 24, "window_sizes": 1 << 24}
+_MAX_SOFTCAP = 1e6
 
 
 class DeploymentError(ValueError):
@@ -65,6 +70,8 @@ def _ints(v: Any, key: str, where: str) -> tuple[int, ...]:
     for x in vals:
         if isinstance(x, bool) or not isinstance(x, int) or x < 1:
             raise DeploymentError(f"{where}: {key} must be positive integers, got {x!r}")
+        if x > _MAX[key]:
+            raise DeploymentError(f"{where}: {key} {x} is larger than {_MAX[key]}")
         out.append(int(x))
     if not out:
         raise DeploymentError(f"{where}: {key} is empty")
@@ -85,8 +92,8 @@ def _range(v: Any, key: str, where: str) -> tuple[int, int]:
     if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
         raise DeploymentError(f"{where}: {key} must be [min, max] integers, got {v!r}")
     lo, hi = int(v[0]), int(v[1])
-    if lo < 1 or hi < lo:
-        raise DeploymentError(f"{where}: {key} = [{lo}, {hi}] needs 1 <= min <= max")
+    if lo < 1 or hi < lo or hi > _MAX[key]:
+        raise DeploymentError(f"{where}: {key} = [{lo}, {hi}] needs 1 <= min <= max <= {_MAX[key]}")
     return lo, hi
 
 
@@ -123,8 +130,10 @@ class Deployment:
             raise DeploymentError(f"{where}: unknown key(s) {sorted(unknown)} (known: {sorted(_KEYS)})")
         if not isinstance(d.get("name"), str) or not d["name"].strip():
             raise DeploymentError(f"{where}: name must be a non-empty string")
+        if not isinstance(d.get("description", ""), str):
+            raise DeploymentError(f"{where}: description must be a string")
         kw: dict[str, Any] = {"name": d["name"].strip(), "source": where,
-                              "description": str(d.get("description", ""))}
+                              "description": d.get("description", "")}
         from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
         from fa4verify._strategies.values import DISTRIBUTIONS
         for key, allowed in (("dtypes", facts.DTYPES), ("archs", facts.ARCHS), ("masks", MASKS),
@@ -132,6 +141,8 @@ class Deployment:
             if key in d:
                 kw[key] = _choices(d[key], key, where, allowed)
         if "head_dims" in d:
+            if isinstance(d["head_dims"], list) and not d["head_dims"]:
+                raise DeploymentError(f"{where}: head_dims is empty")
             hds = []
             for x in d["head_dims"] if isinstance(d["head_dims"], list) else [d["head_dims"]]:
                 if isinstance(x, list):
@@ -148,10 +159,16 @@ class Deployment:
             if key in d:
                 kw[key] = _ints(d[key], key, where)
         if "window_sizes" in d:
+            if not isinstance(d["window_sizes"], list):
+                raise DeploymentError(f"{where}: window_sizes must be a list of [left, right], got "
+                                      f"{d['window_sizes']!r}")
             ws = []
             for w in d["window_sizes"]:
-                if not (isinstance(w, list) and len(w) == 2 and all(isinstance(x, int) and x >= 0 for x in w)):
-                    raise DeploymentError(f"{where}: window_sizes entry {w!r} must be [left, right] >= 0")
+                if not (isinstance(w, list) and len(w) == 2 and all(
+                        isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= _MAX["window_sizes"]
+                        for x in w)):
+                    raise DeploymentError(f"{where}: window_sizes entry {w!r} must be [left, right] "
+                                          f"in 0..{_MAX['window_sizes']}")
                 ws.append((int(w[0]), int(w[1])))
             kw["window_sizes"] = tuple(ws)
         if "window" in kw.get("masks", ()) and not kw.get("window_sizes"):
@@ -159,9 +176,12 @@ class Deployment:
         if "softcap" in d:
             sc = d["softcap"] if isinstance(d["softcap"], list) else [d["softcap"]]
             vals = []
+            if not sc:
+                raise DeploymentError(f"{where}: softcap is empty (0 = off)")
             for x in sc:
-                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-                    raise DeploymentError(f"{where}: softcap {x!r} must be finite and >= 0")
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 \
+                        or x > _MAX_SOFTCAP:
+                    raise DeploymentError(f"{where}: softcap {x!r} must be finite and in [0, {_MAX_SOFTCAP:g}]")
                 vals.append(float(x))
             kw["softcap"] = tuple(vals)
         if "page_sizes" in d:
@@ -327,7 +347,10 @@ class Deployment:
 
     def strategy_kwargs(self) -> dict[str, Any]:
         """Arguments for :func:`fa4verify._strategies.problem.attention_problems` that keep the
-        drawn problems inside this deployment."""
+        drawn problems inside this deployment (Note [Confined draws]): ``features`` (what may
+        appear: the masks, softcap, sinks, varlen and the call forms it ships), ``limits`` (the
+        values each dimension is drawn from: head dims and pairs, head counts, sequence ranges,
+        masks and windows, softcap values, sinks, page sizes) and ``distributions``."""
         feats = set()
         if "causal" in self.masks:
             feats.add("causal")
@@ -344,17 +367,17 @@ class Deployment:
         feats |= set(self.features)            # FA4 call forms (paged KV, seqused_k, ...)
         if "paged_kv" in self.features and not self.varlen:
             feats.add("varlen")                 # paged KV is a varlen call (packed or batched q)
-        limits: dict[str, Any] = {}
-        hd_eq = sorted({h for h, hv in self.head_dims if h == hv})
-        if hd_eq:
-            limits["head_dim_choices"] = tuple(hd_eq)
+        limits: dict[str, Any] = {
+            "head_dim_choices": tuple(h if h == hv else (h, hv) for h, hv in self.head_dims),
+            "head_count_choices": tuple((h, hk) for h in self.nheads for hk in self.nheads_kv if h % hk == 0),
+            "seqlen_q_range": tuple(self.seqlen_q), "seqlen_k_range": tuple(self.seqlen_k),
+            "mask_choices": tuple(self.masks), "window_choices": tuple(self.window_sizes),
+            "softcap_choices": tuple(self.softcap), "sinks": bool(self.sinks)}
         if self.page_sizes:
             limits["page_sizes"] = tuple(self.page_sizes)
         if self.nan_pages:
             limits["hostile_nan"] = True
-        # features are *allowed* (each drawn on or off), not forced: a causal-only deployment also
-        # gets non-causal draws, which only widen what is checked
-        return {"features": tuple(sorted(feats)), "limits": limits, "max_seqlen": int(self.seqlen_k[1]),
+        return {"features": tuple(sorted(feats)), "limits": limits,
                 "distributions": tuple(self.distributions) or None}
 
     def describe(self) -> str:
@@ -395,4 +418,6 @@ def load(name_or_path: str | os.PathLike) -> Deployment:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise DeploymentError(f"{path}: not valid TOML ({e})") from None
+    except RecursionError:
+        raise DeploymentError(f"{path}: not a deployment profile (nested too deeply)") from None
     return Deployment.from_mapping(data, str(path))

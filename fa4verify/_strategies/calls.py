@@ -209,19 +209,21 @@ def sm90_tile_n(arch: str, head_dim: int, head_dim_v: int, causal: bool = False,
     return int(facts.kernel_constants(arch, "bf16", head_dim, head_dim_v, causal, local).tile_n)
 
 
-def _used_lengths(draw: DrawFn, batch: int, cap: int) -> tuple[int, ...]:
-    """Per-sequence seqused_k in [0, cap]: biased to 0 (an empty sequence), cap and a page edge."""
-    edge = st.sampled_from(sorted({0, cap, max(cap - 1, 0), min(1, cap)}))
-    return tuple(draw(st.one_of(edge, st.integers(0, cap))) for _ in range(batch))
+def _used_lengths(draw: DrawFn, batch: int, cap: int, lo: int = 0) -> tuple[int, ...]:
+    """Per-sequence seqused_k in [lo, cap]: biased to 0 (an empty sequence), cap and a page edge."""
+    lo = min(lo, cap)
+    edge = st.sampled_from(sorted({max(x, lo) for x in (0, cap, max(cap - 1, 0), min(1, cap))}))
+    return tuple(draw(st.one_of(edge, st.integers(lo, cap))) for _ in range(batch))
 
 
 @st.composite
 def kv_call_forms(draw: DrawFn, problem: Any, *, paged: bool, page_sizes: tuple[int, ...] = DEFAULT_PAGE_SIZES,
-                  hostile_nan: bool = False) -> Any:
+                  hostile_nan: bool = False, min_used: int = 0) -> Any:
     """A problem with a ``seqused_k`` (``paged=False``) or paged-KV call form, derived from
     ``problem``: a dense problem becomes varlen with ``seqlens_q = (seqlen_q,) * batch`` (batched q)
-    and drawn ``seqused_k``; a varlen problem keeps its lengths (packed q). ``page_sizes``: -1
-    means the head dim's tile_n (FA4's TMA path). Shrinks toward identity page order, no spare pages."""
+    and drawn ``seqused_k`` (at least ``min_used``: a deployment's shortest context); a varlen
+    problem keeps its lengths (packed q). ``page_sizes``: -1 means the head dim's tile_n (FA4's
+    TMA path). Shrinks toward identity page order, no spare pages."""
     from fa4verify._strategies.masks import resolve_window
     if problem.mask_mod is not None:
         return problem                      # a boolean mask_mod pattern is dense-only
@@ -232,7 +234,7 @@ def kv_call_forms(draw: DrawFn, problem: Any, *, paged: bool, page_sizes: tuple[
     else:
         cap = problem.seqlen_k
         sq_list = (problem.seqlen_q,) * problem.batch
-        sk_list = _used_lengths(draw, problem.batch, cap)
+        sk_list = _used_lengths(draw, problem.batch, cap, min_used)
         q_batched = True
     base = problem.replace(seqlens_q=tuple(sq_list), seqlens_k=tuple(sk_list), seqlen_q=max(sq_list),
                            seqlen_k=max(sk_list), call=None)

@@ -194,24 +194,28 @@ def softcaps() -> st.SearchStrategy[float]:
 
 
 @st.composite
-def varlen_seqlens(draw: DrawFn, *, batch: int, max_seqlen: int, zero_lengths: bool = True
+def varlen_seqlens(draw: DrawFn, *, batch: int, max_seqlen: int, zero_lengths: bool = True,
+                   q_range: Optional[tuple[int, int]] = None, k_range: Optional[tuple[int, int]] = None
                    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Per-sequence ``(seqlens_q, seqlens_k)`` of a varlen batch of ``batch`` sequences.
 
     Each length is tile-edge biased (:func:`seqlens`) in ``[0, max_seqlen]``; with ``zero_lengths``
     about one sequence in four has an empty query side, key side or both (FA #2562). At least one
-    query row exists in the batch. Shrinks toward all lengths 1.
+    query row exists in the batch. ``q_range`` / ``k_range``: ``(min, max)`` of the non-empty
+    lengths of each side instead of ``[1, max_seqlen]`` (a deployment's). Shrinks toward all
+    lengths 1 (the ranges' minima).
     """
     if batch < 1:
         raise InvalidArgument(f"batch={batch} must be >= 1")
-    lo = 0 if zero_lengths else 1
+    qlo, qhi = q_range or (1, max_seqlen)
+    klo, khi = k_range or (1, max_seqlen)
     qs, ks = [], []
     for _ in range(batch):
         zero = draw(st.sampled_from(("none", "none", "none", "q", "k", "both"))) if zero_lengths else "none"
-        sq = 0 if zero in ("q", "both") else draw(seqlens(max_seqlen=max_seqlen, min_seqlen=max(lo, 1)))
-        sk = 0 if zero in ("k", "both") else draw(seqlens(max_seqlen=max_seqlen, min_seqlen=max(lo, 1)))
+        sq = 0 if zero in ("q", "both") else draw(seqlens(max_seqlen=qhi, min_seqlen=max(qlo, 1)))
+        sk = 0 if zero in ("k", "both") else draw(seqlens(max_seqlen=khi, min_seqlen=max(klo, 1)))
         qs.append(sq)
         ks.append(sk)
     if sum(qs) == 0:
-        qs[0] = 1
+        qs[0] = max(qlo, 1)
     return tuple(qs), tuple(ks)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Collection, Optional
 
 import numpy as np
-from hypothesis import strategies as st
+from hypothesis import reject, strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import DrawFn
 
@@ -360,9 +360,16 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                        max_batch: int = 3, max_heads: int = 4, max_head_dim: int = 128,
                        features: Collection[str] = FEATURES, distributions: Optional[Collection[str]] = None,
                        max_work: Optional[int] = None,
-                       head_dim_choices: Optional[Collection[int]] = None,
+                       head_dim_choices: Optional[Collection[Any]] = None,
                        page_sizes: Collection[int] = DEFAULT_PAGE_SIZES,
-                       hostile_nan: bool = False) -> AttentionProblem:
+                       hostile_nan: bool = False,
+                       head_count_choices: Optional[Collection[tuple[int, int]]] = None,
+                       seqlen_q_range: Optional[tuple[int, int]] = None,
+                       seqlen_k_range: Optional[tuple[int, int]] = None,
+                       mask_choices: Optional[Collection[str]] = None,
+                       window_choices: Collection[tuple[int, int]] = (),
+                       softcap_choices: Optional[Collection[float]] = None,
+                       sinks: Optional[bool] = None) -> AttentionProblem:
     """Draw an :class:`AttentionProblem` that FA4 accepts on ``arch``. Never runs a kernel.
 
     Arguments (all keyword-only):
@@ -379,8 +386,16 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
     * ``distributions``: subset of :data:`~fa4verify._strategies.values.DISTRIBUTIONS`.
     * ``max_work``: optional bound on :attr:`AttentionProblem.work`; larger draws are rejected
       with ``assume`` (keep it generous: rejection costs examples).
-    * ``head_dim_choices``: only ``head_dim == head_dim_v`` in this set (each must be valid on
-      ``arch``; ``max_head_dim`` is then ignored).
+    * ``head_dim_choices``: only these head dims (an int ``d`` is ``(d, d)``, a pair is
+      ``(head_dim, head_dim_v)``; each must be valid on ``arch``; ``max_head_dim`` is then ignored).
+    * confinement to a deployment (Note [Confined draws]; each None / empty = drawn as usual):
+      ``head_count_choices`` ((nheads, nheads_kv) pairs; ``max_heads`` and the gqa feature are then
+      ignored), ``seqlen_q_range`` / ``seqlen_k_range`` ((min, max) of every sequence, the
+      maximum clipped to ``max_seqlen`` but never below the minimum; no empty sequence),
+      ``mask_choices`` (any of "none", "causal", "window") with ``window_choices`` ((left, right)
+      windows), ``softcap_choices`` (values, 0 = off), ``sinks`` (always / never). A drawn head
+      dim for which FA4 lacks every allowed choice (SM100's (256, 256): no window, softcap or
+      sink) is rejected.
     * call features (opt-in, :data:`~fa4verify._strategies.calls.CALL_FEATURES` in ``features``):
       ``"paged_kv"`` / ``"seqused_k"`` (one of them, or neither, per problem: a varlen problem run
       with batched K/V, paged with ``page_sizes`` (-1 = the head dim's tile_n) and a random page
@@ -416,29 +431,60 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
     hd, hdv = draw(head_dims(arch=arch, max_head_dim=max_head_dim,
                              choices=tuple(head_dim_choices) if head_dim_choices is not None else None))
     feats -= _arch_features(arch, hd, hdv)
-    nheads, nheads_kv = draw(head_counts(max_heads=max_heads, gqa="gqa" in feats))
+    if head_count_choices is not None:
+        nheads, nheads_kv = draw(st.sampled_from(sorted((int(h), int(k)) for h, k in head_count_choices)))
+    else:
+        nheads, nheads_kv = draw(head_counts(max_heads=max_heads, gqa="gqa" in feats))
     batch = draw(st.integers(1, max_batch))
+    confined = seqlen_q_range is not None or seqlen_k_range is not None
+    qr, kr = _clip_range(seqlen_q_range, max_seqlen), _clip_range(seqlen_k_range, max_seqlen)
     use_varlen = "varlen" in feats and draw(st.booleans())
     if use_varlen:
-        sq_list, sk_list = draw(varlen_seqlens(batch=batch, max_seqlen=max_seqlen))
+        sq_list, sk_list = draw(varlen_seqlens(batch=batch, max_seqlen=max_seqlen, zero_lengths=not confined,
+                                               q_range=qr if confined else None, k_range=kr if confined else None))
         sq, sk = max(sq_list), max(sk_list)
     else:
         sq_list = sk_list = None
-        sq, sk = draw(seqlen_pairs(max_seqlen=max_seqlen))
+        if confined:
+            sq, sk = draw(seqlen_pairs(min_seqlen=qr[0], max_seqlen=qr[1], min_seqlen_k=kr[0], max_seqlen_k=kr[1]))
+        else:
+            sq, sk = draw(seqlen_pairs(max_seqlen=max_seqlen))
     # a registered score_mod / mask_mod pair (the mod_pairs feature): dense problems only, about
     # one in three of them; no MaskMod pattern, sink or call form with it (what mod_problems draws)
-    use_mods = MOD_FEATURE in feats and not use_varlen and draw(st.sampled_from((False, False, True)))
+    use_mods = (MOD_FEATURE in feats and not use_varlen and not sinks
+                and draw(st.sampled_from((False, False, True))))
     mm = None
     causal, window = False, (None, None)
     if "mask_mod" in feats and not use_varlen and not use_mods and draw(st.booleans()):
         mm = draw(mask_mods(seqlen_q=sq, seqlen_k=sk))
+    elif mask_choices is not None:
+        masks = [m for m in ("none", "causal", "window") if m in mask_choices
+                 and (m != "window" or "local" in feats)]
+        if not masks:
+            reject()                        # FA4 has none of the deployment's masks for this head dim
+        m = draw(st.sampled_from(masks))
+        if m == "causal":
+            causal = True
+        elif m == "window":
+            window = draw(st.sampled_from(sorted((int(a), int(b)) for a, b in window_choices)))
     elif "causal" in feats or "local" in feats:
         causal, window = draw(causal_and_windows(seqlen_q=max(sq, 1), seqlen_k=max(sk, 1),
                                                  local="local" in feats, causal="causal" in feats))
         if "causal" not in feats and resolve_window(causal, window)[0]:
             causal, window = False, (None, None)   # e.g. (None, 0) is causal in FA4's resolution
-    softcap = draw(softcaps()) if "softcap" in feats and draw(st.booleans()) else 0.0
-    sink = "sink" in feats and not use_mods and draw(st.booleans())
+    if softcap_choices is not None:
+        caps = sorted({float(c) for c in softcap_choices if c == 0 or "softcap" in feats})
+        if not caps:
+            reject()
+        softcap = draw(st.sampled_from(caps))
+    else:
+        softcap = draw(softcaps()) if "softcap" in feats and draw(st.booleans()) else 0.0
+    if sinks is not None:
+        if sinks and "sink" not in feats:
+            reject()
+        sink = bool(sinks)
+    else:
+        sink = "sink" in feats and not use_mods and draw(st.booleans())
     scale = draw(st.sampled_from((None, None, None, 1.0, 0.0625)))
     values = draw(value_specs(dtype=dt, distributions=tuple(distributions) if distributions else None, sinks=sink))
     prob = AttentionProblem(arch=arch, dtype=dt, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads,
@@ -454,14 +500,47 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         fam = draw(st.sampled_from(["plain"] + kv + (["keep"] if keep else [])))
         if fam in ("paged_kv", "seqused_k"):
             prob = draw(kv_call_forms(prob, paged=fam == "paged_kv", page_sizes=tuple(page_sizes),
-                                      hostile_nan=hostile_nan))
+                                      hostile_nan=hostile_nan, min_used=kr[0] if confined else 0))
         elif fam == "keep":
             prob = draw(keep_call_forms(prob, block_sparse="block_sparse" in feats,
                                         mask_mod_fn="mask_mod_fn" in feats))
+    if confined and not _in_ranges(prob, qr, kr):
+        reject()                            # e.g. a self-attention mod pair's seqlen_k = seqlen_q
     if max_work is not None:
         from hypothesis import assume
         assume(prob.work <= max_work)
     return prob
+
+
+def _clip_range(r: Optional[tuple[int, int]], max_seqlen: int) -> tuple[int, int]:
+    """A deployment's (min, max) sequence range under the draw's ``max_seqlen``: the maximum is
+    clipped to it, never below the minimum (the deployment's shortest sequence is still drawn)."""
+    lo, hi = (1, max_seqlen) if r is None else (max(1, int(r[0])), int(r[1]))
+    return lo, max(lo, min(hi, max_seqlen))
+
+
+def _in_ranges(p: AttentionProblem, qr: tuple[int, int], kr: tuple[int, int]) -> bool:
+    qs, ks = (p.seqlens_q, p.seqlens_k) if p.varlen else ((p.seqlen_q,), (p.seqlen_k,))
+    return all(qr[0] <= x <= qr[1] for x in qs) and all(kr[0] <= x <= kr[1] for x in ks)
+
+
+# Note [Confined draws]
+# ---------------------
+# A deployment profile says what a team runs; a fuzz draw for it must lie inside it in every
+# dimension the profile names, or a passing audit vouches for shapes the team never runs while
+# the team's own shapes go unchecked (issue 26: 0 of 38 draws inside a hd-128, 32/8-head,
+# seqlen 4096..8192 profile). The confinement arguments choose among the profile's values (head
+# dims and pairs, head counts, masks and windows, softcaps, sinks) instead of switching features
+# on and off, and draw every sequence length inside the profile's range. The draw's size bound
+# (``max_seqlen``, a CPU budget) clips the range from above but never below its minimum: the
+# shortest sequence the deployment runs is drawn even when it is longer than the bound (the
+# ``max_work`` bound then decides). tests/test_deployment_confinement.py checks every shipped
+# profile on the audit's own draw.
+
+#: the :func:`attention_problems` arguments that confine a draw to a deployment
+#: (:meth:`fa4verify.deployment.Deployment.strategy_kwargs`; Note [Confined draws])
+CONFINE_LIMITS: tuple[str, ...] = ("head_dim_choices", "head_count_choices", "seqlen_q_range", "seqlen_k_range",
+                                   "mask_choices", "window_choices", "softcap_choices", "sinks")
 
 
 @st.composite
@@ -486,13 +565,17 @@ def _with_mod_pair(draw: DrawFn, prob: AttentionProblem) -> AttentionProblem:
 def mod_problems(draw: DrawFn, *, mods: Optional[Collection[str]] = None, arch: str = "sm90",
                  dtype: Optional[str] = None, max_seqlen: int = 256, max_batch: int = 2, max_heads: int = 4,
                  max_head_dim: int = 128, distributions: Optional[Collection[str]] = None,
-                 head_dim_choices: Optional[Collection[int]] = None) -> AttentionProblem:
+                 head_dim_choices: Optional[Collection[Any]] = None,
+                 head_count_choices: Optional[Collection[tuple[int, int]]] = None,
+                 seqlen_q_range: Optional[tuple[int, int]] = None,
+                 seqlen_k_range: Optional[tuple[int, int]] = None) -> AttentionProblem:
     """Draw a dense :class:`AttentionProblem` with one registered score_mod / mask_mod pair
     (``fa4verify.mods``; ``mods``: the names to draw from, default every registered pair, yours
     included). Score pairs may come with causal masking (FA4 keeps it with a score_mod); mask
     pairs never (FA4 drops causal and windows with a mask_mod). Pairs that need
     ``seqlen_q == seqlen_k`` get it. The aux tensors come from the pair's factory at the drawn
-    ``mod_seed`` (0..3). Never generates: varlen, softcap, sinks, MaskMod patterns. Shrinks
+    ``mod_seed`` (0..3). Never generates: varlen, softcap, sinks, MaskMod patterns. The head dims,
+    head counts and sequence ranges confine the draw as in :func:`attention_problems`. Shrinks
     toward the first name in sorted order, then as :func:`attention_problems`."""
     from fa4verify import mods as _mods
     names = sorted(mods) if mods is not None else _mods.names()
@@ -505,8 +588,12 @@ def mod_problems(draw: DrawFn, *, mods: Optional[Collection[str]] = None, arch: 
     feats = {"gqa"} | ({"causal"} if pair.kind == "score" else set())
     base = draw(attention_problems(arch=arch, dtype=dtype, max_seqlen=max_seqlen, max_batch=max_batch,
                                    max_heads=max_heads, max_head_dim=max_head_dim, features=feats,
-                                   distributions=distributions, head_dim_choices=head_dim_choices))
+                                   distributions=distributions, head_dim_choices=head_dim_choices,
+                                   head_count_choices=head_count_choices, seqlen_q_range=seqlen_q_range,
+                                   seqlen_k_range=seqlen_k_range))
     sk = base.seqlen_q if pair.self_attention_only else base.seqlen_k
+    if seqlen_k_range is not None and not seqlen_k_range[0] <= sk <= seqlen_k_range[1]:
+        reject()
     causal = bool(base.causal) and pair.kind == "score"
     return base.replace(seqlen_k=sk, causal=causal, window_size=(None, None), mods=(name,),
                         mod_seed=draw(st.integers(0, 3)))
@@ -527,7 +614,8 @@ def sibling_key(problem: AttentionProblem) -> str:
 @st.composite
 def problem_groups(draw: DrawFn, problems: st.SearchStrategy[AttentionProblem], *, siblings: int,
                    distributions: Optional[Collection[str]] = None,
-                   max_work: Optional[int] = None) -> list[AttentionProblem]:
+                   max_work: Optional[int] = None, seqlen_q_range: Optional[tuple[int, int]] = None,
+                   seqlen_k_range: Optional[tuple[int, int]] = None) -> list[AttentionProblem]:
     """A drawn problem followed by ``siblings`` problems that run the same FA4 kernels with other
     inputs (Note [Siblings share compile keys]).
 
@@ -535,7 +623,8 @@ def problem_groups(draw: DrawFn, problems: st.SearchStrategy[AttentionProblem], 
     :func:`value_specs`); a varlen problem's siblings also get new per-sequence lengths, tile-edge
     biased in ``[0, max]``, with the batch's maxima kept (FA4 compiles for the maxima, never for
     the lengths: cu_seqlens are run-time data), unless they would exceed ``max_work`` (the bound
-    :func:`attention_problems` drew under): then the sibling keeps the lengths. Everything else --
+    :func:`attention_problems` drew under): then the sibling keeps the lengths. With
+    ``seqlen_q_range`` / ``seqlen_k_range`` (a deployment's) the new lengths stay inside them. Everything else --
     head dims, head counts, masks, softcap, sink, scale, call form, mods -- is the drawn problem's.
 
     Note [Siblings share compile keys]: a production fuzz example costs FA4 compiles (1 to 4 s each
@@ -558,8 +647,11 @@ def problem_groups(draw: DrawFn, problems: st.SearchStrategy[AttentionProblem], 
                                                else None, sinks=p.sink)))
         if p.varlen and p.call is None and p.batch > 1:
             lens = []
-            for m in (p.seqlen_q, p.seqlen_k):
-                edges = (0,) + seqlen_edges(m) if m >= 1 else (0,)
+            for m, rng in ((p.seqlen_q, seqlen_q_range), (p.seqlen_k, seqlen_k_range)):
+                if rng is not None:                # inside the deployment's range: no empty sequence
+                    edges = (seqlen_edges(m, min_seqlen=min(max(1, int(rng[0])), m)) or (m,)) if m >= 1 else (0,)
+                else:
+                    edges = (0,) + seqlen_edges(m) if m >= 1 else (0,)
                 xs = [draw(st.sampled_from(edges)) for _ in range(p.batch)]
                 xs[draw(st.integers(0, p.batch - 1))] = m     # the maximum stays: the same kernel
                 lens.append(tuple(xs))

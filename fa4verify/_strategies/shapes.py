@@ -15,7 +15,7 @@ Note [Tile edges]
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional, Sequence
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -136,39 +136,45 @@ def seqlens(*, max_seqlen: int, min_seqlen: int = 1) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def seqlen_pairs(draw: DrawFn, *, max_seqlen: int, min_seqlen: int = 1) -> tuple[int, int]:
+def seqlen_pairs(draw: DrawFn, *, max_seqlen: int, min_seqlen: int = 1, max_seqlen_k: Optional[int] = None,
+                 min_seqlen_k: Optional[int] = None) -> tuple[int, int]:
     """``(seqlen_q, seqlen_k)``, each from :func:`seqlens`; equal, q < k and q > k all occur.
 
-    The relation is drawn first, so ``seqlen_q != seqlen_k`` is tried in both directions. "free"
-    (independent lengths) comes first so that the shrinker can reduce each length on its own
-    (e.g. to ``(1, 129)`` when only the key length matters). Shrinks toward
-    ``(min_seqlen, min_seqlen)``.
+    ``seqlen_q`` lies in ``[min_seqlen, max_seqlen]`` and ``seqlen_k`` in ``[min_seqlen_k,
+    max_seqlen_k]`` (default: the same range). The relation is drawn first, so ``seqlen_q !=
+    seqlen_k`` is tried in both directions (where the ranges allow it). "free" (independent
+    lengths) comes first so that the shrinker can reduce each length on its own (e.g. to
+    ``(1, 129)`` when only the key length matters). Shrinks toward ``(min_seqlen, min_seqlen_k)``.
     """
+    kmax = max_seqlen if max_seqlen_k is None else max_seqlen_k
+    kmin = min_seqlen if min_seqlen_k is None else min_seqlen_k
     relation = draw(st.sampled_from(("free", "equal", "q_shorter", "k_shorter")))
     sq = draw(seqlens(max_seqlen=max_seqlen, min_seqlen=min_seqlen))
-    if relation == "equal":
+    if relation == "equal" and kmin <= sq <= kmax:
         return sq, sq
-    if relation == "q_shorter" and sq < max_seqlen:
-        return sq, draw(seqlens(max_seqlen=max_seqlen, min_seqlen=sq + 1))
-    if relation == "k_shorter" and sq > min_seqlen:
-        return sq, draw(seqlens(max_seqlen=sq - 1, min_seqlen=min_seqlen))
-    return sq, draw(seqlens(max_seqlen=max_seqlen, min_seqlen=min_seqlen))
+    if relation == "q_shorter" and max(sq + 1, kmin) <= kmax:
+        return sq, draw(seqlens(max_seqlen=kmax, min_seqlen=max(sq + 1, kmin)))
+    if relation == "k_shorter" and kmin <= min(sq - 1, kmax):
+        return sq, draw(seqlens(max_seqlen=min(sq - 1, kmax), min_seqlen=kmin))
+    return sq, draw(seqlens(max_seqlen=kmax, min_seqlen=kmin))
 
 
 def head_dims(*, arch: str, max_head_dim: int = 256,
-              choices: "tuple[int, ...] | None" = None) -> st.SearchStrategy[tuple[int, int]]:
+              choices: "Sequence[int | Sequence[int]] | None" = None) -> st.SearchStrategy[tuple[int, int]]:
     """``(head_dim, head_dim_v)`` pairs FA4 accepts on ``arch`` (:func:`supported_head_dims`).
 
     Half of the draws come from the values FA4's own tests use (64, 96, 128, 192, 256 and the
     small 8/16/32) when they fit; shrinks toward ``(8, 8)``. ``choices`` restricts the draw to
-    ``head_dim == head_dim_v`` in that set (e.g. to bound the number of kernels a GPU campaign
-    compiles); a value FA4 rejects on ``arch`` raises :class:`InvalidArgument`.
+    these head dims: an int ``d`` is ``(d, d)``, a pair is ``(head_dim, head_dim_v)`` (e.g. a
+    deployment's, or a palette that bounds the number of kernels a GPU campaign compiles); a
+    value FA4 rejects on ``arch`` raises :class:`InvalidArgument`.
     """
     pairs = supported_head_dims(arch, max_head_dim=max_head_dim)
     if choices is not None:
-        for d in choices:
-            check_head_dims(arch, d, d)
-        pairs = tuple((d, d) for d in sorted(set(choices)))
+        want = {(int(c), int(c)) if isinstance(c, int) else (int(c[0]), int(c[1])) for c in choices}
+        for d, dv in want:
+            check_head_dims(arch, d, dv)
+        pairs = tuple(sorted(want, key=lambda p: (p[0] != p[1], p)))
         if not pairs:
             raise InvalidArgument("head-dim choices must not be empty")
     favoured = tuple(p for p in pairs if p[0] in (8, 16, 32, 64, 96, 128, 192, 256))

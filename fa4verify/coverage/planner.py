@@ -54,6 +54,8 @@ def required_tuples(space: FeatureSpace, *, triples: Sequence[Sequence[str]] = T
         if reason is None and "pass" in assign and not _pass_ok(space, part, assign["pass"]):
             reason = space.no_backward(part)
         if reason is None:
+            reason = _no_completion(space, part, assign.get("pass"))
+        if reason is None:
             need.add(t)
         else:
             why[t] = reason
@@ -67,6 +69,36 @@ def required_tuples(space: FeatureSpace, *, triples: Sequence[Sequence[str]] = T
         for combo in itertools.product(*vals):
             consider(dict(zip(tri, combo)))
     return need, why
+
+
+def _no_completion(space: FeatureSpace, part: Mapping[str, str], pass_: Optional[str]) -> Optional[str]:
+    """Why no valid full row holds ``part`` (and runs ``pass_``), or None when one does.
+
+    Note [Supported means completable]: the support rules name at most two dimensions, so a
+    tuple they allow may still have no valid row once every dimension is filled, e.g. in a
+    deployment whose only head dim is SM100's (256, 256), a window and det=off are each allowed
+    with everything but the head dim, which allows no window. Such a tuple is unsupported (with
+    the reason of the dimension that has no value left), not a hole the plan failed to cover.
+    Decided by depth-first search over the remaining dimensions, pruned by the support rules."""
+    dims = [d for d in DIMENSIONS if d in space.values and d not in part]
+    first: list[str] = []
+
+    def go(row: dict[str, str], i: int) -> bool:
+        if i == len(dims):
+            return space.why_not(row) is None and (pass_ is None or _pass_ok(space, row, pass_))
+        d = dims[i]
+        for v in space.values[d]:
+            trial = dict(row, **{d: v})
+            why = space.why_not(trial)
+            if why is None and go(trial, i + 1):
+                return True
+            if why is not None and not first:
+                first.append(why)
+        return False
+
+    if go(dict(part), 0):
+        return None
+    return first[0] if first else f"no valid row holds {_name(_key(part.items()))}"
 
 
 def row_tuples(space: FeatureSpace, row: Mapping[str, str], *, triples: Sequence[Sequence[str]] = TRIPLES

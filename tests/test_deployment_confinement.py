@@ -1,0 +1,149 @@
+"""Deployment profiles confine what the audit runs (issue 26, CPU must-show): with
+``--deployment <profile>`` every problem the fuzz checks draw and every problem the coverage plan
+runs lies inside the profile -- head dims and (hd, hdv) pairs, head counts and the GQA ratio,
+the sequence-length range (minimum and maximum, per sequence of a varlen batch), the masks and
+window sizes, the softcap values, sinks, the call forms, the archs, the dtype and the value
+recipes. Checked for every shipped profile, on the code paths of the audit's own checks
+(``fa4verify.checks.fuzz._deployment_kw`` + ``fa4verify.fuzz.drawn.draw_problems``;
+``fa4verify.checks.coverage.build``)."""
+from __future__ import annotations
+
+import pytest
+
+from fa4verify import deployment as D
+from fa4verify.audit import registry
+from fa4verify.kernels import facts
+
+SHIPPED = sorted(D.shipped())
+
+
+def outside(p, dep: D.Deployment, *, planned: bool = False) -> list[str]:
+    """What of problem ``p`` lies outside ``dep`` (empty: inside). ``planned``: the coverage
+    plan's "edges" value recipe is allowed (the mask-edge probe, Note [Edge values])."""
+    bad = []
+    if p.arch not in dep.archs:
+        bad.append(f"arch {p.arch}")
+    if p.dtype not in dep.dtypes:
+        bad.append(f"dtype {p.dtype}")
+    if (p.head_dim, p.head_dim_v) not in dep.head_dims:
+        bad.append(f"head dims {(p.head_dim, p.head_dim_v)}")
+    if p.nheads not in dep.nheads or p.nheads_kv not in dep.nheads_kv:
+        bad.append(f"heads {p.nheads}/{p.nheads_kv}")
+    if p.varlen:
+        qs, ks = p.seqlens_q, p.seqlens_k
+    else:
+        qs, ks = (p.seqlen_q,), (p.seqlen_k,)
+    (ql, qh), (kl, kh) = dep.seqlen_q, dep.seqlen_k
+    if not all(ql <= x <= qh for x in qs) or not all(kl <= x <= kh for x in ks):
+        bad.append(f"seqlens q={list(qs)} k={list(ks)}")
+    c = p.call
+    mods = p.mod_pairs() if p.mods else (None, None)
+    mask_replaced = mods[1] is not None or (c is not None and (c.block_size or c.mask_mod_fn))
+    causal, local, left, right = facts.resolve_causal_local_window(p.causal, p.window_size)
+    if not mask_replaced:
+        if local:
+            wins = {facts.resolve_causal_local_window(False, w)[2:] for w in dep.window_sizes}
+            if "window" not in dep.masks or (left, right) not in wins:
+                bad.append(f"window {p.window_size} (causal={p.causal})")
+        elif ("causal" if causal else "none") not in dep.masks:
+            bad.append("causal" if causal else "no mask")
+    if p.mask_mod is not None:
+        bad.append("a MaskMod pattern")
+    if p.softcap not in dep.softcap:
+        bad.append(f"softcap {p.softcap}")
+    if p.sink != dep.sinks:
+        bad.append(f"sink={p.sink}")
+    feats = set(dep.features)
+    if p.mods and "mod_pairs" not in feats:
+        bad.append(f"mods {p.mods}")
+    if c is not None:
+        if c.page_size is not None:
+            if "paged_kv" not in feats or (dep.page_sizes and c.page_size not in dep.page_sizes):
+                bad.append(f"paged KV, page {c.page_size}")
+            if c.hostile_nan and not dep.nan_pages:
+                bad.append("NaN pages")
+        elif c.seqused_k and "seqused_k" not in feats:
+            bad.append("seqused_k")
+        if c.block_size and "block_sparse" not in feats:
+            bad.append("block sparsity")
+        if c.mask_mod_fn and "mask_mod_fn" not in feats:
+            bad.append(f"mask_mod {c.mask_mod_fn}")
+    elif p.varlen and not dep.varlen:
+        bad.append("varlen")
+    recipes = set(dep.distributions or ()) | ({"edges"} if planned else set())
+    if dep.distributions and p.values.distribution not in recipes:
+        bad.append(f"values {p.values.distribution}")
+    return bad
+
+
+def _ctx(dep, arch, profile="default"):
+    return registry.CheckContext(arch=arch, seed=0, profile=profile, check_id="x", deployment=dep.to_dict())
+
+
+def _archs(dep):
+    return [a for a in ("sm90", "sm100") if a in dep.archs]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_planned_problem_lies_inside_the_profile(name):
+    from fa4verify.checks.coverage import build
+    from fa4verify.targets import TwinTarget, production_features
+    dep = D.load(name)
+    n = 0
+    for arch in _archs(dep):
+        for feats in (TwinTarget().features(), production_features()):
+            sp, pl, problems = build(_ctx(dep, arch), arch=arch, dtype=dep.dtypes[0], features=feats)
+            assert not pl.uncoverable
+            for p in problems:
+                assert outside(p, dep, planned=True) == [], p.describe()
+            n += len(problems)
+    assert n > 0
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_drawn_fuzz_problem_lies_inside_the_profile(name):
+    """The draws of fuzz.twin (default profile) and fuzz.production (default profile: siblings,
+    the head-dim palette the deployment replaces), drawn here in-process (``draw_problems``'
+    own function, without the fresh process the audit uses for seed stability)."""
+    from fa4verify.checks import fuzz as F
+    from fa4verify.fuzz import drawn
+    from fa4verify.targets import TwinTarget, production_features
+
+    class Production:      # what the draw asks of the target (no GPU here)
+        name = "production"
+
+        def features(self):
+            return production_features()
+    dep = D.load(name)
+    n = 0
+    for arch in _archs(dep):
+        ctx = _ctx(dep, arch)
+        runs = [(TwinTarget(), F._deployment_kw(ctx, {}), 0),
+                (Production(), F._deployment_kw(ctx, {"max_head_dim": 256,
+                                                           "head_dim_choices": F.head_dim_palette(arch, 0)},
+                                                      call_features=True), F._siblings(ctx))]
+        for target, kw, sib in runs:
+            problems = drawn.draw_problems(arch=arch, dtype=dep.dtypes[0], examples=16, seed=0,
+                                           profile=F._profile(ctx), target=target, siblings=sib,
+                                           fresh_process=False, **kw)
+            assert len(problems) >= 8, (target.name, len(problems))
+            for p in problems:
+                assert outside(p, dep) == [], (target.name, p.describe())
+            n += len(problems)
+    assert n > 0
+
+
+def test_the_profile_check_sees_what_lies_outside():
+    """The predicate above can fail: a problem outside llama3-8b in each dimension is named."""
+    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify._strategies.values import ValueSpec
+    dep = D.load("llama3-8b")
+    ok = AttentionProblem("sm90", "bf16", 1, 64, 64, 32, 8, 128, 128, causal=True)
+    assert outside(ok, dep) == []
+    for change, word in [(dict(head_dim=64, head_dim_v=64), "head dims"), (dict(nheads=8), "heads"),
+                         (dict(nheads_kv=32), "heads"), (dict(seqlen_q=9000), "seqlens"),
+                         (dict(causal=False), "no mask"), (dict(causal=False, window_size=(7, 0)), "window"),
+                         (dict(softcap=30.0), "softcap"), (dict(sink=True), "sink"),
+                         (dict(values=ValueSpec("huge", 0)), "values"), (dict(dtype="fp16"), "dtype")]:
+        got = outside(ok.replace(**change), dep)
+        assert any(g.startswith(word) for g in got), (change, got)
