@@ -42,7 +42,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 __all__ = [
     "DSL_DIST",
@@ -119,6 +119,32 @@ def fa4_source_dir() -> Path | None:
         d = Path(loc) / "cute"
         if (d / "utils.py").is_file() and (d / "flash_fwd_sm100.py").is_file():
             return d
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def installed_rule(name: str) -> Optional[Callable[..., Any]]:
+    """The installed FA4 release's own pure-Python rule ``name`` of ``interface.py`` (e.g.
+    ``_resolve_causal_local_window``, ``_validate_head_dims``), compiled from its source text in
+    an empty namespace (no import of FA4, torch or the DSL), or None when FA4 is not installed
+    (or ``FA4VERIFY_FORCE_PINNED=1``) or the release has no such function. Each release's rule is
+    its own (4.0.0b30 moved the window rule's both-negative check before ``causal``; docs/howto.md),
+    so the facts that follow a rule read it from the release that runs."""
+    d = fa4_source_dir()
+    if d is None:
+        return None
+    path = d / "interface.py"
+    try:
+        src = path.read_text()
+    except OSError:
+        return None
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            node.decorator_list = []
+            mod = ast.Module(body=[node], type_ignores=[])
+            ns: dict[str, Any] = {}
+            exec(compile(mod, str(path), "exec"), ns)   # noqa: S102 - FA4's own rule, from its file
+            return ns[name]
     return None
 
 

@@ -31,7 +31,7 @@ __all__ = [
     "capability_label", "sm90_fwd_tile", "sm90_bwd_tile",
     "bwd_tile", "kernel_constants", "resolve_causal_local_window", "head_dims_supported",
     "supported_head_dims_text", "dist_version", "is_sm100_family", "ptx_target",
-    "arch_of_ptx_target", "fa4_arch_env", "arch_of_fa4_arch_env",
+    "arch_of_ptx_target", "fa4_arch_env", "arch_of_fa4_arch_env", "HDIM_MULTIPLE",
 ]
 
 #: The kernel families fa4verify audits (FA4's own names for its SM90 and SM100 kernels).
@@ -115,6 +115,12 @@ def arch_of_fa4_arch_env(value: str) -> Optional[str]:
 
 
 # ----------------------------------------------------------------------------------- tiles
+#: FA4 pads head dims to a multiple of this (``flash_fwd.py`` and ``flash_fwd_sm100.py``:
+#: ``hdim_multiple_of = 16``); a head dim off it is "irregular" (``check_hdim_oob``), which FA4's
+#: non-TMA paged-KV forward refuses
+HDIM_MULTIPLE = 16
+
+
 def sm90_fwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:
     """``_tile_size_fwd_sm90`` (flash_attn/cute/interface.py): (tile_m, tile_n)."""
     if head_dim <= 64:
@@ -150,9 +156,13 @@ def bwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: boo
 
 # ----------------------------------------------------------------------------------- masks
 def resolve_causal_local_window(causal: bool, window_size) -> tuple[bool, bool, Optional[int], Optional[int]]:
-    """``(causal, local, left, right)`` exactly as FA4 4.0.0b36
-    ``interface._resolve_causal_local_window`` (no ``mask_mod``); window sides in keys, None =
-    unbounded.
+    """``(causal, local, left, right)`` exactly as the installed FA4's
+    ``interface._resolve_causal_local_window`` (no ``mask_mod``), read from its source
+    (:func:`fa4verify.kernels.fa4_params.installed_rule`); window sides in keys, None = unbounded.
+    Without FA4 installed, the rule of 4.0.0b30..b36 (pinned, below). Releases before 4.0.0b30
+    apply ``causal`` first and drop a window whose sides sum below zero (docs/howto.md).
+
+    The pinned rule (4.0.0b36):
 
     1. Both sides given and both negative -> the window is dropped (None, None). This check comes
        BEFORE ``causal`` is applied, and only a both-negative pair is dropped: e.g. (0, -1) or
@@ -161,6 +171,11 @@ def resolve_causal_local_window(causal: bool, window_size) -> tuple[bool, bool, 
     3. Any side set: ``(None, 0)`` -> causal (right returned as None), otherwise local.
     """
     wl, wr = tuple(window_size) if window_size is not None else (None, None)
+    from fa4verify.kernels.fa4_params import installed_rule
+    rule = installed_rule("_resolve_causal_local_window")
+    if rule is not None:
+        c, local, left, right = rule(bool(causal), wl, wr)
+        return bool(c), bool(local), left, right
     if wl is not None and wr is not None and wl < 0 and wr < 0:
         wl = wr = None
     if causal:
@@ -213,8 +228,18 @@ def kernel_constants(arch: str, dtype: str, head_dim: int, head_dim_v: int, caus
 
 
 def head_dims_supported(arch: str, head_dim: int, head_dim_v: int, dtype: str = "bf16") -> bool:
-    """FA4's ``_validate_head_dims`` for the arch (fa4_numerics.md 9.2)."""
+    """The installed FA4's ``interface._validate_head_dims`` for the arch, read from its source
+    (:func:`fa4verify.kernels.fa4_params.installed_rule`; alignment 16 for fp8, else 8, as FA4
+    calls it); without FA4 installed, the pinned 4.0.0b36 rule below."""
     align = 16 if dtype == "fp8" else 8
+    from fa4verify.kernels.fa4_params import installed_rule
+    rule = installed_rule("_validate_head_dims")
+    if rule is not None:
+        try:
+            rule(int(head_dim), int(head_dim_v), 9 if arch == "sm90" else 10, align)
+        except AssertionError:
+            return False
+        return True
     if head_dim % align or head_dim_v % align or head_dim < 8 or head_dim_v < 8:
         return False
     if arch == "sm90":

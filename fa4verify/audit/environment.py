@@ -75,8 +75,76 @@ def _gpu_info() -> dict[str, Any]:
     return info
 
 
+#: the distributions flash-attn-4's metadata pins that decide its kernels (docs/howto.md: auditing
+#: an older release)
+STACK = ("nvidia-cutlass-dsl", "quack-kernels")
+
+
+def fa4_stack(requires: dict[str, list[str]] | list[str] | None = None,
+              installed: dict[str, str | None] | None = None) -> dict[str, Any]:
+    """The FA4 release and its stack: ``{"release", "installed": {dist: version}, "requires":
+    {dist: specifier}, "mismatch": [one line per requirement not met]}``. The requirements are
+    the ``Requires-Dist`` lines of the installed flash-attn-4 and quack-kernels metadata on the
+    distributions of :data:`STACK` (quack pins the DSL too: quack-kernels 0.5.3 takes only
+    nvidia-cutlass-dsl 4.6.0.dev0, 0.6.5 needs >= 4.7). ``requires`` ({dist: lines}, or FA4's
+    lines) / ``installed`` replace the metadata lookups (tests)."""
+    import importlib.metadata
+    release = dist_version("flash-attn-4")
+    if installed is None:
+        installed = {d: dist_version(d) for d in STACK}
+    if requires is None or isinstance(requires, list):
+        given = requires
+        requires = {}
+        for dist in ("flash-attn-4",) + STACK:
+            if dist == "flash-attn-4" and given is not None:
+                requires[dist] = list(given)
+                continue
+            if given is not None:     # FA4's lines given: the others from ``installed`` only
+                continue
+            try:
+                requires[dist] = list(importlib.metadata.requires(dist) or [])
+            except importlib.metadata.PackageNotFoundError:
+                pass
+    out: dict[str, Any] = {"release": release, "installed": dict(installed), "requires": {}, "mismatch": []}
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pragma: no cover - packaging ships with pip
+        return out
+    for who, lines in requires.items():
+        who_v = release if who == "flash-attn-4" else installed.get(who)
+        for line in lines:
+            try:
+                req = Requirement(line)
+            except Exception:  # noqa: BLE001 - a metadata line packaging cannot read is not ours to judge
+                continue
+            name = req.name.lower()
+            if name not in STACK or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+                continue
+            spec = str(req.specifier)
+            if who == "flash-attn-4":
+                out["requires"][name] = spec
+            have = installed.get(name)
+            if have is None:
+                out["mismatch"].append(f"{name} not installed; {who} {who_v} requires {name}{spec}")
+            elif spec and not req.specifier.contains(have, prereleases=True):
+                out["mismatch"].append(f"{name} {have} installed; {who} {who_v} requires {name}{spec}")
+    return out
+
+
+def stack_line(stack: dict[str, Any]) -> str:
+    """One line naming the FA4 release and its stack, and saying whether the stack matches."""
+    if not stack.get("release"):
+        return "FA4: flash-attn-4 not installed"
+    inst = stack.get("installed") or {}
+    head = (f"FA4 release: flash-attn-4 {stack['release']} (" +
+            ", ".join(f"{d} {inst.get(d) or 'absent'}" for d in STACK) + ")")
+    if stack.get("mismatch"):
+        return head + "; MISMATCHED STACK: " + "; ".join(stack["mismatch"])
+    return head + "; stack matches its metadata"
+
+
 def collect(device: str = "cpu") -> dict[str, Any]:
-    """{"versions": {...}, "hardware": {...}} for the report."""
+    """{"versions": {...}, "hardware": {...}, "stack": :func:`fa4_stack`} for the report."""
     versions: dict[str, Any] = {name: dist_version(dist) for dist, name in DISTRIBUTIONS.items()}
     versions["python"] = platform.python_version()
     # an explicit FA4VERIFY_GIT_COMMIT wins: a copied checkout (a GPU machine's) may carry stale
@@ -91,4 +159,4 @@ def collect(device: str = "cpu") -> dict[str, Any]:
     }
     if device == "cuda":
         hardware.update(_gpu_info())
-    return {"versions": versions, "hardware": hardware}
+    return {"versions": versions, "hardware": hardware, "stack": fa4_stack()}

@@ -207,6 +207,11 @@ def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 25) 
     c = summ["counts"]
     lines.append("  ".join(f"[{STATUS_STYLE[k]}]{c.get(k, 0)} {k}[/]"
                            for k in ("pass", "fail", "error", "undecided", "skip")))
+    st = (report.get("environment") or {}).get("stack")
+    if st:   # the FA4 release audited, and whether its stack is the one its metadata names
+        from fa4verify.audit.environment import stack_line
+        sl = _escape(stack_line(st))
+        lines.append(f"[yellow]{sl}[/]" if st.get("mismatch") else sl)
     wc = summ.get("where") or {}
     if wc:
         lines.append("ran: " + ", ".join(f"{n} {w}" for w, n in sorted(wc.items())))
