@@ -251,6 +251,16 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
         if shards_n not in (None, 1):
             raise OptionError(f"--no-shard contradicts --shards {check_shards}")
         shards_n = 1
+    for opt, vals in (("--deployment", [deployment] if deployment else []),
+                      ("--checks-module", list(checks_modules) + list(checks_modules_from_env())),
+                      ("--kernel-cache", [kernel_cache] if kernel_cache else [])):
+        for v in vals:
+            try:
+                str(v).encode("utf-8")
+            except UnicodeEncodeError:
+                # a name that is not UTF-8 cannot be written into the (UTF-8) reports: refused now,
+                # not after the whole audit ran
+                raise OptionError(f"{opt} {ascii(str(v))[1:-1]}: the path is not valid UTF-8") from None
     cache_s = str(kernel_cache if kernel_cache is not None else "off").strip()
     if not cache_s:
         raise OptionError("--kernel-cache '': expected a directory, auto or off")
@@ -272,6 +282,14 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
         cache_dir = os.path.abspath(os.path.expanduser(cache_s))
         if os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
             raise OptionError(f"--kernel-cache {kernel_cache!r}: exists and is not a directory")
+        try:        # a directory the user named: made now, so a bad one is exit 2, not a worker's crash
+            os.makedirs(cache_dir, exist_ok=True)
+            probe = os.path.join(cache_dir, f".fa4verify-probe-{os.getpid()}")
+            open(probe, "wb").close()
+            os.unlink(probe)
+        except OSError as e:
+            raise OptionError(f"--kernel-cache {kernel_cache!r}: cannot use this directory "
+                              f"({e.strerror or e})") from None
     mods = tuple(dict.fromkeys(list(checks_modules) + list(checks_modules_from_env())))
     dep = None
     if deployment:

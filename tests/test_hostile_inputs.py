@@ -924,3 +924,129 @@ def test_18_the_plugin_fails_when_every_selected_check_skipped(tmp_path):
     r = subprocess.run(base + ["-k", "needs_cuda or lines"], capture_output=True, text=True, cwd=tmp_path,
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr                  # one check ran: the skip is fine
+
+
+# ------------------------------------------ 19. bad input: one line, exit 2, before any work
+BAD_DEPLOYMENTS = {
+    "deeply-nested": ("description = " + "[" * 5000 + "]" * 5000, "nested too deeply"),
+    "deeply-nested-table": ("x = " + "{a=" * 400 + "1" + "}" * 400, "nested too deeply"),
+    "window_sizes-5": ('masks = ["window"]\nwindow_sizes = 5', "window_sizes"),
+    "head_dims-1e6": ("head_dims = [1000000]", "head_dims"),
+    "nheads-2^62": ("nheads = 4611686018427387904", "nheads"),
+    "seqlen-2^63": ("seqlen_q = [1, 9223372036854775807]", "seqlen_q"),
+    "window-2^63": ('masks = ["window"]\nwindow_sizes = [[9223372036854775807, 0]]', "window_sizes"),
+    "softcap-empty": ("softcap = []", "softcap"),
+    "softcap-1e300": ("softcap = 1e300", "softcap"),
+    "description-table": ("description = {a = 1}", "description"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_DEPLOYMENTS))
+def test_19_a_malformed_deployment_is_one_line_exit_2(name, tmp_path, capsys):
+    body, key = BAD_DEPLOYMENTS[name]
+    f = tmp_path / f"{name}.toml"
+    f.write_text(f'name = "x"\n{body}\n')
+    rc, out, err = run(capsys, "audit", "--no-live", "--profile", "quick", "-k", "budgets.files",
+                       "--deployment", str(f), "--json", str(tmp_path / "a.json"))
+    assert rc == 2, out + err
+    assert key in one_line(err, "fa4verify audit")
+    assert not (tmp_path / "a.json").exists()
+
+
+@pytest.mark.parametrize("cache", ["/dev/null/x", "/proc/x"])
+def test_19_an_unusable_kernel_cache_is_one_line_exit_2(cache, tmp_path, capsys):
+    rc, out, err = run(capsys, *audit_args("--isolate", "always", "--kernel-cache", cache,
+                                           "--json", str(tmp_path / "a.json")))
+    assert rc == 2, out + err
+    assert "--kernel-cache" in one_line(err, "fa4verify audit")
+    assert not (tmp_path / "a.json").exists()
+
+
+def _typed(rep: dict, where: str, value) -> dict:
+    keys = where.split(".")
+    d = rep
+    for k in keys[:-1]:
+        d = d[int(k)] if isinstance(d, list) else d[k]
+    d[keys[-1]] = value
+    return rep
+
+
+BAD_FIELDS = {"summary.duration_s": "long", "environment": [], "environments": 5, "results.0.duration_s": "x",
+              "results.0.tightness": {}, "results.0.summary": ["a"], "fingerprint": "abc",
+              "environment.versions": "1.0"}
+
+
+@pytest.mark.parametrize("field", sorted(BAD_FIELDS))
+def test_19_report_merge_refuses_wrongly_typed_fields(field, tmp_path, capsys):
+    s1, s2 = _shards(tmp_path)
+    s2.write_text(json.dumps(_typed(json.loads(s2.read_text()), field, BAD_FIELDS[field])))
+    capsys.readouterr()
+    rc, out, err = run(capsys, "report", "merge", str(s1), str(s2), "-o", str(tmp_path / "m.json"))
+    assert rc == 2, out + err
+    assert field.split(".")[-1] in one_line(err, "fa4verify report merge")
+    assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize("field", ["environment", "environment.versions", "config.archs"])
+def test_19_a_wrongly_typed_baseline_is_refused_before_the_audit_runs(field, tmp_path):
+    """It used to be found after the whole audit ran (here: a check that hangs for 600 s)."""
+    base = tmp_path / "base.json"
+    assert main(audit_args("--json", str(base))) == 0
+    base.write_text(json.dumps(_typed(json.loads(base.read_text()), field, "bad")))
+    t0 = time.monotonic()
+    r = cli("audit", "--no-default-checks", "--no-live", "--checks-module", HANG, "--isolate", "never",
+            "--baseline", str(base), timeout=120)
+    assert time.monotonic() - t0 < 100
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--baseline" in one_line(r.stderr, "fa4verify audit")
+
+
+MALFORMED_CASES = {
+    "problem-list": ("problem", [1, 2], "problem"),
+    "batch-str": ("batch", "2", "batch"),
+    "seqlen-100000": ("seqlen_q", 100000, "8192"),
+    "seqlen-2^63": ("seqlen_k", 2**63, "seqlen_k"),
+    "softcap-str": ("softcap", "x", "softcap"),
+    "scale-negative": ("softmax_scale", -1.0, "softmax_scale"),
+    "causal-str": ("causal", "yes", "causal"),
+    "mods-int": ("mods", 5, "mods"),
+    "values-list": ("values", [], "values"),
+    "work-huge": ("nheads", 128, "replay limit"),
+    "target-int": ("target", 1, "target"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED_CASES))
+def test_19_a_malformed_or_oversized_replay_case_is_one_line_exit_2(name, tmp_path, capsys):
+    key, value, fragment = MALFORMED_CASES[name]
+    src = ROOT / "tests" / "regressions" / "masked_rows-twin-window-sum-rule.json"
+    case = json.loads(src.read_text())
+    if key in ("problem", "target"):
+        case[key] = value
+    elif name == "work-huge":
+        case["problem"].update(nheads=128, nheads_kv=128, seqlen_q=8192, seqlen_k=8192, head_dim=128,
+                               head_dim_v=128)
+    else:
+        case["problem"][key] = value
+    p = tmp_path / "case.json"
+    p.write_text(json.dumps(case))
+    t0 = time.monotonic()
+    rc, out, err = run(capsys, "fuzz", "--replay", str(p))
+    assert time.monotonic() - t0 < 30
+    assert rc == 2, out + err
+    assert fragment in one_line(err, "fa4verify fuzz")
+
+
+@pytest.mark.parametrize("opt", ["--deployment", "--checks-module"])
+def test_19_a_non_utf8_input_path_is_refused_up_front(opt, tmp_path):
+    """It used to run the whole audit, then exit 3 with no report."""
+    name = os.fsdecode(b"\xff" + (b".toml" if opt == "--deployment" else b".py"))
+    src = FIX / "audit_checks_ok.py" if opt == "--checks-module" else \
+        ROOT / "fa4verify" / "data" / "deployments" / "llama3-8b.toml"
+    shutil.copy(src, tmp_path / name)
+    args = (["--no-default-checks", "--checks-module", name] if opt == "--checks-module"
+            else ["--profile", "quick", "-k", "budgets.files", "--deployment", name])
+    r = cli("audit", "--no-live", *args, "--json", "a.json", cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert opt in one_line(r.stderr, "fa4verify audit") and "UTF-8" in r.stderr
+    assert not (tmp_path / "a.json").exists()

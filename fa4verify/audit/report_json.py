@@ -194,8 +194,14 @@ def dumps(report: dict[str, Any]) -> str:
     return json.dumps(_sanitize(report), indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or v in ("nan", "inf", "-inf")
+
+
 def validate(rep: Any, source: str = "report") -> dict[str, Any]:
-    """Check the shape of a loaded report (raises :class:`ReportError`)."""
+    """Check the shape of a loaded report (raises :class:`ReportError`): every field a reader
+    uses (merge, baseline, show, the renderers) has its type, so a wrongly typed field is one
+    line, never a crash halfway through a merge."""
     if not isinstance(rep, dict):
         raise ReportError(f"{source}: not a JSON object")
     schema = rep.get("schema")
@@ -208,10 +214,42 @@ def validate(rep: Any, source: str = "report") -> dict[str, Any]:
         if not isinstance(r, dict) or not isinstance(r.get("id"), str) or r.get("status") not in (
                 "pass", "fail", "skip", "error", "undecided"):
             raise ReportError(f"{source}: results[{i}] lacks a valid id/status")
-        if not isinstance(r.get("metrics", {}), dict):
-            raise ReportError(f"{source}: results[{i}].metrics is not an object")
-    if not isinstance(rep.get("config", {}), dict):
-        raise ReportError(f"{source}: 'config' is not an object")
+        for key, types, what in (("metrics", dict, "an object"), ("details", dict, "an object"),
+                                 ("summary", str, "a string"), ("where", str, "a string"),
+                                 ("title", str, "a string"), ("check_id", str, "a string"),
+                                 ("module", str, "a string"), ("arch", str, "a string"),
+                                 ("needs", list, "a list"), ("notes", list, "a list"),
+                                 ("timing", list, "a list")):
+            if r.get(key) is not None and not isinstance(r[key], types):
+                raise ReportError(f"{source}: results[{i}].{key} is not {what}")
+        for key in ("duration_s", "tightness"):
+            if r.get(key) is not None and not _is_num(r[key]):
+                raise ReportError(f"{source}: results[{i}].{key} {r[key]!r} is not a number")
+    for key in ("config", "summary", "environment", "fingerprint", "seeds"):
+        if rep.get(key) is not None and not isinstance(rep[key], dict):
+            raise ReportError(f"{source}: {key!r} is not an object")
+    cfg = rep.get("config") or {}
+    for key in ("dtype", "device", "profile", "keyword", "shard"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], str):
+            raise ReportError(f"{source}: config.{key} {cfg[key]!r} is not a string")
+    if cfg.get("archs") is not None and not (isinstance(cfg["archs"], list)
+                                             and all(isinstance(a, str) for a in cfg["archs"])):
+        raise ReportError(f"{source}: config.archs is not a list of strings")
+    if cfg.get("seed") is not None and (isinstance(cfg["seed"], bool) or not isinstance(cfg["seed"], int)):
+        raise ReportError(f"{source}: config.seed {cfg['seed']!r} is not an integer")
+    summ = rep.get("summary") or {}
+    if summ.get("duration_s") is not None and not _is_num(summ["duration_s"]):
+        raise ReportError(f"{source}: summary.duration_s {summ['duration_s']!r} is not a number")
+    if rep.get("environments") is not None and not (isinstance(rep["environments"], list) and all(
+            isinstance(e, dict) for e in rep["environments"])):
+        raise ReportError(f"{source}: 'environments' is not a list of objects")
+    env = rep.get("environment") or {}
+    for key in ("versions", "hardware"):
+        if env.get(key) is not None and not isinstance(env[key], dict):
+            raise ReportError(f"{source}: environment.{key} is not an object")
+    fp = rep.get("fingerprint")
+    if fp is not None and not (isinstance(fp.get("digest"), str) and isinstance(fp.get("parts", {}), dict)):
+        raise ReportError(f"{source}: fingerprint lacks a digest string")
     return rep
 
 
