@@ -22,6 +22,7 @@ checks: a malformed pair is refused with a one-line :class:`ModPairError`.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Iterable, Optional
 
 import numpy as np
@@ -29,11 +30,14 @@ import numpy as np
 from fa4verify.kernels.mods import ModPair, ModShape, library
 
 __all__ = ["ModPair", "ModShape", "ModPairError", "register_mod_pair", "unregister", "get", "names",
-           "validate", "resolve", "aux_for"]
+           "validate", "resolve", "aux_for", "user_pair_modules"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _REGISTRY: dict[str, ModPair] = {}
 _BUILTIN: set[str] = set()
+#: user pair name -> (module name, file) of the module that registered it: Note [Pairs in a fresh
+#: process]
+_ORIGIN: dict[str, tuple[str, str]] = {}
 
 
 class ModPairError(ValueError):
@@ -111,13 +115,16 @@ def validate(pair: ModPair) -> ModPair:
 
 def register_mod_pair(pair: ModPair, *, replace: bool = False) -> ModPair:
     """Validate and register ``pair`` under ``pair.name``; returns it. A built-in name, or a
-    taken name without ``replace=True``, is refused (:class:`ModPairError`)."""
+    taken name without ``replace=True``, is refused (:class:`ModPairError`). The calling module
+    is recorded (Note [Pairs in a fresh process])."""
     validate(pair)
     if pair.name in _BUILTIN:
         raise ModPairError(f"mod pair name {pair.name!r} is a fa4verify built-in; choose another name")
     if pair.name in _REGISTRY and not replace:
         raise ModPairError(f"mod pair {pair.name!r} is already registered (replace=True to overwrite)")
     _REGISTRY[pair.name] = pair
+    caller = sys._getframe(1).f_globals
+    _ORIGIN[pair.name] = (str(caller.get("__name__") or ""), str(caller.get("__file__") or ""))
     return pair
 
 
@@ -125,6 +132,22 @@ def unregister(name: str) -> None:
     if name in _BUILTIN:
         raise ModPairError(f"mod pair {name!r} is a built-in and cannot be unregistered")
     _REGISTRY.pop(name, None)
+    _ORIGIN.pop(name, None)
+
+
+def user_pair_modules() -> dict[str, tuple[str, str]]:
+    """User pair name -> (module name, file) of the module that registered it.
+
+    Note [Pairs in a fresh process]
+    -------------------------------
+    The audit draws its fuzz campaigns in a fresh ``python -m fa4verify.fuzz.drawn`` (Note [One
+    draw per audit]), which knows only the built-in pairs: a pair registered in the auditing
+    process (a ``--checks-module``, a conftest, a script) was never drawn there. The drawer
+    imports the modules that registered the user pairs (by name where it imports, else from its
+    file as ``--checks-module`` files are loaded) and refuses to draw, naming the pair, when one is still
+    missing afterwards (registered outside any importable module, e.g. in ``__main__`` or inside
+    a function): a campaign never silently leaves a registered pair out."""
+    return {n: _ORIGIN.get(n, ("", "")) for n in names() if n not in _BUILTIN}
 
 
 def get(name: str) -> ModPair:

@@ -49,7 +49,7 @@ def forms_of(features: tuple[str, ...]) -> tuple[str, ...]:
 def build(ctx: CheckContext, *, arch: str, dtype: str, features: tuple[str, ...]):
     """(space, plan, problems) of this audit on ``arch``."""
     from fa4verify._strategies.calls import MOD_FEATURE
-    from fa4verify.coverage.cases import problem_for
+    from fa4verify.coverage.cases import plan_problems
     from fa4verify.coverage.planner import plan
     from fa4verify.coverage.space import registered_pairs, space_for
     score, mask, mask_bwd = registered_pairs()
@@ -60,7 +60,8 @@ def build(ctx: CheckContext, *, arch: str, dtype: str, features: tuple[str, ...]
     sp = space_for(arch, dtype, forms=forms_of(features), deployment=ctx.deploy, score_pairs=score,
                    mask_pairs=mask, mask_pairs_bwd=mask_bwd)
     pl = plan(sp, seed=int(ctx.seed))
-    return sp, pl, [problem_for(sp, r, i, seed=int(ctx.seed)) for i, r in enumerate(pl.rows)]
+    pl.rows, problems = plan_problems(sp, pl.rows, seed=int(ctx.seed))   # every registered pair runs
+    return sp, pl, problems
 
 
 def _run(ctx: CheckContext, *, target: Any, arch: str, dtype: str, where: str, label: str) -> CheckResult:

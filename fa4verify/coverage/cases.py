@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 from fa4verify.coverage.space import FeatureSpace, is_local, is_paged
 
-__all__ = ["problem_for", "sparse_block_size"]
+__all__ = ["problem_for", "plan_problems", "sparse_block_size"]
 
 _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "normal": (("sigma", 1.0),), "outliers": (("p", 0.01), ("outlier_std", 100.0)),
@@ -97,7 +97,11 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
     elif form in ("mask_mod", "score_mod"):
         names = space.mask_pairs if form == "mask_mod" else space.score_pairs
         usable = [n for n in names if sq == sk or not _self_only(n)]
-        name = usable[index % len(usable)] if usable else names[index % len(names)]
+        if row.get("pair") in names:          # plan_problems' choice
+            name = row["pair"]
+            usable = [name] if name in usable else []
+        else:
+            name = usable[index % len(usable)] if usable else names[index % len(names)]
         kind, _, pair = name.partition(":")
         if kind == "fn":
             kw["call"] = CallForm(mask_mod_fn=pair)
@@ -106,6 +110,44 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
         if not usable:      # only self-attention pairs: make the row square
             kw.update(seqlen_q=sk)
     return AttentionProblem(**kw)
+
+
+def plan_problems(space: FeatureSpace, rows: list, *, seed: int = 0) -> tuple[list, list]:
+    """(rows, problems) of a plan: every registered pair (yours included) runs on at least one
+    row. The rows of the ``score_mod`` (``mask_mod``) form take the space's pairs in turn, each
+    pair first on a row it can run as planned (a self-attention pair on a square row), named in
+    the row (``"pair"``, outside the coverage dimensions); a pair no row took gets a copy of a row
+    it can run on."""
+    out = [dict(r) for r in rows]
+    for form, names in (("score_mod", space.score_pairs), ("mask_mod", space.mask_pairs)):
+        idx = [i for i, r in enumerate(out) if r["form"] == form]
+        if not idx or not names:
+            continue
+        pending = list(names)
+        for k, i in enumerate(idx):
+            fits = [n for n in names if not _self_only(n) or _square(space, out[i])] or list(names)
+            first = [n for n in pending if n in fits]
+            name = first[0] if first else fits[k % len(fits)]
+            if name in pending:
+                pending.remove(name)
+            out[i]["pair"] = name
+        for name in pending:
+            base = next((out[i] for i in idx if not _self_only(name) or _square(space, out[i])), None)
+            if base is None:        # a square length of the space, where the row allows one
+                base = next((dict(out[i], seqlen=v) for i in idx for v in space.values["seqlen"]
+                             if _square(space, {"seqlen": v}) and space.why_not(dict(out[i], seqlen=v)) is None),
+                            out[idx[0]])
+            out.append(dict(base, pair=name))
+    return out, [problem_for(space, r, i, seed=seed) for i, r in enumerate(out)]
+
+
+def _square(space: FeatureSpace, row) -> bool:
+    """Whether the row's sequence-length value has seqlen_q == seqlen_k."""
+    sl = row["seqlen"]
+    if sl in space.lengths:
+        a, b = space.lengths[sl]
+        return a == b
+    return sl in ("lt_tile", "eq_tile", "tile_m1", "tile_p1")
 
 
 def _self_only(name: str) -> bool:

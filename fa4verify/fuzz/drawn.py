@@ -71,6 +71,11 @@ def draw_problems(*, arch: str, dtype: Optional[str], examples: int, seed: int, 
     if int(siblings):
         args["siblings"] = int(siblings)     # absent when 0: the shared-draw key of older draws stays
     if fresh_process:
+        from fa4verify import mods
+        from fa4verify._strategies.calls import MOD_FEATURE
+        user = mods.user_pair_modules() if MOD_FEATURE in feats else {}
+        if user:       # Note [Pairs in a fresh process] (fa4verify.mods)
+            args["user_mod_pairs"] = dict(sorted(user.items()))
         return _draw_in_fresh_process(args)
     return _draw_here(**args)
 
@@ -162,17 +167,28 @@ def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, pro
         # the next seed (deterministic: the same list in every shard)
         from fa4verify import mods as _mods
         from fa4verify._strategies.problem import mod_problems
+        keys = ("max_seqlen", "max_batch", "max_heads", "max_head_dim", "head_dim_choices",
+                "head_count_choices", "seqlen_q_range", "seqlen_k_range")
+        mkw = dict(arch=arch, dtype=dtype, distributions=tuple(distributions) if distributions else None,
+                   **{k: lim[k] for k in keys if k in lim})
         need = max(1, examples // MOD_QUOTA_SHARE) - sum(1 for p in out if p.mods)
         if need > 0 and _mods.names():
-            keys = ("max_seqlen", "max_batch", "max_heads", "max_head_dim", "head_dim_choices",
-                    "head_count_choices", "seqlen_q_range", "seqlen_k_range")
-            ms = mod_problems(arch=arch, dtype=dtype, distributions=tuple(distributions) if distributions else None,
-                              **{k: lim[k] for k in keys if k in lim})
+            ms = mod_problems(**mkw)
             extra = [p for p in _generate(ms, need, int(seed) + 1, pname) if p.digest() not in
                      {q.digest() for q in out}][:need]
             keep = [p for p in out if p.mods]
             rest = [p for p in out if not p.mods][:max(0, examples - len(keep) - len(extra))]
             out = sorted(keep + rest, key=out.index) + extra
+        # ... and every user pair at least once (it is what the user asked to verify; a seeded
+        # draw among a dozen pairs may skip it): one mod_problems example of each pair not drawn,
+        # in place of the last example without a pair
+        for i, name in enumerate(n for n in sorted(_mods.user_pair_modules()) if not any(n in p.mods for p in out)):
+            got = _generate(mod_problems(mods=[name], **mkw), 1, int(seed) + 2 + i, pname)
+            free = [j for j, p in enumerate(out[:examples]) if not p.mods]
+            if got and len(out) < examples:
+                out.append(got[0])
+            elif got and free:
+                out[free[-1]] = got[0]
     return out[:examples]
 
 
@@ -398,6 +414,33 @@ def _main() -> int:
     import json
     import sys
     args = json.loads(sys.stdin.read())
+    user = args.pop("user_mod_pairs", None) or {}
+    if user:                 # Note [Pairs in a fresh process] (fa4verify.mods)
+        import importlib
+
+        from fa4verify import mods
+        from fa4verify.audit.registry import load_module
+        for name, path in sorted({tuple(o) for o in user.values()}):
+            if name in sys.modules or name == "__main__" or not (name or path):
+                continue
+            try:
+                try:
+                    importlib.import_module(name)
+                except ImportError:
+                    if not path:
+                        raise
+                    load_module(path)          # as a --checks-module file is loaded
+            except Exception as e:  # noqa: BLE001 - the user's module failing is the message
+                print(f"registered mod pairs: importing {name or path} failed: {type(e).__name__}: {e}",
+                      file=sys.stderr)
+                return 1
+        missing = sorted(set(user) - set(mods.names()))
+        if missing:
+            where = ", ".join(sorted({user[m][0] or "?" for m in missing}))
+            print(f"registered mod pair(s) {', '.join(missing)} cannot be drawn in the campaign's fresh process: "
+                  f"importing {where} does not register them (register them at import time in a module, "
+                  f"e.g. a --checks-module)", file=sys.stderr)
+            return 1
     ps = _draw_here(**args)
     json.dump({"problems": [p.to_dict() for p in ps], "digests": [p.digest() for p in ps]}, sys.stdout)
     return 0
