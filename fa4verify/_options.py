@@ -303,6 +303,11 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
         if dtype not in d.dtypes:
             raise OptionError(f"--deployment {d.name}: ships {', '.join(d.dtypes)}, not --dtype {dtype}")
         dep = (d.name, json.dumps(d.to_dict(), sort_keys=True))
+        # Note [An empty deployment runs nothing]: the audit checks the deployment's archs only,
+        # and of those only the ones where its space holds something the installed FA4 supports
+        # (Deployment.nothing_supported); none left: every check skips, exit 5 ("nothing ran"),
+        # never a pass from the checks that do not read the profile
+        archs = tuple(a for a in archs if d.nothing_supported(a, dtype) is None)
     return AuditConfig(dtype=dtype, device=dev, archs=archs, profile=profile, seed=seed,
                        keyword=keyword or None, shard=shard_t, checks_modules=mods,
                        no_default_checks=bool(no_default_checks), isolate=isolate,

@@ -345,6 +345,15 @@ class Deployment:
         sp = sp.restrict("values", dists, f"deployment {self.name}: value recipes {dists}")
         return sp
 
+    def nothing_supported(self, arch: str, dtype: str) -> Optional[str]:
+        """Why this deployment's space (:meth:`confine`) holds nothing the installed FA4 supports
+        on ``arch`` / ``dtype`` (an arch or dtype it does not ship, no head dim FA4 runs there, no
+        combination of its values FA4 accepts), or None when it holds something. An audit does
+        not audit such an arch (Note [An empty deployment runs nothing], ``fa4verify._options``)."""
+        from fa4verify.coverage.planner import no_valid_row
+        from fa4verify.coverage.space import space_for
+        return no_valid_row(space_for(arch, dtype, deployment=self))
+
     def strategy_kwargs(self) -> dict[str, Any]:
         """Arguments for :func:`fa4verify._strategies.problem.attention_problems` that keep the
         drawn problems inside this deployment (Note [Confined draws]): ``features`` (what may

@@ -147,3 +147,45 @@ def test_the_profile_check_sees_what_lies_outside():
                          (dict(values=ValueSpec("huge", 0)), "values"), (dict(dtype="fp16"), "dtype")]:
         got = outside(ok.replace(**change), dep)
         assert any(g.startswith(word) for g in got), (change, got)
+
+
+# ------------------------------------------------------------------ archs and empty profiles
+def _profile(tmp_path, **kw):
+    lines = [f'name = "{kw.pop("name", "p")}"', 'description = "test profile"']
+    for k, v in kw.items():
+        lines.append(f"{k} = {v}")
+    path = tmp_path / "p.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_the_audit_checks_only_the_archs_where_the_profile_holds_something(tmp_path):
+    """Note [An empty deployment runs nothing]: the audited archs (the CPU twins here) are the
+    deployment's archs where its space holds something FA4 supports."""
+    from fa4verify._options import build_config
+    assert build_config(device="cpu").archs == ("sm90", "sm100")
+    assert build_config(device="cpu", deployment="llama3-8b").archs == ("sm90", "sm100")
+    assert build_config(device="cpu", deployment=_profile(tmp_path, archs='["sm90"]')).archs == ("sm90",)
+    # SM100 has no head dim 200: only the SM90 twin is audited
+    assert build_config(device="cpu", deployment=_profile(tmp_path, head_dims="[200]")).archs == ("sm90",)
+    for kw in (dict(archs='["sm103"]'), dict(head_dims="[264]"),
+               dict(head_dims="[256]", masks='["window"]', window_sizes="[[64, 0]]", archs='["sm100"]')):
+        assert build_config(device="cpu", deployment=_profile(tmp_path, **kw)).archs == (), kw
+    d = D.load(_profile(tmp_path, head_dims="[264]"))
+    assert "0 supported" in d.nothing_supported("sm90", "bf16")
+    assert "SM100's dedicated (256, 256) kernel" in D.load(_profile(
+        tmp_path, head_dims="[256]", masks='["window"]', window_sizes="[[64, 0]]")).nothing_supported("sm100", "bf16")
+
+
+def test_a_profile_that_holds_nothing_fa4_supports_is_nothing_ran_never_a_pass(tmp_path):
+    """hd 192/128 causal on SM103 only, seqlen 2^24: nothing of it is audited on this machine's
+    twins (SM90, SM100), so every check skips: exit 5, not PASSED."""
+    import subprocess
+    import sys
+    path = _profile(tmp_path, name="nothing", head_dims="[[192, 128]]", masks='["causal"]', archs='["sm103"]',
+                    seqlen_q="[16777216, 16777216]", seqlen_k="[16777216, 16777216]")
+    r = subprocess.run([sys.executable, "-m", "fa4verify", "audit", "--profile", "quick", "--device", "cpu",
+                        "--deployment", path], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 5, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "NOTHING RAN" in r.stdout and "PASSED" not in r.stdout
+    assert " 0 pass " in r.stdout

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from fa4verify.coverage.space import DIMENSIONS, PASSES, FeatureSpace
 
-__all__ = ["Plan", "plan", "coverage", "TRIPLES", "required_tuples", "row_tuples"]
+__all__ = ["Plan", "plan", "coverage", "TRIPLES", "required_tuples", "row_tuples", "no_valid_row"]
 
 #: the strength-3 interactions the plan covers on top of every pair
 TRIPLES: tuple[tuple[str, ...], ...] = (("mask", "form", "pass"),)
@@ -99,6 +99,14 @@ def _no_completion(space: FeatureSpace, part: Mapping[str, str], pass_: Optional
     if go(dict(part), 0):
         return None
     return first[0] if first else f"no valid row holds {_name(_key(part.items()))}"
+
+
+def no_valid_row(space: FeatureSpace) -> Optional[str]:
+    """Why the space holds no valid row at all (nothing FA4 supports in it), or None."""
+    empty = [d for d in DIMENSIONS if d in space.values and not space.values[d]]
+    if empty:
+        return "; ".join(space.notes.get(d, f"no {d} value") for d in empty)
+    return _no_completion(space, {}, None)
 
 
 def row_tuples(space: FeatureSpace, row: Mapping[str, str], *, triples: Sequence[Sequence[str]] = TRIPLES
