@@ -70,7 +70,7 @@ class Judge:
         ja = self.ja
         fj = ja.judge_forward(self.p, self.a, t["out"], t["lse"], budgets=self.bs, oracle=self.ofwd)
         bj = ja.judge_backward(self.p, self.a, t["dq"], t["dk"], t["dv"], budgets=self.bs, forward=fj,
-                               oracle_bwd=self.obwd)
+                               oracle_bwd=self.obwd, kernel_fwd=(t["out"], t["lse"]))
         C = det.TensorCase
         stat = lambda n: {"predicted": self.pred[n], "alpha_test": self._alpha()}  # noqa: E731
         cs = [C("out", t["out"], fj.ref_out.value, fj.ref_out.bound, fj.ref_out.budget, "bf16",

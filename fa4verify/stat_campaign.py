@@ -71,7 +71,8 @@ def judge_one(job: dict) -> dict:
     a = p.materialize()
     got = job["outputs"]
     jf = judge.judge_forward(p, a, got["out"], got["lse"])
-    jb = judge.judge_backward(p, a, got["dq"], got["dk"], got["dv"], forward=jf)
+    jb = judge.judge_backward(p, a, got["dq"], got["dk"], got["dv"], forward=jf,
+                              kernel_fwd=(got["out"], got["lse"]))
     tw = TwinTarget()
     f = tw.forward(p, a)
     g = tw.backward(p, a, f, deterministic=True)

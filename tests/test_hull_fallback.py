@@ -218,19 +218,23 @@ def test_nan_and_infinite_inputs_stay_undecided():
         assert j.out.n_unjudged > 0
 
 
-def test_gradients_are_not_bounded_by_the_hull():
-    """Note [Hull fallback]: the backward budgets read the first-order forward budget where it
-    is vacuous (their premise fails there too), so they are as before the fallback."""
+def test_first_order_gradients_are_not_bounded_by_the_hull():
+    """Note [Hull fallback]: the first-order backward budgets read the first-order forward budget
+    where it is vacuous (their premise fails there too), so they are as before the fallback; the
+    gradients are decided by the interval bound instead (Note [Backward interval fallback],
+    DERIVATIONS.md#backward-interval), which reads the decided O allowance, hull included."""
     p = HUGE[1]
     a = p.materialize()
     ref_out, _, st, fo, hb = _hull(p, a)
     assert ref_out.fallback.any()
     obwd = judge.oracle_backward(p, a)
     with np.errstate(all="ignore"):
-        b1 = st.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=False)
-        b0 = st.backward(obwd, fo, ref_out.bound, probabilistic=False)
+        b1 = st._backward_first_order(obwd, ref_out.budget, ref_out.bound, probabilistic=False)
+        b0 = st._backward_first_order(obwd, fo, ref_out.bound, probabilistic=False)
+        full = st.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=False)
     for n in ("dq", "dk", "dv"):
         np.testing.assert_array_equal(b1[n], b0[n])
+        assert np.isfinite(full[n]).all() and (np.asarray(full[n]) >= 0).all(), n
 
 
 def test_the_toml_formula_equals_the_derivation_recomputed_by_hand():

@@ -426,7 +426,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                 if "bwd_budget" in props:
                     try:
                         with np.errstate(invalid="ignore", over="ignore"):
-                            allow = stats.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=False)
+                            allow = stats.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=False,
+                                                   kernel_fwd=(fwd.out, fwd.lse))
                     except (DependencyMissing, KeyError) as e:
                         skipped["bwd_budget"] = f"backward budget unavailable: {e}"
                         allow = None

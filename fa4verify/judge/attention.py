@@ -229,17 +229,21 @@ def judge_forward(problem: AttentionProblem, a: Mapping[str, Any], out, lse, *, 
 
 def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, *, budgets: Any = None,
                    forward: Optional[ForwardJudgement] = None, oracle_bwd: Any = None,
-                   probabilistic: bool = True) -> BackwardJudgement:
+                   probabilistic: bool = True, kernel_fwd: Optional[tuple] = None) -> BackwardJudgement:
     """Verdicts on dQ, dK, dV (FA4 layouts) against the exact gradient within
     ``backward_dq/dk/dv``. ``forward``: a :func:`judge_forward` result of the same problem
-    (reuses its oracle and statistics)."""
+    (reuses its oracle and statistics). ``kernel_fwd``: the ``(out, lse)`` the kernel's backward
+    read (its own forward outputs): the interval bound where the first-order budgets do not hold
+    is then evaluated on them (Note [Backward interval fallback] in fa4verify/judge/stats.py);
+    without it, on the oracle's O and LSE widened by their forward allowances."""
     if forward is None:
         ref_out, _, st, _ = forward_allowances(problem, a, budgets=budgets)
     else:
         ref_out, st = forward.ref_out, forward.stats
     obwd = oracle_bwd if oracle_bwd is not None else oracle_backward(problem, a)
     with np.errstate(invalid="ignore", over="ignore"):
-        allow = st.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=probabilistic)
+        allow = st.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=probabilistic,
+                            kernel_fwd=kernel_fwd)
     vs = {}
     for n, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         vs[n] = compare(n, got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"), budget=allow[n])

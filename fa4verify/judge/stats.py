@@ -22,7 +22,7 @@ This module does not compare anything: :mod:`fa4verify.judge.verdict` does.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -97,6 +97,7 @@ class BudgetStats:
         hull = {n: np.zeros((tq, H, Dv)) for n in ("v_max_abs", "v_range", "sum_abs_v_all")}
         sink = a.get("learnable_sink") if problem.sink else None
         sink_abs = None if sink is None else np.abs(np.asarray(sink, np.float64).reshape(-1)) * _LOG2E
+        self._arrays = a
         self._w: list = []  # per segment: (qs, ks, w (h, lq, lk), tanh (h, lq, lk))
         self._keeps: list = []
         self._nb_bwd = np.zeros((q.shape[0] if varlen else problem.batch * problem.seqlen_q, 1))
@@ -191,6 +192,8 @@ class BudgetStats:
         self.H, self.Hk, self.g, self.D, self.Dv, self.scale = H, Hk, g, D, Dv, scale
         self.kc = kc
         self.q, self.k, self.v, self.dout, self.O = q, k, v, dout, O
+        self.lse_t = lse_t
+        self.ofwd = ofwd
         self.row, self.el = row, el
         self.hull = hull
         #: set by :meth:`forward_out_decided`: (mask of the elements the hull fallback bounds,
@@ -286,10 +289,122 @@ class BudgetStats:
         return self._to_lse(np.broadcast_to(self.budget.evaluate("forward_lse", st), self.row["lse_abs"].shape))
 
     def backward(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
-                 probabilistic: bool = True) -> dict[str, np.ndarray]:
+                 probabilistic: bool = True, kernel_fwd: Optional[tuple] = None) -> dict[str, np.ndarray]:
         """Allowances for dq, dk, dv (FA4 layouts) given the oracle backward (exact O); with
         ``probabilistic`` also the sharper tier's ``dq_prob``/``dk_prob``/``dv_prob`` where the
-        budget set has them (callers that judge only the worst-case tier skip their cost)."""
+        budget set has them (callers that judge only the worst-case tier skip their cost).
+
+        Note [Backward interval fallback]: where a first-order budget is not valid (``+inf`` past
+        ``first_order``'s limit, or NaN), the element's allowance is the interval bound
+        (:meth:`backward_interval`, DERIVATIONS.md#backward-interval), rigorous at any finite
+        logit scale; ``self.bwd_fallback`` holds, per tensor, the elements it bounds.
+        ``kernel_fwd``: the ``(out, lse)`` the kernel's backward read (its own forward outputs,
+        FA4 layouts); without it the interval bound reads the oracle's O and LSE widened by their
+        forward allowances."""
+        out = self._backward_first_order(obwd, out_allow, out_bound, probabilistic=probabilistic)
+        valid = {n: np.isfinite(b) & (b >= 0) for n, b in out.items()}
+        self.bwd_fallback = {n: np.zeros(np.shape(b), bool) for n, b in out.items()}
+        # the interval bound is computed where the first-order composition is invalid somewhere or
+        # its premises are stretched (a P error past the limit, or O bounded by the hull): there the
+        # first-order budgets, even where finite, carry worst-case row maxima (backward_p = expm1
+        # of the row's LSE and S errors); on other problems they are kept unchanged (and cheap)
+        from fa4verify.error_budgets.loader import FIRST_ORDER_LIMIT
+        stretched = (not all(v.all() for v in valid.values())
+                     or float(np.max(self._bp_row, initial=0.0)) > FIRST_ORDER_LIMIT
+                     or (self.out_fallback is not None and bool(self.out_fallback[0].any())))
+        if "bwd_s_accum" in self.budget and stretched:
+            iv = self.backward_interval(obwd, out_allow, out_bound, kernel_fwd=kernel_fwd)
+            for n, b in out.items():
+                alt = np.asarray(iv[n.replace("_prob", "")], np.float64)
+                ok = np.isfinite(alt) & (alt >= 0)
+                # both are upper bounds under the same kernel model: per element the smaller valid one
+                use = ok & (~valid[n] | (alt < b))
+                out[n] = np.where(use, alt, b)
+                self.bwd_fallback[n] = use
+        return out
+
+    def backward_interval(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
+                          kernel_fwd: Optional[tuple] = None) -> dict[str, np.ndarray]:
+        """The interval bound (error_budgets/interval.py, DERIVATIONS.md#backward-interval) for
+        ``dq``, ``dk``, ``dv`` and ``dq_accum`` (FA4 layouts, dQ units before the cast): per
+        element ``|mid - ref| + rad`` of the enclosure of every value the kernel model admits."""
+        from fa4verify.error_budgets import interval as ivm
+        p = self.problem
+        H, Hk, g, sc = self.H, self.Hk, self.g, self.scale
+        q, k, v, dout = self.q, self.k, self.v, self.dout
+        if dout is None:
+            raise ValueError("BudgetStats.backward_interval: the arrays carry no dout")
+        flat = lambda x: x.reshape((-1,) + x.shape[-2:]) if not p.varlen else x   # noqa: E731
+        if kernel_fwd is not None:
+            o_mid = flat(np.asarray(kernel_fwd[0], np.float64))
+            o_rad = np.zeros_like(o_mid)
+            lse_mid = self._lse_tokens(np.asarray(kernel_fwd[1], np.float64))
+            lse_rad = np.zeros_like(lse_mid)
+        else:
+            o_mid = self.O
+            o_rad = flat(np.asarray(out_allow, np.float64)) + flat(np.asarray(out_bound, np.float64))
+            lse_mid = self.lse_t
+            lb = np.asarray(getattr(self.ofwd, "lse_bound", 0.0), np.float64)
+            lse_rad = self._lse_tokens(np.broadcast_to(self.forward_lse(), np.shape(self.ofwd.lse)) + lb) \
+                if "forward_lse" in self.budget else np.full(lse_mid.shape, np.inf)
+        tq, tk = q.shape[0], k.shape[0]
+        acc = {"dq": [np.zeros((tq, H, self.D)) for _ in range(3)],
+               "dk": [np.zeros((tk, Hk, self.D)) for _ in range(3)],
+               "dv": [np.zeros((tk, Hk, self.Dv)) for _ in range(3)]}
+        n_q = np.zeros((tq, 1, 1))
+        n_k = np.zeros((tk, 1, 1))
+        spair = self.score_pair
+        if spair is not None:
+            from fa4verify import mods as _mods
+            saux = _mods.aux_for(p, spair, self._arrays)
+            sqi = np.arange(p.seqlen_q)[:, None]
+            ski = np.arange(p.seqlen_k)[None, :]
+        for bidx, ((qs, ks, _, _), keep) in enumerate(zip(self._w, self._keeps)):
+            lq, lk = qs.stop - qs.start, ks.stop - ks.start
+            if lk == 0 or lq == 0:
+                continue
+            n_q[qs] = lk + np.maximum(self.row["n_blocks"][qs, :1], self._nb_bwd[qs])[:, :, None] + 2
+            n_k[ks] = lq * g + 2
+            for h in range(H):
+                hk = h // g
+                score = None
+                if spair is not None:
+                    score = (lambda x, b=bidx, h=h: spair.ref(x, b, h, sqi, ski, saux),
+                             lambda x, b=bidx, h=h: spair.grad(x, b, h, sqi, ski, saux),
+                             lambda x, y, b=bidx, h=h: spair.err(x, y, b, h, sqi, ski, saux),
+                             float(spair.lipschitz), float(getattr(spair, "curvature", np.inf)))
+                pi = ivm.pair_intervals(self.budget, q=q[qs, h], k=k[ks, hk], v=v[ks, hk], dout=dout[qs, h],
+                                        o_mid=o_mid[qs, h], o_rad=o_rad[qs, h], lse_mid=lse_mid[qs, h],
+                                        lse_rad=lse_rad[qs, h], keep=keep, scale=sc, softcap=float(p.softcap),
+                                        score=score)
+                for x, y in zip(acc["dq"], ivm.accumulate(pi.ds_lo, pi.ds_hi, k[ks, hk])):
+                    x[qs, h] = y
+                for x, y in zip(acc["dk"], ivm.accumulate(pi.ds_lo.T, pi.ds_hi.T, q[qs, h])):
+                    x[ks, hk] += y
+                for x, y in zip(acc["dv"], ivm.accumulate(pi.p_lo.T, pi.p_hi.T, dout[qs, h])):
+                    x[ks, hk] += y
+        ref = {"dq": flat(np.asarray(obwd.dq, np.float64)), "dk": flat(np.asarray(obwd.dk, np.float64)),
+               "dv": flat(np.asarray(obwd.dv, np.float64))}
+        out: dict[str, np.ndarray] = {}
+        with np.errstate(invalid="ignore", over="ignore"):
+            for n, nt, s_ in (("dq", n_q, sc), ("dk", n_k, sc), ("dv", n_k, None)):
+                mid, rad = ivm.finish(*acc[n], nt, self.budget, scale=s_)
+                out[n] = (np.abs(mid - ref[n]) + rad) * ivm.WIDEN
+                if n == "dq":
+                    mid, rad = ivm.finish(*acc[n], nt, self.budget, scale=sc, cast=False)
+                    out["dq_accum"] = (np.abs(mid - ref[n]) + rad) * ivm.WIDEN
+        return {"dq": self._to_out(out["dq"]), "dq_accum": self._to_out(out["dq_accum"]),
+                "dk": self._to_kv(out["dk"]), "dv": self._to_kv(out["dv"])}
+
+    def _lse_tokens(self, lse: np.ndarray) -> np.ndarray:
+        """An LSE-layout array ((b, h, s) dense, (h, t) varlen) token-major: (t, h)."""
+        if self.problem.varlen:
+            return np.asarray(lse).T
+        return np.moveaxis(np.asarray(lse), 1, 2).reshape(-1, self.H)
+
+    def _backward_first_order(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
+                              probabilistic: bool = True) -> dict[str, np.ndarray]:
+        """The first-order composed budgets ``backward_*`` (DERIVATIONS.md#bwd-composition)."""
         p = self.problem
         if self.dout is None:
             raise ValueError("BudgetStats.backward: the arrays carry no dout")
@@ -333,6 +448,7 @@ class BudgetStats:
         st = self._common()
         st.update(self._row_stats(backward=True))
         bp_row = np.broadcast_to(self.budget.evaluate("backward_p", st), (tq, H))
+        self._bp_row = bp_row
         keeps = {(qs.start, ks.start): km for (qs, ks, _, _), km in zip(self._w, self._keeps)}
         keep_of = lambda qs, ks: keeps[(qs.start, ks.start)]   # noqa: E731
         for qs, ks, W, TH in self._w:
