@@ -1050,3 +1050,108 @@ def test_19_a_non_utf8_input_path_is_refused_up_front(opt, tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert opt in one_line(r.stderr, "fa4verify audit") and "UTF-8" in r.stderr
     assert not (tmp_path / "a.json").exists()
+
+
+# ----------------------------------------------------------------------------- 20. outputs
+def test_20_reports_honour_the_umask_and_never_widen_a_file(tmp_path, capsys):
+    """Reports used to be written 0644 under umask 077 and over a 0600 file."""
+    new, old = tmp_path / "new.json", write_prev(tmp_path / "old.json")
+    os.chmod(old, 0o600)
+    mask = os.umask(0o077)
+    try:
+        assert main(audit_args("--json", str(new), "--html", str(tmp_path / "new.html"))) == 0
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "new.html").stat().st_mode) == 0o600
+    mask = os.umask(0o022)
+    try:
+        assert main(audit_args("--json", str(old))) == 0
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(old.stat().st_mode) == 0o600 and json.loads(old.read_text())["results"]
+    capsys.readouterr()
+    record("fa4verify audit <OK fixture> --json new.json (umask 077) / --json old.json (a 0600 file)", 0,
+           "new.json 0600, old.json stays 0600")
+
+
+@pytest.mark.parametrize("stdout", ["closed-pipe", "/dev/full"])
+def test_20_a_closed_or_full_stdout_never_loses_the_report(stdout, tmp_path):
+    """`audit --json r.json | head -n1` used to exit 1 with no JSON; stdout on /dev/full exit 3."""
+    if stdout == "/dev/full" and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    j = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if k != "FA4VERIFY_DEBUG"}
+    argv = [sys.executable, "-m", "fa4verify", *audit_args("--json", str(j))]
+    if stdout == "closed-pipe":
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        p.stdout.close()                                  # the reader is gone (head -n1 finished)
+        err = p.stderr.read().decode()
+        rc = p.wait(timeout=300)
+    else:
+        with open("/dev/full", "w") as full:
+            r = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+        rc, err = r.returncode, r.stderr
+    record(f"fa4verify audit <OK fixture> --json r.json (stdout: {stdout})", rc, err)
+    assert rc == 0, err
+    assert "Traceback" not in err and "internal error" not in err
+    assert json.loads(j.read_text())["summary"]["exit_code"] == 0
+
+
+_SIGNAL_WRITER = """
+import os, signal, sys
+from fa4verify.audit import atomic
+sig, when, d = getattr(signal, sys.argv[1]), sys.argv[2], sys.argv[3]
+real_replace, real_temp, n = os.replace, atomic._write_temp, [0]
+def replace(src, dst):
+    real_replace(src, dst)
+    if when == "between-renames" and dst.endswith("a.json"):
+        os.kill(os.getpid(), sig)
+def write_temp(path, data):
+    t = real_temp(path, data)
+    if when == "before-renames" and path.endswith("b.html"):
+        os.kill(os.getpid(), sig)
+    return t
+atomic.os.replace, atomic._write_temp = replace, write_temp
+atomic.write_all([(os.path.join(d, n), b"new") for n in ("a.json", "b.html", "c.xml")])
+"""
+
+
+@pytest.mark.parametrize("when", ["between-renames", "before-renames"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_20_a_report_set_is_all_or_none_under_sigterm_and_sighup(sig, when, tmp_path):
+    """SIGTERM between the renames used to leave new JSON + old HTML and two .tmp files."""
+    for n in ("a.json", "b.html", "c.xml"):
+        write_prev(tmp_path / n)
+    r = subprocess.run([sys.executable, "-c", _SIGNAL_WRITER, sig, when, str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    contents = {n: (tmp_path / n).read_text() for n in ("a.json", "b.html", "c.xml")}
+    record(f"{sig} {when.replace('-', ' ')} of write_all(a.json, b.html, c.xml)", r.returncode,
+           f"{sorted(set(contents.values()))} {r.stderr.strip()[-100:]}")
+    assert r.returncode == -getattr(signal, sig), r.stderr                 # the signal still ends it
+    assert set(contents.values()) == {"new"}, contents                     # all new, delivered after
+    no_temp_files(tmp_path)
+
+
+def test_20_two_audits_never_write_one_report_set(tmp_path, capsys):
+    """Two audits writing the same outputs used to interleave them (JSON of one, HTML of the other)."""
+    j, h = tmp_path / "a.json", tmp_path / "a.html"
+    first = subprocess.Popen([sys.executable, "-m", "fa4verify", "audit", "--no-default-checks", "--no-live",
+                              "--checks-module", HANG, "--isolate", "never", "--json", str(j), "--html", str(h)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lock = tmp_path / ".a.json.fa4verify-lock"
+    try:
+        deadline = time.monotonic() + 120
+        while not (lock.exists() and lock.read_text().strip() == str(first.pid)):   # the holder's marker
+            assert first.poll() is None and time.monotonic() < deadline, "the first audit never took the lock"
+            time.sleep(0.05)
+        rc, out, err = run(capsys, *audit_args("--html", str(h), "--json", str(j)))
+        assert rc == 2
+        line = one_line(err, "fa4verify audit")
+        assert "another fa4verify" in line and str(first.pid) in line
+        assert not j.exists() and not h.exists()
+    finally:
+        first.kill()
+        first.wait(timeout=60)
+    assert main(audit_args("--json", str(j), "--html", str(h))) == 0       # a stale lock file is no lock
+    assert not lock.exists()

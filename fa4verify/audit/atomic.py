@@ -8,7 +8,8 @@ Outputs
     :func:`write_all` writes several files all-or-none: every file is written to a temporary file
     in its destination directory first; only when all of them are on disk are they renamed over
     their destinations, together, with SIGINT held off for the renames, and a failed rename puts
-    back the files already replaced. :func:`staged` does the same for files that a library
+    back the files already replaced (Note [Reports under signals]); a replaced file keeps its
+    mode, a new one follows the umask (Note [Report permissions]). :func:`staged` does the same for files that a library
     function writes itself (it hands out the temporary paths).
 
 Inputs
@@ -169,18 +170,71 @@ def _write_temp(path: str, data: bytes) -> str:
     return tmp
 
 
+#: Note [Reports under signals]: SIGINT, SIGTERM and SIGHUP are held while the renames run, so a
+#: report set is all old or all new whatever signal comes (delivered right after); SIGTERM and
+#: SIGHUP -- whose default action ends the process at once, with no cleanup -- are held for the
+#: whole of :func:`write_all` (temporary files included: none is left behind). SIGINT keeps its
+#: Python meaning before the renames (KeyboardInterrupt: no destination changes).
+_RENAME_SIGNALS = {signal.SIGINT, signal.SIGTERM} | ({signal.SIGHUP} if hasattr(signal, "SIGHUP") else set())
+_WRITE_SIGNALS = _RENAME_SIGNALS - {signal.SIGINT}
+
+
 @contextlib.contextmanager
-def _sigint_held() -> Iterator[None]:
-    """Hold SIGINT (delivered right after) while the renames run, in the main thread."""
-    can = (hasattr(signal, "pthread_sigmask") and
-           threading.current_thread() is threading.main_thread())
-    if can:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+def _signals_held(signals=_RENAME_SIGNALS) -> Iterator[None]:
+    """Defer ``signals`` to the end of the block, in the main thread: each is caught by a handler
+    that only records it and re-sent to this process once the block is over, where the handler
+    it had before (the default action, a Python handler, SIG_IGN) runs. A handler, not a signal
+    mask: a process with other threads (numpy's BLAS pool) would get the signal in one of
+    those."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def record(signum, frame):
+        pending.append(signum)
+
+    old = {}
+    for sig in signals:
+        prev = signal.getsignal(sig)
+        if prev is None:             # a handler installed outside Python: left alone
+            continue
+        old[sig] = prev
+        signal.signal(sig, record)
     try:
         yield
     finally:
-        if can:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, prev in old.items():
+            signal.signal(sig, prev)
+        for sig in dict.fromkeys(pending):
+            os.kill(os.getpid(), sig)
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where /proc allows (no window in which a
+    thread would create files with umask 0)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _mode_for(dest: str) -> int:
+    """Note [Report permissions]: a replaced file keeps its mode (a 0600 report is never widened);
+    a new one gets what ``open()`` would give it, 0666 less the umask."""
+    try:
+        st = os.lstat(dest)
+        if stat.S_ISREG(st.st_mode):
+            return stat.S_IMODE(st.st_mode)
+    except OSError:
+        pass
+    return 0o666 & ~_umask()
 
 
 def commit(staged_files: Sequence[tuple[str, str]]) -> None:
@@ -192,7 +246,7 @@ def commit(staged_files: Sequence[tuple[str, str]]) -> None:
         check_writable(dest)
     backups: list[tuple[str, str]] = []      # (backup, dest)
     done: list[tuple[str, bool]] = []        # (dest, existed)
-    with _sigint_held():
+    with _signals_held():
         try:
             for tmp, dest in staged_files:
                 ap = os.path.abspath(dest)
@@ -205,7 +259,7 @@ def commit(staged_files: Sequence[tuple[str, str]]) -> None:
                         backups.append((b, ap))
                     except OSError:
                         pass
-                os.chmod(tmp, 0o644)
+                os.chmod(tmp, _mode_for(ap))
                 os.replace(tmp, ap)
                 done.append((ap, existed))
         except BaseException:
@@ -229,17 +283,18 @@ def write_all(outputs: Iterable[tuple[str, bytes]]) -> None:
     """Write several files all-or-none: every temporary file first, then the renames
     (:func:`commit`). On any error (or SIGINT) before the renames no destination changes."""
     temps: list[tuple[str, str]] = []
-    try:
-        for path, data in outputs:
-            path = _as_str(path)
-            check_writable(path)
-            temps.append((_write_temp(path, data), path))
-        commit(temps)
-    except BaseException:
-        for tmp, _ in temps:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise
+    with _signals_held(_WRITE_SIGNALS):     # Note [Reports under signals]
+        try:
+            for path, data in outputs:
+                path = _as_str(path)
+                check_writable(path)
+                temps.append((_write_temp(path, data), path))
+            commit(temps)
+        except BaseException:
+            for tmp, _ in temps:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise
 
 
 @contextlib.contextmanager
@@ -265,6 +320,51 @@ def staged(paths: Mapping[str, "str | None"]) -> Iterator[dict[str, str]]:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def output_lock(pairs: Iterable[tuple[str, "str | None"]]) -> Iterator[None]:
+    """Note [One writer per report set]: an exclusive lock on each output (``(option, path)``;
+    None skipped) for the whole run, so two audits never interleave one report set (the JSON
+    of one with the HTML of the other). The second one does not wait -- it would redo the work
+    only to replace the first one's reports -- it stops at once with an
+    :class:`OutputPathError` naming the output and the holder's pid (exit 2). The lock is
+    ``.<name>.fa4verify-lock`` beside the output, removed when the run ends."""
+    import fcntl
+
+    held: list[tuple[int, str]] = []
+    try:
+        for opt, p in sorted(((o, p) for o, p in pairs if p is not None and p != "-"),
+                             key=lambda op: os.path.abspath(_as_str(op[1]))):
+            ap = os.path.abspath(_as_str(p))
+            lock = os.path.join(os.path.dirname(ap), f".{os.path.basename(ap)}.fa4verify-lock")
+            while True:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    try:
+                        holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+                    finally:
+                        os.close(fd)
+                    raise OutputPathError(f"{opt} {p}: another fa4verify (pid {holder}) is writing "
+                                          "this report now; wait for it or choose other outputs") from None
+                try:        # the lock file may have been removed by its last holder meanwhile
+                    same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+                except OSError:
+                    same = False
+                if same:
+                    break
+                os.close(fd)
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            held.append((fd, lock))
+        yield
+    finally:
+        for fd, lock in reversed(held):
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+            os.close(fd)
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:

@@ -17,13 +17,62 @@ STATUS_LABEL = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "undecided": "
 SLOW_S = {"quick": 5.0, "default": 15.0, "full": 120.0, "exhaustive": 1800.0}
 
 
+class TolerantStream:
+    """Note [A closed stdout is not a failed audit]: stdout closed by the reader (``| head -n1``)
+    or on a full device (``> /dev/full``) must not abort the audit, lose its report files or
+    change its exit code. The first failed write marks the stream ``failed``, points the file
+    descriptor at /dev/null (so the interpreter's final flush succeeds too) and drops the rest
+    of the terminal output; everything else is the wrapped stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.failed: OSError | None = None
+
+    def _fail(self, e: OSError) -> None:
+        self.failed = e
+        with contextlib.suppress(Exception):
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, self._stream.fileno())
+            os.close(fd)
+
+    def write(self, text: str) -> int:
+        if self.failed is None:
+            try:
+                return self._stream.write(text)
+            except OSError as e:
+                self._fail(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.failed is None:
+            try:
+                self._stream.flush()
+            except OSError as e:
+                self._fail(e)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _columns() -> int | None:
+    """``$COLUMNS`` when it is a usable width (rich takes 0 or garbage at face value and then
+    prints nothing), else None."""
+    try:
+        c = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return None
+    return c if 20 <= c <= 10000 else None
+
+
 def make_console(file: Any = None, force_terminal: bool | None = None):
     from rich.console import Console
 
-    f = file or sys.stdout
+    f = file or TolerantStream(sys.stdout)
     is_tty = force_terminal if force_terminal is not None else bool(getattr(f, "isatty", lambda: False)())
     width = None
-    if not is_tty and "COLUMNS" not in os.environ:
+    if "COLUMNS" in os.environ and _columns() is None:
+        width = 120 if not is_tty else 80
+    elif not is_tty and "COLUMNS" not in os.environ:
         width = 120
     return Console(file=f, force_terminal=force_terminal, width=width, highlight=False,
                    soft_wrap=False)

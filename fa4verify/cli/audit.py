@@ -194,6 +194,21 @@ def _checked_run(config, early_pool, t_start, *, gpus, shard, list_only, baselin
         except BudgetError as e:
             raise _usage(f"{BUDGET_FILE_ENV}: {e}") from None
 
+    from fa4verify.audit.atomic import output_lock
+
+    if list_only:
+        json_path = junit_path = html_path = None
+    with output_lock([("--json", json_path), ("--junit", junit_path), ("--html", html_path)]):
+        # Note [One writer per report set]
+        return _run_with_pool(config, gpu_sel, early_pool, t_start, list_only=list_only,
+                              baseline=baseline, baseline_path=baseline_path,
+                              regression_rtol=regression_rtol, budget_file=budget_file,
+                              json_path=json_path, junit_path=junit_path, html_path=html_path,
+                              live=live)
+
+
+def _run_with_pool(config, gpu_sel, early_pool, t_start, *, list_only, baseline, baseline_path,
+                   regression_rtol, budget_file, json_path, junit_path, html_path, live) -> int:
     # a GPU audit's workers start now at the latest, before the checks are discovered: their
     # start-up (the imports of torch and FA4, a CUDA context each; seconds, measured on the H200)
     # overlaps everything this process does before its first check
