@@ -15,6 +15,17 @@ from fa4verify.audit import registry
 from fa4verify.kernels import facts
 
 SHIPPED = sorted(D.shipped())
+#: a profile with what no shipped one has: an (hd, hdv) pair, two head counts, a sequence minimum
+#: above 1 on each side, two windows, a softcap value, seqused_k
+CUSTOM = {"name": "custom", "head_dims": [[192, 128], 64], "nheads": [4, 8], "nheads_kv": 2,
+          "masks": ["none", "window"], "window_sizes": [[32, 0], [7, 5]], "softcap": [0.0, 15.0],
+          "varlen": True, "seqlen_q": [5, 100], "seqlen_k": [9, 200], "features": ["seqused_k"],
+          "distributions": ["normal", "tiny"]}
+PROFILES = SHIPPED + ["custom"]
+
+
+def _load(name):
+    return D.Deployment.from_mapping(CUSTOM, "<custom>") if name == "custom" else D.load(name)
 
 
 def outside(p, dep: D.Deployment, *, planned: bool = False) -> list[str]:
@@ -84,11 +95,11 @@ def _archs(dep):
     return [a for a in ("sm90", "sm100") if a in dep.archs]
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", PROFILES)
 def test_every_planned_problem_lies_inside_the_profile(name):
     from fa4verify.checks.coverage import build
     from fa4verify.targets import TwinTarget, production_features
-    dep = D.load(name)
+    dep = _load(name)
     n = 0
     for arch in _archs(dep):
         for feats in (TwinTarget().features(), production_features()):
@@ -100,7 +111,7 @@ def test_every_planned_problem_lies_inside_the_profile(name):
     assert n > 0
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", PROFILES)
 def test_every_drawn_fuzz_problem_lies_inside_the_profile(name):
     """The draws of fuzz.twin (default profile) and fuzz.production (default profile: siblings,
     the head-dim palette the deployment replaces), drawn here in-process (``draw_problems``'
@@ -114,8 +125,9 @@ def test_every_drawn_fuzz_problem_lies_inside_the_profile(name):
 
         def features(self):
             return production_features()
-    dep = D.load(name)
+    dep = _load(name)
     n = 0
+    seen: set = set()
     for arch in _archs(dep):
         ctx = _ctx(dep, arch)
         runs = [(TwinTarget(), F._deployment_kw(ctx, {}), 0),
@@ -129,8 +141,11 @@ def test_every_drawn_fuzz_problem_lies_inside_the_profile(name):
             assert len(problems) >= 8, (target.name, len(problems))
             for p in problems:
                 assert outside(p, dep) == [], (target.name, p.describe())
+                seen |= {(p.head_dim, p.head_dim_v), (p.nheads, p.nheads_kv), p.window_size, p.softcap}
             n += len(problems)
     assert n > 0
+    if name == "custom":     # the draws choose among the profile's values, not one of them
+        assert {(192, 128), (64, 64), (4, 2), (8, 2), (32, 0), (7, 5), 15.0} <= seen, seen
 
 
 def test_the_profile_check_sees_what_lies_outside():
