@@ -152,9 +152,39 @@ class FeatureSpace:
         if hd is not None and self.arch in ("sm100", "sm103") and self.hd.get(hd) == (256, 256):
             if g("softcap") == "on" or g("sink") == "on" or is_local(mask) or form == "mask_mod":
                 return "SM100's dedicated (256, 256) kernel has no softcap, sinks, local windows or mask_mod"
+        if is_paged(form) and hd is not None and self._paged_non_tma(form, hd) \
+                and any(d % facts.HDIM_MULTIPLE for d in self.hd[hd]):
+            return (f"{form}: FA4's non-TMA paged KV (page size != tile_n) needs head dims that are multiples "
+                    f"of {facts.HDIM_MULTIPLE} (flash_fwd_sm90.py / flash_fwd_sm100.py assert 'Paged KV does not "
+                    f"support irregular head dim')")
+        if form == "block_sparse" and g("det") == "on" and self.arch == "sm90" and self.no_backward(row) is None:
+            return ("block_sparse: FA4's SM90 block-sparse backward has no deterministic mode (flash_bwd_sm90.py "
+                    "asserts 'Deterministic not implemented for block-sparse backward')")
         if g("det") == "off" and (why := self.no_backward(row)) is not None:
             return f"det=off is a backward setting; {why}"
         return None
+
+    def _paged_non_tma(self, form: str, hd: str) -> bool:
+        """Whether FA4 reads this paged form's K/V without TMA (``interface.py``:
+        ``paged_kv_non_tma=page_size not in [None, tile_n]``); a deployment's page size is compared
+        with the tile_n of the unmasked forward."""
+        if form == "paged_tile":
+            return False
+        page = 16 if form == "paged_small" else self.pages.get(form)
+        if page is None:
+            return False
+        if self.arch == "sm90":
+            tile_n = facts.sm90_fwd_tile(*self.hd[hd], False, False)[1]
+        else:
+            tile_n = facts.kernel_constants(self.arch, self.dtype, *self.hd[hd]).tile_n
+        return page != tile_n
+
+    def gqa_ratio(self, gqa: str) -> float:
+        """Query heads per KV head of a ``gqa`` value (a deployment's ``h:<q>/<kv>`` included)."""
+        if gqa in self.heads:
+            q, kv = self.heads[gqa]
+            return q / kv
+        return {"1": 1.0, "2": 2.0, "4": 4.0, "mqa": float("inf")}[gqa]
 
     def _form_bwd(self, form: str) -> Optional[str]:
         from fa4verify.kernels.features import cell
@@ -177,11 +207,16 @@ class FeatureSpace:
     def no_backward(self, row: Mapping[str, str]) -> Optional[str]:
         """Why FA4 runs no backward for a (partial) row, as far as its form (and head dim) tell;
         None where it may."""
-        if row.get("form") is None:
-            return None
-        if row.get("hd") is None:
-            return self._form_bwd(row["form"])
-        return self._bwd(row["form"], row["hd"])
+        form, hd, gqa = row.get("form"), row.get("hd"), row.get("gqa")
+        if form is not None:
+            why = self._form_bwd(form) if hd is None else self._bwd(form, hd)
+            if why is not None:
+                return why
+        if self.arch == "sm90" and hd is not None and gqa is not None and self.hd[hd][0] != self.hd[hd][1] \
+                and self.gqa_ratio(gqa) > 1:
+            return ("FA4's SM90 GQA backward needs head_dim == head_dim_v (flash_bwd_sm90.py asserts 'GQA "
+                    "backward requires head_dim == head_dim_v')")
+        return None
 
     def passes(self, row: Mapping[str, str]) -> tuple[str, ...]:
         """The passes a full row runs: ("fwd", "bwd") where FA4 has a backward for it."""

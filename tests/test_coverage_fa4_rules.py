@@ -1,0 +1,120 @@
+"""The feature space's support rules that come from FA4's own refusals (fa4verify.coverage.space),
+each tied to the FA4 source line it models, and the adapter's deterministic block-sparse tensors.
+
+Found on the H200 (2026-12-02, flash-attn-4 4.0.0b36): 13 of 97 planned rows of coverage.production
+were refused by FA4 ("FA4 rejected the call"). Three refusals are FA4 limits the space now knows
+(the source tests below fail if FA4 drops or changes them); the fourth ("deterministic block-sparse
+backward requires dq_write_order") was fa4verify's: the adapter did not pass FA4 the write order.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fa4verify.coverage import planner, space
+from fa4verify.kernels import facts
+
+
+def _fa4_source(name: str) -> str:
+    spec = importlib.util.find_spec("flash_attn.cute")
+    assert spec is not None and spec.submodule_search_locations
+    return (Path(list(spec.submodule_search_locations)[0]) / name).read_text()
+
+
+@pytest.mark.fa4
+@pytest.mark.parametrize("fname, text", [
+    ("flash_fwd.py", "hdim_multiple_of = 16"),
+    ("flash_fwd_sm100.py", "hdim_multiple_of = 16"),
+    ("flash_fwd_sm90.py", "Paged KV does not support irregular head dim"),
+    ("flash_fwd_sm100.py", "Paged KV does not support irregular head dim"),
+    ("interface.py", "paged_kv_non_tma=page_size not in [None, tile_n]"),
+    ("flash_bwd_sm90.py", "GQA backward requires head_dim == head_dim_v"),
+    ("flash_bwd_sm90.py", "Deterministic not implemented for block-sparse backward"),
+    ("interface.py", "deterministic block-sparse backward requires dq_write_order in block_sparse_tensors"),
+])
+def test_the_modelled_refusal_is_in_the_installed_fa4(fname, text):
+    assert text in _fa4_source(fname), f"{fname} no longer says {text!r}: re-read the rule in coverage/space.py"
+
+
+def test_hdim_multiple_matches_fa4_padding():
+    assert facts.HDIM_MULTIPLE == 16
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_non_tma_paged_kv_refuses_irregular_head_dims(arch):
+    sp = space.space_for(arch, "bf16")
+    for name, (hd, hdv) in sp.hd.items():
+        why = sp.why_not({"form": "paged_small", "hd": name})
+        irregular = hd % 16 or hdv % 16
+        assert (why is not None) == bool(irregular), (name, why)
+        if irregular:
+            assert "irregular head dim" in why
+        assert sp.why_not({"form": "paged_tile", "hd": name}) is None, name   # TMA path: any head dim
+
+
+def test_sm90_gqa_backward_needs_equal_head_dims():
+    sp = space.space_for("sm90", "bf16")
+    assert "192x128" in sp.hd
+    for gqa in ("2", "4", "mqa"):
+        assert "head_dim == head_dim_v" in sp.no_backward({"hd": "192x128", "gqa": gqa})
+    assert sp.no_backward({"hd": "192x128", "gqa": "1"}) is None
+    assert sp.no_backward({"hd": "128", "gqa": "mqa"}) is None
+    row = {"form": "dense", "hd": "192x128", "gqa": "2"}
+    assert sp.passes(row) == ("fwd",)
+    assert sp.why_not(dict(row, det="off")) is not None       # det is a backward setting
+
+
+def test_sm90_block_sparse_backward_is_not_deterministic():
+    sp90, sp100 = space.space_for("sm90", "bf16"), space.space_for("sm100", "bf16")
+    assert "Deterministic not implemented" in sp90.why_not({"form": "block_sparse", "det": "on"})
+    assert sp90.why_not({"form": "block_sparse", "det": "off"}) is None
+    assert sp100.why_not({"form": "block_sparse", "det": "on"}) is None
+    # a head dim without a block-sparse backward (known issue sm90_block_sparse_bwd_no_build) runs
+    # the forward only, where det is moot: the row stays plannable
+    assert sp90.why_not({"form": "block_sparse", "hd": "200", "det": "on"}) is None
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_plan_has_no_row_fa4_refuses(arch):
+    """Every planned row is one the rules above admit, and its passes are the ones FA4 runs."""
+    sp = space.space_for(arch, "bf16")
+    pl = planner.plan(sp, seed=0)
+    for r in pl.rows:
+        assert sp.why_not(r) is None, r
+        hd, hdv = sp.hd[r["hd"]]
+        if space.is_paged(r["form"]) and r["form"] != "paged_tile":
+            assert hd % 16 == 0 and hdv % 16 == 0, r
+        if arch == "sm90" and hd != hdv and sp.gqa_ratio(r["gqa"]) > 1:
+            assert "bwd" not in sp.passes(r), r
+        if arch == "sm90" and r["form"] == "block_sparse" and "bwd" in sp.passes(r):
+            assert r["det"] == "off", r
+
+
+@pytest.mark.fa4
+def test_deterministic_block_sparse_tensors_carry_fa4s_write_order():
+    """The write order the adapter hands FA4 equals an independent count: for KV block n and the
+    i-th Q block m it visits, the number of KV blocks n' < n that Q block m sees."""
+    from fa4verify.kernels import adapter
+    rng = np.random.default_rng(3)
+    m = rng.random((4, 5)) < 0.6
+    m[:, 0] = True
+    t = adapter.block_sparse_tensors(m, batch=2, nheads=3, block_size=(128, 128), direction="bwd",
+                                     device="cpu", deterministic=True)
+    assert t.spt is False and t.dq_write_order_full is not None
+    order = t.dq_write_order_full.numpy()
+    idx, cnt = t.full_block_idx.numpy(), t.full_block_cnt.numpy()
+    assert order.shape == idx.shape
+    for n in range(m.shape[1]):
+        qs = np.flatnonzero(m[:, n])
+        assert cnt[0, 0, n] == qs.size
+        for i, mb in enumerate(qs):
+            assert idx[1, 2, n, i] == mb
+            assert order[1, 2, n, i] == int(m[mb, :n].sum()), (n, i)
+    plain = adapter.block_sparse_tensors(m, batch=2, nheads=3, block_size=(128, 128), direction="bwd", device="cpu")
+    assert plain.dq_write_order is None and plain.spt is None
+    with pytest.raises(ValueError, match="backward"):
+        adapter.block_sparse_tensors(m, batch=1, nheads=1, block_size=(128, 128), direction="fwd", device="cpu",
+                                     deterministic=True)
