@@ -204,3 +204,18 @@ def test_a_profile_that_holds_nothing_fa4_supports_is_nothing_ran_never_a_pass(t
     assert r.returncode == 5, r.stdout[-2000:] + r.stderr[-2000:]
     assert "NOTHING RAN" in r.stdout and "PASSED" not in r.stdout
     assert " 0 pass " in r.stdout
+
+
+def test_a_profile_larger_than_the_campaigns_size_bound_is_refused_by_name():
+    """The issue's example profile (hd 128, 32 q / 8 kv heads, seqlen 4096..8192) has no problem
+    within the CPU campaign's work bound: the draw says so (the check errors), never an empty or
+    an out-of-profile campaign."""
+    from fa4verify.checks import fuzz as F
+    from fa4verify.fuzz import drawn
+    from fa4verify.targets import TwinTarget
+    dep = D.Deployment.from_mapping({"name": "long", "head_dims": [128], "nheads": 32, "nheads_kv": 8,
+                                     "masks": ["causal"], "seqlen_q": [4096, 8192], "seqlen_k": [4096, 8192]},
+                                    "<long>")
+    with pytest.raises(ValueError, match=r"no problem inside the campaign's limits can be drawn.*4096"):
+        drawn.draw_problems(arch="sm90", dtype="bf16", examples=4, seed=0, profile="ci", target=TwinTarget(),
+                            fresh_process=False, **F._deployment_kw(_ctx(dep, "sm90"), {}))

@@ -427,6 +427,17 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         if bad or not distributions:
             raise InvalidArgument(f"distributions={distributions!r}: unknown {sorted(bad)} (known: {DISTRIBUTIONS})")
 
+    if max_work is not None and (seqlen_q_range or seqlen_k_range or head_count_choices):
+        # Note [Confined draws]: a deployment whose smallest problem exceeds the size bound has
+        # nothing to draw; say so at once instead of rejecting every draw
+        hds = [(c, c) if isinstance(c, int) else tuple(c) for c in head_dim_choices or ((8, 8),)]
+        smallest = (_clip_range(seqlen_q_range, max_seqlen)[0] * _clip_range(seqlen_k_range, max_seqlen)[0]
+                    * min((int(h) for h, _ in head_count_choices or ((1, 1),)))
+                    * min(int(a) + int(b) for a, b in hds))
+        if smallest > max_work:
+            raise InvalidArgument(f"the smallest confined problem (work {smallest:,}: seqlens {seqlen_q_range} x "
+                                  f"{seqlen_k_range}, heads {tuple(head_count_choices or ())}) exceeds "
+                                  f"max_work={max_work:,}")
     dt = dtype if dtype is not None else draw(st.sampled_from(("bf16", "fp16")))
     hd, hdv = draw(head_dims(arch=arch, max_head_dim=max_head_dim,
                              choices=tuple(head_dim_choices) if head_dim_choices is not None else None))
@@ -533,9 +544,10 @@ def _in_ranges(p: AttentionProblem, qr: tuple[int, int], kr: tuple[int, int]) ->
 # dims and pairs, head counts, masks and windows, softcaps, sinks) instead of switching features
 # on and off, and draw every sequence length inside the profile's range. The draw's size bound
 # (``max_seqlen``, a CPU budget) clips the range from above but never below its minimum: the
-# shortest sequence the deployment runs is drawn even when it is longer than the bound (the
-# ``max_work`` bound then decides). tests/test_deployment_confinement.py checks every shipped
-# profile on the audit's own draw.
+# shortest sequence the deployment runs is drawn even when it is longer than the bound; the
+# ``max_work`` bound (the CPU judge's cost) still holds, and a deployment whose smallest problem
+# exceeds it is refused by name (InvalidArgument), never drawn outside the profile nor left empty.
+# tests/test_deployment_confinement.py checks every shipped profile on the audit's own draw.
 
 #: the :func:`attention_problems` arguments that confine a draw to a deployment
 #: (:meth:`fa4verify.deployment.Deployment.strategy_kwargs`; Note [Confined draws])

@@ -158,7 +158,18 @@ def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, pro
                                   distributions=tuple(distributions) if distributions else None,
                                   max_work=lim.get("max_work"), seqlen_q_range=lim.get("seqlen_q_range"),
                                   seqlen_k_range=lim.get("seqlen_k_range"))
-    out = _generate(strategy, examples, seed, pname)
+    from hypothesis.errors import InvalidArgument, Unsatisfiable
+    try:
+        out = _generate(strategy, examples, seed, pname)
+    except InvalidArgument as e:
+        raise ValueError(f"no problem inside the campaign's limits can be drawn: {e}") from None
+    except Unsatisfiable:
+        # e.g. a deployment whose shortest sequences with its head counts exceed the size bound
+        # (Note [Confined draws]): a clear refusal, never an empty campaign
+        ranges = "".join(f", {k} {tuple(lim[k])}" for k in ("seqlen_q_range", "seqlen_k_range",
+                                                            "head_count_choices") if lim.get(k))
+        raise ValueError(f"no problem inside the campaign's limits can be drawn (max_seqlen "
+                         f"{lim.get('max_seqlen')}, max_work {lim.get('max_work')}{ranges})") from None
     from fa4verify._strategies.calls import MOD_FEATURE
     if MOD_FEATURE in feats and examples >= 2:
         # Note [Mod quota]: a seeded Hypothesis run draws the mod_pairs family unevenly (0 of 44
