@@ -153,6 +153,32 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "                else mCuSeqlensK[batch_idx + 1] - offset_k - 1\n"),),
         "both", ("out", "lse")),
     SourceMutant(
+        "seqlen_tail_off_by_one", "SM90 mask admits one key past seqlen_k (the tail tile's padding)",
+        (Edit("mask.py",
+              "        if n_block < 0:\n            n_block = 0\n"
+              "        seqlenk_col_limit = self.seqlen_k - n_block * self.tile_n - thr_col_offset\n"
+              "        if const_expr(not mask_causal and not mask_local and mask_mod is None):\n",
+              "        if n_block < 0:\n            n_block = 0\n"
+              "        seqlenk_col_limit = self.seqlen_k - n_block * self.tile_n - thr_col_offset + 1\n"
+              "        if const_expr(not mask_causal and not mask_local and mask_mod is None):\n"),),
+        "both", ("out", "lse")),
+    SourceMutant(
+        "page_boundary_off_by_one", "paged KV (cp.async path): the last key of every page read from the key before it",
+        (Edit("paged_kv.py",
+              "            page_idx, page_offset = divmod(row_idx + self.leftpad_k, self.page_size_divmod)\n",
+              "            page_idx, page_offset = divmod(row_idx + self.leftpad_k, self.page_size_divmod)\n"
+              "            page_idx_next, _ = divmod(row_idx + self.leftpad_k + 1, self.page_size_divmod)\n"
+              "            page_offset = page_offset - (page_idx_next - page_idx)\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "block_edge_off_by_one", "SM90 block-sparse forward: the first full KV block processed is masked as the next block",
+        (Edit("block_sparse_utils.py",
+              "            full_n_block = curr_full_block_idx[curr_full_block_cnt - 1]\n"
+              "            if curr_mask_block_cnt == 0:\n                warp_scheduler_barrier_sync()\n",
+              "            full_n_block = curr_full_block_idx[curr_full_block_cnt - 1] + 1\n"
+              "            if curr_mask_block_cnt == 0:\n                warp_scheduler_barrier_sync()\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
         "dropped_rescale", "online-softmax rescale of O dropped in the SM90 forward main loop",
         (Edit("flash_fwd_sm90.py",
               "            cute.copy(smem_copy_params.smem_thr_copy_P, tPrP, smem_copy_params.tPsP)\n"
