@@ -4,11 +4,19 @@
 Semantics (FA4 4.0.0b36, ``fa4verify/kernels/mods.py``)::
 
     x_ij = scale * (q_i . k_j)          the scaled score (what FA4 hands a score_mod)
-    y_ij = score(x_ij; b, h, i, j)      identity without a score function
+    y_ij = score(x_ij; b, h, i, j)      identity without a score function; softcap > 0 (FA4's
+                                        built-in, which FA4 refuses with a score_mod):
+                                        y_ij = softcap * tanh(x_ij / softcap)
     y_ij = -inf where not keep_ij       keep = the mask (and FA4's causal / window when given)
-    P = softmax_j(y), O = P V, LSE = log sum_j exp(y_ij) (-inf, O = 0 for a row that keeps nothing)
+    LSE = log(sum_j exp(y_ij) + exp(sink_h))   (no sink term without learnable_sink; -inf for
+                                        a row that keeps nothing and has no sink, = sink_h with one)
+    P = exp(y - LSE), O = P V           (O = 0 for a row that keeps nothing)
     dS^y = P (dP - D),  dP = dO V^T,  D = rowsum(dO * O)
     dS^x = dS^y * score'(x),  dQ = scale dS^x K,  dK = scale dS^x^T Q,  dV = P^T dO
+    dsink_h = -sum_i exp(sink_h - LSE_i) D_i
+
+The softcap and sink semantics are :mod:`oracles.semantics`' (FA4 applies both with a mask_mod:
+Note [Mods with softcap and sink]).
 
 The functions come as callables (``score(x, b, h) -> y``, ``grad(x, b, h) -> dy/dx`` on one
 (q, kv) block; ``keep(b) -> bool (seqlen_q, seqlen_k)``), so this module knows nothing of
@@ -66,45 +74,76 @@ def _block(q, k, v, b, h, hk, scale, score, keep):
     return x, dx, y, kp
 
 
-def _softmax(y, kp):
+def _softmax(y, kp, sink_h=None):
+    """(P, LSE, rows that keep a key, P of the sink or None). The sink (a logit, ``sink_h``)
+    joins the denominator only."""
     ym = np.where(kp, y, -np.inf)
     anyk = kp.any(axis=1)
     m = np.where(anyk, np.max(ym, axis=1, initial=-np.inf), 0.0)
+    if sink_h is not None:
+        m = np.where(anyk, np.maximum(m, sink_h), sink_h)
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         e = np.where(kp, np.exp(ym - m[:, None]), 0.0)
         s = e.sum(axis=1)
-        lse = np.where(anyk, m + np.log(np.where(anyk, s, 1.0)), -np.inf)
-        P = np.where(anyk[:, None], e / np.where(anyk, s, 1.0)[:, None], 0.0)
-    return P, lse, anyk
+        if sink_h is None:
+            lse = np.where(anyk, m + np.log(np.where(anyk, s, 1.0)), -np.inf)
+            P = np.where(anyk[:, None], e / np.where(anyk, s, 1.0)[:, None], 0.0)
+            return P, lse, anyk, None
+        s = s + np.exp(sink_h - m)
+        lse = m + np.log(s)
+        P = e / s[:, None]
+        return P, lse, anyk, np.exp(sink_h - m) / s
+
+
+def _softcap(cap: float):
+    """``(score, grad, curvature)`` of FA4's built-in softcap (:mod:`oracles.semantics`)."""
+    c = float(cap)
+    if not (c > 0 and np.isfinite(c)):
+        raise ValueError(f"softcap must be finite and > 0, got {cap!r}")
+    # |d^2/dx^2 c tanh(x/c)| = 2 sech^2 tanh / c <= (4 / (3 sqrt 3)) / c < 1 / c
+    return (lambda x, b, h: c * np.tanh(x / c)), (lambda x, b, h: 1.0 / np.cosh(x / c) ** 2), 1.0 / c
 
 
 def forward(q: Any, k: Any, v: Any, *, softmax_scale: Optional[float] = None,
             score: Optional[Callable] = None, keep: Optional[Callable] = None,
-            lipschitz: float = 1.0, window_size=(None, None)) -> AttentionForward:
+            lipschitz: float = 1.0, window_size=(None, None), softcap: float = 0.0,
+            learnable_sink: Any = None) -> AttentionForward:
     """O and LSE (FA4 layouts: out like q with headdim_v, lse (batch, heads, seqlen_q)) with
-    their bounds; inputs (batch, seqlen, heads, dim), GQA by ``heads % heads_kv == 0``."""
-    fw, _ = _run(q, k, v, None, softmax_scale, score, None, keep, lipschitz, 0.0)
+    their bounds; inputs (batch, seqlen, heads, dim), GQA by ``heads % heads_kv == 0``;
+    ``softcap`` (0 = off; not with ``score``) and ``learnable_sink`` (nheads,) as FA4's."""
+    fw, _ = _run(q, k, v, None, softmax_scale, score, None, keep, lipschitz, 0.0, softcap, learnable_sink)
     return fw
 
 
 def backward(q: Any, k: Any, v: Any, dout: Any, *, softmax_scale: Optional[float] = None,
              score: Optional[Callable] = None, grad: Optional[Callable] = None,
              keep: Optional[Callable] = None, lipschitz: float = 1.0,
-             curvature: float = 0.0) -> AttentionBackward:
+             curvature: float = 0.0, softcap: float = 0.0, learnable_sink: Any = None) -> AttentionBackward:
     """The exact gradient (the oracle's own O enters D, ``out_source="oracle"``) with bounds;
-    ``grad`` is required with ``score``."""
+    ``grad`` is required with ``score``; ``dsink`` with ``learnable_sink``."""
     if score is not None and grad is None:
         raise ValueError("backward with a score function needs its derivative (grad)")
-    fw, bw = _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature)
+    fw, bw = _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, softcap, learnable_sink)
     return bw
 
 
-def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature):
+def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, softcap=0.0, learnable_sink=None):
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     B, sq, H, D = q.shape
     _, sk, Hk, Dv = v.shape
     if H % Hk:
         raise ValueError(f"nheads {H} must be a multiple of nheads_kv {Hk}")
+    if softcap:
+        if score is not None:
+            raise ValueError("softcap with a score function: FA4 refuses the combination (write the cap "
+                             "into the score_mod)")
+        score, grad, curvature = _softcap(softcap)
+        lipschitz = 1.0
+    sink = None
+    if learnable_sink is not None:
+        sink = np.asarray(learnable_sink, np.float64).reshape(-1)
+        if sink.shape != (H,):
+            raise ValueError(f"learnable_sink: expected shape ({H},) (nheads), got {sink.shape}")
     g = H // Hk
     scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
     L = float(lipschitz)
@@ -119,15 +158,20 @@ def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature):
         dk, dkb = np.zeros_like(k), np.zeros_like(k)
         dv, dvb = np.zeros_like(v), np.zeros_like(v)
         dd, ddb = np.zeros((B, H, sq)), np.zeros((B, H, sq))
+        dsink = None if sink is None else np.zeros(H)
+        dsinkb = None if sink is None else np.zeros(H)
     for b in range(B):
         for h in range(H):
             hk = h // g
             x, dx, y, kp = _block(q, k, v, b, h, hk, scale, score, keep)
-            P, ls, anyk = _softmax(y, kp)
+            sh = None if sink is None else float(sink[h])
+            P, ls, anyk, Ps = _softmax(y, kp, sh)
             dy = (L * dx + E_REF * (np.abs(x) + np.abs(y))) if score is not None else dx
             dy = np.where(kp, dy, 0.0)
-            n = max(int(kp.sum(axis=1).max(initial=0)), 1)
-            dls = np.where(anyk, dy.max(axis=1, initial=0.0) + _g(n + 4) + U64 * np.abs(np.where(anyk, ls, 0.0)), 0.0)
+            # the sink is one more exact term of the sum (its logit carries no error)
+            n = max(int(kp.sum(axis=1).max(initial=0)), 1) + (sh is not None)
+            fin = anyk if sh is None else np.ones_like(anyk)
+            dls = np.where(fin, dy.max(axis=1, initial=0.0) + _g(n + 4) + U64 * np.abs(np.where(fin, ls, 0.0)), 0.0)
             with np.errstate(invalid="ignore"):
                 rel = np.where(kp, dy + dls[:, None] + U64 * np.abs(np.where(kp, y, 0.0) - np.where(anyk, ls, 0.0)[:, None])
                                + 4 * U64, 0.0)
@@ -162,12 +206,16 @@ def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature):
             dv[b, :, hk] += P.T @ dob
             dvb[b, :, hk] += 2 * ((rel * P).T @ np.abs(dob) + _g(sq * g) * P.T @ np.abs(dob))
             dd[b, h], ddb[b, h] = Dh, 2 * Db
+            if Ps is not None:
+                rs = dls + U64 * np.abs(sh - ls) + 4 * U64      # relative bound of P_sink
+                dsink[h] -= np.sum(Ps * Dh)
+                dsinkb[h] += 2 * (np.sum(Ps * (rs * np.abs(Dh) + Db)) + _g(sq + 1) * np.sum(np.abs(Ps * Dh)))
     fw = AttentionForward(out=out, lse=lse, bound=ob, lse_bound=lb, precision="fast",
                           method="oracles.mods float64 (first-order a-priori bound)", softmax_scale=scale,
                           window_size=(None, None))
     if not bwd:
         return fw, None
-    bw = AttentionBackward(dq=dq, dk=dk, dv=dv, dsink=None, d=dd, dq_bound=dqb, dk_bound=dkb, dv_bound=dvb,
-                           dsink_bound=None, d_bound=ddb, out=out, lse=lse, out_source="oracle",
+    bw = AttentionBackward(dq=dq, dk=dk, dv=dv, dsink=dsink, d=dd, dq_bound=dqb, dk_bound=dkb, dv_bound=dvb,
+                           dsink_bound=dsinkb, d_bound=ddb, out=out, lse=lse, out_source="oracle",
                            precision="fast", method=fw.method, forward=fw)
     return fw, bw

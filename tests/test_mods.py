@@ -255,6 +255,48 @@ def test_judge_passes_the_rounded_oracle_and_fails_when_the_mod_is_dropped(names
     assert bad.out.status == "fail" or bad.lse.status == "fail"
 
 
+@pytest.mark.parametrize("pair, builtin, softcap, sink", [
+    ("causal", dict(causal=True), 30.0, True),
+    ("causal", dict(causal=True), 30.0, False),
+    ("sliding_window", dict(window_size=km.WINDOW), 0.0, True),
+])
+def test_mask_pair_oracle_applies_the_problems_softcap_and_sink(pair, builtin, softcap, sink):
+    """Note [Mods with softcap and sink]: a mask pair on a softcap / sink problem is judged
+    against FA4's semantics with both (the certified oracle on the built-in mask the pair
+    equals), GQA included; before, the mod oracle dropped them (production rows 33, 98, 100)."""
+    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.judge import judge_backward, judge_forward
+    from fa4verify.judge.attention import oracle_backward, oracle_forward
+    p = _problem((pair,), seqlen_q=160, seqlen_k=160, nheads=4, nheads_kv=2, softcap=softcap, sink=sink,
+                 values=ValueSpec("outliers", 7))
+    a = p.materialize()
+    ref = p.replace(mods=(), **builtin)
+    o, c = oracle_forward(p, a), oracle_forward(ref, a)
+    assert np.abs(o.out).max() > 0.1
+    assert (np.abs(o.out - c.out) <= o.bound + c.bound).all()
+    fin = np.isfinite(c.lse)
+    assert np.array_equal(fin, np.isfinite(o.lse))
+    assert (np.abs(o.lse - c.lse)[fin] <= (o.lse_bound + c.lse_bound)[fin]).all()
+    ob, cb = oracle_backward(p, a), oracle_backward(ref, a)
+    for n in ("dq", "dk", "dv"):
+        assert (np.abs(getattr(ob, n) - getattr(cb, n)) <= getattr(ob, f"{n}_bound") + getattr(cb, f"{n}_bound")).all(), n
+    if sink:
+        assert (np.abs(ob.dsink - cb.dsink) <= ob.dsink_bound + cb.dsink_bound).all()
+    # the judge: FA4's right answer (the built-in's oracle, rounded) passes the mod problem
+    j = judge_forward(p, a, _bf16(c.out), c.lse)
+    assert j.out.status == j.lse.status == "pass", (j.out.summary(), j.lse.summary())
+    jb = judge_backward(p, a, _bf16(cb.dq), _bf16(cb.dk), _bf16(cb.dv), forward=j)
+    assert all(v.status == "pass" for v in jb.verdicts), [v.summary() for v in jb.verdicts]
+
+
+def test_mod_oracle_refuses_softcap_with_a_score_function():
+    q, k, v, _ = _inputs(1, sq=16, sk=16)
+    _, kw = _pair_callables(mods.get("alibi"), 16, 16)
+    kw.pop("grad"), kw.pop("curvature")
+    with pytest.raises(ValueError, match="FA4 refuses"):
+        om.forward(q, k, v, softcap=30.0, **kw)
+
+
 def test_user_pair_with_lipschitz_above_one_is_undecided_never_pass():
     from fa4verify.judge import judge_forward
     from fa4verify.judge.attention import oracle_forward

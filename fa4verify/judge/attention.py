@@ -92,15 +92,26 @@ def _oracle_kwargs(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str,
 
 
 def _mod_callables(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
-    """The float64 oracle's score / grad / keep callables for a problem with ``mods``
-    (``fa4verify.oracles.mods``): the pairs' references on each (batch entry, head) block, with
-    the aux arrays of :func:`fa4verify.mods.aux_for`."""
+    """The float64 oracle's arguments for a problem with ``mods`` (``fa4verify.oracles.mods``):
+    the pairs' references on each (batch entry, head) block, with the aux arrays of
+    :func:`fa4verify.mods.aux_for`, and the problem's softcap and sink.
+
+    Note [Mods with softcap and sink]
+    ---------------------------------
+    The production target hands FA4 the problem's ``softcap`` and ``learnable_sink`` with the
+    pair's CuTe function (``targets.ProductionTarget._kw``), and FA4 applies both with a
+    mask_mod (it refuses softcap only with a score_mod), so the mod oracle must too: without
+    them it judged FA4's correct softcapped, sink-normalised output against plain attention
+    (the coverage plan puts mask pairs on softcap / sink rows; the fuzz draws never did). The
+    budgets (:class:`fa4verify.judge.stats.BudgetStats`) already counted both."""
     from fa4verify import mods as _mods
     score, _ = problem.mod_pairs()
     keeps = problem.keep_masks(a)
     qi = np.arange(problem.seqlen_q)[:, None]
     ki = np.arange(problem.seqlen_k)[None, :]
-    kw: dict[str, Any] = {"softmax_scale": problem.scale, "keep": lambda b: keeps[b]}
+    kw: dict[str, Any] = {"softmax_scale": problem.scale, "keep": lambda b: keeps[b],
+                          "softcap": float(problem.softcap),
+                          "learnable_sink": a.get("learnable_sink") if problem.sink else None}
     if score is not None:
         aux = _mods.aux_for(problem, score, a)
         kw["score"] = lambda x, b, h: score.ref(x, b, h, qi, ki, aux)
