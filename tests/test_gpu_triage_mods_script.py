@@ -56,7 +56,7 @@ def test_every_experiment_line_runs_on_the_cpu_stand_in(capsys):
     out = capsys.readouterr().out
     assert "CPU stand-in (not evidence)" in out
     lines = [ln for ln in out.splitlines() if ln and not ln.startswith("#")]
-    assert len(lines) == 9 + 15, out
+    assert len(lines) == 9 + 11, out
     assert not any("ERROR" in ln for ln in lines), out
     # the stand-in is the reference rounded: small against it, the old reference far off with outliers
     assert all("rel_err_vs_ref" in ln for ln in lines)
