@@ -283,13 +283,14 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
         if os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
             raise OptionError(f"--kernel-cache {kernel_cache!r}: exists and is not a directory")
         try:        # a directory the user named: made now, so a bad one is exit 2, not a worker's crash
-            os.makedirs(cache_dir, exist_ok=True)
+            os.makedirs(cache_dir, mode=0o700, exist_ok=True)     # private: it will hold native code
             probe = os.path.join(cache_dir, f".fa4verify-probe-{os.getpid()}")
             open(probe, "wb").close()
             os.unlink(probe)
         except OSError as e:
             raise OptionError(f"--kernel-cache {kernel_cache!r}: cannot use this directory "
                               f"({e.strerror or e})") from None
+    cache_dir = _kernel_cache_in_effect(cache_s, cache_dir)
     mods = tuple(dict.fromkeys(list(checks_modules) + list(checks_modules_from_env())))
     dep = None
     if deployment:
@@ -314,6 +315,44 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
                        timeout=timeout, opts=opts_t, deployment=dep, workers=workers_n,
                        fresh_workers=bool(fresh_workers), kernel_cache=cache_dir,
                        check_shards=shards_n)
+
+
+def _kernel_cache_in_effect(option: str, cache_dir: str | None) -> str | None:
+    """The kernel cache the workers will really use, checked (Note [Kernel cache integrity] in
+    :mod:`fa4verify.kernels.kernel_cache`).
+
+    ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED`` / ``_DIR`` preset in the environment are FA4's own
+    switches and stay in force (a user's setting); the run then names the directory they select
+    (``_DIR``, or FA4's default ``/tmp/$USER/...``) -- in the report, and on stderr when it
+    replaces a ``--kernel-cache`` given -- instead of the one asked for. That directory, like
+    ``--kernel-cache``'s, must be this user's and not group- or world-writable: FA4 links the
+    objects in it into the process (refused: exit 2)."""
+    from fa4verify.audit.pool import KERNEL_CACHE_ENV
+    from fa4verify.kernels.kernel_cache import unsafe_reason
+
+    preset = {k: os.environ[k] for k in KERNEL_CACHE_ENV if k in os.environ}
+    label = f"--kernel-cache {option!r}"
+    if preset:
+        if os.environ.get(KERNEL_CACHE_ENV[0], "0") == "1":
+            import getpass
+            import tempfile
+            used = os.path.abspath(os.environ.get(KERNEL_CACHE_ENV[1]) or os.path.join(
+                tempfile.gettempdir(), getpass.getuser(), "flash_attention_cute_dsl_cache"))
+        else:
+            used = None
+        if option.lower() != "auto" and used != cache_dir:
+            import sys
+            print(f"fa4verify: note: {' '.join(f'{k}={v}' for k, v in preset.items())} in the environment "
+                  f"replace{'s' if len(preset) == 1 else ''} {label} (FA4 reads them; unset them to use "
+                  f"{label}): the kernel cache is {used or 'off'}", file=sys.stderr)
+        cache_dir = used
+        label = " ".join(f"{k}={v}" for k, v in preset.items())
+    if cache_dir is not None:
+        why = unsafe_reason(cache_dir)
+        if why:
+            raise OptionError(f"{label}: kernel cache {cache_dir} is {why}: FA4 would load native code "
+                              "from it; use a private directory or --kernel-cache off")
+    return cache_dir
 
 
 # ------------------------------------------------------------------------------------ frontends

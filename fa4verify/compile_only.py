@@ -210,9 +210,11 @@ def _worker(spec_json: str) -> None:
 # ----------------------------------------------------------------------------------------------
 
 def run_cases(arch: str, cases: Sequence[CompileCase], workdir: str | os.PathLike | None = None,
-              timeout: float = 600.0) -> dict[str, Any]:
+              timeout: float = 600.0, kernel_cache: str | os.PathLike | None = None) -> dict[str, Any]:
     """Run ``cases`` for compile target ``arch`` ("sm_100a", "sm_103a", "sm_90a") in one
     subprocess. Returns ``{"arch", "wall_seconds", "import_seconds", "results": [per case]}``.
+    ``kernel_cache``: FA4's persistent kernel cache on, in that directory (as in an audit's
+    workers), else off.
     A case that fails records its error (``ok`` False); raises ``RuntimeError`` only when the
     subprocess itself dies (with its stderr tail)."""
     from fa4verify.census import compile_env
@@ -223,6 +225,8 @@ def run_cases(arch: str, cases: Sequence[CompileCase], workdir: str | os.PathLik
     if result.exists():
         result.unlink()
     env = compile_env(arch, dump, base / "dsl-cache", keep="ptx")
+    if kernel_cache is not None:
+        env.update(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="1", FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(kernel_cache))
     spec = json.dumps({"cases": [asdict(c) for c in cases], "result": str(result)})
     t0 = time.time()
     r = subprocess.run([sys.executable, "-c",

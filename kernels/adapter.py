@@ -107,6 +107,9 @@ def fa4_interface():
     """FA4's ``flash_attn.cute.interface`` module: the adapter's one view of FA4 (Note [One adapter
     for every release])."""
     from flash_attn.cute import interface
+
+    from fa4verify.kernels import kernel_cache
+    kernel_cache.install()          # Note [Kernel cache integrity]: before any kernel is loaded
     return interface
 
 
@@ -202,6 +205,7 @@ def _require_cuda() -> None:
     ok, reason = cuda_status()
     if not ok:
         raise NoCudaError(f"no CUDA device: {reason}")
+    fa4_interface()                 # Note [Kernel cache integrity]: the cache hardened first
 
 
 from fa4verify.kernels.facts import dist_version as _dist_version  # noqa: E402
@@ -1026,19 +1030,17 @@ def upstream_reference(q, k, v, *, causal: bool = False, window_size: tuple = (N
 # ----------------------------------------------------------------------------------------------
 
 def clear_compile_caches() -> None:
-    """Drop FA4's in-memory compiled kernels (the tuning table is not part of FA4's compile key,
-    so a table change needs this). Raises if FA4's persistent cache is on, because stale kernels
-    would survive (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1)."""
+    """Drop FA4's in-memory compiled forward/backward kernels (the tuning table is not part of
+    FA4's compile key). Only the memory: FA4's own ``clear()`` of a persistent cache would also
+    delete every object on disk, and its disk entries are kept apart by arch and tuning variant
+    instead (Note [Kernel cache integrity])."""
     from flash_attn.cute import cache_utils
     interface = fa4_interface()
-    if getattr(cache_utils, "CUTE_DSL_CACHE_ENABLED", False):
-        raise RuntimeError("FA4's persistent compile cache is enabled "
-                           "(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1); unset it to switch emulation")
     for name in ("_flash_attn_fwd", "_flash_attn_bwd"):
         fn = getattr(interface, name, None)
         cache = getattr(fn, "compile_cache", None)
         if cache is not None:
-            cache.clear()
+            cache_utils.JITCache.clear(cache)
 
 
 def _all_tuning_keys() -> list[tuple]:
@@ -1052,8 +1054,10 @@ def exp2_emulation_disabled() -> Iterator[None]:
 
     Recipe (flash_attn/cute/flash_fwd_sm100.py:550-557, ex2_emu_freq, not an upstream API): set ``ex2_emu_freq = 0`` for every key of
     ``flash_fwd_sm100._TUNING_CONFIG`` (absent keys are added with only that field, so the
-    register split stays FA4's default) and of ``_FP8_TUNING_CONFIG``'s present keys, and clear
-    the compile cache before and after. SM90 kernels never emulate; there it changes nothing.
+    register split stays FA4's default) and of ``_FP8_TUNING_CONFIG``'s present keys; the table is
+    in no FA4 compile key, so the block compiles into caches of its own, in memory and on disk
+    (``kernel_cache.tuning_variant``; works with FA4's persistent cache on). SM90 kernels never
+    emulate; there it changes nothing.
     """
     global _EMULATION_DISABLED
     import flash_attn.cute.flash_fwd_sm100 as fwd100
@@ -1066,24 +1070,24 @@ def exp2_emulation_disabled() -> Iterator[None]:
         fa_config = None
     saved = [copy.deepcopy(t) for t in tables]
     saved_fp8 = copy.deepcopy(getattr(fwd100, "_FP8_TUNING_CONFIG", {}))
-    clear_compile_caches()
-    try:
-        for t in tables:
-            for key in _all_tuning_keys():
-                t.setdefault(key, {})["ex2_emu_freq"] = 0
-        for entry in getattr(fwd100, "_FP8_TUNING_CONFIG", {}).values():
-            entry["ex2_emu_freq"] = 0
-        _EMULATION_DISABLED = True
-        yield
-    finally:
-        for t, s in zip(tables, saved):
-            t.clear()
-            t.update(s)
-        if hasattr(fwd100, "_FP8_TUNING_CONFIG"):
-            fwd100._FP8_TUNING_CONFIG.clear()
-            fwd100._FP8_TUNING_CONFIG.update(saved_fp8)
-        _EMULATION_DISABLED = False
-        clear_compile_caches()
+    from fa4verify.kernels.kernel_cache import tuning_variant
+    with tuning_variant("ex2emu-off"):     # the block's compiles kept apart, in memory and on disk
+        try:
+            for t in tables:
+                for key in _all_tuning_keys():
+                    t.setdefault(key, {})["ex2_emu_freq"] = 0
+            for entry in getattr(fwd100, "_FP8_TUNING_CONFIG", {}).values():
+                entry["ex2_emu_freq"] = 0
+            _EMULATION_DISABLED = True
+            yield
+        finally:
+            for t, s in zip(tables, saved):
+                t.clear()
+                t.update(s)
+            if hasattr(fwd100, "_FP8_TUNING_CONFIG"):
+                fwd100._FP8_TUNING_CONFIG.clear()
+                fwd100._FP8_TUNING_CONFIG.update(saved_fp8)
+            _EMULATION_DISABLED = False
 
 
 def exp2_emulation_enabled() -> bool:

@@ -20,6 +20,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fa4verify.cli import main
@@ -1155,3 +1156,99 @@ def test_20_two_audits_never_write_one_report_set(tmp_path, capsys):
         first.wait(timeout=60)
     assert main(audit_args("--json", str(j), "--html", str(h))) == 0       # a stale lock file is no lock
     assert not lock.exists()
+
+
+# ------------------------------------------------------------------------ 21. the kernel cache
+@pytest.mark.parametrize("how", ["world-writable", "group-writable", "foreign-owned", "preset-env-0777"])
+def test_21_an_unsafe_kernel_cache_is_refused(how, tmp_path, capsys, monkeypatch):
+    """A 0777 cache directory (FA4 links the objects in it into the process) was used without a word."""
+    kc = tmp_path / "kc"
+    kc.mkdir()
+    for k in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    if how == "group-writable":
+        os.chmod(kc, 0o770)
+    elif how == "foreign-owned":
+        if os.getuid() != 0:
+            pytest.skip("chown to another user needs root")
+        os.chown(kc, 65534, 65534)
+    else:
+        os.chmod(kc, 0o777)
+    args = ["--kernel-cache", str(kc)]
+    if how == "preset-env-0777":
+        monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+        monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(kc))
+        args = []
+    rc, out, err = run(capsys, *audit_args("--isolate", "always", *args, "--json", str(tmp_path / "a.json")))
+    assert rc == 2, out + err
+    line = one_line(err, "fa4verify audit")
+    assert str(kc) in line and ("writable" in line or "owned by" in line), line
+    assert not (tmp_path / "a.json").exists()
+
+
+def test_21_a_preset_fa4_cache_setting_is_named_not_silently_used(tmp_path, capsys, monkeypatch):
+    """A preset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 used to replace --kernel-cache silently (the
+    report still named the user's directory)."""
+    mine, preset = tmp_path / "mine", tmp_path / "preset"
+    preset.mkdir(mode=0o700)
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(preset))
+    j = tmp_path / "a.json"
+    rc, out, err = run(capsys, *audit_args("--kernel-cache", str(mine), "--json", str(j)))
+    assert rc == 0, out + err
+    assert json.loads(j.read_text())["config"]["kernel_cache"] == str(preset)
+    note = [ln for ln in err.splitlines() if "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1" in ln]
+    assert note and "--kernel-cache" in note[0] and str(preset) in note[0], err
+
+
+_PLANT = r"""
+import hashlib, json, os, sys
+from fa4verify.kernels import adapter
+from flash_attn.cute import cache_utils as cu
+interface = adapter.fa4_interface()          # the adapter's first use of FA4
+loaded = []
+def load_module(path, enable_tvm_ffi=True):  # what FA4 would dlopen: recorded, never run
+    loaded.append([path, open(path, "rb").read().decode()])
+    return type("M", (), {"func": staticmethod(lambda *a: None)})
+cu.cute.runtime.load_module = load_module
+c = interface._flash_attn_fwd.compile_cache
+out = {"path": str(c.cache_path)}
+def plant(key, data, manifest=None):
+    obj = c.cache_path / f"{c._key_to_hash(key)}.o"
+    obj.write_bytes(data)
+    if manifest is not None:
+        (obj.parent / (obj.name + ".sha256")).write_text(manifest)
+    return key in c
+out["planted"] = plant(("planted",), b"planted")
+out["wrong_manifest"] = plant(("wrong",), b"swapped", hashlib.sha256(b"original").hexdigest())
+out["right_manifest"] = plant(("right",), b"exported", hashlib.sha256(b"exported").hexdigest())
+out["loaded"] = loaded
+with adapter.exp2_emulation_disabled():      # raised with the cache on
+    out["inside"] = str(interface._flash_attn_fwd.compile_cache.cache_path)
+out["after"] = str(interface._flash_attn_fwd.compile_cache.cache_path)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.fa4
+def test_21_a_planted_kernel_object_is_never_loaded(tmp_path):
+    """An object planted at a key's path in FA4's persistent cache was linked into the process;
+    the cache path carried no arch; exp2_emulation_disabled() raised with the cache on."""
+    kc = tmp_path / "kc"
+    kc.mkdir(mode=0o700)
+    env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="1", FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(kc),
+               CUTE_DSL_ARCH="sm_100a")
+    r = subprocess.run([sys.executable, "-c", _PLANT], capture_output=True, text=True, env=env, timeout=300)
+    record("object planted at a key's path of FA4's persistent cache (no / wrong / right manifest)",
+           r.returncode, (r.stderr.strip().splitlines() or [""])[0])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["planted"] is False and out["wrong_manifest"] is False        # refused: recompiled
+    assert out["right_manifest"] is True
+    assert [d for _, d in out["loaded"]] == ["exported"]                     # the only object loaded
+    assert not out["loaded"][0][0].startswith(str(kc))                      # from a private copy
+    assert "no integrity manifest" in r.stderr and "differs from its manifest" in r.stderr
+    rel = Path(out["path"]).relative_to(kc)
+    assert rel.parts[0] == "sm100a" and rel.parts[-1] == "fwd"              # the arch in the path
+    assert out["inside"] == out["path"] + "-ex2emu-off" and out["after"] == out["path"]
+

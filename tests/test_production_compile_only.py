@@ -168,3 +168,28 @@ def test_sm103_production_compiles_forward_and_backward(tmp_path_factory):
     assert not bad, bad
     fwd = run["results"][0]["forward_config"]
     assert fwd["tuning_key"][3] is True          # is_sm103 in the SM100 tuning key
+
+
+def test_sm100_emulation_off_with_the_kernel_cache_on(tmp_path):
+    """Issue 30 (build item 7): with FA4's persistent cache on -- an audit's default --
+    ``exp2_emulation_disabled()`` used to raise, so budgets.production.forward errored on every
+    B200 audit. Compile-only: the default and the emulation-off SM100 forward both compile with
+    the cache on, and their objects land in separate directories under the arch's, each with its
+    integrity manifest (Note [Kernel cache integrity])."""
+    from fa4verify.compile_only import CompileCase as C, run_cases
+    kc = tmp_path / "kc"
+    kc.mkdir(mode=0o700)
+    run = run_cases("sm_100a", [C("forward", 128, False), C("forward", 128, False, emulation="disabled")],
+                    tmp_path / "work", kernel_cache=kc)
+    res = run["results"]
+    assert [r["ok"] for r in res] == [True, True], [r["error"] for r in res]
+    bad = {r["label"]: p for r in res if (p := _problems(r, 100))}
+    assert not bad, bad
+    assert res[1]["forward_config"]["emulated_share"] == 0.0 < res[0]["forward_config"]["emulated_share"]
+    objs = {p.parent.name: p for p in kc.rglob("*.o")}
+    assert {"fwd", "fwd-ex2emu-off"} <= set(objs), sorted(str(p.relative_to(kc)) for p in kc.rglob("*"))
+    for name in ("fwd", "fwd-ex2emu-off"):
+        o = objs[name]
+        assert o.relative_to(kc).parts[0] == "sm100a"
+        import hashlib
+        assert (o.parent / (o.name + ".sha256")).read_text().strip() == hashlib.sha256(o.read_bytes()).hexdigest()
