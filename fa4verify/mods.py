@@ -32,7 +32,7 @@ from fa4verify.kernels.mods import ModPair, ModShape, library
 __all__ = ["ModPair", "ModShape", "ModPairError", "register_mod_pair", "unregister", "get", "names",
            "validate", "resolve", "aux_for", "user_pair_modules"]
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")      # fullmatch: "$" would let a trailing newline in
 _REGISTRY: dict[str, ModPair] = {}
 _BUILTIN: set[str] = set()
 #: user pair name -> (module name, file) of the module that registered it: Note [Pairs in a fresh
@@ -48,15 +48,86 @@ def _probe_shape() -> ModShape:
     return ModShape(batch=2, nheads=2, seqlen_q=8, seqlen_k=8)
 
 
-def validate(pair: ModPair) -> ModPair:
+#: Note [Mod pairs on every class]: the shape a pair is swept on after the small probe: every head
+#: index up to 128 and every (query, key) position up to 260 -- past FA4's tile edges 64, 128 and
+#: 256 -- in both batch entries. A mask that differs only for heads >= 2, or past a tile edge, is
+#: caught here, not after the gate judged a kernel against it.
+SWEEP_SHAPE = ModShape(batch=2, nheads=128, seqlen_q=260, seqlen_k=260)
+#: a declared ``err`` larger than this share of max(|y|, |x|, 1) at a random point is no fp32
+#: evaluation error (FA4's worst, tanh.approx in softcap, is 2^-11 relative): such an err would
+#: let the gate pass a wrong output -- a negated one at 2 |y| -- and is refused
+ERR_SHARE_MAX = 2.0 ** -6
+#: random points the err is checked at, over all heads and positions of SWEEP_SHAPE
+ERR_POINTS = 4096
+
+
+def _sweep(pair: ModPair) -> None:
+    """Note [Mod pairs on every class]: the mask's head independence on every head and position
+    of :data:`SWEEP_SHAPE`; a score pair's ``ref`` finite there and its ``err`` checked against the
+    float64 reference at random points (at most :data:`ERR_SHARE_MAX` of the value's scale)."""
+    n, sh = pair.name, SWEEP_SHAPE
+    try:
+        aux = pair.make_aux(sh, seed=1)
+    except Exception as e:  # noqa: BLE001
+        raise ModPairError(f"mod pair {n!r}: aux factory failed on {sh}: {type(e).__name__}: {e}") from None
+    qi = np.arange(sh.seqlen_q)[:, None]
+    ki = np.arange(sh.seqlen_k)[None, :]
+    full = (sh.seqlen_q, sh.seqlen_k)
+    try:
+        if pair.kind == "mask":
+            for b in range(sh.batch):
+                k0 = np.broadcast_to(np.asarray(pair.ref(b, 0, qi, ki, aux)), full)
+                for h in range(1, sh.nheads):
+                    kh = np.broadcast_to(np.asarray(pair.ref(b, h, qi, ki, aux)), full)
+                    if not np.array_equal(k0, kh):
+                        q, k = map(int, np.argwhere(k0 != kh)[0])
+                        raise ModPairError(f"mod pair {n!r}: the mask depends on the head (batch {b}: head {h} "
+                                           f"differs from head 0 at query {q}, key {k}); the judge's keep-masks "
+                                           "are per batch entry (write a head-independent mask)")
+            return
+        rng = np.random.default_rng(0)
+        per = max(1, ERR_POINTS // (sh.batch * 8))
+        worst = (0.0, None)
+        for b in range(sh.batch):
+            for h in sorted({0, 1, sh.nheads - 1, *rng.integers(0, sh.nheads, 5).tolist()}):
+                x = rng.uniform(-20.0, 20.0, full)
+                y = np.broadcast_to(np.asarray(pair.ref(x.copy(), b, h, qi, ki, aux), dtype=np.float64), full)
+                if not np.isfinite(y).all():
+                    q, k = map(int, np.argwhere(~np.isfinite(y))[0])
+                    raise ModPairError(f"mod pair {n!r}: ref is not finite at batch {b}, head {h}, query {q}, "
+                                       f"key {k} (score {x[q, k]:.4g})")
+                e = np.broadcast_to(np.asarray(pair.err(x.copy(), y, b, h, qi, ki, aux), dtype=np.float64), full)
+                pick = rng.integers(0, x.size, per)
+                ex, ey, ee = x.flat[pick], y.flat[pick], e.flat[pick]
+                if not np.isfinite(ee).all() or (ee < 0).any():
+                    raise ModPairError(f"mod pair {n!r}: err must be finite and >= 0 at every head and position")
+                share = ee / np.maximum(np.maximum(np.abs(ey), np.abs(ex)), 1.0)
+                i = int(np.argmax(share))
+                if share[i] > worst[0]:
+                    worst = (float(share[i]), (b, h, float(ex[i]), float(ey[i]), float(ee[i])))
+    except ModPairError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ModPairError(f"mod pair {n!r}: reference failed on {sh}: {type(e).__name__}: {e}") from None
+    if worst[0] > ERR_SHARE_MAX:
+        b, h, x0, y0, e0 = worst[1]
+        raise ModPairError(f"mod pair {n!r}: err {e0:.4g} at score {x0:.4g} (ref {y0:.4g}, batch {b}, head {h}) is "
+                           f"{worst[0]:.3g} of max(|y|, |x|, 1), more than {ERR_SHARE_MAX:g}: no fp32 evaluation "
+                           "error; the gate would pass a wrong (e.g. negated) output")
+
+
+def validate(pair: ModPair, *, sweep: bool = True) -> ModPair:
     """Check ``pair`` on a small problem: name, kind, callables, the reference's shape and dtype,
     finiteness, head independence of masks, and for score pairs ``grad`` and ``err`` (finite,
-    ``err >= 0``) and a finite ``lipschitz`` >= 0. Raises :class:`ModPairError`."""
+    ``err >= 0``) and a finite ``lipschitz`` >= 0; then on every head and position class
+    (Note [Mod pairs on every class]: masks head-independent everywhere, a score pair's ``err``
+    checked against the float64 reference at random points). Raises :class:`ModPairError`."""
     if not isinstance(pair, ModPair):
         raise ModPairError(f"expected a fa4verify.kernels.mods.ModPair, got {type(pair).__name__}")
     n = pair.name
-    if not isinstance(n, str) or not _NAME.match(n):
-        raise ModPairError(f"mod pair name {n!r} must match [a-z][a-z0-9_]* (at most 64 characters)")
+    if not isinstance(n, str) or not _NAME.fullmatch(n):
+        raise ModPairError(f"mod pair name {ascii(n) if isinstance(n, str) else repr(n)} must match "
+                           "[a-z][a-z0-9_]* (at most 64 characters)")
     if pair.kind not in ("score", "mask"):
         raise ModPairError(f"mod pair {n!r}: kind must be 'score' or 'mask', got {pair.kind!r}")
     if not callable(pair.ref):
@@ -110,6 +181,8 @@ def validate(pair: ModPair) -> ModPair:
     if pair.kind == "mask" and not np.array_equal(np.broadcast_to(k0, x.shape), np.broadcast_to(k1, x.shape)):
         raise ModPairError(f"mod pair {n!r}: the mask depends on the head; the judge's keep-masks are per "
                            f"batch entry (write a head-independent mask)")
+    if sweep:
+        _sweep(pair)
     return pair
 
 
@@ -188,6 +261,6 @@ def aux_for(problem, pair: ModPair, arrays=None) -> list:
 
 
 for _p in library():
-    validate(_p)
+    validate(_p, sweep=False)      # the sweep of the built-ins is a test (half a second per import)
     _REGISTRY[_p.name] = _p
     _BUILTIN.add(_p.name)

@@ -1252,3 +1252,56 @@ def test_21_a_planted_kernel_object_is_never_loaded(tmp_path):
     assert rel.parts[0] == "sm100a" and rel.parts[-1] == "fwd"              # the arch in the path
     assert out["inside"] == out["path"] + "-ex2emu-off" and out["after"] == out["path"]
 
+
+# ----------------------------------------------------------------------------- 22. mod pairs
+def _mask_pair(name, keep):
+    from fa4verify.kernels.mods import ModPair
+
+    return ModPair(name, "mask", lambda b, h, qi, ki, aux: np.broadcast_to(keep(b, h, qi, ki), np.broadcast(qi, ki).shape))
+
+
+def _score_pair(name, err, ref=lambda x, b, h, qi, ki, aux: x + 0.25):
+    from fa4verify.kernels.mods import ModPair
+
+    return ModPair(name, "score", ref, grad=lambda x, *r: np.ones_like(x), err=err)
+
+
+HOSTILE_PAIRS = {
+    "mask-differs-for-heads>=2": (lambda: _mask_pair("hostile_heads", lambda b, h, qi, ki: (ki <= qi) | (h >= 2)),
+                                  "depends on the head"),
+    "mask-differs-past-a-tile-edge": (lambda: _mask_pair("hostile_edge",
+                                                         lambda b, h, qi, ki: (ki <= qi) | ((h == 1) & (ki >= 128))),
+                                      "depends on the head"),
+    "err-1.0": (lambda: _score_pair("hostile_err", lambda x, y, *r: np.ones_like(x)), "err"),
+    "err-passes-negation": (lambda: _score_pair("hostile_neg", lambda x, y, *r: 2.0 * np.abs(y) + 1e-6), "err"),
+    "name-trailing-newline": (lambda: _score_pair("a\n", lambda x, y, *r: 2.0 ** -24 * (np.abs(x) + 0.25)),
+                              "must match"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_PAIRS))
+def test_22_hostile_mod_pairs_are_refused(case):
+    """A mask differing only for heads >= 2 passed validate (heads 0 and 1 compared); err=1.0 was
+    accepted (the gate then passed the negated output); the name "a\\n" was accepted."""
+    from fa4verify import mods
+
+    make, fragment = HOSTILE_PAIRS[case]
+    pair = make()
+    with pytest.raises(mods.ModPairError) as ei:
+        mods.register_mod_pair(pair)
+    msg = str(ei.value)
+    record(f"register_mod_pair({case})", "ModPairError", msg)
+    assert fragment in msg and "\n" not in msg, msg
+    assert pair.name not in mods.names()
+
+
+def test_22_every_builtin_pair_passes_the_full_sweep():
+    """The sweep (Note [Mod pairs on every class]) is not run at import for the built-ins; here."""
+    from fa4verify import mods
+    from fa4verify.kernels.mods import library
+
+    for p in library():
+        assert mods.validate(p) is p
+    ok = _score_pair("user_fine_bias", lambda x, y, *r: 2.0 ** -24 * (np.abs(x) + 0.25))
+    assert mods.register_mod_pair(ok) is ok            # a sound err passes
+    mods.unregister("user_fine_bias")
