@@ -307,7 +307,16 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--only", choices=("score", "mask", "rows"), action="append",
                     help="run only these groups (default: all)")
+    ap.add_argument("--rows", default=",".join(str(i) for i in sorted(ROWS)),
+                    help="comma-separated plan rows for the 'rows' group (default: all of ROWS)")
     ns = ap.parse_args(argv)
+    try:
+        rows = [int(x) for x in ns.rows.split(",") if x.strip()]
+    except ValueError:
+        rows = None
+    if not rows or any(i not in ROWS for i in rows):
+        print(f"gpu_triage_mods: --rows takes a comma-separated subset of {sorted(ROWS)}", file=sys.stderr)
+        return 2
     small = ns.device == "cpu"
     try:
         K = Fa4() if ns.device == "cuda" else CpuStandIn()
@@ -329,7 +338,7 @@ def main(argv=None) -> int:
               "score rows expected to stay violations: FA4)", flush=True)
         from fa4verify.targets import ProductionTarget
         try:
-            for line in row_experiments(ProductionTarget(), sorted(ROWS)):
+            for line in row_experiments(ProductionTarget(), rows):
                 print(line, flush=True)
         except Exception:  # noqa: BLE001
             traceback.print_exc()

@@ -60,3 +60,9 @@ def test_every_experiment_line_runs_on_the_cpu_stand_in(capsys):
     assert not any("ERROR" in ln for ln in lines), out
     # the stand-in is the reference rounded: small against it, the old reference far off with outliers
     assert all("rel_err_vs_ref" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("rows", ["4,999", "x", ""])
+def test_bad_rows_are_refused_with_exit_2(rows, capsys):
+    assert _script().main(["--device", "cpu", "--only", "rows", "--rows", rows]) == 2
+    assert "--rows takes" in capsys.readouterr().err
