@@ -215,8 +215,20 @@ class TwinTarget(Target):
             lse[:, sq] = np.asarray(r.lse, np.float64)[0]
         return Fwd(out, lse)
 
+    def taps_unsupported(self, problem: AttentionProblem) -> Optional[str]:
+        """Why the twin's stage taps (its backward's D, lse_log2 and dq_accum, the buffers
+        production's :mod:`fa4verify.kernels.stage_taps` reads) are not available, or None."""
+        if problem.varlen or problem.call is not None:
+            return "the twin's stage taps are read on dense calls only (varlen runs sequence by sequence)"
+        return None
+
     def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
-                 deterministic: bool = True) -> Bwd:
+                 deterministic: bool = True, taps: Optional[dict] = None) -> Bwd:
+        """The twin's backward. ``taps``: a dict to fill with its stage values in production's tap
+        layouts (``dpsum``, ``lse_log2`` (b, h, s); ``dq_accum`` (b, s, h, d); ``dq_accum_zeroed``:
+        the accumulator the twin starts from), dense problems only (:meth:`taps_unsupported`)."""
+        if taps is not None and self.taps_unsupported(problem) is not None:
+            raise Unsupported(self.taps_unsupported(problem))
         self.check_supported(problem)
         if not hasattr(self._ta, "backward"):
             raise DependencyMissing("the twin backward (fa4verify.kernels.twin.backward) is not available")
@@ -240,6 +252,13 @@ class TwinTarget(Target):
             return r
         if not problem.varlen:
             r = call(a["q"], a["k"], a["v"], fwd.out, a["dout"], fwd.lse)
+            st = getattr(r, "stages", None)
+            if taps is not None and st is not None:
+                acc = np.asarray(st["dq_accum"])
+                taps["dpsum"] = np.asarray(st["D"])
+                taps["lse_log2"] = np.asarray(st["lse_log2"])
+                taps["dq_accum"] = np.moveaxis(acc, 1, 2)            # (b, h, s, d) -> (b, s, h, d)
+                taps["dq_accum_zeroed"] = np.zeros(taps["dq_accum"].shape, acc.dtype)
             return Bwd(*(np.asarray(getattr(r, n), np.float64) for n in ("dq", "dk", "dv")),
                        dsink=_maybe(getattr(r, "dsink", None)), stages=getattr(r, "stages", None))
         dq = np.zeros(a["q"].shape)

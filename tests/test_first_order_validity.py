@@ -97,8 +97,11 @@ def test_every_composed_first_order_budget_is_guarded(dtype, arch):
     bs = eb.load(dtype, arch)
     for n in ("forward_out", "forward_out_prob", "backward_dv", "backward_dq", "backward_dq_accum",
               "backward_dk", "backward_dv_prob", "backward_dq_prob", "backward_dk_prob",
-              "combine_out", "combine_lse"):
+              ):
         assert bs.get(n).text.startswith("first_order("), n
+    # the combine is the exact product of its factors, finite for any size (DERIVATIONS.md#combine)
+    for n in ("combine_out", "combine_lse"):
+        assert "first_order(" not in bs.get(n).text, n
     for n, b in bs.entries.items():
         for bad in ("1.01 * ln2", "1.01 * forward_lse", "2.02 * ln2", "1.01 * (e_p"):
             assert bad not in b.text, (n, bad)
@@ -148,14 +151,30 @@ def test_past_the_limit_the_interval_bound_decides_the_gradients_and_the_hull_de
     assert jbo.dq.status == jbo.dk.status == "pass"
 
 
-def test_combine_budgets_are_inf_past_their_margin():
-    """combine_out / combine_lse use the margin 1 + 2^-9 (valid for a weight error <= 2^-9): finite
-    for split LSEs of tens of nats, +inf for |L| ~ 10^4 (DERIVATIONS.md#combine)."""
+def test_combine_budgets_are_finite_past_the_old_margin_and_cover_the_worst_case():
+    """combine_out / combine_lse are exact for any split-LSE size (DERIVATIONS.md#combine): finite
+    at |L| = 10^4 and 10^6 nats, where a first-order margin made them +inf; the weight factor
+    cmb_eps_w covers the worst corner of its own factors (mpmath, directed) and is tight to it."""
     bs = eb.load("bf16", "sm90")
     st = {"n_splits": 4.0, "cmb_abs": 1.0, "cmb_abs_o": 1.0}
-    for n in ("combine_out", "combine_lse"):
-        assert np.isfinite(bs.evaluate(n, dict(st, cmb_lse_abs=30.0))), n
-        assert np.isinf(bs.evaluate(n, dict(st, cmb_lse_abs=1e4))), n
+    C = bs.constants
+    for L in (30.0, 1e4, 1e6):
+        for n in ("combine_out", "combine_lse"):
+            assert np.isfinite(bs.evaluate(n, dict(st, cmb_lse_abs=L))), (n, L)
+        ctx = mpmath.mp.clone()
+        ctx.prec = 200
+        g = 4 * ctx.mpf(2) ** -24 / (1 - 4 * ctx.mpf(2) ** -24)
+        # the exponent argument's error in log2 units: 2 gamma(3, u) L log2 e
+        theta = 2 * (3 * ctx.mpf(2) ** -24 / (1 - 3 * ctx.mpf(2) ** -24)) * L / ctx.log(2)
+        m = ctx.mpf(C["mufu_ex2_rel"]) + ctx.mpf(2) ** -24
+        r = ctx.mpf(C["rcp_rel"]) + ctx.mpf(2) ** -24
+        # the worst weight ratio: numerator 2^theta (1 + m), denominator 2^-theta (1 - m)(1 - g),
+        # reciprocal (1 + r) and the weight's own rounding (1 + u); and the downward corner
+        up = ctx.power(2, 2 * theta) * (1 + m) / ((1 - m) * (1 - g)) * (1 + r) * (1 + ctx.mpf(2) ** -24) - 1
+        down = 1 - ctx.power(2, -2 * theta) * (1 - m) / ((1 + m) * (1 + g)) * (1 - r) * (1 - ctx.mpf(2) ** -24)
+        ew = ctx.mpf(float(bs.evaluate("cmb_eps_w", dict(st, cmb_lse_abs=L))))
+        assert max(up, down) <= ew, (L, float(max(up, down)), float(ew))
+        assert ew <= max(up, down) * (1 + ctx.mpf(2) ** -10), "not tight to its own factors"
 
 
 def test_a_kernel_fault_past_the_limit_is_not_a_pass():

@@ -41,9 +41,10 @@ Properties (:data:`PROPERTIES`)
     moves the reference O row by more than the judge's allowance, so ``fwd_budget`` on the same run
     could see a one-key error at every edge it planted. A blind edge is undecided, never a pass.
 ``bwd_stages``
-    Production backward of a dense problem: FA4's own stage buffers of the same call (the
-    preprocess's D = rowsum(dO * O) and lse_log2, the zeroed and the accumulated dq_accum;
-    :mod:`fa4verify.kernels.stage_taps`) within their stage budgets
+    A dense backward's stage buffers of the same call (production: FA4's own, the preprocess's
+    D = rowsum(dO * O) and lse_log2, the zeroed and the accumulated dq_accum,
+    :mod:`fa4verify.kernels.stage_taps`; CPU twin: the same values of its backward,
+    ``TwinTarget.taps_unsupported``) within their stage budgets
     (:func:`fa4verify.stage_taps.judge_taps`): a fault in one stage shows there even when the
     end-to-end dQ/dK/dV budgets hide it.
 ``paged_kv_bitwise``
