@@ -1305,3 +1305,59 @@ def test_22_every_builtin_pair_passes_the_full_sweep():
     ok = _score_pair("user_fine_bias", lambda x, y, *r: 2.0 ** -24 * (np.abs(x) + 0.25))
     assert mods.register_mod_pair(ok) is ok            # a sound err passes
     mods.unregister("user_fine_bias")
+
+
+# ------------------------------------------------------------------------------ 23. cosmetic
+@pytest.mark.parametrize("columns", ["0"])
+def test_23_an_unusable_columns_prints_normally(columns, tmp_path):
+    """COLUMNS=0 printed nothing."""
+    r = cli(*audit_args("--json", str(tmp_path / "a.json")), env={"COLUMNS": columns}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "PASSED" in r.stdout and "fixture.dot.bf16" in r.stdout, r.stdout
+
+
+def test_23_control_bytes_from_a_report_never_reach_the_terminal(tmp_path, capsys):
+    """ESC bytes and newlines from a report reached the terminal (a crafted report could draw a
+    fake PASS row)."""
+    j = tmp_path / "a.json"
+    assert main(audit_args("--json", str(j))) == 0
+    rep = json.loads(j.read_text())
+    r0 = rep["results"][0]
+    r0.update(status="fail", id=r0["id"] + "\x1b[1A", summary="\x1b[2J\x1b[32mPASS\nPASS  fake.row\x07",
+              metrics={"max_ulp\x1b[0m": 1.0}, where="CPU\x9b31m")
+    rep["config"]["dtype"] = "bf16\x1b]0;title\x07"
+    j.write_text(json.dumps(rep))
+    capsys.readouterr()
+    rc, out, err = run(capsys, "report", "show", str(j))
+    assert rc == 0                                     # the recorded exit code
+    for bad in ("\x1b", "\x07", "\x9b"):
+        assert bad not in out + err, repr(bad)
+    assert "\\x1b[2J" in out and not any(ln.lstrip("│ ").startswith("PASS  fake.row") for ln in out.splitlines())
+
+
+def test_23_error_lines_are_capped(tmp_path, capsys):
+    """An error message of 830 KB went to the terminal on one line."""
+    f = tmp_path / "big.toml"
+    f.write_text('name = "x"\n' + "".join(f"k{i} = {i}\n" for i in range(20000)))
+    rc, out, err = run(capsys, "audit", "--no-live", "--profile", "quick", "-k", "budgets.files",
+                       "--deployment", str(f))
+    assert rc == 2
+    line = one_line(err, "fa4verify audit")
+    assert len(line) <= 600 and line.endswith("…"), len(line)
+
+
+def test_23_fa4verify_debug_0_means_off(capsys, monkeypatch):
+    """FA4VERIFY_DEBUG=0 enabled tracebacks."""
+    import fa4verify.cli.exp2 as E
+
+    def boom(*a, **k):
+        raise RuntimeError("simulated crash in the sweep")
+
+    monkeypatch.setattr(E, "run_exp2", boom)
+    for off in ("0", "false", "off", ""):
+        monkeypatch.setenv("FA4VERIFY_DEBUG", off)
+        rc, out, err = run(capsys, "exp2", "--sample", "10")
+        assert rc == 3 and "internal error" in one_line(err)
+    monkeypatch.setenv("FA4VERIFY_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(["exp2", "--sample", "10"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from typing import Any, Iterator, Sequence
 
@@ -157,7 +158,7 @@ class TerminalReporter:
         st = r.status
         w = len(str(self._n))
         line = (f"[{self._i:>{w}}/{self._n}] [{STATUS_STYLE[st]}]{STATUS_LABEL[st]:<5}[/] "
-                f"{_escape(rec.id)}  [cyan]{r.where or '-'}[/]  {rec.duration_s:.1f}s"
+                f"{_escape(rec.id)}  [cyan]{_escape(r.where or '-')}[/]  {rec.duration_s:.1f}s"
                 + ("  (worker)" if rec.isolated else "") + f"  {_escape(r.summary)}")
         self.console.print(line, overflow="fold")
         if self._progress is not None:
@@ -200,10 +201,29 @@ def coverage_block(check_id: str, where: str, cov: dict[str, Any], space: dict[s
     return tab
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(obj: Any) -> Any:
+    """Note [No raw control bytes on the terminal]: every string of ``obj`` (dicts and lists
+    walked) with its control characters -- ESC, newline, BEL, C1 -- written as escapes
+    (``\\x1b``, ``\\n``): a report or a name is data, and a crafted one must not move the
+    cursor, clear the screen or draw a fake PASS row."""
+    if isinstance(obj, str):
+        return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), obj)
+    if isinstance(obj, dict):
+        return {printable(k): printable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(printable(v) for v in obj)
+    return obj
+
+
 def _escape(s: str) -> str:
+    """Rich markup escaped and control characters made visible (Note [No raw control bytes on the
+    terminal])."""
     from rich.markup import escape
 
-    return escape(s or "")
+    return escape(printable(s or ""))
 
 
 def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 25) -> None:
@@ -212,6 +232,7 @@ def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 25) 
     from rich.table import Table
 
     con = console or make_console()
+    report = printable(report)      # Note [No raw control bytes on the terminal]
     results = report["results"]
     summ = report["summary"]
     code = summ["exit_code"]
@@ -269,10 +290,10 @@ def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 25) 
     other = [u for u in ulps if "bf16" not in u[1].lower()]
     if bf16:
         lines.append("worst errors (bf16 ulps): " + "; ".join(
-            f"{_escape(i)} {m}={_fmt_num(v)}" for i, m, v in bf16[:5]))
+            f"{_escape(i)} {_escape(m)}={_fmt_num(v)}" for i, m, v in bf16[:5]))
     if other:
         lines.append("[dim]other ulp metrics: " + "; ".join(
-            f"{_escape(i)} {m}={_fmt_num(v)}" for i, m, v in other[:3]) + "[/]")
+            f"{_escape(i)} {_escape(m)}={_fmt_num(v)}" for i, m, v in other[:3]) + "[/]")
     tight = tightest(results)
     if tight:
         lines.append("tightest budgets (measured/budget): " + "; ".join(
@@ -299,13 +320,13 @@ def render_verdict(report: dict[str, Any], console=None, *, max_rows: int = 25) 
         if bl.get("undecided"):
             lines.append(f"  [yellow]UNDECIDED: the baseline compared nothing: {_escape(str(bl['undecided']))}[/]")
         for g in regs[:10]:
-            lines.append(f"  [red]REGRESSION[/] {_escape(g['id'])} {g['metric']}: {_fmt_num(g['old'])} -> "
+            lines.append(f"  [red]REGRESSION[/] {_escape(g['id'])} {_escape(str(g['metric']))}: {_fmt_num(g['old'])} -> "
                          f"{_fmt_num(g['new'])}")
         for m in bl.get("mismatch") or []:
             lines.append(f"  [yellow]config differs from baseline: {_escape(m)}[/]")
     lines.append(f"total {float(summ.get('duration_s', 0)):.1f} s")
     style = "green" if code == 0 else ("red" if code in (1, 3) else "yellow")
-    con.print(Panel("\n".join(lines), title=f"[bold {style}]{summ.get('verdict', '')} "
+    con.print(Panel("\n".join(lines), title=f"[bold {style}]{_escape(str(summ.get('verdict', '')))} "
                     f"(exit {code})[/]", border_style=style, expand=False))
 
 

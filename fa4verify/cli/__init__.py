@@ -84,6 +84,12 @@ def cli():
     """
 
 
+def debug_enabled() -> bool:
+    """``$FA4VERIFY_DEBUG`` asks for tracebacks: set and not 0/false/no/off (``FA4VERIFY_DEBUG=0``
+    means off)."""
+    return os.environ.get("FA4VERIFY_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def main(argv=None) -> int:
     """Console entry point: never lets a traceback reach a user for bad input."""
     try:
@@ -113,9 +119,10 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as e:  # pragma: no cover - last resort
-        if os.environ.get("FA4VERIFY_DEBUG"):
+        if debug_enabled():
             raise
-        click.echo(f"fa4verify: internal error: {type(e).__name__}: {e} "
+        from fa4verify.cli._common import error_line
+        click.echo(f"fa4verify: internal error: {error_line(f'{type(e).__name__}: {e}')} "
                    "(set FA4VERIFY_DEBUG=1 for the traceback)", err=True)
         return int(ExitCode.INTERNAL)
     return int(rv or 0)

@@ -14,6 +14,20 @@ from typing import Iterable, Sequence
 import click
 
 
+#: Note [Error lines are bounded]: an error line quotes the user's input (a file name, a value, a
+#: whole bad TOML table); it is cut at this many characters (+ "…") and its control characters
+#: are written as escapes, so 830 KB of input or an ESC sequence never reaches the terminal raw.
+MAX_ERROR_CHARS = 500
+
+
+def error_line(message: str) -> str:
+    """``message`` as one bounded, printable line (Note [Error lines are bounded])."""
+    from fa4verify.audit.terminal import printable
+
+    line = printable(str(message))
+    return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "…"
+
+
 class OneLineUsageError(click.ClickException):
     """Bad input or unusable environment: one line on stderr, exit 2 (ExitCode.USAGE)."""
 
@@ -24,7 +38,7 @@ class OneLineUsageError(click.ClickException):
         self.prog = prog
 
     def show(self, file=None) -> None:  # noqa: D102 - click API
-        click.echo(f"{self.prog}: error: {self.format_message()}", err=True)
+        click.echo(f"{self.prog}: error: {error_line(self.format_message())}", err=True)
 
 
 def usage(msg: str, prog: str | None = None) -> OneLineUsageError:

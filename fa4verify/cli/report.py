@@ -112,12 +112,17 @@ def show_cmd(report, html_path, junit_path, rows):
     code = (rep.get("summary") or {}).get("exit_code")
     if isinstance(code, bool) or code not in (0, 1, 2, 3, 5, 10):
         raise _usage(f"{path}: summary.exit_code {code!r} is not an audit exit code")
+    from rich.markup import escape
+
+    from fa4verify.audit.terminal import printable
     console = make_console()
-    cfg = rep.get("config", {})
-    hw = (rep.get("environment") or {}).get("hardware") or {}
-    console.print(f"[bold]{path}[/]: {rep.get('created', '')} dtype={cfg.get('dtype')} "
-                  f"profile={cfg.get('profile')} device={cfg.get('device')} "
-                  f"archs={','.join(cfg.get('archs') or [])} on {hw.get('gpu_name') or hw.get('cpu', '?')}")
+    shown = printable(rep)          # Note [No raw control bytes on the terminal]
+    cfg = shown.get("config", {})
+    hw = (shown.get("environment") or {}).get("hardware") or {}
+    console.print(escape(f"{printable(path)}: {shown.get('created', '')} dtype={cfg.get('dtype')} "
+                         f"profile={cfg.get('profile')} device={cfg.get('device')} "
+                         f"archs={','.join(cfg.get('archs') or [])} on "
+                         f"{hw.get('gpu_name') or hw.get('cpu', '?')}"))
     render_verdict(rep, console, max_rows=rows)
     if html_path is not None or junit_path is not None:
         try:
