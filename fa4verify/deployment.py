@@ -18,7 +18,7 @@ Format (every key optional except ``name``; lists mean "any of")::
     softcap = 0.0                # 0 = off
     sinks = false                # learnable sinks
     varlen = false
-    seqlen_q = [1, 8192]         # inclusive range
+    seqlen_q = [1, 8192]         # inclusive range (min 0: empty sequences of a varlen batch)
     seqlen_k = [1, 8192]
     distributions = ["normal", "outliers"]   # value recipes the fuzz strategies draw (default: all;
                                              # fa4verify._strategies.values.DISTRIBUTIONS)
@@ -92,8 +92,9 @@ def _range(v: Any, key: str, where: str) -> tuple[int, int]:
     if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
         raise DeploymentError(f"{where}: {key} must be [min, max] integers, got {v!r}")
     lo, hi = int(v[0]), int(v[1])
-    if lo < 1 or hi < lo or hi > _MAX[key]:
-        raise DeploymentError(f"{where}: {key} = [{lo}, {hi}] needs 1 <= min <= max <= {_MAX[key]}")
+    if lo < 0 or hi < max(lo, 1) or hi > _MAX[key]:
+        raise DeploymentError(f"{where}: {key} = [{lo}, {hi}] needs 0 <= min <= max <= {_MAX[key]}, max >= 1 "
+                              f"(min 0: empty sequences in a varlen batch)")
     return lo, hi
 
 
@@ -198,6 +199,9 @@ class Deployment:
         for key in ("seqlen_q", "seqlen_k"):
             if key in d:
                 kw[key] = _range(d[key], key, where)
+                if kw[key][0] == 0 and not (kw.get("varlen") or {"paged_kv", "seqused_k"} & set(kw.get("features", ()))):
+                    raise DeploymentError(f"{where}: {key} minimum 0 (empty sequences) needs varlen = true or a "
+                                          f"KV call form (paged_kv, seqused_k) in features")
         for key in ("nheads", "nheads_kv"):
             kw.setdefault(key, cls.__dataclass_fields__[key].default)
         for h in kw["nheads"]:
@@ -311,8 +315,12 @@ class Deployment:
             b = max(kl, min(a, kh))
             lengths[f"len:{a},{b}"] = (a, b)
         if qh != kh or ql != kl:
-            k_long = kh if kh <= 4 * max(ql, 1) else max(kl, min(kh, 2 * max(ql, 64)))
-            lengths[f"len:{ql},{k_long}"] = (ql, k_long)
+            k_long = kh if kh <= 4 * max(ql, 1) else max(kl, 1, min(kh, 2 * max(ql, 64)))
+            lengths[f"len:{max(ql, 1)},{k_long}"] = (max(ql, 1), k_long)
+        if ql == 0 or kl == 0:
+            # empty sequences (a minimum of 0): the space's "zero" value (varlen call forms only);
+            # 0 marks the side that may be empty (coverage.cases.problem_for)
+            lengths["zero"] = (0 if ql == 0 else ql, 0 if kl == 0 else kl)
         sp = dataclasses.replace(sp, lengths=lengths, values=dict(sp.values, seqlen=tuple(lengths)),
                                  notes=dict(sp.notes, seqlen=f"deployment {self.name}: seqlen_q {list(self.seqlen_q)}, "
                                             f"seqlen_k {list(self.seqlen_k)}"))

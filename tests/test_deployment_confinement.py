@@ -108,6 +108,9 @@ def test_every_planned_problem_lies_inside_the_profile(name):
             for p in problems:
                 assert outside(p, dep, planned=True) == [], p.describe()
             n += len(problems)
+            empty_k = [p for p in problems if p.varlen and 0 in p.seqlens_k]
+            # a minimum of 0 (decode-paged) plans empty KV sequences, and only then
+            assert bool(empty_k) == (dep.seqlen_k[0] == 0), [p.describe() for p in empty_k]
     assert n > 0
 
 
@@ -142,8 +145,11 @@ def test_every_drawn_fuzz_problem_lies_inside_the_profile(name):
             for p in problems:
                 assert outside(p, dep) == [], (target.name, p.describe())
                 seen |= {(p.head_dim, p.head_dim_v), (p.nheads, p.nheads_kv), p.window_size, p.softcap}
+                if p.varlen and 0 in p.seqlens_k:
+                    seen.add("empty kv")
             n += len(problems)
     assert n > 0
+    assert ("empty kv" in seen) == (dep.seqlen_k[0] == 0)     # decode-paged: empty KV sequences drawn
     if name == "custom":     # the draws choose among the profile's values, not one of them
         assert {(192, 128), (64, 64), (4, 2), (8, 2), (32, 0), (7, 5), 15.0} <= seen, seen
 

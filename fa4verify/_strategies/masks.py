@@ -201,17 +201,18 @@ def varlen_seqlens(draw: DrawFn, *, batch: int, max_seqlen: int, zero_lengths: b
 
     Each length is tile-edge biased (:func:`seqlens`) in ``[0, max_seqlen]``; with ``zero_lengths``
     about one sequence in four has an empty query side, key side or both (FA #2562). At least one
-    query row exists in the batch. ``q_range`` / ``k_range``: ``(min, max)`` of the non-empty
-    lengths of each side instead of ``[1, max_seqlen]`` (a deployment's). Shrinks toward all
-    lengths 1 (the ranges' minima).
+    query row exists in the batch. ``q_range`` / ``k_range``: ``(min, max)`` of each side instead
+    of ``[0, max_seqlen]`` (a deployment's; a side is empty only where its minimum is 0, and
+    only with ``zero_lengths``). Shrinks toward all lengths 1 (the ranges' minima).
     """
     if batch < 1:
         raise InvalidArgument(f"batch={batch} must be >= 1")
-    qlo, qhi = q_range or (1, max_seqlen)
-    klo, khi = k_range or (1, max_seqlen)
+    qlo, qhi = q_range or (0, max_seqlen)
+    klo, khi = k_range or (0, max_seqlen)
+    empty = (["q"] if qlo == 0 else []) + (["k"] if klo == 0 else []) + (["both"] if qlo == klo == 0 else [])
     qs, ks = [], []
     for _ in range(batch):
-        zero = draw(st.sampled_from(("none", "none", "none", "q", "k", "both"))) if zero_lengths else "none"
+        zero = draw(st.sampled_from(("none", "none", "none", *empty))) if zero_lengths and empty else "none"
         sq = 0 if zero in ("q", "both") else draw(seqlens(max_seqlen=qhi, min_seqlen=max(qlo, 1)))
         sk = 0 if zero in ("k", "both") else draw(seqlens(max_seqlen=khi, min_seqlen=max(klo, 1)))
         qs.append(sq)

@@ -451,13 +451,14 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
     qr, kr = _clip_range(seqlen_q_range, max_seqlen), _clip_range(seqlen_k_range, max_seqlen)
     use_varlen = "varlen" in feats and draw(st.booleans())
     if use_varlen:
-        sq_list, sk_list = draw(varlen_seqlens(batch=batch, max_seqlen=max_seqlen, zero_lengths=not confined,
+        sq_list, sk_list = draw(varlen_seqlens(batch=batch, max_seqlen=max_seqlen,
                                                q_range=qr if confined else None, k_range=kr if confined else None))
         sq, sk = max(sq_list), max(sk_list)
     else:
         sq_list = sk_list = None
-        if confined:
-            sq, sk = draw(seqlen_pairs(min_seqlen=qr[0], max_seqlen=qr[1], min_seqlen_k=kr[0], max_seqlen_k=kr[1]))
+        if confined:                        # a dense sequence is never empty
+            sq, sk = draw(seqlen_pairs(min_seqlen=max(1, qr[0]), max_seqlen=qr[1], min_seqlen_k=max(1, kr[0]),
+                                       max_seqlen_k=kr[1]))
         else:
             sq, sk = draw(seqlen_pairs(max_seqlen=max_seqlen))
     # a registered score_mod / mask_mod pair (the mod_pairs feature): dense problems only, about
@@ -525,9 +526,10 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
 
 def _clip_range(r: Optional[tuple[int, int]], max_seqlen: int) -> tuple[int, int]:
     """A deployment's (min, max) sequence range under the draw's ``max_seqlen``: the maximum is
-    clipped to it, never below the minimum (the deployment's shortest sequence is still drawn)."""
-    lo, hi = (1, max_seqlen) if r is None else (max(1, int(r[0])), int(r[1]))
-    return lo, max(lo, min(hi, max_seqlen))
+    clipped to it, never below the minimum (the deployment's shortest sequence is still drawn).
+    Without a range: empty varlen sequences allowed, as unconfined draws have them."""
+    lo, hi = (0, max_seqlen) if r is None else (max(0, int(r[0])), int(r[1]))
+    return lo, max(lo, 1, min(hi, max_seqlen))
 
 
 def _in_ranges(p: AttentionProblem, qr: tuple[int, int], kr: tuple[int, int]) -> bool:
@@ -660,8 +662,9 @@ def problem_groups(draw: DrawFn, problems: st.SearchStrategy[AttentionProblem], 
         if p.varlen and p.call is None and p.batch > 1:
             lens = []
             for m, rng in ((p.seqlen_q, seqlen_q_range), (p.seqlen_k, seqlen_k_range)):
-                if rng is not None:                # inside the deployment's range: no empty sequence
+                if rng is not None:                # inside the deployment's range (0: empty allowed)
                     edges = (seqlen_edges(m, min_seqlen=min(max(1, int(rng[0])), m)) or (m,)) if m >= 1 else (0,)
+                    edges = ((0,) if int(rng[0]) == 0 and m >= 1 else ()) + edges
                 else:
                     edges = (0,) + seqlen_edges(m) if m >= 1 else (0,)
                 xs = [draw(st.sampled_from(edges)) for _ in range(p.batch)]

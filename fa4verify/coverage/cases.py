@@ -69,7 +69,13 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
                               softcap=space.softcaps.get(row["softcap"], 30.0 if row["softcap"] == "on" else 0.0),
                               sink=row["sink"] == "on", values=vs)
     if form in ("varlen", "seqused_k") or is_paged(form):
-        if row["seqlen"] in space.lengths:         # a deployment's lengths: every sequence inside it
+        if row["seqlen"] == "zero" and "zero" in space.lengths:
+            # a deployment's empty sequences: only on the side its minimum allows, the others at
+            # one of its lengths
+            zq, zk = space.lengths["zero"]
+            sq, sk = next(v for n, v in space.lengths.items() if n != "zero")
+            sqs, sks = (sq, 0 if zq == 0 else sq, sq), (sk, sk, 0 if zk == 0 else sk)
+        elif row["seqlen"] in space.lengths:         # a deployment's lengths: every sequence inside it
             sqs, sks = (sq, sq), (sk, sk)
         elif row["seqlen"] == "zero":
             sqs, sks = (sq, 0, 33), (sk, 5, 0)
