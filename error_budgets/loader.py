@@ -115,6 +115,7 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "sum_abs_dv": ("g", "|dV_acc| + sum_i |P_ij||dO_i| of one dV MMA"),
     "sum_abs_dk": ("g v q", "|dK_acc| + sum_i |dS_ij||Q_i| of one dK MMA (unscaled)"),
     "sum_abs_dq": ("g v k", "|dq_accum| + sum_j |dS_ij||K_j| of one dQ partial + reduce-add"),
+    "abs_sdq": ("g v q^-1", "|dq_accum * RN(scale)| (the dQ postprocess's exact product)"),
     # ---- end-to-end statistics (per row or per element), computed by the judge in fp64
     "seqlen_q": ("1", "query length"), "seqlen_k": ("1", "key length"),
     "n_blocks": ("1", "KV blocks visited per row (max)"), "tile_n": ("1", "KV tile width"),
@@ -206,7 +207,7 @@ STAGE_DIMS: dict[str, str] = {
     "dk_accum": "g v q", "dq_accum": "g v k",
     "forward_out": "v", "forward_out_prob": "v", "forward_lse": "1", "backward_dv": "g",
     "backward_dq": "g v q^-1", "backward_dk": "g v k^-1", "backward_p": "1",
-    "lse_log2": "1", "backward_dq_accum": "g v q^-1",
+    "lse_log2": "1", "backward_dq_accum": "g v q^-1", "dq_post": "g v q^-1",
     "backward_dq_prob": "g v q^-1", "backward_dk_prob": "g v k^-1", "backward_dv_prob": "g",
 }
 

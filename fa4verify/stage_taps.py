@@ -9,7 +9,8 @@ Each tapped buffer is judged against its own budget by :func:`fa4verify.judge.co
 * ``lse_log2`` -- stage ``lse_log2`` against ``lse * log2 e`` of FA4's own fp32 LSE (0 where
   the LSE is -inf);
 * ``dq_accum_zeroed`` -- the preprocess's zeroing, exactly;
-* ``dq_accum`` -- ``backward_dq_accum / scale`` against the oracle ``dQ / scale``.
+* ``dq_accum`` -- ``backward_dq_accum / scale`` against the oracle ``dQ / scale``;
+* ``dq_post`` -- the output dQ against ``dq_accum * RN(scale)`` (stage ``dq_post``).
 
 Arrays are numpy, FA4 layouts: out (b, s, h, dv), lse/dpsum/lse_log2 (b, h, s[_rounded]),
 dq_accum (b, s, h, d) as decoded by ``BackwardTaps.dq_accum_logical``. Dense (non-varlen) only.
@@ -25,7 +26,7 @@ from fa4verify.judge.verdict import Verdict, compare
 
 __all__ = ["tap_references", "judge_taps", "TAP_TENSORS"]
 
-TAP_TENSORS = ("D", "lse_log2", "dq_accum_zeroed", "dq_accum")
+TAP_TENSORS = ("D", "lse_log2", "dq_accum_zeroed", "dq_accum", "dq_post")
 _U64 = 2.0 ** -53
 
 
@@ -58,9 +59,11 @@ def tap_references(problem, a: Mapping[str, Any], out, lse, *, budgets, backward
 
 
 def judge_taps(problem, a: Mapping[str, Any], out, lse, taps: Mapping[str, Any], *, budgets,
-               backward) -> dict[str, Verdict]:
+               backward, dq=None) -> dict[str, Verdict]:
     """Verdicts on the tapped buffers (``taps``: "dpsum", "lse_log2", "dq_accum_zeroed",
-    "dq_accum" numpy arrays; a missing one is undecided)."""
+    "dq_accum" numpy arrays; a missing one is undecided). With the call's output ``dq`` (FA4
+    layout (b, s, h, d)) also ``dq_post``: dQ against ``dq_accum * RN(scale)`` of the tapped
+    accumulator (DERIVATIONS.md#dq-accum-tap)."""
     refs = tap_references(problem, a, out, lse, budgets=budgets, backward=backward)
     s = int(problem.seqlen_q)
     got = {"D": taps.get("dpsum"), "lse_log2": taps.get("lse_log2"), "dq_accum": taps.get("dq_accum")}
@@ -75,6 +78,15 @@ def judge_taps(problem, a: Mapping[str, Any], out, lse, taps: Mapping[str, Any],
         if n != "dq_accum":
             g = g[..., :s]
         vs[n] = compare(n, g, ref, oracle_bound=ob, budget=bu)
+    if dq is not None:
+        acc = got["dq_accum"]
+        if acc is None:
+            vs["dq_post"] = Verdict("dq_post", "undecided", 0, 0, int(np.size(dq)), 0.0, 0.0, None, (),
+                                    "dq_accum not captured")
+        else:
+            scale = problem.softmax_scale if problem.softmax_scale is not None else 1.0 / math.sqrt(problem.head_dim)
+            ref = np.asarray(acc, np.float64) * float(np.float32(scale))
+            vs["dq_post"] = compare("dq_post", dq, ref, budget=budgets.evaluate("dq_post", {"abs_sdq": np.abs(ref)}))
     z = taps.get("dq_accum_zeroed")
     if z is None:
         vs["dq_accum_zeroed"] = Verdict("dq_accum_zeroed", "undecided", 0, 0, 0, 0.0, 0.0, None, (),

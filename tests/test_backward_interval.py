@@ -210,3 +210,25 @@ def test_the_fuzz_runs_the_stage_checks_on_the_twin_and_a_d_bias_fails_bwd_stage
     with pytest.raises(Violation) as e:
         check_problem(p, TwinTarget())
     assert e.value.prop == "bwd_stages" and e.value.args[0].startswith("[bwd_stages] D:"), e.value
+
+
+def test_a_postprocess_dq_fault_on_huge_logits_fails_bwd_stages_dq_post(monkeypatch):
+    """A 1.5x dQ fault between the accumulator and the output (the postprocess) on a bf16 e_qk 10
+    problem, where the end-to-end dQ bound is loose (a 1.5x dQ passes ``bwd_budget``): the stage
+    check ``bwd_stages.dq_post`` (dQ against ``dq_accum RN(scale)`` of the same call) fails it. A
+    fault inside the accumulation itself (dq_accum and dQ both 1.5x) is not caught there: the
+    end-to-end bounds cannot see it at this scale (DERIVATIONS.md#backward-interval)."""
+    from fa4verify.fuzz.properties import check_problem
+    from fa4verify.fuzz.violation import Violation
+    from fa4verify.targets import Bwd
+    p = _huge("bf16", 10, 110)
+    orig = TwinTarget.backward
+
+    def faulty(self, problem, a, fwd, **kw):
+        g = orig(self, problem, a, fwd, **kw)
+        return Bwd(g.dq * 1.5, g.dk, g.dv, g.dsink, stages=g.stages)
+
+    monkeypatch.setattr(TwinTarget, "backward", faulty)
+    with pytest.raises(Violation) as e:
+        check_problem(p, TwinTarget())
+    assert e.value.prop == "bwd_stages" and e.value.args[0].startswith("[bwd_stages] dq_post:"), e.value

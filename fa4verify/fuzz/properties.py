@@ -439,7 +439,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                                                                  getattr(obwd, f"{n}_bound"), allow[n], problem,
                                                                  undecided, ftz_floor=stats.ftz_floor[n])
                         if taps is not None:
-                            _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran)
+                            _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
             elif taps is not None:
                 skipped["bwd_stages"] = skipped.get("bwd_budget", "no oracle backward")
             if "deterministic_bwd" in props and target.deterministic_by_construction:
@@ -460,8 +460,9 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
 
 
 def _judge_stages(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, taps: Mapping[str, Any], obwd: Any,
-                  allow: Mapping[str, Any], metrics: dict, undecided: dict, ran: list) -> None:
-    """``bwd_stages``: the tapped D, lse_log2 and dq_accum within their stage budgets."""
+                  allow: Mapping[str, Any], metrics: dict, undecided: dict, ran: list, dq: Any = None) -> None:
+    """``bwd_stages``: the tapped D, lse_log2 and dq_accum within their stage budgets, and the
+    output dQ against the tapped accumulator (``dq_post``)."""
     import types
     from fa4verify.stage_taps import judge_taps
     if taps.get("dq_accum") is None and taps.get("dq_accum_missing"):
@@ -469,7 +470,7 @@ def _judge_stages(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, tap
     ran.append("bwd_stages")
     with np.errstate(invalid="ignore", over="ignore"):
         vs = judge_taps(problem, a, fwd.out, fwd.lse, taps, budgets=_budget(problem),
-                        backward=types.SimpleNamespace(oracle=obwd, budgets=allow))
+                        backward=types.SimpleNamespace(oracle=obwd, budgets=allow), dq=dq)
     for n, v in vs.items():
         if v.status == "fail":
             rows = [e.text() for e in v.violations] or [v.reason]
