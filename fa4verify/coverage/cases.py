@@ -121,24 +121,32 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
 def plan_problems(space: FeatureSpace, rows: list, *, seed: int = 0) -> tuple[list, list]:
     """(rows, problems) of a plan: every registered pair (yours included) runs on at least one
     row. The rows of the ``score_mod`` (``mask_mod``) form take the space's pairs in turn, each
-    pair first on a row it can run as planned (a self-attention pair on a square row), named in
-    the row (``"pair"``, outside the coverage dimensions); a pair no row took gets a copy of a row
-    it can run on."""
+    pair first on a row it runs as planned (a self-attention pair on a square row; on a row that
+    runs the backward, a mask pair that has one), named in the row (``"pair"``, outside the
+    coverage dimensions); a pair no row took gets a copy of a row it can run on (the copy covers
+    no tuple its original does not)."""
     out = [dict(r) for r in rows]
     for form, names in (("score_mod", space.score_pairs), ("mask_mod", space.mask_pairs)):
         idx = [i for i, r in enumerate(out) if r["form"] == form]
         if not idx or not names:
             continue
+
+        def fits(row, *, backward: bool = True) -> list:
+            ok = [n for n in names if not _self_only(n) or _square(space, row)] or list(names)
+            if backward and form == "mask_mod" and "bwd" in space.passes(row):
+                ok = [n for n in ok if n in space.mask_pairs_bwd] or ok
+            return ok
+
         pending = list(names)
         for k, i in enumerate(idx):
-            fits = [n for n in names if not _self_only(n) or _square(space, out[i])] or list(names)
-            first = [n for n in pending if n in fits]
-            name = first[0] if first else fits[k % len(fits)]
+            ok = fits(out[i])
+            first = [n for n in pending if n in ok]
+            name = first[0] if first else ok[k % len(ok)]
             if name in pending:
                 pending.remove(name)
             out[i]["pair"] = name
         for name in pending:
-            base = next((out[i] for i in idx if not _self_only(name) or _square(space, out[i])), None)
+            base = next((out[i] for i in idx if name in fits(out[i], backward=False)), None)
             if base is None:        # a square length of the space, where the row allows one
                 base = next((dict(out[i], seqlen=v) for i in idx for v in space.values["seqlen"]
                              if _square(space, {"seqlen": v}) and space.why_not(dict(out[i], seqlen=v)) is None),
