@@ -1,4 +1,5 @@
 """FA4's persistent kernel cache, made safe to share or refused (Note [Kernel cache integrity]).
+The one importer of ``flash_attn.cute`` for its persistent kernel cache (``cache_utils``).
 
 Note [Kernel cache integrity]
 -----------------------------

@@ -28,6 +28,7 @@ FA4_IMPORTERS = {
     "production kernels": "fa4verify.kernels.adapter",
     "FA4's parameters": "fa4verify.kernels.fa4_params",
     "the probes' device functions": "fa4verify.kernels.fa4_device",
+    "its persistent kernel cache": "fa4verify.kernels.kernel_cache",
 }
 
 SUBJECT_OR_TRUTH_MAY_IMPORT = ("fa4verify.kernels", "fa4verify.oracles", "fa4verify.error_budgets")
