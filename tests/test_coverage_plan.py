@@ -123,6 +123,17 @@ def test_the_plan_covers_every_supported_pair_and_mask_form_pass_triple(arch, ta
     # the space is not trivial: most pairs and triples are supported, and the backward is planned
     assert supported > 500 and triples > 30 and missing == 0
     assert any("bwd" in sp.passes(r) for r in rows)
+    # every registered pair runs; a row that claims the backward runs a pair that has one (a
+    # forward-only pair is on a copy of a row whose own pair has one)
+    for form, names in (("score_mod", sp.score_pairs), ("mask_mod", sp.mask_pairs)):
+        if form in sp.values["form"]:
+            assert {r.get("pair") for r in rows if r["form"] == form} == set(names), form
+
+    def strip(r):
+        return {k: v for k, v in r.items() if k != "pair"}
+    for r in rows:
+        if r["form"] == "mask_mod" and "bwd" in sp.passes(r) and r["pair"] not in sp.mask_pairs_bwd:
+            assert any(strip(o) == strip(r) and o["pair"] in sp.mask_pairs_bwd for o in rows), r
     # every planned row becomes a problem that holds its values
     for i, (r, p) in enumerate(zip(rows, problems)):
         assert _realises(sp, r, p) == [], (i, r, p.describe())
