@@ -1,18 +1,17 @@
 """Blame and honesty rules (Note [Blame], Note [Judged share], Note [One adapter for every
 release]) against a FAKE older FA4 release on the CPU.
 
-The fake is a file ``<tmp>/flash_attn/cute/interface.py`` (so its frames are FA4's frames) that
-computes attention exactly in float64 and rounds to the input dtype, with the interface of
-4.0.0b20..b25: ``_flash_attn_bwd`` takes no ``learnable_sink``. Variants: the backward renamed
-(``_flash_attn_backward``: the adapter cannot drive the release), and a release that refuses
-every head dim but 64 with its own assertion. The adapter's view of FA4
+The fake (``tests/fixtures/fake_fa4_release.py``) is a file ``<tmp>/flash_attn/cute/interface.py``
+(so its frames are FA4's frames) with the interface of 4.0.0b20..b25: ``_flash_attn_bwd`` takes no
+``learnable_sink``. Variants: the backward renamed (``_flash_attn_backward``: the adapter cannot
+drive the release), and a release that refuses every head dim but 64 with its own assertion. The adapter's view of FA4
 (``adapter.fa4_interface``) is pointed at the fake; everything above it -- the adapter, the
 target, the judge, the campaign merge, the checks' verdicts -- is the product's own code.
 """
 from __future__ import annotations
 
 import importlib.util
-import textwrap
+import os
 
 import pytest
 
@@ -24,84 +23,16 @@ from fa4verify._strategies.values import ValueSpec  # noqa: E402
 from fa4verify.kernels import adapter  # noqa: E402
 from fa4verify.targets import HarnessError, ProductionTarget, Unsupported  # noqa: E402
 
-FAKE = textwrap.dedent('''
-    import math
-    import torch
-
-
-    def _get_device_arch():
-        return 90
-
-
-    def _attn(q, k, v, scale, causal, sink=None):
-        g = q.shape[2] // k.shape[2]
-        kk = k.double().repeat_interleave(g, dim=2)
-        vv = v.double().repeat_interleave(g, dim=2)
-        s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kk) * scale
-        if causal:
-            sq, sk = q.shape[1], k.shape[1]
-            i = torch.arange(sq)[:, None] + (sk - sq)
-            s = s.masked_fill(torch.arange(sk)[None, :] > i, float("-inf"))
-        lse = torch.logsumexp(s, -1)
-        p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-        return torch.einsum("bhqk,bkhd->bqhd", p, vv), lse
-
-
-    def _flash_attn_fwd(q, k, v, softmax_scale=None, causal=False, softcap=0.0, window_size_left=None,
-                        window_size_right=None, learnable_sink=None, num_splits=1, pack_gqa=None,
-                        return_lse=False):
-        ONLY_HD64
-        compile_key = (q.dtype, q.shape[-1], causal, softcap != 0.0)
-        if compile_key not in _flash_attn_fwd.compile_cache:
-            _flash_attn_fwd.compile_cache[compile_key] = True
-        scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
-        out, lse = _attn(q, k, v, scale, causal)
-        return out.to(q.dtype), lse.float(), None, None
-
-
-    _flash_attn_fwd.compile_cache = {}
-
-
-    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None),
-                        learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None, return_lse=False,
-                        block_sparse_tensors=None, mask_mod=None, score_mod=None, aux_tensors=None):
-        out, lse, _, _ = _flash_attn_fwd(q, k, v, softmax_scale, causal, softcap, window_size[0],
-                                         window_size[1], learnable_sink, num_splits, pack_gqa, return_lse)
-        return out, lse
-
-
-    def BWD_NAME(q, k, v, out, dout, lse, softmax_scale=None, causal=False, softcap=0.0,
-                 window_size_left=None, window_size_right=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                 seqused_q=None, seqused_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                 deterministic=False, dq=None, dk=None, dv=None, dlse=None, block_sparse_tensors=None,
-                 score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None):
-        ONLY_HD64
-        compile_key = (q.dtype, q.shape[-1], causal, deterministic)
-        if compile_key not in BWD_NAME.compile_cache:
-            BWD_NAME.compile_cache[compile_key] = True
-        scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
-        with torch.enable_grad():
-            qq, kk, vv = (t.double().detach().requires_grad_(True) for t in (q, k, v))
-            o, _ = _attn(qq, kk, vv, scale, causal)
-            o.backward(dout.double())
-        return qq.grad.to(q.dtype), kk.grad.to(k.dtype), vv.grad.to(v.dtype)
-
-
-    BWD_NAME.compile_cache = {}
-''')
-
-
-def _load_fake(tmp_path, *, bwd_name="_flash_attn_bwd", only_hd64=False):
-    d = tmp_path / "flash_attn" / "cute"
-    d.mkdir(parents=True, exist_ok=True)
-    src = FAKE.replace("BWD_NAME", bwd_name).replace(
-        "ONLY_HD64", "assert q.shape[-1] == 64, 'this FA4 release runs head dim 64 only'" if only_hd64 else "pass")
-    path = d / f"interface_{bwd_name}_{int(only_hd64)}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(f"fake_fa4_{bwd_name}_{int(only_hd64)}", path)
+def _fixture():
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "fake_fa4_release.py")
+    spec = importlib.util.spec_from_file_location("fake_fa4_release_fixture", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _load_fake(tmp_path, **kw):
+    return _fixture().load(tmp_path, **kw)
 
 
 @pytest.fixture()

@@ -97,17 +97,24 @@ def judged_examples(res: "CampaignResult") -> int:
 
 def power_shortfall(res: "CampaignResult") -> Optional[str]:
     """Why the campaign judged too little of its draw to pass (Note [Judged share]), or None."""
-    judged = judged_examples(res)
-    uns, err = sum(res.unsupported.values()), sum(res.errors.values())
-    not_run = int(getattr(res, "not_run", 0))
-    drawn = max(int(res.examples_requested), judged + uns + err + not_run)
+    return judged_shortfall(judged_examples(res), int(res.examples_requested), unit="drawn examples",
+                            unsupported=sum(res.unsupported.values()), errors=sum(res.errors.values()),
+                            not_run=int(getattr(res, "not_run", 0)))
+
+
+def judged_shortfall(judged: int, drawn: int, *, unit: str, unsupported: int, errors: int = 0,
+                     not_run: int = 0) -> Optional[str]:
+    """Note [Judged share] for any run that draws and judges: None when ``judged`` is at least
+    :data:`JUDGED_SHARE_MIN` of what was drawn and at least :data:`JUDGED_MIN` (or all of a
+    smaller draw), else the reason with the counts."""
+    drawn = max(int(drawn), judged + unsupported + errors + not_run)
     need = min(JUDGED_MIN, drawn)
     if judged >= need and judged >= JUDGED_SHARE_MIN * drawn:
         return None
-    parts = [f"{uns} unsupported"] + ([f"{err} fa4verify errors"] if err else []) \
+    parts = [f"{unsupported} unsupported"] + ([f"{errors} fa4verify errors"] if errors else []) \
         + ([f"{not_run} not run"] if not_run else [])
-    return (f"judged {judged} of {drawn} drawn examples ({', '.join(parts)}); a verdict needs at least "
-            f"{JUDGED_SHARE_MIN:.0%} of the draw and at least {need} judged examples")
+    return (f"judged {judged} of {drawn} {unit} ({', '.join(parts)}); a verdict needs at least "
+            f"{JUDGED_SHARE_MIN:.0%} of the draw and at least {need} judged")
 
 
 def _jsonable(x: Any) -> Any:

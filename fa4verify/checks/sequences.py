@@ -1,0 +1,131 @@
+"""Audit checks: call sequences against FA4's compile cache (Note [Call sequences],
+:mod:`fa4verify.sequences`).
+
+* ``sequences.production`` (GPU) -- the state machine on production FA4: calls in one process
+  that share kernels and vary every attribute the installed FA4's compile key leaves out
+  (window values, softmax_scale, sink, sequence lengths, batch, head count, non-contiguous /
+  transposed / broadcast layouts, the backward's mode), each judged by the one judge. default: 2
+  sequences of up to 4 calls; full: 10 x 6; exhaustive: 40 x 8. A violation is shrunk to the
+  shortest failing sequence, written as a replayable case and replayed in fresh processes
+  ("sequence bug": fails in sequence, passes alone; "plain bug": fails alone).
+* ``sequences.twin`` (CPU, full / exhaustive) -- the machine's own power: on the CPU twin behind
+  a model of FA4's compile cache keyed like the installed FA4, clean sequences pass and two planted
+  key faults (the softcap value and causal removed from the key) are found, shrunk to two calls
+  and classified sequence bugs.
+
+Options: ``--opt sequences_examples=N``, ``--opt sequences_steps=N``.
+"""
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+from fa4verify.audit.registry import CheckContext, CheckResult, check
+
+_PLAN = {"quick": (2, 4), "default": (2, 4), "full": (10, 6), "exhaustive": (40, 8)}
+#: planted faults sequences.twin must find (attributes removed from the twin's key model)
+PLANTED = (("softcap",), ("causal",))
+
+
+def _plan(ctx: CheckContext) -> tuple[int, int]:
+    n, steps = _PLAN.get(ctx.profile, _PLAN["default"])
+    opts = getattr(ctx, "options", None) or {}
+    try:
+        n = int(opts.get("sequences_examples", n))
+        steps = int(opts.get("sequences_steps", steps))
+    except ValueError as e:
+        raise ValueError(f"--opt sequences_examples / sequences_steps: {e}") from None
+    if n < 1 or steps < 1:
+        raise ValueError("--opt sequences_examples and sequences_steps must be >= 1")
+    return n, steps
+
+
+def result(res: Any, where: str) -> CheckResult:
+    """The verdict of one machine run (:class:`fa4verify.sequences.machine.SequenceResult`)."""
+    from fa4verify.fuzz.campaign import judged_shortfall
+    from fa4verify.sequences.key import left_out
+    metrics = {"sequences": res.examples, "calls": res.calls, "judged": res.judged,
+               "unsupported": sum(res.unsupported.values()), "fa4verify_errors": sum(res.errors.values()),
+               "seconds": round(res.seconds, 1)}
+    out_attrs = sorted(left_out())
+    details: dict[str, Any] = {"exercised": res.exercised, "unsupported": res.unsupported, "errors": res.errors,
+                               "undecided": res.undecided, "key_leaves_out": left_out(), "target": res.target}
+    if res.failure is not None:
+        f = res.failure
+        details["failure"] = f
+        kind = f.get("kind", "not classified")
+        return CheckResult(status="fail", where=where, metrics=metrics, details=details,
+                           summary=(f"{f['property']} violated on call {f['length']} of a {f['length']}-call "
+                                    f"sequence ({kind}): " + " -> ".join(f["describe"])[:400]))
+    if res.errors:
+        first = next(iter(res.errors))
+        return CheckResult(status="error", where=where, metrics=metrics, details=details,
+                           summary=f"fa4verify's own call failed on {metrics['fa4verify_errors']} call(s) "
+                                   f"(first: {first}); {res.judged} calls judged")
+    short = judged_shortfall(res.judged, res.calls, unit="calls", unsupported=metrics["unsupported"])
+    if short is not None:
+        return CheckResult(status="undecided", where=where, metrics=metrics, details=details, summary=short)
+    tested = sorted(a for a in out_attrs if res.exercised.get(a))
+    if out_attrs and not tested:
+        return CheckResult(status="undecided", where=where, metrics=metrics, details=details,
+                           summary=(f"{res.judged} calls judged, but no call reused a kernel with another value "
+                                    f"of an attribute the key leaves out ({', '.join(out_attrs)})"))
+    if res.undecided:
+        return CheckResult(status="undecided", where=where, metrics=metrics, details=details,
+                           summary=f"{res.judged} calls, no violation, but the judge could not decide "
+                                   + ", ".join(f"{k} x{v}" for k, v in res.undecided.items()))
+    return CheckResult(status="pass", where=where, metrics=metrics, details=details,
+                       summary=(f"{res.examples} sequences, {res.judged} calls judged in sequence, every call "
+                                f"right; key-sharing calls varied {', '.join(tested) or '-'}"))
+
+
+@check("sequences.production", title="Call sequences: compile-key collisions in production FA4 (GPU)",
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=40)
+def production(ctx: CheckContext) -> CheckResult:
+    from fa4verify.sequences import machine
+    if ctx.dtype not in ("bf16", "fp16"):
+        ctx.skip(f"the sequences draw bf16/fp16 calls; dtype {ctx.dtype} is not drawn")
+    gpu = ctx.require_gpu()
+    n, steps = _plan(ctx)
+    spec = {"kind": "production"}
+    tgt = machine.make_target(spec)
+    with ctx.progress(n, "call sequences on production FA4"):
+        res = machine.run_sequences(tgt, arch=gpu.arch, examples=n, steps=steps, seed=int(ctx.seed),
+                                    cases_dir=tempfile.mkdtemp(prefix="fa4v-seq-"), target_spec=spec)
+    return result(res, ctx.where_measured())
+
+
+@check("sequences.twin", title="Call sequences: the machine finds planted compile-key faults (CPU twin)",
+       needs={"cpu"}, profiles={"full", "exhaustive"})
+def twin(ctx: CheckContext) -> CheckResult:
+    from fa4verify.sequences import machine
+    n, steps = _plan(ctx)
+    rows, found = [], {}
+    with ctx.progress(1 + len(PLANTED), "call sequences on the keyed twin") as bar:
+        clean = machine.run_sequences(machine.make_target({"kind": "twin"}), examples=n, steps=steps,
+                                      seed=int(ctx.seed), target_spec={"kind": "twin"})
+        bar.advance(1)
+        for drop in PLANTED:
+            spec = {"kind": "twin", "drop": list(drop)}
+            r = machine.run_sequences(machine.make_target(spec), examples=max(n, 10), steps=max(steps, 5),
+                                      seed=int(ctx.seed), target_spec=spec)
+            f = r.failure
+            ok = f is not None and f.get("kind") == "sequence bug" and f["length"] == 2
+            found["+".join(drop)] = f
+            rows.append(["+".join(drop), "found" if ok else "MISSED",
+                         "-" if f is None else f"{f['length']} calls ({f.get('kind')})"])
+            bar.advance(1)
+    base = result(clean, "CPU twin")
+    missed = [r[0] for r in rows if r[1] != "found"]
+    base.details["planted"] = {"table": {"columns": ["key field dropped", "outcome", "shrunk to"], "rows": rows},
+                               "failures": found}
+    base.metrics["planted_found_higher_is_better"] = len(rows) - len(missed)
+    if base.status == "fail":
+        base.summary = "clean keyed twin: " + base.summary
+        return base
+    if missed:
+        return CheckResult(status="fail", where="CPU twin", metrics=base.metrics, details=base.details,
+                           summary=f"planted compile-key fault(s) not found as 2-call sequence bugs: {missed}")
+    base.summary = (f"planted key faults {', '.join(r[0] for r in rows)} found and shrunk to 2-call sequence bugs; "
+                    f"clean: {base.summary}")
+    return base

@@ -1,0 +1,632 @@
+"""Stateful fuzzing of FA4's compile cache: call sequences judged call by call (Note [Call sequences]).
+
+Note [Call sequences]
+---------------------
+A compile-key collision shows only on the *second* call of a process: the first call compiles a
+kernel under its key; a later call whose key is equal but whose meaning differs (an attribute the
+key leaves out and the kernel bakes in: Note [Compile-key attributes],
+:mod:`fa4verify.sequences.key`) silently runs the first call's kernel. A fresh-input fuzz
+campaign judges every call but never arranges such pairs on purpose, and never shrinks to the
+sequence that made a call wrong.
+
+:func:`run_sequences` is a Hypothesis ``RuleBasedStateMachine`` over one target. Each example
+starts from empty in-process compile caches (``target.reset()``) and fixes the attributes that
+only change the key anyway (dtype, head dim, GQA ratio); every ``call`` rule then picks one of two
+*key configurations* of the example (causal, window presence, softcap value, sink) -- so calls
+reuse each other's kernels -- and varies every attribute the key leaves out (:data:`VARIED`:
+window values, softmax_scale, sink values, sequence lengths, batch, head count, memory layout:
+non-contiguous, transposed, broadcast K/V, deterministic). Each call is judged by the one judge
+(:func:`fa4verify.fuzz.properties.check_problem`: runs, forward and backward within their
+budgets). A violation stops the example; Hypothesis shrinks it to the shortest call sequence that
+still fails (:func:`shrink`: calls removed one at a time while the sequence still fails, Hypothesis
+draws only; a shrink of Hypothesis's own would re-run the judge thousands of times); that sequence
+is written as a replayable case (:func:`write_case`), and its last call
+is replayed alone in a fresh process (:func:`classify`): passing alone makes it a **sequence
+bug** (what ran before it made it wrong), failing alone a **plain bug**.
+
+Targets (:func:`make_target`): ``production`` (FA4 through the adapter, with the layouts applied
+to the tensors FA4 receives) and ``twin`` (:class:`KeyedTwinTarget`: the CPU twin behind a model
+of FA4's compile cache keyed by the attributes the installed FA4's key carries, so a kernel's
+baked constants are those of the call that compiled it). ``drop=`` plants a compile-key fault:
+key fields removed (production: from FA4's own key, by the source names of its elements; twin:
+from the model's key), the faults the machine must find.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Collection, Mapping, Optional
+
+import numpy as np
+
+from fa4verify._strategies.problem import AttentionProblem
+from fa4verify._strategies.values import ValueSpec
+from fa4verify.targets import HarnessError, ProductionTarget, TwinTarget, Unsupported
+
+__all__ = ["VARIED", "LAYOUTS", "SEQ_PROPERTIES", "Call", "KeyedTwinTarget", "SequenceProductionTarget",
+           "make_target", "judge_call", "run_sequences", "write_case", "replay", "classify", "CASE_FORMAT"]
+
+CASE_FORMAT = "fa4verify-sequence-case/1"
+#: the judge's properties each call is held to (the fuzz's; the rest need extra kernels)
+SEQ_PROPERTIES = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows")
+LAYOUTS = ("contiguous", "strided", "transposed", "broadcast")
+#: attributes (fa4verify.sequences.key.ATTRIBUTES names) the machine varies between calls that
+#: share a key configuration; tests/test_sequences.py holds it against the installed key
+VARIED = frozenset({"window_left", "window_right", "softmax_scale", "softcap", "causal", "sink", "sink_values",
+                    "seqlen", "batch", "nheads", "layout_strided", "layout_transposed", "layout_broadcast",
+                    "deterministic"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of a sequence: the problem (inputs from its value seed), the memory layout of the
+    tensors FA4 receives, the backward's mode."""
+    problem: AttentionProblem
+    layout: str = "contiguous"
+    deterministic: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"problem": self.problem.to_dict(), "layout": self.layout, "deterministic": self.deterministic}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Call":
+        return cls(AttentionProblem.from_dict(d["problem"]), d.get("layout", "contiguous"),
+                   bool(d.get("deterministic", True)))
+
+    def describe(self) -> str:
+        return f"{self.problem.describe()} layout={self.layout}{'' if self.deterministic else ' nondet'}"
+
+    def key_config(self) -> tuple:
+        """fa4verify's view of the key-carrying attributes (dtype, head dim, GQA, causal, window
+        presence, softcap, sink, broadcast layout, mode): calls with equal tuples should share
+        FA4's kernels."""
+        p = self.problem
+        wl, wr = p.window_size
+        return (p.dtype, p.head_dim, p.nheads // p.nheads_kv, p.causal, wl is not None, wr is not None,
+                float(p.softcap), p.sink, self.layout == "broadcast", self.deterministic)
+
+
+# ============================================================================ targets
+class SequenceProductionTarget(ProductionTarget):
+    """Production FA4 with the call's memory layout applied to the 4-D input tensors FA4 receives
+    (``strided``: a view into rows twice as wide; ``transposed``: (b, h, s, d) storage viewed as
+    (b, s, h, d); ``broadcast``: stride 0 on every size-1 dim of K and V), and ``reset`` emptying
+    FA4's in-process compile caches. ``drop``: FA4 key fields (source text of ``compile_key``
+    elements) removed from every lookup of FA4's caches -- a planted compile-key fault."""
+
+    def __init__(self, *, drop: Collection[str] = (), **kw: Any) -> None:
+        super().__init__(**kw)
+        self.layout = "contiguous"
+        self.drop = tuple(drop)
+        self._t_calls = 0
+        if self.drop:
+            self._plant()
+
+    def _fns(self):
+        fa = self._ad.fa4_interface()
+        return [getattr(fa, n) for n in dir(fa)
+                if callable(getattr(fa, n, None)) and hasattr(getattr(fa, n), "compile_cache")]
+
+    def _plant(self) -> None:
+        hit = []
+        for fn in self._fns():
+            for names in self._ad._compile_key_names(fn):
+                idx = tuple(i for i, n in enumerate(names) if n in self.drop)
+                if idx:
+                    fn.compile_cache = _ProjectedCache(fn.compile_cache, idx, len(names))
+                    hit.append(fn.__name__)
+                    break
+        if not hit:
+            raise ValueError(f"no FA4 compile key has the fields {list(self.drop)}")
+
+    def reset(self) -> None:
+        """Empty FA4's in-process compile caches. Only the in-memory dicts: a persistent cache's
+        own ``clear()`` also deletes its files (``cache_utils.JITPersistentCache.clear``), the
+        audit's shared kernel cache; with it on, the next call loads the kernel of its key."""
+        for fn in self._fns():
+            cache = fn.compile_cache
+            cache = cache.inner if isinstance(cache, _ProjectedCache) else cache
+            mem = getattr(cache, "cache", None)
+            if isinstance(mem, dict):
+                mem.clear()
+            elif isinstance(cache, dict):
+                cache.clear()
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["planted_key_drop"] = list(self.drop)
+        return d
+
+    def _t(self, x: Optional[np.ndarray], dtype: Optional[str]):
+        t = super()._t(x, dtype)
+        if t is None or dtype is None or self.fake or getattr(t, "dim", lambda: 0)() != 4 \
+                or self.layout == "contiguous":
+            return t
+        torch = self._torch
+        if self.layout == "strided":
+            wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+            wide[..., : t.shape[-1]] = t
+            return wide[..., : t.shape[-1]]
+        if self.layout == "transposed":
+            return t.transpose(1, 2).contiguous().transpose(1, 2)
+        if self.layout == "broadcast":
+            st = [0 if n == 1 else s for n, s in zip(t.shape, t.stride())]
+            return t.as_strided(t.shape, st)
+        raise ValueError(f"layout {self.layout!r}: expected one of {LAYOUTS}")
+
+
+class _ProjectedCache:
+    """FA4's compile cache seen through a key without the fields ``drop`` (planted fault)."""
+
+    def __init__(self, inner: Any, drop: tuple[int, ...], n: int) -> None:
+        self.inner, self.drop, self.n = inner, drop, n
+
+    def _k(self, key: Any) -> Any:
+        if isinstance(key, tuple) and len(key) == self.n:
+            return tuple(x for i, x in enumerate(key) if i not in self.drop)
+        return key
+
+    def __contains__(self, key: Any) -> bool:
+        return self._k(key) in self.inner
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.inner[self._k(key)]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.inner[self._k(key)] = value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class KeyedTwinTarget(TwinTarget):
+    """The CPU twin behind a model of FA4's compile cache: a "kernel" is compiled on the first call
+    of its key and bakes in the values of the key-carrying attributes it models (causal, softcap:
+    the attributes the installed FA4's key carries, :func:`fa4verify.sequences.key.analyse`); a
+    later call with an equal key runs with the baked values. With FA4's own key nothing is baked
+    wrongly; ``drop`` removes attributes from the model's key (planted faults: ``causal``,
+    ``softcap``), and the second call of a pair that differs only there runs the first's."""
+
+    name = "twin"
+    BAKED = ("causal", "softcap")
+
+    def __init__(self, *, drop: Collection[str] = (), **kw: Any) -> None:
+        super().__init__(**kw)
+        unknown = set(drop) - set(self.BAKED)
+        if unknown:
+            raise ValueError(f"drop {sorted(unknown)}: the twin's key model bakes only {self.BAKED}")
+        self.drop = tuple(drop)
+        self.layout = "contiguous"
+        self._cache: dict[tuple, dict[str, Any]] = {}
+
+    def reset(self) -> None:
+        self._cache.clear()
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["planted_key_drop"] = list(self.drop)
+        return d
+
+    def _baked(self, problem: AttentionProblem, direction: str) -> AttentionProblem:
+        wl, wr = problem.window_size
+        attrs = {"causal": bool(problem.causal), "softcap": float(problem.softcap)}
+        key = (direction, problem.dtype, problem.head_dim, problem.nheads // problem.nheads_kv,
+               wl is not None, wr is not None, problem.sink) \
+            + tuple((n, v) for n, v in attrs.items() if n not in self.drop)
+        got = self._cache.setdefault(key, attrs)
+        if got == attrs:
+            return problem
+        return problem.replace(**got)
+
+    def forward(self, problem, a):
+        return super().forward(self._baked(problem, "fwd"), a)
+
+    def backward(self, problem, a, fwd, **kw):
+        return super().backward(self._baked(problem, "bwd"), a, fwd, **kw)
+
+
+def make_target(spec: Mapping[str, Any]):
+    """``{"kind": "production" | "twin", "drop": [...]}`` -> a sequence target."""
+    kind = spec.get("kind")
+    drop = tuple(spec.get("drop") or ())
+    if kind == "production":
+        return SequenceProductionTarget(drop=drop)
+    if kind == "twin":
+        return KeyedTwinTarget(drop=drop)
+    raise ValueError(f"sequence target kind {kind!r}: expected 'production' or 'twin'")
+
+
+# ============================================================================ judging
+def judge_call(target: Any, call: Call):
+    """Run ``call`` on ``target`` and judge it (:func:`~fa4verify.fuzz.properties.check_problem`);
+    raises :class:`~fa4verify.fuzz.violation.Violation` on a wrong call, Unsupported when the
+    target refuses it, HarnessError on fa4verify's own error (Note [Blame])."""
+    from fa4verify.fuzz.properties import check_problem
+    target.layout = call.layout
+    try:
+        return check_problem(call.problem, target, properties=SEQ_PROPERTIES, backward=True,
+                             deterministic=call.deterministic)
+    finally:
+        target.layout = "contiguous"
+
+
+# ============================================================================ the machine
+_SCALES = (None, 0.0625, 0.125, 0.25)
+_SOFTCAPS = (0.0, 5.0, 30.0)
+_WINDOWS = ((None, None), (16, 0), (40, 8), (100, 100))
+
+
+def _call_strategy(arch: str, target_kind: str, key_pool: int):
+    """Hypothesis strategies of the machine (imported lazily: the audit imports checks early)."""
+    from hypothesis import strategies as st
+    layouts = LAYOUTS if target_kind == "production" else ("contiguous",)
+    base = st.fixed_dictionaries({
+        "dtype": st.sampled_from(("bf16", "fp16")),
+        "head_dim": st.sampled_from((64, 128)),
+        "gqa": st.sampled_from((1, 2)),
+        "keys": st.lists(st.fixed_dictionaries({
+            "causal": st.booleans(), "window": st.sampled_from(_WINDOWS), "softcap": st.sampled_from(_SOFTCAPS),
+            "sink": st.booleans()}), min_size=1, max_size=key_pool),
+    })
+    call = st.fixed_dictionaries({
+        "key": st.integers(0, key_pool - 1),
+        "causal": st.booleans(),
+        "softcap": st.sampled_from(_SOFTCAPS),
+        "window_shift": st.sampled_from((0, 7, 33)),
+        "scale": st.sampled_from(_SCALES),
+        "seqlen_q": st.sampled_from((64, 97, 200)),
+        "seqlen_k": st.sampled_from((64, 128, 256)),
+        "batch": st.sampled_from((1, 2)),
+        "kv_heads": st.sampled_from((1, 2)),
+        "layout": st.sampled_from(layouts),
+        "deterministic": st.booleans(),
+        "vary_key": st.sampled_from((False, False, True)),
+        "seed": st.integers(0, 2**16),
+    })
+    return base, call
+
+
+def _build(arch: str, base: Mapping[str, Any], v: Mapping[str, Any]) -> Call:
+    """The call ``v`` on the key configuration it picks (or, with ``vary_key``, on that
+    configuration with causal / softcap redrawn: a call next to its key-sharing neighbours)."""
+    kc = dict(base["keys"][v["key"] % len(base["keys"])])
+    if v["vary_key"]:
+        kc.update(causal=v["causal"], softcap=v["softcap"])
+    wl, wr = kc["window"]
+    if wl is not None:
+        wl, wr = wl + v["window_shift"], wr + (v["window_shift"] // 2)
+    hk = v["kv_heads"]
+    p = AttentionProblem(arch=arch, dtype=base["dtype"], batch=v["batch"], seqlen_q=v["seqlen_q"],
+                         seqlen_k=v["seqlen_k"], nheads=hk * base["gqa"], nheads_kv=hk,
+                         head_dim=base["head_dim"], head_dim_v=base["head_dim"], causal=kc["causal"],
+                         window_size=(wl, wr), softcap=float(kc["softcap"]), sink=kc["sink"],
+                         softmax_scale=v["scale"], values=ValueSpec("normal", int(v["seed"])))
+    return Call(p, v["layout"], bool(v["deterministic"]))
+
+
+#: what a ``neighbour`` rule changes in the previous call (one attribute, the rest kept)
+NEIGHBOUR = ("causal", "softcap", "sink", "window", "softmax_scale", "seqlen", "batch", "nheads", "layout",
+             "deterministic", "values")
+
+
+def _neighbour(c: Call, which: str, v: Mapping[str, Any]) -> Call:
+    """``c`` with one attribute changed (taken from the fresh draw ``v``, or flipped): the pairs
+    that test the key -- a key-carrying attribute changed on an otherwise equal call must compile
+    another kernel, a left-out one must be read at run time."""
+    p, layout, det = c.problem, c.layout, c.deterministic
+
+    def other(seq, cur, pick):
+        return pick if pick != cur else seq[(list(seq).index(cur) + 1) % len(seq)] if cur in seq else seq[0]
+    if which == "causal":
+        p = p.replace(causal=not p.causal)
+    elif which == "softcap":
+        p = p.replace(softcap=float(other(_SOFTCAPS, p.softcap, v["softcap"])))
+    elif which == "sink":
+        p = p.replace(sink=not p.sink)
+    elif which == "window":
+        wl, wr = p.window_size
+        sh = 1 + int(v["window_shift"])
+        p = p.replace(window_size=(16 + sh, sh // 2) if wl is None else (wl + sh, (wr or 0) + sh // 2))
+    elif which == "softmax_scale":
+        p = p.replace(softmax_scale=other(_SCALES, p.softmax_scale, v["scale"]))
+    elif which == "seqlen":
+        p = p.replace(seqlen_q=v["seqlen_q"], seqlen_k=v["seqlen_k"])
+    elif which == "batch":
+        p = p.replace(batch=2 if p.batch == 1 else 1)
+    elif which == "nheads":
+        g = p.nheads // p.nheads_kv
+        hk = 2 if p.nheads_kv == 1 else 1
+        p = p.replace(nheads=g * hk, nheads_kv=hk)
+    elif which == "layout":
+        layout = v["layout"] if v["layout"] != layout else "contiguous" if layout != "contiguous" else layout
+    elif which == "deterministic":
+        det = not det
+    elif which == "values":
+        p = p.replace(values=ValueSpec(p.values.distribution, int(v["seed"]), p.values.params))
+    return Call(p, layout, det)
+
+
+@dataclasses.dataclass
+class SequenceResult:
+    """What one run of the machine measured (JSON-able via :meth:`to_json`)."""
+    target: dict[str, Any]
+    arch: str
+    examples: int = 0
+    calls: int = 0
+    judged: int = 0
+    unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
+    errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: attribute -> calls that reused a key configuration an earlier call of the example compiled
+    #: with another value of the attribute (the pairs that test the key)
+    exercised: dict[str, int] = dataclasses.field(default_factory=dict)
+    undecided: dict[str, int] = dataclasses.field(default_factory=dict)
+    failure: Optional[dict[str, Any]] = None
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: Call attributes compared between key-sharing calls for :attr:`SequenceResult.exercised`
+def _attrs(c: Call) -> dict[str, Any]:
+    p = c.problem
+    return {"window_left": p.window_size[0], "window_right": p.window_size[1], "softmax_scale": p.softmax_scale,
+            "sink_values": p.values.seed if p.sink else None, "seqlen": (p.seqlen_q, p.seqlen_k),
+            "batch": p.batch, "nheads": p.nheads, "layout_strided": c.layout == "strided",
+            "layout_transposed": c.layout == "transposed", "deterministic": c.deterministic}
+
+
+def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps: int = 6, seed: int = 0,
+                  key_pool: int = 2, cases_dir: Optional[os.PathLike] = None, target_spec: Optional[dict] = None,
+                  replay_fresh: bool = True, time_limit_s: Optional[float] = None) -> SequenceResult:
+    """Run the machine (Note [Call sequences]) ``examples`` times with up to ``steps`` calls each.
+    A failure is shrunk, written to ``cases_dir`` (when given) and, with ``replay_fresh``,
+    classified by replaying in fresh processes (:func:`classify`; needs ``target_spec``)."""
+    from hypothesis import HealthCheck, Verbosity, settings
+    from hypothesis import seed as hseed
+    from hypothesis import strategies as st
+    from hypothesis.stateful import (RuleBasedStateMachine, initialize, precondition, rule,
+                                     run_state_machine_as_test)
+
+    from fa4verify.fuzz.violation import Violation
+    kind = (target_spec or {}).get("kind", "production" if isinstance(target, ProductionTarget) else "twin")
+    base_st, call_st = _call_strategy(arch, kind, key_pool)
+    res = SequenceResult(target=target.describe(), arch=arch)
+    state: dict[str, Any] = {"last": [], "violation": None, "t0": time.monotonic(), "shrinking": False}
+
+    class CallSequence(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            target.reset()
+            self.calls: list[Call] = []
+            self.seen: dict[tuple, dict[str, Any]] = {}
+            if not state["shrinking"]:
+                res.examples += 1
+
+        @initialize(base=base_st)
+        def start(self, base):
+            self.base = base
+
+        @rule(v=call_st)
+        def call(self, v):
+            self._judge(_build(arch, self.base, v))
+
+        @precondition(lambda self: bool(self.calls))
+        @rule(which=st.sampled_from(NEIGHBOUR), v=call_st)
+        def neighbour(self, which, v):
+            self._judge(_neighbour(self.calls[-1], which, v))
+
+        def _judge(self, c: Call) -> None:
+            if (time_limit_s is not None and not state["shrinking"]
+                    and time.monotonic() - state["t0"] > time_limit_s):
+                return
+            self.calls.append(c)
+            state["last"] = list(self.calls)
+            counting = not state["shrinking"]
+            if counting:
+                res.calls += 1
+            try:
+                out = judge_call(target, c)
+            except Unsupported as e:
+                # kept in the sequence: its forward may have compiled a kernel before the refusal
+                if counting:
+                    k = str(e).split(":")[0][:120]
+                    res.unsupported[k] = res.unsupported.get(k, 0) + 1
+                return
+            except HarnessError as e:
+                if counting:
+                    res.errors[str(e)[:120]] = res.errors.get(str(e)[:120], 0) + 1
+                return
+            except Violation as v_:
+                state["violation"] = v_
+                state["shrinking"] = True
+                raise
+            if counting:
+                res.judged += 1
+                for u in out.undecided:
+                    res.undecided[u] = res.undecided.get(u, 0) + 1
+                kc, now = c.key_config(), _attrs(c)
+                before = self.seen.get(kc)
+                if before is not None:
+                    for n, val in now.items():
+                        if before.get(n) != val:
+                            res.exercised[n] = res.exercised.get(n, 0) + 1
+                else:
+                    self.seen[kc] = now
+                # causal / softcap / sink share a kernel only through a collision: count the
+                # calls that followed a call of the same example with another value of them
+                for n, val in (("causal", c.problem.causal), ("softcap", c.problem.softcap),
+                               ("sink", c.problem.sink), ("layout_broadcast", c.layout == "broadcast")):
+                    prev = [getattr(x.problem, n, None) if n != "layout_broadcast" else x.layout == "broadcast"
+                            for x in self.calls[:-1]]
+                    if prev and any(pv != val for pv in prev):
+                        res.exercised[n] = res.exercised.get(n, 0) + 1
+
+    from hypothesis import Phase
+    st_kw = dict(max_examples=int(examples), stateful_step_count=int(steps), deadline=None, database=None,
+                 verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), derandomize=False,
+                 phases=[Phase.explicit, Phase.generate])
+    test = hseed(int(seed))(lambda: run_state_machine_as_test(CallSequence, settings=settings(**st_kw)))
+    t0 = time.monotonic()
+    from fa4verify.fuzz.campaign import _fixed_constant_pool
+    try:
+        with _fixed_constant_pool():
+            test()
+    except Violation:
+        v = state["violation"]
+        drawn = state["last"]
+        seq, v = shrink(drawn, target, v)
+        res.failure = {"property": v.prop, "message": v.message, "calls": [c.to_dict() for c in seq],
+                       "describe": [c.describe() for c in seq], "length": len(seq), "drawn_length": len(drawn)}
+        if cases_dir is not None:
+            try:
+                res.failure["case_file"] = str(write_case(cases_dir, seq, target_spec or {"kind": kind}, v,
+                                                          arch=arch))
+            except OSError as e:
+                res.failure["case_error"] = f"{type(e).__name__}: {e}"
+        if replay_fresh and target_spec is not None:
+            res.failure.update(classify(seq, target_spec, arch=arch))
+    res.seconds = time.monotonic() - t0
+    res.target = target.describe()
+    return res
+
+
+def shrink(calls: list[Call], target: Any, violation: Any) -> tuple[list[Call], Any]:
+    """The shortest sub-sequence of ``calls`` (order kept, the failing last call kept) that still
+    fails on ``target`` from empty caches: calls are removed one at a time, first to last, while
+    the rest still fails (1-minimal: no single call can be removed). Returns (calls, violation of
+    the shortest)."""
+    from fa4verify.fuzz.violation import Violation
+    seq = list(calls)
+
+    def fails(cand: list[Call]) -> Optional[Any]:
+        """The violation of the sequence's last call (earlier calls refused or passing)."""
+        target.reset()
+        for i, c in enumerate(cand):
+            try:
+                judge_call(target, c)
+            except Violation as v:
+                return v if i == len(cand) - 1 else None
+            except (Unsupported, HarnessError):
+                continue
+        return None
+
+    alone = fails(seq[-1:])
+    if alone is not None:
+        return seq[-1:], alone
+    changed = True
+    while changed and len(seq) > 2:
+        changed = False
+        for i in range(len(seq) - 1):
+            cand = seq[:i] + seq[i + 1:]
+            v = fails(cand)
+            if v is not None:
+                seq, violation, changed = cand, v, True
+                break
+    return seq, violation
+
+
+# ============================================================================ cases and replay
+def write_case(cases_dir: os.PathLike, calls: list[Call], target_spec: Mapping[str, Any], v: Any, *,
+               arch: str) -> Path:
+    """A replayable case: ``python -m fa4verify.sequences replay CASE`` runs it."""
+    import hashlib
+    d = Path(cases_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    body = {"format": CASE_FORMAT, "arch": arch, "target": dict(target_spec),
+            "calls": [c.to_dict() for c in calls], "property": getattr(v, "prop", None),
+            "message": getattr(v, "message", str(v))}
+    name = hashlib.sha256(json.dumps(body["calls"], sort_keys=True).encode()).hexdigest()[:12]
+    path = d / f"sequence-{name}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
+def replay(calls: list[Call], target: Any) -> dict[str, Any]:
+    """Run ``calls`` in order on ``target`` (empty caches first): ``{"status": "pass" | "fail" |
+    "unsupported" | "error", "at": index of the failing call, "message", "refused": [indices]}``.
+    A refused call (unsupported, or fa4verify's error) does not end the replay: its forward may
+    have compiled a kernel; the last call decides "unsupported" / "error" when it is refused."""
+    from fa4verify.fuzz.violation import Violation
+    target.reset()
+    refused: list[int] = []
+    last: dict[str, Any] = {"status": "pass", "at": None, "message": ""}
+    for i, c in enumerate(calls):
+        try:
+            judge_call(target, c)
+            last = {"status": "pass", "at": None, "message": ""}
+        except Violation as v:
+            return {"status": "fail", "at": i, "property": v.prop, "message": v.message[:400], "refused": refused}
+        except Unsupported as e:
+            refused.append(i)
+            last = {"status": "unsupported", "at": i, "message": str(e)[:400]}
+        except HarnessError as e:
+            refused.append(i)
+            last = {"status": "error", "at": i, "message": str(e)[:400]}
+    return dict(last, refused=refused)
+
+
+def _replay_fresh(calls: list[Call], target_spec: Mapping[str, Any], *, arch: str) -> dict[str, Any]:
+    """:func:`replay` in a fresh ``python -m fa4verify.sequences.machine`` (FA4's persistent
+    kernel cache off, so no kernel of this process reaches it)."""
+    env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0", PYTHONHASHSEED="0")
+    args = {"target": dict(target_spec), "arch": arch, "calls": [c.to_dict() for c in calls]}
+    try:
+        cp = subprocess.run([sys.executable, "-m", "fa4verify.sequences", "replay-stdin"],
+                            input=json.dumps(args), env=env, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"status": "error", "message": f"fresh process: {type(e).__name__}: {e}"}
+    lines = (cp.stdout or "").strip().splitlines()
+    if cp.returncode not in (0, 1) or not lines:
+        tail = (cp.stderr or "").strip().splitlines()[-1:] or ["(no stderr)"]
+        return {"status": "error", "message": f"fresh process exit {cp.returncode}: {tail[0][:300]}"}
+    return json.loads(lines[-1])
+
+
+def classify(calls: list[Call], target_spec: Mapping[str, Any], *, arch: str) -> dict[str, Any]:
+    """Replay the shrunk sequence, then its last call alone, each in a fresh process:
+    ``{"kind": "sequence bug" | "plain bug" | "not reproduced" | "undecided", "replay_sequence",
+    "replay_last_alone"}``. A sequence bug fails in sequence and passes alone."""
+    whole = _replay_fresh(calls, target_spec, arch=arch)
+    alone = _replay_fresh(calls[-1:], target_spec, arch=arch)
+    if whole["status"] == "fail" and alone["status"] == "pass":
+        kind = "sequence bug"
+    elif alone["status"] == "fail":
+        kind = "plain bug"
+    elif whole["status"] == "pass":
+        kind = "not reproduced"
+    else:
+        kind = "undecided"
+    return {"kind": kind, "replay_sequence": whole, "replay_last_alone": alone}
+
+
+def _main(argv: list[str]) -> int:
+    """``replay CASE.json`` (prints the replay's JSON; exit 1 when a call fails) or
+    ``replay-stdin`` (the arguments of :func:`_replay_fresh` on stdin)."""
+    if argv[:1] == ["replay-stdin"]:
+        args = json.loads(sys.stdin.read())
+    elif argv[:1] == ["replay"] and len(argv) == 2:
+        try:
+            args = json.loads(Path(argv[1]).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"fa4verify sequences: cannot read {argv[1]}: {e}", file=sys.stderr)
+            return 2
+        if args.get("format") != CASE_FORMAT:
+            print(f"fa4verify sequences: {argv[1]} is not a {CASE_FORMAT} case", file=sys.stderr)
+            return 2
+    else:
+        print("usage: python -m fa4verify.sequences replay CASE.json", file=sys.stderr)
+        return 2
+    calls = [Call.from_dict(c) for c in args["calls"]]
+    out = replay(calls, make_target(args["target"]))
+    print(json.dumps(out))
+    return 1 if out["status"] == "fail" else 0
+

@@ -1,0 +1,128 @@
+"""Call sequences (Note [Call sequences], Note [Compile-key attributes]) on the CPU: the key
+analysis of the installed FA4, the machine's power against planted compile-key faults on the keyed
+twin (found, shrunk to two calls, replayed in fresh processes: sequence bugs) and on a fake FA4
+release through the production target (the planted fault removes a field from the fake's own
+compile key), and the memory layouts the production target hands to FA4."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+from fa4verify.sequences import key, machine
+
+
+# ----------------------------------------------------------------------- the key of the installed FA4
+@pytest.mark.fa4
+def test_the_key_is_read_from_the_installed_release():
+    ff, bf = key.key_fields("_flash_attn_fwd"), key.key_fields("_flash_attn_bwd")
+    assert "causal" in ff and "score_mod_hash" in ff and "deterministic" in bf
+    a = key.analyse()
+    assert a["causal"] == {"fwd": True, "bwd": True}
+    assert a["softmax_scale"] == {"fwd": False, "bwd": False}      # a runtime argument
+    assert a["softcap"]["fwd"] and "closure" in key.callable_hash_covers()   # via the score_mod hash
+
+
+def unvaried(left_out: dict) -> list[str]:
+    """Attributes the key leaves out that the machine neither varies nor names as not driven."""
+    return sorted(a for a in left_out if a not in machine.VARIED and a not in key.NOT_DRIVEN)
+
+
+@pytest.mark.fa4
+def test_every_attribute_the_installed_key_leaves_out_is_varied_by_the_machine():
+    out = key.left_out()
+    assert out, "the installed key carries every attribute: the analysis read nothing"
+    assert unvaried(out) == [], f"the installed FA4 key leaves out {unvaried(out)}, which the machine does not vary"
+
+
+@pytest.mark.fa4
+def test_the_rule_above_fails_for_a_key_that_drops_what_the_machine_does_not_vary(monkeypatch):
+    real = key.key_fields
+    fields = tuple(f for f in real("_flash_attn_fwd") if f not in ("head_dim", "dtype"))
+    monkeypatch.setattr(key, "key_fields", lambda fn: fields if fn == "_flash_attn_fwd" else real(fn))
+    assert unvaried(key.left_out()) == ["dtype", "head_dim"]
+
+
+# ----------------------------------------------------------------------- the keyed twin
+def test_clean_sequences_on_the_keyed_twin_pass():
+    r = machine.run_sequences(machine.make_target({"kind": "twin"}), examples=3, steps=4, seed=1,
+                              target_spec={"kind": "twin"}, replay_fresh=False)
+    assert r.failure is None and r.judged > 0 and not r.errors
+
+
+@pytest.mark.parametrize("drop", [("softcap",), ("causal",)])
+def test_a_planted_key_fault_is_found_shrunk_and_classified_a_sequence_bug(tmp_path, drop):
+    spec = {"kind": "twin", "drop": list(drop)}
+    r = machine.run_sequences(machine.make_target(spec), examples=12, steps=5, seed=0, target_spec=spec,
+                              cases_dir=tmp_path)
+    f = r.failure
+    assert f is not None, f"planted {drop} not found in {r.calls} calls"
+    assert f["length"] == 2 and f["kind"] == "sequence bug", f
+    first, second = (machine.Call.from_dict(c).problem for c in f["calls"])
+    assert getattr(first, drop[0]) != getattr(second, drop[0])       # the pair differs there
+    case = json.loads(open(f["case_file"]).read())
+    assert case["format"] == machine.CASE_FORMAT and len(case["calls"]) == 2
+    assert machine.replay([machine.Call.from_dict(c) for c in case["calls"]],
+                          machine.make_target(case["target"]))["status"] == "fail"
+
+
+def test_the_sequences_twin_check_reports_the_planted_faults_found():
+    from fa4verify.audit.registry import CheckContext
+    from fa4verify.checks import sequences
+    ctx = CheckContext(profile="full", check_id="sequences.twin", dtype="bf16",
+                       options={"sequences_examples": 3, "sequences_steps": 4})
+    r = sequences.twin(ctx)
+    assert r.status in ("pass", "undecided"), r.summary
+    assert r.metrics["planted_found_higher_is_better"] == len(sequences.PLANTED), r.details["planted"]
+
+
+# ----------------------------------------------------------------------- the production target
+def _fake(tmp_path):
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "fake_fa4_release.py")
+    spec = importlib.util.spec_from_file_location("fake_fa4_release_fixture", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.load(tmp_path)
+
+
+@pytest.fixture()
+def fake_release(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from fa4verify.kernels import adapter
+    mod = _fake(tmp_path)
+    monkeypatch.setattr(adapter, "fa4_interface", lambda: mod)
+    monkeypatch.setattr(adapter, "_require_cuda", lambda: None)
+    return mod
+
+
+def test_production_sequences_find_a_field_dropped_from_fas4_own_key(fake_release):
+    """Through the production target on a fake FA4 release: FA4's key without ``causal`` makes a
+    causal call after a non-causal one (or the reverse) run the first call's kernel."""
+    from fa4verify.kernels import adapter
+    clean = machine.SequenceProductionTarget(adapter=adapter, device="cpu")
+    r = machine.run_sequences(clean, examples=3, steps=4, seed=2, target_spec=None, replay_fresh=False)
+    assert r.failure is None and r.judged > 0, (r.failure, r.unsupported, r.errors)
+    planted = machine.SequenceProductionTarget(adapter=adapter, device="cpu", drop=("causal",))
+    r = machine.run_sequences(planted, examples=12, steps=5, seed=0, target_spec=None, replay_fresh=False)
+    assert r.failure is not None and r.failure["length"] == 2, (r.calls, r.unsupported, r.errors)
+
+
+def test_layouts_hand_fa4_the_same_values_in_other_strides(fake_release):
+    torch = pytest.importorskip("torch")
+    from fa4verify.kernels import adapter
+    t = machine.SequenceProductionTarget(adapter=adapter, device="cpu")
+    x = np.arange(2 * 8 * 3 * 64, dtype=np.float32).reshape(2, 8, 3, 64) % 7
+    ref = t._t(x, "bf16")
+    for layout, check in (("strided", lambda y: y.stride(-2) == 128),
+                          ("transposed", lambda y: y.stride(1) == 64 and y.stride(2) == 8 * 64),
+                          ("broadcast", lambda y: True)):
+        t.layout = layout
+        y = t._t(x, "bf16")
+        assert torch.equal(y, ref) and y.stride(-1) == 1 and check(y), (layout, y.stride())
+    one = x[:1, :, :1]
+    t.layout = "broadcast"
+    y = t._t(one, "bf16")
+    assert y.stride(0) == 0 and y.stride(2) == 0 and torch.equal(y, torch.from_numpy(one).to(torch.bfloat16))
