@@ -360,7 +360,9 @@ class Deployment:
         not audit such an arch (Note [An empty deployment runs nothing], ``fa4verify._options``)."""
         from fa4verify.coverage.planner import no_valid_row
         from fa4verify.coverage.space import space_for
-        return no_valid_row(space_for(arch, dtype, deployment=self))
+        pairs = {} if {"mod_pairs", "mask_mod_fn"} & set(self.features) else \
+            {"score_pairs": (), "mask_pairs": (), "mask_pairs_bwd": ()}    # no pair form: skip the registries
+        return no_valid_row(space_for(arch, dtype, deployment=self, **pairs))
 
     def strategy_kwargs(self) -> dict[str, Any]:
         """Arguments for :func:`fa4verify._strategies.problem.attention_problems` that keep the
