@@ -126,3 +126,39 @@ def test_layouts_hand_fa4_the_same_values_in_other_strides(fake_release):
     t.layout = "broadcast"
     y = t._t(one, "bf16")
     assert y.stride(0) == 0 and y.stride(2) == 0 and torch.equal(y, torch.from_numpy(one).to(torch.bfloat16))
+
+
+# ----------------------------------------------------------------------- the check's verdict
+def _res(**kw):
+    r = machine.SequenceResult(target={}, arch="sm90", examples=2, calls=8, judged=8,
+                               exercised={"softmax_scale": 2, "seqlen": 3})
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+@pytest.mark.fa4
+def test_the_sequences_verdict_is_honest():
+    from fa4verify.checks.sequences import result
+    assert result(_res(), "CPU twin").status == "pass"
+    r = result(_res(judged=3, unsupported={"FA4 rejected the call": 5}), "CPU twin")
+    assert r.status == "undecided" and "judged 3 of 8 calls (5 unsupported)" in r.summary
+    r = result(_res(judged=7, errors={"fa4verify's own call failed (TypeError: x)": 1}), "CPU twin")
+    assert r.status == "error" and "fa4verify's own call failed on 1 call" in r.summary
+    r = result(_res(exercised={"causal": 4}), "CPU twin")      # causal is in the key: nothing left-out tested
+    assert r.status == "undecided" and "no call reused a kernel" in r.summary
+    f = {"property": "fwd_budget", "length": 2, "kind": "sequence bug", "describe": ["a", "b"]}
+    r = result(_res(failure=f), "CPU twin")
+    assert r.status == "fail" and "(sequence bug)" in r.summary
+
+
+def test_the_run_command(tmp_path):
+    out = tmp_path / "r.json"
+    rc = machine._main(["run", "--target", "twin", "--drop", "causal", "--examples", "12", "--steps", "5",
+                        "--cases-dir", str(tmp_path / "cases"), "--json", str(out)])
+    d = json.loads(out.read_text())
+    assert rc == 1 and d["failure"]["length"] == 2 and d["failure"]["kind"] == "sequence bug"
+    case = d["failure"]["case_file"]
+    assert machine._main(["replay", case]) == 1
+    assert machine._main(["run", "--target", "twin", "--drop", "nope"]) == 2
+    assert machine._main(["replay", str(out)]) == 2          # not a case file

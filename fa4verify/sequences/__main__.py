@@ -1,4 +1,4 @@
-"""``python -m fa4verify.sequences replay CASE.json``: replay a sequence case in this process."""
+"""``python -m fa4verify.sequences run ...`` (the state machine on a target) / ``replay CASE.json``."""
 import sys
 
 from fa4verify.sequences.machine import _main

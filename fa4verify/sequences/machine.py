@@ -608,9 +608,56 @@ def classify(calls: list[Call], target_spec: Mapping[str, Any], *, arch: str) ->
     return {"kind": kind, "replay_sequence": whole, "replay_last_alone": alone}
 
 
+def _run_main(argv: list[str]) -> int:
+    """``run``: the machine on a target, the result as JSON (stdout, or ``--json PATH``); exit 1
+    when a call sequence failed, 2 on bad arguments."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m fa4verify.sequences run")
+    ap.add_argument("--target", choices=("production", "twin"), default="production")
+    ap.add_argument("--drop", action="append", default=[],
+                    help="plant a compile-key fault: a key field removed (production: the source text of "
+                         "an FA4 compile_key element, e.g. causal, score_mod_hash; twin: causal, softcap)")
+    ap.add_argument("--examples", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arch", default=None, help="default: the local GPU's (production), sm90 (twin)")
+    ap.add_argument("--cases-dir", default=None)
+    ap.add_argument("--json", default=None)
+    try:
+        a = ap.parse_args(argv)
+    except SystemExit as e:
+        return 2 if e.code else 0
+    if a.examples < 1 or a.steps < 1:
+        print("fa4verify sequences: --examples and --steps must be >= 1", file=sys.stderr)
+        return 2
+    spec = {"kind": a.target, "drop": list(a.drop)}
+    try:
+        tgt = make_target(spec)
+    except (ValueError, RuntimeError) as e:
+        print(f"fa4verify sequences: {e}", file=sys.stderr)
+        return 2
+    arch = a.arch or getattr(tgt, "arch", None) or "sm90"
+    res = run_sequences(tgt, arch=arch, examples=a.examples, steps=a.steps, seed=a.seed, cases_dir=a.cases_dir,
+                        target_spec=spec)
+    text = json.dumps(res.to_json(), indent=1, default=str)
+    if a.json:
+        Path(a.json).write_text(text)
+    else:
+        print(text)
+    f = res.failure
+    print(f"sequences: {res.examples} sequences, {res.calls} calls, {res.judged} judged, "
+          f"unsupported {sum(res.unsupported.values())}, fa4verify errors {sum(res.errors.values())}; "
+          + ("no violation" if f is None else
+             f"FAIL {f['property']} after {f['length']} call(s) ({f.get('kind', 'not classified')}): "
+             + " -> ".join(f["describe"])), file=sys.stderr)
+    return 1 if f is not None else 0
+
+
 def _main(argv: list[str]) -> int:
-    """``replay CASE.json`` (prints the replay's JSON; exit 1 when a call fails) or
-    ``replay-stdin`` (the arguments of :func:`_replay_fresh` on stdin)."""
+    """``run ...`` (:func:`_run_main`), ``replay CASE.json`` (prints the replay's JSON; exit 1 when
+    a call fails) or ``replay-stdin`` (the arguments of :func:`_replay_fresh` on stdin)."""
+    if argv[:1] == ["run"]:
+        return _run_main(argv[1:])
     if argv[:1] == ["replay-stdin"]:
         args = json.loads(sys.stdin.read())
     elif argv[:1] == ["replay"] and len(argv) == 2:
@@ -623,10 +670,10 @@ def _main(argv: list[str]) -> int:
             print(f"fa4verify sequences: {argv[1]} is not a {CASE_FORMAT} case", file=sys.stderr)
             return 2
     else:
-        print("usage: python -m fa4verify.sequences replay CASE.json", file=sys.stderr)
+        print("usage: python -m fa4verify.sequences run [--target production|twin] [--drop FIELD] ... | "
+              "replay CASE.json", file=sys.stderr)
         return 2
     calls = [Call.from_dict(c) for c in args["calls"]]
     out = replay(calls, make_target(args["target"]))
     print(json.dumps(out))
     return 1 if out["status"] == "fail" else 0
-
