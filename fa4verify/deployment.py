@@ -364,12 +364,13 @@ class Deployment:
             {"score_pairs": (), "mask_pairs": (), "mask_pairs_bwd": ()}    # no pair form: skip the registries
         return no_valid_row(space_for(arch, dtype, deployment=self, **pairs))
 
-    def strategy_kwargs(self) -> dict[str, Any]:
+    def strategy_kwargs(self, *, arch: Optional[str] = None, dtype: Optional[str] = None) -> dict[str, Any]:
         """Arguments for :func:`fa4verify._strategies.problem.attention_problems` that keep the
         drawn problems inside this deployment (Note [Confined draws]): ``features`` (what may
         appear: the masks, softcap, sinks, varlen and the call forms it ships), ``limits`` (the
         values each dimension is drawn from: head dims and pairs, head counts, sequence ranges,
-        masks and windows, softcap values, sinks, page sizes) and ``distributions``."""
+        masks and windows, softcap values, sinks, page sizes) and ``distributions``. With
+        ``arch``, only the head dims FA4 supports there (for ``dtype``, default the first shipped)."""
         feats = set()
         if "causal" in self.masks:
             feats.add("causal")
@@ -386,8 +387,10 @@ class Deployment:
         feats |= set(self.features)            # FA4 call forms (paged KV, seqused_k, ...)
         if "paged_kv" in self.features and not self.varlen:
             feats.add("varlen")                 # paged KV is a varlen call (packed or batched q)
+        hds = [(h, hv) for h, hv in self.head_dims
+               if arch is None or facts.head_dims_supported(arch, h, hv, dtype or self.dtypes[0])]
         limits: dict[str, Any] = {
-            "head_dim_choices": tuple(h if h == hv else (h, hv) for h, hv in self.head_dims),
+            "head_dim_choices": tuple(h if h == hv else (h, hv) for h, hv in hds),
             "head_count_choices": tuple((h, hk) for h in self.nheads for hk in self.nheads_kv if h % hk == 0),
             "seqlen_q_range": tuple(self.seqlen_q), "seqlen_k_range": tuple(self.seqlen_k),
             "mask_choices": tuple(self.masks), "window_choices": tuple(self.window_sizes),

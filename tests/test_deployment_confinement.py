@@ -225,3 +225,15 @@ def test_a_profile_larger_than_the_campaigns_size_bound_is_refused_by_name():
     with pytest.raises(ValueError, match=r"no problem inside the campaign's limits can be drawn.*4096"):
         drawn.draw_problems(arch="sm90", dtype="bf16", examples=4, seed=0, profile="ci", target=TwinTarget(),
                             fresh_process=False, **F._deployment_kw(_ctx(dep, "sm90"), {}))
+
+
+def test_a_head_dim_one_arch_lacks_is_drawn_only_on_the_other(tmp_path):
+    """hd 200 runs on SM90 only: the SM100 twin's draw takes the profile's other head dim."""
+    from fa4verify.checks import fuzz as F
+    from fa4verify.fuzz import drawn
+    from fa4verify.targets import TwinTarget
+    dep = D.load(_profile(tmp_path, head_dims="[200, 64]", nheads="2", nheads_kv="1"))
+    for arch, want in (("sm90", {200, 64}), ("sm100", {64})):
+        ps = drawn.draw_problems(arch=arch, dtype="bf16", examples=12, seed=0, profile="ci", target=TwinTarget(),
+                                 fresh_process=False, **F._deployment_kw(_ctx(dep, arch), {}))
+        assert {p.head_dim for p in ps} == want and all(outside(p, dep) == [] for p in ps)

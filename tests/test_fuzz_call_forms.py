@@ -330,6 +330,7 @@ def test_decode_paged_profile_draws_its_call_forms_with_nan_pages():
 
     class Ctx:
         deploy = d
+        arch, dtype = "sm90", "bf16"
     kw = _deployment_kw(Ctx(), {"max_head_dim": 256}, call_features=True)
     assert set(kw["features"]) >= {"paged_kv", "seqused_k", "varlen"} and "block_sparse" not in kw["features"]
     assert kw["limits"]["page_sizes"] == (16, 128) and kw["limits"]["hostile_nan"] is True

@@ -134,7 +134,7 @@ def _deployment_kw(ctx: CheckContext, limits: dict, *, call_features: bool = Fal
     call's features."""
     dep = ctx.deploy
     lim = dict(limits)
-    kw = dep.strategy_kwargs() if dep is not None else {}
+    kw = dep.strategy_kwargs(arch=ctx.arch, dtype=ctx.dtype) if dep is not None else {}
     lim.update(kw.get("limits", {}))
     if "head_dim_choices" in lim:   # explicit head dims replace the bound
         lim.pop("max_head_dim", None)
