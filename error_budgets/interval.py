@@ -130,9 +130,13 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         else:
             y_mid, y_rad = S * scale, (rS + SLACK * np.abs(S)) * scale
         c = _LOG2E
-        # ---- x = fma(y, c, -RN(lse RN(log2 e))): bwd_exp_arg (its gamma(3)|S c| covers c = RN(...))
-        L = np.where(np.isfinite(lse_mid), lse_mid, 0.0)[:, None]
-        Lr = np.where(np.isfinite(lse_mid), lse_rad, 0.0)[:, None]
+        # ---- x = fma(y, c, -RN(lse RN(log2 e))): bwd_exp_arg (its gamma(3)|S c| covers c = RN(...)).
+        # FA4's preprocess writes lse_log2 = 0 where lse = -inf; lse = +inf gives x = -inf, P = 0
+        # exactly (FA4 computes the same); a NaN LSE leaves NaN (the budget defines nothing there)
+        lse_mid = np.asarray(lse_mid, np.float64)
+        pos = np.isposinf(lse_mid)[:, None]
+        L = np.where(np.isneginf(lse_mid) | np.isposinf(lse_mid), 0.0, lse_mid)[:, None]
+        Lr = np.where(np.isinf(lse_mid), 0.0, lse_rad)[:, None]
         x_mid = y_mid * c - L * c
         x_rad0 = y_rad * c + Lr * c
         rx = np.asarray(bs.evaluate("bwd_exp_arg", {
@@ -144,7 +148,7 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         p_hi = np.exp2(x_mid + x_rad) * (1 + m) * WIDEN
         p_lo = np.exp2(x_mid - x_rad) * (1 - m) / WIDEN
         p_lo = np.where(p_lo >= _FTZ, p_lo, 0.0)
-        vis = keep & np.isfinite(lse_mid)[:, None]
+        vis = keep & ~pos
         p_lo = np.where(vis, p_lo, 0.0)
         p_hi = np.where(vis, p_hi, 0.0)
         # ---- the dV operand RN_p(P): bwd_p_cast (monotone, >= 0)

@@ -232,3 +232,24 @@ def test_a_postprocess_dq_fault_on_huge_logits_fails_bwd_stages_dq_post(monkeypa
     with pytest.raises(Violation) as e:
         check_problem(p, TwinTarget())
     assert e.value.prop == "bwd_stages" and e.value.args[0].startswith("[bwd_stages] dq_post:"), e.value
+
+
+def test_a_nan_forward_output_fed_to_the_backward_is_undecided_with_its_reason():
+    """The only budget-side undecided cause left on finite inputs: the forward output the kernel's
+    backward read is NaN/inf (the budget defines nothing there), said in one line."""
+    p = _huge("bf16", 8, 108)
+    a = p.materialize()
+    t = TwinTarget()
+    f = t.forward(p, a)
+    out = np.array(f.out, np.float64)
+    out[0, 3, 0, 5] = np.nan
+    from fa4verify.targets import Fwd
+    g = t.backward(p, a, Fwd(out, f.lse))
+    j = judge.judge_forward(p, a, f.out, f.lse)
+    jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=j, kernel_fwd=(out, f.lse))
+    assert jb.dq.status == "undecided" and jb.dq.n_over == 0, jb.dq.summary()
+    assert "the forward output the kernel's backward read is non-finite (1 O value(s) NaN/inf" in jb.dq.reason
+    # the clean forward output: decided
+    g0 = t.backward(p, a, f)
+    jb0 = judge.judge_backward(p, a, g0.dq, g0.dk, g0.dv, forward=j, kernel_fwd=(f.out, f.lse))
+    assert all(v.status == "pass" for v in jb0.verdicts)

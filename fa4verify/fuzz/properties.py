@@ -438,6 +438,11 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                             metrics[f"tightness_{n}"] = _compare("bwd_budget", n, getattr(g, n), getattr(obwd, n),
                                                                  getattr(obwd, f"{n}_bound"), allow[n], problem,
                                                                  undecided, ftz_floor=stats.ftz_floor[n])
+                            why = stats.bwd_undecided_reason
+                            if why and "budget value(s) non-finite" in undecided.get(f"bwd_budget.{n}", ""):
+                                # the cause in one line (Note [Backward interval fallback])
+                                undecided[f"bwd_budget.{n}"] = undecided[f"bwd_budget.{n}"].replace(
+                                    "(the composed budget is not valid here)", f"({why})")
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
             elif taps is not None:

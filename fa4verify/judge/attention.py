@@ -238,6 +238,15 @@ def judge_forward(problem: AttentionProblem, a: Mapping[str, Any], out, lse, *, 
     return ForwardJudgement(vo, vl, ref_out, ref_lse, st, ofwd, prob)
 
 
+def _with_reason(v: Verdict, why: Optional[str]) -> Verdict:
+    """An undecided gradient verdict whose budget is not valid names the cause (the backward's
+    one-line reason, :meth:`BudgetStats.backward`) instead of the generic budget text."""
+    if v.status == "undecided" and why and "budget value(s) non-finite" in v.reason:
+        return dataclasses.replace(v, reason=v.reason.replace(
+            "(the composed budget is not valid here)", f"({why})"))
+    return v
+
+
 def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, *, budgets: Any = None,
                    forward: Optional[ForwardJudgement] = None, oracle_bwd: Any = None,
                    probabilistic: bool = True, kernel_fwd: Optional[tuple] = None) -> BackwardJudgement:
@@ -257,7 +266,8 @@ def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, 
                             kernel_fwd=kernel_fwd)
     vs = {}
     for n, got in (("dq", dq), ("dk", dk), ("dv", dv)):
-        vs[n] = compare(n, got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"), budget=allow[n])
+        vs[n] = _with_reason(compare(n, got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"),
+                                     budget=allow[n]), st.bwd_undecided_reason)
     prob = None
     if all(f"{n}_prob" in allow for n in ("dq", "dk", "dv")):
         prob = {n: compare(f"{n}_prob", got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"),

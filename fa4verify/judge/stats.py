@@ -199,6 +199,8 @@ class BudgetStats:
         #: set by :meth:`forward_out_decided`: (mask of the elements the hull fallback bounds,
         #: the first-order ``forward_out`` there), so :meth:`backward` keeps its first-order premise
         self.out_fallback: tuple | None = None
+        #: set by :meth:`backward`: why a gradient budget is still not valid somewhere, or None
+        self.bwd_undecided_reason: Optional[str] = None
         self.abs_o = np.abs(O)
         self.varlen = varlen
 
@@ -321,7 +323,24 @@ class BudgetStats:
                 use = ok & (~valid[n] | (alt < b))
                 out[n] = np.where(use, alt, b)
                 self.bwd_fallback[n] = use
+        self.bwd_undecided_reason = self._undecided_reason(out, kernel_fwd)
         return out
+
+    def _undecided_reason(self, out: Mapping[str, np.ndarray], kernel_fwd: Optional[tuple]) -> Optional[str]:
+        """Why some gradient budget is still not valid (Note [Backward interval fallback]): the
+        forward output the backward read is NaN/inf, or the bound overflows float64; None when
+        every budget is valid."""
+        if all((np.isfinite(b) & (b >= 0)).all() for b in out.values()):
+            return None
+        if kernel_fwd is not None:
+            o = np.asarray(kernel_fwd[0], np.float64)
+            lse = np.asarray(kernel_fwd[1], np.float64)
+            n_o, n_l = int((~np.isfinite(o)).sum()), int(np.isnan(lse).sum())
+            if n_o or n_l:
+                return (f"the forward output the kernel's backward read is non-finite ({n_o} O value(s) NaN/inf, "
+                        f"{n_l} LSE value(s) NaN): the budget defines nothing there")
+        return ("the interval bound overflows float64 here (a P interval past 2^1024: an S rounding bound of "
+                "over 1000 log2 units): the problem's logits are beyond what the bound can represent")
 
     def backward_interval(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
                           kernel_fwd: Optional[tuple] = None) -> dict[str, np.ndarray]:
