@@ -12,7 +12,10 @@ DSL, numpy) are passed through: an assertion of the DSL reached from FA4's inter
 for a keyword the installed FA4 does not take is raised at the call site, in fa4verify's adapter,
 so it is fa4verify's (the adapter should not have passed it: it reads FA4's signatures,
 ``fa4verify.kernels.adapter.UnsupportedByRelease``). A traceback with neither is fa4verify's: its
-own code made the call.
+own code made the call. One exception: an asynchronous device fault (``CUDA error: an illegal
+memory access`` and the like, :func:`device_fault`) surfaces at whatever synchronises next --
+often fa4verify's copy of FA4's output -- so it is FA4's wherever it surfaces (the calls judged
+here launch no kernel of fa4verify's own; out-of-memory is not a fault).
 
 The consequences, everywhere a call into FA4 is judged:
 
@@ -30,7 +33,7 @@ import functools
 import os
 from typing import Optional
 
-__all__ = ["FA4", "FA4VERIFY", "origin", "fa4_refusal", "describe"]
+__all__ = ["FA4", "FA4VERIFY", "origin", "fa4_refusal", "device_fault", "describe"]
 
 FA4 = "fa4"
 FA4VERIFY = "fa4verify"
@@ -65,10 +68,19 @@ def _frame_owner(filename: str) -> Optional[str]:
     return None
 
 
+def device_fault(exc: BaseException) -> bool:
+    """An asynchronous device fault reported by the CUDA runtime (not an out-of-memory)."""
+    msg = str(exc)
+    return ("CUDA error" in msg or type(exc).__name__ == "AcceleratorError") and "out of memory" not in msg
+
+
 def origin(exc: BaseException) -> str:
-    """``"fa4"`` when the deepest FA4-or-fa4verify frame of ``exc``'s traceback is FA4's, else
-    ``"fa4verify"`` (Note [Blame]). An exception that FA4 chained from another keeps its own
-    traceback: the frame that raised *this* exception decides."""
+    """``"fa4"`` when the deepest FA4-or-fa4verify frame of ``exc``'s traceback is FA4's (or
+    ``exc`` is a :func:`device_fault`), else ``"fa4verify"`` (Note [Blame]). An exception that
+    FA4 chained from another keeps its own traceback: the frame that raised *this* exception
+    decides."""
+    if device_fault(exc):
+        return FA4
     owner = None
     tb = exc.__traceback__
     while tb is not None:

@@ -191,3 +191,16 @@ def test_determinism_that_errored_is_not_not_reproducible(release):
     out = D._fa4_summary(ctx, [pay], [cfg])
     assert out.status == "error", out.summary
     assert "NOT reproducible" not in out.summary and "errored, nothing measured" in out.summary
+
+
+def test_an_asynchronous_device_fault_is_fa4s_wherever_it_surfaces():
+    """A CUDA fault of FA4's kernel surfaces at the next synchronisation, often fa4verify's copy
+    of the output: it is FA4's (a crash: the judge's runs property), never fa4verify's error."""
+    try:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    except RuntimeError as e:
+        assert blame.origin(e) == blame.FA4 and not blame.fa4_refusal(e)
+    try:
+        raise RuntimeError("CUDA error: out of memory")
+    except RuntimeError as e:
+        assert blame.origin(e) == blame.FA4VERIFY
