@@ -618,10 +618,12 @@ LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation",)
 
 
 def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
-    """FA4 4.0.0b36's limits on the backward of a call form (interface.py), or None."""
+    """FA4 4.0.0b36's limits on the backward of a problem's head dims and call form, or None."""
+    from fa4verify.kernels import facts
+    why = facts.bwd_refusal(problem.arch, problem.head_dim, problem.head_dim_v, problem.nheads / problem.nheads_kv)
     call = problem.call
-    if call is None:
-        return None
+    if why is not None or call is None:
+        return why
     if call.paged:
         return "FA4 has no paged-KV backward (page_table is forward-only, interface.py)"
     if call.mask_mod_fn is not None:

@@ -31,7 +31,7 @@ __all__ = [
     "capability_label", "sm90_fwd_tile", "sm90_bwd_tile",
     "bwd_tile", "kernel_constants", "resolve_causal_local_window", "head_dims_supported",
     "supported_head_dims_text", "dist_version", "is_sm100_family", "ptx_target",
-    "arch_of_ptx_target", "fa4_arch_env", "arch_of_fa4_arch_env", "HDIM_MULTIPLE",
+    "arch_of_ptx_target", "fa4_arch_env", "arch_of_fa4_arch_env", "HDIM_MULTIPLE", "bwd_refusal",
 ]
 
 #: The kernel families fa4verify audits (FA4's own names for its SM90 and SM100 kernels).
@@ -119,6 +119,16 @@ def arch_of_fa4_arch_env(value: str) -> Optional[str]:
 #: ``hdim_multiple_of = 16``); a head dim off it is "irregular" (``check_hdim_oob``), which FA4's
 #: non-TMA paged-KV forward refuses
 HDIM_MULTIPLE = 16
+
+
+def bwd_refusal(arch: str, head_dim: int, head_dim_v: int, q_per_kv: float) -> Optional[str]:
+    """Why FA4's backward refuses this head-dim pair at ``q_per_kv`` query heads per KV head, or None.
+    SM90: ``flash_bwd_sm90.py`` asserts "GQA backward requires head_dim == head_dim_v" (4.0.0b36; seen
+    on the H200 for (192, 128) with 2 and 4 query heads per KV head, 2026-12-02)."""
+    if arch == "sm90" and head_dim != head_dim_v and q_per_kv > 1:
+        return ("FA4's SM90 GQA backward needs head_dim == head_dim_v (flash_bwd_sm90.py asserts 'GQA "
+                "backward requires head_dim == head_dim_v')")
+    return None
 
 
 def sm90_fwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:

@@ -129,3 +129,24 @@ def test_an_example_the_judge_cannot_decide_makes_the_campaign_check_undecided()
     res.undecided = {k: {"count": 1, "reason": v, "first": p.describe()} for k, v in out.undecided.items()}
     r = F._result(res, "CPU twin")
     assert r.status == "undecided" and "could not decide" in r.summary
+
+
+@pytest.mark.parametrize("nheads_kv, mods_, prop, expect", [
+    (2, ("rel_bias",), "bwd_budget", True),      # GQA 4/2, a score pair that reads q_idx
+    (1, ("alibi",), "finite", True),             # MQA, a score pair that reads the head (slopes)
+    (4, ("rel_bias",), "bwd_budget", False),     # MHA: FA4's indices are right
+    (2, ("softcap",), "bwd_budget", False),      # index-free score pair: the wrong indices do not matter
+    (2, ("rel_bias",), "fwd_budget", False),     # the forward is right
+    (2, (), "bwd_budget", False),                # no score pair
+])
+def test_sm90_score_mod_gqa_backward_scope(nheads_kv, mods_, prop, expect):
+    """sm90_score_mod_gqa_bwd_indices absorbs only backward violations of SM90 GQA/MQA problems whose
+    score pair sees different values under FA4's SM90 backward indices (measured on the H200)."""
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=40, seqlen_k=40, nheads=4,
+                         nheads_kv=nheads_kv, head_dim=64, head_dim_v=64, mods=mods_)
+    v = Violation(prop, "dq: planted", {"quantity": "dq"})
+    ki = match_known_issue(p, v, target="production")
+    assert (ki is not None and ki.name == "sm90_score_mod_gqa_bwd_indices") == expect, ki
+    assert match_known_issue(p.replace(arch="sm100"), v, target="production") is None

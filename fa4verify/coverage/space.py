@@ -212,10 +212,8 @@ class FeatureSpace:
             why = self._form_bwd(form) if hd is None else self._bwd(form, hd)
             if why is not None:
                 return why
-        if self.arch == "sm90" and hd is not None and gqa is not None and self.hd[hd][0] != self.hd[hd][1] \
-                and self.gqa_ratio(gqa) > 1:
-            return ("FA4's SM90 GQA backward needs head_dim == head_dim_v (flash_bwd_sm90.py asserts 'GQA "
-                    "backward requires head_dim == head_dim_v')")
+        if hd is not None and gqa is not None:
+            return facts.bwd_refusal(self.arch, *self.hd[hd], self.gqa_ratio(gqa))
         return None
 
     def passes(self, row: Mapping[str, str]) -> tuple[str, ...]:

@@ -200,6 +200,36 @@ def _sm90_block_sparse_bwd_no_build(problem: AttentionProblem, a: Mapping[str, A
                 and "partition" in v.message)
 
 
+def _sm90_score_mod_gqa_bwd_indices(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True for a backward violation of an SM90 GQA/MQA problem whose score pair changes under the
+    indices FA4's SM90 backward hands it (``q_idx // g`` and head ``h * g + q_idx % g``: the Pack-GQA
+    mapping applied to rows that are not packed), or reads past its aux tensors there."""
+    if problem.arch != "sm90" or problem.nheads_kv == problem.nheads or not problem.mods:
+        return False
+    if v.prop not in ("bwd_budget", "finite", "masked_rows", "bwd_stages"):
+        return False
+    score, _ = problem.mod_pairs()
+    if score is None:
+        return False
+    from fa4verify import mods
+    aux = mods.aux_for(problem, score, a)
+    g = problem.nheads // problem.nheads_kv
+    ki = np.arange(problem.seqlen_k)[None, :]
+    x = np.linspace(-4.0, 4.0, problem.seqlen_k)[None, :]
+    for b in range(problem.batch):
+        for h in range(problem.nheads):
+            for r in range(problem.seqlen_q):
+                try:
+                    yb = score.ref(x, b, h * g + r % g, np.array([[r // g]]), ki, aux)
+                    db = score.grad(x, b, h * g + r % g, np.array([[r // g]]), ki, aux)
+                except IndexError:
+                    return True
+                if not (np.array_equal(yb, score.ref(x, b, h, np.array([[r]]), ki, aux))
+                        and np.array_equal(db, score.grad(x, b, h, np.array([[r]]), ki, aux))):
+                    return True
+    return False
+
+
 #: FA4 behaviours the fuzzer has found and that are documented (docs/fuzzing.md).
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
@@ -242,6 +272,22 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "with 4 query heads over 1 or 2 KV heads, seqlen 256: dK/dV rel err 0.91-1.16; hd 64/128 "
         "2.3e-3; kernels/evidence/golden/bwd_predictions_h200.json",
         _sm90_gqa_dkdv_accum, targets=("production",)),
+    KnownIssue(
+        "sm90_score_mod_gqa_bwd_indices",
+        "SM90 GQA/MQA backward with a score_mod: the S recomputation and score_mod_bwd see q_idx // g and "
+        "head h*g + q_idx % g (the Pack-GQA mapping on rows that are not packed), so dQ/dK/dV are wrong for "
+        "a score_mod that reads q_idx or the head (rel_bias, alibi; alibi's slopes are read past nheads); "
+        "the forward is right, and so are index-free score_mods and nheads_kv == nheads",
+        "flash-attn-4 4.0.0b36: flash_bwd_sm90.py apply_score_mod / apply_score_mod_bwd pass "
+        "qhead_per_kvhead=self.qhead_per_kvhead to softmax.apply_score_mod_inner / _bwd_inner, though the "
+        "SM90 backward never packs GQA (interface.py forces pack_gqa=False there); the SM90 forward and the "
+        "SM100 backward pass '... if pack_gqa else 1'. Found by coverage.production and CONFIRMED measured on "
+        "NVIDIA H200 (sm_90), 2026-12-02, scripts/gpu_triage_mods.py --only score: rel_bias GQA 4/2 dQ/dK/dV "
+        "rel. err 0.57/0.70/0.63 vs the float64 reference, 4.2e-3/2.8e-3/2.7e-3 vs the model of that index "
+        "mapping; MQA, causal, pack_gqa=False forward, deterministic backward the same; alibi GQA dQ 6.6; "
+        "MHA, the index-free softcap pair, and K/V expanded to the query heads 2.9e-3-4.0e-3 "
+        "(docs/results/h200/coverage/README.md)",
+        _sm90_score_mod_gqa_bwd_indices, targets=("production",)),
     KnownIssue(
         "sm90_paged_tma_empty_seq_nan",
         "SM90 paged KV at page_size == tile_n (FA4's TMA paged path): a sequence with seqused_k[b] = 0 "
