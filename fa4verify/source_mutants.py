@@ -171,12 +171,13 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "            page_offset = page_offset - (page_idx_next - page_idx)\n"),),
         "fwd", ("out", "lse")),
     SourceMutant(
-        "block_edge_off_by_one", "SM90 block-sparse forward: the first full KV block processed is masked as the next block",
+        "block_edge_off_by_one", "SM90 block-sparse forward (intra-warpgroup overlap, FA4's default): the first "
+        "full KV block processed is masked as the next block",
         (Edit("block_sparse_utils.py",
               "            full_n_block = curr_full_block_idx[curr_full_block_cnt - 1]\n"
-              "            if curr_mask_block_cnt == 0:\n                warp_scheduler_barrier_sync()\n",
+              "            if curr_mask_block_cnt == 0:\n                kv_consumer_state = process_first_half_block(\n",
               "            full_n_block = curr_full_block_idx[curr_full_block_cnt - 1] + 1\n"
-              "            if curr_mask_block_cnt == 0:\n                warp_scheduler_barrier_sync()\n"),),
+              "            if curr_mask_block_cnt == 0:\n                kv_consumer_state = process_first_half_block(\n"),),
         "fwd", ("out", "lse")),
     SourceMutant(
         "dropped_rescale", "online-softmax rescale of O dropped in the SM90 forward main loop",
