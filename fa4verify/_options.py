@@ -290,7 +290,7 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
         except OSError as e:
             raise OptionError(f"--kernel-cache {kernel_cache!r}: cannot use this directory "
                               f"({e.strerror or e})") from None
-    cache_dir = _kernel_cache_in_effect(cache_s, cache_dir)
+    cache_dir = _kernel_cache_in_effect(cache_s, cache_dir, create=dev == "cuda")
     mods = tuple(dict.fromkeys(list(checks_modules) + list(checks_modules_from_env())))
     dep = None
     if deployment:
@@ -317,7 +317,7 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
                        check_shards=shards_n)
 
 
-def _kernel_cache_in_effect(option: str, cache_dir: str | None) -> str | None:
+def _kernel_cache_in_effect(option: str, cache_dir: str | None, *, create: bool = False) -> str | None:
     """The kernel cache the workers will really use, checked (Note [Kernel cache integrity] in
     :mod:`fa4verify.kernels.kernel_cache`).
 
@@ -347,6 +347,11 @@ def _kernel_cache_in_effect(option: str, cache_dir: str | None) -> str | None:
                   f"{label}): the kernel cache is {used or 'off'}", file=sys.stderr)
         cache_dir = used
         label = " ".join(f"{k}={v}" for k, v in preset.items())
+    if cache_dir is not None and create and not preset and not os.path.lexists(cache_dir):
+        try:        # made private now (a umask of 002 would make it group-writable: refused later)
+            os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        except OSError:
+            pass    # the pool says what is wrong with it
     if cache_dir is not None:
         why = unsafe_reason(cache_dir)
         if why:

@@ -132,11 +132,31 @@ def _write_manifest(obj: Path, digest: str) -> None:
     STATS["manifests_written"] += 1
 
 
+def _private_mkdir(path: Path) -> None:
+    """``path`` and its missing parents made 0700 (FA4 makes them 0777 less the umask: with a
+    umask of 002 group-writable, and then refused by :func:`unsafe_reason`)."""
+    missing = []
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=0o700)
+
+
 def _patch(cu: Any) -> None:
     """Replace JITPersistentCache's load and export with verified ones (class-wide: every
-    instance, present and future)."""
+    instance, present and future); its directories are made private."""
     cls = cu.JITPersistentCache
     orig_export = cls._try_export_to_storage
+    orig_init = cls.__init__
+
+    def __init__(self, cache_path):
+        _private_mkdir(Path(cache_path))
+        orig_init(self, cache_path)
+
+    cls.__init__ = __init__
 
     def _safe(self) -> bool:
         root = Path(getattr(self, "_fa4verify_root", self.cache_path))
@@ -246,7 +266,7 @@ def install() -> None:
     arch_root = orig_root / tag
 
     def get_cache_path() -> Path:
-        arch_root.mkdir(parents=True, exist_ok=True)
+        _private_mkdir(arch_root)
         return arch_root
 
     cu.get_cache_path = get_cache_path
@@ -257,9 +277,13 @@ def install() -> None:
             continue
         if rel.parts and rel.parts[0] == tag:
             continue
+        old = c.cache_path
         c.cache_path = arch_root / rel
-        c.cache_path.mkdir(parents=True, exist_ok=True)
+        _private_mkdir(c.cache_path)
         c._fa4verify_root = orig_root
+        for d in (old, old.parent):     # FA4 made them at import; left empty, they go
+            with contextlib.suppress(OSError):
+                d.rmdir()
     cu.JITPersistentCache._fa4verify_root = orig_root
 
 

@@ -1238,7 +1238,8 @@ def test_21_a_planted_kernel_object_is_never_loaded(tmp_path):
     kc.mkdir(mode=0o700)
     env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="1", FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(kc),
                CUTE_DSL_ARCH="sm_100a")
-    r = subprocess.run([sys.executable, "-c", _PLANT], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", _PLANT], capture_output=True, text=True, env=env, timeout=300,
+                       preexec_fn=lambda: os.umask(0o002))     # a umask that makes group-writable dirs
     record("object planted at a key's path of FA4's persistent cache (no / wrong / right manifest)",
            r.returncode, (r.stderr.strip().splitlines() or [""])[0])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -1251,6 +1252,9 @@ def test_21_a_planted_kernel_object_is_never_loaded(tmp_path):
     rel = Path(out["path"]).relative_to(kc)
     assert rel.parts[0] == "sm100a" and rel.parts[-1] == "fwd"              # the arch in the path
     assert out["inside"] == out["path"] + "-ex2emu-off" and out["after"] == out["path"]
+    modes = {str(d.relative_to(kc)): stat.S_IMODE(d.stat().st_mode) for d in kc.rglob("*") if d.is_dir()}
+    assert modes and set(modes.values()) == {0o700}, modes               # private whatever the umask
+    assert "writable" not in r.stderr, r.stderr
 
 
 # ----------------------------------------------------------------------------- 22. mod pairs
