@@ -130,3 +130,26 @@ def test_production_backward_refuses_what_fa4_asserts():
     assert "head_dim == head_dim_v" in _call_backward_unsupported(gqa)
     assert _call_backward_unsupported(gqa.replace(nheads_kv=4)) is None
     assert _call_backward_unsupported(gqa.replace(arch="sm100")) is None
+
+
+def test_coverage_names_every_violating_row_and_the_known_ones():
+    """The campaign's summary keeps the first violation; the coverage details name every violating
+    row (and the rows a known issue absorbed), so a report shows all of them."""
+    from fa4verify.audit.registry import CheckResult
+    from fa4verify.checks.coverage import planned_result
+    sp = space.space_for("sm90", "bf16")
+    pl = planner.plan(sp, seed=0)
+    head = {"extra": {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": 0, "uncoverable": []}}}
+
+    def fail(i):
+        return {"index": i, "status": "violation", "known": [],
+                "failure": {"property": "bwd_budget", "message": f"dq: row {i}", "describe": f"problem {i}"}}
+    outcomes = [{"index": i, "status": "ran", "metrics": {}, "known": []} for i in range(len(pl.rows))]
+    outcomes[3], outcomes[7] = fail(3), fail(7)
+    outcomes[5] = {"index": 5, "status": "known", "known": [],
+                   "known_raised": {"name": "sm90_dq_accum_hdim_rounding", "property": "bwd_budget"}}
+    out = planned_result(CheckResult(status="fail", where="CPU twin", summary="x"), head, outcomes)
+    cov = out.details["plan_coverage"]
+    assert sorted(cov["violating_rows"]) == ["3", "7"]
+    assert cov["violating_rows"]["7"]["message"] == "dq: row 7" and cov["violating_rows"]["7"]["row"] == pl.rows[7]
+    assert cov["known_rows"] == {"5": ["sm90_dq_accum_hdim_rounding"]}

@@ -98,6 +98,15 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     cov = coverage(sp, [rows[i] for i in ran])
     cov["refused_rows"] = {str(i): {"row": rows[i], "why": w} for i, w in refused.items()}
     cov["not_run_rows"] = [i for i in range(len(rows)) if by.get(i, {}).get("status") == "not_run"]
+    # every violating row by name (the campaign's summary shrinks to the first one)
+    cov["violating_rows"] = {str(i): {"row": rows[i], "property": by[i]["failure"]["property"],
+                                      "message": by[i]["failure"]["message"][:300],
+                                      "problem": by[i]["failure"]["describe"]}
+                             for i in range(len(rows)) if by.get(i, {}).get("status") == "violation"
+                             and by[i].get("failure")}
+    cov["known_rows"] = {str(i): sorted({k["name"] for k in by[i].get("known", [])}
+                                        | ({by[i]["known_raised"]["name"]} if by[i].get("known_raised") else set()))
+                         for i in range(len(rows)) if by.get(i, {}).get("known") or by.get(i, {}).get("known_raised")}
     cov["uncoverable"] = pl.get("uncoverable", [])
     # Note [Edge values]: a planned edge row must see every edge it planted
     blind = {i: int(by[i].get("metrics", {}).get("edges_blind", 0)) for i in ran
