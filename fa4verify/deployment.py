@@ -199,7 +199,8 @@ class Deployment:
         for key in ("seqlen_q", "seqlen_k"):
             if key in d:
                 kw[key] = _range(d[key], key, where)
-                if kw[key][0] == 0 and not (kw.get("varlen") or {"paged_kv", "seqused_k"} & set(kw.get("features", ()))):
+                kv_forms = {"paged_kv", "seqused_k"} & set(kw.get("features", ()))
+                if kw[key][0] == 0 and not (kw.get("varlen") or kv_forms):
                     raise DeploymentError(f"{where}: {key} minimum 0 (empty sequences) needs varlen = true or a "
                                           f"KV call form (paged_kv, seqused_k) in features")
         for key in ("nheads", "nheads_kv"):

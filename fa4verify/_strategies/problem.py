@@ -391,7 +391,8 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
     * confinement to a deployment (Note [Confined draws]; each None / empty = drawn as usual):
       ``head_count_choices`` ((nheads, nheads_kv) pairs; ``max_heads`` and the gqa feature are then
       ignored), ``seqlen_q_range`` / ``seqlen_k_range`` ((min, max) of every sequence, the
-      maximum clipped to ``max_seqlen`` but never below the minimum; no empty sequence),
+      maximum clipped to ``max_seqlen`` but never below the minimum; a varlen sequence is empty
+      only where its side's minimum is 0),
       ``mask_choices`` (any of "none", "causal", "window") with ``window_choices`` ((left, right)
       windows), ``softcap_choices`` (values, 0 = off), ``sinks`` (always / never). A drawn head
       dim for which FA4 lacks every allowed choice (SM100's (256, 256): no window, softcap or
@@ -551,11 +552,6 @@ def _in_ranges(p: AttentionProblem, qr: tuple[int, int], kr: tuple[int, int]) ->
 # exceeds it is refused by name (InvalidArgument), never drawn outside the profile nor left empty.
 # tests/test_deployment_confinement.py checks every shipped profile on the audit's own draw.
 
-#: the :func:`attention_problems` arguments that confine a draw to a deployment
-#: (:meth:`fa4verify.deployment.Deployment.strategy_kwargs`; Note [Confined draws])
-CONFINE_LIMITS: tuple[str, ...] = ("head_dim_choices", "head_count_choices", "seqlen_q_range", "seqlen_k_range",
-                                   "mask_choices", "window_choices", "softcap_choices", "sinks")
-
 
 @st.composite
 def _with_mod_pair(draw: DrawFn, prob: AttentionProblem) -> AttentionProblem:
@@ -637,9 +633,10 @@ def problem_groups(draw: DrawFn, problems: st.SearchStrategy[AttentionProblem], 
     :func:`value_specs`); a varlen problem's siblings also get new per-sequence lengths, tile-edge
     biased in ``[0, max]``, with the batch's maxima kept (FA4 compiles for the maxima, never for
     the lengths: cu_seqlens are run-time data), unless they would exceed ``max_work`` (the bound
-    :func:`attention_problems` drew under): then the sibling keeps the lengths. With
-    ``seqlen_q_range`` / ``seqlen_k_range`` (a deployment's) the new lengths stay inside them. Everything else --
-    head dims, head counts, masks, softcap, sink, scale, call form, mods -- is the drawn problem's.
+    :func:`attention_problems` drew under): then the sibling keeps the lengths; with
+    ``seqlen_q_range`` / ``seqlen_k_range`` (a deployment's) they stay inside them. Everything
+    else -- head dims, head counts, masks, softcap, sink, scale, call form, mods -- is the drawn
+    problem's.
 
     Note [Siblings share compile keys]: a production fuzz example costs FA4 compiles (1 to 4 s each
     on the H200, measured) for every kernel it is the first to need; a campaign of distinct draws
