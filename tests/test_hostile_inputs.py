@@ -1365,3 +1365,14 @@ def test_23_fa4verify_debug_0_means_off(capsys, monkeypatch):
     monkeypatch.setenv("FA4VERIFY_DEBUG", "1")
     with pytest.raises(RuntimeError, match="simulated crash"):
         main(["exp2", "--sample", "10"])
+
+
+def test_19_a_deeply_nested_deployment_is_a_usage_error_under_pytest(tmp_path):
+    """It was an INTERNALERROR under pytest --fa4verify."""
+    (tmp_path / "deep.toml").write_text('name = "x"\ndescription = ' + "[" * 5000 + "]" * 5000 + "\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--fa4verify=quick",
+                        "--fa4-only", "--fa4-deployment", "deep.toml", "-k", "budgets.files"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    record("pytest --fa4verify=quick --fa4-deployment deep.toml (5000 nested arrays)", r.returncode, r.stderr)
+    assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-2000:]                 # pytest's usage error
+    assert "INTERNALERROR" not in r.stdout + r.stderr and "nested too deeply" in r.stderr
