@@ -116,8 +116,11 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
             th_max = np.maximum(np.abs(a_lo), np.abs(a_hi)) * (1 + C["tanh_rel"])
             th_min = np.where((a_lo <= 0) & (a_hi >= 0), 0.0,
                               np.minimum(np.abs(a_lo), np.abs(a_hi)) * (1 - C["tanh_rel"]))
-            f_lo = (1 - th_max * th_max * (1 + u)) * (1 - u) - SLACK
-            f_hi = (1 - th_min * th_min * (1 - u)) * (1 + u) + SLACK
+            # (gamma(2) on each side, not u: room for an implementation that forms th^2 from the
+            # rounded softcapped score, (y / cap)^2, with two more fp32 roundings)
+            g2r = float(_gamma(2, u))
+            f_lo = (1 - th_max * th_max * (1 + g2r)) * (1 - g2r) - SLACK
+            f_hi = (1 - th_min * th_min * (1 - g2r)) * (1 + g2r) + SLACK
         elif score is not None:
             ref, grad, err, lip, curv = score
             xm, xr = S * scale, rS * scale
