@@ -81,24 +81,30 @@ def _no_completion(space: FeatureSpace, part: Mapping[str, str], pass_: Optional
     the reason of the dimension that has no value left), not a hole the plan failed to cover.
     Decided by depth-first search over the remaining dimensions, pruned by the support rules."""
     dims = [d for d in DIMENSIONS if d in space.values and d not in part]
-    first: list[str] = []
+    deepest: list = [-1, None]          # (depth, reason) of the deepest dimension a rule pruned
 
     def go(row: dict[str, str], i: int) -> bool:
         if i == len(dims):
-            return space.why_not(row) is None and (pass_ is None or _pass_ok(space, row, pass_))
+            if space.why_not(row) is None and (pass_ is None or _pass_ok(space, row, pass_)):
+                return True
+            deepest[:] = [i, space.why_not(row) or space.no_backward(row)]
+            return False
         d = dims[i]
         for v in space.values[d]:
             trial = dict(row, **{d: v})
             why = space.why_not(trial)
-            if why is None and go(trial, i + 1):
-                return True
-            if why is not None and not first:
-                first.append(why)
+            if why is None and pass_ is not None and not _pass_ok(space, trial, pass_):
+                why = space.no_backward(trial)      # prune as soon as the backward is ruled out
+            if why is None:
+                if go(trial, i + 1):
+                    return True
+            elif i >= deepest[0]:
+                deepest[:] = [i, why]
         return False
 
     if go(dict(part), 0):
         return None
-    return first[0] if first else f"no valid row holds {_name(_key(part.items()))}"
+    return deepest[1] or f"no valid row holds {_name(_key(part.items()))}"
 
 
 def no_valid_row(space: FeatureSpace) -> Optional[str]:
