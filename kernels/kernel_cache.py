@@ -303,11 +303,16 @@ def tuning_variant(variant: str, names: tuple[str, ...] = ("_flash_attn_fwd", "_
         c = getattr(fn, "compile_cache", None)
         if c is None:
             continue
-        if isinstance(c, cu.JITPersistentCache):
-            new = cu.JITPersistentCache(c.cache_path.with_name(f"{c.cache_path.name}-{variant}"))
-            new._fa4verify_root = getattr(c, "_fa4verify_root", c.cache_path)
+        # a counting proxy around FA4's cache (fa4verify.audit.kernel_timing.TimedCache: an
+        # ``_inner`` cache and a ``_name``) gets a proxy of its kind around the variant
+        inner = c.__dict__.get("_inner", c) if hasattr(c, "__dict__") else c
+        if isinstance(inner, cu.JITPersistentCache):
+            new = cu.JITPersistentCache(inner.cache_path.with_name(f"{inner.cache_path.name}-{variant}"))
+            new._fa4verify_root = getattr(inner, "_fa4verify_root", inner.cache_path)
         else:
             new = cu.JITCache()
+        if inner is not c:
+            new = type(c)(new, f"{c.__dict__.get('_name', n)}-{variant}")
         saved.append((fn, c))
         fn.compile_cache = new
     try:

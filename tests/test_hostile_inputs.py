@@ -1376,3 +1376,32 @@ def test_19_a_deeply_nested_deployment_is_a_usage_error_under_pytest(tmp_path):
     record("pytest --fa4verify=quick --fa4-deployment deep.toml (5000 nested arrays)", r.returncode, r.stderr)
     assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-2000:]                 # pytest's usage error
     assert "INTERNALERROR" not in r.stdout + r.stderr and "nested too deeply" in r.stderr
+
+
+_VARIANT = r"""
+import json
+from fa4verify.audit import kernel_timing
+kernel_timing.install()                      # as in an audit worker: FA4's caches behind counting proxies
+from fa4verify.kernels import adapter
+interface = adapter.fa4_interface()
+c = interface._flash_attn_fwd.compile_cache
+with adapter.exp2_emulation_disabled():
+    v = interface._flash_attn_fwd.compile_cache
+    inside = [type(v).__name__, str(v._inner.cache_path), v._name]
+print(json.dumps({"outer": [type(c).__name__, str(c._inner.cache_path)], "inside": inside,
+                  "restored": interface._flash_attn_fwd.compile_cache is c}))
+"""
+
+
+@pytest.mark.fa4
+def test_21_emulation_off_kernels_persist_apart_in_an_audit_worker(tmp_path):
+    """In a worker (FA4's caches behind kernel_timing's proxies) the emulation-off forward gets a
+    persistent cache of its own, still counted -- not an in-memory one recompiled every audit."""
+    kc = tmp_path / "kc"
+    kc.mkdir(mode=0o700)
+    env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="1", FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(kc))
+    r = subprocess.run([sys.executable, "-c", _VARIANT], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["outer"][0] == out["inside"][0] == "TimedCache" and out["restored"]
+    assert out["inside"][1] == out["outer"][1] + "-ex2emu-off" and out["inside"][2].endswith("-ex2emu-off")
