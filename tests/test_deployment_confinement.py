@@ -237,3 +237,55 @@ def test_a_head_dim_one_arch_lacks_is_drawn_only_on_the_other(tmp_path):
         ps = drawn.draw_problems(arch=arch, dtype="bf16", examples=12, seed=0, profile="ci", target=TwinTarget(),
                                  fresh_process=False, **F._deployment_kw(_ctx(dep, arch), {}))
         assert {p.head_dim for p in ps} == want and all(outside(p, dep) == [] for p in ps)
+
+
+@pytest.fixture()
+def recorded_runs(monkeypatch):
+    """The checks run as in the audit, with a stand-in H200 and production target; the example
+    runner records the problems it is given instead of running them."""
+    import types
+
+    from fa4verify import fuzz, targets
+    from fa4verify.fuzz import drawn
+
+    class Production:
+        name = "production"
+
+        def features(self):
+            return targets.production_features()
+
+        def describe(self):
+            return {"target": "production", "where": "stand-in"}
+
+    ran: list = []
+
+    def run_drawn(problems, indices, *, target, **kw):
+        ran.extend(problems[j] for j in indices)
+        return {"outcomes": [{"index": int(j), "digest": problems[j].digest(), "describe": problems[j].describe(),
+                              "known": [], "status": "not_run"} for j in indices],
+                "seconds": 0.0, "target": target.describe()}
+
+    monkeypatch.setattr(fuzz, "ProductionTarget", Production)
+    monkeypatch.setattr(targets, "ProductionTarget", Production)
+    monkeypatch.setattr(drawn, "run_drawn", run_drawn)
+    monkeypatch.setattr(registry.CheckContext, "require_gpu", lambda self, note="": types.SimpleNamespace(arch="sm90"))
+    monkeypatch.setattr(registry.CheckContext, "where_measured", lambda self: "measured on NVIDIA H200 (sm_90)")
+    return ran
+
+
+@pytest.mark.slow
+def test_llama3_8b_every_problem_the_audits_checks_run_lies_inside_it(recorded_runs):
+    """``--deployment llama3-8b``: fuzz.twin, fuzz.production (drawn in the fresh process the
+    audit uses) and coverage.production / coverage.twin, each check's own function."""
+    from fa4verify.checks import coverage as C
+    from fa4verify.checks import fuzz as F
+    dep = D.load("llama3-8b")
+    for check, arch, device in ((F.twin, "sm90", "cpu"), (F.twin, "sm100", "cpu"), (F.production, "sm90", "cuda"),
+                                (C.production, "sm90", "cuda"), (C.twin, "sm90", "cpu"), (C.twin, "sm100", "cpu")):
+        recorded_runs.clear()
+        ctx = registry.CheckContext(arch=arch, device=device, seed=0, profile="default", check_id=check.__name__,
+                                    deployment=dep.to_dict())
+        check(ctx)
+        assert len(recorded_runs) >= 10, (check.__module__, check.__name__, arch)
+        for p in recorded_runs:
+            assert outside(p, dep, planned=check in (C.production, C.twin)) == [], p.describe()
