@@ -253,3 +253,21 @@ def test_a_nan_forward_output_fed_to_the_backward_is_undecided_with_its_reason()
     g0 = t.backward(p, a, f)
     jb0 = judge.judge_backward(p, a, g0.dq, g0.dk, g0.dv, forward=j, kernel_fwd=(f.out, f.lse))
     assert all(v.status == "pass" for v in jb0.verdicts)
+
+
+@pytest.mark.parametrize("mods", [("alibi",), ("rel_bias",), ("softcap",), ("alibi", "document")])
+def test_score_mod_pairs_get_the_interval_bound(mods):
+    """Score pairs (fa4verify.mods; production only, the twin does not model them) past the old
+    limit: the interval bound takes the pair's Lipschitz and curvature constants
+    (DERIVATIONS.md#backward-interval step 2, 6) and decides; the exact gradient computed from
+    the oracle's own forward outputs passes within it."""
+    p = _problem("huge", 7, (("e_qk", 6.0), ("e_v", 2.0)), sq=48, sk=48).replace(mods=mods)
+    a = p.materialize()
+    ofwd = judge.oracle_forward(p, a)
+    obwd = judge.oracle_backward(p, a)
+    j = judge.judge_forward(p, a, ofwd.out, ofwd.lse, oracle=ofwd)
+    jb = judge.judge_backward(p, a, obwd.dq, obwd.dk, obwd.dv, forward=j, oracle_bwd=obwd,
+                              kernel_fwd=(ofwd.out, ofwd.lse))
+    for n in ("dq", "dk", "dv"):
+        assert j.stats.bwd_fallback[n].all(), n
+        assert getattr(jb, n).status == "pass", getattr(jb, n).summary()
