@@ -107,9 +107,11 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
             e_sc = np.asarray(bs.evaluate("softcap", {"abs_out": y_abs, "abs_score": x_abs}), np.float64)
             # (+ u |x|: RN(scale) in the argument; |d(cap tanh(x / cap))/dx| <= 1)
             y_mid, y_rad = (y_lo + y_hi) / 2, (y_hi - y_lo) / 2 + e_sc + u * x_abs + SLACK * y_abs
-            # f = RN(1 - RN(th^2)), th = tanh.approx(RN(RN(S scale) / cap)): the argument's two
-            # roundings (gamma(2)), MUFU tanh (tanh_rel), then two fp32 roundings
-            g2 = float(_gamma(2, u))
+            # f = RN(1 - RN(th^2)), th = tanh.approx(RN(RN(S RN(scale)) / cap)) (FA4's
+            # create_softcap_scoremod_bwd on the pre-mod scores): the argument's roundings, the
+            # scale's and the division's (gamma(4): room for an approximate division), MUFU tanh
+            # (tanh_rel), then two fp32 roundings
+            g2 = float(_gamma(4, u))
             a_lo = np.tanh(np.minimum(xs_lo * (1 - g2), xs_lo * (1 + g2)) / cap)
             a_hi = np.tanh(np.maximum(xs_hi * (1 - g2), xs_hi * (1 + g2)) / cap)
             # (not clipped at 1: a relative tanh_rel error may carry a saturated tanh past 1)
