@@ -162,3 +162,23 @@ def test_the_run_command(tmp_path):
     assert machine._main(["replay", case]) == 1
     assert machine._main(["run", "--target", "twin", "--drop", "nope"]) == 2
     assert machine._main(["replay", str(out)]) == 2          # not a case file
+
+
+def test_the_production_check_runs_the_machine_and_reports(fake_release, monkeypatch):
+    """``sequences.production`` end to end on the CPU: the machine on a fake FA4 release through
+    the production target (the check's GPU queries answered as an H200's)."""
+    from types import SimpleNamespace
+
+    from fa4verify.audit.registry import CheckContext
+    from fa4verify.checks import sequences
+    from fa4verify.kernels import adapter
+    monkeypatch.setattr(machine, "make_target",
+                        lambda spec: machine.SequenceProductionTarget(adapter=adapter, device="cpu"))
+    monkeypatch.setattr(CheckContext, "require_gpu", lambda self, note="": SimpleNamespace(arch="sm90"))
+    monkeypatch.setattr(CheckContext, "where_measured", lambda self: "measured on NVIDIA H200 (sm_90)")
+    ctx = CheckContext(profile="default", check_id="sequences.production", dtype="bf16",
+                       options={"sequences_examples": 3, "sequences_steps": 4})
+    r = sequences.production(ctx)
+    assert r.status in ("pass", "undecided"), r.summary
+    assert r.metrics["calls"] > 0 and r.details["key_leaves_out"]
+    assert r.where == "measured on NVIDIA H200 (sm_90)"

@@ -4,8 +4,8 @@
 * ``sequences.production`` (GPU) -- the state machine on production FA4: calls in one process
   that share kernels and vary every attribute the installed FA4's compile key leaves out
   (window values, softmax_scale, sink, sequence lengths, batch, head count, non-contiguous /
-  transposed / broadcast layouts, the backward's mode), each judged by the one judge. default: 2
-  sequences of up to 4 calls; full: 10 x 6; exhaustive: 40 x 8. A violation is shrunk to the
+  transposed / broadcast layouts, the backward's mode), each judged by the one judge. default: 3
+  sequences of up to 5 calls; full: 10 x 6; exhaustive: 40 x 8. A violation is shrunk to the
   shortest failing sequence, written as a replayable case and replayed in fresh processes
   ("sequence bug": fails in sequence, passes alone; "plain bug": fails alone).
 * ``sequences.twin`` (CPU, full / exhaustive) -- the machine's own power: on the CPU twin behind
@@ -22,7 +22,7 @@ from typing import Any
 
 from fa4verify.audit.registry import CheckContext, CheckResult, check
 
-_PLAN = {"quick": (2, 4), "default": (2, 4), "full": (10, 6), "exhaustive": (40, 8)}
+_PLAN = {"quick": (3, 5), "default": (3, 5), "full": (10, 6), "exhaustive": (40, 8)}
 #: planted faults sequences.twin must find (attributes removed from the twin's key model)
 PLANTED = (("softcap",), ("causal",))
 

@@ -406,8 +406,6 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
             target.reset()
             self.calls: list[Call] = []
             self.seen: dict[tuple, dict[str, Any]] = {}
-            if not state["shrinking"]:
-                res.examples += 1
 
         @initialize(base=base_st)
         def start(self, base):
@@ -431,6 +429,8 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
             counting = not state["shrinking"]
             if counting:
                 res.calls += 1
+                if len(self.calls) == 1:      # a sequence is an example with at least one call
+                    res.examples += 1
             try:
                 out = judge_call(target, c)
             except Unsupported as e:
