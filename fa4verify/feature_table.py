@@ -156,7 +156,10 @@ def _mods_h200_text(c: F.Cell, d: dict[str, Any]) -> str:
     part = r.get(c.direction) or {}
     n_err = len(r.get("errors") or [])
     t = part.get("max_tightness")
-    s = (f"{where}: {part.get('n_runs', 0)} mod-pair runs ({'/'.join(r.get('pairs', []))}) "
+    cfgs = [((row.get("config") or {}).get("fwd") or {}) for row in r.get("rows", [])]
+    mha = all((x.get("q_shape") or [0, 0, 0])[2] == (x.get("k_shape") or [0, 0, -1])[2] for x in cfgs)
+    s = (f"{where}: {part.get('n_runs', 0)} mod-pair runs ({'/'.join(r.get('pairs', []))}"
+         f"{', nheads_kv == nheads only' if mha else ''}) "
          f"{'within budget' if part.get('all_within_budget') else 'NOT all within budget'}"
          + (f", max tightness {t:.3g}" if t is not None else "") + (f", {n_err} runs failed" if n_err else ""))
     names = ("out", "lse") if c.direction == "fwd" else ("dq", "dk", "dv")
