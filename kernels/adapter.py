@@ -134,13 +134,25 @@ def _asks_for_nothing(name: str, value: Any) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=64)
+def _parameters(fn) -> Optional[frozenset[str]]:
+    """The keyword names ``fn`` takes; None when it takes any (``**kwargs``) or has no signature."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(params)
+
+
 def _accepted_kwargs(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keywords of ``kwargs`` that ``fn`` takes (Note [One adapter for every release])."""
     try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):      # no signature to read: pass everything
-        return dict(kwargs)
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        params = _parameters(fn)
+    except TypeError:                    # an unhashable callable: read it each time
+        params = _parameters.__wrapped__(fn)
+    if params is None:
         return dict(kwargs)
     out = {}
     for k, v in kwargs.items():
