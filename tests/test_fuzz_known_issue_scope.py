@@ -150,3 +150,21 @@ def test_sm90_score_mod_gqa_backward_scope(nheads_kv, mods_, prop, expect):
     ki = match_known_issue(p, v, target="production")
     assert (ki is not None and ki.name == "sm90_score_mod_gqa_bwd_indices") == expect, ki
     assert match_known_issue(p.replace(arch="sm100"), v, target="production") is None
+
+
+@pytest.mark.parametrize("hd, prop, quantity, rows, expect", [
+    (72, "bwd_stages", "dq_accum", (64, 100), True),    # the tapped accumulator, rows past the first 64
+    (72, "bwd_stages", "dq_accum", (3, 100), False),    # a wrong row below 64 is not this issue
+    (64, "bwd_stages", "dq_accum", (64, 100), False),   # hd 64: both roundings agree
+    (72, "bwd_stages", "D", (64, 100), False),          # another stage
+    (72, "bwd_stages", "dq_post", (64, 100), False),
+])
+def test_sm90_dq_accum_issue_covers_the_accumulator_tap(hd, prop, quantity, rows, expect):
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=129, seqlen_k=129, nheads=2, nheads_kv=2,
+                         head_dim=hd, head_dim_v=hd)
+    v = Violation(prop, f"{quantity}: planted", {"quantity": quantity})
+    v.over_indices = np.array([[0, r, 0, 1] for r in rows])
+    ki = match_known_issue(p, v, target="production")
+    assert (ki is not None and ki.name == "sm90_dq_accum_hdim_rounding") == expect, ki

@@ -98,10 +98,13 @@ def _sm90_dq_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
     """True when the violation is in dQ and FA4's SM90 backward writes and reads its dQ
     accumulator with different head-dim roundings for this problem (predicted from the installed
     FA4 source by :func:`fa4verify.kernels.fa4_params.sm90_dq_accum_mismatch`)."""
-    if problem.arch != "sm90" or v.prop not in ("bwd_budget", "masked_rows", "finite"):
+    if problem.arch != "sm90" or v.prop not in ("bwd_budget", "masked_rows", "finite", "bwd_stages"):
         return False
     quantity = str(v.metrics.get("quantity", ""))
-    if quantity != "dq" and not v.message.lower().startswith("dq"):     # masked_rows says "dQ != 0 ..."
+    # the dQ output, or the tapped fp32 accumulator itself (bwd_stages "dq_accum": the main kernel
+    # wrote it with the other rounding; measured on the H200, 2026-12-02: 9 of 94 plan rows, all at
+    # head dims 8/72/104, all rows >= 64); masked_rows says "dQ != 0 ..." with no quantity
+    if quantity not in ("dq", "dq_accum") and not (quantity == "" and v.message.lower().startswith("dq")):
         return False
     from fa4verify.kernels import fa4_params
     local = any(w is not None for w in problem.window_size)
