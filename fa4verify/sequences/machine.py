@@ -398,7 +398,7 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
     kind = (target_spec or {}).get("kind", "production" if isinstance(target, ProductionTarget) else "twin")
     base_st, call_st = _call_strategy(arch, kind, key_pool)
     res = SequenceResult(target=target.describe(), arch=arch)
-    state: dict[str, Any] = {"last": [], "violation": None, "t0": time.monotonic(), "shrinking": False}
+    state: dict[str, Any] = {"failing": [], "violation": None, "t0": time.monotonic(), "shrinking": False}
 
     class CallSequence(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -425,7 +425,6 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
                     and time.monotonic() - state["t0"] > time_limit_s):
                 return
             self.calls.append(c)
-            state["last"] = list(self.calls)
             counting = not state["shrinking"]
             if counting:
                 res.calls += 1
@@ -444,7 +443,8 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
                     res.errors[str(e)[:120]] = res.errors.get(str(e)[:120], 0) + 1
                 return
             except Violation as v_:
-                state["violation"] = v_
+                if state["violation"] is None:     # the first failure: its sequence is the finding
+                    state["violation"], state["failing"] = v_, list(self.calls)
                 state["shrinking"] = True
                 raise
             if counting:
@@ -478,12 +478,21 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
     try:
         with _fixed_constant_pool():
             test()
-    except Violation:
+    except Exception as e:  # noqa: BLE001 - a Violation, or Hypothesis's Flaky around one
+        # Hypothesis replays a failing example once more to report it; a failure that does not
+        # recur on that replay (a race, a cache state) comes back as its Flaky error: the first
+        # failing sequence is still the finding
+        if state["violation"] is None:
+            raise
+        if not isinstance(e, Violation):
+            state["flaky"] = f"{type(e).__name__}: the failure did not recur on Hypothesis's replay"
         v = state["violation"]
-        drawn = state["last"]
+        drawn = state["failing"]
         seq, v = shrink(drawn, target, v)
         res.failure = {"property": v.prop, "message": v.message, "calls": [c.to_dict() for c in seq],
                        "describe": [c.describe() for c in seq], "length": len(seq), "drawn_length": len(drawn)}
+        if state.get("flaky"):
+            res.failure["flaky"] = state["flaky"]
         if cases_dir is not None:
             try:
                 res.failure["case_file"] = str(write_case(cases_dir, seq, target_spec or {"kind": kind}, v,
