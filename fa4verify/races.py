@@ -20,6 +20,13 @@ forms) ``reps`` times each and returns the verdict rows.
 PDL is as the installed FA4 compiles it (:func:`pdl_in_source` reads ``use_pdl`` from its source);
 FA4 has no switch to turn it off at run time. On the CPU the stream and the busy copies are no-ops
 (tests run the plumbing against a fake FA4 release).
+
+Planted faults (:data:`RACE_MUTANTS`, GPU): a dropped wait in the backward's launch chain, in a
+private patched copy of FA4 (:mod:`fa4verify.source_mutants`, Note [Private FA4 copy]) --
+``python -m fa4verify.races plant ID DEST`` makes the copy and prints the environment to run
+``fa4verify audit -k races.production`` under. Two with PDL (the preprocess's
+``griddepcontrol_wait`` before it reads O, dO and LSE; the SM90 main kernel's before it reads
+LSE and D) and one without (the deterministic GQA dK semaphore wait of the SM90 backward).
 """
 from __future__ import annotations
 
@@ -32,7 +39,8 @@ import numpy as np
 from fa4verify._strategies.problem import AttentionProblem
 from fa4verify.targets import HarnessError, ProductionTarget, Unsupported
 
-__all__ = ["RacingTarget", "race_problems", "run_races", "pdl_in_source", "BUSY_MB", "RaceRow"]
+__all__ = ["RacingTarget", "race_problems", "run_races", "pdl_in_source", "BUSY_MB", "RaceRow", "RACE_MUTANTS",
+           "plant"]
 
 #: the busy stream's buffer (MiB): copies of it keep the memory system loaded for ~0.1 ms each
 BUSY_MB = 256
@@ -51,6 +59,65 @@ def pdl_in_source() -> dict[str, bool]:
             text = p.read_text()
             out[f] = "use_pdl=True" in text or "use_pdl=self.use_pdl" in text
     return out
+
+
+def _race_mutants():
+    from fa4verify.source_mutants import Edit, SourceMutant
+    return (
+        SourceMutant("bwd_preprocess_pdl_wait_dropped",
+                     "backward preprocess reads O, dO and LSE without griddepcontrol_wait (PDL)",
+                     (Edit("flash_bwd_preprocess.py",
+                           "        if const_expr(self.use_pdl):\n            cute.arch.griddepcontrol_wait()\n", ""),),
+                     "bwd", ("D", "dq", "dk")),
+        SourceMutant("bwd_sm90_lse_pdl_wait_dropped",
+                     "SM90 backward loads LSE and D without waiting for the preprocess (PDL)",
+                     (Edit("flash_bwd_sm90.py",
+                           "                        # Wait for bwd preprocess to finish writing LSE and dPsum\n"
+                           "                        cute.arch.griddepcontrol_wait()\n",
+                           "                        # (planted: no wait for the bwd preprocess)\n"),),
+                     "bwd", ("dq", "dk", "dv")),
+        SourceMutant("bwd_sm90_dk_semaphore_wait_dropped",
+                     "SM90 deterministic GQA backward accumulates dK without waiting for its turn (no PDL)",
+                     (Edit("flash_bwd_sm90.py",
+                           "                barrier.wait_eq(mdK_semaphore_cur.iterator, tidx, 0, lock_value)\n",
+                           "                pass  # planted: no dK semaphore wait\n"),),
+                     "bwd", ("dk",), determinism=True),
+    )
+
+
+#: planted dropped waits of the backward's launch chain (Note [Backward under load])
+RACE_MUTANTS = _race_mutants()
+
+
+def plant(mutant_id: str, dest) -> dict[str, str]:
+    """A private FA4 copy with the race mutant ``mutant_id`` (:data:`RACE_MUTANTS`) under ``dest``;
+    returns the environment that runs it (the copy first on PYTHONPATH, its own kernel cache)."""
+    from pathlib import Path
+
+    from fa4verify import source_mutants as sm
+    by = {m.id: m for m in RACE_MUTANTS}
+    if mutant_id not in by:
+        raise ValueError(f"race mutant {mutant_id!r}: expected one of {sorted(by)}")
+    copy = sm.make_copy(by[mutant_id], Path(dest))
+    env = sm.worker_env(copy, Path(dest) / "kernel-cache")
+    return {k: env[k] for k in ("PYTHONPATH", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "FA4VERIFY_PRIVATE_FA4")}
+
+
+def _main(argv: list[str]) -> int:
+    """``plant ID DEST``: print the ``export`` lines that run the audit on the planted copy."""
+    import sys
+    if len(argv) != 3 or argv[0] != "plant":
+        print("usage: python -m fa4verify.races plant {" + ",".join(m.id for m in RACE_MUTANTS) + "} DEST",
+              file=sys.stderr)
+        return 2
+    try:
+        env = plant(argv[1], argv[2])
+    except Exception as e:  # noqa: BLE001 - a bad id or an edit that no longer applies: one line
+        print(f"fa4verify races: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    for k, v in env.items():
+        print(f"export {k}={v}")
+    return 0
 
 
 class _RacingAdapter:
@@ -196,3 +263,8 @@ def run_races(target: Any, problems: Sequence[AttentionProblem], *, reps: int = 
             del target.backward
         rows.append(r)
     return rows
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(_main(sys.argv[1:]))

@@ -73,3 +73,21 @@ def test_race_problems_cover_dense_gqa_and_block_sparse():
 @pytest.mark.fa4
 def test_pdl_is_read_from_the_installed_source():
     assert races.pdl_in_source().get("flash_bwd_preprocess.py") is True
+
+
+@pytest.mark.fa4
+@pytest.mark.parametrize("mutant", races.RACE_MUTANTS, ids=lambda m: m.id)
+def test_each_planted_dropped_wait_applies_to_the_installed_source(tmp_path, mutant):
+    from fa4verify import source_mutants as sm
+    env = races.plant(mutant.id, tmp_path / "copy")
+    root = tmp_path / "copy" / "flash_attn" / "cute"
+    for e in mutant.edits:
+        installed = (sm.installed_root() / "cute" / e.file).read_text()
+        patched = (root / e.file).read_text()
+        assert installed.count(e.old) == 1 and e.old not in patched and e.new in patched
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "copy")
+
+
+def test_plant_refuses_an_unknown_mutant_in_one_line(tmp_path, capsys):
+    assert races._main(["plant", "nope", str(tmp_path)]) == 2
+    assert "race mutant 'nope'" in capsys.readouterr().err
