@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Wall time of the GPU audit, per check, with and without check shards, in one run.
+"""Wall time of the GPU audit, per check, cold and warm, in one run.
 
 Runs ``fa4verify audit --dtype bf16 --device cuda --seed 0 --profile P --json ...`` as
 subprocesses in these modes (``--modes``, comma-separated, in order):
@@ -7,26 +7,22 @@ subprocesses in these modes (``--modes``, comma-separated, in order):
 * ``before``        ``--workers 1 --fresh-workers --kernel-cache off``: a new worker process per
                     isolated check, no compiled-kernel reuse (the runner of session 3);
 * ``cold``          the defaults (``--workers auto``, persistent workers, FA4's kernel cache, the
-                    big checks split into shards, ``@check(shards=)``) with an empty kernel cache;
-* ``warm``          the defaults again with the cache ``cold`` filled (a second audit);
-* ``cold-noshard``  ``--no-shard`` (every check one work item: the session-4 runner) with its own
-                    empty kernel cache;
-* ``warm-noshard``  ``--no-shard`` with a filled cache (``cold-noshard``'s, else ``cold``'s).
+                    engine's tasks: a check's cases grouped by compile key) with an empty cache;
+* ``warm``          the defaults again with the cache ``cold`` filled (a second audit).
 
 With timing in the reports (``CheckRecord.timing``) it also prints, per mode, where the time
 went (worker start-ups, FA4 kernel compiles and disk-cache loads, each worker's busy seconds, the
 critical item) and writes a timeline chart per mode (``audit_<profile>_<mode>_timeline.png``).
 It prints one table: per check the seconds and verdict of every mode and, for modes where the
-check ran as shards, the slowest shard and the shard count (``max/k``: the check's share of the
-critical path); then per mode the audit's wall time, its largest work item, the exit code and
+check ran as several tasks, the slowest task and the task count (``max/k``: the check's share of
+the critical path); then per mode the audit's wall time, its largest work item, the exit code and
 verdict counts. ``--recorded LABEL=FILE`` (repeatable) adds a column from an earlier JSON
-report (e.g. ``last-cold=docs/results/h200/audit_time/audit_default_cold.json``,
-the session-4 cold run without shards). The verdicts of the modes must agree (it says so when they
+report (e.g. ``last-cold=docs/results/h200/audit_time/audit_default_cold.json``). The verdicts of the modes must agree (it says so when they
 do not). Usage::
 
-    python3 benchmarks/gpu_audit_time.py --profile default --modes cold,warm,warm-noshard --out DIR \\
+    python3 benchmarks/gpu_audit_time.py --profile default --modes cold,warm --out DIR \\
         --recorded last-cold=docs/results/h200/audit_time/audit_default_cold.json
-    python3 benchmarks/gpu_audit_time.py --profile quick --modes cold-noshard,cold,warm,warm-noshard --out DIR
+    python3 benchmarks/gpu_audit_time.py --profile quick --modes cold,warm --out DIR
 
 ``--dry-run`` runs every mode on the CPU (``--device cpu``, the CPU checks only) to test the
 script itself.
@@ -46,18 +42,13 @@ MODES = {
     "before": ["--workers", "1", "--fresh-workers", "--kernel-cache", "off"],
     "cold": [],
     "warm": [],
-    "cold-noshard": ["--no-shard"],
-    "warm-noshard": ["--no-shard"],
 }
 
 
 def _cache_for(mode: str, modes: Sequence[str], caches: dict[str, str]) -> str | None:
-    """The kernel-cache directory of ``mode``: cold/warm share one, cold-noshard has its own
-    (warm-noshard reuses it when cold-noshard ran, else cold's)."""
+    """The kernel-cache directory of ``mode``: cold and warm share one; ``before`` has none."""
     if mode == "before":
         return None
-    if mode in ("cold-noshard",) or (mode == "warm-noshard" and "cold-noshard" in modes):
-        return caches["noshard"]
     return caches["shard"]
 
 
@@ -97,23 +88,25 @@ def _gpu_name(rep: dict) -> str | None:
 
 
 def per_check(rep: dict) -> dict[str, dict[str, Any]]:
-    """check id -> {"s": wall seconds, "status", "shards": k or 0, "max_shard_s": seconds or None}."""
+    """check id -> {"s": wall seconds, "status", "tasks": its task count when > 1 (else 0),
+    "max_task_s": its slowest task's seconds or None}."""
     out = {}
     for r in rep.get("results", []):
-        det = r.get("details") or {}
-        sh = det.get("shards") or []
+        sh = [t for t in (r.get("timing") or []) if "start_s" in t and "end_s" in t]
+        many = len(sh) > 1
         out[r["id"]] = {"s": float(r.get("duration_s", 0.0)), "status": r.get("status", "?"),
-                        "shards": len(sh), "max_shard_s": det.get("shard_max_s") if sh else None}
+                        "tasks": len(sh) if many else 0,
+                        "max_task_s": max(t["end_s"] - t["start_s"] for t in sh) if many else None}
     return out
 
 
 def largest_item(table: dict[str, dict[str, Any]]) -> tuple[str, float]:
-    """The longest work item of an audit: a check's slowest shard, or the check if unsharded."""
+    """The longest task of an audit: a check's slowest task, or the check if it was one."""
     best = ("-", 0.0)
     for cid, v in table.items():
-        s = v["max_shard_s"] if v["max_shard_s"] is not None else v["s"]
+        s = v["max_task_s"] if v["max_task_s"] is not None else v["s"]
         if s > best[1]:
-            best = (cid + (f" (1 of {v['shards']} shards)" if v["shards"] else ""), s)
+            best = (cid + (f" (1 of {v['tasks']} tasks)" if v["tasks"] else ""), s)
     return best
 
 
@@ -122,25 +115,25 @@ def format_table(cols: Sequence[tuple[str, dict]], walls: Sequence[float | None]
     """The printed lines and the JSON summary for reports ``cols`` = [(label, report)] with
     audit walls ``walls`` (None for a recorded column)."""
     tables = [per_check(rep) for _, rep in cols]
-    sharded = [any(v["shards"] for v in t.values()) for t in tables]
+    split = [any(v["tasks"] for v in t.values()) for t in tables]
     ids = list(dict.fromkeys(i for t in tables for i in t))
     lines = [f"fa4verify audit --profile {profile}: wall seconds per check (measured on "
-             f"{gpu or 'the local GPU'}; 'max/k' = the slowest of the check's k shards)"]
+             f"{gpu or 'the local GPU'}; 'max/k' = the slowest of the check's k tasks)"]
     head = f"{'check':40s}" + "".join(f"{name:>14s}" + (f"{'max/k':>10s}" if sh else "")
-                                     for (name, _), sh in zip(cols, sharded))
+                                     for (name, _), sh in zip(cols, split))
     lines += [head, "-" * len(head)]
     for i in ids:
         row = f"{i:40s}"
-        for t, sh in zip(tables, sharded):
+        for t, sh in zip(tables, split):
             v = t.get(i)
             row += f"{'-':>14s}" if v is None else f"{v['s']:10.1f} {v['status'][:3]:>3s}"
             if sh:
-                row += (f"{v['max_shard_s']:7.1f}/{v['shards']:<2d}" if v and v["shards"] else f"{'':10s}")
+                row += (f"{v['max_task_s']:7.1f}/{v['tasks']:<2d}" if v and v["tasks"] else f"{'':10s}")
         lines.append(row)
     lines.append("-" * len(head))
     lines.append(f"{'audit wall (s)':40s}" + "".join(
         (f"{'':>14s}" if w is None else f"{w:14.1f}") + ("" if not sh else f"{'':10s}")
-        for w, sh in zip(walls, sharded)))
+        for w, sh in zip(walls, split)))
     summary: dict[str, Any] = {"profile": profile, "gpu": gpu, "modes": {}}
     for (name, rep), t, w in zip(cols, tables, walls):
         s = rep.get("summary", {})
@@ -172,10 +165,9 @@ def _items(rep: dict) -> list[dict[str, Any]]:
     figures."""
     out = []
     for r in rep.get("results", []):
-        for t in r.get("timing") or []:
-            sh = t.get("shard")
-            k = len((r.get("details") or {}).get("shards") or []) or None
-            label = r["id"] + (f"[{sh + 1}/{k}]" if sh is not None and k else "")
+        tasks = r.get("timing") or []
+        for j, t in enumerate(tasks):
+            label = r["id"] + (f"[{j + 1}/{len(tasks)}]" if len(tasks) > 1 else "")
             out.append(dict(t, id=label, check=r["id"], lane=str(t.get("pid", "parent" if not r.get("isolated") else "?"))))
     return sorted(out, key=lambda t: t.get("start_s", 0.0))
 
@@ -335,14 +327,14 @@ def _recorded(spec: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="default", choices=("quick", "default", "full"))
-    ap.add_argument("--modes", default="cold,warm,warm-noshard")
+    ap.add_argument("--modes", default="cold,warm")
     ap.add_argument("--out", default=None, help="directory for the JSON reports and logs")
     ap.add_argument("--recorded", action="append", default=[], metavar="[LABEL=]FILE",
                     help="an earlier JSON report to add as a column (repeatable)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-audit limit (s)")
     ap.add_argument("--cache-root", default=None,
-                    help="keep the kernel caches under DIR/shard and DIR/noshard (default: new temporary "
-                         "directories); a filled DIR makes 'cold' warm, so give an empty one for a cold run")
+                    help="keep the kernel cache under DIR/shard (default: a new temporary directory); "
+                         "a filled DIR makes 'cold' warm, so give an empty one for a cold run")
     ap.add_argument("--dry-run", action="store_true", help="run on the CPU (--device cpu) to test the script")
     ap.add_argument("extra", nargs="*", help="extra audit arguments (after --)")
     a = ap.parse_args(argv)
@@ -359,12 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out or tempfile.mkdtemp(prefix="fa4verify-audit-time-")
     os.makedirs(out, exist_ok=True)
     if a.cache_root:
-        caches = {"shard": os.path.join(a.cache_root, "shard"), "noshard": os.path.join(a.cache_root, "noshard")}
+        caches = {"shard": os.path.join(a.cache_root, "shard")}
         for c in caches.values():
             os.makedirs(c, exist_ok=True)
     else:
-        caches = {"shard": tempfile.mkdtemp(prefix="fa4verify-kernel-cache-"),
-                  "noshard": tempfile.mkdtemp(prefix="fa4verify-kernel-cache-noshard-")}
+        caches = {"shard": tempfile.mkdtemp(prefix="fa4verify-kernel-cache-")}
     device = "cpu" if a.dry_run else "cuda"
     runs = []
     for m in modes:

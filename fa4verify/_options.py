@@ -63,18 +63,14 @@ OPTIONS: tuple[Option, ...] = (
            "--checks-module modules).", False, flag=True),
     Option("isolate", "isolate", "Run checks in a worker subprocess: auto = checks that need "
            "cuda; always; never.", "auto", choices=ISOLATE),
-    Option("timeout", "timeout", "Per-check time limit in seconds for isolated checks (0 = none).",
-           0.0, type=float, metavar="S"),
+    Option("timeout", "timeout", "Time limit in seconds of each isolated task (a check, or a group "
+           "of its cases): a task past it is killed with its worker and its check is an error naming "
+           "the case; auto = on a GPU max(300, 5 x the check's cost), none on the CPU; 0 = none.",
+           "auto", metavar="S|auto"),
     Option("workers", "workers", "Persistent worker processes for isolated checks, run side by side; "
            "auto = three quarters of the CPU cores, at most 12, on a GPU (FA4 compiles are CPU work), 2 on "
            "the CPU. Env FA4VERIFY_WORKERS.",
            "auto", metavar="N|auto", envvar="FA4VERIFY_WORKERS"),
-    Option("shards", "check_shards", "Split each shardable check (fuzz.production, determinism.fa4, "
-           "the live production checks) into N work items the workers run side by side, merged "
-           "into one result; auto = the check's own count (about one per worker); 1 = no "
-           "sharding.", "auto", metavar="N|auto"),
-    Option("no-shard", "no_shard", "Run every check as one work item (same as --shards 1).", False,
-           flag=True),
     Option("fresh-workers", "fresh_workers", "A new worker process for every isolated check (no "
            "reuse of imports, CUDA context or compiled kernels; slower, the pre-pool behaviour).",
            False, flag=True),
@@ -175,15 +171,14 @@ class AuditConfig:
     checks_modules: tuple[str, ...] = ()
     no_default_checks: bool = False
     isolate: str = "auto"
-    timeout: float = 0.0
+    #: seconds per isolated task; None: auto (:func:`fa4verify.run.engine.task_deadline`); 0: none
+    timeout: float | None = None
     opts: tuple[tuple[str, str], ...] = ()
     #: worker processes for isolated checks (resolved: >= 1), fresh per check or persistent
     workers: int = 1
     fresh_workers: bool = False
     #: FA4's persistent kernel cache directory for workers, or None (off)
     kernel_cache: str | None = None
-    #: shards per shardable check: None = each check's own count, 1 = none (``--no-shard``)
-    check_shards: int | None = None
     #: the deployment profile (``--deployment``), as ``(name, json)`` so the config stays hashable
     deployment: tuple[str, str] | None = None
 
@@ -202,14 +197,29 @@ class AuditConfig:
         return d
 
 
+def default_kernel_cache() -> str:
+    """``<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/fa4-kernels`` (absolute)."""
+    base = os.environ.get("FA4VERIFY_CACHE_DIR", "").strip() or ".fa4verify-cache"
+    return os.path.abspath(os.path.join(base, "fa4-kernels"))
+
+
+def auto_workers(device: str, cpu_count: int | None = None) -> int:
+    """Workers for ``--workers auto``: on a GPU, three quarters of the CPU cores, at most 12
+    (FA4's kernel compiles are single-threaded CPU work -- a compile's CPU seconds equal its wall
+    seconds, measured -- and overlap; the GPU is shared; the rest of the cores are the parent's
+    and the zygote's): 12 on the 16-core H200 box, where a cold default audit took 57.0 s with
+    12 workers and 61.2 s with 8 in one run; on the CPU, 2 (at most the cores)."""
+    n = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    return max(1, min(12, (3 * n) // 4)) if device == "cuda" else max(1, min(2, n))
+
+
 def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[str] | str = ("auto",),
                  profile: str = "default", seed: int = 0, keyword: str | None = None,
                  shard: str | None = None, checks_modules: Sequence[str] = (),
-                 no_default_checks: bool = False, isolate: str = "auto", timeout: float = 0.0,
+                 no_default_checks: bool = False, isolate: str = "auto", timeout: float | str | None = "auto",
                  opts: Sequence[str] = (), cuda: bool | None = None,
                  deployment: str | None = None, workers: str | int = "auto",
-                 fresh_workers: bool = False, kernel_cache: str | None = "auto",
-                 check_shards: str | int | None = "auto", no_shard: bool = False) -> AuditConfig:
+                 fresh_workers: bool = False, kernel_cache: str | None = "auto") -> AuditConfig:
     """Validate raw option values into an :class:`AuditConfig` (raises :class:`OptionError`)."""
     if dtype not in DTYPES:
         raise OptionError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
@@ -223,13 +233,16 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
         raise OptionError(f"--seed {seed!r}: expected an integer") from None
     if seed < 0:
         raise OptionError(f"--seed {seed}: expected a non-negative integer")
-    try:
-        timeout_f = float(timeout or 0.0)
-    except (TypeError, ValueError):
-        raise OptionError(f"--timeout {timeout!r}: expected seconds") from None
-    if not math.isfinite(timeout_f) or timeout_f < 0:
-        raise OptionError(f"--timeout {timeout!r}: expected finite seconds >= 0 (0 = none)")
-    timeout = timeout_f
+    if timeout is None or str(timeout).strip().lower() == "auto":
+        timeout = None
+    else:
+        try:
+            timeout_f = float(timeout)
+        except (TypeError, ValueError):
+            raise OptionError(f"--timeout {timeout!r}: expected seconds or auto") from None
+        if not math.isfinite(timeout_f) or timeout_f < 0:
+            raise OptionError(f"--timeout {timeout!r}: expected finite seconds >= 0 (0 = none) or auto")
+        timeout = timeout_f
     workers_s = str(workers if workers is not None else "auto").strip().lower()
     if workers_s != "auto":
         try:
@@ -238,19 +251,6 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
             raise OptionError(f"--workers {workers!r}: expected a positive integer or auto") from None
         if not 1 <= workers_n <= 64:
             raise OptionError(f"--workers {workers!r}: expected 1..64 or auto")
-    shards_s = str(check_shards if check_shards is not None else "auto").strip().lower()
-    shards_n: int | None = None
-    if shards_s != "auto":
-        try:
-            shards_n = int(shards_s)
-        except ValueError:
-            raise OptionError(f"--shards {check_shards!r}: expected a positive integer or auto") from None
-        if not 1 <= shards_n <= 64:
-            raise OptionError(f"--shards {check_shards!r}: expected 1..64 or auto")
-    if no_shard:
-        if shards_n not in (None, 1):
-            raise OptionError(f"--no-shard contradicts --shards {check_shards}")
-        shards_n = 1
     for opt, vals in (("--deployment", [deployment] if deployment else []),
                       ("--checks-module", list(checks_modules) + list(checks_modules_from_env())),
                       ("--kernel-cache", [kernel_cache] if kernel_cache else [])):
@@ -271,12 +271,10 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
     dev = resolve_device(device, cuda=cuda)
     archs = resolve_archs(arch, dev)
     if workers_s == "auto":
-        from fa4verify.audit.pool import auto_workers
         workers_n = auto_workers(dev)
     if cache_s.lower() == "off":
         cache_dir = None
     elif cache_s.lower() == "auto":
-        from fa4verify.audit.pool import default_kernel_cache
         cache_dir = default_kernel_cache()
     else:
         cache_dir = os.path.abspath(os.path.expanduser(cache_s))
@@ -313,8 +311,7 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
                        keyword=keyword or None, shard=shard_t, checks_modules=mods,
                        no_default_checks=bool(no_default_checks), isolate=isolate,
                        timeout=timeout, opts=opts_t, deployment=dep, workers=workers_n,
-                       fresh_workers=bool(fresh_workers), kernel_cache=cache_dir,
-                       check_shards=shards_n)
+                       fresh_workers=bool(fresh_workers), kernel_cache=cache_dir)
 
 
 def _kernel_cache_in_effect(option: str, cache_dir: str | None, *, create: bool = False) -> str | None:
@@ -327,7 +324,7 @@ def _kernel_cache_in_effect(option: str, cache_dir: str | None, *, create: bool 
     replaces a ``--kernel-cache`` given -- instead of the one asked for. That directory, like
     ``--kernel-cache``'s, must be this user's and not group- or world-writable: FA4 links the
     objects in it into the process (refused: exit 2)."""
-    from fa4verify.audit.pool import KERNEL_CACHE_ENV
+    from fa4verify.run.pool import KERNEL_CACHE_ENV
     from fa4verify.kernels.kernel_cache import unsafe_reason
 
     preset = {k: os.environ[k] for k in KERNEL_CACHE_ENV if k in os.environ}
@@ -421,5 +418,4 @@ def config_from_pytest(config: Any, profile: str) -> AuditConfig:
                         no_default_checks=vals["no_default_checks"], isolate=vals["isolate"],
                         timeout=vals["timeout"], opts=vals["opts"], deployment=vals["deployment"],
                         workers=vals["workers"], fresh_workers=vals["fresh_workers"],
-                        kernel_cache=vals["kernel_cache"], check_shards=vals["check_shards"],
-                        no_shard=vals["no_shard"])
+                        kernel_cache=vals["kernel_cache"])

@@ -1,32 +1,20 @@
-"""One process per GPU of a node: which GPUs, how each process is pinned, and how the processes are
-started and waited for. Used by ``fa4verify determinism --gpus`` (:mod:`fa4verify.determinism.multi`)
-and ``fa4verify audit --gpus`` (:mod:`fa4verify.audit.gpus`).
+"""The GPUs of a node: which GPUs, how a process is pinned to one, and (for ``fa4verify
+determinism --gpus``, :mod:`fa4verify.determinism.multi`) one process per GPU started and waited
+for. ``fa4verify audit --gpus`` gives the GPUs to the engine's pool, which pins one worker per GPU
+(:mod:`fa4verify.run.pool`).
 
-Engine: ``torch.multiprocessing.start_processes(..., start_method="spawn")``
------------------------------------------------------------------------------
-Chosen over ``torchrun`` / ``torch.distributed`` (gloo or NCCL) because nothing here is a
-collective: each process computes digests or check results (small JSON) that the parent compares,
-and a dead GPU process must become an *error* naming that GPU, never a hang. With spawn
-
-* every process starts fresh (no inherited CUDA context, no fork of a CUDA-initialised parent),
-  so ``CUDA_VISIBLE_DEVICES`` set first thing in the child holds for that child's CUDA driver;
-* a Python exception in a child is written by torch's ``_wrap`` to its error file (the
-  traceback reaches the parent), a signal shows as a negative exit code, and a child dies with
-  its parent (``PR_SET_PDEATHSIG``);
-* the parent waits on each process separately (not ``ProcessContext.join``, which kills the
-  survivors on the first failure), so the other GPUs' results are kept and the dead one is named.
-
-A gloo/NCCL process group would add a rendezvous port and, on a dead rank, a collective that
-blocks until its timeout; gathering through files written by each process needs neither.
+Processes: the engine's fresh workers (:func:`fa4verify.run.engine.run_calls`), each started with
+:func:`child_env` of its GPU, so ``CUDA_VISIBLE_DEVICES`` holds before anything in it touches
+CUDA; a process that dies or hangs is that GPU's error, the others' results are kept, and every
+process dies with its parent.
 
 Pinning
 -------
 :func:`visible_gpus` lists the GPUs this process may use, in the numbering the user sees
 (``nvidia-smi`` index/name/UUID, mapped through the parent's ``CUDA_VISIBLE_DEVICES``, whose
 entries may be indices or UUIDs). :func:`select_gpus` parses ``--gpus all|N|I,J,...``.
-:func:`pin_process` sets ``CUDA_VISIBLE_DEVICES`` of the child to its one GPU (its UUID when
-known, else the index) and refuses (``RuntimeError``) when CUDA is already initialised in the
-process. :func:`child_env` is the mapping it applies (also ``FA4VERIFY_PIN_GPU=0``, so a
+:func:`child_env` is the environment that pins a process to its one GPU (``CUDA_VISIBLE_DEVICES``:
+its UUID when known, else the index (also ``FA4VERIFY_PIN_GPU=0``, so a
 pytest-xdist run nested inside does not re-pin, and ``FA4VERIFY_GPU_INDEX``).
 
 CPU test mode
@@ -36,33 +24,37 @@ CPU test mode
 the N processes. Two faults can be planted for tests, only in that mode:
 ``FA4VERIFY_FAKE_GPU_FAULT=i[,j]`` (those fake GPUs compute differently: the determinism child
 runs the twin with the ``d_from_fp32_o`` mutation, a reproducible but different result) and
-``FA4VERIFY_FAKE_GPU_CRASH=i[,j]`` (those GPUs' processes abort after their first unit of work;
-for the audit ``FA4VERIFY_FAKE_GPU_CRASH_AFTER=N`` sets how many work units finish first, default
-1, 0 = abort before any: :func:`fake_crash_after`).
+``FA4VERIFY_FAKE_GPU_CRASH=i[,j]`` (those GPUs' processes abort after their first unit of work).
+
+pytest-xdist
+------------
+:func:`pin_worker_gpu` -- called by the pytest plugin at ``pytest_configure`` of every xdist
+worker, before anything imports torch's CUDA state: maps ``PYTEST_XDIST_WORKER=gw<i>`` to
+``CUDA_VISIBLE_DEVICES=<device i mod n>``, where the devices are the parent's
+``CUDA_VISIBLE_DEVICES`` list (or ``0..FA4VERIFY_NGPUS-1``, or ``0``). ``FA4VERIFY_PIN_GPU=0``
+turns it off. Refuses (RuntimeError) if CUDA is already initialised in this process.
 
 Nothing here imports torch at module level.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
-import pickle
-import signal
+import re
 import subprocess
-import time
-from typing import Any, Callable, Mapping, MutableMapping, Sequence
+import sys
+from typing import Any, Callable, Mapping, MutableMapping, Optional, Sequence
 
-__all__ = ["ENV_FAKE", "ENV_FAKE_FAULT", "ENV_FAKE_CRASH", "ENV_FAKE_CRASH_AFTER", "Gpu", "query_gpus",
+__all__ = ["ENV_FAKE", "ENV_FAKE_FAULT", "ENV_FAKE_CRASH", "Gpu", "query_gpus",
            "visible_gpus",
-           "select_gpus", "child_env", "pin_process", "Outcome", "run_per_gpu", "fake_set",
-           "fake_mode", "fake_crash_after", "read_json", "GPUS_HELP"]
+           "select_gpus", "child_env", "fake_set",
+           "fake_mode", "read_json", "GPUS_HELP",
+           "pin_worker_gpu", "positive_int_env", "ENV_PIN", "ENV_NGPUS"]
 
 ENV_FAKE = "FA4VERIFY_FAKE_GPUS"
 ENV_FAKE_FAULT = "FA4VERIFY_FAKE_GPU_FAULT"
 ENV_FAKE_CRASH = "FA4VERIFY_FAKE_GPU_CRASH"
-ENV_FAKE_CRASH_AFTER = "FA4VERIFY_FAKE_GPU_CRASH_AFTER"
 ENV_INDEX = "FA4VERIFY_GPU_INDEX"
 
 #: the ``--gpus`` help text shared by the commands
@@ -114,7 +106,6 @@ def query_gpus(timeout_s: float = 20.0) -> list[tuple[str, str, str]]:
 
 
 def _fake_count(env: Mapping[str, str]) -> int | None:
-    from fa4verify.sharding import positive_int_env
     return positive_int_env(ENV_FAKE, env)
 
 
@@ -132,17 +123,6 @@ def fake_set(var: str, env: Mapping[str, str] = os.environ) -> set[int]:
         return {int(t) for t in v.split(",") if t.strip()}
     except ValueError:
         raise ValueError(f"{var}={v!r}: expected comma-separated GPU indices") from None
-
-
-def fake_crash_after(env: Mapping[str, str] = os.environ) -> int:
-    """How many work units a planted-crash audit process finishes before it aborts
-    (``FA4VERIFY_FAKE_GPU_CRASH_AFTER``: an integer >= 0, default 1); ValueError when malformed."""
-    v = env.get(ENV_FAKE_CRASH_AFTER, "").strip()
-    if not v:
-        return 1
-    if not v.isdigit():
-        raise ValueError(f"{ENV_FAKE_CRASH_AFTER}={v!r}: expected an integer >= 0")
-    return int(v)
 
 
 def _torch_count() -> int:
@@ -215,114 +195,12 @@ def select_gpus(spec: str, gpus: Sequence[Gpu]) -> list[Gpu]:
 
 
 def child_env(gpu: Gpu, parent: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The variables :func:`pin_process` sets in the child pinned to ``gpu``."""
+    """The variables that pin a child process to ``gpu`` (set before it starts)."""
     prev = parent.get("CUDA_VISIBLE_DEVICES")
     d = {"CUDA_VISIBLE_DEVICES": gpu.visible, "FA4VERIFY_PIN_GPU": "0", ENV_INDEX: str(gpu.index)}
     if prev is not None:
         d["FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES"] = prev
     return d
-
-
-def _cuda_initialised() -> bool:
-    from fa4verify.sharding import _cuda_initialised as f
-    return f()
-
-
-def pin_process(gpu: Gpu, env: MutableMapping[str, str] = os.environ) -> dict[str, str]:
-    """Pin this process to ``gpu`` (see the module docstring); returns what it set. Refuses with
-    RuntimeError when torch has initialised CUDA here (the driver has read its device list)."""
-    if _cuda_initialised():
-        raise RuntimeError(f"fa4verify: CUDA was initialised before this process was pinned to "
-                           f"{gpu.label()}; pinning must happen before torch touches CUDA")
-    upd = child_env(gpu, env)
-    env.update(upd)
-    return upd
-
-
-@dataclasses.dataclass
-class Outcome:
-    """How one child process ended: ``exitcode`` (0 ok, > 0 exit status, < 0 killed by a signal,
-    None still running when its time ran out and then killed), ``error``: a one-line reason when
-    it did not end well (the child's exception, the signal, the timeout)."""
-    rank: int
-    gpu: Gpu
-    exitcode: int | None
-    error: str | None
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return self.exitcode == 0 and self.error is None
-
-
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except (ValueError, AttributeError):
-        return f"signal {-rc}"
-
-
-def _child_main(rank: int, target: str, payloads: list, gpus: list) -> None:
-    """Body of child ``rank``: pin, then call ``target(payload)`` (a ``module:attr`` string)."""
-    gpu = Gpu.from_json(gpus[rank])
-    pin_process(gpu)
-    mod, attr = target.split(":", 1)
-    fn = getattr(importlib.import_module(mod), attr)
-    fn(payloads[rank])
-
-
-def run_per_gpu(target: str, payloads: Sequence[Any], gpus: Sequence[Gpu], *,
-                timeout_s: float | None = None) -> list[Outcome]:
-    """Start one spawned process per payload (child ``i`` pinned to ``gpus[i]``, which may repeat
-    a GPU for several processes on it), all at once, and wait for each. ``target`` is
-    ``"module:function"``, called as ``function(payload)`` in the child after pinning (a payload
-    is anything picklable); it reports through files it writes (named in the payload). Never raises for a child's failure:
-    it is in that child's :class:`Outcome`."""
-    if len(payloads) != len(gpus):
-        raise ValueError(f"{len(payloads)} payloads for {len(gpus)} GPU slots")
-    import torch.multiprocessing as tmp
-
-    t0 = time.monotonic()
-    ctx = tmp.start_processes(_child_main, args=(target, list(payloads),
-                                                 [g.to_json() for g in gpus]),
-                              nprocs=len(payloads), join=False, start_method="spawn")
-    deadline = None if not timeout_s else t0 + float(timeout_s)
-    outs: list[Outcome] = []
-    for i, proc in enumerate(ctx.processes):
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        proc.join(wait)
-        err = None
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
-            err = f"timed out after {timeout_s:g} s (killed)"
-            code = None
-        else:
-            code = proc.exitcode
-        if err is None and code != 0:
-            efile = ctx.error_files[i]
-            tb = None
-            if efile and os.path.exists(efile) and os.path.getsize(efile):
-                try:
-                    with open(efile, "rb") as f:
-                        tb = pickle.load(f)
-                except Exception:  # noqa: BLE001 - the exit code still says it failed
-                    tb = None
-            if tb:
-                last = [ln for ln in str(tb).strip().splitlines() if ln.strip()]
-                err = f"raised {last[-1].strip()[:300] if last else 'an exception'}"
-            elif code < 0:
-                err = f"killed by {_signal_name(code)} (exit {code})"
-            else:
-                err = f"exited with status {code}"
-        efile = ctx.error_files[i]
-        if efile and os.path.exists(efile):
-            try:
-                os.unlink(efile)
-            except OSError:
-                pass
-        outs.append(Outcome(i, gpus[i], code, err, round(time.monotonic() - t0, 3)))
-    return outs
 
 
 def read_json(path: str) -> Any:
@@ -332,3 +210,92 @@ def read_json(path: str) -> Any:
             return json.load(f)
     except (OSError, json.JSONDecodeError):
         return None
+
+
+# ------------------------------------------------------------------------------ pytest-xdist
+ENV_WORKER = "PYTEST_XDIST_WORKER"
+ENV_COUNT = "PYTEST_XDIST_WORKER_COUNT"
+ENV_PIN = "FA4VERIFY_PIN_GPU"
+ENV_NGPUS = "FA4VERIFY_NGPUS"
+_WORKER_RE = re.compile(r"^gw(\d+)$")
+
+
+def worker_index(env: Mapping[str, str] = os.environ) -> Optional[int]:
+    """The xdist worker number (``gw3`` -> 3), None outside xdist; ValueError if malformed."""
+    w = env.get(ENV_WORKER)
+    if w is None or w == "":
+        return None
+    m = _WORKER_RE.match(w)
+    if not m:
+        raise ValueError(f"{ENV_WORKER}={w!r}: expected gw<number>")
+    return int(m.group(1))
+
+
+def worker_count(env: Mapping[str, str] = os.environ) -> int:
+    """xdist's worker count (1 outside xdist)."""
+    try:
+        return max(1, int(env.get(ENV_COUNT, "1")))
+    except ValueError:
+        raise ValueError(f"{ENV_COUNT}={env.get(ENV_COUNT)!r}: expected an integer") from None
+
+
+def visible_devices(env: Mapping[str, str] = os.environ) -> list[str]:
+    """The GPUs a worker may be pinned to: the parent's ``CUDA_VISIBLE_DEVICES`` entries, else
+    ``0..FA4VERIFY_NGPUS-1``, else ``["0"]``."""
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip():
+        return [d.strip() for d in cvd.split(",") if d.strip()]
+    k = positive_int_env(ENV_NGPUS, env)
+    if k is not None:
+        return [str(i) for i in range(k)]
+    return ["0"]
+
+
+def positive_int_env(name: str, env: Mapping[str, str] = os.environ) -> Optional[int]:
+    """The positive integer in ``env[name]``, None when unset or empty; ValueError naming the
+    variable otherwise."""
+    v = env.get(name, "").strip()
+    if not v:
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{name}={v!r}: expected a positive integer")
+    return n
+
+
+def _cuda_initialised() -> bool:
+    t = sys.modules.get("torch")
+    if t is None:
+        return False
+    try:
+        return bool(t.cuda.is_initialized())
+    except Exception:   # pragma: no cover - torch without cuda module
+        return False
+
+
+def pin_worker_gpu(env: MutableMapping[str, str] = os.environ) -> Optional[str]:
+    """Pin this xdist worker to one GPU (see the module docstring); returns the device it
+    pinned, or None (not a worker, or ``FA4VERIFY_PIN_GPU=0``). Idempotent: the original list
+    is kept in ``FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES``."""
+    if env.get(ENV_PIN, "1") == "0":
+        return None
+    i = worker_index(env)
+    if i is None:
+        return None
+    parent = env.get("FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES")
+    cur = (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
+    if parent is not None and cur not in [d.strip() for d in parent.split(",")]:
+        parent = None   # a stale record (inherited by a nested run): the current list wins
+    devs = visible_devices({**env, "CUDA_VISIBLE_DEVICES": parent} if parent is not None else env)
+    dev = devs[i % len(devs)]
+    if env.get("CUDA_VISIBLE_DEVICES") == dev and parent is not None:
+        return dev
+    if _cuda_initialised():
+        raise RuntimeError("fa4verify: CUDA was initialised before the xdist worker was pinned to a GPU; "
+                           "pinning must happen before torch touches CUDA")
+    env["FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES"] = ",".join(devs)
+    env["CUDA_VISIBLE_DEVICES"] = dev
+    return dev

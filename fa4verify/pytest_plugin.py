@@ -3,7 +3,7 @@
     pytest --fa4verify                  # profile "default"
     pytest --fa4verify=quick --fa4-dtype bf16 --fa4-only
     pytest --fa4verify -k exp2          # pytest's own -k selects check ids
-    pytest --fa4verify -n 8 --fa4-only  # one GPU per xdist worker (fa4verify.sharding)
+    pytest --fa4verify -n 8 --fa4-only  # one GPU per xdist worker (fa4verify.multigpu)
 
 Fast runs (``--fa4-only``, e.g. the one-worker xdist smoke run on a GPU): no test module is
 imported (:func:`pytest_ignore_collect`; collecting the test suite only to deselect it costs
@@ -68,8 +68,8 @@ def pytest_configure(config: Any) -> None:
     profile = config.getoption("fa4verify", default=None)
     if profile is None:
         return
-    # under pytest-xdist (-n N) each worker sees one GPU (fa4verify.sharding), before any CUDA use
-    from fa4verify.sharding import pin_worker_gpu
+    # under pytest-xdist (-n N) each worker sees one GPU (fa4verify.multigpu), before any CUDA use
+    from fa4verify.multigpu import pin_worker_gpu
     try:
         pin_worker_gpu()
     except (RuntimeError, ValueError) as e:
@@ -113,7 +113,7 @@ def _session_pool(config: Any, audit_config: Any) -> Any:
     ``pytest_unconfigure``)."""
     pool = config.stash.get(_POOL_KEY, None)
     if pool is None:
-        from fa4verify.audit.pool import WorkerPool
+        from fa4verify.run.pool import WorkerPool
         pool = WorkerPool(audit_config.workers, timeout=audit_config.timeout,
                           fresh=audit_config.fresh_workers, kernel_cache=audit_config.kernel_cache)
         config.stash[_POOL_KEY] = pool

@@ -8,8 +8,8 @@ How a mutant runs (Note [Private FA4 copy]):
    match the original source **exactly once** (:class:`EditError` otherwise) -- and writes a
    fingerprint: sha256 over every original file, the mutant id and every edit.
    The installed package is only read.
-2. :func:`run_worker` starts ``python -m fa4verify.source_mutants_worker`` with
-   ``PYTHONPATH=<copy>`` first and FA4's compile cache pointed at a directory named by the
+2. The engine runs :func:`fa4verify.source_mutants_worker.run` in a fresh worker of its own
+   (:func:`fa4verify.run.engine.run_calls`) with :func:`worker_env`: ``PYTHONPATH=<copy>`` first and FA4's compile cache pointed at a directory named by the
    fingerprint (``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``), so the cache can never serve the
    unpatched kernel; the worker asserts ``flash_attn.cute.__file__`` lies in the copy.
 3. The worker runs one small forward and one small backward on the GPU, taps the backward's
@@ -31,13 +31,11 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 __all__ = ["Edit", "SourceMutant", "EditError", "CATALOGUE", "catalogue", "installed_root",
-           "source_digest", "apply_edits", "make_copy", "PrivateCopy", "run_worker", "GRADED"]
+           "source_digest", "apply_edits", "make_copy", "PrivateCopy", "worker_env", "GRADED"]
 
 
 class EditError(RuntimeError):
@@ -302,26 +300,3 @@ def worker_env(copy: PrivateCopy, cache_root: Path) -> dict[str, str]:
     env["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] = str(Path(cache_root) / copy.fingerprint[:16])
     env["FA4VERIFY_PRIVATE_FA4"] = str(copy.path)
     return env
-
-
-def run_worker(copy: PrivateCopy, out_dir: Path, *, cache_root: Path, device: str = "cuda",
-               timeout: float = 240.0, extra_args: Sequence[str] = ()) -> dict:
-    """Run the subject on ``copy`` in a subprocess (``fa4verify.source_mutants_worker``); returns
-    its ``meta.json`` with ``"status": "ok"`` (tensors in ``out_dir/tensors.npz``), or
-    ``{"status": "error", ...}`` with the tail of its output."""
-    cmd = [sys.executable, "-m", "fa4verify.source_mutants_worker", "--out", str(out_dir),
-           "--device", device, *extra_args]
-    if copy.mutant is not None:
-        cmd += ["--mutant", copy.mutant.id]
-    try:
-        r = subprocess.run(cmd, env=worker_env(copy, cache_root), capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": "error", "error": f"worker timed out after {timeout:.0f} s"}
-    meta = Path(out_dir) / "meta.json"
-    if r.returncode != 0 or not meta.exists():
-        return {"status": "error", "error": f"worker exit {r.returncode}",
-                "tail": (r.stdout + r.stderr)[-3000:]}
-    d = json.loads(meta.read_text())
-    d["status"] = "ok"
-    return d

@@ -198,15 +198,15 @@ def main(argv=None) -> int:
     copies = {"control": sm.make_copy(None, work / "control")}
     for m in mutants:
         copies[m.id] = sm.make_copy(m, work / m.id)
-    extra = ["--shape", args.shape]
-
-    def go(item):
-        mid, c = item
-        return mid, sm.run_worker(c, work / mid / "result", cache_root=work / "cache", device=args.device,
-                                  timeout=args.worker_timeout, extra_args=extra)
-
-    with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as ex:
-        metas = dict(ex.map(go, copies.items()))
+    from fa4verify.run.engine import run_calls
+    ids = list(copies)
+    got = run_calls("fa4verify.source_mutants_worker:run",
+                    [{"out": str(work / mid / "result"), "mutant": copies[mid].mutant.id if copies[mid].mutant else None,
+                      "device": args.device, "shape": args.shape} for mid in ids],
+                    envs=[sm.worker_env(copies[mid], work / "cache") for mid in ids],
+                    timeout_s=args.worker_timeout, parallel=max(1, args.jobs))
+    metas = {mid: (dict(oc.value, status="ok") if oc.ok else {"status": "error", "error": f"worker: {oc.error}"})
+             for mid, oc in zip(ids, got)}
     from fa4verify.source_mutants_worker import problem_inputs
     judge = Judge(*problem_inputs(15, b, s, h, d))
     judge.n_runs = len(metas)     # Bonferroni over 4 tensors x every run (control + mutants)

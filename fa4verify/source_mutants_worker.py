@@ -8,14 +8,13 @@ imports, then writes the float64 reference rounded to the kernel dtypes, with th
 *simulated* in numpy for the graded families (``meta.json`` says ``"subject": "cpu-fake"``); it
 never stands for a production measurement.
 
-Usage: ``python -m fa4verify.source_mutants_worker --out DIR [--mutant ID] [--device cuda|cpu]``
+Run by the engine (:func:`run`, through :func:`fa4verify.run.engine.run_calls`), one fresh
+process per private copy.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -119,38 +118,31 @@ def _run_cpu_fake(q, k, v, do, mutant) -> tuple[dict, dict]:
                      "det_mismatched_elements": 0}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="fa4verify.source_mutants_worker")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--mutant", default=None)
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--seed", type=int, default=15)
-    ap.add_argument("--shape", default="1,1024,2,128", help="b,s,h,d. Default: %(default)s")
-    ap.add_argument("--det-runs", type=int, default=None)
-    ap.add_argument("--det-shape", default="4,2048,8,128",
-                    help="b,s,h,d of the extra problem the deterministic reruns use (more CTAs "
-                         "than SMs). Default: %(default)s")
-    args = ap.parse_args(argv)
+def run(payload: dict) -> dict:
+    """The worker's body (the engine's call target, in a fresh process with the private copy
+    first on ``PYTHONPATH``): ``payload`` = ``out`` (directory), ``mutant`` (id or None),
+    ``device`` (cuda | cpu), ``seed``, ``shape`` ("b,s,h,d"), ``det_runs`` (None: 8 for the
+    control and determinism mutants), ``det_shape``. Writes the tensors and returns the meta."""
     from fa4verify.source_mutants import catalogue
-    mutant = catalogue([args.mutant])[0] if args.mutant else None
+    mid = payload.get("mutant")
+    mutant = catalogue([mid])[0] if mid else None
+    seed = int(payload.get("seed", 15))
     t0 = time.time()
     fc_file = _check_private_copy()
-    b, s, h, d = (int(x) for x in args.shape.split(","))
-    q, k, v, do = problem_inputs(args.seed, b, s, h, d)
-    det = args.det_runs if args.det_runs is not None else (8 if (mutant is None or mutant.determinism) else 0)
-    if args.device == "cuda":
-        det_shape = tuple(int(x) for x in args.det_shape.split(",")) if args.det_shape else None
-        tensors, meta = _run_cuda(q, k, v, do, det_runs=det, det_shape=det_shape, seed=args.seed)
+    b, s, h, d = (int(x) for x in str(payload.get("shape", "1,1024,2,128")).split(","))
+    q, k, v, do = problem_inputs(seed, b, s, h, d)
+    det = payload.get("det_runs")
+    det = det if det is not None else (8 if (mutant is None or mutant.determinism) else 0)
+    if payload.get("device", "cuda") == "cuda":
+        ds = payload.get("det_shape", "4,2048,8,128")
+        det_shape = tuple(int(x) for x in ds.split(",")) if ds else None
+        tensors, meta = _run_cuda(q, k, v, do, det_runs=det, det_shape=det_shape, seed=seed)
     else:
         tensors, meta = _run_cpu_fake(q, k, v, do, mutant)
-    outd = Path(args.out)
+    outd = Path(payload["out"])
     outd.mkdir(parents=True, exist_ok=True)
     np.savez(outd / "tensors.npz", **tensors)
-    meta.update({"mutant": args.mutant, "flash_attn_cute": fc_file, "seed": args.seed,
+    meta.update({"mutant": mid, "flash_attn_cute": fc_file, "seed": seed,
                  "shape": [b, s, h, d], "causal": True, "wall_s": round(time.time() - t0, 2)})
     (outd / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return meta

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, NamedTuple, Optional
 
 __all__ = [
+    "compile_key",
     "NoCudaError", "UnsupportedByRelease", "AdapterRefusal", "ReleaseInterfaceError", "fa4_interface", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
     "forward", "backward", "exp2_emulation_disabled", "exp2_emulation_enabled",
     "clear_compile_caches", "supported_head_dims", "upstream_reference", "timing_callable",
@@ -283,6 +284,24 @@ def supported_head_dims(arch: int) -> str:
 
 _KEY_NAMES: dict[str, list[list[str]]] = {}
 _LOCK = threading.Lock()
+
+
+def compile_key(problem: Any) -> tuple:
+    """What selects the FA4 kernels of an attention ``problem`` (any object with the fields and
+    ``features()`` of fa4verify's AttentionProblem): arch, dtype, head dims, the GQA ratio, the
+    mask kind (causal, which window sides, mask_mod, mods), softcap on/off, sink, varlen, the call
+    form (paged with its page size, seqused_k, block sparsity, a named mask_mod) and whether each
+    sequence-length maximum fits one 128-wide tile (FA4's single-block backward). Not FA4's own
+    key -- that also holds tiles and heuristics derived from these -- but close to it: problems
+    with equal keys share their kernels, so the engine runs them in one worker (fa4verify.run)."""
+    f = problem.features()
+    c = problem.call
+    call = None if c is None else (c.page_size, c.seqused_k, c.q_batched, c.block_size, c.mask_mod_fn)
+    wl, wr = problem.window_size
+    return (f["arch"], f["dtype"], f["hdim"], problem.nheads // problem.nheads_kv, f["causal"],
+            wl is not None, wr is not None, f["softcap"], f["sink"], f["varlen"], f["mask_mod"],
+            problem.mods, call, problem.seqlen_q <= 128, problem.seqlen_k <= 128,
+            problem.batch > 1 and not problem.varlen)
 
 
 def _compile_key_names(fn) -> list[list[str]]:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-import fa4verify.audit.pool as pool_mod
+import fa4verify.run.pool as pool_mod
 import fa4verify.cli.audit as cli_audit
 from fa4verify.cli import main
 
@@ -47,8 +47,7 @@ def fakes(monkeypatch):
 def _raw(**kw):
     d = dict(dtype="bf16", device="cuda", arch=("auto",), profile="default", seed=0, keyword=None,
              shard=None, checks_modules=(), no_default_checks=True, isolate="auto", timeout=0.0,
-             opts=(), deployment=None, workers="auto", fresh_workers=False, kernel_cache="off",
-             check_shards="auto", no_shard=False)
+             opts=(), deployment=None, workers="auto", fresh_workers=False, kernel_cache="off")
     d.update(kw)
     return d
 

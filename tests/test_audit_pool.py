@@ -1,4 +1,4 @@
-"""The audit's worker pool (fa4verify.audit.pool): persistent workers reused across checks,
+"""The audit's worker pool (fa4verify.run.pool): persistent workers reused across checks,
 side-by-side execution, a dead worker replaced, FA4's kernel cache handed to workers, reports in
 selection order, and the option errors (one line, exit 2). CPU only: fixture checks, isolated
 with ``--isolate always``."""
@@ -131,7 +131,7 @@ def test_a_kernel_cache_that_is_a_file_is_a_usage_error(tmp_path, capsys):
 
 
 def test_auto_workers_rule():
-    from fa4verify.audit.pool import auto_workers
+    from fa4verify._options import auto_workers
     assert auto_workers("cpu", 64) == 2      # the 2-core development box: 2
     assert auto_workers("cpu", 1) == 1
     assert auto_workers("cuda", 2) == 1
@@ -150,9 +150,9 @@ def _imports(path: pathlib.Path) -> set[str]:
     return out
 
 
-def test_runner_and_worker_do_not_import_each_other():
-    audit_dir = ROOT / "fa4verify" / "audit"
-    assert "fa4verify.audit.worker" not in _imports(audit_dir / "runner.py")
-    assert "fa4verify.audit.runner" not in _imports(audit_dir / "worker.py")
-    assert "fa4verify.audit.runner" not in _imports(audit_dir / "pool.py")
-    assert "fa4verify.audit.runner" not in _imports(audit_dir / "execute.py")
+def test_the_engine_never_imports_the_audit_runner():
+    """The engine (fa4verify/run) is below the audit: the runner calls it, never the reverse."""
+    run_dir = ROOT / "fa4verify" / "run"
+    for f in run_dir.glob("*.py"):
+        assert "fa4verify.audit.runner" not in _imports(f), f
+    assert "fa4verify.run.worker" not in _imports(ROOT / "fa4verify" / "audit" / "runner.py")

@@ -100,21 +100,21 @@ def test_workers_start_before_their_first_item_and_every_item_is_timed(tmp_path)
 
 
 def test_prestart_starts_every_slot_once():
-    from fa4verify.audit.pool import WorkerPool
+    from fa4verify.run.pool import WorkerPool
     t0 = time.time()
     with WorkerPool(2) as pool:
         assert pool.prestart() == 2 and pool.started == 2
         assert pool.prestart() == 0 and pool.started == 2
         st = pool.start_times(t0)        # spawned workers: no zygote to report
         assert set(st) == {"pool_created"} and 0.0 <= st["pool_created"] < 5.0
-    with WorkerPool(2, fresh=True) as pool:
-        assert pool.prestart() == 0 and pool.started == 0
+    with WorkerPool(2, fresh=True) as pool:      # fresh workers start early too (one task each)
+        assert pool.prestart() == 2 and pool.started == 2
     with pytest.raises(ValueError, match="preload"):
         WorkerPool(1, preload="gpu")
 
 
 def test_preload_reports_its_steps():
-    from fa4verify.audit.worker import preload
+    from fa4verify.run.worker import preload
     assert preload("none") == {}
     steps = preload("cpu")
     assert set(steps) == {"torch", "judge"} and all(v >= 0 for v in steps.values())
@@ -160,44 +160,6 @@ def test_benchmark_timeline_reads_the_timing(tmp_path):
     png = tmp_path / "t.png"
     pytest.importorskip("matplotlib", reason="matplotlib not installed")
     assert m.plot_timeline(rep, str(png), "t") and png.stat().st_size > 1000
-
-
-def test_the_shards_of_a_campaign_share_one_draw_inside_an_audit(tmp_path, monkeypatch):
-    """Note [One draw per audit]: with the pool's run directory set, the second shard reads the
-    first shard's draw (no second drawing process) and gets the same list; without it, every
-    call draws."""
-    from fa4verify.fuzz import drawn
-    calls = []
-    real = drawn._draw_subprocess
-
-    def counting(args):
-        calls.append(args)
-        return real(args)
-
-    monkeypatch.setattr(drawn, "_draw_subprocess", counting)
-    kw = dict(arch="sm90", dtype="bf16", examples=3, seed=5, profile="ci")
-    monkeypatch.setenv(drawn.RUN_DIR_ENV, str(tmp_path))
-    a = drawn.draw_problems(**kw)
-    b = drawn.draw_problems(**kw)
-    assert len(calls) == 1 and [p.digest() for p in a] == [p.digest() for p in b] and len(a) == 3
-    drawn.draw_problems(**dict(kw, seed=6))           # another campaign: its own draw
-    assert len(calls) == 2
-    monkeypatch.delenv(drawn.RUN_DIR_ENV)
-    c = drawn.draw_problems(**kw)
-    assert len(calls) == 3 and [p.digest() for p in c] == [p.digest() for p in a]
-
-
-def test_a_tampered_shared_draw_is_refused(tmp_path, monkeypatch):
-    from fa4verify.fuzz import drawn
-    monkeypatch.setenv(drawn.RUN_DIR_ENV, str(tmp_path))
-    kw = dict(arch="sm90", dtype="bf16", examples=2, seed=5, profile="ci")
-    drawn.draw_problems(**kw)
-    (f,) = tmp_path.glob("draw-*.json")
-    d = json.loads(f.read_text())
-    d["digests"][0] = "0" * len(d["digests"][0])
-    f.write_text(json.dumps(d))
-    with pytest.raises(RuntimeError, match="round trip"):
-        drawn.draw_problems(**kw)
 
 
 def test_clearing_through_the_proxy_counts_the_next_lookup_again():

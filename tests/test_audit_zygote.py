@@ -1,4 +1,4 @@
-"""Workers forked from a zygote (fa4verify.audit.zygote): the imports are paid once, each worker
+"""Workers forked from a zygote (fa4verify.run.zygote): the imports are paid once, each worker
 is its own process with its own session, a killed worker is an error and is replaced by another
 fork, a dead zygote makes the pool spawn workers instead, and the zygote never forks once CUDA
 is initialised in it. CPU only (fixture checks; the zygote imports torch and, where installed,
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from fa4verify.audit.pool import WorkerPool
-from fa4verify.audit.registry import CheckContext, discover
+from fa4verify.run.pool import WorkerPool
+from fa4verify.audit.registry import CheckContext, CheckResult, discover
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "audit_checks_pool.py")
 
@@ -26,11 +26,24 @@ def _ctx(spec):
     return CheckContext(dtype="bf16", arch="sm90", device="cpu", profile="quick", seed=0, check_id=spec.id)
 
 
+def _run(pool, spec):
+    """(result, notes, timing) of ``spec`` run whole in ``pool``; a dead worker or a closed pool
+    as the engine reports it (an error naming why)."""
+    from fa4verify.run.pool import PoolClosed, TaskDied
+    try:
+        payload, timing = pool.run(spec, _ctx(spec))
+    except (TaskDied, PoolClosed) as e:
+        return CheckResult(status="error", summary=str(e)), [], {}
+    (_j, kind, result), = payload["outcomes"]
+    assert kind == "result"
+    return result, payload["notes"], timing
+
+
 def test_forked_workers_are_separate_sessions_started_by_the_zygote(specs):
     sp = specs["fixture.pool.pid_a"]
     with WorkerPool(2, preload="cpu", start="fork") as pool:
         pool.prestart()
-        got = [pool.run_timed(sp, _ctx(sp)) for _ in range(2)]
+        got = [_run(pool, sp) for _ in range(2)]
         zpid = pool._zygote.proc.pid
         pids = {r.metrics["pid"] for r, _, _ in got}
         for r, _, t in got:
@@ -46,9 +59,9 @@ def test_forked_workers_are_separate_sessions_started_by_the_zygote(specs):
 def test_a_killed_forked_worker_is_an_error_and_the_next_check_gets_a_new_fork(specs):
     crash, ok = specs["fixture.pool.crash"], specs["fixture.pool.pid_a"]
     with WorkerPool(1, preload="cpu", start="fork") as pool:
-        r0, _, _ = pool.run_timed(ok, _ctx(ok))
-        r1, _, _ = pool.run_timed(crash, _ctx(crash))
-        r2, _, t2 = pool.run_timed(ok, _ctx(ok))
+        r0, _, _ = _run(pool, ok)
+        r1, _, _ = _run(pool, crash)
+        r2, _, t2 = _run(pool, ok)
         assert r0.status == "pass" and r2.status == "pass"
         assert r1.status == "error" and "SIGKILL" in r1.summary, r1.summary
         assert r2.metrics["pid"] != r0.metrics["pid"] and t2["worker_start"] == "fork"
@@ -58,7 +71,7 @@ def test_a_killed_forked_worker_is_an_error_and_the_next_check_gets_a_new_fork(s
 def test_a_dead_zygote_makes_the_pool_spawn_workers(specs):
     crash, ok = specs["fixture.pool.crash"], specs["fixture.pool.pid_a"]
     with WorkerPool(1, preload="cpu", start="fork") as pool:
-        r0, _, t0 = pool.run_timed(ok, _ctx(ok))
+        r0, _, t0 = _run(pool, ok)
         assert t0["worker_start"] == "fork"
         os.killpg(pool._zygote.proc.pid, signal.SIGKILL)
         pool._zygote.proc.wait()
@@ -66,9 +79,9 @@ def test_a_dead_zygote_makes_the_pool_spawn_workers(specs):
         while pool._zygote.usable and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not pool._zygote.usable
-        r1, _, _ = pool.run_timed(crash, _ctx(crash))      # the forked worker dies now
+        r1, _, _ = _run(pool, crash)      # the forked worker dies now
         assert r1.status == "error"
-        r2, _, t2 = pool.run_timed(ok, _ctx(ok))
+        r2, _, t2 = _run(pool, ok)
         assert r2.status == "pass" and t2["worker_start"] == "spawn"
 
 
@@ -76,7 +89,6 @@ def test_start_modes_and_the_environment_switch(monkeypatch):
     monkeypatch.delenv("FA4VERIFY_WORKER_START", raising=False)
     assert WorkerPool(1, preload="cuda").start == "fork"
     assert WorkerPool(1, preload="none").start == "spawn"
-    assert WorkerPool(1, preload="cuda", fresh=True).start == "spawn"
     monkeypatch.setenv("FA4VERIFY_WORKER_START", "spawn")
     assert WorkerPool(1, preload="cuda").start == "spawn"
     with pytest.raises(ValueError, match="start"):
@@ -85,7 +97,7 @@ def test_start_modes_and_the_environment_switch(monkeypatch):
 
 def test_the_zygote_refuses_to_fork_with_cuda_initialised(monkeypatch):
     """The guard the zygote runs before every fork (a CUDA context does not survive fork)."""
-    from fa4verify.audit import zygote
+    from fa4verify.run import zygote
 
     class FakeCuda:
         @staticmethod
@@ -107,7 +119,7 @@ def test_a_forked_worker_without_cuda_is_replaced_by_a_spawned_one(specs):
     there; the check never sees the failure."""
     sp = specs["fixture.pool.pid_a"]
     with WorkerPool(1, preload="cuda", start="fork") as pool:
-        r, _, t = pool.run_timed(sp, _ctx(sp))
+        r, _, t = _run(pool, sp)
         assert r.status == "pass", r.summary
         assert pool.start == "spawn" and "no CUDA device" in (pool.fork_failure or "")
         assert "no CUDA device" in t["fork_failed"] and t["worker_start"] == "spawn"
@@ -118,7 +130,7 @@ def test_the_zygote_environment_switches_and_their_restore(monkeypatch):
     availability check; a forked worker sees the parent's values again."""
     import json
 
-    from fa4verify.audit import pool as P
+    from fa4verify.run import pool as P
     monkeypatch.setattr(P, "_visible_compute_cap", lambda env: "90")
     z = P.zygote_env({"A": "1"})
     assert z["QUACK_ARCH"] == "90" and z["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1" and z["A"] == "1"
@@ -135,7 +147,7 @@ def test_the_zygote_environment_switches_and_their_restore(monkeypatch):
     monkeypatch.delenv("QUACK_ARCH", raising=False)
     monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
     with WorkerPool(1, preload="cpu", start="fork") as pool:
-        r, _, t = pool.run_timed(sp, _ctx(sp))
+        r, _, t = _run(pool, sp)
     assert t["worker_start"] == "fork"
     assert r.details["env"] == {"QUACK_ARCH": None, "PYTORCH_NVML_BASED_CUDA_CHECK": None,
                                 "FA4VERIFY_ZYGOTE_RESTORE": None, "FA4VERIFY_FORKED": "1"}
@@ -158,7 +170,7 @@ def test_two_lines_that_arrive_together_are_both_seen(specs, monkeypatch):
     the parent reads; a buffered readline took both and select then waited for a line already
     read (the check "timed out", or hung without a timeout). The parent is held back here until
     both lines are in the pipe."""
-    from fa4verify.audit import pool as P
+    from fa4verify.run import pool as P
     real = P.select.select
     calls = []
 
@@ -174,7 +186,7 @@ def test_two_lines_that_arrive_together_are_both_seen(specs, monkeypatch):
         time.sleep(1.0)
         monkeypatch.setattr(P.select, "select", late)
         t0 = time.monotonic()
-        r, _, t = pool.run_timed(sp, _ctx(sp))
+        r, _, t = _run(pool, sp)
         assert r.status == "pass", r.summary
         assert time.monotonic() - t0 < 15 and calls
 
@@ -183,5 +195,5 @@ def test_a_closed_pool_starts_no_worker(specs):
     sp = specs["fixture.pool.pid_a"]
     pool = WorkerPool(1, preload="none", start="spawn")
     pool.close()
-    r, _, _ = pool.run_timed(sp, _ctx(sp))
+    r, _, _ = _run(pool, sp)
     assert r.status == "error" and "closed" in r.summary and pool.started == 0

@@ -22,7 +22,8 @@ def test_fuzz_twin_check_passes_and_reports_coverage():
     fuzz._budget(fuzz.AttentionProblem("sm90", "bf16", 1, 1, 1, 1, 1, 8, 8))
     from fa4verify.checks import fuzz as checks
     ctx = registry.CheckContext(dtype="fp16", arch="sm90", profile="default", seed=1, check_id="fuzz.twin[sm90]")
-    r = checks.twin(ctx)
+    from fa4verify.run.engine import run_here
+    r = run_here(checks.twin.__fa4verify_check__, ctx)
     assert r.status == "pass", r.summary
     assert r.where == "CPU twin" and r.metrics["examples_higher_is_better"] >= 10
     assert 0 < r.tightness <= 1 and r.details["coverage"]["dtype"] == {"fp16": r.metrics["examples_higher_is_better"]}
@@ -32,7 +33,7 @@ def test_fuzz_twin_check_skips_fp8():
     from fa4verify.checks import fuzz as checks
     ctx = registry.CheckContext(dtype="fp8", arch="sm100", profile="default")
     with pytest.raises(registry.SkipCheck):
-        checks.twin(ctx)
+        checks.twin.__fa4verify_check__.cases(ctx)
 
 
 def test_the_gpu_campaigns_head_dim_palette_rotates_through_every_supported_dim():

@@ -1,6 +1,6 @@
-"""benchmarks/gpu_audit_time.py (the H200 audit-time table, sharded and not): the table code on
-synthetic reports, the whole script end to end on the CPU (``--dry-run``, fixture checks that
-shard), and the shell driver parses and names recorded reports that exist."""
+"""benchmarks/gpu_audit_time.py (the H200 audit-time table, cold and warm): the table code on
+synthetic reports, the whole script end to end on the CPU (``--dry-run``, a fixture check of
+several tasks), and the shell driver parses and names recorded reports that exist."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARDS = ROOT / "tests" / "fixtures" / "audit_checks_shards.py"
+CASES = ROOT / "tests" / "fixtures" / "audit_checks_cases.py"
 
 
 def _bench():
@@ -23,24 +23,24 @@ def _bench():
 
 def _rep(rows, exit_code=1, workers=8):
     return {"config": {"workers": workers}, "summary": {"exit_code": exit_code, "counts": {"pass": 1}},
-            "results": [dict(id=i, duration_s=s, status=st, details=d) for i, s, st, d in rows]}
+            "results": [dict(id=i, duration_s=s, status=st, timing=t) for i, s, st, t in rows]}
 
 
-def test_table_shows_merged_rows_and_the_slowest_shard_per_check():
+def test_table_shows_one_row_per_check_and_its_slowest_task():
     b = _bench()
-    before = _rep([("fuzz.production", 118.2, "pass", {}), ("exp2.deg3", 0.4, "pass", {})], workers=4)
-    after = _rep([("fuzz.production", 19.5, "pass", {"shards": [{}] * 8, "shard_max_s": 14.25}),
-                  ("exp2.deg3", 0.4, "pass", {})])
+    before = _rep([("fuzz.production", 118.2, "pass", []), ("exp2.deg3", 0.4, "pass", [])], workers=4)
+    tasks = [{"start_s": 1.0, "end_s": 15.25}] + [{"start_s": 2.0, "end_s": 3.0}] * 7
+    after = _rep([("fuzz.production", 19.5, "pass", tasks), ("exp2.deg3", 0.4, "pass", [])])
     lines, summary = b.format_table([("s4-cold", before), ("cold", after)], [None, 41.0],
                                     profile="default", gpu="NVIDIA H200")
     text = "\n".join(lines)
     fz = next(ln for ln in lines if ln.startswith("fuzz.production"))
     assert "118.2 pas" in fz and "19.5 pas" in fz and "14.2/8" in fz
     assert "max/k" in lines[1] and "41.0" in text and "verdicts of every mode agree" in text
-    assert summary["modes"]["cold"]["largest_item"] == ["fuzz.production (1 of 8 shards)", 14.25]
+    assert summary["modes"]["cold"]["largest_item"] == ["fuzz.production (1 of 8 tasks)", 14.25]
     assert summary["modes"]["s4-cold"]["largest_item"] == ["fuzz.production", 118.2]
-    assert summary["modes"]["cold"]["per_check"]["fuzz.production"]["shards"] == 8
-    other = _rep([("fuzz.production", 20.0, "undecided", {}), ("exp2.deg3", 0.4, "pass", {})])
+    assert summary["modes"]["cold"]["per_check"]["fuzz.production"]["tasks"] == 8
+    other = _rep([("fuzz.production", 20.0, "undecided", []), ("exp2.deg3", 0.4, "pass", [])])
     lines, summary = b.format_table([("a", after), ("b", other)], [1.0, 2.0], profile="default", gpu=None)
     assert lines[-1] == "VERDICTS DIFFER between modes: fuzz.production" and summary["verdicts_agree"] is False
 
@@ -48,23 +48,21 @@ def test_table_shows_merged_rows_and_the_slowest_shard_per_check():
 def test_the_script_runs_every_mode_on_the_cpu(tmp_path, capsys):
     b = _bench()
     rec = tmp_path / "rec.json"
-    rec.write_text(json.dumps(_rep([("fixture.shard.cases", 9.0, "pass", {})], exit_code=0)))
+    rec.write_text(json.dumps(_rep([("fixture.cases.grid", 9.0, "pass", [])], exit_code=0)))
     out = tmp_path / "out"
-    rc = b.main(["--profile", "default", "--modes", "cold,warm,cold-noshard,warm-noshard", "--dry-run",
+    rc = b.main(["--profile", "default", "--modes", "cold,warm", "--dry-run",
                  "--out", str(out), "--timeout", "240", "--recorded", f"s4={rec}", "--",
-                 "--no-default-checks", "--checks-module", str(SHARDS), "-k", "fixture.shard.cases",
+                 "--no-default-checks", "--checks-module", str(CASES), "-k", "fixture.cases.grid",
                  "--isolate", "always", "--workers", "2"])
     text = capsys.readouterr().out
     assert rc == 0, text
     s = json.loads((out / "audit_time_default.json").read_text())
-    assert list(s["modes"]) == ["s4", "cold", "warm", "cold-noshard", "warm-noshard"]
+    assert list(s["modes"]) == ["s4", "cold", "warm"]
     for m in ("cold", "warm"):
-        assert s["modes"][m]["per_check"]["fixture.shard.cases"]["shards"] == 3
+        assert s["modes"][m]["per_check"]["fixture.cases.grid"]["tasks"] == 6     # one task per key
         assert s["modes"][m]["exit_code"] == 0
-    for m in ("cold-noshard", "warm-noshard"):
-        assert s["modes"][m]["per_check"]["fixture.shard.cases"]["shards"] == 0
     assert s["verdicts_agree"] is True and "verdicts of every mode agree" in text
-    assert re.search(r"fixture\.shard\.cases\s+9\.0 pas", text)
+    assert re.search(r"fixture\.cases\.grid\s+9\.0 pas", text)
     assert (out / "audit_default_cold.log").exists()
 
 

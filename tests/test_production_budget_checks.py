@@ -14,6 +14,12 @@ torch = pytest.importorskip("torch")
 from fa4verify.audit.registry import CheckContext  # noqa: E402
 from fa4verify.checks import budgets as B  # noqa: E402
 from fa4verify.kernels import adapter  # noqa: E402
+from fa4verify.run.engine import run_here  # noqa: E402
+
+
+def _run(check, ctx):
+    """The check on the engine, every case in this process (as an audit runs it, minus the pool)."""
+    return run_here(check.__fa4verify_check__, ctx)
 
 
 def _exact(q, k, v, causal):
@@ -52,7 +58,7 @@ def ctx():
 
 def test_backward_check_passes_exact_then_rounded_gradients(ctx, monkeypatch):
     _stand_in(monkeypatch)
-    r = B.production_backward(ctx)
+    r = _run(B.production_backward, ctx)
     assert r.status == "pass", r.summary
     assert 0 < r.tightness < 1 and len(r.details["table"]["rows"]) == 4
 
@@ -61,18 +67,18 @@ def test_backward_check_resolution(ctx, monkeypatch):
     """The composed budget is a worst-case bound: at seqlen 512 a systematic 5 % dQ error fails,
     a 1 % error stays inside it but multiplies the dQ tightness (what --baseline tracks)."""
     _stand_in(monkeypatch)
-    base = [row[1] for row in B.production_backward(ctx).details["table"]["rows"]]
+    base = [row[1] for row in _run(B.production_backward, ctx).details["table"]["rows"]]
     _stand_in(monkeypatch, dq_scale=1.01)
-    r1 = B.production_backward(ctx)
+    r1 = _run(B.production_backward, ctx)
     one = [row[1] for row in r1.details["table"]["rows"]]
     assert all(b1 > 3 * b0 for b0, b1 in zip(base, one)), (base, one)
     _stand_in(monkeypatch, dq_scale=1.05)
-    r = B.production_backward(ctx)
+    r = _run(B.production_backward, ctx)
     assert r.status == "fail" and "over budget" in r.summary and r.tightness > 1
 
 
 def test_forward_check_passes_exact_then_rounded_and_fails_a_shift(ctx, monkeypatch):
     _stand_in(monkeypatch)
-    assert B.production_forward(ctx).status == "pass"
+    assert _run(B.production_forward, ctx).status == "pass"
     _stand_in(monkeypatch, out_shift=0.01)
-    assert B.production_forward(ctx).status == "fail"
+    assert _run(B.production_forward, ctx).status == "fail"

@@ -28,7 +28,7 @@ another worker was compiling at the same time. The wait and the load are counted
 never blocks the others, and every lock is dropped at the next lookup and at the end of a work
 item (a compile FA4 refused holds its lock only until then); a lookup that raises under the lock
 drops it at once, and a filesystem without flock means no locking (never a wait). It is the
-judge's instrument (:mod:`fa4verify.audit.worker` installs it in each worker process), never the
+judge's instrument (:mod:`fa4verify.run.worker` installs it in each worker process), never the
 subject's code. :func:`snapshot` returns the counters; a worker reports the difference per check.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ _used: list[tuple[str, str]] = []
 #: same kernel (a compile takes 1 to 10 s on the H200, measured); after it, both compile
 COMPILE_WAIT_S = 120.0
 #: a directory private to one audit's worker pool, shared by its workers (set by
-#: fa4verify.audit.pool; also where the shards of a fuzz campaign share one draw:
+#: fa4verify.run.pool
 #: Note [One draw per audit], fa4verify.fuzz.drawn)
 RUN_DIR_ENV = "FA4VERIFY_RUN_DIR"
 #: compile locks this process holds: (cache name, key digest) -> descriptor

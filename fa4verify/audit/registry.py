@@ -16,7 +16,7 @@ Writing a check (one module per area, ``fa4verify/checks/<area>.py``, discovered
 
 Contract
 --------
-* ``id`` is stable (baselines, shards and ``-k`` select by it): lowercase dotted words,
+* ``id`` is stable (baselines, report merges and ``-k`` select by it): lowercase dotted words,
   ``[a-z0-9_.\\-]`` and ``[`` ``]``.  Two checks with the same id are an import error of the
   second module.
 * ``needs`` is a subset of :data:`NEEDS` = {"cpu", "fa4", "cuda", "gmpy2"}.  An unmet need turns
@@ -32,14 +32,15 @@ Contract
   (loop over ``ctx.archs`` yourself if the check covers several).  A set such as
   ``{"sm90", "sm100"}`` makes the audit run the check once per selected arch in that set, with
   the result id ``"<id>[<arch>]"`` and ``ctx.arch`` that arch.
-* ``shards`` (optional keyword): an int, or ``f(profile, workers) -> int``. A check with more than
-  one shard runs as that many work items ``"<id>[i/k]"`` (``ctx.shard = (i - 1, k)``) that the
-  worker pool runs side by side; the check takes its share of its cases with
-  :meth:`CheckContext.shard_items` (same key -- e.g. FA4 compile key -- on one shard) and returns
-  its raw per-case results in ``details["shard_payload"]``; ``merge(ctx, parts) -> CheckResult``
-  (optional keyword) judges the union, so the merged verdict is the unsharded one. A missing or
-  errored shard makes the check ``error``, never ``pass`` (:mod:`fa4verify.audit.shards`).
-  ``--shards N`` / ``--no-shard`` override the count.
+* ``cases`` and ``summarise`` (optional keywords, together): a check of many independent cases
+  declares ``cases(ctx) -> list`` (run in the auditing process; picklable cases, e.g.
+  :class:`~fa4verify._strategies.problem.AttentionProblem`), the decorated function becomes
+  ``run_case(ctx, case) -> value`` (a picklable value) and ``summarise(ctx, results) ->
+  CheckResult`` judges ``results``, the ``(case, value)`` pairs in case order. The engine
+  (:mod:`fa4verify.run`) runs the cases side by side, the cases of one FA4 compile key in one
+  worker, so the verdict is that of one loop over the cases. A case that errors, crashes or runs
+  past its deadline makes the check ``error`` naming the case (``fail`` if the others already
+  prove a violation), never ``pass``.
 * ``ctx.dtype`` is "bf16" | "fp16" | "fp8"; a check that does not apply to a dtype returns
   ``CheckResult(status="skip", summary="<reason>")`` (or calls ``ctx.skip(reason)``).
 * The function returns a :class:`CheckResult`.  An exception becomes an ``error`` result with
@@ -271,38 +272,16 @@ class CheckContext:
     #: the audit's deployment profile (``Deployment.to_dict()``) or None: every case a check draws
     #: comes from it, and recorded findings apply only where they intersect it
     deployment: dict[str, Any] | None = None
-    #: (index, count) of this run among the shards of a shardable check (``@check(shards=)``):
-    #: ``(0, 1)`` = the whole check; :meth:`shard_items` picks this shard's cases
-    shard: tuple[int, int] = (0, 1)
     _progress_factory: ProgressFactory | None = dataclasses.field(default=None, repr=False)
     _notes: list[str] = dataclasses.field(default_factory=list, repr=False)
 
     def rng(self, stream: int | str = 0):
         """A fresh ``numpy.random.Generator`` seeded by (seed, check id, stream): reproducible
-        across runs, shards and processes, independent between checks."""
+        across runs and processes, independent between checks."""
         import numpy as np
 
         key = zlib.crc32(f"{self.check_id}\x00{stream}".encode())
         return np.random.default_rng([int(self.seed) & 0xFFFFFFFFFFFFFFFF, key])
-
-    @property
-    def sharded(self) -> bool:
-        """Whether this run is one shard of several (its result is merged by the runner)."""
-        return int(self.shard[1]) > 1
-
-    def shard_items(self, items, *, key=None, cost=None, key_cost: float = 0.0) -> list:
-        """This shard's share of ``items`` (all of them when unsharded), in their original order.
-
-        Items with the same ``key(item)`` (e.g. an FA4 compile key) go to the same shard, so
-        shards never compile the same kernel twice; groups are spread over the shards by
-        :func:`fa4verify.sharding.assign_groups` (deterministic, the heaviest group first).
-        """
-        from fa4verify.sharding import assign_groups
-        i, k = int(self.shard[0]), int(self.shard[1])
-        items = list(items)
-        if k <= 1:
-            return items
-        return [items[j] for j in assign_groups(items, k, key=key, cost=cost, key_cost=key_cost)[i]]
 
     @property
     def profile_level(self) -> int:
@@ -379,19 +358,11 @@ class CheckSpec:
     #: expected wall seconds on a reference GPU (the H200), for scheduling only: the runner
     #: starts the most expensive isolated checks first so the pool's workers finish together
     cost: float = 1.0
-    #: shards the runner splits this check into: an int, or ``f(profile, workers) -> int``
-    #: (1 = not shardable); see :func:`check`
-    shards: Any = 1
-    #: ``merge(ctx, parts) -> CheckResult``: one result from the shards' results (index order,
-    #: every shard present and none errored); None: :func:`fa4verify.audit.shards.generic_merge`
-    merge: Callable[..., CheckResult] | None = None
-
-    def shard_count(self, profile: str, workers: int) -> int:
-        """How many shards this check runs as in ``profile`` with ``workers`` workers (>= 1)."""
-        n = self.shards(profile, workers) if callable(self.shards) else self.shards
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"check {self.id!r}: shards gave {n!r}, expected an int >= 1")
-        return n
+    #: ``cases(ctx) -> list``: the check's independent cases (``func`` is then
+    #: ``run_case(ctx, case)``), or None: ``func(ctx) -> CheckResult`` is the whole check
+    cases: Callable[[CheckContext], list] | None = None
+    #: ``summarise(ctx, [(case, value), ...]) -> CheckResult`` (with ``cases``)
+    summarise: Callable[..., CheckResult] | None = None
 
     @property
     def qualname(self) -> str:
@@ -411,11 +382,10 @@ _REGISTRY: dict[str, CheckSpec] = {}
 def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
           profiles: Iterable[str] = ("quick", "default", "full", "exhaustive"),
           archs: Iterable[str] | None = None, cost: float = 1.0,
-          shards: int | Callable[[str, int], int] = 1,
-          merge: Callable[..., CheckResult] | None = None
-          ) -> Callable[[Callable[[CheckContext], CheckResult]],
-                                                          Callable[[CheckContext], CheckResult]]:
-    """Register ``func(ctx) -> CheckResult`` as the audit check ``id`` (see module docstring)."""
+          cases: Callable[[CheckContext], list] | None = None,
+          summarise: Callable[..., CheckResult] | None = None) -> Callable[[Callable], Callable]:
+    """Register ``func(ctx) -> CheckResult`` (or, with ``cases`` and ``summarise``,
+    ``func(ctx, case)``) as the audit check ``id`` (see module docstring)."""
     if not isinstance(id, str) or not _ID_RE.match(id):
         raise ValueError(f"check id {id!r} must match {_ID_RE.pattern}")
     needs_s = frozenset(needs)
@@ -429,19 +399,17 @@ def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
     import math
     if not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
         raise ValueError(f"check {id!r}: cost {cost!r} must be finite seconds >= 0")
-    if not callable(shards) and (isinstance(shards, bool) or not isinstance(shards, int) or shards < 1):
-        raise ValueError(f"check {id!r}: shards {shards!r} must be an int >= 1 or f(profile, workers)")
-    if merge is not None and not callable(merge):
-        raise ValueError(f"check {id!r}: merge must be callable")
+    if (cases is None) != (summarise is None) or not all(f is None or callable(f) for f in (cases, summarise)):
+        raise ValueError(f"check {id!r}: cases and summarise must be given together, both callable")
     archs_s = None if archs is None else frozenset(archs)
     if archs_s is not None and (not archs_s or archs_s - set(ARCHS)):
         raise ValueError(f"check {id!r}: bad archs {sorted(archs_s)} (allowed: {list(ARCHS)})")
 
-    def deco(func: Callable[[CheckContext], CheckResult]) -> Callable[[CheckContext], CheckResult]:
+    def deco(func: Callable) -> Callable:
         module = getattr(func, "__module__", "?")
         spec = CheckSpec(id=id, title=title or (func.__doc__ or id).strip().splitlines()[0],
                          needs=needs_s, profiles=profiles_s, func=func, module=module,
-                         archs=archs_s, cost=float(cost), shards=shards, merge=merge)
+                         archs=archs_s, cost=float(cost), cases=cases, summarise=summarise)
         old = _REGISTRY.get(id)
         if old is not None and (old.module != module
                                 or getattr(old.func, "__qualname__", None) != getattr(func, "__qualname__", None)):

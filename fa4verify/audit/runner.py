@@ -1,18 +1,14 @@
-"""Select and run audit checks: profile, ``-k`` expression, shard, needs, worker isolation.
+"""Select and run audit checks: profile, ``-k`` expression, ``--shard``, needs, isolation.
 
-:func:`run_audit` is what ``fa4verify audit`` and the pytest plugin call. Checks that need
-"cuda" (or all, with ``isolate="always"``) run in worker subprocesses of a
-:class:`~fa4verify.audit.pool.WorkerPool`: ``config.workers`` persistent workers side by side,
-the most expensive checks first (``@check(cost=...)``), while the other checks run one after
-another in this process. A shardable check (``@check(shards=)``) becomes several work items,
-scheduled like checks (the costliest first, a check's cost split over its shards), and its
-shards' results are merged into one record (:mod:`fa4verify.audit.shards`). A fault that kills a worker (CUDA illegal address, abort) becomes that
-check's ``error`` result, the worker is replaced and the audit goes on. Reports list the checks
-in selection order whatever order they finished in.
+:func:`run_audit` is what ``fa4verify audit`` and the pytest plugin call: it selects the check
+instances and hands them to the engine (:mod:`fa4verify.run`, Note [One engine]). Checks that
+need "cuda" (or all, with ``isolate="always"``) run in the engine's worker pool, the others in
+this process. A fault that kills a worker (CUDA illegal address, abort) or a task past its
+deadline becomes that check's ``error`` result, the worker is replaced and the audit goes on.
+Reports list the checks in selection order whatever order they finished in.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import os
 import re
@@ -21,11 +17,10 @@ import time
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from fa4verify._options import AuditConfig
-from fa4verify.audit.execute import execute
 from fa4verify.audit.registry import (CheckContext, CheckResult, CheckSpec, cuda_available,
                                       discover, unmet_need)
 
-__all__ = ["CheckRecord", "Selected", "AuditRun", "select", "run_audit", "execute",
+__all__ = ["CheckRecord", "Selected", "AuditRun", "select", "run_audit", "is_isolated",
            "KeywordError", "compile_keyword", "exit_code_for"]
 
 
@@ -121,8 +116,8 @@ class CheckRecord:
     duration_s: float = 0.0  #: wall seconds, including the worker start when isolated
     isolated: bool = False
     notes: list[str] = dataclasses.field(default_factory=list)
-    #: one entry per work item (a shard, or the whole check): ``start_s``/``end_s`` from the
-    #: audit's start and, for isolated items, the worker's figures (``exec_s``, FA4 kernel
+    #: one entry per task (a group of cases, or the whole check): ``start_s``/``end_s`` from the
+    #: audit's start, ``cases`` and, for isolated tasks, the worker's figures (``exec_s``, FA4 kernel
     #: ``compiles``/``compile_s``, disk-cache ``loads``/``load_s``, a first item's
     #: ``worker_start_s`` and ``worker_wait_s``): what the speed benchmark's timeline reads
     timing: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -256,15 +251,24 @@ def start_selection(config: AuditConfig, specs: Sequence[CheckSpec] | None,
     return specs, selected
 
 
+def is_isolated(config: AuditConfig, spec: CheckSpec) -> bool:
+    """Whether the audit runs ``spec``'s tasks in worker processes (``--isolate`` and its needs)."""
+    return config.isolate == "always" or (config.isolate == "auto" and "cuda" in spec.needs)
+
+
 def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
               reporter: Reporter | None = None,
-              selected: Sequence[Selected] | None = None, pool: Any = None) -> AuditRun:
-    """Discover (unless ``specs``/``selected`` are given), select and run the checks.
+              selected: Sequence[Selected] | None = None, pool: Any = None,
+              gpus: Sequence[str] | None = None) -> AuditRun:
+    """Discover (unless ``specs``/``selected`` are given), select and run the checks on the
+    engine (:mod:`fa4verify.run`).
 
-    ``pool``: a :class:`~fa4verify.audit.pool.WorkerPool` owned by the caller, used for the
+    ``pool``: a :class:`~fa4verify.run.pool.WorkerPool` owned by the caller, used for the
     isolated checks instead of a new one and left open (the pytest plugin passes one per pytest
-    process, so consecutive items share a worker, its imports and FA4's in-memory kernels)."""
-    from fa4verify.audit.pool import WorkerPool
+    process, so consecutive items share a worker, its imports and FA4's in-memory kernels).
+    ``gpus``: ``CUDA_VISIBLE_DEVICES`` entries to spread a new pool's workers over (``--gpus``)."""
+    from fa4verify.run.engine import Job, run_jobs, task_deadline
+    from fa4verify.run.pool import WorkerPool
 
     started = time.time()
     t_audit = time.perf_counter()
@@ -273,164 +277,57 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
     phases["select"] = time.perf_counter() - t_audit
     have_cuda = cuda_available() if any("cuda" in s.spec.needs for s in selected) else False
 
-    def record(sel: Selected, result: CheckResult, t0: float, isolated: bool,
-               notes: list[str]) -> CheckRecord:
-        return CheckRecord(id=sel.id, check_id=sel.spec.id, title=sel.spec.title,
-                           module=module_label(sel.spec.module), arch=sel.arch,
-                           needs=sorted(sel.spec.needs), result=result,
-                           duration_s=time.perf_counter() - t0, isolated=isolated, notes=notes)
-
-    def report(rec: CheckRecord, sel: Selected, announce: bool) -> None:
-        if reporter is not None:
-            if announce:
-                reporter.check_started(sel)
-            reporter.check_finished(rec)
-
     records: dict[int, CheckRecord] = {}
-    skipped: dict[int, str] = {}
-    isolated: list[int] = []
+    unreported: list[int] = []            # skipped checks, announced in their selection turn
+    jobs: list[Job] = []
+    where: list[int] = []                 # job -> selection index
     for i, sel in enumerate(selected):
         reason = unmet_need(sel.spec, config.device, cuda=have_cuda)
         if reason is None and sel.arch not in config.archs:
             reason = f"arch {sel.arch} not selected (--arch {','.join(config.archs)})"
         if reason is not None:
-            skipped[i] = reason
-        elif config.isolate == "always" or (config.isolate == "auto" and "cuda" in sel.spec.needs):
-            isolated.append(i)
+            records[i] = CheckRecord(id=sel.id, check_id=sel.spec.id, title=sel.spec.title,
+                                     module=module_label(sel.spec.module), arch=sel.arch,
+                                     needs=sorted(sel.spec.needs),
+                                     result=CheckResult(status="skip", summary=reason))
+            unreported.append(i)
+            continue
+        jobs.append(Job(spec=sel.spec, ctx=_context(config, sel), isolated=is_isolated(config, sel.spec)))
+        where.append(i)
 
-    from fa4verify.audit.shards import merge_shards, shard_count
+    def on_done(k: int, result: CheckResult) -> None:
+        i, job, sel = where[k], jobs[k], selected[where[k]]
+        t0 = job.t0 if job.t0 is not None else time.perf_counter()
+        rec = CheckRecord(id=sel.id, check_id=sel.spec.id, title=sel.spec.title,
+                          module=module_label(sel.spec.module), arch=sel.arch,
+                          needs=sorted(sel.spec.needs), result=result,
+                          duration_s=(job.t1 or t0) - t0, isolated=job.isolated,
+                          notes=list(job.notes), timing=sorted(job.timing, key=lambda d: d["start_s"]))
+        records[i] = rec
+        announce(i)
 
-    def n_shards(i: int) -> int:
-        sel = selected[i]
-        try:
-            return shard_count(sel.spec, config.profile, config.workers if i in isolated_set else 1,
-                               config.check_shards)
-        except ValueError:
-            return 1
-    isolated_set = set(isolated)
-    shards = {i: n_shards(i) for i in range(len(selected)) if i not in skipped}
-    # shard results per sharded check: parts[i][s] = (result, notes, seconds, t_start, t_end, timing)
-    parts: dict[int, list] = {i: [None] * k for i, k in shards.items() if k > 1}
+    def announce(upto: int | None) -> None:
+        if reporter is None:
+            return
+        while unreported and (upto is None or unreported[0] < upto):
+            j = unreported.pop(0)
+            reporter.check_started(selected[j])
+            reporter.check_finished(records[j])
+        if upto is not None:
+            reporter.check_started(selected[upto])
+            reporter.check_finished(records[upto])
 
-    def item_timing(t0: float, t1: float, extra: dict | None = None, shard: int | None = None
-                    ) -> dict[str, Any]:
-        d: dict[str, Any] = {"start_s": round(t0 - t_audit, 3), "end_s": round(t1 - t_audit, 3)}
-        if shard is not None:
-            d["shard"] = shard
-        d.update(extra or {})
-        return d
+    def new_pool(n: int) -> Any:
+        return WorkerPool.for_audit(config, min(n, config.workers), gpus=list(gpus) if gpus else None)
 
-    def shard_ctx(sel: Selected, s: int, k: int) -> CheckContext:
-        ctx = _context(config, sel)
-        if k > 1:
-            ctx.shard = (s, k)
-        return ctx
-
-    def merged(i: int) -> CheckRecord:
-        sel = selected[i]
-        got = parts[i]
-        ctx = _context(config, sel)
-        res = merge_shards(sel.spec, ctx, [g[0] if g else None for g in got],
-                           [g[2] if g else None for g in got])
-        notes = [n for g in got if g for n in g[1]]
-        t0 = min((g[3] for g in got if g), default=time.perf_counter())
-        t1 = max((g[4] for g in got if g), default=t0)
-        rec = record(sel, res, t0, i in isolated_set, list(dict.fromkeys(notes)))
-        rec.duration_s = t1 - t0
-        rec.timing = [g[5] for g in got if g and len(g) > 5]
-        return rec
-
-    own_pool = pool is None
-    executor = None
-    futures: dict[concurrent.futures.Future, tuple[int, int]] = {}
-    if isolated:
-        jobs = [(i, s) for i in isolated for s in range(shards[i])]
-        n = max(1, min(config.workers if own_pool else pool.size, len(jobs)))
-        if own_pool:
-            pool = WorkerPool.for_audit(config, n)
-        executor = concurrent.futures.ThreadPoolExecutor(max_workers=n,
-                                                         thread_name_prefix="fa4verify-worker")
-
-        def run_one(i: int, s: int):
-            sel = selected[i]
-            k = shards[i]
-            t0 = time.perf_counter()
-            timing: dict = {}
-            try:
-                if hasattr(pool, "run_timed"):
-                    result, notes, timing = pool.run_timed(sel.spec, shard_ctx(sel, s, k))
-                else:
-                    result, notes = pool.run(sel.spec, shard_ctx(sel, s, k))
-            except Exception as e:  # noqa: BLE001 - the pool itself broke: this item's error
-                result, notes = CheckResult(status="error", summary=f"worker pool: {type(e).__name__}: {e}"), []
-            t1 = time.perf_counter()
-            if k == 1:
-                rec = record(sel, result, t0, True, notes)
-                rec.timing = [item_timing(t0, t1, timing)]
-                return rec
-            return (result, notes, t1 - t0, t0, t1, item_timing(t0, t1, timing, shard=s))
-
-        # the most expensive work items first (a check's cost split over its shards; stable:
-        # equal costs keep the selection order, then the shard order)
-        for i, s in sorted(jobs, key=lambda js: -selected[js[0]].spec.cost / shards[js[0]]):
-            futures[executor.submit(run_one, i, s)] = (i, s)
-
-    def drain(block: bool) -> None:
-        done = [f for f in futures if f.done()] if not block else \
-            list(concurrent.futures.as_completed(list(futures)))
-        for f in done:
-            i, s = futures.pop(f)
-            if shards[i] == 1:
-                records[i] = f.result()
-                report(records[i], selected[i], True)
-                continue
-            parts[i][s] = f.result()
-            if all(g is not None for g in parts[i]):
-                tm = time.perf_counter()
-                records[i] = merged(i)
-                phases["merge"] += time.perf_counter() - tm
-                report(records[i], selected[i], True)
-
-    try:
-        for i, sel in enumerate(selected):
-            if i in skipped:
-                records[i] = record(sel, CheckResult(status="skip", summary=skipped[i]),
-                                    time.perf_counter(), False, [])
-                report(records[i], sel, True)
-                continue
-            if i in isolated_set:
-                continue
-            if reporter is not None:
-                reporter.check_started(sel)
-            k = shards[i]
-            for s in range(k):
-                t0 = time.perf_counter()
-                ctx = shard_ctx(sel, s, k)
-                if reporter is not None:
-                    ctx._progress_factory = reporter.progress_factory(sel)
-                result = execute(sel.spec, ctx)
-                t1 = time.perf_counter()
-                if k == 1:
-                    records[i] = record(sel, result, t0, False, list(ctx._notes))
-                    records[i].timing = [item_timing(t0, t1)]
-                else:
-                    parts[i][s] = (result, list(ctx._notes), t1 - t0, t0, t1,
-                                   item_timing(t0, t1, shard=s))
-            if k > 1:
-                records[i] = merged(i)
-            report(records[i], sel, False)
-            drain(block=False)
-        drain(block=True)
-    finally:
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
-        if pool is not None and own_pool:
-            tc = time.perf_counter()
-            pool.close()
-            phases["pool_close"] = time.perf_counter() - tc
-    for i in parts:       # an interrupted audit: a sharded check with missing shards is an error
-        if i not in records:
-            records[i] = merged(i)
+    progress = None
+    if reporter is not None:
+        by_job = {id(job.ctx): selected[where[k]] for k, job in enumerate(jobs)}
+        progress = lambda job: reporter.progress_factory(by_job[id(job.ctx)])   # noqa: E731
+    run_jobs(jobs, pool=pool, new_pool=new_pool, on_done=on_done, progress=progress, origin=t_audit,
+             deadline=lambda job: task_deadline(config.timeout, config.device, job.spec.cost),
+             phases=phases)
+    announce(None)
     run = AuditRun(config=config, records=[records[i] for i in range(len(selected))],
                    started=started, finished=time.time(),
                    discovered=len(specs) if specs is not None else len(selected),

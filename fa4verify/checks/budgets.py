@@ -194,93 +194,81 @@ def attribution(ctx: CheckContext) -> CheckResult:
                        tightness=s["emu_over_pcast"] * 40)
 
 
+def _live_cases(ctx: CheckContext) -> list:
+    """The live cases of the production checks (``_live.problems`` on the audited GPU's arch)."""
+    from fa4verify.checks import _live
+    dt = _dtype(ctx)
+    if dt not in ("bf16", "fp16"):
+        ctx.skip("the production checks run bf16/fp16")
+    arch = ctx.require_gpu().arch if _DEVICE == "cuda" else "sm90"     # as _live.target's
+    return _live.problems(ctx, arch, dt)
+
+
+def _forward_cases_summary(ctx: CheckContext, results: list) -> CheckResult:
+    kc: dict = {}
+    for _p, c in results:
+        for k, v in (c.pop("kernel_configs", None) or {}).items():
+            kc[k] = kc.get(k, 0) + int(v)
+    head = results[0][1]
+    return _forward_summary(ctx, [dict(c, index=j) for j, (_p, c) in enumerate(results)],
+                            {"arch": head["arch"], "where": head["where"],
+                             "emulation_off": head["emulation_off"], "kernel_configs": kc})
+
+
 @check("budgets.production.forward", title="Production FA4 forward within the composed budget",
-       needs={"cuda", "fa4"}, cost=28, shards=lambda profile, workers: _case_shards(profile, workers),
-       merge=lambda ctx, parts: _forward_merge(ctx, parts))
-def production_forward(ctx: CheckContext) -> CheckResult:
+       needs={"cuda", "fa4"}, cost=28, cases=_live_cases, summarise=_forward_cases_summary)
+def production_forward(ctx: CheckContext, p) -> dict:
     """O and LSE of production FA4 on the local GPU against the oracle within the composed
     forward budget (the judge core). Cases: the deployment profile's, else hd 64/128 x causal
     and not at seqlen 512. On SM100/SM103 the same cases also run with FA4's exp2 emulation
     disabled (every exp2 on MUFU) and both are reported against the oracle: the production-level
-    cost of the polynomial (RMS error of O with / without it). Sharded by case like the
-    backward check."""
+    cost of the polynomial (RMS error of O with / without it)."""
     import numpy as np
 
     from fa4verify import judge
     from fa4verify.checks import _live
-    dt = _dtype(ctx)
-    if dt not in ("bf16", "fp16"):
-        ctx.skip("production check runs bf16/fp16")
+    from fa4verify.judge import statistical as S
     dev = _DEVICE
     tgt, arch, where = _live.target(ctx, device=dev)
     off = None
     if dev == "cuda" and facts.is_sm100_family(arch):
         off, _, _ = _live.target(ctx, device=dev, emulation="disabled")
-    from fa4verify.judge import statistical as S
-    probs = _live.problems(ctx, arch, dt)
-    mine = ctx.shard_items(list(enumerate(probs)), key=lambda jp: _problem_key(jp[1]))
-    head = {"arch": arch, "where": where, "cases_total": len(probs), "emulation_off": off is not None}
-    if ctx.sharded and not mine:
-        from fa4verify.audit.shards import empty_shard
-        return empty_shard(ctx, "case", dict(head, cases=[], kernel_configs={}))
-    cases = []
-    with ctx.progress(len(mine), f"production forward on {arch}") as bar:
-        for j, p in mine:
-            a = p.materialize()
-            f = tgt.forward(p, a)
-            jf = judge.judge_forward(p, a, f.out, f.lse)
-            verdicts = list(jf.verdicts)
-            # the statistical tier on O (issue #15): production's ulp-error distribution against
-            # the twin's prediction on the same inputs; a case fails if either tier fails
-            stat = S.tier_on(p, {"out": f.out}, {"out": jf.ref_out.value}, a,
-                             alpha_test=S.alpha_per_test(S.DEFAULT_ALPHA, len(probs)))
-            verdicts += stat
-            row = [_live.tag(p), round(jf.out.tightness, 4), round(jf.lse.tightness, 4),
-                   f"{stat[0].bias_diff:+.2e}", stat[0].status]
-            cost = None
-            if off is not None:
-                f0 = off.forward(p, a)
-                j0 = judge.judge_forward(p, a, f0.out, f0.lse, oracle=jf.oracle)
-                verdicts += list(j0.verdicts)
-                r_on, r_off = _live.rms_err(f.out, jf.ref_out.value), _live.rms_err(f0.out, jf.ref_out.value)
-                cost = r_on / r_off if r_off > 0 else float("nan")
-                row += [round(j0.out.tightness, 4), f"{r_on:.3g}", f"{r_off:.3g}",
-                        int(np.sum(np.asarray(f.out) != np.asarray(f0.out)))]
-            cases.append({
-                "index": j, "row": row, "cost": cost,
-                "statuses": [v.status for v in verdicts],
-                "undecided": [v.reason for v in verdicts if v.status == "undecided"],
-                "tightness": [float(v.tightness) for v in verdicts if hasattr(v, "tightness")],
-                "stat_row": [_live.tag(p)] + [v.to_dict() for v in stat],
-                "pts": [(p.seqlen_k, "out", float(jf.out.tightness)), (p.seqlen_k, "lse", float(jf.lse.tightness))],
-                "over": (f"{_live.tag(p)}: {jf.out.summary()}; {jf.lse.summary()}; {stat[0].summary()}"
-                         if "fail" in (jf.out.status, jf.lse.status, stat[0].status) else None)})
-            bar.advance(1)
-    payload = dict(head, cases=cases, kernel_configs=tgt.describe().get("kernel_configs") or {})
-    out = _forward_summary(ctx, cases, payload)
-    if ctx.sharded:
-        out.details["shard_payload"] = payload
-    return out
-
-
-def _forward_merge(ctx: CheckContext, parts: list) -> CheckResult:
-    """The forward check's result from its shards' cases (and the kernel configurations they ran)."""
-    pays = [p.details["shard_payload"] for p in parts]
-    kc: dict = {}
-    for p in pays:
-        for k, v in (p.get("kernel_configs") or {}).items():
-            kc[k] = kc.get(k, 0) + int(v)
-    return _forward_summary(ctx, [c for p in pays for c in p["cases"]], dict(pays[0], kernel_configs=kc))
+    n_cases = len(_live_cases(ctx))
+    a = p.materialize()
+    f = tgt.forward(p, a)
+    jf = judge.judge_forward(p, a, f.out, f.lse)
+    verdicts = list(jf.verdicts)
+    # the statistical tier on O (issue #15): production's ulp-error distribution against
+    # the twin's prediction on the same inputs; a case fails if either tier fails
+    stat = S.tier_on(p, {"out": f.out}, {"out": jf.ref_out.value}, a,
+                     alpha_test=S.alpha_per_test(S.DEFAULT_ALPHA, n_cases))
+    verdicts += stat
+    row = [_live.tag(p), round(jf.out.tightness, 4), round(jf.lse.tightness, 4),
+           f"{stat[0].bias_diff:+.2e}", stat[0].status]
+    cost = None
+    if off is not None:
+        f0 = off.forward(p, a)
+        j0 = judge.judge_forward(p, a, f0.out, f0.lse, oracle=jf.oracle)
+        verdicts += list(j0.verdicts)
+        r_on, r_off = _live.rms_err(f.out, jf.ref_out.value), _live.rms_err(f0.out, jf.ref_out.value)
+        cost = r_on / r_off if r_off > 0 else float("nan")
+        row += [round(j0.out.tightness, 4), f"{r_on:.3g}", f"{r_off:.3g}",
+                int(np.sum(np.asarray(f.out) != np.asarray(f0.out)))]
+    return {"row": row, "cost": cost, "arch": arch, "where": where, "emulation_off": off is not None,
+            "kernel_configs": tgt.describe().get("kernel_configs") or {},
+            "statuses": [v.status for v in verdicts],
+            "undecided": [v.reason for v in verdicts if v.status == "undecided"],
+            "tightness": [float(v.tightness) for v in verdicts if hasattr(v, "tightness")],
+            "stat_row": [_live.tag(p)] + [v.to_dict() for v in stat],
+            "pts": [(p.seqlen_k, "out", float(jf.out.tightness)), (p.seqlen_k, "lse", float(jf.lse.tightness))],
+            "over": (f"{_live.tag(p)}: {jf.out.summary()}; {jf.lse.summary()}; {stat[0].summary()}"
+                     if "fail" in (jf.out.status, jf.lse.status, stat[0].status) else None)}
 
 
 def _forward_summary(ctx: CheckContext, cases: list, head: dict) -> CheckResult:
-    """The forward check's verdict over ``cases`` (a shard's, or every shard's: each case once)."""
+    """The forward check's verdict over ``cases`` (each case once, in case order)."""
     from fa4verify.checks import _live
     from fa4verify.judge.verdict import worst_status
-    from fa4verify.sharding import merge
-    if not ctx.sharded:
-        merge([{c["index"]: 1} for c in cases], expected=range(head["cases_total"]))
-    cases = sorted(cases, key=lambda c: c["index"])
     arch, where = head["arch"], head["where"]
     status = worst_status(s for c in cases for s in c["statuses"])
     worst = max((t for c in cases for t in c["tightness"]), default=0.0)
@@ -308,86 +296,53 @@ def _forward_summary(ctx: CheckContext, cases: list, head: dict) -> CheckResult:
                                 "kernel_configs": head.get("kernel_configs")})
 
 
-def _case_shards(profile: str, workers: int) -> int:
-    """One shard per worker, at most 4 (the default grid's four cases; a deployment has at most
-    four live cases too)."""
-    return max(1, min(int(workers), 4))
-
-
-def _problem_key(p) -> tuple:
-    """The FA4 kernels a live case compiles (cases sharing them stay on one shard)."""
-    return (p.head_dim, p.head_dim_v, p.causal, p.local, bool(p.softcap), p.sink, p.nheads != p.nheads_kv)
+def _backward_cases_summary(ctx: CheckContext, results: list) -> CheckResult:
+    head = results[0][1]
+    return _backward_summary(ctx, [dict(c, index=j) for j, (_p, c) in enumerate(results)],
+                             {"arch": head["arch"], "where": head["where"]})
 
 
 @check("budgets.production.backward", title="Production FA4 backward within the composed budget",
-       needs={"cuda", "fa4"}, cost=33, shards=_case_shards,
-       merge=lambda ctx, parts: _backward_summary(ctx, [c for p in parts
-                                                        for c in p.details["shard_payload"]["cases"]],
-                                                  parts[0].details["shard_payload"]))
-def production_backward(ctx: CheckContext) -> CheckResult:
+       needs={"cuda", "fa4"}, cost=33, cases=_live_cases, summarise=_backward_cases_summary)
+def production_backward(ctx: CheckContext, p) -> dict:
     """dQ, dK, dV of FA4's deterministic backward against the exact gradient, within the composed
     backward budgets (the deployment's cases, else hd 64/128, causal and not, seqlen 512,
     standard normal).  The budget is a worst-case bound: exact-then-rounded gradients sit at dQ
     tightness 0.05-0.09 here, a systematic 1 % dQ error at 0.2-0.5 (visible as a regression with
-    --baseline), 3-5 % fails (CPU stand-in, tests/test_production_budget_checks.py). Sharded by
-    case (``@check(shards=)``): each shard judges its cases, the merge judges the union."""
+    --baseline), 3-5 % fails (CPU stand-in, tests/test_production_budget_checks.py)."""
     from fa4verify import judge
     from fa4verify.checks import _live
-    dt = _dtype(ctx)
-    if dt not in ("bf16", "fp16"):
-        ctx.skip("FA4's backward runs bf16/fp16")
-    dev = _DEVICE
-    tgt, arch, where = _live.target(ctx, device=dev)
     from fa4verify.judge import statistical as S
-    probs = _live.problems(ctx, arch, dt)
-    mine = ctx.shard_items(list(enumerate(probs)), key=lambda jp: _problem_key(jp[1]))
-    head = {"arch": arch, "where": where, "cases_total": len(probs)}
-    if ctx.sharded and not mine:
-        from fa4verify.audit.shards import empty_shard
-        return empty_shard(ctx, "case", dict(head, cases=[]))
-    cases = []
-    with ctx.progress(len(mine), f"production backward on {arch}") as bar:
-        for j, p in mine:
-            a = p.materialize()
-            f = tgt.forward(p, a)
-            g = tgt.backward(p, a, f, deterministic=True)
-            jf = judge.judge_forward(p, a, f.out, f.lse)
-            jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jf, kernel_fwd=(f.out, f.lse))
-            # the sharper and statistical tiers (issue #15): a case fails if any tier fails
-            prob = list((jb.prob or {}).values())
-            stat = S.tier_on(p, {"dq": g.dq, "dk": g.dk, "dv": g.dv},
-                             {"dq": jb.oracle.dq, "dk": jb.oracle.dk, "dv": jb.oracle.dv}, a,
-                             alpha_test=S.alpha_per_test(S.DEFAULT_ALPHA, 3 * len(probs)))
-            every = list(jb.verdicts) + prob + stat
-            cases.append({
-                "index": j,
-                "statuses": [v.status for v in every],
-                "undecided": [v.reason for v in every if v.status == "undecided"],
-                "wc_tightness": [float(v.tightness) for v in jb.verdicts],
-                "stat_row": [_live.tag(p)] + [v.to_dict() for v in stat],
-                "pts": [(p.seqlen_k, v.name, float(v.tightness)) for v in jb.verdicts],
-                "row": [_live.tag(p), *(round(v.tightness, 4) for v in jb.verdicts),
-                        *(round(v.tightness, 4) for v in prob),
-                        *(f"{v.radial_diff:+.2e}" for v in stat)],
-                "over": (f"{_live.tag(p)}: " + "; ".join(v.summary() for v in every if v.status == "fail")
-                         if any(v.status == "fail" for v in every) else None)})
-            bar.advance(1)
-    payload = dict(head, cases=cases)
-    out = _backward_summary(ctx, cases, payload)
-    if ctx.sharded:
-        out.details["shard_payload"] = payload
-    return out
+    tgt, arch, where = _live.target(ctx, device=_DEVICE)
+    n_cases = len(_live_cases(ctx))
+    a = p.materialize()
+    f = tgt.forward(p, a)
+    g = tgt.backward(p, a, f, deterministic=True)
+    jf = judge.judge_forward(p, a, f.out, f.lse)
+    jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jf, kernel_fwd=(f.out, f.lse))
+    # the sharper and statistical tiers (issue #15): a case fails if any tier fails
+    prob = list((jb.prob or {}).values())
+    stat = S.tier_on(p, {"dq": g.dq, "dk": g.dk, "dv": g.dv},
+                     {"dq": jb.oracle.dq, "dk": jb.oracle.dk, "dv": jb.oracle.dv}, a,
+                     alpha_test=S.alpha_per_test(S.DEFAULT_ALPHA, 3 * n_cases))
+    every = list(jb.verdicts) + prob + stat
+    return {"arch": arch, "where": where,
+            "statuses": [v.status for v in every],
+            "undecided": [v.reason for v in every if v.status == "undecided"],
+            "wc_tightness": [float(v.tightness) for v in jb.verdicts],
+            "stat_row": [_live.tag(p)] + [v.to_dict() for v in stat],
+            "pts": [(p.seqlen_k, v.name, float(v.tightness)) for v in jb.verdicts],
+            "row": [_live.tag(p), *(round(v.tightness, 4) for v in jb.verdicts),
+                    *(round(v.tightness, 4) for v in prob),
+                    *(f"{v.radial_diff:+.2e}" for v in stat)],
+            "over": (f"{_live.tag(p)}: " + "; ".join(v.summary() for v in every if v.status == "fail")
+                     if any(v.status == "fail" for v in every) else None)}
 
 
 def _backward_summary(ctx: CheckContext, cases: list, head: dict) -> CheckResult:
-    """The backward check's verdict over ``cases`` (a shard's, or the union of every shard's:
-    each case exactly once, in case order)."""
+    """The backward check's verdict over ``cases`` (each case once, in case order)."""
     from fa4verify.checks import _live
     from fa4verify.judge.verdict import worst_status
-    from fa4verify.sharding import merge
-    if not ctx.sharded:   # the merged (or unsharded) result: every case exactly once
-        merge([{c["index"]: 1} for c in cases], expected=range(head["cases_total"]))
-    cases = sorted(cases, key=lambda c: c["index"])
     arch, where = head["arch"], head["where"]
     status = worst_status(s for c in cases for s in c["statuses"])
     wc = [t for c in cases for t in c["wc_tightness"]]

@@ -10,7 +10,7 @@
   machine without a GPU shows what the plan covers and judges it on the twin.
 
 Each row runs through the fuzz runner (:func:`fa4verify.fuzz.drawn.run_drawn`: the one judge,
-known FA4 issues absorbed only where they explain the violation), sharded by compile key like
+known FA4 issues absorbed only where they explain the violation), one engine case per row like
 ``fuzz.production``. The result's details hold the coverage matrix: per dimension pair (and per
 triple) the tuples covered of those supported, every hole by name, and every unsupported tuple
 with the reason from FA4's own claims. A hole (a supported tuple whose rows FA4 refused or that
@@ -18,10 +18,8 @@ did not run) makes the check undecided, never a pass.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from fa4verify.audit.registry import CheckContext, CheckResult, check
-from fa4verify.checks.fuzz import _drawn_campaign, _dtype, _merge_campaign, _per_worker
+from fa4verify.checks.fuzz import DrawnCase, _campaign_cases, _dtype, run_example, summarise_campaign
 
 #: the properties a planned row is judged on (the rest need extra kernels: the fuzz runs them)
 PLAN_PROPERTIES = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "edge_sensitive", "bwd_stages")
@@ -64,23 +62,24 @@ def build(ctx: CheckContext, *, arch: str, dtype: str, features: tuple[str, ...]
     return sp, pl, problems
 
 
-def _run(ctx: CheckContext, *, target: Any, arch: str, dtype: str, where: str, label: str) -> CheckResult:
-    sp, pl, problems = build(ctx, arch=arch, dtype=dtype, features=target.features())
+def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: str, dtype: str,
+           where: str) -> list:
+    """The plan's rows as the check's cases (coverage/planner.py is this check's ``cases()``)."""
+    sp, pl, problems = build(ctx, arch=arch, dtype=dtype, features=features)
     if not pl.rows:
         why = "; ".join(f"{k}: {v}" for k, v in sp.notes.items()) or "the space is empty"
         ctx.skip(f"nothing to run: the audit's space holds no value FA4 supports on {arch} ({why})")
-    det = {i: r["det"] == "on" for i, r in enumerate(pl.rows)}
     extra = {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": int(ctx.seed),
                       "uncoverable": [list(map(list, t)) for t in pl.uncoverable]}}
-    return _drawn_campaign(ctx, target=target, arch=arch, dtype=dtype, n=len(problems), kw={}, where=where,
-                           label=label, extra=extra, problems=problems,
-                           run_kw={"properties": PLAN_PROPERTIES, "deterministic": det}, merge=merge_planned)
+    return _campaign_cases(ctx, target=target, arch=arch, dtype=dtype, n=len(problems), kw={}, where=where,
+                           extra=extra, problems=problems, properties=PLAN_PROPERTIES,
+                           deterministic={i: r["det"] == "on" for i, r in enumerate(pl.rows)})
 
 
-def merge_planned(ctx: CheckContext, parts: list) -> CheckResult:
-    """The campaign merge of the shards, then what the rows that ran covered."""
-    pays = [p.details["shard_payload"] for p in parts]
-    return planned_result(_merge_campaign(ctx, parts), pays[0], [o for p in pays for o in p["part"]["outcomes"]])
+def merge_planned(ctx: CheckContext, results: list) -> CheckResult:
+    """The campaign's summary over the rows, then what the rows that ran covered."""
+    head = {"extra": results[0][0].head["extra"]}
+    return planned_result(summarise_campaign(ctx, results), head, [v["outcome"] for _c, v in results])
 
 
 def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
@@ -163,26 +162,33 @@ def coverage_plot(cov: dict, *, where: str = "") -> list:
     return out
 
 
-@check("coverage.production", title="Coverage by construction: every supported pair and mask x form x pass "
-                                    "triple on production FA4",
-       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=200, shards=_per_worker,
-       merge=merge_planned)
-def production(ctx: CheckContext) -> CheckResult:
-    from fa4verify.targets import ProductionTarget
+def _production_cases(ctx: CheckContext) -> list:
+    from fa4verify.targets import production_features
     dtype = _dtype(ctx)
     gpu = ctx.require_gpu()
-    return _run(ctx, target=ProductionTarget(), arch=gpu.arch, dtype=dtype, where=ctx.where_measured(),
-                label="planned coverage on production FA4")
+    return _cases(ctx, target="production", features=production_features(), arch=gpu.arch,
+                  dtype=dtype, where=ctx.where_measured())
+
+
+def _twin_cases(ctx: CheckContext) -> list:
+    from fa4verify.targets import TwinTarget
+    return _cases(ctx, target="twin", features=TwinTarget().features(), arch=ctx.arch, dtype=_dtype(ctx),
+                  where="CPU twin")
+
+
+@check("coverage.production", title="Coverage by construction: every supported pair and mask x form x pass "
+                                    "triple on production FA4",
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=200,
+       cases=_production_cases, summarise=merge_planned)
+def production(ctx: CheckContext, case: DrawnCase) -> dict:
+    return run_example(ctx, case)
 
 
 @check("coverage.twin", title="Coverage by construction on the CPU twin (the forms it runs)",
-       needs={"cpu"}, profiles={"full", "exhaustive"}, archs={"sm90", "sm100"}, shards=_per_worker,
-       merge=merge_planned)
-def twin(ctx: CheckContext) -> CheckResult:
-    from fa4verify.targets import TwinTarget
-    dtype = _dtype(ctx)
-    return _run(ctx, target=TwinTarget(), arch=ctx.arch, dtype=dtype, where="CPU twin",
-                label=f"planned coverage on the {ctx.arch} twin")
+       needs={"cpu"}, profiles={"full", "exhaustive"}, archs={"sm90", "sm100"},
+       cases=_twin_cases, summarise=merge_planned)
+def twin(ctx: CheckContext, case: DrawnCase) -> dict:
+    return run_example(ctx, case)
 
 
 __all__ = ["PLAN_PROPERTIES", "forms_of", "build", "merge_planned", "planned_result", "coverage_plot"]

@@ -139,20 +139,6 @@ def twin(ctx: CheckContext) -> CheckResult:
         details={"statuses": statuses, "mutation": mutation, "runs": runs})
 
 
-def _fa4_shards(profile: str, workers: int) -> int:
-    """One shard per worker, at most one per configuration; ``full``/``exhaustive`` run their
-    matrix in fresh processes (``spawn_workers``) as one item."""
-    names, _, procs, _ = _FA4_PLAN.get(profile, _FA4_PLAN["default"])
-    return 1 if procs > 1 else max(1, min(int(workers), len(names)))
-
-
-def _fa4_key(c) -> tuple:
-    """The FA4 backward kernel a configuration compiles (configurations sharing one stay on one
-    shard)."""
-    return (c.head_dim, c.hdv, c.causal, tuple(c.window), bool(c.softcap), c.sink, c.varlen,
-            c.nheads != c.nheads_kv, c.dtype)
-
-
 def _fa4_configs(ctx: CheckContext, dt: str):
     from fa4verify import determinism as d
     names, runs, procs, ndef = _FA4_PLAN.get(ctx.profile, _FA4_PLAN["default"])
@@ -162,54 +148,48 @@ def _fa4_configs(ctx: CheckContext, dt: str):
     return cfgs, runs, procs, ndef
 
 
+def _fa4_cases(ctx: CheckContext) -> list:
+    """The plan's configurations, one case each; ``full``/``exhaustive`` run their matrix in
+    fresh processes (``spawn_workers``) as one case."""
+    cfgs, _runs, procs, _ndef = _fa4_configs(ctx, _backward_dtype(ctx))
+    return list(cfgs) if procs <= 1 else [tuple(cfgs)]
+
+
+def _fa4_cases_summary(ctx: CheckContext, results: list) -> CheckResult:
+    cfgs, _runs, procs, _ndef = _fa4_configs(ctx, _backward_dtype(ctx))
+    fatal = [r["fatal"] for _c, r in results if r.get("fatal")]
+    if fatal:
+        return CheckResult(status="error", summary=f"worker failure: {fatal[0]}")
+    head = results[0][1]
+    if procs <= 1:
+        records = [dict(results=[r["record"] for _c, r in results], arch=head["arch"],
+                        where=head["be_where"], process_index=0)]
+    else:
+        records = head["records"]
+    return _fa4_summary(ctx, [{"records": records, "where": head["where"],
+                               "environment": head["environment"]}], list(cfgs))
+
+
 @check("determinism.fa4", title="FA4 deterministic backward: bitwise reproducible, guard bands "
        "intact, default-mode divergence", needs={"cuda", "fa4"},
-       profiles={"quick", "default", "full", "exhaustive"}, cost=50, shards=_fa4_shards,
-       merge=lambda ctx, parts: _fa4_merge(ctx, parts))
-def fa4(ctx: CheckContext) -> CheckResult:
+       profiles={"quick", "default", "full", "exhaustive"}, cost=50,
+       cases=_fa4_cases, summarise=_fa4_cases_summary)
+def fa4(ctx: CheckContext, case) -> dict:
     from fa4verify import determinism as d
-    dt = _backward_dtype(ctx)
     try:
         be = d.load_backend("fa4")
     except EnvironmentError as ex:
         ctx.skip(str(ex))
-    cfgs, runs, procs, ndef = _fa4_configs(ctx, dt)
-    mine = ctx.shard_items(cfgs, key=_fa4_key)
+    _cfgs, runs, procs, ndef = _fa4_configs(ctx, _backward_dtype(ctx))
     dev = _FA4_DEVICE
-    if ctx.sharded and not mine:
-        from fa4verify.audit.shards import empty_shard
-        return empty_shard(ctx, "configuration", {"records": []})
-    if procs <= 1:
-        recs = []
-        with ctx.progress(len(mine), "FA4 deterministic backward") as bar:
-            for c in mine:
-                recs.append(d.run_config(be, c, dev, runs=runs, default_runs=ndef))
-                bar.advance(1)
-        records = [dict(results=recs, arch=be.arch, where=be.where, process_index=0)]
-    else:
-        spec = d.worker_spec("fa4", list(mine), [dev], runs=runs, default_runs=ndef)
-        with tempfile.TemporaryDirectory(prefix="fa4v-det-") as wd:
-            records = d.spawn_workers(spec, procs, wd)
-        fatal = [r["fatal"] for r in records if r.get("fatal")]
-        if fatal:
-            return CheckResult(status="error", summary=f"worker failure: {fatal[0]}")
-    payload = {"records": records, "where": ctx.where_measured(), "environment": be.environment(dev),
-               "configs": [c.name for c in mine]}
-    part = CheckResult(status="pass", details={"shard_payload": payload})
-    if not ctx.sharded:
-        return _fa4_merge(ctx, [part])
-    out = _fa4_summary(ctx, [payload], [c for c in cfgs if c.name in set(payload["configs"])])
-    out.details["shard_payload"] = payload
-    return out
-
-
-def _fa4_merge(ctx: CheckContext, parts: list) -> CheckResult:
-    """The check's result from its shards' records: every configuration of the plan exactly once."""
-    from fa4verify.sharding import merge
-    cfgs, _, _, _ = _fa4_configs(ctx, _backward_dtype(ctx))
-    pays = [p.details["shard_payload"] for p in parts if p.details["shard_payload"].get("records")]
-    merge([{n: 1 for n in p["configs"]} for p in pays], expected=[c.name for c in cfgs])
-    return _fa4_summary(ctx, pays, list(cfgs))
+    out = {"arch": be.arch, "be_where": be.where, "where": ctx.where_measured(),
+           "environment": be.environment(dev)}
+    if not isinstance(case, tuple):
+        return dict(out, record=d.run_config(be, case, dev, runs=runs, default_runs=ndef))
+    spec = d.worker_spec("fa4", list(case), [dev], runs=runs, default_runs=ndef)
+    with tempfile.TemporaryDirectory(prefix="fa4v-det-") as wd:
+        records = d.spawn_workers(spec, procs, wd)
+    return dict(out, records=records, fatal=next((r["fatal"] for r in records if r.get("fatal")), None))
 
 
 def _fa4_summary(ctx: CheckContext, pays: list, cfgs: list) -> CheckResult:
@@ -220,7 +200,7 @@ def _fa4_summary(ctx: CheckContext, pays: list, cfgs: list) -> CheckResult:
     for p in pays:
         for r in p["records"]:
             if procs <= 1 and records:
-                records[0]["results"].extend(r["results"])   # one process in every shard
+                records[0]["results"].extend(r["results"])   # one process for every case
             else:
                 records.append(dict(r, results=list(r["results"])))
     order = {c.name: j for j, c in enumerate(cfgs)}

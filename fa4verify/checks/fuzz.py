@@ -29,14 +29,15 @@ fails the check with the first violating case (lowest example index) and its ``@
 in the details.
 
 Both campaigns are drawn up front (Note [Drawn campaigns], :mod:`fa4verify.fuzz.drawn`): the seed
-fixes the examples, and the audit runs them as one shard per worker (``@check(shards=)``: the
-shards split the examples by FA4 compile key, and a kernel two shards need is compiled once by
-the workers of one pool when FA4's kernel cache is on:
-Note [One compile per key per audit]), merged into one
-result equal to the unsharded one. Hypothesis's targeting and shrinking are not used in the audit
-(``fa4verify fuzz`` keeps them).
+fixes the examples, which are the check's cases (``@check(cases=)``: the engine runs the examples
+of one FA4 compile key in one worker, and a kernel two workers need is compiled once when FA4's
+kernel cache is on: Note [One compile per key per audit]); the summary over every example's
+outcome is that of one loop over the campaign. Hypothesis's targeting and shrinking are not used
+in the audit (``fa4verify fuzz`` keeps them).
 """
 from __future__ import annotations
+
+import dataclasses
 
 from typing import Any
 
@@ -188,92 +189,99 @@ def _dtype(ctx: CheckContext) -> str:
     return ctx.dtype
 
 
-def _per_worker(profile: str, workers: int) -> int:
-    """Two shards per worker (in this process: 1). An FA4 compile takes 1 to 4 s on the H200
-    (measured: the compiles of one cold shard averaged 1.5 s in one shard and 3.2 s in another),
-    which a static split by compile key cannot see; with twice as many shards as workers the
-    pool's costliest-first queue evens the load out at run time. A shard's own overhead is small:
-    the shards of an audit share one draw (Note [One draw per audit])."""
-    w = max(1, int(workers))
-    return 1 if w == 1 else 2 * w
+@dataclasses.dataclass(frozen=True)
+class DrawnCase:
+    """Example ``index`` of a drawn (or planned) campaign: the engine's case of the fuzz and
+    coverage checks (Note [Drawn campaigns], fa4verify.fuzz.drawn). ``target``: "twin" or
+    "production" (built in the worker); ``head``: what every case of the campaign shares (arch,
+    profile, seed, where, extra details, properties, the wall-clock deadline of
+    ``--opt fuzz_time_limit_s``)."""
+    index: int
+    problem: Any
+    target: str
+    head: dict
+    deterministic: bool = True
 
 
-#: a compile key's weight in examples when shards are balanced (one FA4 compile ~ 8 example runs)
-_KEY_COST = 8.0
+def _campaign_cases(ctx: CheckContext, *, target: str, arch: str, dtype: str, n: int, kw: dict,
+                    where: str, extra: dict | None = None, time_limit_s: float | None = None,
+                    siblings: int = 0, problems: list | None = None, properties: Any = None,
+                    deterministic: dict | None = None) -> list:
+    """The campaign's ``n`` examples, drawn up front from the seed (Note [Drawn campaigns]), or
+    ``problems`` (a plan: ``coverage.*``), as the check's cases."""
+    import time
 
-
-def _drawn_campaign(ctx: CheckContext, *, target: Any, arch: str, dtype: str, n: int, kw: dict,
-                    where: str, label: str, extra: dict | None = None,
-                    time_limit_s: float | None = None, siblings: int = 0,
-                    problems: list | None = None, run_kw: dict | None = None,
-                    merge: Any = None) -> CheckResult:
-    """Note [Drawn campaigns] (fa4verify.fuzz.drawn): the campaign's ``n`` examples are drawn up
-    front from the seed, this shard runs its share (split by compile key), and the result is
-    that of the share; :func:`_merge_campaign` makes the check's one result of the shards'.
-    ``problems``: a planned list instead of a draw (``coverage.*``); ``run_kw``: more arguments of
-    :func:`~fa4verify.fuzz.drawn.run_drawn` (properties, deterministic flags); ``merge``: the
-    check's merge (default :func:`_merge_campaign`), used here when the check is not sharded."""
     from fa4verify.fuzz import drawn
-    if problems is None:
+    if problems is None:       # the features the target runs (no target built here: no GPU work)
+        from fa4verify._strategies.problem import FEATURES
+        from fa4verify.targets import TwinTarget, production_features
+        runs = production_features() if target == "production" else TwinTarget().features()
+        kw = dict(kw)
+        feats = [f for f in (kw.pop("features", None) or FEATURES) if f in runs]
         problems = drawn.draw_problems(arch=arch, dtype=dtype, examples=n, seed=ctx.seed, profile=_profile(ctx),
-                                       target=target, siblings=siblings, **kw)
-    mine = ctx.shard_items(range(len(problems)), key=lambda j: drawn.compile_key(problems[j]),
-                           key_cost=_KEY_COST)
-    import hashlib
-    draw = hashlib.sha256("".join(p.digest() for p in problems).encode()).hexdigest()[:16]
-    head = {"expected": len(problems), "arch": arch, "profile": _profile(ctx), "seed": ctx.seed,
-            "where": where, "extra": dict(extra or {}, siblings=siblings), "draw_digest": draw}
-    if ctx.sharded and not mine:
-        from fa4verify.audit.shards import empty_shard
-        return empty_shard(ctx, "example", dict(head, part={"outcomes": [], "seconds": 0.0, "target": {}}))
-    with ctx.progress(len(mine), label) as bar:
-        part = drawn.run_drawn(problems, mine, target=target, on_example=lambda i, p: bar.advance(1),
-                               time_limit_s=time_limit_s, **(run_kw or {}))
-    payload = dict(head, part=part)
-    if not ctx.sharded:
-        return (merge or _merge_campaign)(ctx, [CheckResult(status="pass", details={"shard_payload": payload})])
-    res = drawn.merge_drawn([part], expected=mine, arch=arch, profile=_profile(ctx), seed=ctx.seed)
-    out = _result(res, where)
-    if res.examples_run == 0 and not res.found:   # this share only: the union decides
-        from fa4verify.audit.shards import empty_shard
-        out = empty_shard(ctx, "example that ran", payload)
-    out.details["shard_payload"] = payload
-    return out
+                                       features=feats, siblings=siblings, **kw)
+    head = {"arch": arch, "profile": _profile(ctx), "seed": ctx.seed, "where": where,
+            "extra": dict(extra or {}, siblings=siblings), "properties": properties,
+            "deadline": None if time_limit_s is None else time.time() + time_limit_s}
+    det = deterministic or {}
+    return [DrawnCase(j, p, target, head, bool(det.get(j, True))) for j, p in enumerate(problems)]
 
 
-def _merge_campaign(ctx: CheckContext, parts: list) -> CheckResult:
-    """The check's result from its shards' example outcomes (every example exactly once)."""
+def _target(name: str) -> Any:
+    from fa4verify.targets import ProductionTarget, TwinTarget
+    return ProductionTarget() if name == "production" else TwinTarget()
+
+
+def run_example(ctx: CheckContext, case: DrawnCase) -> dict:
+    """One example: its outcome (:func:`fa4verify.fuzz.drawn.run_drawn`), seconds and target."""
+    import time
+
     from fa4verify.fuzz import drawn
-    pays = [p.details["shard_payload"] for p in parts]
-    h = pays[0]
-    draws = {p["draw_digest"] for p in pays}
-    if len(draws) != 1:   # the shards drew different campaigns: their union is no campaign
-        raise ValueError(f"the shards drew {len(draws)} different example lists (digests {sorted(draws)})")
-    res = drawn.merge_drawn([p["part"] for p in pays], expected=h["expected"], arch=h["arch"],
+    from fa4verify.fuzz.properties import PROPERTIES
+    h = case.head
+    tl = None if h["deadline"] is None else max(0.0, h["deadline"] - time.time())
+    part = drawn.run_drawn([case.problem], [0], target=_target(case.target), time_limit_s=tl,
+                           properties=h["properties"] or PROPERTIES, deterministic={0: case.deterministic})
+    return {"outcome": dict(part["outcomes"][0], index=case.index), "seconds": part["seconds"],
+            "target": part["target"]}
+
+
+def summarise_campaign(ctx: CheckContext, results: list) -> CheckResult:
+    """The check's result from its examples' outcomes (every example once, in order)."""
+    import hashlib
+
+    from fa4verify.fuzz import drawn
+    h = results[0][0].head
+    parts = [{"outcomes": [v["outcome"]], "seconds": v["seconds"], "target": v["target"]} for _c, v in results]
+    res = drawn.merge_drawn(parts, expected=[c.index for c, _v in results], arch=h["arch"],
                             profile=h["profile"], seed=h["seed"])
     out = _result(res, h["where"])
     out.details.update(h["extra"])
-    out.details["examples_drawn"] = h["expected"]
-    out.details["draw_digest"] = h["draw_digest"]
+    out.details["examples_drawn"] = len(results)
+    out.details["draw_digest"] = hashlib.sha256("".join(c.problem.digest() for c, _v in results).encode()
+                                                ).hexdigest()[:16]
     out.details["violating_examples"] = int(getattr(res, "violations", 0))
     out.details["worst_problem"] = res.worst_problem
     # Note [Compile keys in the timeline]: example index -> the FA4 kernels it ran ("cache:digest")
-    ek = {str(o["index"]): [f"{c}:{d}" for c, d in o["kernels"]]
-          for p in pays for o in p["part"]["outcomes"] if o.get("kernels")}
+    ek = {str(v["outcome"]["index"]): [f"{c}:{d}" for c, d in v["outcome"]["kernels"]]
+          for _c, v in results if v["outcome"].get("kernels")}
     if ek:
         out.details["example_kernels"] = dict(sorted(ek.items(), key=lambda kv: int(kv[0])))
     return out
 
 
-@check("fuzz.twin", title="Hypothesis fuzzing of shapes, masks and values on the CPU twin",
-       needs={"cpu"}, profiles={"default", "full", "exhaustive"}, archs={"sm90", "sm100"},
-       shards=_per_worker, merge=_merge_campaign)
-def twin(ctx: CheckContext) -> CheckResult:
-    from fa4verify import fuzz
+def _twin_cases(ctx: CheckContext) -> list:
     dtype = _dtype(ctx)
     n, tl = _budget_opts(ctx, _TWIN_EXAMPLES[ctx.profile])
-    return _drawn_campaign(ctx, target=fuzz.TwinTarget(), arch=ctx.arch, dtype=dtype, n=n, time_limit_s=tl,
-                           kw=_deployment_kw(ctx, {}), where="CPU twin", label=f"fuzzing the {ctx.arch} twin")
+    return _campaign_cases(ctx, target="twin", arch=ctx.arch, dtype=dtype, n=n, time_limit_s=tl,
+                           kw=_deployment_kw(ctx, {}), where="CPU twin")
+
+
+@check("fuzz.twin", title="Hypothesis fuzzing of shapes, masks and values on the CPU twin",
+       needs={"cpu"}, profiles={"default", "full", "exhaustive"}, archs={"sm90", "sm100"},
+       cases=_twin_cases, summarise=summarise_campaign)
+def twin(ctx: CheckContext, case: DrawnCase) -> dict:
+    return run_example(ctx, case)
 
 
 @check("fuzz.mutants", title="fuzzing finds and shrinks planted twin faults", needs={"cpu"},
@@ -308,28 +316,29 @@ def head_dim_palette(arch: str, seed: int, *, max_head_dim: int = 256) -> tuple[
     return (64, 128) + ((others[seed % len(others)],) if others else ())
 
 
-#: the cold cost of fuzz.production (its shards' seconds summed: 206 s on the H200, session 7, 8
-#: workers) and more: its shards are the audit's most uneven items (0 to 31 s, by how many kernels
-#: a shard's groups compile), so they start first and the even ones fill in behind them
+#: the cold cost of fuzz.production (its work items' seconds summed: 206 s on the H200, 8 workers)
+#: and more: its compile-key groups are the audit's most uneven tasks, so they start first
 _GPU_COST = 240
 
 
-@check("fuzz.production", title="Hypothesis fuzzing of production FA4 on the GPU", needs={"cuda", "fa4"},
-       profiles={"default", "full", "exhaustive"}, cost=_GPU_COST, shards=_per_worker, merge=_merge_campaign)
-def production(ctx: CheckContext) -> CheckResult:
-    from fa4verify import fuzz
+def _production_cases(ctx: CheckContext) -> list:
     dtype = _dtype(ctx)
     gpu = ctx.require_gpu()
     where = ctx.where_measured()
-    tgt = fuzz.ProductionTarget()
     n, tl = _budget_opts(ctx, _GPU_EXAMPLES[ctx.profile])
     limits: dict[str, Any] = {"max_head_dim": 256}
     if ctx.profile in ("quick", "default"):
         limits["head_dim_choices"] = head_dim_palette(gpu.arch, ctx.seed)
     kw = _deployment_kw(ctx, limits, call_features=True)
     drawn_from = list(kw["limits"].get("head_dim_choices", ())) or "all"
-    sib = _siblings(ctx)
-    return _drawn_campaign(ctx, target=tgt, arch=gpu.arch, dtype=dtype, n=n, kw=kw, where=where, time_limit_s=tl,
-                           label="fuzzing production FA4", siblings=sib,
+    return _campaign_cases(ctx, target="production", arch=gpu.arch, dtype=dtype, n=n, kw=kw, where=where,
+                           time_limit_s=tl, siblings=_siblings(ctx),
                            extra={"head_dims_drawn_from": drawn_from,
                                   "features_drawn_from": list(kw.get("features") or ())})
+
+
+@check("fuzz.production", title="Hypothesis fuzzing of production FA4 on the GPU", needs={"cuda", "fa4"},
+       profiles={"default", "full", "exhaustive"}, cost=_GPU_COST, cases=_production_cases,
+       summarise=summarise_campaign)
+def production(ctx: CheckContext, case: DrawnCase) -> dict:
+    return run_example(ctx, case)

@@ -174,16 +174,6 @@ def figures(ctx: CheckContext) -> CheckResult:
                  "provenance": d.get("provenance"), "where": d.get("where")})
 
 
-def _forward_rule_merge(ctx: CheckContext, parts: list) -> CheckResult:
-    """The rule's result from its shards' rows (non-causal and causal, each exactly once)."""
-    from fa4verify.sharding import merge
-    pays = [p.details["shard_payload"] for p in parts]
-    rows = merge([{r[0]: r for r in p["rows"]} for p in pays], expected=["noncausal", "causal"])
-    head = next(p for p in pays if p["rows"])
-    return _forward_rule_result([rows["noncausal"], rows["causal"]], head["where"],
-                                head["config"])
-
-
 def _forward_rule_result(rows: list, where: str, config: dict) -> CheckResult:
     metrics: dict = {}
     worst = 0.0
@@ -200,44 +190,43 @@ def _forward_rule_result(rows: list, where: str, config: dict) -> CheckResult:
                  "config": config})
 
 
+def _forward_rule_cases(ctx: CheckContext) -> list:
+    if ctx.dtype not in ("bf16", "fp16"):
+        ctx.skip(f"the upstream forward rule runs bf16/fp16 inputs; dtype {ctx.dtype} is not covered")
+    return [False, True]
+
+
+def _forward_rule_summary(ctx: CheckContext, results: list) -> CheckResult:
+    return _forward_rule_result([r["row"] for _c, r in results], results[-1][1]["where"],
+                                results[-1][1]["config"])
+
+
 @check("production.forward_rule", title="Production FA4 forward within FA4's own test rule (live)",
        needs={"cuda", "fa4"}, profiles={"quick", "default", "full", "exhaustive"}, cost=13,
-       shards=lambda profile, workers: max(1, min(int(workers), 2)), merge=_forward_rule_merge)
-def forward_rule(ctx: CheckContext) -> CheckResult:
+       cases=_forward_rule_cases, summarise=_forward_rule_summary)
+def forward_rule(ctx: CheckContext, causal: bool) -> dict:
     """FA4's forward, non-causal and causal (2 x seq x 8 x 128), against a float64 reference, within
-    twice the error of PyTorch's bf16 attention (FA4's own test rule). One shard per mask; each
+    twice the error of PyTorch's bf16 attention (FA4's own test rule). One case per mask; each
     mask draws its inputs from its own stream (seed, mask)."""
     import math
     import torch
     from fa4verify.kernels import adapter
     where = ctx.where_measured()
-    if ctx.dtype not in ("bf16", "fp16"):
-        ctx.skip(f"the upstream forward rule runs bf16/fp16 inputs; dtype {ctx.dtype} is not covered")
     dt = torch.bfloat16 if ctx.dtype == "bf16" else torch.float16
     seq = 256 if ctx.profile == "quick" else 1024
-    rows, config = [], {}
-    mine = ctx.shard_items((False, True))
-    if ctx.sharded and not mine:
-        from fa4verify.audit.shards import empty_shard
-        return empty_shard(ctx, "mask", {"rows": [], "where": where, "config": {}})
-    for causal in mine:
-        g = torch.Generator(device="cuda").manual_seed(int(ctx.seed) * 2 + int(causal))
-        q, k, v = (torch.randn(2, seq, 8, 128, device="cuda", dtype=dt, generator=g) for _ in range(3))
-        f = adapter.forward(q, k, v, causal=causal)
-        scale = 1 / math.sqrt(128)
-        s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * scale
-        if causal:
-            s = s.masked_fill(torch.ones(seq, seq, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
-        ref = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), v.double())
-        pt = adapter.upstream_reference(q, k, v, causal=causal, upcast=False, reorder_ops=True)
-        e_fa = float((f.out.double() - ref).abs().max())
-        e_pt = float((pt.double() - ref).abs().max())
-        rows.append(["causal" if causal else "noncausal", e_fa, e_pt])
-        config = f.config.to_dict()
-    out = _forward_rule_result(rows, where, config)
-    if ctx.sharded:
-        out.details["shard_payload"] = {"rows": rows, "where": where, "config": config}
-    return out
+    g = torch.Generator(device="cuda").manual_seed(int(ctx.seed) * 2 + int(causal))
+    q, k, v = (torch.randn(2, seq, 8, 128, device="cuda", dtype=dt, generator=g) for _ in range(3))
+    f = adapter.forward(q, k, v, causal=causal)
+    scale = 1 / math.sqrt(128)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(seq, seq, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    ref = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), v.double())
+    pt = adapter.upstream_reference(q, k, v, causal=causal, upcast=False, reorder_ops=True)
+    e_fa = float((f.out.double() - ref).abs().max())
+    e_pt = float((pt.double() - ref).abs().max())
+    return {"row": ["causal" if causal else "noncausal", e_fa, e_pt], "where": where,
+            "config": f.config.to_dict()}
 
 
 def _head_dim_result(rows, where: str, fa4_version, extra_details=None, *, arch: str = "sm90") -> CheckResult:
@@ -331,56 +320,37 @@ def _deployment_rows(ctx: CheckContext, rows: list, name: str) -> list:
     return keep
 
 
-def _hd_shards(profile: str, workers: int) -> int:
-    """One shard per worker, at most one per head dim of the profile (5 in default)."""
-    return max(1, min(int(workers), 5 if profile == "default" else 32))
+def _head_dims_cases(ctx: CheckContext) -> list:
+    """default: head dims 8, 40, 64, 80, 128 at seqlen 256; full/exhaustive: every multiple of 8
+    in 8..256 (about 3 minutes, one compile per head dim); those FA4 supports on the GPU."""
+    from fa4verify.kernels import facts
+    if ctx.dtype != "bf16":
+        ctx.skip("the head-dim sweep runs bf16")
+    gpu = ctx.require_gpu()
+    hds = (8, 40, 64, 80, 128) if ctx.profile == "default" else tuple(range(8, 257, 8))
+    if ctx.deploy is not None:
+        hds = tuple(h for h, hv in ctx.deploy.head_dims if h == hv)
+    hds = [h for h in hds if facts.head_dims_supported(gpu.arch, h, h)]
+    if not hds:
+        ctx.skip(f"no head dim to sweep on {gpu.arch}")
+    return hds
 
 
-def _head_dims_live_merge(ctx: CheckContext, parts: list) -> CheckResult:
-    """The sweep's verdict from its shards' rows: every head dim exactly once, in sweep order."""
-    from fa4verify.sharding import merge
-    pays = [p.details["shard_payload"] for p in parts]
-    head = next(p for p in pays if p.get("hds") is not None)
-    got = merge([{r["head_dim"]: r for r in p["rows"]} for p in pays], expected=head["hds"])
-    rows = [got[h] for h in head["hds"]]
-    return _head_dim_result(rows, head["where"], head["version"], arch=head["arch"])
+def _head_dims_summary(ctx: CheckContext, results: list) -> CheckResult:
+    gpu = ctx.require_gpu()
+    return _head_dim_result([r for _hd, r in results], ctx.where_measured(), dist_version("flash-attn-4"),
+                            arch=gpu.arch)
 
 
 @check("production.head_dims_live", title="FA4 backward at SM90 head dims, measured live (GPU)",
-       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=31, shards=_hd_shards,
-       merge=_head_dims_live_merge)
-def head_dims_live(ctx: CheckContext) -> CheckResult:
-    """default: head dims 8, 40, 64, 80, 128 at seqlen 256; full/exhaustive: every multiple of 8
-    in 8..256 (about 3 minutes, one compile per head dim). Sharded by head dim (one compile
-    each); every head dim draws its inputs from its own stream (seed, head dim), so a shard's rows
-    are those of the unsharded sweep."""
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=31,
+       cases=_head_dims_cases, summarise=_head_dims_summary)
+def head_dims_live(ctx: CheckContext, hd: int) -> dict:
+    """One head dim of the sweep (one compile each); every head dim draws its inputs from its own
+    stream (seed, head dim), so a row does not depend on which others ran."""
     import torch
 
     from fa4verify import hd_sweep
     from fa4verify.kernels import adapter
-    if ctx.dtype != "bf16":
-        ctx.skip("the head-dim sweep runs bf16")
-    gpu = ctx.require_gpu()
-    where = ctx.where_measured()
-    from fa4verify.kernels import facts
-    hds = (8, 40, 64, 80, 128) if ctx.profile == "default" else tuple(range(8, 257, 8))
-    if ctx.deploy is not None:
-        hds = tuple(h for h, hv in ctx.deploy.head_dims if h == hv)
-    hds = tuple(h for h in hds if facts.head_dims_supported(gpu.arch, h, h))
-    if not hds:
-        ctx.skip(f"no head dim to sweep on {gpu.arch}")
-    mine = ctx.shard_items(hds)
-    head = {"hds": list(hds), "where": where, "version": dist_version("flash-attn-4"), "arch": gpu.arch}
-    if ctx.sharded and not mine:
-        from fa4verify.audit.shards import empty_shard
-        return empty_shard(ctx, "head dim", dict(head, rows=[]))
-    rows = []
-    with ctx.progress(len(mine), "FA4 backward per head dim") as bar:
-        for hd in mine:
-            g = torch.Generator(device="cpu").manual_seed(int(ctx.seed) * 1009 + int(hd))
-            rows.append(hd_sweep.measure(adapter, hd, 256, 256, generator=g))
-            bar.advance(1)
-    out = _head_dim_result(rows, where, head["version"], arch=gpu.arch)
-    if ctx.sharded:
-        out.details["shard_payload"] = dict(head, rows=rows)
-    return out
+    g = torch.Generator(device="cpu").manual_seed(int(ctx.seed) * 1009 + int(hd))
+    return hd_sweep.measure(adapter, hd, 256, 256, generator=g)

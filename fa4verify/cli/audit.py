@@ -68,12 +68,12 @@ def _list(specs, selected, config, console) -> None:
 @click.option("--live/--no-live", "live", default=None,
               help="Live progress display (default: on a TTY only).")
 @click.option("--gpus", "gpus", default=None, metavar="all|N|I,J",
-              help="Spread the checks over a node's GPUs: one process per GPU, pinned before CUDA "
-                   "starts (torch.multiprocessing spawn), longest checks first; ONE merged report "
-                   "with the verdicts of a one-GPU audit. 'all', a count N, or indices 'I,J' "
-                   "('I,' for one). Excludes --shard. CPU test mode: FA4VERIFY_FAKE_GPUS=N.")
+              help="Spread the checks over a node's GPUs: the engine's workers are pinned one per "
+                   "GPU (CUDA_VISIBLE_DEVICES before CUDA starts), --workers per GPU, longest tasks "
+                   "first; the report and verdicts of a one-GPU audit. 'all', a count N, or indices "
+                   "'I,J' ('I,' for one). Excludes --shard. CPU test mode: FA4VERIFY_FAKE_GPUS=N.")
 def command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate,
-            timeout, workers, check_shards, no_shard, fresh_workers, kernel_cache, opts, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
+            timeout, workers, fresh_workers, kernel_cache, opts, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
             regression_rtol, live, gpus):
     """Run every audit check, print the verdict, write reports and return the gate's exit code.
 
@@ -94,8 +94,7 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
                checks_modules=checks_modules, no_default_checks=no_default_checks,
                isolate=isolate.lower(), timeout=timeout, opts=opts,
                deployment=deployment, workers=workers,
-               fresh_workers=fresh_workers, kernel_cache=kernel_cache,
-               check_shards=check_shards, no_shard=no_shard)
+               fresh_workers=fresh_workers, kernel_cache=kernel_cache)
     # Note [Workers before the CUDA probe]: a GPU audit's workers start before this process
     # imports torch to probe CUDA (seconds on the H200, measured: the zygote's imports then overlap
     # the probe as well as the discovery)
@@ -131,7 +130,7 @@ def _start_pool_early(raw: dict):
     it when the real configuration does not match (:func:`_pool_fits`)."""
     if raw["device"] not in ("cuda", "auto") or raw["fresh_workers"] or raw["isolate"] == "never":
         return None
-    from fa4verify.audit.pool import WorkerPool, _visible_compute_cap
+    from fa4verify.run.pool import WorkerPool, _visible_compute_cap
     if _visible_compute_cap(dict(os.environ)) is None:
         return None
     try:
@@ -155,13 +154,14 @@ def _checked_run(config, early_pool, t_start, *, gpus, shard, list_only, baselin
     from fa4verify.audit.report_json import ReportError, load_report
     from fa4verify.error_budgets.loader import BUDGET_FILE_ENV, budget_file_from_env
     gpu_sel = _select_gpus(gpus, shard, config.device) if gpus is not None else None
-    if gpu_sel and workers_auto:
-        # --workers auto under --gpus: the node's cores are shared by one pool per GPU process
+    if gpu_sel:
+        # --workers per GPU (auto: the node's cores shared by the GPUs' workers)
         import dataclasses
 
-        from fa4verify.audit.pool import auto_workers
-        config = dataclasses.replace(config, workers=auto_workers(
-            "cuda", max(1, (os.cpu_count() or 1) // len(gpu_sel))))
+        from fa4verify._options import auto_workers
+        per = auto_workers("cuda", max(1, (os.cpu_count() or 1) // len(gpu_sel))) if workers_auto \
+            else config.workers
+        config = dataclasses.replace(config, workers=len(gpu_sel) * per)
     inputs = [("--baseline", baseline_path)]
     inputs += [("--checks-module", m) for m in config.checks_modules if m.endswith(".py")]
     from fa4verify.audit.atomic import InputPathError, check_readable
@@ -215,7 +215,7 @@ def _run_with_pool(config, gpu_sel, early_pool, t_start, *, list_only, baseline,
     own_pool = None
     if (early_pool is None and config.device == "cuda" and gpu_sel is None and not list_only
             and not config.fresh_workers and config.isolate != "never"):
-        from fa4verify.audit.pool import WorkerPool
+        from fa4verify.run.pool import WorkerPool
         early_pool = own_pool = WorkerPool.for_audit(config)
     try:
         return _audit_run(config, gpu_sel, early_pool, t_start, list_only=list_only, baseline=baseline,
@@ -247,16 +247,11 @@ def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, bas
 
     reporter = TerminalReporter(console, live=live)
     envs = None
-    if gpu_sel is None:
-        run = run_audit(config, specs=specs, selected=selected, reporter=reporter, pool=early_pool)
-    else:
-        from fa4verify.audit.gpus import plan_units, run_audit_on_gpus
-        n_units = len(plan_units(selected, config, len(gpu_sel)))
-        click.echo(f"fa4verify audit: {len(selected)} check(s) as {n_units} work unit(s) over "
-                   f"{len(gpu_sel)} GPU process(es): " + ", ".join(g.label() for g in gpu_sel),
-                   err=True)
-        run, envs = run_audit_on_gpus(config, gpu_sel, specs=specs, selected=selected,
-                                      reporter=reporter)
+    if gpu_sel is not None:
+        click.echo(f"fa4verify audit: {len(selected)} check(s), {config.workers} worker(s) over "
+                   f"{len(gpu_sel)} GPU(s): " + ", ".join(g.label() for g in gpu_sel), err=True)
+    run = run_audit(config, specs=specs, selected=selected, reporter=reporter, pool=early_pool,
+                    gpus=[g.visible for g in gpu_sel] if gpu_sel else None)
     results = [r.to_dict() for r in run.records]
     bl = None
     if baseline is not None:
@@ -301,8 +296,6 @@ def _select_gpus(gpus: str, shard, device: str):
                      "--shard I/N takes one part of a run split over machines)")
     try:
         fake = multigpu.fake_mode()
-        if fake:
-            multigpu.fake_crash_after()      # a malformed test knob: one line here, not in a child
         if not fake and device != "cuda":
             raise ValueError(f"--gpus runs the checks on GPUs, but --device is {device} "
                              f"(CPU test mode: {multigpu.ENV_FAKE}=N)")

@@ -4,7 +4,7 @@
 :mod:`~fa4verify.determinism.configs` (the configuration matrix), :mod:`~fa4verify.determinism.inputs`,
 :mod:`~fa4verify.determinism.backends` (kernels, through the target layer),
 :mod:`~fa4verify.determinism.runner` (in-process runs, timing), :mod:`~fa4verify.determinism.workers`
-(fresh processes; each runs :mod:`~fa4verify.determinism.worker`), :mod:`~fa4verify.determinism.report`
+(fresh processes: the engine's workers), :mod:`~fa4verify.determinism.report`
 (aggregation, exit status) and :mod:`~fa4verify.determinism.manifest` (digest manifests). This
 package re-exports every name its callers import.
 

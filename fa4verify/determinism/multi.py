@@ -1,9 +1,9 @@
 """The determinism matrix on every GPU of a node: one spawned process per GPU (and per
 ``--processes`` round), each pinned to its GPU, and the comparison across GPUs.
 
-:func:`run_on_gpus` starts ``len(gpus) x processes`` processes through
-:func:`fa4verify.multigpu.run_per_gpu` (torch.multiprocessing spawn; why that engine: see
-:mod:`fa4verify.multigpu`). Each runs :func:`gpu_child`: the whole matrix, ``runs`` times, on
+:func:`run_on_gpus` starts ``len(gpus) x processes`` fresh processes, each pinned to its GPU
+(``CUDA_VISIBLE_DEVICES`` set before it starts), through the engine
+(:func:`fa4verify.run.engine.run_calls`). Each runs :func:`gpu_child`: the whole matrix, ``runs`` times, on
 its one GPU (``cuda:0`` after pinning), writing its worker record after every configuration. The
 parent relabels each result's device as the GPU's index in the parent's numbering
 (``cuda:<i>``, ``fake:<i>`` in the CPU test mode) and records the GPU's name and UUID as the child
@@ -31,7 +31,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from fa4verify.determinism.schema import SCHEMA_WORKER
-from fa4verify.multigpu import ENV_FAKE_CRASH, ENV_FAKE_FAULT, Gpu, fake_set, read_json, run_per_gpu
+from fa4verify.multigpu import ENV_FAKE_CRASH, ENV_FAKE_FAULT, Gpu, child_env, fake_set, read_json
 
 __all__ = ["FAULT_MUTATION", "device_label", "gpu_child", "run_on_gpus", "cross_gpu",
            "manifest_extra"]
@@ -119,18 +119,15 @@ def run_on_gpus(spec: Mapping[str, Any], gpus: Sequence[Gpu], processes: int, wo
     slots = [(g, p) for g in gpus for p in range(processes)]
     payloads = [{"spec": dict(spec), "gpu": g.to_json(),
                  "out": os.path.join(workdir, f"gpu{g.index}-proc{p}.json")} for g, p in slots]
-    env_before = os.environ.pop("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", None)
-    try:   # as spawn_workers: every process compiles afresh (a shared cache would hide nothing
-        outcomes = run_per_gpu("fa4verify.determinism.multi:gpu_child", payloads,
-                               [g for g, _ in slots], timeout_s=timeout_s)
-    finally:  # ... but the parent's environment is restored)
-        if env_before is not None:
-            os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = env_before
+    from fa4verify.run.engine import run_calls
+    # as spawn_workers: every process compiles afresh (a shared cache would hide nothing)
+    envs = [dict(child_env(g), FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=None) for g, _ in slots]
+    outcomes = run_calls("fa4verify.determinism.multi:gpu_child", payloads, envs=envs, timeout_s=timeout_s)
     records = []
     for (g, p), pl, oc in zip(slots, payloads, outcomes):
         rec = read_json(pl["out"]) or {"schema": SCHEMA_WORKER, "results": [], "timing": []}
         rec.setdefault("results", [])
-        rec["process_index"] = oc.rank
+        rec["process_index"] = oc.index
         rec["gpu_process"] = p
         ident = rec.get("gpu") or g.to_json()
         rec["gpu"] = {**ident, "index": g.index}
@@ -151,7 +148,7 @@ def run_on_gpus(spec: Mapping[str, Any], gpus: Sequence[Gpu], processes: int, wo
         elif not oc.ok:
             rec["fatal"] = f"{who} {oc.error}"
             rec["fatal_kind"] = "died"
-        rec["exitcode"] = oc.exitcode
+        rec["exitcode"] = 0 if oc.ok else oc.rc
         records.append(rec)
     return records
 

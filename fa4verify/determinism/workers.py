@@ -1,12 +1,10 @@
-"""Fresh processes: the worker spec, what one worker process runs, and the orchestration of several
-freshly started ``python -m fa4verify.determinism.worker`` processes."""
+"""Fresh processes: the worker spec, what one worker process runs, and several of them run in the
+engine's fresh workers (:func:`fa4verify.run.engine.run_calls`)."""
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import os
-import subprocess
-import sys
 import time
 from typing import Any, Mapping, Sequence
 
@@ -103,55 +101,37 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
+def _worker_call(payload: Mapping[str, Any]) -> dict:
+    """The body of one fresh determinism process (the engine's call target)."""
+    return run_worker_spec(payload["spec"], payload["out"])
+
+
 def spawn_workers(spec: Mapping[str, Any], processes: int, workdir: str, *,
                   parallel: bool = True, timeout_s: float | None = None,
                   env: Mapping[str, str] | None = None) -> list[dict]:
-    """Run ``processes`` fresh ``python -m fa4verify.determinism.worker`` processes on ``spec``
-    (concurrently when ``parallel``), and return their records (a worker that died leaves
-    ``fatal`` plus whatever it had flushed)."""
+    """Run ``spec`` in ``processes`` fresh processes (the engine's workers, concurrently when
+    ``parallel``, none sharing FA4's kernel cache: every process compiles afresh) and return their
+    records (a process that died leaves ``fatal`` plus whatever it had flushed)."""
+    from fa4verify.run.engine import run_calls
     os.makedirs(workdir, exist_ok=True)
-    spec_path = os.path.join(workdir, "spec.json")
-    with open(spec_path, "w") as f:
-        json.dump(spec, f)
-    penv = dict(os.environ if env is None else env)
-    penv.pop("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", None)  # every process compiles afresh
+    penv: dict[str, str | None] = {k: v for k, v in (env or {}).items()}
+    penv["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = None     # every process compiles afresh
     penv.setdefault("PYTHONUNBUFFERED", "1")
-    procs = []
-
-    def start(i):
-        outp = os.path.join(workdir, f"worker{i}.json")
-        logp = open(os.path.join(workdir, f"worker{i}.log"), "w")
-        pr = subprocess.Popen([sys.executable, "-m", "fa4verify.determinism.worker",
-                               "--spec", spec_path, "--out", outp],
-                              stdout=logp, stderr=subprocess.STDOUT, env=penv)
-        return pr, outp, logp
-
-    def finish(i, pr, outp, logp):
+    outs = [os.path.join(workdir, f"worker{i}.json") for i in range(processes)]
+    got = run_calls("fa4verify.determinism.workers:_worker_call",
+                    [{"spec": dict(spec), "out": o} for o in outs], envs=[penv] * processes,
+                    timeout_s=timeout_s, parallel=parallel)
+    records = []
+    for i, oc in enumerate(got):
         try:
-            rc = pr.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pr.kill()
-            rc = pr.wait()
-        logp.close()
-        try:
-            with open(outp) as f:
+            with open(outs[i]) as f:
                 r = json.load(f)
         except (OSError, json.JSONDecodeError):
             r = {"schema": SCHEMA_WORKER, "results": [], "timing": []}
         r["process_index"] = i
-        r["returncode"] = rc
-        if rc != 0 and "fatal" not in r:
-            with open(os.path.join(workdir, f"worker{i}.log")) as f:
-                tail = f.read()[-2000:]
-            r["fatal"] = f"worker exited with status {rc}: {tail.strip()[-400:]}"
+        r["returncode"] = 0 if oc.ok else (oc.rc if oc.rc is not None else 1)
+        if not oc.ok and "fatal" not in r:
+            r["fatal"] = f"worker failed: {oc.error}"
             r["fatal_kind"] = "error"
-        return r
-
-    records = []
-    if parallel:
-        procs = [start(i) for i in range(processes)]
-        records = [finish(i, *pr) for i, pr in enumerate(procs)]
-    else:
-        for i in range(processes):
-            records.append(finish(i, *start(i)))
+        records.append(r)
     return records

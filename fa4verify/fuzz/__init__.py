@@ -26,7 +26,7 @@ from fa4verify._strategies.problem import AttentionProblem
 from fa4verify.fuzz.campaign import CAMPAIGN_FORMAT, CampaignResult, _jsonable, _Stop, run_campaign
 from fa4verify.fuzz.cases import (CASE_FORMAT, ReplayOutcome, _versions, load_case, regression_snippet,
                                   replay_case, write_case)
-from fa4verify.fuzz.drawn import compile_key, draw_problems, merge_drawn, run_drawn
+from fa4verify.fuzz.drawn import draw_problems, merge_drawn, run_drawn
 from fa4verify.fuzz.known_issues import (KNOWN_ISSUES, KnownIssue, _sink_overflow, _sink_overflow_rows,
                                          _sm90_bwd_compile, _sm90_dq_accum, _sm90_gqa_dkdv_accum, _token_bounds,
                                          match_known_issue)
@@ -44,5 +44,5 @@ __all__ = [
     "DependencyMissing", "Target", "TwinTarget", "ProductionTarget", "make_target", "check_problem",
     "CampaignResult", "run_campaign", "write_case", "load_case", "replay_case", "regression_snippet",
     "register_profiles", "DEFAULT_CACHE_DIR", "profile_limits", "profile_name", "KnownIssue", "KNOWN_ISSUES",
-    "match_known_issue", "draw_problems", "compile_key", "run_drawn", "merge_drawn", "ReplayOutcome", "CheckOutcome", "AttentionProblem", "Fwd", "Bwd",
+    "match_known_issue", "draw_problems", "run_drawn", "merge_drawn", "ReplayOutcome", "CheckOutcome", "AttentionProblem", "Fwd", "Bwd",
 ]

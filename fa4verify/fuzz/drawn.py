@@ -1,20 +1,19 @@
-"""A drawn campaign: the examples are drawn up front, then run in any number of shards.
+"""A drawn campaign: the examples are drawn up front, then run as independent cases.
 
 :func:`run_campaign` lets Hypothesis choose each example after seeing the previous ones
 (targeting, shrinking), so its examples cannot be split between processes. The audit's fuzz
 checks instead draw the campaign's ``examples`` distinct problems first (:func:`draw_problems`:
-Hypothesis's generate phase only, with the campaign's seed, strategy and limits: the same list in
-every process), then each shard runs its share (:func:`run_drawn`; shards split by
-:func:`compile_key`, so the examples of one kernel stay in one shard; a kernel two shards need is
-compiled once all the same when the workers share FA4's kernel cache: Note [One compile per key
-per audit]), and :func:`merge_drawn`
-joins the per-example outcomes into one :class:`~fa4verify.fuzz.campaign.CampaignResult`.
-Every example runs (a violation does not stop the campaign), so the merged result of any
-sharding equals the unsharded one; the first violation (lowest example index) is the reported
-failure, not shrunk (``fa4verify fuzz --replay`` / a Hypothesis campaign shrinks it).
+Hypothesis's generate phase only, with the campaign's seed, strategy and limits), then the engine
+runs each example as a case (:func:`run_drawn`; grouped by
+:func:`fa4verify.kernels.adapter.compile_key`, so the examples of one kernel run in one worker),
+and :func:`merge_drawn` joins the per-example outcomes into one
+:class:`~fa4verify.fuzz.campaign.CampaignResult`. Every example runs (a violation does not stop
+the campaign), so the result does not depend on how the examples were spread over workers; the
+first violation (lowest example index) is the reported failure, not shrunk (``fa4verify fuzz
+--replay`` / a Hypothesis campaign shrinks it).
 
-Note [Drawn campaigns]: the union of the shards' examples is the unsharded campaign's example list
-(tests/test_audit_shards.py), and a missing shard is refused by :func:`merge_drawn`.
+Note [Drawn campaigns]: the examples are the campaign's cases; a missing or repeated example is
+refused by :func:`merge_drawn`.
 """
 from __future__ import annotations
 
@@ -31,10 +30,10 @@ from fa4verify.fuzz.properties import PROPERTIES, check_problem
 from fa4verify.fuzz.violation import _ABSORB, Violation
 from fa4verify.targets import DependencyMissing, HarnessError, Target, Unsupported
 
-__all__ = ["draw_problems", "compile_key", "run_drawn", "merge_drawn", "DRAW_FACTOR"]
+__all__ = ["draw_problems", "run_drawn", "merge_drawn", "DRAW_FACTOR"]
 
 #: Hypothesis draws at most this many times ``examples`` candidates to find ``examples``
-#: distinct problems (fewer distinct ones: the campaign is that much smaller, in every shard).
+#: distinct problems (fewer distinct ones: the campaign is that much smaller).
 #: 1: ``max_examples`` is the campaign's own, so the generate phase makes the choices
 #: :func:`run_campaign` starts with (Hypothesis adapts its generation to ``max_examples``; at
 #: seed 0 the first 9 of 20 twin examples are run_campaign's, which then diverges by targeting).
@@ -59,8 +58,8 @@ def draw_problems(*, arch: str, dtype: Optional[str], examples: int, seed: int, 
     Possible issues: Hypothesis's generation also depends on its state in the process (a long
     process that ran other Hypothesis tests draws a different list from the same seed: measured
     in a pytest session), so with ``fresh_process`` (the default) the list is drawn in a fresh
-    ``python -m fa4verify.fuzz.drawn`` with ``PYTHONHASHSEED=0`` -- the same list in every shard
-    and every process, about 2 s."""
+    ``python -m fa4verify.fuzz.drawn`` with ``PYTHONHASHSEED=0`` -- the same list in every
+    process, about 2 s (once per campaign: the engine draws in the auditing process)."""
     feats = tuple(f for f in (features if features is not None else FEATURES)
                   if target is None or f in target.features())
     if int(siblings) < 0:
@@ -69,53 +68,15 @@ def draw_problems(*, arch: str, dtype: Optional[str], examples: int, seed: int, 
             "features": list(feats), "distributions": list(distributions) if distributions else None,
             "limits": {k: (list(v) if isinstance(v, (tuple, list)) else v) for k, v in (limits or {}).items()}}
     if int(siblings):
-        args["siblings"] = int(siblings)     # absent when 0: the shared-draw key of older draws stays
+        args["siblings"] = int(siblings)     # absent when 0: the arguments of older draws stay
     if fresh_process:
         from fa4verify import mods
         from fa4verify._strategies.calls import MOD_FEATURE
         user = mods.user_pair_modules() if MOD_FEATURE in feats else {}
         if user:       # Note [Pairs in a fresh process] (fa4verify.mods)
             args["user_mod_pairs"] = dict(sorted(user.items()))
-        return _draw_in_fresh_process(args)
-    return _draw_here(**args)
-
-
-#: a directory private to one audit run (its worker pool's), where the shards of a campaign share
-#: one draw: Note [One draw per audit]
-from fa4verify.audit.kernel_timing import RUN_DIR_ENV  # noqa: E402  (one definition)
-
-
-def _draw_in_fresh_process(args: dict[str, Any]) -> list[AttentionProblem]:
-    """Note [One draw per audit]: every shard of a drawn campaign needs the same list, drawn in a
-    fresh process (about 4 s on the H200, measured: mostly imports). Inside an audit the pool
-    gives its workers a private directory (``FA4VERIFY_RUN_DIR``); the first shard draws under an
-    exclusive lock and leaves the drawer's output there, the others wait for the lock and read
-    it. The output is checked exactly as a fresh draw's (the digests of the round trip), so a
-    shared draw is the same list; outside an audit every call draws."""
-    import hashlib
-    import json
-    import os
-    run_dir = os.environ.get(RUN_DIR_ENV, "").strip()
-    if not run_dir or not os.path.isdir(run_dir):
         return _parse_draw(_draw_subprocess(args))
-    import fcntl
-    key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:24]
-    path = os.path.join(run_dir, f"draw-{key}.json")
-    with open(path + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if os.path.exists(path):
-                with open(path) as f:
-                    return _parse_draw(f.read())
-            text = _draw_subprocess(args)
-            out = _parse_draw(text)           # only a valid draw is shared
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-            return out
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    return _draw_here(**args)
 
 
 def _draw_subprocess(args: dict[str, Any]) -> str:
@@ -175,7 +136,7 @@ def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, pro
         # Note [Mod quota]: a seeded Hypothesis run draws the mod_pairs family unevenly (0 of 44
         # examples at seed 0, 4 at seed 1), so a campaign that asks for it gets at least
         # examples // MOD_QUOTA_SHARE problems with a registered pair, drawn by mod_problems with
-        # the next seed (deterministic: the same list in every shard)
+        # the next seed (deterministic: the same list in every process)
         from fa4verify import mods as _mods
         from fa4verify._strategies.problem import mod_problems
         keys = ("max_seqlen", "max_batch", "max_heads", "max_head_dim", "head_dim_choices",
@@ -237,26 +198,6 @@ def _generate(strategy: Any, examples: int, seed: int, pname: str) -> list[Atten
 
 class _Full(Exception):
     """Raised by the drawing body once ``examples`` distinct problems are drawn."""
-
-
-def compile_key(problem: AttentionProblem) -> tuple:
-    """What selects the FA4 kernels of ``problem`` (the fuzz shards group examples by it): arch,
-    dtype, head dims, the GQA ratio, the mask kind (causal, which window sides, mask_mod, mods),
-    softcap on/off, sink, varlen, the call form (paged with its page size, seqused_k, block
-    sparsity, a named mask_mod) and whether each sequence-length maximum fits one 128-wide tile
-    (FA4's single-block backward). Not FA4's own key -- that also holds tiles and heuristics
-    derived from these -- but close to it: examples with equal keys share their kernels (a
-    sibling keeps its problem's key: Note [Siblings share compile keys]), and the rare kernel
-    two groups share is compiled once all the same by the workers of one pool that share FA4's
-    kernel cache (Note [One compile per key per audit], fa4verify.audit.kernel_timing)."""
-    f = problem.features()
-    c = problem.call
-    call = None if c is None else (c.page_size, c.seqused_k, c.q_batched, c.block_size, c.mask_mod_fn)
-    wl, wr = problem.window_size
-    return (f["arch"], f["dtype"], f["hdim"], problem.nheads // problem.nheads_kv, f["causal"],
-            wl is not None, wr is not None, f["softcap"], f["sink"], f["varlen"], f["mask_mod"],
-            problem.mods, call, problem.seqlen_q <= 128, problem.seqlen_k <= 128,
-            problem.batch > 1 and not problem.varlen)
 
 
 def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, target: Target,
@@ -352,13 +293,20 @@ def _merge_targets(targets: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def merge_drawn(parts: Sequence[Mapping[str, Any]], *, expected: int | Collection[int], arch: str,
                 profile: str, seed: Optional[int]) -> CampaignResult:
-    """One campaign result from the outcomes of :func:`run_drawn` (one part per shard, or one
-    for the unsharded run). ValueError when an example ran twice or one of the ``expected``
+    """One campaign result from the outcomes of :func:`run_drawn` (parts of any split). ValueError when an example ran twice or one of the ``expected``
     examples (indices ``0..expected-1``, or the given indices) is missing: a partial campaign is
     never a result."""
-    from fa4verify.sharding import merge
     want = range(expected) if isinstance(expected, int) else list(expected)
-    by_index = merge([{o["index"]: o for o in p["outcomes"]} for p in parts], expected=want)
+    by_index: dict[int, Any] = {}
+    for p in parts:
+        for o in p["outcomes"]:
+            if o["index"] in by_index:
+                raise ValueError(f"example {o['index']} ran twice")
+            by_index[o["index"]] = o
+    missing = sorted(set(want) - set(by_index))
+    extra = sorted(set(by_index) - set(want))
+    if missing or extra:
+        raise ValueError(f"incomplete campaign: missing {missing[:5]}, unexpected {extra[:5]}")
     res = CampaignResult(target=_merge_targets([p.get("target") or {} for p in parts]), arch=arch,
                          profile=profile_name(profile), seed=seed, examples_requested=len(want),
                          versions=_versions())

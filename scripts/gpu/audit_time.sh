@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
-# GPU audit wall time per check, with and without check shards (benchmarks/gpu_audit_time.py).
-#   bash scripts/gpu/audit_time.sh default  cold, warm (sharded) + warm --no-shard; the last
-#                                           recorded cold/warm runs as the 'before' columns
-#                                           (~2 min on the H200: ~50 + ~20 + ~30 s + starts)
-#   bash scripts/gpu/audit_time.sh quick    cold --no-shard, cold, warm, warm --no-shard
-#                                           (~2.5 min on the H200)
+# GPU audit wall time per check, cold and warm (benchmarks/gpu_audit_time.py).
+#   bash scripts/gpu/audit_time.sh default  cold, warm; the last recorded cold/warm runs as the
+#                                           'before' columns (~1.5 min on the H200)
+#   bash scripts/gpu/audit_time.sh quick    cold, warm (~1.5 min on the H200)
 #   bash scripts/gpu/audit_time.sh all      default then quick (~4.5 min)
 # Run from the repo root; writes $OUT/audit_time_<profile>/ (JSON reports, logs, the table as
 # .txt and .json) and $OUT/audit_time_<profile>.txt (stdout); prints the table.
@@ -15,10 +13,10 @@ base=docs/results/h200/audit_time
 one() {
   local prof="$1" modes rec=() lim
   case "$prof" in
-    default) modes="cold,warm,warm-noshard"; lim=330
+    default) modes="cold,warm"; lim=330
              rec=(--recorded "last-cold=$base/audit_default_cold.json"
                   --recorded "last-warm=$base/audit_default_warm.json") ;;
-    quick)   modes="cold-noshard,cold,warm,warm-noshard"; lim=270
+    quick)   modes="cold,warm"; lim=270
              rec=(--recorded "last-cold=$base/audit_quick_cold.json") ;;
   esac
   modes="${AUDIT_MODES:-$modes}"     # e.g. AUDIT_MODES=cold,warm for a lean run

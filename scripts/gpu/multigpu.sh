@@ -3,14 +3,15 @@
 # item 5). Runs unchanged on the one-GPU H200 and on an 8-GPU node; run from the repo root:
 #   bash scripts/gpu/multigpu.sh
 # 1. smoke: pytest -p fa4verify -n <GPUs> --fa4verify=quick --fa4-only -k <a handful of items>
-#    (xdist worker gwI pinned to GPU I by fa4verify.sharding; no test module imported; one worker
+#    (xdist worker gwI pinned to GPU I by fa4verify.multigpu; no test module imported; one worker
 #    pool per xdist worker; FA4's kernel cache shared), timed.
 # 2. fa4verify determinism --gpus all: the full h200 matrix in one pinned process per GPU
 #    (torch.multiprocessing spawn), digests compared across GPUs, processes and runs; manifest
 #    with GPU names/UUIDs. One GPU: "1 GPU: cross-GPU agreement not tested".
-# 3. only with >= 2 GPUs: fa4verify audit --gpus all --profile quick (work units -- whole checks and
-#    the shards of the sharded ones -- spread over the GPUs, one merged report; the summary gives
-#    each GPU's last unit end, gpu_end_s, and the checks whose shards ran on several GPUs).
+# 3. only with >= 2 GPUs: fa4verify audit --gpus all --profile quick (the engine's workers pinned
+#    one per GPU, tasks -- whole checks and the compile-key groups of a check's cases -- spread
+#    over them; the summary gives each GPU's last task end, gpu_end_s, and the checks whose tasks
+#    ran on several GPUs).
 # Expected wall time on the H200 (1 GPU): smoke ~35 s (xdist start, one worker process, two FA4
 # items compiled cold, two recorded/CPU items; cap 50 s) + determinism ~80 s (16 configurations
 # need ~26 cold FA4 compiles at ~3.3 s in one process, ~95 s: --time-budget 60 s per worker cuts
@@ -114,8 +115,8 @@ if int(os.environ["AUDIT_RC"]) != -1:
     try:
         r = json.load(open(os.path.join(o, "audit.json")))
         a["counts"] = r["summary"]["counts"]
-        # where the work units ran: each GPU's last unit end (the critical path is the largest)
-        # and, per check spread over GPUs, its units' GPUs (one timing entry per unit)
+        # where the tasks ran: each GPU's last task end (the critical path is the largest)
+        # and, per check spread over GPUs, its tasks' GPUs (one timing entry per task)
         ends, spread = {}, {}
         for x in r["results"]:
             gs = [t.get("gpu") for t in x.get("timing", []) if t.get("gpu") is not None]
@@ -123,7 +124,7 @@ if int(os.environ["AUDIT_RC"]) != -1:
                 if t.get("gpu") is not None:
                     ends[str(t["gpu"])] = max(ends.get(str(t["gpu"]), 0.0), float(t.get("end_s", 0.0)))
             if len(set(gs)) > 1:
-                spread[x["id"]] = {"units": len(gs), "gpus": sorted(set(gs))}
+                spread[x["id"]] = {"tasks": len(gs), "gpus": sorted(set(gs))}
         a["gpu_end_s"] = dict(sorted(ends.items(), key=lambda kv: int(kv[0])))
         a["spread_checks"] = spread
     except Exception as e:  # noqa: BLE001

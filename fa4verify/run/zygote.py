@@ -7,14 +7,14 @@ those imports once, in a process started with the workers' exact environment (FA
 kernel-cache switches at import), without touching CUDA, and then forks a worker per request:
 the child starts with everything imported and only creates its own CUDA context.
 
-Protocol (``python -m fa4verify.audit.zygote --control-fd N``): N is one end of an AF_UNIX
+Protocol (``python -m fa4verify.run.zygote --control-fd N``): N is one end of an AF_UNIX
 SOCK_SEQPACKET socket pair. The zygote sends ``{"ready": seconds, "pid": ...}`` after its imports,
 then handles messages from the parent:
 
-* ``{"op": "fork", "id": K}`` with three file descriptors attached (``socket.send_fds``): the
+* ``{"op": "fork", "id": K, "env": {...}}`` with three file descriptors attached (``socket.send_fds``): the
   worker's stdin (read end), its reply descriptor (write end) and its log file. The zygote forks;
   the child starts a new session, puts stdin on 0 and the log on 1 and 2, and runs
-  :func:`fa4verify.audit.worker.serve` on the reply descriptor (the usual worker protocol). The
+  :func:`fa4verify.run.worker.serve` on the reply descriptor (the usual worker protocol). The
   zygote answers ``{"forked": K, "pid": P}`` (or ``{"forked": K, "error": "..."}``).
 * every child that exits is reaped and reported as ``{"exit": P, "rc": R}`` (R as
   ``subprocess.Popen.returncode``: negative for a signal).
@@ -35,34 +35,10 @@ import socket
 import sys
 import time
 
-__all__ = ["main", "ZYGOTE_PRELOAD", "RESTORE_ENV"]
+__all__ = ["main", "RESTORE_ENV"]
 
 #: JSON {name: value or null} of environment variables a forked worker restores (or unsets)
 RESTORE_ENV = "FA4VERIFY_ZYGOTE_RESTORE"
-
-#: what the zygote imports (never CUDA): the modules every GPU check's worker needs
-ZYGOTE_PRELOAD = ("torch", "fa4verify.kernels.adapter", "fa4verify.judge", "fa4verify.oracles")
-
-
-def _preload() -> dict[str, float]:
-    import importlib
-    steps: dict[str, float] = {}
-    for mod in ZYGOTE_PRELOAD:
-        t0 = time.perf_counter()
-        try:
-            m = importlib.import_module(mod)
-            if mod == "fa4verify.kernels.adapter":
-                m.interface_module()          # FA4's interface, through its one importer
-        except Exception:  # noqa: BLE001 - the check that needs it reports the failure
-            pass
-        steps[mod] = round(time.perf_counter() - t0, 3)
-    try:
-        from fa4verify.audit import kernel_timing
-        kernel_timing.install()
-    except Exception:  # noqa: BLE001
-        pass
-    return steps
-
 
 def _cuda_initialised() -> bool:
     t = sys.modules.get("torch")
@@ -76,7 +52,7 @@ def _send(ctl: socket.socket, msg: dict) -> None:
     ctl.send(json.dumps(msg).encode())
 
 
-def _child(ctl: socket.socket, fds: list[int]) -> None:
+def _child(ctl: socket.socket, fds: list[int], env: dict) -> None:
     """In the forked child: become a worker (never returns)."""
     code = 1
     try:
@@ -84,8 +60,11 @@ def _child(ctl: socket.socket, fds: list[int]) -> None:
         ctl.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
+        from fa4verify.run.worker import die_with_parent
+        die_with_parent()             # Note [Worker isolation]: with the zygote, hence the audit
+        os.environ.update({str(k): str(v) for k, v in env.items()})   # e.g. its GPU (--gpus)
         # the worker's own environment: the switches only the zygote's imports needed go back
-        # to the parent's values (Note [Zygote environment], fa4verify.audit.pool)
+        # to the parent's values (Note [Zygote environment], fa4verify.run.pool)
         for k, v in json.loads(os.environ.pop(RESTORE_ENV, "{}")).items():
             if v is None:
                 os.environ.pop(k, None)
@@ -101,7 +80,7 @@ def _child(ctl: socket.socket, fds: list[int]) -> None:
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        from fa4verify.audit import worker
+        from fa4verify.run import worker
         code = worker.serve(reply_w)
     except BaseException:  # noqa: BLE001 - the parent sees the exit code and the log
         import traceback
@@ -126,8 +105,9 @@ def _reap(ctl: socket.socket) -> None:
 
 
 def serve(ctl: socket.socket) -> int:
+    from fa4verify.run.worker import preload
     t0 = time.perf_counter()
-    steps = _preload()
+    steps = preload("zygote")          # torch, FA4's interface, the judge: never CUDA
     _send(ctl, {"ready": round(time.perf_counter() - t0, 3), "steps": steps, "pid": os.getpid(),
                 "cuda_initialised": _cuda_initialised()})
     while True:
@@ -154,7 +134,7 @@ def serve(ctl: socket.socket) -> int:
             continue
         pid = os.fork()
         if pid == 0:
-            _child(ctl, fds)
+            _child(ctl, fds, dict(msg.get("env") or {}))
         for fd in fds:
             os.close(fd)
         _send(ctl, {"forked": msg.get("id"), "pid": pid})
@@ -163,8 +143,10 @@ def serve(ctl: socket.socket) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "--control-fd":
-        print("usage: python -m fa4verify.audit.zygote --control-fd N", file=sys.stderr)
+        print("usage: python -m fa4verify.run.zygote --control-fd N", file=sys.stderr)
         return 2
+    from fa4verify.run.worker import die_with_parent
+    die_with_parent()                 # Note [Worker isolation]
     ctl = socket.socket(fileno=int(argv[1]))
     code = serve(ctl)
     ctl.close()

@@ -1,40 +1,33 @@
-"""Worker processes for isolated checks: a pool of persistent workers, or one fresh per check.
+"""The engine's worker pool: isolated, persistent worker processes, forked from a zygote on the GPU.
 
-:class:`WorkerPool` owns ``size`` long-lived ``python -m fa4verify.audit.worker --serve``
-processes (see :mod:`fa4verify.audit.worker` for the protocol). :meth:`WorkerPool.run` is
-thread-safe: the runner drives one thread per worker, so up to ``size`` isolated checks run at
-once (on one GPU their kernel compiles, which are CPU work, overlap). A worker that dies, times
-out, or returns an ``error`` is discarded and a new one is started for the next check, so a CUDA
-fault in one check never leaks into another. ``fresh=True`` keeps the old behaviour (a new
-one-shot worker per check), which the speed benchmark uses as its "before".
+:class:`WorkerPool` owns up to ``size`` long-lived ``python -P -m fa4verify.run.worker --serve``
+processes (protocol: :mod:`fa4verify.run.worker`). :meth:`WorkerPool.run` runs one task in an
+idle worker, thread-safe (the engine drives one thread per worker). A worker that dies, runs past
+the task's deadline (killed with its process group) or returns an error is replaced, so a CUDA
+fault in one check never leaks into another; ``fresh=True`` replaces every worker after one task.
 
-Start-up (measured on the H200): a GPU worker's
-imports (torch ~3.5 s, FA4's interface ~7-10 s) and CUDA context dominate its start, so the pool
-starts every worker at once (:meth:`WorkerPool.prestart`; the CLI does it before discovering the
-checks) and, for GPU audits, forks them from a zygote that did those imports once
-(:mod:`fa4verify.audit.zygote`, Note [Zygote environment]; ``FA4VERIFY_WORKER_START=spawn``
-turns it off, and a zygote that cannot give working workers falls back to spawning). Workers
-exit without the interpreter's teardown and all at once (it had cost ~14 s per audit, serially).
-Each result carries the worker's timing (:meth:`WorkerPool.run_timed`).
+Start-up (measured on the H200): a GPU worker's imports (torch ~3.5 s, FA4's interface ~7-10 s)
+and CUDA context dominate, so the pool starts every worker at once (:meth:`WorkerPool.prestart`,
+before the CLI discovers the checks) and on a GPU forks them from a zygote that did the imports
+once (:mod:`fa4verify.run.zygote`, Note [Zygote environment]; ``FA4VERIFY_WORKER_START=spawn``
+turns it off; a zygote that cannot give working workers falls back to spawning).
 
-Worker environment: the parent's, plus the checkout on ``PYTHONPATH`` (workers import fa4verify
-and ``--checks-module`` files exactly as the parent did), FA4's persistent kernel cache
-(``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` and ``..._CACHE_DIR``) unless the caller turned it
-off or set it, and ``OMP_NUM_THREADS`` split between the workers unless set.
+Note [Worker isolation] (:mod:`fa4verify.run.worker`): workers and the zygote die with the parent
+(``PR_SET_PDEATHSIG`` fires when the *thread* that started the process ends, so one spawner thread
+that lives as long as the pool starts every process) and never have the cwd on their path.
 
-One cache directory serves every worker at once: FA4 (``flash_attn/cute/cache_utils.py``,
-``JITCache``) names an entry ``<sha256 of the compile key>.o``, loads it under a shared
-``fcntl.flock`` on ``<sha>.lock``, exports under the exclusive lock to a per-pid temporary file
-renamed into place (``os.replace``), and skips the export when a valid entry exists. Concurrent
-writers are therefore safe, but two workers compiling one key at the same time both compile
-(the second export is skipped): the check shards keep the cases of one compile key on one shard
-(:meth:`~fa4verify.audit.registry.CheckContext.shard_items`). FA4 waits at most 15 s for a lock.
+Worker environment: the parent's, FA4's persistent kernel cache (``..._CACHE_ENABLED=1``,
+``..._CACHE_DIR``) unless the caller set it, ``OMP_NUM_THREADS`` split between the workers. FA4
+(``flash_attn/cute/cache_utils.py``) loads a cache entry under a shared ``flock`` and exports under
+the exclusive one to a file renamed into place: concurrent workers are safe.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
+import pickle
 import queue
 import select
 import signal
@@ -46,39 +39,27 @@ import threading
 import time
 from typing import Any
 
-from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec
-from fa4verify.audit.worker import PRELOAD_ENV, build_request
 from fa4verify.audit.kernel_timing import RUN_DIR_ENV
-from fa4verify.audit.zygote import RESTORE_ENV
+from fa4verify.run.worker import PRELOAD_ENV, build_request
+from fa4verify.run.zygote import RESTORE_ENV
 
-__all__ = ["WorkerPool", "worker_env", "default_kernel_cache", "auto_workers",
-           "KERNEL_CACHE_ENV"]
+__all__ = ["WorkerPool", "worker_env", "KERNEL_CACHE_ENV", "TaskDied", "PoolClosed"]
 
 #: FA4's own switches for its persistent (AOT) kernel cache (flash_attn/cute/cache_utils.py).
 KERNEL_CACHE_ENV = ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
-
-
-def default_kernel_cache() -> str:
-    """``<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/fa4-kernels`` (absolute)."""
-    base = os.environ.get("FA4VERIFY_CACHE_DIR", "").strip() or ".fa4verify-cache"
-    return os.path.abspath(os.path.join(base, "fa4-kernels"))
-
-
-def auto_workers(device: str, cpu_count: int | None = None) -> int:
-    """Workers for ``--workers auto``: on a GPU, three quarters of the CPU cores, at most 12
-    (FA4's kernel compiles are single-threaded CPU work -- a compile's CPU seconds equal its wall
-    seconds, measured -- and overlap; the GPU is shared; the rest of the cores are the parent's
-    and the zygote's): 12 on the 16-core H200 box, where a cold default audit took 57.0 s with
-    12 workers and 61.2 s with 8 in one run; on the CPU, 2 (at most the cores)."""
-    n = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-    return max(1, min(12, (3 * n) // 4)) if device == "cuda" else max(1, min(2, n))
 
 
 def worker_env(*, kernel_cache: str | None, workers: int, base: dict[str, str] | None = None
                ) -> dict[str, str]:
     """The environment of a worker process (see the module docstring)."""
     env = dict(os.environ if base is None else base)
-    env["PYTHONPATH"] = os.pathsep.join([p for p in [os.getcwd(), env.get("PYTHONPATH", "")] if p])
+    cwd = os.path.realpath(os.getcwd())
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+            if p and os.path.realpath(p) != cwd]          # Note [Worker isolation]
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    else:
+        env.pop("PYTHONPATH", None)
     if kernel_cache and not any(k in env for k in KERNEL_CACHE_ENV):
         os.makedirs(kernel_cache, exist_ok=True)
         env[KERNEL_CACHE_ENV[0]] = "1"
@@ -92,34 +73,29 @@ def worker_env(*, kernel_cache: str | None, workers: int, base: dict[str, str] |
 EXIT_UNKNOWN = -1000
 
 
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except (ValueError, AttributeError):
-        return f"signal {-rc}"
+class TaskDied(Exception):
+    """A task whose worker died or ran past its deadline: ``reason`` (one line), ``case`` (the
+    index of the case it was running, None before the first), ``timed_out``, ``tail`` (its log)."""
+
+    def __init__(self, reason: str, case: int | None, timed_out: bool, tail: str, rc: int | None) -> None:
+        super().__init__(reason)
+        self.reason, self.case, self.timed_out, self.tail, self.rc = reason, case, timed_out, tail, rc
 
 
-def _died(rc: int | None, timed_out: bool, timeout: float, stderr_tail: str) -> CheckResult:
+def _died(rc: int | None, timed_out: bool, timeout: float, stderr_tail: str, case: int | None) -> TaskDied:
     if timed_out:
-        why = f"worker timed out after {timeout:g} s (killed)"
+        why = f"did not finish in {timeout:g} s (killed with its worker)"
     elif rc == EXIT_UNKNOWN:
         why = "worker process died (exit status unknown: the zygote that forked it is gone)"
     elif rc is not None and rc < 0:
-        why = f"worker process died: killed by {_signal_name(rc)} (exit {rc})"
+        name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
+        why = f"worker process died: killed by {name} (exit {rc})"
     else:
         why = f"worker process exited with status {rc} without a result"
     last = [ln for ln in stderr_tail.strip().splitlines() if ln.strip()]
-    if last:
+    if last and not timed_out:
         why += f"; last stderr line: {last[-1].strip()[:300]}"
-    return CheckResult(status="error", summary=why,
-                       details={"worker_stderr_tail": stderr_tail, "worker_exit": rc})
-
-
-def _kill_quietly(w: Any) -> None:
-    with contextlib.suppress(Exception):
-        _kill(w.proc)
-    with contextlib.suppress(Exception):
-        w.close(wait=1.0)
+    return TaskDied(why, case, timed_out, stderr_tail, rc)
 
 
 def _kill(proc: Any) -> None:
@@ -131,7 +107,7 @@ def _kill(proc: Any) -> None:
     proc.wait()
 
 
-class _PoolClosed(RuntimeError):
+class PoolClosed(RuntimeError):
     """A check reached the pool after :meth:`WorkerPool.close` (an interrupted audit)."""
 
 
@@ -182,7 +158,7 @@ def zygote_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class _Zygote:
-    """The parent's end of a :mod:`fa4verify.audit.zygote` process: forks workers on request
+    """The parent's end of a :mod:`fa4verify.run.zygote` process: forks workers on request
     and reports their exits. ``usable`` is False once it died or refused to fork; the pool then
     spawns workers instead."""
 
@@ -192,7 +168,7 @@ class _Zygote:
         self._log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fa4verify.audit.zygote", "--control-fd", str(child.fileno())],
+                [sys.executable, "-P", "-m", "fa4verify.run.zygote", "--control-fd", str(child.fileno())],
                 stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, env=zygote_env(env),
                 pass_fds=(child.fileno(),), start_new_session=True)
         finally:
@@ -230,13 +206,13 @@ class _Zygote:
                     self._exits[int(msg["exit"])] = int(msg["rc"])
                 self._cond.notify_all()
 
-    def fork(self, fds: tuple[int, int, int]) -> int:
+    def fork(self, fds: tuple[int, int, int], env: dict[str, str] | None = None) -> int:
         """Ask for a worker on ``fds`` (stdin read end, reply write end, log); returns the request
         id (the pid arrives later: :meth:`pid`). OSError when the zygote is gone."""
         with self._send_lock:
             self._next += 1
             k = self._next
-            socket.send_fds(self._ctl, [json.dumps({"op": "fork", "id": k}).encode()], list(fds))
+            socket.send_fds(self._ctl, [json.dumps({"op": "fork", "id": k, "env": env or {}}).encode()], list(fds))
         return k
 
     def pid(self, k: int, timeout: float | None = None) -> int | None:
@@ -267,8 +243,7 @@ class _Zygote:
             time.sleep(0.05)
 
     def close(self) -> None:
-        """Stop the zygote at once: it never runs a check and its workers are sessions of their
-        own, so killing it (perhaps in the middle of its imports) loses nothing."""
+        """Stop the zygote at once (after its workers: they die with it)."""
         with contextlib.suppress(OSError):
             self._ctl.shutdown(socket.SHUT_RDWR)
         self._ctl.close()
@@ -354,7 +329,8 @@ class _ForkedProc:
 class _Worker:
     """One serving worker process (spawned, or forked by the pool's zygote)."""
 
-    def __init__(self, env: dict[str, str], tmp: str, n: int, zygote: "_Zygote | None" = None) -> None:
+    def __init__(self, env: dict[str, str], tmp: str, n: int, zygote: "_Zygote | None" = None,
+                 fork_env: dict[str, str] | None = None) -> None:
         self.spawned = time.time()
         #: the worker's start-up: {"ready": preload s, "steps": {...}, "start_s": spawn to ready}
         self.ready: dict[str, Any] | None = None
@@ -366,7 +342,7 @@ class _Worker:
             if zygote is not None and zygote.usable:
                 sr, sw = os.pipe()
                 try:
-                    k = zygote.fork((sr, w, self._log.fileno()))
+                    k = zygote.fork((sr, w, self._log.fileno()), fork_env)
                 except OSError:
                     os.close(sw)
                     zygote = None
@@ -377,7 +353,7 @@ class _Worker:
                     os.close(sr)
             if not self.forked:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "fa4verify.audit.worker", "--serve", "--reply-fd", str(w)],
+                    [sys.executable, "-P", "-m", "fa4verify.run.worker", "--serve", "--reply-fd", str(w)],
                     stdin=subprocess.PIPE, stdout=self._log, stderr=self._log, env=env,
                     pass_fds=(w,), start_new_session=True)
         finally:
@@ -387,6 +363,7 @@ class _Worker:
         self.seq = 0
         self.tmp = tmp
         self.n = n
+        self.gpu: str | None = None       #: the GPU it was pinned to (``WorkerPool(gpus=)``)
 
     def _exit_code(self, wait: float) -> int | None:
         """The exit code of a worker that stopped answering, waiting at most ``wait`` s for it
@@ -425,46 +402,52 @@ class _Worker:
             f.seek(offset)
             return f.read()[-4000:].decode("utf-8", "replace")
 
-    def run(self, req: dict[str, Any], timeout: float
-            ) -> tuple[CheckResult, list[str], bool, dict[str, Any]]:
-        """(result, notes, alive, timing): ``alive`` is False when the process is gone or was
-        killed; ``timing`` the worker's figures for the request (empty when it died)."""
+    def run(self, req: dict[str, Any], timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(payload, timing) of one task: the worker's ``{"outcomes", "notes", "timing"}``;
+        :class:`TaskDied` when the process is gone or ran past ``timeout`` (killed)."""
         self.seq += 1
-        res_path = os.path.join(self.tmp, f"result{self.n}-{self.seq}.json")
+        req_path = os.path.join(self.tmp, f"request{self.n}-{self.seq}.pickle")
+        res_path = os.path.join(self.tmp, f"result{self.n}-{self.seq}.pickle")
+        with open(req_path, "wb") as f:
+            pickle.dump(req, f)
         offset = os.path.getsize(self.log_path)
         first = self.ready is None
         t_asked = time.time()
-        # one deadline for the whole item, a forked worker's start-up included (as a spawned
+        case: int | None = None
+        # one deadline for the whole task, a forked worker's start-up included (as a spawned
         # worker's start-up is: it reads the request only after its imports)
         deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
         if self.forked and first:
             if not self._await_forked_start(deadline):        # the deadline passed first
                 _kill(self.proc)
-                return _died(self.proc.returncode, True, timeout, self._stderr_since(offset)), [], False, {}
+                raise _died(self.proc.returncode, True, timeout, self._stderr_since(offset), case)
         try:
-            self.proc.stdin.write((json.dumps({"request": req, "result_path": res_path,
+            self.proc.stdin.write((json.dumps({"request": req_path, "result": res_path,
                                                "seq": self.seq}) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
-            return _died(self._exit_code(5), False, timeout, self._stderr_since(offset)), [], False, {}
+            raise _died(self._exit_code(5), False, timeout, self._stderr_since(offset), case) from None
         while True:
             line = self._readline(deadline)
-            if line is None:   # timed out
+            if line is None:   # past the deadline
                 _kill(self.proc)
-                return _died(self.proc.returncode, True, timeout, self._stderr_since(offset)), [], False, {}
+                raise _died(self.proc.returncode, True, timeout, self._stderr_since(offset), case)
             if not line:    # EOF: the worker died
-                return _died(self._exit_code(10), False, timeout, self._stderr_since(offset)), [], False, {}
+                raise _died(self._exit_code(10), False, timeout, self._stderr_since(offset), case)
             msg = json.loads(line)
             if "ready" in msg:          # the start-up line, before the first result
                 self.ready = dict(msg, start_s=round(float(msg.pop("wall", time.time())) - self.spawned, 3))
-                continue
-            break
-        with open(res_path) as f:
-            payload = json.load(f)
+            elif "case" in msg:
+                case = int(msg["case"])
+            elif "done" in msg:
+                break
+        with open(res_path, "rb") as f:
+            payload = pickle.load(f)
         os.unlink(res_path)
+        os.unlink(req_path)
         timing = dict(payload.get("timing") or {})
         if first and self.ready is not None:
-            # the item waited for the worker's start-up this long (0 when it was ready already)
+            # the task waited for the worker's start-up this long (0 when it was ready already)
             timing["worker_start_s"] = self.ready["start_s"]
             timing["worker_wait_s"] = round(max(0.0, self.spawned + self.ready["start_s"] - t_asked), 3)
             timing["preload"] = self.ready.get("steps", {})
@@ -472,7 +455,7 @@ class _Worker:
             zr = self.proc._z.ready if self.forked else None
             if zr:
                 timing["zygote_ready_s"] = zr.get("start_s")
-        return CheckResult.from_dict(payload["result"]), list(payload.get("notes", [])), True, timing
+        return payload, timing
 
     def ask_exit(self) -> None:
         """Tell an idle worker to exit (it does at once: no interpreter teardown)."""
@@ -518,11 +501,13 @@ class _Worker:
 
 
 class WorkerPool:
-    """Up to ``size`` worker processes shared by the isolated checks of one audit."""
+    """Up to ``size`` worker processes shared by the isolated tasks of one audit. ``gpus``: the
+    GPUs (``CUDA_VISIBLE_DEVICES`` entries) the workers are spread over, one per worker, each
+    new worker on the GPU with the fewest live workers (``--gpus``); None: the parent's."""
 
     def __init__(self, size: int = 1, *, timeout: float = 0.0, fresh: bool = False,
                  kernel_cache: str | None = None, preload: str = "none",
-                 start: str = "auto") -> None:
+                 start: str = "auto", gpus: list[str] | None = None) -> None:
         if size < 1:
             raise ValueError(f"WorkerPool size {size} < 1")
         if preload not in ("cuda", "cpu", "none"):
@@ -530,13 +515,13 @@ class WorkerPool:
         if start not in ("auto", "fork", "spawn"):
             raise ValueError(f"WorkerPool start {start!r}: expected auto, fork or spawn")
         #: how workers start: "fork" from a zygote that imported torch and FA4 once
-        #: (:mod:`fa4verify.audit.zygote`), or "spawn" (a fresh interpreter each); "auto" forks
+        #: (:mod:`fa4verify.run.zygote`), or "spawn" (a fresh interpreter each); "auto" forks
         #: when the workers preload CUDA (the GPU audit, where imports dominate a worker's start)
         #: unless ``FA4VERIFY_WORKER_START=spawn``
         env_start = os.environ.get("FA4VERIFY_WORKER_START", "").strip().lower()
         if start == "auto":
             start = env_start if env_start in ("fork", "spawn") else ("fork" if preload == "cuda" else "spawn")
-        self.start = "spawn" if fresh else start
+        self.start = start
         self._zygote: _Zygote | None = None
         #: why forked workers were given up for spawned ones (None while forking works)
         self.fork_failure: str | None = None
@@ -544,12 +529,13 @@ class WorkerPool:
         self.size = size
         self.timeout = timeout
         self.fresh = fresh
+        self.gpus = list(gpus) if gpus else None
         self.kernel_cache = kernel_cache
         self.created = time.time()        #: wall clock of the pool's creation (report phases)
         self.env = worker_env(kernel_cache=kernel_cache, workers=size)
         self.env.setdefault(PRELOAD_ENV, preload)
         self._tmp = tempfile.TemporaryDirectory(prefix="fa4verify-workers-")
-        # what the workers of this pool share (Note [One draw per audit], fa4verify.fuzz.drawn)
+        # what the workers of this pool share (compile locks: fa4verify.audit.kernel_timing)
         self.run_dir = os.path.join(self._tmp.name, "shared")
         os.makedirs(self.run_dir)
         self.env[RUN_DIR_ENV] = self.run_dir
@@ -557,37 +543,52 @@ class WorkerPool:
         for _ in range(size):
             self._idle.put(None)          # a slot; its worker starts on first use
         self._lock = threading.Lock()
-        self._count = 0
         self.started = 0                  #: worker processes started (for reports and tests)
         self._all: set[_Worker] = set()
+        # Note [Worker isolation]: one long-lived thread starts every process
+        self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fa4verify-spawner")
 
-    def _new(self) -> _Worker:
+    def _new(self, env: dict[str, str | None] | None = None) -> _Worker:
+        return self._spawner.submit(self._start_worker, env).result()
+
+    def _start_worker(self, own_env: dict[str, str | None] | None = None) -> _Worker:
         with self._lock:
             if self._closed:
-                raise _PoolClosed("the worker pool is closed (the audit was interrupted)")
-            self._count += 1
+                raise PoolClosed("the worker pool is closed (the audit was interrupted)")
             self.started += 1
-            n = self._count
+            n = self.started
+            env = self.env
+            if self.gpus:
+                live = [w.gpu for w in self._all if w.proc.poll() is None]
+                gpu = min(self.gpus, key=lambda g: (live.count(g), self.gpus.index(g)))
+                env = dict(env, CUDA_VISIBLE_DEVICES=gpu, FA4VERIFY_GPU_INDEX=str(self.gpus.index(gpu)))
+            if own_env is not None:        # a task with its own environment: a spawned worker
+                env = {k: v for k, v in {**env, **own_env}.items() if v is not None}
+                w = _Worker(env, self._tmp.name, n)
+                self._all.add(w)
+                return w
             if self.start == "fork" and self._zygote is None:
                 try:
                     self._zygote = _Zygote(self.env, self._tmp.name)
                 except OSError:
                     self.start = "spawn"
             z = self._zygote if self.start == "fork" and self._zygote and self._zygote.usable else None
-            w = _Worker(self.env, self._tmp.name, n, zygote=z)
+            w = _Worker(env, self._tmp.name, n, zygote=z,
+                        fork_env={k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "FA4VERIFY_GPU_INDEX") if k in env}
+                        if self.gpus else None)
+            w.gpu = env.get("CUDA_VISIBLE_DEVICES") if self.gpus else None
             self._all.add(w)
         return w
 
     @classmethod
-    def for_audit(cls, config: Any, size: int | None = None) -> "WorkerPool":
+    def for_audit(cls, config: Any, size: int | None = None, gpus: list[str] | None = None) -> "WorkerPool":
         """The pool of an audit run (``config``: an :class:`~fa4verify._options.AuditConfig`),
         ``size`` workers (default ``config.workers``), preloading CUDA on a GPU audit, every
         worker started now (:meth:`prestart`): their imports and CUDA contexts overlap whatever
-        the caller does next (the CLI's discovery, the runner's in-process checks) and each
-        other, instead of delaying each worker's first item."""
+        the caller does next (the CLI's discovery, the in-process checks) and each other."""
         pool = cls(size if size is not None else config.workers, timeout=config.timeout,
                    fresh=config.fresh_workers, kernel_cache=config.kernel_cache,
-                   preload="cuda" if config.device == "cuda" else "none")
+                   preload="cuda" if config.device == "cuda" else "none", gpus=gpus)
         try:
             pool.prestart()
         except BaseException:          # a half-started pool (Ctrl-C, a failed spawn) is closed
@@ -604,112 +605,98 @@ class WorkerPool:
             out["zygote_ready"] = round(z.spawned + float(z.ready["start_s"]) - t0, 3)
         return out
 
-    def prestart(self, n: int | None = None) -> int:
-        """Start up to ``n`` (default: every) idle slot's worker now, so their start-up (imports,
-        CUDA context: :func:`fa4verify.audit.worker.preload`) overlaps whatever the caller does
-        next; returns how many were started. No-op with ``fresh=True``."""
-        if self.fresh:
-            return 0
+    def prestart(self) -> int:
+        """Start every idle slot's worker now, so their start-up (imports, CUDA context:
+        :func:`fa4verify.run.worker.preload`) overlaps whatever the caller does next; returns
+        how many were started."""
         slots = []
         while True:
             try:
                 slots.append(self._idle.get_nowait())
             except queue.Empty:
                 break
-        started = 0
-        for j, w in enumerate(slots):
-            if w is None and (n is None or started < n):
-                slots[j] = self._new()
-                started += 1
-        for w in slots:
-            self._idle.put(w)
-        return started
-
-    def run(self, spec: CheckSpec, ctx: CheckContext) -> tuple[CheckResult, list[str]]:
-        """Run one check in a worker; a dead or timed-out worker is an ``error`` result."""
-        result, notes, _ = self.run_timed(spec, ctx)
-        return result, notes
-
-    def run_timed(self, spec: CheckSpec, ctx: CheckContext
-                  ) -> tuple[CheckResult, list[str], dict[str, Any]]:
-        """:meth:`run`, plus the worker's timing of the request (``exec_s``, FA4 compiles and
-        disk-cache loads, and for a worker's first request its start-up): see
-        :mod:`fa4verify.audit.worker`."""
-        req = build_request(spec, ctx)
-        if self.fresh:
-            return (*self._run_fresh(req), {})
-        if self._closed:
-            return CheckResult(status="error", summary="the worker pool is closed (the audit was "
-                                                       "interrupted)"), [], {}
-        w = self._idle.get()
+        new = 0
         try:
-            if w is None or w.proc.poll() is not None:
+            for j, w in enumerate(slots):
+                if w is None:
+                    slots[j], new = self._new(), new + 1
+        finally:
+            for w in slots:
+                self._idle.put(w)
+        return new
+
+    def run(self, spec: Any, ctx: Any, cases: list[tuple[int, Any]] | None = None,
+            timeout: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run one task (``cases`` of ``spec``, or the whole check) in a worker within
+        ``timeout`` seconds (default: the pool's; 0: none): ``(payload, timing)`` as
+        :meth:`_Worker.run`. :class:`TaskDied` when the worker died or was killed at the
+        deadline, :class:`PoolClosed` when the pool was closed (an interrupted audit)."""
+        return self._run(build_request(spec, ctx, cases), timeout, None)
+
+    def call(self, target: str, payload: Any, *, env: dict[str, str | None] | None = None,
+             timeout: float | None = None) -> Any:
+        """``function(payload)`` of ``target`` ("module:function") in a worker: the value it
+        returned; :class:`TaskDied` as :meth:`run`; the call's exception as ``RuntimeError``
+        (with its traceback text). ``env``: variables set (None: unset) for this call, which then
+        runs in a fresh worker of its own (a GPU it is pinned to, a patched FA4 on its path)."""
+        out, _ = self._run({"call": target, "payload": payload}, timeout, env)
+        (_j, kind, v), = out["outcomes"]
+        if kind == "error":
+            raise RuntimeError(f"{v[0]}\n{v[1]}")
+        return v
+
+    def _run(self, req: dict[str, Any], timeout: float | None, env: dict | None
+             ) -> tuple[dict[str, Any], dict[str, Any]]:
+        timeout = self.timeout if timeout is None else timeout
+        if self._closed:
+            raise PoolClosed("the worker pool is closed (the audit was interrupted)")
+        w = self._new(env) if env is not None else self._idle.get()
+        try:
+            if env is None and (w is None or w.proc.poll() is not None):
                 if w is not None:
-                    w.close()
+                    self._discard(w)
                     w = None
-                try:
-                    w = self._new()
-                except _PoolClosed as e:
-                    return CheckResult(status="error", summary=str(e)), [], {}
+                w = self._new()
             try:
-                result, notes, alive, timing = w.run(req, self.timeout)
+                payload, timing = w.run(req, timeout)
             except _ForkFailed as e:
                 # the zygote cannot give working workers here: spawn them from now on (the
                 # check itself never sees this) -- unless the pool was closed meanwhile
-                _kill_quietly(w)
-                with self._lock:
-                    self._all.discard(w)
+                with contextlib.suppress(Exception):
+                    _kill(w.proc)
+                self._discard(w)
                 w = None
                 if self._closed:
-                    return (CheckResult(status="error", summary="the worker pool was closed before "
-                                        "this check ran (the audit was interrupted)"), [], {})
+                    raise PoolClosed("the worker pool was closed before this task ran") from None
                 self.fork_failure = str(e)
                 self.start = "spawn"
                 w = self._new()
-                result, notes, alive, timing = w.run(req, self.timeout)
+                payload, timing = w.run(req, timeout)
                 timing["fork_failed"] = str(e)
-            if not alive or result.status == "error":
-                w.close()        # a fault may have left the CUDA context unusable: start afresh
-                with self._lock:
-                    self._all.discard(w)
+            if env is not None or self.fresh or any(
+                    k == "error" or (k == "result" and v.status == "error") for _j, k, v in payload["outcomes"]):
+                self._discard(w)        # a fault may have left the CUDA context unusable
                 w = None
-            return result, notes, timing
+            return payload, timing
+        except TaskDied:
+            if w is not None:
+                self._discard(w)
+            w = None
+            raise
         finally:
-            self._idle.put(w)
+            if env is None:
+                self._idle.put(w)
+            elif w is not None:
+                self._discard(w)
 
-    def _run_fresh(self, req: dict[str, Any]) -> tuple[CheckResult, list[str]]:
+    def _discard(self, w: _Worker) -> None:
+        w.close()
         with self._lock:
-            self.started += 1
-        with tempfile.TemporaryDirectory(prefix="fa4verify-worker-") as td:
-            req_path, res_path = os.path.join(td, "request.json"), os.path.join(td, "result.json")
-            err_path = os.path.join(td, "stderr.txt")
-            with open(req_path, "w") as f:
-                json.dump(req, f)
-            timed_out = False
-            with open(err_path, "wb") as err:
-                proc = subprocess.Popen([sys.executable, "-m", "fa4verify.audit.worker", req_path,
-                                         res_path], stdin=subprocess.DEVNULL, stdout=err,
-                                        stderr=err, env=self.env, start_new_session=True)
-                try:
-                    rc = proc.wait(timeout=self.timeout if self.timeout and self.timeout > 0 else None)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                    _kill(proc)
-                    rc = proc.returncode
-                except KeyboardInterrupt:
-                    _kill(proc)
-                    raise
-            with open(err_path, "rb") as f:
-                tail = f.read()[-4000:].decode("utf-8", "replace")
-            if not timed_out and rc == 0 and os.path.exists(res_path):
-                with open(res_path) as f:
-                    payload = json.load(f)
-                return CheckResult.from_dict(payload["result"]), list(payload.get("notes", []))
-            return _died(rc, timed_out, self.timeout, tail), []
+            self._all.discard(w)
 
     def close(self) -> None:
         """Stop every worker: idle ones cleanly, busy ones (an interrupted audit) killed. No
-        worker starts after this (a check that reaches the pool then is an ``error``)."""
+        worker starts after this (a task that reaches the pool then gets :class:`PoolClosed`)."""
         with self._lock:
             self._closed = True
         idle: set[int] = set()
@@ -724,8 +711,8 @@ class WorkerPool:
             workers, self._all = list(self._all), set()
         for w in workers:          # every worker at once: their exits overlap
             if id(w) not in idle or w.seq == 0:
-                # busy (an interrupted audit), or never given a request (it may still be in
-                # its start-up, which would not read an exit request for seconds)
+                # busy (an interrupted audit), or never given a task (it may still be in its
+                # start-up, which would not read an exit request for seconds)
                 _kill(w.proc)
             else:
                 w.ask_exit()
@@ -737,6 +724,7 @@ class WorkerPool:
         if self._zygote is not None:
             self._zygote.close()
             self._zygote = None
+        self._spawner.shutdown(wait=False)
         self._tmp.cleanup()
 
     def __enter__(self) -> "WorkerPool":
@@ -744,3 +732,4 @@ class WorkerPool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+

@@ -1,0 +1,340 @@
+"""The engine: plan the checks' cases into tasks, run them (here or in the pool), merge.
+
+Note [One engine]: a check is whole (``func(ctx) -> CheckResult``) or a map / reduce over its
+cases (``@check(cases=, summarise=)``: :mod:`fa4verify.audit.registry`). :func:`run_jobs`
+
+1. **plans**: ``cases(ctx)`` runs here, once (a fuzz campaign's draw included); the cases are
+   grouped by the FA4 compile key the subject owns (:func:`fa4verify.kernels.adapter.compile_key`),
+   one task per group, so one worker compiles a kernel for every case that needs it; tasks are
+   queued longest first (the check's ``cost`` split over its groups by case count, a compile
+   weighed as one case), equal costs in selection order (:func:`plan`);
+2. **runs**: isolated tasks in the :class:`~fa4verify.run.pool.WorkerPool` (a task past its
+   deadline, :func:`task_deadline`, is killed with its worker), the others here, meanwhile;
+3. **merges** each check once its tasks are back (:func:`merge`): ``summarise(ctx, [(case,
+   value), ...])`` in case order, so the verdict is that of one loop over the cases whatever the
+   grouping and the workers. A case that errors, crashes or hangs makes the check ``error``
+   naming the case (``fail`` when the finished cases already prove a violation), never ``pass``;
+   skipped cases beside others make a ``pass`` ``undecided``; every case skipped is a skip.
+
+The audit, its fuzz, coverage and determinism checks, ``fa4verify determinism`` and the source
+mutants (:func:`run_calls`) and ``--gpus`` (workers pinned one per GPU) all run here.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec, SkipCheck
+from fa4verify.run.worker import run_task
+
+__all__ = ["Job", "Task", "plan", "merge", "run_jobs", "run_here", "run_calls", "CallOutcome", "task_deadline", "case_key", "describe_case",
+           "MIN_DEADLINE_S", "DEADLINE_FACTOR"]
+
+#: Note [Default deadline]: on a GPU an isolated task gets max(MIN_DEADLINE_S, DEADLINE_FACTOR x
+#: the check's ``cost``) seconds (``--timeout`` overrides, 0 = none): a hung kernel becomes that
+#: check's error instead of an audit without a report. The cost is the check's measured warm
+#: seconds on the H200; a task is at most the whole check, and a cold start (compiles, the
+#: worker's start-up) stays well inside the floor (a cold default audit: ~60 s in all).
+MIN_DEADLINE_S = 300.0
+DEADLINE_FACTOR = 5.0
+
+
+def task_deadline(timeout: float | None, device: str, cost: float) -> float:
+    """Seconds a task of a check of ``cost`` may run (0: no limit): Note [Default deadline]."""
+    if timeout is not None:
+        return float(timeout)
+    return max(MIN_DEADLINE_S, DEADLINE_FACTOR * float(cost)) if device == "cuda" else 0.0
+
+
+def case_key(case: Any) -> Any:
+    """The FA4 compile key of a case (an AttentionProblem, or a case with a ``problem``), None
+    when it has none (the case is then a group of its own)."""
+    p = getattr(case, "problem", case)
+    if not hasattr(p, "features") or not hasattr(p, "window_size"):
+        return None
+    from fa4verify.kernels.adapter import compile_key
+    return compile_key(p)
+
+
+def describe_case(case: Any) -> str:
+    d = getattr(case, "describe", None)
+    text = d() if callable(d) else repr(case)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@dataclasses.dataclass
+class Job:
+    """One check instance to run: ``isolated`` in a worker or here; ``cases`` (set by
+    :func:`run_jobs` from ``spec.cases``) None for a whole check."""
+    spec: CheckSpec
+    ctx: CheckContext
+    isolated: bool = False
+    cases: list | None = None
+    #: filled while it runs: index -> (kind, value) (:func:`fa4verify.run.worker.run_task`)
+    outcomes: dict = dataclasses.field(default_factory=dict)
+    notes: list = dataclasses.field(default_factory=list)
+    timing: list = dataclasses.field(default_factory=list)
+    pending: int = 0
+    t0: float | None = None
+    t1: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """Cases ``cases`` (indices; None: the whole check) of job ``job``; ``cost``: its share of
+    the check's cost (seconds), for the longest-first queue."""
+    job: int
+    cases: tuple[int, ...] | None
+    cost: float
+
+
+def plan(jobs: Sequence[Job]) -> list[Task]:
+    """The tasks of ``jobs`` (Note [One engine], step 1), longest first (stable)."""
+    tasks: list[Task] = []
+    for i, job in enumerate(jobs):
+        if job.cases is None:
+            tasks.append(Task(i, None, float(job.spec.cost)))
+            continue
+        groups: dict[Any, list[int]] = {}
+        for j, c in enumerate(job.cases):
+            k = case_key(c)
+            groups.setdefault(("case", j) if k is None else ("key", k), []).append(j)
+        weight = sum(len(g) + 1 for g in groups.values()) or 1
+        for g in groups.values():
+            tasks.append(Task(i, tuple(g), float(job.spec.cost) * (len(g) + 1) / weight))
+    return sorted(tasks, key=lambda t: -t.cost)
+
+
+def _error_text(v: Any) -> str:
+    return v[0] if isinstance(v, tuple) else str(v)
+
+
+def merge(job: Job) -> CheckResult:
+    """ONE result of a job whose tasks are back (Note [One engine], step 3)."""
+    if job.cases is None:
+        kind, v = job.outcomes.get(0, ("error", "the check never ran"))
+        if kind == "result":
+            return v
+        return CheckResult(status="error", summary=_error_text(v)[:500],
+                           details={"traceback": v[1]} if isinstance(v, tuple) else {})
+    n = len(job.cases)
+    got = [job.outcomes.get(j, ("error", "never ran (the audit was interrupted)")) for j in range(n)]
+    ok = [(job.cases[j], v) for j, (k, v) in enumerate(got) if k == "value"]
+    skips = [(j, v) for j, (k, v) in enumerate(got) if k == "skip"]
+    bad = [(j, v) for j, (k, v) in enumerate(got) if k == "error"]
+    if n and len(skips) == n:
+        return CheckResult(status="skip", summary=skips[0][1])
+    try:
+        out = job.spec.summarise(job.ctx, ok) if (ok or not n) else None
+        if out is not None and not isinstance(out, CheckResult):
+            raise TypeError(f"summarise returned {type(out).__name__}, not CheckResult")
+    except SkipCheck as e:
+        out = CheckResult(status="skip", summary=str(e) or "skipped by the check")
+    except Exception as e:  # noqa: BLE001 - a broken summary is the check's error, never a pass
+        if not bad:
+            import traceback
+            return CheckResult(status="error", summary=f"summarise: {type(e).__name__}: {e}"[:500],
+                               details={"traceback": traceback.format_exc()[-6000:]})
+        out = None
+    if bad:
+        bad.sort(key=lambda jv: _error_text(jv[1]).startswith("lost with its worker"))
+        j, v = bad[0]
+        first = f"case {j + 1}/{n} ({describe_case(job.cases[j])}): {_error_text(v)}"
+        tb = {"traceback": v[1]} if isinstance(v, tuple) else {}
+        if out is not None and out.status == "fail":     # a proven violation stands
+            out.summary = f"{out.summary} (check incomplete: {len(bad)}/{n} case(s) did not finish: {first})"[:2000]
+            return out
+        return CheckResult(status="error", summary=f"{len(bad)}/{n} case(s) did not finish: {first}"[:2000],
+                           where=out.where if out is not None else "", details=tb)
+    assert out is not None
+    if skips and out.status == "pass":
+        out.status = "undecided"
+        out.summary = f"{len(skips)}/{n} case(s) skipped: {skips[0][1]}; {out.summary}"
+    return out
+
+
+def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int], Any] | None = None,
+             deadline: Callable[[Job], float] = lambda job: 0.0,
+             on_done: Callable[[int, CheckResult], None] | None = None,
+             progress: Callable[[Job], Any] | None = None, origin: float | None = None,
+             phases: dict | None = None) -> list[CheckResult]:
+    """Run ``jobs`` (Note [One engine]) and return one result per job, in order. ``pool``: a
+    caller's pool (left open), else ``new_pool(n)`` makes one for the isolated tasks (closed
+    here). ``on_done(i, result)`` is called in this thread as each job finishes. ``progress(job)``
+    a progress-bar factory for a job run here. ``origin``: ``time.perf_counter()`` the timing
+    entries count from."""
+    origin = time.perf_counter() if origin is None else origin
+    phases = {} if phases is None else phases
+    results: dict[int, CheckResult] = {}
+    lock = threading.Lock()
+    finished: list[int] = []
+
+    def finish(i: int) -> None:
+        job = jobs[i]
+        tm = time.perf_counter()
+        res = merge(job)
+        phases["merge"] = phases.get("merge", 0.0) + time.perf_counter() - tm
+        results[i] = res
+        if on_done is not None:
+            on_done(i, res)
+
+    def drain() -> None:
+        with lock:
+            done, finished[:] = list(finished), []
+        for i in done:
+            finish(i)
+
+    for i, job in enumerate(jobs):          # step 1: the cases, here, once
+        if job.spec.cases is None:
+            continue
+        try:
+            job.cases = list(job.spec.cases(job.ctx))
+        except SkipCheck as e:
+            job.cases = []
+            results[i] = CheckResult(status="skip", summary=str(e) or "skipped by the check")
+        except Exception as e:  # noqa: BLE001 - the check's error
+            import traceback
+            job.cases = []
+            results[i] = CheckResult(status="error", summary=f"cases: {type(e).__name__}: {e}"[:500],
+                                     details={"traceback": traceback.format_exc()[-6000:]})
+    tasks = [t for t in plan(jobs) if t.job not in results]
+    for t in tasks:
+        jobs[t.job].pending += 1
+    for i, job in enumerate(jobs):
+        if i not in results and job.cases is not None and not job.cases:
+            finish(i)                       # no case: the summary of nothing
+    remote = [t for t in tasks if jobs[t.job].isolated]
+    local = sorted((t for t in tasks if not jobs[t.job].isolated), key=lambda t: (t.job, t.cases or ()))
+
+    def record(t: Task, outcomes: list, notes: list, t0: float, t1: float, timing: dict) -> None:
+        job = jobs[t.job]
+        with lock:
+            for j, kind, v in outcomes:
+                job.outcomes[j] = (kind, v)
+            job.notes.extend(n for n in notes if n not in job.notes)
+            job.timing.append(dict({"start_s": round(t0 - origin, 3), "end_s": round(t1 - origin, 3),
+                                    "cases": None if t.cases is None else len(t.cases)}, **timing))
+            job.t0 = t0 if job.t0 is None else min(job.t0, t0)
+            job.t1 = t1 if job.t1 is None else max(job.t1, t1)
+            job.pending -= 1
+            if job.pending == 0:
+                finished.append(t.job)
+
+    def run_remote(t: Task) -> None:
+        from fa4verify.run.pool import PoolClosed, TaskDied
+        job = jobs[t.job]
+        cases = None if t.cases is None else [(j, job.cases[j]) for j in t.cases]
+        t0 = time.perf_counter()
+        try:
+            payload, timing = pool.run(job.spec, job.ctx, cases, timeout=deadline(job))
+            outcomes, notes = payload["outcomes"], payload.get("notes", [])
+        except TaskDied as d:
+            timing, notes = {"worker_exit": d.rc}, []
+            idx = [0] if t.cases is None else list(t.cases)
+            running = d.case if d.case in idx else idx[0]
+            # the case it was running gets the reason; the others of its task went with the worker
+            outcomes = [(j, "error", (d.reason if j == running else f"lost with its worker ({d.reason})",
+                                      d.tail[-4000:])) for j in idx]
+        except Exception as e:  # noqa: BLE001 - the pool was closed, or broke: this task's error
+            why = str(e) if isinstance(e, PoolClosed) else f"worker pool: {type(e).__name__}: {e}"
+            timing, notes = {}, []
+            outcomes = [(j, "error", why) for j in ([0] if t.cases is None else t.cases)]
+        record(t, outcomes, notes, t0, time.perf_counter(), timing)
+
+    own = pool is None
+    executor = None
+    futures: list = []
+    try:
+        if remote:
+            n = max(1, len(remote))
+            if own:
+                pool = new_pool(n)
+            executor = concurrent.futures.ThreadPoolExecutor(max_workers=min(pool.size, n),
+                                                             thread_name_prefix="fa4verify-task")
+            futures = [executor.submit(run_remote, t) for t in remote]
+        for t in local:                     # step 2, here: in selection order
+            job = jobs[t.job]
+            cases = None if t.cases is None else [(j, job.cases[j]) for j in t.cases]
+            t0 = time.perf_counter()
+            if progress is not None:
+                job.ctx._progress_factory = progress(job)
+            if cases is None:
+                outcomes = run_task(job.spec, job.ctx, None)
+            else:
+                with job.ctx.progress(len(cases), job.spec.title) as bar:
+                    outcomes = run_task(job.spec, job.ctx, cases, lambda j: None)
+                    bar.advance(len(cases))
+            record(t, outcomes, list(job.ctx._notes), t0, time.perf_counter(), {})
+            drain()
+        for f in concurrent.futures.as_completed(futures):
+            f.result()
+            drain()
+        drain()
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        if own and pool is not None:
+            tc = time.perf_counter()
+            pool.close()
+            phases["pool_close"] = time.perf_counter() - tc
+    for i, job in enumerate(jobs):        # an interrupted run: what never came back is an error
+        if i not in results:
+            finish(i)
+    return [results[i] for i in range(len(jobs))]
+
+
+def run_here(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
+    """One check run whole in this process (its cases one after another): for tests and callers
+    without a pool; the verdict is the pool's (Note [One engine])."""
+    return run_jobs([Job(spec=spec, ctx=ctx)])[0]
+
+
+@dataclasses.dataclass
+class CallOutcome:
+    """What became of one :func:`run_calls` payload: ``value`` (what the function returned) when
+    ``ok``, else ``error`` (one line: it raised, died or ran past the deadline) and ``rc`` (the
+    worker's exit status when it died)."""
+    index: int
+    ok: bool
+    value: Any = None
+    error: str | None = None
+    rc: int | None = None
+    seconds: float = 0.0
+
+
+def run_calls(target: str, payloads: Sequence[Any], *, envs: Sequence[dict | None] | None = None,
+              timeout_s: float | None = None, parallel: bool | int = True) -> list[CallOutcome]:
+    """``function(payload)`` of ``target`` ("module:function") for every payload, each in a fresh
+    worker process of its own (the engine's pool: dies with this process, never imports from the
+    working directory), all at once when ``parallel`` (an int: at most that many at once);
+    ``envs[i]``: the variables of call i's
+    process (None values unset: e.g. its GPU, or no kernel cache). Never raises for a call's
+    failure: it is in that call's :class:`CallOutcome`."""
+    from fa4verify.run.pool import PoolClosed, TaskDied, WorkerPool
+    envs = list(envs) if envs is not None else [{} for _ in payloads]
+    out: list[CallOutcome | None] = [None] * len(payloads)
+    t0 = time.monotonic()
+
+    def one(i: int) -> None:
+        try:
+            v = pool.call(target, payloads[i], env=dict(envs[i] or {}), timeout=timeout_s or 0)
+            out[i] = CallOutcome(i, True, v)
+        except TaskDied as d:
+            out[i] = CallOutcome(i, False, error=d.reason, rc=d.rc)
+        except (RuntimeError, PoolClosed) as e:
+            last = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+            out[i] = CallOutcome(i, False, error=f"raised {last[0][:300] if last else e!r}", rc=1)
+        out[i].seconds = round(time.monotonic() - t0, 3)
+
+    with WorkerPool(max(1, len(payloads)), fresh=True) as pool:
+        n = len(payloads) if parallel is True else max(1, int(parallel))
+        if n > 1 and len(payloads) > 1:
+            with concurrent.futures.ThreadPoolExecutor(min(n, len(payloads))) as ex:
+                list(ex.map(one, range(len(payloads))))
+        else:
+            for i in range(len(payloads)):
+                one(i)
+    return [o for o in out if o is not None]
