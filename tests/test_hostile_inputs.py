@@ -465,10 +465,15 @@ def test_09_bad_values_are_one_line_exit_2(argv, fragment, capsys):
 
 def test_09_audit_sigint_exits_130_with_earlier_files_intact(tmp_path):
     j = write_prev(tmp_path / "a.json")
+    ready = tmp_path / "ready"
     p = subprocess.Popen([sys.executable, "-m", "fa4verify", "audit", "--no-default-checks", "--no-live",
                           "--checks-module", HANG, "--checks-module", OK, "-k", "hang", "--isolate", "never",
-                          "--json", str(j)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)
+                          "--opt", f"ready={ready}", "--json", str(j)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240           # issue 30 item 8: the check's readiness marker, not a sleep
+    while not ready.exists():
+        assert p.poll() is None and time.monotonic() < deadline, "the audit never reached its check"
+        time.sleep(0.05)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     record("SIGINT to fa4verify audit -k hang --isolate never --json a.json", p.returncode, err)

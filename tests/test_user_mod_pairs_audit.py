@@ -13,6 +13,7 @@ import pytest
 
 from fa4verify import mods
 from fa4verify.audit import registry
+from fa4verify.run.engine import run_here
 
 PAIR_MODULE = textwrap.dedent('''
     import numpy as np
@@ -71,7 +72,7 @@ def stand_ins(monkeypatch):
 def test_the_fuzz_production_campaign_draws_a_registered_user_pair(user_pair, stand_ins):
     from fa4verify.checks import fuzz as F
     ctx = registry.CheckContext(device="cuda", arch="sm90", profile="default", seed=0, check_id="fuzz.production")
-    r = F.production(ctx)
+    r = run_here(F.production.__fa4verify_check__, ctx)
     drawn = stand_ins["problems"]
     assert len(drawn) >= 40 and r.status != "pass"        # nothing was judged: never a pass
     mine = [p for p in drawn if "my_bias" in p.mods]
@@ -92,7 +93,7 @@ def test_a_pair_the_fresh_drawer_cannot_import_is_refused_by_name(stand_ins):
         ctx = registry.CheckContext(device="cuda", arch="sm90", profile="default", seed=0,
                                     check_id="fuzz.production")
         with pytest.raises(RuntimeError, match="not_importable cannot be drawn"):
-            F.production(ctx)
+            F.production.__fa4verify_check__.cases(ctx)           # the draw: the check's cases
     finally:
         mods.unregister("not_importable")
 
@@ -101,7 +102,7 @@ def test_the_coverage_plan_runs_every_registered_pair(user_pair, stand_ins):
     from fa4verify.checks import coverage as C
     ctx = registry.CheckContext(device="cuda", arch="sm90", profile="default", seed=0,
                                 check_id="coverage.production")
-    r = C.production(ctx)
+    r = run_here(C.production.__fa4verify_check__, ctx)
     rows = r.details["plan"]["row_values"]
     problems = stand_ins["problems"]
     assert len(problems) == len(rows) and r.status != "pass"
