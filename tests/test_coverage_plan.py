@@ -18,6 +18,7 @@ from fa4verify.checks import coverage as C
 from fa4verify.coverage import planner
 from fa4verify.coverage.space import DIMENSIONS, FORMS, MASKS, PASSES
 from fa4verify.deployment import Deployment
+from fa4verify.run.engine import run_here
 from fa4verify.targets import TwinTarget, production_features
 
 ARCHS = ("sm90", "sm100")
@@ -152,7 +153,7 @@ def test_a_value_missing_from_the_plan_is_named_as_a_hole_and_undecided(monkeypa
                                    "distributions": ["normal"]}, "<test>")
     ctx = registry.CheckContext(arch="sm90", seed=0, profile="full", check_id="coverage.twin[sm90]",
                                 deployment=dep.to_dict())
-    whole = C.twin(ctx)
+    whole = run_here(C.twin.__fa4verify_check__, ctx)
     assert whole.status == "pass", whole.summary
     cov = whole.details["plan_coverage"]
     assert cov["holes"] == [] and cov["covered"] == cov["supported"] > 50
@@ -166,7 +167,7 @@ def test_a_value_missing_from_the_plan_is_named_as_a_hole_and_undecided(monkeypa
         return pl
 
     monkeypatch.setattr(planner, "plan", without)
-    r = C.twin(ctx)
+    r = run_here(C.twin.__fa4verify_check__, ctx)
     assert r.status == "undecided", r.summary
     cov = r.details["plan_coverage"]
     named = f"{dim}={val}"

@@ -90,6 +90,19 @@ def test_a_crashed_case_is_an_error_of_its_check_only(tmp_path, how):
     assert r["fixture.cases.grid"]["status"] == "pass"
 
 
+@pytest.mark.parametrize("isolate", ["never", "always"])
+@pytest.mark.parametrize("how,status,words", [("skip", "skip", "nothing to plan here"),
+                                              ("raise", "error", "cases: ValueError: the plan broke"),
+                                              ("none", "pass", "0 cases fine")])
+def test_a_check_whose_plan_skips_raises_or_is_empty_is_reported(tmp_path, isolate, how, status, words):
+    """``cases(ctx)`` runs in the auditing process: a skip, an exception or no case at all ends the
+    check there, with a row in the report (a missing row was an internal error)."""
+    code, r = audit(tmp_path, "-k", "plan or grid", "--isolate", isolate, "--opt", f"plan={how}")
+    row = r["fixture.cases.plan"]
+    assert row["status"] == status and words in row["summary"], row["summary"]
+    assert r["fixture.cases.grid"]["status"] == "pass" and code == (3 if status == "error" else 0)
+
+
 def test_a_proven_violation_stands_beside_a_crashed_case(tmp_path):
     code, r = audit(tmp_path, "-k", "crash", "--isolate", "always", "--opt", "crash=kill",
                     "--opt", "crash_fail=1")

@@ -91,10 +91,12 @@ class Task:
     cost: float
 
 
-def plan(jobs: Sequence[Job]) -> list[Task]:
-    """The tasks of ``jobs`` (Note [One engine], step 1), longest first (stable)."""
+def plan(jobs: Sequence[Job], only: Sequence[int] | None = None) -> list[Task]:
+    """The tasks of ``jobs`` (those numbered ``only``; Note [One engine], step 1), longest first
+    (stable)."""
     tasks: list[Task] = []
-    for i, job in enumerate(jobs):
+    for i in (range(len(jobs)) if only is None else only):
+        job = jobs[i]
         if job.cases is None:
             tasks.append(Task(i, None, float(job.spec.cost)))
             continue
@@ -166,16 +168,13 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
     here). ``on_done(i, result)`` is called in this thread as each job finishes. ``progress(job)``
     a progress-bar factory for a job run here. ``origin``: ``time.perf_counter()`` the timing
     entries count from."""
-    origin = time.perf_counter() if origin is None else origin
-    phases = {} if phases is None else phases
+    origin, phases = (time.perf_counter() if origin is None else origin), ({} if phases is None else phases)
     results: dict[int, CheckResult] = {}
-    lock = threading.Lock()
-    finished: list[int] = []
+    lock, finished = threading.Lock(), []
 
-    def finish(i: int) -> None:
-        job = jobs[i]
+    def finish(i: int, res: CheckResult | None = None) -> None:
         tm = time.perf_counter()
-        res = merge(job)
+        res = merge(jobs[i]) if res is None else res
         phases["merge"] = phases.get("merge", 0.0) + time.perf_counter() - tm
         results[i] = res
         if on_done is not None:
@@ -187,27 +186,30 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
         for i in done:
             finish(i)
 
-    for i, job in enumerate(jobs):          # step 1: the cases, here, once
+    def prepare(i: int) -> bool:
+        """Step 1 for job ``i``, here, once: its cases; False when that ended it."""
+        job = jobs[i]
         if job.spec.cases is None:
-            continue
+            return True
         try:
             job.cases = list(job.spec.cases(job.ctx))
         except SkipCheck as e:
-            job.cases = []
-            results[i] = CheckResult(status="skip", summary=str(e) or "skipped by the check")
+            job.cases, res = [], CheckResult(status="skip", summary=str(e) or "skipped by the check")
         except Exception as e:  # noqa: BLE001 - the check's error
             import traceback
-            job.cases = []
-            results[i] = CheckResult(status="error", summary=f"cases: {type(e).__name__}: {e}"[:500],
-                                     details={"traceback": traceback.format_exc()[-6000:]})
-    tasks = [t for t in plan(jobs) if t.job not in results]
-    for t in tasks:
+            job.cases, res = [], CheckResult(status="error", summary=f"cases: {type(e).__name__}: {e}"[:500],
+                                             details={"traceback": traceback.format_exc()[-6000:]})
+        else:
+            if job.cases:
+                return True
+            res = None                      # no case: the summary of nothing
+        finish(i, res)
+        return False
+
+    # the isolated jobs first, so the pool starts on them while the others run here
+    remote = plan(jobs, [i for i, job in enumerate(jobs) if job.isolated and prepare(i)])
+    for t in remote:
         jobs[t.job].pending += 1
-    for i, job in enumerate(jobs):
-        if i not in results and job.cases is not None and not job.cases:
-            finish(i)                       # no case: the summary of nothing
-    remote = [t for t in tasks if jobs[t.job].isolated]
-    local = sorted((t for t in tasks if not jobs[t.job].isolated), key=lambda t: (t.job, t.cases or ()))
 
     def record(t: Task, outcomes: list, notes: list, t0: float, t1: float, timing: dict) -> None:
         job = jobs[t.job]
@@ -255,19 +257,26 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
             executor = concurrent.futures.ThreadPoolExecutor(max_workers=min(pool.size, n),
                                                              thread_name_prefix="fa4verify-task")
             futures = [executor.submit(run_remote, t) for t in remote]
-        for t in local:                     # step 2, here: in selection order
-            job = jobs[t.job]
-            cases = None if t.cases is None else [(j, job.cases[j]) for j in t.cases]
-            t0 = time.perf_counter()
+        for i, job in enumerate(jobs):      # step 2, here: in selection order
+            if job.isolated:
+                continue
             if progress is not None:
                 job.ctx._progress_factory = progress(job)
-            if cases is None:
-                outcomes = run_task(job.spec, job.ctx, None)
-            else:
-                with job.ctx.progress(len(cases), job.spec.title) as bar:
-                    outcomes = run_task(job.spec, job.ctx, cases, lambda j: None)
-                    bar.advance(len(cases))
-            record(t, outcomes, list(job.ctx._notes), t0, time.perf_counter(), {})
+            if not prepare(i):
+                drain()
+                continue
+            local = sorted(plan(jobs, [i]), key=lambda t: t.cases or ())
+            job.pending = len(local)
+            for t in local:
+                cases = None if t.cases is None else [(j, job.cases[j]) for j in t.cases]
+                t0 = time.perf_counter()
+                if cases is None:
+                    outcomes = run_task(job.spec, job.ctx, None)
+                else:
+                    with job.ctx.progress(len(cases), job.spec.title) as bar:
+                        outcomes = run_task(job.spec, job.ctx, cases, lambda j: None)
+                        bar.advance(len(cases))
+                record(t, outcomes, list(job.ctx._notes), t0, time.perf_counter(), {})
             drain()
         for f in concurrent.futures.as_completed(futures):
             f.result()
@@ -280,9 +289,8 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
             tc = time.perf_counter()
             pool.close()
             phases["pool_close"] = time.perf_counter() - tc
-    for i, job in enumerate(jobs):        # an interrupted run: what never came back is an error
-        if i not in results:
-            finish(i)
+    for i in set(range(len(jobs))) - set(results):      # interrupted: what never came back
+        finish(i)
     return [results[i] for i in range(len(jobs))]
 
 
@@ -302,7 +310,6 @@ class CallOutcome:
     value: Any = None
     error: str | None = None
     rc: int | None = None
-    seconds: float = 0.0
 
 
 def run_calls(target: str, payloads: Sequence[Any], *, envs: Sequence[dict | None] | None = None,
@@ -316,7 +323,6 @@ def run_calls(target: str, payloads: Sequence[Any], *, envs: Sequence[dict | Non
     from fa4verify.run.pool import PoolClosed, TaskDied, WorkerPool
     envs = list(envs) if envs is not None else [{} for _ in payloads]
     out: list[CallOutcome | None] = [None] * len(payloads)
-    t0 = time.monotonic()
 
     def one(i: int) -> None:
         try:
@@ -327,7 +333,6 @@ def run_calls(target: str, payloads: Sequence[Any], *, envs: Sequence[dict | Non
         except (RuntimeError, PoolClosed) as e:
             last = [ln for ln in str(e).strip().splitlines() if ln.strip()]
             out[i] = CallOutcome(i, False, error=f"raised {last[0][:300] if last else e!r}", rc=1)
-        out[i].seconds = round(time.monotonic() - t0, 3)
 
     with WorkerPool(max(1, len(payloads)), fresh=True) as pool:
         n = len(payloads) if parallel is True else max(1, int(parallel))
