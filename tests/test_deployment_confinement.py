@@ -279,13 +279,14 @@ def test_llama3_8b_every_problem_the_audits_checks_run_lies_inside_it(recorded_r
     audit uses) and coverage.production / coverage.twin, each check's own function."""
     from fa4verify.checks import coverage as C
     from fa4verify.checks import fuzz as F
+    from fa4verify.run.engine import run_here
     dep = D.load("llama3-8b")
     for check, arch, device in ((F.twin, "sm90", "cpu"), (F.twin, "sm100", "cpu"), (F.production, "sm90", "cuda"),
                                 (C.production, "sm90", "cuda"), (C.twin, "sm90", "cpu"), (C.twin, "sm100", "cpu")):
         recorded_runs.clear()
         ctx = registry.CheckContext(arch=arch, device=device, seed=0, profile="default", check_id=check.__name__,
                                     deployment=dep.to_dict())
-        check(ctx)
+        run_here(check.__fa4verify_check__, ctx)           # the check's cases, run as the engine runs them
         assert len(recorded_runs) >= 10, (check.__module__, check.__name__, arch)
         for p in recorded_runs:
             assert outside(p, dep, planned=check in (C.production, C.twin)) == [], p.describe()
