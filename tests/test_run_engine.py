@@ -103,6 +103,15 @@ def test_a_check_whose_plan_skips_raises_or_is_empty_is_reported(tmp_path, isola
     assert r["fixture.cases.grid"]["status"] == "pass" and code == (3 if status == "error" else 0)
 
 
+def test_whole_checks_start_in_the_pool_before_the_cases_of_others_are_planned(tmp_path):
+    """A draw or a plan in the auditing process never delays the whole checks' tasks: the late
+    check's plan waits for the early check's marker, written in a worker."""
+    code, r = audit(tmp_path, "-k", "early or late", "--isolate", "always", "--workers", "2",
+                    "--opt", f"early={tmp_path}")
+    assert r["fixture.cases.late"]["status"] == "pass", r["fixture.cases.late"]["summary"]
+    assert r["fixture.cases.early"]["isolated"] and code == 0
+
+
 def test_a_proven_violation_stands_beside_a_crashed_case(tmp_path):
     code, r = audit(tmp_path, "-k", "crash", "--isolate", "always", "--opt", "crash=kill",
                     "--opt", "crash_fail=1")

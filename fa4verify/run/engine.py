@@ -8,8 +8,8 @@ cases (``@check(cases=, summarise=)``: :mod:`fa4verify.audit.registry`). :func:`
    one task per group, so one worker compiles a kernel for every case that needs it; tasks are
    queued longest first (the check's ``cost`` split over its groups by case count, a compile
    weighed as one case), equal costs in selection order (:func:`plan`);
-2. **runs**: isolated tasks in the :class:`~fa4verify.run.pool.WorkerPool` (a task past its
-   deadline, :func:`task_deadline`, is killed with its worker), the others here, meanwhile;
+2. **runs**: isolated tasks in the :class:`~fa4verify.run.pool.WorkerPool` (whole checks before
+   any plan; past its :func:`task_deadline` a task is killed with its worker), the others here;
 3. **merges** each check once its tasks are back (:func:`merge`): ``summarise(ctx, [(case,
    value), ...])`` in case order, so the verdict is that of one loop over the cases whatever the
    grouping and the workers. A case that errors, crashes or hangs makes the check ``error``
@@ -206,10 +206,9 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
         finish(i, res)
         return False
 
-    # the isolated jobs first, so the pool starts on them while the others run here
-    remote = plan(jobs, [i for i, job in enumerate(jobs) if job.isolated and prepare(i)])
-    for t in remote:
-        jobs[t.job].pending += 1
+    # the isolated jobs first (their whole checks before any draw or plan), the others here meanwhile
+    iso = [i for i, job in enumerate(jobs) if job.isolated]
+    stages = [[i for i in iso if jobs[i].spec.cases is None], [i for i in iso if jobs[i].spec.cases]]
 
     def record(t: Task, outcomes: list, notes: list, t0: float, t1: float, timing: dict) -> None:
         job = jobs[t.job]
@@ -246,17 +245,18 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
             outcomes = [(j, "error", why) for j in ([0] if t.cases is None else t.cases)]
         record(t, outcomes, notes, t0, time.perf_counter(), timing)
 
-    own = pool is None
-    executor = None
-    futures: list = []
+    own, executor, futures = pool is None, None, []
     try:
-        if remote:
-            n = max(1, len(remote))
-            if own:
-                pool = new_pool(n)
-            executor = concurrent.futures.ThreadPoolExecutor(max_workers=min(pool.size, n),
+        if iso:
+            if own:        # a worker per whole check; a check of cases may use them all
+                pool = new_pool(len(stages[0]) + 64 * len(stages[1]))
+            executor = concurrent.futures.ThreadPoolExecutor(max_workers=pool.size,
                                                              thread_name_prefix="fa4verify-task")
-            futures = [executor.submit(run_remote, t) for t in remote]
+        for stage in stages if iso else []:
+            remote = plan(jobs, [i for i in stage if prepare(i)])
+            for t in remote:
+                jobs[t.job].pending += 1
+            futures += [executor.submit(run_remote, t) for t in remote]
         for i, job in enumerate(jobs):      # step 2, here: in selection order
             if job.isolated:
                 continue
