@@ -61,3 +61,17 @@ def test_gpu_script_flags_are_the_benchmarks():
     helptext = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_long_context.py"), "--help"],
                               capture_output=True, text=True, timeout=120).stdout
     assert flags and all(f in helptext for f in flags), flags
+
+
+@pytest.mark.parametrize("raw, ok", [("1", 1), ("8", 8), ("64", 64), ("1000000000", None), ("0", None),
+                                     ("-3", None), ("x", None), ("65", None)])
+def test_row_stride_is_bounded(monkeypatch, raw, ok):
+    """A row stride of 10^9 judged row 0 only and passed with both planted faults missed (issue 30):
+    the stride is 1..64 or the check says why it does not run."""
+    from fa4verify.checks import long_context as L
+    monkeypatch.setenv(L.ENV_STRIDE, raw)
+    if ok is None:
+        with pytest.raises(ValueError, match="FA4VERIFY_LONG_ROW_STRIDE"):
+            L.row_stride()
+    else:
+        assert L.row_stride() == ok

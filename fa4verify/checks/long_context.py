@@ -182,6 +182,23 @@ def _seqlens() -> tuple[int, ...]:
     return out
 
 
+#: the largest row stride: a sample sparser than this judges too few rows to stand for the run
+#: (a stride of 10^9 judged row 0 only, and the check passed with both planted faults missed)
+MAX_ROW_STRIDE = 64
+
+
+def row_stride() -> int:
+    """``FA4VERIFY_LONG_ROW_STRIDE``: judge every n-th query row (1 = every row), 1 <= n <= 64."""
+    raw = os.environ.get(ENV_STRIDE, "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_ROW_STRIDE:
+        raise ValueError(f"{ENV_STRIDE}={raw!r}: expected an integer from 1 (every row) to {MAX_ROW_STRIDE}")
+    return n
+
+
 @check("production.long_context", title="Production FA4 fwd+bwd at 32k/128k within budget (streamed fp64 oracle)",
        needs={"cuda", "fa4"}, profiles={"long"})
 def long_context(ctx: CheckContext) -> CheckResult:
@@ -191,7 +208,7 @@ def long_context(ctx: CheckContext) -> CheckResult:
     where = ctx.where_measured()
     try:
         seqlens = _seqlens()
-        stride = int(os.environ.get(ENV_STRIDE, "1"))
+        stride = row_stride()
     except ValueError as e:
         ctx.skip(str(e))
     results = [(s, run_case(s, device="cuda", dtype=ctx.dtype, seed=int(ctx.seed), row_stride=stride, arch=gpu.arch))
