@@ -153,3 +153,15 @@ def test_coverage_names_every_violating_row_and_the_known_ones():
     assert sorted(cov["violating_rows"]) == ["3", "7"]
     assert cov["violating_rows"]["7"]["message"] == "dq: row 7" and cov["violating_rows"]["7"]["row"] == pl.rows[7]
     assert cov["known_rows"] == {"5": ["sm90_dq_accum_hdim_rounding"]}
+
+
+def test_a_deployment_page_is_non_tma_only_where_it_matches_no_tile():
+    """A deployment page of 128 at hd 72 is FA4's TMA path under a causal or local mask (tile_n 128
+    there, 144 unmasked): the row is refused only without a mask matching it."""
+    sp = space.space_for("sm90", "bf16")
+    sp.pages["paged:128"] = 128
+    sp.values["form"] = sp.values["form"] + ("paged:128",)
+    assert facts.sm90_fwd_tile(72, 72, True, False)[1] == 128 != facts.sm90_fwd_tile(72, 72, False, False)[1]
+    assert sp.why_not({"form": "paged:128", "hd": "72"}) is None                     # some mask takes TMA
+    assert sp.why_not({"form": "paged:128", "hd": "72", "mask": "causal"}) is None
+    assert "irregular" in sp.why_not({"form": "paged:128", "hd": "72", "mask": "none"})

@@ -170,3 +170,31 @@ def test_sm90_dq_accum_issue_covers_the_accumulator_tap(hd, prop, quantity, rows
     v.over_indices = np.array([[0, r, 0, 1] for r in rows])
     ki = match_known_issue(p, v, target="production")
     assert (ki is not None and ki.name == "sm90_dq_accum_hdim_rounding") == expect, ki
+
+
+@pytest.mark.parametrize("prop, quantity", [("finite", "out"), ("finite", "lse"), ("bwd_stages", "D"),
+                                            ("bwd_stages", "lse_log2"), ("bwd_stages", "dq_post"),
+                                            ("masked_rows", "dq")])
+def test_sm90_score_mod_gqa_backward_leaves_other_stages_reported(prop, quantity):
+    """The score_mod issue absorbs the gradients and the dQ accumulator only: a D bias, an LSE or a
+    forward fault on the same GQA rel_bias problem stays a violation."""
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=40, seqlen_k=40, nheads=4, nheads_kv=2,
+                         head_dim=64, head_dim_v=64, mods=("rel_bias",))
+    ki = match_known_issue(p, Violation(prop, f"{quantity}: planted", {"quantity": quantity}), target="production")
+    assert ki is None or ki.name != "sm90_score_mod_gqa_bwd_indices", ki
+
+
+def test_masked_rows_dq_below_row_64_is_not_the_accumulator_issue():
+    """A fully masked row's nonzero dQ below row 64 is not sm90_dq_accum_hdim_rounding (its wrong rows
+    start at 64); the masked_rows violation carries dQ's indices so the matcher can tell."""
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=129, seqlen_k=40, nheads=2, nheads_kv=2,
+                         head_dim=72, head_dim_v=72, causal=True)
+    for rows, expect in (((3, 70), False), ((64, 80), True)):
+        v = Violation("masked_rows", "dQ != 0 on 2 fully masked row(s)", {"quantity": "dq"})
+        v.over_indices = np.array([[0, r, 0, 0] for r in rows])
+        ki = match_known_issue(p, v, target="production")
+        assert (ki is not None and ki.name == "sm90_dq_accum_hdim_rounding") == expect, (rows, ki)

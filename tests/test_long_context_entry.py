@@ -63,11 +63,12 @@ def test_gpu_script_flags_are_the_benchmarks():
     assert flags and all(f in helptext for f in flags), flags
 
 
-@pytest.mark.parametrize("raw, ok", [("1", 1), ("8", 8), ("64", 64), ("1000000000", None), ("0", None),
-                                     ("-3", None), ("x", None), ("65", None)])
+@pytest.mark.parametrize("raw, ok", [("1", 1), ("7", 7), ("63", 63), ("8", None), ("64", None), ("1000000000", None),
+                                     ("0", None), ("-3", None), ("x", None), ("65", None)])
 def test_row_stride_is_bounded(monkeypatch, raw, ok):
     """A row stride of 10^9 judged row 0 only and passed with both planted faults missed (issue 30):
-    the stride is 1..64 or the check says why it does not run."""
+    the stride is 1 or odd up to 63 (an even one keeps hitting the same in-tile row), and a bad one
+    stops the audit before any work (exit 2)."""
     from fa4verify.checks import long_context as L
     monkeypatch.setenv(L.ENV_STRIDE, raw)
     if ok is None:
@@ -75,3 +76,13 @@ def test_row_stride_is_bounded(monkeypatch, raw, ok):
             L.row_stride()
     else:
         assert L.row_stride() == ok
+
+
+def test_a_bad_row_stride_is_a_usage_error_before_any_work(tmp_path):
+    env = dict(__import__("os").environ, FA4VERIFY_LONG_ROW_STRIDE="1000000000")
+    r = subprocess.run([sys.executable, "-m", "fa4verify", "audit", "--no-live", "--profile", "quick",
+                        "-k", "budgets.files", "--json", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2, r.stderr[-500:]
+    assert "FA4VERIFY_LONG_ROW_STRIDE" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r.json").exists()

@@ -184,18 +184,20 @@ def _seqlens() -> tuple[int, ...]:
 
 #: the largest row stride: a sample sparser than this judges too few rows to stand for the run
 #: (a stride of 10^9 judged row 0 only, and the check passed with both planted faults missed)
-MAX_ROW_STRIDE = 64
+MAX_ROW_STRIDE = 63
 
 
 def row_stride() -> int:
-    """``FA4VERIFY_LONG_ROW_STRIDE``: judge every n-th query row (1 = every row), 1 <= n <= 64."""
+    """``FA4VERIFY_LONG_ROW_STRIDE``: judge every n-th query row, n = 1 (every row) or odd up to 63.
+    Odd: rows 0, n, 2n, ... then meet every row position of FA4's 64-row tiles and warps (an even
+    stride, e.g. 64, would judge the same in-tile row again and again)."""
     raw = os.environ.get(ENV_STRIDE, "1")
     try:
         n = int(raw)
     except ValueError:
         n = 0
-    if not 1 <= n <= MAX_ROW_STRIDE:
-        raise ValueError(f"{ENV_STRIDE}={raw!r}: expected an integer from 1 (every row) to {MAX_ROW_STRIDE}")
+    if not (1 <= n <= MAX_ROW_STRIDE and n % 2 == 1):
+        raise ValueError(f"{ENV_STRIDE}={raw!r}: expected 1 (every row) or an odd integer up to {MAX_ROW_STRIDE}")
     return n
 
 

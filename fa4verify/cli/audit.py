@@ -107,6 +107,11 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
             compile_keyword(keyword)
         except (OptionError, KeywordError) as e:
             raise _usage(str(e)) from None
+        from fa4verify.checks.long_context import row_stride
+        try:
+            row_stride()                       # an environment setting of a check: bad input, exit 2
+        except ValueError as e:
+            raise _usage(str(e)) from None
         if early_pool is not None and not _pool_fits(early_pool, config):
             early_pool.close()
             early_pool = None

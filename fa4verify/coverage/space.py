@@ -152,7 +152,7 @@ class FeatureSpace:
         if hd is not None and self.arch in ("sm100", "sm103") and self.hd.get(hd) == (256, 256):
             if g("softcap") == "on" or g("sink") == "on" or is_local(mask) or form == "mask_mod":
                 return "SM100's dedicated (256, 256) kernel has no softcap, sinks, local windows or mask_mod"
-        if is_paged(form) and hd is not None and self._paged_non_tma(form, hd) \
+        if is_paged(form) and hd is not None and self._paged_non_tma(form, hd, mask) \
                 and any(d % facts.HDIM_MULTIPLE for d in self.hd[hd]):
             return (f"{form}: FA4's non-TMA paged KV (page size != tile_n) needs head dims that are multiples "
                     f"of {facts.HDIM_MULTIPLE} (flash_fwd_sm90.py / flash_fwd_sm100.py assert 'Paged KV does not "
@@ -164,20 +164,25 @@ class FeatureSpace:
             return f"det=off is a backward setting; {why}"
         return None
 
-    def _paged_non_tma(self, form: str, hd: str) -> bool:
+    def _paged_non_tma(self, form: str, hd: str, mask: Optional[str] = None) -> bool:
         """Whether FA4 reads this paged form's K/V without TMA (``interface.py``:
-        ``paged_kv_non_tma=page_size not in [None, tile_n]``); a deployment's page size is compared
-        with the tile_n of the unmasked forward."""
+        ``paged_kv_non_tma=page_size not in [None, tile_n]``). tile_n is the forward tile of the
+        row's mask; without a mask, a page size is non-TMA only when it matches the tile of no mask."""
         if form == "paged_tile":
             return False
         page = 16 if form == "paged_small" else self.pages.get(form)
         if page is None:
             return False
-        if self.arch == "sm90":
-            tile_n = facts.sm90_fwd_tile(*self.hd[hd], False, False)[1]
-        else:
-            tile_n = facts.kernel_constants(self.arch, self.dtype, *self.hd[hd]).tile_n
-        return page != tile_n
+        hdv = self.hd[hd]
+        masks = [(mask in ("causal", "causal_left"), is_local(mask))] if mask is not None else \
+            [(False, False), (True, False), (False, True), (True, True)]
+        tiles = set()
+        for causal, local in masks:
+            if self.arch == "sm90":
+                tiles.add(facts.sm90_fwd_tile(*hdv, causal and not local, local)[1])
+            else:
+                tiles.add(facts.kernel_constants(self.arch, self.dtype, *hdv, causal and not local, local).tile_n)
+        return page not in tiles
 
     def gqa_ratio(self, gqa: str) -> float:
         """Query heads per KV head of a ``gqa`` value (a deployment's ``h:<q>/<kv>`` included)."""

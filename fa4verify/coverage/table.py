@@ -32,8 +32,9 @@ def _reason_head(why: str) -> str:
 
 
 def render(archs: tuple[str, ...] = ("sm90", "sm100"), dtype: str = "bf16", seed: int = 0) -> str:
-    lines = [f"Planned rows of `coverage.production` (GPU) and `coverage.twin` (CPU twin), {dtype}, seed {seed}: every "
-             "supported value pair of two dimensions and every mask x call form x pass triple is in some row.", "",
+    lines = [f"The plan of `coverage.production` (the GPU's own arch), {dtype}, seed {seed}: every supported value pair "
+             "of two dimensions and every mask x call form x pass triple is in some row (a registered pair no row "
+             "took gets a row of its own; `coverage.twin` plans the twin's forms the same way).", "",
              "| arch | rows | tuples covered | head-dim classes | tuples FA4 does not support (why) |",
              "|---|---|---|---|---|"]
     for arch in archs:

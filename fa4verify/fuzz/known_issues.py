@@ -209,7 +209,11 @@ def _sm90_score_mod_gqa_bwd_indices(problem: AttentionProblem, a: Mapping[str, A
     mapping applied to rows that are not packed), or reads past its aux tensors there."""
     if problem.arch != "sm90" or problem.nheads_kv == problem.nheads or not problem.mods:
         return False
-    if v.prop not in ("bwd_budget", "finite", "masked_rows", "bwd_stages"):
+    quantity = str(v.metrics.get("quantity", ""))
+    # the gradients and the dQ accumulator only: the forward is right, masking is untouched, and
+    # D / lse_log2 / dq_post never see the score_mod (a fault there stays reported)
+    if not ((v.prop in ("bwd_budget", "finite") and quantity in ("dq", "dk", "dv"))
+            or (v.prop == "bwd_stages" and quantity == "dq_accum")):
         return False
     score, _ = problem.mod_pairs()
     if score is None:

@@ -405,8 +405,13 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                 dq_rows = np.moveaxis(g.dq, -2, -3) if not problem.varlen else np.moveaxis(g.dq, -2, 0)
                 nz = masked & np.any(dq_rows != 0, axis=-1)
                 if nz.any():
-                    _fail(Violation("masked_rows", f"dQ != 0 on {int(nz.sum())} fully masked row(s) | "
-                                                   f"case: {problem.describe()}"))
+                    viol = Violation("masked_rows", f"dQ != 0 on {int(nz.sum())} fully masked row(s) | "
+                                                    f"case: {problem.describe()}", {"quantity": "dq"})
+                    at = np.argwhere(nz)      # (b, h, s) dense, (h, t) varlen -> dQ's (b, s, h, d) / (t, h, d)
+                    zero = np.zeros(len(at), int)
+                    viol.over_indices = (np.stack([at[:, 1], at[:, 0], zero], 1) if problem.varlen
+                                         else np.stack([at[:, 0], at[:, 2], at[:, 1], zero], 1))
+                    _fail(viol)
                 unseen = _unseen_keys(problem)
                 for n, x in (("dk", g.dk), ("dv", g.dv)):
                     xr = np.any(x != 0, axis=(-1, -2))   # (b, sk) or (total_k,)
