@@ -165,3 +165,26 @@ def test_a_deployment_page_is_non_tma_only_where_it_matches_no_tile():
     assert sp.why_not({"form": "paged:128", "hd": "72"}) is None                     # some mask takes TMA
     assert sp.why_not({"form": "paged:128", "hd": "72", "mask": "causal"}) is None
     assert "irregular" in sp.why_not({"form": "paged:128", "hd": "72", "mask": "none"})
+
+
+def test_a_row_stopped_by_a_known_backward_failure_covers_its_forward_only():
+    """A row whose backward did not build (a known `runs` issue) judged no gradient: its backward
+    triples are holes, not covered (review finding)."""
+    from fa4verify.audit.registry import CheckResult
+    from fa4verify.checks.coverage import planned_result
+    sp = space.space_for("sm90", "bf16")
+    pl = planner.plan(sp, seed=0)
+    head = {"extra": {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": 0, "uncoverable": []}}}
+    ok = [{"index": i, "status": "ran", "metrics": {}, "known": []} for i in range(len(pl.rows))]
+    full = planned_result(CheckResult(status="pass", where="CPU twin", summary="s"), head, ok).details["plan_coverage"]
+    assert not full["holes"]
+    i = next(j for j, r in enumerate(pl.rows) if "bwd" in sp.passes(r))
+    stopped = list(ok)
+    stopped[i] = {"index": i, "status": "known", "known": [],
+                  "known_raised": {"name": "sm90_bwd_hd104_112_compile", "property": "runs"}}
+    cov = planned_result(CheckResult(status="pass", where="CPU twin", summary="s"), head, stopped).details["plan_coverage"]
+    bwd_only = planner.row_tuples(sp, pl.rows[i]) - planner.row_tuples(sp, pl.rows[i], passes=("fwd",))
+    assert bwd_only and all("pass=bwd" in t or "bwd" in t for t in map(str, bwd_only))
+    # each of its backward triples is a hole unless another row covers it
+    others = set().union(*(planner.row_tuples(sp, r) for j, r in enumerate(pl.rows) if j != i))
+    assert len(cov["holes"]) == len(bwd_only - others)

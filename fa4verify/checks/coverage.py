@@ -94,7 +94,10 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     ran = [i for i in range(len(rows)) if by.get(i, {}).get("status") in ("ran", "known", "violation")]
     refused = {i: by[i].get("unsupported_detail") or by[i].get("unsupported", "") for i in range(len(rows))
                if by.get(i, {}).get("status") == "unsupported"}
-    cov = coverage(sp, [rows[i] for i in ran])
+    # a row stopped by a known FA4 run failure (its backward does not build: sm90_bwd_hd104_112_compile)
+    # judged its forward only; its backward triples are not covered
+    judged = [("fwd",) if (by[i].get("known_raised") or {}).get("property") == "runs" else None for i in ran]
+    cov = coverage(sp, [rows[i] for i in ran], passes=judged)
     cov["refused_rows"] = {str(i): {"row": rows[i], "why": w} for i, w in refused.items()}
     cov["not_run_rows"] = [i for i in range(len(rows)) if by.get(i, {}).get("status") == "not_run"]
     # every violating row by name (the campaign's summary shrinks to the first one)

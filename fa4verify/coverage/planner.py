@@ -115,12 +115,13 @@ def no_valid_row(space: FeatureSpace) -> Optional[str]:
     return _no_completion(space, {}, None)
 
 
-def row_tuples(space: FeatureSpace, row: Mapping[str, str], *, triples: Sequence[Sequence[str]] = TRIPLES
-               ) -> set[Tuple_]:
-    """The tuples a full ``row`` covers (pairs of its values; triples for each pass it runs)."""
+def row_tuples(space: FeatureSpace, row: Mapping[str, str], *, triples: Sequence[Sequence[str]] = TRIPLES,
+               passes: Optional[Sequence[str]] = None) -> set[Tuple_]:
+    """The tuples a full ``row`` covers (pairs of its values; triples for each pass it runs, or for
+    ``passes``: those that were judged)."""
     dims = [d for d in DIMENSIONS if d in row]
     out = {_key([(a, row[a]), (b, row[b])]) for a, b in itertools.combinations(dims, 2)}
-    for p in space.passes(row):
+    for p in (space.passes(row) if passes is None else passes):
         full = dict(row, **{"pass": p})
         for tri in triples:
             out.add(_key((d, full[d]) for d in tri))
@@ -217,14 +218,16 @@ def plan(space: FeatureSpace, *, seed: int = 0, candidates: int = 8,
 
 
 def coverage(space: FeatureSpace, rows: Sequence[Mapping[str, str]], *, required: Optional[set] = None,
-             unsupported: Optional[dict] = None, triples: Sequence[Sequence[str]] = TRIPLES) -> dict[str, Any]:
+             unsupported: Optional[dict] = None, triples: Sequence[Sequence[str]] = TRIPLES,
+             passes: Optional[Sequence[Optional[Sequence[str]]]] = None) -> dict[str, Any]:
     """What ``rows`` cover of the space's required tuples: counts per dimension pair (and per
-    triple), the holes by name and the unsupported tuples with their reasons (JSON-able)."""
+    triple), the holes by name and the unsupported tuples with their reasons (JSON-able).
+    ``passes[i]``: the passes row i had judged (None: every pass it runs)."""
     if required is None or unsupported is None:
         required, unsupported = required_tuples(space, triples=triples)
     got: set = set()
-    for r in rows:
-        got |= row_tuples(space, r, triples=triples)
+    for i, r in enumerate(rows):
+        got |= row_tuples(space, r, triples=triples, passes=None if passes is None else passes[i])
     covered = required & got
     holes = sorted(required - got)
 
