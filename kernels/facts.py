@@ -28,7 +28,7 @@ from typing import Optional
 
 __all__ = [
     "ARCHS", "DTYPES", "KernelConstants", "arch_from_capability", "unsupported_reason",
-    "capability_label", "sm90_fwd_tile", "sm90_bwd_tile",
+    "capability_label", "sm90_fwd_tile", "sm90_bwd_tile", "fwd_tile",
     "bwd_tile", "kernel_constants", "resolve_causal_local_window", "head_dims_supported",
     "supported_head_dims_text", "dist_version", "is_sm100_family", "ptx_target",
     "arch_of_ptx_target", "fa4_arch_env", "arch_of_fa4_arch_env", "HDIM_MULTIPLE", "bwd_refusal",
@@ -155,6 +155,13 @@ def sm90_bwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> 
     if head_dim <= 192:
         return 64, 96
     return 64, 48
+
+
+def fwd_tile(arch: str, dtype: str, head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:
+    """(tile_m, tile_n) of the forward kernel FA4 runs for these parameters (its tile tables)."""
+    if arch == "sm90":
+        return sm90_fwd_tile(head_dim, head_dim_v, causal, local)
+    return 128, int(kernel_constants(arch, dtype, head_dim, head_dim_v, causal, local).tile_n)
 
 
 def bwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:

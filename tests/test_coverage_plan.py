@@ -32,7 +32,7 @@ def _build(arch, features, deployment=None, seed=0):
 
 def _realises(sp, row, p) -> list[str]:
     """What of ``row`` the problem ``p`` does not hold (empty: the problem is the row)."""
-    from fa4verify._strategies.edges import fwd_tile
+    from fa4verify.kernels.facts import fwd_tile
     bad = []
     if (p.head_dim, p.head_dim_v) != sp.hd[row["hd"]]:
         bad.append("hd")

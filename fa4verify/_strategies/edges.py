@@ -39,19 +39,12 @@ EDGE_SCORE = 6.0
 _MAX_KEYS = 8
 
 
-def fwd_tile(arch: str, dtype: str, head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:
-    """(tile_m, tile_n) of the forward kernel FA4 runs for these parameters (its tile tables)."""
-    from fa4verify.kernels import facts
-    if arch == "sm90":
-        return facts.sm90_fwd_tile(head_dim, head_dim_v, causal, local)
-    return 128, int(facts.kernel_constants(arch, dtype, head_dim, head_dim_v, causal, local).tile_n)
-
-
 def edge_targets(problem: Any) -> list[dict[str, Any]]:
     """The target rows and keys of ``problem`` (Note [Edge values]): a list of
     ``{"b", "i", "keys": [(j, kept)]}`` with ``i`` the row and ``j`` the key index within batch entry
     ``b``'s sequence (``j = -1`` / ``j = len_k`` name the neighbouring sequences' keys in a packed
     varlen batch)."""
+    from fa4verify.kernels.facts import fwd_tile
     tm, tn = fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, problem.causal,
                       problem.local)
     keeps = problem.keep_masks()

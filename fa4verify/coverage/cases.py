@@ -12,6 +12,7 @@ import random
 from typing import Any, Mapping, Optional
 
 from fa4verify.coverage.space import FeatureSpace, is_local, is_paged
+from fa4verify.kernels import facts
 
 __all__ = ["problem_for", "plan_problems", "sparse_block_size"]
 
@@ -46,7 +47,6 @@ def _lengths(cls: str, tm: int, tn: int) -> tuple[int, int]:
 def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed: int = 0):
     """The problem of plan row ``index``."""
     from fa4verify._strategies.calls import CallForm
-    from fa4verify._strategies.edges import fwd_tile
     from fa4verify._strategies.problem import AttentionProblem
     from fa4verify._strategies.values import ValueSpec
     rng = random.Random(f"{seed}:{index}:{sorted(row.items())}")
@@ -56,7 +56,7 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
     nh, nk = space.heads.get(row["gqa"]) or _HEADS[row["gqa"]]
     causal = mask in ("causal", "causal_left")
     local = is_local(mask)
-    tm, tn = fwd_tile(arch, dtype, hd, hdv, causal and not local, local)
+    tm, tn = facts.fwd_tile(arch, dtype, hd, hdv, causal and not local, local)
     sq, sk = space.lengths.get(row["seqlen"]) or _lengths(row["seqlen"], tm, tn)
     wl = rng.choice((1, 7, tn - 1, tn + 1))
     wr = rng.choice((1, 5, tn))

@@ -176,12 +176,7 @@ class FeatureSpace:
         hdv = self.hd[hd]
         masks = [(mask in ("causal", "causal_left"), is_local(mask))] if mask is not None else \
             [(False, False), (True, False), (False, True), (True, True)]
-        tiles = set()
-        for causal, local in masks:
-            if self.arch == "sm90":
-                tiles.add(facts.sm90_fwd_tile(*hdv, causal and not local, local)[1])
-            else:
-                tiles.add(facts.kernel_constants(self.arch, self.dtype, *hdv, causal and not local, local).tile_n)
+        tiles = {facts.fwd_tile(self.arch, self.dtype, *hdv, causal and not local, local)[1] for causal, local in masks}
         return page not in tiles
 
     def gqa_ratio(self, gqa: str) -> float:
