@@ -431,10 +431,14 @@ def test_08_exp2_sigint_exits_130_and_leaves_no_file(tmp_path):
     for out in (prev, tmp_path / "new.json"):
         # the exhaustive sweep on one job (2.2e9 inputs) outlasts the wait on any machine; the
         # sampled sweep could finish before the signal on an idle one
+        ready = tmp_path / f"ready-{out.name}"
         p = subprocess.Popen([sys.executable, "-m", "fa4verify", "exp2", "--degree", "3", "--exhaustive",
                               "--jobs", "1", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-        time.sleep(6)
+                             text=True, env=dict(os.environ, FA4VERIFY_READY_FILE=str(ready)))
+        deadline = time.monotonic() + 120      # the command's readiness marker, not a sleep
+        while not ready.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "exp2 never started its sweep"
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=120)
         record(f"SIGINT to fa4verify exp2 --degree 3 --jobs 1 --json {out.name}", p.returncode, err)

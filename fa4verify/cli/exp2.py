@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -91,6 +93,9 @@ def run_exp2(degrees: list[int], lo: float, hi: float, *, sample: int | None, di
               "degrees": {}, "mufu": mufu_section()}
     if not params.installed:
         report["warning"] = "flash-attn-4 is not installed: coefficients and knobs from the pinned copy"
+    ready = os.environ.get("FA4VERIFY_READY_FILE")
+    if ready:          # a signal test's readiness marker (issue 30 item 8): the sweep starts now
+        Path(ready).touch()
     for d in degrees:
         t0 = time.perf_counter()
         if sample:
