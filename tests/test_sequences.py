@@ -183,7 +183,40 @@ def test_the_production_check_runs_the_machine_and_reports(fake_release, monkeyp
     monkeypatch.setattr(CheckContext, "where_measured", lambda self: "measured on NVIDIA H200 (sm_90)")
     ctx = CheckContext(profile="default", check_id="sequences.production", dtype="bf16",
                        options={"sequences_examples": 3, "sequences_steps": 4})
-    r = sequences.production(ctx)
+    from fa4verify.run.engine import run_here
+    r = run_here(sequences.production.__fa4verify_check__, ctx)
     assert r.status in ("pass", "undecided"), r.summary
     assert r.metrics["calls"] > 0 and r.details["key_leaves_out"]
+    assert r.metrics["sequences"] == 3            # one per case, the minimal draw never run
     assert r.where == "measured on NVIDIA H200 (sm_90)"
+
+
+def test_one_sequence_per_case_draws_distinct_sequences_and_skips_the_minimal_one():
+    """Note [One sequence per case]: the cases' seeds differ, each runs example 1 of its seed's
+    draw (example 0, Hypothesis's minimal draw, is the same for every seed and never runs), and a
+    case draws the same calls every time."""
+    from fa4verify.checks import sequences
+    seen = []
+    orig = machine.judge_call
+
+    def spy(target, c):
+        seen[-1].append(c.describe())
+        return orig(target, c)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(machine, "judge_call", spy)
+    try:
+        for i in (0, 1, 0):
+            seen.append([])
+            machine.run_sequences(machine.make_target({"kind": "twin"}), examples=1, first=1, steps=4,
+                                  seed=sequences.case_seed(5, i), replay_fresh=False)
+        seen.append([])
+        machine.run_sequences(machine.make_target({"kind": "twin"}), examples=1, steps=4, seed=1,
+                              replay_fresh=False)
+    finally:
+        mp.undo()
+    a, b, a_again, minimal = seen
+    assert a and b and a != b
+    assert a == a_again
+    assert len(set(minimal)) == 1                   # the minimal draw: one problem, called again and again
+    assert set(minimal) != set(a) and set(minimal) != set(b)

@@ -1,8 +1,8 @@
 """Audit checks: call sequences against FA4's compile cache (Note [Call sequences],
 :mod:`fa4verify.sequences`).
 
-* ``sequences.production`` (GPU) -- the state machine on production FA4: calls in one process
-  that share kernels and vary every attribute the installed FA4's compile key leaves out
+* ``sequences.production`` (GPU) -- the state machine on production FA4, one sequence per
+  engine case (Note [One sequence per case]): calls in one process that share kernels and vary every attribute the installed FA4's compile key leaves out
   (window values, softmax_scale, sink, sequence lengths, batch, head count, non-contiguous /
   transposed / broadcast layouts, the backward's mode), each judged by the one judge. default: 3
   sequences of up to 5 calls; full: 10 x 6; exhaustive: 40 x 8. A violation is shrunk to the
@@ -17,6 +17,7 @@ Options: ``--opt sequences_examples=N``, ``--opt sequences_steps=N``.
 """
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from typing import Any
 
@@ -79,20 +80,69 @@ def result(res: Any, where: str) -> CheckResult:
                                 f"right; key-sharing calls varied {', '.join(tested) or '-'}"))
 
 
-@check("sequences.production", title="Call sequences: compile-key collisions in production FA4 (GPU)",
-       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=40)
-def production(ctx: CheckContext) -> CheckResult:
-    from fa4verify.sequences import machine
+@dataclasses.dataclass(frozen=True)
+class SequenceCase:
+    """One call sequence of ``sequences.production``: example 1 of the machine's draw under its own
+    seed (Note [One sequence per case])."""
+    index: int
+    seed: int
+    steps: int
+
+    def describe(self) -> str:
+        return f"call sequence {self.index} (seed {self.seed}, up to {self.steps} calls)"
+
+
+def case_seed(seed: int, index: int) -> int:
+    """The machine's seed of sequence ``index`` of an audit run with ``seed``."""
+    return (int(seed) * 1_000_003 + 7919 * (index + 1)) % (2 ** 32)
+
+
+def _production_cases(ctx: CheckContext) -> list:
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"the sequences draw bf16/fp16 calls; dtype {ctx.dtype} is not drawn")
-    gpu = ctx.require_gpu()
+    ctx.require_gpu()
     n, steps = _plan(ctx)
+    return [SequenceCase(i, case_seed(int(ctx.seed), i), steps) for i in range(n)]
+
+
+def merge_results(parts: list) -> Any:
+    """One :class:`~fa4verify.sequences.machine.SequenceResult` from the cases' (in case order):
+    counts added, the first failing sequence the finding."""
+    from fa4verify.sequences.machine import SequenceResult
+    out = SequenceResult(target=parts[0].target, arch=parts[0].arch)
+    for r in parts:
+        out.examples += r.examples
+        out.calls += r.calls
+        out.judged += r.judged
+        out.seconds += r.seconds
+        for mine, theirs in ((out.unsupported, r.unsupported), (out.errors, r.errors),
+                             (out.exercised, r.exercised), (out.undecided, r.undecided)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        if out.failure is None and r.failure is not None:
+            out.failure = r.failure
+    return out
+
+
+def _production_summary(ctx: CheckContext, results: list) -> CheckResult:
+    return result(merge_results([v for _c, v in results]), ctx.where_measured())
+
+
+@check("sequences.production", title="Call sequences: compile-key collisions in production FA4 (GPU)",
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=40,
+       cases=_production_cases, summarise=_production_summary)
+def production(ctx: CheckContext, case: SequenceCase) -> Any:
+    """Note [One sequence per case]: each sequence is a case of its own, so the engine runs the
+    sequences side by side in its workers (each from empty in-process compile caches, as every
+    example of the machine starts). A sequence is the machine's example 1 under the case's seed:
+    Hypothesis's example 0 is its minimal draw (every choice the simplest: one trivial problem
+    called ``steps`` times), the same for every seed; it is drawn, not run (``first=1``)."""
+    from fa4verify.sequences import machine
+    gpu = ctx.require_gpu()
     spec = {"kind": "production"}
-    tgt = machine.make_target(spec)
-    with ctx.progress(n, "call sequences on production FA4"):
-        res = machine.run_sequences(tgt, arch=gpu.arch, examples=n, steps=steps, seed=int(ctx.seed),
-                                    cases_dir=tempfile.mkdtemp(prefix="fa4v-seq-"), target_spec=spec)
-    return result(res, ctx.where_measured())
+    return machine.run_sequences(machine.make_target(spec), arch=gpu.arch, examples=1, first=1, steps=case.steps,
+                                 seed=case.seed, cases_dir=tempfile.mkdtemp(prefix="fa4v-seq-"),
+                                 target_spec=spec)
 
 
 @check("sequences.twin", title="Call sequences: the machine finds planted compile-key faults (CPU twin)",

@@ -26,10 +26,14 @@ import traceback
 from typing import Any, Sequence
 
 __all__ = ["build_request", "run_task", "serve", "main", "preload", "die_with_parent",
-           "context_to_dict", "context_from_dict", "PRELOAD_ENV"]
+           "context_to_dict", "context_from_dict", "PRELOAD_ENV", "PROFILE_ENV"]
 
 #: what a serving worker imports before its first task: cuda, cpu or none
 PRELOAD_ENV = "FA4VERIFY_WORKER_PRELOAD"
+#: Note [Task profiles]: when set, every task's call is run under cProfile and its statistics
+#: written to ``<dir>/<check id>-<pid>-<ns>.prof`` (``python -m pstats`` reads them): where a
+#: slow check spends its seconds, on the machine that runs it
+PROFILE_ENV = "FA4VERIFY_PROFILE_DIR"
 
 
 def die_with_parent() -> None:
@@ -151,7 +155,15 @@ def _run_request(req: dict[str, Any], reply: Any) -> dict[str, Any]:
     def on_case(j: int) -> None:
         reply.write(json.dumps({"case": j}) + "\n")
         reply.flush()
-    outcomes = run_task(spec, ctx, cases, on_case)
+    prof_dir = os.environ.get(PROFILE_ENV)
+    if prof_dir:                                   # Note [Task profiles]
+        import cProfile
+        prof = cProfile.Profile()
+        outcomes = prof.runcall(run_task, spec, ctx, cases, on_case)
+        os.makedirs(prof_dir, exist_ok=True)
+        prof.dump_stats(os.path.join(prof_dir, f"{req['check_id']}-{os.getpid()}-{time.time_ns()}.prof"))
+    else:
+        outcomes = run_task(spec, ctx, cases, on_case)
     kernel_timing.release_compile_locks()          # a compile the check abandoned holds none
     timing = dict(kernel_timing.delta(before), exec_s=round(time.perf_counter() - t0, 3),
                   pid=os.getpid(), kernels=kernel_timing.events_since(before),

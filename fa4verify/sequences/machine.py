@@ -384,10 +384,14 @@ def _attrs(c: Call) -> dict[str, Any]:
 
 def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps: int = 6, seed: int = 0,
                   key_pool: int = 2, cases_dir: Optional[os.PathLike] = None, target_spec: Optional[dict] = None,
-                  replay_fresh: bool = True, time_limit_s: Optional[float] = None) -> SequenceResult:
+                  replay_fresh: bool = True, time_limit_s: Optional[float] = None,
+                  first: int = 0) -> SequenceResult:
     """Run the machine (Note [Call sequences]) ``examples`` times with up to ``steps`` calls each.
     A failure is shrunk, written to ``cases_dir`` (when given) and, with ``replay_fresh``,
-    classified by replaying in fresh processes (:func:`classify`; needs ``target_spec``)."""
+    classified by replaying in fresh processes (:func:`classify`; needs ``target_spec``).
+
+    ``first``: the examples before it are drawn but not run (Note [One sequence per case]), so
+    ``first=i, examples=1`` runs exactly example ``i`` of the seed's draw."""
     from hypothesis import HealthCheck, Verbosity, settings
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
@@ -398,12 +402,16 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
     kind = (target_spec or {}).get("kind", "production" if isinstance(target, ProductionTarget) else "twin")
     base_st, call_st = _call_strategy(arch, kind, key_pool)
     res = SequenceResult(target=target.describe(), arch=arch)
-    state: dict[str, Any] = {"failing": [], "violation": None, "t0": time.monotonic(), "shrinking": False}
+    state: dict[str, Any] = {"failing": [], "violation": None, "t0": time.monotonic(), "shrinking": False,
+                             "example": -1}
 
     class CallSequence(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            target.reset()
+            state["example"] += 1
+            self.dry = state["example"] < first     # drawn only (Note [One sequence per case])
+            if not self.dry:
+                target.reset()
             self.calls: list[Call] = []
             self.seen: dict[tuple, dict[str, Any]] = {}
 
@@ -425,6 +433,8 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
                     and time.monotonic() - state["t0"] > time_limit_s):
                 return
             self.calls.append(c)
+            if self.dry:
+                return
             counting = not state["shrinking"]
             if counting:
                 res.calls += 1
@@ -469,10 +479,14 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
                         res.exercised[n] = res.exercised.get(n, 0) + 1
 
     from hypothesis import Phase
-    st_kw = dict(max_examples=int(examples), stateful_step_count=int(steps), deadline=None, database=None,
+    st_kw = dict(max_examples=int(first) + int(examples), stateful_step_count=int(steps), deadline=None, database=None,
                  verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), derandomize=False,
                  phases=[Phase.explicit, Phase.generate])
-    test = hseed(int(seed))(lambda: run_state_machine_as_test(CallSequence, settings=settings(**st_kw)))
+    # the seed goes on the machine class: run_state_machine_as_test reads it from the factory it is
+    # given (hypothesis/stateful.py, get_state_machine_test); on a wrapper it was ignored and every
+    # run drew from Hypothesis's global random (a draw that differed between runs and processes)
+    seeded = hseed(int(seed))(CallSequence)
+    test = lambda: run_state_machine_as_test(seeded, settings=settings(**st_kw))  # noqa: E731
     t0 = time.monotonic()
     from fa4verify.fuzz.campaign import _fixed_constant_pool
     try:
