@@ -116,12 +116,12 @@ for step in "$@"; do
          --timeout 250 --cache-root "$CR/$spec" --out "$OUT" "${WW[@]}" ${EXTRA:-} 2>&1 | grep -v "^[a-z]" | tail -16) ;;
     profile)
       mkdir -p "$CR/default/shard"
-      FA4VERIFY_WORKER_PROFILE="$OUT/pstats" timeout "$left" "${AUDIT[@]}" --profile default --no-live \
+      FA4VERIFY_PROFILE_DIR="$OUT/pstats" timeout "$left" "${AUDIT[@]}" --profile default --no-live \
         --kernel-cache "$CR/default/shard" --json "$OUT/audit_profiled.json" > "$OUT/audit_profiled.log" 2>&1
       echo "profiled audit rc=$?"; tail -3 "$OUT/audit_profiled.log"
       python3 - "$OUT/pstats" > "$OUT/pstats_top.txt" <<'PY'
 import glob, os, pstats, sys
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.pstats"))):
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.prof"))):
     print("=" * 30, os.path.basename(f))
     st = pstats.Stats(f); st.sort_stats("cumulative"); st.print_stats(28)
 PY
