@@ -58,7 +58,10 @@ class SourceMutant:
     """A kernel-code fault: ``edits`` applied together. ``stage``: "fwd", "bwd" or "both" (which
     problem shows it); ``family``/``bias``: graded families (bias = relative or absolute size);
     ``expect``: the tensors the fault is meant to reach (documentation; the worker judges all);
-    ``determinism``: judged by bitwise reruns of the deterministic backward."""
+    ``determinism``: judged by bitwise reruns of the deterministic backward; ``hang``: the fault
+    is a kernel that never finishes (Note [Planted hang]), judged by the audit's deadline, not by
+    values, so the detection campaign (:mod:`fa4verify.source_mutants_run`) leaves it out unless
+    named."""
 
     id: str
     title: str
@@ -68,10 +71,12 @@ class SourceMutant:
     family: Optional[str] = None
     bias: Optional[float] = None
     determinism: bool = False
+    hang: bool = False
 
     def to_dict(self) -> dict:
         return {"id": self.id, "title": self.title, "stage": self.stage, "expect": list(self.expect),
                 "family": self.family, "bias": self.bias, "determinism": self.determinism,
+                "hang": self.hang,
                 "edits": [dataclasses.asdict(e) for e in self.edits]}
 
 
@@ -204,6 +209,26 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "                        # Semaphore acquire: wait for prior n_blocks to finish writing this m_block\n"
               "                        if const_expr(False):  # mutant: acquire skipped\n"),),
         "bwd", ("dq",), determinism=True),
+    # Note [Planted hang]: a kernel that never finishes on some problems only, so an audit shows
+    # the deadline at work: the check running such a problem is `error: did not finish in N s`
+    # naming the case, its worker killed; every other case and check keeps its verdict. The spin
+    # is device code (a loop on the SM clock, a volatile read the compiler can neither hoist nor
+    # drop), in the MMA warpgroups of the SM90 backward, compiled only for head dim 64 (a
+    # compile-time branch: other head dims get the unchanged kernel).
+    SourceMutant(
+        "sm90_bwd_hd64_hang", "SM90 backward at head dim 64: the MMA warpgroups spin forever (kernel hang)",
+        (Edit("flash_bwd_sm90.py",
+              "            n_block, head_idx, batch_idx, _ = work_tile.tile_idx\n"
+              "            seqlen = SeqlenInfoCls(batch_idx)\n\n"
+              "            recompute_fastdiv_mods_q = const_expr(\n",
+              "            n_block, head_idx, batch_idx, _ = work_tile.tile_idx\n"
+              "            seqlen = SeqlenInfoCls(batch_idx)\n"
+              "            if const_expr(self.tile_hdim == 64 and not self.check_hdim_oob):  # mutant: hang\n"
+              "                spin_clock = cute.arch.clock64()\n"
+              "                while spin_clock >= 0:\n"
+              "                    spin_clock = cute.arch.clock64()\n\n"
+              "            recompute_fastdiv_mods_q = const_expr(\n"),),
+        "bwd", (), hang=True),
 )
 
 

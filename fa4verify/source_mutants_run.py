@@ -175,7 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--jobs", type=int, default=4)
-    ap.add_argument("--mutants", default=None, help="comma-separated ids. Default: the catalogue")
+    ap.add_argument("--mutants", default=None,
+                    help="comma-separated ids. Default: the catalogue without its planted hangs")
     ap.add_argument("--shape", default="1,1024,2,128")
     ap.add_argument("--worker-timeout", type=float, default=240.0)
     ap.add_argument("--work", default=None, help="scratch dir for the private copies")
@@ -183,7 +184,9 @@ def main(argv=None) -> int:
                     help="processes judging the workers' outputs (forked; default: the cores)")
     try:
         args = ap.parse_args(argv)
-        mutants = sm.catalogue(args.mutants.split(",") if args.mutants else None)
+        # a planted hang is judged by the audit's deadline (Note [Planted hang]): named only
+        mutants = (sm.catalogue(args.mutants.split(",")) if args.mutants
+                   else [m for m in sm.catalogue() if not m.hang])
         b, s, h, d = (int(x) for x in args.shape.split(","))
     except SystemExit:
         return 2

@@ -6,8 +6,10 @@ installed FA4, fa4verify.source_mutants) and tabulate which check caught each.
 Each mutant: a private copy (the installed package is only read), PYTHONPATH pointing at it, a
 kernel cache of its own (the unpatched kernels can never be served), then
 ``fa4verify audit --dtype bf16 --device cuda -k <checks> --json DIR/<id>.json``. ``clean`` runs
-an unmutated copy (the control: it must pass). Prints one line per mutant: exit code and the
-checks that failed or were undecided."""
+an unmutated copy (the control: it must pass). ``--timeout default`` leaves the per-task
+deadline to the engine (Note [Default deadline]); a planted hang (``sm90_bwd_hd64_hang``) shows it.
+Prints one line per mutant: exit code, the checks that failed, errored or were undecided, and
+the engine's worker processes still alive after the audit returned (there must be none)."""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +25,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--checks", default="coverage.production")
-    ap.add_argument("--timeout", default="180")
+    ap.add_argument("--timeout", default="180",
+                    help="seconds per task (the audit's --timeout), or 'default': the engine's deadline")
     ap.add_argument("ids", nargs="+")
     a = ap.parse_args()
     from fa4verify import source_mutants as S
@@ -37,7 +40,9 @@ def main() -> int:
         env["PYTHONPATH"] = f"{work}{os.pathsep}{env.get('PYTHONPATH', '')}"
         rep = a.out / f"{mid}.json"
         cmd = [sys.executable, "-m", "fa4verify", "audit", "--dtype", "bf16", "--device", "cuda", "-k", a.checks,
-               "--kernel-cache", str(work / "kernel-cache"), "--timeout", a.timeout, "--json", str(rep)]
+               "--kernel-cache", str(work / "kernel-cache"), "--json", str(rep)]
+        if a.timeout != "default":
+            cmd += ["--timeout", a.timeout]
         t0 = time.monotonic()
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         dt = time.monotonic() - t0
@@ -49,11 +54,29 @@ def main() -> int:
                       if x["status"] in ("fail", "undecided", "error")]
         except Exception as e:  # noqa: BLE001
             caught = [f"no report: {e}"]
+        left = _workers_alive()
         rows.append({"mutant": mid, "fingerprint": copy.fingerprint[:12], "exit": p.returncode,
-                     "seconds": round(dt, 1), "flagged": caught})
-        print(f"{mid}: exit {p.returncode} in {dt:.0f} s; " + (" | ".join(caught) or "nothing flagged"), flush=True)
+                     "seconds": round(dt, 1), "flagged": caught, "workers_left": left})
+        print(f"{mid}: exit {p.returncode} in {dt:.0f} s; " + (" | ".join(caught) or "nothing flagged")
+              + f"; workers left: {left or 'none'}", flush=True)
     (a.out / "mutants.json").write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def _workers_alive() -> list[str]:
+    """``pid cmdline`` of every live engine process (zygote or worker) on this machine."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and ("fa4verify.run.zygote" in cmd or "fa4verify.run.worker" in cmd):
+            out.append(f"{d.name} {cmd[:120]}")
+    return out
 
 
 if __name__ == "__main__":
