@@ -17,16 +17,49 @@ backward within its budget); with ``deterministic=True`` every repetition must a
 bitwise (dQ, dK, dV). :func:`run_races` runs a list of problems (dense, GQA, block-sparse call
 forms) ``reps`` times each and returns the verdict rows.
 
-PDL is as the installed FA4 compiles it (:func:`pdl_in_source` reads ``use_pdl`` from its source);
-FA4 has no switch to turn it off at run time. On the CPU the stream and the busy copies are no-ops
-(tests run the plumbing against a fake FA4 release).
+PDL on and off (Note [PDL off]): :func:`run_races` runs FA4 as it ships (PDL where it compiles
+it); :func:`run_races_pdl_off` runs the same problems in a process of its own with PDL forced off.
+On the CPU the stream and the busy copies are no-ops (tests run the plumbing against a fake FA4
+release).
+
+Note [PDL off]
+--------------
+FA4 4.0.0b36 has no switch for PDL: no argument, no environment variable, no module flag.
+``flash_bwd_preprocess.py:65`` sets ``self.use_pdl = BaseDSL._get_dsl().get_arch_enum() >=
+Arch.sm_90a`` (the CuTe DSL's compile arch: on for every arch FA4's backward runs on);
+``flash_bwd_sm90.py:628`` launches the SM90 main kernel with a literal ``use_pdl=True``; the
+forward's ``enable_pdl`` is forced off (``interface.py:4644-4645`` "Override enable_pdl (not
+supported yet)", ``interface.py:4958`` ``enable_pdl=False``). The CuTe DSL turns the launch's
+``use_pdl`` into the launch attribute "programmatic stream serialization allowed"
+(``cutlass_dsl/cutlass.py``, ``CutlassBaseDSL.cuda_launch_func`` ->
+``launch_cfg_programmatic_stream_serialization_allowed``) when it compiles the launcher: it is
+baked into the compiled kernel, not read at run time. So fa4verify turns PDL off itself
+(:func:`force_pdl_off`): ``cuda_launch_func`` wrapped to pass ``use_pdl=False``, before any
+kernel is compiled; the kernels' ``griddepcontrol`` instructions stay and are no-ops without
+the attribute (every kernel starts after the previous one of its stream has finished).
+
+Compile-only on sm_90a (tests/test_races.py): FA4's backward asks for PDL on the preprocess and
+the main kernel (not the dQ postprocess); after :func:`force_pdl_off` the DSL builds all three
+without.
+
+No kernel may be shared between the two runs: FA4's compile keys (``interface.py``
+``compile_key`` tuples) carry no PDL element, and its persistent kernel cache
+(``cache_utils.get_jit_cache``) is keyed by the compile key and a fingerprint of FA4's source,
+which the wrapper does not change; a hit there skips the trace, so the wrapper is never reached.
+(The CuTe DSL's own file cache is keyed by a hash of the traced IR, ``base_dsl/dsl.py``
+``get_module_hash``, which carries the launch attribute: it cannot serve one run's kernel to the
+other.) So the PDL-off run is a fresh process (empty in-memory
+caches; :func:`_pdl_off_call` refuses to run when FA4 has compiled anything before the wrapper)
+with a kernel cache directory of its own (:func:`pdl_off_env`: ``<FA4's cache dir>-pdl-off``).
 
 Planted faults (:data:`RACE_MUTANTS`, GPU): a dropped wait in the backward's launch chain, in a
 private patched copy of FA4 (:mod:`fa4verify.source_mutants`, Note [Private FA4 copy]) --
 ``python -m fa4verify.races plant ID DEST`` makes the copy and prints the environment to run
 ``fa4verify audit -k races.production`` under. Two with PDL (the preprocess's
 ``griddepcontrol_wait`` before it reads O, dO and LSE; the SM90 main kernel's before it reads
-LSE and D) and one without (the deterministic GQA dK semaphore wait of the SM90 backward).
+LSE and D) and one without (the deterministic GQA dK semaphore wait of the SM90 backward). With
+PDL off the two PDL waits guard nothing (each kernel starts after its predecessor has finished):
+the PDL-off run is their control; the semaphore wait matters in both.
 """
 from __future__ import annotations
 
@@ -39,8 +72,8 @@ import numpy as np
 from fa4verify._strategies.problem import AttentionProblem
 from fa4verify.targets import HarnessError, ProductionTarget, Unsupported
 
-__all__ = ["RacingTarget", "race_problems", "run_races", "pdl_in_source", "BUSY_MB", "RaceRow", "RACE_MUTANTS",
-           "plant"]
+__all__ = ["RacingTarget", "race_problems", "run_races", "run_races_pdl_off", "force_pdl_off", "pdl_off_env",
+           "pdl_in_source", "BUSY_MB", "RaceRow", "RACE_MUTANTS", "plant", "PDL_OFF_CACHE_SUFFIX"]
 
 #: the busy stream's buffer (MiB): copies of it keep the memory system loaded for ~0.1 ms each
 BUSY_MB = 256
@@ -59,6 +92,58 @@ def pdl_in_source() -> dict[str, bool]:
             text = p.read_text()
             out[f] = "use_pdl=True" in text or "use_pdl=self.use_pdl" in text
     return out
+
+
+#: the PDL-off run's kernel cache directory: FA4's own, with this suffix (Note [PDL off])
+PDL_OFF_CACHE_SUFFIX = "-pdl-off"
+#: set by :func:`force_pdl_off` in the process it ran in
+_PDL_FORCED_OFF = False
+
+
+def force_pdl_off() -> None:
+    """Every kernel the CuTe DSL compiles from now on in this process launches without PDL
+    (Note [PDL off]): ``CutlassBaseDSL.cuda_launch_func`` passes ``use_pdl=False``. Kernels
+    compiled before keep their attribute: call it before FA4 compiles anything."""
+    global _PDL_FORCED_OFF
+    from cutlass.cutlass_dsl import cutlass as dsl
+    orig = dsl.CutlassBaseDSL.cuda_launch_func
+    if getattr(orig, "_fa4verify_pdl_off", False):
+        return
+
+    def cuda_launch_func(*args, **kw):
+        kw["use_pdl"] = False
+        return orig(*args, **kw)
+    cuda_launch_func._fa4verify_pdl_off = True          # type: ignore[attr-defined]
+    cuda_launch_func.__wrapped__ = orig                  # type: ignore[attr-defined]
+    dsl.CutlassBaseDSL.cuda_launch_func = staticmethod(cuda_launch_func)
+    _PDL_FORCED_OFF = True
+
+
+def pdl_off_env(env: Optional[dict] = None) -> dict[str, str]:
+    """The variables of the PDL-off process (Note [PDL off]): FA4's kernel cache directory (the
+    one ``env`` -- default this process's -- gives FA4, else FA4's default) with
+    :data:`PDL_OFF_CACHE_SUFFIX`, so no PDL-on kernel is ever loaded there."""
+    import getpass
+    import os
+    import tempfile
+    env = dict(os.environ if env is None else env)
+    base = env.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), getpass.getuser(), "flash_attention_cute_dsl_cache")   # cache_utils' default
+    return {"FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": base.rstrip(os.sep) + PDL_OFF_CACHE_SUFFIX}
+
+
+def _compiled_kernels() -> int:
+    """Kernels in FA4's in-memory compile caches of this process (0 before the first compile)."""
+    from fa4verify.kernels.adapter import fa4_interface
+    fa = fa4_interface()
+    n = 0
+    for name in dir(fa):
+        cache = getattr(getattr(fa, name, None), "compile_cache", None)
+        if cache is None:
+            continue
+        mem = getattr(cache, "cache", cache)
+        n += len(mem) if hasattr(mem, "__len__") else 0
+    return n
 
 
 def _race_mutants():
@@ -148,7 +233,8 @@ class RacingTarget(ProductionTarget):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d.update(busy_stream=self.busy, dout_producer="device copy launched just before the backward",
-                 pdl=pdl_in_source())
+                 pdl=("forced off at the CuTe DSL launch (Note [PDL off])" if _PDL_FORCED_OFF
+                      else "as FA4 compiles it"), pdl_in_source=pdl_in_source())
         return d
 
     def _produce(self, dout):
@@ -263,6 +349,37 @@ def run_races(target: Any, problems: Sequence[AttentionProblem], *, reps: int = 
             del target.backward
         rows.append(r)
     return rows
+
+
+def _pdl_off_call(payload: dict) -> dict:
+    """The PDL-off run, in the fresh process :func:`run_races_pdl_off` starts: PDL forced off
+    before FA4 compiles anything, then :func:`run_races` per mode. ``{"rows": {mode: [RaceRow]},
+    "target": describe(), "kernel_cache": FA4's cache dir here}``."""
+    import os
+    if _compiled_kernels():
+        raise HarnessError("the PDL-off process holds FA4 kernels compiled before PDL was turned off")
+    force_pdl_off()
+    tgt = RacingTarget(busy=bool(payload.get("busy", True)))
+    probs = [AttentionProblem.from_dict(d) for d in payload["problems"]]
+    rows = {mode: run_races(tgt, probs, reps=int(payload["reps"]), deterministic=det)
+            for mode, det in payload["modes"]}
+    return {"rows": rows, "target": tgt.describe(),
+            "kernel_cache": os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")}
+
+
+def run_races_pdl_off(problems: Sequence[AttentionProblem], *, reps: int,
+                      modes: Sequence[tuple[str, bool]] = (("deterministic", True), ("default", False)),
+                      timeout_s: Optional[float] = None, busy: bool = True) -> dict:
+    """:func:`run_races` of ``problems`` in each of ``modes`` ((name, deterministic) pairs) with
+    PDL off, in a fresh process with its own kernel cache (Note [PDL off]); the result of
+    :func:`_pdl_off_call`. Raises :class:`HarnessError` when that process fails."""
+    from fa4verify.run.engine import run_calls
+    payload = {"problems": [p.to_dict() for p in problems], "reps": int(reps), "modes": [list(m) for m in modes],
+               "busy": bool(busy)}
+    out, = run_calls("fa4verify.races:_pdl_off_call", [payload], envs=[pdl_off_env()], timeout_s=timeout_s)
+    if not out.ok:
+        raise HarnessError(f"the PDL-off process: {out.error}")
+    return out.value
 
 
 if __name__ == "__main__":

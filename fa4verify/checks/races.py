@@ -1,19 +1,191 @@
-"""Audit check ``races.production`` (GPU; full / exhaustive): FA4's backward under load (Note
-[Backward under load], :mod:`fa4verify.races`) -- dO written by the kernel launched just before
-it, a concurrent memory-bound stream, dense / GQA / block-sparse problems, every repetition judged
-by the one judge and, in deterministic mode, bitwise equal to the first. full: 8 repetitions per
-problem and mode; exhaustive: 32. ``--opt races_reps=N`` replaces the count.
+"""Audit check ``races.production`` (GPU): FA4's backward under load (Note [Backward under load],
+:mod:`fa4verify.races`) -- dO written by the kernel launched just before it, a concurrent
+memory-bound stream, every repetition judged by the one judge and, in deterministic mode, bitwise
+equal to the first.
+
+Cases (the engine runs them side by side, Note [One engine]): one per problem and backward mode
+(deterministic, default) with PDL as FA4 compiles it, and with PDL off (Note [PDL off]) one case
+for all of them, in a process of its own.
+
+* default: dense causal MHA and GQA 4:1, both modes, 3 repetitions, PDL on (a short run: 12
+  backward repetitions);
+* full: + the block-sparse call form, 8 repetitions, PDL on and off;
+* exhaustive: 32 repetitions, PDL on and off.
+
+A deployment profile (``ctx.deploy``) replaces the problems by its own (:func:`fa4verify.checks._live.problems`:
+its head dims, masks, GQA ratio, softcap, sinks, seqlens clipped to its range; block-sparse only
+when it ships that call form). ``--opt races_reps=N`` replaces the repetitions,
+``--opt races_pdl=on|off|both`` the PDL runs.
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+from fa4verify._strategies.problem import AttentionProblem
 from fa4verify.audit.registry import CheckContext, CheckResult, check
 
-_REPS = {"default": 4, "full": 8, "exhaustive": 32}
+_REPS = {"default": 3, "full": 8, "exhaustive": 32}
+_PDL = {"default": ("on",), "full": ("on", "off"), "exhaustive": ("on", "off")}
+_MODES = (("deterministic", True), ("default", False))
+#: problems of the default profile (of :func:`fa4verify.races.race_problems`: dense causal, GQA)
+_DEFAULT_PROBLEMS = 2
+#: seconds the PDL-off process may run (fresh imports, cold compiles, the repetitions): inside the
+#: engine's task deadline (Note [Default deadline]: 300 s for this cost), so a slow run is this case's
+#: one-line error, not a killed worker
+_PDL_OFF_TIMEOUT_S = 280.0
+
+#: device of the check (tests swap in "cpu" with a stand-in adapter)
+_DEVICE = "cuda"
+
+
+@dataclasses.dataclass(frozen=True)
+class RaceCase:
+    """One problem's backward under load, ``reps`` times in one mode, PDL as FA4 compiles it."""
+    problem: AttentionProblem
+    mode: str
+    reps: int
+
+    @property
+    def deterministic(self) -> bool:
+        return dict(_MODES)[self.mode]
+
+    def describe(self) -> str:
+        return f"{self.problem.describe()} {self.mode} x{self.reps} (PDL as FA4 compiles it)"
+
+
+@dataclasses.dataclass(frozen=True)
+class PdlOffCase:
+    """Every problem in every mode, ``reps`` times each, PDL off, in a process of its own (Note
+    [PDL off]): no ``problem`` attribute, so the engine gives it a task of its own."""
+    problems: tuple[AttentionProblem, ...]
+    reps: int
+
+    def describe(self) -> str:
+        return f"{len(self.problems)} problem(s) x {len(_MODES)} modes x{self.reps} with PDL off (own process)"
+
+
+def _option(ctx: CheckContext, name: str, default: Any) -> Any:
+    opts = getattr(ctx, "options", None) or {}
+    return opts.get(name, default)
+
+
+def _reps(ctx: CheckContext) -> int:
+    try:
+        reps = int(_option(ctx, "races_reps", _REPS.get(ctx.profile, 8)))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--opt races_reps: {e}") from None
+    if reps < 2:
+        raise ValueError("--opt races_reps must be >= 2 (the bitwise comparison needs two)")
+    return reps
+
+
+def _pdl(ctx: CheckContext) -> tuple[str, ...]:
+    v = _option(ctx, "races_pdl", None)
+    if v is None:
+        return _PDL.get(ctx.profile, ("on", "off"))
+    runs = {"on": ("on",), "off": ("off",), "both": ("on", "off")}
+    if str(v) not in runs:
+        raise ValueError(f"--opt races_pdl={v}: expected on, off or both")
+    return runs[str(v)]
+
+
+def problems(ctx: CheckContext, arch: str) -> list[AttentionProblem]:
+    """The race problems of this audit on ``arch`` (module docstring): the deployment's when it has
+    one, else :func:`fa4verify.races.race_problems` (the first two in the default profile)."""
+    from fa4verify import races
+    dep = ctx.deploy
+    if dep is None:
+        ps = races.race_problems(arch, ctx.dtype, seed=int(ctx.seed))
+        return ps if ctx.profile in ("full", "exhaustive") else ps[:_DEFAULT_PROBLEMS]
+    if ctx.dtype not in dep.dtypes:
+        ctx.skip(f"deployment {dep.name!r} ships {list(dep.dtypes)}, not {ctx.dtype}")
+    from fa4verify._strategies.calls import CallForm
+    from fa4verify.checks import _live
+    ps = _live.problems(ctx, arch, ctx.dtype)          # skips when the deployment ships nothing FA4 runs
+    if ctx.profile not in ("full", "exhaustive"):
+        ps = ps[:_DEFAULT_PROBLEMS]
+    if "block_sparse" in dep.features and ctx.profile in ("full", "exhaustive"):
+        p = ps[0]
+        ps.append(p.replace(call=CallForm(block_size=(128, 128), block_keep=0.5, block_seed=int(ctx.seed))))
+    return ps
+
+
+def _cases(ctx: CheckContext) -> list:
+    if ctx.dtype not in ("bf16", "fp16"):
+        ctx.skip(f"the race problems are bf16/fp16; dtype {ctx.dtype} is not run")
+    arch = ctx.require_gpu().arch if _DEVICE == "cuda" else "sm90"
+    reps, pdl = _reps(ctx), _pdl(ctx)
+    ps = problems(ctx, arch)
+    out: list = []
+    if "on" in pdl:
+        out += [RaceCase(p, mode, reps) for p in ps for mode, _ in _MODES]
+    if "off" in pdl:
+        out.append(PdlOffCase(tuple(ps), reps))
+    return out
+
+
+#: the race target of this process (its busy buffers are allocated once)
+_TARGET: list = []
+
+
+def _target():
+    from fa4verify import races
+    if _DEVICE != "cuda":               # tests: the stand-in adapter of the moment, never kept
+        from fa4verify.kernels import adapter
+        return races.RacingTarget(adapter=adapter, device=_DEVICE)
+    if not _TARGET:
+        _TARGET.append(races.RacingTarget())
+    return _TARGET[0]
+
+
+def _where(ctx: CheckContext) -> str:
+    return ctx.where_measured() if _DEVICE == "cuda" else "CPU"
+
+
+def _summary(ctx: CheckContext, results: list) -> CheckResult:
+    rows: dict[str, list] = {}
+    target: dict = {}
+    for _case, v in results:
+        for mode, rs in v["rows"].items():
+            rows.setdefault(f"{mode}, PDL {v['pdl']}", []).extend(rs)
+        target.setdefault(f"PDL {v['pdl']}", v["target"])
+    return result(rows, results[0][1]["where"], target)
+
+
+def _compiles(ctx: CheckContext) -> list:
+    """Note [Fake device audit]: the backward of every problem in every mode (PDL as FA4 compiles
+    it; the PDL-off builds of :class:`PdlOffCase` need a process with PDL off: they are not in the
+    plan, and the plan says so)."""
+    from fa4verify.compile_only import CompileCall
+    out = []
+    for c in _cases(ctx):
+        if isinstance(c, RaceCase):
+            out.append(CompileCall("backward", c.problem, deterministic=c.deterministic,
+                                   purpose=f"{c.mode} backward under load"))
+    return out
+
+
+@check("races.production", title="FA4 backward under load: dO from the preceding kernel, a busy stream, PDL on and off (GPU)",
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=10, cases=_cases,
+       summarise=_summary, compiles=_compiles)
+def production(ctx: CheckContext, case: Any) -> dict:
+    """One case (:class:`RaceCase`, :class:`PdlOffCase`): its rows per mode. cost: the default
+    profile's 12 judged repetitions at ~0.5-1 s each (judge and oracle dominate; estimated from
+    the CPU, not yet measured on the H200)."""
+    from fa4verify import races
+    if isinstance(case, PdlOffCase):
+        out = races.run_races_pdl_off(case.problems, reps=case.reps, modes=_MODES, timeout_s=_PDL_OFF_TIMEOUT_S)
+        return {"pdl": "off", "rows": out["rows"], "where": _where(ctx),
+                "target": dict(out["target"], kernel_cache=out["kernel_cache"])}
+    tgt = _target()
+    rows = races.run_races(tgt, [case.problem], reps=case.reps, deterministic=case.deterministic)
+    return {"pdl": "on", "rows": {case.mode: rows}, "target": tgt.describe(), "where": _where(ctx)}
 
 
 def result(rows: dict, where: str, target: dict) -> CheckResult:
-    """The verdict of :func:`fa4verify.races.run_races` rows per mode (``{"deterministic": rows,
-    "default": rows}``)."""
+    """The verdict of :func:`fa4verify.races.run_races` rows per mode (``{"deterministic, PDL on":
+    rows, ...}``)."""
     from fa4verify.fuzz.campaign import judged_shortfall
     from fa4verify.races import COLUMNS
     flat = [(mode, r) for mode, rs in rows.items() for r in rs]
@@ -38,30 +210,8 @@ def result(rows: dict, where: str, target: dict) -> CheckResult:
                              unsupported=metrics["unsupported"])
     if short is not None:
         return CheckResult(status="undecided", where=where, metrics=metrics, details=details, summary=short)
+    pdl = sorted({m.split("PDL ")[-1] for m in rows if "PDL " in m})
     return CheckResult(status="pass", where=where, metrics=metrics, details=details,
                        summary=(f"{metrics['judged']} backward repetitions under load (dO from the preceding "
-                                f"kernel, busy stream) within budget; deterministic ones bitwise equal"))
-
-
-@check("races.production", title="FA4 backward under load: dO from the preceding kernel, a busy stream (GPU)",
-       needs={"cuda", "fa4"}, profiles={"full", "exhaustive"}, cost=40)
-def production(ctx: CheckContext) -> CheckResult:
-    from fa4verify import races
-    if ctx.dtype not in ("bf16", "fp16"):
-        ctx.skip(f"the race problems are bf16/fp16; dtype {ctx.dtype} is not run")
-    gpu = ctx.require_gpu()
-    opts = getattr(ctx, "options", None) or {}
-    try:
-        reps = int(opts.get("races_reps", _REPS.get(ctx.profile, 8)))
-    except ValueError as e:
-        raise ValueError(f"--opt races_reps: {e}") from None
-    if reps < 2:
-        raise ValueError("--opt races_reps must be >= 2 (the bitwise comparison needs two)")
-    tgt = races.RacingTarget()
-    probs = races.race_problems(gpu.arch, ctx.dtype, seed=int(ctx.seed))
-    rows = {}
-    with ctx.progress(2 * len(probs), "FA4 backward under load") as bar:
-        for mode, det in (("deterministic", True), ("default", False)):
-            rows[mode] = races.run_races(tgt, probs, reps=reps, deterministic=det)
-            bar.advance(len(probs))
-    return result(rows, ctx.where_measured(), tgt.describe())
+                                f"kernel, busy stream" + (f", PDL {' and '.join(pdl)}" if pdl else "")
+                                + ") within budget; deterministic ones bitwise equal"))
