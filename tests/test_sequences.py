@@ -255,3 +255,34 @@ def test_a_seed_draws_the_same_sequences_in_any_process():
     b = _drawn_in_a_process(3, "2")
     assert len(set(a)) > 1, a                     # a real draw, not Hypothesis's minimal example only
     assert a == b
+
+
+# ----------------------------------------------------------------------- compile-key faults in FA4's source
+_ANALYSE = """
+import json
+from fa4verify.sequences import key
+print(json.dumps({"causal": key.analyse()["causal"], "covers": sorted(key.callable_hash_covers())}))
+"""
+
+
+@pytest.mark.fa4
+@pytest.mark.parametrize("mutant", key.KEY_MUTANTS, ids=lambda m: m.id)
+def test_each_planted_key_fault_applies_and_the_copys_key_lacks_it(tmp_path, mutant):
+    """Note [Planted key faults]: every edit applies exactly once to the installed source, and
+    the key analysis run on the private copy (first on PYTHONPATH) reads the fault: causal no
+    longer in either key, or closure cells no longer hashed."""
+    import subprocess
+    import sys
+
+    from fa4verify import source_mutants as sm
+    copy = sm.make_copy(mutant, tmp_path / "copy")
+    for e in mutant.edits:
+        assert (sm.installed_root() / "cute" / e.file).read_text().count(e.old) == 1
+    env = sm.worker_env(copy, tmp_path / "kernel-cache")
+    cp = subprocess.run([sys.executable, "-c", _ANALYSE], env=env, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    got = json.loads(cp.stdout.strip().splitlines()[-1])
+    if mutant.id == "key_causal_dropped":
+        assert got["causal"] == {"fwd": False, "bwd": False} and "closure" in got["covers"], got
+    else:
+        assert got["causal"] == {"fwd": True, "bwd": True} and "closure" not in got["covers"], got

@@ -35,7 +35,7 @@ import functools
 from typing import Optional
 
 __all__ = ["CallAttribute", "ATTRIBUTES", "NOT_DRIVEN", "key_fields", "callable_hash_covers", "analyse",
-           "left_out"]
+           "left_out", "KEY_MUTANTS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,3 +153,45 @@ def analyse() -> dict[str, dict[str, bool]]:
 def left_out() -> dict[str, list[str]]:
     """Attributes whose value the installed key leaves out: ``{attribute: [directions]}``."""
     return {n: [d for d, c in v.items() if not c] for n, v in analyse().items() if not all(v.values())}
+
+
+def _key_mutants():
+    """Note [Planted key faults]: compile-key faults planted in FA4's own source (a private copy,
+    :mod:`fa4verify.source_mutants`), so every check of an audit run on the copy meets them -- the
+    old checks and ``sequences.production`` alike (``--drop`` of ``python -m fa4verify.sequences
+    run`` plants the same faults in the sequence target only). ``key_causal_dropped``: causal
+    left out of the forward's and the backward's compile keys (a causal call after a non-causal
+    one of equal key runs the non-causal kernel, or the reverse); ``key_closure_dropped``:
+    ``utils._compute_base_hash`` no longer hashes a callable's closure cells, so score_mods that
+    differ only in a captured constant share a kernel (softcap 5 and 30:
+    ``utils.create_softcap_scoremod`` captures the value)."""
+    from fa4verify.source_mutants import Edit, SourceMutant
+    keep = ("            arch,\n            dtype,\n            head_dim,\n            head_dim_v,\n"
+            "            qhead_per_kvhead,\n")
+    return (
+        SourceMutant("key_causal_dropped", "causal left out of FA4's forward and backward compile keys",
+                     (Edit("interface.py",
+                           "        num_head_kv if qv is not None else None,  # MLA kernels specialize on nheads_kv\n"
+                           "        causal,\n",
+                           "        num_head_kv if qv is not None else None,  # MLA kernels specialize on nheads_kv\n"),
+                      Edit("interface.py",
+                           "    if arch // 10 in [8, 9, 12]:\n        compile_key = (\n" + keep + "            causal,\n",
+                           "    if arch // 10 in [8, 9, 12]:\n        compile_key = (\n" + keep),
+                      Edit("interface.py",
+                           "    else:\n        compile_key = (\n" + keep + "            causal,\n",
+                           "    else:\n        compile_key = (\n" + keep)),
+                     "both", ("out", "lse", "dq", "dk", "dv")),
+        SourceMutant("key_closure_dropped",
+                     "FA4's callable hash ignores closure cells (softcap values share a kernel)",
+                     (Edit("utils.py",
+                           "    if hasattr(func, \"__closure__\") and func.__closure__ is not None:\n"
+                           "        for cell in func.__closure__:\n"
+                           "            hasher.update(repr(cell.cell_contents).encode())\n",
+                           ""),),
+                     "both", ("out", "lse", "dq", "dk", "dv")),
+    )
+
+
+#: compile-key faults planted in FA4's source (Note [Planted key faults])
+KEY_MUTANTS = _key_mutants()
+
