@@ -41,6 +41,13 @@
 #                  (benchmarks/gpu_audit_time.py; --workers N; FA4VERIFY_WORKER_START)
 #   profile        the default audit on time:default's warm cache, each worker request under cProfile
 #   imports        python -X importtime of what an audit worker imports
+#   workers        how the engine's workers start here (benchmarks/worker_start.py: fork or spawn)
+#   parent         the audit parent's start: python -X importtime and wall of a one-check audit
+#   seed:N         the default audit with --seed N on time:default's kernel cache (JSON)
+#   quick          the quick audit on time:default's kernel cache (JSON)
+#   planted:KIND[:ID,...]
+#                  scripts/planted_faults.py --kind KIND --no-old (PLANTED_OPTS: extra --opt values)
+#   hang           the planted kernel hang (sm90_bwd_hd64_hang) under the audit (HANG_CHECKS, HANG_TIMEOUT)
 #
 # Env: CALL_BUDGET_S (575), AUDIT_MODES (cold,warm), WORKERS, EXTRA (extra audit args for time:*).
 set -u
@@ -131,6 +138,28 @@ PY
       TIMEFORMAT="wall %R s, user %U s, sys %S s"
       time (env QUACK_ARCH=90 PYTORCH_NVML_BASED_CUDA_CHECK=1 python3 -X importtime -c "$Z" 2> "$OUT/importtime.txt")
       sort -t'|' -k2 -n "$OUT/importtime.txt" | tail -14 | cut -c1-110 ;;
+    workers)  timeout "$left" python3 benchmarks/worker_start.py --workers "${WORKERS:-12}" > "$OUT/workers.txt" 2>&1
+              tail -20 "$OUT/workers.txt" ;;
+    parent)   mkdir -p "$CR/default/shard"
+              TIMEFORMAT="parent one-check audit: wall %R s, user %U s, sys %S s"
+              time (timeout "$left" python3 -X importtime -m fa4verify audit --dtype bf16 --device cuda -k budgets.files \
+                --kernel-cache "$CR/default/shard" --json "$OUT/one.json" > "$OUT/one.log" 2> "$OUT/importtime.txt")
+              grep -v "^import time" "$OUT/importtime.txt" | tail -5
+              sort -t'|' -k2 -n "$OUT/importtime.txt" | tail -8 | cut -c1-110 ;;
+    seed:*)   mkdir -p "$CR/default/shard"; n=${step#seed:}
+              timeout "$left" python3 -m fa4verify audit --dtype bf16 --device cuda --seed "$n" --no-live \
+                --kernel-cache "$CR/default/shard" --json "$OUT/audit_seed$n.json" > "$OUT/audit_seed$n.log" 2>&1
+              echo "audit seed $n rc=$?"; grep -E "^(pass|fail|undecided|error) " "$OUT/audit_seed$n.log" | grep -v "^pass" | cut -c1-300
+              tail -4 "$OUT/audit_seed$n.log" ;;
+    quick)    mkdir -p "$CR/default/shard"
+              timeout "$left" python3 -m fa4verify audit --dtype bf16 --device cuda --profile quick --no-live \
+                --kernel-cache "$CR/default/shard" --json "$OUT/audit_quick.json" > "$OUT/audit_quick.log" 2>&1
+              echo "quick rc=$?"; grep -E "^(pass|fail|undecided|error) " "$OUT/audit_quick.log" | cut -c1-200; tail -3 "$OUT/audit_quick.log" ;;
+    planted:*) spec=${step#planted:}; kind=${spec%%:*}; ids=""; [ "$spec" != "$kind" ] && ids=${spec#*:}
+              OPTS=(); for o in ${PLANTED_OPTS:-}; do OPTS+=(--opt "$o"); done
+              timeout "$left" python3 scripts/planted_faults.py --kind "$kind" --no-old --out "$OUT" "${OPTS[@]}" ${ids//,/ } 2>&1 | tail -12 ;;
+    hang)     timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" --checks "${HANG_CHECKS:-budgets.production}" \
+                --timeout "${HANG_TIMEOUT:-60}" sm90_bwd_hd64_hang 2>&1 | tail -12 ;;
     *) echo "unknown step $step (bash scripts/gpu.sh with no argument lists the steps)" ;;
   esac
   echo "== $step rc=$? wall=$(( $(date +%s) - t ))s"
