@@ -30,9 +30,7 @@ __all__ = ["build_request", "run_task", "serve", "main", "preload", "die_with_pa
 
 #: what a serving worker imports before its first task: cuda, cpu or none
 PRELOAD_ENV = "FA4VERIFY_WORKER_PRELOAD"
-#: Note [Task profiles]: when set, every task's call is run under cProfile and its statistics
-#: written to ``<dir>/<check id>-<pid>-<ns>.prof`` (``python -m pstats`` reads them): where a
-#: slow check spends its seconds, on the machine that runs it
+#: Note [Task profiles]: every task under cProfile, written to ``<dir>/<check>-<pid>-<ns>.prof``
 PROFILE_ENV = "FA4VERIFY_PROFILE_DIR"
 
 
@@ -144,6 +142,8 @@ def _run_request(req: dict[str, Any], reply: Any) -> dict[str, Any]:
         spec = registered().get(req["check_id"])
         if spec is None:
             raise LookupError(f"check {req['check_id']!r} not registered by {req['module']}")
+        from fa4verify.compile_only import audit_spec
+        spec = audit_spec(spec)                    # Note [Fake device audit]: as the runner's
     except Exception as e:  # noqa: BLE001 - import problems are the task's error, reported normally
         kind, (summary, tb) = _error(e)
         summary = f"worker could not load the check: {summary}"
@@ -155,15 +155,12 @@ def _run_request(req: dict[str, Any], reply: Any) -> dict[str, Any]:
     def on_case(j: int) -> None:
         reply.write(json.dumps({"case": j}) + "\n")
         reply.flush()
-    prof_dir = os.environ.get(PROFILE_ENV)
-    if prof_dir:                                   # Note [Task profiles]
-        import cProfile
-        prof = cProfile.Profile()
-        outcomes = prof.runcall(run_task, spec, ctx, cases, on_case)
+    prof_dir = os.environ.get(PROFILE_ENV)       # Note [Task profiles]
+    prof = __import__("cProfile").Profile() if prof_dir else None
+    outcomes = prof.runcall(run_task, spec, ctx, cases, on_case) if prof else run_task(spec, ctx, cases, on_case)
+    if prof:
         os.makedirs(prof_dir, exist_ok=True)
         prof.dump_stats(os.path.join(prof_dir, f"{req['check_id']}-{os.getpid()}-{time.time_ns()}.prof"))
-    else:
-        outcomes = run_task(spec, ctx, cases, on_case)
     kernel_timing.release_compile_locks()          # a compile the check abandoned holds none
     timing = dict(kernel_timing.delta(before), exec_s=round(time.perf_counter() - t0, 3),
                   pid=os.getpid(), kernels=kernel_timing.events_since(before),
