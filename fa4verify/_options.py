@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 from fa4verify.audit.registry import ARCHS, DTYPES, PROFILE_ORDER, cuda_available
 
 DEVICES = ("auto", "cpu", "cuda")
+#: Note [Fake device]: the keys of fa4verify.kernels.device.FAKE_DEVICES (kept light: no import)
+FAKE_DEVICES = ("b200", "b300", "h200")
 ARCH_CHOICES = ("auto",) + ARCHS
 ISOLATE = ("auto", "always", "never")
 
@@ -79,6 +81,12 @@ OPTIONS: tuple[Option, ...] = (
            "Ignored when FLASH_ATTENTION_CUTE_DSL_CACHE_* are set.", "auto", metavar="DIR|auto|off"),
     Option("opt", "opts", "Extra key=value passed to checks as ctx.options; repeatable.", (),
            metavar="KEY=VALUE", multiple=True),
+    Option("fake-device", "fake_device", "Audit a GPU this machine need not have, compile-only "
+           "(Note [Fake device audit]): the CPU checks run as usual; every check that runs FA4 on the "
+           "GPU compiles the FA4 calls it would make there (on SM100/SM103 with exp2 emulation on and "
+           "off; the kernel cache on) and reports them as 'compile-only' (skip: nothing was measured), "
+           "or says why it cannot. Implies --device cuda; needs flash-attn-4 and the CuTe DSL.",
+           None, choices=FAKE_DEVICES),
     Option("deployment", "deployment", "Deployment profile (TOML file, or a shipped name: llama3-8b, "
            "swa-sink-hd64, hd256, small-hd, decode-paged): every check draws its cases from what it ships, and "
            "recorded findings apply only where they intersect it.", None, metavar="FILE.toml"),
@@ -181,6 +189,8 @@ class AuditConfig:
     kernel_cache: str | None = None
     #: the deployment profile (``--deployment``), as ``(name, json)`` so the config stays hashable
     deployment: tuple[str, str] | None = None
+    #: Note [Fake device]: the GPU audited compile-only (``--fake-device``), or None
+    fake_device: str | None = None
 
     @property
     def deployment_dict(self) -> dict[str, Any] | None:
@@ -219,8 +229,11 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
                  no_default_checks: bool = False, isolate: str = "auto", timeout: float | str | None = "auto",
                  opts: Sequence[str] = (), cuda: bool | None = None,
                  deployment: str | None = None, workers: str | int = "auto",
-                 fresh_workers: bool = False, kernel_cache: str | None = "auto") -> AuditConfig:
-    """Validate raw option values into an :class:`AuditConfig` (raises :class:`OptionError`)."""
+                 fresh_workers: bool = False, kernel_cache: str | None = "auto",
+                 fake_device: str | None = None) -> AuditConfig:
+    """Validate raw option values into an :class:`AuditConfig` (raises :class:`OptionError`).
+    ``fake_device``: this process (and its workers) becomes that GPU, compile-only (Note [Fake
+    device audit]: :func:`fa4verify.compile_only.enter_fake_device`)."""
     if dtype not in DTYPES:
         raise OptionError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
     if profile not in PROFILE_ORDER:
@@ -268,7 +281,8 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
     opts_t = tuple(sorted(parse_opts(opts).items()))
     resolve_archs([a for a in ([arch] if isinstance(arch, str) else list(arch or ()))
                    if a != "auto"], "cpu")  # validate names before the (slow) CUDA probe
-    dev = resolve_device(device, cuda=cuda)
+    fake = _enter_fake_device(fake_device, device)
+    dev = resolve_device(device, cuda=True if fake else cuda)
     archs = resolve_archs(arch, dev)
     if workers_s == "auto":
         workers_n = auto_workers(dev)
@@ -311,7 +325,27 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
                        keyword=keyword or None, shard=shard_t, checks_modules=mods,
                        no_default_checks=bool(no_default_checks), isolate=isolate,
                        timeout=timeout, opts=opts_t, deployment=dep, workers=workers_n,
-                       fresh_workers=bool(fresh_workers), kernel_cache=cache_dir)
+                       fresh_workers=bool(fresh_workers), kernel_cache=cache_dir, fake_device=fake)
+
+
+def _enter_fake_device(key: str | None, device: str) -> str | None:
+    """``--fake-device``: checked, then entered (Note [Fake device audit]); None without it."""
+    if key is None or str(key).strip() == "":
+        return None
+    k = str(key).strip().lower()
+    if k not in FAKE_DEVICES:
+        raise OptionError(f"--fake-device {key!r}: choose from {', '.join(FAKE_DEVICES)}")
+    if device == "cpu":
+        raise OptionError("--fake-device audits a GPU (compile-only); it excludes --device cpu")
+    import importlib.util
+    missing = [d for m, d in (("flash_attn", "flash-attn-4"), ("cutlass", "nvidia-cutlass-dsl"))
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise OptionError(f"--fake-device {k}: compiles FA4, but {' / '.join(missing)} is not installed "
+                          "(pip install 'fa4verify[fa4]')")
+    from fa4verify.compile_only import enter_fake_device
+    enter_fake_device(k)
+    return k
 
 
 def _kernel_cache_in_effect(option: str, cache_dir: str | None, *, create: bool = False) -> str | None:
@@ -418,4 +452,4 @@ def config_from_pytest(config: Any, profile: str) -> AuditConfig:
                         no_default_checks=vals["no_default_checks"], isolate=vals["isolate"],
                         timeout=vals["timeout"], opts=vals["opts"], deployment=vals["deployment"],
                         workers=vals["workers"], fresh_workers=vals["fresh_workers"],
-                        kernel_cache=vals["kernel_cache"])
+                        kernel_cache=vals["kernel_cache"], fake_device=vals["fake_device"])

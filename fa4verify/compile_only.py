@@ -20,6 +20,20 @@ Outputs are shapes, not values: every figure from here is **compile-only**.
 show that its assertions fail: ``"raise"`` makes the adapter entry point raise;
 ``"skip-fa4"`` replaces it by a stand-in that returns the right shapes and claims ``arch=100``
 without calling FA4 (nothing compiles, no compile key).
+
+Note [Fake device audit]
+------------------------
+``fa4verify audit --fake-device b200`` is the audit of a GPU this machine does not have
+(Note [Fake device] in :mod:`fa4verify.kernels.device`): :func:`enter_fake_device` sets, for
+the audit and its workers, the device and the compile target (``CUTE_DSL_ARCH``,
+``FLASH_ATTENTION_ARCH``, ``FLASH_ATTENTION_NUM_SMS`` of the census). The CPU checks run as on
+any machine. A check that needs "cuda" runs compile-only (:func:`audit_spec`): its cases are the
+FA4 calls it declares (``@check(compiles=...)`` -> :class:`CompileCall`), each compiled in the
+engine's workers -- FA4's kernel cache on, as in any GPU audit, a deadline per task -- by
+``ProductionTarget(fake=True)`` under FakeTensorMode, the exp2-emulation-off variants included;
+its verdict is ``skip`` labelled "compile-only" listing what compiled (no value was computed,
+so nothing passed), ``error`` naming the call where FA4 could not compile it, and a skip saying
+why where the check's calls cannot be known without the GPU.
 """
 from __future__ import annotations
 
@@ -34,7 +48,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["INJECTIONS", "CompileCase", "kernel_class", "run_cases"]
+__all__ = ["INJECTIONS", "CompileCase", "kernel_class", "run_cases", "CompileCall", "enter_fake_device",
+           "audit_spec"]
 
 INJECTIONS = ("", "raise", "skip-fa4")
 
@@ -253,3 +268,133 @@ if __name__ == "__main__":  # pragma: no cover
           CompileCase("backward", ns.head_dim, ns.causal, deterministic=True),
           CompileCase("backward", ns.head_dim, ns.causal, deterministic=False)]
     print(json.dumps(run_cases(ns.arch, cs), indent=1))
+
+
+# ----------------------------------------------------------------------------------------------
+# Note [Fake device audit]
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompileCall:
+    """One FA4 call a check makes on the audited GPU (Note [Fake device audit]): ``op`` "forward"
+    or "backward" (the target's forward first, its O and LSE fed to the backward, as the checks
+    do), ``emulation`` "default" or "disabled" (SM100's exp2 emulation off), ``deterministic``
+    (backward), ``purpose``: what the check uses it for (reports)."""
+    op: str
+    problem: Any
+    emulation: str = "default"
+    deterministic: bool = True
+    purpose: str = ""
+
+    def __post_init__(self) -> None:
+        if self.op not in ("forward", "backward"):
+            raise ValueError(f"op={self.op!r}: expected 'forward' or 'backward'")
+        if self.emulation not in ("default", "disabled"):
+            raise ValueError(f"emulation={self.emulation!r}: expected 'default' or 'disabled'")
+
+    def describe(self) -> str:
+        p = self.problem
+        mask = "causal" if p.causal else ("window" if p.local else "full")
+        s = (f"{self.op} {p.arch} {p.dtype} b{p.batch} s{p.seqlen_q}/{p.seqlen_k} h{p.nheads}/{p.nheads_kv} "
+             f"d={p.head_dim} {mask}")
+        if self.op == "backward":
+            s += " deterministic" if self.deterministic else " default-mode"
+        if self.emulation == "disabled":
+            s += " exp2-emulation-off"
+        return s + (f" ({self.purpose})" if self.purpose else "")
+
+
+def enter_fake_device(key: str) -> dict[str, str]:
+    """Make this process (and the workers it starts) the fake device ``key`` (Note [Fake device
+    audit]); returns the variables set. ValueError for an unknown key."""
+    from fa4verify.census import COMPILE_ARCHS
+    from fa4verify.kernels import device, facts
+    gpu = device.FAKE_DEVICES.get(str(key).strip().lower())
+    if gpu is None:
+        raise ValueError(f"--fake-device {key!r}: choose from {', '.join(device.FAKE_DEVICES)}")
+    target = facts.ptx_target(gpu.arch)
+    fa_arch, sms = COMPILE_ARCHS[target]
+    env = {device.FAKE_DEVICE_ENV: str(key).strip().lower(), "CUTE_DSL_ARCH": target,
+           "FLASH_ATTENTION_ARCH": fa_arch, "FLASH_ATTENTION_NUM_SMS": sms}
+    for k in ("FA_DISABLE_2CTA", "FA_CLC"):           # knobs that would change FA4's kernel choice
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    device.local_gpu.cache_clear()
+    return env
+
+
+_SHIMS = False
+
+
+def _shims() -> None:
+    global _SHIMS
+    if not _SHIMS:
+        from fa4verify.kernels.adapter import install_compile_only_shims
+        install_compile_only_shims(int(os.environ["FLASH_ATTENTION_NUM_SMS"]))
+        _SHIMS = True
+
+
+def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
+    """One :class:`CompileCall` in this (fake-device) process: FA4 traces and compiles, nothing
+    launches. FA4 refusing the call (the check on the GPU would not run it either) is recorded as
+    ``refused`` with FA4's reason; any other failure is the case's error."""
+    from fa4verify.kernels.device import fake_device
+    from fa4verify.targets import ProductionTarget, Unsupported
+    if fake_device() is None:
+        raise RuntimeError("a compile-only call outside a fake-device process (Note [Fake device audit])")
+    _shims()
+    t0 = time.time()
+    try:
+        tgt = ProductionTarget(fake=True, emulation=call.emulation)
+        a = call.problem.materialize()
+        f = tgt.forward(call.problem, a)
+        cfgs = [_summary_config(tgt.last_config or {})]
+        no_bwd = tgt.backward_unsupported(call.problem) if call.op == "backward" else None
+        if call.op == "backward" and no_bwd is None:
+            tgt.backward(call.problem, a, f, deterministic=call.deterministic)
+            cfgs.append(_summary_config(tgt.last_config or {}))
+    except Unsupported as e:
+        return {"call": call.describe(), "refused": str(e)[:300], "seconds": round(time.time() - t0, 2)}
+    return {"call": call.describe() + (f" [forward only: {no_bwd}]" if no_bwd else ""), "where": tgt.where,
+            "arch": tgt.arch, "configs": cfgs, "seconds": round(time.time() - t0, 2)}
+
+
+def _summarise(ctx: Any, results: list) -> Any:
+    from fa4verify.audit.registry import CheckResult
+    gpu = ctx.require_gpu()
+    done = [(c, v) for c, v in results if "refused" not in v]
+    refused = [v for _c, v in results if "refused" in v]
+    rows = [[v["call"], str(v["configs"][-1].get("tile_mn")), str(v["configs"][0].get("exp2_emulation")),
+             v["seconds"]] for _c, v in done]
+    rows += [[v["call"], "refused by FA4", v["refused"], v["seconds"]] for v in refused]
+    emu_off = sum(1 for c, _v in done if c.emulation == "disabled")
+    return CheckResult(
+        status="skip", where="compile-only",
+        summary=(f"compile-only on a fake {gpu.label}: {len(done)} FA4 call(s) compiled"
+                 + (f" ({emu_off} with exp2 emulation off)" if emu_off else "")
+                 + (f", {len(refused)} refused by FA4 (first: {refused[0]['refused'][:120]})" if refused else "")
+                 + "; nothing ran, so no verdict on values"),
+        metrics={"compiled_calls": len(done), "refused_calls": len(refused)},
+        details={"table": {"columns": ["FA4 call", "tile", "exp2 emulation", "seconds"], "rows": rows},
+                 "configs": [v["configs"] for _c, v in done], "fake_device": gpu.label})
+
+
+def _no_plan(spec: Any) -> Any:
+    def cases(ctx: Any) -> list:
+        gpu = ctx.require_gpu()
+        ctx.skip(f"compile-only on a fake {gpu.label}: {spec.id} declares no FA4 calls to compile "
+                 "(it chooses them while it runs on the GPU)")
+    return cases
+
+
+def audit_spec(spec: Any) -> Any:
+    """The check ``spec`` as a compile-only audit of a fake device runs it (Note [Fake device
+    audit]): a check that needs "cuda" becomes its declared :class:`CompileCall`\ s, compiled;
+    every other check is itself. Used by the audit's runner and by the workers alike, so a task
+    means the same thing on both sides."""
+    import dataclasses as dc
+
+    from fa4verify.kernels.device import fake_device
+    if "cuda" not in spec.needs or fake_device() is None:
+        return spec
+    return dc.replace(spec, func=_run_call, cases=spec.compiles or _no_plan(spec), summarise=_summarise)

@@ -41,6 +41,11 @@ Contract
   worker, so the verdict is that of one loop over the cases. A case that errors, crashes or runs
   past its deadline makes the check ``error`` naming the case (``fail`` if the others already
   prove a violation), never ``pass``.
+* ``compiles`` (optional keyword, checks that need "cuda"): ``compiles(ctx) -> list`` of
+  :class:`fa4verify.compile_only.CompileCall`, the FA4 calls the check makes on the audited GPU,
+  for a compile-only audit of a fake device (Note [Fake device audit] in
+  :mod:`fa4verify.compile_only`); it calls ``ctx.skip(reason)`` when its calls cannot be known
+  without running (e.g. a fuzz campaign's). A "cuda" check without it skips there, saying so.
 * ``ctx.dtype`` is "bf16" | "fp16" | "fp8"; a check that does not apply to a dtype returns
   ``CheckResult(status="skip", summary="<reason>")`` (or calls ``ctx.skip(reason)``).
 * The function returns a :class:`CheckResult`.  An exception becomes an ``error`` result with
@@ -363,6 +368,8 @@ class CheckSpec:
     cases: Callable[[CheckContext], list] | None = None
     #: ``summarise(ctx, [(case, value), ...]) -> CheckResult`` (with ``cases``)
     summarise: Callable[..., CheckResult] | None = None
+    #: ``compiles(ctx) -> [CompileCall, ...]``: the FA4 calls of a compile-only audit
+    compiles: Callable[[CheckContext], list] | None = None
 
     @property
     def qualname(self) -> str:
@@ -383,7 +390,8 @@ def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
           profiles: Iterable[str] = ("quick", "default", "full", "exhaustive"),
           archs: Iterable[str] | None = None, cost: float = 1.0,
           cases: Callable[[CheckContext], list] | None = None,
-          summarise: Callable[..., CheckResult] | None = None) -> Callable[[Callable], Callable]:
+          summarise: Callable[..., CheckResult] | None = None,
+          compiles: Callable[[CheckContext], list] | None = None) -> Callable[[Callable], Callable]:
     """Register ``func(ctx) -> CheckResult`` (or, with ``cases`` and ``summarise``,
     ``func(ctx, case)``) as the audit check ``id`` (see module docstring)."""
     if not isinstance(id, str) or not _ID_RE.match(id):
@@ -401,6 +409,8 @@ def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
         raise ValueError(f"check {id!r}: cost {cost!r} must be finite seconds >= 0")
     if (cases is None) != (summarise is None) or not all(f is None or callable(f) for f in (cases, summarise)):
         raise ValueError(f"check {id!r}: cases and summarise must be given together, both callable")
+    if compiles is not None and (not callable(compiles) or "cuda" not in needs_s):
+        raise ValueError(f"check {id!r}: compiles must be callable, on a check that needs cuda")
     archs_s = None if archs is None else frozenset(archs)
     if archs_s is not None and (not archs_s or archs_s - set(ARCHS)):
         raise ValueError(f"check {id!r}: bad archs {sorted(archs_s)} (allowed: {list(ARCHS)})")
@@ -409,7 +419,8 @@ def check(id: str, *, title: str = "", needs: Iterable[str] = ("cpu",),
         module = getattr(func, "__module__", "?")
         spec = CheckSpec(id=id, title=title or (func.__doc__ or id).strip().splitlines()[0],
                          needs=needs_s, profiles=profiles_s, func=func, module=module,
-                         archs=archs_s, cost=float(cost), cases=cases, summarise=summarise)
+                         archs=archs_s, cost=float(cost), cases=cases, summarise=summarise,
+                         compiles=compiles)
         old = _REGISTRY.get(id)
         if old is not None and (old.module != module
                                 or getattr(old.func, "__qualname__", None) != getattr(func, "__qualname__", None)):
@@ -428,7 +439,11 @@ def registered() -> dict[str, CheckSpec]:
 
 # --------------------------------------------------------------------------------------- needs
 def cuda_available() -> bool:
-    """torch.cuda.is_available(), False if torch is missing (imports torch only when asked)."""
+    """torch.cuda.is_available(), False if torch is missing (imports torch only when asked);
+    True on a fake device (Note [Fake device]: the "cuda" checks then compile only)."""
+    from fa4verify.kernels.device import fake_device
+    if fake_device() is not None:
+        return True
     if importlib.util.find_spec("torch") is None:
         return False
     try:

@@ -267,6 +267,7 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
     isolated checks instead of a new one and left open (the pytest plugin passes one per pytest
     process, so consecutive items share a worker, its imports and FA4's in-memory kernels).
     ``gpus``: ``CUDA_VISIBLE_DEVICES`` entries to spread a new pool's workers over (``--gpus``)."""
+    from fa4verify.compile_only import audit_spec
     from fa4verify.run.engine import Job, run_jobs, task_deadline
     from fa4verify.run.pool import WorkerPool
 
@@ -292,7 +293,9 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
                                      result=CheckResult(status="skip", summary=reason))
             unreported.append(i)
             continue
-        jobs.append(Job(spec=sel.spec, ctx=_context(config, sel), isolated=is_isolated(config, sel.spec)))
+        # Note [Fake device audit]: on a fake device a "cuda" check is its FA4 calls, compiled
+        jobs.append(Job(spec=audit_spec(sel.spec), ctx=_context(config, sel),
+                        isolated=is_isolated(config, sel.spec)))
         where.append(i)
 
     def on_done(k: int, result: CheckResult) -> None:

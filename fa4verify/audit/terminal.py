@@ -107,6 +107,9 @@ class TerminalReporter:
     def start(self, selected: Sequence[Any], config: Any) -> None:
         self._n = len(selected)
         where = "CUDA device" if config.device == "cuda" else "CPU (twins + compile-only)"
+        if getattr(config, "fake_device", None):      # Note [Fake device audit]
+            from fa4verify.kernels.device import FAKE_DEVICES
+            where = f"a fake {FAKE_DEVICES[config.fake_device].label} (CPU checks + compile-only)"
         self.console.print(f"[bold]fa4verify audit[/] dtype={config.dtype} profile={config.profile} "
                            f"device={config.device} archs={','.join(config.archs)} seed={config.seed}"
                            + (f" shard={config.shard[0]}/{config.shard[1]}" if config.shard else "")

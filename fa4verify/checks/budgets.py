@@ -204,6 +204,25 @@ def _live_cases(ctx: CheckContext) -> list:
     return _live.problems(ctx, arch, dt)
 
 
+def _forward_compiles(ctx: CheckContext) -> list:
+    """Note [Fake device audit]: the forward check's FA4 calls -- each case, and on SM100/SM103
+    the same case with exp2 emulation off (as :func:`production_forward` runs them)."""
+    from fa4verify.compile_only import CompileCall
+    out = []
+    for p in _live_cases(ctx):
+        out.append(CompileCall("forward", p, purpose="O, LSE vs the oracle"))
+        if facts.is_sm100_family(p.arch):
+            out.append(CompileCall("forward", p, emulation="disabled", purpose="the cost of the exp2 emulation"))
+    return out
+
+
+def _backward_compiles(ctx: CheckContext) -> list:
+    """Note [Fake device audit]: the backward check's FA4 calls (forward, deterministic backward)."""
+    from fa4verify.compile_only import CompileCall
+    return [CompileCall("backward", p, deterministic=True, purpose="dQ, dK, dV vs the exact gradient")
+            for p in _live_cases(ctx)]
+
+
 def _forward_cases_summary(ctx: CheckContext, results: list) -> CheckResult:
     kc: dict = {}
     for _p, c in results:
@@ -216,7 +235,8 @@ def _forward_cases_summary(ctx: CheckContext, results: list) -> CheckResult:
 
 
 @check("budgets.production.forward", title="Production FA4 forward within the composed budget",
-       needs={"cuda", "fa4"}, cost=28, cases=_live_cases, summarise=_forward_cases_summary)
+       needs={"cuda", "fa4"}, cost=28, cases=_live_cases, summarise=_forward_cases_summary,
+       compiles=_forward_compiles)
 def production_forward(ctx: CheckContext, p) -> dict:
     """O and LSE of production FA4 on the local GPU against the oracle within the composed
     forward budget (the judge core). Cases: the deployment profile's, else hd 64/128 x causal
@@ -303,7 +323,8 @@ def _backward_cases_summary(ctx: CheckContext, results: list) -> CheckResult:
 
 
 @check("budgets.production.backward", title="Production FA4 backward within the composed budget",
-       needs={"cuda", "fa4"}, cost=33, cases=_live_cases, summarise=_backward_cases_summary)
+       needs={"cuda", "fa4"}, cost=33, cases=_live_cases, summarise=_backward_cases_summary,
+       compiles=_backward_compiles)
 def production_backward(ctx: CheckContext, p) -> dict:
     """dQ, dK, dV of FA4's deterministic backward against the exact gradient, within the composed
     backward budgets (the deployment's cases, else hd 64/128, causal and not, seqlen 512,

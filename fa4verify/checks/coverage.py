@@ -19,7 +19,8 @@ did not run) makes the check undecided, never a pass.
 from __future__ import annotations
 
 from fa4verify.audit.registry import CheckContext, CheckResult, check
-from fa4verify.checks.fuzz import DrawnCase, _campaign_cases, _dtype, run_example, summarise_campaign
+from fa4verify.checks.fuzz import (DrawnCase, _campaign_cases, _dtype, campaign_compiles, run_example,
+                                   summarise_campaign)
 
 #: the properties a planned row is judged on (the rest need extra kernels: the fuzz runs them)
 PLAN_PROPERTIES = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "edge_sensitive", "bwd_stages")
@@ -182,7 +183,8 @@ def _twin_cases(ctx: CheckContext) -> list:
 @check("coverage.production", title="Coverage by construction: every supported pair and mask x form x pass "
                                     "triple on production FA4",
        needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=200,
-       cases=_production_cases, summarise=merge_planned)
+       cases=_production_cases, summarise=merge_planned,
+       compiles=lambda ctx: campaign_compiles(_production_cases(ctx)))
 def production(ctx: CheckContext, case: DrawnCase) -> dict:
     return run_example(ctx, case)
 

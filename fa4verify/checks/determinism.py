@@ -170,10 +170,31 @@ def _fa4_cases_summary(ctx: CheckContext, results: list) -> CheckResult:
                                "environment": head["environment"]}], list(cfgs))
 
 
+def _fa4_compiles(ctx: CheckContext) -> list:
+    """Note [Fake device audit]: the FA4 calls of :func:`fa4`: per configuration the forward and
+    the deterministic backward, and the default-mode backward where the plan runs it."""
+    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify.compile_only import CompileCall
+    cfgs, _runs, _procs, ndef = _fa4_configs(ctx, _backward_dtype(ctx))
+    arch = ctx.require_gpu().arch
+    out = []
+    for c in cfgs:
+        vl = dict(batch=len(c.seqlens_q), seqlen_q=max(c.seqlens_q), seqlen_k=max(c.seqlens_k),
+                  seqlens_q=tuple(c.seqlens_q), seqlens_k=tuple(c.seqlens_k)) if c.varlen else \
+            dict(batch=c.batch, seqlen_q=c.seqlen_q, seqlen_k=c.seqlen_k)
+        p = AttentionProblem(arch=arch, dtype=c.dtype, nheads=c.nheads, nheads_kv=c.nheads_kv,
+                             head_dim=c.head_dim, head_dim_v=c.hdv, causal=c.causal, window_size=tuple(c.window),
+                             softcap=float(c.softcap), sink=bool(c.sink), **vl)
+        out.append(CompileCall("backward", p, deterministic=True, purpose=f"{c.name}: bitwise reruns"))
+        if ndef:
+            out.append(CompileCall("backward", p, deterministic=False, purpose=f"{c.name}: default-mode divergence"))
+    return out
+
+
 @check("determinism.fa4", title="FA4 deterministic backward: bitwise reproducible, guard bands "
        "intact, default-mode divergence", needs={"cuda", "fa4"},
        profiles={"quick", "default", "full", "exhaustive"}, cost=50,
-       cases=_fa4_cases, summarise=_fa4_cases_summary)
+       cases=_fa4_cases, summarise=_fa4_cases_summary, compiles=_fa4_compiles)
 def fa4(ctx: CheckContext, case) -> dict:
     from fa4verify import determinism as d
     try:

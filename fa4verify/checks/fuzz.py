@@ -337,8 +337,24 @@ def _production_cases(ctx: CheckContext) -> list:
                                   "features_drawn_from": list(kw.get("features") or ())})
 
 
+def campaign_compiles(cases: list) -> list:
+    """Note [Fake device audit]: the FA4 calls of a drawn campaign's cases -- one per FA4 compile
+    key (the other cases of a key run the kernel it compiled), the backward where the case has
+    one (:func:`fa4verify.compile_only._run_call` compiles the forward only where FA4 has none)."""
+    from fa4verify.compile_only import CompileCall
+    from fa4verify.run.engine import case_key
+    first: dict = {}
+    count: dict = {}
+    for c in cases:
+        k = case_key(c)
+        first.setdefault(k, c)
+        count[k] = count.get(k, 0) + 1
+    return [CompileCall("backward", c.problem, deterministic=c.deterministic,
+                        purpose=f"{count[k]} case(s) of this compile key") for k, c in first.items()]
+
+
 @check("fuzz.production", title="Hypothesis fuzzing of production FA4 on the GPU", needs={"cuda", "fa4"},
        profiles={"default", "full", "exhaustive"}, cost=_GPU_COST, cases=_production_cases,
-       summarise=summarise_campaign)
+       summarise=summarise_campaign, compiles=lambda ctx: campaign_compiles(_production_cases(ctx)))
 def production(ctx: CheckContext, case: DrawnCase) -> dict:
     return run_example(ctx, case)

@@ -201,9 +201,21 @@ def _forward_rule_summary(ctx: CheckContext, results: list) -> CheckResult:
                                 results[-1][1]["config"])
 
 
+def _forward_rule_compiles(ctx: CheckContext) -> list:
+    """Note [Fake device audit]: :func:`forward_rule`'s FA4 calls (2 x seq x 8 x 128, per mask)."""
+    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify.compile_only import CompileCall
+    arch = ctx.require_gpu().arch
+    seq = 256 if ctx.profile == "quick" else 1024
+    return [CompileCall("forward", AttentionProblem(arch=arch, dtype=ctx.dtype, batch=2, seqlen_q=seq, seqlen_k=seq,
+                                                    nheads=8, nheads_kv=8, head_dim=128, head_dim_v=128,
+                                                    causal=causal), purpose="FA4's own test rule")
+            for causal in _forward_rule_cases(ctx)]
+
+
 @check("production.forward_rule", title="Production FA4 forward within FA4's own test rule (live)",
        needs={"cuda", "fa4"}, profiles={"quick", "default", "full", "exhaustive"}, cost=13,
-       cases=_forward_rule_cases, summarise=_forward_rule_summary)
+       cases=_forward_rule_cases, summarise=_forward_rule_summary, compiles=_forward_rule_compiles)
 def forward_rule(ctx: CheckContext, causal: bool) -> dict:
     """FA4's forward, non-causal and causal (2 x seq x 8 x 128), against a float64 reference, within
     twice the error of PyTorch's bf16 attention (FA4's own test rule). One case per mask; each
@@ -342,9 +354,21 @@ def _head_dims_summary(ctx: CheckContext, results: list) -> CheckResult:
                             arch=gpu.arch)
 
 
+def _head_dims_compiles(ctx: CheckContext) -> list:
+    """Note [Fake device audit]: :func:`head_dims_live`'s FA4 calls (``hd_sweep.measure``: forward
+    and deterministic backward, 1 x 256 x 2 heads, per head dim)."""
+    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify.compile_only import CompileCall
+    arch = ctx.require_gpu().arch
+    return [CompileCall("backward", AttentionProblem(arch=arch, dtype="bf16", batch=1, seqlen_q=256, seqlen_k=256,
+                                                     nheads=2, nheads_kv=2, head_dim=hd, head_dim_v=hd),
+                        deterministic=True, purpose="the head-dim sweep")
+            for hd in _head_dims_cases(ctx)]
+
+
 @check("production.head_dims_live", title="FA4 backward at SM90 head dims, measured live (GPU)",
        needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=31,
-       cases=_head_dims_cases, summarise=_head_dims_summary)
+       cases=_head_dims_cases, summarise=_head_dims_summary, compiles=_head_dims_compiles)
 def head_dims_live(ctx: CheckContext, hd: int) -> dict:
     """One head dim of the sweep (one compile each); every head dim draws its inputs from its own
     stream (seed, head dim), so a row does not depend on which others ran."""

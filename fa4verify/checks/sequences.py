@@ -128,9 +128,17 @@ def _production_summary(ctx: CheckContext, results: list) -> CheckResult:
     return result(merge_results([v for _c, v in results]), ctx.where_measured())
 
 
+def _production_compiles(ctx: CheckContext) -> list:
+    """Note [Fake device audit]: a sequence's calls do not exist before it runs."""
+    _production_cases(ctx)                       # its own skips first (dtype, GPU)
+    ctx.skip(f"compile-only on a fake {ctx.require_gpu().label}: sequences.production draws each call "
+             "of a sequence from Hypothesis's state machine as the sequence runs, so there is no list of "
+             "FA4 calls to compile beforehand")
+
+
 @check("sequences.production", title="Call sequences: compile-key collisions in production FA4 (GPU)",
        needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=40,
-       cases=_production_cases, summarise=_production_summary)
+       cases=_production_cases, summarise=_production_summary, compiles=_production_compiles)
 def production(ctx: CheckContext, case: SequenceCase) -> Any:
     """Note [One sequence per case]: each sequence is a case of its own, so the engine runs the
     sequences side by side in its workers (each from empty in-process compile caches, as every

@@ -73,7 +73,7 @@ def _list(specs, selected, config, console) -> None:
                    "first; the report and verdicts of a one-GPU audit. 'all', a count N, or indices "
                    "'I,J' ('I,' for one). Excludes --shard. CPU test mode: FA4VERIFY_FAKE_GPUS=N.")
 def command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate,
-            timeout, workers, fresh_workers, kernel_cache, opts, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
+            timeout, workers, fresh_workers, kernel_cache, opts, fake_device, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
             regression_rtol, live, gpus):
     """Run every audit check, print the verdict, write reports and return the gate's exit code.
 
@@ -94,7 +94,7 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
                checks_modules=checks_modules, no_default_checks=no_default_checks,
                isolate=isolate.lower(), timeout=timeout, opts=opts,
                deployment=deployment, workers=workers,
-               fresh_workers=fresh_workers, kernel_cache=kernel_cache)
+               fresh_workers=fresh_workers, kernel_cache=kernel_cache, fake_device=fake_device)
     # Note [Workers before the CUDA probe]: a GPU audit's workers start before this process
     # imports torch to probe CUDA (seconds on the H200, measured: the zygote's imports then overlap
     # the probe as well as the discovery)
@@ -133,7 +133,8 @@ def _start_pool_early(raw: dict):
     (``build_config`` with ``cuda=True`` and the arch left out, so nothing here imports torch);
     any doubt returns None and the pool starts after the probe, as before. The caller closes
     it when the real configuration does not match (:func:`_pool_fits`)."""
-    if raw["device"] not in ("cuda", "auto") or raw["fresh_workers"] or raw["isolate"] == "never":
+    if (raw["device"] not in ("cuda", "auto") or raw["fresh_workers"] or raw["isolate"] == "never"
+            or raw.get("fake_device")):     # Note [Fake device audit]: its pool starts after entering it
         return None
     from fa4verify.run.pool import WorkerPool, _visible_compute_cap
     if _visible_compute_cap(dict(os.environ)) is None:

@@ -586,9 +586,12 @@ class WorkerPool:
         ``size`` workers (default ``config.workers``), preloading CUDA on a GPU audit, every
         worker started now (:meth:`prestart`): their imports and CUDA contexts overlap whatever
         the caller does next (the CLI's discovery, the in-process checks) and each other."""
+        from fa4verify.kernels.device import fake_device
+        # Note [Fake device audit]: no CUDA context to make (FA4 is imported by the first compile)
+        preload = ("none" if config.device != "cuda" else "cpu" if fake_device() else "cuda")
         pool = cls(size if size is not None else config.workers, timeout=config.timeout,
                    fresh=config.fresh_workers, kernel_cache=config.kernel_cache,
-                   preload="cuda" if config.device == "cuda" else "none", gpus=gpus)
+                   preload=preload, gpus=gpus)
         try:
             pool.prestart()
         except BaseException:          # a half-started pool (Ctrl-C, a failed spawn) is closed
