@@ -271,3 +271,34 @@ def test_score_mod_pairs_get_the_interval_bound(mods):
     for n in ("dq", "dk", "dv"):
         assert j.stats.bwd_fallback[n].all(), n
         assert getattr(jb, n).status == "pass", getattr(jb, n).summary()
+
+
+def test_dq_post_matches_nan_where_the_tapped_accumulator_is_nan():
+    """``bwd_stages.dq_post`` judges the postprocess against the kernel's own accumulator: an
+    accumulator element that is NaN (e.g. filled by a known FA4 fault upstream) must give a NaN dQ
+    there -- decided (pass), never "oracle NaN" undecided; a finite dQ there is a violation."""
+    import math
+    import types
+
+    from fa4verify.stage_taps import judge_taps
+    p = _huge("bf16", 8, 108)
+    a = p.materialize()
+    t = TwinTarget()
+    f = t.forward(p, a)
+    g = t.backward(p, a, f)
+    taps = {k: np.array(v, np.float64) for k, v in g.stages.items() if k in ("dpsum", "lse_log2", "dq_accum",
+                                                                              "dq_accum_zeroed")}
+    assert "dq_accum" in taps
+    scale = p.softmax_scale if p.softmax_scale is not None else 1.0 / math.sqrt(p.head_dim)
+    dq = np.array(taps["dq_accum"] * float(np.float32(scale)), np.float32).astype(np.float64)
+    taps["dq_accum"][0, 1, 0, :4] = np.nan
+    dq_nan = dq.copy()
+    dq_nan[0, 1, 0, :4] = np.nan
+    from fa4verify.fuzz.properties import _budget
+    jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=judge.judge_forward(p, a, f.out, f.lse),
+                              kernel_fwd=(f.out, f.lse))
+    bw = types.SimpleNamespace(oracle=jb.oracle, budgets=jb.budgets)
+    ok = judge_taps(p, a, f.out, f.lse, taps, budgets=_budget(p), backward=bw, dq=dq_nan)["dq_post"]
+    assert ok.status == "pass", ok.reason
+    bad = judge_taps(p, a, f.out, f.lse, taps, budgets=_budget(p), backward=bw, dq=dq)["dq_post"]
+    assert bad.status == "fail" and bad.n_over >= 4, (bad.status, bad.n_over)
