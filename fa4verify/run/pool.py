@@ -336,16 +336,16 @@ class _Worker:
         self.ready: dict[str, Any] | None = None
         self.log_path = os.path.join(tmp, f"worker{n}.log")
         self._log = open(self.log_path, "ab")
-        self.forked = False
+        self.forked, self.fork_error = False, None
         r, w = os.pipe()
         try:
             if zygote is not None and zygote.usable:
                 sr, sw = os.pipe()
                 try:
                     k = zygote.fork((sr, w, self._log.fileno()), fork_env)
-                except OSError:
+                except OSError as e:          # spawned instead; the reason goes in its timing
                     os.close(sw)
-                    zygote = None
+                    zygote, self.fork_error = None, f"the zygote could not be asked: {e!r}"
                 else:
                     self.proc: Any = _ForkedProc(zygote, k, sw)
                     self.forked = True
@@ -451,7 +451,7 @@ class _Worker:
             timing["worker_start_s"] = self.ready["start_s"]
             timing["worker_wait_s"] = round(max(0.0, self.spawned + self.ready["start_s"] - t_asked), 3)
             timing["preload"] = self.ready.get("steps", {})
-            timing["worker_start"] = "fork" if self.forked else "spawn"
+            timing["worker_start"] = "fork" if self.forked else (self.fork_error or "spawn")
             zr = self.proc._z.ready if self.forked else None
             if zr:
                 timing["zygote_ready_s"] = zr.get("start_s")
