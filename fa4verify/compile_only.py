@@ -389,7 +389,7 @@ def _no_plan(spec: Any) -> Any:
 
 def audit_spec(spec: Any) -> Any:
     """The check ``spec`` as a compile-only audit of a fake device runs it (Note [Fake device
-    audit]): a check that needs "cuda" becomes its declared :class:`CompileCall`\ s, compiled;
+    audit]): a check that needs "cuda" becomes the :class:`CompileCall` list it declares, compiled;
     every other check is itself. Used by the audit's runner and by the workers alike, so a task
     means the same thing on both sides."""
     import dataclasses as dc
