@@ -16,10 +16,11 @@ import os
 from typing import Any, Callable, Sequence
 
 from fa4verify.audit.registry import ARCHS, DTYPES, PROFILE_ORDER, cuda_available
+from fa4verify.kernels.device import FAKE_DEVICES as _FAKE_GPUS
 
 DEVICES = ("auto", "cpu", "cuda")
-#: Note [Fake device]: the keys of fa4verify.kernels.device.FAKE_DEVICES (kept light: no import)
-FAKE_DEVICES = ("b200", "b300", "h200")
+#: Note [Fake device]: what ``--fake-device`` takes
+FAKE_DEVICES = tuple(_FAKE_GPUS)
 ARCH_CHOICES = ("auto",) + ARCHS
 ISOLATE = ("auto", "always", "never")
 

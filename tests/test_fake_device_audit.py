@@ -110,6 +110,7 @@ def test_the_complete_fake_b200_audit_has_no_error(tmp_path):
     _check_audit(r, rep, COMPILED + LONG)
 
 
+@pytest.mark.slow
 def test_a_broken_plan_is_an_error_a_missing_one_a_skip_and_cpu_checks_run(tmp_path):
     """The same audit path with fixture checks: a compile plan that raises is ``error`` (exit 3:
     the "no error" assertion above can fail), a "cuda" check without a plan skips saying why, a
