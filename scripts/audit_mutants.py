@@ -50,7 +50,7 @@ def main() -> int:
         caught = []
         try:
             r = json.loads(rep.read_text())
-            caught = [f"{x['id']}={x['status']}: {x.get('summary', '')[:160]}" for x in r["results"]
+            caught = [f"{x['id']}={x['status']}: {x.get('summary', '')[:300]}" for x in r["results"]
                       if x["status"] in ("fail", "undecided", "error")]
         except Exception as e:  # noqa: BLE001
             caught = [f"no report: {e}"]

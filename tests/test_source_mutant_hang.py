@@ -92,3 +92,73 @@ def test_the_hang_compiles_to_a_device_loop_at_head_dim_64_only(tmp_path, monkey
         got[hd] = _ptx_loops_on_clock(tmp_path / f"hd{hd}" / "sm_90a-dump")
     assert got[64][1] >= 1 and got[64][0] >= 1, got
     assert got[128] == (0, 0), got
+
+
+def _audit_mutants_script():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "audit_mutants.py"
+    spec = importlib.util.spec_from_file_location("audit_mutants_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("timeout,flag", [("60", ["--timeout", "60"]), ("default", [])])
+def test_audit_mutants_passes_the_deadline_and_reports_the_hung_case_and_leftovers(
+        monkeypatch, tmp_path, capsys, timeout, flag):
+    """``scripts/audit_mutants.py`` (the lead's H200 command): ``--timeout default`` leaves the
+    deadline to the engine (no ``--timeout`` passed), the line per mutant names the check the
+    report has as ``error`` with its summary (the case that hung), and the engine processes
+    still alive after the audit (here a planted one, then none)."""
+    import json
+    import subprocess
+    mod = _audit_mutants_script()
+    seen = {}
+
+    def run(cmd, env=None, capture_output=True, text=True):
+        seen["cmd"], seen["env"] = cmd, env
+        rep = cmd[cmd.index("--json") + 1]
+        summary = ("2/4 case(s) did not finish: case 1/4 (sm90 bf16 b1 s512/512 h2/2 d=64): "
+                   "did not finish in 60 s (killed with its worker)")
+        with open(rep, "w") as f:
+            json.dump({"results": [{"id": "budgets.production.backward", "status": "error", "summary": summary},
+                                   {"id": "budgets.production.forward", "status": "pass", "summary": "ok"}]}, f)
+        return subprocess.CompletedProcess(cmd, 3, "", "")
+
+    monkeypatch.setattr(mod.subprocess, "run", run)
+    monkeypatch.setattr(sm, "make_copy", lambda m, dest, **kw: sm.PrivateCopy(m, dest, "f" * 64, "0" * 64))
+    monkeypatch.setattr(mod, "_workers_alive", lambda: ["4242 python -P -m fa4verify.run.zygote"])
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("sys.argv", ["audit_mutants.py", "--out", str(tmp_path / "o"), "--checks",
+                                     "budgets.production", "--timeout", timeout, HANG])
+    assert mod.main() == 0
+    cmd = seen["cmd"]
+    assert cmd[cmd.index("-k") + 1] == "budgets.production"
+    assert ("--timeout" in cmd) is bool(flag) and (not flag or cmd[cmd.index("--timeout") + 1] == "60")
+    out = capsys.readouterr().out
+    assert f"{HANG}: exit 3" in out and "budgets.production.backward=error" in out and "d=64" in out
+    assert "budgets.production.forward" not in out                 # a passing check is not flagged
+    assert "workers left: ['4242 python -P -m fa4verify.run.zygote']" in out
+    rows = json.loads((tmp_path / "o" / "mutants.json").read_text())
+    assert rows[0]["workers_left"] == ["4242 python -P -m fa4verify.run.zygote"]
+
+
+def test_the_leftover_scan_sees_a_live_engine_process_and_not_a_finished_one(tmp_path):
+    """``_workers_alive`` reads /proc: a process whose command line names the engine's worker
+    module is listed while it lives, gone once it exited."""
+    import subprocess
+    import sys
+    mod = _audit_mutants_script()
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fa4verify.run.worker"])
+    try:
+        import time
+        for _ in range(50):
+            if any(x.startswith(f"{p.pid} ") for x in mod._workers_alive()):
+                break
+            time.sleep(0.1)
+        assert any(x.startswith(f"{p.pid} ") for x in mod._workers_alive())
+    finally:
+        p.kill()
+        p.wait()
+    assert not any(x.startswith(f"{p.pid} ") for x in mod._workers_alive())
