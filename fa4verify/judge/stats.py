@@ -354,18 +354,30 @@ class BudgetStats:
         if dout is None:
             raise ValueError("BudgetStats.backward_interval: the arrays carry no dout")
         flat = lambda x: x.reshape((-1,) + x.shape[-2:]) if not p.varlen else x   # noqa: E731
+        # the oracle's O and LSE widened by their decided forward allowances
+        o_mid = self.O
+        o_rad = flat(np.asarray(out_allow, np.float64)) + flat(np.asarray(out_bound, np.float64))
+        lse_mid = self.lse_t
+        lb = np.asarray(getattr(self.ofwd, "lse_bound", 0.0), np.float64)
+        lse_rad = self._lse_tokens(np.broadcast_to(self.forward_lse(), np.shape(self.ofwd.lse)) + lb) \
+            if "forward_lse" in self.budget else np.full(lse_mid.shape, np.inf)
         if kernel_fwd is not None:
-            o_mid = flat(np.asarray(kernel_fwd[0], np.float64))
-            o_rad = np.zeros_like(o_mid)
-            lse_mid = self._lse_tokens(np.asarray(kernel_fwd[1], np.float64))
-            lse_rad = np.zeros_like(lse_mid)
-        else:
-            o_mid = self.O
-            o_rad = flat(np.asarray(out_allow, np.float64)) + flat(np.asarray(out_bound, np.float64))
-            lse_mid = self.lse_t
-            lb = np.asarray(getattr(self.ofwd, "lse_bound", 0.0), np.float64)
-            lse_rad = self._lse_tokens(np.broadcast_to(self.forward_lse(), np.shape(self.ofwd.lse)) + lb) \
-                if "forward_lse" in self.budget else np.full(lse_mid.shape, np.inf)
+            k_lse = self._lse_tokens(np.asarray(kernel_fwd[1], np.float64))
+            # Note [A forward LSE outside every model]: a row whose kernel LSE is +-inf where the
+            # exact one is finite (FA4's sink overflow: +inf, so its backward computes P = 0) is no
+            # value the forward model admits; bounding that row's gradient from it would enclose
+            # exactly what the faulty forward implies (mid 0: the bound |mid - ref| + rad becomes
+            # |ref| + rad, which a zero gradient meets with equality however large the exact one,
+            # and which read as tightness 0.999998 on clean FA4, H200 2026-12-02). Such rows read
+            # the oracle's O and LSE with their allowances instead: the gradient is judged against
+            # a correct forward, and the forward checks report the LSE itself.
+            off = np.isinf(k_lse) & np.isfinite(lse_mid)
+            self.bwd_lse_outside = off
+            o_k = flat(np.asarray(kernel_fwd[0], np.float64))
+            o_mid = np.where(off[..., None], o_mid, o_k)
+            o_rad = np.where(off[..., None], o_rad, 0.0)
+            lse_mid = np.where(off, lse_mid, k_lse)
+            lse_rad = np.where(off, lse_rad, 0.0)
         tq, tk = q.shape[0], k.shape[0]
         acc = {"dq": [np.zeros((tq, H, self.D)) for _ in range(3)],
                "dk": [np.zeros((tk, Hk, self.D)) for _ in range(3)],
