@@ -70,12 +70,17 @@ class PairIntervals:
     p_hi: np.ndarray
     ds_lo: np.ndarray
     ds_hi: np.ndarray
+    #: with ``exact``: the exact P and the cancellation-free size of the exact dS,
+    #: ``P (|dP| + |D|) |f|`` (Note [A bound without power] in fa4verify/judge/verdict.py)
+    p_ex: Optional[np.ndarray] = None
+    ds_mag: Optional[np.ndarray] = None
 
 
 def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray,
                    o_mid: np.ndarray, o_rad: np.ndarray, lse_mid: np.ndarray, lse_rad: np.ndarray,
                    keep: np.ndarray, scale: float, softcap: float = 0.0,
-                   score: Optional[tuple[Callable, Callable, Callable, float, float]] = None) -> PairIntervals:
+                   score: Optional[tuple[Callable, Callable, Callable, float, float]] = None,
+                   exact: Optional[tuple[np.ndarray, np.ndarray]] = None) -> PairIntervals:
     """Intervals of the kernel's cast P and cast dS for one (segment, query head) block.
 
     ``q`` (lq, d), ``k`` (lk, d), ``v`` (lk, dv), ``dout`` (lq, dv): the exact inputs (float64
@@ -85,7 +90,8 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
     ``keep`` (lq, lk): the visible pairs. ``softcap``: FA4's built-in softcap (0: none).
     ``score``: a score_mod pair as ``(ref(x), grad(x), err(x, y), lipschitz, curvature)`` on this
     block's ``x = S scale`` (DERIVATIONS.md#score-mod). ``bs``: the BudgetSet (its stage budgets
-    and constants are the model)."""
+    and constants are the model). ``exact``: the exact ``(O, LSE)`` of the block; then also the
+    exact P and the magnitudes of the exact dS's terms (``p_ex``, ``ds_mag``)."""
     C = bs.constants
     u = C["u_fp32"]
     d, dv = q.shape[-1], v.shape[-1]
@@ -180,7 +186,17 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         ds_lo, ds_hi = ds_lo - SLACK * np.abs(ds_lo), ds_hi + SLACK * np.abs(ds_hi)
         ds_lo = np.where(vis, ds_lo, 0.0)
         ds_hi = np.where(vis, ds_hi, 0.0)
-    return PairIntervals(pc_lo, pc_hi, ds_lo, ds_hi)
+        p_ex = ds_mag = None
+        if exact is not None:
+            # the exact softmax of the exact scores (y_mid: S scale, or the mod's value at the
+            # midpoint) and the size of the exact dS = P (dP - D) f before dP - D cancels
+            o_ex, lse_ex = (np.asarray(x, np.float64) for x in exact)
+            ok = keep & np.isfinite(lse_ex)[:, None]
+            p_ex = np.where(ok, np.exp(np.where(ok, y_mid - np.where(np.isfinite(lse_ex), lse_ex, 0.0)[:, None],
+                                                -np.inf)), 0.0)
+            f_abs = 1.0 if f_lo is None else np.abs(f_lo + f_hi) / 2
+            ds_mag = p_ex * (np.abs(dP) + np.abs(np.sum(o_ex * dout, axis=-1))[:, None]) * f_abs
+    return PairIntervals(pc_lo, pc_hi, ds_lo, ds_hi, p_ex, ds_mag)
 
 
 def accumulate(lo: np.ndarray, hi: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

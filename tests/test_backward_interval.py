@@ -68,9 +68,20 @@ def test_every_kernel_model_is_inside_the_interval_bound_against_the_arbiter(p):
                 assert np.all(err <= b + rb), (n, model, kf is None, float(np.max(err / (b + rb))))
 
 
+def _decided(p, v) -> bool:
+    """A gradient verdict is decided (pass), or dV of a bf16 problem with e_qk >= 8, where the
+    interval bound admits a zero dV and the judge says so (Note [A bound without power] in
+    fa4verify/judge/verdict.py; tests/test_huge_regime_power.py)."""
+    if v.status == "pass":
+        return True
+    return (v.status == "undecided" and v.name == "dv" and p.dtype == "bf16"
+            and dict(p.values.params)["e_qk"] >= 8 and "Note [A bound without power]" in v.reason)
+
+
 def test_the_battery_reaches_past_the_old_first_order_limit():
     """Both sides of the old limit: the first-order dQ/dK are +inf on some problems (undecided
-    before), finite on others; with the interval fallback every gradient is decided."""
+    before), finite on others; with the interval fallback every gradient is decided (but a dV the
+    bound cannot tell from 0 at bf16 e_qk >= 8, which is undecided with that reason)."""
     past = below = 0
     for p in SMALL:
         a = p.materialize()
@@ -86,7 +97,7 @@ def test_the_battery_reaches_past_the_old_first_order_limit():
         below += not inf
         jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=j, oracle_bwd=obwd, kernel_fwd=(f.out, f.lse))
         for v in jb.verdicts:
-            assert v.status == "pass", (p.describe(), v.summary())
+            assert _decided(p, v), (p.describe(), v.summary())
     assert past >= 2 and below >= 2, (past, below)
 
 
@@ -163,7 +174,7 @@ def test_clean_tightness_per_tensor_in_the_huge_regime_is_reported_and_within():
         j = judge.judge_forward(p, a, f.out, f.lse)
         jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=j, kernel_fwd=(f.out, f.lse))
         tt = {v.name: v.tightness for v in jb.verdicts}
-        assert all(v.status == "pass" for v in jb.verdicts)
+        assert all(_decided(p, v) for v in jb.verdicts), [v.summary() for v in jb.verdicts]
         rows.append(f"{p.dtype} e_qk={dict(p.values.params)['e_qk']:g}: " +
                     ", ".join(f"{n} {x:.3g}" for n, x in tt.items()))
     print("\n".join(rows))
@@ -204,7 +215,9 @@ def test_the_fuzz_runs_the_stage_checks_on_the_twin_and_a_d_bias_fails_bwd_stage
     from fa4verify.fuzz.violation import Violation
     p = _huge("bf16", 10, 110)
     out = check_problem(p, TwinTarget())
-    assert "bwd_stages" in out.ran and not out.undecided, (out.ran, out.undecided)
+    # (dV: the bound admits 0 at this scale, Note [A bound without power])
+    assert "bwd_stages" in out.ran and set(out.undecided) == {"bwd_budget.dv"}, (out.ran, out.undecided)
+    assert "Note [A bound without power]" in out.undecided["bwd_budget.dv"]
     orig = twin_bwd._d_preprocess
     monkeypatch.setattr(twin_bwd, "_d_preprocess", lambda *a, **k: orig(*a, **k) * (1 + 2.0 ** -10))
     with pytest.raises(Violation) as e:
@@ -252,7 +265,7 @@ def test_a_nan_forward_output_fed_to_the_backward_is_undecided_with_its_reason()
     # the clean forward output: decided
     g0 = t.backward(p, a, f)
     jb0 = judge.judge_backward(p, a, g0.dq, g0.dk, g0.dv, forward=j, kernel_fwd=(f.out, f.lse))
-    assert all(v.status == "pass" for v in jb0.verdicts)
+    assert all(_decided(p, v) for v in jb0.verdicts), [v.summary() for v in jb0.verdicts]
 
 
 @pytest.mark.parametrize("mods", [("alibi",), ("rel_bias",), ("softcap",), ("alibi", "document")])

@@ -109,14 +109,15 @@ def _oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
 def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: np.ndarray,
              budget: np.ndarray, problem: AttentionProblem, undecided: dict[str, str],
              ftz_floor: Optional[np.ndarray] = None, fallback: Optional[np.ndarray] = None,
-             metrics: Optional[dict] = None) -> float:
+             metrics: Optional[dict] = None, blind_above: Any = None) -> float:
     """The judge's verdict (:func:`fa4verify.judge.compare`) on one tensor of one property.
     ``fail`` raises :class:`Violation` with the five worst elements; ``undecided`` is recorded in
     ``undecided`` (``"<prop>.<name>"`` -> reason) and never counts as a pass of the property.
     Returns the tightness over the judged elements."""
     if np.size(ref) == 0 and np.size(actual) == 0:
         return 0.0       # an empty tensor (e.g. dK of a batch with no keys): nothing exists to judge
-    v = judge.compare(name, actual, ref, oracle_bound=bound, budget=budget, all_indices=True, fallback=fallback)
+    v = judge.compare(name, actual, ref, oracle_bound=bound, budget=budget, all_indices=True, fallback=fallback,
+                      blind_above=blind_above)
     if metrics is not None and getattr(v, "n_hull", 0):
         # Note [Hull fallback]: how many elements the convex-hull bound judged (the first-order
         # budget was vacuous there)
@@ -442,7 +443,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         for n in ("dq", "dk", "dv"):
                             metrics[f"tightness_{n}"] = _compare("bwd_budget", n, getattr(g, n), getattr(obwd, n),
                                                                  getattr(obwd, f"{n}_bound"), allow[n], problem,
-                                                                 undecided, ftz_floor=stats.ftz_floor[n])
+                                                                 undecided, ftz_floor=stats.ftz_floor[n],
+                                                                 blind_above=stats.bwd_blind_above[n])
                             why = stats.bwd_undecided_reason
                             if why and "budget value(s) non-finite" in undecided.get(f"bwd_budget.{n}", ""):
                                 # the cause in one line (Note [Backward interval fallback])

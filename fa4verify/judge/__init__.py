@@ -16,9 +16,9 @@ from fa4verify.judge.attention import (BackwardJudgement, ForwardJudgement, Refe
                                        dense_problem, forward_allowances, judge_backward, judge_forward,
                                        load_budgets, oracle_backward, oracle_forward)
 from fa4verify.judge.stats import BudgetStats
-from fa4verify.judge.verdict import STATUSES, Element, UndecidedError, Verdict, combine, compare, worst_status
+from fa4verify.judge.verdict import BLIND_FLOOR, STATUSES, Element, UndecidedError, Verdict, combine, compare, worst_status
 
-__all__ = ["AttentionProblem", "BudgetStats", "Verdict", "Element", "UndecidedError", "STATUSES", "compare",
+__all__ = ["AttentionProblem", "BudgetStats", "Verdict", "Element", "UndecidedError", "STATUSES", "BLIND_FLOOR", "compare",
            "combine", "worst_status", "Reference", "ForwardJudgement", "BackwardJudgement", "dense_problem",
            "arrays_from", "oracle_forward", "oracle_backward", "forward_allowances", "judge_forward",
            "judge_backward", "load_budgets"]

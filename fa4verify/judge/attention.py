@@ -266,8 +266,9 @@ def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, 
                             kernel_fwd=kernel_fwd)
     vs = {}
     for n, got in (("dq", dq), ("dk", dk), ("dv", dv)):
+        # Note [A bound without power]: a gradient bound a zero output meets is undecided
         vs[n] = _with_reason(compare(n, got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"),
-                                     budget=allow[n]), st.bwd_undecided_reason)
+                                     budget=allow[n], blind_above=st.bwd_blind_above[n]), st.bwd_undecided_reason)
     prob = None
     if all(f"{n}_prob" in allow for n in ("dq", "dk", "dv")):
         prob = {n: compare(f"{n}_prob", got, getattr(obwd, n), oracle_bound=getattr(obwd, f"{n}_bound"),

@@ -306,6 +306,14 @@ class BudgetStats:
         out = self._backward_first_order(obwd, out_allow, out_bound, probabilistic=probabilistic)
         valid = {n: np.isfinite(b) & (b >= 0) for n, b in out.items()}
         self.bwd_fallback = {n: np.zeros(np.shape(b), bool) for n, b in out.items()}
+        #: Note [A bound without power] (fa4verify/judge/verdict.py): per gradient element, the
+        #: |exact| above which a bound admitting 0 has lost its power: the largest rounding level
+        #: of the tensor's exact terms before they cancel (u_p times their size plus the P / dS
+        #: cast floor p_sub), where the interval bound decides (a smaller exact value is within the
+        #: rounding of the terms: a correct kernel may return ~0 there); +inf where the
+        #: first-order budget decides (its allowance is relative to those terms already)
+        self.bwd_blind_above = {n: np.full(np.shape(obwd_n), np.inf) for n, obwd_n in
+                                (("dq", obwd.dq), ("dk", obwd.dk), ("dv", obwd.dv))}
         # the interval bound is computed where the first-order composition is invalid somewhere or
         # its premises are stretched (a P error past the limit, or O bounded by the hull): there the
         # first-order budgets, even where finite, carry worst-case row maxima (backward_p = expm1
@@ -316,6 +324,8 @@ class BudgetStats:
                      or (self.out_fallback is not None and bool(self.out_fallback[0].any())))
         if "bwd_s_accum" in self.budget and stretched:
             iv = self.backward_interval(obwd, out_allow, out_bound, kernel_fwd=kernel_fwd)
+            blind_iv = self.bwd_blind_above
+            self.bwd_blind_above = {}
             for n, b in out.items():
                 alt = np.asarray(iv[n.replace("_prob", "")], np.float64)
                 ok = np.isfinite(alt) & (alt >= 0)
@@ -323,6 +333,8 @@ class BudgetStats:
                 use = ok & (~valid[n] | (alt < b))
                 out[n] = np.where(use, alt, b)
                 self.bwd_fallback[n] = use
+                if n in blind_iv:
+                    self.bwd_blind_above[n] = np.where(use, blind_iv[n], np.inf)
         self.bwd_undecided_reason = self._undecided_reason(out, kernel_fwd)
         return out
 
@@ -384,6 +396,10 @@ class BudgetStats:
                "dv": [np.zeros((tk, Hk, self.Dv)) for _ in range(3)]}
         n_q = np.zeros((tq, 1, 1))
         n_k = np.zeros((tk, 1, 1))
+        # Note [A bound without power]: the rounding level of each exact gradient's terms before
+        # they cancel (u_p times their size plus the cast floors)
+        u_p, p_sub = float(self.budget.constants["u_p"]), float(self.budget.constants["p_sub"])
+        mag = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
         spair = self.score_pair
         if spair is not None:
             from fa4verify import mods as _mods
@@ -407,7 +423,14 @@ class BudgetStats:
                 pi = ivm.pair_intervals(self.budget, q=q[qs, h], k=k[ks, hk], v=v[ks, hk], dout=dout[qs, h],
                                         o_mid=o_mid[qs, h], o_rad=o_rad[qs, h], lse_mid=lse_mid[qs, h],
                                         lse_rad=lse_rad[qs, h], keep=keep, scale=sc, softcap=float(p.softcap),
-                                        score=score)
+                                        score=score, exact=(self.O[qs, h], self.lse_t[qs, h]))
+                with np.errstate(invalid="ignore", over="ignore"):
+                    # u_p times the terms' size, plus the cast floor p_sub of each visible term
+                    # (a P or dS below it is cast to 0 by a correct kernel)
+                    kv = keep.astype(np.float64)
+                    mag["dq"][qs, h] = sc * ((u_p * pi.ds_mag + p_sub * kv) @ np.abs(k[ks, hk]))
+                    mag["dk"][ks, hk] += sc * ((u_p * pi.ds_mag + p_sub * kv).T @ np.abs(q[qs, h]))
+                    mag["dv"][ks, hk] += (u_p * pi.p_ex + p_sub * kv).T @ np.abs(dout[qs, h])
                 for x, y in zip(acc["dq"], ivm.accumulate(pi.ds_lo, pi.ds_hi, k[ks, hk])):
                     x[qs, h] = y
                 for x, y in zip(acc["dk"], ivm.accumulate(pi.ds_lo.T, pi.ds_hi.T, q[qs, h])):
@@ -424,6 +447,12 @@ class BudgetStats:
                 if n == "dq":
                     mid, rad = ivm.finish(*acc[n], nt, self.budget, scale=sc, cast=False)
                     out["dq_accum"] = (np.abs(mid - ref[n]) + rad) * ivm.WIDEN
+        # Note [A bound without power]: a reference counts when it exceeds the largest rounding
+        # level of the tensor's terms (below it, a correct kernel may return ~0)
+        from fa4verify.judge.verdict import BLIND_FLOOR
+        with np.errstate(invalid="ignore"):
+            self.bwd_blind_above = {n: max(BLIND_FLOOR, float(np.max(np.where(np.isfinite(m), m, 0.0), initial=0.0)))
+                                    for n, m in mag.items()}
         return {"dq": self._to_out(out["dq"]), "dq_accum": self._to_out(out["dq_accum"]),
                 "dk": self._to_kv(out["dk"]), "dv": self._to_kv(out["dv"])}
 

@@ -27,6 +27,24 @@ the element-wise minimum of the valid bounds among the first-order ``forward_out
 convex-hull fallback ``forward_out_hull`` (Note [Hull fallback]); elements the fallback bounds
 are judged like any other and counted in :attr:`Verdict.n_hull` (``compare(..., fallback=)``).
 
+Note [A bound without power]
+----------------------------
+With ``blind_above`` (the gradient comparisons pass the judge's per-element thresholds,
+``BudgetStats.bwd_blind_above``), a comparison that would pass although its allowance admits the
+zero tensor -- every judged ``|ref| <= allowance`` -- while some ``|ref|`` exceeds its threshold is
+``undecided``, never ``pass``: a bound a zero output meets has no power against any wrong value up
+to twice the exact one (a dropped accumulation, a 1.5x fault). The backward interval bound is that
+wide for dV on bf16 "huge" draws with ``e_qk >= 8`` (DERIVATIONS.md#backward-interval: its S
+rounding model admits P errors of ``2^2`` to ``2^30``, and one-hot rows make dV = dO of one query,
+no cancellation): CPU twin, 2026-12-02, a zeroed dV passed ``bwd_budget`` there (tightness 0.55 at
+``e_qk`` 8, 8.6e-8 at 10). The threshold keeps the
+legitimate cases decided: a tensor whose exact values all lie below the largest rounding level
+of its terms before they cancel (``u_p`` times their size plus the P / dS cast floor ``p_sub``;
+one-hot rows: ``dP - D`` ~ 0, so dQ and dK are rounding noise of the terms; a sink that leaves
+every P below the fp16 subnormals) is one a correct kernel may return as ~0; and below :data:`BLIND_FLOOR` (the
+fp32 normal range, where FA4's ``ex2.approx.ftz`` flushes) a value is 0 to the kernel. A
+violation is still a ``fail``.
+
 Undecided is never shown or counted as a pass: the audit maps it to exit 10, the gate raises
 :class:`UndecidedError` whose message contains the word "undecided" and the reason.
 """
@@ -39,9 +57,12 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 __all__ = ["Verdict", "Element", "compare", "combine", "UndecidedError", "STATUSES", "worst_status",
-           "StreamedCompare"]
+           "StreamedCompare", "BLIND_FLOOR"]
 
 STATUSES = ("pass", "fail", "undecided")
+#: Note [A bound without power]: references at or below this (2^-126, the smallest normal fp32)
+#: are indistinguishable from 0 in FA4's flushing arithmetic
+BLIND_FLOOR = 2.0 ** -126
 _RANK = {"pass": 0, "undecided": 1, "fail": 2}
 
 
@@ -137,7 +158,7 @@ def combine(verdicts: Sequence[Verdict]) -> str:
 
 def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None,
             nan: str = "unjudged", max_violations: int = 5, all_indices: bool = False,
-            fallback=None) -> Verdict:
+            fallback=None, blind_above=None) -> Verdict:
     """Judge ``actual`` against ``ref`` elementwise (see the module docstring).
 
     ``oracle_bound`` (the oracle's certified error) and ``budget`` (the composed error budget)
@@ -147,6 +168,8 @@ def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None
     reference (see Note [Undecided]). ``fallback`` (bool, broadcastable; optional): the elements
     whose ``budget`` is the convex-hull fallback (:meth:`BudgetStats.forward_out_decided`); it
     changes no verdict, the judged ones among them are counted in :attr:`Verdict.n_hull`.
+    ``blind_above`` (broadcastable): Note [A bound without power] (undecided instead of pass
+    when the allowance admits the zero tensor and some ``|ref|`` exceeds it).
     """
     if nan not in ("unjudged", "match"):
         raise ValueError(f"nan={nan!r}: expected 'unjudged' or 'match'")
@@ -203,6 +226,15 @@ def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None
         reason = _undecided_reason(n_cmp, sel, fin, isnan_ref, ob, bu, nan)
     else:
         status, reason = "pass", ""
+        if blind_above is not None and n_cmp:
+            with np.errstate(invalid="ignore"):
+                big = judged_fin & (np.abs(r) > np.broadcast_to(np.asarray(blind_above, np.float64), r.shape))
+            if big.any() and not (judged_fin & (np.abs(r) > allowed)).any():
+                i = np.unravel_index(int(np.argmax(np.where(big, np.abs(r), -1.0))), r.shape)
+                status = "undecided"
+                reason = (f"the bound admits a zero {name}: every |exact| is within its allowance (largest "
+                          f"|exact| {abs(float(r[i])):.3g}, allowed {float(allowed[i]):.3g} there): no power against "
+                          f"a wrong gradient at this logit scale (Note [A bound without power])")
     n_hull = 0 if fallback is None else int((judged_fin & np.broadcast_to(np.asarray(fallback, bool), r.shape)).sum())
     return Verdict(name, status, n_cmp, n_over, n_unj, tight, maxerr, worst, viol, reason,
                    np.argwhere(over_all) if all_indices else None, n_hull)
