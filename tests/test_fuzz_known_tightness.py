@@ -44,3 +44,49 @@ def test_an_absorbed_quantity_without_its_own_figure_keeps_the_example_whole():
     res = _merge([_ran(0, {"tightness_out": 3.0}, known=["deterministic_bwd"]), _ran(1, {"tightness_out": 0.4})])
     r = _result(res, "CPU twin")
     assert r.metrics["tightness_outside_known"] == 3.0 and r.tightness == 3.0
+
+
+def _campaign_with_an_absorbed_dq(monkeypatch, tmp_path):
+    """``fa4verify fuzz``'s in-process campaign (run_campaign) on examples whose dQ a known issue
+    absorbs at 1527 x its budget while O sits at 0.5 (a stand-in check_problem and matcher)."""
+    from fa4verify.fuzz import campaign as C
+    from fa4verify.fuzz.known_issues import KnownIssue
+    from fa4verify.fuzz.properties import CheckOutcome
+    from fa4verify.fuzz.violation import Violation, _fail
+    from fa4verify.targets import TwinTarget
+    ki = KnownIssue("sm90_dq_accum_hdim_rounding", "t", "r", lambda *a: True)
+
+    def check(problem, target, **kw):
+        _fail(Violation("bwd_budget", "dq over", {"quantity": "dq", "tightness_dq": 1527.0}))
+        return CheckOutcome({"tightness_out": 0.5, "tightness_dq": 1527.0, "tightness_max": 1527.0}, {}, ["bwd_budget"])
+
+    monkeypatch.setattr(C, "check_problem", check)
+    monkeypatch.setattr(C, "known_issue_matcher",
+                        lambda problem, target, strict=False: lambda v: ki if v.metrics.get("quantity") == "dq" else None)
+    return C.run_campaign(target=TwinTarget(), examples=4, seed=0, database_dir=tmp_path)
+
+
+def test_fuzz_campaign_applies_the_same_rule(monkeypatch, tmp_path):
+    """One rule for both paths (CampaignResult.record_tightness): run_campaign used to add every
+    figure to its maxima, so ``fa4verify fuzz`` reported the absorbed dQ's 1527 as its tightness."""
+    res = _campaign_with_an_absorbed_dq(monkeypatch, tmp_path)
+    assert res.examples_run >= 1 and res.known_hits["sm90_dq_accum_hdim_rounding"]["count"] >= 1
+    assert res.max_metrics["tightness_dq"] == 1527.0                      # every figure stays on record
+    assert res.max_metrics_outside_known == {"tightness_out": 0.5}
+    assert res.tightness_outside_known == 0.5
+    r = _result(res, "CPU twin")                                          # the audit's reading of it
+    assert r.tightness == 0.5 and r.metrics["tightness_outside_known"] == 0.5
+    assert res.to_json()["max_metrics_outside_known"] == {"tightness_out": 0.5}
+
+
+def test_fuzz_command_prints_the_tightness_outside_known_issues(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from fa4verify import fuzz
+    from fa4verify.cli.fuzz import command
+    res = _campaign_with_an_absorbed_dq(monkeypatch, tmp_path)
+    monkeypatch.setattr(fuzz, "run_campaign", lambda **kw: res)
+    r = CliRunner().invoke(command, ["--target", "twin", "--examples", "4", "--cache-dir", str(tmp_path)])
+    assert "max tightness outside known issues (error / allowed): out 0.5" in r.output, r.output
+    assert "(in what known issues absorbed: dq 1.53e+03)" in r.output, r.output
+    assert "max tightness (error / allowed)" not in r.output

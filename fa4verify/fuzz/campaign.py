@@ -77,10 +77,39 @@ class CampaignResult:
     versions: dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
     #: "<property>.<tensor>" -> {"count": examples, "reason": first reason, "first": problem}
     undecided: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Note [Tightness outside known issues]: per quantity ("tightness_dq", ...) the worst
+    #: tightness no known issue absorbed, and the worst of those
+    max_metrics_outside_known: dict[str, float] = dataclasses.field(default_factory=dict)
+    tightness_outside_known: float = 0.0
 
     @property
     def found(self) -> bool:
         return self.failure is not None
+
+    def record_tightness(self, metrics: Mapping[str, Any], absorbed: Collection[str]) -> None:
+        """Add one judged example's figures: ``metrics`` into :attr:`max_metrics` (every finite
+        figure) and, outside the quantities in ``absorbed`` (those a known issue absorbed on this
+        example), into :attr:`max_metrics_outside_known` / :attr:`tightness_outside_known`.
+
+        Note [Tightness outside known issues]
+        -------------------------------------
+        A quantity a known issue absorbed (e.g. dQ of the recorded SM90 defect, 1e3 x its budget:
+        the H200 default audit reported "every property held; max tightness 1.53e+03") says
+        nothing about the budgets that still bind; the reported tightness is the worst over the
+        rest. An absorbed quantity without a tightness figure of its own (a whole property, e.g.
+        ``deterministic_bwd``) leaves the example whole: the figure can only be too high, never
+        too low. One rule for ``fa4verify fuzz`` (:func:`run_campaign`) and the audit's drawn
+        campaign (:func:`fa4verify.fuzz.drawn.merge_drawn`)."""
+        fin = {k: float(v) for k, v in metrics.items()
+               if isinstance(v, (int, float)) and math.isfinite(float(v))}
+        for k, val in fin.items():
+            self.max_metrics[k] = max(self.max_metrics.get(k, -math.inf), val)
+        names = {f"tightness_{q}" for q in absorbed}
+        keep_all = bool(absorbed) and not (names & set(metrics))
+        for k, val in fin.items():
+            if k.startswith("tightness_") and k != "tightness_max" and (keep_all or k not in names):
+                self.max_metrics_outside_known[k] = max(self.max_metrics_outside_known.get(k, -math.inf), val)
+                self.tightness_outside_known = max(self.tightness_outside_known, val)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -200,11 +229,13 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
             res.stopped = f"time limit {time_limit_s:g} s reached"
             raise _Stop()
         match = known_issue_matcher(problem, target.name, strict=strict_known)
+        absorbed: set[str] = set()       # this example's quantities a known issue absorbed
 
         def absorb(v: Violation) -> bool:
             ki = match(v)
             if ki is None:
                 return False
+            absorbed.add(str(v.metrics.get("quantity", v.prop)))
             if state["last"] is None:    # count each drawn example once (not the shrink replays)
                 hit = res.known_hits.setdefault(ki.name, {"count": 0, "title": ki.title, "reference": ki.reference,
                                                           "first": problem.describe(), "property": v.prop})
@@ -257,9 +288,7 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
             for p, why in out.undecided.items():
                 u = res.undecided.setdefault(p, {"count": 0, "reason": why, "first": problem.describe()})
                 u["count"] += 1
-            for k, val in out.metrics.items():
-                if isinstance(val, (int, float)) and math.isfinite(val):
-                    res.max_metrics[k] = max(res.max_metrics.get(k, -math.inf), float(val))
+            res.record_tightness(out.metrics, absorbed)    # Note [Tightness outside known issues]
             if out.metrics.get("tightness_max", 0.0) > state["best"]:
                 state["best"] = out.metrics["tightness_max"]
                 res.worst_problem = {"problem": problem.to_dict(), "tightness_max": state["best"]}

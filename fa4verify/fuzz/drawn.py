@@ -347,18 +347,8 @@ def merge_drawn(parts: Sequence[Mapping[str, Any]], *, expected: int | Collectio
             for p, why in o["undecided"].items():
                 u = res.undecided.setdefault(p, {"count": 0, "reason": why, "first": o["describe"]})
                 u["count"] += 1
-            for k, val in o["metrics"].items():
-                res.max_metrics[k] = max(res.max_metrics.get(k, -math.inf), float(val))
-            # Note [Tightness outside known issues]: a quantity a known issue absorbed (e.g. dQ
-            # of the recorded SM90 defect, 1e3 x its budget) says nothing about the budgets
-            # that still bind; the reported tightness is the worst over the rest
-            absorbed = {f"tightness_{k['quantity']}" for k in o.get("known", [])}
-            clean = [float(v) for k, v in o["metrics"].items()
-                     if k.startswith("tightness_") and k != "tightness_max" and k not in absorbed
-                     and math.isfinite(float(v))]
-            if absorbed and not any(a in o["metrics"] for a in absorbed):
-                clean = [float(o["metrics"].get("tightness_max", 0.0))]   # unknown quantity: keep all
-            res.tightness_outside_known = max([getattr(res, "tightness_outside_known", 0.0)] + clean)
+            # Note [Tightness outside known issues] (CampaignResult.record_tightness)
+            res.record_tightness(o["metrics"], {k["quantity"] for k in o.get("known", [])})
             t = o["metrics"].get("tightness_max", 0.0)
             if t > best:
                 best = t
