@@ -25,9 +25,9 @@ flash_bwd_sm90.py, flash_bwd_sm100.py, flash_bwd_postprocess.py}``)
 * Tiles: SM90 ``_tile_size_bwd_sm90`` (hd<=64: 128x128, <=96: 64x128, <=128: 64 causal-local /
   80 x 128, <=192: 64x96, 256: 64x48); SM100 128x128.
 
-Stage switches :data:`BWD_STAGES`; mutations ``d_from_fp32_o`` (D from the fp32 O) and
+Stage switches :data:`BWD_STAGES`; mutations ``d_from_fp32_o`` (D from the fp32 O),
 ``dq_shuffled_order`` (an unseeded shuffled dQ order even with ``deterministic=True``: two runs
-differ).  Model parameters ``accumulation`` and ``mufu`` as in the forward (``twin/forward.py``).
+differ) and ``dpsum_bias_2m10`` (D times 1 + 2^-10, the production source mutant's fault).  Model parameters ``accumulation`` and ``mufu`` as in the forward (``twin/forward.py``).
 
 Possible issues
 ---------------
@@ -56,7 +56,7 @@ BWD_STAGES: tuple[str, ...] = (
     "d_pre", "bwd_s_accum", "bwd_exp_arg", "bwd_exp2", "bwd_p_cast", "dp_accum", "ds", "ds_cast",
     "dv_accum", "dk_accum", "dq_accum", "dq_post", "dk_post", "grad_cast",
 )
-BWD_MUTATIONS: tuple[str, ...] = ("d_from_fp32_o", "dq_shuffled_order")
+BWD_MUTATIONS: tuple[str, ...] = ("d_from_fp32_o", "dq_shuffled_order", "dpsum_bias_2m10")
 
 
 @dataclass
@@ -208,6 +208,10 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
     # ---- preprocess
     O_for_d = np.asarray(out_fp32, F32).transpose(0, 2, 1, 3) if "d_from_fp32_o" in muts else O
     Dpre = _d_preprocess(O_for_d, dO, "d_pre" in exact)
+    if "dpsum_bias_2m10" in muts:
+        # the production source mutant of the same name (fa4verify.source_mutants): the
+        # preprocess's D times (1 + 2^-10), one fp32 multiply
+        Dpre = (np.asarray(Dpre, F32) * F32(1.0 + 2.0 ** -10)).astype(np.asarray(Dpre).dtype)
     if probe and "d_pre" not in exact:
         o64, do64 = np.asarray(O_for_d, F64), dO.astype(F64)
         probe(StageSample("d_pre", Dpre, (o64 * do64).sum(-1),

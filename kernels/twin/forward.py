@@ -98,7 +98,7 @@ FWD_STAGES: tuple[str, ...] = (
 FWD_MUTATIONS: tuple[str, ...] = (
     "poly_degree_2", "poly_coeff_ulp", "p_cast_rz", "rescale_skipped", "fp8_old_threshold",
     "nan_to_zero_emulated", "causal_top_left", "causal_off_by_one", "tail_tile_dropped",
-    "row_sum_rounded_p", "rcp_low_precision",
+    "row_sum_rounded_p", "rcp_low_precision", "recip_bias_2m9",
 )
 MUFU_MODES: tuple[str, ...] = ("correctly-rounded", "perturbed")
 
@@ -289,7 +289,8 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     bad = exact - set(FWD_STAGES)
     if bad:
         raise ValueError(f"unknown forward stage(s) {sorted(bad)}; known: {FWD_STAGES}")
-    bad = muts - set(FWD_MUTATIONS) - {"d_from_fp32_o", "dq_shuffled_order"}
+    from fa4verify.kernels.twin.backward import BWD_MUTATIONS     # (backward imports this module)
+    bad = muts - set(FWD_MUTATIONS) - set(BWD_MUTATIONS)
     if bad:
         raise ValueError(f"unknown mutation(s) {sorted(bad)}; known: {FWD_MUTATIONS}")
     if arch not in ("sm90", "sm100", "sm103"):
@@ -535,6 +536,10 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
         r = mf.rcp(l_safe)
         if "rcp_low_precision" in muts:
             r = b32.from_bits(b32.bits(r) & np.uint32(0xFFFFE000))   # 10-bit mantissa (RZ)
+    if "recip_bias_2m9" in muts:
+        # the production source mutant of the same name (fa4verify.source_mutants): the
+        # finalize's 1 / row_sum times (1 + 2^-9), one fp32 multiply
+        r = (np.asarray(r, F32) * F32(1.0 + 2.0 ** -9)).astype(F32)
     if probe and "rcp" not in exact:
         probe(StageSample("rcp", np.asarray(r), 1.0 / np.asarray(l_safe, F64),
                           {"rcp_exact": np.abs(1.0 / np.asarray(l_safe, F64))}))
