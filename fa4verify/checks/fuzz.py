@@ -64,7 +64,7 @@ def _result(res: Any, where: str) -> CheckResult:
     for k in ("tightness_out", "tightness_lse", "tightness_dq", "tightness_dk", "tightness_dv"):
         if k in res.max_metrics:
             metrics[k] = round(float(res.max_metrics[k]), 4)
-    # Note [Tightness outside known issues] (fa4verify.fuzz.drawn): with known-issue hits the
+    # Note [Tightness outside known issues] (fa4verify.fuzz.campaign): with known-issue hits the
     # check's tightness is the worst of what no known issue absorbed
     outside = getattr(res, "tightness_outside_known", None)
     if known and outside is not None:
