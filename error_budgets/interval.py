@@ -71,7 +71,7 @@ class PairIntervals:
     ds_lo: np.ndarray
     ds_hi: np.ndarray
     #: with ``exact``: the exact P and the cancellation-free size of the exact dS,
-    #: ``P (|dP| + |D|) |f|`` (Note [A bound without power] in fa4verify/judge/verdict.py)
+    #: ``P (|dO| |V| + |O| |dO|) |f|`` (Note [A bound without power] in fa4verify/judge/verdict.py)
     p_ex: Optional[np.ndarray] = None
     ds_mag: Optional[np.ndarray] = None
 
@@ -189,13 +189,14 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         p_ex = ds_mag = None
         if exact is not None:
             # the exact softmax of the exact scores (y_mid: S scale, or the mod's value at the
-            # midpoint) and the size of the exact dS = P (dP - D) f before dP - D cancels
+            # midpoint) and the size of the exact dS = P (dP - D) f before anything cancels (the
+            # dot products dP = dO V and D = O dO taken in absolute values)
             o_ex, lse_ex = (np.asarray(x, np.float64) for x in exact)
             ok = keep & np.isfinite(lse_ex)[:, None]
             p_ex = np.where(ok, np.exp(np.where(ok, y_mid - np.where(np.isfinite(lse_ex), lse_ex, 0.0)[:, None],
                                                 -np.inf)), 0.0)
             f_abs = 1.0 if f_lo is None else np.abs(f_lo + f_hi) / 2
-            ds_mag = p_ex * (np.abs(dP) + np.abs(np.sum(o_ex * dout, axis=-1))[:, None]) * f_abs
+            ds_mag = p_ex * (DOV + np.sum(np.abs(o_ex * dout), axis=-1)[:, None]) * f_abs
     return PairIntervals(pc_lo, pc_hi, ds_lo, ds_hi, p_ex, ds_mag)
 
 
