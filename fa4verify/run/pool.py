@@ -577,6 +577,8 @@ class WorkerPool:
                         fork_env={k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "FA4VERIFY_GPU_INDEX") if k in env}
                         if self.gpus else None)
             w.gpu = env.get("CUDA_VISIBLE_DEVICES") if self.gpus else None
+            if self.start == "fork" and z is None:      # why a forking pool spawned (its timing says)
+                w.fork_error = w.fork_error or f"spawned: zygote {'missing' if self._zygote is None else 'unusable'}"
             self._all.add(w)
         return w
 
