@@ -84,8 +84,7 @@ class Job:
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """Cases ``cases`` (indices; None: the whole check) of job ``job``; ``cost``: its share of
-    the check's cost (seconds), for the longest-first queue."""
+    """Cases ``cases`` (None: the whole check) of job ``job``; ``cost``: its share of the check's."""
     job: int
     cases: tuple[int, ...] | None
     cost: float

@@ -5,21 +5,17 @@ processes (protocol: :mod:`fa4verify.run.worker`). :meth:`WorkerPool.run` runs o
 idle worker, thread-safe (the engine drives one thread per worker). A worker that dies, runs past
 the task's deadline (killed with its process group) or returns an error is replaced, so a CUDA
 fault in one check never leaks into another; ``fresh=True`` replaces every worker after one task.
-
-Start-up (measured on the H200): a GPU worker's imports (torch ~3.5 s, FA4's interface ~7-10 s)
-and CUDA context dominate, so the pool starts every worker at once (:meth:`WorkerPool.prestart`,
-before the CLI discovers the checks) and on a GPU forks them from a zygote that did the imports
-once (:mod:`fa4verify.run.zygote`, Note [Zygote environment]; ``FA4VERIFY_WORKER_START=spawn``
-turns it off; a zygote that cannot give working workers falls back to spawning).
+A GPU worker's imports and CUDA context dominate its start, so the pool starts every worker at
+once (:meth:`WorkerPool.prestart`) and on a GPU forks them from a zygote that did the imports once
+(:mod:`fa4verify.run.zygote`, Note [Zygote environment]; ``FA4VERIFY_WORKER_START=spawn`` turns
+it off; a zygote that cannot give working workers falls back to spawning).
 
 Note [Worker isolation] (:mod:`fa4verify.run.worker`): workers and the zygote die with the parent
 (``PR_SET_PDEATHSIG`` fires when the *thread* that started the process ends, so one spawner thread
 that lives as long as the pool starts every process) and never have the cwd on their path.
-
-Worker environment: the parent's, FA4's persistent kernel cache (``..._CACHE_ENABLED=1``,
-``..._CACHE_DIR``) unless the caller set it, ``OMP_NUM_THREADS`` split between the workers. FA4
-(``flash_attn/cute/cache_utils.py``) loads a cache entry under a shared ``flock`` and exports under
-the exclusive one to a file renamed into place: concurrent workers are safe.
+Environment: the parent's, FA4's persistent kernel cache (``..._CACHE_ENABLED=1``,
+``..._CACHE_DIR``) unless the caller set it, ``OMP_NUM_THREADS`` split between the workers; FA4
+loads a cache entry under a shared ``flock`` and exports under the exclusive one (cache_utils.py).
 """
 from __future__ import annotations
 

@@ -1,29 +1,21 @@
 """A zygote for audit workers: import torch, the CuTe DSL and FA4 once, then fork each worker.
 
-Measured on the H200: a worker spawned from scratch spent 15-17 s on its imports when
-eight started together (torch ~4 s, ``flash_attn.cute.interface`` ~10 s: FA4 imports quack, which
-imports torch._dynamo, tvm_ffi and ml_dtypes), and every GPU audit waited for it. The zygote does
-those imports once, in a process started with the workers' exact environment (FA4 reads its
-kernel-cache switches at import), without touching CUDA, and then forks a worker per request:
-the child starts with everything imported and only creates its own CUDA context.
+Measured on the H200: a worker spawned from scratch spends 15-17 s on its imports when twelve
+start together (torch ~4-5 s, ``flash_attn.cute.interface`` ~9-10 s: FA4 imports quack, which
+imports torch._dynamo, tvm_ffi and ml_dtypes). The zygote does those imports once, with the
+workers' exact environment (FA4 reads its kernel-cache switches at import) and without touching
+CUDA; a forked child only creates its own CUDA context.
 
-Protocol (``python -m fa4verify.run.zygote --control-fd N``): N is one end of an AF_UNIX
-SOCK_SEQPACKET socket pair. The zygote sends ``{"ready": seconds, "pid": ...}`` after its imports,
-then handles messages from the parent:
-
-* ``{"op": "fork", "id": K, "env": {...}}`` with three file descriptors attached (``socket.send_fds``): the
-  worker's stdin (read end), its reply descriptor (write end) and its log file. The zygote forks;
-  the child starts a new session, puts stdin on 0 and the log on 1 and 2, and runs
-  :func:`fa4verify.run.worker.serve` on the reply descriptor (the usual worker protocol). The
-  zygote answers ``{"forked": K, "pid": P}`` (or ``{"forked": K, "error": "..."}``).
-* every child that exits is reaped and reported as ``{"exit": P, "rc": R}`` (R as
-  ``subprocess.Popen.returncode``: negative for a signal).
-
-The zygote exits when the parent closes its end. It never runs a check itself, so a fault in a
-worker (a CUDA illegal address, an abort) cannot reach it; the pool replaces the dead worker with
-another fork. Forking is safe here because the zygote is single-threaded and has no CUDA context
-(checked before each fork: a zygote in which CUDA is initialised refuses to fork, and the pool
-falls back to spawning workers).
+Protocol (``python -m fa4verify.run.zygote --control-fd N``, N one end of an AF_UNIX
+SOCK_SEQPACKET pair): the zygote sends ``{"ready": seconds, "pid": ...}`` after its imports;
+``{"op": "fork", "id": K, "env": {...}}`` with three descriptors attached (the worker's stdin read
+end, its reply write end, its log) forks a child that starts a new session, puts stdin on 0 and
+the log on 1 and 2 and serves :func:`fa4verify.run.worker.serve` on the reply descriptor; the
+answer is ``{"forked": K, "pid": P}`` or ``{"forked": K, "error": "..."}``. Every child that exits
+is reported as ``{"exit": P, "rc": R}`` (R as ``subprocess.Popen.returncode``). The zygote exits
+when the parent closes its end and never runs a check, so a worker's fault cannot reach it.
+Forking is safe: the zygote is single-threaded and has no CUDA context (checked before each
+fork: with CUDA initialised it refuses, and the pool spawns workers instead).
 """
 from __future__ import annotations
 
