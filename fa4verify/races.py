@@ -22,6 +22,15 @@ it); :func:`run_races_pdl_off` runs the same problems in a process of its own wi
 On the CPU the stream and the busy copies are no-ops (tests run the plumbing against a fake FA4
 release).
 
+Power, measured on the H200 (2026-12-02, ``docs/results/h200/planted/``): the planted
+``bwd_sm90_lse_pdl_wait_dropped`` was NOT caught (16 repetitions under load, PDL on, every one
+within budget and bitwise equal, as the clean control). The likely reason is the caching
+allocator, not the timing: the repetitions are identical, so the block a repetition gets for D
+and the LSE in log2 still holds the previous repetition's values -- the right ones -- and a read
+before the preprocess wrote them reads correct numbers. The next step (not built: it needs a GPU
+to show it raises no false alarm on the clean kernels): fill the allocator's freed blocks with NaN
+between repetitions, so a read-before-write reads NaN.
+
 Note [PDL off]
 --------------
 FA4 4.0.0b36 has no switch for PDL: no argument, no environment variable, no module flag.
