@@ -1112,6 +1112,7 @@ _SIGNAL_WRITER = """
 import os, signal, sys
 from fa4verify.audit import atomic
 sig, when, d = getattr(signal, sys.argv[1]), sys.argv[2], sys.argv[3]
+signal.signal(sig, signal.SIG_DFL)     # a parent that ignores it (nohup: SIGHUP) is not the case here
 real_replace, real_temp, n = os.replace, atomic._write_temp, [0]
 def replace(src, dst):
     real_replace(src, dst)

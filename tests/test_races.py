@@ -186,7 +186,7 @@ def test_the_check_passes_a_correct_release_and_fails_a_repetition_dependent_one
 @pytest.fixture()
 def dsl_launch(monkeypatch):
     """The CuTe DSL's launch entry point replaced by a spy (restored after the test)."""
-    dsl = pytest.importorskip("cutlass.cutlass_dsl.cutlass")
+    import cutlass.cutlass_dsl.cutlass as dsl          # the tests using it are marked fa4
     seen = []
 
     def spy(*a, **kw):
@@ -197,6 +197,7 @@ def dsl_launch(monkeypatch):
     return dsl, seen
 
 
+@pytest.mark.fa4
 def test_force_pdl_off_launches_every_kernel_without_pdl(dsl_launch):
     dsl, seen = dsl_launch
     dsl.CutlassBaseDSL.cuda_launch_func([], None, 1, 1, 1, 1, 1, 1, [], use_pdl=True)
@@ -214,6 +215,7 @@ def test_the_pdl_off_run_has_a_kernel_cache_of_its_own():
     assert default.endswith("flash_attention_cute_dsl_cache" + races.PDL_OFF_CACHE_SUFFIX)
 
 
+@pytest.mark.fa4
 def test_the_pdl_off_call_runs_with_pdl_off_and_refuses_a_process_that_compiled_before(dsl_launch, fake_release,
                                                                                         monkeypatch):
     from fa4verify.targets import HarnessError
