@@ -22,7 +22,7 @@ def main() -> None:
     import numpy as np
     from fa4verify import __version__
     from fa4verify.oracles import binary32 as b32
-    from fa4verify import exp2_cert as ec
+    from fa4verify.exp2 import cert as ec
     from fa4verify.kernels.twin import ex2_emulation
     from fa4verify.oracles.exp2 import exp2_cr
 

@@ -45,7 +45,7 @@ def main() -> None:
 
     import numpy as np
     from fa4verify import __version__
-    from fa4verify import exp2_cert as ec
+    from fa4verify.exp2 import cert as ec
     from fa4verify.kernels.fa4_params import load_params
 
     p = load_params()

@@ -53,7 +53,7 @@ def _ints(s: str) -> list[int]:
 
 
 def run_grid(args) -> list[dict]:
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     rows = []
     hdr = (f"{'arch':6s} {'hd':>4s} {'seqlen':>6s} {'mask':7s} {'dist':9s} {'tightest stage':24s} "
            f"{'p_cast':>7s} {'exp2_emu':>8s} {'o_cast':>7s} {'row_sum':>7s} {'out':>6s} {'lse':>6s} "
@@ -99,7 +99,7 @@ def run_grid(args) -> list[dict]:
 
 
 def run_attribution(args) -> list[dict]:
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     out = []
     for arch in args.archs:
         for hd in args.hdims:
@@ -129,7 +129,7 @@ def run_attribution(args) -> list[dict]:
 
 
 def run_mismatch(args) -> list[dict]:
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     print(f"== forward (emulated) vs backward (hardware) P on SM100, effect on gradients ({LABEL}) ==")
     print(f"{'hd':>4s} {'seqlen':>6s} {'dist':9s} {'emu share':>9s} {'P rel max':>10s} "
           f"{'dQ effect':>10s} {'dK effect':>10s} {'dV effect':>10s} {'dQ err':>9s} {'dK err':>9s} {'dV err':>9s} "
@@ -161,7 +161,7 @@ def run_mismatch(args) -> list[dict]:
 
 
 def run_fp8(args) -> dict:
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     from fa4verify.oracles import binary32 as b32
     d, n = 64, 512
     q = np.zeros((1, 8, 1, d), np.float32)
@@ -185,7 +185,7 @@ def run_fp8(args) -> dict:
 
 
 def run_backward(args) -> list[dict]:
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     print(f"== backward budgets, {args.dtype} ({LABEL}) ==")
     print(f"{'arch':6s} {'hd':>4s} {'seqlen':>6s} {'mask':7s} {'dist':9s} {'tightest stage':22s} "
           f"{'dQ':>6s} {'dK':>6s} {'dV':>6s} {'status':6s}")

@@ -46,14 +46,14 @@ def _key(st) -> tuple:
 
 
 def _module_at(rev: str):
-    """``fa4verify/exp2_cert.py`` as of git revision ``rev`` (read with ``git show``), imported as a
+    """``fa4verify/exp2/cert.py`` as of git revision ``rev`` (read with ``git show``), imported as a
     separate module (it imports the current oracles and twin, which session 5 did not change)."""
     import importlib.util
     import subprocess
     import sys
     import tempfile
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    src = subprocess.run(["git", "-C", root, "show", f"{rev}:fa4verify/exp2_cert.py"], check=True,
+    src = subprocess.run(["git", "-C", root, "show", f"{rev}:fa4verify/exp2/cert.py"], check=True,
                          capture_output=True, text=True).stdout
     path = os.path.join(tempfile.mkdtemp(prefix="exp2_cert_"), f"exp2_cert_{rev}.py")
     with open(path, "w") as fh:
@@ -80,14 +80,14 @@ def main() -> None:
     ap.add_argument("--no-direct", action="store_true", help="skip the direct sweeps of the sub-ranges")
     ap.add_argument("--no-sub", action="store_true", help="skip the sub-range comparisons")
     ap.add_argument("--vs-commit", default=None, metavar="REV",
-                    help="also run the full sweep with fa4verify/exp2_cert.py as of git REV (e.g. 40a9f49, "
+                    help="also run the full sweep with fa4verify/exp2/cert.py as of git REV (e.g. 40a9f49, "
                          "before session 5), right after each new one, and compare every statistic")
     args = ap.parse_args()
     subs = [] if args.no_sub else (args.sub_range or ["-0.5:-0.0625", "0.015625:0.125"])
 
     import numpy as np
     from fa4verify import __version__
-    from fa4verify import exp2_cert as ec
+    from fa4verify.exp2 import cert as ec
     from fa4verify.kernels.fa4_params import load_params
 
     p = load_params()

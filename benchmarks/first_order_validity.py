@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _problems():
-    from fa4verify._strategies.problem import AttentionProblem
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import AttentionProblem, ValueSpec
 
     def mk(dist, seed, params, dtype="bf16", **kw):
         base = dict(arch="sm90", dtype=dtype, batch=1, seqlen_q=33, seqlen_k=70, nheads=2, nheads_kv=1,
@@ -43,8 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", default="normal,outliers,outliers1000,huge16,huge")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
-    from fa4verify import error_budgets as eb
-    from fa4verify import judge
+    from fa4verify import error_budgets as eb, judge
     from fa4verify.targets import TwinTarget
     probs = _problems()
     tmp = Path(tempfile.mkdtemp())

@@ -81,7 +81,7 @@ UNIT_POLYMORPHIC = frozenset({"sub_fp32", "sub_bf16", "sub_fp16", "sub_fp8",
                               "f32_min_normal"})
 
 #: Statistics a formula may use: name -> (dimension, meaning).  The judge
-#: (fa4verify/stage_budgets.py) computes them in fp64 from the problem.
+#: (fa4verify/stages/budgets.py) computes them in fp64 from the problem.
 STATISTICS: dict[str, tuple[str, str]] = {
     # ---- per-stage (local) statistics, supplied by the twin's stage probe
     "abs_qk": ("q k", "sum_k |q_k| |k_k| for each score"),

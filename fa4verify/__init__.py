@@ -28,7 +28,7 @@ _HOME: dict[str, str] = {
     "Verdict": "fa4verify.judge.verdict",
     "compare": "fa4verify.judge.verdict",
     "BudgetStats": "fa4verify.judge.stats",
-    "AttentionProblem": "fa4verify._strategies.problem",
+    "AttentionProblem": "fa4verify.problem",
     "register_mod_pair": "fa4verify.mods",
     "ModPair": "fa4verify.mods",
 }
@@ -36,7 +36,7 @@ _HOME: dict[str, str] = {
 __all__ = ["__version__", *_HOME]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify.problem import AttentionProblem
     from fa4verify.gates import GateSummary, assert_attention_within_budget
     from fa4verify.judge.stats import BudgetStats
     from fa4verify.judge.verdict import UndecidedError, Verdict, compare

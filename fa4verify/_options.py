@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from fa4verify.audit.registry import ARCHS, DTYPES, PROFILE_ORDER, cuda_available
 from fa4verify.kernels.device import FAKE_DEVICES as _FAKE_GPUS
+from fa4verify.errors import OptionError
 
 DEVICES = ("auto", "cpu", "cuda")
 #: Note [Fake device]: what ``--fake-device`` takes
@@ -26,10 +27,6 @@ ISOLATE = ("auto", "always", "never")
 
 #: Environment variable with extra check modules (dotted names or .py paths, os.pathsep-separated).
 CHECKS_MODULES_ENV = "FA4VERIFY_CHECKS_MODULES"
-
-
-class OptionError(ValueError):
-    """A bad option value; the message is one line and quotes the value."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,7 +306,8 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
     if deployment:
         import json
 
-        from fa4verify.deployment import DeploymentError, load as load_deployment
+        from fa4verify.deployment import load as load_deployment
+        from fa4verify.errors import DeploymentError
         try:
             d = load_deployment(deployment)
         except DeploymentError as e:

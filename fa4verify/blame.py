@@ -23,7 +23,7 @@ The consequences, everywhere a call into FA4 is judged:
   ``ValueError``, ``TypeError`` or ``NotImplementedError`` raised in FA4);
 * an exception of fa4verify (:func:`origin` is ``"fa4verify"``) is an ``error`` of the check
   that made the call, never a FAIL and never a finding about FA4
-  (:class:`fa4verify.targets.HarnessError` carries it through the judge);
+  (:class:`fa4verify.errors.HarnessError` carries it through the judge);
 * a feature the installed FA4 release cannot express (its function takes no such keyword) is
   ``"unsupported by this FA4 release"``, named (``UnsupportedByRelease``).
 """

@@ -1,5 +1,5 @@
 """The arrays FA4 is called with for a problem's call form, and the way back to the problem's
-layout (Note [Call forms keep the problem's meaning] in ``fa4verify._strategies.calls``).
+layout (Note [Call forms keep the problem's meaning] in ``fa4verify.problem.calls``).
 
 * :func:`kv_call_arrays` -- a ``seqused_k`` / paged-KV call form: q packed or batched, K/V
   batched ``(batch, kv_capacity, hk, d)`` or as pages with a ``page_table``, ``seqused_k``;
@@ -26,7 +26,7 @@ FILLER_SCALE = 4.0
 
 
 def _filler(problem, shape: tuple[int, ...], salt: int) -> np.ndarray:
-    from fa4verify._strategies.values import round_to_dtype
+    from fa4verify.problem import round_to_dtype
     rng = np.random.default_rng([problem.values.seed, salt, 0xF111])
     return np.asarray(round_to_dtype(rng.standard_normal(shape) * FILLER_SCALE, problem.dtype), np.float32)
 

@@ -21,7 +21,7 @@ Format (every key optional except ``name``; lists mean "any of")::
     seqlen_q = [1, 8192]         # inclusive range (min 0: empty sequences of a varlen batch)
     seqlen_k = [1, 8192]
     distributions = ["normal", "outliers"]   # value recipes the fuzz strategies draw (default: all;
-                                             # fa4verify._strategies.values.DISTRIBUTIONS)
+                                             # fa4verify.problem.values.DISTRIBUTIONS)
     features = ["paged_kv", "seqused_k"]     # FA4 call forms the fuzz draws (CALL_FEATURES:
                                              # paged_kv, seqused_k, block_sparse, mask_mod_fn)
     page_sizes = [16, 128]       # paged_kv page sizes (default: 16 and the head dim's tile_n)
@@ -37,6 +37,7 @@ import math
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
+from fa4verify.errors import DeploymentError
 
 try:
     import tomllib
@@ -45,7 +46,7 @@ except ModuleNotFoundError:  # pragma: no cover - python < 3.11
 
 from fa4verify.kernels import facts
 
-__all__ = ["Deployment", "DeploymentError", "load", "shipped", "SHIPPED_DIR", "MASKS"]
+__all__ = ["Deployment", "load", "shipped", "SHIPPED_DIR", "MASKS"]
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "deployments"
 MASKS = ("none", "causal", "window")
@@ -58,10 +59,6 @@ _MAX_BYTES = 1 << 20
 _MAX = {"head_dims": 1024, "nheads": 1 << 16, "nheads_kv": 1 << 16, "page_sizes": 1 << 20,
         "seqlen_q": 1 << 24, "seqlen_k": 1 << 24, "window_sizes": 1 << 24}
 _MAX_SOFTCAP = 1e6
-
-
-class DeploymentError(ValueError):
-    """A malformed deployment profile (message names the file and key)."""
 
 
 def _ints(v: Any, key: str, where: str) -> tuple[int, ...]:
@@ -117,7 +114,7 @@ class Deployment:
     seqlen_k: tuple[int, int] = (1, 8192)
     archs: tuple[str, ...] = facts.ARCHS
     distributions: tuple[str, ...] = ()     #: () = every value recipe
-    #: FA4 call forms the fuzz draws (``fa4verify._strategies.calls.CALL_FEATURES``)
+    #: FA4 call forms the fuzz draws (``fa4verify.problem.calls.CALL_FEATURES``)
     features: tuple[str, ...] = ()
     page_sizes: tuple[int, ...] = ()        #: () = 16 and the head dim's tile_n
     nan_pages: bool = False
@@ -135,8 +132,7 @@ class Deployment:
             raise DeploymentError(f"{where}: description must be a string")
         kw: dict[str, Any] = {"name": d["name"].strip(), "source": where,
                               "description": d.get("description", "")}
-        from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
-        from fa4verify._strategies.values import DISTRIBUTIONS
+        from fa4verify.problem import CALL_FEATURES, MOD_FEATURE, DISTRIBUTIONS
         for key, allowed in (("dtypes", facts.DTYPES), ("archs", facts.ARCHS), ("masks", MASKS),
                              ("distributions", DISTRIBUTIONS), ("features", CALL_FEATURES + (MOD_FEATURE,))):
             if key in d:

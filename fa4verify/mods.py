@@ -28,8 +28,9 @@ from typing import Iterable, Optional
 import numpy as np
 
 from fa4verify.kernels.mods import ModPair, ModShape, library
+from fa4verify.errors import ModPairError
 
-__all__ = ["ModPair", "ModShape", "ModPairError", "register_mod_pair", "unregister", "get", "names",
+__all__ = ["ModPair", "ModShape", "register_mod_pair", "unregister", "get", "names",
            "validate", "resolve", "aux_for", "user_pair_modules"]
 
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")      # fullmatch: "$" would let a trailing newline in
@@ -38,10 +39,6 @@ _BUILTIN: set[str] = set()
 #: user pair name -> (module name, file) of the module that registered it: Note [Pairs in a fresh
 #: process]
 _ORIGIN: dict[str, tuple[str, str]] = {}
-
-
-class ModPairError(ValueError):
-    """A malformed or unknown mod pair (one-line message)."""
 
 
 def _probe_shape() -> ModShape:

@@ -3,7 +3,7 @@
     pytest --fa4verify                  # profile "default"
     pytest --fa4verify=quick --fa4-dtype bf16 --fa4-only
     pytest --fa4verify -k exp2          # pytest's own -k selects check ids
-    pytest --fa4verify -n 8 --fa4-only  # one GPU per xdist worker (fa4verify.multigpu)
+    pytest --fa4verify -n 8 --fa4-only  # one GPU per xdist worker (fa4verify.run.gpus)
 
 Fast runs (``--fa4-only``, e.g. the one-worker xdist smoke run on a GPU): no test module is
 imported (:func:`pytest_ignore_collect`; collecting the test suite only to deselect it costs
@@ -68,19 +68,21 @@ def pytest_configure(config: Any) -> None:
     profile = config.getoption("fa4verify", default=None)
     if profile is None:
         return
-    # under pytest-xdist (-n N) each worker sees one GPU (fa4verify.multigpu), before any CUDA use
-    from fa4verify.multigpu import pin_worker_gpu
+    # under pytest-xdist (-n N) each worker sees one GPU (fa4verify.run.gpus), before any CUDA use
+    from fa4verify.run.gpus import pin_worker_gpu
     try:
         pin_worker_gpu()
     except (RuntimeError, ValueError) as e:
         raise pytest.UsageError(str(e)) from None
-    from fa4verify._options import OptionError, config_from_pytest
+    from fa4verify._options import config_from_pytest
+    from fa4verify.errors import OptionError
 
     try:
         config.stash[_CONFIG_KEY] = config_from_pytest(config, profile)
     except OptionError as e:
         raise pytest.UsageError(f"fa4verify: {e}") from None
-    from fa4verify.audit.atomic import OutputPathError, check_outputs
+    from fa4verify.audit.atomic import check_outputs
+    from fa4verify.errors import OutputPathError
 
     outs = [(f"--{opt.replace('_', '-')}", config.getoption(opt, default=None))
             for opt in ("fa4_json", "fa4_html")]

@@ -62,7 +62,7 @@ caches; :func:`_pdl_off_call` refuses to run when FA4 has compiled anything befo
 with a kernel cache directory of its own (:func:`pdl_off_env`: ``<FA4's cache dir>-pdl-off``).
 
 Planted faults (:data:`RACE_MUTANTS`, GPU): a dropped wait in the backward's launch chain, in a
-private patched copy of FA4 (:mod:`fa4verify.source_mutants`, Note [Private FA4 copy]) --
+private patched copy of FA4 (:mod:`fa4verify.mutants.source`, Note [Private FA4 copy]) --
 ``python -m fa4verify.races plant ID DEST`` makes the copy and prints the environment to run
 ``fa4verify audit -k races.production`` under. Two with PDL (the preprocess's
 ``griddepcontrol_wait`` before it reads O, dO and LSE; the SM90 main kernel's before it reads
@@ -78,8 +78,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from fa4verify._strategies.problem import AttentionProblem
-from fa4verify.targets import HarnessError, ProductionTarget, Unsupported
+from fa4verify.problem import AttentionProblem
+from fa4verify.targets import ProductionTarget
+from fa4verify.errors import HarnessError, Unsupported
 
 __all__ = ["RacingTarget", "race_problems", "run_races", "run_races_pdl_off", "force_pdl_off", "pdl_off_env",
            "pdl_in_source", "BUSY_MB", "RaceRow", "RACE_MUTANTS", "plant", "PDL_OFF_CACHE_SUFFIX"]
@@ -156,7 +157,7 @@ def _compiled_kernels() -> int:
 
 
 def _race_mutants():
-    from fa4verify.source_mutants import Edit, SourceMutant
+    from fa4verify.mutants.source import Edit, SourceMutant
     return (
         SourceMutant("bwd_preprocess_pdl_wait_dropped",
                      "backward preprocess reads O, dO and LSE without griddepcontrol_wait (PDL)",
@@ -188,7 +189,7 @@ def plant(mutant_id: str, dest) -> dict[str, str]:
     returns the environment that runs it (the copy first on PYTHONPATH, its own kernel cache)."""
     from pathlib import Path
 
-    from fa4verify import source_mutants as sm
+    from fa4verify.mutants import source as sm
     by = {m.id: m for m in RACE_MUTANTS}
     if mutant_id not in by:
         raise ValueError(f"race mutant {mutant_id!r}: expected one of {sorted(by)}")
@@ -288,8 +289,7 @@ COLUMNS = ["problem", "reps", "judged", "violations", "bitwise mismatches (deter
 def race_problems(arch: str, dtype: str = "bf16", *, seed: int = 0) -> list[AttentionProblem]:
     """Dense MHA (causal), GQA 4:1 and a block-sparse call form: the backward's three shapes of
     launch chain (dense, GQA accumulation, block-sparse Q-direction)."""
-    from fa4verify._strategies.calls import CallForm
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import CallForm, ValueSpec
     vs = ValueSpec("normal", int(seed))
     out = [AttentionProblem(arch=arch, dtype=dtype, batch=2, seqlen_q=512, seqlen_k=512, nheads=4, nheads_kv=4,
                             head_dim=128, head_dim_v=128, causal=True, values=vs),

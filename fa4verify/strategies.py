@@ -1,7 +1,10 @@
 """Hypothesis strategies for FlashAttention-4 attention problems (public API).
 
-This module only re-exports from ``fa4verify._strategies`` (shapes, masks, values, problem); see
-docs/fuzzing.md. Typical use::
+This module only re-exports the strategies of ``fa4verify._strategies`` (shapes, masks, values,
+call forms, problems); see docs/fuzzing.md. What they draw -- :class:`~fa4verify.problem.AttentionProblem`
+and its parts (``ValueSpec``, ``MaskMod``, ``CallForm``) with their vocabularies (``FEATURES``,
+``CALL_FEATURES``, ``DISTRIBUTIONS``, ``MASK_KINDS``) -- lives in :mod:`fa4verify.problem`, which
+does not import Hypothesis. Typical use::
 
     from hypothesis import given
     from fa4verify.strategies import attention_problems
@@ -16,26 +19,9 @@ toward. None of them launches a kernel.
 """
 from __future__ import annotations
 
-from fa4verify._strategies.calls import (
-    CALL_FEATURES,
-    CallForm,
-    MaskModPair,
-    keep_call_forms,
-    kv_call_forms,
-    mask_mod_pairs,
-    set_mask_mod_source,
-)
-from fa4verify._strategies.masks import (
-    MASK_KINDS,
-    MaskMod,
-    causal_and_windows,
-    mask_mods,
-    resolve_window,
-    softcaps,
-    varlen_seqlens,
-    window_keep_mask,
-)
-from fa4verify._strategies.problem import FEATURES, PROBLEM_FORMAT, AttentionProblem, attention_problems, mod_problems
+from fa4verify._strategies.calls import keep_call_forms, kv_call_forms
+from fa4verify._strategies.masks import causal_and_windows, mask_mods, softcaps, varlen_seqlens
+from fa4verify._strategies.problem import attention_problems, mod_problems
 from fa4verify._strategies.shapes import (
     ARCHS,
     DTYPES,
@@ -48,36 +34,21 @@ from fa4verify._strategies.shapes import (
     seqlens,
     supported_head_dims,
 )
-from fa4verify._strategies.values import DISTRIBUTIONS, ValueSpec, generate_values, round_to_dtype, value_specs
+from fa4verify._strategies.values import value_specs
 
 __all__ = [
     "ARCHS",
-    "CALL_FEATURES",
-    "CallForm",
-    "MaskModPair",
-    "keep_call_forms",
-    "kv_call_forms",
-    "mask_mod_pairs",
-    "set_mask_mod_source",
-    "DISTRIBUTIONS",
     "DTYPES",
-    "FEATURES",
-    "MASK_KINDS",
-    "PROBLEM_FORMAT",
     "TILE_SIZES",
-    "AttentionProblem",
-    "MaskMod",
-    "ValueSpec",
     "attention_problems",
     "mod_problems",
     "causal_and_windows",
-    "generate_values",
     "head_counts",
     "head_dim_supported",
     "head_dims",
+    "keep_call_forms",
+    "kv_call_forms",
     "mask_mods",
-    "resolve_window",
-    "round_to_dtype",
     "seqlen_edges",
     "seqlen_pairs",
     "seqlens",
@@ -85,5 +56,4 @@ __all__ = [
     "supported_head_dims",
     "value_specs",
     "varlen_seqlens",
-    "window_keep_mask",
 ]

@@ -21,26 +21,10 @@ from typing import Any, Collection, Mapping, Optional
 
 import numpy as np
 
-from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
-from fa4verify._strategies.problem import FEATURES, AttentionProblem
+from fa4verify.problem import CALL_FEATURES, MOD_FEATURE, FEATURES, AttentionProblem
+from fa4verify.errors import Unsupported, DependencyMissing, HarnessError
 
-__all__ = ["Target", "TwinTarget", "ProductionTarget", "Fwd", "Bwd", "Unsupported", "DependencyMissing",
-           "HarnessError", "make_target"]
-
-
-class Unsupported(Exception):
-    """The target cannot run this problem (a feature it does not model or FA4 does not accept)."""
-
-
-class DependencyMissing(RuntimeError):
-    """A module the target needs (the twin backward, the adapter) is not installed."""
-
-
-class HarnessError(RuntimeError):
-    """An exception raised in fa4verify's own call (the adapter, building the arguments,
-    converting the results; Note [Blame], :mod:`fa4verify.blame`): an ``error`` of fa4verify,
-    never a violation and never a finding about FA4. The judge passes it through; campaigns count
-    it and checks report ``error`` with the count."""
+__all__ = ["Target", "TwinTarget", "ProductionTarget", "Fwd", "Bwd", "make_target"]
 
 
 from fa4verify.judge.attention import as_input_dtype as _typed  # noqa: E402  (one dtype conversion)
@@ -300,8 +284,8 @@ class ProductionTarget(Target):
         ``FLASH_ATTENTION_ARCH`` and skips the launch; outputs are zero arrays of the right
         shapes, not values). The target enters its own FakeTensorMode (one per target, so the
         forward's fake O/LSE feed its backward) unless the caller already has one active. It needs
-        the compile-only environment and CPU shims of :mod:`fa4verify.census`; run it through
-        :func:`fa4verify.compile_only.run_cases` (a subprocess) so they do not leak."""
+        the compile-only environment and CPU shims of :mod:`fa4verify.compile.census`; run it through
+        :func:`fa4verify.compile.production.run_cases` (a subprocess) so they do not leak."""
         if emulation not in ("default", "disabled"):
             raise ValueError(f"emulation={emulation!r}: expected 'default' or 'disabled'")
         stand_in = adapter is not None
@@ -408,7 +392,7 @@ class ProductionTarget(Target):
                 direction="bwd" if backward else "fwd", device=self.device,
                 deterministic=backward and deterministic)
         elif call.mask_mod_fn is not None:
-            from fa4verify._strategies.calls import mask_mod_pairs
+            from fa4verify.problem.calls import mask_mod_pairs
             fn = mask_mod_pairs()[call.mask_mod_fn].load()
             if fn is None:
                 raise DependencyMissing(f"mask_mod {call.mask_mod_fn!r} needs the CUTLASS DSL (nvidia-cutlass-dsl)")
@@ -627,7 +611,7 @@ def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
     if call.paged:
         return "FA4 has no paged-KV backward (page_table is forward-only, interface.py)"
     if call.mask_mod_fn is not None:
-        from fa4verify._strategies.calls import mask_mod_pairs
+        from fa4verify.problem.calls import mask_mod_pairs
         pair = mask_mod_pairs().get(call.mask_mod_fn)
         if pair is None or not pair.backward:
             return f"mask_mod {call.mask_mod_fn!r}: no backward pair registered"

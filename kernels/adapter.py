@@ -25,7 +25,7 @@ kernels have no emulation).
 and after.
 
 Without CUDA every entry point raises :class:`NoCudaError` ("no CUDA device: <reason>"), except
-in torch ``FakeTensorMode`` (compile-only use on the CPU, see ``fa4verify.census``), where FA4
+in torch ``FakeTensorMode`` (compile-only use on the CPU, see ``fa4verify.compile.census``), where FA4
 compiles and skips the launch. :func:`install_compile_only_shims` answers the two device queries
 such a compile makes (the SM count of the persistent scheduler, torch's current device).
 """
@@ -1133,8 +1133,8 @@ def install_compile_only_shims(num_sms: int) -> None:
     at trace time (it sizes the grid, not the per-element math), so it is answered with
     ``num_sms`` -- in ``cutlass.utils`` and in ``flash_attn.cute.tile_scheduler``, which imported
     the name; torch's ``__dlpack__`` of a fake CUDA tensor asks ``torch.cuda.current_device()``,
-    answered with 0. Only ever called inside a compile subprocess (``fa4verify.census``,
-    ``fa4verify.compile_only``): it patches process-wide state.
+    answered with 0. Only ever called inside a compile subprocess (``fa4verify.compile.census``,
+    ``fa4verify.compile.production``): it patches process-wide state.
     """
     import torch
     torch.cuda.current_device = lambda: 0  # type: ignore[assignment]

@@ -10,7 +10,7 @@ finding), so a new FA4 release that moves or drops a rule fails ``tests/test_fea
 instead of leaving a stale table.
 
 The statuses are FA4's *claims* (what the interface accepts and dispatches), not fa4verify's
-measurements; ``fa4verify.feature_table`` joins them with the evidence fa4verify holds (measured
+measurements; ``fa4verify.tables.features`` joins them with the evidence fa4verify holds (measured
 on a GPU, compile-only, CPU twin) for the README's feature x arch table.
 
 Possible issues

@@ -1,5 +1,5 @@
 """Run the audit against production source mutants (faults planted in private copies of the
-installed FA4, fa4verify.source_mutants) and tabulate which check caught each.
+installed FA4, fa4verify.mutants.source) and tabulate which check caught each.
 
     python scripts/audit_mutants.py --out DIR [--checks coverage.production] ID [ID ...]
 
@@ -29,7 +29,7 @@ def main() -> int:
                     help="seconds per task (the audit's --timeout), or 'default': the engine's deadline")
     ap.add_argument("ids", nargs="+")
     a = ap.parse_args()
-    from fa4verify import source_mutants as S
+    from fa4verify.mutants import source as S
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for mid in a.ids:

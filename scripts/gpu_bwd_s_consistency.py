@@ -25,8 +25,7 @@ import numpy as np
 
 
 def _problem(seed: int, d: int, e_qk: float):
-    from fa4verify._strategies.problem import AttentionProblem
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import AttentionProblem, ValueSpec
     return AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=128, seqlen_k=128, nheads=1, nheads_kv=1,
                             head_dim=d, head_dim_v=d, causal=False, softmax_scale=1.0 / math.sqrt(d),
                             values=ValueSpec("huge", seed, (("e_qk", e_qk), ("e_v", 0.0))))

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", required=True)
     ns = ap.parse_args(argv)
     from fa4verify import fuzz
-    from fa4verify._strategies.calls import CALL_FEATURES
+    from fa4verify.problem import CALL_FEATURES
     feats = tuple(f for f in ns.features.split(",") if f)
     bad = set(feats) - set(CALL_FEATURES)
     if bad:

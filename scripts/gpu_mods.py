@@ -11,7 +11,7 @@ the composed budgets (O, LSE, dQ, dK, dV), plus the pairs that equal an FA4 buil
 
 Jobs run in ``--workers`` subprocesses (each compiles its own FA4 kernels: the compile is
 single-threaded CPU work; a DSL abort kills one worker, not the run). Output JSON (``--json``),
-the shape ``fa4verify/feature_table.py`` reads from ``docs/results/features/h200/features_mods.json``.
+the shape ``fa4verify/tables/features.py`` reads from ``docs/results/features/h200/features_mods.json``.
 
 ``--device cpu`` replaces FA4 by a CPU stand-in (the float64 oracle rounded to bf16) with small
 sizes, so ``tests/test_gpu_mods_script.py`` runs every line without a GPU; such output says "CPU

@@ -180,7 +180,7 @@ class CpuStandIn:
 # ---------------------------------------------------------------------------------------------
 
 def _problem(mods_, *, nheads, nheads_kv, seqlen=256, head_dim=128, small=False, **kw):
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import ValueSpec
     from fa4verify.judge import AttentionProblem
     if small:
         seqlen, head_dim = min(seqlen, 48), min(head_dim, 32)
@@ -247,7 +247,7 @@ def score_experiments(K, small: bool):
 def mask_experiments(K, small: bool):
     """Mask pairs with softcap / sink under GQA: FA4 against the reference with and without them
     (the old oracle), and the built-in mask the pair equals."""
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import ValueSpec
     first = True
     for label, pair, builtin, kw, expect in (
             ("causal mod GQA 8/2 softcap sink", "causal", {"causal": True}, dict(softcap=30.0, sink=True),
@@ -284,7 +284,7 @@ def row_experiments(target, rows):
     from fa4verify.fuzz.known_issues import match_known_issue
     from fa4verify.fuzz.properties import check_problem
     from fa4verify.fuzz.violation import Violation
-    from fa4verify.targets import Unsupported
+    from fa4verify.errors import Unsupported
     sp = space.space_for("sm90", "bf16")
     for i in rows:
         r = ROWS[i]

@@ -9,7 +9,7 @@ import pytest
 
 importlib.import_module("fa4verify.kernels.twin")
 ta = importlib.import_module("fa4verify.kernels.twin.attention")
-A = importlib.import_module("fa4verify.stage_budgets")
+A = importlib.import_module("fa4verify.stages.budgets")
 importlib.import_module("fa4verify.oracles.attention")
 
 

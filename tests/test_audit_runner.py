@@ -5,8 +5,8 @@ import pytest
 
 from fa4verify._options import build_config
 from fa4verify.audit.registry import PROFILES, CheckResult, CheckSpec
-from fa4verify.audit.runner import (CheckRecord, KeywordError, compile_keyword, exit_code_for,
-                                    select)
+from fa4verify.audit.runner import CheckRecord, compile_keyword, exit_code_for, select
+from fa4verify.errors import KeywordError
 
 
 @pytest.mark.parametrize("expr, text, hit", [

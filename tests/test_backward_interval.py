@@ -16,7 +16,7 @@ from fa4verify.judge.attention import as_input_dtype
 from fa4verify.kernels.twin import backward as twin_bwd
 from fa4verify.oracles import arbiter
 from fa4verify.oracles.semantics import parse_problem
-from fa4verify.stage_taps import judge_taps
+from fa4verify.stages.taps import judge_taps
 from fa4verify.targets import TwinTarget
 
 from test_hull_fallback import _problem
@@ -136,7 +136,7 @@ def test_a_planted_gradient_fault_on_huge_logits_fails_bwd_budget(p):
                          ids=lambda p: p.describe()[:60])
 def test_a_d_bias_on_huge_logits_fails_the_d_stage(p, monkeypatch):
     """A 2^-10 relative bias of D = rowsum(dO O) (the backward preprocess) is caught by the stage
-    check ``bwd_stages.D`` (fa4verify/stage_taps.py: D against the exact rowsum of FA4's own O,
+    check ``bwd_stages.D`` (fa4verify/stages/taps.py: D against the exact rowsum of FA4's own O,
     budget d_pre): its budget is evaluated on the kernel's own O, so it does not grow with the
     logits -- also at bf16 e_qk 10, where no end-to-end gradient bound can see it."""
     a = p.materialize()

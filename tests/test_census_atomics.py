@@ -1,4 +1,4 @@
-"""dQ-path floating-point atomics and the deterministic-mode semaphore (fa4verify.census_atomics).
+"""dQ-path floating-point atomics and the deterministic-mode semaphore (fa4verify.compile.census_atomics).
 
 The default run checks the parser and the verdict on synthetic PTX/SASS and on the instruction
 lines recorded from real compiles (tests/fixtures/bwd_atomics: the categorised lines of FA4
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4verify import census as C
-from fa4verify import census_atomics as A
+from fa4verify.compile import census as C, census_atomics as A
 
 FIX = Path(__file__).parent / "fixtures" / "bwd_atomics"
 MAIN = {"sm_100a": "cutlass___call___flash_attncuteflash_bwd_sm100FlashAttentionBackwardSm100_object_at__x",

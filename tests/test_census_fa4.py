@@ -29,7 +29,7 @@ def _shared_dir(tmp_path_factory) -> Path:
 
 def census_of(case, tmp_path_factory) -> dict:
     """Compile ``case`` once per test run (file-locked) and return its census dict."""
-    from fa4verify import census as C
+    from fa4verify.compile import census as C
     d = _shared_dir(tmp_path_factory)
     out = d / f"{case.label()}.json"
     with open(d / f"{case.label()}.lock", "w") as lock:
@@ -42,19 +42,19 @@ def census_of(case, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def sm100_hd128_noncausal(tmp_path_factory):
-    from fa4verify.census import CensusCase
+    from fa4verify.compile.census import CensusCase
     return census_of(CensusCase("sm_100a", 128, causal=False), tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def sm100_hd128_causal(tmp_path_factory):
-    from fa4verify.census import CensusCase
+    from fa4verify.compile.census import CensusCase
     return census_of(CensusCase("sm_100a", 128, causal=True), tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def sm90_hd128_causal(tmp_path_factory):
-    from fa4verify.census import CensusCase
+    from fa4verify.compile.census import CensusCase
     return census_of(CensusCase("sm_90a", 128, causal=True), tmp_path_factory)
 
 
@@ -137,7 +137,7 @@ def test_census_sm90_has_no_emulation_and_contracts_exponent_argument(sm90_hd128
 @pytest.mark.parametrize("arch,hd,causal", [(a, h, c) for a in ("sm_90a", "sm_100a")
                                              for h in (64, 128, 192, 256) for c in (False, True)])
 def test_census_full_matrix_twin_agreement(arch, hd, causal, tmp_path_factory):
-    from fa4verify.census import CensusCase
+    from fa4verify.compile.census import CensusCase
     hdv = 128 if (arch == "sm_100a" and hd == 192) else None
     cen = census_of(CensusCase(arch, hd, causal=causal, head_dim_v=hdv), tmp_path_factory)
     d = cen["emulation_from_ptx"]
@@ -149,7 +149,7 @@ def test_census_full_matrix_twin_agreement(arch, hd, causal, tmp_path_factory):
 @pytest.mark.slow(extended="the backward compiles")
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_census_deterministic_backward_uses_hardware_exp2_only(arch, tmp_path_factory):
-    from fa4verify.census import CensusCase
+    from fa4verify.compile.census import CensusCase
     cen = census_of(CensusCase(arch, 128, causal=False, backward=True, deterministic=True),
                     tmp_path_factory)
     bwd = [k for n, k in cen["kernels"].items() if "bwd" in n.lower() or "backward" in n.lower()]
@@ -163,7 +163,7 @@ def test_census_deterministic_backward_uses_hardware_exp2_only(arch, tmp_path_fa
 def test_census_exp2_emulation_switch_removes_every_polynomial(tmp_path_factory):
     """adapter.exp2_emulation_disabled() (tuning-table recipe, flash_attn/cute/flash_fwd_sm100.py:550-557, ex2_emu_freq): the compiled SM100
     kernel has no emulation floor and every tile exp2 is MUFU; the config records it."""
-    from fa4verify.census import CensusCase
+    from fa4verify.compile.census import CensusCase
     cen = census_of(CensusCase("sm_100a", 128, causal=False, exp2_emulation=False), tmp_path_factory)
     k = cen["kernels"][cen["forward_kernel"]]
     assert k["ptx"]["add.rm.f32x2 (emulation floor, pair)"] == 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from fa4verify import census as C
+from fa4verify.compile import census as C
 
 
 def _ptx_from_pattern(pattern: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from fa4verify import _options as o
+from fa4verify import errors
 
 
 @pytest.mark.parametrize("device, cuda, want", [
@@ -14,7 +15,7 @@ def test_device_resolution(device, cuda, want):
 
 
 def test_device_cuda_without_gpu_is_an_error():
-    with pytest.raises(o.OptionError, match=r"no CUDA device \(torch.cuda.is_available\(\) is False\)"):
+    with pytest.raises(errors.OptionError, match=r"no CUDA device \(torch.cuda.is_available\(\) is False\)"):
         o.resolve_device("cuda", cuda=False)
 
 
@@ -32,7 +33,7 @@ def test_shard_parsing(text, want):
 
 @pytest.mark.parametrize("text", ["0/2", "3/2", "1/0", "a/b", "1", "1/2/3"])
 def test_bad_shards(text):
-    with pytest.raises(o.OptionError, match="--shard"):
+    with pytest.raises(errors.OptionError, match="--shard"):
         o.parse_shard(text)
 
 
@@ -44,7 +45,7 @@ def test_env_var_adds_check_modules(monkeypatch):
 
 def test_opts_and_negative_seed():
     assert o.build_config(device="cpu", opts=["k=v=w", "a=1"]).opts == (("a", "1"), ("k", "v=w"))
-    with pytest.raises(o.OptionError, match="--opt"):
+    with pytest.raises(errors.OptionError, match="--opt"):
         o.build_config(device="cpu", opts=["novalue"])
-    with pytest.raises(o.OptionError, match="--seed"):
+    with pytest.raises(errors.OptionError, match="--seed"):
         o.build_config(device="cpu", seed=-1)

@@ -123,7 +123,7 @@ def test_deterministic_block_sparse_tensors_carry_fa4s_write_order():
 def test_production_backward_refuses_what_fa4_asserts():
     """The target says why before calling FA4 (the row keeps its forward; on the H200 the row was
     refused whole by FA4's assert, losing its forward coverage)."""
-    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify.problem import AttentionProblem
     from fa4verify.targets import _call_backward_unsupported
     gqa = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=64, seqlen_k=64, nheads=4, nheads_kv=2,
                            head_dim=192, head_dim_v=128)

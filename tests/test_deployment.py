@@ -6,6 +6,7 @@ import pytest
 
 from fa4verify import deployment as D
 from fa4verify.kernels import facts
+from fa4verify import errors
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "swa-sink-hd64", "hd256", "small-hd", "decode-paged"])
@@ -74,7 +75,7 @@ def test_strategy_draws_only_shipped_head_dims():
 def test_malformed_profiles_are_one_line_errors(tmp_path, text, match):
     p = tmp_path / "d.toml"
     p.write_text(text)
-    with pytest.raises(D.DeploymentError, match=match) as ei:
+    with pytest.raises(errors.DeploymentError, match=match) as ei:
         D.load(p)
     assert "\n" not in str(ei.value)
 

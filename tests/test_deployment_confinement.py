@@ -156,8 +156,7 @@ def test_every_drawn_fuzz_problem_lies_inside_the_profile(name):
 
 def test_the_profile_check_sees_what_lies_outside():
     """The predicate above can fail: a problem outside llama3-8b in each dimension is named."""
-    from fa4verify._strategies.problem import AttentionProblem
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import AttentionProblem, ValueSpec
     dep = D.load("llama3-8b")
     ok = AttentionProblem("sm90", "bf16", 1, 64, 64, 32, 8, 128, 128, causal=True)
     assert outside(ok, dep) == []
@@ -277,8 +276,7 @@ def recorded_runs(monkeypatch):
 def test_llama3_8b_every_problem_the_audits_checks_run_lies_inside_it(recorded_runs):
     """``--deployment llama3-8b``: fuzz.twin, fuzz.production (drawn in the fresh process the
     audit uses) and coverage.production / coverage.twin, each check's own function."""
-    from fa4verify.checks import coverage as C
-    from fa4verify.checks import fuzz as F
+    from fa4verify.checks import coverage as C, fuzz as F
     from fa4verify.run.engine import run_here
     dep = D.load("llama3-8b")
     for check, arch, device in ((F.twin, "sm90", "cpu"), (F.twin, "sm100", "cpu"), (F.production, "sm90", "cuda"),

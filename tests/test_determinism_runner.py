@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fa4verify import determinism as d
+from fa4verify import errors
 
 CFG = d.MATRICES["cpu"][0]      # mha-hd64-full
 CFG_GQA = d.MATRICES["cpu"][1]  # gqa causal
@@ -153,7 +154,7 @@ class RejectsDeterministic(d.TorchMathBackend):
 
     def backward(self, p, out, lse, *, deterministic, **kw):
         if deterministic:
-            raise d.UnsupportedConfig("deterministic backward not supported on SM 12.0")
+            raise errors.Unsupported("deterministic backward not supported on SM 12.0")
         return super().backward(p, out, lse, deterministic=deterministic, **kw)
 
 

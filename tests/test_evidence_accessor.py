@@ -29,7 +29,7 @@ def test_every_reader_resolves_into_the_package_evidence():
                  "golden/hd_sweep_h200.json", "golden/hd_sweep_seqlens_h200.json",
                  "golden/production_figures.json", "determinism/h200_manifest.json"):
         assert evidence.evidence_path(name).is_file(), name
-    from fa4verify import mufu_stats
+    from fa4verify.exp2 import mufu_stats
     assert mufu_stats.MUFU_STATS == evidence.evidence_path("golden/mufu_stats.json")
     assert mufu_stats.mufu_section()["status"] == "recorded"
 

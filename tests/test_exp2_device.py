@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fa4verify.oracles import binary32 as b32  # noqa: E402
-from fa4verify import exp2_device as ed  # noqa: E402
+from fa4verify.exp2 import device as ed  # noqa: E402
 from fa4verify.kernels.device import GPU  # noqa: E402
 from fa4verify.kernels.twin import ex2_emulation  # noqa: E402
 from fa4verify.kernels.twin_torch import ex2_emulation_torch  # noqa: E402
@@ -99,7 +99,7 @@ def test_device_sweep_of_the_twin_itself_has_no_mismatch_and_covers_range_edge_a
 
 
 def test_device_scores_equal_the_cpu_certification_of_the_same_range():
-    from fa4verify import exp2_cert as ec
+    from fa4verify.exp2 import cert as ec
     lo, hi = -0.50002, -0.49998               # (R1)/(R2) boundary: rounded and exact fractions
     fn = functools.partial(ex2_emulation_torch, degree=3, variant="packed")
     sec = _run({("ex2_emulation", 3): fn, ("mufu_ex2", None): torch.exp2}, lo=lo, hi=hi)
@@ -136,8 +136,7 @@ def test_device_report_through_the_command_on_a_stand_in(monkeypatch, tmp_path):
     the GPU replaced by CPU stand-ins: JSON has the device section and a mismatch exits 1."""
     import json
     from click.testing import CliRunner
-    from fa4verify.cli import cli
-    from fa4verify.cli import exp2 as cli_exp2
+    from fa4verify.cli import cli, exp2 as cli_exp2
     monkeypatch.setattr(cli_exp2, "_device_gpu", lambda: H200)
     edge = [(int(b32.ordered(np.float32(-127.001))), int(b32.ordered(np.float32(-127.0))) - 1)]
     real = ed.run_device

@@ -1,5 +1,5 @@
 """Proof by comparison: the fast exhaustive sweep (reductions R1-R3 of Note [Fast exhaustive sweep]
-in ``fa4verify.exp2_cert``) gives exactly the statistics of direct evaluation of every input.
+in ``fa4verify.exp2.cert``) gives exactly the statistics of direct evaluation of every input.
 
 Each range below exercises one reduction; the direct method evaluates every fp32 input of it.
 Counts and maxima must agree exactly; an argmax may differ only between inputs that tie (checked
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from fa4verify import exp2_cert as ec
+from fa4verify.exp2 import cert as ec
 
 EXACT = ["n", "max_rel", "max_ulp32", "max_ulp_bf16", "max_ulp_f16", "wrong_bf16", "wrong_f16",
          "mono_violations", "worst_wrong_bf16_ulp", "worst_wrong_f16_ulp"]

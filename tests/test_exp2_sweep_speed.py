@@ -3,7 +3,7 @@ change no figure: the statistics of ``sweep(..., impl="fused")`` equal those of
 ``impl="reference"`` (the kernels before session 5) bit for bit -- every field, float weights
 included, and the mpmath fallback count -- on sub-ranges covering each special region, and each
 exact trick equals the general rounding it replaces (Note [Horner without round-to-odd],
-Note [One oracle filter], Note [Sweep schedule] in ``fa4verify.exp2_cert``).
+Note [One oracle filter], Note [Sweep schedule] in ``fa4verify.exp2.cert``).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from fa4verify import exp2_cert as ec
+from fa4verify.exp2 import cert as ec
 from fa4verify.oracles.exp2 import exp2_cr_from_f64, oracle_stats
 
 

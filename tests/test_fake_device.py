@@ -15,6 +15,7 @@ from fa4verify.audit import registry, runner  # noqa: E402
 from fa4verify.audit.registry import CheckContext, SkipCheck  # noqa: E402
 from fa4verify.kernels import device, facts  # noqa: E402
 from fa4verify.kernels.fa4_params import load_params  # noqa: E402
+from fa4verify import errors  # noqa: E402
 
 GPUS = {
     "h200": ("NVIDIA H200", (9, 0), "sm90", "sm_90"),
@@ -115,7 +116,7 @@ def test_production_target_takes_the_arch_and_label_from_the_device(fake_gpu, mo
     t0 = targets.ProductionTarget(emulation="disabled")
     assert t0.describe()["exp2_emulation"] == "disabled"
     fake_gpu(*GPUS["h200"][:2])
-    with pytest.raises(targets.Unsupported, match="no exp2 emulation"):
+    with pytest.raises(errors.Unsupported, match="no exp2 emulation"):
         targets.ProductionTarget(emulation="disabled")
 
 

@@ -18,10 +18,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fa4verify import blame  # noqa: E402
-from fa4verify._strategies.problem import AttentionProblem  # noqa: E402
-from fa4verify._strategies.values import ValueSpec  # noqa: E402
+from fa4verify.problem import AttentionProblem  # noqa: E402
+from fa4verify.problem import ValueSpec  # noqa: E402
 from fa4verify.kernels import adapter  # noqa: E402
-from fa4verify.targets import HarnessError, ProductionTarget, Unsupported  # noqa: E402
+from fa4verify.targets import ProductionTarget  # noqa: E402
+from fa4verify.errors import HarnessError, Unsupported  # noqa: E402
 
 def _fixture():
     path = os.path.join(os.path.dirname(__file__), "fixtures", "fake_fa4_release.py")

@@ -1,4 +1,4 @@
-"""fa4verify.feature_compile: case parsing, and one compile-only run on the CPU that records an
+"""fa4verify.compile.features: case parsing, and one compile-only run on the CPU that records an
 FA4 refusal and a compiler abort as results (not as a crash of the runner)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from fa4verify.feature_compile import FeatureCase, main, parse_cases, run
+from fa4verify.compile.features import FeatureCase, main, parse_cases, run
 
 
 def test_parse_cases():
@@ -81,7 +81,7 @@ def test_census_covers_issue16_items_5_and_6():
 
 
 def test_merge_replaces_same_label_and_keeps_the_rest():
-    from fa4verify.feature_compile import merge
+    from fa4verify.compile.features import merge
     old = {"arch": "sm_90a", "results": [{"label": "a", "ok": False}, {"label": "b", "ok": True}]}
     new = {"arch": "sm_90a", "wall_seconds": 1.0, "results": [{"label": "a", "ok": True}, {"label": "c", "ok": True}]}
     m = merge(old, new)

@@ -1,4 +1,4 @@
-"""The README's feature x arch table is generated (fa4verify.feature_table) and current; every
+"""The README's feature x arch table is generated (fa4verify.tables.features) and current; every
 cell is non-empty and carries one of the evidence labels; the compile-only census it reads agrees
 with the SM90 block-sparse finding's predicate."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4verify import feature_table as T
+from fa4verify.tables import features as T
 from fa4verify.kernels import features as F
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,11 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 
 from fa4verify import call_layout, fuzz
-from fa4verify._strategies.calls import CALL_FEATURES, CallForm, mask_mod_pairs, set_mask_mod_source, sm90_tile_n
-from fa4verify._strategies.problem import FEATURES, AttentionProblem, attention_problems
+from fa4verify.problem import CALL_FEATURES, CallForm
+from fa4verify.problem.calls import mask_mod_pairs, set_mask_mod_source
+from fa4verify._strategies.calls import sm90_tile_n
+from fa4verify.problem import FEATURES, AttentionProblem
+from fa4verify._strategies.problem import attention_problems
 from fa4verify.fuzz.violation import _ABSORB, Violation
 
 SMALL = dict(max_seqlen=200, max_batch=3, max_heads=2, max_head_dim=64, max_work=600_000)
@@ -132,7 +135,7 @@ def test_strategy_draws_every_call_form_and_no_nan_pages_unless_asked():
 
 
 def test_mask_mod_pairs_come_from_a_replaceable_source():
-    from fa4verify._strategies.calls import MaskModPair
+    from fa4verify.problem.calls import MaskModPair
     assert "checkerboard_128" in mask_mod_pairs()
     extra = MaskModPair("prefix_lm_64", lambda sq, sk: np.arange(sk)[None, :] < 64 + np.arange(sq)[:, None] * 0,
                         lambda: None)
@@ -370,7 +373,7 @@ def test_cli_unknown_feature_in_a_profile_is_one_line_exit_2(tmp_path):
 @pytest.mark.slow
 @pytest.mark.fa4
 def test_drawn_call_forms_pass_fa4_checks_compile_only():
-    from fa4verify.compile_only import CompileCase, run_cases
+    from fa4verify.compile.production import CompileCase, run_cases
     strat = attention_problems(arch="sm90", dtype="bf16", features=FEATURES + CALL_FEATURES,
                                head_dim_choices=(128,), max_seqlen=300, max_batch=2, max_heads=2)
     picks = [

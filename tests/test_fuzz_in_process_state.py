@@ -12,8 +12,7 @@ import importlib
 import pytest
 
 from fa4verify import fuzz
-from fa4verify._strategies.calls import CALL_FEATURES
-from fa4verify._strategies.problem import FEATURES
+from fa4verify.problem import CALL_FEATURES, FEATURES
 
 
 def _planted(mutation: str, arch: str):
@@ -31,8 +30,8 @@ def test_seeded_campaign_is_unchanged_by_earlier_in_process_campaigns():
                       features=FEATURES + CALL_FEATURES)
     fuzz.run_campaign(target=fuzz.TwinTarget(["tail_tile_dropped"]), arch="sm90", examples=30, seed=0,
                       profile="ci")
-    for m in ("fa4verify.census", "fa4verify.source_mutants", "fa4verify.stat_campaign", "fa4verify.hd_sweep",
-              "fa4verify.exp2_cert", "fa4verify.mufu_stats"):     # more local modules, more constants
+    for m in ("fa4verify.compile.census", "fa4verify.mutants.source", "fa4verify.mutants.stat_campaign", "fa4verify.hd_sweep",
+              "fa4verify.exp2.cert", "fa4verify.exp2.mufu_stats"):     # more local modules, more constants
         try:
             importlib.import_module(m)
         except Exception:  # noqa: BLE001 - an optional dependency missing: the others still count

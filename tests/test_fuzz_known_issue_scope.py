@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from fa4verify import fuzz
-from fa4verify._strategies.problem import AttentionProblem
-from fa4verify._strategies.values import ValueSpec
+from fa4verify.problem import AttentionProblem, ValueSpec
 
 REG = pathlib.Path(__file__).parent / "regressions" / "finite-twin-sink-overflow.json"
 

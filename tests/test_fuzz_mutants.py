@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 def _deps():
     import fa4verify.oracles.attention  # noqa: F401
-    from fa4verify.strategies import AttentionProblem
+    from fa4verify.problem import AttentionProblem
     fuzz._budget(AttentionProblem("sm90", "bf16", 1, 1, 1, 1, 1, 8, 8))
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from fa4verify import fuzz
 from fa4verify.fuzz import TwinTarget, Violation, check_problem
-from fa4verify.strategies import AttentionProblem, ValueSpec
+from fa4verify.problem import AttentionProblem, ValueSpec
 
 importlib.import_module("fa4verify.kernels.twin.attention")
 

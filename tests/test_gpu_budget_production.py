@@ -5,7 +5,7 @@ one line labelled "measured on H200" with the measured/budget tightness.  Withou
 the ``gpu`` marker skips it with the reason (tests/conftest.py).  The grid is the one of ``benchmarks/bench_twin.py --grid`` (bf16; hd 64/128/256; seqlen
 128..8192; causal and not; standard-normal, outliers, deeply negative scores, peaked rows).
 Forward: ``|out - O_oracle| <= forward_out(stats) + oracle.bound`` and the same for the LSE
-(``fa4verify.stage_budgets.check_forward_outputs``).  Backward (seqlen <= 2048; SM90 hd 256
+(``fa4verify.stages.budgets.check_forward_outputs``).  Backward (seqlen <= 2048; SM90 hd 256
 backward is xfail upstream): ``|g - g_oracle| <= backward_g(stats) + oracle.bound`` for dQ, dK, dV
 against the exact gradient.  Set ``FA4VERIFY_GPU_BUDGET_SEQLENS`` (comma list) to shrink the grid.
 """
@@ -29,7 +29,7 @@ DISTS = ("normal", "outliers", "negative", "peaked")
 @pytest.mark.parametrize("seqlen", SEQLENS)
 @pytest.mark.parametrize("hd", HDIMS)
 def test_production_forward_within_composed_budget(hd, seqlen, causal, dist):
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     from fa4verify.kernels import adapter
     fc, arch = A.production_forward_case(adapter, dist, hdim=hd, seqlen=seqlen, causal=causal,
                                          nheads=2 if seqlen <= 2048 else 1, dtype="bf16", seed=0)
@@ -45,7 +45,7 @@ def test_production_forward_within_composed_budget(hd, seqlen, causal, dist):
 @pytest.mark.parametrize("seqlen", [s for s in SEQLENS if s <= 2048])
 @pytest.mark.parametrize("hd", HDIMS)
 def test_production_backward_within_composed_budget(hd, seqlen, causal, dist):
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     from fa4verify.kernels import adapter
     bc, arch = A.production_backward_case(adapter, dist, hdim=hd, seqlen=seqlen, causal=causal,
                                           nheads=2, dtype="bf16", seed=1)

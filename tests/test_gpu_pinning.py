@@ -1,19 +1,19 @@
-"""The pytest-xdist GPU pinning of fa4verify.multigpu (CPU: fake worker ids)."""
+"""The pytest-xdist GPU pinning of fa4verify.run.gpus (CPU: fake worker ids)."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-from fa4verify import multigpu
+from fa4verify.run import gpus
 
 
 def test_worker_index_parses_xdist_ids_and_rejects_garbage():
-    assert multigpu.worker_index({}) is None
-    assert multigpu.worker_index({"PYTEST_XDIST_WORKER": "gw0"}) == 0
-    assert multigpu.worker_index({"PYTEST_XDIST_WORKER": "gw13"}) == 13
+    assert gpus.worker_index({}) is None
+    assert gpus.worker_index({"PYTEST_XDIST_WORKER": "gw0"}) == 0
+    assert gpus.worker_index({"PYTEST_XDIST_WORKER": "gw13"}) == 13
     with pytest.raises(ValueError):
-        multigpu.worker_index({"PYTEST_XDIST_WORKER": "worker3"})
+        gpus.worker_index({"PYTEST_XDIST_WORKER": "worker3"})
 
 
 @pytest.mark.parametrize("parent,worker,want", [("0,1,2,3,4,5,6,7", "gw3", "3"), ("4,6", "gw3", "6"),
@@ -22,30 +22,30 @@ def test_pin_maps_worker_to_one_visible_device(parent, worker, want):
     env = {"PYTEST_XDIST_WORKER": worker}
     if parent is not None:
         env["CUDA_VISIBLE_DEVICES"] = parent
-    assert multigpu.pin_worker_gpu(env) == want
+    assert gpus.pin_worker_gpu(env) == want
     assert env["CUDA_VISIBLE_DEVICES"] == want
-    assert multigpu.pin_worker_gpu(env) == want          # idempotent: stays on its device
+    assert gpus.pin_worker_gpu(env) == want          # idempotent: stays on its device
 
 
 def test_pin_uses_ngpus_and_can_be_turned_off():
     env = {"PYTEST_XDIST_WORKER": "gw5", "FA4VERIFY_NGPUS": "4"}
-    assert multigpu.pin_worker_gpu(env) == "1"
+    assert gpus.pin_worker_gpu(env) == "1"
     off = {"PYTEST_XDIST_WORKER": "gw5", "FA4VERIFY_PIN_GPU": "0", "CUDA_VISIBLE_DEVICES": "0,1"}
-    assert multigpu.pin_worker_gpu(off) is None and off["CUDA_VISIBLE_DEVICES"] == "0,1"
-    assert multigpu.pin_worker_gpu({}) is None            # not an xdist worker: untouched
+    assert gpus.pin_worker_gpu(off) is None and off["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert gpus.pin_worker_gpu({}) is None            # not an xdist worker: untouched
 
 
 def test_workers_of_a_node_get_distinct_gpus():
-    got = {multigpu.pin_worker_gpu({"PYTEST_XDIST_WORKER": f"gw{i}", "FA4VERIFY_NGPUS": "8"}) for i in range(8)}
+    got = {gpus.pin_worker_gpu({"PYTEST_XDIST_WORKER": f"gw{i}", "FA4VERIFY_NGPUS": "8"}) for i in range(8)}
     assert got == {str(i) for i in range(8)}
 
 
 def test_a_stale_parent_record_does_not_override_a_new_device_list():
     env = {"PYTEST_XDIST_WORKER": "gw1", "CUDA_VISIBLE_DEVICES": "5,7",
            "FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES": "0"}
-    assert multigpu.pin_worker_gpu(env) == "7"
+    assert gpus.pin_worker_gpu(env) == "7"
     assert env["FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES"] == "5,7"
-    assert multigpu.pin_worker_gpu(env) == "7"          # idempotent after pinning
+    assert gpus.pin_worker_gpu(env) == "7"          # idempotent after pinning
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from fa4verify.cli import main
+from fa4verify import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures"
@@ -488,7 +489,7 @@ def test_09_audit_sigint_exits_130_with_earlier_files_intact(tmp_path):
 
 
 def test_09_sass_json_dash_prints_json_alone(capsys, monkeypatch):
-    import fa4verify.census as C
+    import fa4verify.compile.census as C
 
     import importlib.util
     real = importlib.util.find_spec
@@ -575,7 +576,7 @@ def test_12_click_errors_are_one_line_in_every_subcommand(argv, prog, capsys):
 # ---------------------------------------------------------------------------- 14. exp2.mufu
 def test_14_exp2_mufu_is_judged_with_the_flush_band_apart(monkeypatch):
     import fa4verify.checks.exp2 as X
-    import fa4verify.mufu_stats as E
+    import fa4verify.exp2.mufu_stats as E
     from fa4verify.audit.registry import CheckContext
 
     ctx = CheckContext(dtype="bf16", arch="sm90", profile="default", check_id="exp2.mufu")
@@ -1301,7 +1302,7 @@ def test_22_hostile_mod_pairs_are_refused(case):
 
     make, fragment = HOSTILE_PAIRS[case]
     pair = make()
-    with pytest.raises(mods.ModPairError) as ei:
+    with pytest.raises(errors.ModPairError) as ei:
         mods.register_mod_pair(pair)
     msg = str(ei.value)
     record(f"register_mod_pair({case})", "ModPairError", msg)

@@ -13,10 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from fa4verify import error_budgets as eb
-from fa4verify import fuzz, judge
-from fa4verify._strategies.problem import AttentionProblem
-from fa4verify._strategies.values import ValueSpec
+from fa4verify import error_budgets as eb, fuzz, judge
+from fa4verify.problem import AttentionProblem, ValueSpec
 from fa4verify.oracles import binary32 as b32
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

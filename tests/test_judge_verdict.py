@@ -78,8 +78,7 @@ def test_no_judge_submodule_shadows_a_judge_function():
 
 
 def test_a_mask_mod_problem_is_refused_by_the_oracle_with_a_reason():
-    from fa4verify._strategies.masks import MaskMod
-    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify.problem import MaskMod, AttentionProblem
     from fa4verify.judge import attention as ja
     p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=8, seqlen_k=8, nheads=1,
                          nheads_kv=1, head_dim=64, head_dim_v=64,

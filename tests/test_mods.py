@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from fa4verify import mods  # noqa: E402
 from fa4verify.kernels import mods as km  # noqa: E402
 from fa4verify.oracles import mods as om  # noqa: E402
+from fa4verify import errors  # noqa: E402
 
 B, S, H, D = 2, 160, 2, 32
 
@@ -150,7 +151,7 @@ def test_softcap_pair_matches_the_certified_softcap_oracle_within_its_bounds():
 @pytest.mark.parametrize("sq, sk, left, right", [(64, 64, 16, 0), (48, 80, 8, 4), (80, 48, None, 0),
                                                  (64, 64, 0, 24), (33, 97, 5, None)])
 def test_window_mask_pair_keeps_exactly_fa4s_window(sq, sk, left, right):
-    from fa4verify._strategies.masks import window_keep_mask
+    from fa4verify.problem import window_keep_mask
     from fa4verify.oracles.semantics import resolve_window, visible_mask
     pair = km.sliding_window(left, right, offset=sk - sq)
     qi, ki = np.arange(sq)[:, None], np.arange(sk)[None, :]
@@ -162,7 +163,7 @@ def test_window_mask_pair_keeps_exactly_fa4s_window(sq, sk, left, right):
 
 
 def test_causal_mask_pair_equals_fa4_causal_with_offset():
-    from fa4verify._strategies.masks import window_keep_mask
+    from fa4verify.problem import window_keep_mask
     for sq, sk in ((64, 64), (40, 100), (100, 40)):
         pair = km.causal_mask(offset=sk - sq)
         keep = np.broadcast_to(pair.ref(0, 0, np.arange(sq)[:, None], np.arange(sk)[None, :], []), (sq, sk))
@@ -194,22 +195,22 @@ def _score(name="user_bias", **kw):
     (lambda: "not a pair", "expected a fa4verify.kernels.mods.ModPair"),
 ])
 def test_registry_refuses_malformed_pairs_with_one_line(pair, msg):
-    with pytest.raises(mods.ModPairError, match=msg) as ei:
+    with pytest.raises(errors.ModPairError, match=msg) as ei:
         mods.register_mod_pair(pair())
     assert "\n" not in str(ei.value)
 
 
 def test_registry_refuses_builtin_and_duplicate_names_and_unknown_lookups():
-    with pytest.raises(mods.ModPairError, match="built-in"):
+    with pytest.raises(errors.ModPairError, match="built-in"):
         mods.register_mod_pair(_score("alibi"))
     p = mods.register_mod_pair(_score("user_bias_dup"))
     try:
-        with pytest.raises(mods.ModPairError, match="already registered"):
+        with pytest.raises(errors.ModPairError, match="already registered"):
             mods.register_mod_pair(_score("user_bias_dup"))
         assert mods.register_mod_pair(_score("user_bias_dup"), replace=True) is not p
     finally:
         mods.unregister("user_bias_dup")
-    with pytest.raises(mods.ModPairError, match="unknown mod pair 'nope'"):
+    with pytest.raises(errors.ModPairError, match="unknown mod pair 'nope'"):
         mods.get("nope")
     import fa4verify
     assert fa4verify.register_mod_pair is mods.register_mod_pair
@@ -235,7 +236,7 @@ def _problem(mods_, **kw):
 def test_judge_passes_the_rounded_oracle_and_fails_when_the_mod_is_dropped(names):
     from fa4verify.judge import judge_backward, judge_forward
     from fa4verify.judge.attention import oracle_backward, oracle_forward
-    p = _problem(names, values=__import__("fa4verify._strategies.values", fromlist=["ValueSpec"]).ValueSpec(
+    p = _problem(names, values=__import__("fa4verify.problem", fromlist=["ValueSpec"]).ValueSpec(
         "normal", 3))
     a = p.materialize()
     o = oracle_forward(p, a)
@@ -264,7 +265,7 @@ def test_mask_pair_oracle_applies_the_problems_softcap_and_sink(pair, builtin, s
     """Note [Mods with softcap and sink]: a mask pair on a softcap / sink problem is judged
     against FA4's semantics with both (the certified oracle on the built-in mask the pair
     equals), GQA included; before, the mod oracle dropped them (production rows 33, 98, 100)."""
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import ValueSpec
     from fa4verify.judge import judge_backward, judge_forward
     from fa4verify.judge.attention import oracle_backward, oracle_forward
     p = _problem((pair,), seqlen_q=160, seqlen_k=160, nheads=4, nheads_kv=2, softcap=softcap, sink=sink,
@@ -392,7 +393,7 @@ def test_mod_problems_refuse_unknown_names():
     from hypothesis.errors import InvalidArgument
 
     from fa4verify.strategies import mod_problems
-    with pytest.raises(mods.ModPairError, match="unknown mod pair"):
+    with pytest.raises(errors.ModPairError, match="unknown mod pair"):
         mod_problems(mods=("nope",)).example()
     with pytest.raises(InvalidArgument):
         mod_problems(mods=()).example()
@@ -440,7 +441,8 @@ def _recording_adapter(problem, arrays):
 @pytest.mark.fa4
 def test_production_target_passes_cute_mods_and_aux_tensors_and_the_twin_refuses_them():
     from fa4verify import fuzz
-    from fa4verify.targets import TwinTarget, Unsupported
+    from fa4verify.targets import TwinTarget
+    from fa4verify.errors import Unsupported
     p = _problem(("rel_bias", "prefix_lm"))
     a = p.materialize()
     ad, calls = _recording_adapter(p, a)
@@ -465,8 +467,8 @@ def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_const
     pairs without causal/window, score pairs without softcap; never without the feature."""
     from hypothesis import HealthCheck, given, settings
 
-    from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
-    from fa4verify._strategies.problem import FEATURES, attention_problems
+    from fa4verify.problem import CALL_FEATURES, MOD_FEATURE, FEATURES
+    from fa4verify._strategies.problem import attention_problems
     from fa4verify.fuzz.campaign import _fixed_constant_pool
     seen: dict[str, int] = {}
 
@@ -502,8 +504,7 @@ def test_drawn_campaign_meets_the_mod_quota_deterministically():
     """Note [Mod quota]: a drawn campaign asked for ``mod_pairs`` carries at least
     examples // MOD_QUOTA_SHARE mod problems (seed 0 drew none before the quota), the same list
     twice, and none without the feature."""
-    from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
-    from fa4verify._strategies.problem import FEATURES
+    from fa4verify.problem import CALL_FEATURES, MOD_FEATURE, FEATURES
     from fa4verify.fuzz import drawn
     feats = [f for f in FEATURES if f != "mask_mod"] + list(CALL_FEATURES) + [MOD_FEATURE]
     kw = dict(arch="sm90", dtype="bf16", examples=24, seed=0, profile="ci", distributions=None,

@@ -1,5 +1,5 @@
 """Compile-only (issue 16 item 1): the CuTe functions of the mod pairs build inside FA4's forward
-and backward for sm_90a and sm_100a on the CPU (FakeTensorMode, ``fa4verify.feature_compile``);
+and backward for sm_90a and sm_100a on the CPU (FakeTensorMode, ``fa4verify.compile.features``);
 the recorded census (``docs/results/features/compile_only_*.json``, read by the README table)
 covers every registered pair in both directions."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fa4verify import mods
-from fa4verify.feature_compile import FeatureCase, merge, parse_cases, run
+from fa4verify.compile.features import FeatureCase, merge, parse_cases, run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""One process per GPU (fa4verify.multigpu): which GPUs, the pinning of each process, the
+"""One process per GPU (fa4verify.run.gpus): which GPUs, the pinning of each process, the
 cross-GPU determinism verdict, and the audit spread over GPUs -- on the CPU, with fake GPUs
 (``FA4VERIFY_FAKE_GPUS=N``) running the twin in spawned processes."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from fa4verify import multigpu as mg
-from fa4verify.multigpu import Gpu
+from fa4verify.run import gpus as mg
+from fa4verify.run.gpus import Gpu
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 PHYS = [("0", "NVIDIA H200", "GPU-aaaa0000-0000"), ("1", "NVIDIA H200", "GPU-bbbb1111-1111"),

@@ -15,7 +15,7 @@ from fa4verify import mutants as M
 @pytest.mark.parametrize("mutation", [(), ("row_sum_rounded_p",), ("causal_off_by_one",)])
 def test_own_forward_budget_path_agrees_with_the_judge(mutation):
     assert M.twin_module() is not None, "fa4verify.kernels.twin.attention failed to load (fa4verify's own module)"
-    importlib.import_module("fa4verify.stage_budgets")
+    importlib.import_module("fa4verify.stages.budgets")
     verdicts = []
     for p in M.battery("quick"):
         if p.kind == "nan" or p.seqlen_k > 400:

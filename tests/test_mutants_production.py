@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fa4verify import mutants as M
+from fa4verify import errors
 
 
 def _gpu_or_skip():
@@ -13,7 +14,7 @@ def _gpu_or_skip():
     runs no SM90/SM100 kernel on."""
     try:
         M.production_arch()
-    except M.Unavailable as exc:
+    except errors.DependencyMissing as exc:
         pytest.skip(str(exc))
 
 

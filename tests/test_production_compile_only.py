@@ -2,7 +2,7 @@
 
 ``ProductionTarget(fake=True)`` runs FA4 forward and backward (deterministic and default, and
 with ``emulation="disabled"``) under torch FakeTensorMode in ONE subprocess per compile target
-(:func:`fa4verify.compile_only.run_cases`: the census' env vars and CPU shims stay in the child).
+(:func:`fa4verify.compile.production.run_cases`: the census' env vars and CPU shims stay in the child).
 Every assertion is about what compiled: FA4's compile key as recorded by the adapter says arch
 100 (103), the kernel classes the DSL dumped during the call are SM100's forward / backward, the
 output shapes are right, and ``where`` is "compile-only". Two deliberately broken SM100 paths run
@@ -30,7 +30,7 @@ FAMILY = {("forward", 100): "FlashAttentionForwardSm100", ("backward", 100): "Fl
 
 
 def _cases(slow: bool):
-    from fa4verify.compile_only import CompileCase as C
+    from fa4verify.compile.production import CompileCase as C
     cs = [C("forward", 128, False), C("backward", 128, False, deterministic=True),
           C("backward", 128, False, deterministic=False),
           C("forward", 128, False, emulation="disabled"),
@@ -83,7 +83,7 @@ def _problems(r: dict, arch: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sm100(tmp_path_factory):
-    from fa4verify.compile_only import run_cases
+    from fa4verify.compile.production import run_cases
     run = run_cases("sm_100a", _cases(SLOW), tmp_path_factory.mktemp("co100"))
     print(f"\ncompile-only sm_100a: {len(run['results'])} cases in {run['wall_seconds']} s "
           f"(import {run['import_seconds']} s): " +
@@ -156,8 +156,7 @@ def test_compile_only_env_does_not_leak_into_this_process(sm100):
 
 @pytest.mark.slow(extended="the sm_103a subprocess (about 3-4 minutes)")
 def test_sm103_production_compiles_forward_and_backward(tmp_path_factory):
-    from fa4verify.compile_only import CompileCase as C
-    from fa4verify.compile_only import run_cases
+    from fa4verify.compile.production import CompileCase as C, run_cases
     run = run_cases("sm_103a", [C("forward", 128, False), C("backward", 128, False, deterministic=True),
                                 C("backward", 128, False, deterministic=False),
                                 C("forward", 64, True)], tmp_path_factory.mktemp("co103"))
@@ -176,7 +175,7 @@ def test_sm100_emulation_off_with_the_kernel_cache_on(tmp_path):
     B200 audit. Compile-only: the default and the emulation-off SM100 forward both compile with
     the cache on, and their objects land in separate directories under the arch's, each with its
     integrity manifest (Note [Kernel cache integrity])."""
-    from fa4verify.compile_only import CompileCase as C, run_cases
+    from fa4verify.compile.production import CompileCase as C, run_cases
     kc = tmp_path / "kc"
     kc.mkdir(mode=0o700)
     run = run_cases("sm_100a", [C("forward", 128, False), C("forward", 128, False, emulation="disabled")],

@@ -27,8 +27,7 @@ def fake_release(tmp_path, monkeypatch):
 
 
 def _small():
-    from fa4verify._strategies.problem import AttentionProblem
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import AttentionProblem, ValueSpec
     return [AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=64, seqlen_k=96, nheads=4, nheads_kv=2,
                              head_dim=64, head_dim_v=64, causal=True, values=ValueSpec("normal", 3))]
 
@@ -78,7 +77,7 @@ def test_pdl_is_read_from_the_installed_source():
 @pytest.mark.fa4
 @pytest.mark.parametrize("mutant", races.RACE_MUTANTS, ids=lambda m: m.id)
 def test_each_planted_dropped_wait_applies_to_the_installed_source(tmp_path, mutant):
-    from fa4verify import source_mutants as sm
+    from fa4verify.mutants import source as sm
     env = races.plant(mutant.id, tmp_path / "copy")
     root = tmp_path / "copy" / "flash_attn" / "cute"
     for e in mutant.edits:

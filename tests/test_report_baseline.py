@@ -6,7 +6,8 @@ import json
 import pytest
 
 from fa4verify.audit.baseline import compare, merge
-from fa4verify.audit.report_json import ReportError, build_report, dumps, load_report
+from fa4verify.audit.report_json import build_report, dumps, load_report
+from fa4verify.errors import ReportError
 
 
 def res(id_, status="pass", tightness=None, **metrics):

@@ -1,5 +1,5 @@
 """The README's results table (and the full one in docs/results/README.md) is generated from the
-append-only evidence store docs/results/evidence.toml (fa4verify.results_table) and current; every
+append-only evidence store docs/results/evidence.toml (fa4verify.tables.results) and current; every
 entry names where it was obtained and raw evidence that exists."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4verify import results_table as R
+from fa4verify.tables import results as R
 
 ROOT = Path(__file__).resolve().parents[1]
 

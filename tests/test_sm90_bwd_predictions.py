@@ -13,7 +13,7 @@ import json
 import pytest
 
 from fa4verify import fuzz
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.kernels import fa4_params, golden
 
 REC = golden.golden_dir() / "bwd_predictions_h200.json"

@@ -17,7 +17,7 @@ from fa4verify import fuzz
 from fa4verify.fuzz import Violation
 from fa4verify.kernels import fa4_params
 from fa4verify.kernels.evidence import evidence_path
-from fa4verify.strategies import AttentionProblem
+from fa4verify.problem import AttentionProblem
 
 SWEEP = evidence_path("golden/hd_sweep_h200.json")
 SWEEP_SQ = evidence_path("golden/hd_sweep_seqlens_h200.json")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fa4verify import source_mutants as sm
+from fa4verify.mutants import source as sm
 
 pytestmark = pytest.mark.fa4
 

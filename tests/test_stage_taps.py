@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fa4verify import detection as det  # noqa: E402
+from fa4verify.mutants import detection as det  # noqa: E402
 from fa4verify.kernels.stage_taps import capture_backward_stages  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def test_taps_restore_drivers_on_error():
 
 def _problem(seed=3, b=1, s=64, h=1, d=32):
     from fa4verify.judge import attention as ja
-    from fa4verify.source_mutants_worker import problem_inputs
+    from fa4verify.mutants.source_worker import problem_inputs
     q, k, v, do = problem_inputs(seed, b, s, h, d)
     p = ja.dense_problem(q, k, v, arch="sm90", dtype="bf16", causal=True)
     a = ja.arrays_from(q, k, v, do)
@@ -84,7 +84,7 @@ def _problem(seed=3, b=1, s=64, h=1, d=32):
 
 def test_d_tap_catches_a_2m10_bias_and_passes_the_exact_rowsum():
     import ml_dtypes
-    from fa4verify.stage_taps import judge_taps
+    from fa4verify.stages.taps import judge_taps
     ja, p, a, q, do = _problem()
     bs = ja.load_budgets("bf16", "sm90")
     of = ja.oracle_forward(p, a)
@@ -108,7 +108,7 @@ def test_d_tap_catches_a_2m10_bias_and_passes_the_exact_rowsum():
 
 
 def test_detection_curve_reports_smallest_caught_and_monotonicity():
-    from fa4verify.source_mutants import SourceMutant
+    from fa4verify.mutants.source import SourceMutant
     ms = [SourceMutant(f"f{k}", "", (), "fwd", (), family="f", bias=2.0 ** -k) for k in (7, 9, 11)]
     rec = lambda a, b: {"verdicts": {"out": {"worst_case": {"status": a}, "assert_close": {"status": b}}}}  # noqa: E731
     res = {"f7": rec("caught", "caught"), "f9": rec("caught", "missed"), "f11": rec("missed", "caught")}
@@ -139,7 +139,7 @@ def test_runner_pipeline_on_cpu_stand_in(tmp_path):
     """The GPU script's entry point end to end on the CPU stand-in: the 2^-10 D bias is caught by
     the D tap, the control raises no alarm, the installed FA4 is unchanged."""
     import json
-    from fa4verify import source_mutants_run as run
+    from fa4verify.mutants import source_run as run
     rc = run.main(["--out", str(tmp_path / "o"), "--device", "cpu", "--jobs", "2",
                    "--mutants", "dpsum_bias_2m10", "--shape", "1,64,1,32", "--work", str(tmp_path / "w")])
     doc = json.loads((tmp_path / "o" / "source_mutants.json").read_text())
@@ -150,6 +150,6 @@ def test_runner_pipeline_on_cpu_stand_in(tmp_path):
 
 
 def test_runner_rejects_unknown_mutant_with_exit_2(tmp_path, capsys):
-    from fa4verify import source_mutants_run as run
+    from fa4verify.mutants import source_run as run
     assert run.main(["--out", str(tmp_path), "--mutants", "nope"]) == 2
     assert "error" in capsys.readouterr().err

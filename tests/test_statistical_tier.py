@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from fa4verify import judge
-from fa4verify._strategies.problem import AttentionProblem
-from fa4verify._strategies.values import ValueSpec
+from fa4verify.problem import AttentionProblem, ValueSpec
 from fa4verify.judge import statistical as S
 from fa4verify.targets import TwinTarget
 
@@ -127,7 +126,7 @@ def test_sharper_tier_catches_a_dq_scale_fault_the_worst_case_misses():
 
 
 def test_campaign_entry_point_runs_on_cpu(tmp_path):
-    from fa4verify import stat_campaign as C
+    from fa4verify.mutants import stat_campaign as C
     rc = C.main(["--target", "twin", "--problems", "2", "--sweep-problems", "1", "--out", str(tmp_path)])
     assert rc == 0
     res = json.loads((tmp_path / "stat_tier.json").read_text())

@@ -12,7 +12,8 @@ from hypothesis.errors import InvalidArgument
 
 import fa4verify.strategies as S
 from fa4verify.oracles import binary32
-from fa4verify.strategies import AttentionProblem, MaskMod, ValueSpec, attention_problems
+from fa4verify.problem import AttentionProblem, MaskMod, ValueSpec, resolve_window, window_keep_mask
+from fa4verify.strategies import attention_problems
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                 derandomize=True, database=None)
@@ -143,25 +144,26 @@ def test_invalid_arguments_are_rejected_with_their_values(kwargs, match):
 
 
 def test_unsupported_head_dim_is_rejected_by_problem():
-    with pytest.raises(InvalidArgument, match=r"\(160, 160\).*sm100"):
+    # the problem type is plain data (fa4verify.problem, no Hypothesis): a bad field is a ValueError
+    with pytest.raises(ValueError, match=r"\(160, 160\).*sm100"):
         AttentionProblem("sm100", "bf16", 1, 4, 4, 1, 1, 160, 160)
     AttentionProblem("sm90", "bf16", 1, 4, 4, 1, 1, 160, 160)
 
 
 def test_window_semantics_match_fa4_bottom_right_alignment():
     # causal, seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see nothing
-    m = S.window_keep_mask(5, 3, causal=True, window_size=(None, None))
+    m = window_keep_mask(5, 3, causal=True, window_size=(None, None))
     assert m.tolist() == [[False] * 3, [False] * 3, [True, False, False], [True, True, False], [True, True, True]]
     # (None, 0) is causal; both sides negative drops the window; causal forces right = 0
-    assert np.array_equal(S.window_keep_mask(4, 6, causal=False, window_size=(None, 0)),
-                          S.window_keep_mask(4, 6, causal=True, window_size=(None, None)))
-    assert S.window_keep_mask(4, 6, causal=False, window_size=(-1, -2)).all()
-    assert S.resolve_window(True, (3, 7)) == (False, True, 3, 0)
+    assert np.array_equal(window_keep_mask(4, 6, causal=False, window_size=(None, 0)),
+                          window_keep_mask(4, 6, causal=True, window_size=(None, None)))
+    assert window_keep_mask(4, 6, causal=False, window_size=(-1, -2)).all()
+    assert resolve_window(True, (3, 7)) == (False, True, 3, 0)
     # (left, right) = (1, 0): each row sees its aligned key and the one before it
-    m = S.window_keep_mask(3, 3, causal=False, window_size=(1, 0))
+    m = window_keep_mask(3, 3, causal=False, window_size=(1, 0))
     assert m.sum(axis=1).tolist() == [1, 2, 2]
     # a negative side can empty the window: fully masked rows
-    assert not S.window_keep_mask(3, 3, causal=False, window_size=(-1, 0)).any()
+    assert not window_keep_mask(3, 3, causal=False, window_size=(-1, 0)).any()
 
 
 def test_fully_masked_rows_in_lse_layout():

@@ -31,10 +31,10 @@ FA4_ARCH_ENV = re.compile(r"^sm_\d+$")
 COMPILE_TARGET_MODULES = {
     "kernels/facts.py": "ptx_target / arch_of_ptx_target: the one mapping",
     "fa4verify/cli/sass.py": "`fa4verify sass --arch` selects the compiler target",
-    "fa4verify/census.py": "compile-only census cases are compiler targets",
+    "fa4verify/compile/census.py": "compile-only census cases are compiler targets",
     "fa4verify/checks/census.py": "census checks name the compiled targets",
-    "fa4verify/compile_only.py": "compile-only runs take a compiler target",
-    "fa4verify/census_atomics.py": "compile-only atomics census",
+    "fa4verify/compile/production.py": "compile-only runs take a compiler target",
+    "fa4verify/compile/census_atomics.py": "compile-only atomics census",
 }
 
 
@@ -119,8 +119,7 @@ def test_deployment_profiles_use_the_one_vocabulary():
 
 def test_the_twin_speaks_fa4verify_dtypes():
     import numpy as np
-    from fa4verify.kernels.twin import attention as ta
-    from fa4verify.kernels.twin import fp32
+    from fa4verify.kernels.twin import attention as ta, fp32
     assert fp32.DTYPES == facts.DTYPES
     ml = pytest.importorskip("ml_dtypes", reason="ml_dtypes (test extra) not installed")
     x = np.zeros((1, 2, 1, 8), dtype=ml.float8_e4m3fn)

@@ -33,10 +33,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 from fa4verify.error_budgets.input_files import (  # noqa: F401  (the inputs side, re-exported)
     MAX_INPUT_BYTES, InputPathError, as_str as _as_str, check_readable, file_kind as _kind, read_input,
     read_input_text)
-
-
-class OutputPathError(OSError):
-    """An output path that cannot or must not be written (one-line message)."""
+from fa4verify.errors import OutputPathError
 
 
 def check_writable(path, *, allow_dash: bool = False) -> None:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from fa4verify.audit.report_json import (ReportError, as_number, build_report, counts,
-                                         fingerprint_difference)
+from fa4verify.audit.report_json import as_number, build_report, counts, fingerprint_difference
+from fa4verify.errors import ReportError
 
 HIB = "_higher_is_better"
 

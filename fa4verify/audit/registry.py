@@ -34,7 +34,7 @@ Contract
   the result id ``"<id>[<arch>]"`` and ``ctx.arch`` that arch.
 * ``cases`` and ``summarise`` (optional keywords, together): a check of many independent cases
   declares ``cases(ctx) -> list`` (run in the auditing process; picklable cases, e.g.
-  :class:`~fa4verify._strategies.problem.AttentionProblem`), the decorated function becomes
+  :class:`~fa4verify.problem.AttentionProblem`), the decorated function becomes
   ``run_case(ctx, case) -> value`` (a picklable value) and ``summarise(ctx, results) ->
   CheckResult`` judges ``results``, the ``(case, value)`` pairs in case order. The engine
   (:mod:`fa4verify.run`) runs the cases side by side, the cases of one FA4 compile key in one

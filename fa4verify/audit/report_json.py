@@ -28,14 +28,11 @@ import datetime as _dt
 import json
 import math
 from typing import Any, Sequence
+from fa4verify.errors import ReportError
 
 SCHEMA = "fa4verify.audit/1"
 PER_CHECK_SEED = ("numpy.random.default_rng([seed, crc32(check_id + '\\0' + stream)]) "
                   "(fa4verify.audit.registry.CheckContext.rng)")
-
-
-class ReportError(ValueError):
-    """An unreadable, corrupt or incompatible report (one-line message)."""
 
 
 def _sanitize(obj: Any) -> Any:

@@ -19,13 +19,9 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 from fa4verify._options import AuditConfig
 from fa4verify.audit.registry import (CheckContext, CheckResult, CheckSpec, cuda_available,
                                       discover, unmet_need)
+from fa4verify.errors import KeywordError
 
-__all__ = ["CheckRecord", "Selected", "AuditRun", "select", "run_audit", "is_isolated",
-           "KeywordError", "compile_keyword", "exit_code_for"]
-
-
-class KeywordError(ValueError):
-    """A malformed ``-k`` expression."""
+__all__ = ["CheckRecord", "Selected", "AuditRun", "select", "run_audit", "is_isolated", "compile_keyword", "exit_code_for"]
 
 
 # --------------------------------------------------------------------------------- -k expressions

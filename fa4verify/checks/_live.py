@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fa4verify._strategies.problem import AttentionProblem
-from fa4verify._strategies.values import ValueSpec
+from fa4verify.problem import AttentionProblem, ValueSpec
 from fa4verify.audit.registry import CheckContext
 from fa4verify.kernels import facts
 

@@ -1,4 +1,4 @@
-"""Audit checks for the per-stage error budgets and the CPU twin of FA4 (fa4verify.stage_budgets).
+"""Audit checks for the per-stage error budgets and the CPU twin of FA4 (fa4verify.stages.budgets).
 
 * ``budgets.files``            every shipped budget TOML loads (schema, units, derivation refs).
 * ``budgets.twin.forward``     per arch: every forward stage of the twin within its local budget
@@ -54,7 +54,7 @@ def files(ctx: CheckContext) -> CheckResult:
 @check("budgets.twin.forward", title="CPU twin forward: every stage and the output within budget",
        needs={"cpu"}, archs={"sm90", "sm100", "sm103"})
 def twin_forward(ctx: CheckContext) -> CheckResult:
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     dt = _dtype(ctx)
     if dt == "fp8" and ctx.arch == "sm90":
         ctx.skip("fp8 forward exists only on SM100")
@@ -92,7 +92,7 @@ def twin_forward(ctx: CheckContext) -> CheckResult:
 @check("budgets.twin.backward", title="CPU twin backward: stages and dQ/dK/dV within budget",
        needs={"cpu"}, archs={"sm90", "sm100"})
 def twin_backward(ctx: CheckContext) -> CheckResult:
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     dt = _dtype(ctx)
     if dt == "fp8":
         ctx.skip("FA4 has no fp8 backward")
@@ -126,8 +126,7 @@ def _twin_tiers(ctx: CheckContext, dt: str, sq: int, sk: int) -> dict:
     the "target" is the twin with a perturbed MUFU (a stand-in for hardware the twin does not
     model), the prediction the twin as shipped; both against the oracle."""
     from fa4verify import judge
-    from fa4verify._strategies.problem import AttentionProblem
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import AttentionProblem, ValueSpec
     from fa4verify.judge import statistical as S
     from fa4verify.targets import TwinTarget
     p = AttentionProblem(arch=ctx.arch, dtype=dt, batch=1, seqlen_q=sq, seqlen_k=sk,
@@ -151,7 +150,7 @@ def _twin_tiers(ctx: CheckContext, dt: str, sq: int, sk: int) -> dict:
        needs={"cpu"})
 def fp8_threshold(ctx: CheckContext) -> CheckResult:
     import numpy as np
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     from fa4verify.oracles import binary32 as b32
     d, n = 64, 512
     q = np.zeros((1, 8, 1, d), np.float32)
@@ -177,7 +176,7 @@ def fp8_threshold(ctx: CheckContext) -> CheckResult:
 @check("budgets.attribution", title="Forward error attribution by stage (SM100 twin)",
        needs={"cpu"}, profiles={"default", "full", "exhaustive"})
 def attribution(ctx: CheckContext) -> CheckResult:
-    from fa4verify import stage_budgets as A
+    from fa4verify.stages import budgets as A
     if ctx.dtype != "bf16":
         ctx.skip("attribution is run for bf16")
     q, k, v = A.gen_inputs("normal", batch=1, seqlen_q=64, seqlen_k=256, nheads=1, hdim=64,

@@ -1,4 +1,4 @@
-"""Audit checks from the compile-only instruction census (``fa4verify.census``), no GPU.
+"""Audit checks from the compile-only instruction census (``fa4verify.compile.census``), no GPU.
 
 * ``census.emulated_columns`` -- compile FA4's SM100 forward (sm_100a, hd128, causal and
   non-causal; ``full`` adds hd64 and hd192) and read, from the PTX in program order, which of the
@@ -14,7 +14,7 @@
 
 * ``census.bwd_atomics`` -- compile FA4's backward (sm_100a and sm_90a, deterministic and
   default) and count the dQ path's fp32 atomics and the semaphore that orders them
-  (:mod:`fa4verify.census_atomics`); the static side of the B200 determinism claim.
+  (:mod:`fa4verify.compile.census_atomics`); the static side of the B200 determinism claim.
 
 Each FA4 compile takes 5-15 s on 2 cores, so these run in the ``full`` and ``exhaustive``
 profiles only. Every figure is "compile-only".
@@ -28,14 +28,14 @@ from fa4verify.audit.registry import CheckContext, CheckResult, check
 
 
 def _census(case, workdir):
-    from fa4verify import census as C
+    from fa4verify.compile import census as C
     return C.census_case(C.compile_case(case, workdir))
 
 
 @check("census.emulated_columns", title="SM100 exp2 emulated columns in the compiled PTX == twin rule",
        needs={"cpu", "fa4"}, profiles={"full", "exhaustive"})
 def emulated_columns(ctx: CheckContext) -> CheckResult:
-    from fa4verify.census import CensusCase
+    from fa4verify.compile.census import CensusCase
     cases = [CensusCase("sm_100a", 128, causal=False), CensusCase("sm_100a", 128, causal=True)]
     if ctx.profile_level >= 3:
         cases += [CensusCase("sm_100a", 64, causal=False), CensusCase("sm_100a", 192, causal=False, head_dim_v=128),
@@ -68,7 +68,7 @@ def emulated_columns(ctx: CheckContext) -> CheckResult:
 @check("census.sm90_exponent_argument", title="SM90 S*c - m*c is contracted to one FFMA by ptxas",
        needs={"cpu", "fa4"}, profiles={"full", "exhaustive"})
 def sm90_exponent_argument(ctx: CheckContext) -> CheckResult:
-    from fa4verify.census import CensusCase
+    from fa4verify.compile.census import CensusCase
     with tempfile.TemporaryDirectory(prefix="fa4census-") as wd:
         cen = _census(CensusCase("sm_90a", 128, causal=True), wd)
     k = cen["kernels"][cen["forward_kernel"]]
@@ -131,7 +131,7 @@ def bwd_atomics(ctx: CheckContext) -> CheckResult:
     semaphore ops (``ld.global.acquire.gpu`` spin, ``red.release.gpu.global.add.s32``, bulk waits
     for the writes). Pass when the deterministic dQ path has no fp atomics or orders them with the
     semaphore; the default mode's unordered atomics are reported. Evidence: compile-only."""
-    from fa4verify import census_atomics as A
+    from fa4verify.compile import census_atomics as A
     archs = ["sm_100a", "sm_90a"]
     rows, metrics, bad, summaries = [], {}, [], []
     with tempfile.TemporaryDirectory(prefix="fa4atomics-") as wd, \

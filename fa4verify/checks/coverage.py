@@ -28,7 +28,7 @@ PLAN_PROPERTIES = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", 
 
 def forms_of(features: tuple[str, ...]) -> tuple[str, ...]:
     """The plan's call forms a target with ``features`` runs."""
-    from fa4verify._strategies.calls import MOD_FEATURE
+    from fa4verify.problem import MOD_FEATURE
     out = ["dense"]
     if "varlen" in features:
         out.append("varlen")
@@ -47,7 +47,7 @@ def forms_of(features: tuple[str, ...]) -> tuple[str, ...]:
 
 def build(ctx: CheckContext, *, arch: str, dtype: str, features: tuple[str, ...]):
     """(space, plan, problems) of this audit on ``arch``."""
-    from fa4verify._strategies.calls import MOD_FEATURE
+    from fa4verify.problem import MOD_FEATURE
     from fa4verify.coverage.cases import plan_problems
     from fa4verify.coverage.planner import plan
     from fa4verify.coverage.space import registered_pairs, space_for

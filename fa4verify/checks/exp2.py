@@ -7,7 +7,7 @@ against the relative bound below; the flush band (-127, -126), where the emulati
 subnormal, is reported apart and judged against the stage budget's absolute floor
 ``f32_min_normal`` (error_budgets ``stage.exp2_emu``). quick/default profiles: a stratified sample of 2^20 fp32 inputs plus
 the certified polynomial bound (a few seconds); full: 2^23 inputs; exhaustive: every fp32 input
-(``fa4verify.exp2_cert.sweep``, 6-8 s per degree on 2 cores, ``docs/results/exp2/``).
+(``fa4verify.exp2.cert.sweep``, 6-8 s per degree on 2 cores, ``docs/results/exp2/``).
 
 Note [exp2 a-priori bound]
 --------------------------
@@ -52,7 +52,7 @@ def stratified_sample(rng, n: int, lo: float = -126.0, hi: float = 8.0):
     [0, 1) (bit patterns) -- plus every integer and its neighbours."""
     import numpy as np
     from fa4verify.oracles import binary32 as b32
-    from fa4verify.exp2_cert import _ordered_to_f32
+    from fa4verify.exp2.cert import _ordered_to_f32
     q = n // 4
     olo, ohi = b32.f32_range(lo, hi)
     a, b = b32.f32_range(-0.5, -(2.0**-149))
@@ -71,7 +71,7 @@ def _run_degree(ctx: CheckContext, degree: int) -> CheckResult:
     if ctx.dtype not in _FMT:
         return CheckResult(status="skip", summary=f"exp2 certification rounds to bf16/fp16; dtype {ctx.dtype} "
                                                   "(fp8 P rounding) is not covered by this check")
-    from fa4verify import exp2_cert as ec
+    from fa4verify.exp2 import cert as ec
     from fa4verify.kernels.fa4_params import load_params
     from fa4verify.oracles.poly_bound import certified_sup_rel_error
     params = load_params()
@@ -156,7 +156,7 @@ def flush_band(degree: int, floor: float = 2.0**-126) -> dict:
     """The emulation on every fp32 input of the flush band (-127, -126) (CPU twin): exact 2^x and
     the result are both below 2^-126, so the error is judged in absolute terms against the
     stage's floor ``f32_min_normal``; the fp32 ulp there is 2^-149."""
-    from fa4verify import exp2_cert as ec
+    from fa4verify.exp2 import cert as ec
     sr = ec.edge_report(degree)["subnormal_region"]
     bound = sr["max_ulp_fp32"] * _SUB_ULP
     return {"range": list(FLUSH_BAND), "n_inputs": sr["n_inputs"], "max_ulp_fp32": sr["max_ulp_fp32"],
@@ -166,7 +166,7 @@ def flush_band(degree: int, floor: float = 2.0**-126) -> dict:
 
 def judge_mufu(stats: dict, constants: dict) -> list[dict]:
     """Judge the GPU-recorded exp2 statistics (``kernels/evidence/golden/mufu_stats.json``, read by
-    :func:`fa4verify.mufu_stats.mufu_section`): MUFU
+    :func:`fa4verify.exp2.mufu_stats.mufu_section`): MUFU
     ex2.approx against ``mufu_ex2_rel``, the GPU emulation against ``emu_rel``, both on the main
     domain (x >= -126) in relative terms; a range that includes the flush band (-127, -126) is
     split: its main part is the companion ``[-126, hi]`` entry, and the band is judged against the
@@ -311,7 +311,7 @@ def emulated_share(ctx: CheckContext) -> CheckResult:
 @check("exp2.mufu", title="MUFU ex2.approx and GPU emulation statistics (GPU-recorded) vs their budgets",
        needs={"cpu"}, profiles={"default", "full", "exhaustive"})
 def mufu(ctx: CheckContext) -> CheckResult:
-    from fa4verify import mufu_stats
+    from fa4verify.exp2 import mufu_stats
     m = mufu_stats.mufu_section()
     if m["status"] != "recorded":
         return CheckResult(status="skip", summary=f"MUFU ex2.approx: {m['status']} ({m.get('note', '')})")

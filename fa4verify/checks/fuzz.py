@@ -141,8 +141,7 @@ def _deployment_kw(ctx: CheckContext, limits: dict, *, call_features: bool = Fal
         lim.pop("max_head_dim", None)
     if dep is None:
         if call_features:
-            from fa4verify._strategies.calls import CALL_FEATURES, MOD_FEATURE
-            from fa4verify._strategies.problem import FEATURES
+            from fa4verify.problem import CALL_FEATURES, MOD_FEATURE, FEATURES
             return {"limits": lim, "features": FEATURES + CALL_FEATURES + (MOD_FEATURE,)}
         return {"limits": lim}
     return {"limits": lim, "features": kw["features"], "distributions": kw["distributions"]}
@@ -213,7 +212,7 @@ def _campaign_cases(ctx: CheckContext, *, target: str, arch: str, dtype: str, n:
 
     from fa4verify.fuzz import drawn
     if problems is None:       # the features the target runs (no target built here: no GPU work)
-        from fa4verify._strategies.problem import FEATURES
+        from fa4verify.problem import FEATURES
         from fa4verify.targets import TwinTarget, production_features
         runs = production_features() if target == "production" else TwinTarget().features()
         kw = dict(kw)

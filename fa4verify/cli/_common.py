@@ -72,7 +72,8 @@ class OneLineCommand(click.Command):
             raise _one_line(e, _prog(parent, info_name)) from None
 
     def invoke(self, ctx):
-        from fa4verify.audit.atomic import InputPathError, OutputPathError
+        from fa4verify.audit.atomic import InputPathError
+        from fa4verify.errors import OutputPathError
 
         try:
             rv = super().invoke(ctx)
@@ -141,7 +142,8 @@ def check_outputs(pairs: Iterable[tuple[str, "str | None"]], *,
                   allow_dash: Sequence[str] = (), prog: str | None = None,
                   duplicate_message: str | None = None) -> None:
     """:func:`fa4verify.audit.atomic.check_outputs` as a one-line usage error (exit 2)."""
-    from fa4verify.audit.atomic import OutputPathError, check_outputs as _check
+    from fa4verify.audit.atomic import check_outputs as _check
+    from fa4verify.errors import OutputPathError
 
     try:
         _check(pairs, inputs=inputs, allow_dash=allow_dash, duplicate_message=duplicate_message)
@@ -150,7 +152,8 @@ def check_outputs(pairs: Iterable[tuple[str, "str | None"]], *,
 
 
 def check_output_dir(opt: str, path, *, prog: str | None = None) -> str:
-    from fa4verify.audit.atomic import OutputPathError, check_output_dir as _check
+    from fa4verify.audit.atomic import check_output_dir as _check
+    from fa4verify.errors import OutputPathError
 
     try:
         return _check(opt, path)

@@ -13,7 +13,8 @@ import time
 
 import click
 
-from fa4verify._options import OptionError, build_config, click_options
+from fa4verify._options import build_config, click_options
+from fa4verify.errors import OptionError
 from fa4verify.audit.report_files import write_reports
 
 
@@ -86,7 +87,8 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     Exit: 0 within budget, 1 violation/regression, 2 usage or environment error,
           3 a check crashed, 5 nothing ran, 10 undecided.
     """
-    from fa4verify.audit.runner import KeywordError, compile_keyword
+    from fa4verify.audit.runner import compile_keyword
+    from fa4verify.errors import KeywordError
 
     t_start = time.time()
     raw = dict(dtype=dtype.lower(), device=device.lower(), arch=arch,
@@ -156,8 +158,10 @@ def _pool_fits(pool, config) -> bool:
 def _checked_run(config, early_pool, t_start, *, gpus, shard, list_only, baseline_path,
                  regression_rtol, json_path, junit_path, html_path, live, workers_auto=False) -> int:
     """The audit after its options are parsed: the inputs and outputs checked, then the run."""
-    from fa4verify.audit.atomic import OutputPathError, check_outputs
-    from fa4verify.audit.report_json import ReportError, load_report
+    from fa4verify.audit.atomic import check_outputs
+    from fa4verify.errors import OutputPathError
+    from fa4verify.audit.report_json import load_report
+    from fa4verify.errors import ReportError
     from fa4verify.error_budgets.loader import BUDGET_FILE_ENV, budget_file_from_env
     gpu_sel = _select_gpus(gpus, shard, config.device) if gpus is not None else None
     if gpu_sel:
@@ -295,17 +299,17 @@ def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, bas
 
 def _select_gpus(gpus: str, shard, device: str):
     """``--gpus``: the GPUs to spread the checks over, or a one-line usage error."""
-    from fa4verify import multigpu
+    from fa4verify.run import gpus as run_gpus
 
     if shard is not None:
         raise _usage("--gpus and --shard exclude each other (--gpus shards over this node's GPUs; "
                      "--shard I/N takes one part of a run split over machines)")
     try:
-        fake = multigpu.fake_mode()
+        fake = run_gpus.fake_mode()
         if not fake and device != "cuda":
             raise ValueError(f"--gpus runs the checks on GPUs, but --device is {device} "
-                             f"(CPU test mode: {multigpu.ENV_FAKE}=N)")
-        return multigpu.select_gpus(gpus, multigpu.visible_gpus())
+                             f"(CPU test mode: {run_gpus.ENV_FAKE}=N)")
+        return run_gpus.select_gpus(gpus, run_gpus.visible_gpus())
     except ValueError as e:
         msg = str(e)
         raise _usage(msg if msg.startswith("--") else f"--gpus: {msg}") from None

@@ -8,7 +8,7 @@ See :mod:`fa4verify.determinism` for the definitions.
 
 With ``--gpus all|N|I,J`` the matrix runs in one spawned process per GPU (times ``--processes``),
 each pinned to its GPU before CUDA starts, and the digests are compared across GPUs too
-(:mod:`fa4verify.determinism.multi`; the engine and why: :mod:`fa4verify.multigpu`). The manifest
+(:mod:`fa4verify.determinism.multi`; the engine and why: :mod:`fa4verify.run.gpus`). The manifest
 then lists every GPU (name, UUID) and the per-GPU digests. With one GPU the verdict evidence says
 "1 GPU: cross-GPU agreement not tested".
 
@@ -94,7 +94,7 @@ def _print_report(report: dict, against: dict | None, timing: list[dict]) -> Non
 
 def _select_gpus(gpus: str, devices, timing: bool, backend: str, serial: bool):
     """``--gpus``: the GPUs, or a one-line usage error."""
-    from fa4verify import multigpu
+    from fa4verify.run import gpus as run_gpus
 
     if devices is not None:
         raise usage("--gpus and --devices exclude each other (--devices: several devices in one "
@@ -104,14 +104,14 @@ def _select_gpus(gpus: str, devices, timing: bool, backend: str, serial: bool):
     if serial:
         raise usage("--serial does not run with --gpus (the GPU processes run side by side)")
     try:
-        fake = multigpu.fake_mode()
+        fake = run_gpus.fake_mode()
         if fake and backend == "fa4":
-            raise ValueError(f"{multigpu.ENV_FAKE} is set: the fake GPUs run a CPU backend "
+            raise ValueError(f"{run_gpus.ENV_FAKE} is set: the fake GPUs run a CPU backend "
                              "(--backend twin)")
         if not fake and backend != "fa4":
             raise ValueError(f"--backend {backend}: --gpus runs the production backend fa4 "
-                             f"({multigpu.ENV_FAKE}=N: the CPU test mode with --backend twin)")
-        return multigpu.select_gpus(gpus, multigpu.visible_gpus())
+                             f"({run_gpus.ENV_FAKE}=N: the CPU test mode with --backend twin)")
+        return run_gpus.select_gpus(gpus, run_gpus.visible_gpus())
     except ValueError as ex:
         msg = str(ex)
         raise usage(msg if msg.startswith("--") else f"--gpus: {msg}") from None

@@ -18,8 +18,7 @@ import click
 
 from fa4verify.cli import ExitCode
 from fa4verify.cli._common import OneLineCommand, check_outputs, usage, write_outputs
-from fa4verify.mufu_stats import mufu_section
-from fa4verify.mufu_stats import mufu_where as _mufu_where
+from fa4verify.exp2.mufu_stats import mufu_section, mufu_where as _mufu_where
 
 #: Largest --sample (each input costs ~100 bytes of temporaries; --exhaustive covers every input).
 MAX_SAMPLE = 1 << 24
@@ -60,7 +59,7 @@ def sample_stats(degree: int, lo: float, hi: float, n: int, seed: int):
     (uniform over fp32 bit patterns in the main domain), sorted."""
     import numpy as np
     from fa4verify.oracles import binary32 as b32
-    from fa4verify import exp2_cert as ec
+    from fa4verify.exp2 import cert as ec
     lo2, hi2 = max(lo, -126.0), min(hi, 127.99999)
     olo, ohi = b32.f32_range(lo2, hi2) if lo2 <= hi2 else (1, 0)
     if ohi < olo:
@@ -77,7 +76,7 @@ def sample_stats(degree: int, lo: float, hi: float, n: int, seed: int):
 def run_exp2(degrees: list[int], lo: float, hi: float, *, sample: int | None, direct: bool, jobs: int,
              seed: int, progress: bool = True) -> dict:
     """Compute the report (a JSON-able dict) for each degree."""
-    from fa4verify import exp2_cert as ec
+    from fa4verify.exp2 import cert as ec
     from fa4verify.kernels.fa4_params import load_params
     from fa4verify.oracles.poly_bound import certified_sup_rel_error
     params = load_params()
@@ -302,9 +301,9 @@ def _device_gpu():
 
 
 def device_section(degrees, lo, hi, *, gpu, mufu: bool = True, cpu_degrees: dict | None = None, **kw) -> dict:
-    """``report["device"]``: the device sweep (``fa4verify.exp2_device.run_device``), its
+    """``report["device"]``: the device sweep (``fa4verify.exp2.device.run_device``), its
     device-scored fp32 ulps cross-checked with the CPU certification of the same degrees."""
-    from fa4verify import exp2_device as ed
+    from fa4verify.exp2 import device as ed
     t0 = time.perf_counter()
     sec = ed.run_device(degrees, lo, hi, gpu=gpu, mufu=mufu, **kw)
     sec["violations"] += ed.cross_check(sec, cpu_degrees or {})
@@ -353,7 +352,7 @@ def render_device(sec: dict) -> list[str]:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cuda: also sweep FA4's own device functions (ex2_emulation; ex2_emulation_2 on "
                    "SM100/103; MUFU ex2.approx) on the local GPU over every input of the range and the "
-                   "edge domain, bit for bit against the twin (fa4verify/exp2_device.py).")
+                   "edge domain, bit for bit against the twin (fa4verify/exp2/device.py).")
 @click.option("--no-mufu", is_flag=True, help="With --device cuda: skip the MUFU ex2.approx sweep.")
 def command(degree, range_, exhaustive, sample, direct, jobs, json_path, seed, device, no_mufu):
     """Certify FA4's polynomial exp2 (ex2_emulation_2) over a range of fp32 inputs (CPU twin).
@@ -362,7 +361,7 @@ def command(degree, range_, exhaustive, sample, direct, jobs, json_path, seed, d
     Exit: 0 every measured maximum within its certified bound and the emulation budget
           (emu_rel), 1 a violation, 2 bad input, 5 nothing measured.
     """
-    from fa4verify.exp2_cert import parse_range
+    from fa4verify.exp2.cert import parse_range
     try:
         lo, hi = parse_range(range_)
     except ValueError as e:

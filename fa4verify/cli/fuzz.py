@@ -21,6 +21,7 @@ import click
 from fa4verify.cli import ExitCode
 from fa4verify.cli._common import (FiniteFloat, OneLineCommand, check_output_dir,
                                    check_outputs, json_bytes, usage, write_outputs)
+from fa4verify import errors
 
 _PROFILES = ("ci", "dev", "nightly")
 
@@ -65,7 +66,7 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
     for p, case in cases:
         try:
             out = fuzz.replay_case(case, properties=properties)
-        except fuzz.DependencyMissing as e:
+        except errors.DependencyMissing as e:
             _err(str(e))
             return int(ExitCode.USAGE)
         except Exception as e:  # NoCudaError and friends
@@ -181,7 +182,7 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
 
     dists = _split(distributions) or None
     if dists:
-        from fa4verify.strategies import DISTRIBUTIONS
+        from fa4verify.problem import DISTRIBUTIONS
         bad = [d for d in dists if d not in DISTRIBUTIONS]
         if bad:
             raise usage(f"--distribution: unknown distribution {bad[0]!r}; known: {', '.join(DISTRIBUTIONS)}")
@@ -193,7 +194,7 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
         tgt = fuzz.make_target(target, mutations=muts)
     except ValueError as e:
         raise usage(f"--mutation: {e}") from None
-    except fuzz.DependencyMissing as e:
+    except errors.DependencyMissing as e:
         _err(str(e))
         _exit(int(ExitCode.USAGE))
     except Exception as e:
@@ -244,7 +245,7 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
                                 distributions=dists,
                                 database_dir=cache / "hypothesis", time_limit_s=time_limit,
                                 backward=not no_backward, on_example=progress, strict_known=strict_known)
-    except fuzz.DependencyMissing as e:
+    except errors.DependencyMissing as e:
         _err(str(e))
         _exit(int(ExitCode.USAGE))
 

@@ -15,6 +15,7 @@ import click
 
 from fa4verify.cli import ExitCode
 from fa4verify.cli._common import OneLineCommand, check_inputs, check_outputs, usage
+from fa4verify import errors
 
 _PROFILES = ("quick", "full")
 
@@ -54,7 +55,7 @@ def _parse_list(values: tuple[str, ...], known: tuple[str, ...], what: str) -> l
 @click.option("--source-dir", "source_dir", default=None, metavar="DIR",
               help="With --target production: where the kernel-source mutants (faults patched "
                    "into private, fingerprinted copies of the installed flash_attn/cute, "
-                   "fa4verify.source_mutants) write source_mutants.json/.txt. Default: a new "
+                   "fa4verify.mutants.source) write source_mutants.json/.txt. Default: a new "
                    "temporary directory.")
 @click.option("--source-jobs", type=click.IntRange(1, 64), default=8, show_default=True,
               metavar="N", help="Source mutants compiled and run side by side.")
@@ -125,7 +126,7 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
     try:
         res = M.run_suite(profile, seed=seed, archs=tuple(archs) or ("sm90", "sm100"),
                           mutants=mutants, verifier_names=vnames, progress=say, target=target)
-    except M.Unavailable as exc:
+    except errors.DependencyMissing as exc:
         click.echo(f"fa4verify mutants: {exc}", err=True)
         return int(ExitCode.USAGE)
     M.render_rich(res)
@@ -139,9 +140,9 @@ def command(profile, json_path, md_path, seed, archs, mutant_opts, verifier_opts
     if target == "production" and not no_source and not mutants and not vnames:
         import tempfile
 
-        from fa4verify import source_mutants_run
+        from fa4verify.mutants import source_run
         out = source_dir or tempfile.mkdtemp(prefix="fa4verify-source-mutants-")
         click.echo(f"kernel-source mutants of the installed FA4 -> {out}", err=True)
-        rc = source_mutants_run.main(["--out", out, "--device", "cuda", "--jobs", str(source_jobs)])
+        rc = source_run.main(["--out", out, "--device", "cuda", "--jobs", str(source_jobs)])
         code = max(code, int(rc))
     return code

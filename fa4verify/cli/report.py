@@ -23,7 +23,8 @@ def command():
 
 
 def _load(paths):
-    from fa4verify.audit.report_json import ReportError, load_report
+    from fa4verify.audit.report_json import load_report
+    from fa4verify.errors import ReportError
 
     out = []
     for p in paths:
@@ -61,7 +62,8 @@ def _distinct_inputs(pairs):
 def merge_cmd(reports, output, html_path, junit_path, baseline_path, regression_rtol):
     """Merge the JSON reports of the shards of one audit (same dtype/profile/seed/archs)."""
     from fa4verify.audit.baseline import compare, config_mismatch, gate, merge
-    from fa4verify.audit.report_json import ReportError, verdict_text
+    from fa4verify.audit.report_json import verdict_text
+    from fa4verify.errors import ReportError
     from fa4verify.audit.runner import CheckRecord, exit_code_for
     from fa4verify.audit.terminal import make_console, render_verdict
     from fa4verify.audit.report_files import write_reports

@@ -55,7 +55,7 @@ def _check_head_dim(arch: str, hd: int, hdv: int | None) -> int | None:
 @click.option("--atomics", is_flag=True,
               help="Also print the backward's floating-point atomics (dQ fp32 bulk reduce-add) and the "
                    "semaphore ops that order them, per kernel, with their PTX lines / SASS offsets "
-                   "(implies --backward; fa4verify.census_atomics).")
+                   "(implies --backward; fa4verify.compile.census_atomics).")
 @click.option("--seqlen", type=int, default=1024, show_default=True,
               help="Sequence length of the fake tensors (> 256 lets SM100 use 2-CTA).")
 @click.option("--exp2-emulation/--no-exp2-emulation", "emulation", default=True,
@@ -79,7 +79,7 @@ def command(arch, head_dim, head_dim_v, causal, backward, deterministic, atomics
     import importlib.util
     if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("cutlass") is None:
         raise usage("flash-attn-4 / nvidia-cutlass-dsl not installed (pip install 'fa4verify[fa4]')")
-    from fa4verify import census as C
+    from fa4verify.compile import census as C
     case = C.CensusCase(arch, head_dim, causal=causal, backward=backward or deterministic or atomics,
                         deterministic=deterministic, head_dim_v=head_dim_v, seqlen=seqlen,
                         exp2_emulation=emulation)
@@ -93,7 +93,7 @@ def command(arch, head_dim, head_dim_v, causal, backward, deterministic, atomics
     cen = C.census_case(res)
     _print(cen, to_stderr=json_path == "-")
     if atomics:
-        from fa4verify import census_atomics as A
+        from fa4verify.compile import census_atomics as A
         cen["atomics"] = A.atomics_census(res)
         _print_atomics(cen["atomics"], to_stderr=json_path == "-")
     if json_path is not None:
@@ -146,7 +146,7 @@ def _print_atomics(at: dict, to_stderr: bool = False) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
-    from fa4verify import census_atomics as A
+    from fa4verify.compile import census_atomics as A
     con = Console(file=sys.stderr if to_stderr else sys.stdout, width=120)
     mode = "deterministic=True" if at["deterministic"] else "deterministic=False (default)"
     t = Table(title=f"backward atomics, {at['arch']}, {mode} (compile-only; static instruction sites)",

@@ -1,4 +1,4 @@
-"""A plan row made concrete: the :class:`~fa4verify._strategies.problem.AttentionProblem` it runs.
+"""A plan row made concrete: the :class:`~fa4verify.problem.AttentionProblem` it runs.
 
 Shapes are chosen relative to the forward tile the row's head dim selects (``seqlen`` class),
 windows cross a tile boundary, page tables are permuted, block masks use the block size FA4's
@@ -46,9 +46,7 @@ def _lengths(cls: str, tm: int, tn: int) -> tuple[int, int]:
 
 def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed: int = 0):
     """The problem of plan row ``index``."""
-    from fa4verify._strategies.calls import CallForm
-    from fa4verify._strategies.problem import AttentionProblem
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import CallForm, AttentionProblem, ValueSpec
     rng = random.Random(f"{seed}:{index}:{sorted(row.items())}")
     arch, dtype = space.arch, space.dtype
     hd, hdv = space.hd[row["hd"]]

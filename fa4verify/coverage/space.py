@@ -265,7 +265,7 @@ def space_for(arch: str, dtype: str, *, forms: Optional[Sequence[str]] = None, d
     """The space of an audit on ``arch`` / ``dtype``. ``forms``: the call forms the target runs
     (default all); ``deployment``: a :class:`fa4verify.deployment.Deployment` that confines every
     dimension (:meth:`~fa4verify.deployment.Deployment.confine`); the registered pairs default to
-    the registries' (:mod:`fa4verify.mods`, :func:`fa4verify._strategies.calls.mask_mod_pairs`)."""
+    the registries' (:mod:`fa4verify.mods`, :func:`fa4verify.problem.calls.mask_mod_pairs`)."""
     if score_pairs is None or mask_pairs is None or mask_pairs_bwd is None:
         reg_s, reg_m, reg_mb = registered_pairs()
         score_pairs = reg_s if score_pairs is None else score_pairs
@@ -290,9 +290,9 @@ def registered_pairs() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...
     """(score pairs, mask pairs, mask pairs with a backward) registered in this process: the
     :mod:`fa4verify.mods` pairs (``"mod:<name>"``: run through FA4's ``mask_mod`` / ``score_mod``
     with their aux tensors, backward included) and the CuTe mask_mod call forms of
-    :func:`fa4verify._strategies.calls.mask_mod_pairs` (``"fn:<name>"``)."""
+    :func:`fa4verify.problem.calls.mask_mod_pairs` (``"fn:<name>"``)."""
     from fa4verify import mods
-    from fa4verify._strategies.calls import mask_mod_pairs
+    from fa4verify.problem.calls import mask_mod_pairs
     score = tuple(f"mod:{n}" for n in mods.names() if mods.get(n).kind == "score")
     mask_mod = tuple(f"mod:{n}" for n in mods.names() if mods.get(n).kind == "mask")
     mm = mask_mod_pairs()

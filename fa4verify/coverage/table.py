@@ -49,7 +49,7 @@ def render(archs: tuple[str, ...] = ("sm90", "sm100"), dtype: str = "bf16", seed
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from fa4verify.feature_table import write_or_check
+    from fa4verify.tables.features import write_or_check
     ap = argparse.ArgumentParser(prog="python -m fa4verify.coverage.table", description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", metavar="README")

@@ -60,9 +60,7 @@ from fa4verify.determinism.configs import (Dtype, _TORCH_DTYPES, DeterminismConf
                                            _XF_SM90_192, _XF_SM90_256, MATRICES, TIMING_CONFIGS,
                                            select_configs)
 from fa4verify.determinism.inputs import (Problem, make_inputs)
-from fa4verify.determinism.backends import (Grads, UnsupportedConfig, Backend, _common_env, _pkg_version,
-                                            _driver_version, _accepted, _features, Fa4Backend,
-                                            TorchMathBackend, TwinBackend, load_backend)
+from fa4verify.determinism.backends import (Grads, Backend, _common_env, _pkg_version, _driver_version, _accepted, _features, Fa4Backend, TorchMathBackend, TwinBackend, load_backend)
 from fa4verify.determinism.runner import (_first_line, _DistinctDigests, _grad_tensors, _tensor_names,
                                           _clone, _select_device, run_config, time_backward)
 from fa4verify.determinism.workers import (resolve_devices, worker_spec, run_worker_spec, _now, spawn_workers)

@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable, Mapping
 from fa4verify.determinism.bitwise import _torch
 from fa4verify.determinism.inputs import Problem
 from fa4verify.determinism.schema import UNSUPPORTED_MSG
+from fa4verify.errors import Unsupported
+
 
 @dataclass
 class Grads:
@@ -24,10 +26,6 @@ class Grads:
     dsink: Any = None
     config: Any = None
     extra: dict = field(default_factory=dict)
-
-
-class UnsupportedConfig(Exception):
-    """The kernel under test rejected the configuration before running it."""
 
 
 class Backend:
@@ -55,7 +53,7 @@ class Backend:
 
     def classify(self, exc: BaseException) -> str:
         """``"unsupported"`` if ``exc`` is the kernel rejecting the configuration, else ``"error"``."""
-        if isinstance(exc, UnsupportedConfig):
+        if isinstance(exc, Unsupported):
             return "unsupported"
         return "error"
 
@@ -205,10 +203,9 @@ class Fa4Backend(Backend):
         ``error`` for anything else -- above all an exception raised in fa4verify's own call,
         which measured nothing about FA4."""
         from fa4verify import blame
-        from fa4verify.targets import Unsupported
         own = tuple(getattr(self.adapter, n) for n in ("UnsupportedByRelease", "AdapterRefusal")
                     if isinstance(getattr(self.adapter, n, None), type))
-        if isinstance(exc, (UnsupportedConfig, Unsupported) + own):
+        if isinstance(exc, (Unsupported,) + own):
             return "unsupported"
         return "unsupported" if blame.fa4_refusal(exc) else "error"
 
@@ -333,7 +330,7 @@ class TwinBackend(Backend):
     def _problem(self, p: Problem):
         """The target layer's problem and arrays for ``p`` (float32 copies of the inputs' values)."""
         if p.cfg.varlen:
-            raise UnsupportedConfig("varlen is not modelled by the CPU twin")
+            raise Unsupported("varlen is not modelled by the CPU twin")
         from fa4verify import judge
         c = p.cfg
         q, k, v, dout, sink = (None if t is None else t.detach().cpu().float().numpy()
@@ -362,7 +359,7 @@ class TwinBackend(Backend):
         return Grads(f32(r.dq), f32(r.dk), f32(r.dv), f32(r.dsink), extra=extra)
 
     def classify(self, exc: BaseException) -> str:
-        if isinstance(exc, (NotImplementedError, UnsupportedConfig)):
+        if isinstance(exc, (NotImplementedError, Unsupported)):
             return "unsupported"
         return "error"
 

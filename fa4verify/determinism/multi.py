@@ -31,7 +31,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from fa4verify.determinism.schema import SCHEMA_WORKER
-from fa4verify.multigpu import ENV_FAKE_CRASH, ENV_FAKE_FAULT, Gpu, child_env, fake_set, read_json
+from fa4verify.run.gpus import ENV_FAKE_CRASH, ENV_FAKE_FAULT, Gpu, child_env, fake_set, read_json
 
 __all__ = ["FAULT_MUTATION", "device_label", "gpu_child", "run_on_gpus", "cross_gpu",
            "manifest_extra"]

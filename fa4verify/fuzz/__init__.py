@@ -11,7 +11,7 @@
 The targets are the target layer's (:mod:`fa4verify.targets`), the verdicts the judge core's
 (:mod:`fa4verify.judge`); this package re-exports every name its callers import.
 
-Every property runs on an :class:`~fa4verify.strategies.AttentionProblem` against a
+Every property runs on an :class:`~fa4verify.problem.AttentionProblem` against a
 *target*: the CPU twin of FA4 (``"twin"``, figures labelled "CPU twin") or production FA4 on a
 GPU (``"production"``, "measured on <GPU> (sm_XY)"). The truth is the certified oracle
 ``fa4verify.oracles.attention`` and the tolerance the composed end-to-end error budget
@@ -22,7 +22,7 @@ is in :mod:`fa4verify.fuzz.cases`.
 """
 from __future__ import annotations
 
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.fuzz.campaign import CAMPAIGN_FORMAT, CampaignResult, _jsonable, _Stop, run_campaign
 from fa4verify.fuzz.cases import (CASE_FORMAT, ReplayOutcome, _versions, load_case, regression_snippet,
                                   replay_case, write_case)
@@ -36,12 +36,10 @@ from fa4verify.fuzz.properties import (_FMT_MAX, PROPERTIES, CheckOutcome, _budg
                                        _oracle_backward, _oracle_forward, _run_target, _unseen_keys,
                                        check_problem)
 from fa4verify.fuzz.violation import _ABSORB, Violation, _fail, _where_str
-from fa4verify.targets import (Bwd, DependencyMissing, Fwd, ProductionTarget, Target, TwinTarget, Unsupported,
-                               make_target)
+from fa4verify.targets import Bwd, Fwd, ProductionTarget, Target, TwinTarget, make_target
 
 __all__ = [
-    "PROPERTIES", "PROFILES", "CASE_FORMAT", "CAMPAIGN_FORMAT", "Violation", "Unsupported",
-    "DependencyMissing", "Target", "TwinTarget", "ProductionTarget", "make_target", "check_problem",
+    "PROPERTIES", "PROFILES", "CASE_FORMAT", "CAMPAIGN_FORMAT", "Violation", "Target", "TwinTarget", "ProductionTarget", "make_target", "check_problem",
     "CampaignResult", "run_campaign", "write_case", "load_case", "replay_case", "regression_snippet",
     "register_profiles", "DEFAULT_CACHE_DIR", "profile_limits", "profile_name", "KnownIssue", "KNOWN_ISSUES",
     "match_known_issue", "draw_problems", "run_drawn", "merge_drawn", "ReplayOutcome", "CheckOutcome", "AttentionProblem", "Fwd", "Bwd",

@@ -27,13 +27,15 @@ from typing import Any, Callable, Collection, Mapping, Optional
 import numpy as np
 from hypothesis import Verbosity, settings
 
-from fa4verify._strategies.problem import FEATURES, AttentionProblem, attention_problems
+from fa4verify.problem import FEATURES, AttentionProblem
+from fa4verify._strategies.problem import attention_problems
 from fa4verify.fuzz.cases import _versions, regression_snippet, write_case
 from fa4verify.fuzz.known_issues import known_issue_matcher
 from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
 from fa4verify.fuzz.properties import PROPERTIES, check_problem
 from fa4verify.fuzz.violation import _ABSORB, Violation
-from fa4verify.targets import DependencyMissing, HarnessError, Target, Unsupported
+from fa4verify.targets import Target
+from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
 
 CAMPAIGN_FORMAT = "fa4verify-fuzz-campaign/1"
 

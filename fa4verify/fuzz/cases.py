@@ -21,10 +21,11 @@ import os
 from pathlib import Path
 from typing import Any, Collection, Mapping, Optional
 
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.fuzz.properties import check_problem
 from fa4verify.fuzz.violation import Violation
-from fa4verify.targets import Target, Unsupported, make_target
+from fa4verify.targets import Target, make_target
+from fa4verify.errors import Unsupported
 
 CASE_FORMAT = "fa4verify-fuzz-case/1"
 
@@ -207,7 +208,8 @@ def regression_snippet(problem: AttentionProblem, violation: Violation, *, targe
     lines += [
         "from hypothesis import example, given",
         "from fa4verify.fuzz import TwinTarget, ProductionTarget, check_problem",
-        "from fa4verify.strategies import AttentionProblem, attention_problems",
+        "from fa4verify.problem import AttentionProblem",
+        "from fa4verify.strategies import attention_problems",
         "",
         f"@example(AttentionProblem.from_json({js!r}))",
         f"@given(attention_problems(arch={problem.arch!r}, dtype={problem.dtype!r}))",

@@ -21,14 +21,16 @@ import math
 import time
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
-from fa4verify._strategies.problem import FEATURES, AttentionProblem, attention_problems
+from fa4verify.problem import FEATURES, AttentionProblem
+from fa4verify._strategies.problem import attention_problems
 from fa4verify.fuzz.campaign import CampaignResult, _jsonable, _versions
 from fa4verify.fuzz.cases import regression_snippet
 from fa4verify.fuzz.known_issues import known_issue_matcher
 from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
 from fa4verify.fuzz.properties import PROPERTIES, check_problem
 from fa4verify.fuzz.violation import _ABSORB, Violation
-from fa4verify.targets import DependencyMissing, HarnessError, Target, Unsupported
+from fa4verify.targets import Target
+from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
 
 __all__ = ["draw_problems", "run_drawn", "merge_drawn", "DRAW_FACTOR"]
 
@@ -71,7 +73,7 @@ def draw_problems(*, arch: str, dtype: Optional[str], examples: int, seed: int, 
         args["siblings"] = int(siblings)     # absent when 0: the arguments of older draws stay
     if fresh_process:
         from fa4verify import mods
-        from fa4verify._strategies.calls import MOD_FEATURE
+        from fa4verify.problem import MOD_FEATURE
         user = mods.user_pair_modules() if MOD_FEATURE in feats else {}
         if user:       # Note [Pairs in a fresh process] (fa4verify.mods)
             args["user_mod_pairs"] = dict(sorted(user.items()))
@@ -131,7 +133,7 @@ def _draw_here(*, arch: str, dtype: Optional[str], examples: int, seed: int, pro
                                                             "head_count_choices") if lim.get(k))
         raise ValueError(f"no problem inside the campaign's limits can be drawn (max_seqlen "
                          f"{lim.get('max_seqlen')}, max_work {lim.get('max_work')}{ranges})") from None
-    from fa4verify._strategies.calls import MOD_FEATURE
+    from fa4verify.problem import MOD_FEATURE
     if MOD_FEATURE in feats and examples >= 2:
         # Note [Mod quota]: a seeded Hypothesis run draws the mod_pairs family unevenly (0 of 44
         # examples at seed 0, 4 at seed 1), so a campaign that asks for it gets at least

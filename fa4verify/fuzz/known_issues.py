@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.fuzz.violation import Violation
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +175,7 @@ def _sm90_paged_tma_empty_seq_nan(problem: AttentionProblem, a: Mapping[str, Any
     if problem.arch != "sm90" or call is None or not call.paged or not call.hostile_nan:
         return False
     from fa4verify._strategies.calls import sm90_tile_n
-    from fa4verify._strategies.masks import resolve_window
+    from fa4verify.problem import resolve_window
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
     if call.page_size != sm90_tile_n(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local):
         return False

@@ -1,6 +1,6 @@
 """The fuzz properties: what :func:`check_problem` runs on one problem against one target.
 
-Every property below runs on an :class:`~fa4verify.strategies.AttentionProblem` against a
+Every property below runs on an :class:`~fa4verify.problem.AttentionProblem` against a
 *target*: the CPU twin of FA4 (``"twin"``, figures labelled "CPU twin") or production FA4 on a
 GPU (``"production"``, "measured on <GPU> (sm_XY)"). The truth is the certified oracle
 ``fa4verify.oracles.attention`` and the tolerance the composed end-to-end error budget
@@ -36,7 +36,7 @@ Properties (:data:`PROPERTIES`)
 ``deterministic_bwd``
     Two ``deterministic=True`` backward calls return bitwise-identical dQ, dK, dV.
 ``edge_sensitive``
-    Problems with ``"edges"`` values (Note [Edge values], :mod:`fa4verify._strategies.edges`):
+    Problems with ``"edges"`` values (Note [Edge values], :mod:`fa4verify.problem.edges`):
     flipping the keep bit of any one target key next to a mask edge (the edge shifted by one key)
     moves the reference O row by more than the judge's allowance, so ``fwd_budget`` on the same run
     could see a one-key error at every edge it planted. A blind edge is undecided, never a pass.
@@ -45,7 +45,7 @@ Properties (:data:`PROPERTIES`)
     D = rowsum(dO * O) and lse_log2, the zeroed and the accumulated dq_accum,
     :mod:`fa4verify.kernels.stage_taps`; CPU twin: the same values of its backward,
     ``TwinTarget.taps_unsupported``) within their stage budgets
-    (:func:`fa4verify.stage_taps.judge_taps`): a fault in one stage shows there even when the
+    (:func:`fa4verify.stages.taps.judge_taps`): a fault in one stage shows there even when the
     end-to-end dQ/dK/dV budgets hide it.
 ``paged_kv_bitwise``
     Paged-KV problems (a ``page_table`` call form, drawn page permutation): O and LSE are bitwise
@@ -67,9 +67,10 @@ from typing import Any, Callable, Collection, Mapping, Optional
 import numpy as np
 
 from fa4verify import judge
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.fuzz.violation import Violation, _fail, _where_str
-from fa4verify.targets import DependencyMissing, HarnessError, Target, Unsupported
+from fa4verify.targets import Target
+from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
 
 PROPERTIES: tuple[str, ...] = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "key_permutation",
                                "batch_invariance", "gqa_repeat", "deterministic_bwd", "paged_kv_bitwise",
@@ -274,7 +275,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
         if problem.values.distribution != "edges":
             skipped["edge_sensitive"] = "needs 'edges' values (Note [Edge values])"
         elif need_ref("edge_sensitive"):
-            from fa4verify._strategies.edges import edge_sensitivity
+            from fa4verify.problem.edges import edge_sensitivity
             with np.errstate(invalid="ignore"):
                 allow_out = np.broadcast_to(ref_out.bound + ref_out.budget, np.shape(ref_out.value))
             es = edge_sensitivity(problem, a, fwd.out, allow_out)
@@ -293,7 +294,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                                                  f"(a one-key shift stays within the allowance): "
                                                  + "; ".join(es["blind"][:3]))
 
-    from fa4verify._strategies.masks import resolve_window
+    from fa4verify.problem import resolve_window
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
     plain = (not r_causal and not r_local and problem.mask_mod is None and not problem.varlen
              and problem.call is None and not problem.mods)     # a mod sees positions: no permutation
@@ -476,7 +477,7 @@ def _judge_stages(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, tap
     """``bwd_stages``: the tapped D, lse_log2 and dq_accum within their stage budgets, and the
     output dQ against the tapped accumulator (``dq_post``)."""
     import types
-    from fa4verify.stage_taps import judge_taps
+    from fa4verify.stages.taps import judge_taps
     if taps.get("dq_accum") is None and taps.get("dq_accum_missing"):
         undecided["bwd_stages.dq_accum"] = taps["dq_accum_missing"]
     ran.append("bwd_stages")

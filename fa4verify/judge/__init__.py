@@ -11,7 +11,7 @@
 Audit checks, the public gate, fuzz properties, mutant verifiers and attribution all call these;
 no other module of fa4verify compares a kernel output with an oracle under a budget.
 """
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.judge.attention import (BackwardJudgement, ForwardJudgement, Reference, arrays_from,
                                        dense_problem, forward_allowances, judge_backward, judge_forward,
                                        load_budgets, oracle_backward, oracle_forward)

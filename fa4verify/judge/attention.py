@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.judge.stats import BudgetStats
 from fa4verify.judge.verdict import Verdict, compare
 

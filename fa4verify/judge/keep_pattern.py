@@ -1,5 +1,5 @@
 """The oracle of a dense problem under a keep-pattern its call form adds (block sparsity, a CuTe
-``mask_mod``; Note [Call forms keep the problem's meaning] in ``fa4verify._strategies.calls``).
+``mask_mod``; Note [Call forms keep the problem's meaning] in ``fa4verify.problem.calls``).
 
 The certified oracle has no keep-mask argument; a keep-pattern is rewritten exactly as a varlen
 batch (``fa4verify.oracles.block_sparse``): one sequence per (batch entry, query block) holding

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.judge.attention import load_budgets
 from fa4verify.judge.stats import BudgetStats, gamma, kernel_constants_for
 from fa4verify.judge.verdict import Verdict, compare, worst_status

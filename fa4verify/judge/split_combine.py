@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.judge.attention import forward_allowances, load_budgets
 from fa4verify.judge.verdict import Verdict, compare
 

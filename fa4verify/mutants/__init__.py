@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from fa4verify.mutants.catalogue import (Arch, Mutant, CATALOGUE, MUTANT_NAMES, PRODUCTION_KNOBS, get_mutant)
 from fa4verify.mutants.problems import (Problem, battery, _rng, _round_dtype, ProblemData, make_inputs)
-from fa4verify.mutants.verdict import (Status, Verdict, NA, Unavailable)
+from fa4verify.mutants.verdict import Status, Verdict, NA
 from fa4verify.mutants.upstream import (_torch, _local_mask, attention_ref_torch, RuleOutcome, fa_rule,
                                         upstream_bwd_applies, _ref_inputs, _as_bf16_tensor, UpstreamRefs,
                                         upstream_refs, fa_rule_forward, fa_rule_backward,
@@ -73,5 +73,5 @@ __all__ = [
     "ASSERT_CLOSE_DEFAULTS", "assert_close_verdict", "fa_rule_forward", "fa_rule_backward",
     "run_twin", "run_production", "run_suite", "SuiteResult", "Cell", "Row", "verifiers",
     "VERIFIERS", "table_rows", "render_rich", "render_markdown", "read_json", "write_json",
-    "exit_code", "uncaught", "Unavailable",
+    "exit_code", "uncaught",
 ]

@@ -11,14 +11,15 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
-from fa4verify import stage_budgets
+from fa4verify.stages import budgets as stages
 from fa4verify.mutants.catalogue import Arch
 from fa4verify.mutants.exp2_verifiers import _bits_equal, _v_exp2_cert, _v_exp2_golden
 from fa4verify.mutants.problems import Problem, ProblemData
 from fa4verify.mutants.twin_runs import TwinOutputs, _one_line
 from fa4verify.mutants.upstream import (_torch, assert_close_verdict, fa_rule_backward, fa_rule_forward,
                                         upstream_bwd_applies, UpstreamRefs, upstream_refs)
-from fa4verify.mutants.verdict import NA, Unavailable, Verdict
+from fa4verify.mutants.verdict import NA, Verdict
+from fa4verify.errors import DependencyMissing
 
 @dataclasses.dataclass
 class ProblemEnv:
@@ -49,7 +50,7 @@ _BUDGET_CACHE: dict[tuple[str, str], Any] = {}
 
 
 def load_budgets(dtype: str, arch: str):
-    """``fa4verify.error_budgets.load(dtype, arch)`` (cached); raises :class:`Unavailable` when
+    """``fa4verify.error_budgets.load(dtype, arch)`` (cached); raises :class:`DependencyMissing` when
     the budgets cannot be loaded (module missing or a malformed budget file)."""
     key = (dtype, arch)
     if key not in _BUDGET_CACHE:
@@ -57,7 +58,7 @@ def load_budgets(dtype: str, arch: str):
         try:
             _BUDGET_CACHE[key] = load(dtype, arch)
         except Exception as exc:  # noqa: BLE001
-            raise Unavailable(f"error budgets for {dtype}/{arch} not loadable: "
+            raise DependencyMissing(f"error budgets for {dtype}/{arch} not loadable: "
                               f"{_one_line(exc)}") from None
     return _BUDGET_CACHE[key]
 
@@ -161,7 +162,7 @@ def _env_oracle(env: "ProblemEnv") -> OracleCase:
     if env.oracle_fwd is None and env.oracle_error is None:
         try:
             env.oracle_fwd = oracle_case(env.data, env.arch)
-        except Unavailable:
+        except DependencyMissing:
             raise
         except Exception as exc:  # noqa: BLE001
             env.oracle_error = _one_line(exc)
@@ -207,7 +208,7 @@ def _fwd_budget_judge(env: "ProblemEnv", run: "TwinOutputs", budgets) -> Verdict
     p = env.data.problem
     d = env.data
     with np.errstate(invalid="ignore"):
-        fc = stage_budgets.check_forward_outputs(
+        fc = stages.check_forward_outputs(
             run.out, run.lse, d.q, d.k, d.v, arch=env.arch, dtype=p.dtype,
             softmax_scale=p.softmax_scale, causal=p.causal, budgets=budgets, where="CPU twin")
     return _judge_verdict(fc.verdicts, "judge.judge_forward", f"; max |err| {fc.max_abs_err:.3g}")
@@ -236,7 +237,7 @@ def _fwd_budget_own(env: "ProblemEnv", run: "TwinOutputs", budgets) -> Verdict:
 
 def _v_bwd_budget(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
     """dQ, dK, dV vs the certified oracle within ``e2e.backward_dq/dk/dv``: fa4verify's judge,
-    ``stage_budgets.check_backward_outputs`` (reference: the exact gradient; the budget's D term
+    ``stages.check_backward_outputs`` (reference: the exact gradient; the budget's D term
     covers D computed from the rounded O). Finite inputs only (the battery's NaN problems have no
     backward)."""
     if _bwd_error(run):
@@ -249,7 +250,7 @@ def _v_bwd_budget(env: "ProblemEnv", run: "TwinOutputs") -> Verdict:
         return NA
     budgets = load_budgets(p.dtype, env.arch)
     with np.errstate(invalid="ignore", over="ignore"):
-        bc = stage_budgets.check_backward_outputs(
+        bc = stages.check_backward_outputs(
             run.grads[0], run.grads[1], run.grads[2], d.q, d.k, d.v, d.dout, arch=env.arch,
             dtype=p.dtype, causal=p.causal, softmax_scale=p.softmax_scale,
             budgets=budgets, where="CPU twin")

@@ -6,7 +6,8 @@ import numpy as np
 
 from fa4verify.mutants.catalogue import Mutant
 from fa4verify.mutants.twin_runs import twin_module
-from fa4verify.mutants.verdict import NA, Unavailable, Verdict
+from fa4verify.mutants.verdict import NA, Verdict
+from fa4verify.errors import DependencyMissing
 
 def exp2_inputs(profile: str = "quick", seed: int = 2026) -> np.ndarray:
     """Fixed fp32 inputs for the exp2 gates: a uniform sample of [-127, 8] (2^16 values for
@@ -29,7 +30,7 @@ def _emulated_exp2_fn():
     tw = twin_module()
     fn = getattr(tw, "emulated_exp2", None) if tw is not None else None
     if fn is None:
-        raise Unavailable("twin_attention.emulated_exp2 not available")
+        raise DependencyMissing("twin_attention.emulated_exp2 not available")
     return fn
 
 
@@ -50,10 +51,10 @@ def golden_exp2(profile: str = "quick") -> tuple[np.ndarray, np.ndarray, str]:
     try:
         from fa4verify.kernels import golden
     except ImportError as exc:
-        raise Unavailable(f"fa4verify.kernels.golden not available ({exc})") from None
+        raise DependencyMissing(f"fa4verify.kernels.golden not available ({exc})") from None
     path = golden.golden_dir() / "probe_outputs.npz"
     if not path.exists():
-        raise Unavailable(f"no golden vectors at {path}")
+        raise DependencyMissing(f"no golden vectors at {path}")
     g = golden.load(path)
     xb = np.asarray(g.arrays["x"], np.uint32)
     yb = np.asarray(g.arrays["ex2_emulation_deg3"], np.uint32)
@@ -92,14 +93,14 @@ def _certified_bound() -> tuple[float, str]:
     try:
         from fa4verify.error_budgets.loader import CONSTANTS
     except ImportError as exc:
-        raise Unavailable(f"fa4verify.error_budgets.loader not available ({exc})") from None
+        raise DependencyMissing(f"fa4verify.error_budgets.loader not available ({exc})") from None
     return float(CONSTANTS["emu_rel"]), "error_budgets emu_rel"
 
 
 def exp2_cert_inputs(profile: str = "quick") -> np.ndarray:
     """Sorted main-domain inputs of the exp2 certification check: every multiple of 2^-16
     (quick) / 2^-20 (full) in [0, 1) -- the emulation's error on [n, n+1) is that of the fraction
-    (Note [Fast exhaustive sweep] (R1) in ``fa4verify.exp2_cert``) -- plus the finite inputs of
+    (Note [Fast exhaustive sweep] (R1) in ``fa4verify.exp2.cert``) -- plus the finite inputs of
     :func:`exp2_inputs` in [-126, 8]."""
     k = 16 if profile == "quick" else 20
     f = (np.arange(1 << k, dtype=np.float64) / (1 << k)).astype(np.float32)
@@ -109,7 +110,7 @@ def exp2_cert_inputs(profile: str = "quick") -> np.ndarray:
 
 
 def _v_exp2_cert(m: Mutant | None, profile: str) -> Verdict:
-    """``fa4verify.exp2_cert``'s statistics (``direct_stats``: max relative error, bf16 wrong
+    """``fa4verify.exp2.cert``'s statistics (``direct_stats``: max relative error, bf16 wrong
     count against the correctly rounded 2^x) of the emulation the twin's forward uses (mutated or
     not) on :func:`exp2_cert_inputs`, against the certified bound and against the unmutated
     emulation on the same inputs. Figure: max relative error / certified bound; fails above 1 or
@@ -117,15 +118,15 @@ def _v_exp2_cert(m: Mutant | None, profile: str) -> Verdict:
     if m is not None and not m.poly:
         return NA
     try:
-        from fa4verify import exp2_cert
+        from fa4verify.exp2 import cert
     except ImportError as exc:
-        raise Unavailable(f"fa4verify.exp2_cert not available ({exc})") from None
+        raise DependencyMissing(f"fa4verify.exp2.cert not available ({exc})") from None
     bound, src = _certified_bound()
     fn = _emulated_exp2_fn()
     x = exp2_cert_inputs(profile)
     y = np.exp2(x.astype(np.float64))
-    st = exp2_cert.direct_stats(x, fn(x, frozenset() if m is None else frozenset({m.name})), y=y)
-    base = st if m is None else exp2_cert.direct_stats(x, fn(x, frozenset()), y=y)
+    st = cert.direct_stats(x, fn(x, frozenset() if m is None else frozenset({m.name})), y=y)
+    base = st if m is None else cert.direct_stats(x, fn(x, frozenset()), y=y)
     ratio = st.max_rel / bound
     ok = ratio <= 1.0 and st.wrong_bf16 <= base.wrong_bf16
     return Verdict("pass" if ok else "fail", ratio,

@@ -9,7 +9,7 @@ import numpy as np
 from fa4verify.mutants.catalogue import Mutant
 from fa4verify.mutants.problems import Problem, ProblemData
 from fa4verify.mutants.twin_runs import TwinOutputs, _one_line
-from fa4verify.mutants.verdict import Unavailable
+from fa4verify.errors import DependencyMissing
 from fa4verify.mutants.columns import kernel_config, verifiers as _verifiers
 
 #: Verifiers that apply to production kernels: those whose ``judges`` is "production" (no stage
@@ -33,18 +33,18 @@ def production_applies(m: Mutant, p: Problem) -> bool:
 
 
 def production_arch() -> str:
-    """``"sm90"`` / ``"sm100"`` / ``"sm103"`` for the local GPU (raises :class:`Unavailable`
+    """``"sm90"`` / ``"sm100"`` / ``"sm103"`` for the local GPU (raises :class:`DependencyMissing`
     without one, or on a GPU FA4 runs no SM90/SM100 kernel on)."""
     from fa4verify.kernels import adapter
     ok, why = adapter.cuda_status()
     if not ok:
-        raise Unavailable(f"no CUDA device: {why}")
+        raise DependencyMissing(f"no CUDA device: {why}")
     from fa4verify.kernels.device import local_gpu
     g = local_gpu()
     if g is None:
-        raise Unavailable("no CUDA device")
+        raise DependencyMissing("no CUDA device")
     if g.arch is None:
-        raise Unavailable(g.unsupported_reason())
+        raise DependencyMissing(g.unsupported_reason())
     return g.arch
 
 

@@ -13,7 +13,8 @@ from fa4verify.mutants.catalogue import MUTANT_NAMES, Mutant, get_mutant
 from fa4verify.mutants.problems import Problem, battery, make_inputs
 from fa4verify.mutants.twin_runs import TwinOutputs, run_twin
 from fa4verify.mutants.upstream import _torch
-from fa4verify.mutants.verdict import Status, Unavailable, Verdict
+from fa4verify.mutants.verdict import Status, Verdict
+from fa4verify.errors import DependencyMissing
 from fa4verify.mutants.columns import _REGISTRY, ProblemEnv, VerifierSpec, load_budgets, verifiers
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +203,7 @@ def _mutant_applies(m: Mutant, p: Problem, arch: str) -> bool:
 def _evaluate(spec: VerifierSpec, *args) -> Verdict:
     try:
         return spec.fn(*args)
-    except Unavailable:
+    except DependencyMissing:
         raise
     except Exception as exc:  # noqa: BLE001 - a broken verifier is an "error" cell, not a crash
         return Verdict("error", None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
@@ -266,7 +267,7 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
             for m in muts:
                 record(m.name, "-", "exp2-inputs", spec, _evaluate(spec, m, profile))
             say(f"exp2 verifier {spec.name}: done")
-        except Unavailable as exc:
+        except DependencyMissing as exc:
             res.unavailable[spec.name] = str(exc)
             live.remove(spec)
     pspecs = [s for s in live if s.scope == "problem"]
@@ -280,7 +281,7 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
             if any(sp.name == "stages" for sp in pspecs):
                 try:
                     sb = load_budgets(p.dtype, arch)
-                except Unavailable as exc:
+                except DependencyMissing as exc:
                     sb_err = str(exc)
 
             def _mark(run: TwinOutputs) -> TwinOutputs:
@@ -297,7 +298,7 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
                     continue
                 try:
                     record("none", arch, p.name, spec, _evaluate(spec, env, base))
-                except Unavailable as exc:
+                except DependencyMissing as exc:
                     res.unavailable[spec.name] = str(exc)
                     pspecs.remove(spec)
             say(f"{p.name}[{arch}] unmutated: done")
@@ -316,7 +317,7 @@ def run_suite(profile: Literal["quick", "full"] = "quick", *, seed: int = 0,
                         continue
                     try:
                         record(m.name, arch, p.name, spec, _evaluate(spec, env, run))
-                    except Unavailable as exc:  # pragma: no cover - caught on the base run
+                    except DependencyMissing as exc:  # pragma: no cover - caught on the base run
                         record(m.name, arch, p.name, spec, Verdict("error", None, str(exc)))
                 say(f"{p.name}[{arch}] {m.name}: done")
             refs = env.refs  # shared by the archs of this problem

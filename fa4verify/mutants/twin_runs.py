@@ -9,7 +9,7 @@ import numpy as np
 
 from fa4verify.mutants.catalogue import Arch
 from fa4verify.mutants.problems import Problem, ProblemData
-from fa4verify.stage_budgets import StageTally, stage_verdict, tally_verdict
+from fa4verify.stages.budgets import StageTally, stage_verdict, tally_verdict
 
 def _call_accepting(fn: Callable, *args, required: Iterable[str] = (), **kwargs):
     """Call ``fn`` with only the keyword arguments its signature accepts. A keyword named in

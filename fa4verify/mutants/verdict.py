@@ -1,5 +1,5 @@
-"""One cell of the detection table: a verifier's :class:`Verdict` on one (mutant, problem), and
-:class:`Unavailable` for a verifier whose dependency is missing."""
+"""One cell of the detection table: a verifier's :class:`Verdict` on one (mutant, problem) (a
+verifier whose dependency is missing raises :class:`fa4verify.errors.DependencyMissing`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,6 +30,3 @@ class Verdict:
 
 NA = Verdict("n/a")
 
-
-class Unavailable(Exception):
-    """A verifier's dependency (module) is not there; the verifier is reported unavailable."""

@@ -45,9 +45,9 @@ from typing import Any, Collection, Mapping, Optional
 
 import numpy as np
 
-from fa4verify._strategies.problem import AttentionProblem
-from fa4verify._strategies.values import ValueSpec
-from fa4verify.targets import HarnessError, ProductionTarget, TwinTarget, Unsupported
+from fa4verify.problem import AttentionProblem, ValueSpec
+from fa4verify.targets import ProductionTarget, TwinTarget
+from fa4verify.errors import HarnessError, Unsupported
 
 __all__ = ["VARIED", "LAYOUTS", "SEQ_PROPERTIES", "Call", "KeyedTwinTarget", "SequenceProductionTarget",
            "make_target", "judge_call", "run_sequences", "write_case", "replay", "classify", "CASE_FORMAT"]

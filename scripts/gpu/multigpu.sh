@@ -3,7 +3,7 @@
 # item 5). Runs unchanged on the one-GPU H200 and on an 8-GPU node; run from the repo root:
 #   bash scripts/gpu/multigpu.sh
 # 1. smoke: pytest -p fa4verify -n <GPUs> --fa4verify=quick --fa4-only -k <a handful of items>
-#    (xdist worker gwI pinned to GPU I by fa4verify.multigpu; no test module imported; one worker
+#    (xdist worker gwI pinned to GPU I by fa4verify.run.gpus; no test module imported; one worker
 #    pool per xdist worker; FA4's kernel cache shared), timed.
 # 2. fa4verify determinism --gpus all: the full h200 matrix in one pinned process per GPU
 #    (torch.multiprocessing spawn), digests compared across GPUs, processes and runs; manifest

@@ -9,7 +9,7 @@ set -u
 : "${OUT:?set OUT}"
 JOBS="${FA4V_SRCMUT_JOBS:-8}"
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
-timeout 560 python3 -m fa4verify.source_mutants_run --out "$OUT" --device cuda --jobs "$JOBS" \
+timeout 560 python3 -m fa4verify.mutants.source_run --out "$OUT" --device cuda --jobs "$JOBS" \
     --shape 4,1024,2,128 --worker-timeout 400 --work "${TMPDIR:-/tmp}/fa4v-srcmut" \
     > "$OUT/source_mutants.log" 2>&1
 rc=$?

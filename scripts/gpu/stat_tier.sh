@@ -22,7 +22,7 @@ export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=${FLASH_ATTENTION_CUTE_DSL_CACHE_E
 N=${STAT_PROBLEMS:-1000}
 W=${STAT_WORKERS:-15}
 T=${STAT_TIMEOUT:-420}
-timeout "$T" python3 -m fa4verify.stat_campaign --target production --problems "$N" --workers "$W" \
+timeout "$T" python3 -m fa4verify.mutants.stat_campaign --target production --problems "$N" --workers "$W" \
   --sweep-problems 30 --out "$OUT" 2> "$OUT/stat_tier.stderr"
 rc=$?
 tail -5 "$OUT/stat_tier.stderr"

@@ -4,18 +4,18 @@ top-k gather (``gather_kv_indices``, forward and the sparse MLA backward), fp8 e
 ``q/k/v_descale``, and ``seqused_k`` forward/backward.
 
 :func:`run` starts one subprocess per compile target (``sm_90a`` / ``sm_100a``) with the census'
-environment and CPU shims (:func:`fa4verify.census.compile_env`, ``_install_cpu_shims``); in it
+environment and CPU shims (:func:`fa4verify.compile.census.compile_env`, ``_install_cpu_shims``); in it
 each :class:`FeatureCase` makes fake CUDA tensors under torch ``FakeTensorMode`` and calls the
 adapter (``forward(..., num_splits=/page_table=)``, ``combine``, ``backward(...,
 block_sparse_tensors=)``): FA4 traces and compiles its kernels for ``FLASH_ATTENTION_ARCH`` and
 skips the launch. Per case: ok / the error FA4 raised, the kernel classes whose PTX the DSL wrote
-(``fa4verify.compile_only.kernel_class``), FA4's compile key, wall seconds.
+(``fa4verify.compile.production.kernel_class``), FA4's compile key, wall seconds.
 
 Every figure from here is **compile-only** (shapes and code, no values). Usage::
 
-    python -m fa4verify.feature_compile --arch sm_100a --cases split_kv,paged,combine --json F
-    python -m fa4verify.feature_compile --arch sm_90a --cases sparse_bwd:208 --json F
-    python -m fa4verify.feature_compile --arch sm_100a --cases mla_fwd,gather_fwd,gather_bwd --json F
+    python -m fa4verify.compile.features --arch sm_100a --cases split_kv,paged,combine --json F
+    python -m fa4verify.compile.features --arch sm_90a --cases sparse_bwd:208 --json F
+    python -m fa4verify.compile.features --arch sm_100a --cases mla_fwd,gather_fwd,gather_bwd --json F
 
 ``kind[:n]``: n is the page size (paged), the split count (split_kv, combine), the number of query
 heads (mla_fwd, gather_fwd, gather_bwd, gather_bwd_rp: MLA has one KV head) or the head dim.
@@ -109,7 +109,7 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fa4verify.compile_only import kernel_class
+    from fa4verify.compile.production import kernel_class
     from fa4verify.kernels import adapter as ad
     rec: dict[str, Any] = {"case": asdict(case), "label": case.label(), "ok": False, "error": None,
                            "where": "compile-only", "arch": os.environ.get("CUTE_DSL_ARCH")}
@@ -316,7 +316,7 @@ def _install_fake_cuda_indexing() -> None:
 
 def _worker(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    from fa4verify.census import _install_cpu_shims
+    from fa4verify.compile.census import _install_cpu_shims
     _install_cpu_shims(int(os.environ["FLASH_ATTENTION_NUM_SMS"]))
     _install_fake_cuda_indexing()
     dump = Path(os.environ["CUTE_DSL_DUMP_DIR"])
@@ -332,7 +332,7 @@ def run(arch: str, cases: Sequence[FeatureCase], workdir: str | os.PathLike | No
     "compile-only", "wall_seconds", "results": [...]}``. A case that kills the compiler process
     (the DSL aborts on some layouts instead of raising) is recorded with ``aborted: True``, its
     exit status and the stderr tail, and the remaining cases run in a fresh subprocess."""
-    from fa4verify.census import compile_env
+    from fa4verify.compile.census import compile_env
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="fa4feat-"))
     dump = (base / f"{arch}-dump").resolve()
     dump.mkdir(parents=True, exist_ok=True)
@@ -346,7 +346,7 @@ def run(arch: str, cases: Sequence[FeatureCase], workdir: str | os.PathLike | No
             result.unlink()
         spec = json.dumps({"cases": [asdict(c) for c in todo], "result": str(result)})
         r = subprocess.run([sys.executable, "-X", "faulthandler", "-c",
-                            "import sys; from fa4verify.feature_compile import _worker; _worker(sys.argv[1])", spec],
+                            "import sys; from fa4verify.compile.features import _worker; _worker(sys.argv[1])", spec],
                            env=env, capture_output=True, text=True, timeout=timeout)
         done = json.loads(result.read_text()) if result.exists() else []
         results.extend(done)
@@ -368,7 +368,7 @@ def run(arch: str, cases: Sequence[FeatureCase], workdir: str | os.PathLike | No
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fa4verify.feature_compile", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m fa4verify.compile.features", description=__doc__.split("\n\n")[0])
     from fa4verify.kernels.facts import ptx_target
     ap.add_argument("--arch", choices=[ptx_target("sm90"), ptx_target("sm100")], required=True)
     ap.add_argument("--cases", required=True, help="comma list of kind[:n]: " + ", ".join(KINDS))
@@ -380,7 +380,7 @@ def main(argv=None) -> int:
     try:
         cases = parse_cases(ns.cases)
     except ValueError as e:
-        print(f"fa4verify.feature_compile: error: {e}", file=sys.stderr)
+        print(f"fa4verify.compile.features: error: {e}", file=sys.stderr)
         return 2
     if ns.merge:
         try:
@@ -388,7 +388,7 @@ def main(argv=None) -> int:
             if old.get("arch") != ns.arch or not isinstance(old.get("results"), list):
                 raise ValueError(f"arch {old.get('arch')!r} != {ns.arch!r} or no results list")
         except (OSError, ValueError) as e:
-            print(f"fa4verify.feature_compile: error: --merge {ns.merge}: {e}", file=sys.stderr)
+            print(f"fa4verify.compile.features: error: --merge {ns.merge}: {e}", file=sys.stderr)
             return 2
     out = run(ns.arch, cases)
     for r in out["results"]:

@@ -49,7 +49,7 @@ from fa4verify.kernels.facts import fa4_arch_env, ptx_target  # noqa: E402  (lig
 
 #: compile target -> (FLASH_ATTENTION_ARCH, SM count of the persistent grid)
 ARCHS = {ptx_target(a): (fa4_arch_env(a), sms) for a, sms in (("sm90", "132"), ("sm100", "148"))}
-#: Compile targets the compile-only production path (:mod:`fa4verify.compile_only`) also takes:
+#: Compile targets the compile-only production path (:mod:`fa4verify.compile.production`) also takes:
 #: sm_103a (B300-class; FA4 4.0.0b36 compiles its SM100 kernels for it, ``is_sm103`` in the
 #: tuning key). The SM count only sizes the persistent grid, not the per-element math.
 COMPILE_ARCHS = dict(ARCHS, **{ptx_target("sm103"): (fa4_arch_env("sm103"), "148")})
@@ -189,7 +189,7 @@ def compile_case(case: CensusCase, workdir: str | os.PathLike | None = None,
     spec = json.dumps({"case": asdict(case), "result": str(result_json)})
     t0 = time.time()
     r = subprocess.run([sys.executable, "-c",
-                        "import sys; from fa4verify.census import _worker; _worker(sys.argv[1])", spec],
+                        "import sys; from fa4verify.compile.census import _worker; _worker(sys.argv[1])", spec],
                        env=env, capture_output=True, text=True, timeout=timeout)
     dt = time.time() - t0
     if r.returncode != 0 or not result_json.exists():

@@ -6,12 +6,12 @@ Evidence, per cell, from files in the checkout (nothing is typed by hand):
 * **measured on <GPU>**: ``docs/results/features/h200/features_<section>.json`` written by
   ``scripts/gpu/features.sh`` (``where`` says the GPU; the max tightness of the judged outputs);
 * **compile-only**: ``docs/results/features/compile_only_<arch>.json`` (``python -m
-  fa4verify.feature_compile``): compiles / FA4 refuses / the compiler aborts;
+  fa4verify.compile.features``): compiles / FA4 refuses / the compiler aborts;
 * **CPU twin**: the feature's numerics are modelled by a twin in ``kernels/`` (listed in
   :data:`TWIN`) and tested on the CPU;
 * otherwise the cell says FA4's claim and "not run by fa4verify yet".
 
-``python -m fa4verify.feature_table --write README.md`` replaces the block between
+``python -m fa4verify.tables.features --write README.md`` replaces the block between
 ``<!-- feature-table:start -->`` and ``<!-- feature-table:end -->``; ``--check README.md`` exits 1
 when the README's block is stale (``tests/test_feature_table.py`` runs it).
 """
@@ -27,7 +27,7 @@ from fa4verify.kernels import features as F
 
 __all__ = ["TWIN", "COMPILE_KIND", "load_evidence", "cell_text", "render", "replace_block", "main"]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "features"
 START, END = "<!-- feature-table:start -->", "<!-- feature-table:end -->"
 
@@ -339,12 +339,12 @@ def write_or_check(prog: str, table: str, *, write: Optional[str], check: Option
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fa4verify.feature_table")
+    ap = argparse.ArgumentParser(prog="python -m fa4verify.tables.features")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", metavar="README")
     g.add_argument("--check", metavar="README")
     ns = ap.parse_args(argv)
-    return write_or_check("fa4verify.feature_table", render(), write=ns.write, check=ns.check)
+    return write_or_check("fa4verify.tables.features", render(), write=ns.write, check=ns.check)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ mismatching inputs come back to the host.
 
 Note [What the device sweep certifies]
 --------------------------------------
-The CPU certification (``fa4verify.exp2_cert``, exhaustive) scores the *twin* against the
+The CPU certification (``fa4verify.exp2.cert``, exhaustive) scores the *twin* against the
 correctly rounded ``2^x`` (relative error, fp32 / bf16 / fp16 ulps, wrong-rounding counts,
 monotonicity). When the device function equals the twin bit for bit on every input of the range,
 the device function has exactly the twin's results, so every figure of the CPU certification is a
@@ -280,7 +280,7 @@ def run_device(degrees: Sequence[int], lo: float, hi: float, *, gpu, chunk: int 
                  "edge_nan_bits": [f"0x{b:08x}" for b in EDGE_NAN_BITS],
                  "certifies": "device == twin bit for bit on every input => the CPU twin certification of "
                               "the same degree applies to the device function (Note [What the device sweep "
-                              "certifies], fa4verify/exp2_device.py)",
+                              "certifies], fa4verify/exp2/device.py)",
                  "sweeps": [], "violations": []}
     arch = gpu.arch if gpu else "sm90"
     for func, key, variant in device_functions(arch):

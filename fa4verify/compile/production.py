@@ -2,7 +2,7 @@
 with ``fake=True``, no GPU.
 
 :func:`run_cases` starts **one** Python subprocess per compile target (``sm_100a`` / ``sm_103a`` /
-``sm_90a``) with the census' environment (:func:`fa4verify.census.compile_env`: ``CUTE_DSL_ARCH``,
+``sm_90a``) with the census' environment (:func:`fa4verify.compile.census.compile_env`: ``CUTE_DSL_ARCH``,
 ``FLASH_ATTENTION_ARCH``, ``FLASH_ATTENTION_NUM_SMS``, ``CUTE_DSL_KEEP=ptx``, an existing
 ``CUTE_DSL_DUMP_DIR``) and the adapter's compile-only shims (:func:`fa4verify.kernels.adapter.install_compile_only_shims`), so
 neither leaks into the calling process. In it every :class:`CompileCase` becomes an
@@ -144,7 +144,7 @@ def _summary_config(d: dict) -> dict:
 def _run_one(case: CompileCase, dump: Path) -> dict[str, Any]:
     import numpy as np
 
-    from fa4verify._strategies.problem import AttentionProblem
+    from fa4verify.problem import AttentionProblem
     from fa4verify.kernels import adapter as ad
     from fa4verify.targets import ProductionTarget
     arch = _fa_arch(os.environ["CUTE_DSL_ARCH"])
@@ -232,7 +232,7 @@ def run_cases(arch: str, cases: Sequence[CompileCase], workdir: str | os.PathLik
     workers), else off.
     A case that fails records its error (``ok`` False); raises ``RuntimeError`` only when the
     subprocess itself dies (with its stderr tail)."""
-    from fa4verify.census import compile_env
+    from fa4verify.compile.census import compile_env
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="fa4compile-"))
     dump = (base / f"{arch}-dump").resolve()
     dump.mkdir(parents=True, exist_ok=True)
@@ -245,7 +245,7 @@ def run_cases(arch: str, cases: Sequence[CompileCase], workdir: str | os.PathLik
     spec = json.dumps({"cases": [asdict(c) for c in cases], "result": str(result)})
     t0 = time.time()
     r = subprocess.run([sys.executable, "-c",
-                        "import sys; from fa4verify.compile_only import _worker; _worker(sys.argv[1])", spec],
+                        "import sys; from fa4verify.compile.production import _worker; _worker(sys.argv[1])", spec],
                        env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.time() - t0
     if r.returncode != 0 or not result.exists():

@@ -5,7 +5,7 @@ The store is append-only: one ``[[claim]]`` per recorded figure (``id``, ``claim
 for the same claim is a new entry with the same ``id``; the table shows the latest entry (the last in
 file order) per ``(id, fa4, gpu)``, grouped by FA4 version x GPU.
 
-``python -m fa4verify.results_table --write README.md`` replaces the block between
+``python -m fa4verify.tables.results --write README.md`` replaces the block between
 ``<!-- results-table:start -->`` and ``<!-- results-table:end -->`` with the headline rows;
 ``--write docs/results/README.md --all`` writes every claim; ``--check FILE [--all]`` exits 1 when
 the file's block is stale (``tests/test_results_table.py`` runs it on both files).
@@ -23,7 +23,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "docs" / "results" / "evidence.toml"
 START = "<!-- results-table:start -->"
 END = "<!-- results-table:end -->"
@@ -84,7 +84,7 @@ def render(claims: Optional[list[dict[str, Any]]] = None, *, everything: bool = 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fa4verify.results_table")
+    ap = argparse.ArgumentParser(prog="python -m fa4verify.tables.results")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", metavar="FILE")
     g.add_argument("--check", metavar="FILE")
@@ -93,10 +93,10 @@ def main(argv=None) -> int:
     try:
         table = render(everything=ns.all)
     except (OSError, ValueError, tomllib.TOMLDecodeError) as e:
-        print(f"fa4verify.results_table: error: {e}", file=sys.stderr)
+        print(f"fa4verify.tables.results: error: {e}", file=sys.stderr)
         return 2
-    from fa4verify.feature_table import write_or_check
-    return write_or_check("fa4verify.results_table", table, write=ns.write, check=ns.check, start=START, end=END,
+    from fa4verify.tables.features import write_or_check
+    return write_or_check("fa4verify.tables.results", table, write=ns.write, check=ns.check, start=START, end=END,
                           rerun=" --all" if ns.all else "")
 
 

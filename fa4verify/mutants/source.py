@@ -8,18 +8,18 @@ How a mutant runs (Note [Private FA4 copy]):
    match the original source **exactly once** (:class:`EditError` otherwise) -- and writes a
    fingerprint: sha256 over every original file, the mutant id and every edit.
    The installed package is only read.
-2. The engine runs :func:`fa4verify.source_mutants_worker.run` in a fresh worker of its own
+2. The engine runs :func:`fa4verify.mutants.source_worker.run` in a fresh worker of its own
    (:func:`fa4verify.run.engine.run_calls`) with :func:`worker_env`: ``PYTHONPATH=<copy>`` first and FA4's compile cache pointed at a directory named by the
    fingerprint (``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``), so the cache can never serve the
    unpatched kernel; the worker asserts ``flash_attn.cute.__file__`` lies in the copy.
 3. The worker runs one small forward and one small backward on the GPU, taps the backward's
-   stages (:mod:`fa4verify.stage_taps`) and hands every tensor to every verifier of
-   :data:`fa4verify.detection.VERIFIERS` (worst-case judge, FA's upstream rule,
+   stages (:mod:`fa4verify.stages.taps`) and hands every tensor to every verifier of
+   :data:`fa4verify.mutants.detection.VERIFIERS` (worst-case judge, FA's upstream rule,
    ``assert_close``; the statistical tier plugs in there).
 
 Graded families (``recip_bias_2m7`` .. ``_2m13``, ``dpsum_bias_2m7`` .. ``_2m13``) give the
 detection curve: the smallest bias each verifier catches, per tensor
-(:func:`fa4verify.detection.detection_curve`).
+(:func:`fa4verify.mutants.detection.detection_curve`).
 
 The catalogue is ours; a hidden set kept apart from the project is run against the same
 machinery (any :class:`SourceMutant` list can be passed to :func:`make_copy`).

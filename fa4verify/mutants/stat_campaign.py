@@ -19,8 +19,8 @@ unchanged), judged by the worst-case and statistical tiers; reports the smallest
 
 Usage::
 
-    python -m fa4verify.stat_campaign --target production --problems 1000 --out DIR [--workers 15]
-    python -m fa4verify.stat_campaign --target twin --problems 8 --out DIR      # CPU smoke
+    python -m fa4verify.mutants.stat_campaign --target production --problems 1000 --out DIR [--workers 15]
+    python -m fa4verify.mutants.stat_campaign --target twin --problems 8 --out DIR      # CPU smoke
 
 Writes ``DIR/stat_tier.json`` and ``DIR/stat_tier.log``; prints a summary. Labels: "measured on
 <GPU> (sm_XY)" for production, "CPU twin" for the twin.
@@ -52,8 +52,7 @@ def plan(n: int, combos=((64, False), (128, False), (128, True)), seqlens=(128, 
 
 
 def _problem(spec: dict, arch: str):
-    from fa4verify._strategies.problem import AttentionProblem
-    from fa4verify._strategies.values import ValueSpec
+    from fa4verify.problem import AttentionProblem, ValueSpec
     s = spec["seqlen"]
     return AttentionProblem(arch=arch, dtype="bf16", batch=1, seqlen_q=s, seqlen_k=s, nheads=2, nheads_kv=2,
                             head_dim=spec["head_dim"], head_dim_v=spec["head_dim"], causal=spec["causal"],
@@ -138,7 +137,7 @@ def run(*, target: str = "twin", problems: int = 8, workers: int = 1, alpha: flo
         if pool is None:
             rows.append(judge_one(job))
         else:
-            from fa4verify.stat_campaign import judge_one as _judge   # importable by name under spawn
+            from fa4verify.mutants.stat_campaign import judge_one as _judge   # importable by name under spawn
             pending.append(pool.apply_async(_judge, (job,)))
     t_run = time.time() - t0
     if pool is not None:
@@ -204,7 +203,7 @@ def summarize(rows: list, *, where: str, alpha: float, alpha_test: float) -> dic
 
 
 def main(argv: Optional[list] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fa4verify.stat_campaign", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m fa4verify.mutants.stat_campaign", description=__doc__.split("\n")[0])
     ap.add_argument("--target", choices=("production", "twin"), default="twin")
     ap.add_argument("--problems", type=int, default=8)
     ap.add_argument("--workers", type=int, default=1)

@@ -1,10 +1,10 @@
-"""Run the production source mutants and judge them: ``python -m fa4verify.source_mutants_run
+"""Run the production source mutants and judge them: ``python -m fa4verify.mutants.source_run
 --out DIR [--device cuda|cpu] [--jobs N] [--mutants a,b]``.
 
 Steps: a clean private copy (the control) and one patched copy per mutant
-(:func:`fa4verify.source_mutants.make_copy`); the workers run in parallel (``--jobs``); one
+(:func:`fa4verify.mutants.source.make_copy`); the workers run in parallel (``--jobs``); one
 oracle of the shared problem judges every worker's tensors with every verifier of
-:data:`fa4verify.detection.VERIFIERS`, plus the bitwise rerun check of the deterministic
+:data:`fa4verify.mutants.detection.VERIFIERS`, plus the bitwise rerun check of the deterministic
 backward. Writes ``source_mutants.json`` and ``source_mutants.txt`` (the table, the stage taps of
 the control, the detection curves) into ``--out`` and prints the summary.
 
@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fa4verify import detection as det
-from fa4verify import source_mutants as sm
+from fa4verify.mutants import detection as det, source as sm
 
 FA4VERIFY_VERIFIERS = ("worst_case", "statistical")   # columns that count as fa4verify's own verdict
 
@@ -66,7 +65,7 @@ class Judge:
         self._alpha = lambda: alpha_per_test(DEFAULT_ALPHA, 4 * self.n_runs)
 
     def cases(self, t: dict) -> list:
-        from fa4verify.stage_taps import tap_references
+        from fa4verify.stages.taps import tap_references
         ja = self.ja
         fj = ja.judge_forward(self.p, self.a, t["out"], t["lse"], budgets=self.bs, oracle=self.ofwd)
         bj = ja.judge_backward(self.p, self.a, t["dq"], t["dk"], t["dv"], budgets=self.bs, forward=fj,
@@ -171,7 +170,7 @@ def _judge_one(item):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="fa4verify.source_mutants_run")
+    ap = argparse.ArgumentParser(prog="fa4verify.mutants.source_run")
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--jobs", type=int, default=4)
@@ -191,7 +190,7 @@ def main(argv=None) -> int:
     except SystemExit:
         return 2
     except (KeyError, ValueError) as e:
-        print(f"fa4verify.source_mutants_run: error: {e}", file=sys.stderr)
+        print(f"fa4verify.mutants.source_run: error: {e}", file=sys.stderr)
         return 2
     t0 = time.time()
     out = Path(args.out)
@@ -203,14 +202,14 @@ def main(argv=None) -> int:
         copies[m.id] = sm.make_copy(m, work / m.id)
     from fa4verify.run.engine import run_calls
     ids = list(copies)
-    got = run_calls("fa4verify.source_mutants_worker:run",
+    got = run_calls("fa4verify.mutants.source_worker:run",
                     [{"out": str(work / mid / "result"), "mutant": copies[mid].mutant.id if copies[mid].mutant else None,
                       "device": args.device, "shape": args.shape} for mid in ids],
                     envs=[sm.worker_env(copies[mid], work / "cache") for mid in ids],
                     timeout_s=args.worker_timeout, parallel=max(1, args.jobs))
     metas = {mid: (dict(oc.value, status="ok") if oc.ok else {"status": "error", "error": f"worker: {oc.error}"})
              for mid, oc in zip(ids, got)}
-    from fa4verify.source_mutants_worker import problem_inputs
+    from fa4verify.mutants.source_worker import problem_inputs
     judge = Judge(*problem_inputs(15, b, s, h, d))
     judge.n_runs = len(metas)     # Bonferroni over 4 tensors x every run (control + mutants)
     records = {}

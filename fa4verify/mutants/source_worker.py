@@ -1,4 +1,4 @@
-"""Worker of the production source mutants (``fa4verify.source_mutants``): runs FA4 -- the
+"""Worker of the production source mutants (``fa4verify.mutants.source``): runs FA4 -- the
 private copy first on ``PYTHONPATH`` -- on one small causal problem, forward then backward with
 the stage taps, and writes every tensor to ``<out>/tensors.npz`` plus ``<out>/meta.json``.
 It judges nothing (the parent judges every mutant against one oracle).
@@ -123,7 +123,7 @@ def run(payload: dict) -> dict:
     first on ``PYTHONPATH``): ``payload`` = ``out`` (directory), ``mutant`` (id or None),
     ``device`` (cuda | cpu), ``seed``, ``shape`` ("b,s,h,d"), ``det_runs`` (None: 8 for the
     control and determinism mutants), ``det_shape``. Writes the tensors and returns the meta."""
-    from fa4verify.source_mutants import catalogue
+    from fa4verify.mutants.source import catalogue
     mid = payload.get("mutant")
     mutant = catalogue([mid])[0] if mid else None
     seed = int(payload.get("seed", 15))

@@ -1,6 +1,6 @@
 """Static evidence for FA4's deterministic backward: the floating-point atomics on the dQ path
 and the semaphore that orders them, counted and located in the compiled PTX and SASS
-(compile-only, no GPU; :func:`fa4verify.census.compile_case` with ``backward=True``).
+(compile-only, no GPU; :func:`fa4verify.compile.census.compile_case` with ``backward=True``).
 
 What FA4 4.0.0b36 does (source: ``flash_attn/cute/flash_bwd_sm100.py`` ``dQacc_reduce``,
 ``flash_bwd_sm90.py`` ``dQaccum_store``, ``barrier.py``, ``copy_utils.py``):
@@ -179,7 +179,7 @@ def _short(name: str) -> str:
 
 
 def atomics_census(res) -> dict[str, Any]:
-    """Per kernel of a compiled case (:class:`fa4verify.census.CaseResult`): role, PTX and SASS
+    """Per kernel of a compiled case (:class:`fa4verify.compile.census.CaseResult`): role, PTX and SASS
     atomics counts and sites. Keys are the FA4 kernel class names."""
     out: dict[str, Any] = {"label": res.case.label(), "arch": res.case.arch,
                            "deterministic": bool(res.case.deterministic),
@@ -270,7 +270,7 @@ def compile_bwd_pair(arch: str, head_dim: int = 128, causal: bool = False,
     """Compile FA4's backward for ``arch`` with ``deterministic=True`` and with the default
     (two census subprocesses) and return ``(det, default, seconds)``: two :func:`atomics_census`
     dicts and the compile wall time per mode."""
-    from fa4verify import census as C
+    from fa4verify.compile import census as C
     out, secs = [], {}
     for det in (True, False):
         case = C.CensusCase(arch, head_dim, causal=causal, backward=True, deterministic=det, seqlen=seqlen)

@@ -1,0 +1,358 @@
+"""The attention problem: :class:`AttentionProblem`, a frozen, JSON-round-trippable description of
+one attention call -- what fa4verify runs, judges and reports, whoever made it (a check's fixed
+cases, the coverage plan, a deployment profile, a fuzz draw, a user).
+
+A problem holds only small integers, flags and a value seed; :meth:`AttentionProblem.materialize`
+generates the arrays with numpy. Layout follows FA4: dense ``(batch, seqlen, nheads, head_dim)``;
+varlen ``(total, nheads, head_dim)`` with ``cu_seqlens`` (int32, length batch + 1).
+
+Its parts, one module each: :mod:`~fa4verify.problem.masks` (causal and window resolution, the
+mask_mod-style patterns :class:`MaskMod`), :mod:`~fa4verify.problem.values` (:class:`ValueSpec` and
+the value distributions), :mod:`~fa4verify.problem.edges` (the mask-edge values) and
+:mod:`~fa4verify.problem.calls` (:class:`CallForm`: how FA4 is called for a problem). None of them
+imports Hypothesis: the strategies that draw problems are :mod:`fa4verify.strategies`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+import numpy as np
+
+from fa4verify.kernels import facts as _facts
+from fa4verify.problem.calls import CALL_FEATURES, MOD_FEATURE, CallForm
+from fa4verify.problem.masks import MaskMod, Window, resolve_window, window_keep_mask
+from fa4verify.problem.values import DISTRIBUTIONS, ValueSpec, generate_values, round_to_dtype
+
+__all__ = ["AttentionProblem", "PROBLEM_FORMAT", "FEATURES", "CALL_FEATURES", "MOD_FEATURE", "CallForm",
+           "MaskMod", "Window", "ValueSpec", "DISTRIBUTIONS", "head_dims_supported", "resolve_window",
+           "window_keep_mask", "generate_values", "round_to_dtype"]
+
+#: JSON schema tag written by :meth:`AttentionProblem.to_dict`.
+PROBLEM_FORMAT = "fa4verify-attention-problem/1"
+
+#: The optional features of a problem (each a field or pattern of :class:`AttentionProblem`);
+#: :func:`fa4verify.strategies.attention_problems` switches them on and off (all by default).
+FEATURES: tuple[str, ...] = ("causal", "local", "softcap", "sink", "varlen", "mask_mod", "gqa")
+
+
+def head_dims_supported(arch: str, head_dim: int, head_dim_v: int, dtype: str = "bf16") -> bool:
+    """The head dims a problem takes: FA4's rule (:func:`fa4verify.kernels.facts.head_dims_supported`),
+    less the MLA shapes (``head_dim_v`` 512 off SM90) for 16-bit problems: valid in FA4, but a
+    16-bit problem here is standard attention (MLA is :mod:`fa4verify.oracles.mla`'s)."""
+    if dtype in ("bf16", "fp16") and arch != "sm90" and head_dim_v == 512:
+        return False
+    return _facts.head_dims_supported(arch, head_dim, head_dim_v, dtype)
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One attention problem: shapes, masking, score modifiers and a value recipe.
+
+    Fields (all plain Python values, so a problem hashes, compares and round-trips JSON):
+
+    * ``arch``: "sm90" | "sm100"; ``dtype``: "bf16" | "fp16" (q, k, v, dout are exact in it).
+    * ``batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim_v``. For varlen problems
+      ``seqlen_q``/``seqlen_k`` are the maxima of ``seqlens_q``/``seqlens_k`` and ``batch`` their length.
+    * ``causal``, ``window_size=(left, right)`` (FA4 semantics, :mod:`fa4verify.problem.masks`).
+    * ``softcap`` (0.0 = off), ``sink`` (learnable per-head sink present), ``softmax_scale``
+      (None = FA4's default ``1/sqrt(head_dim)``).
+    * ``seqlens_q``/``seqlens_k``: per-sequence lengths of a varlen batch (zeros allowed), or None.
+    * ``mask_mod``: a boolean keep-pattern (:class:`MaskMod`) or None; never together with
+      causal/window/varlen.
+    * ``values``: the :class:`ValueSpec` the arrays are generated from.
+    * ``call``: how FA4 is called (:class:`~fa4verify.problem.calls.CallForm`: paged KV,
+      seqused_k, block sparsity, a CuTe mask_mod), or None for the plain call; it never changes
+      what the problem computes beyond the keep-mask it adds (Note [Call forms keep the
+      problem's meaning]).
+    """
+
+    arch: str
+    dtype: str
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_kv: int
+    head_dim: int
+    head_dim_v: int
+    causal: bool = False
+    window_size: Window = (None, None)
+    softcap: float = 0.0
+    sink: bool = False
+    softmax_scale: Optional[float] = None
+    seqlens_q: Optional[tuple[int, ...]] = None
+    seqlens_k: Optional[tuple[int, ...]] = None
+    mask_mod: Optional[MaskMod] = None
+    values: ValueSpec = field(default_factory=ValueSpec)
+    #: registered score_mod / mask_mod pair names (``fa4verify.mods``; at most one of each kind)
+    mods: tuple[str, ...] = ()
+    #: seed of the pairs' aux-tensor factories (callers may pass real aux data: ``arrays["mod_aux"]``)
+    mod_seed: int = 0
+    call: Optional[CallForm] = None
+
+    def __post_init__(self) -> None:
+        # the one problem type of fa4verify: every arch and dtype FA4 has (the strategies draw
+        # a subset: fa4verify._strategies.shapes.ARCHS / DTYPES)
+        if self.arch not in _facts.ARCHS:
+            raise ValueError(f"arch={self.arch!r} is not supported; expected one of {_facts.ARCHS}")
+        if self.dtype not in _facts.DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not supported; expected one of {_facts.DTYPES}")
+        if not head_dims_supported(self.arch, self.head_dim, self.head_dim_v, self.dtype):
+            raise ValueError(f"(head_dim, head_dim_v)=({self.head_dim}, {self.head_dim_v}) is not "
+                             f"supported on {self.arch} ({self.dtype}): {_facts.supported_head_dims_text(self.arch)}")
+        if self.nheads < 1 or self.nheads_kv < 1 or self.nheads % self.nheads_kv:
+            raise ValueError(f"nheads={self.nheads} must be a positive multiple of nheads_kv={self.nheads_kv}")
+        if (self.seqlens_q is None) != (self.seqlens_k is None):
+            raise ValueError("seqlens_q and seqlens_k must both be given (varlen) or both be None")
+        if self.seqlens_q is not None:
+            object.__setattr__(self, "seqlens_q", tuple(int(x) for x in self.seqlens_q))
+            object.__setattr__(self, "seqlens_k", tuple(int(x) for x in self.seqlens_k))
+            if not (len(self.seqlens_q) == len(self.seqlens_k) == self.batch):
+                raise ValueError(f"varlen: len(seqlens_q)={len(self.seqlens_q)}, len(seqlens_k)="
+                                 f"{len(self.seqlens_k)} and batch={self.batch} must agree")
+            if min(self.seqlens_q + self.seqlens_k) < 0:
+                raise ValueError("varlen sequence lengths must be >= 0")
+            if (self.seqlen_q, self.seqlen_k) != (max(self.seqlens_q), max(self.seqlens_k)):
+                raise ValueError("varlen: seqlen_q/seqlen_k must be the maxima of seqlens_q/seqlens_k")
+        elif self.batch < 1 or self.seqlen_q < 1 or self.seqlen_k < 1:
+            raise ValueError(f"dense problems need batch, seqlen_q, seqlen_k >= 1, got "
+                             f"{self.batch}, {self.seqlen_q}, {self.seqlen_k}")
+        if self.mask_mod is not None and (self.causal or self.window_size != (None, None) or self.varlen):
+            raise ValueError("mask_mod cannot be combined with causal, a window, or varlen")
+        if self.softcap < 0 or not math.isfinite(self.softcap):
+            raise ValueError(f"softcap={self.softcap} must be finite and >= 0")
+        object.__setattr__(self, "window_size", tuple(self.window_size))
+        object.__setattr__(self, "mods", tuple(self.mods))
+        if self.mods:
+            score, mask = self.mod_pairs()
+            if self.varlen or self.mask_mod is not None:
+                raise ValueError("mods cannot be combined with varlen or a MaskMod pattern (dense problems only)")
+            if self.call is not None:
+                raise ValueError("mods cannot be combined with an FA4 call form (paged KV, seqused_k, "
+                                 "block sparsity, a named mask_mod) yet")
+            if mask is not None and (self.causal or self.window_size != (None, None)):
+                raise ValueError(f"mask pair {mask.name!r} with causal/window: FA4 drops causal and the window "
+                                 f"when a mask_mod is given; write them into the mask")
+            if score is not None and self.softcap:
+                raise ValueError("a score pair and softcap cannot be combined (FA4 asserts)")
+            for p_ in (score, mask):
+                if p_ is not None and p_.self_attention_only and self.seqlen_q != self.seqlen_k:
+                    raise ValueError(f"mod pair {p_.name!r} needs seqlen_q == seqlen_k")
+        if self.call is not None:
+            self.call.validate(self)
+
+    # ------------------------------------------------------------------ derived facts
+    @property
+    def varlen(self) -> bool:
+        return self.seqlens_q is not None
+
+    @property
+    def scale(self) -> float:
+        """The softmax scale actually used (FA4's default ``1/sqrt(head_dim)`` when None)."""
+        return self.softmax_scale if self.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def local(self) -> bool:
+        return resolve_window(self.causal, self.window_size)[1]
+
+    @property
+    def work(self) -> int:
+        """Multiply-adds of one forward pass (size measure, e.g. for shrinking reports)."""
+        if self.varlen:
+            pairs = sum(a * b for a, b in zip(self.seqlens_q, self.seqlens_k))
+        else:
+            pairs = self.batch * self.seqlen_q * self.seqlen_k
+        return pairs * self.nheads * (self.head_dim + self.head_dim_v)
+
+    def features(self) -> dict[str, Any]:
+        """Flat feature labels (for campaign coverage counts and reports)."""
+        return {"arch": self.arch, "dtype": self.dtype, "hdim": f"{self.head_dim}x{self.head_dim_v}",
+                "causal": self.causal, "local": self.local, "softcap": self.softcap > 0, "sink": self.sink,
+                "varlen": self.varlen, "gqa": self.nheads_kv < self.nheads,
+                "mask_mod": self.mask_mod.kind if self.mask_mod else None,
+                "mods": "+".join(self.mods) or None,
+                "distribution": self.values.distribution,
+                "seqlen_q_ne_k": self.seqlen_q != self.seqlen_k,
+                "tile_edge": any(x % 64 in (0, 1, 63) for x in (self.seqlen_q, self.seqlen_k)),
+                "zero_length": bool(self.varlen and 0 in (self.seqlens_q + self.seqlens_k)),
+                **(self.call.labels() if self.call is not None else {})}
+
+    def describe(self) -> str:
+        """One-line human summary."""
+        parts = [f"{self.arch} {self.dtype} b={self.batch} sq={self.seqlen_q} sk={self.seqlen_k} "
+                 f"h={self.nheads}/{self.nheads_kv} d={self.head_dim}" +
+                 (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")]
+        if self.varlen:
+            parts.append(f"varlen q={list(self.seqlens_q)} k={list(self.seqlens_k)}")
+        if self.causal:
+            parts.append("causal")
+        if self.window_size != (None, None):
+            parts.append(f"window={self.window_size}")
+        if self.softcap:
+            parts.append(f"softcap={self.softcap:g}")
+        if self.sink:
+            parts.append("sink")
+        if self.softmax_scale is not None:
+            parts.append(f"scale={self.softmax_scale:g}")
+        if self.mask_mod:
+            parts.append(f"mask_mod={self.mask_mod.kind}({self.mask_mod.param})")
+        if self.mods:
+            parts.append("mods=" + "+".join(self.mods) + (f"#{self.mod_seed}" if self.mod_seed else ""))
+        if self.call is not None:
+            parts.append(self.call.describe())
+        parts.append(f"values={self.values.distribution}#{self.values.seed}")
+        return " ".join(parts)
+
+    def _seq_bounds(self) -> list[tuple[int, int, int, int]]:
+        """``(q_start, q_len, k_start, k_len)`` per batch entry, along the varlen token axis
+        (dense problems: starts are 0 and lengths the full seqlens)."""
+        if not self.varlen:
+            return [(0, self.seqlen_q, 0, self.seqlen_k)] * self.batch
+        cq = np.concatenate([[0], np.cumsum(self.seqlens_q)])
+        ck = np.concatenate([[0], np.cumsum(self.seqlens_k)])
+        return [(int(cq[b]), self.seqlens_q[b], int(ck[b]), self.seqlens_k[b]) for b in range(self.batch)]
+
+    def mod_pairs(self):
+        """``(score pair, mask pair)`` named by :attr:`mods` (None where absent)."""
+        from fa4verify import mods as _mods
+        return _mods.resolve(self.mods)
+
+    def keep_masks(self, arrays: Optional[dict] = None) -> list[np.ndarray]:
+        """Per batch entry, the boolean ``(len_q, len_k)`` keep-mask (True = attended) combining
+        causal/local masking, the mask_mod pattern and a mask pair (its aux from ``arrays`` or its
+        factory). Independent of heads."""
+        out = []
+        mask = self.mod_pairs()[1] if self.mods else None
+        if mask is not None:
+            from fa4verify import mods as _mods
+            aux = _mods.aux_for(self, mask, arrays)
+            qi = np.arange(self.seqlen_q)[:, None]
+            ki = np.arange(self.seqlen_k)[None, :]
+            return [np.broadcast_to(np.asarray(mask.ref(b, 0, qi, ki, aux), bool), (self.seqlen_q, self.seqlen_k))
+                    for b in range(self.batch)]
+        for _, lq, _, lk in self._seq_bounds():
+            if self.mask_mod is not None:
+                out.append(self.mask_mod.keep_mask(lq, lk))
+            else:
+                out.append(window_keep_mask(lq, lk, causal=self.causal, window_size=self.window_size))
+            extra = self.call.keep_mask(lq, lk) if self.call is not None else None
+            if extra is not None:
+                out[-1] = out[-1] & extra
+        return out
+
+    def fully_masked_rows(self) -> np.ndarray:
+        """Boolean array in FA4's LSE layout: ``(batch, nheads, seqlen_q)`` dense, ``(nheads,
+        total_q)`` varlen; True where a query row attends to no key (so O = 0 and, without a
+        sink, LSE = -inf)."""
+        rows = [~m.any(axis=1) for m in self.keep_masks()]
+        if self.varlen:
+            flat = np.concatenate(rows) if rows else np.zeros(0, bool)
+            return np.broadcast_to(flat[None, :], (self.nheads, flat.size)).copy()
+        return np.broadcast_to(np.stack(rows)[:, None, :], (self.batch, self.nheads, self.seqlen_q)).copy()
+
+    # ------------------------------------------------------------------ arrays
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        if self.varlen:
+            tq, tk = sum(self.seqlens_q), sum(self.seqlens_k)
+            return {"q": (tq, self.nheads, self.head_dim), "k": (tk, self.nheads_kv, self.head_dim),
+                    "v": (tk, self.nheads_kv, self.head_dim_v), "out": (tq, self.nheads, self.head_dim_v)}
+        b, sq, sk = self.batch, self.seqlen_q, self.seqlen_k
+        return {"q": (b, sq, self.nheads, self.head_dim), "k": (b, sk, self.nheads_kv, self.head_dim),
+                "v": (b, sk, self.nheads_kv, self.head_dim_v), "out": (b, sq, self.nheads, self.head_dim_v)}
+
+    def materialize(self) -> dict[str, Optional[np.ndarray]]:
+        """Generate the arrays (deterministic in the problem's fields).
+
+        Returns a dict with ``q, k, v, dout`` (float32 holding exact ``dtype`` values, FA4 layout),
+        ``learnable_sink`` (float32 ``(nheads,)``, bf16-exact, or None), ``cu_seqlens_q`` /
+        ``cu_seqlens_k`` (int32 ``(batch + 1,)`` or None) and ``mask`` (bool ``(batch, seqlen_q,
+        seqlen_k)`` keep-mask when the problem has a mask_mod, else None).
+        """
+        sh = self.shapes()
+        if self.varlen:
+            key_pos = np.concatenate([np.arange(n) for n in self.seqlens_k] or [np.zeros(0, int)])
+        else:
+            key_pos = np.arange(self.seqlen_k)
+        arrs = generate_values(self.values, dtype=self.dtype, q_shape=sh["q"], k_shape=sh["k"], v_shape=sh["v"],
+                               key_positions=key_pos, softmax_scale=self.scale, nheads=self.nheads,
+                               with_sink=self.sink)
+        if self.values.distribution == "edges":     # Note [Edge values]
+            from fa4verify.problem.edges import plant_edges
+            planted = plant_edges(self, {"q": arrs["q"].astype(np.float64), "k": arrs["k"].astype(np.float64)},
+                                  score=self.values.param("score", 6.0), seed=self.values.seed)
+            lim = 16384.0 if self.dtype == "fp16" else 1e30
+            for n in ("q", "k"):
+                arrs[n] = round_to_dtype(np.clip(planted[n], -lim, lim).astype(np.float32), self.dtype)
+            arrs["edges"] = planted["edges"]
+        arrs["cu_seqlens_q"] = arrs["cu_seqlens_k"] = None
+        if self.varlen:
+            arrs["cu_seqlens_q"] = np.concatenate([[0], np.cumsum(self.seqlens_q)]).astype(np.int32)
+            arrs["cu_seqlens_k"] = np.concatenate([[0], np.cumsum(self.seqlens_k)]).astype(np.int32)
+        arrs["mask"] = None
+        if self.mask_mod is not None:
+            arrs["mask"] = np.stack(self.keep_masks())
+        return arrs
+
+    def kwargs(self, arrays: Optional[dict] = None) -> dict[str, Any]:
+        """Keyword arguments shared by the oracle, the twin and the adapter (the contract in
+        common.md): ``softmax_scale, causal, window_size, softcap, learnable_sink, cu_seqlens_q,
+        cu_seqlens_k``. The mask_mod pattern is not included (see ``materialize()["mask"]``)."""
+        arrays = self.materialize() if arrays is None else arrays
+        kw: dict[str, Any] = {"softmax_scale": self.softmax_scale, "causal": self.causal,
+                              "window_size": tuple(self.window_size), "softcap": float(self.softcap),
+                              "learnable_sink": arrays["learnable_sink"]}
+        if self.varlen:
+            kw["cu_seqlens_q"] = arrays["cu_seqlens_q"]
+            kw["cu_seqlens_k"] = arrays["cu_seqlens_k"]
+        return kw
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": PROBLEM_FORMAT, "arch": self.arch, "dtype": self.dtype, "batch": self.batch,
+                "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k, "nheads": self.nheads,
+                "nheads_kv": self.nheads_kv, "head_dim": self.head_dim, "head_dim_v": self.head_dim_v,
+                "causal": self.causal, "window_size": list(self.window_size), "softcap": self.softcap,
+                "sink": self.sink, "softmax_scale": self.softmax_scale,
+                "seqlens_q": list(self.seqlens_q) if self.varlen else None,
+                "seqlens_k": list(self.seqlens_k) if self.varlen else None,
+                "mask_mod": self.mask_mod.to_dict() if self.mask_mod else None,
+                "values": self.values.to_dict(),
+                **({"mods": list(self.mods), "mod_seed": self.mod_seed} if self.mods else {}),
+                # only when set: the JSON (and digest) of a plain problem is unchanged
+                **({"call": self.call.to_dict()} if self.call is not None else {})}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AttentionProblem":
+        fmt = d.get("format", PROBLEM_FORMAT)
+        if fmt != PROBLEM_FORMAT:
+            raise ValueError(f"unknown problem format {fmt!r} (expected {PROBLEM_FORMAT!r})")
+        ws = d.get("window_size") or (None, None)
+        return cls(arch=d["arch"], dtype=d["dtype"], batch=int(d["batch"]), seqlen_q=int(d["seqlen_q"]),
+                   seqlen_k=int(d["seqlen_k"]), nheads=int(d["nheads"]), nheads_kv=int(d["nheads_kv"]),
+                   head_dim=int(d["head_dim"]), head_dim_v=int(d["head_dim_v"]), causal=bool(d.get("causal")),
+                   window_size=(ws[0], ws[1]), softcap=float(d.get("softcap", 0.0)), sink=bool(d.get("sink")),
+                   softmax_scale=d.get("softmax_scale"),
+                   seqlens_q=tuple(d["seqlens_q"]) if d.get("seqlens_q") is not None else None,
+                   seqlens_k=tuple(d["seqlens_k"]) if d.get("seqlens_k") is not None else None,
+                   mask_mod=MaskMod.from_dict(d["mask_mod"]) if d.get("mask_mod") else None,
+                   values=ValueSpec.from_dict(d.get("values", {"distribution": "normal", "seed": 0})),
+                   mods=tuple(d.get("mods") or ()), mod_seed=int(d.get("mod_seed", 0)),
+                   call=CallForm.from_dict(d["call"]) if d.get("call") else None)
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, **kw)
+
+    @classmethod
+    def from_json(cls, s: str) -> "AttentionProblem":
+        return cls.from_dict(json.loads(s))
+
+    def digest(self) -> str:
+        """Short stable hash of the JSON form (names case files)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+    def replace(self, **changes: Any) -> "AttentionProblem":
+        return replace(self, **changes)

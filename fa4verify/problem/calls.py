@@ -1,0 +1,195 @@
+"""How FA4 is *called* for a problem, as opposed to what it computes: paged KV (``page_table``),
+``seqused_k`` over batched K/V, block sparsity (``block_sparse_tensors``) and CuTe ``mask_mod``
+callables (issue 16 item 8).
+
+Note [Call forms keep the problem's meaning]
+--------------------------------------------
+A :class:`CallForm` never changes the mathematical function of its
+:class:`~fa4verify.problem.AttentionProblem`; it says how the arrays reach FA4:
+
+* ``seqused_k`` (no ``page_size``): the problem is varlen (``seqlens_q``, ``seqlens_k``); K/V are
+  passed *batched* ``(batch, kv_capacity, hk, d)`` with sequence ``b``'s keys in rows
+  ``[0, seqlens_k[b])`` and ``seqused_k = seqlens_k``; the rows past it hold finite filler
+  (FA4 multiplies them by P = 0 on its TMA path: a NaN there is NaN in O, so real callers keep
+  them finite). q is packed (``cu_seqlens_q``) or, with ``q_batched``, batched (all
+  ``seqlens_q`` equal).
+* ``page_size``: the same, with K/V as pages ``(num_pages, page_size, hk, d)`` and a
+  ``page_table`` (``fa4verify.oracles.paged_kv.paginate``) whose page order is a permutation
+  drawn from ``page_seed`` (None: identity). ``kv_capacity`` rounds up to whole pages, so last
+  pages are partially filled. Pages no key uses hold finite filler unless ``hostile_nan``
+  (then NaN: a stale KV-cache pool; only drawn when asked, known issue
+  ``sm90_paged_tma_empty_seq_nan``).
+* ``block_size``: the problem is dense (no causal/window/mask_mod/varlen) and FA4 gets
+  ``block_sparse_tensors`` of a random block mask (``block_seed``, ``block_keep``; full blocks
+  only); the problem's keep-mask is dense attention under that block mask
+  (``fa4verify.oracles.block_sparse``).
+* ``mask_mod_fn``: a named CuTe ``mask_mod`` from :func:`mask_mod_pairs` (each with its numpy
+  keep-mask); the problem's keep-mask is that pattern.
+
+The oracle and the judge see only the problem (with its keep-mask); the targets build the call.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+
+#: features of the call form that :func:`~fa4verify._strategies.problem.attention_problems` can
+#: draw when asked (opt-in: the default ``FEATURES`` draws none of them)
+CALL_FEATURES: tuple[str, ...] = ("seqused_k", "paged_kv", "block_sparse", "mask_mod_fn")
+
+#: The score_mod / mask_mod pair feature (``fa4verify.mods``: a registered pair, yours included,
+#: run through FA4's ``score_mod`` / ``mask_mod`` + ``aux_tensors``): opt-in like the call forms,
+#: production-only (the twin refuses mod problems).
+MOD_FEATURE = "mod_pairs"
+
+
+@dataclass(frozen=True)
+class MaskModPair:
+    """A CuTe ``mask_mod`` and its numpy keep-mask (True = attended): ``keep(seqlen_q, seqlen_k)``.
+    ``load()`` returns the CuTe callable (None without the CUTLASS DSL). ``backward``: whether
+    FA4's backward takes it here (the fuzz draws the backward only then)."""
+    name: str
+    keep: Callable[[int, int], np.ndarray]
+    load: Callable[[], Any]
+    backward: bool = False
+
+
+def _builtin_pairs() -> dict[str, MaskModPair]:
+    from fa4verify.kernels import mask_mods as mm
+    return {"checkerboard_128": MaskModPair("checkerboard_128", mm.checkerboard_keep,
+                                            lambda: mm.checkerboard_128)}
+
+
+#: the source of mask_mod pairs (a zero-argument callable returning name -> MaskModPair); point
+#: it at a registry of score/mask-mod pairs with :func:`set_mask_mod_source`
+_SOURCE: list[Callable[[], Mapping[str, MaskModPair]]] = [_builtin_pairs]
+
+
+def mask_mod_pairs() -> dict[str, MaskModPair]:
+    """The mask_mod pairs the strategies draw from (name -> :class:`MaskModPair`)."""
+    return dict(_SOURCE[0]())
+
+
+def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]]) -> None:
+    """Draw mask_mods from ``source()`` (None: the built-in checkerboard)."""
+    _SOURCE[0] = source if source is not None else _builtin_pairs
+
+
+@dataclass(frozen=True)
+class CallForm:
+    """The call form of a problem (Note [Call forms keep the problem's meaning])."""
+    seqused_k: bool = False
+    q_batched: bool = False
+    kv_capacity: int = 0
+    page_size: Optional[int] = None
+    page_seed: Optional[int] = None
+    spare_pages: int = 0
+    hostile_nan: bool = False
+    block_size: Optional[tuple[int, int]] = None
+    block_seed: int = 0
+    block_keep: float = 0.5
+    mask_mod_fn: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.block_size is not None:
+            object.__setattr__(self, "block_size", tuple(int(x) for x in self.block_size))
+        if self.page_size is not None and (int(self.page_size) < 1):
+            raise ValueError(f"page_size={self.page_size} must be >= 1")
+        if self.hostile_nan and self.page_size is None:
+            raise ValueError("hostile_nan needs paged KV (page_size)")
+        if self.page_size is not None and not self.seqused_k:
+            object.__setattr__(self, "seqused_k", True)
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size is not None
+
+    @property
+    def keep_pattern(self) -> bool:
+        """Whether the call form adds a keep-mask (block sparsity or a mask_mod callable)."""
+        return self.block_size is not None or self.mask_mod_fn is not None
+
+    def validate(self, problem: Any) -> None:
+        """Raise ValueError when this call form cannot carry ``problem`` (FA4's constraints)."""
+        if self.seqused_k:
+            if not problem.varlen:
+                raise ValueError("seqused_k / paged KV call forms need a varlen problem (seqlens_k = seqused_k)")
+            if self.kv_capacity < max(problem.seqlens_k, default=0):
+                raise ValueError(f"kv_capacity={self.kv_capacity} < max(seqlens_k)={max(problem.seqlens_k)}")
+            if self.q_batched and len(set(problem.seqlens_q)) > 1:
+                raise ValueError("q_batched needs equal seqlens_q")
+            if self.q_batched and problem.seqlen_q == 0:
+                raise ValueError("q_batched needs seqlen_q >= 1")
+            if self.keep_pattern:
+                raise ValueError("block sparsity / mask_mod are not drawn with paged KV or seqused_k")
+        if self.keep_pattern:
+            if self.block_size is not None and self.mask_mod_fn is not None:
+                raise ValueError("block_size and mask_mod_fn are exclusive")
+            if problem.varlen or problem.causal or problem.window_size != (None, None) or problem.mask_mod:
+                raise ValueError("block sparsity / mask_mod_fn need a dense problem without causal, window or mask_mod")
+            if self.mask_mod_fn is not None and self.mask_mod_fn not in mask_mod_pairs():
+                raise ValueError(f"mask_mod_fn={self.mask_mod_fn!r}: not a registered pair "
+                                 f"({', '.join(mask_mod_pairs()) or 'none'})")
+
+    # ------------------------------------------------------------------ keep-masks
+    def block_mask(self, seqlen_q: int, seqlen_k: int) -> Optional[np.ndarray]:
+        """The (n_q_blocks, n_kv_blocks) boolean block mask (block sparsity), else None. Every
+        query block keeps at least one KV block unless ``block_keep`` draws it empty."""
+        if self.block_size is None:
+            return None
+        bq, bk = self.block_size
+        nq, nk = -(-seqlen_q // bq), -(-seqlen_k // bk)
+        rng = np.random.default_rng(self.block_seed)
+        return rng.random((nq, nk)) < self.block_keep
+
+    def keep_mask(self, seqlen_q: int, seqlen_k: int) -> Optional[np.ndarray]:
+        """The (seqlen_q, seqlen_k) keep-mask this call form adds, or None."""
+        if self.block_size is not None:
+            from fa4verify.oracles.block_sparse import dense_mask
+            return dense_mask(self.block_mask(seqlen_q, seqlen_k), self.block_size, seqlen_q, seqlen_k)
+        if self.mask_mod_fn is not None:
+            return np.asarray(mask_mod_pairs()[self.mask_mod_fn].keep(seqlen_q, seqlen_k), bool)
+        return None
+
+    # ------------------------------------------------------------------ JSON / labels
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if d["block_size"] is not None:
+            d["block_size"] = list(d["block_size"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CallForm":
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = set(d) - known
+        if bad:
+            raise ValueError(f"unknown call-form key(s) {sorted(bad)}")
+        kw = dict(d)
+        if kw.get("block_size") is not None:
+            kw["block_size"] = tuple(kw["block_size"])
+        return cls(**kw)
+
+    def describe(self) -> str:
+        parts = []
+        if self.paged:
+            parts.append(f"paged(P={self.page_size}, perm={'id' if self.page_seed is None else self.page_seed}"
+                         f"{', spare=' + str(self.spare_pages) if self.spare_pages else ''}"
+                         f"{', NaN pool' if self.hostile_nan else ''})")
+        elif self.seqused_k:
+            parts.append(f"seqused_k(cap={self.kv_capacity})")
+        if self.seqused_k:
+            parts.append("q=batched" if self.q_batched else "q=packed")
+        if self.block_size is not None:
+            parts.append(f"block_sparse({self.block_size[0]}x{self.block_size[1]}, keep={self.block_keep:g}, "
+                         f"#{self.block_seed})")
+        if self.mask_mod_fn is not None:
+            parts.append(f"mask_mod_fn={self.mask_mod_fn}")
+        return " ".join(parts)
+
+    def labels(self) -> dict[str, Any]:
+        return {"paged_kv": self.page_size, "seqused_k": self.seqused_k,
+                "block_sparse": None if self.block_size is None else f"{self.block_size[0]}x{self.block_size[1]}",
+                "mask_mod_fn": self.mask_mod_fn, "hostile_nan": self.hostile_nan}
