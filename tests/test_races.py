@@ -217,7 +217,7 @@ def test_the_pdl_off_run_has_a_kernel_cache_of_its_own():
 @pytest.mark.fa4
 def test_the_pdl_off_call_runs_with_pdl_off_and_refuses_a_process_that_compiled_before(dsl_launch, fake_release,
                                                                                         monkeypatch):
-    from fa4verify.targets import HarnessError
+    from fa4verify.errors import HarnessError
     monkeypatch.setattr(races, "RacingTarget",
                         lambda busy=True: _ORIGINAL_TARGET(adapter=adapter, device="cpu", busy=busy))
     payload = {"problems": [p.to_dict() for p in _small()], "reps": 2, "modes": [["deterministic", True]]}
@@ -261,7 +261,7 @@ dsl.CutlassBaseDSL.cuda_launch_func = staticmethod(spy)
 from fa4verify import races
 if sys.argv[1] == "off":
     races.force_pdl_off()
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.targets import ProductionTarget
 p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=128, seqlen_k=128, nheads=2, nheads_kv=2,
                      head_dim=64, head_dim_v=64, causal=True)
@@ -284,7 +284,7 @@ def test_compile_only_the_sm90_backward_launches_with_pdl_unless_forced_off(tmp_
     import subprocess
     import sys
 
-    from fa4verify.census import compile_env
+    from fa4verify.compile.census import compile_env
     (tmp_path / "dump").mkdir()
     env = compile_env("sm_90a", tmp_path / "dump", tmp_path / "dsl-cache", keep="ptx")
     cp = subprocess.run([sys.executable, "-c", _LAUNCHES, pdl], env=env, capture_output=True, text=True, timeout=900)

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from fa4verify import source_mutants as sm
+from fa4verify.mutants import source as sm
 
 pytestmark = pytest.mark.fa4
 
@@ -41,7 +41,7 @@ class _Stop(Exception):
 def test_the_detection_campaign_leaves_the_hang_out_unless_named(monkeypatch, tmp_path, argv, want):
     """``source_mutants_run`` judges values; a hang has none (its worker runs into the deadline),
     so its default set is the catalogue without it, and naming it still runs it."""
-    from fa4verify import source_mutants_run as run
+    from fa4verify.mutants import source_run as run
     from fa4verify.run import engine
     seen: list = []
 
@@ -80,7 +80,7 @@ def test_the_hang_compiles_to_a_device_loop_at_head_dim_64_only(tmp_path, monkey
     64 has a block that reads the SM clock and branches to itself (the spin: device code, kept by
     the compiler), at head dim 128 none; both compile (a broken edit would be a DSL error here,
     not a GPU run lost)."""
-    from fa4verify.compile_only import CompileCase as C, run_cases
+    from fa4verify.compile.production import CompileCase as C, run_cases
     copy = sm.make_copy(sm.catalogue([HANG])[0], tmp_path / "copy")
     monkeypatch.setenv("PYTHONPATH", str(copy.path))
     got = {}

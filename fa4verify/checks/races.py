@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fa4verify._strategies.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem
 from fa4verify.audit.registry import CheckContext, CheckResult, check
 
 _REPS = {"default": 3, "full": 8, "exhaustive": 32}
@@ -100,7 +100,7 @@ def problems(ctx: CheckContext, arch: str) -> list[AttentionProblem]:
         return ps if ctx.profile in ("full", "exhaustive") else ps[:_DEFAULT_PROBLEMS]
     if ctx.dtype not in dep.dtypes:
         ctx.skip(f"deployment {dep.name!r} ships {list(dep.dtypes)}, not {ctx.dtype}")
-    from fa4verify._strategies.calls import CallForm
+    from fa4verify.problem import CallForm
     from fa4verify.checks import _live
     ps = _live.problems(ctx, arch, ctx.dtype)          # skips when the deployment ships nothing FA4 runs
     if ctx.profile not in ("full", "exhaustive"):
@@ -157,7 +157,7 @@ def _compiles(ctx: CheckContext) -> list:
     """Note [Fake device audit]: the backward of every problem in every mode (PDL as FA4 compiles
     it; the PDL-off builds of :class:`PdlOffCase` need a process with PDL off: they are not in the
     plan, and the plan says so)."""
-    from fa4verify.compile_only import CompileCall
+    from fa4verify.compile.production import CompileCall
     out = []
     for c in _cases(ctx):
         if isinstance(c, RaceCase):

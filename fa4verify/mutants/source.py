@@ -60,7 +60,7 @@ class SourceMutant:
     ``expect``: the tensors the fault is meant to reach (documentation; the worker judges all);
     ``determinism``: judged by bitwise reruns of the deterministic backward; ``hang``: the fault
     is a kernel that never finishes (Note [Planted hang]), judged by the audit's deadline, not by
-    values, so the detection campaign (:mod:`fa4verify.source_mutants_run`) leaves it out unless
+    values, so the detection campaign (:mod:`fa4verify.mutants.source_run`) leaves it out unless
     named."""
 
     id: str
