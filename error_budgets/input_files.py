@@ -3,8 +3,8 @@
 :func:`read_input` reads a regular file under a size limit: a FIFO, ``/dev/zero``, a directory or a
 device is refused with a one-line :class:`InputPathError` (``OSError``) instead of hanging or
 exhausting memory. It lives here, beside the budget loader that needs it, because the tolerance side
-(``error_budgets/``) must not import the judge; :mod:`fa4verify.audit.atomic` (the outputs side)
-re-exports these names for the CLI and the audit.
+(``error_budgets/``) must not import the judge; the CLI and the audit import it from here (the
+outputs side is :mod:`fa4verify.audit.atomic`).
 """
 from __future__ import annotations
 

@@ -13,12 +13,12 @@ Outputs
     function writes itself (it hands out the temporary paths).
 
 Inputs
-    :func:`read_input` reads a regular file under a size limit (a FIFO, ``/dev/zero`` or a
-    directory is refused instead of hanging or exhausting memory); it is
-    :mod:`fa4verify.error_budgets.input_files`, re-exported here.
+    are read by :mod:`fa4verify.error_budgets.input_files` (``read_input``: a regular file under a
+    size limit; a FIFO, ``/dev/zero`` or a directory is refused instead of hanging or exhausting
+    memory), beside the budget loader that needs it.
 
-Every problem is an :class:`OutputPathError` / :class:`InputPathError` (``OSError``) whose
-message is one line; the CLI turns it into ``<prog>: error: <message>`` and exit 2.
+Every problem is an :class:`~fa4verify.errors.OutputPathError` (here) or
+:class:`~fa4verify.error_budgets.input_files.InputPathError` (``OSError``) whose message is one line; the CLI turns it into ``<prog>: error: <message>`` and exit 2.
 """
 from __future__ import annotations
 
@@ -30,9 +30,7 @@ import tempfile
 import threading
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from fa4verify.error_budgets.input_files import (  # noqa: F401  (the inputs side, re-exported)
-    MAX_INPUT_BYTES, InputPathError, as_str as _as_str, check_readable, file_kind as _kind, read_input,
-    read_input_text)
+from fa4verify.error_budgets.input_files import as_str as _as_str, file_kind as _kind
 from fa4verify.errors import OutputPathError
 
 

@@ -252,7 +252,7 @@ def validate(rep: Any, source: str = "report") -> dict[str, Any]:
 
 def load_report(path: str) -> dict[str, Any]:
     """Read and validate a JSON report; any problem is a one-line :class:`ReportError`."""
-    from fa4verify.audit.atomic import InputPathError, read_input_text
+    from fa4verify.error_budgets.input_files import InputPathError, read_input_text
 
     try:
         text = read_input_text(path)

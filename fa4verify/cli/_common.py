@@ -72,7 +72,7 @@ class OneLineCommand(click.Command):
             raise _one_line(e, _prog(parent, info_name)) from None
 
     def invoke(self, ctx):
-        from fa4verify.audit.atomic import InputPathError
+        from fa4verify.error_budgets.input_files import InputPathError
         from fa4verify.errors import OutputPathError
 
         try:
@@ -163,7 +163,7 @@ def check_output_dir(opt: str, path, *, prog: str | None = None) -> str:
 
 def check_inputs(pairs: Iterable[tuple[str, "str | None"]], *, prog: str | None = None) -> None:
     """Each ``(option, path)`` input is a readable regular file of bounded size (exit 2 else)."""
-    from fa4verify.audit.atomic import InputPathError, check_readable
+    from fa4verify.error_budgets.input_files import InputPathError, check_readable
 
     for opt, p in pairs:
         if p is None:

@@ -174,7 +174,7 @@ def _checked_run(config, early_pool, t_start, *, gpus, shard, list_only, baselin
         config = dataclasses.replace(config, workers=len(gpu_sel) * per)
     inputs = [("--baseline", baseline_path)]
     inputs += [("--checks-module", m) for m in config.checks_modules if m.endswith(".py")]
-    from fa4verify.audit.atomic import InputPathError, check_readable
+    from fa4verify.error_budgets.input_files import InputPathError, check_readable
 
     for opt, m in inputs[1:]:
         if os.path.lexists(m):   # a FIFO or device given as a check module would hang the import

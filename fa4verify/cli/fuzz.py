@@ -165,7 +165,7 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
     from fa4verify import fuzz
 
     replay_inputs = [("--replay", p) for p in replay]
-    from fa4verify.audit.atomic import InputPathError, check_readable
+    from fa4verify.error_budgets.input_files import InputPathError, check_readable
     for _, p in replay_inputs:       # a FIFO or /dev/zero would hang the case reader
         try:
             check_readable(p)
