@@ -231,7 +231,7 @@ def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[st
                  fake_device: str | None = None) -> AuditConfig:
     """Validate raw option values into an :class:`AuditConfig` (raises :class:`OptionError`).
     ``fake_device``: this process (and its workers) becomes that GPU, compile-only (Note [Fake
-    device audit]: :func:`fa4verify.compile_only.enter_fake_device`)."""
+    device audit]: :func:`fa4verify.compile.production.enter_fake_device`)."""
     if dtype not in DTYPES:
         raise OptionError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
     if profile not in PROFILE_ORDER:
@@ -342,7 +342,7 @@ def _enter_fake_device(key: str | None, device: str) -> str | None:
     if missing:
         raise OptionError(f"--fake-device {k}: compiles FA4, but {' / '.join(missing)} is not installed "
                           "(pip install 'fa4verify[fa4]')")
-    from fa4verify.compile_only import enter_fake_device
+    from fa4verify.compile.production import enter_fake_device
     enter_fake_device(k)
     return k
 

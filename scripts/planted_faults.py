@@ -69,7 +69,7 @@ def main() -> int:
     ap.add_argument("--no-old", action="store_true", help="audit each copy with the new check only")
     ap.add_argument("ids", nargs="*")
     a = ap.parse_args()
-    from fa4verify import source_mutants as S
+    from fa4verify.mutants import source as S
     by = {m.id: m for m in catalogue(a.kind)}
     bad = [i for i in a.ids if i not in by and i != "clean"]
     if bad:

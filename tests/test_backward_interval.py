@@ -293,7 +293,7 @@ def test_dq_post_matches_nan_where_the_tapped_accumulator_is_nan():
     import math
     import types
 
-    from fa4verify.stage_taps import judge_taps
+    from fa4verify.stages.taps import judge_taps
     p = _huge("bf16", 8, 108)
     a = p.materialize()
     t = TwinTarget()

@@ -274,7 +274,7 @@ def test_each_planted_key_fault_applies_and_the_copys_key_lacks_it(tmp_path, mut
     import subprocess
     import sys
 
-    from fa4verify import source_mutants as sm
+    from fa4verify.mutants import source as sm
     copy = sm.make_copy(mutant, tmp_path / "copy")
     for e in mutant.edits:
         assert (sm.installed_root() / "cute" / e.file).read_text().count(e.old) == 1

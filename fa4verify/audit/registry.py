@@ -42,9 +42,9 @@ Contract
   past its deadline makes the check ``error`` naming the case (``fail`` if the others already
   prove a violation), never ``pass``.
 * ``compiles`` (optional keyword, checks that need "cuda"): ``compiles(ctx) -> list`` of
-  :class:`fa4verify.compile_only.CompileCall`, the FA4 calls the check makes on the audited GPU,
+  :class:`fa4verify.compile.production.CompileCall`, the FA4 calls the check makes on the audited GPU,
   for a compile-only audit of a fake device (Note [Fake device audit] in
-  :mod:`fa4verify.compile_only`); it calls ``ctx.skip(reason)`` when its calls cannot be known
+  :mod:`fa4verify.compile.production`); it calls ``ctx.skip(reason)`` when its calls cannot be known
   without running (e.g. a fuzz campaign's). A "cuda" check without it skips there, saying so.
 * ``ctx.dtype`` is "bf16" | "fp16" | "fp8"; a check that does not apply to a dtype returns
   ``CheckResult(status="skip", summary="<reason>")`` (or calls ``ctx.skip(reason)``).

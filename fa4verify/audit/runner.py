@@ -263,7 +263,7 @@ def run_audit(config: AuditConfig, *, specs: Sequence[CheckSpec] | None = None,
     isolated checks instead of a new one and left open (the pytest plugin passes one per pytest
     process, so consecutive items share a worker, its imports and FA4's in-memory kernels).
     ``gpus``: ``CUDA_VISIBLE_DEVICES`` entries to spread a new pool's workers over (``--gpus``)."""
-    from fa4verify.compile_only import audit_spec
+    from fa4verify.compile.production import audit_spec
     from fa4verify.run.engine import Job, run_jobs, task_deadline
     from fa4verify.run.pool import WorkerPool
 

@@ -206,7 +206,7 @@ def _live_cases(ctx: CheckContext) -> list:
 def _forward_compiles(ctx: CheckContext) -> list:
     """Note [Fake device audit]: the forward check's FA4 calls -- each case, and on SM100/SM103
     the same case with exp2 emulation off (as :func:`production_forward` runs them)."""
-    from fa4verify.compile_only import CompileCall
+    from fa4verify.compile.production import CompileCall
     out = []
     for p in _live_cases(ctx):
         out.append(CompileCall("forward", p, purpose="O, LSE vs the oracle"))
@@ -217,7 +217,7 @@ def _forward_compiles(ctx: CheckContext) -> list:
 
 def _backward_compiles(ctx: CheckContext) -> list:
     """Note [Fake device audit]: the backward check's FA4 calls (forward, deterministic backward)."""
-    from fa4verify.compile_only import CompileCall
+    from fa4verify.compile.production import CompileCall
     return [CompileCall("backward", p, deterministic=True, purpose="dQ, dK, dV vs the exact gradient")
             for p in _live_cases(ctx)]
 

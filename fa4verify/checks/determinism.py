@@ -173,8 +173,8 @@ def _fa4_cases_summary(ctx: CheckContext, results: list) -> CheckResult:
 def _fa4_compiles(ctx: CheckContext) -> list:
     """Note [Fake device audit]: the FA4 calls of :func:`fa4`: per configuration the forward and
     the deterministic backward, and the default-mode backward where the plan runs it."""
-    from fa4verify._strategies.problem import AttentionProblem
-    from fa4verify.compile_only import CompileCall
+    from fa4verify.problem import AttentionProblem
+    from fa4verify.compile.production import CompileCall
     cfgs, _runs, _procs, ndef = _fa4_configs(ctx, _backward_dtype(ctx))
     arch = ctx.require_gpu().arch
     out = []

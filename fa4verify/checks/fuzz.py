@@ -339,8 +339,8 @@ def _production_cases(ctx: CheckContext) -> list:
 def campaign_compiles(cases: list) -> list:
     """Note [Fake device audit]: the FA4 calls of a drawn campaign's cases -- one per FA4 compile
     key (the other cases of a key run the kernel it compiled), the backward where the case has
-    one (:func:`fa4verify.compile_only._run_call` compiles the forward only where FA4 has none)."""
-    from fa4verify.compile_only import CompileCall
+    one (:func:`fa4verify.compile.production._run_call` compiles the forward only where FA4 has none)."""
+    from fa4verify.compile.production import CompileCall
     from fa4verify.run.engine import case_key
     first: dict = {}
     count: dict = {}

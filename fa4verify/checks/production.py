@@ -203,8 +203,8 @@ def _forward_rule_summary(ctx: CheckContext, results: list) -> CheckResult:
 
 def _forward_rule_compiles(ctx: CheckContext) -> list:
     """Note [Fake device audit]: :func:`forward_rule`'s FA4 calls (2 x seq x 8 x 128, per mask)."""
-    from fa4verify._strategies.problem import AttentionProblem
-    from fa4verify.compile_only import CompileCall
+    from fa4verify.problem import AttentionProblem
+    from fa4verify.compile.production import CompileCall
     arch = ctx.require_gpu().arch
     seq = 256 if ctx.profile == "quick" else 1024
     return [CompileCall("forward", AttentionProblem(arch=arch, dtype=ctx.dtype, batch=2, seqlen_q=seq, seqlen_k=seq,
@@ -357,8 +357,8 @@ def _head_dims_summary(ctx: CheckContext, results: list) -> CheckResult:
 def _head_dims_compiles(ctx: CheckContext) -> list:
     """Note [Fake device audit]: :func:`head_dims_live`'s FA4 calls (``hd_sweep.measure``: forward
     and deterministic backward, 1 x 256 x 2 heads, per head dim)."""
-    from fa4verify._strategies.problem import AttentionProblem
-    from fa4verify.compile_only import CompileCall
+    from fa4verify.problem import AttentionProblem
+    from fa4verify.compile.production import CompileCall
     arch = ctx.require_gpu().arch
     return [CompileCall("backward", AttentionProblem(arch=arch, dtype="bf16", batch=1, seqlen_q=256, seqlen_k=256,
                                                      nheads=2, nheads_kv=2, head_dim=hd, head_dim_v=hd),

@@ -307,7 +307,7 @@ class CompileCall:
 def enter_fake_device(key: str) -> dict[str, str]:
     """Make this process (and the workers it starts) the fake device ``key`` (Note [Fake device
     audit]); returns the variables set. ValueError for an unknown key."""
-    from fa4verify.census import COMPILE_ARCHS
+    from fa4verify.compile.census import COMPILE_ARCHS
     from fa4verify.kernels import device, facts
     gpu = device.FAKE_DEVICES.get(str(key).strip().lower())
     if gpu is None:
@@ -339,7 +339,8 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
     launches. FA4 refusing the call (the check on the GPU would not run it either) is recorded as
     ``refused`` with FA4's reason; any other failure is the case's error."""
     from fa4verify.kernels.device import fake_device
-    from fa4verify.targets import ProductionTarget, Unsupported
+    from fa4verify.targets import ProductionTarget
+    from fa4verify.errors import Unsupported
     if fake_device() is None:
         raise RuntimeError("a compile-only call outside a fake-device process (Note [Fake device audit])")
     _shims()

@@ -142,7 +142,7 @@ def _run_request(req: dict[str, Any], reply: Any) -> dict[str, Any]:
         spec = registered().get(req["check_id"])
         if spec is None:
             raise LookupError(f"check {req['check_id']!r} not registered by {req['module']}")
-        from fa4verify.compile_only import audit_spec
+        from fa4verify.compile.production import audit_spec
         spec = audit_spec(spec)                    # Note [Fake device audit]: as the runner's
     except Exception as e:  # noqa: BLE001 - import problems are the task's error, reported normally
         kind, (summary, tb) = _error(e)

@@ -157,7 +157,7 @@ def left_out() -> dict[str, list[str]]:
 
 def _key_mutants():
     """Note [Planted key faults]: compile-key faults planted in FA4's own source (a private copy,
-    :mod:`fa4verify.source_mutants`), so every check of an audit run on the copy meets them -- the
+    :mod:`fa4verify.mutants.source`), so every check of an audit run on the copy meets them -- the
     old checks and ``sequences.production`` alike (``--drop`` of ``python -m fa4verify.sequences
     run`` plants the same faults in the sequence target only). ``key_causal_dropped``: causal
     left out of the forward's and the backward's compile keys (a causal call after a non-causal
@@ -165,7 +165,7 @@ def _key_mutants():
     ``utils._compute_base_hash`` no longer hashes a callable's closure cells, so score_mods that
     differ only in a captured constant share a kernel (softcap 5 and 30:
     ``utils.create_softcap_scoremod`` captures the value)."""
-    from fa4verify.source_mutants import Edit, SourceMutant
+    from fa4verify.mutants.source import Edit, SourceMutant
     keep = ("            arch,\n            dtype,\n            head_dim,\n            head_dim_v,\n"
             "            qhead_per_kvhead,\n")
     return (
