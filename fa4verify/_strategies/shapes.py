@@ -22,6 +22,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import DrawFn
 
 from fa4verify.kernels import facts as _facts
+from fa4verify.problem import head_dims_supported
 
 Arch = Literal["sm90", "sm100"]
 DType = Literal["bf16", "fp16"]
@@ -62,9 +63,7 @@ def head_dim_supported(arch: str, head_dim: int, head_dim_v: int) -> bool:
       (64 or d, 512) are valid in FA4 but outside this toolkit's scope and return False here.
     """
     check_arch(arch)
-    if arch != "sm90" and head_dim_v == 512:      # MLA: valid in FA4, not generated here
-        return False
-    return _facts.head_dims_supported(arch, head_dim, head_dim_v)
+    return head_dims_supported(arch, head_dim, head_dim_v)   # the problem type's rule, 16-bit
 
 
 def check_head_dims(arch: str, head_dim: int, head_dim_v: int) -> None:
