@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, find, given, settings
 from fa4verify import call_layout, fuzz
 from fa4verify.problem import CALL_FEATURES, CallForm
 from fa4verify.problem.calls import mask_mod_pairs, set_mask_mod_source
-from fa4verify._strategies.calls import sm90_tile_n
+from fa4verify.kernels.facts import fwd_tile
 from fa4verify.problem import FEATURES, AttentionProblem
 from fa4verify._strategies.problem import attention_problems
 from fa4verify.fuzz.violation import _ABSORB, Violation
@@ -86,7 +86,7 @@ def test_drawn_call_forms_respect_fa4_constraints(p):
         assert (arr["q"].ndim == 4) == c.q_batched     # batched q only with equal lengths
         assert not np.isnan(arr["k"]).any() and not np.isnan(arr["v"]).any()   # no NaN unless asked
         if c.paged:
-            tn = sm90_tile_n("sm90", p.head_dim, p.head_dim_v, p.causal, p.local)
+            tn = fwd_tile("sm90", p.dtype, p.head_dim, p.head_dim_v, p.causal, p.local)[1]
             assert c.page_size in (16, tn)
             pt = arr["page_table"]
             assert pt.dtype == np.int32 and pt.shape == (p.batch, c.kv_capacity // c.page_size)
@@ -97,7 +97,7 @@ def test_drawn_call_forms_respect_fa4_constraints(p):
         assert np.array_equal(k, np.asarray(a["k"], np.float32)) and np.array_equal(v, np.asarray(a["v"], np.float32))
     if c.block_size is not None:
         bq, bk = c.block_size
-        tn = sm90_tile_n("sm90", p.head_dim, p.head_dim_v)
+        tn = fwd_tile("sm90", p.dtype, p.head_dim, p.head_dim_v, False, False)[1]
         # FA4 SM90: kv block == tile_n, or a smaller multiple of 16 (tile_n shrinks to it); q block
         # a multiple of 64 (interface._fit_sm90_fwd_tile_to_block_sparsity)
         assert (bk == tn or (bk < tn and bk % 16 == 0)) and bq % 64 == 0
@@ -252,8 +252,8 @@ class _TmaNanStandIn(fuzz.TwinTarget):
     def forward(self, problem, a):
         f = super().forward(problem, a)
         c = problem.call
-        if c is not None and c.paged and c.hostile_nan and c.page_size == sm90_tile_n(
-                "sm90", problem.head_dim, problem.head_dim_v, problem.causal, problem.local):
+        if c is not None and c.paged and c.hostile_nan and c.page_size == fwd_tile(
+                "sm90", problem.dtype, problem.head_dim, problem.head_dim_v, problem.causal, problem.local)[1]:
             out = f.out.copy()
             for q0, lq, _, lk in problem._seq_bounds():
                 if lk == 0:

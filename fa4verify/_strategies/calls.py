@@ -10,18 +10,13 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import DrawFn
 
+from fa4verify.kernels.facts import fwd_tile
 from fa4verify.problem.calls import CALL_FEATURES, CallForm, mask_mod_pairs
 from fa4verify.problem.masks import resolve_window
 
 #: page sizes drawn by default: 16 (FA4's cp.async path) and the forward tile_n (its TMA path:
 #: ``interface.py`` ``paged_kv_tma = page_size == tile_n``), the two measured on the H200
 DEFAULT_PAGE_SIZES: tuple[int, ...] = (16, -1)     # -1 = the head dim's tile_n
-
-
-def sm90_tile_n(arch: str, head_dim: int, head_dim_v: int, causal: bool = False, local: bool = False) -> int:
-    """FA4's forward tile_n for the head dims (the TMA page size)."""
-    from fa4verify.kernels import facts
-    return int(facts.kernel_constants(arch, "bf16", head_dim, head_dim_v, causal, local).tile_n)
 
 
 def _used_lengths(draw: DrawFn, batch: int, cap: int, lo: int = 0) -> tuple[int, ...]:
@@ -56,7 +51,7 @@ def kv_call_forms(draw: DrawFn, problem: Any, *, paged: bool, page_sizes: tuple[
     if not paged:
         return base.replace(call=CallForm(seqused_k=True, q_batched=q_batched, kv_capacity=cap))
     causal, local, _, _ = resolve_window(problem.causal, problem.window_size)
-    tn = sm90_tile_n(problem.arch, problem.head_dim, problem.head_dim_v, causal, local)
+    tn = fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, causal, local)[1]
     sizes = sorted({tn if p == -1 else int(p) for p in page_sizes})
     P = draw(st.sampled_from(sizes))
     perm = draw(st.one_of(st.none(), st.integers(0, 2 ** 16)))
@@ -84,7 +79,7 @@ def keep_call_forms(draw: DrawFn, problem: Any, *, block_sparse: bool, mask_mod_
     kind, name = draw(st.sampled_from(kinds))
     if kind == "mm":
         return problem.replace(call=CallForm(mask_mod_fn=name))
-    tn = sm90_tile_n(problem.arch, problem.head_dim, problem.head_dim_v)
+    tn = fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, False, False)[1]
     bq = draw(st.sampled_from((128, 64)))
     bk = draw(st.sampled_from(sorted({min(64, tn), tn})))
     return problem.replace(call=CallForm(block_size=(bq, bk), block_seed=draw(st.integers(0, 2 ** 16)),

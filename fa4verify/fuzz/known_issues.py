@@ -174,10 +174,10 @@ def _sm90_paged_tma_empty_seq_nan(problem: AttentionProblem, a: Mapping[str, Any
     call = problem.call
     if problem.arch != "sm90" or call is None or not call.paged or not call.hostile_nan:
         return False
-    from fa4verify._strategies.calls import sm90_tile_n
+    from fa4verify.kernels.facts import fwd_tile
     from fa4verify.problem import resolve_window
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
-    if call.page_size != sm90_tile_n(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local):
+    if call.page_size != fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, r_causal, r_local)[1]:
         return False
     q = str(v.metrics.get("quantity", ""))
     if (v.prop, q) not in (("finite", "out"), ("fwd_budget", "out"), ("paged_kv_bitwise", "out"),
