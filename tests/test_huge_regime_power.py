@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from fa4verify import judge
-from fa4verify._strategies.problem import AttentionProblem
-from fa4verify._strategies.values import ValueSpec
+from fa4verify.problem import AttentionProblem, ValueSpec
 from fa4verify.targets import Fwd, TwinTarget
 
 from test_hull_fallback import _problem
@@ -106,7 +105,7 @@ def test_below_that_scale_a_zero_dv_fails_and_the_clean_gradients_are_decided(p,
 
 # ---------------------------------------------------------------- issue 28: planted faults, huge regime
 # The twin mutations carry the names of the production source mutants that plant the same fault in
-# FA4's source (fa4verify.source_mutants: dpsum_bias_2m10, recip_bias_2m9), so the same command
+# FA4's source (fa4verify.mutants.source: dpsum_bias_2m10, recip_bias_2m9), so the same command
 # shows it on the H200 with PYTHONPATH on the planted copy.
 
 def test_a_2m10_d_bias_fails_bwd_stages_d_in_a_huge_campaign(tmp_path):

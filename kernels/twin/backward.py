@@ -209,7 +209,7 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
     O_for_d = np.asarray(out_fp32, F32).transpose(0, 2, 1, 3) if "d_from_fp32_o" in muts else O
     Dpre = _d_preprocess(O_for_d, dO, "d_pre" in exact)
     if "dpsum_bias_2m10" in muts:
-        # the production source mutant of the same name (fa4verify.source_mutants): the
+        # the production source mutant of the same name (fa4verify.mutants.source): the
         # preprocess's D times (1 + 2^-10), one fp32 multiply
         Dpre = (np.asarray(Dpre, F32) * F32(1.0 + 2.0 ** -10)).astype(np.asarray(Dpre).dtype)
     if probe and "d_pre" not in exact:

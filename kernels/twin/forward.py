@@ -537,7 +537,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
         if "rcp_low_precision" in muts:
             r = b32.from_bits(b32.bits(r) & np.uint32(0xFFFFE000))   # 10-bit mantissa (RZ)
     if "recip_bias_2m9" in muts:
-        # the production source mutant of the same name (fa4verify.source_mutants): the
+        # the production source mutant of the same name (fa4verify.mutants.source): the
         # finalize's 1 / row_sum times (1 + 2^-9), one fp32 multiply
         r = (np.asarray(r, F32) * F32(1.0 + 2.0 ** -9)).astype(F32)
     if probe and "rcp" not in exact:
