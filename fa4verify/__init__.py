@@ -5,8 +5,10 @@ Public API (the names in :data:`__all__`, each the very object of its home modul
 
 * :func:`assert_attention_within_budget`, :class:`GateSummary` -- the gate for your own tests
   (:mod:`fa4verify.gates`);
-* :func:`compare`, :class:`Verdict`, :class:`UndecidedError`, :class:`BudgetStats`,
-  :class:`AttentionProblem` -- the one judge (:mod:`fa4verify.judge`): ``pass | fail | undecided``;
+* :func:`compare`, :class:`Verdict`, :class:`UndecidedError`, :class:`BudgetStats` -- the one
+  judge (:mod:`fa4verify.judge`): ``pass | fail | undecided``;
+* :class:`AttentionProblem` -- what is judged: one attention call as plain data
+  (:mod:`fa4verify.problem`, no Hypothesis import);
 * :func:`register_mod_pair`, :class:`ModPair` -- your own FA4 score_mod / mask_mod with its
   float64 reference, judged like the built-in pairs (:mod:`fa4verify.mods`).
 

@@ -8,7 +8,7 @@
   runs FA4 with its exp2 polynomial switched off (``adapter.exp2_emulation_disabled``: every exp2
   on MUFU), so a check can report the production-level cost of the polynomial.
 
-Both take an :class:`~fa4verify.judge.AttentionProblem` and its materialised arrays (float32
+Both take an :class:`~fa4verify.problem.AttentionProblem` and its materialised arrays (float32
 holding exact dtype values, FA4 layout) and return :class:`Fwd` / :class:`Bwd` in float64. The
 audit checks, the fuzz properties and the compile-only SM100 path (``FakeTensorMode``,
 ``tests/test_production_compile_only.py``) all run production through this module.

@@ -251,7 +251,8 @@ def _verdict(v) -> dict[str, Any]:
 
 def section_paged(K, small: bool) -> dict[str, Any]:
     import torch
-    from fa4verify.judge import AttentionProblem, arrays_from, judge_forward
+    from fa4verify.judge import arrays_from, judge_forward
+    from fa4verify.problem import AttentionProblem
     from fa4verify.oracles.paged_kv import contiguous_kv, paginate
     b, sq, h, hk, d = (3, 16, 2, 1, 64) if small else (3, 128, 4, 2, 128)
     sk = 100 if small else 1000
@@ -395,7 +396,8 @@ def section_sparse_fwd(K, small: bool) -> dict[str, Any]:
     one sequence per (batch, query block) (``fa4verify.oracles.block_sparse.as_varlen``), within
     the composed forward budget."""
     import torch
-    from fa4verify.judge import AttentionProblem, arrays_from, judge_forward
+    from fa4verify.judge import arrays_from, judge_forward
+    from fa4verify.problem import AttentionProblem
     from fa4verify.oracles.block_sparse import as_varlen, dense_mask
     b, sq, sk, h, d = (1, 256, 256, 1, 64) if small else (2, 512, 1024, 2, 128)
     blk = 128
@@ -556,7 +558,8 @@ def section_seqused_bwd(K, small: bool) -> dict[str, Any]:
     ``torch.empty``, so non-zero there is a fact to note, not a violation). One causal and one
     non-causal row; the second batch entry uses a third of the keys."""
     import torch
-    from fa4verify.judge import AttentionProblem, arrays_from, judge_backward, judge_forward
+    from fa4verify.judge import arrays_from, judge_backward, judge_forward
+    from fa4verify.problem import AttentionProblem
     b, sq, h, d, sk = (2, 16, 2, 64, 48) if small else (2, 256, 4, 128, 1024)
     used = np.array([sk, sk // 3 + 1], np.int32)
     gen = torch.Generator().manual_seed(5)

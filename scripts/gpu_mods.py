@@ -134,7 +134,8 @@ def _verdict(v) -> dict[str, Any]:
 def run_job(K, job: dict[str, Any], small: bool) -> dict[str, Any]:
     import torch
     from fa4verify import mods
-    from fa4verify.judge import AttentionProblem, judge_backward, judge_forward
+    from fa4verify.judge import judge_backward, judge_forward
+    from fa4verify.problem import AttentionProblem
     from fa4verify.judge.attention import oracle_backward
     from fa4verify.judge.verdict import compare
     name, causal = job["pair"], job["causal"]

@@ -181,7 +181,7 @@ class CpuStandIn:
 
 def _problem(mods_, *, nheads, nheads_kv, seqlen=256, head_dim=128, small=False, **kw):
     from fa4verify.problem import ValueSpec
-    from fa4verify.judge import AttentionProblem
+    from fa4verify.problem import AttentionProblem
     if small:
         seqlen, head_dim = min(seqlen, 48), min(head_dim, 32)
     return AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=seqlen, seqlen_k=seqlen, nheads=nheads,

@@ -225,7 +225,7 @@ def _bf16(x, dtype="bf16"):
 
 
 def _problem(mods_, **kw):
-    from fa4verify.judge import AttentionProblem
+    from fa4verify.problem import AttentionProblem
     base = dict(arch="sm90", dtype="bf16", batch=1, seqlen_q=192, seqlen_k=192, nheads=2, nheads_kv=2,
                 head_dim=64, head_dim_v=64, mods=tuple(mods_))
     base.update(kw)
@@ -328,7 +328,7 @@ def test_user_aux_data_overrides_the_factory():
 
 
 def test_problem_with_mods_round_trips_json_and_refuses_bad_combinations():
-    from fa4verify.judge import AttentionProblem
+    from fa4verify.problem import AttentionProblem
     p = _problem(("alibi", "document"), mod_seed=7)
     assert AttentionProblem.from_json(p.to_json()) == p
     assert "mods=alibi+document#7" in p.describe()

@@ -27,7 +27,7 @@ def test_all_lists_exactly_the_public_names_and_each_resolves():
     ("Verdict", "fa4verify.judge"),
     ("compare", "fa4verify.judge"),
     ("BudgetStats", "fa4verify.judge"),
-    ("AttentionProblem", "fa4verify.judge"),
+    ("AttentionProblem", "fa4verify.problem"),
 ])
 def test_reexport_is_the_home_modules_own_object(name, home):
     assert name in fa4verify.__all__

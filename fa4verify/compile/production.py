@@ -6,7 +6,7 @@ with ``fake=True``, no GPU.
 ``FLASH_ATTENTION_ARCH``, ``FLASH_ATTENTION_NUM_SMS``, ``CUTE_DSL_KEEP=ptx``, an existing
 ``CUTE_DSL_DUMP_DIR``) and the adapter's compile-only shims (:func:`fa4verify.kernels.adapter.install_compile_only_shims`), so
 neither leaks into the calling process. In it every :class:`CompileCase` becomes an
-:class:`~fa4verify.judge.AttentionProblem`, is materialised, and runs
+:class:`~fa4verify.problem.AttentionProblem`, is materialised, and runs
 ``ProductionTarget(fake=True, emulation=...)`` forward (and backward, deterministic or default):
 FA4 traces and compiles its kernels for ``FLASH_ATTENTION_ARCH`` under torch ``FakeTensorMode`` and
 skips the launch. Per case the result records what the adapter saw (``CallConfig``: kernel family
@@ -69,7 +69,7 @@ class CompileCase:
     seqlen: int = 256
     nheads: int = 2
     inject: str = ""
-    #: a whole :class:`~fa4verify.judge.AttentionProblem` as JSON (e.g. a drawn call form: paged
+    #: a whole :class:`~fa4verify.problem.AttentionProblem` as JSON (e.g. a drawn call form: paged
     #: KV, seqused_k, block sparsity); replaces the shape fields above when set
     problem_json: str = ""
 

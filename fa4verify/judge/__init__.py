@@ -1,4 +1,5 @@
-"""The judge core: one comparison, one statistics producer, one problem type.
+"""The judge core: one comparison, one statistics producer (the problem type it judges is
+:class:`fa4verify.problem.AttentionProblem`).
 
 * :mod:`fa4verify.judge.verdict` -- :func:`compare` (``|actual - ref| <= oracle_bound + budget``,
   verdict ``pass | fail | undecided``), :class:`Verdict`, :class:`UndecidedError`, and
@@ -6,19 +7,18 @@
   long-context judge);
 * :mod:`fa4verify.judge.stats` -- :class:`BudgetStats`, the composed budgets' statistics;
 * :mod:`fa4verify.judge.attention` -- oracle + budgets + compare for forward and backward outputs
-  of an :class:`AttentionProblem`.
+  of an :class:`~fa4verify.problem.AttentionProblem`.
 
 Audit checks, the public gate, fuzz properties, mutant verifiers and attribution all call these;
 no other module of fa4verify compares a kernel output with an oracle under a budget.
 """
-from fa4verify.problem import AttentionProblem
 from fa4verify.judge.attention import (BackwardJudgement, ForwardJudgement, Reference, arrays_from,
                                        dense_problem, forward_allowances, judge_backward, judge_forward,
                                        load_budgets, oracle_backward, oracle_forward)
 from fa4verify.judge.stats import BudgetStats
 from fa4verify.judge.verdict import BLIND_FLOOR, STATUSES, Element, UndecidedError, Verdict, combine, compare, worst_status
 
-__all__ = ["AttentionProblem", "BudgetStats", "Verdict", "Element", "UndecidedError", "STATUSES", "BLIND_FLOOR", "compare",
+__all__ = ["BudgetStats", "Verdict", "Element", "UndecidedError", "STATUSES", "BLIND_FLOOR", "compare",
            "combine", "worst_status", "Reference", "ForwardJudgement", "BackwardJudgement", "dense_problem",
            "arrays_from", "oracle_forward", "oracle_backward", "forward_allowances", "judge_forward",
            "judge_backward", "load_budgets"]
