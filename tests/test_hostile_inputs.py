@@ -426,6 +426,12 @@ def test_08_exp2_json_is_not_pre_created_on_a_crash(tmp_path, capsys, monkeypatc
     no_temp_files(tmp_path)
 
 
+def _sigint_default() -> None:
+    """In a signal test's child: SIGINT's default action, whatever the test runner inherited (a
+    background job ignores SIGINT, and so would the command under test)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow  # an exp2 sweep in a subprocess, interrupted
 def test_08_exp2_sigint_exits_130_and_leaves_no_file(tmp_path):
     prev = write_prev(tmp_path / "prev.json")
@@ -435,7 +441,8 @@ def test_08_exp2_sigint_exits_130_and_leaves_no_file(tmp_path):
         ready = tmp_path / f"ready-{out.name}"
         p = subprocess.Popen([sys.executable, "-m", "fa4verify", "exp2", "--degree", "3", "--exhaustive",
                               "--jobs", "1", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=dict(os.environ, FA4VERIFY_READY_FILE=str(ready)))
+                             text=True, env=dict(os.environ, FA4VERIFY_READY_FILE=str(ready)),
+                             preexec_fn=_sigint_default)
         deadline = time.monotonic() + 120      # the command's readiness marker, not a sleep
         while not ready.exists() and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -474,7 +481,7 @@ def test_09_audit_sigint_exits_130_with_earlier_files_intact(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "fa4verify", "audit", "--no-default-checks", "--no-live",
                           "--checks-module", HANG, "--checks-module", OK, "-k", "hang", "--isolate", "never",
                           "--opt", f"ready={ready}", "--json", str(j)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     deadline = time.monotonic() + 240           # issue 30 item 8: the check's readiness marker, not a sleep
     while not ready.exists():
         assert p.poll() is None and time.monotonic() < deadline, "the audit never reached its check"
