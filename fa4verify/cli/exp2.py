@@ -103,8 +103,10 @@ def run_exp2(degrees: list[int], lo: float, hi: float, *, sample: int | None, di
         else:
             bar = _Progress(f"degree {d}", enabled=progress)
             with bar:
-                res = ec.sweep(d, lo, hi, method="direct" if direct else "fast", jobs=jobs,
-                               progress=lambda done, total: (_INTERRUPT.check(), bar.update(done, total)))
+                def step(done: int, total: int) -> None:
+                    _INTERRUPT.check()           # Note [exp2 interrupt]: between tasks
+                    bar.update(done, total)
+                res = ec.sweep(d, lo, hi, method="direct" if direct else "fast", jobs=jobs, progress=step)
             st, res_pieces, fallbacks, secs = res.stats, res.pieces, res.fallbacks, res.seconds
         pb = certified_sup_rel_error(params.poly_ex2[d], rel_tol=1e-6)
         entry = {

@@ -89,9 +89,8 @@ def judge_taps(problem, a: Mapping[str, Any], out, lse, taps: Mapping[str, Any],
             # the reference is the kernel's own accumulator: where it is NaN the postprocess
             # must give NaN (nan="match"), not an undecided "oracle NaN" (seen on the H200: an
             # accumulator a known FA4 issue filled with NaN made the whole audit undecided)
-            with np.errstate(invalid="ignore"):
-                vs["dq_post"] = compare("dq_post", dq, ref, nan="match",
-                                        budget=budgets.evaluate("dq_post", {"abs_sdq": np.abs(ref)}))
+            vs["dq_post"] = compare("dq_post", dq, ref, nan="match",
+                                    budget=budgets.evaluate("dq_post", {"abs_sdq": np.abs(ref)}))
     z = taps.get("dq_accum_zeroed")
     if z is None:
         vs["dq_accum_zeroed"] = Verdict("dq_accum_zeroed", "undecided", 0, 0, 0, 0.0, 0.0, None, (),
