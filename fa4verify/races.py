@@ -11,9 +11,10 @@ checks call the backward on an idle GPU with dO copied from the host long before
 :class:`RacingTarget` runs FA4's backward the way a training step does: dO is written by the kernel
 launched immediately before FA4's backward preprocess on the same stream (a device-side copy from a
 staging buffer, launched from a hook on FA4's ``_bwd_preprocess``:
-:func:`fa4verify.kernels.stage_taps.before_preprocess`), and optionally a concurrent memory-bound stream keeps the GPU busy (``busy``: copies of a
-``BUSY_MB`` buffer on a side stream, launched just before the producer and left running during the
-backward). Every buffer FA4 leaves uninitialised is NaN-filled first (Note [Poisoned scratch]).
+:func:`fa4verify.kernels.stage_taps.before_preprocess`), and optionally a concurrent memory-bound
+stream keeps the GPU busy (``busy``: copies of a ``BUSY_MB`` buffer on a side stream, launched just
+before the producer and left running during the backward). Every buffer FA4 leaves uninitialised
+is NaN-filled first (Note [Poisoned scratch]).
 Every repetition is judged by the one judge (:func:`fa4verify.fuzz.properties.check_problem`:
 runs, backward within its budget); with ``deterministic=True`` every repetition must also equal
 the first bitwise (dQ, dK, dV). :func:`run_races` runs a list of problems (dense, GQA, block-sparse
