@@ -542,3 +542,37 @@ def test_races_poison_off_reaches_the_target(on_cpu, pooled_release):
     on = run_here(spec, _ctx("default", {"races_reps": "2"}))
     assert on.status == "fail" and on.metrics["poisoned"] == on.metrics["reps"] == 8, on.metrics
     assert "NaN in dq, dk, dv: a NaN-poisoned buffer was read before its producer wrote it" in on.summary, on.summary
+
+
+# ----------------------------------------------------------------------- on the GPU (production FA4)
+@pytest.mark.gpu
+def test_production_backward_under_load_is_clean_with_every_scratch_buffer_poisoned():
+    """Production FA4 raises no false alarm with its scratch NaN-poisoned (Note [Poisoned scratch]):
+    dense causal and GQA, both modes, every repetition poisoned, within budget, bitwise equal."""
+    t = races.RacingTarget()
+    for det in (True, False):
+        for r in races.run_races(t, races.race_problems(t.arch)[:2], reps=2, deterministic=det):
+            assert r.judged == r.poisoned == 2 and not (r.violations or r.bitwise_mismatches or r.errors), r
+    assert t.describe()["poison"]["at_preprocess"] == ["dpsum", "lse_log2", "dq_accum"]
+
+
+@pytest.mark.gpu
+def test_production_loads_of_lse_and_d_nobody_wrote_read_nan(monkeypatch):
+    """A dropped wait at its worst, without timing: FA4's preprocess replaced by one that only zeroes
+    dq_accum, so the main kernel loads LSE and D nobody wrote (after a clean repetition left the
+    right values in the allocator's blocks). With the poison the gradients are NaN and fail."""
+    from fa4verify.kernels.adapter import interface_module
+    iface = interface_module()
+    real = iface._bwd_preprocess
+
+    def zero_dq_accum_only(out, dout, dpsum, lse, lse_log2, dq_accum, *args, **kw):
+        if dq_accum is not None:
+            dq_accum.zero_()
+    zero_dq_accum_only.compile_cache = real.compile_cache
+    t = races.RacingTarget()
+    p = races.race_problems(t.arch)[0]
+    clean, = races.run_races(t, [p], reps=1)
+    assert clean.judged == clean.poisoned == 1, clean
+    monkeypatch.setattr(iface, "_bwd_preprocess", zero_dq_accum_only)
+    r, = races.run_races(t, [p], reps=2)
+    assert r.violations == 2 and r.poisoned == 2 and "NaN in d" in r.first_failure, r
