@@ -169,34 +169,99 @@ def _fake_wheel(d, version):
     return p
 
 
+def _fake_stack(root, version):
+    """A two-part bundle as ../shared/device/make_bundle.sh writes it, of a fake stack: part1 a
+    DSL-like package with 2.5 MB of incompressible bytes (several 1 MB chunks), part2 flash-attn-4
+    ``version``."""
+    import io
+    import tarfile
+    for part, files in (("part1", {"nvidia_cutlass_dsl/python_packages/cutlass/__init__.py": b"",
+                                   "nvidia_cutlass_dsl/lib/blob.bin": os.urandom(2_500_000)}),
+                        ("part2", {"flash_attn/__init__.py": b"",
+                                   f"flash_attn_4-{version}.dist-info/METADATA":
+                                       f"Metadata-Version: 2.1\nName: flash-attn-4\nVersion: {version}\n".encode()})):
+        (root / part).mkdir(parents=True)
+        with tarfile.open(root / part / ("p1.tar.xz" if part == "part1" else "p2.tar.xz"), "w:xz") as t:
+            for name, data in files.items():
+                ti = tarfile.TarInfo(name)
+                ti.size = len(data)
+                t.addfile(ti, io.BytesIO(data))
+    return root
+
+
+def _bash(args, env, timeout=300):
+    return subprocess.run(["bash", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+
+
+def test_stack_chunks_split_and_stage(tmp_path):
+    """A stack cut into chunk folders here and staged on the 'device' chunk by chunk: nothing is
+    unpacked until every chunk of the manifest is there and checks; then the stack's site holds
+    both parts; a corrupted chunk is refused."""
+    src = _fake_stack(tmp_path / "bundle", "9.9.9b2")
+    env = dict(os.environ, STACK_SRC=str(tmp_path / "tree"), STACK_ROOT=str(tmp_path / "dev"), CHUNK_MB="1")
+    cp = _bash(["scripts/gpu/stack_chunks.sh", "split", "9.9.9b2", str(src)], env)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    chunks = sorted((tmp_path / "tree" / "stack-9.9.9b2").iterdir())
+    assert len(chunks) >= 3 and all((c / "manifest.sha256").is_file() for c in chunks)
+    assert all(sum(f.stat().st_size for f in c.iterdir()) <= 1_100_000 for c in chunks)
+    # the first call carries the first chunk only
+    held = tmp_path / "held"
+    held.mkdir()
+    for c in chunks[1:]:
+        c.rename(held / c.name)
+    cp = _bash(["scripts/gpu/stack_chunks.sh", "stage"], env)
+    assert "waiting for chunk(s)" in cp.stdout and not (tmp_path / "dev" / "site-9.9.9b2").exists()
+    # the next call carries the rest; the first chunk's folder is gone from the tree by then
+    chunks[0].rename(held / ("gone-" + chunks[0].name))
+    for c in chunks[1:]:
+        (held / c.name).rename(c)
+    cp = _bash(["scripts/gpu/stack_chunks.sh", "stage"], env)
+    site = tmp_path / "dev" / "site-9.9.9b2"
+    assert "unpacked in" in cp.stdout, cp.stdout
+    assert (site / "nvidia_cutlass_dsl" / "lib" / "blob.bin").stat().st_size == 2_500_000
+    assert (site / "flash_attn_4-9.9.9b2.dist-info" / "METADATA").is_file() and (site / ".complete").is_file()
+    # a corrupted chunk: refused, nothing unpacked
+    env2 = dict(env, STACK_ROOT=str(tmp_path / "dev2"))
+    (held / ("gone-" + chunks[0].name)).rename(chunks[0])
+    victim = next(f for f in chunks[-1].iterdir() if f.name != "manifest.sha256")
+    victim.write_bytes(b"x" + victim.read_bytes()[1:])
+    cp = _bash(["scripts/gpu/stack_chunks.sh", "stage"], env2)
+    assert "does not match its manifest" in cp.stdout and not (tmp_path / "dev2" / "site-9.9.9b2").exists()
+
+
 @pytest.mark.slow
 def test_releases_step_on_the_cpu(tmp_path):
     """scripts/gpu/releases.sh here: the fabricated release is unpacked and shadows the installed
     FA4 (the preflight sees its version), its audit refuses (no CUDA: exit 2, no report) and the
-    run record and table say so; a release with neither wheel nor stack is 'not run'; with too
-    little time left nothing starts."""
+    run record and table say so; a release whose own stack was staged runs on that stack; a
+    release with neither wheel nor stack is 'not run'; with too little time left nothing starts."""
     rd = tmp_path / "rels"
     _fake_wheel(rd, "9.9.9b1")
+    tree = tmp_path / "tree"
+    env0 = dict(os.environ, STACK_SRC=str(tree), STACK_ROOT=str(tmp_path / "dev"), CHUNK_MB="1")
+    cp = _bash(["scripts/gpu/stack_chunks.sh", "split", "9.9.9b2", str(_fake_stack(tmp_path / "b", "9.9.9b2"))], env0)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
     out, state = tmp_path / "out", tmp_path / "state"
-    env = dict(os.environ, OUT=str(out), RELEASE_DIR=str(rd), RELEASE_STATE=str(state),
-               RELEASES="9.9.9b1,9.9.9b0", RELEASE_MIN_S="5", RELEASE_CAP_S="120",
+    env = dict(env0, OUT=str(out), RELEASE_DIR=str(rd), RELEASE_STATE=str(state),
+               RELEASES="9.9.9b1,9.9.9b0,9.9.9b2", RELEASE_MIN_S="5", RELEASE_CAP_S="120",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    cp = subprocess.run(["bash", "scripts/gpu/releases.sh"], capture_output=True, text=True, cwd=ROOT,
-                        env=env, timeout=300)
+    cp = _bash(["scripts/gpu/releases.sh"], env)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     rec = (state / "runs" / "9.9.9b1.txt").read_text()
     assert rec.startswith("release=9.9.9b1 rc=2 "), rec       # the audit ran (shadowed release) and refused
     assert "no CUDA device" in (state / "9.9.9b1.log").read_text()
     assert (state / "site" / "9.9.9b1" / "flash_attn_4-9.9.9b1.dist-info").is_dir()
+    rec2 = (state / "runs" / "9.9.9b2.txt").read_text()
+    assert rec2.startswith("release=9.9.9b2 rc=2 "), rec2     # the staged stack's release, seen by its metadata
+    assert "stack 9.9.9b2: unpacked in" in (out / "progress.txt").read_text()
     assert "rc=not-run" in (state / "runs" / "9.9.9b0.txt").read_text()
     table = (out / "table.md").read_text()
     assert "| 9.9.9b1 |" in table and "the audit exited 2" in table
     assert "| 9.9.9b0 |" in table and "not run: no wheel" in table
     assert (out / "releases.tgz").stat().st_size > 0
-    # with less time left than RELEASE_MIN_S, nothing starts (and the kept report rule is not needed)
+    # with less time left than RELEASE_MIN_S, nothing starts
     env2 = dict(env, OUT=str(tmp_path / "out2"), RELEASE_MIN_S="100",
                 RELEASE_DEADLINE=str(int(time.time()) + 50))
-    cp = subprocess.run(["bash", "scripts/gpu/releases.sh"], capture_output=True, text=True, cwd=ROOT,
-                        env=env2, timeout=120)
+    cp = _bash(["scripts/gpu/releases.sh"], env2, timeout=120)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert "9.9.9b1: not started" in (tmp_path / "out2" / "progress.txt").read_text()

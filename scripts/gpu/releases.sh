@@ -15,8 +15,9 @@
 #   check (no FA4 import) confirms the release seen is the one asked for; `scripts/release_table.py`
 #   checks the report's release again.
 # * A release that needs another stack (4.0.0b20..b26: nvidia-cutlass-dsl==4.6.0.dev0, quack 0.5.3)
-#   runs when its own two-part bundle is unpacked in /root/site-<release> (both parts); that
-#   directory then replaces /root/site on PYTHONPATH.
+#   runs when its own two-part bundle is unpacked in /root/site-<release> (both parts; carried in
+#   chunks that ride along with other calls: scripts/gpu/stack_chunks.sh, whose `stage` runs first
+#   here); that directory then replaces /root/site on PYTHONPATH.
 # * The installed release itself (4.0.0b36 in the main bundle) may be named: it runs as installed.
 # * Each release has its own kernel cache ($RELEASE_STATE/kcache/<release>): FA4 keys its
 #   persistent cache by a fingerprint of its own source, but a cache of one release is never
@@ -47,6 +48,7 @@ W=${RELEASE_WORKERS:-$(( NCPU / JOBS > 1 ? NCPU / JOBS : 2 ))}
 mkdir -p "$ST/site" "$ST/kcache" "$ST/runs" "$OUT"
 unset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED FLASH_ATTENTION_CUTE_DSL_CACHE_DIR
 BASE_PYTHONPATH=${PYTHONPATH:-}
+bash scripts/gpu/stack_chunks.sh stage | tee -a "$OUT/progress.txt"     # other stacks carried in chunks
 installed=$(python3 -c "import importlib.metadata as m; print(m.version('flash-attn-4'))" 2>/dev/null)
 
 rels=${RELEASES:-}
@@ -61,8 +63,8 @@ echo "releases: $rels (jobs $JOBS x $W workers, cap ${CAP}s, start only with >= 
 # the PYTHONPATH under which release $1 runs, or a one-line reason (exit 1) why it cannot
 release_path() {
   local rel=$1 whl site
-  if [ -d "/root/site-$rel/nvidia_cutlass_dsl" ]; then      # its own stack (a two-part bundle)
-    site=/root/site-$rel
+  if [ -d "${STACK_ROOT:-/root}/site-$rel/nvidia_cutlass_dsl" ]; then      # its own stack (stack_chunks.sh)
+    site=${STACK_ROOT:-/root}/site-$rel
     echo "$site:$site/nvidia_cutlass_dsl/dsl_packages:$site/nvidia_cutlass_dsl/python_packages"; return 0
   fi
   whl=$(ls "$RD"/flash_attn_4-"$rel"-*.whl 2>/dev/null | head -n 1)
