@@ -43,14 +43,8 @@ def tanh(ctx: CheckContext) -> CheckResult:
     from fa4verify.checks.exp2 import budget_constants
     from fa4verify.kernels.probes import probe_mufu_tanh as probe
     arch = ctx.device_arch
-    total = 1 << 32
-    with ctx.progress(total, "tanh.approx over every fp32 input") as bar:
-        last = [0]
-
-        def step(done: int, _total: int) -> None:
-            bar.advance(done - last[0])
-            last[0] = done
-        stats = probe.sweep(progress=step)
+    with ctx.progress(256, "tanh.approx over every fp32 input, one binade at a time") as bar:
+        stats = probe.sweep(progress=lambda done, total: bar.advance(1))
     const = budget_constants(ctx.dtype, arch)
     rows = judge_tanh(stats, const)
     bad = [r for r in rows if not r["ok"]]

@@ -27,7 +27,7 @@ import math
 
 import cutlass.cute as cute
 
-from fa4verify.kernels.probes.probe_base import BLOCK, DEFAULT_CHUNK, ChunkRunner, compile_only_here
+from fa4verify.kernels.probes.probe_base import BLOCK, ChunkRunner, compile_only_here
 
 STAGE = "softcap tanh (MUFU.TANH), flash_attn/cute/utils.py create_softcap_scoremod(_bwd)"
 MIRRORS = "flash_attn/cute/utils.py::create_softcap_scoremod_bwd (cute.math.tanh fastmath)"
@@ -64,88 +64,56 @@ def compile_only(variant: str = "fastmath", n: int = 4 * BLOCK):
     return compile_only_here(launch, IN_DTYPES, OUT_SPECS, n=n)
 
 
-#: binade bins of |x|: 0 holds zero and the subnormals, e + 127 the binade [2^e, 2^(e+1)) for
-#: e = -126 .. 127, 255 the infinities
-N_BINS = 256
+#: one binade of fp32 bit patterns (2^23): the sweep's unit of work and of its per-binade figures
+BINADE = 1 << 23
 
 
-def sweep(chunk: int = DEFAULT_CHUNK, progress=None) -> dict:
-    """Every fp32 bit pattern through :func:`run` on the current CUDA device (NaN inputs left out):
-    the envelope of Note [MUFU tanh envelope] as a JSON-able dict. ``progress(done, total)`` is
-    called after each chunk. Takes seconds on an H200."""
+def sweep(progress=None, *, fn=None, device: str = "cuda", exponents=range(256)) -> dict:
+    """Every fp32 bit pattern through :func:`run` on the current CUDA device (NaN inputs left out),
+    one binade of ``|x|`` (and its negation) at a time: the envelope of Note [MUFU tanh envelope]
+    as a JSON-able dict. ``progress(done, total)`` is called after each binade (256 of them).
+    ``fn``, ``device``, ``exponents``: another function, device and exponent fields (tests)."""
+    import struct
+
     import torch
-    dev = torch.device("cuda")
-    nb = N_BINS
-    max_abs = torch.zeros(nb, dtype=torch.float64, device=dev)
-    max_rel = torch.zeros(nb, dtype=torch.float64, device=dev)
-    lo_signed = torch.zeros(nb, dtype=torch.float64, device=dev)
-    hi_signed = torch.zeros(nb, dtype=torch.float64, device=dev)
-    count = torch.zeros(nb, dtype=torch.int64, device=dev)
-    over_one = 0
-    nonfinite = 0
-    odd_violations = 0
-    last_unsat = -1              # the largest positive bit pattern whose output is not exactly +1
-    first_unsat_neg = -1         # the largest |pattern| of the negative side not exactly -1
-    total = 1 << 32
-    done = 0
-    for start in range(0, total, chunk):
-        bits = torch.arange(start, start + chunk, dtype=torch.int64, device=dev)
-        bits32 = torch.where(bits >= (1 << 31), bits - (1 << 32), bits).to(torch.int32)
-        x = bits32.view(torch.float32)
-        y = run(x)
-        ok = ~torch.isnan(x)
-        xd, yd = x.double(), y.double()
-        t = torch.tanh(xd)
-        err = torch.where(ok, yd - t, torch.zeros_like(t))
-        rel = torch.where(ok & (t != 0), (err / t).abs(), torch.where(ok & (err != 0), torch.inf, 0.0))
-        expo = ((bits & 0x7FFFFFFF) >> 23).to(torch.int64)
-        b = torch.where(expo == 255, torch.full_like(expo, 255), expo)
-        b = torch.where(ok, b, torch.zeros_like(b))
-        max_abs.scatter_reduce_(0, b, err.abs(), "amax")
-        max_rel.scatter_reduce_(0, b, rel, "amax")
-        lo_signed.scatter_reduce_(0, b, err, "amin")
-        hi_signed.scatter_reduce_(0, b, err, "amax")
-        count.scatter_add_(0, b, ok.to(torch.int64))
-        over_one += int((ok & (yd.abs() > 1)).sum())
-        nonfinite += int((ok & ~torch.isfinite(y)).sum())
-        pos = ok & (bits < (1 << 31))
-        neg = ok & (bits >= (1 << 31))
-        up = torch.nonzero(pos & (y != 1.0))
-        if up.numel():
-            last_unsat = max(last_unsat, int(bits[up[-1, 0]]))
-        dn = torch.nonzero(neg & (y != -1.0))
-        if dn.numel():
-            first_unsat_neg = max(first_unsat_neg, int(bits[dn[-1, 0]]) - (1 << 31))
-        # tanh is odd: the MUFU's answer at -x against its answer at x, checked on the positive
-        # half (the negative patterns are the positive ones with the sign bit set)
-        if start < (1 << 31):
-            yn = run((bits32 | torch.tensor(-(1 << 31), dtype=torch.int32, device=dev)).view(torch.float32))
-            odd_violations += int((ok & (yn != -y)).sum())
-        done += chunk
-        if progress is not None:
-            progress(done, total)
-
-    def _f(bits: int) -> float:
-        import struct
-        return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
-
-    # sat: the fp32 just above the largest non-saturated magnitude on either side
-    worst = max(last_unsat, first_unsat_neg)
-    sat = _f(worst + 1) if worst >= 0 else 0.0
+    dev = torch.device(device)
+    fn = run if fn is None else fn
+    exponents = list(exponents)
     rows = []
-    for i in range(nb):
-        n = int(count[i])
-        if not n:
+    over_one = nonfinite = odd_violations = 0
+    last_unsat = -1              # the largest |x| bit pattern whose output is not exactly +-1
+    for e in exponents:          # exponent field: 0 = zero and subnormals, 255 = inf and NaN
+        bits = torch.arange(e * BINADE, (e + 1) * BINADE, dtype=torch.int32, device=dev)
+        x = bits.view(torch.float32)
+        ok = ~torch.isnan(x)
+        if not bool(ok.any()):
             continue
-        lo = 0.0 if i == 0 else (math.inf if i == 255 else math.ldexp(1.0, i - 127))
-        rows.append({"bin": i, "abs_lo": lo, "inputs": n, "max_abs": float(max_abs[i]),
-                     "max_rel": float(max_rel[i]), "min_signed": float(lo_signed[i]),
-                     "max_signed": float(hi_signed[i])})
+        x = x[ok]
+        y, yn = fn(x), fn(-x)
+        t = torch.tanh(x.double())
+        err = torch.cat([y.double() - t, yn.double() + t])
+        tt = torch.cat([t, -t])
+        rel = torch.where(tt != 0, (err / tt).abs(), torch.where(err != 0, torch.inf, 0.0))
+        both = torch.cat([y, -yn])
+        over_one += int((both.abs() > 1).sum())
+        nonfinite += int((~torch.isfinite(both)).sum())
+        odd_violations += int((yn != -y).sum())
+        unsat = torch.nonzero((y != 1.0) | (yn != -1.0))
+        if unsat.numel():
+            last_unsat = int(bits[ok][unsat[-1, 0]])
+        lo = 0.0 if e == 0 else (math.inf if e == 255 else math.ldexp(1.0, e - 127))
+        rows.append({"bin": e, "abs_lo": lo, "inputs": int(err.numel()), "max_abs": float(err.abs().max()),
+                     "max_rel": float(rel.max()), "min_signed": float(err.min()),
+                     "max_signed": float(err.max())})
+        if progress is not None:
+            progress(len(rows), len(exponents))
+    # sat: the fp32 just above the largest magnitude whose output is not exactly +-1
+    sat = struct.unpack("<f", struct.pack("<I", last_unsat + 1))[0] if last_unsat >= 0 else 0.0
     # the figures the budgets carry: over the normal binades (FA4's arguments are normal or 0;
     # subnormal inputs flush), the largest relative error; from |x| >= 1 on, the largest absolute
     normal = [r for r in rows if 0 < r["bin"] < 255]
-    return {"inputs": int(count.sum()), "sat": sat, "over_one": over_one, "nonfinite": nonfinite,
-            "odd_violations": odd_violations,
-            "max_rel_normal": max(r["max_rel"] for r in normal),
-            "max_abs_from_1": max(r["max_abs"] for r in rows if r["abs_lo"] >= 1.0),
+    return {"inputs": sum(r["inputs"] for r in rows), "sat": sat, "over_one": over_one,
+            "nonfinite": nonfinite, "odd_violations": odd_violations,
+            "max_rel_normal": max((r["max_rel"] for r in normal), default=0.0),
+            "max_abs_from_1": max((r["max_abs"] for r in rows if r["abs_lo"] >= 1.0), default=0.0),
             "bins": rows}
