@@ -238,6 +238,19 @@ class _Zygote:
                 return None
             time.sleep(0.05)
 
+    def why(self) -> str:
+        """Why the zygote forks no more (its refusal, or its exit and log tail)."""
+        err = next((m["error"] for m in self._forked.values() if "error" in m), None)
+        if err:
+            return err
+        rc = self.proc.poll()
+        try:
+            with open(self.log_path, "rb") as f:
+                tail = f.read()[-300:].decode("utf-8", "replace").strip().replace("\n", " | ")
+        except OSError:
+            tail = ""
+        return f"zygote {'alive' if rc is None else f'exited rc={rc}'}" + (f"; log: {tail}" if tail else "")
+
     def close(self) -> None:
         """Stop the zygote at once (after its workers: they die with it)."""
         with contextlib.suppress(OSError):
@@ -271,7 +284,7 @@ class _ForkedProc:
             if pid is None:
                 if self._z.usable and (self._k not in self._z._forked):
                     raise TimeoutError("the zygote has not forked this worker yet")
-                raise ProcessLookupError("the zygote did not fork this worker")
+                raise ProcessLookupError(f"the zygote did not fork this worker: {self._z.why()}")
             self._pid = pid
         return self._pid
 
