@@ -118,17 +118,32 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
             # scale's and the division's (gamma(4): room for an approximate division), MUFU tanh
             # (tanh_rel), then two fp32 roundings
             g2 = float(_gamma(4, u))
-            a_lo = np.tanh(np.minimum(xs_lo * (1 - g2), xs_lo * (1 + g2)) / cap)
-            a_hi = np.tanh(np.maximum(xs_hi * (1 - g2), xs_hi * (1 + g2)) / cap)
+            arg_lo = np.minimum(xs_lo * (1 - g2), xs_lo * (1 + g2)) / cap
+            arg_hi = np.maximum(xs_hi * (1 - g2), xs_hi * (1 + g2)) / cap
+            a_lo, a_hi = np.tanh(arg_lo), np.tanh(arg_hi)
             # (not clipped at 1: a relative tanh_rel error may carry a saturated tanh past 1)
             th_max = np.maximum(np.abs(a_lo), np.abs(a_hi)) * (1 + C["tanh_rel"])
-            th_min = np.where((a_lo <= 0) & (a_hi >= 0), 0.0,
-                              np.minimum(np.abs(a_lo), np.abs(a_hi)) * (1 - C["tanh_rel"]))
+            straddle = (a_lo <= 0) & (a_hi >= 0)
+            th_min = np.where(straddle, 0.0, np.minimum(np.abs(a_lo), np.abs(a_hi)) * (1 - C["tanh_rel"]))
+            sat = None
+            if "tanh_abs1" in C and "tanh_sat" in C:
+                # Note [MUFU tanh envelope] (kernels/probes/probe_mufu_tanh.py): the GPU's tanh
+                # measured on every fp32 input (the audit's mufu.tanh re-measures it): |th| <= 1,
+                # |th - tanh(a)| <= tanh_abs1 at |a| >= 1, th = +-1 exactly at |a| >= tanh_sat,
+                # where f = 1 - th th is 0 exactly
+                amin = np.where(straddle, 0.0, np.minimum(np.abs(arg_lo), np.abs(arg_hi)))
+                amax = np.maximum(np.abs(arg_lo), np.abs(arg_hi))
+                big = amin >= 1.0
+                th_max = np.minimum(np.where(big, np.minimum(th_max, np.tanh(amax) + C["tanh_abs1"]), th_max), 1.0)
+                th_min = np.where(big, np.maximum(th_min, np.tanh(amin) - C["tanh_abs1"]), th_min)
+                sat = amin >= C["tanh_sat"]
             # (gamma(2) on each side, not u: room for an implementation that forms th^2 from the
             # rounded softcapped score, (y / cap)^2, with two more fp32 roundings)
             g2r = float(_gamma(2, u))
             f_lo = (1 - th_max * th_max * (1 + g2r)) * (1 - g2r) - SLACK
             f_hi = (1 - th_min * th_min * (1 - g2r)) * (1 + g2r) + SLACK
+            if sat is not None:
+                f_lo, f_hi = np.where(sat, 0.0, f_lo), np.where(sat, 0.0, f_hi)
         elif score is not None:
             ref, grad, err, lip, curv = score
             xm, xr = S * scale, rS * scale

@@ -33,7 +33,8 @@ import functools
 import os
 from typing import Optional
 
-__all__ = ["FA4", "FA4VERIFY", "origin", "fa4_refusal", "device_fault", "describe"]
+__all__ = ["FA4", "FA4VERIFY", "origin", "fa4_refusal", "device_fault", "describe", "path_owner",
+           "report_blame"]
 
 FA4 = "fa4"
 FA4VERIFY = "fa4verify"
@@ -100,3 +101,68 @@ def describe(exc: BaseException) -> str:
     """``"<who>: <type>: <message>"`` with who = "raised in FA4" / "raised in fa4verify's own call"."""
     who = "raised in FA4" if origin(exc) == FA4 else "raised in fa4verify's own call"
     return f"{who}: {type(exc).__name__}: {exc}"
+
+
+# Note [Blame of a report row]
+# ----------------------------
+# A report read on another machine (the release table, ``scripts/release_table.py``) has no
+# exception object, only a row: its status, summary and, for a crashed check, the formatted
+# traceback. :func:`report_blame` applies Note [Blame] to that row:
+#
+# * ``fail`` is FA4's: only FA4 earns a FAIL (fa4verify's own exceptions are errors);
+# * ``error``: a device fault is FA4's wherever it surfaced; a task killed at its deadline or lost
+#   with its worker is undetermined (a hung or crashed FA4 kernel, or a harness too slow for its
+#   deadline); a check saying that fa4verify's own call failed is fa4verify's; otherwise the
+#   deepest frame of the traceback whose path is FA4's or fa4verify's decides
+#   (:func:`path_owner`), and a traceback with neither is fa4verify's;
+# * ``undecided`` is nobody's finding: no verdict (the summary says what is unknown);
+# * ``pass`` and ``skip``: nothing to blame.
+
+#: directories that hold fa4verify's code in a checkout or an install (``kernels/``, ``oracles/``,
+#: ``error_budgets/`` install as ``fa4verify.*``)
+_OWN_DIRS = ("fa4verify", "kernels", "oracles", "error_budgets")
+
+
+def path_owner(filename: str) -> Optional[str]:
+    """The owner of a source file named in a traceback from any machine, by its path alone:
+    ``"fa4"`` under a ``flash_attn`` directory, ``"fa4verify"`` under one of :data:`_OWN_DIRS`
+    (outside ``site-packages`` of other distributions), else None (torch, the DSL, numpy)."""
+    parts = filename.replace("\\", "/").split("/")[:-1]
+    if "flash_attn" in parts:
+        return FA4
+    if "fa4verify" in parts:
+        return FA4VERIFY
+    if any(p in _OWN_DIRS for p in parts) and "site-packages" not in parts and "dist-packages" not in parts:
+        return FA4VERIFY
+    return None
+
+
+def _traceback_owner(text: str) -> Optional[str]:
+    import re
+    owner = None
+    for m in re.finditer(r'File "([^"]+)", line \d+', text or ""):
+        o = path_owner(m.group(1))
+        if o is not None:
+            owner = o
+    return owner
+
+
+def report_blame(row: dict) -> str:
+    """Who is to blame for one result row of a JSON audit report (Note [Blame of a report row]):
+    ``"FA4"``, ``"fa4verify"``, ``"undetermined: <why>"``, ``"no verdict"`` or ``"-"``."""
+    status = row.get("status")
+    if status == "fail":
+        return "FA4"
+    if status == "undecided":
+        return "no verdict"
+    if status != "error":
+        return "-"
+    summary = str(row.get("summary") or "")
+    tb = str((row.get("details") or {}).get("traceback") or "")
+    if device_fault(Exception(summary)) or device_fault(Exception(tb.strip().splitlines()[-1] if tb.strip() else "")):
+        return "FA4"
+    if "did not finish in" in summary or "lost with its worker" in summary:
+        return "undetermined: killed at its deadline or lost with its worker (a hung FA4 kernel or a slow harness)"
+    if "fa4verify's own call failed" in summary or "adapter cannot drive this FA4 release" in summary:
+        return "fa4verify"
+    return "FA4" if _traceback_owner(tb) == FA4 else "fa4verify"

@@ -9,27 +9,82 @@ earlier one wrote. A missing wait shows only while the producer is still running
 checks call the backward on an idle GPU with dO copied from the host long before.
 
 :class:`RacingTarget` runs FA4's backward the way a training step does: dO is written by the kernel
-launched immediately before FA4's backward on the same stream (a device-side copy from a staging
-buffer), and optionally a concurrent memory-bound stream keeps the GPU busy (``busy``: copies of a
-``BUSY_MB`` buffer on a side stream, launched before and left running during the backward). Every
-repetition is judged by the one judge (:func:`fa4verify.fuzz.properties.check_problem`: runs,
-backward within its budget); with ``deterministic=True`` every repetition must also equal the first
-bitwise (dQ, dK, dV). :func:`run_races` runs a list of problems (dense, GQA, block-sparse call
-forms) ``reps`` times each and returns the verdict rows.
+launched immediately before FA4's backward preprocess on the same stream (a device-side copy from a
+staging buffer, launched from a hook on FA4's ``_bwd_preprocess``:
+:func:`fa4verify.kernels.stage_taps.before_preprocess`), and optionally a concurrent memory-bound
+stream keeps the GPU busy (``busy``: copies of a ``BUSY_MB`` buffer on a side stream, launched just
+before the producer and left running during the backward). Every buffer FA4 leaves uninitialised
+is NaN-filled first (Note [Poisoned scratch]).
+Every repetition is judged by the one judge (:func:`fa4verify.fuzz.properties.check_problem`:
+runs, backward within its budget); with ``deterministic=True`` every repetition must also equal
+the first bitwise (dQ, dK, dV). :func:`run_races` runs a list of problems (dense, GQA, block-sparse
+call forms) ``reps`` times each and returns the verdict rows.
 
 PDL on and off (Note [PDL off]): :func:`run_races` runs FA4 as it ships (PDL where it compiles
 it); :func:`run_races_pdl_off` runs the same problems in a process of its own with PDL forced off.
-On the CPU the stream and the busy copies are no-ops (tests run the plumbing against a fake FA4
-release).
+On the CPU the busy stream is a no-op (tests run the plumbing, the poison included, against fake
+FA4 releases).
 
-Power, measured on the H200 (2026-12-02, ``docs/results/h200/planted/``): the planted
-``bwd_sm90_lse_pdl_wait_dropped`` was NOT caught (16 repetitions under load, PDL on, every one
-within budget and bitwise equal, as the clean control). The likely reason is the caching
+Power, measured on the H200 (2026-12-02, ``docs/results/h200/planted/``, before the poison): the
+planted ``bwd_sm90_lse_pdl_wait_dropped`` was NOT caught (16 repetitions under load, PDL on, every
+one within budget and bitwise equal, as the clean control). The likely reason is the caching
 allocator, not the timing: the repetitions are identical, so the block a repetition gets for D
 and the LSE in log2 still holds the previous repetition's values -- the right ones -- and a read
-before the preprocess wrote them reads correct numbers. The next step (not built: it needs a GPU
-to show it raises no false alarm on the clean kernels): fill the allocator's freed blocks with NaN
-between repetitions, so a read-before-write reads NaN.
+before the preprocess wrote them reads correct numbers. Note [Poisoned scratch] is the answer.
+
+Note [Poisoned scratch]
+-----------------------
+What: in every backward of :class:`RacingTarget` (``poison=True``, the default; ``--opt
+races_poison=off`` turns it off), each buffer FA4's ``_flash_attn_bwd`` allocates uninitialised
+holds NaN before the first of FA4's kernels can touch it:
+
+* the preprocess's outputs -- b36: ``dpsum`` (D), ``lse_log2`` and ``dq_accum`` -- are filled in
+  the hook on ``_bwd_preprocess`` (which receives them), right before FA4 launches it;
+* the gradients ``dq``, ``dk``, ``dv`` are FA4's output buffers passed by the harness
+  (``_flash_attn_bwd(dq=, dk=, dv=)``, the adapter's documented buffers), NaN-filled;
+* dO: the staging buffer is NaN-filled before the producer copies the real dO into it.
+
+Then, in stream order: [FA4's own zero-fills: dK/dV accumulators, semaphores] -> the NaN fills ->
+the busy stream -> the dO copy -> preprocess (PDL) -> main kernel (PDL) -> postprocess. A kernel
+that reads one of these buffers before its producer wrote it reads NaN, whatever the previous
+repetition left there, and the NaN reaches dQ/dK/dV: the judge fails it (a NaN against a finite
+oracle is over any bound) and the row says what a NaN gradient means (:data:`NAN_MEANS`).
+
+Why it raises no false alarm on a correct FA4: the buffers are the ones FA4 allocates with
+``torch.empty``: FA4 promises nothing about their contents, so a correct kernel writes every
+element before it reads it (the preprocess writes D and the LSE over the whole rounded length,
++inf/0 in the padding, and zeroes all of ``dq_accum``: ``use_padded_offsets``, b36). The
+preprocess waits (``griddepcontrol_wait``) at its very top, before any write, so the fills and the
+dO copy launched just before it cannot overwrite its outputs; the main kernel waits for the
+preprocess before it loads LSE and D. Buffers FA4 initialises itself (``torch.zeros``: the dK/dV
+accumulators of GQA, the deterministic mode's semaphores) are left alone: a NaN or any other
+pattern there would be overwritten by FA4's own zero-fill, and a missing semaphore wait is caught,
+if at all, by the bitwise comparison of deterministic repetitions.
+
+Which buffers, read from FA4's own source (one place per fact): :func:`fa4verify.kernels.stage_taps.backward_buffers`
+parses the installed (or planted) ``interface.py``: the locals of ``_flash_attn_bwd`` assigned,
+before its ``_bwd_preprocess`` call and outside branches that return, only from ``torch.empty`` /
+``torch.empty_like`` (or None), and which preprocess parameter each reaches. b36: dq, dk, dv,
+dq_accum, dpsum, lse_log2, dsink; ``dsink`` (learnable sinks only) reaches neither the hook nor
+the caller and is not poisoned (``describe()["poison"]["not_reachable"]``). A release whose
+driver is not ``_bwd_preprocess`` or that does not pass it dO gets no hook: dO is produced before
+the call and nothing is poisoned (the row's ``poisoned`` count says so: 0).
+
+Why a hook and not the caching allocator: filling blocks of FA4's sizes and freeing them so that
+FA4's next requests get them back relies on the allocator handing the same blocks to the same
+request sequence from the same state (best fit, split and merge; no allocation in between, per
+stream), which holds in practice but cannot be checked for the buffers FA4 never returns; the
+hook fills FA4's own tensors, whatever block they came from. What each call poisoned is checked
+in code: ``last_poison`` (the hook ran and saw the staged dO, the gradients FA4 returned are the
+NaN-filled buffers) and the row's ``poisoned`` count; the hook raises a :class:`HarnessError` if
+FA4 copied dO first (the producer would not be the kernel before the preprocess) or if no
+preprocess ran (the dO read was never produced).
+
+Unproven until a GPU run shows it (``OUT=... bash scripts/gpu.sh planted:race``): that the clean
+kernels raise no false alarm with the poison on (every repetition within budget and bitwise equal,
+every repetition poisoned) and that the planted ``bwd_sm90_lse_pdl_wait_dropped`` and
+``bwd_preprocess_pdl_wait_dropped`` are now caught. The timing still decides whether a dropped
+wait is hit within the repetitions; the poison only makes a hit visible.
 
 Note [PDL off]
 --------------
@@ -72,6 +127,7 @@ the PDL-off run is their control; the semaphore wait matters in both.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 from typing import Any, Optional, Sequence
@@ -216,7 +272,7 @@ def _main(argv: list[str]) -> int:
 
 
 class _RacingAdapter:
-    """The adapter with its ``backward`` preceded by the dO-producing kernel (and the busy stream)."""
+    """The adapter with its ``backward`` under load (:meth:`RacingTarget._backward_under_load`)."""
 
     def __init__(self, inner: Any, owner: "RacingTarget") -> None:
         self._inner, self._owner = inner, owner
@@ -225,45 +281,133 @@ class _RacingAdapter:
         return getattr(self._inner, name)
 
     def backward(self, q, k, v, out, dout, lse, **kw):
-        dout = self._owner._produce(dout)
-        return self._inner.backward(q, k, v, out, dout, lse, **kw)
+        return self._owner._backward_under_load(self._inner, q, k, v, out, dout, lse, kw)
+
+
+def _poison(t: Any) -> bool:
+    """NaN into every element of ``t`` when it is a floating tensor (True); else nothing (False)."""
+    if t is None or not getattr(t, "is_floating_point", lambda: False)():
+        return False
+    t.fill_(float("nan"))
+    return True
 
 
 class RacingTarget(ProductionTarget):
-    """Production FA4 whose backward reads a dO written by the kernel launched just before it, with
-    an optional concurrent memory-bound stream (Note [Backward under load])."""
+    """Production FA4 whose backward reads a dO written by the kernel launched just before its
+    preprocess, with an optional concurrent memory-bound stream (Note [Backward under load]) and,
+    with ``poison``, FA4's uninitialised backward buffers NaN-filled first (Note [Poisoned scratch])."""
 
-    def __init__(self, *, busy: bool = True, **kw: Any) -> None:
+    def __init__(self, *, busy: bool = True, poison: bool = True, **kw: Any) -> None:
         super().__init__(**kw)
         self.busy = bool(busy)
+        self.poison = bool(poison)
+        #: the buffers the last backward NaN-poisoned: {"poisoned", "wanted", "complete"}
+        self.last_poison: Optional[dict] = None
         self._ad = _RacingAdapter(self._ad, self)
         self._side = None
         self._busy_buf = None
+        self._fa4: Optional[tuple] = None
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
-        d.update(busy_stream=self.busy, dout_producer="device copy launched just before the backward",
+        hooked = self._fa4 is not None and self._fa4[0] is not None and "dout" in self._fa4[1].preprocess.values()
+        d.update(busy_stream=self.busy,
+                 dout_producer=("device copy launched just before FA4's backward preprocess" if hooked
+                                else "device copy launched just before FA4's backward"),
                  pdl=("forced off at the CuTe DSL launch (Note [PDL off])" if _PDL_FORCED_OFF
                       else "as FA4 compiles it"), pdl_in_source=pdl_in_source())
+        if self._fa4 is not None:
+            bufs = self._fa4[1]
+            d["poison"] = ({"off": "races_poison=off"} if not self.poison else {
+                "at_preprocess": list(bufs.at_preprocess()), "outputs": list(bufs.outputs),
+                "dout": hooked, "not_reachable": list(bufs.unreachable()),
+                "read_from": "_flash_attn_bwd's source (Note [Poisoned scratch])"})
         return d
 
-    def _produce(self, dout):
+    def _fa4_buffers(self, inner: Any) -> tuple:
+        """(FA4's interface module or None, its :class:`BackwardBuffers`), read once per target."""
+        if self._fa4 is None:
+            from fa4verify.kernels import stage_taps
+            iface = None
+            get = getattr(inner, "interface_module", None)
+            if get is not None:
+                iface = get()
+            if iface is None or not hasattr(iface, "_bwd_preprocess"):
+                self._fa4 = (None, stage_taps.BackwardBuffers(frozenset(), {}, ()))
+            else:
+                self._fa4 = (iface, stage_taps.installed_backward_buffers(iface))
+        return self._fa4
+
+    def _load(self, like) -> None:
+        """The busy stream: copies of a :data:`BUSY_MB` buffer launched on a side stream, left
+        running while FA4's kernels start (CUDA only)."""
         torch = self._torch
-        if dout is None or self.fake or not getattr(dout, "is_cuda", False):
-            return None if dout is None else dout.clone()
-        if self.busy:
-            if self._side is None:
-                self._side = torch.cuda.Stream()
-                n = BUSY_MB * 2**20 // 4
-                self._busy_buf = (torch.empty(n, device=dout.device), torch.empty(n, device=dout.device))
-            cur = torch.cuda.current_stream()
-            self._side.wait_stream(cur)
-            with torch.cuda.stream(self._side):
-                for _ in range(4):               # left running while FA4's backward starts
-                    self._busy_buf[0].copy_(self._busy_buf[1])
-        staged = torch.empty_like(dout)
-        staged.copy_(dout)                       # the producer: the kernel right before FA4's
-        return staged
+        if not self.busy or not getattr(like, "is_cuda", False):
+            return
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+            n = BUSY_MB * 2**20 // 4
+            self._busy_buf = (torch.empty(n, device=like.device), torch.empty(n, device=like.device))
+        self._side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._side):
+            for _ in range(4):
+                self._busy_buf[0].copy_(self._busy_buf[1])
+
+    def _backward_under_load(self, inner: Any, q, k, v, out, dout, lse, kw: dict):
+        """FA4's backward with dO produced by the kernel right before its preprocess (the busy
+        stream launched just before that) and, with :attr:`poison`, every buffer FA4 leaves
+        uninitialised NaN-filled before any of its kernels runs (Note [Poisoned scratch]). Without
+        a preprocess to hook (a release without ``_bwd_preprocess``, a stand-in), dO is produced
+        before the call and nothing is poisoned."""
+        if dout is None or self.fake:
+            return inner.backward(q, k, v, out, None if dout is None else dout.clone(), lse, **kw)
+        from fa4verify.kernels import stage_taps
+        iface, bufs = self._fa4_buffers(inner)
+        dout_param = next((p for p, local in bufs.preprocess.items() if local == "dout"), None)
+        hooked = iface is not None and dout_param is not None and q.numel() > 0 and k.numel() > 0
+        poisoned: set[str] = set()
+        staged = self._torch.empty_like(dout)
+        outs: dict[str, Any] = {}
+        if self.poison and hooked:
+            if _poison(staged):
+                poisoned.add("dout")
+            for name, ref in (("dq", q), ("dk", k), ("dv", v)):
+                if name in bufs.outputs and kw.get(name) is None:
+                    outs[name] = self._torch.empty_like(ref)
+                    _poison(outs[name])
+        calls: list[int] = []
+        absent: set[str] = set()
+
+        def produce():
+            self._load(dout)
+            staged.copy_(dout)            # the producer: the kernel right before FA4's preprocess
+
+        def hook(args: dict) -> None:
+            calls.append(1)
+            if args.get(dout_param) is not staged:
+                raise HarnessError("FA4's backward preprocess did not get the dO the race harness produced "
+                                   "(FA4 copied it first): the producer cannot be the kernel before it")
+            if self.poison:
+                for p in bufs.at_preprocess():
+                    if args.get(p) is None:          # not allocated in this call (b36: dq_accum of SM100 hd 256)
+                        absent.add(p)
+                    elif _poison(args[p]):
+                        poisoned.add(p)
+            produce()
+
+        if not hooked:
+            produce()
+        with stage_taps.before_preprocess(hook, iface) if hooked else contextlib.nullcontext():
+            r = inner.backward(q, k, v, out, staged, lse, **{**kw, **outs})
+        if hooked and not calls:
+            raise HarnessError("FA4's backward called no preprocess: the dO it read was never produced")
+        for name, buf in outs.items():
+            if getattr(r, name, None) is buf:
+                poisoned.add(name)
+        wanted = (set(bufs.at_preprocess()) - absent) | set(bufs.outputs) | {"dout"}
+        self.last_poison = {"poisoned": sorted(poisoned), "wanted": sorted(wanted),
+                            "complete": bool(self.poison and hooked and wanted <= poisoned)}
+        return r
 
 
 @dataclasses.dataclass
@@ -275,15 +419,21 @@ class RaceRow:
     errors: int = 0
     violations: int = 0
     bitwise_mismatches: int = 0
+    #: repetitions whose backward ran with every uninitialised FA4 buffer NaN-poisoned (Note [Poisoned scratch])
+    poisoned: int = 0
     first_failure: Optional[str] = None
 
     def row(self) -> list:
-        return [self.problem, self.reps, self.judged, self.violations, self.bitwise_mismatches,
+        return [self.problem, self.reps, self.judged, self.violations, self.bitwise_mismatches, self.poisoned,
                 self.unsupported, self.errors, (self.first_failure or "")[:160]]
 
 
-COLUMNS = ["problem", "reps", "judged", "violations", "bitwise mismatches (deterministic)", "unsupported",
-           "fa4verify errors", "first failure"]
+COLUMNS = ["problem", "reps", "judged", "violations", "bitwise mismatches (deterministic)",
+           "poisoned (NaN scratch)", "unsupported", "fa4verify errors", "first failure"]
+
+#: what a NaN gradient of a race repetition means (FA4's scratch was NaN-poisoned first)
+NAN_MEANS = ("NaN in {}: a NaN-poisoned buffer was read before its producer wrote it, or never written "
+             "(Note [Poisoned scratch])")
 
 
 def race_problems(arch: str, dtype: str = "bf16", *, seed: int = 0) -> list[AttentionProblem]:
@@ -308,11 +458,27 @@ def _digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
+def _poisoned(target: Any) -> int:
+    """1 when ``target``'s last backward ran with every uninitialised FA4 buffer poisoned."""
+    lp = getattr(target, "last_poison", None)
+    return int(bool(lp and lp.get("complete")))
+
+
+def _nan_grads(g: Any) -> str:
+    """The gradients of ``g`` (a Bwd) that hold a NaN, comma-separated ('' for none)."""
+    if g is None:
+        return ""
+    return ", ".join(n for n in ("dq", "dk", "dv") if getattr(g, n, None) is not None
+                     and np.isnan(np.asarray(getattr(g, n), np.float64)).any())
+
+
 def run_races(target: Any, problems: Sequence[AttentionProblem], *, reps: int = 4,
               deterministic: bool = True) -> list[RaceRow]:
     """Each problem ``reps`` times through ``target``'s backward under load, each repetition judged
     by the one judge; with ``deterministic``, every repetition's dQ/dK/dV must equal the first's
-    bitwise."""
+    bitwise. A row counts the repetitions whose FA4 scratch was NaN-poisoned (a
+    :class:`RacingTarget`'s ``last_poison``; Note [Poisoned scratch]) and says what a NaN gradient
+    means."""
     from fa4verify.fuzz.properties import check_problem
     from fa4verify.fuzz.violation import Violation
     rows: list[RaceRow] = []
@@ -330,6 +496,8 @@ def run_races(target: Any, problems: Sequence[AttentionProblem], *, reps: int = 
         try:
             for _ in range(int(reps)):
                 grads.clear()
+                if hasattr(target, "last_poison"):
+                    target.last_poison = None
                 try:
                     check_problem(p, target, properties=("runs", "bwd_budget"), backward=True,
                                   deterministic=deterministic)
@@ -343,9 +511,13 @@ def run_races(target: Any, problems: Sequence[AttentionProblem], *, reps: int = 
                     continue
                 except Violation as v:
                     r.violations += 1
-                    r.first_failure = r.first_failure or f"{v.prop}: {v.message}"
+                    r.poisoned += _poisoned(target)
+                    nan = _nan_grads(grads.get("g"))
+                    r.first_failure = r.first_failure or (f"{v.prop}: " + (f"{NAN_MEANS.format(nan)}; " if nan else "")
+                                                          + v.message)
                     continue
                 r.judged += 1
+                r.poisoned += _poisoned(target)
                 if deterministic and "g" in grads:
                     g = grads["g"]
                     d = _digest(g.dq, g.dk, g.dv)
@@ -368,7 +540,7 @@ def _pdl_off_call(payload: dict) -> dict:
     if _compiled_kernels():
         raise HarnessError("the PDL-off process holds FA4 kernels compiled before PDL was turned off")
     force_pdl_off()
-    tgt = RacingTarget(busy=bool(payload.get("busy", True)))
+    tgt = RacingTarget(busy=bool(payload.get("busy", True)), poison=bool(payload.get("poison", True)))
     probs = [AttentionProblem.from_dict(d) for d in payload["problems"]]
     rows = {mode: run_races(tgt, probs, reps=int(payload["reps"]), deterministic=det)
             for mode, det in payload["modes"]}
@@ -378,13 +550,13 @@ def _pdl_off_call(payload: dict) -> dict:
 
 def run_races_pdl_off(problems: Sequence[AttentionProblem], *, reps: int,
                       modes: Sequence[tuple[str, bool]] = (("deterministic", True), ("default", False)),
-                      timeout_s: Optional[float] = None, busy: bool = True) -> dict:
+                      timeout_s: Optional[float] = None, busy: bool = True, poison: bool = True) -> dict:
     """:func:`run_races` of ``problems`` in each of ``modes`` ((name, deterministic) pairs) with
     PDL off, in a fresh process with its own kernel cache (Note [PDL off]); the result of
     :func:`_pdl_off_call`. Raises :class:`HarnessError` when that process fails."""
     from fa4verify.run.engine import run_calls
     payload = {"problems": [p.to_dict() for p in problems], "reps": int(reps), "modes": [list(m) for m in modes],
-               "busy": bool(busy)}
+               "busy": bool(busy), "poison": bool(poison)}
     out, = run_calls("fa4verify.races:_pdl_off_call", [payload], envs=[pdl_off_env()], timeout_s=timeout_s)
     if not out.ok:
         raise HarnessError(f"the PDL-off process: {out.error}")

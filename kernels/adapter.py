@@ -62,11 +62,12 @@ class UnsupportedByRelease(NotImplementedError):
     (Note [One adapter for every release]): the feature is unsupported by this FA4 release, named;
     never a ``TypeError`` at the call."""
 
-    def __init__(self, function: str, keyword: str, value: Any = None):
+    def __init__(self, function: str, keyword: str, value: Any = None, why: Optional[str] = None):
         self.function, self.keyword = function, keyword
         v = _dist_version("flash-attn-4")
-        super().__init__(f"{keyword}= unsupported by this FA4 release (flash-attn-4 {v}, {function} takes "
-                         f"no {keyword}=): the call asks for {keyword}={_short(value)}")
+        why = why or f"{function} takes no {keyword}="
+        super().__init__(f"{keyword}= unsupported by this FA4 release (flash-attn-4 {v}, {why}): the call "
+                         f"asks for {keyword}={_short(value)}")
 
 
 class AdapterRefusal(ValueError):
@@ -167,6 +168,56 @@ def _accepted_kwargs(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
 def _call_fa4(fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` with only the keywords the installed release's ``fn`` takes."""
     return fn(*args, **_accepted_kwargs(fn, kwargs))
+
+
+# Note [Sink dtype of a release]
+# ------------------------------
+# FA4 4.0.0b20 .. b25 take a ``learnable_sink`` in bfloat16 only (``_flash_attn_fwd`` asserts
+# ``learnable_sink.dtype == torch.bfloat16``); 4.0.0b26 on take float16, bfloat16 or float32
+# (``interface._LEARNABLE_SINK_DTYPES``). fa4verify's sinks are float32 holding bf16-exact values
+# (``AttentionProblem.materialize``), so on an older release FA4's own assertion refused every sink
+# call ("FA4 rejected the call": a feature the release has, never run). :func:`_release_sink` reads
+# the dtypes from the installed release and hands FA4 the sink in the first one it takes that holds
+# the values exactly; none: :class:`UnsupportedByRelease`, named.
+
+@functools.lru_cache(maxsize=8)
+def _sink_dtypes(interface) -> Optional[tuple]:
+    """The ``learnable_sink`` dtypes ``interface`` (FA4's interface module) takes (Note [Sink dtype
+    of a release]), or None when its source says nothing (the sink is passed as given)."""
+    dts = getattr(interface, "_LEARNABLE_SINK_DTYPES", None)
+    if dts is not None:
+        return tuple(dts)
+    import re
+    try:
+        with open(interface.__file__, encoding="utf-8") as f:
+            src = f.read()
+    except (OSError, TypeError, AttributeError):
+        return None
+    if re.search(r"learnable_sink\.dtype\s*==\s*torch\.bfloat16", src):
+        import torch
+        return (torch.bfloat16,)
+    return None
+
+
+def _release_sink(learnable_sink):
+    """``learnable_sink`` in a dtype the installed release takes (Note [Sink dtype of a release])."""
+    if learnable_sink is None:
+        return None
+    dts = _sink_dtypes(fa4_interface())
+    if dts is None or learnable_sink.dtype in dts:
+        return learnable_sink
+    for dt in dts:
+        conv = learnable_sink.to(dt)
+        if _fake_mode_active():          # compile-only: no values to compare
+            return conv
+        import torch
+        if torch.equal(conv.to(learnable_sink.dtype), learnable_sink):
+            return conv
+    names = ", ".join(str(d).replace("torch.", "") for d in dts)
+    raise UnsupportedByRelease("_flash_attn_fwd", "learnable_sink", learnable_sink,
+                               why=f"it takes a learnable_sink in {names} only, and the call's "
+                                   f"{str(learnable_sink.dtype).replace('torch.', '')} sink does not "
+                                   f"convert exactly")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -593,6 +644,7 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     _require_cuda()
     import torch
     _check_mods(mask_mod, causal, window_size)
+    learnable_sink = _release_sink(learnable_sink)
     mods = {} if score_mod is None and aux_tensors is None else {"score_mod": score_mod, "aux_tensors": aux_tensors}
     descale = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     fp8 = str(q.dtype).startswith("torch.float8")
@@ -697,6 +749,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     else:
         varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _check_mods(mask_mod, causal, window_size)
+    learnable_sink = _release_sink(learnable_sink)
     if score_mod is not None and score_mod_bwd is None:
         raise AdapterRefusal("backward with a score_mod needs its score_mod_bwd (FA4 asserts)")
     cfg = _base_config("backward", "_flash_attn_bwd", q, k, v, softmax_scale=softmax_scale,
@@ -776,6 +829,7 @@ def _forward_private(q, k, v, qv, *, softmax_scale, causal, window_size, softcap
     """``interface._flash_attn_fwd`` with every feature argument (MLA, gather, descales):
     (ForwardResult, p, row_max, o_lo)."""
     import torch
+    learnable_sink = _release_sink(learnable_sink)
     if int(num_splits) < 1 and int(num_splits) != 0:
         raise AdapterRefusal(f"num_splits must be >= 1 (or 0: FA4's heuristic), got {num_splits}")
     if gather_kv_indices is not None and qv is None:

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterator, Optional
+import functools
+from typing import Any, Callable, Iterator, Optional
 
-__all__ = ["BackwardTaps", "capture_backward_stages", "backward_with_taps"]
+__all__ = ["BackwardTaps", "capture_backward_stages", "backward_with_taps", "BackwardBuffers", "backward_buffers",
+           "installed_backward_buffers", "before_preprocess"]
 
 
 @dataclasses.dataclass
@@ -129,3 +131,176 @@ def backward_with_taps(q, k, v, out, dout, lse, *, interface=None, **kw):
     with capture_backward_stages(interface) as taps:
         res = adapter.backward(q, k, v, out, dout, lse, **kw)
     return res, taps
+
+
+# ----------------------------------------------------------------------------------------------
+# the backward's uninitialised buffers and a hook before its preprocess (Note [Poisoned scratch],
+# fa4verify/races.py)
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class BackwardBuffers:
+    """What FA4's ``_flash_attn_bwd`` allocates without initialising, read from its source by
+    :func:`backward_buffers` (no import, no GPU)."""
+
+    #: its locals assigned, before the preprocess call and outside branches that return, only from
+    #: ``torch.empty`` / ``torch.empty_like`` (or ``None``): FA4 promises nothing about their contents,
+    #: so a kernel must write every element it later reads
+    uninitialised: frozenset
+    #: ``_bwd_preprocess`` parameter -> the ``_flash_attn_bwd`` local passed to it
+    preprocess: dict
+    #: parameters of ``_flash_attn_bwd`` (caller-provided buffers: dq, dk, dv) that it allocates
+    #: uninitialised when not given
+    outputs: tuple
+
+    def at_preprocess(self) -> tuple[str, ...]:
+        """The preprocess parameters that receive an uninitialised buffer (b36: dpsum, lse_log2,
+        dq_accum)."""
+        return tuple(p for p, local in self.preprocess.items() if local in self.uninitialised)
+
+    def unreachable(self) -> tuple[str, ...]:
+        """Uninitialised buffers neither passed to the preprocess nor taken from the caller (b36:
+        dsink, allocated only with a learnable sink)."""
+        seen = set(self.preprocess.values()) | set(self.outputs)
+        return tuple(sorted(self.uninitialised - seen))
+
+
+def _is_empty_alloc(node: Any) -> Optional[bool]:
+    """True: ``torch.empty(...)`` / ``torch.empty_like(...)``; None: the constant None; False: else.
+    An ``a if c else b`` of those is uninitialised when one side is and the other is None."""
+    import ast
+    if isinstance(node, ast.Constant) and node.value is None:
+        return None
+    if isinstance(node, ast.IfExp):
+        sides = [_is_empty_alloc(node.body), _is_empty_alloc(node.orelse)]
+        if False in sides or sides == [None, None]:
+            return False
+        return True
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("empty", "empty_like") and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "torch")
+
+
+def _assignments(stmts: list, stop: int, out: dict) -> None:
+    """``out[name]``: what each assignment before line ``stop`` gives it (:func:`_is_empty_alloc`),
+    skipping branches that return (an early exit is another path than the one that reaches the
+    preprocess)."""
+    import ast
+    for s in stmts:
+        if s.lineno >= stop:
+            return
+        if isinstance(s, ast.Assign):
+            for t in s.targets:
+                if isinstance(t, ast.Name):
+                    out.setdefault(t.id, []).append(_is_empty_alloc(s.value))
+                else:
+                    for n in ast.walk(t):
+                        if isinstance(n, ast.Name):
+                            out.setdefault(n.id, []).append(False)
+        elif isinstance(s, (ast.AugAssign, ast.AnnAssign)) and isinstance(s.target, ast.Name):
+            out.setdefault(s.target.id, []).append(False)
+        else:
+            for block in (getattr(s, f, None) for f in ("body", "orelse", "finalbody")):
+                if isinstance(block, list) and block and not any(
+                        isinstance(n, ast.Return) for b in block for n in ast.walk(b)):
+                    _assignments(block, stop, out)
+            for h in getattr(s, "handlers", ()) or ():
+                _assignments(h.body, stop, out)
+
+
+def _top_level_defs(source: str, names: tuple) -> str:
+    """The text of the top-level ``def``s ``names`` of ``source`` (each to the next line that starts
+    a top-level statement), so only they are parsed."""
+    lines = source.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if any(lines[i].startswith(f"def {n}(") for n in names):
+            j = i + 1
+            while j < len(lines) and (not lines[j] or lines[j][0] in " \t)#"):
+                j += 1
+            out += lines[i:j]
+            i = j
+        else:
+            i += 1
+    return "\n".join(out) + "\n"
+
+
+def backward_buffers(source: str, *, function: str = "_flash_attn_bwd",
+                     preprocess: str = "_bwd_preprocess") -> BackwardBuffers:
+    """:class:`BackwardBuffers` of ``function`` in FA4's interface ``source`` (the text of
+    ``interface.py``). A source without ``function`` or without a ``preprocess`` call in it gives
+    empty sets (nothing is poisoned)."""
+    import ast
+    try:
+        tree = ast.parse(_top_level_defs(source, (function, preprocess)))
+    except SyntaxError:                  # a cut that missed: the whole file (5k lines: ~0.2 s)
+        tree = ast.parse(source)
+    fns = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    bwd = fns.get(function)
+    if bwd is None:
+        return BackwardBuffers(frozenset(), {}, ())
+    call = next((n for n in ast.walk(bwd) if isinstance(n, ast.Call) and (
+        (isinstance(n.func, ast.Name) and n.func.id == preprocess)
+        or (isinstance(n.func, ast.Attribute) and n.func.attr == preprocess))), None)
+    if call is None:
+        return BackwardBuffers(frozenset(), {}, ())
+    assigned: dict[str, list] = {}
+    _assignments(bwd.body, call.lineno, assigned)
+    uninit = frozenset(n for n, kinds in assigned.items() if True in kinds and False not in kinds)
+    pre: dict[str, str] = {}
+    pre_fn = fns.get(preprocess)
+    if pre_fn is not None:
+        names = [a.arg for a in pre_fn.args.posonlyargs + pre_fn.args.args]
+        for name, arg in zip(names, call.args):
+            if isinstance(arg, ast.Name):
+                pre[name] = arg.id
+    for kw in call.keywords:
+        if kw.arg is not None and isinstance(kw.value, ast.Name):
+            pre[kw.arg] = kw.value.id
+    params = [a.arg for a in bwd.args.posonlyargs + bwd.args.args + bwd.args.kwonlyargs]
+    return BackwardBuffers(uninit, pre, tuple(p for p in params if p in uninit))
+
+
+def installed_backward_buffers(interface=None) -> BackwardBuffers:
+    """:func:`backward_buffers` of the interface module FA4 runs from (default: the adapter's; a
+    private copy on PYTHONPATH is read as such), cached per file and modification time."""
+    import os
+    if interface is None:
+        from fa4verify.kernels.adapter import interface_module
+        interface = interface_module()
+    path = getattr(interface, "__file__", None)
+    if not path or not os.path.isfile(path):
+        return BackwardBuffers(frozenset(), {}, ())
+    return _buffers_of_file(path, os.stat(path).st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _buffers_of_file(path: str, _mtime: int) -> BackwardBuffers:
+    with open(path, encoding="utf-8") as f:
+        return backward_buffers(f.read())
+
+
+@contextlib.contextmanager
+def before_preprocess(hook: Callable[[dict], None], interface=None) -> Iterator[None]:
+    """Within the block, every ``_bwd_preprocess`` of ``interface`` (default: FA4's) first calls
+    ``hook(arguments)`` -- its arguments by parameter name -- on the caller's thread, then FA4's
+    driver unchanged; restored on exit, also on error."""
+    import inspect
+    if interface is None:
+        from fa4verify.kernels.adapter import interface_module
+        interface = interface_module()
+    orig = interface._bwd_preprocess
+    sig = inspect.signature(orig)
+
+    def pre(*args, **kw):
+        hook(dict(sig.bind(*args, **kw).arguments))
+        return orig(*args, **kw)
+
+    if hasattr(orig, "compile_cache"):
+        pre.compile_cache = orig.compile_cache
+    interface._bwd_preprocess = pre
+    try:
+        yield
+    finally:
+        interface._bwd_preprocess = orig

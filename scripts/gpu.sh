@@ -47,7 +47,11 @@
 #   quick          the quick audit on time:default's kernel cache (JSON)
 #   planted:KIND[:ID,...]
 #                  scripts/planted_faults.py --kind KIND --no-old (PLANTED_OPTS: extra --opt values)
+#   tanh           the audit's live check mufu.tanh alone: tanh.approx on every fp32 input (its JSON)
 #   hang           the planted kernel hang (sm90_bwd_hd64_hang) under the audit (HANG_CHECKS, HANG_TIMEOUT)
+#   releases       the default audit of older FA4 releases, each shadowing the installed one, a report
+#                  each and the release table (scripts/gpu/releases.sh, Note [Release runs]; RELEASES,
+#                  RELEASE_JOBS, RELEASE_CAP_S, RELEASE_MIN_S; scripts/release_table.py)
 #
 # Env: CALL_BUDGET_S (575), AUDIT_MODES (cold,warm), WORKERS, EXTRA (extra audit args for time:*).
 set -u
@@ -158,8 +162,11 @@ PY
     planted:*) spec=${step#planted:}; kind=${spec%%:*}; ids=""; [ "$spec" != "$kind" ] && ids=${spec#*:}
               OPTS=(); for o in ${PLANTED_OPTS:-}; do OPTS+=(--opt "$o"); done
               timeout "$left" python3 scripts/planted_faults.py --kind "$kind" --no-old --out "$OUT" "${OPTS[@]}" ${ids//,/ } 2>&1 | tail -12 ;;
+    tanh)     timeout "$left" "${AUDIT[@]}" -k mufu.tanh --no-live --json "$OUT/mufu_tanh.json" > "$OUT/mufu_tanh.log" 2>&1
+              echo "mufu.tanh rc=$?"; grep -E "mufu.tanh" "$OUT/mufu_tanh.log" | cut -c1-400 | tail -3 ;;
     hang)     timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" --checks "${HANG_CHECKS:-budgets.production}" \
                 --timeout "${HANG_TIMEOUT:-60}" sm90_bwd_hd64_hang 2>&1 | tail -12 ;;
+    releases) RELEASE_DEADLINE=$DEADLINE bash scripts/gpu/releases.sh ;;
     *) echo "unknown step $step (bash scripts/gpu.sh with no argument lists the steps)" ;;
   esac
   echo "== $step rc=$? wall=$(( $(date +%s) - t ))s"

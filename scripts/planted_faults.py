@@ -54,10 +54,13 @@ def audit(work: Path, out: Path, name: str, keyword: str, profile: str, opts: li
         flagged = [f"{x['id']}={x['status']}: {x.get('summary', '')[:200]}" for x in r["results"]
                    if x["status"] in ("fail", "undecided", "error")]
         ran = len(r["results"])
+        # a pass of the new check says what it ran (races.production: how many repetitions were poisoned)
+        passed = " | ".join(x.get("summary", "")[:300] for x in r["results"] if x["id"] == keyword
+                            and x["status"] == "pass")
     except Exception as e:  # noqa: BLE001 - no report: the audit itself failed
-        flagged, ran = [f"no report: {e}"], 0
+        flagged, ran, passed = [f"no report: {e}"], 0, ""
     return {"copy": name, "checks": keyword, "exit": p.returncode, "seconds": round(dt, 1), "results": ran,
-            "flagged": flagged}
+            "flagged": flagged, "passed": passed}
 
 
 def main() -> int:
@@ -87,7 +90,8 @@ def main() -> int:
                        fingerprint=copy.fingerprint[:12])
             rows.append(row)
             print(f"{mid} [{label}: -k {keyword!r}]: exit {row['exit']} in {row['seconds']:.0f} s, {row['results']} "
-                  f"checks; " + (" | ".join(row["flagged"]) or "nothing flagged"), flush=True)
+                  f"checks; " + (" | ".join(row["flagged"]) or "nothing flagged")
+                  + (f" (pass: {row['passed']})" if row["passed"] else ""), flush=True)
     (a.out / "planted.json").write_text(json.dumps(rows, indent=2))
     return 0
 

@@ -19,7 +19,7 @@ def _ops(sass: str) -> list[str]:
 @pytest.fixture(scope="module")
 def sm90(tmp_path_factory):
     from fa4verify.kernels.probes import probe_base as pb
-    items = [("ex2_emulation", "3"), ("ex2_emulation", "5"), ("mufu_ex2", "fastmath"),
+    items = [("ex2_emulation", "3"), ("ex2_emulation", "5"), ("mufu_ex2", "fastmath"), ("mufu_tanh", "fastmath"),
              ("rcp", "approx"), ("log2", "fastmath"), ("exparg", "sm90"), ("cvt", "cvt_bf16x2"),
              ("cvt", "to_f16")]
     arts = pb.compile_many_in_subprocess(items, "sm_90a", tmp_path_factory.mktemp("p90"))
@@ -29,7 +29,7 @@ def sm90(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sm100(tmp_path_factory):
     from fa4verify.kernels.probes import probe_base as pb
-    items = [("ex2_emulation_2", "3"), ("fma_packed", "rn"), ("ex2_emulation", "3")]
+    items = [("ex2_emulation_2", "3"), ("fma_packed", "rn"), ("ex2_emulation", "3"), ("mufu_tanh", "fastmath")]
     arts = pb.compile_many_in_subprocess(items, "sm_100a", tmp_path_factory.mktemp("p100"))
     return {(a.probe, a.variant): a for a in arts}
 
@@ -87,3 +87,11 @@ def test_probe_packed_emulation_sm100_uses_ffma2_and_fadd2_rm(sm100):
 def test_probe_fma_packed_sm100_is_ffma2(sm100):
     ops = _ops(sm100[("fma_packed", "rn")].sass)
     assert [o.split()[0] for o in ops] == ["FFMA2"]
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_probe_mufu_tanh_is_one_mufu_tanh(arch, sm90, sm100):
+    """The softcap's tanh (Note [MUFU tanh envelope]) is PTX tanh.approx.f32, one MUFU.TANH."""
+    a = (sm90 if arch == "sm90" else sm100)[("mufu_tanh", "fastmath")]
+    assert re.search(r"tanh\.approx\.f32", a.ptx)
+    assert [x.split()[0] for x in _ops(a.sass) if x.startswith("MUFU")] == ["MUFU.TANH"]

@@ -218,8 +218,8 @@ def test_the_pdl_off_run_has_a_kernel_cache_of_its_own():
 def test_the_pdl_off_call_runs_with_pdl_off_and_refuses_a_process_that_compiled_before(dsl_launch, fake_release,
                                                                                         monkeypatch):
     from fa4verify.errors import HarnessError
-    monkeypatch.setattr(races, "RacingTarget",
-                        lambda busy=True: _ORIGINAL_TARGET(adapter=adapter, device="cpu", busy=busy))
+    monkeypatch.setattr(races, "RacingTarget", lambda busy=True, poison=True: _ORIGINAL_TARGET(
+        adapter=adapter, device="cpu", busy=busy, poison=poison))
     payload = {"problems": [p.to_dict() for p in _small()], "reps": 2, "modes": [["deterministic", True]]}
     out = races._pdl_off_call(payload)
     assert races._PDL_FORCED_OFF and "forced off" in out["target"]["pdl"]
@@ -237,7 +237,7 @@ def test_the_check_reports_pdl_on_and_off(on_cpu, fake_release, monkeypatch):
     """The PDL-off case's rows join the verdict under their own mode name (the fresh process is
     replaced here by the in-process call: the fake release lives only in this process)."""
     from fa4verify.run.engine import run_here
-    monkeypatch.setattr(races, "run_races_pdl_off", lambda ps, reps, modes, timeout_s=None: {
+    monkeypatch.setattr(races, "run_races_pdl_off", lambda ps, reps, modes, timeout_s=None, poison=True: {
         "rows": {m: races.run_races(_ORIGINAL_TARGET(adapter=adapter, device="cpu"), ps, reps=reps, deterministic=d)
                  for m, d in modes}, "target": {"pdl": "forced off"}, "kernel_cache": "/x-pdl-off"})
     r = run_here(on_cpu.production.__fa4verify_check__, _ctx("default", {"races_reps": "2", "races_pdl": "both"}))
@@ -292,3 +292,287 @@ def test_compile_only_the_sm90_backward_launches_with_pdl_unless_forced_off(tmp_
     launches = json.loads(cp.stdout.strip().splitlines()[-1])
     assert len(launches) == 3, launches                       # preprocess, main kernel, dQ postprocess
     assert launches == ([True, True, False] if pdl == "on" else [False, False, False])
+
+
+# ----------------------------------------------------------------------- Note [Poisoned scratch]
+def test_the_buffer_rule_reads_uninitialised_allocations_only():
+    """:func:`backward_buffers`: ``torch.empty``/``empty_like`` (or None) before the preprocess
+    call and outside returning branches; zero/full-initialised buffers, later or early-exit
+    assignments and mixed ones are not poisoned; the preprocess's parameters map by position and
+    keyword."""
+    from fa4verify.kernels.stage_taps import backward_buffers
+    src = """
+import torch
+def _bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, *, fake_mode, extra=None):
+    pass
+def _flash_attn_bwd(q, k, v, out, dout, lse, dq=None, dk=None):
+    if q.numel() == 0:
+        dq = torch.zeros_like(q) if dq is None else dq.zero_()
+        return dq
+    if dq is None:
+        dq = torch.empty_like(q)
+    dk = torch.zeros_like(k) if dk is None else dk
+    dpsum = torch.empty(3, dtype=torch.float32)
+    lse_log2 = torch.full((3,), float("inf"))
+    dq_accum = None if q.shape[0] else torch.empty(5)
+    mixed = torch.empty(2)
+    mixed = mixed + 1
+    scratch = torch.empty(4)
+    _bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, fake_mode=False, extra=scratch)
+    late = torch.empty(9)
+    return dq, dk
+"""
+    b = backward_buffers(src)
+    assert b.uninitialised == {"dq", "dpsum", "dq_accum", "scratch"}, b.uninitialised
+    assert b.at_preprocess() == ("dpsum", "dq_accum", "extra")
+    assert b.preprocess["dout"] == "dout" and b.outputs == ("dq",) and b.unreachable() == ()
+    assert backward_buffers(src.replace("    _bwd_preprocess(out", "    _other(out")).preprocess == {}
+    assert backward_buffers("def f():\n    pass\n").uninitialised == frozenset()
+
+
+@pytest.mark.fa4
+def test_the_installed_backward_buffers_are_read_from_fa4s_source():
+    """flash-attn-4 4.0.0b36's ``_flash_attn_bwd`` (interface.py): dq/dk/dv, dq_accum, dpsum and
+    lse_log2 (and dsink) come from torch.empty; the GQA accumulators and the semaphores are zeroed
+    by FA4 and are not poisoned."""
+    import ast
+
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    from fa4verify.kernels.stage_taps import backward_buffers
+    text = (fa4_source_dir() / "interface.py").read_text()
+    b = backward_buffers(text)
+    assert b.at_preprocess() == ("dpsum", "lse_log2", "dq_accum") and b.preprocess["dout"] == "dout"
+    assert b.outputs == ("dq", "dk", "dv") and b.unreachable() == ("dsink",)
+    zeroed = {"dk_accum", "dv_accum", "dQ_semaphore", "dK_semaphore", "dV_semaphore"}
+    fn = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "_flash_attn_bwd")
+    assigned = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    assert zeroed <= assigned and not (zeroed & b.uninitialised)
+
+
+_POOLED = """
+
+import torch as _torch
+
+LOG2E = math.log2(math.e)
+RACE = None          # "lse": the main kernel loads LSE before the preprocess wrote it; "dout": dO read early
+COPY_DOUT = False    # FA4 copies dO before its preprocess
+SKIP_PRE = False     # no preprocess at all
+_RUNNING = []        # the preprocess launched, its writes not landed yet
+
+
+class _Alloc:
+    \"\"\"A caching allocator: the n-th request of a (shape, dtype) in a call gets the same block
+    every call (what torch's allocator does for identical repetitions).\"\"\"
+    def __init__(self):
+        self.blocks, self.seen = {}, {}
+
+    def begin(self):
+        self.seen = {}
+
+    def get(self, shape, dtype):
+        key = (tuple(shape), dtype)
+        i = self.seen.get(key, 0)
+        self.seen[key] = i + 1
+        lst = self.blocks.setdefault(key, [])
+        if i == len(lst):
+            lst.append(_torch.zeros(key[0], dtype=dtype))
+        return lst[i]
+
+
+_ALLOC = _Alloc()
+
+
+class _CachingTorch:
+    def __getattr__(self, name):
+        return getattr(_torch, name)
+
+    def empty(self, *shape, dtype=None, device=None):
+        return _ALLOC.get(shape, dtype or _torch.float32)
+
+    def empty_like(self, t):
+        return _ALLOC.get(t.shape, t.dtype)
+
+
+torch = _CachingTorch()
+
+
+def _bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, *, fake_mode=False):
+    d = (out.float() * dout.float()).sum(-1).permute(0, 2, 1)      # reads O and dO at its launch
+
+    def land():
+        dpsum.copy_(d)
+        lse_log2.copy_(lse * LOG2E)
+        dq_accum.zero_()
+    _RUNNING.append(land)
+
+
+_bwd_preprocess.compile_cache = {}
+
+
+def _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=False, softcap=0.0,
+                    window_size_left=None, window_size_right=None, deterministic=False,
+                    dq=None, dk=None, dv=None):
+    _ALLOC.begin()
+    compile_key = (q.dtype, q.shape[-1], causal, deterministic)
+    if compile_key not in _flash_attn_bwd.compile_cache:
+        _flash_attn_bwd.compile_cache[compile_key] = True
+    if dq is None:
+        dq = torch.empty_like(q)
+    if dk is None:
+        dk = torch.empty_like(k)
+    if dv is None:
+        dv = torch.empty_like(v)
+    b, s, h, d = q.shape
+    dq_accum = torch.empty(b, h, s * d, dtype=_torch.float32)
+    dpsum = torch.empty(b, h, s, dtype=_torch.float32)
+    lse_log2 = torch.empty(b, h, s, dtype=_torch.float32)
+    if COPY_DOUT:
+        dout = dout.clone()
+    early = {}
+    if RACE == "dout":
+        early["dout"] = dout.clone()           # read before the kernel that produces it ran
+    if not SKIP_PRE:
+        _bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, fake_mode=False)
+    if RACE == "lse":
+        early["lse_log2"] = lse_log2.clone()   # the main kernel loads LSE while the preprocess still runs
+    while _RUNNING:
+        _RUNNING.pop(0)()
+    seen = early.get("lse_log2", lse_log2)
+    gq, gk, gv = _exact_bwd(q, k, v, out, early.get("dout", dout), lse, softmax_scale, causal, softcap,
+                            window_size_left, window_size_right, deterministic=deterministic)
+    off = _torch.exp2(lse.double() * LOG2E - seen.double())        # 1 where the LSE read was right
+    dq_accum += (gq.double() * off.permute(0, 2, 1)[..., None]).permute(0, 2, 1, 3).reshape(b, h, s * d)
+    dq.copy_(dq_accum.view(b, h, s, d).permute(0, 2, 1, 3))
+    dk.copy_(gk.double() * off.mean())
+    dv.copy_(gv.double() * off.mean())
+    return dq, dk, dv
+
+
+_flash_attn_bwd.compile_cache = {}
+"""
+
+
+@pytest.fixture()
+def pooled_release(tmp_path, monkeypatch):
+    """A fake FA4 with a preprocess, FA4's b36 allocation pattern and a caching allocator that hands
+    every repetition the previous one's blocks; its flags plant a read before the producer wrote."""
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "fake_fa4_release.py")
+    spec = importlib.util.spec_from_file_location("fake_fa4_release_fixture", path)
+    fixture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixture)
+    d = tmp_path / "flash_attn" / "cute"
+    d.mkdir(parents=True)
+    f = d / "interface_pooled.py"
+    f.write_text(fixture.FAKE.replace("BWD_NAME", "_exact_bwd").replace("ONLY_HD64", "pass") + _POOLED)
+    spec = importlib.util.spec_from_file_location("fake_fa4_pooled", f)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(adapter, "fa4_interface", lambda: mod)
+    monkeypatch.setattr(adapter, "_require_cuda", lambda: None)
+    return mod
+
+
+def _mha():
+    return [_small()[0].replace(nheads=2, nheads_kv=2)]
+
+
+def _race(poison: bool, reps: int = 3):
+    t = races.RacingTarget(adapter=adapter, device="cpu", poison=poison)
+    return t, races.run_races(t, _mha(), reps=reps, deterministic=True)[0]
+
+
+def test_the_poisoned_harness_passes_a_correct_backward_and_poisons_every_scratch_buffer(pooled_release):
+    from fa4verify.checks.races import result
+    t, r = _race(True)
+    assert r.judged == 3 and r.violations == 0 and r.bitwise_mismatches == 0 and r.poisoned == 3, r
+    assert t.last_poison["complete"] and t.last_poison["poisoned"] == sorted(
+        ["dout", "dpsum", "lse_log2", "dq_accum", "dq", "dk", "dv"])
+    assert t.describe()["poison"]["at_preprocess"] == ["dpsum", "lse_log2", "dq_accum"]
+    res = result({"deterministic, PDL on": [r]}, "CPU", {})
+    assert res.status == "pass" and res.metrics["poisoned"] == 3 and "NaN-poisoned in 3/3" in res.summary
+
+
+def test_a_read_before_the_preprocess_wrote_is_missed_on_reused_blocks_and_caught_when_poisoned(pooled_release):
+    """The H200 miss reproduced on the CPU: identical repetitions get the previous one's blocks,
+    so a load of the LSE before the preprocess wrote it reads the right values; with the poison it
+    reads NaN and the judge fails it."""
+    _race(False, reps=1)                       # a previous backward leaves the right values behind
+    pooled_release.RACE = "lse"
+    _, missed = _race(False)
+    assert missed.judged == 3 and missed.violations == 0 and missed.poisoned == 0, missed
+    _, caught = _race(True)
+    assert caught.violations == 3 and "NaN in dq, dk, dv" in caught.first_failure, caught
+
+
+def test_a_read_of_dout_before_its_producer_wrote_it_reads_nan(pooled_release):
+    pooled_release.RACE = "dout"
+    _, caught = _race(True, reps=2)
+    assert caught.violations == 2 and "NaN in dq" in caught.first_failure, caught
+
+
+@pytest.mark.parametrize("flag, why", [("COPY_DOUT", "copied it first"), ("SKIP_PRE", "called no preprocess")])
+def test_the_harness_errs_when_it_cannot_produce_dout_right_before_the_preprocess(pooled_release, flag, why):
+    """FA4 copying dO before its preprocess, or running none: fa4verify's error, never a verdict on
+    FA4 (the dO it read was the NaN-poisoned staging buffer)."""
+    from fa4verify.checks.races import result
+    setattr(pooled_release, flag, True)
+    _, r = _race(True, reps=2)
+    assert r.errors == 2 and r.violations == 0 and why in r.first_failure, r
+    assert result({"deterministic, PDL on": [r]}, "CPU", {}).status == "error"
+
+
+def test_a_release_without_a_preprocess_runs_unpoisoned_and_says_so(fake_release):
+    from fa4verify.checks.races import result
+    t, r = _race(True, reps=2)
+    assert r.judged == 2 and r.poisoned == 0 and not t.last_poison["complete"]
+    assert "dout_producer" in t.describe() and "before FA4's backward" in t.describe()["dout_producer"]
+    assert "NaN-poisoned in 0/2" in result({"m": [r]}, "CPU", {}).summary
+
+
+def test_races_poison_off_reaches_the_target(on_cpu, pooled_release):
+    from fa4verify.run.engine import run_here
+    spec = on_cpu.production.__fa4verify_check__
+    assert {c.poison for c in on_cpu._cases(_ctx("default"))} == {True}
+    assert {c.poison for c in on_cpu._cases(_ctx("full", {"races_poison": "off"}))} == {False}
+    with pytest.raises(ValueError, match="races_poison"):
+        on_cpu._cases(_ctx("default", {"races_poison": "maybe"}))
+    pooled_release.RACE = "lse"
+    off = run_here(spec, _ctx("default", {"races_reps": "2", "races_poison": "off"}))
+    assert off.metrics["poisoned"] == 0 and "NaN" not in off.summary, off.summary
+    on = run_here(spec, _ctx("default", {"races_reps": "2"}))
+    assert on.status == "fail" and on.metrics["poisoned"] == on.metrics["reps"] == 8, on.metrics
+    assert "NaN in dq, dk, dv: a NaN-poisoned buffer was read before its producer wrote it" in on.summary, on.summary
+
+
+# ----------------------------------------------------------------------- on the GPU (production FA4)
+@pytest.mark.gpu
+def test_production_backward_under_load_is_clean_with_every_scratch_buffer_poisoned():
+    """Production FA4 raises no false alarm with its scratch NaN-poisoned (Note [Poisoned scratch]):
+    dense causal and GQA, both modes, every repetition poisoned, within budget, bitwise equal."""
+    t = races.RacingTarget()
+    for det in (True, False):
+        for r in races.run_races(t, races.race_problems(t.arch)[:2], reps=2, deterministic=det):
+            assert r.judged == r.poisoned == 2 and not (r.violations or r.bitwise_mismatches or r.errors), r
+    assert t.describe()["poison"]["at_preprocess"] == ["dpsum", "lse_log2", "dq_accum"]
+
+
+@pytest.mark.gpu
+def test_production_loads_of_lse_and_d_nobody_wrote_read_nan(monkeypatch):
+    """A dropped wait at its worst, without timing: FA4's preprocess replaced by one that only zeroes
+    dq_accum, so the main kernel loads LSE and D nobody wrote (after a clean repetition left the
+    right values in the allocator's blocks). With the poison the gradients are NaN and fail."""
+    from fa4verify.kernels.adapter import interface_module
+    iface = interface_module()
+    real = iface._bwd_preprocess
+
+    def zero_dq_accum_only(out, dout, dpsum, lse, lse_log2, dq_accum, *args, **kw):
+        if dq_accum is not None:
+            dq_accum.zero_()
+    zero_dq_accum_only.compile_cache = real.compile_cache
+    t = races.RacingTarget()
+    p = races.race_problems(t.arch)[0]
+    clean, = races.run_races(t, [p], reps=1)
+    assert clean.judged == clean.poisoned == 1, clean
+    monkeypatch.setattr(iface, "_bwd_preprocess", zero_dq_accum_only)
+    r, = races.run_races(t, [p], reps=2)
+    assert r.violations == 2 and r.poisoned == 2 and "NaN in d" in r.first_failure, r

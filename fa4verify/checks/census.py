@@ -98,6 +98,8 @@ def probes(ctx: CheckContext) -> CheckResult:
         ("sm_90a", "ex2_emulation", "3"): lambda o: sum(x.startswith("FFMA ") for x in o) == 3
         and any(x.startswith("FADD.FTZ.RM") for x in o),
         ("sm_90a", "mufu_ex2", "fastmath"): lambda o: [x.split()[0] for x in o if x.startswith("MUFU")] == ["MUFU.EX2"],
+        ("sm_90a", "mufu_tanh", "fastmath"): lambda o: [x.split()[0] for x in o if x.startswith("MUFU")] == ["MUFU.TANH"],
+        ("sm_100a", "mufu_tanh", "fastmath"): lambda o: [x.split()[0] for x in o if x.startswith("MUFU")] == ["MUFU.TANH"],
         ("sm_90a", "rcp", "approx"): lambda o: [x.split()[0] for x in o if x.startswith("MUFU")] == ["MUFU.RCP"],
         ("sm_90a", "log2", "fastmath"): lambda o: [x.split()[0] for x in o if x.startswith("MUFU")] == ["MUFU.LG2"],
         ("sm_90a", "exparg", "sm90"): lambda o: any(re.search(r"FFMA .*,\s*-R\w+$", x) for x in o),

@@ -1,7 +1,8 @@
 """Audit check ``races.production`` (GPU): FA4's backward under load (Note [Backward under load],
-:mod:`fa4verify.races`) -- dO written by the kernel launched just before it, a concurrent
-memory-bound stream, every repetition judged by the one judge and, in deterministic mode, bitwise
-equal to the first.
+:mod:`fa4verify.races`) -- dO written by the kernel launched just before its preprocess, a
+concurrent memory-bound stream, FA4's uninitialised buffers NaN-poisoned (Note [Poisoned
+scratch]), every repetition judged by the one judge and, in deterministic mode, bitwise equal to
+the first.
 
 Cases (the engine runs them side by side, Note [One engine]): one per problem and backward mode
 (deterministic, default) with PDL as FA4 compiles it, and with PDL off (Note [PDL off]) one case
@@ -15,7 +16,8 @@ for all of them, in a process of its own.
 A deployment profile (``ctx.deploy``) replaces the problems by its own (:func:`fa4verify.checks._live.problems`:
 its head dims, masks, GQA ratio, softcap, sinks, seqlens clipped to its range; block-sparse only
 when it ships that call form). ``--opt races_reps=N`` replaces the repetitions,
-``--opt races_pdl=on|off|both`` the PDL runs.
+``--opt races_pdl=on|off|both`` the PDL runs, ``--opt races_poison=off`` leaves FA4's scratch
+unpoisoned (the control of a planted-fault run: what the harness sees without the poison).
 """
 from __future__ import annotations
 
@@ -45,13 +47,15 @@ class RaceCase:
     problem: AttentionProblem
     mode: str
     reps: int
+    poison: bool = True
 
     @property
     def deterministic(self) -> bool:
         return dict(_MODES)[self.mode]
 
     def describe(self) -> str:
-        return f"{self.problem.describe()} {self.mode} x{self.reps} (PDL as FA4 compiles it)"
+        return (f"{self.problem.describe()} {self.mode} x{self.reps} (PDL as FA4 compiles it"
+                + ("" if self.poison else ", scratch not poisoned") + ")")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +64,11 @@ class PdlOffCase:
     [PDL off]): no ``problem`` attribute, so the engine gives it a task of its own."""
     problems: tuple[AttentionProblem, ...]
     reps: int
+    poison: bool = True
 
     def describe(self) -> str:
-        return f"{len(self.problems)} problem(s) x {len(_MODES)} modes x{self.reps} with PDL off (own process)"
+        return (f"{len(self.problems)} problem(s) x {len(_MODES)} modes x{self.reps} with PDL off (own process"
+                + ("" if self.poison else ", scratch not poisoned") + ")")
 
 
 def _option(ctx: CheckContext, name: str, default: Any) -> Any:
@@ -90,6 +96,13 @@ def _pdl(ctx: CheckContext) -> tuple[str, ...]:
     return runs[str(v)]
 
 
+def _poison(ctx: CheckContext) -> bool:
+    v = str(_option(ctx, "races_poison", "on"))
+    if v not in ("on", "off"):
+        raise ValueError(f"--opt races_poison={v}: expected on or off")
+    return v == "on"
+
+
 def problems(ctx: CheckContext, arch: str) -> list[AttentionProblem]:
     """The race problems of this audit on ``arch`` (module docstring): the deployment's when it has
     one, else :func:`fa4verify.races.race_problems` (the first two in the default profile)."""
@@ -115,28 +128,28 @@ def _cases(ctx: CheckContext) -> list:
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"the race problems are bf16/fp16; dtype {ctx.dtype} is not run")
     arch = ctx.require_gpu().arch if _DEVICE == "cuda" else "sm90"
-    reps, pdl = _reps(ctx), _pdl(ctx)
+    reps, pdl, poison = _reps(ctx), _pdl(ctx), _poison(ctx)
     ps = problems(ctx, arch)
     out: list = []
     if "on" in pdl:
-        out += [RaceCase(p, mode, reps) for p in ps for mode, _ in _MODES]
+        out += [RaceCase(p, mode, reps, poison) for p in ps for mode, _ in _MODES]
     if "off" in pdl:
-        out.append(PdlOffCase(tuple(ps), reps))
+        out.append(PdlOffCase(tuple(ps), reps, poison))
     return out
 
 
-#: the race target of this process (its busy buffers are allocated once)
-_TARGET: list = []
+#: the race targets of this process by poison setting (their busy buffers are allocated once)
+_TARGET: dict = {}
 
 
-def _target():
+def _target(poison: bool = True):
     from fa4verify import races
     if _DEVICE != "cuda":               # tests: the stand-in adapter of the moment, never kept
         from fa4verify.kernels import adapter
-        return races.RacingTarget(adapter=adapter, device=_DEVICE)
-    if not _TARGET:
-        _TARGET.append(races.RacingTarget())
-    return _TARGET[0]
+        return races.RacingTarget(adapter=adapter, device=_DEVICE, poison=poison)
+    if poison not in _TARGET:
+        _TARGET[poison] = races.RacingTarget(poison=poison)
+    return _TARGET[poison]
 
 
 def _where(ctx: CheckContext) -> str:
@@ -175,10 +188,11 @@ def production(ctx: CheckContext, case: Any) -> dict:
     the CPU, not yet measured on the H200)."""
     from fa4verify import races
     if isinstance(case, PdlOffCase):
-        out = races.run_races_pdl_off(case.problems, reps=case.reps, modes=_MODES, timeout_s=_PDL_OFF_TIMEOUT_S)
+        out = races.run_races_pdl_off(case.problems, reps=case.reps, modes=_MODES, timeout_s=_PDL_OFF_TIMEOUT_S,
+                                      poison=case.poison)
         return {"pdl": "off", "rows": out["rows"], "where": _where(ctx),
                 "target": dict(out["target"], kernel_cache=out["kernel_cache"])}
-    tgt = _target()
+    tgt = _target(case.poison)
     rows = races.run_races(tgt, [case.problem], reps=case.reps, deterministic=case.deterministic)
     return {"pdl": "on", "rows": {case.mode: rows}, "target": tgt.describe(), "where": _where(ctx)}
 
@@ -192,6 +206,7 @@ def result(rows: dict, where: str, target: dict) -> CheckResult:
     metrics = {"reps": sum(r.reps for _, r in flat), "judged": sum(r.judged for _, r in flat),
                "violations": sum(r.violations for _, r in flat),
                "bitwise_mismatches": sum(r.bitwise_mismatches for _, r in flat),
+               "poisoned": sum(r.poisoned for _, r in flat),
                "unsupported": sum(r.unsupported for _, r in flat), "fa4verify_errors": sum(r.errors for _, r in flat)}
     details = {"table": {"columns": ["mode"] + COLUMNS, "rows": [[m] + r.row() for m, r in flat]},
                "target": target}
@@ -214,4 +229,5 @@ def result(rows: dict, where: str, target: dict) -> CheckResult:
     return CheckResult(status="pass", where=where, metrics=metrics, details=details,
                        summary=(f"{metrics['judged']} backward repetitions under load (dO from the preceding "
                                 f"kernel, busy stream" + (f", PDL {' and '.join(pdl)}" if pdl else "")
-                                + ") within budget; deterministic ones bitwise equal"))
+                                + ") within budget; deterministic ones bitwise equal; FA4's uninitialised "
+                                f"buffers NaN-poisoned in {metrics['poisoned']}/{metrics['judged']}"))

@@ -25,7 +25,7 @@ import dataclasses
 import threading
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec, SkipCheck
 from fa4verify.run.worker import run_task
@@ -50,8 +50,7 @@ def task_deadline(timeout: float | None, device: str, cost: float) -> float:
 
 
 def case_key(case: Any) -> Any:
-    """The FA4 compile key of a case (an AttentionProblem, or a case with a ``problem``), None
-    when it has none (the case is then a group of its own)."""
+    """The FA4 compile key of a case (an AttentionProblem, or a case with a ``problem``) or None."""
     p = getattr(case, "problem", case)
     if not hasattr(p, "features") or not hasattr(p, "window_size"):
         return None
@@ -67,8 +66,7 @@ def describe_case(case: Any) -> str:
 
 @dataclasses.dataclass
 class Job:
-    """One check instance to run: ``isolated`` in a worker or here; ``cases`` (set by
-    :func:`run_jobs` from ``spec.cases``) None for a whole check."""
+    """One check to run, ``isolated`` (in a worker) or here; ``cases``: None for a whole check."""
     spec: CheckSpec
     ctx: CheckContext
     isolated: bool = False
@@ -82,8 +80,7 @@ class Job:
     t1: float | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Task:
+class Task(NamedTuple):
     """Cases ``cases`` (None: the whole check) of job ``job``; ``cost``: its share of the check's."""
     job: int
     cases: tuple[int, ...] | None
@@ -284,8 +281,7 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
 
 
 def run_here(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
-    """One check run whole in this process (its cases one after another): for tests and callers
-    without a pool; the verdict is the pool's (Note [One engine])."""
+    """One check run here, its cases one after another: the pool's verdict (Note [One engine])."""
     return run_jobs([Job(spec=spec, ctx=ctx)])[0]
 
 
@@ -307,23 +303,19 @@ def run_calls(target: str, payloads: Sequence[Any], *, envs: Sequence[dict | Non
     once); ``envs[i]``: the variables of call i's process (None values unset: e.g. its GPU, or no
     kernel cache). Never raises for a call's failure: it is in that call's :class:`CallOutcome`."""
     from fa4verify.run.pool import TaskDied, WorkerPool
-    out: list[CallOutcome | None] = [None] * len(payloads)
 
-    def one(i: int) -> None:
+    def one(i: int) -> CallOutcome:
         try:
             v = pool.call(target, payloads[i], env=dict(envs[i] or {}), timeout=timeout_s or 0)
-            out[i] = CallOutcome(i, True, v)
+            return CallOutcome(i, True, v)
         except TaskDied as d:
-            out[i] = CallOutcome(i, False, error=d.reason, rc=d.rc)
+            return CallOutcome(i, False, error=d.reason, rc=d.rc)
         except RuntimeError as e:          # the call raised (its summary first), or the pool was closed
-            out[i] = CallOutcome(i, False, error=f"raised {str(e).strip().splitlines()[0][:300]}", rc=1)
+            return CallOutcome(i, False, error=f"raised {str(e).strip().splitlines()[0][:300]}", rc=1)
 
+    n = min(len(payloads), len(payloads) if parallel is True else max(1, int(parallel)))
     with WorkerPool(max(1, len(payloads)), fresh=True) as pool:
-        n = len(payloads) if parallel is True else max(1, int(parallel))
-        if n > 1 and len(payloads) > 1:
-            with concurrent.futures.ThreadPoolExecutor(min(n, len(payloads))) as ex:
-                list(ex.map(one, range(len(payloads))))
-        else:
-            for i in range(len(payloads)):
-                one(i)
-    return [o for o in out if o is not None]
+        if n > 1:
+            with concurrent.futures.ThreadPoolExecutor(n) as ex:
+                return list(ex.map(one, range(len(payloads))))
+        return [one(i) for i in range(len(payloads))]

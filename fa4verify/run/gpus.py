@@ -1,9 +1,7 @@
-"""The GPUs of a node and the pinning of a process to one (``--gpus``; pytest-xdist workers).
-
-:func:`visible_gpus` numbers them as the user does (``nvidia-smi``, mapped through the parent's
-``CUDA_VISIBLE_DEVICES``); :func:`child_env` pins a child before anything in it touches CUDA. The
-audit's pool pins one worker per GPU (:mod:`fa4verify.run.pool`); ``fa4verify determinism --gpus``
-runs one engine call per GPU (:mod:`fa4verify.determinism.multi`).
+"""The GPUs of a node and the pinning of a process to one (``--gpus``: the audit's pool, one
+engine call per GPU for ``fa4verify determinism``; pytest-xdist workers). :func:`visible_gpus`
+numbers them as the user does (``nvidia-smi``, through the parent's ``CUDA_VISIBLE_DEVICES``);
+:func:`child_env` pins a child before anything in it touches CUDA.
 
 CPU test mode: ``FA4VERIFY_FAKE_GPUS=N`` lists N fake GPUs without ``nvidia-smi`` (the callers run
 their CPU backend); only then may ``FA4VERIFY_FAKE_GPU_FAULT=i[,j]`` (those GPUs compute with the
@@ -179,8 +177,7 @@ def worker_index(env: Mapping[str, str] = os.environ) -> Optional[int]:
 
 
 def visible_devices(env: Mapping[str, str] = os.environ) -> list[str]:
-    """The GPUs a worker may be pinned to: the parent's ``CUDA_VISIBLE_DEVICES`` entries, else
-    ``0..FA4VERIFY_NGPUS-1``, else ``["0"]``."""
+    """An xdist worker's devices: ``CUDA_VISIBLE_DEVICES``, else ``0..FA4VERIFY_NGPUS-1``, else "0"."""
     cvd = [d.strip() for d in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
     if cvd:
         return cvd

@@ -1,15 +1,13 @@
 """The engine's worker pool: isolated, persistent worker processes, forked from a zygote on the GPU.
 
-:class:`WorkerPool` runs each task in an idle one of up to ``size`` long-lived workers
-(:mod:`fa4verify.run.worker`), thread-safe (the engine drives one thread per worker). A worker
-that dies, runs past the task's deadline (killed with its process group) or returns an error is
-replaced, so a CUDA fault in one check never leaks into another. A GPU worker's imports and CUDA
-context dominate its start, so the pool starts every worker at once (:meth:`WorkerPool.prestart`)
-and on a GPU forks them from a zygote that did the imports once (:mod:`fa4verify.run.zygote`,
-Note [Zygote environment]); a zygote that cannot give working workers falls back to spawning,
-the reason in the task's timing (``worker_start``). Note [Worker isolation]
-(:mod:`fa4verify.run.worker`): ``PR_SET_PDEATHSIG`` fires when the *thread* that started the
-process ends, so one spawner thread that lives as long as the pool starts every process.
+:class:`WorkerPool` runs each task in an idle one of its long-lived workers (thread-safe: the engine
+drives one thread per worker). A worker that dies, runs past the task's deadline (killed with its
+process group) or returns an error is replaced, so a CUDA fault in one check never leaks into
+another. A GPU worker's imports and CUDA context dominate its start, so every worker starts at once
+(:meth:`WorkerPool.prestart`), forked on a GPU from a zygote that did the imports once
+(:mod:`fa4verify.run.zygote`, Note [Zygote environment]); a pool that spawns instead says why in
+the task's timing. Note [Worker isolation]: ``PR_SET_PDEATHSIG`` fires when the *thread* that
+started the process ends, so one spawner thread that lives as long as the pool starts them all.
 """
 from __future__ import annotations
 
@@ -193,9 +191,10 @@ class _Zygote:
         with self._cond:
             if not self._cond.wait_for(lambda: k in self._forked or not self.usable, timeout):
                 raise TimeoutError("the zygote has not forked this worker yet")
-            if "pid" not in self._forked.get(k, {}):
-                raise ProcessLookupError("the zygote did not fork this worker")
-            return int(self._forked[k]["pid"])
+            got = self._forked.get(k, {})
+        if "pid" not in got:
+            raise ProcessLookupError(f"the zygote did not fork this worker: {self.why()}")
+        return int(got["pid"])
 
     def exit_code(self, pid: int, timeout: float | None = 0.0) -> int | None:
         """The exit code of worker ``pid`` once it exited, else None (alive after ``timeout``).
@@ -217,6 +216,17 @@ class _Zygote:
                 return None
             time.sleep(0.05)
 
+    def why(self) -> str:
+        """Why the zygote forks no more (its refusal, or its exit and log tail)."""
+        err = next((m["error"] for m in self._forked.values() if "error" in m), None)
+        rc = self.proc.poll()
+        try:
+            with open(self.log_path, "rb") as f:
+                tail = f.read()[-300:].decode("utf-8", "replace").strip().replace("\n", " | ")
+        except OSError:
+            tail = ""
+        return err or f"zygote {'alive' if rc is None else f'exited rc={rc}'}" + (f"; log: {tail}" if tail else "")
+
     def close(self) -> None:
         """Stop the zygote at once (after its workers: they die with it)."""
         with contextlib.suppress(OSError):
@@ -234,10 +244,13 @@ class _ForkedProc:
         self._z, self._k = zygote, k
         self.returncode: int | None = None
 
+    def pid(self, timeout: float | None) -> int:
+        return self._z.pid(self._k, timeout)
+
     def kill_now(self) -> None:
         """SIGKILL the worker, without waiting for a fork still pending in the zygote."""
         try:
-            pid = self._z.pid(self._k, 0.0)
+            pid = self.pid(0.0)
         except (TimeoutError, ProcessLookupError):
             self.returncode = -signal.SIGKILL
             return
@@ -259,7 +272,7 @@ class _ForkedProc:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             try:
-                rc = self._z.exit_code(self._z.pid(self._k, timeout), timeout)
+                rc = self._z.exit_code(self.pid(timeout), timeout)
             except TimeoutError:
                 rc = None
             except ProcessLookupError:
@@ -273,19 +286,19 @@ class _ForkedProc:
 class _Worker:
     """One serving worker process (spawned, or forked by the pool's zygote)."""
 
-    def __init__(self, env: dict[str, str], tmp: str, n: int, zygote: _Zygote | None, fork_env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], tmp: str, n: int, zygote: _Zygote | None, pin: dict[str, str]) -> None:
         self.spawned = time.time()
         self.ready: dict[str, Any] | None = None     #: {"ready": preload s, "steps", "start_s": spawn to ready}
         self.log_path = os.path.join(tmp, f"worker{n}.log")
         self._log = open(self.log_path, "ab")
         self.forked, self.fork_error, self.seq = False, None, 0
-        self.gpu: str | None = None       #: the GPU it was pinned to (``WorkerPool(gpus=)``)
+        self.gpu = pin.get("CUDA_VISIBLE_DEVICES")      #: the GPU ``pin`` puts it on (``WorkerPool(gpus=)``)
         (r, w), (sr, sw) = os.pipe(), os.pipe()        # its replies; its tasks (its stdin if spawned)
         self._replies, self._tasks = Connection(r, writable=False), Connection(sw, readable=False)
         try:
             if zygote is not None:
                 try:
-                    self.proc: Any = _ForkedProc(zygote, zygote.fork((sr, w, self._log.fileno()), fork_env))
+                    self.proc: Any = _ForkedProc(zygote, zygote.fork((sr, w, self._log.fileno()), pin))
                     self.forked = True
                 except OSError as e:          # spawned instead; the reason goes in its timing
                     self.fork_error = f"the zygote could not be asked: {e!r}"
@@ -311,9 +324,8 @@ class _Worker:
         return self.proc.returncode
 
     def run(self, req: dict[str, Any], timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(payload, timing) of one task: the worker's ``{"outcomes", "notes", "timing"}``;
-        :class:`TaskDied` when the process is gone or ran past ``timeout`` (killed);
-        :class:`_ForkFailed` when a forked worker did not start (the pool then spawns one)."""
+        """The worker's ``({"outcomes", "notes", "timing"}, timing)`` for one task; :class:`TaskDied`
+        (gone, or killed past ``timeout``), :class:`_ForkFailed` (a forked worker did not start)."""
         self.seq += 1
         offset = os.path.getsize(self.log_path)
         first, t_asked, case = self.ready is None, time.time(), None
@@ -335,8 +347,12 @@ class _Worker:
                 msg = self._replies.recv() if ok else None
             except (EOFError, OSError):
                 msg = {}
-            if msg == {} and self.forked and self.ready is None:
-                raise _ForkFailed("the zygote did not fork this worker, or it exited before it was ready")
+            if msg == {} and self.forked and self.ready is None:    # refused by the zygote, or died starting
+                try:
+                    self.proc.pid(2.0)           # its answer may trail the closed pipe
+                except (TimeoutError, ProcessLookupError) as e:
+                    raise _ForkFailed(str(e)) from None
+                raise _ForkFailed("the forked worker exited before it was ready")
             if not msg:        # None: past the deadline; {}: the worker is gone
                 raise died(msg is None, 10)
             if "ready" in msg:
@@ -441,8 +457,7 @@ class WorkerPool:
                     except OSError:
                         self.start = "spawn"
                 z = self._zygote if self.start == "fork" and self._zygote.usable else None
-            w = _Worker(env, self._tmp.name, self.started, zygote=z, fork_env=pin)
-            w.gpu = pin.get("CUDA_VISIBLE_DEVICES") if own_env is None else None
+            w = _Worker(env, self._tmp.name, self.started, z, pin)
             if own_env is None and self.start == "fork" and z is None:   # why a forking pool spawned
                 w.fork_error = w.fork_error or "spawned: zygote unusable"
             self._all.add(w)
@@ -512,8 +527,7 @@ class WorkerPool:
 
     def _run(self, req: dict[str, Any], timeout: float | None, env: dict | None
              ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """One task in an idle worker (a fresh one of its own with ``env``), which is kept for
-        the next task unless it died, erred or the pool is ``fresh``."""
+        """One task in an idle worker (one of its own with ``env``), kept unless it died or erred."""
         timeout = self.timeout if timeout is None else timeout
         if self._closed:
             raise PoolClosed("the worker pool is closed (the audit was interrupted)")

@@ -1,12 +1,10 @@
 """The worker process of the engine, and the one place a check's code is called (:func:`run_task`).
 
-``python -P -m fa4verify.run.worker --serve --reply-fd N`` receives one task at a time on stdin
-(``multiprocessing.connection`` messages: :func:`build_request`, a call ``{"call":
-"module:function", "payload": ...}``, or None: exit) and sends on descriptor N ``{"ready": ...}``
-after its imports (:func:`preload`), ``{"case": j}`` before each case (so the parent can name the
-case a worker past its deadline was running) and ``{"done": payload}``. Its imports, CUDA context
-and FA4's in-memory kernels are paid once per audit; a worker that dies sends no result, and the
-pool reports the task's cases.
+``python -P -m fa4verify.run.worker --serve --reply-fd N`` takes ``multiprocessing.connection``
+messages on stdin (a task: :func:`build_request` or ``{"call": "module:function", "payload": ...}``;
+None: exit) and sends on N ``{"ready": ...}`` after its imports (:func:`preload`), ``{"case": j}``
+before each case (the parent names the case a worker past its deadline was running) and ``{"done":
+payload}``. Its imports, CUDA context and FA4's in-memory kernels are paid once per audit.
 
 Note [Worker isolation]: a worker dies with its parent (``PR_SET_PDEATHSIG`` = SIGKILL, first
 thing: :func:`die_with_parent`; a kill -9 of the audit leaves no worker on the GPU), and imports
@@ -57,8 +55,7 @@ def cuda_initialised() -> bool:
 
 
 def build_request(spec: Any, ctx: Any, cases: Sequence[tuple[int, Any]] | None) -> dict[str, Any]:
-    """A task: the check (module to import, id), its context and ``cases`` ((index, case)
-    pairs; None: the whole check, ``spec.func(ctx)``)."""
+    """A task: the check (module, id), its context, ``cases`` ((index, case); None: the whole check)."""
     mod = None if spec.module.startswith("fa4verify.") else sys.modules.get(spec.module)
     return {"check_id": spec.id, "module": getattr(mod, "__file__", None) or spec.module,  # Note [Worker isolation]
             "ctx": dataclasses.replace(ctx, _progress_factory=None, _notes=[]),

@@ -1,10 +1,9 @@
 """A zygote for audit workers: import torch, the CuTe DSL and FA4 once, then fork each worker.
 
-Measured on the H200: a worker spawned from scratch spends 15-17 s on its imports when twelve
-start together (torch ~4-5 s, ``flash_attn.cute.interface`` ~9-10 s: FA4 imports quack, which
-imports torch._dynamo, tvm_ffi and ml_dtypes). The zygote does those imports once, with the
-workers' exact environment (FA4 reads its kernel-cache switches at import) and without touching
-CUDA; a forked child only creates its own CUDA context.
+Measured on the H200: twelve workers spawned together spend 15-17 s each on imports (torch ~4-5 s,
+``flash_attn.cute.interface`` ~9-10 s: quack, torch._dynamo, tvm_ffi, ml_dtypes). The zygote does
+them once, with the workers' exact environment (FA4 reads its kernel-cache switches at import),
+never touching CUDA; a forked child only creates its own CUDA context.
 
 Protocol (``python -m fa4verify.run.zygote --control-fd N``, N one end of an AF_UNIX
 SOCK_SEQPACKET pair): the zygote sends ``{"ready": seconds, "pid": ...}`` after its imports;
@@ -14,8 +13,8 @@ puts the log on 1 and 2 and serves :func:`fa4verify.run.worker.serve` on the oth
 answer is ``{"forked": K, "pid": P}`` or ``{"forked": K, "error": "..."}``. Every child that exits
 is reported as ``{"exit": P, "rc": R}`` (R as ``subprocess.Popen.returncode``). The zygote exits
 when the parent closes its end and never runs a check, so a worker's fault cannot reach it.
-Forking is safe: the zygote is single-threaded and has no CUDA context (checked before each
-fork: with CUDA initialised it refuses, and the pool spawns workers instead).
+Forking is safe: the zygote is single-threaded and has no CUDA context (checked before each fork:
+with CUDA initialised it refuses, and the pool spawns workers instead).
 """
 from __future__ import annotations
 

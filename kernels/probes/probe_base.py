@@ -43,6 +43,7 @@ PROBES: dict[str, str] = {
     "ex2_emulation_packed": "fa4verify.kernels.probes.probe_ex2_emulation_packed",
     "fma_packed": "fa4verify.kernels.probes.probe_fma_packed",
     "mufu_ex2": "fa4verify.kernels.probes.probe_mufu_ex2",
+    "mufu_tanh": "fa4verify.kernels.probes.probe_mufu_tanh",
     "cvt": "fa4verify.kernels.probes.probe_cvt",
     "rcp": "fa4verify.kernels.probes.probe_rcp",
     "log2": "fa4verify.kernels.probes.probe_log2",

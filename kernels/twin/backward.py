@@ -196,7 +196,7 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
         tile_m, tile_n = sm90_bwd_tile(D, Dv, is_causal, local)
     else:
         tile_m, tile_n = 128, 128
-    mf = Mufu(mufu, seed)
+    mf = Mufu(mufu, seed, arch=arch)
     probe = stage_probe
 
     Q = qa.transpose(0, 2, 1, 3)

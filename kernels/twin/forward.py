@@ -71,6 +71,7 @@ Possible issues
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Optional
@@ -112,6 +113,23 @@ MUFU_BOUNDS: dict[str, float] = {
     "ex2": 2.0**-22, "rcp": 2.0**-23, "lg2_abs": 2.0**-22, "lg2_rel": 2.0**-22,
     "tanh": 2.0**-10.987,
 }
+
+
+@functools.lru_cache(maxsize=None)
+def mufu_tanh_envelope(arch: str) -> Optional[dict[str, float]]:
+    """The GPU's ``tanh.approx`` measured on every fp32 input for ``arch`` (Note [MUFU tanh
+    envelope], kernels/probes/probe_mufu_tanh.py; ``evidence/golden/mufu_tanh.json``):
+    ``{"sat", "abs1"}`` -- exactly +-1 from ``|x| >= sat``, ``|th - tanh x| <= abs1`` at
+    ``|x| >= 1``, ``|th| <= 1`` -- or None where it was not measured."""
+    import json
+    from fa4verify.kernels.evidence import evidence_path
+    f = evidence_path("golden/mufu_tanh.json")
+    if not f.is_file():
+        return None
+    rec = json.loads(f.read_text()).get("archs", {}).get(arch)
+    if not rec:
+        return None
+    return {"sat": float(rec["sat"]), "abs1": float(rec["max_abs_from_1"])}
 
 
 # =========================================================================== data classes
@@ -179,12 +197,15 @@ class TwinForwardResult:
 class Mufu:
     """Model of the MUFU approximations (``ex2/rcp/lg2/tanh.approx``), see module docstring."""
 
-    def __init__(self, mode: str, seed: int, bounds: Mapping[str, float] = MUFU_BOUNDS):
+    def __init__(self, mode: str, seed: int, bounds: Mapping[str, float] = MUFU_BOUNDS,
+                 arch: Optional[str] = None):
         if mode not in MUFU_MODES:
             raise ValueError(f"mufu={mode!r}: expected one of {MUFU_MODES}")
         self.mode = mode
         self.bounds = dict(bounds)
         self.rng = np.random.default_rng(seed)
+        #: the arch's measured tanh (None: PTX's relative bound only)
+        self.tanh_envelope = mufu_tanh_envelope(arch) if arch else None
 
     def _delta(self, shape, bound) -> np.ndarray | float:
         if self.mode == "correctly-rounded":
@@ -228,10 +249,19 @@ class Mufu:
         return _rn32(y)
 
     def tanh(self, x) -> np.ndarray:
-        """``tanh.approx.f32``."""
+        """``tanh.approx.f32``: relative error up to ``tanh_rel``; on an arch with a measured
+        envelope (:func:`mufu_tanh_envelope`), inside it: absolute error up to ``abs1`` at
+        ``|x| >= 1``, ``|th| <= 1``, exactly +-1 from ``|x| >= sat``."""
         x64 = np.asarray(x, F64)
         y = np.tanh(x64)
-        y = y * (1.0 + self._delta(y.shape, self.bounds["tanh"]))
+        env = self.tanh_envelope
+        if env is None:
+            return _rn32(y * (1.0 + self._delta(y.shape, self.bounds["tanh"])))
+        big = np.abs(x64) >= 1.0
+        rel = y * (1.0 + self._delta(y.shape, self.bounds["tanh"]))
+        ab = y + self._delta(y.shape, env["abs1"])
+        y = np.clip(np.where(big, ab, rel), -1.0, 1.0)
+        y = np.where(np.abs(x64) >= env["sat"], np.sign(x64), y)
         return _rn32(y)
 
 
@@ -368,7 +398,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
                      softcap=float(softcap or 0.0), accumulation=accumulation, mufu=mufu,
                      seed=int(seed), exact_stages=exact, mutations=muts,
                      params_source=params.source)
-    mf = Mufu(mufu, seed)
+    mf = Mufu(mufu, seed, arch=arch)
     probe = stage_probe
 
     # --- layouts (b, h, s, d); GQA by head repetition
