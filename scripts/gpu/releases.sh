@@ -33,7 +33,8 @@
 #   releases.tgz (every release's JSON report, log and run record), progress.txt.
 #
 # Env: RELEASES (space or comma separated; default every wheel in RELEASE_DIR, newest first),
-#      RELEASE_DIR, RELEASE_STATE (/tmp/fa4rel), RELEASE_JOBS (2), RELEASE_WORKERS (cores / jobs),
+#      RELEASE_DIR, RELEASE_STATE (/tmp/fa4rel), RELEASE_JOBS (2; on a machine of several GPUs
+#      the jobs take the GPUs in turn), RELEASE_WORKERS (cores / jobs),
 #      RELEASE_CAP_S (330), RELEASE_MIN_S (170), RELEASE_DEADLINE, RELEASE_FORCE, RELEASE_EXTRA
 #      (extra audit arguments).
 set -u
@@ -45,6 +46,7 @@ JOBS=${RELEASE_JOBS:-2}
 CAP=${RELEASE_CAP_S:-330}
 MIN=${RELEASE_MIN_S:-170}
 NCPU=$(nproc)
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')   # > 1: the releases run spread over the GPUs
 W=${RELEASE_WORKERS:-$(( NCPU / JOBS > 1 ? NCPU / JOBS : 2 ))}
 mkdir -p "$ST/site" "$ST/kcache" "$ST/runs" "$OUT"
 unset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED FLASH_ATTENTION_CUTE_DSL_CACHE_DIR
@@ -105,6 +107,7 @@ pack() {
 }
 
 declare -A PIDS=()
+STARTED=0
 for rel in $rels; do
   if [ -z "${RELEASE_FORCE:-}" ] && [ -s "$ST/$rel.json" ]; then
     echo "$rel: report from an earlier call kept (RELEASE_FORCE=1 re-runs)" | tee -a "$OUT/progress.txt"; continue
@@ -127,8 +130,12 @@ for rel in $rels; do
     echo "$rel: not run: $pp" | tee -a "$OUT/progress.txt"; continue
   fi
   echo "$rel: started $(date -u +%T) (cap ${cap}s)" | tee -a "$OUT/progress.txt"
-  run_release "$rel" "$cap" "$pp" &
-  PIDS[$rel]=$!
+  if [ "${NGPU:-0}" -gt 1 ] && [ -z "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    CUDA_VISIBLE_DEVICES=$(( STARTED % NGPU )) run_release "$rel" "$cap" "$pp" &
+  else
+    run_release "$rel" "$cap" "$pp" &
+  fi
+  PIDS[$rel]=$!; STARTED=$(( STARTED + 1 ))
 done
 for r in "${!PIDS[@]}"; do
   wait "${PIDS[$r]}"; echo "$(cat "$ST/runs/$r.txt" 2>/dev/null)" | tee -a "$OUT/progress.txt"
