@@ -130,22 +130,30 @@ def _visible_compute_cap(env: dict[str, str]) -> str | None:
 
 
 def zygote_env(env: dict[str, str]) -> dict[str, str]:
-    """Note [Zygote environment]: the zygote runs with the workers' environment plus two switches
-    that keep its imports off CUDA, which a forked child could not use again. ``import quack``
+    """Note [Zygote environment]: the zygote runs with the workers' environment plus three switches
+    that keep its imports off CUDA, which a forked child could not use again. The kernel cache
+    names its arch directory from ``FA4VERIFY_CACHE_ARCH`` (``sm`` + the compute capability
+    nvidia-smi reports) instead of asking the device. ``import quack``
     (FA4's interface imports it) calls ``torch.cuda.is_available()`` and the device capability
     at import (quack/rmsnorm_config.py) unless ``QUACK_ARCH`` names the arch: it is set to the
     compute capability nvidia-smi reports for the first visible GPU (the value quack would have
     read from the device; FA4's own dispatch never reads it). ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
     makes torch's availability check use NVML instead of initialising the driver. A forked
-    worker restores both to the parent's values first thing (``FA4VERIFY_ZYGOTE_RESTORE``), and
+    worker restores them to the parent's values first thing (``FA4VERIFY_ZYGOTE_RESTORE``), and
     a worker whose CUDA context fails anyway is replaced by a spawned one."""
     z = dict(env)
     restore: dict[str, str | None] = {}
-    if "QUACK_ARCH" not in env:
-        cap = _visible_compute_cap(env)
-        if cap:
-            z["QUACK_ARCH"] = cap
-            restore["QUACK_ARCH"] = None
+    cap = _visible_compute_cap(env)
+    if "QUACK_ARCH" not in env and cap:
+        z["QUACK_ARCH"] = cap
+        restore["QUACK_ARCH"] = None
+    from fa4verify.kernels.kernel_cache import ARCH_ENV
+    if ARCH_ENV not in env and cap:
+        # the kernel cache's arch directory (kernel_cache.arch_tag) without asking the device:
+        # get_device_capability initialised CUDA in the zygote, which then refused every fork
+        # (measured on the H200: the audit's workers spawned, 16.5 s of imports each)
+        z[ARCH_ENV] = f"sm{cap}"
+        restore[ARCH_ENV] = None
     if "PYTORCH_NVML_BASED_CUDA_CHECK" not in env:
         z["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         restore["PYTORCH_NVML_BASED_CUDA_CHECK"] = None
