@@ -23,6 +23,30 @@ non-negative terms evaluated in float64, and the matrix products over ``n <= 2^2
 at most ``gamma(n, 2^-53) <= 2^-32`` relative; the final factor :data:`WIDEN` (``1 + 2^-30``) and
 the absolute slack :data:`SLACK` times the magnitudes involved cover them (the fp32 terms they
 widen are ``>= 2^-24`` relative, so the widening changes no verdict measurably).
+
+Note [Same S in both passes]
+----------------------------
+The rigorous S model (``bwd_s_accum``: ``gamma(d, u) sum |q||k|``) lets the backward's recomputed
+scores differ from the forward's by up to twice that, independently per pair: at bf16 ``e_qk``
+10 that is 90 to 260 log2 units, so P = 2^(S~ c - L c) is bounded only to 2^+-90 and the bound
+admits a zero dV (Note [A bound without power]). FA4 recomputes S with the same MMA on the same
+operands in the same order as the forward; if it does so bit for bit, the forward's LSE ``L`` is
+the log-sum-exp of the very scores ``y~`` the backward exponentiates, up to the forward's own
+arithmetic ``eta`` (``forward_lse`` without its S-accumulation term: ``d = 0``), and
+
+    P~ = 2^(x~),  x~ within rx of (y~ - L) c,  y~ - L = log softmax(y~) - eta,
+
+bounded over the box ``y~ in [y_mid - y_rad, y_mid + y_rad]`` by its corners (the key's own score
+at one end, every other key's and the sink at the other: :func:`_loo_lse`). The result is
+intersected with the rigorous interval. Where the budgets carry ``bwd_same_s = 1`` (sm90: measured
+on an H200, ``kernels/evidence/golden/bwd_same_s_h200.json``: the backward's P on 2,040 one-hot keys
+at ``e_qk`` 10 read back within 2^0.44 of 1, one ulp of ``S c``, where independent roundings
+could put it anywhere in 2^+-90) and the LSE is the kernel's own (``lse_self``), the judge passes
+it. An intersection only narrows: a kernel that breaks the assumption can only be reported as a
+failure it did not earn, never pass a fault the rigorous bound would have caught; a pass under it
+is inside the rigorous enclosure too. What it buys: bf16 ``e_qk`` 8 decided (a zero dV fails);
+at ``e_qk`` 10 the forward LSE's worst-case fp32 roundings at ``|S c| ~ 2^22`` (``eta`` ~ 8 log2
+units) still admit a zero dV: undecided.
 """
 from __future__ import annotations
 
@@ -55,6 +79,23 @@ def _mul_iv(alo, ahi, blo, bhi):
     return np.min(c, axis=0), np.max(c, axis=0)
 
 
+def _loo_lse(a: np.ndarray, sink: Optional[float]) -> np.ndarray:
+    """``log(sum_{k != j} e^{a_ik} + e^sink)`` for every ``(i, j)`` (float64; ``-inf`` entries
+    are absent keys; no sink: ``sink`` None). The row's largest entry is left out directly; every
+    other ``j`` as ``M + log1p(-e^{a_ij - M})`` with ``M`` the row's full sum, where
+    ``e^{a_ij - M} <= 1/2`` (no cancellation)."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        cols = a if sink is None else np.concatenate([a, np.full((a.shape[0], 1), float(sink))], axis=1)
+        M = np.logaddexp.reduce(cols, axis=1)[:, None]
+        out = M + np.log1p(-np.exp(a - M))
+        j = np.argmax(a, axis=1)
+        rows = np.arange(a.shape[0])
+        b = cols.copy()
+        b[rows, j] = -np.inf
+        out[rows, j] = np.logaddexp.reduce(b, axis=1)
+    return out
+
+
 def _round_iv(lo, hi, rel, floor=0.0):
     """An interval after a rounding with relative error ``rel`` and absolute floor ``floor``
     (a monotone rounding moves each end outward by at most ``rel |end| + floor``)."""
@@ -74,13 +115,17 @@ class PairIntervals:
     #: ``P (|dO| |V| + |O| |dO|) |f|`` (Note [A bound without power] in fa4verify/judge/verdict.py)
     p_ex: Optional[np.ndarray] = None
     ds_mag: Optional[np.ndarray] = None
+    #: with ``exact``: the size of the exact dS the model lets a correct kernel return as 0 (pairs
+    #: whose factor interval holds 0: a saturated softcap, a score_mod gradient near 0), else 0
+    ds_drop: Optional[np.ndarray] = None
 
 
 def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray,
                    o_mid: np.ndarray, o_rad: np.ndarray, lse_mid: np.ndarray, lse_rad: np.ndarray,
                    keep: np.ndarray, scale: float, softcap: float = 0.0,
                    score: Optional[tuple[Callable, Callable, Callable, float, float]] = None,
-                   exact: Optional[tuple[np.ndarray, np.ndarray]] = None) -> PairIntervals:
+                   exact: Optional[tuple[np.ndarray, np.ndarray]] = None,
+                   lse_self: Optional[np.ndarray] = None, sink: Optional[float] = None) -> PairIntervals:
     """Intervals of the kernel's cast P and cast dS for one (segment, query head) block.
 
     ``q`` (lq, d), ``k`` (lk, d), ``v`` (lk, dv), ``dout`` (lq, dv): the exact inputs (float64
@@ -91,7 +136,11 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
     ``score``: a score_mod pair as ``(ref(x), grad(x), err(x, y), lipschitz, curvature)`` on this
     block's ``x = S scale`` (DERIVATIONS.md#score-mod). ``bs``: the BudgetSet (its stage budgets
     and constants are the model). ``exact``: the exact ``(O, LSE)`` of the block; then also the
-    exact P and the magnitudes of the exact dS's terms (``p_ex``, ``ds_mag``)."""
+    exact P and the magnitudes of the exact dS's terms (``p_ex``, ``ds_mag``). ``lse_self``
+    (lq,): Note [Same S in both passes]: the LSE is the kernel's own and lies within
+    ``lse_self`` (natural log) of the log-sum-exp of the very scores the backward recomputes
+    (with ``sink``, the head's learnable sink logit, in its sum); then P is also bounded through
+    the softmax of those scores."""
     C = bs.constants
     u = C["u_fp32"]
     d, dv = q.shape[-1], v.shape[-1]
@@ -102,7 +151,7 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         A = np.abs(q) @ np.abs(k).T
         rS = np.asarray(bs.evaluate("bwd_s_accum", {"d": float(d), "abs_qk": A}), np.float64) + SLACK * A
         # ---- the exponent argument's operand y (natural-log units) and the derivative factor f
-        f_lo = f_hi = None
+        f_lo = f_hi = sat = None
         if softcap > 0:
             cap = float(softcap)
             xs_lo, xs_hi = (S - rS) * scale, (S + rS) * scale
@@ -125,7 +174,6 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
             th_max = np.maximum(np.abs(a_lo), np.abs(a_hi)) * (1 + C["tanh_rel"])
             straddle = (a_lo <= 0) & (a_hi >= 0)
             th_min = np.where(straddle, 0.0, np.minimum(np.abs(a_lo), np.abs(a_hi)) * (1 - C["tanh_rel"]))
-            sat = None
             if "tanh_abs1" in C and "tanh_sat" in C:
                 # Note [MUFU tanh envelope] (kernels/probes/probe_mufu_tanh.py): the GPU's tanh
                 # measured on every fp32 input (the audit's mufu.tanh re-measures it): |th| <= 1,
@@ -173,6 +221,22 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         m = C["mufu_ex2_rel"] + u
         p_hi = np.exp2(x_mid + x_rad) * (1 + m) * WIDEN
         p_lo = np.exp2(x_mid - x_rad) * (1 - m) / WIDEN
+        if lse_self is not None:
+            # Note [Same S in both passes]: x~ = (y~ - L) c within rx, L = LSE(y~) + eta, |eta| <=
+            # lse_self, y~ in [y_mid - y_rad, y_mid + y_rad] (the same y~ in L's sum): y~ - LSE(y~)
+            # is the log-softmax of y~, bounded over that box by its corners
+            a_lo = np.where(keep, y_mid - y_rad, -np.inf)
+            a_hi = np.where(keep, y_mid + y_rad, -np.inf)
+            with np.errstate(invalid="ignore", over="ignore"):
+                ls_hi = a_hi - np.logaddexp(a_hi, _loo_lse(a_lo, sink))
+                ls_lo = a_lo - np.logaddexp(a_lo, _loo_lse(a_hi, sink))
+                eta = np.asarray(lse_self, np.float64)[:, None]
+                slack = SLACK * (np.abs(y_mid) + y_rad + np.abs(L) + (0.0 if sink is None else abs(float(sink))))
+                s_hi = np.exp2((ls_hi + eta + slack) * c + rx) * (1 + m) * WIDEN
+                s_lo = np.exp2((ls_lo - eta - slack) * c - rx) * (1 - m) / WIDEN
+            use = keep & np.isfinite(eta) & ~np.isnan(s_hi) & ~np.isnan(s_lo)
+            p_hi = np.where(use, np.minimum(p_hi, s_hi), p_hi)
+            p_lo = np.where(use, np.maximum(p_lo, s_lo), p_lo)
         p_lo = np.where(p_lo >= _FTZ, p_lo, 0.0)
         vis = keep & ~pos
         p_lo = np.where(vis, p_lo, 0.0)
@@ -201,7 +265,7 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         ds_lo, ds_hi = ds_lo - SLACK * np.abs(ds_lo), ds_hi + SLACK * np.abs(ds_hi)
         ds_lo = np.where(vis, ds_lo, 0.0)
         ds_hi = np.where(vis, ds_hi, 0.0)
-        p_ex = ds_mag = None
+        p_ex = ds_mag = ds_drop = None
         if exact is not None:
             # the exact softmax of the exact scores (y_mid: S scale, or the mod's value at the
             # midpoint) and the size of the exact dS = P (dP - D) f before anything cancels (the
@@ -211,8 +275,19 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
             p_ex = np.where(ok, np.exp(np.where(ok, y_mid - np.where(np.isfinite(lse_ex), lse_ex, 0.0)[:, None],
                                                 -np.inf)), 0.0)
             f_abs = 1.0 if f_lo is None else np.abs(f_lo + f_hi) / 2
-            ds_mag = p_ex * (DOV + np.sum(np.abs(o_ex * dout), axis=-1)[:, None]) * f_abs
-    return PairIntervals(pc_lo, pc_hi, ds_lo, ds_hi, p_ex, ds_mag)
+            terms = p_ex * (DOV + np.sum(np.abs(o_ex * dout), axis=-1)[:, None])
+            ds_mag = terms * f_abs
+            ds_drop = np.zeros_like(terms)
+            if f_lo is not None:
+                # where the model admits a factor of 0 (a saturated softcap: the GPU's tanh is +-1,
+                # or within its error of it; a score_mod whose gradient interval holds 0), a
+                # correct kernel may drop the pair's exact dS, whose factor is f at the exact scores
+                # (1 - tanh^2 = sech^2 = 4 e^-2|a| / (1 + e^-2|a|)^2: no cancellation where tanh ~ 1)
+                e2 = np.exp(-2 * np.abs(S * scale / float(softcap))) if softcap > 0 else None
+                f_ex = 4 * e2 / (1 + e2) ** 2 if softcap > 0 else \
+                    np.abs(np.broadcast_to(np.asarray(score[1](S * scale), np.float64), S.shape))
+                ds_drop = np.where((f_lo <= 0) & (f_hi >= 0), terms * np.abs(f_ex), 0.0)
+    return PairIntervals(pc_lo, pc_hi, ds_lo, ds_hi, p_ex, ds_mag, ds_drop)
 
 
 def accumulate(lo: np.ndarray, hi: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

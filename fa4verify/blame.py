@@ -109,7 +109,10 @@ def describe(exc: BaseException) -> str:
 # exception object, only a row: its status, summary and, for a crashed check, the formatted
 # traceback. :func:`report_blame` applies Note [Blame] to that row:
 #
-# * ``fail`` is FA4's: only FA4 earns a FAIL (fa4verify's own exceptions are errors);
+# * ``fail`` is FA4's: only FA4 earns a FAIL (fa4verify's own exceptions are errors) -- with the
+#   row's ``where`` saying on what evidence: a CPU-twin FAIL is FA4's algorithm as the twin models
+#   it; a FAIL "where" is "CPU" is about fa4verify's own data or arithmetic (budget files, oracles,
+#   the twin's assumptions about the installed release: README's label table), so fa4verify's;
 # * ``error``: a device fault is FA4's wherever it surfaced; a task killed at its deadline or lost
 #   with its worker is undetermined (a hung or crashed FA4 kernel, or a harness too slow for its
 #   deadline); a check saying that fa4verify's own call failed is fa4verify's; otherwise the
@@ -149,10 +152,14 @@ def _traceback_owner(text: str) -> Optional[str]:
 
 def report_blame(row: dict) -> str:
     """Who is to blame for one result row of a JSON audit report (Note [Blame of a report row]):
-    ``"FA4"``, ``"fa4verify"``, ``"undetermined: <why>"``, ``"no verdict"`` or ``"-"``."""
+    ``"FA4"`` (or ``"FA4 (as the CPU twin models it)"``), ``"fa4verify"``, ``"undetermined: <why>"``,
+    ``"no verdict"`` or ``"-"``."""
     status = row.get("status")
     if status == "fail":
-        return "FA4"
+        where = str(row.get("where") or "")
+        if where == "CPU":
+            return "fa4verify"
+        return "FA4 (as the CPU twin models it)" if where == "CPU twin" else "FA4"
     if status == "undecided":
         return "no verdict"
     if status != "error":

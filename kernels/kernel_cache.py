@@ -73,13 +73,21 @@ def unsafe_reason(path: str | os.PathLike) -> Optional[str]:
     return None
 
 
+#: the arch tag a process that must not initialise CUDA is told (the audit's zygote, whose forked
+#: workers could not use a CUDA context it made: Note [Zygote environment], fa4verify.run.pool)
+ARCH_ENV = "FA4VERIFY_CACHE_ARCH"
+
+
 def arch_tag() -> str:
     """The arch a compiled object is for: ``CUTE_DSL_ARCH`` (the compile target, e.g. sm_100a)
-    when set, else the current CUDA device's compute capability (``sm90``, ``sm100``), else
-    ``nogpu``."""
+    when set, else :data:`ARCH_ENV` when set, else the current CUDA device's compute capability
+    (``sm90``, ``sm100``; this initialises CUDA), else ``nogpu``."""
     a = os.environ.get("CUTE_DSL_ARCH", "").strip()
     if a:
         return a.replace("_", "")
+    a = os.environ.get(ARCH_ENV, "").strip()
+    if a:
+        return a
     try:
         import torch
         if torch.cuda.is_available():

@@ -48,6 +48,9 @@
 #   planted:KIND[:ID,...]
 #                  scripts/planted_faults.py --kind KIND --no-old (PLANTED_OPTS: extra --opt values)
 #   tanh           the audit's live check mufu.tanh alone: tanh.approx on every fp32 input (its JSON)
+#   bwds           how far the backward's P strays from 1 on one-hot huge-logit rows (scripts/gpu_bwd_s_consistency.py)
+#   fuzzmany       fuzz.production alone through the audit on time:default's kernel cache, FUZZ_N examples
+#                  (1000), FUZZ_T seconds at most (280), --seed FUZZ_SEED (7): the huge distribution included
 #   hang           the planted kernel hang (sm90_bwd_hd64_hang) under the audit (HANG_CHECKS, HANG_TIMEOUT)
 #   releases       the default audit of older FA4 releases, each shadowing the installed one, a report
 #                  each and the release table (scripts/gpu/releases.sh, Note [Release runs]; RELEASES,
@@ -164,6 +167,13 @@ PY
               timeout "$left" python3 scripts/planted_faults.py --kind "$kind" --no-old --out "$OUT" "${OPTS[@]}" ${ids//,/ } 2>&1 | tail -12 ;;
     tanh)     timeout "$left" "${AUDIT[@]}" -k mufu.tanh --no-live --json "$OUT/mufu_tanh.json" > "$OUT/mufu_tanh.log" 2>&1
               echo "mufu.tanh rc=$?"; grep -E "mufu.tanh" "$OUT/mufu_tanh.log" | cut -c1-400 | tail -3 ;;
+    bwds)     timeout "$left" python3 scripts/gpu_bwd_s_consistency.py --target production --problems "${BWDS_PROBLEMS:-24}" \
+                --json "$OUT/bwd_s_consistency.json" > "$OUT/bwd_s_consistency.log" 2>&1; echo "bwds rc=$?"; tail -8 "$OUT/bwd_s_consistency.log" | cut -c1-200 ;;
+    fuzzmany) mkdir -p "$CR/default/shard"
+              timeout "$left" python3 -m fa4verify audit --dtype bf16 --device cuda --seed "${FUZZ_SEED:-7}" --no-live \
+                -k fuzz.production --opt fuzz_examples="${FUZZ_N:-1000}" --opt fuzz_time_limit_s="${FUZZ_T:-280}" \
+                --kernel-cache "$CR/default/shard" --json "$OUT/fuzz_many.json" > "$OUT/fuzz_many.log" 2>&1
+              echo "fuzzmany rc=$?"; grep -E "fuzz.production" "$OUT/fuzz_many.log" | cut -c1-600 | tail -4; tail -3 "$OUT/fuzz_many.log" ;;
     hang)     timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" --checks "${HANG_CHECKS:-budgets.production}" \
                 --timeout "${HANG_TIMEOUT:-60}" sm90_bwd_hd64_hang 2>&1 | tail -12 ;;
     releases) RELEASE_DEADLINE=$DEADLINE bash scripts/gpu/releases.sh ;;

@@ -145,7 +145,7 @@ def _no_report(e: dict[str, Any]) -> str:
 
 
 def markdown(entries: list[dict[str, Any]], brief: bool = False) -> str:
-    lines = ["| release | stack | pass | fail | undecided | error | skip | exit | wall (s) | note |",
+    lines = ["| release | stack | pass | fail | undecided | error | skip | exit | duration (s) | note |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         rep = e["report"]

@@ -5,6 +5,7 @@ is initialised in it. CPU only (fixture checks; the zygote imports torch and, wh
 FA4)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -126,16 +127,15 @@ def test_a_forked_worker_without_cuda_is_replaced_by_a_spawned_one(specs):
 
 
 def test_the_zygote_environment_switches_and_their_restore(monkeypatch):
-    """Note [Zygote environment]: the zygote gets QUACK_ARCH (from nvidia-smi) and the NVML
-    availability check; a forked worker sees the parent's values again."""
-    import json
-
+    """Note [Zygote environment]: the zygote gets QUACK_ARCH and the kernel cache's arch (from
+    nvidia-smi) and the NVML availability check; a forked worker sees the parent's values again."""
     from fa4verify.run import pool as P
     monkeypatch.setattr(P, "_visible_compute_cap", lambda env: "90")
     z = P.zygote_env({"A": "1"})
     assert z["QUACK_ARCH"] == "90" and z["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1" and z["A"] == "1"
-    assert json.loads(z["FA4VERIFY_ZYGOTE_RESTORE"]) == {"QUACK_ARCH": None, "PYTORCH_NVML_BASED_CUDA_CHECK": None}
-    z2 = P.zygote_env({"QUACK_ARCH": "100", "PYTORCH_NVML_BASED_CUDA_CHECK": "0"})
+    assert json.loads(z["FA4VERIFY_ZYGOTE_RESTORE"]) == {"QUACK_ARCH": None, "PYTORCH_NVML_BASED_CUDA_CHECK": None,
+                                                         "FA4VERIFY_CACHE_ARCH": None}
+    z2 = P.zygote_env({"QUACK_ARCH": "100", "PYTORCH_NVML_BASED_CUDA_CHECK": "0", "FA4VERIFY_CACHE_ARCH": "sm100"})
     assert z2["QUACK_ARCH"] == "100" and z2["PYTORCH_NVML_BASED_CUDA_CHECK"] == "0"
     assert json.loads(z2["FA4VERIFY_ZYGOTE_RESTORE"]) == {}
     monkeypatch.setattr(P, "_visible_compute_cap", lambda env: None)
@@ -197,3 +197,25 @@ def test_a_closed_pool_starts_no_worker(specs):
     pool.close()
     r, _, _ = _run(pool, sp)
     assert r.status == "error" and "closed" in r.summary and pool.started == 0
+
+
+def test_the_zygote_names_the_kernel_cache_arch_without_asking_the_device(monkeypatch):
+    """The kernel cache's arch directory (kernel_cache.arch_tag) asked torch for the device's
+    capability, which initialised CUDA in the zygote: it then refused every fork and the H200
+    audits spawned their workers. The zygote's environment names it (restored in the workers),
+    and arch_tag reads it before it would touch the device."""
+    import torch
+
+    from fa4verify.kernels import kernel_cache
+    from fa4verify.run import pool
+    monkeypatch.setattr(pool, "_visible_compute_cap", lambda env: "90")
+    assert pool.zygote_env({"PATH": "/bin"})[kernel_cache.ARCH_ENV] == "sm90"
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: asked.append(a) or (10, 0))
+    monkeypatch.delenv("CUTE_DSL_ARCH", raising=False)
+    monkeypatch.setenv(kernel_cache.ARCH_ENV, "sm90")
+    assert kernel_cache.arch_tag() == "sm90" and not asked
+    monkeypatch.delenv(kernel_cache.ARCH_ENV)
+    assert kernel_cache.arch_tag() == "sm100" and asked        # (the device is asked without it)

@@ -95,7 +95,10 @@ def _rows(text, first):
 
 
 def test_report_blame_follows_note_blame():
-    assert blame.report_blame({"status": "fail", "summary": "x"}) == "FA4"
+    assert blame.report_blame({"status": "fail", "summary": "x", "where": "measured on NVIDIA H200 (sm_90)"}) == "FA4"
+    assert blame.report_blame({"status": "fail", "summary": "x", "where": "CPU twin"}) == "FA4 (as the CPU twin models it)"
+    assert blame.report_blame({"status": "fail", "summary": "installed release not as modelled", "where": "CPU"}
+                              ) == "fa4verify"
     assert blame.report_blame({"status": "undecided", "summary": "x"}) == "no verdict"
     assert blame.report_blame({"status": "pass"}) == "-"
     assert blame.report_blame({"status": "error", "summary": "y", "details": {"traceback": FA4_TB}}) == "FA4"

@@ -288,7 +288,8 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
             for p, why in out.skipped.items():
                 res.properties_skipped.setdefault(p, why)
             for p, why in out.undecided.items():
-                u = res.undecided.setdefault(p, {"count": 0, "reason": why, "first": problem.describe()})
+                u = res.undecided.setdefault(p, {"count": 0, "reason": why, "first": problem.describe(),
+                                                 "problem": problem.to_dict()})
                 u["count"] += 1
             res.record_tightness(out.metrics, absorbed)    # Note [Tightness outside known issues]
             if out.metrics.get("tightness_max", 0.0) > state["best"]:

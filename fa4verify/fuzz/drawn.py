@@ -347,7 +347,8 @@ def merge_drawn(parts: Sequence[Mapping[str, Any]], *, expected: int | Collectio
             for p, why in o["skipped"].items():
                 res.properties_skipped.setdefault(p, why)
             for p, why in o["undecided"].items():
-                u = res.undecided.setdefault(p, {"count": 0, "reason": why, "first": o["describe"]})
+                u = res.undecided.setdefault(p, {"count": 0, "reason": why, "first": o["describe"],
+                                                 "problem": o.get("problem")})
                 u["count"] += 1
             # Note [Tightness outside known issues] (CampaignResult.record_tightness)
             res.record_tightness(o["metrics"], {k["quantity"] for k in o.get("known", [])})

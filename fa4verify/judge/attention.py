@@ -76,9 +76,32 @@ def arrays_from(q, k, v, dout=None, learnable_sink=None, mask=None, cu_seqlens_q
             "mask": mask, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
 
 
+def oracle_window(problem: AttentionProblem) -> tuple[bool, tuple]:
+    """``(causal, window_size)`` for the oracle: the problem's window as the installed FA4 release
+    resolves it.
+
+    Note [The oracle's window is the release's]
+    -------------------------------------------
+    FA4's ``_resolve_causal_local_window`` changed at 4.0.0b30: before, ``causal`` came first and a
+    window whose sides sum below zero was dropped (``(-98, 53)``: no window); from b30 only a
+    both-negative pair is dropped (``(-98, 53)``: a window, empty rows). The twin, the budgets'
+    key counts and the keep-masks read the installed release's rule
+    (``fa4verify.kernels.facts.resolve_causal_local_window``), but the oracle (which never imports
+    the subject) applies the b30 rule to what it is given; handed the raw window, it judged b20..b29
+    against another release's semantics (``fuzz.twin`` failed on 4.0.0b25..b29 with a
+    ``window=(-98, 53)`` problem). So the oracle gets the window in the release's canonical form,
+    on which its own rule is the identity."""
+    from fa4verify.problem import resolve_window
+    causal, local, left, right = resolve_window(problem.causal, problem.window_size)
+    if local:
+        return False, (left, right)
+    return bool(causal), (None, None)
+
+
 def _oracle_kwargs(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
-    kw: dict[str, Any] = {"softmax_scale": problem.softmax_scale, "causal": problem.causal,
-                          "window_size": tuple(problem.window_size), "softcap": float(problem.softcap),
+    causal, window = oracle_window(problem)
+    kw: dict[str, Any] = {"softmax_scale": problem.softmax_scale, "causal": causal,
+                          "window_size": window, "softcap": float(problem.softcap),
                           "learnable_sink": a.get("learnable_sink") if problem.sink else None}
     if problem.varlen:
         kw["cu_seqlens_q"] = a["cu_seqlens_q"]

@@ -285,8 +285,13 @@ class BudgetStats:
         ``|dO| <= 2^-126 * sum_visible |V|``."""
         return self._to_out(FTZ * self.el["sum_abs_v"])
 
-    def forward_lse(self) -> np.ndarray:
+    def forward_lse(self, same_s: bool = False) -> np.ndarray:
+        """``forward_lse`` per row; ``same_s``: without the S accumulation's term (``d`` = 0), the
+        LSE's error against the log-sum-exp of the kernel's own scores (Note [Same S in both
+        passes], error_budgets/interval.py)."""
         st = self._common()
+        if same_s:
+            st["d"] = 0.0
         st.update(self._row_stats())
         return self._to_lse(np.broadcast_to(self.budget.evaluate("forward_lse", st), self.row["lse_abs"].shape))
 
@@ -390,6 +395,15 @@ class BudgetStats:
             o_rad = np.where(off[..., None], o_rad, 0.0)
             lse_mid = np.where(off, lse_mid, k_lse)
             lse_rad = np.where(off, lse_rad, 0.0)
+        # Note [Same S in both passes] (error_budgets/interval.py): on an arch whose budgets say
+        # so, the kernel's own LSE is within forward_lse without the S accumulation of the
+        # log-sum-exp of the scores its backward recomputes
+        lse_self = None
+        if kernel_fwd is not None and self.budget.constants.get("bwd_same_s") == 1 and "forward_lse" in self.budget:
+            lse_self = np.where(off, np.nan, self._lse_tokens(np.broadcast_to(self.forward_lse(same_s=True),
+                                                                             np.shape(self.ofwd.lse))))
+        sink = self._arrays.get("learnable_sink") if p.sink else None
+        sink = None if sink is None else np.asarray(sink, np.float64).reshape(-1)
         tq, tk = q.shape[0], k.shape[0]
         acc = {"dq": [np.zeros((tq, H, self.D)) for _ in range(3)],
                "dk": [np.zeros((tk, Hk, self.D)) for _ in range(3)],
@@ -397,7 +411,8 @@ class BudgetStats:
         n_q = np.zeros((tq, 1, 1))
         n_k = np.zeros((tk, 1, 1))
         # Note [A bound without power]: the rounding level of each exact gradient's terms before
-        # they cancel (u_p times their size plus the cast floors)
+        # they cancel (u_p times their size plus the cast floors), and what the model lets a
+        # correct kernel drop
         u_p, p_sub = float(self.budget.constants["u_p"]), float(self.budget.constants["p_sub"])
         mag = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
         spair = self.score_pair
@@ -423,13 +438,17 @@ class BudgetStats:
                 pi = ivm.pair_intervals(self.budget, q=q[qs, h], k=k[ks, hk], v=v[ks, hk], dout=dout[qs, h],
                                         o_mid=o_mid[qs, h], o_rad=o_rad[qs, h], lse_mid=lse_mid[qs, h],
                                         lse_rad=lse_rad[qs, h], keep=keep, scale=sc, softcap=float(p.softcap),
-                                        score=score, exact=(self.O[qs, h], self.lse_t[qs, h]))
+                                        score=score, exact=(self.O[qs, h], self.lse_t[qs, h]),
+                                        lse_self=None if lse_self is None else lse_self[qs, h],
+                                        sink=None if sink is None else float(sink[h]))
                 with np.errstate(invalid="ignore", over="ignore"):
                     # u_p times the terms' size, plus the cast floor p_sub of each visible term
                     # (a P or dS below it is cast to 0 by a correct kernel)
                     kv = keep.astype(np.float64)
-                    mag["dq"][qs, h] = sc * ((u_p * pi.ds_mag + p_sub * kv) @ np.abs(k[ks, hk]))
-                    mag["dk"][ks, hk] += sc * ((u_p * pi.ds_mag + p_sub * kv).T @ np.abs(q[qs, h]))
+                    # (+ the exact dS of the pairs the model lets it drop: a saturated softcap)
+                    lvl = u_p * pi.ds_mag + pi.ds_drop + p_sub * kv
+                    mag["dq"][qs, h] = sc * (lvl @ np.abs(k[ks, hk]))
+                    mag["dk"][ks, hk] += sc * (lvl.T @ np.abs(q[qs, h]))
                     mag["dv"][ks, hk] += (u_p * pi.p_ex + p_sub * kv).T @ np.abs(dout[qs, h])
                 for x, y in zip(acc["dq"], ivm.accumulate(pi.ds_lo, pi.ds_hi, k[ks, hk])):
                     x[qs, h] = y

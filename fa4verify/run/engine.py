@@ -287,8 +287,7 @@ def run_here(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
 
 @dataclasses.dataclass
 class CallOutcome:
-    """One :func:`run_calls` payload's ``value`` (what the function returned) when ``ok``, else
-    ``error`` (one line: it raised, died or ran past the deadline) and ``rc`` (its exit status)."""
+    """A :func:`run_calls` payload's ``value`` when ``ok``, else ``error`` (one line) and ``rc``."""
     index: int
     ok: bool
     value: Any = None

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -108,29 +109,30 @@ def _visible_compute_cap(env: dict[str, str]) -> str | None:
     if "CUDA_VISIBLE_DEVICES" in env and (not first or first.startswith("-")):
         return None                       # "" or "-1": CUDA sees no GPU, whatever nvidia-smi lists
     rows = nvidia_smi("compute_cap", *(["-i", first] if first else []))
-    cap = rows[0][0] if rows and rows[0] else ""
-    if not cap.replace(".", "").isdigit() or "." not in cap:
-        return None
-    major, minor = cap.split(".", 1)
-    return f"{int(major)}{int(minor)}"
+    m = re.fullmatch(r"(\d+)\.(\d+)", rows[0][0] if rows and rows[0] else "")
+    return f"{int(m[1])}{int(m[2])}" if m else None
 
 
 def zygote_env(env: dict[str, str]) -> dict[str, str]:
-    """Note [Zygote environment]: the zygote runs with the workers' environment plus two switches
+    """Note [Zygote environment]: the zygote runs with the workers' environment plus three switches
     that keep its imports off CUDA, which a forked child could not use again. ``import quack``
     (FA4's interface imports it) calls ``torch.cuda.is_available()`` and the device capability
     at import (quack/rmsnorm_config.py) unless ``QUACK_ARCH`` names the arch: it is set to the
     compute capability nvidia-smi reports for the first visible GPU (the value quack would have
-    read from the device; FA4's own dispatch never reads it). ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
-    makes torch's availability check use NVML instead of initialising the driver. A switch is set
-    only where the parent has none, so a forked worker unsets it first thing (``RESTORE_ENV``),
-    and a worker whose CUDA context fails anyway is replaced by a spawned one."""
-    z = dict(env)
-    cap = None if "QUACK_ARCH" in env else _visible_compute_cap(env)
+    read from the device; FA4's own dispatch never reads it). The kernel cache names its arch
+    directory from ``FA4VERIFY_CACHE_ARCH`` (``sm`` + that capability) instead of asking the device
+    (measured on the H200: ``get_device_capability`` initialised CUDA in the zygote, which then
+    refused every fork). ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` makes torch's availability check use
+    NVML instead of initialising the driver. A switch is set only where the parent has none, so a
+    forked worker unsets it first thing (``RESTORE_ENV``), and a worker whose CUDA context fails
+    anyway is replaced by a spawned one."""
+    from fa4verify.kernels.kernel_cache import ARCH_ENV
+    z, cap = dict(env), _visible_compute_cap(env)
     if cap:
-        z["QUACK_ARCH"] = cap
+        z.setdefault("QUACK_ARCH", cap)
+        z.setdefault(ARCH_ENV, f"sm{cap}")
     z.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    z[RESTORE_ENV] = json.dumps({k: None for k in ("QUACK_ARCH", "PYTORCH_NVML_BASED_CUDA_CHECK")
+    z[RESTORE_ENV] = json.dumps({k: None for k in ("QUACK_ARCH", ARCH_ENV, "PYTORCH_NVML_BASED_CUDA_CHECK")
                                  if k in z and k not in env})
     return z
 
@@ -497,8 +499,7 @@ class WorkerPool:
         return slots
 
     def prestart(self) -> int:
-        """Start every idle slot's worker now, so their start-ups (imports, CUDA context) overlap
-        each other and whatever the caller does next (discovery, in-process checks); how many."""
+        """Start every idle slot's worker now, start-ups overlapping each other and the caller: how many."""
         slots, new = self._take_idle(), 0
         try:
             for j, w in enumerate(slots):

@@ -21,9 +21,10 @@
 # * The installed release itself (4.0.0b36 in the main bundle) may be named: it runs as installed.
 # * Each release has its own kernel cache ($RELEASE_STATE/kcache/<release>): FA4 keys its
 #   persistent cache by a fingerprint of its own source, but a cache of one release is never
-#   offered to another.
-# * Deadline: a release starts only with RELEASE_MIN_S (default 150 s: one cold default audit
-#   measured 142 s on the H200 for 4.0.0b36) before the call's deadline (RELEASE_DEADLINE, an epoch
+#   offered to another; and its own FA4VERIFY_CACHE_DIR, so nothing one release's audit stored
+#   (Hypothesis examples included) is replayed in another's.
+# * Deadline: a release starts only with RELEASE_MIN_S (default 170 s: one cold default audit
+#   measured 142 s on the H200 for 4.0.0b36 with 12 workers, alone) before the call's deadline (RELEASE_DEADLINE, an epoch
 #   second, given by gpu.sh); it runs under `timeout` min(RELEASE_CAP_S, time left - 10 s). A
 #   release killed at its cap writes no report; its row says so, and its kernel cache stays: the
 #   next call on the same warm machine runs it again (a release with a report is not re-run unless
@@ -32,8 +33,9 @@
 #   releases.tgz (every release's JSON report, log and run record), progress.txt.
 #
 # Env: RELEASES (space or comma separated; default every wheel in RELEASE_DIR, newest first),
-#      RELEASE_DIR, RELEASE_STATE (/tmp/fa4rel), RELEASE_JOBS (2), RELEASE_WORKERS (cores / jobs),
-#      RELEASE_CAP_S (330), RELEASE_MIN_S (150), RELEASE_DEADLINE, RELEASE_FORCE, RELEASE_EXTRA
+#      RELEASE_DIR, RELEASE_STATE (/tmp/fa4rel), RELEASE_JOBS (2; on a machine of several GPUs
+#      the jobs take the GPUs in turn), RELEASE_WORKERS (cores / jobs),
+#      RELEASE_CAP_S (330), RELEASE_MIN_S (170), RELEASE_DEADLINE, RELEASE_FORCE, RELEASE_EXTRA
 #      (extra audit arguments).
 set -u
 OUT=${OUT:?set OUT}
@@ -42,8 +44,9 @@ RD=${RELEASE_DIR:-.devbundle/releases}
 DEADLINE=${RELEASE_DEADLINE:-$(( $(date +%s) + 575 ))}
 JOBS=${RELEASE_JOBS:-2}
 CAP=${RELEASE_CAP_S:-330}
-MIN=${RELEASE_MIN_S:-150}
+MIN=${RELEASE_MIN_S:-170}
 NCPU=$(nproc)
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')   # > 1: the releases run spread over the GPUs
 W=${RELEASE_WORKERS:-$(( NCPU / JOBS > 1 ? NCPU / JOBS : 2 ))}
 mkdir -p "$ST/site" "$ST/kcache" "$ST/runs" "$OUT"
 unset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED FLASH_ATTENTION_CUTE_DSL_CACHE_DIR
@@ -92,7 +95,7 @@ run_release() {
   fi
   mkdir -p "$ST/kcache/$rel"; chmod 700 "$ST/kcache/$rel"
   rm -f "$ST/$rel.json"
-  PYTHONPATH="$pp" timeout -k 15 "$cap" python3 -m fa4verify audit --dtype bf16 --device cuda --seed 0 --no-live \
+  PYTHONPATH="$pp" FA4VERIFY_CACHE_DIR="$ST/cache/$rel" timeout -k 15 "$cap" python3 -m fa4verify audit --dtype bf16 --device cuda --seed 0 --no-live \
     --workers "$W" --kernel-cache "$ST/kcache/$rel" --json "$ST/$rel.json" ${RELEASE_EXTRA:-} > "$ST/$rel.log" 2>&1
   rc=$?
   printf 'release=%s rc=%s wall=%s cap=%s workers=%s\n' "$rel" "$rc" "$(( $(date +%s) - t0 ))" "$cap" "$W" > "$ST/runs/$rel.txt"
@@ -104,6 +107,7 @@ pack() {
 }
 
 declare -A PIDS=()
+STARTED=0
 for rel in $rels; do
   if [ -z "${RELEASE_FORCE:-}" ] && [ -s "$ST/$rel.json" ]; then
     echo "$rel: report from an earlier call kept (RELEASE_FORCE=1 re-runs)" | tee -a "$OUT/progress.txt"; continue
@@ -126,11 +130,15 @@ for rel in $rels; do
     echo "$rel: not run: $pp" | tee -a "$OUT/progress.txt"; continue
   fi
   echo "$rel: started $(date -u +%T) (cap ${cap}s)" | tee -a "$OUT/progress.txt"
-  run_release "$rel" "$cap" "$pp" &
-  PIDS[$rel]=$!
+  if [ "${NGPU:-0}" -gt 1 ] && [ -z "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    CUDA_VISIBLE_DEVICES=$(( STARTED % NGPU )) run_release "$rel" "$cap" "$pp" &
+  else
+    run_release "$rel" "$cap" "$pp" &
+  fi
+  PIDS[$rel]=$!; STARTED=$(( STARTED + 1 ))
 done
 for r in "${!PIDS[@]}"; do
   wait "${PIDS[$r]}"; echo "$(cat "$ST/runs/$r.txt" 2>/dev/null)" | tee -a "$OUT/progress.txt"
 done
 pack
-python3 scripts/release_table.py --state "$ST" --brief 2>&1 | tail -40
+python3 scripts/release_table.py --state "$ST" 2>&1 | cut -c1-400 | head -80
