@@ -45,10 +45,10 @@ def _fake_mufu(sat: float, rel: float):
     return fn
 
 
+@pytest.mark.fa4      # the probe module imports the CuTe DSL
 def test_sweep_finds_the_saturation_point_and_the_errors():
     """The sweep's reductions on a stand-in (three binades on the CPU): the saturation point is
     the first fp32 from which every output is +-1; the absolute error at |x| >= 1 is measured."""
-    pytest.importorskip("cutlass", reason="the probe module imports the CuTe DSL")
     from fa4verify.kernels.probes.probe_mufu_tanh import sweep
     s = sweep(fn=_fake_mufu(5.0, 2.0 ** -14), device="cpu", exponents=[126, 128, 129])
     assert s["sat"] == 5.0

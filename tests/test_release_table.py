@@ -160,19 +160,21 @@ def test_release_table_bad_input_is_one_line(tmp_path):
         assert len(cp.stderr.strip().splitlines()) == 1 and cp.stderr.startswith("release_table: ")
 
 
-def _fake_wheel(d, version):
-    """A wheel of flash-attn-4 ``version``: its metadata and an empty flash_attn package."""
+def _fake_wheel(d, version, dsl=None):
+    """A wheel of flash-attn-4 ``version``: its metadata (pinning nvidia-cutlass-dsl ``dsl``) and an
+    empty flash_attn package."""
     d.mkdir(parents=True, exist_ok=True)
     p = d / f"flash_attn_4-{version}-py3-none-any.whl"
+    req = f"Requires-Dist: nvidia-cutlass-dsl=={dsl}\nRequires-Dist: torch\n" if dsl else ""
     with zipfile.ZipFile(p, "w") as z:
         z.writestr("flash_attn/__init__.py", "")
         z.writestr(f"flash_attn_4-{version}.dist-info/METADATA",
-                   f"Metadata-Version: 2.1\nName: flash-attn-4\nVersion: {version}\n")
+                   f"Metadata-Version: 2.1\nName: flash-attn-4\nVersion: {version}\n{req}")
         z.writestr(f"flash_attn_4-{version}.dist-info/RECORD", "")
     return p
 
 
-def _fake_stack(root, version):
+def _fake_stack(root, version, dsl="0.0.2"):
     """A two-part bundle as ../shared/device/make_bundle.sh writes it, of a fake stack: part1 a
     DSL-like package with 2.5 MB of incompressible bytes (several 1 MB chunks), part2 flash-attn-4
     ``version``."""
@@ -181,6 +183,8 @@ def _fake_stack(root, version):
     for part, files in (("part1", {"nvidia_cutlass_dsl/python_packages/cutlass/__init__.py": b"",
                                    "nvidia_cutlass_dsl/lib/blob.bin": os.urandom(2_500_000)}),
                         ("part2", {"flash_attn/__init__.py": b"",
+                                   f"nvidia_cutlass_dsl-{dsl}.dist-info/METADATA":
+                                       f"Metadata-Version: 2.1\nName: nvidia-cutlass-dsl\nVersion: {dsl}\n".encode(),
                                    f"flash_attn_4-{version}.dist-info/METADATA":
                                        f"Metadata-Version: 2.1\nName: flash-attn-4\nVersion: {version}\n".encode()})):
         (root / part).mkdir(parents=True)
@@ -236,17 +240,20 @@ def test_stack_chunks_split_and_stage(tmp_path):
 def test_releases_step_on_the_cpu(tmp_path):
     """scripts/gpu/releases.sh here: the fabricated release is unpacked and shadows the installed
     FA4 (the preflight sees its version), its audit refuses (no CUDA: exit 2, no report) and the
-    run record and table say so; a release whose own stack was staged runs on that stack; a
-    release with neither wheel nor stack is 'not run'; with too little time left nothing starts."""
+    run record and table say so; a release whose own stack was staged runs on that stack, and so
+    does a wheel pinning that stack's DSL; a wheel pinning a DSL nothing here holds and a release
+    with neither wheel nor stack are 'not run'; with too little time left nothing starts."""
     rd = tmp_path / "rels"
     _fake_wheel(rd, "9.9.9b1")
+    _fake_wheel(rd, "9.9.9b3", dsl="0.0.1")      # pins a DSL nothing here holds: not run
+    _fake_wheel(rd, "9.9.9b4", dsl="0.0.2")      # pins the staged stack's DSL: runs on that stack
     tree = tmp_path / "tree"
     env0 = dict(os.environ, STACK_SRC=str(tree), STACK_ROOT=str(tmp_path / "dev"), CHUNK_MB="1")
     cp = _bash(["scripts/gpu/stack_chunks.sh", "split", "9.9.9b2", str(_fake_stack(tmp_path / "b", "9.9.9b2"))], env0)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     out, state = tmp_path / "out", tmp_path / "state"
     env = dict(env0, OUT=str(out), RELEASE_DIR=str(rd), RELEASE_STATE=str(state),
-               RELEASES="9.9.9b1,9.9.9b0,9.9.9b2", RELEASE_MIN_S="5", RELEASE_CAP_S="120",
+               RELEASES="9.9.9b1,9.9.9b0,9.9.9b2,9.9.9b3,9.9.9b4", RELEASE_MIN_S="5", RELEASE_CAP_S="120",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     cp = _bash(["scripts/gpu/releases.sh"], env)
     assert cp.returncode == 0, cp.stdout + cp.stderr
@@ -258,6 +265,10 @@ def test_releases_step_on_the_cpu(tmp_path):
     assert rec2.startswith("release=9.9.9b2 rc=2 "), rec2     # the staged stack's release, seen by its metadata
     assert "stack 9.9.9b2: unpacked in" in (out / "progress.txt").read_text()
     assert "rc=not-run" in (state / "runs" / "9.9.9b0.txt").read_text()
+    rec3 = (state / "runs" / "9.9.9b3.txt").read_text()
+    assert "rc=not-run" in rec3 and "pins nvidia-cutlass-dsl==0.0.1" in rec3, rec3
+    rec4 = (state / "runs" / "9.9.9b4.txt").read_text()
+    assert rec4.startswith("release=9.9.9b4 rc=2 "), rec4     # its wheel before the staged stack
     table = (out / "table.md").read_text()
     assert "| 9.9.9b1 |" in table and "the audit exited 2" in table
     assert "| 9.9.9b0 |" in table and "not run: no wheel" in table

@@ -14,10 +14,13 @@
 #   from that metadata (fa4verify.audit.environment.fa4_stack). Before the audit a metadata-only
 #   check (no FA4 import) confirms the release seen is the one asked for; `scripts/release_table.py`
 #   checks the report's release again.
-# * A release that needs another stack (4.0.0b20..b26: nvidia-cutlass-dsl==4.6.0.dev0, quack 0.5.3)
-#   runs when its own two-part bundle is unpacked in /root/site-<release> (both parts; carried in
-#   chunks that ride along with other calls: scripts/gpu/stack_chunks.sh, whose `stage` runs first
-#   here); that directory then replaces /root/site on PYTHONPATH.
+# * A release that needs another stack (4.0.0b20..b26 pin nvidia-cutlass-dsl==4.6.0.dev0; quack
+#   0.5.3 takes only that DSL) runs on a stack unpacked in /root/site-<release> (a two-part bundle
+#   carried in chunks that ride along with other calls: scripts/gpu/stack_chunks.sh, whose `stage`
+#   runs first here), which then replaces /root/site on PYTHONPATH: the stack's own release as it
+#   is, and any release whose wheel pins the DSL that stack holds (b20..b26 on the b25 stack) with
+#   its wheel's flash_attn before the stack. A wheel pinning a DSL that neither /root/site nor a
+#   staged stack holds is not run (its row says so), never run on the wrong stack.
 # * The installed release itself (4.0.0b36 in the main bundle) may be named: it runs as installed.
 # * Each release has its own kernel cache ($RELEASE_STATE/kcache/<release>): FA4 keys its
 #   persistent cache by a fingerprint of its own source, but a cache of one release is never
@@ -53,6 +56,7 @@ unset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED FLASH_ATTENTION_CUTE_DSL_CACHE_DIR
 BASE_PYTHONPATH=${PYTHONPATH:-}
 bash scripts/gpu/stack_chunks.sh stage | tee -a "$OUT/progress.txt"     # other stacks carried in chunks
 installed=$(python3 -c "import importlib.metadata as m; print(m.version('flash-attn-4'))" 2>/dev/null)
+installed_dsl=$(python3 -c "import importlib.metadata as m; print(m.version('nvidia-cutlass-dsl'))" 2>/dev/null)
 
 rels=${RELEASES:-}
 if [ -z "$rels" ]; then
@@ -77,7 +81,27 @@ release_path() {
       rm -rf "$site"; mkdir -p "$site"
       python3 -m zipfile -e "$whl" "$site" || { echo "cannot unpack $whl"; return 1; }
     fi
-    echo "$site${BASE_PYTHONPATH:+:$BASE_PYTHONPATH}"; return 0
+    # the DSL its metadata pins (==X): when the installed one is another, a staged stack with X
+    need=$(python3 - "$site" <<'PY'
+import glob, sys
+from email.parser import Parser
+for meta in glob.glob(sys.argv[1] + "/flash_attn_4-*.dist-info/METADATA"):
+    for line in Parser().parsestr(open(meta).read()).get_all("Requires-Dist") or []:
+        name, _, spec = line.partition("==")
+        if name.strip().lower() == "nvidia-cutlass-dsl" and spec and ";" not in spec:
+            print(spec.strip())
+PY
+)
+    if [ -z "$need" ] || [ "$need" = "$installed_dsl" ]; then
+      echo "$site${BASE_PYTHONPATH:+:$BASE_PYTHONPATH}"; return 0
+    fi
+    for s in "${STACK_ROOT:-/root}"/site-*/; do
+      if [ -d "${s}nvidia_cutlass_dsl-$need.dist-info" ]; then
+        s=${s%/}; echo "$site:$s:$s/nvidia_cutlass_dsl/dsl_packages:$s/nvidia_cutlass_dsl/python_packages"; return 0
+      fi
+    done
+    echo "flash-attn-4 $rel pins nvidia-cutlass-dsl==$need (installed: ${installed_dsl:-none}) and no stack with it is staged (stack_chunks.sh)"
+    return 1
   fi
   if [ "$rel" = "$installed" ]; then echo "$BASE_PYTHONPATH"; return 0; fi
   echo "no wheel $RD/flash_attn_4-$rel-*.whl, no /root/site-$rel and not the installed release ($installed)"
