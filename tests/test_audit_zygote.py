@@ -98,7 +98,7 @@ def test_start_modes_and_the_environment_switch(monkeypatch):
 
 def test_the_zygote_refuses_to_fork_with_cuda_initialised(monkeypatch):
     """The guard the zygote runs before every fork (a CUDA context does not survive fork)."""
-    from fa4verify.run import zygote
+    from fa4verify.run.worker import cuda_initialised
 
     class FakeCuda:
         @staticmethod
@@ -109,9 +109,9 @@ def test_the_zygote_refuses_to_fork_with_cuda_initialised(monkeypatch):
         cuda = FakeCuda()
 
     monkeypatch.setitem(__import__("sys").modules, "torch", FakeTorch())
-    assert zygote._cuda_initialised() is True
+    assert cuda_initialised() is True
     monkeypatch.setitem(__import__("sys").modules, "torch", None)
-    assert zygote._cuda_initialised() is False
+    assert cuda_initialised() is False
 
 
 def test_a_forked_worker_without_cuda_is_replaced_by_a_spawned_one(specs):
@@ -129,8 +129,6 @@ def test_a_forked_worker_without_cuda_is_replaced_by_a_spawned_one(specs):
 def test_the_zygote_environment_switches_and_their_restore(monkeypatch):
     """Note [Zygote environment]: the zygote gets QUACK_ARCH and the kernel cache's arch (from
     nvidia-smi) and the NVML availability check; a forked worker sees the parent's values again."""
-    import json
-
     from fa4verify.run import pool as P
     monkeypatch.setattr(P, "_visible_compute_cap", lambda env: "90")
     z = P.zygote_env({"A": "1"})
@@ -171,26 +169,26 @@ def test_two_lines_that_arrive_together_are_both_seen(specs, monkeypatch):
     """Review finding: a worker's start-up line and its first result can reach the pipe before
     the parent reads; a buffered readline took both and select then waited for a line already
     read (the check "timed out", or hung without a timeout). The parent is held back here until
-    both lines are in the pipe."""
-    from fa4verify.run import pool as P
-    real = P.select.select
+    both messages (its "case" and its result) are in the pipe."""
+    import multiprocessing.connection as mpc
+    real = mpc.wait
     calls = []
 
-    def late(r, w, x, timeout=None):
-        if not calls:
-            calls.append(1)
-            time.sleep(4.0)           # the worker writes "ready" and then its result meanwhile
-        return real(r, w, x, timeout)
+    def late(objects, timeout=None):
+        if len(calls) == 1:           # the wait after the start-up: the task has been sent
+            time.sleep(4.0)           # the worker sends "case" and then its result meanwhile
+        calls.append(1)
+        return real(objects, timeout)
 
     sp = specs["fixture.pool.pid_a"]
     with WorkerPool(1, preload="none", start="spawn", timeout=20) as pool:
         pool.prestart()
         time.sleep(1.0)
-        monkeypatch.setattr(P.select, "select", late)
+        monkeypatch.setattr(mpc, "wait", late)
         t0 = time.monotonic()
         r, _, t = _run(pool, sp)
         assert r.status == "pass", r.summary
-        assert time.monotonic() - t0 < 15 and calls
+        assert time.monotonic() - t0 < 15 and len(calls) >= 2
 
 
 def test_a_closed_pool_starts_no_worker(specs):

@@ -1,7 +1,9 @@
 """The engine: plan the checks' cases into tasks, run them (here or in the pool), merge.
 
 Note [One engine]: a check is whole (``func(ctx) -> CheckResult``) or a map / reduce over its
-cases (``@check(cases=, summarise=)``: :mod:`fa4verify.audit.registry`). :func:`run_jobs`
+cases (``@check(cases=, summarise=)``: :mod:`fa4verify.audit.registry`). :func:`run_jobs` runs
+the audit's checks (``--gpus``: workers pinned one per GPU), :func:`run_calls` the processes of
+``fa4verify determinism`` and the source mutants:
 
 1. **plans**: ``cases(ctx)`` runs here, once (a fuzz campaign's draw included); the cases are
    grouped by the FA4 compile key the subject owns (:func:`fa4verify.kernels.adapter.compile_key`),
@@ -15,9 +17,6 @@ cases (``@check(cases=, summarise=)``: :mod:`fa4verify.audit.registry`). :func:`
    grouping and the workers. A case that errors, crashes or hangs makes the check ``error``
    naming the case (``fail`` when the finished cases already prove a violation), never ``pass``;
    skipped cases beside others make a ``pass`` ``undecided``; every case skipped is a skip.
-
-The audit, its fuzz, coverage and determinism checks, ``fa4verify determinism`` and the source
-mutants (:func:`run_calls`) and ``--gpus`` (workers pinned one per GPU) all run here.
 """
 from __future__ import annotations
 
@@ -25,13 +24,14 @@ import concurrent.futures
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Sequence
+import traceback
+from typing import Any, Callable, NamedTuple, Sequence
 
 from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec, SkipCheck
 from fa4verify.run.worker import run_task
 
-__all__ = ["Job", "Task", "plan", "merge", "run_jobs", "run_here", "run_calls", "CallOutcome", "task_deadline", "case_key", "describe_case",
-           "MIN_DEADLINE_S", "DEADLINE_FACTOR"]
+__all__ = ["Job", "Task", "plan", "merge", "run_jobs", "run_here", "run_calls", "CallOutcome", "task_deadline",
+           "case_key", "describe_case", "MIN_DEADLINE_S", "DEADLINE_FACTOR"]
 
 #: Note [Default deadline]: on a GPU an isolated task gets max(MIN_DEADLINE_S, DEADLINE_FACTOR x
 #: the check's ``cost``) seconds (``--timeout`` overrides, 0 = none): a hung kernel becomes that
@@ -50,8 +50,7 @@ def task_deadline(timeout: float | None, device: str, cost: float) -> float:
 
 
 def case_key(case: Any) -> Any:
-    """The FA4 compile key of a case (an AttentionProblem, or a case with a ``problem``), None
-    when it has none (the case is then a group of its own)."""
+    """The FA4 compile key of a case (an AttentionProblem, or a case with a ``problem``) or None."""
     p = getattr(case, "problem", case)
     if not hasattr(p, "features") or not hasattr(p, "window_size"):
         return None
@@ -67,8 +66,7 @@ def describe_case(case: Any) -> str:
 
 @dataclasses.dataclass
 class Job:
-    """One check instance to run: ``isolated`` in a worker or here; ``cases`` (set by
-    :func:`run_jobs` from ``spec.cases``) None for a whole check."""
+    """One check to run, ``isolated`` (in a worker) or here; ``cases``: None for a whole check."""
     spec: CheckSpec
     ctx: CheckContext
     isolated: bool = False
@@ -82,8 +80,7 @@ class Job:
     t1: float | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Task:
+class Task(NamedTuple):
     """Cases ``cases`` (None: the whole check) of job ``job``; ``cost``: its share of the check's."""
     job: int
     cases: tuple[int, ...] | None
@@ -91,8 +88,7 @@ class Task:
 
 
 def plan(jobs: Sequence[Job], only: Sequence[int] | None = None) -> list[Task]:
-    """The tasks of ``jobs`` (those numbered ``only``; Note [One engine], step 1), longest first
-    (stable)."""
+    """The tasks of ``jobs`` (those numbered ``only``), longest first: Note [One engine], step 1."""
     tasks: list[Task] = []
     for i in (range(len(jobs)) if only is None else only):
         job = jobs[i]
@@ -109,8 +105,17 @@ def plan(jobs: Sequence[Job], only: Sequence[int] | None = None) -> list[Task]:
     return sorted(tasks, key=lambda t: -t.cost)
 
 
-def _error_text(v: Any) -> str:
-    return v[0] if isinstance(v, tuple) else str(v)
+def _error(v: Any) -> tuple[str, dict]:
+    """An error outcome's text and details: a worker's (summary, traceback), or a plain reason."""
+    return (v[0], {"traceback": v[1]}) if isinstance(v, tuple) else (str(v), {})
+
+
+def _stopped(e: Exception, step: str) -> CheckResult:
+    """The result of a check whose ``step`` (its plan, its summary) raised ``e`` (in the except)."""
+    if isinstance(e, SkipCheck):
+        return CheckResult(status="skip", summary=str(e) or "skipped by the check")
+    return CheckResult(status="error", summary=f"{step}: {type(e).__name__}: {e}"[:500],
+                       details={"traceback": traceback.format_exc()[-6000:]})
 
 
 def merge(job: Job) -> CheckResult:
@@ -119,8 +124,8 @@ def merge(job: Job) -> CheckResult:
         kind, v = job.outcomes.get(0, ("error", "the check never ran"))
         if kind == "result":
             return v
-        return CheckResult(status="error", summary=_error_text(v)[:500],
-                           details={"traceback": v[1]} if isinstance(v, tuple) else {})
+        text, details = _error(v)
+        return CheckResult(status="error", summary=text[:500], details=details)
     n = len(job.cases)
     got = [job.outcomes.get(j, ("error", "never ran (the audit was interrupted)")) for j in range(n)]
     ok = [(job.cases[j], v) for j, (k, v) in enumerate(got) if k == "value"]
@@ -132,24 +137,19 @@ def merge(job: Job) -> CheckResult:
         out = job.spec.summarise(job.ctx, ok) if (ok or not n) else None
         if out is not None and not isinstance(out, CheckResult):
             raise TypeError(f"summarise returned {type(out).__name__}, not CheckResult")
-    except SkipCheck as e:
-        out = CheckResult(status="skip", summary=str(e) or "skipped by the check")
     except Exception as e:  # noqa: BLE001 - a broken summary is the check's error, never a pass
-        if not bad:
-            import traceback
-            return CheckResult(status="error", summary=f"summarise: {type(e).__name__}: {e}"[:500],
-                               details={"traceback": traceback.format_exc()[-6000:]})
-        out = None
+        out = _stopped(e, "summarise")
+        if out.status == "error" and not bad:
+            return out
     if bad:
-        bad.sort(key=lambda jv: _error_text(jv[1]).startswith("lost with its worker"))
-        j, v = bad[0]
-        first = f"case {j + 1}/{n} ({describe_case(job.cases[j])}): {_error_text(v)}"
-        tb = {"traceback": v[1]} if isinstance(v, tuple) else {}
+        bad.sort(key=lambda jv: _error(jv[1])[0].startswith("lost with its worker"))
+        j, (text, details) = bad[0][0], _error(bad[0][1])
+        first = f"case {j + 1}/{n} ({describe_case(job.cases[j])}): {text}"
         if out is not None and out.status == "fail":     # a proven violation stands
             out.summary = f"{out.summary} (check incomplete: {len(bad)}/{n} case(s) did not finish: {first})"[:2000]
             return out
         return CheckResult(status="error", summary=f"{len(bad)}/{n} case(s) did not finish: {first}"[:2000],
-                           where=out.where if out is not None else "", details=tb)
+                           where=out.where if out is not None else "", details=details)
     assert out is not None
     if skips and out.status == "pass":
         out.status = "undecided"
@@ -162,11 +162,10 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
              on_done: Callable[[int, CheckResult], None] | None = None,
              progress: Callable[[Job], Any] | None = None, origin: float | None = None,
              phases: dict | None = None) -> list[CheckResult]:
-    """Run ``jobs`` (Note [One engine]) and return one result per job, in order. ``pool``: a
-    caller's pool (left open), else ``new_pool(n)`` makes one for the isolated tasks (closed
-    here). ``on_done(i, result)`` is called in this thread as each job finishes. ``progress(job)``
-    a progress-bar factory for a job run here. ``origin``: ``time.perf_counter()`` the timing
-    entries count from."""
+    """One result per job, in order (Note [One engine]). ``pool``: a caller's (left open), else
+    ``new_pool(n)`` makes one (closed here); ``on_done(i, result)``: in this thread as each job
+    finishes; ``progress(job)``: a progress-bar factory for a job run here; ``origin``: the
+    ``time.perf_counter()`` the timing entries count from."""
     origin, phases = (time.perf_counter() if origin is None else origin), ({} if phases is None else phases)
     results: dict[int, CheckResult] = {}
     lock, finished = threading.Lock(), []
@@ -190,18 +189,13 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
         job = jobs[i]
         if job.spec.cases is None:
             return True
+        res = None                          # no case: the summary of nothing
         try:
             job.cases = list(job.spec.cases(job.ctx))
-        except SkipCheck as e:
-            job.cases, res = [], CheckResult(status="skip", summary=str(e) or "skipped by the check")
-        except Exception as e:  # noqa: BLE001 - the check's error
-            import traceback
-            job.cases, res = [], CheckResult(status="error", summary=f"cases: {type(e).__name__}: {e}"[:500],
-                                             details={"traceback": traceback.format_exc()[-6000:]})
-        else:
-            if job.cases:
-                return True
-            res = None                      # no case: the summary of nothing
+        except Exception as e:  # noqa: BLE001 - a skip, or the check's error
+            job.cases, res = [], _stopped(e, "cases")
+        if job.cases:
+            return True
         finish(i, res)
         return False
 
@@ -212,8 +206,7 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
     def record(t: Task, outcomes: list, notes: list, t0: float, t1: float, timing: dict) -> None:
         job = jobs[t.job]
         with lock:
-            for j, kind, v in outcomes:
-                job.outcomes[j] = (kind, v)
+            job.outcomes.update((j, (kind, v)) for j, kind, v in outcomes)
             job.notes.extend(n for n in notes if n not in job.notes)
             job.timing.append(dict({"start_s": round(t0 - origin, 3), "end_s": round(t1 - origin, 3),
                                     "cases": None if t.cases is None else len(t.cases)}, **timing))
@@ -223,25 +216,24 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
             if job.pending == 0:
                 finished.append(t.job)
 
+    def cases_of(t: Task) -> list | None:
+        return None if t.cases is None else [(j, jobs[t.job].cases[j]) for j in t.cases]
+
     def run_remote(t: Task) -> None:
         from fa4verify.run.pool import PoolClosed, TaskDied
-        job = jobs[t.job]
-        cases = None if t.cases is None else [(j, job.cases[j]) for j in t.cases]
-        t0 = time.perf_counter()
+        job, idx, t0 = jobs[t.job], [0] if t.cases is None else list(t.cases), time.perf_counter()
         try:
-            payload, timing = pool.run(job.spec, job.ctx, cases, timeout=deadline(job))
+            payload, timing = pool.run(job.spec, job.ctx, cases_of(t), timeout=deadline(job))
             outcomes, notes = payload["outcomes"], payload.get("notes", [])
         except TaskDied as d:
             timing, notes = {"worker_exit": d.rc}, []
-            idx = [0] if t.cases is None else list(t.cases)
             running = d.case if d.case in idx else idx[0]
             # the case it was running gets the reason; the others of its task went with the worker
             outcomes = [(j, "error", (d.reason if j == running else f"lost with its worker ({d.reason})",
                                       d.tail[-4000:])) for j in idx]
         except Exception as e:  # noqa: BLE001 - the pool was closed, or broke: this task's error
             why = str(e) if isinstance(e, PoolClosed) else f"worker pool: {type(e).__name__}: {e}"
-            timing, notes = {}, []
-            outcomes = [(j, "error", why) for j in ([0] if t.cases is None else t.cases)]
+            timing, notes, outcomes = {}, [], [(j, "error", why) for j in idx]
         record(t, outcomes, notes, t0, time.perf_counter(), timing)
 
     own, executor, futures = pool is None, None, []
@@ -251,7 +243,7 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
                 pool = new_pool(len(stages[0]) + 64 * len(stages[1]))
             executor = concurrent.futures.ThreadPoolExecutor(max_workers=pool.size,
                                                              thread_name_prefix="fa4verify-task")
-        for stage in stages if iso else []:
+        for stage in stages:
             remote = plan(jobs, [i for i in stage if prepare(i)])
             for t in remote:
                 jobs[t.job].pending += 1
@@ -261,26 +253,21 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
                 continue
             if progress is not None:
                 job.ctx._progress_factory = progress(job)
-            if not prepare(i):
-                drain()
-                continue
-            local = sorted(plan(jobs, [i]), key=lambda t: t.cases or ())
+            local = sorted(plan(jobs, [i]), key=lambda t: t.cases or ()) if prepare(i) else []
             job.pending = len(local)
             for t in local:
-                cases = None if t.cases is None else [(j, job.cases[j]) for j in t.cases]
-                t0 = time.perf_counter()
+                cases, t0 = cases_of(t), time.perf_counter()
                 if cases is None:
                     outcomes = run_task(job.spec, job.ctx, None)
                 else:
                     with job.ctx.progress(len(cases), job.spec.title) as bar:
-                        outcomes = run_task(job.spec, job.ctx, cases, lambda j: None)
+                        outcomes = run_task(job.spec, job.ctx, cases)
                         bar.advance(len(cases))
                 record(t, outcomes, list(job.ctx._notes), t0, time.perf_counter(), {})
             drain()
         for f in concurrent.futures.as_completed(futures):
             f.result()
             drain()
-        drain()
     finally:
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
@@ -294,16 +281,13 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
 
 
 def run_here(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
-    """One check run whole in this process (its cases one after another): for tests and callers
-    without a pool; the verdict is the pool's (Note [One engine])."""
+    """One check run here, its cases one after another: the pool's verdict (Note [One engine])."""
     return run_jobs([Job(spec=spec, ctx=ctx)])[0]
 
 
 @dataclasses.dataclass
 class CallOutcome:
-    """What became of one :func:`run_calls` payload: ``value`` (what the function returned) when
-    ``ok``, else ``error`` (one line: it raised, died or ran past the deadline) and ``rc`` (the
-    worker's exit status when it died)."""
+    """A :func:`run_calls` payload's ``value`` when ``ok``, else ``error`` (one line) and ``rc``."""
     index: int
     ok: bool
     value: Any = None
@@ -311,34 +295,26 @@ class CallOutcome:
     rc: int | None = None
 
 
-def run_calls(target: str, payloads: Sequence[Any], *, envs: Sequence[dict | None] | None = None,
+def run_calls(target: str, payloads: Sequence[Any], *, envs: Sequence[dict | None],
               timeout_s: float | None = None, parallel: bool | int = True) -> list[CallOutcome]:
     """``function(payload)`` of ``target`` ("module:function") for every payload, each in a fresh
-    worker process of its own (the engine's pool: dies with this process, never imports from the
-    working directory), all at once when ``parallel`` (an int: at most that many at once);
-    ``envs[i]``: the variables of call i's
-    process (None values unset: e.g. its GPU, or no kernel cache). Never raises for a call's
-    failure: it is in that call's :class:`CallOutcome`."""
-    from fa4verify.run.pool import PoolClosed, TaskDied, WorkerPool
-    envs = list(envs) if envs is not None else [{} for _ in payloads]
-    out: list[CallOutcome | None] = [None] * len(payloads)
+    worker of the engine's pool, all at once when ``parallel`` (an int: at most that many at
+    once); ``envs[i]``: the variables of call i's process (None values unset: e.g. its GPU, or no
+    kernel cache). Never raises for a call's failure: it is in that call's :class:`CallOutcome`."""
+    from fa4verify.run.pool import TaskDied, WorkerPool
 
-    def one(i: int) -> None:
+    def one(i: int) -> CallOutcome:
         try:
             v = pool.call(target, payloads[i], env=dict(envs[i] or {}), timeout=timeout_s or 0)
-            out[i] = CallOutcome(i, True, v)
+            return CallOutcome(i, True, v)
         except TaskDied as d:
-            out[i] = CallOutcome(i, False, error=d.reason, rc=d.rc)
-        except (RuntimeError, PoolClosed) as e:
-            last = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-            out[i] = CallOutcome(i, False, error=f"raised {last[0][:300] if last else e!r}", rc=1)
+            return CallOutcome(i, False, error=d.reason, rc=d.rc)
+        except RuntimeError as e:          # the call raised (its summary first), or the pool was closed
+            return CallOutcome(i, False, error=f"raised {str(e).strip().splitlines()[0][:300]}", rc=1)
 
+    n = min(len(payloads), len(payloads) if parallel is True else max(1, int(parallel)))
     with WorkerPool(max(1, len(payloads)), fresh=True) as pool:
-        n = len(payloads) if parallel is True else max(1, int(parallel))
-        if n > 1 and len(payloads) > 1:
-            with concurrent.futures.ThreadPoolExecutor(min(n, len(payloads))) as ex:
-                list(ex.map(one, range(len(payloads))))
-        else:
-            for i in range(len(payloads)):
-                one(i)
-    return [o for o in out if o is not None]
+        if n > 1:
+            with concurrent.futures.ThreadPoolExecutor(n) as ex:
+                return list(ex.map(one, range(len(payloads))))
+        return [one(i) for i in range(len(payloads))]

@@ -1,40 +1,12 @@
-"""The GPUs of a node: which GPUs, how a process is pinned to one, and (for ``fa4verify
-determinism --gpus``, :mod:`fa4verify.determinism.multi`) one process per GPU started and waited
-for. ``fa4verify audit --gpus`` gives the GPUs to the engine's pool, which pins one worker per GPU
-(:mod:`fa4verify.run.pool`).
+"""The GPUs of a node and the pinning of a process to one (``--gpus``: the audit's pool, one
+engine call per GPU for ``fa4verify determinism``; pytest-xdist workers). :func:`visible_gpus`
+numbers them as the user does (``nvidia-smi``, through the parent's ``CUDA_VISIBLE_DEVICES``);
+:func:`child_env` pins a child before anything in it touches CUDA.
 
-Processes: the engine's fresh workers (:func:`fa4verify.run.engine.run_calls`), each started with
-:func:`child_env` of its GPU, so ``CUDA_VISIBLE_DEVICES`` holds before anything in it touches
-CUDA; a process that dies or hangs is that GPU's error, the others' results are kept, and every
-process dies with its parent.
-
-Pinning
--------
-:func:`visible_gpus` lists the GPUs this process may use, in the numbering the user sees
-(``nvidia-smi`` index/name/UUID, mapped through the parent's ``CUDA_VISIBLE_DEVICES``, whose
-entries may be indices or UUIDs). :func:`select_gpus` parses ``--gpus all|N|I,J,...``.
-:func:`child_env` is the environment that pins a process to its one GPU (``CUDA_VISIBLE_DEVICES``:
-its UUID when known, else the index (also ``FA4VERIFY_PIN_GPU=0``, so a
-pytest-xdist run nested inside does not re-pin, and ``FA4VERIFY_GPU_INDEX``).
-
-CPU test mode
--------------
-``FA4VERIFY_FAKE_GPUS=N`` makes :func:`visible_gpus` return N fake GPUs ("Fake GPU i",
-``GPU-fake-…``) without asking ``nvidia-smi``; the callers then run their CPU backend (twin) in
-the N processes. Two faults can be planted for tests, only in that mode:
-``FA4VERIFY_FAKE_GPU_FAULT=i[,j]`` (those fake GPUs compute differently: the determinism child
-runs the twin with the ``d_from_fp32_o`` mutation, a reproducible but different result) and
-``FA4VERIFY_FAKE_GPU_CRASH=i[,j]`` (those GPUs' processes abort after their first unit of work).
-
-pytest-xdist
-------------
-:func:`pin_worker_gpu` -- called by the pytest plugin at ``pytest_configure`` of every xdist
-worker, before anything imports torch's CUDA state: maps ``PYTEST_XDIST_WORKER=gw<i>`` to
-``CUDA_VISIBLE_DEVICES=<device i mod n>``, where the devices are the parent's
-``CUDA_VISIBLE_DEVICES`` list (or ``0..FA4VERIFY_NGPUS-1``, or ``0``). ``FA4VERIFY_PIN_GPU=0``
-turns it off. Refuses (RuntimeError) if CUDA is already initialised in this process.
-
-Nothing here imports torch at module level.
+CPU test mode: ``FA4VERIFY_FAKE_GPUS=N`` lists N fake GPUs without ``nvidia-smi`` (the callers run
+their CPU backend); only then may ``FA4VERIFY_FAKE_GPU_FAULT=i[,j]`` (those GPUs compute with the
+``d_from_fp32_o`` mutation) and ``FA4VERIFY_FAKE_GPU_CRASH=i[,j]`` (their processes abort after the
+first unit of work) plant faults. Nothing here imports torch at module level.
 """
 from __future__ import annotations
 
@@ -43,25 +15,20 @@ import json
 import os
 import re
 import subprocess
-import sys
 from typing import Any, Callable, Mapping, MutableMapping, Optional, Sequence
 
-__all__ = ["ENV_FAKE", "ENV_FAKE_FAULT", "ENV_FAKE_CRASH", "Gpu", "query_gpus",
-           "visible_gpus",
-           "select_gpus", "child_env", "fake_set",
-           "fake_mode", "read_json", "GPUS_HELP",
-           "pin_worker_gpu", "positive_int_env", "ENV_PIN", "ENV_NGPUS"]
+from fa4verify.run.worker import cuda_initialised
+
+__all__ = ["ENV_FAKE", "ENV_FAKE_FAULT", "ENV_FAKE_CRASH", "Gpu", "nvidia_smi", "query_gpus", "visible_gpus",
+           "select_gpus", "child_env", "fake_set", "fake_mode", "read_json", "pin_worker_gpu", "positive_int_env"]
 
 ENV_FAKE = "FA4VERIFY_FAKE_GPUS"
 ENV_FAKE_FAULT = "FA4VERIFY_FAKE_GPU_FAULT"
 ENV_FAKE_CRASH = "FA4VERIFY_FAKE_GPU_CRASH"
 ENV_INDEX = "FA4VERIFY_GPU_INDEX"
-
-#: the ``--gpus`` help text shared by the commands
-GPUS_HELP = ("Run one process per GPU, pinned through CUDA_VISIBLE_DEVICES before CUDA starts "
-             "(torch.multiprocessing spawn): 'all' = every visible GPU, N = the first N, "
-             "'I,J,...' = those indices (one index: 'I,'). Indices are the parent's numbering "
-             "(after its CUDA_VISIBLE_DEVICES). CPU test mode: FA4VERIFY_FAKE_GPUS=N.")
+ENV_PIN = "FA4VERIFY_PIN_GPU"          #: "0": a pytest-xdist run nested in a pinned process does not re-pin
+ENV_PARENT = "FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES"
+ENV_NGPUS = "FA4VERIFY_NGPUS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,37 +53,32 @@ class Gpu:
                    uuid=str(d.get("uuid", "unknown")), fake=bool(d.get("fake", False)))
 
 
-def query_gpus(timeout_s: float = 20.0) -> list[tuple[str, str, str]]:
-    """``(physical index, name, uuid)`` of every GPU ``nvidia-smi`` lists (whatever this process's
-    ``CUDA_VISIBLE_DEVICES``); [] without nvidia-smi. Does not touch CUDA."""
+def nvidia_smi(fields: str, *args: str, timeout_s: float = 20.0) -> list[list[str]]:
+    """The rows of ``nvidia-smi --query-gpu=FIELDS`` (every GPU, whatever this process's
+    ``CUDA_VISIBLE_DEVICES``; ``args``: e.g. ``-i N``); [] without nvidia-smi. Never touches CUDA."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     try:
-        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-        r = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader"],
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader", *args],
                            capture_output=True, text=True, timeout=timeout_s, env=env)
     except (OSError, subprocess.SubprocessError):
         return []
-    if r.returncode != 0:
-        return []
-    out = []
-    for line in r.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 3 and parts[0].isdigit():
-            out.append((parts[0], ",".join(parts[1:-1]), parts[-1]))
-    return out
+    return [[p.strip() for p in line.split(",")] for line in r.stdout.splitlines()] if r.returncode == 0 else []
 
 
-def _fake_count(env: Mapping[str, str]) -> int | None:
-    return positive_int_env(ENV_FAKE, env)
+def query_gpus() -> list[tuple[str, str, str]]:
+    """``(physical index, name, uuid)`` of every GPU ``nvidia-smi`` lists."""
+    rows = nvidia_smi("index,name,uuid")
+    return [(p[0], ",".join(p[1:-1]), p[-1]) for p in rows if len(p) >= 3 and p[0].isdigit()]
 
 
 def fake_mode(env: Mapping[str, str] = os.environ) -> bool:
     """True in the CPU test mode (``FA4VERIFY_FAKE_GPUS`` set; ValueError when malformed)."""
-    return _fake_count(env) is not None
+    return positive_int_env(ENV_FAKE, env) is not None
 
 
 def fake_set(var: str, env: Mapping[str, str] = os.environ) -> set[int]:
     """The fake GPU indices named in ``var`` (``"1"`` or ``"0,2"``); empty outside the test mode."""
-    if _fake_count(env) is None:
+    if not fake_mode(env):
         return set()
     v = env.get(var, "").strip()
     try:
@@ -140,10 +102,9 @@ def visible_gpus(env: Mapping[str, str] = os.environ,
     """The GPUs this process may hand to children, numbered as CUDA numbers them here: the
     entries of ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs, in that order) when set, else every GPU
     ``nvidia-smi`` lists. ``CUDA_VISIBLE_DEVICES=""`` (or ``-1``) means none. An entry
-    ``nvidia-smi`` does not know keeps its text as ``visible`` (name "unknown"). Without
-    ``nvidia-smi``, ``count()`` (torch's device count) gives indices without names; each pinned
-    child then records its GPU's name and UUID from torch."""
-    n = _fake_count(env)
+    ``nvidia-smi`` does not know keeps its text as ``visible`` (name "unknown"); without
+    ``nvidia-smi``, ``count()`` (torch's device count) gives indices without names."""
+    n = positive_int_env(ENV_FAKE, env)
     if n is not None:
         return [Gpu(i, str(i), f"Fake GPU {i}", f"GPU-fake-{i:08d}", True) for i in range(n)]
     phys = list(query())
@@ -157,10 +118,7 @@ def visible_gpus(env: Mapping[str, str] = os.environ,
         if not tok or tok.startswith("-"):
             break            # CUDA stops at the first invalid entry
         hit = next((p for p in phys if tok == p[0] or (tok.startswith("GPU-") and p[2].startswith(tok))), None)
-        if hit is None:
-            out.append(Gpu(len(out), tok))
-        else:
-            out.append(Gpu(len(out), hit[2] or hit[0], hit[1], hit[2]))
+        out.append(Gpu(len(out), tok) if hit is None else Gpu(len(out), hit[2] or hit[0], hit[1], hit[2]))
     return out
 
 
@@ -180,10 +138,8 @@ def select_gpus(spec: str, gpus: Sequence[Gpu]) -> list[Gpu]:
             raise ValueError(f"--gpus {spec!r}: asks for {k} GPU(s), {n} visible (for GPU index {k} "
                              f"alone write '{k},')")
         return list(gpus[:k])
-    toks = [t.strip() for t in s.split(",")]
-    if toks and toks[-1] == "":
-        toks = toks[:-1]
-    if not toks or not all(t.isdigit() for t in toks):
+    toks = [t.strip() for t in s.removesuffix(",").split(",")]
+    if not all(t.isdigit() for t in toks):
         raise ValueError(f"--gpus {spec!r}: expected 'all', a count N, or indices 'I,J,...'")
     idx = [int(t) for t in toks]
     if len(set(idx)) != len(idx):
@@ -196,10 +152,9 @@ def select_gpus(spec: str, gpus: Sequence[Gpu]) -> list[Gpu]:
 
 def child_env(gpu: Gpu, parent: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The variables that pin a child process to ``gpu`` (set before it starts)."""
-    prev = parent.get("CUDA_VISIBLE_DEVICES")
-    d = {"CUDA_VISIBLE_DEVICES": gpu.visible, "FA4VERIFY_PIN_GPU": "0", ENV_INDEX: str(gpu.index)}
-    if prev is not None:
-        d["FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES"] = prev
+    d = {"CUDA_VISIBLE_DEVICES": gpu.visible, ENV_PIN: "0", ENV_INDEX: str(gpu.index)}
+    if "CUDA_VISIBLE_DEVICES" in parent:
+        d[ENV_PARENT] = parent["CUDA_VISIBLE_DEVICES"]
     return d
 
 
@@ -212,80 +167,46 @@ def read_json(path: str) -> Any:
         return None
 
 
-# ------------------------------------------------------------------------------ pytest-xdist
-ENV_WORKER = "PYTEST_XDIST_WORKER"
-ENV_COUNT = "PYTEST_XDIST_WORKER_COUNT"
-ENV_PIN = "FA4VERIFY_PIN_GPU"
-ENV_NGPUS = "FA4VERIFY_NGPUS"
-_WORKER_RE = re.compile(r"^gw(\d+)$")
-
-
 def worker_index(env: Mapping[str, str] = os.environ) -> Optional[int]:
-    """The xdist worker number (``gw3`` -> 3), None outside xdist; ValueError if malformed."""
-    w = env.get(ENV_WORKER)
-    if w is None or w == "":
-        return None
-    m = _WORKER_RE.match(w)
-    if not m:
-        raise ValueError(f"{ENV_WORKER}={w!r}: expected gw<number>")
-    return int(m.group(1))
-
-
-def worker_count(env: Mapping[str, str] = os.environ) -> int:
-    """xdist's worker count (1 outside xdist)."""
-    try:
-        return max(1, int(env.get(ENV_COUNT, "1")))
-    except ValueError:
-        raise ValueError(f"{ENV_COUNT}={env.get(ENV_COUNT)!r}: expected an integer") from None
+    """The pytest-xdist worker number (``gw3`` -> 3), None outside xdist; ValueError if malformed."""
+    w = env.get("PYTEST_XDIST_WORKER")
+    m = re.fullmatch(r"gw(\d+)", w or "")
+    if w and not m:
+        raise ValueError(f"PYTEST_XDIST_WORKER={w!r}: expected gw<number>")
+    return int(m.group(1)) if m else None
 
 
 def visible_devices(env: Mapping[str, str] = os.environ) -> list[str]:
-    """The GPUs a worker may be pinned to: the parent's ``CUDA_VISIBLE_DEVICES`` entries, else
-    ``0..FA4VERIFY_NGPUS-1``, else ``["0"]``."""
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None and cvd.strip():
-        return [d.strip() for d in cvd.split(",") if d.strip()]
+    """An xdist worker's devices: ``CUDA_VISIBLE_DEVICES``, else ``0..FA4VERIFY_NGPUS-1``, else "0"."""
+    cvd = [d.strip() for d in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
+    if cvd:
+        return cvd
     k = positive_int_env(ENV_NGPUS, env)
-    if k is not None:
-        return [str(i) for i in range(k)]
-    return ["0"]
+    return [str(i) for i in range(k)] if k else ["0"]
 
 
 def positive_int_env(name: str, env: Mapping[str, str] = os.environ) -> Optional[int]:
-    """The positive integer in ``env[name]``, None when unset or empty; ValueError naming the
-    variable otherwise."""
+    """The positive integer in ``env[name]``; None when unset or empty, else ValueError."""
     v = env.get(name, "").strip()
-    if not v:
-        return None
     try:
-        n = int(v)
+        n = int(v) if v else None
     except ValueError:
         n = 0
-    if n < 1:
+    if n is not None and n < 1:
         raise ValueError(f"{name}={v!r}: expected a positive integer")
     return n
 
 
-def _cuda_initialised() -> bool:
-    t = sys.modules.get("torch")
-    if t is None:
-        return False
-    try:
-        return bool(t.cuda.is_initialized())
-    except Exception:   # pragma: no cover - torch without cuda module
-        return False
-
-
 def pin_worker_gpu(env: MutableMapping[str, str] = os.environ) -> Optional[str]:
-    """Pin this xdist worker to one GPU (see the module docstring); returns the device it
-    pinned, or None (not a worker, or ``FA4VERIFY_PIN_GPU=0``). Idempotent: the original list
-    is kept in ``FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES``."""
+    """Pin this xdist worker (``gw<i>``; the pytest plugin, before anything touches CUDA) to device
+    i mod n of :func:`visible_devices`: that device, or None (not a worker, or ``ENV_PIN=0``).
+    Idempotent (the list is kept in ``ENV_PARENT``); RuntimeError when CUDA is initialised."""
     if env.get(ENV_PIN, "1") == "0":
         return None
     i = worker_index(env)
     if i is None:
         return None
-    parent = env.get("FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES")
+    parent = env.get(ENV_PARENT)
     cur = (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
     if parent is not None and cur not in [d.strip() for d in parent.split(",")]:
         parent = None   # a stale record (inherited by a nested run): the current list wins
@@ -293,9 +214,9 @@ def pin_worker_gpu(env: MutableMapping[str, str] = os.environ) -> Optional[str]:
     dev = devs[i % len(devs)]
     if env.get("CUDA_VISIBLE_DEVICES") == dev and parent is not None:
         return dev
-    if _cuda_initialised():
+    if cuda_initialised():
         raise RuntimeError("fa4verify: CUDA was initialised before the xdist worker was pinned to a GPU; "
                            "pinning must happen before torch touches CUDA")
-    env["FA4VERIFY_PARENT_CUDA_VISIBLE_DEVICES"] = ",".join(devs)
+    env[ENV_PARENT] = ",".join(devs)
     env["CUDA_VISIBLE_DEVICES"] = dev
     return dev

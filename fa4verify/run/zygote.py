@@ -1,24 +1,24 @@
 """A zygote for audit workers: import torch, the CuTe DSL and FA4 once, then fork each worker.
 
-Measured on the H200: a worker spawned from scratch spends 15-17 s on its imports when twelve
-start together (torch ~4-5 s, ``flash_attn.cute.interface`` ~9-10 s: FA4 imports quack, which
-imports torch._dynamo, tvm_ffi and ml_dtypes). The zygote does those imports once, with the
-workers' exact environment (FA4 reads its kernel-cache switches at import) and without touching
-CUDA; a forked child only creates its own CUDA context.
+Measured on the H200: twelve workers spawned together spend 15-17 s each on imports (torch ~4-5 s,
+``flash_attn.cute.interface`` ~9-10 s: quack, torch._dynamo, tvm_ffi, ml_dtypes). The zygote does
+them once, with the workers' exact environment (FA4 reads its kernel-cache switches at import),
+never touching CUDA; a forked child only creates its own CUDA context.
 
 Protocol (``python -m fa4verify.run.zygote --control-fd N``, N one end of an AF_UNIX
 SOCK_SEQPACKET pair): the zygote sends ``{"ready": seconds, "pid": ...}`` after its imports;
-``{"op": "fork", "id": K, "env": {...}}`` with three descriptors attached (the worker's stdin read
-end, its reply write end, its log) forks a child that starts a new session, puts stdin on 0 and
-the log on 1 and 2 and serves :func:`fa4verify.run.worker.serve` on the reply descriptor; the
+``{"op": "fork", "id": K, "env": {...}}`` with three descriptors attached (the read end of the
+worker's tasks, the write end of its replies, its log) forks a child that starts a new session,
+puts the log on 1 and 2 and serves :func:`fa4verify.run.worker.serve` on the other two; the
 answer is ``{"forked": K, "pid": P}`` or ``{"forked": K, "error": "..."}``. Every child that exits
 is reported as ``{"exit": P, "rc": R}`` (R as ``subprocess.Popen.returncode``). The zygote exits
 when the parent closes its end and never runs a check, so a worker's fault cannot reach it.
-Forking is safe: the zygote is single-threaded and has no CUDA context (checked before each
-fork: with CUDA initialised it refuses, and the pool spawns workers instead).
+Forking is safe: the zygote is single-threaded and has no CUDA context (checked before each fork:
+with CUDA initialised it refuses, and the pool spawns workers instead).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -27,17 +27,12 @@ import socket
 import sys
 import time
 
+from fa4verify.run import worker
+
 __all__ = ["main", "RESTORE_ENV"]
 
-#: JSON {name: value or null} of environment variables a forked worker restores (or unsets)
+#: JSON {name: null}: what a forked worker unsets (Note [Zygote environment], fa4verify.run.pool)
 RESTORE_ENV = "FA4VERIFY_ZYGOTE_RESTORE"
-
-def _cuda_initialised() -> bool:
-    t = sys.modules.get("torch")
-    try:
-        return bool(t is not None and t.cuda.is_initialized())
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def _send(ctl: socket.socket, msg: dict) -> None:
@@ -48,32 +43,21 @@ def _child(ctl: socket.socket, fds: list[int], env: dict) -> None:
     """In the forked child: become a worker (never returns)."""
     code = 1
     try:
-        stdin_r, reply_w, log_fd = fds
+        tasks_r, reply_w, log_fd = fds
         ctl.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
-        from fa4verify.run.worker import die_with_parent
-        die_with_parent()             # Note [Worker isolation]: with the zygote, hence the audit
+        worker.die_with_parent()             # Note [Worker isolation]: with the zygote, hence the audit
         os.environ.update({str(k): str(v) for k, v in env.items()})   # e.g. its GPU (--gpus)
-        # the worker's own environment: the switches only the zygote's imports needed go back
-        # to the parent's values (Note [Zygote environment], fa4verify.run.pool)
-        for k, v in json.loads(os.environ.pop(RESTORE_ENV, "{}")).items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        for k in json.loads(os.environ.pop(RESTORE_ENV, "{}")):
+            os.environ.pop(k, None)
         os.environ["FA4VERIFY_FORKED"] = "1"
-        os.dup2(stdin_r, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        for fd in (stdin_r, log_fd):
-            if fd > 2:
-                os.close(fd)
-        sys.stdin = open(0, "r", closefd=False)
+        os.close(log_fd)                 # > 2: the zygote's 0, 1 and 2 are open
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        from fa4verify.run import worker
-        code = worker.serve(reply_w)
+        code = worker.serve(reply_w, tasks_r)
     except BaseException:  # noqa: BLE001 - the parent sees the exit code and the log
         import traceback
         traceback.print_exc()
@@ -86,22 +70,17 @@ def _child(ctl: socket.socket, fds: list[int], env: dict) -> None:
 
 
 def _reap(ctl: socket.socket) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _send(ctl, {"exit": pid, "rc": os.waitstatus_to_exitcode(status)})
+    """Report every child that exited (``rc`` as ``subprocess.Popen.returncode``)."""
+    with contextlib.suppress(ChildProcessError):          # no child left
+        while (got := os.waitpid(-1, os.WNOHANG))[0]:
+            _send(ctl, {"exit": got[0], "rc": os.waitstatus_to_exitcode(got[1])})
 
 
 def serve(ctl: socket.socket) -> int:
-    from fa4verify.run.worker import preload
     t0 = time.perf_counter()
-    steps = preload("zygote")          # torch, FA4's interface, the judge: never CUDA
+    steps = worker.preload("zygote")          # torch, FA4's interface, the judge: never CUDA
     _send(ctl, {"ready": round(time.perf_counter() - t0, 3), "steps": steps, "pid": os.getpid(),
-                "cuda_initialised": _cuda_initialised()})
+                "cuda_initialised": worker.cuda_initialised()})
     while True:
         ready, _, _ = select.select([ctl], [], [], 0.1)
         _reap(ctl)
@@ -109,27 +88,21 @@ def serve(ctl: socket.socket) -> int:
             continue
         try:
             data, fds, _, _ = socket.recv_fds(ctl, 65536, 3)
-        except (ConnectionError, OSError):
-            return 0
+        except OSError:
+            data = b""
         if not data:
             return 0                       # the parent closed its end: exit (children go on)
         msg = json.loads(data)
-        if msg.get("op") != "fork":
-            for fd in fds:
-                os.close(fd)
-            continue
-        if len(fds) != 3 or _cuda_initialised():
-            for fd in fds:
-                os.close(fd)
-            _send(ctl, {"forked": msg.get("id"), "error": "CUDA is initialised in the zygote"
-                        if len(fds) == 3 else f"{len(fds)} file descriptors, expected 3"})
-            continue
-        pid = os.fork()
-        if pid == 0:
-            _child(ctl, fds, dict(msg.get("env") or {}))
+        why = (f"{len(fds)} file descriptors, expected 3" if len(fds) != 3
+               else "CUDA is initialised in the zygote" if worker.cuda_initialised() else None)
+        if msg.get("op") == "fork" and why is None:
+            pid = os.fork()
+            if pid == 0:
+                _child(ctl, fds, dict(msg.get("env") or {}))
         for fd in fds:
             os.close(fd)
-        _send(ctl, {"forked": msg.get("id"), "pid": pid})
+        if msg.get("op") == "fork":
+            _send(ctl, {"forked": msg.get("id"), **({"pid": pid} if why is None else {"error": why})})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,11 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2 or argv[0] != "--control-fd":
         print("usage: python -m fa4verify.run.zygote --control-fd N", file=sys.stderr)
         return 2
-    from fa4verify.run.worker import die_with_parent
-    die_with_parent()                 # Note [Worker isolation]
+    worker.die_with_parent()                 # Note [Worker isolation]
     ctl = socket.socket(fileno=int(argv[1]))
     code = serve(ctl)
-    ctl.close()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)          # no teardown of torch and the DSL (seconds): nothing is pending
