@@ -172,18 +172,26 @@ def _literal_assignment(src: str, name: str, path: Path) -> Any:
 _RESCALE_RE = re.compile(
     r"rescale_threshold\s*=\s*(?P<yes>[0-9]+(?:\.[0-9]*)?)\s+if\s+(?:cutlass\.)?const_expr\(\s*"
     r"self\.q_dtype\.width\s*==\s*16\s*\)\s+else\s+(?P<no>[0-9]+(?:\.[0-9]*)?)")
+# 4.0.0b20..b23: `rescale_threshold = (8.0 if const_expr(self.q_dtype.width == 16) else
+# 4.0 if const_expr(self.q_dtype.width == 8) else 0.0)`: the 16-bit value, then the 8-bit (fp8)
+# one, which is the "other" value of the two-way form (FA4 takes no wider non-16-bit input)
+_RESCALE3_RE = re.compile(
+    r"rescale_threshold\s*=\s*\(\s*(?P<yes>[0-9]+(?:\.[0-9]*)?)\s+if\s+(?:cutlass\.)?const_expr\(\s*"
+    r"self\.q_dtype\.width\s*==\s*16\s*\)\s+else\s+(?P<no>[0-9]+(?:\.[0-9]*)?)\s+if\s+"
+    r"(?:cutlass\.)?const_expr\(\s*self\.q_dtype\.width\s*==\s*8\s*\)\s+else\s+[0-9]+(?:\.[0-9]*)?\s*\)")
 # `max_offset = 8 if cutlass.const_expr(self.q_dtype.width == 8) else 0`
 _MAX_OFFSET_RE = re.compile(
     r"max_offset\s*=\s*(?P<yes>[0-9]+(?:\.[0-9]*)?)\s+if\s+(?:cutlass\.)?const_expr\(\s*"
     r"self\.q_dtype\.width\s*==\s*8\s*\)\s+else\s+(?P<no>[0-9]+(?:\.[0-9]*)?)")
 
 
-def _one_value(regex: re.Pattern, src: str, what: str, path: Path) -> tuple[float, float]:
-    hits = {(float(m["yes"]), float(m["no"])) for m in regex.finditer(src)}
+def _one_value(regex: re.Pattern | tuple[re.Pattern, ...], src: str, what: str, path: Path) -> tuple[float, float]:
+    regexes = regex if isinstance(regex, tuple) else (regex,)
+    hits = {(float(m["yes"]), float(m["no"])) for r in regexes for m in r.finditer(src)}
     if not hits:
         raise FA4SourceChanged(
-            f"{path}: the hard-coded `{what}` expression was not found (pattern {regex.pattern!r}); "
-            "FA4 changed, update fa4verify.kernels.fa4_params")
+            f"{path}: the hard-coded `{what}` expression was not found (pattern "
+            f"{' or '.join(repr(r.pattern) for r in regexes)}); FA4 changed, update fa4verify.kernels.fa4_params")
     if len(hits) > 1:
         raise FA4SourceChanged(f"{path}: `{what}` is set to different values in different places: "
                                f"{sorted(hits)}; update fa4verify.kernels.fa4_params")
@@ -206,7 +214,7 @@ def _read_installed(d: Path) -> FA4Params:
     poly = _normalise_poly(_literal_assignment(usrc, "POLY_EX2", utils_py))
     tune = _literal_assignment(fsrc, "_TUNING_CONFIG", fwd_py)
     fp8 = _literal_assignment(fsrc, "_FP8_TUNING_CONFIG", fwd_py)
-    rt16, rt_other = _one_value(_RESCALE_RE, fsrc, "rescale_threshold", fwd_py)
+    rt16, rt_other = _one_value((_RESCALE_RE, _RESCALE3_RE), fsrc, "rescale_threshold", fwd_py)
     mo8, mo_other = _one_value(_MAX_OFFSET_RE, fsrc, "max_offset", fwd_py)
     fa4v = _dist_version(FA4_DIST)
     return FA4Params(

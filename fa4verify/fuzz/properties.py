@@ -183,6 +183,9 @@ def _run_target(problem: AttentionProblem, fn: Callable, *args, **kw):
         raise
     except Exception as e:  # noqa: BLE001
         from fa4verify import blame
+        from fa4verify.kernels.fa4_params import FA4SourceChanged
+        if isinstance(e, FA4SourceChanged):     # fa4verify cannot read the installed release's knobs:
+            raise HarnessError(f"fa4verify cannot model this FA4 release ({e})") from e   # any target
         if getattr(target_of(fn), "blames_fa4", False) and blame.origin(e) == blame.FA4VERIFY:
             raise HarnessError(f"fa4verify's own call failed ({type(e).__name__}: {e})") from e
         raise Violation("runs", f"{type(e).__name__}: {e} | case: {problem.describe()}") from e
