@@ -101,7 +101,7 @@ def _result(res: Any, where: str) -> CheckResult:
         first = next(iter(res.unsupported), "")
         return CheckResult(status="undecided", where=where, metrics=metrics, details=details,
                            summary=short + (f" (first refusal: {first})" if first else ""),
-                           tightness=metrics["tightness_max"] or None)
+                           tightness=tight or None)
     undecided = getattr(res, "undecided", {}) or {}
     if undecided:
         details["undecided"] = undecided
@@ -112,7 +112,7 @@ def _result(res: Any, where: str) -> CheckResult:
                                     + ", ".join(f"{k} x{u['count']}" for k, u in undecided.items()) +
                                     f" "
                                     f"(first: {first[0]}: {first[1]['reason']})"),
-                           tightness=metrics["tightness_max"] or None)
+                           tightness=tight or None)
     summary = f"{res.examples_run} examples, every property held; max tightness {tight:.3g}"
     if "tightness_outside_known" in metrics and metrics["tightness_max"] > tight:
         summary += f" outside known issues ({metrics['tightness_max']:.3g} in what they absorbed)"
