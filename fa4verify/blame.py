@@ -113,6 +113,10 @@ def describe(exc: BaseException) -> str:
 #   row's ``where`` saying on what evidence: a CPU-twin FAIL is FA4's algorithm as the twin models
 #   it; a FAIL "where" is "CPU" is about fa4verify's own data or arithmetic (budget files, oracles,
 #   the twin's assumptions about the installed release: README's label table), so fa4verify's;
+#   a coverage FAIL with holes from planned rows the installed release refuses ("refused: FA4
+#   rejected the call") is fa4verify's for those holes: its feature space admitted what this
+#   release does not (H200, 4.0.0b30: a block-sparse rule of that release); any property violated
+#   in the same row stays FA4's, so such a row names both;
 # * ``error``: a device fault is FA4's wherever it surfaced; a task killed at its deadline or lost
 #   with its worker is undetermined (a hung or crashed FA4 kernel, or a harness too slow for its
 #   deadline); a check saying that fa4verify's own call failed is fa4verify's; otherwise the
@@ -159,7 +163,12 @@ def report_blame(row: dict) -> str:
         where = str(row.get("where") or "")
         if where == "CPU":
             return "fa4verify"
-        return "FA4 (as the CPU twin models it)" if where == "CPU twin" else "FA4"
+        fa4 = "FA4 (as the CPU twin models it)" if where == "CPU twin" else "FA4"
+        summary = str(row.get("summary") or "")
+        if "HOLE" in summary and "refused: FA4 rejected the call" in summary:
+            own = "fa4verify (holes: planned rows this FA4 release refuses)"
+            return f"{fa4} (violation) and {own}" if " violated, shrunk to " in summary else own
+        return fa4
     if status == "undecided":
         return "no verdict"
     if status != "error":

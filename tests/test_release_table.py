@@ -95,6 +95,13 @@ def _rows(text, first):
 
 
 def test_report_blame_follows_note_blame():
+    # a coverage hole from a row the release refuses is fa4verify's; a violation beside it FA4's
+    where = "measured on NVIDIA H200 (sm_90)"
+    holes = "covered 1030/1066 ...; 36 HOLE(S), first: form=block_sparse; row 22 refused: FA4 rejected the call: ValueError"
+    assert blame.report_blame({"status": "fail", "summary": holes, "where": where}).startswith("fa4verify")
+    assert blame.report_blame({"status": "fail", "summary": holes + "; runs violated, shrunk to x", "where": where}) \
+        == "FA4 (violation) and fa4verify (holes: planned rows this FA4 release refuses)"
+    assert blame.report_blame({"status": "fail", "summary": "1 HOLE(S), first: form=dense", "where": where}) == "FA4"
     assert blame.report_blame({"status": "fail", "summary": "x", "where": "measured on NVIDIA H200 (sm_90)"}) == "FA4"
     assert blame.report_blame({"status": "fail", "summary": "x", "where": "CPU twin"}) == "FA4 (as the CPU twin models it)"
     assert blame.report_blame({"status": "fail", "summary": "installed release not as modelled", "where": "CPU"}
