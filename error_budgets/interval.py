@@ -151,7 +151,7 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         A = np.abs(q) @ np.abs(k).T
         rS = np.asarray(bs.evaluate("bwd_s_accum", {"d": float(d), "abs_qk": A}), np.float64) + SLACK * A
         # ---- the exponent argument's operand y (natural-log units) and the derivative factor f
-        f_lo = f_hi = sat = None
+        f_lo = f_hi = sat = gm = None
         if softcap > 0:
             cap = float(softcap)
             xs_lo, xs_hi = (S - rS) * scale, (S + rS) * scale
@@ -282,10 +282,13 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
                 # where the model admits a factor of 0 (a saturated softcap: the GPU's tanh is +-1,
                 # or within its error of it; a score_mod whose gradient interval holds 0), a
                 # correct kernel may drop the pair's exact dS, whose factor is f at the exact scores
-                # (1 - tanh^2 = sech^2 = 4 e^-2|a| / (1 + e^-2|a|)^2: no cancellation where tanh ~ 1)
-                e2 = np.exp(-2 * np.abs(S * scale / float(softcap))) if softcap > 0 else None
-                f_ex = 4 * e2 / (1 + e2) ** 2 if softcap > 0 else \
-                    np.abs(np.broadcast_to(np.asarray(score[1](S * scale), np.float64), S.shape))
+                # (1 - tanh^2 = sech^2 = 4 e^-2|a| / (1 + e^-2|a|)^2: no cancellation where tanh ~ 1;
+                # a score_mod: its gradient at the exact scores, gm above)
+                if softcap > 0:
+                    e2 = np.exp(-2 * np.abs(S * scale / float(softcap)))
+                    f_ex = 4 * e2 / (1 + e2) ** 2
+                else:
+                    f_ex = gm
                 ds_drop = np.where((f_lo <= 0) & (f_hi >= 0), terms * np.abs(f_ex), 0.0)
     return PairIntervals(pc_lo, pc_hi, ds_lo, ds_hi, p_ex, ds_mag, ds_drop)
 

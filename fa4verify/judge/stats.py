@@ -96,7 +96,9 @@ class BudgetStats:
         #: segment and KV head (a superset of any mask's attended set), broadcast to the rows
         hull = {n: np.zeros((tq, H, Dv)) for n in ("v_max_abs", "v_range", "sum_abs_v_all")}
         sink = a.get("learnable_sink") if problem.sink else None
-        sink_abs = None if sink is None else np.abs(np.asarray(sink, np.float64).reshape(-1)) * _LOG2E
+        #: the learnable sink's logit per head (natural log), or None
+        self.sink = None if sink is None else np.asarray(sink, np.float64).reshape(-1)
+        sink_abs = None if sink is None else np.abs(self.sink) * _LOG2E
         self._arrays = a
         self._w: list = []  # per segment: (qs, ks, w (h, lq, lk), tanh (h, lq, lk))
         self._keeps: list = []
@@ -402,8 +404,7 @@ class BudgetStats:
         if kernel_fwd is not None and self.budget.constants.get("bwd_same_s") == 1 and "forward_lse" in self.budget:
             lse_self = np.where(off, np.nan, self._lse_tokens(np.broadcast_to(self.forward_lse(same_s=True),
                                                                              np.shape(self.ofwd.lse))))
-        sink = self._arrays.get("learnable_sink") if p.sink else None
-        sink = None if sink is None else np.asarray(sink, np.float64).reshape(-1)
+        sink = self.sink
         tq, tk = q.shape[0], k.shape[0]
         acc = {"dq": [np.zeros((tq, H, self.D)) for _ in range(3)],
                "dk": [np.zeros((tk, Hk, self.D)) for _ in range(3)],
