@@ -1,0 +1,124 @@
+"""Triage one failing case on production FA4: replay it, then replay variants that each change one
+attribute (sink off, page size, head dim, batch, ...), one line per variant: the verdict of the
+one judge (fwd_budget, or the property given) and, on a violation, the share of elements over
+budget and the worst element. The variant that turns the failure off names the attribute the
+fault needs; a fault that survives every variant is in what they all share.
+
+    python scripts/gpu_triage_case.py --case docs/results/h200/seeds/audit_seed2_failures.json \
+        [--result coverage.production] [--property fwd_budget] [--json OUT] [--target twin]
+
+``--case`` takes a case file (``fa4verify fuzz`` writes them), an audit JSON (the failure of the
+named result) or a bare problem JSON. ``--target twin`` replays on the CPU twin (not evidence about
+FA4: a control that the variants are well formed, and what tests/test_gpu_triage_case_script.py runs).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+
+def load_problem(path: Path, result: Optional[str]):
+    from fa4verify.problem import AttentionProblem
+    d = json.loads(path.read_text())
+    if "results" in d:                                     # an audit report
+        rs = [r for r in d["results"] if result is None or r["id"] == result]
+        fails = [r for r in rs if r.get("details", {}).get("failure")]
+        if not fails:
+            raise SystemExit(f"gpu_triage_case: no result with a failure in {path} (result={result})")
+        d = fails[0]["details"]["failure"]["problem"]
+    elif "problem" in d:                                   # a case file
+        d = d["problem"]
+    return AttentionProblem.from_json(json.dumps(d))
+
+
+def variants(p) -> list[tuple[str, Callable[[], Any]]]:
+    """(label, thunk building the variant); a thunk that raises ValueError is reported 'invalid'."""
+    R = dataclasses.replace
+    c = p.call
+    out: list[tuple[str, Callable[[], Any]]] = [("as recorded", lambda: p)]
+    if p.sink:
+        out.append(("sink off", lambda: R(p, sink=False)))
+    if c.paged:
+        for ps in sorted({8, 32, 64, 128} - {c.page_size}):
+            out.append((f"page_size {ps}", lambda ps=ps: R(p, call=R(c, page_size=ps,
+                                                                    kv_capacity=-(-c.kv_capacity // ps) * ps))))
+        out.append(("spare_pages 0", lambda: R(p, call=R(c, spare_pages=0))))
+        out.append(("page_seed +1", lambda: R(p, call=R(c, page_seed=(c.page_seed or 0) + 1))))
+        out.append(("identity pages (page_seed None)", lambda: R(p, call=R(c, page_seed=None))))
+        out.append(("not paged (seqused_k only)", lambda: R(p, call=R(c, page_size=None, page_seed=None,
+                                                                       spare_pages=0))))
+    if c.seqused_k and not c.paged:
+        out.append(("seqused_k off (cu_seqlens_k)", lambda: R(p, call=R(c, seqused_k=False))))
+    if p.seqlens_q is not None and len(set(p.seqlens_q)) > 1 and not c.q_batched:
+        m = max(p.seqlens_q)
+        out.append(("q batched (equal seqlens_q)", lambda: R(p, seqlens_q=(m,) * p.batch, seqlen_q=m,
+                                                              call=R(c, q_batched=True))))
+    if p.batch > 1 and p.seqlens_q is not None:
+        for i in range(p.batch):
+            out.append((f"only sequence {i}", lambda i=i: R(p, batch=1, seqlens_q=(p.seqlens_q[i],),
+                                                             seqlens_k=(p.seqlens_k[i],),
+                                                             seqlen_q=p.seqlens_q[i], seqlen_k=p.seqlens_k[i])))
+    for hd in sorted({64, 128} - {p.head_dim}):
+        out.append((f"head_dim {hd}", lambda hd=hd: R(p, head_dim=hd, head_dim_v=hd)))
+    if p.nheads > 1:
+        out.append(("nheads 1", lambda: R(p, nheads=1, nheads_kv=1)))
+    out.append(("values seed +1", lambda: R(p, values=R(p.values, seed=p.values.seed + 1))))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", type=Path, required=True)
+    ap.add_argument("--result", default="coverage.production", help="the result of an audit JSON to take")
+    ap.add_argument("--property", default="fwd_budget")
+    ap.add_argument("--target", choices=("production", "twin"), default="production")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    from fa4verify.fuzz import check_problem
+    from fa4verify.targets import make_target
+    from fa4verify.errors import Unsupported
+    from fa4verify.fuzz.violation import Violation
+    p = load_problem(a.case, a.result)
+    target = make_target(a.target)
+    where = target.describe()["where"]
+    print(f"# {where}; property {a.property}; case {p.describe()}", flush=True)
+    rows = []
+    for label, build in variants(p):
+        t0 = time.monotonic()
+        try:
+            q = build()
+            q.call.validate(q)
+        except ValueError as e:
+            rows.append({"variant": label, "outcome": "invalid", "detail": str(e)})
+            print(f"{label:36s} invalid: {e}", flush=True)
+            continue
+        try:
+            out = check_problem(q, target, properties=("runs", a.property))
+            outcome = "undecided" if out.undecided else ("pass" if a.property in out.ran else "skipped")
+            detail = "; ".join(f"{k}: {v}" for k, v in (out.undecided or out.skipped).items()) or \
+                f"tightness {out.metrics.get('tightness_max', float('nan')):.3g}"
+        except Violation as v:
+            outcome, detail = "FAIL", v.message.split(" | case:")[0][:300]
+        except Unsupported as e:
+            outcome, detail = "unsupported", str(e)[:200]
+        except Exception as e:  # noqa: BLE001 - a variant's error is a line of the table, not the end
+            outcome, detail = "error", f"{type(e).__name__}: {e}"[:300]
+            traceback.print_exc(limit=3)
+        dt = time.monotonic() - t0
+        rows.append({"variant": label, "outcome": outcome, "detail": detail, "problem": q.to_dict(),
+                     "seconds": round(dt, 1)})
+        print(f"{label:36s} {outcome:9s} {dt:5.1f}s  {detail}", flush=True)
+    if a.json:
+        a.json.write_text(json.dumps({"where": where, "property": a.property, "case": p.to_dict(),
+                                      "variants": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
