@@ -286,3 +286,23 @@ def test_each_planted_key_fault_applies_and_the_copys_key_lacks_it(tmp_path, mut
         assert got["causal"] == {"fwd": False, "bwd": False} and "closure" in got["covers"], got
     else:
         assert got["causal"] == {"fwd": True, "bwd": True} and "closure" not in got["covers"], got
+
+
+@pytest.mark.parametrize("cache_on", [True, False])
+def test_a_failure_only_a_filled_persistent_cache_reproduces_is_a_persistent_cache_bug(cache_on, monkeypatch):
+    """Note [Persistent-cache bug]: the shrunk sequence and its last call pass in fresh processes
+    with FA4's persistent cache off (the H200's two planted key faults: the wrong kernel came from
+    an earlier sequence, through the cache); with the cache on in the run, the call is replayed
+    once more reading that cache, and its failure there names the bug. Without the cache: not
+    reproduced, as before."""
+    seen = []
+
+    def fake(calls, spec, *, arch, keep_cache=False):
+        seen.append(keep_cache)
+        return {"status": "fail" if keep_cache else "pass"}
+
+    monkeypatch.setattr(machine, "_replay_fresh", fake)
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1" if cache_on else "0")
+    out = machine.classify([object()], {"kind": "production"}, arch="sm90")
+    assert out["kind"] == ("persistent-cache bug" if cache_on else "not reproduced"), out
+    assert seen == ([False, False, True] if cache_on else [False, False])

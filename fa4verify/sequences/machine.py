@@ -597,10 +597,14 @@ def replay(calls: list[Call], target: Any) -> dict[str, Any]:
     return dict(last, refused=refused)
 
 
-def _replay_fresh(calls: list[Call], target_spec: Mapping[str, Any], *, arch: str) -> dict[str, Any]:
+def _replay_fresh(calls: list[Call], target_spec: Mapping[str, Any], *, arch: str,
+                  keep_cache: bool = False) -> dict[str, Any]:
     """:func:`replay` in a fresh ``python -m fa4verify.sequences.machine`` (FA4's persistent
-    kernel cache off, so no kernel of this process reaches it)."""
-    env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0", PYTHONHASHSEED="0")
+    kernel cache off, so no kernel of this process reaches it; ``keep_cache``: on, as in this
+    process, reading what this run stored)."""
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    if not keep_cache:
+        env["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
     args = {"target": dict(target_spec), "arch": arch, "calls": [c.to_dict() for c in calls]}
     try:
         cp = subprocess.run([sys.executable, "-m", "fa4verify.sequences", "replay-stdin"],
@@ -616,19 +620,35 @@ def _replay_fresh(calls: list[Call], target_spec: Mapping[str, Any], *, arch: st
 
 def classify(calls: list[Call], target_spec: Mapping[str, Any], *, arch: str) -> dict[str, Any]:
     """Replay the shrunk sequence, then its last call alone, each in a fresh process:
-    ``{"kind": "sequence bug" | "plain bug" | "not reproduced" | "undecided", "replay_sequence",
-    "replay_last_alone"}``. A sequence bug fails in sequence and passes alone."""
+    ``{"kind": "sequence bug" | "plain bug" | "persistent-cache bug" | "not reproduced" |
+    "undecided", "replay_sequence", "replay_last_alone"[, "replay_with_cache"]}``. A sequence bug
+    fails in sequence and passes alone.
+
+    Note [Persistent-cache bug]: with FA4's persistent kernel cache on (every audit), a call can
+    load a kernel that an earlier call -- of another sequence of the same worker, or another
+    process -- stored under an equal compile key: its shrunk sequence then fails in the run and
+    passes in fresh processes with the cache off (on the H200, both planted compile-key faults).
+    Where both pass and this process has the cache on, the last call is replayed alone once more
+    in a fresh process reading the same cache: a failure there is a **persistent-cache bug** (the
+    cache holds a kernel the call's key does not tell apart), a bug FA4's users meet across
+    processes."""
     whole = _replay_fresh(calls, target_spec, arch=arch)
     alone = _replay_fresh(calls[-1:], target_spec, arch=arch)
+    out: dict[str, Any] = {"replay_sequence": whole, "replay_last_alone": alone}
     if whole["status"] == "fail" and alone["status"] == "pass":
         kind = "sequence bug"
     elif alone["status"] == "fail":
         kind = "plain bug"
     elif whole["status"] == "pass":
         kind = "not reproduced"
+        if os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED") == "1":
+            cached = _replay_fresh(calls[-1:], target_spec, arch=arch, keep_cache=True)
+            out["replay_with_cache"] = cached
+            if cached["status"] == "fail":
+                kind = "persistent-cache bug"
     else:
         kind = "undecided"
-    return {"kind": kind, "replay_sequence": whole, "replay_last_alone": alone}
+    return {"kind": kind, **out}
 
 
 def _run_main(argv: list[str]) -> int:
