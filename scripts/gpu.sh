@@ -52,7 +52,8 @@
 #   fuzzmany       fuzz.production alone through the audit on time:default's kernel cache, FUZZ_N examples
 #                  (1000), FUZZ_T seconds at most (280), --seed FUZZ_SEED (7): the huge distribution included
 #   triage         replay a failing case and one-attribute variants of it (scripts/gpu_triage_case.py;
-#                  TRIAGE_CASE: a case / audit JSON, default the seed-2 paged-KV row; TRIAGE_PROPERTY)
+#                  TRIAGE_CASE: a case / audit JSON, default the seed-2 paged-KV row; TRIAGE_PROPERTY,
+#                  TRIAGE_HDS, TRIAGE_PAGES: the head dims and page sizes varied)
 #   hang           the planted kernel hang (sm90_bwd_hd64_hang) under the audit (HANG_CHECKS, HANG_TIMEOUT)
 #   releases       the default audit of older FA4 releases, each shadowing the installed one, a report
 #                  each and the release table (scripts/gpu/releases.sh, Note [Release runs]; RELEASES,
@@ -177,7 +178,8 @@ PY
                 --kernel-cache "$CR/default/shard" --json "$OUT/fuzz_many.json" > "$OUT/fuzz_many.log" 2>&1
               echo "fuzzmany rc=$?"; grep -E "fuzz.production" "$OUT/fuzz_many.log" | cut -c1-600 | tail -4; tail -3 "$OUT/fuzz_many.log" ;;
     triage)   timeout "$left" python3 scripts/gpu_triage_case.py --case "${TRIAGE_CASE:-docs/results/h200/seeds/audit_seed2_failures.json}" \
-                  --property "${TRIAGE_PROPERTY:-fwd_budget}" --json "$OUT/triage.json" 2>&1 | grep -v Warning | tail -40 ;;
+                  --property "${TRIAGE_PROPERTY:-fwd_budget}" --head-dims "${TRIAGE_HDS:-64,128}" \
+                  --page-sizes "${TRIAGE_PAGES:-8,32,64,128}" --json "$OUT/triage.json" 2>&1 | grep -v Warning | tail -40 ;;
     hang)     timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" --checks "${HANG_CHECKS:-budgets.production}" \
                 --timeout "${HANG_TIMEOUT:-60}" sm90_bwd_hd64_hang 2>&1 | tail -12 ;;
     releases) RELEASE_DEADLINE=$DEADLINE bash scripts/gpu/releases.sh ;;

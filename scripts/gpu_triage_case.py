@@ -37,7 +37,7 @@ def load_problem(path: Path, result: Optional[str]):
     return AttentionProblem.from_json(json.dumps(d))
 
 
-def variants(p) -> list[tuple[str, Callable[[], Any]]]:
+def variants(p, head_dims=(64, 128), page_sizes=(8, 32, 64, 128)) -> list[tuple[str, Callable[[], Any]]]:
     """(label, thunk building the variant); a thunk that raises ValueError is reported 'invalid'."""
     R = dataclasses.replace
     c = p.call
@@ -45,7 +45,7 @@ def variants(p) -> list[tuple[str, Callable[[], Any]]]:
     if p.sink:
         out.append(("sink off", lambda: R(p, sink=False)))
     if c.paged:
-        for ps in sorted({8, 32, 64, 128} - {c.page_size}):
+        for ps in sorted(set(page_sizes) - {c.page_size}):
             out.append((f"page_size {ps}", lambda ps=ps: R(p, call=R(c, page_size=ps,
                                                                     kv_capacity=-(-c.kv_capacity // ps) * ps))))
         out.append(("spare_pages 0", lambda: R(p, call=R(c, spare_pages=0))))
@@ -64,8 +64,12 @@ def variants(p) -> list[tuple[str, Callable[[], Any]]]:
             out.append((f"only sequence {i}", lambda i=i: R(p, batch=1, seqlens_q=(p.seqlens_q[i],),
                                                              seqlens_k=(p.seqlens_k[i],),
                                                              seqlen_q=p.seqlens_q[i], seqlen_k=p.seqlens_k[i])))
-    for hd in sorted({64, 128} - {p.head_dim}):
+    for hd in sorted(set(head_dims) - {p.head_dim}):
         out.append((f"head_dim {hd}", lambda hd=hd: R(p, head_dim=hd, head_dim_v=hd)))
+    if not p.causal:
+        out.append(("causal", lambda: R(p, causal=True)))
+    if p.window_size == (None, None):
+        out.append(("window (64, 0)", lambda: R(p, window_size=(64, 0))))
     if p.nheads > 1:
         out.append(("nheads 1", lambda: R(p, nheads=1, nheads_kv=1)))
     out.append(("values seed +1", lambda: R(p, values=R(p.values, seed=p.values.seed + 1))))
@@ -79,6 +83,8 @@ def main() -> int:
     ap.add_argument("--property", default="fwd_budget")
     ap.add_argument("--target", choices=("production", "twin"), default="production")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--head-dims", default="64,128", help="head dims of the head-dim variants")
+    ap.add_argument("--page-sizes", default="8,32,64,128", help="page sizes of the page-size variants")
     a = ap.parse_args()
     from fa4verify.fuzz import check_problem
     from fa4verify.targets import make_target
@@ -89,7 +95,8 @@ def main() -> int:
     where = target.describe()["where"]
     print(f"# {where}; property {a.property}; case {p.describe()}", flush=True)
     rows = []
-    for label, build in variants(p):
+    ints = lambda x: tuple(int(v) for v in x.split(",") if v)   # noqa: E731
+    for label, build in variants(p, ints(a.head_dims), ints(a.page_sizes)):
         t0 = time.monotonic()
         try:
             q = build()
