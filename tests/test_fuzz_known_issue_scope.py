@@ -197,3 +197,35 @@ def test_masked_rows_dq_below_row_64_is_not_the_accumulator_issue():
         v.over_indices = np.array([[0, r, 0, 0] for r in rows])
         ki = match_known_issue(p, v, target="production")
         assert (ki is not None and ki.name == "sm90_dq_accum_hdim_rounding") == expect, (rows, ki)
+
+
+_SEED2 = json.loads((pathlib.Path(__file__).parents[1] / "docs/results/h200/seeds/audit_seed2_failures.json")
+                    .read_text())["results"][0]["details"]["failure"]["problem"]
+
+
+@pytest.mark.parametrize("change, prop, quantity, target, expect", [
+    ({}, "fwd_budget", "out", "production", True),                      # the H200 row itself
+    ({}, "fwd_budget", "out", "twin", False),                           # the twin is right
+    ({"causal": True}, "fwd_budget", "out", "production", False),        # 192x128 tile: not measured wrong
+    ({"window_size": (64, 0)}, "fwd_budget", "out", "production", False),
+    ({"head_dim": 80, "head_dim_v": 80}, "fwd_budget", "out", "production", False),   # same tile, not measured
+    ({"head_dim": 128, "head_dim_v": 128}, "fwd_budget", "out", "production", False),  # measured right
+    ({"page_size": 144, "kv_capacity": 288}, "fwd_budget", "out", "production", False),  # TMA path
+    ({"page_size": None, "page_seed": None, "spare_pages": 0}, "fwd_budget", "out", "production", False),
+    ({}, "bwd_budget", "dq", "production", False),                      # no paged backward in FA4
+    ({}, "masked_rows", "lse_rows", "production", False),
+])
+def test_sm90_paged_tile144_scope_is_what_the_h200_measured(change, prop, quantity, target, expect):
+    """sm90_paged_tile144_fwd absorbs the forward of SM90 paged calls at head dim 96 on the 192x144
+    tile with a page size other than 144 (triaged on the H200: docs/results/h200/triage/), and
+    nothing it was not measured on."""
+    import dataclasses
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    p = AttentionProblem.from_json(json.dumps(_SEED2))
+    call = {k: v for k, v in change.items() if k in ("page_size", "kv_capacity", "page_seed", "spare_pages")}
+    top = {k: v for k, v in change.items() if k not in call}
+    p = dataclasses.replace(p, call=dataclasses.replace(p.call, **call), **top)
+    v = Violation(prop, f"{quantity}: planted", {"quantity": quantity})
+    ki = match_known_issue(p, v, target=target)
+    assert (ki is not None and ki.name == "sm90_paged_tile144_fwd") == expect, ki

@@ -192,6 +192,23 @@ def _sm90_paged_tma_empty_seq_nan(problem: AttentionProblem, a: Mapping[str, Any
     return bool(empty.any() and (tok < empty.size).all() and empty[tok].all())
 
 
+def _sm90_paged_tile144_fwd(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True for a forward violation of the measured paged-KV finding: SM90, head dim 96 (q and v),
+    FA4's 192x144 forward tile (neither causal nor local) and a paged call whose page size is not
+    that tile_n (FA4's cp.async ``PagedKVManager`` path, ``paged_kv_non_tma``)."""
+    call = problem.call
+    if problem.arch != "sm90" or call is None or not call.paged or (problem.head_dim, problem.head_dim_v) != (96, 96):
+        return False
+    from fa4verify.kernels.facts import fwd_tile
+    from fa4verify.problem import resolve_window
+    r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
+    tile_n = fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, r_causal, r_local)[1]
+    if tile_n != 144 or call.page_size == tile_n:
+        return False
+    return (v.prop, str(v.metrics.get("quantity", ""))) in (
+        ("fwd_budget", "out"), ("fwd_budget", "lse"), ("paged_kv_bitwise", "out"), ("paged_kv_bitwise", "lse"))
+
+
 def _sm90_block_sparse_bwd_no_build(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """True for a failed build of FA4's SM90 block-sparse backward at a head dim in (192, 256)
     that is not a multiple of 64 (the fuzz does not call it there: the DSL usually aborts the
@@ -305,6 +322,17 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "'Finding: paged KV', scripts/gpu_paged_empty_nan.py (pagednan/paged_empty_nan.json). The fuzz "
         "puts NaN in the page pool only when asked (attention_problems(hostile_nan=True))",
         _sm90_paged_tma_empty_seq_nan, targets=("production",)),
+    KnownIssue(
+        "sm90_paged_tile144_fwd",
+        "SM90 paged-KV forward at head dim 96 without causal or local (FA4's 192x144 tile): O is wrong "
+        "(34-78 % of elements off by ~0.3-1.9 at normal values) for every page size that is not 144 (FA4's "
+        "cp.async PagedKVManager path); the same call unpaged, and paged at head dims 64 and 128, is right",
+        "measured on NVIDIA H200 (sm_90), 2026-12-02, flash-attn-4 4.0.0b36: found by coverage.production "
+        "(default audit, seed 2: paged P=16 + seqused_k + sink + varlen-q, hd 96) and triaged with "
+        "scripts/gpu_triage_case.py (docs/results/h200/triage/): fails at page sizes 8, 16, 32, 64, 128, "
+        "without the sink, batched q, each sequence alone, one head, other values; passes unpaged and at "
+        "hd 64 / 128 paged. Other head dims of the same tile (72..88) not measured: not covered here",
+        _sm90_paged_tile144_fwd, targets=("production",)),
     KnownIssue(
         "sm90_block_sparse_bwd_no_build",
         "SM90 block-sparse backward does not build at head dims 200/208/224/232/240 (the CuTe DSL "
