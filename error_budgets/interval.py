@@ -46,7 +46,19 @@ it. An intersection only narrows: a kernel that breaks the assumption can only b
 failure it did not earn, never pass a fault the rigorous bound would have caught; a pass under it
 is inside the rigorous enclosure too. What it buys: bf16 ``e_qk`` 8 decided (a zero dV fails);
 at ``e_qk`` 10 the forward LSE's worst-case fp32 roundings at ``|S c| ~ 2^22`` (``eta`` ~ 8 log2
-units) still admit a zero dV: undecided.
+units) still admit a zero dV.
+
+Note [One-hot LSE chain]
+------------------------
+Those roundings are not free: on a one-hot row they are functions of one unknown fp32 number, the
+dominant key's score ``m``, and FA4's own fp32 LSE ``L`` is known. :func:`one_hot_chain` runs
+FA4's SM90 chain (``L = RN(RN(RN(m k) + lg2.approx(l)) RN(ln 2))``, ``lse_log2 = RN(L
+RN(log2 e))``, ``x = fma(m, k, -lse_log2)``; the fused and unfused forms FA4's source admits)
+exactly in float64 for every fp32 candidate ``m`` near ``L / (ln 2 k)`` and keeps those that
+reproduce ``L`` bit for bit; the dominant key's P is enclosed by the backward's arguments of the
+consistent candidates (DERIVATIONS.md#one-hot-chain). Where the budgets carry ``fwd_lse_chain =
+1`` (sm90) and the LSE is the kernel's own, the result is intersected with the bounds above (only
+narrowing): bf16 ``e_qk`` 9..12 one-hot dV decided on the CPU twin, a zero dV fails.
 """
 from __future__ import annotations
 
@@ -56,7 +68,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-__all__ = ["PairIntervals", "pair_intervals", "accumulate", "finish", "WIDEN", "SLACK"]
+__all__ = ["PairIntervals", "pair_intervals", "one_hot_chain", "chain_kappa", "accumulate", "finish", "WIDEN", "SLACK"]
 
 #: outward factor on every radius (Note [Directed float64])
 WIDEN = 1.0 + 2.0 ** -30
@@ -96,6 +108,158 @@ def _loo_lse(a: np.ndarray, sink: Optional[float]) -> np.ndarray:
     return out
 
 
+#: FA4's fp32 constants of the SM90 LSE chain (softmax.py ``finalize``: ``LN2 = math.log(2.0)``;
+#: flash_bwd_preprocess.py ``LOG2_E = math.log2(math.e)``: Python floats, Float32 in the kernel)
+LN2_F32 = float(np.float32(math.log(2.0)))
+LOG2E_F32 = float(np.float32(_LOG2E))
+#: candidates of the dominant key's fp32 score tried on each side of L / (LN2 kappa)
+_CHAIN_K = 32
+#: the others' weight (times their worst mismatch) below which a row counts as one-hot
+_CHAIN_W = -8.0
+
+
+def chain_kappa(scale: float, mod: bool) -> tuple[float, ...]:
+    """The fp32 multipliers of the score FA4's exponent may use: ``compute_softmax_scale_log2``
+    inside the kernel on the Float32 ``softmax_scale`` gives ``RN(RN(scale) RN(LOG2_E))`` (the
+    twin's model), a product formed on the host ``RN(scale LOG2_E)``; both are tried (they differ
+    by at most an ulp). ``RN(LOG2_E)`` with a score_mod or the softcap (the scale is applied
+    before the mod)."""
+    if mod:
+        return (LOG2E_F32,)
+    return tuple(sorted({float(np.float32(np.float32(scale) * np.float32(LOG2E_F32))),
+                         float(np.float32(scale * _LOG2E))}))
+
+
+def _f32(x):
+    return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
+
+
+def _f32_step(x, up: bool):
+    x32 = np.asarray(x, np.float64).astype(np.float32)
+    return np.nextafter(x32, np.float32(np.inf if up else -np.inf)).astype(np.float64)
+
+
+def _rn32_set(x):
+    """The fp32 values ``RN(t)`` may take for a real ``t`` whose float64 evaluation is ``x`` (float64
+    arrays, the evaluation's own error < 2^-40 |x| assumed): ``RN(x)``, widened to both fp32
+    neighbours where ``x`` lies within that error of a rounding boundary (a double rounding
+    could have gone either way there)."""
+    f = _f32(x)
+    up, dn = _f32_step(f, True), _f32_step(f, False)
+    tol = 2.0 ** -40 * np.abs(x)
+    near_hi = np.abs(x - (f + up) / 2) <= tol
+    near_lo = np.abs(x - (f + dn) / 2) <= tol
+    return np.where(near_lo, dn, f), np.where(near_hi, up, f)
+
+
+def one_hot_chain(m_lo: np.ndarray, m_hi: np.ndarray, keep: np.ndarray, kappas: tuple, lse: np.ndarray,
+                  sink: Optional[float], n_blocks: np.ndarray, C: Any):
+    """Note [One-hot LSE chain]: the P of the dominant key of each one-hot row, modelled through
+    FA4's SM90 LSE chain with every rounding explicit (DERIVATIONS.md#one-hot-chain).
+
+    ``m_lo..m_hi`` (lq, lk): where the kernel's fp32 score of each pair lies (the raw ``S`` without
+    a mod, the mod's output with one); ``kappa``: the kernel's fp32 multiplier of that score in
+    the exponent (``softmax_scale * LOG2_E`` without a mod, ``LOG2_E`` with one); ``lse`` (lq,):
+    FA4's own fp32 LSE of the row (natural log) that the backward reads; ``sink``: the head's sink
+    logit (natural) or None; ``n_blocks`` (lq,): KV blocks of the row. Returns ``(rows, cols, lo,
+    hi)``: the rows where the chain decides, their dominant key, and the enclosure of that
+    key's backward P (before its cast). Rows it does not decide (no dominant key, the others'
+    weight too large, no fp32 score consistent with the LSE, or one at the search window's edge)
+    are left out: the caller keeps its other bounds there."""
+    u, mufu = float(C["u_fp32"]), float(C["mufu_ex2_rel"])
+    lg2_abs, lg2_rel = float(C["lg2_abs"]), float(C["lg2_rel"])
+    lq = keep.shape[0]
+    none = (np.zeros(0, int), np.zeros(0, int), np.zeros(0), np.zeros(0))
+    if lq == 0 or not keep.any():
+        return none
+    lse = np.asarray(lse, np.float64)
+    kmax = max(kappas)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        mid = np.where(keep, (m_lo + m_hi) / 2, -np.inf)
+        js = np.argmax(mid, axis=1)
+        r = np.arange(lq)
+        # log2 of the others' weight relative to the dominant term (the sink one of them), at the
+        # largest multiplier (the gaps are positive: the largest makes the weight largest)
+        zs_lo = m_lo[r, js] * kmax
+        zo = np.where(keep, m_hi * kmax, -np.inf)
+        zo[r, js] = -np.inf
+        lw = np.logaddexp2.reduce(zo - zs_lo[:, None], axis=1)
+        zmax = np.max(np.where(keep, np.maximum(np.abs(m_lo), np.abs(m_hi)) * kmax, 0.0), axis=1)
+        if sink is not None:
+            s2 = float(sink) * _LOG2E
+            lw = np.logaddexp2(lw, s2 - m_lo[r, js] * min(kappas))
+            zmax = np.maximum(zmax, abs(s2))
+        nb = np.maximum(np.asarray(n_blocks, np.float64), 1.0)
+        # the worst mismatch of another key's term (log2 units): its own exponent bias and
+        # argument roundings at up to 2 zmax, one rescale factor per block after it (argument
+        # (m_prev - m_cur) c, two roundings), the MUFU and the rescale products
+        e_o = (8 + 4 * nb) * u * 2 * zmax * (1 + 2 ** -20) + (nb + 3) * (mufu + 2 * u) * _LOG2E * 1.01
+        lwe = lw + e_o
+        ok = keep.any(axis=1) & np.isfinite(lse) & (lwe <= _CHAIN_W) & np.isfinite(zs_lo)
+    rows = np.nonzero(ok)[0]
+    if rows.size == 0:
+        return none
+    js = js[rows]
+    L = lse[rows]
+    lam = _f32(_f32(L) * LOG2E_F32)                     # the preprocess's lse_log2 = RN(L LOG2_E)
+    n_keys = keep[rows].sum(axis=1)
+    gam = _gamma(n_keys + 2 * nb[rows] + 8, u)
+    w = np.exp2(lwe[rows])
+    # the dominant term: one ex2.approx, then per later block a rescale factor ex2.approx(0) and
+    # the product row_sum * row_scale (each within mufu + u of exact)
+    nbr = nb[rows] + 1
+    rho_hi = (1 + gam) * (1 + mufu + u) ** nbr * (1 + w) - 1
+    rho_lo = (1 - gam) * (1 - mufu - u) ** nbr - 1
+    Lc, lamc = L[:, None], lam[:, None]
+    box_lo, box_hi = m_lo[rows, js][:, None], m_hi[rows, js][:, None]
+    x_lo = np.full(rows.size, np.inf)
+    x_hi = np.full(rows.size, -np.inf)
+    edge = np.zeros(rows.size, bool)
+    for kappa in sorted(set(kappas)):
+        # candidates m (fp32) around L / (LN2 kappa), inside the rigorous box of the dominant score
+        m0 = _f32(L / (LN2_F32 * kappa))
+        cand = [m0]
+        lo_, hi_ = m0, m0
+        for _ in range(_CHAIN_K):
+            lo_, hi_ = _f32_step(lo_, False), _f32_step(hi_, True)
+            cand = [lo_] + cand + [hi_]
+        M = np.stack(cand, axis=1)                                       # (R, 2K + 1)
+        Z = M * kappa                                                    # exact: two fp32 factors
+        A1 = _f32(Z)
+        R_ = Z - A1                                                      # exact rounding error
+        consistent = np.zeros(M.shape, bool)
+        for theta in (0.0, 1.0):   # the forward's dominant argument: RN(S c) - RN(m c) (0) or fused (r)
+            base = theta * R_
+            e_lg2 = lg2_abs + lg2_rel * (np.abs(base) + 0.01)
+            g_lo = base + np.log2(1 + rho_lo)[:, None] - e_lg2 - 2.0 ** -40
+            g_hi = base + np.log2(1 + rho_hi)[:, None] + e_lg2 + 2.0 ** -40
+            for A in (A1, Z):      # finalize: RN(RN(m c) + lg2 l), or contracted RN(m c + lg2 l)
+                t_lo, _ = _rn32_set(A + g_lo)
+                _, t_hi = _rn32_set(A + g_hi)
+                t = t_lo
+                for _ in range(8):  # every fp32 L2 in [t_lo, t_hi]: does RN(L2 LN2) give FA4's L?
+                    live = t <= t_hi
+                    consistent |= live & (_f32(t * LN2_F32) == Lc)
+                    t = _f32_step(t, True)
+                consistent |= t <= t_hi                                  # more than 8: admit
+        consistent &= (M >= box_lo) & (M <= box_hi)
+        edge |= consistent[:, 0] | consistent[:, -1]
+        # the backward's argument for each consistent score: fma(m, kappa, -lse_log2) or
+        # RN(RN(m kappa) - lse_log2), then ex2.approx (float64 evaluation error widened)
+        x1, x0 = Z - lamc, A1 - lamc
+        slack = 2.0 ** -50 * (np.abs(Z) + np.abs(lamc))
+        xs_lo = np.minimum(_rn32_set(x1 - slack)[0], _rn32_set(x0)[0])
+        xs_hi = np.maximum(_rn32_set(x1 + slack)[1], _rn32_set(x0)[1])
+        x_lo = np.minimum(x_lo, np.min(np.where(consistent, xs_lo, np.inf), axis=1))
+        x_hi = np.maximum(x_hi, np.max(np.where(consistent, xs_hi, -np.inf), axis=1))
+    good = np.isfinite(x_lo) & np.isfinite(x_hi) & ~edge
+    m_e = mufu + u
+    p_lo = np.exp2(x_lo) * (1 - m_e) / WIDEN
+    p_hi = np.exp2(x_hi) * (1 + m_e) * WIDEN
+    p_lo = np.where(p_lo >= _FTZ, p_lo, 0.0)
+    return rows[good], js[good], p_lo[good], p_hi[good]
+
+
 def _round_iv(lo, hi, rel, floor=0.0):
     """An interval after a rounding with relative error ``rel`` and absolute floor ``floor``
     (a monotone rounding moves each end outward by at most ``rel |end| + floor``)."""
@@ -125,7 +289,8 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
                    keep: np.ndarray, scale: float, softcap: float = 0.0,
                    score: Optional[tuple[Callable, Callable, Callable, float, float]] = None,
                    exact: Optional[tuple[np.ndarray, np.ndarray]] = None,
-                   lse_self: Optional[np.ndarray] = None, sink: Optional[float] = None) -> PairIntervals:
+                   lse_self: Optional[np.ndarray] = None, sink: Optional[float] = None,
+                   n_blocks: Optional[np.ndarray] = None) -> PairIntervals:
     """Intervals of the kernel's cast P and cast dS for one (segment, query head) block.
 
     ``q`` (lq, d), ``k`` (lk, d), ``v`` (lk, dv), ``dout`` (lq, dv): the exact inputs (float64
@@ -140,7 +305,9 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
     (lq,): Note [Same S in both passes]: the LSE is the kernel's own and lies within
     ``lse_self`` (natural log) of the log-sum-exp of the very scores the backward recomputes
     (with ``sink``, the head's learnable sink logit, in its sum); then P is also bounded through
-    the softmax of those scores."""
+    the softmax of those scores. ``n_blocks`` (lq,): the forward's KV blocks per row; with it and
+    ``lse_self``, where the budgets carry ``fwd_lse_chain = 1``, the dominant key of a one-hot row
+    is also bounded through FA4's LSE chain (Note [One-hot LSE chain], :func:`one_hot_chain`)."""
     C = bs.constants
     u = C["u_fp32"]
     d, dv = q.shape[-1], v.shape[-1]
@@ -151,7 +318,7 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         A = np.abs(q) @ np.abs(k).T
         rS = np.asarray(bs.evaluate("bwd_s_accum", {"d": float(d), "abs_qk": A}), np.float64) + SLACK * A
         # ---- the exponent argument's operand y (natural-log units) and the derivative factor f
-        f_lo = f_hi = sat = gm = None
+        f_lo = f_hi = sat = gm = y_ex = None
         if softcap > 0:
             cap = float(softcap)
             xs_lo, xs_hi = (S - rS) * scale, (S + rS) * scale
@@ -192,6 +359,12 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
             f_hi = (1 - th_min * th_min * (1 - g2r)) * (1 + g2r) + SLACK
             if sat is not None:
                 f_lo, f_hi = np.where(sat, 0.0, f_lo), np.where(sat, 0.0, f_hi)
+                # the softcapped score itself: th = +-1 exactly, so y~ = RN(cap) th = +-RN(cap)
+                # exactly (FA4: softcap_val * tanh(scores), the cap a Float32 constant)
+                cap32 = float(np.float32(cap))
+                y_ex = y_mid
+                y_mid = np.where(sat, np.sign(arg_lo) * cap32, y_mid)
+                y_rad = np.where(sat, 0.0, y_rad)
         elif score is not None:
             ref, grad, err, lip, curv = score
             xm, xr = S * scale, rS * scale
@@ -203,6 +376,8 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
             f_lo, f_hi = gm - gr, gm + gr
         else:
             y_mid, y_rad = S * scale, (rS + SLACK * np.abs(S)) * scale
+        if y_ex is None:
+            y_ex = y_mid          # the exact scores (at the midpoint of S) for p_ex below
         c = _LOG2E
         # ---- x = fma(y, c, -RN(lse RN(log2 e))): bwd_exp_arg (its gamma(3)|S c| covers c = RN(...)).
         # FA4's preprocess writes lse_log2 = 0 where lse = -inf; lse = +inf gives x = -inf, P = 0
@@ -237,6 +412,23 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
             use = keep & np.isfinite(eta) & ~np.isnan(s_hi) & ~np.isnan(s_lo)
             p_hi = np.where(use, np.minimum(p_hi, s_hi), p_hi)
             p_lo = np.where(use, np.maximum(p_lo, s_lo), p_lo)
+            if C.get("fwd_lse_chain") == 1 and n_blocks is not None:
+                # Note [One-hot LSE chain]: the dominant key of a one-hot row through FA4's SM90
+                # LSE chain, every rounding explicit (only where the LSE is the kernel's own)
+                mod = softcap > 0 or score is not None
+                if mod:
+                    mb_lo, mb_hi = y_mid - y_rad, y_mid + y_rad
+                else:
+                    rs_ = rS + SLACK * np.abs(S)
+                    mb_lo, mb_hi = S - rs_, S + rs_
+                kappas = chain_kappa(scale, mod)
+                own = np.isfinite(np.asarray(lse_self, np.float64)) & (np.asarray(lse_rad) == 0) & ~np.isinf(lse_mid)
+                rr, cc, c_lo, c_hi = one_hot_chain(mb_lo, mb_hi, keep & own[:, None], kappas, lse_mid, sink,
+                                                   n_blocks, C)
+                fits = (c_lo <= p_hi[rr, cc]) & (c_hi >= p_lo[rr, cc])
+                rr, cc = rr[fits], cc[fits]
+                p_lo[rr, cc] = np.maximum(p_lo[rr, cc], c_lo[fits])
+                p_hi[rr, cc] = np.minimum(p_hi[rr, cc], c_hi[fits])
         p_lo = np.where(p_lo >= _FTZ, p_lo, 0.0)
         vis = keep & ~pos
         p_lo = np.where(vis, p_lo, 0.0)
@@ -267,12 +459,12 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         ds_hi = np.where(vis, ds_hi, 0.0)
         p_ex = ds_mag = ds_drop = None
         if exact is not None:
-            # the exact softmax of the exact scores (y_mid: S scale, or the mod's value at the
+            # the exact softmax of the exact scores (y_ex: S scale, or the mod's value at the
             # midpoint) and the size of the exact dS = P (dP - D) f before anything cancels (the
             # dot products dP = dO V and D = O dO taken in absolute values)
             o_ex, lse_ex = (np.asarray(x, np.float64) for x in exact)
             ok = keep & np.isfinite(lse_ex)[:, None]
-            p_ex = np.where(ok, np.exp(np.where(ok, y_mid - np.where(np.isfinite(lse_ex), lse_ex, 0.0)[:, None],
+            p_ex = np.where(ok, np.exp(np.where(ok, y_ex - np.where(np.isfinite(lse_ex), lse_ex, 0.0)[:, None],
                                                 -np.inf)), 0.0)
             f_abs = 1.0 if f_lo is None else np.abs(f_lo + f_hi) / 2
             terms = p_ex * (DOV + np.sum(np.abs(o_ex * dout), axis=-1)[:, None])

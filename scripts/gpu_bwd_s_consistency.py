@@ -53,10 +53,38 @@ def measure(target, p) -> dict:
     qk = np.abs(q) @ np.abs(k).T * p.scale * math.log2(math.e)
     d = p.head_dim
     g_d = d * 2.0 ** -24 / (1 - d * 2.0 ** -24)
+    chain = chain_check(p, q, k, do, dv, np.asarray(f.lse, np.float64)[0, 0], arg, once, gap)
     return {"describe": p.describe(), "keys": len(logs), "max_abs_log2_p": max(map(abs, logs), default=None),
             "mean_log2_p": float(np.mean(logs)) if logs else None,
             "ulp_log2_s": float(2.0 ** -24 * np.max(np.abs(S)) * math.log2(math.e)),
-            "model_s_error_log2": float(2 * g_d * qk.max())}
+            "model_s_error_log2": float(2 * g_d * qk.max()), **chain}
+
+
+def chain_check(p, q, k, do, dv, lse, arg, once, gap) -> dict:
+    """Note [One-hot LSE chain] (error_budgets/interval.py) against the read-back P: each one-hot
+    key's ``dV_j / dO_i`` (the cast P, to a bf16 ulp of dV) inside the chain's enclosure of P,
+    widened by the two bf16 casts (P's and dV's)? Counts the keys the chain decides, those
+    outside, and the widest enclosure (log2 units)."""
+    from fa4verify.error_budgets import interval as ivm
+    from fa4verify.judge.attention import load_budgets
+    bs = load_budgets(p.dtype, p.arch)
+    S = q @ k.T
+    A = np.abs(q) @ np.abs(k).T
+    rS = np.asarray(bs.evaluate("bwd_s_accum", {"d": float(p.head_dim), "abs_qk": A}), np.float64)
+    keep = np.ones(S.shape, bool)
+    nb = np.full(S.shape[0], float(-(-S.shape[1] // 64)))       # at least as many blocks as the kernel's
+    rows, cols, lo, hi = ivm.one_hot_chain(S - rS, S + rS, keep, ivm.chain_kappa(p.scale, mod=False), lse, None, nb, bs.constants)
+    cast = (1 + 2.0 ** -8) ** 2 * (1 + 2.0 ** -20)
+    n, out, width = 0, 0, 0.0
+    for i, j, a, b in zip(rows, cols, lo, hi):
+        if j != arg[i] or not once[j] or gap[i] < 200:
+            continue
+        ok = np.abs(do[i]) > 0
+        r = np.median(dv[j][ok] / do[i][ok])
+        n += 1
+        out += int(not (a / cast <= r <= b * cast))
+        width = max(width, float(np.log2(b / a)))
+    return {"chain_keys": n, "chain_outside": out, "chain_width_log2": width}
 
 
 def main() -> int:
@@ -74,10 +102,13 @@ def main() -> int:
             r = measure(t, _problem(1000 + s, d, a.e_qk))
             rows.append(r)
             print(f"{r['describe'][:60]:60s} keys {r['keys']:3d}  max|log2 P| {r['max_abs_log2_p']}  "
-                  f"ulp(S c) {r['ulp_log2_s']:.3g}  model S error {r['model_s_error_log2']:.3g} (log2 units)")
+                  f"ulp(S c) {r['ulp_log2_s']:.3g}  model S error {r['model_s_error_log2']:.3g} (log2 units)  "
+                  f"chain: {r['chain_keys']} keys, {r['chain_outside']} outside, width {r['chain_width_log2']:.3g}")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"target": a.target, "e_qk": a.e_qk, "rows": rows}, fh, indent=1)
+            json.dump({"target": a.target, "e_qk": a.e_qk, "rows": rows,
+                       "chain_keys": sum(r["chain_keys"] for r in rows),
+                       "chain_outside": sum(r["chain_outside"] for r in rows)}, fh, indent=1)
     return 0
 
 

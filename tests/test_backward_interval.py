@@ -217,9 +217,8 @@ def test_the_fuzz_runs_the_stage_checks_on_the_twin_and_a_d_bias_fails_bwd_stage
     from fa4verify.fuzz.violation import Violation
     p = _huge("bf16", 10, 110)
     out = check_problem(p, TwinTarget())
-    # (dV: the bound admits 0 at this scale, Note [A bound without power])
-    assert "bwd_stages" in out.ran and set(out.undecided) == {"bwd_budget.dv"}, (out.ran, out.undecided)
-    assert "Note [A bound without power]" in out.undecided["bwd_budget.dv"]
+    # (dV decided through Note [One-hot LSE chain])
+    assert "bwd_stages" in out.ran and not out.undecided, (out.ran, out.undecided)
     orig = twin_bwd._d_preprocess
     monkeypatch.setattr(twin_bwd, "_d_preprocess", lambda *a, **k: orig(*a, **k) * (1 + 2.0 ** -10))
     with pytest.raises(Violation) as e:
@@ -227,15 +226,20 @@ def test_the_fuzz_runs_the_stage_checks_on_the_twin_and_a_d_bias_fails_bwd_stage
     assert e.value.prop == "bwd_budget" and e.value.args[0].startswith("[bwd_budget] dq:"), e.value
 
 
-def test_a_postprocess_dq_fault_on_huge_logits_fails_bwd_stages_dq_post(monkeypatch):
+@pytest.mark.parametrize("chain", [True, False], ids=["chain", "no_chain"])
+def test_a_postprocess_dq_fault_on_huge_logits_fails_bwd_stages_dq_post(chain, monkeypatch):
     """A 1.5x dQ fault between the accumulator and the output (the postprocess) on a bf16 e_qk 10
-    problem, where the end-to-end dQ bound is loose (a 1.5x dQ passes ``bwd_budget``): the stage
-    check ``bwd_stages.dq_post`` (dQ against ``dq_accum RN(scale)`` of the same call) fails it. A
-    fault inside the accumulation itself (dq_accum and dQ both 1.5x) is not caught there: the
-    end-to-end bounds cannot see it at this scale (DERIVATIONS.md#backward-interval)."""
+    problem. Through Note [One-hot LSE chain] the end-to-end dQ bound fails it (``bwd_budget.dq``);
+    where that bound is loose (here: the budgets without the chain, where a 1.5x dQ passes
+    ``bwd_budget``) the stage check ``bwd_stages.dq_post`` (dQ against ``dq_accum RN(scale)`` of
+    the same call) fails it. A fault inside the accumulation itself (dq_accum and dQ both 1.5x) is
+    not caught by the stage check: only an end-to-end bound can see it (DERIVATIONS.md#backward-interval)."""
     from fa4verify.fuzz.properties import check_problem
     from fa4verify.fuzz.violation import Violation
     from fa4verify.targets import Bwd
+    if not chain:
+        from test_huge_regime_power import _chain_off
+        _chain_off(monkeypatch)
     p = _huge("bf16", 10, 110)
     orig = TwinTarget.backward
 
@@ -246,7 +250,8 @@ def test_a_postprocess_dq_fault_on_huge_logits_fails_bwd_stages_dq_post(monkeypa
     monkeypatch.setattr(TwinTarget, "backward", faulty)
     with pytest.raises(Violation) as e:
         check_problem(p, TwinTarget())
-    assert e.value.prop == "bwd_stages" and e.value.args[0].startswith("[bwd_stages] dq_post:"), e.value
+    want = "bwd_budget] dq:" if chain else "bwd_stages] dq_post:"
+    assert e.value.args[0].startswith("[" + want), e.value
 
 
 def test_a_nan_forward_output_fed_to_the_backward_is_undecided_with_its_reason():

@@ -70,16 +70,45 @@ def _zero_dv(monkeypatch):
     monkeypatch.setattr(TwinTarget, "backward", faulty)
 
 
-@pytest.mark.parametrize("e_qk", [10])
-def test_a_zero_dv_at_bf16_e_qk_10_is_undecided_never_passed(e_qk, monkeypatch):
-    """Note [A bound without power] (fa4verify/judge/verdict.py): at bf16 e_qk 10 (hd 64) even the
-    sm90 bound through the softmax of the shared scores (Note [Same S in both passes]) admits P
-    errors past 2x (the forward LSE's worst-case fp32 roundings at |S c| ~ 2^22: 8 log2 units), so
-    it admits a zero dV although dV is as large as its terms (one-hot rows: dV = dO of one query).
-    A zeroed dV used to pass every property (tightness 8.6e-8); now bwd_budget.dv is undecided with
-    its reason, for the zero dV and for the clean one alike (the bound cannot tell them apart)."""
+def _chain_off(monkeypatch):
+    """The shipped budgets without Note [One-hot LSE chain] (``fwd_lse_chain``)."""
+    import dataclasses
+    from fa4verify import error_budgets as eb
+    orig = eb.load
+
+    def load(dtype, arch):
+        bs = orig(dtype, arch)
+        return dataclasses.replace(bs, constants={k: v for k, v in bs.constants.items() if k != "fwd_lse_chain"})
+
+    monkeypatch.setattr(eb, "load", load)
+
+
+@pytest.mark.parametrize("e_qk", [10, 12])
+def test_a_zero_dv_at_bf16_e_qk_10_and_12_fails_through_the_one_hot_chain(e_qk, monkeypatch):
+    """Note [One-hot LSE chain] (error_budgets/interval.py): the dominant key of a one-hot row
+    bounded through FA4's SM90 LSE chain, every rounding explicit, decides the one-hot dV that the
+    shared-scores bound alone could not (its worst-case eta: 8 log2 units at |S c| ~ 2^22): the
+    clean gradients are decided and a zeroed dV fails bwd_budget."""
     from fa4verify.fuzz.properties import check_problem
+    from fa4verify.fuzz.violation import Violation
     p = _huge("bf16", e_qk, 100 + e_qk)
+    clean = check_problem(p, TwinTarget())
+    assert not clean.undecided, clean.undecided
+    _zero_dv(monkeypatch)
+    with pytest.raises(Violation) as e:
+        check_problem(p, TwinTarget())
+    assert e.value.prop == "bwd_budget" and e.value.args[0].startswith("[bwd_budget] dv:"), e.value
+
+
+def test_without_the_chain_a_zero_dv_at_bf16_e_qk_10_is_undecided_never_passed(monkeypatch):
+    """Note [A bound without power] (fa4verify/judge/verdict.py): where no bound has power (here
+    the budgets without the chain: the shared-scores bound admits P errors past 2x at bf16 e_qk 10,
+    so it admits a zero dV although dV is as large as its terms), bwd_budget.dv is undecided with
+    its reason, for the zero dV and for the clean one alike: never a pass (a zeroed dV used to pass
+    every property, tightness 8.6e-8)."""
+    from fa4verify.fuzz.properties import check_problem
+    _chain_off(monkeypatch)
+    p = _huge("bf16", 10, 110)
     clean = check_problem(p, TwinTarget())
     assert set(clean.undecided) == {"bwd_budget.dv"}, clean.undecided
     assert "admits a zero dv" in clean.undecided["bwd_budget.dv"]

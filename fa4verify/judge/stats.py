@@ -441,7 +441,8 @@ class BudgetStats:
                                         lse_rad=lse_rad[qs, h], keep=keep, scale=sc, softcap=float(p.softcap),
                                         score=score, exact=(self.O[qs, h], self.lse_t[qs, h]),
                                         lse_self=None if lse_self is None else lse_self[qs, h],
-                                        sink=None if sink is None else float(sink[h]))
+                                        sink=None if sink is None else float(sink[h]),
+                                        n_blocks=self.row["n_blocks"][qs, h])
                 with np.errstate(invalid="ignore", over="ignore"):
                     # u_p times the terms' size, plus the cast floor p_sub of each visible term
                     # (a P or dS below it is cast to 0 by a correct kernel)
