@@ -212,6 +212,14 @@ def check_evidence(c: Cell, sources: Optional[dict[str, str]] = None,
     return out
 
 
+def sm90_bwd_does_not_build(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> bool:
+    """Finding (measured on an H200, 2026-11-30, ``kernels/evidence/golden/hd_sweep_h200.json``):
+    FA4 4.0.0b36's SM90 backward does not compile at head dims 104 and 112 with
+    ``_tile_size_bwd_sm90``'s non-causal m_block of 80 (``MLIRError: failed to partition``), though
+    its interface accepts them. Only what was measured: causal and local (m_block 64) may build."""
+    return head_dim == head_dim_v and head_dim in (104, 112) and not (causal or local)
+
+
 def sm90_sparse_bwd_does_not_build(head_dim: int, head_dim_v: Optional[int] = None) -> bool:
     """Finding (compile-only, docs/results/features/README.md): FA4 4.0.0b36's SM90 backward under
     block sparsity cannot be built for head dims in (192, 256) that are not a multiple of 64.

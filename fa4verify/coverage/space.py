@@ -212,6 +212,11 @@ class FeatureSpace:
             why = self._form_bwd(form) if hd is None else self._bwd(form, hd)
             if why is not None:
                 return why
+        mask = row.get("mask")
+        if self.arch == "sm90" and hd is not None and mask is not None:
+            from fa4verify.kernels.features import sm90_bwd_does_not_build
+            if sm90_bwd_does_not_build(*self.hd[hd], mask in ("causal", "causal_left"), is_local(mask)):
+                return "known issue sm90_bwd_hd104_112_compile (FA4's SM90 backward does not compile there)"
         if hd is not None and gqa is not None:
             return facts.bwd_refusal(self.arch, *self.hd[hd], self.gqa_ratio(gqa))
         return None

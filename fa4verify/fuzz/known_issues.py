@@ -193,11 +193,12 @@ def _sm90_paged_tma_empty_seq_nan(problem: AttentionProblem, a: Mapping[str, Any
 
 
 def _sm90_paged_tile144_fwd(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
-    """True for a forward violation of the measured paged-KV finding: SM90, head dim 96 (q and v),
-    FA4's 192x144 forward tile (neither causal nor local) and a paged call whose page size is not
-    that tile_n (FA4's cp.async ``PagedKVManager`` path, ``paged_kv_non_tma``)."""
+    """True for a forward violation of the measured paged-KV finding: SM90, head dim 80 or 96 (q and
+    v), FA4's 192x144 forward tile (neither causal nor local) and a paged call whose page size is
+    not that tile_n (FA4's cp.async ``PagedKVManager`` path, ``paged_kv_non_tma``)."""
     call = problem.call
-    if problem.arch != "sm90" or call is None or not call.paged or (problem.head_dim, problem.head_dim_v) != (96, 96):
+    if problem.arch != "sm90" or call is None or not call.paged or problem.head_dim != problem.head_dim_v \
+            or problem.head_dim not in (80, 96):
         return False
     from fa4verify.kernels.facts import fwd_tile
     from fa4verify.problem import resolve_window
@@ -324,14 +325,16 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         _sm90_paged_tma_empty_seq_nan, targets=("production",)),
     KnownIssue(
         "sm90_paged_tile144_fwd",
-        "SM90 paged-KV forward at head dim 96 without causal or local (FA4's 192x144 tile): O is wrong "
-        "(34-78 % of elements off by ~0.3-1.9 at normal values) for every page size that is not 144 (FA4's "
-        "cp.async PagedKVManager path); the same call unpaged, and paged at head dims 64 and 128, is right",
+        "SM90 paged-KV forward at head dims 80 and 96 without causal or local (FA4's 192x144 tile): O is "
+        "wrong (34-95 % of elements off by ~0.3-1.9 at normal values) for every page size that is not 144 "
+        "(FA4's cp.async PagedKVManager path); the same call unpaged, paged at page size 144 (TMA), causal or "
+        "local (tile 192x128), and paged at head dims 64, 112 and 128, is right",
         "measured on NVIDIA H200 (sm_90), 2026-12-02, flash-attn-4 4.0.0b36: found by coverage.production "
         "(default audit, seed 2: paged P=16 + seqused_k + sink + varlen-q, hd 96) and triaged with "
         "scripts/gpu_triage_case.py (docs/results/h200/triage/): fails at page sizes 8, 16, 32, 64, 128, "
-        "without the sink, batched q, each sequence alone, one head, other values; passes unpaged and at "
-        "hd 64 / 128 paged. Other head dims of the same tile (72..88) not measured: not covered here",
+        "without the sink, batched q, each sequence alone, one head, other values, and at hd 80; passes "
+        "unpaged, at page size 144, causal, with a window, and at hd 64 / 112 / 128 paged (FA4 refuses paged "
+        "KV at hd 72 and 88: 'irregular head dim')",
         _sm90_paged_tile144_fwd, targets=("production",)),
     KnownIssue(
         "sm90_block_sparse_bwd_no_build",
