@@ -272,7 +272,7 @@ def _require_cuda() -> None:
     fa4_interface()                 # Note [Kernel cache integrity]: the cache hardened first
 
 
-from fa4verify.kernels.facts import dist_version as _dist_version  # noqa: E402
+from fa4verify.kernels.facts import dist_version as _dist_version, resolve_causal_local_window  # noqa: E402
 
 
 def versions() -> dict[str, Optional[str]]:
@@ -516,14 +516,6 @@ def _gpu_name() -> Optional[str]:
     return None
 
 
-def _resolve_window(causal: bool, window_size) -> tuple[bool, bool]:
-    """(causal, local) as FA4 resolves them (``interface._resolve_causal_local_window``): one
-    rule shared with the twin, so the recorded kernel config and the twin cannot disagree."""
-    from fa4verify.kernels.facts import resolve_causal_local_window
-    c, local, _, _ = resolve_causal_local_window(causal, window_size)
-    return c, local
-
-
 def _fill_kernel_fields(cfg: CallConfig, key: Optional[dict], *, head_dim: int, head_dim_v: int,
                         local: bool, varlen_q: bool) -> None:
     """Derive tile, pack_gqa, 2-CTA, tuning key and emulated share from FA4's compile key."""
@@ -707,7 +699,7 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     key = rec.keys[-1] if rec.keys else None
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")
-    _, local = _resolve_window(causal, ws)
+    _, local, _, _ = resolve_causal_local_window(causal, ws)
     _fill_kernel_fields(cfg, _named_key(fwd_fn, key), head_dim=int(q.shape[-1]),
                         head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
     return ForwardResult(out, lse, cfg)
@@ -787,7 +779,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     key = rec.keys[-1] if rec.keys else None
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 zero-fills the gradients)")
-    _, local = _resolve_window(causal, ws)
+    _, local, _, _ = resolve_causal_local_window(causal, ws)
     _fill_kernel_fields(cfg, _named_key(bwd_fn, key), head_dim=int(q.shape[-1]),
                         head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
     return BackwardResult(gdq, gdk, gdv, dsink, cfg)
@@ -880,7 +872,7 @@ def _forward_private(q, k, v, qv, *, softmax_scale, causal, window_size, softcap
     key = rec.keys[-1] if rec.keys else None
     if key is None:
         cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")
-    _, local = _resolve_window(causal, ws)
+    _, local, _, _ = resolve_causal_local_window(causal, ws)
     named = _named_key(fwd_fn, key)
     if qv is None:
         _fill_kernel_fields(cfg, named, head_dim=int(ref.shape[-1]), head_dim_v=int(v.shape[-1]),

@@ -67,14 +67,15 @@ def test_call_config_to_dict_is_flat_json():
 
 @needs_fa4
 def test_adapter_window_resolution_matches_fa4_interface():
-    """The adapter's (causal, local) record follows FA4's own ``_resolve_causal_local_window``:
-    only a both-negative window is dropped, and the check comes before ``causal``."""
+    """The (causal, local) the adapter records (``facts.resolve_causal_local_window``) follows FA4's
+    own ``_resolve_causal_local_window``: only a both-negative window is dropped, and the check
+    comes before ``causal``."""
     from flash_attn.cute import interface
 
-    from fa4verify.kernels.adapter import _resolve_window
+    from fa4verify.kernels.facts import resolve_causal_local_window
     sides = (None, -2, -1, 0, 1, 5)
     for causal in (False, True):
         for left in sides:
             for right in sides:
                 c, loc, _, _ = interface._resolve_causal_local_window(causal, left, right)
-                assert _resolve_window(causal, (left, right)) == (c, loc), (causal, left, right)
+                assert resolve_causal_local_window(causal, (left, right))[:2] == (c, loc), (causal, left, right)
