@@ -158,8 +158,8 @@ def one_hot_chain(m_lo: np.ndarray, m_hi: np.ndarray, keep: np.ndarray, kappas: 
     FA4's SM90 LSE chain with every rounding explicit (DERIVATIONS.md#one-hot-chain).
 
     ``m_lo..m_hi`` (lq, lk): where the kernel's fp32 score of each pair lies (the raw ``S`` without
-    a mod, the mod's output with one); ``kappa``: the kernel's fp32 multiplier of that score in
-    the exponent (``softmax_scale * LOG2_E`` without a mod, ``LOG2_E`` with one); ``lse`` (lq,):
+    a mod, the mod's output with one); ``kappas``: the fp32 multipliers of that score in the
+    exponent the kernel may use (:func:`chain_kappa`; every one is tried, the union kept); ``lse`` (lq,):
     FA4's own fp32 LSE of the row (natural log) that the backward reads; ``sink``: the head's sink
     logit (natural) or None; ``n_blocks`` (lq,): KV blocks of the row. Returns ``(rows, cols, lo,
     hi)``: the rows where the chain decides, their dominant key, and the enclosure of that

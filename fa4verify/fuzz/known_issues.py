@@ -167,6 +167,14 @@ def _empty_seq_tokens(problem: AttentionProblem) -> np.ndarray:
     return out
 
 
+def _fwd_tile_n(problem: AttentionProblem) -> int:
+    """The tile_n of the forward kernel FA4 runs for ``problem`` (its window resolved as FA4 does)."""
+    from fa4verify.kernels.facts import fwd_tile
+    from fa4verify.problem import resolve_window
+    r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
+    return fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, r_causal, r_local)[1]
+
+
 def _sm90_paged_tma_empty_seq_nan(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """True when the violation is exactly the recorded paged-KV finding: SM90, a paged call at
     page_size == tile_n (FA4's TMA paged path), NaN in the page pool (``hostile_nan``), and every
@@ -174,10 +182,7 @@ def _sm90_paged_tma_empty_seq_nan(problem: AttentionProblem, a: Mapping[str, Any
     call = problem.call
     if problem.arch != "sm90" or call is None or not call.paged or not call.hostile_nan:
         return False
-    from fa4verify.kernels.facts import fwd_tile
-    from fa4verify.problem import resolve_window
-    r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
-    if call.page_size != fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, r_causal, r_local)[1]:
+    if call.page_size != _fwd_tile_n(problem):
         return False
     q = str(v.metrics.get("quantity", ""))
     if (v.prop, q) not in (("finite", "out"), ("fwd_budget", "out"), ("paged_kv_bitwise", "out"),
@@ -200,10 +205,7 @@ def _sm90_paged_tile144_fwd(problem: AttentionProblem, a: Mapping[str, Any], v: 
     if problem.arch != "sm90" or call is None or not call.paged or problem.head_dim != problem.head_dim_v \
             or problem.head_dim not in (80, 96):
         return False
-    from fa4verify.kernels.facts import fwd_tile
-    from fa4verify.problem import resolve_window
-    r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
-    tile_n = fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, r_causal, r_local)[1]
+    tile_n = _fwd_tile_n(problem)
     if tile_n != 144 or call.page_size == tile_n:
         return False
     return (v.prop, str(v.metrics.get("quantity", ""))) in (
