@@ -1,7 +1,7 @@
 """Run the audit against production source mutants (faults planted in private copies of the
 installed FA4, fa4verify.mutants.source) and tabulate which check caught each.
 
-    python scripts/audit_mutants.py --out DIR [--checks coverage.production] ID [ID ...]
+    python scripts/audit_mutants.py --out DIR [--checks coverage.production] [--opt K=V] ID [ID ...]
 
 Each mutant: a private copy (the installed package is only read), PYTHONPATH pointing at it, a
 kernel cache of its own (the unpatched kernels can never be served), then
@@ -27,6 +27,8 @@ def main() -> int:
     ap.add_argument("--checks", default="coverage.production")
     ap.add_argument("--timeout", default="180",
                     help="seconds per task (the audit's --timeout), or 'default': the engine's deadline")
+    ap.add_argument("--opt", action="append", default=[], metavar="K=V",
+                    help="passed to the audit as --opt (e.g. fuzz_distributions=huge)")
     ap.add_argument("ids", nargs="+")
     a = ap.parse_args()
     from fa4verify.mutants import source as S
@@ -43,6 +45,8 @@ def main() -> int:
                "--kernel-cache", str(work / "kernel-cache"), "--json", str(rep)]
         if a.timeout != "default":
             cmd += ["--timeout", a.timeout]
+        for o in a.opt:
+            cmd += ["--opt", o]
         t0 = time.monotonic()
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         dt = time.monotonic() - t0

@@ -99,3 +99,24 @@ def test_siblings_stay_inside_the_work_bound_of_their_draw(group):
     """A varlen sibling's new lengths never take it past the profile's max_work (review, session 7:
     siblings of 1.7 M-14.6 M work under the ci profile's 1.5 M bound); it keeps the lengths then."""
     assert all(p.work <= 400_000 for p in group)
+
+
+def test_the_audit_fuzz_draws_only_the_distributions_its_option_names():
+    """``--opt fuzz_distributions=huge`` reaches the drawn campaign (the large-logit regime on the
+    GPU); an unknown name is a one-line ValueError (the CLI's exit 2), never ignored."""
+    from fa4verify.checks import fuzz as cf
+    from fa4verify.fuzz import drawn
+
+    class Ctx:
+        profile, deploy, seed = "default", None, 0
+
+        def __init__(self, options):
+            self.options = options
+    kw = cf._deployment_kw(Ctx({"fuzz_distributions": "huge"}), {}, call_features=True)
+    assert kw["distributions"] == ["huge"]
+    probs = drawn.draw_problems(arch="sm90", dtype="bf16", examples=12, seed=0, profile="ci",
+                                features=("causal",), **{k: v for k, v in kw.items() if k != "features"})
+    assert {p.values.distribution for p in probs} == {"huge"}
+    assert "distributions" not in cf._deployment_kw(Ctx({}), {})
+    with pytest.raises(ValueError, match="fuzz_distributions"):
+        cf._deployment_kw(Ctx({"fuzz_distributions": "gigantic"}), {})

@@ -22,7 +22,8 @@
 
 Options (``--opt KEY=VALUE``): ``fuzz_examples=N`` replaces the profile's example count and
 ``fuzz_time_limit_s=S`` stops drawing new examples after S seconds (a shrink is never cut short;
-the summary says so), for fuzz.twin and fuzz.production.
+the summary says so), ``fuzz_distributions=NAME[,NAME]`` draws only those value distributions
+(``huge``: the large-logit regime), for fuzz.twin and fuzz.production.
 
 Known FA4 issues (``fa4verify.fuzz.KNOWN_ISSUES``) are counted, not failed; any other violation
 fails the check with the first violating case (lowest example index) and its ``@example`` snippet
@@ -139,12 +140,37 @@ def _deployment_kw(ctx: CheckContext, limits: dict, *, call_features: bool = Fal
     lim.update(kw.get("limits", {}))
     if "head_dim_choices" in lim:   # explicit head dims replace the bound
         lim.pop("max_head_dim", None)
+    only = _distributions_opt(ctx)
     if dep is None:
+        out: dict[str, Any] = {"limits": lim}
         if call_features:
             from fa4verify.problem import CALL_FEATURES, MOD_FEATURE, FEATURES
-            return {"limits": lim, "features": FEATURES + CALL_FEATURES + (MOD_FEATURE,)}
-        return {"limits": lim}
-    return {"limits": lim, "features": kw["features"], "distributions": kw["distributions"]}
+            out["features"] = FEATURES + CALL_FEATURES + (MOD_FEATURE,)
+        if only:
+            out["distributions"] = only
+        return out
+    dists = kw["distributions"]
+    if only:
+        dists = [d for d in (dists or only) if d in only]
+        if not dists:
+            ctx.skip(f"--opt fuzz_distributions={','.join(only)}: the deployment draws none of them "
+                     f"({', '.join(kw['distributions'])})")
+    return {"limits": lim, "features": kw["features"], "distributions": dists}
+
+
+def _distributions_opt(ctx: CheckContext) -> list[str] | None:
+    """``--opt fuzz_distributions=NAME[,NAME]``: draw only these value distributions (e.g.
+    ``huge``, to run a campaign in the large-logit regime); None without the option."""
+    raw = (getattr(ctx, "options", None) or {}).get("fuzz_distributions")
+    if raw in (None, ""):
+        return None
+    from fa4verify.problem import DISTRIBUTIONS
+    names = [d.strip() for d in str(raw).split(",") if d.strip()]
+    bad = [d for d in names if d not in DISTRIBUTIONS]
+    if bad or not names:
+        raise ValueError(f"--opt fuzz_distributions={raw!r}: unknown distribution "
+                         f"{(bad or [raw])[0]!r}; known: {', '.join(DISTRIBUTIONS)}")
+    return names
 
 
 def _budget_opts(ctx: CheckContext, n: int) -> tuple[int, Any]:
