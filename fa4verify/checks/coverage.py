@@ -74,7 +74,17 @@ def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: s
                       "uncoverable": [list(map(list, t)) for t in pl.uncoverable]}}
     return _campaign_cases(ctx, target=target, arch=arch, dtype=dtype, n=len(problems), kw={}, where=where,
                            extra=extra, problems=problems, properties=PLAN_PROPERTIES,
-                           deterministic={i: r["det"] == "on" for i, r in enumerate(pl.rows)})
+                           deterministic={i: r["det"] == "on" for i, r in enumerate(pl.rows)},
+                           backward=row_backward(sp, pl.rows))
+
+
+def row_backward(sp, rows: list) -> dict[int, bool]:
+    """Whether each planned row calls FA4's backward: only where the space says FA4 has one
+    (``FeatureSpace.passes``). A forward-only row keeps ``det=on`` (det=off is a backward setting),
+    and FA4 would refuse a deterministic backward it cannot run before anything is judged (on the
+    H200, seeds 0-2: a block-sparse row at head dim 104 was refused whole, "Deterministic not
+    implemented for block-sparse backward", leaving its forward pairs uncovered)."""
+    return {i: "bwd" in sp.passes(r) for i, r in enumerate(rows)}
 
 
 def merge_planned(ctx: CheckContext, results: list) -> CheckResult:

@@ -220,18 +220,20 @@ class DrawnCase:
     coverage checks (Note [Drawn campaigns], fa4verify.fuzz.drawn). ``target``: "twin" or
     "production" (built in the worker); ``head``: what every case of the campaign shares (arch,
     profile, seed, where, extra details, properties, the wall-clock deadline of
-    ``--opt fuzz_time_limit_s``)."""
+    ``--opt fuzz_time_limit_s``); ``backward``: False for a planned row the space runs forward only
+    (FA4 has no backward there: its backward is never called)."""
     index: int
     problem: Any
     target: str
     head: dict
     deterministic: bool = True
+    backward: bool = True
 
 
 def _campaign_cases(ctx: CheckContext, *, target: str, arch: str, dtype: str, n: int, kw: dict,
                     where: str, extra: dict | None = None, time_limit_s: float | None = None,
                     siblings: int = 0, problems: list | None = None, properties: Any = None,
-                    deterministic: dict | None = None) -> list:
+                    deterministic: dict | None = None, backward: dict | None = None) -> list:
     """The campaign's ``n`` examples, drawn up front from the seed (Note [Drawn campaigns]), or
     ``problems`` (a plan: ``coverage.*``), as the check's cases."""
     import time
@@ -248,8 +250,9 @@ def _campaign_cases(ctx: CheckContext, *, target: str, arch: str, dtype: str, n:
     head = {"arch": arch, "profile": _profile(ctx), "seed": ctx.seed, "where": where,
             "extra": dict(extra or {}, siblings=siblings), "properties": properties,
             "deadline": None if time_limit_s is None else time.time() + time_limit_s}
-    det = deterministic or {}
-    return [DrawnCase(j, p, target, head, bool(det.get(j, True))) for j, p in enumerate(problems)]
+    det, bwd = deterministic or {}, backward or {}
+    return [DrawnCase(j, p, target, head, bool(det.get(j, True)), bool(bwd.get(j, True)))
+            for j, p in enumerate(problems)]
 
 
 def _target(name: str) -> Any:
@@ -266,7 +269,8 @@ def run_example(ctx: CheckContext, case: DrawnCase) -> dict:
     h = case.head
     tl = None if h["deadline"] is None else max(0.0, h["deadline"] - time.time())
     part = drawn.run_drawn([case.problem], [0], target=_target(case.target), time_limit_s=tl,
-                           properties=h["properties"] or PROPERTIES, deterministic={0: case.deterministic})
+                           properties=h["properties"] or PROPERTIES, deterministic={0: case.deterministic},
+                           backward=case.backward)
     return {"outcome": dict(part["outcomes"][0], index=case.index), "seconds": part["seconds"],
             "target": part["target"]}
 
