@@ -230,3 +230,24 @@ def test_sm90_paged_tile144_scope_is_what_the_h200_measured(change, prop, quanti
     v = Violation(prop, f"{quantity}: planted", {"quantity": quantity})
     ki = match_known_issue(p, v, target=target)
     assert (ki is not None and ki.name == "sm90_paged_tile144_fwd") == expect, ki
+
+
+@pytest.mark.parametrize("mods_, nheads_kv, quantity, expect", [
+    (("alibi",), 1, "dq", True),        # the H200 case: slopes read past nheads under FA4's mapping
+    (("alibi",), 1, "dk", True),
+    (("alibi",), 3, "dq", False),       # MHA: FA4's indices are the right ones
+    (("rel_bias",), 1, "dq", False),    # wrong values under the mapping, but no read past its aux:
+                                        # a non-repeatable dQ there is not this issue
+    (("alibi",), 1, "dq_accum", False),
+])
+def test_sm90_score_mod_gqa_issue_absorbs_non_repeatability_only_past_the_aux(mods_, nheads_kv, quantity, expect):
+    """Clean FA4 4.0.0b36 on the H200 (2026-12-02, gpu.sh hugemut control): two deterministic
+    backward calls of b=2 sq=4 sk=15 h=3/1 d=8 alibi gave dQ differing in 128 of 192 elements;
+    FA4's SM90 GQA backward hands alibi head h*g + q%g, past its 3 slopes."""
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=4, seqlen_k=15, nheads=3,
+                         nheads_kv=nheads_kv, head_dim=8, head_dim_v=8, mods=mods_, mod_seed=3)
+    v = Violation("deterministic_bwd", f"{quantity} differs bitwise", {"quantity": quantity})
+    ki = match_known_issue(p, v, target="production")
+    assert (ki is not None and ki.name == "sm90_score_mod_gqa_bwd_indices") == expect, ki

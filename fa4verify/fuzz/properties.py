@@ -469,7 +469,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
                         _fail(Violation("deterministic_bwd", f"{n} differs bitwise between two deterministic "
                                                              f"backward calls in {d} element(s) | case: "
-                                                             f"{problem.describe()}"))
+                                                             f"{problem.describe()}", {"quantity": n,
+                                                                                       "differs": d}))
     tights = [v for k, v in metrics.items() if k.startswith("tightness_") and math.isfinite(v)]
     metrics["tightness_max"] = max(tights) if tights else 0.0
     return CheckOutcome(metrics, skipped, ran, undecided)
