@@ -9,9 +9,11 @@ earlier one wrote. A missing wait shows only while the producer is still running
 checks call the backward on an idle GPU with dO copied from the host long before.
 
 :class:`RacingTarget` runs FA4's backward the way a training step does: dO is written by the kernel
-launched immediately before FA4's backward preprocess on the same stream (a device-side copy from a
-staging buffer, launched from a hook on FA4's ``_bwd_preprocess``:
-:func:`fa4verify.kernels.stage_taps.before_preprocess`), and optionally a concurrent memory-bound
+launched immediately before FA4's backward preprocess on the same stream (launched from a hook on
+FA4's ``_bwd_preprocess``: :func:`fa4verify.kernels.stage_taps.before_preprocess`): the kernel of
+Note [Early trigger] (``fa4verify.kernels.pdl_producer``), which lets its PDL dependents start at
+once and writes dO only after a ~0.5 ms spin, so a preprocess that does not wait reads dO before
+it is written (a torch copy where dO is not a contiguous 16-bit CUDA tensor), and optionally a concurrent memory-bound
 stream keeps the GPU busy (``busy``: copies of a ``BUSY_MB`` buffer on a side stream, launched just
 before the producer and left running during the backward). Every buffer FA4 leaves uninitialised
 is NaN-filled first (Note [Poisoned scratch]).
@@ -79,6 +81,12 @@ in code: ``last_poison`` (the hook ran and saw the staged dO, the gradients FA4 
 NaN-filled buffers) and the row's ``poisoned`` count; the hook raises a :class:`HarnessError` if
 FA4 copied dO first (the producer would not be the kernel before the preprocess) or if no
 preprocess ran (the dO read was never produced).
+
+Measured on the H200 with the torch-copy producer (2026-12-02): poisoned, the clean kernels pass
+and the planted dK semaphore wait is caught, but neither planted PDL wait (16/16 repetitions pass):
+a torch kernel never triggers its dependents, so FA4's preprocess starts only after dO is written.
+Note [Early trigger] is the answer for the preprocess's wait; the main kernel's wait for the
+preprocess stays timing-bound (the preprocess triggers right after its loads).
 
 Unproven until a GPU run shows it (``OUT=... bash scripts/gpu.sh planted:race``): that the clean
 kernels raise no false alarm with the poison on (every repetition within budget and bitwise equal,
@@ -297,10 +305,14 @@ class RacingTarget(ProductionTarget):
     preprocess, with an optional concurrent memory-bound stream (Note [Backward under load]) and,
     with ``poison``, FA4's uninitialised backward buffers NaN-filled first (Note [Poisoned scratch])."""
 
-    def __init__(self, *, busy: bool = True, poison: bool = True, **kw: Any) -> None:
+    def __init__(self, *, busy: bool = True, poison: bool = True, early_trigger: bool = True, **kw: Any) -> None:
         super().__init__(**kw)
         self.busy = bool(busy)
         self.poison = bool(poison)
+        #: dO produced by the kernel of Note [Early trigger] (else a torch copy)
+        self.early_trigger = bool(early_trigger)
+        #: what produced dO in the last backward: "early-trigger kernel", "torch copy" or None
+        self.last_producer: Optional[str] = None
         #: the buffers the last backward NaN-poisoned: {"poisoned", "wanted", "complete"}
         self.last_poison: Optional[dict] = None
         self._ad = _RacingAdapter(self._ad, self)
@@ -311,9 +323,12 @@ class RacingTarget(ProductionTarget):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         hooked = self._fa4 is not None and self._fa4[0] is not None and "dout" in self._fa4[1].preprocess.values()
+        kind = (f"{self.last_producer} (Note [Early trigger])" if self.last_producer else
+                "early-trigger kernel where dO is a contiguous 16-bit CUDA tensor, else a torch copy"
+                if self.early_trigger else "torch copy")
         d.update(busy_stream=self.busy,
-                 dout_producer=("device copy launched just before FA4's backward preprocess" if hooked
-                                else "device copy launched just before FA4's backward"),
+                 dout_producer=(f"{kind}, launched just before FA4's backward preprocess" if hooked
+                                else f"{kind}, launched just before FA4's backward"),
                  pdl=("forced off at the CuTe DSL launch (Note [PDL off])" if _PDL_FORCED_OFF
                       else "as FA4 compiles it"), pdl_in_source=pdl_in_source())
         if self._fa4 is not None:
@@ -366,7 +381,8 @@ class RacingTarget(ProductionTarget):
         dout_param = next((p for p, local in bufs.preprocess.items() if local == "dout"), None)
         hooked = iface is not None and dout_param is not None and q.numel() > 0 and k.numel() > 0
         poisoned: set[str] = set()
-        staged = self._torch.empty_like(dout)
+        src = dout if dout.is_contiguous() else dout.contiguous()
+        staged = self._torch.empty_like(src)
         outs: dict[str, Any] = {}
         if self.poison and hooked:
             if _poison(staged):
@@ -378,9 +394,20 @@ class RacingTarget(ProductionTarget):
         calls: list[int] = []
         absent: set[str] = set()
 
+        early = False
+        if self.early_trigger:
+            from fa4verify.kernels import pdl_producer
+            early = pdl_producer.supported(src, staged)
+
         def produce():
             self._load(dout)
-            staged.copy_(dout)            # the producer: the kernel right before FA4's preprocess
+            # the producer: the kernel right before FA4's preprocess (Note [Early trigger]: it lets
+            # the preprocess start at once and writes dO only after a spin)
+            if early:
+                pdl_producer.produce(src, staged)
+            else:
+                staged.copy_(src)
+            self.last_producer = "early-trigger kernel" if early else "torch copy"
 
         def hook(args: dict) -> None:
             calls.append(1)

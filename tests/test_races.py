@@ -576,3 +576,77 @@ def test_production_loads_of_lse_and_d_nobody_wrote_read_nan(monkeypatch):
     monkeypatch.setattr(iface, "_bwd_preprocess", zero_dq_accum_only)
     r, = races.run_races(t, [p], reps=2)
     assert r.violations == 2 and r.poisoned == 2 and "NaN in d" in r.first_failure, r
+
+
+# ----------------------------------------------------------------------- Note [Early trigger]
+_PRODUCER = r"""
+from fa4verify.kernels import pdl_producer
+print(pdl_producer.compile_only())
+"""
+
+
+@pytest.mark.fa4
+def test_compile_only_the_producer_triggers_its_dependents_before_it_spins_and_writes(tmp_path):
+    """Compile-only (sm_90a, no GPU): the dO producer's PTX executes griddepcontrol.launch_dependents
+    first, then spins on clock64, and only then loads and stores (Note [Early trigger]); a compiler
+    that dropped the spin or a trigger placed after the copy would let a dropped wait go unseen."""
+    import subprocess
+    import sys
+
+    from fa4verify.compile.census import compile_env
+    (tmp_path / "dump").mkdir()
+    env = compile_env("sm_90a", tmp_path / "dump", tmp_path / "dsl-cache", keep="ptx")
+    cp = subprocess.run([sys.executable, "-c", _PRODUCER], env=env, capture_output=True, text=True, timeout=600)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    body = [ln.strip() for ln in cp.stdout.splitlines()]
+
+    def first(token: str) -> int:
+        return next(i for i, ln in enumerate(body) if token in ln)
+    trigger, clock, store = first("griddepcontrol.launch_dependents"), first("%clock64"), first("st.global")
+    assert trigger < clock < store, (trigger, clock, store)
+    assert first("ld.global") > clock
+    assert sum("%clock64" in ln for ln in body) >= 2          # read before and inside the spin loop
+
+
+def test_the_early_trigger_producer_takes_only_what_it_can_copy():
+    """The producer kernel copies contiguous 16-bit CUDA tensors of one size; the harness falls
+    back to a torch copy for anything else (and the target says which produced dO)."""
+    import torch
+
+    from fa4verify.kernels import pdl_producer
+    a = torch.zeros(8, dtype=torch.bfloat16)
+    assert not pdl_producer.supported(a, a.clone())           # CPU tensors: no kernel
+    with pytest.raises(ValueError, match="16-bit"):
+        pdl_producer._words(torch.zeros(8, dtype=torch.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        pdl_producer._words(torch.zeros(4, 4, dtype=torch.float16).t())
+
+
+@pytest.mark.gpu
+def test_production_producer_lets_a_reader_that_does_not_wait_see_nan():
+    """On the GPU: a torch read launched right after the producer (no PDL: it waits for the
+    producer's end) sees the copy; the producer itself spins before it writes (its kernel time
+    exceeds the spin), so a consumer that starts early and does not wait would read the NaN."""
+    import torch
+
+    from fa4verify.kernels import pdl_producer
+    src = torch.randn(1 << 16, device="cuda", dtype=torch.bfloat16)
+    dst = torch.full_like(src, float("nan"))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    pdl_producer.produce(src, dst)                 # compile
+    dst.fill_(float("nan"))
+    start.record()
+    pdl_producer.produce(src, dst)
+    end.record()
+    torch.cuda.synchronize()
+    assert torch.equal(dst, src)
+    assert start.elapsed_time(end) > 0.2           # ms: the spin ran (2^20 cycles at <= 2 GHz >= 0.5 ms)
+
+
+@pytest.mark.gpu
+def test_production_race_target_produces_dout_with_the_early_trigger_kernel():
+    t = races.RacingTarget()
+    r, = races.run_races(t, races.race_problems(t.arch)[:1], reps=1)
+    assert r.judged == r.poisoned == 1 and not r.violations, r
+    assert t.last_producer == "early-trigger kernel"
+    assert t.describe()["dout_producer"].startswith("early-trigger kernel")
