@@ -1000,6 +1000,17 @@ def sm90_bwd_sparse_block_size(head_dim: int, head_dim_v: Optional[int] = None, 
     return 128, int(cfg.n_block_size)
 
 
+def sm90_fwd_sparse_tile_n(head_dim: int, head_dim_v: Optional[int] = None, *, causal: bool = False,
+                           local: bool = False, block_q: int = 128) -> int:
+    """tile_n of FA4's SM90 forward under block sparsity with Q blocks of ``block_q`` rows
+    (``_tile_size_fwd_sm90(..., sparse_block_size_q=block_q)``: at head dims <= 96 a Q block that
+    192 does not divide takes the 128 x 128 tile)."""
+    from flash_attn.cute import interface
+    cfg = interface._tile_size_fwd_sm90(head_dim, head_dim_v or head_dim, causal, local,
+                                        sparse_block_size_q=block_q)
+    return int(cfg.n_block_size)
+
+
 def sm90_bwd_config(head_dim: int, head_dim_v: Optional[int] = None, *, causal: bool = False,
                     local: bool = False, sparse: bool = False) -> dict[str, Any]:
     """FA4's SM90 ``BwdConfig`` for a head dim (as a dict), dense or under block sparsity."""

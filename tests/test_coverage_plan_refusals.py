@@ -64,3 +64,57 @@ def test_a_case_without_backward_never_calls_the_targets_backward(monkeypatch):
     assert out["status"] == "ran", out
     called = cf.run_example(None, cf.DrawnCase(0, p, "twin", head, True, True))["outcome"]   # the control
     assert called["status"] == "violation" and "forward-only row was called" in called["failure"]["message"]
+
+
+@pytest.fixture
+def fresh_rules():
+    from fa4verify.kernels import fa4_params, facts
+    fa4_params.installed_rule.cache_clear()
+    facts.sm90_fwd_fits_sparse_kv.cache_clear()
+    yield
+    fa4_params.installed_rule.cache_clear()
+    facts.sm90_fwd_fits_sparse_kv.cache_clear()
+
+
+@pytest.mark.parametrize("has_fit", [True, False])
+def test_the_sparse_kv_rule_is_read_from_the_release_that_runs(tmp_path, monkeypatch, fresh_rules, has_fit):
+    """4.0.0b33 added ``_fit_sm90_fwd_tile_to_block_sparsity``; b30..b32 (measured on the H200:
+    "Block sparsity requires sparse_block_size[1] to be a multiple of tile_n") have none."""
+    from fa4verify.kernels import fa4_params, facts
+    for f in ("utils.py", "flash_fwd_sm100.py"):
+        (tmp_path / f).write_text("")
+    fit = ("def _fit_sm90_fwd_tile_to_block_sparsity(cfg, sparse_block_size_q, sparse_block_size_kv):\n"
+           "    return cfg\n") if has_fit else ""
+    (tmp_path / "interface.py").write_text("def _tile_size_fwd_sm90(head_dim, head_dim_v, c, l, q=None):\n"
+                                           "    return None\n" + fit)
+    monkeypatch.setattr(fa4_params, "fa4_source_dir", lambda: tmp_path)
+    assert facts.sm90_fwd_fits_sparse_kv() is has_fit
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_before_b33_a_block_sparse_row_takes_the_forward_block_and_runs_forward_only_where_tiles_differ(
+        monkeypatch, seed):
+    """On b31/b32 (H200, 2026-12-02) 21 coverage holes came from block-sparse rows on the backward's
+    block, which those releases' SM90 forward refuses. With their rule the plan gives such a row the
+    forward's block and no backward, and still covers every supported tuple."""
+    from fa4verify.coverage import cases
+    from fa4verify.kernels import facts
+    from fa4verify.checks.coverage import row_backward
+    monkeypatch.setattr(facts, "sm90_fwd_fits_sparse_kv", lambda: False)
+    space = space_for("sm90", "bf16")
+    pl = planner.plan(space, seed=seed)
+    rows, problems = cases.plan_problems(space, pl.rows, seed=seed)
+    bwd = row_backward(space, rows)
+    seen = set()
+    for i, (row, p) in enumerate(zip(rows, problems)):
+        if row["form"] != "block_sparse":
+            continue
+        hd, hdv = space.hd[row["hd"]]
+        fwd_n = cases.sm90_fwd_sparse_tile_n(hd, hdv, False, False)
+        bwd_n = cases.sm90_bwd_sparse_block(hd, hdv)[1]
+        assert fwd_n == (128 if hd <= 128 else facts.sm90_fwd_tile(hd, hdv, False, False)[1])   # b32's table
+        assert p.call.block_size[1] == fwd_n, (row, p.call.block_size)
+        assert bwd[i] == (fwd_n == bwd_n and space.no_backward(row) is None), row
+        seen.add(fwd_n == bwd_n)
+    assert not planner.coverage(space, rows)["holes"]
+    assert seen, "no block-sparse row planned"

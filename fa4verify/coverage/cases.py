@@ -24,17 +24,42 @@ _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
 _HEADS = {"1": (2, 2), "2": (4, 2), "4": (8, 2), "mqa": (3, 1)}
 
 
-def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
+def sparse_block_size(arch: str, hd: int, hdv: int, causal: bool = False, local: bool = False) -> tuple[int, int]:
     """The (q, kv) block of a block-sparse row: on SM90 the block FA4's backward takes (read from
     FA4's ``_tile_size_bwd_sm90`` through the adapter when FA4 is installed), so forward and
-    backward run on one block mask; 128 x 128 on SM100."""
+    backward run on one block mask; 128 x 128 on SM100. A release whose SM90 forward takes only
+    its own tile_n as KV block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv` False)
+    gets the forward's block where the two differ: that row runs forward only
+    (:meth:`FeatureSpace.no_backward`)."""
     if arch != "sm90":
         return 128, 128
+    bwd = sm90_bwd_sparse_block(hd, hdv)
+    if not facts.sm90_fwd_fits_sparse_kv():
+        fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, causal and not local, local, block_q=bwd[0])
+        if fwd_n != bwd[1]:
+            return bwd[0], fwd_n
+    return bwd
+
+
+def sm90_fwd_sparse_tile_n(hd: int, hdv: int, causal: bool, local: bool, *, block_q: int = 128) -> int:
+    """tile_n of FA4's SM90 forward under Q blocks of ``block_q`` rows (the adapter reads FA4's
+    ``_tile_size_fwd_sm90``; without FA4 the pinned table, whose 192-row tiles at head dims <= 96
+    fall back to 128 x 128 when 192 does not divide the Q block)."""
+    try:
+        from fa4verify.kernels import adapter
+        return adapter.sm90_fwd_sparse_tile_n(hd, hdv, causal=causal, local=local, block_q=block_q)
+    except Exception:  # noqa: BLE001  (no FA4 here)
+        tm, tn = facts.sm90_fwd_tile(hd, hdv, causal, local)
+        return 128 if (hd <= 96 and block_q % tm) else tn
+
+
+def sm90_bwd_sparse_block(hd: int, hdv: int) -> tuple[int, int]:
+    """The (q, kv) block FA4's SM90 backward takes under block sparsity (the adapter reads FA4's
+    ``_tile_size_bwd_sm90``; without FA4 the twin's stand-in grid)."""
     try:
         from fa4verify.kernels import adapter
         return tuple(adapter.sm90_bwd_sparse_block_size(hd, hdv))
     except Exception:  # noqa: BLE001  (no FA4 here: the twin's stand-in grid)
-        from fa4verify.kernels import facts
         return 128, facts.sm90_bwd_tile(hd, hdv, False, False)[1]
 
 
@@ -96,7 +121,7 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
     else:
         kw.update(batch=2, seqlen_q=sq, seqlen_k=sk)
     if form == "block_sparse":
-        kw["call"] = CallForm(block_size=sparse_block_size(arch, hd, hdv), block_seed=rng.randrange(2 ** 16),
+        kw["call"] = CallForm(block_size=sparse_block_size(arch, hd, hdv, causal, local), block_seed=rng.randrange(2 ** 16),
                               block_keep=0.6)
     elif form in ("mask_mod", "score_mod"):
         names = space.mask_pairs if form == "mask_mod" else space.score_pairs
