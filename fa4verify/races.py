@@ -395,7 +395,7 @@ class RacingTarget(ProductionTarget):
         absent: set[str] = set()
 
         early = False
-        if self.early_trigger:
+        if self.early_trigger and getattr(src, "is_cuda", False):     # the CuTe DSL only where a GPU runs
             from fa4verify.kernels import pdl_producer
             early = pdl_producer.supported(src, staged)
 

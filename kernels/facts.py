@@ -144,7 +144,6 @@ def sm90_fwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> 
     return 128, (64 if local else 80)
 
 
-@functools.lru_cache(maxsize=1)
 def sm90_fwd_fits_sparse_kv() -> bool:
     """Whether the FA4 release that runs fits its SM90 forward tile to a block-sparse KV block
     smaller than its tile_n (``interface.py`` ``_fit_sm90_fwd_tile_to_block_sparsity``: 4.0.0b33
@@ -152,10 +151,21 @@ def sm90_fwd_fits_sparse_kv() -> bool:
     requires sparse_block_size[1] to be a multiple of tile_n"), the SM90 forward takes only a KV
     block of its own tile_n, and the backward only its own: one block mask serves both passes only
     where the two tile_n agree. Read from the installed release's source; True without FA4."""
-    from fa4verify.kernels.fa4_params import fa4_source_dir, installed_rule
-    if fa4_source_dir() is None:
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
         return True
-    return installed_rule("_fit_sm90_fwd_tile_to_block_sparsity") is not None
+    return _source_defines(str(d / "interface.py"), "_fit_sm90_fwd_tile_to_block_sparsity")
+
+
+@functools.lru_cache(maxsize=16)
+def _source_defines(path: str, name: str) -> bool:
+    """Whether the Python file ``path`` defines a top-level function ``name`` (read as text)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return any(line.startswith(f"def {name}(") for line in f)
+    except OSError:
+        return False
 
 
 def sm90_bwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:

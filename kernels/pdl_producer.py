@@ -19,8 +19,12 @@ consumer: every block triggers its dependents first, then spins ``spin`` SM cloc
 whole copy; one that does not reads ``dst`` before it is written (NaN when the race harness
 poisoned it first: Note [Poisoned scratch]).
 
-The grid is at most two blocks per SM of the H200 (264), so every block is resident at once and
-the trigger is not held back by blocks waiting for a slot. The kernel copies 16-bit words (dO's
+The grid is at most two blocks per SM of the H200 (264), so on an otherwise idle GPU every block
+is resident at once and the trigger is not held back by blocks waiting for a slot. Under the race
+harness's busy stream some blocks may start late; the dependents then start when the last block
+has triggered, and the blocks that started first may have written their part of ``dst``: a
+dropped wait still reads the late blocks' part unwritten (the detection degrades, it does not
+turn into a false alarm). The kernel copies 16-bit words (dO's
 bf16/fp16 bits), so one compiled kernel serves both dtypes; shapes are static: one compile per
 element count (< 0.1 s each).
 
@@ -64,7 +68,8 @@ def _launch(mSrc: cute.Tensor, mDst: cute.Tensor, spin: cutlass.Int32, stream: c
     _kernel(mSrc, mDst, spin).launch(grid=[grid, 1, 1], block=[BLOCK, 1, 1], stream=stream)
 
 
-_COMPILED: dict[int, Any] = {}
+#: compiled producers by (CUDA device index, element count)
+_COMPILED: dict[tuple[int, int], Any] = {}
 
 
 def _words(t: Any) -> Any:
@@ -83,17 +88,18 @@ def supported(src: Any, dst: Any) -> bool:
 
 
 def produce(src: Any, dst: Any, spin: int = SPIN) -> None:
-    """Launch, on torch's current stream, the kernel that triggers its dependents, spins, then
-    copies ``src`` into ``dst`` (Note [Early trigger])."""
+    """Launch, on torch's current stream of ``src``'s device, the kernel that triggers its
+    dependents, spins, then copies ``src`` into ``dst`` (Note [Early trigger])."""
     import torch
     from cutlass.cute.runtime import from_dlpack
     s, d = _words(src), _words(dst)
-    n = s.numel()
+    key = (int(src.device.index or 0), s.numel())
     args = (from_dlpack(s, assumed_align=2), from_dlpack(d, assumed_align=2))
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    if n not in _COMPILED:
-        _COMPILED[n] = cute.compile(_launch, *args, cutlass.Int32(int(spin)), stream)
-    _COMPILED[n](*args, cutlass.Int32(int(spin)), stream)
+    with torch.cuda.device(src.device):
+        stream = cuda.CUstream(torch.cuda.current_stream(src.device).cuda_stream)
+        if key not in _COMPILED:
+            _COMPILED[key] = cute.compile(_launch, *args, cutlass.Int32(int(spin)), stream)
+        _COMPILED[key](*args, cutlass.Int32(int(spin)), stream)
 
 
 def compile_only(n: int = 4 * BLOCK) -> str:

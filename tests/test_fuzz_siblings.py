@@ -120,3 +120,16 @@ def test_the_audit_fuzz_draws_only_the_distributions_its_option_names():
     assert "distributions" not in cf._deployment_kw(Ctx({}), {})
     with pytest.raises(ValueError, match="fuzz_distributions"):
         cf._deployment_kw(Ctx({"fuzz_distributions": "gigantic"}), {})
+
+
+def test_a_campaign_narrowed_to_some_distributions_says_so():
+    from fa4verify.checks import fuzz as cf
+
+    class Ctx:
+        profile, deploy, seed = "default", None, 0
+
+        def __init__(self, options):
+            self.options = options
+    assert cf._distributions_extra(Ctx({"fuzz_distributions": "huge,tiny"})) == {"distributions_drawn_from":
+                                                                                  ["huge", "tiny"]}
+    assert cf._distributions_extra(Ctx({})) == {}

@@ -608,6 +608,7 @@ def test_compile_only_the_producer_triggers_its_dependents_before_it_spins_and_w
     assert sum("%clock64" in ln for ln in body) >= 2          # read before and inside the spin loop
 
 
+@pytest.mark.fa4
 def test_the_early_trigger_producer_takes_only_what_it_can_copy():
     """The producer kernel copies contiguous 16-bit CUDA tensors of one size; the harness falls
     back to a torch copy for anything else (and the target says which produced dO)."""
@@ -623,24 +624,42 @@ def test_the_early_trigger_producer_takes_only_what_it_can_copy():
 
 
 @pytest.mark.gpu
-def test_production_producer_lets_a_reader_that_does_not_wait_see_nan():
-    """On the GPU: a torch read launched right after the producer (no PDL: it waits for the
-    producer's end) sees the copy; the producer itself spins before it writes (its kernel time
-    exceeds the spin), so a consumer that starts early and does not wait would read the NaN."""
+@pytest.mark.parametrize("wait", [False, True])
+def test_production_producer_lets_a_reader_that_does_not_wait_see_nan(wait):
+    """On the GPU, the proof of Note [Early trigger]: a PDL consumer launched right after the
+    producer reads the NaN the producer has not yet overwritten when it drops its wait, and the
+    whole copy when it waits; the producer's kernel time exceeds its spin."""
     import torch
+    import cutlass.cute as cute
+    import cuda.bindings.driver as cuda
+    from cutlass.cute.runtime import from_dlpack
 
     from fa4verify.kernels import pdl_producer
     src = torch.randn(1 << 16, device="cuda", dtype=torch.bfloat16)
     dst = torch.full_like(src, float("nan"))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    pdl_producer.produce(src, dst)                 # compile
+    probe = torch.zeros_like(src)
+    w = lambda t: from_dlpack(t.view(torch.int16), assumed_align=2)   # noqa: E731
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    import importlib.util
+    import pathlib
+    spec = importlib.util.spec_from_file_location(
+        "pdl_consumer_fixture", pathlib.Path(__file__).parent / "fixtures" / "pdl_consumer.py")
+    fixture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixture)
+    consume = cute.compile(fixture.consumer(wait), w(dst), w(probe), stream)
+    pdl_producer.produce(src, dst)                 # compile the producer
+    torch.cuda.synchronize()
     dst.fill_(float("nan"))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     pdl_producer.produce(src, dst)
     end.record()
+    consume(w(dst), w(probe), stream)
     torch.cuda.synchronize()
     assert torch.equal(dst, src)
     assert start.elapsed_time(end) > 0.2           # ms: the spin ran (2^20 cycles at <= 2 GHz >= 0.5 ms)
+    nan = int(torch.isnan(probe).sum())
+    assert (nan == 0) if wait else (nan > 0), nan
 
 
 @pytest.mark.gpu

@@ -286,6 +286,8 @@ def summarise_campaign(ctx: CheckContext, results: list) -> CheckResult:
                             profile=h["profile"], seed=h["seed"])
     out = _result(res, h["where"])
     out.details.update(h["extra"])
+    if h["extra"].get("distributions_drawn_from"):
+        out.summary += f" [values drawn only from {', '.join(h['extra']['distributions_drawn_from'])}]"
     out.details["examples_drawn"] = len(results)
     out.details["draw_digest"] = hashlib.sha256("".join(c.problem.digest() for c, _v in results).encode()
                                                 ).hexdigest()[:16]
@@ -302,8 +304,16 @@ def summarise_campaign(ctx: CheckContext, results: list) -> CheckResult:
 def _twin_cases(ctx: CheckContext) -> list:
     dtype = _dtype(ctx)
     n, tl = _budget_opts(ctx, _TWIN_EXAMPLES[ctx.profile])
+    kw = _deployment_kw(ctx, {})
     return _campaign_cases(ctx, target="twin", arch=ctx.arch, dtype=dtype, n=n, time_limit_s=tl,
-                           kw=_deployment_kw(ctx, {}), where="CPU twin")
+                           kw=kw, where="CPU twin", extra=_distributions_extra(ctx))
+
+
+def _distributions_extra(ctx: CheckContext) -> dict:
+    """``{"distributions_drawn_from": [...]}`` when ``--opt fuzz_distributions`` narrowed the draw
+    (the summary says so: a pass on huge logits only is not a pass of the whole mix)."""
+    only = _distributions_opt(ctx)
+    return {"distributions_drawn_from": only} if only else {}
 
 
 @check("fuzz.twin", title="Hypothesis fuzzing of shapes, masks and values on the CPU twin",
@@ -363,7 +373,8 @@ def _production_cases(ctx: CheckContext) -> list:
     return _campaign_cases(ctx, target="production", arch=gpu.arch, dtype=dtype, n=n, kw=kw, where=where,
                            time_limit_s=tl, siblings=_siblings(ctx),
                            extra={"head_dims_drawn_from": drawn_from,
-                                  "features_drawn_from": list(kw.get("features") or ())})
+                                  "features_drawn_from": list(kw.get("features") or ()),
+                                  **_distributions_extra(ctx)})
 
 
 def campaign_compiles(cases: list) -> list:

@@ -24,18 +24,19 @@ _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
 _HEADS = {"1": (2, 2), "2": (4, 2), "4": (8, 2), "mqa": (3, 1)}
 
 
-def sparse_block_size(arch: str, hd: int, hdv: int, causal: bool = False, local: bool = False) -> tuple[int, int]:
+def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
     """The (q, kv) block of a block-sparse row: on SM90 the block FA4's backward takes (read from
     FA4's ``_tile_size_bwd_sm90`` through the adapter when FA4 is installed), so forward and
     backward run on one block mask; 128 x 128 on SM100. A release whose SM90 forward takes only
     its own tile_n as KV block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv` False)
     gets the forward's block where the two differ: that row runs forward only
-    (:meth:`FeatureSpace.no_backward`)."""
+    (:meth:`FeatureSpace.no_backward` asks this function). A block-sparse row has no causal or
+    window mask (FA4 drops them with a block mask: ``FeatureSpace.why_not``)."""
     if arch != "sm90":
         return 128, 128
     bwd = sm90_bwd_sparse_block(hd, hdv)
     if not facts.sm90_fwd_fits_sparse_kv():
-        fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, causal and not local, local, block_q=bwd[0])
+        fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, False, False, block_q=bwd[0])   # block-sparse: no causal/window
         if fwd_n != bwd[1]:
             return bwd[0], fwd_n
     return bwd
@@ -121,7 +122,7 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
     else:
         kw.update(batch=2, seqlen_q=sq, seqlen_k=sk)
     if form == "block_sparse":
-        kw["call"] = CallForm(block_size=sparse_block_size(arch, hd, hdv, causal, local), block_seed=rng.randrange(2 ** 16),
+        kw["call"] = CallForm(block_size=sparse_block_size(arch, hd, hdv), block_seed=rng.randrange(2 ** 16),
                               block_keep=0.6)
     elif form in ("mask_mod", "score_mod"):
         names = space.mask_pairs if form == "mask_mod" else space.score_pairs

@@ -203,10 +203,9 @@ class FeatureSpace:
             if sm90_sparse_bwd_does_not_build(*self.hd[hd]):
                 why = "known issue sm90_block_sparse_bwd_no_build (FA4's SM90 block-sparse backward does not build)"
         if why is None and form == "block_sparse" and self.arch == "sm90" and not facts.sm90_fwd_fits_sparse_kv():
-            from fa4verify.coverage.cases import sm90_bwd_sparse_block, sm90_fwd_sparse_tile_n
-            d, dv = self.hd[hd]
-            bq, bwd_n = sm90_bwd_sparse_block(d, dv)
-            fwd_n = sm90_fwd_sparse_tile_n(d, dv, False, False, block_q=bq)
+            from fa4verify.coverage.cases import sm90_bwd_sparse_block, sparse_block_size
+            d, dv = self.hd[hd]           # a block-sparse row has no causal/window (why_not)
+            bwd_n, fwd_n = sm90_bwd_sparse_block(d, dv)[1], sparse_block_size(self.arch, d, dv)[1]
             if fwd_n != bwd_n:
                 why = (f"this FA4 release's SM90 block-sparse forward takes KV blocks of its own tile_n ({fwd_n}) "
                        f"only and its backward of {bwd_n}: no block mask serves both passes "

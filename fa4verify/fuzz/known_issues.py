@@ -229,14 +229,15 @@ def _sm90_score_mod_gqa_bwd_indices(problem: AttentionProblem, a: Mapping[str, A
     mapping applied to rows that are not packed), or reads past its aux tensors there. A read past
     the aux tensors reads whatever memory lies there, so two deterministic backward calls may
     differ too (measured on the H200, 2026-12-02: alibi, GQA 3/1, hd 8, dQ differed in 128 of 192
-    elements on clean FA4 4.0.0b36): ``deterministic_bwd`` of a gradient is absorbed only then,
-    never for a score pair that stays inside its aux tensors under FA4's mapping."""
+    elements on clean FA4 4.0.0b36): ``deterministic_bwd`` of dQ (the gradient measured) is absorbed
+    only then, never for a score pair that stays inside its aux tensors under FA4's mapping, and
+    never for dK/dV (a GQA accumulation-order fault there stays reported)."""
     if problem.arch != "sm90" or problem.nheads_kv == problem.nheads or not problem.mods:
         return False
     quantity = str(v.metrics.get("quantity", ""))
     # the gradients and the dQ accumulator only: the forward is right, masking is untouched, and
     # D / lse_log2 / dq_post never see the score_mod (a fault there stays reported)
-    repeat = v.prop == "deterministic_bwd" and quantity in ("dq", "dk", "dv")
+    repeat = v.prop == "deterministic_bwd" and quantity == "dq"      # measured on dQ only
     if not ((v.prop in ("bwd_budget", "finite") and quantity in ("dq", "dk", "dv"))
             or (v.prop == "bwd_stages" and quantity == "dq_accum") or repeat):
         return False
