@@ -16,7 +16,11 @@
   default) and count the dQ path's fp32 atomics and the semaphore that orders them
   (:mod:`fa4verify.compile.census_atomics`); the static side of the B200 determinism claim.
 
-Each FA4 compile takes 5-15 s on 2 cores, so these run in the ``full`` and ``exhaustive``
+* ``census.pdl_waits`` -- compile FA4's backward (sm_90a, sm_100a) and check that every kernel
+  FA4 launches with programmatic dependent launch executes ``griddepcontrol.wait``
+  (:mod:`fa4verify.compile.census_pdl`); default profile (two compiles).
+
+Each FA4 compile takes 5-15 s on 2 cores, so the others run in the ``full`` and ``exhaustive``
 profiles only. Every figure is "compile-only".
 """
 from __future__ import annotations
@@ -161,3 +165,37 @@ def bwd_atomics(ctx: CheckContext) -> CheckResult:
         metrics=metrics,
         details={"table": {"columns": A.ROW_COLUMNS, "rows": rows},
                  "note": "static instruction sites in the compiled PTX/SASS (compile-only), not executions"})
+
+
+@check("census.pdl_waits", title="Every backward kernel FA4 launches with PDL waits for its predecessor",
+       needs={"cpu", "fa4"}, profiles={"default", "full", "exhaustive"})
+def pdl_waits(ctx: CheckContext) -> CheckResult:
+    """Compile FA4's backward (sm_90a and sm_100a, hd 128) and check that each kernel FA4's source
+    launches with programmatic dependent launch has ``griddepcontrol.wait`` in its PTX
+    (:mod:`fa4verify.compile.census_pdl`): a dropped wait lets it read what the kernel before it
+    has not written yet, which timing on a GPU rarely shows. Evidence: compile-only. One compile
+    per arch (~9 s on 2 cores), so it runs in the default profile."""
+    from fa4verify.compile import census as C
+    from fa4verify.compile.census_pdl import COLUMNS, pdl_rows
+    from fa4verify.races import pdl_in_source
+    files = pdl_in_source()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fa4pdl-") as wd, \
+            ctx.progress(2, "compiling FA4 backward for its PDL waits") as bar:
+        for arch in ("sm_90a", "sm_100a"):
+            rows += pdl_rows(C.compile_case(C.CensusCase(arch, 128, backward=True), wd), files)
+            bar.advance(1)
+    pdl = [r for r in rows if r.pdl]
+    bad = [r for r in rows if r.status == "fail"]
+    table = {"columns": COLUMNS, "rows": [r.row() for r in rows]}
+    metrics = {"pdl_kernels": len(pdl), "pdl_kernels_without_wait": len(bad)}
+    if not pdl:
+        return CheckResult(status="undecided", where="compile-only", metrics=metrics, details={"table": table},
+                           summary="FA4's source launches no backward kernel with PDL here: nothing to check")
+    if bad:
+        return CheckResult(status="fail", where="compile-only", metrics=metrics, details={"table": table},
+                           summary="launched with PDL but never waits (griddepcontrol.wait absent from its PTX): "
+                                   + ", ".join(f"{r.arch} {r.module}" for r in bad))
+    return CheckResult(status="pass", where="compile-only", metrics=metrics, details={"table": table},
+                       summary=f"{len(pdl)} backward kernels launched with PDL ("
+                               + ", ".join(sorted({f'{r.arch} {r.module}' for r in pdl})) + ") each wait")
