@@ -244,13 +244,21 @@ def _sm90_score_mod_gqa_bwd_indices(problem: AttentionProblem, a: Mapping[str, A
     score, _ = problem.mod_pairs()
     if score is None:
         return False
-    if repeat:
-        return _score_mod_reads_past_aux(problem, score, a)
+    effect = _gqa_mapping_effect(problem, score, a)
+    return effect == "past_aux" if repeat else effect is not None
+
+
+def _gqa_mapping_effect(problem: AttentionProblem, score: Any, a: Mapping[str, Any]) -> Optional[str]:
+    """What FA4's SM90 GQA backward mapping (row ``r`` of head ``h`` handed to the score pair as
+    row ``r // g`` of head ``h * g + r % g``) does to the score pair: "past_aux" when its reference
+    indexes past its aux tensors for some row and head (an IndexError), "changed" when some value
+    or derivative differs from the right indices', None when the mapping changes nothing."""
     from fa4verify import mods
     aux = mods.aux_for(problem, score, a)
     g = problem.nheads // problem.nheads_kv
     ki = np.arange(problem.seqlen_k)[None, :]
     x = np.linspace(-4.0, 4.0, problem.seqlen_k)[None, :]
+    changed = False
     for b in range(problem.batch):
         for h in range(problem.nheads):
             for r in range(problem.seqlen_q):
@@ -258,30 +266,10 @@ def _sm90_score_mod_gqa_bwd_indices(problem: AttentionProblem, a: Mapping[str, A
                     yb = score.ref(x, b, h * g + r % g, np.array([[r // g]]), ki, aux)
                     db = score.grad(x, b, h * g + r % g, np.array([[r // g]]), ki, aux)
                 except IndexError:
-                    return True
-                if not (np.array_equal(yb, score.ref(x, b, h, np.array([[r]]), ki, aux))
-                        and np.array_equal(db, score.grad(x, b, h, np.array([[r]]), ki, aux))):
-                    return True
-    return False
-
-
-def _score_mod_reads_past_aux(problem: AttentionProblem, score: Any, a: Mapping[str, Any]) -> bool:
-    """Whether the score pair, called with the indices FA4's SM90 GQA backward hands it, indexes
-    past its aux tensors (an IndexError of its reference) for some row and head."""
-    from fa4verify import mods
-    aux = mods.aux_for(problem, score, a)
-    g = problem.nheads // problem.nheads_kv
-    ki = np.arange(problem.seqlen_k)[None, :]
-    x = np.linspace(-4.0, 4.0, problem.seqlen_k)[None, :]
-    for b in range(problem.batch):
-        for h in range(problem.nheads):
-            for r in range(problem.seqlen_q):
-                try:
-                    score.ref(x, b, h * g + r % g, np.array([[r // g]]), ki, aux)
-                    score.grad(x, b, h * g + r % g, np.array([[r // g]]), ki, aux)
-                except IndexError:
-                    return True
-    return False
+                    return "past_aux"
+                changed = changed or not (np.array_equal(yb, score.ref(x, b, h, np.array([[r]]), ki, aux))
+                                          and np.array_equal(db, score.grad(x, b, h, np.array([[r]]), ki, aux)))
+    return "changed" if changed else None
 
 
 #: FA4 behaviours the fuzzer has found and that are documented (docs/fuzzing.md).
