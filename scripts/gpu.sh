@@ -12,7 +12,7 @@
 #
 #   audit          the default GPU audit: JSON, JUnit and HTML reports (audit.{json,xml,html,log})
 #   deploy:NAME    the audit under a shipped deployment profile (llama3-8b, small-hd, ...)
-#   gputests       pytest -m gpu over tests/ (-n GPU_TEST_WORKERS, default 6, with pytest-xdist)
+#   gputests       pytest -m gpu over GPU_TESTS (default tests/; e.g. "tests/test_races.py -k producer"), -n GPU_TEST_WORKERS (6)
 #   golden         record golden vectors and MUFU statistics (scripts/gpu_golden.py)
 #   figures        production forward/backward figures (benchmarks/gpu_production_figures.py)
 #   exp2           exhaustive device exp2 sweep vs the device twin (scripts/gpu/exp2_device.sh)
@@ -91,7 +91,7 @@ for step in "$@"; do
     deploy:*) timeout "$left" "${AUDIT[@]}" --deployment "${step#deploy:}" --json "$OUT/audit.json" \
                 > "$OUT/audit.log" 2>&1; echo "audit rc=$?"; tail -12 "$OUT/audit.log" ;;
     gputests) NX=(); python3 -c "import xdist" 2>/dev/null && NX=(-n "${GPU_TEST_WORKERS:-6}")
-              timeout "$left" python3 -m pytest -q -m gpu "${NX[@]}" -rfEs -p no:cacheprovider tests \
+              timeout "$left" python3 -m pytest -q -m gpu "${NX[@]}" -rfEs -p no:cacheprovider ${GPU_TESTS:-tests} \
                 > "$OUT/gpu_tests.log" 2>&1; tail -15 "$OUT/gpu_tests.log" ;;
     golden)   timeout "$left" python3 scripts/gpu_golden.py --out "$OUT/golden" 2>&1 | tail -20 ;;
     figures)  timeout "$left" python3 benchmarks/gpu_production_figures.py --json "$OUT/production_figures.json" 2>&1 | tail -20 ;;
