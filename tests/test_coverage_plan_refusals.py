@@ -31,7 +31,7 @@ def test_the_rule_is_what_the_sweep_measured():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_forward_only_row_never_asks_fa4_for_a_backward(seed):
-    """H200, FA4 4.0.0b36, seeds 0-2 (main 99c7b71): a block-sparse row at head dim 104 (no SM90
+    """H200, FA4 4.0.0b36, seeds 0-2 (main 39c3549): a block-sparse row at head dim 104 (no SM90
     backward builds there, so the space runs it forward only and keeps det=on) called FA4's
     deterministic backward anyway; FA4 refused the call ("Deterministic not implemented for
     block-sparse backward") and the row's forward pairs became holes: coverage undecided."""
