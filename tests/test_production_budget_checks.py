@@ -82,3 +82,45 @@ def test_forward_check_passes_exact_then_rounded_and_fails_a_shift(ctx, monkeypa
     assert _run(B.production_forward, ctx).status == "pass"
     _stand_in(monkeypatch, out_shift=0.01)
     assert _run(B.production_forward, ctx).status == "fail"
+
+
+def test_forward_check_adds_two_huge_logit_cases_on_the_same_kernels(ctx, monkeypatch):
+    """Note [Statistical tier at large logits]: the forward check runs its live cases and the first
+    two again with huge logits (same shapes, so the same FA4 kernels); exact-then-rounded passes.
+    (The exact stand-in cannot show the tier's power there: with exact one-hot weights O is a
+    bf16 value of V, and 1 + 2^-9 times it rounds back to it. The twin, which rounds as FA4 does,
+    shows it: the next test.)"""
+    _stand_in(monkeypatch)
+    r = _run(B.production_forward, ctx)
+    rows = r.details["table"]["rows"]
+    huge = [row for row in rows if row[0].endswith(" huge")]
+    assert r.status == "pass" and len(rows) == 6 and len(huge) == 2, (r.summary, [row[0] for row in rows])
+    assert all(row[4] == "pass" for row in huge), huge
+    live = B._live_cases(ctx)
+    extra = B._forward_live_cases(ctx)[len(live):]
+    assert [p.replace(values=live[0].values) for p in extra] == live[:2]
+
+
+@pytest.mark.parametrize("accumulation", ["sequential", "pairwise"])
+@pytest.mark.parametrize("e_qk", [2.0, 6.0, 8.0])
+def test_the_statistical_tier_at_large_logits_is_quiet_on_a_correct_kernel_and_sees_the_bias(accumulation, e_qk):
+    """The evidence of Note [Statistical tier at large logits] on the CPU twin: a twin with perturbed
+    MUFU and another accumulation order passes against the prediction; the planted 2^-9 1/rowsum
+    bias fails, at hd 128 seqlen 512, causal and not."""
+    from fa4verify import judge
+    from fa4verify.judge import statistical as S
+    from fa4verify.problem import AttentionProblem, ValueSpec
+    from fa4verify.targets import TwinTarget
+    alpha = S.alpha_per_test(S.DEFAULT_ALPHA, 6)
+    pred = TwinTarget()
+    for causal in (False, True):
+        p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=512, seqlen_k=512, nheads=2, nheads_kv=2,
+                             head_dim=128, head_dim_v=128, causal=causal,
+                             values=ValueSpec("huge", 0, params=(("e_qk", e_qk), ("e_v", 4.0))))
+        a = p.materialize()
+        f0 = pred.forward(p, a)
+        ref = judge.judge_forward(p, a, f0.out, f0.lse).ref_out.value
+        for mut, want in (((), "pass"), (("recip_bias_2m9",), "fail")):
+            f = TwinTarget(mut, mufu="perturbed", seed=1, accumulation=accumulation).forward(p, a)
+            v = S.tier_on(p, {"out": f.out}, {"out": ref}, a, alpha_test=alpha, twin=pred)[0]
+            assert v.status == want, (causal, mut, v.summary())

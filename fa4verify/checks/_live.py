@@ -57,6 +57,8 @@ def problems(ctx: CheckContext, arch: str, dtype: str, *, seqlen: int = 512) -> 
 def tag(p: AttentionProblem) -> str:
     mask = "causal" if p.causal else ("window" if p.local else "full")
     extra = (" sink" if p.sink else "") + (f" softcap{p.softcap:g}" if p.softcap else "")
+    if p.values.distribution != "normal":
+        extra += f" {p.values.distribution}"
     gqa = f" h{p.nheads}/{p.nheads_kv}" if p.nheads != p.nheads_kv else ""
     return f"hd{p.head_dim} {mask} s{p.seqlen_q}{gqa}{extra}"
 
