@@ -55,7 +55,8 @@
 #                  TRIAGE_CASE: a case / audit JSON, default the seed-2 paged-KV row; TRIAGE_PROPERTY,
 #                  TRIAGE_HDS, TRIAGE_PAGES: the head dims and page sizes varied)
 #   hang           the planted kernel hang (sm90_bwd_hd64_hang) under the audit (HANG_CHECKS, HANG_TIMEOUT)
-#   hugemut        1/rowsum 2^-9 and D 2^-10 planted, fuzz.production on huge logits only (HUGEMUT_N, HUGEMUT_T, HUGEMUT_IDS)
+#   hugemut        1/rowsum 2^-9 and D 2^-10 planted: fuzz.production on huge logits only and budgets.production.forward
+#                  (its huge-logit statistical cases) (HUGEMUT_CHECKS, HUGEMUT_N, HUGEMUT_T, HUGEMUT_IDS)
 #   releases       the default audit of older FA4 releases, each shadowing the installed one, a report
 #                  each and the release table (scripts/gpu/releases.sh, Note [Release runs]; RELEASES,
 #                  RELEASE_JOBS, RELEASE_CAP_S, RELEASE_MIN_S; scripts/release_table.py)
@@ -183,7 +184,8 @@ PY
                   --page-sizes "${TRIAGE_PAGES:-8,32,64,128}" --json "$OUT/triage.json" 2>&1 | grep -v Warning | tail -40 ;;
     hang)     timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" --checks "${HANG_CHECKS:-budgets.production}" \
                 --timeout "${HANG_TIMEOUT:-60}" sm90_bwd_hd64_hang 2>&1 | tail -12 ;;
-    hugemut)  timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" --checks fuzz.production --timeout default \
+    hugemut)  timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" \
+                --checks "${HUGEMUT_CHECKS:-fuzz.production or budgets.production.forward}" --timeout default \
                 --opt fuzz_distributions=huge --opt fuzz_examples="${HUGEMUT_N:-60}" --opt fuzz_time_limit_s="${HUGEMUT_T:-90}" \
                 ${HUGEMUT_IDS:-clean recip_bias_2m9 dpsum_bias_2m10} 2>&1 | tail -12 ;;
     releases) RELEASE_DEADLINE=$DEADLINE bash scripts/gpu/releases.sh ;;
