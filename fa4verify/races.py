@@ -154,17 +154,22 @@ BUSY_MB = 256
 
 
 def pdl_in_source() -> dict[str, bool]:
-    """Whether the installed FA4's backward kernels launch with PDL: ``{file: use_pdl found}``."""
+    """Whether the installed FA4's backward kernels may launch with PDL: ``{file: found}``, True
+    where the file's code (comments aside) passes ``use_pdl=`` anything but the literal ``False``
+    (b36: ``use_pdl=self.use_pdl`` in the preprocess, ``use_pdl=True`` in the SM90 main kernel).
+    Conservative on purpose: ``census.pdl_waits`` asks every such kernel for a wait."""
+    import re
     from fa4verify.kernels.fa4_params import fa4_source_dir
     d = fa4_source_dir()
     out: dict[str, bool] = {}
     if d is None:
         return out
+    launch = re.compile(r"(?<![.\w])use_pdl\s*=\s*(?!False\b)\S")
     for f in ("flash_bwd_preprocess.py", "flash_bwd_sm90.py", "flash_bwd_sm100.py", "flash_bwd_postprocess.py"):
         p = d / f
         if p.is_file():
-            text = p.read_text()
-            out[f] = "use_pdl=True" in text or "use_pdl=self.use_pdl" in text
+            code = (line.split("#", 1)[0] for line in p.read_text().splitlines())
+            out[f] = any(launch.search(line) for line in code)
     return out
 
 

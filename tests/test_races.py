@@ -74,6 +74,19 @@ def test_pdl_is_read_from_the_installed_source():
     assert races.pdl_in_source().get("flash_bwd_preprocess.py") is True
 
 
+def test_pdl_in_source_reads_code_not_comments_and_any_launch_value_but_false(tmp_path, monkeypatch):
+    from fa4verify.kernels import fa4_params
+    files = {"flash_bwd_preprocess.py": "    launch(use_pdl=self.use_pdl)\n",
+             "flash_bwd_sm90.py": "        kernel.launch(grid=g, use_pdl=pdl_flag)\n",
+             "flash_bwd_sm100.py": "    # launched with use_pdl=True one day\n    launch(use_pdl=False)\n",
+             "flash_bwd_postprocess.py": "    self.use_pdl = True\n    def f(use_pdl: bool = False): pass\n"}
+    for f, text in files.items():
+        (tmp_path / f).write_text(text)
+    monkeypatch.setattr(fa4_params, "fa4_source_dir", lambda: tmp_path)
+    assert races.pdl_in_source() == {"flash_bwd_preprocess.py": True, "flash_bwd_sm90.py": True,
+                                     "flash_bwd_sm100.py": False, "flash_bwd_postprocess.py": False}
+
+
 @pytest.mark.fa4
 @pytest.mark.parametrize("mutant", races.RACE_MUTANTS, ids=lambda m: m.id)
 def test_each_planted_dropped_wait_applies_to_the_installed_source(tmp_path, mutant):
