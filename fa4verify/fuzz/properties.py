@@ -15,8 +15,9 @@ Properties (:data:`PROPERTIES`)
     ``|O - O*| <= bound(O*) + budget(O)`` and the same for the LSE, elementwise, where ``O*`` is
     the oracle value, ``bound`` its certified error bound and ``budget`` the composed budget.
 ``bwd_budget``
-    The same for dQ, dK, dV (and dsink) against the oracle backward (given the target's own O,
-    as FA4's backward uses the rounded O).
+    The same for dQ, dK, dV against the oracle backward (given the target's own O, as FA4's
+    backward uses the rounded O). The learnable sink's gradient (dsink) is not judged yet: the
+    oracle computes it with a certified bound, but no budget for FA4's dsink is derived.
 ``finite``
     No NaN/Inf in O, LSE or the gradients where the oracle's value is finite (and, for outputs
     stored in fp16/bf16, below the format's largest finite value); LSE = -inf is required
