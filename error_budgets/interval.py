@@ -513,3 +513,62 @@ def finish(mid: np.ndarray, rad: np.ndarray, mag: np.ndarray, n_terms, bs: Any, 
         if cast:
             rad = rad + C["u_out"] * (np.abs(mid) + rad) + C["out_sub"]
         return mid, rad * WIDEN
+
+
+def dsink_given_forward(sink: np.ndarray, lse: np.ndarray, dout: np.ndarray, out: np.ndarray,
+                        C: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Note [dsink given the forward] (DERIVATIONS.md#dsink): the learnable sink's gradient FA4's
+    backward must return, from the forward outputs it read, and a rigorous allowance.
+
+    FA4 (``flash_bwd_postprocess.py`` ``dsink_row_term``; 4.0.0b36) sums, per query head ``h`` in
+    fp32 over every query row ``i`` of every sequence, ``-p_i D_i`` with ``p_i =
+    ex2.approx.ftz(RN(RN(sink_h - lse_i) RN(log2 e)))`` (1 exactly where ``lse_i = -inf``) and ``D_i``
+    the preprocess's fp32 ``rowsum(dO * O)``. ``lse`` and ``out`` are the LSE (natural log, fp32)
+    and O FA4's forward returned and its backward read, ``dout`` the upstream gradient; layouts
+    FA4's: ``lse`` (B, H, S) with ``out``/``dout`` (B, S, H, d), or varlen ``lse`` (H, T) with
+    (T, H, d). Returns ``(ref, allow)`` per head: ``ref_h = -sum_i exp(sink_h - lse_i) D_i`` in
+    float64 with ``D_i = sum_d dO O`` exact (bf16 products, float64 sums of at most 2^16 terms:
+    their error is in ``allow``), and ``allow_h`` bounding ``|dsink_h - ref_h|`` for every order of
+    FA4's fp32 sums. ``ValueError`` when the layouts do not fit; NaN in ``allow`` where an LSE is
+    NaN (nothing defined)."""
+    u, mufu, tiny = float(C["u_fp32"]), float(C["mufu_ex2_rel"]), float(C["f32_min_normal"])
+    lse = np.asarray(lse, np.float64)
+    o = np.asarray(out, np.float64)
+    do = np.asarray(dout, np.float64)
+    if lse.ndim == 3 and o.ndim == 4 and o.shape[:3] == (lse.shape[0], lse.shape[2], lse.shape[1]):
+        H = lse.shape[1]                              # rows of head h in (batch, row) order
+        L = np.moveaxis(lse, 1, 0).reshape(H, -1)
+        O, dO = (np.moveaxis(x, 2, 0).reshape(H, -1, x.shape[-1]) for x in (o, do))
+    elif lse.ndim == 2 and o.ndim == 3 and o.shape[:2] == (lse.shape[1], lse.shape[0]):
+        L = lse
+        O, dO = (np.moveaxis(x, 1, 0) for x in (o, do))
+    else:
+        raise ValueError(f"dsink: LSE {lse.shape} and O {o.shape} are not FA4 layouts of one problem")
+    sink = np.asarray(sink, np.float64).reshape(-1)
+    if sink.shape[0] != L.shape[0] or dO.shape != O.shape:
+        raise ValueError(f"dsink: {sink.shape[0]} sinks for {L.shape[0]} heads, dO {dO.shape} vs O {O.shape}")
+    d = O.shape[-1]
+    D = np.einsum("hnd,hnd->hn", dO, O)
+    Dmag = np.einsum("hnd,hnd->hn", np.abs(dO), np.abs(O))
+    # FA4's D_i: an fp32 sum of d exact products (16-bit x 16-bit) in some order. (FA4's O residual,
+    # D from O + O_lo, runs only where the caller passes o_lo -- its sparse-KV MLA path, never
+    # fa4verify's calls: a release that formed D from its fp32 O by default would fail here.)
+    dD = float(_gamma(d, u)) * Dmag + float(_gamma(2 * d, 2.0 ** -53)) * Dmag
+    with np.errstate(over="ignore", invalid="ignore"):
+        arg = sink[:, None] - L                       # natural-log units
+        p = np.where(L == -np.inf, 1.0, np.exp(arg))  # exp(-inf) = 0 where lse = +inf
+        x = np.where(np.isfinite(arg), np.abs(arg) * (1.0 / math.log(2.0)), 0.0)    # |exponent| in log2 units
+        # three fp32 roundings in the exponent (sub, RN(log2 e), mul) and MUFU's relative error
+        eps = np.where(L == -np.inf, 0.0, (1 + mufu) * np.exp2(float(_gamma(3, u)) * x) - 1)
+        p_hi = p * (1 + eps)
+        Dhi = np.abs(D) + dD
+        term = (p * np.abs(D) * eps + p_hi * dD          # |p^ D^ - p D|
+                + tiny * Dhi                             # ftz of p^ below 2^-126
+                + u * p_hi * Dhi + tiny)                 # the product's rounding (and its ftz)
+        n = L.shape[1]
+        absum = (p_hi * Dhi * (1 + u) + tiny).sum(axis=1)
+        allow = term.sum(axis=1) + float(_gamma(max(n - 1, 1), u)) * absum \
+            + float(_gamma(n + 1, 2.0 ** -53)) * absum + u * absum      # fp32 sum; float64 ref; the store
+        ref = -np.array([math.fsum(r) for r in (p * D)])
+    allow = np.where(np.isnan(L).any(axis=1), np.nan, allow)
+    return ref, allow

@@ -249,6 +249,7 @@ class TwinTarget(Target):
         dk = np.zeros(a["k"].shape)
         dv = np.zeros(a["v"].shape)
         dsink = np.zeros(problem.nheads) if problem.sink else None
+        got_dsink = False            # a dsink only where some call returned one (the twin models none)
         for _, sq, sk in self._segments(problem, a):
             if sq.stop == sq.start:
                 continue
@@ -259,7 +260,8 @@ class TwinTarget(Target):
             dv[sk] = np.asarray(r.dv, np.float64)[0]
             if dsink is not None and getattr(r, "dsink", None) is not None:
                 dsink += np.asarray(r.dsink, np.float64)
-        return Bwd(dq, dk, dv, dsink)
+                got_dsink = True
+        return Bwd(dq, dk, dv, dsink if got_dsink else None)
 
 
 def _maybe(x):

@@ -16,8 +16,9 @@ Properties (:data:`PROPERTIES`)
     the oracle value, ``bound`` its certified error bound and ``budget`` the composed budget.
 ``bwd_budget``
     The same for dQ, dK, dV against the oracle backward (given the target's own O, as FA4's
-    backward uses the rounded O). The learnable sink's gradient (dsink) is not judged yet: the
-    oracle computes it with a certified bound, but no budget for FA4's dsink is derived.
+    backward uses the rounded O), and for the learnable sink's gradient (dsink) against the sum
+    FA4 must form from its own forward LSE and O (Note [dsink given the forward]; targets that
+    return no dsink, the CPU twin among them, are not judged there).
 ``finite``
     No NaN/Inf in O, LSE or the gradients where the oracle's value is finite (and, for outputs
     stored in fp16/bf16, below the format's largest finite value); LSE = -inf is required
@@ -144,6 +145,22 @@ def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: n
     if v.status == "undecided":
         undecided[f"{prop}.{name}"] = v.reason
     return v.tightness
+
+
+def _judge_dsink(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: Any, stats: Any,
+                 undecided: dict[str, str]) -> float:
+    """``bwd_budget`` of the learnable sink's gradient, given the forward outputs the backward read
+    (Note [dsink given the forward], ``error_budgets/interval.py``): FA4's dsink against
+    ``-sum_i exp(sink - lse_i) D_i`` from its own LSE and O, within a rigorous fp32 allowance."""
+    from fa4verify.error_budgets import interval as ivm
+    try:
+        ref, allow = ivm.dsink_given_forward(a["learnable_sink"], fwd.lse, a["dout"], fwd.out,
+                                             stats.budget.constants)
+    except ValueError as e:
+        undecided["bwd_budget.dsink"] = str(e)
+        return 0.0
+    return _compare("bwd_budget", "dsink", np.asarray(g.dsink, np.float64).reshape(-1), ref,
+                    np.zeros_like(ref), allow, problem, undecided)
 
 
 def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, problem: AttentionProblem,
@@ -455,6 +472,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                                 # the cause in one line (Note [Backward interval fallback])
                                 undecided[f"bwd_budget.{n}"] = undecided[f"bwd_budget.{n}"].replace(
                                     "(the composed budget is not valid here)", f"({why})")
+                        if problem.sink and getattr(g, "dsink", None) is not None:
+                            metrics["tightness_dsink"] = _judge_dsink(problem, a, fwd, g, stats, undecided)
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
             elif taps is not None:
