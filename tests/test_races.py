@@ -660,17 +660,22 @@ def test_production_producer_lets_a_reader_that_does_not_wait_see_nan(wait):
     fixture = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fixture)
     consume = cute.compile(fixture.consumer(wait), w(dst), w(probe), stream)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     pdl_producer.produce(src, dst)                 # compile the producer
     torch.cuda.synchronize()
-    dst.fill_(float("nan"))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    pdl_producer.produce(src, dst)
+    pdl_producer.produce(src, dst)                 # the producer's kernel time, on its own
     end.record()
+    torch.cuda.synchronize()
+    assert start.elapsed_time(end) > 0.2           # ms: the spin ran (2^20 cycles at <= 2 GHz >= 0.5 ms)
+    dst.fill_(float("nan"))
+    torch.cuda.synchronize()
+    # nothing between the two launches: an event recorded there ends the overlap PDL allows (the
+    # first version of this test recorded one and saw 0 NaN without the wait on the H200)
+    pdl_producer.produce(src, dst)
     consume(w(dst), w(probe), stream)
     torch.cuda.synchronize()
     assert torch.equal(dst, src)
-    assert start.elapsed_time(end) > 0.2           # ms: the spin ran (2^20 cycles at <= 2 GHz >= 0.5 ms)
     nan = int(torch.isnan(probe).sum())
     assert (nan == 0) if wait else (nan > 0), nan
 

@@ -175,20 +175,30 @@ def pdl_waits(ctx: CheckContext) -> CheckResult:
     (:mod:`fa4verify.compile.census_pdl`): a dropped wait lets it read what the kernel before it
     has not written yet, which timing on a GPU rarely shows. Evidence: compile-only. One compile
     per arch (~9 s on 2 cores), so it runs in the default profile."""
+    import os
+
     from fa4verify.compile import census as C
-    from fa4verify.compile.census_pdl import COLUMNS, pdl_rows
+    from fa4verify.compile.census_pdl import COLUMNS, cached_rows, pdl_rows
     from fa4verify.races import pdl_in_source
+    from fa4verify.run.pool import KERNEL_CACHE_ENV
     files = pdl_in_source()
-    rows = []
+    cache = os.environ.get(KERNEL_CACHE_ENV[1]) if os.environ.get(KERNEL_CACHE_ENV[0]) == "1" else None
+    rows, hits = [], []
     with tempfile.TemporaryDirectory(prefix="fa4pdl-") as wd, \
             ctx.progress(2, "compiling FA4 backward for its PDL waits") as bar:
         for arch in ("sm_90a", "sm_100a"):
-            rows += pdl_rows(C.compile_case(C.CensusCase(arch, 128, backward=True), wd), files)
+            got, hit = cached_rows(arch, cache, lambda a=arch: pdl_rows(
+                C.compile_case(C.CensusCase(a, 128, backward=True), wd), files), files)
+            rows += got
+            hits += [arch] if hit else []
             bar.advance(1)
+    if hits:
+        ctx.note(f"PTX counts of {', '.join(hits)} read from the census cache in {cache} (Note [Census cache]: "
+                 "same FA4 source, DSL and driver)")
     pdl = [r for r in rows if r.pdl]
     bad = [r for r in rows if r.status == "fail"]
     table = {"columns": COLUMNS, "rows": [r.row() for r in rows]}
-    metrics = {"pdl_kernels": len(pdl), "pdl_kernels_without_wait": len(bad)}
+    metrics = {"pdl_kernels": len(pdl), "pdl_kernels_without_wait": len(bad), "archs_from_cache": len(hits)}
     if not pdl:
         return CheckResult(status="undecided", where="compile-only", metrics=metrics, details={"table": table},
                            summary="FA4's source launches no backward kernel with PDL here: nothing to check")

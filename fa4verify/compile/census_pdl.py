@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PdlRow", "pdl_rows", "kernel_module"]
+__all__ = ["PdlRow", "pdl_rows", "kernel_module", "census_key", "cached_rows"]
 
 
 def kernel_module(name: str) -> str:
@@ -61,3 +61,70 @@ def pdl_rows(res: Any, pdl_files: dict[str, bool]) -> list[PdlRow]:
                            len(re.findall(r"\bgriddepcontrol\.wait\b", ptx)),
                            len(re.findall(r"\bgriddepcontrol\.launch_dependents\b", ptx))))
     return rows
+
+
+# Note [Census cache]
+# -------------------
+# The PTX of a compile-only case is a function of FA4's source, the CuTe DSL that compiles it and
+# fa4verify's compile driver, nothing else (no GPU, no inputs). ``census.pdl_waits`` compiles two
+# backward cases (sm_90a, sm_100a), ~20 s on 2 cores and ~50 s on a busy 16-core GPU host: on the
+# H200 it was the largest item of a warm default audit (46 s of 76 s, measured at 4fa734e). The
+# per-kernel counts it reads from the PTX (waits, triggers) are kept under the audit's kernel
+# cache, keyed by a digest of every file of the FA4 package that is imported (a planted copy on
+# PYTHONPATH has its own digest), the DSL's version and these modules' source; whether a kernel is
+# launched with PDL is re-read from FA4's source on every run. A hit is named in the check's
+# summary; a miss or an unreadable entry compiles as before.
+
+def census_key(arch: str) -> str | None:
+    """The cache key of the PDL census of ``arch`` (Note [Census cache]), or None when FA4's
+    source cannot be read."""
+    import hashlib
+    from importlib import metadata
+    from pathlib import Path
+
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return None
+    h = hashlib.sha256(f"pdl-census/1\0{arch}\0".encode())
+    for dist in ("nvidia-cutlass-dsl", "quack-kernels"):
+        try:
+            h.update(f"{dist}={metadata.version(dist)}\0".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist}=none\0".encode())
+    here = Path(__file__).parent
+    for p in [here / "census.py", here / "census_pdl.py"] + sorted(Path(d).rglob("*.py")):
+        h.update(str(p.relative_to(d) if p.is_relative_to(d) else p.name).encode() + b"\0")
+        h.update(p.read_bytes())
+    return h.hexdigest()[:32]
+
+
+def cached_rows(arch: str, cache_dir: str | None, compile_rows, pdl_files: dict[str, bool]
+                ) -> tuple[list[PdlRow], bool]:
+    """(rows, from_cache) of ``arch``'s PDL census: read from ``cache_dir`` when an entry of this
+    FA4 source, DSL and driver is there, else ``compile_rows()`` (a list of :class:`PdlRow`),
+    stored. ``pdl`` of every row is re-read from ``pdl_files`` (FA4's source, this run)."""
+    import json
+    import os
+    from pathlib import Path
+
+    key = census_key(arch) if cache_dir else None
+    path = Path(cache_dir, "fa4verify-census", f"pdl-{arch}-{key}.json") if key else None
+    if path is not None and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            return [PdlRow(arch, r["kernel"], r["module"], bool(pdl_files.get(r["module"], False)),
+                           int(r["waits"]), int(r["triggers"])) for r in data["rows"]], True
+        except (OSError, ValueError, KeyError, TypeError):
+            pass                                  # unreadable: compile again, overwrite
+    rows = compile_rows()
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"rows": [{"kernel": r.kernel, "module": r.module, "waits": r.waits,
+                                                 "triggers": r.triggers} for r in rows]}))
+            os.replace(tmp, path)
+        except OSError:
+            pass                                  # a read-only cache: the verdict stands without it
+    return rows, False
