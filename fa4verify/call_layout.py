@@ -1,14 +1,16 @@
 """The arrays FA4 is called with for a problem's call form, and the way back to the problem's
 layout (Note [Call forms keep the problem's meaning] in ``fa4verify.problem.calls``).
 
-* :func:`kv_call_arrays` -- a ``seqused_k`` / paged-KV call form: q packed or batched, K/V
-  batched ``(batch, kv_capacity, hk, d)`` or as pages with a ``page_table``, ``seqused_k``;
-  the rows and pages no key of the problem uses hold finite filler (NaN with ``hostile_nan``).
+* :func:`call_arrays` -- a ``seqused_k`` / paged-KV / ``seqused_q`` call form: q packed, batched,
+  or batched with a capacity and ``seqused_q``; K/V batched ``(batch, kv_capacity, hk, d)`` or as
+  pages with a ``page_table``, and ``seqused_k``, or batched whole; the rows and pages no query or
+  key of the problem uses hold finite filler (NaN pages with ``hostile_nan``).
 * :func:`gather_kv` -- the keys a paged / seqused_k call reads, in the problem's packed
   layout (``fa4verify.oracles.paged_kv.contiguous_kv``); ``wrong_permutation`` plants a fault (the
   page table applied through the wrong permutation) for the fuzz's own mutation test.
+* :func:`gather_q` -- the queries (and dO) such a call reads, in the problem's packed layout.
 * :func:`to_problem_fwd` / :func:`to_problem_grads` -- outputs of such a call in the problem's
-  varlen layout (rows past ``seqused_k`` dropped).
+  varlen layout (rows past ``seqused_q`` / ``seqused_k`` dropped).
 
 Exact: pure indexing; the filler is generated from the problem's value seed.
 """
@@ -18,7 +20,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-__all__ = ["kv_call_arrays", "gather_kv", "to_problem_fwd", "to_problem_grads", "FILLER_SCALE"]
+__all__ = ["call_arrays", "gather_kv", "gather_q", "to_problem_fwd", "to_problem_grads", "FILLER_SCALE"]
 
 #: filler rows are standard normal times this, rounded to the dtype: finite and large enough that
 #: a kernel reading a row it must not (a key past seqused_k) changes O visibly
@@ -31,22 +33,34 @@ def _filler(problem, shape: tuple[int, ...], salt: int) -> np.ndarray:
     return np.asarray(round_to_dtype(rng.standard_normal(shape) * FILLER_SCALE, problem.dtype), np.float32)
 
 
-def kv_call_arrays(problem, a: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"q", "k", "v", "dout", "seqused_k", "page_table", "cu_seqlens_q", "max_seqlen_q"}`` of a
-    seqused_k / paged call form (float32 holding exact dtype values; int32 index arrays)."""
+def _batched(problem, x: np.ndarray, lengths, cap: int, salt: int) -> np.ndarray:
+    """Packed ``(total, ...)`` rows of sequences of ``lengths`` as ``(batch, cap, ...)``, filler past each."""
+    used = np.asarray(lengths, np.int64)
+    off = np.concatenate([[0], np.cumsum(used)])
+    out = _filler(problem, (len(used), cap) + x.shape[1:], salt)
+    for i in range(len(used)):
+        out[i, : used[i]] = x[off[i]: off[i + 1]]
+    return out
+
+
+def call_arrays(problem, a: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"q", "k", "v", "dout", "seqused_q", "seqused_k", "page_table", "cu_seqlens_q",
+    "max_seqlen_q"}`` of a seqused_k / paged / seqused_q call form (float32 holding exact dtype
+    values; int32 index arrays; None where the call passes nothing)."""
     call = problem.call
-    b, cap = problem.batch, call.kv_capacity
-    hk, d, dv = problem.nheads_kv, problem.head_dim, problem.head_dim_v
-    used = np.asarray(problem.seqlens_k, np.int32)
-    ck = np.concatenate([[0], np.cumsum(used)]).astype(np.int64)
-    kb = _filler(problem, (b, cap, hk, d), 1)
-    vb = _filler(problem, (b, cap, hk, dv), 2)
+    b = problem.batch
     k = np.asarray(a["k"], np.float32)
     v = np.asarray(a["v"], np.float32)
-    for i in range(b):
-        kb[i, : used[i]] = k[ck[i]: ck[i + 1]]
-        vb[i, : used[i]] = v[ck[i]: ck[i + 1]]
-    out: dict[str, Any] = {"seqused_k": used, "page_table": None}
+    out: dict[str, Any] = {"seqused_k": None, "page_table": None, "seqused_q": None}
+    if not call.seqused_k:          # seqused_q alone: K/V batched and whole (equal seqlens_k)
+        sk = problem.seqlen_k
+        out.update(k=k.reshape(b, sk, *k.shape[1:]), v=v.reshape(b, sk, *v.shape[1:]))
+        return _q_side(problem, a, out)
+    cap = call.kv_capacity
+    used = np.asarray(problem.seqlens_k, np.int32)
+    kb = _batched(problem, k, used, cap, 1)
+    vb = _batched(problem, v, used, cap, 2)
+    out["seqused_k"] = used
     if call.paged:
         from fa4verify.oracles.paged_kv import paginate
         P = call.page_size
@@ -67,9 +81,19 @@ def kv_call_arrays(problem, a: Mapping[str, Any]) -> dict[str, Any]:
         out.update(k=kp, v=vp, page_table=table.astype(np.int32))
     else:
         out.update(k=kb, v=vb)
+    return _q_side(problem, a, out)
+
+
+def _q_side(problem, a: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    call, b = problem.call, problem.batch
     q = np.asarray(a["q"], np.float32)
     do = None if a.get("dout") is None else np.asarray(a["dout"], np.float32)
-    if call.q_batched:
+    if call.seqused_q:
+        used = np.asarray(problem.seqlens_q, np.int32)
+        out.update(q=_batched(problem, q, used, call.q_capacity, 5),
+                   dout=None if do is None else _batched(problem, do, used, call.q_capacity, 6),
+                   seqused_q=used, cu_seqlens_q=None, max_seqlen_q=None)
+    elif call.q_batched:
         sq = problem.seqlen_q
         out.update(q=q.reshape(b, sq, *q.shape[1:]), dout=None if do is None else do.reshape(b, sq, *do.shape[1:]),
                    cu_seqlens_q=None, max_seqlen_q=None)
@@ -81,10 +105,13 @@ def kv_call_arrays(problem, a: Mapping[str, Any]) -> dict[str, Any]:
 
 def gather_kv(problem, c: Mapping[str, Any], *, wrong_permutation: bool = False
               ) -> tuple[np.ndarray, np.ndarray]:
-    """The packed (total_k, hk, d) K and V that the call ``c`` (:func:`kv_call_arrays`) reads.
+    """The packed (total_k, hk, d) K and V that the call ``c`` (:func:`call_arrays`) reads.
     ``wrong_permutation``: a planted fault (the table's rows read through its reversed page
     order), which only a non-identity page order with two or more pages per sequence exposes."""
     used = c["seqused_k"]
+    if used is None:                                      # batched whole
+        return (np.asarray(c["k"]).reshape((-1,) + c["k"].shape[2:]),
+                np.asarray(c["v"]).reshape((-1,) + c["v"].shape[2:]))
     if c["page_table"] is None:
         ks = [c["k"][i, : used[i]] for i in range(len(used))]
         vs = [c["v"][i, : used[i]] for i in range(len(used))]
@@ -101,10 +128,31 @@ def gather_kv(problem, c: Mapping[str, Any], *, wrong_permutation: bool = False
     return k, v
 
 
+def gather_q(problem, c: Mapping[str, Any]) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """The packed (total_q, h, d) Q and dO that the call ``c`` (:func:`call_arrays`) reads."""
+    q, do = np.asarray(c["q"]), c["dout"]
+    if problem.call.seqused_q:
+        used = c["seqused_q"]
+        return (np.concatenate([q[i, :n] for i, n in enumerate(used)]),
+                None if do is None else np.concatenate([np.asarray(do)[i, :n] for i, n in enumerate(used)]))
+    if problem.call.q_batched:
+        return q.reshape((-1,) + q.shape[2:]), None if do is None else np.asarray(do).reshape((-1,) + do.shape[2:])
+    return q, do
+
+
+def _used_rows(x: np.ndarray, used) -> np.ndarray:
+    """(batch, cap, ...) -> the packed rows [0, used[b]) of each batch entry."""
+    parts = [x[i, :n] for i, n in enumerate(used)]
+    return np.concatenate(parts) if parts else x.reshape((0,) + x.shape[2:])
+
+
 def to_problem_fwd(problem, out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """O and LSE of the call in the problem's varlen layout ((total_q, h, dv), (h, total_q))."""
     out = np.asarray(out, np.float64)
     lse = np.asarray(lse, np.float64)
+    if problem.call.seqused_q:
+        used = problem.seqlens_q
+        return _used_rows(out, used), _used_rows(lse.transpose(0, 2, 1), used).T
     if problem.call.q_batched:
         b, sq, h = problem.batch, problem.seqlen_q, problem.nheads
         return out.reshape(b * sq, h, -1), lse.transpose(1, 0, 2).reshape(h, b * sq)
@@ -113,14 +161,19 @@ def to_problem_fwd(problem, out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarra
 
 def to_problem_grads(problem, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """dQ, dK, dV of a (non-paged) seqused_k call in the problem's varlen layout: dK/dV rows
-    past ``seqused_k`` are not part of the problem and are dropped."""
-    dq = np.asarray(dq, np.float64)
-    if problem.call.q_batched:
+    """dQ, dK, dV of a (non-paged) seqused_k / seqused_q call in the problem's varlen layout: dQ
+    rows past ``seqused_q`` and dK/dV rows past ``seqused_k`` are not part of the problem and are
+    dropped."""
+    call = problem.call
+    dq, dk, dv = (np.asarray(x, np.float64) for x in (dq, dk, dv))
+    if call.seqused_q:
+        dq = _used_rows(dq, problem.seqlens_q)
+    elif call.q_batched:
         dq = dq.reshape((-1,) + dq.shape[2:])
-    used = problem.seqlens_k
-    dk = np.concatenate([np.asarray(dk, np.float64)[i, :n] for i, n in enumerate(used)]) if used else dk
-    dv = np.concatenate([np.asarray(dv, np.float64)[i, :n] for i, n in enumerate(used)]) if used else dv
+    if call.seqused_k:
+        dk, dv = _used_rows(dk, problem.seqlens_k), _used_rows(dv, problem.seqlens_k)
+    else:                                                 # batched whole
+        dk, dv = dk.reshape((-1,) + dk.shape[2:]), dv.reshape((-1,) + dv.shape[2:])
     return dq, dk, dv
 
 

@@ -22,8 +22,8 @@ Format (every key optional except ``name``; lists mean "any of")::
     seqlen_k = [1, 8192]
     distributions = ["normal", "outliers"]   # value recipes the fuzz strategies draw (default: all;
                                              # fa4verify.problem.values.DISTRIBUTIONS)
-    features = ["paged_kv", "seqused_k"]     # FA4 call forms the fuzz draws (CALL_FEATURES:
-                                             # paged_kv, seqused_k, block_sparse, mask_mod_fn)
+    features = ["paged_kv", "seqused_k"]     # FA4 call forms the fuzz draws (CALL_FEATURES: paged_kv,
+                                             # seqused_k, seqused_q, block_sparse, mask_mod_fn, pack_gqa)
     page_sizes = [16, 128]       # paged_kv page sizes (default: 16 and the head dim's tile_n)
     nan_pages = false            # the KV pool may hold NaN in pages no key uses (stale pages)
 
@@ -195,10 +195,10 @@ class Deployment:
         for key in ("seqlen_q", "seqlen_k"):
             if key in d:
                 kw[key] = _range(d[key], key, where)
-                kv_forms = {"paged_kv", "seqused_k"} & set(kw.get("features", ()))
+                kv_forms = {"paged_kv", "seqused_k", "seqused_q"} & set(kw.get("features", ()))
                 if kw[key][0] == 0 and not (kw.get("varlen") or kv_forms):
                     raise DeploymentError(f"{where}: {key} minimum 0 (empty sequences) needs varlen = true or a "
-                                          f"KV call form (paged_kv, seqused_k) in features")
+                                          f"KV call form (paged_kv, seqused_k, seqused_q) in features")
         for key in ("nheads", "nheads_kv"):
             kw.setdefault(key, cls.__dataclass_fields__[key].default)
         for h in kw["nheads"]:
@@ -328,6 +328,8 @@ class Deployment:
         pages: dict[str, int] = {}
         if "seqused_k" in self.features:
             forms.append("seqused_k")
+        if "seqused_q" in self.features:
+            forms.append("seqused_q")
         if "paged_kv" in self.features:
             if self.page_sizes:
                 for ps in self.page_sizes:

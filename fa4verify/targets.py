@@ -145,6 +145,11 @@ class TwinTarget(Target):
                     learnable_sink=a["learnable_sink"], mutations=self.mutations - self.layout_mutations,
                     accumulation=self.accumulation, mufu=self.mufu, seed=self.seed)
 
+    def _pack_gqa_kw(self, problem: AttentionProblem) -> dict[str, Any]:
+        """FA4's ``pack_gqa`` choice for the twin's forward (it moves SM100's emulated columns)."""
+        pg = problem.call.pack_gqa if problem.call is not None else None
+        return {} if pg is None else {"pack_gqa": pg}
+
     def _segments(self, problem: AttentionProblem, a: Mapping[str, Any]):
         """(b, q, k, v, dout, q-slice, k-slice) per sequence; dense problems: one per batch entry
         only when varlen (dense problems run in one call)."""
@@ -156,10 +161,15 @@ class TwinTarget(Target):
         the call reads (gathered from pages or batched rows), or the varlen rewrite of a
         keep-pattern (with its index maps)."""
         from fa4verify import call_layout
-        if problem.call.seqused_k:
-            c = call_layout.kv_call_arrays(problem, a)
+        if problem.call.batched_layout:
+            c = call_layout.call_arrays(problem, a)
             k, v = call_layout.gather_kv(problem, c, wrong_permutation="paged_wrong_permutation" in self.mutations)
-            return problem.replace(call=None), dict(a, k=k.astype(np.float64), v=v.astype(np.float64)), None
+            q, do = call_layout.gather_q(problem, c)
+            return problem.replace(call=None), dict(a, q=q.astype(np.float64), k=k.astype(np.float64),
+                                                    v=v.astype(np.float64),
+                                                    dout=None if do is None else do.astype(np.float64)), None
+        if not problem.call.keep_pattern:       # pack_gqa alone: the same arrays
+            return problem.replace(call=None), a, None
         from fa4verify.judge import keep_pattern
         rw = keep_pattern.rewrite(problem)
         (qb, qr), (kb, kr) = rw["q_index"].T, rw["k_index"].T
@@ -175,12 +185,17 @@ class TwinTarget(Target):
         self.check_supported(problem)
         if problem.call is not None:
             vp, va, rw = self._call_form(problem, a)
-            f = self.forward(vp, va)
+            f = self._forward(vp, va, self._pack_gqa_kw(problem))
             if rw is None:
                 return f
             from fa4verify.judge import keep_pattern as kp
             return Fwd(kp._dense_rows(problem, f.out, rw, 0.0), kp._dense_lse(problem, f.lse, rw, -np.inf))
-        kw = self._kw(problem, a)
+        return self._forward(problem, a, {})
+
+    def _forward(self, problem: AttentionProblem, a: Mapping[str, Any], extra: Mapping[str, Any]) -> Fwd:
+        if problem.call is not None:
+            return self.forward(problem, a)
+        kw = dict(self._kw(problem, a), **extra)
         dt = problem.dtype
         if problem.mask_mod is not None:
             kw["mask"] = a["mask"]
@@ -202,7 +217,7 @@ class TwinTarget(Target):
     def taps_unsupported(self, problem: AttentionProblem) -> Optional[str]:
         """Why the twin's stage taps (its backward's D, lse_log2 and dq_accum, the buffers
         production's :mod:`fa4verify.kernels.stage_taps` reads) are not available, or None."""
-        if problem.varlen or problem.call is not None:
+        if problem.varlen or (problem.call is not None and (problem.call.batched_layout or problem.call.keep_pattern)):
             return "the twin's stage taps are read on dense calls only (varlen runs sequence by sequence)"
         return None
 
@@ -369,21 +384,28 @@ class ProductionTarget(Target):
 
     def _call_kw(self, problem: AttentionProblem, a: Mapping[str, Any], *, backward: bool = False,
                  deterministic: bool = False) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-        """(q, k, v, dout, kwargs) of the adapter call for the problem's call form."""
+        """(q, k, v, dout, kwargs) of the adapter call for the problem's call form (``pack_gqa``
+        only in the forward's: FA4's backward never packs)."""
         dt = problem.dtype
         kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
                   softcap=float(problem.softcap), learnable_sink=self._t(a["learnable_sink"], None))
         call = problem.call
-        if call.seqused_k:
+        if call.pack_gqa is not None and not backward:
+            kw["pack_gqa"] = call.pack_gqa
+        if call.batched_layout:
             from fa4verify import call_layout
-            c = call_layout.kv_call_arrays(problem, a)
-            kw["seqused_k"] = self._t(c["seqused_k"], None)
-            if c["page_table"] is not None:
-                kw["page_table"] = self._t(c["page_table"], None)
+            c = call_layout.call_arrays(problem, a)
+            for n in ("seqused_k", "seqused_q", "page_table"):
+                if c[n] is not None:
+                    kw[n] = self._t(c[n], None)
             if c["cu_seqlens_q"] is not None:
                 kw.update(cu_seqlens_q=self._t(c["cu_seqlens_q"], None), max_seqlen_q=c["max_seqlen_q"])
             return (self._t(c["q"], dt), self._t(c["k"], dt), self._t(c["v"], dt),
                     None if c["dout"] is None else self._t(c["dout"], dt), kw)
+        if not call.keep_pattern:               # pack_gqa alone: the problem's own call
+            kw.update(self._kw(problem, a) if backward else self._fwd_kw(problem, a))
+            return (self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
+                    None if a.get("dout") is None else self._t(a["dout"], dt), kw)
         if call.block_size is not None:
             bs = call.block_size
             if backward and problem.arch == "sm90":
@@ -495,7 +517,7 @@ class ProductionTarget(Target):
             out, lse = np.zeros(tuple(r.out.shape)), np.zeros(tuple(r.lse.shape))
         else:
             out, lse = self._np(r.out), self._np(r.lse)
-        if problem.call is not None and problem.call.seqused_k:
+        if problem.call is not None and problem.call.batched_layout:
             from fa4verify import call_layout
             out, lse = call_layout.to_problem_fwd(problem, out, lse)
         return Fwd(out, lse, native=(r.out, r.lse))
@@ -592,7 +614,7 @@ class ProductionTarget(Target):
             return Bwd(*(np.zeros(tuple(t.shape)) for t in (r.dq, r.dk, r.dv)),
                        dsink=None if ds is None else np.zeros(tuple(ds.shape)))
         dq, dk, dv = self._np(r.dq), self._np(r.dk), self._np(r.dv)
-        if problem.call is not None and problem.call.seqused_k:
+        if problem.call is not None and problem.call.batched_layout:
             from fa4verify import call_layout
             dq, dk, dv = call_layout.to_problem_grads(problem, dq, dk, dv)
         return Bwd(dq, dk, dv, self._np(getattr(r, "dsink", None)))

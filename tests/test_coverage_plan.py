@@ -40,8 +40,11 @@ def _realises(sp, row, p) -> list[str]:
     if row["gqa"] in sp.heads:
         if (p.nheads, p.nheads_kv) != sp.heads[row["gqa"]]:
             bad.append("gqa")
-    elif not (p.nheads_kv == 1 < p.nheads if row["gqa"] == "mqa" else ratio == int(row["gqa"])):
+    elif not (p.nheads_kv == 1 < p.nheads if row["gqa"] == "mqa" else ratio == int(row["gqa"].split("_")[0])):
         bad.append("gqa")
+    unpacked = p.call is not None and p.call.pack_gqa is False
+    if unpacked != (row["gqa"] == "2_unpacked"):
+        bad.append("pack_gqa")
     wl, wr = p.window_size
     want = {"none": (False, False, False), "causal": (True, False, False), "left": (False, True, False),
             "right": (False, False, True), "both": (False, True, True), "causal_left": (True, True, False)}
@@ -51,13 +54,16 @@ def _realises(sp, row, p) -> list[str]:
     elif (p.causal, wl is not None, wr is not None) != want[row["mask"]]:
         bad.append("mask")
     c = p.call
+    if c is not None and not (c.batched_layout or c.keep_pattern):
+        c = None                                      # pack_gqa alone moves no array
     form = row["form"]
     got = ("dense" if c is None and not p.varlen and not p.mods else
            "varlen" if c is None and p.varlen else
            "score_mod" if p.mods and p.mod_pairs()[0] is not None else
            "mask_mod" if p.mods or (c is not None and c.mask_mod_fn) else
            "block_sparse" if c.block_size else
-           "seqused_k" if c.page_size is None else
+           "seqused_q" if c.seqused_q and not c.seqused_k and len(set(p.seqlens_k)) == 1 else
+           "seqused_k" if c.page_size is None and not c.seqused_q else
            "paged_small" if c.page_size == 16 else "paged_tile")
     if form in sp.pages:
         ok = c is not None and c.page_size == sp.pages[form]

@@ -78,12 +78,24 @@ def test_drawn_call_forms_respect_fa4_constraints(p):
     c = p.call
     if c is None:
         return
+    if c.pack_gqa is not None:
+        assert c.pack_gqa is False and p.nheads > p.nheads_kv      # the only non-default FA4 takes on SM90
+    if c.seqused_q:
+        a = p.materialize()
+        arr = call_layout.call_arrays(p, a)
+        assert arr["seqused_q"].dtype == np.int32 and list(arr["seqused_q"]) == list(p.seqlens_q)
+        assert arr["q"].shape == (p.batch, c.q_capacity, p.nheads, p.head_dim) and arr["cu_seqlens_q"] is None
+        assert not np.isnan(arr["q"]).any()
+        q, _ = call_layout.gather_q(p, arr)              # the queries the call reads are the problem's
+        assert np.array_equal(q, np.asarray(a["q"], np.float32))
+        if not c.seqused_k:                              # K/V batched whole
+            assert arr["seqused_k"] is None and arr["k"].shape == (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim)
     if c.seqused_k:
         a = p.materialize()
-        arr = call_layout.kv_call_arrays(p, a)
+        arr = call_layout.call_arrays(p, a)
         assert arr["seqused_k"].dtype == np.int32 and arr["seqused_k"].shape == (p.batch,)
         assert arr["cu_seqlens_q"] is None or arr["cu_seqlens_q"].dtype == np.int32
-        assert (arr["q"].ndim == 4) == c.q_batched     # batched q only with equal lengths
+        assert (arr["q"].ndim == 4) == (c.q_batched or c.seqused_q)    # batched q: equal lengths or seqused_q
         assert not np.isnan(arr["k"]).any() and not np.isnan(arr["v"]).any()   # no NaN unless asked
         if c.paged:
             tn = fwd_tile("sm90", p.dtype, p.head_dim, p.head_dim_v, p.causal, p.local)[1]
@@ -105,7 +117,8 @@ def test_drawn_call_forms_respect_fa4_constraints(p):
 
 
 def test_strategy_draws_every_call_form_and_no_nan_pages_unless_asked():
-    seen = {f: 0 for f in ("paged_kv", "seqused_k", "block_sparse", "mask_mod_fn", "tma", "cpasync", "empty")}
+    seen = {f: 0 for f in ("paged_kv", "seqused_k", "seqused_q", "pack_gqa", "block_sparse", "mask_mod_fn", "tma",
+                           "cpasync", "empty")}
 
     @settings(_QUIET, max_examples=150)
     @given(attention_problems(arch="sm90", dtype="bf16", features=FEATURES + CALL_FEATURES, **SMALL))
@@ -120,6 +133,8 @@ def test_strategy_draws_every_call_form_and_no_nan_pages_unless_asked():
             seen["empty"] += 0 in p.seqlens_k
         elif c.seqused_k:
             seen["seqused_k"] += 1
+        seen["seqused_q"] += c.seqused_q
+        seen["pack_gqa"] += c.pack_gqa is False
         seen["block_sparse"] += c.block_size is not None
         seen["mask_mod_fn"] += c.mask_mod_fn is not None
     from fa4verify.fuzz.campaign import _fixed_constant_pool

@@ -62,6 +62,42 @@ def kv_call_forms(draw: DrawFn, problem: Any, *, paged: bool, page_sizes: tuple[
 
 
 @st.composite
+def q_call_forms(draw: DrawFn, problem: Any, *, min_used: int = 0) -> Any:
+    """A problem with a ``seqused_q`` call form (Note [Call forms keep the problem's meaning]),
+    derived from ``problem``: a dense problem becomes varlen with drawn ``seqused_q`` (at least
+    ``min_used``) and K/V batched whole; a varlen problem keeps its lengths, and its K/V come
+    through ``seqused_k`` unless every sequence has the same keys. Shrinks toward no extra
+    capacity."""
+    if problem.mask_mod is not None:
+        return problem                      # a boolean mask_mod pattern is dense-only
+    if problem.varlen:
+        sq_list, sk_list = problem.seqlens_q, problem.seqlens_k
+        cap = max(max(sq_list), 1) + draw(st.sampled_from((0, 0, 1, 7)))
+        kv_used = len(set(sk_list)) > 1 or max(sk_list) == 0
+    else:
+        if problem.seqlen_k == 0:
+            return problem
+        cap = max(problem.seqlen_q, 1)
+        sq_list = _used_lengths(draw, problem.batch, cap, min_used)
+        sk_list = (problem.seqlen_k,) * problem.batch
+        kv_used = False
+    base = problem.replace(seqlens_q=tuple(sq_list), seqlens_k=tuple(sk_list), seqlen_q=max(sq_list),
+                           seqlen_k=max(sk_list), call=None)
+    return base.replace(call=CallForm(seqused_q=True, q_capacity=cap, seqused_k=kv_used,
+                                      kv_capacity=max(max(sk_list), 1) if kv_used else 0))
+
+
+def with_pack_gqa(problem: Any, pack_gqa: Any) -> Any:
+    """``problem`` whose call passes FA4 ``pack_gqa`` (None: FA4 chooses). A problem with a mod
+    pair keeps its plain call (mods take no call form yet)."""
+    if pack_gqa is None or problem.mods:
+        return problem
+    import dataclasses
+    call = problem.call if problem.call is not None else CallForm()
+    return problem.replace(call=dataclasses.replace(call, pack_gqa=bool(pack_gqa)))
+
+
+@st.composite
 def keep_call_forms(draw: DrawFn, problem: Any, *, block_sparse: bool, mask_mod_fn: bool) -> Any:
     """A dense non-causal problem with a block-sparse or mask_mod call form (causal/window are
     dropped; a varlen or boolean-mask_mod problem is returned unchanged). SM90 block sizes: q block 64 or 128 (a

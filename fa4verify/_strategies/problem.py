@@ -10,7 +10,7 @@ from hypothesis import reject, strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import DrawFn
 
-from fa4verify._strategies.calls import DEFAULT_PAGE_SIZES, keep_call_forms, kv_call_forms
+from fa4verify._strategies.calls import DEFAULT_PAGE_SIZES, keep_call_forms, q_call_forms, with_pack_gqa, kv_call_forms
 from fa4verify._strategies.masks import causal_and_windows, mask_mods, softcaps, varlen_seqlens
 from fa4verify._strategies.shapes import check_arch, check_dtype, head_counts, head_dims, seqlen_pairs
 from fa4verify._strategies.values import value_specs
@@ -174,7 +174,7 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                             nheads_kv=nheads_kv, head_dim=hd, head_dim_v=hdv, causal=causal, window_size=window,
                             softcap=softcap, sink=sink, softmax_scale=scale, seqlens_q=sq_list, seqlens_k=sk_list,
                             mask_mod=mm, values=values)
-    kv = [f for f in ("paged_kv", "seqused_k") if f in feats]
+    kv = [f for f in ("paged_kv", "seqused_k", "seqused_q") if f in feats]
     keep = "block_sparse" in feats or "mask_mod_fn" in feats
     if use_mods:
         prob = draw(_with_mod_pair(prob))
@@ -184,9 +184,14 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         if fam in ("paged_kv", "seqused_k"):
             prob = draw(kv_call_forms(prob, paged=fam == "paged_kv", page_sizes=tuple(page_sizes),
                                       hostile_nan=hostile_nan, min_used=kr[0] if confined else 0))
+        elif fam == "seqused_q":
+            prob = draw(q_call_forms(prob, min_used=qr[0] if confined else 0))
         elif fam == "keep":
             prob = draw(keep_call_forms(prob, block_sparse="block_sparse" in feats,
                                         mask_mod_fn="mask_mod_fn" in feats))
+    if "pack_gqa" in feats and prob.nheads > prob.nheads_kv:
+        # FA4 packs every GQA forward unless told not to (interface.py: pack_gqa = qhead_per_kvhead > 1)
+        prob = with_pack_gqa(prob, draw(st.sampled_from((None, False))))
     if confined and not _in_ranges(prob, qr, kr):
         reject()                            # e.g. a self-attention mod pair's seqlen_k = seqlen_q
     if max_work is not None:

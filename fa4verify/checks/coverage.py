@@ -34,6 +34,8 @@ def forms_of(features: tuple[str, ...]) -> tuple[str, ...]:
         out.append("varlen")
     if "seqused_k" in features:
         out.append("seqused_k")
+    if "seqused_q" in features:
+        out.append("seqused_q")
     if "paged_kv" in features:
         out += ["paged_small", "paged_tile"]
     if "block_sparse" in features:

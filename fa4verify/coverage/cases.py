@@ -21,7 +21,7 @@ _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "negative_scores": (("shift", 100.0),), "peaked_rescale": (("delta", 8.0), ("sigma", 0.1)),
     "tiny": (("e", 8.0),), "edges": (("score", 6.0),), "huge": (("e_qk", 6.0), ("e_v", 4.0)),
 }
-_HEADS = {"1": (2, 2), "2": (4, 2), "4": (8, 2), "mqa": (3, 1)}
+_HEADS = {"1": (2, 2), "2": (4, 2), "4": (8, 2), "mqa": (3, 1), "2_unpacked": (4, 2)}
 
 
 def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
@@ -92,7 +92,7 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
                               causal=causal, window_size=tuple(window),
                               softcap=space.softcaps.get(row["softcap"], 30.0 if row["softcap"] == "on" else 0.0),
                               sink=row["sink"] == "on", values=vs)
-    if form in ("varlen", "seqused_k") or is_paged(form):
+    if form in ("varlen", "seqused_k", "seqused_q") or is_paged(form):
         if row["seqlen"] == "zero" and "zero" in space.lengths:
             # a deployment's empty sequences: only on the side its minimum allows, the others at
             # one of its lengths
@@ -105,8 +105,11 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
             sqs, sks = (sq, 0, 33), (sk, 5, 0)
         else:
             sqs, sks = (sq, max(1, sq // 3), sq // 2 + 1), (sk, max(1, sk // 2 + 3), max(1, sk - 9))
+        if form == "seqused_q":              # K/V batched whole: every sequence sees the same keys
+            sks = (max(sks),) * len(sqs)
+            kw["call"] = CallForm(seqused_q=True, q_capacity=max(sqs) + 5)
         kw.update(batch=len(sqs), seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks))
-        if form != "varlen":
+        if form not in ("varlen", "seqused_q"):
             cap = max(sks) + 7
             page: Optional[int] = None
             if form == "paged_small":
@@ -139,6 +142,9 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
             kw["mods"] = (pair,)
         if not usable:      # only self-attention pairs: make the row square
             kw.update(seqlen_q=sk)
+    if row["gqa"] == "2_unpacked":
+        import dataclasses
+        kw["call"] = dataclasses.replace(kw.get("call") or CallForm(), pack_gqa=False)
     return AttentionProblem(**kw)
 
 

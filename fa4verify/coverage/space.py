@@ -3,6 +3,7 @@
 Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
 
 * ``form``: how FA4 is called: ``dense``, ``varlen`` (cu_seqlens), ``seqused_k`` (batched K/V),
+  ``seqused_q`` (batched Q with used lengths, K/V batched whole),
   ``paged_small`` (page size 16: FA4's cp.async path), ``paged_tile`` (page size = the forward
   tile_n: FA4's TMA path, ``interface.py`` ``paged_kv_non_tma=page_size not in [None, tile_n]``),
   ``block_sparse`` (``block_sparse_tensors``), ``mask_mod`` (a CuTe mask_mod callable, yours
@@ -12,7 +13,8 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
 * ``hd``: head-dim classes, one per tile class FA4's tile tables select (forward tile, backward
   tile, and the dQ-accumulator rounding class: whether rounding the head dim to 16 and to 32
   differ), each represented by one head dim (:func:`head_dim_classes`), plus one hd != hdv pair;
-* ``gqa``: query heads per KV head: ``1``, ``2``, ``4``, ``mqa`` (one KV head);
+* ``gqa``: query heads per KV head: ``1``, ``2``, ``4``, ``mqa`` (one KV head), ``2_unpacked`` (2,
+  with ``pack_gqa=False``: FA4 packs every GQA forward unless the caller says not to);
 * ``seqlen``: relative to the forward tile: ``lt_tile``, ``eq_tile``, ``tile_m1``, ``tile_p1``,
   ``multi`` (several tiles), ``q_gt_k``, ``q_lt_k``, ``zero`` (a zero-length sequence);
 * ``softcap``, ``sink``: ``off`` / ``on``;
@@ -38,10 +40,10 @@ from fa4verify.kernels import facts
 __all__ = ["DIMENSIONS", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
            "PASSES", "PLAN_DISTRIBUTIONS"]
 
-FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "paged_small", "paged_tile", "block_sparse",
-                          "mask_mod", "score_mod")
+FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "seqused_q", "paged_small", "paged_tile",
+                          "block_sparse", "mask_mod", "score_mod")
 MASKS: tuple[str, ...] = ("none", "causal", "left", "right", "both", "causal_left")
-GQAS: tuple[str, ...] = ("1", "2", "4", "mqa")
+GQAS: tuple[str, ...] = ("1", "2", "4", "mqa", "2_unpacked")
 SEQLENS: tuple[str, ...] = ("lt_tile", "eq_tile", "tile_m1", "tile_p1", "multi", "q_gt_k", "q_lt_k", "zero")
 ONOFF: tuple[str, ...] = ("off", "on")
 PASSES: tuple[str, ...] = ("fwd", "bwd")
@@ -52,7 +54,7 @@ PLAN_DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", 
 DIMENSIONS: tuple[str, ...] = ("form", "mask", "hd", "gqa", "seqlen", "softcap", "sink", "det", "values")
 
 _PAGED = ("paged_small", "paged_tile")
-_KV_FORMS = ("varlen", "seqused_k") + _PAGED          # forms whose problem is varlen (zero lengths)
+_KV_FORMS = ("varlen", "seqused_k", "seqused_q") + _PAGED   # forms whose problem is varlen (zero lengths)
 _KEEP_FORMS = ("block_sparse", "mask_mod")            # FA4 drops causal/window with these
 
 
@@ -145,6 +147,8 @@ class FeatureSpace:
                 return "a score_mod pair is not drawn with a learnable sink"
             if g("seqlen") == "zero":
                 return "score_mod pairs run on dense problems (no zero-length sequence)"
+        if g("gqa") == "2_unpacked" and form in ("score_mod", "mask_mod"):
+            return f"{form}: pack_gqa=False rides on a call form, which a score/mask_mod pair does not take yet"
         if form == "mask_mod" and not self.mask_pairs:
             return "no CuTe mask_mod pair is registered"
         if g("seqlen") == "zero" and form is not None and not (form in _KV_FORMS or is_paged(form)):
@@ -184,7 +188,7 @@ class FeatureSpace:
         if gqa in self.heads:
             q, kv = self.heads[gqa]
             return q / kv
-        return {"1": 1.0, "2": 2.0, "4": 4.0, "mqa": float("inf")}[gqa]
+        return {"1": 1.0, "2": 2.0, "4": 4.0, "mqa": float("inf"), "2_unpacked": 2.0}[gqa]
 
     def _form_bwd(self, form: str) -> Optional[str]:
         from fa4verify.kernels.features import cell

@@ -1,6 +1,6 @@
 """How FA4 is *called* for a problem, as opposed to what it computes: paged KV (``page_table``),
-``seqused_k`` over batched K/V, block sparsity (``block_sparse_tensors``) and CuTe ``mask_mod``
-callables (issue 16 item 8).
+``seqused_k`` over batched K/V, ``seqused_q`` over batched Q, block sparsity
+(``block_sparse_tensors``), CuTe ``mask_mod`` callables and FA4's ``pack_gqa`` switch.
 
 Note [Call forms keep the problem's meaning]
 --------------------------------------------
@@ -13,6 +13,11 @@ A :class:`CallForm` never changes the mathematical function of its
   (FA4 multiplies them by P = 0 on its TMA path: a NaN there is NaN in O, so real callers keep
   them finite). q is packed (``cu_seqlens_q``) or, with ``q_batched``, batched (all
   ``seqlens_q`` equal).
+* ``seqused_q``: the problem is varlen; Q and dO are passed *batched* ``(batch, q_capacity, h,
+  d)`` with sequence ``b``'s queries in rows ``[0, seqlens_q[b])`` and ``seqused_q = seqlens_q``;
+  the rows past it hold finite filler, and FA4's O, LSE and dQ there are not part of the problem
+  (dropped). K/V come through ``seqused_k`` as above, or, without it, batched and whole (all
+  ``seqlens_k`` equal).
 * ``page_size``: the same, with K/V as pages ``(num_pages, page_size, hk, d)`` and a
   ``page_table`` (``fa4verify.oracles.paged_kv.paginate``) whose page order is a permutation
   drawn from ``page_seed`` (None: identity). ``kv_capacity`` rounds up to whole pages, so last
@@ -25,6 +30,9 @@ A :class:`CallForm` never changes the mathematical function of its
   (``fa4verify.oracles.block_sparse``).
 * ``mask_mod_fn``: a named CuTe ``mask_mod`` from :func:`mask_mod_pairs` (each with its numpy
   keep-mask); the problem's keep-mask is that pattern.
+* ``pack_gqa``: FA4's forward argument (None: FA4 chooses, ``qhead_per_kvhead > 1`` on SM90; False
+  runs the unpacked GQA kernel a caller may ask for); it moves no array. FA4's backward never
+  packs (``interface.py``: "pack_gqa backward not yet supported"), so only the forward gets it.
 
 The oracle and the judge see only the problem (with its keep-mask); the targets build the call.
 """
@@ -38,7 +46,7 @@ import numpy as np
 
 #: features of the call form that :func:`~fa4verify._strategies.problem.attention_problems` can
 #: draw when asked (opt-in: the default ``FEATURES`` draws none of them)
-CALL_FEATURES: tuple[str, ...] = ("seqused_k", "paged_kv", "block_sparse", "mask_mod_fn")
+CALL_FEATURES: tuple[str, ...] = ("seqused_k", "seqused_q", "paged_kv", "block_sparse", "mask_mod_fn", "pack_gqa")
 
 #: The score_mod / mask_mod pair feature (``fa4verify.mods``: a registered pair, yours included,
 #: run through FA4's ``score_mod`` / ``mask_mod`` + ``aux_tensors``): opt-in like the call forms,
@@ -78,12 +86,19 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
     _SOURCE[0] = source if source is not None else _builtin_pairs
 
 
+#: CallForm fields written to JSON only where set (:meth:`CallForm.to_dict`)
+_LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa")
+_DEFAULTS = {"seqused_q": False, "q_capacity": 0, "pack_gqa": None}
+
+
 @dataclass(frozen=True)
 class CallForm:
     """The call form of a problem (Note [Call forms keep the problem's meaning])."""
     seqused_k: bool = False
     q_batched: bool = False
     kv_capacity: int = 0
+    seqused_q: bool = False
+    q_capacity: int = 0
     page_size: Optional[int] = None
     page_seed: Optional[int] = None
     spare_pages: int = 0
@@ -92,6 +107,7 @@ class CallForm:
     block_seed: int = 0
     block_keep: float = 0.5
     mask_mod_fn: Optional[str] = None
+    pack_gqa: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -102,10 +118,20 @@ class CallForm:
             raise ValueError("hostile_nan needs paged KV (page_size)")
         if self.page_size is not None and not self.seqused_k:
             object.__setattr__(self, "seqused_k", True)
+        if self.seqused_q and self.q_batched:
+            raise ValueError("seqused_q passes q batched with a capacity: q_batched is for seqused_k's equal lengths")
+        if self.pack_gqa is not None:
+            object.__setattr__(self, "pack_gqa", bool(self.pack_gqa))
 
     @property
     def paged(self) -> bool:
         return self.page_size is not None
+
+    @property
+    def batched_layout(self) -> bool:
+        """Whether FA4 gets batched arrays with used lengths (``seqused_k`` / paged / ``seqused_q``)
+        in place of the problem's packed varlen layout (:mod:`fa4verify.call_layout`)."""
+        return self.seqused_k or self.seqused_q
 
     @property
     def keep_pattern(self) -> bool:
@@ -125,6 +151,15 @@ class CallForm:
                 raise ValueError("q_batched needs seqlen_q >= 1")
             if self.keep_pattern:
                 raise ValueError("block sparsity / mask_mod are not drawn with paged KV or seqused_k")
+        if self.seqused_q:
+            if not problem.varlen:
+                raise ValueError("the seqused_q call form needs a varlen problem (seqlens_q = seqused_q)")
+            if self.q_capacity < max(problem.seqlens_q, default=0) or self.q_capacity < 1:
+                raise ValueError(f"q_capacity={self.q_capacity} < max(seqlens_q)={max(problem.seqlens_q, default=0)}")
+            if not self.seqused_k and (len(set(problem.seqlens_k)) > 1 or problem.seqlen_k == 0):
+                raise ValueError("seqused_q without seqused_k passes K/V batched and whole: equal seqlens_k >= 1")
+            if self.keep_pattern:
+                raise ValueError("block sparsity / mask_mod are not drawn with seqused_q")
         if self.keep_pattern:
             if self.block_size is not None and self.mask_mod_fn is not None:
                 raise ValueError("block_size and mask_mod_fn are exclusive")
@@ -156,9 +191,14 @@ class CallForm:
 
     # ------------------------------------------------------------------ JSON / labels
     def to_dict(self) -> dict[str, Any]:
+        """JSON form; the fields added with ``seqused_q`` and ``pack_gqa`` only where set, so the
+        JSON (and the digest) of every call form written before them is unchanged."""
         d = dataclasses.asdict(self)
         if d["block_size"] is not None:
             d["block_size"] = list(d["block_size"])
+        for k in _LATER_FIELDS:
+            if d[k] == _DEFAULTS[k]:
+                del d[k]
         return d
 
     @classmethod
@@ -180,16 +220,21 @@ class CallForm:
                          f"{', NaN pool' if self.hostile_nan else ''})")
         elif self.seqused_k:
             parts.append(f"seqused_k(cap={self.kv_capacity})")
-        if self.seqused_k:
+        if self.seqused_q:
+            parts.append(f"seqused_q(cap={self.q_capacity})")
+        elif self.seqused_k:
             parts.append("q=batched" if self.q_batched else "q=packed")
         if self.block_size is not None:
             parts.append(f"block_sparse({self.block_size[0]}x{self.block_size[1]}, keep={self.block_keep:g}, "
                          f"#{self.block_seed})")
         if self.mask_mod_fn is not None:
             parts.append(f"mask_mod_fn={self.mask_mod_fn}")
+        if self.pack_gqa is not None:
+            parts.append(f"pack_gqa={self.pack_gqa}")
         return " ".join(parts)
 
     def labels(self) -> dict[str, Any]:
-        return {"paged_kv": self.page_size, "seqused_k": self.seqused_k,
+        return {"paged_kv": self.page_size, "seqused_k": self.seqused_k, "seqused_q": self.seqused_q,
+                "pack_gqa": None if self.pack_gqa is None else ("on" if self.pack_gqa else "off"),
                 "block_sparse": None if self.block_size is None else f"{self.block_size[0]}x{self.block_size[1]}",
                 "mask_mod_fn": self.mask_mod_fn, "hostile_nan": self.hostile_nan}

@@ -1,0 +1,165 @@
+"""The ``seqused_q`` call form and FA4's ``pack_gqa`` switch (Note [Call forms keep the problem's
+meaning]): Q and dO reach FA4 batched with a capacity and ``seqused_q``, K/V batched whole or
+through ``seqused_k``; the rows past ``seqused_q`` are dropped from O, LSE and dQ; ``pack_gqa=False``
+reaches FA4's forward only. CPU: the twin, and the production target's own call code driven
+through a stand-in adapter that computes attention in float64 on the used rows and writes NaN in
+every row a caller must not read."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fa4verify import call_layout
+from fa4verify.fuzz import check_problem
+from fa4verify.problem import AttentionProblem, CallForm, ValueSpec
+from fa4verify.fuzz.violation import Violation
+from fa4verify.targets import ProductionTarget, TwinTarget
+
+torch = pytest.importorskip("torch")
+
+JUDGED = ("runs", "finite", "fwd_budget", "bwd_budget", "masked_rows")
+
+
+def _problem(*, kv_used=False, pack_gqa=None, seqlens_q=(5, 0, 9), sk=11, seed=3) -> AttentionProblem:
+    sks = (sk, 4, 7) if kv_used else (sk,) * len(seqlens_q)
+    return AttentionProblem(arch="sm90", dtype="bf16", batch=len(seqlens_q), seqlen_q=max(seqlens_q),
+                            seqlen_k=max(sks), nheads=4, nheads_kv=2, head_dim=32, head_dim_v=32,
+                            seqlens_q=tuple(seqlens_q), seqlens_k=sks, values=ValueSpec("normal", seed),
+                            call=CallForm(seqused_q=True, q_capacity=max(seqlens_q) + 3, seqused_k=kv_used,
+                                          kv_capacity=max(sks) + 2 if kv_used else 0, pack_gqa=pack_gqa))
+
+
+def test_call_arrays_hold_the_problem_and_filler_and_the_outputs_come_back_without_it():
+    p = _problem()
+    a = p.materialize()
+    c = call_layout.call_arrays(p, a)
+    assert c["q"].shape == (3, 12, 4, 32) and c["k"].shape == (3, 11, 2, 32)
+    assert list(c["seqused_q"]) == [5, 0, 9] and c["seqused_k"] is None and c["cu_seqlens_q"] is None
+    assert np.isfinite(c["q"]).all() and np.abs(c["q"][0, 5:]).max() > 0       # finite filler past the used rows
+    q, do = call_layout.gather_q(p, c)
+    assert np.array_equal(q, np.asarray(a["q"], np.float32)) and np.array_equal(do, np.asarray(a["dout"], np.float32))
+    # FA4-shaped outputs with NaN wherever no query of the problem lives: nothing of it comes back
+    out = np.full((3, 12, 4, 32), np.nan)
+    lse = np.full((3, 4, 12), np.nan)
+    dq = np.full((3, 12, 4, 32), np.nan)
+    for b, n in enumerate(p.seqlens_q):
+        out[b, :n] = b + np.arange(n)[:, None, None]
+        lse[b, :, :n] = b
+        dq[b, :n] = -b
+    o, l_ = call_layout.to_problem_fwd(p, out, lse)
+    g = call_layout.to_problem_grads(p, dq, np.zeros((3, 11, 2, 32)), np.zeros((3, 11, 2, 32)))
+    assert o.shape == (14, 4, 32) and l_.shape == (4, 14) and g[0].shape == (14, 4, 32) and g[1].shape == (33, 2, 32)
+    assert np.isfinite(o).all() and np.isfinite(l_).all() and np.isfinite(g[0]).all()
+    assert o[5, 0, 0] == 2 and o[13, 0, 0] == 2 + 8 and l_[0, 5] == 2
+
+
+def test_old_call_form_json_and_digests_are_unchanged_and_new_fields_round_trip():
+    old = CallForm(seqused_k=True, kv_capacity=9)
+    assert set(old.to_dict()) == {"seqused_k", "q_batched", "kv_capacity", "page_size", "page_seed", "spare_pages",
+                                  "hostile_nan", "block_size", "block_seed", "block_keep", "mask_mod_fn"}
+    for p in (_problem(), _problem(kv_used=True, pack_gqa=False)):
+        assert AttentionProblem.from_json(p.to_json()) == p
+    with pytest.raises(ValueError, match="equal seqlens_k"):
+        AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=3, seqlen_k=5, nheads=1, nheads_kv=1,
+                         head_dim=32, head_dim_v=32, seqlens_q=(3, 1), seqlens_k=(5, 2),
+                         call=CallForm(seqused_q=True, q_capacity=3))
+    with pytest.raises(ValueError, match="q_capacity=2"):
+        _problem().replace(call=CallForm(seqused_q=True, q_capacity=2))
+
+
+@pytest.mark.parametrize("kv_used", [False, True])
+def test_the_twin_runs_the_form_as_the_problem_it_describes(kv_used):
+    p = _problem(kv_used=kv_used, pack_gqa=False)
+    a = p.materialize()
+    t = TwinTarget()
+    f, f0 = t.forward(p, a), t.forward(p.replace(call=None), a)
+    assert np.array_equal(f.out, f0.out) and np.array_equal(f.lse, f0.lse)     # the layout is exact
+    check_problem(p, t, properties=JUDGED)
+
+
+# ------------------------------------------------------------------ production's own call code
+
+class _StandIn:
+    """FA4's call contract on the CPU: batched q with ``seqused_q``, K/V batched whole or with
+    ``seqused_k``; exact non-causal attention in float64 on the used rows, NaN everywhere else.
+    ``shift``: a planted fault, the query rows read one row late."""
+
+    def __init__(self, shift: int = 0):
+        self.calls: list[tuple[str, dict]] = []
+        self.shift = shift
+
+    @staticmethod
+    def _rows(kw, b, q, k):
+        nq = int(kw["seqused_q"][b]) if kw.get("seqused_q") is not None else q.shape[1]
+        nk = int(kw["seqused_k"][b]) if kw.get("seqused_k") is not None else k.shape[1]
+        return nq, nk
+
+    def _attn(self, q, k, v, kw):
+        h, hk = q.shape[1], k.shape[1]
+        kk, vv = (x.repeat_interleave(h // hk, dim=1) for x in (k, v))
+        scale = kw.get("softmax_scale") or 1 / math.sqrt(q.shape[-1])
+        return torch.softmax(torch.einsum("qhd,khd->hqk", q, kk) * scale, -1), kk, vv, scale
+
+    def forward(self, q, k, v, return_lse=True, **kw):
+        self.calls.append(("fwd", dict(kw, q_shape=tuple(q.shape))))
+        out = torch.full(q.shape[:3] + (v.shape[-1],), float("nan"), dtype=torch.float64)
+        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), dtype=torch.float64)
+        for b in range(q.shape[0]):
+            nq, nk = self._rows(kw, b, q, k)
+            if nq == 0 or nk == 0:
+                continue
+            qb = q[b, self.shift: nq + self.shift].double()
+            p, kk, vv, scale = self._attn(qb, k[b, :nk].double(), v[b, :nk].double(), kw)
+            out[b, :nq] = torch.einsum("hqk,khd->qhd", p, vv)
+            lse[b, :, :nq] = torch.logsumexp(torch.einsum("qhd,khd->hqk", qb, kk) * scale, -1)
+        return SimpleNamespace(out=out.to(q.dtype), lse=lse.float(), config={"op": "fwd"})
+
+    def backward(self, q, k, v, out, dout, lse, deterministic=True, **kw):
+        self.calls.append(("bwd", dict(kw, q_shape=tuple(q.shape))))
+        dq = torch.full(q.shape, float("nan"), dtype=torch.float64)
+        dk, dv = torch.zeros(k.shape, dtype=torch.float64), torch.zeros(v.shape, dtype=torch.float64)
+        for b in range(q.shape[0]):
+            nq, nk = self._rows(kw, b, q, k)
+            if nq == 0 or nk == 0:
+                continue
+            qb, kb, vb = (x.double().detach().requires_grad_(True)
+                          for x in (q[b, :nq], k[b, :nk], v[b, :nk]))
+            p, _, vv, _ = self._attn(qb, kb, vb, kw)
+            torch.einsum("hqk,khd->qhd", p, vv).backward(dout[b, :nq].double())
+            dq[b, :nq], dk[b, :nk], dv[b, :nk] = qb.grad, kb.grad, vb.grad
+        return SimpleNamespace(dq=dq.to(q.dtype), dk=dk.to(k.dtype), dv=dv.to(v.dtype), dsink=None,
+                               config={"op": "bwd"})
+
+
+@pytest.mark.parametrize("kv_used", [False, True])
+def test_production_passes_seqused_q_and_pack_gqa_to_the_forward_and_judges_the_used_rows(kv_used):
+    ad = _StandIn()
+    p = _problem(kv_used=kv_used, pack_gqa=False)
+    check_problem(p, ProductionTarget(adapter=ad, device="cpu"), properties=JUDGED)
+    (f, fk), (b, bk) = ad.calls[0], ad.calls[-1]
+    assert (f, b) == ("fwd", "bwd")
+    for kw in (fk, bk):
+        assert kw["q_shape"] == (3, 12, 4, 32) and kw["seqused_q"].tolist() == [5, 0, 9]
+        assert "cu_seqlens_q" not in kw and "cu_seqlens_k" not in kw
+        assert ("seqused_k" in kw) == kv_used
+    assert fk["pack_gqa"] is False and "pack_gqa" not in bk          # FA4's backward never packs
+
+
+def test_a_call_that_reads_the_wrong_query_rows_fails_the_forward_budget():
+    with pytest.raises(Violation) as ei:
+        check_problem(_problem(), ProductionTarget(adapter=_StandIn(shift=1), device="cpu"), properties=JUDGED)
+    assert ei.value.prop in ("fwd_budget", "finite")
+
+
+def test_pack_gqa_alone_keeps_the_problems_own_call():
+    ad = _StandIn()
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=6, seqlen_k=6, nheads=4, nheads_kv=2,
+                         head_dim=32, head_dim_v=32, values=ValueSpec("normal", 1), call=CallForm(pack_gqa=False))
+    check_problem(p, ProductionTarget(adapter=ad, device="cpu"), properties=JUDGED)
+    (_, fk), (_, bk) = ad.calls[0], ad.calls[-1]
+    assert fk["q_shape"] == (2, 6, 4, 32) and fk["pack_gqa"] is False and "pack_gqa" not in bk
+    assert "seqused_q" not in fk and "seqused_k" not in fk
+    check_problem(p, TwinTarget(), properties=JUDGED)
