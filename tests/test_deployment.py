@@ -66,7 +66,7 @@ def test_strategy_draws_only_shipped_head_dims():
     ("name = 'x'\ndtypes = ['fp4']", "dtypes"),
     ("name = 'x'\nbogus = 1", "unknown key"),
     ("name = 'x'\ndistributions = ['gaussian']", "distributions"),
-    ("name = 'x'\nfeatures = ['paged']", "features .'paged'.: choose from seqused_k, paged_kv"),
+    ("name = 'x'\nfeatures = ['paged']", "features .'paged'.: choose from seqused_k, seqused_q, paged_kv"),
     ("name = 'x'\npage_sizes = [16]", "page_sizes needs"),
     ("name = 'x'\nfeatures = ['seqused_k']\nnan_pages = true", "nan_pages needs"),
     ("name = 'x'\nfeatures = ['paged_kv']\npage_sizes = [0]", "page_sizes must be positive"),
