@@ -37,10 +37,11 @@ def test_a_pdl_kernel_without_a_wait_fails_and_a_non_pdl_kernel_needs_none():
     assert PdlRow("sm_90a", "k", "m.py", True, 2, 0).status == "pass"
 
 
-def _audit(tmp_path, env=None) -> dict:
+def _audit(tmp_path, env=None, cache=None) -> dict:
     rep = tmp_path / "pdl.json"
     cp = subprocess.run([sys.executable, "-m", "fa4verify", "audit", "--dtype", "bf16", "-k", "census.pdl_waits",
-                         "--json", str(rep)], env=env, capture_output=True, text=True, timeout=900)
+                         "--json", str(rep), "--kernel-cache", str(cache) if cache else "off"],
+                        env=env, capture_output=True, text=True, timeout=900)
     assert rep.exists(), cp.stdout[-2000:] + cp.stderr[-2000:]
     return json.loads(rep.read_text())["results"][0]
 
@@ -53,8 +54,8 @@ def _audit(tmp_path, env=None) -> dict:
 def test_the_installed_fa4_passes_and_each_planted_pdl_wait_fails(tmp_path, mutant, module):
     from fa4verify import races
     from fa4verify.compile import census_pdl
-    cache = tmp_path / "kcache"
-    env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="1", FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(cache))
+    cache = tmp_path / "kcache"           # the audit's --kernel-cache (Note [Census cache])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASH_ATTENTION_CUTE_DSL_CACHE")}
     if mutant:
         # the cache holds a passing census of the installed (unplanted) FA4: the planted copy's
         # own source digest must not read it (Note [Census cache])
@@ -63,12 +64,12 @@ def test_the_installed_fa4_passes_and_each_planted_pdl_wait_fails(tmp_path, muta
                 census_pdl.PdlRow(a, "k", m, True, 1, 0) for m in ("flash_bwd_preprocess.py", "flash_bwd_sm90.py")],
                 {})
         env.update(races.plant(mutant, tmp_path / "copy"))
-    r = _audit(tmp_path, env)
+    r = _audit(tmp_path, env, cache)
     assert r["metrics"]["archs_from_cache"] == 0
     if mutant is None:
         assert r["status"] == "pass", r["summary"]
         assert r["metrics"]["pdl_kernels"] >= 3          # sm90 preprocess + main, sm100 preprocess (b36)
-        again = _audit(tmp_path, env)                    # the same FA4, DSL and driver: read back
+        again = _audit(tmp_path, env, cache)             # the same FA4, DSL and driver: read back
         assert again["metrics"]["archs_from_cache"] == 2
         assert (again["status"], again["summary"], again["details"]["table"]) == \
             (r["status"], r["summary"], r["details"]["table"])

@@ -264,6 +264,9 @@ class CheckContext:
     check_id: the id of the running check (with "[arch]" suffix for per-arch checks).
     options: free-form extra options (``--fa4-opt key=value``), strings.
     deployment: the deployment profile (``--deployment``) as a dict; :attr:`deploy` parses it.
+    kernel_cache: the audit's kernel cache directory (``--kernel-cache`` as in effect; None: off):
+             FA4's compiled kernels, and what a compile-only check keeps of its own builds
+             (Note [Census cache] in :mod:`fa4verify.compile.census_pdl`).
     """
 
     dtype: str = "bf16"
@@ -277,6 +280,7 @@ class CheckContext:
     #: the audit's deployment profile (``Deployment.to_dict()``) or None: every case a check draws
     #: comes from it, and recorded findings apply only where they intersect it
     deployment: dict[str, Any] | None = None
+    kernel_cache: str | None = None
     _progress_factory: ProgressFactory | None = dataclasses.field(default=None, repr=False)
     _notes: list[str] = dataclasses.field(default_factory=list, repr=False)
 

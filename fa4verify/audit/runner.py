@@ -230,7 +230,7 @@ def _context(config: AuditConfig, sel: Selected) -> CheckContext:
     return CheckContext(dtype=config.dtype, arch=sel.arch, device=config.device,
                         profile=config.profile, seed=config.seed, check_id=sel.id,
                         archs=tuple(config.archs), options=dict(config.opts),
-                        deployment=config.deployment_dict)
+                        deployment=config.deployment_dict, kernel_cache=config.kernel_cache)
 
 
 def start_selection(config: AuditConfig, specs: Sequence[CheckSpec] | None,

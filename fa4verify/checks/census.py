@@ -175,14 +175,11 @@ def pdl_waits(ctx: CheckContext) -> CheckResult:
     (:mod:`fa4verify.compile.census_pdl`): a dropped wait lets it read what the kernel before it
     has not written yet, which timing on a GPU rarely shows. Evidence: compile-only. One compile
     per arch (~9 s on 2 cores), so it runs in the default profile."""
-    import os
-
     from fa4verify.compile import census as C
     from fa4verify.compile.census_pdl import COLUMNS, cached_rows, pdl_rows
     from fa4verify.races import pdl_in_source
-    from fa4verify.run.pool import KERNEL_CACHE_ENV
     files = pdl_in_source()
-    cache = os.environ.get(KERNEL_CACHE_ENV[1]) if os.environ.get(KERNEL_CACHE_ENV[0]) == "1" else None
+    cache = ctx.kernel_cache
     rows, hits = [], []
     with tempfile.TemporaryDirectory(prefix="fa4pdl-") as wd, \
             ctx.progress(2, "compiling FA4 backward for its PDL waits") as bar:

@@ -70,10 +70,12 @@ def pdl_rows(res: Any, pdl_files: dict[str, bool]) -> list[PdlRow]:
 # backward cases (sm_90a, sm_100a), ~20 s on 2 cores and ~50 s on a busy 16-core GPU host: on the
 # H200 it was the largest item of a warm default audit (46 s of 76 s, measured at 4fa734e). The
 # per-kernel counts it reads from the PTX (waits, triggers) are kept under the audit's kernel
-# cache, keyed by a digest of every file of the FA4 package that is imported (a planted copy on
-# PYTHONPATH has its own digest), the DSL's version and these modules' source; whether a kernel is
-# launched with PDL is re-read from FA4's source on every run. A hit is named in the check's
-# summary; a miss or an unreadable entry compiles as before.
+# cache (``CheckContext.kernel_cache``; the check runs in the audit's own process, where FA4's
+# cache switches are not set), keyed by a digest of every file of the FA4 package that is
+# imported (a planted copy on PYTHONPATH has its own digest), the DSL's and quack's versions and
+# these modules' source; whether a kernel is launched with PDL is re-read from FA4's source on
+# every run. A hit is named in the check's notes and its metric ``archs_from_cache``; a miss or an
+# unreadable entry compiles as before.
 
 def census_key(arch: str) -> str | None:
     """The cache key of the PDL census of ``arch`` (Note [Census cache]), or None when FA4's
@@ -120,7 +122,7 @@ def cached_rows(arch: str, cache_dir: str | None, compile_rows, pdl_files: dict[
     rows = compile_rows()
     if path is not None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)   # inside a private cache
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"rows": [{"kernel": r.kernel, "module": r.module, "waits": r.waits,
                                                  "triggers": r.triggers} for r in rows]}))
