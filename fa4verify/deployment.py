@@ -305,6 +305,8 @@ class Deployment:
         sp = dataclasses.replace(sp, windows=windows, values=dict(sp.values, mask=tuple(masks)),
                                  notes=dict(sp.notes, mask=f"deployment {self.name}: masks {list(self.masks)}"))
         heads = {f"h:{h}/{hk}": (h, hk) for h in self.nheads for hk in self.nheads_kv if h % hk == 0}
+        if "pack_gqa" in self.features:       # each GQA head count also with pack_gqa=False
+            heads.update({f"{n}_unpacked": hh for n, hh in list(heads.items()) if hh[0] > hh[1]})
         sp = dataclasses.replace(sp, heads=heads, values=dict(sp.values, gqa=tuple(heads)))
         (ql, qh), (kl, kh) = self.seqlen_q, self.seqlen_k
         lengths: dict[str, tuple[int, int]] = {}

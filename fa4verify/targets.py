@@ -233,8 +233,8 @@ class TwinTarget(Target):
             raise DependencyMissing("the twin backward (fa4verify.kernels.twin.backward) is not available")
         if problem.call is not None:
             vp, va, rw = self._call_form(problem, a)
-            if rw is None:
-                return self.backward(vp, va, fwd, deterministic=deterministic)
+            if rw is None:       # taps only where taps_unsupported allows them: the pack_gqa-only form
+                return self.backward(vp, va, fwd, deterministic=deterministic, taps=taps)
             qb, qr = rw["q_index"].T
             vf = Fwd(np.asarray(fwd.out)[qb, qr], np.asarray(fwd.lse)[qb, :, qr].T)
             g = self.backward(vp, va, vf, deterministic=deterministic)

@@ -341,13 +341,14 @@ def compile_key(problem: Any) -> tuple:
     """What selects the FA4 kernels of an attention ``problem`` (any object with the fields and
     ``features()`` of fa4verify's AttentionProblem): arch, dtype, head dims, the GQA ratio, the
     mask kind (causal, which window sides, mask_mod, mods), softcap on/off, sink, varlen, the call
-    form (paged with its page size, seqused_k, block sparsity, a named mask_mod) and whether each
+    form (paged with its page size, seqused_k, seqused_q, block sparsity, a named mask_mod, pack_gqa) and whether each
     sequence-length maximum fits one 128-wide tile (FA4's single-block backward). Not FA4's own
     key -- that also holds tiles and heuristics derived from these -- but close to it: problems
     with equal keys share their kernels, so the engine runs them in one worker (fa4verify.run)."""
     f = problem.features()
     c = problem.call
-    call = None if c is None else (c.page_size, c.seqused_k, c.q_batched, c.block_size, c.mask_mod_fn)
+    call = None if c is None else (c.page_size, c.seqused_k, c.q_batched, c.block_size, c.mask_mod_fn,
+                                   getattr(c, "seqused_q", False), getattr(c, "pack_gqa", None))
     wl, wr = problem.window_size
     return (f["arch"], f["dtype"], f["hdim"], problem.nheads // problem.nheads_kv, f["causal"],
             wl is not None, wr is not None, f["softcap"], f["sink"], f["varlen"], f["mask_mod"],
@@ -701,7 +702,7 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
         cfg.notes.append("no kernel launched (empty input: FA4 fills out=0, lse=-inf/sink)")
     _, local, _, _ = resolve_causal_local_window(causal, ws)
     _fill_kernel_fields(cfg, _named_key(fwd_fn, key), head_dim=int(q.shape[-1]),
-                        head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
+                        head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None or seqused_q is not None)
     return ForwardResult(out, lse, cfg)
 
 
@@ -781,7 +782,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
         cfg.notes.append("no kernel launched (empty input: FA4 zero-fills the gradients)")
     _, local, _, _ = resolve_causal_local_window(causal, ws)
     _fill_kernel_fields(cfg, _named_key(bwd_fn, key), head_dim=int(q.shape[-1]),
-                        head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None)
+                        head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None or seqused_q is not None)
     return BackwardResult(gdq, gdk, gdv, dsink, cfg)
 
 
@@ -876,7 +877,7 @@ def _forward_private(q, k, v, qv, *, softmax_scale, causal, window_size, softcap
     named = _named_key(fwd_fn, key)
     if qv is None:
         _fill_kernel_fields(cfg, named, head_dim=int(ref.shape[-1]), head_dim_v=int(v.shape[-1]),
-                            local=local, varlen_q=cu_seqlens_q is not None)
+                            local=local, varlen_q=cu_seqlens_q is not None or seqused_q is not None)
     else:
         cfg.compile_key = named
         if named is not None:

@@ -135,3 +135,16 @@ def test_census_key_follows_every_fa4_source_file_and_the_arch(tmp_path, monkeyp
     assert len({k0, k1, census_pdl.census_key("sm_90a")}) == 3
     monkeypatch.setattr(fa4_params, "fa4_source_dir", lambda: None)
     assert census_pdl.census_key("sm_90a") is None
+
+
+def test_census_key_follows_fa4_switches_in_the_environment(tmp_path, monkeypatch):
+    from fa4verify.compile import census_pdl
+    from fa4verify.kernels import fa4_params
+    src = tmp_path / "cute"
+    src.mkdir()
+    (src / "interface.py").write_text("x = 1\n")
+    monkeypatch.setattr(fa4_params, "fa4_source_dir", lambda: src)
+    monkeypatch.delenv("FLASH_ATTENTION_BWD_TILE_N", raising=False)
+    k0 = census_pdl.census_key("sm_90a")
+    monkeypatch.setenv("FLASH_ATTENTION_BWD_TILE_N", "64")     # an FA4 tile override changes the build
+    assert census_pdl.census_key("sm_90a") != k0

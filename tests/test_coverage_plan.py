@@ -43,7 +43,7 @@ def _realises(sp, row, p) -> list[str]:
     elif not (p.nheads_kv == 1 < p.nheads if row["gqa"] == "mqa" else ratio == int(row["gqa"].split("_")[0])):
         bad.append("gqa")
     unpacked = p.call is not None and p.call.pack_gqa is False
-    if unpacked != (row["gqa"] == "2_unpacked"):
+    if unpacked != row["gqa"].endswith("_unpacked"):
         bad.append("pack_gqa")
     wl, wr = p.window_size
     want = {"none": (False, False, False), "causal": (True, False, False), "left": (False, True, False),

@@ -16,10 +16,10 @@ from fa4verify.kernels import facts
 
 SHIPPED = sorted(D.shipped())
 #: a profile with what no shipped one has: an (hd, hdv) pair, two head counts, a sequence minimum
-#: above 1 on each side, two windows, a softcap value, seqused_k
+#: above 1 on each side, two windows, a softcap value, seqused_k, seqused_q and pack_gqa=False
 CUSTOM = {"name": "custom", "head_dims": [[192, 128], 64], "nheads": [4, 8], "nheads_kv": 2,
           "masks": ["none", "window"], "window_sizes": [[32, 0], [7, 5]], "softcap": [0.0, 15.0],
-          "varlen": True, "seqlen_q": [5, 100], "seqlen_k": [9, 200], "features": ["seqused_k"],
+          "varlen": True, "seqlen_q": [5, 100], "seqlen_k": [9, 200], "features": ["seqused_k", "seqused_q", "pack_gqa"],
           "distributions": ["normal", "tiny"]}
 PROFILES = SHIPPED + ["custom"]
 

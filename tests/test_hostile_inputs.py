@@ -1031,6 +1031,7 @@ MALFORMED_CASES = {
     "values-list": ("values", [], "values"),
     "work-huge": ("nheads", 128, "replay limit"),
     "target-int": ("target", 1, "target"),
+    "q-capacity-huge": ("call", {"seqused_q": True, "q_capacity": 1 << 40}, "q_capacity"),
 }
 
 

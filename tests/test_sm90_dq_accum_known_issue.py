@@ -174,3 +174,19 @@ def test_varlen_rows_of_later_sequences_are_the_issue_but_early_rows_of_the_firs
     assert fuzz.match_known_issue(p, _v_at([3, 64]), {}, target="production") is None
     assert fuzz.match_known_issue(_varlen_problem((65, 1), (15, 191), hd=64), _v_at([64, 65]), {},
                                   target="production") is None
+
+
+def test_batched_q_calls_absorb_only_rows_past_the_good_ones_of_each_entry():
+    """seqused_q / q_batched pass no cu_seqlens_q: FA4's dQ accumulator is batched, so a later
+    batch entry's early rows are not the packed-offset defect (found in review: the packed rule
+    absorbed a real dQ error at sequence 1, row 1)."""
+    _pred_or_skip(8)
+    from fa4verify.problem import CallForm
+    p = _varlen_problem((70, 66), (15, 15)).replace(call=CallForm(seqused_q=True, q_capacity=72))
+    assert fuzz.match_known_issue(p, _v_at([71]), {}, target="production") is None     # entry 1, row 1
+    ki = fuzz.match_known_issue(p, _v_at([64, 70 + 64]), {}, target="production")    # row 64 of each
+    assert ki is not None and ki.name == "sm90_dq_accum_hdim_rounding"
+    packed = _varlen_problem((70, 66), (15, 15))
+    assert fuzz.match_known_issue(packed, _v_at([71]), {}, target="production") is not None
+    short = _varlen_problem((10, 5), (15, 15)).replace(call=CallForm(seqused_q=True, q_capacity=12))
+    assert fuzz.match_known_issue(short, _v_at([11]), {}, target="production") is None   # nothing predicted

@@ -72,10 +72,11 @@ def pdl_rows(res: Any, pdl_files: dict[str, bool]) -> list[PdlRow]:
 # per-kernel counts it reads from the PTX (waits, triggers) are kept under the audit's kernel
 # cache (``CheckContext.kernel_cache``; the check runs in the audit's own process, where FA4's
 # cache switches are not set), keyed by a digest of every file of the FA4 package that is
-# imported (a planted copy on PYTHONPATH has its own digest), the DSL's and quack's versions and
-# these modules' source; whether a kernel is launched with PDL is re-read from FA4's source on
-# every run. A hit is named in the check's notes and its metric ``archs_from_cache``; a miss or an
-# unreadable entry compiles as before.
+# imported (a planted copy on PYTHONPATH has its own digest), the versions of the DSL's and quack's
+# distributions, FA4's and the DSL's environment switches and the driver's source (the check's
+# case, the compile driver, the adapter, this module); whether a kernel is launched with PDL is
+# re-read from FA4's source on every run. A hit is named in the check's notes and its metric
+# ``archs_from_cache``; a miss or an unreadable entry compiles as before.
 
 def census_key(arch: str) -> str | None:
     """The cache key of the PDL census of ``arch`` (Note [Census cache]), or None when FA4's
@@ -88,14 +89,24 @@ def census_key(arch: str) -> str | None:
     d = fa4_source_dir()
     if d is None:
         return None
+    import os
+    import sys
+
+    from fa4verify.compile import census as _census
+    from fa4verify.kernels import adapter as _adapter
     h = hashlib.sha256(f"pdl-census/1\0{arch}\0".encode())
-    for dist in ("nvidia-cutlass-dsl", "quack-kernels"):
-        try:
-            h.update(f"{dist}={metadata.version(dist)}\0".encode())
-        except metadata.PackageNotFoundError:
-            h.update(f"{dist}=none\0".encode())
-    here = Path(__file__).parent
-    for p in [here / "census.py", here / "census_pdl.py"] + sorted(Path(d).rglob("*.py")):
+    dists = sorted({(dm.metadata["Name"] or "").lower(): dm.version for dm in metadata.distributions()
+                    if (dm.metadata["Name"] or "").lower().startswith(("nvidia-cutlass-dsl", "quack-kernels"))
+                    }.items())
+    h.update(repr(dists).encode())
+    # FA4's and the DSL's own switches that can change what compiles (tile overrides and the like)
+    h.update(repr(sorted((k, v) for k, v in os.environ.items()
+                         if k.startswith(("FLASH_ATTENTION_", "FA_", "CUTE_DSL_")))).encode())
+    # the driver: the case (the check), how it is compiled (census, adapter), how it is read (here)
+    check = sys.modules.get("fa4verify.checks.census")
+    driver = [Path(__file__), Path(_census.__file__), Path(_adapter.__file__)]
+    driver += [Path(check.__file__)] if check is not None and getattr(check, "__file__", None) else []
+    for p in driver + sorted(Path(d).rglob("*.py")):
         h.update(str(p.relative_to(d) if p.is_relative_to(d) else p.name).encode() + b"\0")
         h.update(p.read_bytes())
     return h.hexdigest()[:32]

@@ -142,7 +142,7 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
             kw["mods"] = (pair,)
         if not usable:      # only self-attention pairs: make the row square
             kw.update(seqlen_q=sk)
-    if row["gqa"] == "2_unpacked":
+    if row["gqa"].endswith("_unpacked"):
         import dataclasses
         kw["call"] = dataclasses.replace(kw.get("call") or CallForm(), pack_gqa=False)
     return AttentionProblem(**kw)

@@ -147,10 +147,12 @@ class FeatureSpace:
                 return "a score_mod pair is not drawn with a learnable sink"
             if g("seqlen") == "zero":
                 return "score_mod pairs run on dense problems (no zero-length sequence)"
-        if g("gqa") == "2_unpacked" and form in ("score_mod", "mask_mod"):
+        if (g("gqa") or "").endswith("_unpacked") and form in ("score_mod", "mask_mod"):
             return f"{form}: pack_gqa=False rides on a call form, which a score/mask_mod pair does not take yet"
         if form == "mask_mod" and not self.mask_pairs:
             return "no CuTe mask_mod pair is registered"
+        if form == "seqused_q" and g("seqlen") == "zero" and "zero" in self.lengths and self.lengths["zero"][0] != 0:
+            return "seqused_q: this deployment's empty sequences are keys only, and K/V go batched whole here"
         if g("seqlen") == "zero" and form is not None and not (form in _KV_FORMS or is_paged(form)):
             return f"a zero-length sequence needs a varlen call form, not {form}"
         if hd is not None and self.arch in ("sm100", "sm103") and self.hd.get(hd) == (256, 256):

@@ -127,6 +127,14 @@ def check_problem_dict(d: Any) -> None:
     for k in ("mask_mod", "values", "call"):
         if d.get(k) is not None and not isinstance(d.get(k), Mapping):
             raise ValueError(f"problem.{k}: expected an object, got {d.get(k)!r}")
+    call = d.get("call")
+    if isinstance(call, Mapping):
+        for k in ("kv_capacity", "q_capacity", "page_size"):
+            if call.get(k) is not None:
+                v = call[k]
+                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= L["seqlen"]:
+                    raise ValueError(f"problem.call.{k}: expected an integer in [0, {L['seqlen']}] (replay limit), "
+                                     f"got {v!r}")
     mods = d.get("mods")
     if mods is not None and (not isinstance(mods, list) or not all(isinstance(m, str) for m in mods)):
         raise ValueError(f"problem.mods: expected a list of names, got {mods!r}")

@@ -109,8 +109,13 @@ def _sm90_dq_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
     from fa4verify.kernels import fa4_params
     local = any(w is not None for w in problem.window_size)
     lens = problem.seqlens_q if problem.varlen else (problem.seqlen_q,)
+    # packed q (cu_seqlens_q): FA4's dQ accumulator is packed too and a later sequence's offset is
+    # scaled by the mismatched rounding; batched q (q_batched, seqused_q) gets a batched
+    # accumulator (interface.py: `if cu_seqlens_q is None`), where each sequence is a batch entry
+    call = problem.call
+    packed = problem.varlen and not (call is not None and (call.q_batched or call.seqused_q))
     if not fa4_params.sm90_dq_defect_predicted(problem.head_dim, problem.head_dim_v, lens, causal=problem.causal,
-                                               local=local, varlen=problem.varlen):
+                                               local=local, varlen=packed):
         return False
     idx = v.over_indices
     if idx is None or not len(idx):
@@ -119,15 +124,17 @@ def _sm90_dq_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
     good = fa4_params.SM90_DQ_DEFECT_GOOD_ROWS
     idx = np.asarray(idx)
     if problem.varlen:
+        starts = np.array([q0 for q0, _, _, _ in problem._seq_bounds()])
+        tok = idx[:, 0]
+        seq = np.searchsorted(starts, tok, side="right") - 1
+        row = tok - starts[seq]
+        if not packed:                    # batched: only rows past the first `good` of their entry
+            return bool((row >= good).all())
         # varlen: rows past the first `good` of a sequence, and every row of a sequence after the
         # first (its accumulator offset is scaled by the mismatched rounding too). MEASURED on the
         # H200 in session 5: fuzz.production drew q lens [65, 1] at hd 8, dQ wrong at token 64
         # (row 64 of sequence 0) and token 65 (row 0 of sequence 1);
         # docs/results/h200_session5/tdefault/
-        starts = np.array([q0 for q0, _, _, _ in problem._seq_bounds()])
-        tok = idx[:, 0]
-        seq = np.searchsorted(starts, tok, side="right") - 1
-        row = tok - starts[seq]
         return bool(((row >= good) | (seq >= 1)).all())
     row = idx[:, 1]
     return bool((row >= good).all())
