@@ -206,3 +206,29 @@ def pdl_waits(ctx: CheckContext) -> CheckResult:
     return CheckResult(status="pass", where="compile-only", metrics=metrics, details={"table": table},
                        summary=f"{len(pdl)} backward kernels launched with PDL ("
                                + ", ".join(sorted({f'{r.arch} {r.module}' for r in pdl})) + ") each wait")
+
+
+@check("census.aux_scalars", title="A score_mod's aux_scalars reach FA4's kernel at run time, not folded into it",
+       needs={"cpu", "fa4"}, profiles={"full", "exhaustive"})
+def aux_scalars(ctx: CheckContext) -> CheckResult:
+    """Compile FA4's forward with ``score_mod = score + aux_scalars[0]`` (sm_90a and sm_100a, a
+    ``cutlass.Float32``; sm_90a also the Python float FA4's docstring shows) and read the PTX: FA4
+    keys its kernels on the scalars' types only, so the value must be a launch parameter, never an
+    immediate (Note [Runtime scalars], :mod:`fa4verify.compile.census_aux`). Compile-only, three
+    compiles (~10 s each on 2 cores): full and exhaustive profiles."""
+    from fa4verify.compile.census_aux import compile_aux, judge
+    plan = [("sm_90a", "float32"), ("sm_100a", "float32"), ("sm_90a", "python")]
+    rows: dict = {}
+    with tempfile.TemporaryDirectory(prefix="fa4aux-") as wd, \
+            ctx.progress(len(plan), "compiling FA4 forward with an aux scalar") as bar:
+        for arch, form in plan:
+            rows[f"{arch} {form}"] = compile_aux(arch, form, wd)
+            bar.advance(1)
+    status, summary = judge(rows)
+    table = {"columns": ["arch x scalar", "compiled", "value as PTX immediate", ".param .f32 of the kernel",
+                         "error"],
+             "rows": [[k, r["compiled"], r["immediate"], r["f32_params"], r["error"] or ""] for k, r in rows.items()]}
+    metrics = {"folded": sum(1 for r in rows.values() if r["compiled"] and r["immediate"]),
+               "python_float_compiles": int(rows["sm_90a python"]["compiled"])}
+    return CheckResult(status=status, where="compile-only", summary=summary, metrics=metrics,
+                       details={"table": table})
