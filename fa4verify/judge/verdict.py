@@ -232,9 +232,10 @@ def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None
             if big.any() and not (judged_fin & (np.abs(r) > allowed)).any():
                 i = np.unravel_index(int(np.argmax(np.where(big, np.abs(r), -1.0))), r.shape)
                 status = "undecided"
-                reason = (f"the bound admits a zero {name}: every |exact| is within its allowance (largest "
-                          f"|exact| {abs(float(r[i])):.3g}, allowed {float(allowed[i]):.3g} there): no power against "
-                          f"a wrong gradient at this logit scale (Note [A bound without power])")
+                reason = (f"impossible question at this precision: the bound admits a zero {name}: every |exact| "
+                          f"is within its allowance (largest |exact| {abs(float(r[i])):.3g}, allowed "
+                          f"{float(allowed[i]):.3g} there), so a kernel that skipped it would pass too: no power "
+                          f"against a wrong gradient at this logit scale (Note [A bound without power])")
     n_hull = 0 if fallback is None else int((judged_fin & np.broadcast_to(np.asarray(fallback, bool), r.shape)).sum())
     return Verdict(name, status, n_cmp, n_over, n_unj, tight, maxerr, worst, viol, reason,
                    np.argwhere(over_all) if all_indices else None, n_hull)
