@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.fa4]
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "audit_checks_fake_device.py")
 #: the checks that run FA4 on a B200 in the default profile and compile their calls here
 COMPILED = ("budgets.production.forward", "budgets.production.backward", "production.forward_rule",
-            "production.head_dims_live", "determinism.fa4", "races.production")
+            "production.head_dims_live", "determinism.fa4", "races.production", "production.combine")
 #: the two with one compile per FA4 compile key of a plan of 50-71 cases (minutes here): the
 #: extended test runs them
 LONG = ("coverage.production", "fuzz.production")

@@ -1,0 +1,131 @@
+"""``production.combine``: FA4's public ``flash_attn_combine`` on the GPU it runs on.
+
+FA4's SM90 forward has no split-KV (``interface.py``: "SplitKV not supported on SM 9.0"), so no
+other check reaches ``flash_fwd_combine.py`` there; on SM100 the split-KV forward uses it
+internally, and callers use it directly to merge the partial outputs of their own KV splits.
+
+Note [Combine on the GPU]
+-------------------------
+A dense non-causal problem (2 x 256 x 4 x 128, seqlen_k 2048, seed 1: the shape of the features
+run measured on the H200, session 5: ``docs/results/h200_session5/``) is cut into S contiguous key
+chunks (:func:`fa4verify.judge.split_combine.split_problems`); FA4's forward runs on each chunk
+(``return_lse``), FA4's combine merges the S partials (fp32 partials holding the forwards' bf16
+outputs: what FA4's own split-KV path hands it; 16-bit partials are a recorded finding,
+``docs/results/h200_session5/combine/``) and :func:`~fa4verify.judge.split_combine.judge_split_combine`
+judges, through the one judge: every partial against its chunk's oracle (forward budget), the
+combine stage against the exact combine of the same partials (``[stage.combine_out]`` /
+``[stage.combine_lse]``), and the merged output against the *full* problem's oracle under the
+composed budget (DERIVATIONS.md#combine). S = 3 and 8. The check's inputs are fixed (seed 1), so
+a run is reproducible bit for bit; the audit seed does not change them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fa4verify.audit.registry import CheckContext, CheckResult, check
+
+#: (batch, seqlen_q, nheads, head_dim, seqlen_k), the splits, the input seed (Note [Combine on the GPU])
+SHAPE = (2, 256, 4, 128, 2048)
+SPLITS = (3, 8)
+SEED = 1
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().float().cpu().numpy().astype(np.float64)
+
+
+def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS, seed: int = SEED
+                ) -> list[dict[str, Any]]:
+    """One row per split count: ``{"num_splits", "verdicts": [Verdict, ...]}`` (the partials', the
+    combine stage's and the merged output's). ``kernel``: ``forward(q, k, v) -> (out, lse)``
+    (FA4's layouts, on its device) and ``combine(out_partial, lse_partial, out_dtype) -> (out, lse)``."""
+    import torch
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    from fa4verify.judge import arrays_from, dense_problem, forward_allowances
+    from fa4verify.judge.split_combine import judge_split_combine, split_problems
+    b, sq, h, d, sk = shape
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, n, h, d, generator=gen).to(tdt) for n in (sq, sk, sk))
+    z = np.zeros
+    prob = dense_problem(z((b, sq, h, d)), z((b, sk, h, d)), z((b, sk, h, d)), arch=kernel.arch, dtype=dtype)
+    a = arrays_from(_np(q), _np(k), _np(v))
+    ro, _, _, _ = forward_allowances(prob, a)
+    dev = kernel.device
+    rows = []
+    for S in splits:
+        chunks = split_problems(prob, a, S)
+        parts = [kernel.forward(q.to(dev), k[:, k0:k1].contiguous().to(dev), v[:, k0:k1].contiguous().to(dev))
+                 for _, _, (k0, k1) in chunks]
+        op = torch.stack([p[0] for p in parts])                      # (S, b, sq, h, d)
+        lp = torch.stack([p[1] for p in parts]).transpose(-1, -2)    # (S, b, sq, h), seqlen-contiguous
+        out, lse = kernel.combine(op.float(), lp, tdt)
+        j = judge_split_combine(prob, a, S, [_np(p[0]) for p in parts], [_np(p[1]) for p in parts],
+                                _np(out), None if lse is None else _np(lse), full_oracle=(ro.value, ro.bound))
+        rows.append({"num_splits": S, "verdicts": [*j.partial_out, *j.partial_lse, j.stage, j.stage_lse, j.out]})
+    return rows
+
+
+class _Fa4:
+    """FA4 through the adapter, on the GPU."""
+    device = "cuda"
+
+    def __init__(self, arch: str):
+        from fa4verify.kernels import adapter
+        self.ad, self.arch = adapter, arch
+
+    def forward(self, q, k, v):
+        r = self.ad.forward(q, k, v, return_lse=True)
+        return r.out, r.lse
+
+    def combine(self, op, lp, out_dtype):
+        out, lse, _ = self.ad.combine(op, lp, out_dtype=out_dtype)
+        return out, lse
+
+
+def result(rows: list[dict[str, Any]], where: str) -> CheckResult:
+    """The check's verdict: the worst of every row's verdicts (one judge)."""
+    from fa4verify.judge import worst_status
+    verdicts = [vd for r in rows for vd in r["verdicts"]]
+    status = worst_status([vd.status for vd in verdicts])
+    tight = max((vd.tightness for vd in verdicts if vd.n_compared), default=0.0)
+    table = {"columns": ["splits", "quantity", "verdict", "tightness", "reason"],
+             "rows": [[r["num_splits"], vd.name, vd.status, round(vd.tightness, 4), vd.reason]
+                      for r in rows for vd in r["verdicts"]]}
+    bad = [f"{r['num_splits']} splits: {vd.name} {vd.status}" + (f" ({vd.reason})" if vd.reason else "")
+           for r in rows for vd in r["verdicts"] if vd.status != "pass"]
+    b, sq, h, d, sk = SHAPE
+    shape = f"{b} x {sq} x {h} x {d}, seqlen_k {sk}"
+    summary = ("; ".join(bad[:3]) if bad else
+               f"{shape}, {', '.join(str(r['num_splits']) for r in rows)} splits: per-chunk forwards, the "
+               f"combine stage and the merged output within budget (tightness {tight:.3g})")
+    return CheckResult(status=status, where=where, summary=summary, tightness=tight,
+                       metrics={"max_tightness": tight, "verdicts": len(verdicts)}, details={"table": table})
+
+
+def _combine_compiles(ctx: CheckContext) -> list:
+    """Note [Fake device audit]: the check's forwards on its key chunks (the combine kernel itself
+    is not a :class:`~fa4verify.compile.production.CompileCall`: compiled only on a GPU)."""
+    from fa4verify.compile.production import CompileCall
+    from fa4verify.problem import AttentionProblem
+    if ctx.dtype not in ("bf16", "fp16"):
+        ctx.skip(f"the combine is judged for bf16 / fp16 outputs, not {ctx.dtype}")
+    b, sq, h, d, sk = SHAPE
+    sizes = sorted({-(-sk // S) for S in SPLITS} | {sk // S for S in SPLITS})
+    return [CompileCall("forward", AttentionProblem(arch=ctx.require_gpu().arch, dtype=ctx.dtype, batch=b,
+                                                    seqlen_q=sq, seqlen_k=n, nheads=h, nheads_kv=h, head_dim=d,
+                                                    head_dim_v=d), purpose="a key chunk's partial O and LSE")
+            for n in sizes]
+
+
+@check("production.combine", title="FA4's flash_attn_combine merges split partials within budget (live)",
+       needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=15, compiles=_combine_compiles)
+def production_combine(ctx: CheckContext) -> CheckResult:
+    """Per-chunk FA4 forwards merged by FA4's ``flash_attn_combine``, judged against the chunks'
+    oracles, the exact combine of the same partials and the full problem's oracle (Note [Combine
+    on the GPU]). Inputs fixed (seed 1); S = 3 and 8."""
+    gpu = ctx.require_gpu()
+    if ctx.dtype not in ("bf16", "fp16"):
+        ctx.skip(f"the combine is judged for bf16 / fp16 outputs, not {ctx.dtype}")
+    return result(run_combine(_Fa4(gpu.arch), dtype=ctx.dtype), ctx.where_measured())

@@ -1,0 +1,55 @@
+"""production.combine (Note [Combine on the GPU]): per-chunk forwards merged by a combine, judged by
+the one judge against the chunks' oracles, the exact combine of the same partials and the full
+problem's oracle. CPU: a stand-in with FA4's surface (float32 attention, the combine twin) passes;
+a combine whose first weight is biased, or a forward that drops a chunk's last key, fails."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fa4verify.checks.combine import result, run_combine  # noqa: E402
+
+SMALL = (1, 16, 2, 64, 96)
+
+
+class StandIn:
+    device = "cpu"
+    arch = "sm90"
+
+    def __init__(self, weight_bias: float = 0.0, drop_last_key: bool = False):
+        self.weight_bias, self.drop_last_key = weight_bias, drop_last_key
+
+    def forward(self, q, k, v):
+        if self.drop_last_key:
+            k, v = k[:, :-1], v[:, :-1]
+        s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) / math.sqrt(q.shape[-1])
+        out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), v.double())
+        return out.to(q.dtype), torch.logsumexp(s, -1).float()
+
+    def combine(self, op, lp, out_dtype):
+        from fa4verify.kernels import twin_combine
+        r = twin_combine.combine(op.numpy(), lp.numpy(), out_dtype="bf16" if out_dtype == torch.bfloat16 else "fp16")
+        out = torch.from_numpy(np.asarray(r.out, np.float32))
+        if self.weight_bias:           # the planted fault: split 0's weight off by a factor
+            w0 = torch.from_numpy(np.asarray(r.weights[0], np.float32))[..., None]
+            out = out + self.weight_bias * w0 * op[0]
+        return out.to(out_dtype), torch.from_numpy(np.asarray(r.lse, np.float32))
+
+
+def test_a_correct_combine_passes_every_verdict():
+    rows = run_combine(StandIn(), shape=SMALL, splits=(2, 3))
+    r = result(rows, "CPU")
+    assert r.status == "pass", r.summary
+    names = {vd.name for row in rows for vd in row["verdicts"]}
+    assert {"partial_out", "partial_lse", "combine_out", "combine_lse"} <= names and len(rows) == 2
+    assert 0 < r.tightness <= 1
+
+
+@pytest.mark.parametrize("fault", [dict(weight_bias=2.0 ** -6), dict(drop_last_key=True)])
+def test_a_planted_fault_fails(fault):
+    r = result(run_combine(StandIn(**fault), shape=SMALL, splits=(2, 3)), "CPU")
+    assert r.status == "fail", r.summary
