@@ -19,7 +19,7 @@ def test_the_immediate_is_the_fp32_bit_pattern():
 
 
 def _row(compiled=True, immediate=False, error=None):
-    return {"compiled": compiled, "immediate": immediate, "error": error, "f32_params": 3}
+    return {"compiled": compiled, "immediate": immediate, "error": error, "f32_params": 3, "kernels": int(compiled)}
 
 
 def test_judge_fails_a_folded_value_and_is_undecided_without_a_compiled_float32():
@@ -54,3 +54,8 @@ def test_the_installed_fa4_passes_and_a_folded_scalar_fails(tmp_path, plant):
     else:
         assert r["status"] == "fail" and ptx_immediate(AUX_VALUE) in r["summary"], r["summary"]
         assert r["metrics"]["folded"] == 2
+
+
+def test_no_ptx_read_is_undecided_not_a_pass():
+    rows = {"sm_90a float32": dict(_row(), kernels=0)}
+    assert judge(rows)[0] == "undecided"

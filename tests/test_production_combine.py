@@ -53,3 +53,18 @@ def test_a_correct_combine_passes_every_verdict():
 def test_a_planted_fault_fails(fault):
     r = result(run_combine(StandIn(**fault), shape=SMALL, splits=(2, 3)), "CPU")
     assert r.status == "fail", r.summary
+
+
+class _Raises(StandIn):
+    def combine(self, op, lp, out_dtype):
+        raise RuntimeError("boom")
+
+
+def test_an_exception_in_fa4s_code_is_a_failure_and_one_in_fa4verifys_is_an_error(monkeypatch):
+    from fa4verify import blame
+    monkeypatch.setattr(blame, "origin", lambda e: blame.FA4)
+    r = result(run_combine(_Raises(), shape=SMALL, splits=(2,)), "CPU")
+    assert r.status == "fail" and "raised in FA4" in r.summary, r.summary
+    monkeypatch.setattr(blame, "origin", lambda e: blame.FA4VERIFY)
+    with pytest.raises(RuntimeError, match="boom"):
+        run_combine(_Raises(), shape=SMALL, splits=(2,))

@@ -52,18 +52,26 @@ def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS,
     prob = dense_problem(z((b, sq, h, d)), z((b, sk, h, d)), z((b, sk, h, d)), arch=kernel.arch, dtype=dtype)
     a = arrays_from(_np(q), _np(k), _np(v))
     ro, _, _, _ = forward_allowances(prob, a)
+    from fa4verify import blame
     dev = kernel.device
     rows = []
     for S in splits:
         chunks = split_problems(prob, a, S)
-        parts = [kernel.forward(q.to(dev), k[:, k0:k1].contiguous().to(dev), v[:, k0:k1].contiguous().to(dev))
-                 for _, _, (k0, k1) in chunks]
-        op = torch.stack([p[0] for p in parts])                      # (S, b, sq, h, d)
-        lp = torch.stack([p[1] for p in parts]).transpose(-1, -2)    # (S, b, sq, h), seqlen-contiguous
-        out, lse = kernel.combine(op.float(), lp, tdt)
+        try:
+            parts = [kernel.forward(q.to(dev), k[:, k0:k1].contiguous().to(dev), v[:, k0:k1].contiguous().to(dev))
+                     for _, _, (k0, k1) in chunks]
+            op = torch.stack([p[0] for p in parts])                      # (S, b, sq, h, d)
+            lp = torch.stack([p[1] for p in parts]).transpose(-1, -2)    # (S, b, sq, h), seqlen-contiguous
+            out, lse = kernel.combine(op.float(), lp, tdt)
+        except Exception as e:  # noqa: BLE001 - Note [Blame]: FA4's exception is FA4's failure
+            if blame.origin(e) != blame.FA4:
+                raise                                                    # fa4verify's own: an error
+            rows.append({"num_splits": S, "verdicts": [], "raised": blame.describe(e)[:300]})
+            continue
         j = judge_split_combine(prob, a, S, [_np(p[0]) for p in parts], [_np(p[1]) for p in parts],
                                 _np(out), None if lse is None else _np(lse), full_oracle=(ro.value, ro.bound))
-        rows.append({"num_splits": S, "verdicts": [*j.partial_out, *j.partial_lse, j.stage, j.stage_lse, j.out]})
+        rows.append({"num_splits": S, "verdicts": [*j.partial_out, *j.partial_lse, j.stage, j.stage_lse, j.out],
+                     "config": getattr(kernel, "last_config", None)})
     return rows
 
 
@@ -80,7 +88,7 @@ class _Fa4:
         return r.out, r.lse
 
     def combine(self, op, lp, out_dtype):
-        out, lse, _ = self.ad.combine(op, lp, out_dtype=out_dtype)
+        out, lse, self.last_config = self.ad.combine(op, lp, out_dtype=out_dtype)
         return out, lse
 
 
@@ -88,35 +96,37 @@ def result(rows: list[dict[str, Any]], where: str) -> CheckResult:
     """The check's verdict: the worst of every row's verdicts (one judge)."""
     from fa4verify.judge import worst_status
     verdicts = [vd for r in rows for vd in r["verdicts"]]
-    status = worst_status([vd.status for vd in verdicts])
+    raised = [f"{r['num_splits']} splits: {r['raised']}" for r in rows if r.get("raised")]
+    status = "fail" if raised else worst_status([vd.status for vd in verdicts])
     tight = max((vd.tightness for vd in verdicts if vd.n_compared), default=0.0)
     table = {"columns": ["splits", "quantity", "verdict", "tightness", "reason"],
              "rows": [[r["num_splits"], vd.name, vd.status, round(vd.tightness, 4), vd.reason]
                       for r in rows for vd in r["verdicts"]]}
-    bad = [f"{r['num_splits']} splits: {vd.name} {vd.status}" + (f" ({vd.reason})" if vd.reason else "")
-           for r in rows for vd in r["verdicts"] if vd.status != "pass"]
+    bad = raised + [f"{r['num_splits']} splits: {vd.name} {vd.status}" + (f" ({vd.reason})" if vd.reason else "")
+                    for r in rows for vd in r["verdicts"] if vd.status != "pass"]
     b, sq, h, d, sk = SHAPE
     shape = f"{b} x {sq} x {h} x {d}, seqlen_k {sk}"
-    summary = ("; ".join(bad[:3]) if bad else
+    summary = ("; ".join(bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "") if bad else
                f"{shape}, {', '.join(str(r['num_splits']) for r in rows)} splits: per-chunk forwards, the "
                f"combine stage and the merged output within budget (tightness {tight:.3g})")
     return CheckResult(status=status, where=where, summary=summary, tightness=tight,
-                       metrics={"max_tightness": tight, "verdicts": len(verdicts)}, details={"table": table})
+                       metrics={"max_tightness": tight, "verdicts": len(verdicts)},
+                       details={"table": table, "combine_configs": [r.get("config") for r in rows]})
 
 
 def _combine_compiles(ctx: CheckContext) -> list:
-    """Note [Fake device audit]: the check's forwards on its key chunks (the combine kernel itself
-    is not a :class:`~fa4verify.compile.production.CompileCall`: compiled only on a GPU)."""
+    """Note [Fake device audit]: the check's forwards on its key chunks and its combines."""
     from fa4verify.compile.production import CompileCall
     from fa4verify.problem import AttentionProblem
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"the combine is judged for bf16 / fp16 outputs, not {ctx.dtype}")
     b, sq, h, d, sk = SHAPE
     sizes = sorted({-(-sk // S) for S in SPLITS} | {sk // S for S in SPLITS})
-    return [CompileCall("forward", AttentionProblem(arch=ctx.require_gpu().arch, dtype=ctx.dtype, batch=b,
-                                                    seqlen_q=sq, seqlen_k=n, nheads=h, nheads_kv=h, head_dim=d,
-                                                    head_dim_v=d), purpose="a key chunk's partial O and LSE")
-            for n in sizes]
+    def problem(n):
+        return AttentionProblem(arch=ctx.require_gpu().arch, dtype=ctx.dtype, batch=b, seqlen_q=sq, seqlen_k=n,
+                                nheads=h, nheads_kv=h, head_dim=d, head_dim_v=d)
+    return ([CompileCall("forward", problem(n), purpose="a key chunk's partial O and LSE") for n in sizes]
+            + [CompileCall("combine", problem(sk), splits=S, purpose="the merge of the partials") for S in SPLITS])
 
 
 @check("production.combine", title="FA4's flash_attn_combine merges split partials within budget (live)",

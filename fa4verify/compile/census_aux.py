@@ -8,8 +8,11 @@ value reuses the first call's kernel. That is right only if the value reaches th
 launch parameter; a value the compiler folds into the code would make every later call of the
 process silently use the first value (issue 29's compile-key class of bug). This module compiles
 FA4's forward with a score_mod ``score + aux_scalars[0]`` for a value whose fp32 bit pattern is
-distinctive (:data:`AUX_VALUE`) and reads the PTX: the value must not appear as an immediate, and
-the kernel must take an extra ``.f32`` parameter for it. It also records whether FA4 compiles the
+distinctive (:data:`AUX_VALUE`) and reads the PTX: the value must not appear as an immediate (the
+kernel's ``.param .f32`` count is recorded, not judged: a folded value may leave the parameter in
+place). A value folded *after arithmetic* (e.g. multiplied by log2 e) would show a different
+constant and escape this test: it catches the literal fold, which the planted self-test shows it
+sees. No PTX read is undecided, never a pass. It also records whether FA4 compiles the
 form its docstring shows, a Python float (FA4 4.0.0b36 + DSL 4.8.1: it does not: the DSL's
 argument flattening of ``AuxData`` meets the stream's block argument where the float's should be:
 "unable to convert BlockArgument ... to Numeric"; a ``cutlass.Float32`` compiles).
@@ -105,6 +108,9 @@ def judge(rows: dict[str, dict[str, Any]]) -> tuple[str, str]:
     """(status, summary) from ``{label: compile_aux(...)}``: fail when a compiled kernel holds the
     value as an immediate (folded: a later call with another value would run this one);
     undecided when no Float32 form compiled."""
+    unread = [k for k, r in rows.items() if r["compiled"] and not r.get("kernels")]
+    if unread:                        # nothing read is nothing shown (the dump was not honoured)
+        return "undecided", f"FA4 compiled but no forward PTX was dumped to read ({', '.join(unread)})"
     folded = [k for k, r in rows.items() if r["compiled"] and r["immediate"]]
     compiled = [k for k, r in rows.items() if r["compiled"]]
     py = {k: r for k, r in rows.items() if k.endswith("python")}

@@ -278,17 +278,21 @@ if __name__ == "__main__":  # pragma: no cover
 class CompileCall:
     """One FA4 call a check makes on the audited GPU (Note [Fake device audit]): ``op`` "forward"
     or "backward" (the target's forward first, its O and LSE fed to the backward, as the checks
-    do), ``emulation`` "default" or "disabled" (SM100's exp2 emulation off), ``deterministic``
-    (backward), ``purpose``: what the check uses it for (reports)."""
+    do) or "combine" (``flash_attn_combine`` of ``splits`` fp32 partials of the problem's output
+    shape, in the problem's dtype), ``emulation`` "default" or "disabled" (SM100's exp2 emulation
+    off), ``deterministic`` (backward), ``purpose``: what the check uses it for (reports)."""
     op: str
     problem: Any
     emulation: str = "default"
     deterministic: bool = True
     purpose: str = ""
+    splits: int = 0
 
     def __post_init__(self) -> None:
-        if self.op not in ("forward", "backward"):
-            raise ValueError(f"op={self.op!r}: expected 'forward' or 'backward'")
+        if self.op not in ("forward", "backward", "combine"):
+            raise ValueError(f"op={self.op!r}: expected 'forward', 'backward' or 'combine'")
+        if (self.op == "combine") != (self.splits > 1):
+            raise ValueError(f"splits={self.splits}: a combine merges two splits or more; only a combine has them")
         if self.emulation not in ("default", "disabled"):
             raise ValueError(f"emulation={self.emulation!r}: expected 'default' or 'disabled'")
 
@@ -299,6 +303,8 @@ class CompileCall:
              f"d={p.head_dim} {mask}")
         if self.op == "backward":
             s += " deterministic" if self.deterministic else " default-mode"
+        if self.op == "combine":
+            s += f" {self.splits} splits"
         if self.emulation == "disabled":
             s += " exp2-emulation-off"
         return s + (f" ({self.purpose})" if self.purpose else "")
@@ -347,6 +353,18 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
     t0 = time.time()
     try:
         tgt = ProductionTarget(fake=True, emulation=call.emulation)
+        if call.op == "combine":
+            import torch
+            from fa4verify.kernels import adapter
+            p = call.problem
+            with tgt._mode():
+                o = torch.empty(call.splits, p.batch, p.seqlen_q, p.nheads, p.head_dim_v, dtype=torch.float32,
+                                device="cuda")
+                lse = torch.empty(call.splits, p.batch, p.nheads, p.seqlen_q, dtype=torch.float32,
+                                  device="cuda").transpose(-1, -2)       # seqlen-contiguous, as FA4 asks
+                _, _, cfg = adapter.combine(o, lse, out_dtype=torch.bfloat16 if p.dtype == "bf16" else torch.float16)
+            return {"call": call.describe(), "where": tgt.where, "arch": tgt.arch,
+                    "configs": [_summary_config(cfg)], "seconds": round(time.time() - t0, 2)}
         a = call.problem.materialize()
         f = tgt.forward(call.problem, a)
         cfgs = [_summary_config(tgt.last_config or {})]
