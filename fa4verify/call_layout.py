@@ -133,8 +133,7 @@ def gather_q(problem, c: Mapping[str, Any]) -> tuple[np.ndarray, Optional[np.nda
     q, do = np.asarray(c["q"]), c["dout"]
     if problem.call.seqused_q:
         used = c["seqused_q"]
-        return (np.concatenate([q[i, :n] for i, n in enumerate(used)]),
-                None if do is None else np.concatenate([np.asarray(do)[i, :n] for i, n in enumerate(used)]))
+        return _used_rows(q, used), None if do is None else _used_rows(np.asarray(do), used)
     if problem.call.q_batched:
         return q.reshape((-1,) + q.shape[2:]), None if do is None else np.asarray(do).reshape((-1,) + do.shape[2:])
     return q, do

@@ -145,11 +145,6 @@ class TwinTarget(Target):
                     learnable_sink=a["learnable_sink"], mutations=self.mutations - self.layout_mutations,
                     accumulation=self.accumulation, mufu=self.mufu, seed=self.seed)
 
-    def _pack_gqa_kw(self, problem: AttentionProblem) -> dict[str, Any]:
-        """FA4's ``pack_gqa`` choice for the twin's forward (it moves SM100's emulated columns)."""
-        pg = problem.call.pack_gqa if problem.call is not None else None
-        return {} if pg is None else {"pack_gqa": pg}
-
     def _segments(self, problem: AttentionProblem, a: Mapping[str, Any]):
         """(b, q, k, v, dout, q-slice, k-slice) per sequence; dense problems: one per batch entry
         only when varlen (dense problems run in one call)."""
@@ -161,19 +156,20 @@ class TwinTarget(Target):
         the call reads (gathered from pages or batched rows), or the varlen rewrite of a
         keep-pattern (with its index maps)."""
         from fa4verify import call_layout
+        from fa4verify.problem import CallForm
+        # the plain call the twin runs keeps FA4's pack_gqa choice (it moves SM100's emulated columns)
+        plain = None if problem.call.pack_gqa is None else CallForm(pack_gqa=problem.call.pack_gqa)
         if problem.call.batched_layout:
             c = call_layout.call_arrays(problem, a)
             k, v = call_layout.gather_kv(problem, c, wrong_permutation="paged_wrong_permutation" in self.mutations)
             q, do = call_layout.gather_q(problem, c)
-            return problem.replace(call=None), dict(a, q=q.astype(np.float64), k=k.astype(np.float64),
-                                                    v=v.astype(np.float64),
-                                                    dout=None if do is None else do.astype(np.float64)), None
-        if not problem.call.keep_pattern:       # pack_gqa alone: the same arrays
-            return problem.replace(call=None), a, None
+            return problem.replace(call=plain), dict(a, q=q.astype(np.float64), k=k.astype(np.float64),
+                                                     v=v.astype(np.float64),
+                                                     dout=None if do is None else do.astype(np.float64)), None
         from fa4verify.judge import keep_pattern
         rw = keep_pattern.rewrite(problem)
         (qb, qr), (kb, kr) = rw["q_index"].T, rw["k_index"].T
-        vp = problem.replace(call=None, batch=len(rw["seqlens_q"]), seqlen_q=max(rw["seqlens_q"]),
+        vp = problem.replace(call=plain, batch=len(rw["seqlens_q"]), seqlen_q=max(rw["seqlens_q"]),
                              seqlen_k=max(rw["seqlens_k"]), seqlens_q=rw["seqlens_q"], seqlens_k=rw["seqlens_k"])
         va = dict(a, q=np.asarray(a["q"])[qb, qr], k=np.asarray(a["k"])[kb, kr], v=np.asarray(a["v"])[kb, kr],
                   dout=None if a.get("dout") is None else np.asarray(a["dout"])[qb, qr], mask=None,
@@ -183,19 +179,16 @@ class TwinTarget(Target):
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
-        if problem.call is not None:
+        if problem.call is not None and problem.call.rearranges:
             vp, va, rw = self._call_form(problem, a)
-            f = self._forward(vp, va, self._pack_gqa_kw(problem))
+            f = self.forward(vp, va)
             if rw is None:
                 return f
             from fa4verify.judge import keep_pattern as kp
             return Fwd(kp._dense_rows(problem, f.out, rw, 0.0), kp._dense_lse(problem, f.lse, rw, -np.inf))
-        return self._forward(problem, a, {})
-
-    def _forward(self, problem: AttentionProblem, a: Mapping[str, Any], extra: Mapping[str, Any]) -> Fwd:
-        if problem.call is not None:
-            return self.forward(problem, a)
-        kw = dict(self._kw(problem, a), **extra)
+        kw = self._kw(problem, a)
+        if problem.call is not None and problem.call.pack_gqa is not None:
+            kw["pack_gqa"] = problem.call.pack_gqa
         dt = problem.dtype
         if problem.mask_mod is not None:
             kw["mask"] = a["mask"]
@@ -217,7 +210,7 @@ class TwinTarget(Target):
     def taps_unsupported(self, problem: AttentionProblem) -> Optional[str]:
         """Why the twin's stage taps (its backward's D, lse_log2 and dq_accum, the buffers
         production's :mod:`fa4verify.kernels.stage_taps` reads) are not available, or None."""
-        if problem.varlen or (problem.call is not None and (problem.call.batched_layout or problem.call.keep_pattern)):
+        if problem.varlen or (problem.call is not None and problem.call.rearranges):
             return "the twin's stage taps are read on dense calls only (varlen runs sequence by sequence)"
         return None
 
@@ -231,10 +224,10 @@ class TwinTarget(Target):
         self.check_supported(problem)
         if not hasattr(self._ta, "backward"):
             raise DependencyMissing("the twin backward (fa4verify.kernels.twin.backward) is not available")
-        if problem.call is not None:
+        if problem.call is not None and problem.call.rearranges:
             vp, va, rw = self._call_form(problem, a)
-            if rw is None:       # taps only where taps_unsupported allows them: the pack_gqa-only form
-                return self.backward(vp, va, fwd, deterministic=deterministic, taps=taps)
+            if rw is None:
+                return self.backward(vp, va, fwd, deterministic=deterministic)
             qb, qr = rw["q_index"].T
             vf = Fwd(np.asarray(fwd.out)[qb, qr], np.asarray(fwd.lse)[qb, :, qr].T)
             g = self.backward(vp, va, vf, deterministic=deterministic)
@@ -402,10 +395,6 @@ class ProductionTarget(Target):
                 kw.update(cu_seqlens_q=self._t(c["cu_seqlens_q"], None), max_seqlen_q=c["max_seqlen_q"])
             return (self._t(c["q"], dt), self._t(c["k"], dt), self._t(c["v"], dt),
                     None if c["dout"] is None else self._t(c["dout"], dt), kw)
-        if not call.keep_pattern:               # pack_gqa alone: the problem's own call
-            kw.update(self._kw(problem, a) if backward else self._fwd_kw(problem, a))
-            return (self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
-                    None if a.get("dout") is None else self._t(a["dout"], dt), kw)
         if call.block_size is not None:
             bs = call.block_size
             if backward and problem.arch == "sm90":
@@ -474,6 +463,8 @@ class ProductionTarget(Target):
     def _fwd_kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
         kw = self._kw(problem, a)
         kw.pop("score_mod_bwd", None)     # forward-only argument set
+        if problem.call is not None and problem.call.pack_gqa is not None:
+            kw["pack_gqa"] = problem.call.pack_gqa    # the forward's only: FA4's backward never packs
         return kw
 
     @staticmethod
@@ -506,7 +497,7 @@ class ProductionTarget(Target):
         self.check_supported(problem)
         dt = problem.dtype
         with self._mode(), self._emulation():
-            if problem.call is not None:
+            if problem.call is not None and problem.call.rearranges:
                 q, k, v, _, kw = self._call_kw(problem, a)
                 r = self._call(self._ad.forward, q, k, v, return_lse=True, **kw)
             else:
@@ -591,7 +582,7 @@ class ProductionTarget(Target):
             else:
                 out = self._t(fwd.out.astype(np.float32), dt)
                 lse = self._torch.from_numpy(np.ascontiguousarray(fwd.lse, np.float32)).to(self.device)
-            if problem.call is not None:
+            if problem.call is not None and problem.call.rearranges:
                 if fwd.native is None:
                     raise Unsupported("a call-form backward needs the forward's own O and LSE tensors")
                 q, k, v, do, kw = self._call_kw(problem, a, backward=True, deterministic=deterministic)

@@ -54,7 +54,7 @@ def _realises(sp, row, p) -> list[str]:
     elif (p.causal, wl is not None, wr is not None) != want[row["mask"]]:
         bad.append("mask")
     c = p.call
-    if c is not None and not (c.batched_layout or c.keep_pattern):
+    if c is not None and not c.rearranges:
         c = None                                      # pack_gqa alone moves no array
     form = row["form"]
     got = ("dense" if c is None and not p.varlen and not p.mods else

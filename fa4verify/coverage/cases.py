@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping, Optional
 
-from fa4verify.coverage.space import FeatureSpace, is_local, is_paged
+from fa4verify.coverage.space import FeatureSpace, is_local, is_paged, is_unpacked
 from fa4verify.kernels import facts
 
 __all__ = ["problem_for", "plan_problems", "sparse_block_size"]
@@ -142,7 +142,7 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
             kw["mods"] = (pair,)
         if not usable:      # only self-attention pairs: make the row square
             kw.update(seqlen_q=sk)
-    if row["gqa"].endswith("_unpacked"):
+    if is_unpacked(row["gqa"]):
         import dataclasses
         kw["call"] = dataclasses.replace(kw.get("call") or CallForm(), pack_gqa=False)
     return AttentionProblem(**kw)

@@ -67,6 +67,12 @@ def is_paged(form: Optional[str]) -> bool:
     return (form or "").startswith("paged")
 
 
+def is_unpacked(gqa: Optional[str]) -> bool:
+    """Whether a ``gqa`` value asks FA4's forward for ``pack_gqa=False`` (``2_unpacked``, a
+    deployment's ``h:<q>/<kv>_unpacked``)."""
+    return (gqa or "").endswith("_unpacked")
+
+
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -147,7 +153,7 @@ class FeatureSpace:
                 return "a score_mod pair is not drawn with a learnable sink"
             if g("seqlen") == "zero":
                 return "score_mod pairs run on dense problems (no zero-length sequence)"
-        if (g("gqa") or "").endswith("_unpacked") and form in ("score_mod", "mask_mod"):
+        if is_unpacked(g("gqa")) and form in ("score_mod", "mask_mod"):
             return f"{form}: pack_gqa=False rides on a call form, which a score/mask_mod pair does not take yet"
         if form == "mask_mod" and not self.mask_pairs:
             return "no CuTe mask_mod pair is registered"

@@ -318,7 +318,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
     from fa4verify.problem import resolve_window
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
     plain = (not r_causal and not r_local and problem.mask_mod is None and not problem.varlen
-             and (problem.call is None or not (problem.call.batched_layout or problem.call.keep_pattern))
+             and (problem.call is None or not problem.call.rearranges)
              and not problem.mods)     # a mod sees positions: no permutation; pack_gqa moves no array
     if "key_permutation" in props:
         if not plain or problem.seqlen_k < 2:

@@ -86,9 +86,8 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
     _SOURCE[0] = source if source is not None else _builtin_pairs
 
 
-#: CallForm fields written to JSON only where set (:meth:`CallForm.to_dict`)
+#: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
 _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa")
-_DEFAULTS = {"seqused_q": False, "q_capacity": 0, "pack_gqa": None}
 
 
 @dataclass(frozen=True)
@@ -137,6 +136,12 @@ class CallForm:
     def keep_pattern(self) -> bool:
         """Whether the call form adds a keep-mask (block sparsity or a mask_mod callable)."""
         return self.block_size is not None or self.mask_mod_fn is not None
+
+    @property
+    def rearranges(self) -> bool:
+        """Whether FA4 gets other arrays than the problem's own (a batched layout or a keep-pattern);
+        a form that only sets ``pack_gqa`` does not: it is the plain call with one more argument."""
+        return self.batched_layout or self.keep_pattern
 
     def validate(self, problem: Any) -> None:
         """Raise ValueError when this call form cannot carry ``problem`` (FA4's constraints)."""
@@ -196,8 +201,9 @@ class CallForm:
         d = dataclasses.asdict(self)
         if d["block_size"] is not None:
             d["block_size"] = list(d["block_size"])
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for k in _LATER_FIELDS:
-            if d[k] == _DEFAULTS[k]:
+            if d[k] == defaults[k]:
                 del d[k]
         return d
 
