@@ -183,6 +183,13 @@ _RESCALE3_RE = re.compile(
 _MAX_OFFSET_RE = re.compile(
     r"max_offset\s*=\s*(?P<yes>[0-9]+(?:\.[0-9]*)?)\s+if\s+(?:cutlass\.)?const_expr\(\s*"
     r"self\.q_dtype\.width\s*==\s*8\s*\)\s+else\s+(?P<no>[0-9]+(?:\.[0-9]*)?)")
+# 4.0.0b23: `max_offset = (4 if cutlass.const_expr(self.q_dtype is cutlass.Float8E4M3FN) else
+# 8 if cutlass.const_expr(self.q_dtype.width == 8) else 0)`: e4m3 first (fa4verify's one fp8,
+# kernels/twin/fp32.py), then e5m2, then 16-bit; the e4m3 and 16-bit values are the two-way form's
+_MAX_OFFSET3_RE = re.compile(
+    r"max_offset\s*=\s*\(\s*(?P<yes>[0-9]+(?:\.[0-9]*)?)\s+if\s+(?:cutlass\.)?const_expr\(\s*"
+    r"self\.q_dtype\s+is\s+(?:cutlass\.)?Float8E4M3FN\s*\)\s+else\s+[0-9]+(?:\.[0-9]*)?\s+if\s+"
+    r"(?:cutlass\.)?const_expr\(\s*self\.q_dtype\.width\s*==\s*8\s*\)\s+else\s+(?P<no>[0-9]+(?:\.[0-9]*)?)\s*\)")
 
 
 def _one_value(regex: re.Pattern | tuple[re.Pattern, ...], src: str, what: str, path: Path) -> tuple[float, float]:
@@ -215,7 +222,7 @@ def _read_installed(d: Path) -> FA4Params:
     tune = _literal_assignment(fsrc, "_TUNING_CONFIG", fwd_py)
     fp8 = _literal_assignment(fsrc, "_FP8_TUNING_CONFIG", fwd_py)
     rt16, rt_other = _one_value((_RESCALE_RE, _RESCALE3_RE), fsrc, "rescale_threshold", fwd_py)
-    mo8, mo_other = _one_value(_MAX_OFFSET_RE, fsrc, "max_offset", fwd_py)
+    mo8, mo_other = _one_value((_MAX_OFFSET_RE, _MAX_OFFSET3_RE), fsrc, "max_offset", fwd_py)
     fa4v = _dist_version(FA4_DIST)
     return FA4Params(
         poly_ex2=poly, tuning_config=dict(tune), fp8_tuning_config=dict(fp8),

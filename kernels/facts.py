@@ -21,6 +21,7 @@ This module imports nothing heavy (no numpy, torch or flash_attn).
 """
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.metadata
 from dataclasses import dataclass
@@ -156,6 +157,34 @@ def sm90_fwd_fits_sparse_kv() -> bool:
     if d is None:
         return True
     return _source_defines(str(d / "interface.py"), "_fit_sm90_fwd_tile_to_block_sparsity")
+
+
+def bwd_takes_sink() -> bool:
+    """Whether the FA4 release that runs has a backward for a learnable sink: its
+    ``_flash_attn_bwd`` takes ``learnable_sink`` (4.0.0b26 on, the pinned 4.0.0b36 included; 4.0.0b20..b25
+    take a sink in the forward only, so a sink model cannot be trained with them). Read from the
+    installed release's source; True without FA4."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return True
+    return "learnable_sink" in _function_parameters(str(d / "interface.py"), "_flash_attn_bwd")
+
+
+@functools.lru_cache(maxsize=16)
+def _function_parameters(path: str, name: str) -> frozenset[str]:
+    """The parameter names of the top-level function ``name`` in the Python file ``path`` (read
+    with :mod:`ast`, not imported); empty when the file or the function is missing."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError):
+        return frozenset()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            return frozenset(x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs))
+    return frozenset()
 
 
 @functools.lru_cache(maxsize=16)

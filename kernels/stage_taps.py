@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 from typing import Any, Callable, Iterator, Optional
 
 __all__ = ["BackwardTaps", "capture_backward_stages", "backward_with_taps", "BackwardBuffers", "backward_buffers",
@@ -63,7 +64,8 @@ class BackwardTaps:
         idx = torch.arange(n, device=acc.device, dtype=torch.int64)
         flat = torch.zeros(like.shape, dtype=torch.int64, device=acc.device)
         kw = dict(kw)
-        kw["sink_tensors"] = None
+        if "sink_tensors" in inspect.signature(self._post).parameters:   # 4.0.0b26 on: no dsink here
+            kw["sink_tensors"] = None
         for p in range(3):
             digit = ((idx // (256 ** p)) % 256).to(torch.float32)
             probe = digit.expand(acc.shape).contiguous()

@@ -116,3 +116,39 @@ def test_before_b33_a_block_sparse_row_takes_the_forward_block_and_runs_forward_
         seen.add(fwd_n == bwd_n)
     assert not planner.coverage(space, rows)["holes"]
     assert seen == {True, False}, seen      # both kinds of row planned: shared block and forward-only
+
+
+@pytest.mark.parametrize("takes_sink", [True, False])
+def test_the_sink_backward_rule_is_read_from_the_release_that_runs(tmp_path, monkeypatch, takes_sink):
+    """4.0.0b26 added ``learnable_sink`` to ``_flash_attn_bwd``; 4.0.0b20..b25 have a sink in the
+    forward only (on the H200, 2026-12-03, b23..b25: 242 coverage holes from sink rows whose
+    backward the adapter refused, named)."""
+    from fa4verify.kernels import fa4_params, facts
+    sink = ", learnable_sink=None" if takes_sink else ""
+    (tmp_path / "interface.py").write_text(f"def _flash_attn_bwd(q, k, v, out, dout, lse, causal=False{sink}):\n"
+                                           "    return None\n")
+    monkeypatch.setattr(fa4_params, "fa4_source_dir", lambda: tmp_path)
+    facts._function_parameters.cache_clear()
+    try:
+        assert facts.bwd_takes_sink() is takes_sink
+    finally:
+        facts._function_parameters.cache_clear()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_without_a_sink_backward_sink_rows_run_forward_only_and_nothing_is_a_hole(monkeypatch, seed):
+    from fa4verify.checks.coverage import row_backward
+    from fa4verify.kernels import facts
+    monkeypatch.setattr(facts, "bwd_takes_sink", lambda: False)
+    space = space_for("sm90", "bf16")
+    pl = planner.plan(space, seed=seed)
+    assert not pl.uncoverable
+    bwd = row_backward(space, pl.rows)
+    assert any(r["sink"] == "on" for r in pl.rows)           # the forward still covers the sink
+    for i, row in enumerate(pl.rows):
+        if row["sink"] == "on":
+            assert not bwd[i] and row["det"] == "on", row     # det=off is a backward setting
+    cov = planner.coverage(space, pl.rows)
+    assert not cov["holes"], cov["holes"]
+    _, why = planner.required_tuples(space)
+    assert "learnable_sink" in why[(("det", "off"), ("sink", "on"))]

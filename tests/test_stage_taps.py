@@ -14,9 +14,10 @@ from fa4verify.mutants import detection as det  # noqa: E402
 from fa4verify.kernels.stage_taps import capture_backward_stages  # noqa: E402
 
 
-def _fake_interface(perm):
+def _fake_interface(perm, sink_tensors=True):
     """A stand-in for flash_attn.cute.interface: _flash_attn_bwd calls the two drivers through
-    module globals as FA4 does; dq_accum is stored in the permuted order ``perm``."""
+    module globals as FA4 does; dq_accum is stored in the permuted order ``perm``.
+    ``sink_tensors=False``: the postprocess takes no ``sink_tensors`` (4.0.0b20..b25)."""
     mod = types.ModuleType("fake_interface")
 
     def pre(out, dout, dpsum, lse, lse_log2, dq_accum, *a, fake_mode=False, **kw):
@@ -28,6 +29,11 @@ def _fake_interface(perm):
         b, s, h, d = output.shape
         logical = accum[:, :, perm].reshape(b, h, s, d).transpose(1, 2)
         output.copy_((logical * scale).to(output.dtype))
+
+    if not sink_tensors:
+        def post(accum, output, scale, *a, fake_mode=False):   # noqa: F811 - the older signature
+            b, s, h, d = output.shape
+            output.copy_((accum[:, :, perm].reshape(b, h, s, d).transpose(1, 2) * scale).to(output.dtype))
 
     def bwd(q, out, dout, lse, scale):
         b, s, h, d = q.shape
@@ -45,10 +51,11 @@ def _fake_interface(perm):
     return mod
 
 
-def test_taps_capture_stage_buffers_and_restore_drivers():
+@pytest.mark.parametrize("sink_tensors", [True, False])
+def test_taps_capture_stage_buffers_and_restore_drivers(sink_tensors):
     b, s, h, d = 1, 8, 2, 4
     perm = torch.randperm(s * d, generator=torch.Generator().manual_seed(0))
-    mod = _fake_interface(perm)
+    mod = _fake_interface(perm, sink_tensors)
     orig = (mod._bwd_preprocess, mod._bwd_postprocess_convert)
     g = torch.Generator().manual_seed(1)
     q = (torch.randint(-8, 8, (b, s, h, d), generator=g) / 4).to(torch.bfloat16)

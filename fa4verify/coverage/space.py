@@ -232,6 +232,9 @@ class FeatureSpace:
             why = self._form_bwd(form) if hd is None else self._bwd(form, hd)
             if why is not None:
                 return why
+        if row.get("sink") == "on" and not facts.bwd_takes_sink():
+            return ("this FA4 release has no backward with a learnable sink (its _flash_attn_bwd takes no "
+                    "learnable_sink; 4.0.0b26 added it)")
         mask = row.get("mask")
         if self.arch == "sm90" and hd is not None and mask is not None:
             from fa4verify.kernels.features import sm90_bwd_does_not_build
