@@ -171,6 +171,28 @@ def bwd_takes_sink() -> bool:
     return "learnable_sink" in _function_parameters(str(d / "interface.py"), "_flash_attn_bwd")
 
 
+def bwd_takes_varlen_score_mod() -> bool:
+    """Whether the FA4 release that runs has a backward for a score_mod (softcap included: FA4
+    turns it into one) on a varlen call (``cu_seqlens``). 4.0.0b20..b23 assert "varlen + score_mod
+    not supported in bwd yet" in ``_flash_attn_bwd`` (H200, 2026-12-03: b20..b22 refused 13
+    planned softcap rows so); later releases, the pinned 4.0.0b36 included, do not. Read from the
+    installed release's source; True without FA4."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return True
+    return not _source_contains(str(d / "interface.py"), "varlen + score_mod not supported in bwd")
+
+
+@functools.lru_cache(maxsize=16)
+def _source_contains(path: str, text: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return text in f.read()
+    except OSError:
+        return False
+
+
 @functools.lru_cache(maxsize=16)
 def _function_parameters(path: str, name: str) -> frozenset[str]:
     """The parameter names of the top-level function ``name`` in the Python file ``path`` (read

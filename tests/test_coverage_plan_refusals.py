@@ -152,3 +152,42 @@ def test_without_a_sink_backward_sink_rows_run_forward_only_and_nothing_is_a_hol
     assert not cov["holes"], cov["holes"]
     _, why = planner.required_tuples(space)
     assert "learnable_sink" in why[(("det", "off"), ("sink", "on"))]
+
+
+@pytest.mark.parametrize("refuses", [True, False])
+def test_the_varlen_score_mod_backward_rule_is_read_from_the_release_that_runs(tmp_path, monkeypatch, refuses):
+    from fa4verify.kernels import fa4_params, facts
+    body = ('    assert cu_seqlens_q is None and cu_seqlens_k is None, (\n'
+            '        "varlen + score_mod not supported in bwd yet"\n    )\n') if refuses else "    pass\n"
+    (tmp_path / "interface.py").write_text("def _flash_attn_bwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None):\n"
+                                           + body)
+    monkeypatch.setattr(fa4_params, "fa4_source_dir", lambda: tmp_path)
+    facts._source_contains.cache_clear()
+    try:
+        assert facts.bwd_takes_varlen_score_mod() is not refuses
+    finally:
+        facts._source_contains.cache_clear()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_without_a_varlen_score_mod_backward_varlen_softcap_rows_run_forward_only(monkeypatch, seed):
+    """4.0.0b20..b23 on the H200 (2026-12-03): 13 planned rows refused by FA4 ("varlen + score_mod
+    not supported in bwd yet"; softcap is a score_mod there), 67 holes. With the release's rule
+    those rows run forward only and every supported tuple is still covered."""
+    from fa4verify.checks.coverage import row_backward
+    from fa4verify.coverage import cases
+    from fa4verify.kernels import facts
+    monkeypatch.setattr(facts, "bwd_takes_varlen_score_mod", lambda: False)
+    space = space_for("sm90", "bf16")
+    pl = planner.plan(space, seed=seed)
+    assert not pl.uncoverable
+    rows, problems = cases.plan_problems(space, pl.rows, seed=seed)
+    bwd = row_backward(space, rows)
+    hit = 0
+    for i, (row, p) in enumerate(zip(rows, problems)):
+        if p.softcap and p.seqlens_q is not None and not (p.call and p.call.seqused_q):   # cu_seqlens
+            assert not bwd[i], row
+            hit += 1
+    assert hit
+    assert any(bwd[i] and r["softcap"] == "on" for i, r in enumerate(rows))   # dense softcap rows keep it
+    assert not planner.coverage(space, rows)["holes"]

@@ -162,12 +162,18 @@ def fp8_threshold(ctx: CheckContext) -> CheckResult:
     kw = dict(arch="sm100", dtype="fp8", softmax_scale=1.0, e2e=False)
     new = A.check_forward(q, k, v, **kw)
     old = A.check_forward(q, k, v, mutations={"fp8_old_threshold"}, **kw)
-    ok = new.stages_ok and old.stages["p_cast"].n_over > 0
+    caught = old.stages["p_cast"].n_over > 0
+    ok = new.stages_ok and caught
+    pm = new.config["p_max"]
+    if new.stages_ok:
+        cur = f"installed setting: P max {pm:.0f} ({'<=' if pm <= 448 else '>'} 448, e4m3's max), P cast within budget"
+    else:
+        over = ", ".join(f"{n} tightness {st.max_ratio:.3g}" for n, st in new.stages.items() if st.n_over)
+        cur = f"installed setting: P max {pm:.0f} ({'<=' if pm <= 448 else '>'} 448, e4m3's max), OVER budget: {over}"
     return CheckResult(
         status="pass" if ok else "fail", where="CPU twin",
-        summary=(f"current setting: P max {new.config['p_max']:.0f} <= 448, P cast within budget; "
-                 f"old setting: P max {old.config['p_max']:.0f}, P-cast tightness "
-                 f"{old.stages['p_cast'].max_ratio:.3g} (caught)"),
+        summary=(f"{cur}; old setting: P max {old.config['p_max']:.0f}, P-cast tightness "
+                 f"{old.stages['p_cast'].max_ratio:.3g} ({'caught' if caught else 'NOT caught'})"),
         metrics={"p_max_current": new.config["p_max"], "p_max_old": old.config["p_max"],
                  "p_cast_tightness_current": new.stages["p_cast"].max_ratio},
         tightness=new.stages["p_cast"].max_ratio)

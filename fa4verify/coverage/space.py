@@ -56,6 +56,7 @@ DIMENSIONS: tuple[str, ...] = ("form", "mask", "hd", "gqa", "seqlen", "softcap",
 _PAGED = ("paged_small", "paged_tile")
 _KV_FORMS = ("varlen", "seqused_k", "seqused_q") + _PAGED   # forms whose problem is varlen (zero lengths)
 _KEEP_FORMS = ("block_sparse", "mask_mod")            # FA4 drops causal/window with these
+_CU_SEQLENS_FORMS = ("varlen", "seqused_k") + _PAGED  # forms whose call passes cu_seqlens (cases.problem_for)
 
 
 def is_local(mask: Optional[str]) -> bool:
@@ -232,6 +233,10 @@ class FeatureSpace:
             why = self._form_bwd(form) if hd is None else self._bwd(form, hd)
             if why is not None:
                 return why
+        if form in _CU_SEQLENS_FORMS and row.get("softcap") not in (None, "off") \
+                and not facts.bwd_takes_varlen_score_mod():
+            return ("this FA4 release has no varlen backward with a score_mod, softcap included (its "
+                    "_flash_attn_bwd asserts 'varlen + score_mod not supported in bwd yet')")
         if row.get("sink") == "on" and not facts.bwd_takes_sink():
             return ("this FA4 release has no backward with a learnable sink (its _flash_attn_bwd takes no "
                     "learnable_sink; 4.0.0b26 added it)")

@@ -373,7 +373,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             max_offset = float(params.max_offset_fp8)
             threshold = float(params.rescale_threshold_other)
             if "fp8_old_threshold" in muts:
-                threshold = 4.0   # FA #2577: threshold 4 with max_offset 8
+                threshold, max_offset = 4.0, 8.0   # FA #2577: threshold 4 with max_offset 8
         else:
             max_offset = float(params.max_offset_other)
             threshold = float(params.rescale_threshold_16bit)
