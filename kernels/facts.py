@@ -184,13 +184,19 @@ def bwd_takes_varlen_score_mod() -> bool:
     return not _source_contains(str(d / "interface.py"), "varlen + score_mod not supported in bwd")
 
 
-@functools.lru_cache(maxsize=16)
-def _source_contains(path: str, text: str) -> bool:
+@functools.lru_cache(maxsize=8)
+def _source_text(path: str) -> str:
+    """The text of the Python file ``path`` ("" when it cannot be read)."""
     try:
         with open(path, encoding="utf-8") as f:
-            return text in f.read()
+            return f.read()
     except OSError:
-        return False
+        return ""
+
+
+@functools.lru_cache(maxsize=16)
+def _source_contains(path: str, text: str) -> bool:
+    return text in _source_text(path)
 
 
 @functools.lru_cache(maxsize=16)
@@ -198,9 +204,8 @@ def _function_parameters(path: str, name: str) -> frozenset[str]:
     """The parameter names of the top-level function ``name`` in the Python file ``path`` (read
     with :mod:`ast`, not imported); empty when the file or the function is missing."""
     try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError):
+        tree = ast.parse(_source_text(path))
+    except SyntaxError:
         return frozenset()
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
@@ -212,11 +217,7 @@ def _function_parameters(path: str, name: str) -> frozenset[str]:
 @functools.lru_cache(maxsize=16)
 def _source_defines(path: str, name: str) -> bool:
     """Whether the Python file ``path`` defines a top-level function ``name`` (read as text)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return any(line.startswith(f"def {name}(") for line in f)
-    except OSError:
-        return False
+    return any(line.startswith(f"def {name}(") for line in _source_text(path).splitlines())
 
 
 def sm90_bwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 from typing import Any, Callable, Iterator, Optional
 
 __all__ = ["BackwardTaps", "capture_backward_stages", "backward_with_taps", "BackwardBuffers", "backward_buffers",
@@ -63,14 +62,13 @@ class BackwardTaps:
             raise RuntimeError(f"dq_accum_logical: varlen dq_accum {tuple(acc.shape)} not supported")
         idx = torch.arange(n, device=acc.device, dtype=torch.int64)
         flat = torch.zeros(like.shape, dtype=torch.int64, device=acc.device)
-        kw = dict(kw)
-        if "sink_tensors" in inspect.signature(self._post).parameters:   # 4.0.0b26 on: no dsink here
-            kw["sink_tensors"] = None
+        from fa4verify.kernels.adapter import _call_fa4   # drops a keyword the release does not take
+        kw = dict(kw, sink_tensors=None)     # no dsink from the probes (4.0.0b26 on take sink_tensors)
         for p in range(3):
             digit = ((idx // (256 ** p)) % 256).to(torch.float32)
             probe = digit.expand(acc.shape).contiguous()
             outp = torch.empty(like.shape, dtype=like.dtype, device=acc.device)
-            self._post(probe, outp, 1.0, *args, **kw)
+            _call_fa4(self._post, probe, outp, 1.0, *args, **kw)
             flat += outp.to(torch.int64) * (256 ** p)
         b, s, h, d = like.shape
         if int(flat.min()) < 0 or int(flat.max()) >= n:

@@ -165,11 +165,9 @@ def fp8_threshold(ctx: CheckContext) -> CheckResult:
     caught = old.stages["p_cast"].n_over > 0
     ok = new.stages_ok and caught
     pm = new.config["p_max"]
-    if new.stages_ok:
-        cur = f"installed setting: P max {pm:.0f} ({'<=' if pm <= 448 else '>'} 448, e4m3's max), P cast within budget"
-    else:
-        over = ", ".join(f"{n} tightness {st.max_ratio:.3g}" for n, st in new.stages.items() if st.n_over)
-        cur = f"installed setting: P max {pm:.0f} ({'<=' if pm <= 448 else '>'} 448, e4m3's max), OVER budget: {over}"
+    over = ", ".join(f"{n} tightness {st.max_ratio:.3g}" for n, st in new.stages.items() if st.n_over)
+    cur = (f"installed setting: P max {pm:.0f} ({'<=' if pm <= 448 else '>'} 448, e4m3's max), "
+           + ("P cast within budget" if new.stages_ok else f"OVER budget: {over}"))
     return CheckResult(
         status="pass" if ok else "fail", where="CPU twin",
         summary=(f"{cur}; old setting: P max {old.config['p_max']:.0f}, P-cast tightness "
