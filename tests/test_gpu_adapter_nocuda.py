@@ -38,6 +38,29 @@ def test_compile_key_names_are_parsed_from_fa4_source():
     assert any("deterministic" in n for n in bwd)
 
 
+def test_segment_is_the_source_text_of_each_node():
+    """The fast segment reader gives ``ast.get_source_segment``'s text for every node: one-line,
+    multi-line, after non-ASCII text (column offsets count UTF-8 bytes), indented."""
+    import ast
+    src = ('def f(x):\n    # héllo — ß\n    compile_key = (x.shape, "é" + "ü", foo(\n        1, 2),\n'
+           '        (a\n         , b), cutlass.const_expr(x))\n    return compile_key\n')
+    lines = [ln.encode() for ln in src.splitlines(keepends=True)]
+    nodes = [n for n in ast.walk(ast.parse(src)) if hasattr(n, "end_col_offset")]
+    assert len(nodes) > 20
+    for n in nodes:
+        assert adapter._segment(lines, n) == ast.get_source_segment(src, n)
+
+
+@needs_fa4
+def test_read_compile_key_names_fills_the_cache_for_every_entry_point():
+    from flash_attn.cute import interface
+    adapter._KEY_NAMES.clear()
+    n = adapter.read_compile_key_names()
+    assert n >= 3
+    assert f"{interface._flash_attn_fwd.__module__}._flash_attn_fwd" in adapter._KEY_NAMES
+    assert f"{interface._flash_attn_bwd.__module__}._flash_attn_bwd" in adapter._KEY_NAMES
+
+
 @needs_fa4
 def test_exp2_emulation_switch_sets_every_key_and_restores_the_table():
     import copy

@@ -189,11 +189,15 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
         job = jobs[i]
         if job.spec.cases is None:
             return True
-        res = None                          # no case: the summary of nothing
+        res, tp = None, time.perf_counter()     # no case: the summary of nothing
         try:
             job.cases = list(job.spec.cases(job.ctx))
         except Exception as e:  # noqa: BLE001 - a skip, or the check's error
             job.cases, res = [], _stopped(e, "cases")
+        dt = time.perf_counter() - tp           # the parent's planning time, in the report's phases
+        phases["prepare"] = phases.get("prepare", 0.0) + dt
+        if dt >= 0.5:
+            phases[f"prepare {job.spec.id}"] = dt
         if job.cases:
             return True
         finish(i, res)
@@ -248,6 +252,7 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
             for t in remote:
                 jobs[t.job].pending += 1
             futures += [executor.submit(run_remote, t) for t in remote]
+        phases["planned_at"] = time.perf_counter() - origin     # every isolated task queued
         for i, job in enumerate(jobs):      # step 2, here: in selection order
             if job.isolated:
                 continue

@@ -158,9 +158,10 @@ def preload(what: str, errors: dict[str, str] | None = None) -> dict[str, float]
 
     def _fa4() -> None:
         from fa4verify.audit import kernel_timing
-        from fa4verify.kernels.adapter import interface_module
+        from fa4verify.kernels.adapter import interface_module, read_compile_key_names
         interface_module()                    # FA4's interface; imports the CuTe DSL too
         kernel_timing.install()
+        read_compile_key_names()              # once here, not on each worker's first call
 
     plan = [("torch", lambda: importlib.import_module("torch"))]
     plan += [("cuda_context", _cuda)] if what == "cuda" else []
