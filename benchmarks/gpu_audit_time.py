@@ -60,8 +60,12 @@ def run_mode(mode: str, profile: str, out_dir: str, cache: str | None, extra: li
     if cache is not None:
         args += ["--kernel-cache", cache]
     env = dict(os.environ)
-    for k in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+    for k in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "PYTHONPYCACHEPREFIX"):
         env.pop(k, None)          # the audit's own --kernel-cache decides
+    # fa4verify's bytecode cache (Note [Bytecode cache]) beside the kernel cache: a
+    # cold run starts with all of them empty, warm finds what cold left
+    env["FA4VERIFY_CACHE_DIR"] = (os.path.join(os.path.dirname(os.path.abspath(cache)), "fa4verify-cache")
+                                  if cache is not None else tempfile.mkdtemp(prefix="fa4verify-cache-"))
     t0 = time.perf_counter()
     with open(os.path.join(out_dir, f"audit_{profile}_{mode}.log"), "w") as log:
         try:

@@ -82,6 +82,8 @@ def cli():
       fa4verify exp2 --degree all         the exp2 polynomial certification alone
     Exit codes: 0 within budget, 1 violation, 2 usage/environment error, 5 nothing ran.
     """
+    from fa4verify.run import bytecode
+    bytecode.enable()           # Note [Bytecode cache]: before anything imports torch or FA4
 
 
 def debug_enabled() -> bool:

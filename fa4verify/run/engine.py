@@ -184,23 +184,28 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
         for i in done:
             finish(i)
 
-    def prepare(i: int) -> bool:
-        """Step 1 for job ``i``, here, once: its cases; False when that ended it."""
+    def draw(i: int) -> tuple[list | None, Exception | None, float]:
+        """Job ``i``'s cases (thread-safe: only the check's own ``cases``), its exception, seconds."""
+        tp = time.perf_counter()
+        try:
+            return list(jobs[i].spec.cases(jobs[i].ctx)), None, time.perf_counter() - tp
+        except Exception as e:  # noqa: BLE001 - a skip, or the check's error
+            return None, e, time.perf_counter() - tp
+
+    def prepare(i: int, drawn: tuple | None = None) -> bool:
+        """Step 1 for job ``i``, here, once (``drawn``: :func:`draw`'s result, when it ran in a
+        planning thread): its cases; False when that ended it."""
         job = jobs[i]
         if job.spec.cases is None:
             return True
-        res, tp = None, time.perf_counter()     # no case: the summary of nothing
-        try:
-            job.cases = list(job.spec.cases(job.ctx))
-        except Exception as e:  # noqa: BLE001 - a skip, or the check's error
-            job.cases, res = [], _stopped(e, "cases")
-        dt = time.perf_counter() - tp           # the parent's planning time, in the report's phases
-        phases["prepare"] = phases.get("prepare", 0.0) + dt
+        cases, exc, dt = drawn if drawn is not None else draw(i)
+        job.cases, res = (cases, None) if exc is None else ([], _stopped(exc, "cases"))
+        phases["prepare"] = phases.get("prepare", 0.0) + dt    # the planning time, in the report
         if dt >= 0.5:
             phases[f"prepare {job.spec.id}"] = dt
         if job.cases:
             return True
-        finish(i, res)
+        finish(i, res)                      # no case: the summary of nothing
         return False
 
     # the isolated jobs first (their whole checks before any draw or plan), the others here meanwhile
@@ -247,18 +252,34 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
                 pool = new_pool(len(stages[0]) + 64 * len(stages[1]))
             executor = concurrent.futures.ThreadPoolExecutor(max_workers=pool.size,
                                                              thread_name_prefix="fa4verify-task")
-        for stage in stages:
-            remote = plan(jobs, [i for i in stage if prepare(i)])
+        def queue(remote: list[Task]) -> None:
             for t in remote:
                 jobs[t.job].pending += 1
-            futures += [executor.submit(run_remote, t) for t in remote]
+            futures.extend(executor.submit(run_remote, t) for t in remote)
+
+        queue(plan(jobs, [i for i in stages[0] if prepare(i)]))
+        # Note [Plans in parallel]: every plan is drawn at once in planning threads (a campaign's
+        # draw is a fresh process, a covering plan is seconds of Python), each isolated job's
+        # tasks queued as soon as its plan is there; the plans alone decide the verdicts
+        ahead = sorted((i for i, job in enumerate(jobs) if job.spec.cases is not None and i not in stages[0]),
+                       key=lambda i: -float(jobs[i].spec.cost))
+        planner = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, len(ahead))),
+                                                        thread_name_prefix="fa4verify-plan")
+        plans = {i: planner.submit(draw, i) for i in ahead}
+        planner.shutdown(wait=False)
+        by_future = {f: i for i, f in plans.items() if i in stages[1]}
+        for f in concurrent.futures.as_completed(by_future):
+            i = by_future[f]
+            if prepare(i, f.result()):
+                queue(plan(jobs, [i]))
         phases["planned_at"] = time.perf_counter() - origin     # every isolated task queued
         for i, job in enumerate(jobs):      # step 2, here: in selection order
             if job.isolated:
                 continue
             if progress is not None:
                 job.ctx._progress_factory = progress(job)
-            local = sorted(plan(jobs, [i]), key=lambda t: t.cases or ()) if prepare(i) else []
+            ok = prepare(i, plans[i].result()) if i in plans else prepare(i)
+            local = sorted(plan(jobs, [i]), key=lambda t: t.cases or ()) if ok else []
             job.pending = len(local)
             for t in local:
                 cases, t0 = cases_of(t), time.perf_counter()
