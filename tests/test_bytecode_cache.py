@@ -15,7 +15,7 @@ def pkg(tmp_path, monkeypatch):
     d.mkdir(parents=True)
     (d / "__init__.py").write_text("VALUE = 41 + 1\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"):
+    for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", bytecode.SWITCH):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(sys, "pycache_prefix", None)
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
@@ -56,16 +56,27 @@ def test_enable_sets_the_prefix_for_this_process_and_its_children(pkg, tmp_path,
     assert not (pkg / "__pycache__").exists()
 
 
-@pytest.mark.parametrize("var", ["PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"])
-def test_a_users_choice_wins(pkg, tmp_path, monkeypatch, var):
-    monkeypatch.setenv(var, "1" if var == "PYTHONDONTWRITEBYTECODE" else str(tmp_path / "theirs"))
+def test_a_users_prefix_and_the_switch_win(pkg, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "theirs"))
+    assert bytecode.enable(str(tmp_path / "c"), package="fakepkg_bc", writable=read_only(pkg.parent)) is None
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX")
+    monkeypatch.setenv(bytecode.SWITCH, "off")
     assert bytecode.enable(str(tmp_path / "c"), package="fakepkg_bc", writable=read_only(pkg.parent)) is None
     assert sys.pycache_prefix is None
 
 
-def test_python_told_not_to_write_bytecode_wins(pkg, tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)
-    assert bytecode.enable(str(tmp_path / "c"), package="fakepkg_bc", writable=read_only(pkg.parent)) is None
+def test_told_not_to_write_bytecode_writes_it_only_under_the_prefix(pkg, tmp_path, monkeypatch):
+    """PYTHONDONTWRITEBYTECODE (writable install, no bytecode): the cache is used, children
+    write only under the prefix and nothing lands beside the source."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    assert "told not to write" in bytecode.needs_cache("fakepkg_bc")
+    prefix = bytecode.enable(str(tmp_path / "c"), package="fakepkg_bc")
+    assert prefix is not None and "PYTHONDONTWRITEBYTECODE" not in os.environ
+    assert sys.dont_write_bytecode is False and sys.pycache_prefix == prefix
+    env = dict(os.environ, PYTHONPATH=str(pkg.parent))
+    subprocess.run([sys.executable, "-c", "import fakepkg_bc"], env=env, check=True)
+    assert any(f.endswith(".pyc") for _r, _d, fs in os.walk(prefix) for f in fs)
+    assert not (pkg / "__pycache__").exists()
 
 
 def test_nothing_set_where_python_writes_bytecode_itself(pkg, tmp_path):

@@ -1,20 +1,23 @@
-"""A bytecode cache for Python installations fa4verify cannot write to.
+"""A bytecode cache for Python installations without bytecode that Python may not write.
 
 Note [Bytecode cache]: every audit process -- the parent, the worker zygote, a spawned worker,
 the fresh process that draws a fuzz campaign -- imports torch and FA4 (with the CuTe DSL, quack,
-``torch._dynamo``: ~1,300 modules). Where the installation ships no ``.pyc`` files and its
-``__pycache__`` directories cannot be written (a read-only image, a shared environment), Python
-compiles every one of those modules from source in every process, every run. Measured on the lent
-H200 (torch installed read-only without bytecode): the audit parent spent ~8 s in
-``source_to_code``, the zygote's imports took 12-18 s, and each campaign's draw process ~8 s.
+``torch._dynamo``: ~1,300 modules). Where the installation ships no ``.pyc`` files and Python may
+not write them beside the source (``PYTHONDONTWRITEBYTECODE=1``, as in many container images, or
+a read-only install), Python compiles every one of those modules from source in every process,
+every run. Measured on the lent H200 (torch installed without bytecode, PYTHONDONTWRITEBYTECODE=1):
+the audit parent spent ~8 s of a warm default audit in ``source_to_code``, the worker zygote's
+imports took 10-18 s, each campaign's draw process 3-8 s.
 
-So, at the start of a command, when the installed torch has no bytecode next to its source and
-that directory is not writable, fa4verify points Python's ``pycache_prefix`` (PEP 3147 / Python
-3.8's ``PYTHONPYCACHEPREFIX``) at ``<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/pycache``: this
-process from then on, and every child through the environment. The first run writes the bytecode
-there, later runs read it. Nothing changes what runs (bytecode is a cache of the same source; Python
-recompiles when a source's size or mtime changes), and a user's own choice wins: nothing is set
-when ``PYTHONDONTWRITEBYTECODE`` or ``PYTHONPYCACHEPREFIX`` is set, or torch's bytecode is there.
+So, at the start of a command, when the installed torch has no bytecode beside its source and
+Python would not write it there, fa4verify points Python's ``pycache_prefix`` (Python 3.8's
+``PYTHONPYCACHEPREFIX``) at ``<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/pycache`` for this process
+and every child (the environment), and lets them write there: bytecode then lands only in
+fa4verify's own cache directory, never beside any source -- which is what
+``PYTHONDONTWRITEBYTECODE`` keeps clean. The first run writes it, later runs read it. Nothing
+changes what runs (bytecode caches the same source; Python recompiles when a source's size or
+mtime changes). ``FA4VERIFY_BYTECODE_CACHE=off`` leaves Python's settings untouched, and a user's
+own ``PYTHONPYCACHEPREFIX`` is kept.
 """
 from __future__ import annotations
 
@@ -23,16 +26,18 @@ import os
 import sys
 from typing import Callable, Optional
 
-__all__ = ["enable", "needs_cache", "PROBE_PACKAGE"]
+__all__ = ["enable", "needs_cache", "PROBE_PACKAGE", "SWITCH"]
 
 #: the package whose installation decides (the largest import of every audit process)
 PROBE_PACKAGE = "torch"
+#: ``off`` leaves Python's bytecode settings as they are
+SWITCH = "FA4VERIFY_BYTECODE_CACHE"
 
 
 def needs_cache(package: str = PROBE_PACKAGE, *,
                 writable: Callable[[str], bool] = lambda d: os.access(d, os.W_OK)) -> Optional[str]:
     """Why ``package`` needs a bytecode cache elsewhere (one line), or None: it is not installed,
-    its bytecode is there, or Python may write it there. Never imports the package."""
+    its bytecode is there, or Python writes it there itself. Never imports the package."""
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
@@ -43,19 +48,22 @@ def needs_cache(package: str = PROBE_PACKAGE, *,
     pyc = importlib.util.cache_from_source(origin)     # honours a prefix already in effect
     if os.path.exists(pyc):
         return None
+    where = os.path.dirname(origin)
+    if sys.dont_write_bytecode or os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return f"{package} at {where} has no bytecode and Python is told not to write it there"
     d = os.path.dirname(pyc)
     target = d if os.path.isdir(d) else os.path.dirname(d)   # __pycache__, or where it would go
     if writable(target):
         return None
-    return f"{package} at {os.path.dirname(origin)} has no bytecode and {target} is not writable"
+    return f"{package} at {where} has no bytecode and {target} is not writable"
 
 
 def enable(base: Optional[str] = None, *, package: str = PROBE_PACKAGE,
            writable: Callable[[str], bool] = lambda d: os.access(d, os.W_OK)) -> Optional[str]:
-    """Note [Bytecode cache]: set this process's and its children's bytecode prefix when
-    :func:`needs_cache`; returns the prefix, or None when nothing was set."""
+    """Note [Bytecode cache]: point this process's and its children's bytecode at fa4verify's
+    cache when :func:`needs_cache`; returns the prefix, or None when nothing was changed."""
     env = os.environ
-    if (sys.dont_write_bytecode or env.get("PYTHONDONTWRITEBYTECODE")
+    if (env.get(SWITCH, "").strip().lower() in ("off", "0", "no", "false")
             or env.get("PYTHONPYCACHEPREFIX") or sys.pycache_prefix):
         return None
     if needs_cache(package, writable=writable) is None:
@@ -69,5 +77,7 @@ def enable(base: Optional[str] = None, *, package: str = PROBE_PACKAGE,
     if not writable(prefix):
         return None
     sys.pycache_prefix = prefix
+    sys.dont_write_bytecode = False          # only under the prefix from now on
     env["PYTHONPYCACHEPREFIX"] = prefix
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return prefix
