@@ -68,7 +68,7 @@ OPTIONS: tuple[Option, ...] = (
            "the case; auto = on a GPU max(300, 5 x the check's cost), none on the CPU; 0 = none.",
            "auto", metavar="S|auto"),
     Option("workers", "workers", "Persistent worker processes for isolated checks, run side by side; "
-           "auto = three quarters of the CPU cores, at most 12, on a GPU (FA4 compiles are CPU work), 2 on "
+           "auto = every CPU core but one, at most 15, on a GPU (FA4 compiles are CPU work), 2 on "
            "the CPU. Env FA4VERIFY_WORKERS.",
            "auto", metavar="N|auto", envvar="FA4VERIFY_WORKERS"),
     Option("fresh-workers", "fresh_workers", "A new worker process for every isolated check (no "
@@ -212,13 +212,15 @@ def default_kernel_cache() -> str:
 
 
 def auto_workers(device: str, cpu_count: int | None = None) -> int:
-    """Workers for ``--workers auto``: on a GPU, three quarters of the CPU cores, at most 12
-    (FA4's kernel compiles are single-threaded CPU work -- a compile's CPU seconds equal its wall
-    seconds, measured -- and overlap; the GPU is shared; the rest of the cores are the parent's
-    and the zygote's): 12 on the 16-core H200 box, where a cold default audit took 57.0 s with
-    12 workers and 61.2 s with 8 in one run; on the CPU, 2 (at most the cores)."""
+    """Workers for ``--workers auto``: on a GPU, every CPU core but one, at most 15 (FA4's kernel
+    compiles are single-threaded CPU work -- a compile's CPU seconds equal its wall seconds,
+    measured -- and overlap; the GPU is shared; the core left is the parent's, whose planning
+    threads and local checks use ~30 s of a cold audit's 70-90). Measured on the 16-core H200 box
+    (main 1f8c92c, one machine, each cold on empty caches): cold default audit 87.6 s with 12
+    workers, 71.5 s with 15; warm 13.6 s with 12, 15.4-16.8 s with 15. On the CPU, 2 (at most the
+    cores)."""
     n = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-    return max(1, min(12, (3 * n) // 4)) if device == "cuda" else max(1, min(2, n))
+    return max(1, min(15, n - 1)) if device == "cuda" else max(1, min(2, n))
 
 
 def build_config(*, dtype: str = "bf16", device: str = "auto", arch: Sequence[str] | str = ("auto",),

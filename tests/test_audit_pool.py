@@ -134,10 +134,11 @@ def test_auto_workers_rule():
     from fa4verify._options import auto_workers
     assert auto_workers("cpu", 64) == 2      # the 2-core development box: 2
     assert auto_workers("cpu", 1) == 1
+    assert auto_workers("cuda", 1) == 1
     assert auto_workers("cuda", 2) == 1
-    assert auto_workers("cuda", 8) == 6
-    assert auto_workers("cuda", 16) == 12    # the 16-core H200 box
-    assert auto_workers("cuda", 128) == 12
+    assert auto_workers("cuda", 8) == 7
+    assert auto_workers("cuda", 16) == 15    # the 16-core H200 box
+    assert auto_workers("cuda", 128) == 15
 
 
 def _imports(path: pathlib.Path) -> set[str]:
