@@ -112,6 +112,16 @@ def test_whole_checks_start_in_the_pool_before_the_cases_of_others_are_planned(t
     assert r["fixture.cases.early"]["isolated"] and code == 0
 
 
+def test_a_slow_plan_does_not_hold_back_the_tasks_of_another_check(tmp_path):
+    """Note [Plans in parallel]: the costlier check's plan is drawn first and takes long (it waits
+    for a case of the cheaper check to run); the cheaper check is planned meanwhile and its task
+    runs in a worker, so both pass. Planned one after another, the slow plan gave up first."""
+    code, r = audit(tmp_path, "-k", "slowdraw or quickdraw", "--isolate", "always", "--workers", "2",
+                    "--opt", f"marks={tmp_path}")
+    assert r["fixture.cases.slowdraw"]["status"] == "pass", r["fixture.cases.slowdraw"]["summary"]
+    assert r["fixture.cases.quickdraw"]["status"] == "pass" and code == 0
+
+
 def test_a_proven_violation_stands_beside_a_crashed_case(tmp_path):
     code, r = audit(tmp_path, "-k", "crash", "--isolate", "always", "--opt", "crash=kill",
                     "--opt", "crash_fail=1")

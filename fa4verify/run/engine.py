@@ -5,7 +5,9 @@ cases (``@check(cases=, summarise=)``: :mod:`fa4verify.audit.registry`). :func:`
 the audit's checks (``--gpus``: workers pinned one per GPU), :func:`run_calls` the processes of
 ``fa4verify determinism`` and the source mutants:
 
-1. **plans**: ``cases(ctx)`` runs here, once (a fuzz campaign's draw included); the cases are
+1. **plans**: ``cases(ctx)`` runs here, once (a fuzz campaign's draw included), every check's at
+   once in planning threads, costliest first, each isolated check queued as soon as its plan is
+   there (Note [Plans in parallel]: one slow plan held back every worker); the cases are
    grouped by the FA4 compile key the subject owns (:func:`fa4verify.kernels.adapter.compile_key`),
    one task per group, so one worker compiles a kernel for every case that needs it; tasks are
    queued longest first (the check's ``cost`` split over its groups by case count, a compile
