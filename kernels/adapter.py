@@ -36,7 +36,6 @@ import contextlib
 import copy
 import functools
 import inspect
-import textwrap
 import math
 import os
 import platform
@@ -362,16 +361,44 @@ def _compile_key_names(fn) -> list[list[str]]:
     cache keys), so a recorded key can be shown as ``{expression: value}``."""
     name = f"{fn.__module__}.{fn.__qualname__}"
     if name not in _KEY_NAMES:
-        src = textwrap.dedent(inspect.getsource(fn))
-        lines = [ln.encode() for ln in src.splitlines(keepends=True)]
+        node, lines = _function_node(fn)
         found = []
-        for node in ast.walk(ast.parse(src)):
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "compile_key"
-                    and isinstance(node.value, ast.Tuple)):
-                found.append([" ".join(_segment(lines, e).split()) for e in node.value.elts])
+        for n in ast.walk(node):
+            if (isinstance(n, ast.Assign) and len(n.targets) == 1
+                    and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "compile_key"
+                    and isinstance(n.value, ast.Tuple)):
+                found.append([" ".join(_segment(lines, e).split()) for e in n.value.elts])
         _KEY_NAMES[name] = found
     return _KEY_NAMES[name]
+
+
+def _function_node(fn) -> tuple[ast.AST, list[bytes]]:
+    """``fn``'s definition in its module's syntax tree (the whole file parsed: a method or a
+    nested function parses as it stands there), and the file's lines as UTF-8 bytes split where
+    the parser splits (``\\r``, ``\\n``; ``str.splitlines`` also splits on form feeds and other
+    separators, which would shift every later line)."""
+    path = inspect.getsourcefile(fn)
+    if path is None:
+        raise OSError(f"no source file for {fn!r}")
+    defs, lines = _parsed_file(path)
+    node = defs.get(fn.__code__.co_firstlineno)
+    if node is None:
+        raise OSError(f"{fn.__qualname__} not found at {path}:{fn.__code__.co_firstlineno}")
+    return node, lines
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_file(path: str) -> tuple[dict[int, ast.AST], list[bytes]]:
+    """{first line of each function definition (its ``def`` and each decorator's): node}, and
+    the file's lines as bytes; parsed once per file and process."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    defs: dict[int, ast.AST] = {}
+    for n in ast.walk(ast.parse(raw)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for line in (n.lineno, *(d.lineno for d in n.decorator_list)):
+                defs.setdefault(line, n)
+    return defs, raw.splitlines(keepends=True)
 
 
 def read_compile_key_names() -> int:
@@ -390,9 +417,9 @@ def read_compile_key_names() -> int:
 
 def _segment(lines: list[bytes], node: ast.AST) -> str:
     """The source text of ``node`` (what ``ast.get_source_segment`` returns) from the source's
-    lines, encoded once: ``get_source_segment`` splits the whole source again for every node,
-    which cost ~0.7 s per FA4 entry point and process (FA4's `_flash_attn_fwd` is ~1,000 lines
-    with ~70 key elements; measured on this CPU)."""
+    lines as bytes (:func:`_function_node`): ``get_source_segment`` splits the whole source again
+    for every node, which cost ~0.7 s per FA4 entry point and process (FA4's `_flash_attn_fwd`
+    has ~70 key elements; measured on this CPU)."""
     l0, l1 = node.lineno - 1, node.end_lineno - 1          # col offsets count UTF-8 bytes
     c0, c1 = node.col_offset, node.end_col_offset
     if l0 == l1:
@@ -451,7 +478,11 @@ def _jsonable(v: Any) -> Any:
 def _named_key(fn, key: Optional[tuple]) -> Optional[dict[str, Any]]:
     if key is None:
         return None
-    for names in _compile_key_names(fn):
+    try:
+        known = _compile_key_names(fn)
+    except (OSError, TypeError, SyntaxError, ValueError):    # no readable source: positions only
+        known = []
+    for names in known:
         if len(names) == len(key):
             return {n: _jsonable(v) for n, v in zip(names, key)}
     return {f"[{i}]": _jsonable(v) for i, v in enumerate(key)}

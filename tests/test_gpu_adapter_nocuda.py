@@ -51,6 +51,18 @@ def test_segment_is_the_source_text_of_each_node():
         assert adapter._segment(lines, n) == ast.get_source_segment(src, n)
 
 
+def test_key_names_of_a_method_after_a_form_feed_and_a_column_0_string(tmp_path, monkeypatch):
+    """A form feed (a line break for ``str.splitlines``, not for the parser) and a method whose
+    body holds a multi-line string at column 0 (no dedent parses it alone) both read right."""
+    src = ('"""é"""\n\x0c\nclass K:\n    @staticmethod\n    def f(a, b):\n        doc = """x\ny\n"""\n'
+           '        compile_key = (a.dtype, b,\n                       "ü" + doc)\n        return compile_key\n')
+    (tmp_path / "keymod_fixture.py").write_text(src, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    mod = importlib.import_module("keymod_fixture")
+    assert adapter._compile_key_names(mod.K.f) == [["a.dtype", "b", '"ü" + doc']]
+
+
 @needs_fa4
 def test_read_compile_key_names_fills_the_cache_for_every_entry_point():
     from flash_attn.cute import interface

@@ -100,6 +100,8 @@ def test_a_check_whose_plan_skips_raises_or_is_empty_is_reported(tmp_path, isola
     code, r = audit(tmp_path, "-k", "plan or grid", "--isolate", isolate, "--opt", f"plan={how}")
     row = r["fixture.cases.plan"]
     assert row["status"] == status and words in row["summary"], row["summary"]
+    if how == "raise":      # drawn in a planning thread: the traceback is the plan's own
+        assert "_plan_or_not" in row["details"]["traceback"], row["details"]["traceback"]
     assert r["fixture.cases.grid"]["status"] == "pass" and code == (3 if status == "error" else 0)
 
 

@@ -82,8 +82,6 @@ def cli():
       fa4verify exp2 --degree all         the exp2 polynomial certification alone
     Exit codes: 0 within budget, 1 violation, 2 usage/environment error, 5 nothing ran.
     """
-    from fa4verify.run import bytecode
-    bytecode.enable()           # Note [Bytecode cache]: before anything imports torch or FA4
 
 
 def debug_enabled() -> bool:
@@ -94,6 +92,9 @@ def debug_enabled() -> bool:
 
 def main(argv=None) -> int:
     """Console entry point: never lets a traceback reach a user for bad input."""
+    if argv is None:            # the console command, not an in-process call
+        from fa4verify.run import bytecode
+        bytecode.enable()       # Note [Bytecode cache]: before anything imports torch or FA4
     try:
         rv = cli.main(args=argv, prog_name="fa4verify", standalone_mode=False)
     except click.exceptions.Abort as e:

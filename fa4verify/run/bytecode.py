@@ -9,15 +9,18 @@ every run. Measured on the lent H200 (torch installed without bytecode, PYTHONDO
 the audit parent spent ~8 s of a warm default audit in ``source_to_code``, the worker zygote's
 imports took 10-18 s, each campaign's draw process 3-8 s.
 
-So, at the start of a command, when the installed torch has no bytecode beside its source and
-Python would not write it there, fa4verify points Python's ``pycache_prefix`` (Python 3.8's
-``PYTHONPYCACHEPREFIX``) at ``<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/pycache`` for this process
-and every child (the environment), and lets them write there: bytecode then lands only in
-fa4verify's own cache directory, never beside any source -- which is what
-``PYTHONDONTWRITEBYTECODE`` keeps clean. The first run writes it, later runs read it. Nothing
-changes what runs (bytecode caches the same source; Python recompiles when a source's size or
-mtime changes). ``FA4VERIFY_BYTECODE_CACHE=off`` leaves Python's settings untouched, and a user's
-own ``PYTHONPYCACHEPREFIX`` is kept.
+So the console command (not an in-process ``main([...])``), when the installed torch has no
+bytecode beside its source and Python would not write it there, points Python's
+``pycache_prefix`` (``PYTHONPYCACHEPREFIX``) at ``<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/pycache``
+for itself and every child, and keeps imports from writing bytecode (``PYTHONDONTWRITEBYTECODE``).
+The worker zygote, idle between forks, writes **checked-hash** bytecode (PEP 552) there for the
+modules it imported (:func:`fill_some`); every later import finds it. Checked-hash, never the
+import system's timestamp bytecode: a cache outside the source tree outlives the source it was
+made from, and a planted copy of FA4 rewritten at the same path with the same size and mtime
+(a one-character fault, files copied with their mtimes) would otherwise run the previous copy's
+bytecode. A hash mismatch makes Python compile the source again. Nothing is ever written beside a
+source. ``FA4VERIFY_BYTECODE_CACHE=off`` leaves Python's settings untouched, and a user's own
+``PYTHONPYCACHEPREFIX`` is kept.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import os
 import sys
 from typing import Callable, Optional
 
-__all__ = ["enable", "needs_cache", "PROBE_PACKAGE", "SWITCH"]
+__all__ = ["enable", "needs_cache", "missing", "fill_some", "PROBE_PACKAGE", "SWITCH"]
 
 #: the package whose installation decides (the largest import of every audit process)
 PROBE_PACKAGE = "torch"
@@ -61,7 +64,8 @@ def needs_cache(package: str = PROBE_PACKAGE, *,
 def enable(base: Optional[str] = None, *, package: str = PROBE_PACKAGE,
            writable: Callable[[str], bool] = lambda d: os.access(d, os.W_OK)) -> Optional[str]:
     """Note [Bytecode cache]: point this process's and its children's bytecode at fa4verify's
-    cache when :func:`needs_cache`; returns the prefix, or None when nothing was changed."""
+    cache when :func:`needs_cache` (imports then read it and write nothing); returns the prefix,
+    or None when nothing was changed."""
     env = os.environ
     if (env.get(SWITCH, "").strip().lower() in ("off", "0", "no", "false")
             or env.get("PYTHONPYCACHEPREFIX") or sys.pycache_prefix):
@@ -77,7 +81,41 @@ def enable(base: Optional[str] = None, *, package: str = PROBE_PACKAGE,
     if not writable(prefix):
         return None
     sys.pycache_prefix = prefix
-    sys.dont_write_bytecode = False          # only under the prefix from now on
+    sys.dont_write_bytecode = True           # only :func:`fill_some` writes, checked-hash
     env["PYTHONPYCACHEPREFIX"] = prefix
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     return prefix
+
+
+def missing() -> list[str]:
+    """The sources of this process's imported modules with no bytecode under the prefix (none
+    when no prefix is in effect: nothing is ever written beside a source)."""
+    if not sys.pycache_prefix:
+        return []
+    out = []
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if not isinstance(f, str) or not f.endswith(".py"):
+            continue
+        try:
+            if os.path.exists(f) and not os.path.exists(importlib.util.cache_from_source(f)):
+                out.append(f)
+        except (ValueError, OSError):
+            continue
+    return sorted(set(out))
+
+
+def fill_some(pending: list[str], n: int = 25) -> int:
+    """Write checked-hash bytecode under the prefix for up to ``n`` of ``pending`` (popped);
+    the number written. A source that does not compile is skipped (its import compiles it)."""
+    import py_compile
+    done = 0
+    while pending and done < n:
+        f = pending.pop()
+        try:
+            py_compile.compile(f, cfile=importlib.util.cache_from_source(f), doraise=True, quiet=2,
+                               invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+            done += 1
+        except (py_compile.PyCompileError, OSError, ValueError, SyntaxError):
+            continue
+    return done

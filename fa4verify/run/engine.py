@@ -5,8 +5,8 @@ cases (``@check(cases=, summarise=)``: :mod:`fa4verify.audit.registry`). :func:`
 the audit's checks (``--gpus``: workers pinned one per GPU), :func:`run_calls` the processes of
 ``fa4verify determinism`` and the source mutants:
 
-1. **plans**: ``cases(ctx)`` runs here, once (a fuzz campaign's draw included), every check's at
-   once in planning threads, costliest first, each isolated check queued as soon as its plan is
+1. **plans**: ``cases(ctx)`` runs here, once (a fuzz campaign's draw included), the isolated
+   checks' at once in planning threads, costliest first, each queued as soon as its plan is
    there (Note [Plans in parallel]: one slow plan held back every worker); the cases are
    grouped by the FA4 compile key the subject owns (:func:`fa4verify.kernels.adapter.compile_key`),
    one task per group, so one worker compiles a kernel for every case that needs it; tasks are
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import queue as queue_
 import threading
 import time
 import traceback
@@ -113,11 +114,12 @@ def _error(v: Any) -> tuple[str, dict]:
 
 
 def _stopped(e: Exception, step: str) -> CheckResult:
-    """The result of a check whose ``step`` (its plan, its summary) raised ``e`` (in the except)."""
+    """The result of a check whose ``step`` (its plan, its summary) raised ``e``."""
     if isinstance(e, SkipCheck):
         return CheckResult(status="skip", summary=str(e) or "skipped by the check")
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     return CheckResult(status="error", summary=f"{step}: {type(e).__name__}: {e}"[:500],
-                       details={"traceback": traceback.format_exc()[-6000:]})
+                       details={"traceback": tb[-6000:]})
 
 
 def merge(job: Job) -> CheckResult:
@@ -247,7 +249,7 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
             timing, notes, outcomes = {}, [], [(j, "error", why) for j in idx]
         record(t, outcomes, notes, t0, time.perf_counter(), timing)
 
-    own, executor, futures = pool is None, None, []
+    own, executor, futures, todo = pool is None, None, [], []
     try:
         if iso:
             if own:        # a worker per whole check; a check of cases may use them all
@@ -260,19 +262,31 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
             futures.extend(executor.submit(run_remote, t) for t in remote)
 
         queue(plan(jobs, [i for i in stages[0] if prepare(i)]))
-        # Note [Plans in parallel]: every plan is drawn at once in planning threads (a campaign's
-        # draw is a fresh process, a covering plan is seconds of Python), each isolated job's
-        # tasks queued as soon as its plan is there; the plans alone decide the verdicts
-        ahead = sorted((i for i, job in enumerate(jobs) if job.spec.cases is not None and i not in stages[0]),
-                       key=lambda i: -float(jobs[i].spec.cost))
-        planner = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, len(ahead))),
-                                                        thread_name_prefix="fa4verify-plan")
-        plans = {i: planner.submit(draw, i) for i in ahead}
-        planner.shutdown(wait=False)
-        by_future = {f: i for i, f in plans.items() if i in stages[1]}
-        for f in concurrent.futures.as_completed(by_future):
-            i = by_future[f]
-            if prepare(i, f.result()):
+        # Note [Plans in parallel]: the isolated jobs' plans are drawn at once in planning threads
+        # (a campaign's draw is a fresh process, a covering plan is seconds of Python), costliest
+        # first, each job's tasks queued as soon as its plan is there; the plans alone decide the
+        # verdicts. A local job's plan is drawn at its turn, as its check may count time from it.
+        ahead = sorted(stages[1], key=lambda i: -float(jobs[i].spec.cost))
+        drawn: queue_.Queue = queue_.Queue()
+        todo = list(ahead)
+
+        def planning() -> None:          # daemon threads: an interrupted audit does not wait for them
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    i = todo.pop(0)
+                try:
+                    got = draw(i)
+                except BaseException as e:  # noqa: BLE001 - e.g. a SystemExit in a plan: its error
+                    got = (None, RuntimeError(f"{type(e).__name__}: {e}"), 0.0)
+                drawn.put((i, got))
+
+        for n in range(min(4, len(ahead))):
+            threading.Thread(target=planning, name=f"fa4verify-plan-{n}", daemon=True).start()
+        for _ in ahead:
+            i, got = drawn.get()
+            if prepare(i, got):
                 queue(plan(jobs, [i]))
         phases["planned_at"] = time.perf_counter() - origin     # every isolated task queued
         for i, job in enumerate(jobs):      # step 2, here: in selection order
@@ -280,8 +294,7 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
                 continue
             if progress is not None:
                 job.ctx._progress_factory = progress(job)
-            ok = prepare(i, plans[i].result()) if i in plans else prepare(i)
-            local = sorted(plan(jobs, [i]), key=lambda t: t.cases or ()) if ok else []
+            local = sorted(plan(jobs, [i]), key=lambda t: t.cases or ()) if prepare(i) else []
             job.pending = len(local)
             for t in local:
                 cases, t0 = cases_of(t), time.perf_counter()
@@ -297,6 +310,8 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
             f.result()
             drain()
     finally:
+        with lock:                      # interrupted: no plan is started after this
+            todo.clear()
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
         if own and pool is not None:

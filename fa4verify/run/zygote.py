@@ -81,10 +81,13 @@ def serve(ctl: socket.socket) -> int:
     steps = worker.preload("zygote")          # torch, FA4's interface, the judge: never CUDA
     _send(ctl, {"ready": round(time.perf_counter() - t0, 3), "steps": steps, "pid": os.getpid(),
                 "cuda_initialised": worker.cuda_initialised()})
+    from fa4verify.run import bytecode
+    pending = bytecode.missing()              # Note [Bytecode cache]: written while idle
     while True:
-        ready, _, _ = select.select([ctl], [], [], 0.1)
+        ready, _, _ = select.select([ctl], [], [], 0.0 if pending else 0.1)
         _reap(ctl)
         if not ready:
+            bytecode.fill_some(pending, 10)
             continue
         try:
             data, fds, _, _ = socket.recv_fds(ctl, 65536, 3)
