@@ -219,3 +219,25 @@ def test_the_zygote_names_the_kernel_cache_arch_without_asking_the_device(monkey
     assert kernel_cache.arch_tag() == "sm90" and not asked
     monkeypatch.delenv(kernel_cache.ARCH_ENV)
     assert kernel_cache.arch_tag() == "sm100" and asked        # (the device is asked without it)
+
+
+def test_the_zygote_writes_checked_hash_bytecode_under_the_prefix_while_idle(specs, tmp_path, monkeypatch):
+    """Note [Bytecode cache]: with a prefix in effect, the idle zygote writes checked-hash
+    bytecode for the modules it imported, under the prefix only."""
+    import importlib.util
+    prefix = tmp_path / "pycache"
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(prefix))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    with WorkerPool(1, preload="cpu", start="fork") as pool:
+        pool.prestart()
+        _run(pool, specs["fixture.pool.pid_a"])
+        src = importlib.util.find_spec("fa4verify.run.worker").origin
+        rel = os.path.splitdrive(os.path.abspath(src))[1].lstrip(os.sep)
+        want = prefix / os.path.dirname(rel)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(want.glob("worker.*.pyc")):
+            time.sleep(0.2)
+        pycs = list(want.glob("worker.*.pyc"))
+    assert pycs, f"no bytecode under {want}"
+    flags = int.from_bytes(pycs[0].read_bytes()[4:8], "little")
+    assert flags == 0b11                 # PEP 552: hash-based (bit 0), checked (bit 1)

@@ -301,6 +301,8 @@ def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, bas
     for label, p in (("JSON", json_path), ("JUnit", junit_path), ("HTML", html_path)):
         if p:
             console.print(f"{label} report: {p}")
+    from fa4verify.run import bytecode
+    bytecode.fill_some(bytecode.missing(), n=10**9)    # Note [Bytecode cache]: the parent's modules
     return code
 
 

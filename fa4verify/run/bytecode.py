@@ -14,7 +14,8 @@ bytecode beside its source and Python would not write it there, points Python's
 ``pycache_prefix`` (``PYTHONPYCACHEPREFIX``) at ``<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/pycache``
 for itself and every child, and keeps imports from writing bytecode (``PYTHONDONTWRITEBYTECODE``).
 The worker zygote, idle between forks, writes **checked-hash** bytecode (PEP 552) there for the
-modules it imported (:func:`fill_some`); every later import finds it. Checked-hash, never the
+modules it imported (:func:`fill_some`), the audit's parent for its own after the reports are
+written; every later import finds it. Checked-hash, never the
 import system's timestamp bytecode: a cache outside the source tree outlives the source it was
 made from, and a planted copy of FA4 rewritten at the same path with the same size and mtime
 (a one-character fault, files copied with their mtimes) would otherwise run the previous copy's
