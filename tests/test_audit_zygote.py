@@ -226,7 +226,9 @@ def test_the_zygote_writes_checked_hash_bytecode_under_the_prefix_while_idle(spe
     bytecode for the modules it imported, under the prefix only."""
     import importlib.util
     prefix = tmp_path / "pycache"
+    from fa4verify.run import bytecode
     monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(prefix))
+    monkeypatch.setenv(bytecode.OURS, str(prefix))          # as bytecode.enable() leaves it
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     with WorkerPool(1, preload="cpu", start="fork") as pool:
         pool.prestart()

@@ -15,7 +15,8 @@ def pkg(tmp_path, monkeypatch):
     d.mkdir(parents=True)
     (d / "__init__.py").write_text("VALUE = 41 + 1\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", bytecode.SWITCH):
+    sys.modules.pop("fakepkg_bc", None)      # another test's copy (find_spec would return its spec)
+    for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", bytecode.SWITCH, bytecode.OURS):
         monkeypatch.setenv(k, "x")          # recorded, so enable()'s own settings are undone after
         monkeypatch.delenv(k)
     monkeypatch.setattr(sys, "pycache_prefix", None)
@@ -87,9 +88,11 @@ def test_filled_bytecode_is_checked_against_the_source(pkg, tmp_path):
     assert _child_value(pkg) == "42"
 
 
-def test_nothing_is_filled_without_a_prefix(pkg):
+def test_nothing_is_filled_without_our_prefix(pkg, tmp_path, monkeypatch):
     import importlib
     importlib.import_module("fakepkg_bc")
+    assert bytecode.missing() == []
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path / "theirs"))     # a user's own prefix
     assert bytecode.missing() == []
 
 

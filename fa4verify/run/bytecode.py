@@ -36,6 +36,8 @@ __all__ = ["enable", "needs_cache", "missing", "fill_some", "PROBE_PACKAGE", "SW
 PROBE_PACKAGE = "torch"
 #: ``off`` leaves Python's bytecode settings as they are
 SWITCH = "FA4VERIFY_BYTECODE_CACHE"
+#: the prefix :func:`enable` set (children inherit it): the only one :func:`fill_some` fills
+OURS = "FA4VERIFY_PYCACHE"
 
 
 def needs_cache(package: str = PROBE_PACKAGE, *,
@@ -83,15 +85,16 @@ def enable(base: Optional[str] = None, *, package: str = PROBE_PACKAGE,
         return None
     sys.pycache_prefix = prefix
     sys.dont_write_bytecode = True           # only :func:`fill_some` writes, checked-hash
-    env["PYTHONPYCACHEPREFIX"] = prefix
+    env["PYTHONPYCACHEPREFIX"] = env[OURS] = prefix
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return prefix
 
 
 def missing() -> list[str]:
     """The sources of this process's imported modules with no bytecode under the prefix (none
-    when no prefix is in effect: nothing is ever written beside a source)."""
-    if not sys.pycache_prefix:
+    unless the prefix is the one :func:`enable` set: nothing is written beside a source, nor into
+    a prefix of the user's own)."""
+    if not sys.pycache_prefix or os.environ.get(OURS) != sys.pycache_prefix:
         return []
     out = []
     for m in list(sys.modules.values()):
