@@ -124,6 +124,15 @@ def test_a_slow_plan_does_not_hold_back_the_tasks_of_another_check(tmp_path):
     assert r["fixture.cases.quickdraw"]["status"] == "pass" and code == 0
 
 
+def test_an_import_error_in_a_planning_thread_is_drawn_again(tmp_path):
+    """A plan that met a half-initialised module in a planning thread is drawn once more in the
+    auditing thread, alone (Note [Plans in parallel])."""
+    code, r = audit(tmp_path, "-k", "importonce", "--isolate", "always", "--workers", "1",
+                    "--opt", f"marks={tmp_path}")
+    assert r["fixture.cases.importonce"]["status"] == "pass", r["fixture.cases.importonce"]["summary"]
+    assert code == 0
+
+
 def test_a_proven_violation_stands_beside_a_crashed_case(tmp_path):
     code, r = audit(tmp_path, "-k", "crash", "--isolate", "always", "--opt", "crash=kill",
                     "--opt", "crash_fail=1")

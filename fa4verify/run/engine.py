@@ -286,6 +286,10 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
             threading.Thread(target=planning, name=f"fa4verify-plan-{n}", daemon=True).start()
         for _ in ahead:
             i, got = drawn.get()
+            if isinstance(got[1], ImportError):
+                # two planning threads importing one module for the first time can see it half
+                # initialised (a circular import across threads): drawn again here, alone
+                got = draw(i)
             if prepare(i, got):
                 queue(plan(jobs, [i]))
         phases["planned_at"] = time.perf_counter() - origin     # every isolated task queued
