@@ -125,3 +125,10 @@ def test_told_not_to_write_bytecode_uses_the_prefix(pkg, tmp_path, monkeypatch):
 def test_nothing_set_where_python_writes_bytecode_itself(pkg, tmp_path):
     assert bytecode.enable(str(tmp_path / "c"), package="fakepkg_bc") is None
     assert sys.pycache_prefix is None and "PYTHONPYCACHEPREFIX" not in os.environ
+
+
+def test_fill_stops_at_its_time_budget(pkg, tmp_path):
+    bytecode.enable(str(tmp_path / "c"), package="fakepkg_bc", writable=read_only(pkg.parent))
+    pending = [str(pkg / "__init__.py")] * 5
+    assert bytecode.fill_some(pending, n=10**6, seconds=0.0) == 0 and len(pending) == 5
+    assert bytecode.fill_some(pending, n=2) == 2 and len(pending) == 3

@@ -302,7 +302,7 @@ def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, bas
         if p:
             console.print(f"{label} report: {p}")
     from fa4verify.run import bytecode
-    bytecode.fill_some(bytecode.missing(), n=10**9)    # Note [Bytecode cache]: the parent's modules
+    bytecode.fill_some(bytecode.missing(), n=10**9, seconds=1.0)   # Note [Bytecode cache]
     return code
 
 

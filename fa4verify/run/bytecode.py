@@ -15,7 +15,8 @@ bytecode beside its source and Python would not write it there, points Python's
 for itself and every child, and keeps imports from writing bytecode (``PYTHONDONTWRITEBYTECODE``).
 The worker zygote, idle between forks, writes **checked-hash** bytecode (PEP 552) there for the
 modules it imported (:func:`fill_some`), the audit's parent for its own after the reports are
-written; every later import finds it. Checked-hash, never the
+written (at most a second a run, so a cold audit does not wait for it); every later import finds
+it. Checked-hash, never the
 import system's timestamp bytecode: a cache outside the source tree outlives the source it was
 made from, and a planted copy of FA4 rewritten at the same path with the same size and mtime
 (a one-character fault, files copied with their mtimes) would otherwise run the previous copy's
@@ -109,12 +110,14 @@ def missing() -> list[str]:
     return sorted(set(out))
 
 
-def fill_some(pending: list[str], n: int = 25) -> int:
-    """Write checked-hash bytecode under the prefix for up to ``n`` of ``pending`` (popped);
-    the number written. A source that does not compile is skipped (its import compiles it)."""
+def fill_some(pending: list[str], n: int = 25, seconds: Optional[float] = None) -> int:
+    """Write checked-hash bytecode under the prefix for up to ``n`` of ``pending`` (popped), for
+    at most about ``seconds``; the number written. A source that does not compile is skipped (its
+    import compiles it)."""
     import py_compile
-    done = 0
-    while pending and done < n:
+    import time
+    done, end = 0, None if seconds is None else time.monotonic() + seconds
+    while pending and done < n and (end is None or time.monotonic() < end):
         f = pending.pop()
         try:
             py_compile.compile(f, cfile=importlib.util.cache_from_source(f), doraise=True, quiet=2,
