@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, NamedTuple, Optional
 
 __all__ = [
-    "compile_key",
+    "compile_key", "compile_key_exprs", "read_compile_key_names",
     "NoCudaError", "UnsupportedByRelease", "AdapterRefusal", "ReleaseInterfaceError", "fa4_interface", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
     "forward", "backward", "exp2_emulation_disabled", "exp2_emulation_enabled",
     "clear_compile_caches", "supported_head_dims", "upstream_reference", "timing_callable",
@@ -361,44 +361,51 @@ def _compile_key_names(fn) -> list[list[str]]:
     cache keys), so a recorded key can be shown as ``{expression: value}``."""
     name = f"{fn.__module__}.{fn.__qualname__}"
     if name not in _KEY_NAMES:
-        node, lines = _function_node(fn)
-        found = []
-        for n in ast.walk(node):
-            if (isinstance(n, ast.Assign) and len(n.targets) == 1
-                    and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "compile_key"
-                    and isinstance(n.value, ast.Tuple)):
-                found.append([" ".join(_segment(lines, e).split()) for e in n.value.elts])
-        _KEY_NAMES[name] = found
+        path = inspect.getsourcefile(fn)
+        if path is None:
+            raise OSError(f"no source file for {fn!r}")
+        by_line, _by_name, lines = _parsed_file(path)
+        node = by_line.get(fn.__code__.co_firstlineno)
+        if node is None:
+            raise OSError(f"{fn.__qualname__} not found at {path}:{fn.__code__.co_firstlineno}")
+        _KEY_NAMES[name] = _key_tuples(node, lines)
     return _KEY_NAMES[name]
 
 
-def _function_node(fn) -> tuple[ast.AST, list[bytes]]:
-    """``fn``'s definition in its module's syntax tree (the whole file parsed: a method or a
-    nested function parses as it stands there), and the file's lines as UTF-8 bytes split where
-    the parser splits (``\\r``, ``\\n``; ``str.splitlines`` also splits on form feeds and other
-    separators, which would shift every later line)."""
-    path = inspect.getsourcefile(fn)
-    if path is None:
-        raise OSError(f"no source file for {fn!r}")
-    defs, lines = _parsed_file(path)
-    node = defs.get(fn.__code__.co_firstlineno)
-    if node is None:
-        raise OSError(f"{fn.__qualname__} not found at {path}:{fn.__code__.co_firstlineno}")
-    return node, lines
+def compile_key_exprs(path: str, function: str) -> list[list[str]]:
+    """The ``compile_key = (...)`` tuples of the module-level ``function`` in the source file
+    ``path`` (each element's source text, whitespace collapsed); [] when it has none."""
+    _by_line, by_name, lines = _parsed_file(str(path))
+    node = by_name.get(function)
+    return [] if node is None else _key_tuples(node, lines)
+
+
+def _key_tuples(node: ast.AST, lines: list[bytes]) -> list[list[str]]:
+    found = []
+    for n in ast.walk(node):
+        if (isinstance(n, ast.Assign) and len(n.targets) == 1
+                and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "compile_key"
+                and isinstance(n.value, ast.Tuple)):
+            found.append([" ".join(_segment(lines, e).split()) for e in n.value.elts])
+    return found
 
 
 @functools.lru_cache(maxsize=8)
-def _parsed_file(path: str) -> tuple[dict[int, ast.AST], list[bytes]]:
-    """{first line of each function definition (its ``def`` and each decorator's): node}, and
-    the file's lines as bytes; parsed once per file and process."""
+def _parsed_file(path: str) -> tuple[dict[int, ast.AST], dict[str, ast.AST], list[bytes]]:
+    """A source file parsed once per process: {first line of each function definition (its
+    ``def`` and each decorator's): node}, {name: node} of its module-level functions, and its
+    lines as UTF-8 bytes split where the parser splits (``\\r``, ``\\n``: ``str.splitlines``
+    also splits on form feeds and other separators, which would shift every later line)."""
     with open(path, "rb") as f:
         raw = f.read()
-    defs: dict[int, ast.AST] = {}
-    for n in ast.walk(ast.parse(raw)):
+    tree = ast.parse(raw)
+    by_line: dict[int, ast.AST] = {}
+    for n in ast.walk(tree):
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for line in (n.lineno, *(d.lineno for d in n.decorator_list)):
-                defs.setdefault(line, n)
-    return defs, raw.splitlines(keepends=True)
+                by_line.setdefault(line, n)
+    by_name = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return by_line, by_name, raw.splitlines(keepends=True)
 
 
 def read_compile_key_names() -> int:
@@ -417,7 +424,7 @@ def read_compile_key_names() -> int:
 
 def _segment(lines: list[bytes], node: ast.AST) -> str:
     """The source text of ``node`` (what ``ast.get_source_segment`` returns) from the source's
-    lines as bytes (:func:`_function_node`): ``get_source_segment`` splits the whole source again
+    lines as bytes (:func:`_parsed_file`): ``get_source_segment`` splits the whole source again
     for every node, which cost ~0.7 s per FA4 entry point and process (FA4's `_flash_attn_fwd`
     has ~70 key elements; measured on this CPU)."""
     l0, l1 = node.lineno - 1, node.end_lineno - 1          # col offsets count UTF-8 bytes

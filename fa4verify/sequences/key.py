@@ -83,30 +83,16 @@ NOT_DRIVEN: dict[str, str] = {
 }
 
 
-def _interface_source() -> Optional[str]:
-    from fa4verify.kernels.fa4_params import fa4_source_dir
-    d = fa4_source_dir()
-    if d is None:
-        return None
-    return (d / "interface.py").read_text()
-
-
 @functools.lru_cache(maxsize=4)
 def key_fields(function: str) -> tuple[str, ...]:
     """The union of the ``compile_key`` element expressions in the installed FA4 ``function``
     (whitespace collapsed), read from source; () without FA4."""
-    src = _interface_source()
-    if src is None:
+    from fa4verify.kernels.adapter import compile_key_exprs
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
         return ()
-    out: list[str] = []
-    for node in ast.parse(src).body:
-        if isinstance(node, ast.FunctionDef) and node.name == function:
-            for sub in ast.walk(node):
-                if (isinstance(sub, ast.Assign) and len(sub.targets) == 1
-                        and isinstance(sub.targets[0], ast.Name) and sub.targets[0].id == "compile_key"
-                        and isinstance(sub.value, ast.Tuple)):
-                    out += [" ".join((ast.get_source_segment(src, e) or "?").split()) for e in sub.value.elts]
-    return tuple(dict.fromkeys(out))
+    return tuple(dict.fromkeys(e for tup in compile_key_exprs(str(d / "interface.py"), function) for e in tup))
 
 
 @functools.lru_cache(maxsize=1)
