@@ -260,15 +260,9 @@ def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, bas
     if gpu_sel is not None:
         click.echo(f"fa4verify audit: {len(selected)} check(s), {config.workers} worker(s) over "
                    f"{len(gpu_sel)} GPU(s): " + ", ".join(g.label() for g in gpu_sel), err=True)
-    from fa4verify.run.worker import PROFILE_ENV
-    prof_dir = os.environ.get(PROFILE_ENV)      # Note [Task profiles]: the parent's run as well
-    prof = __import__("cProfile").Profile() if prof_dir else None
-    kw = dict(specs=specs, selected=selected, reporter=reporter, pool=early_pool,
-              gpus=[g.visible for g in gpu_sel] if gpu_sel else None)
-    run = prof.runcall(run_audit, config, **kw) if prof else run_audit(config, **kw)
-    if prof:
-        os.makedirs(prof_dir, exist_ok=True)
-        prof.dump_stats(os.path.join(prof_dir, f"parent-{os.getpid()}-{time.time_ns()}.prof"))
+    from fa4verify.run.worker import profiled
+    run = profiled("parent", run_audit, config, specs=specs, selected=selected, reporter=reporter,
+                   pool=early_pool, gpus=[g.visible for g in gpu_sel] if gpu_sel else None)
     results = [r.to_dict() for r in run.records]
     bl = None
     if baseline is not None:

@@ -20,15 +20,30 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 __all__ = ["build_request", "run_task", "serve", "main", "preload", "die_with_parent", "cuda_initialised",
-           "PRELOAD_ENV", "PROFILE_ENV"]
+           "PRELOAD_ENV", "PROFILE_ENV", "profiled"]
 
 #: what a serving worker imports before its first task: cuda, cpu or none
 PRELOAD_ENV = "FA4VERIFY_WORKER_PRELOAD"
 #: Note [Task profiles]: every task under cProfile, written to ``<dir>/<check>-<pid>-<ns>.prof``
 PROFILE_ENV = "FA4VERIFY_PROFILE_DIR"
+
+
+def profiled(label: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """``fn(*args, **kw)``, under cProfile when ``$FA4VERIFY_PROFILE_DIR`` is set (Note [Task
+    profiles]: the profile written to ``<dir>/<label>-<pid>-<ns>.prof``)."""
+    prof_dir = os.environ.get(PROFILE_ENV)
+    if not prof_dir:
+        return fn(*args, **kw)
+    import cProfile
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(fn, *args, **kw)
+    finally:
+        os.makedirs(prof_dir, exist_ok=True)
+        prof.dump_stats(os.path.join(prof_dir, f"{label}-{os.getpid()}-{time.time_ns()}.prof"))
 
 
 def die_with_parent() -> None:
@@ -128,12 +143,7 @@ def _run_request(req: dict[str, Any], reply: Any) -> dict[str, Any]:
 
     def on_case(j: int) -> None:
         reply.send({"case": j})
-    prof_dir = os.environ.get(PROFILE_ENV)       # Note [Task profiles]
-    prof = __import__("cProfile").Profile() if prof_dir else None
-    outcomes = prof.runcall(run_task, spec, ctx, cases, on_case) if prof else run_task(spec, ctx, cases, on_case)
-    if prof:
-        os.makedirs(prof_dir, exist_ok=True)
-        prof.dump_stats(os.path.join(prof_dir, f"{req['check_id']}-{os.getpid()}-{time.time_ns()}.prof"))
+    outcomes = profiled(req["check_id"], run_task, spec, ctx, cases, on_case)
     kernel_timing.release_compile_locks()          # a compile the check abandoned holds none
     timing = dict(kernel_timing.delta(before), exec_s=round(time.perf_counter() - t0, 3),
                   pid=os.getpid(), kernels=kernel_timing.events_since(before),
