@@ -205,10 +205,14 @@ class AuditConfig:
         return d
 
 
+def cache_base() -> str:
+    """fa4verify's cache directory: ``FA4VERIFY_CACHE_DIR`` or ``.fa4verify-cache``."""
+    return os.environ.get("FA4VERIFY_CACHE_DIR", "").strip() or ".fa4verify-cache"
+
+
 def default_kernel_cache() -> str:
     """``<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/fa4-kernels`` (absolute)."""
-    base = os.environ.get("FA4VERIFY_CACHE_DIR", "").strip() or ".fa4verify-cache"
-    return os.path.abspath(os.path.join(base, "fa4-kernels"))
+    return os.path.abspath(os.path.join(cache_base(), "fa4-kernels"))
 
 
 def auto_workers(device: str, cpu_count: int | None = None) -> int:

@@ -31,7 +31,7 @@ import os
 import sys
 from typing import Callable, Optional
 
-__all__ = ["enable", "needs_cache", "missing", "fill_some", "PROBE_PACKAGE", "SWITCH"]
+__all__ = ["enable", "needs_cache", "missing", "fill_some", "PROBE_PACKAGE", "SWITCH", "OURS"]
 
 #: the package whose installation decides (the largest import of every audit process)
 PROBE_PACKAGE = "torch"
@@ -76,7 +76,9 @@ def enable(base: Optional[str] = None, *, package: str = PROBE_PACKAGE,
         return None
     if needs_cache(package, writable=writable) is None:
         return None
-    base = base or (env.get("FA4VERIFY_CACHE_DIR", "").strip() or ".fa4verify-cache")
+    if base is None:
+        from fa4verify._options import cache_base
+        base = cache_base()
     prefix = os.path.abspath(os.path.join(base, "pycache"))
     try:
         os.makedirs(prefix, exist_ok=True)
