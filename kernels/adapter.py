@@ -273,6 +273,7 @@ def _require_cuda() -> None:
 
 
 from fa4verify.kernels.facts import dist_version as _dist_version, resolve_causal_local_window  # noqa: E402
+from fa4verify.kernels.facts import parsed_source as _facts_parsed_source  # noqa: E402
 
 
 def versions() -> dict[str, Optional[str]]:
@@ -364,7 +365,7 @@ def _compile_key_names(fn) -> list[list[str]]:
         path = inspect.getsourcefile(fn)
         if path is None:
             raise OSError(f"no source file for {fn!r}")
-        by_line, _by_name, lines = _parsed_file(path)
+        by_line, _by_name, lines = _facts_parsed_source(path)
         node = by_line.get(fn.__code__.co_firstlineno)
         if node is None:
             raise OSError(f"{fn.__qualname__} not found at {path}:{fn.__code__.co_firstlineno}")
@@ -375,7 +376,7 @@ def _compile_key_names(fn) -> list[list[str]]:
 def compile_key_exprs(path: str, function: str) -> list[list[str]]:
     """The ``compile_key = (...)`` tuples of the module-level ``function`` in the source file
     ``path`` (each element's source text, whitespace collapsed); [] when it has none."""
-    _by_line, by_name, lines = _parsed_file(str(path))
+    _by_line, by_name, lines = _facts_parsed_source(str(path))
     node = by_name.get(function)
     return [] if node is None else _key_tuples(node, lines)
 
@@ -388,24 +389,6 @@ def _key_tuples(node: ast.AST, lines: list[bytes]) -> list[list[str]]:
                 and isinstance(n.value, ast.Tuple)):
             found.append([" ".join(_segment(lines, e).split()) for e in n.value.elts])
     return found
-
-
-@functools.lru_cache(maxsize=8)
-def _parsed_file(path: str) -> tuple[dict[int, ast.AST], dict[str, ast.AST], list[bytes]]:
-    """A source file parsed once per process: {first line of each function definition (its
-    ``def`` and each decorator's): node}, {name: node} of its module-level functions, and its
-    lines as UTF-8 bytes split where the parser splits (``\\r``, ``\\n``: ``str.splitlines``
-    also splits on form feeds and other separators, which would shift every later line)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    tree = ast.parse(raw)
-    by_line: dict[int, ast.AST] = {}
-    for n in ast.walk(tree):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for line in (n.lineno, *(d.lineno for d in n.decorator_list)):
-                by_line.setdefault(line, n)
-    by_name = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    return by_line, by_name, raw.splitlines(keepends=True)
 
 
 def read_compile_key_names() -> int:
@@ -424,7 +407,7 @@ def read_compile_key_names() -> int:
 
 def _segment(lines: list[bytes], node: ast.AST) -> str:
     """The source text of ``node`` (what ``ast.get_source_segment`` returns) from the source's
-    lines as bytes (:func:`_parsed_file`): ``get_source_segment`` splits the whole source again
+    lines as bytes (:func:`fa4verify.kernels.facts.parsed_source`): ``get_source_segment`` splits the whole source again
     for every node, which cost ~0.7 s per FA4 entry point and process (FA4's `_flash_attn_fwd`
     has ~70 key elements; measured on this CPU)."""
     l0, l1 = node.lineno - 1, node.end_lineno - 1          # col offsets count UTF-8 bytes

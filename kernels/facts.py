@@ -199,19 +199,36 @@ def _source_contains(path: str, text: str) -> bool:
     return text in _source_text(path)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=8)
+def parsed_source(path: str) -> tuple[dict[int, ast.AST], dict[str, ast.AST], list[bytes]]:
+    """A Python source file parsed once per process (not imported): {first line of each function
+    definition (its ``def`` and each decorator's): node}, {name: node} of its module-level
+    functions, and its lines as UTF-8 bytes split where the parser splits (``\\r``, ``\\n``:
+    ``str.splitlines`` also splits on form feeds and other separators, which would shift every
+    later line). OSError / SyntaxError when it cannot be read or parsed."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    tree = ast.parse(raw)
+    by_line: dict[int, ast.AST] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for line in (n.lineno, *(d.lineno for d in n.decorator_list)):
+                by_line.setdefault(line, n)
+    by_name = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return by_line, by_name, raw.splitlines(keepends=True)
+
+
 def _function_parameters(path: str, name: str) -> frozenset[str]:
     """The parameter names of the top-level function ``name`` in the Python file ``path`` (read
     with :mod:`ast`, not imported); empty when the file or the function is missing."""
     try:
-        tree = ast.parse(_source_text(path))
-    except SyntaxError:
+        node = parsed_source(path)[1].get(name)
+    except (OSError, SyntaxError, ValueError):
         return frozenset()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            a = node.args
-            return frozenset(x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs))
-    return frozenset()
+    if node is None:
+        return frozenset()
+    a = node.args
+    return frozenset(x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs))
 
 
 @functools.lru_cache(maxsize=16)

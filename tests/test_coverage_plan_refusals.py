@@ -128,11 +128,11 @@ def test_the_sink_backward_rule_is_read_from_the_release_that_runs(tmp_path, mon
     (tmp_path / "interface.py").write_text(f"def _flash_attn_bwd(q, k, v, out, dout, lse, causal=False{sink}):\n"
                                            "    return None\n")
     monkeypatch.setattr(fa4_params, "fa4_source_dir", lambda: tmp_path)
-    facts._function_parameters.cache_clear()
+    facts.parsed_source.cache_clear()
     try:
         assert facts.bwd_takes_sink() is takes_sink
     finally:
-        facts._function_parameters.cache_clear()
+        facts.parsed_source.cache_clear()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
