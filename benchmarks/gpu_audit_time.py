@@ -9,6 +9,9 @@ subprocesses in these modes (``--modes``, comma-separated, in order):
 * ``cold``          the defaults (``--workers auto``, persistent workers, FA4's kernel cache, the
                     engine's tasks: a check's cases grouped by compile key) with an empty cache;
 * ``warm``          the defaults again with the cache ``cold`` filled (a second audit).
+* ``kernels-cold``  the defaults with an empty FA4 kernel cache but the bytecode cache an earlier
+                    mode filled (Note [Bytecode cache]): a first audit on a machine whose Python
+                    already has bytecode for torch and FA4, as ``pip install`` leaves it.
 
 With timing in the reports (``CheckRecord.timing``) it also prints, per mode, where the time
 went (worker start-ups, FA4 kernel compiles and disk-cache loads, each worker's busy seconds, the
@@ -42,14 +45,16 @@ MODES = {
     "before": ["--workers", "1", "--fresh-workers", "--kernel-cache", "off"],
     "cold": [],
     "warm": [],
+    "kernels-cold": [],
 }
 
 
 def _cache_for(mode: str, modes: Sequence[str], caches: dict[str, str]) -> str | None:
-    """The kernel-cache directory of ``mode``: cold and warm share one; ``before`` has none."""
+    """The kernel-cache directory of ``mode``: cold and warm share one, ``kernels-cold`` has its own
+    (empty) one beside it, so it shares their bytecode cache; ``before`` has none."""
     if mode == "before":
         return None
-    return caches["shard"]
+    return caches["kernels-cold" if mode == "kernels-cold" else "shard"]
 
 
 def run_mode(mode: str, profile: str, out_dir: str, cache: str | None, extra: list[str],
@@ -355,11 +360,15 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out or tempfile.mkdtemp(prefix="fa4verify-audit-time-")
     os.makedirs(out, exist_ok=True)
     if a.cache_root:
-        caches = {"shard": os.path.join(a.cache_root, "shard")}
+        caches = {"shard": os.path.join(a.cache_root, "shard"),
+                  "kernels-cold": os.path.join(a.cache_root, "shard-kernels-cold")}
         for c in caches.values():
             os.makedirs(c, exist_ok=True)
     else:
-        caches = {"shard": tempfile.mkdtemp(prefix="fa4verify-kernel-cache-")}
+        root = tempfile.mkdtemp(prefix="fa4verify-kernel-cache-")
+        caches = {"shard": os.path.join(root, "shard"), "kernels-cold": os.path.join(root, "shard-kernels-cold")}
+        for c in caches.values():
+            os.makedirs(c)
     device = "cpu" if a.dry_run else "cuda"
     runs = []
     for m in modes:

@@ -66,6 +66,18 @@ def test_the_script_runs_every_mode_on_the_cpu(tmp_path, capsys):
     assert (out / "audit_default_cold.log").exists()
 
 
+def test_kernels_cold_has_its_own_empty_kernel_cache_and_shares_the_bytecode_cache(tmp_path):
+    b = _bench()
+    caches = {"shard": str(tmp_path / "shard"), "kernels-cold": str(tmp_path / "shard-kernels-cold")}
+    modes = ["cold", "warm", "kernels-cold"]
+    assert b._cache_for("cold", modes, caches) == b._cache_for("warm", modes, caches) == caches["shard"]
+    kc = b._cache_for("kernels-cold", modes, caches)
+    assert kc != caches["shard"]
+    # FA4VERIFY_CACHE_DIR (the bytecode cache) is derived from the kernel cache's parent: shared
+    assert os.path.dirname(kc) == os.path.dirname(caches["shard"])
+    assert b._cache_for("before", modes, caches) is None
+
+
 def test_bad_modes_and_missing_recorded_reports_exit_2(tmp_path):
     b = _bench()
     assert b.main(["--modes", "sideways", "--dry-run", "--out", str(tmp_path)]) == 2
