@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from fa4verify.kernels.mods import ModPair, ModShape, library
+from fa4verify.kernels.mods import AuxValues, ModPair, ModShape, library
 from fa4verify.errors import ModPairError
 
 __all__ = ["ModPair", "ModShape", "register_mod_pair", "unregister", "get", "names",
@@ -147,6 +147,8 @@ def validate(pair: ModPair, *, sweep: bool = True) -> ModPair:
         aux = pair.make_aux(sh, seed=0)
     except Exception as e:  # noqa: BLE001 - the user's factory failing is the message
         raise ModPairError(f"mod pair {n!r}: aux factory failed on {sh}: {type(e).__name__}: {e}") from None
+    if not all(np.isfinite(aux.scalars)):
+        raise ModPairError(f"mod pair {n!r}: its aux scalars must be finite fp32 values, got {aux.scalars}")
     qi = np.arange(sh.seqlen_q)[:, None]
     ki = np.arange(sh.seqlen_k)[None, :]
     x = np.linspace(-3.0, 3.0, sh.seqlen_q * sh.seqlen_k).reshape(sh.seqlen_q, sh.seqlen_k)
@@ -247,12 +249,14 @@ def resolve(names_: Iterable[str]) -> tuple[Optional[ModPair], Optional[ModPair]
     return score, mask
 
 
-def aux_for(problem, pair: ModPair, arrays=None) -> list:
-    """The aux arrays of ``pair`` in ``problem``: ``arrays["mod_aux"][pair.name]`` when the
-    caller gives them (real data), else the pair's factory at the problem's ``mod_seed``."""
+def aux_for(problem, pair: ModPair, arrays=None) -> AuxValues:
+    """The aux data of ``pair`` in ``problem``: the arrays ``arrays["mod_aux"][pair.name]`` when
+    the caller gives them (real data), else the pair's factory, and the aux scalars, all at the
+    problem's ``mod_seed``."""
     given = (arrays or {}).get("mod_aux") or {}
     if pair.name in given:
-        return [np.asarray(x) for x in given[pair.name]]
+        return AuxValues([np.asarray(x) for x in given[pair.name]],
+                         pair.make_scalars(int(getattr(problem, "mod_seed", 0))))
     return pair.make_aux(ModShape(problem.batch, problem.nheads, problem.seqlen_q, problem.seqlen_k),
                          seed=int(getattr(problem, "mod_seed", 0)))
 

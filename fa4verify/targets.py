@@ -448,14 +448,18 @@ class ProductionTarget(Target):
         if problem.mods:     # the pairs' CuTe functions and their aux tensors (fa4verify.mods)
             from fa4verify import mods as _mods
             aux: list = []
+            scalars: tuple = ()
             for pair in problem.mod_pairs():
                 if pair is None:
                     continue
                 aux_p = _mods.aux_for(problem, pair, a)
                 if aux and aux_p:
                     raise Unsupported("two mod pairs with aux tensors: FA4 shares one aux_tensors list")
-                aux = aux or aux_p
-                kw.update({n: x for n, x in pair.kw_fa4().items() if n != "aux_tensors"})
+                if scalars and aux_p.scalars:
+                    raise Unsupported("two mod pairs with aux scalars: FA4 shares one aux_scalars tuple")
+                aux = aux or list(aux_p)
+                scalars = scalars or aux_p.scalars
+                kw.update({n: x for n, x in pair.kw_fa4(aux_scalars=aux_p.scalars).items() if n != "aux_tensors"})
             if aux:
                 kw["aux_tensors"] = [self._t(np.asarray(x), None) for x in aux]
         return kw

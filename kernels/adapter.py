@@ -165,6 +165,13 @@ def _accepted_kwargs(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _fa4_scalars(values) -> tuple:
+    """Aux scalars as FA4's kernels take them: ``cutlass.Float32`` each (FA4 4.0.0b36 + DSL 4.8.1
+    do not compile a Python float there: Note [Runtime scalars], ``fa4verify/compile/census_aux.py``)."""
+    import cutlass
+    return tuple(cutlass.Float32(float(x)) for x in values)
+
+
 def _call_fa4(fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` with only the keywords the installed release's ``fn`` takes."""
     return fn(*args, **_accepted_kwargs(fn, kwargs))
@@ -652,7 +659,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
             return_lse: bool = True, page_table=None, seqused_q=None, seqused_k=None,
             num_splits: int = 1, block_sparse_tensors=None, mask_mod=None, score_mod=None,
-            aux_tensors=None, q_descale=None, k_descale=None, v_descale=None) -> ForwardResult:
+            aux_tensors=None, aux_scalars=None, q_descale=None, k_descale=None,
+            v_descale=None) -> ForwardResult:
     """Run FA4's forward on CUDA tensors (fp16/bf16; layout (batch, seqlen, nheads, headdim), or
     (total, nheads, headdim) with ``cu_seqlens_q/k`` for varlen).
 
@@ -671,8 +679,10 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     :func:`block_sparse_tensors` with ``direction="fwd"``). ``mask_mod``: an FA4 CuTe DSL mask
     callable (``fa4verify.kernels.mask_mods``, ``fa4verify.kernels.mods``), passed through;
     ``score_mod`` likewise (FA4 applies it to the scaled score, ``kernels/mods.py``);
-    ``aux_tensors``: the CUDA tensors both read. A mask_mod makes FA4 ignore ``causal`` and
-    ``window_size`` (``_resolve_causal_local_window``): they are refused here with a mask_mod.
+    ``aux_tensors``: the CUDA tensors both read; ``aux_scalars``: their runtime scalars (floats,
+    handed to FA4 as ``cutlass.Float32``: :func:`_fa4_scalars`). A mask_mod makes FA4 ignore
+    ``causal`` and ``window_size`` (``_resolve_causal_local_window``): they are refused here with
+    a mask_mod.
     ``q_descale`` / ``k_descale`` / ``v_descale``: fp32 (batch, nheads_kv) factors of fp8 inputs
     (e4m3/e5m2; SM 10.x only): the logits are ``scale * (q_descale q) . (k_descale k)`` and the
     output ``P (v_descale v)`` (``fa4verify.oracles.descale``); FA4's public functions do not take
@@ -685,11 +695,13 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     _check_mods(mask_mod, causal, window_size)
     learnable_sink = _release_sink(learnable_sink)
     mods = {} if score_mod is None and aux_tensors is None else {"score_mod": score_mod, "aux_tensors": aux_tensors}
+    if aux_scalars:
+        mods["aux_scalars"] = _fa4_scalars(aux_scalars)
     descale = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     fp8 = str(q.dtype).startswith("torch.float8")
     if fp8 or any(t is not None for t in descale.values()):
         if mods:
-            raise AdapterRefusal("score_mod / aux_tensors with fp8 or descale inputs are not routed by "
+            raise AdapterRefusal("score_mod / aux_tensors / aux_scalars with fp8 or descale inputs are not routed by "
                              "the adapter (FA4's private entry takes them; not audited yet)")
         return _forward_private(q, k, v, None, softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
@@ -724,7 +736,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
                  "num_splits": int(num_splits), "block_sparse": block_sparse_tensors is not None,
                  "mask_mod": getattr(mask_mod, "__name__", None) if mask_mod is not None else None,
                  "score_mod": getattr(score_mod, "__name__", None) if score_mod is not None else None,
-                 "aux_tensors": len(aux_tensors) if aux_tensors else 0}
+                 "aux_tensors": len(aux_tensors) if aux_tensors else 0,
+                 "aux_scalars": len(aux_scalars) if aux_scalars else 0}
     ws = tuple(window_size) if window_size is not None else (None, None)
     fwd_fn = _fa4_fn("_flash_attn_fwd")
     public = _fa4_fn(entry)
@@ -759,7 +772,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
              max_seqlen_k: Optional[int] = None, deterministic: bool = False,
              dq=None, dk=None, dv=None, dlse=None, block_sparse_tensors=None,
              seqused_q=None, seqused_k=None, score_mod=None, score_mod_bwd=None, mask_mod=None,
-             aux_tensors=None) -> BackwardResult:
+             aux_tensors=None, aux_scalars=None) -> BackwardResult:
     """Run FA4's backward (``flash_attn.cute.interface._flash_attn_bwd``, what the public
     autograd backward of ``flash_attn_func``/``flash_attn_varlen_func`` calls).
 
@@ -772,8 +785,9 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     sees; ``fa4verify.kernels.block_sparse.to_fa4_bwd``); not with varlen (FA4 asserts).
     ``seqused_q`` / ``seqused_k`` (int32, (batch,)): the used rows of batched q / k, as in
     :func:`forward` (FA4's ``_flash_attn_bwd`` takes them; not with block sparsity).
-    ``score_mod`` + ``score_mod_bwd`` (FA4 requires both), ``mask_mod``, ``aux_tensors``: as in
-    :func:`forward` (the same callables and tensors the forward ran with).
+    ``score_mod`` + ``score_mod_bwd`` (FA4 requires both), ``mask_mod``, ``aux_tensors``,
+    ``aux_scalars``: as in :func:`forward` (the same callables, tensors and scalars the forward ran
+    with).
 
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
@@ -799,6 +813,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
                  "mask_mod": getattr(mask_mod, "__name__", None) if mask_mod is not None else None,
                  "score_mod": getattr(score_mod, "__name__", None) if score_mod is not None else None,
                  "aux_tensors": len(aux_tensors) if aux_tensors else 0,
+                 "aux_scalars": len(aux_scalars) if aux_scalars else 0,
                  "block_size": (list(block_sparse_tensors.block_size)
                                 if getattr(block_sparse_tensors, "block_size", None) else None),
                  "seqused_q": seqused_q is not None, "seqused_k": seqused_k is not None}
@@ -817,7 +832,8 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             deterministic=deterministic, dq=dq, dk=dk, dv=dv, dlse=dlse,
             learnable_sink=learnable_sink, block_sparse_tensors=block_sparse_tensors,
-            score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod, aux_tensors=aux_tensors)
+            score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod, aux_tensors=aux_tensors,
+            **({"aux_scalars": _fa4_scalars(aux_scalars)} if aux_scalars else {}))
     if learnable_sink is None:
         gdq, gdk, gdv = res
         dsink = None

@@ -20,10 +20,17 @@ FA4's contract (flash-attn-4 4.0.0b36, read from the installed source):
   mask must be written into the mask_mod.
 * ``aux_tensors``: torch tensors handed through to both; indices reaching them are wrapped
   modulo seqlen when FA4 also masks the sequence end.
+* ``aux_scalars``: runtime scalars (``interface.py``: "Runtime scalar captures used by score_mod
+  or mask_mod"), passed to the mods as the keyword ``aux_scalars`` only when the call gives them
+  (``softmax.call_score_mod``, ``mask.call_mask_mod``: the "compatibility shim for pre-aux_scalars
+  callables"); FA4 keys its kernels on their *types* only (``aux_scalar_metadata``), so the values
+  must reach the kernel as launch parameters (Note [Runtime scalars] in
+  ``fa4verify/compile/census_aux.py``). FA4 4.0.0b36 + DSL 4.8.1 compile them as
+  ``cutlass.Float32`` (a Python float does not compile there): the adapter converts.
 
 References take numpy arrays broadcast to one (batch entry, head) block: ``b``, ``h`` ints,
 ``q_idx`` (lq, 1), ``kv_idx`` (1, lk), ``scores`` (lq, lk) float64, ``aux`` the list of numpy
-aux arrays. CuTe functions are built lazily (:meth:`ModPair.cute`), ``None`` without the DSL.
+aux arrays (:class:`AuxValues`: its ``scalars`` are the call's aux scalars, fp32 values). CuTe functions are built lazily (:meth:`ModPair.cute`), ``None`` without the DSL.
 """
 from __future__ import annotations
 
@@ -33,7 +40,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["ModShape", "ModPair", "alibi", "rel_bias", "softcap_mod", "document_mask", "prefix_lm",
+__all__ = ["ModShape", "ModPair", "AuxValues", "alibi", "scalar_bias", "rel_bias", "softcap_mod", "document_mask", "prefix_lm",
            "sliding_window", "causal_mask", "checkerboard", "library", "U32"]
 
 U32 = 2.0 ** -24
@@ -50,6 +57,16 @@ class ModShape:
     seqlen_k: int
 
 
+class AuxValues(list):
+    """A pair's aux data as its references read it: the list of aux arrays (``aux_tensors``, as
+    numpy) with ``scalars``, the call's ``aux_scalars`` as Python floats holding fp32 values
+    (what the kernel receives), () when the pair takes none."""
+
+    def __init__(self, arrays=(), scalars=()) -> None:
+        super().__init__(arrays)
+        self.scalars: tuple[float, ...] = tuple(float(np.float32(x)) for x in scalars)
+
+
 @dataclass(frozen=True, eq=False)
 class ModPair:
     """One FA4 modification and its float64 reference.
@@ -63,12 +80,16 @@ class ModPair:
     * ``aux``: ``(ModShape, numpy Generator) -> [numpy arrays]`` (float32 / int32; handed to FA4
       as CUDA tensors and to ``ref`` as numpy), or None. The CuTe function reads them from
       ``aux_tensors[0]`` on: two pairs with aux tensors cannot share one FA4 call.
+    * ``scalars``: ``numpy Generator -> [floats]``, the runtime ``aux_scalars`` (rounded to fp32;
+      handed to FA4 as ``cutlass.Float32`` and to ``ref`` as ``aux.scalars``), or None. Drawn at
+      the problem's ``mod_seed``: two calls that differ only there share FA4's kernel (its key
+      holds the scalars' types) and must each compute with their own values.
     * ``lipschitz``: ``sup |dy/dx|``; the composed budgets assume <= 1 (the judge reports a pair
       above it undecided: error_budgets/DERIVATIONS.md#score-mod).
     * ``equivalent``: the FA4 built-in this pair equals, e.g. ``{"softcap": 30.0}``,
       ``{"window_size": (l, r)}``, ``{"causal": True}`` (the GPU script compares them).
     * ``features``: FA4 features the call needs ("score_mod", "score_mod_bwd", "mask_mod",
-      "aux_tensors").
+      "aux_tensors", "aux_scalars").
     """
 
     name: str
@@ -78,6 +99,7 @@ class ModPair:
     grad: Optional[Callable[..., np.ndarray]] = None
     err: Optional[Callable[..., np.ndarray]] = None
     aux: Optional[Callable[[ModShape, np.random.Generator], list]] = None
+    scalars: Optional[Callable[[np.random.Generator], Sequence[float]]] = None
     lipschitz: float = 1.0
     curvature: float = 0.0                 #: sup |d^2 y / dx^2| (the oracle's bound on grad)
     equivalent: dict = field(default_factory=dict)
@@ -112,13 +134,20 @@ class ModPair:
         return self._built()[1]
 
     # -- data side
-    def make_aux(self, shape: ModShape, seed: int = 0) -> list:
-        if self.aux is None:
-            return []
-        return [np.ascontiguousarray(x) for x in self.aux(shape, np.random.default_rng(seed))]
+    def make_aux(self, shape: ModShape, seed: int = 0) -> AuxValues:
+        arrays = [] if self.aux is None else [np.ascontiguousarray(x)
+                                              for x in self.aux(shape, np.random.default_rng(seed))]
+        return AuxValues(arrays, self.make_scalars(seed))
 
-    def kw_fa4(self, aux_torch=None) -> dict[str, Any]:
-        """Keyword arguments for ``fa4verify.kernels.adapter.forward`` / ``backward``."""
+    def make_scalars(self, seed: int = 0) -> tuple[float, ...]:
+        """The runtime aux scalars at ``seed`` (fp32 values; () for a pair without)."""
+        if self.scalars is None:
+            return ()
+        return AuxValues((), self.scalars(np.random.default_rng([int(seed), 1]))).scalars
+
+    def kw_fa4(self, aux_torch=None, aux_scalars: Sequence[float] = ()) -> dict[str, Any]:
+        """Keyword arguments for ``fa4verify.kernels.adapter.forward`` / ``backward``
+        (``aux_scalars``: the call's, :meth:`make_scalars`)."""
         kw: dict[str, Any] = {}
         if self.kind == "score":
             kw["score_mod"] = self.cute()
@@ -127,6 +156,8 @@ class ModPair:
             kw["mask_mod"] = self.cute()
         if aux_torch:
             kw["aux_tensors"] = list(aux_torch)
+        if aux_scalars:
+            kw["aux_scalars"] = tuple(aux_scalars)
         return kw
 
     def apply(self, scores, b: int, h: int, q_idx, kv_idx, aux):
@@ -239,6 +270,47 @@ def rel_bias(radius: int = REL_RADIUS) -> ModPair:
     return ModPair("rel_bias", "score", ref, build, grad=lambda x, *r: np.ones_like(x), err=err, aux=aux,
                    features=("score_mod", "score_mod_bwd", "aux_tensors"),
                    description=f"relative-position bias table, clip(kv - q, -{R}, {R}), fp32 aux_tensors[0]")
+
+
+def scalar_bias() -> ModPair:
+    """A bias set at run time: ``y = x + s0 - s1 * |q_idx - kv_idx|`` with ``(s0, s1) =
+    aux_scalars`` (an ALiBi whose slope and offset are launch parameters, not compiled in):
+    ``s0`` uniform in [-2, 2], ``s1`` in [0, 1/4], fp32, drawn at the problem's ``mod_seed``.
+
+    Kernel error (fp32): ``|q - kv|`` converts exactly (< 2^24); ``s1 * d``, ``x + s0`` and the
+    difference round once each (or fuse into FMAs, which round less): ``err <= gamma(3) (|x| +
+    |s0| + s1 d)``."""
+    def scalars(rng):
+        return (rng.uniform(-2.0, 2.0), rng.uniform(0.0, 0.25))
+
+    def ref(x, b, h, qi, ki, a):
+        s0, s1 = a.scalars
+        return x + s0 - s1 * _absdiff(qi, ki)
+
+    def err(x, y, b, h, qi, ki, a):
+        s0, s1 = a.scalars
+        g3 = 3 * U32 / (1 - 3 * U32)
+        return g3 * (np.abs(x) + abs(s0) + s1 * _absdiff(qi, ki))
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass._mlir.dialects import math as mlir_math
+
+        @cute.jit
+        def scalar_bias_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars=None):
+            diff = q_idx - kv_idx
+            dist = cute.TensorSSA(mlir_math.absi(diff), diff.shape, diff.dtype).to(cutlass.Float32)
+            return score + aux_scalars[0] - dist * aux_scalars[1]
+
+        @cute.jit
+        def scalar_bias_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars=None):
+            return grad
+        return scalar_bias_score, scalar_bias_bwd
+
+    return ModPair("scalar_bias", "score", ref, build, grad=lambda x, *r: np.ones_like(x), err=err,
+                   scalars=scalars, features=("score_mod", "score_mod_bwd", "aux_scalars"),
+                   description="bias x + s0 - s1 |q - kv| with (s0, s1) FA4's runtime aux_scalars")
 
 
 SOFTCAP = 30.0
@@ -434,5 +506,5 @@ WINDOW = (128, 0)
 
 def library() -> list[ModPair]:
     """fa4verify's built-in pairs (the default parameters the GPU script and tests use)."""
-    return [alibi(), rel_bias(), softcap_mod(), document_mask(), prefix_lm(),
+    return [alibi(), rel_bias(), scalar_bias(), softcap_mod(), document_mask(), prefix_lm(),
             sliding_window(*WINDOW), causal_mask(), checkerboard()]

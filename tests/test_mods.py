@@ -50,6 +50,9 @@ def _loop_bias(name, aux, b, h, sq, sk):
             elif name == "rel_bias":
                 r = km.REL_RADIUS
                 out[i, j] = float(aux[0][min(max(j - i, -r), r) + r])
+            elif name == "scalar_bias":
+                s0, s1 = aux.scalars
+                out[i, j] = s0 - s1 * abs(i - j)
     return out
 
 
@@ -76,7 +79,7 @@ def _sdpa(q, k, v, mask, scale):
                                                             scale=scale).numpy().transpose(1, 0, 2)
 
 
-@pytest.mark.parametrize("name", ["alibi", "rel_bias"])
+@pytest.mark.parametrize("name", ["alibi", "rel_bias", "scalar_bias"])
 def test_additive_score_pair_output_equals_sdpa_with_explicit_bias(name):
     pair = mods.get(name)
     q, k, v, _ = _inputs(1)
@@ -93,6 +96,33 @@ def test_additive_score_pair_output_equals_sdpa_with_explicit_bias(name):
     assert np.abs(r.out - plain.out).max() > 1e-2
 
 
+def test_runtime_scalars_are_fp32_values_drawn_at_the_mod_seed():
+    pair = mods.get("scalar_bias")
+    assert pair.scalars is not None and "aux_scalars" in pair.features
+    s0, s7 = pair.make_scalars(0), pair.make_scalars(7)
+    assert len(s0) == 2 and s0 != s7 and pair.make_scalars(7) == s7
+    for x in s0 + s7:
+        assert float(np.float32(x)) == x              # what the kernel receives, exactly
+    assert -2 <= s0[0] <= 2 and 0 <= s0[1] <= 0.25
+    aux = pair.make_aux(km.ModShape(B, H, S, S), 7)
+    assert list(aux) == [] and aux.scalars == s7
+    # the problem's mod_seed reaches the references (and the same values reach FA4: targets._kw)
+    p0 = _problem(("scalar_bias",), mod_seed=0)
+    p7 = _problem(("scalar_bias",), mod_seed=7)
+    assert mods.aux_for(p0, pair).scalars == s0 and mods.aux_for(p7, pair).scalars == s7
+    # given aux arrays (real data) keep the problem's scalars
+    assert mods.aux_for(p7, pair, {"mod_aux": {"scalar_bias": []}}).scalars == s7
+    # other pairs take none
+    assert mods.get("alibi").make_aux(km.ModShape(B, H, S, S)).scalars == ()
+
+
+def test_a_pair_with_non_finite_scalars_is_refused():
+    bad = km.ModPair("bad_scalar", "score", lambda x, *r: x, grad=lambda x, *r: np.ones_like(x),
+                     err=lambda x, *r: np.zeros_like(x), scalars=lambda rng: (float("nan"),))
+    with pytest.raises(errors.ModPairError, match="aux scalars must be finite"):
+        mods.validate(bad, sweep=False)
+
+
 @pytest.mark.parametrize("name", ["document", "prefix_lm", "sliding_window", "causal", "checkerboard"])
 def test_mask_pair_output_equals_sdpa_with_boolean_mask(name):
     pair = mods.get(name)
@@ -107,7 +137,7 @@ def test_mask_pair_output_equals_sdpa_with_boolean_mask(name):
         assert np.array_equal(kw["keep"](b), keep)
 
 
-@pytest.mark.parametrize("name", ["alibi", "rel_bias", "softcap", "document", "prefix_lm"])
+@pytest.mark.parametrize("name", ["alibi", "rel_bias", "scalar_bias", "softcap", "document", "prefix_lm"])
 def test_mod_oracle_gradient_equals_torch_autograd(name):
     pair = mods.get(name)
     q, k, v, do = _inputs(3, sq=96, sk=96)
@@ -382,7 +412,12 @@ def test_drawn_mod_problems_pass_the_rounded_oracle_forward_and_backward():
             assert j.out.status == "pass" and j.lse.status in ("pass",), (p.describe(), j.out.summary())
             jb = judge_backward(p, a, r(ob.dq), r(ob.dk), r(ob.dv), forward=j, oracle_bwd=ob,
                                 probabilistic=False)
-            assert all(v.status == "pass" for v in jb.verdicts), p.describe()
+            # a one-key row at huge logits: the backward's recomputed P may stray far from 1, so
+            # the dV bound admits a zero dV -- "impossible question" (Note [A bound without
+            # power]), the one undecided cause a finite input may have; never a fail
+            for v in jb.verdicts:
+                assert v.status == "pass" or (v.status == "undecided" and v.reason.startswith(
+                    "impossible question")), (p.describe(), v.summary())
         prop()
     finally:
         mods.unregister("user_fuzz_bias")

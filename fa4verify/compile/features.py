@@ -151,9 +151,9 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
                 pair = _mods.get(case.mod)
                 s = 256
                 q = torch.empty(2, s, h, d, dtype=bf, device="cuda")
-                aux = [torch.empty(x.shape, dtype=getattr(torch, str(x.dtype)), device="cuda")
-                       for x in pair.make_aux(_mods.ModShape(2, h, s, s))]
-                kw = pair.kw_fa4(aux)
+                aux_v = pair.make_aux(_mods.ModShape(2, h, s, s))
+                aux = [torch.empty(x.shape, dtype=getattr(torch, str(x.dtype)), device="cuda") for x in aux_v]
+                kw = pair.kw_fa4(aux, aux_v.scalars)
                 if case.kind == "mod_fwd":
                     kw.pop("score_mod_bwd", None)
                     f = ad.forward(q, torch.empty_like(q), torch.empty_like(q), **kw)
