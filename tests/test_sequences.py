@@ -115,6 +115,78 @@ def test_production_sequences_find_a_field_dropped_from_fas4_own_key(fake_releas
     assert r.failure is not None and r.failure["length"] == 2, (r.calls, r.unsupported, r.errors)
 
 
+@pytest.mark.parametrize("mode", ["runtime", "baked"])
+def test_aux_scalar_values_are_varied_and_a_kernel_that_bakes_them_is_found(tmp_path, monkeypatch, mode):
+    """The machine varies a score_mod's runtime aux scalars between calls of one key (FA4 keys
+    their types only): on a fake release that reads them per call every call passes and the
+    pairs that test it are counted; on one that folds the compiling call's values into its
+    kernel (the compile-key bug) a two-call sequence is found."""
+    pytest.importorskip("torch")
+    pytest.importorskip("cutlass")          # the pair's CuTe function is what the fake is handed
+    from fa4verify.kernels import adapter
+    spec = importlib.util.spec_from_file_location(
+        "fake_fa4_release_scalars", os.path.join(os.path.dirname(__file__), "fixtures", "fake_fa4_release.py"))
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    release = fake.load(tmp_path, scalars=mode)
+    monkeypatch.setattr(adapter, "fa4_interface", lambda: release)
+    monkeypatch.setattr(adapter, "_require_cuda", lambda: None)
+    t = machine.SequenceProductionTarget(adapter=adapter, device="cpu")
+    r = machine.run_sequences(t, examples=12, steps=5, seed=3, target_spec=None, replay_fresh=False)
+    if mode == "runtime":
+        assert r.failure is None and r.judged > 0, (r.failure, r.unsupported, r.errors)
+        assert r.exercised.get("aux_scalars", 0) > 0, r.exercised
+    else:
+        assert r.failure is not None and r.failure["length"] == 2, (r.calls, r.unsupported, r.errors)
+        last = r.failure["calls"][-1]["problem"]
+        first = r.failure["calls"][0]["problem"]
+        assert last["mods"] == first["mods"] == ["scalar_bias"] and last["mod_seed"] != first["mod_seed"]
+
+
+def test_a_call_a_documented_fa4_issue_explains_is_absorbed_and_counted():
+    """The machine judges each call as the campaigns do: a violation a known issue describes for
+    the call alone is absorbed and counted by name, never a sequence finding; without the
+    absorption the same call fails."""
+    from fa4verify.fuzz.violation import Violation
+    from fa4verify.problem import AttentionProblem
+    d = json.loads((__import__("pathlib").Path(__file__).parent / "regressions"
+                    / "finite-twin-sink-overflow.json").read_text())
+    call = machine.Call(AttentionProblem.from_dict(d["problem"]))
+    known: dict = {}
+    machine.judge_call(machine.make_target({"kind": "twin"}), call, known)
+    assert known == {d["known_issue"]: known[d["known_issue"]]} and known[d["known_issue"]] >= 1
+    from fa4verify.fuzz import known_issues
+    real = known_issues.known_issue_matcher
+    try:
+        known_issues.known_issue_matcher = lambda p, t, **kw: real(p, t, strict=True)
+        with pytest.raises(Violation):
+            machine.judge_call(machine.make_target({"kind": "twin"}), call, {})
+    finally:
+        known_issues.known_issue_matcher = real
+
+
+def test_the_machine_draws_the_scalar_pair_on_production_only():
+    from hypothesis import given, settings, HealthCheck
+    from hypothesis import strategies as st
+    seen = {"production": set(), "twin": set()}
+    for kind in seen:
+        base_st, call_st = machine._call_strategy("sm90", kind, 2)
+
+        @settings(max_examples=40, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+        @given(base=base_st, v=call_st, which=st.sampled_from(machine.NEIGHBOUR))
+        def prop(base, v, which):
+            c = machine._build("sm90", base, v)
+            seen[kind].add(c.problem.mods)
+            if c.problem.mods:
+                n = machine._neighbour(c, "aux_scalars", v)
+                assert n.problem.mod_seed != c.problem.mod_seed and n.key_config() == c.key_config()
+                assert n.problem.replace(mod_seed=c.problem.mod_seed) == c.problem
+            machine._neighbour(c, which, v)             # every neighbour of every call is valid
+        prop()
+    assert seen["production"] == {(), ("scalar_bias",)} and seen["twin"] == {()}
+    assert "aux_scalars" in machine.NEIGHBOUR_PRODUCTION and "aux_scalars" not in machine.NEIGHBOUR
+
+
 def test_layouts_hand_fa4_the_same_values_in_other_strides(fake_release):
     torch = pytest.importorskip("torch")
     from fa4verify.kernels import adapter
@@ -199,9 +271,9 @@ def test_one_sequence_per_case_draws_distinct_sequences_and_skips_the_minimal_on
     seen = []
     orig = machine.judge_call
 
-    def spy(target, c):
+    def spy(target, c, known=None):
         seen[-1].append(c.describe())
-        return orig(target, c)
+        return orig(target, c, known)
 
     mp = pytest.MonkeyPatch()
     mp.setattr(machine, "judge_call", spy)
@@ -227,9 +299,9 @@ import json, sys
 from fa4verify.sequences import machine
 seen = []
 real = machine.judge_call
-def spy(target, c):
+def spy(target, c, known=None):
     seen.append(c.describe())
-    return real(target, c)
+    return real(target, c, known)
 machine.judge_call = spy
 machine.run_sequences(machine.make_target({"kind": "twin"}), examples=4, steps=4, seed=int(sys.argv[1]),
                       replay_fresh=False)

@@ -50,7 +50,8 @@ def result(res: Any, where: str) -> CheckResult:
                "seconds": round(res.seconds, 1)}
     out_attrs = sorted(left_out())
     details: dict[str, Any] = {"exercised": res.exercised, "unsupported": res.unsupported, "errors": res.errors,
-                               "undecided": res.undecided, "key_leaves_out": left_out(), "target": res.target}
+                               "undecided": res.undecided, "known_issues": res.known,
+                               "key_leaves_out": left_out(), "target": res.target}
     if res.failure is not None:
         f = res.failure
         details["failure"] = f
@@ -75,9 +76,11 @@ def result(res: Any, where: str) -> CheckResult:
         return CheckResult(status="undecided", where=where, metrics=metrics, details=details,
                            summary=f"{res.judged} calls, no violation, but the judge could not decide "
                                    + ", ".join(f"{k} x{v}" for k, v in res.undecided.items()))
+    right = ("every call right or its violation explained by a documented FA4 issue ("
+             + ", ".join(f"{k} x{v}" for k, v in sorted(res.known.items())) + ")") if res.known else "every call right"
     return CheckResult(status="pass", where=where, metrics=metrics, details=details,
-                       summary=(f"{res.examples} sequences, {res.judged} calls judged in sequence, every call "
-                                f"right; key-sharing calls varied {', '.join(tested) or '-'}"))
+                       summary=(f"{res.examples} sequences, {res.judged} calls judged in sequence, {right}; "
+                                f"key-sharing calls varied {', '.join(tested) or '-'}"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +119,7 @@ def merge_results(parts: list) -> Any:
         out.judged += r.judged
         out.seconds += r.seconds
         for mine, theirs in ((out.unsupported, r.unsupported), (out.errors, r.errors),
-                             (out.exercised, r.exercised), (out.undecided, r.undecided)):
+                             (out.exercised, r.exercised), (out.undecided, r.undecided), (out.known, r.known)):
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0) + v
         if out.failure is None and r.failure is not None:

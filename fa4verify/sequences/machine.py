@@ -15,7 +15,9 @@ only change the key anyway (dtype, head dim, GQA ratio); every ``call`` rule the
 *key configurations* of the example (causal, window presence, softcap value, sink) -- so calls
 reuse each other's kernels -- and varies every attribute the key leaves out (:data:`VARIED`:
 window values, softmax_scale, sink values, sequence lengths, batch, head count, memory layout:
-non-contiguous, transposed, broadcast K/V, deterministic). Each call is judged by the one judge
+non-contiguous, transposed, broadcast K/V, deterministic, and on production the values of a
+score_mod's runtime ``aux_scalars``: a key configuration may carry the ``scalar_bias`` pair,
+whose scalars each call draws anew at its ``mod_seed``; FA4 keys only their types). Each call is judged by the one judge
 (:func:`fa4verify.fuzz.properties.check_problem`: runs, forward and backward within their
 budgets). A violation stops the example; Hypothesis shrinks it to the shortest call sequence that
 still fails (:func:`shrink`: calls removed one at a time while the sequence still fails, Hypothesis
@@ -49,7 +51,7 @@ from fa4verify.problem import AttentionProblem, ValueSpec
 from fa4verify.targets import ProductionTarget, TwinTarget
 from fa4verify.errors import HarnessError, Unsupported
 
-__all__ = ["VARIED", "LAYOUTS", "SEQ_PROPERTIES", "Call", "KeyedTwinTarget", "SequenceProductionTarget",
+__all__ = ["VARIED", "SCALAR_PAIR", "LAYOUTS", "SEQ_PROPERTIES", "Call", "KeyedTwinTarget", "SequenceProductionTarget",
            "make_target", "judge_call", "run_sequences", "write_case", "replay", "classify", "CASE_FORMAT"]
 
 CASE_FORMAT = "fa4verify-sequence-case/1"
@@ -60,7 +62,10 @@ LAYOUTS = ("contiguous", "strided", "transposed", "broadcast")
 #: share a key configuration; tests/test_sequences.py holds it against the installed key
 VARIED = frozenset({"window_left", "window_right", "softmax_scale", "softcap", "causal", "sink", "sink_values",
                     "seqlen", "batch", "nheads", "layout_strided", "layout_transposed", "layout_broadcast",
-                    "deterministic"})
+                    "deterministic", "aux_scalars"})
+#: the score_mod pair whose runtime aux scalars the machine varies (production only: the twin
+#: models no mod pairs), drawn at each call's ``mod_seed``
+SCALAR_PAIR = "scalar_bias"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,12 +89,12 @@ class Call:
 
     def key_config(self) -> tuple:
         """fa4verify's view of the key-carrying attributes (dtype, head dim, GQA, causal, window
-        presence, softcap, sink, broadcast layout, mode): calls with equal tuples should share
-        FA4's kernels."""
+        presence, softcap, sink, broadcast layout, mode, the mod pair): calls with equal tuples
+        should share FA4's kernels."""
         p = self.problem
         wl, wr = p.window_size
         return (p.dtype, p.head_dim, p.nheads // p.nheads_kv, p.causal, wl is not None, wr is not None,
-                float(p.softcap), p.sink, self.layout == "broadcast", self.deterministic)
+                float(p.softcap), p.sink, self.layout == "broadcast", self.deterministic, p.mods)
 
 
 # ============================================================================ targets
@@ -243,16 +248,30 @@ def make_target(spec: Mapping[str, Any]):
 
 
 # ============================================================================ judging
-def judge_call(target: Any, call: Call):
+def judge_call(target: Any, call: Call, known: Optional[dict[str, int]] = None):
     """Run ``call`` on ``target`` and judge it (:func:`~fa4verify.fuzz.properties.check_problem`);
     raises :class:`~fa4verify.fuzz.violation.Violation` on a wrong call, Unsupported when the
-    target refuses it, HarnessError on fa4verify's own error (Note [Blame])."""
+    target refuses it, HarnessError on fa4verify's own error (Note [Blame]). A violation a
+    documented FA4 issue explains for this call alone is absorbed as the campaigns absorb it
+    (:mod:`fa4verify.fuzz.known_issues`, Note [Known issues absorb one violation]) and counted in
+    ``known`` by the issue's name."""
+    from fa4verify.fuzz.known_issues import known_issue_matcher
     from fa4verify.fuzz.properties import check_problem
+    from fa4verify.fuzz.violation import _ABSORB
+    match = known_issue_matcher(call.problem, getattr(target, "name", "twin"))
+
+    def absorb(v: Any) -> bool:
+        ki = match(v)
+        if ki is not None and known is not None:
+            known[ki.name] = known.get(ki.name, 0) + 1
+        return ki is not None
     target.layout = call.layout
+    token = _ABSORB.set(absorb)
     try:
         return check_problem(call.problem, target, properties=SEQ_PROPERTIES, backward=True,
                              deterministic=call.deterministic)
     finally:
+        _ABSORB.reset(token)
         target.layout = "contiguous"
 
 
@@ -265,14 +284,16 @@ _WINDOWS = ((None, None), (16, 0), (40, 8), (100, 100))
 def _call_strategy(arch: str, target_kind: str, key_pool: int):
     """Hypothesis strategies of the machine (imported lazily: the audit imports checks early)."""
     from hypothesis import strategies as st
-    layouts = LAYOUTS if target_kind == "production" else ("contiguous",)
+    production = target_kind == "production"
+    layouts = LAYOUTS if production else ("contiguous",)
     base = st.fixed_dictionaries({
         "dtype": st.sampled_from(("bf16", "fp16")),
         "head_dim": st.sampled_from((64, 128)),
         "gqa": st.sampled_from((1, 2)),
         "keys": st.lists(st.fixed_dictionaries({
             "causal": st.booleans(), "window": st.sampled_from(_WINDOWS), "softcap": st.sampled_from(_SOFTCAPS),
-            "sink": st.booleans()}), min_size=1, max_size=key_pool),
+            "sink": st.booleans(), "mod": st.sampled_from((None, SCALAR_PAIR) if production else (None,))}),
+            min_size=1, max_size=key_pool),
     })
     call = st.fixed_dictionaries({
         "key": st.integers(0, key_pool - 1),
@@ -288,6 +309,7 @@ def _call_strategy(arch: str, target_kind: str, key_pool: int):
         "deterministic": st.booleans(),
         "vary_key": st.sampled_from((False, False, True)),
         "seed": st.integers(0, 2**16),
+        "mod_seed": st.integers(0, 2**16),
     })
     return base, call
 
@@ -298,6 +320,9 @@ def _build(arch: str, base: Mapping[str, Any], v: Mapping[str, Any]) -> Call:
     kc = dict(base["keys"][v["key"] % len(base["keys"])])
     if v["vary_key"]:
         kc.update(causal=v["causal"], softcap=v["softcap"])
+    mod = kc.get("mod")
+    if mod:                 # FA4 turns softcap into a score_mod: one or the other
+        kc["softcap"] = 0.0
     wl, wr = kc["window"]
     if wl is not None:
         wl, wr = wl + v["window_shift"], wr + (v["window_shift"] // 2)
@@ -306,13 +331,17 @@ def _build(arch: str, base: Mapping[str, Any], v: Mapping[str, Any]) -> Call:
                          seqlen_k=v["seqlen_k"], nheads=hk * base["gqa"], nheads_kv=hk,
                          head_dim=base["head_dim"], head_dim_v=base["head_dim"], causal=kc["causal"],
                          window_size=(wl, wr), softcap=float(kc["softcap"]), sink=kc["sink"],
-                         softmax_scale=v["scale"], values=ValueSpec("normal", int(v["seed"])))
+                         softmax_scale=v["scale"], values=ValueSpec("normal", int(v["seed"])),
+                         mods=(mod,) if mod else (), mod_seed=int(v["mod_seed"]) if mod else 0)
     return Call(p, v["layout"], bool(v["deterministic"]))
 
 
 #: what a ``neighbour`` rule changes in the previous call (one attribute, the rest kept)
 NEIGHBOUR = ("causal", "softcap", "sink", "window", "softmax_scale", "seqlen", "batch", "nheads", "layout",
              "deterministic", "values")
+#: the production machine's neighbours: also the aux scalars of the call's score_mod (a call
+#: without the pair gets it: a key change)
+NEIGHBOUR_PRODUCTION = NEIGHBOUR + ("aux_scalars",)
 
 
 def _neighbour(c: Call, which: str, v: Mapping[str, Any]) -> Call:
@@ -325,8 +354,8 @@ def _neighbour(c: Call, which: str, v: Mapping[str, Any]) -> Call:
         return pick if pick != cur else seq[(list(seq).index(cur) + 1) % len(seq)] if cur in seq else seq[0]
     if which == "causal":
         p = p.replace(causal=not p.causal)
-    elif which == "softcap":
-        p = p.replace(softcap=float(other(_SOFTCAPS, p.softcap, v["softcap"])))
+    elif which == "softcap":      # a softcap drops the score_mod pair (FA4 takes one or the other)
+        p = p.replace(softcap=float(other(_SOFTCAPS, p.softcap, v["softcap"])), mods=(), mod_seed=0)
     elif which == "sink":
         p = p.replace(sink=not p.sink)
     elif which == "window":
@@ -349,6 +378,10 @@ def _neighbour(c: Call, which: str, v: Mapping[str, Any]) -> Call:
         det = not det
     elif which == "values":
         p = p.replace(values=ValueSpec(p.values.distribution, int(v["seed"]), p.values.params))
+    elif which == "aux_scalars":
+        ms = int(v["mod_seed"])
+        p = p.replace(mods=(SCALAR_PAIR,), softcap=0.0,
+                      mod_seed=ms if ms != p.mod_seed or not p.mods else ms + 1)
     return Call(p, layout, det)
 
 
@@ -366,6 +399,8 @@ class SequenceResult:
     #: with another value of the attribute (the pairs that test the key)
     exercised: dict[str, int] = dataclasses.field(default_factory=dict)
     undecided: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: documented FA4 issues that explained a violation of a call (name -> violations absorbed)
+    known: dict[str, int] = dataclasses.field(default_factory=dict)
     failure: Optional[dict[str, Any]] = None
     seconds: float = 0.0
 
@@ -379,7 +414,8 @@ def _attrs(c: Call) -> dict[str, Any]:
     return {"window_left": p.window_size[0], "window_right": p.window_size[1], "softmax_scale": p.softmax_scale,
             "sink_values": p.values.seed if p.sink else None, "seqlen": (p.seqlen_q, p.seqlen_k),
             "batch": p.batch, "nheads": p.nheads, "layout_strided": c.layout == "strided",
-            "layout_transposed": c.layout == "transposed", "deterministic": c.deterministic}
+            "layout_transposed": c.layout == "transposed", "deterministic": c.deterministic,
+            "aux_scalars": p.mod_seed if p.mods else None}
 
 
 def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps: int = 6, seed: int = 0,
@@ -424,7 +460,7 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
             self._judge(_build(arch, self.base, v))
 
         @precondition(lambda self: bool(self.calls))
-        @rule(which=st.sampled_from(NEIGHBOUR), v=call_st)
+        @rule(which=st.sampled_from(NEIGHBOUR_PRODUCTION if kind == "production" else NEIGHBOUR), v=call_st)
         def neighbour(self, which, v):
             self._judge(_neighbour(self.calls[-1], which, v))
 
@@ -441,7 +477,7 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
                 if len(self.calls) == 1:      # a sequence is an example with at least one call
                     res.examples += 1
             try:
-                out = judge_call(target, c)
+                out = judge_call(target, c, res.known if counting else None)
             except Unsupported as e:
                 # kept in the sequence: its forward may have compiled a kernel before the refusal
                 if counting:
