@@ -165,6 +165,60 @@ def test_a_call_a_documented_fa4_issue_explains_is_absorbed_and_counted():
         known_issues.known_issue_matcher = real
 
 
+@pytest.mark.fa4
+def test_the_constructed_sequence_varies_every_attribute_the_installed_key_leaves_out():
+    """Note [Constructed sequence]: every attribute the installed key leaves out is varied alone
+    on a call that shares the base's key configuration (by construction, not by a draw); an
+    attribute without a constructed neighbour is refused, not skipped."""
+    calls = machine.constructed_calls("sm90")
+    out = sorted(key.left_out())
+    assert out and set(out) <= set(machine.VARY)
+    varied = set()
+    for i, c in enumerate(calls[1:], 1):
+        if c.problem.sink != calls[0].problem.sink and c.problem.replace(sink=False) == calls[0].problem:
+            varied.add("sink")          # in the forward key only: the backward kernel is shared
+            continue
+        # the call it varies: the base, or the call just before (a base of its own: sink, pair)
+        if c.key_config() == calls[0].key_config():
+            ref = calls[0]
+        elif c.key_config() == calls[i - 1].key_config():
+            ref = calls[i - 1]
+        else:
+            assert calls[i + 1].key_config() == c.key_config(), c.describe()
+            continue                    # the first call of a base of its own, varied by the next
+        a, b = machine._attrs(ref), machine._attrs(c)
+        changed = {n for n in b if a.get(n) != b[n]}
+        assert changed, c.describe()
+        varied |= changed
+    assert set(out) <= varied, sorted(set(out) - varied)
+    with pytest.raises(ValueError, match="no constructed neighbour varies"):
+        machine.constructed_calls("sm90", attributes=["made_up"])
+
+
+def test_the_constructed_sequence_finds_frozen_scalars_and_passes_runtime_ones(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("cutlass")
+    from fa4verify.kernels import adapter
+    spec = importlib.util.spec_from_file_location(
+        "fake_fa4_release_constructed", os.path.join(os.path.dirname(__file__), "fixtures", "fake_fa4_release.py"))
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    calls = machine.constructed_calls("sm90", attributes=["aux_scalars", "softmax_scale", "window_left"])
+    for mode in ("runtime", "baked"):
+        release = fake.load(tmp_path / mode, scalars=mode)
+        monkeypatch.setattr(adapter, "fa4_interface", lambda: release)
+        monkeypatch.setattr(adapter, "_require_cuda", lambda: None)
+        r = machine.run_calls(machine.SequenceProductionTarget(adapter=adapter, device="cpu"), calls,
+                              replay_fresh=False)
+        assert r.examples == 1
+        if mode == "runtime":
+            assert r.failure is None and r.calls == len(calls), r.failure
+            assert {"aux_scalars", "softmax_scale", "window_left"} <= set(r.exercised), r.exercised
+        else:
+            assert r.failure is not None and r.failure["length"] == 2, r.failure
+            assert [c["problem"]["mods"] for c in r.failure["calls"]] == [["scalar_bias"]] * 2
+
+
 def test_the_machine_draws_the_scalar_pair_on_production_only():
     from hypothesis import given, settings, HealthCheck
     from hypothesis import strategies as st
@@ -259,7 +313,7 @@ def test_the_production_check_runs_the_machine_and_reports(fake_release, monkeyp
     r = run_here(sequences.production.__fa4verify_check__, ctx)
     assert r.status in ("pass", "undecided"), r.summary
     assert r.metrics["calls"] > 0 and r.details["key_leaves_out"]
-    assert r.metrics["sequences"] == 3            # one per case, the minimal draw never run
+    assert r.metrics["sequences"] == 4            # 3 drawn (minimal draw never run) + the constructed one
     assert r.where == "measured on NVIDIA H200 (sm_90)"
 
 
@@ -356,8 +410,14 @@ def test_each_planted_key_fault_applies_and_the_copys_key_lacks_it(tmp_path, mut
     got = json.loads(cp.stdout.strip().splitlines()[-1])
     if mutant.id == "key_causal_dropped":
         assert got["causal"] == {"fwd": False, "bwd": False} and "closure" in got["covers"], got
-    else:
+    elif mutant.id == "key_closure_dropped":
         assert got["causal"] == {"fwd": True, "bwd": True} and "closure" not in got["covers"], got
+    else:       # aux_scalars_frozen: the key is FA4's own; the copy's calls read the frozen scalars
+        assert mutant.id == "aux_scalars_frozen"
+        assert got["causal"] == {"fwd": True, "bwd": True} and "closure" in got["covers"], got
+        src = (copy.path / "flash_attn" / "cute" / "interface.py").read_text()
+        assert src.count("_fa4v_frozen(_flash_attn_fwd.compile_cache[compile_key], aux_scalars)") == 1
+        assert src.count("_fa4v_frozen(_flash_attn_bwd.compile_cache[compile_key], aux_scalars)") == 1
 
 
 @pytest.mark.parametrize("cache_on", [True, False])

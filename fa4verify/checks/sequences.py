@@ -4,8 +4,10 @@
 * ``sequences.production`` (GPU) -- the state machine on production FA4, one sequence per
   engine case (Note [One sequence per case]): calls in one process that share kernels and vary every attribute the installed FA4's compile key leaves out
   (window values, softmax_scale, sink, sequence lengths, batch, head count, non-contiguous /
-  transposed / broadcast layouts, the backward's mode), each judged by the one judge. default: 3
-  sequences of up to 5 calls; full: 10 x 6; exhaustive: 40 x 8. A violation is shrunk to the
+  transposed / broadcast layouts, the backward's mode, a score_mod's runtime aux scalars), each
+  judged by the one judge. default: 3 sequences of up to 5 calls; full: 10 x 6; exhaustive: 40 x 8;
+  and in every profile the constructed sequence (Note [Constructed sequence]): every attribute
+  the installed key leaves out varied alone on a kernel an earlier call compiled. A violation is shrunk to the
   shortest failing sequence, written as a replayable case and replayed in fresh processes
   ("sequence bug": fails in sequence, passes alone; "plain bug": fails alone).
 * ``sequences.twin`` (CPU, full / exhaustive) -- the machine's own power: on the CPU twin behind
@@ -68,6 +70,7 @@ def result(res: Any, where: str) -> CheckResult:
     if short is not None:
         return CheckResult(status="undecided", where=where, metrics=metrics, details=details, summary=short)
     tested = sorted(a for a in out_attrs if res.exercised.get(a))
+    details["left_out_not_varied"] = sorted(set(out_attrs) - set(tested))
     if out_attrs and not tested:
         return CheckResult(status="undecided", where=where, metrics=metrics, details=details,
                            summary=(f"{res.judged} calls judged, but no call reused a kernel with another value "
@@ -80,7 +83,10 @@ def result(res: Any, where: str) -> CheckResult:
              + ", ".join(f"{k} x{v}" for k, v in sorted(res.known.items())) + ")") if res.known else "every call right"
     return CheckResult(status="pass", where=where, metrics=metrics, details=details,
                        summary=(f"{res.examples} sequences, {res.judged} calls judged in sequence, {right}; "
-                                f"key-sharing calls varied {', '.join(tested) or '-'}"))
+                                f"key-sharing calls varied {', '.join(tested) or '-'}"
+                                + (f"; left out of the key but not varied (refused or not run): "
+                                   f"{', '.join(details['left_out_not_varied'])}"
+                                   if details["left_out_not_varied"] else "")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +96,12 @@ class SequenceCase:
     index: int
     seed: int
     steps: int
+    #: the constructed sequence (Note [Constructed sequence]) instead of a drawn one
+    constructed: bool = False
 
     def describe(self) -> str:
+        if self.constructed:
+            return "the constructed call sequence (every attribute the key leaves out, varied alone)"
         return f"call sequence {self.index} (seed {self.seed}, up to {self.steps} calls)"
 
 
@@ -105,7 +115,8 @@ def _production_cases(ctx: CheckContext) -> list:
         ctx.skip(f"the sequences draw bf16/fp16 calls; dtype {ctx.dtype} is not drawn")
     ctx.require_gpu()
     n, steps = _plan(ctx)
-    return [SequenceCase(i, case_seed(int(ctx.seed), i), steps) for i in range(n)]
+    return ([SequenceCase(i, case_seed(int(ctx.seed), i), steps) for i in range(n)]
+            + [SequenceCase(n, 0, 0, constructed=True)])
 
 
 def merge_results(parts: list) -> Any:
@@ -151,6 +162,9 @@ def production(ctx: CheckContext, case: SequenceCase) -> Any:
     from fa4verify.sequences import machine
     gpu = ctx.require_gpu()
     spec = {"kind": "production"}
+    if case.constructed:
+        return machine.run_calls(machine.make_target(spec), machine.constructed_calls(gpu.arch, ctx.dtype),
+                                 arch=gpu.arch, cases_dir=tempfile.mkdtemp(prefix="fa4v-seq-"), target_spec=spec)
     return machine.run_sequences(machine.make_target(spec), arch=gpu.arch, examples=1, first=1, steps=case.steps,
                                  seed=case.seed, cases_dir=tempfile.mkdtemp(prefix="fa4v-seq-"),
                                  target_spec=spec)

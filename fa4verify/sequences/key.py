@@ -150,7 +150,15 @@ def _key_mutants():
     one of equal key runs the non-causal kernel, or the reverse); ``key_closure_dropped``:
     ``utils._compute_base_hash`` no longer hashes a callable's closure cells, so score_mods that
     differ only in a captured constant share a kernel (softcap 5 and 30:
-    ``utils.create_softcap_scoremod`` captures the value)."""
+    ``utils.create_softcap_scoremod`` captures the value); ``aux_scalars_frozen``: a compiled
+    forward / backward kernel keeps the ``aux_scalars`` of the call that compiled it for every
+    later call of its key (what a kernel that folded the values under a key of their types
+    computes), so a ``scalar_bias`` call after one with other scalars runs with the first's."""
+    frozen = ("_FA4V_FROZEN = {}\n\n\n"
+              "def _fa4v_frozen(kernel, scalars):\n"
+              "    # planted fault: the aux scalars of the call that compiled ``kernel`` (kept alive here,\n"
+              "    # so its id is not reused)\n"
+              "    return _FA4V_FROZEN.setdefault(id(kernel), (kernel, scalars))[1]\n\n\n")
     from fa4verify.mutants.source import Edit, SourceMutant
     keep = ("            arch,\n            dtype,\n            head_dim,\n            head_dim_v,\n"
             "            qhead_per_kvhead,\n")
@@ -174,6 +182,18 @@ def _key_mutants():
                            "        for cell in func.__closure__:\n"
                            "            hasher.update(repr(cell.cell_contents).encode())\n",
                            ""),),
+                     "both", ("out", "lse", "dq", "dk", "dv")),
+        SourceMutant("aux_scalars_frozen",
+                     "FA4's kernels keep the aux_scalars of the call that compiled them",
+                     (Edit("interface.py", "def _flash_attn_fwd(\n", frozen + "def _flash_attn_fwd(\n"),
+                      Edit("interface.py",
+                           "                AuxData(aux_tensors, aux_scalars),\n",
+                           "                AuxData(aux_tensors, _fa4v_frozen(_flash_attn_fwd.compile_cache[compile_key], "
+                           "aux_scalars)),\n"),
+                      Edit("interface.py",
+                           "            AuxData(aux_tensors, aux_scalars),\n            (\n",
+                           "            AuxData(aux_tensors, _fa4v_frozen(_flash_attn_bwd.compile_cache[compile_key], "
+                           "aux_scalars)),\n            (\n")),
                      "both", ("out", "lse", "dq", "dk", "dv")),
     )
 

@@ -51,7 +51,7 @@ from fa4verify.problem import AttentionProblem, ValueSpec
 from fa4verify.targets import ProductionTarget, TwinTarget
 from fa4verify.errors import HarnessError, Unsupported
 
-__all__ = ["VARIED", "SCALAR_PAIR", "LAYOUTS", "SEQ_PROPERTIES", "Call", "KeyedTwinTarget", "SequenceProductionTarget",
+__all__ = ["VARIED", "VARY", "SCALAR_PAIR", "constructed_calls", "run_calls", "LAYOUTS", "SEQ_PROPERTIES", "Call", "KeyedTwinTarget", "SequenceProductionTarget",
            "make_target", "judge_call", "run_sequences", "write_case", "replay", "classify", "CASE_FORMAT"]
 
 CASE_FORMAT = "fa4verify-sequence-case/1"
@@ -472,47 +472,15 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
             if self.dry:
                 return
             counting = not state["shrinking"]
-            if counting:
-                res.calls += 1
-                if len(self.calls) == 1:      # a sequence is an example with at least one call
-                    res.examples += 1
+            if counting and len(self.calls) == 1:      # a sequence is an example with at least one call
+                res.examples += 1
             try:
-                out = judge_call(target, c, res.known if counting else None)
-            except Unsupported as e:
-                # kept in the sequence: its forward may have compiled a kernel before the refusal
-                if counting:
-                    k = str(e).split(":")[0][:120]
-                    res.unsupported[k] = res.unsupported.get(k, 0) + 1
-                return
-            except HarnessError as e:
-                if counting:
-                    res.errors[str(e)[:120]] = res.errors.get(str(e)[:120], 0) + 1
-                return
+                _judge_counted(target, c, self.calls, self.seen, res if counting else None)
             except Violation as v_:
                 if state["violation"] is None:     # the first failure: its sequence is the finding
                     state["violation"], state["failing"] = v_, list(self.calls)
                 state["shrinking"] = True
                 raise
-            if counting:
-                res.judged += 1
-                for u in out.undecided:
-                    res.undecided[u] = res.undecided.get(u, 0) + 1
-                kc, now = c.key_config(), _attrs(c)
-                before = self.seen.get(kc)
-                if before is not None:
-                    for n, val in now.items():
-                        if before.get(n) != val:
-                            res.exercised[n] = res.exercised.get(n, 0) + 1
-                else:
-                    self.seen[kc] = now
-                # causal / softcap / sink share a kernel only through a collision: count the
-                # calls that followed a call of the same example with another value of them
-                for n, val in (("causal", c.problem.causal), ("softcap", c.problem.softcap),
-                               ("sink", c.problem.sink), ("layout_broadcast", c.layout == "broadcast")):
-                    prev = [getattr(x.problem, n, None) if n != "layout_broadcast" else x.layout == "broadcast"
-                            for x in self.calls[:-1]]
-                    if prev and any(pv != val for pv in prev):
-                        res.exercised[n] = res.exercised.get(n, 0) + 1
 
     from hypothesis import Phase
     st_kw = dict(max_examples=int(first) + int(examples), stateful_step_count=int(steps), deadline=None, database=None,
@@ -536,21 +504,144 @@ def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps:
             raise
         if not isinstance(e, Violation):
             state["flaky"] = f"{type(e).__name__}: the failure did not recur on Hypothesis's replay"
-        v = state["violation"]
-        drawn = state["failing"]
-        seq, v = shrink(drawn, target, v)
-        res.failure = {"property": v.prop, "message": v.message, "calls": [c.to_dict() for c in seq],
-                       "describe": [c.describe() for c in seq], "length": len(seq), "drawn_length": len(drawn)}
+        _finding(res, target, state["failing"], state["violation"], arch=arch, cases_dir=cases_dir,
+                 target_spec=target_spec or {"kind": kind}, classify_fresh=replay_fresh and target_spec is not None)
         if state.get("flaky"):
             res.failure["flaky"] = state["flaky"]
-        if cases_dir is not None:
-            try:
-                res.failure["case_file"] = str(write_case(cases_dir, seq, target_spec or {"kind": kind}, v,
-                                                          arch=arch))
-            except OSError as e:
-                res.failure["case_error"] = f"{type(e).__name__}: {e}"
-        if replay_fresh and target_spec is not None:
-            res.failure.update(classify(seq, target_spec, arch=arch))
+    res.seconds = time.monotonic() - t0
+    res.target = target.describe()
+    return res
+
+
+def _judge_counted(target: Any, c: Call, calls: list[Call], seen: dict[tuple, dict[str, Any]],
+                   res: Optional[SequenceResult]) -> None:
+    """Judge ``c``, the last of ``calls`` (the sequence so far), and count it in ``res`` (None:
+    not counted, a shrink's replay): judged, unsupported, fa4verify errors, undecided, known
+    issues, and the attributes a key-sharing call varied (``seen``: the first attributes of each
+    key configuration). A violation is raised."""
+    if res is not None:
+        res.calls += 1
+    try:
+        out = judge_call(target, c, res.known if res is not None else None)
+    except Unsupported as e:
+        # kept in the sequence: its forward may have compiled a kernel before the refusal
+        if res is not None:
+            k = str(e).split(":")[0][:120]
+            res.unsupported[k] = res.unsupported.get(k, 0) + 1
+        return
+    except HarnessError as e:
+        if res is not None:
+            res.errors[str(e)[:120]] = res.errors.get(str(e)[:120], 0) + 1
+        return
+    if res is None:
+        return
+    res.judged += 1
+    for u in out.undecided:
+        res.undecided[u] = res.undecided.get(u, 0) + 1
+    kc, now = c.key_config(), _attrs(c)
+    before = seen.get(kc)
+    if before is not None:
+        for n, val in now.items():
+            if before.get(n) != val:
+                res.exercised[n] = res.exercised.get(n, 0) + 1
+    else:
+        seen[kc] = now
+    # causal / softcap / sink share a kernel only through a collision: count the calls that
+    # followed a call of the same sequence with another value of them
+    for n, val in (("causal", c.problem.causal), ("softcap", c.problem.softcap),
+                   ("sink", c.problem.sink), ("layout_broadcast", c.layout == "broadcast")):
+        prev = [getattr(x.problem, n, None) if n != "layout_broadcast" else x.layout == "broadcast"
+                for x in calls[:-1]]
+        if prev and any(pv != val for pv in prev):
+            res.exercised[n] = res.exercised.get(n, 0) + 1
+
+
+def _finding(res: SequenceResult, target: Any, drawn: list[Call], v: Any, *, arch: str,
+             cases_dir: Optional[os.PathLike], target_spec: Mapping[str, Any], classify_fresh: bool) -> None:
+    """``res.failure`` from the failing sequence ``drawn``: shrunk, written to ``cases_dir``,
+    and (``classify_fresh``) replayed in fresh processes."""
+    seq, v = shrink(drawn, target, v)
+    res.failure = {"property": v.prop, "message": v.message, "calls": [c.to_dict() for c in seq],
+                   "describe": [c.describe() for c in seq], "length": len(seq), "drawn_length": len(drawn)}
+    if cases_dir is not None:
+        try:
+            res.failure["case_file"] = str(write_case(cases_dir, seq, target_spec, v, arch=arch))
+        except OSError as e:
+            res.failure["case_error"] = f"{type(e).__name__}: {e}"
+    if classify_fresh:
+        res.failure.update(classify(seq, target_spec, arch=arch))
+
+
+# Note [Constructed sequence]
+# ---------------------------
+# The machine's draws vary what they happen to draw: three default sequences may never reuse a
+# kernel with another value of some attribute FA4's key leaves out. ``constructed_calls`` decides
+# it by construction: one base call (a window, a scale, hd 64), then, for every attribute the
+# installed key leaves out, that call with only this attribute changed -- each a second call of
+# the base's key, so each runs the kernel the base compiled (the sink's values on the base with a
+# sink, the aux scalars on the base with the ``scalar_bias`` pair: keys of their own, compiled by
+# the call before). The sink's presence, in 4.0.0b36's forward key but not its backward's, is
+# varied on the base itself: the second call reuses the backward kernel. ``sequences.production`` runs it as one more case;
+# a test fails when the installed key leaves out an attribute this sequence does not vary.
+#: the neighbour (:func:`_neighbour`, or ``layout:<name>``) that changes each call attribute alone
+VARY: dict[str, str] = {
+    "window_left": "window", "window_right": "window", "softmax_scale": "softmax_scale",
+    "sink_values": "values", "seqlen": "seqlen", "batch": "batch", "nheads": "nheads",
+    "layout_strided": "layout:strided", "layout_transposed": "layout:transposed",
+    "layout_broadcast": "layout:broadcast", "aux_scalars": "aux_scalars", "causal": "causal",
+    "softcap": "softcap", "sink": "sink", "deterministic": "deterministic"}
+
+
+def constructed_calls(arch: str, dtype: str = "bf16", attributes: Optional[Collection[str]] = None) -> list[Call]:
+    """Note [Constructed sequence]: the base call, then one call per attribute (default: every
+    attribute the installed FA4's key leaves out, :func:`fa4verify.sequences.key.left_out`) that
+    changes it alone. Raises ValueError for an attribute it cannot vary."""
+    from fa4verify.sequences.key import left_out
+    attrs = sorted(left_out()) if attributes is None else sorted(attributes)
+    missing = [a for a in attrs if a not in VARY]
+    if missing:
+        raise ValueError(f"no constructed neighbour varies {missing}")
+    base = Call(AttentionProblem(arch=arch, dtype=dtype, batch=1, seqlen_q=97, seqlen_k=128, nheads=2, nheads_kv=2,
+                                 head_dim=64, head_dim_v=64, window_size=(40, 8), softmax_scale=0.125,
+                                 values=ValueSpec("normal", 11)), "contiguous", True)
+    v = {"window_shift": 7, "scale": 0.25, "seqlen_q": 64, "seqlen_k": 256, "layout": "strided", "seed": 12,
+         "mod_seed": 5, "softcap": 5.0}
+    # a base of its own for what needs a key of its own: the sink's values (a sink call compiles,
+    # the next varies the values) and the aux scalars (the pair's first call compiles)
+    own = {"values": base.problem.replace(sink=True), "aux_scalars": base.problem.replace(mods=(SCALAR_PAIR,),
+                                                                                          mod_seed=3)}
+    calls = [base]
+    for a in attrs:
+        which = VARY[a]
+        b = base
+        if which in own:
+            b = Call(own[which], base.layout, True)
+            calls.append(b)
+        if which.startswith("layout:"):
+            calls.append(Call(b.problem, which.partition(":")[2], b.deterministic))
+        else:
+            calls.append(_neighbour(b, which, v))
+    return calls
+
+
+def run_calls(target: Any, calls: list[Call], *, arch: str = "sm90", cases_dir: Optional[os.PathLike] = None,
+              target_spec: Optional[dict] = None, replay_fresh: bool = True) -> SequenceResult:
+    """Judge ``calls`` in order in one process (from empty in-process compile caches), counted as
+    one sequence; the first violation is the finding, shrunk, written and classified as in
+    :func:`run_sequences`."""
+    from fa4verify.fuzz.violation import Violation
+    res = SequenceResult(target=target.describe(), arch=arch, examples=1)
+    t0 = time.monotonic()
+    target.reset()
+    seen: dict[tuple, dict[str, Any]] = {}
+    for i, c in enumerate(calls):
+        try:
+            _judge_counted(target, c, calls[:i + 1], seen, res)
+        except Violation as v:
+            _finding(res, target, calls[:i + 1], v, arch=arch, cases_dir=cases_dir,
+                     target_spec=target_spec or {"kind": getattr(target, "name", "twin")},
+                     classify_fresh=replay_fresh and target_spec is not None)
+            break
     res.seconds = time.monotonic() - t0
     res.target = target.describe()
     return res
