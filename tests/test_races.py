@@ -476,7 +476,7 @@ def pooled_release(tmp_path, monkeypatch):
     d = tmp_path / "flash_attn" / "cute"
     d.mkdir(parents=True)
     f = d / "interface_pooled.py"
-    f.write_text(fixture.FAKE.replace("BWD_NAME", "_exact_bwd").replace("ONLY_HD64", "pass") + _POOLED)
+    f.write_text(fixture.source(bwd_name="_exact_bwd") + _POOLED)
     spec = importlib.util.spec_from_file_location("fake_fa4_pooled", f)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -115,6 +115,7 @@ def test_production_sequences_find_a_field_dropped_from_fas4_own_key(fake_releas
     assert r.failure is not None and r.failure["length"] == 2, (r.calls, r.unsupported, r.errors)
 
 
+@pytest.mark.fa4          # the pair's CuTe function (the DSL) is what the fake release is handed
 @pytest.mark.parametrize("mode", ["runtime", "baked"])
 def test_aux_scalar_values_are_varied_and_a_kernel_that_bakes_them_is_found(tmp_path, monkeypatch, mode):
     """The machine varies a score_mod's runtime aux scalars between calls of one key (FA4 keys
@@ -122,7 +123,6 @@ def test_aux_scalar_values_are_varied_and_a_kernel_that_bakes_them_is_found(tmp_
     pairs that test it are counted; on one that folds the compiling call's values into its
     kernel (the compile-key bug) a two-call sequence is found."""
     pytest.importorskip("torch")
-    pytest.importorskip("cutlass")          # the pair's CuTe function is what the fake is handed
     from fa4verify.kernels import adapter
     spec = importlib.util.spec_from_file_location(
         "fake_fa4_release_scalars", os.path.join(os.path.dirname(__file__), "fixtures", "fake_fa4_release.py"))
@@ -195,9 +195,9 @@ def test_the_constructed_sequence_varies_every_attribute_the_installed_key_leave
         machine.constructed_calls("sm90", attributes=["made_up"])
 
 
+@pytest.mark.fa4
 def test_the_constructed_sequence_finds_frozen_scalars_and_passes_runtime_ones(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    pytest.importorskip("cutlass")
     from fa4verify.kernels import adapter
     spec = importlib.util.spec_from_file_location(
         "fake_fa4_release_constructed", os.path.join(os.path.dirname(__file__), "fixtures", "fake_fa4_release.py"))
