@@ -243,3 +243,48 @@ def test_the_zygote_writes_checked_hash_bytecode_under_the_prefix_while_idle(spe
     assert pycs, f"no bytecode under {want}"
     flags = int.from_bytes(pycs[0].read_bytes()[4:8], "little")
     assert flags == 0b11                 # PEP 552: hash-based (bit 0), checked (bit 1)
+
+
+def test_the_idle_zygote_imports_what_workers_import_and_writes_its_bytecode(specs, tmp_path, monkeypatch):
+    """Note [Idle imports]: with the bytecode cache on, the zygote, once no fork is asked for,
+    imports the workers' other imports (scipy.stats, which no preload imports) and writes their
+    checked-hash bytecode, so the next audit's workers read it."""
+    import importlib.util
+    import subprocess
+    import sys
+    from fa4verify.run import bytecode, worker
+    assert "scipy.stats" in worker.IDLE_IMPORTS
+    probe = subprocess.run([sys.executable, "-c", "import sys; from fa4verify.run import worker; "
+                            "worker.preload('zygote'); print('scipy.stats' in sys.modules)"],
+                           capture_output=True, text=True, timeout=300)
+    assert probe.stdout.strip().splitlines()[-1] == "False", probe.stderr[-2000:]   # not preloaded
+    prefix = tmp_path / "pycache"
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(prefix))
+    monkeypatch.setenv(bytecode.OURS, str(prefix))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    src = importlib.util.find_spec("scipy.stats").origin
+    rel = os.path.splitdrive(os.path.abspath(src))[1].lstrip(os.sep)
+    want = prefix / os.path.dirname(rel)
+    with WorkerPool(1, preload="cpu", start="fork") as pool:
+        pool.prestart()
+        _run(pool, specs["fixture.pool.pid_a"])
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not list(want.glob("__init__.*.pyc")):
+            time.sleep(0.5)
+        pycs = list(want.glob("__init__.*.pyc"))
+    assert pycs, f"no bytecode for scipy.stats under {want}"
+    assert int.from_bytes(pycs[0].read_bytes()[4:8], "little") == 0b11
+
+
+def test_a_worker_imports_while_idle_and_stops_when_a_task_waits():
+    """Note [Idle imports]: in order, until a task is waiting; a failing module is skipped."""
+    import sys
+    from fa4verify.run.worker import import_idle
+    for m in ("colorsys", "wave"):
+        sys.modules.pop(m, None)
+    assert import_idle(lambda: True, ["colorsys", "wave"]) == []
+    assert "colorsys" not in sys.modules
+    assert import_idle(lambda: False, ["colorsys", "no_such_module_fa4v", "wave"]) == ["colorsys", "wave"]
+    calls = iter([False, True])
+    sys.modules.pop("colorsys", None)
+    assert import_idle(lambda: next(calls), ["colorsys", "wave"]) == ["colorsys"]

@@ -14,7 +14,8 @@ bytecode beside its source and Python would not write it there, points Python's
 ``pycache_prefix`` (``PYTHONPYCACHEPREFIX``) at ``<FA4VERIFY_CACHE_DIR or .fa4verify-cache>/pycache``
 for itself and every child, and keeps imports from writing bytecode (``PYTHONDONTWRITEBYTECODE``).
 The worker zygote, idle between forks, writes **checked-hash** bytecode (PEP 552) there for the
-modules it imported (:func:`fill_some`), the audit's parent for its own after the reports are
+modules it imported (:func:`fill_some`; once the forks are done it also imports what the workers
+import beyond its preload, Note [Idle imports], so those are written too), the audit's parent for its own after the reports are
 written (at most a second a run, so a cold audit does not wait for it); every later import finds
 it. Checked-hash, never the
 import system's timestamp bytecode: a cache outside the source tree outlives the source it was
@@ -31,7 +32,7 @@ import os
 import sys
 from typing import Callable, Optional
 
-__all__ = ["enable", "needs_cache", "missing", "fill_some", "PROBE_PACKAGE", "SWITCH", "OURS"]
+__all__ = ["active", "enable", "needs_cache", "missing", "fill_some", "PROBE_PACKAGE", "SWITCH", "OURS"]
 
 #: the package whose installation decides (the largest import of every audit process)
 PROBE_PACKAGE = "torch"
@@ -93,11 +94,16 @@ def enable(base: Optional[str] = None, *, package: str = PROBE_PACKAGE,
     return prefix
 
 
+def active() -> bool:
+    """Whether this process reads bytecode from the prefix :func:`enable` set (and only then
+    writes any: never beside a source, nor into a prefix of the user's own)."""
+    return bool(sys.pycache_prefix) and os.environ.get(OURS) == sys.pycache_prefix
+
+
 def missing() -> list[str]:
     """The sources of this process's imported modules with no bytecode under the prefix (none
-    unless the prefix is the one :func:`enable` set: nothing is written beside a source, nor into
-    a prefix of the user's own)."""
-    if not sys.pycache_prefix or os.environ.get(OURS) != sys.pycache_prefix:
+    unless :func:`active`)."""
+    if not active():
         return []
     out = []
     for m in list(sys.modules.values()):

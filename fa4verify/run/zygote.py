@@ -29,6 +29,9 @@ import time
 
 from fa4verify.run import worker
 
+#: Note [Idle imports]: seconds without a message before the zygote imports (forks come in bursts)
+QUIET_S = 0.5
+
 __all__ = ["main", "RESTORE_ENV"]
 
 #: JSON {name: null}: what a forked worker unsets (Note [Zygote environment], fa4verify.run.pool)
@@ -83,12 +86,24 @@ def serve(ctl: socket.socket) -> int:
                 "cuda_initialised": worker.cuda_initialised()})
     from fa4verify.run import bytecode
     pending = bytecode.missing()              # Note [Bytecode cache]: written while idle
+    # Note [Idle imports]: where the cache is on, the workers' other imports too, once the burst
+    # of fork requests is over (an import is seconds: a fork must not wait behind one)
+    lazy = list(worker.IDLE_IMPORTS) if bytecode.active() else []
+    last = time.monotonic()
     while True:
-        ready, _, _ = select.select([ctl], [], [], 0.0 if pending else 0.1)
+        quiet = time.monotonic() - last > QUIET_S
+        ready, _, _ = select.select([ctl], [], [], 0.0 if pending or (lazy and quiet) else 0.1)
         _reap(ctl)
         if not ready:
-            bytecode.fill_some(pending, 10)
+            if lazy and quiet:
+                worker.import_idle(lambda: False, [lazy.pop(0)])
+                if worker.cuda_initialised():  # never expected: no more imports here
+                    lazy.clear()
+                pending = bytecode.missing()
+            else:
+                bytecode.fill_some(pending, 10)
             continue
+        last = time.monotonic()
         try:
             data, fds, _, _ = socket.recv_fds(ctl, 65536, 3)
         except OSError:
