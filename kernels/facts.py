@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import importlib.metadata
 from dataclasses import dataclass
 from typing import Optional
@@ -182,6 +183,24 @@ def bwd_takes_varlen_score_mod() -> bool:
     if d is None:
         return True
     return not _source_contains(str(d / "interface.py"), "varlen + score_mod not supported in bwd")
+
+
+#: ``BIN_BATCH_SEARCH_THRESH`` of the pinned FA4 4.0.0b36 (interface.py): the fact without FA4
+VARLEN_BATCH_SEARCH_PINNED = 256
+
+
+def varlen_batch_search_threshold() -> Optional[int]:
+    """``BIN_BATCH_SEARCH_THRESH`` of the FA4 release that runs (``interface.py``, 256 in the
+    pinned 4.0.0b36): a varlen call (``cu_seqlens_q`` or ``seqused_q``) with more sequences runs
+    the varlen tile scheduler with its batch lookup (``cu_total_m_blocks``, "a batch-lookup aid":
+    its own compile keys in the forward and the backward's pre- and postprocess). None when the
+    release has no such threshold; the pinned value without FA4. Read from source, not imported."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return VARLEN_BATCH_SEARCH_PINNED
+    m = re.search(r"^BIN_BATCH_SEARCH_THRESH\s*=\s*(\d+)", _source_text(str(d / "interface.py")), re.M)
+    return int(m.group(1)) if m else None
 
 
 @functools.lru_cache(maxsize=8)

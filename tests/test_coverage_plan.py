@@ -13,6 +13,8 @@ import itertools
 
 import pytest
 
+from fa4verify.kernels import facts
+
 from fa4verify.audit import registry
 from fa4verify.checks import coverage as C
 from fa4verify.coverage import planner
@@ -82,7 +84,8 @@ def _realises(sp, row, p) -> list[str]:
     else:
         ok = {"zero": 0 in lens, "q_gt_k": p.seqlen_q > p.seqlen_k, "q_lt_k": p.seqlen_q < p.seqlen_k,
               "eq_tile": p.seqlen_k == tn, "tile_m1": p.seqlen_k == tn - 1, "tile_p1": p.seqlen_k == tn + 1,
-              "lt_tile": p.seqlen_k < tn, "multi": p.seqlen_k > 2 * tn}[sl]
+              "lt_tile": p.seqlen_k < tn, "multi": p.seqlen_k > 2 * tn,
+              "many": p.varlen and len(p.seqlens_q) > facts.varlen_batch_search_threshold()}[sl]
     if not ok:
         bad.append("seqlen")
     if (p.softcap > 0) != (row["softcap"] != "off") or (row["softcap"] in sp.softcaps

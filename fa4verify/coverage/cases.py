@@ -67,7 +67,7 @@ def sm90_bwd_sparse_block(hd: int, hdv: int) -> tuple[int, int]:
 def _lengths(cls: str, tm: int, tn: int) -> tuple[int, int]:
     return {"lt_tile": (tn // 2 + 3, tn // 2 + 3), "eq_tile": (tn, tn), "tile_m1": (tn - 1, tn - 1),
             "tile_p1": (tn + 1, tn + 1), "multi": (2 * tm + 5, 3 * tn + 7), "q_gt_k": (tm + 9, tn // 2 - 5),
-            "q_lt_k": (17, 2 * tn + 3), "zero": (tn + 1, tn - 1)}[cls]
+            "q_lt_k": (17, 2 * tn + 3), "zero": (tn + 1, tn - 1), "many": (9, 13)}[cls]
 
 
 def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed: int = 0):
@@ -103,6 +103,10 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
             sqs, sks = (sq, sq), (sk, sk)
         elif row["seqlen"] == "zero":
             sqs, sks = (sq, 0, 33), (sk, 5, 0)
+        elif row["seqlen"] == "many":       # one sequence past FA4's threshold, each 1..9 x 1..13
+            n = (facts.varlen_batch_search_threshold() or 0) + 1
+            sqs = tuple(1 + (i * 5) % sq for i in range(n))
+            sks = tuple(1 + (i * 7) % sk for i in range(n))
         else:
             sqs, sks = (sq, max(1, sq // 3), sq // 2 + 1), (sk, max(1, sk // 2 + 3), max(1, sk - 9))
         if form == "seqused_q":              # K/V batched whole: every sequence sees the same keys

@@ -16,7 +16,10 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
 * ``gqa``: query heads per KV head: ``1``, ``2``, ``4``, ``mqa`` (one KV head), ``2_unpacked`` (2,
   with ``pack_gqa=False``: FA4 packs every GQA forward unless the caller says not to);
 * ``seqlen``: relative to the forward tile: ``lt_tile``, ``eq_tile``, ``tile_m1``, ``tile_p1``,
-  ``multi`` (several tiles), ``q_gt_k``, ``q_lt_k``, ``zero`` (a zero-length sequence);
+  ``multi`` (several tiles), ``q_gt_k``, ``q_lt_k``, ``zero`` (a zero-length sequence), and
+  ``many``: more sequences than FA4's batch-search threshold (``BIN_BATCH_SEARCH_THRESH``, read
+  from the installed release: 256 in 4.0.0b36), where the varlen tile scheduler runs with its
+  batch lookup (``cu_total_m_blocks``: kernels of their own in the forward and the backward);
 * ``softcap``, ``sink``: ``off`` / ``on``;
 * ``det``: ``on`` / ``off``: the backward's ``deterministic`` flag;
 * ``values``: the value distribution (``normal``, ``outliers``, ``negative_scores``,
@@ -44,7 +47,7 @@ FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "seqused_q", "paged_sm
                           "block_sparse", "mask_mod", "score_mod")
 MASKS: tuple[str, ...] = ("none", "causal", "left", "right", "both", "causal_left")
 GQAS: tuple[str, ...] = ("1", "2", "4", "mqa", "2_unpacked")
-SEQLENS: tuple[str, ...] = ("lt_tile", "eq_tile", "tile_m1", "tile_p1", "multi", "q_gt_k", "q_lt_k", "zero")
+SEQLENS: tuple[str, ...] = ("lt_tile", "eq_tile", "tile_m1", "tile_p1", "multi", "q_gt_k", "q_lt_k", "zero", "many")
 ONOFF: tuple[str, ...] = ("off", "on")
 PASSES: tuple[str, ...] = ("fwd", "bwd")
 #: the value distributions the plan covers ("huge" is left to the fuzz while the backward budget
@@ -162,6 +165,8 @@ class FeatureSpace:
             return "seqused_q: this deployment's empty sequences are keys only, and K/V go batched whole here"
         if g("seqlen") == "zero" and form is not None and not (form in _KV_FORMS or is_paged(form)):
             return f"a zero-length sequence needs a varlen call form, not {form}"
+        if g("seqlen") == "many" and form is not None and not (form in _KV_FORMS or is_paged(form)):
+            return f"more sequences than FA4's batch-search threshold need a varlen call form, not {form}"
         if hd is not None and self.arch in ("sm100", "sm103") and self.hd.get(hd) == (256, 256):
             if g("softcap") == "on" or g("sink") == "on" or is_local(mask) or form == "mask_mod":
                 return "SM100's dedicated (256, 256) kernel has no softcap, sinks, local windows or mask_mod"
@@ -309,11 +314,17 @@ def space_for(arch: str, dtype: str, *, forms: Optional[Sequence[str]] = None, d
         "form": tuple(f for f in FORMS if forms is None or f in forms),
         "mask": MASKS, "hd": tuple(hd), "gqa": GQAS, "seqlen": SEQLENS, "softcap": ONOFF, "sink": ONOFF,
         "det": ("on", "off"), "values": tuple(distributions)}
+    notes: dict[str, str] = {}
+    if facts.varlen_batch_search_threshold() is None:
+        vals["seqlen"] = tuple(v for v in vals["seqlen"] if v != "many")
+        notes["seqlen"] = "this FA4 release has no varlen batch-search threshold (BIN_BATCH_SEARCH_THRESH)"
     if not score_pairs:
         vals["form"] = tuple(f for f in vals["form"] if f != "score_mod")
     if not mask_pairs:
         vals["form"] = tuple(f for f in vals["form"] if f != "mask_mod")
     sp = FeatureSpace(arch, dtype, vals, hd, tuple(score_pairs), tuple(mask_pairs), tuple(mask_pairs_bwd))
+    if notes:
+        sp = dataclasses.replace(sp, notes=dict(sp.notes, **notes))
     if deployment is not None:
         sp = deployment.confine(sp)
     return sp
