@@ -203,6 +203,35 @@ def varlen_batch_search_threshold() -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def bwd_k_lookup_unguarded(source: str) -> bool:
+    """Whether ``_flash_attn_bwd``'s source (``interface.py`` text) builds the K side's varlen batch
+    lookup (``cu_total_m_blocks_k = _compute_tile_cumsum(cu_seqlens=cu_seqlens_k, seqused=seqused_k,
+    ...)``) under a condition that does not ask for ``cu_seqlens_k`` / ``seqused_k``: with
+    ``seqused_q`` alone (K/V batched whole) and more sequences than the threshold, both are None and
+    ``_compute_tile_cumsum`` asserts ("requires num_m_blocks, cu_seqlens, or seqused")."""
+    lines = source.splitlines()
+    at = next((i for i, ln in enumerate(lines) if "cu_total_m_blocks_k" in ln and "_compute_tile_cumsum(" in ln), None)
+    if at is None:
+        return False
+    ind = len(lines[at]) - len(lines[at].lstrip())
+    for ln in reversed(lines[:at]):
+        stripped = ln.lstrip()
+        if stripped.startswith("if ") and len(ln) - len(stripped) < ind:
+            return "cu_seqlens_k" not in stripped and "seqused_k" not in stripped
+    return False
+
+
+def bwd_refuses_many_seqused_q() -> bool:
+    """Whether the FA4 release that runs refuses the backward of a ``seqused_q`` call (K/V
+    batched whole) with more sequences than :func:`varlen_batch_search_threshold` (FA4 finding in
+    4.0.0b36, the pinned answer without FA4: :func:`bwd_k_lookup_unguarded`)."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return True
+    return varlen_batch_search_threshold() is not None and bwd_k_lookup_unguarded(_source_text(str(d / "interface.py")))
+
+
 @functools.lru_cache(maxsize=8)
 def _source_text(path: str) -> str:
     """The text of the Python file ``path`` ("" when it cannot be read)."""

@@ -242,6 +242,10 @@ class FeatureSpace:
                 and not facts.bwd_takes_varlen_score_mod():
             return ("this FA4 release has no varlen backward with a score_mod, softcap included (its "
                     "_flash_attn_bwd asserts 'varlen + score_mod not supported in bwd yet')")
+        if form == "seqused_q" and row.get("seqlen") == "many" and facts.bwd_refuses_many_seqused_q():
+            return ("FA4 finding seqused_q_many_bwd: the backward asserts on a seqused_q call with more "
+                    "sequences than its batch-search threshold (_flash_attn_bwd builds the K side's batch "
+                    "lookup from cu_seqlens_k / seqused_k, both None when K/V go batched whole)")
         if row.get("sink") == "on" and not facts.bwd_takes_sink():
             return ("this FA4 release has no backward with a learnable sink (its _flash_attn_bwd takes no "
                     "learnable_sink; 4.0.0b26 added it)")
