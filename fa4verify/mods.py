@@ -251,12 +251,13 @@ def resolve(names_: Iterable[str]) -> tuple[Optional[ModPair], Optional[ModPair]
 
 def aux_for(problem, pair: ModPair, arrays=None) -> AuxValues:
     """The aux data of ``pair`` in ``problem``: the arrays ``arrays["mod_aux"][pair.name]`` when
-    the caller gives them (real data), else the pair's factory, and the aux scalars, all at the
-    problem's ``mod_seed``."""
+    the caller gives them (real data; an :class:`AuxValues` there brings its own scalars), else
+    the pair's factory, and the aux scalars, at the problem's ``mod_seed`` where not given."""
     given = (arrays or {}).get("mod_aux") or {}
     if pair.name in given:
-        return AuxValues([np.asarray(x) for x in given[pair.name]],
-                         pair.make_scalars(int(getattr(problem, "mod_seed", 0))))
+        g = given[pair.name]
+        scalars = getattr(g, "scalars", None) or pair.make_scalars(int(getattr(problem, "mod_seed", 0)))
+        return AuxValues([np.asarray(x) for x in g], scalars)
     return pair.make_aux(ModShape(problem.batch, problem.nheads, problem.seqlen_q, problem.seqlen_k),
                          seed=int(getattr(problem, "mod_seed", 0)))
 

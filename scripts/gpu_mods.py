@@ -84,7 +84,7 @@ class Fa4:
     def run(self, q, k, v, do, pair, aux, causal, builtin=None, problem=None, arrays=None):
         import torch
         aux_t = [torch.from_numpy(x).cuda() for x in aux]
-        kw = dict(builtin) if builtin else pair.kw_fa4(aux_t)
+        kw = dict(builtin) if builtin else pair.kw_fa4(aux_t, getattr(aux, "scalars", ()))
         fkw = {n: x for n, x in kw.items() if n != "score_mod_bwd"}
         if causal:
             fkw["causal"] = kw["causal"] = True

@@ -146,8 +146,9 @@ class Fa4:
             kw.update(causal=problem.causal, window_size=tuple(problem.window_size))
             for pair in problem.mod_pairs():
                 if pair is not None:
-                    aux = [torch.from_numpy(np.asarray(x)).cuda() for x in mods.aux_for(problem, pair, a)]
-                    kw.update(pair.kw_fa4(aux))
+                    aux_v = mods.aux_for(problem, pair, a)
+                    aux = [torch.from_numpy(np.asarray(x)).cuda() for x in aux_v]
+                    kw.update(pair.kw_fa4(aux, aux_v.scalars))
         fkw = {n: x for n, x in kw.items() if n != "score_mod_bwd"}
         f = self.ad.forward(q_, k_, v_, return_lse=True, pack_gqa=pack_gqa, **fkw)
         r = self.ad.backward(q_, k_, v_, f.out, do_, f.lse, deterministic=deterministic, **kw)

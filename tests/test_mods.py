@@ -110,8 +110,10 @@ def test_runtime_scalars_are_fp32_values_drawn_at_the_mod_seed():
     p0 = _problem(("scalar_bias",), mod_seed=0)
     p7 = _problem(("scalar_bias",), mod_seed=7)
     assert mods.aux_for(p0, pair).scalars == s0 and mods.aux_for(p7, pair).scalars == s7
-    # given aux arrays (real data) keep the problem's scalars
+    # given aux arrays (real data) keep the problem's scalars, or bring their own
     assert mods.aux_for(p7, pair, {"mod_aux": {"scalar_bias": []}}).scalars == s7
+    own = km.AuxValues([], (0.5, 0.125))
+    assert mods.aux_for(p7, pair, {"mod_aux": {"scalar_bias": own}}).scalars == (0.5, 0.125)
     # other pairs take none
     assert mods.get("alibi").make_aux(km.ModShape(B, H, S, S)).scalars == ()
 

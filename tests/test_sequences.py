@@ -195,6 +195,26 @@ def test_the_constructed_sequence_varies_every_attribute_the_installed_key_leave
         machine.constructed_calls("sm90", attributes=["made_up"])
 
 
+def test_the_constructed_sequence_skips_what_it_cannot_vary_and_varies_the_key_fields_it_is_told(monkeypatch):
+    """An older release's key may leave out what no constructed neighbour varies: the sequence
+    goes on without it (the check's summary names it), never an error of the whole check. Told
+    to vary causal, softcap or the GQA ratio (a release or a planted fault leaving them out), it
+    varies each on a kernel that can be shared: causal without a window (FA4 makes causal with a
+    window a local mask), softcap from 5 to 30 (softcap 0 has no score_mod to share)."""
+    monkeypatch.setattr(key, "left_out", lambda: {"softmax_scale": ["fwd"], "made_up": ["fwd"]})
+    calls = machine.constructed_calls("sm90")
+    assert len(calls) == 2 and calls[1].problem.softmax_scale != calls[0].problem.softmax_scale
+    c = machine.constructed_calls("sm90", attributes=["causal", "softcap", "gqa_ratio", "window_left",
+                                                      "window_right"])
+    d = [x.describe() for x in c]
+    causal = [x.problem for x in c if x.problem.causal]
+    assert causal and all(p.window_size == (None, None) for p in causal), d
+    caps = [x.problem.softcap for x in c if x.problem.softcap]
+    assert caps == [5.0, 30.0], d
+    assert any(x.problem.nheads // x.problem.nheads_kv == 2 for x in c), d
+    assert sum(x.problem.window_size not in ((40, 8), (None, None)) for x in c) == 1, d   # one window change
+
+
 @pytest.mark.fa4
 def test_the_constructed_sequence_finds_frozen_scalars_and_passes_runtime_ones(tmp_path, monkeypatch):
     pytest.importorskip("torch")
@@ -217,6 +237,30 @@ def test_the_constructed_sequence_finds_frozen_scalars_and_passes_runtime_ones(t
         else:
             assert r.failure is not None and r.failure["length"] == 2, r.failure
             assert [c["problem"]["mods"] for c in r.failure["calls"]] == [["scalar_bias"]] * 2
+
+
+def test_a_raised_run_violation_a_known_issue_explains_is_absorbed_too(monkeypatch):
+    """As the campaigns (fuzz/drawn.py): a violation raised past the absorbing hook (a run that
+    failed, e.g. a backward FA4 cannot build) is absorbed when a known issue names it; another
+    is raised."""
+    from fa4verify.fuzz import known_issues, properties
+    from fa4verify.fuzz.violation import Violation
+    from fa4verify.problem import AttentionProblem
+    call = machine.Call(AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=8, seqlen_k=8, nheads=1,
+                                         nheads_kv=1, head_dim=64, head_dim_v=64))
+    ki = known_issues.KnownIssue("fake_issue", "t", "r", lambda p, a, v: v.prop == "runs")
+
+    def raising(problem, target, **kw):
+        raise Violation(kind, "the backward did not build")
+    monkeypatch.setattr(properties, "check_problem", raising)
+    monkeypatch.setattr(known_issues, "known_issue_matcher", lambda p, t, **kw: (lambda v: ki if v.prop == "runs" else None))
+    kind = "runs"
+    known: dict = {}
+    out = machine.judge_call(machine.make_target({"kind": "twin"}), call, known)
+    assert known == {"fake_issue": 1} and out.undecided == {}
+    kind = "fwd_budget"
+    with pytest.raises(Violation):
+        machine.judge_call(machine.make_target({"kind": "twin"}), call, {})
 
 
 def test_the_machine_draws_the_scalar_pair_on_production_only():

@@ -87,7 +87,8 @@ def serve(ctl: socket.socket) -> int:
     from fa4verify.run import bytecode
     pending = bytecode.missing()              # Note [Bytecode cache]: written while idle
     # Note [Idle imports]: where the cache is on, the workers' other imports too, once the burst
-    # of fork requests is over (an import is seconds: a fork must not wait behind one)
+    # of fork requests is over (an import is seconds, and a fork asked for during one waits for
+    # it: a replacement worker may start up to one import late)
     lazy = list(worker.IDLE_IMPORTS) if bytecode.active() else []
     last = time.monotonic()
     while True:

@@ -265,14 +265,24 @@ def judge_call(target: Any, call: Call, known: Optional[dict[str, int]] = None):
         if ki is not None and known is not None:
             known[ki.name] = known.get(ki.name, 0) + 1
         return ki is not None
+    from fa4verify.fuzz.violation import Violation
     target.layout = call.layout
     token = _ABSORB.set(absorb)
     try:
         return check_problem(call.problem, target, properties=SEQ_PROPERTIES, backward=True,
                              deterministic=call.deterministic)
+    except Violation as v:      # raised past the absorbing hook (a run that failed): as the campaigns
+        if absorb(v):
+            return _Absorbed()
+        raise
     finally:
         _ABSORB.reset(token)
         target.layout = "contiguous"
+
+
+class _Absorbed:
+    """What :func:`judge_call` returns for a call whose raised violation a known issue explains."""
+    undecided: dict = {}
 
 
 # ============================================================================ the machine
@@ -378,6 +388,9 @@ def _neighbour(c: Call, which: str, v: Mapping[str, Any]) -> Call:
         det = not det
     elif which == "values":
         p = p.replace(values=ValueSpec(p.values.distribution, int(v["seed"]), p.values.params))
+    elif which == "gqa":            # the query heads per KV head, the KV heads kept
+        g = p.nheads // p.nheads_kv
+        p = p.replace(nheads=p.nheads_kv * (2 if g == 1 else 1))
     elif which == "aux_scalars":
         ms = int(v["mod_seed"])
         p = p.replace(mods=(SCALAR_PAIR,), softcap=0.0,
@@ -585,7 +598,7 @@ def _finding(res: SequenceResult, target: Any, drawn: list[Call], v: Any, *, arc
 # a test fails when the installed key leaves out an attribute this sequence does not vary.
 #: the neighbour (:func:`_neighbour`, or ``layout:<name>``) that changes each call attribute alone
 VARY: dict[str, str] = {
-    "window_left": "window", "window_right": "window", "softmax_scale": "softmax_scale",
+    "gqa_ratio": "gqa", "window_left": "window", "window_right": "window", "softmax_scale": "softmax_scale",
     "sink_values": "values", "seqlen": "seqlen", "batch": "batch", "nheads": "nheads",
     "layout_strided": "layout:strided", "layout_transposed": "layout:transposed",
     "layout_broadcast": "layout:broadcast", "aux_scalars": "aux_scalars", "causal": "causal",
@@ -595,24 +608,37 @@ VARY: dict[str, str] = {
 def constructed_calls(arch: str, dtype: str = "bf16", attributes: Optional[Collection[str]] = None) -> list[Call]:
     """Note [Constructed sequence]: the base call, then one call per attribute (default: every
     attribute the installed FA4's key leaves out, :func:`fa4verify.sequences.key.left_out`) that
-    changes it alone. Raises ValueError for an attribute it cannot vary."""
+    changes it alone. An attribute it cannot vary raises ValueError when named in ``attributes``;
+    read from the installed key it is left out of the sequence (the check's summary names every
+    left-out attribute no call varied)."""
     from fa4verify.sequences.key import left_out
-    attrs = sorted(left_out()) if attributes is None else sorted(attributes)
-    missing = [a for a in attrs if a not in VARY]
-    if missing:
-        raise ValueError(f"no constructed neighbour varies {missing}")
+    if attributes is None:
+        attrs = sorted(a for a in left_out() if a in VARY)
+    else:
+        attrs = sorted(attributes)
+        missing = [a for a in attrs if a not in VARY]
+        if missing:
+            raise ValueError(f"no constructed neighbour varies {missing}")
     base = Call(AttentionProblem(arch=arch, dtype=dtype, batch=1, seqlen_q=97, seqlen_k=128, nheads=2, nheads_kv=2,
                                  head_dim=64, head_dim_v=64, window_size=(40, 8), softmax_scale=0.125,
                                  values=ValueSpec("normal", 11)), "contiguous", True)
     v = {"window_shift": 7, "scale": 0.25, "seqlen_q": 64, "seqlen_k": 256, "layout": "strided", "seed": 12,
-         "mod_seed": 5, "softcap": 5.0}
+         "mod_seed": 5, "softcap": 30.0}
     # a base of its own for what needs a key of its own: the sink's values (a sink call compiles,
-    # the next varies the values) and the aux scalars (the pair's first call compiles)
-    own = {"values": base.problem.replace(sink=True), "aux_scalars": base.problem.replace(mods=(SCALAR_PAIR,),
-                                                                                          mod_seed=3)}
+    # the next varies the values), the aux scalars (the pair's first call compiles), softcap (a
+    # softcap compiles its score_mod, the next changes the constant) and causal (without a
+    # window: FA4 turns causal with a window into a local mask)
+    own = {"values": base.problem.replace(sink=True),
+           "aux_scalars": base.problem.replace(mods=(SCALAR_PAIR,), mod_seed=3),
+           "softcap": base.problem.replace(softcap=5.0),
+           "causal": base.problem.replace(window_size=(None, None))}
     calls = [base]
+    done: set[str] = set()
     for a in attrs:
         which = VARY[a]
+        if which in done:           # window_left and window_right: one call changes the window
+            continue
+        done.add(which)
         b = base
         if which in own:
             b = Call(own[which], base.layout, True)
