@@ -64,7 +64,12 @@ class AuxValues(list):
 
     def __init__(self, arrays=(), scalars=()) -> None:
         super().__init__(arrays)
-        self.scalars: tuple[float, ...] = tuple(float(np.float32(x)) for x in scalars)
+        self.scalars: tuple[float, ...] = _fp32(scalars)
+
+
+def _fp32(values) -> tuple[float, ...]:
+    """``values`` rounded to fp32, as Python floats (what FA4's ``cutlass.Float32`` scalars hold)."""
+    return tuple(float(np.float32(x)) for x in values)
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,7 +148,7 @@ class ModPair:
         """The runtime aux scalars at ``seed`` (fp32 values; () for a pair without)."""
         if self.scalars is None:
             return ()
-        return AuxValues((), self.scalars(np.random.default_rng([int(seed), 1]))).scalars
+        return _fp32(self.scalars(np.random.default_rng([int(seed), 1])))
 
     def kw_fa4(self, aux_torch=None, aux_scalars: Sequence[float] = ()) -> dict[str, Any]:
         """Keyword arguments for ``fa4verify.kernels.adapter.forward`` / ``backward``

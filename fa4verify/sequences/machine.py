@@ -265,6 +265,7 @@ def judge_call(target: Any, call: Call, known: Optional[dict[str, int]] = None):
         if ki is not None and known is not None:
             known[ki.name] = known.get(ki.name, 0) + 1
         return ki is not None
+    from fa4verify.fuzz.properties import CheckOutcome
     from fa4verify.fuzz.violation import Violation
     target.layout = call.layout
     token = _ABSORB.set(absorb)
@@ -273,16 +274,11 @@ def judge_call(target: Any, call: Call, known: Optional[dict[str, int]] = None):
                              deterministic=call.deterministic)
     except Violation as v:      # raised past the absorbing hook (a run that failed): as the campaigns
         if absorb(v):
-            return _Absorbed()
+            return CheckOutcome(metrics={}, skipped={}, ran=[])
         raise
     finally:
         _ABSORB.reset(token)
         target.layout = "contiguous"
-
-
-class _Absorbed:
-    """What :func:`judge_call` returns for a call whose raised violation a known issue explains."""
-    undecided: dict = {}
 
 
 # ============================================================================ the machine
