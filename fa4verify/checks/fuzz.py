@@ -229,6 +229,14 @@ class DrawnCase:
     deterministic: bool = True
     backward: bool = True
 
+    @property
+    def weight(self) -> float:
+        """Its work in plain forward examples (:func:`fa4verify.run.engine.case_weight`, an
+        estimate for the queue's order): twice with the backward (its kernels and judge), and one
+        more per 64 varlen sequences (the judge and the oracle run per sequence)."""
+        seqs = len(getattr(self.problem, "seqlens_q", None) or ())
+        return (2.0 if self.backward else 1.0) * (1.0 + seqs / 64)
+
 
 def _campaign_cases(ctx: CheckContext, *, target: str, arch: str, dtype: str, n: int, kw: dict,
                     where: str, extra: dict | None = None, time_limit_s: float | None = None,

@@ -10,8 +10,9 @@ the audit's checks (``--gpus``: workers pinned one per GPU), :func:`run_calls` t
    there (Note [Plans in parallel]: one slow plan held back every worker); the cases are
    grouped by the FA4 compile key the subject owns (:func:`fa4verify.kernels.adapter.compile_key`),
    one task per group, so one worker compiles a kernel for every case that needs it; tasks are
-   queued longest first (the check's ``cost`` split over its groups by case count, a compile
-   weighed as one case), equal costs in selection order (:func:`plan`);
+   queued longest first (the check's ``cost`` split over its groups by their cases' weights --
+   :func:`case_weight`, 1 unless a case says more -- a compile weighed as one case), equal costs
+   in selection order (:func:`plan`);
 2. **runs**: isolated tasks in the :class:`~fa4verify.run.pool.WorkerPool` (whole checks before
    any plan; past its :func:`task_deadline` a task is killed with its worker), the others here;
 3. **merges** each check once its tasks are back (:func:`merge`): ``summarise(ctx, [(case,
@@ -34,7 +35,7 @@ from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec, SkipC
 from fa4verify.run.worker import run_task
 
 __all__ = ["Job", "Task", "plan", "merge", "run_jobs", "run_here", "run_calls", "CallOutcome", "task_deadline",
-           "case_key", "describe_case", "MIN_DEADLINE_S", "DEADLINE_FACTOR"]
+           "case_key", "case_weight", "describe_case", "MIN_DEADLINE_S", "DEADLINE_FACTOR"]
 
 #: Note [Default deadline]: on a GPU an isolated task gets max(MIN_DEADLINE_S, DEADLINE_FACTOR x
 #: the check's ``cost``) seconds (``--timeout`` overrides, 0 = none): a hung kernel becomes that
@@ -59,6 +60,16 @@ def case_key(case: Any) -> Any:
         return None
     from fa4verify.kernels.adapter import compile_key
     return compile_key(p)
+
+
+def case_weight(case: Any) -> float:
+    """A case's share of its check's work, in units of a plain case (its ``weight``, else 1): a
+    planned varlen row of 257 sequences costs several plain rows (more kernels, a judge per
+    sequence), and queued as one it started last and set the audit's wall (measured on the H200:
+    16 s from 83 s of a cold audit)."""
+    w = getattr(case, "weight", 1.0)
+    w = w() if callable(w) else w
+    return max(float(w), 0.0)
 
 
 def describe_case(case: Any) -> str:
@@ -102,9 +113,10 @@ def plan(jobs: Sequence[Job], only: Sequence[int] | None = None) -> list[Task]:
         for j, c in enumerate(job.cases):
             k = case_key(c)
             groups.setdefault(("case", j) if k is None else ("key", k), []).append(j)
-        weight = sum(len(g) + 1 for g in groups.values()) or 1
-        for g in groups.values():
-            tasks.append(Task(i, tuple(g), float(job.spec.cost) * (len(g) + 1) / weight))
+        work = {k: sum(case_weight(job.cases[j]) for j in g) + 1 for k, g in groups.items()}
+        weight = sum(work.values()) or 1
+        for k, g in groups.items():
+            tasks.append(Task(i, tuple(g), float(job.spec.cost) * work[k] / weight))
     return sorted(tasks, key=lambda t: -t.cost)
 
 
