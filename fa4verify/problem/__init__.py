@@ -14,6 +14,7 @@ imports Hypothesis: the strategies that draw problems are :mod:`fa4verify.strate
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -46,6 +47,15 @@ def head_dims_supported(arch: str, head_dim: int, head_dim_v: int, dtype: str = 
     if dtype in ("bf16", "fp16") and arch != "sm90" and head_dim_v == 512:
         return False
     return _facts.head_dims_supported(arch, head_dim, head_dim_v, dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _varlen_bounds(seqlens_q: tuple, seqlens_k: tuple) -> tuple[tuple[int, int, int, int], ...]:
+    """``(q_start, q_len, k_start, k_len)`` per sequence (memoised: the edge self-check asks per
+    key, and a planned row has 257 sequences)."""
+    cq = np.concatenate([[0], np.cumsum(seqlens_q)])
+    ck = np.concatenate([[0], np.cumsum(seqlens_k)])
+    return tuple((int(cq[b]), int(seqlens_q[b]), int(ck[b]), int(seqlens_k[b])) for b in range(len(seqlens_q)))
 
 
 @dataclass(frozen=True)
@@ -212,9 +222,7 @@ class AttentionProblem:
         (dense problems: starts are 0 and lengths the full seqlens)."""
         if not self.varlen:
             return [(0, self.seqlen_q, 0, self.seqlen_k)] * self.batch
-        cq = np.concatenate([[0], np.cumsum(self.seqlens_q)])
-        ck = np.concatenate([[0], np.cumsum(self.seqlens_k)])
-        return [(int(cq[b]), self.seqlens_q[b], int(ck[b]), self.seqlens_k[b]) for b in range(self.batch)]
+        return list(_varlen_bounds(tuple(self.seqlens_q), tuple(self.seqlens_k)))
 
     def mod_pairs(self):
         """``(score pair, mask pair)`` named by :attr:`mods` (None where absent)."""
