@@ -221,6 +221,24 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
                  f"cache in {load_s:.1f} s; worker exec {exec_s:.1f} s in all")
     lines.append(f"    busy: " + ", ".join(f"{ln if ln == 'parent' else 'w' + str(j)} {b:.0f}/{end:.0f} s"
                                           for j, (ln, b) in enumerate(sorted(busy.items()))))
+    # how far the wall is from what the work allows (about: the workers start at different
+    # times): the workers' execution time spread evenly
+    # over them, after the slowest start-up (the compiles alone the same way)
+    n = len({t["lane"] for t in iso})
+    bound = None
+    if n and exec_s:
+        bound = max(starts, default=0.0) + exec_s / n
+        lines.append(f"    spread evenly: {exec_s:.0f} s of worker execution / {n} workers after the slowest "
+                     f"start-up ({max(starts, default=0.0):.1f} s) = {bound:.1f} s; the items end at {end:.1f} s"
+                     + (f"; the compiles alone {comp_cpu / n:.1f} s" if comp_cpu else ""))
+    per: dict[str, list[float]] = {}
+    for t in iso:
+        for k in t.get("kernels") or ():
+            if k[0] == "compile":
+                per.setdefault(str(k[1]), []).append(float(k[3]))
+    if per:
+        lines.append("    compile seconds per kernel: " + ", ".join(
+            f"{c} {len(v)} x {sum(v) / len(v):.2f} s" for c, v in sorted(per.items(), key=lambda cv: -sum(cv[1]))))
     ph = (rep.get("summary") or {}).get("phases") or {}
     if ph:
         lines.append("    parent: " + ", ".join(f"{k} {float(v):.1f} s" for k, v in ph.items()))
@@ -234,6 +252,8 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
             "compiles": comp, "compile_s": round(comp_s, 2), "compile_cpu_s": round(comp_cpu, 2),
             "waits": waits, "wait_s": round(wait_s, 2), "loads": loads, "load_s": round(load_s, 2),
             "exec_s": round(exec_s, 2), "items_end_s": round(end, 2), "busy_s": busy,
+            "spread_evenly_s": None if bound is None else round(bound, 2),
+            "compile_s_per_kernel": {c: round(sum(v) / len(v), 3) for c, v in per.items()},
             "critical_item": {k: last.get(k) for k in ("id", "start_s", "end_s", "compile_s", "worker_wait_s")},
             "parent_phases": ph}
     return lines, info

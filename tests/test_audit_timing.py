@@ -142,6 +142,9 @@ def test_benchmark_timeline_reads_the_timing(tmp_path):
     assert info["compiles"] == 3 and info["compile_s"] == 9.0 and info["loads"] == 3
     assert info["critical_item"]["id"] == "b[2/2]" and info["critical_item"]["end_s"] == 12.0
     assert info["busy_s"] == {"11": 8.0, "12": 11.0, "parent": 1.5}
+    # spread evenly: (6 + 1 + 8) s of worker execution over 2 workers after the slowest start-up (3 s)
+    assert info["spread_evenly_s"] == 10.5
+    assert any("spread evenly: 15 s of worker execution / 2 workers" in ln and "= 10.5 s" in ln for ln in lines)
     assert any("3 compiled in 9.0 s" in ln for ln in lines)
     assert "kernel_keys" not in info or info["kernel_keys"] == {}   # no key log: no key lines
     # Note [Compile keys in the timeline]: the same key compiled by two items is counted once as
@@ -154,6 +157,8 @@ def test_benchmark_timeline_reads_the_timing(tmp_path):
     k = info["kernel_keys"]
     assert (k["distinct_compiled"], k["compiles"], k["twice"], k["reuse_loads"]) == (2, 3, 1, 1)
     assert k["by_cache"] == {"bwd": 1, "fwd": 1}
+    assert info["compile_s_per_kernel"] == {"fwd": 2.0, "bwd": 3.5}
+    assert any("compile seconds per kernel: bwd 2 x 3.50 s, fwd 1 x 2.00 s" in ln for ln in lines)
     assert k["keys"]["k2"]["compiled_by"] == ["a", "b[2/2]"] and k["keys"]["k2"]["compile_s"] == 7.0
     assert any("2 distinct compiled (3 compiles; 1 repeated" in ln for ln in lines)
     assert any("a 2 keys (2 shared)" in ln and "b 3 keys (2 shared)" in ln for ln in lines)
