@@ -58,7 +58,7 @@ def test_a_heavier_case_is_queued_first_and_the_cost_is_split_by_weight(specs):
     from types import SimpleNamespace
     from fa4verify.run.engine import case_weight
     grid, ctx = specs["fixture.cases.grid"], CheckContext()
-    cases = [SimpleNamespace(n=0), SimpleNamespace(n=1, weight=9.0), SimpleNamespace(n=2, weight=lambda: 2.0)]
+    cases = [SimpleNamespace(n=0), SimpleNamespace(n=1, queue_weight=9.0), SimpleNamespace(n=2, queue_weight=lambda: 2.0)]
     assert [case_weight(c) for c in cases] == [1.0, 9.0, 2.0]
     tasks = plan([Job(grid, ctx, cases=cases)])
     assert [t.cases for t in tasks] == [(1,), (2,), (0,)]          # no compile key: a task each
@@ -71,7 +71,7 @@ def test_a_planned_row_of_many_sequences_weighs_more_than_a_plain_one():
     plain = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=64, seqlen_k=64, nheads=2,
                              nheads_kv=2, head_dim=64, head_dim_v=64)
     many = plain.replace(batch=257, seqlens_q=(3,) * 257, seqlens_k=(5,) * 257, seqlen_q=3, seqlen_k=5)
-    w = {(p is many, b): DrawnCase(0, p, "twin", {}, backward=b).weight for p in (plain, many) for b in (0, 1)}
+    w = {(p is many, b): DrawnCase(0, p, "twin", {}, backward=b).queue_weight for p in (plain, many) for b in (0, 1)}
     assert w[(False, 0)] == 1.0 and w[(False, 1)] == 2.0
     assert w[(True, 1)] > 4 * w[(False, 1)]
 

@@ -230,7 +230,7 @@ class DrawnCase:
     backward: bool = True
 
     @property
-    def weight(self) -> float:
+    def queue_weight(self) -> float:
         """Its work in plain forward examples (:func:`fa4verify.run.engine.case_weight`, an
         estimate for the queue's order): twice with the backward (its kernels and judge), and one
         more per 64 varlen sequences (the judge and the oracle run per sequence)."""

@@ -63,11 +63,11 @@ def case_key(case: Any) -> Any:
 
 
 def case_weight(case: Any) -> float:
-    """A case's share of its check's work, in units of a plain case (its ``weight``, else 1): a
+    """A case's share of its check's work, in units of a plain case (its ``queue_weight``, else 1): a
     planned varlen row of 257 sequences costs several plain rows (more kernels, a judge per
     sequence), and queued as one it started last and set the audit's wall (measured on the H200:
     16 s from 83 s of a cold audit)."""
-    w = getattr(case, "weight", 1.0)
+    w = getattr(case, "queue_weight", 1.0)
     w = w() if callable(w) else w
     return max(float(w), 0.0)
 
