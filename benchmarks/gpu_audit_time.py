@@ -221,9 +221,9 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
                  f"cache in {load_s:.1f} s; worker exec {exec_s:.1f} s in all")
     lines.append(f"    busy: " + ", ".join(f"{ln if ln == 'parent' else 'w' + str(j)} {b:.0f}/{end:.0f} s"
                                           for j, (ln, b) in enumerate(sorted(busy.items()))))
-    # how far the wall is from what the work allows (about: the workers start at different
-    # times): the workers' execution time spread evenly
-    # over them, after the slowest start-up (the compiles alone the same way)
+    # how far the wall is from what the work allows: the workers' execution time spread evenly
+    # over them after the slowest start-up (approximate: the workers start at different times),
+    # and the compiles alone the same way
     n = len({t["lane"] for t in iso})
     bound = None
     if n and exec_s:

@@ -58,7 +58,7 @@ def test_a_heavier_case_is_queued_first_and_the_cost_is_split_by_weight(specs):
     from types import SimpleNamespace
     from fa4verify.run.engine import case_weight
     grid, ctx = specs["fixture.cases.grid"], CheckContext()
-    cases = [SimpleNamespace(n=0), SimpleNamespace(n=1, queue_weight=9.0), SimpleNamespace(n=2, queue_weight=lambda: 2.0)]
+    cases = [SimpleNamespace(n=0), SimpleNamespace(n=1, queue_weight=9.0), SimpleNamespace(n=2, queue_weight=2.0)]
     assert [case_weight(c) for c in cases] == [1.0, 9.0, 2.0]
     tasks = plan([Job(grid, ctx, cases=cases)])
     assert [t.cases for t in tasks] == [(1,), (2,), (0,)]          # no compile key: a task each

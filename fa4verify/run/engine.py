@@ -67,9 +67,7 @@ def case_weight(case: Any) -> float:
     planned varlen row of 257 sequences costs several plain rows (more kernels, a judge per
     sequence), and queued as one it started last and set the audit's wall (measured on the H200:
     16 s from 83 s of a cold audit)."""
-    w = getattr(case, "queue_weight", 1.0)
-    w = w() if callable(w) else w
-    return max(float(w), 0.0)
+    return max(float(getattr(case, "queue_weight", 1.0)), 0.0)
 
 
 def describe_case(case: Any) -> str:
