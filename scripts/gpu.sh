@@ -50,7 +50,7 @@
 #                  scripts/planted_faults.py --kind KIND --no-old (PLANTED_OPTS: extra --opt values)
 #   tanh           the audit's live check mufu.tanh alone: tanh.approx on every fp32 input (its JSON)
 #   bwds           how far the backward's P strays from 1 on one-hot huge-logit rows (scripts/gpu_bwd_s_consistency.py)
-#   fuzzmany       fuzz.production alone through the audit on time:default's kernel cache, FUZZ_N examples
+#   fuzzmany       fuzz.production alone through the audit on time:default's kernel cache, FUZZ_N examples (FUZZ_DIST: only these value distributions, e.g. huge)
 #                  (1000), FUZZ_T seconds at most (280), --seed FUZZ_SEED (7): the huge distribution included
 #   triage         replay a failing case and one-attribute variants of it (scripts/gpu_triage_case.py;
 #                  TRIAGE_CASE: a case / audit JSON, default the seed-2 paged-KV row; TRIAGE_PROPERTY,
@@ -180,6 +180,7 @@ PY
     fuzzmany) mkdir -p "$CR/default/shard"
               timeout "$left" python3 -m fa4verify audit --dtype bf16 --device cuda --seed "${FUZZ_SEED:-7}" --no-live \
                 -k fuzz.production --opt fuzz_examples="${FUZZ_N:-1000}" --opt fuzz_time_limit_s="${FUZZ_T:-280}" \
+                ${FUZZ_DIST:+--opt fuzz_distributions="$FUZZ_DIST"} \
                 --kernel-cache "$CR/default/shard" --json "$OUT/fuzz_many.json" > "$OUT/fuzz_many.log" 2>&1
               echo "fuzzmany rc=$?"; grep -E "fuzz.production" "$OUT/fuzz_many.log" | cut -c1-600 | tail -4; tail -3 "$OUT/fuzz_many.log" ;;
     triage)   timeout "$left" python3 scripts/gpu_triage_case.py --case "${TRIAGE_CASE:-docs/results/h200/seeds/audit_seed2_failures.json}" \
