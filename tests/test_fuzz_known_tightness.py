@@ -27,6 +27,8 @@ def test_an_absorbed_quantity_does_not_set_the_tightness():
     r = _result(res, "measured on NVIDIA H200 (sm_90)")
     assert r.status == "pass"
     assert r.metrics["tightness_max"] == 1527.0 and r.metrics["tightness_outside_known"] == 0.7
+    # per tensor: dQ's figure is that of the example no known issue touched
+    assert r.metrics["tightness_out_outside_known"] == 0.7 and r.metrics["tightness_dq_outside_known"] == 0.2
     assert r.tightness == 0.7
     assert "max tightness 0.7 outside known issues (1.53e+03 in what they absorbed)" in r.summary
 
@@ -90,3 +92,23 @@ def test_fuzz_command_prints_the_tightness_outside_known_issues(monkeypatch, tmp
     assert "max tightness outside known issues (error / allowed): out 0.5" in r.output, r.output
     assert "(in what known issues absorbed: dq 1.53e+03)" in r.output, r.output
     assert "max tightness (error / allowed)" not in r.output
+
+
+def _undecided(j, prop):
+    o = _ran(j, {"tightness_out": 0.1})
+    o["undecided"] = {prop: f"impossible question at this precision ({j})"}
+    return o
+
+
+def test_every_undecided_class_keeps_replayable_problems():
+    """CampaignResult.record_undecided (one rule for both campaign paths): the count, the first
+    reason and problem, and the first UNDECIDED_KEEP problems of each property and tensor, so a
+    user can replay more than the first undecided example."""
+    from fa4verify.fuzz.campaign import UNDECIDED_KEEP
+    res = _merge([_undecided(j, "bwd_budget.dq") for j in range(UNDECIDED_KEEP + 3)] + [_undecided(UNDECIDED_KEEP + 3, "bwd_budget.dv")])
+    u = res.undecided["bwd_budget.dq"]
+    assert u["count"] == UNDECIDED_KEEP + 3 and u["reason"].endswith("(0)") and u["problem"] == {"j": 0}
+    assert u["problems"] == [{"j": j} for j in range(UNDECIDED_KEEP)]
+    assert res.undecided["bwd_budget.dv"]["problems"] == [{"j": UNDECIDED_KEEP + 3}]
+    r = _result(res, "CPU twin")
+    assert r.status == "undecided" and r.details["undecided"]["bwd_budget.dq"]["count"] == UNDECIDED_KEEP + 3

@@ -70,6 +70,10 @@ def _result(res: Any, where: str) -> CheckResult:
     outside = getattr(res, "tightness_outside_known", None)
     if known and outside is not None:
         metrics["tightness_outside_known"] = round(float(outside), 4)
+        # per tensor too: the clean tightness of each quantity (issue 28's regime figures)
+        for k, val in sorted((getattr(res, "max_metrics_outside_known", None) or {}).items()):
+            if k in ("tightness_out", "tightness_lse", "tightness_dq", "tightness_dk", "tightness_dv"):
+                metrics[f"{k}_outside_known"] = round(float(val), 4)
     tight = metrics.get("tightness_outside_known", metrics["tightness_max"])
     from fa4verify.fuzz.campaign import judged_examples, power_shortfall
     errors = dict(getattr(res, "errors", {}) or {})

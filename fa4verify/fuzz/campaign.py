@@ -49,6 +49,8 @@ CAMPAIGN_FORMAT = "fa4verify-fuzz-campaign/1"
 # counts, never a pass: 2 judged of 50 drawn verified 4 % of the campaign.
 JUDGED_SHARE_MIN = 0.5
 JUDGED_MIN = 10
+#: undecided problems kept per property and tensor (CampaignResult.record_undecided)
+UNDECIDED_KEEP = 10
 
 
 @dataclasses.dataclass
@@ -77,7 +79,9 @@ class CampaignResult:
     stopped: Optional[str] = None
     known_hits: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     versions: dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
-    #: "<property>.<tensor>" -> {"count": examples, "reason": first reason, "first": problem}
+    #: "<property>.<tensor>" -> {"count": examples, "reason": first reason, "first": its
+    #: problem's description, "problem": its problem, "problems": the first UNDECIDED_KEEP
+    #: problems (each replayable: ``fa4verify fuzz --replay``)}; :meth:`record_undecided`
     undecided: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     #: Note [Tightness outside known issues]: per quantity ("tightness_dq", ...) the worst
     #: tightness no known issue absorbed, and the worst of those
@@ -87,6 +91,18 @@ class CampaignResult:
     @property
     def found(self) -> bool:
         return self.failure is not None
+
+    def record_undecided(self, prop: str, why: str, describe: str, problem: Optional[dict]) -> None:
+        """Count one example the judge could not decide on ``prop`` ("<property>.<tensor>"): the
+        first reason and problem, and the first :data:`UNDECIDED_KEEP` problems, so that every
+        undecided class of a campaign can be replayed, not only its first example. One rule for
+        ``fa4verify fuzz`` (:func:`run_campaign`) and the audit's drawn campaign
+        (:func:`fa4verify.fuzz.drawn.merge_drawn`)."""
+        u = self.undecided.setdefault(prop, {"count": 0, "reason": why, "first": describe,
+                                             "problem": problem, "problems": []})
+        u["count"] += 1
+        if problem is not None and len(u["problems"]) < UNDECIDED_KEEP:
+            u["problems"].append(problem)
 
     def record_tightness(self, metrics: Mapping[str, Any], absorbed: Collection[str]) -> None:
         """Add one judged example's figures: ``metrics`` into :attr:`max_metrics` (every finite
@@ -288,9 +304,7 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
             for p, why in out.skipped.items():
                 res.properties_skipped.setdefault(p, why)
             for p, why in out.undecided.items():
-                u = res.undecided.setdefault(p, {"count": 0, "reason": why, "first": problem.describe(),
-                                                 "problem": problem.to_dict()})
-                u["count"] += 1
+                res.record_undecided(p, why, problem.describe(), problem.to_dict())
             res.record_tightness(out.metrics, absorbed)    # Note [Tightness outside known issues]
             if out.metrics.get("tightness_max", 0.0) > state["best"]:
                 state["best"] = out.metrics["tightness_max"]

@@ -347,9 +347,7 @@ def merge_drawn(parts: Sequence[Mapping[str, Any]], *, expected: int | Collectio
             for p, why in o["skipped"].items():
                 res.properties_skipped.setdefault(p, why)
             for p, why in o["undecided"].items():
-                u = res.undecided.setdefault(p, {"count": 0, "reason": why, "first": o["describe"],
-                                                 "problem": o.get("problem")})
-                u["count"] += 1
+                res.record_undecided(p, why, o["describe"], o.get("problem"))
             # Note [Tightness outside known issues] (CampaignResult.record_tightness)
             res.record_tightness(o["metrics"], {k["quantity"] for k in o.get("known", [])})
             t = o["metrics"].get("tightness_max", 0.0)

@@ -417,6 +417,16 @@ class BudgetStats:
         u_p, p_sub = float(self.budget.constants["u_p"]), float(self.budget.constants["p_sub"])
         mag = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
         spair = self.score_pair
+        # Note [A softcap pair in the built-in's model]: a score pair that computes FA4's built-in
+        # softcap with the built-in's own operations (ModPair.equivalent == {"softcap": c}:
+        # kernels/mods.py softcap_mod) is bounded by the built-in's interval model at cap c: a
+        # saturated score is +-RN(c) exactly and its factor 0 (the MUFU tanh envelope), and the
+        # factor carries tanh.approx's error, where the generic pair step (Lipschitz and curvature
+        # over the whole S interval) admitted any P of a saturated row and left a huge-logit dV
+        # without power (DERIVATIONS.md#backward-interval step 2)
+        cap = float(p.softcap)
+        if spair is not None and not cap and set(spair.equivalent) == {"softcap"}:
+            cap, spair = float(spair.equivalent["softcap"]), None
         if spair is not None:
             from fa4verify import mods as _mods
             saux = _mods.aux_for(p, spair, self._arrays)
@@ -438,7 +448,7 @@ class BudgetStats:
                              float(spair.lipschitz), float(getattr(spair, "curvature", np.inf)))
                 pi = ivm.pair_intervals(self.budget, q=q[qs, h], k=k[ks, hk], v=v[ks, hk], dout=dout[qs, h],
                                         o_mid=o_mid[qs, h], o_rad=o_rad[qs, h], lse_mid=lse_mid[qs, h],
-                                        lse_rad=lse_rad[qs, h], keep=keep, scale=sc, softcap=float(p.softcap),
+                                        lse_rad=lse_rad[qs, h], keep=keep, scale=sc, softcap=cap,
                                         score=score, exact=(self.O[qs, h], self.lse_t[qs, h]),
                                         lse_self=None if lse_self is None else lse_self[qs, h],
                                         sink=None if sink is None else float(sink[h]),
