@@ -50,8 +50,9 @@
 #                  scripts/planted_faults.py --kind KIND --no-old (PLANTED_OPTS: extra --opt values)
 #   tanh           the audit's live check mufu.tanh alone: tanh.approx on every fp32 input (its JSON)
 #   bwds           how far the backward's P strays from 1 on one-hot huge-logit rows (scripts/gpu_bwd_s_consistency.py)
-#   fuzzmany       fuzz.production alone through the audit on time:default's kernel cache, FUZZ_N examples (FUZZ_DIST: only these value distributions, e.g. huge)
-#                  (1000), FUZZ_T seconds at most (280), --seed FUZZ_SEED (7): the huge distribution included
+#   fuzzmany       fuzz.production alone through the audit on time:default's kernel cache, FUZZ_N examples
+#                  (1000), FUZZ_T seconds at most (280), --seed FUZZ_SEED (7): the huge distribution included;
+#                  FUZZ_DIST draws only the named value distributions (e.g. huge)
 #   triage         replay a failing case and one-attribute variants of it (scripts/gpu_triage_case.py;
 #                  TRIAGE_CASE: a case / audit JSON, default the seed-2 paged-KV row; TRIAGE_PROPERTY,
 #                  TRIAGE_HDS, TRIAGE_PAGES: the head dims and page sizes varied)
