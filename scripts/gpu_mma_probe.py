@@ -45,12 +45,14 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     dev = torch.device("cuda")
     out = {"gpu": torch.cuda.get_device_name(0), "capability": ".".join(map(str, torch.cuda.get_device_capability(0)))}
-    for K in (16, 64):
+    for dt, K in (("bf16", 16), ("bf16", 64), ("fp16", 16), ("fp16", 64)):
         T = args.tiles
+        tdt = torch.bfloat16 if dt == "bf16" else torch.float16
+        fbits = 128 if dt == "bf16" else 1024
 
         def draw(shape):
             e = rng.integers(-args.spread // 2, args.spread // 2 + 1, size=shape)
-            m = 1.0 + rng.integers(0, 128, size=shape) / 128.0        # 7 fraction bits: bf16-exact
+            m = 1.0 + rng.integers(0, fbits, size=shape) / fbits      # 7 / 10 fraction bits: exact
             s = rng.choice([-1.0, 1.0], size=shape)
             x = s * m * np.exp2(e)
             x[rng.random(shape) < 0.05] = 0.0
@@ -60,8 +62,8 @@ def main(argv=None) -> int:
         C = (rng.standard_normal((T, 64, 64)) * np.exp2(rng.integers(-args.spread // 2, args.spread // 2 + 1,
                                                                       size=(T, 64, 64)))).astype(np.float32)
         C[:, ::4, :] = 0.0
-        at = torch.tensor(A, device=dev).to(torch.bfloat16)
-        bt = torch.tensor(B, device=dev).to(torch.bfloat16)
+        at = torch.tensor(A, device=dev).to(tdt)
+        bt = torch.tensor(B, device=dev).to(tdt)
         assert torch.equal(at.float().cpu(), torch.tensor(A)) and torch.equal(bt.float().cpu(), torch.tensor(B))
         ct = torch.tensor(C, device=dev)
         ot = torch.empty_like(ct)
@@ -69,11 +71,11 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         ptx = k.asm.get("ptx", "")
         n_wgmma = ptx.count("wgmma.mma_async")
-        print(f"K={K}: {T} tiles, PTX wgmma.mma_async x{n_wgmma}", [ln.strip() for ln in ptx.splitlines()
+        print(f"{dt} K={K}: {T} tiles, PTX wgmma.mma_async x{n_wgmma}", [ln.strip() for ln in ptx.splitlines()
                                                                      if "wgmma.mma_async" in ln][:1])
-        out[f"A{K}"], out[f"B{K}"], out[f"C{K}"] = A, B, C
-        out[f"O{K}"] = ot.cpu().numpy()
-        out[f"wgmma{K}"] = n_wgmma
+        out[f"A_{dt}_{K}"], out[f"B_{dt}_{K}"], out[f"C_{dt}_{K}"] = A, B, C
+        out[f"O_{dt}_{K}"] = ot.cpu().numpy()
+        out[f"wgmma_{dt}_{K}"] = n_wgmma
     np.savez_compressed(args.out, **out)
     print("wrote", args.out)
     return 0
