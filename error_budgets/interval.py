@@ -290,7 +290,7 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
                    score: Optional[tuple[Callable, Callable, Callable, float, float]] = None,
                    exact: Optional[tuple[np.ndarray, np.ndarray]] = None,
                    lse_self: Optional[np.ndarray] = None, sink: Optional[float] = None,
-                   n_blocks: Optional[np.ndarray] = None) -> PairIntervals:
+                   n_blocks: Optional[np.ndarray] = None, s_kernel: Optional[np.ndarray] = None) -> PairIntervals:
     """Intervals of the kernel's cast P and cast dS for one (segment, query head) block.
 
     ``q`` (lq, d), ``k`` (lk, d), ``v`` (lk, dv), ``dout`` (lq, dv): the exact inputs (float64
@@ -307,18 +307,29 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
     (with ``sink``, the head's learnable sink logit, in its sum); then P is also bounded through
     the softmax of those scores. ``n_blocks`` (lq,): the forward's KV blocks per row; with it and
     ``lse_self``, where the budgets carry ``fwd_lse_chain = 1``, the dominant key of a one-hot row
-    is also bounded through FA4's LSE chain (Note [One-hot LSE chain], :func:`one_hot_chain`)."""
+    is also bounded through FA4's LSE chain (Note [One-hot LSE chain], :func:`one_hot_chain`).
+    ``s_kernel`` (lq, lk): the kernel's own fp32 scores ``Q K^T`` computed with the tensor core's
+    arithmetic (Note [SM90 MMA model], ``kernels/twin/tensor_core.py``); where a score lies inside
+    the rigorous enclosure it is that point (an intersection: it can only narrow)."""
     C = bs.constants
     u = C["u_fp32"]
     d, dv = q.shape[-1], v.shape[-1]
     keep = np.asarray(keep, bool)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # ---- S = Q K^T (fp32 MMA, any order): bwd_s_accum, plus the float64 evaluation
-        S = q @ k.T
+        S_ex = q @ k.T
         A = np.abs(q) @ np.abs(k).T
         rS = np.asarray(bs.evaluate("bwd_s_accum", {"d": float(d), "abs_qk": A}), np.float64) + SLACK * A
+        S = S_ex
+        if s_kernel is not None:
+            # Note [SM90 MMA model]: the scores the kernel's tensor core computes, a point each
+            # (inside the rigorous enclosure, as a correct model's always are)
+            sk = np.asarray(s_kernel, np.float64)
+            inside = np.abs(sk - S_ex) <= rS
+            S = np.where(inside, sk, S_ex)
+            rS = np.where(inside, SLACK * np.abs(sk), rS)
         # ---- the exponent argument's operand y (natural-log units) and the derivative factor f
-        f_lo = f_hi = sat = gm = y_ex = None
+        f_lo = f_hi = sat = gm = None
         if softcap > 0:
             cap = float(softcap)
             xs_lo, xs_hi = (S - rS) * scale, (S + rS) * scale
@@ -362,7 +373,6 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
                 # the softcapped score itself: th = +-1 exactly, so y~ = RN(cap) th = +-RN(cap)
                 # exactly (FA4: softcap_val * tanh(scores), the cap a Float32 constant)
                 cap32 = float(np.float32(cap))
-                y_ex = y_mid
                 y_mid = np.where(sat, np.sign(arg_lo) * cap32, y_mid)
                 y_rad = np.where(sat, 0.0, y_rad)
         elif score is not None:
@@ -376,8 +386,13 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
             f_lo, f_hi = gm - gr, gm + gr
         else:
             y_mid, y_rad = S * scale, (rS + SLACK * np.abs(S)) * scale
-        if y_ex is None:
-            y_ex = y_mid          # the exact scores (at the midpoint of S) for p_ex below
+        # the exact scores (of the exact S) for p_ex below
+        if softcap > 0:
+            y_ex = float(softcap) * np.tanh(S_ex * scale / float(softcap))
+        elif score is not None:
+            y_ex = np.broadcast_to(np.asarray(score[0](S_ex * scale), np.float64), S.shape)
+        else:
+            y_ex = S_ex * scale
         c = _LOG2E
         # ---- x = fma(y, c, -RN(lse RN(log2 e))): bwd_exp_arg (its gamma(3)|S c| covers c = RN(...)).
         # FA4's preprocess writes lse_log2 = 0 where lse = -inf; lse = +inf gives x = -inf, P = 0
@@ -459,8 +474,7 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         ds_hi = np.where(vis, ds_hi, 0.0)
         p_ex = ds_mag = ds_drop = None
         if exact is not None:
-            # the exact softmax of the exact scores (y_ex: S scale, or the mod's value at the
-            # midpoint) and the size of the exact dS = P (dP - D) f before anything cancels (the
+            # the exact softmax of the exact scores (y_ex: of the exact S) and the size of the exact dS = P (dP - D) f before anything cancels (the
             # dot products dP = dO V and D = O dO taken in absolute values)
             o_ex, lse_ex = (np.asarray(x, np.float64) for x in exact)
             ok = keep & np.isfinite(lse_ex)[:, None]
@@ -475,12 +489,12 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
                 # or within its error of it; a score_mod whose gradient interval holds 0), a
                 # correct kernel may drop the pair's exact dS, whose factor is f at the exact scores
                 # (1 - tanh^2 = sech^2 = 4 e^-2|a| / (1 + e^-2|a|)^2: no cancellation where tanh ~ 1;
-                # a score_mod: its gradient at the exact scores, gm above)
+                # a score_mod: its gradient at the exact scores)
                 if softcap > 0:
-                    e2 = np.exp(-2 * np.abs(S * scale / float(softcap)))
+                    e2 = np.exp(-2 * np.abs(S_ex * scale / float(softcap)))
                     f_ex = 4 * e2 / (1 + e2) ** 2
                 else:
-                    f_ex = gm
+                    f_ex = np.broadcast_to(np.asarray(score[1](S_ex * scale), np.float64), S.shape)
                 ds_drop = np.where((f_lo <= 0) & (f_hi >= 0), terms * np.abs(f_ex), 0.0)
     return PairIntervals(pc_lo, pc_hi, ds_lo, ds_hi, p_ex, ds_mag, ds_drop)
 

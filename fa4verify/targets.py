@@ -66,6 +66,10 @@ class Target:
     #: fa4verify's code is fa4verify's error, not the target's (Note [Blame]); on the twin the
     #: model is fa4verify's code and is the subject
     blames_fa4 = False
+    #: the arithmetic of the target's ``S = Q K^T`` where a bit-exact model of it was measured
+    #: ("sm90": kernels/twin/tensor_core.py, Note [SM90 MMA model]); the judge then takes each
+    #: score as that point instead of the worst-case inner-product enclosure. None: not modelled
+    tensor_core: Optional[str] = None
 
     def features(self) -> tuple[str, ...]:
         """Problem features this target can run (subset of FEATURES)."""
@@ -115,6 +119,8 @@ class TwinTarget(Target):
         #: faults planted in the twin's call-form layer (not in the kernel model)
         self.layout_mutations = self.mutations & set(LAYOUT_MUTATIONS)
         self.accumulation = accumulation
+        #: the twin's tensor-core model, where it runs one (fa4verify.kernels.twin.fp32.mma)
+        self.tensor_core = "sm90" if accumulation == "sm90-tensor-core" else None
         self.mufu = mufu
         self.seed = int(seed)   #: the MUFU model's seed (mufu="perturbed")
         from fa4verify.kernels.twin import attention as twin_attention
@@ -132,6 +138,8 @@ class TwinTarget(Target):
     def check_supported(self, problem: AttentionProblem) -> None:
         if problem.mask_mod is not None and "mask_mod" not in self.features():
             raise Unsupported("the twin does not model mask_mod patterns")
+        if self.tensor_core is not None and problem.dtype not in ("bf16", "fp16"):
+            raise Unsupported(f"the SM90 tensor-core model covers bf16 and fp16 inputs, not {problem.dtype}")
         if problem.mods:
             raise Unsupported("the twin does not model score_mod / mask_mod pairs (fa4verify.mods)")
 
@@ -322,6 +330,8 @@ class ProductionTarget(Target):
             self.gpu_name = self.gpu.name
             self.arch = self.gpu.arch
             self.where = where_measured(self.gpu)
+            # Note [SM90 MMA model]: FA4's SM90 kernels form S with the wgmma the model describes
+            self.tensor_core = "sm90" if self.arch == "sm90" else None
         elif fake:
             import os
             from fa4verify.kernels import facts
@@ -548,7 +558,7 @@ class ProductionTarget(Target):
 
     def describe(self) -> dict[str, Any]:
         d = {"target": self.name, "where": self.where, "kernel_configs": dict(self.configs),
-             "arch": self.arch, "exp2_emulation": self.emulation}
+             "arch": self.arch, "exp2_emulation": self.emulation, "tensor_core": self.tensor_core}
         try:
             d["versions"] = self._ad.versions()
         except Exception:  # noqa: BLE001

@@ -1,6 +1,6 @@
 """Record what the SM90 tensor core returns for bf16 x bf16 -> fp32 MMA k-steps (wgmma, the
 instruction FA4's SM90 kernels use for S = Q K^T), for fitting and checking a bit-exact model of
-its accumulation (fa4verify's twin: ``kernels/twin/mma.py``).
+its accumulation (``kernels/twin/tensor_core.py``).
 
 A Triton kernel computes ``acc = C0; for each 16-wide k block: acc = dot(A_blk, B_blk, acc)`` on a
 64 x 64 tile with one warpgroup, so every k step is one ``wgmma.mma_async ... m64n64k16.f32.bf16.bf16``

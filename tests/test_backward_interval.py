@@ -32,7 +32,9 @@ SMALL = [
 ]
 #: the kernel models the bound must contain (every accumulation order, the MUFU at its bounds)
 MODELS = [dict(accumulation="exact-then-round"), dict(accumulation="sequential", mufu="perturbed", seed=3),
-          dict(accumulation="pairwise", mufu="perturbed", seed=5)]
+          dict(accumulation="pairwise", mufu="perturbed", seed=5),
+          # the SM90 tensor core bit for bit: the bound then takes each score as its point
+          dict(accumulation="sm90-tensor-core", mufu="perturbed", seed=7)]
 
 
 def _arbiter(p, a):
@@ -60,7 +62,8 @@ def test_every_kernel_model_is_inside_the_interval_bound_against_the_arbiter(p):
         ref = types.SimpleNamespace(**{n: np.asarray(getattr(ab, n)).reshape(np.shape(getattr(g, n)))
                                        for n in ("dq", "dk", "dv")})
         for kf in ((f.out, f.lse), None):
-            iv = j.stats.backward_interval(ref, j.ref_out.budget, j.ref_out.bound, kernel_fwd=kf)
+            iv = j.stats.backward_interval(ref, j.ref_out.budget, j.ref_out.bound, kernel_fwd=kf,
+                                           tensor_core=t.tensor_core)
             for n in ("dq", "dk", "dv"):
                 b = np.asarray(iv[n])
                 assert np.isfinite(b).all() and (b >= 0).all(), (n, model)

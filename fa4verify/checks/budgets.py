@@ -137,7 +137,8 @@ def _twin_tiers(ctx: CheckContext, dt: str, sq: int, sk: int) -> dict:
     f = tgt.forward(p, a)
     g = tgt.backward(p, a, f, deterministic=True)
     jf = judge.judge_forward(p, a, f.out, f.lse)
-    jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jf, kernel_fwd=(f.out, f.lse))
+    jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jf, kernel_fwd=(f.out, f.lse),
+                              tensor_core=tgt.tensor_core)
     prob = list((jb.prob or {}).values())
     refs = {"out": jf.ref_out.value, "dq": jb.oracle.dq, "dk": jb.oracle.dk, "dv": jb.oracle.dv}
     stat = S.tier_on(p, {"out": f.out, "dq": g.dq, "dk": g.dk, "dv": g.dv}, refs, a,
@@ -369,7 +370,8 @@ def production_backward(ctx: CheckContext, p) -> dict:
     f = tgt.forward(p, a)
     g = tgt.backward(p, a, f, deterministic=True)
     jf = judge.judge_forward(p, a, f.out, f.lse)
-    jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jf, kernel_fwd=(f.out, f.lse))
+    jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, forward=jf, kernel_fwd=(f.out, f.lse),
+                              tensor_core=tgt.tensor_core)
     # the sharper and statistical tiers (issue #15): a case fails if any tier fails
     prob = list((jb.prob or {}).values())
     stat = S.tier_on(p, {"dq": g.dq, "dk": g.dk, "dv": g.dv},

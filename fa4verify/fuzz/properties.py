@@ -457,7 +457,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                     try:
                         with np.errstate(invalid="ignore", over="ignore"):
                             allow = stats.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=False,
-                                                   kernel_fwd=(fwd.out, fwd.lse))
+                                                   kernel_fwd=(fwd.out, fwd.lse),
+                                                   tensor_core=getattr(target, "tensor_core", None))
                     except (DependencyMissing, KeyError) as e:
                         skipped["bwd_budget"] = f"backward budget unavailable: {e}"
                         allow = None

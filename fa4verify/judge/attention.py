@@ -272,13 +272,16 @@ def _with_reason(v: Verdict, why: Optional[str]) -> Verdict:
 
 def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, *, budgets: Any = None,
                    forward: Optional[ForwardJudgement] = None, oracle_bwd: Any = None,
-                   probabilistic: bool = True, kernel_fwd: Optional[tuple] = None) -> BackwardJudgement:
+                   probabilistic: bool = True, kernel_fwd: Optional[tuple] = None,
+                   tensor_core: Optional[str] = None) -> BackwardJudgement:
     """Verdicts on dQ, dK, dV (FA4 layouts) against the exact gradient within
     ``backward_dq/dk/dv``. ``forward``: a :func:`judge_forward` result of the same problem
     (reuses its oracle and statistics). ``kernel_fwd``: the ``(out, lse)`` the kernel's backward
     read (its own forward outputs): the interval bound where the first-order budgets do not hold
     is then evaluated on them (Note [Backward interval fallback] in fa4verify/judge/stats.py);
-    without it, on the oracle's O and LSE widened by their forward allowances."""
+    without it, on the oracle's O and LSE widened by their forward allowances. ``tensor_core``:
+    the arithmetic of the kernel's ``S = Q K^T`` where it is modelled bit for bit (the target's
+    ``tensor_core``; Note [SM90 MMA model] in kernels/twin/tensor_core.py)."""
     if forward is None:
         ref_out, _, st, _ = forward_allowances(problem, a, budgets=budgets)
     else:
@@ -286,7 +289,7 @@ def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, 
     obwd = oracle_bwd if oracle_bwd is not None else oracle_backward(problem, a)
     with np.errstate(invalid="ignore", over="ignore"):
         allow = st.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=probabilistic,
-                            kernel_fwd=kernel_fwd)
+                            kernel_fwd=kernel_fwd, tensor_core=tensor_core)
     vs = {}
     for n, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         # Note [A bound without power]: a gradient bound a zero output meets is undecided

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from fa4verify.kernels import facts
+from fa4verify.kernels.twin.tensor_core import mma as _tc_mma, model_for
 
 __all__ = ["BudgetStats", "gamma", "FTZ"]
 
@@ -298,7 +299,8 @@ class BudgetStats:
         return self._to_lse(np.broadcast_to(self.budget.evaluate("forward_lse", st), self.row["lse_abs"].shape))
 
     def backward(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
-                 probabilistic: bool = True, kernel_fwd: Optional[tuple] = None) -> dict[str, np.ndarray]:
+                 probabilistic: bool = True, kernel_fwd: Optional[tuple] = None,
+                 tensor_core: Optional[str] = None) -> dict[str, np.ndarray]:
         """Allowances for dq, dk, dv (FA4 layouts) given the oracle backward (exact O); with
         ``probabilistic`` also the sharper tier's ``dq_prob``/``dk_prob``/``dv_prob`` where the
         budget set has them (callers that judge only the worst-case tier skip their cost).
@@ -330,7 +332,7 @@ class BudgetStats:
                      or float(np.max(self._bp_row, initial=0.0)) > FIRST_ORDER_LIMIT
                      or (self.out_fallback is not None and bool(self.out_fallback[0].any())))
         if "bwd_s_accum" in self.budget and stretched:
-            iv = self.backward_interval(obwd, out_allow, out_bound, kernel_fwd=kernel_fwd)
+            iv = self.backward_interval(obwd, out_allow, out_bound, kernel_fwd=kernel_fwd, tensor_core=tensor_core)
             blind_iv = self.bwd_blind_above
             self.bwd_blind_above = {}
             for n, b in out.items():
@@ -362,10 +364,14 @@ class BudgetStats:
                 "over 1000 log2 units): the problem's logits are beyond what the bound can represent")
 
     def backward_interval(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
-                          kernel_fwd: Optional[tuple] = None) -> dict[str, np.ndarray]:
+                          kernel_fwd: Optional[tuple] = None, tensor_core: Optional[str] = None) -> dict[str, np.ndarray]:
         """The interval bound (error_budgets/interval.py, DERIVATIONS.md#backward-interval) for
         ``dq``, ``dk``, ``dv`` and ``dq_accum`` (FA4 layouts, dQ units before the cast): per
-        element ``|mid - ref| + rad`` of the enclosure of every value the kernel model admits."""
+        element ``|mid - ref| + rad`` of the enclosure of every value the kernel model admits.
+        ``tensor_core``: the arithmetic of the kernel's ``S = Q K^T`` where it is modelled bit for
+        bit (``"sm90"``: Note [SM90 MMA model], ``kernels/twin/tensor_core.py``; the target says,
+        ``Target.tensor_core``); then every score is the model's point instead of the worst-case
+        ``bwd_s_accum`` enclosure."""
         from fa4verify.error_budgets import interval as ivm
         p = self.problem
         H, Hk, g, sc = self.H, self.Hk, self.g, self.scale
@@ -416,6 +422,9 @@ class BudgetStats:
         # correct kernel drop
         u_p, p_sub = float(self.budget.constants["u_p"]), float(self.budget.constants["p_sub"])
         mag = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
+        mma_model = None
+        if tensor_core is not None:
+            mma_model = model_for(tensor_core, p.dtype)     # None: not modelled for this dtype
         spair = self.score_pair
         # Note [A softcap pair in the built-in's model]: a score pair that computes FA4's built-in
         # softcap with the built-in's own operations (ModPair.equivalent == {"softcap": c}:
@@ -452,7 +461,8 @@ class BudgetStats:
                                         score=score, exact=(self.O[qs, h], self.lse_t[qs, h]),
                                         lse_self=None if lse_self is None else lse_self[qs, h],
                                         sink=None if sink is None else float(sink[h]),
-                                        n_blocks=self.row["n_blocks"][qs, h])
+                                        n_blocks=self.row["n_blocks"][qs, h],
+                                        s_kernel=None if mma_model is None else _tc_mma(q[qs, h], k[ks, hk], None, mma_model))
                 with np.errstate(invalid="ignore", over="ignore"):
                     # u_p times the terms' size, plus the cast floor p_sub of each visible term
                     # (a P or dS below it is cast to 0 by a correct kernel)

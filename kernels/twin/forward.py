@@ -42,7 +42,9 @@ Model parameters (hardware that is not bit-modelable; budgets must cover every s
 ``accumulation`` -- tensor-core fp32 accumulation of S = QK^T and O += PV:
   ``"exact-then-round"`` (each MMA result = RN32(init + exact dot); the dot is formed in fp64,
   error <= K * 2^-53 * sum|terms| before the one fp32 rounding), ``"sequential"`` (fp32 RN add in
-  k order), ``"pairwise"`` (fp32 RN pairwise tree over k, then + init).
+  k order), ``"pairwise"`` (fp32 RN pairwise tree over k, then + init), ``"sm90-tensor-core"``
+  (the SM90 tensor core bit for bit, for bf16 / fp16 inputs: Note [SM90 MMA model] in
+  ``kernels/twin/tensor_core.py``; the judge then takes each score as a point).
 ``mufu`` -- ``ex2``/``rcp``/``lg2``/``tanh`` approximations: ``"correctly-rounded"`` (fp32 RN of
   the exact value, .ftz on inputs/outputs) or ``"perturbed"`` (the exact value times
   ``1 + delta``, ``|delta| <=`` the bound in :data:`MUFU_BOUNDS`, uniform, seeded by ``seed``;
@@ -88,7 +90,7 @@ from fa4verify.kernels.twin.fp32 import (  # noqa: F401
 )
 
 Arch = Literal["sm90", "sm100", "sm103"]
-Accumulation = Literal["exact-then-round", "sequential", "pairwise"]
+Accumulation = Literal["exact-then-round", "sequential", "pairwise", "sm90-tensor-core"]
 MufuMode = Literal["correctly-rounded", "perturbed"]
 
 

@@ -33,7 +33,7 @@ LN2 = math.log(2.0)
 #: The input dtypes of the twin, in fa4verify's one spelling (``fp8`` is e4m3).
 DTYPES: tuple[str, ...] = _facts.DTYPES
 #: The models of tensor-core fp32 accumulation (see :func:`mma`).
-ACCUMULATIONS: tuple[str, ...] = ("exact-then-round", "sequential", "pairwise")
+ACCUMULATIONS: tuple[str, ...] = ("exact-then-round", "sequential", "pairwise", "sm90-tensor-core")
 
 
 # =========================================================================== rounding arithmetic
@@ -129,6 +129,10 @@ def mma(a, b, init, mode: str, exact: bool = False) -> np.ndarray:
             r = dot if init is None else dot + np.asarray(init, F64)
             return r if exact else rn32(r)
         K = a64.shape[-1]
+        if mode == "sm90-tensor-core":
+            # Note [SM90 MMA model] (kernels/twin/tensor_core.py): bit-exact for 16-bit inputs
+            from fa4verify.kernels.twin import tensor_core as _tc
+            return _tc.mma(a64, b64, init, _tc.SM90["bf16"])
         if mode == "sequential":
             acc = None if init is None else np.asarray(init)
             for k in range(K):

@@ -1,0 +1,188 @@
+"""A bit-exact model of the SM90 tensor core's fp32-accumulating MMA for 16-bit inputs: the
+arithmetic of FA4's ``S = Q K^T`` on Hopper (``wgmma.mma_async ... .f32.bf16.bf16`` / ``.f16.f16``).
+
+Note [SM90 MMA model]
+---------------------
+What: one ``wgmma`` k-step adds ``n`` exact products ``a_i b_i`` (16-bit inputs: every product is
+exact in fp32's range, a 16 / 22-bit significand) to the fp32 accumulator ``c`` as a *block FMA*
+(:class:`BlockFMA`): the terms of a chunk (its products, and ``c``) are aligned to the largest
+exponent among them, each truncated (toward zero) to ``frac_bits`` bits below that exponent,
+summed exactly, and the sum rounded once to fp32 (``final``). Chunks follow each other in k order,
+each taking the previous chunk's fp32 result as its ``c``. A k-loop of ``wgmma`` instructions (FA4's
+head dimension in 16-wide steps, ascending) is the same chain.
+
+Why: the worst-case inner-product bound ``gamma(d, u) sum |q||k|`` (``bwd_s_accum``) pins a score
+only to ``+- d 2^-24 sum |q||k|``. Where a softcapped or peaked row makes the gradient hang on one
+key's score, that leaves the gradient's bound without power (error_budgets/DERIVATIONS.md#
+backward-interval, Note [A bound without power]). With the hardware's own arithmetic the score is
+a point.
+
+Evidence (recorded on NVIDIA H200, sm_90, 2026-12-03): the parameters of :data:`SM90` were fitted
+and then checked bit for bit (``scripts/gpu_mma_probe.py``: a Triton kernel whose PTX is one
+``wgmma`` per 16-wide k step; inputs whose exponents spread over 24 binades, so alignment
+truncation happens in almost every block; ``kernels/evidence/golden/mma_sm90_h200.json``, two
+tiles per case kept in ``mma_sm90_h200.npz`` for the tests). The model is a fact about SM90 tensor
+cores: it applies to an sm90 target only, and only to what was measured (bf16 and fp16 inputs,
+fp32 accumulation, normal fp32 results).
+
+The vectorised :func:`block_fma` computes in float64: a term scaled by ``2^(frac_bits - E)`` is an
+integer below ``2^(frac_bits + 3)``, so truncation, the sum of at most 17 such integers and the
+scaling back are exact; :func:`block_fma_exact` is the independent path (Python integers and
+:class:`fractions.Fraction`, one element at a time) the tests compare it with.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Optional, Sequence
+
+import numpy as np
+
+__all__ = ["BlockFMA", "SM90", "block_fma", "block_fma_exact", "mma", "model_for"]
+
+
+@dataclass(frozen=True)
+class BlockFMA:
+    """One block FMA of the tensor core (Note [SM90 MMA model]).
+
+    ``chunk``: products per block (the k step is ``16 / chunk`` blocks in k order);
+    ``frac_bits``: bits kept below the block's largest exponent; ``product_exponent``:
+    ``"inputs"`` (a product's alignment exponent is ``e_a + e_b``, its significand in [1, 4)) or
+    ``"normalised"`` (``floor(log2 |a b|)``); ``term``: ``"rz"`` (toward zero) or ``"floor"``
+    (toward -inf: a two's-complement truncation); ``final``: the sum's rounding to fp32,
+    ``"rz"`` or ``"rn"``; ``acc_aligned``: the accumulator is a term of the block (else the
+    block's fp32 result is added to it with one RN addition)."""
+
+    chunk: int = 16
+    frac_bits: int = 25
+    product_exponent: str = "inputs"
+    term: str = "rz"
+    final: str = "rz"
+    acc_aligned: bool = True
+
+
+def _exponent(x: np.ndarray) -> np.ndarray:
+    """``floor(log2 |x|)`` exactly (frexp), ``-inf`` at 0."""
+    m, e = np.frexp(x)
+    return np.where(x != 0, e.astype(np.float64) - 1.0, -np.inf)
+
+
+def _to_fp32(x: np.ndarray, mode: str) -> np.ndarray:
+    r = np.asarray(x, np.float64).astype(np.float32)
+    if mode == "rz":
+        over = np.abs(r.astype(np.float64)) > np.abs(x)
+        r = np.where(over, np.nextafter(r, np.float32(0)), r)
+    return r
+
+
+def block_fma(c, a, b, m: BlockFMA) -> np.ndarray:
+    """One block FMA, vectorised: ``c`` (...) fp32 values; ``a``, ``b`` (..., n) 16-bit values
+    (any float dtype holding them exactly); returns fp32 (...)."""
+    c = np.asarray(c, np.float64)
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    p = a * b                                           # exact: 16- / 22-bit significands
+    if m.product_exponent == "inputs":
+        ep = _exponent(a) + _exponent(b)
+    else:
+        ep = _exponent(p)
+    ec = _exponent(c)
+    E = ep.max(axis=-1)
+    if m.acc_aligned:
+        E = np.maximum(E, ec)
+    E = np.where(np.isfinite(E), E, 0.0)
+    sc = np.exp2(m.frac_bits - E)
+    cut = np.trunc if m.term == "rz" else np.floor
+    s = cut(p * sc[..., None]).sum(axis=-1)
+    if m.acc_aligned:
+        return _to_fp32((s + cut(c * sc)) / sc, m.final)
+    blk = _to_fp32(s / sc, m.final).astype(np.float64)
+    return (blk + c).astype(np.float32)
+
+
+def block_fma_exact(c: float, a: Sequence[float], b: Sequence[float], m: BlockFMA) -> float:
+    """:func:`block_fma` for one element in exact rational arithmetic (the independent path)."""
+    def expo(x: Fraction) -> int:
+        # floor(log2 |x|) of a nonzero rational
+        e = x.numerator.bit_length() - x.denominator.bit_length()
+        while abs(x) >= Fraction(2) ** (e + 1):
+            e += 1
+        while abs(x) < Fraction(2) ** e:
+            e -= 1
+        return e
+    fa = [Fraction(float(x)) for x in a]
+    fb = [Fraction(float(x)) for x in b]
+    fc = Fraction(float(c))
+    prods = [x * y for x, y in zip(fa, fb)]
+    exps = [(expo(x) + expo(y) if m.product_exponent == "inputs" else expo(x * y))
+            for x, y in zip(fa, fb) if x != 0 and y != 0]
+    if m.acc_aligned and fc != 0:
+        exps.append(expo(fc))
+    E = max(exps) if exps else 0
+    unit = Fraction(2) ** (E - m.frac_bits)
+
+    def cut(x: Fraction) -> Fraction:
+        q = x / unit
+        n = math.floor(q) if m.term == "floor" else (math.floor(q) if q >= 0 else -math.floor(-q))
+        return n * unit
+    s = sum((cut(x) for x in prods), Fraction(0))
+
+    def fp32(x: Fraction, mode: str) -> float:
+        r = float(np.float32(float(x)))             # float(x) is RN to binary64: within the check below
+        if Fraction(r) != x:
+            # correct the double rounding: the nearest fp32 on each side, chosen by the exact value
+            lo = float(np.nextafter(np.float32(r), np.float32(-np.inf)))
+            hi = float(np.nextafter(np.float32(r), np.float32(np.inf)))
+            cands = sorted({lo, r, hi}, key=lambda y: Fraction(y))
+            below = max((y for y in cands if Fraction(y) <= x), key=Fraction)
+            above = min((y for y in cands if Fraction(y) >= x), key=Fraction)
+            if mode == "rz":
+                r = below if x >= 0 else above
+            else:
+                db, da = x - Fraction(below), Fraction(above) - x
+                if db != da:
+                    r = below if db < da else above
+                else:
+                    r = below if (np.float32(below).view(np.int32) & 1) == 0 else above
+        return r
+    if m.acc_aligned:
+        return fp32(s + cut(fc), m.final)
+    return float(np.float32(fp32(s, m.final) + float(fc)))
+
+
+def mma(a, b, init: Optional[np.ndarray], m: BlockFMA) -> np.ndarray:
+    """``init + a @ b^T`` over the last axis of ``a`` (..., M, K) and ``b`` (..., N, K) as the
+    tensor core computes it: blocks of ``m.chunk`` products in k order (``init`` None: a
+    zero-initialised accumulator). fp32 result (..., M, N)."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-2])
+    acc = np.zeros(shape, np.float32) if init is None else np.broadcast_to(np.asarray(init, np.float32), shape)
+    K = a.shape[-1]
+    for k0 in range(0, K, m.chunk):
+        ab = a[..., :, None, k0:k0 + m.chunk]
+        bb = b[..., None, :, k0:k0 + m.chunk]
+        ab, bb = np.broadcast_arrays(ab, bb)
+        acc = block_fma(acc, ab, bb, m)
+    return np.asarray(acc, np.float32)
+
+
+#: the SM90 model per input dtype (Note [SM90 MMA model]): one block of all 16 products of a k step
+#: and the accumulator, aligned to the largest of their exponents (a product's taken as e_a + e_b),
+#: each cut toward zero 25 bits below it, the exact sum cut toward zero to fp32. Fitted on 2 of 64
+#: recorded tiles per case (the only one of 480 candidate settings that matched), then bit-equal on
+#: all 1,048,576 recorded outputs (bf16 and fp16, 1 and 4 k steps; a once-rounded exact sum matches
+#: 25-55 % of them): kernels/evidence/golden/mma_sm90_h200.json
+SM90: dict[str, BlockFMA] = {
+    "bf16": BlockFMA(chunk=16, frac_bits=25, product_exponent="inputs", term="rz", final="rz", acc_aligned=True),
+    "fp16": BlockFMA(chunk=16, frac_bits=25, product_exponent="inputs", term="rz", final="rz", acc_aligned=True),
+}
+
+
+def model_for(tensor_core: str, dtype: str) -> Optional[BlockFMA]:
+    """The block FMA of ``tensor_core`` ("sm90") for ``dtype`` inputs, None where nothing was
+    measured (a check applies only to what its evidence describes)."""
+    if tensor_core != "sm90":
+        raise ValueError(f"tensor_core={tensor_core!r}: only 'sm90' is modelled")
+    return SM90.get(dtype)
