@@ -7,8 +7,9 @@ core's fp32-accumulating MMA for 16-bit inputs, and what the judge gains from it
   ``kernels/evidence/golden/mma_sm90_h200.npz``, from ``scripts/gpu_mma_probe.py``), and a model
   one parameter off does not (so the recording can tell them apart);
 * with the twin running the model (``accumulation="sm90-tensor-core"``), the judge's backward
-  bound takes each score as a point: the three huge-logit problems the H200 campaign left
-  undecided (fuzz.production, huge only, seed 7, e155efb) are decided, and a zeroed dQ fails.
+  bound takes each score as a point: the huge-logit problems the H200 campaign left undecided
+  (fuzz.production, huge only, seed 7, e155efb) and the CPU twin's last undecided corner are
+  decided, and a zeroed dQ fails.
 """
 from __future__ import annotations
 
@@ -86,6 +87,9 @@ def test_the_twin_in_tensor_core_mode_is_the_model():
 #: the problems the H200 left undecided (fuzz.production, huge only, seed 7, e155efb): built-in
 #: softcap rows whose dQ / dK hang on one unsaturated key (docs/results/h200/huge/e155efb/)
 _UNDECIDED_H200 = [
+    # the CPU twin's last undecided corner (fa4verify fuzz --target twin --dtype bf16 --distribution
+    # huge --seed 5): softcap 1 and a sink, exact gradients ~1e-13 out of cancelling huge scores
+    {"arch": "sm90", "batch": 1, "causal": False, "dtype": "bf16", "format": "fa4verify-attention-problem/1", "head_dim": 48, "head_dim_v": 48, "mask_mod": None, "nheads": 3, "nheads_kv": 3, "seqlen_k": 170, "seqlen_q": 20, "seqlens_k": [170], "seqlens_q": [20], "sink": True, "softcap": 1.0, "softmax_scale": None, "values": {"distribution": "huge", "params": {"e_qk": 8.0, "e_v": 1.0, "sink_scale": 16.0, "sink_shift": 50.0}, "seed": 3049354496}, "window_size": [-32, -18]},
     {"format": "fa4verify-attention-problem/1", "arch": "sm90", "dtype": "bf16", "batch": 1, "seqlen_q": 63, "seqlen_k": 147, "nheads": 1, "nheads_kv": 1, "head_dim": 64, "head_dim_v": 64, "causal": False, "window_size": [-144, -1], "softcap": 49.28557234749508, "sink": True, "softmax_scale": None, "seqlens_q": [63], "seqlens_k": [147], "mask_mod": None, "values": {"distribution": "huge", "seed": 552, "params": {"e_qk": 10.0, "e_v": 9.0, "sink_scale": 1.0, "sink_shift": 5.0}}, "call": {"seqused_k": True, "q_batched": False, "kv_capacity": 147, "page_size": None, "page_seed": None, "spare_pages": 0, "hostile_nan": False, "block_size": None, "block_seed": 0, "block_keep": 0.5, "mask_mod_fn": None}},
     {"format": "fa4verify-attention-problem/1", "arch": "sm90", "dtype": "bf16", "batch": 1, "seqlen_q": 31, "seqlen_k": 161, "nheads": 1, "nheads_kv": 1, "head_dim": 128, "head_dim_v": 128, "causal": False, "window_size": [162, 233], "softcap": 30.0, "sink": False, "softmax_scale": 1.0, "seqlens_q": [31], "seqlens_k": [161], "mask_mod": None, "values": {"distribution": "huge", "seed": 270, "params": {"e_qk": 7.0, "e_v": 4.0}}, "call": {"seqused_k": True, "q_batched": False, "kv_capacity": 168, "page_size": None, "page_seed": None, "spare_pages": 0, "hostile_nan": False, "block_size": None, "block_seed": 0, "block_keep": 0.5, "mask_mod_fn": None}},
 ]
@@ -97,7 +101,7 @@ def _h200_problem(spec):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("spec", _UNDECIDED_H200, ids=("seed552", "seed270"))
+@pytest.mark.parametrize("spec", _UNDECIDED_H200, ids=("twin-bf16-huge-seed5", "h200-seed552", "h200-seed270"))
 def test_the_model_decides_what_the_worst_case_bound_could_not(spec):
     from fa4verify import judge
     from fa4verify.targets import TwinTarget
@@ -117,3 +121,19 @@ def test_the_model_decides_what_the_worst_case_bound_could_not(spec):
     zero = judge.judge_backward(p, a, np.zeros_like(g.dq), g.dk, g.dv, kernel_fwd=(f.out, f.lse),
                                 tensor_core=t.tensor_core)
     assert zero.dq.status == "fail", zero.dq.summary()
+
+
+@pytest.mark.parametrize("arch, dtype", [("sm100", "bf16"), ("sm90", "fp8")])
+def test_the_model_applies_only_to_what_was_measured(arch, dtype):
+    """A check applies only to the configuration its evidence describes: sm90, bf16 / fp16."""
+    from fa4verify.errors import Unsupported
+    from fa4verify.problem import AttentionProblem
+    from fa4verify.targets import TwinTarget
+    p = AttentionProblem(arch=arch, dtype=dtype, batch=1, seqlen_q=8, seqlen_k=8, nheads=1, nheads_kv=1,
+                         head_dim=64, head_dim_v=64)
+    with pytest.raises(Unsupported, match="SM90 tensor-core model"):
+        TwinTarget(accumulation="sm90-tensor-core").check_supported(p)
+    assert TwinTarget().tensor_core is None
+    with pytest.raises(ValueError):
+        tc.model_for("sm100", "bf16")
+    assert tc.model_for("sm90", "fp8") is None
