@@ -310,7 +310,8 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
     is also bounded through FA4's LSE chain (Note [One-hot LSE chain], :func:`one_hot_chain`).
     ``s_kernel`` (lq, lk): the kernel's own fp32 scores ``Q K^T`` computed with the tensor core's
     arithmetic (Note [SM90 MMA model], ``kernels/twin/tensor_core.py``); where a score lies inside
-    the rigorous enclosure it is that point (an intersection: it can only narrow)."""
+    the rigorous enclosure it is that point: a verdict then rests on the model (recorded bit for bit
+    on an H200, re-measured by the audit's ``tensor_core.mma``), not on the worst case alone."""
     C = bs.constants
     u = C["u_fp32"]
     d, dv = q.shape[-1], v.shape[-1]
@@ -323,7 +324,8 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         S = S_ex
         if s_kernel is not None:
             # Note [SM90 MMA model]: the scores the kernel's tensor core computes, a point each
-            # (inside the rigorous enclosure, as a correct model's always are)
+            # where inside the rigorous enclosure (as the model's always are; outside it the model
+            # cannot be the hardware's, and the enclosure stays)
             sk = np.asarray(s_kernel, np.float64)
             inside = np.abs(sk - S_ex) <= rS
             S = np.where(inside, sk, S_ex)

@@ -30,7 +30,7 @@ import numpy as np
 from fa4verify.kernels.mods import AuxValues, ModPair, ModShape, library
 from fa4verify.errors import ModPairError
 
-__all__ = ["ModPair", "ModShape", "register_mod_pair", "unregister", "get", "names",
+__all__ = ["ModPair", "ModShape", "register_mod_pair", "unregister", "get", "names", "is_builtin",
            "validate", "resolve", "aux_for", "user_pair_modules"]
 
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")      # fullmatch: "$" would let a trailing newline in
@@ -180,9 +180,35 @@ def validate(pair: ModPair, *, sweep: bool = True) -> ModPair:
     if pair.kind == "mask" and not np.array_equal(np.broadcast_to(k0, x.shape), np.broadcast_to(k1, x.shape)):
         raise ModPairError(f"mod pair {n!r}: the mask depends on the head; the judge's keep-masks are per "
                            f"batch entry (write a head-independent mask)")
+    if pair.kind == "score" and "softcap" in (pair.equivalent or {}):
+        _check_softcap_claim(pair, qi, ki, aux)
     if sweep:
         _sweep(pair)
     return pair
+
+
+def _check_softcap_claim(pair: ModPair, qi, ki, aux) -> None:
+    """A score pair's ``equivalent = {"softcap": c}`` is a claim about its reference: ``y =
+    c tanh(x / c)`` and ``dy/dx = sech^2(x / c)``; checked here over 9 decades of ``|x| / c`` on
+    both signs (the GPU script compares the kernels)."""
+    c = pair.equivalent["softcap"]
+    if not (isinstance(c, (int, float)) and np.isfinite(c) and c > 0):
+        raise ModPairError(f"mod pair {pair.name!r}: equivalent softcap must be a finite number > 0, got {c!r}")
+    c = float(c)
+    t = np.concatenate([-np.logspace(-4, 5, 200)[::-1], [0.0], np.logspace(-4, 5, 200)])
+    x = np.broadcast_to((c * t)[:, None], (t.size, ki.shape[1])).copy()
+    q = np.zeros((t.size, 1), dtype=qi.dtype)
+    try:
+        y = np.broadcast_to(np.asarray(pair.ref(x.copy(), 0, 0, q, ki, aux), np.float64), x.shape)
+        g = np.broadcast_to(np.asarray(pair.grad(x.copy(), 0, 0, q, ki, aux), np.float64), x.shape)
+    except Exception as e:  # noqa: BLE001
+        raise ModPairError(f"mod pair {pair.name!r}: reference failed on the softcap claim's sweep: "
+                           f"{type(e).__name__}: {e}") from None
+    e2 = np.exp(-2.0 * np.abs(x / c))
+    if not (np.allclose(y, c * np.tanh(x / c), rtol=1e-12, atol=0.0)
+            and np.allclose(g, 4.0 * e2 / (1.0 + e2) ** 2, rtol=1e-9, atol=1e-300)):
+        raise ModPairError(f"mod pair {pair.name!r}: equivalent={{'softcap': {c:g}}} claims y = {c:g} tanh(x / {c:g}) "
+                           "and its derivative, but the reference differs")
 
 
 def register_mod_pair(pair: ModPair, *, replace: bool = False) -> ModPair:
@@ -220,6 +246,11 @@ def user_pair_modules() -> dict[str, tuple[str, str]]:
     missing afterwards (registered outside any importable module, e.g. in ``__main__`` or inside
     a function): a campaign never silently leaves a registered pair out."""
     return {n: _ORIGIN.get(n, ("", "")) for n in names() if n not in _BUILTIN}
+
+
+def is_builtin(pair: ModPair) -> bool:
+    """``pair`` is fa4verify's own registered built-in (users cannot register or replace one)."""
+    return pair.name in _BUILTIN and _REGISTRY.get(pair.name) is pair
 
 
 def get(name: str) -> ModPair:

@@ -18,7 +18,7 @@ from fa4verify.oracles import arbiter
 from fa4verify.oracles.semantics import parse_problem
 from fa4verify.stages.taps import judge_taps
 from fa4verify.targets import TwinTarget
-from fa4verify.problem import AttentionProblem
+from fa4verify.problem import AttentionProblem, ValueSpec
 
 from test_hull_fallback import _problem
 
@@ -378,3 +378,34 @@ def test_a_softcap_pair_is_bounded_by_the_built_in_softcap_model():
     # power: the bound is far below the exact dV, so a zeroed dV fails
     zero = judge.judge_backward(pair, a, g.dq, g.dk, np.zeros_like(g.dv), kernel_fwd=(f.out, f.lse))
     assert zero.dv.status == "fail", zero.dv.summary()
+
+
+def test_a_user_pair_cannot_borrow_the_built_in_softcap_model():
+    """Review finding (2026-12-03): a user pair whose ``equivalent`` claimed softcap 30 while its
+    reference was softcap 20 made the judge pass a kernel computing softcap 30. The claim is now
+    checked at registration, and only fa4verify's own softcap pair gets the built-in's model."""
+    import dataclasses
+
+    from fa4verify import mods
+    from fa4verify.kernels.mods import softcap_mod
+    liar = dataclasses.replace(softcap_mod(20.0), name="liar_softcap", equivalent={"softcap": 30.0})
+    with pytest.raises(mods.ModPairError, match="claims"):
+        mods.register_mod_pair(liar)
+    honest = dataclasses.replace(softcap_mod(20.0), name="honest_softcap")
+    mods.register_mod_pair(honest)
+    try:
+        assert not mods.is_builtin(honest) and mods.is_builtin(mods.get("softcap"))
+        # the honest user pair keeps the generic pair step (its own Lipschitz and curvature
+        # constants): a kernel computing softcap 30 for it fails
+        p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=16, seqlen_k=24, nheads=1, nheads_kv=1,
+                             head_dim=64, head_dim_v=64, values=ValueSpec("huge", 1, (("e_qk", 6.0), ("e_v", 2.0))),
+                             mods=("honest_softcap",))
+        a = p.materialize()
+        wrong = TwinTarget()
+        bp = p.replace(mods=(), softcap=30.0)
+        f = wrong.forward(bp, bp.materialize())
+        g = wrong.backward(bp, bp.materialize(), f)
+        jb = judge.judge_backward(p, a, g.dq, g.dk, g.dv, kernel_fwd=(f.out, f.lse))
+        assert jb.dv.status == "fail", [v.summary() for v in jb.verdicts]
+    finally:
+        mods.unregister("honest_softcap")

@@ -137,3 +137,26 @@ def test_the_model_applies_only_to_what_was_measured(arch, dtype):
     with pytest.raises(ValueError):
         tc.model_for("sm100", "bf16")
     assert tc.model_for("sm90", "fp8") is None
+
+
+def test_the_domain_excludes_what_the_recording_does_not_cover():
+    rng = np.random.default_rng(3)
+    a, b = _draw(rng, (4, 64)), _draw(rng, (5, 64))
+    assert tc.in_domain(a, b, "bf16") and tc.in_domain(a * 2.0 ** 40, b * 2.0 ** -40, "bf16")  # scale is free
+    sub = a.copy()
+    sub[0, 0] = 2.0 ** -20                                      # an fp16 subnormal input
+    assert tc.in_domain(sub, b, "bf16") and not tc.in_domain(sub, b, "fp16")
+    assert not tc.in_domain(a * 2.0 ** 60, b * 2.0 ** 40, "bf16")   # products near fp32 overflow
+    assert not tc.in_domain(a, b, "fp8")
+
+
+def test_row_slices_give_the_same_bits(monkeypatch):
+    rng = np.random.default_rng(4)
+    a, b = _draw(rng, (300, 32)), _draw(rng, (40, 32))
+    c = (rng.standard_normal((300, 40)) * 64).astype(np.float32)
+    whole = tc.mma(a, b, c, tc.SM90_16BIT)
+    monkeypatch.setattr(tc, "_SLICE_ELEMS", 7 * 40 * 16)           # 7 rows per slice
+    sliced = tc.mma(a, b, c, tc.SM90_16BIT)
+    assert np.array_equal(whole.view(np.int32), sliced.view(np.int32))
+    rows = np.stack([tc.mma(a[i:i + 1], b, c[i:i + 1], tc.SM90_16BIT)[0] for i in range(0, 300, 37)])
+    assert np.array_equal(whole[::37].view(np.int32), rows.view(np.int32))

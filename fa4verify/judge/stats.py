@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from fa4verify.kernels import facts
-from fa4verify.kernels.twin.tensor_core import mma as _tc_mma, model_for
+from fa4verify.kernels.twin.tensor_core import in_domain as _tc_in_domain, mma as _tc_mma, model_for
 
 __all__ = ["BudgetStats", "gamma", "FTZ"]
 
@@ -426,16 +426,19 @@ class BudgetStats:
         if tensor_core is not None:
             mma_model = model_for(tensor_core, p.dtype)     # None: not modelled for this dtype
         spair = self.score_pair
-        # Note [A softcap pair in the built-in's model]: a score pair that computes FA4's built-in
-        # softcap with the built-in's own operations (ModPair.equivalent == {"softcap": c}:
-        # kernels/mods.py softcap_mod) is bounded by the built-in's interval model at cap c: a
+        # Note [A softcap pair in the built-in's model]: fa4verify's built-in softcap pair computes
+        # FA4's built-in softcap with the built-in's own operations (kernels/mods.py softcap_mod;
+        # a user pair's claim is not trusted here: its CuTe side is not fa4verify's) and is
+        # bounded by the built-in's interval model at cap c: a
         # saturated score is +-RN(c) exactly and its factor 0 (the MUFU tanh envelope), and the
         # factor carries tanh.approx's error, where the generic pair step (Lipschitz and curvature
         # over the whole S interval) admitted any P of a saturated row and left a huge-logit dV
         # without power (DERIVATIONS.md#backward-interval step 2)
         cap = float(p.softcap)
         if spair is not None and not cap and set(spair.equivalent) == {"softcap"}:
-            cap, spair = float(spair.equivalent["softcap"]), None
+            from fa4verify import mods as _mods
+            if _mods.is_builtin(spair):     # its CuTe side is fa4verify's own (kernels/mods.py)
+                cap, spair = float(spair.equivalent["softcap"]), None
         if spair is not None:
             from fa4verify import mods as _mods
             saux = _mods.aux_for(p, spair, self._arrays)
@@ -462,7 +465,9 @@ class BudgetStats:
                                         lse_self=None if lse_self is None else lse_self[qs, h],
                                         sink=None if sink is None else float(sink[h]),
                                         n_blocks=self.row["n_blocks"][qs, h],
-                                        s_kernel=None if mma_model is None else _tc_mma(q[qs, h], k[ks, hk], None, mma_model))
+                                        s_kernel=(_tc_mma(q[qs, h], k[ks, hk], None, mma_model)
+                                                  if mma_model is not None and _tc_in_domain(q[qs, h], k[ks, hk], p.dtype)
+                                                  else None))
                 with np.errstate(invalid="ignore", over="ignore"):
                     # u_p times the terms' size, plus the cast floor p_sub of each visible term
                     # (a P or dS below it is cast to 0 by a correct kernel)

@@ -132,7 +132,7 @@ def mma(a, b, init, mode: str, exact: bool = False) -> np.ndarray:
         if mode == "sm90-tensor-core":
             # Note [SM90 MMA model] (kernels/twin/tensor_core.py): bit-exact for 16-bit inputs
             from fa4verify.kernels.twin import tensor_core as _tc
-            return _tc.mma(a64, b64, init, _tc.SM90["bf16"])
+            return _tc.mma(a64, b64, init, _tc.SM90_16BIT)       # bf16 and fp16 alike
         if mode == "sequential":
             acc = None if init is None else np.asarray(init)
             for k in range(K):
