@@ -653,13 +653,15 @@ def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
     return None
 
 
-def make_target(name: str, *, mutations: Collection[str] = ()) -> Target:
-    """``"twin"`` or ``"production"``; mutations exist only on the twin."""
+def make_target(name: str, *, mutations: Collection[str] = (), accumulation: str = "exact-then-round") -> Target:
+    """``"twin"`` or ``"production"``; mutations and ``accumulation`` exist only on the twin."""
     if name == "twin":
-        return TwinTarget(mutations)
+        return TwinTarget(mutations, accumulation=accumulation)
     if name == "production":
         if mutations:
             raise ValueError("mutations exist only on the CPU twin (--target twin)")
+        if accumulation != "exact-then-round":
+            raise ValueError("accumulation chooses the CPU twin's arithmetic (--target twin)")
         return ProductionTarget()
     raise ValueError(f"target={name!r}: expected 'twin' or 'production'")
 

@@ -71,6 +71,8 @@ def test_cli_clean_run_exits_zero_and_reports_coverage(tmp_path):
     (["--property", "no_such_property"], "unknown property"),
     (["--target", "production", "--mutation", "causal_top_left"], "--target twin"),
     (["--replay", "does-not-exist.json"], "cannot read case"),
+    (["--target", "production", "--accumulation", "sequential"], "use it with --target twin"),
+    (["--arch", "sm100", "--accumulation", "sm90-tensor-core"], "models the SM90 tensor core"),
 ])
 def test_cli_bad_input_is_a_one_line_usage_error(args, msg, tmp_path):
     from fa4verify.cli import main
@@ -104,3 +106,16 @@ def test_profiles_are_registered():
     ci = settings.get_profile("fa4-ci")
     assert ci.derandomize and ci.deadline is None and ci.database is None
     assert settings.get_profile("fa4-nightly").max_examples >= 1000
+
+
+def test_cli_twin_with_the_tensor_core_model_decides_the_huge_bf16_corner(tmp_path):
+    """``--accumulation sm90-tensor-core``: the twin runs the SM90 wgmma bit for bit and the judge
+    takes each score as that point (Note [SM90 MMA model]); the campaign that the worst-case
+    enclosure leaves undecided (bf16, huge, seed 5: softcap 1 with a sink) is decided."""
+    _deps()
+    base = ["--examples", "40", "--seed", "5", "--dtype", "bf16", "--distribution", "huge"]
+    r0 = _cli(base, tmp_path)
+    assert r0.exit_code == 10 and "UNDECIDED bwd_budget" in r0.output, r0.output
+    r = _cli(base + ["--accumulation", "sm90-tensor-core", "--json", str(tmp_path / "t.json")], tmp_path)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "t.json").read_text())["target"]["accumulation"] == "sm90-tensor-core"

@@ -110,6 +110,11 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
               help="Head dims and kernel path drawn for (default: sm90; production: the GPU's).")
 @click.option("--dtype", type=click.Choice(("bf16", "fp16")), default=None,
               help="Input dtype (default: both are drawn).")
+@click.option("--accumulation", type=click.Choice(("exact-then-round", "sequential", "pairwise", "sm90-tensor-core")),
+              default="exact-then-round", show_default=True,
+              help="The twin's tensor-core fp32 accumulation: sm90-tensor-core is the SM90 wgmma bit for bit "
+                   "(recorded on an H200; sm90 problems, bf16/fp16), and the judge then takes each score "
+                   "as that point; the others are models the budgets must cover.")
 @click.option("--mutation", "mutations", multiple=True, metavar="NAME[,NAME]",
               help="Plant a named fault in the twin (repeatable); the run should then FAIL (exit 1).")
 @click.option("--property", "properties", multiple=True, metavar="NAME[,NAME]",
@@ -144,7 +149,7 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
                    "(by default a known issue absorbs only the violation it describes and the example "
                    "goes on: every other property and tensor is still checked).")
 @click.option("-v", "--verbose", is_flag=True, help="Print every example as it runs.")
-def command(target, examples, seed, profile, arch, dtype, mutations, properties, distributions, max_seqlen,
+def command(target, examples, seed, profile, arch, dtype, accumulation, mutations, properties, distributions, max_seqlen,
             max_head_dim,
             head_dims, time_limit,
             no_backward, json_path, cases_dir, cache_dir, replay, strict_known, verbose):
@@ -190,8 +195,12 @@ def command(target, examples, seed, profile, arch, dtype, mutations, properties,
     if muts and target != "twin":
         raise usage("--mutation plants faults in the CPU twin; use it with --target twin")
     arch = arch or _default_arch(target)
+    if accumulation != "exact-then-round" and target != "twin":
+        raise usage("--accumulation chooses the CPU twin's arithmetic; use it with --target twin")
+    if accumulation == "sm90-tensor-core" and arch != "sm90":
+        raise usage(f"--accumulation sm90-tensor-core models the SM90 tensor core; --arch is {arch}")
     try:
-        tgt = fuzz.make_target(target, mutations=muts)
+        tgt = fuzz.make_target(target, mutations=muts, accumulation=accumulation)
     except ValueError as e:
         raise usage(f"--mutation: {e}") from None
     except errors.DependencyMissing as e:
