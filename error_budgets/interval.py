@@ -476,8 +476,8 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         ds_hi = np.where(vis, ds_hi, 0.0)
         p_ex = ds_mag = ds_drop = None
         if exact is not None:
-            # the exact softmax of the exact scores (y_ex: of the exact S) and the size of the exact dS = P (dP - D) f before anything cancels (the
-            # dot products dP = dO V and D = O dO taken in absolute values)
+            # the exact softmax of the exact scores (y_ex: of the exact S) and the size of the exact
+            # dS = P (dP - D) f before anything cancels (dP = dO V and D = O dO in absolute values)
             o_ex, lse_ex = (np.asarray(x, np.float64) for x in exact)
             ok = keep & np.isfinite(lse_ex)[:, None]
             p_ex = np.where(ok, np.exp(np.where(ok, y_ex - np.where(np.isfinite(lse_ex), lse_ex, 0.0)[:, None],

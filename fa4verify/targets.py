@@ -138,9 +138,11 @@ class TwinTarget(Target):
     def check_supported(self, problem: AttentionProblem) -> None:
         if problem.mask_mod is not None and "mask_mod" not in self.features():
             raise Unsupported("the twin does not model mask_mod patterns")
-        if self.tensor_core is not None and (problem.dtype not in ("bf16", "fp16") or problem.arch != "sm90"):
-            raise Unsupported("the SM90 tensor-core model covers sm90 problems with bf16 or fp16 inputs, "
-                              f"not {problem.arch} {problem.dtype}")
+        if self.tensor_core is not None:
+            from fa4verify.kernels.twin.tensor_core import model_for
+            if problem.arch != "sm90" or model_for(self.tensor_core, problem.dtype) is None:
+                raise Unsupported("the SM90 tensor-core model covers sm90 problems with bf16 or fp16 inputs, "
+                                  f"not {problem.arch} {problem.dtype}")
         if problem.mods:
             raise Unsupported("the twin does not model score_mod / mask_mod pairs (fa4verify.mods)")
 

@@ -73,6 +73,7 @@ def test_cli_clean_run_exits_zero_and_reports_coverage(tmp_path):
     (["--replay", "does-not-exist.json"], "cannot read case"),
     (["--target", "production", "--accumulation", "sequential"], "use it with --target twin"),
     (["--arch", "sm100", "--accumulation", "sm90-tensor-core"], "models the SM90 tensor core"),
+    (["--accumulation", "nope"], "unknown model"),
 ])
 def test_cli_bad_input_is_a_one_line_usage_error(args, msg, tmp_path):
     from fa4verify.cli import main

@@ -110,9 +110,9 @@ def _replay(paths: tuple[str, ...], properties: list[str] | None) -> int:
               help="Head dims and kernel path drawn for (default: sm90; production: the GPU's).")
 @click.option("--dtype", type=click.Choice(("bf16", "fp16")), default=None,
               help="Input dtype (default: both are drawn).")
-@click.option("--accumulation", type=click.Choice(("exact-then-round", "sequential", "pairwise", "sm90-tensor-core")),
-              default="exact-then-round", show_default=True,
-              help="The twin's tensor-core fp32 accumulation: sm90-tensor-core is the SM90 wgmma bit for bit "
+@click.option("--accumulation", default="exact-then-round", show_default=True, metavar="MODEL",
+              help="The twin's tensor-core fp32 accumulation, one of kernels/twin/fp32.py's ACCUMULATIONS: "
+                   "sm90-tensor-core is the SM90 wgmma bit for bit "
                    "(recorded on an H200; sm90 problems, bf16/fp16), and the judge then takes each score "
                    "as that point; the others are models the budgets must cover.")
 @click.option("--mutation", "mutations", multiple=True, metavar="NAME[,NAME]",
@@ -195,6 +195,9 @@ def command(target, examples, seed, profile, arch, dtype, accumulation, mutation
     if muts and target != "twin":
         raise usage("--mutation plants faults in the CPU twin; use it with --target twin")
     arch = arch or _default_arch(target)
+    from fa4verify.kernels.twin.fp32 import ACCUMULATIONS
+    if accumulation not in ACCUMULATIONS:
+        raise usage(f"--accumulation: unknown model {accumulation!r}; known: {', '.join(ACCUMULATIONS)}")
     if accumulation != "exact-then-round" and target != "twin":
         raise usage("--accumulation chooses the CPU twin's arithmetic; use it with --target twin")
     if accumulation == "sm90-tensor-core" and arch != "sm90":

@@ -27,7 +27,6 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from fa4verify.kernels import facts
-from fa4verify.kernels.twin.tensor_core import in_domain as _tc_in_domain, mma as _tc_mma, model_for
 
 __all__ = ["BudgetStats", "gamma", "FTZ"]
 
@@ -424,6 +423,7 @@ class BudgetStats:
         mag = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
         mma_model = None
         if tensor_core is not None:
+            from fa4verify.kernels.twin.tensor_core import in_domain as _tc_in_domain, mma as _tc_mma, model_for
             mma_model = model_for(tensor_core, p.dtype)     # None: not modelled for this dtype
         spair = self.score_pair
         # Note [A softcap pair in the built-in's model]: fa4verify's built-in softcap pair computes
@@ -434,13 +434,11 @@ class BudgetStats:
         # factor carries tanh.approx's error, where the generic pair step (Lipschitz and curvature
         # over the whole S interval) admitted any P of a saturated row and left a huge-logit dV
         # without power (DERIVATIONS.md#backward-interval step 2)
+        from fa4verify import mods as _mods
         cap = float(p.softcap)
-        if spair is not None and not cap and set(spair.equivalent) == {"softcap"}:
-            from fa4verify import mods as _mods
-            if _mods.is_builtin(spair):     # its CuTe side is fa4verify's own (kernels/mods.py)
-                cap, spair = float(spair.equivalent["softcap"]), None
+        if spair is not None and not cap and set(spair.equivalent) == {"softcap"} and _mods.is_builtin(spair):
+            cap, spair = float(spair.equivalent["softcap"]), None   # its CuTe side is fa4verify's own
         if spair is not None:
-            from fa4verify import mods as _mods
             saux = _mods.aux_for(p, spair, self._arrays)
             sqi = np.arange(p.seqlen_q)[:, None]
             ski = np.arange(p.seqlen_k)[None, :]
