@@ -12,6 +12,8 @@
 #
 #   audit          the default GPU audit: JSON, JUnit and HTML reports (audit.{json,xml,html,log})
 #   checks         the default GPU audit of the checks AUDIT_K selects (-k expression; audit.{json,log})
+#   source         the default GPU audit with --source-coverage: the FA4 lines its checks ran
+#                  (source/source_coverage.{txt,json}, traces; AUDIT_K optional)
 #   deploy:NAME    the audit under a shipped deployment profile (llama3-8b, small-hd, ...)
 #   gputests       pytest -m gpu over GPU_TESTS (default tests/; e.g. "tests/test_races.py -k producer"), -n GPU_TEST_WORKERS (6)
 #   golden         record golden vectors and MUFU statistics (scripts/gpu_golden.py)
@@ -93,6 +95,9 @@ for step in "$@"; do
                 --html "$OUT/audit.html" > "$OUT/audit.log" 2>&1; echo "audit rc=$?"; tail -25 "$OUT/audit.log" ;;
     checks)   timeout "$left" "${AUDIT[@]}" -k "${AUDIT_K:?set AUDIT_K to the checks (-k expression)}" \
                 --json "$OUT/audit.json" > "$OUT/audit.log" 2>&1; echo "audit rc=$?"; tail -25 "$OUT/audit.log" ;;
+    source)   timeout "$left" "${AUDIT[@]}" ${AUDIT_K:+-k "$AUDIT_K"} --source-coverage "$OUT/source" \
+                --json "$OUT/audit.json" > "$OUT/audit.log" 2>&1; echo "audit rc=$?"; tail -6 "$OUT/audit.log"
+              (cd "$OUT/source" && rm -rf kernel-cache && tar czf traces.tgz traces && rm -rf traces) ;;
     deploy:*) timeout "$left" "${AUDIT[@]}" --deployment "${step#deploy:}" --json "$OUT/audit.json" \
                 > "$OUT/audit.log" 2>&1; echo "audit rc=$?"; tail -12 "$OUT/audit.log" ;;
     gputests) NX=(); python3 -c "import xdist" 2>/dev/null && NX=(-n "${GPU_TEST_WORKERS:-6}")

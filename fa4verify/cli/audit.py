@@ -7,9 +7,11 @@ skipped or none selected); 10 undecided.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
+from typing import Optional
 
 import click
 
@@ -73,9 +75,14 @@ def _list(specs, selected, config, console) -> None:
                    "GPU (CUDA_VISIBLE_DEVICES before CUDA starts), --workers per GPU, longest tasks "
                    "first; the report and verdicts of a one-GPU audit. 'all', a count N, or indices "
                    "'I,J' ('I,' for one). Excludes --shard. CPU test mode: FA4VERIFY_FAKE_GPUS=N.")
+@click.option("--source-coverage", "source_dir", default=None, metavar="DIR",
+              help="Record which lines of FA4's source the audit ran (host code, and the kernel code "
+                   "traced into each kernel it compiled) and write DIR/source_coverage.{txt,json}: per "
+                   "FA4 file and function, what no check ran and what only a drawn campaign ran. DIR "
+                   "must be new or empty; the audit compiles every kernel afresh in DIR/kernel-cache.")
 def command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate,
             timeout, workers, fresh_workers, kernel_cache, opts, fake_device, deployment, keyword, list_only, json_path, junit_path, html_path, baseline_path,
-            regression_rtol, live, gpus):
+            regression_rtol, live, gpus, source_dir):
     """Run every audit check, print the verdict, write reports and return the gate's exit code.
 
     \b
@@ -91,6 +98,8 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     from fa4verify.errors import KeywordError
 
     t_start = time.time()
+    if source_dir is not None and not list_only:
+        kernel_cache = _source_coverage_setup(source_dir, kernel_cache)
     raw = dict(dtype=dtype.lower(), device=device.lower(), arch=arch,
                profile=profile.lower(), seed=seed, keyword=keyword, shard=shard,
                checks_modules=checks_modules, no_default_checks=no_default_checks,
@@ -125,6 +134,50 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     finally:
         if early_pool is not None:
             early_pool.close()
+
+
+def _source_coverage_setup(source_dir: str, kernel_cache: Optional[str]) -> str:
+    """``--source-coverage DIR`` (Note [Source coverage], :mod:`fa4verify.coverage.source`): DIR
+    checked (new or empty), the workers' trace directory set in the environment they inherit,
+    and the kernel cache the audit then uses (DIR/kernel-cache, empty: a kernel loaded from a
+    cache is not traced; ``--kernel-cache off`` is kept). A bad DIR is a usage error."""
+    from fa4verify.coverage.source import TRACE_ENV
+    given = None if kernel_cache is None else str(kernel_cache).strip().lower()
+    if given not in (None, "auto", "off"):
+        raise _usage("--source-coverage compiles every kernel afresh in DIR/kernel-cache: leave out "
+                     "--kernel-cache (or give --kernel-cache off)")
+    d = os.path.abspath(source_dir)
+    if os.path.lexists(d) and not os.path.isdir(d):
+        raise _usage(f"--source-coverage {source_dir!r}: exists and is not a directory")
+    if os.path.isdir(d) and os.listdir(d):
+        raise _usage(f"--source-coverage {source_dir!r}: not empty (give a new or empty directory: "
+                     "traces of two runs must not mix)")
+    try:
+        os.makedirs(os.path.join(d, "traces"), exist_ok=True)
+    except OSError as e:
+        raise _usage(f"--source-coverage {source_dir!r}: cannot create it ({e.strerror})") from None
+    os.environ[TRACE_ENV] = os.path.join(d, "traces")
+    return "off" if given == "off" else os.path.join(d, "kernel-cache")
+
+
+def _write_source_coverage(console) -> None:
+    """Note [Source coverage]: the report of a ``--source-coverage`` run, beside its traces."""
+    from fa4verify.coverage import source
+    trace_dir = os.environ.get(source.TRACE_ENV)
+    root = source.fa4_root()
+    if not trace_dir or root is None:
+        return
+    out = os.path.dirname(os.path.abspath(trace_dir))
+    rep = source.report(source.load_traces(trace_dir), root)
+    with open(os.path.join(out, "source_coverage.json"), "w") as f:
+        json.dump(rep, f, indent=1)
+    with open(os.path.join(out, "source_coverage.txt"), "w") as f:
+        f.write(source.render(rep) + "\n")
+    run = sum(d["run"] for d in rep["files"].values())
+    planned = sum(d["by_construction"] for d in rep["files"].values())
+    total = sum(d["executable"] for d in rep["files"].values())
+    console.print(f"FA4 source coverage: {run} of {total} executable lines of flash_attn/cute run by "
+                  f"{rep['tasks']} task(s), {planned} by planned checks: {os.path.join(out, 'source_coverage.txt')}")
 
 
 def _start_pool_early(raw: dict):
@@ -295,6 +348,7 @@ def _audit_run(config, gpu_sel, early_pool, t_start, *, list_only, baseline, bas
     for label, p in (("JSON", json_path), ("JUnit", junit_path), ("HTML", html_path)):
         if p:
             console.print(f"{label} report: {p}")
+    _write_source_coverage(console)
     from fa4verify.run import bytecode
     bytecode.fill_some(bytecode.missing(), n=10**9, seconds=1.0)   # Note [Bytecode cache]
     return code

@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from fa4verify.audit.registry import CheckContext, CheckResult, CheckSpec, SkipCheck
 from fa4verify.run.worker import run_task
+from fa4verify.coverage.source import tracing
 
 __all__ = ["Job", "Task", "plan", "merge", "run_jobs", "run_here", "run_calls", "CallOutcome", "task_deadline",
            "case_key", "case_weight", "describe_case", "MIN_DEADLINE_S", "DEADLINE_FACTOR"]
@@ -313,9 +314,10 @@ def run_jobs(jobs: Sequence[Job], *, pool: Any = None, new_pool: Callable[[int],
             for t in local:
                 cases, t0 = cases_of(t), time.perf_counter()
                 if cases is None:
-                    outcomes = run_task(job.spec, job.ctx, None)
+                    with tracing(job.spec.id):             # Note [Source coverage]
+                        outcomes = run_task(job.spec, job.ctx, None)
                 else:
-                    with job.ctx.progress(len(cases), job.spec.title) as bar:
+                    with job.ctx.progress(len(cases), job.spec.title) as bar, tracing(job.spec.id):
                         outcomes = run_task(job.spec, job.ctx, cases)
                         bar.advance(len(cases))
                 record(t, outcomes, list(job.ctx._notes), t0, time.perf_counter(), {})

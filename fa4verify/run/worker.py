@@ -29,6 +29,8 @@ __all__ = ["build_request", "run_task", "serve", "main", "preload", "die_with_pa
 PRELOAD_ENV = "FA4VERIFY_WORKER_PRELOAD"
 #: Note [Task profiles]: every task under cProfile, written to ``<dir>/<check>-<pid>-<ns>.prof``
 PROFILE_ENV = "FA4VERIFY_PROFILE_DIR"
+#: Note [Source coverage] (fa4verify.coverage.source): every task's FA4 lines written to this directory
+SOURCE_TRACE_ENV = "FA4VERIFY_SOURCE_TRACE_DIR"
 
 #: Note [Idle imports]: what the checks' tasks import beyond :func:`preload`, the heaviest first
 #: in effect (measured on the CPU after the zygote's preload: 670 modules, 490 of them scipy's
@@ -166,7 +168,11 @@ def _run_request(req: dict[str, Any], reply: Any) -> dict[str, Any]:
 
     def on_case(j: int) -> None:
         reply.send({"case": j})
-    outcomes = profiled(req["check_id"], run_task, spec, ctx, cases, on_case)
+    if os.environ.get(SOURCE_TRACE_ENV):           # Note [Source coverage]
+        from fa4verify.coverage.source import traced
+        outcomes = profiled(req["check_id"], traced, req["check_id"], run_task, spec, ctx, cases, on_case)
+    else:
+        outcomes = profiled(req["check_id"], run_task, spec, ctx, cases, on_case)
     kernel_timing.release_compile_locks()          # a compile the check abandoned holds none
     timing = dict(kernel_timing.delta(before), exec_s=round(time.perf_counter() - t0, 3),
                   pid=os.getpid(), kernels=kernel_timing.events_since(before),
