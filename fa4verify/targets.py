@@ -414,7 +414,7 @@ class ProductionTarget(Target):
                 bs = tuple(self._ad.sm90_bwd_sparse_block_size(problem.head_dim, problem.head_dim_v))
             bm = call.block_mask(problem.seqlen_q, problem.seqlen_k)
             kw["block_sparse_tensors"] = self._ad.block_sparse_tensors(
-                bm, batch=problem.batch, nheads=problem.nheads, block_size=tuple(bs),
+                bm, batch=problem.batch, nheads=block_mask_heads(problem), block_size=tuple(bs),
                 direction="bwd" if backward else "fwd", device=self.device,
                 deterministic=backward and deterministic)
         elif call.mask_mod_fn is not None:
@@ -631,6 +631,25 @@ class ProductionTarget(Target):
 #: faults the twin can plant in its call-form layer (fa4verify.call_layout), for the fuzz's own
 #: mutation tests: ``paged_wrong_permutation`` reads a permuted page table in reversed order
 LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation",)
+
+
+def block_mask_heads(problem: AttentionProblem) -> int:
+    """The head extent of the block-sparse tensors FA4 gets for ``problem`` (Note [Block masks
+    broadcast over heads]).
+
+    Note [Block masks broadcast over heads]
+    ---------------------------------------
+    A call form's block mask is one mask for every head. FA4 takes it either per head
+    (``(batch, nheads, ...)``) or broadcast (head extent 1, which FA4 expands), and the choice
+    picks the kernel: ``interface.py`` turns packed GQA off when the block-sparse tensors' head
+    extent is not 1 ("pack_gqa requires block sparse head dim == 1"). So a GQA problem whose call
+    does not set ``pack_gqa=False`` gets the broadcast form, and runs FA4's packed-GQA block-sparse
+    kernel (on SM90 with ``tile_m % (q heads per KV head) != 0`` also its cp.async Q load), as a
+    dense GQA call would; an MHA problem or ``pack_gqa=False`` keeps the per-head form. Found with
+    ``audit --source-coverage`` on the H200: with per-head tensors only, no audit kernel held the
+    packed block-sparse path (Note [Source coverage])."""
+    packed = problem.nheads != problem.nheads_kv and (problem.call is None or problem.call.pack_gqa is not False)
+    return 1 if packed else problem.nheads
 
 
 def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:

@@ -68,16 +68,25 @@ def build(ctx: CheckContext, *, arch: str, dtype: str, features: tuple[str, ...]
 def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: str, dtype: str,
            where: str) -> list:
     """The plan's rows as the check's cases (coverage/planner.py is this check's ``cases()``)."""
+    from fa4verify.coverage.cases import edge_problems
     sp, pl, problems = build(ctx, arch=arch, dtype=dtype, features=features)
     if not pl.rows:
         why = "; ".join(f"{k}: {v}" for k, v in sp.notes.items()) or "the space is empty"
         ctx.skip(f"nothing to run: the audit's space holds no value FA4 supports on {arch} ({why})")
+    # Note [Constructed edges]: after the rows, outside the coverage tuples
+    edges = [(n, p) for n, p in edge_problems(sp, seed=int(ctx.seed))
+             if p.call is None or p.call.block_size is None or "block_sparse" in features]
     extra = {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": int(ctx.seed),
-                      "uncoverable": [list(map(list, t)) for t in pl.uncoverable]}}
-    return _campaign_cases(ctx, target=target, arch=arch, dtype=dtype, n=len(problems), kw={}, where=where,
-                           extra=extra, problems=problems, properties=PLAN_PROPERTIES,
+                      "uncoverable": [list(map(list, t)) for t in pl.uncoverable],
+                      "edges": [n for n, _p in edges]}}
+    n_rows = len(problems)
+    backward = row_backward(sp, pl.rows)
+    backward.update({n_rows + k: not (p.call is not None and p.call.block_size is not None)
+                     for k, (_n, p) in enumerate(edges)})
+    return _campaign_cases(ctx, target=target, arch=arch, dtype=dtype, n=n_rows + len(edges), kw={}, where=where,
+                           extra=extra, problems=problems + [p for _n, p in edges], properties=PLAN_PROPERTIES,
                            deterministic={i: r["det"] == "on" for i, r in enumerate(pl.rows)},
-                           backward=row_backward(sp, pl.rows))
+                           backward=backward)
 
 
 def row_backward(sp, rows: list) -> dict[int, bool]:
@@ -123,6 +132,10 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
                                         | ({by[i]["known_raised"]["name"]} if by[i].get("known_raised") else set()))
                          for i in range(len(rows)) if by.get(i, {}).get("known") or by.get(i, {}).get("known_raised")}
     cov["uncoverable"] = pl.get("uncoverable", [])
+    # Note [Constructed edges]: each must run (a refused or unrun edge is a hole, never a pass)
+    cov["edge_cases"] = {n: by.get(len(rows) + k, {}).get("status", "not_run")
+                         for k, n in enumerate(pl.get("edges", []))}
+    edge_holes = [n for n, st in cov["edge_cases"].items() if st not in ("ran", "known", "violation")]
     # Note [Edge values]: a planned edge row must see every edge it planted
     blind = {i: int(by[i].get("metrics", {}).get("edges_blind", 0)) for i in ran
              if rows[i].get("values") == "edges" and by[i].get("metrics", {}).get("edges_blind", 0)}
@@ -144,6 +157,13 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     if blind:
         out.summary = (f"{len(blind)} planned edge row(s) blind to a one-key shift (first: row {next(iter(blind))}); "
                        + out.summary)
+        if out.status == "pass":
+            out.status = "undecided"
+    if cov["edge_cases"]:
+        head_line += f"; {len(cov['edge_cases']) - len(edge_holes)}/{len(cov['edge_cases'])} constructed edges ran"
+    if edge_holes:
+        named = ", ".join(f"{n} ({cov['edge_cases'][n]})" for n in edge_holes)
+        out.summary = f"constructed edge(s) not judged: {named}; " + out.summary
         if out.status == "pass":
             out.status = "undecided"
     if cov["holes"] or cov["uncoverable"]:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from fa4verify.coverage.space import FeatureSpace, is_local, is_paged, is_unpacked
 from fa4verify.kernels import facts
 
-__all__ = ["problem_for", "plan_problems", "sparse_block_size"]
+__all__ = ["problem_for", "plan_problems", "sparse_block_size", "edge_problems"]
 
 _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "normal": (("sigma", 1.0),), "outliers": (("p", 0.01), ("outlier_std", 100.0)),
@@ -204,3 +204,54 @@ def _self_only(name: str) -> bool:
         return False
     from fa4verify import mods
     return bool(getattr(mods.get(pair), "self_attention_only", False))
+
+
+def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any]]:
+    """Note [Constructed edges]: ``(name, problem)`` of the FA4 paths no plan row's tile-relative
+    shape reaches, each built by rule (never drawn), inside the space's own values:
+
+    * ``empty_keys`` / ``empty_keys_sink``: a varlen call whose every key sequence is empty (FA4's
+      forward returns before any kernel: O = 0, LSE = -inf, or the sink with a learnable sink; its
+      backward returns zeros and, with a sink, dsink from dLSE);
+    * ``empty_queries``: a varlen call whose every query sequence is empty;
+    * ``negative_window``: window (-1, -1), which FA4 reads as no window
+      (``_resolve_causal_local_window``);
+    * ``sparse_q64`` (SM90): a block mask of 64-row Q blocks, on which FA4's SM90 forward shrinks its
+      tile to 64 rows (``_fit_sm90_fwd_tile_to_block_sparsity``): a forward kernel of its own
+      (forward only: the SM90 backward takes its own block).
+
+    Found with ``audit --source-coverage`` on the H200 (Note [Source coverage]): before these, only
+    the drawn campaign (``fuzz.production``) ran those lines, when its seed happened to draw them."""
+    from fa4verify.problem import AttentionProblem, CallForm, ValueSpec
+    rng = random.Random(f"edges:{seed}")
+    hd_name = next(iter(space.values["hd"]), None)
+    gqa = next(iter(space.values["gqa"]), None)
+    if hd_name is None or gqa is None:
+        return []
+    hd, hdv = space.hd[hd_name]
+    nh, nk = space.heads.get(gqa) or _HEADS[gqa]
+    base = dict(arch=space.arch, dtype=space.dtype, nheads=nh, nheads_kv=nk, head_dim=hd, head_dim_v=hdv)
+
+    def vals() -> Any:
+        return ValueSpec("normal", rng.randrange(2 ** 31), _VALUE_PARAMS["normal"])
+    out: list[tuple[str, Any]] = []
+    forms = space.values["form"]
+    if "zero" in space.values["seqlen"] and "varlen" in forms and "zero" not in space.lengths:
+        out.append(("empty_keys", AttentionProblem(batch=2, seqlens_q=(5, 3), seqlens_k=(0, 0), seqlen_q=5,
+                                                   seqlen_k=0, values=vals(), **base)))
+        if "on" in space.values["sink"]:
+            out.append(("empty_keys_sink", AttentionProblem(batch=2, seqlens_q=(5, 3), seqlens_k=(0, 0), seqlen_q=5,
+                                                            seqlen_k=0, sink=True, values=vals(), **base)))
+        out.append(("empty_queries", AttentionProblem(batch=2, seqlens_q=(0, 0), seqlens_k=(4, 7), seqlen_q=0,
+                                                      seqlen_k=7, values=vals(), **base)))
+    if "none" in space.values["mask"] and "dense" in forms and not space.lengths:
+        tm, tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)
+        out.append(("negative_window", AttentionProblem(batch=2, seqlen_q=tn + 1, seqlen_k=tn + 1, window_size=(-1, -1),
+                                                        values=vals(), **base)))
+    if space.arch == "sm90" and "block_sparse" in forms and not space.lengths:
+        tm, tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)
+        out.append(("sparse_q64", AttentionProblem(
+            batch=2, seqlen_q=3 * 64 + 5, seqlen_k=2 * tn + 3, values=vals(),
+            call=CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),
+                          block_keep=0.6), **base)))
+    return out

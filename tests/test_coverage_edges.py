@@ -1,0 +1,61 @@
+"""Note [Constructed edges] (fa4verify.coverage.cases.edge_problems): the FA4 paths no plan row
+reaches are run by rule, inside the space, after the rows; an edge that does not run makes the
+coverage check undecided, never a pass."""
+from __future__ import annotations
+
+from fa4verify.audit import registry
+from fa4verify.checks import coverage as C
+from fa4verify.coverage import cases
+from fa4verify.coverage.space import space_for
+from fa4verify.deployment import Deployment
+from fa4verify.problem.masks import resolve_window
+from fa4verify.run.engine import run_here
+from fa4verify.targets import TwinTarget, Unsupported
+
+
+def test_each_edge_is_the_path_it_names():
+    got = dict(cases.edge_problems(space_for("sm90", "bf16")))
+    assert set(got) == {"empty_keys", "empty_keys_sink", "empty_queries", "negative_window", "sparse_q64"}
+    assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
+    assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
+    assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
+    p = got["negative_window"]
+    assert p.window_size == (-1, -1) and resolve_window(p.causal, p.window_size)[:2] == (False, False)
+    assert got["sparse_q64"].call.block_size[0] == 64 and got["sparse_q64"].seqlen_q > 64
+    # SM100 has no sparse_q64 (its tile does not shrink to the Q block)
+    assert "sparse_q64" not in dict(cases.edge_problems(space_for("sm100", "bf16")))
+
+
+def test_edges_stay_inside_a_deployment():
+    dep = Deployment.from_mapping({"name": "d", "head_dims": [128], "nheads": 4, "nheads_kv": 4,
+                                   "masks": ["causal"], "seqlen_q": [64, 512], "seqlen_k": [64, 512],
+                                   "distributions": ["normal"]}, "<test>")
+    sp = space_for("sm90", "bf16", deployment=dep)
+    got = dict(cases.edge_problems(sp))
+    # no empty sequence (its minimum is 64), no unmasked call (causal only), no free lengths
+    assert not got
+
+
+def test_an_edge_that_does_not_run_makes_the_check_undecided(monkeypatch):
+    dep = Deployment.from_mapping({"name": "tiny", "head_dims": [16, 32], "nheads": 2, "nheads_kv": 1,
+                                   "masks": ["none", "causal"], "seqlen_q": [1, 70], "seqlen_k": [1, 70],
+                                   "distributions": ["normal"]}, "<test>")
+    ctx = registry.CheckContext(arch="sm90", seed=0, profile="full", check_id="coverage.twin[sm90]",
+                                deployment=dep.to_dict())
+    whole = run_here(C.twin.__fa4verify_check__, ctx)
+    assert whole.status == "pass", whole.summary
+    assert whole.details["plan_coverage"]["edge_cases"] == {}       # none fits this deployment
+    real = cases.edge_problems
+    free = space_for("sm90", "bf16")
+    monkeypatch.setattr(cases, "edge_problems", lambda space, *, seed=0: real(free, seed=seed)[:1])
+    orig = TwinTarget.check_supported
+
+    def refuse_empty_keys(self, problem):
+        if problem.varlen and sum(problem.seqlens_k) == 0:
+            raise Unsupported("stand-in refusal of the empty-keys edge")
+        return orig(self, problem)
+    monkeypatch.setattr(TwinTarget, "check_supported", refuse_empty_keys)
+    r = run_here(C.twin.__fa4verify_check__, ctx)
+    assert "plan_coverage" in r.details, (r.status, r.summary)
+    assert r.details["plan_coverage"]["edge_cases"] == {"empty_keys": "unsupported"}, r.details["plan_coverage"]
+    assert r.status == "undecided" and "constructed edge(s) not judged: empty_keys (unsupported)" in r.summary
