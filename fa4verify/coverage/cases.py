@@ -21,6 +21,8 @@ _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "negative_scores": (("shift", 100.0),), "peaked_rescale": (("delta", 8.0), ("sigma", 0.1)),
     "tiny": (("e", 8.0),), "edges": (("score", 6.0),), "huge": (("e_qk", 6.0), ("e_v", 4.0)),
 }
+#: the Q block of a block mask on SM100 (:func:`sparse_block_size`)
+SM100_SPARSE_Q_BLOCK = 256
 _HEADS = {"1": (2, 2), "2": (4, 2), "4": (8, 2), "mqa": (3, 1), "2_unpacked": (4, 2)}
 
 
@@ -31,9 +33,15 @@ def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
     its own tile_n as KV block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv` False)
     gets the forward's block where the two differ: that row runs forward only
     (:meth:`FeatureSpace.no_backward` asks this function). A block-sparse row has no causal or
-    window mask (FA4 drops them with a block mask: ``FeatureSpace.why_not``)."""
+    window mask (FA4 drops them with a block mask: ``FeatureSpace.why_not``).
+
+    SM100: 256 x 128. Its forward takes Q blocks that are a multiple of ``q_stage * tile_m``, and
+    ``q_stage`` is 2 once the (GQA-packed) query length passes one 128-row tile (``interface.py``
+    ``_get_fwd_config``): a 128-row block is refused there ("must be a multiple of 256", compile-only
+    on this CPU, FA4 4.0.0b36, for MHA at seqlen_q 300 and packed GQA 4/2 at 100), 256 rows serve
+    both stages; forward and backward compile with it (compile-only: not run on a B200)."""
     if arch != "sm90":
-        return 128, 128
+        return SM100_SPARSE_Q_BLOCK, 128
     bwd = sm90_bwd_sparse_block(hd, hdv)
     if not facts.sm90_fwd_fits_sparse_kv():
         fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, False, False, block_q=bwd[0])   # block-sparse: no causal/window
