@@ -14,7 +14,11 @@ from fa4verify.targets import TwinTarget, Unsupported
 
 
 def test_each_edge_is_the_path_it_names():
-    got = dict(cases.edge_problems(space_for("sm90", "bf16")))
+    trip = cases.edge_problems(space_for("sm90", "bf16"))
+    got = {n: p for n, p, _b in trip}
+    back = {n: b for n, _p, b in trip}
+    assert back == {"empty_keys": True, "empty_keys_sink": True, "empty_queries": True, "negative_window": True,
+                    "sparse_q64": False}
     assert set(got) == {"empty_keys", "empty_keys_sink", "empty_queries", "negative_window", "sparse_q64"}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
@@ -23,7 +27,7 @@ def test_each_edge_is_the_path_it_names():
     assert p.window_size == (-1, -1) and resolve_window(p.causal, p.window_size)[:2] == (False, False)
     assert got["sparse_q64"].call.block_size[0] == 64 and got["sparse_q64"].seqlen_q > 64
     # SM100 has no sparse_q64 (its tile does not shrink to the Q block)
-    assert "sparse_q64" not in dict(cases.edge_problems(space_for("sm100", "bf16")))
+    assert "sparse_q64" not in {n for n, _p, _b in cases.edge_problems(space_for("sm100", "bf16"))}
 
 
 def test_edges_stay_inside_a_deployment():
@@ -31,7 +35,7 @@ def test_edges_stay_inside_a_deployment():
                                    "masks": ["causal"], "seqlen_q": [64, 512], "seqlen_k": [64, 512],
                                    "distributions": ["normal"]}, "<test>")
     sp = space_for("sm90", "bf16", deployment=dep)
-    got = dict(cases.edge_problems(sp))
+    got = cases.edge_problems(sp)
     # no empty sequence (its minimum is 64), no unmasked call (causal only), no free lengths
     assert not got
 

@@ -117,6 +117,7 @@ def _audit(*args, env=None):
                            "--no-live", *args], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.skipif(S.fa4_root() is None, reason="flash-attn-4 is not installed (--source-coverage refuses)")
 def test_cli_source_coverage_writes_its_report_and_refuses_bad_directories(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != S.TRACE_ENV}
     d = tmp_path / "sc"
@@ -132,3 +133,56 @@ def test_cli_source_coverage_writes_its_report_and_refuses_bad_directories(tmp_p
         (tmp_path / "f").write_text("x")
         p = _audit("-k", "exp2.deg3", *args, env=env)
         assert p.returncode == 2 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    # a preset FA4 kernel cache would serve kernels untraced: refused
+    p = _audit("-k", "exp2.deg3", "--source-coverage", str(tmp_path / "m"),
+               env=dict(env, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(tmp_path / "k")))
+    assert p.returncode == 2 and "unset FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" in p.stderr
+    # a refused run leaves nothing that refuses the corrected one; the variable alone traces nothing
+    d2 = tmp_path / "again"
+    assert _audit("-k", "exp2.deg3 and (", "--source-coverage", str(d2), env=env).returncode == 2
+    assert _audit("-k", "exp2.deg3", "--source-coverage", str(d2), env=env).returncode == 0
+    d3 = tmp_path / "envonly"
+    p = _audit("-k", "exp2.deg3", env=dict(env, **{S.TRACE_ENV: str(d3 / "traces")}))
+    assert p.returncode == 0 and not d3.exists() and "FA4 source coverage" not in p.stdout
+
+
+def test_a_second_tracer_records_what_the_first_did_and_the_old_tracer_comes_back(tmp_path):
+    """Tasks of one worker trace one after another: on Python >= 3.12 a location the first tracer
+    disabled must fire again for the second; with settrace, the tracer in place before is restored."""
+    root, mod = _load(tmp_path)
+    got = []
+    for _ in range(2):
+        tr = S.LineTracer(root)
+        with tr:
+            mod.f(1)
+        got.append(tr.to_json())
+    assert got[0] == got[1] and {2, 3, 6} <= set(got[0]["mod.py"])
+    if getattr(sys, "monitoring", None) is None:
+        def other(frame, event, arg):
+            return None
+        sys.settrace(other)
+        try:
+            with S.LineTracer(root):
+                mod.f(1)
+            assert sys.gettrace() is other
+        finally:
+            sys.settrace(None)
+
+
+def test_code_objects_equal_across_files_go_to_their_own_file(tmp_path):
+    """Two files holding the same function compile to code objects that compare equal (their file
+    name is not in the equality): each call is recorded under its own file."""
+    root = tmp_path / "pkg"
+    root.mkdir()
+    mods = []
+    for name in ("a.py", "b.py"):
+        (root / name).write_text("def g():\n    return 1\n")
+        spec = importlib.util.spec_from_file_location(f"fa4v_srccov_{name[0]}", root / name)
+        m = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(m)
+        mods.append(m)
+    tr = S.LineTracer(str(root))
+    with tr:
+        mods[0].g()
+        mods[1].g()
+    assert tr.to_json() == {"a.py": [2], "b.py": [2]}

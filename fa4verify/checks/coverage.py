@@ -74,17 +74,16 @@ def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: s
         why = "; ".join(f"{k}: {v}" for k, v in sp.notes.items()) or "the space is empty"
         ctx.skip(f"nothing to run: the audit's space holds no value FA4 supports on {arch} ({why})")
     # Note [Constructed edges]: after the rows, outside the coverage tuples
-    edges = [(n, p) for n, p in edge_problems(sp, seed=int(ctx.seed))
+    edges = [(n, p, b) for n, p, b in edge_problems(sp, seed=int(ctx.seed))
              if p.call is None or p.call.block_size is None or "block_sparse" in features]
     extra = {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": int(ctx.seed),
                       "uncoverable": [list(map(list, t)) for t in pl.uncoverable],
-                      "edges": [n for n, _p in edges]}}
+                      "edges": [n for n, _p, _b in edges]}}
     n_rows = len(problems)
     backward = row_backward(sp, pl.rows)
-    backward.update({n_rows + k: not (p.call is not None and p.call.block_size is not None)
-                     for k, (_n, p) in enumerate(edges)})
+    backward.update({n_rows + k: b for k, (_n, _p, b) in enumerate(edges)})
     return _campaign_cases(ctx, target=target, arch=arch, dtype=dtype, n=n_rows + len(edges), kw={}, where=where,
-                           extra=extra, problems=problems + [p for _n, p in edges], properties=PLAN_PROPERTIES,
+                           extra=extra, problems=problems + [p for _n, p, _b in edges], properties=PLAN_PROPERTIES,
                            deterministic={i: r["det"] == "on" for i, r in enumerate(pl.rows)},
                            backward=backward)
 

@@ -94,12 +94,27 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     Exit: 0 within budget, 1 violation/regression, 2 usage or environment error,
           3 a check crashed, 5 nothing ran, 10 undecided.
     """
+    t_start = time.time()
+    from fa4verify.coverage.source import TRACE_ENV
+    inherited = os.environ.pop(TRACE_ENV, None)     # only --source-coverage turns tracing on
+    try:
+        if source_dir is not None and not list_only:
+            kernel_cache = _source_coverage_setup(source_dir, kernel_cache)
+        return _command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate,
+                        timeout, workers, fresh_workers, kernel_cache, opts, fake_device, deployment, keyword,
+                        list_only, json_path, junit_path, html_path, baseline_path, regression_rtol, live, gpus,
+                        t_start)
+    finally:
+        os.environ.pop(TRACE_ENV, None)
+        if inherited is not None:
+            os.environ[TRACE_ENV] = inherited
+
+
+def _command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate, timeout,
+             workers, fresh_workers, kernel_cache, opts, fake_device, deployment, keyword, list_only, json_path,
+             junit_path, html_path, baseline_path, regression_rtol, live, gpus, t_start) -> int:
     from fa4verify.audit.runner import compile_keyword
     from fa4verify.errors import KeywordError
-
-    t_start = time.time()
-    if source_dir is not None and not list_only:
-        kernel_cache = _source_coverage_setup(source_dir, kernel_cache)
     raw = dict(dtype=dtype.lower(), device=device.lower(), arch=arch,
                profile=profile.lower(), seed=seed, keyword=keyword, shard=shard,
                checks_modules=checks_modules, no_default_checks=no_default_checks,
@@ -138,41 +153,56 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
 
 def _source_coverage_setup(source_dir: str, kernel_cache: Optional[str]) -> str:
     """``--source-coverage DIR`` (Note [Source coverage], :mod:`fa4verify.coverage.source`): DIR
-    checked (new or empty), the workers' trace directory set in the environment they inherit,
-    and the kernel cache the audit then uses (DIR/kernel-cache, empty: a kernel loaded from a
-    cache is not traced; ``--kernel-cache off`` is kept). A bad DIR is a usage error."""
-    from fa4verify.coverage.source import TRACE_ENV
+    checked (new, empty, or holding only the empty ``traces/`` and ``kernel-cache/`` a refused run
+    left), the workers' trace directory set in the environment they inherit (created by the first
+    trace), and the kernel cache the audit then uses (DIR/kernel-cache, empty: a kernel loaded
+    from a cache is not traced; ``--kernel-cache off`` is kept). Anything else is a usage error."""
+    from fa4verify.coverage.source import TRACE_ENV, fa4_root
     given = None if kernel_cache is None else str(kernel_cache).strip().lower()
     if given not in (None, "auto", "off"):
         raise _usage("--source-coverage compiles every kernel afresh in DIR/kernel-cache: leave out "
                      "--kernel-cache (or give --kernel-cache off)")
+    preset = [k for k in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
+              if os.environ.get(k)]
+    if preset:
+        raise _usage(f"--source-coverage: unset {' and '.join(preset)} (FA4 would load its kernels from "
+                     "that cache, untraced)")
+    if fa4_root() is None:
+        raise _usage("--source-coverage: flash-attn-4 is not installed here (nothing of FA4 to trace)")
     d = os.path.abspath(source_dir)
     if os.path.lexists(d) and not os.path.isdir(d):
         raise _usage(f"--source-coverage {source_dir!r}: exists and is not a directory")
-    if os.path.isdir(d) and os.listdir(d):
+    try:
+        left = os.listdir(d) if os.path.isdir(d) else []
+        stale = [n for n in left if n not in ("traces", "kernel-cache")
+                 or not os.path.isdir(os.path.join(d, n)) or os.listdir(os.path.join(d, n))]
+    except OSError as e:
+        raise _usage(f"--source-coverage {source_dir!r}: cannot read it ({e.strerror})") from None
+    if stale:
         raise _usage(f"--source-coverage {source_dir!r}: not empty (give a new or empty directory: "
                      "traces of two runs must not mix)")
-    try:
-        os.makedirs(os.path.join(d, "traces"), exist_ok=True)
-    except OSError as e:
-        raise _usage(f"--source-coverage {source_dir!r}: cannot create it ({e.strerror})") from None
     os.environ[TRACE_ENV] = os.path.join(d, "traces")
     return "off" if given == "off" else os.path.join(d, "kernel-cache")
 
 
 def _write_source_coverage(console) -> None:
-    """Note [Source coverage]: the report of a ``--source-coverage`` run, beside its traces."""
+    """Note [Source coverage]: the report of a ``--source-coverage`` run, beside its traces; a
+    report that cannot be built or written is one line on stderr (the gate's exit code stands)."""
     from fa4verify.coverage import source
     trace_dir = os.environ.get(source.TRACE_ENV)
     root = source.fa4_root()
     if not trace_dir or root is None:
         return
     out = os.path.dirname(os.path.abspath(trace_dir))
-    rep = source.report(source.load_traces(trace_dir), root)
-    with open(os.path.join(out, "source_coverage.json"), "w") as f:
-        json.dump(rep, f, indent=1)
-    with open(os.path.join(out, "source_coverage.txt"), "w") as f:
-        f.write(source.render(rep) + "\n")
+    try:
+        rep = source.report(source.load_traces(trace_dir), root)
+        with open(os.path.join(out, "source_coverage.json"), "w") as f:
+            json.dump(rep, f, indent=1)
+        with open(os.path.join(out, "source_coverage.txt"), "w") as f:
+            f.write(source.render(rep) + "\n")
+    except (OSError, ValueError) as e:
+        click.echo(f"fa4verify audit: error: cannot write the source coverage report in {out}: {e}", err=True)
+        return
     run = sum(d["run"] for d in rep["files"].values())
     planned = sum(d["by_construction"] for d in rep["files"].values())
     total = sum(d["executable"] for d in rep["files"].values())

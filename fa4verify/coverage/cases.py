@@ -214,9 +214,10 @@ def _self_only(name: str) -> bool:
     return bool(getattr(mods.get(pair), "self_attention_only", False))
 
 
-def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any]]:
-    """Note [Constructed edges]: ``(name, problem)`` of the FA4 paths no plan row's tile-relative
-    shape reaches, each built by rule (never drawn), inside the space's own values:
+def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any, bool]]:
+    """Note [Constructed edges]: ``(name, problem, backward)`` of the FA4 paths no plan row's
+    tile-relative shape reaches, each built by rule (never drawn), inside the space's own values;
+    ``backward``: whether FA4 has a backward for it (:meth:`FeatureSpace.no_backward`):
 
     * ``empty_keys`` / ``empty_keys_sink``: a varlen call whose every key sequence is empty (FA4's
       forward returns before any kernel: O = 0, LSE = -inf, or the sink with a learnable sink; its
@@ -226,7 +227,8 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any]
       (``_resolve_causal_local_window``);
     * ``sparse_q64`` (SM90): a block mask of 64-row Q blocks, on which FA4's SM90 forward shrinks its
       tile to 64 rows (``_fit_sm90_fwd_tile_to_block_sparsity``): a forward kernel of its own
-      (forward only: the SM90 backward takes its own block).
+      (forward only: the SM90 backward takes its own block), on releases whose forward fits its
+    tile to the block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv`).
 
     Found with ``audit --source-coverage`` on the H200 (Note [Source coverage]): before these, only
     the drawn campaign (``fuzz.production``) ran those lines, when its seed happened to draw them."""
@@ -242,24 +244,29 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any]
 
     def vals() -> Any:
         return ValueSpec("normal", rng.randrange(2 ** 31), _VALUE_PARAMS["normal"])
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, Any, bool]] = []
     forms = space.values["form"]
+
+    def bwd(form: str, sink: bool) -> bool:
+        return space.no_backward({"form": form, "hd": hd_name, "gqa": gqa, "mask": "none",
+                                  "sink": "on" if sink else "off"}) is None
     if "zero" in space.values["seqlen"] and "varlen" in forms and "zero" not in space.lengths:
         out.append(("empty_keys", AttentionProblem(batch=2, seqlens_q=(5, 3), seqlens_k=(0, 0), seqlen_q=5,
-                                                   seqlen_k=0, values=vals(), **base)))
+                                                   seqlen_k=0, values=vals(), **base), bwd("varlen", False)))
         if "on" in space.values["sink"]:
             out.append(("empty_keys_sink", AttentionProblem(batch=2, seqlens_q=(5, 3), seqlens_k=(0, 0), seqlen_q=5,
-                                                            seqlen_k=0, sink=True, values=vals(), **base)))
+                                                            seqlen_k=0, sink=True, values=vals(), **base),
+                        bwd("varlen", True)))
         out.append(("empty_queries", AttentionProblem(batch=2, seqlens_q=(0, 0), seqlens_k=(4, 7), seqlen_q=0,
-                                                      seqlen_k=7, values=vals(), **base)))
+                                                      seqlen_k=7, values=vals(), **base), bwd("varlen", False)))
     if "none" in space.values["mask"] and "dense" in forms and not space.lengths:
         tm, tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)
         out.append(("negative_window", AttentionProblem(batch=2, seqlen_q=tn + 1, seqlen_k=tn + 1, window_size=(-1, -1),
-                                                        values=vals(), **base)))
-    if space.arch == "sm90" and "block_sparse" in forms and not space.lengths:
+                                                        values=vals(), **base), bwd("dense", False)))
+    if space.arch == "sm90" and "block_sparse" in forms and not space.lengths and facts.sm90_fwd_fits_sparse_kv():
         tm, tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)
         out.append(("sparse_q64", AttentionProblem(
             batch=2, seqlen_q=3 * 64 + 5, seqlen_k=2 * tn + 3, values=vals(),
             call=CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),
-                          block_keep=0.6), **base)))
+                          block_keep=0.6), **base), False))
     return out

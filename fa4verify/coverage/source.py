@@ -6,10 +6,15 @@ Note [Source coverage]
 The CuTe DSL builds a kernel by running FA4's Python: a ``const_expr`` branch is decided while
 tracing (only the taken side runs), a dynamic ``if`` / loop has every body traced once into the
 IR. So the FA4 lines a process executed while compiling are the lines some compiled kernel holds,
-and a line no task executed is code that no kernel of the audit contains and no call ran: a fault
-planted there cannot be seen by the audit, whatever its judge. The converse does not hold: a
-traced line may sit behind a runtime condition no problem met (a tile the scheduler never
-reached), so "traced" is necessary for "verified", not sufficient.
+and a line no task executed is code that no traced task compiled or called: a fault planted
+there cannot be seen by those tasks, whatever their judge. Not traced: the separate processes
+some checks start (``determinism.fa4``'s, the races' PDL-off runs, source mutants), a task killed
+at its deadline, and what FA4 runs when it is imported; so the list of unrun lines can only be too
+long, never too short. The converse does not hold: a traced line may sit behind a runtime
+condition no problem met (a tile the scheduler never reached), so "traced" is necessary for
+"verified", not sufficient. Attribution to checks is an upper bound on "only by chance": a kernel
+one task compiled is reused untraced by the next task in its worker (FA4's in-memory cache) or
+another worker (``DIR/kernel-cache``); ``--fresh-workers`` narrows it.
 
 With ``$FA4VERIFY_SOURCE_TRACE_DIR`` set (``fa4verify audit --source-coverage DIR``), each
 worker task runs under :class:`LineTracer` (``sys.monitoring`` on Python >= 3.12, else
@@ -58,19 +63,23 @@ def fa4_root() -> Optional[str]:
 
 class LineTracer:
     """Records ``{file relative to the flash_attn package: {line, ...}}`` of the function bodies
-    under ``root`` that run inside the ``with`` block, on every thread."""
+    under ``root`` that run inside the ``with`` block: on every thread with ``sys.monitoring``
+    (Python >= 3.12); with ``sys.settrace``, on this thread and on threads started inside the
+    block. The tracers in place before the block are restored after it."""
 
     def __init__(self, root: str):
         self.root = os.path.realpath(root) + os.sep
         self.lines: dict[str, set[int]] = {}
         self._mon: Optional[int] = None
-        self._keep: dict[types.CodeType, Optional[set[int]]] = {}
+        self._prev: tuple = (None, None)
+        # by id(): code objects compare equal across files (co_filename is not in their
+        # equality); the code object is kept so its id is not reused
+        self._keep: dict[int, tuple[types.CodeType, Optional[set[int]]]] = {}
 
     def _bucket(self, code: types.CodeType) -> Optional[set[int]]:
-        try:
-            return self._keep[code]
-        except KeyError:
-            pass
+        hit = self._keep.get(id(code))
+        if hit is not None:
+            return hit[1]
         fn = code.co_filename
         rel = None
         if code.co_flags & _FUNCTION == _FUNCTION:
@@ -78,7 +87,7 @@ class LineTracer:
             if real.startswith(self.root):
                 rel = real[len(self.root):]
         b = self.lines.setdefault(rel, set()) if rel is not None else None
-        self._keep[code] = b
+        self._keep[id(code)] = (code, b)
         return b
 
     # Python >= 3.12: sys.monitoring, each location disabled once recorded
@@ -111,8 +120,12 @@ class LineTracer:
                 self._mon = tool
                 mon.register_callback(tool, mon.events.LINE, self._on_line)
                 mon.set_events(tool, mon.events.LINE)
+                # a location an earlier tracer of this process DISABLEd stays disabled until
+                # this: without it the next task would record nothing the last one did
+                mon.restart_events()
                 break
         if self._mon is None:
+            self._prev = (sys.gettrace(), getattr(threading, "gettrace", lambda: None)())
             sys.settrace(self._on_call)
             threading.settrace(self._on_call)
         return self
@@ -125,11 +138,11 @@ class LineTracer:
             mon.free_tool_id(self._mon)
             self._mon = None
         else:
-            sys.settrace(None)
-            threading.settrace(None)     # type: ignore[arg-type]
+            sys.settrace(self._prev[0])
+            threading.settrace(self._prev[1])     # type: ignore[arg-type]
 
     def to_json(self) -> dict[str, list[int]]:
-        return {k: sorted(v) for k, v in sorted(self.lines.items()) if v}
+        return {k: sorted(list(v)) for k, v in sorted(list(self.lines.items())) if v}
 
 
 @contextlib.contextmanager
@@ -147,10 +160,14 @@ def tracing(label: str) -> Iterator[None]:
         with tr:
             yield
     finally:
-        os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, f"{label}-{os.getpid()}-{time.time_ns()}.lines.json")
-        with open(path, "w") as f:
-            json.dump({"check": label, "root": root, "lines": tr.to_json()}, f)
+        try:        # atomic: a worker killed mid-write leaves no half file; a failed write
+            os.makedirs(out_dir, exist_ok=True)     # costs the trace, never the task's verdict
+            with open(path + ".tmp", "w") as f:
+                json.dump({"check": label, "root": root, "lines": tr.to_json()}, f)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
 
 
 def traced(label: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
