@@ -105,7 +105,8 @@ def test_the_coverage_plan_runs_every_registered_pair(user_pair, stand_ins):
     r = run_here(C.production.__fa4verify_check__, ctx)
     rows = r.details["plan"]["row_values"]
     problems = stand_ins["problems"]
-    assert len(problems) == len(rows) and r.status != "pass"
+    edges = r.details["plan_coverage"]["edge_cases"]
+    assert len(problems) == len(rows) + len(edges) and r.status != "pass"
     space = r.details["plan"]["space"]
     assert "mod:my_bias" in space["score_pairs"]
     used = {r_["pair"] for r_ in rows if "pair" in r_}
