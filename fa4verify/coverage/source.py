@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
-import importlib.util
 import inspect
 import json
 import os
@@ -51,14 +50,11 @@ _FUNCTION = inspect.CO_OPTIMIZED | inspect.CO_NEWLOCALS     # a function body (n
 
 def fa4_root() -> Optional[str]:
     """The directory of the ``flash_attn`` package this process would import (a source mutant's
-    copy first on ``PYTHONPATH`` included), found without importing it; None without FA4."""
-    try:
-        spec = importlib.util.find_spec("flash_attn")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return os.path.realpath(list(spec.submodule_search_locations)[0])
+    copy first on ``PYTHONPATH`` included), found without importing it
+    (:func:`fa4verify.kernels.fa4_params.fa4_source_dir`); None without FA4."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    return None if d is None else os.path.realpath(d.parent)
 
 
 class LineTracer:
