@@ -183,6 +183,29 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "            if curr_mask_block_cnt == 0:\n                kv_consumer_state = process_first_half_block(\n"),),
         "fwd", ("out", "lse")),
     SourceMutant(
+        "packed_sparse_q_next_block", "SM90 block-sparse forward with packed GQA, cp.async Q load (tile_m not a "
+        "multiple of the heads per KV head): the Q tile of the next m block is loaded",
+        (Edit("flash_fwd_sm90.py",
+              "                    else:\n"
+              "                        pipeline_q.producer_acquire_w_index_phase(0, q_producer_phase)\n"
+              "                        pack_gqa.load_Q(\n"
+              "                            mQ_cur, sQ, gmem_tiled_copy_Q, tidx, m_block, seqlen.seqlen_q\n"
+              "                        )\n"
+              "                        cute.arch.cp_async_commit_group()\n"
+              "                        pipeline_q.producer_commit_w_index(0)\n"
+              "                        q_producer_phase ^= 1\n"
+              "                    if is_kv_load_warp:\n",
+              "                    else:\n"
+              "                        pipeline_q.producer_acquire_w_index_phase(0, q_producer_phase)\n"
+              "                        pack_gqa.load_Q(\n"
+              "                            mQ_cur, sQ, gmem_tiled_copy_Q, tidx, m_block + 1, seqlen.seqlen_q\n"
+              "                        )\n"
+              "                        cute.arch.cp_async_commit_group()\n"
+              "                        pipeline_q.producer_commit_w_index(0)\n"
+              "                        q_producer_phase ^= 1\n"
+              "                    if is_kv_load_warp:\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
         "dropped_rescale", "online-softmax rescale of O dropped in the SM90 forward main loop",
         (Edit("flash_fwd_sm90.py",
               "            cute.copy(smem_copy_params.smem_thr_copy_P, tPrP, smem_copy_params.tPsP)\n"
