@@ -102,7 +102,8 @@ def keep_call_forms(draw: DrawFn, problem: Any, *, block_sparse: bool, mask_mod_
     """A dense non-causal problem with a block-sparse or mask_mod call form (causal/window are
     dropped; a varlen or boolean-mask_mod problem is returned unchanged). SM90 block sizes: q block 64 or 128 (a
     multiple of tile_m, or 64 with tile_m 64), kv block 64 or tile_n (FA4 shrinks tile_n to a
-    smaller multiple of 16; a larger one must equal tile_n); SM100: 256 x tile_n."""
+    smaller multiple of 16; a larger one must equal tile_n); SM100: the plan's block
+    (:func:`fa4verify.coverage.cases.sparse_block_size`)."""
     if problem.varlen or problem.mask_mod is not None:
         return problem
     if problem.causal or problem.window_size != (None, None):
@@ -119,9 +120,9 @@ def keep_call_forms(draw: DrawFn, problem: Any, *, block_sparse: bool, mask_mod_
     if problem.arch == "sm90":
         bq = draw(st.sampled_from((128, 64)))
         bk = draw(st.sampled_from(sorted({min(64, tn), tn})))
-    else:           # SM100: Q blocks of q_stage * tile_m (fa4verify.coverage.cases.sparse_block_size)
-        from fa4verify.coverage.cases import SM100_SPARSE_Q_BLOCK
-        bq, bk = SM100_SPARSE_Q_BLOCK, tn
+    else:           # SM100: Q blocks of q_stage * tile_m
+        from fa4verify.coverage.cases import sparse_block_size
+        bq, bk = sparse_block_size(problem.arch, problem.head_dim, problem.head_dim_v)
     return problem.replace(call=CallForm(block_size=(bq, bk), block_seed=draw(st.integers(0, 2 ** 16)),
                                          block_keep=draw(st.sampled_from((0.5, 0.75, 0.25, 1.0)))))
 

@@ -74,8 +74,7 @@ def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: s
         why = "; ".join(f"{k}: {v}" for k, v in sp.notes.items()) or "the space is empty"
         ctx.skip(f"nothing to run: the audit's space holds no value FA4 supports on {arch} ({why})")
     # Note [Constructed edges]: after the rows, outside the coverage tuples
-    edges = [(n, p, b) for n, p, b in edge_problems(sp, seed=int(ctx.seed))
-             if p.call is None or p.call.block_size is None or "block_sparse" in features]
+    edges = edge_problems(sp, seed=int(ctx.seed))
     extra = {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": int(ctx.seed),
                       "uncoverable": [list(map(list, t)) for t in pl.uncoverable],
                       "edges": [n for n, _p, _b in edges]}}

@@ -7,11 +7,12 @@ skipped or none selected); 10 undecided.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 import click
 
@@ -94,61 +95,63 @@ def command(dtype, device, arch, profile, seed, shard, checks_modules, no_defaul
     Exit: 0 within budget, 1 violation/regression, 2 usage or environment error,
           3 a check crashed, 5 nothing ran, 10 undecided.
     """
+    from fa4verify.audit.runner import compile_keyword
+    from fa4verify.errors import KeywordError
+
     t_start = time.time()
+    with _source_coverage(None if list_only else source_dir, kernel_cache) as kernel_cache:
+        raw = dict(dtype=dtype.lower(), device=device.lower(), arch=arch,
+                   profile=profile.lower(), seed=seed, keyword=keyword, shard=shard,
+                   checks_modules=checks_modules, no_default_checks=no_default_checks,
+                   isolate=isolate.lower(), timeout=timeout, opts=opts,
+                   deployment=deployment, workers=workers,
+                   fresh_workers=fresh_workers, kernel_cache=kernel_cache, fake_device=fake_device)
+        # Note [Workers before the CUDA probe]: a GPU audit's workers start before this process
+        # imports torch to probe CUDA (seconds on the H200, measured: the zygote's imports then overlap
+        # the probe as well as the discovery)
+        early_pool = None
+        if gpus is None and not list_only:
+            early_pool = _start_pool_early(raw)
+        try:                    # every way out closes the early pool (usage errors, Ctrl-C, the end)
+            try:
+                config = build_config(**raw)
+                compile_keyword(keyword)
+            except (OptionError, KeywordError) as e:
+                raise _usage(str(e)) from None
+            from fa4verify.checks.long_context import row_stride
+            try:
+                row_stride()                       # an environment setting of a check: bad input, exit 2
+            except ValueError as e:
+                raise _usage(str(e)) from None
+            if early_pool is not None and not _pool_fits(early_pool, config):
+                early_pool.close()
+                early_pool = None
+            return _checked_run(config, early_pool, t_start, gpus=gpus, shard=shard, list_only=list_only,
+                                baseline_path=baseline_path, regression_rtol=regression_rtol,
+                                json_path=json_path, junit_path=junit_path, html_path=html_path, live=live,
+                                workers_auto=str(workers if workers is not None else "auto").strip().lower()
+                                == "auto")
+        finally:
+            if early_pool is not None:
+                early_pool.close()
+
+
+@contextlib.contextmanager
+def _source_coverage(source_dir: Optional[str], kernel_cache: Optional[str]) -> Iterator[Optional[str]]:
+    """The audit inside ``--source-coverage DIR`` (Note [Source coverage]), yielding the kernel
+    cache it then uses; without DIR, the kernel cache asked for, and no tracing (a trace variable
+    inherited from the shell is set aside: only the option turns tracing on). Whatever was in the
+    environment before is back after the audit."""
     from fa4verify.coverage.source import TRACE_ENV
-    inherited = os.environ.pop(TRACE_ENV, None)     # only --source-coverage turns tracing on
+    inherited = os.environ.pop(TRACE_ENV, None)
     try:
-        if source_dir is not None and not list_only:
+        if source_dir is not None:
             kernel_cache = _source_coverage_setup(source_dir, kernel_cache)
-        return _command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate,
-                        timeout, workers, fresh_workers, kernel_cache, opts, fake_device, deployment, keyword,
-                        list_only, json_path, junit_path, html_path, baseline_path, regression_rtol, live, gpus,
-                        t_start)
+        yield kernel_cache
     finally:
         os.environ.pop(TRACE_ENV, None)
         if inherited is not None:
             os.environ[TRACE_ENV] = inherited
-
-
-def _command(dtype, device, arch, profile, seed, shard, checks_modules, no_default_checks, isolate, timeout,
-             workers, fresh_workers, kernel_cache, opts, fake_device, deployment, keyword, list_only, json_path,
-             junit_path, html_path, baseline_path, regression_rtol, live, gpus, t_start) -> int:
-    from fa4verify.audit.runner import compile_keyword
-    from fa4verify.errors import KeywordError
-    raw = dict(dtype=dtype.lower(), device=device.lower(), arch=arch,
-               profile=profile.lower(), seed=seed, keyword=keyword, shard=shard,
-               checks_modules=checks_modules, no_default_checks=no_default_checks,
-               isolate=isolate.lower(), timeout=timeout, opts=opts,
-               deployment=deployment, workers=workers,
-               fresh_workers=fresh_workers, kernel_cache=kernel_cache, fake_device=fake_device)
-    # Note [Workers before the CUDA probe]: a GPU audit's workers start before this process
-    # imports torch to probe CUDA (seconds on the H200, measured: the zygote's imports then overlap
-    # the probe as well as the discovery)
-    early_pool = None
-    if gpus is None and not list_only:
-        early_pool = _start_pool_early(raw)
-    try:                    # every way out closes the early pool (usage errors, Ctrl-C, the end)
-        try:
-            config = build_config(**raw)
-            compile_keyword(keyword)
-        except (OptionError, KeywordError) as e:
-            raise _usage(str(e)) from None
-        from fa4verify.checks.long_context import row_stride
-        try:
-            row_stride()                       # an environment setting of a check: bad input, exit 2
-        except ValueError as e:
-            raise _usage(str(e)) from None
-        if early_pool is not None and not _pool_fits(early_pool, config):
-            early_pool.close()
-            early_pool = None
-        return _checked_run(config, early_pool, t_start, gpus=gpus, shard=shard, list_only=list_only,
-                            baseline_path=baseline_path, regression_rtol=regression_rtol,
-                            json_path=json_path, junit_path=junit_path, html_path=html_path, live=live,
-                            workers_auto=str(workers if workers is not None else "auto").strip().lower()
-                            == "auto")
-    finally:
-        if early_pool is not None:
-            early_pool.close()
 
 
 def _source_coverage_setup(source_dir: str, kernel_cache: Optional[str]) -> str:

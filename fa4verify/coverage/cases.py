@@ -21,8 +21,6 @@ _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "negative_scores": (("shift", 100.0),), "peaked_rescale": (("delta", 8.0), ("sigma", 0.1)),
     "tiny": (("e", 8.0),), "edges": (("score", 6.0),), "huge": (("e_qk", 6.0), ("e_v", 4.0)),
 }
-#: the Q block of a block mask on SM100 (:func:`sparse_block_size`)
-SM100_SPARSE_Q_BLOCK = 256
 _HEADS = {"1": (2, 2), "2": (4, 2), "4": (8, 2), "mqa": (3, 1), "2_unpacked": (4, 2)}
 
 
@@ -41,7 +39,7 @@ def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
     on this CPU, FA4 4.0.0b36, for MHA at seqlen_q 300 and packed GQA 4/2 at 100), 256 rows serve
     both stages; forward and backward compile with it (compile-only: not run on a B200)."""
     if arch != "sm90":
-        return SM100_SPARSE_Q_BLOCK, 128
+        return 256, 128
     bwd = sm90_bwd_sparse_block(hd, hdv)
     if not facts.sm90_fwd_fits_sparse_kv():
         fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, False, False, block_q=bwd[0])   # block-sparse: no causal/window
@@ -228,7 +226,10 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     * ``sparse_q64`` (SM90): a block mask of 64-row Q blocks, on which FA4's SM90 forward shrinks its
       tile to 64 rows (``_fit_sm90_fwd_tile_to_block_sparsity``): a forward kernel of its own
       (forward only: the SM90 backward takes its own block), on releases whose forward fits its
-    tile to the block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv`).
+      tile to the block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv`).
+
+    Each needs its form in the space (the block-sparse edge only where the target runs block
+    sparsity).
 
     Found with ``audit --source-coverage`` on the H200 (Note [Source coverage]): before these, only
     the drawn campaign (``fuzz.production``) ran those lines, when its seed happened to draw them."""
@@ -259,12 +260,11 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
                         bwd("varlen", True)))
         out.append(("empty_queries", AttentionProblem(batch=2, seqlens_q=(0, 0), seqlens_k=(4, 7), seqlen_q=0,
                                                       seqlen_k=7, values=vals(), **base), bwd("varlen", False)))
+    tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)[1]
     if "none" in space.values["mask"] and "dense" in forms and not space.lengths:
-        tm, tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)
         out.append(("negative_window", AttentionProblem(batch=2, seqlen_q=tn + 1, seqlen_k=tn + 1, window_size=(-1, -1),
                                                         values=vals(), **base), bwd("dense", False)))
     if space.arch == "sm90" and "block_sparse" in forms and not space.lengths and facts.sm90_fwd_fits_sparse_kv():
-        tm, tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)
         out.append(("sparse_q64", AttentionProblem(
             batch=2, seqlen_q=3 * 64 + 5, seqlen_k=2 * tn + 3, values=vals(),
             call=CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),

@@ -272,8 +272,8 @@ def report(traces: Sequence[Mapping[str, Any]], root: str, *, files: Optional[Se
 def render(rep: Mapping[str, Any], *, files: Optional[Sequence[str]] = None, detail: bool = True) -> str:
     """A text table of :func:`report`: per file run / by construction / executable, then (``detail``)
     each function with lines no task ran or only a drawn campaign ran."""
-    out = [f"FA4 source lines run by {rep['tasks']} task(s) (Note [Source coverage]: a line no task ran is in "
-           "no compiled kernel and no call of this audit)",
+    out = [f"FA4 source lines run by {rep['tasks']} task(s) (Note [Source coverage]: a line no traced task ran "
+           "is in no kernel they compiled and no call they made)",
            f"{'file':40s} {'run':>6s} {'planned':>8s} {'of':>6s}"]
     names = [f for f in rep["files"] if files is None or f in files]
     for f in names:
