@@ -44,6 +44,7 @@
 #                  (benchmarks/gpu_audit_time.py; --workers N; FA4VERIFY_WORKER_START)
 #   profile        the default audit on time:default's warm cache, each worker request under cProfile
 #   imports        python -X importtime of what an audit worker imports
+#   tput           FA4 compile throughput, 1 / 8 / 15 processes (benchmarks/compile_throughput.py; TPUT_PROCS, TPUT_K)
 #   workers        how the engine's workers start here (benchmarks/worker_start.py: fork or spawn)
 #   parent         the audit parent's start: python -X importtime and wall of a one-check audit
 #   seed:N         the default audit with --seed N on time:default's kernel cache (JSON)
@@ -161,6 +162,8 @@ PY
       TIMEFORMAT="wall %R s, user %U s, sys %S s"
       time (env QUACK_ARCH=90 PYTORCH_NVML_BASED_CUDA_CHECK=1 python3 -X importtime -c "$Z" 2> "$OUT/importtime.txt")
       sort -t'|' -k2 -n "$OUT/importtime.txt" | tail -14 | cut -c1-110 ;;
+    tput)     timeout "$left" python3 benchmarks/compile_throughput.py --procs "${TPUT_PROCS:-1,8,15}" --kernels "${TPUT_K:-4}" > "$OUT/tput.txt" 2>&1
+              lscpu > "$OUT/lscpu.txt" 2>&1; cat "$OUT/tput.txt" | tail -8 ;;
     workers)  timeout "$left" python3 benchmarks/worker_start.py --workers "${WORKERS:-12}" > "$OUT/workers.txt" 2>&1
               tail -20 "$OUT/workers.txt" ;;
     parent)   mkdir -p "$CR/default/shard"
