@@ -174,13 +174,3 @@ def to_problem_grads(problem, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray
     else:                                                 # batched whole
         dk, dv = dk.reshape((-1,) + dk.shape[2:]), dv.reshape((-1,) + dv.shape[2:])
     return dq, dk, dv
-
-
-def keep_call_extra(problem) -> Optional[dict[str, Any]]:
-    """``{"block_mask", "block_size"}`` or ``{"mask_mod_fn"}`` of a keep-pattern call form."""
-    call = problem.call
-    if call is None or not call.keep_pattern:
-        return None
-    if call.block_size is not None:
-        return {"block_mask": call.block_mask(problem.seqlen_q, problem.seqlen_k), "block_size": call.block_size}
-    return {"mask_mod_fn": call.mask_mod_fn}

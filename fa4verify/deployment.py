@@ -341,6 +341,8 @@ class Deployment:
                 forms += ["paged_small", "paged_tile"]
         if "block_sparse" in self.features:
             forms.append("block_sparse")
+        if "block_sparse" in self.features and "mod_pairs" in self.features:
+            forms.append("block_sparse_mod")
         if "mask_mod_fn" in self.features or "mod_pairs" in self.features:
             forms.append("mask_mod")
         if "mod_pairs" in self.features:

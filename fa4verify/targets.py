@@ -413,10 +413,14 @@ class ProductionTarget(Target):
             if backward and problem.arch == "sm90":
                 bs = tuple(self._ad.sm90_bwd_sparse_block_size(problem.head_dim, problem.head_dim_v))
             bm = call.block_mask(problem.seqlen_q, problem.seqlen_k)
+            part = call.partial_blocks(problem.seqlen_q, problem.seqlen_k)
             kw["block_sparse_tensors"] = self._ad.block_sparse_tensors(
                 bm, batch=problem.batch, nheads=block_mask_heads(problem), block_size=tuple(bs),
                 direction="bwd" if backward else "fwd", device=self.device,
-                deterministic=backward and deterministic)
+                deterministic=backward and deterministic, partial=part if part.any() else None)
+            kw.update(self._mods_kw(problem, a))    # Note [Partial blocks]: the mask pair inside mask blocks
+            if not backward:
+                kw.pop("score_mod_bwd", None)
         elif call.mask_mod_fn is not None:
             from fa4verify.problem.calls import mask_mod_pairs
             fn = mask_mod_pairs()[call.mask_mod_fn].load()
@@ -458,23 +462,31 @@ class ProductionTarget(Target):
         if problem.varlen:
             kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
                       max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
-        if problem.mods:     # the pairs' CuTe functions and their aux tensors (fa4verify.mods)
-            from fa4verify import mods as _mods
-            aux: list = []
-            scalars: tuple = ()
-            for pair in problem.mod_pairs():
-                if pair is None:
-                    continue
-                aux_p = _mods.aux_for(problem, pair, a)
-                if aux and aux_p:
-                    raise Unsupported("two mod pairs with aux tensors: FA4 shares one aux_tensors list")
-                if scalars and aux_p.scalars:
-                    raise Unsupported("two mod pairs with aux scalars: FA4 shares one aux_scalars tuple")
-                aux = aux or list(aux_p)
-                scalars = scalars or aux_p.scalars
-                kw.update({n: x for n, x in pair.kw_fa4(aux_scalars=aux_p.scalars).items() if n != "aux_tensors"})
-            if aux:
-                kw["aux_tensors"] = [self._t(np.asarray(x), None) for x in aux]
+        kw.update(self._mods_kw(problem, a))
+        return kw
+
+    def _mods_kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+        """The mod pairs' CuTe functions and their aux tensors and scalars (fa4verify.mods); {}
+        without ``mods``."""
+        kw: dict[str, Any] = {}
+        if not problem.mods:
+            return kw
+        from fa4verify import mods as _mods
+        aux: list = []
+        scalars: tuple = ()
+        for pair in problem.mod_pairs():
+            if pair is None:
+                continue
+            aux_p = _mods.aux_for(problem, pair, a)
+            if aux and aux_p:
+                raise Unsupported("two mod pairs with aux tensors: FA4 shares one aux_tensors list")
+            if scalars and aux_p.scalars:
+                raise Unsupported("two mod pairs with aux scalars: FA4 shares one aux_scalars tuple")
+            aux = aux or list(aux_p)
+            scalars = scalars or aux_p.scalars
+            kw.update({n: x for n, x in pair.kw_fa4(aux_scalars=aux_p.scalars).items() if n != "aux_tensors"})
+        if aux:
+            kw["aux_tensors"] = [self._t(np.asarray(x), None) for x in aux]
         return kw
 
     def _fwd_kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:

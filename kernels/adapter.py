@@ -1084,12 +1084,16 @@ def sm90_bwd_config(head_dim: int, head_dim_v: Optional[int] = None, *, causal: 
 
 
 def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tuple[int, int],
-                         direction: str = "fwd", device: str = "cuda", deterministic: bool = False):
+                         direction: str = "fwd", device: str = "cuda", deterministic: bool = False,
+                         partial=None):
     """FA4's ``BlockSparseTensorsTorch`` for a dense boolean block mask ``(n_q_blocks,
-    n_kv_blocks)`` (the same for every batch entry and head): every selected block is a *full*
-    block (no ``mask_mod`` inside blocks), ``mask_block_cnt`` is 0. ``direction="fwd"`` lists per
-    Q block its KV blocks; ``"bwd"`` per KV block its Q blocks (the backward's Q-direction form).
-    The dense semantics: key j is visible to query i iff ``block_mask[i // bq, j // bk]``.
+    n_kv_blocks)`` (the same for every batch entry and head). ``partial`` (a boolean mask of the
+    same shape inside ``block_mask``, or None): the blocks listed as *mask* blocks
+    (``mask_block_cnt`` / ``mask_block_idx``: FA4 applies the call's ``mask_mod`` inside them); the
+    other selected blocks are *full* blocks (no ``mask_mod``). ``direction="fwd"`` lists per Q
+    block its KV blocks; ``"bwd"`` per KV block its Q blocks (the backward's Q-direction form).
+    The dense semantics: key j is visible to query i iff the block ``(i // bq, j // bk)`` is full,
+    or is a mask block and the mask_mod keeps (i, j).
 
     ``deterministic`` (``"bwd"`` only): FA4's deterministic block-sparse backward serialises the dQ
     writes by an order it does not derive itself (``interface.py``: "deterministic block-sparse
@@ -1101,6 +1105,9 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
     import torch
     from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
     m = np.asarray(block_mask, bool)
+    part = np.zeros_like(m) if partial is None else np.asarray(partial, bool)
+    if part.shape != m.shape or (part & ~m).any():
+        raise ValueError(f"partial blocks {part.shape} must lie inside the block mask {m.shape}")
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction={direction!r}: expected 'fwd' or 'bwd'")
     if deterministic and direction != "bwd":
@@ -1111,20 +1118,23 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
         x = np.broadcast_to(np.asarray(x, np.int32), (batch, nheads) + np.shape(x))
         return torch.tensor(x.tolist(), dtype=torch.int32, device=device)
 
-    def lists(mm):
-        """(mask_cnt, mask_idx, full_cnt, full_idx) of one direction: every block full."""
+    def listed(mm):
+        """(count, index) per row of one block class, ascending block index."""
         rows, cols = mm.shape
         idx = np.zeros((rows, cols), np.int32)
         for r in range(rows):
             sel = np.flatnonzero(mm[r])
             idx[r, : sel.size] = sel
-        return (full(np.zeros(rows, np.int32)), full(np.zeros((rows, cols), np.int32)),
-                full(mm.sum(axis=1).astype(np.int32)), full(idx))
-    mine = lists(m.T if direction == "bwd" else m)
+        return full(mm.sum(axis=1).astype(np.int32)), full(idx)
+
+    def lists(mm, pp):
+        """(mask_cnt, mask_idx, full_cnt, full_idx) of one direction."""
+        return listed(pp) + listed(mm & ~pp)
+    mine = lists(m.T, part.T) if direction == "bwd" else lists(m, part)
     order: dict[str, Any] = {}
     if deterministic:
         from flash_attn.cute.block_sparsity import compute_dq_write_order
-        fwd = lists(m)
+        fwd = lists(m, part)
         partial, full_order = compute_dq_write_order(*fwd, *mine, spt=False)
         order = dict(dq_write_order=partial, dq_write_order_full=full_order, spt=False)
     return BlockSparseTensorsTorch(

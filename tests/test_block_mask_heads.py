@@ -28,7 +28,7 @@ def test_the_rule(nh, nk, pack, want):
 def test_the_production_target_passes_that_head_extent_forward_and_backward(nh, nk, pack, want):
     seen = []
 
-    def bst(block_mask, *, batch, nheads, block_size, direction, device, deterministic):
+    def bst(block_mask, *, batch, nheads, block_size, direction, device, deterministic, partial=None):
         seen.append((direction, nheads))
         return "tensors"
     stand_in = types.SimpleNamespace(block_sparse_tensors=bst, sm90_bwd_sparse_block_size=lambda d, dv: (128, 128))

@@ -61,6 +61,8 @@ def _realises(sp, row, p) -> list[str]:
     form = row["form"]
     got = ("dense" if c is None and not p.varlen and not p.mods else
            "varlen" if c is None and p.varlen else
+           "block_sparse_mod" if c is not None and c.block_size and c.block_partial and p.mods
+           and p.mod_pairs()[1] is not None else
            "score_mod" if p.mods and p.mod_pairs()[0] is not None else
            "mask_mod" if p.mods or (c is not None and c.mask_mod_fn) else
            "block_sparse" if c.block_size else
@@ -106,8 +108,8 @@ def test_the_plan_covers_every_supported_pair_and_mask_form_pass_triple(arch, ta
     rows = pl.rows
     assert rows and not pl.uncoverable
     assert set(sp.values["mask"]) == set(MASKS) and set(sp.values["form"]) <= set(FORMS)
-    if target == "twin":      # the twin runs every call form but the score_mod pairs (production only)
-        assert set(sp.values["form"]) == set(FORMS) - {"score_mod"}
+    if target == "twin":      # the twin runs every call form but the mod pairs' (production only)
+        assert set(sp.values["form"]) == set(FORMS) - {"score_mod", "block_sparse_mod"}
     else:
         assert set(sp.values["form"]) == set(FORMS)
     for r in rows:

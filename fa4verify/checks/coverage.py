@@ -40,6 +40,8 @@ def forms_of(features: tuple[str, ...]) -> tuple[str, ...]:
         out += ["paged_small", "paged_tile"]
     if "block_sparse" in features:
         out.append("block_sparse")
+    if "block_sparse" in features and MOD_FEATURE in features:
+        out.append("block_sparse_mod")
     if "mask_mod_fn" in features or MOD_FEATURE in features:
         out.append("mask_mod")
     if MOD_FEATURE in features:

@@ -137,8 +137,8 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
     if form == "block_sparse":
         kw["call"] = CallForm(block_size=sparse_block_size(arch, hd, hdv), block_seed=rng.randrange(2 ** 16),
                               block_keep=0.6)
-    elif form in ("mask_mod", "score_mod"):
-        names = space.mask_pairs if form == "mask_mod" else space.score_pairs
+    if form in ("mask_mod", "score_mod", "block_sparse_mod"):
+        names = _pairs_of(space, form)
         usable = [n for n in names if sq == sk or not _self_only(n)]
         if row.get("pair") in names:          # plan_problems' choice
             name = row["pair"]
@@ -152,6 +152,9 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
             kw["mods"] = (pair,)
         if not usable:      # only self-attention pairs: make the row square
             kw.update(seqlen_q=sk)
+        if form == "block_sparse_mod":
+            kw["call"] = _partial_block_call(CallForm, sparse_block_size(arch, hd, hdv), kw["seqlen_q"],
+                                             kw["seqlen_k"], rng)
     if is_unpacked(row["gqa"]):
         import dataclasses
         kw["call"] = dataclasses.replace(kw.get("call") or CallForm(), pack_gqa=False)
@@ -166,14 +169,15 @@ def plan_problems(space: FeatureSpace, rows: list, *, seed: int = 0) -> tuple[li
     coverage dimensions); a pair no row took gets a copy of a row it can run on (the copy covers
     no tuple its original does not)."""
     out = [dict(r) for r in rows]
-    for form, names in (("score_mod", space.score_pairs), ("mask_mod", space.mask_pairs)):
+    for form in ("score_mod", "mask_mod", "block_sparse_mod"):
+        names = _pairs_of(space, form)
         idx = [i for i, r in enumerate(out) if r["form"] == form]
         if not idx or not names:
             continue
 
         def fits(row, *, backward: bool = True) -> list:
             ok = [n for n in names if not _self_only(n) or _square(space, row)] or list(names)
-            if backward and form == "mask_mod" and "bwd" in space.passes(row):
+            if backward and form != "score_mod" and "bwd" in space.passes(row):
                 ok = [n for n in ok if n in space.mask_pairs_bwd] or ok
             return ok
 
@@ -193,6 +197,31 @@ def plan_problems(space: FeatureSpace, rows: list, *, seed: int = 0) -> tuple[li
                             out[idx[0]])
             out.append(dict(base, pair=name))
     return out, [problem_for(space, r, i, seed=seed) for i, r in enumerate(out)]
+
+
+def _partial_block_call(CallForm, block: tuple[int, int], sq: int, sk: int, rng: random.Random):
+    """The call form of a ``block_sparse_mod`` row (Note [Partial blocks]): the first of 256 seeds
+    (the last one tried otherwise) whose draw lists a mask block; where the grid has two blocks or
+    more, a full block too; and where the grid has room for both, a Q block with two mask blocks
+    (FA4's block-sparse main loops take a row's first mask block and its later ones on branches of
+    their own). Each of FA4's block lists, and the loop over several mask blocks, runs on the row by
+    construction."""
+    nq, nk = -(-sq // block[0]), -(-sk // block[1])
+    call = None
+    for _ in range(256):
+        call = CallForm(block_size=block, block_seed=rng.randrange(2 ** 16), block_keep=0.75, block_partial=0.5)
+        listed, part = call.block_mask(sq, sk), call.partial_blocks(sq, sk)
+        two = nk >= 3 or (nk == 2 and nq >= 2)      # room for two mask blocks in a row and a full block
+        if part.any() and (nq * nk < 2 or (listed & ~part).any()) and (not two or part.sum(axis=1).max() >= 2):
+            break
+    return call
+
+
+def _pairs_of(space: FeatureSpace, form: str) -> tuple[str, ...]:
+    """The registered pairs a row of ``form`` takes in turn (a ``block_sparse_mod`` row: the mask
+    pairs of :mod:`fa4verify.mods`, whose mask_mod FA4 applies inside the mask blocks)."""
+    return {"score_mod": space.score_pairs, "mask_mod": space.mask_pairs,
+            "block_sparse_mod": space.block_mask_pairs}[form]
 
 
 def _square(space: FeatureSpace, row) -> bool:

@@ -6,8 +6,10 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   ``seqused_q`` (batched Q with used lengths, K/V batched whole),
   ``paged_small`` (page size 16: FA4's cp.async path), ``paged_tile`` (page size = the forward
   tile_n: FA4's TMA path, ``interface.py`` ``paged_kv_non_tma=page_size not in [None, tile_n]``),
-  ``block_sparse`` (``block_sparse_tensors``), ``mask_mod`` (a CuTe mask_mod callable, yours
-  included), ``score_mod`` (a score_mod pair, yours included);
+  ``block_sparse`` (``block_sparse_tensors``, full blocks), ``block_sparse_mod`` (full and mask
+  blocks, a mask pair's mask_mod inside the mask blocks: Note [Partial blocks] in
+  ``fa4verify.problem.calls``), ``mask_mod`` (a CuTe mask_mod callable, yours included),
+  ``score_mod`` (a score_mod pair, yours included);
 * ``mask``: ``none``, ``causal``, ``left`` (window left side only), ``right``, ``both``,
   ``causal_left`` (causal + a left window);
 * ``hd``: head-dim classes, one per tile class FA4's tile tables select (forward tile, backward
@@ -41,10 +43,10 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from fa4verify.kernels import facts
 
 __all__ = ["DIMENSIONS", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
-           "PASSES", "PLAN_DISTRIBUTIONS"]
+           "PASSES", "PLAN_DISTRIBUTIONS", "BLOCK_FORMS"]
 
 FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "seqused_q", "paged_small", "paged_tile",
-                          "block_sparse", "mask_mod", "score_mod")
+                          "block_sparse", "block_sparse_mod", "mask_mod", "score_mod")
 MASKS: tuple[str, ...] = ("none", "causal", "left", "right", "both", "causal_left")
 GQAS: tuple[str, ...] = ("1", "2", "4", "mqa", "2_unpacked")
 SEQLENS: tuple[str, ...] = ("lt_tile", "eq_tile", "tile_m1", "tile_p1", "multi", "q_gt_k", "q_lt_k", "zero", "many")
@@ -58,7 +60,8 @@ DIMENSIONS: tuple[str, ...] = ("form", "mask", "hd", "gqa", "seqlen", "softcap",
 
 _PAGED = ("paged_small", "paged_tile")
 _KV_FORMS = ("varlen", "seqused_k", "seqused_q") + _PAGED   # forms whose problem is varlen (zero lengths)
-_KEEP_FORMS = ("block_sparse", "mask_mod")            # FA4 drops causal/window with these
+_KEEP_FORMS = ("block_sparse", "block_sparse_mod", "mask_mod")   # FA4 drops causal/window with these
+BLOCK_FORMS = ("block_sparse", "block_sparse_mod")   # block_sparse_tensors: FA4's block-sparse kernels
 _CU_SEQLENS_FORMS = ("varlen", "seqused_k") + _PAGED  # forms whose call passes cu_seqlens (cases.problem_for)
 
 
@@ -157,6 +160,8 @@ class FeatureSpace:
                 return "a score_mod pair is not drawn with a learnable sink"
             if g("seqlen") == "zero":
                 return "score_mod pairs run on dense problems (no zero-length sequence)"
+        if form == "block_sparse_mod" and not self.block_mask_pairs:
+            return "no mask pair with a CuTe mask_mod (fa4verify.mods) is registered for the mask blocks"
         if is_unpacked(g("gqa")) and form in ("score_mod", "mask_mod"):
             return f"{form}: pack_gqa=False rides on a call form, which a score/mask_mod pair does not take yet"
         if form == "mask_mod" and not self.mask_pairs:
@@ -168,15 +173,15 @@ class FeatureSpace:
         if g("seqlen") == "many" and form is not None and not (form in _KV_FORMS or is_paged(form)):
             return f"more sequences than FA4's batch-search threshold need a varlen call form, not {form}"
         if hd is not None and self.arch in ("sm100", "sm103") and self.hd.get(hd) == (256, 256):
-            if g("softcap") == "on" or g("sink") == "on" or is_local(mask) or form == "mask_mod":
+            if g("softcap") == "on" or g("sink") == "on" or is_local(mask) or form in ("mask_mod", "block_sparse_mod"):
                 return "SM100's dedicated (256, 256) kernel has no softcap, sinks, local windows or mask_mod"
         if is_paged(form) and hd is not None and self._paged_non_tma(form, hd, mask) \
                 and any(d % facts.HDIM_MULTIPLE for d in self.hd[hd]):
             return (f"{form}: FA4's non-TMA paged KV (page size != tile_n) needs head dims that are multiples "
                     f"of {facts.HDIM_MULTIPLE} (flash_fwd_sm90.py / flash_fwd_sm100.py assert 'Paged KV does not "
                     f"support irregular head dim')")
-        if form == "block_sparse" and g("det") == "on" and self.arch == "sm90" and self.no_backward(row) is None:
-            return ("block_sparse: FA4's SM90 block-sparse backward has no deterministic mode (flash_bwd_sm90.py "
+        if form in BLOCK_FORMS and g("det") == "on" and self.arch == "sm90" and self.no_backward(row) is None:
+            return (f"{form}: FA4's SM90 block-sparse backward has no deterministic mode (flash_bwd_sm90.py "
                     "asserts 'Deterministic not implemented for block-sparse backward')")
         if g("det") == "off" and (why := self.no_backward(row)) is not None:
             return f"det=off is a backward setting; {why}"
@@ -212,15 +217,23 @@ class FeatureSpace:
                 return "FA4 has no paged-KV backward (page_table is forward-only)"
         if form == "mask_mod" and not self.mask_pairs_bwd:
             return "no registered CuTe mask_mod pair has a backward"
+        if form == "block_sparse_mod" and not any(n in self.mask_pairs_bwd for n in self.block_mask_pairs):
+            return "no registered mask pair for the mask blocks has a backward"
         return None
+
+    @property
+    def block_mask_pairs(self) -> tuple[str, ...]:
+        """The mask pairs a ``block_sparse_mod`` row can put inside its mask blocks: those of
+        :mod:`fa4verify.mods` (``"mod:<name>"``: FA4's ``mask_mod`` with their aux tensors)."""
+        return tuple(n for n in self.mask_pairs if n.startswith("mod:"))
 
     def _bwd(self, form: str, hd: str) -> Optional[str]:
         why = self._form_bwd(form)
-        if why is None and form == "block_sparse" and self.arch == "sm90":
+        if why is None and form in BLOCK_FORMS and self.arch == "sm90":
             from fa4verify.kernels.features import sm90_sparse_bwd_does_not_build
             if sm90_sparse_bwd_does_not_build(*self.hd[hd]):
                 why = "known issue sm90_block_sparse_bwd_no_build (FA4's SM90 block-sparse backward does not build)"
-        if why is None and form == "block_sparse" and self.arch == "sm90" and not facts.sm90_fwd_fits_sparse_kv():
+        if why is None and form in BLOCK_FORMS and self.arch == "sm90" and not facts.sm90_fwd_fits_sparse_kv():
             from fa4verify.coverage.cases import sm90_bwd_sparse_block, sparse_block_size
             d, dv = self.hd[hd]           # a block-sparse row has no causal/window (why_not)
             bwd_n, fwd_n = sm90_bwd_sparse_block(d, dv)[1], sparse_block_size(self.arch, d, dv)[1]
@@ -326,6 +339,8 @@ def space_for(arch: str, dtype: str, *, forms: Optional[Sequence[str]] = None, d
         vals["form"] = tuple(f for f in vals["form"] if f != "score_mod")
     if not mask_pairs:
         vals["form"] = tuple(f for f in vals["form"] if f != "mask_mod")
+    if not any(n.startswith("mod:") for n in mask_pairs):
+        vals["form"] = tuple(f for f in vals["form"] if f != "block_sparse_mod")
     sp = FeatureSpace(arch, dtype, vals, hd, tuple(score_pairs), tuple(mask_pairs), tuple(mask_pairs_bwd))
     if notes:
         sp = dataclasses.replace(sp, notes=dict(sp.notes, **notes))

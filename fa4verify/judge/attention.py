@@ -145,10 +145,11 @@ def _mod_callables(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str,
 
 
 def _keep_pattern(problem: AttentionProblem) -> bool:
-    """A call form that adds a keep-pattern (block sparsity, a CuTe mask_mod): the oracle runs on
-    its exact varlen rewrite (:mod:`fa4verify.judge.keep_pattern`)."""
+    """A call form that adds a keep-pattern (block sparsity, a CuTe mask_mod) to a problem without
+    mod pairs: the oracle runs on its exact varlen rewrite (:mod:`fa4verify.judge.keep_pattern`).
+    With mod pairs the mods oracle takes the problem's keep-masks whole (Note [Partial blocks])."""
     call = getattr(problem, "call", None)
-    return call is not None and call.keep_pattern
+    return call is not None and call.keep_pattern and not problem.mods
 
 
 def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):

@@ -26,7 +26,7 @@ _EPS = 2.0 ** -52
 
 def _blocks(problem) -> tuple[np.ndarray, tuple[int, int]]:
     call = problem.call
-    if call.block_size is not None:
+    if call.block_size is not None and not call.block_partial:
         return call.block_mask(problem.seqlen_q, problem.seqlen_k), tuple(call.block_size)
     keep = problem.keep_masks()[0]
     sq, sk = keep.shape

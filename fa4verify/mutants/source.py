@@ -183,6 +183,17 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "            if curr_mask_block_cnt == 0:\n                kv_consumer_state = process_first_half_block(\n"),),
         "fwd", ("out", "lse")),
     SourceMutant(
+        "later_mask_blocks_unmasked", "SM90 block-sparse forward (intra-warpgroup overlap, FA4's default): a Q "
+        "block's second and later mask blocks run without the mask_mod (attended whole, like full blocks)",
+        (Edit("block_sparse_utils.py",
+              "                    seqlen=seqlen_info,\n"
+              "                    mma_pv_fn=partial(mma_pv_fn, zero_init=not O_should_accumulate),\n"
+              "                    mask_fn=partial(mask_fn, mask_mod=mask_mod, mask_seqlen=False),\n",
+              "                    seqlen=seqlen_info,\n"
+              "                    mma_pv_fn=partial(mma_pv_fn, zero_init=not O_should_accumulate),\n"
+              "                    mask_fn=partial(mask_fn, mask_mod=None, mask_seqlen=False),\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
         "packed_sparse_q_next_block", "SM90 block-sparse forward with packed GQA, cp.async Q load (tile_m not a "
         "multiple of the heads per KV head): the Q tile of the next m block is loaded",
         (Edit("flash_fwd_sm90.py",

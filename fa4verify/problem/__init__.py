@@ -141,9 +141,9 @@ class AttentionProblem:
             score, mask = self.mod_pairs()
             if self.varlen or self.mask_mod is not None:
                 raise ValueError("mods cannot be combined with varlen or a MaskMod pattern (dense problems only)")
-            if self.call is not None:
-                raise ValueError("mods cannot be combined with an FA4 call form (paged KV, seqused_k, "
-                                 "block sparsity, a named mask_mod) yet")
+            if self.call is not None and (self.call.block_size is None or self.call.mask_mod_fn is not None):
+                raise ValueError("mods combine with block sparsity only (Note [Partial blocks]), not with "
+                                 "another FA4 call form (paged KV, seqused_k/q, a named mask_mod, pack_gqa alone)")
             if mask is not None and (self.causal or self.window_size != (None, None)):
                 raise ValueError(f"mask pair {mask.name!r} with causal/window: FA4 drops causal and the window "
                                  f"when a mask_mod is given; write them into the mask")
@@ -240,8 +240,11 @@ class AttentionProblem:
             aux = _mods.aux_for(self, mask, arrays)
             qi = np.arange(self.seqlen_q)[:, None]
             ki = np.arange(self.seqlen_k)[None, :]
-            return [np.broadcast_to(np.asarray(mask.ref(b, 0, qi, ki, aux), bool), (self.seqlen_q, self.seqlen_k))
-                    for b in range(self.batch)]
+            keeps = [np.broadcast_to(np.asarray(mask.ref(b, 0, qi, ki, aux), bool), (self.seqlen_q, self.seqlen_k))
+                     for b in range(self.batch)]
+            if self.call is not None and self.call.block_size is not None:    # Note [Partial blocks]
+                keeps = [self.call.keep_mask(self.seqlen_q, self.seqlen_k, inner=m) for m in keeps]
+            return keeps
         for _, lq, _, lk in self._seq_bounds():
             if self.mask_mod is not None:
                 out.append(self.mask_mod.keep_mask(lq, lk))

@@ -24,10 +24,11 @@ A :class:`CallForm` never changes the mathematical function of its
   pages are partially filled. Pages no key uses hold finite filler unless ``hostile_nan``
   (then NaN: a stale KV-cache pool; only drawn when asked, known issue
   ``sm90_paged_tma_empty_seq_nan``).
-* ``block_size``: the problem is dense (no causal/window/mask_mod/varlen) and FA4 gets
-  ``block_sparse_tensors`` of a random block mask (``block_seed``, ``block_keep``; full blocks
-  only); the problem's keep-mask is dense attention under that block mask
-  (``fa4verify.oracles.block_sparse``).
+* ``block_size``: the problem is dense (no causal/window/varlen) and FA4 gets
+  ``block_sparse_tensors`` of a random block mask (``block_seed``, ``block_keep``); the problem's
+  keep-mask is dense attention under that block mask (``fa4verify.oracles.block_sparse``). With
+  ``block_partial`` > 0 (Note [Partial blocks]) that share of the kept blocks goes to FA4 as
+  *mask* blocks, inside which the problem's mask pair (``mods``) decides.
 * ``mask_mod_fn``: a named CuTe ``mask_mod`` from :func:`mask_mod_pairs` (each with its numpy
   keep-mask); the problem's keep-mask is that pattern.
 * ``pack_gqa``: FA4's forward argument (None: FA4 chooses, ``qhead_per_kvhead > 1`` on SM90; False
@@ -35,6 +36,22 @@ A :class:`CallForm` never changes the mathematical function of its
   packs (``interface.py``: "pack_gqa backward not yet supported"), so only the forward gets it.
 
 The oracle and the judge see only the problem (with its keep-mask); the targets build the call.
+
+Note [Partial blocks]
+---------------------
+FA4's ``block_sparse_tensors`` list, per query block, *full* KV blocks (attended whole; FA4
+never calls the ``mask_mod`` there) and *mask* blocks (``mask_block_cnt`` / ``mask_block_idx``:
+FA4 calls the ``mask_mod`` on every element), the FlexAttention ``BlockMask`` semantics::
+
+    key j is visible to query i  iff  full[i // bq, j // bk]  or  (mask[i // bq, j // bk] and mask_mod(i, j))
+
+A call form with ``block_partial`` > 0 draws, after the kept blocks (the same draw as without it,
+so an old call form's blocks are unchanged), which kept blocks are mask blocks; the mask_mod is
+the problem's mask pair (``mods``, with its aux tensors), which then acts only inside mask blocks:
+the problem's keep-mask is the formula above (:meth:`CallForm.keep_mask` with ``inner`` the
+pair's keep-mask). The blocks are drawn independently of the pair, so a mask block may be one
+the mask_mod keeps whole, cuts, or drops whole, and a full block one it would cut: each of FA4's
+branches meets each case.
 """
 from __future__ import annotations
 
@@ -87,7 +104,7 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 
 
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
-_LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa")
+_LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial")
 
 
 @dataclass(frozen=True)
@@ -107,6 +124,8 @@ class CallForm:
     block_keep: float = 0.5
     mask_mod_fn: Optional[str] = None
     pack_gqa: Optional[bool] = None
+    #: Note [Partial blocks]: the share of kept blocks that are mask blocks (the mask pair inside)
+    block_partial: float = 0.0
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -121,6 +140,11 @@ class CallForm:
             raise ValueError("seqused_q passes q batched with a capacity: q_batched is for seqused_k's equal lengths")
         if self.pack_gqa is not None:
             object.__setattr__(self, "pack_gqa", bool(self.pack_gqa))
+        object.__setattr__(self, "block_partial", float(self.block_partial))
+        if not 0.0 <= self.block_partial <= 1.0:
+            raise ValueError(f"block_partial={self.block_partial} must lie in [0, 1]")
+        if self.block_partial and self.block_size is None:
+            raise ValueError("block_partial needs block sparsity (block_size)")
 
     @property
     def paged(self) -> bool:
@@ -170,26 +194,54 @@ class CallForm:
                 raise ValueError("block_size and mask_mod_fn are exclusive")
             if problem.varlen or problem.causal or problem.window_size != (None, None) or problem.mask_mod:
                 raise ValueError("block sparsity / mask_mod_fn need a dense problem without causal, window or mask_mod")
+            mask_pair = problem.mods and problem.mod_pairs()[1] is not None
+            if self.block_partial and not mask_pair:
+                raise ValueError("block_partial needs a mask pair in the problem's mods (the mask_mod of the "
+                                 "mask blocks, Note [Partial blocks])")
+            if mask_pair and self.block_size is None:
+                raise ValueError("a mask pair with a keep-pattern call form needs block sparsity (block_size)")
             if self.mask_mod_fn is not None and self.mask_mod_fn not in mask_mod_pairs():
                 raise ValueError(f"mask_mod_fn={self.mask_mod_fn!r}: not a registered pair "
                                  f"({', '.join(mask_mod_pairs()) or 'none'})")
 
     # ------------------------------------------------------------------ keep-masks
     def block_mask(self, seqlen_q: int, seqlen_k: int) -> Optional[np.ndarray]:
-        """The (n_q_blocks, n_kv_blocks) boolean block mask (block sparsity), else None. Every
-        query block keeps at least one KV block unless ``block_keep`` draws it empty."""
+        """The (n_q_blocks, n_kv_blocks) boolean mask of the blocks FA4 gets listed, full or mask
+        blocks (block sparsity), else None. Each block is kept with probability ``block_keep``."""
+        got = self._blocks(seqlen_q, seqlen_k)
+        return None if got is None else got[0]
+
+    def partial_blocks(self, seqlen_q: int, seqlen_k: int) -> Optional[np.ndarray]:
+        """Which listed blocks are mask blocks (Note [Partial blocks]): a boolean mask inside
+        :meth:`block_mask`, all False without ``block_partial``; None without block sparsity."""
+        got = self._blocks(seqlen_q, seqlen_k)
+        return None if got is None else got[1]
+
+    def _blocks(self, seqlen_q: int, seqlen_k: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
         if self.block_size is None:
             return None
         bq, bk = self.block_size
         nq, nk = -(-seqlen_q // bq), -(-seqlen_k // bk)
         rng = np.random.default_rng(self.block_seed)
-        return rng.random((nq, nk)) < self.block_keep
+        listed = rng.random((nq, nk)) < self.block_keep
+        partial = np.zeros_like(listed)
+        if self.block_partial:          # drawn after the kept blocks: those do not change
+            partial = listed & (rng.random((nq, nk)) < self.block_partial)
+        return listed, partial
 
-    def keep_mask(self, seqlen_q: int, seqlen_k: int) -> Optional[np.ndarray]:
-        """The (seqlen_q, seqlen_k) keep-mask this call form adds, or None."""
+    def keep_mask(self, seqlen_q: int, seqlen_k: int, inner: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+        """The (seqlen_q, seqlen_k) keep-mask this call form adds, or None. ``inner``: the mask
+        pair's keep-mask, which decides inside mask blocks (Note [Partial blocks]); required when
+        the call form has them."""
         if self.block_size is not None:
             from fa4verify.oracles.block_sparse import dense_mask
-            return dense_mask(self.block_mask(seqlen_q, seqlen_k), self.block_size, seqlen_q, seqlen_k)
+            listed, partial = self._blocks(seqlen_q, seqlen_k)
+            if inner is None:
+                if partial.any():
+                    raise ValueError("a call form with mask blocks needs the mask pair's keep-mask (inner)")
+                return dense_mask(listed, self.block_size, seqlen_q, seqlen_k)
+            full = dense_mask(listed & ~partial, self.block_size, seqlen_q, seqlen_k)
+            return full | (dense_mask(partial, self.block_size, seqlen_q, seqlen_k) & np.asarray(inner, bool))
         if self.mask_mod_fn is not None:
             return np.asarray(mask_mod_pairs()[self.mask_mod_fn].keep(seqlen_q, seqlen_k), bool)
         return None
@@ -231,8 +283,9 @@ class CallForm:
         elif self.seqused_k:
             parts.append("q=batched" if self.q_batched else "q=packed")
         if self.block_size is not None:
-            parts.append(f"block_sparse({self.block_size[0]}x{self.block_size[1]}, keep={self.block_keep:g}, "
-                         f"#{self.block_seed})")
+            partial = f", partial={self.block_partial:g}" if self.block_partial else ""
+            parts.append(f"block_sparse({self.block_size[0]}x{self.block_size[1]}, keep={self.block_keep:g}"
+                         f"{partial}, #{self.block_seed})")
         if self.mask_mod_fn is not None:
             parts.append(f"mask_mod_fn={self.mask_mod_fn}")
         if self.pack_gqa is not None:
