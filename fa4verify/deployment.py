@@ -343,6 +343,8 @@ class Deployment:
             forms.append("block_sparse")
         if "block_sparse" in self.features and "mod_pairs" in self.features:
             forms.append("block_sparse_mod")
+        if "block_sparse" in self.features and self.varlen:
+            forms.append("block_sparse_varlen")
         if "mask_mod_fn" in self.features or "mod_pairs" in self.features:
             forms.append("mask_mod")
         if "mod_pairs" in self.features:

@@ -16,6 +16,7 @@ audit checks, the fuzz properties and the compile-only SM100 path (``FakeTensorM
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 from typing import Any, Collection, Mapping, Optional
 
@@ -182,8 +183,9 @@ class TwinTarget(Target):
         (qb, qr), (kb, kr) = rw["q_index"].T, rw["k_index"].T
         vp = problem.replace(call=plain, batch=len(rw["seqlens_q"]), seqlen_q=max(rw["seqlens_q"]),
                              seqlen_k=max(rw["seqlens_k"]), seqlens_q=rw["seqlens_q"], seqlens_k=rw["seqlens_k"])
-        va = dict(a, q=np.asarray(a["q"])[qb, qr], k=np.asarray(a["k"])[kb, kr], v=np.asarray(a["v"])[kb, kr],
-                  dout=None if a.get("dout") is None else np.asarray(a["dout"])[qb, qr], mask=None,
+        vw = functools.partial(keep_pattern.view, problem)
+        va = dict(a, q=vw(a["q"])[qb, qr], k=vw(a["k"])[kb, kr], v=vw(a["v"])[kb, kr],
+                  dout=None if a.get("dout") is None else vw(a["dout"])[qb, qr], mask=None,
                   cu_seqlens_q=np.concatenate([[0], np.cumsum(rw["seqlens_q"])]).astype(np.int32),
                   cu_seqlens_k=np.concatenate([[0], np.cumsum(rw["seqlens_k"])]).astype(np.int32))
         return vp, va, rw
@@ -240,7 +242,8 @@ class TwinTarget(Target):
             if rw is None:
                 return self.backward(vp, va, fwd, deterministic=deterministic)
             qb, qr = rw["q_index"].T
-            vf = Fwd(np.asarray(fwd.out)[qb, qr], np.asarray(fwd.lse)[qb, :, qr].T)
+            from fa4verify.judge import keep_pattern as kp
+            vf = Fwd(kp.view(problem, fwd.out)[qb, qr], kp.view(problem, fwd.lse)[qb, :, qr].T)
             g = self.backward(vp, va, vf, deterministic=deterministic)
             from fa4verify.judge import keep_pattern as kp
             dk, _ = kp._sum_keys(problem, g.dk, np.zeros_like(g.dk), rw)
@@ -408,7 +411,16 @@ class ProductionTarget(Target):
                 kw.update(cu_seqlens_q=self._t(c["cu_seqlens_q"], None), max_seqlen_q=c["max_seqlen_q"])
             return (self._t(c["q"], dt), self._t(c["k"], dt), self._t(c["v"], dt),
                     None if c["dout"] is None else self._t(c["dout"], dt), kw)
-        if call.block_size is not None:
+        if call.block_size is not None and problem.varlen:    # FA4's varlen block sparsity (forward only)
+            if backward:
+                raise Unsupported("FA4 has no varlen backward with block sparsity")
+            bounds = problem._seq_bounds()
+            kw["block_sparse_tensors"] = self._ad.block_sparse_tensors_varlen(
+                [call.block_mask(lq, lk, seq=i) for i, (_q0, lq, _k0, lk) in enumerate(bounds)],
+                nheads=block_mask_heads(problem), block_size=tuple(call.block_size), device=self.device)
+            kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
+                      max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
+        elif call.block_size is not None:
             bs = call.block_size
             if backward and problem.arch == "sm90":
                 bs = tuple(self._ad.sm90_bwd_sparse_block_size(problem.head_dim, problem.head_dim_v))
@@ -673,6 +685,9 @@ def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
         return why
     if call.paged:
         return "FA4 has no paged-KV backward (page_table is forward-only, interface.py)"
+    if call.block_size is not None and problem.varlen:
+        return ("FA4 has no varlen backward with block sparsity (interface.py: 'Varlen backward with block "
+                "sparsity is not yet supported')")
     if call.mask_mod_fn is not None:
         from fa4verify.problem.calls import mask_mod_pairs
         pair = mask_mod_pairs().get(call.mask_mod_fn)

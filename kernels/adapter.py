@@ -48,7 +48,8 @@ __all__ = [
     "NoCudaError", "UnsupportedByRelease", "AdapterRefusal", "ReleaseInterfaceError", "fa4_interface", "cuda_status", "versions", "CallConfig", "ForwardResult", "BackwardResult",
     "forward", "backward", "exp2_emulation_disabled", "exp2_emulation_enabled",
     "clear_compile_caches", "supported_head_dims", "upstream_reference", "timing_callable",
-    "forward_backward_autograd", "combine", "block_sparse_tensors", "sm90_bwd_sparse_block_size",
+    "forward_backward_autograd", "combine", "block_sparse_tensors", "block_sparse_tensors_varlen",
+    "sm90_bwd_sparse_block_size",
     "sm90_bwd_config", "MLAForwardResult", "MLABackwardResult", "mla_forward", "mla_backward",
 ]
 
@@ -1140,6 +1141,43 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
     return BlockSparseTensorsTorch(
         mask_block_cnt=mine[0], mask_block_idx=mine[1], full_block_cnt=mine[2], full_block_idx=mine[3],
         block_size=tuple(int(b) for b in block_size), **order)
+
+
+def block_sparse_tensors_varlen(block_masks, *, nheads: int, block_size: tuple[int, int], device: str = "cuda"):
+    """FA4's varlen ``BlockSparseTensorsTorch`` (forward only) for one boolean block mask
+    ``(n_q_blocks_b, n_kv_blocks_b)`` per sequence ``b`` of a packed (``cu_seqlens``) call, every
+    listed block a *full* block: counts ``[nheads, total_m_blocks]``, indices ``[nheads,
+    total_n_blocks]`` where sequence ``b``'s Q block ``m`` lists its KV blocks (ascending, from 0 in
+    the sequence) from ``cu_block_idx_offsets[b] + m * n_kv_blocks_b``; ``cu_total_m_blocks[b]`` =
+    the Q blocks before sequence ``b`` (``block_sparsity.py`` / ``seqlen_info.py``). Key ``j`` of
+    sequence ``b`` is visible to its query ``i`` iff ``block_masks[b][i // bq, j // bk]``."""
+    import numpy as np
+    import torch
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+    masks = [np.asarray(m, bool) for m in block_masks]
+    cnt, idx, cu_m, cu_i = [], [], [0], [0]
+    for m in masks:
+        nq, nk = m.shape
+        for r in range(nq):
+            sel = np.flatnonzero(m[r])
+            cnt.append(sel.size)
+            row = np.zeros(nk, np.int32)
+            row[: sel.size] = sel
+            idx.extend(row.tolist())
+        cu_m.append(cu_m[-1] + nq)
+        cu_i.append(cu_i[-1] + nq * nk)
+
+    def dev(x, per_head=True):
+        # built on the device from a list (also under FakeTensorMode, where a CPU->CUDA copy fails)
+        x = np.asarray(x, np.int32)
+        if per_head:
+            x = np.broadcast_to(x, (nheads, x.size))
+        return torch.tensor(x.tolist(), dtype=torch.int32, device=device)
+    return BlockSparseTensorsTorch(
+        mask_block_cnt=dev([0] * len(cnt)), mask_block_idx=dev([0] * len(idx)),
+        full_block_cnt=dev(cnt), full_block_idx=dev(idx),
+        cu_total_m_blocks=dev(cu_m, False), cu_block_idx_offsets=dev(cu_i, False),
+        block_size=tuple(int(b) for b in block_size))
 
 
 def timing_callable(q, k, v, **kw):

@@ -160,6 +160,18 @@ def sm90_fwd_fits_sparse_kv() -> bool:
     return _source_defines(str(d / "interface.py"), "_fit_sm90_fwd_tile_to_block_sparsity")
 
 
+def varlen_block_sparsity() -> bool:
+    """Whether the FA4 release that runs takes block sparsity on a packed varlen call (its
+    ``BlockSparseTensorsTorch`` has ``cu_total_m_blocks``; the pinned 4.0.0b36 does, forward only:
+    "Varlen backward with block sparsity is not yet supported"). Read from the installed release's
+    source; True without FA4."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return True
+    return bool(re.search(r"^\s+cu_total_m_blocks\s*:", _source_text(str(d / "block_sparsity.py")), re.M))
+
+
 def bwd_takes_sink() -> bool:
     """Whether the FA4 release that runs has a backward for a learnable sink: its
     ``_flash_attn_bwd`` takes ``learnable_sink`` (4.0.0b26 on, the pinned 4.0.0b36 included; 4.0.0b20..b25

@@ -63,6 +63,7 @@ def _realises(sp, row, p) -> list[str]:
            "varlen" if c is None and p.varlen else
            "block_sparse_mod" if c is not None and c.block_size and c.block_partial and p.mods
            and p.mod_pairs()[1] is not None else
+           "block_sparse_varlen" if c is not None and c.block_size and p.varlen and not c.batched_layout else
            "score_mod" if p.mods and p.mod_pairs()[0] is not None else
            "mask_mod" if p.mods or (c is not None and c.mask_mod_fn) else
            "block_sparse" if c.block_size else

@@ -55,7 +55,7 @@ def test_plain_problem_json_has_no_call_key_and_call_forms_round_trip():
     (dict(call=CallForm(seqused_k=True, kv_capacity=4)), "need a varlen problem"),
     (dict(seqlens_q=(2,), seqlens_k=(9,), seqlen_q=2, seqlen_k=9, call=CallForm(seqused_k=True, kv_capacity=8)),
      "kv_capacity=8 < max"),
-    (dict(causal=True, call=CallForm(block_size=(64, 64))), "dense problem without causal"),
+    (dict(causal=True, call=CallForm(block_size=(64, 64))), "problem without causal"),
     (dict(call=CallForm(mask_mod_fn="nope")), "not a registered pair"),
 ])
 def test_call_forms_fa4_rejects_cannot_be_built(bad, match):
@@ -113,14 +113,17 @@ def test_drawn_call_forms_respect_fa4_constraints(p):
         # FA4 SM90: kv block == tile_n, or a smaller multiple of 16 (tile_n shrinks to it); q block
         # a multiple of 64 (interface._fit_sm90_fwd_tile_to_block_sparsity)
         assert (bk == tn or (bk < tn and bk % 16 == 0)) and bq % 64 == 0
-        assert not (p.causal or p.varlen or p.window_size != (None, None))
+        assert not (p.causal or p.window_size != (None, None))
+        if p.varlen:   # FA4's varlen block sparsity: Q blocks of exactly its forward tile_m, full blocks
+            tm = fwd_tile("sm90", p.dtype, p.head_dim, p.head_dim_v, False, False)[0]
+            assert bq == tm and not c.block_partial and not c.batched_layout
 
 
 def test_strategy_draws_every_call_form_and_no_nan_pages_unless_asked():
-    seen = {f: 0 for f in ("paged_kv", "seqused_k", "seqused_q", "pack_gqa", "block_sparse", "mask_mod_fn", "tma",
-                           "cpasync", "empty")}
+    seen = {f: 0 for f in ("paged_kv", "seqused_k", "seqused_q", "pack_gqa", "block_sparse", "block_sparse_varlen",
+                           "mask_mod_fn", "tma", "cpasync", "empty")}
 
-    @settings(_QUIET, max_examples=150)
+    @settings(_QUIET, max_examples=300)
     @given(attention_problems(arch="sm90", dtype="bf16", features=FEATURES + CALL_FEATURES, **SMALL))
     def body(p):
         c = p.call
@@ -135,7 +138,8 @@ def test_strategy_draws_every_call_form_and_no_nan_pages_unless_asked():
             seen["seqused_k"] += 1
         seen["seqused_q"] += c.seqused_q
         seen["pack_gqa"] += c.pack_gqa is False
-        seen["block_sparse"] += c.block_size is not None
+        seen["block_sparse"] += c.block_size is not None and not p.varlen
+        seen["block_sparse_varlen"] += c.block_size is not None and p.varlen
         seen["mask_mod_fn"] += c.mask_mod_fn is not None
     from fa4verify.fuzz.campaign import _fixed_constant_pool
     with _fixed_constant_pool():     # derandomized draws must not depend on what this process imported

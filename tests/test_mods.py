@@ -519,7 +519,10 @@ def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_const
         (name,) = p.mods
         seen[name] = seen.get(name, 0) + 1
         pair = mods.get(name)
-        assert not p.varlen and not p.sink and p.mask_mod is None and p.call is None and p.softcap == 0
+        assert not p.varlen and not p.sink and p.mask_mod is None and p.softcap == 0
+        if p.call is not None:      # Note [Partial blocks]: a mask pair decides inside mask blocks
+            assert pair.kind == "mask" and p.call.block_size is not None and p.call.block_partial > 0
+            seen["(with mask blocks)"] = seen.get("(with mask blocks)", 0) + 1
         if pair.kind == "mask":
             assert not p.causal and p.window_size == (None, None)
         if pair.self_attention_only:
@@ -534,6 +537,7 @@ def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_const
     with _fixed_constant_pool():
         body()
         without()
+    assert seen.pop("(with mask blocks)", 0) > 0, seen
     assert set(seen) == set(mods.names()), seen
 
 

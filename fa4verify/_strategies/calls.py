@@ -99,13 +99,24 @@ def with_pack_gqa(problem: Any, pack_gqa: Any) -> Any:
 
 @st.composite
 def keep_call_forms(draw: DrawFn, problem: Any, *, block_sparse: bool, mask_mod_fn: bool) -> Any:
-    """A dense non-causal problem with a block-sparse or mask_mod call form (causal/window are
-    dropped; a varlen or boolean-mask_mod problem is returned unchanged). SM90 block sizes: q block 64 or 128 (a
+    """A non-causal problem with a block-sparse or mask_mod call form (causal/window are
+    dropped; a boolean-mask_mod problem is returned unchanged). SM90 block sizes: q block 64 or 128 (a
     multiple of tile_m, or 64 with tile_m 64), kv block 64 or tile_n (FA4 shrinks tile_n to a
     smaller multiple of 16; a larger one must equal tile_n); SM100: the plan's block
-    (:func:`fa4verify.coverage.cases.sparse_block_size`)."""
-    if problem.varlen or problem.mask_mod is not None:
+    (:func:`fa4verify.coverage.cases.sparse_block_size`). A varlen problem gets FA4's varlen block
+    sparsity (forward only; its Q block is the forward's ``q_stage * tile_m``:
+    :func:`fa4verify.coverage.cases.varlen_sparse_block_size`), never a mask_mod."""
+    if problem.mask_mod is not None:
         return problem
+    if problem.varlen:
+        if not block_sparse:
+            return problem
+        from fa4verify.coverage.cases import varlen_sparse_block_size
+        problem = problem.replace(causal=False, window_size=(None, None))
+        block = varlen_sparse_block_size(problem.arch, problem.head_dim, problem.head_dim_v, problem.seqlen_q,
+                                         problem.nheads // problem.nheads_kv, problem.dtype)
+        return problem.replace(call=CallForm(block_size=block, block_seed=draw(st.integers(0, 2 ** 16)),
+                                             block_keep=draw(st.sampled_from((0.5, 0.75, 0.25, 1.0)))))
     if problem.causal or problem.window_size != (None, None):
         # the family was drawn: FA4 takes causal/local masking here only inside a mask_mod
         problem = problem.replace(causal=False, window_size=(None, None))

@@ -14,7 +14,8 @@ from fa4verify._strategies.calls import DEFAULT_PAGE_SIZES, keep_call_forms, q_c
 from fa4verify._strategies.masks import causal_and_windows, mask_mods, softcaps, varlen_seqlens
 from fa4verify._strategies.shapes import check_arch, check_dtype, head_counts, head_dims, seqlen_pairs
 from fa4verify._strategies.values import value_specs
-from fa4verify.problem import CALL_FEATURES, DISTRIBUTIONS, FEATURES, MOD_FEATURE, AttentionProblem, resolve_window
+from fa4verify.problem import (CALL_FEATURES, DISTRIBUTIONS, FEATURES, MOD_FEATURE, AttentionProblem, CallForm,
+                               resolve_window)
 
 
 def _arch_features(arch: str, head_dim: int, head_dim_v: int) -> set[str]:
@@ -177,7 +178,7 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
     kv = [f for f in ("paged_kv", "seqused_k", "seqused_q") if f in feats]
     keep = "block_sparse" in feats or "mask_mod_fn" in feats
     if use_mods:
-        prob = draw(_with_mod_pair(prob))
+        prob = draw(_with_mod_pair(prob, block_sparse="block_sparse" in feats))
     elif kv or keep:
         # one call-form family per problem; "plain" first so it shrinks away
         fam = draw(st.sampled_from(["plain"] + kv + (["keep"] if keep else [])))
@@ -189,7 +190,8 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         elif fam == "keep":
             prob = draw(keep_call_forms(prob, block_sparse="block_sparse" in feats,
                                         mask_mod_fn="mask_mod_fn" in feats))
-    if "pack_gqa" in feats and prob.nheads > prob.nheads_kv and not prob.mods:
+    varlen_sparse = prob.varlen and prob.call is not None and prob.call.block_size is not None
+    if "pack_gqa" in feats and prob.nheads > prob.nheads_kv and not prob.mods and not varlen_sparse:
         # FA4 packs every GQA forward unless told not to (interface.py: pack_gqa = qhead_per_kvhead > 1)
         prob = with_pack_gqa(prob, draw(st.sampled_from((None, False))))
     if confined and not _in_ranges(prob, qr, kr):
@@ -229,11 +231,12 @@ def _in_ranges(p: AttentionProblem, qr: tuple[int, int], kr: tuple[int, int]) ->
 
 
 @st.composite
-def _with_mod_pair(draw: DrawFn, prob: AttentionProblem) -> AttentionProblem:
+def _with_mod_pair(draw: DrawFn, prob: AttentionProblem, block_sparse: bool = False) -> AttentionProblem:
     """``prob`` with one registered score_mod / mask_mod pair (the ``mod_pairs`` feature of
     :func:`attention_problems`), under the same constraints as :func:`mod_problems`: a mask pair
     drops causal and the window (FA4 ignores them with a mask_mod), a score pair drops softcap,
-    a self-attention pair gets ``seqlen_k = seqlen_q``."""
+    a self-attention pair gets ``seqlen_k = seqlen_q``. ``block_sparse``: a mask pair may come with
+    block sparsity whose mask blocks it decides (Note [Partial blocks])."""
     from fa4verify import mods as _mods
     names = _mods.names()
     if not names:
@@ -242,8 +245,15 @@ def _with_mod_pair(draw: DrawFn, prob: AttentionProblem) -> AttentionProblem:
     pair = _mods.get(name)
     sk = prob.seqlen_q if pair.self_attention_only else prob.seqlen_k
     causal = bool(prob.causal) and pair.kind == "score" and prob.window_size == (None, None)
-    return prob.replace(seqlen_k=sk, causal=causal, window_size=(None, None), softcap=0.0, mods=(name,),
-                        mod_seed=draw(st.integers(0, 3)))
+    out = prob.replace(seqlen_k=sk, causal=causal, window_size=(None, None), softcap=0.0, mods=(name,),
+                       mod_seed=draw(st.integers(0, 3)))
+    if block_sparse and pair.kind == "mask" and not out.varlen and draw(st.booleans()):
+        from fa4verify.coverage.cases import sparse_block_size
+        out = out.replace(call=CallForm(
+            block_size=sparse_block_size(out.arch, out.head_dim, out.head_dim_v),
+            block_seed=draw(st.integers(0, 2 ** 16)), block_keep=draw(st.sampled_from((0.75, 1.0, 0.5))),
+            block_partial=draw(st.sampled_from((0.5, 1.0, 0.25)))))
+    return out
 
 
 @st.composite

@@ -42,6 +42,8 @@ def forms_of(features: tuple[str, ...]) -> tuple[str, ...]:
         out.append("block_sparse")
     if "block_sparse" in features and MOD_FEATURE in features:
         out.append("block_sparse_mod")
+    if "block_sparse" in features and "varlen" in features:
+        out.append("block_sparse_varlen")
     if "mask_mod_fn" in features or MOD_FEATURE in features:
         out.append("mask_mod")
     if MOD_FEATURE in features:

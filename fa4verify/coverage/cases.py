@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from fa4verify.coverage.space import FeatureSpace, is_local, is_paged, is_unpacked
 from fa4verify.kernels import facts
 
-__all__ = ["problem_for", "plan_problems", "sparse_block_size", "edge_problems"]
+__all__ = ["problem_for", "plan_problems", "sparse_block_size", "varlen_sparse_block_size", "edge_problems"]
 
 _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "normal": (("sigma", 1.0),), "outliers": (("p", 0.01), ("outlier_std", 100.0)),
@@ -46,6 +46,24 @@ def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
         if fwd_n != bwd[1]:
             return bwd[0], fwd_n
     return bwd
+
+
+def varlen_sparse_block_size(arch: str, hd: int, hdv: int, max_seqlen_q: int, rows_per_query: int,
+                             dtype: str = "bf16") -> tuple[int, int]:
+    """The (q, kv) block of a ``block_sparse_varlen`` row (forward only). FA4's varlen block
+    sparsity takes Q blocks of exactly ``q_stage * tile_m`` of its forward
+    (``normalize_block_sparse_config`` forces ``q_subtile_factor`` 1): on SM90 the forward's own
+    tile_m (``q_stage`` 1; a 128-row block would shrink a 192-row tile to 64 rows, refused), on
+    SM100 ``q_stage`` is 2 once the packed query length (``max_seqlen_q`` times
+    ``rows_per_query``, the query heads per KV head where FA4 packs GQA) passes tile_m, except at
+    hdv 256 (``interface.py`` ``_get_fwd_config``: "Two Q tiles exceed TMEM capacity at hdim_v
+    256"); the KV block is :func:`sparse_block_size`'s."""
+    tm = facts.fwd_tile(arch, dtype, hd, hdv, False, False)[0]
+    kv = sparse_block_size(arch, hd, hdv)[1]
+    if arch == "sm90":
+        return tm, kv
+    q_stage = 2 if max_seqlen_q * rows_per_query > tm and hdv != 256 else 1
+    return q_stage * tm, kv
 
 
 def sm90_fwd_sparse_tile_n(hd: int, hdv: int, causal: bool, local: bool, *, block_q: int = 128) -> int:
@@ -98,7 +116,7 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
                               causal=causal, window_size=tuple(window),
                               softcap=space.softcaps.get(row["softcap"], 30.0 if row["softcap"] == "on" else 0.0),
                               sink=row["sink"] == "on", values=vs)
-    if form in ("varlen", "seqused_k", "seqused_q") or is_paged(form):
+    if form in ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") or is_paged(form):
         if row["seqlen"] == "zero" and "zero" in space.lengths:
             # a deployment's empty sequences: only on the side its minimum allows, the others at
             # one of its lengths
@@ -119,7 +137,12 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
             sks = (max(sks),) * len(sqs)
             kw["call"] = CallForm(seqused_q=True, q_capacity=max(sqs) + 5)
         kw.update(batch=len(sqs), seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks))
-        if form not in ("varlen", "seqused_q"):
+        if form == "block_sparse_varlen":
+            packed = 1 if is_unpacked(row["gqa"]) else nh // nk
+            kw["call"] = _listed_block_call(
+                CallForm, varlen_sparse_block_size(arch, hd, hdv, max(sqs), packed, dtype),
+                [(lq, lk, i) for i, (lq, lk) in enumerate(zip(sqs, sks))], rng)
+        elif form not in ("varlen", "seqused_q"):
             cap = max(sks) + 7
             page: Optional[int] = None
             if form == "paged_small":
@@ -135,8 +158,8 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
     else:
         kw.update(batch=2, seqlen_q=sq, seqlen_k=sk)
     if form == "block_sparse":
-        kw["call"] = CallForm(block_size=sparse_block_size(arch, hd, hdv), block_seed=rng.randrange(2 ** 16),
-                              block_keep=0.6)
+        kw["call"] = _listed_block_call(CallForm, sparse_block_size(arch, hd, hdv),
+                                        [(kw["seqlen_q"], kw["seqlen_k"], None)], rng)
     if form in ("mask_mod", "score_mod", "block_sparse_mod"):
         names = _pairs_of(space, form)
         usable = [n for n in names if sq == sk or not _self_only(n)]
@@ -197,6 +220,23 @@ def plan_problems(space: FeatureSpace, rows: list, *, seed: int = 0) -> tuple[li
                             out[idx[0]])
             out.append(dict(base, pair=name))
     return out, [problem_for(space, r, i, seed=seed) for i, r in enumerate(out)]
+
+
+def _listed_block_call(CallForm, block: tuple[int, int], grids, rng: random.Random):
+    """The call form of a ``block_sparse`` / ``block_sparse_varlen`` row: the first of 256 seeds
+    (the last one tried otherwise) whose draw, over the row's grids (``(lq, lk, seq)``: one per
+    varlen sequence, ``seq`` None for a dense row's), lists a block and, where there are two blocks
+    or more, leaves one out: FA4's skip of unlisted blocks and its listed-block loop both run on the
+    row by construction."""
+    call = None
+    for _ in range(256):
+        call = CallForm(block_size=block, block_seed=rng.randrange(2 ** 16), block_keep=0.6)
+        masks = [call.block_mask(lq, lk, seq=seq) for lq, lk, seq in grids]
+        listed = sum(int(m.sum()) for m in masks)
+        total = sum(m.size for m in masks)
+        if listed and (total < 2 or listed < total):
+            break
+    return call
 
 
 def _partial_block_call(CallForm, block: tuple[int, int], sq: int, sk: int, rng: random.Random):

@@ -8,7 +8,8 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   tile_n: FA4's TMA path, ``interface.py`` ``paged_kv_non_tma=page_size not in [None, tile_n]``),
   ``block_sparse`` (``block_sparse_tensors``, full blocks), ``block_sparse_mod`` (full and mask
   blocks, a mask pair's mask_mod inside the mask blocks: Note [Partial blocks] in
-  ``fa4verify.problem.calls``), ``mask_mod`` (a CuTe mask_mod callable, yours included),
+  ``fa4verify.problem.calls``), ``block_sparse_varlen`` (FA4's varlen block sparsity on a packed
+  call: ``cu_total_m_blocks``, ``cu_block_idx_offsets``; forward only), ``mask_mod`` (a CuTe mask_mod callable, yours included),
   ``score_mod`` (a score_mod pair, yours included);
 * ``mask``: ``none``, ``causal``, ``left`` (window left side only), ``right``, ``both``,
   ``causal_left`` (causal + a left window);
@@ -46,7 +47,7 @@ __all__ = ["DIMENSIONS", "FeatureSpace", "head_dim_classes", "space_for", "FORMS
            "PASSES", "PLAN_DISTRIBUTIONS", "BLOCK_FORMS"]
 
 FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "seqused_q", "paged_small", "paged_tile",
-                          "block_sparse", "block_sparse_mod", "mask_mod", "score_mod")
+                          "block_sparse", "block_sparse_mod", "block_sparse_varlen", "mask_mod", "score_mod")
 MASKS: tuple[str, ...] = ("none", "causal", "left", "right", "both", "causal_left")
 GQAS: tuple[str, ...] = ("1", "2", "4", "mqa", "2_unpacked")
 SEQLENS: tuple[str, ...] = ("lt_tile", "eq_tile", "tile_m1", "tile_p1", "multi", "q_gt_k", "q_lt_k", "zero", "many")
@@ -59,10 +60,10 @@ PLAN_DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", 
 DIMENSIONS: tuple[str, ...] = ("form", "mask", "hd", "gqa", "seqlen", "softcap", "sink", "det", "values")
 
 _PAGED = ("paged_small", "paged_tile")
-_KV_FORMS = ("varlen", "seqused_k", "seqused_q") + _PAGED   # forms whose problem is varlen (zero lengths)
-_KEEP_FORMS = ("block_sparse", "block_sparse_mod", "mask_mod")   # FA4 drops causal/window with these
-BLOCK_FORMS = ("block_sparse", "block_sparse_mod")   # block_sparse_tensors: FA4's block-sparse kernels
-_CU_SEQLENS_FORMS = ("varlen", "seqused_k") + _PAGED  # forms whose call passes cu_seqlens (cases.problem_for)
+_KV_FORMS = ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") + _PAGED   # varlen problems (zero lengths)
+_KEEP_FORMS = ("block_sparse", "block_sparse_mod", "block_sparse_varlen", "mask_mod")  # FA4 drops causal/window
+BLOCK_FORMS = ("block_sparse", "block_sparse_mod", "block_sparse_varlen")   # FA4's block-sparse kernels
+_CU_SEQLENS_FORMS = ("varlen", "seqused_k", "block_sparse_varlen") + _PAGED  # calls passing cu_seqlens
 
 
 def is_local(mask: Optional[str]) -> bool:
@@ -219,6 +220,9 @@ class FeatureSpace:
             return "no registered CuTe mask_mod pair has a backward"
         if form == "block_sparse_mod" and not any(n in self.mask_pairs_bwd for n in self.block_mask_pairs):
             return "no registered mask pair for the mask blocks has a backward"
+        if form == "block_sparse_varlen":
+            return ("FA4 has no varlen backward with block sparsity (interface.py: 'Varlen backward with block "
+                    "sparsity is not yet supported')")
         return None
 
     @property
@@ -341,6 +345,9 @@ def space_for(arch: str, dtype: str, *, forms: Optional[Sequence[str]] = None, d
         vals["form"] = tuple(f for f in vals["form"] if f != "mask_mod")
     if not any(n.startswith("mod:") for n in mask_pairs):
         vals["form"] = tuple(f for f in vals["form"] if f != "block_sparse_mod")
+    if not facts.varlen_block_sparsity():
+        vals["form"] = tuple(f for f in vals["form"] if f != "block_sparse_varlen")
+        notes["form"] = "this FA4 release takes no block sparsity on a varlen call (no cu_total_m_blocks)"
     sp = FeatureSpace(arch, dtype, vals, hd, tuple(score_pairs), tuple(mask_pairs), tuple(mask_pairs_bwd))
     if notes:
         sp = dataclasses.replace(sp, notes=dict(sp.notes, **notes))

@@ -25,11 +25,19 @@ class KnownIssue:
 
 def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any]) -> np.ndarray:
     """Boolean (token, head) array: rows whose sink exceeds the largest visible logit by >= 126
-    log2 units, where ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold overflows fp32."""
+    log2 units, where ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold overflows fp32.
+    FA4's ``row_max`` there is its running max, which SM100's lazy rescale leaves up to the
+    rescale threshold below the largest logit (``facts.kernel_constants``: 8 log2 units for 16-bit
+    inputs, 0 on SM90 and the SM100 hd-256 kernel): the band is widened by that lag (found by the
+    twin on the plan's varlen block-sparse rows with sinks and negative scores: LSE = +inf at a
+    gap of 121.8 log2 units)."""
     tq = sum(lq for _, lq, _, _ in _token_bounds(problem))
     rows = np.zeros((tq, problem.nheads), bool)
     if not problem.sink:
         return rows
+    from fa4verify.kernels import facts
+    lag = facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
+                                 bool(problem.causal), problem.local).rescale_threshold
     sink = np.asarray(a["learnable_sink"], np.float64)
     q = np.asarray(a["q"], np.float64)
     k = np.asarray(a["k"], np.float64)
@@ -43,7 +51,7 @@ def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any]) -> np.n
             if problem.softcap > 0:
                 y = problem.softcap * np.tanh(y / problem.softcap)
             m = np.max(np.where(keep, y, -np.inf), axis=1)
-            rows[q0:q0 + lq, h] = np.isfinite(m) & ((sink[h] - m) * math.log2(math.e) >= 126.0)
+            rows[q0:q0 + lq, h] = np.isfinite(m) & ((sink[h] - m) * math.log2(math.e) >= 126.0 - lag)
     return rows
 
 

@@ -2,12 +2,16 @@
 ``mask_mod``; Note [Call forms keep the problem's meaning] in ``fa4verify.problem.calls``).
 
 The certified oracle has no keep-mask argument; a keep-pattern is rewritten exactly as a varlen
-batch (``fa4verify.oracles.block_sparse``): one sequence per (batch entry, query block) holding
+batch (``fa4verify.oracles.block_sparse``): one sequence per (sequence, query block) holding
 the keys that block keeps (blocks of the call's block size; a mask_mod pattern: the coarsest
-square block grid it is constant on, down to 1 x 1, one sequence per query row). The varlen
-oracle's results are mapped back to the dense layout: O, LSE and dQ row for row; dK and dV are the *sums* of the copies of a key over the
+square block grid it is constant on, down to 1 x 1, one sequence per query row). A sequence is a
+batch entry of a dense problem, or a sequence of a varlen one (its own block grid). The varlen
+oracle's results are mapped back to the problem's layout: O, LSE and dQ row for row; dK and dV are the *sums* of the copies of a key over the
 sequences that see it (their bounds add, plus the float64 rounding of that sum); the learnable
 sink's gradient sums over sequences.
+
+Indices are into the problem's *token view*: ``(batch, row)`` of a dense problem's arrays, and
+``(0, token)`` of a varlen problem's packed arrays read as one batch entry (:func:`view`).
 
 Accuracy: exactly the oracle's (the rewrite is pure indexing), with dK/dV/dsink bounds widened by
 ``n * 2^-52 * sum |partials|`` for their float64 sums.
@@ -19,16 +23,28 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["rewrite", "oracle_forward", "oracle_backward"]
+__all__ = ["rewrite", "oracle_forward", "oracle_backward", "view"]
 
 _EPS = 2.0 ** -52
 
 
-def _blocks(problem) -> tuple[np.ndarray, tuple[int, int]]:
+def view(problem, x):
+    """``x`` (a problem array with a token axis) in the token view: a varlen problem's packed
+    ``(total, ...)`` as ``(1, total, ...)``; a dense problem's as it is."""
+    x = np.asarray(x)
+    return x[None] if problem.varlen else x
+
+
+def _unview(problem, x):
+    return x[0] if problem.varlen else x
+
+
+def _blocks(problem, seq: int, lq: int, lk: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """The block grid of sequence ``seq`` (lengths ``lq``, ``lk``) and its block size."""
     call = problem.call
     if call.block_size is not None and not call.block_partial:
-        return call.block_mask(problem.seqlen_q, problem.seqlen_k), tuple(call.block_size)
-    keep = problem.keep_masks()[0]
+        return call.block_mask(lq, lk, seq=seq if problem.varlen else None), tuple(call.block_size)
+    keep = problem.keep_masks()[seq if problem.varlen else 0]
     sq, sk = keep.shape
     for blk in (128, 64, 32, 16, 8, 4, 2):   # the coarsest block grid the pattern is constant on
         pad = np.zeros((-(-sq // blk) * blk, -(-sk // blk) * blk), bool)
@@ -41,20 +57,24 @@ def _blocks(problem) -> tuple[np.ndarray, tuple[int, int]]:
 
 
 def rewrite(problem) -> dict[str, Any]:
-    """Index maps of the varlen rewrite: ``q_index`` (total_q, 2) = (batch, row) and
-    ``k_index`` (total_k, 2) = (batch, key) of each packed token; ``seqlens_q/k``."""
-    bm, (bq, bk) = _blocks(problem)
-    sq, sk = problem.seqlen_q, problem.seqlen_k
+    """Index maps of the varlen rewrite into the token view (:func:`view`): ``q_index`` (total_q,
+    2) = (batch, row) and ``k_index`` (total_k, 2) = (batch, key) of each packed token;
+    ``seqlens_q/k``."""
     qi, ki, lq, lk = [], [], [], []
-    for b in range(problem.batch):
+    for s, (q0, sq, k0, sk) in enumerate(problem._seq_bounds()):
+        b = 0 if problem.varlen else s
+        bm, (bq, bk) = _blocks(problem, s, sq, sk)
         for r in range(bm.shape[0]):
-            rows = np.arange(r * bq, min((r + 1) * bq, sq))
-            keys = np.concatenate([np.arange(c * bk, min((c + 1) * bk, sk)) for c in np.flatnonzero(bm[r])]
-                                  or [np.zeros(0, np.int64)])
-            qi.append(np.stack([np.full(len(rows), b), rows], axis=1))
+            rows = q0 + np.arange(r * bq, min((r + 1) * bq, sq))
+            keys = k0 + np.concatenate([np.arange(c * bk, min((c + 1) * bk, sk)) for c in np.flatnonzero(bm[r])]
+                                       or [np.zeros(0, np.int64)])
+            qi.append(np.stack([np.full(len(rows), b), rows], axis=1).reshape(-1, 2))
             ki.append(np.stack([np.full(len(keys), b), keys], axis=1).reshape(-1, 2))
             lq.append(len(rows))
             lk.append(len(keys))
+    if not qi:
+        z = np.zeros((0, 2), np.int64)
+        return {"q_index": z, "k_index": z, "seqlens_q": (), "seqlens_k": ()}
     return {"q_index": np.concatenate(qi).astype(np.int64), "k_index": np.concatenate(ki).astype(np.int64),
             "seqlens_q": tuple(lq), "seqlens_k": tuple(lk)}
 
@@ -66,27 +86,39 @@ def _packed(problem, a: Mapping[str, Any], rw: Mapping[str, Any]):
     kb, kr = rw["k_index"].T
     cq = np.concatenate([[0], np.cumsum(rw["seqlens_q"])]).astype(np.int32)
     ck = np.concatenate([[0], np.cumsum(rw["seqlens_k"])]).astype(np.int32)
-    q = as_input_dtype(np.asarray(a["q"])[qb, qr], dt)
-    k = as_input_dtype(np.asarray(a["k"])[kb, kr], dt)
-    v = as_input_dtype(np.asarray(a["v"])[kb, kr], dt)
+    q = as_input_dtype(view(problem, a["q"])[qb, qr], dt)
+    k = as_input_dtype(view(problem, a["k"])[kb, kr], dt)
+    v = as_input_dtype(view(problem, a["v"])[kb, kr], dt)
     kw = {"softmax_scale": problem.softmax_scale, "softcap": float(problem.softcap),
           "learnable_sink": a.get("learnable_sink") if problem.sink else None,
           "cu_seqlens_q": cq, "cu_seqlens_k": ck}
     return q, k, v, kw
 
 
+def _tokens(problem) -> tuple[int, int, int]:
+    """(batch, query tokens, key tokens) of the token view."""
+    if problem.varlen:
+        return 1, sum(problem.seqlens_q), sum(problem.seqlens_k)
+    return problem.batch, problem.seqlen_q, problem.seqlen_k
+
+
 def _dense_rows(problem, x_packed: np.ndarray, rw, fill: float) -> np.ndarray:
+    """Rows of the rewrite's packed result in the problem's layout (dense, or varlen packed)."""
     qb, qr = rw["q_index"].T
-    out = np.full((problem.batch, problem.seqlen_q) + x_packed.shape[1:], fill)
+    nb, tq, _ = _tokens(problem)
+    out = np.full((nb, tq) + x_packed.shape[1:], fill)
     out[qb, qr] = x_packed
-    return out
+    return _unview(problem, out)
 
 
 def _dense_lse(problem, x_packed: np.ndarray, rw, fill: float) -> np.ndarray:
+    """LSE-like (heads, tokens) results in FA4's layout: (batch, heads, seqlen_q) dense,
+    (heads, total_q) varlen."""
     qb, qr = rw["q_index"].T
-    out = np.full((problem.batch, problem.nheads, problem.seqlen_q), fill)
+    nb, tq, _ = _tokens(problem)
+    out = np.full((nb, problem.nheads, tq), fill)
     out[qb, :, qr] = x_packed.T
-    return out
+    return _unview(problem, out)
 
 
 def oracle_forward(problem, a: Mapping[str, Any]):
@@ -104,7 +136,8 @@ def oracle_forward(problem, a: Mapping[str, Any]):
 
 def _sum_keys(problem, x: np.ndarray, bound: np.ndarray, rw) -> tuple[np.ndarray, np.ndarray]:
     kb, kr = rw["k_index"].T
-    shape = (problem.batch, problem.seqlen_k) + x.shape[1:]
+    nb, _, tk = _tokens(problem)
+    shape = (nb, tk) + x.shape[1:]
     s = np.zeros(shape)
     sa = np.zeros(shape)
     sb = np.zeros(shape)
@@ -113,7 +146,7 @@ def _sum_keys(problem, x: np.ndarray, bound: np.ndarray, rw) -> tuple[np.ndarray
     np.add.at(sa, (kb, kr), np.abs(x))
     np.add.at(sb, (kb, kr), bound)
     np.add.at(n, (kb, kr), 1.0)
-    return s, sb + n.reshape(n.shape + (1,) * (x.ndim - 1)) * _EPS * sa
+    return _unview(problem, s), _unview(problem, sb + n.reshape(n.shape + (1,) * (x.ndim - 1)) * _EPS * sa)
 
 
 def oracle_backward(problem, a: Mapping[str, Any]):
@@ -123,7 +156,7 @@ def oracle_backward(problem, a: Mapping[str, Any]):
     rw = rewrite(problem)
     q, k, v, kw = _packed(problem, a, rw)
     qb, qr = rw["q_index"].T
-    do = as_input_dtype(np.asarray(a["dout"])[qb, qr], problem.dtype)
+    do = as_input_dtype(view(problem, a["dout"])[qb, qr], problem.dtype)
     g = orc.backward(q, k, v, None, do, **kw)
     dk, dkb = _sum_keys(problem, np.asarray(g.dk, np.float64), np.asarray(g.dk_bound, np.float64), rw)
     dv, dvb = _sum_keys(problem, np.asarray(g.dv, np.float64), np.asarray(g.dv_bound, np.float64), rw)

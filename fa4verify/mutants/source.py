@@ -183,6 +183,18 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "            if curr_mask_block_cnt == 0:\n                kv_consumer_state = process_first_half_block(\n"),),
         "fwd", ("out", "lse")),
     SourceMutant(
+        "varlen_sparse_offsets_ignored", "varlen block sparsity: each sequence's block lists are read from "
+        "m_block_offset * its own KV block count, ignoring cu_block_idx_offsets (right only where every "
+        "sequence has as many KV blocks)",
+        (Edit("block_sparse_utils.py",
+              "    batch_block_idx_offset = (\n"
+              "        seqlen_info.block_idx_offset\n"
+              "        if const_expr(seqlen_info.has_cu_block_idx_offsets)\n",
+              "    batch_block_idx_offset = (\n"
+              "        seqlen_info.m_block_offset * sparse_num_n_blocks\n"
+              "        if const_expr(seqlen_info.has_cu_block_idx_offsets)\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
         "later_mask_blocks_unmasked", "SM90 block-sparse forward (intra-warpgroup overlap, FA4's default): a Q "
         "block's second and later mask blocks run without the mask_mod (attended whole, like full blocks)",
         (Edit("block_sparse_utils.py",

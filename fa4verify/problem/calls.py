@@ -24,9 +24,11 @@ A :class:`CallForm` never changes the mathematical function of its
   pages are partially filled. Pages no key uses hold finite filler unless ``hostile_nan``
   (then NaN: a stale KV-cache pool; only drawn when asked, known issue
   ``sm90_paged_tma_empty_seq_nan``).
-* ``block_size``: the problem is dense (no causal/window/varlen) and FA4 gets
-  ``block_sparse_tensors`` of a random block mask (``block_seed``, ``block_keep``); the problem's
-  keep-mask is dense attention under that block mask (``fa4verify.oracles.block_sparse``). With
+* ``block_size``: the problem has no causal/window and FA4 gets ``block_sparse_tensors`` of a
+  random block mask (``block_seed``, ``block_keep``); the problem's keep-mask is attention under
+  that block mask (``fa4verify.oracles.block_sparse``). A varlen problem (packed, ``cu_seqlens``)
+  gets FA4's varlen block sparsity (``cu_total_m_blocks``, ``cu_block_idx_offsets``): each sequence
+  its own block grid, drawn from ``(block_seed, sequence index)``. With
   ``block_partial`` > 0 (Note [Partial blocks]) that share of the kept blocks goes to FA4 as
   *mask* blocks, inside which the problem's mask pair (``mods``) decides.
 * ``mask_mod_fn``: a named CuTe ``mask_mod`` from :func:`mask_mod_pairs` (each with its numpy
@@ -192,8 +194,10 @@ class CallForm:
         if self.keep_pattern:
             if self.block_size is not None and self.mask_mod_fn is not None:
                 raise ValueError("block_size and mask_mod_fn are exclusive")
-            if problem.varlen or problem.causal or problem.window_size != (None, None) or problem.mask_mod:
-                raise ValueError("block sparsity / mask_mod_fn need a dense problem without causal, window or mask_mod")
+            if problem.causal or problem.window_size != (None, None) or problem.mask_mod:
+                raise ValueError("block sparsity / mask_mod_fn need a problem without causal, window or mask_mod")
+            if problem.varlen and (self.mask_mod_fn is not None or self.block_partial):
+                raise ValueError("a varlen problem takes block sparsity with full blocks only (no mask_mod)")
             mask_pair = problem.mods and problem.mod_pairs()[1] is not None
             if self.block_partial and not mask_pair:
                 raise ValueError("block_partial needs a mask pair in the problem's mods (the mask_mod of the "
@@ -205,37 +209,40 @@ class CallForm:
                                  f"({', '.join(mask_mod_pairs()) or 'none'})")
 
     # ------------------------------------------------------------------ keep-masks
-    def block_mask(self, seqlen_q: int, seqlen_k: int) -> Optional[np.ndarray]:
+    def block_mask(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None) -> Optional[np.ndarray]:
         """The (n_q_blocks, n_kv_blocks) boolean mask of the blocks FA4 gets listed, full or mask
-        blocks (block sparsity), else None. Each block is kept with probability ``block_keep``."""
-        got = self._blocks(seqlen_q, seqlen_k)
+        blocks (block sparsity), else None. Each block is kept with probability ``block_keep``.
+        ``seq``: the sequence of a varlen problem (each draws its own grid); None for a dense one."""
+        got = self._blocks(seqlen_q, seqlen_k, seq)
         return None if got is None else got[0]
 
-    def partial_blocks(self, seqlen_q: int, seqlen_k: int) -> Optional[np.ndarray]:
+    def partial_blocks(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None) -> Optional[np.ndarray]:
         """Which listed blocks are mask blocks (Note [Partial blocks]): a boolean mask inside
         :meth:`block_mask`, all False without ``block_partial``; None without block sparsity."""
-        got = self._blocks(seqlen_q, seqlen_k)
+        got = self._blocks(seqlen_q, seqlen_k, seq)
         return None if got is None else got[1]
 
-    def _blocks(self, seqlen_q: int, seqlen_k: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    def _blocks(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None
+                ) -> Optional[tuple[np.ndarray, np.ndarray]]:
         if self.block_size is None:
             return None
         bq, bk = self.block_size
         nq, nk = -(-seqlen_q // bq), -(-seqlen_k // bk)
-        rng = np.random.default_rng(self.block_seed)
+        rng = np.random.default_rng(self.block_seed if seq is None else [self.block_seed, int(seq)])
         listed = rng.random((nq, nk)) < self.block_keep
         partial = np.zeros_like(listed)
         if self.block_partial:          # drawn after the kept blocks: those do not change
             partial = listed & (rng.random((nq, nk)) < self.block_partial)
         return listed, partial
 
-    def keep_mask(self, seqlen_q: int, seqlen_k: int, inner: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    def keep_mask(self, seqlen_q: int, seqlen_k: int, inner: Optional[np.ndarray] = None,
+                  seq: Optional[int] = None) -> Optional[np.ndarray]:
         """The (seqlen_q, seqlen_k) keep-mask this call form adds, or None. ``inner``: the mask
         pair's keep-mask, which decides inside mask blocks (Note [Partial blocks]); required when
-        the call form has them."""
+        the call form has them. ``seq``: as in :meth:`block_mask`."""
         if self.block_size is not None:
             from fa4verify.oracles.block_sparse import dense_mask
-            listed, partial = self._blocks(seqlen_q, seqlen_k)
+            listed, partial = self._blocks(seqlen_q, seqlen_k, seq)
             if inner is None:
                 if partial.any():
                     raise ValueError("a call form with mask blocks needs the mask pair's keep-mask (inner)")
