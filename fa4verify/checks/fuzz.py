@@ -236,10 +236,14 @@ class DrawnCase:
     @property
     def queue_weight(self) -> float:
         """Its work in plain forward examples (:func:`fa4verify.run.engine.case_weight`, an
-        estimate for the queue's order): twice with the backward (its kernels and judge), and one
-        more per 64 varlen sequences (the judge and the oracle run per sequence)."""
+        estimate for the queue's order): twice with the backward (its kernels and judge), one more
+        per 64 varlen sequences (the judge and the oracle run per sequence), and one more per 2^26
+        multiply-adds of the problem (the oracle and the judge's SM90 MMA model grow with it:
+        measured on the H200, a 2 x 8-head 389 x 439 block-sparse row at hd 96 was the warm
+        audit's last item, 12.1 s from 8.8 s, queued as a plain backward row)."""
         seqs = len(getattr(self.problem, "seqlens_q", None) or ())
-        return (2.0 if self.backward else 1.0) * (1.0 + seqs / 64)
+        work = float(getattr(self.problem, "work", 0) or 0)
+        return (2.0 if self.backward else 1.0) * (1.0 + seqs / 64 + work / 2 ** 26)
 
 
 def _campaign_cases(ctx: CheckContext, *, target: str, arch: str, dtype: str, n: int, kw: dict,

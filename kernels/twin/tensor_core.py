@@ -86,15 +86,18 @@ def _to_fp32(x: np.ndarray, mode: str) -> np.ndarray:
     return r
 
 
-def block_fma(c, a, b, m: BlockFMA) -> np.ndarray:
+def block_fma(c, a, b, m: BlockFMA, ea: Optional[np.ndarray] = None, eb: Optional[np.ndarray] = None
+              ) -> np.ndarray:
     """One block FMA, vectorised: ``c`` (...) fp32 values; ``a``, ``b`` (..., n) 16-bit values
-    (any float dtype holding them exactly); returns fp32 (...)."""
+    (any float dtype holding them exactly; broadcast against each other); returns fp32 (...).
+    ``ea``, ``eb``: ``_exponent(a)``, ``_exponent(b)`` where the caller has them (:func:`mma`
+    computes them once per operand instead of once per broadcast product)."""
     c = np.asarray(c, np.float64)
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     p = a * b                                           # exact: 16- / 22-bit significands
     if m.product_exponent == "inputs":
-        ep = _exponent(a) + _exponent(b)
+        ep = (_exponent(a) if ea is None else ea) + (_exponent(b) if eb is None else eb)
     else:
         ep = _exponent(p)
     ec = _exponent(c)
@@ -175,16 +178,18 @@ def mma(a, b, init: Optional[np.ndarray], m: BlockFMA) -> np.ndarray:
     acc = np.zeros(shape, np.float32) if init is None else np.broadcast_to(np.asarray(init, np.float32), shape)
     out = np.empty(shape, np.float32)
     K, M = a.shape[-1], a.shape[-2]
+    # each operand's exponents once (the products broadcast them; block_fma would redo them per product)
+    ea, eb = (_exponent(a), _exponent(b)) if m.product_exponent == "inputs" else (None, None)
     # rows in slices, so that one step's (rows, N, chunk) terms stay near 2^22 elements
     step = max(1, _SLICE_ELEMS // max(1, int(np.prod(shape[:-2], dtype=np.int64)) * shape[-1] * m.chunk))
     for r0 in range(0, M, step):
         rows = slice(r0, min(M, r0 + step))
         acc_r = acc[..., rows, :]
         for k0 in range(0, K, m.chunk):
-            ab = a[..., rows, None, k0:k0 + m.chunk]
-            bb = b[..., None, :, k0:k0 + m.chunk]
-            ab, bb = np.broadcast_arrays(ab, bb)
-            acc_r = block_fma(acc_r, ab, bb, m)
+            ks = slice(k0, k0 + m.chunk)
+            acc_r = block_fma(acc_r, a[..., rows, None, ks], b[..., None, :, ks], m,
+                              ea=None if ea is None else ea[..., rows, None, ks],
+                              eb=None if eb is None else eb[..., None, :, ks])
         out[..., rows, :] = acc_r
     return out
 
