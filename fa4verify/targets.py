@@ -685,6 +685,9 @@ def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
         return why
     if call.paged:
         return "FA4 has no paged-KV backward (page_table is forward-only, interface.py)"
+    if call.block_size is not None and problem.arch != "sm90" and (problem.head_dim, problem.head_dim_v) == (256, 256):
+        from fa4verify.coverage.space import SM100_HD256_SPARSE_BWD
+        return SM100_HD256_SPARSE_BWD
     if call.block_size is not None and problem.varlen:
         return ("FA4 has no varlen backward with block sparsity (interface.py: 'Varlen backward with block "
                 "sparsity is not yet supported')")

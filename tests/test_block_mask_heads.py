@@ -62,3 +62,44 @@ def test_sm100_block_masks_pass_fa4s_q_stage_rule_compile_only():
     res = run_cases("sm_100a", cases, timeout=1200)["results"]
     assert [r["ok"] for r in res[:2]] == [True, True], res[:2]
     assert not any(r["ok"] for r in res[2:]) and all("multiple of 256" in str(r["error"]) for r in res[2:]), res[2:]
+
+
+def test_sm100_plan_block_sparse_rows_at_hd256_are_forward_only():
+    """FA4's SM100 hd-256 backward (its dedicated kernel) asserts no block sparsity: the plan runs
+    those rows forward only, and the production target says why."""
+    from fa4verify.coverage.space import SM100_HD256_SPARSE_BWD, space_for
+    from fa4verify.targets import _call_backward_unsupported
+    sp = space_for("sm100", "bf16")
+    hd256 = next(n for n, v in sp.hd.items() if v == (256, 256))
+    for form in ("block_sparse", "block_sparse_mod"):
+        assert sp.no_backward({"form": form, "hd": hd256}) == SM100_HD256_SPARSE_BWD
+        assert sp.no_backward({"form": form, "hd": next(n for n, v in sp.hd.items() if v == (128, 128))}) is None
+    p = AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=300, seqlen_k=300, nheads=2, nheads_kv=2,
+                         head_dim=256, head_dim_v=256, call=CallForm(block_size=(256, 256)))
+    assert _call_backward_unsupported(p) == SM100_HD256_SPARSE_BWD
+
+
+@pytest.mark.fa4
+@pytest.mark.slow
+def test_sm100_block_sparse_backward_runs_fa4s_1cta_and_2cta_paths_compile_only():
+    """SM100 (compile-only): with the plan's block (sparse_block_size) FA4's block-sparse backward
+    runs 2-CTA at head dims >= 128 (required at 192: a 128-key block is refused there) and 1-CTA
+    below; the rule and the refusal are FA4's own."""
+    from fa4verify.compile.production import CompileCase, run_cases
+    from fa4verify.coverage.cases import sparse_block_size
+    cases, want = [], []
+    for hd, hdv, block, ok, two_cta in ((192, 128, None, True, True), (64, 64, None, True, False),
+                                        (192, 128, (256, 128), False, None)):
+        block = block or sparse_block_size("sm100", hd, hdv)
+        p = AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=300, seqlen_k=520, nheads=2,
+                             nheads_kv=2, head_dim=hd, head_dim_v=hdv, values=ValueSpec("normal", 0),
+                             call=CallForm(block_size=block, block_seed=2, block_keep=0.75))
+        cases.append(CompileCase("backward", problem_json=p.to_json()))
+        want.append((ok, two_cta))
+    res = run_cases("sm_100a", cases)
+    for (ok, two_cta), r in zip(want, res["results"]):
+        assert r["ok"] == ok, r["error"]
+        if ok:
+            assert r["backward_config"]["use_2cta"] is two_cta
+        else:
+            assert "requires 2CTA" in r["error"]

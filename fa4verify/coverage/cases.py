@@ -33,13 +33,19 @@ def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
     (:meth:`FeatureSpace.no_backward` asks this function). A block-sparse row has no causal or
     window mask (FA4 drops them with a block mask: ``FeatureSpace.why_not``).
 
-    SM100: 256 x 128. Its forward takes Q blocks that are a multiple of ``q_stage * tile_m``, and
-    ``q_stage`` is 2 once the (GQA-packed) query length passes one 128-row tile (``interface.py``
-    ``_get_fwd_config``): a 128-row block is refused there ("must be a multiple of 256", compile-only
-    on this CPU, FA4 4.0.0b36, for MHA at seqlen_q 300 and packed GQA 4/2 at 100), 256 rows serve
-    both stages; forward and backward compile with it (compile-only: not run on a B200)."""
+    SM100: 256 x 128, and 256 x 256 at head dims >= 128. Its forward takes Q blocks that are a
+    multiple of ``q_stage * tile_m``, and ``q_stage`` is 2 once the (GQA-packed) query length
+    passes one 128-row tile (``interface.py`` ``_get_fwd_config``): a 128-row block is refused there
+    ("must be a multiple of 256", compile-only on this CPU, FA4 4.0.0b36, for MHA at seqlen_q 300
+    and packed GQA 4/2 at 100), 256 rows serve both stages. Its backward runs 2-CTA at head dims
+    >= 128 only when the KV block covers an even number of its tile_n tiles
+    (``block_sparsity.block_sparse_bwd_supports_2cta``), and requires it at head dim 192 ("SM100
+    block-sparse backward with head_dim=192 requires 2CTA", compile-only on this CPU): a 256-key
+    block there runs FA4's 2-CTA block-sparse backward, the smaller head dims its 1-CTA one; the
+    forward takes the 256-key block as two KV tiles. Forward and backward compile with these
+    (compile-only: not run on a B200)."""
     if arch != "sm90":
-        return 256, 128
+        return 256, (256 if hd >= 128 else 128)
     bwd = sm90_bwd_sparse_block(hd, hdv)
     if not facts.sm90_fwd_fits_sparse_kv():
         fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, False, False, block_q=bwd[0])   # block-sparse: no causal/window

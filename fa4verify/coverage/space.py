@@ -66,6 +66,11 @@ BLOCK_FORMS = ("block_sparse", "block_sparse_mod", "block_sparse_varlen")   # FA
 _CU_SEQLENS_FORMS = ("varlen", "seqused_k", "block_sparse_varlen") + _PAGED  # calls passing cu_seqlens
 
 
+#: FA4's SM100 backward at head dims (256, 256) runs its dedicated kernel, which asserts no block sparsity
+SM100_HD256_SPARSE_BWD = ("FA4's SM100 backward at head dims (256, 256) (its dedicated kernel) takes no block "
+                          "sparsity (interface.py: 'SM100 backward with head_dim=256 does not support block sparsity')")
+
+
 def is_local(mask: Optional[str]) -> bool:
     """Whether a mask value is a local window (FA4's ``local``)."""
     return mask in ("left", "right", "both", "causal_left") or (mask or "").startswith("win:")
@@ -233,6 +238,8 @@ class FeatureSpace:
 
     def _bwd(self, form: str, hd: str) -> Optional[str]:
         why = self._form_bwd(form)
+        if why is None and form in BLOCK_FORMS and self.arch != "sm90" and self.hd[hd] == (256, 256):
+            why = SM100_HD256_SPARSE_BWD
         if why is None and form in BLOCK_FORMS and self.arch == "sm90":
             from fa4verify.kernels.features import sm90_sparse_bwd_does_not_build
             if sm90_sparse_bwd_does_not_build(*self.hd[hd]):
