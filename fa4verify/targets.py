@@ -380,6 +380,11 @@ class ProductionTarget(Target):
         for pair in problem.mod_pairs() if problem.mods else ():
             if pair is not None and pair.cute() is None:
                 raise Unsupported(f"mod pair {pair.name!r} has no CuTe function here (no CUTLASS DSL, or no build)")
+        if problem.varlen and problem.call is not None and problem.call.block_size is not None:
+            from fa4verify.kernels import facts
+            if not facts.varlen_block_sparsity():
+                raise Unsupported("unsupported by this FA4 release: no block sparsity on a varlen call "
+                                  "(its BlockSparseTensorsTorch has no cu_total_m_blocks / cu_block_idx_offsets)")
 
     def backward_unsupported(self, problem: AttentionProblem) -> Optional[str]:
         why = _call_backward_unsupported(problem)

@@ -162,14 +162,16 @@ def sm90_fwd_fits_sparse_kv() -> bool:
 
 def varlen_block_sparsity() -> bool:
     """Whether the FA4 release that runs takes block sparsity on a packed varlen call (its
-    ``BlockSparseTensorsTorch`` has ``cu_total_m_blocks``; the pinned 4.0.0b36 does, forward only:
+    ``BlockSparseTensorsTorch`` has ``cu_total_m_blocks`` and ``cu_block_idx_offsets``; the pinned
+    4.0.0b36 does, forward only:
     "Varlen backward with block sparsity is not yet supported"). Read from the installed release's
     source; True without FA4."""
     from fa4verify.kernels.fa4_params import fa4_source_dir
     d = fa4_source_dir()
     if d is None:
         return True
-    return bool(re.search(r"^\s+cu_total_m_blocks\s*:", _source_text(str(d / "block_sparsity.py")), re.M))
+    text = _source_text(str(d / "block_sparsity.py"))
+    return all(re.search(rf"^\s+{f}\s*:", text, re.M) for f in ("cu_total_m_blocks", "cu_block_idx_offsets"))
 
 
 def bwd_takes_sink() -> bool:

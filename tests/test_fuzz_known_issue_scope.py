@@ -251,3 +251,29 @@ def test_sm90_score_mod_gqa_issue_absorbs_non_repeatability_only_past_the_aux(mo
     v = Violation("deterministic_bwd", f"{quantity} differs bitwise", {"quantity": quantity})
     ki = match_known_issue(p, v, target="production")
     assert (ki is not None and ki.name == "sm90_score_mod_gqa_bwd_indices") == expect, ki
+
+
+def test_the_lazy_rescale_band_applies_only_where_elements_are_checked():
+    """SM100 (lazy rescale, 8 log2 units): a row whose sink is 122 log2 units above its largest
+    logit may overflow in FA4's fold (its running max lags by up to 8): a non-finite LSE element
+    there is explained; a violation without element indices is explained only by a row past the
+    exact band (126), so an unrelated non-finite value is never absorbed through the lag."""
+    import math
+    p = AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=2, seqlen_k=3, nheads=1, nheads_kv=1,
+                         head_dim=64, head_dim_v=64, sink=True)
+    a = dict(p.materialize())
+    q = np.zeros((1, 2, 1, 64))
+    q[0, :, 0, 0] = 1.0
+    k = np.zeros((1, 3, 1, 64))
+    a.update(q=q, k=k)                                   # every logit 0
+    a["learnable_sink"] = np.array([122.0 / math.log2(math.e)])
+    assert fuzz._sink_overflow_rows(p, a).all()
+    assert not fuzz._sink_overflow_rows(p, a, lag=False).any()
+    v = fuzz.Violation("finite", "lse: 1 non-finite value", {"quantity": "lse"})
+    v.over_indices = np.array([[0, 0, 1]])
+    assert fuzz._sink_overflow(p, a, v)
+    bare = fuzz.Violation("finite", "a non-finite value somewhere", {"quantity": "out"})
+    assert not fuzz._sink_overflow(p, a, bare)
+    a["learnable_sink"] = np.array([127.0 / math.log2(math.e)])
+    assert fuzz._sink_overflow(p, a, bare)
+    assert not fuzz._sink_overflow_rows(p.replace(arch="sm90"), dict(a, learnable_sink=np.array([122.0 / math.log2(math.e)]))).any()

@@ -109,7 +109,8 @@ def keep_call_forms(draw: DrawFn, problem: Any, *, block_sparse: bool, mask_mod_
     if problem.mask_mod is not None:
         return problem
     if problem.varlen:
-        if not block_sparse:
+        from fa4verify.kernels import facts
+        if not block_sparse or not facts.varlen_block_sparsity():
             return problem
         from fa4verify.coverage.cases import varlen_sparse_block_size
         problem = problem.replace(causal=False, window_size=(None, None))

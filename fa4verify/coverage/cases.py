@@ -230,37 +230,35 @@ def plan_problems(space: FeatureSpace, rows: list, *, seed: int = 0) -> tuple[li
 
 def _listed_block_call(CallForm, block: tuple[int, int], grids, rng: random.Random):
     """The call form of a ``block_sparse`` / ``block_sparse_varlen`` row: the first of 256 seeds
-    (the last one tried otherwise) whose draw, over the row's grids (``(lq, lk, seq)``: one per
+    (none: a ValueError) whose draw, over the row's grids (``(lq, lk, seq)``: one per
     varlen sequence, ``seq`` None for a dense row's), lists a block and, where there are two blocks
     or more, leaves one out: FA4's skip of unlisted blocks and its listed-block loop both run on the
     row by construction."""
-    call = None
     for _ in range(256):
         call = CallForm(block_size=block, block_seed=rng.randrange(2 ** 16), block_keep=0.6)
         masks = [call.block_mask(lq, lk, seq=seq) for lq, lk, seq in grids]
         listed = sum(int(m.sum()) for m in masks)
         total = sum(m.size for m in masks)
         if listed and (total < 2 or listed < total):
-            break
-    return call
+            return call
+    raise ValueError(f"no block seed of 256 lists a block and leaves one out on grids {grids} (block {block})")
 
 
 def _partial_block_call(CallForm, block: tuple[int, int], sq: int, sk: int, rng: random.Random):
     """The call form of a ``block_sparse_mod`` row (Note [Partial blocks]): the first of 256 seeds
-    (the last one tried otherwise) whose draw lists a mask block; where the grid has two blocks or
+    (none: a ValueError) whose draw lists a mask block; where the grid has two blocks or
     more, a full block too; and where the grid has room for both, a Q block with two mask blocks
     (FA4's block-sparse main loops take a row's first mask block and its later ones on branches of
     their own). Each of FA4's block lists, and the loop over several mask blocks, runs on the row by
     construction."""
     nq, nk = -(-sq // block[0]), -(-sk // block[1])
-    call = None
     for _ in range(256):
         call = CallForm(block_size=block, block_seed=rng.randrange(2 ** 16), block_keep=0.75, block_partial=0.5)
         listed, part = call.block_mask(sq, sk), call.partial_blocks(sq, sk)
         two = nk >= 3 or (nk == 2 and nq >= 2)      # room for two mask blocks in a row and a full block
         if part.any() and (nq * nk < 2 or (listed & ~part).any()) and (not two or part.sum(axis=1).max() >= 2):
-            break
-    return call
+            return call
+    raise ValueError(f"no block seed of 256 gives the mask blocks a {sq} x {sk} row needs (block {block})")
 
 
 def _pairs_of(space: FeatureSpace, form: str) -> tuple[str, ...]:

@@ -23,21 +23,21 @@ class KnownIssue:
     targets: tuple[str, ...] = ("twin", "production")
 
 
-def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any]) -> np.ndarray:
+def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag: bool = True) -> np.ndarray:
     """Boolean (token, head) array: rows whose sink exceeds the largest visible logit by >= 126
     log2 units, where ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold overflows fp32.
     FA4's ``row_max`` there is its running max, which SM100's lazy rescale leaves up to the
     rescale threshold below the largest logit (``facts.kernel_constants``: 8 log2 units for 16-bit
     inputs, 0 on SM90 and the SM100 hd-256 kernel): the band is widened by that lag (found by the
     twin on the plan's varlen block-sparse rows with sinks and negative scores: LSE = +inf at a
-    gap of 121.8 log2 units)."""
+    gap of 121.8 log2 units). ``lag=False``: the band of an exact running max (126 log2 units)."""
     tq = sum(lq for _, lq, _, _ in _token_bounds(problem))
     rows = np.zeros((tq, problem.nheads), bool)
     if not problem.sink:
         return rows
     from fa4verify.kernels import facts
-    lag = facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
-                                 bool(problem.causal), problem.local).rescale_threshold
+    band = 126.0 - (facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
+                                           bool(problem.causal), problem.local).rescale_threshold if lag else 0.0)
     sink = np.asarray(a["learnable_sink"], np.float64)
     q = np.asarray(a["q"], np.float64)
     k = np.asarray(a["k"], np.float64)
@@ -51,7 +51,7 @@ def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any]) -> np.n
             if problem.softcap > 0:
                 y = problem.softcap * np.tanh(y / problem.softcap)
             m = np.max(np.where(keep, y, -np.inf), axis=1)
-            rows[q0:q0 + lq, h] = np.isfinite(m) & ((sink[h] - m) * math.log2(math.e) >= 126.0 - lag)
+            rows[q0:q0 + lq, h] = np.isfinite(m) & ((sink[h] - m) * math.log2(math.e) >= band)
     return rows
 
 
@@ -59,7 +59,9 @@ def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
     """True when the violation is explained by sink-fold overflow: some row overflows, and (for a
     budget comparison) every over element of O, LSE or dQ lies in an overflowing (token, head) row;
     dK/dV/dsink elements lie in a KV head whose query group has an overflowing row in the same
-    sequence (the bad row's gradient reaches every key it sees)."""
+    sequence (the bad row's gradient reaches every key it sees). A violation without element
+    indices is explained only by a row past the band of an exact running max: the running max's
+    lag widens the band only where the violation's elements can be checked against it."""
     if not problem.sink or v.prop not in ("finite", "fwd_budget", "bwd_budget", "key_permutation",
                                           "batch_invariance", "gqa_repeat"):
         return False
@@ -69,7 +71,8 @@ def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
     idx = v.over_indices
     q = str(v.metrics.get("quantity", ""))
     if idx is None or not len(idx) or q not in ("out", "lse", "dq", "dk", "dv"):
-        return v.prop == "finite"      # non-finite values: the overflow's LSE = +inf
+        # non-finite values: the overflow's LSE = +inf
+        return v.prop == "finite" and bool(_sink_overflow_rows(problem, a, lag=False).any())
     idx = np.asarray(idx)
     varlen = problem.varlen
     if q == "lse":                     # (b, h, s) dense, (h, t) varlen

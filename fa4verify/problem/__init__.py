@@ -189,7 +189,8 @@ class AttentionProblem:
                 "seqlen_q_ne_k": self.seqlen_q != self.seqlen_k,
                 "tile_edge": any(x % 64 in (0, 1, 63) for x in (self.seqlen_q, self.seqlen_k)),
                 "zero_length": bool(self.varlen and 0 in (self.seqlens_q + self.seqlens_k)),
-                **(self.call.labels() if self.call is not None else {})}
+                **(self.call.labels() if self.call is not None else {}),
+                "block_sparse_varlen": bool(self.varlen and self.call is not None and self.call.block_size is not None)}
 
     def describe(self) -> str:
         """One-line human summary."""

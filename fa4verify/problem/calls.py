@@ -303,4 +303,5 @@ class CallForm:
         return {"paged_kv": self.page_size, "seqused_k": self.seqused_k, "seqused_q": self.seqused_q,
                 "pack_gqa": None if self.pack_gqa is None else ("on" if self.pack_gqa else "off"),
                 "block_sparse": None if self.block_size is None else f"{self.block_size[0]}x{self.block_size[1]}",
+                "block_partial": self.block_partial or None,
                 "mask_mod_fn": self.mask_mod_fn, "hostile_nan": self.hostile_nan}
