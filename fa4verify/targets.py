@@ -418,7 +418,8 @@ class ProductionTarget(Target):
                     None if c["dout"] is None else self._t(c["dout"], dt), kw)
         if call.block_size is not None and problem.varlen:    # FA4's varlen block sparsity (forward only)
             if backward:
-                raise Unsupported("FA4 has no varlen backward with block sparsity")
+                from fa4verify.coverage.space import VARLEN_SPARSE_BWD
+                raise Unsupported(VARLEN_SPARSE_BWD)
             bounds = problem._seq_bounds()
             kw["block_sparse_tensors"] = self._ad.block_sparse_tensors_varlen(
                 [call.block_mask(lq, lk, seq=i) for i, (_q0, lq, _k0, lk) in enumerate(bounds)],
@@ -690,12 +691,11 @@ def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
         return why
     if call.paged:
         return "FA4 has no paged-KV backward (page_table is forward-only, interface.py)"
+    from fa4verify.coverage.space import SM100_HD256_SPARSE_BWD, VARLEN_SPARSE_BWD
     if call.block_size is not None and problem.arch != "sm90" and (problem.head_dim, problem.head_dim_v) == (256, 256):
-        from fa4verify.coverage.space import SM100_HD256_SPARSE_BWD
         return SM100_HD256_SPARSE_BWD
     if call.block_size is not None and problem.varlen:
-        return ("FA4 has no varlen backward with block sparsity (interface.py: 'Varlen backward with block "
-                "sparsity is not yet supported')")
+        return VARLEN_SPARSE_BWD
     if call.mask_mod_fn is not None:
         from fa4verify.problem.calls import mask_mod_pairs
         pair = mask_mod_pairs().get(call.mask_mod_fn)

@@ -1084,6 +1084,18 @@ def sm90_bwd_config(head_dim: int, head_dim_v: Optional[int] = None, *, causal: 
     return {k: _jsonable(v) for k, v in asdict(cfg).items()}
 
 
+def _block_lists(mask):
+    """(count per row, index per row padded with 0 to the row length) of a boolean block mask
+    ``(rows, cols)``, ascending block index: FA4's ``*_block_cnt`` / ``*_block_idx`` layout."""
+    import numpy as np
+    m = np.asarray(mask, bool)
+    idx = np.zeros(m.shape, np.int32)
+    for r in range(m.shape[0]):
+        sel = np.flatnonzero(m[r])
+        idx[r, : sel.size] = sel
+    return m.sum(axis=1).astype(np.int32), idx
+
+
 def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tuple[int, int],
                          direction: str = "fwd", device: str = "cuda", deterministic: bool = False,
                          partial=None):
@@ -1119,18 +1131,9 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
         x = np.broadcast_to(np.asarray(x, np.int32), (batch, nheads) + np.shape(x))
         return torch.tensor(x.tolist(), dtype=torch.int32, device=device)
 
-    def listed(mm):
-        """(count, index) per row of one block class, ascending block index."""
-        rows, cols = mm.shape
-        idx = np.zeros((rows, cols), np.int32)
-        for r in range(rows):
-            sel = np.flatnonzero(mm[r])
-            idx[r, : sel.size] = sel
-        return full(mm.sum(axis=1).astype(np.int32)), full(idx)
-
     def lists(mm, pp):
         """(mask_cnt, mask_idx, full_cnt, full_idx) of one direction."""
-        return listed(pp) + listed(mm & ~pp)
+        return tuple(full(x) for x in _block_lists(pp) + _block_lists(mm & ~pp))
     mine = lists(m.T, part.T) if direction == "bwd" else lists(m, part)
     order: dict[str, Any] = {}
     if deterministic:
@@ -1154,18 +1157,13 @@ def block_sparse_tensors_varlen(block_masks, *, nheads: int, block_size: tuple[i
     import numpy as np
     import torch
     from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
-    masks = [np.asarray(m, bool) for m in block_masks]
     cnt, idx, cu_m, cu_i = [], [], [0], [0]
-    for m in masks:
-        nq, nk = m.shape
-        for r in range(nq):
-            sel = np.flatnonzero(m[r])
-            cnt.append(sel.size)
-            row = np.zeros(nk, np.int32)
-            row[: sel.size] = sel
-            idx.extend(row.tolist())
-        cu_m.append(cu_m[-1] + nq)
-        cu_i.append(cu_i[-1] + nq * nk)
+    for m in (np.asarray(m, bool) for m in block_masks):
+        c, i = _block_lists(m)          # a sequence's rows, flattened row by row
+        cnt.extend(c.tolist())
+        idx.extend(i.reshape(-1).tolist())
+        cu_m.append(cu_m[-1] + m.shape[0])
+        cu_i.append(cu_i[-1] + m.size)
 
     def dev(x, per_head=True):
         # built on the device from a list (also under FakeTensorMode, where a CPU->CUDA copy fails)

@@ -71,6 +71,11 @@ SM100_HD256_SPARSE_BWD = ("FA4's SM100 backward at head dims (256, 256) (its ded
                           "sparsity (interface.py: 'SM100 backward with head_dim=256 does not support block sparsity')")
 
 
+#: FA4 refuses a varlen backward with block sparsity
+VARLEN_SPARSE_BWD = ("FA4 has no varlen backward with block sparsity (interface.py: 'Varlen backward with block "
+                     "sparsity is not yet supported')")
+
+
 def is_local(mask: Optional[str]) -> bool:
     """Whether a mask value is a local window (FA4's ``local``)."""
     return mask in ("left", "right", "both", "causal_left") or (mask or "").startswith("win:")
@@ -226,8 +231,7 @@ class FeatureSpace:
         if form == "block_sparse_mod" and not any(n in self.mask_pairs_bwd for n in self.block_mask_pairs):
             return "no registered mask pair for the mask blocks has a backward"
         if form == "block_sparse_varlen":
-            return ("FA4 has no varlen backward with block sparsity (interface.py: 'Varlen backward with block "
-                    "sparsity is not yet supported')")
+            return VARLEN_SPARSE_BWD
         return None
 
     @property

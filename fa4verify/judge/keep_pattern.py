@@ -39,12 +39,15 @@ def _unview(problem, x):
     return x[0] if problem.varlen else x
 
 
-def _blocks(problem, seq: int, lq: int, lk: int) -> tuple[np.ndarray, tuple[int, int]]:
-    """The block grid of sequence ``seq`` (lengths ``lq``, ``lk``) and its block size."""
+def _blocks(problem, seq: int, lq: int, lk: int, keeps: list) -> tuple[np.ndarray, tuple[int, int]]:
+    """The block grid of sequence ``seq`` (lengths ``lq``, ``lk``) and its block size; ``keeps``:
+    a one-element cache of the problem's keep-masks (computed at the first sequence needing them)."""
     call = problem.call
     if call.block_size is not None and not call.block_partial:
         return call.block_mask(lq, lk, seq=seq if problem.varlen else None), tuple(call.block_size)
-    keep = problem.keep_masks()[seq if problem.varlen else 0]
+    if not keeps:
+        keeps.append(problem.keep_masks())
+    keep = keeps[0][seq if problem.varlen else 0]
     sq, sk = keep.shape
     for blk in (128, 64, 32, 16, 8, 4, 2):   # the coarsest block grid the pattern is constant on
         pad = np.zeros((-(-sq // blk) * blk, -(-sk // blk) * blk), bool)
@@ -60,10 +63,10 @@ def rewrite(problem) -> dict[str, Any]:
     """Index maps of the varlen rewrite into the token view (:func:`view`): ``q_index`` (total_q,
     2) = (batch, row) and ``k_index`` (total_k, 2) = (batch, key) of each packed token;
     ``seqlens_q/k``."""
-    qi, ki, lq, lk = [], [], [], []
+    qi, ki, lq, lk, keeps = [], [], [], [], []
     for s, (q0, sq, k0, sk) in enumerate(problem._seq_bounds()):
         b = 0 if problem.varlen else s
-        bm, (bq, bk) = _blocks(problem, s, sq, sk)
+        bm, (bq, bk) = _blocks(problem, s, sq, sk, keeps)
         for r in range(bm.shape[0]):
             rows = q0 + np.arange(r * bq, min((r + 1) * bq, sq))
             keys = k0 + np.concatenate([np.arange(c * bk, min((c + 1) * bk, sk)) for c in np.flatnonzero(bm[r])]
