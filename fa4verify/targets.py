@@ -146,6 +146,8 @@ class TwinTarget(Target):
                                   f"not {problem.arch} {problem.dtype}")
         if problem.mods:
             raise Unsupported("the twin does not model score_mod / mask_mod pairs (fa4verify.mods)")
+        if (why := hd256_refusal(problem, "fwd")) is not None:
+            raise Unsupported(why)
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.name, "where": self.where, "mutations": sorted(self.mutations),
@@ -377,6 +379,8 @@ class ProductionTarget(Target):
     def check_supported(self, problem: AttentionProblem) -> None:
         if problem.mask_mod is not None:
             raise Unsupported("production FA4 takes mask_mod as a CuTe callable; boolean patterns are twin-only")
+        if (why := hd256_refusal(problem, "fwd")) is not None:
+            raise Unsupported(why)
         for pair in problem.mod_pairs() if problem.mods else ():
             if pair is not None and pair.cute() is None:
                 raise Unsupported(f"mod pair {pair.name!r} has no CuTe function here (no CUTLASS DSL, or no build)")
@@ -682,18 +686,36 @@ def block_mask_heads(problem: AttentionProblem) -> int:
     return 1 if packed else problem.nheads
 
 
+def hd256_refusal(problem: AttentionProblem, pass_: str) -> Optional[str]:
+    """Why FA4's dedicated SM100 (256, 256) kernel of ``pass_`` refuses what ``problem`` uses
+    (:func:`fa4verify.kernels.facts.sm100_hd256_lacks`), or None."""
+    from fa4verify.kernels import facts
+    lacks = facts.sm100_hd256_lacks(problem.arch, problem.head_dim, problem.head_dim_v, pass_)
+    if not lacks:
+        return None
+    score, mask = problem.mod_pairs() if problem.mods else (None, None)
+    call = problem.call
+    used = {name for name, on in (
+        ("softcap", problem.softcap > 0), ("sink", problem.sink), ("local", problem.local),
+        ("score_mod", score is not None),
+        ("mask_mod", mask is not None or problem.mask_mod is not None
+         or (call is not None and call.mask_mod_fn is not None)),
+        ("block_sparse", call is not None and call.block_size is not None)) if on} & lacks
+    return facts.sm100_hd256_refusal(pass_, used) if used else None
+
+
 def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
     """FA4 4.0.0b36's limits on the backward of a problem's head dims and call form, or None."""
     from fa4verify.kernels import facts
     why = facts.bwd_refusal(problem.arch, problem.head_dim, problem.head_dim_v, problem.nheads / problem.nheads_kv)
+    if why is None:
+        why = hd256_refusal(problem, "bwd")
     call = problem.call
     if why is not None or call is None:
         return why
     if call.paged:
         return "FA4 has no paged-KV backward (page_table is forward-only, interface.py)"
-    from fa4verify.coverage.space import SM100_HD256_SPARSE_BWD, VARLEN_SPARSE_BWD
-    if call.block_size is not None and problem.arch != "sm90" and (problem.head_dim, problem.head_dim_v) == (256, 256):
-        return SM100_HD256_SPARSE_BWD
+    from fa4verify.coverage.space import VARLEN_SPARSE_BWD
     if call.block_size is not None and problem.varlen:
         return VARLEN_SPARSE_BWD
     if call.mask_mod_fn is not None:

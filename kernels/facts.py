@@ -34,6 +34,7 @@ __all__ = [
     "bwd_tile", "kernel_constants", "resolve_causal_local_window", "head_dims_supported",
     "supported_head_dims_text", "dist_version", "is_sm100_family", "ptx_target",
     "arch_of_ptx_target", "fa4_arch_env", "arch_of_fa4_arch_env", "HDIM_MULTIPLE", "bwd_refusal",
+    "HD256_DEDICATED_LACKS", "sm100_hd256_dedicated", "sm100_hd256_lacks", "sm100_hd256_refusal",
 ]
 
 #: The kernel families fa4verify audits (FA4's own names for its SM90 and SM100 kernels).
@@ -246,6 +247,53 @@ def bwd_refuses_many_seqused_q() -> bool:
     return varlen_batch_search_threshold() is not None and bwd_k_lookup_unguarded(_source_text(str(d / "interface.py")))
 
 
+#: What FA4's dedicated SM100 kernels at head dims (256, 256) assert they do not take
+#: (``sm100_hd256_2cta_fmha_forward.py`` of 4.0.0b20..b33 and ``sm100_hd256_2cta_fmha_backward*.py``
+#: of every release up to the pinned 4.0.0b36: no score_mod, which softcap becomes, no mask_mod or
+#: aux tensors, no learnable sink, no local window, no block sparsity).
+HD256_DEDICATED_LACKS: frozenset[str] = frozenset({"softcap", "score_mod", "mask_mod", "sink", "local",
+                                                   "block_sparse"})
+
+
+def sm100_hd256_dedicated(pass_: str) -> bool:
+    """Whether the FA4 release that runs computes the SM100 ``pass_`` ("fwd" or "bwd") at head dims
+    (256, 256) on a dedicated kernel rather than on ``FlashAttentionForwardSm100`` /
+    ``FlashAttentionBackwardSm100``. Forward: only where the release ships
+    ``sm100_hd256_2cta_fmha_forward.py`` (4.0.0b20..b33; from 4.0.0b34 on, the pinned 4.0.0b36
+    included, the generic 2-CTA forward runs it, lazy rescale and all features). Backward: where it
+    ships ``sm100_hd256_2cta_fmha_backward.py`` (every release so far), unless
+    ``FLASH_ATTENTION_HD256_GENERIC_BWD=1`` selects the generic kernel (its
+    ``utils._get_hd256_generic_bwd``, where defined). Read from
+    the installed release's files; without FA4, the pinned 4.0.0b36's answer."""
+    if pass_ not in ("fwd", "bwd"):
+        raise ValueError(f"pass {pass_!r}: 'fwd' or 'bwd'")
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if pass_ == "fwd":
+        return d is not None and (d / "sm100_hd256_2cta_fmha_forward.py").exists()
+    if d is None:
+        return True
+    import os
+    generic = (_source_defines(str(d / "utils.py"), "_get_hd256_generic_bwd")
+               and os.environ.get("FLASH_ATTENTION_HD256_GENERIC_BWD", "0") == "1")
+    return (d / "sm100_hd256_2cta_fmha_backward.py").exists() and not generic
+
+
+def sm100_hd256_lacks(arch: str, head_dim: int, head_dim_v: int, pass_: str) -> frozenset[str]:
+    """The features (names of :data:`HD256_DEDICATED_LACKS`) FA4's ``pass_`` lacks at these head
+    dims on ``arch``: all of them on a dedicated SM100 (256, 256) kernel, none elsewhere."""
+    if arch == "sm90" or (int(head_dim), int(head_dim_v)) != (256, 256) or not sm100_hd256_dedicated(pass_):
+        return frozenset()
+    return HD256_DEDICATED_LACKS
+
+
+def sm100_hd256_refusal(pass_: str, used: "frozenset[str] | set[str]") -> str:
+    """The one-line reason for a call that uses ``used`` (a subset of the kernel's lacks)."""
+    what = "forward" if pass_ == "fwd" else "backward"
+    return (f"FA4's SM100 {what} at head dims (256, 256) runs its dedicated kernel, which takes no "
+            f"{', '.join(sorted(used))} (sm100_hd256_2cta_fmha_{what}*.py asserts)")
+
+
 @functools.lru_cache(maxsize=8)
 def _source_text(path: str) -> str:
     """The text of the Python file ``path`` ("" when it cannot be read)."""
@@ -394,7 +442,7 @@ def kernel_constants(arch: str, dtype: str, head_dim: int, head_dim_v: int, caus
     mo = float(prm.max_offset_fp8 if fp8 else prm.max_offset_other)
     thr = float(prm.rescale_threshold_other if fp8 else prm.rescale_threshold_16bit)
     kernel = "sm100"
-    if (head_dim, head_dim_v) == (256, 256):
+    if (head_dim, head_dim_v) == (256, 256) and sm100_hd256_dedicated("fwd"):
         kernel, thr = "sm100_hd256", 0.0
     return KernelConstants(arch, 128, mo, thr, kernel)
 

@@ -67,12 +67,16 @@ def test_sm100_block_masks_pass_fa4s_q_stage_rule_compile_only():
 def test_sm100_plan_block_sparse_rows_at_hd256_are_forward_only():
     """FA4's SM100 hd-256 backward (its dedicated kernel) asserts no block sparsity: the plan runs
     those rows forward only, and the production target says why."""
-    from fa4verify.coverage.space import SM100_HD256_SPARSE_BWD, space_for
+    from fa4verify.coverage.space import space_for
+    from fa4verify.kernels import facts
     from fa4verify.targets import _call_backward_unsupported
+    SM100_HD256_SPARSE_BWD = facts.sm100_hd256_refusal("bwd", {"block_sparse"})
     sp = space_for("sm100", "bf16")
     hd256 = next(n for n, v in sp.hd.items() if v == (256, 256))
+    assert sp.no_backward({"form": "block_sparse", "hd": hd256}) == SM100_HD256_SPARSE_BWD
+    assert sp.no_backward({"form": "block_sparse_mod", "hd": hd256}) == \
+        facts.sm100_hd256_refusal("bwd", {"block_sparse", "mask_mod"})
     for form in ("block_sparse", "block_sparse_mod"):
-        assert sp.no_backward({"form": form, "hd": hd256}) == SM100_HD256_SPARSE_BWD
         assert sp.no_backward({"form": form, "hd": next(n for n, v in sp.hd.items() if v == (128, 128))}) is None
     p = AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=300, seqlen_k=300, nheads=2, nheads_kv=2,
                          head_dim=256, head_dim_v=256, call=CallForm(block_size=(256, 256)))

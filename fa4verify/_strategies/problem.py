@@ -19,11 +19,15 @@ from fa4verify.problem import (CALL_FEATURES, DISTRIBUTIONS, FEATURES, MOD_FEATU
 
 
 def _arch_features(arch: str, head_dim: int, head_dim_v: int) -> set[str]:
-    """Features FA4 lacks for a head-dim pair: SM100's dedicated (256, 256) kernel has no softcap,
-    sinks, local windows or mask_mod (fa4_numerics.md section 9.2)."""
-    if arch in ("sm100", "sm103") and (head_dim, head_dim_v) == (256, 256):
-        return {"softcap", "sink", "local", "mask_mod"}
-    return set()
+    """Features FA4's forward lacks for a head-dim pair: those a dedicated SM100 (256, 256) forward
+    asserts away (:func:`fa4verify.kernels.facts.sm100_hd256_lacks`; none with the pinned 4.0.0b36,
+    whose generic SM100 forward runs (256, 256)). The backward's limits are the target's
+    (``backward_unsupported``): the draw keeps the forward's features."""
+    from fa4verify.kernels import facts
+    lacks = facts.sm100_hd256_lacks(arch, head_dim, head_dim_v, "fwd")
+    drawn_as = {"softcap": {"softcap"}, "sink": {"sink"}, "local": {"local"}, "score_mod": {MOD_FEATURE},
+                "mask_mod": {"mask_mod", "mask_mod_fn", MOD_FEATURE}, "block_sparse": {"block_sparse"}}
+    return set().union(*(drawn_as[lack] for lack in lacks))
 
 
 @st.composite

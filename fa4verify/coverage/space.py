@@ -66,9 +66,6 @@ BLOCK_FORMS = ("block_sparse", "block_sparse_mod", "block_sparse_varlen")   # FA
 _CU_SEQLENS_FORMS = ("varlen", "seqused_k", "block_sparse_varlen") + _PAGED  # calls passing cu_seqlens
 
 
-#: FA4's SM100 backward at head dims (256, 256) runs its dedicated kernel, which asserts no block sparsity
-SM100_HD256_SPARSE_BWD = ("FA4's SM100 backward at head dims (256, 256) (its dedicated kernel) takes no block "
-                          "sparsity (interface.py: 'SM100 backward with head_dim=256 does not support block sparsity')")
 
 
 #: FA4 refuses a varlen backward with block sparsity
@@ -98,7 +95,8 @@ def _round_up(x: int, m: int) -> int:
 def head_dim_classes(arch: str, dtype: str = "bf16", *, limit: Optional[Iterable[tuple[int, int]]] = None
                      ) -> dict[str, tuple[int, int]]:
     """One representative (hd, hdv) per tile class FA4 selects on ``arch``: the class of a head
-    dim is (forward tile, backward tile, ``round_up(hd, 16) != round_up(hd, 32)``); the
+    dim is (forward tile, backward tile, ``round_up(hd, 16) != round_up(hd, 32)``; on SM100 the
+    forward kernel and its Q stages and the backward kernel stand for the tiles); the
     representative is the largest head dim of its class (the class's widest tile use), except the
     odd class, whose smallest member is taken (8, 40, 72, ...: the narrowest padding). ``limit``:
     only these (hd, hdv) pairs (a deployment's); the classes are then those the pairs fall in."""
@@ -113,10 +111,13 @@ def head_dim_classes(arch: str, dtype: str = "bf16", *, limit: Optional[Iterable
             key: tuple = (facts.sm90_fwd_tile(hd, hdv, False, False), facts.sm90_bwd_tile(hd, hdv, False, False),
                           _round_up(hd, 16) != _round_up(hd, 32), hd != hdv)
         else:
+            # SM100: the forward kernel, its Q stages (one Q tile at hdv 256, TMEM), the backward
+            # kernel (dedicated at (256, 256)), small head dims, padding, hd != hdv
             k = facts.kernel_constants(arch, dtype, hd, hdv)
-            key = (k.kernel, hd <= 64, _round_up(hd, 16) != _round_up(hd, 32), hd != hdv)
+            key = (k.kernel, hdv == 256, bool(facts.sm100_hd256_lacks(arch, hd, hdv, "bwd")), hd <= 64,
+                   _round_up(hd, 16) != _round_up(hd, 32), hd != hdv)
         prev = out.get(key)
-        odd = key[2]
+        odd = _round_up(hd, 16) != _round_up(hd, 32)
         if prev is None or (not odd and hd > prev[0]) or (odd and hd < prev[0]):
             out[key] = (hd, hdv)
     named = {}
@@ -183,9 +184,8 @@ class FeatureSpace:
             return f"a zero-length sequence needs a varlen call form, not {form}"
         if g("seqlen") == "many" and form is not None and not (form in _KV_FORMS or is_paged(form)):
             return f"more sequences than FA4's batch-search threshold need a varlen call form, not {form}"
-        if hd is not None and self.arch in ("sm100", "sm103") and self.hd.get(hd) == (256, 256):
-            if g("softcap") == "on" or g("sink") == "on" or is_local(mask) or form in ("mask_mod", "block_sparse_mod"):
-                return "SM100's dedicated (256, 256) kernel has no softcap, sinks, local windows or mask_mod"
+        if (why := self._hd256_refusal(row, "fwd")) is not None:
+            return why
         if is_paged(form) and hd is not None and self._paged_non_tma(form, hd, mask) \
                 and any(d % facts.HDIM_MULTIPLE for d in self.hd[hd]):
             return (f"{form}: FA4's non-TMA paged KV (page size != tile_n) needs head dims that are multiples "
@@ -240,10 +240,23 @@ class FeatureSpace:
         :mod:`fa4verify.mods` (``"mod:<name>"``: FA4's ``mask_mod`` with their aux tensors)."""
         return tuple(n for n in self.mask_pairs if n.startswith("mod:"))
 
+    def _hd256_refusal(self, row: Mapping[str, str], pass_: str) -> Optional[str]:
+        """Why FA4's dedicated SM100 (256, 256) kernel of ``pass_`` refuses the row's features
+        (:func:`fa4verify.kernels.facts.sm100_hd256_lacks`: with the pinned 4.0.0b36 the backward
+        only), or None."""
+        dims = self.hd.get(row.get("hd")) if row.get("hd") is not None else None
+        lacks = facts.sm100_hd256_lacks(self.arch, *dims, pass_) if dims is not None else frozenset()
+        if not lacks:
+            return None
+        form, mask = row.get("form"), row.get("mask")
+        used = {name for name, on in (("softcap", row.get("softcap") == "on"), ("sink", row.get("sink") == "on"),
+                                      ("local", is_local(mask)), ("score_mod", form == "score_mod"),
+                                      ("mask_mod", form in ("mask_mod", "block_sparse_mod")),
+                                      ("block_sparse", form in BLOCK_FORMS)) if on} & lacks
+        return facts.sm100_hd256_refusal(pass_, used) if used else None
+
     def _bwd(self, form: str, hd: str) -> Optional[str]:
         why = self._form_bwd(form)
-        if why is None and form in BLOCK_FORMS and self.arch != "sm90" and self.hd[hd] == (256, 256):
-            why = SM100_HD256_SPARSE_BWD
         if why is None and form in BLOCK_FORMS and self.arch == "sm90":
             from fa4verify.kernels.features import sm90_sparse_bwd_does_not_build
             if sm90_sparse_bwd_does_not_build(*self.hd[hd]):
@@ -266,6 +279,8 @@ class FeatureSpace:
             why = self._form_bwd(form) if hd is None else self._bwd(form, hd)
             if why is not None:
                 return why
+        if (why := self._hd256_refusal(row, "bwd")) is not None:
+            return why
         if form in _CU_SEQLENS_FORMS and row.get("softcap") not in (None, "off") \
                 and not facts.bwd_takes_varlen_score_mod():
             return ("this FA4 release has no varlen backward with a score_mod, softcap included (its "

@@ -28,7 +28,7 @@ def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag:
     log2 units, where ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold overflows fp32.
     FA4's ``row_max`` there is its running max, which SM100's lazy rescale leaves up to the
     rescale threshold below the largest logit (``facts.kernel_constants``: 8 log2 units for 16-bit
-    inputs, 0 on SM90 and the SM100 hd-256 kernel): the band is widened by that lag (found by the
+    inputs, 0 on SM90 and on the dedicated SM100 hd-256 forward of 4.0.0b20..b33): the band is widened by that lag (found by the
     twin on the plan's varlen block-sparse rows with sinks and negative scores: LSE = +inf at a
     gap of 121.8 log2 units). ``lag=False``: the band of an exact running max (126 log2 units)."""
     tq = sum(lq for _, lq, _, _ in _token_bounds(problem))

@@ -20,7 +20,10 @@ flash_fwd_sm100.py,flash_fwd_sm90.py,utils.py}``)
   FA4's per-M-block ranges for causal (bottom-right) and local windows.
 * Row max: ``fmax`` (PTX semantics: NaN ignored).  SM100 lazy rescale: keep the old max while
   ``(m_old - m_new) * c >= -rescale_threshold`` (8 for 16-bit, 0 = off for fp8); SM90 and the
-  SM100 hd-256 kernel always update.
+  dedicated SM100 hd-256 forward always update.  The dedicated hd-256 forward
+  (``sm100_hd256_2cta_fmha_forward.py``) exists in FA4 4.0.0b20..b33 only
+  (``facts.sm100_hd256_dedicated``); from 4.0.0b34 on, the pinned 4.0.0b36 included, (256, 256)
+  runs the generic SM100 forward and is modelled as "sm100".
 * Exponent argument, one fused FMA (bit-exact via ``binary32.fma``):
   SM100 ``x = fma(S, c, max_offset - m*c)``; SM90 and hd256 ``x = fma(S, c, -(m*c))`` where
   ``c = RN32(RN32(softmax_scale) * RN32(log2 e))`` (``compute_softmax_scale_log2``).
@@ -69,7 +72,8 @@ Possible issues
   emulated-column set.
 * SM90 per-thread row-sum order assumes ``TensorSSA.reduce(ADD)`` lowers to a sequential
   reduction in register order (not confirmed in SASS); budgets use the worst-case depth.
-* The SM100 hd-256 dedicated kernel is modelled with the SM100 ``fadd_reduce`` order (unverified).
+* The dedicated SM100 hd-256 forward (4.0.0b20..b33) is modelled with the SM100 ``fadd_reduce``
+  order (unverified).
 """
 from __future__ import annotations
 
@@ -293,7 +297,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     bf16/fp16/fp8-e4m3 values (float32 arrays are taken as bf16 values unless ``dtype`` says
     otherwise; values not representable in ``dtype`` raise ValueError).  ``arch``: "sm90" (H100/
     H200 kernel), "sm100" (B200; emulated exp2, lazy rescale; hd (256,256) uses the dedicated
-    kernel model), "sm103" (no emulation in the main kernel).  ``softmax_scale`` defaults to
+    kernel model where the installed FA4 has one), "sm103" (no emulation in the main kernel).  ``softmax_scale`` defaults to
     1/sqrt(d) and is rounded to fp32 as the kernel receives it.  ``causal`` is bottom-right
     aligned; ``window_size`` = (left, right), None = unbounded; ``softcap`` 0 = off;
     ``learnable_sink`` (hq,) logits.  ``exact_stages`` / ``mutations``: see :data:`FWD_STAGES`,
@@ -369,7 +373,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
         tile_m, tile_n = sm90_tile(D, Dv, is_causal, local)
         threshold, max_offset = 0.0, 0.0
     else:
-        kernel = "sm100_hd256" if (D == 256 and Dv == 256) else "sm100"
+        kernel = "sm100_hd256" if (D == 256 and Dv == 256 and _facts.sm100_hd256_dedicated("fwd")) else "sm100"
         tile_m, tile_n = 128, 128
         if dt == "fp8":
             max_offset = float(params.max_offset_fp8)
