@@ -1,7 +1,7 @@
 """Run the audit against production source mutants (faults planted in private copies of the
 installed FA4, fa4verify.mutants.source) and tabulate which check caught each.
 
-    python scripts/audit_mutants.py --out DIR [--checks coverage.production] [--opt K=V] ID [ID ...]
+    python scripts/audit_mutants.py --out DIR [--checks coverage.production] [--opt K=V] [--gpus all] ID [ID ...]
 
 Each mutant: a private copy (the installed package is only read), PYTHONPATH pointing at it, a
 kernel cache of its own (the unpatched kernels can never be served), then
@@ -29,6 +29,7 @@ def main() -> int:
                     help="seconds per task (the audit's --timeout), or 'default': the engine's deadline")
     ap.add_argument("--opt", action="append", default=[], metavar="K=V",
                     help="passed to the audit as --opt (e.g. fuzz_distributions=huge)")
+    ap.add_argument("--gpus", default=None, help="passed to the audit as --gpus (e.g. all: workers on every GPU)")
     ap.add_argument("ids", nargs="+")
     a = ap.parse_args()
     from fa4verify.mutants import source as S
@@ -47,6 +48,8 @@ def main() -> int:
             cmd += ["--timeout", a.timeout]
         for o in a.opt:
             cmd += ["--opt", o]
+        if a.gpus:
+            cmd += ["--gpus", a.gpus]
         t0 = time.monotonic()
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         dt = time.monotonic() - t0
