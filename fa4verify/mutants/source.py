@@ -255,6 +255,155 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "                        # Semaphore acquire: wait for prior n_blocks to finish writing this m_block\n"
               "                        if const_expr(False):  # mutant: acquire skipped\n"),),
         "bwd", ("dq",), determinism=True),
+    # Twelve more from a red-team reading of FA4 4.0.0b36's SM90 paths (2026-12-04): the gradient
+    # through the returned LSE, score_mod_bwd's indices, a head-dependent mask_mod under PackGQA,
+    # the combine of empty rows, the varlen scheduler's head sections, the varlen backward's aux
+    # index wrap, PackGQA's causal KV-block bound, unwritten dK/dV of empty query sequences, the
+    # backward's left-window M-block bound and mask, the softcap derivative, a sink's empty row.
+    SourceMutant(
+        "bwd_dlse_sign_flipped",
+        "backward preprocess: D' = D + dLSE instead of D - dLSE (gradient through the returned LSE "
+        "enters with the wrong sign)",
+        (Edit("flash_bwd_preprocess.py",
+              "                            PdPsum_val -= gdLSE[row]\n",
+              "                            PdPsum_val += gdLSE[row]\n"),),
+        "bwd", ("D", "dq", "dk")),
+    SourceMutant(
+        "bwd_score_mod_bwd_indices_untransposed",
+        "SM90 backward (SdP_swapAB, head dim <= 128): score_mod_bwd is handed q_idx and kv_idx swapped "
+        "(the S-recompute score_mod keeps the transpose)",
+        (Edit("flash_bwd_sm90.py",
+              "            self.score_mod_bwd,\n"
+              "            batch_idx,\n"
+              "            head_idx,\n"
+              "            softmax_scale,\n"
+              "            self.vec_size,\n"
+              "            self.qk_acc_dtype,\n"
+              "            aux_data,\n"
+              "            fastdiv_mods,\n"
+              "            seqlen_info,\n"
+              "            constant_q_idx=None,\n"
+              "            qhead_per_kvhead=self.qhead_per_kvhead,\n"
+              "            transpose_indices=self.SdP_swapAB,\n",
+              "            self.score_mod_bwd,\n"
+              "            batch_idx,\n"
+              "            head_idx,\n"
+              "            softmax_scale,\n"
+              "            self.vec_size,\n"
+              "            self.qk_acc_dtype,\n"
+              "            aux_data,\n"
+              "            fastdiv_mods,\n"
+              "            seqlen_info,\n"
+              "            constant_q_idx=None,\n"
+              "            qhead_per_kvhead=self.qhead_per_kvhead,\n"
+              "            transpose_indices=False,\n"),),
+        "bwd", ("dq", "dk")),
+    SourceMutant(
+        "fwd_mask_mod_packgqa_head_stride",
+        "SM90 forward with PackGQA: mask_mod is handed head kv_head + offset instead of "
+        "kv_head * qhead_per_kvhead + offset (wrong query head for every KV head but the first)",
+        (Edit("mask.py",
+              "                    head_offset = global_row_idx % self.qhead_per_kvhead_packgqa\n"
+              "                    head_idx_for_mod = head_idx * self.qhead_per_kvhead_packgqa + head_offset\n",
+              "                    head_offset = global_row_idx % self.qhead_per_kvhead_packgqa\n"
+              "                    head_idx_for_mod = head_idx + head_offset\n"),),
+        "both", ("out", "lse", "dq", "dk", "dv")),
+    SourceMutant(
+        "combine_all_masked_lse_guard_dropped",
+        "flash_attn_combine: the lse_max == -inf guard is dropped, so a row whose every split is empty "
+        "gets LSE = NaN instead of -inf (O stays 0)",
+        (Edit("flash_fwd_combine.py",
+              "                    lse_max_cur = (\n"
+              "                        0.0 if lse_max == -Float32.inf else lse_max\n"
+              "                    )  # In case all local LSEs are -inf\n",
+              "                    lse_max_cur = lse_max  # mutant: -inf guard dropped\n"),),
+        "fwd", ("lse",)),
+    SourceMutant(
+        "varlen_l2_swizzle_tail_heads",
+        "varlen tile scheduler (LPT / head-swizzle path): the last head section is assumed full "
+        "(num_head % nheads_in_l2 == 0), so with more heads than one L2 section and a remainder, "
+        "tail tiles map to heads >= num_head and some (m_block, head) tiles never run",
+        (Edit("tile_scheduler.py",
+              "                    nheads_in_this_section = (\n"
+              "                        nheads_in_l2\n"
+              "                        if nheads_in_l2 * (section_idx + 1) <= self.num_head\n"
+              "                        else self.num_head - section_idx * nheads_in_l2\n"
+              "                    )\n",
+              "                    nheads_in_this_section = nheads_in_l2  # mutant: tail section assumed full\n"),),
+        "both", ("out", "lse", "dq", "dk", "dv")),
+    SourceMutant(
+        "bwd_varlen_score_mod_q_wrap_by_seqlen_k",
+        "SM90 backward, varlen Q with aux tensors: the per-sequence q_idx divisor for aux-tensor index "
+        "wrapping is built from seqlen_k, so q_idx >= seqlen_k wraps and the S recompute reads the "
+        "score_mod at the wrong query position",
+        (Edit("flash_bwd_sm90.py",
+              "                fastdiv_mods = (\n"
+              "                    seqlen_q_divmod\n"
+              "                    if not recompute_fastdiv_mods_q\n"
+              "                    else FastDivmodDivisorV2(seqlen.seqlen_q),\n",
+              "                fastdiv_mods = (\n"
+              "                    seqlen_q_divmod\n"
+              "                    if not recompute_fastdiv_mods_q\n"
+              "                    else FastDivmodDivisorV2(seqlen.seqlen_k),\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "fwd_packgqa_nblock_max_floor",
+        "SM90 forward, PackGQA with causal / right window: n_block_max from floor(m_idx_max / g) "
+        "instead of ceil, so when g does not divide tile_m the last logical row of a tile can lose "
+        "its diagonal key if that key opens a new KV tile",
+        (Edit("block_info.py",
+              "        if const_expr(self.is_causal or (self.is_local and self.window_size_right is not None)):\n"
+              "            m_idx_max = (m_block + 1) * self.tile_m\n"
+              "            if const_expr(self.qhead_per_kvhead_packgqa > 1):\n"
+              "                m_idx_max = cute.ceil_div(m_idx_max, self.qhead_per_kvhead_packgqa)\n",
+              "        if const_expr(self.is_causal or (self.is_local and self.window_size_right is not None)):\n"
+              "            m_idx_max = (m_block + 1) * self.tile_m\n"
+              "            if const_expr(self.qhead_per_kvhead_packgqa > 1):\n"
+              "                m_idx_max = m_idx_max // self.qhead_per_kvhead_packgqa\n"),),
+        "both", ("out", "lse")),
+    SourceMutant(
+        "bwd_varlen_empty_q_dkdv_not_zeroed",
+        "SM90 backward, varlen Q (cu_seqlens_q / seqused_q), MHA, no window: a KV tile with no query "
+        "block (an empty query sequence) skips the zero write, so dK/dV of its keys are left as "
+        "torch.empty garbage",
+        (Edit("flash_bwd_sm90.py",
+              "                if const_expr(self.use_block_sparsity or self.is_local or self.is_varlen_q):\n",
+              "                if const_expr(self.use_block_sparsity or self.is_local):\n"),),
+        "bwd", ("dk", "dv")),
+    SourceMutant(
+        "bwd_mblock_max_local_left_off_by_one",
+        "SM90 backward, left window: m_block_max from ceil((m_idx_left - 1) / tile_m), so when "
+        "m_idx_left = 1 mod tile_m the one query row that sees a KV tile only at its window's left "
+        "edge is skipped for that tile",
+        (Edit("block_info.py",
+              "            m_idx_left = m_idx + self.window_size_left\n",
+              "            m_idx_left = m_idx + self.window_size_left - 1\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "softcap_bwd_derivative_dropped",
+        "softcap backward: the tanh derivative 1 - tanh^2(s/c) is dropped (softcap treated as the "
+        "identity in the backward)",
+        (Edit("utils.py",
+              "        return grad_out_SSA * (1.0 - tanh_scores * tanh_scores)\n",
+              "        return grad_out_SSA  # mutant: tanh derivative dropped\n"),),
+        "bwd", ("dq", "dk")),
+    SourceMutant(
+        "bwd_local_left_swapab_off_by_one",
+        "SM90 backward local mask (SdP_swapAB path, head dim <= 128): admits one key past the "
+        "window's left edge",
+        (Edit("mask.py",
+              "                            col0 - causal_row_offset + self.window_size_left\n",
+              "                            col0 - causal_row_offset + self.window_size_left + 1\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "sink_fully_masked_row_guard_dropped",
+        "forward finalize with a learnable sink: a fully masked row keeps row_max = -inf in the sink "
+        "fold, so row_sum = inf and LSE = NaN (instead of the sink); the backward then sees NaN",
+        (Edit("softmax.py",
+              "                if row_max[r] == -Float32.inf:\n"
+              "                    row_max_scaled = sink_val_cur * LOG2_E\n",
+              "                pass  # mutant: fully-masked-row sink guard dropped\n"),),
+        "both", ("lse", "dq", "dk", "dv")),
     # Note [Planted hang]: a kernel that never finishes on some problems only, so an audit shows
     # the deadline at work: the check running such a problem is `error: did not finish in N s`
     # naming the case, its worker killed; every other case and check keeps its verdict. The spin
