@@ -613,9 +613,20 @@ class ProductionTarget(Target):
             return "SM100's hd-256 backward has no separate dQ postprocess to tap"
         return None
 
+    def _poisoned(self, q, k, v) -> dict[str, Any]:
+        """Note [Poisoned gradients]: FA4's dQ, dK and dV buffers, allocated here as FA4 would
+        (``empty_like`` of q, k, v) and filled with NaN. FA4 must write every element (zeros for a
+        key no query sees: its kernels write them); one it leaves unwritten reads NaN and fails the
+        judge, where FA4's own ``torch.empty`` would hand back whatever the allocator held (often
+        zeros: a missed write passed unseen). Compile-only (fake) runs allocate nothing."""
+        if self.fake:
+            return {}
+        return {n: self._torch.full_like(t, float("nan")) for n, t in (("dq", q), ("dk", k), ("dv", v))}
+
     def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
                  deterministic: bool = True, taps: Optional[dict] = None) -> Bwd:
-        """FA4's backward of ``problem``. ``taps``: a dict to fill with the stage buffers of this
+        """FA4's backward of ``problem`` into NaN-filled gradient buffers (Note [Poisoned
+        gradients]). ``taps``: a dict to fill with the stage buffers of this
         very call (numpy: ``dpsum``, ``lse_log2``, ``dq_accum_zeroed``, ``dq_accum`` in (b, s, h, d));
         see :meth:`taps_unsupported`."""
         self.check_supported(problem)
@@ -638,11 +649,12 @@ class ProductionTarget(Target):
                     raise Unsupported("a call-form backward needs the forward's own O and LSE tensors")
                 q, k, v, do, kw = self._call_kw(problem, a, backward=True, deterministic=deterministic)
                 kw.pop("page_table", None)
-                r = self._call(self._ad.backward, q, k, v, out, do, lse, deterministic=deterministic, **kw)
+                r = self._call(self._ad.backward, q, k, v, out, do, lse, deterministic=deterministic,
+                               **self._poisoned(q, k, v), **kw)
             else:
-                r = self._call(self._ad.backward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
-                               out, self._t(a["dout"], dt), lse, deterministic=deterministic,
-                               **self._kw(problem, a))
+                q, k, v = self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt)
+                r = self._call(self._ad.backward, q, k, v, out, self._t(a["dout"], dt), lse,
+                               deterministic=deterministic, **self._poisoned(q, k, v), **self._kw(problem, a))
         self._note_config(r.config)
         if taps is not None and tapped is not None:
             for n in ("dpsum", "lse_log2", "dq_accum_zeroed"):

@@ -20,8 +20,8 @@ class StandIn:
     device = "cpu"
     arch = "sm90"
 
-    def __init__(self, weight_bias: float = 0.0, drop_last_key: bool = False):
-        self.weight_bias, self.drop_last_key = weight_bias, drop_last_key
+    def __init__(self, weight_bias: float = 0.0, drop_last_key: bool = False, nan_when_empty: bool = False):
+        self.weight_bias, self.drop_last_key, self.nan_when_empty = weight_bias, drop_last_key, nan_when_empty
 
     def forward(self, q, k, v):
         if self.drop_last_key:
@@ -37,7 +37,10 @@ class StandIn:
         if self.weight_bias:           # the planted fault: split 0's weight off by a factor
             w0 = torch.from_numpy(np.asarray(r.weights[0], np.float32))[..., None]
             out = out + self.weight_bias * w0 * op[0]
-        return out.to(out_dtype), torch.from_numpy(np.asarray(r.lse, np.float32))
+        lse = torch.from_numpy(np.asarray(r.lse, np.float32))
+        if self.nan_when_empty:        # the combine without its lse_max == -inf guard
+            lse = torch.where(torch.isneginf(lp).all(0), torch.full_like(lse, float("nan")), lse)
+        return out.to(out_dtype), lse
 
 
 def test_a_correct_combine_passes_every_verdict():
@@ -45,14 +48,18 @@ def test_a_correct_combine_passes_every_verdict():
     r = result(rows, "CPU")
     assert r.status == "pass", r.summary
     names = {vd.name for row in rows for vd in row["verdicts"]}
-    assert {"partial_out", "partial_lse", "combine_out", "combine_lse"} <= names and len(rows) == 2
+    assert {"partial_out", "partial_lse", "combine_out", "combine_lse", "combine_out (empty rows)",
+            "combine_lse (empty rows)"} <= names and len(rows) == 2
     assert 0 < r.tightness <= 1
 
 
-@pytest.mark.parametrize("fault", [dict(weight_bias=2.0 ** -6), dict(drop_last_key=True)])
+@pytest.mark.parametrize("fault", [dict(weight_bias=2.0 ** -6), dict(drop_last_key=True),
+                                   dict(nan_when_empty=True)])
 def test_a_planted_fault_fails(fault):
     r = result(run_combine(StandIn(**fault), shape=SMALL, splits=(2, 3)), "CPU")
     assert r.status == "fail", r.summary
+    if "nan_when_empty" in fault:      # Note [Empty rows in the combine]: only the emptied rows see it
+        assert "combine_lse (empty rows) fail" in r.summary, r.summary
 
 
 class _Raises(StandIn):

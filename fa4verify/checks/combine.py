@@ -17,6 +17,14 @@ combine stage against the exact combine of the same partials (``[stage.combine_o
 ``[stage.combine_lse]``), and the merged output against the *full* problem's oracle under the
 composed budget (DERIVATIONS.md#combine). S = 3 and 8. The check's inputs are fixed (seed 1), so
 a run is reproducible bit for bit; the audit seed does not change them.
+
+Note [Empty rows in the combine]
+--------------------------------
+A row that attended nothing in a split has LSE -inf there, and one that attended nothing in any
+split must come out O = 0, LSE = -inf (FA4's ``flash_fwd_combine.py`` guards ``lse_max == -inf``).
+Contiguous dense chunks never make such a row, so each split count also combines the same
+partials with rows emptied in every split and in some splits (:func:`_empty_rows`), judged against
+the exact combine of those partials.
 """
 from __future__ import annotations
 
@@ -70,9 +78,35 @@ def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS,
             continue
         j = judge_split_combine(prob, a, S, [_np(p[0]) for p in parts], [_np(p[1]) for p in parts],
                                 _np(out), None if lse is None else _np(lse), full_oracle=(ro.value, ro.bound))
-        rows.append({"num_splits": S, "verdicts": [*j.partial_out, *j.partial_lse, j.stage, j.stage_lse, j.out],
+        empty = _empty_rows(kernel, op, lp, tdt, dtype)
+        rows.append({"num_splits": S, "verdicts": [*j.partial_out, *j.partial_lse, j.stage, j.stage_lse, j.out,
+                                                   *empty],
                      "config": getattr(kernel, "last_config", None)})
     return rows
+
+
+def _empty_rows(kernel: Any, op, lp, out_dtype, dtype: str) -> list:
+    """Note [Empty rows in the combine]: the same partials with query rows that attended nothing
+    in every split (every 5th row: LSE -inf, O 0 in all S partials, as a causal or windowed split
+    leaves them; FA4 must return O = 0, LSE = -inf, not NaN) and rows empty in the first
+    ``S // 2 + 1`` splits only (the 3rd of every 5), judged against the exact combine of the
+    same partials (``combine_out`` / ``combine_lse``). The merge against the full problem does
+    not apply to these rows."""
+    import dataclasses
+
+    from fa4verify.judge.split_combine import judge_combine_stage
+    op2, lp2 = op.clone(), lp.clone()
+    lp2[:, :, 0::5] = float("-inf")
+    op2[:, :, 0::5] = 0
+    some = lp.shape[0] // 2 + 1
+    lp2[:some, :, 2::5] = float("-inf")
+    op2[:some, :, 2::5] = 0
+    out, lse = kernel.combine(op2.float(), lp2, out_dtype)
+    arch = getattr(kernel, "arch", "sm90")
+    vo, vl = judge_combine_stage(_np(op2), _np(lp2), _np(out), None if lse is None else _np(lse), dtype=dtype,
+                                 arch=arch)
+    return [dataclasses.replace(vo, name="combine_out (empty rows)"),
+            dataclasses.replace(vl, name="combine_lse (empty rows)")]
 
 
 class _Fa4:
