@@ -18,15 +18,31 @@ def test_each_edge_is_the_path_it_names():
     got = {n: p for n, p, _b in trip}
     back = {n: b for n, _p, b in trip}
     assert back == {"empty_keys": True, "empty_keys_sink": True, "empty_queries": True, "negative_window": True,
-                    "sparse_q64": False}
-    assert set(got) == {"empty_keys", "empty_keys_sink", "empty_queries", "negative_window", "sparse_q64"}
+                    "sparse_q64": False, "packed_causal_block_end": True, "bwd_window_left_mblock": True,
+                    "varlen_head_sections": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
     p = got["negative_window"]
     assert p.window_size == (-1, -1) and resolve_window(p.causal, p.window_size)[:2] == (False, False)
     assert got["sparse_q64"].call.block_size[0] == 64 and got["sparse_q64"].seqlen_q > 64
-    # SM100 has no sparse_q64 (its tile does not shrink to the Q block)
+    from fa4verify.kernels import facts
+    # PackGQA: 3 query heads per KV head do not divide tile_m; the last row of M block 0 has its
+    # diagonal key (bottom-right causal) at the first key of a KV tile
+    p = got["packed_causal_block_end"]
+    tm, tn = facts.fwd_tile("sm90", "bf16", p.head_dim, p.head_dim_v, True, p.local)
+    last = -(-tm // 3) - 1
+    assert (p.nheads, p.nheads_kv) == (3, 1) and tm % 3 and p.seqlen_q > last
+    assert (last + p.seqlen_k - p.seqlen_q) % tn == 0 and p.keep_masks()[0][last, last + p.seqlen_k - p.seqlen_q]
+    # the backward's M block bound: the last row that sees KV tile 0's last key opens an M block
+    p = got["bwd_window_left_mblock"]
+    tmb, tnb = facts.sm90_bwd_tile(p.head_dim, p.head_dim_v, False, True)
+    row = tnb - 1 + p.window_size[0]
+    assert row % tmb == 0 and p.keep_masks()[0][row, tnb - 1] and not p.keep_masks()[0][row + 1, tnb - 1]
+    # more heads than one L2 head section (16) of the varlen LPT scheduler, not a multiple of it
+    p = got["varlen_head_sections"]
+    assert p.varlen and p.causal and p.nheads == p.nheads_kv and p.nheads > 16 and p.nheads % 16
+    # SM100 has no sparse_q64 (its tile does not shrink to the Q block) nor the SM90 tile edges
     assert "sparse_q64" not in {n for n, _p, _b in cases.edge_problems(space_for("sm100", "bf16"))}
 
 

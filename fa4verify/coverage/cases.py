@@ -299,7 +299,19 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     * ``sparse_q64`` (SM90): a block mask of 64-row Q blocks, on which FA4's SM90 forward shrinks its
       tile to 64 rows (``_fit_sm90_fwd_tile_to_block_sparsity``): a forward kernel of its own
       (forward only: the SM90 backward takes its own block), on releases whose forward fits its
-      tile to the block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv`).
+      tile to the block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv`);
+    * ``packed_causal_block_end`` (SM90): PackGQA (3 query heads per KV head, which does not divide
+      the forward's tile_m) with a causal mask, shaped so the last query row of the first M block
+      (``ceil(tile_m / 3) - 1``) has its diagonal key at the first key of a KV tile: FA4's
+      ``block_info.get_n_block_min_max`` must round the packed row bound up (``ceil_div``); with
+      a small left window where the space has ``causal_left`` (the row then sees a few keys, so
+      one lost key is a large share of it);
+    * ``bwd_window_left_mblock`` (SM90): a window whose left edge puts the last query row that sees
+      a KV tile's last key at the first row of a backward M block (``m_idx_left = 1 mod tile_m``
+      of ``_tile_size_bwd_sm90``): FA4's ``get_m_block_min_max`` must include that M block;
+    * ``varlen_head_sections`` (SM90): a causal varlen call with 20 heads, more than one L2 head
+      section of FA4's varlen LPT scheduler (16 heads for short sequences) and not a multiple of
+      it: the last section's heads (``tile_scheduler.py``, ``nheads_in_this_section``).
 
     Each needs its form in the space (the block-sparse edge only where the target runs block
     sparsity).
@@ -342,4 +354,55 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
             batch=2, seqlen_q=3 * 64 + 5, seqlen_k=2 * tn + 3, values=vals(),
             call=CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),
                           block_keep=0.6), **base), False))
+    if space.arch == "sm90":
+        out += _sm90_tile_edges(space, vals, bwd)
+    return out
+
+
+def _sm90_tile_edges(space: FeatureSpace, vals, bwd) -> list[tuple[str, Any, bool]]:
+    """The SM90 edges of :func:`edge_problems` whose shape follows FA4's tiles (each only where the
+    space has its mask, form and head counts: free head counts, no deployment's)."""
+    from fa4verify.problem import AttentionProblem
+    out: list[tuple[str, Any, bool]] = []
+    masks, forms = space.values["mask"], space.values["form"]
+    free = not space.lengths and not space.heads
+    square = [n for n in space.values["hd"] if space.hd[n][0] == space.hd[n][1]]
+    if not free or not square:
+        return out
+    # a head dim outside the SM90 dQ finding's (sm90_dq_accum_hdim_rounding: multiples of 8, not 16,
+    # and 16/48): 128 first, where there is one
+    plain = sorted((n for n in square if space.hd[n][0] % 32 == 0), key=lambda n: (space.hd[n][0] != 128, space.hd[n][0]))
+    first = plain[0] if plain else square[0]
+    base = dict(arch=space.arch, dtype=space.dtype)
+
+    def hd_of(name):
+        return dict(head_dim=space.hd[name][0], head_dim_v=space.hd[name][1])
+    mask = "causal_left" if "causal_left" in masks else "causal"
+    packed = [n for n in square if facts.fwd_tile("sm90", space.dtype, *space.hd[n], True, mask != "causal")[0] % 3]
+    if "mqa" in space.values["gqa"] and "dense" in forms and mask in masks and packed:
+        name = first if first in packed else packed[-1]
+        tm, tn = facts.fwd_tile("sm90", space.dtype, *space.hd[name], True, mask != "causal")
+        last = -(-tm // 3) - 1                       # the last logical row of M block 0
+        d = (-last) % tn                             # seqlen_k - seqlen_q: its diagonal key opens a KV tile
+        sq = last + 1 + 57
+        out.append(("packed_causal_block_end", AttentionProblem(
+            batch=1, seqlen_q=sq, seqlen_k=sq + d, nheads=3, nheads_kv=1, causal=mask == "causal",
+            window_size=(4, 0) if mask == "causal_left" else (None, None), values=vals(), **hd_of(name), **base),
+            space.no_backward({"form": "dense", "hd": name, "gqa": "mqa", "mask": mask, "sink": "off"}) is None))
+    wmask = "both" if "both" in masks else ("left" if "left" in masks else None)
+    if wmask is not None and "dense" in forms:
+        name = first
+        tmb, tnb = facts.sm90_bwd_tile(*space.hd[name], False, True)
+        wl = (1 - tnb) % tmb or tmb                  # m_idx_left = tnb + wl = 1 (mod tmb), n_block 0
+        sq = tnb + wl + 40
+        out.append(("bwd_window_left_mblock", AttentionProblem(
+            batch=1, seqlen_q=sq, seqlen_k=sq, nheads=2, nheads_kv=2, window_size=(wl, 3 if wmask == "both" else None),
+            values=vals(), **hd_of(name), **base),
+            space.no_backward({"form": "dense", "hd": name, "gqa": "1", "mask": wmask, "sink": "off"}) is None))
+    if "varlen" in forms and "causal" in masks and "1" in space.values["gqa"]:
+        name = first
+        lens = (37, 64, 129)
+        out.append(("varlen_head_sections", AttentionProblem(
+            batch=3, seqlens_q=lens, seqlens_k=lens, seqlen_q=max(lens), seqlen_k=max(lens), nheads=20, nheads_kv=20,
+            causal=True, values=vals(), **hd_of(name), **base), bwd("varlen", False)))
     return out
