@@ -109,6 +109,7 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "softcap": ("1", "softcap value"),
     # backward stages
     "abs_od": ("g v", "sum_d |O_id||dO_id| (D accumulation scale)"),
+    "abs_dlse": ("g v", "|dLSE_i| (the gradient through the returned LSE)"),
     "abs_lse2": ("1", "|lse * log2 e|"),
     "abs_dov": ("g v", "sum_d |dO_id||V_jd| (dP accumulation scale)"),
     "abs_ds": ("g v", "|P (dP - D)| (exact, same inputs)"),
@@ -202,7 +203,7 @@ STAGE_DIMS: dict[str, str] = {
     "s_accum": "q k", "softcap": "1", "exp_arg": "1", "exp2": "1", "exp2_emu": "1",
     "p_cast": "1", "row_sum": "1", "rescale": "1", "pv_accum": "v", "sink": "1", "rcp": "1",
     "normalize": "v", "o_cast": "v", "lse": "1", "combine_out": "v", "combine_lse": "1",
-    "d_pre": "g v", "bwd_s_accum": "q k", "bwd_exp_arg": "1", "bwd_exp2": "1",
+    "d_pre": "g v", "d_pre_dlse": "g v", "bwd_s_accum": "q k", "bwd_exp_arg": "1", "bwd_exp2": "1",
     "bwd_p_cast": "1", "dp_accum": "g v", "ds": "g v", "ds_cast": "g v", "dv_accum": "g",
     "dk_accum": "g v q", "dq_accum": "g v k",
     "forward_out": "v", "forward_out_prob": "v", "forward_lse": "1", "backward_dv": "g",

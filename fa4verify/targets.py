@@ -63,6 +63,9 @@ class Target:
     bitwise_invariants = False
     #: a numpy model has no run-to-run nondeterminism to find (deterministic_bwd is skipped).
     deterministic_by_construction = False
+    #: ``backward(..., dlse=)`` takes a gradient through the returned LSE (production: FA4's
+    #: ``dlse``, judged at the stage it enters, :func:`fa4verify.stages.taps.judge_dlse_tap`)
+    takes_dlse = False
     #: the code under test is FA4, reached through fa4verify's own call: an exception raised in
     #: fa4verify's code is fa4verify's error, not the target's (Note [Blame]); on the twin the
     #: model is fa4verify's code and is the subject
@@ -300,6 +303,7 @@ class ProductionTarget(Target):
     name = "production"
     bitwise_invariants = False
     blames_fa4 = True
+    takes_dlse = True
 
     def __init__(self, *, adapter: Any = None, device: str = "cuda", emulation: str = "default",
                  fake: bool = False) -> None:
@@ -624,9 +628,10 @@ class ProductionTarget(Target):
         return {n: self._torch.full_like(t, float("nan")) for n, t in (("dq", q), ("dk", k), ("dv", v))}
 
     def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
-                 deterministic: bool = True, taps: Optional[dict] = None) -> Bwd:
+                 deterministic: bool = True, taps: Optional[dict] = None, dlse: Optional[np.ndarray] = None) -> Bwd:
         """FA4's backward of ``problem`` into NaN-filled gradient buffers (Note [Poisoned
-        gradients]). ``taps``: a dict to fill with the stage buffers of this
+        gradients]). ``dlse``: a gradient through the returned LSE (its layout, fp32 values), on a
+        call without a call form's rearrangement. ``taps``: a dict to fill with the stage buffers of this
         very call (numpy: ``dpsum``, ``lse_log2``, ``dq_accum_zeroed``, ``dq_accum`` in (b, s, h, d));
         see :meth:`taps_unsupported`."""
         self.check_supported(problem)
@@ -644,6 +649,11 @@ class ProductionTarget(Target):
             else:
                 out = self._t(fwd.out.astype(np.float32), dt)
                 lse = self._torch.from_numpy(np.ascontiguousarray(fwd.lse, np.float32)).to(self.device)
+            dl = {}
+            if dlse is not None:
+                if problem.call is not None and problem.call.rearranges:
+                    raise Unsupported("a gradient through the LSE is passed on calls without a call form only")
+                dl = {"dlse": self._t(np.ascontiguousarray(dlse, np.float32), None)}
             if problem.call is not None and problem.call.rearranges:
                 if fwd.native is None:
                     raise Unsupported("a call-form backward needs the forward's own O and LSE tensors")
@@ -654,7 +664,7 @@ class ProductionTarget(Target):
             else:
                 q, k, v = self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt)
                 r = self._call(self._ad.backward, q, k, v, out, self._t(a["dout"], dt), lse,
-                               deterministic=deterministic, **self._poisoned(q, k, v), **self._kw(problem, a))
+                               deterministic=deterministic, **self._poisoned(q, k, v), **dl, **self._kw(problem, a))
         self._note_config(r.config)
         if taps is not None and tapped is not None:
             for n in ("dpsum", "lse_log2", "dq_accum_zeroed"):

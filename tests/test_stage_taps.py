@@ -160,3 +160,49 @@ def test_runner_rejects_unknown_mutant_with_exit_2(tmp_path, capsys):
     from fa4verify.mutants import source_run as run
     assert run.main(["--out", str(tmp_path), "--mutants", "nope"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_dlse_tap_passes_d_minus_dlse_and_fails_the_sign_flip():
+    """Note [A gradient through the LSE]: D' = D - dLSE within d_pre_dlse; D + dLSE (the sign
+    flipped) and D (dLSE ignored) fail; a missing capture is undecided."""
+    import ml_dtypes
+    from fa4verify.stages.taps import judge_dlse_tap
+    ja, p, a, q, do = _problem()
+    bs = ja.load_budgets("bf16", "sm90")
+    O = np.asarray(ja.oracle_forward(p, a).out).astype(ml_dtypes.bfloat16).astype(np.float64)
+    D = (O * do).sum(-1).transpose(0, 2, 1)
+    dl = (np.random.default_rng(3).standard_normal(D.shape) * 0.5).astype(np.float32)
+    good = (D.astype(np.float32) - dl).astype(np.float32)
+    assert judge_dlse_tap(p, a, O, good, dl, budgets=bs).status == "pass"
+    assert judge_dlse_tap(p, a, O, (D + dl).astype(np.float32), dl, budgets=bs).status == "fail"
+    assert judge_dlse_tap(p, a, O, D.astype(np.float32), dl, budgets=bs).status == "fail"
+    assert judge_dlse_tap(p, a, O, None, dl, budgets=bs).status == "undecided"
+
+
+@pytest.mark.parametrize("sign", [-1.0, 1.0])
+def test_bwd_stages_runs_the_dlse_pass_on_a_target_that_takes_it(sign):
+    """The property's plumbing: a target that takes ``dlse`` gets a second backward with one,
+    and its tapped D' is judged (here the twin's taps with FA4's preprocess step applied,
+    ``D - dLSE``, or the fault ``D + dLSE``)."""
+    from fa4verify.fuzz import TwinTarget, Violation, check_problem
+    from fa4verify.problem import AttentionProblem, ValueSpec
+    seen = []
+
+    class DlseTwin(TwinTarget):
+        takes_dlse = True
+
+        def backward(self, problem, a, fwd, *, deterministic=True, taps=None, dlse=None):
+            r = super().backward(problem, a, fwd, deterministic=deterministic, taps=taps)
+            if dlse is not None:
+                seen.append(dlse.shape)
+                taps["dpsum"] = (np.asarray(taps["dpsum"], np.float64)[..., :problem.seqlen_q]
+                                 + sign * np.asarray(dlse, np.float64)).astype(np.float32)
+            return r
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=70, seqlen_k=90, nheads=2, nheads_kv=2,
+                         head_dim=64, head_dim_v=64, causal=True, values=ValueSpec("normal", 5))
+    if sign < 0:
+        out = check_problem(p, DlseTwin(), properties=["bwd_budget", "bwd_stages"])
+        assert out.metrics["tightness_D_dlse"] <= 1 and seen == [(1, 2, 70)]
+    else:
+        with pytest.raises(Violation, match="D_dlse"):
+            check_problem(p, DlseTwin(), properties=["bwd_budget", "bwd_stages"])

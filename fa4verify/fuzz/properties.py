@@ -48,7 +48,11 @@ Properties (:data:`PROPERTIES`)
     :mod:`fa4verify.kernels.stage_taps`; CPU twin: the same values of its backward,
     ``TwinTarget.taps_unsupported``) within their stage budgets
     (:func:`fa4verify.stages.taps.judge_taps`): a fault in one stage shows there even when the
-    end-to-end dQ/dK/dV budgets hide it.
+    end-to-end dQ/dK/dV budgets hide it. Note [A gradient through the LSE]: on production the
+    backward runs a second time with a seeded ``dlse`` (what ``return_lse=True`` and a loss that
+    uses the LSE hand FA4: ring / context-parallel merges, z-loss); FA4 applies it in one place,
+    the preprocess's ``D' = D - dLSE``, which the main kernel then reads as D, so the tapped D' is
+    judged (stage ``d_pre_dlse``). Dense calls only, like the taps.
 ``paged_kv_bitwise``
     Paged-KV problems (a ``page_table`` call form, drawn page permutation): O and LSE are bitwise
     those of the same problem called with contiguous batched K/V and ``seqused_k`` (a page table
@@ -478,6 +482,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                             metrics["tightness_dsink"] = _judge_dsink(problem, a, fwd, g, stats, undecided)
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
+                            if target.takes_dlse:
+                                _judge_dlse(problem, a, fwd, target, deterministic, metrics, undecided)
             elif taps is not None:
                 skipped["bwd_stages"] = skipped.get("bwd_budget", "no oracle backward")
             if "deterministic_bwd" in props and target.deterministic_by_construction:
@@ -522,6 +528,31 @@ def _judge_stages(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, tap
             undecided.setdefault(f"bwd_stages.{n}", v.reason)
         elif n != "dq_accum_zeroed":
             metrics[f"tightness_{n}"] = v.tightness
+
+
+def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Any, deterministic: bool,
+                metrics: dict, undecided: dict) -> None:
+    """Part of ``bwd_stages`` (Note [A gradient through the LSE]): the backward once more with a
+    seeded ``dlse`` (normal, sd 0.5, fp32; one per row and head), its tapped D' within
+    ``d_pre_dlse`` of ``rowsum(dO * O) - dLSE``."""
+    from fa4verify.stages.taps import judge_dlse_tap
+    rng = np.random.default_rng([int(problem.values.seed), 0xD15E])
+    dl = (rng.standard_normal(np.shape(fwd.lse)) * 0.5).astype(np.float32)
+    taps: dict = {}
+    _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, taps=taps, dlse=dl)
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = judge_dlse_tap(problem, a, fwd.out, taps.get("dpsum"), dl, budgets=_budget(problem))
+    if v.status == "fail":
+        rows = [e.text() for e in v.violations] or [v.reason]
+        viol = Violation("bwd_stages", f"D_dlse: {v.n_over} / {v.n_compared} elements of D' = D - dLSE exceed "
+                                       f"the stage budget; worst: " + "; ".join(rows) + f" | case: {problem.describe()}",
+                         {"tightness_D_dlse": v.tightness, "quantity": "D_dlse"})
+        viol.over_indices = v.over_indices
+        _fail(viol)
+    if v.status == "undecided":
+        undecided.setdefault("bwd_stages.D_dlse", v.reason)
+    else:
+        metrics["tightness_D_dlse"] = v.tightness
 
 
 def _unseen_keys(problem: AttentionProblem) -> np.ndarray:

@@ -6,6 +6,9 @@ Each tapped buffer is judged against its own budget by :func:`fa4verify.judge.co
 
 * ``D`` (preprocess ``dpsum``) -- stage ``d_pre`` against the exact ``rowsum(dO * O)`` of FA4's
   rounded forward output;
+* ``D'`` with a gradient through the returned LSE (``dlse``) -- stage ``d_pre_dlse`` against the
+  exact ``rowsum(dO * O) - dLSE`` (:func:`judge_dlse_tap`; FA4 applies dLSE there and nowhere
+  else: the main kernel reads D' as D);
 * ``lse_log2`` -- stage ``lse_log2`` against ``lse * log2 e`` of FA4's own fp32 LSE (0 where
   the LSE is -inf);
 * ``dq_accum_zeroed`` -- the preprocess's zeroing, exactly;
@@ -24,7 +27,7 @@ import numpy as np
 
 from fa4verify.judge.verdict import Verdict, compare
 
-__all__ = ["tap_references", "judge_taps", "TAP_TENSORS"]
+__all__ = ["tap_references", "judge_taps", "judge_dlse_tap", "TAP_TENSORS"]
 
 TAP_TENSORS = ("D", "lse_log2", "dq_accum_zeroed", "dq_accum", "dq_post")
 _U64 = 2.0 ** -53
@@ -56,6 +59,23 @@ def tap_references(problem, a: Mapping[str, Any], out, lse, *, budgets, backward
     refs["dq_accum"] = (np.asarray(ob.dq, np.float64) / scale, np.asarray(ob.dq_bound, np.float64) / scale,
                         np.asarray(backward.budgets["dq_accum"], np.float64) / scale)
     return refs
+
+
+def judge_dlse_tap(problem, a: Mapping[str, Any], out, dpsum, dlse, *, budgets) -> Verdict:
+    """``D_dlse``: the tapped ``dpsum`` of a backward given ``dlse`` ((b, h, s) fp32 values)
+    against ``rowsum(dO * O) - dLSE`` within ``d_pre_dlse`` (DERIVATIONS.md#dq-accum-tap); ``out``:
+    FA4's forward output the backward read."""
+    dv = int(np.shape(out)[-1])
+    prod = np.asarray(out, np.float64) * np.asarray(a["dout"], np.float64)
+    dl = np.asarray(dlse, np.float64)
+    ref = np.transpose(prod.sum(-1), (0, 2, 1)) - dl
+    abs_od = np.transpose(np.abs(prod).sum(-1), (0, 2, 1))
+    bound = _gamma(dv + 1, _U64) * (abs_od + np.abs(dl))
+    budget = budgets.evaluate("d_pre_dlse", {"dv": float(dv), "abs_od": abs_od, "abs_dlse": np.abs(dl)})
+    if dpsum is None:
+        return Verdict("D_dlse", "undecided", 0, 0, int(np.size(ref)), 0.0, 0.0, None, (), "not captured")
+    got = np.asarray(dpsum, np.float64)[..., :int(problem.seqlen_q)]
+    return compare("D_dlse", got, ref, oracle_bound=bound, budget=budget)
 
 
 def judge_taps(problem, a: Mapping[str, Any], out, lse, taps: Mapping[str, Any], *, budgets,
