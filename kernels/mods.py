@@ -40,7 +40,8 @@ from typing import Any, Callable, Literal, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["ModShape", "ModPair", "AuxValues", "alibi", "scalar_bias", "rel_bias", "softcap_mod", "document_mask", "prefix_lm",
+__all__ = ["ModShape", "ModPair", "AuxValues", "alibi", "scalar_bias", "rel_bias", "rel_scale", "softcap_mod",
+           "document_mask", "prefix_lm",
            "sliding_window", "causal_mask", "checkerboard", "library", "U32"]
 
 U32 = 2.0 ** -24
@@ -279,6 +280,67 @@ def rel_bias(radius: int = REL_RADIUS) -> ModPair:
                    description=f"relative-position bias table, clip(kv - q, -{R}, {R}), fp32 aux_tensors[0]")
 
 
+SCALE_RADIUS = 32
+
+
+def rel_scale(radius: int = SCALE_RADIUS) -> ModPair:
+    """A relative-position temperature: ``y = x * t[clip(kv - q, -R, R) + R]``, an fp32 aux
+    table of ``2R + 1`` powers of two (1/2 or 1, drawn; ``t[R + 1] = 1/2``, ``t[R - 1] = 1``: not
+    symmetric in ``kv - q``). Its derivative ``t[...]`` reads the indices, so FA4's
+    ``score_mod_bwd`` must see the same ``(q_idx, kv_idx)`` as the forward: the one built-in pair
+    whose backward depends on them (the others' is the identity or index-free).
+
+    Kernel error: a product by a power of two is exact in fp32 above the normal range's bottom:
+    ``err <= 2^-150`` (a subnormal product's rounding), forward and ``grad * t`` alike (the
+    latter below the dS cast's own floor ``p_sub``)."""
+    R = int(radius)
+
+    def aux(s: ModShape, rng):
+        t = np.where(rng.random(2 * R + 1) < 0.5, 0.5, 1.0)
+        t[R + 1], t[R - 1] = 0.5, 1.0
+        return [t.astype(np.float32)]
+
+    def idx(qi, ki):
+        return np.clip(np.asarray(ki, np.int64) - np.asarray(qi, np.int64), -R, R) + R
+
+    def ref(x, b, h, qi, ki, a):
+        return x * np.asarray(a[0], np.float64)[idx(qi, ki)]
+
+    def grad(x, b, h, qi, ki, a):
+        return np.broadcast_to(np.asarray(a[0], np.float64)[idx(qi, ki)], np.shape(x))
+
+    def err(x, y, b, h, qi, ki, a):
+        return np.full(np.shape(x), 2.0 ** -150)
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+
+        def _temperature(q_idx, kv_idx, aux_tensors):
+            table = aux_tensors[0]
+            d = kv_idx - q_idx
+            lo = cute.full_like(d, -R)
+            hi = cute.full_like(d, R)
+            d = cute.where(d < lo, lo, d)
+            d = cute.where(d > hi, hi, d)
+            i = d + cute.full_like(d, R)
+            return _ssa(table[i[0]], cutlass.Float32)
+
+        @cute.jit
+        def rel_scale_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            return score * _temperature(q_idx, kv_idx, aux_tensors)
+
+        @cute.jit
+        def rel_scale_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            return grad * _temperature(q_idx, kv_idx, aux_tensors)
+        return rel_scale_score, rel_scale_bwd
+
+    return ModPair("rel_scale", "score", ref, build, grad=grad, err=err, aux=aux, lipschitz=1.0, curvature=0.0,
+                   features=("score_mod", "score_mod_bwd", "aux_tensors"),
+                   description=f"relative-position temperature x * t[clip(kv - q, -{R}, {R})], t in {{1/2, 1}}, "
+                               "fp32 aux_tensors[0] (its score_mod_bwd reads the indices)")
+
+
 def scalar_bias() -> ModPair:
     """A bias set at run time: ``y = x + s0 - s1 * |q_idx - kv_idx|`` with ``(s0, s1) =
     aux_scalars`` (an ALiBi whose slope and offset are launch parameters, not compiled in):
@@ -515,5 +577,5 @@ WINDOW = (128, 0)
 
 def library() -> list[ModPair]:
     """fa4verify's built-in pairs (the default parameters the GPU script and tests use)."""
-    return [alibi(), rel_bias(), scalar_bias(), softcap_mod(), document_mask(), prefix_lm(),
+    return [alibi(), rel_bias(), rel_scale(), scalar_bias(), softcap_mod(), document_mask(), prefix_lm(),
             sliding_window(*WINDOW), causal_mask(), checkerboard()]

@@ -19,7 +19,7 @@ def test_each_edge_is_the_path_it_names():
     back = {n: b for n, _p, b in trip}
     assert back == {"empty_keys": True, "empty_keys_sink": True, "empty_queries": True, "negative_window": True,
                     "sparse_q64": False, "packed_causal_block_end": True, "bwd_window_left_mblock": True,
-                    "varlen_head_sections": True}
+                    "varlen_head_sections": True, "score_bwd_indices": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -42,6 +42,9 @@ def test_each_edge_is_the_path_it_names():
     # more heads than one L2 head section (16) of the varlen LPT scheduler, not a multiple of it
     p = got["varlen_head_sections"]
     assert p.varlen and p.causal and p.nheads == p.nheads_kv and p.nheads > 16 and p.nheads % 16
+    # the index-reading score pair on an MHA call, seqlen_q != seqlen_k
+    p = got["score_bwd_indices"]
+    assert p.mods == ("rel_scale",) and p.nheads == p.nheads_kv and p.seqlen_q != p.seqlen_k
     # SM100 has no sparse_q64 (its tile does not shrink to the Q block) nor the SM90 tile edges
     assert "sparse_q64" not in {n for n, _p, _b in cases.edge_problems(space_for("sm100", "bf16"))}
 

@@ -139,6 +139,41 @@ def test_mask_pair_output_equals_sdpa_with_boolean_mask(name):
         assert np.array_equal(kw["keep"](b), keep)
 
 
+def _loop_temperature(aux, sq, sk):
+    out = np.zeros((sq, sk))
+    r = km.SCALE_RADIUS
+    for i in range(sq):
+        for j in range(sk):
+            out[i, j] = float(aux[0][min(max(j - i, -r), r) + r])
+    return out
+
+
+def test_rel_scale_is_an_index_reading_power_of_two_temperature():
+    """rel_scale: y = x t[clip(kv - q)] with t in {1/2, 1}, not symmetric in kv - q (so a backward
+    that swaps q_idx and kv_idx changes its derivative), and its oracle gradient is autograd's."""
+    pair = mods.get("rel_scale")
+    aux = pair.make_aux(km.ModShape(B, H, 96, 80), 0)
+    t = np.asarray(aux[0], np.float64)
+    r = km.SCALE_RADIUS
+    assert set(np.unique(t)) == {0.5, 1.0} and t[r + 1] != t[r - 1]
+    qi, ki = np.arange(96)[:, None], np.arange(80)[None, :]
+    x = np.random.default_rng(0).standard_normal((96, 80))
+    T = _loop_temperature(aux, 96, 80)
+    assert np.array_equal(pair.ref(x, 0, 0, qi, ki, aux), x * T)
+    assert np.array_equal(pair.grad(x, 0, 0, qi, ki, aux), T)
+    assert not np.array_equal(T, _loop_temperature(aux, 80, 96).T)    # the swapped indices differ
+    q, k, v, do = _inputs(4, sq=96, sk=96)
+    aux, kw = _pair_callables(pair, 96, 96)
+    res = om.backward(q, k, v, do, **kw)
+    tq, tk, tv = (torch.from_numpy(x_.copy()).requires_grad_(True) for x_ in (q, k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", tq, tk) * D ** -0.5 * torch.from_numpy(_loop_temperature(aux, 96, 96))
+    o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), tv)
+    o.backward(torch.from_numpy(do))
+    for got, bound, ref in ((res.dq, res.dq_bound, tq.grad), (res.dk, res.dk_bound, tk.grad),
+                            (res.dv, res.dv_bound, tv.grad)):
+        assert np.all(np.abs(got - ref.numpy()) <= bound + 1e-12)
+
+
 @pytest.mark.parametrize("name", ["alibi", "rel_bias", "scalar_bias", "softcap", "document", "prefix_lm"])
 def test_mod_oracle_gradient_equals_torch_autograd(name):
     pair = mods.get(name)
@@ -509,7 +544,7 @@ def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_const
     from fa4verify.fuzz.campaign import _fixed_constant_pool
     seen: dict[str, int] = {}
 
-    @settings(max_examples=700, deadline=None, database=None, derandomize=True,
+    @settings(max_examples=1000, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(attention_problems(arch="sm90", dtype="bf16", features=FEATURES + CALL_FEATURES + (MOD_FEATURE,),
                               max_seqlen=64, max_batch=2, max_heads=2, head_dim_choices=(64,)))
