@@ -43,7 +43,9 @@ holds NaN before the first of FA4's kernels can touch it:
 * the preprocess's outputs -- b36: ``dpsum`` (D), ``lse_log2`` and ``dq_accum`` -- are filled in
   the hook on ``_bwd_preprocess`` (which receives them), right before FA4 launches it;
 * the gradients ``dq``, ``dk``, ``dv`` are FA4's output buffers passed by the harness
-  (``_flash_attn_bwd(dq=, dk=, dv=)``, the adapter's documented buffers), NaN-filled;
+  (``_flash_attn_bwd(dq=, dk=, dv=)``, the adapter's documented buffers), NaN-filled: the
+  production target's own (Note [Poisoned gradients]), or the harness's for a caller that gave
+  none;
 * dO: the staging buffer is NaN-filled before the producer copies the real dO into it.
 
 Then, in stream order: [FA4's own zero-fills: dK/dV accumulators, semaphores] -> the NaN fills ->
@@ -325,6 +327,11 @@ class RacingTarget(ProductionTarget):
         self._busy_buf = None
         self._fa4: Optional[tuple] = None
 
+    def _poisoned(self, q, k, v) -> dict[str, Any]:
+        """The gradient buffers of Note [Poisoned gradients] only with :attr:`poison` (``--opt
+        races_poison=off`` leaves every buffer as FA4 would allocate it)."""
+        return super()._poisoned(q, k, v) if self.poison else {}
+
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         hooked = self._fa4 is not None and self._fa4[0] is not None and "dout" in self._fa4[1].preprocess.values()
@@ -389,13 +396,18 @@ class RacingTarget(ProductionTarget):
         src = dout if dout.is_contiguous() else dout.contiguous()
         staged = self._torch.empty_like(src)
         outs: dict[str, Any] = {}
+        given: dict[str, Any] = {}
         if self.poison and hooked:
             if _poison(staged):
                 poisoned.add("dout")
             for name, ref in (("dq", q), ("dk", k), ("dv", v)):
-                if name in bufs.outputs and kw.get(name) is None:
+                if name not in bufs.outputs:
+                    continue
+                if kw.get(name) is None:
                     outs[name] = self._torch.empty_like(ref)
                     _poison(outs[name])
+                elif kw[name].is_floating_point() and bool(self._torch.isnan(kw[name]).all()):
+                    given[name] = kw[name]       # the target's own (Note [Poisoned gradients])
         calls: list[int] = []
         absent: set[str] = set()
 
@@ -433,7 +445,7 @@ class RacingTarget(ProductionTarget):
             r = inner.backward(q, k, v, out, staged, lse, **{**kw, **outs})
         if hooked and not calls:
             raise HarnessError("FA4's backward called no preprocess: the dO it read was never produced")
-        for name, buf in outs.items():
+        for name, buf in {**outs, **given}.items():
             if getattr(r, name, None) is buf:
                 poisoned.add(name)
         wanted = (set(bufs.at_preprocess()) - absent) | set(bufs.outputs) | {"dout"}

@@ -622,7 +622,9 @@ class ProductionTarget(Target):
         (``empty_like`` of q, k, v) and filled with NaN. FA4 must write every element (zeros for a
         key no query sees: its kernels write them); one it leaves unwritten reads NaN and fails the
         judge, where FA4's own ``torch.empty`` would hand back whatever the allocator held (often
-        zeros: a missed write passed unseen). Compile-only (fake) runs allocate nothing."""
+        zeros: a missed write passed unseen). Compile-only (fake) runs allocate nothing. The race
+        harness also NaN-fills FA4's scratch buffers (``fa4verify/races.py``, Note [Poisoned
+        scratch]) and leaves all of it off with ``--opt races_poison=off``."""
         if self.fake:
             return {}
         return {n: self._torch.full_like(t, float("nan")) for n, t in (("dq", q), ("dk", k), ("dv", v))}

@@ -107,3 +107,28 @@ def test_production_campaign_on_the_gpu(tmp_path):
                             cases_dir=tmp_path / "cases")
     assert res.examples_run >= 20
     assert not res.found, res.failure["message"] + "\n" + res.failure["snippet"]
+
+
+def test_gradient_buffers_come_nan_filled_so_a_missed_write_fails():
+    """Note [Poisoned gradients]: the production backward hands FA4 NaN-filled dQ/dK/dV; a
+    kernel that leaves an element unwritten returns NaN there and fails the judge (FA4's own
+    ``torch.empty`` would often have held zeros: a missed zero write looked right)."""
+    from fa4verify.fuzz import Violation, check_problem
+    from fa4verify.problem import AttentionProblem, ValueSpec
+    ad, _ = _stand_in()
+    real = ad.backward
+    seen = []
+
+    def backward(q, k, v, out, dout, lse, **kw):
+        r = real(q, k, v, out, dout, lse, **kw)
+        seen.append(all(bool(torch.isnan(kw[n]).all()) for n in ("dq", "dk", "dv")))
+        kw["dq"].copy_(r.dq)
+        kw["dv"].copy_(r.dv)
+        kw["dk"][:, 1:].copy_(r.dk[:, 1:])          # key 0 of every batch entry never written
+        return adapter.BackwardResult(kw["dq"], kw["dk"], kw["dv"], None, r.config)
+    ad.backward = backward
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=40, seqlen_k=48, nheads=2, nheads_kv=2,
+                         head_dim=64, head_dim_v=64, values=ValueSpec("normal", 1))
+    with pytest.raises(Violation, match="dk"):
+        check_problem(p, fuzz.ProductionTarget(adapter=ad, device="cpu"), properties=["bwd_budget"])
+    assert seen and all(seen)
