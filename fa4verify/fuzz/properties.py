@@ -52,7 +52,8 @@ Properties (:data:`PROPERTIES`)
     backward runs a second time with a seeded ``dlse`` (what ``return_lse=True`` and a loss that
     uses the LSE hand FA4: ring / context-parallel merges, z-loss); FA4 applies it in one place,
     the preprocess's ``D' = D - dLSE``, which the main kernel then reads as D, so the tapped D' is
-    judged (stage ``d_pre_dlse``). Dense calls only, like the taps.
+    judged (stage ``d_pre_dlse``). Dense calls only, like the taps, and only those a call form
+    does not rearrange (the LSE the call returns is then the problem's).
 ``paged_kv_bitwise``
     Paged-KV problems (a ``page_table`` call form, drawn page permutation): O and LSE are bitwise
     those of the same problem called with contiguous batched K/V and ``seqused_k`` (a page table
@@ -482,7 +483,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                             metrics["tightness_dsink"] = _judge_dsink(problem, a, fwd, g, stats, undecided)
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
-                            if target.takes_dlse:
+                            if target.takes_dlse and (problem.call is None or not problem.call.rearranges):
                                 _judge_dlse(problem, a, fwd, target, deterministic, metrics, undecided)
             elif taps is not None:
                 skipped["bwd_stages"] = skipped.get("bwd_budget", "no oracle backward")
