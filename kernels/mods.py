@@ -316,7 +316,11 @@ def rel_scale(radius: int = SCALE_RADIUS) -> ModPair:
         import cutlass
         import cutlass.cute as cute
 
-        def _temperature(q_idx, kv_idx, aux_tensors):
+        # written out in both (no shared helper): FA4 keys its kernels on repr() of the closure's
+        # values (utils._compute_base_hash), and a function's repr holds its address, so a
+        # captured helper would make every process's key new (measured: 6 recompiles a warm audit)
+        @cute.jit
+        def rel_scale_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
             table = aux_tensors[0]
             d = kv_idx - q_idx
             lo = cute.full_like(d, -R)
@@ -324,15 +328,18 @@ def rel_scale(radius: int = SCALE_RADIUS) -> ModPair:
             d = cute.where(d < lo, lo, d)
             d = cute.where(d > hi, hi, d)
             i = d + cute.full_like(d, R)
-            return _ssa(table[i[0]], cutlass.Float32)
-
-        @cute.jit
-        def rel_scale_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
-            return score * _temperature(q_idx, kv_idx, aux_tensors)
+            return score * _ssa(table[i[0]], cutlass.Float32)
 
         @cute.jit
         def rel_scale_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
-            return grad * _temperature(q_idx, kv_idx, aux_tensors)
+            table = aux_tensors[0]
+            d = kv_idx - q_idx
+            lo = cute.full_like(d, -R)
+            hi = cute.full_like(d, R)
+            d = cute.where(d < lo, lo, d)
+            d = cute.where(d > hi, hi, d)
+            i = d + cute.full_like(d, R)
+            return grad * _ssa(table[i[0]], cutlass.Float32)
         return rel_scale_score, rel_scale_bwd
 
     return ModPair("rel_scale", "score", ref, build, grad=grad, err=err, aux=aux, lipschitz=1.0, curvature=0.0,
