@@ -290,9 +290,9 @@ def rel_scale(radius: int = SCALE_RADIUS) -> ModPair:
     ``score_mod_bwd`` must see the same ``(q_idx, kv_idx)`` as the forward: the one built-in pair
     whose backward depends on them (the others' is the identity or index-free).
 
-    Kernel error: a product by a power of two is exact in fp32 above the normal range's bottom:
-    ``err <= 2^-150`` (a subnormal product's rounding), forward and ``grad * t`` alike (the
-    latter below the dS cast's own floor ``p_sub``)."""
+    Kernel error: a product by a power of two is exact in fp32 above the normal range's bottom;
+    below it the product may be flushed (FTZ): ``err <= 2^-126`` (``f32_min_normal``, the floor
+    the budgets give every fp32 operation), forward and ``grad * t`` alike."""
     R = int(radius)
 
     def aux(s: ModShape, rng):
@@ -310,7 +310,7 @@ def rel_scale(radius: int = SCALE_RADIUS) -> ModPair:
         return np.broadcast_to(np.asarray(a[0], np.float64)[idx(qi, ki)], np.shape(x))
 
     def err(x, y, b, h, qi, ki, a):
-        return np.full(np.shape(x), 2.0 ** -150)
+        return np.full(np.shape(x), 2.0 ** -126)
 
     def build():
         import cutlass
