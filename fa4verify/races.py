@@ -385,7 +385,8 @@ class RacingTarget(ProductionTarget):
         stream launched just before that) and, with :attr:`poison`, every buffer FA4 leaves
         uninitialised NaN-filled before any of its kernels runs (Note [Poisoned scratch]). Without
         a preprocess to hook (a release without ``_bwd_preprocess``, a stand-in), dO is produced
-        before the call and nothing is poisoned."""
+        before the call and the harness poisons nothing (the target's own NaN-filled gradients,
+        Note [Poisoned gradients], are still passed, and not counted)."""
         if dout is None or self.fake:
             return inner.backward(q, k, v, out, None if dout is None else dout.clone(), lse, **kw)
         from fa4verify.kernels import stage_taps

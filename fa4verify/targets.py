@@ -63,9 +63,6 @@ class Target:
     bitwise_invariants = False
     #: a numpy model has no run-to-run nondeterminism to find (deterministic_bwd is skipped).
     deterministic_by_construction = False
-    #: ``backward(..., dlse=)`` takes a gradient through the returned LSE (production: FA4's
-    #: ``dlse``, judged at the stage it enters, :func:`fa4verify.stages.taps.judge_dlse_tap`)
-    takes_dlse = False
     #: the code under test is FA4, reached through fa4verify's own call: an exception raised in
     #: fa4verify's code is fa4verify's error, not the target's (Note [Blame]); on the twin the
     #: model is fa4verify's code and is the subject
@@ -85,6 +82,11 @@ class Target:
     def backward_unsupported(self, problem: AttentionProblem) -> Optional[str]:
         """Why the target has no backward for ``problem`` (the forward still runs), or None."""
         return _call_backward_unsupported(problem)
+
+    def dlse_unsupported(self, problem: AttentionProblem) -> Optional[str]:
+        """Why ``backward(..., dlse=)`` (a gradient through the returned LSE, Note [A gradient
+        through the LSE]) cannot run for ``problem``, or None."""
+        return f"the {self.name} target takes no gradient through the LSE"
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         raise NotImplementedError
@@ -303,7 +305,6 @@ class ProductionTarget(Target):
     name = "production"
     bitwise_invariants = False
     blames_fa4 = True
-    takes_dlse = True
 
     def __init__(self, *, adapter: Any = None, device: str = "cuda", emulation: str = "default",
                  fake: bool = False) -> None:
@@ -609,12 +610,21 @@ class ProductionTarget(Target):
     def taps_unsupported(self, problem: AttentionProblem) -> Optional[str]:
         """Why the backward's stage taps (:mod:`fa4verify.kernels.stage_taps`: D, lse_log2 and
         dq_accum) cannot be read for ``problem``, or None."""
+        from fa4verify.kernels import facts
         if self.fake or self.device != "cuda":
             return "stage taps need FA4 on a GPU"
         if problem.varlen:
             return "stage taps read dense layouts only (varlen D / dq_accum are packed per tile)"
-        if problem.arch != "sm90" and (problem.head_dim, problem.head_dim_v) == (256, 256):
-            return "SM100's hd-256 backward has no separate dQ postprocess to tap"
+        if facts.sm100_hd256_lacks(problem.arch, problem.head_dim, problem.head_dim_v, "bwd"):
+            return "FA4's dedicated SM100 hd-256 backward has no separate dQ postprocess to tap"
+        return None
+
+    def dlse_unsupported(self, problem: AttentionProblem) -> Optional[str]:
+        if problem.call is not None and problem.call.rearranges:
+            return "a gradient through the LSE is passed on calls without a call form's rearrangement only"
+        from fa4verify.kernels import facts
+        if "dlse" in facts.sm100_hd256_lacks(problem.arch, problem.head_dim, problem.head_dim_v, "bwd"):
+            return facts.sm100_hd256_refusal("bwd", {"dlse"})
         return None
 
     def _poisoned(self, q, k, v) -> dict[str, Any]:
@@ -653,8 +663,8 @@ class ProductionTarget(Target):
                 lse = self._torch.from_numpy(np.ascontiguousarray(fwd.lse, np.float32)).to(self.device)
             dl = {}
             if dlse is not None:
-                if problem.call is not None and problem.call.rearranges:
-                    raise Unsupported("a gradient through the LSE is passed on calls without a call form only")
+                if (why := self.dlse_unsupported(problem)) is not None:
+                    raise Unsupported(why)
                 dl = {"dlse": self._t(np.ascontiguousarray(dlse, np.float32), None)}
             if problem.call is not None and problem.call.rearranges:
                 if fwd.native is None:

@@ -250,9 +250,10 @@ def bwd_refuses_many_seqused_q() -> bool:
 #: What FA4's dedicated SM100 kernels at head dims (256, 256) assert they do not take
 #: (``sm100_hd256_2cta_fmha_forward.py`` of 4.0.0b20..b33 and ``sm100_hd256_2cta_fmha_backward*.py``
 #: of every release up to the pinned 4.0.0b36: no score_mod, which softcap becomes, no mask_mod or
-#: aux tensors, no learnable sink, no local window, no block sparsity).
+#: aux tensors, no learnable sink, no local window, no block sparsity; the backward no ``dlse``,
+#: interface.py "SM100 backward with head_dim=256 does not support dlse").
 HD256_DEDICATED_LACKS: frozenset[str] = frozenset({"softcap", "score_mod", "mask_mod", "sink", "local",
-                                                   "block_sparse"})
+                                                   "block_sparse", "dlse"})
 
 
 def sm100_hd256_dedicated(pass_: str) -> bool:

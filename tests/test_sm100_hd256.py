@@ -7,12 +7,22 @@ dedicated kernel, which asserts no score_mod (softcap), mask_mod, sink, local wi
 sparsity. 4.0.0b20..b33 also shipped a dedicated forward (``sm100_hd256_2cta_fmha_forward.py``)
 with the same limits. Both cases are checked here, the older one on a fake source tree."""
 import numpy as np
+import pytest
 
 from fa4verify.coverage.space import space_for
 from fa4verify.kernels import facts
 from fa4verify.kernels.twin import forward as twin_forward
 from fa4verify.problem import AttentionProblem
 from fa4verify.targets import _call_backward_unsupported, hd256_refusal
+
+
+@pytest.fixture(autouse=True)
+def _fresh_facts():
+    """The facts read from FA4's files are cached per process: a test that fakes an older tree
+    must not leave its answers to the next test."""
+    yield
+    for fn in (facts._source_text, facts._source_defines, facts.kernel_constants):
+        fn.cache_clear()
 
 
 def _hd256(sp):
@@ -52,6 +62,11 @@ def test_targets_refuse_only_the_hd256_backward_features():
     plain = AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=130, seqlen_k=130, nheads=2,
                              nheads_kv=2, head_dim=256, head_dim_v=256, causal=True)
     assert _call_backward_unsupported(plain) is None
+    # the dedicated backward asserts no dlse: the dLSE pass asks first (Note [A gradient through the LSE])
+    from fa4verify.targets import ProductionTarget
+    assert ProductionTarget.dlse_unsupported(object(), plain) == facts.sm100_hd256_refusal("bwd", {"dlse"})
+    assert ProductionTarget.dlse_unsupported(object(), plain.replace(head_dim=128, head_dim_v=128)) is None
+    assert ProductionTarget.dlse_unsupported(object(), plain.replace(arch="sm90")) is None
 
 
 def test_twin_runs_the_generic_sm100_forward_at_hd256():
@@ -73,6 +88,7 @@ def _older_release(tmp_path, monkeypatch, *, generic_bwd_knob=False):
     monkeypatch.setattr("fa4verify.kernels.fa4_params.fa4_source_dir", lambda: d)
     facts._source_text.cache_clear()
     facts._source_defines.cache_clear()
+    facts.kernel_constants.cache_clear()
     return d
 
 

@@ -189,7 +189,8 @@ def test_bwd_stages_runs_the_dlse_pass_on_a_target_that_takes_it(sign):
     seen = []
 
     class DlseTwin(TwinTarget):
-        takes_dlse = True
+        def dlse_unsupported(self, problem):
+            return None
 
         def backward(self, problem, a, fwd, *, deterministic=True, taps=None, dlse=None):
             r = super().backward(problem, a, fwd, deterministic=deterministic, taps=taps)

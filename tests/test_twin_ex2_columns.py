@@ -67,8 +67,8 @@ def test_split_kv_tile_of_64_has_no_emulation():
 
 
 def test_hd256_uses_main_kernel_rule_in_installed_fa4():
-    """FA4's tuning table (flash_attn/cute/flash_fwd_sm100.py:550-557) lists the dedicated hd256 kernel (freq/res/start 14/6/0, 28.125%) of the
-    git commit it studied. flash-attn-4 4.0.0b36 has no ``sm100_hd256_2cta_fmha_forward.py``: hd256
+    """The hd256 rows of FA4's tuning table (flash_attn/cute/flash_fwd_sm100.py) once described a
+    dedicated hd256 forward (freq/res/start 14/6/0, 28.125%; 4.0.0b20..b33). flash-attn-4 4.0.0b36 has no ``sm100_hd256_2cta_fmha_forward.py``: hd256
     runs ``FlashAttentionForwardSm100`` with table rows (True, *, 256, False) = freq 14, start 0 and
     the default res 4 (``apply_exp2_convert`` callers never pass res). By hand: k % 14 in {10, 12}
     -> k in {10, 12, 24, 26} -> columns 10-13, 24-27 of fragments 0..2 -> 24 of 128 = 18.75%."""

@@ -26,7 +26,8 @@ def _arch_features(arch: str, head_dim: int, head_dim_v: int) -> set[str]:
     from fa4verify.kernels import facts
     lacks = facts.sm100_hd256_lacks(arch, head_dim, head_dim_v, "fwd")
     drawn_as = {"softcap": {"softcap"}, "sink": {"sink"}, "local": {"local"}, "score_mod": {MOD_FEATURE},
-                "mask_mod": {"mask_mod", "mask_mod_fn", MOD_FEATURE}, "block_sparse": {"block_sparse"}}
+                "mask_mod": {"mask_mod", "mask_mod_fn", MOD_FEATURE}, "block_sparse": {"block_sparse"},
+                "dlse": set()}       # not a drawn feature (the bwd_stages dLSE pass asks the target)
     return set().union(*(drawn_as[lack] for lack in lacks))
 
 
@@ -70,8 +71,8 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
       only where its side's minimum is 0),
       ``mask_choices`` (any of "none", "causal", "window") with ``window_choices`` ((left, right)
       windows), ``softcap_choices`` (values, 0 = off), ``sinks`` (always / never). A drawn head
-      dim for which FA4 lacks every allowed choice (SM100's (256, 256): no window, softcap or
-      sink) is rejected.
+      dim for which FA4's forward lacks every allowed choice (a dedicated SM100 (256, 256) forward,
+      FA4 4.0.0b20..b33: no window, softcap or sink) is rejected.
     * call features (opt-in, :data:`~fa4verify.problem.calls.CALL_FEATURES` in ``features``):
       ``"paged_kv"`` / ``"seqused_k"`` (one of them, or neither, per problem: a varlen problem run
       with batched K/V, paged with ``page_sizes`` (-1 = the head dim's tile_n) and a random page

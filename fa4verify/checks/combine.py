@@ -71,6 +71,7 @@ def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS,
             op = torch.stack([p[0] for p in parts])                      # (S, b, sq, h, d)
             lp = torch.stack([p[1] for p in parts]).transpose(-1, -2)    # (S, b, sq, h), seqlen-contiguous
             out, lse = kernel.combine(op.float(), lp, tdt)
+            empty = _empty_rows(kernel, op, lp, tdt, dtype)
         except Exception as e:  # noqa: BLE001 - Note [Blame]: FA4's exception is FA4's failure
             if blame.origin(e) != blame.FA4:
                 raise                                                    # fa4verify's own: an error
@@ -78,7 +79,6 @@ def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS,
             continue
         j = judge_split_combine(prob, a, S, [_np(p[0]) for p in parts], [_np(p[1]) for p in parts],
                                 _np(out), None if lse is None else _np(lse), full_oracle=(ro.value, ro.bound))
-        empty = _empty_rows(kernel, op, lp, tdt, dtype)
         rows.append({"num_splits": S, "verdicts": [*j.partial_out, *j.partial_lse, j.stage, j.stage_lse, j.out,
                                                    *empty],
                      "config": getattr(kernel, "last_config", None)})

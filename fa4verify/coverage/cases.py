@@ -310,7 +310,7 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       a KV tile's last key at the first row of a backward M block (``m_idx_left = 1 mod tile_m``
       of ``_tile_size_bwd_sm90``): FA4's ``get_m_block_min_max`` must include that M block;
     * ``score_bwd_indices`` (SM90): the ``rel_scale`` pair (its derivative reads ``kv - q``) on a
-      dense MHA call at the plan's first head dim (128: FA4's SM90 backward transposes S there,
+      dense MHA call at a head dim <= 128 (128 first: FA4's SM90 backward transposes S there,
       ``SdP_swapAB``), so ``score_mod_bwd`` must get the forward's indices;
     * ``varlen_head_sections`` (SM90): a causal varlen call with 20 heads, more than one L2 head
       section of FA4's varlen LPT scheduler (16 heads for short sequences) and not a multiple of
@@ -402,10 +402,13 @@ def _sm90_tile_edges(space: FeatureSpace, vals, bwd) -> list[tuple[str, Any, boo
             batch=1, seqlen_q=sq, seqlen_k=sq, nheads=2, nheads_kv=2, window_size=(wl, 3 if wmask == "both" else None),
             values=vals(), **hd_of(name), **base),
             space.no_backward({"form": "dense", "hd": name, "gqa": "1", "mask": wmask, "sink": "off"}) is None))
-    if "score_mod" in forms and "mod:rel_scale" in space.score_pairs and "1" in space.values["gqa"]:
+    swap = [n for n in square if space.hd[n][0] <= 128]      # FA4's SM90 backward transposes S there
+    swap = ([first] if first in swap else []) + swap
+    if "score_mod" in forms and "mod:rel_scale" in space.score_pairs and "1" in space.values["gqa"] and swap:
         out.append(("score_bwd_indices", AttentionProblem(
             batch=1, seqlen_q=100, seqlen_k=150, nheads=2, nheads_kv=2, mods=("rel_scale",), values=vals(),
-            **hd_of(first), **base), True))
+            **hd_of(swap[0]), **base),
+            space.no_backward({"form": "score_mod", "hd": swap[0], "gqa": "1", "mask": "none", "sink": "off"}) is None))
     if "varlen" in forms and "causal" in masks and "1" in space.values["gqa"]:
         name = first
         lens = (37, 64, 129)

@@ -76,8 +76,9 @@ def _no_completion(space: FeatureSpace, part: Mapping[str, str], pass_: Optional
 
     Note [Supported means completable]: the support rules name at most two dimensions, so a
     tuple they allow may still have no valid row once every dimension is filled, e.g. in a
-    deployment whose only head dim is SM100's (256, 256), a window and det=off are each allowed
-    with everything but the head dim, which allows no window. Such a tuple is unsupported (with
+    deployment whose only head dim is SM100's (256, 256) on a release with a dedicated forward
+    there (4.0.0b20..b33), a window and det=off are each allowed with everything but the head dim,
+    which allows no window. Such a tuple is unsupported (with
     the reason of the dimension that has no value left), not a hole the plan failed to cover.
     Decided by depth-first search over the remaining dimensions, pruned by the support rules."""
     dims = [d for d in DIMENSIONS if d in space.values and d not in part]

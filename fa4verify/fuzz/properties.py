@@ -483,7 +483,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                             metrics["tightness_dsink"] = _judge_dsink(problem, a, fwd, g, stats, undecided)
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
-                            if target.takes_dlse and (problem.call is None or not problem.call.rearranges):
+                            if target.dlse_unsupported(problem) is None:
                                 _judge_dlse(problem, a, fwd, target, deterministic, metrics, undecided)
             elif taps is not None:
                 skipped["bwd_stages"] = skipped.get("bwd_budget", "no oracle backward")
