@@ -162,3 +162,28 @@ def test_the_fake_device_is_the_local_gpu_and_labels_compile_only(monkeypatch):
         monkeypatch.delenv(device.FAKE_DEVICE_ENV)
         device.local_gpu.cache_clear()
     assert device.where_measured(device.GPU("NVIDIA B200", 10, 0)) == "measured on NVIDIA B200 (sm_100)"
+
+
+_DLSE_CALL = """
+import json
+from fa4verify.compile.production import CompileCall, _run_call, enter_fake_device
+from fa4verify.problem import AttentionProblem, ValueSpec
+enter_fake_device("b200")
+p = AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=70, seqlen_k=90, nheads=2, nheads_kv=2,
+                     head_dim=64, head_dim_v=64, causal=True, values=ValueSpec("normal", 0))
+print(json.dumps([_run_call(None, CompileCall("backward", p, dlse=d)) for d in (False, True)]))
+"""
+
+
+@pytest.mark.slow
+def test_a_campaign_backward_also_compiles_its_dlse_variant():
+    """Note [A gradient through the LSE]: where the bwd_stages dLSE pass would run on a B200, the
+    compile-only audit compiles that backward too (its preprocess takes dLSE)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FA4VERIFY_FAKE", "CUTE_DSL_", "FLASH_ATTENTION_"))}
+    r = subprocess.run([sys.executable, "-c", _DLSE_CALL], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    plain, with_dlse = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [c["op"] for c in plain["configs"]] == ["forward", "backward"], plain
+    assert [c["op"] for c in with_dlse["configs"]] == ["forward", "backward", "backward"], with_dlse
+    assert with_dlse["configs"][-1]["return_lse"] and not with_dlse["configs"][1]["return_lse"]
+    assert all(c["arch"] == 100 for c in with_dlse["configs"])

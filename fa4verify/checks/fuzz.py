@@ -397,8 +397,10 @@ def _production_cases(ctx: CheckContext) -> list:
 def campaign_compiles(cases: list) -> list:
     """Note [Fake device audit]: the FA4 calls of a drawn campaign's cases -- one per FA4 compile
     key (the other cases of a key run the kernel it compiled), the backward where the case has
-    one (:func:`fa4verify.compile.production._run_call` compiles the forward only where FA4 has none)."""
+    one (:func:`fa4verify.compile.production._run_call` compiles the forward only where FA4 has none)
+    and its variant with a ``dlse`` where the ``bwd_stages`` property's dLSE pass runs it."""
     from fa4verify.compile.production import CompileCall
+    from fa4verify.fuzz.properties import PROPERTIES
     from fa4verify.run.engine import case_key
     first: dict = {}
     count: dict = {}
@@ -407,6 +409,7 @@ def campaign_compiles(cases: list) -> list:
         first.setdefault(k, c)
         count[k] = count.get(k, 0) + 1
     return [CompileCall("backward", c.problem, deterministic=c.deterministic,
+                        dlse="bwd_stages" in (c.head.get("properties") or PROPERTIES),
                         purpose=f"{count[k]} case(s) of this compile key") for k, c in first.items()]
 
 

@@ -135,7 +135,7 @@ def _inject(ad, case: CompileCase):
 def _summary_config(d: dict) -> dict:
     key = d.get("compile_key") or None
     keep = ("op", "entry", "arch", "dtype", "q_shape", "causal", "deterministic", "tile_mn", "use_2cta",
-            "tuning_key", "exp2_emulation", "emulated_share", "pack_gqa")
+            "tuning_key", "exp2_emulation", "emulated_share", "pack_gqa", "return_lse")
     out = {k: d.get(k) for k in keep}
     out["compile_key"] = key
     return out
@@ -280,13 +280,16 @@ class CompileCall:
     or "backward" (the target's forward first, its O and LSE fed to the backward, as the checks
     do) or "combine" (``flash_attn_combine`` of ``splits`` fp32 partials of the problem's output
     shape, in the problem's dtype), ``emulation`` "default" or "disabled" (SM100's exp2 emulation
-    off), ``deterministic`` (backward), ``purpose``: what the check uses it for (reports)."""
+    off), ``deterministic`` (backward), ``purpose``: what the check uses it for (reports),
+    ``dlse``: the backward also runs with a gradient through the LSE where the check's dLSE pass
+    would (Note [A gradient through the LSE]: dense calls the target takes it on)."""
     op: str
     problem: Any
     emulation: str = "default"
     deterministic: bool = True
     purpose: str = ""
     splits: int = 0
+    dlse: bool = False
 
     def __post_init__(self) -> None:
         if self.op not in ("forward", "backward", "combine"):
@@ -372,6 +375,11 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
         if call.op == "backward" and no_bwd is None:
             tgt.backward(call.problem, a, f, deterministic=call.deterministic)
             cfgs.append(_summary_config(tgt.last_config or {}))
+            if call.dlse and not call.problem.varlen and tgt.dlse_unsupported(call.problem) is None:
+                import numpy as np
+                tgt.backward(call.problem, a, f, deterministic=call.deterministic,
+                             dlse=np.zeros(np.shape(f.lse), np.float32))
+                cfgs.append(_summary_config(tgt.last_config or {}))
     except Unsupported as e:
         return {"call": call.describe(), "refused": str(e)[:300], "seconds": round(time.time() - t0, 2)}
     return {"call": call.describe() + (f" [forward only: {no_bwd}]" if no_bwd else ""), "where": tgt.where,
