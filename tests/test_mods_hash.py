@@ -21,6 +21,9 @@ for name in mods.names():
     for side, fn in (("fwd", p.cute()), ("bwd", p.cute_bwd())):
         if fn is not None:
             out[f"{name}:{side}"] = utils.hash_callable(fn, set_cute_hash=False)
+from fa4verify.problem.calls import mask_mod_pairs
+for name, pair in mask_mod_pairs().items():          # the call forms' CuTe mask_mods ("fn:...")
+    out[f"fn:{name}"] = utils.hash_callable(pair.load(), set_cute_hash=False)
 print(json.dumps(out))
 """
 
