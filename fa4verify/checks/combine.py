@@ -102,9 +102,8 @@ def _empty_rows(kernel: Any, op, lp, out_dtype, dtype: str) -> list:
     lp2[:some, :, 2::5] = float("-inf")
     op2[:some, :, 2::5] = 0
     out, lse = kernel.combine(op2.float(), lp2, out_dtype)
-    arch = getattr(kernel, "arch", "sm90")
     vo, vl = judge_combine_stage(_np(op2), _np(lp2), _np(out), None if lse is None else _np(lse), dtype=dtype,
-                                 arch=arch)
+                                 arch=kernel.arch)
     return [dataclasses.replace(vo, name="combine_out (empty rows)"),
             dataclasses.replace(vl, name="combine_lse (empty rows)")]
 

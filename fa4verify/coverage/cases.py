@@ -358,11 +358,11 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
             call=CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),
                           block_keep=0.6), **base), False))
     if space.arch == "sm90":
-        out += _sm90_tile_edges(space, vals, bwd)
+        out += _sm90_tile_edges(space, vals)
     return out
 
 
-def _sm90_tile_edges(space: FeatureSpace, vals, bwd) -> list[tuple[str, Any, bool]]:
+def _sm90_tile_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     """The SM90 edges of :func:`edge_problems` whose shape follows FA4's tiles (each only where the
     space has its mask, form and head counts: free head counts, no deployment's)."""
     from fa4verify.problem import AttentionProblem
@@ -380,6 +380,9 @@ def _sm90_tile_edges(space: FeatureSpace, vals, bwd) -> list[tuple[str, Any, boo
 
     def hd_of(name):
         return dict(head_dim=space.hd[name][0], head_dim_v=space.hd[name][1])
+
+    def runs_bwd(form: str, name: str, gqa: str, mask: str) -> bool:
+        return space.no_backward({"form": form, "hd": name, "gqa": gqa, "mask": mask, "sink": "off"}) is None
     mask = "causal_left" if "causal_left" in masks else "causal"
     packed = [n for n in square if facts.fwd_tile("sm90", space.dtype, *space.hd[n], True, mask != "causal")[0] % 3]
     if "mqa" in space.values["gqa"] and "dense" in forms and mask in masks and packed:
@@ -391,7 +394,7 @@ def _sm90_tile_edges(space: FeatureSpace, vals, bwd) -> list[tuple[str, Any, boo
         out.append(("packed_causal_block_end", AttentionProblem(
             batch=1, seqlen_q=sq, seqlen_k=sq + d, nheads=3, nheads_kv=1, causal=mask == "causal",
             window_size=(4, 0) if mask == "causal_left" else (None, None), values=vals(), **hd_of(name), **base),
-            space.no_backward({"form": "dense", "hd": name, "gqa": "mqa", "mask": mask, "sink": "off"}) is None))
+            runs_bwd("dense", name, "mqa", mask)))
     wmask = "both" if "both" in masks else ("left" if "left" in masks else None)
     if wmask is not None and "dense" in forms:
         name = first
@@ -400,19 +403,17 @@ def _sm90_tile_edges(space: FeatureSpace, vals, bwd) -> list[tuple[str, Any, boo
         sq = tnb + wl + 40
         out.append(("bwd_window_left_mblock", AttentionProblem(
             batch=1, seqlen_q=sq, seqlen_k=sq, nheads=2, nheads_kv=2, window_size=(wl, 3 if wmask == "both" else None),
-            values=vals(), **hd_of(name), **base),
-            space.no_backward({"form": "dense", "hd": name, "gqa": "1", "mask": wmask, "sink": "off"}) is None))
+            values=vals(), **hd_of(name), **base), runs_bwd("dense", name, "1", wmask)))
     swap = [n for n in square if space.hd[n][0] <= 128]      # FA4's SM90 backward transposes S there
     swap = ([first] if first in swap else []) + swap
     if "score_mod" in forms and "mod:rel_scale" in space.score_pairs and "1" in space.values["gqa"] and swap:
         out.append(("score_bwd_indices", AttentionProblem(
             batch=1, seqlen_q=100, seqlen_k=150, nheads=2, nheads_kv=2, mods=("rel_scale",), values=vals(),
-            **hd_of(swap[0]), **base),
-            space.no_backward({"form": "score_mod", "hd": swap[0], "gqa": "1", "mask": "none", "sink": "off"}) is None))
+            **hd_of(swap[0]), **base), runs_bwd("score_mod", swap[0], "1", "none")))
     if "varlen" in forms and "causal" in masks and "1" in space.values["gqa"]:
         name = first
         lens = (37, 64, 129)
         out.append(("varlen_head_sections", AttentionProblem(
             batch=3, seqlens_q=lens, seqlens_k=lens, seqlen_q=max(lens), seqlen_k=max(lens), nheads=20, nheads_kv=20,
-            causal=True, values=vals(), **hd_of(name), **base), bwd("varlen", False)))
+            causal=True, values=vals(), **hd_of(name), **base), runs_bwd("varlen", name, "1", "causal")))
     return out

@@ -66,8 +66,6 @@ BLOCK_FORMS = ("block_sparse", "block_sparse_mod", "block_sparse_varlen")   # FA
 _CU_SEQLENS_FORMS = ("varlen", "seqused_k", "block_sparse_varlen") + _PAGED  # calls passing cu_seqlens
 
 
-
-
 #: FA4 refuses a varlen backward with block sparsity
 VARLEN_SPARSE_BWD = ("FA4 has no varlen backward with block sparsity (interface.py: 'Varlen backward with block "
                      "sparsity is not yet supported')")

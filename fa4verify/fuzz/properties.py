@@ -518,17 +518,23 @@ def _judge_stages(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, tap
         vs = judge_taps(problem, a, fwd.out, fwd.lse, taps, budgets=_budget(problem),
                         backward=types.SimpleNamespace(oracle=obwd, budgets=allow), dq=dq)
     for n, v in vs.items():
-        if v.status == "fail":
-            rows = [e.text() for e in v.violations] or [v.reason]
-            viol = Violation("bwd_stages", f"{n}: {v.n_over} / {v.n_compared} elements exceed the stage budget; "
-                                           f"worst: " + "; ".join(rows) + f" | case: {problem.describe()}",
-                             {f"tightness_{n}": v.tightness, "quantity": n})
-            viol.over_indices = v.over_indices
-            _fail(viol)
-        if v.status == "undecided":
-            undecided.setdefault(f"bwd_stages.{n}", v.reason)
-        elif n != "dq_accum_zeroed":
-            metrics[f"tightness_{n}"] = v.tightness
+        _stage_verdict(problem, n, v, metrics, undecided)
+
+
+def _stage_verdict(problem: AttentionProblem, n: str, v: Any, metrics: dict, undecided: dict) -> None:
+    """One ``bwd_stages`` verdict: a failure is the property's violation, an undecided one is
+    said, a decided one's tightness is a metric (not the exact zeroing's)."""
+    if v.status == "fail":
+        rows = [e.text() for e in v.violations] or [v.reason]
+        viol = Violation("bwd_stages", f"{n}: {v.n_over} / {v.n_compared} elements exceed the stage budget; "
+                                       f"worst: " + "; ".join(rows) + f" | case: {problem.describe()}",
+                         {f"tightness_{n}": v.tightness, "quantity": n})
+        viol.over_indices = v.over_indices
+        _fail(viol)
+    if v.status == "undecided":
+        undecided.setdefault(f"bwd_stages.{n}", v.reason)
+    elif n != "dq_accum_zeroed":
+        metrics[f"tightness_{n}"] = v.tightness
 
 
 def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Any, deterministic: bool,
@@ -543,17 +549,7 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
     _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, taps=taps, dlse=dl)
     with np.errstate(invalid="ignore", over="ignore"):
         v = judge_dlse_tap(problem, a, fwd.out, taps.get("dpsum"), dl, budgets=_budget(problem))
-    if v.status == "fail":
-        rows = [e.text() for e in v.violations] or [v.reason]
-        viol = Violation("bwd_stages", f"D_dlse: {v.n_over} / {v.n_compared} elements of D' = D - dLSE exceed "
-                                       f"the stage budget; worst: " + "; ".join(rows) + f" | case: {problem.describe()}",
-                         {"tightness_D_dlse": v.tightness, "quantity": "D_dlse"})
-        viol.over_indices = v.over_indices
-        _fail(viol)
-    if v.status == "undecided":
-        undecided.setdefault("bwd_stages.D_dlse", v.reason)
-    else:
-        metrics["tightness_D_dlse"] = v.tightness
+    _stage_verdict(problem, "D_dlse", v, metrics, undecided)
 
 
 def _unseen_keys(problem: AttentionProblem) -> np.ndarray:
