@@ -72,6 +72,8 @@ def _sweep(pair: ModPair) -> None:
     full = (sh.seqlen_q, sh.seqlen_k)
     try:
         if pair.kind == "mask":
+            if pair.by_head:
+                return
             for b in range(sh.batch):
                 k0 = np.broadcast_to(np.asarray(pair.ref(b, 0, qi, ki, aux)), full)
                 for h in range(1, sh.nheads):
@@ -79,8 +81,7 @@ def _sweep(pair: ModPair) -> None:
                     if not np.array_equal(k0, kh):
                         q, k = map(int, np.argwhere(k0 != kh)[0])
                         raise ModPairError(f"mod pair {n!r}: the mask depends on the head (batch {b}: head {h} "
-                                           f"differs from head 0 at query {q}, key {k}); the judge's keep-masks "
-                                           "are per batch entry (write a head-independent mask)")
+                                           f"differs from head 0 at query {q}, key {k}); declare it by_head=True")
             return
         rng = np.random.default_rng(0)
         per = max(1, ERR_POINTS // (sh.batch * 8))
@@ -115,9 +116,10 @@ def _sweep(pair: ModPair) -> None:
 
 def validate(pair: ModPair, *, sweep: bool = True) -> ModPair:
     """Check ``pair`` on a small problem: name, kind, callables, the reference's shape and dtype,
-    finiteness, head independence of masks, and for score pairs ``grad`` and ``err`` (finite,
-    ``err >= 0``) and a finite ``lipschitz`` >= 0; then on every head and position class
-    (Note [Mod pairs on every class]: masks head-independent everywhere, a score pair's ``err``
+    finiteness, head independence of masks not declared ``by_head``, and for score pairs
+    ``grad`` and ``err`` (finite, ``err >= 0``) and a finite ``lipschitz`` >= 0; then on every
+    head and position class (Note [Mod pairs on every class]: masks not declared ``by_head``
+    head-independent everywhere, a score pair's ``err``
     checked against the float64 reference at random points). Raises :class:`ModPairError`."""
     if not isinstance(pair, ModPair):
         raise ModPairError(f"expected a fa4verify.kernels.mods.ModPair, got {type(pair).__name__}")
@@ -177,9 +179,11 @@ def validate(pair: ModPair, *, sweep: bool = True) -> ModPair:
             raise ModPairError(f"mod pair {n!r}: {what} must return finite floats on finite scores")
     if pair.kind == "score" and (np.asarray(outs["err"]) < 0).any():
         raise ModPairError(f"mod pair {n!r}: err must be >= 0")
-    if pair.kind == "mask" and not np.array_equal(np.broadcast_to(k0, x.shape), np.broadcast_to(k1, x.shape)):
-        raise ModPairError(f"mod pair {n!r}: the mask depends on the head; the judge's keep-masks are per "
-                           f"batch entry (write a head-independent mask)")
+    if pair.kind == "mask" and not pair.by_head \
+            and not np.array_equal(np.broadcast_to(k0, x.shape), np.broadcast_to(k1, x.shape)):
+        raise ModPairError(f"mod pair {n!r}: the mask depends on the head; declare it by_head=True")
+    if pair.kind == "score" and pair.by_head:
+        raise ModPairError(f"mod pair {n!r}: by_head is a mask pair's declaration (a score pair gets the head)")
     if pair.kind == "score" and "softcap" in (pair.equivalent or {}):
         _check_softcap_claim(pair, qi, ki, aux)
     if sweep:

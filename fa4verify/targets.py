@@ -744,6 +744,10 @@ def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
     why = facts.bwd_refusal(problem.arch, problem.head_dim, problem.head_dim_v, problem.nheads / problem.nheads_kv)
     if why is None:
         why = hd256_refusal(problem, "bwd")
+    if why is None and problem.varlen and (problem.softcap > 0 or (problem.mods and problem.mod_pairs()[0] is not None)) \
+            and not facts.bwd_takes_varlen_score_mod():
+        why = ("this FA4 release has no varlen backward with a score_mod, softcap included (its _flash_attn_bwd "
+               "asserts 'varlen + score_mod not supported in bwd yet')")
     call = problem.call
     if why is not None or call is None:
         return why

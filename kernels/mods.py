@@ -41,7 +41,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import numpy as np
 
 __all__ = ["ModShape", "ModPair", "AuxValues", "alibi", "scalar_bias", "rel_bias", "rel_scale", "softcap_mod",
-           "document_mask", "prefix_lm",
+           "document_mask", "prefix_lm", "head_window",
            "sliding_window", "causal_mask", "checkerboard", "library", "U32"]
 
 U32 = 2.0 ** -24
@@ -81,7 +81,8 @@ class ModPair:
     * ``kind``: "score" (``ref`` returns the modified score ``y``, ``grad`` returns ``dy/dx``,
       ``err`` an upper bound, natural-log units, on ``|y_kernel - y(x)|`` for the fp32 ``x`` the
       kernel holds: the mod's own fp32 evaluation, not the rounding of ``x``) or "mask" (``ref``
-      returns the boolean keep-mask, True = attend; it must not depend on the head).
+      returns the boolean keep-mask, True = attend; it may depend on the head only when
+      ``by_head``).
     * ``build``: ``() -> (cute_fn, cute_bwd_fn_or_None)``, imported and traced only when called.
     * ``aux``: ``(ModShape, numpy Generator) -> [numpy arrays]`` (float32 / int32; handed to FA4
       as CUDA tensors and to ``ref`` as numpy), or None. The CuTe function reads them from
@@ -114,6 +115,9 @@ class ModPair:
     features: tuple = ()
     description: str = ""
     self_attention_only: bool = False      #: needs seqlen_q == seqlen_k (indices shared)
+    #: a mask pair whose keep-mask depends on the query head: the judge then builds one keep-mask
+    #: per (batch entry, head) (Note [Masks by head] in fa4verify/problem/__init__.py)
+    by_head: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_cache", {})
@@ -502,6 +506,35 @@ def prefix_lm(prefix: int = PREFIX) -> ModPair:
                    description=f"prefix-LM, bidirectional prefix of {P} keys, causal after")
 
 
+HEAD_SPAN = (8, 16)
+
+
+def head_window(base: int = HEAD_SPAN[0], step: int = HEAD_SPAN[1]) -> ModPair:
+    """A causal window whose width grows with the query head: keep iff ``q - span(h) <= kv <= q``,
+    ``span(h) = base + step * h`` (top-left aligned). Heads with local receptive fields of their
+    own, one span per head (injective: a kernel that hands the mask the wrong query head --
+    PackGQA's packed-row head arithmetic -- keeps another window once a row reaches past the
+    smaller span)."""
+    B0, S = int(base), int(step)
+
+    def ref(b, h, qi, ki, a):
+        qi, ki = np.asarray(qi, np.int64), np.asarray(ki, np.int64)
+        return (ki <= qi) & (ki >= qi - (B0 + S * int(h)))
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+
+        @cute.jit
+        def head_window_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            span = h * _ssa(S, cutlass.Int32) + _ssa(B0, cutlass.Int32)
+            return (kv_idx <= q_idx) & (kv_idx >= q_idx - span)
+        return head_window_keep, None
+
+    return ModPair("head_window", "mask", ref, build, features=("mask_mod",), by_head=True,
+                   description=f"per-head causal window, span {B0} + {S} h keys")
+
+
 def _window_keep(qi, ki, left, right, offset):
     c = np.asarray(qi, np.int64) + offset
     ki = np.asarray(ki, np.int64)
@@ -585,4 +618,4 @@ WINDOW = (128, 0)
 def library() -> list[ModPair]:
     """fa4verify's built-in pairs (the default parameters the GPU script and tests use)."""
     return [alibi(), rel_bias(), rel_scale(), scalar_bias(), softcap_mod(), document_mask(), prefix_lm(),
-            sliding_window(*WINDOW), causal_mask(), checkerboard()]
+            head_window(), sliding_window(*WINDOW), causal_mask(), checkerboard()]

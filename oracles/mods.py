@@ -1,5 +1,6 @@
 """Float64 attention oracle with a user score modification and keep-mask (FA4's ``score_mod`` /
-``mask_mod``), forward and backward, dense (batch, seqlen, heads, dim) layouts.
+``mask_mod``), forward and backward, dense (batch, seqlen, heads, dim) or varlen (packed
+``(total, heads, dim)`` with ``cu_seqlens_q`` / ``cu_seqlens_k``) layouts.
 
 Semantics (FA4 4.0.0b36, ``fa4verify/kernels/mods.py``)::
 
@@ -19,8 +20,14 @@ The softcap and sink semantics are :mod:`oracles.semantics`' (FA4 applies both w
 Note [Mods with softcap and sink]).
 
 The functions come as callables (``score(x, b, h) -> y``, ``grad(x, b, h) -> dy/dx`` on one
-(q, kv) block; ``keep(b) -> bool (seqlen_q, seqlen_k)``), so this module knows nothing of
-fa4verify's registry (the judge resolves pairs: ``fa4verify.judge.attention``).
+(q, kv) block; ``keep(b, h) -> bool (seqlen_q, seqlen_k)``, a mask may depend on the head), so
+this module knows nothing of fa4verify's registry (the judge resolves pairs:
+``fa4verify.judge.attention``). A varlen call is FA4's: ``b`` is the sequence's index and the
+block's rows and columns are the positions inside the sequence (FA4 hands its mods the
+sequence-local ``q_idx`` / ``kv_idx``: ``softmax.apply_score_mod_inner``); every sequence is
+computed as its own batch entry, and no key is shared between sequences, so the packed results
+are those entries' results side by side (``dsink`` the sum over sequences, its bound the sum of
+the bounds: float64 sums of a handful of terms, whose rounding the doubled bounds absorb).
 
 Accuracy
 --------
@@ -70,7 +77,7 @@ def _block(q, k, v, b, h, hk, scale, score, keep):
         y = np.broadcast_to(y, x.shape)
     else:
         y = x
-    kp = np.ones(x.shape, bool) if keep is None else np.asarray(keep(b), bool)
+    kp = np.ones(x.shape, bool) if keep is None else np.asarray(keep(b, h), bool)
     return x, dx, y, kp
 
 
@@ -107,10 +114,14 @@ def _softcap(cap: float):
 def forward(q: Any, k: Any, v: Any, *, softmax_scale: Optional[float] = None,
             score: Optional[Callable] = None, keep: Optional[Callable] = None,
             lipschitz: float = 1.0, window_size=(None, None), softcap: float = 0.0,
-            learnable_sink: Any = None) -> AttentionForward:
-    """O and LSE (FA4 layouts: out like q with headdim_v, lse (batch, heads, seqlen_q)) with
-    their bounds; inputs (batch, seqlen, heads, dim), GQA by ``heads % heads_kv == 0``;
+            learnable_sink: Any = None, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None) -> AttentionForward:
+    """O and LSE (FA4 layouts: out like q with headdim_v, lse (batch, heads, seqlen_q), varlen
+    (heads, total_q)) with their bounds; inputs (batch, seqlen, heads, dim), or packed (total,
+    heads, dim) with ``cu_seqlens_q`` / ``cu_seqlens_k``; GQA by ``heads % heads_kv == 0``;
     ``softcap`` (0 = off; not with ``score``) and ``learnable_sink`` (nheads,) as FA4's."""
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        return _varlen(q, k, v, None, cu_seqlens_q, cu_seqlens_k, softmax_scale, score, None, keep, lipschitz,
+                       0.0, softcap, learnable_sink)[0]
     fw, _ = _run(q, k, v, None, softmax_scale, score, None, keep, lipschitz, 0.0, softcap, learnable_sink)
     return fw
 
@@ -118,13 +129,79 @@ def forward(q: Any, k: Any, v: Any, *, softmax_scale: Optional[float] = None,
 def backward(q: Any, k: Any, v: Any, dout: Any, *, softmax_scale: Optional[float] = None,
              score: Optional[Callable] = None, grad: Optional[Callable] = None,
              keep: Optional[Callable] = None, lipschitz: float = 1.0,
-             curvature: float = 0.0, softcap: float = 0.0, learnable_sink: Any = None) -> AttentionBackward:
+             curvature: float = 0.0, softcap: float = 0.0, learnable_sink: Any = None,
+             cu_seqlens_q: Any = None, cu_seqlens_k: Any = None) -> AttentionBackward:
     """The exact gradient (the oracle's own O enters D, ``out_source="oracle"``) with bounds;
-    ``grad`` is required with ``score``; ``dsink`` with ``learnable_sink``."""
+    ``grad`` is required with ``score``; ``dsink`` with ``learnable_sink``; layouts as
+    :func:`forward`'s."""
     if score is not None and grad is None:
         raise ValueError("backward with a score function needs its derivative (grad)")
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        return _varlen(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, softmax_scale, score, grad, keep, lipschitz,
+                       curvature, softcap, learnable_sink)[1]
     fw, bw = _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, softcap, learnable_sink)
     return bw
+
+
+def _varlen(q, k, v, dout, cu_q, cu_k, softmax_scale, score, grad, keep, lipschitz, curvature, softcap,
+            learnable_sink):
+    """Forward (and backward) of a packed call: each sequence as batch entry ``b`` of its own,
+    results side by side in the packed layouts."""
+    if cu_q is None or cu_k is None:
+        raise ValueError("a varlen call needs both cu_seqlens_q and cu_seqlens_k")
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    cq, ck = (np.asarray(c, np.int64).reshape(-1) for c in (cu_q, cu_k))
+    if cq.shape != ck.shape or cq[0] != 0 or ck[0] != 0 or np.any(np.diff(cq) < 0) or np.any(np.diff(ck) < 0) \
+            or cq[-1] != q.shape[0] or ck[-1] != k.shape[0]:
+        raise ValueError("cu_seqlens_q / cu_seqlens_k must be non-decreasing from 0 to the packed lengths, "
+                         "one entry per sequence plus one")
+    tq, H, D = q.shape
+    Hk, Dv = v.shape[1], v.shape[2]
+    scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
+    bwd = dout is not None
+    do = np.asarray(dout, np.float64) if bwd else None
+    out, ob = np.zeros((tq, H, Dv)), np.zeros((tq, H, Dv))
+    lse, lb = np.full((H, tq), -np.inf), np.zeros((H, tq))
+    sink = None if learnable_sink is None else np.asarray(learnable_sink, np.float64).reshape(-1)
+    if sink is not None:
+        lse[:] = sink[:, None]          # a row with no key: LSE = the sink's logit (FA4's)
+    if bwd:
+        dq, dqb = np.zeros_like(q), np.zeros_like(q)
+        dk, dkb = np.zeros_like(k), np.zeros_like(k)
+        dv, dvb = np.zeros_like(v), np.zeros_like(v)
+        dd, ddb = np.zeros((H, tq)), np.zeros((H, tq))
+        dsink = None if sink is None else np.zeros(H)
+        dsinkb = None if sink is None else np.zeros(H)
+    for i in range(len(cq) - 1):
+        qs, ks = slice(int(cq[i]), int(cq[i + 1])), slice(int(ck[i]), int(ck[i + 1]))
+        if qs.stop == qs.start:
+            continue
+        one = {n: (lambda f, j=i: (lambda x, b, h: f(x, j, h)))(f) if f is not None else None
+               for n, f in (("score", score), ("grad", grad))}
+        kp = None if keep is None else (lambda b, h, j=i: keep(j, h))
+        if ks.stop == ks.start:   # no key: O = 0, D = 0 (no gradient, no dsink); LSE -inf, or the sink
+            continue
+        fw, bw = _run(q[qs][None], k[ks][None], v[ks][None], None if not bwd else do[qs][None], scale,
+                      one["score"], one["grad"], kp, lipschitz, curvature, softcap, learnable_sink)
+        out[qs], ob[qs] = fw.out[0], fw.bound[0]
+        lse[:, qs], lb[:, qs] = fw.lse[0], fw.lse_bound[0]
+        if bwd:
+            dq[qs], dqb[qs] = bw.dq[0], bw.dq_bound[0]
+            dk[ks], dkb[ks] = bw.dk[0], bw.dk_bound[0]
+            dv[ks], dvb[ks] = bw.dv[0], bw.dv_bound[0]
+            dd[:, qs], ddb[:, qs] = bw.d[0], bw.d_bound[0]
+            if dsink is not None:
+                dsink += bw.dsink
+                dsinkb += bw.dsink_bound
+    fw = AttentionForward(out=out, lse=lse, bound=ob, lse_bound=lb, precision="fast",
+                          method="oracles.mods float64 (first-order a-priori bound)", softmax_scale=scale,
+                          window_size=(None, None))
+    if not bwd:
+        return fw, None
+    bw = AttentionBackward(dq=dq, dk=dk, dv=dv, dsink=dsink, d=dd, dq_bound=dqb, dk_bound=dkb, dv_bound=dvb,
+                           dsink_bound=dsinkb, d_bound=ddb, out=out, lse=lse, out_source="oracle",
+                           precision="fast", method=fw.method, forward=fw)
+    return fw, bw
 
 
 def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, softcap=0.0, learnable_sink=None):

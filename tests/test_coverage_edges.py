@@ -3,6 +3,7 @@ reaches are run by rule, inside the space, after the rows; an edge that does not
 coverage check undecided, never a pass."""
 from __future__ import annotations
 
+from fa4verify import mods
 from fa4verify.audit import registry
 from fa4verify.checks import coverage as C
 from fa4verify.coverage import cases
@@ -19,7 +20,8 @@ def test_each_edge_is_the_path_it_names():
     back = {n: b for n, _p, b in trip}
     assert back == {"empty_keys": True, "empty_keys_sink": True, "empty_queries": True, "negative_window": True,
                     "sparse_q64": False, "packed_causal_block_end": True, "bwd_window_left_mblock": True,
-                    "varlen_head_sections": True, "score_bwd_indices": True}
+                    "varlen_head_sections": True, "score_bwd_indices": True, "head_mask_packgqa": True,
+                    "varlen_score_aux_wrap": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -45,6 +47,20 @@ def test_each_edge_is_the_path_it_names():
     # the index-reading score pair on an MHA call, seqlen_q != seqlen_k
     p = got["score_bwd_indices"]
     assert p.mods == ("rel_scale",) and p.nheads == p.nheads_kv and p.seqlen_q != p.seqlen_k
+    # Note [Masks by head]: a window per query head, 4 packed query heads per KV head, two KV
+    # heads, rows past every head's span: each head keeps its own set
+    p = got["head_mask_packgqa"]
+    assert p.mods == ("head_window",) and p.heads_differ and (p.nheads, p.nheads_kv) == (8, 2)
+    assert p.call is None or p.call.pack_gqa is not False
+    keeps = [p.keep_masks(head=h)[0] for h in range(p.nheads)]
+    assert len({k.tobytes() for k in keeps}) == p.nheads and all(k[-1].sum() < k[-1].size for k in keeps)
+    # an aux-reading score pair on a varlen call: a sequence with more queries than keys (FA4
+    # wraps q_idx modulo the sequence's seqlen_q), one with more keys than queries, an empty one
+    p = got["varlen_score_aux_wrap"]
+    pair = mods.get(p.mods[0])
+    assert p.varlen and pair.kind == "score" and pair.aux is not None
+    assert any(q > k for q, k in zip(p.seqlens_q, p.seqlens_k)) and any(q < k for q, k in zip(p.seqlens_q, p.seqlens_k))
+    assert 0 in p.seqlens_q
     # SM100 has no sparse_q64 (its tile does not shrink to the Q block) nor the SM90 tile edges
     assert "sparse_q64" not in {n for n, _p, _b in cases.edge_problems(space_for("sm100", "bf16"))}
 

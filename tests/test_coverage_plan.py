@@ -60,7 +60,7 @@ def _realises(sp, row, p) -> list[str]:
         c = None                                      # pack_gqa alone moves no array
     form = row["form"]
     got = ("dense" if c is None and not p.varlen and not p.mods else
-           "varlen" if c is None and p.varlen else
+           "varlen" if c is None and p.varlen and not p.mods else
            "block_sparse_mod" if c is not None and c.block_size and c.block_partial and p.mods
            and p.mod_pairs()[1] is not None else
            "block_sparse_varlen" if c is not None and c.block_size and p.varlen and not c.batched_layout else

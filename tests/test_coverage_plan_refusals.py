@@ -185,7 +185,8 @@ def test_without_a_varlen_score_mod_backward_varlen_softcap_rows_run_forward_onl
     bwd = row_backward(space, rows)
     hit = 0
     for i, (row, p) in enumerate(zip(rows, problems)):
-        if p.softcap and p.seqlens_q is not None and not (p.call and p.call.seqused_q):   # cu_seqlens
+        score = p.softcap or (p.mods and p.mod_pairs()[0] is not None)      # FA4's score_mod, softcap included
+        if score and p.seqlens_q is not None and not (p.call and p.call.seqused_q):   # cu_seqlens
             assert not bwd[i], row
             hit += 1
     assert hit

@@ -37,7 +37,7 @@ def _pair_callables(pair, sq=S, sk=S, seed=0):
         return aux, dict(score=lambda x, b, h: pair.ref(x, b, h, qi, ki, aux),
                          grad=lambda x, b, h: pair.grad(x, b, h, qi, ki, aux), curvature=pair.curvature)
     keeps = [np.broadcast_to(pair.ref(b, 0, qi, ki, aux), (sq, sk)) for b in range(B)]
-    return aux, dict(keep=lambda b: keeps[b])
+    return aux, dict(keep=lambda b, h: keeps[b])
 
 
 # -- independent biases / keeps: python loops over (i, j), no numpy broadcasting of the pair
@@ -136,7 +136,7 @@ def test_mask_pair_output_equals_sdpa_with_boolean_mask(name):
         assert keep.any(axis=1).all()
         ref = _sdpa(q[b], k[b], v[b], keep, D ** -0.5)
         assert np.abs(r.out[b] - ref).max() < 1e-12
-        assert np.array_equal(kw["keep"](b), keep)
+        assert np.array_equal(kw["keep"](b, 0), keep)
 
 
 def _loop_temperature(aux, sq, sk):
@@ -535,8 +535,9 @@ def test_production_target_passes_cute_mods_and_aux_tensors_and_the_twin_refuses
 
 def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_constraints():
     """The ``mod_pairs`` feature (what fuzz.production and deployment profiles draw): every
-    registered pair appears, only on dense problems without sinks or MaskMod patterns, mask
-    pairs without causal/window, score pairs without softcap; never without the feature."""
+    registered pair appears, on dense and on varlen problems (plain cu_seqlens), without sinks or
+    MaskMod patterns, mask pairs without causal/window, score pairs without softcap; never without
+    the feature."""
     from hypothesis import HealthCheck, given, settings
 
     from fa4verify.problem import CALL_FEATURES, MOD_FEATURE, FEATURES
@@ -554,7 +555,12 @@ def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_const
         (name,) = p.mods
         seen[name] = seen.get(name, 0) + 1
         pair = mods.get(name)
-        assert not p.varlen and not p.sink and p.mask_mod is None and p.softcap == 0
+        assert not p.sink and p.mask_mod is None and p.softcap == 0
+        if p.varlen:
+            seen["(varlen)"] = seen.get("(varlen)", 0) + 1
+            assert p.call is None
+            if pair.self_attention_only:
+                assert p.seqlens_q == p.seqlens_k
         if p.call is not None:      # Note [Partial blocks]: a mask pair decides inside mask blocks
             assert pair.kind == "mask" and p.call.block_size is not None and p.call.block_partial > 0
             seen["(with mask blocks)"] = seen.get("(with mask blocks)", 0) + 1
@@ -573,6 +579,7 @@ def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_const
         body()
         without()
     assert seen.pop("(with mask blocks)", 0) > 0, seen
+    assert seen.pop("(varlen)", 0) > 0, seen
     assert set(seen) == set(mods.names()), seen
 
 

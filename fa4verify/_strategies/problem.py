@@ -138,9 +138,9 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                                        max_seqlen_k=kr[1]))
         else:
             sq, sk = draw(seqlen_pairs(max_seqlen=max_seqlen))
-    # a registered score_mod / mask_mod pair (the mod_pairs feature): dense problems only, about
-    # one in three of them; no MaskMod pattern, sink or call form with it (what mod_problems draws)
-    use_mods = (MOD_FEATURE in feats and not use_varlen and not sinks
+    # a registered score_mod / mask_mod pair (the mod_pairs feature): about one in three problems,
+    # dense or varlen (plain cu_seqlens); no MaskMod pattern, sink or call form with it
+    use_mods = (MOD_FEATURE in feats and not sinks
                 and draw(st.sampled_from((False, False, True))))
     mm = None
     causal, window = False, (None, None)
@@ -240,8 +240,9 @@ def _with_mod_pair(draw: DrawFn, prob: AttentionProblem, block_sparse: bool = Fa
     """``prob`` with one registered score_mod / mask_mod pair (the ``mod_pairs`` feature of
     :func:`attention_problems`), under the same constraints as :func:`mod_problems`: a mask pair
     drops causal and the window (FA4 ignores them with a mask_mod), a score pair drops softcap,
-    a self-attention pair gets ``seqlen_k = seqlen_q``. ``block_sparse``: a mask pair may come with
-    block sparsity whose mask blocks it decides (Note [Partial blocks])."""
+    a self-attention pair gets ``seqlen_k = seqlen_q`` (varlen: every sequence square). ``block_sparse``:
+    a mask pair of a dense problem may come with block sparsity whose mask blocks it decides (Note
+    [Partial blocks])."""
     from fa4verify import mods as _mods
     names = _mods.names()
     if not names:
@@ -249,9 +250,10 @@ def _with_mod_pair(draw: DrawFn, prob: AttentionProblem, block_sparse: bool = Fa
     name = draw(st.sampled_from(names))
     pair = _mods.get(name)
     sk = prob.seqlen_q if pair.self_attention_only else prob.seqlen_k
+    sks = prob.seqlens_q if pair.self_attention_only and prob.varlen else prob.seqlens_k
     causal = bool(prob.causal) and pair.kind == "score" and prob.window_size == (None, None)
-    out = prob.replace(seqlen_k=sk, causal=causal, window_size=(None, None), softcap=0.0, mods=(name,),
-                       mod_seed=draw(st.integers(0, 3)))
+    out = prob.replace(seqlen_k=sk, seqlens_k=sks, causal=causal, window_size=(None, None), softcap=0.0,
+                       mods=(name,), mod_seed=draw(st.integers(0, 3)))
     if block_sparse and pair.kind == "mask" and not out.varlen and draw(st.booleans()):
         from fa4verify.coverage.cases import sparse_block_size
         out = out.replace(call=CallForm(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping, Optional
 
-from fa4verify.coverage.space import FeatureSpace, is_local, is_paged, is_unpacked
+from fa4verify.coverage.space import MOD_FORMS, VARLEN_SEQLENS, FeatureSpace, is_local, is_paged, is_unpacked
 from fa4verify.kernels import facts
 
 __all__ = ["problem_for", "plan_problems", "sparse_block_size", "varlen_sparse_block_size", "edge_problems"]
@@ -122,7 +122,8 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
                               causal=causal, window_size=tuple(window),
                               softcap=space.softcaps.get(row["softcap"], 30.0 if row["softcap"] == "on" else 0.0),
                               sink=row["sink"] == "on", values=vs)
-    if form in ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") or is_paged(form):
+    mod_varlen = form in MOD_FORMS and row["seqlen"] in VARLEN_SEQLENS
+    if form in ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") or is_paged(form) or mod_varlen:
         if row["seqlen"] == "zero" and "zero" in space.lengths:
             # a deployment's empty sequences: only on the side its minimum allows, the others at
             # one of its lengths
@@ -148,7 +149,7 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
             kw["call"] = _listed_block_call(
                 CallForm, varlen_sparse_block_size(arch, hd, hdv, max(sqs), packed, dtype),
                 [(lq, lk, i) for i, (lq, lk) in enumerate(zip(sqs, sks))], rng)
-        elif form not in ("varlen", "seqused_q"):
+        elif form not in ("varlen", "seqused_q") and not mod_varlen:
             cap = max(sks) + 7
             page: Optional[int] = None
             if form == "paged_small":
@@ -167,8 +168,8 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
         kw["call"] = _listed_block_call(CallForm, sparse_block_size(arch, hd, hdv),
                                         [(kw["seqlen_q"], kw["seqlen_k"], None)], rng)
     if form in ("mask_mod", "score_mod", "block_sparse_mod"):
-        names = _pairs_of(space, form)
-        usable = [n for n in names if sq == sk or not _self_only(n)]
+        names = space.varlen_pairs(form) if mod_varlen else _pairs_of(space, form)
+        usable = [n for n in names if (sq == sk and not mod_varlen) or not _self_only(n)]
         if row.get("pair") in names:          # plan_problems' choice
             name = row["pair"]
             usable = [name] if name in usable else []
@@ -205,6 +206,8 @@ def plan_problems(space: FeatureSpace, rows: list, *, seed: int = 0) -> tuple[li
             continue
 
         def fits(row, *, backward: bool = True) -> list:
+            if form in MOD_FORMS and row["seqlen"] in VARLEN_SEQLENS:     # a varlen call
+                return list(space.varlen_pairs(form))
             ok = [n for n in names if not _self_only(n) or _square(space, row)] or list(names)
             if backward and form != "score_mod" and "bwd" in space.passes(row):
                 ok = [n for n in ok if n in space.mask_pairs_bwd] or ok
@@ -269,8 +272,10 @@ def _pairs_of(space: FeatureSpace, form: str) -> tuple[str, ...]:
 
 
 def _square(space: FeatureSpace, row) -> bool:
-    """Whether the row's sequence-length value has seqlen_q == seqlen_k."""
+    """Whether the row's sequence-length value has seqlen_q == seqlen_k (in every sequence)."""
     sl = row["seqlen"]
+    if row.get("form") in MOD_FORMS and sl in VARLEN_SEQLENS:
+        return False
     if sl in space.lengths:
         a, b = space.lengths[sl]
         return a == b
@@ -314,7 +319,16 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       ``SdP_swapAB``), so ``score_mod_bwd`` must get the forward's indices;
     * ``varlen_head_sections`` (SM90): a causal varlen call with 20 heads, more than one L2 head
       section of FA4's varlen LPT scheduler (16 heads for short sequences) and not a multiple of
-      it: the last section's heads (``tile_scheduler.py``, ``nheads_in_this_section``).
+      it: the last section's heads (``tile_scheduler.py``, ``nheads_in_this_section``);
+    * ``head_mask_packgqa``: the ``head_window`` pair (a window per query head) on a packed GQA
+      call with 4 query heads per KV head, two KV heads, rows past every head's span: FA4 must
+      rebuild the logical query head of each packed row (``mask.py``, ``head_idx *
+      qhead_per_kvhead + head_offset``) before it calls the mask_mod (Note [Masks by head]);
+    * ``varlen_score_aux_wrap``: a score pair that reads aux tensors at the query position
+      (``rel_bias``, else ``alibi``) on a varlen call whose sequences have more queries than keys
+      and more keys than queries (and an empty one): with aux tensors FA4 wraps the indices it
+      hands the mod modulo the sequence's own lengths (``softmax.apply_score_mod_inner``; the
+      backward rebuilds those divisors per sequence, ``recompute_fastdiv_mods_q``).
 
     Each needs its form in the space (the block-sparse edge only where the target runs block
     sparsity).
@@ -357,8 +371,41 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
             batch=2, seqlen_q=3 * 64 + 5, seqlen_k=2 * tn + 3, values=vals(),
             call=CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),
                           block_keep=0.6), **base), False))
+    out += _mod_edges(space, vals)
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
+    return out
+
+
+def _mod_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
+    """The pair edges of :func:`edge_problems` (each only where the space has its form, pair and
+    head counts: free head counts and lengths, no deployment's)."""
+    from fa4verify.problem import AttentionProblem
+    out: list[tuple[str, Any, bool]] = []
+    forms, gqas = space.values["form"], space.values["gqa"]
+    if space.lengths or space.heads:
+        return out
+    name = next((n for n in space.values["hd"] if space.hd[n] == (128, 128)), next(iter(space.values["hd"])))
+    hd = dict(head_dim=space.hd[name][0], head_dim_v=space.hd[name][1])
+    base = dict(arch=space.arch, dtype=space.dtype, **hd)
+
+    def runs_bwd(form: str, gqa: str, seqlen: str) -> bool:
+        return space.no_backward({"form": form, "hd": name, "gqa": gqa, "mask": "none", "sink": "off",
+                                  "seqlen": seqlen}) is None
+    if "mask_mod" in forms and "mod:head_window" in space.mask_pairs and "4" in gqas:
+        from fa4verify.kernels.mods import HEAD_SPAN
+        tm = facts.fwd_tile(space.arch, space.dtype, space.hd[name][0], space.hd[name][1], False, False)[0]
+        sq = max(2 * tm + 5, HEAD_SPAN[0] + HEAD_SPAN[1] * 8 + 9)      # past every head's span
+        out.append(("head_mask_packgqa", AttentionProblem(
+            batch=1, seqlen_q=sq, seqlen_k=sq, nheads=8, nheads_kv=2, mods=("head_window",), values=vals(), **base),
+            runs_bwd("mask_mod", "4", "multi") and "mod:head_window" in space.mask_pairs_bwd))
+    pair = next((p for p in ("rel_bias", "alibi") if f"mod:{p}" in space.score_pairs), None)
+    if "score_mod" in forms and "zero" in space.values["seqlen"] and pair is not None and "1" in gqas:
+        tm, tn = facts.fwd_tile(space.arch, space.dtype, space.hd[name][0], space.hd[name][1], False, False)
+        sqs, sks = (tm + 9, 17, 0, 5), (tn // 2 - 5, 2 * tn + 3, 4, 5)
+        out.append(("varlen_score_aux_wrap", AttentionProblem(
+            batch=4, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=2, nheads_kv=2,
+            mods=(pair,), values=vals(), **base), runs_bwd("score_mod", "1", "zero")))
     return out
 
 

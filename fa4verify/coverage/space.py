@@ -10,7 +10,8 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   blocks, a mask pair's mask_mod inside the mask blocks: Note [Partial blocks] in
   ``fa4verify.problem.calls``), ``block_sparse_varlen`` (FA4's varlen block sparsity on a packed
   call: ``cu_total_m_blocks``, ``cu_block_idx_offsets``; forward only), ``mask_mod`` (a CuTe mask_mod callable, yours included),
-  ``score_mod`` (a score_mod pair, yours included);
+  ``score_mod`` (a score_mod pair, yours included); the two pair forms run dense, and on a
+  varlen call (plain ``cu_seqlens``) at the seqlen values that need one (``zero``, ``many``);
 * ``mask``: ``none``, ``causal``, ``left`` (window left side only), ``right``, ``both``,
   ``causal_left`` (causal + a left window);
 * ``hd``: head-dim classes, one per tile class FA4's tile tables select (forward tile, backward
@@ -44,7 +45,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from fa4verify.kernels import facts
 
 __all__ = ["DIMENSIONS", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
-           "PASSES", "PLAN_DISTRIBUTIONS", "BLOCK_FORMS"]
+           "PASSES", "PLAN_DISTRIBUTIONS", "BLOCK_FORMS", "MOD_FORMS", "VARLEN_SEQLENS"]
 
 FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "seqused_q", "paged_small", "paged_tile",
                           "block_sparse", "block_sparse_mod", "block_sparse_varlen", "mask_mod", "score_mod")
@@ -63,6 +64,10 @@ _PAGED = ("paged_small", "paged_tile")
 _KV_FORMS = ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") + _PAGED   # varlen problems (zero lengths)
 _KEEP_FORMS = ("block_sparse", "block_sparse_mod", "block_sparse_varlen", "mask_mod")  # FA4 drops causal/window
 BLOCK_FORMS = ("block_sparse", "block_sparse_mod", "block_sparse_varlen")   # FA4's block-sparse kernels
+#: the pair forms; on the seqlen values that need a varlen call (:data:`VARLEN_SEQLENS`) they run
+#: on one (plain cu_seqlens: FA4 hands the mods sequence-local indices and the sequence as b)
+MOD_FORMS = ("score_mod", "mask_mod")
+VARLEN_SEQLENS = ("zero", "many")
 _CU_SEQLENS_FORMS = ("varlen", "seqused_k", "block_sparse_varlen") + _PAGED  # calls passing cu_seqlens
 
 
@@ -168,8 +173,6 @@ class FeatureSpace:
                 return "a score_mod pair and softcap cannot be combined (FA4 asserts)"
             if g("sink") == "on":
                 return "a score_mod pair is not drawn with a learnable sink"
-            if g("seqlen") == "zero":
-                return "score_mod pairs run on dense problems (no zero-length sequence)"
         if form == "block_sparse_mod" and not self.block_mask_pairs:
             return "no mask pair with a CuTe mask_mod (fa4verify.mods) is registered for the mask blocks"
         if is_unpacked(g("gqa")) and form in ("score_mod", "mask_mod"):
@@ -178,10 +181,13 @@ class FeatureSpace:
             return "no CuTe mask_mod pair is registered"
         if form == "seqused_q" and g("seqlen") == "zero" and "zero" in self.lengths and self.lengths["zero"][0] != 0:
             return "seqused_q: this deployment's empty sequences are keys only, and K/V go batched whole here"
-        if g("seqlen") == "zero" and form is not None and not (form in _KV_FORMS or is_paged(form)):
+        if g("seqlen") == "zero" and form is not None and not (form in _KV_FORMS + MOD_FORMS or is_paged(form)):
             return f"a zero-length sequence needs a varlen call form, not {form}"
-        if g("seqlen") == "many" and form is not None and not (form in _KV_FORMS or is_paged(form)):
+        if g("seqlen") == "many" and form is not None and not (form in _KV_FORMS + MOD_FORMS or is_paged(form)):
             return f"more sequences than FA4's batch-search threshold need a varlen call form, not {form}"
+        if form in MOD_FORMS and g("seqlen") in VARLEN_SEQLENS and not self.varlen_pairs(form):
+            return (f"{form} on a varlen call takes a pair of fa4verify.mods that needs no square sequences; "
+                    "none is registered")
         if (why := self._hd256_refusal(row, "fwd")) is not None:
             return why
         if is_paged(form) and hd is not None and self._paged_non_tma(form, hd, mask) \
@@ -232,6 +238,15 @@ class FeatureSpace:
             return VARLEN_SPARSE_BWD
         return None
 
+    def varlen_pairs(self, form: str) -> tuple[str, ...]:
+        """The pairs a ``form`` row (a :data:`MOD_FORMS` one) takes on a varlen call: those of
+        :mod:`fa4verify.mods` (a named CuTe mask_mod has no varlen call form here) that do not
+        need square sequences."""
+        from fa4verify import mods
+        names = self.score_pairs if form == "score_mod" else self.block_mask_pairs
+        return tuple(n for n in names if n.startswith("mod:") and n[4:] in mods.names()
+                     and not mods.get(n[4:]).self_attention_only)
+
     @property
     def block_mask_pairs(self) -> tuple[str, ...]:
         """The mask pairs a ``block_sparse_mod`` row can put inside its mask blocks: those of
@@ -279,7 +294,8 @@ class FeatureSpace:
                 return why
         if (why := self._hd256_refusal(row, "bwd")) is not None:
             return why
-        if form in _CU_SEQLENS_FORMS and row.get("softcap") not in (None, "off") \
+        cu_seqlens = form in _CU_SEQLENS_FORMS or (form in MOD_FORMS and row.get("seqlen") in VARLEN_SEQLENS)
+        if cu_seqlens and (row.get("softcap") not in (None, "off") or form == "score_mod") \
                 and not facts.bwd_takes_varlen_score_mod():
             return ("this FA4 release has no varlen backward with a score_mod, softcap included (its "
                     "_flash_attn_bwd asserts 'varlen + score_mod not supported in bwd yet')")

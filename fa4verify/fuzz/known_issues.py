@@ -43,10 +43,12 @@ def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag:
     k = np.asarray(a["k"], np.float64)
     q, k = q.reshape((-1,) + q.shape[-2:]), k.reshape((-1,) + k.shape[-2:])
     g = problem.nheads // problem.nheads_kv
-    for (q0, lq, k0, lk), keep in zip(_token_bounds(problem), problem.keep_masks()):
+    per = {h: problem.keep_masks(head=h) for h in (range(problem.nheads) if problem.heads_differ else (0,))}
+    for i, (q0, lq, k0, lk) in enumerate(_token_bounds(problem)):
         if lq == 0 or lk == 0:
             continue
         for h in range(problem.nheads):
+            keep = per[h if problem.heads_differ else 0][i]
             y = (q[q0:q0 + lq, h] @ k[k0:k0 + lk, h // g].T) * problem.scale
             if problem.softcap > 0:
                 y = problem.softcap * np.tanh(y / problem.softcap)

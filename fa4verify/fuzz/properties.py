@@ -554,7 +554,9 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
 
 def _unseen_keys(problem: AttentionProblem) -> np.ndarray:
     """Bool ``(batch, seqlen_k)`` (dense) or ``(total_k,)`` (varlen): keys no query row can see."""
-    cols = [~m.any(axis=0) for m in problem.keep_masks()]
+    heads = range(problem.nheads) if problem.heads_differ else (0,)   # a key no head sees
+    per = [problem.keep_masks(head=h) for h in heads]
+    cols = [~np.any([m[i].any(axis=0) for m in per], axis=0) for i in range(len(per[0]))]
     if problem.varlen:
         return np.concatenate(cols) if cols else np.zeros(0, bool)
     return np.stack(cols)

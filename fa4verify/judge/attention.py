@@ -129,16 +129,26 @@ def _mod_callables(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str,
     budgets (:class:`fa4verify.judge.stats.BudgetStats`) already counted both."""
     from fa4verify import mods as _mods
     score, _ = problem.mod_pairs()
-    keeps = problem.keep_masks(a)
-    qi = np.arange(problem.seqlen_q)[:, None]
-    ki = np.arange(problem.seqlen_k)[None, :]
-    kw: dict[str, Any] = {"softmax_scale": problem.scale, "keep": lambda b: keeps[b],
+    keeps: dict[int, list] = {}         # per query head, computed once (Note [Masks by head])
+
+    def keep(b: int, h: int):
+        hh = h if problem.heads_differ else 0
+        if hh not in keeps:
+            keeps[hh] = problem.keep_masks(a, head=hh)
+        return keeps[hh][b]
+
+    def idx(x):     # the block's sequence-local positions (a varlen call's, FA4's, too)
+        return np.arange(x.shape[0])[:, None], np.arange(x.shape[1])[None, :]
+
+    kw: dict[str, Any] = {"softmax_scale": problem.scale, "keep": keep,
                           "softcap": float(problem.softcap),
                           "learnable_sink": a.get("learnable_sink") if problem.sink else None}
+    if problem.varlen:
+        kw["cu_seqlens_q"], kw["cu_seqlens_k"] = a["cu_seqlens_q"], a["cu_seqlens_k"]
     if score is not None:
         aux = _mods.aux_for(problem, score, a)
-        kw["score"] = lambda x, b, h: score.ref(x, b, h, qi, ki, aux)
-        kw["grad"] = lambda x, b, h: score.grad(x, b, h, qi, ki, aux)
+        kw["score"] = lambda x, b, h: score.ref(x, b, h, *idx(x), aux)
+        kw["grad"] = lambda x, b, h: score.grad(x, b, h, *idx(x), aux)
         kw["lipschitz"] = float(score.lipschitz)
         kw["curvature"] = float(score.curvature)
     return kw

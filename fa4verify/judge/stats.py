@@ -42,6 +42,12 @@ def gamma(n, u=_U32):
         return np.where(nu < 1, nu / (1 - nu), np.inf)
 
 
+def _head(keep: np.ndarray, h: int) -> np.ndarray:
+    """A segment's keep-mask of query head ``h``: ``keep`` itself, or its ``h``-th plane when the
+    mask depends on the head (Note [Masks by head] in fa4verify/problem/__init__.py)."""
+    return keep if keep.ndim == 2 else keep[h]
+
+
 def kernel_constants_for(problem) -> facts.KernelConstants:
     causal, local, _, _ = facts.resolve_causal_local_window(problem.causal, problem.window_size)
     return facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
@@ -108,6 +114,9 @@ class BudgetStats:
             bounds = [(b * problem.seqlen_q, problem.seqlen_q, b * problem.seqlen_k, problem.seqlen_k)
                       for b in range(problem.batch)]
         masks = problem.keep_masks(a) if problem.mods else problem.keep_masks()
+        if problem.heads_differ:     # Note [Masks by head]: (H, lq, lk) per segment
+            per_head = [masks] + [problem.keep_masks(a, head=h) for h in range(1, H)]
+            masks = [np.stack([m[i] for m in per_head]) for i in range(len(masks))]
         # a score pair (fa4verify.mods): y = its reference, its derivative where softcap keeps
         # tanh, its fp32 evaluation error (plus the rounding of x = fl(S scale) FA4 does before
         # calling it) in the softcap_err slot (error_budgets/DERIVATIONS.md#score-mod)
@@ -115,8 +124,6 @@ class BudgetStats:
         if spair is not None:
             from fa4verify import mods as _mods
             saux = _mods.aux_for(problem, spair, a)
-            sqi = np.arange(problem.seqlen_q)[:, None]
-            ski = np.arange(problem.seqlen_k)[None, :]
         self.score_pair = spair
         for bidx, ((q0, lq, k0, lk), keep) in enumerate(zip(bounds, masks)):
             qs, ks = slice(q0, q0 + lq), slice(k0, k0 + lk)
@@ -124,10 +131,12 @@ class BudgetStats:
                 continue
             tn = int(kc["tile_n"])
             tb = int(self.bwd_tile_n)
+            sqi, ski = np.arange(lq)[:, None], np.arange(lk)[None, :]   # FA4's sequence-local positions
             if lk:
-                anyk = keep.any(axis=1)
-                first = np.where(anyk, np.argmax(keep, axis=1), 0)
-                last = np.where(anyk, lk - 1 - np.argmax(keep[:, ::-1], axis=1), 0)
+                span = keep if keep.ndim == 2 else keep.any(axis=0)   # by head: the union's tiles
+                anyk = span.any(axis=1)
+                first = np.where(anyk, np.argmax(span, axis=1), 0)
+                last = np.where(anyk, lk - 1 - np.argmax(span[:, ::-1], axis=1), 0)
                 nb = np.where(anyk, last // tn - first // tn + 1, 0).astype(np.float64)
                 nbb = np.where(anyk, last // tb - first // tb + 1, 0).astype(np.float64)
             else:
@@ -152,7 +161,7 @@ class BudgetStats:
                     TH[h] = np.broadcast_to(np.asarray(spair.grad(x, bidx, h, sqi, ski, saux), np.float64), x.shape)
                 else:
                     y = x
-                vis = keep
+                vis = _head(keep, h)
                 anyv = vis.any(axis=1)
                 neg = np.where(vis, 0.0, -np.inf)
                 row["qk_c_max"][qs, h] = np.max(np.where(vis, A, 0.0), axis=1, initial=0.0) * scale * _LOG2E
@@ -440,16 +449,16 @@ class BudgetStats:
             cap, spair = float(spair.equivalent["softcap"]), None   # its CuTe side is fa4verify's own
         if spair is not None:
             saux = _mods.aux_for(p, spair, self._arrays)
-            sqi = np.arange(p.seqlen_q)[:, None]
-            ski = np.arange(p.seqlen_k)[None, :]
-        for bidx, ((qs, ks, _, _), keep) in enumerate(zip(self._w, self._keeps)):
+        for bidx, ((qs, ks, _, _), keeps) in enumerate(zip(self._w, self._keeps)):
             lq, lk = qs.stop - qs.start, ks.stop - ks.start
             if lk == 0 or lq == 0:
                 continue
+            sqi, ski = np.arange(lq)[:, None], np.arange(lk)[None, :]
             n_q[qs] = lk + np.maximum(self.row["n_blocks"][qs, :1], self._nb_bwd[qs])[:, :, None] + 2
             n_k[ks] = lq * g + 2
             for h in range(H):
                 hk = h // g
+                keep = _head(keeps, h)
                 score = None
                 if spair is not None:
                     score = (lambda x, b=bidx, h=h: spair.ref(x, b, h, sqi, ski, saux),
@@ -590,7 +599,7 @@ class BudgetStats:
                     k_el["rss_p_derrp_q"][ks, hk] += sc * sc * ((w * derr_s[qs, h][:, None]) ** 2).T @ (q[qs, h] ** 2)
                 # flush-to-zero envelope: every P below 2^-126 may become 0 (ex2.approx.ftz)
                 # budget statistics of the subnormal floors (error_budgets/loader.py STATISTICS)
-                kf = keep_of(qs, ks).astype(np.float64)
+                kf = _head(keep_of(qs, ks), h).astype(np.float64)
                 q_el["sub_dsk"][qs, h] = sc * kf @ np.abs(k[ks, hk])
                 k_el["sub_dsq"][ks, hk] += sc * kf.T @ np.abs(q[qs, h])
                 v_el["sum_abs_do"][ks, hk] += kf.T @ np.abs(dout[qs, h])
@@ -599,7 +608,7 @@ class BudgetStats:
                 k_el["abs_dpd_q"][ks, hk] += sc * R.T @ np.abs(q[qs, h])
                 floor["dq"][qs, h] = FTZ * sc * R @ np.abs(k[ks, hk])
                 floor["dk"][ks, hk] += FTZ * sc * R.T @ np.abs(q[qs, h])
-                floor["dv"][ks, hk] += FTZ * keep_of(qs, ks).T.astype(np.float64) @ np.abs(dout[qs, h])
+                floor["dv"][ks, hk] += FTZ * kf.T @ np.abs(dout[qs, h])
                 k_row["backward_p"][ks, hk] = np.maximum(k_row["backward_p"][ks, hk],
                                                          np.max(bp_row[qs, h], initial=0.0))
         for d_, n in ((q_el, "rss_dsk"), (k_el, "rss_dsq"), (v_el, "rss_pdo"), (k_el, "rss_p_derrp_q")):

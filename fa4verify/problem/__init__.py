@@ -139,8 +139,11 @@ class AttentionProblem:
         object.__setattr__(self, "mods", tuple(self.mods))
         if self.mods:
             score, mask = self.mod_pairs()
-            if self.varlen or self.mask_mod is not None:
-                raise ValueError("mods cannot be combined with varlen or a MaskMod pattern (dense problems only)")
+            if self.mask_mod is not None:
+                raise ValueError("mods cannot be combined with a MaskMod pattern")
+            if self.varlen and self.call is not None:
+                raise ValueError("mods on a varlen call take no other call form (block sparsity, paged KV, "
+                                 "seqused): plain cu_seqlens only")
             if self.call is not None and (self.call.block_size is None or self.call.mask_mod_fn is not None):
                 raise ValueError("mods combine with block sparsity only (Note [Partial blocks]), not with "
                                  "another FA4 call form (paged KV, seqused_k/q, a named mask_mod, pack_gqa alone)")
@@ -150,8 +153,9 @@ class AttentionProblem:
             if score is not None and self.softcap:
                 raise ValueError("a score pair and softcap cannot be combined (FA4 asserts)")
             for p_ in (score, mask):
-                if p_ is not None and p_.self_attention_only and self.seqlen_q != self.seqlen_k:
-                    raise ValueError(f"mod pair {p_.name!r} needs seqlen_q == seqlen_k")
+                if p_ is not None and p_.self_attention_only and (
+                        self.seqlen_q != self.seqlen_k or (self.varlen and self.seqlens_q != self.seqlens_k)):
+                    raise ValueError(f"mod pair {p_.name!r} needs seqlen_q == seqlen_k (every sequence)")
         if self.call is not None:
             self.call.validate(self)
 
@@ -230,19 +234,37 @@ class AttentionProblem:
         from fa4verify import mods as _mods
         return _mods.resolve(self.mods)
 
-    def keep_masks(self, arrays: Optional[dict] = None) -> list[np.ndarray]:
-        """Per batch entry, the boolean ``(len_q, len_k)`` keep-mask (True = attended) combining
-        causal/local masking, the mask_mod pattern and a mask pair (its aux from ``arrays`` or its
-        factory). Independent of heads."""
+    @property
+    def heads_differ(self) -> bool:
+        """Whether the keep-mask depends on the query head (a mask pair declared ``by_head``:
+        Note [Masks by head])."""
+        mask = self.mod_pairs()[1] if self.mods else None
+        return bool(mask is not None and mask.by_head)
+
+    def keep_masks(self, arrays: Optional[dict] = None, head: int = 0) -> list[np.ndarray]:
+        """Per batch entry (varlen: per sequence), the boolean ``(len_q, len_k)`` keep-mask (True =
+        attended) of query head ``head`` combining causal/local masking, the mask_mod pattern and
+        a mask pair (its aux from ``arrays`` or its factory; on a varlen call at the
+        sequence-local positions FA4 hands it). The same for every head unless
+        :attr:`heads_differ`.
+
+        Note [Masks by head]
+        --------------------
+        A mask pair may read the query head (``by_head``: a window per head). FA4 hands its
+        mask_mod the logical query head, which under PackGQA it rebuilds from the packed row
+        (``mask.py``: ``head_idx * qhead_per_kvhead + head_offset``): a fault there keeps another
+        head's set and is visible only to a judge that keeps per head. Every reader of a
+        head-dependent mask asks per head: the oracle's ``keep(b, h)``, the budget statistics,
+        :meth:`fully_masked_rows`; readers that only need a superset of the attended keys (a
+        key no head sees) take the union over heads."""
         out = []
         mask = self.mod_pairs()[1] if self.mods else None
         if mask is not None:
             from fa4verify import mods as _mods
             aux = _mods.aux_for(self, mask, arrays)
-            qi = np.arange(self.seqlen_q)[:, None]
-            ki = np.arange(self.seqlen_k)[None, :]
-            keeps = [np.broadcast_to(np.asarray(mask.ref(b, 0, qi, ki, aux), bool), (self.seqlen_q, self.seqlen_k))
-                     for b in range(self.batch)]
+            keeps = [np.broadcast_to(np.asarray(mask.ref(b, int(head), np.arange(lq)[:, None], np.arange(lk)[None, :],
+                                                         aux), bool), (lq, lk))
+                     for b, (_, lq, _, lk) in enumerate(self._seq_bounds())]
             if self.call is not None and self.call.block_size is not None:    # Note [Partial blocks]
                 keeps = [self.call.keep_mask(self.seqlen_q, self.seqlen_k, inner=m) for m in keeps]
             return keeps
@@ -261,11 +283,13 @@ class AttentionProblem:
         """Boolean array in FA4's LSE layout: ``(batch, nheads, seqlen_q)`` dense, ``(nheads,
         total_q)`` varlen; True where a query row attends to no key (so O = 0 and, without a
         sink, LSE = -inf)."""
-        rows = [~m.any(axis=1) for m in self.keep_masks()]
+        per = []
+        for h in (range(self.nheads) if self.heads_differ else (0,)):
+            rows = [~m.any(axis=1) for m in self.keep_masks(head=h)]
+            per.append((np.concatenate(rows) if rows else np.zeros(0, bool)) if self.varlen else np.stack(rows))
         if self.varlen:
-            flat = np.concatenate(rows) if rows else np.zeros(0, bool)
-            return np.broadcast_to(flat[None, :], (self.nheads, flat.size)).copy()
-        return np.broadcast_to(np.stack(rows)[:, None, :], (self.batch, self.nheads, self.seqlen_q)).copy()
+            return np.broadcast_to(np.stack(per), (self.nheads, per[0].size)).copy()
+        return np.broadcast_to(np.stack(per, axis=1), (self.batch, self.nheads, self.seqlen_q)).copy()
 
     # ------------------------------------------------------------------ arrays
     def shapes(self) -> dict[str, tuple[int, ...]]:
