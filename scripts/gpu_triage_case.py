@@ -72,6 +72,16 @@ def variants(p, head_dims=(64, 128), page_sizes=(8, 32, 64, 128)) -> list[tuple[
         out.append(("window (64, 0)", lambda: R(p, window_size=(64, 0))))
     if p.nheads > 1:
         out.append(("nheads 1", lambda: R(p, nheads=1, nheads_kv=1)))
+    if p.softcap:
+        out.append(("softcap off", lambda: R(p, softcap=0.0)))
+    if c.pack_gqa is not None:
+        out.append(("pack_gqa default", lambda: R(p, call=R(c, pack_gqa=None))))
+    if c.block_size is not None:
+        out.append(("block sparsity off", lambda: R(p, call=R(c, block_size=None, block_seed=None))))
+        out.append(("block_keep 1.0", lambda: R(p, call=R(c, block_keep=1.0))))
+    if p.values.distribution != "normal":
+        from fa4verify.problem import ValueSpec
+        out.append(("values normal", lambda: R(p, values=ValueSpec("normal", p.values.seed))))
     out.append(("values seed +1", lambda: R(p, values=R(p.values, seed=p.values.seed + 1))))
     return out
 
