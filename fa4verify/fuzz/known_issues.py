@@ -232,6 +232,51 @@ def _sm90_paged_tile144_fwd(problem: AttentionProblem, a: Mapping[str, Any], v: 
         ("fwd_budget", "out"), ("fwd_budget", "lse"), ("paged_kv_bitwise", "out"), ("paged_kv_bitwise", "lse"))
 
 
+#: the tile_n FA4's forward kernels build their varlen ``SeqlenInfoQK`` with: flash_fwd_sm90.py
+#: (and flash_fwd_sm100.py) call ``SeqlenInfoQK.create`` without ``tile_n`` ("Don't need to pass in
+#: tile_mn because we won't access offset_padded"), so seqlen_info.py's default 128 sets
+#: ``num_n_blocks``, the stride of a Q block's KV-block list under varlen block sparsity
+#: (block_sparse_utils.py ``_get_curr_blocksparse_tensors_varlen``); flash-attn-4 4.0.0b36
+SEQLEN_INFO_TILE_N = 128
+
+
+def varlen_sparse_misread_tokens(problem: AttentionProblem) -> np.ndarray:
+    """Boolean per packed query token: rows whose Q block reads another block's KV list in FA4's
+    varlen block-sparse forward (finding ``sm90_varlen_sparse_kv_stride``): every Q block but the
+    first of a sequence whose KV-block count at the kernel's tile_n (the forward tile fitted to the
+    sparse KV block: interface.py ``_fit_sm90_fwd_tile_to_block_sparsity``) differs from the count
+    at :data:`SEQLEN_INFO_TILE_N`. All False for other problems."""
+    call = problem.call
+    tq = sum(lq for _, lq, _, _ in _token_bounds(problem))
+    out = np.zeros(tq, bool)
+    if not problem.varlen or call is None or call.block_size is None or call.batched_layout:
+        return out
+    bq, bk = (int(x) for x in call.block_size)
+    tile_n = _fwd_tile_n(problem)
+    if problem.arch == "sm90" and bk < tile_n and bk % 16 == 0:
+        tile_n = bk
+    for q0, lq, _k0, lk in _token_bounds(problem):
+        if -(-lk // tile_n) != -(-lk // SEQLEN_INFO_TILE_N) and lq > bq:
+            out[q0 + bq:q0 + lq] = True
+    return out
+
+
+def _sm90_varlen_sparse_kv_stride(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True for a forward violation of the varlen block-sparse finding: every offending O / LSE
+    element lies in a row :func:`varlen_sparse_misread_tokens` names."""
+    q = str(v.metrics.get("quantity", ""))
+    if problem.arch != "sm90" or (v.prop, q) not in (("fwd_budget", "out"), ("fwd_budget", "lse"),
+                                                     ("finite", "out"), ("finite", "lse")):
+        return False
+    bad = varlen_sparse_misread_tokens(problem)
+    idx = v.over_indices
+    if not bad.any() or idx is None or not len(idx):
+        return False
+    idx = np.asarray(idx)
+    tok = idx[:, 1] if q == "lse" else idx[:, 0]      # LSE layout (h, t); O layout (t, h, d)
+    return bool((tok < bad.size).all() and bad[tok].all())
+
+
 def _sm90_block_sparse_bwd_no_build(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """True for a failed build of FA4's SM90 block-sparse backward at a head dim in (192, 256)
     that is not a multiple of 64 (the fuzz does not call it there: the DSL usually aborts the
@@ -374,6 +419,22 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "unpaged, at page size 144, causal, with a window, and at hd 64 / 112 / 128 paged (FA4 refuses paged "
         "KV at hd 72 and 88: 'irregular head dim')",
         _sm90_paged_tile144_fwd, targets=("production",)),
+    KnownIssue(
+        "sm90_varlen_sparse_kv_stride",
+        "SM90 varlen block-sparse forward with a KV tile below 128 (a 96-key sparse block, e.g. head dim "
+        "192): each Q block but a sequence's first reads its KV-block list at m * ceil(seqlen_k / 128) "
+        "instead of m * ceil(seqlen_k / tile_n), so its rows attend another block's list (padding entries "
+        "included: block 0 again) and O is wrong at O(1) (sign flips)",
+        "flash-attn-4 4.0.0b36: flash_fwd_sm90.py builds SeqlenInfoQK without tile_n (seqlen_info.py "
+        "default 128 -> num_n_blocks), read as the per-Q-block stride by block_sparse_utils.py "
+        "_get_curr_blocksparse_tensors_varlen, while cu_block_idx_offsets (FA4's own "
+        "compute_block_sparsity too) count blocks of the fitted tile_n. Found by coverage.production and "
+        "CONFIRMED measured on NVIDIA H200 (sm_90), 2026-12-04: triage (docs/results/h200/triage_5c59db7/) "
+        "fails as recorded, without the sink or softcap, at normal values, hd 64/128, one head, pack_gqa "
+        "default, every sequence with more than one Q block; passes without block sparsity and for the "
+        "one-Q-block sequence; the kernel's O equals, to 3-4 digits, the float64 model of that stride "
+        "(scripts/varlen_sparse_stride_model.py)",
+        _sm90_varlen_sparse_kv_stride, targets=("production",)),
     KnownIssue(
         "sm90_block_sparse_bwd_no_build",
         "SM90 block-sparse backward does not build at head dims 200/208/224/232/240 (the CuTe DSL "
