@@ -88,6 +88,15 @@ class Target:
         through the LSE]) cannot run for ``problem``, or None."""
         return f"the {self.name} target takes no gradient through the LSE"
 
+    def autograd_unsupported(self, problem: AttentionProblem) -> Optional[str]:
+        """Why :meth:`backward_autograd` (the public autograd path, Note [The public autograd
+        path]) cannot run for ``problem``, or None."""
+        return f"the {self.name} target has no public autograd path"
+
+    def backward_autograd(self, problem: AttentionProblem, a: Mapping[str, Any], *, deterministic: bool = True,
+                          dlse: Optional[np.ndarray] = None) -> Bwd:
+        raise Unsupported(self.autograd_unsupported(problem) or "no public autograd path")
+
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         raise NotImplementedError
 
@@ -626,6 +635,41 @@ class ProductionTarget(Target):
         if "dlse" in facts.sm100_hd256_lacks(problem.arch, problem.head_dim, problem.head_dim_v, "bwd"):
             return facts.sm100_hd256_refusal("bwd", {"dlse"})
         return None
+
+    def autograd_unsupported(self, problem: AttentionProblem) -> Optional[str]:
+        if self.fake:
+            return "compile-only: the public autograd path compiles the kernels the driver calls"
+        if problem.call is not None:
+            return "the public autograd path is run on calls without a call form"
+        return self.dlse_unsupported(problem)
+
+    def backward_autograd(self, problem: AttentionProblem, a: Mapping[str, Any], *, deterministic: bool = True,
+                          dlse: Optional[np.ndarray] = None) -> Bwd:
+        """Note [The public autograd path]
+        -----------------------------------
+        Training code reaches FA4's backward through ``FlashAttnFunc.backward`` /
+        ``FlashAttnVarlenFunc.backward``, which rebuild ``_flash_attn_bwd``'s arguments from what
+        the forward saved on ``ctx`` (softcap, window, scale, the mods, ``dlse`` when the LSE is
+        returned). The judge's backward calls that driver directly (its taps and NaN-filled
+        buffers need it), so a fault in the autograd glue -- a ``ctx`` field dropped or swapped --
+        reached no check. This runs the public path (``flash_attn_func`` /
+        ``flash_attn_varlen_func`` with ``return_lse=True``, then autograd of ``(out, lse)``
+        with ``(dout, dlse)``) on calls without a call form; ``bwd_stages`` judges its gradients
+        with the driver's budgets and, with ``dlse`` and ``deterministic``, requires them bitwise
+        equal to the driver's (:func:`fa4verify.fuzz.properties._judge_autograd`)."""
+        if (why := self.autograd_unsupported(problem)) is not None:
+            raise Unsupported(why)
+        dt = problem.dtype
+        kw = self._kw(problem, a)
+        if problem.sink and a.get("learnable_sink") is None:
+            raise Unsupported("a sink problem without its learnable_sink array")
+        with self._mode(), self._emulation():
+            q, k, v = self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt)
+            dl = None if dlse is None else self._t(np.ascontiguousarray(dlse, np.float32), None)
+            r = self._call(self._ad.forward_backward_autograd, q, k, v, self._t(a["dout"], dt), dlse=dl,
+                           deterministic=deterministic, **kw)
+        dq, dk, dv = self._np(r[2]), self._np(r[3]), self._np(r[4])
+        return Bwd(dq, dk, dv, self._np(r[5]))
 
     def _poisoned(self, q, k, v) -> dict[str, Any]:
         """Note [Poisoned gradients]: FA4's dQ, dK and dV buffers, allocated here as FA4 would

@@ -1191,19 +1191,36 @@ def timing_callable(q, k, v, **kw):
     return run
 
 
-def forward_backward_autograd(q, k, v, dout, **kw):
-    """Forward and backward through FA4's public autograd path (``flash_attn_func(...,
-    deterministic=...)`` then ``out.backward(dout)``); used to cross-check that
-    :func:`backward` (the private driver with output buffers) equals the public path bitwise.
+def forward_backward_autograd(q, k, v, dout, *, dlse=None, learnable_sink=None, cu_seqlens_q=None,
+                              cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
+                              max_seqlen_k: Optional[int] = None, **kw):
+    """Forward and backward through FA4's public autograd path, what training code runs:
+    ``flash_attn_func`` (``flash_attn_varlen_func`` with ``cu_seqlens_q`` / ``cu_seqlens_k``) with
+    ``return_lse=True``, then ``torch.autograd.backward`` of ``(out, lse)`` with ``(dout, dlse)``
+    (``dlse`` None: the loss reads O only). ``kw``: the public functions' keywords (softmax_scale,
+    causal, window_size, softcap, deterministic, pack_gqa, score_mod, score_mod_bwd, mask_mod,
+    aux_tensors, aux_scalars). The inputs are detached copies; a ``learnable_sink`` gets a gradient.
 
-    Returns ``(out, lse, dq, dk, dv)``.
+    Returns ``(out, lse, dq, dk, dv, dsink)`` (dsink None without a sink).
     """
     _require_cuda()
-    from flash_attn.cute import flash_attn_func
+    import torch
     qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    out, lse = flash_attn_func(qq, kk, vv, **kw)
-    out.backward(dout)
-    return out.detach(), (lse.detach() if lse is not None else None), qq.grad, kk.grad, vv.grad
+    sink = _release_sink(learnable_sink)
+    sink = None if sink is None else sink.detach().clone().requires_grad_(True)
+    if kw.get("aux_scalars"):
+        kw["aux_scalars"] = _fa4_scalars(kw["aux_scalars"])
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        out, lse = _call_fa4(_fa4_fn("flash_attn_varlen_func"), qq, kk, vv, cu_seqlens_q=cu_seqlens_q,
+                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                             learnable_sink=sink, return_lse=True, **kw)
+    else:
+        out, lse = _call_fa4(_fa4_fn("flash_attn_func"), qq, kk, vv, learnable_sink=sink, return_lse=True, **kw)
+    if dlse is None:
+        out.backward(dout)
+    else:
+        torch.autograd.backward([out, lse], [dout, dlse])
+    return (out.detach(), lse.detach(), qq.grad, kk.grad, vv.grad, None if sink is None else sink.grad)
 
 
 def upstream_reference(q, k, v, *, causal: bool = False, window_size: tuple = (None, None),

@@ -218,6 +218,24 @@ def varlen_batch_search_threshold() -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+#: the L2 budget of FA4's LPT tile schedulers in 4.0.0b36 (``tile_scheduler.py``: ``size_l2 = 50 *
+#: 1024 * 1024``), used without FA4
+LPT_L2_BYTES_PINNED = 50 * 1024 * 1024
+
+
+def lpt_l2_bytes() -> int:
+    """The bytes of K and V FA4's ``SingleTileLPTScheduler`` (the SM90 dense causal forward's)
+    assumes fit in L2: it groups ``2^floor(log2(size_l2 / (seqlen_k (hd + hdv) elem)))`` (batch,
+    head) pairs per L2 section and maps the last, partial section apart. Read from the installed
+    release's ``tile_scheduler.py`` (the first ``size_l2 = A * B * C``); the pinned value without FA4."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return LPT_L2_BYTES_PINNED
+    m = re.search(r"size_l2\s*=\s*(\d+)\s*\*\s*(\d+)\s*\*\s*(\d+)", _source_text(str(d / "tile_scheduler.py")))
+    return int(m.group(1)) * int(m.group(2)) * int(m.group(3)) if m else LPT_L2_BYTES_PINNED
+
+
 def bwd_k_lookup_unguarded(source: str) -> bool:
     """Whether ``_flash_attn_bwd``'s source (``interface.py`` text) builds the K side's varlen batch
     lookup (``cu_total_m_blocks_k = _compute_tile_cumsum(cu_seqlens=cu_seqlens_k, seqused=seqused_k,

@@ -21,7 +21,7 @@ def test_each_edge_is_the_path_it_names():
     assert back == {"empty_keys": True, "empty_keys_sink": True, "empty_queries": True, "negative_window": True,
                     "sparse_q64": False, "packed_causal_block_end": True, "bwd_window_left_mblock": True,
                     "varlen_head_sections": True, "score_bwd_indices": True, "head_mask_packgqa": True,
-                    "varlen_score_aux_wrap": True}
+                    "varlen_score_aux_wrap": True, "varlen_batch_groups": True, "causal_l2_sections": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -61,6 +61,15 @@ def test_each_edge_is_the_path_it_names():
     assert p.varlen and pair.kind == "score" and pair.aux is not None
     assert any(q > k for q, k in zip(p.seqlens_q, p.seqlens_k)) and any(q < k for q, k in zip(p.seqlens_q, p.seqlens_k))
     assert 0 in p.seqlens_q
+    # the varlen scheduler's batch search in three warp-scan groups (31 sequences each), under
+    # FA4's batch-lookup threshold
+    p = got["varlen_batch_groups"]
+    assert p.varlen and 62 < p.batch < facts.varlen_batch_search_threshold()
+    # FA4's LPT scheduler: its L2 section holds 2 of the 3 heads' K/V (one full section + a residual)
+    p = got["causal_l2_sections"]
+    per_head = p.seqlen_k * (p.head_dim + p.head_dim_v) * 2
+    swizzle = 1 << (facts.lpt_l2_bytes() // per_head).bit_length() - 1
+    assert p.causal and not p.varlen and swizzle == 2 and p.batch * p.nheads == 3
     # SM100 has no sparse_q64 (its tile does not shrink to the Q block) nor the SM90 tile edges
     assert "sparse_q64" not in {n for n, _p, _b in cases.edge_problems(space_for("sm100", "bf16"))}
 

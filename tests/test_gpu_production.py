@@ -175,7 +175,7 @@ def test_gpu_adapter_backward_equals_public_autograd_path_bitwise():
     g = torch.Generator(device="cuda").manual_seed(9)
     q, k, v, do = (torch.randn(2, 384, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
                    for _ in range(4))
-    out, lse, dq, dk, dv = adapter.forward_backward_autograd(q, k, v, do, causal=True, deterministic=True)
+    out, lse, dq, dk, dv, _ = adapter.forward_backward_autograd(q, k, v, do, causal=True, deterministic=True)
     f = adapter.forward(q, k, v, causal=True)
     assert torch.equal(f.out, out)
     # caller-provided buffers: NaN-prefilled views into larger allocations

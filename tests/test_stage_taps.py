@@ -207,3 +207,47 @@ def test_bwd_stages_runs_the_dlse_pass_on_a_target_that_takes_it(sign):
     else:
         with pytest.raises(Violation, match="D_dlse"):
             check_problem(p, DlseTwin(), properties=["bwd_budget", "bwd_stages"])
+
+
+@pytest.mark.parametrize("fault", [None, "scaled_dq", "dlse_dropped"])
+def test_bwd_stages_judges_the_public_autograd_path(fault):
+    """Note [The public autograd path]: a target with one gets its autograd gradients judged within
+    the driver's budgets (a 10 % dQ error fails, named as the autograd path's), and with ``dlse``
+    on a deterministic backward, bitwise against the driver's (a dropped dlse fails)."""
+    from fa4verify.fuzz import TwinTarget, Violation, check_problem
+    from fa4verify.problem import AttentionProblem, ValueSpec
+    calls = []
+
+    class AutogradTwin(TwinTarget):
+        def dlse_unsupported(self, problem):
+            return None
+
+        def autograd_unsupported(self, problem):
+            return None
+
+        def backward(self, problem, a, fwd, *, deterministic=True, taps=None, dlse=None):
+            r = super().backward(problem, a, fwd, deterministic=deterministic, taps=taps)
+            if dlse is not None:       # the driver applies dLSE: here a marker in dQ
+                taps["dpsum"] = (np.asarray(taps["dpsum"], np.float64)[..., :problem.seqlen_q]
+                                 - np.asarray(dlse, np.float64)).astype(np.float32)
+                r = type(r)(np.nextafter(r.dq, np.inf), r.dk, r.dv, r.dsink)
+            return r
+
+        def backward_autograd(self, problem, a, *, deterministic=True, dlse=None):
+            calls.append(dlse is not None)
+            fwd = self.forward(problem, a)
+            r = TwinTarget.backward(self, problem, a, fwd, deterministic=deterministic)
+            dq = r.dq
+            if fault == "scaled_dq" and dlse is None:
+                dq = dq * 1.1
+            if dlse is not None and fault != "dlse_dropped":
+                dq = np.nextafter(dq, np.inf)
+            return type(r)(dq, r.dk, r.dv, r.dsink)
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=70, seqlen_k=90, nheads=2, nheads_kv=2,
+                         head_dim=64, head_dim_v=64, causal=True, values=ValueSpec("normal", 5))
+    if fault is None:
+        check_problem(p, AutogradTwin(), properties=["bwd_budget", "bwd_stages"])
+        assert calls == [False, True]
+    else:
+        with pytest.raises(Violation, match="public autograd path" if fault == "scaled_dq" else "differs bitwise"):
+            check_problem(p, AutogradTwin(), properties=["bwd_budget", "bwd_stages"])

@@ -324,6 +324,13 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       call with 4 query heads per KV head, two KV heads, rows past every head's span: FA4 must
       rebuild the logical query head of each packed row (``mask.py``, ``head_idx *
       qhead_per_kvhead + head_offset``) before it calls the mask_mod (Note [Masks by head]);
+    * ``varlen_batch_groups``: a causal varlen call with 70 sequences, fewer than FA4's batch-search
+      threshold and more than two of the varlen scheduler's warp-scan groups (31 sequences each,
+      ``tile_scheduler.py``): the group stride of that search;
+    * ``causal_l2_sections`` (SM90): a dense causal call whose K/V per head fill a third of FA4's
+      LPT L2 budget (:func:`fa4verify.kernels.facts.lpt_l2_bytes`), so its 3 heads make a full L2
+      section of 2 and a residual one: ``SingleTileLPTScheduler``'s section arithmetic (the plan's
+      short rows all fit one section);
     * ``varlen_score_aux_wrap``: a score pair that reads aux tensors at the query position
       (``rel_bias``, else ``alibi``) on a varlen call whose sequences have more queries than keys
       and more keys than queries (and an empty one): with aux tensors FA4 wraps the indices it
@@ -372,8 +379,37 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
             call=CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),
                           block_keep=0.6), **base), False))
     out += _mod_edges(space, vals)
+    out += _scheduler_edges(space, vals)
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
+    return out
+
+
+def _scheduler_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
+    """The tile-scheduler edges of :func:`edge_problems` (free head counts and lengths only)."""
+    from fa4verify.problem import AttentionProblem
+    out: list[tuple[str, Any, bool]] = []
+    if space.lengths or space.heads or "causal" not in space.values["mask"] or "1" not in space.values["gqa"]:
+        return out
+    name = next((n for n in space.values["hd"] if space.hd[n] == (128, 128)), next(iter(space.values["hd"])))
+    hd, hdv = space.hd[name]
+    base = dict(arch=space.arch, dtype=space.dtype, head_dim=hd, head_dim_v=hdv, causal=True)
+
+    def runs_bwd(form: str) -> bool:
+        return space.no_backward({"form": form, "hd": name, "gqa": "1", "mask": "causal", "sink": "off"}) is None
+    thresh = facts.varlen_batch_search_threshold()
+    if "varlen" in space.values["form"] and (thresh is None or thresh >= 70):
+        n = 70
+        sqs = tuple(1 + (i * 5) % 9 for i in range(n))
+        sks = tuple(1 + (i * 7) % 13 for i in range(n))
+        out.append(("varlen_batch_groups", AttentionProblem(
+            batch=n, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=2, nheads_kv=2,
+            values=vals(), **base), runs_bwd("varlen")))
+    if space.arch == "sm90" and "dense" in space.values["form"]:
+        elem = 1 if space.dtype == "fp8" else 2
+        sk = facts.lpt_l2_bytes() // (3 * (hd + hdv) * elem)     # L2 holds 3 heads: sections of 2
+        out.append(("causal_l2_sections", AttentionProblem(
+            batch=1, seqlen_q=16, seqlen_k=sk, nheads=3, nheads_kv=3, values=vals(), **base), runs_bwd("dense")))
     return out
 
 

@@ -53,7 +53,11 @@ Properties (:data:`PROPERTIES`)
     uses the LSE hand FA4: ring / context-parallel merges, z-loss); FA4 applies it in one place,
     the preprocess's ``D' = D - dLSE``, which the main kernel then reads as D, so the tapped D' is
     judged (stage ``d_pre_dlse``). Dense calls only, like the taps, and only those a call form
-    does not rearrange (the LSE the call returns is then the problem's).
+    does not rearrange (the LSE the call returns is then the problem's). Note [The public autograd
+    path] (fa4verify/targets.py): on calls without a call form the backward also runs through
+    FA4's ``flash_attn_func`` / ``flash_attn_varlen_func`` autograd; its dQ/dK/dV are judged within
+    the driver's budgets and, given the same ``dlse`` and deterministic, must equal the driver's
+    bit for bit.
 ``paged_kv_bitwise``
     Paged-KV problems (a ``page_table`` call form, drawn page permutation): O and LSE are bitwise
     those of the same problem called with contiguous batched K/V and ``seqused_k`` (a page table
@@ -483,8 +487,11 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                             metrics["tightness_dsink"] = _judge_dsink(problem, a, fwd, g, stats, undecided)
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
+                            g_dl = dl = None
                             if target.dlse_unsupported(problem) is None:
-                                _judge_dlse(problem, a, fwd, target, deterministic, metrics, undecided)
+                                dl, g_dl = _judge_dlse(problem, a, fwd, target, deterministic, metrics, undecided)
+                            if target.autograd_unsupported(problem) is None:
+                                _judge_autograd(problem, a, target, deterministic, obwd, allow, stats, dl, g_dl)
             elif taps is not None:
                 skipped["bwd_stages"] = skipped.get("bwd_budget", "no oracle backward")
             if "deterministic_bwd" in props and target.deterministic_by_construction:
@@ -546,10 +553,42 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
     rng = np.random.default_rng([int(problem.values.seed), 0xD15E])
     dl = (rng.standard_normal(np.shape(fwd.lse)) * 0.5).astype(np.float32)
     taps: dict = {}
-    _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, taps=taps, dlse=dl)
+    g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, taps=taps, dlse=dl)
     with np.errstate(invalid="ignore", over="ignore"):
         v = judge_dlse_tap(problem, a, fwd.out, taps.get("dpsum"), dl, budgets=_budget(problem))
     _stage_verdict(problem, "D_dlse", v, metrics, undecided)
+    return dl, g
+
+
+def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], target: Any, deterministic: bool, obwd: Any,
+                    allow: Mapping[str, np.ndarray], stats: Any, dl: Optional[np.ndarray], g_dl: Any) -> None:
+    """Part of ``bwd_stages`` (Note [The public autograd path] in fa4verify/targets.py): the
+    gradients of FA4's public autograd path within the driver's budgets (the same kernels: a
+    violation is reported, and explained by a known FA4 issue, as the driver's would be); with a
+    gradient through the LSE and ``deterministic``, bitwise equal to the driver's given the same
+    ``dlse`` (a difference is the autograd glue's: the kernels are deterministic there)."""
+    ga = _run_target(problem, target.backward_autograd, problem, a, deterministic=deterministic)
+    tmp: dict[str, str] = {}
+    for n in ("dq", "dk", "dv"):
+        try:
+            _compare("bwd_budget", n, getattr(ga, n), getattr(obwd, n), getattr(obwd, f"{n}_bound"), allow[n],
+                     problem, tmp, ftz_floor=stats.ftz_floor[n], blind_above=stats.bwd_blind_above[n])
+        except Violation as e:
+            e.message = "the public autograd path's " + e.message
+            e.args = (f"[{e.prop}] {e.message}",)
+            raise
+    if not (deterministic and dl is not None and g_dl is not None):
+        return
+    gd = _run_target(problem, target.backward_autograd, problem, a, deterministic=True, dlse=dl)
+    for n in ("dq", "dk", "dv"):
+        x, y = getattr(gd, n), getattr(g_dl, n)
+        if not np.array_equal(x, y, equal_nan=True):
+            d = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y)))))
+            viol = Violation("deterministic_bwd", f"{n} of the public autograd path with a gradient through the LSE "
+                                                  f"differs bitwise from the driver's with the same dlse in {d} "
+                                                  f"element(s) (both deterministic) | case: {problem.describe()}",
+                             {"quantity": n, "autograd_dlse_differs": d})
+            _fail(viol)
 
 
 def _unseen_keys(problem: AttentionProblem) -> np.ndarray:

@@ -424,6 +424,96 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "                    spin_clock = cute.arch.clock64()\n\n"
               "            recompute_fastdiv_mods_q = const_expr(\n"),),
         "bwd", (), hang=True),
+    # Eight more from a second red-team reading (2026-12-04, ninth session), each in a path no
+    # plan row, edge or check reached: seqused_k with cu_seqlens_k, the LPT scheduler's L2
+    # sections, the varlen scheduler's warp-scan batch groups, the public autograd backward
+    # (softcap, dLSE), per-batch block-sparse lists, the varlen combine, paged KV without seqused_k.
+    SourceMutant(
+        "seqused_k_ignored_with_cu_seqlens_k",
+        "SeqlenInfoQK: when cu_seqlens_k and seqused_k are both given, seqused_k is ignored and each "
+        "sequence's seqlen_k is its full cu_seqlens_k length (precedence inverted)",
+        (Edit("seqlen_info.py",
+              "        if const_expr(mSeqUsedK is not None):\n"
+              "            seqlen_k = mSeqUsedK[batch_idx]\n",
+              "        if const_expr(mSeqUsedK is not None and mCuSeqlensK is None):\n"
+              "            seqlen_k = mSeqUsedK[batch_idx]\n"),),
+        "both", ("out", "lse", "dq", "dk", "dv")),
+    SourceMutant(
+        "fwd_lpt_l2_section_stride_dropped",
+        "SM90 dense causal forward (SingleTileLPTScheduler): the L2 section index is not scaled by the "
+        "section size (bidhb + residual instead of bidhb * swizzle + residual), so once batch*heads >= "
+        "the swizzle some (batch, head) tiles run twice and others never",
+        (Edit("tile_scheduler.py",
+              "        bidhb_actual = bidhb * params.l2_minor + bidhb_residual\n"
+              "        batch_idx, head_idx = divmod(bidhb_actual, params.num_head_divmod)\n"
+              "        # Longest-processing-time-first\n",
+              "        bidhb_actual = bidhb + bidhb_residual\n"
+              "        batch_idx, head_idx = divmod(bidhb_actual, params.num_head_divmod)\n"
+              "        # Longest-processing-time-first\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "varlen_scheduler_group_stride_off_by_one",
+        "varlen tile scheduler (warp-scan batch search, <= 256 sequences): the next group of batches "
+        "starts WARP_SIZE instead of WARP_SIZE - 1 later, so sequence 31 (62, ...) is never scheduled",
+        (Edit("tile_scheduler.py",
+              "                batch_idx += cute.arch.WARP_SIZE - 1\n",
+              "                batch_idx += cute.arch.WARP_SIZE\n"),),
+        "both", ("out", "lse", "D", "dq_accum", "dq", "dk", "dv")),
+    SourceMutant(
+        "autograd_bwd_softcap_dropped",
+        "flash_attn_func autograd backward (FlashAttnFunc.backward) calls _flash_attn_bwd with softcap "
+        "0.0 instead of ctx.softcap (the backward recomputes P without the tanh cap)",
+        (Edit("interface.py",
+              "                ctx.causal,\n"
+              "                ctx.softcap,\n"
+              "                window_size_left=ctx.window_size[0],\n"
+              "                window_size_right=ctx.window_size[1],\n"
+              "                deterministic=ctx.deterministic,\n",
+              "                ctx.causal,\n"
+              "                0.0,\n"
+              "                window_size_left=ctx.window_size[0],\n"
+              "                window_size_right=ctx.window_size[1],\n"
+              "                deterministic=ctx.deterministic,\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "autograd_varlen_bwd_dlse_dropped",
+        "flash_attn_varlen_func autograd backward (FlashAttnVarlenFunc.backward) does not forward dlse "
+        "to _flash_attn_bwd: the gradient through the returned LSE (return_lse=True) is lost",
+        (Edit("interface.py",
+              "                aux_scalars=ctx.aux_scalars,\n"
+              "                mask_mod=ctx.mask_mod,\n"
+              "                dlse=dlse,\n",
+              "                aux_scalars=ctx.aux_scalars,\n"
+              "                mask_mod=ctx.mask_mod,\n"),),
+        "bwd", ("dq", "dk")),
+    SourceMutant(
+        "block_sparse_fwd_batch_index_dropped",
+        "block-sparse forward (fixed-length): every batch entry reads batch 0's mask/full block lists "
+        "(per-batch block masks collapse to the first sample's)",
+        (Edit("block_sparse_utils.py",
+              "    return _get_curr_blocksparse_tensors(batch_idx, head_idx, m_block, blocksparse_tensors)\n",
+              "    return _get_curr_blocksparse_tensors(Int32(0), head_idx, m_block, blocksparse_tensors)\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "combine_varlen_out_offset_dropped",
+        "flash_attn_combine with cu_seqlens: the merged O of every sequence is written from row 0 "
+        "(cu_seqlens offset dropped in the output store)",
+        (Edit("flash_fwd_combine.py",
+              "                    mO_cur = cute.domain_offset((offset, 0, 0), mO)\n",
+              "                    mO_cur = mO\n"),),
+        "fwd", ("out",)),
+    SourceMutant(
+        "paged_seqlen_k_static_page_size",
+        "SM90 paged-KV forward without seqused_k: the static seqlen_k is the page size instead of "
+        "page_size * pages_per_seq (only each sequence's first page is attended)",
+        (Edit("flash_fwd_sm90.py",
+              "            seqlen_k_static=mK.shape[0]\n"
+              "            if const_expr(mPageTable is None)\n"
+              "            else mK.shape[0] * mPageTable.shape[1],\n"
+              "            mCuSeqlensQ=mCuSeqlensQ,\n",
+              "            seqlen_k_static=mK.shape[0],\n"
+              "            mCuSeqlensQ=mCuSeqlensQ,\n"),),
+        "fwd", ("out", "lse")),
 )
 
 
