@@ -428,7 +428,7 @@ class ProductionTarget(Target):
             from fa4verify import call_layout
             c = call_layout.call_arrays(problem, a)
             for n in ("seqused_k", "seqused_q", "page_table"):
-                if c[n] is not None:
+                if c[n] is not None and not (n == "seqused_k" and call.full_pages):
                     kw[n] = self._t(c[n], None)
             if c["cu_seqlens_q"] is not None:
                 kw.update(cu_seqlens_q=self._t(c["cu_seqlens_q"], None), max_seqlen_q=c["max_seqlen_q"])

@@ -52,7 +52,7 @@ def variants(p, head_dims=(64, 128), page_sizes=(8, 32, 64, 128)) -> list[tuple[
         out.append(("page_seed +1", lambda: R(p, call=R(c, page_seed=(c.page_seed or 0) + 1))))
         out.append(("identity pages (page_seed None)", lambda: R(p, call=R(c, page_seed=None))))
         out.append(("not paged (seqused_k only)", lambda: R(p, call=R(c, page_size=None, page_seed=None,
-                                                                       spare_pages=0))))
+                                                                       spare_pages=0, full_pages=False))))
     if c.seqused_k and not c.paged:
         out.append(("seqused_k off (cu_seqlens_k)", lambda: R(p, call=R(c, seqused_k=False))))
     if p.seqlens_q is not None and len(set(p.seqlens_q)) > 1 and not c.q_batched:

@@ -21,7 +21,8 @@ def test_each_edge_is_the_path_it_names():
     assert back == {"empty_keys": True, "empty_keys_sink": True, "empty_queries": True, "negative_window": True,
                     "sparse_q64": False, "packed_causal_block_end": True, "bwd_window_left_mblock": True,
                     "varlen_head_sections": True, "score_bwd_indices": True, "head_mask_packgqa": True,
-                    "varlen_score_aux_wrap": True, "varlen_batch_groups": True, "causal_l2_sections": True}
+                    "varlen_score_aux_wrap": True, "varlen_batch_groups": True, "causal_l2_sections": True,
+                    "paged_full_pages": False}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -70,6 +71,9 @@ def test_each_edge_is_the_path_it_names():
     per_head = p.seqlen_k * (p.head_dim + p.head_dim_v) * 2
     swizzle = 1 << (facts.lpt_l2_bytes() // per_head).bit_length() - 1
     assert p.causal and not p.varlen and swizzle == 2 and p.batch * p.nheads == 3
+    # paged KV without seqused_k: every sequence fills its pages (FA4 reads the table's width)
+    p = got["paged_full_pages"]
+    assert p.call.full_pages and p.call.paged and set(p.seqlens_k) == {p.call.kv_capacity}
     # SM100 has no sparse_q64 (its tile does not shrink to the Q block) nor the SM90 tile edges
     assert "sparse_q64" not in {n for n, _p, _b in cases.edge_problems(space_for("sm100", "bf16"))}
 

@@ -331,6 +331,9 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       LPT L2 budget (:func:`fa4verify.kernels.facts.lpt_l2_bytes`), so its 3 heads make a full L2
       section of 2 and a residual one: ``SingleTileLPTScheduler``'s section arithmetic (the plan's
       short rows all fit one section);
+    * ``paged_full_pages``: paged KV at page size tile_n whose every sequence fills its pages,
+      called without ``seqused_k`` (``CallForm.full_pages``): FA4 then takes each sequence's
+      length from the page table's width (the plan's paged rows all pass ``seqused_k``);
     * ``varlen_score_aux_wrap``: a score pair that reads aux tensors at the query position
       (``rel_bias``, else ``alibi``) on a varlen call whose sequences have more queries than keys
       and more keys than queries (and an empty one): with aux tensors FA4 wraps the indices it
@@ -397,6 +400,14 @@ def _scheduler_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
 
     def runs_bwd(form: str) -> bool:
         return space.no_backward({"form": form, "hd": name, "gqa": "1", "mask": "causal", "sink": "off"}) is None
+    if "paged_tile" in space.values["form"]:
+        from fa4verify.problem import CallForm
+        tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, True, False)[1]
+        sqs, cap = (37, 2 * tn + 5), 2 * tn
+        out.append(("paged_full_pages", AttentionProblem(
+            batch=2, seqlens_q=sqs, seqlens_k=(cap, cap), seqlen_q=max(sqs), seqlen_k=cap, nheads=2, nheads_kv=2,
+            values=vals(), call=CallForm(seqused_k=True, kv_capacity=cap, page_size=tn, page_seed=7, full_pages=True),
+            **base), False))
     thresh = facts.varlen_batch_search_threshold()
     if "varlen" in space.values["form"] and (thresh is None or thresh >= 70):
         n = 70

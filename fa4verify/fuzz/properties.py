@@ -392,7 +392,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
         else:
             ran.append("paged_kv_bitwise")
             contiguous = problem.replace(call=dataclasses.replace(problem.call, page_size=None, page_seed=None,
-                                                                  spare_pages=0, hostile_nan=False))
+                                                                  spare_pages=0, hostile_nan=False, full_pages=False))
             fc = _run_target(problem, target.forward, contiguous, a)
             for n, x, y in (("out", fwd.out, fc.out), ("lse", fwd.lse, fc.lse)):
                 same = (x == y) | (np.isnan(x) & np.isnan(y))

@@ -106,7 +106,7 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 
 
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
-_LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial")
+_LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages")
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,10 @@ class CallForm:
     pack_gqa: Optional[bool] = None
     #: Note [Partial blocks]: the share of kept blocks that are mask blocks (the mask pair inside)
     block_partial: float = 0.0
+    #: paged KV whose every sequence fills its pages: FA4 gets the page table and no ``seqused_k``
+    #: (it then reads ``page_size * pages_per_seq`` keys per sequence, ``flash_fwd_sm90.py``'s
+    #: static ``seqlen_k``)
+    full_pages: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -147,6 +151,8 @@ class CallForm:
             raise ValueError(f"block_partial={self.block_partial} must lie in [0, 1]")
         if self.block_partial and self.block_size is None:
             raise ValueError("block_partial needs block sparsity (block_size)")
+        if self.full_pages and self.page_size is None:
+            raise ValueError("full_pages needs paged KV (page_size)")
 
     @property
     def paged(self) -> bool:
@@ -182,6 +188,9 @@ class CallForm:
                 raise ValueError("q_batched needs seqlen_q >= 1")
             if self.keep_pattern:
                 raise ValueError("block sparsity / mask_mod are not drawn with paged KV or seqused_k")
+            if self.full_pages and (self.kv_capacity % self.page_size
+                                    or any(n != self.kv_capacity for n in problem.seqlens_k)):
+                raise ValueError("full_pages needs every seqlens_k equal to kv_capacity, a multiple of page_size")
         if self.seqused_q:
             if not problem.varlen:
                 raise ValueError("the seqused_q call form needs a varlen problem (seqlens_q = seqused_q)")
@@ -282,6 +291,7 @@ class CallForm:
         if self.paged:
             parts.append(f"paged(P={self.page_size}, perm={'id' if self.page_seed is None else self.page_seed}"
                          f"{', spare=' + str(self.spare_pages) if self.spare_pages else ''}"
+                         f"{', full, no seqused_k' if self.full_pages else ''}"
                          f"{', NaN pool' if self.hostile_nan else ''})")
         elif self.seqused_k:
             parts.append(f"seqused_k(cap={self.kv_capacity})")
