@@ -209,11 +209,13 @@ def test_bwd_stages_runs_the_dlse_pass_on_a_target_that_takes_it(sign):
             check_problem(p, DlseTwin(), properties=["bwd_budget", "bwd_stages"])
 
 
+@pytest.mark.parametrize("varlen", [False, True])
 @pytest.mark.parametrize("fault", [None, "scaled_dq", "dlse_dropped"])
-def test_bwd_stages_judges_the_public_autograd_path(fault):
+def test_bwd_stages_judges_the_public_autograd_path(fault, varlen):
     """Note [The public autograd path]: a target with one gets its autograd gradients judged within
     the driver's budgets (a 10 % dQ error fails, named as the autograd path's), and with ``dlse``
-    on a deterministic backward, bitwise against the driver's (a dropped dlse fails)."""
+    on a deterministic backward, bitwise against the driver's (a dropped dlse fails) -- on a
+    varlen call too, where no stage is tapped (the escape measured on the H200 at 3c1e708)."""
     from fa4verify.fuzz import TwinTarget, Violation, check_problem
     from fa4verify.problem import AttentionProblem, ValueSpec
     calls = []
@@ -228,8 +230,9 @@ def test_bwd_stages_judges_the_public_autograd_path(fault):
         def backward(self, problem, a, fwd, *, deterministic=True, taps=None, dlse=None):
             r = super().backward(problem, a, fwd, deterministic=deterministic, taps=taps)
             if dlse is not None:       # the driver applies dLSE: here a marker in dQ
-                taps["dpsum"] = (np.asarray(taps["dpsum"], np.float64)[..., :problem.seqlen_q]
-                                 - np.asarray(dlse, np.float64)).astype(np.float32)
+                if taps is not None:
+                    taps["dpsum"] = (np.asarray(taps["dpsum"], np.float64)[..., :problem.seqlen_q]
+                                     - np.asarray(dlse, np.float64)).astype(np.float32)
                 r = type(r)(np.nextafter(r.dq, np.inf), r.dk, r.dv, r.dsink)
             return r
 
@@ -245,6 +248,8 @@ def test_bwd_stages_judges_the_public_autograd_path(fault):
             return type(r)(dq, r.dk, r.dv, r.dsink)
     p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=70, seqlen_k=90, nheads=2, nheads_kv=2,
                          head_dim=64, head_dim_v=64, causal=True, values=ValueSpec("normal", 5))
+    if varlen:
+        p = p.replace(batch=2, seqlens_q=(70, 33), seqlens_k=(90, 41))
     if fault is None:
         check_problem(p, AutogradTwin(), properties=["bwd_budget", "bwd_stages"])
         assert calls == [False, True]

@@ -485,13 +485,13 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                                     "(the composed budget is not valid here)", f"({why})")
                         if problem.sink and getattr(g, "dsink", None) is not None:
                             metrics["tightness_dsink"] = _judge_dsink(problem, a, fwd, g, stats, undecided)
+                        g_dl = dl = None
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
-                            g_dl = dl = None
                             if target.dlse_unsupported(problem) is None:
                                 dl, g_dl = _judge_dlse(problem, a, fwd, target, deterministic, metrics, undecided)
-                            if target.autograd_unsupported(problem) is None:
-                                _judge_autograd(problem, a, target, deterministic, obwd, allow, stats, dl, g_dl)
+                        if "bwd_stages" in props and target.autograd_unsupported(problem) is None:
+                            _judge_autograd(problem, a, fwd, target, deterministic, obwd, allow, stats, dl, g_dl)
             elif taps is not None:
                 skipped["bwd_stages"] = skipped.get("bwd_budget", "no oracle backward")
             if "deterministic_bwd" in props and target.deterministic_by_construction:
@@ -550,8 +550,7 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
     seeded ``dlse`` (normal, sd 0.5, fp32; one per row and head), its tapped D' within
     ``d_pre_dlse`` of ``rowsum(dO * O) - dLSE``."""
     from fa4verify.stages.taps import judge_dlse_tap
-    rng = np.random.default_rng([int(problem.values.seed), 0xD15E])
-    dl = (rng.standard_normal(np.shape(fwd.lse)) * 0.5).astype(np.float32)
+    dl = _seeded_dlse(problem, fwd)
     taps: dict = {}
     g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, taps=taps, dlse=dl)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -560,13 +559,22 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
     return dl, g
 
 
-def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], target: Any, deterministic: bool, obwd: Any,
-                    allow: Mapping[str, np.ndarray], stats: Any, dl: Optional[np.ndarray], g_dl: Any) -> None:
-    """Part of ``bwd_stages`` (Note [The public autograd path] in fa4verify/targets.py): the
-    gradients of FA4's public autograd path within the driver's budgets (the same kernels: a
-    violation is reported, and explained by a known FA4 issue, as the driver's would be); with a
-    gradient through the LSE and ``deterministic``, bitwise equal to the driver's given the same
-    ``dlse`` (a difference is the autograd glue's: the kernels are deterministic there)."""
+def _seeded_dlse(problem: AttentionProblem, fwd: Any) -> np.ndarray:
+    """The gradient through the LSE the backward passes get: normal, sd 0.5, fp32, one per row
+    and head, seeded by the problem's values."""
+    rng = np.random.default_rng([int(problem.values.seed), 0xD15E])
+    return (rng.standard_normal(np.shape(fwd.lse)) * 0.5).astype(np.float32)
+
+
+def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Any, deterministic: bool,
+                    obwd: Any, allow: Mapping[str, np.ndarray], stats: Any, dl: Optional[np.ndarray],
+                    g_dl: Any) -> None:
+    """Part of ``bwd_stages`` (Note [The public autograd path] in fa4verify/targets.py), on every
+    call without a call form (varlen included; the taps' dLSE pass is dense only): the gradients
+    of FA4's public autograd path within the driver's budgets (the same kernels: a violation is
+    reported, and explained by a known FA4 issue, as the driver's would be); with ``deterministic``,
+    given a seeded ``dlse``, bitwise equal to the driver's with the same ``dlse`` (``g_dl`` when the
+    dLSE pass already ran it; a difference is the autograd glue's: the kernels are deterministic)."""
     ga = _run_target(problem, target.backward_autograd, problem, a, deterministic=deterministic)
     tmp: dict[str, str] = {}
     for n in ("dq", "dk", "dv"):
@@ -577,8 +585,11 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], target: Any
             e.message = "the public autograd path's " + e.message
             e.args = (f"[{e.prop}] {e.message}",)
             raise
-    if not (deterministic and dl is not None and g_dl is not None):
+    if not deterministic or target.dlse_unsupported(problem) is not None:
         return
+    if dl is None or g_dl is None:
+        dl = _seeded_dlse(problem, fwd)
+        g_dl = _run_target(problem, target.backward, problem, a, fwd, deterministic=True, dlse=dl)
     gd = _run_target(problem, target.backward_autograd, problem, a, deterministic=True, dlse=dl)
     for n in ("dq", "dk", "dv"):
         x, y = getattr(gd, n), getattr(g_dl, n)
