@@ -448,8 +448,13 @@ class ProductionTarget(Target):
             bs = call.block_size
             if backward and problem.arch == "sm90":
                 bs = tuple(self._ad.sm90_bwd_sparse_block_size(problem.head_dim, problem.head_dim_v))
-            bm = call.block_mask(problem.seqlen_q, problem.seqlen_k)
-            part = call.partial_blocks(problem.seqlen_q, problem.seqlen_k)
+            if call.block_per_batch:      # one grid per batch entry: (batch, n_q_blocks, n_kv_blocks)
+                bm = np.stack([call.block_mask(problem.seqlen_q, problem.seqlen_k, seq=b) for b in range(problem.batch)])
+                part = np.stack([call.partial_blocks(problem.seqlen_q, problem.seqlen_k, seq=b)
+                                 for b in range(problem.batch)])
+            else:
+                bm = call.block_mask(problem.seqlen_q, problem.seqlen_k)
+                part = call.partial_blocks(problem.seqlen_q, problem.seqlen_k)
             kw["block_sparse_tensors"] = self._ad.block_sparse_tensors(
                 bm, batch=problem.batch, nheads=block_mask_heads(problem), block_size=tuple(bs),
                 direction="bwd" if backward else "fwd", device=self.device,
@@ -641,7 +646,7 @@ class ProductionTarget(Target):
             return "compile-only: the public autograd path compiles the kernels the driver calls"
         if problem.call is not None:
             return "the public autograd path is run on calls without a call form"
-        return self.dlse_unsupported(problem)
+        return None
 
     def backward_autograd(self, problem: AttentionProblem, a: Mapping[str, Any], *, deterministic: bool = True,
                           dlse: Optional[np.ndarray] = None) -> Bwd:

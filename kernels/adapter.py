@@ -1100,7 +1100,8 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
                          direction: str = "fwd", device: str = "cuda", deterministic: bool = False,
                          partial=None):
     """FA4's ``BlockSparseTensorsTorch`` for a dense boolean block mask ``(n_q_blocks,
-    n_kv_blocks)`` (the same for every batch entry and head). ``partial`` (a boolean mask of the
+    n_kv_blocks)`` (the same for every batch entry), or ``(batch, n_q_blocks, n_kv_blocks)`` (one
+    per batch entry); the same for every head. ``partial`` (a boolean mask of the
     same shape inside ``block_mask``, or None): the blocks listed as *mask* blocks
     (``mask_block_cnt`` / ``mask_block_idx``: FA4 applies the call's ``mask_mod`` inside them); the
     other selected blocks are *full* blocks (no ``mask_mod``). ``direction="fwd"`` lists per Q
@@ -1121,20 +1122,28 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
     part = np.zeros_like(m) if partial is None else np.asarray(partial, bool)
     if part.shape != m.shape or (part & ~m).any():
         raise ValueError(f"partial blocks {part.shape} must lie inside the block mask {m.shape}")
+    if m.ndim == 2:
+        m, part = (np.broadcast_to(x, (batch,) + x.shape) for x in (m, part))
+    if m.ndim != 3 or m.shape[0] != batch:
+        raise ValueError(f"block mask {m.shape}: expected (n_q_blocks, n_kv_blocks) or ({batch}, ...)")
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction={direction!r}: expected 'fwd' or 'bwd'")
     if deterministic and direction != "bwd":
         raise ValueError("deterministic=True is a backward (direction='bwd') setting")
 
     def full(x):
-        # built on the device from a list (also under FakeTensorMode, where a CPU->CUDA copy fails)
-        x = np.broadcast_to(np.asarray(x, np.int32), (batch, nheads) + np.shape(x))
+        # (batch, ...) -> (batch, nheads, ...), built on the device from a list (also under
+        # FakeTensorMode, where a CPU->CUDA copy fails)
+        x = np.asarray(x, np.int32)
+        x = np.broadcast_to(x[:, None], (batch, nheads) + x.shape[1:])
         return torch.tensor(x.tolist(), dtype=torch.int32, device=device)
 
     def lists(mm, pp):
-        """(mask_cnt, mask_idx, full_cnt, full_idx) of one direction."""
-        return tuple(full(x) for x in _block_lists(pp) + _block_lists(mm & ~pp))
-    mine = lists(m.T, part.T) if direction == "bwd" else lists(m, part)
+        """(mask_cnt, mask_idx, full_cnt, full_idx) of one direction, per batch entry."""
+        per = [_block_lists(p_) + _block_lists(m_ & ~p_) for m_, p_ in zip(mm, pp)]
+        return tuple(full(np.stack([e[i] for e in per])) for i in range(4))
+    tr = (0, 2, 1)
+    mine = lists(m.transpose(tr), part.transpose(tr)) if direction == "bwd" else lists(m, part)
     order: dict[str, Any] = {}
     if deterministic:
         from flash_attn.cute.block_sparsity import compute_dq_write_order
@@ -1205,6 +1214,16 @@ def forward_backward_autograd(q, k, v, dout, *, dlse=None, learnable_sink=None, 
     """
     _require_cuda()
     import torch
+    with torch.enable_grad():
+        return _forward_backward_autograd(q, k, v, dout, dlse, learnable_sink, cu_seqlens_q, cu_seqlens_k,
+                                          max_seqlen_q, max_seqlen_k, kw)
+
+
+def _forward_backward_autograd(q, k, v, dout, dlse, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, kw):
+    import torch
+    kw = dict(kw)
+    kw.pop("return_lse", None)            # always returned here
     qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     sink = _release_sink(learnable_sink)
     sink = None if sink is None else sink.detach().clone().requires_grad_(True)

@@ -93,8 +93,8 @@ def run_variant(torch, fa, name, q, k, v, do, scale, causal, *, path="driver", d
                               deterministic=deterministic)
         dq, dk, dv = bw.dq, bw.dk, bw.dv
     else:
-        out, lse, dq, dk, dv = adapter.forward_backward_autograd(q, k, v, do, softmax_scale=scale, causal=causal,
-                                                                 deterministic=deterministic, return_lse=True)
+        out, lse, dq, dk, dv, _ = adapter.forward_backward_autograd(q, k, v, do, softmax_scale=scale, causal=causal,
+                                                                    deterministic=deterministic)
     torch.cuda.synchronize()
     lse_bqh = lse.float()  # FA4 LSE is (b, h, sq)
     exact, algo = _ref(torch, q, k, v, do, scale, causal, out_prod=out, lse_prod=lse_bqh)

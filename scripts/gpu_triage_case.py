@@ -46,7 +46,7 @@ def variants(p, head_dims=(64, 128), page_sizes=(8, 32, 64, 128)) -> list[tuple[
         out.append(("sink off", lambda: R(p, sink=False)))
     if c.paged:
         for ps in sorted(set(page_sizes) - {c.page_size}):
-            out.append((f"page_size {ps}", lambda ps=ps: R(p, call=R(c, page_size=ps,
+            out.append((f"page_size {ps}", lambda ps=ps: R(p, call=R(c, page_size=ps, full_pages=False,
                                                                     kv_capacity=-(-c.kv_capacity // ps) * ps))))
         out.append(("spare_pages 0", lambda: R(p, call=R(c, spare_pages=0))))
         out.append(("page_seed +1", lambda: R(p, call=R(c, page_seed=(c.page_seed or 0) + 1))))

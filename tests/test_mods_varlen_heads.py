@@ -25,7 +25,7 @@ def _varlen(pair: str, sqs=(40, 0, 7, 19), sks=(33, 5, 0, 60), **kw) -> Attentio
                             mods=(pair,), **kw)
 
 
-@pytest.mark.parametrize("pair", ["alibi", "rel_bias", "rel_scale", "head_window", "prefix_lm"])
+@pytest.mark.parametrize("pair", ["alibi", "rel_bias", "rel_scale", "head_window", "prefix_lm", "document"])
 def test_varlen_mod_oracle_is_each_sequence_on_its_own(pair):
     """Each sequence of a varlen call is a dense batch entry at sequence-local positions, ``b`` the
     sequence (FA4's indices): the packed oracle equals the dense oracle of each sequence, and a

@@ -256,3 +256,56 @@ def test_bwd_stages_judges_the_public_autograd_path(fault, varlen):
     else:
         with pytest.raises(Violation, match="public autograd path" if fault == "scaled_dq" else "differs bitwise"):
             check_problem(p, AutogradTwin(), properties=["bwd_budget", "bwd_stages"])
+
+
+def test_the_production_target_hands_the_public_path_the_drivers_arguments():
+    """Note [The public autograd path]: ProductionTarget.backward_autograd calls the adapter's
+    autograd entry with the call's own arguments (varlen lengths, softcap, sink, deterministic,
+    dlse) and returns its gradients, the sink's included; a call form is refused, said."""
+    import types
+    import torch
+    from fa4verify.errors import Unsupported
+    from fa4verify.problem import AttentionProblem, CallForm, ValueSpec
+    from fa4verify.targets import ProductionTarget
+    seen = {}
+
+    def fba(q, k, v, dout, **kw):
+        seen.update(kw, shapes=(tuple(q.shape), tuple(dout.shape)))
+        z = torch.zeros_like
+        return (z(q), None, z(q) + 1, z(k) + 2, z(v) + 3, None if kw.get("learnable_sink") is None
+                else torch.ones_like(kw["learnable_sink"]))
+    t = ProductionTarget(adapter=types.SimpleNamespace(forward_backward_autograd=fba), device="cpu")
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=40, seqlen_k=33, nheads=2, nheads_kv=1,
+                         head_dim=64, head_dim_v=64, seqlens_q=(40, 7), seqlens_k=(33, 20), softcap=30.0, sink=True,
+                         values=ValueSpec("normal", 1))
+    a = p.materialize()
+    dl = np.zeros((2, 47), np.float32)
+    g = t.backward_autograd(p, a, deterministic=True, dlse=dl)
+    assert seen["shapes"] == ((47, 2, 64), (47, 2, 64)) and seen["softcap"] == 30.0 and seen["deterministic"] is True
+    assert seen["cu_seqlens_q"].tolist() == [0, 40, 47] and seen["cu_seqlens_k"].tolist() == [0, 33, 53]
+    assert seen["dlse"].shape == (2, 47) and seen["learnable_sink"] is not None
+    assert (g.dq == 1).all() and (g.dk == 2).all() and (g.dv == 3).all() and (g.dsink == 1).all()
+    with pytest.raises(Unsupported, match="call form"):
+        t.backward_autograd(p.replace(call=CallForm(seqused_k=True, kv_capacity=40)), a)
+
+
+def test_full_pages_hands_fa4_no_seqused_k_and_round_trips():
+    import json
+    import types
+    from fa4verify.problem import AttentionProblem, CallForm
+    from fa4verify.targets import ProductionTarget
+    call = CallForm(seqused_k=True, kv_capacity=64, page_size=16, page_seed=3, full_pages=True)
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=9, seqlen_k=64, nheads=1, nheads_kv=1,
+                         head_dim=64, head_dim_v=64, seqlens_q=(9, 4), seqlens_k=(64, 64), call=call)
+    assert AttentionProblem.from_json(p.to_json()) == p and "full" in p.describe()
+    t = ProductionTarget(adapter=types.SimpleNamespace(), device="cpu")
+    _q, _k, _v, _do, kw = t._call_kw(p, p.materialize())
+    assert "page_table" in kw and "seqused_k" not in kw
+    _q, _k, _v, _do, kw = t._call_kw(p.replace(call=CallForm(seqused_k=True, kv_capacity=64, page_size=16,
+                                                             page_seed=3)), p.materialize())
+    assert "seqused_k" in kw
+    with pytest.raises(ValueError, match="full_pages"):
+        p.replace(seqlens_k=(64, 50))
+    with pytest.raises(ValueError, match="full_pages"):
+        CallForm(full_pages=True)
+    assert "full_pages" not in json.dumps(CallForm(seqused_k=True, kv_capacity=64, page_size=16).to_dict())

@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping, Optional
 
+import numpy as np
+
 from fa4verify.coverage.space import MOD_FORMS, VARLEN_SEQLENS, FeatureSpace, is_local, is_paged, is_unpacked
 from fa4verify.kernels import facts
 
@@ -164,9 +166,10 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
                                   page_seed=rng.randrange(2 ** 16) if page else None, spare_pages=1 if page else 0)
     else:
         kw.update(batch=2, seqlen_q=sq, seqlen_k=sk)
-    if form == "block_sparse":
+    if form == "block_sparse":       # a block mask per batch entry (CallForm.block_per_batch)
         kw["call"] = _listed_block_call(CallForm, sparse_block_size(arch, hd, hdv),
-                                        [(kw["seqlen_q"], kw["seqlen_k"], None)], rng)
+                                        [(kw["seqlen_q"], kw["seqlen_k"], b) for b in range(kw["batch"])], rng,
+                                        per_batch=True)
     if form in ("mask_mod", "score_mod", "block_sparse_mod"):
         names = space.varlen_pairs(form) if mod_varlen else _pairs_of(space, form)
         usable = [n for n in names if (sq == sk and not mod_varlen) or not _self_only(n)]
@@ -231,18 +234,20 @@ def plan_problems(space: FeatureSpace, rows: list, *, seed: int = 0) -> tuple[li
     return out, [problem_for(space, r, i, seed=seed) for i, r in enumerate(out)]
 
 
-def _listed_block_call(CallForm, block: tuple[int, int], grids, rng: random.Random):
+def _listed_block_call(CallForm, block: tuple[int, int], grids, rng: random.Random, *, per_batch: bool = False):
     """The call form of a ``block_sparse`` / ``block_sparse_varlen`` row: the first of 256 seeds
-    (none: a ValueError) whose draw, over the row's grids (``(lq, lk, seq)``: one per
-    varlen sequence, ``seq`` None for a dense row's), lists a block and, where there are two blocks
-    or more, leaves one out: FA4's skip of unlisted blocks and its listed-block loop both run on the
-    row by construction."""
+    (none: a ValueError) whose draw, over the row's grids (``(lq, lk, seq)``: one per varlen
+    sequence, or per batch entry of a dense row with ``per_batch``), lists a block and, where there
+    are two blocks or more, leaves one out; a dense row's entries get different masks where their
+    grid has two blocks or more: FA4's skip of unlisted blocks, its listed-block loop and its
+    per-entry block lists all run on the row by construction."""
     for _ in range(256):
-        call = CallForm(block_size=block, block_seed=rng.randrange(2 ** 16), block_keep=0.6)
+        call = CallForm(block_size=block, block_seed=rng.randrange(2 ** 16), block_keep=0.6, block_per_batch=per_batch)
         masks = [call.block_mask(lq, lk, seq=seq) for lq, lk, seq in grids]
         listed = sum(int(m.sum()) for m in masks)
         total = sum(m.size for m in masks)
-        if listed and (total < 2 or listed < total):
+        differ = not per_batch or masks[0].size < 2 or any(not np.array_equal(masks[0], m) for m in masks[1:])
+        if listed and (total < 2 or listed < total) and differ:
             return call
     raise ValueError(f"no block seed of 256 lists a block and leaves one out on grids {grids} (block {block})")
 

@@ -421,8 +421,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         _sm90_paged_tile144_fwd, targets=("production",)),
     KnownIssue(
         "sm90_varlen_sparse_kv_stride",
-        "SM90 varlen block-sparse forward with a KV tile below 128 (a 96-key sparse block, e.g. head dim "
-        "192): each Q block but a sequence's first reads its KV-block list at m * ceil(seqlen_k / 128) "
+        "SM90 varlen block-sparse forward with a KV tile other than 128 (a 96-key sparse block, e.g. head "
+        "dim 192): each Q block but a sequence's first reads its KV-block list at m * ceil(seqlen_k / 128) "
         "instead of m * ceil(seqlen_k / tile_n), so its rows attend another block's list (padding entries "
         "included: block 0 again) and O is wrong at O(1) (sign flips)",
         "flash-attn-4 4.0.0b36: flash_fwd_sm90.py builds SeqlenInfoQK without tile_n (seqlen_info.py "

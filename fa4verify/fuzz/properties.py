@@ -344,8 +344,10 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                      undecided)
 
     if "batch_invariance" in props:
-        if problem.batch < 2 or problem.varlen or problem.mods:
-            skipped["batch_invariance"] = "needs a dense problem with batch >= 2 (no mod pair: its aux data is per batch)"
+        if problem.batch < 2 or problem.varlen or problem.mods or (problem.call is not None
+                                                                   and problem.call.block_per_batch):
+            skipped["batch_invariance"] = ("needs a dense problem with batch >= 2 (no mod pair: its aux data is per "
+                                           "batch; no per-entry block mask: an entry alone draws entry 0's)")
         else:
             ran.append("batch_invariance")
             b = problem.batch - 1
@@ -491,7 +493,11 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                             if target.dlse_unsupported(problem) is None:
                                 dl, g_dl = _judge_dlse(problem, a, fwd, target, deterministic, metrics, undecided)
                         if "bwd_stages" in props and target.autograd_unsupported(problem) is None:
-                            _judge_autograd(problem, a, fwd, target, deterministic, obwd, allow, stats, dl, g_dl)
+                            try:
+                                _judge_autograd(problem, a, fwd, target, deterministic, obwd, allow, stats, dl, g_dl,
+                                                metrics, undecided)
+                            except Unsupported as e:      # the release's public path refuses: said, not run
+                                skipped["bwd_stages.autograd"] = f"the public autograd path: {e}"
             elif taps is not None:
                 skipped["bwd_stages"] = skipped.get("bwd_budget", "no oracle backward")
             if "deterministic_bwd" in props and target.deterministic_by_construction:
@@ -568,7 +574,7 @@ def _seeded_dlse(problem: AttentionProblem, fwd: Any) -> np.ndarray:
 
 def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Any, deterministic: bool,
                     obwd: Any, allow: Mapping[str, np.ndarray], stats: Any, dl: Optional[np.ndarray],
-                    g_dl: Any) -> None:
+                    g_dl: Any, metrics: dict, undecided: dict) -> None:
     """Part of ``bwd_stages`` (Note [The public autograd path] in fa4verify/targets.py), on every
     call without a call form (varlen included; the taps' dLSE pass is dense only): the gradients
     of FA4's public autograd path within the driver's budgets (the same kernels: a violation is
@@ -577,20 +583,28 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     dLSE pass already ran it; a difference is the autograd glue's: the kernels are deterministic)."""
     ga = _run_target(problem, target.backward_autograd, problem, a, deterministic=deterministic)
     tmp: dict[str, str] = {}
-    for n in ("dq", "dk", "dv"):
-        try:
-            _compare("bwd_budget", n, getattr(ga, n), getattr(obwd, n), getattr(obwd, f"{n}_bound"), allow[n],
-                     problem, tmp, ftz_floor=stats.ftz_floor[n], blind_above=stats.bwd_blind_above[n])
-        except Violation as e:
-            e.message = "the public autograd path's " + e.message
-            e.args = (f"[{e.prop}] {e.message}",)
-            raise
+    try:
+        for n in ("dq", "dk", "dv"):
+            metrics[f"tightness_autograd_{n}"] = _compare(
+                "bwd_budget", n, getattr(ga, n), getattr(obwd, n), getattr(obwd, f"{n}_bound"), allow[n], problem, tmp,
+                ftz_floor=stats.ftz_floor[n], blind_above=stats.bwd_blind_above[n])
+        if problem.sink:        # the sink's gradient: its own slot of the autograd glue's return
+            if getattr(ga, "dsink", None) is None:
+                _fail(Violation("bwd_budget", f"the public autograd path returned no gradient for the learnable "
+                                              f"sink | case: {problem.describe()}", {"quantity": "dsink"}))
+            else:
+                metrics["tightness_autograd_dsink"] = _judge_dsink(problem, a, fwd, ga, stats, tmp)
+    except Violation as e:
+        e.message = "the public autograd path's " + e.message
+        e.args = (f"[{e.prop}] {e.message}",)
+        raise
     if not deterministic or target.dlse_unsupported(problem) is not None:
         return
     if dl is None or g_dl is None:
         dl = _seeded_dlse(problem, fwd)
         g_dl = _run_target(problem, target.backward, problem, a, fwd, deterministic=True, dlse=dl)
     gd = _run_target(problem, target.backward_autograd, problem, a, deterministic=True, dlse=dl)
+    metrics["autograd_dlse_bitwise"] = 1.0
     for n in ("dq", "dk", "dv"):
         x, y = getattr(gd, n), getattr(g_dl, n)
         if not np.array_equal(x, y, equal_nan=True):

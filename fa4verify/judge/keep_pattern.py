@@ -44,10 +44,10 @@ def _blocks(problem, seq: int, lq: int, lk: int, keeps: list) -> tuple[np.ndarra
     a one-element cache of the problem's keep-masks (computed at the first sequence needing them)."""
     call = problem.call
     if call.block_size is not None and not call.block_partial:
-        return call.block_mask(lq, lk, seq=seq if problem.varlen else None), tuple(call.block_size)
+        return call.block_mask(lq, lk, seq=call.grid_seq(problem, seq)), tuple(call.block_size)
     if not keeps:
         keeps.append(problem.keep_masks())
-    keep = keeps[0][seq if problem.varlen else 0]
+    keep = keeps[0][seq]
     sq, sk = keep.shape
     for blk in (128, 64, 32, 16, 8, 4, 2):   # the coarsest block grid the pattern is constant on
         pad = np.zeros((-(-sq // blk) * blk, -(-sk // blk) * blk), bool)

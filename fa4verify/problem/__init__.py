@@ -266,14 +266,15 @@ class AttentionProblem:
                                                          aux), bool), (lq, lk))
                      for b, (_, lq, _, lk) in enumerate(self._seq_bounds())]
             if self.call is not None and self.call.block_size is not None:    # Note [Partial blocks]
-                keeps = [self.call.keep_mask(self.seqlen_q, self.seqlen_k, inner=m) for m in keeps]
+                keeps = [self.call.keep_mask(self.seqlen_q, self.seqlen_k, inner=m, seq=self.call.grid_seq(self, b))
+                         for b, m in enumerate(keeps)]
             return keeps
         for i, (_, lq, _, lk) in enumerate(self._seq_bounds()):
             if self.mask_mod is not None:
                 out.append(self.mask_mod.keep_mask(lq, lk))
             else:
                 out.append(window_keep_mask(lq, lk, causal=self.causal, window_size=self.window_size))
-            extra = (self.call.keep_mask(lq, lk, seq=i if self.varlen else None)
+            extra = (self.call.keep_mask(lq, lk, seq=self.call.grid_seq(self, i))
                      if self.call is not None else None)
             if extra is not None:
                 out[-1] = out[-1] & extra

@@ -106,7 +106,7 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 
 
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
-_LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages")
+_LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch")
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,9 @@ class CallForm:
     #: (it then reads ``page_size * pages_per_seq`` keys per sequence, ``flash_fwd_sm90.py``'s
     #: static ``seqlen_k``)
     full_pages: bool = False
+    #: a dense problem's block mask drawn per batch entry (FA4 takes ``(batch, heads, ...)`` block
+    #: lists; FlexAttention's document masks differ per sample), not one mask for every entry
+    block_per_batch: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -153,6 +156,8 @@ class CallForm:
             raise ValueError("block_partial needs block sparsity (block_size)")
         if self.full_pages and self.page_size is None:
             raise ValueError("full_pages needs paged KV (page_size)")
+        if self.block_per_batch and self.block_size is None:
+            raise ValueError("block_per_batch needs block sparsity (block_size)")
 
     @property
     def paged(self) -> bool:
@@ -205,6 +210,8 @@ class CallForm:
                 raise ValueError("block_size and mask_mod_fn are exclusive")
             if problem.causal or problem.window_size != (None, None) or problem.mask_mod:
                 raise ValueError("block sparsity / mask_mod_fn need a problem without causal, window or mask_mod")
+            if problem.varlen and self.block_per_batch:
+                raise ValueError("block_per_batch is a dense problem's (a varlen one draws per sequence)")
             if problem.varlen and (self.mask_mod_fn is not None or self.block_partial):
                 raise ValueError("a varlen problem takes block sparsity with full blocks only (no mask_mod)")
             mask_pair = problem.mods and problem.mod_pairs()[1] is not None
@@ -218,10 +225,17 @@ class CallForm:
                                  f"({', '.join(mask_mod_pairs()) or 'none'})")
 
     # ------------------------------------------------------------------ keep-masks
+    def grid_seq(self, problem: Any, index: int) -> Optional[int]:
+        """The ``seq`` argument of :meth:`block_mask` / :meth:`keep_mask` for batch entry (varlen:
+        sequence) ``index`` of ``problem``: its own grid on a varlen problem or with
+        ``block_per_batch``, else None (one grid for every entry)."""
+        return int(index) if problem.varlen or self.block_per_batch else None
+
     def block_mask(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None) -> Optional[np.ndarray]:
         """The (n_q_blocks, n_kv_blocks) boolean mask of the blocks FA4 gets listed, full or mask
         blocks (block sparsity), else None. Each block is kept with probability ``block_keep``.
-        ``seq``: the sequence of a varlen problem (each draws its own grid); None for a dense one."""
+        ``seq``: the sequence of a varlen problem, or the batch entry with ``block_per_batch``
+        (each draws its own grid: :meth:`grid_seq`); None for a dense one's shared grid."""
         got = self._blocks(seqlen_q, seqlen_k, seq)
         return None if got is None else got[0]
 
@@ -302,7 +316,7 @@ class CallForm:
         if self.block_size is not None:
             partial = f", partial={self.block_partial:g}" if self.block_partial else ""
             parts.append(f"block_sparse({self.block_size[0]}x{self.block_size[1]}, keep={self.block_keep:g}"
-                         f"{partial}, #{self.block_seed})")
+                         f"{partial}{', per batch' if self.block_per_batch else ''}, #{self.block_seed})")
         if self.mask_mod_fn is not None:
             parts.append(f"mask_mod_fn={self.mask_mod_fn}")
         if self.pack_gqa is not None:
