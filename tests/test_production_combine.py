@@ -75,3 +75,35 @@ def test_an_exception_in_fa4s_code_is_a_failure_and_one_in_fa4verifys_is_an_erro
     monkeypatch.setattr(blame, "origin", lambda e: blame.FA4VERIFY)
     with pytest.raises(RuntimeError, match="boom"):
         run_combine(_Raises(), shape=SMALL, splits=(2,))
+
+
+class VarlenStandIn(StandIn):
+    """A stand-in with the varlen combine (Note [The varlen combine]); ``drop_offset``: every
+    sequence's merged rows written from row 0 (the red-team fault ``combine_varlen_out_offset_dropped``)."""
+
+    def __init__(self, drop_offset: bool = False):
+        super().__init__()
+        self.drop_offset = drop_offset
+
+    def combine_varlen(self, op, lp, out_dtype, cu_seqlens):
+        out, lse = self.combine(op[:, None], lp[:, None], out_dtype)
+        out, lse = out[0], lse[0]
+        if self.drop_offset:
+            cu = cu_seqlens.tolist()
+            bad, bad_lse = out.clone(), lse.clone()
+            for i in range(len(cu) - 1):
+                bad[: cu[i + 1] - cu[i]] = out[cu[i]:cu[i + 1]]
+                bad_lse[: cu[i + 1] - cu[i]] = lse[cu[i]:cu[i + 1]]
+            out, lse = bad, bad_lse
+        return out, lse
+
+
+def test_the_varlen_combine_is_judged_and_a_dropped_sequence_offset_fails():
+    from fa4verify.checks.combine import varlen_lengths
+    assert varlen_lengths(512) == (102, 204, 1, 205) and sum(varlen_lengths(16)) == 16
+    rows = run_combine(VarlenStandIn(), shape=SMALL, splits=(2, 3))
+    r = result(rows, "CPU")
+    assert r.status == "pass", r.summary
+    assert any(vd.name.startswith("combine_out (varlen") for row in rows for vd in row["verdicts"])
+    r = result(run_combine(VarlenStandIn(drop_offset=True), shape=SMALL, splits=(2, 3)), "CPU")
+    assert r.status == "fail" and "varlen" in r.summary, r.summary

@@ -25,6 +25,13 @@ split must come out O = 0, LSE = -inf (FA4's ``flash_fwd_combine.py`` guards ``l
 Contiguous dense chunks never make such a row, so each split count also combines the same
 partials with rows emptied in every split and in some splits (:func:`_empty_rows`), judged against
 the exact combine of those partials.
+
+Note [The varlen combine]
+-------------------------
+``flash_attn_combine`` also takes packed partials with ``cu_seqlens`` (a varlen forward's split
+outputs), where each sequence's rows start at its own offset. The combine is row by row, so the
+same partials packed into sequences of unequal lengths (:func:`varlen_lengths`) must merge to the
+exact combine of those rows (:func:`_varlen_rows`); a fault in the sequence offsets moves rows.
 """
 from __future__ import annotations
 
@@ -38,6 +45,13 @@ from fa4verify.audit.registry import CheckContext, CheckResult, check
 SHAPE = (2, 256, 4, 128, 2048)
 SPLITS = (3, 8)
 SEED = 1
+
+
+def varlen_lengths(total: int) -> tuple[int, ...]:
+    """The unequal sequence lengths ``total`` packed query rows are cut into for the varlen
+    combine (a fifth, two fifths, one row, the rest; Note [The varlen combine])."""
+    a, b = max(1, total // 5), max(1, 2 * total // 5)
+    return (a, b, 1, total - a - b - 1) if total > a + b + 1 else (total,)
 
 
 def _np(t) -> np.ndarray:
@@ -71,7 +85,7 @@ def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS,
             op = torch.stack([p[0] for p in parts])                      # (S, b, sq, h, d)
             lp = torch.stack([p[1] for p in parts]).transpose(-1, -2)    # (S, b, sq, h), seqlen-contiguous
             out, lse = kernel.combine(op.float(), lp, tdt)
-            empty = _empty_rows(kernel, op, lp, tdt, dtype)
+            empty = _empty_rows(kernel, op, lp, tdt, dtype) + _varlen_rows(kernel, op, lp, tdt, dtype)
         except Exception as e:  # noqa: BLE001 - Note [Blame]: FA4's exception is FA4's failure
             if blame.origin(e) != blame.FA4:
                 raise                                                    # fa4verify's own: an error
@@ -108,6 +122,30 @@ def _empty_rows(kernel: Any, op, lp, out_dtype, dtype: str) -> list:
             dataclasses.replace(vl, name="combine_lse (empty rows)")]
 
 
+def _varlen_rows(kernel: Any, op, lp, out_dtype, dtype: str) -> list:
+    """Note [The varlen combine]: the partials packed as sequences of :func:`varlen_lengths` rows
+    (``cu_seqlens``), merged by the kernel's varlen combine and judged against the exact combine of
+    the packed rows; none for a kernel without one."""
+    import dataclasses
+
+    import torch
+
+    from fa4verify.judge.split_combine import judge_combine_stage
+    if not hasattr(kernel, "combine_varlen"):
+        return []
+    S, b, sq, h, d = op.shape
+    total = b * sq
+    lens = varlen_lengths(total)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    opv = op.float().reshape(S, total, h, d)
+    lpv = lp.permute(0, 3, 1, 2).reshape(S, h, total).transpose(-1, -2)   # (S, total, h), total-contiguous
+    out, lse = kernel.combine_varlen(opv, lpv, out_dtype, cu)
+    vo, vl = judge_combine_stage(_np(opv)[:, None], _np(lpv)[:, None], _np(out)[None],
+                                 None if lse is None else _np(lse)[None], dtype=dtype, arch=kernel.arch)
+    return [dataclasses.replace(vo, name=f"combine_out (varlen {'/'.join(map(str, lens))})"),
+            dataclasses.replace(vl, name=f"combine_lse (varlen {'/'.join(map(str, lens))})")]
+
+
 class _Fa4:
     """FA4 through the adapter, on the GPU."""
     device = "cuda"
@@ -122,6 +160,10 @@ class _Fa4:
 
     def combine(self, op, lp, out_dtype):
         out, lse, self.last_config = self.ad.combine(op, lp, out_dtype=out_dtype)
+        return out, lse
+
+    def combine_varlen(self, op, lp, out_dtype, cu_seqlens):
+        out, lse, _ = self.ad.combine(op, lp, out_dtype=out_dtype, cu_seqlens=cu_seqlens.to(op.device))
         return out, lse
 
 
@@ -158,8 +200,13 @@ def _combine_compiles(ctx: CheckContext) -> list:
     def problem(n):
         return AttentionProblem(arch=ctx.require_gpu().arch, dtype=ctx.dtype, batch=b, seqlen_q=sq, seqlen_k=n,
                                 nheads=h, nheads_kv=h, head_dim=d, head_dim_v=d)
+    lens = varlen_lengths(b * sq)
+    varlen = AttentionProblem(arch=ctx.require_gpu().arch, dtype=ctx.dtype, batch=len(lens), seqlen_q=max(lens),
+                              seqlen_k=max(lens), seqlens_q=lens, seqlens_k=lens, nheads=h, nheads_kv=h, head_dim=d,
+                              head_dim_v=d)
     return ([CompileCall("forward", problem(n), purpose="a key chunk's partial O and LSE") for n in sizes]
-            + [CompileCall("combine", problem(sk), splits=S, purpose="the merge of the partials") for S in SPLITS])
+            + [CompileCall("combine", problem(sk), splits=S, purpose="the merge of the partials") for S in SPLITS]
+            + [CompileCall("combine", varlen, splits=S, purpose="the varlen merge (cu_seqlens)") for S in SPLITS])
 
 
 @check("production.combine", title="FA4's flash_attn_combine merges split partials within budget (live)",

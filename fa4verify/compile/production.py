@@ -361,11 +361,19 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
             from fa4verify.kernels import adapter
             p = call.problem
             with tgt._mode():
-                o = torch.empty(call.splits, p.batch, p.seqlen_q, p.nheads, p.head_dim_v, dtype=torch.float32,
-                                device="cuda")
-                lse = torch.empty(call.splits, p.batch, p.nheads, p.seqlen_q, dtype=torch.float32,
-                                  device="cuda").transpose(-1, -2)       # seqlen-contiguous, as FA4 asks
-                _, _, cfg = adapter.combine(o, lse, out_dtype=torch.bfloat16 if p.dtype == "bf16" else torch.float16)
+                odt = torch.bfloat16 if p.dtype == "bf16" else torch.float16
+                if p.varlen:      # packed partials with cu_seqlens (Note [The varlen combine])
+                    tq = sum(p.seqlens_q)
+                    o = torch.empty(call.splits, tq, p.nheads, p.head_dim_v, dtype=torch.float32, device="cuda")
+                    lse = torch.empty(call.splits, p.nheads, tq, dtype=torch.float32, device="cuda").transpose(-1, -2)
+                    cu = torch.empty(p.batch + 1, dtype=torch.int32, device="cuda")
+                    _, _, cfg = adapter.combine(o, lse, out_dtype=odt, cu_seqlens=cu)
+                else:
+                    o = torch.empty(call.splits, p.batch, p.seqlen_q, p.nheads, p.head_dim_v, dtype=torch.float32,
+                                    device="cuda")
+                    lse = torch.empty(call.splits, p.batch, p.nheads, p.seqlen_q, dtype=torch.float32,
+                                      device="cuda").transpose(-1, -2)       # seqlen-contiguous, as FA4 asks
+                    _, _, cfg = adapter.combine(o, lse, out_dtype=odt)
             return {"call": call.describe(), "where": tgt.where, "arch": tgt.arch,
                     "configs": [_summary_config(cfg)], "seconds": round(time.time() - t0, 2)}
         a = call.problem.materialize()
