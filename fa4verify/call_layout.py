@@ -45,13 +45,15 @@ def _batched(problem, x: np.ndarray, lengths, cap: int, salt: int) -> np.ndarray
 
 def call_arrays(problem, a: Mapping[str, Any]) -> dict[str, Any]:
     """``{"q", "k", "v", "dout", "seqused_q", "seqused_k", "page_table", "cu_seqlens_q",
-    "max_seqlen_q"}`` of a seqused_k / paged / seqused_q call form (float32 holding exact dtype
-    values; int32 index arrays; None where the call passes nothing)."""
+    "max_seqlen_q", "cu_seqlens_k", "max_seqlen_k"}`` of a seqused_k / paged / seqused_q call form
+    (float32 holding exact dtype values; int32 index arrays; None where the call passes nothing).
+    ``kv_packed``: K/V ``(batch * kv_capacity, hk, d)`` with ``cu_seqlens_k`` at capacity offsets."""
     call = problem.call
     b = problem.batch
     k = np.asarray(a["k"], np.float32)
     v = np.asarray(a["v"], np.float32)
-    out: dict[str, Any] = {"seqused_k": None, "page_table": None, "seqused_q": None}
+    out: dict[str, Any] = {"seqused_k": None, "page_table": None, "seqused_q": None, "cu_seqlens_k": None,
+                           "max_seqlen_k": None}
     if not call.seqused_k:          # seqused_q alone: K/V batched and whole (equal seqlens_k)
         sk = problem.seqlen_k
         out.update(k=k.reshape(b, sk, *k.shape[1:]), v=v.reshape(b, sk, *v.shape[1:]))
@@ -79,6 +81,9 @@ def call_arrays(problem, a: Mapping[str, Any]) -> dict[str, Any]:
             kp[dead] = _filler(problem, (int(dead.sum()),) + kp.shape[1:], 3)
             vp[dead] = _filler(problem, (int(dead.sum()),) + vp.shape[1:], 4)
         out.update(k=kp, v=vp, page_table=table.astype(np.int32))
+    elif call.kv_packed:
+        out.update(k=kb.reshape((-1,) + kb.shape[2:]), v=vb.reshape((-1,) + vb.shape[2:]),
+                   cu_seqlens_k=(np.arange(b + 1) * cap).astype(np.int32), max_seqlen_k=int(cap))
     else:
         out.update(k=kb, v=vb)
     return _q_side(problem, a, out)
@@ -113,8 +118,12 @@ def gather_kv(problem, c: Mapping[str, Any], *, wrong_permutation: bool = False
         return (np.asarray(c["k"]).reshape((-1,) + c["k"].shape[2:]),
                 np.asarray(c["v"]).reshape((-1,) + c["v"].shape[2:]))
     if c["page_table"] is None:
-        ks = [c["k"][i, : used[i]] for i in range(len(used))]
-        vs = [c["v"][i, : used[i]] for i in range(len(used))]
+        kk, vv = np.asarray(c["k"]), np.asarray(c["v"])
+        if c.get("cu_seqlens_k") is not None:              # packed at capacity offsets
+            kk = kk.reshape((len(used), -1) + kk.shape[1:])
+            vv = vv.reshape((len(used), -1) + vv.shape[1:])
+        ks = [kk[i, : used[i]] for i in range(len(used))]
+        vs = [vv[i, : used[i]] for i in range(len(used))]
     else:
         from fa4verify.oracles.paged_kv import contiguous_kv
         table = np.asarray(c["page_table"])
@@ -170,6 +179,8 @@ def to_problem_grads(problem, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray
     elif call.q_batched:
         dq = dq.reshape((-1,) + dq.shape[2:])
     if call.seqused_k:
+        if call.kv_packed:                                # packed at capacity offsets
+            dk, dv = (x.reshape((problem.batch, -1) + x.shape[1:]) for x in (dk, dv))
         dk, dv = _used_rows(dk, problem.seqlens_k), _used_rows(dv, problem.seqlens_k)
     else:                                                 # batched whole
         dk, dv = dk.reshape((-1,) + dk.shape[2:]), dv.reshape((-1,) + dv.shape[2:])

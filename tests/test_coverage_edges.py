@@ -22,7 +22,7 @@ def test_each_edge_is_the_path_it_names():
                     "sparse_q64": False, "packed_causal_block_end": True, "bwd_window_left_mblock": True,
                     "varlen_head_sections": True, "score_bwd_indices": True, "head_mask_packgqa": True,
                     "varlen_score_aux_wrap": True, "varlen_batch_groups": True, "causal_l2_sections": True,
-                    "paged_full_pages": False}
+                    "paged_full_pages": False, "seqused_k_packed": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -74,6 +74,12 @@ def test_each_edge_is_the_path_it_names():
     # paged KV without seqused_k: every sequence fills its pages (FA4 reads the table's width)
     p = got["paged_full_pages"]
     assert p.call.full_pages and p.call.paged and set(p.seqlens_k) == {p.call.kv_capacity}
+    # seqused_k over packed K/V: cu_seqlens_k at capacity offsets, shorter used lengths
+    p = got["seqused_k_packed"]
+    from fa4verify import call_layout
+    c = call_layout.call_arrays(p, p.materialize())
+    assert p.call.kv_packed and c["cu_seqlens_k"].tolist() == [0, 160, 320, 480] and c["k"].shape[0] == 480
+    assert list(c["seqused_k"]) == list(p.seqlens_k) and max(p.seqlens_k) < p.call.kv_capacity
     # SM100 has no sparse_q64 (its tile does not shrink to the Q block) nor the SM90 tile edges
     assert "sparse_q64" not in {n for n, _p, _b in cases.edge_problems(space_for("sm100", "bf16"))}
 

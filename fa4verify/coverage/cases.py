@@ -336,6 +336,9 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       LPT L2 budget (:func:`fa4verify.kernels.facts.lpt_l2_bytes`), so its 3 heads make a full L2
       section of 2 and a residual one: ``SingleTileLPTScheduler``'s section arithmetic (the plan's
       short rows all fit one section);
+    * ``seqused_k_packed``: ``seqused_k`` over packed K/V with ``cu_seqlens_k`` at capacity
+      offsets (``CallForm.kv_packed``): FA4 takes each sequence's length from ``seqused_k`` and its
+      offset from ``cu_seqlens_k`` (the plan's seqused_k rows pass batched K/V);
     * ``paged_full_pages``: paged KV at page size tile_n whose every sequence fills its pages,
       called without ``seqused_k`` (``CallForm.full_pages``): FA4 then takes each sequence's
       length from the page table's width (the plan's paged rows all pass ``seqused_k``);
@@ -413,6 +416,14 @@ def _scheduler_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
             batch=2, seqlens_q=sqs, seqlens_k=(cap, cap), seqlen_q=max(sqs), seqlen_k=cap, nheads=2, nheads_kv=2,
             values=vals(), call=CallForm(seqused_k=True, kv_capacity=cap, page_size=tn, page_seed=7, full_pages=True),
             **base), False))
+    if "seqused_k" in space.values["form"]:
+        from fa4verify.problem import CallForm
+        sqs, sks = (37, 150, 5), (90, 17, 0)
+        cap = 160
+        out.append(("seqused_k_packed", AttentionProblem(
+            batch=3, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=2, nheads_kv=2,
+            values=vals(), call=CallForm(seqused_k=True, kv_capacity=cap, kv_packed=True), **base),
+            runs_bwd("seqused_k")))
     thresh = facts.varlen_batch_search_threshold()
     if "varlen" in space.values["form"] and (thresh is None or thresh >= 70):
         n = 70

@@ -106,7 +106,8 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 
 
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
-_LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch")
+_LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch",
+                 "kv_packed")
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,10 @@ class CallForm:
     #: a dense problem's block mask drawn per batch entry (FA4 takes ``(batch, heads, ...)`` block
     #: lists; FlexAttention's document masks differ per sample), not one mask for every entry
     block_per_batch: bool = False
+    #: ``seqused_k`` over *packed* K/V: each sequence's keys then slack up to ``kv_capacity``, with
+    #: ``cu_seqlens_k`` at capacity offsets; FA4 reads ``seqused_k[b]`` keys from each offset
+    #: (its length wins over the cu_seqlens_k one), where the plain form passes batched K/V
+    kv_packed: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -156,6 +161,8 @@ class CallForm:
             raise ValueError("block_partial needs block sparsity (block_size)")
         if self.full_pages and self.page_size is None:
             raise ValueError("full_pages needs paged KV (page_size)")
+        if self.kv_packed and (not self.seqused_k or self.page_size is not None):
+            raise ValueError("kv_packed is a seqused_k call over unpaged K/V")
         if self.block_per_batch and self.block_size is None:
             raise ValueError("block_per_batch needs block sparsity (block_size)")
 
@@ -308,7 +315,7 @@ class CallForm:
                          f"{', full, no seqused_k' if self.full_pages else ''}"
                          f"{', NaN pool' if self.hostile_nan else ''})")
         elif self.seqused_k:
-            parts.append(f"seqused_k(cap={self.kv_capacity})")
+            parts.append(f"seqused_k(cap={self.kv_capacity}{', K packed' if self.kv_packed else ''})")
         if self.seqused_q:
             parts.append(f"seqused_q(cap={self.q_capacity})")
         elif self.seqused_k:
