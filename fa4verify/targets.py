@@ -648,6 +648,8 @@ class ProductionTarget(Target):
             return "compile-only: the public autograd path compiles the kernels the driver calls"
         if problem.call is not None:
             return "the public autograd path is run on calls without a call form"
+        if not hasattr(self._ad, "forward_backward_autograd"):
+            return "this adapter has no public autograd entry (forward_backward_autograd)"
         return None
 
     def backward_autograd(self, problem: AttentionProblem, a: Mapping[str, Any], *, deterministic: bool = True,
