@@ -143,6 +143,21 @@ def backward(q: Any, k: Any, v: Any, dout: Any, *, softmax_scale: Optional[float
     return bw
 
 
+def _results(scale, out, ob, lse, lb, grads=None):
+    """(forward, backward or None) of the oracle's arrays; ``grads``: ``(dq, dq_bound, dk,
+    dk_bound, dv, dv_bound, d, d_bound, dsink, dsink_bound)``."""
+    fw = AttentionForward(out=out, lse=lse, bound=ob, lse_bound=lb, precision="fast",
+                          method="oracles.mods float64 (first-order a-priori bound)", softmax_scale=scale,
+                          window_size=(None, None))
+    if grads is None:
+        return fw, None
+    dq, dqb, dk, dkb, dv, dvb, dd, ddb, dsink, dsinkb = grads
+    bw = AttentionBackward(dq=dq, dk=dk, dv=dv, dsink=dsink, d=dd, dq_bound=dqb, dk_bound=dkb, dv_bound=dvb,
+                           dsink_bound=dsinkb, d_bound=ddb, out=out, lse=lse, out_source="oracle",
+                           precision="fast", method=fw.method, forward=fw)
+    return fw, bw
+
+
 def _varlen(q, k, v, dout, cu_q, cu_k, softmax_scale, score, grad, keep, lipschitz, curvature, softcap,
             learnable_sink):
     """Forward (and backward) of a packed call: each sequence as batch entry ``b`` of its own,
@@ -193,15 +208,8 @@ def _varlen(q, k, v, dout, cu_q, cu_k, softmax_scale, score, grad, keep, lipschi
             if dsink is not None:
                 dsink += bw.dsink
                 dsinkb += bw.dsink_bound
-    fw = AttentionForward(out=out, lse=lse, bound=ob, lse_bound=lb, precision="fast",
-                          method="oracles.mods float64 (first-order a-priori bound)", softmax_scale=scale,
-                          window_size=(None, None))
-    if not bwd:
-        return fw, None
-    bw = AttentionBackward(dq=dq, dk=dk, dv=dv, dsink=dsink, d=dd, dq_bound=dqb, dk_bound=dkb, dv_bound=dvb,
-                           dsink_bound=dsinkb, d_bound=ddb, out=out, lse=lse, out_source="oracle",
-                           precision="fast", method=fw.method, forward=fw)
-    return fw, bw
+    return _results(scale, out, ob, lse, lb,
+                    (dq, dqb, dk, dkb, dv, dvb, dd, ddb, dsink, dsinkb) if bwd else None)
 
 
 def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, softcap=0.0, learnable_sink=None):
@@ -287,12 +295,5 @@ def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, 
                 rs = dls + U64 * np.abs(sh - ls) + 4 * U64      # relative bound of P_sink
                 dsink[h] -= np.sum(Ps * Dh)
                 dsinkb[h] += 2 * (np.sum(Ps * (rs * np.abs(Dh) + Db)) + _g(sq + 1) * np.sum(np.abs(Ps * Dh)))
-    fw = AttentionForward(out=out, lse=lse, bound=ob, lse_bound=lb, precision="fast",
-                          method="oracles.mods float64 (first-order a-priori bound)", softmax_scale=scale,
-                          window_size=(None, None))
-    if not bwd:
-        return fw, None
-    bw = AttentionBackward(dq=dq, dk=dk, dv=dv, dsink=dsink, d=dd, dq_bound=dqb, dk_bound=dkb, dv_bound=dvb,
-                           dsink_bound=dsinkb, d_bound=ddb, out=out, lse=lse, out_source="oracle",
-                           precision="fast", method=fw.method, forward=fw)
-    return fw, bw
+    return _results(scale, out, ob, lse, lb,
+                    (dq, dqb, dk, dkb, dv, dvb, dd, ddb, dsink, dsinkb) if bwd else None)
