@@ -1218,31 +1218,23 @@ def forward_backward_autograd(q, k, v, dout, *, dlse=None, learnable_sink=None, 
     """
     _require_cuda()
     import torch
-    with torch.enable_grad():
-        return _forward_backward_autograd(q, k, v, dout, dlse, learnable_sink, cu_seqlens_q, cu_seqlens_k,
-                                          max_seqlen_q, max_seqlen_k, kw)
-
-
-def _forward_backward_autograd(q, k, v, dout, dlse, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, kw):
-    import torch
-    kw = dict(kw)
     kw.pop("return_lse", None)            # always returned here
+    if kw.get("aux_scalars"):
+        kw["aux_scalars"] = _fa4_scalars(kw["aux_scalars"])
     qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     sink = _release_sink(learnable_sink)
     sink = None if sink is None else sink.detach().clone().requires_grad_(True)
-    if kw.get("aux_scalars"):
-        kw["aux_scalars"] = _fa4_scalars(kw["aux_scalars"])
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:
-        out, lse = _call_fa4(_fa4_fn("flash_attn_varlen_func"), qq, kk, vv, cu_seqlens_q=cu_seqlens_q,
-                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                             learnable_sink=sink, return_lse=True, **kw)
-    else:
-        out, lse = _call_fa4(_fa4_fn("flash_attn_func"), qq, kk, vv, learnable_sink=sink, return_lse=True, **kw)
-    if dlse is None:
-        out.backward(dout)
-    else:
-        torch.autograd.backward([out, lse], [dout, dlse])
+    with torch.enable_grad():
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+            out, lse = _call_fa4(_fa4_fn("flash_attn_varlen_func"), qq, kk, vv, cu_seqlens_q=cu_seqlens_q,
+                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                 learnable_sink=sink, return_lse=True, **kw)
+        else:
+            out, lse = _call_fa4(_fa4_fn("flash_attn_func"), qq, kk, vv, learnable_sink=sink, return_lse=True, **kw)
+        if dlse is None:
+            out.backward(dout)
+        else:
+            torch.autograd.backward([out, lse], [dout, dlse])
     return (out.detach(), lse.detach(), qq.grad, kk.grad, vv.grad, None if sink is None else sink.grad)
 
 

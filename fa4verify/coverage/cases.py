@@ -295,6 +295,18 @@ def _self_only(name: str) -> bool:
     return bool(getattr(mods.get(pair), "self_attention_only", False))
 
 
+def _runs_bwd(space: FeatureSpace, **row: str) -> bool:
+    """Whether FA4 runs a backward for an edge of these dimension values (the sink off unless the
+    row says): :meth:`FeatureSpace.no_backward` finds no reason."""
+    return space.no_backward({"sink": "off", **row}) is None
+
+
+def _hd128(space: FeatureSpace) -> str:
+    """The head-dim class of (128, 128) where the space has it, else its first: the edges that are
+    not about head dims run at the head dim most models use."""
+    return next((n for n in space.values["hd"] if space.hd[n] == (128, 128)), next(iter(space.values["hd"])))
+
+
 def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any, bool]]:
     """Note [Constructed edges]: ``(name, problem, backward)`` of the FA4 paths no plan row's
     tile-relative shape reaches, each built by rule (never drawn), inside the space's own values;
@@ -369,8 +381,7 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     forms = space.values["form"]
 
     def bwd(form: str, sink: bool) -> bool:
-        return space.no_backward({"form": form, "hd": hd_name, "gqa": gqa, "mask": "none",
-                                  "sink": "on" if sink else "off"}) is None
+        return _runs_bwd(space, form=form, hd=hd_name, gqa=gqa, mask="none", sink="on" if sink else "off")
     if "zero" in space.values["seqlen"] and "varlen" in forms and "zero" not in space.lengths:
         out.append(("empty_keys", AttentionProblem(batch=2, seqlens_q=(5, 3), seqlens_k=(0, 0), seqlen_q=5,
                                                    seqlen_k=0, values=vals(), **base), bwd("varlen", False)))
@@ -390,26 +401,26 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
             call=CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),
                           block_keep=0.6), **base), False))
     out += _mod_edges(space, vals)
-    out += _scheduler_edges(space, vals)
+    out += _layout_edges(space, vals)
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
     return out
 
 
-def _scheduler_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
-    """The tile-scheduler edges of :func:`edge_problems` (free head counts and lengths only)."""
-    from fa4verify.problem import AttentionProblem
+def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
+    """The call-layout and tile-scheduler edges of :func:`edge_problems`: causal MHA calls at
+    :func:`_hd128` (free head counts and lengths only)."""
+    from fa4verify.problem import AttentionProblem, CallForm
     out: list[tuple[str, Any, bool]] = []
     if space.lengths or space.heads or "causal" not in space.values["mask"] or "1" not in space.values["gqa"]:
         return out
-    name = next((n for n in space.values["hd"] if space.hd[n] == (128, 128)), next(iter(space.values["hd"])))
+    name = _hd128(space)
     hd, hdv = space.hd[name]
     base = dict(arch=space.arch, dtype=space.dtype, head_dim=hd, head_dim_v=hdv, causal=True)
 
     def runs_bwd(form: str) -> bool:
-        return space.no_backward({"form": form, "hd": name, "gqa": "1", "mask": "causal", "sink": "off"}) is None
+        return _runs_bwd(space, form=form, hd=name, gqa="1", mask="causal")
     if "paged_tile" in space.values["form"]:
-        from fa4verify.problem import CallForm
         tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, True, False)[1]
         sqs, cap = (37, 2 * tn + 5), 2 * tn
         out.append(("paged_full_pages", AttentionProblem(
@@ -417,7 +428,6 @@ def _scheduler_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
             values=vals(), call=CallForm(seqused_k=True, kv_capacity=cap, page_size=tn, page_seed=7, full_pages=True),
             **base), False))
     if "seqused_k" in space.values["form"]:
-        from fa4verify.problem import CallForm
         sqs, sks = (37, 150, 5), (90, 17, 0)
         cap = 160
         out.append(("seqused_k_packed", AttentionProblem(
@@ -448,13 +458,11 @@ def _mod_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     forms, gqas = space.values["form"], space.values["gqa"]
     if space.lengths or space.heads:
         return out
-    name = next((n for n in space.values["hd"] if space.hd[n] == (128, 128)), next(iter(space.values["hd"])))
-    hd = dict(head_dim=space.hd[name][0], head_dim_v=space.hd[name][1])
-    base = dict(arch=space.arch, dtype=space.dtype, **hd)
+    name = _hd128(space)
+    base = dict(arch=space.arch, dtype=space.dtype, head_dim=space.hd[name][0], head_dim_v=space.hd[name][1])
 
     def runs_bwd(form: str, gqa: str, seqlen: str) -> bool:
-        return space.no_backward({"form": form, "hd": name, "gqa": gqa, "mask": "none", "sink": "off",
-                                  "seqlen": seqlen}) is None
+        return _runs_bwd(space, form=form, hd=name, gqa=gqa, mask="none", seqlen=seqlen)
     if "mask_mod" in forms and "mod:head_window" in space.mask_pairs and "4" in gqas:
         from fa4verify.kernels.mods import HEAD_SPAN
         tm = facts.fwd_tile(space.arch, space.dtype, space.hd[name][0], space.hd[name][1], False, False)[0]
@@ -492,7 +500,7 @@ def _sm90_tile_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         return dict(head_dim=space.hd[name][0], head_dim_v=space.hd[name][1])
 
     def runs_bwd(form: str, name: str, gqa: str, mask: str) -> bool:
-        return space.no_backward({"form": form, "hd": name, "gqa": gqa, "mask": mask, "sink": "off"}) is None
+        return _runs_bwd(space, form=form, hd=name, gqa=gqa, mask=mask)
     mask = "causal_left" if "causal_left" in masks else "causal"
     packed = [n for n in square if facts.fwd_tile("sm90", space.dtype, *space.hd[n], True, mask != "causal")[0] % 3]
     if "mqa" in space.values["gqa"] and "dense" in forms and mask in masks and packed:
