@@ -8,7 +8,7 @@ fault needs; a fault that survives every variant is in what they all share.
         [--result coverage.production] [--property fwd_budget] [--json OUT] [--target twin]
 
 ``--case`` takes a case file (``fa4verify fuzz`` writes them), an audit JSON (the failure of the
-named result) or a bare problem JSON. ``--target twin`` replays on the CPU twin (not evidence about
+named result), this script's own ``--json`` (its case: a replay) or a bare problem JSON. ``--target twin`` replays on the CPU twin (not evidence about
 FA4: a control that the variants are well formed, and what tests/test_gpu_triage_case_script.py runs).
 """
 from __future__ import annotations
@@ -34,6 +34,8 @@ def load_problem(path: Path, result: Optional[str]):
         d = fails[0]["details"]["failure"]["problem"]
     elif "problem" in d:                                   # a case file
         d = d["problem"]
+    elif "case" in d and "variants" in d:                  # this script's own --json (a replay)
+        d = d["case"]
     return AttentionProblem.from_json(json.dumps(d))
 
 
