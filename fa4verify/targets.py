@@ -243,13 +243,22 @@ class TwinTarget(Target):
             return "the twin's stage taps are read on dense calls only (varlen runs sequence by sequence)"
         return None
 
+    def dlse_unsupported(self, problem: AttentionProblem) -> Optional[str]:
+        if problem.call is not None and problem.call.rearranges:
+            return "a gradient through the LSE is passed on calls without a call form's rearrangement only"
+        return None
+
     def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
-                 deterministic: bool = True, taps: Optional[dict] = None) -> Bwd:
+                 deterministic: bool = True, taps: Optional[dict] = None, dlse: Optional[np.ndarray] = None) -> Bwd:
         """The twin's backward. ``taps``: a dict to fill with its stage values in production's tap
         layouts (``dpsum``, ``lse_log2`` (b, h, s); ``dq_accum`` (b, s, h, d); ``dq_accum_zeroed``:
-        the accumulator the twin starts from), dense problems only (:meth:`taps_unsupported`)."""
+        the accumulator the twin starts from), dense problems only (:meth:`taps_unsupported`).
+        ``dlse``: a gradient through the returned LSE (the LSE's layout, fp32 values), on calls
+        without a call form's rearrangement (:meth:`dlse_unsupported`)."""
         if taps is not None and self.taps_unsupported(problem) is not None:
             raise Unsupported(self.taps_unsupported(problem))
+        if dlse is not None and (why := self.dlse_unsupported(problem)) is not None:
+            raise Unsupported(why)
         self.check_supported(problem)
         if not hasattr(self._ta, "backward"):
             raise DependencyMissing("the twin backward (fa4verify.kernels.twin.backward) is not available")
@@ -268,12 +277,13 @@ class TwinTarget(Target):
         kw = self._kw(problem, a)
         kw["deterministic"] = deterministic
         dt = problem.dtype
-        def call(q, k, v, o, do, lse):
+        def call(q, k, v, o, do, lse, dl=None):
             r = self._ta.backward(_typed(q, dt), _typed(k, dt), _typed(v, dt), _typed(o, dt), _typed(do, dt),
-                                  lse=np.asarray(lse, np.float32), **kw)
+                                  lse=np.asarray(lse, np.float32), dlse=dl, **kw)
             return r
+        dl = None if dlse is None else np.asarray(dlse, np.float32)
         if not problem.varlen:
-            r = call(a["q"], a["k"], a["v"], fwd.out, a["dout"], fwd.lse)
+            r = call(a["q"], a["k"], a["v"], fwd.out, a["dout"], fwd.lse, dl)
             st = getattr(r, "stages", None)
             if taps is not None and st is not None:
                 acc = np.asarray(st["dq_accum"])
@@ -291,8 +301,12 @@ class TwinTarget(Target):
         for _, sq, sk in self._segments(problem, a):
             if sq.stop == sq.start:
                 continue
+            if dl is not None and "varlen_dlse_offset_dropped" in self.layout_mutations:
+                sl = slice(0, sq.stop - sq.start)      # every sequence reads the first one's rows
+            else:
+                sl = sq
             r = call(a["q"][sq][None], a["k"][sk][None], a["v"][sk][None], fwd.out[sq][None],
-                     a["dout"][sq][None], fwd.lse[:, sq][None])
+                     a["dout"][sq][None], fwd.lse[:, sq][None], None if dl is None else dl[:, sl][None])
             dq[sq] = np.asarray(r.dq, np.float64)[0]
             dk[sk] = np.asarray(r.dk, np.float64)[0]
             dv[sk] = np.asarray(r.dv, np.float64)[0]
@@ -749,9 +763,11 @@ class ProductionTarget(Target):
         return Bwd(dq, dk, dv, self._np(getattr(r, "dsink", None)))
 
 
-#: faults the twin can plant in its call-form layer (fa4verify.call_layout), for the fuzz's own
-#: mutation tests: ``paged_wrong_permutation`` reads a permuted page table in reversed order
-LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation",)
+#: faults the twin can plant in its call-form layer (fa4verify.call_layout) and its varlen
+#: sequence loop, for the fuzz's own mutation tests: ``paged_wrong_permutation`` reads a permuted
+#: page table in reversed order; ``varlen_dlse_offset_dropped`` reads every sequence's dLSE from
+#: the first sequence's rows (a dropped ``offset_batch`` of FA4's preprocess)
+LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation", "varlen_dlse_offset_dropped")
 
 
 def block_mask_heads(problem: AttentionProblem) -> int:

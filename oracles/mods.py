@@ -130,16 +130,18 @@ def backward(q: Any, k: Any, v: Any, dout: Any, *, softmax_scale: Optional[float
              score: Optional[Callable] = None, grad: Optional[Callable] = None,
              keep: Optional[Callable] = None, lipschitz: float = 1.0,
              curvature: float = 0.0, softcap: float = 0.0, learnable_sink: Any = None,
-             cu_seqlens_q: Any = None, cu_seqlens_k: Any = None) -> AttentionBackward:
+             cu_seqlens_q: Any = None, cu_seqlens_k: Any = None, dlse: Any = None) -> AttentionBackward:
     """The exact gradient (the oracle's own O enters D, ``out_source="oracle"``) with bounds;
     ``grad`` is required with ``score``; ``dsink`` with ``learnable_sink``; layouts as
-    :func:`forward`'s."""
+    :func:`forward`'s. ``dlse``: a gradient through the returned LSE, in the LSE's layout
+    ((b, h, s), varlen (h, total)): ``D' = D - dLSE`` enters dS and dsink (``d`` holds D')."""
     if score is not None and grad is None:
         raise ValueError("backward with a score function needs its derivative (grad)")
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         return _varlen(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, softmax_scale, score, grad, keep, lipschitz,
-                       curvature, softcap, learnable_sink)[1]
-    fw, bw = _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, softcap, learnable_sink)
+                       curvature, softcap, learnable_sink, dlse)[1]
+    fw, bw = _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, softcap, learnable_sink,
+                  dlse)
     return bw
 
 
@@ -159,7 +161,7 @@ def _results(scale, out, ob, lse, lb, grads=None):
 
 
 def _varlen(q, k, v, dout, cu_q, cu_k, softmax_scale, score, grad, keep, lipschitz, curvature, softcap,
-            learnable_sink):
+            learnable_sink, dlse=None):
     """Forward (and backward) of a packed call: each sequence as batch entry ``b`` of its own,
     results side by side in the packed layouts."""
     if cu_q is None or cu_k is None:
@@ -178,6 +180,7 @@ def _varlen(q, k, v, dout, cu_q, cu_k, softmax_scale, score, grad, keep, lipschi
     out, ob = np.zeros((tq, H, Dv)), np.zeros((tq, H, Dv))
     lse, lb = np.full((H, tq), -np.inf), np.zeros((H, tq))
     sink = None if learnable_sink is None else np.asarray(learnable_sink, np.float64).reshape(-1)
+    dl = None if dlse is None or not bwd else _dlse(dlse, (H, tq))
     if sink is not None:
         lse[:] = sink[:, None]          # a row with no key: LSE = the sink's logit (FA4's)
     if bwd:
@@ -197,7 +200,8 @@ def _varlen(q, k, v, dout, cu_q, cu_k, softmax_scale, score, grad, keep, lipschi
         if ks.stop == ks.start:   # no key: O = 0, D = 0 (no gradient, no dsink); LSE -inf, or the sink
             continue
         fw, bw = _run(q[qs][None], k[ks][None], v[ks][None], None if not bwd else do[qs][None], scale,
-                      one["score"], one["grad"], kp, lipschitz, curvature, softcap, learnable_sink)
+                      one["score"], one["grad"], kp, lipschitz, curvature, softcap, learnable_sink,
+                      None if dl is None else dl[:, qs][None])
         out[qs], ob[qs] = fw.out[0], fw.bound[0]
         lse[:, qs], lb[:, qs] = fw.lse[0], fw.lse_bound[0]
         if bwd:
@@ -212,10 +216,19 @@ def _varlen(q, k, v, dout, cu_q, cu_k, softmax_scale, score, grad, keep, lipschi
                     (dq, dqb, dk, dkb, dv, dvb, dd, ddb, dsink, dsinkb) if bwd else None)
 
 
-def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, softcap=0.0, learnable_sink=None):
+def _dlse(dlse: Any, shape: tuple) -> np.ndarray:
+    dl = np.asarray(dlse, np.float64)
+    if dl.shape != shape:
+        raise ValueError(f"dlse: expected shape {shape} (the LSE's layout), got {dl.shape}")
+    return dl
+
+
+def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, softcap=0.0, learnable_sink=None,
+         dlse=None):
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     B, sq, H, D = q.shape
     _, sk, Hk, Dv = v.shape
+    dl = None if dlse is None or dout is None else _dlse(dlse, (B, H, sq))
     if H % Hk:
         raise ValueError(f"nheads {H} must be a multiple of nheads_kv {Hk}")
     if softcap:
@@ -273,6 +286,9 @@ def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, 
             dPb = _g(Dv) * (np.abs(dob) @ np.abs(vb).T)
             Dh = np.sum(dob * o, axis=-1)
             Db = np.sum(np.abs(dob) * obd, axis=-1) + _g(Dv) * np.sum(np.abs(dob * o), axis=-1)
+            if dl is not None:      # D' = D - dLSE, one more float64 rounding
+                Db = Db + U64 * (np.abs(Dh) + Db + np.abs(dl[b, h]))
+                Dh = Dh - dl[b, h]
             R = dP - Dh[:, None]
             dSy = P * R
             dSyb = rel * np.abs(dSy) + P * (dPb + Db[:, None]) + 2 * U64 * np.abs(dSy)

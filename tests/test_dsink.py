@@ -29,9 +29,9 @@ def _case(rng, B=2, S=37, H=3, d=64, lse_scale=3.0):
     return sink, lse, dout, out
 
 
-def _fa4_like(sink, lse, dout, out, rng):
+def _fa4_like(sink, lse, dout, out, rng, dlse=None):
     """FA4's dsink in fp32 (dsink_row_term + block_sum), the roundings real, MUFU perturbed within
-    its bound, the sums in a random order."""
+    its bound, the sums in a random order; with ``dlse`` the preprocess's D' = RN(D - dLSE)."""
     f32 = np.float32
     B, S, H, d = out.shape
     res = np.zeros(H)
@@ -44,6 +44,8 @@ def _fa4_like(sink, lse, dout, out, rng):
                 D = f32(0)
                 for t in rng.permutation(prod):
                     D = f32(D + t)
+                if dlse is not None:
+                    D = f32(D - f32(dlse[b, h, i]))
                 arg = f32(f32(sink[h]) - f32(lse[b, h, i]))
                 x = f32(arg * LOG2E_F32)
                 p = f32(np.exp2(np.float64(x)) * (1 + rng.uniform(-1, 1) * C["mufu_ex2_rel"]))
@@ -64,6 +66,26 @@ def test_the_allowance_holds_fa4s_fp32_procedure(seed):
     err = np.abs(got - ref)
     assert (err <= allow).all(), (err, allow)
     assert (allow < 1e-3 * np.maximum(np.abs(ref), 1e-6) + 1e-3).all(), (allow, ref)   # not vacuous
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_allowance_holds_with_a_gradient_through_the_lse(seed):
+    """D' = RN(D - dLSE) enters each row's term; the allowance takes the subtraction, and a
+    dsink formed without dLSE (or with its sign flipped) fails."""
+    rng = np.random.default_rng(100 + seed)
+    sink, lse, dout, out = _case(rng)
+    dl = np.float32(rng.standard_normal(lse.shape) * 0.5).astype(np.float64)
+    ref, allow = ivm.dsink_given_forward(sink, lse, dout, out, C, dlse=dl)
+    got = _fa4_like(sink, lse, dout, out, rng, dlse=dl)
+    assert (np.abs(got - ref) <= allow).all(), (np.abs(got - ref), allow)
+    plain, _ = ivm.dsink_given_forward(sink, lse, dout, out, C)
+    flipped, _ = ivm.dsink_given_forward(sink, lse, dout, out, C, dlse=-dl)
+    assert (np.abs(plain - ref) > allow).all() and (np.abs(flipped - ref) > allow).all()
+    v_ref, v_allow = ivm.dsink_given_forward(sink, lse[0], dout[0], out[0], C, dlse=dl[0])   # varlen layout
+    d_ref, d_allow = ivm.dsink_given_forward(sink, lse[:1], dout[:1], out[:1], C, dlse=dl[:1])
+    assert np.allclose(v_ref, d_ref, rtol=1e-15) and np.allclose(v_allow, d_allow, rtol=1e-12)
+    with pytest.raises(ValueError, match="dLSE"):
+        ivm.dsink_given_forward(sink, lse, dout, out, C, dlse=dl[0])
 
 
 def test_a_wrong_dsink_exceeds_the_allowance():

@@ -173,7 +173,8 @@ from fa4verify.problem import AttentionProblem, ValueSpec
 enter_fake_device("b200")
 p = AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=70, seqlen_k=90, nheads=2, nheads_kv=2,
                      head_dim=64, head_dim_v=64, causal=True, values=ValueSpec("normal", 0))
-print(json.dumps([_run_call(None, CompileCall("backward", p, dlse=d)) for d in (False, True)]))
+pv = p.replace(batch=2, seqlens_q=(70, 33), seqlens_k=(90, 41))      # the dLSE pass runs on varlen calls too
+print(json.dumps([_run_call(None, CompileCall("backward", x, dlse=d)) for x in (p, pv) for d in (False, True)]))
 """
 
 
@@ -184,8 +185,9 @@ def test_a_campaign_backward_also_compiles_its_dlse_variant():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FA4VERIFY_FAKE", "CUTE_DSL_", "FLASH_ATTENTION_"))}
     r = subprocess.run([sys.executable, "-c", _DLSE_CALL], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    plain, with_dlse = json.loads(r.stdout.strip().splitlines()[-1])
-    assert [c["op"] for c in plain["configs"]] == ["forward", "backward"], plain
-    assert [c["op"] for c in with_dlse["configs"]] == ["forward", "backward", "backward"], with_dlse
-    assert with_dlse["configs"][-1]["return_lse"] and not with_dlse["configs"][1]["return_lse"]
-    assert all(c["arch"] == 100 for c in with_dlse["configs"])
+    runs = json.loads(r.stdout.strip().splitlines()[-1])
+    for plain, with_dlse in (runs[:2], runs[2:]):
+        assert [c["op"] for c in plain["configs"]] == ["forward", "backward"], plain
+        assert [c["op"] for c in with_dlse["configs"]] == ["forward", "backward", "backward"], with_dlse
+        assert with_dlse["configs"][-1]["return_lse"] and not with_dlse["configs"][1]["return_lse"]
+        assert all(c["arch"] == 100 for c in with_dlse["configs"])

@@ -68,14 +68,16 @@ def _stand_in(arch="sm90"):
         calls.append(("backward", sorted(kw)))
         segs = _segments(kw, q.shape[0], k.shape[0])
         t = lambda x, like: torch.from_numpy(np.asarray(x, np.float32)).to(like.dtype)  # noqa: E731
+        dl = None if kw.get("dlse") is None else kw["dlse"].numpy()      # FA4's LSE layout
         if segs is None:
-            g = ta.backward(_np(q), _np(k), _np(v), _np(out), _np(dout), lse=lse.numpy(), **twin_kw(kw))
+            g = ta.backward(_np(q), _np(k), _np(v), _np(out), _np(dout), lse=lse.numpy(), dlse=dl, **twin_kw(kw))
             return adapter.BackwardResult(t(g.dq, q), t(g.dk, k), t(g.dv, v), None, cfg("backward", q))
         dq, dk, dv = (np.zeros(x.shape, np.float32) for x in (q, k, v))
         for sq, sk in segs:
             if sq.stop > sq.start:
                 g = ta.backward(_np(q[sq])[None], _np(k[sk])[None], _np(v[sk])[None], _np(out[sq])[None],
-                                _np(dout[sq])[None], lse=lse[:, sq].numpy()[None], **twin_kw(kw))
+                                _np(dout[sq])[None], lse=lse[:, sq].numpy()[None],
+                                dlse=None if dl is None else dl[:, sq][None], **twin_kw(kw))
                 dq[sq], dk[sk], dv[sk] = g.dq[0], g.dk[0], g.dv[0]
         return adapter.BackwardResult(t(dq, q), t(dk, k), t(dv, v), None, cfg("backward", q))
 

@@ -181,29 +181,25 @@ def test_dlse_tap_passes_d_minus_dlse_and_fails_the_sign_flip():
 
 @pytest.mark.parametrize("sign", [-1.0, 1.0])
 def test_bwd_stages_runs_the_dlse_pass_on_a_target_that_takes_it(sign):
-    """The property's plumbing: a target that takes ``dlse`` gets a second backward with one,
-    and its tapped D' is judged (here the twin's taps with FA4's preprocess step applied,
-    ``D - dLSE``, or the fault ``D + dLSE``)."""
+    """The property's plumbing: a target that takes ``dlse`` gets a second backward with one; its
+    tapped D' and its gradients are judged (the twin applies FA4's preprocess step, ``D - dLSE``;
+    the fault ``D + dLSE`` fails both)."""
     from fa4verify.fuzz import TwinTarget, Violation, check_problem
     from fa4verify.problem import AttentionProblem, ValueSpec
     seen = []
 
     class DlseTwin(TwinTarget):
-        def dlse_unsupported(self, problem):
-            return None
-
         def backward(self, problem, a, fwd, *, deterministic=True, taps=None, dlse=None):
-            r = super().backward(problem, a, fwd, deterministic=deterministic, taps=taps)
             if dlse is not None:
                 seen.append(dlse.shape)
-                taps["dpsum"] = (np.asarray(taps["dpsum"], np.float64)[..., :problem.seqlen_q]
-                                 + sign * np.asarray(dlse, np.float64)).astype(np.float32)
-            return r
+                dlse = -sign * np.asarray(dlse, np.float32)
+            return super().backward(problem, a, fwd, deterministic=deterministic, taps=taps, dlse=dlse)
     p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=70, seqlen_k=90, nheads=2, nheads_kv=2,
                          head_dim=64, head_dim_v=64, causal=True, values=ValueSpec("normal", 5))
     if sign < 0:
         out = check_problem(p, DlseTwin(), properties=["bwd_budget", "bwd_stages"])
         assert out.metrics["tightness_D_dlse"] <= 1 and seen == [(1, 2, 70)]
+        assert all(0 < out.metrics[f"tightness_dlse_{n}"] <= 1 for n in ("dq", "dk", "dv"))
     else:
         with pytest.raises(Violation, match="D_dlse"):
             check_problem(p, DlseTwin(), properties=["bwd_budget", "bwd_stages"])
@@ -221,30 +217,17 @@ def test_bwd_stages_judges_the_public_autograd_path(fault, varlen):
     calls = []
 
     class AutogradTwin(TwinTarget):
-        def dlse_unsupported(self, problem):
-            return None
-
         def autograd_unsupported(self, problem):
             return None
-
-        def backward(self, problem, a, fwd, *, deterministic=True, taps=None, dlse=None):
-            r = super().backward(problem, a, fwd, deterministic=deterministic, taps=taps)
-            if dlse is not None:       # the driver applies dLSE: here a marker in dQ
-                if taps is not None:
-                    taps["dpsum"] = (np.asarray(taps["dpsum"], np.float64)[..., :problem.seqlen_q]
-                                     - np.asarray(dlse, np.float64)).astype(np.float32)
-                r = type(r)(np.nextafter(r.dq, np.inf), r.dk, r.dv, r.dsink)
-            return r
 
         def backward_autograd(self, problem, a, *, deterministic=True, dlse=None):
             calls.append(dlse is not None)
             fwd = self.forward(problem, a)
-            r = TwinTarget.backward(self, problem, a, fwd, deterministic=deterministic)
+            r = TwinTarget.backward(self, problem, a, fwd, deterministic=deterministic,
+                                    dlse=None if fault == "dlse_dropped" else dlse)
             dq = r.dq
             if fault == "scaled_dq" and dlse is None:
                 dq = dq * 1.1
-            if dlse is not None and fault != "dlse_dropped":
-                dq = np.nextafter(dq, np.inf)
             return type(r)(dq, r.dk, r.dv, r.dsink)
     p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=70, seqlen_k=90, nheads=2, nheads_kv=2,
                          head_dim=64, head_dim_v=64, causal=True, values=ValueSpec("normal", 5))

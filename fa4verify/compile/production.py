@@ -282,7 +282,7 @@ class CompileCall:
     shape, in the problem's dtype), ``emulation`` "default" or "disabled" (SM100's exp2 emulation
     off), ``deterministic`` (backward), ``purpose``: what the check uses it for (reports),
     ``dlse``: the backward also runs with a gradient through the LSE where the check's dLSE pass
-    would (Note [A gradient through the LSE]: dense calls the target takes it on)."""
+    would (Note [A gradient through the LSE]: the calls the target takes it on, varlen included)."""
     op: str
     problem: Any
     emulation: str = "default"
@@ -383,7 +383,7 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
         if call.op == "backward" and no_bwd is None:
             tgt.backward(call.problem, a, f, deterministic=call.deterministic)
             cfgs.append(_summary_config(tgt.last_config or {}))
-            if call.dlse and not call.problem.varlen and tgt.dlse_unsupported(call.problem) is None:
+            if call.dlse and tgt.dlse_unsupported(call.problem) is None:
                 import numpy as np
                 tgt.backward(call.problem, a, f, deterministic=call.deterministic,
                              dlse=np.zeros(np.shape(f.lse), np.float32))

@@ -48,12 +48,14 @@ Properties (:data:`PROPERTIES`)
     :mod:`fa4verify.kernels.stage_taps`; CPU twin: the same values of its backward,
     ``TwinTarget.taps_unsupported``) within their stage budgets
     (:func:`fa4verify.stages.taps.judge_taps`): a fault in one stage shows there even when the
-    end-to-end dQ/dK/dV budgets hide it. Note [A gradient through the LSE]: on production the
-    backward runs a second time with a seeded ``dlse`` (what ``return_lse=True`` and a loss that
-    uses the LSE hand FA4: ring / context-parallel merges, z-loss); FA4 applies it in one place,
-    the preprocess's ``D' = D - dLSE``, which the main kernel then reads as D, so the tapped D' is
-    judged (stage ``d_pre_dlse``). Dense calls only, like the taps, and only those a call form
-    does not rearrange (the LSE the call returns is then the problem's). Note [The public autograd
+    end-to-end dQ/dK/dV budgets hide it. Note [A gradient through the LSE]: the backward runs a
+    second time with a seeded ``dlse`` (what ``return_lse=True`` and a loss that uses the LSE
+    hand FA4: ring / context-parallel merges, z-loss); FA4 applies it in one place, the
+    preprocess's ``D' = D - dLSE``, which the main kernel then reads as D. The tapped D' is judged
+    (stage ``d_pre_dlse``, dense calls, like the taps) and the gradients of that pass against the
+    oracle's with the same ``dlse`` within the composed budgets (Note [The composed budgets with
+    dLSE], varlen calls too), on the calls a call form does not rearrange (the LSE the call
+    returns is then the problem's). Note [The public autograd
     path] (fa4verify/targets.py): on calls without a call form the backward also runs through
     FA4's ``flash_attn_func`` / ``flash_attn_varlen_func`` autograd; its dQ/dK/dV are judged within
     the driver's budgets and, given the same ``dlse`` and deterministic, must equal the driver's
@@ -157,14 +159,15 @@ def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: n
 
 
 def _judge_dsink(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: Any, stats: Any,
-                 undecided: dict[str, str]) -> float:
+                 undecided: dict[str, str], dlse: Optional[np.ndarray] = None) -> float:
     """``bwd_budget`` of the learnable sink's gradient, given the forward outputs the backward read
     (Note [dsink given the forward], ``error_budgets/interval.py``): FA4's dsink against
-    ``-sum_i exp(sink - lse_i) D_i`` from its own LSE and O, within a rigorous fp32 allowance."""
+    ``-sum_i exp(sink - lse_i) D_i`` from its own LSE and O, within a rigorous fp32 allowance
+    (``D_i - dLSE_i`` with a gradient through the LSE)."""
     from fa4verify.error_budgets import interval as ivm
     try:
         ref, allow = ivm.dsink_given_forward(a["learnable_sink"], fwd.lse, a["dout"], fwd.out,
-                                             stats.budget.constants)
+                                             stats.budget.constants, dlse=dlse)
     except ValueError as e:
         undecided["bwd_budget.dsink"] = str(e)
         return 0.0
@@ -490,8 +493,9 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         g_dl = dl = None
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
-                            if target.dlse_unsupported(problem) is None:
-                                dl, g_dl = _judge_dlse(problem, a, fwd, target, deterministic, metrics, undecided)
+                        if "bwd_stages" in props and target.dlse_unsupported(problem) is None:
+                            dl, g_dl = _judge_dlse(problem, a, fwd, target, deterministic, stats, ref_out,
+                                                   taps is not None, metrics, undecided)
                         if "bwd_stages" in props and target.autograd_unsupported(problem) is None:
                             try:
                                 _judge_autograd(problem, a, fwd, target, deterministic, obwd, allow, stats, dl, g_dl,
@@ -551,18 +555,57 @@ def _stage_verdict(problem: AttentionProblem, n: str, v: Any, metrics: dict, und
 
 
 def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Any, deterministic: bool,
-                metrics: dict, undecided: dict) -> None:
-    """Part of ``bwd_stages`` (Note [A gradient through the LSE]): the backward once more with a
-    seeded ``dlse`` (normal, sd 0.5, fp32; one per row and head), its tapped D' within
-    ``d_pre_dlse`` of ``rowsum(dO * O) - dLSE``."""
+                stats: Any, ref_out: Any, tapped: bool, metrics: dict, undecided: dict) -> tuple:
+    """Part of ``bwd_stages`` (Note [A gradient through the LSE]), on every call without a call
+    form's rearrangement (varlen included): the backward once more with a seeded ``dlse``
+    (normal, sd 0.5, fp32; one per row and head). Where the stages are tapped (``tapped``: dense
+    calls), its D' within ``d_pre_dlse`` of ``rowsum(dO * O) - dLSE``; always its dQ, dK, dV (and
+    dsink) against the oracle's with the same ``dlse`` within the composed budgets (Note [The
+    composed budgets with dLSE], fa4verify/judge/stats.py): a fault in how dLSE reaches the main
+    kernel -- a varlen offset, a row or head mix-up -- fails there even where nothing is tapped.
+    Returns ``(dlse, gradients)``."""
     from fa4verify.stages.taps import judge_dlse_tap
     dl = _seeded_dlse(problem, fwd)
-    taps: dict = {}
-    g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, taps=taps, dlse=dl)
-    with np.errstate(invalid="ignore", over="ignore"):
-        v = judge_dlse_tap(problem, a, fwd.out, taps.get("dpsum"), dl, budgets=_budget(problem))
-    _stage_verdict(problem, "D_dlse", v, metrics, undecided)
+    taps: Optional[dict] = {} if tapped else None
+    extra = {} if taps is None else {"taps": taps}
+    g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, dlse=dl, **extra)
+    if taps is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            v = judge_dlse_tap(problem, a, fwd.out, taps.get("dpsum"), dl, budgets=_budget(problem))
+        _stage_verdict(problem, "D_dlse", v, metrics, undecided)
+    _judge_dlse_grads(problem, a, fwd, g, dl, target, stats, ref_out, metrics, undecided)
     return dl, g
+
+
+def _judge_dlse_grads(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: Any, dl: np.ndarray,
+                      target: Any, stats: Any, ref_out: Any, metrics: dict, undecided: dict) -> None:
+    """The gradients of a backward given ``dl`` within the composed budgets with dLSE, as the
+    driver's are judged without it (``bwd_budget``, quantities dq / dk / dv / dsink: a known FA4
+    issue explains them as it explains the driver's); metrics ``tightness_dlse_*``."""
+    import copy
+    try:
+        ob = judge.oracle_backward(problem, a, dlse=dl)
+    except (DependencyMissing, Unsupported) as e:
+        undecided["bwd_budget.dlse"] = f"no oracle backward with a gradient through the LSE: {e}"
+        return
+    st = copy.copy(stats)      # its backward() records per-call state (fallbacks, floors) on itself
+    with np.errstate(invalid="ignore", over="ignore"):
+        allow = st.backward(ob, ref_out.budget, ref_out.bound, probabilistic=False, kernel_fwd=(fwd.out, fwd.lse),
+                            tensor_core=getattr(target, "tensor_core", None), dlse=dl)
+    tmp: dict[str, str] = {}
+    try:
+        for n in ("dq", "dk", "dv"):
+            metrics[f"tightness_dlse_{n}"] = _compare(
+                "bwd_budget", n, getattr(g, n), getattr(ob, n), getattr(ob, f"{n}_bound"), allow[n], problem, tmp,
+                ftz_floor=st.ftz_floor[n], blind_above=st.bwd_blind_above[n])
+        if problem.sink and getattr(g, "dsink", None) is not None:
+            metrics["tightness_dlse_dsink"] = _judge_dsink(problem, a, fwd, g, st, tmp, dlse=dl)
+    except Violation as e:
+        e.message = "with a gradient through the LSE (seeded dlse), " + e.message
+        e.args = (f"[{e.prop}] {e.message}",)
+        raise
+    for k, why in tmp.items():
+        undecided.setdefault(k.replace("bwd_budget.", "bwd_budget.dlse_", 1), why)
 
 
 def _seeded_dlse(problem: AttentionProblem, fwd: Any) -> np.ndarray:

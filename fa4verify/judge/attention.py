@@ -177,19 +177,20 @@ def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
     return orc.forward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt), **_oracle_kwargs(problem, a))
 
 
-def oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
-    """The exact gradient (the oracle's own O enters D)."""
+def oracle_backward(problem: AttentionProblem, a: Mapping[str, Any], dlse: Any = None):
+    """The exact gradient (the oracle's own O enters D); ``dlse``: a gradient through the
+    returned LSE (FA4's LSE layout), ``D' = D - dLSE``."""
     from fa4verify.oracles import attention as orc
     if _keep_pattern(problem):
         from fa4verify.judge import keep_pattern
-        return keep_pattern.oracle_backward(problem, a)
+        return keep_pattern.oracle_backward(problem, a, dlse=dlse)
     dt = problem.dtype
     if problem.mods:
         from fa4verify.oracles import mods as om
         return om.backward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt),
-                           as_input_dtype(a["dout"], dt), **_mod_callables(problem, a))
+                           as_input_dtype(a["dout"], dt), dlse=dlse, **_mod_callables(problem, a))
     return orc.backward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt), None,
-                        as_input_dtype(a["dout"], dt), **_oracle_kwargs(problem, a))
+                        as_input_dtype(a["dout"], dt), dlse=dlse, **_oracle_kwargs(problem, a))
 
 
 @dataclasses.dataclass

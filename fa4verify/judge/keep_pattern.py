@@ -152,14 +152,19 @@ def _sum_keys(problem, x: np.ndarray, bound: np.ndarray, rw) -> tuple[np.ndarray
     return _unview(problem, s), _unview(problem, sb + n.reshape(n.shape + (1,) * (x.ndim - 1)) * _EPS * sa)
 
 
-def oracle_backward(problem, a: Mapping[str, Any]):
-    """The exact gradient of ``problem`` (dense, with a keep-pattern) in the dense layouts."""
+def oracle_backward(problem, a: Mapping[str, Any], dlse: Any = None):
+    """The exact gradient of ``problem`` (dense, with a keep-pattern) in the dense layouts;
+    ``dlse``: a gradient through the returned LSE, in FA4's LSE layout (each packed row reads its
+    own row's)."""
     from fa4verify.judge.attention import as_input_dtype
     from fa4verify.oracles import attention as orc
     rw = rewrite(problem)
     q, k, v, kw = _packed(problem, a, rw)
     qb, qr = rw["q_index"].T
     do = as_input_dtype(view(problem, a["dout"])[qb, qr], problem.dtype)
+    if dlse is not None:
+        dl = np.asarray(dlse, np.float64)
+        kw["dlse"] = (dl[None] if problem.varlen else dl)[qb, :, qr].T      # (heads, packed rows)
     g = orc.backward(q, k, v, None, do, **kw)
     dk, dkb = _sum_keys(problem, np.asarray(g.dk, np.float64), np.asarray(g.dk_bound, np.float64), rw)
     dv, dvb = _sum_keys(problem, np.asarray(g.dv, np.float64), np.asarray(g.dv_bound, np.float64), rw)

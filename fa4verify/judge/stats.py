@@ -308,10 +308,13 @@ class BudgetStats:
 
     def backward(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
                  probabilistic: bool = True, kernel_fwd: Optional[tuple] = None,
-                 tensor_core: Optional[str] = None) -> dict[str, np.ndarray]:
+                 tensor_core: Optional[str] = None, dlse: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
         """Allowances for dq, dk, dv (FA4 layouts) given the oracle backward (exact O); with
         ``probabilistic`` also the sharper tier's ``dq_prob``/``dk_prob``/``dv_prob`` where the
         budget set has them (callers that judge only the worst-case tier skip their cost).
+        ``dlse``: a gradient through the returned LSE (FA4's LSE layout; ``obwd`` must be the
+        oracle's with the same ``dlse``): Note [The composed budgets with dLSE]; the sharper
+        tier is not formed then.
 
         Note [Backward interval fallback]: where a first-order budget is not valid (``+inf`` past
         ``first_order``'s limit, or NaN), the element's allowance is the interval bound
@@ -320,7 +323,9 @@ class BudgetStats:
         ``kernel_fwd``: the ``(out, lse)`` the kernel's backward read (its own forward outputs,
         FA4 layouts); without it the interval bound reads the oracle's O and LSE widened by their
         forward allowances."""
-        out = self._backward_first_order(obwd, out_allow, out_bound, probabilistic=probabilistic)
+        dl_t = None if dlse is None else self._lse_tokens(np.asarray(dlse, np.float64))
+        out = self._backward_first_order(obwd, out_allow, out_bound, probabilistic=probabilistic and dl_t is None,
+                                         dl_t=dl_t)
         valid = {n: np.isfinite(b) & (b >= 0) for n, b in out.items()}
         self.bwd_fallback = {n: np.zeros(np.shape(b), bool) for n, b in out.items()}
         #: Note [A bound without power] (fa4verify/judge/verdict.py): per gradient element, the
@@ -340,7 +345,8 @@ class BudgetStats:
                      or float(np.max(self._bp_row, initial=0.0)) > FIRST_ORDER_LIMIT
                      or (self.out_fallback is not None and bool(self.out_fallback[0].any())))
         if "bwd_s_accum" in self.budget and stretched:
-            iv = self.backward_interval(obwd, out_allow, out_bound, kernel_fwd=kernel_fwd, tensor_core=tensor_core)
+            iv = self.backward_interval(obwd, out_allow, out_bound, kernel_fwd=kernel_fwd, tensor_core=tensor_core,
+                                        dl_t=dl_t)
             blind_iv = self.bwd_blind_above
             self.bwd_blind_above = {}
             for n, b in out.items():
@@ -372,7 +378,8 @@ class BudgetStats:
                 "over 1000 log2 units): the problem's logits are beyond what the bound can represent")
 
     def backward_interval(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
-                          kernel_fwd: Optional[tuple] = None, tensor_core: Optional[str] = None) -> dict[str, np.ndarray]:
+                          kernel_fwd: Optional[tuple] = None, tensor_core: Optional[str] = None,
+                          dl_t: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
         """The interval bound (error_budgets/interval.py, DERIVATIONS.md#backward-interval) for
         ``dq``, ``dk``, ``dv`` and ``dq_accum`` (FA4 layouts, dQ units before the cast): per
         element ``|mid - ref| + rad`` of the enclosure of every value the kernel model admits.
@@ -472,6 +479,7 @@ class BudgetStats:
                                         lse_self=None if lse_self is None else lse_self[qs, h],
                                         sink=None if sink is None else float(sink[h]),
                                         n_blocks=self.row["n_blocks"][qs, h],
+                                        dlse=None if dl_t is None else dl_t[qs, h],
                                         s_kernel=(_tc_mma(q[qs, h], k[ks, hk], None, mma_model)
                                                   if mma_model is not None and _tc_in_domain(q[qs, h], k[ks, hk], p.dtype)
                                                   else None))
@@ -516,8 +524,19 @@ class BudgetStats:
         return np.moveaxis(np.asarray(lse), 1, 2).reshape(-1, self.H)
 
     def _backward_first_order(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
-                              probabilistic: bool = True) -> dict[str, np.ndarray]:
-        """The first-order composed budgets ``backward_*`` (DERIVATIONS.md#bwd-composition)."""
+                              probabilistic: bool = True, dl_t: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
+        """The first-order composed budgets ``backward_*`` (DERIVATIONS.md#bwd-composition);
+        ``dl_t``: a gradient through the LSE, token-major (t, H).
+
+        Note [The composed budgets with dLSE]
+        -------------------------------------
+        With a gradient through the returned LSE, FA4's preprocess writes ``D' = RN(D - dLSE)``
+        and the main kernel reads it as D (``flash_bwd_preprocess.py``); dLSE enters nowhere
+        else. So every ``backward_*`` budget keeps its form, its statistics read D' where they
+        read D (``dS = P (dP - D')``, ``|dP - D'|``), and the D error ``derr`` gains the one fp32
+        subtraction: ``|D'~ - D'| <= derr (1 + u) + u (sum_d (|O| + b_O) |dO| + |dLSE|)``
+        (dLSE is an fp32 value, exact; DERIVATIONS.md#bwd-composition). The interval bound
+        widens D the same way (error_budgets/interval.py ``pair_intervals``)."""
         p = self.problem
         if self.dout is None:
             raise ValueError("BudgetStats.backward: the arrays carry no dout")
@@ -534,6 +553,8 @@ class BudgetStats:
             out_allow = np.where(self.out_fallback[0], self.out_fallback[1], out_allow)
         bO = flat(out_allow) + flat(np.asarray(out_bound, np.float64))
         derr = np.sum(bO * np.abs(dout), axis=-1) + gamma(self.Dv) * np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1)
+        if dl_t is not None:      # Note [The composed budgets with dLSE]: D' = RN(D - dLSE)
+            derr = derr * (1 + _U32) + _U32 * (np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1) + np.abs(dl_t))
         # the probabilistic D error (DERIVATIONS.md#probabilistic-bwd): the O errors as a Hoeffding
         # sum over d (bounded by the probabilistic forward allowance when the set has it)
         prob = probabilistic and all(f"backward_{n}_prob" in self.budget for n in ("dq", "dk", "dv"))
@@ -576,6 +597,8 @@ class BudgetStats:
                 w = W[h]
                 dP = dout[qs, h] @ v[ks, hk].T
                 Dh = np.sum(O[qs, h] * dout[qs, h], axis=-1)
+                if dl_t is not None:
+                    Dh = Dh - dl_t[qs, h]
                 dS = w * (dP - Dh[:, None])
                 if p.softcap > 0:
                     dS = dS * (1 - TH[h] ** 2)

@@ -487,6 +487,16 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "                mask_mod=ctx.mask_mod,\n"),),
         "bwd", ("dq", "dk")),
     SourceMutant(
+        "bwd_preprocess_varlen_dlse_offset_dropped",
+        "backward preprocess, varlen: D' = D - dLSE reads every sequence's dLSE from the first "
+        "sequence's rows (the cu_seqlens offset of dLSE dropped); no stage is tapped on a varlen call "
+        "and the public autograd path shares the fault, so only the dLSE pass's gradients can see it",
+        (Edit("flash_bwd_preprocess.py",
+              "                mdLSE_cur = seqlen.offset_batch(mdLSE, batch_idx, dim=2)[None, head_idx]\n",
+              "                mdLSE_cur = (mdLSE if const_expr(seqlen.has_cu_seqlens)\n"
+              "                             else seqlen.offset_batch(mdLSE, batch_idx, dim=2))[None, head_idx]\n"),),
+        "bwd", ("dq", "dk")),
+    SourceMutant(
         "block_sparse_fwd_batch_index_dropped",
         "block-sparse forward (fixed-length): every batch entry reads batch 0's mask/full block lists "
         "(per-batch block masks collapse to the first sample's)",

@@ -144,10 +144,13 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
              dtype: str | None = None, accumulation: str = "exact-then-round",
              mufu: str = "correctly-rounded", seed: int = 0,
              stage_probe: Callable[[StageSample], None] | None = None,
-             out_fp32=None) -> TwinBackwardResult:
+             out_fp32=None, dlse=None) -> TwinBackwardResult:
     """CPU twin of FA4's backward.  ``out`` is the forward output (dtype-rounded), ``lse`` the
     forward LSE (natural log, (b, h, sq)); when ``lse`` is None (or ``d_from_fp32_o`` needs the
-    fp32 O and ``out_fp32`` is not given) the twin forward is run with the same settings."""
+    fp32 O and ``out_fp32`` is not given) the twin forward is run with the same settings.
+    ``dlse``: a gradient through the returned LSE ((b, h, sq), fp32 values); the preprocess then
+    writes ``D' = RN(D - dLSE)`` and the main kernel reads it as D (FA4's
+    ``flash_bwd_preprocess.py``, the only place dLSE enters)."""
     exact = frozenset(exact_stages)
     muts = frozenset(mutations)
     bad = exact - set(BWD_STAGES) - set(tf.FWD_STAGES)
@@ -212,6 +215,11 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
         # the production source mutant of the same name (fa4verify.mutants.source): the
         # preprocess's D times (1 + 2^-10), one fp32 multiply
         Dpre = (np.asarray(Dpre, F32) * F32(1.0 + 2.0 ** -10)).astype(np.asarray(Dpre).dtype)
+    if dlse is not None:
+        dl = np.asarray(dlse, F32)
+        if dl.shape != (B, Hq, Sq):
+            raise ValueError(f"dlse: expected shape {(B, Hq, Sq)} (batch, nheads, seqlen_q), got {dl.shape}")
+        Dpre = np.asarray(Dpre, F64) - dl if "d_pre" in exact else _sub(Dpre, dl)
     if probe and "d_pre" not in exact:
         o64, do64 = np.asarray(O_for_d, F64), dO.astype(F64)
         probe(StageSample("d_pre", Dpre, (o64 * do64).sum(-1),
