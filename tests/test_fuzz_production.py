@@ -81,7 +81,45 @@ def _stand_in(arch="sm90"):
                 dq[sq], dk[sk], dv[sk] = g.dq[0], g.dk[0], g.dv[0]
         return adapter.BackwardResult(t(dq, q), t(dk, k), t(dv, v), None, cfg("backward", q))
 
-    return types.SimpleNamespace(forward=forward, backward=backward, versions=lambda: {"stand-in": True}), calls
+    def forward_backward_autograd(q, k, v, dout, **kw):
+        inspect.signature(adapter.forward_backward_autograd).bind(q, k, v, dout, **kw)
+        calls.append(("autograd", sorted(n for n, x in kw.items() if x is not None)))
+        dl = None if kw.get("dlse") is None else kw["dlse"].numpy()
+        segs = _segments(kw, q.shape[0], k.shape[0])
+        t = lambda x, like: torch.from_numpy(np.asarray(x, np.float32)).to(like.dtype)  # noqa: E731
+        parts = [(slice(None), slice(None))] if segs is None else segs
+        out = np.zeros(q.shape[:-1] + v.shape[-1:], np.float32)
+        lse = np.full((q.shape[0], q.shape[2], q.shape[1]) if segs is None else (q.shape[1], q.shape[0]), -np.inf,
+                      np.float32)
+        dq, dk, dv = (np.zeros(x.shape, np.float32) for x in (q, k, v))
+        for sq, sk in parts:
+            one = (lambda x: x) if segs is None else (lambda x: x[None])       # noqa: E731
+            qs, ks, vs, dos = (one(_np(x[s])) for x, s in ((q, sq), (k, sk), (v, sk), (dout, sq)))
+            if qs.shape[1] == 0:
+                continue
+            f = ta.forward(qs, ks, vs, **twin_kw(kw))
+            d = None if dl is None else (dl if segs is None else dl[:, sq][None])
+            g = ta.backward(qs, ks, vs, f.out, dos, lse=f.lse, dlse=d, deterministic=kw["deterministic"],
+                            **twin_kw(kw))
+            if segs is None:
+                out, lse, dq, dk, dv = f.out, f.lse, g.dq, g.dk, g.dv
+            else:
+                out[sq], lse[:, sq], dq[sq], dk[sk], dv[sk] = f.out[0], f.lse[0], g.dq[0], g.dk[0], g.dv[0]
+        dsink = None
+        if kw.get("learnable_sink") is not None:     # the sink's gradient from the forward's O and LSE
+            sink = kw["learnable_sink"].double().numpy()
+            o64, do64, l64 = (np.asarray(x, np.float64) for x in (out, _np(dout), lse))
+            D = np.einsum("...hd,...hd->...h", do64, o64)
+            D = np.moveaxis(D, -1, -2) if segs is None else D.T                # the LSE's layout
+            if dl is not None:
+                D = D - dl
+            with np.errstate(invalid="ignore"):
+                p = np.where(np.isneginf(l64), 1.0, np.exp(np.expand_dims(sink, -1) - l64))
+            dsink = torch.from_numpy(-(p * D).reshape(-1, len(sink), p.shape[-1]).sum(axis=(0, 2)).astype(np.float32))
+        return t(out, q), torch.from_numpy(np.asarray(lse, np.float32)), t(dq, q), t(dk, k), t(dv, v), dsink
+
+    return types.SimpleNamespace(forward=forward, backward=backward, forward_backward_autograd=forward_backward_autograd,
+                                 versions=lambda: {"stand-in": True}), calls
 
 
 def test_production_target_calls_match_the_adapter_api_and_pass_on_the_twin():
@@ -92,7 +130,9 @@ def test_production_target_calls_match_the_adapter_api_and_pass_on_the_twin():
     res = fuzz.run_campaign(target=tgt, arch="sm90", examples=16, seed=3, profile="ci",
                             features=("causal", "local", "softcap", "gqa", "sink", "varlen"))
     assert not res.found, res.failure and res.failure["message"]
-    assert res.examples_run >= 10 and {c[0] for c in calls} == {"forward", "backward"}
+    assert res.examples_run >= 10 and {c[0] for c in calls} == {"forward", "backward", "autograd"}
+    # the public autograd path ran, with a gradient through the LSE on deterministic calls
+    assert any("dlse" in kw for op, kw in calls if op == "autograd")
     assert res.coverage["varlen"].get("True", 0) > 0 and res.coverage["zero_length"].get("True", 0) > 0
     assert res.properties_ran.get("deterministic_bwd", 0) >= 8       # production runs it (twice per example)
     assert res.target["kernel_configs"]
