@@ -236,6 +236,42 @@ def lpt_l2_bytes() -> int:
     return int(m.group(1)) * int(m.group(2)) * int(m.group(3)) if m else LPT_L2_BYTES_PINNED
 
 
+def lpt_bwd_swizzle(seqlen_q: int, head_dim: int, head_dim_v: int, elem: int = 2) -> int:
+    """The (batch, head) pairs per L2 section of FA4's ``SingleTileLPTBwdScheduler`` (every dense
+    deterministic SM90 backward): ``2^floor(log2(size_l2 / (seqlen_q ((hd + hdv) elem + hd 4))))``,
+    1 where one head exceeds ``size_l2`` (``tile_scheduler.py``: the backward passes seqlen_q as the
+    scheduler's seqlen_k, ``flash_bwd_sm90.py``, and counts Q, dO and the fp32 dQ accumulator of a
+    head). ``size_l2`` read from that class in the installed release; the pinned value without FA4."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    l2 = LPT_L2_BYTES_PINNED
+    if d is not None:
+        text = _source_text(str(d / "tile_scheduler.py"))
+        at = text.find("class SingleTileLPTBwdScheduler")
+        m = re.search(r"size_l2\s*=\s*(\d+)\s*\*\s*(\d+)\s*\*\s*(\d+)", text[at:]) if at >= 0 else None
+        if m:
+            l2 = int(m.group(1)) * int(m.group(2)) * int(m.group(3))
+    per_head = int(seqlen_q) * ((head_dim + head_dim_v) * elem + head_dim * 4)
+    return 1 if l2 < per_head else 1 << ((l2 // per_head).bit_length() - 1)
+
+
+CU_BLOCKS_CHUNK_PINNED = 1024
+
+
+def cu_blocks_chunk() -> Optional[int]:
+    """The sequences one pass of FA4's ``CuSeqlensToBlocksKernel`` counts (its default
+    ``num_threads``, ``cu_blocks_kernel.py``; 1024 in the pinned 4.0.0b36): the varlen batch lookup
+    of a call with more sequences loops over chunks, carrying the running block count from one
+    chunk to the next. None when the release has no such kernel; the pinned value without FA4."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return CU_BLOCKS_CHUNK_PINNED
+    m = re.search(r"class CuSeqlensToBlocksKernel.*?num_threads:\s*int\s*=\s*(\d+)",
+                  _source_text(str(d / "cu_blocks_kernel.py")), re.S)
+    return int(m.group(1)) if m else None
+
+
 def bwd_k_lookup_unguarded(source: str) -> bool:
     """Whether ``_flash_attn_bwd``'s source (``interface.py`` text) builds the K side's varlen batch
     lookup (``cu_total_m_blocks_k = _compute_tile_cumsum(cu_seqlens=cu_seqlens_k, seqused=seqused_k,

@@ -22,7 +22,9 @@ def test_each_edge_is_the_path_it_names():
                     "sparse_q64": False, "packed_causal_block_end": True, "bwd_window_left_mblock": True,
                     "varlen_head_sections": True, "score_bwd_indices": True, "head_mask_packgqa": True,
                     "varlen_score_aux_wrap": True, "varlen_batch_groups": True, "causal_l2_sections": True,
-                    "paged_full_pages": False, "seqused_k_packed": True}
+                    "paged_full_pages": False, "seqused_k_packed": True, "causal_l2_sections_batch": True,
+                    "det_bwd_l2_sections": True, "varlen_lookup_long_first": True, "varlen_lookup_chunks": True,
+                    "packed_local_first_key": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -80,6 +82,35 @@ def test_each_edge_is_the_path_it_names():
     c = call_layout.call_arrays(p, p.materialize())
     assert p.call.kv_packed and c["cu_seqlens_k"].tolist() == [0, 160, 320, 480] and c["k"].shape[0] == 480
     assert list(c["seqused_k"]) == list(p.seqlens_k) and max(p.seqlens_k) < p.call.kv_capacity
+    # the same L2 section of 2 filled by two batch entries of one head (sections count (batch, head) pairs)
+    p = got["causal_l2_sections_batch"]
+    per_head = p.seqlen_k * (p.head_dim + p.head_dim_v) * 2
+    swizzle = 1 << (facts.lpt_l2_bytes() // per_head).bit_length() - 1
+    assert p.causal and (p.batch, p.nheads) == (2, 1) and swizzle == 2 and p.nheads < swizzle <= p.batch * p.nheads
+    # the deterministic backward's LPT scheduler: a full section of 16 heads and a residual one
+    p = got["det_bwd_l2_sections"]
+    sw = facts.lpt_bwd_swizzle(p.seqlen_q, p.head_dim, p.head_dim_v)
+    assert not p.causal and not p.varlen and p.batch * p.nheads > sw and (p.batch * p.nheads) % sw
+    # more sequences than FA4's batch-lookup threshold; sequence 0 two packed M blocks of the forward
+    # but one unpacked (2 query heads per KV head), its keys two backward M tiles but one N tile
+    p = got["varlen_lookup_long_first"]
+    tm = facts.fwd_tile("sm90", "bf16", p.head_dim, p.head_dim_v, False, False)[0]
+    tmb, tnb = facts.sm90_bwd_tile(p.head_dim, p.head_dim_v, False, False)
+    q0, k0 = p.seqlens_q[0], p.seqlens_k[0]
+    assert p.batch > facts.varlen_batch_search_threshold() and (p.nheads, p.nheads_kv) == (4, 2) and not p.causal
+    assert q0 <= tm < 2 * q0 and -(-k0 // tmb) != -(-k0 // tnb)
+    # more sequences than one chunk of FA4's block-count kernel
+    p = got["varlen_lookup_chunks"]
+    assert p.varlen and p.batch > facts.cu_blocks_chunk() + 32
+    # PackGQA (3 per KV head) with a left window: M block 1's first row, floor(tile_m / 3), has its
+    # leftmost key at the last key of a KV tile
+    p = got["packed_local_first_key"]
+    tm, tn = facts.fwd_tile("sm90", "bf16", p.head_dim, p.head_dim_v, True, True)
+    r0, wl = tm // 3, p.window_size[0]
+    left = r0 + p.seqlen_k - p.seqlen_q - wl
+    assert (p.nheads, p.nheads_kv) == (3, 1) and tm % 3 and p.causal and left % tn == tn - 1
+    keep = p.keep_masks()[0]
+    assert keep[r0, left] and not keep[r0, left - 1] and keep[r0].sum() == wl + 1
     # SM100 has no sparse_q64 (its tile does not shrink to the Q block) nor the SM90 tile edges
     assert "sparse_q64" not in {n for n, _p, _b in cases.edge_problems(space_for("sm100", "bf16"))}
 

@@ -347,7 +347,23 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     * ``causal_l2_sections`` (SM90): a dense causal call whose K/V per head fill a third of FA4's
       LPT L2 budget (:func:`fa4verify.kernels.facts.lpt_l2_bytes`), so its 3 heads make a full L2
       section of 2 and a residual one: ``SingleTileLPTScheduler``'s section arithmetic (the plan's
-      short rows all fit one section);
+      short rows all fit one section); ``causal_l2_sections_batch``: the same section of 2 filled by
+      two batch entries of one head (the section count must count (batch, head) pairs);
+    * ``det_bwd_l2_sections`` (SM90): a deterministic dense backward with 17 heads whose Q, dO and
+      dQ accumulator per head fill a 24th of L2 (:func:`fa4verify.kernels.facts.lpt_bwd_swizzle`):
+      ``SingleTileLPTBwdScheduler``'s full section of 16 and a residual one (every other
+      deterministic backward of the audit fits one section);
+    * ``varlen_lookup_long_first``: 257 sequences (more than FA4's batch-lookup threshold), 2 query
+      heads per KV head, sequence 0 two packed M blocks of the forward but one unpacked, and keys
+      spanning two backward M tiles but one N tile: the lookup (``cu_total_m_blocks``) must count
+      packed rows and each side's own tile (the plan's ``many`` rows have one block per sequence);
+    * ``varlen_lookup_chunks``: 1,100 one-query sequences, more than one chunk of FA4's block-count
+      kernel (:func:`fa4verify.kernels.facts.cu_blocks_chunk`), which carries its running count
+      from chunk to chunk;
+    * ``packed_local_first_key`` (SM90): PackGQA (3 query heads per KV head) with a causal left
+      window, shaped so M block 1's first packed row (logical row ``floor(tile_m / 3)``) has its
+      leftmost key at the last key of a KV tile: FA4's ``get_n_block_min_max`` must round that
+      row down;
     * ``seqused_k_packed``: ``seqused_k`` over packed K/V with ``cu_seqlens_k`` at capacity
       offsets (``CallForm.kv_packed``): FA4 takes each sequence's length from ``seqused_k`` and its
       offset from ``cu_seqlens_k`` (the plan's seqused_k rows pass batched K/V);
@@ -364,7 +380,9 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     sparsity).
 
     Found with ``audit --source-coverage`` on the H200 (Note [Source coverage]): before these, only
-    the drawn campaign (``fuzz.production``) ran those lines, when its seed happened to draw them."""
+    the drawn campaign (``fuzz.production``) ran those lines, when its seed happened to draw them;
+    and by red-team reads of FA4's runtime branches (a line trace cannot see those): the source
+    mutants each edge is named for (``fa4verify/mutants/source.py``)."""
     from fa4verify.problem import AttentionProblem, CallForm, ValueSpec
     rng = random.Random(f"edges:{seed}")
     hd_name = next(iter(space.values["hd"]), None)
@@ -402,6 +420,7 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
                           block_keep=0.6), **base), False))
     out += _mod_edges(space, vals)
     out += _layout_edges(space, vals)
+    out += _lookup_edges(space, vals)
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
     return out
@@ -447,6 +466,52 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         sk = facts.lpt_l2_bytes() // (3 * (hd + hdv) * elem)     # L2 holds 3 heads: sections of 2
         out.append(("causal_l2_sections", AttentionProblem(
             batch=1, seqlen_q=16, seqlen_k=sk, nheads=3, nheads_kv=3, values=vals(), **base), runs_bwd("dense")))
+        # the same section of 2 filled by two batch entries of one head: the section count must
+        # count (batch, head) pairs, not heads
+        out.append(("causal_l2_sections_batch", AttentionProblem(
+            batch=2, seqlen_q=16, seqlen_k=sk, nheads=1, nheads_kv=1, values=vals(), **base), runs_bwd("dense")))
+        if "none" in space.values["mask"]:
+            # the deterministic backward's LPT scheduler: 17 heads over L2 sections of 16
+            per_row = (hd + hdv) * elem + hd * 4
+            sq = facts.lpt_l2_bytes() // (24 * per_row)
+            if facts.lpt_bwd_swizzle(sq, hd, hdv, elem) == 16:
+                out.append(("det_bwd_l2_sections", AttentionProblem(
+                    batch=1, seqlen_q=sq, seqlen_k=128, nheads=17, nheads_kv=17, values=vals(),
+                    **dict(base, causal=False)), _runs_bwd(space, form="dense", hd=name, gqa="1", mask="none")))
+    return out
+
+
+def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
+    """The varlen batch-lookup edges of :func:`edge_problems` (more sequences than FA4's
+    threshold; unmasked calls at :func:`_hd128`, free head counts and lengths only)."""
+    from fa4verify.problem import AttentionProblem
+    out: list[tuple[str, Any, bool]] = []
+    thresh = facts.varlen_batch_search_threshold()
+    if space.lengths or space.heads or thresh is None or "varlen" not in space.values["form"] \
+            or "none" not in space.values["mask"]:
+        return out
+    name = _hd128(space)
+    hd, hdv = space.hd[name]
+    base = dict(arch=space.arch, dtype=space.dtype, head_dim=hd, head_dim_v=hdv)
+    if "2" in space.values["gqa"]:
+        n = thresh + 1
+        tm = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)[0]
+        tmb, tnb = facts.bwd_tile(space.arch, hd, hdv, False, False)
+        # sequence 0: two packed M blocks of the forward (2 query heads per KV head), one unpacked;
+        # its keys two backward M tiles and one N tile (where the tiles differ)
+        sqs = (tm // 2 + 5,) + tuple(1 + (i * 5) % 9 for i in range(1, n))
+        sks = (min(tmb + 5, tnb - 1) if tmb < tnb - 5 else tmb + 5,) + tuple(1 + (i * 7) % 13 for i in range(1, n))
+        out.append(("varlen_lookup_long_first", AttentionProblem(
+            batch=n, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=4, nheads_kv=2,
+            values=vals(), **base), _runs_bwd(space, form="varlen", hd=name, gqa="2", mask="none")))
+    chunk = facts.cu_blocks_chunk()
+    if chunk is not None and "1" in space.values["gqa"]:
+        n = chunk + 76                      # a second chunk of the lookup's block count
+        sqs = (1,) * n
+        sks = tuple(1 + (i * 7) % 13 for i in range(n))
+        out.append(("varlen_lookup_chunks", AttentionProblem(
+            batch=n, seqlens_q=sqs, seqlens_k=sks, seqlen_q=1, seqlen_k=max(sks), nheads=2, nheads_kv=2,
+            values=vals(), **base), _runs_bwd(space, form="varlen", hd=name, gqa="1", mask="none")))
     return out
 
 
@@ -513,6 +578,16 @@ def _sm90_tile_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
             batch=1, seqlen_q=sq, seqlen_k=sq + d, nheads=3, nheads_kv=1, causal=mask == "causal",
             window_size=(4, 0) if mask == "causal_left" else (None, None), values=vals(), **hd_of(name), **base),
             runs_bwd("dense", name, "mqa", mask)))
+        if mask == "causal_left":
+            # the window's left bound of M block 1: its first packed row belongs to logical row
+            # floor(tile_m / 3), whose leftmost key is the last key of a KV tile (FA4 must round
+            # the packed row down, block_info.get_n_block_min_max)
+            tm, tn = facts.fwd_tile("sm90", space.dtype, *space.hd[name], True, True)
+            r0, wl = tm // 3, 7
+            sq = max(100, r0 + 20)
+            out.append(("packed_local_first_key", AttentionProblem(
+                batch=1, seqlen_q=sq, seqlen_k=sq + (tn - 1 - r0 + wl) % tn, nheads=3, nheads_kv=1, causal=True,
+                window_size=(wl, 0), values=vals(), **hd_of(name), **base), runs_bwd("dense", name, "mqa", mask)))
     wmask = "both" if "both" in masks else ("left" if "left" in masks else None)
     if wmask is not None and "dense" in forms:
         name = first

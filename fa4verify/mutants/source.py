@@ -496,6 +496,82 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "                mdLSE_cur = (mdLSE if const_expr(seqlen.has_cu_seqlens)\n"
               "                             else seqlen.offset_batch(mdLSE, batch_idx, dim=2))[None, head_idx]\n"),),
         "bwd", ("dq", "dk")),
+    # round 3 (a read-only helper, 2026-12-04): paths whose runtime condition no plan row reached;
+    # each reached since by a constructed edge (Note [Constructed edges])
+    SourceMutant(
+        "bwd_varlen_k_cumsum_tile_m",
+        "varlen backward above FA4's batch-lookup threshold: the K side's block-count lookup counts key "
+        "blocks in tile_m units (copied from the Q side's call), so the varlen scheduler decodes later "
+        "sequences against a wrong base",
+        (Edit("interface.py",
+              "            cu_seqlens=cu_seqlens_k,\n"
+              "            seqused=seqused_k,\n"
+              "            tile_size=n_block_size,\n",
+              "            cu_seqlens=cu_seqlens_k,\n"
+              "            seqused=seqused_k,\n"
+              "            tile_size=m_block_size,\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "fwd_varlen_cumsum_packgqa_dropped",
+        "varlen forward above FA4's batch-lookup threshold: the block-count lookup ignores GQA packing "
+        "(pack_gqa not passed), so a sequence with more packed rows than tile_m shifts every later "
+        "sequence's tiles",
+        (Edit("interface.py",
+              "            qhead_per_kvhead=qhead_per_kvhead,\n"
+              "            pack_gqa=pack_gqa,\n"
+              "        )\n"
+              "    if blocks_to_batch_idx is None and USE_BLOCKS_TO_BATCH and cu_total_m_blocks is not None:\n",
+              "            qhead_per_kvhead=qhead_per_kvhead,\n"
+              "        )\n"
+              "    if blocks_to_batch_idx is None and USE_BLOCKS_TO_BATCH and cu_total_m_blocks is not None:\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "fwd_packgqa_local_nblock_min_ceil",
+        'PackGQA forward with a left window: the first logical row of a packed M block is rounded up (ceil_div, copied from the row-max bound), dropping the first key of its window where that key closes a KV tile',
+        (Edit("block_info.py",
+              "            m_idx_min = m_block * self.tile_m\n"
+              "            if const_expr(self.qhead_per_kvhead_packgqa > 1):\n"
+              "                m_idx_min = m_idx_min // self.qhead_per_kvhead_packgqa\n"
+              "            n_idx = m_idx_min + seqlen_info.seqlen_k - seqlen_info.seqlen_q\n"
+              "            n_idx_left = n_idx - self.window_size_left\n",
+              "            m_idx_min = m_block * self.tile_m\n"
+              "            if const_expr(self.qhead_per_kvhead_packgqa > 1):\n"
+              "                m_idx_min = cute.ceil_div(m_idx_min, self.qhead_per_kvhead_packgqa)\n"
+              "            n_idx = m_idx_min + seqlen_info.seqlen_k - seqlen_info.seqlen_q\n"
+              "            n_idx_left = n_idx - self.window_size_left\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "bwd_lpt_section_stride_dropped",
+        "deterministic dense backward: the LPT scheduler's L2 section index is not scaled by the section "
+        "size (the backward twin of fwd_lpt_l2_section_stride_dropped), so with more (batch, head) pairs "
+        "than one section some heads run twice and others never",
+        (Edit("tile_scheduler.py",
+              "        bidhb_actual = bidhb * params.l2_minor + bidhb_residual\n"
+              "        batch_idx, head_idx = divmod(bidhb_actual, params.num_head_divmod)\n"
+              "        if cutlass.const_expr(params.spt):\n",
+              "        bidhb_actual = bidhb + bidhb_residual\n"
+              "        batch_idx, head_idx = divmod(bidhb_actual, params.num_head_divmod)\n"
+              "        if cutlass.const_expr(params.spt):\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "cu_blocks_chunk_carry_dropped",
+        'varlen block-count lookup (CuSeqlensToBlocksKernel): the running total is not carried from one 1024-sequence chunk to the next, so a call with more sequences decodes the later ones against a wrong base',
+        (Edit("cu_blocks_kernel.py",
+              "            total_blocks_for_batch += base\n"
+              "            total_split_blocks_for_batch += base_splits\n",
+              "            total_split_blocks_for_batch += base_splits\n"),),
+        "both", ("out", "lse", "dq")),
+    SourceMutant(
+        "fwd_lpt_sections_ignore_batch",
+        'dense causal forward: the LPT scheduler counts its full L2 sections from the heads alone (batch left out), so with batch >= 2 and more (batch, head) pairs than one section most tiles map outside the problem',
+        (Edit("tile_scheduler.py",
+              "            num_hb_quotient = (args.num_head * args.num_batch) // swizzle\n"
+              "            num_hb_remainder = (args.num_head * args.num_batch) % swizzle\n"
+              "            return SingleTileLPTScheduler.Params(\n",
+              "            num_hb_quotient = args.num_head // swizzle\n"
+              "            num_hb_remainder = (args.num_head * args.num_batch) % swizzle\n"
+              "            return SingleTileLPTScheduler.Params(\n"),),
+        "fwd", ("out", "lse")),
     SourceMutant(
         "block_sparse_fwd_batch_index_dropped",
         "block-sparse forward (fixed-length): every batch entry reads batch 0's mask/full block lists "
