@@ -309,10 +309,17 @@ def add_i32(a_bits, b_bits) -> np.ndarray:
 # --------------------------------------------------------------------------- conversions
 def to_bf16_bits(x) -> np.ndarray:
     """RNE fp32 -> bf16 (PTX ``cvt.rn.bf16.f32``) as uint16 bits; NaN -> 0x7FFF (canonical)."""
-    b = bits(x).astype(np.uint64)
-    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(as_f32(x))
-    return np.where(nan, np.uint16(0x7FFF), r).astype(np.uint16)
+    b0 = bits(x)
+    b = b0.reshape(-1)
+    # uint32 arithmetic: b + 0x8000 stays below 2^32 for every non-NaN pattern (the largest,
+    # -inf, is 0xFF800000); a NaN's wrapped value is replaced below
+    r = (b >> 16) & np.uint32(1)
+    r += b
+    r += np.uint32(0x7FFF)
+    r >>= 16
+    r = r.astype(np.uint16)
+    r[(b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)] = 0x7FFF
+    return r.reshape(b0.shape)
 
 
 def bf16_bits_to_f32(h) -> np.ndarray:

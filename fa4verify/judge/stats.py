@@ -570,13 +570,12 @@ class BudgetStats:
             derrp = lam * derr_s
         else:
             lam, derrp, derr_s = 6.0, derr, derr
+        # the sharper tier's sums only where it is formed (each a (tokens, heads, d) float64 array)
         q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk",
-                                                        "abs_dpd_k", "rss_dsk", "derrp_pk")}
+                                                        "abs_dpd_k") + (("rss_dsk", "derrp_pk") if prob else ())}
         k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq",
-                                                         "abs_dpd_q", "rss_dsq", "rss_p_derrp_q")}
-        v_el = {"abs_pdo": np.zeros((tk, Hk, self.Dv)), "sum_abs_do": np.zeros((tk, Hk, self.Dv)),
-                "rss_pdo": np.zeros((tk, Hk, self.Dv))}
-        floor = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
+                                                         "abs_dpd_q") + (("rss_dsq", "rss_p_derrp_q") if prob else ())}
+        v_el = {n: np.zeros((tk, Hk, self.Dv)) for n in ("abs_pdo", "sum_abs_do") + (("rss_pdo",) if prob else ())}
         k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
         # backward_p per query row, then its max over the rows each key sums over
         st = self._common()
@@ -592,8 +591,24 @@ class BudgetStats:
             k_row["seqlen_q"][ks] = lq * g      # dK/dV of a kv head accumulate over its g query heads
             k_row["seqlen_k"][ks] = lk
             k_row["n_blocks"][ks] = float(np.maximum(self.row["n_blocks"][qs, 0], self._nb_bwd[qs, 0]).max()) if lq else 0
+            ak = av = None
+            # reused (keys, d) and (rows, d) buffers: a fresh array of a long row's size is a fresh
+            # mapping the kernel must fault in page by page (most of this loop's time at 34k keys)
+            bk, bkv = np.empty((lk, self.D)), np.empty((lk, self.Dv))
+            bq = np.empty((lq, self.D))
+
+            def k_add(dst, a, b, buf):
+                np.matmul(a, b, out=buf)
+                dst += buf
+
+            def q_set(dst, a, b):
+                np.matmul(a, b, out=bq)
+                dst[...] = bq
             for h in range(H):
                 hk = h // g
+                if h % g == 0:      # |K|, |V| of this KV head: read by each of its g query heads
+                    ak, av = np.abs(k[ks, hk]), np.abs(v[ks, hk])
+                aq, ado = np.abs(q[qs, h]), np.abs(dout[qs, h])
                 w = W[h]
                 dP = dout[qs, h] @ v[ks, hk].T
                 Dh = np.sum(O[qs, h] * dout[qs, h], axis=-1)
@@ -604,14 +619,14 @@ class BudgetStats:
                     dS = dS * (1 - TH[h] ** 2)
                 elif self.score_pair is not None:
                     dS = dS * TH[h]        # dy/dx of the score pair (|dy/dx| <= 1: DERIVATIONS.md#score-mod)
-                DOV = np.abs(dout[qs, h]) @ np.abs(v[ks, hk]).T
-                q_el["abs_dsk"][qs, h] = sc * np.abs(dS) @ np.abs(k[ks, hk])
-                q_el["abs_p_dov_k"][qs, h] = sc * (w * DOV) @ np.abs(k[ks, hk])
-                q_el["abs_p_derr_k"][qs, h] = sc * (w * derr[qs, h][:, None]) @ np.abs(k[ks, hk])
-                k_el["abs_dsq"][ks, hk] += sc * np.abs(dS).T @ np.abs(q[qs, h])
-                k_el["abs_p_dov_q"][ks, hk] += sc * (w * DOV).T @ np.abs(q[qs, h])
-                k_el["abs_p_derr_q"][ks, hk] += sc * (w * derr[qs, h][:, None]).T @ np.abs(q[qs, h])
-                v_el["abs_pdo"][ks, hk] += w.T @ np.abs(dout[qs, h])
+                DOV = ado @ av.T
+                q_set(q_el["abs_dsk"][qs, h], sc * np.abs(dS), ak)
+                q_set(q_el["abs_p_dov_k"][qs, h], sc * (w * DOV), ak)
+                q_set(q_el["abs_p_derr_k"][qs, h], sc * (w * derr[qs, h][:, None]), ak)
+                k_add(k_el["abs_dsq"][ks, hk], sc * np.abs(dS).T, aq, bk)
+                k_add(k_el["abs_p_dov_q"][ks, hk], sc * (w * DOV).T, aq, bk)
+                k_add(k_el["abs_p_derr_q"][ks, hk], sc * (w * derr[qs, h][:, None]).T, aq, bk)
+                k_add(v_el["abs_pdo"][ks, hk], w.T, ado, bkv)
                 if prob:   # sums of squares here, square roots after the loop
                     q_el["rss_dsk"][qs, h] = sc * sc * (dS * dS) @ (k[ks, hk] ** 2)
                     k_el["rss_dsq"][ks, hk] += sc * sc * (dS * dS).T @ (q[qs, h] ** 2)
@@ -620,22 +635,22 @@ class BudgetStats:
                     # -scale dD_i (P K)_id (first order), dK_jd by a sum over independent rows
                     q_el["derrp_pk"][qs, h] = sc * derrp[qs, h][:, None] * np.abs(w @ k[ks, hk])
                     k_el["rss_p_derrp_q"][ks, hk] += sc * sc * ((w * derr_s[qs, h][:, None]) ** 2).T @ (q[qs, h] ** 2)
-                # flush-to-zero envelope: every P below 2^-126 may become 0 (ex2.approx.ftz)
                 # budget statistics of the subnormal floors (error_budgets/loader.py STATISTICS)
                 kf = _head(keep_of(qs, ks), h).astype(np.float64)
-                q_el["sub_dsk"][qs, h] = sc * kf @ np.abs(k[ks, hk])
-                k_el["sub_dsq"][ks, hk] += sc * kf.T @ np.abs(q[qs, h])
-                v_el["sum_abs_do"][ks, hk] += kf.T @ np.abs(dout[qs, h])
+                q_set(q_el["sub_dsk"][qs, h], sc * kf, ak)
+                k_add(k_el["sub_dsq"][ks, hk], sc * kf.T, aq, bk)
+                k_add(v_el["sum_abs_do"][ks, hk], kf.T, ado, bkv)
                 R = np.abs(dP - Dh[:, None]) * kf
-                q_el["abs_dpd_k"][qs, h] = sc * R @ np.abs(k[ks, hk])
-                k_el["abs_dpd_q"][ks, hk] += sc * R.T @ np.abs(q[qs, h])
-                floor["dq"][qs, h] = FTZ * sc * R @ np.abs(k[ks, hk])
-                floor["dk"][ks, hk] += FTZ * sc * R.T @ np.abs(q[qs, h])
-                floor["dv"][ks, hk] += FTZ * kf.T @ np.abs(dout[qs, h])
+                q_set(q_el["abs_dpd_k"][qs, h], sc * R, ak)
+                k_add(k_el["abs_dpd_q"][ks, hk], sc * R.T, aq, bk)
                 k_row["backward_p"][ks, hk] = np.maximum(k_row["backward_p"][ks, hk],
                                                          np.max(bp_row[qs, h], initial=0.0))
-        for d_, n in ((q_el, "rss_dsk"), (k_el, "rss_dsq"), (v_el, "rss_pdo"), (k_el, "rss_p_derrp_q")):
-            d_[n] = np.sqrt(d_[n])
+        # flush-to-zero envelope: every P below 2^-126 may become 0 (ex2.approx.ftz): FTZ times
+        # the visible terms |dP - D| |K| (|Q|) and |dO| (a power of two: exactly those sums scaled)
+        floor = {"dq": FTZ * q_el["abs_dpd_k"], "dk": FTZ * k_el["abs_dpd_q"], "dv": FTZ * v_el["sum_abs_do"]}
+        if prob:
+            for d_, n in ((q_el, "rss_dsk"), (k_el, "rss_dsq"), (v_el, "rss_pdo"), (k_el, "rss_p_derrp_q")):
+                d_[n] = np.sqrt(d_[n])
         out: dict[str, np.ndarray] = {}
         common = self._common()
         # dq (query layout)

@@ -1,0 +1,83 @@
+"""The judge's own CPU seconds on the heaviest problems of the default GPU audit's plan.
+
+A warm audit on the H200 compiles nothing; its critical path is the slowest coverage task, where
+the judge's float64 work (values, oracle, budgets) runs next to FA4's kernels. This times, per
+problem, the stages of that work with no kernel at all (no GPU needed):
+
+    python benchmarks/judge_cost.py                      # the 4 heaviest rows and every edge over 1 s
+    python benchmarks/judge_cost.py --edges causal_l2_sections --rows 122
+
+Columns: ``values`` (materialize), ``oracle_fwd``, ``fwd_allow`` (forward budgets),
+``oracle_bwd``, ``bwd_allow`` (the composed backward budgets), and the same two for the dLSE pass
+(``*_dlse``, Note [The composed budgets with dLSE]). Seconds on this machine, one run each.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import numpy as np
+
+
+def _problems(arch: str, seed: int):
+    from fa4verify.checks.coverage import forms_of
+    from fa4verify.coverage.cases import edge_problems, plan_problems
+    from fa4verify.coverage.planner import plan
+    from fa4verify.coverage.space import registered_pairs, space_for
+    from fa4verify.targets import production_features
+    score, mask, mask_bwd = registered_pairs()
+    sp = space_for(arch, "bf16", forms=forms_of(production_features()), score_pairs=score, mask_pairs=mask,
+                   mask_pairs_bwd=mask_bwd)
+    pl = plan(sp, seed=seed)
+    _rows, problems = plan_problems(sp, pl.rows, seed=seed)
+    return problems, {n: p for n, p, _b in edge_problems(sp, seed=seed)}
+
+
+def _size(p) -> int:
+    pairs = sum(a * b for a, b in zip(p.seqlens_q, p.seqlens_k)) if p.varlen else p.batch * p.seqlen_q * p.seqlen_k
+    return pairs * p.nheads * (p.head_dim + p.head_dim_v)
+
+
+def time_problem(p) -> dict[str, float]:
+    from fa4verify import judge
+    from fa4verify.fuzz.properties import _budget
+    t: dict[str, float] = {}
+
+    def run(name, f):
+        t0 = time.perf_counter()
+        r = f()
+        t[name] = time.perf_counter() - t0
+        return r
+    a = run("values", p.materialize)
+    of = run("oracle_fwd", lambda: judge.oracle_forward(p, a))
+    ref_out, _lse, stats, _ = run("fwd_allow", lambda: judge.forward_allowances(p, a, budgets=_budget(p), oracle=of))
+    ob = run("oracle_bwd", lambda: judge.oracle_backward(p, a))
+    run("bwd_allow", lambda: copy.copy(stats).backward(ob, ref_out.budget, ref_out.bound, probabilistic=False))
+    dl = (np.random.default_rng(0).standard_normal(np.shape(of.lse)) * 0.5).astype(np.float32)
+    obd = run("oracle_bwd_dlse", lambda: judge.oracle_backward(p, a, dlse=dl))
+    run("bwd_allow_dlse", lambda: copy.copy(stats).backward(obd, ref_out.budget, ref_out.bound, probabilistic=False,
+                                                            dlse=dl))
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", default="sm90")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rows", type=int, nargs="*", help="plan row indices (default: the 4 largest)")
+    ap.add_argument("--edges", nargs="*", help="edge names (default: the 4 largest)")
+    args = ap.parse_args()
+    problems, edges = _problems(args.arch, args.seed)
+    rows = args.rows if args.rows is not None else sorted(range(len(problems)), key=lambda i: -_size(problems[i]))[:4]
+    names = args.edges if args.edges is not None else sorted(edges, key=lambda n: -_size(edges[n]))[:4]
+    cols = ("values", "oracle_fwd", "fwd_allow", "oracle_bwd", "bwd_allow", "oracle_bwd_dlse", "bwd_allow_dlse")
+    print(f"{'problem':<28}" + "".join(f"{c:>16}" for c in cols) + f"{'total':>10}")
+    for label, p in [(f"row {i}", problems[i]) for i in rows] + [(n, edges[n]) for n in names]:
+        t = time_problem(p)
+        print(f"{label:<28}" + "".join(f"{t[c]:>16.2f}" for c in cols) + f"{sum(t.values()):>10.2f}", flush=True)
+        print(f"  {p.describe()[:140]}")
+
+
+if __name__ == "__main__":
+    main()
