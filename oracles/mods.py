@@ -198,6 +198,13 @@ def _varlen(q, k, v, dout, cu_q, cu_k, softmax_scale, score, grad, keep, lipschi
                for n, f in (("score", score), ("grad", grad))}
         kp = None if keep is None else (lambda b, h, j=i: keep(j, h))
         if ks.stop == ks.start:   # no key: O = 0, D = 0 (no gradient, no dsink); LSE -inf, or the sink
+            if bwd and dl is not None:
+                # D' = -dLSE; with a sink each row's P_sink is exactly 1 (LSE = the sink's logit), so
+                # dsink_h gains -sum_i D'_i = sum_i dLSE_i (one float64 sum: its rounding in the bound)
+                dd[:, qs] = -dl[:, qs]
+                if dsink is not None:
+                    dsink += dl[:, qs].sum(axis=1)
+                    dsinkb += 2 * _g(qs.stop - qs.start) * np.abs(dl[:, qs]).sum(axis=1)
             continue
         fw, bw = _run(q[qs][None], k[ks][None], v[ks][None], None if not bwd else do[qs][None], scale,
                       one["score"], one["grad"], kp, lipschitz, curvature, softcap, learnable_sink,

@@ -91,14 +91,16 @@ def test_each_edge_is_the_path_it_names():
     p = got["det_bwd_l2_sections"]
     sw = facts.lpt_bwd_swizzle(p.seqlen_q, p.head_dim, p.head_dim_v)
     assert not p.causal and not p.varlen and p.batch * p.nheads > sw and (p.batch * p.nheads) % sw
-    # more sequences than FA4's batch-lookup threshold; sequence 0 two packed M blocks of the forward
-    # but one unpacked (2 query heads per KV head), its keys two backward M tiles but one N tile
+    # more sequences than FA4's batch-lookup threshold; sequence 0 more packed M blocks of the forward
+    # than unpacked (2 query heads per KV head; SM90's tile and SM100's two-stage one), its keys two
+    # backward M tiles but one N tile
     p = got["varlen_lookup_long_first"]
     tm = facts.fwd_tile("sm90", "bf16", p.head_dim, p.head_dim_v, False, False)[0]
     tmb, tnb = facts.sm90_bwd_tile(p.head_dim, p.head_dim_v, False, False)
     q0, k0 = p.seqlens_q[0], p.seqlens_k[0]
     assert p.batch > facts.varlen_batch_search_threshold() and (p.nheads, p.nheads_kv) == (4, 2) and not p.causal
-    assert q0 <= tm < 2 * q0 and -(-k0 // tmb) != -(-k0 // tnb)
+    assert all(-(-2 * q0 // t) != -(-q0 // t) for t in (tm, 2 * tm)) and -(-k0 // tmb) != -(-k0 // tnb)
+    assert cases.NONDETERMINISTIC_EDGES == {"varlen_lookup_long_first", "varlen_lookup_chunks"}
     # more sequences than one chunk of FA4's block-count kernel
     p = got["varlen_lookup_chunks"]
     assert p.varlen and p.batch > facts.cu_blocks_chunk() + 32

@@ -112,3 +112,28 @@ def test_every_undecided_class_keeps_replayable_problems():
     assert res.undecided["bwd_budget.dv"]["problems"] == [{"j": UNDECIDED_KEEP + 3}]
     r = _result(res, "CPU twin")
     assert r.status == "undecided" and r.details["undecided"]["bwd_budget.dq"]["count"] == UNDECIDED_KEEP + 3
+
+
+def test_a_rerun_pass_reports_its_own_absorbed_figure():
+    """The dLSE and autograd passes of bwd_stages rerun the backward: a known issue that absorbs
+    their dQ takes out ``tightness_dlse_dq`` / ``tightness_autograd_dq`` (the violation carries
+    its pass, ``tightness_key``), not the driver's dQ, which still binds where it held."""
+    from fa4verify.fuzz.properties import PASSES, _compare
+    from fa4verify.fuzz.violation import Violation, tightness_key
+    import numpy as np
+    import pytest
+    from fa4verify.problem import AttentionProblem
+    p = AttentionProblem("sm90", "bf16", 1, 4, 4, 1, 1, 8, 8)
+    ref = np.ones((1, 4, 1, 8))
+    with pytest.raises(Violation) as ei:
+        _compare("bwd_budget", "dq", ref * 2, ref, 0 * ref, 1e-3 + 0 * ref, p, {}, pass_="dlse")
+    v = ei.value
+    assert tightness_key(v) == "dlse_dq" and v.metrics["quantity"] == "dq" and v.message.startswith(PASSES["dlse"])
+    assert tightness_key(Violation("bwd_budget", "x", {"quantity": "dk"})) == "dk"
+    known = [{"name": "k", "title": "t", "reference": "r", "property": "bwd_budget", "quantity": "dq",
+              "tightness_key": "dlse_dq"}]
+    o = _ran(0, {"tightness_dq": 0.4, "tightness_dlse_dq": 1490.0, "tightness_dk": 0.5})
+    o["known"] = known
+    r = _result(_merge([o]), "measured on NVIDIA H200 (sm_90)")
+    assert r.metrics["tightness_outside_known"] == 0.5 and r.metrics["tightness_dq_outside_known"] == 0.4
+    assert "tightness_dlse_dq_outside_known" not in r.metrics

@@ -72,7 +72,7 @@ def build(ctx: CheckContext, *, arch: str, dtype: str, features: tuple[str, ...]
 def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: str, dtype: str,
            where: str) -> list:
     """The plan's rows as the check's cases (coverage/planner.py is this check's ``cases()``)."""
-    from fa4verify.coverage.cases import edge_problems
+    from fa4verify.coverage.cases import NONDETERMINISTIC_EDGES, edge_problems
     sp, pl, problems = build(ctx, arch=arch, dtype=dtype, features=features)
     if not pl.rows:
         why = "; ".join(f"{k}: {v}" for k, v in sp.notes.items()) or "the space is empty"
@@ -87,7 +87,9 @@ def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: s
     backward.update({n_rows + k: b for k, (_n, _p, b) in enumerate(edges)})
     return _campaign_cases(ctx, target=target, arch=arch, dtype=dtype, n=n_rows + len(edges), kw={}, where=where,
                            extra=extra, problems=problems + [p for _n, p, _b in edges], properties=PLAN_PROPERTIES,
-                           deterministic={i: r["det"] == "on" for i, r in enumerate(pl.rows)},
+                           deterministic={**{i: r["det"] == "on" for i, r in enumerate(pl.rows)},
+                                          **{n_rows + k: n not in NONDETERMINISTIC_EDGES
+                                             for k, (n, _p, _b) in enumerate(edges)}},
                            backward=backward)
 
 

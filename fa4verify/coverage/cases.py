@@ -16,7 +16,8 @@ import numpy as np
 from fa4verify.coverage.space import MOD_FORMS, VARLEN_SEQLENS, FeatureSpace, is_local, is_paged, is_unpacked
 from fa4verify.kernels import facts
 
-__all__ = ["problem_for", "plan_problems", "sparse_block_size", "varlen_sparse_block_size", "edge_problems"]
+__all__ = ["problem_for", "plan_problems", "sparse_block_size", "varlen_sparse_block_size", "edge_problems",
+           "NONDETERMINISTIC_EDGES"]
 
 _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "normal": (("sigma", 1.0),), "outliers": (("p", 0.01), ("outlier_std", 100.0)),
@@ -354,12 +355,13 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       ``SingleTileLPTBwdScheduler``'s full section of 16 and a residual one (every other
       deterministic backward of the audit fits one section);
     * ``varlen_lookup_long_first``: 257 sequences (more than FA4's batch-lookup threshold), 2 query
-      heads per KV head, sequence 0 two packed M blocks of the forward but one unpacked, and keys
+      heads per KV head, sequence 0 more packed M blocks of the forward than unpacked ones, and keys
       spanning two backward M tiles but one N tile: the lookup (``cu_total_m_blocks``) must count
       packed rows and each side's own tile (the plan's ``many`` rows have one block per sequence);
+      its backward runs without ``deterministic`` (:data:`NONDETERMINISTIC_EDGES`);
     * ``varlen_lookup_chunks``: 1,100 one-query sequences, more than one chunk of FA4's block-count
       kernel (:func:`fa4verify.kernels.facts.cu_blocks_chunk`), which carries its running count
-      from chunk to chunk;
+      from chunk to chunk (backward without ``deterministic``, as the one above);
     * ``packed_local_first_key`` (SM90): PackGQA (3 query heads per KV head) with a causal left
       window, shaped so M block 1's first packed row (logical row ``floor(tile_m / 3)``) has its
       leftmost key at the last key of a KV tile: FA4's ``get_n_block_min_max`` must round that
@@ -481,6 +483,12 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     return out
 
 
+#: edges whose backward runs without ``deterministic`` (the rest run it deterministic): with the
+#: varlen batch lookup wrong, a deterministic backward waits for a dQ semaphore that never comes
+#: (a hang the audit's deadline reports, after minutes); without, the misplaced tiles show in dQ
+NONDETERMINISTIC_EDGES = frozenset({"varlen_lookup_long_first", "varlen_lookup_chunks"})
+
+
 def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     """The varlen batch-lookup edges of :func:`edge_problems` (more sequences than FA4's
     threshold; unmasked calls at :func:`_hd128`, free head counts and lengths only)."""
@@ -497,9 +505,10 @@ def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         n = thresh + 1
         tm = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)[0]
         tmb, tnb = facts.bwd_tile(space.arch, hd, hdv, False, False)
-        # sequence 0: two packed M blocks of the forward (2 query heads per KV head), one unpacked;
-        # its keys two backward M tiles and one N tile (where the tiles differ)
-        sqs = (tm // 2 + 5,) + tuple(1 + (i * 5) % 9 for i in range(1, n))
+        # sequence 0: more packed M blocks of the forward (2 query heads per KV head) than unpacked
+        # ones, at tile_m and at SM100's two-stage 2 tile_m; its keys two backward M tiles and one
+        # N tile (where the tiles differ)
+        sqs = (tm + 5,) + tuple(1 + (i * 5) % 9 for i in range(1, n))
         sks = (min(tmb + 5, tnb - 1) if tmb < tnb - 5 else tmb + 5,) + tuple(1 + (i * 7) % 13 for i in range(1, n))
         out.append(("varlen_lookup_long_first", AttentionProblem(
             batch=n, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=4, nheads_kv=2,

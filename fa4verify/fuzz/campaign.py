@@ -33,7 +33,7 @@ from fa4verify.fuzz.cases import _versions, regression_snippet, write_case
 from fa4verify.fuzz.known_issues import known_issue_matcher
 from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
 from fa4verify.fuzz.properties import PROPERTIES, check_problem
-from fa4verify.fuzz.violation import _ABSORB, Violation
+from fa4verify.fuzz.violation import _ABSORB, Violation, tightness_key
 from fa4verify.targets import Target
 from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
 
@@ -253,7 +253,7 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
             ki = match(v)
             if ki is None:
                 return False
-            absorbed.add(str(v.metrics.get("quantity", v.prop)))
+            absorbed.add(tightness_key(v))
             if state["last"] is None:    # count each drawn example once (not the shrink replays)
                 hit = res.known_hits.setdefault(ki.name, {"count": 0, "title": ki.title, "reference": ki.reference,
                                                           "first": problem.describe(), "property": v.prop})

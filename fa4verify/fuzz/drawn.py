@@ -28,7 +28,7 @@ from fa4verify.fuzz.cases import regression_snippet
 from fa4verify.fuzz.known_issues import known_issue_matcher
 from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
 from fa4verify.fuzz.properties import PROPERTIES, check_problem
-from fa4verify.fuzz.violation import _ABSORB, Violation
+from fa4verify.fuzz.violation import _ABSORB, Violation, tightness_key
 from fa4verify.targets import Target
 from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
 
@@ -232,7 +232,8 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
             if ki is None:
                 return False
             o["known"].append({"name": ki.name, "title": ki.title, "reference": ki.reference,
-                               "property": v.prop, "quantity": str(v.metrics.get("quantity", v.prop))})
+                               "property": v.prop, "quantity": str(v.metrics.get("quantity", v.prop)),
+                               "tightness_key": tightness_key(v)})
             return True
 
         token = _ABSORB.set(absorb)
@@ -349,7 +350,7 @@ def merge_drawn(parts: Sequence[Mapping[str, Any]], *, expected: int | Collectio
             for p, why in o["undecided"].items():
                 res.record_undecided(p, why, o["describe"], o.get("problem"))
             # Note [Tightness outside known issues] (CampaignResult.record_tightness)
-            res.record_tightness(o["metrics"], {k["quantity"] for k in o.get("known", [])})
+            res.record_tightness(o["metrics"], {k.get("tightness_key", k["quantity"]) for k in o.get("known", [])})
             t = o["metrics"].get("tightness_max", 0.0)
             if t > best:
                 best = t

@@ -123,11 +123,13 @@ def _oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
 def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: np.ndarray,
              budget: np.ndarray, problem: AttentionProblem, undecided: dict[str, str],
              ftz_floor: Optional[np.ndarray] = None, fallback: Optional[np.ndarray] = None,
-             metrics: Optional[dict] = None, blind_above: Any = None) -> float:
+             metrics: Optional[dict] = None, blind_above: Any = None, pass_: str = "") -> float:
     """The judge's verdict (:func:`fa4verify.judge.compare`) on one tensor of one property.
     ``fail`` raises :class:`Violation` with the five worst elements; ``undecided`` is recorded in
     ``undecided`` (``"<prop>.<name>"`` -> reason) and never counts as a pass of the property.
-    Returns the tightness over the judged elements."""
+    ``pass_``: a pass of ``bwd_stages`` that reruns the backward (:data:`PASSES`): its violation
+    says so and carries ``metrics["pass"]`` (the tightness it reports is ``tightness_<pass>_<name>``,
+    :func:`fa4verify.fuzz.violation.tightness_key`). Returns the tightness over the judged elements."""
     if np.size(ref) == 0 and np.size(actual) == 0:
         return 0.0       # an empty tensor (e.g. dK of a batch with no keys): nothing exists to judge
     v = judge.compare(name, actual, ref, oracle_bound=bound, budget=budget, all_indices=True, fallback=fallback,
@@ -145,21 +147,27 @@ def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: n
             fl = np.broadcast_to(np.asarray(ftz_floor, np.float64), np.shape(ref))
             within = v.n_over <= len(v.violations) and all(
                 e.err <= e.allowed + float(fl[e.index]) for e in v.violations)
-        viol = Violation(prop, f"{name}: {v.n_over} / {v.n_compared} elements "
+        viol = Violation(prop, PASSES.get(pass_, "") + f"{name}: {v.n_over} / {v.n_compared} elements "
                               f"({100.0 * v.n_over / max(v.n_compared, 1):.3g}%) exceed |{name} - oracle| <= "
                               f"oracle_bound + budget; worst: " + "; ".join(rows) + f" | case: {problem.describe()}",
                         {f"tightness_{name}": v.tightness, f"violations_{name}": v.n_over,
                          "max_violating_abs_err": max((e.err for e in v.violations), default=math.inf),
                          "quantity": name, "within_ftz_envelope": bool(within)})
+        if pass_:
+            viol.metrics["pass"] = pass_
         viol.over_indices = v.over_indices      # every over element: what a known issue must explain
         _fail(viol)
     if v.status == "undecided":
-        undecided[f"{prop}.{name}"] = v.reason
+        undecided[f"{prop}.{pass_ + '_' if pass_ else ''}{name}"] = v.reason
     return v.tightness
 
 
+#: the passes of ``bwd_stages`` that rerun the backward, and what their violations say first
+PASSES = {"dlse": "with a gradient through the LSE (seeded dlse), ", "autograd": "the public autograd path's "}
+
+
 def _judge_dsink(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: Any, stats: Any,
-                 undecided: dict[str, str], dlse: Optional[np.ndarray] = None) -> float:
+                 undecided: dict[str, str], dlse: Optional[np.ndarray] = None, pass_: str = "") -> float:
     """``bwd_budget`` of the learnable sink's gradient, given the forward outputs the backward read
     (Note [dsink given the forward], ``error_budgets/interval.py``): FA4's dsink against
     ``-sum_i exp(sink - lse_i) D_i`` from its own LSE and O, within a rigorous fp32 allowance
@@ -172,7 +180,7 @@ def _judge_dsink(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: A
         undecided["bwd_budget.dsink"] = str(e)
         return 0.0
     return _compare("bwd_budget", "dsink", np.asarray(g.dsink, np.float64).reshape(-1), ref,
-                    np.zeros_like(ref), allow, problem, undecided)
+                    np.zeros_like(ref), allow, problem, undecided, pass_=pass_)
 
 
 def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, problem: AttentionProblem,
@@ -493,15 +501,22 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         g_dl = dl = None
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
+                        passes = False
                         if "bwd_stages" in props and target.dlse_unsupported(problem) is None:
                             dl, g_dl = _judge_dlse(problem, a, fwd, target, deterministic, stats, ref_out,
                                                    taps is not None, metrics, undecided)
+                            passes = True
                         if "bwd_stages" in props and target.autograd_unsupported(problem) is None:
                             try:
                                 _judge_autograd(problem, a, fwd, target, deterministic, obwd, allow, stats, dl, g_dl,
                                                 metrics, undecided)
+                                passes = True
                             except Unsupported as e:      # the release's public path refuses: said, not run
                                 skipped["bwd_stages.autograd"] = f"the public autograd path: {e}"
+                        if passes and "bwd_stages" not in ran:     # judged without taps (a varlen call)
+                            ran.append("bwd_stages")
+                            if "bwd_stages" in skipped:
+                                skipped["bwd_stages.taps"] = skipped.pop("bwd_stages")
             elif taps is not None:
                 skipped["bwd_stages"] = skipped.get("bwd_budget", "no oracle backward")
             if "deterministic_bwd" in props and target.deterministic_by_construction:
@@ -592,20 +607,12 @@ def _judge_dlse_grads(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any,
     with np.errstate(invalid="ignore", over="ignore"):
         allow = st.backward(ob, ref_out.budget, ref_out.bound, probabilistic=False, kernel_fwd=(fwd.out, fwd.lse),
                             tensor_core=getattr(target, "tensor_core", None), dlse=dl)
-    tmp: dict[str, str] = {}
-    try:
-        for n in ("dq", "dk", "dv"):
-            metrics[f"tightness_dlse_{n}"] = _compare(
-                "bwd_budget", n, getattr(g, n), getattr(ob, n), getattr(ob, f"{n}_bound"), allow[n], problem, tmp,
-                ftz_floor=st.ftz_floor[n], blind_above=st.bwd_blind_above[n])
-        if problem.sink and getattr(g, "dsink", None) is not None:
-            metrics["tightness_dlse_dsink"] = _judge_dsink(problem, a, fwd, g, st, tmp, dlse=dl)
-    except Violation as e:
-        e.message = "with a gradient through the LSE (seeded dlse), " + e.message
-        e.args = (f"[{e.prop}] {e.message}",)
-        raise
-    for k, why in tmp.items():
-        undecided.setdefault(k.replace("bwd_budget.", "bwd_budget.dlse_", 1), why)
+    for n in ("dq", "dk", "dv"):
+        metrics[f"tightness_dlse_{n}"] = _compare(
+            "bwd_budget", n, getattr(g, n), getattr(ob, n), getattr(ob, f"{n}_bound"), allow[n], problem, undecided,
+            ftz_floor=st.ftz_floor[n], blind_above=st.bwd_blind_above[n], pass_="dlse")
+    if problem.sink and getattr(g, "dsink", None) is not None:
+        metrics["tightness_dlse_dsink"] = _judge_dsink(problem, a, fwd, g, st, undecided, dlse=dl, pass_="dlse")
 
 
 def _seeded_dlse(problem: AttentionProblem, fwd: Any) -> np.ndarray:
@@ -625,22 +632,17 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     given a seeded ``dlse``, bitwise equal to the driver's with the same ``dlse`` (``g_dl`` when the
     dLSE pass already ran it; a difference is the autograd glue's: the kernels are deterministic)."""
     ga = _run_target(problem, target.backward_autograd, problem, a, deterministic=deterministic)
-    tmp: dict[str, str] = {}
-    try:
-        for n in ("dq", "dk", "dv"):
-            metrics[f"tightness_autograd_{n}"] = _compare(
-                "bwd_budget", n, getattr(ga, n), getattr(obwd, n), getattr(obwd, f"{n}_bound"), allow[n], problem, tmp,
-                ftz_floor=stats.ftz_floor[n], blind_above=stats.bwd_blind_above[n])
-        if problem.sink:        # the sink's gradient: its own slot of the autograd glue's return
-            if getattr(ga, "dsink", None) is None:
-                _fail(Violation("bwd_budget", f"the public autograd path returned no gradient for the learnable "
-                                              f"sink | case: {problem.describe()}", {"quantity": "dsink"}))
-            else:
-                metrics["tightness_autograd_dsink"] = _judge_dsink(problem, a, fwd, ga, stats, tmp)
-    except Violation as e:
-        e.message = "the public autograd path's " + e.message
-        e.args = (f"[{e.prop}] {e.message}",)
-        raise
+    tmp: dict[str, str] = {}        # undecided where the driver's is (the same budgets): said there
+    for n in ("dq", "dk", "dv"):
+        metrics[f"tightness_autograd_{n}"] = _compare(
+            "bwd_budget", n, getattr(ga, n), getattr(obwd, n), getattr(obwd, f"{n}_bound"), allow[n], problem, tmp,
+            ftz_floor=stats.ftz_floor[n], blind_above=stats.bwd_blind_above[n], pass_="autograd")
+    if problem.sink:        # the sink's gradient: its own slot of the autograd glue's return
+        if getattr(ga, "dsink", None) is None:
+            _fail(Violation("bwd_budget", f"the public autograd path returned no gradient for the learnable "
+                                          f"sink | case: {problem.describe()}", {"quantity": "dsink", "pass": "autograd"}))
+        else:
+            metrics["tightness_autograd_dsink"] = _judge_dsink(problem, a, fwd, ga, stats, tmp, pass_="autograd")
     if not deterministic or target.dlse_unsupported(problem) is not None:
         return
     if dl is None or g_dl is None:

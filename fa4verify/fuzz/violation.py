@@ -23,6 +23,15 @@ class Violation(AssertionError):
 
 
 
+def tightness_key(v: Violation) -> str:
+    """The name the tightness of ``v``'s quantity is reported under (``tightness_<this>``): the
+    quantity, prefixed by the ``bwd_stages`` pass that reran the backward (``dlse_dq``,
+    ``autograd_dk``; :data:`fa4verify.fuzz.properties.PASSES`), so a known issue that absorbs one
+    pass's violation takes only that pass's figure out of Note [Tightness outside known issues]."""
+    q = str(v.metrics.get("quantity", v.prop))
+    return f"{v.metrics['pass']}_{q}" if v.metrics.get("pass") else q
+
+
 def _where_str(idx: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(int(i)) for i in idx) + ")"
 

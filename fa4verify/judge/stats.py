@@ -570,12 +570,17 @@ class BudgetStats:
             derrp = lam * derr_s
         else:
             lam, derrp, derr_s = 6.0, derr, derr
-        # the sharper tier's sums only where it is formed (each a (tokens, heads, d) float64 array)
+        # the sharper tier's sums only where a formula reads them (each a (tokens, heads, d) float64
+        # array): the sharper tier's, or a worst-case one of a budget set that names them
+        rss = ("rss_dsk", "derrp_pk", "rss_dsq", "rss_p_derrp_q", "rss_pdo")
+        need_rss = prob or any(n in self.budget.get(b).stats for b in ("backward_dq", "backward_dk", "backward_dv",
+                                                                      "backward_dq_accum")
+                               if b in self.budget for n in rss)
         q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk",
-                                                        "abs_dpd_k") + (("rss_dsk", "derrp_pk") if prob else ())}
+                                                        "abs_dpd_k") + (("rss_dsk", "derrp_pk") if need_rss else ())}
         k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq",
-                                                         "abs_dpd_q") + (("rss_dsq", "rss_p_derrp_q") if prob else ())}
-        v_el = {n: np.zeros((tk, Hk, self.Dv)) for n in ("abs_pdo", "sum_abs_do") + (("rss_pdo",) if prob else ())}
+                                                         "abs_dpd_q") + (("rss_dsq", "rss_p_derrp_q") if need_rss else ())}
+        v_el = {n: np.zeros((tk, Hk, self.Dv)) for n in ("abs_pdo", "sum_abs_do") + (("rss_pdo",) if need_rss else ())}
         k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
         # backward_p per query row, then its max over the rows each key sums over
         st = self._common()
@@ -627,7 +632,7 @@ class BudgetStats:
                 k_add(k_el["abs_p_dov_q"][ks, hk], sc * (w * DOV).T, aq, bk)
                 k_add(k_el["abs_p_derr_q"][ks, hk], sc * (w * derr[qs, h][:, None]).T, aq, bk)
                 k_add(v_el["abs_pdo"][ks, hk], w.T, ado, bkv)
-                if prob:   # sums of squares here, square roots after the loop
+                if need_rss:   # sums of squares here, square roots after the loop
                     q_el["rss_dsk"][qs, h] = sc * sc * (dS * dS) @ (k[ks, hk] ** 2)
                     k_el["rss_dsq"][ks, hk] += sc * sc * (dS * dS).T @ (q[qs, h] ** 2)
                     v_el["rss_pdo"][ks, hk] += (w * w).T @ (dout[qs, h] ** 2)
@@ -648,7 +653,7 @@ class BudgetStats:
         # flush-to-zero envelope: every P below 2^-126 may become 0 (ex2.approx.ftz): FTZ times
         # the visible terms |dP - D| |K| (|Q|) and |dO| (a power of two: exactly those sums scaled)
         floor = {"dq": FTZ * q_el["abs_dpd_k"], "dk": FTZ * k_el["abs_dpd_q"], "dv": FTZ * v_el["sum_abs_do"]}
-        if prob:
+        if need_rss:
             for d_, n in ((q_el, "rss_dsk"), (k_el, "rss_dsq"), (v_el, "rss_pdo"), (k_el, "rss_p_derrp_q")):
                 d_[n] = np.sqrt(d_[n])
         out: dict[str, np.ndarray] = {}

@@ -8,7 +8,8 @@ flash_bwd_sm90.py, flash_bwd_sm100.py, flash_bwd_postprocess.py}``)
 * Preprocess: ``D_i = sum_d fp32(O_bf16) * fp32(dO)`` from the **rounded** O; each of the
   ``threads_per_row = gmem_k_block/8`` threads sums its 8-element chunks sequentially, then a
   butterfly ``warp_reduce`` (pairwise over thread index).  ``lse_log2 = lse * log2 e`` (0 if
-  ``lse == -inf``).
+  ``lse == -inf``). With a gradient through the returned LSE (``dlse``), ``D'_i = RN(D_i - dLSE_i)``
+  (fp32), which everything below reads as D.
 * Per KV block: ``S = Q K^T`` (fp32 MMA), softcap, mask, ``P = ex2(fma(S, c, -lse_log2))``
   (hardware exp2 only -- FA4's backward never emulates), ``P -> dtype`` (RNE) for dV,
   ``dP = dO V^T`` (fp32 MMA), ``dS = RN(P * RN(dP - D))`` (fp32), softcap chain rule
@@ -31,7 +32,7 @@ differ) and ``dpsum_bias_2m10`` (D times 1 + 2^-10, the production source mutant
 
 Possible issues
 ---------------
-* Learnable-sink gradient (dsink), dLSE, varlen and GQA dK/dV cross-head *ordering* beyond
+* Learnable-sink gradient (dsink), varlen and GQA dK/dV cross-head *ordering* beyond
   "ascending head" are not modelled; the preprocess per-thread order is an assumption (the
   budget covers any order).
 """
@@ -215,15 +216,15 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
         # the production source mutant of the same name (fa4verify.mutants.source): the
         # preprocess's D times (1 + 2^-10), one fp32 multiply
         Dpre = (np.asarray(Dpre, F32) * F32(1.0 + 2.0 ** -10)).astype(np.asarray(Dpre).dtype)
-    if dlse is not None:
-        dl = np.asarray(dlse, F32)
-        if dl.shape != (B, Hq, Sq):
-            raise ValueError(f"dlse: expected shape {(B, Hq, Sq)} (batch, nheads, seqlen_q), got {dl.shape}")
-        Dpre = np.asarray(Dpre, F64) - dl if "d_pre" in exact else _sub(Dpre, dl)
     if probe and "d_pre" not in exact:
         o64, do64 = np.asarray(O_for_d, F64), dO.astype(F64)
         probe(StageSample("d_pre", Dpre, (o64 * do64).sum(-1),
                           {"abs_od": np.abs(o64 * do64).sum(-1), "dv": float(Dv)}))
+    if dlse is not None:      # after the d_pre probe: the stage it samples is D, before dLSE
+        dl = np.asarray(dlse, F32)
+        if dl.shape != (B, Hq, Sq):
+            raise ValueError(f"dlse: expected shape {(B, Hq, Sq)} (batch, nheads, seqlen_q), got {dl.shape}")
+        Dpre = np.asarray(Dpre, F64) - dl if "d_pre" in exact else _sub(Dpre, dl)
     lse_arr = np.asarray(lse)
     if lse_arr.dtype == F64:
         lse_log2 = np.where(np.isneginf(lse_arr), 0.0, lse_arr * LOG2_E)
