@@ -176,3 +176,18 @@ def test_the_varlen_oracles_take_dlse_per_sequence_and_agree():
     for n in ("dq", "dk", "dv"):
         assert np.allclose(getattr(gk, n), getattr(gm, n), atol=1e-11), n
     assert not np.allclose(gk.dq, judge.oracle_backward(pb, ab).dq, atol=1e-6)
+
+
+def test_a_dlse_pass_failure_shrinks_to_a_case_that_replays_as_a_failure(tmp_path):
+    """The campaign finds the varlen dLSE offset fault, shrinks it, and the case it writes replays
+    as a failure: its violation is ``bwd_budget``'s, judged inside ``bwd_stages``, so the case and
+    the printed reproducer name both properties (``replay_properties``)."""
+    from fa4verify import fuzz
+    from fa4verify.fuzz.cases import replay_case
+    res = fuzz.run_campaign(target=TwinTarget(["varlen_dlse_offset_dropped"]), examples=60, seed=0,
+                            features=("varlen",), cases_dir=tmp_path)
+    assert res.found and "gradient through the LSE" in res.failure["message"]
+    assert "properties=['bwd_budget', 'bwd_stages']" in res.failure["snippet"]
+    out = replay_case(res.failure["case_file"])
+    assert out.status == "fail" and out.property == "bwd_budget"
+    assert replay_case(res.failure["case_file"], target=TwinTarget()).status == "pass"

@@ -23,7 +23,7 @@ from typing import Any, Collection, Mapping, Optional
 
 from fa4verify.problem import AttentionProblem
 from fa4verify.fuzz.properties import check_problem
-from fa4verify.fuzz.violation import Violation
+from fa4verify.fuzz.violation import Violation, replay_properties
 from fa4verify.targets import Target, make_target
 from fa4verify.errors import Unsupported
 
@@ -47,7 +47,7 @@ def write_case(directory: os.PathLike, problem: AttentionProblem, violation: Vio
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "target": desc["target"], "where": desc["where"],
         "arch": problem.arch, "mutations": desc.get("mutations", []),
-        "property": violation.prop, "message": violation.message,
+        "property": violation.prop, "properties": list(replay_properties(violation)), "message": violation.message,
         "metrics": {k: (v if not isinstance(v, float) or math.isfinite(v) else repr(v))
                     for k, v in violation.metrics.items()},
         "expect": "fail", "profile": profile, "seed": seed,
@@ -177,13 +177,14 @@ class ReplayOutcome:
 
 def replay_case(case: os.PathLike | Mapping[str, Any], *, target: Optional[Target] = None,
                 properties: Optional[Collection[str]] = None) -> ReplayOutcome:
-    """Re-run a case. By default the case's own target and mutations, and only the property it
-    recorded (``properties`` overrides; pass :data:`PROPERTIES` for all)."""
+    """Re-run a case. By default the case's own target and mutations, and only the properties
+    that judged it (``properties`` overrides; pass :data:`PROPERTIES` for all)."""
     c = load_case(case)
     problem: AttentionProblem = c["problem_obj"]
     if target is None:
         target = make_target(c["target"], mutations=c.get("mutations", ()))
-    props = tuple(properties) if properties is not None else (c["property"],)
+    props = tuple(properties) if properties is not None else tuple(
+        c.get("properties") or replay_properties(Violation(c["property"], "", c.get("metrics"))))
     try:
         out = check_problem(problem, target, properties=props)
     except Violation as v:
@@ -222,6 +223,6 @@ def regression_snippet(problem: AttentionProblem, violation: Violation, *, targe
         f"@example(AttentionProblem.from_json({js!r}))",
         f"@given(attention_problems(arch={problem.arch!r}, dtype={problem.dtype!r}))",
         "def test_fuzz_properties(problem):",
-        f"    check_problem(problem, {target_expr}, properties=[{violation.prop!r}])",
+        f"    check_problem(problem, {target_expr}, properties={list(replay_properties(violation))!r})",
     ]
     return "\n".join(lines)

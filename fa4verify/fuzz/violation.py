@@ -32,6 +32,12 @@ def tightness_key(v: Violation) -> str:
     return f"{v.metrics['pass']}_{q}" if v.metrics.get("pass") else q
 
 
+def replay_properties(v: Violation) -> tuple[str, ...]:
+    """The properties a replay of ``v`` runs: its own, and ``bwd_stages`` where a pass of it
+    reran the backward (its violations are ``bwd_budget``'s, judged only inside ``bwd_stages``)."""
+    return (v.prop, "bwd_stages") if v.metrics.get("pass") and v.prop != "bwd_stages" else (v.prop,)
+
+
 def _where_str(idx: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(int(i)) for i in idx) + ")"
 
