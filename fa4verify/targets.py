@@ -244,9 +244,7 @@ class TwinTarget(Target):
         return None
 
     def dlse_unsupported(self, problem: AttentionProblem) -> Optional[str]:
-        if problem.call is not None and problem.call.rearranges:
-            return "a gradient through the LSE is passed on calls without a call form's rearrangement only"
-        return None
+        return _dlse_rearranged(problem)
 
     def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
                  deterministic: bool = True, taps: Optional[dict] = None, dlse: Optional[np.ndarray] = None) -> Bwd:
@@ -314,6 +312,14 @@ class TwinTarget(Target):
                 dsink += np.asarray(r.dsink, np.float64)
                 got_dsink = True
         return Bwd(dq, dk, dv, dsink if got_dsink else None)
+
+
+def _dlse_rearranged(problem: AttentionProblem) -> Optional[str]:
+    """Why a call form keeps ``problem`` from a gradient through the LSE (Note [A gradient through
+    the LSE]): one that rearranges the arrays returns another LSE than the problem's; None otherwise."""
+    if problem.call is not None and problem.call.rearranges:
+        return "a gradient through the LSE is passed on calls without a call form's rearrangement only"
+    return None
 
 
 def _maybe(x):
@@ -650,8 +656,8 @@ class ProductionTarget(Target):
         return None
 
     def dlse_unsupported(self, problem: AttentionProblem) -> Optional[str]:
-        if problem.call is not None and problem.call.rearranges:
-            return "a gradient through the LSE is passed on calls without a call form's rearrangement only"
+        if (why := _dlse_rearranged(problem)) is not None:
+            return why
         from fa4verify.kernels import facts
         if "dlse" in facts.sm100_hd256_lacks(problem.arch, problem.head_dim, problem.head_dim_v, "bwd"):
             return facts.sm100_hd256_refusal("bwd", {"dlse"})

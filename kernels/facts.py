@@ -232,7 +232,13 @@ def lpt_l2_bytes() -> int:
     d = fa4_source_dir()
     if d is None:
         return LPT_L2_BYTES_PINNED
-    m = re.search(r"size_l2\s*=\s*(\d+)\s*\*\s*(\d+)\s*\*\s*(\d+)", _source_text(str(d / "tile_scheduler.py")))
+    return _size_l2(_source_text(str(d / "tile_scheduler.py")))
+
+
+def _size_l2(text: str) -> int:
+    """The first ``size_l2 = A * B * C`` of ``text`` (a scheduler's source); the pinned value where
+    there is none."""
+    m = re.search(r"size_l2\s*=\s*(\d+)\s*\*\s*(\d+)\s*\*\s*(\d+)", text)
     return int(m.group(1)) * int(m.group(2)) * int(m.group(3)) if m else LPT_L2_BYTES_PINNED
 
 
@@ -248,9 +254,7 @@ def lpt_bwd_swizzle(seqlen_q: int, head_dim: int, head_dim_v: int, elem: int = 2
     if d is not None:
         text = _source_text(str(d / "tile_scheduler.py"))
         at = text.find("class SingleTileLPTBwdScheduler")
-        m = re.search(r"size_l2\s*=\s*(\d+)\s*\*\s*(\d+)\s*\*\s*(\d+)", text[at:]) if at >= 0 else None
-        if m:
-            l2 = int(m.group(1)) * int(m.group(2)) * int(m.group(3))
+        l2 = _size_l2(text[at:]) if at >= 0 else l2
     per_head = int(seqlen_q) * ((head_dim + head_dim_v) * elem + head_dim * 4)
     return 1 if l2 < per_head else 1 << ((l2 // per_head).bit_length() - 1)
 

@@ -183,6 +183,27 @@ def _judge_dsink(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: A
                     np.zeros_like(ref), allow, problem, undecided, pass_=pass_)
 
 
+def _judge_grads(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: Any, ob: Any,
+                 allow: Mapping[str, np.ndarray], stats: Any, metrics: dict, undecided: dict, *,
+                 pass_: str = "", dlse: Optional[np.ndarray] = None) -> None:
+    """``bwd_budget`` of one backward's dQ, dK, dV (and dsink, where it returned one) against the
+    oracle backward ``ob`` within ``allow``, the allowances ``stats.backward`` formed (its FTZ
+    floors and power limits go with them); metrics ``tightness_[<pass>_]<name>``. ``pass_`` /
+    ``dlse``: a pass of ``bwd_stages`` that reran the backward (:data:`PASSES`)."""
+    pre = f"{pass_}_" if pass_ else ""
+    for n in ("dq", "dk", "dv"):
+        metrics[f"tightness_{pre}{n}"] = _compare("bwd_budget", n, getattr(g, n), getattr(ob, n),
+                                                  getattr(ob, f"{n}_bound"), allow[n], problem, undecided,
+                                                  ftz_floor=stats.ftz_floor[n], blind_above=stats.bwd_blind_above[n],
+                                                  pass_=pass_)
+        key, why = f"bwd_budget.{pre}{n}", stats.bwd_undecided_reason
+        if why and "budget value(s) non-finite" in undecided.get(key, ""):
+            # the cause in one line (Note [Backward interval fallback])
+            undecided[key] = undecided[key].replace("(the composed budget is not valid here)", f"({why})")
+    if problem.sink and getattr(g, "dsink", None) is not None:
+        metrics[f"tightness_{pre}dsink"] = _judge_dsink(problem, a, fwd, g, stats, undecided, dlse=dlse, pass_=pass_)
+
+
 def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, problem: AttentionProblem,
                   fmt_max: Optional[float]) -> None:
     ref = np.asarray(ref, np.float64)
@@ -486,18 +507,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         allow = None
                     if allow is not None:
                         ran.append("bwd_budget")
-                        for n in ("dq", "dk", "dv"):
-                            metrics[f"tightness_{n}"] = _compare("bwd_budget", n, getattr(g, n), getattr(obwd, n),
-                                                                 getattr(obwd, f"{n}_bound"), allow[n], problem,
-                                                                 undecided, ftz_floor=stats.ftz_floor[n],
-                                                                 blind_above=stats.bwd_blind_above[n])
-                            why = stats.bwd_undecided_reason
-                            if why and "budget value(s) non-finite" in undecided.get(f"bwd_budget.{n}", ""):
-                                # the cause in one line (Note [Backward interval fallback])
-                                undecided[f"bwd_budget.{n}"] = undecided[f"bwd_budget.{n}"].replace(
-                                    "(the composed budget is not valid here)", f"({why})")
-                        if problem.sink and getattr(g, "dsink", None) is not None:
-                            metrics["tightness_dsink"] = _judge_dsink(problem, a, fwd, g, stats, undecided)
+                        _judge_grads(problem, a, fwd, g, obwd, allow, stats, metrics, undecided)
                         g_dl = dl = None
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
@@ -607,12 +617,7 @@ def _judge_dlse_grads(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any,
     with np.errstate(invalid="ignore", over="ignore"):
         allow = st.backward(ob, ref_out.budget, ref_out.bound, probabilistic=False, kernel_fwd=(fwd.out, fwd.lse),
                             tensor_core=getattr(target, "tensor_core", None), dlse=dl)
-    for n in ("dq", "dk", "dv"):
-        metrics[f"tightness_dlse_{n}"] = _compare(
-            "bwd_budget", n, getattr(g, n), getattr(ob, n), getattr(ob, f"{n}_bound"), allow[n], problem, undecided,
-            ftz_floor=st.ftz_floor[n], blind_above=st.bwd_blind_above[n], pass_="dlse")
-    if problem.sink and getattr(g, "dsink", None) is not None:
-        metrics["tightness_dlse_dsink"] = _judge_dsink(problem, a, fwd, g, st, undecided, dlse=dl, pass_="dlse")
+    _judge_grads(problem, a, fwd, g, ob, allow, st, metrics, undecided, pass_="dlse", dlse=dl)
 
 
 def _seeded_dlse(problem: AttentionProblem, fwd: Any) -> np.ndarray:
@@ -632,17 +637,11 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     given a seeded ``dlse``, bitwise equal to the driver's with the same ``dlse`` (``g_dl`` when the
     dLSE pass already ran it; a difference is the autograd glue's: the kernels are deterministic)."""
     ga = _run_target(problem, target.backward_autograd, problem, a, deterministic=deterministic)
-    tmp: dict[str, str] = {}        # undecided where the driver's is (the same budgets): said there
-    for n in ("dq", "dk", "dv"):
-        metrics[f"tightness_autograd_{n}"] = _compare(
-            "bwd_budget", n, getattr(ga, n), getattr(obwd, n), getattr(obwd, f"{n}_bound"), allow[n], problem, tmp,
-            ftz_floor=stats.ftz_floor[n], blind_above=stats.bwd_blind_above[n], pass_="autograd")
-    if problem.sink:        # the sink's gradient: its own slot of the autograd glue's return
-        if getattr(ga, "dsink", None) is None:
-            _fail(Violation("bwd_budget", f"the public autograd path returned no gradient for the learnable "
-                                          f"sink | case: {problem.describe()}", {"quantity": "dsink", "pass": "autograd"}))
-        else:
-            metrics["tightness_autograd_dsink"] = _judge_dsink(problem, a, fwd, ga, stats, tmp, pass_="autograd")
+    # undecided where the driver's is (the same budgets): said there
+    _judge_grads(problem, a, fwd, ga, obwd, allow, stats, metrics, {}, pass_="autograd")
+    if problem.sink and getattr(ga, "dsink", None) is None:     # the sink's own slot of the glue's return
+        _fail(Violation("bwd_budget", f"the public autograd path returned no gradient for the learnable "
+                                      f"sink | case: {problem.describe()}", {"quantity": "dsink", "pass": "autograd"}))
     if not deterministic or target.dlse_unsupported(problem) is not None:
         return
     if dl is None or g_dl is None:
