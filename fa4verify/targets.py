@@ -171,7 +171,8 @@ class TwinTarget(Target):
         return dict(arch=problem.arch, softmax_scale=problem.softmax_scale, causal=problem.causal,
                     window_size=tuple(problem.window_size), softcap=float(problem.softcap),
                     learnable_sink=a["learnable_sink"], mutations=self.mutations - self.layout_mutations,
-                    accumulation=self.accumulation, mufu=self.mufu, seed=self.seed)
+                    accumulation=self.accumulation, mufu=self.mufu, seed=self.seed,
+                    mla=problem.call is not None and problem.call.mla)
 
     def _segments(self, problem: AttentionProblem, a: Mapping[str, Any]):
         """(b, q, k, v, dout, q-slice, k-slice) per sequence; dense problems: one per batch entry
@@ -187,6 +188,8 @@ class TwinTarget(Target):
         from fa4verify.problem import CallForm
         # the plain call the twin runs keeps FA4's pack_gqa choice (it moves SM100's emulated columns)
         plain = None if problem.call.pack_gqa is None else CallForm(pack_gqa=problem.call.pack_gqa)
+        if problem.call.mla:       # the MLA kernels' constants stay with the rewrite
+            plain = CallForm(qv_dim=problem.call.qv_dim)
         if problem.call.batched_layout:
             c = call_layout.call_arrays(problem, a)
             k, v = call_layout.gather_kv(problem, c, wrong_permutation="paged_wrong_permutation" in self.mutations)
@@ -208,7 +211,7 @@ class TwinTarget(Target):
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
-        if problem.call is not None and problem.call.rearranges:
+        if _twin_rearranges(problem):
             vp, va, rw = self._call_form(problem, a)
             f = self.forward(vp, va)
             if rw is None:
@@ -260,7 +263,7 @@ class TwinTarget(Target):
         self.check_supported(problem)
         if not hasattr(self._ta, "backward"):
             raise DependencyMissing("the twin backward (fa4verify.kernels.twin.backward) is not available")
-        if problem.call is not None and problem.call.rearranges:
+        if _twin_rearranges(problem):
             vp, va, rw = self._call_form(problem, a)
             if rw is None:
                 return self.backward(vp, va, fwd, deterministic=deterministic)
@@ -273,6 +276,7 @@ class TwinTarget(Target):
             dv, _ = kp._sum_keys(problem, g.dv, np.zeros_like(g.dv), rw)
             return Bwd(kp._dense_rows(problem, g.dq, rw, 0.0), dk, dv, g.dsink)
         kw = self._kw(problem, a)
+        kw.pop("mla")           # _call_backward_unsupported refuses MLA call forms
         kw["deterministic"] = deterministic
         dt = problem.dtype
         def call(q, k, v, o, do, lse, dl=None):
@@ -312,6 +316,14 @@ class TwinTarget(Target):
                 dsink += np.asarray(r.dsink, np.float64)
                 got_dsink = True
         return Bwd(dq, dk, dv, dsink if got_dsink else None)
+
+
+def _twin_rearranges(problem: AttentionProblem) -> bool:
+    """Whether the twin runs ``problem`` through another problem (gathered K/V, or the varlen
+    rewrite of a keep-pattern); an MLA call form alone does not: the problem's own q', k' are the
+    twin's (Note [MLA as a call form])."""
+    call = problem.call
+    return call is not None and (call.batched_layout or call.keep_pattern)
 
 
 def _dlse_rearranged(problem: AttentionProblem) -> Optional[str]:
@@ -585,9 +597,33 @@ class ProductionTarget(Target):
                 raise
             raise HarnessError(f"fa4verify's own call failed ({type(e).__name__}: {e})") from e
 
+    def _mla_forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
+        """Note [MLA as a call form]: FA4's ``qv`` call on the problem's split arrays; its LSE,
+        (b, s, h) (varlen (t, h)), back in the problem's layout."""
+        dt, call = problem.dtype, problem.call
+        d = problem.head_dim - call.qv_dim
+        q, k = np.asarray(a["q"]), np.asarray(a["k"])
+        with self._mode(), self._emulation():     # every tensor inside the mode (FakeTensorMode when compile-only)
+            kw: dict[str, Any] = dict(softmax_scale=problem.softmax_scale, causal=problem.causal)
+            if call.gather_topk:
+                idx = np.stack([call.gather_indices(problem.seqlen_q, problem.seqlen_k, b) for b in range(problem.batch)])
+                kw["gather_kv_indices"] = self._t(idx, None)
+            if problem.varlen:
+                kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
+                          max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
+            r = self._call(self._ad.mla_forward, self._t(q[..., :d], dt), self._t(k[..., :d], dt),
+                           self._t(a["v"], dt), self._t(q[..., d:], dt), **kw)
+        self._note_config(r.config)
+        out = np.zeros(tuple(r.out.shape)) if self.fake else self._np(r.out)
+        lse = np.zeros(tuple(r.lse.shape)) if self.fake else self._np(r.lse)
+        return Fwd(out, np.moveaxis(lse, -1, 0) if problem.varlen else np.moveaxis(lse, -1, 1),
+                   native=(r.out, r.lse))
+
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
         dt = problem.dtype
+        if problem.call is not None and problem.call.mla:
+            return self._mla_forward(problem, a)
         with self._mode(), self._emulation():
             if problem.call is not None and problem.call.rearranges:
                 q, k, v, _, kw = self._call_kw(problem, a)
@@ -813,9 +849,16 @@ def hd256_refusal(problem: AttentionProblem, pass_: str) -> Optional[str]:
     return facts.sm100_hd256_refusal(pass_, used) if used else None
 
 
+#: Note [MLA as a call form]: why an MLA problem's backward is not run
+MLA_BWD_UNJUDGED = ("FA4's sparse MLA backward (saved bf16 P, an fp32 O residual, dV from both uses of V) has no "
+                    "derived budget in fa4verify yet: scripts/b200_features.py measures it against the oracle")
+
+
 def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
     """FA4 4.0.0b36's limits on the backward of a problem's head dims and call form, or None."""
     from fa4verify.kernels import facts
+    if problem.call is not None and problem.call.mla:
+        return MLA_BWD_UNJUDGED if problem.call.gather_topk else "FA4 has no dense MLA backward (only the top-k gather one)"
     why = facts.bwd_refusal(problem.arch, problem.head_dim, problem.head_dim_v, problem.nheads / problem.nheads_kv)
     if why is None:
         why = hd256_refusal(problem, "bwd")

@@ -486,13 +486,56 @@ class KernelConstants:
         return self.max_offset + self.rescale_threshold
 
 
+#: the pinned 4.0.0b36's MLA forward constants (:func:`mla_fwd_constants`) for an FA4 not installed
+MLA_FWD_PINNED = {"tile_n": 64, "rescale_threshold": 8.0, "max_offset": 0.0}
+
+
+@functools.lru_cache(maxsize=4)
+def mla_fwd_constants() -> dict[str, float]:
+    """What a composed budget needs of FA4's MLA forward kernels (``qv``, 16-bit inputs), the
+    conservative one of each where the kernels differ (budgets only grow): ``tile_n`` the narrowest
+    KV tile of the three kernels (``flash_fwd_mla_sm100.py`` and ``flash_fwd_mla_1cta_sm100.py``:
+    ``self.tile_n = 128``; ``flash_fwd_mla_1cta_kb64_sm100.py``: 64; more tiles, more rescales);
+    ``rescale_threshold`` the lazy-rescale threshold ``_flash_attn_fwd`` hands them for a
+    forward-only call (``mla_fwd_rescale_threshold = 0.0 if (requires_grad and sparse_kv) else
+    8.0``); ``max_offset`` 0 (the 2CTA kernel creates ``SoftmaxSm100`` without one, the 1CTA kernels
+    set ``8 if is_fp8 else 0``). All three compute 2^x on MUFU only (``apply_exp2_convert`` with
+    no emulation frequency). Read from the installed release's files; the pinned values without
+    FA4, or where a file no longer says it."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    out = dict(MLA_FWD_PINNED)
+    if d is None:
+        return out
+    tiles = []
+    for name in ("flash_fwd_mla_sm100.py", "flash_fwd_mla_1cta_sm100.py", "flash_fwd_mla_1cta_kb64_sm100.py"):
+        tiles += [int(t) for t in re.findall(r"self\.tile_n\s*=\s*(\d+)\b", _source_text(str(d / name)))]
+    if tiles:
+        out["tile_n"] = min(tiles)
+    m = re.search(r"mla_fwd_rescale_threshold\s*=\s*[^\n]*else\s*([0-9.]+)", _source_text(str(d / "interface.py")))
+    if m:
+        out["rescale_threshold"] = float(m.group(1))
+    m = re.search(r"self\.max_offset\s*=\s*\d+\s*if\s*is_fp8\s*else\s*(\d+)",
+                  _source_text(str(d / "flash_fwd_mla_1cta_sm100.py")))
+    if m:
+        out["max_offset"] = float(m.group(1))
+    return out
+
+
 @functools.lru_cache(maxsize=256)
 def kernel_constants(arch: str, dtype: str, head_dim: int, head_dim_v: int, causal: bool = False,
-                     local: bool = False) -> KernelConstants:
+                     local: bool = False, mla: bool = False) -> KernelConstants:
     """The constants of the FA4 forward kernel that runs (arch, dtype, head dims, mask), with the
-    knobs read from the installed FA4 (``fa4_params.load_params``)."""
+    knobs read from the installed FA4 (``fa4_params.load_params``); ``mla``: an MLA (``qv``) call,
+    run by FA4's MLA kernels (:func:`mla_fwd_constants`)."""
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r}: choose from {', '.join(ARCHS)}")
+    if mla:
+        if arch == "sm90" or dtype not in ("bf16", "fp16"):
+            raise ValueError(f"MLA constants: 16-bit inputs on SM 10.x/11.x, not {dtype} on {arch}")
+        c = mla_fwd_constants()
+        return KernelConstants(arch, int(c["tile_n"]), float(c["max_offset"]), float(c["rescale_threshold"]),
+                               "sm100_mla")
     if arch == "sm90":
         return KernelConstants(arch, sm90_fwd_tile(head_dim, head_dim_v, causal, local)[1], 0.0, 0.0, "sm90")
     from fa4verify.kernels.fa4_params import load_params

@@ -376,7 +376,11 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       (``rel_bias``, else ``alibi``) on a varlen call whose sequences have more queries than keys
       and more keys than queries (and an empty one): with aux tensors FA4 wraps the indices it
       hands the mod modulo the sequence's own lengths (``softmax.apply_score_mod_inner``; the
-      backward rebuilds those divisors per sequence, ``recompute_fastdiv_mods_q``).
+      backward rebuilds those divisors per sequence, ``recompute_fastdiv_mods_q``);
+    * ``mla_causal_tail``, ``mla_short_keys``, ``mla_decode_1cta``, ``mla_gather_2cta``,
+      ``mla_gather_1cta`` (SM 10.x/11.x, Note [MLA as a call form]): FA4's MLA forward (``qv``, head
+      dims 64 + 512, one KV head) dense and with a top-k gather, on its 2-CTA and 1-CTA kernels
+      (:func:`_mla_edges`).
 
     Each needs its form in the space (the block-sparse edge only where the target runs block
     sparsity).
@@ -423,6 +427,7 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     out += _mod_edges(space, vals)
     out += _layout_edges(space, vals)
     out += _lookup_edges(space, vals)
+    out += _mla_edges(space, vals)
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
     return out
@@ -522,6 +527,50 @@ def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
             batch=n, seqlens_q=sqs, seqlens_k=sks, seqlen_q=1, seqlen_k=max(sks), nheads=2, nheads_kv=2,
             values=vals(), **base), _runs_bwd(space, form="varlen", hd=name, gqa="1", mask="none")))
     return out
+
+
+def _mla_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
+    """The MLA edges of :func:`edge_problems` (Note [MLA as a call form]): FA4's MLA forward kernels,
+    on the archs that have them, for 16-bit inputs, outside a deployment's space (its head dims
+    are standard attention's), where the installed FA4 takes the (64, 512) head dims:
+
+    * ``mla_causal_tail``: dense, causal, 16 query heads, fewer queries than keys, neither a
+      multiple of a tile;
+    * ``mla_short_keys``: dense, no mask, more queries than keys (128 + 22 over 70 keys);
+    * ``mla_decode_1cta``: dense decode, one query of 16 heads in each of 100 batch entries: more
+      2-CTA pairs (200 CTAs) than one wave of a B200's 148 SMs (or a B300's), where FA4's
+      ``_mla_1cta_route`` picks a 1-CTA kernel;
+    * ``mla_gather_2cta``: a causal top-256 gather at 128 query heads, 18 tokens (FA4's 2-CTA sparse
+      kernel): slots holding keys past the causal limit, ``-1`` sentinels, rows with no slot and
+      rows with every slot full (:meth:`CallForm.gather_indices`);
+    * ``mla_gather_1cta``: a top-128 gather without the causal mask at 64 query heads and 100
+      tokens (200 2-CTA CTAs: the 1-CTA sparse kernel by the same rule).
+
+    None runs a backward: FA4 has no dense MLA backward, and its sparse one is not judged
+    (``targets.MLA_BWD_UNJUDGED``)."""
+    from fa4verify.problem import AttentionProblem, CallForm
+    from fa4verify.problem.calls import MLA_ARCHS
+    rope, dv = 64, 512
+    if space.arch not in MLA_ARCHS or space.dtype not in ("bf16", "fp16") or space.lengths or space.heads \
+            or not facts.head_dims_supported(space.arch, rope, dv, space.dtype):
+        return []
+    base = dict(arch=space.arch, dtype=space.dtype, head_dim=rope + dv, head_dim_v=dv, nheads_kv=1)
+    dense = CallForm(qv_dim=dv)
+    rng = random.Random(f"mla:{space.arch}:{space.dtype}")
+    return [
+        ("mla_causal_tail", AttentionProblem(batch=2, seqlen_q=77, seqlen_k=203, nheads=16, causal=True, call=dense,
+                                             values=vals(), **base), False),
+        ("mla_short_keys", AttentionProblem(batch=1, seqlen_q=150, seqlen_k=70, nheads=16, call=dense,
+                                            values=vals(), **base), False),
+        ("mla_decode_1cta", AttentionProblem(batch=100, seqlen_q=1, seqlen_k=150, nheads=16, call=dense,
+                                             values=vals(), **base), False),
+        ("mla_gather_2cta", AttentionProblem(
+            batch=2, seqlen_q=9, seqlen_k=700, nheads=128, causal=True,
+            call=CallForm(qv_dim=dv, gather_topk=256, gather_seed=rng.randrange(2 ** 16)), values=vals(), **base), False),
+        ("mla_gather_1cta", AttentionProblem(
+            batch=1, seqlen_q=100, seqlen_k=300, nheads=64,
+            call=CallForm(qv_dim=dv, gather_topk=128, gather_seed=rng.randrange(2 ** 16)), values=vals(), **base), False),
+    ]
 
 
 def _mod_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:

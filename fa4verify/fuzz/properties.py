@@ -273,6 +273,11 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
     undecided: dict[str, str] = {}
     ran: list[str] = []
     fwd = _run_target(problem, target.forward, problem, a)
+    want = {"out": problem.shapes()["out"], "lse": problem.fully_masked_rows().shape}
+    for n, shape in want.items():
+        if np.shape(getattr(fwd, n)) != tuple(shape):
+            raise Violation("runs", f"the target's {n} has shape {np.shape(getattr(fwd, n))}, the problem's is "
+                                    f"{tuple(shape)} | case: {problem.describe()}")
     ran.append("runs")
     masked = problem.fully_masked_rows()
     fmt_max = _FMT_MAX[problem.dtype]

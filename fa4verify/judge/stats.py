@@ -51,7 +51,7 @@ def _head(keep: np.ndarray, h: int) -> np.ndarray:
 def kernel_constants_for(problem) -> facts.KernelConstants:
     causal, local, _, _ = facts.resolve_causal_local_window(problem.causal, problem.window_size)
     return facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
-                                  causal, local)
+                                  causal, local, mla=problem.call is not None and problem.call.mla)
 
 
 class BudgetStats:
@@ -141,8 +141,11 @@ class BudgetStats:
                 nbb = np.where(anyk, last // tb - first // tb + 1, 0).astype(np.float64)
             else:
                 nb = nbb = np.zeros(lq)
+            topk = problem.call.gather_topk if problem.call is not None else 0
+            if topk:     # a top-k gather: FA4 walks every slot tile of a row, whatever keys they hold
+                nb = np.where(anyk, np.maximum(nb, -(-topk // tn)), 0.0) if lk else nb
             self._nb_bwd[qs] = nbb[:, None]
-            row["seqlen_k"][qs] = lk
+            row["seqlen_k"][qs] = max(lk, topk)
             row["seqlen_q"][qs] = lq
             row["n_blocks"][qs] = nb[:, None]
             W = np.zeros((H, lq, lk))

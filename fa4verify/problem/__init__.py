@@ -111,7 +111,8 @@ class AttentionProblem:
             raise ValueError(f"arch={self.arch!r} is not supported; expected one of {_facts.ARCHS}")
         if self.dtype not in _facts.DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not supported; expected one of {_facts.DTYPES}")
-        if not head_dims_supported(self.arch, self.head_dim, self.head_dim_v, self.dtype):
+        mla = self.call is not None and self.call.mla      # its head dims: CallForm._validate_mla
+        if not mla and not head_dims_supported(self.arch, self.head_dim, self.head_dim_v, self.dtype):
             raise ValueError(f"(head_dim, head_dim_v)=({self.head_dim}, {self.head_dim_v}) is not "
                              f"supported on {self.arch} ({self.dtype}): {_facts.supported_head_dims_text(self.arch)}")
         if self.nheads < 1 or self.nheads_kv < 1 or self.nheads % self.nheads_kv:
@@ -326,6 +327,9 @@ class AttentionProblem:
             for n in ("q", "k"):
                 arrs[n] = round_to_dtype(np.clip(planted[n], -lim, lim).astype(np.float32), self.dtype)
             arrs["edges"] = planted["edges"]
+        if self.call is not None and self.call.mla:     # Note [MLA as a call form]: k's qv columns are v
+            arrs["k"] = arrs["k"].copy()
+            arrs["k"][..., self.head_dim - self.call.qv_dim:] = arrs["v"]
         arrs["cu_seqlens_q"] = arrs["cu_seqlens_k"] = None
         if self.varlen:
             arrs["cu_seqlens_q"] = np.concatenate([[0], np.cumsum(self.seqlens_q)]).astype(np.int32)

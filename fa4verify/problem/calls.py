@@ -37,7 +37,28 @@ A :class:`CallForm` never changes the mathematical function of its
   runs the unpacked GQA kernel a caller may ask for); it moves no array. FA4's backward never
   packs (``interface.py``: "pack_gqa backward not yet supported"), so only the forward gets it.
 
+* ``qv_dim`` (Note [MLA as a call form]): FA4's MLA call (``qv``); with ``gather_topk`` its top-k
+  gather, whose keep-mask is the set of keys each query's slots list.
+
 The oracle and the judge see only the problem (with its keep-mask); the targets build the call.
+
+Note [MLA as a call form]
+-------------------------
+FA4's MLA forward (``qv``; SM 10.x/11.x, rope head dim 64 and latent dim 512) computes
+``softmax(scale (q_i . k_j + qv_i . v_j)) V``: exactly standard attention on the concatenations
+``q' = [q, qv]`` and ``k' = [k, v]`` (head dim 576) with value ``v`` (``oracles/mla.py``). So an
+MLA problem is an :class:`~fa4verify.problem.AttentionProblem` with ``head_dim = 64 + 512``,
+``head_dim_v = 512`` and the call form ``CallForm(qv_dim=512)``: its values tie k's last 512
+columns to v (``AttentionProblem.materialize``), and the production target hands FA4 the split
+(``q'[..., :64]`` as q, ``q'[..., 64:]`` as qv, ``k'[..., :64]`` as k, v). FA4's default scale
+``1/sqrt(64 + 512)`` is the problem's own default. The oracle, the budget statistics and the
+judge need nothing new but the kernel's constants (:func:`fa4verify.kernels.facts.mla_fwd_constants`:
+MUFU exp2 only, no ``max_offset``, the narrowest MLA KV tile). A top-k gather
+(``gather_topk``) lists distinct keys per query (:meth:`CallForm.gather_indices`), so its meaning is
+a keep-mask like block sparsity's; FA4's causal limit on the slots is the problem's bottom-right
+causal mask. The budget counts every slot tile FA4 walks (``stats.BudgetStats``). Not judged:
+fp8 MLA and its descales, a key listed twice (``oracles/mla.py`` Note [Gather duplicates]), and
+FA4's sparse MLA backward (``targets.MLA_BWD_UNJUDGED``).
 
 Note [Partial blocks]
 ---------------------
@@ -107,7 +128,10 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
 _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch",
-                 "kv_packed")
+                 "kv_packed", "qv_dim", "gather_topk", "gather_seed")
+
+#: the archs whose FA4 has MLA (``qv``) kernels (``interface.py``: ``arch // 10 in [10, 11]``)
+MLA_ARCHS = ("sm100", "sm103")
 
 
 @dataclass(frozen=True)
@@ -140,6 +164,13 @@ class CallForm:
     #: ``cu_seqlens_k`` at capacity offsets; FA4 reads ``seqused_k[b]`` keys from each offset
     #: (its length wins over the cu_seqlens_k one), where the plain form passes batched K/V
     kv_packed: bool = False
+    #: Note [MLA as a call form]: FA4 gets the problem's last ``qv_dim`` columns of q as ``qv`` and
+    #: of k as nothing (they are v: the problem's values tie them), the rest as its rope q and k
+    qv_dim: int = 0
+    #: top-k gather (sparse MLA, needs ``qv_dim``): FA4 gets ``gather_kv_indices`` of this many
+    #: slots per query token, drawn from ``gather_seed`` (:meth:`gather_indices`)
+    gather_topk: int = 0
+    gather_seed: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -165,6 +196,15 @@ class CallForm:
             raise ValueError("kv_packed is a seqused_k call over unpaged K/V")
         if self.block_per_batch and self.block_size is None:
             raise ValueError("block_per_batch needs block sparsity (block_size)")
+        object.__setattr__(self, "qv_dim", int(self.qv_dim))
+        object.__setattr__(self, "gather_topk", int(self.gather_topk))
+        if self.qv_dim < 0 or self.gather_topk < 0:
+            raise ValueError("qv_dim and gather_topk must be >= 0")
+        if self.gather_topk and not self.qv_dim:
+            raise ValueError("gather_topk needs qv_dim (FA4: top-k gather is sparse MLA only)")
+        if self.qv_dim and (self.batched_layout or self.block_size is not None or self.mask_mod_fn is not None
+                            or self.pack_gqa is not None):
+            raise ValueError("an MLA call form (qv_dim) takes no other call form here")
 
     @property
     def paged(self) -> bool:
@@ -177,18 +217,25 @@ class CallForm:
         return self.seqused_k or self.seqused_q
 
     @property
+    def mla(self) -> bool:
+        return self.qv_dim > 0
+
+    @property
     def keep_pattern(self) -> bool:
-        """Whether the call form adds a keep-mask (block sparsity or a mask_mod callable)."""
-        return self.block_size is not None or self.mask_mod_fn is not None
+        """Whether the call form adds a keep-mask (block sparsity, a mask_mod callable or a top-k
+        gather)."""
+        return self.block_size is not None or self.mask_mod_fn is not None or self.gather_topk > 0
 
     @property
     def rearranges(self) -> bool:
         """Whether FA4 gets other arrays than the problem's own (a batched layout or a keep-pattern);
         a form that only sets ``pack_gqa`` does not: it is the plain call with one more argument."""
-        return self.batched_layout or self.keep_pattern
+        return self.batched_layout or self.keep_pattern or self.mla
 
     def validate(self, problem: Any) -> None:
         """Raise ValueError when this call form cannot carry ``problem`` (FA4's constraints)."""
+        if self.mla:
+            self._validate_mla(problem)
         if self.seqused_k:
             if not problem.varlen:
                 raise ValueError("seqused_k / paged KV call forms need a varlen problem (seqlens_k = seqused_k)")
@@ -212,7 +259,7 @@ class CallForm:
                 raise ValueError("seqused_q without seqused_k passes K/V batched and whole: equal seqlens_k >= 1")
             if self.keep_pattern:
                 raise ValueError("block sparsity / mask_mod are not drawn with seqused_q")
-        if self.keep_pattern:
+        if self.block_size is not None or self.mask_mod_fn is not None:
             if self.block_size is not None and self.mask_mod_fn is not None:
                 raise ValueError("block_size and mask_mod_fn are exclusive")
             if problem.causal or problem.window_size != (None, None) or problem.mask_mod:
@@ -231,12 +278,52 @@ class CallForm:
                 raise ValueError(f"mask_mod_fn={self.mask_mod_fn!r}: not a registered pair "
                                  f"({', '.join(mask_mod_pairs()) or 'none'})")
 
+    def _validate_mla(self, problem: Any) -> None:
+        """Note [MLA as a call form]: FA4's own asserts for ``qv`` (``interface.py``), and the
+        MLA features fa4verify judges (a plain or top-k gather forward, dense)."""
+        from fa4verify.kernels import facts
+        if problem.arch not in MLA_ARCHS:
+            raise ValueError(f"MLA (qv) runs on SM 10.x/11.x only (FA4 asserts), not {problem.arch}")
+        if problem.dtype not in ("bf16", "fp16"):
+            raise ValueError("MLA call forms here take 16-bit inputs (fp8 MLA and its descales are not judged)")
+        if problem.head_dim_v != self.qv_dim or problem.head_dim <= self.qv_dim:
+            raise ValueError(f"MLA: head_dim_v={problem.head_dim_v} must equal qv_dim={self.qv_dim} and head_dim="
+                             f"{problem.head_dim} exceed it (the rope part)")
+        if not facts.head_dims_supported(problem.arch, problem.head_dim - self.qv_dim, self.qv_dim, problem.dtype):
+            raise ValueError(f"MLA: FA4 does not take (head_dim, head_dim_v)=({problem.head_dim - self.qv_dim}, "
+                             f"{self.qv_dim})")
+        if problem.local or problem.softcap or problem.sink or problem.mods or problem.mask_mod is not None:
+            raise ValueError("MLA: FA4 takes no local window or softcap with qv; sinks and mods are not judged here")
+        if problem.varlen and self.gather_topk:
+            raise ValueError("a top-k gather call form here is a dense call")
+        if problem.nheads_kv != 1 or problem.nheads > 128:
+            raise ValueError("MLA call forms here have one KV head and at most 128 query heads (FA4's MLA kernels)")
+        if self.gather_topk % 128:
+            raise ValueError(f"gather_topk={self.gather_topk}: FA4 takes a multiple of 128")
+
     # ------------------------------------------------------------------ keep-masks
     def grid_seq(self, problem: Any, index: int) -> Optional[int]:
         """The ``seq`` argument of :meth:`block_mask` / :meth:`keep_mask` for batch entry (varlen:
-        sequence) ``index`` of ``problem``: its own grid on a varlen problem or with
-        ``block_per_batch``, else None (one grid for every entry)."""
-        return int(index) if problem.varlen or self.block_per_batch else None
+        sequence) ``index`` of ``problem``: its own grid on a varlen problem, with
+        ``block_per_batch`` or a top-k gather (each entry its own indices), else None (one grid for
+        every entry)."""
+        return int(index) if problem.varlen or self.block_per_batch or self.gather_topk else None
+
+    def gather_indices(self, seqlen_q: int, seqlen_k: int, seq: int) -> np.ndarray:
+        """The ``(seqlen_q, gather_topk)`` int32 ``gather_kv_indices`` of batch entry ``seq``:
+        each query's slots hold distinct keys of ``[0, seqlen_k)`` (a key listed twice would count
+        twice in FA4's softmax, Note [Gather duplicates] of ``oracles/mla.py``; never drawn) and
+        ``-1`` sentinels, in a shuffled slot order; the share of keys per row varies from none (an
+        empty row: O = 0, LSE = -inf) to every slot. Deterministic in (``gather_seed``, ``seq``)."""
+        rng = np.random.default_rng([self.gather_seed, int(seq)])
+        t = self.gather_topk
+        out = np.full((seqlen_q, t), -1, np.int32)
+        for i in range(seqlen_q):
+            n = min(t, seqlen_k) if i % 5 == 1 else (0 if i % 7 == 3 else int(rng.integers(1, min(t, seqlen_k) + 1)))
+            keys = rng.choice(seqlen_k, size=n, replace=False) if n else np.zeros(0, np.int64)
+            slots = rng.permutation(t)[:n]
+            out[i, slots] = keys
+        return out
 
     def block_mask(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None) -> Optional[np.ndarray]:
         """The (n_q_blocks, n_kv_blocks) boolean mask of the blocks FA4 gets listed, full or mask
@@ -281,6 +368,12 @@ class CallForm:
             return full | (dense_mask(partial, self.block_size, seqlen_q, seqlen_k) & np.asarray(inner, bool))
         if self.mask_mod_fn is not None:
             return np.asarray(mask_mod_pairs()[self.mask_mod_fn].keep(seqlen_q, seqlen_k), bool)
+        if self.gather_topk:
+            idx = self.gather_indices(seqlen_q, seqlen_k, 0 if seq is None else seq)
+            keep = np.zeros((seqlen_q, seqlen_k), bool)
+            rows, slots = np.nonzero(idx >= 0)
+            keep[rows, idx[rows, slots]] = True
+            return keep
         return None
 
     # ------------------------------------------------------------------ JSON / labels
@@ -328,6 +421,9 @@ class CallForm:
             parts.append(f"mask_mod_fn={self.mask_mod_fn}")
         if self.pack_gqa is not None:
             parts.append(f"pack_gqa={self.pack_gqa}")
+        if self.mla:
+            parts.append(f"mla(qv={self.qv_dim}" + (f", top-{self.gather_topk} #{self.gather_seed})"
+                                                    if self.gather_topk else ")"))
         return " ".join(parts)
 
     def labels(self) -> dict[str, Any]:
@@ -335,4 +431,5 @@ class CallForm:
                 "pack_gqa": None if self.pack_gqa is None else ("on" if self.pack_gqa else "off"),
                 "block_sparse": None if self.block_size is None else f"{self.block_size[0]}x{self.block_size[1]}",
                 "block_partial": self.block_partial or None,
-                "mask_mod_fn": self.mask_mod_fn, "hostile_nan": self.hostile_nan}
+                "mask_mod_fn": self.mask_mod_fn, "hostile_nan": self.hostile_nan,
+                "mla": ("gather" if self.gather_topk else "dense") if self.mla else None}

@@ -290,7 +290,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             mufu: str = "correctly-rounded", seed: int = 0, pack_gqa: bool | None = None,
             use_2cta: bool | None = None, emulated_columns=None,
             stage_probe: Callable[[StageSample], None] | None = None,
-            cu_seqlens_q=None, cu_seqlens_k=None, _varlen_q: bool = False) -> TwinForwardResult:
+            cu_seqlens_q=None, cu_seqlens_k=None, _varlen_q: bool = False, mla: bool = False) -> TwinForwardResult:
     """CPU twin of FA4's forward ("CPU twin"; see the module docstring for what is modelled).
 
     ``q`` (b, sq, hq, d), ``k``/``v`` (b, sk, hk, d/dv): torch tensors or numpy arrays of
@@ -303,7 +303,11 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     ``learnable_sink`` (hq,) logits.  ``exact_stages`` / ``mutations``: see :data:`FWD_STAGES`,
     :data:`FWD_MUTATIONS`.  ``accumulation`` / ``mufu`` / ``seed``: hardware model parameters.
     ``pack_gqa`` / ``use_2cta`` / ``emulated_columns`` override FA4's config derivation (which
-    columns of the 128-wide KV tile use the polynomial).  ``stage_probe(StageSample)`` is called
+    columns of the 128-wide KV tile use the polynomial).  ``mla``: q and k are the concatenations
+    of an MLA call (rope part, then qv / v; ``fa4verify.oracles.mla``), run with the constants of
+    FA4's MLA kernels (:func:`fa4verify.kernels.facts.mla_fwd_constants`: MUFU exp2 only, no
+    ``max_offset``, the lazy-rescale threshold) on the standard SM100 pipeline: a stand-in for the
+    MLA kernels' arithmetic, not their 2-CTA row-sum order.  ``stage_probe(StageSample)`` is called
     for every stage application with the as-FA4 value, the exact value from the same inputs and
     the budget statistics.
 
@@ -319,7 +323,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             softcap=softcap, learnable_sink=learnable_sink, exact_stages=exact_stages,
             mutations=mutations, dtype=dtype, accumulation=accumulation, mufu=mufu, seed=seed,
             pack_gqa=pack_gqa, use_2cta=use_2cta, emulated_columns=emulated_columns,
-            stage_probe=stage_probe))
+            stage_probe=stage_probe, mla=mla))
     exact = frozenset(exact_stages)
     muts = frozenset(mutations)
     bad = exact - set(FWD_STAGES)
@@ -368,6 +372,8 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     c_true = float(scale32) * LOG2_E if not has_softcap else LOG2_E
 
     # --- kernel variant, tiles, thresholds
+    if arch == "sm90" and mla:
+        raise ValueError("MLA (qv) runs on SM 10.x/11.x only")
     if arch == "sm90":
         kernel = "sm90"
         tile_m, tile_n = sm90_tile(D, Dv, is_causal, local)
@@ -385,6 +391,13 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             threshold = float(params.rescale_threshold_16bit)
         if kernel == "sm100_hd256":
             threshold = 0.0
+        if mla:
+            if dt == "fp8":
+                raise ValueError("the twin's MLA stand-in takes 16-bit inputs")
+            mc = _facts.mla_fwd_constants()
+            kernel, max_offset, threshold = "sm100_mla", float(mc["max_offset"]), float(mc["rescale_threshold"])
+            if emulated_columns is None:
+                emulated_columns = ()
     if emulated_columns is None:
         if kernel == "sm90":
             emu = np.zeros(tile_n, bool)
