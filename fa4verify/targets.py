@@ -200,7 +200,9 @@ class TwinTarget(Target):
         from fa4verify.judge import keep_pattern
         rw = keep_pattern.rewrite(problem)
         (qb, qr), (kb, kr) = rw["q_index"].T, rw["k_index"].T
-        vp = problem.replace(call=plain, batch=len(rw["seqlens_q"]), seqlen_q=max(rw["seqlens_q"]),
+        # the keep-mask holds every mask (a gather's causal limit too): the rewrite is unmasked
+        vp = problem.replace(call=plain, causal=False, window_size=(None, None), batch=len(rw["seqlens_q"]),
+                             seqlen_q=max(rw["seqlens_q"]),
                              seqlen_k=max(rw["seqlens_k"]), seqlens_q=rw["seqlens_q"], seqlens_k=rw["seqlens_k"])
         vw = functools.partial(keep_pattern.view, problem)
         va = dict(a, q=vw(a["q"])[qb, qr], k=vw(a["k"])[kb, kr], v=vw(a["v"])[kb, kr],
@@ -275,8 +277,15 @@ class TwinTarget(Target):
             dk, _ = kp._sum_keys(problem, g.dk, np.zeros_like(g.dk), rw)
             dv, _ = kp._sum_keys(problem, g.dv, np.zeros_like(g.dv), rw)
             return Bwd(kp._dense_rows(problem, g.dq, rw, 0.0), dk, dv, g.dsink)
+        g = self._backward_direct(problem, a, fwd, deterministic=deterministic, taps=taps, dlse=dlse)
+        # an MLA problem: the standard backward of q', k', v, in FA4's MLA layout
+        return mla_grads(problem, g) if problem.call is not None and problem.call.mla else g
+
+    def _backward_direct(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *, deterministic: bool,
+                         taps: Optional[dict], dlse: Optional[np.ndarray]) -> Bwd:
+        """The twin's backward of a problem it runs as it is (no call-form rearrangement)."""
         kw = self._kw(problem, a)
-        kw.pop("mla")           # _call_backward_unsupported refuses MLA call forms
+        kw.pop("mla")
         kw["deterministic"] = deterministic
         dt = problem.dtype
         def call(q, k, v, o, do, lse, dl=None):
@@ -425,6 +434,8 @@ class ProductionTarget(Target):
     def check_supported(self, problem: AttentionProblem) -> None:
         if problem.mask_mod is not None:
             raise Unsupported("production FA4 takes mask_mod as a CuTe callable; boolean patterns are twin-only")
+        if problem.varlen and problem.call is not None and problem.call.mla:
+            raise Unsupported("a varlen MLA call is not judged here (Note [MLA as a call form]: dense calls)")
         if (why := hd256_refusal(problem, "fwd")) is not None:
             raise Unsupported(why)
         for pair in problem.mod_pairs() if problem.mods else ():
@@ -599,7 +610,7 @@ class ProductionTarget(Target):
 
     def _mla_forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         """Note [MLA as a call form]: FA4's ``qv`` call on the problem's split arrays; its LSE,
-        (b, s, h) (varlen (t, h)), back in the problem's layout."""
+        (b, s, h), back in the problem's layout."""
         dt, call = problem.dtype, problem.call
         d = problem.head_dim - call.qv_dim
         q, k = np.asarray(a["q"]), np.asarray(a["k"])
@@ -608,16 +619,43 @@ class ProductionTarget(Target):
             if call.gather_topk:
                 idx = np.stack([call.gather_indices(problem.seqlen_q, problem.seqlen_k, b) for b in range(problem.batch)])
                 kw["gather_kv_indices"] = self._t(idx, None)
-            if problem.varlen:
-                kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
-                          max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
             r = self._call(self._ad.mla_forward, self._t(q[..., :d], dt), self._t(k[..., :d], dt),
                            self._t(a["v"], dt), self._t(q[..., d:], dt), **kw)
         self._note_config(r.config)
         out = np.zeros(tuple(r.out.shape)) if self.fake else self._np(r.out)
         lse = np.zeros(tuple(r.lse.shape)) if self.fake else self._np(r.lse)
-        return Fwd(out, np.moveaxis(lse, -1, 0) if problem.varlen else np.moveaxis(lse, -1, 1),
-                   native=(r.out, r.lse))
+        return Fwd(out, np.moveaxis(lse, -1, 1), native=(r.out, r.lse))
+
+    def _mla_split(self, problem: AttentionProblem, a: Mapping[str, Any], key: str):
+        """FA4's rope part and the latent part (qv) of the problem's array ``key`` (torch)."""
+        d = problem.head_dim - problem.call.qv_dim
+        x = np.asarray(a[key])
+        return self._t(x[..., :d], problem.dtype), self._t(x[..., d:], problem.dtype)
+
+    def _mla_backward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Bwd:
+        """Note [The sparse MLA backward]: FA4's forward for training (it saves P, the row maxima and
+        the O residual, or not with ``recompute_p``), then its sparse MLA backward; the gradients in
+        the problem's layout, dq' = [dq, dqv], dk' = [dk, 0], dv of both uses of v (:func:`mla_grads`)."""
+        call, dt = problem.call, problem.dtype
+        with self._mode(), self._emulation():
+            q, qv = self._mla_split(problem, a, "q")
+            k, _ = self._mla_split(problem, a, "k")
+            v, do = self._t(a["v"], dt), self._t(a["dout"], dt)
+            idx = self._t(np.stack([call.gather_indices(problem.seqlen_q, problem.seqlen_k, b)
+                                    for b in range(problem.batch)]), None)
+            kw: dict[str, Any] = dict(softmax_scale=problem.softmax_scale, causal=problem.causal)
+            f = self._call(self._ad.mla_forward, q, k, v, qv, gather_kv_indices=idx, for_backward=True,
+                           gather_bwd_recompute_p=call.recompute_p, **kw)
+            r = self._call(self._ad.mla_backward, q, k, v, qv, f.out, do, f.lse, idx, fwd=f,
+                           recompute_p=call.recompute_p, **kw)
+        self._note_config(r.config)
+        if self.fake:
+            shapes = problem.shapes()
+            return Bwd(np.zeros(shapes["q"]), np.zeros(shapes["k"]), np.zeros(shapes["v"]), None)
+        n = self._np
+        return Bwd(np.concatenate([n(r.dq), n(r.dqv)], axis=-1),
+                   np.concatenate([n(r.dk), np.zeros(n(r.dk).shape[:-1] + (problem.call.qv_dim,))], axis=-1),
+                   n(r.dv), None)
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
@@ -702,6 +740,10 @@ class ProductionTarget(Target):
     def autograd_unsupported(self, problem: AttentionProblem) -> Optional[str]:
         if self.fake:
             return "compile-only: the public autograd path compiles the kernels the driver calls"
+        if problem.call is not None and problem.call.gather_topk:   # Note [The sparse MLA backward]
+            if not hasattr(self._ad, "mla_forward_backward_autograd"):
+                return "this adapter has no public autograd entry for MLA (mla_forward_backward_autograd)"
+            return _call_backward_unsupported(problem)
         if problem.call is not None:
             return "the public autograd path is run on calls without a call form"
         if not hasattr(self._ad, "forward_backward_autograd"):
@@ -725,6 +767,23 @@ class ProductionTarget(Target):
         if (why := self.autograd_unsupported(problem)) is not None:
             raise Unsupported(why)
         dt = problem.dtype
+        if problem.call is not None and problem.call.mla:
+            call = problem.call
+            with self._mode(), self._emulation():
+                q, qv = self._mla_split(problem, a, "q")
+                k, _ = self._mla_split(problem, a, "k")
+                idx = self._t(np.stack([call.gather_indices(problem.seqlen_q, problem.seqlen_k, b)
+                                        for b in range(problem.batch)]), None)
+                # FA4's MLA LSE is (b, s, h): the problem's (b, h, s) dLSE transposed
+                dl = None if dlse is None else self._t(np.ascontiguousarray(np.swapaxes(dlse, 1, 2), np.float32), None)
+                r = self._call(self._ad.mla_forward_backward_autograd, q, k, self._t(a["v"], dt), qv,
+                               self._t(a["dout"], dt), gather_kv_indices=idx, dlse=dl,
+                               softmax_scale=problem.softmax_scale, causal=problem.causal,
+                               gather_bwd_recompute_p=call.recompute_p)
+            n = self._np
+            return Bwd(np.concatenate([n(r[2]), n(r[5])], axis=-1),
+                       np.concatenate([n(r[3]), np.zeros(n(r[3]).shape[:-1] + (call.qv_dim,))], axis=-1),
+                       n(r[4]), None)
         kw = self._kw(problem, a)
         if problem.sink and a.get("learnable_sink") is None:
             raise Unsupported("a sink problem without its learnable_sink array")
@@ -756,6 +815,10 @@ class ProductionTarget(Target):
         very call (numpy: ``dpsum``, ``lse_log2``, ``dq_accum_zeroed``, ``dq_accum`` in (b, s, h, d));
         see :meth:`taps_unsupported`."""
         self.check_supported(problem)
+        if problem.call is not None and problem.call.mla:
+            if taps is not None or dlse is not None:
+                raise Unsupported("FA4's sparse MLA backward has no stage taps and takes no dLSE here")
+            return self._mla_backward(problem, a)
         dt = problem.dtype
         cap = contextlib.nullcontext(None)
         if taps is not None:
@@ -849,16 +912,31 @@ def hd256_refusal(problem: AttentionProblem, pass_: str) -> Optional[str]:
     return facts.sm100_hd256_refusal(pass_, used) if used else None
 
 
-#: Note [MLA as a call form]: why an MLA problem's backward is not run
-MLA_BWD_UNJUDGED = ("FA4's sparse MLA backward (saved bf16 P, an fp32 O residual, dV from both uses of V) has no "
-                    "derived budget in fa4verify yet: scripts/b200_features.py measures it against the oracle")
+#: Note [The sparse MLA backward]: why a saved-P sparse MLA backward is not run where FA4's
+#: training forward rescales lazily (the budget assumes a saved P of at most 1)
+MLA_BWD_UNJUDGED = ("this FA4 release's training forward of a gather rescales lazily (a saved P above 1), which "
+                    "fa4verify's saved-P budget does not model (Note [The sparse MLA backward])")
+
+
+def mla_grads(problem: AttentionProblem, bwd: "Bwd") -> "Bwd":
+    """Note [The sparse MLA backward]: a problem-layout backward (dq', dk' over [rope, latent], dv
+    of the value use) in FA4's MLA layout: dv holds both uses of v (``dv + dk'[..., rope:]``, as
+    FA4 returns it) and dk' only the rope part (its latent columns zero)."""
+    d = problem.head_dim - problem.call.qv_dim
+    dk = np.array(bwd.dk, np.float64, copy=True)
+    dv = np.asarray(bwd.dv, np.float64) + dk[..., d:]
+    dk[..., d:] = 0.0
+    return Bwd(bwd.dq, dk, dv, bwd.dsink, stages=bwd.stages)
 
 
 def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
     """FA4 4.0.0b36's limits on the backward of a problem's head dims and call form, or None."""
     from fa4verify.kernels import facts
     if problem.call is not None and problem.call.mla:
-        return MLA_BWD_UNJUDGED if problem.call.gather_topk else "FA4 has no dense MLA backward (only the top-k gather one)"
+        if not problem.call.gather_topk:
+            return "FA4 has no dense MLA backward (only the top-k gather one)"
+        lazy = facts.mla_fwd_constants()["train_rescale_threshold"] != 0.0
+        return MLA_BWD_UNJUDGED if lazy and not problem.call.recompute_p else None
     why = facts.bwd_refusal(problem.arch, problem.head_dim, problem.head_dim_v, problem.nheads / problem.nheads_kv)
     if why is None:
         why = hd256_refusal(problem, "bwd")

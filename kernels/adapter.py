@@ -51,6 +51,7 @@ __all__ = [
     "forward_backward_autograd", "combine", "block_sparse_tensors", "block_sparse_tensors_varlen",
     "sm90_bwd_sparse_block_size",
     "sm90_bwd_config", "MLAForwardResult", "MLABackwardResult", "mla_forward", "mla_backward",
+    "mla_forward_backward_autograd",
 ]
 
 
@@ -1238,6 +1239,28 @@ def forward_backward_autograd(q, k, v, dout, *, dlse=None, learnable_sink=None, 
     return (out.detach(), lse.detach(), qq.grad, kk.grad, vv.grad, None if sink is None else sink.grad)
 
 
+def mla_forward_backward_autograd(q, k, v, qv, dout, *, gather_kv_indices, dlse=None,
+                                  softmax_scale: Optional[float] = None, causal: bool = False,
+                                  gather_bwd_recompute_p: bool = False):
+    """Forward and backward of a sparse MLA call through FA4's public autograd path, what training
+    code runs: ``flash_attn_func(q, k, v, qv=, gather_kv_indices=, return_lse=True)``, then
+    ``torch.autograd.backward`` of ``(out, lse)`` with ``(dout, dlse)`` (``dlse`` None: the loss
+    reads O only). The inputs are detached copies. Returns ``(out, lse, dq, dk, dv, dqv)`` (dv: both
+    uses of the latent v)."""
+    _require_cuda()
+    import torch
+    qq, kk, vv, qvv = (t.detach().clone().requires_grad_(True) for t in (q, k, v, qv))
+    with torch.enable_grad():
+        out, lse = _call_fa4(_fa4_fn("flash_attn_func"), qq, kk, vv, qv=qvv, gather_kv_indices=gather_kv_indices,
+                             softmax_scale=softmax_scale, causal=causal, return_lse=True,
+                             gather_bwd_recompute_p=gather_bwd_recompute_p)
+        if dlse is None:
+            out.backward(dout)
+        else:
+            torch.autograd.backward([out, lse], [dout, dlse])
+    return out.detach(), lse.detach(), qq.grad, kk.grad, vv.grad, qvv.grad
+
+
 def upstream_reference(q, k, v, *, causal: bool = False, window_size: tuple = (None, None),
                        softcap: float = 0.0, learnable_sink=None, upcast: bool = True,
                        reorder_ops: bool = False):
@@ -1331,7 +1354,7 @@ def install_compile_only_shims(num_sms: int) -> None:
     at trace time (it sizes the grid, not the per-element math), so it is answered with
     ``num_sms`` -- in ``cutlass.utils`` and in ``flash_attn.cute.tile_scheduler``, which imported
     the name; torch's ``__dlpack__`` of a fake CUDA tensor asks ``torch.cuda.current_device()``,
-    answered with 0. Only ever called inside a compile subprocess (``fa4verify.compile.census``,
+    answered with 0; basic indexing of a fake CUDA tensor (:func:`_install_fake_cuda_indexing`). Only ever called inside a compile subprocess (``fa4verify.compile.census``,
     ``fa4verify.compile.production``): it patches process-wide state.
     """
     import torch
@@ -1355,3 +1378,47 @@ def install_compile_only_shims(num_sms: int) -> None:
             ts.HardwareInfo = _HardwareInfo
     except Exception:
         pass
+    _install_fake_cuda_indexing()
+
+
+def _install_fake_cuda_indexing() -> None:
+    """Compile-only shim (this subprocess only): basic indexing (ints, slices, ``...``, None) of a
+    fake CUDA tensor through ``aten.select`` / ``aten.slice``. A CPU-only torch refuses
+    ``fake_cuda[..., :n]`` ("PyTorch is not linked with support for cuda devices": Python
+    indexing takes a CUDA device guard before dispatch), which FA4's sparse MLA backward does
+    (``dpsum[..., :nheads]``); the result is the same view the CUDA build would make."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    orig = torch.Tensor.__getitem__
+    if getattr(orig, "_fa4verify_shim", False):
+        return
+
+    def getitem(self, idx):
+        if not (isinstance(self, FakeTensor) and self.device.type == "cuda"):
+            return orig(self, idx)
+        items = idx if isinstance(idx, tuple) else (idx,)
+        if not all(i is Ellipsis or i is None or isinstance(i, (int, slice)) for i in items) \
+                or any(isinstance(i, bool) for i in items):
+            return orig(self, idx)
+        n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
+        if sum(1 for i in items if i is Ellipsis) > 1 or n_real > self.dim():
+            return orig(self, idx)
+        if Ellipsis in items:
+            e = items.index(Ellipsis)
+            items = items[:e] + (slice(None),) * (self.dim() - n_real) + items[e + 1:]
+        out, dim = self, 0
+        for i in items:
+            if i is None:
+                out = out.unsqueeze(dim)
+                dim += 1
+            elif isinstance(i, int):
+                out = torch.ops.aten.select.int(out, dim, i)
+            else:
+                st, sp, step = i.start, i.stop, i.step if i.step is not None else 1
+                if step < 1:
+                    return orig(self, idx)
+                out = torch.ops.aten.slice.Tensor(out, dim, st, sp, step)
+                dim += 1
+        return out
+    getitem._fa4verify_shim = True
+    torch.Tensor.__getitem__ = getitem

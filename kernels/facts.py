@@ -487,21 +487,47 @@ class KernelConstants:
 
 
 #: the pinned 4.0.0b36's MLA forward constants (:func:`mla_fwd_constants`) for an FA4 not installed
-MLA_FWD_PINNED = {"tile_n": 64, "rescale_threshold": 8.0, "max_offset": 0.0}
+MLA_FWD_PINNED = {"tile_n": 64, "rescale_threshold": 8.0, "max_offset": 0.0, "train_rescale_threshold": 0.0}
+#: the pinned 4.0.0b36's MLA head dims (:func:`mla_head_dims`)
+MLA_HEAD_DIMS_PINNED = (64, 512)
+
+
+@functools.lru_cache(maxsize=4)
+def mla_head_dims() -> tuple[int, int]:
+    """(rope head dim, latent head dim) FA4 takes with ``qv``: ``_flash_attn_fwd`` asserts
+    ``head_dim_v == 512`` and ``q is None or head_dim == 64`` (``interface.py``); read from the
+    installed release's source, the pinned values without FA4 or where it no longer says it."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return MLA_HEAD_DIMS_PINNED
+    text = _source_text(str(d / "interface.py"))
+    dv = re.search(r"assert head_dim_v == (\d+)\n", text)
+    dr = re.search(r"assert q is None or head_dim == (\d+)\n", text)
+    return (int(dr.group(1)) if dr else MLA_HEAD_DIMS_PINNED[0], int(dv.group(1)) if dv else MLA_HEAD_DIMS_PINNED[1])
 
 
 @functools.lru_cache(maxsize=4)
 def mla_fwd_constants() -> dict[str, float]:
-    """What a composed budget needs of FA4's MLA forward kernels (``qv``, 16-bit inputs), the
-    conservative one of each where the kernels differ (budgets only grow): ``tile_n`` the narrowest
-    KV tile of the three kernels (``flash_fwd_mla_sm100.py`` and ``flash_fwd_mla_1cta_sm100.py``:
-    ``self.tile_n = 128``; ``flash_fwd_mla_1cta_kb64_sm100.py``: 64; more tiles, more rescales);
-    ``rescale_threshold`` the lazy-rescale threshold ``_flash_attn_fwd`` hands them for a
-    forward-only call (``mla_fwd_rescale_threshold = 0.0 if (requires_grad and sparse_kv) else
-    8.0``); ``max_offset`` 0 (the 2CTA kernel creates ``SoftmaxSm100`` without one, the 1CTA kernels
-    set ``8 if is_fp8 else 0``). All three compute 2^x on MUFU only (``apply_exp2_convert`` with
-    no emulation frequency). Read from the installed release's files; the pinned values without
-    FA4, or where a file no longer says it."""
+    """What a composed budget needs of FA4's MLA forward kernels (``qv``, 16-bit inputs):
+
+    * ``tile_n``: the narrowest KV tile of the three kernels (``flash_fwd_mla_sm100.py`` and
+      ``flash_fwd_mla_1cta_sm100.py``: ``self.tile_n = 128``; ``flash_fwd_mla_1cta_kb64_sm100.py``:
+      64). The budget's terms per tile (rescales, flush floors) then count the most tiles a row can
+      span; its in-tile summation depth (``tile_n / 4 + 4`` = 20 at 64, of the probabilistic tier)
+      still bounds the kernels', which split a row's tile over two threads (32 or 64 columns each
+      in packed partials of 8: depth about 13);
+    * ``rescale_threshold``: the lazy-rescale threshold ``_flash_attn_fwd`` hands them for a
+      forward-only call (``mla_fwd_rescale_threshold = 0.0 if (requires_grad and sparse_kv) else
+      8.0``); ``train_rescale_threshold`` the one of the training forward of a gather (the ``0.0``
+      there: its saved P never exceeds 1, Note [The sparse MLA backward]);
+    * ``max_offset``: 0, exactly (the 2-CTA kernel creates ``SoftmaxSm100`` without one; the 1-CTA
+      kernels set ``8 if is_fp8 else 0``); :class:`FA4SourceChanged` where the 2-CTA kernel's
+      softmax now takes one.
+
+    All three compute 2^x on MUFU only (``apply_exp2_convert`` with no emulation frequency). Read
+    from the installed release's files; the pinned values without FA4, or where a file no longer
+    says it."""
     from fa4verify.kernels.fa4_params import fa4_source_dir
     d = fa4_source_dir()
     out = dict(MLA_FWD_PINNED)
@@ -512,13 +538,19 @@ def mla_fwd_constants() -> dict[str, float]:
         tiles += [int(t) for t in re.findall(r"self\.tile_n\s*=\s*(\d+)\b", _source_text(str(d / name)))]
     if tiles:
         out["tile_n"] = min(tiles)
-    m = re.search(r"mla_fwd_rescale_threshold\s*=\s*[^\n]*else\s*([0-9.]+)", _source_text(str(d / "interface.py")))
+    m = re.search(r"mla_fwd_rescale_threshold\s*=\s*([0-9.]+)\s*if\s*\(requires_grad and sparse_kv\)\s*else\s*([0-9.]+)",
+                  _source_text(str(d / "interface.py")))
     if m:
-        out["rescale_threshold"] = float(m.group(1))
+        out["train_rescale_threshold"], out["rescale_threshold"] = float(m.group(1)), float(m.group(2))
     m = re.search(r"self\.max_offset\s*=\s*\d+\s*if\s*is_fp8\s*else\s*(\d+)",
                   _source_text(str(d / "flash_fwd_mla_1cta_sm100.py")))
     if m:
         out["max_offset"] = float(m.group(1))
+    two_cta = re.search(r"SoftmaxSm100\.create\((.*?)\n\s*\)", _source_text(str(d / "flash_fwd_mla_sm100.py")), re.S)
+    if two_cta and "max_offset" in two_cta.group(1):
+        from fa4verify.kernels.fa4_params import FA4SourceChanged
+        raise FA4SourceChanged("flash_fwd_mla_sm100.py: the 2-CTA MLA forward's softmax now takes a max_offset, "
+                               "which fa4verify's MLA budget does not read")
     return out
 
 

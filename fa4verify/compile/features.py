@@ -271,54 +271,10 @@ def _mla_case(case: FeatureCase, rec: dict[str, Any]) -> None:
                              dqv=list(r.dqv.shape))
 
 
-def _install_fake_cuda_indexing() -> None:
-    """Compile-only shim (this subprocess only): basic indexing (ints, slices, ``...``, None) of a
-    fake CUDA tensor through ``aten.select`` / ``aten.slice``. A CPU-only torch refuses
-    ``fake_cuda[..., :n]`` ("PyTorch is not linked with support for cuda devices": Python
-    indexing takes a CUDA device guard before dispatch), which FA4's sparse MLA backward does
-    (``dpsum[..., :nheads]``); the result is the same view the CUDA build would make."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensor
-    orig = torch.Tensor.__getitem__
-    if getattr(orig, "_fa4verify_shim", False):
-        return
-
-    def getitem(self, idx):
-        if not (isinstance(self, FakeTensor) and self.device.type == "cuda"):
-            return orig(self, idx)
-        items = idx if isinstance(idx, tuple) else (idx,)
-        if not all(i is Ellipsis or i is None or isinstance(i, (int, slice)) for i in items) \
-                or any(isinstance(i, bool) for i in items):
-            return orig(self, idx)
-        n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
-        if sum(1 for i in items if i is Ellipsis) > 1 or n_real > self.dim():
-            return orig(self, idx)
-        if Ellipsis in items:
-            e = items.index(Ellipsis)
-            items = items[:e] + (slice(None),) * (self.dim() - n_real) + items[e + 1:]
-        out, dim = self, 0
-        for i in items:
-            if i is None:
-                out = out.unsqueeze(dim)
-                dim += 1
-            elif isinstance(i, int):
-                out = torch.ops.aten.select.int(out, dim, i)
-            else:
-                st, sp, step = i.start, i.stop, i.step if i.step is not None else 1
-                if step < 1:
-                    return orig(self, idx)
-                out = torch.ops.aten.slice.Tensor(out, dim, st, sp, step)
-                dim += 1
-        return out
-    getitem._fa4verify_shim = True
-    torch.Tensor.__getitem__ = getitem
-
-
 def _worker(spec_json: str) -> None:
     spec = json.loads(spec_json)
     from fa4verify.compile.census import _install_cpu_shims
     _install_cpu_shims(int(os.environ["FLASH_ATTENTION_NUM_SMS"]))
-    _install_fake_cuda_indexing()
     dump = Path(os.environ["CUTE_DSL_DUMP_DIR"])
     results = []
     for c in spec["cases"]:

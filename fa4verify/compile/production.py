@@ -158,10 +158,7 @@ def _run_one(case: CompileCase, dump: Path) -> dict[str, Any]:
                            "where": None, "target_arch": None, "forward_config": None,
                            "backward_config": None, "kernels": [], "shapes": {}}
     sh = prob.shapes()
-    b, s, h = case.batch, case.seqlen, case.nheads
-    lse_shape = [h, sh["q"][0]] if prob.varlen else [prob.batch, h, prob.seqlen_q]
-    if not case.problem_json:
-        lse_shape = [b, h, s]
+    lse_shape = list(prob.fully_masked_rows().shape)      # FA4's LSE layout of the problem
     rec["expected_shapes"] = ({"out": list(sh["out"]), "lse": lse_shape} if case.op == "forward" else
                               {"dq": list(sh["q"]), "dk": list(sh["k"]), "dv": list(sh["v"])})
     before = _snapshot(dump)

@@ -377,10 +377,10 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       and more keys than queries (and an empty one): with aux tensors FA4 wraps the indices it
       hands the mod modulo the sequence's own lengths (``softmax.apply_score_mod_inner``; the
       backward rebuilds those divisors per sequence, ``recompute_fastdiv_mods_q``);
-    * ``mla_causal_tail``, ``mla_short_keys``, ``mla_decode_1cta``, ``mla_gather_2cta``,
-      ``mla_gather_1cta`` (SM 10.x/11.x, Note [MLA as a call form]): FA4's MLA forward (``qv``, head
-      dims 64 + 512, one KV head) dense and with a top-k gather, on its 2-CTA and 1-CTA kernels
-      (:func:`_mla_edges`).
+    * ``mla_causal_tail``, ``mla_short_keys``, ``mla_decode_kb64``, ``mla_decode_1cta``,
+      ``mla_gather_2cta``, ``mla_gather_wide``, ``mla_gather_1cta`` (SM 10.x/11.x, Note [MLA as a
+      call form]): FA4's MLA forward (``qv``, head dims 64 + 512, one KV head) dense and with a
+      top-k gather, on each of its three kernels, and its sparse backward (:func:`_mla_edges`).
 
     Each needs its form in the space (the block-sparse edge only where the target runs block
     sparsity).
@@ -490,8 +490,10 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
 
 #: edges whose backward runs without ``deterministic`` (the rest run it deterministic): with the
 #: varlen batch lookup wrong, a deterministic backward waits for a dQ semaphore that never comes
-#: (a hang the audit's deadline reports, after minutes); without, the misplaced tiles show in dQ
-NONDETERMINISTIC_EDGES = frozenset({"varlen_lookup_long_first", "varlen_lookup_chunks"})
+#: (a hang the audit's deadline reports, after minutes); without, the misplaced tiles show in dQ.
+#: FA4's sparse MLA backward has no deterministic mode (``_flash_attn_bwd_sparse_mla`` asserts it off)
+NONDETERMINISTIC_EDGES = frozenset({"varlen_lookup_long_first", "varlen_lookup_chunks", "mla_gather_2cta",
+                                    "mla_gather_wide", "mla_gather_1cta"})
 
 
 def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
@@ -532,44 +534,62 @@ def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
 def _mla_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     """The MLA edges of :func:`edge_problems` (Note [MLA as a call form]): FA4's MLA forward kernels,
     on the archs that have them, for 16-bit inputs, outside a deployment's space (its head dims
-    are standard attention's), where the installed FA4 takes the (64, 512) head dims:
+    are standard attention's), with the head dims the installed FA4 takes with ``qv``. The kernel
+    each reaches (``_mla_1cta_route``'s one-wave rule: 1-CTA once two CTAs per token (gather) or
+    per batch entry (dense decode) exceed the SMs, 148 on a B200; compile-only sm_100a,
+    ``docs/results/features/mla_edges_compile_sm100a.json``):
 
-    * ``mla_causal_tail``: dense, causal, 16 query heads, fewer queries than keys, neither a
-      multiple of a tile;
-    * ``mla_short_keys``: dense, no mask, more queries than keys (128 + 22 over 70 keys);
-    * ``mla_decode_1cta``: dense decode, one query of 16 heads in each of 100 batch entries: more
-      2-CTA pairs (200 CTAs) than one wave of a B200's 148 SMs (or a B300's), where FA4's
-      ``_mla_1cta_route`` picks a 1-CTA kernel;
-    * ``mla_gather_2cta``: a causal top-256 gather at 128 query heads, 18 tokens (FA4's 2-CTA sparse
-      kernel): slots holding keys past the causal limit, ``-1`` sentinels, rows with no slot and
-      rows with every slot full (:meth:`CallForm.gather_indices`);
-    * ``mla_gather_1cta``: a top-128 gather without the causal mask at 64 query heads and 100
-      tokens (200 2-CTA CTAs: the 1-CTA sparse kernel by the same rule).
+    * ``mla_causal_tail`` (2-CTA): dense, causal, 16 query heads, fewer queries than keys, neither a
+      multiple of a tile, with maxima that grow along the keys (``peaked_rescale``: the lazy
+      rescale's stale maximum);
+    * ``mla_short_keys`` (2-CTA): dense, no mask, more queries than keys (150 over 70);
+    * ``mla_decode_kb64`` (1-CTA, 64-key blocks): dense decode, one query of 16 heads in each of
+      100 batch entries (200 CTAs);
+    * ``mla_decode_1cta`` (1-CTA, 128-key blocks): the same with two queries per entry (32 rows of a
+      KV head: past what the 64-key kernel takes);
+    * ``mla_gather_2cta`` (2-CTA sparse): a causal top-256 gather at 128 query heads, 18 tokens:
+      slots holding keys past the causal limit, ``-1`` sentinels, rows with no slot and rows with
+      every slot full (:meth:`CallForm.gather_indices`), with FA4's sparse MLA backward reading the
+      bf16 P its training forward saved;
+    * ``mla_gather_wide`` (2-CTA sparse): a causal top-512 gather over 130 keys at 16 query heads
+      (padded to the kernel's head tile): slot tiles that hold only sentinels, forward and saved-P
+      backward;
+    * ``mla_gather_1cta`` (1-CTA sparse): a top-128 gather without the causal mask at 64 query
+      heads and 100 tokens, with FA4's sparse MLA backward rebuilding P from the LSE
+      (``recompute_p``; Note [The sparse MLA backward]).
 
-    None runs a backward: FA4 has no dense MLA backward, and its sparse one is not judged
-    (``targets.MLA_BWD_UNJUDGED``)."""
-    from fa4verify.problem import AttentionProblem, CallForm
+    Both sparse backwards run without a deterministic mode (FA4 has none there:
+    :data:`NONDETERMINISTIC_EDGES`); FA4 has no dense MLA backward. Not judged: the training
+    forward (``for_backward``) that precedes a sparse backward (only its gradients are)."""
+    from fa4verify.problem import AttentionProblem, CallForm, ValueSpec
     from fa4verify.problem.calls import MLA_ARCHS
-    rope, dv = 64, 512
-    if space.arch not in MLA_ARCHS or space.dtype not in ("bf16", "fp16") or space.lengths or space.heads \
-            or not facts.head_dims_supported(space.arch, rope, dv, space.dtype):
+    if space.arch not in MLA_ARCHS or space.dtype not in ("bf16", "fp16") or space.lengths or space.heads:
+        return []
+    rope, dv = facts.mla_head_dims()
+    if not facts.head_dims_supported(space.arch, rope, dv, space.dtype):
         return []
     base = dict(arch=space.arch, dtype=space.dtype, head_dim=rope + dv, head_dim_v=dv, nheads_kv=1)
     dense = CallForm(qv_dim=dv)
     rng = random.Random(f"mla:{space.arch}:{space.dtype}")
+
+    def gather(topk: int, **kw) -> Any:
+        return CallForm(qv_dim=dv, gather_topk=topk, gather_seed=rng.randrange(2 ** 16), **kw)
+    peaked = ValueSpec("peaked_rescale", rng.randrange(2 ** 31), _VALUE_PARAMS["peaked_rescale"])
     return [
         ("mla_causal_tail", AttentionProblem(batch=2, seqlen_q=77, seqlen_k=203, nheads=16, causal=True, call=dense,
-                                             values=vals(), **base), False),
+                                             values=peaked, **base), False),
         ("mla_short_keys", AttentionProblem(batch=1, seqlen_q=150, seqlen_k=70, nheads=16, call=dense,
                                             values=vals(), **base), False),
-        ("mla_decode_1cta", AttentionProblem(batch=100, seqlen_q=1, seqlen_k=150, nheads=16, call=dense,
+        ("mla_decode_kb64", AttentionProblem(batch=100, seqlen_q=1, seqlen_k=150, nheads=16, call=dense,
                                              values=vals(), **base), False),
-        ("mla_gather_2cta", AttentionProblem(
-            batch=2, seqlen_q=9, seqlen_k=700, nheads=128, causal=True,
-            call=CallForm(qv_dim=dv, gather_topk=256, gather_seed=rng.randrange(2 ** 16)), values=vals(), **base), False),
-        ("mla_gather_1cta", AttentionProblem(
-            batch=1, seqlen_q=100, seqlen_k=300, nheads=64,
-            call=CallForm(qv_dim=dv, gather_topk=128, gather_seed=rng.randrange(2 ** 16)), values=vals(), **base), False),
+        ("mla_decode_1cta", AttentionProblem(batch=100, seqlen_q=2, seqlen_k=150, nheads=16, call=dense,
+                                             values=vals(), **base), False),
+        ("mla_gather_2cta", AttentionProblem(batch=2, seqlen_q=9, seqlen_k=700, nheads=128, causal=True,
+                                             call=gather(256), values=vals(), **base), True),
+        ("mla_gather_wide", AttentionProblem(batch=1, seqlen_q=20, seqlen_k=130, nheads=16, causal=True,
+                                             call=gather(512), values=vals(), **base), True),
+        ("mla_gather_1cta", AttentionProblem(batch=1, seqlen_q=100, seqlen_k=300, nheads=64,
+                                             call=gather(128, recompute_p=True), values=vals(), **base), True),
     ]
 
 

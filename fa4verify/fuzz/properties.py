@@ -163,7 +163,8 @@ def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: n
 
 
 #: the passes of ``bwd_stages`` that rerun the backward, and what their violations say first
-PASSES = {"dlse": "with a gradient through the LSE (seeded dlse), ", "autograd": "the public autograd path's "}
+PASSES = {"dlse": "with a gradient through the LSE (seeded dlse), ", "autograd": "the public autograd path's ",
+          "autograd_dlse": "the public autograd path's, with a gradient through the LSE (seeded dlse), "}
 
 
 def _judge_dsink(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: Any, stats: Any,
@@ -512,6 +513,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         allow = None
                     if allow is not None:
                         ran.append("bwd_budget")
+                        obwd, allow = judge.tie_mla(problem, obwd, allow, stats)
                         _judge_grads(problem, a, fwd, g, obwd, allow, stats, metrics, undecided)
                         g_dl = dl = None
                         if taps is not None:
@@ -524,7 +526,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         if "bwd_stages" in props and target.autograd_unsupported(problem) is None:
                             try:
                                 _judge_autograd(problem, a, fwd, target, deterministic, obwd, allow, stats, dl, g_dl,
-                                                metrics, undecided)
+                                                metrics, undecided, ref_out)
                                 passes = True
                             except Unsupported as e:      # the release's public path refuses: said, not run
                                 skipped["bwd_stages.autograd"] = f"the public autograd path: {e}"
@@ -608,7 +610,8 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
 
 
 def _judge_dlse_grads(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: Any, dl: np.ndarray,
-                      target: Any, stats: Any, ref_out: Any, metrics: dict, undecided: dict) -> None:
+                      target: Any, stats: Any, ref_out: Any, metrics: dict, undecided: dict,
+                      pass_: str = "dlse") -> None:
     """The gradients of a backward given ``dl`` within the composed budgets with dLSE, as the
     driver's are judged without it (``bwd_budget``, quantities dq / dk / dv / dsink: a known FA4
     issue explains them as it explains the driver's); metrics ``tightness_dlse_*``."""
@@ -616,37 +619,49 @@ def _judge_dlse_grads(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any,
     try:
         ob = judge.oracle_backward(problem, a, dlse=dl)
     except (DependencyMissing, Unsupported) as e:
-        undecided["bwd_budget.dlse"] = f"no oracle backward with a gradient through the LSE: {e}"
+        undecided[f"bwd_budget.{pass_}"] = f"no oracle backward with a gradient through the LSE: {e}"
         return
     st = copy.copy(stats)      # its backward() records per-call state (fallbacks, floors) on itself
     with np.errstate(invalid="ignore", over="ignore"):
         allow = st.backward(ob, ref_out.budget, ref_out.bound, probabilistic=False, kernel_fwd=(fwd.out, fwd.lse),
                             tensor_core=getattr(target, "tensor_core", None), dlse=dl)
-    _judge_grads(problem, a, fwd, g, ob, allow, st, metrics, undecided, pass_="dlse", dlse=dl)
+    ob, allow = judge.tie_mla(problem, ob, allow, st)
+    _judge_grads(problem, a, fwd, g, ob, allow, st, metrics, undecided, pass_=pass_, dlse=dl)
 
 
-def _seeded_dlse(problem: AttentionProblem, fwd: Any) -> np.ndarray:
-    """The gradient through the LSE the backward passes get: normal, sd 0.5, fp32, one per row
-    and head, seeded by the problem's values."""
+def _seeded_dlse(problem: AttentionProblem, fwd: Any, sd: float = 0.5) -> np.ndarray:
+    """The gradient through the LSE the backward passes get: normal, sd 0.5 (or ``sd``), fp32, one
+    per row and head, seeded by the problem's values."""
     rng = np.random.default_rng([int(problem.values.seed), 0xD15E])
-    return (rng.standard_normal(np.shape(fwd.lse)) * 0.5).astype(np.float32)
+    return (rng.standard_normal(np.shape(fwd.lse)) * sd).astype(np.float32)
 
 
 def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Any, deterministic: bool,
                     obwd: Any, allow: Mapping[str, np.ndarray], stats: Any, dl: Optional[np.ndarray],
-                    g_dl: Any, metrics: dict, undecided: dict) -> None:
+                    g_dl: Any, metrics: dict, undecided: dict, ref_out: Any) -> None:
     """Part of ``bwd_stages`` (Note [The public autograd path] in fa4verify/targets.py), on every
     call without a call form (varlen included; the taps' dLSE pass is dense only): the gradients
     of FA4's public autograd path within the driver's budgets (the same kernels: a violation is
     reported, and explained by a known FA4 issue, as the driver's would be); with ``deterministic``,
     given a seeded ``dlse``, bitwise equal to the driver's with the same ``dlse`` (``g_dl`` when the
-    dLSE pass already ran it; a difference is the autograd glue's: the kernels are deterministic)."""
+    dLSE pass already ran it; a difference is the autograd glue's: the kernels are deterministic).
+    A sparse MLA call (Note [The sparse MLA backward]), whose driver takes no dLSE: the public
+    path's gradients given a seeded ``dlse`` against the oracle's with it, within the composed
+    budgets with dLSE (pass ``autograd_dlse``)."""
     ga = _run_target(problem, target.backward_autograd, problem, a, deterministic=deterministic)
     # undecided where the driver's is (the same budgets): said there
     _judge_grads(problem, a, fwd, ga, obwd, allow, stats, metrics, {}, pass_="autograd")
     if problem.sink and getattr(ga, "dsink", None) is None:     # the sink's own slot of the glue's return
         _fail(Violation("bwd_budget", f"the public autograd path returned no gradient for the learnable "
                                       f"sink | case: {problem.describe()}", {"quantity": "dsink", "pass": "autograd"}))
+    if problem.call is not None and problem.call.mla:
+        # a dLSE as large as the dP = dO . v terms it joins in dS (sd sqrt(dv) on unit inputs, 11 at
+        # dv 512): at sd 0.5 a path that drops it stays inside the budget of those terms
+        dp_rms = float(np.sqrt(np.mean(np.square(a["dout"])) * np.mean(np.square(a["v"])) * problem.head_dim_v))
+        dl = _seeded_dlse(problem, fwd, sd=max(0.5, 0.5 * dp_rms))
+        gd = _run_target(problem, target.backward_autograd, problem, a, deterministic=deterministic, dlse=dl)
+        _judge_dlse_grads(problem, a, fwd, gd, dl, target, stats, ref_out, metrics, undecided, pass_="autograd_dlse")
+        return
     if not deterministic or target.dlse_unsupported(problem) is not None:
         return
     if dl is None or g_dl is None:

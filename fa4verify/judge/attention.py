@@ -282,6 +282,35 @@ def _with_reason(v: Verdict, why: Optional[str]) -> Verdict:
     return v
 
 
+def tie_mla(problem: AttentionProblem, ob: Any, allow: Mapping[str, np.ndarray], stats: BudgetStats
+            ) -> tuple[Any, dict[str, np.ndarray]]:
+    """Note [The sparse MLA backward]: the oracle gradients and the allowances ``stats.backward``
+    formed for an MLA problem's untied q', k', v, in FA4's MLA layout: v is both the latent half of
+    k' and the value, so FA4's dv is ``dv + dk'[..., rope:]`` (its exact value, oracle bound,
+    allowance, FTZ floor and power limit the sums of the two; the float64 sum adds ``2^-52 |sum|``)
+    and dk' keeps the rope columns (the latent ones compare 0 with 0). Other problems unchanged."""
+    if problem.call is None or not problem.call.mla:
+        return ob, dict(allow)
+    d = problem.head_dim - problem.call.qv_dim
+
+    def fold(dk, dv):
+        dk = np.array(dk, np.float64, copy=True)
+        dv = np.asarray(dv, np.float64) + dk[..., d:]
+        dk[..., d:] = 0.0
+        return dk, dv
+    dk, dv = fold(ob.dk, ob.dv)
+    dkb, dvb = fold(ob.dk_bound, ob.dv_bound)
+    ob = dataclasses.replace(ob, dk=dk, dv=dv, dk_bound=dkb, dv_bound=dvb + 2.0 ** -52 * np.abs(dv))
+    allow = dict(allow)
+    for sfx in ("", "_prob"):
+        if f"dk{sfx}" in allow:
+            allow[f"dk{sfx}"], allow[f"dv{sfx}"] = fold(allow[f"dk{sfx}"], allow[f"dv{sfx}"])
+    stats.ftz_floor["dk"], stats.ftz_floor["dv"] = fold(stats.ftz_floor["dk"], stats.ftz_floor["dv"])
+    stats.bwd_blind_above["dk"], stats.bwd_blind_above["dv"] = fold(stats.bwd_blind_above["dk"],
+                                                                    stats.bwd_blind_above["dv"])
+    return ob, allow
+
+
 def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, *, budgets: Any = None,
                    forward: Optional[ForwardJudgement] = None, oracle_bwd: Any = None,
                    probabilistic: bool = True, kernel_fwd: Optional[tuple] = None,
@@ -302,6 +331,7 @@ def judge_backward(problem: AttentionProblem, a: Mapping[str, Any], dq, dk, dv, 
     with np.errstate(invalid="ignore", over="ignore"):
         allow = st.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=probabilistic,
                             kernel_fwd=kernel_fwd, tensor_core=tensor_core)
+    obwd, allow = tie_mla(problem, obwd, allow, st)
     vs = {}
     for n, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         # Note [A bound without power]: a gradient bound a zero output meets is undecided

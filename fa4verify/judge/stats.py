@@ -347,6 +347,9 @@ class BudgetStats:
         stretched = (not all(v.all() for v in valid.values())
                      or float(np.max(self._bp_row, initial=0.0)) > FIRST_ORDER_LIMIT
                      or (self.out_fallback is not None and bool(self.out_fallback[0].any())))
+        # the interval bound models the standard backward kernel, not the sparse MLA one: an MLA
+        # problem's invalid first-order budgets stay undecided (Note [The sparse MLA backward])
+        stretched = stretched and not (self.problem.call is not None and self.problem.call.mla)
         if "bwd_s_accum" in self.budget and stretched:
             iv = self.backward_interval(obwd, out_allow, out_bound, kernel_fwd=kernel_fwd, tensor_core=tensor_core,
                                         dl_t=dl_t)
@@ -555,7 +558,12 @@ class BudgetStats:
             # their premise fails too, so the hull bound does not feed them (they stay undecided)
             out_allow = np.where(self.out_fallback[0], self.out_fallback[1], out_allow)
         bO = flat(out_allow) + flat(np.asarray(out_bound, np.float64))
-        derr = np.sum(bO * np.abs(dout), axis=-1) + gamma(self.Dv) * np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1)
+        # Note [The sparse MLA backward]: FA4's MLA D reads O plus its fp32 residual (an fp32 O, so
+        # each product rounds too: one more u), and its dS carries the softmax scale before the cast
+        mla = p.call is not None and p.call.mla
+        derr = np.sum(bO * np.abs(dout), axis=-1) \
+            + gamma(self.Dv + (1 if mla else 0)) * np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1)
+        sc_sub = 1.0 if mla else sc
         if dl_t is not None:      # Note [The composed budgets with dLSE]: D' = RN(D - dLSE)
             derr = derr * (1 + _U32) + _U32 * (np.sum((np.abs(O) + bO) * np.abs(dout), axis=-1) + np.abs(dl_t))
         # the probabilistic D error (DERIVATIONS.md#probabilistic-bwd): the O errors as a Hoeffding
@@ -588,7 +596,9 @@ class BudgetStats:
         # backward_p per query row, then its max over the rows each key sums over
         st = self._common()
         st.update(self._row_stats(backward=True))
-        bp_row = np.broadcast_to(self.budget.evaluate("backward_p", st), (tq, H))
+        # Note [The sparse MLA backward]: with the P its forward saved, P's own budget
+        saved_p = mla and p.call.gather_topk and not p.call.recompute_p
+        bp_row = np.broadcast_to(self.budget.evaluate("backward_p_saved" if saved_p else "backward_p", st), (tq, H))
         self._bp_row = bp_row
         keeps = {(qs.start, ks.start): km for (qs, ks, _, _), km in zip(self._w, self._keeps)}
         keep_of = lambda qs, ks: keeps[(qs.start, ks.start)]   # noqa: E731
@@ -597,6 +607,8 @@ class BudgetStats:
             if lk == 0:
                 continue
             k_row["seqlen_q"][ks] = lq * g      # dK/dV of a kv head accumulate over its g query heads
+            if mla:    # FA4's MLA dv: an MMA over the heads of each token, both uses, then one add per token
+                k_row["seqlen_q"][ks] = max(lq * g, 2 * g + lq)
             k_row["seqlen_k"][ks] = lk
             k_row["n_blocks"][ks] = float(np.maximum(self.row["n_blocks"][qs, 0], self._nb_bwd[qs, 0]).max()) if lq else 0
             ak = av = None
@@ -645,8 +657,8 @@ class BudgetStats:
                     k_el["rss_p_derrp_q"][ks, hk] += sc * sc * ((w * derr_s[qs, h][:, None]) ** 2).T @ (q[qs, h] ** 2)
                 # budget statistics of the subnormal floors (error_budgets/loader.py STATISTICS)
                 kf = _head(keep_of(qs, ks), h).astype(np.float64)
-                q_set(q_el["sub_dsk"][qs, h], sc * kf, ak)
-                k_add(k_el["sub_dsq"][ks, hk], sc * kf.T, aq, bk)
+                q_set(q_el["sub_dsk"][qs, h], sc_sub * kf, ak)
+                k_add(k_el["sub_dsq"][ks, hk], sc_sub * kf.T, aq, bk)
                 k_add(v_el["sum_abs_do"][ks, hk], kf.T, ado, bkv)
                 R = np.abs(dP - Dh[:, None]) * kf
                 q_set(q_el["abs_dpd_k"][qs, h], sc * R, ak)

@@ -56,9 +56,32 @@ judge need nothing new but the kernel's constants (:func:`fa4verify.kernels.fact
 MUFU exp2 only, no ``max_offset``, the narrowest MLA KV tile). A top-k gather
 (``gather_topk``) lists distinct keys per query (:meth:`CallForm.gather_indices`), so its meaning is
 a keep-mask like block sparsity's; FA4's causal limit on the slots is the problem's bottom-right
-causal mask. The budget counts every slot tile FA4 walks (``stats.BudgetStats``). Not judged:
-fp8 MLA and its descales, a key listed twice (``oracles/mla.py`` Note [Gather duplicates]), and
-FA4's sparse MLA backward (``targets.MLA_BWD_UNJUDGED``).
+causal mask. The budget counts every slot tile FA4 walks (``stats.BudgetStats``). The problem is
+a dense call: the production target refuses a varlen one (the twin's keep-pattern rewrite runs
+varlen MLA problems of its own). Not judged: fp8 MLA and its descales, a key listed twice
+(``oracles/mla.py`` Note [Gather duplicates]).
+
+Note [The sparse MLA backward]
+------------------------------
+FA4 has a backward for the top-k gather only (``_flash_attn_bwd_sparse_mla``), after a training
+forward (``requires_grad``) that saves, per 128-key block, its bf16 P at the running row maximum,
+the maxima and an fp32 O residual (``o_lo``), or, with ``recompute_p`` (FA4's
+``gather_bwd_recompute_p``), nothing and rebuilds P from the LSE. Its gradients are the
+untied problem's in FA4's layout (``targets.mla_grads``): dq' = [dq, dqv], dk' holds the rope
+columns, and dv both uses of v (the value, and the latent half of k'), summed in one fp32
+accumulator and returned in fp32. The judge ties the oracle and the allowances the same way
+(``judge.tie_mla``: their sums). The composed backward budgets hold with these changes
+(error_budgets/DERIVATIONS.md#mla-bwd): P read from the saved bf16 P has ``backward_p_saved``;
+the dK/dV sums count an MMA over the heads of a token, both uses and one add per token
+(``2 g + seqlen_q``); D is formed from ``O + o_lo`` (an fp32 O: each product rounds); dS carries
+the softmax scale before its cast (the subnormal floor is not scaled). FA4 runs it without a
+deterministic mode, and its driver takes no dLSE: ``bwd_stages`` runs FA4's public autograd path
+(``flash_attn_func(..., qv=, gather_kv_indices=, return_lse=True)``) with a seeded dLSE as large as
+the dO . v terms and judges its gradients against the oracle's with that dLSE (pass
+``autograd_dlse``): 4.0.0b36's ``FlashAttnFunc.backward`` does not hand the dLSE it receives to
+``_flash_attn_bwd_sparse_mla`` (read from the source), which this pass would show on a B200. The saved-P budget assumes a saved P of at most 1, which holds where FA4's training
+forward rescales at every new maximum (``facts.mla_fwd_constants``: ``train_rescale_threshold``
+0 in 4.0.0b36); elsewhere the saved-P backward is not run (``targets.MLA_BWD_UNJUDGED``).
 
 Note [Partial blocks]
 ---------------------
@@ -128,7 +151,7 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
 _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch",
-                 "kv_packed", "qv_dim", "gather_topk", "gather_seed")
+                 "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p")
 
 #: the archs whose FA4 has MLA (``qv``) kernels (``interface.py``: ``arch // 10 in [10, 11]``)
 MLA_ARCHS = ("sm100", "sm103")
@@ -171,6 +194,9 @@ class CallForm:
     #: slots per query token, drawn from ``gather_seed`` (:meth:`gather_indices`)
     gather_topk: int = 0
     gather_seed: int = 0
+    #: FA4's ``gather_bwd_recompute_p``: the sparse MLA backward rebuilds P from the LSE rather than
+    #: reading the bf16 P its forward saved (Note [The sparse MLA backward])
+    recompute_p: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -198,10 +224,12 @@ class CallForm:
             raise ValueError("block_per_batch needs block sparsity (block_size)")
         object.__setattr__(self, "qv_dim", int(self.qv_dim))
         object.__setattr__(self, "gather_topk", int(self.gather_topk))
-        if self.qv_dim < 0 or self.gather_topk < 0:
-            raise ValueError("qv_dim and gather_topk must be >= 0")
+        if self.qv_dim < 0 or self.gather_topk < 0 or int(self.gather_seed) < 0:
+            raise ValueError("qv_dim, gather_topk and gather_seed must be >= 0")
         if self.gather_topk and not self.qv_dim:
             raise ValueError("gather_topk needs qv_dim (FA4: top-k gather is sparse MLA only)")
+        if self.recompute_p and not self.gather_topk:
+            raise ValueError("recompute_p is the sparse MLA backward's (needs gather_topk)")
         if self.qv_dim and (self.batched_layout or self.block_size is not None or self.mask_mod_fn is not None
                             or self.pack_gqa is not None):
             raise ValueError("an MLA call form (qv_dim) takes no other call form here")
@@ -286,12 +314,11 @@ class CallForm:
             raise ValueError(f"MLA (qv) runs on SM 10.x/11.x only (FA4 asserts), not {problem.arch}")
         if problem.dtype not in ("bf16", "fp16"):
             raise ValueError("MLA call forms here take 16-bit inputs (fp8 MLA and its descales are not judged)")
-        if problem.head_dim_v != self.qv_dim or problem.head_dim <= self.qv_dim:
-            raise ValueError(f"MLA: head_dim_v={problem.head_dim_v} must equal qv_dim={self.qv_dim} and head_dim="
-                             f"{problem.head_dim} exceed it (the rope part)")
-        if not facts.head_dims_supported(problem.arch, problem.head_dim - self.qv_dim, self.qv_dim, problem.dtype):
+        rope, latent = facts.mla_head_dims()
+        if (problem.head_dim, problem.head_dim_v, self.qv_dim) != (rope + latent, latent, latent):
             raise ValueError(f"MLA: FA4 does not take (head_dim, head_dim_v)=({problem.head_dim - self.qv_dim}, "
-                             f"{self.qv_dim})")
+                             f"{self.qv_dim}) with qv: the problem's head dims are ({rope} + {latent}, {latent}) "
+                             f"and qv_dim {latent}")
         if problem.local or problem.softcap or problem.sink or problem.mods or problem.mask_mod is not None:
             raise ValueError("MLA: FA4 takes no local window or softcap with qv; sinks and mods are not judged here")
         if problem.varlen and self.gather_topk:
@@ -422,7 +449,8 @@ class CallForm:
         if self.pack_gqa is not None:
             parts.append(f"pack_gqa={self.pack_gqa}")
         if self.mla:
-            parts.append(f"mla(qv={self.qv_dim}" + (f", top-{self.gather_topk} #{self.gather_seed})"
+            parts.append(f"mla(qv={self.qv_dim}" + (f", top-{self.gather_topk} #{self.gather_seed}"
+                                                    f"{', recompute P' if self.recompute_p else ''})"
                                                     if self.gather_topk else ")"))
         return " ".join(parts)
 

@@ -37,10 +37,13 @@ TWIN: dict[tuple[str, str, str], str] = {
     ("combine", "sm100", "fwd"): "`kernels/twin_combine.py`",
     ("split_kv", "sm100", "fwd"): "combine stage `kernels/twin_combine.py`",
     ("fp8", "sm100", "fwd"): "`kernels/twin/forward.py` fp8 e4m3 (FA #2577)",
-    ("mla", "sm100", "fwd"): "the audit's MLA edges (dense, decode) within the composed budget "
+    ("mla", "sm100", "fwd"): "the audit's MLA edges (each MLA forward kernel) within the composed budget "
                              "(Note [MLA as a call form]; `tests/test_mla_call_form.py`)",
-    ("gather", "sm100", "fwd"): "the audit's top-k gather edges (2-CTA, 1-CTA) within the composed budget "
+    ("gather", "sm100", "fwd"): "the audit's top-k gather edges within the composed budget "
                                 "(Note [MLA as a call form])",
+    ("mla", "sm100", "bwd"): "the audit's gather edges' sparse backward (saved and rebuilt P) and its public "
+                             "path with dLSE within the composed budgets (DERIVATIONS.md#mla-bwd)",
+    ("gather", "sm100", "bwd"): "as the MLA backward (DERIVATIONS.md#mla-bwd)",
 }
 #: feature_compile kind(s) of each (feature, direction); FA4 has a backward for MLA only on the
 #: sparse (gather) path, so both the MLA and the gather backward cells read the gather cases

@@ -306,8 +306,9 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     columns of the 128-wide KV tile use the polynomial).  ``mla``: q and k are the concatenations
     of an MLA call (rope part, then qv / v; ``fa4verify.oracles.mla``), run with the constants of
     FA4's MLA kernels (:func:`fa4verify.kernels.facts.mla_fwd_constants`: MUFU exp2 only, no
-    ``max_offset``, the lazy-rescale threshold) on the standard SM100 pipeline: a stand-in for the
-    MLA kernels' arithmetic, not their 2-CTA row-sum order.  ``stage_probe(StageSample)`` is called
+    ``max_offset``, the lazy-rescale threshold; at head dim 576 the standard SM100 model's own) on
+    the standard SM100 pipeline: a stand-in for the MLA kernels' arithmetic, not their 2-CTA
+    row-sum order.  ``stage_probe(StageSample)`` is called
     for every stage application with the as-FA4 value, the exact value from the same inputs and
     the budget statistics.
 
