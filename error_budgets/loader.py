@@ -207,7 +207,7 @@ STAGE_DIMS: dict[str, str] = {
     "bwd_p_cast": "1", "dp_accum": "g v", "ds": "g v", "ds_cast": "g v", "dv_accum": "g",
     "dk_accum": "g v q", "dq_accum": "g v k",
     "forward_out": "v", "forward_out_prob": "v", "forward_lse": "1", "backward_dv": "g",
-    "backward_dq": "g v q^-1", "backward_dk": "g v k^-1", "backward_p": "1", "backward_p_saved": "1",
+    "backward_dq": "g v q^-1", "backward_dk": "g v k^-1", "backward_p": "1", "backward_p_saved": "1", "backward_p_rebuilt": "1",
     "lse_log2": "1", "backward_dq_accum": "g v q^-1", "dq_post": "g v q^-1",
     "backward_dq_prob": "g v q^-1", "backward_dk_prob": "g v k^-1", "backward_dv_prob": "g",
 }

@@ -723,6 +723,8 @@ class ProductionTarget(Target):
         from fa4verify.kernels import facts
         if self.fake or self.device != "cuda":
             return "stage taps need FA4 on a GPU"
+        if problem.call is not None and problem.call.mla:
+            return "FA4's sparse MLA backward is not tapped (its D and dQ buffers are its own)"
         if problem.varlen:
             return "stage taps read dense layouts only (varlen D / dq_accum are packed per tile)"
         if facts.sm100_hd256_lacks(problem.arch, problem.head_dim, problem.head_dim_v, "bwd"):
@@ -935,6 +937,8 @@ def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
     if problem.call is not None and problem.call.mla:
         if not problem.call.gather_topk:
             return "FA4 has no dense MLA backward (only the top-k gather one)"
+        if problem.dtype != "bf16" and facts.sparse_mla_bwd_bf16_only():
+            return "FA4's sparse MLA backward takes bf16 inputs only (it asserts 'sparse MLA dK requires bfloat16')"
         lazy = facts.mla_fwd_constants()["train_rescale_threshold"] != 0.0
         return MLA_BWD_UNJUDGED if lazy and not problem.call.recompute_p else None
     why = facts.bwd_refusal(problem.arch, problem.head_dim, problem.head_dim_v, problem.nheads / problem.nheads_kv)

@@ -493,6 +493,16 @@ MLA_HEAD_DIMS_PINNED = (64, 512)
 
 
 @functools.lru_cache(maxsize=4)
+def sparse_mla_bwd_bf16_only() -> bool:
+    """Whether FA4's sparse MLA backward takes bf16 inputs only (``_flash_attn_bwd_sparse_mla``:
+    ``assert k is None or dtype == torch.bfloat16, "sparse MLA dK requires bfloat16"``); read from
+    the installed release, True (the pinned 4.0.0b36) without FA4."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    return d is None or "sparse MLA dK requires bfloat16" in _source_text(str(d / "interface.py"))
+
+
+@functools.lru_cache(maxsize=4)
 def mla_head_dims() -> tuple[int, int]:
     """(rope head dim, latent head dim) FA4 takes with ``qv``: ``_flash_attn_fwd`` asserts
     ``head_dim_v == 512`` and ``q is None or head_dim == 64`` (``interface.py``); read from the
@@ -538,10 +548,15 @@ def mla_fwd_constants() -> dict[str, float]:
         tiles += [int(t) for t in re.findall(r"self\.tile_n\s*=\s*(\d+)\b", _source_text(str(d / name)))]
     if tiles:
         out["tile_n"] = min(tiles)
+    iface = _source_text(str(d / "interface.py"))
     m = re.search(r"mla_fwd_rescale_threshold\s*=\s*([0-9.]+)\s*if\s*\(requires_grad and sparse_kv\)\s*else\s*([0-9.]+)",
-                  _source_text(str(d / "interface.py")))
+                  iface)
     if m:
         out["train_rescale_threshold"], out["rescale_threshold"] = float(m.group(1)), float(m.group(2))
+    elif "mla_fwd_rescale_threshold" in iface:    # the saved-P budget's premise: never guessed
+        from fa4verify.kernels.fa4_params import FA4SourceChanged
+        raise FA4SourceChanged("interface.py: mla_fwd_rescale_threshold is no longer '0.0 if (requires_grad and "
+                               "sparse_kv) else 8.0'")
     m = re.search(r"self\.max_offset\s*=\s*\d+\s*if\s*is_fp8\s*else\s*(\d+)",
                   _source_text(str(d / "flash_fwd_mla_1cta_sm100.py")))
     if m:

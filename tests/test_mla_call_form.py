@@ -107,11 +107,14 @@ _MLA_FILES = ("interface.py", "flash_fwd_mla_sm100.py", "flash_fwd_mla_1cta_sm10
               "flash_fwd_mla_1cta_kb64_sm100.py")
 
 
+_REAL_FA4: dict = {}
+
+
 def _fa4_copy(tmp_path, monkeypatch, edit):
     """A copy of the installed FA4's MLA files, ``edit(name, text) -> text`` applied, as the
     source fa4verify reads."""
     from fa4verify.kernels import fa4_params
-    src = fa4_params.fa4_source_dir()
+    src = _REAL_FA4.setdefault("dir", fa4_params.fa4_source_dir())     # the installed one, not a copy
     for name in _MLA_FILES:
         (tmp_path / name).write_text(edit(name, (src / name).read_text()))
     monkeypatch.setattr(fa4_params, "fa4_source_dir", lambda: tmp_path)
@@ -152,6 +155,12 @@ def test_mla_constants_read_from_fa4_source(tmp_path, monkeypatch):
             "                max_offset=8,"))
         from fa4verify.kernels.fa4_params import FA4SourceChanged
         with pytest.raises(FA4SourceChanged, match="max_offset"):
+            facts.mla_fwd_constants()
+        # the training threshold (the saved-P budget's premise) is read or refused, never guessed
+        _fa4_copy(tmp_path, monkeypatch, lambda n, t: t.replace(
+            "mla_fwd_rescale_threshold = 0.0 if (requires_grad and sparse_kv) else 8.0",
+            "mla_fwd_rescale_threshold = 0.0 if requires_grad else 8.0"))
+        with pytest.raises(FA4SourceChanged, match="mla_fwd_rescale_threshold"):
             facts.mla_fwd_constants()
     finally:
         facts._source_text.cache_clear()
@@ -457,3 +466,34 @@ def test_the_public_mla_path_with_a_gradient_through_the_lse(drop):
         assert "public autograd path's, with a gradient through the LSE" in str(e.value)
         assert check_problem(p, tgt, properties=props[:4], deterministic=False).ran   # the driver passes
     assert [c["dlse"] for c in calls if "autograd" in c] == [False, True]
+
+
+def test_mla_backward_refusals_taps_determinism_and_fp16():
+    """FA4's sparse MLA backward: no stage taps, no deterministic mode (both said, never a refusal of
+    the whole problem), bf16 inputs only (FA4 asserts): the fp16 audit's gather edges run no backward."""
+    from fa4verify.targets import ProductionTarget
+    ad, _ = _with_autograd(_sparse(), False)
+    tgt = ProductionTarget(adapter=ad, device="cpu")
+    tgt.device = "cuda"            # what an audit on a GPU has: the taps would be asked for
+    assert "not tapped" in tgt.taps_unsupported(_sparse())
+    tgt.device = "cpu"
+    r = check_problem(_sparse(), tgt, properties=["runs", "bwd_budget", "deterministic_bwd"], deterministic=False)
+    assert "no deterministic mode" in r.skipped["deterministic_bwd"] and "bwd_budget" in r.ran
+    assert "bf16 inputs only" in TwinTarget().backward_unsupported(_sparse(dtype="fp16"))
+    fp16 = [(n, b) for n, p_, b in edge_problems(space_for("sm100", "fp16")) if n.startswith("mla")]
+    assert fp16 and not any(b for _n, b in fp16)
+
+
+def test_the_dropped_dlse_is_a_known_issue_of_that_pass_only():
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.targets import ProductionTarget
+    p = _sparse(batch=2, seqlen_q=6, seqlen_k=140)
+    ad, _ = _with_autograd(p, True)
+    with pytest.raises(Violation) as e:
+        check_problem(p, ProductionTarget(adapter=ad, device="cpu"),
+                      properties=["runs", "bwd_budget", "bwd_stages"], deterministic=False)
+    assert match_known_issue(p, e.value, target="production").name == "sm100_sparse_mla_autograd_dlse_dropped"
+    assert match_known_issue(p, e.value, target="twin") is None
+    with pytest.raises(Violation) as e2:          # the driver's own dv fault: not that issue
+        check_problem(p, _QvGradDropped(), properties=PLAN_PROPERTIES, deterministic=False)
+    assert match_known_issue(p, e2.value, target="production") is None

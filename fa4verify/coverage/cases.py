@@ -575,6 +575,7 @@ def _mla_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     def gather(topk: int, **kw) -> Any:
         return CallForm(qv_dim=dv, gather_topk=topk, gather_seed=rng.randrange(2 ** 16), **kw)
     peaked = ValueSpec("peaked_rescale", rng.randrange(2 ** 31), _VALUE_PARAMS["peaked_rescale"])
+    bwd = space.dtype == "bf16" or not facts.sparse_mla_bwd_bf16_only()     # FA4's sparse MLA dK: bf16 only
     return [
         ("mla_causal_tail", AttentionProblem(batch=2, seqlen_q=77, seqlen_k=203, nheads=16, causal=True, call=dense,
                                              values=peaked, **base), False),
@@ -585,11 +586,11 @@ def _mla_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         ("mla_decode_1cta", AttentionProblem(batch=100, seqlen_q=2, seqlen_k=150, nheads=16, call=dense,
                                              values=vals(), **base), False),
         ("mla_gather_2cta", AttentionProblem(batch=2, seqlen_q=9, seqlen_k=700, nheads=128, causal=True,
-                                             call=gather(256), values=vals(), **base), True),
+                                             call=gather(256), values=vals(), **base), bwd),
         ("mla_gather_wide", AttentionProblem(batch=1, seqlen_q=20, seqlen_k=130, nheads=16, causal=True,
-                                             call=gather(512), values=vals(), **base), True),
+                                             call=gather(512), values=vals(), **base), bwd),
         ("mla_gather_1cta", AttentionProblem(batch=1, seqlen_q=100, seqlen_k=300, nheads=64,
-                                             call=gather(128, recompute_p=True), values=vals(), **base), True),
+                                             call=gather(128, recompute_p=True), values=vals(), **base), bwd),
     ]
 
 

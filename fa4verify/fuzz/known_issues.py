@@ -261,6 +261,13 @@ def varlen_sparse_misread_tokens(problem: AttentionProblem) -> np.ndarray:
     return out
 
 
+def _sm100_sparse_mla_autograd_dlse(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """FA4's public sparse MLA autograd path drops dLSE: only the gradients of that path's pass with
+    a seeded dLSE (``autograd_dlse``), on a top-k gather call."""
+    return (problem.call is not None and problem.call.gather_topk > 0 and v.prop == "bwd_budget"
+            and v.metrics.get("pass") == "autograd_dlse")
+
+
 def _sm90_varlen_sparse_kv_stride(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """True for a forward violation of the varlen block-sparse finding: every offending O / LSE
     element lies in a row :func:`varlen_sparse_misread_tokens` names."""
@@ -435,6 +442,15 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "one-Q-block sequence; the kernel's O equals, to 3-4 digits, the float64 model of that stride "
         "(scripts/varlen_sparse_stride_model.py)",
         _sm90_varlen_sparse_kv_stride, targets=("production",)),
+    KnownIssue(
+        "sm100_sparse_mla_autograd_dlse_dropped",
+        "SM100 sparse MLA (qv + gather_kv_indices) through FA4's public autograd path with return_lse=True: "
+        "a gradient through the returned LSE is dropped, so dQ, dK, dV and dqv miss its term",
+        "PREDICTED from flash-attn-4 4.0.0b36's source, NOT measured (no B200): FlashAttnFunc.backward and "
+        "FlashAttnVarlenFunc.backward receive dlse but call _flash_attn_bwd_sparse_mla, which has no dlse "
+        "parameter (interface.py); the dense call path passes it on. On a B200, coverage.production's MLA "
+        "gather edges show it in the pass autograd_dlse of bwd_stages (Note [The sparse MLA backward])",
+        _sm100_sparse_mla_autograd_dlse, targets=("production",)),
     KnownIssue(
         "sm90_block_sparse_bwd_no_build",
         "SM90 block-sparse backward does not build at head dims 200/208/224/232/240 (the CuTe DSL "

@@ -538,6 +538,9 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                 skipped["bwd_stages"] = skipped.get("bwd_budget", "no oracle backward")
             if "deterministic_bwd" in props and target.deterministic_by_construction:
                 skipped["deterministic_bwd"] = f"{target.where} is deterministic by construction"
+            elif "deterministic_bwd" in props and problem.call is not None and problem.call.mla:
+                skipped["deterministic_bwd"] = ("FA4's sparse MLA backward has no deterministic mode (it asserts "
+                                                "deterministic=False; dK and dV are fp32 atomics)")
             elif "deterministic_bwd" in props:
                 ran.append("deterministic_bwd")
                 g2 = _run_target(problem, target.backward, problem, a, fwd, deterministic=True)

@@ -373,6 +373,9 @@ class BudgetStats:
         every budget is valid."""
         if all((np.isfinite(b) & (b >= 0)).all() for b in out.values()):
             return None
+        if self.problem.call is not None and self.problem.call.mla:
+            return ("a first-order budget of FA4's sparse MLA backward is not valid here (logits too large for it), "
+                    "and the interval bound models the standard backward only (Note [The sparse MLA backward])")
         if kernel_fwd is not None:
             o = np.asarray(kernel_fwd[0], np.float64)
             lse = np.asarray(kernel_fwd[1], np.float64)
@@ -597,8 +600,8 @@ class BudgetStats:
         st = self._common()
         st.update(self._row_stats(backward=True))
         # Note [The sparse MLA backward]: with the P its forward saved, P's own budget
-        saved_p = mla and p.call.gather_topk and not p.call.recompute_p
-        bp_row = np.broadcast_to(self.budget.evaluate("backward_p_saved" if saved_p else "backward_p", st), (tq, H))
+        p_budget = ("backward_p_rebuilt" if p.call.recompute_p else "backward_p_saved") if mla else "backward_p"
+        bp_row = np.broadcast_to(self.budget.evaluate(p_budget, st), (tq, H))
         self._bp_row = bp_row
         keeps = {(qs.start, ks.start): km for (qs, ks, _, _), km in zip(self._w, self._keeps)}
         keep_of = lambda qs, ks: keeps[(qs.start, ks.start)]   # noqa: E731

@@ -67,11 +67,12 @@ FA4 has a backward for the top-k gather only (``_flash_attn_bwd_sparse_mla``), a
 forward (``requires_grad``) that saves, per 128-key block, its bf16 P at the running row maximum,
 the maxima and an fp32 O residual (``o_lo``), or, with ``recompute_p`` (FA4's
 ``gather_bwd_recompute_p``), nothing and rebuilds P from the LSE. Its gradients are the
-untied problem's in FA4's layout (``targets.mla_grads``): dq' = [dq, dqv], dk' holds the rope
+untied problem's in FA4's layout (``targets.mla_grads``; bf16 inputs only, as FA4 asserts): dq' = [dq, dqv], dk' holds the rope
 columns, and dv both uses of v (the value, and the latent half of k'), summed in one fp32
 accumulator and returned in fp32. The judge ties the oracle and the allowances the same way
 (``judge.tie_mla``: their sums). The composed backward budgets hold with these changes
-(error_budgets/DERIVATIONS.md#mla-bwd): P read from the saved bf16 P has ``backward_p_saved``;
+(error_budgets/DERIVATIONS.md#mla-bwd): P read from the saved bf16 P has ``backward_p_saved``,
+P rebuilt ``backward_p_rebuilt``;
 the dK/dV sums count an MMA over the heads of a token, both uses and one add per token
 (``2 g + seqlen_q``); D is formed from ``O + o_lo`` (an fp32 O: each product rounds); dS carries
 the softmax scale before its cast (the subnormal floor is not scaled). FA4 runs it without a
@@ -79,7 +80,8 @@ deterministic mode, and its driver takes no dLSE: ``bwd_stages`` runs FA4's publ
 (``flash_attn_func(..., qv=, gather_kv_indices=, return_lse=True)``) with a seeded dLSE as large as
 the dO . v terms and judges its gradients against the oracle's with that dLSE (pass
 ``autograd_dlse``): 4.0.0b36's ``FlashAttnFunc.backward`` does not hand the dLSE it receives to
-``_flash_attn_bwd_sparse_mla`` (read from the source), which this pass would show on a B200. The saved-P budget assumes a saved P of at most 1, which holds where FA4's training
+``_flash_attn_bwd_sparse_mla`` (read from the source), which this pass would show on a B200
+(known issue ``sm100_sparse_mla_autograd_dlse_dropped``, predicted, not measured). The saved-P budget assumes a saved P of at most 1, which holds where FA4's training
 forward rescales at every new maximum (``facts.mla_fwd_constants``: ``train_rescale_threshold``
 0 in 4.0.0b36); elsewhere the saved-P backward is not run (``targets.MLA_BWD_UNJUDGED``).
 
