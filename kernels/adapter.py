@@ -351,7 +351,8 @@ def compile_key(problem: Any) -> tuple:
     """What selects the FA4 kernels of an attention ``problem`` (any object with the fields and
     ``features()`` of fa4verify's AttentionProblem): arch, dtype, head dims, the GQA ratio, the
     mask kind (causal, which window sides, mask_mod, mods), softcap on/off, sink, varlen, the call
-    form (paged with its page size, seqused_k, seqused_q, block sparsity, a named mask_mod, pack_gqa) and whether each
+    form (paged with its page size, seqused_k, seqused_q, block sparsity, a named mask_mod, pack_gqa; an MLA
+    call with what routes it to a kernel) and whether each
     sequence-length maximum fits one 128-wide tile (FA4's single-block backward). Not FA4's own
     key -- that also holds tiles and heuristics derived from these -- but close to it: problems
     with equal keys share their kernels, so the engine runs them in one worker (fa4verify.run)."""
@@ -359,6 +360,8 @@ def compile_key(problem: Any) -> tuple:
     c = problem.call
     call = None if c is None else (c.page_size, c.seqused_k, c.q_batched, c.block_size, c.mask_mod_fn,
                                    getattr(c, "seqused_q", False), getattr(c, "pack_gqa", None))
+    if c is not None and getattr(c, "qv_dim", 0):   # MLA: FA4 routes by tokens, batch and heads (_mla_1cta_route)
+        call += (c.qv_dim, c.gather_topk, c.recompute_p, problem.batch, problem.seqlen_q, problem.nheads)
     wl, wr = problem.window_size
     return (f["arch"], f["dtype"], f["hdim"], problem.nheads // problem.nheads_kv, f["causal"],
             wl is not None, wr is not None, f["softcap"], f["sink"], f["varlen"], f["mask_mod"],
