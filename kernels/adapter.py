@@ -1139,24 +1139,35 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
     if deterministic and direction != "bwd":
         raise ValueError("deterministic=True is a backward (direction='bwd') setting")
 
-    def full(x):
+    def full(x, dev):
         # (batch, ...) -> (batch, nheads, ...), built on the device from a list (also under
         # FakeTensorMode, where a CPU->CUDA copy fails)
         x = np.asarray(x, np.int32)
         x = np.broadcast_to(x[:, None], (batch, nheads) + x.shape[1:])
-        return torch.tensor(x.tolist(), dtype=torch.int32, device=device)
+        return torch.tensor(x.tolist(), dtype=torch.int32, device=dev)
 
-    def lists(mm, pp):
+    def lists(mm, pp, dev=device):
         """(mask_cnt, mask_idx, full_cnt, full_idx) of one direction, per batch entry."""
         per = [_block_lists(p_) + _block_lists(m_ & ~p_) for m_, p_ in zip(mm, pp)]
-        return tuple(full(np.stack([e[i] for e in per])) for i in range(4))
+        return tuple(full(np.stack([e[i] for e in per]), dev) for i in range(4))
     tr = (0, 2, 1)
-    mine = lists(m.transpose(tr), part.transpose(tr)) if direction == "bwd" else lists(m, part)
+    mine_args = (m.transpose(tr), part.transpose(tr)) if direction == "bwd" else (m, part)
+    mine = lists(*mine_args)
     order: dict[str, Any] = {}
     if deterministic:
         from flash_attn.cute.block_sparsity import compute_dq_write_order
-        fwd = lists(m, part)
-        partial, full_order = compute_dq_write_order(*fwd, *mine, spt=False)
+        from torch._guards import active_fake_mode
+        if active_fake_mode() is None:
+            fwd = lists(m, part)
+            partial, full_order = compute_dq_write_order(*fwd, *mine, spt=False)
+        else:
+            # compile-only (FakeTensorMode): FA4's order from real CPU lists (a CPU torch refuses
+            # the scatter into a fake CUDA tensor), then the same values as device tensors
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+            with unset_fake_temporarily():
+                got = compute_dq_write_order(*lists(m, part, "cpu"), *lists(*mine_args, "cpu"), spt=False)
+                got = [(t.tolist(), t.dtype) for t in got]
+            partial, full_order = (torch.tensor(v, dtype=dt, device=device) for v, dt in got)
         order = dict(dq_write_order=partial, dq_write_order_full=full_order, spt=False)
     return BlockSparseTensorsTorch(
         mask_block_cnt=mine[0], mask_block_idx=mine[1], full_block_cnt=mine[2], full_block_idx=mine[3],

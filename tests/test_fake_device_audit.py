@@ -191,3 +191,23 @@ def test_a_campaign_backward_also_compiles_its_dlse_variant():
         assert [c["op"] for c in with_dlse["configs"]] == ["forward", "backward", "backward"], with_dlse
         assert with_dlse["configs"][-1]["return_lse"] and not with_dlse["configs"][1]["return_lse"]
         assert all(c["arch"] == 100 for c in with_dlse["configs"])
+
+
+def test_the_deterministic_block_sparse_lists_build_under_fake_tensors():
+    """A compile-only (fake-device) deterministic block-sparse backward: FA4's dQ write order is
+    computed on real CPU lists and handed over as device tensors (a CPU torch refuses FA4's scatter
+    into a fake CUDA tensor: 'PyTorch is not linked with support for cuda devices'); on the fake
+    B200 audit this errored coverage.production's deterministic block-sparse rows. The values are
+    FA4's own order, the same as outside the fake mode."""
+    import numpy as np
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from fa4verify.kernels import adapter
+    mask = np.random.default_rng(3).random((2, 2, 1)) < 0.7
+    kw = dict(batch=2, nheads=4, block_size=(128, 128), direction="bwd", deterministic=True)
+    real = adapter.block_sparse_tensors(mask, device="cpu", **kw)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = adapter.block_sparse_tensors(mask, device="cuda", **kw)
+    assert fake.dq_write_order.device.type == "cuda"
+    assert tuple(fake.dq_write_order.shape) == tuple(real.dq_write_order.shape)
+    assert tuple(fake.dq_write_order_full.shape) == tuple(real.dq_write_order_full.shape)
