@@ -1400,7 +1400,8 @@ def _install_fake_cuda_indexing() -> None:
     fake CUDA tensor through ``aten.select`` / ``aten.slice``. A CPU-only torch refuses
     ``fake_cuda[..., :n]`` ("PyTorch is not linked with support for cuda devices": Python
     indexing takes a CUDA device guard before dispatch), which FA4's sparse MLA backward does
-    (``dpsum[..., :nheads]``); the result is the same view the CUDA build would make."""
+    (``dpsum[..., :nheads]``); the result is the same view the CUDA build would make. Likewise
+    ``copy_`` into a fake CUDA tensor, through ``aten.copy_``."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
     orig = torch.Tensor.__getitem__
@@ -1436,3 +1437,11 @@ def _install_fake_cuda_indexing() -> None:
         return out
     getitem._fa4verify_shim = True
     torch.Tensor.__getitem__ = getitem
+    orig_copy = torch.Tensor.copy_
+
+    def copy_(self, src, non_blocking=False):
+        # the same device guard refuses ``fake_cuda.copy_(x)`` (FA4's empty-key sink fill: lse.copy_)
+        if isinstance(self, FakeTensor) and self.device.type == "cuda":
+            return torch.ops.aten.copy_.default(self, src, non_blocking)
+        return orig_copy(self, src, non_blocking)
+    torch.Tensor.copy_ = copy_
