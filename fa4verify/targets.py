@@ -611,16 +611,13 @@ class ProductionTarget(Target):
     def _mla_forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         """Note [MLA as a call form]: FA4's ``qv`` call on the problem's split arrays; its LSE,
         (b, s, h), back in the problem's layout."""
-        dt, call = problem.dtype, problem.call
-        d = problem.head_dim - call.qv_dim
-        q, k = np.asarray(a["q"]), np.asarray(a["k"])
         with self._mode(), self._emulation():     # every tensor inside the mode (FakeTensorMode when compile-only)
+            q, qv = self._mla_split(problem, a, "q")
+            k, _ = self._mla_split(problem, a, "k")
             kw: dict[str, Any] = dict(softmax_scale=problem.softmax_scale, causal=problem.causal)
-            if call.gather_topk:
-                idx = np.stack([call.gather_indices(problem.seqlen_q, problem.seqlen_k, b) for b in range(problem.batch)])
-                kw["gather_kv_indices"] = self._t(idx, None)
-            r = self._call(self._ad.mla_forward, self._t(q[..., :d], dt), self._t(k[..., :d], dt),
-                           self._t(a["v"], dt), self._t(q[..., d:], dt), **kw)
+            if problem.call.gather_topk:
+                kw["gather_kv_indices"] = self._t(problem.call.gather_kv_indices(problem), None)
+            r = self._call(self._ad.mla_forward, q, k, self._t(a["v"], problem.dtype), qv, **kw)
         self._note_config(r.config)
         out = np.zeros(tuple(r.out.shape)) if self.fake else self._np(r.out)
         lse = np.zeros(tuple(r.lse.shape)) if self.fake else self._np(r.lse)
@@ -641,8 +638,7 @@ class ProductionTarget(Target):
             q, qv = self._mla_split(problem, a, "q")
             k, _ = self._mla_split(problem, a, "k")
             v, do = self._t(a["v"], dt), self._t(a["dout"], dt)
-            idx = self._t(np.stack([call.gather_indices(problem.seqlen_q, problem.seqlen_k, b)
-                                    for b in range(problem.batch)]), None)
+            idx = self._t(call.gather_kv_indices(problem), None)
             kw: dict[str, Any] = dict(softmax_scale=problem.softmax_scale, causal=problem.causal)
             f = self._call(self._ad.mla_forward, q, k, v, qv, gather_kv_indices=idx, for_backward=True,
                            gather_bwd_recompute_p=call.recompute_p, **kw)
@@ -652,10 +648,15 @@ class ProductionTarget(Target):
         if self.fake:
             shapes = problem.shapes()
             return Bwd(np.zeros(shapes["q"]), np.zeros(shapes["k"]), np.zeros(shapes["v"]), None)
+        return self._mla_grads_of(problem, r.dq, r.dk, r.dv, r.dqv)
+
+    def _mla_grads_of(self, problem: AttentionProblem, dq, dk, dv, dqv) -> Bwd:
+        """FA4's MLA gradients (torch) in the problem's layout: dq' = [dq, dqv], dk' = [dk, 0] and
+        dv of both uses of v (:func:`mla_grads`'s layout)."""
         n = self._np
-        return Bwd(np.concatenate([n(r.dq), n(r.dqv)], axis=-1),
-                   np.concatenate([n(r.dk), np.zeros(n(r.dk).shape[:-1] + (problem.call.qv_dim,))], axis=-1),
-                   n(r.dv), None)
+        dk = n(dk)
+        return Bwd(np.concatenate([n(dq), n(dqv)], axis=-1),
+                   np.concatenate([dk, np.zeros(dk.shape[:-1] + (problem.call.qv_dim,))], axis=-1), n(dv), None)
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
@@ -774,18 +775,14 @@ class ProductionTarget(Target):
             with self._mode(), self._emulation():
                 q, qv = self._mla_split(problem, a, "q")
                 k, _ = self._mla_split(problem, a, "k")
-                idx = self._t(np.stack([call.gather_indices(problem.seqlen_q, problem.seqlen_k, b)
-                                        for b in range(problem.batch)]), None)
+                idx = self._t(call.gather_kv_indices(problem), None)
                 # FA4's MLA LSE is (b, s, h): the problem's (b, h, s) dLSE transposed
                 dl = None if dlse is None else self._t(np.ascontiguousarray(np.swapaxes(dlse, 1, 2), np.float32), None)
                 r = self._call(self._ad.mla_forward_backward_autograd, q, k, self._t(a["v"], dt), qv,
                                self._t(a["dout"], dt), gather_kv_indices=idx, dlse=dl,
                                softmax_scale=problem.softmax_scale, causal=problem.causal,
                                gather_bwd_recompute_p=call.recompute_p)
-            n = self._np
-            return Bwd(np.concatenate([n(r[2]), n(r[5])], axis=-1),
-                       np.concatenate([n(r[3]), np.zeros(n(r[3]).shape[:-1] + (call.qv_dim,))], axis=-1),
-                       n(r[4]), None)
+            return self._mla_grads_of(problem, r[2], r[3], r[4], r[5])
         kw = self._kw(problem, a)
         if problem.sink and a.get("learnable_sink") is None:
             raise Unsupported("a sink problem without its learnable_sink array")
@@ -924,10 +921,7 @@ def mla_grads(problem: AttentionProblem, bwd: "Bwd") -> "Bwd":
     """Note [The sparse MLA backward]: a problem-layout backward (dq', dk' over [rope, latent], dv
     of the value use) in FA4's MLA layout: dv holds both uses of v (``dv + dk'[..., rope:]``, as
     FA4 returns it) and dk' only the rope part (its latent columns zero)."""
-    d = problem.head_dim - problem.call.qv_dim
-    dk = np.array(bwd.dk, np.float64, copy=True)
-    dv = np.asarray(bwd.dv, np.float64) + dk[..., d:]
-    dk[..., d:] = 0.0
+    dk, dv = problem.call.fold_latent(problem, bwd.dk, bwd.dv)
     return Bwd(bwd.dq, dk, dv, bwd.dsink, stages=bwd.stages)
 
 

@@ -17,6 +17,7 @@ Every verdict comes from :func:`fa4verify.judge.verdict.compare`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -291,13 +292,7 @@ def tie_mla(problem: AttentionProblem, ob: Any, allow: Mapping[str, np.ndarray],
     and dk' keeps the rope columns (the latent ones compare 0 with 0). Other problems unchanged."""
     if problem.call is None or not problem.call.mla:
         return ob, dict(allow)
-    d = problem.head_dim - problem.call.qv_dim
-
-    def fold(dk, dv):
-        dk = np.array(dk, np.float64, copy=True)
-        dv = np.asarray(dv, np.float64) + dk[..., d:]
-        dk[..., d:] = 0.0
-        return dk, dv
+    fold = functools.partial(problem.call.fold_latent, problem)
     dk, dv = fold(ob.dk, ob.dv)
     dkb, dvb = fold(ob.dk_bound, ob.dv_bound)
     ob = dataclasses.replace(ob, dk=dk, dv=dv, dk_bound=dkb, dv_bound=dvb + 2.0 ** -52 * np.abs(dv))

@@ -338,6 +338,21 @@ class CallForm:
         every entry)."""
         return int(index) if problem.varlen or self.block_per_batch or self.gather_topk else None
 
+    def gather_kv_indices(self, problem: Any) -> np.ndarray:
+        """FA4's ``gather_kv_indices`` of a dense ``problem``: ``(batch, seqlen_q, gather_topk)``
+        int32, each batch entry's :meth:`gather_indices`."""
+        return np.stack([self.gather_indices(problem.seqlen_q, problem.seqlen_k, b) for b in range(problem.batch)])
+
+    def fold_latent(self, problem: Any, dk: Any, dv: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Note [The sparse MLA backward]: a key-layout pair of an MLA problem's untied q', k', v
+        (gradients, bounds or allowances: dk' over [rope, latent], dv of the value use) in FA4's MLA
+        layout: dv + dk'[..., rope:] (v is both) and dk' with its latent columns 0."""
+        d = problem.head_dim - self.qv_dim
+        dk = np.array(dk, np.float64, copy=True)
+        dv = np.asarray(dv, np.float64) + dk[..., d:]
+        dk[..., d:] = 0.0
+        return dk, dv
+
     def gather_indices(self, seqlen_q: int, seqlen_k: int, seq: int) -> np.ndarray:
         """The ``(seqlen_q, gather_topk)`` int32 ``gather_kv_indices`` of batch entry ``seq``:
         each query's slots hold distinct keys of ``[0, seqlen_k)`` (a key listed twice would count
