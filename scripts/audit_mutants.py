@@ -59,13 +59,23 @@ def main() -> int:
             r = json.loads(rep.read_text())
             caught = [f"{x['id']}={x['status']}: {x.get('summary', '')[:300]}" for x in r["results"]
                       if x["status"] in ("fail", "undecided", "error")]
+            # what each flagged check found, by name (compare with the control's: a summary shows
+            # only its first violation, which a fault already in the clean run would hide)
+            found = {x["id"]: {"violating_rows": sorted((x.get("details", {}).get("plan_coverage") or {})
+                                                        .get("violating_rows", {}), key=int),
+                               "violating_edges": sorted((x.get("details", {}).get("plan_coverage") or {})
+                                                         .get("violating_edges", {})),
+                               "violating_examples": x.get("details", {}).get("violating_examples")}
+                     for x in r["results"] if x["status"] in ("fail", "undecided", "error")}
         except Exception as e:  # noqa: BLE001
-            caught = [f"no report: {e}"]
+            caught, found = [f"no report: {e}"], {}
         left = _workers_alive()
         rows.append({"mutant": mid, "fingerprint": copy.fingerprint[:12], "exit": p.returncode,
-                     "seconds": round(dt, 1), "flagged": caught, "workers_left": left})
+                     "seconds": round(dt, 1), "flagged": caught, "found": found, "workers_left": left})
+        names = "; ".join(f"{c}: rows {v['violating_rows']} edges {v['violating_edges']}" for c, v in found.items()
+                          if v["violating_rows"] or v["violating_edges"])
         print(f"{mid}: exit {p.returncode} in {dt:.0f} s; " + (" | ".join(caught) or "nothing flagged")
-              + f"; workers left: {left or 'none'}", flush=True)
+              + (f"; violating {names}" if names else "") + f"; workers left: {left or 'none'}", flush=True)
     (a.out / "mutants.json").write_text(json.dumps(rows, indent=2))
     return 0
 

@@ -153,6 +153,33 @@ def test_coverage_names_every_violating_row_and_the_known_ones():
     assert sorted(cov["violating_rows"]) == ["3", "7"]
     assert cov["violating_rows"]["7"]["message"] == "dq: row 7" and cov["violating_rows"]["7"]["row"] == pl.rows[7]
     assert cov["known_rows"] == {"5": ["sm90_dq_accum_hdim_rounding"]}
+    assert cov["violating_edges"] == {}
+    assert "2 violating: row 3 (bwd_budget), row 7 (bwd_budget)" in out.summary
+
+
+def test_coverage_names_a_violating_edge_behind_a_violating_row():
+    """Measured on the H200 (e09f829): a row already violating in the clean run hid four planted
+    faults whose own edges failed (the summary shrinks to the first violation, a row before the
+    edges). Every violating edge is named in the details and in the summary."""
+    from fa4verify.audit.registry import CheckResult
+    from fa4verify.checks.coverage import planned_result
+    sp = space.space_for("sm90", "bf16")
+    pl = planner.plan(sp, seed=0)
+    edges = ["varlen_lookup_long_first", "varlen_lookup_chunks"]
+    head = {"extra": {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": 0, "uncoverable": [],
+                               "edges": edges}}}
+    n = len(pl.rows)
+    outcomes = [{"index": i, "status": "ran", "metrics": {}, "known": []} for i in range(n + len(edges))]
+    outcomes[2] = {"index": 2, "status": "violation", "known": [],
+                   "failure": {"property": "deterministic_bwd", "message": "dk: row 2", "describe": "p2"}}
+    outcomes[n + 1] = {"index": n + 1, "status": "violation", "known": [],
+                       "failure": {"property": "finite", "message": "dk: NaN", "describe": "chunks"}}
+    out = planned_result(CheckResult(status="fail", where="CPU twin", summary="x"), head, outcomes)
+    cov = out.details["plan_coverage"]
+    assert list(cov["violating_edges"]) == ["varlen_lookup_chunks"]
+    assert cov["violating_edges"]["varlen_lookup_chunks"]["property"] == "finite"
+    assert "2 violating: row 2 (deterministic_bwd), edge varlen_lookup_chunks (finite)" in out.summary
+    assert cov["edge_cases"] == {"varlen_lookup_long_first": "ran", "varlen_lookup_chunks": "violation"}
 
 
 def test_a_deployment_page_is_non_tma_only_where_it_matches_no_tile():

@@ -139,6 +139,10 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     # Note [Constructed edges]: each must run (a refused or unrun edge is a hole, never a pass)
     cov["edge_cases"] = {n: by.get(len(rows) + k, {}).get("status", "not_run")
                          for k, n in enumerate(pl.get("edges", []))}
+    cov["violating_edges"] = {n: {"property": o["failure"]["property"], "message": o["failure"]["message"][:300],
+                                  "problem": o["failure"]["describe"]}
+                              for k, n in enumerate(pl.get("edges", []))
+                              for o in [by.get(len(rows) + k, {})] if o.get("status") == "violation" and o.get("failure")}
     edge_holes = [n for n, st in cov["edge_cases"].items() if st not in ("ran", "known", "violation")]
     # Note [Edge values]: a planned edge row must see every edge it planted
     blind = {i: int(by[i].get("metrics", {}).get("edges_blind", 0)) for i in ran
@@ -165,6 +169,12 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
             out.status = "undecided"
     if cov["edge_cases"]:
         head_line += f"; {len(cov['edge_cases']) - len(edge_holes)}/{len(cov['edge_cases'])} constructed edges ran"
+    # every violating row and edge by name: the campaign's summary shrinks to the first one only
+    named = ([f"row {i} ({v['property']})" for i, v in cov["violating_rows"].items()]
+             + [f"edge {n} ({v['property']})" for n, v in cov["violating_edges"].items()])
+    if named:
+        head_line += (f"; {len(named)} violating: " + ", ".join(named[:6])
+                      + (f" and {len(named) - 6} more" if len(named) > 6 else ""))
     if edge_holes:
         named = ", ".join(f"{n} ({cov['edge_cases'][n]})" for n in edge_holes)
         out.summary = f"constructed edge(s) not judged: {named}; " + out.summary

@@ -57,7 +57,7 @@ def _result(res: Any, where: str) -> CheckResult:
     known = {k: v["count"] for k, v in res.known_hits.items()}
     metrics: dict[str, Any] = {
         "examples_higher_is_better": res.examples_run,
-        "violations": int(res.found),
+        "violations": int(getattr(res, "violations", int(res.found))),    # violating examples, not a flag
         "known_issue_hits": sum(known.values()),
         "tightness_max": round(float(res.max_metrics.get("tightness_max", 0.0)), 4),
         "seconds": round(res.seconds, 1),
