@@ -153,10 +153,17 @@ for step in "$@"; do
       echo "profiled audit rc=$?"; tail -3 "$OUT/audit_profiled.log"
       python3 - "$OUT/pstats" > "$OUT/pstats_top.txt" <<'PY'
 import glob, os, pstats, sys
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.prof"))):
-    print("=" * 30, os.path.basename(f))
-    st = pstats.Stats(f); st.sort_stats("cumulative"); st.print_stats(28)
+# every request's profile summed (where the workers' seconds went), then the 12 longest requests alone
+fs = sorted(glob.glob(os.path.join(sys.argv[1], "*.prof")))
+if fs:
+    allst = pstats.Stats(*fs)
+    print("=" * 30, f"all {len(fs)} requests, by cumulative"); allst.sort_stats("cumulative").print_stats(70)
+    print("=" * 30, "all requests, by own time"); allst.sort_stats("tottime").print_stats(40)
+    longest = sorted(fs, key=lambda f: -pstats.Stats(f).total_tt)[:12]
+    for f in longest:
+        print("=" * 30, os.path.basename(f)); st = pstats.Stats(f); st.sort_stats("cumulative"); st.print_stats(40)
 PY
+      rm -rf "$OUT/pstats"       # summed above: the raw profiles would pass the transfer limit
       head -c 3000 "$OUT/pstats_top.txt" ;;
     imports)
       Z='import torch; from fa4verify.kernels.adapter import interface_module; interface_module(); import fa4verify.judge, fa4verify.oracles'
