@@ -43,6 +43,7 @@
 #                  audit wall time, cold then warm, with the per-worker timeline
 #                  (benchmarks/gpu_audit_time.py; --workers N; FA4VERIFY_WORKER_START)
 #   profile        the default audit on time:default's warm cache, each worker request under cProfile
+#                  (AUDIT_K: only those checks; PROFILE_WARMUP=1: one unprofiled run first fills the cache)
 #   imports        python -X importtime of what an audit worker imports
 #   tput           FA4 compile throughput, 1 / 8 / 15 processes (benchmarks/compile_throughput.py; TPUT_PROCS, TPUT_K)
 #   workers        how the engine's workers start here (benchmarks/worker_start.py: fork or spawn)
@@ -148,7 +149,13 @@ for step in "$@"; do
          --timeout 250 --cache-root "$CR/$spec" --out "$OUT" "${WW[@]}" ${EXTRA:-} 2>&1 | grep -v "^[a-z]" | tail -16) ;;
     profile)
       mkdir -p "$CR/default/shard"
+      if [ -n "${PROFILE_WARMUP:-}" ]; then      # fill the kernel cache first: the profile then sees a warm audit
+        timeout "$left" "${AUDIT[@]}" --profile default --no-live ${AUDIT_K:+-k "$AUDIT_K"} \
+          --kernel-cache "$CR/default/shard" > "$OUT/audit_warmup.log" 2>&1; echo "warm-up rc=$?"
+        left=$((DEADLINE - $(date +%s)))
+      fi
       FA4VERIFY_PROFILE_DIR="$OUT/pstats" timeout "$left" "${AUDIT[@]}" --profile default --no-live \
+        ${AUDIT_K:+-k "$AUDIT_K"} \
         --kernel-cache "$CR/default/shard" --json "$OUT/audit_profiled.json" > "$OUT/audit_profiled.log" 2>&1
       echo "profiled audit rc=$?"; tail -3 "$OUT/audit_profiled.log"
       python3 - "$OUT/pstats" > "$OUT/pstats_top.txt" <<'PY'
