@@ -245,6 +245,8 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
     lines.append(f"    critical item: {last['id']} {last['start_s']:.1f}-{last['end_s']:.1f} s"
                  f" (compile {last.get('compile_s', 0.0):.1f} s, worker wait {last.get('worker_wait_s', 0.0):.1f} s)"
                  + (f"; audit wall {wall:.1f} s (process start and reports: {wall - end:.1f} s)" if wall else ""))
+    ex_lines, ex_info = example_split(rep)
+    lines.extend(ex_lines)
     key_lines, key_info = key_sharing(items)
     lines.extend(key_lines)
     info = {"worker_start_s": starts, "preload_mean_s": {k: sum(v) / len(v) for k, v in pre.items()},
@@ -255,8 +257,32 @@ def timeline(rep: dict, wall: float | None) -> tuple[list[str], dict[str, Any]]:
             "spread_evenly_s": None if bound is None else round(bound, 2),
             "compile_s_per_kernel": {c: round(sum(v) / len(v), 3) for c, v in per.items()},
             "critical_item": {k: last.get(k) for k in ("id", "start_s", "end_s", "compile_s", "worker_wait_s")},
-            "parent_phases": ph}
+            "parent_phases": ph, "examples": ex_info}
     return lines, info
+
+
+def example_split(rep: dict, top: int = 5) -> tuple[list[str], dict[str, Any]]:
+    """The campaign checks' examples (``details.example_seconds``): their seconds in the target's
+    calls (FA4, the adapter, the transfers) against the rest (the judge), and the slowest ones."""
+    rows = []
+    for r in rep.get("results", []):
+        det = r.get("details") or {}
+        es = det.get("example_seconds") or {}
+        edges = list(((det.get("plan_coverage") or {}).get("edge_cases") or {}))
+        n_rows = int((det.get("plan") or {}).get("rows", 0) or 0)
+        for i, (tot, tgt) in es.items():
+            j = int(i)
+            name = edges[j - n_rows] if edges and j >= n_rows and j - n_rows < len(edges) else f"#{j}"
+            rows.append((float(tot), float(tgt), f"{r['id']}[{name}]"))
+    if not rows:
+        return [], {}
+    tot, tgt = sum(x[0] for x in rows), sum(x[1] for x in rows)
+    slow = sorted(rows, reverse=True)[:top]
+    lines = [f"    examples: {len(rows)} in {tot:.1f} s, {tgt:.1f} s of it in the target's calls, "
+             f"{tot - tgt:.1f} s in the judge; slowest: "
+             + ", ".join(f"{n} {a:.1f} s ({b:.1f} target)" for a, b, n in slow)]
+    return lines, {"examples": len(rows), "seconds": round(tot, 2), "target_s": round(tgt, 2),
+                   "slowest": [{"example": n, "seconds": round(a, 3), "target_s": round(b, 3)} for a, b, n in slow]}
 
 
 def key_sharing(items: list[dict]) -> tuple[list[str], dict[str, Any]]:

@@ -167,6 +167,37 @@ def test_benchmark_timeline_reads_the_timing(tmp_path):
     assert m.plot_timeline(rep, str(png), "t") and png.stat().st_size > 1000
 
 
+def test_benchmark_timeline_splits_examples_between_target_and_judge():
+    """The campaign checks' per-example seconds (details.example_seconds): the target's share
+    and the judge's, the slowest named by plan row (#i) or by constructed edge."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gat", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_audit_time.py"))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    rep = {"results": [{"id": "coverage.production", "isolated": True, "timing": [
+        {"start_s": 0.0, "end_s": 30.0, "exec_s": 30.0, "pid": 1}],
+        "details": {"plan": {"rows": 2}, "plan_coverage": {"edge_cases": {"chunks": "ran"}},
+                    "example_seconds": {"0": [2.0, 1.5], "1": [1.0, 0.25], "2": [20.0, 4.0]}}}]}
+    lines, info = m.timeline(rep, 31.0)
+    ex = info["examples"]
+    assert (ex["examples"], ex["seconds"], ex["target_s"]) == (3, 23.0, 5.75)
+    assert [s["example"] for s in ex["slowest"]] == ["coverage.production[chunks]", "coverage.production[#0]",
+                                                     "coverage.production[#1]"]
+    assert any("3 in 23.0 s, 5.8 s of it in the target's calls, 17.2 s in the judge" in ln for ln in lines)
+
+
+def test_a_drawn_example_records_its_seconds_and_the_targets_share():
+    from fa4verify.fuzz import drawn
+    from fa4verify.problem import AttentionProblem
+    from fa4verify.targets import TwinTarget
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=8, seqlen_k=8, nheads=1, nheads_kv=1,
+                         head_dim=16, head_dim_v=16)
+    o = drawn.run_drawn([p], [0], target=TwinTarget())["outcomes"][0]
+    sec = o["seconds"]
+    assert o["status"] == "ran" and 0.0 < sec["target"] <= sec["total"]
+
+
 def test_clearing_through_the_proxy_counts_the_next_lookup_again():
     inner = FakeCache()
     c = kt.TimedCache(inner, "fake")

@@ -315,6 +315,11 @@ def summarise_campaign(ctx: CheckContext, results: list) -> CheckResult:
           for _c, v in results if v["outcome"].get("kernels")}
     if ek:
         out.details["example_kernels"] = dict(sorted(ek.items(), key=lambda kv: int(kv[0])))
+    # example index -> [its seconds, of which in the target's calls] (the rest: the judge)
+    es = {str(v["outcome"]["index"]): [v["outcome"]["seconds"]["total"], v["outcome"]["seconds"]["target"]]
+          for _c, v in results if v["outcome"].get("seconds")}
+    if es:
+        out.details["example_seconds"] = dict(sorted(es.items(), key=lambda kv: int(kv[0])))
     return out
 
 

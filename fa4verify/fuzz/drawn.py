@@ -27,7 +27,7 @@ from fa4verify.fuzz.campaign import CampaignResult, _jsonable, _versions
 from fa4verify.fuzz.cases import regression_snippet
 from fa4verify.fuzz.known_issues import known_issue_matcher
 from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
-from fa4verify.fuzz.properties import PROPERTIES, check_problem
+from fa4verify.fuzz.properties import PROPERTIES, check_problem, target_seconds
 from fa4verify.fuzz.violation import _ABSORB, Violation, tightness_key
 from fa4verify.targets import Target
 from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
@@ -237,6 +237,8 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
             return True
 
         token = _ABSORB.set(absorb)
+        t_ex = time.monotonic()
+        target_seconds(reset=True)
         try:
             out = check_problem(problem, target, properties=properties, backward=backward,
                                 deterministic=True if deterministic is None else bool(deterministic.get(j, True)))
@@ -272,6 +274,8 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
             o["problem"] = problem.to_dict()
         finally:
             _ABSORB.reset(token)
+            # where the example's seconds went: the target's calls, the rest (the judge)
+            o["seconds"] = {"total": round(time.monotonic() - t_ex, 3), "target": round(target_seconds(reset=True), 3)}
         # Note [Compile keys in the timeline]: the FA4 kernels this example ran (when the
         # audit's instrument is installed; none otherwise)
         used = kernel_timing.keys_used_since(snap)

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Callable, Collection, Mapping, Optional
 
 import numpy as np
@@ -233,10 +234,25 @@ class CheckOutcome:
     undecided: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
+#: seconds spent inside target calls since the last reset (:func:`target_seconds`): the audit's
+#: timeline splits an example's time between the target (FA4's calls, the adapter, the transfers)
+#: and the judge (values, oracle, budgets, comparisons)
+_TARGET_CLOCK = [0.0]
+
+
+def target_seconds(reset: bool = False) -> float:
+    """Seconds spent in :func:`_run_target` since the last ``reset=True`` call (then zeroed)."""
+    t = _TARGET_CLOCK[0]
+    if reset:
+        _TARGET_CLOCK[0] = 0.0
+    return t
+
+
 def _run_target(problem: AttentionProblem, fn: Callable, *args, **kw):
     """Call the target; a crash of the target on a valid problem is the ``runs`` property failing
     (an Unsupported, DependencyMissing or HarnessError passes through; an exception raised in
     fa4verify's own code becomes a HarnessError: Note [Blame], never a violation)."""
+    t0 = time.perf_counter()
     try:
         return fn(*args, **kw)
     except (Violation, Unsupported, DependencyMissing, HarnessError):
@@ -249,6 +265,8 @@ def _run_target(problem: AttentionProblem, fn: Callable, *args, **kw):
         if getattr(target_of(fn), "blames_fa4", False) and blame.origin(e) == blame.FA4VERIFY:
             raise HarnessError(f"fa4verify's own call failed ({type(e).__name__}: {e})") from e
         raise Violation("runs", f"{type(e).__name__}: {e} | case: {problem.describe()}") from e
+    finally:
+        _TARGET_CLOCK[0] += time.perf_counter() - t0
 
 
 def target_of(fn: Callable) -> Any:
