@@ -9,7 +9,9 @@ kernel cache of its own (the unpatched kernels can never be served), then
 an unmutated copy (the control: it must pass). ``--timeout default`` leaves the per-task
 deadline to the engine (Note [Default deadline]); a planted hang (``sm90_bwd_hd64_hang``) shows it.
 Prints one line per mutant: exit code, the checks that failed, errored or were undecided, and
-the engine's worker processes still alive after the audit returned (there must be none)."""
+the engine's worker processes still alive after the audit returned (there must be none). With
+``clean`` among the ids, each mutant is then CAUGHT or MISSED against it: what it found that the
+control did not (a fault already present in the clean run hides nothing this way)."""
 from __future__ import annotations
 
 import argparse
@@ -76,8 +78,45 @@ def main() -> int:
                           if v["violating_rows"] or v["violating_edges"])
         print(f"{mid}: exit {p.returncode} in {dt:.0f} s; " + (" | ".join(caught) or "nothing flagged")
               + (f"; violating {names}" if names else "") + f"; workers left: {left or 'none'}", flush=True)
+    _against_control(rows)
     (a.out / "mutants.json").write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def _signature(row: dict) -> dict:
+    """What a run found, by check: its status line's check ids, violating rows and edges, and
+    the count of violating examples (a summary names only the first violation)."""
+    sig = {c.split("=", 1)[0]: {} for c in row["flagged"]}
+    for c, v in (row.get("found") or {}).items():
+        sig[c] = {"rows": v["violating_rows"], "edges": v["violating_edges"], "n": v["violating_examples"]}
+    return sig
+
+
+def _against_control(rows: list[dict]) -> None:
+    """With ``clean`` among the runs, each mutant's ``caught``: True when what it found differs
+    from the control's (a check flagged that the control did not, or a violating row, edge or
+    count the control did not have), with ``new`` naming the difference; the control's own
+    findings are FA4's or fa4verify's, not the mutant's. Without a control nothing is said."""
+    ctl = next((r for r in rows if r["mutant"] == "clean"), None)
+    if ctl is None:
+        return
+    base = _signature(ctl)
+    for r in rows:
+        if r is ctl:
+            continue
+        new = []
+        for c, v in _signature(r).items():
+            b = base.get(c)
+            if b is None:
+                new.append(f"{c} flagged")
+                continue
+            new += [f"{c} row {i}" for i in v.get("rows", []) if i not in b.get("rows", [])]
+            new += [f"{c} edge {e}" for e in v.get("edges", []) if e not in b.get("edges", [])]
+            if (v.get("n") or 0) > (b.get("n") or 0):
+                new.append(f"{c} {v['n']} violating examples (control {b.get('n') or 0})")
+        r["caught"], r["new"] = bool(new), new
+        print(f"{r['mutant']}: {'CAUGHT' if new else 'MISSED'} against the control"
+              + (f": {'; '.join(new[:4])}" if new else ""), flush=True)
 
 
 def _workers_alive() -> list[str]:

@@ -162,3 +162,31 @@ def test_the_leftover_scan_sees_a_live_engine_process_and_not_a_finished_one(tmp
         p.kill()
         p.wait()
     assert not any(x.startswith(f"{p.pid} ") for x in mod._workers_alive())
+
+
+def test_a_mutant_is_judged_against_the_control_not_by_its_summary():
+    """Measured on the H200 (e09f829): the clean run already failed on a plan row, so four
+    mutants printed the clean run's summary; each had its own edge violating. Against the
+    control, a mutant whose only finding is the control's is MISSED, one with a new edge (or
+    more violating examples, or another check flagged) is CAUGHT."""
+    mod = _audit_mutants_script()
+    row94 = {"violating_rows": ["94"], "violating_edges": [], "violating_examples": 1}
+    ctl = {"mutant": "clean", "flagged": ["coverage.production=fail: ... row 94"],
+           "found": {"coverage.production": row94}}
+    same = {"mutant": "m_same", "flagged": ["coverage.production=fail: ... row 94"],
+            "found": {"coverage.production": dict(row94)}}
+    edge = {"mutant": "m_edge", "flagged": ["coverage.production=fail: ... row 94"],
+            "found": {"coverage.production": {"violating_rows": ["94"], "violating_edges": ["varlen_lookup_chunks"],
+                                              "violating_examples": 2}}}
+    other = {"mutant": "m_other", "flagged": ["coverage.production=fail: ... row 94", "fuzz.production=fail: x"],
+             "found": {"coverage.production": dict(row94)}}
+    rows = [ctl, same, edge, other]
+    mod._against_control(rows)
+    assert same["caught"] is False and same["new"] == []
+    assert edge["caught"] is True and "coverage.production edge varlen_lookup_chunks" in edge["new"]
+    assert other["caught"] is True and other["new"] == ["fuzz.production flagged"]
+    assert "caught" not in ctl
+    solo = [dict(same)]
+    solo[0].pop("caught"), solo[0].pop("new")
+    mod._against_control(solo)                 # no control: nothing is said
+    assert "caught" not in solo[0]
