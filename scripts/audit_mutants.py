@@ -67,7 +67,8 @@ def main() -> int:
                                                         .get("violating_rows", {}), key=int),
                                "violating_edges": sorted((x.get("details", {}).get("plan_coverage") or {})
                                                          .get("violating_edges", {})),
-                               "violating_examples": x.get("details", {}).get("violating_examples")}
+                               "violating_examples": x.get("details", {}).get("violating_examples"),
+                               "first": ((x.get("details", {}).get("failure") or {}).get("describe"))}
                      for x in r["results"] if x["status"] in ("fail", "undecided", "error")}
         except Exception as e:  # noqa: BLE001
             caught, found = [f"no report: {e}"], {}
@@ -88,7 +89,8 @@ def _signature(row: dict) -> dict:
     the count of violating examples (a summary names only the first violation)."""
     sig = {c.split("=", 1)[0]: {} for c in row["flagged"]}
     for c, v in (row.get("found") or {}).items():
-        sig[c] = {"rows": v["violating_rows"], "edges": v["violating_edges"], "n": v["violating_examples"]}
+        sig[c] = {"rows": v["violating_rows"], "edges": v["violating_edges"], "n": v["violating_examples"],
+                  "first": v.get("first")}
     return sig
 
 
@@ -104,6 +106,10 @@ def _against_control(rows: list[dict]) -> None:
     for r in rows:
         if r is ctl:
             continue
+        if any(c.startswith("no report") for c in r["flagged"] + ctl["flagged"]):
+            r["caught"], r["new"] = None, ["no report to compare"]     # neither caught nor missed
+            print(f"{r['mutant']}: UNDECIDED against the control (no report to compare)", flush=True)
+            continue
         new = []
         for c, v in _signature(r).items():
             b = base.get(c)
@@ -114,6 +120,8 @@ def _against_control(rows: list[dict]) -> None:
             new += [f"{c} edge {e}" for e in v.get("edges", []) if e not in b.get("edges", [])]
             if (v.get("n") or 0) > (b.get("n") or 0):
                 new.append(f"{c} {v['n']} violating examples (control {b.get('n') or 0})")
+            elif v.get("first") and v.get("first") != b.get("first"):
+                new.append(f"{c} first violation on another problem: {str(v['first'])[:120]}")
         r["caught"], r["new"] = bool(new), new
         print(f"{r['mutant']}: {'CAUGHT' if new else 'MISSED'} against the control"
               + (f": {'; '.join(new[:4])}" if new else ""), flush=True)

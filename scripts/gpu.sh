@@ -153,6 +153,8 @@ for step in "$@"; do
         timeout "$left" "${AUDIT[@]}" --profile default --no-live ${AUDIT_K:+-k "$AUDIT_K"} \
           --kernel-cache "$CR/default/shard" > "$OUT/audit_warmup.log" 2>&1; echo "warm-up rc=$?"
         left=$((DEADLINE - $(date +%s)))
+        # timeout 0 would mean no limit at all
+        if [ "$left" -lt 30 ]; then echo "profile: ${left}s left after the warm-up: not profiled"; continue; fi
       fi
       FA4VERIFY_PROFILE_DIR="$OUT/pstats" timeout "$left" "${AUDIT[@]}" --profile default --no-live \
         ${AUDIT_K:+-k "$AUDIT_K"} \
@@ -170,7 +172,8 @@ if fs:
     for f in longest:
         print("=" * 30, os.path.basename(f)); st = pstats.Stats(f); st.sort_stats("cumulative"); st.print_stats(40)
 PY
-      rm -rf "$OUT/pstats"       # summed above: the raw profiles would pass the transfer limit
+      # summed above: the raw profiles would pass the transfer limit (kept when the summary failed)
+      [ -s "$OUT/pstats_top.txt" ] && rm -rf "$OUT/pstats"
       head -c 3000 "$OUT/pstats_top.txt" ;;
     imports)
       Z='import torch; from fa4verify.kernels.adapter import interface_module; interface_module(); import fa4verify.judge, fa4verify.oracles'

@@ -186,6 +186,18 @@ def test_a_mutant_is_judged_against_the_control_not_by_its_summary():
     assert edge["caught"] is True and "coverage.production edge varlen_lookup_chunks" in edge["new"]
     assert other["caught"] is True and other["new"] == ["fuzz.production flagged"]
     assert "caught" not in ctl
+    # a fuzz check: the same count on another problem is a new finding; a run without a report
+    # is neither caught nor missed
+    fz = {"mutant": "clean", "flagged": ["fuzz.production=fail: x"],
+          "found": {"fuzz.production": {"violating_rows": [], "violating_edges": [], "violating_examples": 1,
+                                        "first": "problem A"}}}
+    moved = {"mutant": "m_moved", "flagged": ["fuzz.production=fail: y"],
+             "found": {"fuzz.production": {"violating_rows": [], "violating_edges": [], "violating_examples": 1,
+                                           "first": "problem B"}}}
+    lost = {"mutant": "m_lost", "flagged": ["no report: missing"], "found": {}}
+    mod._against_control([fz, moved, lost])
+    assert moved["caught"] is True and "another problem" in moved["new"][0]
+    assert lost["caught"] is None
     solo = [dict(same)]
     solo[0].pop("caught"), solo[0].pop("new")
     mod._against_control(solo)                 # no control: nothing is said

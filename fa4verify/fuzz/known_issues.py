@@ -303,8 +303,8 @@ def _sm90_score_mod_gqa_bwd_indices(problem: AttentionProblem, a: Mapping[str, A
     differ too, in any gradient: the recomputed P itself is read from that memory (measured on the
     H200 on clean FA4 4.0.0b36: 2026-12-02, alibi GQA 3/1 hd 8, dQ differed in 128 of 192 elements;
     2026-12-05, the plan's alibi GQA 8/2 hd 96 row of 257 sequences, the public autograd path's dK
-    with a seeded dLSE differed from the driver's in 210,722-210,784 elements, a different count
-    each run). ``deterministic_bwd`` of dQ, dK or dV is absorbed only there, where every gradient
+    with a seeded dLSE differed from the driver's in 210,722 elements). ``deterministic_bwd`` of
+    dQ, dK or dV is absorbed only there, where every gradient
     is already outside its budget; never for a score pair that stays inside its aux tensors under
     FA4's mapping (a GQA accumulation-order fault in dK/dV stays reported on every other row)."""
     if problem.arch != "sm90" or problem.nheads_kv == problem.nheads or not problem.mods:
