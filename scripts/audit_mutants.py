@@ -63,13 +63,8 @@ def main() -> int:
                       if x["status"] in ("fail", "undecided", "error")]
             # what each flagged check found, by name (compare with the control's: a summary shows
             # only its first violation, which a fault already in the clean run would hide)
-            found = {x["id"]: {"violating_rows": sorted((x.get("details", {}).get("plan_coverage") or {})
-                                                        .get("violating_rows", {}), key=int),
-                               "violating_edges": sorted((x.get("details", {}).get("plan_coverage") or {})
-                                                         .get("violating_edges", {})),
-                               "violating_examples": x.get("details", {}).get("violating_examples"),
-                               "first": ((x.get("details", {}).get("failure") or {}).get("describe"))}
-                     for x in r["results"] if x["status"] in ("fail", "undecided", "error")}
+            found = {x["id"]: _found(x.get("details") or {}) for x in r["results"]
+                     if x["status"] in ("fail", "undecided", "error")}
         except Exception as e:  # noqa: BLE001
             caught, found = [f"no report: {e}"], {}
         left = _workers_alive()
@@ -84,14 +79,14 @@ def main() -> int:
     return 0
 
 
-def _signature(row: dict) -> dict:
-    """What a run found, by check: its status line's check ids, violating rows and edges, and
-    the count of violating examples (a summary names only the first violation)."""
-    sig = {c.split("=", 1)[0]: {} for c in row["flagged"]}
-    for c, v in (row.get("found") or {}).items():
-        sig[c] = {"rows": v["violating_rows"], "edges": v["violating_edges"], "n": v["violating_examples"],
-                  "first": v.get("first")}
-    return sig
+def _found(det: dict) -> dict:
+    """What one flagged check found (its report's details): violating plan rows and edges, the
+    count of violating examples and the first violation's problem (a summary names only that)."""
+    pc = det.get("plan_coverage") or {}
+    return {"violating_rows": sorted(pc.get("violating_rows", {}), key=int),
+            "violating_edges": sorted(pc.get("violating_edges", {})),
+            "violating_examples": det.get("violating_examples"),
+            "first": (det.get("failure") or {}).get("describe")}
 
 
 def _against_control(rows: list[dict]) -> None:
@@ -102,7 +97,12 @@ def _against_control(rows: list[dict]) -> None:
     ctl = next((r for r in rows if r["mutant"] == "clean"), None)
     if ctl is None:
         return
-    base = _signature(ctl)
+    none = _found({})
+
+    def by_check(row: dict) -> dict:      # every flagged check, with what its report details say
+        ids = (f.split("=", 1)[0] for f in row["flagged"])
+        return {c: row["found"].get(c, none) for c in ids}
+    base = by_check(ctl)
     for r in rows:
         if r is ctl:
             continue
@@ -111,15 +111,16 @@ def _against_control(rows: list[dict]) -> None:
             print(f"{r['mutant']}: UNDECIDED against the control (no report to compare)", flush=True)
             continue
         new = []
-        for c, v in _signature(r).items():
+        for c, v in by_check(r).items():
             b = base.get(c)
             if b is None:
                 new.append(f"{c} flagged")
                 continue
-            new += [f"{c} row {i}" for i in v.get("rows", []) if i not in b.get("rows", [])]
-            new += [f"{c} edge {e}" for e in v.get("edges", []) if e not in b.get("edges", [])]
-            if (v.get("n") or 0) > (b.get("n") or 0):
-                new.append(f"{c} {v['n']} violating examples (control {b.get('n') or 0})")
+            new += [f"{c} row {i}" for i in v["violating_rows"] if i not in b["violating_rows"]]
+            new += [f"{c} edge {e}" for e in v["violating_edges"] if e not in b["violating_edges"]]
+            n, nb = v["violating_examples"] or 0, b["violating_examples"] or 0
+            if n > nb:
+                new.append(f"{c} {n} violating examples (control {nb})")
             elif v.get("first") and v.get("first") != b.get("first"):
                 new.append(f"{c} first violation on another problem: {str(v['first'])[:120]}")
         r["caught"], r["new"] = bool(new), new

@@ -18,6 +18,8 @@ did not run) makes the check undecided, never a pass.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from fa4verify.audit.registry import CheckContext, CheckResult, check
 from fa4verify.checks.fuzz import (DrawnCase, _campaign_cases, _dtype, campaign_compiles, run_example,
                                    summarise_campaign)
@@ -126,12 +128,15 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     cov = coverage(sp, [rows[i] for i in ran], passes=judged)
     cov["refused_rows"] = {str(i): {"row": rows[i], "why": w} for i, w in refused.items()}
     cov["not_run_rows"] = [i for i in range(len(rows)) if by.get(i, {}).get("status") == "not_run"]
-    # every violating row by name (the campaign's summary shrinks to the first one)
-    cov["violating_rows"] = {str(i): {"row": rows[i], "property": by[i]["failure"]["property"],
-                                      "message": by[i]["failure"]["message"][:300],
-                                      "problem": by[i]["failure"]["describe"]}
-                             for i in range(len(rows)) if by.get(i, {}).get("status") == "violation"
-                             and by[i].get("failure")}
+    # every violating row and edge by name (the campaign's summary shrinks to the first one)
+    def failure(i: int) -> Optional[dict]:
+        o = by.get(i, {})
+        if o.get("status") != "violation" or not o.get("failure"):
+            return None
+        return {"property": o["failure"]["property"], "message": o["failure"]["message"][:300],
+                "problem": o["failure"]["describe"]}
+    cov["violating_rows"] = {str(i): dict(row=rows[i], **f) for i in range(len(rows))
+                             for f in [failure(i)] if f is not None}
     cov["known_rows"] = {str(i): sorted({k["name"] for k in by[i].get("known", [])}
                                         | ({by[i]["known_raised"]["name"]} if by[i].get("known_raised") else set()))
                          for i in range(len(rows)) if by.get(i, {}).get("known") or by.get(i, {}).get("known_raised")}
@@ -139,10 +144,8 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     # Note [Constructed edges]: each must run (a refused or unrun edge is a hole, never a pass)
     cov["edge_cases"] = {n: by.get(len(rows) + k, {}).get("status", "not_run")
                          for k, n in enumerate(pl.get("edges", []))}
-    cov["violating_edges"] = {n: {"property": o["failure"]["property"], "message": o["failure"]["message"][:300],
-                                  "problem": o["failure"]["describe"]}
-                              for k, n in enumerate(pl.get("edges", []))
-                              for o in [by.get(len(rows) + k, {})] if o.get("status") == "violation" and o.get("failure")}
+    cov["violating_edges"] = {n: f for k, n in enumerate(pl.get("edges", []))
+                              for f in [failure(len(rows) + k)] if f is not None}
     edge_holes = [n for n, st in cov["edge_cases"].items() if st not in ("ran", "known", "violation")]
     # Note [Edge values]: a planned edge row must see every edge it planted
     blind = {i: int(by[i].get("metrics", {}).get("edges_blind", 0)) for i in ran
