@@ -160,6 +160,9 @@ class TwinTarget(Target):
                                   f"not {problem.arch} {problem.dtype}")
         if problem.mods:
             raise Unsupported("the twin does not model score_mod / mask_mod pairs (fa4verify.mods)")
+        if problem.descales and problem.softcap:
+            raise Unsupported("the twin models fp8 descales without softcap (FA4 folds them into the softcap "
+                              "score_mod's scale)")
         if (why := hd256_refusal(problem, "fwd")) is not None:
             raise Unsupported(why)
 
@@ -208,7 +211,9 @@ class TwinTarget(Target):
         va = dict(a, q=vw(a["q"])[qb, qr], k=vw(a["k"])[kb, kr], v=vw(a["v"])[kb, kr],
                   dout=None if a.get("dout") is None else vw(a["dout"])[qb, qr], mask=None,
                   cu_seqlens_q=np.concatenate([[0], np.cumsum(rw["seqlens_q"])]).astype(np.int32),
-                  cu_seqlens_k=np.concatenate([[0], np.cumsum(rw["seqlens_k"])]).astype(np.int32))
+                  cu_seqlens_k=np.concatenate([[0], np.cumsum(rw["seqlens_k"])]).astype(np.int32),
+                  # Note [FP8 descales]: a rewritten sequence takes its problem sequence's factors
+                  **{f"{n}_descale": np.asarray(a[f"{n}_descale"])[list(rw["seq"])] for n in problem.descales})
         return vp, va, rw
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
@@ -226,17 +231,19 @@ class TwinTarget(Target):
         dt = problem.dtype
         if problem.mask_mod is not None:
             kw["mask"] = a["mask"]
+        descale = {n: a.get(n) for n in ("q_descale", "k_descale", "v_descale")} if problem.descales else {}
         if not problem.varlen:
-            r = self._ta.forward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt), **kw)
+            r = self._ta.forward(_typed(a["q"], dt), _typed(a["k"], dt), _typed(a["v"], dt), **kw, **descale)
             return Fwd(np.asarray(r.out, np.float64), np.asarray(r.lse, np.float64))
         tq = a["q"].shape[0]
         out = np.zeros((tq, problem.nheads, problem.head_dim_v))
         lse = np.full((problem.nheads, tq), -np.inf)
-        for _, sq, sk in self._segments(problem, a):
+        for b, sq, sk in self._segments(problem, a):
             if sq.stop == sq.start:
                 continue
             r = self._ta.forward(_typed(a["q"][sq][None], dt), _typed(a["k"][sk][None], dt),
-                                 _typed(a["v"][sk][None], dt), **kw)
+                                 _typed(a["v"][sk][None], dt), **kw,
+                                 **{n: None if f is None else np.asarray(f)[b:b + 1] for n, f in descale.items()})
             out[sq] = np.asarray(r.out, np.float64)[0]
             lse[:, sq] = np.asarray(r.lse, np.float64)[0]
         return Fwd(out, lse)
@@ -463,7 +470,8 @@ class ProductionTarget(Target):
         only in the forward's: FA4's backward never packs)."""
         dt = problem.dtype
         kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
-                  softcap=float(problem.softcap), learnable_sink=self._t(a["learnable_sink"], None))
+                  softcap=float(problem.softcap), learnable_sink=self._t(a["learnable_sink"], None),
+                  **self._descale_kw(problem, a))
         call = problem.call
         if call.pack_gqa is not None and not backward:
             kw["pack_gqa"] = call.pack_gqa
@@ -538,13 +546,20 @@ class ProductionTarget(Target):
             return torch.empty(src.shape, dtype=tdt, device="cuda")
         if dtype is None:
             return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
-        tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
+        tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": getattr(torch, "float8_e4m3fn", None)}.get(dtype)
+        if tdt is None:
+            raise Unsupported(f"dtype {dtype!r} has no torch dtype here")
         return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device=self.device, dtype=tdt)
+
+    def _descale_kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+        """Note [FP8 descales]: FA4's fp32 (batch, nheads_kv) ``q/k/v_descale`` of the problem's
+        :attr:`~AttentionProblem.descales` ({} without)."""
+        return {f"{n}_descale": self._t(np.asarray(a[f"{n}_descale"], np.float32), None) for n in problem.descales}
 
     def _kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
         kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
                   softcap=float(problem.softcap),
-                  learnable_sink=self._t(a["learnable_sink"], None))
+                  learnable_sink=self._t(a["learnable_sink"], None), **self._descale_kw(problem, a))
         if problem.varlen:
             kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
                       max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
@@ -925,9 +940,15 @@ def mla_grads(problem: AttentionProblem, bwd: "Bwd") -> "Bwd":
     return Bwd(bwd.dq, dk, dv, bwd.dsink, stages=bwd.stages)
 
 
+#: FA4 runs fp8 inputs forward only
+FP8_NO_BACKWARD = "FA4 has no fp8 backward (interface.py: 'FA4 CuTe FP8 backward is not supported yet (forward-only).')"
+
+
 def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
     """FA4 4.0.0b36's limits on the backward of a problem's head dims and call form, or None."""
     from fa4verify.kernels import facts
+    if problem.dtype == "fp8":
+        return FP8_NO_BACKWARD
     if problem.call is not None and problem.call.mla:
         if not problem.call.gather_topk:
             return "FA4 has no dense MLA backward (only the top-k gather one)"

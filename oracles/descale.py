@@ -52,11 +52,14 @@ def descale_factors(t: Any, name: str, batch: int, nheads_kv: int) -> Optional[n
     return a
 
 
-def _scale(x: np.ndarray, f: Optional[np.ndarray], name: str, group: int) -> np.ndarray:
-    """x (b, s, heads, d) times f[b, head // group]; raises if a product is not exact."""
+def _scale(x: np.ndarray, f: Optional[np.ndarray], name: str, group: int,
+           seq: Optional[np.ndarray] = None) -> np.ndarray:
+    """x (b, s, heads, d) times f[b, head // group] (``seq``: x is varlen (total, heads, d) and
+    token t belongs to batch entry ``seq[t]``); raises if a product is not exact."""
     if f is None:
         return x
-    fh = np.repeat(f, group, axis=1)[:, None, :, None]         # (b, 1, heads, 1)
+    fh = np.repeat(f, group, axis=1)
+    fh = fh[seq][:, :, None] if seq is not None else fh[:, None, :, None]   # (total, heads, 1) / (b, 1, heads, 1)
     y = x * fh
     # a product of significands of a and b bits has at most a + b bits: exact if a + b <= 53
     # (and no over/underflow, which fp8/bf16 magnitudes times a finite fp32 factor cannot reach)
@@ -83,12 +86,25 @@ def _bits(x: np.ndarray) -> int:
     return int((53 - tz).max())
 
 
+def _sequence_of(cu: Any, name: str) -> np.ndarray:
+    """The batch entry of every token of a varlen axis with offsets ``cu`` (length batch + 1)."""
+    c = np.asarray(cu, np.int64).ravel()
+    if c.size < 1 or c[0] != 0 or np.any(np.diff(c) < 0):
+        raise ValueError(f"{name}: offsets must start at 0 and not decrease")
+    return np.repeat(np.arange(c.size - 1), np.diff(c))
+
+
 def descaled(q: Any, k: Any, v: Any, *, q_descale: Any = None, k_descale: Any = None,
-             v_descale: Any = None, qv: Any = None) -> dict[str, Any]:
+             v_descale: Any = None, qv: Any = None, cu_seqlens_q: Any = None,
+             cu_seqlens_k: Any = None) -> dict[str, Any]:
     """Batched q (b, s, h, d), k (b, sk, hk, d), v (b, sk, hk, dv) (and MLA's qv (b, s, h, dv),
     scaled by ``q_descale`` like q) with the descales applied exactly: ``{"q", "k", "v", "qv",
     "dtypes"}`` (float64 arrays; ``dtypes`` the source dtypes). ``q`` or ``k`` may be None (MLA
-    without the rope part)."""
+    without the rope part). With ``cu_seqlens_q`` and ``cu_seqlens_k`` the arrays are varlen
+    (total, heads, d) and a descale's batch entry is the token's sequence."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise ValueError("varlen descales need both cu_seqlens_q and cu_seqlens_k")
     ref_q = q if q is not None else qv
     arrs = {}
     dts = {}
@@ -97,21 +113,34 @@ def descaled(q: Any, k: Any, v: Any, *, q_descale: Any = None, k_descale: Any = 
             arrs[name] = None
             continue
         a, dt = as_float64(t, name)
-        if a.ndim != 4:
-            raise ValueError(f"{name}: descales need batched 4-D tensors, got shape {a.shape}")
+        if a.ndim != (3 if varlen else 4):
+            raise ValueError(f"{name}: descales need {'varlen 3-D' if varlen else 'batched 4-D'} tensors, "
+                             f"got shape {a.shape}")
         arrs[name], dts[name] = a, dt
     if ref_q is None:
         raise ValueError("q or qv is required")
-    b, _, h, _ = arrs["q" if q is not None else "qv"].shape
-    hk = arrs["v"].shape[2]
+    sq = sk = None
+    if varlen:
+        sq, sk = _sequence_of(cu_seqlens_q, "cu_seqlens_q"), _sequence_of(cu_seqlens_k, "cu_seqlens_k")
+        b = len(np.asarray(cu_seqlens_q).ravel()) - 1
+        if len(np.asarray(cu_seqlens_k).ravel()) - 1 != b:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k name different batch sizes")
+        for name, n_tok in (("q", sq.size), ("qv", sq.size), ("k", sk.size), ("v", sk.size)):
+            if arrs[name] is not None and arrs[name].shape[0] != n_tok:
+                raise ValueError(f"{name}: {arrs[name].shape[0]} tokens, the offsets say {n_tok}")
+        h = arrs["q" if q is not None else "qv"].shape[1]
+        hk = arrs["v"].shape[1]
+    else:
+        b, _, h, _ = arrs["q" if q is not None else "qv"].shape
+        hk = arrs["v"].shape[2]
     if h % hk:
         raise ValueError(f"nheads {h} is not a multiple of nheads_kv {hk}")
     qd = descale_factors(q_descale, "q_descale", b, hk)
     kd = descale_factors(k_descale, "k_descale", b, hk)
     vd = descale_factors(v_descale, "v_descale", b, hk)
     g = h // hk
-    out = {"q": None if arrs["q"] is None else _scale(arrs["q"], qd, "q", g),
-           "qv": None if arrs["qv"] is None else _scale(arrs["qv"], qd, "qv", g),
-           "k": None if arrs["k"] is None else _scale(arrs["k"], kd, "k", 1),
-           "v": _scale(arrs["v"], vd, "v", 1), "dtypes": dts}
+    out = {"q": None if arrs["q"] is None else _scale(arrs["q"], qd, "q", g, sq),
+           "qv": None if arrs["qv"] is None else _scale(arrs["qv"], qd, "qv", g, sq),
+           "k": None if arrs["k"] is None else _scale(arrs["k"], kd, "k", 1, sk),
+           "v": _scale(arrs["v"], vd, "v", 1, sk), "dtypes": dts}
     return out

@@ -217,7 +217,7 @@ def coverage_plot(cov: dict, *, where: str = "") -> list:
 
 def _production_cases(ctx: CheckContext) -> list:
     from fa4verify.targets import production_features
-    dtype = _dtype(ctx)
+    dtype = _dtype(ctx, fp8=True)
     gpu = ctx.require_gpu()
     return _cases(ctx, target="production", features=production_features(), arch=gpu.arch,
                   dtype=dtype, where=ctx.where_measured())
@@ -225,7 +225,7 @@ def _production_cases(ctx: CheckContext) -> list:
 
 def _twin_cases(ctx: CheckContext) -> list:
     from fa4verify.targets import TwinTarget
-    return _cases(ctx, target="twin", features=TwinTarget().features(), arch=ctx.arch, dtype=_dtype(ctx),
+    return _cases(ctx, target="twin", features=TwinTarget().features(), arch=ctx.arch, dtype=_dtype(ctx, fp8=True),
                   where="CPU twin")
 
 

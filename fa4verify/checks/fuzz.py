@@ -213,8 +213,10 @@ def _siblings(ctx: CheckContext) -> int:
     return n
 
 
-def _dtype(ctx: CheckContext) -> str:
-    if ctx.dtype not in ("bf16", "fp16"):
+def _dtype(ctx: CheckContext, *, fp8: bool = False) -> str:
+    """The campaign's dtype: bf16 / fp16, and fp8 where the campaign is planned (``fp8``: the
+    coverage plan runs fp8 forward rows with their descales; the fuzz draws no fp8)."""
+    if ctx.dtype not in ("bf16", "fp16") and not (fp8 and ctx.dtype == "fp8"):
         ctx.skip(f"fuzzing draws bf16/fp16 problems; dtype {ctx.dtype} (forward-only fp8) is not generated")
     return ctx.dtype
 

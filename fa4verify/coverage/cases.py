@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from fa4verify.coverage.space import MOD_FORMS, VARLEN_SEQLENS, FeatureSpace, is_local, is_paged, is_unpacked
+from fa4verify.coverage.space import DESCALES, MOD_FORMS, VARLEN_SEQLENS, FeatureSpace, is_local, is_paged, is_unpacked
 from fa4verify.kernels import facts
 
 __all__ = ["problem_for", "plan_problems", "sparse_block_size", "varlen_sparse_block_size", "edge_problems",
@@ -124,7 +124,8 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
     kw: dict[str, Any] = dict(arch=arch, dtype=dtype, nheads=nh, nheads_kv=nk, head_dim=hd, head_dim_v=hdv,
                               causal=causal, window_size=tuple(window),
                               softcap=space.softcaps.get(row["softcap"], 30.0 if row["softcap"] == "on" else 0.0),
-                              sink=row["sink"] == "on", values=vs)
+                              sink=row["sink"] == "on", values=vs,
+                              descales=DESCALES[row.get("descale", "off")])
     mod_varlen = form in MOD_FORMS and row["seqlen"] in VARLEN_SEQLENS
     if form in ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") or is_paged(form) or mod_varlen:
         if row["seqlen"] == "zero" and "zero" in space.lengths:

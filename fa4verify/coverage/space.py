@@ -27,7 +27,11 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
 * ``softcap``, ``sink``: ``off`` / ``on``;
 * ``det``: ``on`` / ``off``: the backward's ``deterministic`` flag;
 * ``values``: the value distribution (``normal``, ``outliers``, ``negative_scores``,
-  ``peaked_rescale``, ``tiny``, ``edges``: Note [Edge values]).
+  ``peaked_rescale``, ``tiny``, ``edges``: Note [Edge values]);
+* ``descale`` (fp8 spaces only): which fp8 descales the call passes (:data:`DESCALES`: none, all
+  three, ``k_descale`` alone, ``v_descale`` alone; Note [FP8 descales]). An fp8 space runs the
+  forward only (FA4 has no fp8 backward): its ``det`` dimension holds ``on`` alone, and it has no
+  score_mod or mod-pair forms (the adapter does not route a score_mod or aux tensors with fp8).
 
 ``pass`` (``fwd`` / ``bwd``) is not chosen: a row runs the backward wherever FA4 has one for it
 (:meth:`FeatureSpace.passes`), so a row covers its tuples for every pass it runs.
@@ -44,7 +48,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from fa4verify.kernels import facts
 
-__all__ = ["DIMENSIONS", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
+__all__ = ["DIMENSIONS", "DESCALES", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
            "PASSES", "PLAN_DISTRIBUTIONS", "BLOCK_FORMS", "MOD_FORMS", "VARLEN_SEQLENS"]
 
 FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "seqused_q", "paged_small", "paged_tile",
@@ -58,7 +62,11 @@ PASSES: tuple[str, ...] = ("fwd", "bwd")
 #: is first-order only: its dQ/dK/dV are undecided there, error_budgets/DERIVATIONS.md)
 PLAN_DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", "peaked_rescale", "tiny", "edges")
 
-DIMENSIONS: tuple[str, ...] = ("form", "mask", "hd", "gqa", "seqlen", "softcap", "sink", "det", "values")
+#: fp8 descale values: the call's ``q/k/v_descale`` (value -> the inputs that carry one)
+DESCALES: dict[str, tuple[str, ...]] = {"off": (), "qkv": ("q", "k", "v"), "k": ("k",), "v": ("v",)}
+
+DIMENSIONS: tuple[str, ...] = ("form", "mask", "hd", "gqa", "seqlen", "softcap", "sink", "det", "values",
+                               "descale")
 
 _PAGED = ("paged_small", "paged_tile")
 _KV_FORMS = ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") + _PAGED   # varlen problems (zero lengths)
@@ -164,6 +172,9 @@ class FeatureSpace:
         if g("softcap") not in (None, "off"):
             row = dict(row, softcap="on")
             g = row.get
+        if g("descale") not in (None, "off") and g("softcap") == "on":
+            return ("fa4verify does not judge softcap with fp8 descales yet (FA4 folds the descales into the "
+                    "softcap score_mod's scale: two fp32 roundings its softcap budget does not count)")
         if form in _KEEP_FORMS and mask not in (None, "none"):
             return f"{form}: FA4 drops causal/window with a block mask or mask_mod (write them into the mask)"
         if form == "score_mod":
@@ -288,6 +299,9 @@ class FeatureSpace:
         """Why FA4 runs no backward for a (partial) row, as far as its form (and head dim) tell;
         None where it may."""
         form, hd, gqa = row.get("form"), row.get("hd"), row.get("gqa")
+        if self.dtype == "fp8":
+            from fa4verify.targets import FP8_NO_BACKWARD
+            return FP8_NO_BACKWARD
         if form is not None:
             why = self._form_bwd(form) if hd is None else self._bwd(form, hd)
             if why is not None:
@@ -388,6 +402,19 @@ def space_for(arch: str, dtype: str, *, forms: Optional[Sequence[str]] = None, d
     if not facts.varlen_block_sparsity():
         vals["form"] = tuple(f for f in vals["form"] if f != "block_sparse_varlen")
         notes["form"] = "this FA4 release takes no block sparsity on a varlen call (no cu_total_m_blocks)"
+    if dtype == "fp8":     # forward only, no mod pairs (the adapter routes no score_mod / aux with fp8)
+        from fa4verify.kernels.features import cell
+        fp8 = cell("fp8", "sm90" if arch == "sm90" else "sm100", "fwd")
+        if fp8.status != "supported" or arch not in ("sm100", "sm103"):
+            vals["hd"], hd = (), {}
+            notes["hd"] = f"FA4 runs fp8 on SM 10.x only, not {arch} (interface.py asserts 'FP8 is only supported on SM100')"
+        score_pairs, mask_pairs = (), tuple(n for n in mask_pairs if n.startswith("fn:"))
+        mask_pairs_bwd = ()
+        vals["form"] = tuple(f for f in vals["form"] if f not in ("score_mod", "block_sparse_mod")
+                             and (f != "mask_mod" or mask_pairs))
+        vals["det"] = ("on",)
+        vals["descale"] = tuple(DESCALES)
+        notes["det"] = "fp8: FA4 runs the forward only"
     sp = FeatureSpace(arch, dtype, vals, hd, tuple(score_pairs), tuple(mask_pairs), tuple(mask_pairs_bwd))
     if notes:
         sp = dataclasses.replace(sp, notes=dict(sp.notes, **notes))

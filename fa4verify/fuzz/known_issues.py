@@ -25,7 +25,7 @@ class KnownIssue:
 
 def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag: bool = True) -> np.ndarray:
     """Boolean (token, head) array: rows whose sink exceeds the largest visible logit by >= 126
-    log2 units, where ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold overflows fp32.
+    log2 units (less FA4's ``max_offset``, 8 for fp8 on SM100), where ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold overflows fp32.
     FA4's ``row_max`` there is its running max, which SM100's lazy rescale leaves up to the
     rescale threshold below the largest logit (``facts.kernel_constants``: 8 log2 units for 16-bit
     inputs, 0 on SM90 and on the dedicated SM100 hd-256 forward of 4.0.0b20..b33): the band is widened by that lag (found by the
@@ -35,9 +35,13 @@ def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag:
     rows = np.zeros((tq, problem.nheads), bool)
     if not problem.sink:
         return rows
+    from fa4verify.judge.attention import effective_inputs
     from fa4verify.kernels import facts
-    band = 126.0 - (facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
-                                           bool(problem.causal), problem.local).rescale_threshold if lag else 0.0)
+    kc = facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
+                                bool(problem.causal), problem.local)
+    # the fold adds max_offset (fp8 on SM100: 8) to the exponent: that much less gap overflows
+    band = 126.0 - float(kc.max_offset) - (kc.rescale_threshold if lag else 0.0)
+    a = effective_inputs(problem, a)       # Note [FP8 descales]: the logits of the descaled inputs
     sink = np.asarray(a["learnable_sink"], np.float64)
     q = np.asarray(a["q"], np.float64)
     k = np.asarray(a["k"], np.float64)

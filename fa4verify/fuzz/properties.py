@@ -90,8 +90,8 @@ PROPERTIES: tuple[str, ...] = ("runs", "fwd_budget", "bwd_budget", "finite", "ma
                                "batch_invariance", "gqa_repeat", "deterministic_bwd", "paged_kv_bitwise",
                                "edge_sensitive", "bwd_stages")
 
-#: Largest finite value of the stored output formats.
-_FMT_MAX = {"bf16": 3.3895313892515355e38, "fp16": 65504.0}
+#: Largest finite value of the stored output format of each input dtype (fp8 inputs: bf16 output).
+_FMT_MAX = {"bf16": 3.3895313892515355e38, "fp16": 65504.0, "fp8": 3.3895313892515355e38}
 
 
 # ============================================================================ oracle + budget

@@ -28,7 +28,7 @@ from fa4verify.judge.verdict import Verdict, compare
 
 __all__ = ["Reference", "ForwardJudgement", "BackwardJudgement", "dense_problem", "arrays_from",
            "oracle_forward", "oracle_backward", "forward_allowances", "judge_forward",
-           "judge_backward", "load_budgets", "as_input_dtype"]
+           "judge_backward", "load_budgets", "as_input_dtype", "effective_inputs"]
 
 
 def load_budgets(dtype: str, arch: str, budgets: Any = None):
@@ -75,6 +75,28 @@ def arrays_from(q, k, v, dout=None, learnable_sink=None, mask=None, cu_seqlens_q
     f = (lambda x: None if x is None else np.asarray(x, np.float64))
     return {"q": f(q), "k": f(k), "v": f(v), "dout": f(dout), "learnable_sink": f(learnable_sink),
             "mask": mask, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+
+
+def effective_inputs(problem: AttentionProblem, a: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The arrays the problem's function reads: with :attr:`AttentionProblem.descales`, q, k and v
+    descaled exactly in float64 (Note [FP8 descales]; marked ``"descaled"`` so a second call is
+    the identity); otherwise ``a`` itself."""
+    if not problem.descales or a.get("descaled"):
+        return a
+    from fa4verify.oracles import descale
+    d = descale.descaled(a["q"], a["k"], a["v"], q_descale=a.get("q_descale"), k_descale=a.get("k_descale"),
+                         v_descale=a.get("v_descale"),
+                         cu_seqlens_q=a.get("cu_seqlens_q") if problem.varlen else None,
+                         cu_seqlens_k=a.get("cu_seqlens_k") if problem.varlen else None)
+    return dict(a, q=d["q"], k=d["k"], v=d["v"], descaled=True)
+
+
+def _inputs(problem: AttentionProblem, a: Mapping[str, Any], *names: str) -> list:
+    """The named arrays as the oracle reads them: in the input dtype (its format checks), or the
+    exact float64 descaled values (Note [FP8 descales])."""
+    if a.get("descaled"):
+        return [np.asarray(a[n], np.float64) for n in names]
+    return [as_input_dtype(a[n], problem.dtype) for n in names]
 
 
 def oracle_window(problem: AttentionProblem) -> tuple[bool, tuple]:
@@ -165,17 +187,17 @@ def _keep_pattern(problem: AttentionProblem) -> bool:
 
 def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
     from fa4verify.oracles import attention as orc
+    a = effective_inputs(problem, a)
     if _keep_pattern(problem):
         from fa4verify.judge import keep_pattern
         return keep_pattern.oracle_forward(problem, a)
-    dt = problem.dtype
     if problem.mods:
         from fa4verify.oracles import mods as om
         kw = _mod_callables(problem, a)
         kw.pop("grad", None)
         kw.pop("curvature", None)
-        return om.forward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt), **kw)
-    return orc.forward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt), **_oracle_kwargs(problem, a))
+        return om.forward(*_inputs(problem, a, "q", "k", "v"), **kw)
+    return orc.forward(*_inputs(problem, a, "q", "k", "v"), **_oracle_kwargs(problem, a))
 
 
 def oracle_backward(problem: AttentionProblem, a: Mapping[str, Any], dlse: Any = None):
@@ -239,6 +261,7 @@ def forward_allowances(problem: AttentionProblem, a: Mapping[str, Any], *, budge
                        oracle: Any = None) -> tuple[Reference, Reference, BudgetStats, Any]:
     """(out reference, lse reference, statistics, oracle forward) of a problem."""
     bs = load_budgets(problem.dtype, problem.arch, budgets)
+    a = effective_inputs(problem, a)
     ofwd = oracle if oracle is not None else oracle_forward(problem, a)
     with np.errstate(invalid="ignore", over="ignore"):
         st = BudgetStats(problem, a, ofwd, bs)

@@ -62,8 +62,8 @@ def _blocks(problem, seq: int, lq: int, lk: int, keeps: list) -> tuple[np.ndarra
 def rewrite(problem) -> dict[str, Any]:
     """Index maps of the varlen rewrite into the token view (:func:`view`): ``q_index`` (total_q,
     2) = (batch, row) and ``k_index`` (total_k, 2) = (batch, key) of each packed token;
-    ``seqlens_q/k``."""
-    qi, ki, lq, lk, keeps = [], [], [], [], []
+    ``seqlens_q/k``; ``seq``: the problem's sequence (batch entry) of each rewritten sequence."""
+    qi, ki, lq, lk, keeps, seq = [], [], [], [], [], []
     for s, (q0, sq, k0, sk) in enumerate(problem._seq_bounds()):
         b = 0 if problem.varlen else s
         bm, (bq, bk) = _blocks(problem, s, sq, sk, keeps)
@@ -75,23 +75,26 @@ def rewrite(problem) -> dict[str, Any]:
             ki.append(np.stack([np.full(len(keys), b), keys], axis=1).reshape(-1, 2))
             lq.append(len(rows))
             lk.append(len(keys))
+            seq.append(s)
     if not qi:
         z = np.zeros((0, 2), np.int64)
-        return {"q_index": z, "k_index": z, "seqlens_q": (), "seqlens_k": ()}
+        return {"q_index": z, "k_index": z, "seqlens_q": (), "seqlens_k": (), "seq": ()}
     return {"q_index": np.concatenate(qi).astype(np.int64), "k_index": np.concatenate(ki).astype(np.int64),
-            "seqlens_q": tuple(lq), "seqlens_k": tuple(lk)}
+            "seqlens_q": tuple(lq), "seqlens_k": tuple(lk), "seq": tuple(seq)}
 
 
 def _packed(problem, a: Mapping[str, Any], rw: Mapping[str, Any]):
-    from fa4verify.judge.attention import as_input_dtype
-    dt = problem.dtype
+    from fa4verify.judge.attention import as_input_dtype, effective_inputs
+    a = effective_inputs(problem, a)       # Note [FP8 descales]: the descaled values, exact in float64
+    cast = ((lambda x: np.asarray(x, np.float64)) if a.get("descaled")
+            else (lambda x: as_input_dtype(x, problem.dtype)))
     qb, qr = rw["q_index"].T
     kb, kr = rw["k_index"].T
     cq = np.concatenate([[0], np.cumsum(rw["seqlens_q"])]).astype(np.int32)
     ck = np.concatenate([[0], np.cumsum(rw["seqlens_k"])]).astype(np.int32)
-    q = as_input_dtype(view(problem, a["q"])[qb, qr], dt)
-    k = as_input_dtype(view(problem, a["k"])[kb, kr], dt)
-    v = as_input_dtype(view(problem, a["v"])[kb, kr], dt)
+    q = cast(view(problem, a["q"])[qb, qr])
+    k = cast(view(problem, a["k"])[kb, kr])
+    v = cast(view(problem, a["v"])[kb, kr])
     kw = {"softmax_scale": problem.softmax_scale, "softcap": float(problem.softcap),
           "learnable_sink": a.get("learnable_sink") if problem.sink else None,
           "cu_seqlens_q": cq, "cu_seqlens_k": ck}

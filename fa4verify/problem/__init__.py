@@ -26,7 +26,8 @@ import numpy as np
 from fa4verify.kernels import facts as _facts
 from fa4verify.problem.calls import CALL_FEATURES, MOD_FEATURE, CallForm
 from fa4verify.problem.masks import MaskMod, Window, resolve_window, window_keep_mask
-from fa4verify.problem.values import DISTRIBUTIONS, ValueSpec, generate_values, round_to_dtype
+from fa4verify.problem.values import (DESCALE_INPUTS, DISTRIBUTIONS, INPUT_LIMIT, ValueSpec, generate_descales,
+                                      generate_values, round_to_dtype)
 
 __all__ = ["AttentionProblem", "PROBLEM_FORMAT", "FEATURES", "CALL_FEATURES", "MOD_FEATURE", "CallForm",
            "MaskMod", "Window", "ValueSpec", "DISTRIBUTIONS", "head_dims_supported", "resolve_window",
@@ -64,7 +65,8 @@ class AttentionProblem:
 
     Fields (all plain Python values, so a problem hashes, compares and round-trips JSON):
 
-    * ``arch``: "sm90" | "sm100"; ``dtype``: "bf16" | "fp16" (q, k, v, dout are exact in it).
+    * ``arch``: "sm90" | "sm100"; ``dtype``: "bf16" | "fp16" | "fp8" (e4m3fn; q, k, v, dout are
+      exact in it).
     * ``batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim_v``. For varlen problems
       ``seqlen_q``/``seqlen_k`` are the maxima of ``seqlens_q``/``seqlens_k`` and ``batch`` their length.
     * ``causal``, ``window_size=(left, right)`` (FA4 semantics, :mod:`fa4verify.problem.masks`).
@@ -78,6 +80,22 @@ class AttentionProblem:
       seqused_k, block sparsity, a CuTe mask_mod), or None for the plain call; it never changes
       what the problem computes beyond the keep-mask it adds (Note [Call forms keep the
       problem's meaning]).
+    * ``descales``: which of q, k, v carry an fp32 descale factor per (batch entry, KV head)
+      (fp8 problems only: FA4's ``q_descale`` / ``k_descale`` / ``v_descale``); the problem
+      computes attention on the descaled inputs (Note [FP8 descales]).
+
+    Note [FP8 descales]
+    -------------------
+    FA4 (SM 10.x, ``interface._flash_attn_fwd``) takes fp32 (batch, nheads_kv) descales with fp8
+    inputs and computes attention on ``q_descale q``, ``k_descale k``, ``v_descale v`` (the
+    factor of a query head is its KV head's; ``flash_attn.cute.testing.attention_ref`` likewise).
+    The problem's arrays hold the fp8 values and the factors (:meth:`materialize`); the judge
+    reads the descaled inputs, exact in float64 (:func:`fa4verify.oracles.descale.descaled`:
+    4 + 24 significand bits), so the oracle and the budget statistics see the real-number
+    function. The kernel folds ``q_descale * k_descale`` into its exponent scale and
+    ``v_descale`` into the normaliser, three more fp32 roundings, which the budgets count
+    (``n_c`` and ``o_scale_roundings`` in ``error_budgets/fp8_*.toml``,
+    DERIVATIONS.md#fp8-descale).
     """
 
     arch: str
@@ -103,6 +121,7 @@ class AttentionProblem:
     #: seed of the pairs' aux-tensor factories (callers may pass real aux data: ``arrays["mod_aux"]``)
     mod_seed: int = 0
     call: Optional[CallForm] = None
+    descales: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # the one problem type of fa4verify: every arch and dtype FA4 has (the strategies draw
@@ -159,6 +178,16 @@ class AttentionProblem:
                     raise ValueError(f"mod pair {p_.name!r} needs seqlen_q == seqlen_k (every sequence)")
         if self.call is not None:
             self.call.validate(self)
+        object.__setattr__(self, "descales", tuple(self.descales))
+        if self.descales:
+            if self.dtype != "fp8":
+                raise ValueError("descales take fp8 inputs (FA4 asserts 'q_descale/k_descale/v_descale are only "
+                                 "supported for FP8 inputs')")
+            if tuple(n for n in DESCALE_INPUTS if n in self.descales) != self.descales:
+                raise ValueError(f"descales={self.descales!r}: a subset of {DESCALE_INPUTS}, in that order")
+        if self.dtype == "fp8" and self.mods:
+            raise ValueError("mod pairs on fp8 inputs are not judged (FA4 folds the descales into a score_mod's "
+                             "scale; fa4verify's adapter does not route them)")
 
     # ------------------------------------------------------------------ derived facts
     @property
@@ -195,7 +224,8 @@ class AttentionProblem:
                 "tile_edge": any(x % 64 in (0, 1, 63) for x in (self.seqlen_q, self.seqlen_k)),
                 "zero_length": bool(self.varlen and 0 in (self.seqlens_q + self.seqlens_k)),
                 **(self.call.labels() if self.call is not None else {}),
-                "block_sparse_varlen": bool(self.varlen and self.call is not None and self.call.block_size is not None)}
+                "block_sparse_varlen": bool(self.varlen and self.call is not None and self.call.block_size is not None),
+                **({"descales": "".join(self.descales)} if self.descales else {})}
 
     def describe(self) -> str:
         """One-line human summary."""
@@ -220,6 +250,8 @@ class AttentionProblem:
             parts.append("mods=" + "+".join(self.mods) + (f"#{self.mod_seed}" if self.mod_seed else ""))
         if self.call is not None:
             parts.append(self.call.describe())
+        if self.descales:
+            parts.append("descale=" + "".join(self.descales))
         parts.append(f"values={self.values.distribution}#{self.values.seed}")
         return " ".join(parts)
 
@@ -308,8 +340,10 @@ class AttentionProblem:
 
         Returns a dict with ``q, k, v, dout`` (float32 holding exact ``dtype`` values, FA4 layout),
         ``learnable_sink`` (float32 ``(nheads,)``, bf16-exact, or None), ``cu_seqlens_q`` /
-        ``cu_seqlens_k`` (int32 ``(batch + 1,)`` or None) and ``mask`` (bool ``(batch, seqlen_q,
-        seqlen_k)`` keep-mask when the problem has a mask_mod, else None).
+        ``cu_seqlens_k`` (int32 ``(batch + 1,)`` or None), ``mask`` (bool ``(batch, seqlen_q,
+        seqlen_k)`` keep-mask when the problem has a mask_mod, else None) and ``q_descale`` /
+        ``k_descale`` / ``v_descale`` (float32 ``(batch, nheads_kv)`` for the inputs in
+        :attr:`descales`, else None).
         """
         sh = self.shapes()
         if self.varlen:
@@ -323,7 +357,7 @@ class AttentionProblem:
             from fa4verify.problem.edges import plant_edges
             planted = plant_edges(self, {"q": arrs["q"].astype(np.float64), "k": arrs["k"].astype(np.float64)},
                                   score=self.values.param("score", 6.0), seed=self.values.seed)
-            lim = 16384.0 if self.dtype == "fp16" else 1e30
+            lim = INPUT_LIMIT[self.dtype]
             for n in ("q", "k"):
                 arrs[n] = round_to_dtype(np.clip(planted[n], -lim, lim).astype(np.float32), self.dtype)
             arrs["edges"] = planted["edges"]
@@ -337,6 +371,7 @@ class AttentionProblem:
         arrs["mask"] = None
         if self.mask_mod is not None:
             arrs["mask"] = np.stack(self.keep_masks())
+        arrs.update(generate_descales(self.values.seed, self.batch, self.nheads_kv, self.descales))
         return arrs
 
     def kwargs(self, arrays: Optional[dict] = None) -> dict[str, Any]:
@@ -365,7 +400,8 @@ class AttentionProblem:
                 "values": self.values.to_dict(),
                 **({"mods": list(self.mods), "mod_seed": self.mod_seed} if self.mods else {}),
                 # only when set: the JSON (and digest) of a plain problem is unchanged
-                **({"call": self.call.to_dict()} if self.call is not None else {})}
+                **({"call": self.call.to_dict()} if self.call is not None else {}),
+                **({"descales": list(self.descales)} if self.descales else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "AttentionProblem":
@@ -383,7 +419,8 @@ class AttentionProblem:
                    mask_mod=MaskMod.from_dict(d["mask_mod"]) if d.get("mask_mod") else None,
                    values=ValueSpec.from_dict(d.get("values", {"distribution": "normal", "seed": 0})),
                    mods=tuple(d.get("mods") or ()), mod_seed=int(d.get("mod_seed", 0)),
-                   call=CallForm.from_dict(d["call"]) if d.get("call") else None)
+                   call=CallForm.from_dict(d["call"]) if d.get("call") else None,
+                   descales=tuple(d.get("descales") or ()))
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, **kw)

@@ -7,9 +7,16 @@ shrinks toward ``distribution="normal"``, seed 0 and the first listed parameter 
 through megabytes of array data.
 
 Every generated value is exactly representable in the problem dtype: fp32 draws are rounded
-with :func:`fa4verify.oracles.binary32.to_bf16` or :func:`fa4verify.oracles.binary32.to_fp16` (RNE) and returned
-widened to float32. The distributions never produce NaN or infinity; fp16 magnitudes are kept
-below 2^14 (fp16 max is 65504) so that the inputs themselves never overflow.
+with :func:`fa4verify.oracles.binary32.to_bf16`, :func:`~fa4verify.oracles.binary32.to_fp16` or
+:func:`~fa4verify.oracles.binary32.to_fp8_e4m3fn` (RNE) and returned widened to float32. The
+distributions never produce NaN or infinity; magnitudes are kept below :data:`INPUT_LIMIT` (fp16:
+2^14, fp16 max is 65504; fp8 e4m3fn: 448, its largest finite value) so that the inputs themselves
+never overflow.
+
+FP8 descales (``AttentionProblem.descales``): :func:`generate_descales` draws one fp32 factor per
+(batch entry, KV head) for each named input, log-uniform in [2^-2, 2^2] with a full 24-bit
+significand (so FA4's fp32 products of them round), from a generator of its own (the other
+arrays' draws do not move).
 
 Distributions (``ValueSpec.distribution``), ``n`` = standard normal:
 
@@ -78,14 +85,36 @@ class ValueSpec:
 
 
 def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
-    """RNE of float32 ``x`` to ``dtype`` ("bf16" or "fp16"), returned as float32 (exact)."""
+    """RNE of float32 ``x`` to ``dtype`` ("bf16", "fp16" or "fp8": e4m3fn, saturating to +-448 as
+    FA4's own casts do), returned as float32 (exact)."""
     x = np.asarray(x, dtype=np.float32)
     if dtype == "bf16":
         return binary32.to_bf16(x).reshape(x.shape)
     if dtype == "fp16":
         return binary32.to_fp16(x).reshape(x.shape)
-    raise ValueError(f"dtype={dtype!r} must be 'bf16' or 'fp16'")
+    if dtype == "fp8":
+        return binary32.to_fp8_e4m3fn(x).reshape(x.shape)
+    raise ValueError(f"dtype={dtype!r} must be 'bf16', 'fp16' or 'fp8'")
 
+
+#: the largest input magnitude a dtype's generated values keep (fp16: below 2^14 so sums of a few
+#: inputs stay finite; fp8 e4m3fn: its largest finite value)
+INPUT_LIMIT = {"bf16": 1e30, "fp16": 16384.0, "fp8": 448.0}
+
+
+
+DESCALE_INPUTS: tuple[str, ...] = ("q", "k", "v")
+
+
+def generate_descales(seed: int, batch: int, nheads_kv: int, which) -> dict[str, Optional[np.ndarray]]:
+    """``{"q_descale", "k_descale", "v_descale"}``: float32 (batch, nheads_kv) factors for the
+    inputs named in ``which`` (a subset of :data:`DESCALE_INPUTS`), None for the others."""
+    rng = np.random.default_rng([int(seed), 0xDE5CA1E])
+    out: dict[str, Optional[np.ndarray]] = {}
+    for name in DESCALE_INPUTS:
+        f = np.exp2(rng.uniform(-2.0, 2.0, (batch, nheads_kv))).astype(np.float32)   # drawn always
+        out[f"{name}_descale"] = f if name in which else None
+    return out
 
 
 def _unit(rng: np.random.Generator, d: int) -> np.ndarray:
@@ -143,7 +172,7 @@ def generate_values(spec: ValueSpec, *, dtype: str, q_shape: tuple[int, ...], k_
     if with_sink:
         sink = binary32.to_bf16(np.float32(spec.param("sink_shift", 0.0) + spec.param("sink_scale", 1.0) * z)
                                 ).reshape(nheads)
-    lim = 16384.0 if dtype == "fp16" else 1e30
+    lim = INPUT_LIMIT[dtype]
     out = {}
     for name, arr in (("q", q), ("k", k), ("v", v), ("dout", dout)):
         out[name] = round_to_dtype(np.clip(arr, -lim, lim).astype(np.float32), dtype)

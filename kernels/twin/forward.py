@@ -68,7 +68,8 @@ Possible issues
 ---------------
 * Varlen (``cu_seqlens_*``) runs each sequence as its own batch (FA4's tiles never cross
   sequences; ``varlen_q`` selects FA4's varlen emulation setting); ``seqused_*``, split-KV,
-  paged KV, score_mod/mask_mod and q/k/v descales are not modelled.  pack_gqa only changes the
+  paged KV and score_mod/mask_mod are not modelled; q/k/v descales are, on the SM 10.x kernel
+  without softcap (Note [FP8 descales] in ``fa4verify/problem/__init__.py``).  pack_gqa only changes the
   emulated-column set.
 * SM90 per-thread row-sum order assumes ``TensorSSA.reduce(ADD)`` lowers to a sequential
   reduction in register order (not confirmed in SASS); budgets use the worst-case depth.
@@ -106,6 +107,7 @@ FWD_MUTATIONS: tuple[str, ...] = (
     "poly_degree_2", "poly_coeff_ulp", "p_cast_rz", "rescale_skipped", "fp8_old_threshold",
     "nan_to_zero_emulated", "causal_top_left", "causal_off_by_one", "tail_tile_dropped",
     "row_sum_rounded_p", "rcp_low_precision", "recip_bias_2m9",
+    "qk_descale_query_head", "v_descale_dropped",
 )
 MUFU_MODES: tuple[str, ...] = ("correctly-rounded", "perturbed")
 
@@ -290,7 +292,8 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             mufu: str = "correctly-rounded", seed: int = 0, pack_gqa: bool | None = None,
             use_2cta: bool | None = None, emulated_columns=None,
             stage_probe: Callable[[StageSample], None] | None = None,
-            cu_seqlens_q=None, cu_seqlens_k=None, _varlen_q: bool = False, mla: bool = False) -> TwinForwardResult:
+            cu_seqlens_q=None, cu_seqlens_k=None, _varlen_q: bool = False, mla: bool = False,
+            q_descale=None, k_descale=None, v_descale=None) -> TwinForwardResult:
     """CPU twin of FA4's forward ("CPU twin"; see the module docstring for what is modelled).
 
     ``q`` (b, sq, hq, d), ``k``/``v`` (b, sk, hk, d/dv): torch tensors or numpy arrays of
@@ -308,7 +311,10 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     FA4's MLA kernels (:func:`fa4verify.kernels.facts.mla_fwd_constants`: MUFU exp2 only, no
     ``max_offset``, the lazy-rescale threshold; at head dim 576 the standard SM100 model's own) on
     the standard SM100 pipeline: a stand-in for the MLA kernels' arithmetic, not their 2-CTA
-    row-sum order.  ``stage_probe(StageSample)`` is called
+    row-sum order.  ``q_descale`` / ``k_descale`` / ``v_descale``: fp32 (b, hk) factors of fp8
+    inputs (FA4's ``_load_effective_descales``): the exponent scale of KV head ``hk`` is
+    ``RN(c RN(qd kd))`` and the normaliser ``RN(rcp(l) vd)`` (not with softcap, MLA or the
+    dedicated hd-256 kernel).  ``stage_probe(StageSample)`` is called
     for every stage application with the as-FA4 value, the exact value from the same inputs and
     the budget statistics.
 
@@ -324,7 +330,8 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             softcap=softcap, learnable_sink=learnable_sink, exact_stages=exact_stages,
             mutations=mutations, dtype=dtype, accumulation=accumulation, mufu=mufu, seed=seed,
             pack_gqa=pack_gqa, use_2cta=use_2cta, emulated_columns=emulated_columns,
-            stage_probe=stage_probe, mla=mla))
+            stage_probe=stage_probe, mla=mla, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale))
     exact = frozenset(exact_stages)
     muts = frozenset(mutations)
     bad = exact - set(FWD_STAGES)
@@ -371,6 +378,23 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
         c = b32.mul(np.array(scale32, F32), np.array(F32(LOG2_E), F32))[()]
     c = F32(c)
     c_true = float(scale32) * LOG2_E if not has_softcap else LOG2_E
+    c_base = c
+    descales = (q_descale, k_descale, v_descale)
+    vd_rows = None
+    if any(t is not None for t in descales):
+        if dt != "fp8":
+            raise ValueError("q/k/v descales take fp8 inputs (FA4 asserts)")
+        if has_softcap or mla:
+            raise ValueError("the twin models descales without softcap and MLA")
+        qk32, vd32 = _descale_factors(descales, qa.shape[0], ka.shape[2])
+        rep_h = qa.shape[2] // ka.shape[2]
+        qk_h = np.repeat(qk32, rep_h, axis=1)[:, :, None]          # (b, hq, 1), fp32
+        if "qk_descale_query_head" in muts:      # the factor of KV head h % hk, not h // group
+            qk_h = qk32[:, np.arange(qa.shape[2]) % ka.shape[2]][:, :, None]
+        # FA4: softmax_scale_log2_eff = RN(c * qk_descale), per (batch, KV head)
+        c = b32.mul(np.broadcast_to(np.asarray(c, F32), qk_h.shape).copy(), qk_h)
+        c_true = c_true * qk_h.astype(F64)
+        vd_rows = np.repeat(vd32, rep_h, axis=1)[:, :, None]        # (b, hq, 1)
 
     # --- kernel variant, tiles, thresholds
     if arch == "sm90" and mla:
@@ -399,6 +423,8 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             kernel, max_offset, threshold = "sm100_mla", float(mc["max_offset"]), float(mc["rescale_threshold"])
             if emulated_columns is None:
                 emulated_columns = ()
+    if vd_rows is not None and kernel != "sm100":
+        raise ValueError(f"descales run on FA4's SM 10.x forward, not the {kernel} kernel model")
     if emulated_columns is None:
         if kernel == "sm90":
             emu = np.zeros(tile_n, bool)
@@ -412,7 +438,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
         emu[np.asarray(list(emulated_columns), int)] = True
     cfg = TwinConfig(arch=arch, kernel=kernel, dtype=dt, out_dtype=out_dtype, tile_m=tile_m,
                      tile_n=tile_n, head_dim=D, head_dim_v=Dv, softmax_scale=float(scale32),
-                     scale_log2=float(c), rescale_threshold=threshold, max_offset=max_offset,
+                     scale_log2=float(c_base), rescale_threshold=threshold, max_offset=max_offset,
                      emulated_columns=tuple(int(i) for i in np.flatnonzero(emu)),
                      causal=bool(is_causal), window_size=(wl, wr),
                      softcap=float(softcap or 0.0), accumulation=accumulation, mufu=mufu,
@@ -593,6 +619,8 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     if probe and "rcp" not in exact:
         probe(StageSample("rcp", np.asarray(r), 1.0 / np.asarray(l_safe, F64),
                           {"rcp_exact": np.abs(1.0 / np.asarray(l_safe, F64))}))
+    if vd_rows is not None and "v_descale_dropped" not in muts:      # FA4: scale = RN(rcp(l) * v_descale)
+        r = r * vd_rows.astype(F64) if "rcp" in exact else b32.mul(np.asarray(r, F32), vd_rows)
     r_b = np.asarray(r)[..., None]
     if "normalize" in exact:
         y = np.asarray(O, F64) * np.asarray(r_b, F64)
@@ -614,13 +642,29 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
               "o_fp32": np.ascontiguousarray(np.swapaxes(np.asarray(y), 1, 2)),
               "p_cast_max": pc_max, "n_rescale": n_rescale,
               "emulated_fraction": (n_emu / n_tot) if n_tot else 0.0,
-              "scale_log2": float(c), "emulated_columns": emu.copy()}
+              "scale_log2": float(c_base), "emulated_columns": emu.copy()}
     return TwinForwardResult(out=np.ascontiguousarray(np.swapaxes(out, 1, 2)), lse=lse,
                              stages=stages, config=cfg)
 
 
 def _store(x):
     return x
+
+
+def _descale_factors(descales, batch: int, nheads_kv: int) -> tuple[np.ndarray, np.ndarray]:
+    """FA4's ``_load_effective_descales``: ``(RN(RN(1 * qd) * kd), vd)`` as fp32 (batch,
+    nheads_kv) arrays, a missing descale 1.0."""
+    out = []
+    for t, name in zip(descales, ("q_descale", "k_descale", "v_descale")):
+        if t is None:
+            out.append(np.ones((batch, nheads_kv), F32))
+            continue
+        a = np.asarray(infer_dtype(t)[0], F64)
+        if a.shape != (batch, nheads_kv) or not np.all(np.isfinite(a)) or np.any(a != a.astype(F32)):
+            raise ValueError(f"{name}: expected finite fp32 values of shape ({batch}, {nheads_kv}), "
+                             f"got {a.shape}")
+        out.append(a.astype(F32))
+    return b32.mul(out[0], out[1]), out[2]
 
 
 def _forward_varlen(q, k, v, cu_q, cu_k, kw) -> TwinForwardResult:
@@ -655,7 +699,9 @@ def _forward_varlen(q, k, v, cu_q, cu_k, kw) -> TwinForwardResult:
                 s_arr = np.asarray(infer_dtype(kw["learnable_sink"])[0], F32).reshape(H, 1)
                 lse[:, a:b_] = s_arr
             continue
-        r = forward(qa[None, a:b_], ka[None, c0:c1], va[None, c0:c1], _varlen_q=True, **kw)
+        kw_i = {n: (None if kw.get(n) is None else np.asarray(infer_dtype(kw[n])[0])[i:i + 1])
+                for n in ("q_descale", "k_descale", "v_descale")}      # sequence i's (1, hk) factors
+        r = forward(qa[None, a:b_], ka[None, c0:c1], va[None, c0:c1], _varlen_q=True, **{**kw, **kw_i})
         if r.out.dtype != out.dtype:
             out = out.astype(r.out.dtype)
         if r.lse.dtype != lse.dtype:
@@ -666,7 +712,8 @@ def _forward_varlen(q, k, v, cu_q, cu_k, kw) -> TwinForwardResult:
         cfg = r.config
     if cfg is None:
         cfg = forward(np.zeros((1, 1, H, qa.shape[-1]), F32), np.zeros((1, 1, ka.shape[1], ka.shape[-1]), F32),
-                      np.zeros((1, 1, va.shape[1], Dv), F32), **kw).config
+                      np.zeros((1, 1, va.shape[1], Dv), F32),
+                      **{**kw, "q_descale": None, "k_descale": None, "v_descale": None}).config
     return TwinForwardResult(out=out, lse=lse, stages=stages, config=cfg)
 
 
@@ -726,8 +773,10 @@ def _exp_arg(kernel, S, m_safe, c, c_true, max_offset, exact: bool, probe):
     """SM100: x = fma(S, c, max_offset - m*c); SM90/hd256: x = fma(S, c, -(m*c))."""
     S64 = np.asarray(S, F64)
     ms64 = np.asarray(m_safe, F64)[..., None]
+    c_col = np.asarray(c)[..., None] if np.ndim(c) else np.array(c)       # per (b, h) with descales
+    ct_col = np.asarray(c_true)[..., None] if np.ndim(c_true) else c_true
     with np.errstate(invalid="ignore", over="ignore"):
-        ex = S64 * c_true - ms64 * c_true + max_offset
+        ex = S64 * ct_col - ms64 * ct_col + max_offset
     if exact:
         return ex
     mc = _mul(np.asarray(m_safe), np.array(c))
@@ -735,11 +784,11 @@ def _exp_arg(kernel, S, m_safe, c, c_true, max_offset, exact: bool, probe):
         bias = _sub(np.array(F32(max_offset)), mc)
     else:
         bias = -mc
-    x = _fma(S, np.array(c), np.asarray(bias)[..., None])
+    x = _fma(S, c_col, np.asarray(bias)[..., None])
     if probe:
         fin = np.isfinite(ex)
         probe(StageSample("exp_arg", x, ex,
-                          {"abs_sc": np.abs(S64 * c_true), "abs_mc": np.abs(ms64 * c_true),
+                          {"abs_sc": np.abs(S64 * ct_col), "abs_mc": np.abs(ms64 * ct_col),
                            "abs_x": np.abs(ex), "max_offset": float(max_offset)}, where=fin))
     return x
 
