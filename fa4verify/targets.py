@@ -941,7 +941,7 @@ def mla_grads(problem: AttentionProblem, bwd: "Bwd") -> "Bwd":
 
 
 #: FA4 runs fp8 inputs forward only
-FP8_NO_BACKWARD = "FA4 has no fp8 backward (interface.py: 'FA4 CuTe FP8 backward is not supported yet (forward-only).')"
+FP8_NO_BACKWARD = "FA4 has no fp8 backward (interface.py raises 'FA4 CuTe FP8 backward is not supported yet')"
 
 
 def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:

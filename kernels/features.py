@@ -220,6 +220,19 @@ def sm90_bwd_does_not_build(head_dim: int, head_dim_v: int, causal: bool, local:
     return head_dim == head_dim_v and head_dim in (104, 112) and not (causal or local)
 
 
+def sm100_fp8_fwd_does_not_build(head_dim: int, head_dim_v: Optional[int] = None) -> bool:
+    """Finding (compile-only for sm_100a on a CPU, FA4 4.0.0b36, 2026-12-05): FA4's SM 10.x forward
+    of fp8 inputs does not compile at head dims 48, 80 and 112 (``MLIRError: failed to partition
+    input '(128,80)' with tiled_mma`` in ``make_smem_layout_a`` of Q), though its interface accepts
+    them (fp8 needs head dims that are multiples of 16); 16, 32, 64, 96, 128, (192, 128) and 256
+    compile. The kernel pads the head dim to a multiple of 16 (``flash_fwd_sm100.py``
+    ``hdim_multiple_of = 16``) while its 8-bit MMA takes K in steps of 32: the padded dims 48, 80
+    and 112 (so every head dim that pads to them: 33..48, 65..80, 97..112) are refused by the
+    layout. Measured at 48, 80 and 112; the others pad to the same kernels."""
+    padded = -(-int(head_dim) // 16) * 16
+    return padded > 16 and padded % 32 == 16
+
+
 def sm90_sparse_bwd_does_not_build(head_dim: int, head_dim_v: Optional[int] = None) -> bool:
     """Finding (compile-only, docs/results/features/README.md): FA4 4.0.0b36's SM90 backward under
     block sparsity cannot be built for head dims in (192, 256) that are not a multiple of 64.

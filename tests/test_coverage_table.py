@@ -15,8 +15,9 @@ def test_readme_coverage_block_is_current(capsys):
 
 def test_block_states_rows_and_full_coverage_per_arch():
     text = table.render()
-    for arch in ("sm90", "sm100"):
-        row = next(line for line in text.splitlines() if line.startswith(f"| {arch} |"))
+    assert table.PLANS == (("sm90", "bf16"), ("sm100", "bf16"), ("sm100", "fp8"))
+    for arch, dtype in table.PLANS:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {arch}, {dtype} |"))
         covered = row.split("|")[3].strip()
         done, need = covered.split("/")
         assert int(need) > 0 and done == need, row

@@ -136,3 +136,26 @@ def test_the_fp8_space_without_a_descale_value_names_the_hole():
     cov = planner.coverage(sp, pl.rows)
     assert cov["covered"] < cov["supported"]
     assert any("descale=v" in h for h in cov["holes"])
+
+
+def test_fp8_head_dims_that_do_not_build_are_named_and_absorbed_only_there():
+    """The compile-only finding sm100_fp8_fwd_no_build: head dims padding to 48/80/112 (measured at
+    those three), not 16/32/64/96/128/(192, 128)/256 (measured to compile)."""
+    from fa4verify import fuzz
+    from fa4verify.fuzz.violation import Violation
+    from fa4verify.kernels.features import sm100_fp8_fwd_does_not_build
+    assert [h for h in range(8, 129, 8) if sm100_fp8_fwd_does_not_build(h)] == [40, 48, 72, 80, 104, 112]
+    assert not any(sm100_fp8_fwd_does_not_build(h, v) for h, v in ((16, 16), (192, 128), (256, 256)))
+    sp = space_for("sm100", "fp8")
+    why = sp.why_not({"hd": "80"})
+    assert why is not None and "sm100_fp8_fwd_no_build" in why
+    assert sp.why_not({"hd": "64"}) is None
+
+    def prob(hd, dtype="fp8"):
+        return AttentionProblem(arch="sm100", dtype=dtype, batch=1, seqlen_q=64, seqlen_k=64, nheads=1,
+                                nheads_kv=1, head_dim=hd, head_dim_v=hd)
+    v = Violation("runs", "MLIRError: failed to partition `input` '(128,80)' with `tiled_mma` | case: ...")
+    assert fuzz.match_known_issue(prob(80), v, target="production").name == "sm100_fp8_fwd_no_build"
+    for p in (prob(64), prob(80, "bf16")):
+        assert fuzz.match_known_issue(p, v, target="production") is None
+    assert fuzz.match_known_issue(prob(80), Violation("runs", "RuntimeError: CUDA error"), target="production") is None

@@ -164,7 +164,7 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     out.metrics["coverage_holes"] = len(cov["holes"])
     head_line = (f"covered {cov['covered']}/{cov['supported']} supported value pairs and mask x form x pass "
                  f"triples in {len(ran)} of {len(rows)} planned rows ({sp.arch} {sp.dtype}; "
-                 f"{len(cov['unsupported'])} tuples FA4 does not support)")
+                 f"{len(cov['unsupported'])} tuples not planned: FA4 or fa4verify does not run them, each with its reason)")
     if blind:
         out.summary = (f"{len(blind)} planned edge row(s) blind to a one-key shift (first: row {next(iter(blind))}); "
                        + out.summary)

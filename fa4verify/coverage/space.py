@@ -201,6 +201,11 @@ class FeatureSpace:
                     "none is registered")
         if (why := self._hd256_refusal(row, "fwd")) is not None:
             return why
+        if self.dtype == "fp8" and hd is not None:
+            from fa4verify.kernels.features import sm100_fp8_fwd_does_not_build
+            if sm100_fp8_fwd_does_not_build(*self.hd[hd]):
+                return ("known issue sm100_fp8_fwd_no_build (FA4's fp8 forward does not compile at head dims that "
+                        "pad to 48, 80 or 112: compile-only)")
         if is_paged(form) and hd is not None and self._paged_non_tma(form, hd, mask) \
                 and any(d % facts.HDIM_MULTIPLE for d in self.hd[hd]):
             return (f"{form}: FA4's non-TMA paged KV (page size != tile_n) needs head dims that are multiples "

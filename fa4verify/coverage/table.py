@@ -1,4 +1,4 @@
-"""The README's coverage block: what the default audit's plan covers, per arch, by construction.
+"""The README's coverage block: what the audit's plan covers, per arch and dtype, by construction.
 
     python -m fa4verify.coverage.table [--write README.md | --check README.md]
 
@@ -31,19 +31,24 @@ def _reason_head(why: str) -> str:
     return re.sub(r"\s*\([^()]*\)$", "", why)
 
 
-def render(archs: tuple[str, ...] = ("sm90", "sm100"), dtype: str = "bf16", seed: int = 0) -> str:
-    lines = [f"The plan of `coverage.production` (the GPU's own arch), {dtype}, seed {seed}: every supported value pair "
-             "of two dimensions and every mask x call form x pass triple is in some row (a registered pair no row "
-             "took gets a row of its own; `coverage.twin` plans the twin's forms the same way).", "",
-             "| arch | rows | tuples covered | head-dim classes | tuples FA4 does not support (why) |",
+#: the plans the block shows: the main command's (bf16, each arch) and fp8's (SM 10.x only)
+PLANS: tuple[tuple[str, str], ...] = (("sm90", "bf16"), ("sm100", "bf16"), ("sm100", "fp8"))
+
+
+def render(plans: tuple[tuple[str, str], ...] = PLANS, seed: int = 0) -> str:
+    lines = [f"The plan of `coverage.production` (the GPU's own arch, the audit's `--dtype`), seed {seed}: every "
+             "supported value pair of two dimensions and every mask x call form x pass triple is in some row (a "
+             "registered pair no row took gets a row of its own; `coverage.twin` plans the twin's forms the same "
+             "way); fp8 runs forward only and adds a descale dimension (Note [FP8 descales]).", "",
+             "| arch, dtype | rows | tuples covered | head-dim classes | tuples not planned (why) |",
              "|---|---|---|---|---|"]
-    for arch in archs:
+    for arch, dtype in plans:
         sp = space_for(arch, dtype)
         pl = plan(sp, seed=seed)
         why = collections.Counter(_reason_head(w) for w in pl.unsupported.values())
         top = "; ".join(f"{r}: {n}" for r, n in why.most_common(3))
         rest = sum(why.values()) - sum(n for _, n in why.most_common(3))
-        lines.append(f"| {arch} | {len(pl.rows)} | {len(pl.required) - len(pl.uncoverable)}/{len(pl.required)} "
+        lines.append(f"| {arch}, {dtype} | {len(pl.rows)} | {len(pl.required) - len(pl.uncoverable)}/{len(pl.required)} "
                      f"| {', '.join(sp.hd)} | {len(pl.unsupported)} ({top}{f'; other: {rest}' if rest else ''}) |")
     return "\n".join(lines) + "\n"
 

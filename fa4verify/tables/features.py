@@ -36,7 +36,8 @@ TWIN: dict[tuple[str, str, str], str] = {
     ("combine", "sm90", "fwd"): "`kernels/twin_combine.py`",
     ("combine", "sm100", "fwd"): "`kernels/twin_combine.py`",
     ("split_kv", "sm100", "fwd"): "combine stage `kernels/twin_combine.py`",
-    ("fp8", "sm100", "fwd"): "`kernels/twin/forward.py` fp8 e4m3 (FA #2577)",
+    ("fp8", "sm100", "fwd"): "the audit's fp8 plan with q/k/v descales within the composed budget "
+                             "(`fa4verify audit --dtype fp8`, Note [FP8 descales]; FA #2577's threshold)",
     ("mla", "sm100", "fwd"): "the audit's MLA edges (each MLA forward kernel) within the composed budget "
                              "(Note [MLA as a call form]; `tests/test_mla_call_form.py`)",
     ("gather", "sm100", "fwd"): "the audit's top-k gather edges within the composed budget "
