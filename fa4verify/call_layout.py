@@ -95,9 +95,13 @@ def _q_side(problem, a: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any
     do = None if a.get("dout") is None else np.asarray(a["dout"], np.float32)
     if call.seqused_q:
         used = np.asarray(problem.seqlens_q, np.int32)
-        out.update(q=_batched(problem, q, used, call.q_capacity, 5),
-                   dout=None if do is None else _batched(problem, do, used, call.q_capacity, 6),
-                   seqused_q=used, cu_seqlens_q=None, max_seqlen_q=None)
+        qb = _batched(problem, q, used, call.q_capacity, 5)
+        dob = None if do is None else _batched(problem, do, used, call.q_capacity, 6)
+        out.update(q=qb, dout=dob, seqused_q=used, cu_seqlens_q=None, max_seqlen_q=None)
+        if call.q_packed:           # packed at capacity offsets, cu_seqlens_q with them
+            out.update(q=qb.reshape((-1,) + qb.shape[2:]), dout=None if dob is None else dob.reshape((-1,) + dob.shape[2:]),
+                       cu_seqlens_q=(np.arange(b + 1) * call.q_capacity).astype(np.int32),
+                       max_seqlen_q=int(call.q_capacity))
     elif call.q_batched:
         sq = problem.seqlen_q
         out.update(q=q.reshape(b, sq, *q.shape[1:]), dout=None if do is None else do.reshape(b, sq, *do.shape[1:]),
@@ -142,10 +146,19 @@ def gather_q(problem, c: Mapping[str, Any]) -> tuple[np.ndarray, Optional[np.nda
     q, do = np.asarray(c["q"]), c["dout"]
     if problem.call.seqused_q:
         used = c["seqused_q"]
-        return _used_rows(q, used), None if do is None else _used_rows(np.asarray(do), used)
+        q, do = _capacity_rows(problem, q), None if do is None else _capacity_rows(problem, np.asarray(do))
+        return _used_rows(q, used), None if do is None else _used_rows(do, used)
     if problem.call.q_batched:
         return q.reshape((-1,) + q.shape[2:]), None if do is None else np.asarray(do).reshape((-1,) + do.shape[2:])
     return q, do
+
+
+def _capacity_rows(problem, x: np.ndarray) -> np.ndarray:
+    """A seqused_q call's Q-side array as (batch, q_capacity, ...): packed at capacity offsets
+    (``q_packed``) reshaped, batched as it is."""
+    if problem.call.q_packed:
+        return x.reshape((problem.batch, problem.call.q_capacity) + x.shape[1:])
+    return x
 
 
 def _used_rows(x: np.ndarray, used) -> np.ndarray:
@@ -160,7 +173,9 @@ def to_problem_fwd(problem, out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarra
     lse = np.asarray(lse, np.float64)
     if problem.call.seqused_q:
         used = problem.seqlens_q
-        return _used_rows(out, used), _used_rows(lse.transpose(0, 2, 1), used).T
+        if problem.call.q_packed:              # (h, batch * cap) -> (batch, h, cap)
+            lse = lse.reshape(lse.shape[0], problem.batch, -1).transpose(1, 0, 2)
+        return _used_rows(_capacity_rows(problem, out), used), _used_rows(lse.transpose(0, 2, 1), used).T
     if problem.call.q_batched:
         b, sq, h = problem.batch, problem.seqlen_q, problem.nheads
         return out.reshape(b * sq, h, -1), lse.transpose(1, 0, 2).reshape(h, b * sq)
@@ -175,7 +190,7 @@ def to_problem_grads(problem, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray
     call = problem.call
     dq, dk, dv = (np.asarray(x, np.float64) for x in (dq, dk, dv))
     if call.seqused_q:
-        dq = _used_rows(dq, problem.seqlens_q)
+        dq = _used_rows(_capacity_rows(problem, dq), problem.seqlens_q)
     elif call.q_batched:
         dq = dq.reshape((-1,) + dq.shape[2:])
     if call.seqused_k:

@@ -166,3 +166,73 @@ def test_pack_gqa_alone_keeps_the_problems_own_call():
     # the twin's stage taps and the key permutation apply to the plain layout (found in review:
     # the taps were dropped on the way, five bwd_stages values undecided)
     assert "bwd_stages" in out.ran and "key_permutation" in out.ran and not out.undecided, out
+
+
+# ------------------------------------------------------------------ Q packed at capacity offsets
+
+class _PackedStandIn(_StandIn):
+    """The stand-in for Q packed at capacity offsets (``cu_seqlens_q`` with ``seqused_q``), causal
+    (bottom-right). ``len_from_cu``: the planted fault of source mutant
+    seqused_q_ignored_with_cu_seqlens_q, the causal diagonal aligned to the capacity."""
+
+    def __init__(self, len_from_cu: bool = False):
+        super().__init__()
+        self.len_from_cu = len_from_cu
+
+    def forward(self, q, k, v, return_lse=True, **kw):
+        self.calls.append(("fwd", dict(kw, q_shape=tuple(q.shape))))
+        cu = kw["cu_seqlens_q"].tolist()
+        cap, b_ = cu[1] - cu[0], len(cu) - 1
+        qb = q.reshape(b_, cap, *q.shape[1:])
+        out = torch.full(qb.shape[:3] + (v.shape[-1],), float("nan"), dtype=torch.float64)
+        lse = torch.full((b_, q.shape[1], cap), float("nan"), dtype=torch.float64)
+        for b in range(b_):
+            nq, nk = int(kw["seqused_q"][b]), k.shape[1]
+            if nq == 0:
+                continue
+            rows = cap if self.len_from_cu else nq
+            h, hk = q.shape[1], k.shape[1 + 1]
+            kk, vv = (x[b].double().repeat_interleave(h // hk, dim=1) for x in (k, v))
+            s = torch.einsum("qhd,khd->hqk", qb[b, :rows].double(), kk) / math.sqrt(q.shape[-1])
+            keep = torch.arange(nk)[None, :] <= torch.arange(rows)[:, None] + nk - rows
+            s = s.masked_fill(~keep, float("-inf"))
+            out[b, :nq] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vv)[:nq]
+            lse[b, :, :nq] = torch.logsumexp(s, -1)[:, :nq]
+        return SimpleNamespace(out=out.reshape(-1, *out.shape[2:]).to(q.dtype),
+                               lse=lse.permute(1, 0, 2).reshape(q.shape[1], -1).float(), config={"op": "fwd"})
+
+
+def _packed_problem(seed=5) -> AttentionProblem:
+    return AttentionProblem(arch="sm90", dtype="bf16", batch=3, seqlen_q=9, seqlen_k=11, nheads=4, nheads_kv=2,
+                            head_dim=32, head_dim_v=32, seqlens_q=(5, 0, 9), seqlens_k=(11,) * 3, causal=True,
+                            values=ValueSpec("normal", seed),
+                            call=CallForm(seqused_q=True, q_capacity=14, q_packed=True))
+
+
+def test_q_packed_goes_at_capacity_offsets_with_seqused_q_and_comes_back_exactly():
+    p = _packed_problem()
+    a = p.materialize()
+    c = call_layout.call_arrays(p, a)
+    assert c["q"].shape == (42, 4, 32) and c["cu_seqlens_q"].tolist() == [0, 14, 28, 42]
+    assert c["max_seqlen_q"] == 14 and list(c["seqused_q"]) == [5, 0, 9]
+    q, do = call_layout.gather_q(p, c)
+    assert np.array_equal(q, np.asarray(a["q"], np.float32)) and np.array_equal(do, np.asarray(a["dout"], np.float32))
+    t = TwinTarget()
+    f, f0 = t.forward(p, a), t.forward(p.replace(call=None), a)
+    assert np.array_equal(f.out, f0.out) and np.array_equal(f.lse, f0.lse)
+    assert AttentionProblem.from_json(p.to_json()) == p and "Q packed" in p.describe()
+    with pytest.raises(ValueError, match="q_packed"):
+        CallForm(q_packed=True)
+
+
+def test_production_passes_packed_q_with_seqused_q_and_a_length_taken_from_cu_seqlens_fails():
+    ad = _PackedStandIn()
+    check_problem(_packed_problem(), ProductionTarget(adapter=ad, device="cpu"), properties=("runs", "finite", "fwd_budget"),
+                  backward=False)
+    kw = ad.calls[0][1]
+    assert kw["q_shape"] == (42, 4, 32) and kw["cu_seqlens_q"].tolist() == [0, 14, 28, 42]
+    assert kw["seqused_q"].tolist() == [5, 0, 9] and kw["max_seqlen_q"] == 14
+    with pytest.raises(Violation) as ei:
+        check_problem(_packed_problem(), ProductionTarget(adapter=_PackedStandIn(len_from_cu=True), device="cpu"),
+                      properties=("runs", "finite", "fwd_budget"), backward=False)
+    assert ei.value.prop in ("fwd_budget", "finite")

@@ -24,7 +24,8 @@ def test_each_edge_is_the_path_it_names():
                     "varlen_score_aux_wrap": True, "varlen_batch_groups": True, "causal_l2_sections": True,
                     "paged_full_pages": False, "seqused_k_packed": True, "causal_l2_sections_batch": True,
                     "det_bwd_l2_sections": True, "varlen_lookup_long_first": True, "varlen_lookup_chunks": True,
-                    "packed_local_first_key": True}
+                    "packed_local_first_key": True, "seqused_q_packed": True, "causal_key_past_tile": True,
+                    "right_window_key_past_tile": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -32,6 +33,22 @@ def test_each_edge_is_the_path_it_names():
     assert p.window_size == (-1, -1) and resolve_window(p.causal, p.window_size)[:2] == (False, False)
     assert got["sparse_q64"].call.block_size[0] == 64 and got["sparse_q64"].seqlen_q > 64
     from fa4verify.kernels import facts
+    # Note [The diagonal's block bounds]: one key past the square; the last row of a forward M tile
+    # alone opens a KV tile, and the last row of a backward M tile alone sees a KV tile's first key
+    for name, p in (("causal_key_past_tile", got["causal_key_past_tile"]),
+                    ("right_window_key_past_tile", got["right_window_key_past_tile"])):
+        causal = name.startswith("causal")
+        tm, tn = facts.fwd_tile("sm90", "bf16", p.head_dim, p.head_dim_v, causal, not causal)
+        tmb, tnb = facts.bwd_tile("sm90", p.head_dim, p.head_dim_v, causal, not causal)
+        off = p.seqlen_k - p.seqlen_q + (0 if causal else p.window_size[1])
+        assert p.nheads == p.nheads_kv and p.values.distribution == "edges" and off >= 1
+        assert any(((m + 1) * tm + off) % tn == 1 for m in range(p.seqlen_q // tm))
+        assert any(0 <= n * tnb - off < p.seqlen_q and (n * tnb - off) % tmb == tmb - 1 for n in range(1, 8))
+        assert name in cases.NONDETERMINISTIC_EDGES
+    assert got["causal_key_past_tile"].seqlen_k == got["causal_key_past_tile"].seqlen_q + 1   # at hd 128
+    # Q packed at capacity offsets with used lengths, causal: the diagonal follows seqused_q
+    p = got["seqused_q_packed"]
+    assert p.call.q_packed and p.call.seqused_q and p.causal and max(p.seqlens_q) < p.call.q_capacity
     # PackGQA: 3 query heads per KV head do not divide tile_m; the last row of M block 0 has its
     # diagonal key (bottom-right causal) at the first key of a KV tile
     p = got["packed_causal_block_end"]
@@ -101,7 +118,8 @@ def test_each_edge_is_the_path_it_names():
     assert p.batch > facts.varlen_batch_search_threshold() and (p.nheads, p.nheads_kv) == (4, 2) and not p.causal
     assert all(-(-2 * q0 // t) != -(-q0 // t) for t in (tm, 2 * tm)) and -(-k0 // tmb) != -(-k0 // tnb)
     assert cases.NONDETERMINISTIC_EDGES == {"varlen_lookup_long_first", "varlen_lookup_chunks", "mla_gather_2cta",
-                                            "mla_gather_wide", "mla_gather_1cta"}
+                                            "mla_gather_wide", "mla_gather_1cta", "causal_key_past_tile",
+                                            "right_window_key_past_tile"}
     # more sequences than one chunk of FA4's block-count kernel
     p = got["varlen_lookup_chunks"]
     assert p.varlen and p.batch > facts.cu_blocks_chunk() + 32

@@ -107,3 +107,43 @@ def test_the_varlen_combine_is_judged_and_a_dropped_sequence_offset_fails():
     assert any(vd.name.startswith("combine_out (varlen") for row in rows for vd in row["verdicts"])
     r = result(run_combine(VarlenStandIn(drop_offset=True), shape=SMALL, splits=(2, 3)), "CPU")
     assert r.status == "fail" and "varlen" in r.summary, r.summary
+
+
+class _BlockOffsetDropped(StandIn):
+    """Source mutant combine_o_partial_kblock_offset_dropped: every 128-column block of the partial O
+    is read from column 0."""
+    def combine(self, op, lp, out_dtype):
+        d = op.shape[-1]
+        cols = torch.arange(d) % 128
+        return super().combine(op[..., cols], lp, out_dtype)
+
+
+class _SlotsPastFirstDropped(StandIn):
+    """Source mutant combine_max_valid_split_first_slot: with more than 32 splits the splits from 32
+    on are not accumulated, their weights still in the normaliser."""
+    def combine(self, op, lp, out_dtype):
+        from fa4verify.kernels import twin_combine
+        r = twin_combine.combine(op.numpy(), lp.numpy(), out_dtype="bf16")
+        w = np.asarray(r.weights, np.float64)                       # (S, ..., rows, heads)
+        keep = np.arange(op.shape[0]) < 32
+        out = np.einsum("s...,s...d->...d", w * keep.reshape((-1,) + (1,) * (w.ndim - 1)), op.numpy())
+        return torch.from_numpy(out.astype(np.float32)).to(out_dtype), torch.from_numpy(np.asarray(r.lse, np.float32))
+
+
+def test_synthetic_partials_pass_at_every_combine_shape():
+    from fa4verify.checks.combine import SHAPES, shape_rows
+    rows = shape_rows(StandIn())
+    assert [r["num_splits"] for r in rows] == [f"{S} (hd {d}, synthetic)" for d, S in SHAPES]
+    r = result(rows, "CPU")
+    assert r.status == "pass", r.summary
+    assert "synthetic partials (20 splits at hd 64, 40 splits at hd 128" in r.summary
+
+
+@pytest.mark.parametrize("standin, shape", [(_BlockOffsetDropped, "hd 256"), (_SlotsPastFirstDropped, "hd 128")])
+def test_combine_faults_past_the_forward_fed_shape_fail_only_the_synthetic_rows(standin, shape):
+    """Note [Combine shapes]: the forward-fed shape (one head-dim block, one split slot per thread)
+    cannot see either fault; the synthetic rows at the shape each needs do."""
+    from fa4verify.checks.combine import shape_rows
+    assert result(run_combine(standin(), shape=SMALL, splits=(2, 3)), "CPU").status == "pass"
+    r = result(shape_rows(standin()), "CPU")
+    assert r.status == "fail" and f"combine_out ({shape}) fail" in r.summary, r.summary

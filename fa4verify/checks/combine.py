@@ -26,6 +26,18 @@ Contiguous dense chunks never make such a row, so each split count also combines
 partials with rows emptied in every split and in some splits (:func:`_empty_rows`), judged against
 the exact combine of those partials.
 
+Note [Combine shapes]
+---------------------
+FA4's combine kernel tiles the head dim in 64- or 128-column blocks and gives each thread
+``max_splits / threads per LSE column`` split slots (``flash_fwd_combine.py``): the forward-fed
+shape above (hd 128, 3 and 8 splits) has one head-dim block and one slot per thread, so a fault in
+the block offset or in the slots past the first is invisible to it (the fourth red-team round,
+``docs/results/redteam4/analysis.md``). :data:`SHAPES` adds synthetic fp32 partials (normal O,
+LSE spread over 8 nats, seeded) at head dims 64 (16-row tiles, 20 splits: two slots), 128 (40
+splits: two slots), 192 (a half block, predicated) and 256 (two blocks), each with rows empty in
+every split, in the first splits and in the *last* splits (a largest valid split below S - 1),
+judged against the exact combine of the same partials (``combine_out`` / ``combine_lse``).
+
 Note [The varlen combine]
 -------------------------
 ``flash_attn_combine`` also takes packed partials with ``cu_seqlens`` (a varlen forward's split
@@ -45,6 +57,9 @@ from fa4verify.audit.registry import CheckContext, CheckResult, check
 SHAPE = (2, 256, 4, 128, 2048)
 SPLITS = (3, 8)
 SEED = 1
+#: (head_dim, num_splits) of the synthetic partials (Note [Combine shapes]); (batch, rows, heads)
+SHAPES = ((64, 20), (128, 40), (192, 5), (256, 3))
+SHAPE_ROWS = (1, 40, 2)
 
 
 def varlen_lengths(total: int) -> tuple[int, ...]:
@@ -95,6 +110,42 @@ def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS,
                                 _np(out), None if lse is None else _np(lse), full_oracle=(ro.value, ro.bound))
         rows.append({"num_splits": S, "verdicts": [*j.partial_out, *j.partial_lse, j.stage, j.stage_lse, j.out,
                                                    *empty],
+                     "config": getattr(kernel, "last_config", None)})
+    return rows
+
+
+def shape_rows(kernel: Any, *, dtype: str = "bf16", shapes=SHAPES, seed: int = SEED) -> list[dict[str, Any]]:
+    """Note [Combine shapes]: one row per (head dim, splits) of synthetic partials, judged against
+    the exact combine of the same partials."""
+    import dataclasses
+
+    import torch
+
+    from fa4verify import blame
+    from fa4verify.judge.split_combine import judge_combine_stage
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    b, sq, h = SHAPE_ROWS
+    rows = []
+    for d, S in shapes:
+        gen = torch.Generator().manual_seed(seed * 1000 + d + S)
+        op = torch.randn(S, b, sq, h, d, generator=gen)
+        lp = (torch.randn(S, b, h, sq, generator=gen) * 8.0).transpose(-1, -2)   # (S, b, sq, h), seqlen-contiguous
+        lp[:, :, 0::7] = float("-inf")                 # empty in every split
+        lp[: S // 2, :, 3::7] = float("-inf")          # empty in the first splits
+        lp[S // 3:, :, 5::7] = float("-inf")           # empty in the last splits: largest valid split < S - 1
+        op = torch.where(torch.isneginf(lp)[..., None], torch.zeros((), dtype=op.dtype), op)
+        label = f"{S} (hd {d}, synthetic)"
+        try:
+            out, lse = kernel.combine(op.to(kernel.device), lp.to(kernel.device), tdt)
+        except Exception as e:  # noqa: BLE001 - Note [Blame]: FA4's exception is FA4's failure
+            if blame.origin(e) != blame.FA4:
+                raise
+            rows.append({"num_splits": label, "verdicts": [], "raised": blame.describe(e)[:300]})
+            continue
+        vo, vl = judge_combine_stage(_np(op), _np(lp), _np(out), None if lse is None else _np(lse), dtype=dtype,
+                                     arch=kernel.arch)
+        rows.append({"num_splits": label, "verdicts": [dataclasses.replace(vo, name=f"combine_out (hd {d})"),
+                                                       dataclasses.replace(vl, name=f"combine_lse (hd {d})")],
                      "config": getattr(kernel, "last_config", None)})
     return rows
 
@@ -181,9 +232,13 @@ def result(rows: list[dict[str, Any]], where: str) -> CheckResult:
                     for r in rows for vd in r["verdicts"] if vd.status != "pass"]
     b, sq, h, d, sk = SHAPE
     shape = f"{b} x {sq} x {h} x {d}, seqlen_k {sk}"
+    fed = [str(r["num_splits"]) for r in rows if isinstance(r["num_splits"], int)]
+    synth = [str(r["num_splits"]).replace(" (", " splits at ").replace(", synthetic)", "")
+             for r in rows if not isinstance(r["num_splits"], int)]
     summary = ("; ".join(bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "") if bad else
-               f"{shape}, {', '.join(str(r['num_splits']) for r in rows)} splits: per-chunk forwards, the "
-               f"combine stage and the merged output within budget (tightness {tight:.3g})")
+               f"{shape}, {', '.join(fed)} splits: per-chunk forwards, the combine stage and the merged output "
+               f"within budget" + (f"; synthetic partials ({', '.join(synth)}) within the combine stage's"
+                                   if synth else "") + f" (tightness {tight:.3g})")
     return CheckResult(status=status, where=where, summary=summary, tightness=tight,
                        metrics={"max_tightness": tight, "verdicts": len(verdicts)},
                        details={"table": table, "combine_configs": [r.get("config") for r in rows]})
@@ -204,9 +259,15 @@ def _combine_compiles(ctx: CheckContext) -> list:
     varlen = AttentionProblem(arch=ctx.require_gpu().arch, dtype=ctx.dtype, batch=len(lens), seqlen_q=max(lens),
                               seqlen_k=max(lens), seqlens_q=lens, seqlens_k=lens, nheads=h, nheads_kv=h, head_dim=d,
                               head_dim_v=d)
+    def shaped(hd):
+        return AttentionProblem(arch=ctx.require_gpu().arch, dtype=ctx.dtype, batch=SHAPE_ROWS[0],
+                                seqlen_q=SHAPE_ROWS[1], seqlen_k=SHAPE_ROWS[1], nheads=SHAPE_ROWS[2],
+                                nheads_kv=SHAPE_ROWS[2], head_dim=hd, head_dim_v=hd)
     return ([CompileCall("forward", problem(n), purpose="a key chunk's partial O and LSE") for n in sizes]
             + [CompileCall("combine", problem(sk), splits=S, purpose="the merge of the partials") for S in SPLITS]
-            + [CompileCall("combine", varlen, splits=S, purpose="the varlen merge (cu_seqlens)") for S in SPLITS])
+            + [CompileCall("combine", varlen, splits=S, purpose="the varlen merge (cu_seqlens)") for S in SPLITS]
+            + [CompileCall("combine", shaped(hd), splits=S, purpose="synthetic partials (Note [Combine shapes])")
+               for hd, S in SHAPES])
 
 
 @check("production.combine", title="FA4's flash_attn_combine merges split partials within budget (live)",
@@ -214,8 +275,10 @@ def _combine_compiles(ctx: CheckContext) -> list:
 def production_combine(ctx: CheckContext) -> CheckResult:
     """Per-chunk FA4 forwards merged by FA4's ``flash_attn_combine``, judged against the chunks'
     oracles, the exact combine of the same partials and the full problem's oracle (Note [Combine
-    on the GPU]). Inputs fixed (seed 1); S = 3 and 8."""
+    on the GPU]). Inputs fixed (seed 1); S = 3 and 8; and synthetic partials at the head dims and
+    split counts of Note [Combine shapes]."""
     gpu = ctx.require_gpu()
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"the combine is judged for bf16 / fp16 outputs, not {ctx.dtype}")
-    return result(run_combine(_Fa4(gpu.arch), dtype=ctx.dtype), ctx.where_measured())
+    kernel = _Fa4(gpu.arch)
+    return result(run_combine(kernel, dtype=ctx.dtype) + shape_rows(kernel, dtype=ctx.dtype), ctx.where_measured())

@@ -429,8 +429,68 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     out += _layout_edges(space, vals)
     out += _lookup_edges(space, vals)
     out += _mla_edges(space, vals)
+    out += _diagonal_edges(space)
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
+    return out
+
+
+def diagonal_offsets(tiles_fwd: tuple[int, int], tiles_bwd: tuple[int, int], sq: int, *, limit: int = 4096
+                     ) -> Optional[int]:
+    """The smallest ``s = seqlen_k - seqlen_q + window_right >= 1`` (unpacked, ``sq`` queries) at
+    which both block bounds of the causal / right-window diagonal have no slack (Note [The
+    diagonal's block bounds]): some forward M tile ``m`` whose last row exists has ``(m + 1) tile_m
+    + s = 1 (mod tile_n)`` (that row's rightmost key alone opens a KV tile), and some backward KV
+    tile ``n`` has ``r = n tile_n - s`` a row, ``r = tile_m - 1 (mod tile_m)`` (the last row of an
+    M tile alone sees the KV tile's first key). None where no ``s < limit`` does."""
+    (tm, tn), (tmb, tnb) = tiles_fwd, tiles_bwd
+    for off in range(1, limit):
+        fwd = any((m + 1) * tm <= sq and ((m + 1) * tm + off) % tn == 1 for m in range(-(-sq // tm)))
+        bwd = any(0 <= n * tnb - off < sq and (n * tnb - off) % tmb == tmb - 1 for n in range(1, sq // tnb + 3))
+        if fwd and bwd:
+            return off
+    return None
+
+
+def _diagonal_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
+    """Note [The diagonal's block bounds]
+    -----------------------------------
+    FA4's forward skips the KV tiles past an M tile's causal (or right-window) limit and its
+    backward the M tiles before a KV tile's first viewer (``block_info.get_n_block_min_max`` /
+    ``get_m_block_min_max``). Both bounds are exact: a one-off slip drops one (row, key) pair, and
+    only where a tile's last row alone reaches across a tile edge. The plan's tile-relative
+    lengths never land there (the fourth red-team round: residues 0, 2, 3, ... where 1 is needed,
+    ``docs/results/redteam4/analysis.md``), though the commonest shape does: a causal call with one
+    key more than queries (a cached token, a BOS key, chunked prefill). Two edges, unpacked (MHA),
+    at :func:`_hd128`, valued ``edges`` (the diagonal keys score high: Note [Edge values]):
+
+    * ``causal_key_past_tile``: causal, ``seqlen_q = 2 tile_m``, ``seqlen_k = seqlen_q + s``;
+    * ``right_window_key_past_tile``: a right window ``(None, s)`` on a square call;
+
+    ``s`` from :func:`diagonal_offsets` (1 at head dim 128 on both archs). Their backward runs without
+    ``deterministic`` (:data:`NONDETERMINISTIC_EDGES`): a skipped tile would leave a dQ semaphore
+    unreleased, a hang the deadline reports after minutes; without, the lost pair shows in dK/dV."""
+    from fa4verify.problem import AttentionProblem, ValueSpec
+    out: list[tuple[str, Any, bool]] = []
+    if space.lengths or space.heads or "1" not in space.values["gqa"] or "dense" not in space.values["form"]:
+        return out
+    name = _hd128(space)
+    hd, hdv = space.hd[name]
+    rng = random.Random(f"diagonal:{space.arch}:{space.dtype}")
+    base = dict(arch=space.arch, dtype=space.dtype, head_dim=hd, head_dim_v=hdv, nheads=2, nheads_kv=2, batch=1)
+    for mask, edge in (("causal", "causal_key_past_tile"), ("right", "right_window_key_past_tile")):
+        if mask not in space.values["mask"] or space.why_not({"mask": mask, "hd": name, "form": "dense"}) is not None:
+            continue
+        causal, local = mask == "causal", mask != "causal"
+        tiles = facts.fwd_tile(space.arch, space.dtype, hd, hdv, causal, local)
+        sq = 2 * tiles[0]
+        off = diagonal_offsets(tiles, facts.bwd_tile(space.arch, hd, hdv, causal, local), sq)
+        if off is None:
+            continue
+        vs = ValueSpec("edges", rng.randrange(2 ** 31), _VALUE_PARAMS["edges"])
+        prob = (AttentionProblem(seqlen_q=sq, seqlen_k=sq + off, causal=True, values=vs, **base) if causal else
+                AttentionProblem(seqlen_q=sq, seqlen_k=sq, window_size=(None, off), values=vs, **base))
+        out.append((edge, prob, _runs_bwd(space, form="dense", hd=name, gqa="1", mask=mask)))
     return out
 
 
@@ -461,6 +521,14 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
             batch=3, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=2, nheads_kv=2,
             values=vals(), call=CallForm(seqused_k=True, kv_capacity=cap, kv_packed=True), **base),
             runs_bwd("seqused_k")))
+    if "seqused_q" in space.values["form"]:
+        # Q packed at capacity offsets with used lengths (cu_seqlens_q and seqused_q): FA4 must take
+        # each sequence's length from seqused_q; the causal diagonal moves by the slack otherwise
+        sqs, cap = (40, 71, 5), 96
+        out.append(("seqused_q_packed", AttentionProblem(
+            batch=3, seqlens_q=sqs, seqlens_k=(100,) * 3, seqlen_q=max(sqs), seqlen_k=100, nheads=2, nheads_kv=2,
+            values=vals(), call=CallForm(seqused_q=True, q_capacity=cap, q_packed=True), **base),
+            runs_bwd("seqused_q")))
     thresh = facts.varlen_batch_search_threshold()
     if "varlen" in space.values["form"] and (thresh is None or thresh >= 70):
         n = 70
@@ -494,7 +562,8 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
 #: (a hang the audit's deadline reports, after minutes); without, the misplaced tiles show in dQ.
 #: FA4's sparse MLA backward has no deterministic mode (``_flash_attn_bwd_sparse_mla`` asserts it off)
 NONDETERMINISTIC_EDGES = frozenset({"varlen_lookup_long_first", "varlen_lookup_chunks", "mla_gather_2cta",
-                                    "mla_gather_wide", "mla_gather_1cta"})
+                                    "mla_gather_wide", "mla_gather_1cta", "causal_key_past_tile",
+                                    "right_window_key_past_tile"})
 
 
 def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:

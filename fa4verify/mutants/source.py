@@ -600,6 +600,67 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "            seqlen_k_static=mK.shape[0],\n"
               "            mCuSeqlensQ=mCuSeqlensQ,\n"),),
         "fwd", ("out", "lse")),
+    # the fourth red-team round (docs/results/redteam4/analysis.md): runtime branches and shapes
+    # no row, edge or check reached, each reached since by a constructed edge or a check's case
+    SourceMutant(
+        "fwd_causal_nblock_max_inclusive_row",
+        "causal / right-window forward (unpacked): the KV-tile bound takes the M tile's last row as "
+        "exclusive (m_idx_max one less), so where that row's rightmost key opens a KV tile "
+        "(sk = sq + 1 at hd 128) the tile is skipped",
+        (Edit("block_info.py",
+              "        if const_expr(self.is_causal or (self.is_local and self.window_size_right is not None)):\n"
+              "            m_idx_max = (m_block + 1) * self.tile_m\n",
+              "        if const_expr(self.is_causal or (self.is_local and self.window_size_right is not None)):\n"
+              "            m_idx_max = (m_block + 1) * self.tile_m - 1\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "bwd_causal_mblock_min_plus_one",
+        "causal / right-window backward: the first M tile of a KV tile starts one row late (the mask's "
+        "exclusive '1 +' copied into the inclusive row bound), so the M tile whose last row alone sees "
+        "the KV tile's first key is skipped (sk = sq + 1 at hd 128)",
+        (Edit("block_info.py",
+              "            m_idx = n_idx_min + seqlen_info.seqlen_q - seqlen_info.seqlen_k\n",
+              "            m_idx = n_idx_min + 1 + seqlen_info.seqlen_q - seqlen_info.seqlen_k\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "combine_o_partial_kblock_offset_dropped",
+        "flash_attn_combine above head dim 128: every head-dim block of the partial O is read from "
+        "column 0 (the k_block offset dropped), so columns 128.. merge columns 0..",
+        (Edit("flash_fwd_combine.py",
+              "                        mO_partial_cur, (tOmidx[m], k_block * self.k_block_size, 0, tOhidx[m])\n",
+              "                        mO_partial_cur, (tOmidx[m], 0, 0, tOhidx[m])\n"),),
+        "fwd", ("out",)),
+    SourceMutant(
+        "combine_max_valid_split_first_slot",
+        "flash_attn_combine with more than 32 splits: a thread's largest valid split is read from its "
+        "first split slot only, so the splits past 32 are never accumulated",
+        (Edit("flash_fwd_combine.py",
+              "                            max_valid_idx = ts2rcLSE[0, s, 0][0]  # Get split coordinate\n",
+              "                            max_valid_idx = ts2rcLSE[0, 0, 0][0]  # Get split coordinate\n"),),
+        "fwd", ("out",)),
+    SourceMutant(
+        "seqused_q_ignored_with_cu_seqlens_q",
+        "packed Q with used lengths (cu_seqlens_q and seqused_q): the main kernels take the length from "
+        "cu_seqlens_q, so a causal diagonal is aligned to the capacity",
+        (Edit("seqlen_info.py",
+              "        if const_expr(mSeqUsedQ is not None):\n"
+              "            seqlen_q = mSeqUsedQ[batch_idx]\n"
+              "        else:\n"
+              "            seqlen_q = (\n",
+              "        if const_expr(mSeqUsedQ is not None and mCuSeqlensQ is None):\n"
+              "            seqlen_q = mSeqUsedQ[batch_idx]\n"
+              "        else:\n"
+              "            seqlen_q = (\n"),),
+        "both", ("out", "lse", "dq", "dk", "dv")),
+    SourceMutant(
+        "block_sparse_packgqa_guard_dropped",
+        "GQA forward with per-head block masks: PackGQA is kept, so each KV-head tile reads one query "
+        "head's block lists for its whole group",
+        (Edit("interface.py",
+              "        if pack_gqa and block_sparse_tensors.mask_block_cnt.shape[head_dim_idx] != 1:\n"
+              "            pack_gqa = False\n",
+              ""),),
+        "fwd", ("out", "lse")),
 )
 
 

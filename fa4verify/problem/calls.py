@@ -16,8 +16,10 @@ A :class:`CallForm` never changes the mathematical function of its
 * ``seqused_q``: the problem is varlen; Q and dO are passed *batched* ``(batch, q_capacity, h,
   d)`` with sequence ``b``'s queries in rows ``[0, seqlens_q[b])`` and ``seqused_q = seqlens_q``;
   the rows past it hold finite filler, and FA4's O, LSE and dQ there are not part of the problem
-  (dropped). K/V come through ``seqused_k`` as above, or, without it, batched and whole (all
-  ``seqlens_k`` equal).
+  (dropped); with ``q_packed`` the same rows go packed at capacity offsets (``(batch *
+  q_capacity, h, d)``, ``cu_seqlens_q`` at the offsets and ``seqused_q``: FA4's used length wins).
+  K/V come through ``seqused_k`` as above, or, without it, batched and whole (all ``seqlens_k``
+  equal).
 * ``page_size``: the same, with K/V as pages ``(num_pages, page_size, hk, d)`` and a
   ``page_table`` (``fa4verify.oracles.paged_kv.paginate``) whose page order is a permutation
   drawn from ``page_seed`` (None: identity). ``kv_capacity`` rounds up to whole pages, so last
@@ -153,7 +155,7 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
 _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch",
-                 "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p")
+                 "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p", "q_packed")
 
 #: the archs whose FA4 has MLA (``qv``) kernels (``interface.py``: ``arch // 10 in [10, 11]``)
 MLA_ARCHS = ("sm100", "sm103")
@@ -199,6 +201,10 @@ class CallForm:
     #: FA4's ``gather_bwd_recompute_p``: the sparse MLA backward rebuilds P from the LSE rather than
     #: reading the bf16 P its forward saved (Note [The sparse MLA backward])
     recompute_p: bool = False
+    #: ``seqused_q`` over *packed* Q: each sequence's queries slack up to ``q_capacity``, with
+    #: ``cu_seqlens_q`` at capacity offsets; FA4 takes ``seqused_q[b]`` rows from each offset (its
+    #: length wins over the cu_seqlens_q one), where the plain form passes batched Q
+    q_packed: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -222,6 +228,8 @@ class CallForm:
             raise ValueError("full_pages needs paged KV (page_size)")
         if self.kv_packed and (not self.seqused_k or self.page_size is not None):
             raise ValueError("kv_packed is a seqused_k call over unpaged K/V")
+        if self.q_packed and not self.seqused_q:
+            raise ValueError("q_packed is a seqused_q call (Q packed at capacity offsets)")
         if self.block_per_batch and self.block_size is None:
             raise ValueError("block_per_batch needs block sparsity (block_size)")
         object.__setattr__(self, "qv_dim", int(self.qv_dim))
@@ -454,7 +462,7 @@ class CallForm:
         elif self.seqused_k:
             parts.append(f"seqused_k(cap={self.kv_capacity}{', K packed' if self.kv_packed else ''})")
         if self.seqused_q:
-            parts.append(f"seqused_q(cap={self.q_capacity})")
+            parts.append(f"seqused_q(cap={self.q_capacity}{', Q packed' if self.q_packed else ''})")
         elif self.seqused_k:
             parts.append("q=batched" if self.q_batched else "q=packed")
         if self.block_size is not None:

@@ -107,7 +107,7 @@ FWD_MUTATIONS: tuple[str, ...] = (
     "poly_degree_2", "poly_coeff_ulp", "p_cast_rz", "rescale_skipped", "fp8_old_threshold",
     "nan_to_zero_emulated", "causal_top_left", "causal_off_by_one", "tail_tile_dropped",
     "row_sum_rounded_p", "rcp_low_precision", "recip_bias_2m9",
-    "qk_descale_query_head", "v_descale_dropped",
+    "qk_descale_query_head", "v_descale_dropped", "nblock_max_row_exclusive",
 )
 MUFU_MODES: tuple[str, ...] = ("correctly-rounded", "perturbed")
 
@@ -470,6 +470,8 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     nmin = np.zeros(Sq, int)
     if is_causal or (wr is not None):
         n_idx = (mb + 1) * tile_m + offset + (0 if is_causal else wr)
+        if "nblock_max_row_exclusive" in muts and not pack_gqa:   # source mutant fwd_causal_nblock_max_inclusive_row
+            n_idx = n_idx - 1                                       # (unpacked calls: packed rows round it away)
         nmax = np.minimum(nmax, -(-n_idx // tile_n))
     if wl is not None:
         n_idx = mb * tile_m + offset - wl
