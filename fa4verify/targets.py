@@ -183,10 +183,10 @@ class TwinTarget(Target):
         for b, (q0, lq, k0, lk) in enumerate(problem._seq_bounds()):
             yield b, slice(q0, q0 + lq), slice(k0, k0 + lk)
 
-    def _call_form(self, problem: AttentionProblem, a: Mapping[str, Any]):
+    def _call_form(self, problem: AttentionProblem, a: Mapping[str, Any], head: int = 0):
         """(problem, arrays) the twin runs for a call form: the same varlen problem on the K/V
         the call reads (gathered from pages or batched rows), or the varlen rewrite of a
-        keep-pattern (with its index maps)."""
+        keep-pattern (with its index maps; query head ``head``'s where the heads differ)."""
         from fa4verify import call_layout
         from fa4verify.problem import CallForm
         # the plain call the twin runs keeps FA4's pack_gqa choice (it moves SM100's emulated columns)
@@ -201,7 +201,7 @@ class TwinTarget(Target):
                                                      v=v.astype(np.float64),
                                                      dout=None if do is None else do.astype(np.float64)), None
         from fa4verify.judge import keep_pattern
-        rw = keep_pattern.rewrite(problem)
+        rw = keep_pattern.rewrite(problem, head=head)
         (qb, qr), (kb, kr) = rw["q_index"].T, rw["k_index"].T
         # the keep-mask holds every mask (a gather's causal limit too): the rewrite is unmasked
         vp = problem.replace(call=plain, causal=False, window_size=(None, None), batch=len(rw["seqlens_q"]),
@@ -216,8 +216,54 @@ class TwinTarget(Target):
                   **{f"{n}_descale": np.asarray(a[f"{n}_descale"])[list(rw["seq"])] for n in problem.descales})
         return vp, va, rw
 
+    def _heads(self, problem: AttentionProblem, a: Mapping[str, Any]):
+        """Note [Block masks by head]: per query head ``h``, ``(h, its KV head, the varlen rewrite of
+        h's keep-pattern as a one-head problem, its arrays, the rewrite's maps)``."""
+        g = problem.nheads // problem.nheads_kv
+        for h in range(problem.nheads):
+            kvh = h // g
+            # the planted fault of source mutant block_sparse_packgqa_guard_dropped: a packed tile
+            # reads the lists at its KV head's index, so each query head gets head h // g's mask
+            vp, va, rw = self._call_form(problem, a, head=kvh if "block_lists_by_kv_head" in self.mutations else h)
+            one = {n: None if va.get(n) is None else np.asarray(va[n])[:, i:i + 1]
+                   for n, i in (("q", h), ("dout", h), ("k", kvh), ("v", kvh))}
+            one.update({f"{n}_descale": np.asarray(va[f"{n}_descale"])[:, kvh:kvh + 1] for n in problem.descales})
+            sink = va.get("learnable_sink")
+            yield h, kvh, vp.replace(nheads=1, nheads_kv=1), dict(
+                va, **one, learnable_sink=None if sink is None else np.asarray(sink)[h:h + 1]), rw
+
+    def _forward_by_head(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
+        from fa4verify.judge import keep_pattern as kp
+        out = np.zeros((problem.batch, problem.seqlen_q, problem.nheads, problem.head_dim_v))
+        lse = np.full((problem.batch, problem.nheads, problem.seqlen_q), -np.inf)
+        for h, _kvh, vp, va, rw in self._heads(problem, a):
+            f = self.forward(vp, va)
+            out[:, :, h] = kp._dense_rows(problem, f.out, rw, 0.0)[:, :, 0]
+            lse[:, h] = kp._dense_lse(problem, f.lse, rw, -np.inf)[:, 0]
+        return Fwd(out, lse)
+
+    def _backward_by_head(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, deterministic: bool) -> Bwd:
+        """Each query head's backward on its own rewrite: its dQ, and its share of its KV head's
+        dK and dV (summed over the group in float64: the twin is not FA4's accumulation order here)."""
+        from fa4verify.judge import keep_pattern as kp
+        dq = np.zeros(np.shape(a["q"]))
+        dk, dv = np.zeros(np.shape(a["k"])), np.zeros(np.shape(a["v"]))
+        dsink = np.zeros(problem.nheads) if problem.sink else None
+        for h, kvh, vp, va, rw in self._heads(problem, a):
+            qb, qr = rw["q_index"].T
+            vf = Fwd(kp.view(problem, fwd.out)[qb, qr][:, h:h + 1], kp.view(problem, fwd.lse)[qb, h, qr][None, :])
+            g = self.backward(vp, va, vf, deterministic=deterministic)
+            dq[:, :, h] = kp._dense_rows(problem, g.dq, rw, 0.0)[:, :, 0]
+            dk[:, :, kvh] += kp._sum_keys(problem, g.dk, np.zeros_like(g.dk), rw)[0][:, :, 0]
+            dv[:, :, kvh] += kp._sum_keys(problem, g.dv, np.zeros_like(g.dv), rw)[0][:, :, 0]
+            if dsink is not None and g.dsink is not None:
+                dsink[h] = np.asarray(g.dsink).reshape(-1)[0]
+        return Bwd(dq, dk, dv, dsink)
+
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
+        if problem.call is not None and problem.call.block_per_head:
+            return self._forward_by_head(problem, a)
         if _twin_rearranges(problem):
             vp, va, rw = self._call_form(problem, a)
             f = self.forward(vp, va)
@@ -272,6 +318,8 @@ class TwinTarget(Target):
         self.check_supported(problem)
         if not hasattr(self._ta, "backward"):
             raise DependencyMissing("the twin backward (fa4verify.kernels.twin.backward) is not available")
+        if problem.call is not None and problem.call.block_per_head:
+            return self._backward_by_head(problem, a, fwd, deterministic)
         if _twin_rearranges(problem):
             vp, va, rw = self._call_form(problem, a)
             if rw is None:
@@ -501,7 +549,12 @@ class ProductionTarget(Target):
             bs = call.block_size
             if backward and problem.arch == "sm90":
                 bs = tuple(self._ad.sm90_bwd_sparse_block_size(problem.head_dim, problem.head_dim_v))
-            if call.block_per_batch:      # one grid per batch entry: (batch, n_q_blocks, n_kv_blocks)
+            if call.block_per_head:       # Note [Block masks by head]: (batch, nheads, n_q_blocks, n_kv_blocks)
+                bm = np.stack([np.stack([call.block_mask(problem.seqlen_q, problem.seqlen_k, seq=call.grid_seq(problem, b),
+                                                         head=h) for h in range(problem.nheads)])
+                               for b in range(problem.batch)])
+                part = np.zeros_like(bm)
+            elif call.block_per_batch:      # one grid per batch entry: (batch, n_q_blocks, n_kv_blocks)
                 bm = np.stack([call.block_mask(problem.seqlen_q, problem.seqlen_k, seq=b) for b in range(problem.batch)])
                 part = np.stack([call.partial_blocks(problem.seqlen_q, problem.seqlen_k, seq=b)
                                  for b in range(problem.batch)])
@@ -885,8 +938,11 @@ class ProductionTarget(Target):
 #: faults the twin can plant in its call-form layer (fa4verify.call_layout) and its varlen
 #: sequence loop, for the fuzz's own mutation tests: ``paged_wrong_permutation`` reads a permuted
 #: page table in reversed order; ``varlen_dlse_offset_dropped`` reads every sequence's dLSE from
-#: the first sequence's rows (a dropped ``offset_batch`` of FA4's preprocess)
-LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation", "varlen_dlse_offset_dropped")
+#: the first sequence's rows (a dropped ``offset_batch`` of FA4's preprocess);
+#: ``block_lists_by_kv_head`` gives each query head of a KV group the block mask of the query head
+#: numbered as the KV head (Note [Block masks by head]: source mutant block_sparse_packgqa_guard_dropped)
+LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation", "varlen_dlse_offset_dropped",
+                                     "block_lists_by_kv_head")
 
 
 def block_mask_heads(problem: AttentionProblem) -> int:
@@ -903,9 +959,11 @@ def block_mask_heads(problem: AttentionProblem) -> int:
     kernel (on SM90 with ``tile_m % (q heads per KV head) != 0`` also its cp.async Q load), as a
     dense GQA call would; an MHA problem or ``pack_gqa=False`` keeps the per-head form. Found with
     ``audit --source-coverage`` on the H200: with per-head tensors only, no audit kernel held the
-    packed block-sparse path (Note [Source coverage])."""
+    packed block-sparse path (Note [Source coverage]). A mask drawn per head (``block_per_head``)
+    goes per head whatever the GQA (Note [Block masks by head])."""
     packed = problem.nheads != problem.nheads_kv and (problem.call is None or problem.call.pack_gqa is not False)
-    return 1 if packed else problem.nheads
+    per_head = problem.call is not None and problem.call.block_per_head     # Note [Block masks by head]
+    return 1 if packed and not per_head else problem.nheads
 
 
 def hd256_refusal(problem: AttentionProblem, pass_: str) -> Optional[str]:

@@ -1109,7 +1109,8 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
                          partial=None):
     """FA4's ``BlockSparseTensorsTorch`` for a dense boolean block mask ``(n_q_blocks,
     n_kv_blocks)`` (the same for every batch entry), or ``(batch, n_q_blocks, n_kv_blocks)`` (one
-    per batch entry); the same for every head. ``partial`` (a boolean mask of the
+    per batch entry), the same for every head; or ``(batch, nheads, n_q_blocks, n_kv_blocks)``
+    (one per batch entry and head: FA4 then keeps its GQA unpacked). ``partial`` (a boolean mask of the
     same shape inside ``block_mask``, or None): the blocks listed as *mask* blocks
     (``mask_block_cnt`` / ``mask_block_idx``: FA4 applies the call's ``mask_mod`` inside them); the
     other selected blocks are *full* blocks (no ``mask_mod``). ``direction="fwd"`` lists per Q
@@ -1132,7 +1133,12 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
         raise ValueError(f"partial blocks {part.shape} must lie inside the block mask {m.shape}")
     if m.ndim == 2:
         m, part = (np.broadcast_to(x, (batch,) + x.shape) for x in (m, part))
-    if m.ndim != 3 or m.shape[0] != batch:
+    per_head = m.ndim == 4
+    if per_head and m.shape[:2] != (batch, nheads):
+        raise ValueError(f"block mask {m.shape}: a mask per head is ({batch}, {nheads}, n_q_blocks, n_kv_blocks)")
+    if per_head:        # (batch, nheads, ...) -> (batch * nheads, ...): one list set per (batch, head)
+        m, part = (x.reshape((-1,) + x.shape[2:]) for x in (m, part))
+    elif m.ndim != 3 or m.shape[0] != batch:
         raise ValueError(f"block mask {m.shape}: expected (n_q_blocks, n_kv_blocks) or ({batch}, ...)")
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction={direction!r}: expected 'fwd' or 'bwd'")
@@ -1140,10 +1146,13 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
         raise ValueError("deterministic=True is a backward (direction='bwd') setting")
 
     def full(x, dev):
-        # (batch, ...) -> (batch, nheads, ...), built on the device from a list (also under
-        # FakeTensorMode, where a CPU->CUDA copy fails)
+        # (batch, ...) -> (batch, nheads, ...) (per head: (batch * nheads, ...) reshaped), built on
+        # the device from a list (also under FakeTensorMode, where a CPU->CUDA copy fails)
         x = np.asarray(x, np.int32)
-        x = np.broadcast_to(x[:, None], (batch, nheads) + x.shape[1:])
+        if per_head:
+            x = x.reshape((batch, nheads) + x.shape[1:])
+        else:
+            x = np.broadcast_to(x[:, None], (batch, nheads) + x.shape[1:])
         return torch.tensor(x.tolist(), dtype=torch.int32, device=dev)
 
     def lists(mm, pp, dev=device):

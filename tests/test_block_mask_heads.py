@@ -107,3 +107,47 @@ def test_sm100_block_sparse_backward_runs_fa4s_1cta_and_2cta_paths_compile_only(
             assert r["backward_config"]["use_2cta"] is two_cta
         else:
             assert "requires 2CTA" in r["error"]
+
+
+def test_a_mask_per_head_goes_per_head_whatever_the_gqa_forward_and_backward():
+    """Note [Block masks by head]: block_per_head gives FA4 (batch, nheads, ...) lists (so FA4 keeps
+    its GQA unpacked), each head its own grid."""
+    seen = []
+
+    def bst(block_mask, *, batch, nheads, block_size, direction, device, deterministic, partial=None):
+        seen.append((direction, nheads, np.shape(block_mask)))
+        return "tensors"
+    stand_in = types.SimpleNamespace(block_sparse_tensors=bst, sm90_bwd_sparse_block_size=lambda d, dv: (128, 128))
+    p = AttentionProblem(arch="sm100", dtype="bf16", batch=2, seqlen_q=130, seqlen_k=200, nheads=4, nheads_kv=2,
+                         head_dim=64, head_dim_v=64, values=ValueSpec("normal", 0),
+                         call=CallForm(block_size=(128, 128), block_seed=3, block_keep=0.6, block_per_head=True))
+    assert block_mask_heads(p) == 4 and p.heads_differ
+    a = {k: np.zeros(1, np.float32) for k in ("q", "k", "v", "dout")}
+    a["learnable_sink"] = None
+    t = ProductionTarget(adapter=stand_in, device="cpu")
+    t._call_kw(p, a)
+    t._call_kw(p, a, backward=True)
+    assert seen == [("fwd", 4, (2, 4, 2, 2)), ("bwd", 4, (2, 4, 2, 2))]
+    masks = [p.call.block_mask(130, 200, head=h) for h in range(4)]
+    assert len({m.tobytes() for m in masks}) > 1                   # the heads' grids differ
+    from fa4verify.oracles.block_sparse import dense_mask
+    for h in range(4):                                              # each head keeps its own grid's keys
+        assert np.array_equal(p.keep_masks(head=h)[1], dense_mask(masks[h], (128, 128), 130, 200))
+    with pytest.raises(ValueError, match="needs the head"):
+        p.call.block_mask(130, 200)
+
+
+@pytest.mark.fa4
+def test_fa4s_block_lists_per_head_on_the_cpu():
+    """The adapter's per-head lists: FA4's BlockSparseTensorsTorch with (batch, nheads, ...) counts
+    that differ by head (built on the CPU; the broadcast form repeats one head's)."""
+    pytest.importorskip("flash_attn.cute.block_sparsity")
+    from fa4verify.kernels import adapter
+    m = np.zeros((1, 2, 2, 3), bool)
+    m[0, 0, 0, :2] = True          # head 0: Q block 0 lists KV blocks 0, 1
+    m[0, 1, 1, 2] = True           # head 1: Q block 1 lists KV block 2
+    t = adapter.block_sparse_tensors(m, batch=1, nheads=2, block_size=(128, 128), device="cpu")
+    assert t.full_block_cnt.tolist() == [[[2, 0], [0, 1]]]
+    assert t.full_block_idx[0, 0, 0, :2].tolist() == [0, 1] and t.full_block_idx[0, 1, 1, 0].item() == 2
+    with pytest.raises(ValueError, match="per head"):
+        adapter.block_sparse_tensors(m, batch=1, nheads=4, block_size=(128, 128), device="cpu")

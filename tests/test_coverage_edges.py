@@ -25,7 +25,7 @@ def test_each_edge_is_the_path_it_names():
                     "paged_full_pages": False, "seqused_k_packed": True, "causal_l2_sections_batch": True,
                     "det_bwd_l2_sections": True, "varlen_lookup_long_first": True, "varlen_lookup_chunks": True,
                     "packed_local_first_key": True, "seqused_q_packed": True, "causal_key_past_tile": True,
-                    "right_window_key_past_tile": True}
+                    "right_window_key_past_tile": True, "block_sparse_per_head": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -119,7 +119,7 @@ def test_each_edge_is_the_path_it_names():
     assert all(-(-2 * q0 // t) != -(-q0 // t) for t in (tm, 2 * tm)) and -(-k0 // tmb) != -(-k0 // tnb)
     assert cases.NONDETERMINISTIC_EDGES == {"varlen_lookup_long_first", "varlen_lookup_chunks", "mla_gather_2cta",
                                             "mla_gather_wide", "mla_gather_1cta", "causal_key_past_tile",
-                                            "right_window_key_past_tile"}
+                                            "right_window_key_past_tile", "block_sparse_per_head"}
     # more sequences than one chunk of FA4's block-count kernel
     p = got["varlen_lookup_chunks"]
     assert p.varlen and p.batch > facts.cu_blocks_chunk() + 32

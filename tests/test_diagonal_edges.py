@@ -36,3 +36,16 @@ def test_diagonal_offsets_find_the_no_slack_residues():
     assert diagonal_offsets((192, 128), (64, 128), 384) == 1
     assert diagonal_offsets((192, 128), (64, 128), 300) == 65
     assert diagonal_offsets((128, 128), (64, 128), 100) is None         # no M tile ends inside 100 rows
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_the_per_head_block_edge_passes_clean_and_fails_lists_read_by_kv_head(arch):
+    """Note [Block masks by head]: GQA 4/2 with a block mask per query head; the twin's model of
+    source mutant block_sparse_packgqa_guard_dropped (each head of a group reads the lists of the
+    head numbered as its KV head) fails it."""
+    got = {n: (p, b) for n, p, b in edge_problems(space_for(arch, "bf16"))}
+    p, bwd = got["block_sparse_per_head"]
+    assert p.call.block_per_head and p.nheads == 2 * p.nheads_kv and p.heads_differ
+    check_problem(p, TwinTarget(), properties=PLAN_PROPERTIES, backward=bwd, deterministic=False)
+    with pytest.raises(Violation):
+        check_problem(p, TwinTarget(["block_lists_by_kv_head"]), properties=PLAN_PROPERTIES, backward=False)

@@ -425,6 +425,17 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
             batch=2, seqlen_q=3 * 64 + 5, seqlen_k=2 * tn + 3, values=vals(),
             call=CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),
                           block_keep=0.6), **base), False))
+    if "block_sparse" in forms and "2" in space.values["gqa"] and not space.lengths and not space.heads:
+        # Note [Block masks by head]: a GQA call whose block lists differ by query head (FA4 must
+        # keep it unpacked: a packed tile reads one head's lists for its whole group)
+        name = _hd128(space)
+        d, dv = space.hd[name]
+        bq, bk = sparse_block_size(space.arch, d, dv)
+        out.append(("block_sparse_per_head", AttentionProblem(
+            batch=1, seqlen_q=2 * bq, seqlen_k=3 * bk, nheads=4, nheads_kv=2, head_dim=d, head_dim_v=dv,
+            arch=space.arch, dtype=space.dtype, values=vals(),
+            call=CallForm(block_size=(bq, bk), block_seed=rng.randrange(2 ** 16), block_keep=0.5, block_per_head=True)),
+            _runs_bwd(space, form="block_sparse", hd=name, gqa="2", mask="none")))
     out += _mod_edges(space, vals)
     out += _layout_edges(space, vals)
     out += _lookup_edges(space, vals)
@@ -563,7 +574,7 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
 #: FA4's sparse MLA backward has no deterministic mode (``_flash_attn_bwd_sparse_mla`` asserts it off)
 NONDETERMINISTIC_EDGES = frozenset({"varlen_lookup_long_first", "varlen_lookup_chunks", "mla_gather_2cta",
                                     "mla_gather_wide", "mla_gather_1cta", "causal_key_past_tile",
-                                    "right_window_key_past_tile"})
+                                    "right_window_key_past_tile", "block_sparse_per_head"})
 
 
 def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:

@@ -180,9 +180,15 @@ def _mod_callables(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str,
 def _keep_pattern(problem: AttentionProblem) -> bool:
     """A call form that adds a keep-pattern (block sparsity, a CuTe mask_mod) to a problem without
     mod pairs: the oracle runs on its exact varlen rewrite (:mod:`fa4verify.judge.keep_pattern`).
-    With mod pairs the mods oracle takes the problem's keep-masks whole (Note [Partial blocks])."""
+    With mod pairs, or a block mask per head (one varlen rewrite serves every head, Note [Block
+    masks by head]), the mods oracle takes the problem's keep-masks whole, per (batch, head)."""
     call = getattr(problem, "call", None)
-    return call is not None and call.keep_pattern and not problem.mods
+    return call is not None and call.keep_pattern and not problem.mods and not call.block_per_head
+
+
+def _keep_by_head(problem: AttentionProblem) -> bool:
+    """Whether the oracle is the mods oracle's ``keep(b, h)`` (mod pairs, or block masks by head)."""
+    return bool(problem.mods) or (problem.call is not None and problem.call.block_per_head)
 
 
 def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
@@ -191,7 +197,7 @@ def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
     if _keep_pattern(problem):
         from fa4verify.judge import keep_pattern
         return keep_pattern.oracle_forward(problem, a)
-    if problem.mods:
+    if _keep_by_head(problem):
         from fa4verify.oracles import mods as om
         kw = _mod_callables(problem, a)
         kw.pop("grad", None)
@@ -208,7 +214,7 @@ def oracle_backward(problem: AttentionProblem, a: Mapping[str, Any], dlse: Any =
         from fa4verify.judge import keep_pattern
         return keep_pattern.oracle_backward(problem, a, dlse=dlse)
     dt = problem.dtype
-    if problem.mods:
+    if _keep_by_head(problem):
         from fa4verify.oracles import mods as om
         return om.backward(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt),
                            as_input_dtype(a["dout"], dt), dlse=dlse, **_mod_callables(problem, a))

@@ -39,14 +39,15 @@ def _unview(problem, x):
     return x[0] if problem.varlen else x
 
 
-def _blocks(problem, seq: int, lq: int, lk: int, keeps: list) -> tuple[np.ndarray, tuple[int, int]]:
-    """The block grid of sequence ``seq`` (lengths ``lq``, ``lk``) and its block size; ``keeps``:
-    a one-element cache of the problem's keep-masks (computed at the first sequence needing them)."""
+def _blocks(problem, seq: int, lq: int, lk: int, keeps: list, head: int = 0) -> tuple[np.ndarray, tuple[int, int]]:
+    """The block grid of sequence ``seq`` (lengths ``lq``, ``lk``) and its block size (query head
+    ``head``'s with a block mask per head); ``keeps``: a one-element cache of the problem's
+    keep-masks (computed at the first sequence needing them)."""
     call = problem.call
     if call.block_size is not None and not call.block_partial:
-        return call.block_mask(lq, lk, seq=call.grid_seq(problem, seq)), tuple(call.block_size)
+        return call.block_mask(lq, lk, seq=call.grid_seq(problem, seq), head=head), tuple(call.block_size)
     if not keeps:
-        keeps.append(problem.keep_masks())
+        keeps.append(problem.keep_masks(head=head))
     keep = keeps[0][seq]
     sq, sk = keep.shape
     for blk in (128, 64, 32, 16, 8, 4, 2):   # the coarsest block grid the pattern is constant on
@@ -59,14 +60,16 @@ def _blocks(problem, seq: int, lq: int, lk: int, keeps: list) -> tuple[np.ndarra
     return keep, (1, 1)
 
 
-def rewrite(problem) -> dict[str, Any]:
+def rewrite(problem, head: int = 0) -> dict[str, Any]:
     """Index maps of the varlen rewrite into the token view (:func:`view`): ``q_index`` (total_q,
     2) = (batch, row) and ``k_index`` (total_k, 2) = (batch, key) of each packed token;
-    ``seqlens_q/k``; ``seq``: the problem's sequence (batch entry) of each rewritten sequence."""
+    ``seqlens_q/k``; ``seq``: the problem's sequence (batch entry) of each rewritten sequence.
+    ``head``: the query head whose keep-pattern is rewritten (one serves every head unless the
+    problem's masks differ by head: ``heads_differ``)."""
     qi, ki, lq, lk, keeps, seq = [], [], [], [], [], []
     for s, (q0, sq, k0, sk) in enumerate(problem._seq_bounds()):
         b = 0 if problem.varlen else s
-        bm, (bq, bk) = _blocks(problem, s, sq, sk, keeps)
+        bm, (bq, bk) = _blocks(problem, s, sq, sk, keeps, head)
         for r in range(bm.shape[0]):
             rows = q0 + np.arange(r * bq, min((r + 1) * bq, sq))
             keys = k0 + np.concatenate([np.arange(c * bk, min((c + 1) * bk, sk)) for c in np.flatnonzero(bm[r])]

@@ -272,7 +272,8 @@ class AttentionProblem:
         """Whether the keep-mask depends on the query head (a mask pair declared ``by_head``:
         Note [Masks by head])."""
         mask = self.mod_pairs()[1] if self.mods else None
-        return bool(mask is not None and mask.by_head)
+        per_head_blocks = self.call is not None and self.call.block_per_head    # Note [Block masks by head]
+        return bool((mask is not None and mask.by_head) or per_head_blocks)
 
     def keep_masks(self, arrays: Optional[dict] = None, head: int = 0) -> list[np.ndarray]:
         """Per batch entry (varlen: per sequence), the boolean ``(len_q, len_k)`` keep-mask (True =
@@ -299,7 +300,8 @@ class AttentionProblem:
                                                          aux), bool), (lq, lk))
                      for b, (_, lq, _, lk) in enumerate(self._seq_bounds())]
             if self.call is not None and self.call.block_size is not None:    # Note [Partial blocks]
-                keeps = [self.call.keep_mask(self.seqlen_q, self.seqlen_k, inner=m, seq=self.call.grid_seq(self, b))
+                keeps = [self.call.keep_mask(self.seqlen_q, self.seqlen_k, inner=m, seq=self.call.grid_seq(self, b),
+                                             head=int(head))
                          for b, m in enumerate(keeps)]
             return keeps
         for i, (_, lq, _, lk) in enumerate(self._seq_bounds()):
@@ -307,7 +309,7 @@ class AttentionProblem:
                 out.append(self.mask_mod.keep_mask(lq, lk))
             else:
                 out.append(window_keep_mask(lq, lk, causal=self.causal, window_size=self.window_size))
-            extra = (self.call.keep_mask(lq, lk, seq=self.call.grid_seq(self, i))
+            extra = (self.call.keep_mask(lq, lk, seq=self.call.grid_seq(self, i), head=int(head))
                      if self.call is not None else None)
             if extra is not None:
                 out[-1] = out[-1] & extra

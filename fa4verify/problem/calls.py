@@ -155,7 +155,7 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
 _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch",
-                 "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p", "q_packed")
+                 "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p", "q_packed", "block_per_head")
 
 #: the archs whose FA4 has MLA (``qv``) kernels (``interface.py``: ``arch // 10 in [10, 11]``)
 MLA_ARCHS = ("sm100", "sm103")
@@ -205,6 +205,9 @@ class CallForm:
     #: ``cu_seqlens_q`` at capacity offsets; FA4 takes ``seqused_q[b]`` rows from each offset (its
     #: length wins over the cu_seqlens_q one), where the plain form passes batched Q
     q_packed: bool = False
+    #: a block mask drawn per query head (FA4 takes ``(batch, heads, ...)`` block lists: per-head
+    #: sparsity, MInference / DuoAttention style), not one for every head (Note [Block masks by head])
+    block_per_head: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -232,6 +235,8 @@ class CallForm:
             raise ValueError("q_packed is a seqused_q call (Q packed at capacity offsets)")
         if self.block_per_batch and self.block_size is None:
             raise ValueError("block_per_batch needs block sparsity (block_size)")
+        if self.block_per_head and (self.block_size is None or self.block_partial):
+            raise ValueError("block_per_head needs block sparsity (block_size) with full blocks only")
         object.__setattr__(self, "qv_dim", int(self.qv_dim))
         object.__setattr__(self, "gather_topk", int(self.gather_topk))
         if self.qv_dim < 0 or self.gather_topk < 0 or int(self.gather_seed) < 0:
@@ -304,6 +309,9 @@ class CallForm:
                 raise ValueError("block sparsity / mask_mod_fn need a problem without causal, window or mask_mod")
             if problem.varlen and self.block_per_batch:
                 raise ValueError("block_per_batch is a dense problem's (a varlen one draws per sequence)")
+            if problem.varlen and self.block_per_head:
+                raise ValueError("block_per_head is a dense problem's (FA4's varlen block lists are per head, "
+                                 "not drawn here)")
             if problem.varlen and (self.mask_mod_fn is not None or self.block_partial):
                 raise ValueError("a varlen problem takes block sparsity with full blocks only (no mask_mod)")
             mask_pair = problem.mods and problem.mod_pairs()[1] is not None
@@ -377,27 +385,44 @@ class CallForm:
             out[i, slots] = keys
         return out
 
-    def block_mask(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None) -> Optional[np.ndarray]:
+    def block_mask(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None,
+                   head: Optional[int] = None) -> Optional[np.ndarray]:
         """The (n_q_blocks, n_kv_blocks) boolean mask of the blocks FA4 gets listed, full or mask
         blocks (block sparsity), else None. Each block is kept with probability ``block_keep``.
         ``seq``: the sequence of a varlen problem, or the batch entry with ``block_per_batch``
-        (each draws its own grid: :meth:`grid_seq`); None for a dense one's shared grid."""
-        got = self._blocks(seqlen_q, seqlen_k, seq)
+        (each draws its own grid: :meth:`grid_seq`); None for a dense one's shared grid.
+        ``head``: the query head's grid with ``block_per_head`` (required there), else ignored.
+
+        Note [Block masks by head]
+        --------------------------
+        FA4 takes block lists per (batch, head) and keeps PackGQA only where their head extent is
+        1 (``interface.py``: "pack_gqa requires block sparse head dim == 1"): with one mask for every
+        head that guard never fires, and a kernel reading another head's lists reads the same
+        ones (the fourth red-team round). ``block_per_head`` draws each query head its own grid;
+        the problem's keep-masks differ by head (``AttentionProblem.heads_differ``), so the judge
+        keeps per head (Note [Masks by head]) and the oracle is the mods oracle's ``keep(b, h)``."""
+        got = self._blocks(seqlen_q, seqlen_k, seq, head)
         return None if got is None else got[0]
 
-    def partial_blocks(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None) -> Optional[np.ndarray]:
+    def partial_blocks(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None,
+                       head: Optional[int] = None) -> Optional[np.ndarray]:
         """Which listed blocks are mask blocks (Note [Partial blocks]): a boolean mask inside
         :meth:`block_mask`, all False without ``block_partial``; None without block sparsity."""
-        got = self._blocks(seqlen_q, seqlen_k, seq)
+        got = self._blocks(seqlen_q, seqlen_k, seq, head)
         return None if got is None else got[1]
 
-    def _blocks(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None
+    def _blocks(self, seqlen_q: int, seqlen_k: int, seq: Optional[int] = None, head: Optional[int] = None
                 ) -> Optional[tuple[np.ndarray, np.ndarray]]:
         if self.block_size is None:
             return None
         bq, bk = self.block_size
         nq, nk = -(-seqlen_q // bq), -(-seqlen_k // bk)
-        rng = np.random.default_rng(self.block_seed if seq is None else [self.block_seed, int(seq)])
+        if self.block_per_head:
+            if head is None:
+                raise ValueError("a call form with a block mask per head needs the head (block_per_head)")
+            rng = np.random.default_rng([self.block_seed, 0 if seq is None else 1 + int(seq), 0x4EAD, int(head)])
+        else:
+            rng = np.random.default_rng(self.block_seed if seq is None else [self.block_seed, int(seq)])
         listed = rng.random((nq, nk)) < self.block_keep
         partial = np.zeros_like(listed)
         if self.block_partial:          # drawn after the kept blocks: those do not change
@@ -405,13 +430,13 @@ class CallForm:
         return listed, partial
 
     def keep_mask(self, seqlen_q: int, seqlen_k: int, inner: Optional[np.ndarray] = None,
-                  seq: Optional[int] = None) -> Optional[np.ndarray]:
+                  seq: Optional[int] = None, head: Optional[int] = None) -> Optional[np.ndarray]:
         """The (seqlen_q, seqlen_k) keep-mask this call form adds, or None. ``inner``: the mask
         pair's keep-mask, which decides inside mask blocks (Note [Partial blocks]); required when
-        the call form has them. ``seq``: as in :meth:`block_mask`."""
+        the call form has them. ``seq``, ``head``: as in :meth:`block_mask`."""
         if self.block_size is not None:
             from fa4verify.oracles.block_sparse import dense_mask
-            listed, partial = self._blocks(seqlen_q, seqlen_k, seq)
+            listed, partial = self._blocks(seqlen_q, seqlen_k, seq, head)
             if inner is None:
                 if partial.any():
                     raise ValueError("a call form with mask blocks needs the mask pair's keep-mask (inner)")
@@ -468,7 +493,8 @@ class CallForm:
         if self.block_size is not None:
             partial = f", partial={self.block_partial:g}" if self.block_partial else ""
             parts.append(f"block_sparse({self.block_size[0]}x{self.block_size[1]}, keep={self.block_keep:g}"
-                         f"{partial}{', per batch' if self.block_per_batch else ''}, #{self.block_seed})")
+                         f"{partial}{', per batch' if self.block_per_batch else ''}"
+                         f"{', per head' if self.block_per_head else ''}, #{self.block_seed})")
         if self.mask_mod_fn is not None:
             parts.append(f"mask_mod_fn={self.mask_mod_fn}")
         if self.pack_gqa is not None:
