@@ -16,7 +16,8 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   ``causal_left`` (causal + a left window);
 * ``hd``: head-dim classes, one per tile class FA4's tile tables select (forward tile, backward
   tile, and the dQ-accumulator rounding class: whether rounding the head dim to 16 and to 32
-  differ), each represented by one head dim (:func:`head_dim_classes`), plus one hd != hdv pair;
+  differ), each represented by one head dim (:func:`head_dim_classes`), plus the classes of the
+  hd != hdv pairs (192, 128), (64, 128) and (128, 64);
 * ``gqa``: query heads per KV head: ``1``, ``2``, ``4``, ``mqa`` (one KV head), ``2_unpacked`` (2,
   with ``pack_gqa=False``: FA4 packs every GQA forward unless the caller says not to);
 * ``seqlen``: relative to the forward tile: ``lt_tile``, ``eq_tile``, ``tile_m1``, ``tile_p1``,
@@ -111,7 +112,9 @@ def head_dim_classes(arch: str, dtype: str = "bf16", *, limit: Optional[Iterable
     representative is the largest head dim of its class (the class's widest tile use), except the
     odd class, whose smallest member is taken (8, 40, 72, ...: the narrowest padding). ``limit``:
     only these (hd, hdv) pairs (a deployment's); the classes are then those the pairs fall in."""
-    cands = [(d, d) for d in range(8, 257, 8)] + [(192, 128)]
+    # hd != hdv both ways (FA4 accepts any pair its rule allows; its forward keeps O in Q's shared
+    # memory, so hdv > hd is a layout of its own: the fourth red-team round)
+    cands = [(d, d) for d in range(8, 257, 8)] + [(192, 128), (64, 128), (128, 64)]
     if limit is not None:
         cands = sorted({(int(a), int(b)) for a, b in limit})
     out: dict[tuple, tuple[int, int]] = {}
