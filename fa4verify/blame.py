@@ -20,7 +20,10 @@ here launch no kernel of fa4verify's own; out-of-memory is not a fault).
 The consequences, everywhere a call into FA4 is judged:
 
 * ``"FA4 rejected the call"`` only for FA4's own refusals (:func:`fa4_refusal`: an assertion,
-  ``ValueError``, ``TypeError`` or ``NotImplementedError`` raised in FA4);
+  ``ValueError``, ``TypeError`` or ``NotImplementedError`` raised in FA4, the last two by a
+  ``raise`` statement: a ``TypeError`` of an operation that failed inside FA4's code -- a subscript
+  of an int while it traces a kernel -- is a crash, FA4's failure, not a refusal;
+  :func:`deliberate`);
 * an exception of fa4verify (:func:`origin` is ``"fa4verify"``) is an ``error`` of the check
   that made the call, never a FAIL and never a finding about FA4
   (:class:`fa4verify.errors.HarnessError` carries it through the judge);
@@ -33,7 +36,7 @@ import functools
 import os
 from typing import Optional
 
-__all__ = ["FA4", "FA4VERIFY", "origin", "fa4_refusal", "device_fault", "describe", "path_owner",
+__all__ = ["FA4", "FA4VERIFY", "origin", "fa4_refusal", "deliberate", "device_fault", "describe", "path_owner",
            "report_blame"]
 
 FA4 = "fa4"
@@ -92,9 +95,27 @@ def origin(exc: BaseException) -> str:
     return owner or FA4VERIFY
 
 
+def deliberate(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised on purpose: an assertion or ``NotImplementedError``, or raised by a
+    ``raise`` statement in its innermost frame (FA4's argument checks, the DSL's), not by an
+    operation that failed there (``x[0]`` of an int, a call with wrong arguments: a crash). A frame
+    whose source cannot be read counts as deliberate."""
+    if isinstance(exc, (AssertionError, NotImplementedError)):
+        return True
+    import linecache
+    tb = exc.__traceback__
+    if tb is None:
+        return True
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()
+    return not line or line.startswith(("raise", "assert")) or " raise " in f" {line} "
+
+
 def fa4_refusal(exc: BaseException) -> bool:
-    """FA4's own refusal of a call: a refusal type (:data:`REFUSAL_TYPES`) raised in FA4."""
-    return isinstance(exc, REFUSAL_TYPES) and origin(exc) == FA4
+    """FA4's own refusal of a call: a refusal type (:data:`REFUSAL_TYPES`) raised in FA4, on purpose
+    (:func:`deliberate`)."""
+    return isinstance(exc, REFUSAL_TYPES) and origin(exc) == FA4 and deliberate(exc)
 
 
 def describe(exc: BaseException) -> str:

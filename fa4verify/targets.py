@@ -671,7 +671,7 @@ class ProductionTarget(Target):
             if isinstance(e, getattr(ad, "AdapterRefusal", ())):
                 raise Unsupported(f"fa4verify's adapter refused the call: {e}") from None
             if blame.origin(e) == blame.FA4:
-                if isinstance(e, blame.REFUSAL_TYPES):
+                if blame.fa4_refusal(e):
                     raise Unsupported(f"FA4 rejected the call: {type(e).__name__}: {e}") from None
                 raise
             raise HarnessError(f"fa4verify's own call failed ({type(e).__name__}: {e})") from e

@@ -80,3 +80,25 @@ def test_a_refusal_by_the_adapter_is_not_reported_as_fa4s():
         ns["refuse"]()
     except ValueError as e:
         assert blame.origin(e) == blame.FA4 and blame.fa4_refusal(e)
+
+
+def test_a_typeerror_of_an_operation_inside_fa4_is_a_crash_not_a_refusal(tmp_path):
+    """Note [Blame]: FA4's `raise TypeError(...)` refuses a call; a TypeError an operation raises in
+    FA4's own code (a subscript of an int while it traces a kernel: the fp8 PackGQA load at head dim
+    16, compile-only) is FA4's crash, judged by the runs property, not "FA4 rejected the call"."""
+    from fa4verify import blame
+    d = tmp_path / "site-packages" / "flash_attn" / "cute"
+    d.mkdir(parents=True)
+    src = d / "pack_gqa.py"
+    src.write_text("def load_q(layout):\n    threads = layout[0][0]\n    return threads\n\n"
+                   "def check(n):\n    if n < 0:\n        raise TypeError('FA4 says no')\n")
+    ns: dict = {}
+    exec(compile(src.read_text(), str(src), "exec"), ns)
+    try:
+        ns["load_q"](5)
+    except TypeError as e:
+        assert blame.origin(e) == blame.FA4 and not blame.deliberate(e) and not blame.fa4_refusal(e)
+    try:
+        ns["check"](-1)
+    except TypeError as e:
+        assert blame.deliberate(e) and blame.fa4_refusal(e)
