@@ -246,8 +246,8 @@ def test_mla_faults_fail_the_forward_budget(target):
 class _SentinelKey0(CallForm):
     """A gather whose ``-1`` slots are read as key 0 (a missing sentinel check)."""
 
-    def keep_mask(self, seqlen_q, seqlen_k, inner=None, seq=None):
-        m = super().keep_mask(seqlen_q, seqlen_k, inner, seq)
+    def keep_mask(self, seqlen_q, seqlen_k, inner=None, seq=None, head=None):
+        m = super().keep_mask(seqlen_q, seqlen_k, inner, seq, head)
         m[:, 0] |= (self.gather_indices(seqlen_q, seqlen_k, 0 if seq is None else seq) < 0).any(axis=1)
         return m
 

@@ -34,7 +34,8 @@ shape above (hd 128, 3 and 8 splits) has one head-dim block and one slot per thr
 the block offset or in the slots past the first is invisible to it (the fourth red-team round,
 ``docs/results/redteam4/analysis.md``). :data:`SHAPES` adds synthetic fp32 partials (normal O,
 LSE spread over 8 nats, seeded) at head dims 64 (16-row tiles, 20 splits: two slots), 128 (40
-splits: two slots), 192 (a half block, predicated) and 256 (two blocks), each with rows empty in
+splits: two slots), 192 (a half block, predicated; SM90, where attention returns it) and 256 (two
+blocks), each with rows empty in
 every split, in the first splits and in the *last* splits (a largest valid split below S - 1),
 judged against the exact combine of the same partials (``combine_out`` / ``combine_lse``).
 
@@ -60,6 +61,12 @@ SEED = 1
 #: (head_dim, num_splits) of the synthetic partials (Note [Combine shapes]); (batch, rows, heads)
 SHAPES = ((64, 20), (128, 40), (192, 5), (256, 3))
 SHAPE_ROWS = (1, 40, 2)
+
+
+def shapes_for(arch: str) -> tuple[tuple[int, int], ...]:
+    """:data:`SHAPES` at the head dims an attention call on ``arch`` returns (SM 10.x: not 192)."""
+    from fa4verify.kernels import facts
+    return tuple((d, S) for d, S in SHAPES if facts.head_dims_supported(arch, d, d))
 
 
 def varlen_lengths(total: int) -> tuple[int, ...]:
@@ -114,9 +121,10 @@ def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS,
     return rows
 
 
-def shape_rows(kernel: Any, *, dtype: str = "bf16", shapes=SHAPES, seed: int = SEED) -> list[dict[str, Any]]:
-    """Note [Combine shapes]: one row per (head dim, splits) of synthetic partials, judged against
-    the exact combine of the same partials."""
+def shape_rows(kernel: Any, *, dtype: str = "bf16", shapes=None, seed: int = SEED) -> list[dict[str, Any]]:
+    """Note [Combine shapes]: one row per (head dim, splits) of synthetic partials (default
+    :func:`shapes_for` the kernel's arch), judged against the exact combine of the same partials."""
+    shapes = shapes_for(kernel.arch) if shapes is None else shapes
     import dataclasses
 
     import torch
@@ -267,7 +275,7 @@ def _combine_compiles(ctx: CheckContext) -> list:
             + [CompileCall("combine", problem(sk), splits=S, purpose="the merge of the partials") for S in SPLITS]
             + [CompileCall("combine", varlen, splits=S, purpose="the varlen merge (cu_seqlens)") for S in SPLITS]
             + [CompileCall("combine", shaped(hd), splits=S, purpose="synthetic partials (Note [Combine shapes])")
-               for hd, S in SHAPES])
+               for hd, S in shapes_for(ctx.require_gpu().arch)])
 
 
 @check("production.combine", title="FA4's flash_attn_combine merges split partials within budget (live)",
