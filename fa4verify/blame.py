@@ -96,10 +96,12 @@ def origin(exc: BaseException) -> str:
 
 
 def deliberate(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised on purpose: an assertion or ``NotImplementedError``, or raised by a
-    ``raise`` statement in its innermost frame (FA4's argument checks, the DSL's), not by an
-    operation that failed there (``x[0]`` of an int, a call with wrong arguments: a crash). A frame
-    whose source cannot be read counts as deliberate."""
+    """Whether ``exc`` was raised on purpose by FA4: an assertion or ``NotImplementedError``, or a
+    ``raise`` statement in FA4's own code as the innermost frame (its argument checks). Not: an
+    operation that failed in FA4's code (``x[0]`` of an int, a call with wrong arguments), or a
+    ``raise`` of a library FA4 called with what it cannot take (the CuTe DSL refusing a layout
+    while FA4 traces a kernel): crashes. A frame whose source cannot be read counts as
+    deliberate. (A ``raise`` whose message formatting fails counts as deliberate too.)"""
     if isinstance(exc, (AssertionError, NotImplementedError)):
         return True
     import linecache
@@ -108,8 +110,11 @@ def deliberate(exc: BaseException) -> bool:
         return True
     while tb.tb_next is not None:
         tb = tb.tb_next
-    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()
-    return not line or line.startswith(("raise", "assert")) or " raise " in f" {line} "
+    path = tb.tb_frame.f_code.co_filename
+    line = linecache.getline(path, tb.tb_lineno).strip()
+    if not line:
+        return True
+    return _frame_owner(path) == FA4 and (line.startswith(("raise", "assert")) or " raise " in f" {line} ")
 
 
 def fa4_refusal(exc: BaseException) -> bool:

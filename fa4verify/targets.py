@@ -249,6 +249,7 @@ class TwinTarget(Target):
         dq = np.zeros(np.shape(a["q"]))
         dk, dv = np.zeros(np.shape(a["k"])), np.zeros(np.shape(a["v"]))
         dsink = np.zeros(problem.nheads) if problem.sink else None
+        got_dsink = False            # a dsink only where some head's call returned one (the twin models none)
         for h, kvh, vp, va, rw in self._heads(problem, a):
             qb, qr = rw["q_index"].T
             vf = Fwd(kp.view(problem, fwd.out)[qb, qr][:, h:h + 1], kp.view(problem, fwd.lse)[qb, h, qr][None, :])
@@ -258,7 +259,8 @@ class TwinTarget(Target):
             dv[:, :, kvh] += kp._sum_keys(problem, g.dv, np.zeros_like(g.dv), rw)[0][:, :, 0]
             if dsink is not None and g.dsink is not None:
                 dsink[h] = np.asarray(g.dsink).reshape(-1)[0]
-        return Bwd(dq, dk, dv, dsink)
+                got_dsink = True
+        return Bwd(dq, dk, dv, dsink if got_dsink else None)
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)

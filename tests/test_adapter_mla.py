@@ -102,3 +102,24 @@ def test_a_typeerror_of_an_operation_inside_fa4_is_a_crash_not_a_refusal(tmp_pat
         ns["check"](-1)
     except TypeError as e:
         assert blame.deliberate(e) and blame.fa4_refusal(e)
+
+
+def test_a_library_raise_under_fa4s_kernel_code_is_a_crash(tmp_path):
+    """Note [Blame]: the CuTe DSL raising ValueError on a layout FA4's kernel code handed it is FA4's
+    crash (it traced a kernel it cannot build), not FA4 refusing the call."""
+    from fa4verify import blame
+    lib = tmp_path / "cutlass_like"
+    lib.mkdir()
+    (lib / "layout.py").write_text("def partition(shape):\n    raise ValueError('cannot partition')\n")
+    d = tmp_path / "site-packages" / "flash_attn" / "cute"
+    d.mkdir(parents=True)
+    kern = d / "kernel.py"
+    kern.write_text("def build(partition):\n    return partition((128, 80))\n")
+    ns_lib: dict = {}
+    exec(compile((lib / "layout.py").read_text(), str(lib / "layout.py"), "exec"), ns_lib)
+    ns: dict = {}
+    exec(compile(kern.read_text(), str(kern), "exec"), ns)
+    try:
+        ns["build"](ns_lib["partition"])
+    except ValueError as e:
+        assert blame.origin(e) == blame.FA4 and not blame.deliberate(e) and not blame.fa4_refusal(e)

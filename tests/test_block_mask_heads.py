@@ -150,3 +150,19 @@ def test_fa4s_block_lists_per_head_on_the_cpu():
     assert t.full_block_idx[0, 0, 0, :2].tolist() == [0, 1] and t.full_block_idx[0, 1, 1, 0].item() == 2
     with pytest.raises(ValueError, match="per head"):
         adapter.block_sparse_tensors(m, batch=1, nheads=4, block_size=(128, 128), device="cpu")
+
+
+def test_the_twin_per_head_with_a_sink_returns_no_dsink_it_does_not_model():
+    """The twin's rewrite backward models no dsink: per head it returns None, not zeros the judge
+    would read as FA4's (Note [Block masks by head])."""
+    from fa4verify.checks.coverage import PLAN_PROPERTIES
+    from fa4verify.fuzz import check_problem
+    from fa4verify.targets import TwinTarget
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=256, seqlen_k=256, nheads=4, nheads_kv=2,
+                         head_dim=64, head_dim_v=64, sink=True, values=ValueSpec("normal", 2),
+                         call=CallForm(block_size=(128, 128), block_seed=4, block_keep=0.6, block_per_head=True))
+    a = p.materialize()
+    t = TwinTarget()
+    g = t.backward(p, a, t.forward(p, a), deterministic=False)
+    assert g.dsink is None
+    check_problem(p, t, properties=PLAN_PROPERTIES, backward=True, deterministic=False)

@@ -159,3 +159,36 @@ def test_fp8_head_dims_that_do_not_build_are_named_and_absorbed_only_there():
     for p in (prob(64), prob(80, "bf16")):
         assert fuzz.match_known_issue(p, v, target="production") is None
     assert fuzz.match_known_issue(prob(80), Violation("runs", "RuntimeError: CUDA error"), target="production") is None
+
+
+def test_edge_values_of_a_descaled_problem_are_planted_and_checked_in_the_descaled_logits():
+    """Note [Edge values] with descales: the spike is planted in the descaled logits (a factor of
+    1/16 would flatten a raw one) and the self-check's reference rows read the descaled inputs,
+    so every edge is seen on the clean twin and a one-key shift of the diagonal fails."""
+    from fa4verify.checks.coverage import PLAN_PROPERTIES
+    from fa4verify.fuzz import check_problem
+    from fa4verify.fuzz.violation import Violation
+    from fa4verify.problem import ValueSpec
+    p = _p(causal=True, seqlen_q=200, seqlen_k=260, values=ValueSpec("edges", 5, (("score", 6.0),)))
+    a = p.materialize()
+    e = judge.effective_inputs(p, a)
+    t = a["edges"][0]
+    b, i = t["b"], t["i"]
+    j = next(j for j, inside in t["keys"] if inside and 0 <= j)
+    s = float(e["q"][b, i, 0] @ e["k"][b, j, 0]) * p.scale          # the planted key, head 0
+    others = e["q"][b, i, 0] @ e["k"][b, :, 0].T * p.scale
+    assert s > np.median(others) + 3.0
+    out = check_problem(p, TwinTarget(), properties=PLAN_PROPERTIES, backward=False)
+    assert "edge_sensitive" in out.ran
+    with pytest.raises(Violation):
+        check_problem(p, TwinTarget(["causal_off_by_one"]), properties=PLAN_PROPERTIES, backward=False)
+
+
+def test_metamorphic_properties_carry_the_descales():
+    """batch_invariance runs one entry with its own factors; gqa_repeat gives each copied KV head
+    its factor."""
+    from fa4verify.fuzz import check_problem
+    p = _p(causal=True, seqlen_q=90, seqlen_k=120)
+    out = check_problem(p, TwinTarget(), properties=("runs", "fwd_budget", "batch_invariance", "gqa_repeat"),
+                        backward=False)
+    assert {"batch_invariance", "gqa_repeat"} <= set(out.ran)

@@ -411,6 +411,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
             ab = dict(a)
             for n in ("q", "k", "v", "dout"):
                 ab[n] = a[n][b:b + 1]
+            for n in problem.descales:       # Note [FP8 descales]: the entry's own factors
+                ab[f"{n}_descale"] = np.asarray(a[f"{n}_descale"])[b:b + 1]
             if a.get("mask") is not None:
                 ab["mask"] = a["mask"][b:b + 1]
             f1 = _run_target(problem, target.forward, sub, ab)
@@ -433,6 +435,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
             mha = problem.replace(nheads_kv=problem.nheads)
             am = dict(a)
             am["k"], am["v"] = np.repeat(a["k"], g, axis=-2), np.repeat(a["v"], g, axis=-2)
+            for n in problem.descales:       # Note [FP8 descales]: a KV head's factor for each copy
+                am[f"{n}_descale"] = np.repeat(np.asarray(a[f"{n}_descale"]), g, axis=1)
             fm = _run_target(problem, target.forward, mha, am)
             if target.bitwise_invariants and problem.arch == "sm90":
                 for n, x, y in (("out", fm.out, fwd.out), ("lse", fm.lse, fwd.lse)):

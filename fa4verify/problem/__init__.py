@@ -94,7 +94,7 @@ class AttentionProblem:
     4 + 24 significand bits), so the oracle and the budget statistics see the real-number
     function. The kernel folds ``q_descale * k_descale`` into its exponent scale and
     ``v_descale`` into the normaliser, three more fp32 roundings, which the budgets count
-    (``n_c`` and ``o_scale_roundings`` in ``error_budgets/fp8_*.toml``,
+    (``c_roundings`` and ``o_scale_roundings`` in ``error_budgets/fp8_*.toml``,
     DERIVATIONS.md#fp8-descale).
     """
 
@@ -355,13 +355,16 @@ class AttentionProblem:
         arrs = generate_values(self.values, dtype=self.dtype, q_shape=sh["q"], k_shape=sh["k"], v_shape=sh["v"],
                                key_positions=key_pos, softmax_scale=self.scale, nheads=self.nheads,
                                with_sink=self.sink)
+        arrs.update(generate_descales(self.values.seed, self.batch, self.nheads_kv, self.descales))
         if self.values.distribution == "edges":     # Note [Edge values]
             from fa4verify.problem.edges import plant_edges
-            planted = plant_edges(self, {"q": arrs["q"].astype(np.float64), "k": arrs["k"].astype(np.float64)},
+            qk = {"q": arrs["q"].astype(np.float64), "k": arrs["k"].astype(np.float64)}
+            fac = self._descale_factors(arrs)       # Note [FP8 descales]: plant the score in the descaled logits
+            planted = plant_edges(self, {n: qk[n] * fac[n] for n in qk},
                                   score=self.values.param("score", 6.0), seed=self.values.seed)
             lim = INPUT_LIMIT[self.dtype]
             for n in ("q", "k"):
-                arrs[n] = round_to_dtype(np.clip(planted[n], -lim, lim).astype(np.float32), self.dtype)
+                arrs[n] = round_to_dtype(np.clip(planted[n] / fac[n], -lim, lim).astype(np.float32), self.dtype)
             arrs["edges"] = planted["edges"]
         if self.call is not None and self.call.mla:     # Note [MLA as a call form]: k's qv columns are v
             arrs["k"] = arrs["k"].copy()
@@ -373,8 +376,21 @@ class AttentionProblem:
         arrs["mask"] = None
         if self.mask_mod is not None:
             arrs["mask"] = np.stack(self.keep_masks())
-        arrs.update(generate_descales(self.values.seed, self.batch, self.nheads_kv, self.descales))
         return arrs
+
+    def _descale_factors(self, arrs: dict) -> dict[str, Any]:
+        """The float64 factor of every element of q and k (1.0 without descales): the descales
+        broadcast over each array's layout (varlen: by sequence)."""
+        if not self.descales:
+            return {"q": 1.0, "k": 1.0}
+        from fa4verify.oracles.descale import descaled
+        cu = {}
+        if self.varlen:
+            cu = {"cu_seqlens_q": np.concatenate([[0], np.cumsum(self.seqlens_q)]).astype(np.int32),
+                  "cu_seqlens_k": np.concatenate([[0], np.cumsum(self.seqlens_k)]).astype(np.int32)}
+        d = descaled(np.ones(arrs["q"].shape), np.ones(arrs["k"].shape), np.ones(arrs["v"].shape),
+                     q_descale=arrs.get("q_descale"), k_descale=arrs.get("k_descale"), **cu)
+        return {"q": d["q"], "k": d["k"]}
 
     def kwargs(self, arrays: Optional[dict] = None) -> dict[str, Any]:
         """Keyword arguments shared by the oracle, the twin and the adapter (the contract in

@@ -164,7 +164,10 @@ def edge_sensitivity(problem: Any, a: Mapping[str, Any], out: np.ndarray, allowa
     if problem.mods:
         return {"applicable": False, "why": "score/mask mod pairs: the row model has no mod", "edges": 0,
                 "seen": 0, "blind": []}
-    keeps = problem.keep_masks()
+    heads = range(problem.nheads) if problem.heads_differ else (0,)     # Note [Masks by head]
+    keeps_of = {h: problem.keep_masks(a, head=h) if problem.heads_differ else problem.keep_masks() for h in heads}
+    from fa4verify.judge.attention import effective_inputs
+    a = effective_inputs(problem, a)          # Note [FP8 descales]: the descaled inputs
     # float64 once: converting the whole of q / k / v per key and head cost 21 s of a 24 s row
     # on the H200 (a GQA-4 causal+window row with 42 reference rows)
     a = dict(a, **{n: np.asarray(a[n], np.float64) for n in ("q", "k", "v") if n in a})
@@ -174,19 +177,19 @@ def edge_sensitivity(problem: Any, a: Mapping[str, Any], out: np.ndarray, allowa
     blind: list[str] = []
     for t in targets:
         b, i = t["b"], t["i"]
-        row = np.asarray(keeps[b][i], bool)
         oi = out[_q_token(problem, b, i)]           # (h, dv)
         al = allowance[_q_token(problem, b, i)]
         for j, inside in t["keys"]:
-            flipped = row.copy()
-            extra: list[int] = []
-            if 0 <= j < row.size:
-                flipped[j] = not flipped[j]
-            else:
-                extra = [j]                          # a neighbour's key read by mistake
             n += 1
             hit = False
             for h in range(problem.nheads):
+                row = np.asarray(keeps_of[h if problem.heads_differ else 0][b][i], bool)
+                flipped = row.copy()
+                extra: list[int] = []
+                if 0 <= j < row.size:
+                    flipped[j] = not flipped[j]
+                else:
+                    extra = [j]                      # a neighbour's key read by mistake
                 ref = _row_reference(problem, a, b, i, flipped, h, extra)
                 with np.errstate(invalid="ignore"):
                     if np.any(np.abs(oi[h] - ref) > al[h]):

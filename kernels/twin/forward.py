@@ -386,14 +386,15 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             raise ValueError("q/k/v descales take fp8 inputs (FA4 asserts)")
         if has_softcap or mla:
             raise ValueError("the twin models descales without softcap and MLA")
-        qk32, vd32 = _descale_factors(descales, qa.shape[0], ka.shape[2])
+        qk32, vd32, qk64 = _descale_factors(descales, qa.shape[0], ka.shape[2])
         rep_h = qa.shape[2] // ka.shape[2]
-        qk_h = np.repeat(qk32, rep_h, axis=1)[:, :, None]          # (b, hq, 1), fp32
+        heads = np.arange(qa.shape[2]) // rep_h
         if "qk_descale_query_head" in muts:      # the factor of KV head h % hk, not h // group
-            qk_h = qk32[:, np.arange(qa.shape[2]) % ka.shape[2]][:, :, None]
+            heads = np.arange(qa.shape[2]) % ka.shape[2]
+        qk_h = qk32[:, heads][:, :, None]                          # (b, hq, 1), fp32
         # FA4: softmax_scale_log2_eff = RN(c * qk_descale), per (batch, KV head)
         c = b32.mul(np.broadcast_to(np.asarray(c, F32), qk_h.shape).copy(), qk_h)
-        c_true = c_true * qk_h.astype(F64)
+        c_true = c_true * qk64[:, heads][:, :, None]               # the exact product qd kd
         vd_rows = np.repeat(vd32, rep_h, axis=1)[:, :, None]        # (b, hq, 1)
 
     # --- kernel variant, tiles, thresholds
@@ -653,9 +654,9 @@ def _store(x):
     return x
 
 
-def _descale_factors(descales, batch: int, nheads_kv: int) -> tuple[np.ndarray, np.ndarray]:
+def _descale_factors(descales, batch: int, nheads_kv: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """FA4's ``_load_effective_descales``: ``(RN(RN(1 * qd) * kd), vd)`` as fp32 (batch,
-    nheads_kv) arrays, a missing descale 1.0."""
+    nheads_kv) arrays, a missing descale 1.0, and the exact float64 product ``qd kd``."""
     out = []
     for t, name in zip(descales, ("q_descale", "k_descale", "v_descale")):
         if t is None:
@@ -666,7 +667,7 @@ def _descale_factors(descales, batch: int, nheads_kv: int) -> tuple[np.ndarray, 
             raise ValueError(f"{name}: expected finite fp32 values of shape ({batch}, {nheads_kv}), "
                              f"got {a.shape}")
         out.append(a.astype(F32))
-    return b32.mul(out[0], out[1]), out[2]
+    return b32.mul(out[0], out[1]), out[2], out[0].astype(F64) * out[1].astype(F64)
 
 
 def _forward_varlen(q, k, v, cu_q, cu_k, kw) -> TwinForwardResult:
