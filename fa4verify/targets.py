@@ -817,8 +817,11 @@ class ProductionTarget(Target):
             if not hasattr(self._ad, "mla_forward_backward_autograd"):
                 return "this adapter has no public autograd entry for MLA (mla_forward_backward_autograd)"
             return _call_backward_unsupported(problem)
-        if problem.call is not None:
-            return "the public autograd path is run on calls without a call form"
+        if problem.call is not None and problem.call.paged:
+            return "FA4 has no paged-KV backward (page_table is forward-only)"
+        if problem.call is not None and problem.call.block_size is not None and problem.varlen:
+            from fa4verify.coverage.space import VARLEN_SPARSE_BWD
+            return VARLEN_SPARSE_BWD
         if not hasattr(self._ad, "forward_backward_autograd"):
             return "this adapter has no public autograd entry (forward_backward_autograd)"
         return None
@@ -834,9 +837,15 @@ class ProductionTarget(Target):
         buffers need it), so a fault in the autograd glue -- a ``ctx`` field dropped or swapped --
         reached no check. This runs the public path (``flash_attn_func`` /
         ``flash_attn_varlen_func`` with ``return_lse=True``, then autograd of ``(out, lse)``
-        with ``(dout, dlse)``) on calls without a call form; ``bwd_stages`` judges its gradients
-        with the driver's budgets and, with ``dlse`` and ``deterministic``, requires them bitwise
-        equal to the driver's (:func:`fa4verify.fuzz.properties._judge_autograd`)."""
+        with ``(dout, dlse)``); ``bwd_stages`` judges its gradients with the driver's budgets and,
+        on calls without a call form, with ``dlse`` and ``deterministic``, requires them bitwise
+        equal to the driver's (:func:`fa4verify.fuzz.properties._judge_autograd`).
+
+        Call forms too (seqused_q / seqused_k, K or Q packed at capacity offsets, block sparsity,
+        a CuTe mask_mod): the public functions take them and their ``backward`` must hand them on
+        (a varlen autograd backward that drops ``seqused_k``, or a block-sparse one that drops
+        ``block_sparse_tensors_bwd``, reached no check: the fifth red-team round); FA4 gets the
+        call's own arrays and the gradients come back in the problem's layout."""
         if (why := self.autograd_unsupported(problem)) is not None:
             raise Unsupported(why)
         dt = problem.dtype
@@ -853,15 +862,29 @@ class ProductionTarget(Target):
                                softmax_scale=problem.softmax_scale, causal=problem.causal,
                                gather_bwd_recompute_p=call.recompute_p)
             return self._mla_grads_of(problem, r[2], r[3], r[4], r[5])
-        kw = self._kw(problem, a)
         if problem.sink and a.get("learnable_sink") is None:
             raise Unsupported("a sink problem without its learnable_sink array")
+        rearranged = problem.call is not None and problem.call.rearranges
+        if rearranged and dlse is not None:
+            raise Unsupported(_dlse_rearranged(problem) or "no dLSE with this call form")
         with self._mode(), self._emulation():
-            q, k, v = self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt)
+            if rearranged:
+                q, k, v, do, kw = self._call_kw(problem, a)
+                if problem.call.block_size is not None:      # the backward's own block lists
+                    kw["block_sparse_tensors_bwd"] = self._call_kw(
+                        problem, a, backward=True, deterministic=deterministic)[4]["block_sparse_tensors"]
+            else:
+                kw = self._kw(problem, a)             # score_mod_bwd too: the public backward takes it
+                if problem.call is not None and problem.call.pack_gqa is not None:
+                    kw["pack_gqa"] = problem.call.pack_gqa
+                q, k, v, do = (self._t(a[n], dt) for n in ("q", "k", "v", "dout"))
             dl = None if dlse is None else self._t(np.ascontiguousarray(dlse, np.float32), None)
-            r = self._call(self._ad.forward_backward_autograd, q, k, v, self._t(a["dout"], dt), dlse=dl,
+            r = self._call(self._ad.forward_backward_autograd, q, k, v, do, dlse=dl,
                            deterministic=deterministic, **kw)
         dq, dk, dv = self._np(r[2]), self._np(r[3]), self._np(r[4])
+        if rearranged and problem.call.batched_layout:
+            from fa4verify import call_layout
+            dq, dk, dv = call_layout.to_problem_grads(problem, dq, dk, dv)
         return Bwd(dq, dk, dv, self._np(r[5]))
 
     def _poisoned(self, q, k, v) -> dict[str, Any]:

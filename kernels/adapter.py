@@ -1236,7 +1236,8 @@ def forward_backward_autograd(q, k, v, dout, *, dlse=None, learnable_sink=None, 
     ``return_lse=True``, then ``torch.autograd.backward`` of ``(out, lse)`` with ``(dout, dlse)``
     (``dlse`` None: the loss reads O only). ``kw``: the public functions' keywords (softmax_scale,
     causal, window_size, softcap, deterministic, pack_gqa, score_mod, score_mod_bwd, mask_mod,
-    aux_tensors, aux_scalars). The inputs are detached copies; a ``learnable_sink`` gets a gradient.
+    aux_tensors, aux_scalars, seqused_q, seqused_k (the varlen entry), block_sparse_tensors,
+    block_sparse_tensors_bwd). The inputs are detached copies; a ``learnable_sink`` gets a gradient.
 
     Returns ``(out, lse, dq, dk, dv, dsink)`` (dsink None without a sink).
     """
@@ -1249,7 +1250,9 @@ def forward_backward_autograd(q, k, v, dout, *, dlse=None, learnable_sink=None, 
     sink = _release_sink(learnable_sink)
     sink = None if sink is None else sink.detach().clone().requires_grad_(True)
     with torch.enable_grad():
-        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        # seqused_q / seqused_k: only the varlen entry takes them (with batched q / k as well)
+        if cu_seqlens_q is not None or cu_seqlens_k is not None or any(
+                kw.get(n) is not None for n in ("seqused_q", "seqused_k", "page_table")):
             out, lse = _call_fa4(_fa4_fn("flash_attn_varlen_func"), qq, kk, vv, cu_seqlens_q=cu_seqlens_q,
                                  cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                  learnable_sink=sink, return_lse=True, **kw)

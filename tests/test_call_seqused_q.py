@@ -236,3 +236,34 @@ def test_production_passes_packed_q_with_seqused_q_and_a_length_taken_from_cu_se
         check_problem(_packed_problem(), ProductionTarget(adapter=_PackedStandIn(len_from_cu=True), device="cpu"),
                       properties=("runs", "finite", "fwd_budget"), backward=False)
     assert ei.value.prop in ("fwd_budget", "finite")
+
+
+class _AutogradStandIn(_StandIn):
+    """The stand-in with FA4's public autograd entry: its forward, then its backward with the same
+    arguments. ``drop_seqused_k``: the planted fault of source mutant
+    autograd_varlen_bwd_seqused_k_dropped (the varlen autograd backward forgets seqused_k)."""
+
+    def __init__(self, drop_seqused_k: bool = False):
+        super().__init__()
+        self.drop = drop_seqused_k
+
+    def forward_backward_autograd(self, q, k, v, dout, *, dlse=None, deterministic=True, **kw):
+        f = self.forward(q, k, v, **kw)
+        bkw = {n: x for n, x in kw.items() if not (self.drop and n == "seqused_k")}
+        g = self.backward(q, k, v, f.out, dout, f.lse, deterministic=deterministic, **bkw)
+        return f.out, f.lse, g.dq, g.dk, g.dv, None
+
+
+def test_the_public_autograd_path_runs_call_forms_and_sees_a_backward_that_drops_seqused_k():
+    """Note [The public autograd path] on a call form: seqused_q and seqused_k reach FA4's public
+    varlen function with their batched arrays; its backward dropping seqused_k (keys up to the
+    capacity, filler included) fails the autograd pass's backward budget."""
+    p = _problem(kv_used=True)
+    props = JUDGED + ("bwd_stages",)
+    out = check_problem(p, ProductionTarget(adapter=_AutogradStandIn(), device="cpu"), properties=props)
+    assert "bwd_stages" in out.ran
+    with pytest.raises(Violation) as ei:
+        check_problem(p, ProductionTarget(adapter=_AutogradStandIn(drop_seqused_k=True), device="cpu"),
+                      properties=props)
+    assert ei.value.prop in ("bwd_budget", "finite") and "autograd" in str(ei.value.metrics.get("pass", "")) + \
+        str(ei.value)

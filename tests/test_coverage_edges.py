@@ -25,7 +25,9 @@ def test_each_edge_is_the_path_it_names():
                     "paged_full_pages": False, "seqused_k_packed": True, "causal_l2_sections_batch": True,
                     "det_bwd_l2_sections": True, "varlen_lookup_long_first": True, "varlen_lookup_chunks": True,
                     "packed_local_first_key": True, "seqused_q_packed": True, "causal_key_past_tile": True,
-                    "right_window_key_past_tile": True, "block_sparse_per_head": True}
+                    "right_window_key_past_tile": True, "block_sparse_per_head": True, "paged_two_tiles": False,
+                    "paged_48": False, "tile_tail_192x128": True, "tile_tail_192x144": True,
+                    "tile_tail_128x128": True, "tile_tail_128x112": True, "tile_tail_128x80": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -46,6 +48,16 @@ def test_each_edge_is_the_path_it_names():
         assert any(0 <= n * tnb - off < p.seqlen_q and (n * tnb - off) % tmb == tmb - 1 for n in range(1, 8))
         assert name in cases.NONDETERMINISTIC_EDGES
     assert got["causal_key_past_tile"].seqlen_k == got["causal_key_past_tile"].seqlen_q + 1   # at hd 128
+    # Note [Page sizes]: a page of two KV tiles and one of 48 keys (dividing no tile)
+    tn = facts.fwd_tile("sm90", "bf16", 128, 128, False, False)[1]
+    assert got["paged_two_tiles"].call.page_size == 2 * tn and got["paged_48"].call.page_size == 48
+    assert all(max(got[n].seqlens_k) > 2 * got[n].call.page_size or got[n].call.page_size > tn
+               for n in ("paged_two_tiles", "paged_48"))
+    # Note [Every forward tile's tail]: each distinct unmasked forward tile once, its last KV tile 56 keys
+    for n in ("tile_tail_192x128", "tile_tail_192x144", "tile_tail_128x128", "tile_tail_128x112", "tile_tail_128x80"):
+        p = got[n]
+        tiles = facts.fwd_tile("sm90", "bf16", p.head_dim, p.head_dim_v, False, False)
+        assert n == f"tile_tail_{tiles[0]}x{tiles[1]}" and p.seqlen_k % tiles[1] == 56 and p.head_dim % 32 == 0
     # Q packed at capacity offsets with used lengths, causal: the diagonal follows seqused_q
     p = got["seqused_q_packed"]
     assert p.call.q_packed and p.call.seqused_q and p.causal and max(p.seqlens_q) < p.call.q_capacity

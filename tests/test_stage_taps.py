@@ -244,7 +244,9 @@ def test_bwd_stages_judges_the_public_autograd_path(fault, varlen):
 def test_the_production_target_hands_the_public_path_the_drivers_arguments():
     """Note [The public autograd path]: ProductionTarget.backward_autograd calls the adapter's
     autograd entry with the call's own arguments (varlen lengths, softcap, sink, deterministic,
-    dlse) and returns its gradients, the sink's included; a call form is refused, said."""
+    dlse) and returns its gradients, the sink's included. A call form goes with its own arrays
+    (seqused_k over batched K, the gradients back in the problem's layout; no dLSE there); paged KV
+    is refused (FA4 has no paged backward)."""
     import types
     import torch
     from fa4verify.errors import Unsupported
@@ -268,8 +270,16 @@ def test_the_production_target_hands_the_public_path_the_drivers_arguments():
     assert seen["cu_seqlens_q"].tolist() == [0, 40, 47] and seen["cu_seqlens_k"].tolist() == [0, 33, 53]
     assert seen["dlse"].shape == (2, 47) and seen["learnable_sink"] is not None
     assert (g.dq == 1).all() and (g.dk == 2).all() and (g.dv == 3).all() and (g.dsink == 1).all()
-    with pytest.raises(Unsupported, match="call form"):
-        t.backward_autograd(p.replace(call=CallForm(seqused_k=True, kv_capacity=40)), a)
+    pc = p.replace(call=CallForm(seqused_k=True, kv_capacity=40))
+    seen.clear()
+    g = t.backward_autograd(pc, a, deterministic=True)
+    assert seen["seqused_k"].tolist() == [33, 20] and seen["shapes"][0] == (47, 2, 64)
+    assert "cu_seqlens_k" not in seen or seen["cu_seqlens_k"] is None       # K batched (2, 40, ...)
+    assert g.dk.shape == a["k"].shape and (g.dk == 2).all() and (g.dq == 1).all()
+    with pytest.raises(Unsupported, match="dLSE|rearrang"):
+        t.backward_autograd(pc, a, dlse=dl)
+    with pytest.raises(Unsupported, match="paged"):
+        t.backward_autograd(p.replace(call=CallForm(seqused_k=True, kv_capacity=48, page_size=16)), a)
 
 
 def test_full_pages_hands_fa4_no_seqused_k_and_round_trips():

@@ -441,8 +441,39 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     out += _lookup_edges(space, vals)
     out += _mla_edges(space, vals)
     out += _diagonal_edges(space)
+    out += _tile_tail_edges(space, vals)
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
+    return out
+
+
+def _tile_tail_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
+    """Note [Every forward tile's tail]: FA4's forward tile (tile_m x tile_n) follows head dim, mask
+    and form jointly (``_tile_size_fwd_sm90``), which a pairwise plan cannot promise to meet with a
+    partial last KV tile; the seqlen mask of a tile wider than 128 keys works in two chunks (the
+    192 x 144 SM90 tile at head dims 65..96 unmasked: the fifth red-team round). One edge per
+    distinct unmasked forward tile of the space's head-dim classes: a dense MHA call whose last KV
+    tile holds 56 keys (``tile_tail_<tm>x<tn>``), at a class's representative head dims (a multiple
+    of 32 first: outside the SM90 dQ finding's head dims)."""
+    from fa4verify.problem import AttentionProblem
+    out: list[tuple[str, Any, bool]] = []
+    if space.lengths or space.heads or "none" not in space.values["mask"] or "dense" not in space.values["form"] \
+            or "1" not in space.values["gqa"]:
+        return out
+    seen: set = set()
+    # each tile at a head dim outside the SM90 dQ finding's where the class has one (multiples of 32)
+    for name in sorted(space.values["hd"], key=lambda n: (space.hd[n][0] % 32 != 0, space.hd[n][0])):
+        hd, hdv = space.hd[name]
+        if space.why_not({"hd": name, "mask": "none", "form": "dense"}) is not None:
+            continue
+        tiles = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)
+        if tiles in seen:
+            continue
+        seen.add(tiles)
+        sk = tiles[1] + 56
+        out.append((f"tile_tail_{tiles[0]}x{tiles[1]}", AttentionProblem(
+            arch=space.arch, dtype=space.dtype, batch=1, seqlen_q=tiles[0] + 9, seqlen_k=sk, nheads=2, nheads_kv=2,
+            head_dim=hd, head_dim_v=hdv, values=vals()), _runs_bwd(space, form="dense", hd=name, gqa="1", mask="none")))
     return out
 
 
@@ -525,6 +556,18 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
             batch=2, seqlens_q=sqs, seqlens_k=(cap, cap), seqlen_q=max(sqs), seqlen_k=cap, nheads=2, nheads_kv=2,
             values=vals(), call=CallForm(seqused_k=True, kv_capacity=cap, page_size=tn, page_seed=7, full_pages=True),
             **base), False))
+    if "paged_small" in space.values["form"] and space.why_not({"form": "paged_small", "hd": name}) is None:
+        # Note [Page sizes]: the plan's pages are 16 keys (divides every KV tile) or one KV tile;
+        # a page of two KV tiles and one of 48 keys (dividing no tile) reach the page-table
+        # arithmetic neither does: which page a tile starts in, the offset inside it
+        tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)[1]
+        for edge, page in (("paged_two_tiles", 2 * tn), ("paged_48", 48)):
+            sqs, sks = (1, 37), (3 * tn + 9, 2 * tn - 5)
+            cap = -(-(max(sks) + 7) // page) * page
+            out.append((edge, AttentionProblem(
+                batch=2, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=2, nheads_kv=2,
+                values=vals(), call=CallForm(seqused_k=True, kv_capacity=cap, page_size=page, page_seed=11,
+                                             spare_pages=1), **dict(base, causal=False)), False))
     if "seqused_k" in space.values["form"]:
         sqs, sks = (37, 150, 5), (90, 17, 0)
         cap = 160

@@ -661,6 +661,62 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "            pack_gqa = False\n",
               ""),),
         "fwd", ("out", "lse")),
+    # the fifth red-team round (docs/results/redteam5/analysis.md)
+    SourceMutant(
+        "autograd_varlen_bwd_seqused_k_dropped",
+        "the varlen autograd backward (FlashAttnVarlenFunc.backward) does not hand seqused_k on: training "
+        "through flash_attn_varlen_func recomputes P over every key up to the capacity",
+        (Edit("interface.py",
+              "                seqused_q=seqused_q,\n"
+              "                seqused_k=seqused_k,\n"
+              "                max_seqlen_q=ctx.max_seqlen_q,\n"
+              "                max_seqlen_k=ctx.max_seqlen_k,\n"
+              "                deterministic=ctx.deterministic,\n",
+              "                seqused_q=seqused_q,\n"
+              "                max_seqlen_q=ctx.max_seqlen_q,\n"
+              "                max_seqlen_k=ctx.max_seqlen_k,\n"
+              "                deterministic=ctx.deterministic,\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "autograd_bwd_block_sparse_dropped",
+        "the autograd backward (FlashAttnFunc.backward) drops block_sparse_tensors_bwd: after a "
+        "block-sparse forward the backward runs every KV tile",
+        (Edit("interface.py",
+              "                aux_scalars=ctx.aux_scalars,\n"
+              "                block_sparse_tensors=ctx.block_sparse_tensors_bwd,\n"
+              "                dlse=dlse,\n",
+              "                aux_scalars=ctx.aux_scalars,\n"
+              "                dlse=dlse,\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "sm90_paged_multi_tile_pages_take_tma",
+        "SM90 paged KV: a page size that is a multiple of tile_n is routed to the TMA pager, which reads "
+        "one KV tile per page (page 256 at hd 128 reads the wrong keys)",
+        (Edit("interface.py",
+              "                q_subtile_factor=q_subtile_factor,\n"
+              "                paged_kv_non_tma=page_size not in [None, tile_n],\n"
+              "            )\n",
+              "                q_subtile_factor=q_subtile_factor,\n"
+              "                paged_kv_non_tma=page_size is not None and page_size % tile_n != 0,\n"
+              "            )\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "paged_page_offset_from_tile_row",
+        "cp.async paged KV: the offset inside a page is taken from the row within the KV tile, exact "
+        "only where the page size divides tile_n (page 48, or 256, reads other keys)",
+        (Edit("paged_kv.py",
+              "            page_idx, page_offset = divmod(row_idx + self.leftpad_k, self.page_size_divmod)\n",
+              "            page_idx, _ = divmod(row_idx + self.leftpad_k, self.page_size_divmod)\n"
+              "            _, page_offset = divmod(row + self.leftpad_k, self.page_size_divmod)\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "sm90_seqlen_mask_second_chunk",
+        "SM90 seqlen-only mask (R2P): every 32-column chunk is masked as the first, so the 192 x 144 "
+        "forward tile (hd 65..96, unmasked) keeps up to 16 keys past seqlen_k",
+        (Edit("mask.py",
+              "                    mask_r2p_lambda(acc_S_mn, lambda s: r2p_bitmask_below(seqlenk_col_limit_r2p, s))\n",
+              "                    mask_r2p_lambda(acc_S_mn, lambda s: r2p_bitmask_below(seqlenk_col_limit_r2p, 0))\n"),),
+        "fwd", ("out", "lse")),
 )
 
 

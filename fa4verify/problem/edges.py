@@ -120,6 +120,17 @@ def plant_edges(problem: Any, arrays: dict, *, score: float = EDGE_SCORE, seed: 
     basis, _ = np.linalg.qr(rng.standard_normal((d, len(targets))))
     amp = math.sqrt(score / problem.scale)
     q, k = arrays["q"], arrays["k"]
+    # the target rows and keys lose their random part along the planted directions first: a key
+    # shared by several target rows carries each one's direction, and a row's random part along
+    # another row's direction moved that key's score by amp times a normal draw per direction (at
+    # head dim 16, key 0 of a row scored 8 nats low: a blind edge)
+    proj = basis @ basis.T
+    for r, t in enumerate(targets):
+        tok = _q_token(problem, t["b"], t["i"])
+        q[tok] -= q[tok] @ proj
+        for j, _ in t["keys"]:
+            kt = _k_token(problem, t["b"], j)
+            k[kt] -= k[kt] @ proj
     for r, t in enumerate(targets):
         u = amp * basis[:, r]
         q[_q_token(problem, t["b"], t["i"])] += u
