@@ -27,7 +27,8 @@ def test_each_edge_is_the_path_it_names():
                     "packed_local_first_key": True, "seqused_q_packed": True, "causal_key_past_tile": True,
                     "right_window_key_past_tile": True, "block_sparse_per_head": True, "paged_two_tiles": False,
                     "paged_48": False, "tile_tail_192x128": True, "tile_tail_192x144": True,
-                    "tile_tail_128x128": True, "tile_tail_128x112": True, "tile_tail_128x80": True}
+                    "tile_tail_128x128": True, "tile_tail_128x112": True, "tile_tail_128x80": True,
+                    "det_bwd_l2_sections_batch": True, "score_bwd_indices_192": True, "score_bwd_indices_256": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -48,6 +49,15 @@ def test_each_edge_is_the_path_it_names():
         assert any(0 <= n * tnb - off < p.seqlen_q and (n * tnb - off) % tmb == tmb - 1 for n in range(1, 8))
         assert name in cases.NONDETERMINISTIC_EDGES
     assert got["causal_key_past_tile"].seqlen_k == got["causal_key_past_tile"].seqlen_q + 1   # at hd 128
+    # the deterministic backward's LPT sections filled by (batch, head) pairs: two entries of 8 heads
+    # make one full section of 16 that the heads alone (8) do not
+    p = got["det_bwd_l2_sections_batch"]
+    sw = facts.lpt_bwd_swizzle(p.seqlen_q, p.head_dim, p.head_dim_v)
+    assert p.batch == 2 and (p.batch * p.nheads) // sw == 1 and p.nheads // sw == 0 and not p.causal
+    # the SM90 backward without S transposed (hd > 128): the rel_scale pair's positions, per backward tile
+    assert {got[n].head_dim for n in ("score_bwd_indices_192", "score_bwd_indices_256")} == {192, 256}
+    assert all(got[n].mods == ("rel_scale",) and got[n].nheads == got[n].nheads_kv
+               for n in ("score_bwd_indices_192", "score_bwd_indices_256"))
     # Note [Page sizes]: a page of two KV tiles and one of 48 keys (dividing no tile)
     tn = facts.fwd_tile("sm90", "bf16", 128, 128, False, False)[1]
     assert got["paged_two_tiles"].call.page_size == 2 * tn and got["paged_48"].call.page_size == 48

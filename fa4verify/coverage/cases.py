@@ -608,6 +608,11 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
                 out.append(("det_bwd_l2_sections", AttentionProblem(
                     batch=1, seqlen_q=sq, seqlen_k=128, nheads=17, nheads_kv=17, values=vals(),
                     **dict(base, causal=False)), _runs_bwd(space, form="dense", hd=name, gqa="1", mask="none")))
+                # the same section of 16 filled by two batch entries of 8 heads: the section count
+                # must count (batch, head) pairs (the sixth red-team round)
+                out.append(("det_bwd_l2_sections_batch", AttentionProblem(
+                    batch=2, seqlen_q=sq, seqlen_k=128, nheads=8, nheads_kv=8, values=vals(),
+                    **dict(base, causal=False)), _runs_bwd(space, form="dense", hd=name, gqa="1", mask="none")))
     return out
 
 
@@ -806,6 +811,18 @@ def _sm90_tile_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         out.append(("score_bwd_indices", AttentionProblem(
             batch=1, seqlen_q=100, seqlen_k=150, nheads=2, nheads_kv=2, mods=("rel_scale",), values=vals(),
             **hd_of(swap[0]), **base), runs_bwd("score_mod", swap[0], "1", "none")))
+    # above head dim 128 FA4's SM90 backward does not transpose S: the score_mod (and its derivative)
+    # positions come from the other branch of the tile offset (the sixth red-team round); one edge
+    # per backward tile there
+    wide: dict = {}
+    for n in sorted(square, key=lambda n: (space.hd[n][0] % 64 != 0, space.hd[n][0])):    # 192, 256 first
+        if space.hd[n][0] > 128 and runs_bwd("score_mod", n, "1", "none"):
+            wide.setdefault(facts.sm90_bwd_tile(*space.hd[n], False, False), n)
+    if "score_mod" in forms and "mod:rel_scale" in space.score_pairs and "1" in space.values["gqa"]:
+        for tile, n in sorted(wide.items()):
+            out.append((f"score_bwd_indices_{space.hd[n][0]}", AttentionProblem(
+                batch=1, seqlen_q=100, seqlen_k=150, nheads=2, nheads_kv=2, mods=("rel_scale",), values=vals(),
+                **hd_of(n), **base), True))
     if "varlen" in forms and "causal" in masks and "1" in space.values["gqa"]:
         name = first
         lens = (37, 64, 129)

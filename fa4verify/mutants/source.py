@@ -717,6 +717,56 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "                    mask_r2p_lambda(acc_S_mn, lambda s: r2p_bitmask_below(seqlenk_col_limit_r2p, s))\n",
               "                    mask_r2p_lambda(acc_S_mn, lambda s: r2p_bitmask_below(seqlenk_col_limit_r2p, 0))\n"),),
         "fwd", ("out", "lse")),
+    # the sixth red-team round (docs/results/redteam6/analysis.md): the SM90 backward
+    SourceMutant(
+        "sm90_bwd_lpt_sections_ignore_batch",
+        "deterministic backward: the LPT scheduler counts its full L2 sections from the heads alone "
+        "(batch left out), so with batch >= 2 and more (batch, head) pairs than one section most "
+        "pairs are never computed",
+        (Edit("tile_scheduler.py",
+              "            num_hb_quotient = (args.num_head * args.num_batch) // swizzle\n"
+              "            num_hb_remainder = (args.num_head * args.num_batch) % swizzle\n"
+              "            num_block = cute.ceil_div(args.num_block, args.cluster_shape_mn[0])\n",
+              "            num_hb_quotient = args.num_head // swizzle\n"
+              "            num_hb_remainder = (args.num_head * args.num_batch) % swizzle\n"
+              "            num_block = cute.ceil_div(args.num_block, args.cluster_shape_mn[0])\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "sm90_bwd_score_mod_bwd_offset_unswapped",
+        "SM90 backward above head dim 128 (S not transposed): score_mod_bwd gets the query / key "
+        "positions offset by the transposed tile's sizes",
+        (Edit("flash_bwd_sm90.py",
+              "            else (m_block * self.tile_m, n_block * self.tile_n),\n"
+              "            cS,\n"
+              "        )\n"
+              "        tScS = thr_mma_SdP.partition_C(cS)\n"
+              "\n"
+              "        apply_score_mod_bwd_inner(\n",
+              "            else (n_block * self.tile_n, m_block * self.tile_m),\n"
+              "            cS,\n"
+              "        )\n"
+              "        tScS = thr_mma_SdP.partition_C(cS)\n"
+              "\n"
+              "        apply_score_mod_bwd_inner(\n"),),
+        "bwd", ("dq", "dk")),
+    SourceMutant(
+        "sm90_bwd_score_mod_offset_unswapped",
+        "SM90 backward above head dim 128 (S not transposed): the recompute of S applies the score_mod "
+        "at the transposed tile's positions",
+        (Edit("flash_bwd_sm90.py",
+              "            else (m_block * self.tile_m, n_block * self.tile_n),\n"
+              "            cS,\n"
+              "        )\n"
+              "        tScS = thr_mma_SdP.partition_C(cS)\n"
+              "\n"
+              "        apply_score_mod_inner(\n",
+              "            else (n_block * self.tile_n, m_block * self.tile_m),\n"
+              "            cS,\n"
+              "        )\n"
+              "        tScS = thr_mma_SdP.partition_C(cS)\n"
+              "\n"
+              "        apply_score_mod_inner(\n"),),
+        "bwd", ("dq", "dk", "dv")),
 )
 
 
