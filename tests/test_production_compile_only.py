@@ -192,3 +192,18 @@ def test_sm100_emulation_off_with_the_kernel_cache_on(tmp_path):
         assert o.relative_to(kc).parts[0] == "sm100a"
         import hashlib
         assert (o.parent / (o.name + ".sha256")).read_text().strip() == hashlib.sha256(o.read_bytes()).hexdigest()
+
+
+def test_a_planned_forward_only_row_compiles_its_forward_alone():
+    """Note [Fake device audit]: a planned row the space runs forward only (FA4's SM90 backward does
+    not build at head dim 104, known issue sm90_bwd_hd104_112_compile) is compiled as the GPU run
+    calls it, its forward alone; a row with a backward compiles it (with its dLSE variant)."""
+    from fa4verify.checks.fuzz import DrawnCase, campaign_compiles
+    from fa4verify.problem import AttentionProblem
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=70, seqlen_k=90, nheads=2, nheads_kv=2,
+                         head_dim=104, head_dim_v=104)
+    head = {"properties": ("runs", "fwd_budget", "bwd_budget", "bwd_stages")}
+    calls = campaign_compiles([DrawnCase(0, p, "production", head, backward=False),
+                               DrawnCase(1, p.replace(head_dim=128, head_dim_v=128), "production", head)])
+    assert [(c.op, c.problem.head_dim) for c in calls] == [("forward", 104), ("backward", 128)]
+    assert calls[1].dlse and calls[1].deterministic

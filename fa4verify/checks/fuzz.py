@@ -403,8 +403,10 @@ def _production_cases(ctx: CheckContext) -> list:
 
 def campaign_compiles(cases: list) -> list:
     """Note [Fake device audit]: the FA4 calls of a drawn campaign's cases -- one per FA4 compile
-    key (the other cases of a key run the kernel it compiled), the backward where the case has
-    one (:func:`fa4verify.compile.production._run_call` compiles the forward only where FA4 has none)
+    key (the other cases of a key run the kernel it compiled), the backward where the case runs one
+    (a planned row the space runs forward only -- a backward FA4 cannot build there, known issue
+    sm90_bwd_hd104_112_compile -- compiles its forward alone, as the GPU run calls it;
+    :func:`fa4verify.compile.production._run_call` compiles the forward only where FA4 has none)
     and its variant with a ``dlse`` where the ``bwd_stages`` property's dLSE pass runs it."""
     from fa4verify.compile.production import CompileCall
     from fa4verify.fuzz.properties import PROPERTIES
@@ -412,11 +414,12 @@ def campaign_compiles(cases: list) -> list:
     first: dict = {}
     count: dict = {}
     for c in cases:
-        k = case_key(c)
+        k = (case_key(c), bool(getattr(c, "backward", True)))
         first.setdefault(k, c)
         count[k] = count.get(k, 0) + 1
-    return [CompileCall("backward", c.problem, deterministic=c.deterministic,
-                        dlse="bwd_stages" in (c.head.get("properties") or PROPERTIES),
+    return [CompileCall("backward" if k[1] else "forward", c.problem,
+                        **({"deterministic": c.deterministic,
+                            "dlse": "bwd_stages" in (c.head.get("properties") or PROPERTIES)} if k[1] else {}),
                         purpose=f"{count[k]} case(s) of this compile key") for k, c in first.items()]
 
 
