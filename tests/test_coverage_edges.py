@@ -28,7 +28,8 @@ def test_each_edge_is_the_path_it_names():
                     "right_window_key_past_tile": True, "block_sparse_per_head": True, "paged_two_tiles": False,
                     "paged_48": False, "tile_tail_192x128": True, "tile_tail_192x144": True,
                     "tile_tail_128x128": True, "tile_tail_128x112": True, "tile_tail_128x80": True,
-                    "det_bwd_l2_sections_batch": True, "score_bwd_indices_192": True, "score_bwd_indices_256": True}
+                    "det_bwd_l2_sections_batch": True, "score_bwd_indices_192": True, "score_bwd_indices_256": True,
+                    "decode_batched_q_paged": False}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -58,6 +59,9 @@ def test_each_edge_is_the_path_it_names():
     assert {got[n].head_dim for n in ("score_bwd_indices_192", "score_bwd_indices_256")} == {192, 256}
     assert all(got[n].mods == ("rel_scale",) and got[n].nheads == got[n].nheads_kv
                for n in ("score_bwd_indices_192", "score_bwd_indices_256"))
+    # decode with a paged KV cache: Q batched, one token per sequence
+    p = got["decode_batched_q_paged"]
+    assert p.call.q_batched and p.call.paged and set(p.seqlens_q) == {1} and p.causal
     # Note [Page sizes]: a page of two KV tiles and one of 48 keys (dividing no tile)
     tn = facts.fwd_tile("sm90", "bf16", 128, 128, False, False)[1]
     assert got["paged_two_tiles"].call.page_size == 2 * tn and got["paged_48"].call.page_size == 48

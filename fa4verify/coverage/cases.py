@@ -568,6 +568,15 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
                 batch=2, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=2, nheads_kv=2,
                 values=vals(), call=CallForm(seqused_k=True, kv_capacity=cap, page_size=page, page_seed=11,
                                              spare_pages=1), **dict(base, causal=False)), False))
+    if "paged_small" in space.values["form"] and space.why_not({"form": "paged_small", "hd": name}) is None:
+        # decode with a paged KV cache as inference engines call it: Q batched (one token per
+        # sequence), seqused_k the cache lengths, 16-key pages (the plan passes Q packed with
+        # cu_seqlens; only the fuzz drew batched Q: the fifth red-team round)
+        sks = (300, 17, 129)
+        out.append(("decode_batched_q_paged", AttentionProblem(
+            batch=3, seqlens_q=(1, 1, 1), seqlens_k=sks, seqlen_q=1, seqlen_k=max(sks), nheads=2, nheads_kv=2,
+            values=vals(), call=CallForm(seqused_k=True, q_batched=True, kv_capacity=320, page_size=16,
+                                         page_seed=5, spare_pages=1), **base), False))
     if "seqused_k" in space.values["form"]:
         sqs, sks = (37, 150, 5), (90, 17, 0)
         cap = 160
