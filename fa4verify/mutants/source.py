@@ -102,6 +102,20 @@ def _dpsum(k: int) -> SourceMutant:
 
 GRADED = (7, 9, 10, 11, 13)
 
+
+def _sm90_bwd_offset_unswapped(callee: str) -> Edit:
+    """The SM90 backward's tile offset of the (tile_m x tile_n) identity tensor handed to ``callee``
+    (``apply_score_mod_inner``: the recompute of S; ``apply_score_mod_bwd_inner``: its derivative),
+    taken in the transposed tile's order on the branch where S is not transposed (hd > 128)."""
+    tail = ("            cS,\n"
+            "        )\n"
+            "        tScS = thr_mma_SdP.partition_C(cS)\n"
+            "\n"
+            f"        {callee}(\n")
+    return Edit("flash_bwd_sm90.py",
+                "            else (m_block * self.tile_m, n_block * self.tile_n),\n" + tail,
+                "            else (n_block * self.tile_n, m_block * self.tile_m),\n" + tail)
+
 CATALOGUE: tuple[SourceMutant, ...] = (
     *(_recip(k) for k in GRADED),
     *(_dpsum(k) for k in GRADED),
@@ -735,37 +749,13 @@ CATALOGUE: tuple[SourceMutant, ...] = (
         "sm90_bwd_score_mod_bwd_offset_unswapped",
         "SM90 backward above head dim 128 (S not transposed): score_mod_bwd gets the query / key "
         "positions offset by the transposed tile's sizes",
-        (Edit("flash_bwd_sm90.py",
-              "            else (m_block * self.tile_m, n_block * self.tile_n),\n"
-              "            cS,\n"
-              "        )\n"
-              "        tScS = thr_mma_SdP.partition_C(cS)\n"
-              "\n"
-              "        apply_score_mod_bwd_inner(\n",
-              "            else (n_block * self.tile_n, m_block * self.tile_m),\n"
-              "            cS,\n"
-              "        )\n"
-              "        tScS = thr_mma_SdP.partition_C(cS)\n"
-              "\n"
-              "        apply_score_mod_bwd_inner(\n"),),
+        (_sm90_bwd_offset_unswapped("apply_score_mod_bwd_inner"),),
         "bwd", ("dq", "dk")),
     SourceMutant(
         "sm90_bwd_score_mod_offset_unswapped",
         "SM90 backward above head dim 128 (S not transposed): the recompute of S applies the score_mod "
         "at the transposed tile's positions",
-        (Edit("flash_bwd_sm90.py",
-              "            else (m_block * self.tile_m, n_block * self.tile_n),\n"
-              "            cS,\n"
-              "        )\n"
-              "        tScS = thr_mma_SdP.partition_C(cS)\n"
-              "\n"
-              "        apply_score_mod_inner(\n",
-              "            else (n_block * self.tile_n, m_block * self.tile_m),\n"
-              "            cS,\n"
-              "        )\n"
-              "        tScS = thr_mma_SdP.partition_C(cS)\n"
-              "\n"
-              "        apply_score_mod_inner(\n"),),
+        (_sm90_bwd_offset_unswapped("apply_score_mod_inner"),),
         "bwd", ("dq", "dk", "dv")),
 )
 

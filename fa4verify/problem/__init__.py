@@ -356,6 +356,10 @@ class AttentionProblem:
                                key_positions=key_pos, softmax_scale=self.scale, nheads=self.nheads,
                                with_sink=self.sink)
         arrs.update(generate_descales(self.values.seed, self.batch, self.nheads_kv, self.descales))
+        arrs["cu_seqlens_q"] = arrs["cu_seqlens_k"] = None
+        if self.varlen:
+            arrs["cu_seqlens_q"] = np.concatenate([[0], np.cumsum(self.seqlens_q)]).astype(np.int32)
+            arrs["cu_seqlens_k"] = np.concatenate([[0], np.cumsum(self.seqlens_k)]).astype(np.int32)
         if self.values.distribution == "edges":     # Note [Edge values]
             from fa4verify.problem.edges import plant_edges
             qk = {"q": arrs["q"].astype(np.float64), "k": arrs["k"].astype(np.float64)}
@@ -369,27 +373,18 @@ class AttentionProblem:
         if self.call is not None and self.call.mla:     # Note [MLA as a call form]: k's qv columns are v
             arrs["k"] = arrs["k"].copy()
             arrs["k"][..., self.head_dim - self.call.qv_dim:] = arrs["v"]
-        arrs["cu_seqlens_q"] = arrs["cu_seqlens_k"] = None
-        if self.varlen:
-            arrs["cu_seqlens_q"] = np.concatenate([[0], np.cumsum(self.seqlens_q)]).astype(np.int32)
-            arrs["cu_seqlens_k"] = np.concatenate([[0], np.cumsum(self.seqlens_k)]).astype(np.int32)
         arrs["mask"] = None
         if self.mask_mod is not None:
             arrs["mask"] = np.stack(self.keep_masks())
         return arrs
 
     def _descale_factors(self, arrs: dict) -> dict[str, Any]:
-        """The float64 factor of every element of q and k (1.0 without descales): the descales
-        broadcast over each array's layout (varlen: by sequence)."""
+        """The float64 factor of every element of q and k (1.0 without descales): the judge's
+        descaled inputs of arrays of ones (varlen: by sequence)."""
         if not self.descales:
             return {"q": 1.0, "k": 1.0}
-        from fa4verify.oracles.descale import descaled
-        cu = {}
-        if self.varlen:
-            cu = {"cu_seqlens_q": np.concatenate([[0], np.cumsum(self.seqlens_q)]).astype(np.int32),
-                  "cu_seqlens_k": np.concatenate([[0], np.cumsum(self.seqlens_k)]).astype(np.int32)}
-        d = descaled(np.ones(arrs["q"].shape), np.ones(arrs["k"].shape), np.ones(arrs["v"].shape),
-                     q_descale=arrs.get("q_descale"), k_descale=arrs.get("k_descale"), **cu)
+        from fa4verify.judge.attention import effective_inputs
+        d = effective_inputs(self, dict(arrs, **{n: np.ones(arrs[n].shape) for n in ("q", "k", "v")}))
         return {"q": d["q"], "k": d["k"]}
 
     def kwargs(self, arrays: Optional[dict] = None) -> dict[str, Any]:
