@@ -16,6 +16,7 @@ Format (every key optional except ``name``; lists mean "any of")::
     masks = ["causal"]           # any of "none", "causal", "window"
     window_sizes = [[4096, 0]]   # (left, right) for mask "window"
     softcap = 0.0                # 0 = off
+    softmax_scales = [0.0625]    # explicit softmax_scale values (absent: FA4's default 1/sqrt(hd) only)
     sinks = false                # learnable sinks
     varlen = false
     seqlen_q = [1, 8192]         # inclusive range (min 0: empty sequences of a varlen batch)
@@ -52,7 +53,7 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "deployments"
 MASKS = ("none", "causal", "window")
 _KEYS = {"name", "description", "dtypes", "head_dims", "nheads", "nheads_kv", "masks", "window_sizes",
          "softcap", "sinks", "varlen", "seqlen_q", "seqlen_k", "archs", "distributions", "features",
-         "page_sizes", "nan_pages"}
+         "page_sizes", "nan_pages", "softmax_scales"}
 _MAX_BYTES = 1 << 20
 #: upper bounds of the integer keys (a profile is input: 2**63 would reach numpy and FA4 as an
 #: overflow or a huge allocation instead of a one-line error); far above any real model
@@ -108,6 +109,8 @@ class Deployment:
     masks: tuple[str, ...] = ("none", "causal")
     window_sizes: tuple[tuple[int, int], ...] = ()
     softcap: tuple[float, ...] = (0.0,)
+    #: explicit softmax_scale values; () = FA4's default (1/sqrt(head_dim)) only
+    softmax_scales: tuple[float, ...] = ()
     sinks: bool = False
     varlen: bool = False
     seqlen_q: tuple[int, int] = (1, 8192)
@@ -181,6 +184,14 @@ class Deployment:
                     raise DeploymentError(f"{where}: softcap {x!r} must be finite and in [0, {_MAX_SOFTCAP:g}]")
                 vals.append(float(x))
             kw["softcap"] = tuple(vals)
+        if "softmax_scales" in d:
+            ss = d["softmax_scales"] if isinstance(d["softmax_scales"], list) else [d["softmax_scales"]]
+            if not ss:
+                raise DeploymentError(f"{where}: softmax_scales is empty (leave it out for FA4's default)")
+            for x in ss:
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not 0 < x <= 1e3:
+                    raise DeploymentError(f"{where}: softmax_scales {x!r} must be finite and in (0, 1000]")
+            kw["softmax_scales"] = tuple(float(x) for x in ss)
         if "page_sizes" in d:
             kw["page_sizes"] = _ints(d["page_sizes"], "page_sizes", where)
             if "paged_kv" not in kw.get("features", ()):
@@ -210,7 +221,7 @@ class Deployment:
         d = dataclasses.asdict(self)
         out = {k: (list(map(list, v)) if k in ("head_dims", "window_sizes") else (list(v) if isinstance(v, tuple) else v))
                for k, v in d.items()}
-        for k in ("distributions", "features", "page_sizes"):
+        for k in ("distributions", "features", "page_sizes", "softmax_scales"):
             if not out[k]:
                 out.pop(k)
         if not out["nan_pages"]:
@@ -326,6 +337,11 @@ class Deployment:
         caps = {("off" if c == 0 else f"on:{c:g}"): float(c) for c in self.softcap}
         sp = dataclasses.replace(sp, softcaps=caps, values=dict(sp.values, softcap=tuple(caps)))
         sp = sp.restrict("sink", ("on",) if self.sinks else ("off",), f"deployment {self.name}: sinks={self.sinks}")
+        scales = {f"scale:{x:g}": x for x in self.softmax_scales} or {"default": None}
+        sp = dataclasses.replace(sp, scales={k: v for k, v in scales.items() if v is not None},
+                                 values=dict(sp.values, scale=tuple(scales)),
+                                 notes=dict(sp.notes, scale=f"deployment {self.name}: softmax_scale "
+                                            + ("/".join(f"{x:g}" for x in self.softmax_scales) or "FA4's default")))
         forms = ["dense"] + (["varlen"] if self.varlen else [])
         pages: dict[str, int] = {}
         if "seqused_k" in self.features:
@@ -399,7 +415,8 @@ class Deployment:
             "head_count_choices": tuple((h, hk) for h in self.nheads for hk in self.nheads_kv if h % hk == 0),
             "seqlen_q_range": tuple(self.seqlen_q), "seqlen_k_range": tuple(self.seqlen_k),
             "mask_choices": tuple(self.masks), "window_choices": tuple(self.window_sizes),
-            "softcap_choices": tuple(self.softcap), "sinks": bool(self.sinks)}
+            "softcap_choices": tuple(self.softcap), "sinks": bool(self.sinks),
+            "scale_choices": tuple(self.softmax_scales) or (None,)}
         if self.page_sizes:
             limits["page_sizes"] = tuple(self.page_sizes)
         if self.nan_pages:
@@ -414,6 +431,7 @@ class Deployment:
                 f"{self.seqlen_q[0]}..{self.seqlen_q[1]}"
                 + ("; sinks" if self.sinks else "") + ("; varlen" if self.varlen else "")
                 + ("; softcap " + "/".join(f"{x:g}" for x in self.softcap) if any(self.softcap) else "")
+                + ("; softmax_scale " + "/".join(f"{x:g}" for x in self.softmax_scales) if self.softmax_scales else "")
                 + ("; calls " + ", ".join(self.features) if self.features else "")
                 + ("; pages " + "/".join(map(str, self.page_sizes)) if self.page_sizes else "")
                 + ("; NaN page pool" if self.nan_pages else ""))

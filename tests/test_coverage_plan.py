@@ -96,6 +96,9 @@ def _realises(sp, row, p) -> list[str]:
         bad.append("softcap")
     if p.sink != (row["sink"] == "on"):
         bad.append("sink")
+    want_scale = sp.scales.get(row["scale"], 1.0 / p.head_dim if row["scale"] == "custom" else None)
+    if p.softmax_scale != want_scale:
+        bad.append("scale")
     if p.values.distribution != row["values"]:
         bad.append("values")
     return bad
@@ -126,13 +129,16 @@ def test_the_plan_covers_every_supported_pair_and_mask_form_pass_triple(arch, ta
                 missing += 1
                 pytest.fail(f"{arch} {target}: supported pair {a}={va}, {b}={vb} is in no planned row")
     triples = 0
-    for m, f, ps in itertools.product(sp.values["mask"], sp.values["form"], PASSES):
-        part = {"mask": m, "form": f}
-        if sp.why_not(part) is not None or (ps == "bwd" and sp.no_backward(part) is not None):
-            continue
-        triples += 1
-        assert any(r["mask"] == m and r["form"] == f and ps in sp.passes(r) for r in rows), \
-            f"{arch} {target}: supported triple mask={m}, form={f}, pass={ps} is in no planned row"
+    for a, b in (("mask", "form"), ("gqa", "scale")):
+        for va, vb, ps in itertools.product(sp.values[a], sp.values[b], PASSES):
+            part = {a: va, b: vb}
+            if sp.why_not(part) is not None or (ps == "bwd" and sp.no_backward(part) is not None):
+                continue
+            triples += 1
+            assert any(r[a] == va and r[b] == vb and ps in sp.passes(r) for r in rows), \
+                f"{arch} {target}: supported triple {a}={va}, {b}={vb}, pass={ps} is in no planned row"
+    # a GQA backward with a custom softmax_scale (the dK postprocess scales dK) is planned
+    assert any(r["gqa"] not in ("1",) and r["scale"] == "custom" and "bwd" in sp.passes(r) for r in rows)
     # the space is not trivial: most pairs and triples are supported, and the backward is planned
     assert supported > 500 and triples > 30 and missing == 0
     assert any("bwd" in sp.passes(r) for r in rows)

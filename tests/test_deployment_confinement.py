@@ -2,7 +2,7 @@
 ``--deployment <profile>`` every problem the fuzz checks draw and every problem the coverage plan
 runs lies inside the profile -- head dims and (hd, hdv) pairs, head counts and the GQA ratio,
 the sequence-length range (minimum and maximum, per sequence of a varlen batch), the masks and
-window sizes, the softcap values, sinks, the call forms, the archs, the dtype and the value
+window sizes, the softcap values, the softmax_scale values, sinks, the call forms, the archs, the dtype and the value
 recipes. Checked for every shipped profile, on the code paths of the audit's own checks
 (``fa4verify.checks.fuzz._deployment_kw`` + ``fa4verify.fuzz.drawn.draw_problems``;
 ``fa4verify.checks.coverage.build``)."""
@@ -16,9 +16,11 @@ from fa4verify.kernels import facts
 
 SHIPPED = sorted(D.shipped())
 #: a profile with what no shipped one has: an (hd, hdv) pair, two head counts, a sequence minimum
-#: above 1 on each side, two windows, a softcap value, seqused_k, seqused_q and pack_gqa=False
+#: above 1 on each side, two windows, a softcap value, two softmax_scale values, seqused_k, seqused_q
+#: and pack_gqa=False
 CUSTOM = {"name": "custom", "head_dims": [[192, 128], 64], "nheads": [4, 8], "nheads_kv": 2,
           "masks": ["none", "window"], "window_sizes": [[32, 0], [7, 5]], "softcap": [0.0, 15.0],
+          "softmax_scales": [0.0625, 0.1],
           "varlen": True, "seqlen_q": [5, 100], "seqlen_k": [9, 200], "features": ["seqused_k", "seqused_q", "pack_gqa"],
           "distributions": ["normal", "tiny"]}
 PROFILES = SHIPPED + ["custom"]
@@ -64,6 +66,8 @@ def outside(p, dep: D.Deployment, *, planned: bool = False) -> list[str]:
         bad.append(f"softcap {p.softcap}")
     if p.sink != dep.sinks:
         bad.append(f"sink={p.sink}")
+    if p.softmax_scale not in (dep.softmax_scales or (None,)):
+        bad.append(f"softmax_scale {p.softmax_scale}")
     feats = set(dep.features)
     if p.mods and "mod_pairs" not in feats:
         bad.append(f"mods {p.mods}")
@@ -144,14 +148,16 @@ def test_every_drawn_fuzz_problem_lies_inside_the_profile(name):
             assert len(problems) >= 8, (target.name, len(problems))
             for p in problems:
                 assert outside(p, dep) == [], (target.name, p.describe())
-                seen |= {(p.head_dim, p.head_dim_v), (p.nheads, p.nheads_kv), p.window_size, p.softcap}
+                seen |= {(p.head_dim, p.head_dim_v), (p.nheads, p.nheads_kv), p.window_size, p.softcap,
+                         ("scale", p.softmax_scale)}
                 if p.varlen and 0 in p.seqlens_k:
                     seen.add("empty kv")
             n += len(problems)
     assert n > 0
     assert ("empty kv" in seen) == (dep.seqlen_k[0] == 0)     # decode-paged: empty KV sequences drawn
     if name == "custom":     # the draws choose among the profile's values, not one of them
-        assert {(192, 128), (64, 64), (4, 2), (8, 2), (32, 0), (7, 5), 15.0} <= seen, seen
+        assert {(192, 128), (64, 64), (4, 2), (8, 2), (32, 0), (7, 5), 15.0, ("scale", 0.0625),
+                ("scale", 0.1)} <= seen, seen
 
 
 def test_the_profile_check_sees_what_lies_outside():
@@ -164,7 +170,7 @@ def test_the_profile_check_sees_what_lies_outside():
                          (dict(nheads_kv=32), "heads"), (dict(seqlen_q=9000), "seqlens"),
                          (dict(causal=False), "no mask"), (dict(causal=False, window_size=(7, 0)), "window"),
                          (dict(softcap=30.0), "softcap"), (dict(sink=True), "sink"),
-                         (dict(values=ValueSpec("huge", 0)), "values"), (dict(dtype="fp16"), "dtype")]:
+                         (dict(softmax_scale=0.0625), "softmax_scale"), (dict(values=ValueSpec("huge", 0)), "values"), (dict(dtype="fp16"), "dtype")]:
         got = outside(ok.replace(**change), dep)
         assert any(g.startswith(word) for g in got), (change, got)
 

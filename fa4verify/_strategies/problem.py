@@ -45,7 +45,8 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                        mask_choices: Optional[Collection[str]] = None,
                        window_choices: Collection[tuple[int, int]] = (),
                        softcap_choices: Optional[Collection[float]] = None,
-                       sinks: Optional[bool] = None) -> AttentionProblem:
+                       sinks: Optional[bool] = None,
+                       scale_choices: Optional[Collection[Optional[float]]] = None) -> AttentionProblem:
     """Draw an :class:`AttentionProblem` that FA4 accepts on ``arch``. Never runs a kernel.
 
     Arguments (all keyword-only):
@@ -70,7 +71,8 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
       maximum clipped to ``max_seqlen`` but never below the minimum; a varlen sequence is empty
       only where its side's minimum is 0),
       ``mask_choices`` (any of "none", "causal", "window") with ``window_choices`` ((left, right)
-      windows), ``softcap_choices`` (values, 0 = off), ``sinks`` (always / never). A drawn head
+      windows), ``softcap_choices`` (values, 0 = off), ``sinks`` (always / never),
+      ``scale_choices`` (softmax_scale values, None = FA4's default 1/sqrt(hd)). A drawn head
       dim for which FA4's forward lacks every allowed choice (a dedicated SM100 (256, 256) forward,
       FA4 4.0.0b20..b33: no window, softcap or sink) is rejected.
     * call features (opt-in, :data:`~fa4verify.problem.calls.CALL_FEATURES` in ``features``):
@@ -174,7 +176,10 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         sink = bool(sinks)
     else:
         sink = "sink" in feats and not use_mods and draw(st.booleans())
-    scale = draw(st.sampled_from((None, None, None, 1.0, 0.0625)))
+    if scale_choices is not None:
+        scale = draw(st.sampled_from(tuple(scale_choices)))
+    else:
+        scale = draw(st.sampled_from((None, None, None, 1.0, 0.0625)))
     values = draw(value_specs(dtype=dt, distributions=tuple(distributions) if distributions else None, sinks=sink))
     prob = AttentionProblem(arch=arch, dtype=dt, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads,
                             nheads_kv=nheads_kv, head_dim=hd, head_dim_v=hdv, causal=causal, window_size=window,

@@ -2,7 +2,7 @@
 
 * ``coverage.production`` (GPU): the covering-array plan of the local arch's feature space run on
   production FA4 -- every pair of supported dimension values and every supported
-  mask x call form x pass triple at least once, in shapes chosen at the tile edges, the
+  mask x call form x pass and GQA ratio x softmax_scale x pass triple at least once, in shapes chosen at the tile edges, the
   ``"edges"`` values on a share of the rows (every mask edge with its one-key self-check), the
   backward's stage taps (D, lse_log2, dq_accum) on every dense backward row. The deployment
   profile confines the space; a space with nothing FA4 supports skips ("nothing ran").

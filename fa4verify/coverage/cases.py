@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from fa4verify.coverage.space import DESCALES, MOD_FORMS, VARLEN_SEQLENS, FeatureSpace, is_local, is_paged, is_unpacked
+from fa4verify.coverage.space import DESCALES, MOD_FORMS, custom_scale, VARLEN_SEQLENS, FeatureSpace, is_local, is_paged, is_unpacked
 from fa4verify.kernels import facts
 
 __all__ = ["problem_for", "plan_problems", "sparse_block_size", "varlen_sparse_block_size", "edge_problems",
@@ -125,6 +125,8 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
                               causal=causal, window_size=tuple(window),
                               softcap=space.softcaps.get(row["softcap"], 30.0 if row["softcap"] == "on" else 0.0),
                               sink=row["sink"] == "on", values=vs,
+                              softmax_scale=space.scales.get(row.get("scale"),
+                                                             custom_scale(hd) if row.get("scale") == "custom" else None),
                               descales=DESCALES[row.get("descale", "off")])
     mod_varlen = form in MOD_FORMS and row["seqlen"] in VARLEN_SEQLENS
     if form in ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") or is_paged(form) or mod_varlen:

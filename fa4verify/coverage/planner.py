@@ -25,8 +25,10 @@ from fa4verify.coverage.space import DIMENSIONS, PASSES, FeatureSpace
 
 __all__ = ["Plan", "plan", "coverage", "TRIPLES", "required_tuples", "row_tuples", "no_valid_row"]
 
-#: the strength-3 interactions the plan covers on top of every pair
-TRIPLES: tuple[tuple[str, ...], ...] = (("mask", "form", "pass"),)
+#: the strength-3 interactions the plan covers on top of every pair: every mask x call form x
+#: pass, and every GQA ratio x softmax_scale x pass (GQA scales dK in the backward's dK
+#: postprocess, MHA in the main kernel: a custom scale must meet each in a backward)
+TRIPLES: tuple[tuple[str, ...], ...] = (("mask", "form", "pass"), ("gqa", "scale", "pass"))
 
 Tuple_ = tuple[tuple[str, str], ...]
 

@@ -26,6 +26,11 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   from the installed release: 256 in 4.0.0b36), where the varlen tile scheduler runs with its
   batch lookup (``cu_total_m_blocks``: kernels of their own in the forward and the backward);
 * ``softcap``, ``sink``: ``off`` / ``on``;
+* ``scale``: the call's ``softmax_scale``: ``default`` (None: FA4 uses 1/sqrt(hd)) or ``custom``
+  (:func:`custom_scale`: muP's 1/hd, passed explicitly). FA4 carries the value as a kernel
+  argument, and GQA scales dK in the dK postprocess, MHA in the main kernel
+  (``_bwd_postprocess_convert(dk_accum, dk, softmax_scale, ...)``): a custom scale on a GQA
+  backward is a pair the plan must hold;
 * ``det``: ``on`` / ``off``: the backward's ``deterministic`` flag;
 * ``values``: the value distribution (``normal``, ``outliers``, ``negative_scores``,
   ``peaked_rescale``, ``tiny``, ``edges``: Note [Edge values]);
@@ -49,7 +54,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from fa4verify.kernels import facts
 
-__all__ = ["DIMENSIONS", "DESCALES", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
+__all__ = ["DIMENSIONS", "DESCALES", "SCALES", "custom_scale", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
            "PASSES", "PLAN_DISTRIBUTIONS", "BLOCK_FORMS", "MOD_FORMS", "VARLEN_SEQLENS"]
 
 FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "seqused_q", "paged_small", "paged_tile",
@@ -66,8 +71,16 @@ PLAN_DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", 
 #: fp8 descale values: the call's ``q/k/v_descale`` (value -> the inputs that carry one)
 DESCALES: dict[str, tuple[str, ...]] = {"off": (), "qkv": ("q", "k", "v"), "k": ("k",), "v": ("v",)}
 
-DIMENSIONS: tuple[str, ...] = ("form", "mask", "hd", "gqa", "seqlen", "softcap", "sink", "det", "values",
+SCALES: tuple[str, ...] = ("default", "custom")
+
+DIMENSIONS: tuple[str, ...] = ("form", "mask", "hd", "gqa", "seqlen", "softcap", "sink", "scale", "det", "values",
                                "descale")
+
+
+def custom_scale(head_dim: int) -> float:
+    """The plan's ``scale=custom`` softmax_scale: muP's 1/hd (a real models' choice; differs from
+    FA4's default 1/sqrt(hd) at every head dim above 1)."""
+    return 1.0 / head_dim
 
 _PAGED = ("paged_small", "paged_tile")
 _KV_FORMS = ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") + _PAGED   # varlen problems (zero lengths)
@@ -162,6 +175,7 @@ class FeatureSpace:
     lengths: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # "len:a,b" -> (a, b)
     softcaps: dict[str, float] = dataclasses.field(default_factory=dict)  # "on:30" -> 30.0
     pages: dict[str, int] = dataclasses.field(default_factory=dict)       # "paged:16" -> 16
+    scales: dict[str, float] = dataclasses.field(default_factory=dict)    # "scale:0.0625" -> 0.0625
 
     # ---------------------------------------------------------------- support
     def why_not(self, row: Mapping[str, str]) -> Optional[str]:
@@ -352,7 +366,7 @@ class FeatureSpace:
                 "notes": dict(self.notes), "windows": {k: list(v) for k, v in self.windows.items()},
                 "heads": {k: list(v) for k, v in self.heads.items()},
                 "lengths": {k: list(v) for k, v in self.lengths.items()}, "softcaps": dict(self.softcaps),
-                "pages": dict(self.pages)}
+                "pages": dict(self.pages), "scales": dict(self.scales)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FeatureSpace":
@@ -363,7 +377,8 @@ class FeatureSpace:
                    {k: (int(v[0]), int(v[1])) for k, v in d.get("heads", {}).items()},
                    {k: (int(v[0]), int(v[1])) for k, v in d.get("lengths", {}).items()},
                    {k: float(v) for k, v in d.get("softcaps", {}).items()},
-                   {k: int(v) for k, v in d.get("pages", {}).items()})
+                   {k: int(v) for k, v in d.get("pages", {}).items()},
+                   {k: float(v) for k, v in d.get("scales", {}).items()})
 
     def restrict(self, dim: str, keep: Iterable[str], note: str) -> "FeatureSpace":
         """This space with ``dim`` confined to ``keep`` (order kept); ``note`` says why (reports)."""
@@ -396,7 +411,7 @@ def space_for(arch: str, dtype: str, *, forms: Optional[Sequence[str]] = None, d
     vals: dict[str, tuple[str, ...]] = {
         "form": tuple(f for f in FORMS if forms is None or f in forms),
         "mask": MASKS, "hd": tuple(hd), "gqa": GQAS, "seqlen": SEQLENS, "softcap": ONOFF, "sink": ONOFF,
-        "det": ("on", "off"), "values": tuple(distributions)}
+        "scale": SCALES, "det": ("on", "off"), "values": tuple(distributions)}
     notes: dict[str, str] = {}
     if facts.varlen_batch_search_threshold() is None:
         vals["seqlen"] = tuple(v for v in vals["seqlen"] if v != "many")

@@ -37,7 +37,8 @@ PLANS: tuple[tuple[str, str], ...] = (("sm90", "bf16"), ("sm100", "bf16"), ("sm1
 
 def render(plans: tuple[tuple[str, str], ...] = PLANS, seed: int = 0) -> str:
     lines = [f"The plan of `coverage.production` (the GPU's own arch, the audit's `--dtype`), seed {seed}: every "
-             "supported value pair of two dimensions and every mask x call form x pass triple is in some row (a "
+             "supported value pair of two dimensions, every mask x call form x pass triple and every GQA ratio x "
+             "softmax_scale x pass triple is in some row (a "
              "registered pair no row took gets a row of its own; `coverage.twin` plans the twin's forms the same "
              "way); fp8 runs forward only and adds a descale dimension (Note [FP8 descales]).", "",
              "| arch, dtype | rows | tuples covered | head-dim classes | tuples not planned (why) |",
