@@ -1030,13 +1030,18 @@ def mla_backward(q, k, v, qv, out, dout, lse, gather_kv_indices, *, fwd: Optiona
     return MLABackwardResult(dq, dk, dv, dqv, dsink, cfg)
 
 
-def combine(out_partial, lse_partial, *, out_dtype=None, return_lse: bool = True, cu_seqlens=None):
+def combine(out_partial, lse_partial, *, out_dtype=None, return_lse: bool = True, cu_seqlens=None, seqused=None,
+            virtual_batch_idx=None):
     """FA4's public ``flash_attn_combine``: merge split partial outputs.
 
     ``out_partial`` (num_splits, batch, seqlen, nheads, d) (fp32/bf16/fp16) and ``lse_partial``
     (num_splits, batch, seqlen, nheads) fp32 natural-log LSE of each split (FA4's forward LSE
     (batch, nheads, seqlen) transposed); with ``cu_seqlens`` (int32, batch + 1) the packed
-    varlen form, (num_splits, total_q, nheads, d) and (num_splits, total_q, nheads). Returns
+    varlen form, (num_splits, total_q, nheads, d) and (num_splits, total_q, nheads). ``seqused``
+    (int32, batch): merge only each sequence's first ``seqused[b]`` rows; ``virtual_batch_idx``
+    (int32, batch): kernel slot i merges batch ``virtual_batch_idx[i]`` (the rows no slot or
+    used length reaches are left unwritten); a release whose combine lacks one raises
+    :class:`UnsupportedByRelease` when it is given (Note [One adapter for every release]). Returns
     ``(out, lse, config)``: ``out`` (batch, seqlen, nheads, d) or (total_q, nheads, d) in
     ``out_dtype`` (default: the partials' dtype), ``lse`` (batch, seqlen, nheads) or (total_q,
     nheads), or None. The arithmetic is modelled by ``fa4verify.kernels.twin_combine``.
@@ -1051,11 +1056,12 @@ def combine(out_partial, lse_partial, *, out_dtype=None, return_lse: bool = True
            "arch": _device_arch(), "gpu_name": _gpu_name(),
            "partial_dtype": str(out_partial.dtype).replace("torch.", ""),
            "out_partial_shape": tuple(out_partial.shape), "num_splits": int(out_partial.shape[0]),
-           "varlen": cu_seqlens is not None}
+           "varlen": cu_seqlens is not None, "seqused": seqused is not None,
+           "virtual_batch_idx": virtual_batch_idx is not None}
     fn = interface._flash_attn_fwd_combine
     with _record_keys(fn) as rec, torch.no_grad():
         out, lse = _call_fa4(flash_attn_combine, out_partial, lse_partial, out_dtype=out_dtype, return_lse=return_lse,
-                             cu_seqlens=cu_seqlens)
+                             cu_seqlens=cu_seqlens, seqused=seqused, virtual_batch_idx=virtual_batch_idx)
     key = rec.keys[-1] if rec.keys else None
     cfg["compile_key"] = None if key is None else [_jsonable(x) for x in key]
     return out, lse, cfg

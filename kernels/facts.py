@@ -187,6 +187,16 @@ def bwd_takes_sink() -> bool:
     return "learnable_sink" in _function_parameters(str(d / "interface.py"), "_flash_attn_bwd")
 
 
+def combine_takes(keyword: str) -> bool:
+    """Whether the installed release's ``flash_attn_combine`` takes ``keyword`` (``seqused``,
+    ``virtual_batch_idx``: 4.0.0b36 takes both). Read from its source; True without FA4."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return True
+    return keyword in _function_parameters(str(d / "interface.py"), "flash_attn_combine")
+
+
 def bwd_takes_varlen_score_mod() -> bool:
     """Whether the FA4 release that runs has a backward for a score_mod (softcap included: FA4
     turns it into one) on a varlen call (``cu_seqlens``). 4.0.0b20..b23 assert "varlen + score_mod

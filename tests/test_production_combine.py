@@ -77,36 +77,67 @@ def test_an_exception_in_fa4s_code_is_a_failure_and_one_in_fa4verifys_is_an_erro
         run_combine(_Raises(), shape=SMALL, splits=(2,))
 
 
-class VarlenStandIn(StandIn):
-    """A stand-in with the varlen combine (Note [The varlen combine]); ``drop_offset``: every
-    sequence's merged rows written from row 0 (the red-team fault ``combine_varlen_out_offset_dropped``)."""
+class IndexedStandIn(StandIn):
+    """A stand-in with the indexed combine (Notes [The varlen combine], [Used rows and virtual
+    batches]): ``cu_seqlens`` / ``seqused`` / ``virtual_batch_idx`` as FA4 reads them, rows it does
+    not write left NaN (FA4's ``torch.empty``). Faults: ``drop_offset``: every sequence's merged rows
+    written from row 0 (the red-team fault ``combine_varlen_out_offset_dropped``); ``slot_length``:
+    the used length read with the slot's index instead of the batch's (the rows a longer length
+    would merge are unspecified, so ignoring ``seqused`` alone is no fault the judge may see)."""
 
-    def __init__(self, drop_offset: bool = False):
+    def __init__(self, drop_offset: bool = False, slot_length: bool = False):
         super().__init__()
-        self.drop_offset = drop_offset
+        self.drop_offset, self.slot_length = drop_offset, slot_length
 
-    def combine_varlen(self, op, lp, out_dtype, cu_seqlens):
-        out, lse = self.combine(op[:, None], lp[:, None], out_dtype)
-        out, lse = out[0], lse[0]
-        if self.drop_offset:
-            cu = cu_seqlens.tolist()
-            bad, bad_lse = out.clone(), lse.clone()
-            for i in range(len(cu) - 1):
-                bad[: cu[i + 1] - cu[i]] = out[cu[i]:cu[i + 1]]
-                bad_lse[: cu[i + 1] - cu[i]] = lse[cu[i]:cu[i + 1]]
-            out, lse = bad, bad_lse
-        return out, lse
+    def combine_indexed(self, op, lp, out_dtype, cu_seqlens=None, seqused=None, virtual_batch_idx=None):
+        packed = cu_seqlens is not None
+        o4, l4 = (op[:, None], lp[:, None]) if packed else (op, lp)
+        full_o, full_l = self.combine(o4, l4, out_dtype)
+        out = torch.full_like(full_o, float("nan"))
+        lse = torch.full_like(full_l, float("nan"))
+        B = len(cu_seqlens) - 1 if packed else op.shape[1]
+        slots = virtual_batch_idx.tolist() if virtual_batch_idx is not None else list(range(B))
+        for i, r in enumerate(slots):
+            lr = i if self.slot_length else r
+            n = (seqused[lr].item() if seqused is not None else
+                 (cu_seqlens[lr + 1] - cu_seqlens[lr]).item() if packed else op.shape[2])
+            if packed:
+                src = dst = cu_seqlens[r].item()
+                if self.drop_offset:
+                    dst = 0
+                out[0, dst:dst + n], lse[0, dst:dst + n] = full_o[0, src:src + n], full_l[0, src:src + n]
+            else:
+                out[r, :n], lse[r, :n] = full_o[r, :n], full_l[r, :n]
+        return (out[0], lse[0]) if packed else (out, lse)
 
 
 def test_the_varlen_combine_is_judged_and_a_dropped_sequence_offset_fails():
     from fa4verify.checks.combine import varlen_lengths
     assert varlen_lengths(512) == (102, 204, 1, 205) and sum(varlen_lengths(16)) == 16
-    rows = run_combine(VarlenStandIn(), shape=SMALL, splits=(2, 3))
+    rows = run_combine(IndexedStandIn(), shape=SMALL, splits=(2, 3))
     r = result(rows, "CPU")
     assert r.status == "pass", r.summary
-    assert any(vd.name.startswith("combine_out (varlen") for row in rows for vd in row["verdicts"])
-    r = result(run_combine(VarlenStandIn(drop_offset=True), shape=SMALL, splits=(2, 3)), "CPU")
+    names = {vd.name for row in rows for vd in row["verdicts"]}
+    assert any(n.startswith("combine_out (varlen") for n in names)
+    assert {"combine_out (seqused)", "combine_out (virtual_batch_idx)",
+            "combine_out (cu_seqlens+seqused+virtual_batch_idx)"} <= names, names
+    r = result(run_combine(IndexedStandIn(drop_offset=True), shape=SMALL, splits=(2, 3)), "CPU")
     assert r.status == "fail" and "varlen" in r.summary, r.summary
+
+
+def test_a_used_length_read_with_the_slots_index_fails():
+    """Note [Used rows and virtual batches]: a used length looked up with the kernel slot instead
+    of the batch it maps to leaves rows FA4 must write unwritten (NaN here) or merges them wrong."""
+    r = result(run_combine(IndexedStandIn(slot_length=True), shape=(2, 16, 2, 64, 96), splits=(2,)), "CPU")
+    assert r.status == "fail", r.summary
+    assert "cu_seqlens+seqused+virtual_batch_idx" in r.summary, r.summary
+
+
+def test_used_rows_are_the_mapped_batches_first_used_rows():
+    from fa4verify.checks.combine import used_rows
+    assert used_rows([3, 3], [1, 2], None) == [(0, 0), (1, 0), (1, 1)]
+    assert used_rows([2, 2, 2], None, [2, 0, 2]) == [(0, 0), (0, 1), (2, 0), (2, 1)]
+    assert used_rows([2, 3], [1, 2], [1, 0], offsets=[0, 2]) == [(0, 0), (0, 2), (0, 3)]
 
 
 class _BlockOffsetDropped(StandIn):

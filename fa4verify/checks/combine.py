@@ -45,10 +45,24 @@ Note [The varlen combine]
 outputs), where each sequence's rows start at its own offset. The combine is row by row, so the
 same partials packed into sequences of unequal lengths (:func:`varlen_lengths`) must merge to the
 exact combine of those rows (:func:`_varlen_rows`); a fault in the sequence offsets moves rows.
+
+Note [Used rows and virtual batches]
+------------------------------------
+``flash_attn_combine`` takes ``seqused`` (int32, batch: merge only the first ``seqused[b]`` rows of
+each sequence; ``seqused`` alone makes the kernel run its varlen scheduler) and
+``virtual_batch_idx`` (int32, batch: kernel slot i merges batch ``virtual_batch_idx[i]``; with
+``cu_seqlens`` / ``seqused`` the scheduler maps the slot, else the kernel), each its own compile
+key (``interface.py`` ``flash_attn_combine`` / ``_flash_attn_fwd_combine``; offsets and lengths
+are read with the real batch index, ``seqlen_info.py``). A row no slot or used length reaches is
+left unwritten (``out`` is ``torch.empty``), so only the used rows of the mapped batches are
+judged, against the exact combine of the same partial rows (:func:`_indexed_rows`): ``seqused``
+alone (batched), ``virtual_batch_idx`` alone (batched, the batches reversed), and both with
+``cu_seqlens``. A fault that reads a sequence's length or offset with the slot's index instead of
+the batch's, or merges past the used length, moves or mixes rows.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -107,7 +121,8 @@ def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS,
             op = torch.stack([p[0] for p in parts])                      # (S, b, sq, h, d)
             lp = torch.stack([p[1] for p in parts]).transpose(-1, -2)    # (S, b, sq, h), seqlen-contiguous
             out, lse = kernel.combine(op.float(), lp, tdt)
-            empty = _empty_rows(kernel, op, lp, tdt, dtype) + _varlen_rows(kernel, op, lp, tdt, dtype)
+            empty = (_empty_rows(kernel, op, lp, tdt, dtype) + _varlen_rows(kernel, op, lp, tdt, dtype)
+                     + _indexed_rows(kernel, op, lp, tdt, dtype))
         except Exception as e:  # noqa: BLE001 - Note [Blame]: FA4's exception is FA4's failure
             if blame.origin(e) != blame.FA4:
                 raise                                                    # fa4verify's own: an error
@@ -181,28 +196,98 @@ def _empty_rows(kernel: Any, op, lp, out_dtype, dtype: str) -> list:
             dataclasses.replace(vl, name="combine_lse (empty rows)")]
 
 
+def _packed(op, lp, lens):
+    """The batched partials (S, b, sq, h, d) / (S, b, sq, h) packed as sequences of ``lens`` rows:
+    (S, total, h, d), (S, total, h) total-contiguous, and ``cu_seqlens``."""
+    import torch
+    S, b, sq, h, d = op.shape
+    total = b * sq
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    opv = op.float().reshape(S, total, h, d)
+    lpv = lp.permute(0, 3, 1, 2).reshape(S, h, total).transpose(-1, -2)   # (S, total, h), total-contiguous
+    return opv, lpv, cu
+
+
 def _varlen_rows(kernel: Any, op, lp, out_dtype, dtype: str) -> list:
     """Note [The varlen combine]: the partials packed as sequences of :func:`varlen_lengths` rows
     (``cu_seqlens``), merged by the kernel's varlen combine and judged against the exact combine of
     the packed rows; none for a kernel without one."""
     import dataclasses
 
-    import torch
-
     from fa4verify.judge.split_combine import judge_combine_stage
-    if not hasattr(kernel, "combine_varlen"):
+    if not hasattr(kernel, "combine_indexed"):
         return []
-    S, b, sq, h, d = op.shape
-    total = b * sq
-    lens = varlen_lengths(total)
-    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
-    opv = op.float().reshape(S, total, h, d)
-    lpv = lp.permute(0, 3, 1, 2).reshape(S, h, total).transpose(-1, -2)   # (S, total, h), total-contiguous
-    out, lse = kernel.combine_varlen(opv, lpv, out_dtype, cu)
+    lens = varlen_lengths(op.shape[1] * op.shape[2])
+    opv, lpv, cu = _packed(op, lp, lens)
+    out, lse = kernel.combine_indexed(opv, lpv, out_dtype, cu_seqlens=cu)
     vo, vl = judge_combine_stage(_np(opv)[:, None], _np(lpv)[:, None], _np(out)[None],
                                  None if lse is None else _np(lse)[None], dtype=dtype, arch=kernel.arch)
     return [dataclasses.replace(vo, name=f"combine_out (varlen {'/'.join(map(str, lens))})"),
             dataclasses.replace(vl, name=f"combine_lse (varlen {'/'.join(map(str, lens))})")]
+
+
+def used_rows(lens: Sequence[int], used: Optional[Sequence[int]], vbi: Optional[Sequence[int]],
+              offsets: Optional[Sequence[int]] = None) -> list[tuple[int, int]]:
+    """Note [Used rows and virtual batches]: the (batch, row) pairs a combine with these arguments
+    must write: each batch some slot maps to (every batch without ``vbi``), its first ``used[b]``
+    rows (all ``lens[b]`` without ``used``); with ``offsets`` (``cu_seqlens[:-1]``) the row is the
+    packed index ``offsets[b] + m`` (batch 0)."""
+    batches = sorted(set(vbi)) if vbi is not None else range(len(lens))
+    out = []
+    for r in batches:
+        n = used[r] if used is not None else lens[r]
+        out += [(0, offsets[r] + m) if offsets is not None else (r, m) for m in range(n)]
+    return out
+
+
+def _indexed_rows(kernel: Any, op, lp, out_dtype, dtype: str) -> list:
+    """Note [Used rows and virtual batches]: the partials merged with ``seqused``, with
+    ``virtual_batch_idx`` and with both on packed sequences, each judged on the rows the call must
+    write; none for a kernel without the indexed combine, and a named skip row for a release whose
+    combine lacks one of the keywords."""
+    import dataclasses
+
+    import torch
+
+    from fa4verify.judge.split_combine import judge_combine_stage
+    from fa4verify.kernels.facts import combine_takes
+    if not hasattr(kernel, "combine_indexed"):
+        return []
+    S, b, sq, h, d = op.shape
+    used = [max(1, (sq * (i + 1)) // (b + 2)) for i in range(b)]          # each below its length, distinct
+    vbi = list(range(b))[::-1]
+    lens = varlen_lengths(b * sq)
+    plens = list(lens)
+    pused = [max(1, n - 1 - i) for i, n in enumerate(plens)]
+    pvbi = list(range(len(plens)))[::-1]
+    opv, lpv, cu = _packed(op, lp, lens)
+    i32 = dict(dtype=torch.int32)
+    cases = [("seqused", op.float(), lp, {"seqused": torch.tensor(used, **i32)}, [sq] * b, used, None, None),
+             ("virtual_batch_idx", op.float(), lp, {"virtual_batch_idx": torch.tensor(vbi, **i32)}, [sq] * b, None,
+              vbi, None),
+             ("cu_seqlens+seqused+virtual_batch_idx", opv, lpv,
+              {"cu_seqlens": cu, "seqused": torch.tensor(pused, **i32), "virtual_batch_idx": torch.tensor(pvbi, **i32)},
+              plens, pused, pvbi, cu[:-1].tolist())]
+    out_rows = []
+    for label, o_in, l_in, kw, ls, us, vb, offs in cases:
+        if not all(combine_takes(k) for k in kw):
+            continue          # an older release: its combine has no such keyword (reported by the check)
+        out, lse = kernel.combine_indexed(o_in, l_in, out_dtype, **kw)
+        rows = used_rows(ls, us, vb, offs)
+        bi = torch.tensor([r for r, _ in rows])
+        mi = torch.tensor([m for _, m in rows])
+        if offs is not None:                 # packed: (S, total, h[, d]) -> one batch
+            o_in, l_in, out = o_in[:, None], l_in[:, None], out[None]
+            lse = None if lse is None else lse[None]
+        sel_o = o_in.cpu()[:, bi, mi][:, None]                               # (S, 1, rows, h, d)
+        sel_l = l_in.cpu()[:, bi, mi][:, None]
+        got_o = out.cpu()[bi, mi][None]
+        got_l = None if lse is None else lse.cpu()[bi, mi][None]
+        vo, vl = judge_combine_stage(_np(sel_o), _np(sel_l), _np(got_o), None if got_l is None else _np(got_l),
+                                     dtype=dtype, arch=kernel.arch)
+        out_rows += [dataclasses.replace(vo, name=f"combine_out ({label})"),
+                     dataclasses.replace(vl, name=f"combine_lse ({label})")]
+    return out_rows
 
 
 class _Fa4:
@@ -221,8 +306,9 @@ class _Fa4:
         out, lse, self.last_config = self.ad.combine(op, lp, out_dtype=out_dtype)
         return out, lse
 
-    def combine_varlen(self, op, lp, out_dtype, cu_seqlens):
-        out, lse, _ = self.ad.combine(op, lp, out_dtype=out_dtype, cu_seqlens=cu_seqlens.to(op.device))
+    def combine_indexed(self, op, lp, out_dtype, **index):
+        """The combine with ``cu_seqlens`` / ``seqused`` / ``virtual_batch_idx`` (int32 tensors)."""
+        out, lse, _ = self.ad.combine(op, lp, out_dtype=out_dtype, **{k: v.to(op.device) for k, v in index.items()})
         return out, lse
 
 
@@ -255,6 +341,7 @@ def result(rows: list[dict[str, Any]], where: str) -> CheckResult:
 def _combine_compiles(ctx: CheckContext) -> list:
     """Note [Fake device audit]: the check's forwards on its key chunks and its combines."""
     from fa4verify.compile.production import CompileCall
+    from fa4verify.kernels.facts import combine_takes
     from fa4verify.problem import AttentionProblem
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"the combine is judged for bf16 / fp16 outputs, not {ctx.dtype}")
@@ -274,6 +361,11 @@ def _combine_compiles(ctx: CheckContext) -> list:
     return ([CompileCall("forward", problem(n), purpose="a key chunk's partial O and LSE") for n in sizes]
             + [CompileCall("combine", problem(sk), splits=S, purpose="the merge of the partials") for S in SPLITS]
             + [CompileCall("combine", varlen, splits=S, purpose="the varlen merge (cu_seqlens)") for S in SPLITS]
+            + [CompileCall("combine", p, splits=S, index=ix, purpose="used rows / virtual batches "
+                           "(Note [Used rows and virtual batches])")
+               for p, ix in ((problem(sk), ("seqused",)), (problem(sk), ("virtual_batch_idx",)),
+                             (varlen, ("seqused", "virtual_batch_idx")))
+               if all(combine_takes(k) for k in ix) for S in SPLITS]
             + [CompileCall("combine", shaped(hd), splits=S, purpose="synthetic partials (Note [Combine shapes])")
                for hd, S in shapes_for(ctx.require_gpu().arch)])
 

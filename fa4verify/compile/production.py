@@ -287,6 +287,9 @@ class CompileCall:
     purpose: str = ""
     splits: int = 0
     dlse: bool = False
+    #: a combine's index arguments besides ``cu_seqlens`` (a varlen problem): ``seqused``,
+    #: ``virtual_batch_idx`` (Note [Used rows and virtual batches] in fa4verify.checks.combine)
+    index: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.op not in ("forward", "backward", "combine"):
@@ -304,7 +307,7 @@ class CompileCall:
         if self.op == "backward":
             s += " deterministic" if self.deterministic else " default-mode"
         if self.op == "combine":
-            s += f" {self.splits} splits"
+            s += f" {self.splits} splits" + "".join(f" +{k}" for k in self.index)
         if self.emulation == "disabled":
             s += " exp2-emulation-off"
         return s + (f" ({self.purpose})" if self.purpose else "")
@@ -359,18 +362,19 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
             p = call.problem
             with tgt._mode():
                 odt = torch.bfloat16 if p.dtype == "bf16" else torch.float16
+                index = {k: torch.empty(p.batch, dtype=torch.int32, device="cuda") for k in call.index}
                 if p.varlen:      # packed partials with cu_seqlens (Note [The varlen combine])
                     tq = sum(p.seqlens_q)
                     o = torch.empty(call.splits, tq, p.nheads, p.head_dim_v, dtype=torch.float32, device="cuda")
                     lse = torch.empty(call.splits, p.nheads, tq, dtype=torch.float32, device="cuda").transpose(-1, -2)
                     cu = torch.empty(p.batch + 1, dtype=torch.int32, device="cuda")
-                    _, _, cfg = adapter.combine(o, lse, out_dtype=odt, cu_seqlens=cu)
+                    _, _, cfg = adapter.combine(o, lse, out_dtype=odt, cu_seqlens=cu, **index)
                 else:
                     o = torch.empty(call.splits, p.batch, p.seqlen_q, p.nheads, p.head_dim_v, dtype=torch.float32,
                                     device="cuda")
                     lse = torch.empty(call.splits, p.batch, p.nheads, p.seqlen_q, dtype=torch.float32,
                                       device="cuda").transpose(-1, -2)       # seqlen-contiguous, as FA4 asks
-                    _, _, cfg = adapter.combine(o, lse, out_dtype=odt)
+                    _, _, cfg = adapter.combine(o, lse, out_dtype=odt, **index)
             return {"call": call.describe(), "where": tgt.where, "arch": tgt.arch,
                     "configs": [_summary_config(cfg)], "seconds": round(time.time() - t0, 2)}
         a = call.problem.materialize()
