@@ -542,8 +542,14 @@ def finish(mid: np.ndarray, rad: np.ndarray, mag: np.ndarray, n_terms, bs: Any, 
         return mid, rad * WIDEN
 
 
+#: the learnable sink's dtype -> (unit roundoff, half the smallest subnormal spacing) of dsink's store
+SINK_STORE: dict[str, tuple[float, float]] = {"fp32": (2.0 ** -24, 0.0), "bf16": (2.0 ** -8, 0.0),
+                                             "fp16": (2.0 ** -11, 2.0 ** -25)}
+
+
 def dsink_given_forward(sink: np.ndarray, lse: np.ndarray, dout: np.ndarray, out: np.ndarray,
-                        C: Any, dlse: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+                        C: Any, dlse: Optional[np.ndarray] = None, sink_dtype: str = "fp32"
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """Note [dsink given the forward] (DERIVATIONS.md#dsink): the learnable sink's gradient FA4's
     backward must return, from the forward outputs it read, and a rigorous allowance.
 
@@ -557,8 +563,13 @@ def dsink_given_forward(sink: np.ndarray, lse: np.ndarray, dout: np.ndarray, out
     float64 with ``D_i = sum_d dO O`` exact (bf16 products, float64 sums of at most 2^16 terms:
     their error is in ``allow``), and ``allow_h`` bounding ``|dsink_h - ref_h|`` for every order of
     FA4's fp32 sums. ``dlse`` (the LSE's layout, fp32 values): a gradient through the returned
-    LSE; FA4's ``D_i`` is then the preprocess's ``RN(D_i - dLSE_i)``. ``ValueError`` when the
-    layouts do not fit; NaN in ``allow`` where an LSE is NaN (nothing defined)."""
+    LSE; FA4's ``D_i`` is then the preprocess's ``RN(D_i - dLSE_i)``. ``sink_dtype``: the dtype of
+    the learnable sink, which FA4 writes dsink in (``torch.empty_like(learnable_sink)``): the fp32
+    sum's store rounds to it (:data:`SINK_STORE`). ``ValueError`` when the layouts do not fit; NaN
+    in ``allow`` where an LSE is NaN (nothing defined)."""
+    if sink_dtype not in SINK_STORE:
+        raise ValueError(f"dsink: sink dtype {sink_dtype!r} (expected one of {sorted(SINK_STORE)})")
+    u_store, sub_store = SINK_STORE[sink_dtype]
     u, mufu, tiny = float(C["u_fp32"]), float(C["mufu_ex2_rel"]), float(C["f32_min_normal"])
     lse = np.asarray(lse, np.float64)
     o = np.asarray(out, np.float64)
@@ -603,8 +614,9 @@ def dsink_given_forward(sink: np.ndarray, lse: np.ndarray, dout: np.ndarray, out
                 + u * p_hi * Dhi + tiny)                 # the product's rounding (and its ftz)
         n = L.shape[1]
         absum = (p_hi * Dhi * (1 + u) + tiny).sum(axis=1)
-        allow = term.sum(axis=1) + float(_gamma(max(n - 1, 1), u)) * absum \
-            + float(_gamma(n + 1, 2.0 ** -53)) * absum + u * absum      # fp32 sum; float64 ref; the store
+        g_sum = float(_gamma(max(n - 1, 1), u))
+        allow = term.sum(axis=1) + g_sum * absum + float(_gamma(n + 1, 2.0 ** -53)) * absum \
+            + u_store * (1 + g_sum) * absum + sub_store        # fp32 sum; float64 ref; the store in the sink's dtype
         ref = -np.array([math.fsum(r) for r in (p * D)])
     allow = np.where(np.isnan(L).any(axis=1), np.nan, allow)
     return ref, allow

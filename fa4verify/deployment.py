@@ -18,6 +18,7 @@ Format (every key optional except ``name``; lists mean "any of")::
     softcap = 0.0                # 0 = off
     softmax_scales = [0.0625]    # explicit softmax_scale values (absent: FA4's default 1/sqrt(hd) only)
     sinks = false                # learnable sinks
+    sink_dtype = "bf16"          # the sinks' dtype: "fp32" (default), "bf16" or "fp16"
     varlen = false
     seqlen_q = [1, 8192]         # inclusive range (min 0: empty sequences of a varlen batch)
     seqlen_k = [1, 8192]
@@ -53,7 +54,7 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "deployments"
 MASKS = ("none", "causal", "window")
 _KEYS = {"name", "description", "dtypes", "head_dims", "nheads", "nheads_kv", "masks", "window_sizes",
          "softcap", "sinks", "varlen", "seqlen_q", "seqlen_k", "archs", "distributions", "features",
-         "page_sizes", "nan_pages", "softmax_scales"}
+         "page_sizes", "nan_pages", "softmax_scales", "sink_dtype"}
 _MAX_BYTES = 1 << 20
 #: upper bounds of the integer keys (a profile is input: 2**63 would reach numpy and FA4 as an
 #: overflow or a huge allocation instead of a one-line error); far above any real model
@@ -112,6 +113,7 @@ class Deployment:
     #: explicit softmax_scale values; () = FA4's default (1/sqrt(head_dim)) only
     softmax_scales: tuple[float, ...] = ()
     sinks: bool = False
+    sink_dtype: str = "fp32"
     varlen: bool = False
     seqlen_q: tuple[int, int] = (1, 8192)
     seqlen_k: tuple[int, int] = (1, 8192)
@@ -201,6 +203,13 @@ class Deployment:
                 if not isinstance(d[key], bool):
                     raise DeploymentError(f"{where}: {key} must be true or false")
                 kw[key] = d[key]
+        if "sink_dtype" in d:
+            from fa4verify.problem import SINK_DTYPES
+            if d["sink_dtype"] not in SINK_DTYPES:
+                raise DeploymentError(f"{where}: sink_dtype {d['sink_dtype']!r}: choose from {', '.join(SINK_DTYPES)}")
+            if not kw.get("sinks"):
+                raise DeploymentError(f"{where}: sink_dtype needs sinks = true")
+            kw["sink_dtype"] = d["sink_dtype"]
         if kw.get("nan_pages") and "paged_kv" not in kw.get("features", ()):
             raise DeploymentError(f"{where}: nan_pages needs \"paged_kv\" in features")
         for key in ("seqlen_q", "seqlen_k"):
@@ -224,6 +233,8 @@ class Deployment:
         for k in ("distributions", "features", "page_sizes", "softmax_scales"):
             if not out[k]:
                 out.pop(k)
+        if out["sink_dtype"] == "fp32":
+            out.pop("sink_dtype")
         if not out["nan_pages"]:
             out.pop("nan_pages")
         return out
@@ -336,7 +347,8 @@ class Deployment:
                                             f"seqlen_k {list(self.seqlen_k)}"))
         caps = {("off" if c == 0 else f"on:{c:g}"): float(c) for c in self.softcap}
         sp = dataclasses.replace(sp, softcaps=caps, values=dict(sp.values, softcap=tuple(caps)))
-        sp = sp.restrict("sink", ("on",) if self.sinks else ("off",), f"deployment {self.name}: sinks={self.sinks}")
+        sp = sp.restrict("sink", (self.sink_dtype,) if self.sinks else ("off",),
+                         f"deployment {self.name}: sinks={self.sinks}" + (f" ({self.sink_dtype})" if self.sinks else ""))
         scales = {f"scale:{x:g}": x for x in self.softmax_scales} or {"default": None}
         sp = dataclasses.replace(sp, scales={k: v for k, v in scales.items() if v is not None},
                                  values=dict(sp.values, scale=tuple(scales)),
@@ -416,7 +428,7 @@ class Deployment:
             "seqlen_q_range": tuple(self.seqlen_q), "seqlen_k_range": tuple(self.seqlen_k),
             "mask_choices": tuple(self.masks), "window_choices": tuple(self.window_sizes),
             "softcap_choices": tuple(self.softcap), "sinks": bool(self.sinks),
-            "scale_choices": tuple(self.softmax_scales) or (None,)}
+            "scale_choices": tuple(self.softmax_scales) or (None,), "sink_dtype": self.sink_dtype}
         if self.page_sizes:
             limits["page_sizes"] = tuple(self.page_sizes)
         if self.nan_pages:
@@ -429,7 +441,7 @@ class Deployment:
                 f"heads {'/'.join(map(str, self.nheads))} q, {'/'.join(map(str, self.nheads_kv))} kv; "
                 f"masks {', '.join(self.masks)}; {', '.join(self.dtypes)}; seqlen "
                 f"{self.seqlen_q[0]}..{self.seqlen_q[1]}"
-                + ("; sinks" if self.sinks else "") + ("; varlen" if self.varlen else "")
+                + (f"; sinks ({self.sink_dtype})" if self.sinks else "") + ("; varlen" if self.varlen else "")
                 + ("; softcap " + "/".join(f"{x:g}" for x in self.softcap) if any(self.softcap) else "")
                 + ("; softmax_scale " + "/".join(f"{x:g}" for x in self.softmax_scales) if self.softmax_scales else "")
                 + ("; calls " + ", ".join(self.features) if self.features else "")

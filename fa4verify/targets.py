@@ -520,7 +520,7 @@ class ProductionTarget(Target):
         only in the forward's: FA4's backward never packs)."""
         dt = problem.dtype
         kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
-                  softcap=float(problem.softcap), learnable_sink=self._t(a["learnable_sink"], None),
+                  softcap=float(problem.softcap), learnable_sink=self._sink(problem, a),
                   **self._descale_kw(problem, a))
         call = problem.call
         if call.pack_gqa is not None and not backward:
@@ -606,6 +606,12 @@ class ProductionTarget(Target):
             raise Unsupported(f"dtype {dtype!r} has no torch dtype here")
         return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device=self.device, dtype=tdt)
 
+    def _sink(self, problem: AttentionProblem, a: Mapping[str, Any]):
+        """The learnable sink tensor in the problem's :attr:`~AttentionProblem.sink_dtype` (its
+        values are exact there), or None."""
+        dt = None if problem.sink_dtype == "fp32" else problem.sink_dtype
+        return self._t(a["learnable_sink"], dt)
+
     def _descale_kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
         """Note [FP8 descales]: FA4's fp32 (batch, nheads_kv) ``q/k/v_descale`` of the problem's
         :attr:`~AttentionProblem.descales` ({} without)."""
@@ -614,7 +620,7 @@ class ProductionTarget(Target):
     def _kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
         kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
                   softcap=float(problem.softcap),
-                  learnable_sink=self._t(a["learnable_sink"], None), **self._descale_kw(problem, a))
+                  learnable_sink=self._sink(problem, a), **self._descale_kw(problem, a))
         if problem.varlen:
             kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
                       max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)

@@ -94,7 +94,7 @@ def _realises(sp, row, p) -> list[str]:
     if (p.softcap > 0) != (row["softcap"] != "off") or (row["softcap"] in sp.softcaps
                                                         and p.softcap != sp.softcaps[row["softcap"]]):
         bad.append("softcap")
-    if p.sink != (row["sink"] == "on"):
+    if p.sink != (row["sink"] != "off") or (p.sink and p.sink_dtype != row["sink"]):
         bad.append("sink")
     want_scale = sp.scales.get(row["scale"], 1.0 / p.head_dim if row["scale"] == "custom" else None)
     if p.softmax_scale != want_scale:

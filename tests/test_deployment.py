@@ -60,6 +60,8 @@ def test_strategy_draws_only_shipped_head_dims():
     ("name = 'x'\nmasks = ['diagonal']", "masks"),
     ("name = 'x'\nmasks = ['window']", "needs window_sizes"),
     ("name = 'x'\nsoftcap = -1.0", "softcap"),
+    ("name = 'x'\nsinks = true\nsink_dtype = 'fp64'", "sink_dtype 'fp64': choose from fp32, bf16, fp16"),
+    ("name = 'x'\nsink_dtype = 'bf16'", "sink_dtype needs sinks = true"),
     ("name = 'x'\nsoftmax_scales = [0.0]", "softmax_scales 0.0 must be finite and in"),
     ("name = 'x'\nsoftmax_scales = []", "softmax_scales is empty"),
     ("name = 'x'\nsoftmax_scales = ['a']", "softmax_scales 'a' must be"),

@@ -64,8 +64,8 @@ def outside(p, dep: D.Deployment, *, planned: bool = False) -> list[str]:
         bad.append("a MaskMod pattern")
     if p.softcap not in dep.softcap:
         bad.append(f"softcap {p.softcap}")
-    if p.sink != dep.sinks:
-        bad.append(f"sink={p.sink}")
+    if p.sink != dep.sinks or (p.sink and p.sink_dtype != dep.sink_dtype):
+        bad.append(f"sink={p.sink} ({p.sink_dtype})")
     if p.softmax_scale not in (dep.softmax_scales or (None,)):
         bad.append(f"softmax_scale {p.softmax_scale}")
     feats = set(dep.features)

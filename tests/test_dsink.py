@@ -68,6 +68,26 @@ def test_the_allowance_holds_fa4s_fp32_procedure(seed):
     assert (allow < 1e-3 * np.maximum(np.abs(ref), 1e-6) + 1e-3).all(), (allow, ref)   # not vacuous
 
 
+@pytest.mark.parametrize("sink_dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_16_bit_sink_takes_dsink_stored_in_its_dtype(seed, sink_dtype):
+    """FA4 writes dsink in the sink's dtype (``torch.empty_like(learnable_sink)``): the fp32 sum
+    rounded to bf16 / fp16 stays inside that dtype's allowance, and exceeds the fp32 one (so the
+    store term is the one that admits it, not slack elsewhere)."""
+    import torch
+    rng = np.random.default_rng(200 + seed)
+    sink, lse, dout, out = _case(rng, S=64)
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[sink_dtype]
+    got32 = _fa4_like(sink, lse, dout, out, rng)
+    got = torch.as_tensor(got32, dtype=torch.float32).to(tdt).double().numpy()
+    ref, allow = ivm.dsink_given_forward(sink, lse, dout, out, C, sink_dtype=sink_dtype)
+    assert (np.abs(got - ref) <= allow).all(), (np.abs(got - ref), allow)
+    _, allow32 = ivm.dsink_given_forward(sink, lse, dout, out, C)
+    assert (np.abs(got - ref) > allow32).any(), (np.abs(got - ref), allow32)
+    with pytest.raises(ValueError, match="sink dtype"):
+        ivm.dsink_given_forward(sink, lse, dout, out, C, sink_dtype="fp8")
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_allowance_holds_with_a_gradient_through_the_lse(seed):
     """D' = RN(D - dLSE) enters each row's term; the allowance takes the subtraction, and a

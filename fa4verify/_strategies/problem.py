@@ -46,7 +46,8 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                        window_choices: Collection[tuple[int, int]] = (),
                        softcap_choices: Optional[Collection[float]] = None,
                        sinks: Optional[bool] = None,
-                       scale_choices: Optional[Collection[Optional[float]]] = None) -> AttentionProblem:
+                       scale_choices: Optional[Collection[Optional[float]]] = None,
+                       sink_dtype: Optional[str] = None) -> AttentionProblem:
     """Draw an :class:`AttentionProblem` that FA4 accepts on ``arch``. Never runs a kernel.
 
     Arguments (all keyword-only):
@@ -72,7 +73,8 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
       only where its side's minimum is 0),
       ``mask_choices`` (any of "none", "causal", "window") with ``window_choices`` ((left, right)
       windows), ``softcap_choices`` (values, 0 = off), ``sinks`` (always / never),
-      ``scale_choices`` (softmax_scale values, None = FA4's default 1/sqrt(hd)). A drawn head
+      ``scale_choices`` (softmax_scale values, None = FA4's default 1/sqrt(hd)), ``sink_dtype``
+      (the dtype of a drawn sink; None: fp32 or bf16, drawn). A drawn head
       dim for which FA4's forward lacks every allowed choice (a dedicated SM100 (256, 256) forward,
       FA4 4.0.0b20..b33: no window, softcap or sink) is rejected.
     * call features (opt-in, :data:`~fa4verify.problem.calls.CALL_FEATURES` in ``features``):
@@ -180,10 +182,13 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
         scale = draw(st.sampled_from(tuple(scale_choices)))
     else:
         scale = draw(st.sampled_from((None, None, None, 1.0, 0.0625)))
+    if sink and sink_dtype is None:
+        sink_dtype = draw(st.sampled_from(("fp32", "bf16")))
     values = draw(value_specs(dtype=dt, distributions=tuple(distributions) if distributions else None, sinks=sink))
     prob = AttentionProblem(arch=arch, dtype=dt, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads,
                             nheads_kv=nheads_kv, head_dim=hd, head_dim_v=hdv, causal=causal, window_size=window,
-                            softcap=softcap, sink=sink, softmax_scale=scale, seqlens_q=sq_list, seqlens_k=sk_list,
+                            softcap=softcap, sink=sink, sink_dtype=(sink_dtype or "fp32") if sink else "fp32",
+                            softmax_scale=scale, seqlens_q=sq_list, seqlens_k=sk_list,
                             mask_mod=mm, values=values)
     kv = [f for f in ("paged_kv", "seqused_k", "seqused_q") if f in feats]
     keep = "block_sparse" in feats or "mask_mod_fn" in feats

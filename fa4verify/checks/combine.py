@@ -381,4 +381,9 @@ def production_combine(ctx: CheckContext) -> CheckResult:
     if ctx.dtype not in ("bf16", "fp16"):
         ctx.skip(f"the combine is judged for bf16 / fp16 outputs, not {ctx.dtype}")
     kernel = _Fa4(gpu.arch)
-    return result(run_combine(kernel, dtype=ctx.dtype) + shape_rows(kernel, dtype=ctx.dtype), ctx.where_measured())
+    r = result(run_combine(kernel, dtype=ctx.dtype) + shape_rows(kernel, dtype=ctx.dtype), ctx.where_measured())
+    from fa4verify.kernels.facts import combine_takes
+    lacks = [k for k in ("seqused", "virtual_batch_idx") if not combine_takes(k)]
+    if lacks:            # Note [Used rows and virtual batches]: not judged where the release has none
+        r.summary += f"; this FA4 release's flash_attn_combine takes no {' / '.join(lacks)} (not judged)"
+    return r

@@ -124,7 +124,8 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
     kw: dict[str, Any] = dict(arch=arch, dtype=dtype, nheads=nh, nheads_kv=nk, head_dim=hd, head_dim_v=hdv,
                               causal=causal, window_size=tuple(window),
                               softcap=space.softcaps.get(row["softcap"], 30.0 if row["softcap"] == "on" else 0.0),
-                              sink=row["sink"] == "on", values=vs,
+                              sink=row["sink"] != "off", sink_dtype="fp32" if row["sink"] == "off" else row["sink"],
+                              values=vs,
                               softmax_scale=space.scales.get(row.get("scale"),
                                                              custom_scale(hd) if row.get("scale") == "custom" else None),
                               descales=DESCALES[row.get("descale", "off")])
@@ -408,13 +409,15 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     forms = space.values["form"]
 
     def bwd(form: str, sink: bool) -> bool:
-        return _runs_bwd(space, form=form, hd=hd_name, gqa=gqa, mask="none", sink="on" if sink else "off")
+        return _runs_bwd(space, form=form, hd=hd_name, gqa=gqa, mask="none", sink="fp32" if sink else "off")
     if "zero" in space.values["seqlen"] and "varlen" in forms and "zero" not in space.lengths:
         out.append(("empty_keys", AttentionProblem(batch=2, seqlens_q=(5, 3), seqlens_k=(0, 0), seqlen_q=5,
                                                    seqlen_k=0, values=vals(), **base), bwd("varlen", False)))
-        if "on" in space.values["sink"]:
+        sinks = [v for v in space.values["sink"] if v != "off"]
+        if sinks:
             out.append(("empty_keys_sink", AttentionProblem(batch=2, seqlens_q=(5, 3), seqlens_k=(0, 0), seqlen_q=5,
-                                                            seqlen_k=0, sink=True, values=vals(), **base),
+                                                            seqlen_k=0, sink=True, sink_dtype=sinks[-1], values=vals(),
+                                                            **base),
                         bwd("varlen", True)))
         out.append(("empty_queries", AttentionProblem(batch=2, seqlens_q=(0, 0), seqlens_k=(4, 7), seqlen_q=0,
                                                       seqlen_k=7, values=vals(), **base), bwd("varlen", False)))

@@ -25,7 +25,9 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   ``many``: more sequences than FA4's batch-search threshold (``BIN_BATCH_SEARCH_THRESH``, read
   from the installed release: 256 in 4.0.0b36), where the varlen tile scheduler runs with its
   batch lookup (``cu_total_m_blocks``: kernels of their own in the forward and the backward);
-* ``softcap``, ``sink``: ``off`` / ``on``;
+* ``softcap``: ``off`` / ``on``; ``sink``: ``off``, ``fp32`` or ``bf16`` (a learnable sink, in that
+  dtype: FA4 takes fp16 / bf16 / fp32 sinks, the dtype is in its compile key and dsink is written
+  in it);
 * ``scale``: the call's ``softmax_scale``: ``default`` (None: FA4 uses 1/sqrt(hd)) or ``custom``
   (:func:`custom_scale`: muP's 1/hd, passed explicitly). FA4 carries the value as a kernel
   argument, and GQA scales dK in the dK postprocess, MHA in the main kernel
@@ -72,6 +74,7 @@ PLAN_DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", 
 DESCALES: dict[str, tuple[str, ...]] = {"off": (), "qkv": ("q", "k", "v"), "k": ("k",), "v": ("v",)}
 
 SCALES: tuple[str, ...] = ("default", "custom")
+SINKS: tuple[str, ...] = ("off", "fp32", "bf16")
 
 DIMENSIONS: tuple[str, ...] = ("form", "mask", "hd", "gqa", "seqlen", "softcap", "sink", "scale", "det", "values",
                                "descale")
@@ -189,6 +192,9 @@ class FeatureSpace:
         if g("softcap") not in (None, "off"):
             row = dict(row, softcap="on")
             g = row.get
+        if g("sink") not in (None, "off"):
+            row = dict(row, sink="on")
+            g = row.get
         if g("descale") not in (None, "off") and g("softcap") == "on":
             return ("fa4verify does not judge softcap with fp8 descales yet (FA4 folds the descales into the "
                     "softcap score_mod's scale: two fp32 roundings its softcap budget does not count)")
@@ -295,7 +301,7 @@ class FeatureSpace:
         if not lacks:
             return None
         form, mask = row.get("form"), row.get("mask")
-        used = {name for name, on in (("softcap", row.get("softcap") == "on"), ("sink", row.get("sink") == "on"),
+        used = {name for name, on in (("softcap", row.get("softcap") == "on"), ("sink", row.get("sink") not in (None, "off")),
                                       ("local", is_local(mask)), ("score_mod", form == "score_mod"),
                                       ("mask_mod", form in ("mask_mod", "block_sparse_mod")),
                                       ("block_sparse", form in BLOCK_FORMS)) if on} & lacks
@@ -339,7 +345,7 @@ class FeatureSpace:
             return ("FA4 finding seqused_q_many_bwd: the backward asserts on a seqused_q call with more "
                     "sequences than its batch-search threshold (_flash_attn_bwd builds the K side's batch "
                     "lookup from cu_seqlens_k / seqused_k, both None when K/V go batched whole)")
-        if row.get("sink") == "on" and not facts.bwd_takes_sink():
+        if row.get("sink") not in (None, "off") and not facts.bwd_takes_sink():
             return ("this FA4 release has no backward with a learnable sink (its _flash_attn_bwd takes no "
                     "learnable_sink; 4.0.0b26 added it)")
         mask = row.get("mask")
@@ -410,7 +416,7 @@ def space_for(arch: str, dtype: str, *, forms: Optional[Sequence[str]] = None, d
     hd = head_dim_classes(arch, dtype)
     vals: dict[str, tuple[str, ...]] = {
         "form": tuple(f for f in FORMS if forms is None or f in forms),
-        "mask": MASKS, "hd": tuple(hd), "gqa": GQAS, "seqlen": SEQLENS, "softcap": ONOFF, "sink": ONOFF,
+        "mask": MASKS, "hd": tuple(hd), "gqa": GQAS, "seqlen": SEQLENS, "softcap": ONOFF, "sink": SINKS,
         "scale": SCALES, "det": ("on", "off"), "values": tuple(distributions)}
     notes: dict[str, str] = {}
     if facts.varlen_batch_search_threshold() is None:

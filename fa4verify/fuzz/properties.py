@@ -177,7 +177,7 @@ def _judge_dsink(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: A
     from fa4verify.error_budgets import interval as ivm
     try:
         ref, allow = ivm.dsink_given_forward(a["learnable_sink"], fwd.lse, a["dout"], fwd.out,
-                                             stats.budget.constants, dlse=dlse)
+                                             stats.budget.constants, dlse=dlse, sink_dtype=problem.sink_dtype)
     except ValueError as e:
         undecided["bwd_budget.dsink"] = str(e)
         return 0.0

@@ -29,7 +29,7 @@ from fa4verify.problem.masks import MaskMod, Window, resolve_window, window_keep
 from fa4verify.problem.values import (DESCALE_INPUTS, DISTRIBUTIONS, INPUT_LIMIT, ValueSpec, generate_descales,
                                       generate_values, round_to_dtype)
 
-__all__ = ["AttentionProblem", "PROBLEM_FORMAT", "FEATURES", "CALL_FEATURES", "MOD_FEATURE", "CallForm",
+__all__ = ["AttentionProblem", "PROBLEM_FORMAT", "FEATURES", "SINK_DTYPES", "CALL_FEATURES", "MOD_FEATURE", "CallForm",
            "MaskMod", "Window", "ValueSpec", "DISTRIBUTIONS", "head_dims_supported", "resolve_window",
            "window_keep_mask", "generate_values", "round_to_dtype"]
 
@@ -39,6 +39,8 @@ PROBLEM_FORMAT = "fa4verify-attention-problem/1"
 #: The optional features of a problem (each a field or pattern of :class:`AttentionProblem`);
 #: :func:`fa4verify.strategies.attention_problems` switches them on and off (all by default).
 FEATURES: tuple[str, ...] = ("causal", "local", "softcap", "sink", "varlen", "mask_mod", "gqa")
+#: the dtypes of a learnable sink FA4 4.0.0b26+ takes (``_LEARNABLE_SINK_DTYPES``; b20..b25: bf16 only)
+SINK_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
 
 
 def head_dims_supported(arch: str, head_dim: int, head_dim_v: int, dtype: str = "bf16") -> bool:
@@ -70,7 +72,8 @@ class AttentionProblem:
     * ``batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim_v``. For varlen problems
       ``seqlen_q``/``seqlen_k`` are the maxima of ``seqlens_q``/``seqlens_k`` and ``batch`` their length.
     * ``causal``, ``window_size=(left, right)`` (FA4 semantics, :mod:`fa4verify.problem.masks`).
-    * ``softcap`` (0.0 = off), ``sink`` (learnable per-head sink present), ``softmax_scale``
+    * ``softcap`` (0.0 = off), ``sink`` (learnable per-head sink present), ``sink_dtype`` (the
+      sink tensor's dtype: "fp32", "bf16" or "fp16"; FA4 writes dsink in it), ``softmax_scale``
       (None = FA4's default ``1/sqrt(head_dim)``).
     * ``seqlens_q``/``seqlens_k``: per-sequence lengths of a varlen batch (zeros allowed), or None.
     * ``mask_mod``: a boolean keep-pattern (:class:`MaskMod`) or None; never together with
@@ -122,6 +125,7 @@ class AttentionProblem:
     mod_seed: int = 0
     call: Optional[CallForm] = None
     descales: tuple[str, ...] = ()
+    sink_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         # the one problem type of fa4verify: every arch and dtype FA4 has (the strategies draw
@@ -155,6 +159,10 @@ class AttentionProblem:
             raise ValueError("mask_mod cannot be combined with causal, a window, or varlen")
         if self.softcap < 0 or not math.isfinite(self.softcap):
             raise ValueError(f"softcap={self.softcap} must be finite and >= 0")
+        if self.sink_dtype not in SINK_DTYPES:
+            raise ValueError(f"sink_dtype={self.sink_dtype!r}: expected one of {SINK_DTYPES}")
+        if self.sink_dtype != "fp32" and not self.sink:
+            raise ValueError(f"sink_dtype={self.sink_dtype!r} without a sink")
         object.__setattr__(self, "window_size", tuple(self.window_size))
         object.__setattr__(self, "mods", tuple(self.mods))
         if self.mods:
@@ -241,7 +249,7 @@ class AttentionProblem:
         if self.softcap:
             parts.append(f"softcap={self.softcap:g}")
         if self.sink:
-            parts.append("sink")
+            parts.append("sink" if self.sink_dtype == "fp32" else f"sink[{self.sink_dtype}]")
         if self.softmax_scale is not None:
             parts.append(f"scale={self.softmax_scale:g}")
         if self.mask_mod:
@@ -341,7 +349,8 @@ class AttentionProblem:
         """Generate the arrays (deterministic in the problem's fields).
 
         Returns a dict with ``q, k, v, dout`` (float32 holding exact ``dtype`` values, FA4 layout),
-        ``learnable_sink`` (float32 ``(nheads,)``, bf16-exact, or None), ``cu_seqlens_q`` /
+        ``learnable_sink`` (float32 ``(nheads,)``, exact in bf16 and in :attr:`sink_dtype`, or
+        None), ``cu_seqlens_q`` /
         ``cu_seqlens_k`` (int32 ``(batch + 1,)`` or None), ``mask`` (bool ``(batch, seqlen_q,
         seqlen_k)`` keep-mask when the problem has a mask_mod, else None) and ``q_descale`` /
         ``k_descale`` / ``v_descale`` (float32 ``(batch, nheads_kv)`` for the inputs in
@@ -355,6 +364,8 @@ class AttentionProblem:
         arrs = generate_values(self.values, dtype=self.dtype, q_shape=sh["q"], k_shape=sh["k"], v_shape=sh["v"],
                                key_positions=key_pos, softmax_scale=self.scale, nheads=self.nheads,
                                with_sink=self.sink)
+        if self.sink_dtype == "fp16" and arrs.get("learnable_sink") is not None:   # exact in the sink's dtype
+            arrs["learnable_sink"] = round_to_dtype(arrs["learnable_sink"], "fp16")
         arrs.update(generate_descales(self.values.seed, self.batch, self.nheads_kv, self.descales))
         arrs["cu_seqlens_q"] = arrs["cu_seqlens_k"] = None
         if self.varlen:
@@ -414,7 +425,8 @@ class AttentionProblem:
                 **({"mods": list(self.mods), "mod_seed": self.mod_seed} if self.mods else {}),
                 # only when set: the JSON (and digest) of a plain problem is unchanged
                 **({"call": self.call.to_dict()} if self.call is not None else {}),
-                **({"descales": list(self.descales)} if self.descales else {})}
+                **({"descales": list(self.descales)} if self.descales else {}),
+                **({"sink_dtype": self.sink_dtype} if self.sink_dtype != "fp32" else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "AttentionProblem":
@@ -433,7 +445,7 @@ class AttentionProblem:
                    values=ValueSpec.from_dict(d.get("values", {"distribution": "normal", "seed": 0})),
                    mods=tuple(d.get("mods") or ()), mod_seed=int(d.get("mod_seed", 0)),
                    call=CallForm.from_dict(d["call"]) if d.get("call") else None,
-                   descales=tuple(d.get("descales") or ()))
+                   descales=tuple(d.get("descales") or ()), sink_dtype=str(d.get("sink_dtype", "fp32")))
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, **kw)
