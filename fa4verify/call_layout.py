@@ -182,6 +182,29 @@ def to_problem_fwd(problem, out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarra
     return out, lse
 
 
+def to_call_lse(problem, x: np.ndarray) -> np.ndarray:
+    """A per-row quantity in the problem's varlen LSE layout ``(h, total_q)`` (a gradient through
+    the LSE) in the call's own LSE layout, the inverse of :func:`to_problem_fwd`'s: ``(batch, h,
+    q_capacity)`` with ``seqused_q`` (``(h, batch * q_capacity)`` packed at capacity offsets),
+    ``(batch, h, seqlen_q)`` with Q batched, else unchanged. Rows the problem does not have (past
+    ``seqused_q``) are 0 (float32)."""
+    x = np.asarray(x, np.float32)
+    call, b, h = problem.call, problem.batch, problem.nheads
+    if call.seqused_q:
+        cap = call.q_capacity
+        z = np.zeros((b, cap, h), np.float32)
+        off = 0
+        for i, n in enumerate(problem.seqlens_q):
+            z[i, :n] = x[:, off:off + n].T
+            off += n
+        if call.q_packed:
+            return np.ascontiguousarray(z.transpose(2, 0, 1).reshape(h, b * cap))
+        return np.ascontiguousarray(z.transpose(0, 2, 1))
+    if call.q_batched:
+        return np.ascontiguousarray(x.reshape(h, b, problem.seqlen_q).transpose(1, 0, 2))
+    return np.ascontiguousarray(x)
+
+
 def to_problem_grads(problem, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dQ, dK, dV of a (non-paged) seqused_k / seqused_q call in the problem's varlen layout: dQ

@@ -324,8 +324,8 @@ class TwinTarget(Target):
             return self._backward_by_head(problem, a, fwd, deterministic)
         if _twin_rearranges(problem):
             vp, va, rw = self._call_form(problem, a)
-            if rw is None:
-                return self.backward(vp, va, fwd, deterministic=deterministic)
+            if rw is None:      # a batched layout: the problem itself, in its varlen layout
+                return self.backward(vp, va, fwd, deterministic=deterministic, dlse=dlse)
             qb, qr = rw["q_index"].T
             from fa4verify.judge import keep_pattern as kp
             vf = Fwd(kp.view(problem, fwd.out)[qb, qr], kp.view(problem, fwd.lse)[qb, :, qr].T)
@@ -394,9 +394,11 @@ def _twin_rearranges(problem: AttentionProblem) -> bool:
 
 def _dlse_rearranged(problem: AttentionProblem) -> Optional[str]:
     """Why a call form keeps ``problem`` from a gradient through the LSE (Note [A gradient through
-    the LSE]): one that rearranges the arrays returns another LSE than the problem's; None otherwise."""
-    if problem.call is not None and problem.call.rearranges:
-        return "a gradient through the LSE is passed on calls without a call form's rearrangement only"
+    the LSE]): a batched layout returns the problem's LSE rows in its own layout, where the dLSE
+    goes too (:func:`fa4verify.call_layout.to_call_lse`); a keep-pattern (block sparsity, a CuTe
+    mask_mod) or MLA call is judged through a rewrite with no dLSE; None otherwise."""
+    if problem.call is not None and (problem.call.keep_pattern or problem.call.mla):
+        return "a gradient through the LSE is not passed on a block-sparse, CuTe mask_mod or MLA call form"
     return None
 
 
@@ -871,8 +873,8 @@ class ProductionTarget(Target):
         if problem.sink and a.get("learnable_sink") is None:
             raise Unsupported("a sink problem without its learnable_sink array")
         rearranged = problem.call is not None and problem.call.rearranges
-        if rearranged and dlse is not None:
-            raise Unsupported(_dlse_rearranged(problem) or "no dLSE with this call form")
+        if dlse is not None and (why := _dlse_rearranged(problem)) is not None:
+            raise Unsupported(why)
         with self._mode(), self._emulation():
             if rearranged:
                 q, k, v, do, kw = self._call_kw(problem, a)
@@ -884,6 +886,9 @@ class ProductionTarget(Target):
                 if problem.call is not None and problem.call.pack_gqa is not None:
                     kw["pack_gqa"] = problem.call.pack_gqa
                 q, k, v, do = (self._t(a[n], dt) for n in ("q", "k", "v", "dout"))
+            if dlse is not None and rearranged:          # the call's own LSE layout
+                from fa4verify import call_layout
+                dlse = call_layout.to_call_lse(problem, dlse)
             dl = None if dlse is None else self._t(np.ascontiguousarray(dlse, np.float32), None)
             r = self._call(self._ad.forward_backward_autograd, q, k, v, do, dlse=dl,
                            deterministic=deterministic, **kw)
@@ -941,8 +946,11 @@ class ProductionTarget(Target):
                     raise Unsupported("a call-form backward needs the forward's own O and LSE tensors")
                 q, k, v, do, kw = self._call_kw(problem, a, backward=True, deterministic=deterministic)
                 kw.pop("page_table", None)
+                if dlse is not None:         # the call's own LSE layout
+                    from fa4verify import call_layout
+                    dl = {"dlse": self._t(call_layout.to_call_lse(problem, dlse), None)}
                 r = self._call(self._ad.backward, q, k, v, out, do, lse, deterministic=deterministic,
-                               **self._poisoned(q, k, v), **kw)
+                               **self._poisoned(q, k, v), **dl, **kw)
             else:
                 q, k, v = self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt)
                 r = self._call(self._ad.backward, q, k, v, out, self._t(a["dout"], dt), lse,

@@ -117,18 +117,26 @@ class _StandIn:
             lse[b, :, :nq] = torch.logsumexp(torch.einsum("qhd,khd->hqk", qb, kk) * scale, -1)
         return SimpleNamespace(out=out.to(q.dtype), lse=lse.float(), config={"op": "fwd"})
 
-    def backward(self, q, k, v, out, dout, lse, deterministic=True, **kw):
-        self.calls.append(("bwd", dict(kw, q_shape=tuple(q.shape))))
+    def backward(self, q, k, v, out, dout, lse, deterministic=True, dlse=None, **kw):
+        """``dlse``: a gradient through the LSE in the call's layout (batch, h, q capacity), read
+        ``dlse_shift`` rows late where a fault is planted."""
+        self.calls.append(("bwd", dict(kw, q_shape=tuple(q.shape), dlse=dlse is not None)))
         dq = torch.full(q.shape, float("nan"), dtype=torch.float64)
         dk, dv = torch.zeros(k.shape, dtype=torch.float64), torch.zeros(v.shape, dtype=torch.float64)
+        sh = getattr(self, "dlse_shift", 0)
         for b in range(q.shape[0]):
             nq, nk = self._rows(kw, b, q, k)
             if nq == 0 or nk == 0:
                 continue
             qb, kb, vb = (x.double().detach().requires_grad_(True)
                           for x in (q[b, :nq], k[b, :nk], v[b, :nk]))
-            p, _, vv, _ = self._attn(qb, kb, vb, kw)
-            torch.einsum("hqk,khd->qhd", p, vv).backward(dout[b, :nq].double())
+            p, kk, vv, scale = self._attn(qb, kb, vb, kw)
+            outs = [torch.einsum("hqk,khd->qhd", p, vv)]
+            grads = [dout[b, :nq].double()]
+            if dlse is not None:
+                outs.append(torch.logsumexp(torch.einsum("qhd,khd->hqk", qb, kk) * scale, -1))
+                grads.append(dlse[b, :, sh:nq + sh].double())
+            torch.autograd.backward(outs, grads)
             dq[b, :nq], dk[b, :nk], dv[b, :nk] = qb.grad, kb.grad, vb.grad
         return SimpleNamespace(dq=dq.to(q.dtype), dk=dk.to(k.dtype), dv=dv.to(v.dtype), dsink=None,
                                config={"op": "bwd"})
@@ -250,7 +258,7 @@ class _AutogradStandIn(_StandIn):
     def forward_backward_autograd(self, q, k, v, dout, *, dlse=None, deterministic=True, **kw):
         f = self.forward(q, k, v, **kw)
         bkw = {n: x for n, x in kw.items() if not (self.drop and n == "seqused_k")}
-        g = self.backward(q, k, v, f.out, dout, f.lse, deterministic=deterministic, **bkw)
+        g = self.backward(q, k, v, f.out, dout, f.lse, deterministic=deterministic, dlse=dlse, **bkw)
         return f.out, f.lse, g.dq, g.dk, g.dv, None
 
 
@@ -267,3 +275,35 @@ def test_the_public_autograd_path_runs_call_forms_and_sees_a_backward_that_drops
                       properties=props)
     assert ei.value.prop in ("bwd_budget", "finite") and "autograd" in str(ei.value.metrics.get("pass", "")) + \
         str(ei.value)
+
+
+def test_a_gradient_through_the_lse_reaches_a_call_form_in_its_own_layout():
+    """Note [A gradient through the LSE] on a batched layout: the seeded dLSE goes to FA4 in the
+    call's (batch, h, q capacity) layout (``call_layout.to_call_lse``), the dLSE pass and the
+    autograd-vs-driver bitwise comparison run, and a backward that reads the dLSE one row late fails."""
+    p = _problem(kv_used=True)
+    props = JUDGED + ("bwd_stages",)
+    ad = _AutogradStandIn()
+    out = check_problem(p, ProductionTarget(adapter=ad, device="cpu"), properties=props)
+    assert "bwd_stages" in out.ran and out.metrics.get("autograd_dlse_bitwise") == 1.0, out.metrics
+    assert any(c == "bwd" and kw["dlse"] for c, kw in ad.calls)
+    bad = _AutogradStandIn()
+    bad.dlse_shift = 1
+    with pytest.raises(Violation) as ei:
+        check_problem(p, ProductionTarget(adapter=bad, device="cpu"), properties=props)
+    assert "dlse" in str(ei.value) or "LSE" in str(ei.value), str(ei.value)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_to_call_lse_inverts_the_calls_lse_layout(packed):
+    p = _problem(kv_used=True)
+    if packed:
+        import dataclasses
+        p = p.replace(call=dataclasses.replace(p.call, q_packed=True))
+    x = np.random.default_rng(0).standard_normal((p.nheads, sum(p.seqlens_q))).astype(np.float32)
+    c = call_layout.to_call_lse(p, x)
+    cap = p.call.q_capacity
+    assert c.shape == ((p.nheads, p.batch * cap) if packed else (p.batch, p.nheads, cap))
+    out = np.zeros((p.batch * cap, p.nheads, 1) if packed else (p.batch, cap, p.nheads, 1))
+    _, back = call_layout.to_problem_fwd(p, out, c)
+    assert np.array_equal(back, x)

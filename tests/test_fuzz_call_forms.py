@@ -123,7 +123,10 @@ def test_strategy_draws_every_call_form_and_no_nan_pages_unless_asked():
     seen = {f: 0 for f in ("paged_kv", "seqused_k", "seqused_q", "pack_gqa", "block_sparse", "block_sparse_varlen",
                            "mask_mod_fn", "tma", "cpasync", "empty")}
 
-    @settings(_QUIET, max_examples=300)
+    # a CuTe mask_mod is about 2 % of these draws (one of several families, then one of two keep
+    # kinds): 600 examples draw it about 12 times, 300 drew it none at the derandomized seed once
+    # the sink dtype became a draw of its own
+    @settings(_QUIET, max_examples=600)
     @given(attention_problems(arch="sm90", dtype="bf16", features=FEATURES + CALL_FEATURES, **SMALL))
     def body(p):
         c = p.call

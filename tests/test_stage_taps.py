@@ -245,7 +245,8 @@ def test_the_production_target_hands_the_public_path_the_drivers_arguments():
     """Note [The public autograd path]: ProductionTarget.backward_autograd calls the adapter's
     autograd entry with the call's own arguments (varlen lengths, softcap, sink, deterministic,
     dlse) and returns its gradients, the sink's included. A call form goes with its own arrays
-    (seqused_k over batched K, the gradients back in the problem's layout; no dLSE there); paged KV
+    (seqused_k over batched K, the gradients back in the problem's layout, a dLSE in the call's
+    layout; none on a keep-pattern form); paged KV
     is refused (FA4 has no paged backward)."""
     import types
     import torch
@@ -276,8 +277,12 @@ def test_the_production_target_hands_the_public_path_the_drivers_arguments():
     assert seen["seqused_k"].tolist() == [33, 20] and seen["shapes"][0] == (47, 2, 64)
     assert "cu_seqlens_k" not in seen or seen["cu_seqlens_k"] is None       # K batched (2, 40, ...)
     assert g.dk.shape == a["k"].shape and (g.dk == 2).all() and (g.dq == 1).all()
-    with pytest.raises(Unsupported, match="dLSE|rearrang"):
-        t.backward_autograd(pc, a, dlse=dl)
+    seen.clear()
+    t.backward_autograd(pc, a, deterministic=True, dlse=dl)        # the dLSE in the call's layout
+    assert seen["dlse"].shape == (2, 47)                           # Q stays packed: the problem's
+    with pytest.raises(Unsupported, match="block-sparse, CuTe mask_mod or MLA"):
+        t.backward_autograd(p.replace(seqlens_q=None, seqlens_k=None, batch=1, seqlen_q=40, seqlen_k=33,
+                                      call=CallForm(mask_mod_fn="checkerboard_128")), a, dlse=dl)
     with pytest.raises(Unsupported, match="paged"):
         t.backward_autograd(p.replace(call=CallForm(seqused_k=True, kv_capacity=48, page_size=16)), a)
 
