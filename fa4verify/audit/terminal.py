@@ -175,7 +175,7 @@ class TerminalReporter:
 
 def coverage_block(check_id: str, where: str, cov: dict[str, Any], space: dict[str, Any]):
     """The coverage matrix of a planned check (``details["plan_coverage"]``, fa4verify.coverage): per
-    dimension its values and the pairs covered / supported, the mask x form x pass triples, the
+    dimension its values and the pairs covered / supported, the planned triples, the
     holes by name and how many tuples the installed FA4 does not support."""
     from rich.table import Table
     tab = Table(title=f"coverage by construction: {_escape(check_id)} ({_escape(where)})", title_justify="left",

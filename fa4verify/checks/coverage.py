@@ -163,7 +163,7 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     out.metrics["coverage_supported"] = cov["supported"]
     out.metrics["coverage_holes"] = len(cov["holes"])
     head_line = (f"covered {cov['covered']}/{cov['supported']} supported value pairs and mask x form x pass "
-                 f"triples in {len(ran)} of {len(rows)} planned rows ({sp.arch} {sp.dtype}; "
+                 f"and gqa x scale x pass triples in {len(ran)} of {len(rows)} planned rows ({sp.arch} {sp.dtype}; "
                  f"{len(cov['unsupported'])} tuples not planned: FA4 or fa4verify does not run them, each with its reason)")
     if blind:
         out.summary = (f"{len(blind)} planned edge row(s) blind to a one-key shift (first: row {next(iter(blind))}); "
@@ -229,8 +229,8 @@ def _twin_cases(ctx: CheckContext) -> list:
                   where="CPU twin")
 
 
-@check("coverage.production", title="Coverage by construction: every supported pair and mask x form x pass "
-                                    "triple on production FA4",
+@check("coverage.production", title="Coverage by construction: every supported pair and planned triple "
+                                    "on production FA4",
        needs={"cuda", "fa4"}, profiles={"default", "full", "exhaustive"}, cost=200,
        cases=_production_cases, summarise=merge_planned,
        compiles=lambda ctx: campaign_compiles(_production_cases(ctx)))

@@ -1,11 +1,12 @@
 """A covering-array plan of an audit's live cases: every supported pair of dimension values
-(strength 2) and every supported mask x form x pass triple, at least once, deterministic per seed.
+(strength 2) and every supported triple of :data:`TRIPLES` (mask x form x pass, gqa x scale x
+pass), at least once, deterministic per seed.
 
 Note [Why our own covering-array generator]
 -------------------------------------------
 The well-kept libraries (``allpairspy``, ``covertable``) build arrays of one strength with a
 row filter. This plan needs mixed strength (t = 2 over every dimension plus t = 3 over
-mask x form x pass), a *derived* dimension (``pass``: a row covers the backward's tuples only
+the triples of :data:`TRIPLES`), a *derived* dimension (``pass``: a row covers the backward's tuples only
 where FA4 has a backward for it) and a report of every supported tuple the array covers and of
 every unsupported one with its reason. A filter-only generator cannot tell "unsupported" from
 "not drawn", so the plan would need a coverage audit of its own anyway. The generator here is
