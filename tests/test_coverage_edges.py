@@ -29,7 +29,8 @@ def test_each_edge_is_the_path_it_names():
                     "paged_48": False, "tile_tail_192x128": True, "tile_tail_192x144": True,
                     "tile_tail_128x128": True, "tile_tail_128x112": True, "tile_tail_128x80": True,
                     "det_bwd_l2_sections_batch": True, "score_bwd_indices_192": True, "score_bwd_indices_256": True,
-                    "decode_batched_q_paged": False}
+                    "decode_batched_q_paged": False, "score_unpacked_gqa": True, "packed_cpasync_192": True,
+                    "packed_cpasync_192_causal": True, "sparse_q256": False}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -59,6 +60,18 @@ def test_each_edge_is_the_path_it_names():
     assert {got[n].head_dim for n in ("score_bwd_indices_192", "score_bwd_indices_256")} == {192, 256}
     assert all(got[n].mods == ("rel_scale",) and got[n].nheads == got[n].nheads_kv
                for n in ("score_bwd_indices_192", "score_bwd_indices_256"))
+    # the seventh red-team round: a score pair on unpacked GQA; PackGQA's cp.async Q load at tile_m 192
+    # past 128 packed rows (a ratio dividing neither 128 nor 192); a Q block of two forward tiles
+    p = got["score_unpacked_gqa"]
+    assert p.call.pack_gqa is False and p.nheads > p.nheads_kv and p.mod_pairs()[0] is not None
+    for n in ("packed_cpasync_192", "packed_cpasync_192_causal"):
+        p = got[n]
+        g = p.nheads // p.nheads_kv
+        tm = facts.fwd_tile("sm90", "bf16", p.head_dim, p.head_dim_v, p.causal, False)[0]
+        assert tm == 192 and 192 % g and 128 % g and p.seqlen_q * g > 128 and p.nheads_kv >= 2
+    p = got["sparse_q256"]
+    tm = facts.fwd_tile("sm90", "bf16", p.head_dim, p.head_dim_v, False, False)[0]
+    assert p.call.block_size[0] // tm >= 2 and p.seqlen_q > p.call.block_size[0]
     # decode with a paged KV cache: Q batched, one token per sequence
     p = got["decode_batched_q_paged"]
     assert p.call.q_batched and p.call.paged and set(p.seqlens_q) == {1} and p.causal

@@ -598,3 +598,23 @@ def test_drawn_campaign_meets_the_mod_quota_deterministically():
     assert sum(1 for p in a if p.mods) >= 24 // drawn.MOD_QUOTA_SHARE
     assert len({p.digest() for p in a}) == len(a) <= 24
     assert not any(p.mods for p in drawn._draw_here(features=feats[:-1], **kw))
+
+
+@pytest.mark.fa4
+def test_a_score_pair_rides_with_pack_gqa_false_to_the_forward_only():
+    """The seventh red-team round: a score pair on unpacked GQA (pack_gqa=False; FA4 also unpacks by
+    itself for per-head block masks) is a problem of its own, the forward gets pack_gqa=False with
+    the score_mod, the backward neither (FA4's backward never packs)."""
+    from fa4verify import fuzz
+    from fa4verify.problem import AttentionProblem, CallForm
+    p = _problem(("rel_bias",)).replace(nheads=4, nheads_kv=2, call=CallForm(pack_gqa=False))
+    assert AttentionProblem.from_json(p.to_json()) == p and "pack_gqa=False" in p.describe()
+    a = p.materialize()
+    ad, calls = _recording_adapter(p, a)
+    t = fuzz.ProductionTarget(adapter=ad, device="cpu")
+    t.backward(p, a, t.forward(p, a))
+    (_, fkw), (_, bkw) = calls
+    assert fkw["pack_gqa"] is False and fkw["score_mod"] is mods.get("rel_bias").cute()
+    assert "pack_gqa" not in bkw and bkw["score_mod_bwd"] is mods.get("rel_bias").cute_bwd()
+    with pytest.raises(ValueError, match="another FA4 call form"):
+        p.replace(call=CallForm(mask_mod_fn="checkerboard_128"))

@@ -88,9 +88,8 @@ def q_call_forms(draw: DrawFn, problem: Any, *, min_used: int = 0) -> Any:
 
 
 def with_pack_gqa(problem: Any, pack_gqa: Any) -> Any:
-    """``problem`` whose call passes FA4 ``pack_gqa`` (None: FA4 chooses). A problem with a mod
-    pair keeps its plain call (mods take no call form yet)."""
-    if pack_gqa is None or problem.mods:
+    """``problem`` whose call passes FA4 ``pack_gqa`` (None: FA4 chooses), a mod pair's too."""
+    if pack_gqa is None:
         return problem
     import dataclasses
     call = problem.call if problem.call is not None else CallForm()

@@ -206,7 +206,7 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
             prob = draw(keep_call_forms(prob, block_sparse="block_sparse" in feats,
                                         mask_mod_fn="mask_mod_fn" in feats))
     varlen_sparse = prob.varlen and prob.call is not None and prob.call.block_size is not None
-    if "pack_gqa" in feats and prob.nheads > prob.nheads_kv and not prob.mods and not varlen_sparse:
+    if "pack_gqa" in feats and prob.nheads > prob.nheads_kv and not varlen_sparse:
         # FA4 packs every GQA forward unless told not to (interface.py: pack_gqa = qhead_per_kvhead > 1)
         prob = with_pack_gqa(prob, draw(st.sampled_from((None, False))))
     if confined and not _in_ranges(prob, qr, kr):

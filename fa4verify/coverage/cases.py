@@ -24,7 +24,7 @@ _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "negative_scores": (("shift", 100.0),), "peaked_rescale": (("delta", 8.0), ("sigma", 0.1)),
     "tiny": (("e", 8.0),), "edges": (("score", 6.0),), "huge": (("e_qk", 6.0), ("e_v", 4.0)),
 }
-_HEADS = {"1": (2, 2), "2": (4, 2), "4": (8, 2), "mqa": (3, 1), "2_unpacked": (4, 2)}
+_HEADS = {"1": (2, 2), "2": (4, 2), "4": (8, 2), "7": (14, 2), "mqa": (3, 1), "2_unpacked": (4, 2)}
 
 
 def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
@@ -449,6 +449,7 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     out += _tile_tail_edges(space, vals)
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
+    out += _gqa_layout_edges(space, vals)
     return out
 
 
@@ -843,4 +844,53 @@ def _sm90_tile_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         out.append(("varlen_head_sections", AttentionProblem(
             batch=3, seqlens_q=lens, seqlens_k=lens, seqlen_q=max(lens), seqlen_k=max(lens), nheads=20, nheads_kv=20,
             causal=True, values=vals(), **hd_of(name), **base), runs_bwd("varlen", name, "1", "causal")))
+    return out
+
+
+def _gqa_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
+    """The edges of :func:`edge_problems` from the seventh red-team round (the SM90 forward,
+    ``docs/results/redteam7/``), each only where the space has its form, pair and head counts
+    (free head counts and lengths, no deployment's):
+
+    * ``score_unpacked_gqa``: an index-reading score pair (``rel_bias``, else ``alibi``) on GQA 4/2
+      with ``pack_gqa=False``: the forward must hand the mod logical rows and query heads (FA4's
+      SM90 backward hands packed ones there: known issue ``sm90_score_mod_gqa_bwd_indices``);
+    * ``packed_cpasync_192`` (SM90, causal and not): 14 query / 2 KV heads at a head dim whose
+      forward tile_m is 192 (hd <= 96), so PackGQA loads Q with cp.async and each producer thread
+      keeps two row pointers (``pack_gqa.py`` ``compute_ptr``), past 128 packed rows;
+    * ``sparse_q256`` (SM90): a block mask of 256-row Q blocks, two forward tiles each (FA4's
+      ``q_subtile_factor``, the block SM100's forward requires), forward only."""
+    from fa4verify.problem import AttentionProblem, CallForm
+    out: list[tuple[str, Any, bool]] = []
+    forms, gqas = space.values["form"], space.values["gqa"]
+    if space.lengths or space.heads:
+        return out
+    name = _hd128(space)
+    d, dv = space.hd[name]
+    base = dict(arch=space.arch, dtype=space.dtype)
+    pair = next((p for p in ("rel_bias", "alibi") if f"mod:{p}" in space.score_pairs), None)
+    if "score_mod" in forms and "2_unpacked" in gqas and pair is not None:
+        out.append(("score_unpacked_gqa", AttentionProblem(
+            batch=1, seqlen_q=128, seqlen_k=150, nheads=4, nheads_kv=2, head_dim=d, head_dim_v=dv, mods=(pair,),
+            call=CallForm(pack_gqa=False), values=vals(), **base),
+            _runs_bwd(space, form="score_mod", hd=name, gqa="2_unpacked", mask="none")))
+    if space.arch != "sm90":
+        return out
+    wide = [n for n in space.values["hd"] if space.hd[n][0] == space.hd[n][1]
+            and facts.fwd_tile("sm90", space.dtype, *space.hd[n], False, False)[0] == 192]
+    if "7" in gqas and "dense" in forms and wide:
+        n = min(wide, key=lambda x: (space.hd[x][0] != 64, space.hd[x][0]))
+        for causal in (False, True):
+            if ("causal" if causal else "none") in space.values["mask"]:
+                out.append((f"packed_cpasync_192{'_causal' if causal else ''}", AttentionProblem(
+                    batch=1, seqlen_q=200, seqlen_k=200, nheads=14, nheads_kv=2, head_dim=space.hd[n][0],
+                    head_dim_v=space.hd[n][1], causal=causal, values=vals(), **base),
+                    _runs_bwd(space, form="dense", hd=n, gqa="7", mask="causal" if causal else "none")))
+    if "block_sparse" in forms and "1" in gqas and facts.sm90_fwd_fits_sparse_kv():
+        tm = facts.fwd_tile("sm90", space.dtype, d, dv, False, False)[0]
+        bk = sparse_block_size(space.arch, d, dv)[1]
+        out.append(("sparse_q256", AttentionProblem(
+            batch=1, seqlen_q=2 * 256 + 37, seqlen_k=3 * bk + 5, nheads=2, nheads_kv=2, head_dim=d, head_dim_v=dv,
+            call=CallForm(block_size=(2 * tm if tm >= 128 else 256, bk), block_seed=7, block_keep=0.6),
+            values=vals(), **base), False))
     return out

@@ -18,8 +18,11 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   tile, and the dQ-accumulator rounding class: whether rounding the head dim to 16 and to 32
   differ), each represented by one head dim (:func:`head_dim_classes`), plus the classes of the
   hd != hdv pairs (192, 128), (64, 128) and (128, 64);
-* ``gqa``: query heads per KV head: ``1``, ``2``, ``4``, ``mqa`` (one KV head), ``2_unpacked`` (2,
-  with ``pack_gqa=False``: FA4 packs every GQA forward unless the caller says not to);
+* ``gqa``: query heads per KV head: ``1``, ``2``, ``4``, ``7`` (14 query / 2 KV heads, as
+  Qwen2.5-0.5B: a ratio that divides neither the SM90 forward's tile_m 128 nor 192, so FA4 loads
+  the packed Q with cp.async, at tile_m 192 with two row pointers per thread, ``pack_gqa.py``
+  ``compute_ptr``), ``mqa`` (one KV head), ``2_unpacked`` (2, with ``pack_gqa=False``: FA4 packs
+  every GQA forward unless the caller says not to; score and mask pairs too);
 * ``seqlen``: relative to the forward tile: ``lt_tile``, ``eq_tile``, ``tile_m1``, ``tile_p1``,
   ``multi`` (several tiles), ``q_gt_k``, ``q_lt_k``, ``zero`` (a zero-length sequence), and
   ``many``: more sequences than FA4's batch-search threshold (``BIN_BATCH_SEARCH_THRESH``, read
@@ -62,7 +65,7 @@ __all__ = ["DIMENSIONS", "DESCALES", "SCALES", "custom_scale", "FeatureSpace", "
 FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "seqused_q", "paged_small", "paged_tile",
                           "block_sparse", "block_sparse_mod", "block_sparse_varlen", "mask_mod", "score_mod")
 MASKS: tuple[str, ...] = ("none", "causal", "left", "right", "both", "causal_left")
-GQAS: tuple[str, ...] = ("1", "2", "4", "mqa", "2_unpacked")
+GQAS: tuple[str, ...] = ("1", "2", "4", "7", "mqa", "2_unpacked")
 SEQLENS: tuple[str, ...] = ("lt_tile", "eq_tile", "tile_m1", "tile_p1", "multi", "q_gt_k", "q_lt_k", "zero", "many")
 ONOFF: tuple[str, ...] = ("off", "on")
 PASSES: tuple[str, ...] = ("fwd", "bwd")
@@ -209,8 +212,6 @@ class FeatureSpace:
                 return "a score_mod pair is not drawn with a learnable sink"
         if form == "block_sparse_mod" and not self.block_mask_pairs:
             return "no mask pair with a CuTe mask_mod (fa4verify.mods) is registered for the mask blocks"
-        if is_unpacked(g("gqa")) and form in ("score_mod", "mask_mod"):
-            return f"{form}: pack_gqa=False rides on a call form, which a score/mask_mod pair does not take yet"
         if form == "mask_mod" and not self.mask_pairs:
             return "no CuTe mask_mod pair is registered"
         if form == "seqused_q" and g("seqlen") == "zero" and "zero" in self.lengths and self.lengths["zero"][0] != 0:
@@ -261,7 +262,7 @@ class FeatureSpace:
         if gqa in self.heads:
             q, kv = self.heads[gqa]
             return q / kv
-        return {"1": 1.0, "2": 2.0, "4": 4.0, "mqa": float("inf"), "2_unpacked": 2.0}[gqa]
+        return {"1": 1.0, "2": 2.0, "4": 4.0, "7": 7.0, "mqa": float("inf"), "2_unpacked": 2.0}[gqa]
 
     def _form_bwd(self, form: str) -> Optional[str]:
         from fa4verify.kernels.features import cell

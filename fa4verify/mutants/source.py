@@ -757,6 +757,50 @@ CATALOGUE: tuple[SourceMutant, ...] = (
         "at the transposed tile's positions",
         (_sm90_bwd_offset_unswapped("apply_score_mod_inner"),),
         "bwd", ("dq", "dk", "dv")),
+    # the seventh red-team round (the SM90 forward, docs/results/redteam7/)
+    SourceMutant(
+        "sm90_fwd_score_mod_unpacked_gqa_indices",
+        "SM90 forward with a score_mod on unpacked GQA (pack_gqa=False): the mod gets packed rows and heads",
+        (Edit("flash_fwd_sm90.py",
+              "            constant_q_idx=None,\n"
+              "            qhead_per_kvhead=self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1,\n"
+              "        )\n",
+              "            constant_q_idx=None,\n"
+              "            qhead_per_kvhead=self.qhead_per_kvhead,\n"
+              "        )\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "packgqa_q_ptr_second_wave_dropped",
+        "PackGQA's cp.async Q load: a thread's second row pointer (tile_m 192, a ratio not dividing it) "
+        "points at its first row",
+        (Edit("pack_gqa.py",
+              "            row = i * num_threads + cRows[tidx % threads_per_row][0]\n",
+              "            row = cRows[tidx % threads_per_row][0]\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "sm90_fwd_q_subtile_factor_dropped",
+        "SM90 block-sparse forward: q_subtile_factor is not passed, so a Q block of two forward tiles is "
+        "read as two blocks",
+        (Edit("interface.py",
+              "                has_aux_tensors=aux_tensors is not None,\n"
+              "                q_subtile_factor=q_subtile_factor,\n"
+              "                paged_kv_non_tma=page_size not in [None, tile_n],\n",
+              "                has_aux_tensors=aux_tensors is not None,\n"
+              "                paged_kv_non_tma=page_size not in [None, tile_n],\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "paged_aux_kv_divisor_page_size",
+        "paged KV without seqused_k and an aux-tensor mod pair: the kv index a mod sees wraps at the page size",
+        (Edit("utils.py",
+              "        if const_expr(mPageTable is None)\n"
+              "        else mK.shape[0] * mPageTable.shape[1]\n"
+              "    )\n"
+              "    return (FastDivmodDivisorV2(seqlen_q), FastDivmodDivisorV2(seqlen_k))\n",
+              "        if const_expr(mPageTable is None)\n"
+              "        else mK.shape[0]\n"
+              "    )\n"
+              "    return (FastDivmodDivisorV2(seqlen_q), FastDivmodDivisorV2(seqlen_k))\n"),),
+        "fwd", ("out", "lse")),
 )
 
 

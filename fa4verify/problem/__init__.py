@@ -169,12 +169,13 @@ class AttentionProblem:
             score, mask = self.mod_pairs()
             if self.mask_mod is not None:
                 raise ValueError("mods cannot be combined with a MaskMod pattern")
-            if self.varlen and self.call is not None:
+            other = self.call is not None and self.call.rearranges     # pack_gqa alone rides along
+            if self.varlen and other:
                 raise ValueError("mods on a varlen call take no other call form (block sparsity, paged KV, "
                                  "seqused): plain cu_seqlens only")
-            if self.call is not None and (self.call.block_size is None or self.call.mask_mod_fn is not None):
+            if other and (self.call.block_size is None or self.call.mask_mod_fn is not None):
                 raise ValueError("mods combine with block sparsity only (Note [Partial blocks]), not with "
-                                 "another FA4 call form (paged KV, seqused_k/q, a named mask_mod, pack_gqa alone)")
+                                 "another FA4 call form (paged KV, seqused_k/q, a named mask_mod)")
             if mask is not None and (self.causal or self.window_size != (None, None)):
                 raise ValueError(f"mask pair {mask.name!r} with causal/window: FA4 drops causal and the window "
                                  f"when a mask_mod is given; write them into the mask")
