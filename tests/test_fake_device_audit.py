@@ -60,10 +60,12 @@ def test_the_fake_b200_audit_has_no_error_and_measures_nothing(b200):
     _check_audit(*b200[:2], COMPILED)
     cmb = next(x for x in b200[1]["results"] if x["id"] == "production.combine")
     calls = [row[0] for row in cmb["details"]["table"]["rows"]]
-    # two split counts, each batched and packed with cu_seqlens (Note [The varlen combine]), and the
-    # synthetic partials of Note [Combine shapes] at the head dims SM100 returns
+    # two split counts, each batched, packed with cu_seqlens (Note [The varlen combine]) and with
+    # seqused / virtual_batch_idx / both on packed rows (Note [Used rows and virtual batches]), and
+    # the synthetic partials of Note [Combine shapes] at the head dims SM100 returns
     from fa4verify.checks.combine import SPLITS, shapes_for
-    assert sum(c.startswith("combine ") for c in calls) == 2 * len(SPLITS) + len(shapes_for("sm100")) == 7, calls
+    assert sum(c.startswith("combine ") for c in calls) == 5 * len(SPLITS) + len(shapes_for("sm100")) == 13, calls
+    assert sum("+seqused" in c for c in calls) == 2 * len(SPLITS) and sum("+virtual_batch_idx" in c for c in calls) == 4
     assert any(c.startswith("forward ") for c in calls), calls
     assert sum("cu_seqlens" in c for c in calls) == 2, calls
     assert all(c[-1]["compile_key"] for c in cmb["details"]["configs"]), cmb["details"]["configs"]

@@ -44,7 +44,7 @@ def test_plan_runs_hd256_features_forward_only_where_the_backward_lacks_them():
     sp = space_for("sm100", "bf16")
     hd = _hd256(sp)
     assert "128" in sp.hd and sp.hd["128"] == (128, 128)    # (256, 256) is a class of its own
-    row = {"hd": hd, "softcap": "on", "sink": "on", "mask": "left", "form": "dense"}
+    row = {"hd": hd, "softcap": "on", "sink": "fp32", "mask": "left", "form": "dense"}
     assert sp.why_not(row) is None                       # the forward takes all of it
     why = sp.no_backward(row)
     assert why == facts.sm100_hd256_refusal("bwd", {"softcap", "sink", "local"}), why

@@ -202,6 +202,63 @@ class _Stop(Exception):
     """Raised inside the test function once the campaign's time limit has passed."""
 
 
+def _violation(problem: AttentionProblem, target: Target, properties, backward, strict_known: bool
+               ) -> Optional[Violation]:
+    """The violation ``problem`` raises on ``target`` that no known issue absorbs, or None (it
+    passes, is refused, or only hits known issues)."""
+    match = known_issue_matcher(problem, target.name, strict=strict_known)
+    token = _ABSORB.set(lambda w: match(w) is not None)
+    try:
+        check_problem(problem, target, properties=properties, backward=backward)
+    except Violation as v:
+        return None if match(v) is not None else v
+    except (Unsupported, HarnessError):
+        return None
+    finally:
+        _ABSORB.reset(token)
+    return None
+
+
+def _polish(problem: AttentionProblem, v: Violation, violation, *, budget: int = 40
+            ) -> tuple[AttentionProblem, Violation]:
+    """Note [Polishing the shrunk case]: Hypothesis's shrinker stops at a local minimum that depends
+    on the path its draws took (a seqlen of 3 where 1 fails the same way). Greedy passes over the plain fields of a dense problem without a call form -- batch 1,
+    fewer heads, seqlen_q and seqlen_k towards 1, head dim 8 -- keep each change under which the
+    same property still fails (``violation(p)``: the unabsorbed violation or None), at most
+    ``budget`` checks. Varlen, call-form and mod problems are returned as shrunk."""
+    if problem.varlen or problem.call is not None or problem.mods or problem.mask_mod is not None:
+        return problem, v
+
+    def candidates(p: AttentionProblem):
+        yield dict(batch=1)
+        yield dict(nheads=p.nheads_kv)
+        yield dict(nheads=p.nheads // p.nheads_kv, nheads_kv=1)
+        yield dict(nheads=1, nheads_kv=1)
+        for n in ("seqlen_q", "seqlen_k"):
+            x = getattr(p, n)
+            for y in (1, x // 2, x - 1):
+                yield {n: y}
+        if p.head_dim == p.head_dim_v:
+            yield dict(head_dim=8, head_dim_v=8)
+    checks = 0
+    improved = True
+    while improved and checks < budget:
+        improved = False
+        for change in candidates(problem):
+            if all(getattr(problem, k) == c for k, c in change.items()) or any(
+                    c < 1 or c > getattr(problem, k) for k, c in change.items()) or checks >= budget:
+                continue
+            try:
+                cand = problem.replace(**change)
+            except ValueError:
+                continue
+            checks += 1
+            w = violation(cand)
+            if w is not None and w.prop == v.prop:
+                problem, v, improved = cand, w, True
+    return problem, v
+
+
 def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = None, examples: int = 40,
                  seed: Optional[int] = 0, profile: str = "ci", properties: Collection[str] = PROPERTIES,
                  features: Optional[Collection[str]] = None, distributions: Optional[Collection[str]] = None,
@@ -335,8 +392,12 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
         if last is None:
             raise
         problem, v = last
+        shrunk = problem
+        problem, v = _polish(problem, v, lambda p: _violation(p, target, properties, backward, strict_known))
         fail = {"property": v.prop, "message": v.message, "metrics": _jsonable(v.metrics),
                 "problem": problem.to_dict(), "describe": problem.describe(), "work": problem.work}
+        if problem != shrunk:
+            fail["polished_from"] = shrunk.describe()
         if cases_dir is not None:
             try:
                 path = write_case(cases_dir, problem, v, target=target, profile=pname, seed=seed)

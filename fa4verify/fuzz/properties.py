@@ -468,7 +468,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                     _fail(v)
 
     # ---------------------------------------------------------------- backward
-    want_bwd = backward and {"bwd_budget", "deterministic_bwd", "masked_rows", "finite"} & set(props)
+    want_bwd = backward and {"bwd_budget", "bwd_stages", "deterministic_bwd", "masked_rows", "finite"} & set(props)
     bu = getattr(target, "backward_unsupported", None)
     no_bwd = bu(problem) if (want_bwd and bu is not None) else None
     if no_bwd is not None:
@@ -515,7 +515,7 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         _fail(Violation("masked_rows", f"{n} != 0 on {int(bad.sum())} key(s) no query can see | "
                                                        f"case: {problem.describe()}"))
             obwd = None
-            if ({"bwd_budget", "finite"} & set(props)) and ref_out is not None:
+            if ({"bwd_budget", "bwd_stages", "finite"} & set(props)) and ref_out is not None:
                 try:
                     obwd = _oracle_backward(problem, a)
                 except (DependencyMissing, Unsupported) as e:
@@ -524,7 +524,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                 for n in ("dq", "dk", "dv"):
                     if "finite" in props:
                         _check_finite("finite", n, getattr(g, n), getattr(obwd, n), problem, fmt_max)
-                if "bwd_budget" in props:
+                # the stage checks judge against the backward's allowances: computed for either
+                if {"bwd_budget", "bwd_stages"} & set(props):
                     try:
                         with np.errstate(invalid="ignore", over="ignore"):
                             allow = stats.backward(obwd, ref_out.budget, ref_out.bound, probabilistic=False,
@@ -534,9 +535,10 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                         skipped["bwd_budget"] = f"backward budget unavailable: {e}"
                         allow = None
                     if allow is not None:
-                        ran.append("bwd_budget")
                         obwd, allow = judge.tie_mla(problem, obwd, allow, stats)
-                        _judge_grads(problem, a, fwd, g, obwd, allow, stats, metrics, undecided)
+                        if "bwd_budget" in props:
+                            ran.append("bwd_budget")
+                            _judge_grads(problem, a, fwd, g, obwd, allow, stats, metrics, undecided)
                         g_dl = dl = None
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
