@@ -132,8 +132,9 @@ def head_dim_classes(arch: str, dtype: str = "bf16", *, limit: Optional[Iterable
     odd class, whose smallest member is taken (8, 40, 72, ...: the narrowest padding). ``limit``:
     only these (hd, hdv) pairs (a deployment's); the classes are then those the pairs fall in."""
     # hd != hdv both ways (FA4 accepts any pair its rule allows; its forward keeps O in Q's shared
-    # memory, so hdv > hd is a layout of its own: the fourth red-team round)
-    cands = [(d, d) for d in range(8, 257, 8)] + [(192, 128), (64, 128), (128, 64)]
+    # memory, so hdv > hd is a layout of its own: the fourth red-team round; hd <= 128 with hdv > 128
+    # rescales O before the PV GEMM under the warp-scheduler barrier: the seventh)
+    cands = [(d, d) for d in range(8, 257, 8)] + [(192, 128), (64, 128), (128, 64), (128, 256)]
     if limit is not None:
         cands = sorted({(int(a), int(b)) for a, b in limit})
     out: dict[tuple, tuple[int, int]] = {}
@@ -141,8 +142,9 @@ def head_dim_classes(arch: str, dtype: str = "bf16", *, limit: Optional[Iterable
         if not facts.head_dims_supported(arch, hd, hdv, dtype):
             continue
         if arch == "sm90":
+            # hdv > 128: the forward rescales O before the PV GEMM (flash_fwd_sm90.py rescale_O_before_gemm)
             key: tuple = (facts.sm90_fwd_tile(hd, hdv, False, False), facts.sm90_bwd_tile(hd, hdv, False, False),
-                          _round_up(hd, 16) != _round_up(hd, 32), hd != hdv)
+                          _round_up(hd, 16) != _round_up(hd, 32), hd != hdv, hdv > 128)
         else:
             # SM100: the forward kernel, its Q stages (one Q tile at hdv 256, TMEM), the backward
             # kernel (dedicated at (256, 256)), small head dims, padding, hd != hdv
