@@ -537,6 +537,10 @@ class ProductionTarget(Target):
                 kw.update(cu_seqlens_q=self._t(c["cu_seqlens_q"], None), max_seqlen_q=c["max_seqlen_q"])
             if c.get("cu_seqlens_k") is not None:       # CallForm.kv_packed
                 kw.update(cu_seqlens_k=self._t(c["cu_seqlens_k"], None), max_seqlen_k=c["max_seqlen_k"])
+            if problem.mods:           # a mod pair on paged KV: the mod sees each sequence's logical keys
+                kw.update(self._mods_kw(problem, a))
+                if not backward:
+                    kw.pop("score_mod_bwd", None)
             return (self._t(c["q"], dt), self._t(c["k"], dt), self._t(c["v"], dt),
                     None if c["dout"] is None else self._t(c["dout"], dt), kw)
         if call.block_size is not None and problem.varlen:    # FA4's varlen block sparsity (forward only)

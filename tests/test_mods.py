@@ -618,3 +618,24 @@ def test_a_score_pair_rides_with_pack_gqa_false_to_the_forward_only():
     assert "pack_gqa" not in bkw and bkw["score_mod_bwd"] is mods.get("rel_bias").cute_bwd()
     with pytest.raises(ValueError, match="another FA4 call form"):
         p.replace(call=CallForm(mask_mod_fn="checkerboard_128"))
+
+
+@pytest.mark.fa4
+def test_a_score_pair_rides_on_paged_kv_with_its_aux_tensors():
+    """The seventh red-team round: an aux-tensor score pair on paged KV (full pages, no seqused_k):
+    the forward gets the page table, the score_mod and its aux tensors; the mods oracle judges the
+    problem's varlen keys; other rearranging call forms still refuse a pair."""
+    from fa4verify import fuzz
+    from fa4verify.problem import AttentionProblem, CallForm
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlens_q=(37, 100), seqlens_k=(256, 256), seqlen_q=100,
+                         seqlen_k=256, nheads=2, nheads_kv=2, head_dim=128, head_dim_v=128, mods=("rel_bias",),
+                         call=CallForm(seqused_k=True, kv_capacity=256, page_size=128, page_seed=7, full_pages=True))
+    assert AttentionProblem.from_json(p.to_json()) == p
+    a = p.materialize()
+    ad, calls = _recording_adapter(p, a)
+    fuzz.ProductionTarget(adapter=ad, device="cpu").forward(p, a)
+    ((_, fkw),) = calls
+    assert fkw["page_table"] is not None and fkw["score_mod"] is mods.get("rel_bias").cute()
+    assert "seqused_k" not in fkw and "score_mod_bwd" not in fkw and fkw["aux_tensors"]
+    with pytest.raises(ValueError, match="page table"):
+        p.replace(call=CallForm(seqused_k=True, kv_capacity=256))

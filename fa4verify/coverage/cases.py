@@ -858,6 +858,8 @@ def _gqa_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     * ``packed_cpasync_192`` (SM90, causal and not): 14 query / 2 KV heads at a head dim whose
       forward tile_m is 192 (hd <= 96), so PackGQA loads Q with cp.async and each producer thread
       keeps two row pointers (``pack_gqa.py`` ``compute_ptr``), past 128 packed rows;
+    * ``paged_score_aux`` (SM90): an aux-tensor score pair on paged KV without ``seqused_k`` (full
+      pages: FA4 takes each length from the table's width), forward only;
     * ``sparse_q256`` (SM90): a block mask of 256-row Q blocks, two forward tiles each (FA4's
       ``q_subtile_factor``, the block SM100's forward requires), forward only."""
     from fa4verify.problem import AttentionProblem, CallForm
@@ -886,6 +888,16 @@ def _gqa_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
                     batch=1, seqlen_q=200, seqlen_k=200, nheads=14, nheads_kv=2, head_dim=space.hd[n][0],
                     head_dim_v=space.hd[n][1], causal=causal, values=vals(), **base),
                     _runs_bwd(space, form="dense", hd=n, gqa="7", mask="causal" if causal else "none")))
+    if "paged_tile" in forms and pair is not None and "1" in gqas:
+        # a page table without seqused_k (every length from the table's width) and an aux mod:
+        # the kv index FA4 hands the mod wraps at the sequence's length, not the page size
+        tn = facts.fwd_tile("sm90", space.dtype, d, dv, False, False)[1]
+        cap = 2 * tn
+        out.append(("paged_score_aux", AttentionProblem(
+            batch=2, seqlens_q=(37, 100), seqlens_k=(cap, cap), seqlen_q=100, seqlen_k=cap, nheads=2, nheads_kv=2,
+            head_dim=d, head_dim_v=dv, mods=(pair,), values=vals(),
+            call=CallForm(seqused_k=True, kv_capacity=cap, page_size=tn, page_seed=7, full_pages=True), **base),
+            False))
     if "block_sparse" in forms and "1" in gqas and facts.sm90_fwd_fits_sparse_kv():
         tm = facts.fwd_tile("sm90", space.dtype, d, dv, False, False)[0]
         bk = sparse_block_size(space.arch, d, dv)[1]
