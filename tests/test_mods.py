@@ -556,6 +556,10 @@ def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_const
         seen[name] = seen.get(name, 0) + 1
         pair = mods.get(name)
         assert not p.sink and p.mask_mod is None and p.softcap == 0
+        if p.call is not None and not p.call.rearranges:     # pack_gqa alone rides along
+            assert p.nheads > p.nheads_kv and p.call.pack_gqa is not None
+            seen["(pack_gqa)"] = seen.get("(pack_gqa)", 0) + 1
+            p = p.replace(call=None)
         if p.varlen:
             seen["(varlen)"] = seen.get("(varlen)", 0) + 1
             assert p.call is None
@@ -580,6 +584,7 @@ def test_attention_problems_draw_mod_pairs_only_when_asked_and_within_fa4s_const
         without()
     assert seen.pop("(with mask blocks)", 0) > 0, seen
     assert seen.pop("(varlen)", 0) > 0, seen
+    assert seen.pop("(pack_gqa)", 0) > 0, seen
     assert set(seen) == set(mods.names()), seen
 
 

@@ -67,7 +67,10 @@ def test_validation():
                          head_dim=64, head_dim_v=64, call=CallForm(block_size=(64, 64), block_partial=0.5))
     with pytest.raises(ValueError, match="mods combine with block sparsity only"):
         AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=70, seqlen_k=70, nheads=2, nheads_kv=2,
-                         head_dim=64, head_dim_v=64, mods=("causal",), call=CallForm(pack_gqa=False))
+                         head_dim=64, head_dim_v=64, mods=("causal",), call=CallForm(mask_mod_fn="checkerboard_128"))
+    # pack_gqa alone rides along with a pair (it moves no array)
+    assert AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=70, seqlen_k=70, nheads=4, nheads_kv=2,
+                            head_dim=64, head_dim_v=64, mods=("causal",), call=CallForm(pack_gqa=False)).call.pack_gqa is False
     with pytest.raises(ValueError, match="needs the mask pair"):
         CallForm(block_size=(64, 64), block_seed=5, block_keep=0.75, block_partial=0.5).keep_mask(200, 260)
 
