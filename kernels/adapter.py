@@ -721,9 +721,9 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     if paged and cu_seqlens_k is not None:
         raise AdapterRefusal("page_table cannot be combined with cu_seqlens_k (FA4: batched pages only)")
     if paged or seqused_q is not None or seqused_k is not None:
+        # FA4 takes batched Q over K/V packed at capacity offsets (cu_seqlens_k without cu_seqlens_q:
+        # interface.py sizes the batch from cu_seqlens_k's length then)
         varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-        if cu_seqlens_k is not None and cu_seqlens_q is None:
-            raise AdapterRefusal("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
         use_varlen_entry = True
     else:
         varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -799,11 +799,9 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     _require_cuda()
     import torch
     if seqused_q is not None or seqused_k is not None:
-        # as in forward: packed q (cu_seqlens_q) with batched K/V limited by seqused_k is FA4's
-        # call; only cu_seqlens_k without cu_seqlens_q is refused
+        # as in forward: packed or batched Q, K/V batched or packed at capacity offsets, limited
+        # by seqused_k
         varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-        if cu_seqlens_k is not None and cu_seqlens_q is None:
-            raise AdapterRefusal("varlen needs both cu_seqlens_q and cu_seqlens_k (int32, (batch+1,))")
     else:
         varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _check_mods(mask_mod, causal, window_size)

@@ -42,17 +42,17 @@ def test_gather_without_qv_and_bad_num_splits_are_refused_before_fa4():
             adapter.mla_forward(q, q, q, None)
 
 
-def test_backward_with_seqused_refuses_cu_seqlens_k_without_cu_seqlens_q_before_fa4():
-    """The seqused backward takes packed q (cu_seqlens_q) with batched K/V (FA4's call, what the
-    fuzz's seqused_k call form passes); cu_seqlens_k alone is refused, like the forward."""
+def test_plain_varlen_refuses_cu_seqlens_k_without_cu_seqlens_q_before_fa4():
+    """Without seqused_k, cu_seqlens_k alone is refused before FA4 (a plain varlen call packs both
+    sides); with seqused_k it is FA4's batched-Q call over K/V packed at capacity offsets, passed on
+    (edge ``seqused_k_packed_q_batched``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         q = torch.empty(1, 128, 2, 64, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(1, 2, 128, dtype=torch.float32, device="cuda")
         cu = torch.empty(2, dtype=torch.int32, device="cuda")
-        used = torch.empty(1, dtype=torch.int32, device="cuda")
         with pytest.raises(ValueError, match="needs both cu_seqlens_q and cu_seqlens_k"):
-            adapter.backward(q, q, q, q, q, lse, cu_seqlens_k=cu, seqused_k=used)
+            adapter.backward(q, q, q, q, q, lse, cu_seqlens_k=cu)
 
 
 def test_a_refusal_by_the_adapter_is_not_reported_as_fa4s():
@@ -65,9 +65,8 @@ def test_a_refusal_by_the_adapter_is_not_reported_as_fa4s():
         q = torch.empty(1, 128, 2, 64, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(1, 2, 128, dtype=torch.float32, device="cuda")
         cu = torch.empty(2, dtype=torch.int32, device="cuda")
-        used = torch.empty(1, dtype=torch.int32, device="cuda")
         try:
-            adapter.backward(q, q, q, q, q, lse, cu_seqlens_k=cu, seqused_k=used)
+            adapter.backward(q, q, q, q, q, lse, cu_seqlens_k=cu)
         except ValueError as e:
             assert isinstance(e, adapter.AdapterRefusal)
             assert blame.origin(e) == blame.FA4VERIFY and not blame.fa4_refusal(e)

@@ -449,7 +449,7 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     out += _tile_tail_edges(space, vals)
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
-    out += _gqa_layout_edges(space, vals)
+    out += _forward_layout_edges(space, vals)
     return out
 
 
@@ -847,7 +847,7 @@ def _sm90_tile_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     return out
 
 
-def _gqa_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
+def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     """The edges of :func:`edge_problems` from the seventh red-team round (the SM90 forward,
     ``docs/results/redteam7/``), each only where the space has its form, pair and head counts
     (free head counts and lengths, no deployment's):
@@ -858,6 +858,8 @@ def _gqa_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     * ``packed_cpasync_192`` (SM90, causal and not): 14 query / 2 KV heads at a head dim whose
       forward tile_m is 192 (hd <= 96), so PackGQA loads Q with cp.async and each producer thread
       keeps two row pointers (``pack_gqa.py`` ``compute_ptr``), past 128 packed rows;
+    * ``seqused_k_packed_q_batched``: Q batched (no ``cu_seqlens_q``) over K/V packed at capacity
+      offsets with ``seqused_k`` (causal: the diagonal follows each sequence's used keys);
     * ``paged_score_aux`` (SM90): an aux-tensor score pair on paged KV without ``seqused_k`` (full
       pages: FA4 takes each length from the table's width), forward only;
     * ``sparse_q256`` (SM90): a block mask of 256-row Q blocks, two forward tiles each (FA4's
@@ -876,6 +878,15 @@ def _gqa_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
             batch=1, seqlen_q=128, seqlen_k=150, nheads=4, nheads_kv=2, head_dim=d, head_dim_v=dv, mods=(pair,),
             call=CallForm(pack_gqa=False), values=vals(), **base),
             _runs_bwd(space, form="score_mod", hd=name, gqa="2_unpacked", mask="none")))
+    if "seqused_k" in forms and "1" in gqas:
+        # Q batched (no cu_seqlens_q) over K/V packed at capacity offsets (cu_seqlens_k, seqused_k)
+        sks = (90, 17, 0)
+        out.append(("seqused_k_packed_q_batched", AttentionProblem(
+            batch=3, seqlens_q=(70, 70, 70), seqlens_k=sks, seqlen_q=70, seqlen_k=max(sks), nheads=2, nheads_kv=2,
+            head_dim=d, head_dim_v=dv, causal="causal" in space.values["mask"], values=vals(),
+            call=CallForm(seqused_k=True, kv_capacity=160, kv_packed=True, q_batched=True), **base),
+            _runs_bwd(space, form="seqused_k", hd=name, gqa="1",
+                      mask="causal" if "causal" in space.values["mask"] else "none")))
     if space.arch != "sm90":
         return out
     wide = [n for n in space.values["hd"] if space.hd[n][0] == space.hd[n][1]
