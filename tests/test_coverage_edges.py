@@ -31,7 +31,7 @@ def test_each_edge_is_the_path_it_names():
                     "det_bwd_l2_sections_batch": True, "score_bwd_indices_192": True, "score_bwd_indices_256": True,
                     "decode_batched_q_paged": False, "score_unpacked_gqa": True, "packed_cpasync_192": True,
                     "packed_cpasync_192_causal": True, "paged_score_aux": False, "sparse_q256": False,
-                    "seqused_k_packed_q_batched": True}
+                    "seqused_k_packed_q_batched": True, "seqused_q_packed_many": False}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)

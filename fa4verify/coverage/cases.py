@@ -860,6 +860,8 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
       keeps two row pointers (``pack_gqa.py`` ``compute_ptr``), past 128 packed rows;
     * ``seqused_k_packed_q_batched``: Q batched (no ``cu_seqlens_q``) over K/V packed at capacity
       offsets with ``seqused_k`` (causal: the diagonal follows each sequence's used keys);
+    * ``seqused_q_packed_many``: more sequences than FA4's batch-search threshold, Q packed at
+      capacity offsets with ``seqused_q`` (the batch lookup over used rows);
     * ``paged_score_aux`` (SM90): an aux-tensor score pair on paged KV without ``seqused_k`` (full
       pages: FA4 takes each length from the table's width), forward only;
     * ``sparse_q256`` (SM90): a block mask of 256-row Q blocks, two forward tiles each (FA4's
@@ -886,6 +888,18 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
             head_dim=d, head_dim_v=dv, causal="causal" in space.values["mask"], values=vals(),
             call=CallForm(seqused_k=True, kv_capacity=160, kv_packed=True, q_batched=True), **base),
             _runs_bwd(space, form="seqused_k", hd=name, gqa="1",
+                      mask="causal" if "causal" in space.values["mask"] else "none")))
+    thresh = facts.varlen_batch_search_threshold()
+    if "seqused_q" in forms and "1" in gqas and thresh is not None:
+        # more sequences than the batch-search threshold with Q packed at capacity offsets and
+        # seqused_q: the varlen scheduler's batch lookup reads each sequence's used rows
+        n = thresh + 44
+        sqs = tuple(1 + (i * 5) % 7 for i in range(n))
+        out.append(("seqused_q_packed_many", AttentionProblem(
+            batch=n, seqlens_q=sqs, seqlens_k=(13,) * n, seqlen_q=max(sqs), seqlen_k=13, nheads=2, nheads_kv=2,
+            head_dim=d, head_dim_v=dv, causal="causal" in space.values["mask"], values=vals(),
+            call=CallForm(seqused_q=True, q_capacity=8, q_packed=True), **base),
+            _runs_bwd(space, form="seqused_q", hd=name, gqa="1", seqlen="many",
                       mask="causal" if "causal" in space.values["mask"] else "none")))
     if space.arch != "sm90":
         return out
