@@ -100,6 +100,11 @@ class Target:
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         raise NotImplementedError
 
+    def forward_inference(self, problem: AttentionProblem, a: Mapping[str, Any]) -> np.ndarray:
+        """O of the problem's inference call (no LSE asked, no gradient). A target whose forward
+        does not depend on it (the twin) returns its forward's O."""
+        return self.forward(problem, a).out
+
     def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
                  deterministic: bool = True) -> Bwd:
         raise NotImplementedError
@@ -741,6 +746,16 @@ class ProductionTarget(Target):
                    np.concatenate([dk, np.zeros(dk.shape[:-1] + (problem.call.qv_dim,))], axis=-1), n(dv), None)
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
+        return self._forward(problem, a, return_lse=True)
+
+    def forward_inference(self, problem: AttentionProblem, a: Mapping[str, Any]) -> np.ndarray:
+        """O of FA4's inference call (``return_lse=False``, no gradient: its own kernel without the
+        LSE store) in the problem's layout (the ``inference_bitwise`` property)."""
+        if problem.call is not None and problem.call.mla:
+            raise Unsupported("the inference call is not made on an MLA call form")
+        return self._forward(problem, a, return_lse=False).out
+
+    def _forward(self, problem: AttentionProblem, a: Mapping[str, Any], *, return_lse: bool) -> Fwd:
         self.check_supported(problem)
         dt = problem.dtype
         if problem.call is not None and problem.call.mla:
@@ -748,11 +763,20 @@ class ProductionTarget(Target):
         with self._mode(), self._emulation():
             if problem.call is not None and problem.call.rearranges:
                 q, k, v, _, kw = self._call_kw(problem, a)
-                r = self._call(self._ad.forward, q, k, v, return_lse=True, **kw)
+                r = self._call(self._ad.forward, q, k, v, return_lse=return_lse, **kw)
             else:
                 r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
-                               return_lse=True, **self._fwd_kw(problem, a))
+                               return_lse=return_lse, **self._fwd_kw(problem, a))
         self._note_config(r.config)
+        if r.lse is None:          # the inference call: O alone
+            out = np.zeros(tuple(r.out.shape)) if self.fake else self._np(r.out)
+            if problem.call is not None and problem.call.batched_layout:
+                from fa4verify import call_layout
+                h = problem.nheads
+                rows = out.shape[0] * (out.shape[1] if out.ndim == 4 else 1)
+                out, _ = call_layout.to_problem_fwd(problem, out, np.zeros(
+                    (out.shape[0], h, out.shape[1]) if out.ndim == 4 else (h, rows)))
+            return Fwd(out, None)
         if self.fake:
             out, lse = np.zeros(tuple(r.out.shape)), np.zeros(tuple(r.lse.shape))
         else:

@@ -31,7 +31,8 @@ def test_each_edge_is_the_path_it_names():
                     "det_bwd_l2_sections_batch": True, "score_bwd_indices_192": True, "score_bwd_indices_256": True,
                     "decode_batched_q_paged": False, "score_unpacked_gqa": True, "packed_cpasync_192": True,
                     "packed_cpasync_192_causal": True, "paged_score_aux": False, "sparse_q256": False,
-                    "seqused_k_packed_q_batched": True, "seqused_q_packed_many": False}
+                    "seqused_k_packed_q_batched": True, "seqused_q_packed_many": False,
+                    "inference_varlen_sink": False, "inference_widest_window": False}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -75,7 +76,9 @@ def test_each_edge_is_the_path_it_names():
     assert p.call.block_size[0] // tm >= 2 and p.seqlen_q > p.call.block_size[0]
     # decode with a paged KV cache: Q batched, one token per sequence
     p = got["decode_batched_q_paged"]
-    assert p.call.q_batched and p.call.paged and set(p.seqlens_q) == {1} and p.causal
+    assert p.call.q_batched and p.call.paged and set(p.seqlens_q) == {1} and p.causal and p.call.inference
+    assert got["inference_varlen_sink"].call.inference and got["inference_varlen_sink"].sink
+    assert got["inference_widest_window"].head_dim == 256 and got["inference_widest_window"].call.inference
     # Note [Page sizes]: a page of two KV tiles and one of 48 keys (dividing no tile)
     tn = facts.fwd_tile("sm90", "bf16", 128, 128, False, False)[1]
     assert got["paged_two_tiles"].call.page_size == 2 * tn and got["paged_48"].call.page_size == 48

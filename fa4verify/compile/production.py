@@ -380,6 +380,9 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
         a = call.problem.materialize()
         f = tgt.forward(call.problem, a)
         cfgs = [_summary_config(tgt.last_config or {})]
+        if call.problem.call is not None and call.problem.call.inference:     # its own kernel: no LSE store
+            tgt.forward_inference(call.problem, a)
+            cfgs.append(_summary_config(tgt.last_config or {}))
         no_bwd = tgt.backward_unsupported(call.problem) if call.op == "backward" else None
         if call.op == "backward" and no_bwd is None:
             tgt.backward(call.problem, a, f, deterministic=call.deterministic)

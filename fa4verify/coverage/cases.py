@@ -582,7 +582,7 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         out.append(("decode_batched_q_paged", AttentionProblem(
             batch=3, seqlens_q=(1, 1, 1), seqlens_k=sks, seqlen_q=1, seqlen_k=max(sks), nheads=2, nheads_kv=2,
             values=vals(), call=CallForm(seqused_k=True, q_batched=True, kv_capacity=320, page_size=16,
-                                         page_seed=5, spare_pages=1), **base), False))
+                                         page_seed=5, spare_pages=1, inference=True), **base), False))
     if "seqused_k" in space.values["form"]:
         sqs, sks = (37, 150, 5), (90, 17, 0)
         cap = 160
@@ -860,6 +860,9 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
       keeps two row pointers (``pack_gqa.py`` ``compute_ptr``), past 128 packed rows;
     * ``seqused_k_packed_q_batched``: Q batched (no ``cu_seqlens_q``) over K/V packed at capacity
       offsets with ``seqused_k`` (causal: the diagonal follows each sequence's used keys);
+    * ``inference_varlen_sink``, ``inference_widest_window``: the forward also called as inference
+      (``CallForm.inference``: no LSE, no gradient), its O bitwise the training call's (forward
+      only; ``decode_batched_q_paged`` asks for it too);
     * ``seqused_q_packed_many``: more sequences than FA4's batch-search threshold, Q packed at
       capacity offsets with ``seqused_q`` (the batch lookup over used rows);
     * ``paged_score_aux`` (SM90): an aux-tensor score pair on paged KV without ``seqused_k`` (full
@@ -889,6 +892,22 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
             call=CallForm(seqused_k=True, kv_capacity=160, kv_packed=True, q_batched=True), **base),
             _runs_bwd(space, form="seqused_k", hd=name, gqa="1",
                       mask="causal" if "causal" in space.values["mask"] else "none")))
+    # the inference call (no LSE, no gradient: FA4's kernel without the LSE store), O bitwise the
+    # training call's: a varlen causal call with a sink (empty rows take the sink's LSE) and the
+    # widest head dim with a left window (decode: decode_batched_q_paged)
+    if "varlen" in forms and "causal" in space.values["mask"] and "1" in gqas:
+        sink = [v for v in space.values["sink"] if v != "off"]
+        lens_q, lens_k = (37, 0, 130), (200, 9, 130)
+        out.append(("inference_varlen_sink", AttentionProblem(
+            batch=3, seqlens_q=lens_q, seqlens_k=lens_k, seqlen_q=130, seqlen_k=200, nheads=2, nheads_kv=2,
+            head_dim=d, head_dim_v=dv, causal=True, sink=bool(sink), sink_dtype=sink[-1] if sink else "fp32",
+            values=vals(), call=CallForm(inference=True), **base), False))
+    widest = max(space.values["hd"], key=lambda n: space.hd[n])
+    if "dense" in forms and "left" in space.values["mask"] and "2" in gqas:
+        out.append(("inference_widest_window", AttentionProblem(
+            batch=2, seqlen_q=150, seqlen_k=300, nheads=4, nheads_kv=2, head_dim=space.hd[widest][0],
+            head_dim_v=space.hd[widest][1], window_size=(70, None), values=vals(), call=CallForm(inference=True),
+            **base), False))
     thresh = facts.varlen_batch_search_threshold()
     if "seqused_q" in forms and "1" in gqas and thresh is not None:
         # more sequences than the batch-search threshold with Q packed at capacity offsets and

@@ -65,6 +65,10 @@ Properties (:data:`PROPERTIES`)
     those of the same problem called with contiguous batched K/V and ``seqused_k`` (a page table
     is only an indexing: FA4 visits the same keys in the same tiles). Within budget is checked by
     ``fwd_budget`` on the same run.
+``inference_bitwise``
+    Problems whose call form asks for the inference call too (``CallForm.inference``): O of the
+    forward called without the LSE and without a gradient (FA4's own kernel, ``lse is None`` in its
+    compile key) is bitwise the O of the training call.
 
 Problems with a call form (paged KV, seqused_k, block sparsity, a CuTe mask_mod; Note [Call
 forms keep the problem's meaning]) are judged as the problem they describe; the backward
@@ -88,7 +92,7 @@ from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
 
 PROPERTIES: tuple[str, ...] = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "key_permutation",
                                "batch_invariance", "gqa_repeat", "deterministic_bwd", "paged_kv_bitwise",
-                               "edge_sensitive", "bwd_stages")
+                               "edge_sensitive", "bwd_stages", "inference_bitwise")
 
 #: Largest finite value of the stored output format of each input dtype (fp8 inputs: bf16 output).
 _FMT_MAX = {"bf16": 3.3895313892515355e38, "fp16": 65504.0, "fp8": 3.3895313892515355e38}
@@ -447,6 +451,22 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
             elif need_ref("gqa_repeat"):
                 _compare("gqa_repeat", "out", fm.out, ref_out.value, ref_out.bound, ref_out.budget, problem,
                          undecided)
+
+    if "inference_bitwise" in props:
+        if problem.call is None or not problem.call.inference:
+            skipped["inference_bitwise"] = "needs a call form that asks for the inference call (CallForm.inference)"
+        else:
+            ran.append("inference_bitwise")
+            oi = _run_target(problem, target.forward_inference, problem, a)
+            same = (oi == fwd.out) | (np.isnan(oi) & np.isnan(fwd.out))
+            if not same.all():
+                v = Violation("inference_bitwise", f"out of the inference call (no LSE, no gradient) differs bitwise "
+                                                   f"from the training call's in {int((~same).sum())} element(s), first "
+                                                   f"{_where_str(tuple(np.argwhere(~same)[0]))} | case: "
+                                                   f"{problem.describe()}", {"quantity": "out",
+                                                                            "inference_differs": int((~same).sum())})
+                v.over_indices = np.argwhere(~same)
+                _fail(v)
 
     if "paged_kv_bitwise" in props:
         if problem.call is None or not problem.call.paged:

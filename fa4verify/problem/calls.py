@@ -155,7 +155,8 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
 _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch",
-                 "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p", "q_packed", "block_per_head")
+                 "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p", "q_packed", "block_per_head",
+                 "inference")
 
 #: the archs whose FA4 has MLA (``qv``) kernels (``interface.py``: ``arch // 10 in [10, 11]``)
 MLA_ARCHS = ("sm100", "sm103")
@@ -208,6 +209,10 @@ class CallForm:
     #: a block mask drawn per query head (FA4 takes ``(batch, heads, ...)`` block lists: per-head
     #: sparsity, MInference / DuoAttention style), not one for every head (Note [Block masks by head])
     block_per_head: bool = False
+    #: the forward is also called as inference (``return_lse=False``, no gradient): FA4 compiles a
+    #: kernel without the LSE store (``lse is None`` in its compile key), whose O must be the
+    #: training call's bit for bit (the ``inference_bitwise`` property)
+    inference: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -499,6 +504,8 @@ class CallForm:
             parts.append(f"mask_mod_fn={self.mask_mod_fn}")
         if self.pack_gqa is not None:
             parts.append(f"pack_gqa={self.pack_gqa}")
+        if self.inference:
+            parts.append("+inference")
         if self.mla:
             parts.append(f"mla(qv={self.qv_dim}" + (f", top-{self.gather_topk} #{self.gather_seed}"
                                                     f"{', recompute P' if self.recompute_p else ''})"
