@@ -25,7 +25,8 @@ mask_mod hashes (softcap becomes a score_mod closure, ``utils.create_softcap_sco
 presence only (values at run time): window_size_left / right, cu_seqlens / seqused, page_table.
 Absent: softmax_scale, seqlens, batch, head counts, the strides of non-broadcast dims, aux scalar
 values (only their types: ``aux_scalar_metadata``); learnable_sink is in the forward key (its
-dtype) but not in the backward's.
+dtype) but only as presence in the backward's (its dtype keys the backward's postprocess and dsink
+kernels, compiled apart).
 """
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ ATTRIBUTES: tuple[CallAttribute, ...] = (
     CallAttribute("sink", "learnable_sink present",
                   ("torch2cute_dtype_map[learnable_sink.dtype] if learnable_sink is not None else None",),
                   ("learnable_sink is not None",)),
+    CallAttribute("sink_dtype", "learnable_sink dtype (fp32 / bf16; dsink is written in it)",
+                  ("torch2cute_dtype_map[learnable_sink.dtype] if learnable_sink is not None else None",), ()),
     CallAttribute("sink_values", "learnable_sink values", (), ()),
     CallAttribute("seqlen", "sequence lengths", ("seqlen_q",), ("seqlen_q",)),
     CallAttribute("batch", "batch size", ("batch_size",), ("batch_size",)),

@@ -60,7 +60,8 @@ SEQ_PROPERTIES = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows")
 LAYOUTS = ("contiguous", "strided", "transposed", "broadcast")
 #: attributes (fa4verify.sequences.key.ATTRIBUTES names) the machine varies between calls that
 #: share a key configuration; tests/test_sequences.py holds it against the installed key
-VARIED = frozenset({"window_left", "window_right", "softmax_scale", "softcap", "causal", "sink", "sink_values",
+VARIED = frozenset({"window_left", "window_right", "softmax_scale", "softcap", "causal", "sink", "sink_dtype",
+                    "sink_values",
                     "seqlen", "batch", "nheads", "layout_strided", "layout_transposed", "layout_broadcast",
                     "deterministic", "aux_scalars"})
 #: the score_mod pair whose runtime aux scalars the machine varies (production only: the twin
@@ -343,8 +344,8 @@ def _build(arch: str, base: Mapping[str, Any], v: Mapping[str, Any]) -> Call:
 
 
 #: what a ``neighbour`` rule changes in the previous call (one attribute, the rest kept)
-NEIGHBOUR = ("causal", "softcap", "sink", "window", "softmax_scale", "seqlen", "batch", "nheads", "layout",
-             "deterministic", "values")
+NEIGHBOUR = ("causal", "softcap", "sink", "sink_dtype", "window", "softmax_scale", "seqlen", "batch", "nheads",
+             "layout", "deterministic", "values")
 #: the production machine's neighbours: also the aux scalars of the call's score_mod (a call
 #: without the pair gets it: a key change)
 NEIGHBOUR_PRODUCTION = NEIGHBOUR + ("aux_scalars",)
@@ -363,7 +364,10 @@ def _neighbour(c: Call, which: str, v: Mapping[str, Any]) -> Call:
     elif which == "softcap":      # a softcap drops the score_mod pair (FA4 takes one or the other)
         p = p.replace(softcap=float(other(_SOFTCAPS, p.softcap, v["softcap"])), mods=(), mod_seed=0)
     elif which == "sink":
-        p = p.replace(sink=not p.sink)
+        p = p.replace(sink=not p.sink, sink_dtype="fp32")
+    elif which == "sink_dtype":     # a sink in the other dtype (the call gets one if it had none)
+        p = p.replace(sink=True, sink_dtype="bf16" if p.sink and p.sink_dtype == "fp32" else "fp32",
+                      mods=(), mod_seed=0)
     elif which == "window":
         wl, wr = p.window_size
         sh = 1 + int(v["window_shift"])
@@ -421,7 +425,8 @@ class SequenceResult:
 def _attrs(c: Call) -> dict[str, Any]:
     p = c.problem
     return {"window_left": p.window_size[0], "window_right": p.window_size[1], "softmax_scale": p.softmax_scale,
-            "sink_values": p.values.seed if p.sink else None, "seqlen": (p.seqlen_q, p.seqlen_k),
+            "sink_values": p.values.seed if p.sink else None, "sink_dtype": p.sink_dtype if p.sink else None,
+            "seqlen": (p.seqlen_q, p.seqlen_k),
             "batch": p.batch, "nheads": p.nheads, "layout_strided": c.layout == "strided",
             "layout_transposed": c.layout == "transposed", "deterministic": c.deterministic,
             "aux_scalars": p.mod_seed if p.mods else None}
@@ -598,7 +603,7 @@ VARY: dict[str, str] = {
     "sink_values": "values", "seqlen": "seqlen", "batch": "batch", "nheads": "nheads",
     "layout_strided": "layout:strided", "layout_transposed": "layout:transposed",
     "layout_broadcast": "layout:broadcast", "aux_scalars": "aux_scalars", "causal": "causal",
-    "softcap": "softcap", "sink": "sink", "deterministic": "deterministic"}
+    "softcap": "softcap", "sink": "sink", "sink_dtype": "sink_dtype", "deterministic": "deterministic"}
 
 
 def constructed_calls(arch: str, dtype: str = "bf16", attributes: Optional[Collection[str]] = None) -> list[Call]:
@@ -620,11 +625,11 @@ def constructed_calls(arch: str, dtype: str = "bf16", attributes: Optional[Colle
                                  values=ValueSpec("normal", 11)), "contiguous", True)
     v = {"window_shift": 7, "scale": 0.25, "seqlen_q": 64, "seqlen_k": 256, "layout": "strided", "seed": 12,
          "mod_seed": 5, "softcap": 30.0}
-    # a base of its own for what needs a key of its own: the sink's values (a sink call compiles,
-    # the next varies the values), the aux scalars (the pair's first call compiles), softcap (a
+    # a base of its own for what needs a key of its own: the sink's values and dtype (an fp32 sink
+    # call compiles, the next varies the values or the dtype), the aux scalars (the pair's first call compiles), softcap (a
     # softcap compiles its score_mod, the next changes the constant) and causal (without a
     # window: FA4 turns causal with a window into a local mask)
-    own = {"values": base.problem.replace(sink=True),
+    own = {"values": base.problem.replace(sink=True), "sink_dtype": base.problem.replace(sink=True),
            "aux_scalars": base.problem.replace(mods=(SCALAR_PAIR,), mod_seed=3),
            "softcap": base.problem.replace(softcap=5.0),
            "causal": base.problem.replace(window_size=(None, None))}
