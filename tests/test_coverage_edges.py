@@ -32,7 +32,8 @@ def test_each_edge_is_the_path_it_names():
                     "decode_batched_q_paged": False, "score_unpacked_gqa": True, "packed_cpasync_192": True,
                     "packed_cpasync_192_causal": True, "paged_score_aux": False, "sparse_q256": False,
                     "seqused_k_packed_q_batched": True, "seqused_q_packed_many": False,
-                    "inference_varlen_sink": False, "inference_widest_window": False}
+                    "inference_varlen_sink": False, "inference_widest_window": False,
+                    "half_negative_window_left": True, "half_negative_window_right": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)
@@ -160,6 +161,7 @@ def test_each_edge_is_the_path_it_names():
     q0, k0 = p.seqlens_q[0], p.seqlens_k[0]
     assert p.batch > facts.varlen_batch_search_threshold() and (p.nheads, p.nheads_kv) == (4, 2) and not p.causal
     assert all(-(-2 * q0 // t) != -(-q0 // t) for t in (tm, 2 * tm)) and -(-k0 // tmb) != -(-k0 // tnb)
+    assert -(-q0 // tmb) > -(-q0 // tnb)          # the Q side's lookup hint counts backward M tiles
     assert cases.NONDETERMINISTIC_EDGES == {"varlen_lookup_long_first", "varlen_lookup_chunks", "mla_gather_2cta",
                                             "mla_gather_wide", "mla_gather_1cta", "causal_key_past_tile",
                                             "right_window_key_past_tile", "block_sparse_per_head"}

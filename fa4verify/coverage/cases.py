@@ -657,9 +657,13 @@ def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         tm = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)[0]
         tmb, tnb = facts.bwd_tile(space.arch, hd, hdv, False, False)
         # sequence 0: more packed M blocks of the forward (2 query heads per KV head) than unpacked
-        # ones, at tile_m and at SM100's two-stage 2 tile_m; its keys two backward M tiles and one
-        # N tile (where the tiles differ)
-        sqs = (tm + 5,) + tuple(1 + (i * 5) % 9 for i in range(1, n))
+        # ones, at tile_m and at SM100's two-stage 2 tile_m, and its queries more backward M tiles
+        # than N tiles (the Q side's lookup hint; the eighth red-team round); its keys two backward
+        # M tiles and one N tile (where the tiles differ)
+        q0 = tm + 5
+        if tmb < tnb:
+            q0 = max(q0, 2 * tmb + 5)
+        sqs = (q0,) + tuple(1 + (i * 5) % 9 for i in range(1, n))
         sks = (min(tmb + 5, tnb - 1) if tmb < tnb - 5 else tmb + 5,) + tuple(1 + (i * 7) % 13 for i in range(1, n))
         out.append(("varlen_lookup_long_first", AttentionProblem(
             batch=n, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=4, nheads_kv=2,
@@ -860,6 +864,8 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
       keeps two row pointers (``pack_gqa.py`` ``compute_ptr``), past 128 packed rows;
     * ``seqused_k_packed_q_batched``: Q batched (no ``cu_seqlens_q``) over K/V packed at capacity
       offsets with ``seqused_k`` (causal: the diagonal follows each sequence's used keys);
+    * ``half_negative_window_left`` / ``_right``: windows (-2, 2) and (3, -1), one side negative
+      (FA4 reads it literally; rows whose window holds no key are fully masked);
     * ``inference_varlen_sink``, ``inference_widest_window``: the forward also called as inference
       (``CallForm.inference``: no LSE, no gradient), its O bitwise the training call's (forward
       only; ``decode_batched_q_paged`` asks for it too);
@@ -892,6 +898,14 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
             call=CallForm(seqused_k=True, kv_capacity=160, kv_packed=True, q_batched=True), **base),
             _runs_bwd(space, form="seqused_k", hd=name, gqa="1",
                       mask="causal" if "causal" in space.values["mask"] else "none")))
+    # a window with one negative side (FA4 reads it literally: left -2 keeps keys i+2 on; the
+    # eighth red-team round), each side once
+    if "dense" in forms and "both" in space.values["mask"] and "1" in gqas:
+        for tag, win in (("left", (-2, 2)), ("right", (3, -1))):
+            out.append((f"half_negative_window_{tag}", AttentionProblem(
+                batch=1, seqlen_q=100, seqlen_k=100, nheads=2, nheads_kv=2, head_dim=d, head_dim_v=dv,
+                window_size=win, values=vals(), **base),
+                _runs_bwd(space, form="dense", hd=name, gqa="1", mask="both")))
     # the inference call (no LSE, no gradient: FA4's kernel without the LSE store), O bitwise the
     # training call's: a varlen causal call with a sink (empty rows take the sink's LSE) and the
     # widest head dim with a left window (decode: decode_batched_q_paged)
