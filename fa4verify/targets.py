@@ -636,6 +636,10 @@ class ProductionTarget(Target):
             kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
                       max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
         kw.update(self._mods_kw(problem, a))
+        if problem.call is not None and problem.call.mask_causal:
+            # the mask_causal call form: causal=True passed along with the mask pair, which FA4's
+            # forward drops (the mask decides) and its backward must drop too
+            kw.update(causal=True, causal_with_mask_mod=True)
         return kw
 
     def _mods_kw(self, problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
@@ -911,6 +915,7 @@ class ProductionTarget(Target):
                         problem, a, backward=True, deterministic=deterministic)[4]["block_sparse_tensors"]
             else:
                 kw = self._kw(problem, a)             # score_mod_bwd too: the public backward takes it
+                kw.pop("causal_with_mask_mod", None)  # the adapter's own: the public path has no guard
                 if problem.call is not None and problem.call.pack_gqa is not None:
                     kw["pack_gqa"] = problem.call.pack_gqa
                 q, k, v, do = (self._t(a[n], dt) for n in ("q", "k", "v", "dout"))

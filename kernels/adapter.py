@@ -665,7 +665,7 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
             return_lse: bool = True, page_table=None, seqused_q=None, seqused_k=None,
             num_splits: int = 1, block_sparse_tensors=None, mask_mod=None, score_mod=None,
             aux_tensors=None, aux_scalars=None, q_descale=None, k_descale=None,
-            v_descale=None) -> ForwardResult:
+            v_descale=None, causal_with_mask_mod: bool = False) -> ForwardResult:
     """Run FA4's forward on CUDA tensors (fp16/bf16; layout (batch, seqlen, nheads, headdim), or
     (total, nheads, headdim) with ``cu_seqlens_q/k`` for varlen).
 
@@ -687,7 +687,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     ``aux_tensors``: the CUDA tensors both read; ``aux_scalars``: their runtime scalars (floats,
     handed to FA4 as ``cutlass.Float32``: :func:`_fa4_scalars`). A mask_mod makes FA4 ignore
     ``causal`` and ``window_size`` (``_resolve_causal_local_window``): they are refused here with
-    a mask_mod.
+    a mask_mod, unless ``causal_with_mask_mod`` asks to pass ``causal=True`` along on purpose (FA4's
+    forward then drops it; its backward must too: the ``mask_causal`` call form).
     ``q_descale`` / ``k_descale`` / ``v_descale``: fp32 (batch, nheads_kv) factors of fp8 inputs
     (e4m3/e5m2; SM 10.x only): the logits are ``scale * (q_descale q) . (k_descale k)`` and the
     output ``P (v_descale v)`` (``fa4verify.oracles.descale``); FA4's public functions do not take
@@ -697,7 +698,8 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     """
     _require_cuda()
     import torch
-    _check_mods(mask_mod, causal, window_size)
+    if not causal_with_mask_mod:
+        _check_mods(mask_mod, causal, window_size)
     learnable_sink = _release_sink(learnable_sink)
     mods = {} if score_mod is None and aux_tensors is None else {"score_mod": score_mod, "aux_tensors": aux_tensors}
     if aux_scalars:
@@ -777,7 +779,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
              max_seqlen_k: Optional[int] = None, deterministic: bool = False,
              dq=None, dk=None, dv=None, dlse=None, block_sparse_tensors=None,
              seqused_q=None, seqused_k=None, score_mod=None, score_mod_bwd=None, mask_mod=None,
-             aux_tensors=None, aux_scalars=None) -> BackwardResult:
+             aux_tensors=None, aux_scalars=None, causal_with_mask_mod: bool = False) -> BackwardResult:
     """Run FA4's backward (``flash_attn.cute.interface._flash_attn_bwd``, what the public
     autograd backward of ``flash_attn_func``/``flash_attn_varlen_func`` calls).
 
@@ -792,7 +794,7 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
     :func:`forward` (FA4's ``_flash_attn_bwd`` takes them; not with block sparsity).
     ``score_mod`` + ``score_mod_bwd`` (FA4 requires both), ``mask_mod``, ``aux_tensors``,
     ``aux_scalars``: as in :func:`forward` (the same callables, tensors and scalars the forward ran
-    with).
+    with); ``causal_with_mask_mod`` as in :func:`forward`.
 
     Raises :class:`NoCudaError` without a usable CUDA device (unless in FakeTensorMode).
     """
@@ -804,7 +806,8 @@ def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
         varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     else:
         varlen = _check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    _check_mods(mask_mod, causal, window_size)
+    if not causal_with_mask_mod:
+        _check_mods(mask_mod, causal, window_size)
     learnable_sink = _release_sink(learnable_sink)
     if score_mod is not None and score_mod_bwd is None:
         raise AdapterRefusal("backward with a score_mod needs its score_mod_bwd (FA4 asserts)")
@@ -1238,7 +1241,7 @@ def forward_backward_autograd(q, k, v, dout, *, dlse=None, learnable_sink=None, 
     """Forward and backward through FA4's public autograd path, what training code runs:
     ``flash_attn_func`` (``flash_attn_varlen_func`` with ``cu_seqlens_q`` / ``cu_seqlens_k``) with
     ``return_lse=True``, then ``torch.autograd.backward`` of ``(out, lse)`` with ``(dout, dlse)``
-    (``dlse`` None: the loss reads O only). ``kw``: the public functions' keywords (softmax_scale,
+    (``dlse`` None: the loss reads O only; ``dout`` None: the LSE only). ``kw``: the public functions' keywords (softmax_scale,
     causal, window_size, softcap, deterministic, pack_gqa, score_mod, score_mod_bwd, mask_mod,
     aux_tensors, aux_scalars, seqused_q, seqused_k (the varlen entry), block_sparse_tensors,
     block_sparse_tensors_bwd). The inputs are detached copies; a ``learnable_sink`` gets a gradient.
@@ -1264,6 +1267,8 @@ def forward_backward_autograd(q, k, v, dout, *, dlse=None, learnable_sink=None, 
             out, lse = _call_fa4(_fa4_fn("flash_attn_func"), qq, kk, vv, learnable_sink=sink, return_lse=True, **kw)
         if dlse is None:
             out.backward(dout)
+        elif dout is None:          # a loss through the LSE alone (FA4's backward gets no dO)
+            lse.backward(dlse)
         else:
             torch.autograd.backward([out, lse], [dout, dlse])
     return (out.detach(), lse.detach(), qq.grad, kk.grad, vv.grad, None if sink is None else sink.grad)
@@ -1286,6 +1291,8 @@ def mla_forward_backward_autograd(q, k, v, qv, dout, *, gather_kv_indices, dlse=
                              gather_bwd_recompute_p=gather_bwd_recompute_p)
         if dlse is None:
             out.backward(dout)
+        elif dout is None:          # a loss through the LSE alone (FA4's backward gets no dO)
+            lse.backward(dlse)
         else:
             torch.autograd.backward([out, lse], [dout, dlse])
     return out.detach(), lse.detach(), qq.grad, kk.grad, vv.grad, qvv.grad

@@ -33,7 +33,8 @@ def test_each_edge_is_the_path_it_names():
                     "packed_cpasync_192_causal": True, "paged_score_aux": False, "sparse_q256": False,
                     "seqused_k_packed_q_batched": True, "seqused_q_packed_many": False,
                     "inference_varlen_sink": False, "inference_widest_window": False,
-                    "half_negative_window_left": True, "half_negative_window_right": True}
+                    "half_negative_window_left": True, "half_negative_window_right": True,
+                    "mask_mod_causal_passed": True}
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)

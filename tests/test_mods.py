@@ -644,3 +644,26 @@ def test_a_score_pair_rides_on_paged_kv_with_its_aux_tensors():
     assert "seqused_k" not in fkw and "score_mod_bwd" not in fkw and fkw["aux_tensors"]
     with pytest.raises(ValueError, match="page table"):
         p.replace(call=CallForm(seqused_k=True, kv_capacity=256))
+
+
+@pytest.mark.fa4
+def test_the_mask_causal_call_form_passes_causal_with_the_mask_pair_on_purpose():
+    """The eighth red-team round: a mask pair whose call also passes causal=True (FA4's forward drops
+    it for a mask_mod; its backward must too). The problem stays the mask pair's (causal=False, the
+    oracle's); forward and backward get causal=True with the adapter's guard lifted on purpose; the
+    public autograd path gets causal=True alone."""
+    from fa4verify import fuzz
+    from fa4verify.problem import AttentionProblem, CallForm
+    p = _problem(("document",), call=CallForm(mask_causal=True))
+    assert AttentionProblem.from_json(p.to_json()) == p and not p.causal and "+causal passed" in p.describe()
+    a = p.materialize()
+    ad, calls = _recording_adapter(p, a)
+    t = fuzz.ProductionTarget(adapter=ad, device="cpu")
+    t.backward(p, a, t.forward(p, a))
+    (_, fkw), (_, bkw) = calls
+    for kw in (fkw, bkw):
+        assert kw["causal"] is True and kw["causal_with_mask_mod"] is True and kw["mask_mod"] is not None
+    with pytest.raises(ValueError, match="mask_causal"):
+        _problem(("alibi",), call=CallForm(mask_causal=True))
+    with pytest.raises(ValueError, match="mask_causal"):
+        _problem((), call=CallForm(mask_causal=True))

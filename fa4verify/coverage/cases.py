@@ -864,6 +864,8 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
       keeps two row pointers (``pack_gqa.py`` ``compute_ptr``), past 128 packed rows;
     * ``seqused_k_packed_q_batched``: Q batched (no ``cu_seqlens_q``) over K/V packed at capacity
       offsets with ``seqused_k`` (causal: the diagonal follows each sequence's used keys);
+    * ``mask_mod_causal_passed``: a mask pair (``document``, else ``sliding_window``) whose call also
+      passes ``causal=True`` (FA4's forward drops it; the backward must too);
     * ``half_negative_window_left`` / ``_right``: windows (-2, 2) and (3, -1), one side negative
       (FA4 reads it literally; rows whose window holds no key are fully masked);
     * ``inference_varlen_sink``, ``inference_widest_window``: the forward also called as inference
@@ -898,6 +900,15 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
             call=CallForm(seqused_k=True, kv_capacity=160, kv_packed=True, q_batched=True), **base),
             _runs_bwd(space, form="seqused_k", hd=name, gqa="1",
                       mask="causal" if "causal" in space.values["mask"] else "none")))
+    # a mask pair whose call also passes causal=True: FA4's forward drops causal for a mask_mod; its
+    # backward resolves the window without the mask_mod (interface.py), so it may not (a prediction
+    # of the eighth red-team round, not measured)
+    mpair = next((m for m in ("document", "sliding_window", "prefix_lm") if f"mod:{m}" in space.mask_pairs_bwd), None)
+    if "mask_mod" in forms and mpair is not None and "1" in gqas:
+        out.append(("mask_mod_causal_passed", AttentionProblem(
+            batch=1, seqlen_q=192, seqlen_k=192, nheads=2, nheads_kv=2, head_dim=d, head_dim_v=dv, mods=(mpair,),
+            call=CallForm(mask_causal=True), values=vals(), **base),
+            _runs_bwd(space, form="mask_mod", hd=name, gqa="1", mask="none")))
     # a window with one negative side (FA4 reads it literally: left -2 keeps keys i+2 on; the
     # eighth red-team round), each side once
     if "dense" in forms and "both" in space.values["mask"] and "1" in gqas:

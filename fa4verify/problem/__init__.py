@@ -161,6 +161,8 @@ class AttentionProblem:
             raise ValueError(f"softcap={self.softcap} must be finite and >= 0")
         if self.sink_dtype not in SINK_DTYPES:
             raise ValueError(f"sink_dtype={self.sink_dtype!r}: expected one of {SINK_DTYPES}")
+        if self.call is not None and self.call.mask_causal and not self.mods:
+            raise ValueError("the mask_causal call form needs a mask pair (mods)")
         if self.sink_dtype != "fp32" and not self.sink:
             raise ValueError(f"sink_dtype={self.sink_dtype!r} without a sink")
         object.__setattr__(self, "window_size", tuple(self.window_size))
@@ -177,6 +179,9 @@ class AttentionProblem:
             if other and (self.call.block_size is None or self.call.mask_mod_fn is not None):
                 raise ValueError("mods combine with block sparsity only (Note [Partial blocks]), not with "
                                  "another FA4 call form (paged KV, seqused_k/q, a named mask_mod)")
+            if self.call is not None and self.call.mask_causal and (mask is None or self.causal):
+                raise ValueError("the mask_causal call form passes causal=True along with a mask pair: the "
+                                 "problem needs a mask pair and no causal of its own")
             if mask is not None and (self.causal or self.window_size != (None, None)):
                 raise ValueError(f"mask pair {mask.name!r} with causal/window: FA4 drops causal and the window "
                                  f"when a mask_mod is given; write them into the mask")

@@ -156,7 +156,7 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
 _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch",
                  "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p", "q_packed", "block_per_head",
-                 "inference")
+                 "inference", "mask_causal")
 
 #: the archs whose FA4 has MLA (``qv``) kernels (``interface.py``: ``arch // 10 in [10, 11]``)
 MLA_ARCHS = ("sm100", "sm103")
@@ -213,6 +213,10 @@ class CallForm:
     #: kernel without the LSE store (``lse is None`` in its compile key), whose O must be the
     #: training call's bit for bit (the ``inference_bitwise`` property)
     inference: bool = False
+    #: a mask pair's call that also passes ``causal=True``: FA4's forward drops causal for a
+    #: mask_mod (``_resolve_causal_local_window``), so the mask alone decides; its backward must
+    #: drop it the same way (the problem is the mask pair's, causal=False)
+    mask_causal: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -506,6 +510,8 @@ class CallForm:
             parts.append(f"pack_gqa={self.pack_gqa}")
         if self.inference:
             parts.append("+inference")
+        if self.mask_causal:
+            parts.append("+causal passed")
         if self.mla:
             parts.append(f"mla(qv={self.qv_dim}" + (f", top-{self.gather_topk} #{self.gather_seed}"
                                                     f"{', recompute P' if self.recompute_p else ''})"
