@@ -94,7 +94,7 @@ class Target:
         return f"the {self.name} target has no public autograd path"
 
     def backward_autograd(self, problem: AttentionProblem, a: Mapping[str, Any], *, deterministic: bool = True,
-                          dlse: Optional[np.ndarray] = None) -> Bwd:
+                          dlse: Optional[np.ndarray] = None, lse_only: bool = False) -> Bwd:
         raise Unsupported(self.autograd_unsupported(problem) or "no public autograd path")
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
@@ -867,7 +867,7 @@ class ProductionTarget(Target):
         return None
 
     def backward_autograd(self, problem: AttentionProblem, a: Mapping[str, Any], *, deterministic: bool = True,
-                          dlse: Optional[np.ndarray] = None) -> Bwd:
+                          dlse: Optional[np.ndarray] = None, lse_only: bool = False) -> Bwd:
         """Note [The public autograd path]
         -----------------------------------
         Training code reaches FA4's backward through ``FlashAttnFunc.backward`` /
@@ -923,6 +923,10 @@ class ProductionTarget(Target):
                 from fa4verify import call_layout
                 dlse = call_layout.to_call_lse(problem, dlse)
             dl = None if dlse is None else self._t(np.ascontiguousarray(dlse, np.float32), None)
+            if lse_only:            # a loss through the LSE alone: FA4's backward gets no dO
+                if dl is None:
+                    raise Unsupported("a loss through the LSE alone needs a dlse")
+                do = None
             r = self._call(self._ad.forward_backward_autograd, q, k, v, do, dlse=dl,
                            deterministic=deterministic, **kw)
         dq, dk, dv = self._np(r[2]), self._np(r[3]), self._np(r[4])

@@ -257,6 +257,8 @@ class _AutogradStandIn(_StandIn):
 
     def forward_backward_autograd(self, q, k, v, dout, *, dlse=None, deterministic=True, **kw):
         f = self.forward(q, k, v, **kw)
+        if dout is None:            # a loss through the LSE alone: FA4 takes dO as zero
+            dout = torch.zeros(f.out.shape, dtype=q.dtype)
         bkw = {n: x for n, x in kw.items() if not (self.drop and n == "seqused_k")}
         g = self.backward(q, k, v, f.out, dout, f.lse, deterministic=deterministic, dlse=dlse, **bkw)
         return f.out, f.lse, g.dq, g.dk, g.dv, None

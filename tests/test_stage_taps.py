@@ -206,7 +206,7 @@ def test_bwd_stages_runs_the_dlse_pass_on_a_target_that_takes_it(sign):
 
 
 @pytest.mark.parametrize("varlen", [False, True])
-@pytest.mark.parametrize("fault", [None, "scaled_dq", "dlse_dropped"])
+@pytest.mark.parametrize("fault", [None, "scaled_dq", "dlse_dropped", "lse_only_stale_dout"])
 def test_bwd_stages_judges_the_public_autograd_path(fault, varlen):
     """Note [The public autograd path]: a target with one gets its autograd gradients judged within
     the driver's budgets (a 10 % dQ error fails, named as the autograd path's), and with ``dlse``
@@ -220,8 +220,11 @@ def test_bwd_stages_judges_the_public_autograd_path(fault, varlen):
         def autograd_unsupported(self, problem):
             return None
 
-        def backward_autograd(self, problem, a, *, deterministic=True, dlse=None):
-            calls.append(dlse is not None)
+        def backward_autograd(self, problem, a, *, deterministic=True, dlse=None, lse_only=False):
+            if lse_only:            # a loss through the LSE alone: dO is zero (or stale memory: the fault)
+                a = dict(a, dout=a["dout"] if fault == "lse_only_stale_dout" else np.zeros_like(a["dout"]))
+            else:
+                calls.append(dlse is not None)
             fwd = self.forward(problem, a)
             r = TwinTarget.backward(self, problem, a, fwd, deterministic=deterministic,
                                     dlse=None if fault == "dlse_dropped" else dlse)
@@ -237,7 +240,9 @@ def test_bwd_stages_judges_the_public_autograd_path(fault, varlen):
         check_problem(p, AutogradTwin(), properties=["bwd_budget", "bwd_stages"])
         assert calls == [False, True]
     else:
-        with pytest.raises(Violation, match="public autograd path" if fault == "scaled_dq" else "differs bitwise"):
+        match = {"scaled_dq": "public autograd path", "dlse_dropped": "differs bitwise",
+                 "lse_only_stale_dout": "a loss through the LSE alone"}[fault]
+        with pytest.raises(Violation, match=match):
             check_problem(p, AutogradTwin(), properties=["bwd_budget", "bwd_stages"])
 
 

@@ -169,7 +169,8 @@ def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: n
 
 #: the passes of ``bwd_stages`` that rerun the backward, and what their violations say first
 PASSES = {"dlse": "with a gradient through the LSE (seeded dlse), ", "autograd": "the public autograd path's ",
-          "autograd_dlse": "the public autograd path's, with a gradient through the LSE (seeded dlse), "}
+          "autograd_dlse": "the public autograd path's, with a gradient through the LSE (seeded dlse), ",
+          "autograd_lse_only": "the public autograd path's, with a loss through the LSE alone (no dO), "}
 
 
 def _judge_dsink(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: Any, stats: Any,
@@ -725,6 +726,11 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
                                                   f"element(s) (both deterministic) | case: {problem.describe()}",
                              {"quantity": n, "autograd_dlse_differs": d})
             _fail(viol)
+    # a loss through the LSE alone (z-loss, a log-partition term): FA4's autograd backward gets no
+    # dO and must take it as zero (the eighth red-team round)
+    gl = _run_target(problem, target.backward_autograd, problem, a, deterministic=True, dlse=dl, lse_only=True)
+    _judge_dlse_grads(problem, dict(a, dout=np.zeros_like(a["dout"])), fwd, gl, dl, target, stats, ref_out, metrics,
+                      undecided, pass_="autograd_lse_only")
 
 
 def _unseen_keys(problem: AttentionProblem) -> np.ndarray:

@@ -801,6 +801,48 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "    )\n"
               "    return (FastDivmodDivisorV2(seqlen_q), FastDivmodDivisorV2(seqlen_k))\n"),),
         "fwd", ("out", "lse")),
+    # the eighth red-team round (host routing, docs/results/redteam8/)
+    SourceMutant(
+        "bwd_varlen_q_cumsum_tile_n",
+        "varlen backward with > 256 sequences: the Q side's batch-lookup hint counted in KV tiles",
+        (Edit("interface.py",
+              "            cu_seqlens=cu_seqlens_q,\n            seqused=seqused_q,\n            tile_size=m_block_size,\n"
+              "        )\n",
+              "            cu_seqlens=cu_seqlens_q,\n            seqused=seqused_q,\n            tile_size=n_block_size,\n"
+              "        )\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "callable_hash_defaults_dropped",
+        "the mods' compile-key hash ignores default-argument constants (two mods differing only there "
+        "share a kernel)",
+        (Edit("utils.py",
+              "    for attr in (\"__defaults__\", \"__kwdefaults__\"):\n"
+              "        values = getattr(func, attr, None)\n"
+              "        if values is not None:\n"
+              "            hasher.update(attr.encode())\n"
+              "            hasher.update(repr(values).encode())\n",
+              ""),),
+        "both", ("out", "lse")),
+    SourceMutant(
+        "autograd_lse_only_dout_uninitialised",
+        "the public autograd backward of a loss through the LSE alone reads an uninitialised dO",
+        (Edit("interface.py",
+              "        q, k, v, qv, out, lse, p, row_max, o_lo, gather_kv_indices, learnable_sink, *aux = "
+              "ctx.saved_tensors\n"
+              "        aux_tensors = aux if aux else None\n        if not ctx.return_lse:\n            dlse = None\n"
+              "        if dout is None:\n            dout = torch.zeros_like(out)\n",
+              "        q, k, v, qv, out, lse, p, row_max, o_lo, gather_kv_indices, learnable_sink, *aux = "
+              "ctx.saved_tensors\n"
+              "        aux_tensors = aux if aux else None\n        if not ctx.return_lse:\n            dlse = None\n"
+              "        if dout is None:\n            dout = torch.empty_like(out)\n"),),
+        "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        "window_half_negative_means_none",
+        "a window with one negative side is taken as no window",
+        (Edit("interface.py",
+              "            and window_size_left < 0 and window_size_right < 0):\n",
+              "            and (window_size_left < 0 or window_size_right < 0)):\n"),),
+        "both", ("out", "lse", "dq", "dk", "dv")),
 )
 
 
