@@ -280,7 +280,7 @@ class Deployment:
     def live_cases(self, *, arch: str, dtype: str, seqlens: Iterable[int] = (512,),
                    limit: int = 4) -> list[dict[str, Any]]:
         """Cases for the live production checks: (head_dim, head_dim_v, nheads, nheads_kv, causal,
-        window_size, softcap, sink, seqlen), each supported by FA4 on ``arch``, clipped to the
+        window_size, softcap, sink, sink_dtype, softmax_scale, seqlen), each supported by FA4 on ``arch``, clipped to the
         profile's seqlen range; at most ``limit`` (the first of each head-dim x mask)."""
         out: list[dict[str, Any]] = []
         for hd, hdv in self.head_dims:
@@ -294,6 +294,8 @@ class Deployment:
                         out.append({"head_dim": hd, "head_dim_v": hdv, "nheads": self.nheads[0],
                                     "nheads_kv": self.nheads_kv[0], "causal": m == "causal",
                                     "window_size": tuple(ws), "softcap": self.softcap[0], "sink": self.sinks,
+                                    "sink_dtype": self.sink_dtype if self.sinks else "fp32",
+                                    "softmax_scale": self.softmax_scales[0] if self.softmax_scales else None,
                                     "seqlen": s})
         return out[:limit] if limit else out
 
@@ -347,8 +349,10 @@ class Deployment:
                                             f"seqlen_k {list(self.seqlen_k)}"))
         caps = {("off" if c == 0 else f"on:{c:g}"): float(c) for c in self.softcap}
         sp = dataclasses.replace(sp, softcaps=caps, values=dict(sp.values, softcap=tuple(caps)))
-        sp = sp.restrict("sink", (self.sink_dtype,) if self.sinks else ("off",),
-                         f"deployment {self.name}: sinks={self.sinks}" + (f" ({self.sink_dtype})" if self.sinks else ""))
+        # the sink's value is its dtype (the space's own values: off / fp32 / bf16; a profile may ship fp16)
+        sp = dataclasses.replace(sp, values=dict(sp.values, sink=(self.sink_dtype,) if self.sinks else ("off",)),
+                                 notes=dict(sp.notes, sink=f"deployment {self.name}: sinks={self.sinks}"
+                                            + (f" ({self.sink_dtype})" if self.sinks else "")))
         scales = {f"scale:{x:g}": x for x in self.softmax_scales} or {"default": None}
         sp = dataclasses.replace(sp, scales={k: v for k, v in scales.items() if v is not None},
                                  values=dict(sp.values, scale=tuple(scales)),

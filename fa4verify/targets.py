@@ -890,6 +890,8 @@ class ProductionTarget(Target):
             raise Unsupported(why)
         dt = problem.dtype
         if problem.call is not None and problem.call.mla:
+            if lse_only:
+                raise Unsupported("a loss through the LSE alone is not passed on an MLA call form")
             call = problem.call
             with self._mode(), self._emulation():
                 q, qv = self._mla_split(problem, a, "q")

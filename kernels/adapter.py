@@ -1032,7 +1032,7 @@ def mla_backward(q, k, v, qv, out, dout, lse, gather_kv_indices, *, fwd: Optiona
 
 
 def combine(out_partial, lse_partial, *, out_dtype=None, return_lse: bool = True, cu_seqlens=None, seqused=None,
-            virtual_batch_idx=None):
+            virtual_batch_idx=None, out=None):
     """FA4's public ``flash_attn_combine``: merge split partial outputs.
 
     ``out_partial`` (num_splits, batch, seqlen, nheads, d) (fp32/bf16/fp16) and ``lse_partial``
@@ -1042,7 +1042,8 @@ def combine(out_partial, lse_partial, *, out_dtype=None, return_lse: bool = True
     (int32, batch): merge only each sequence's first ``seqused[b]`` rows; ``virtual_batch_idx``
     (int32, batch): kernel slot i merges batch ``virtual_batch_idx[i]`` (the rows no slot or
     used length reaches are left unwritten); a release whose combine lacks one raises
-    :class:`UnsupportedByRelease` when it is given (Note [One adapter for every release]). Returns
+    :class:`UnsupportedByRelease` when it is given (Note [One adapter for every release]). ``out``:
+    the output buffer FA4 writes (a caller's, e.g. NaN-filled to see which rows it leaves). Returns
     ``(out, lse, config)``: ``out`` (batch, seqlen, nheads, d) or (total_q, nheads, d) in
     ``out_dtype`` (default: the partials' dtype), ``lse`` (batch, seqlen, nheads) or (total_q,
     nheads), or None. The arithmetic is modelled by ``fa4verify.kernels.twin_combine``.
@@ -1062,7 +1063,7 @@ def combine(out_partial, lse_partial, *, out_dtype=None, return_lse: bool = True
     fn = interface._flash_attn_fwd_combine
     with _record_keys(fn) as rec, torch.no_grad():
         out, lse = _call_fa4(flash_attn_combine, out_partial, lse_partial, out_dtype=out_dtype, return_lse=return_lse,
-                             cu_seqlens=cu_seqlens, seqused=seqused, virtual_batch_idx=virtual_batch_idx)
+                             cu_seqlens=cu_seqlens, seqused=seqused, virtual_batch_idx=virtual_batch_idx, out=out)
     key = rec.keys[-1] if rec.keys else None
     cfg["compile_key"] = None if key is None else [_jsonable(x) for x in key]
     return out, lse, cfg

@@ -294,3 +294,31 @@ def test_llama3_8b_every_problem_the_audits_checks_run_lies_inside_it(recorded_r
         assert len(recorded_runs) >= 10, (check.__module__, check.__name__, arch)
         for p in recorded_runs:
             assert outside(p, dep, planned=check in (C.production, C.twin)) == [], p.describe()
+
+
+def test_the_live_checks_take_the_profiles_sink_dtype_and_softmax_scale():
+    """The live checks' problems (fa4verify.checks._live) carry a profile's sink dtype and its
+    softmax_scale, as the plan and the fuzz do (a bf16-sink model judged with fp32 sinks, or at a
+    scale it never runs, would be judged outside its profile)."""
+    from fa4verify.checks import _live
+    swa = D.load("swa-sink-hd64")
+    ps = _live.problems(_ctx(swa, "sm90"), "sm90", "bf16")
+    assert ps and all(p.sink and p.sink_dtype == "bf16" and p.softmax_scale is None for p in ps)
+    ps = _live.problems(_ctx(_load("custom"), "sm90"), "sm90", "bf16")
+    assert ps and all(p.softmax_scale == 0.0625 and outside(p, _load("custom"), planned=True) == []
+                      or p.seqlen_q > 100 for p in ps)
+    assert all(p.softmax_scale == 0.0625 for p in ps)
+
+
+def test_an_fp16_sink_profile_plans_fp16_sinks():
+    """A profile may ship fp16 sinks (the plan's own sink values are off / fp32 / bf16): its space
+    holds them, never an empty dimension (which would read as "nothing FA4 supports")."""
+    from fa4verify.coverage.space import space_for
+    dep = D.Deployment.from_mapping({"name": "f16", "sinks": True, "sink_dtype": "fp16"}, "<f16>")
+    assert dep.nothing_supported("sm90", "bf16") is None
+    sp = space_for("sm90", "bf16", deployment=dep, score_pairs=(), mask_pairs=(), mask_pairs_bwd=())
+    assert sp.values["sink"] == ("fp16",)
+    from fa4verify.checks.coverage import build
+    from fa4verify.targets import TwinTarget
+    _, _, problems = build(_ctx(dep, "sm90"), arch="sm90", dtype="bf16", features=TwinTarget().features())
+    assert problems and all(p.sink and p.sink_dtype == "fp16" for p in problems if p.values.distribution != "edges")

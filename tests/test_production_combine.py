@@ -79,36 +79,39 @@ def test_an_exception_in_fa4s_code_is_a_failure_and_one_in_fa4verifys_is_an_erro
 
 class IndexedStandIn(StandIn):
     """A stand-in with the indexed combine (Notes [The varlen combine], [Used rows and virtual
-    batches]): ``cu_seqlens`` / ``seqused`` / ``virtual_batch_idx`` as FA4 reads them, rows it does
-    not write left NaN (FA4's ``torch.empty``). Faults: ``drop_offset``: every sequence's merged rows
-    written from row 0 (the red-team fault ``combine_varlen_out_offset_dropped``); ``slot_length``:
-    the used length read with the slot's index instead of the batch's (the rows a longer length
-    would merge are unspecified, so ignoring ``seqused`` alone is no fault the judge may see)."""
+    batches]): ``cu_seqlens`` / ``seqused`` / ``virtual_batch_idx`` as FA4 reads them, into the
+    caller's ``out`` (rows it does not write keep what was there). Faults: ``drop_offset``: every
+    sequence's merged rows written from row 0 (the red-team fault
+    ``combine_varlen_out_offset_dropped``); ``slot_length``: the used length read with the slot's
+    index instead of the batch's; ``past_used``: ``seqused`` ignored (every row merged);
+    ``ignore_vbi``: the slot mapping ignored (slot i merges batch i)."""
 
-    def __init__(self, drop_offset: bool = False, slot_length: bool = False):
+    def __init__(self, drop_offset=False, slot_length=False, past_used=False, ignore_vbi=False):
         super().__init__()
         self.drop_offset, self.slot_length = drop_offset, slot_length
+        self.past_used, self.ignore_vbi = past_used, ignore_vbi
 
-    def combine_indexed(self, op, lp, out_dtype, cu_seqlens=None, seqused=None, virtual_batch_idx=None):
+    def combine_indexed(self, op, lp, out_dtype, out=None, cu_seqlens=None, seqused=None, virtual_batch_idx=None):
         packed = cu_seqlens is not None
         o4, l4 = (op[:, None], lp[:, None]) if packed else (op, lp)
         full_o, full_l = self.combine(o4, l4, out_dtype)
-        out = torch.full_like(full_o, float("nan"))
+        res = torch.full_like(full_o, float("nan")) if out is None else (out[None] if packed else out)
         lse = torch.full_like(full_l, float("nan"))
         B = len(cu_seqlens) - 1 if packed else op.shape[1]
-        slots = virtual_batch_idx.tolist() if virtual_batch_idx is not None else list(range(B))
+        slots = (virtual_batch_idx.tolist() if virtual_batch_idx is not None and not self.ignore_vbi
+                 else list(range(B)))
         for i, r in enumerate(slots):
             lr = i if self.slot_length else r
-            n = (seqused[lr].item() if seqused is not None else
+            n = (seqused[lr].item() if seqused is not None and not self.past_used else
                  (cu_seqlens[lr + 1] - cu_seqlens[lr]).item() if packed else op.shape[2])
             if packed:
                 src = dst = cu_seqlens[r].item()
                 if self.drop_offset:
                     dst = 0
-                out[0, dst:dst + n], lse[0, dst:dst + n] = full_o[0, src:src + n], full_l[0, src:src + n]
+                res[0, dst:dst + n], lse[0, dst:dst + n] = full_o[0, src:src + n], full_l[0, src:src + n]
             else:
-                out[r, :n], lse[r, :n] = full_o[r, :n], full_l[r, :n]
-        return (out[0], lse[0]) if packed else (out, lse)
+                res[r, :n], lse[r, :n] = full_o[r, :n], full_l[r, :n]
+        return (res[0], lse[0]) if packed else (res, lse)
 
 
 def test_the_varlen_combine_is_judged_and_a_dropped_sequence_offset_fails():
@@ -125,12 +128,16 @@ def test_the_varlen_combine_is_judged_and_a_dropped_sequence_offset_fails():
     assert r.status == "fail" and "varlen" in r.summary, r.summary
 
 
-def test_a_used_length_read_with_the_slots_index_fails():
+@pytest.mark.parametrize("fault, where", [("slot_length", "cu_seqlens+seqused+virtual_batch_idx"),
+                                          ("past_used", "rows outside the used ones"),
+                                          ("ignore_vbi", "virtual_batch_idx, rows outside")])
+def test_a_combine_that_misreads_its_index_arguments_fails(fault, where):
     """Note [Used rows and virtual batches]: a used length looked up with the kernel slot instead
-    of the batch it maps to leaves rows FA4 must write unwritten (NaN here) or merges them wrong."""
-    r = result(run_combine(IndexedStandIn(slot_length=True), shape=(2, 16, 2, 64, 96), splits=(2,)), "CPU")
+    of the batch it maps to, a merge past the used rows, or a slot mapping ignored, each seen: on
+    the rows FA4 must write (NaN when left unwritten) or on the rows it must leave alone."""
+    r = result(run_combine(IndexedStandIn(**{fault: True}), shape=(2, 16, 2, 64, 96), splits=(2,)), "CPU")
     assert r.status == "fail", r.summary
-    assert "cu_seqlens+seqused+virtual_batch_idx" in r.summary, r.summary
+    assert where in r.summary, r.summary
 
 
 def test_used_rows_are_the_mapped_batches_first_used_rows():

@@ -42,7 +42,8 @@ def problems(ctx: CheckContext, arch: str, dtype: str, *, seqlen: int = 512) -> 
             out.append(AttentionProblem(arch=arch, dtype=dtype, batch=1, seqlen_q=c["seqlen"], seqlen_k=c["seqlen"],
                                         nheads=hq, nheads_kv=hk, head_dim=c["head_dim"], head_dim_v=c["head_dim_v"],
                                         causal=c["causal"], window_size=tuple(c["window_size"]),
-                                        softcap=float(c["softcap"]), sink=bool(c["sink"]), values=vs))
+                                        softcap=float(c["softcap"]), sink=bool(c["sink"]),
+                                        sink_dtype=c["sink_dtype"], softmax_scale=c["softmax_scale"], values=vs))
         if not out:
             ctx.skip(f"deployment {dep.name!r} ships no head dims FA4 supports on {arch} "
                      f"({facts.supported_head_dims_text(arch)})")

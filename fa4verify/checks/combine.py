@@ -55,10 +55,13 @@ each sequence; ``seqused`` alone makes the kernel run its varlen scheduler) and
 key (``interface.py`` ``flash_attn_combine`` / ``_flash_attn_fwd_combine``; offsets and lengths
 are read with the real batch index, ``seqlen_info.py``). A row no slot or used length reaches is
 left unwritten (``out`` is ``torch.empty``), so only the used rows of the mapped batches are
-judged, against the exact combine of the same partial rows (:func:`_indexed_rows`): ``seqused``
-alone (batched), ``virtual_batch_idx`` alone (batched, the batches reversed), and both with
-``cu_seqlens``. A fault that reads a sequence's length or offset with the slot's index instead of
-the batch's, or merges past the used length, moves or mixes rows.
+judged, against the exact combine of the same partial rows (:func:`_indexed_rows`), and every
+other row of a NaN-filled ``out`` must stay NaN (FA4 writes only those: a merge past a used length
+or into a batch no slot maps to shows there): ``seqused`` alone (batched), ``virtual_batch_idx``
+alone (batched, every slot on the last batch: the others are never written), and both with
+``cu_seqlens`` (the sequences reversed). A fault that reads a sequence's length or offset with the
+slot's index instead of the batch's, ignores the mapping, or merges past the used length, moves,
+mixes or adds rows.
 """
 from __future__ import annotations
 
@@ -255,7 +258,7 @@ def _indexed_rows(kernel: Any, op, lp, out_dtype, dtype: str) -> list:
         return []
     S, b, sq, h, d = op.shape
     used = [max(1, (sq * (i + 1)) // (b + 2)) for i in range(b)]          # each below its length, distinct
-    vbi = list(range(b))[::-1]
+    vbi = [b - 1] * b                      # every slot on the last batch: the others stay unwritten
     lens = varlen_lengths(b * sq)
     plens = list(lens)
     pused = [max(1, n - 1 - i) for i, n in enumerate(plens)]
@@ -272,10 +275,17 @@ def _indexed_rows(kernel: Any, op, lp, out_dtype, dtype: str) -> list:
     for label, o_in, l_in, kw, ls, us, vb, offs in cases:
         if not all(combine_takes(k) for k in kw):
             continue          # an older release: its combine has no such keyword (reported by the check)
-        out, lse = kernel.combine_indexed(o_in, l_in, out_dtype, **kw)
+        shape = o_in.shape[1:]                         # (b, sq, h, d) batched, (total, h, d) packed
+        out, lse = kernel.combine_indexed(o_in, l_in, out_dtype, out=torch.full(shape, float("nan"), dtype=out_dtype,
+                                                                                device=o_in.device), **kw)
         rows = used_rows(ls, us, vb, offs)
         bi = torch.tensor([r for r, _ in rows])
         mi = torch.tensor([m for _, m in rows])
+        o3 = out.cpu() if offs is None else out.cpu()[None]
+        written = ~torch.isnan(o3).all(-1).all(-1)     # (b, rows) or (1, total): rows FA4 wrote
+        want = torch.zeros_like(written)
+        want[bi, mi] = True
+        stray = written & ~want
         if offs is not None:                 # packed: (S, total, h[, d]) -> one batch
             o_in, l_in, out = o_in[:, None], l_in[:, None], out[None]
             lse = None if lse is None else lse[None]
@@ -287,6 +297,12 @@ def _indexed_rows(kernel: Any, op, lp, out_dtype, dtype: str) -> list:
                                      dtype=dtype, arch=kernel.arch)
         out_rows += [dataclasses.replace(vo, name=f"combine_out ({label})"),
                      dataclasses.replace(vl, name=f"combine_lse ({label})")]
+        if stray.any():         # rows FA4 must leave alone were written
+            n = int(stray.sum())
+            out_rows.append(dataclasses.replace(
+                vo, name=f"combine_out ({label}, rows outside the used ones)", status="fail", tightness=float("inf"),
+                reason=f"{n} row(s) no used length or mapped batch reaches were written, first "
+                       f"{tuple(int(x) for x in stray.nonzero()[0])}"))
     return out_rows
 
 
@@ -306,9 +322,11 @@ class _Fa4:
         out, lse, self.last_config = self.ad.combine(op, lp, out_dtype=out_dtype)
         return out, lse
 
-    def combine_indexed(self, op, lp, out_dtype, **index):
-        """The combine with ``cu_seqlens`` / ``seqused`` / ``virtual_batch_idx`` (int32 tensors)."""
-        out, lse, _ = self.ad.combine(op, lp, out_dtype=out_dtype, **{k: v.to(op.device) for k, v in index.items()})
+    def combine_indexed(self, op, lp, out_dtype, out=None, **index):
+        """The combine with ``cu_seqlens`` / ``seqused`` / ``virtual_batch_idx`` (int32 tensors) into
+        ``out`` (a caller's buffer, or FA4's own)."""
+        out, lse, _ = self.ad.combine(op, lp, out_dtype=out_dtype, out=out,
+                                      **{k: v.to(op.device) for k, v in index.items()})
         return out, lse
 
 

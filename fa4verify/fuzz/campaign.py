@@ -219,15 +219,29 @@ def _violation(problem: AttentionProblem, target: Target, properties, backward, 
     return None
 
 
-def _polish(problem: AttentionProblem, v: Violation, violation, *, budget: int = 40
-            ) -> tuple[AttentionProblem, Violation]:
+#: strategy limits that confine a draw to a deployment's space: a polished case must stay inside
+_CONFINING = ("head_count_choices", "seqlen_q_range", "seqlen_k_range", "mask_choices", "window_choices",
+              "softcap_choices", "sinks", "scale_choices")
+
+
+def _polish(problem: AttentionProblem, v: Violation, violation, *, budget: int = 40,
+            limits: Optional[Mapping[str, Any]] = None) -> tuple[AttentionProblem, Violation]:
     """Note [Polishing the shrunk case]: Hypothesis's shrinker stops at a local minimum that depends
     on the path its draws took (a seqlen of 3 where 1 fails the same way). Greedy passes over the plain fields of a dense problem without a call form -- batch 1,
     fewer heads, seqlen_q and seqlen_k towards 1, head dim 8 -- keep each change under which the
     same property still fails (``violation(p)``: the unabsorbed violation or None), at most
-    ``budget`` checks. Varlen, call-form and mod problems are returned as shrunk."""
-    if problem.varlen or problem.call is not None or problem.mods or problem.mask_mod is not None:
+    ``budget`` checks, each required to fail the same property on the same quantity. Returned as
+    shrunk: varlen, call-form and mod problems, a ``runs`` failure (a crash can leave the device
+    failing every later call: it would "reduce" to anything), and a campaign confined to a
+    deployment (``limits``: its head counts and lengths; a head dim 8 only where the draw allows it).
+    """
+    lim = dict(limits or {})
+    if (problem.varlen or problem.call is not None or problem.mods or problem.mask_mod is not None
+            or v.prop == "runs" or any(lim.get(k) is not None for k in _CONFINING)):
         return problem, v
+    hd_ok = lim.get("head_dim_choices") is None or any(
+        (c if isinstance(c, int) else tuple(c)) in (8, (8, 8)) for c in lim["head_dim_choices"])
+    quantity = v.metrics.get("quantity")
 
     def candidates(p: AttentionProblem):
         yield dict(batch=1)
@@ -238,7 +252,7 @@ def _polish(problem: AttentionProblem, v: Violation, violation, *, budget: int =
             x = getattr(p, n)
             for y in (1, x // 2, x - 1):
                 yield {n: y}
-        if p.head_dim == p.head_dim_v:
+        if p.head_dim == p.head_dim_v and hd_ok:
             yield dict(head_dim=8, head_dim_v=8)
     checks = 0
     improved = True
@@ -254,7 +268,7 @@ def _polish(problem: AttentionProblem, v: Violation, violation, *, budget: int =
                 continue
             checks += 1
             w = violation(cand)
-            if w is not None and w.prop == v.prop:
+            if w is not None and w.prop == v.prop and w.metrics.get("quantity") == quantity:
                 problem, v, improved = cand, w, True
     return problem, v
 
@@ -393,11 +407,12 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
             raise
         problem, v = last
         shrunk = problem
-        problem, v = _polish(problem, v, lambda p: _violation(p, target, properties, backward, strict_known))
+        problem, v = _polish(problem, v, lambda p: _violation(p, target, properties, backward, strict_known),
+                             limits=lim)
         fail = {"property": v.prop, "message": v.message, "metrics": _jsonable(v.metrics),
                 "problem": problem.to_dict(), "describe": problem.describe(), "work": problem.work}
         if problem != shrunk:
-            fail["polished_from"] = shrunk.describe()
+            fail["polished_from"] = shrunk.to_dict()
         if cases_dir is not None:
             try:
                 path = write_case(cases_dir, problem, v, target=target, profile=pname, seed=seed)

@@ -454,8 +454,11 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                          undecided)
 
     if "inference_bitwise" in props:
+        from fa4verify.targets import Target
         if problem.call is None or not problem.call.inference:
             skipped["inference_bitwise"] = "needs a call form that asks for the inference call (CallForm.inference)"
+        elif getattr(type(target), "forward_inference", None) is Target.forward_inference:
+            skipped["inference_bitwise"] = f"{target.name} has no inference call of its own (its forward is one)"
         else:
             ran.append("inference_bitwise")
             oi = _run_target(problem, target.forward_inference, problem, a)
@@ -553,7 +556,9 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                                                    kernel_fwd=(fwd.out, fwd.lse),
                                                    tensor_core=getattr(target, "tensor_core", None))
                     except (DependencyMissing, KeyError) as e:
-                        skipped["bwd_budget"] = f"backward budget unavailable: {e}"
+                        for q in ("bwd_budget", "bwd_stages"):
+                            if q in props:
+                                skipped[q] = f"backward budget unavailable: {e}"
                         allow = None
                     if allow is not None:
                         obwd, allow = judge.tie_mla(problem, obwd, allow, stats)
@@ -570,8 +575,10 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
                             passes = True
                         if "bwd_stages" in props and target.autograd_unsupported(problem) is None:
                             try:
-                                _judge_autograd(problem, a, fwd, target, deterministic, obwd, allow, stats, dl, g_dl,
-                                                metrics, undecided, ref_out)
+                                why = _judge_autograd(problem, a, fwd, target, deterministic, obwd, allow, stats, dl,
+                                                      g_dl, metrics, undecided, ref_out)
+                                if why is not None:
+                                    skipped["bwd_stages.autograd_dlse"] = why
                                 passes = True
                             except Unsupported as e:      # the release's public path refuses: said, not run
                                 skipped["bwd_stages.autograd"] = f"the public autograd path: {e}"
@@ -686,7 +693,7 @@ def _seeded_dlse(problem: AttentionProblem, fwd: Any, sd: float = 0.5) -> np.nda
 
 def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Any, deterministic: bool,
                     obwd: Any, allow: Mapping[str, np.ndarray], stats: Any, dl: Optional[np.ndarray],
-                    g_dl: Any, metrics: dict, undecided: dict, ref_out: Any) -> None:
+                    g_dl: Any, metrics: dict, undecided: dict, ref_out: Any) -> Optional[str]:
     """Part of ``bwd_stages`` (Note [The public autograd path] in fa4verify/targets.py), on every
     call without a call form (varlen included; the taps' dLSE pass is dense only): the gradients
     of FA4's public autograd path within the driver's budgets (the same kernels: a violation is
@@ -695,7 +702,9 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     dLSE pass already ran it; a difference is the autograd glue's: the kernels are deterministic).
     A sparse MLA call (Note [The sparse MLA backward]), whose driver takes no dLSE: the public
     path's gradients given a seeded ``dlse`` against the oracle's with it, within the composed
-    budgets with dLSE (pass ``autograd_dlse``)."""
+    budgets with dLSE (pass ``autograd_dlse``). With ``deterministic`` and a dLSE, also a loss
+    through the LSE alone (pass ``autograd_lse_only``). Returns why the passes with a dLSE did not
+    run, or None."""
     ga = _run_target(problem, target.backward_autograd, problem, a, deterministic=deterministic)
     # undecided where the driver's is (the same budgets): said there
     _judge_grads(problem, a, fwd, ga, obwd, allow, stats, metrics, {}, pass_="autograd")
@@ -711,7 +720,9 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
         _judge_dlse_grads(problem, a, fwd, gd, dl, target, stats, ref_out, metrics, undecided, pass_="autograd_dlse")
         return
     if not deterministic or target.dlse_unsupported(problem) is not None:
-        return
+        return ("the autograd passes with a gradient through the LSE (bitwise vs the driver; the LSE "
+                "alone) run on a deterministic backward only" if not deterministic
+                else f"the autograd passes with a gradient through the LSE: {target.dlse_unsupported(problem)}")
     if dl is None or g_dl is None:
         dl = _seeded_dlse(problem, fwd)
         g_dl = _run_target(problem, target.backward, problem, a, fwd, deterministic=True, dlse=dl)
@@ -731,6 +742,7 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     gl = _run_target(problem, target.backward_autograd, problem, a, deterministic=True, dlse=dl, lse_only=True)
     _judge_dlse_grads(problem, dict(a, dout=np.zeros_like(a["dout"])), fwd, gl, dl, target, stats, ref_out, metrics,
                       undecided, pass_="autograd_lse_only")
+    return None
 
 
 def _unseen_keys(problem: AttentionProblem) -> np.ndarray:

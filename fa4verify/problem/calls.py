@@ -286,6 +286,8 @@ class CallForm:
 
     def validate(self, problem: Any) -> None:
         """Raise ValueError when this call form cannot carry ``problem`` (FA4's constraints)."""
+        if self.mask_causal and self.rearranges:
+            raise ValueError("mask_causal rides on the plain call of a mask pair only, not on another call form")
         if self.mla:
             self._validate_mla(problem)
         if self.seqused_k:
