@@ -862,8 +862,8 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
     * ``packed_cpasync_192`` (SM90, causal and not): 14 query / 2 KV heads at a head dim whose
       forward tile_m is 192 (hd <= 96), so PackGQA loads Q with cp.async and each producer thread
       keeps two row pointers (``pack_gqa.py`` ``compute_ptr``), past 128 packed rows;
-    * ``seqused_k_packed_q_batched``: Q batched (no ``cu_seqlens_q``) over K/V packed at capacity
-      offsets with ``seqused_k`` (causal: the diagonal follows each sequence's used keys);
+    * ``seqused_k_packed_q_batched``: GQA 4/2, Q batched (no ``cu_seqlens_q``) over K/V packed at
+      capacity offsets with ``seqused_k`` (causal: the diagonal follows each sequence's used keys);
     * ``mask_mod_causal_passed``: a mask pair (``document``, else ``sliding_window``) whose call also
       passes ``causal=True`` (FA4's forward drops it; the backward must too);
     * ``half_negative_window_left`` / ``_right``: windows (-2, 2) and (3, -1), one side negative
@@ -891,14 +891,15 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
             batch=1, seqlen_q=128, seqlen_k=150, nheads=4, nheads_kv=2, head_dim=d, head_dim_v=dv, mods=(pair,),
             call=CallForm(pack_gqa=False), values=vals(), **base),
             _runs_bwd(space, form="score_mod", hd=name, gqa="2_unpacked", mask="none")))
-    if "seqused_k" in forms and "1" in gqas:
-        # Q batched (no cu_seqlens_q) over K/V packed at capacity offsets (cu_seqlens_k, seqused_k)
+    if "seqused_k" in forms and "2" in gqas:
+        # Q batched (no cu_seqlens_q) over K/V packed at capacity offsets (cu_seqlens_k, seqused_k),
+        # GQA (the other packed-K edges are MHA)
         sks = (90, 17, 0)
         out.append(("seqused_k_packed_q_batched", AttentionProblem(
-            batch=3, seqlens_q=(70, 70, 70), seqlens_k=sks, seqlen_q=70, seqlen_k=max(sks), nheads=2, nheads_kv=2,
+            batch=3, seqlens_q=(70, 70, 70), seqlens_k=sks, seqlen_q=70, seqlen_k=max(sks), nheads=4, nheads_kv=2,
             head_dim=d, head_dim_v=dv, causal="causal" in space.values["mask"], values=vals(),
             call=CallForm(seqused_k=True, kv_capacity=160, kv_packed=True, q_batched=True), **base),
-            _runs_bwd(space, form="seqused_k", hd=name, gqa="1",
+            _runs_bwd(space, form="seqused_k", hd=name, gqa="2",
                       mask="causal" if "causal" in space.values["mask"] else "none")))
     # a mask pair whose call also passes causal=True: FA4's forward drops causal for a mask_mod; its
     # backward resolves the window without the mask_mod (interface.py), so it may not (a prediction
