@@ -167,19 +167,26 @@ def _used_rows(x: np.ndarray, used) -> np.ndarray:
     return np.concatenate(parts) if parts else x.reshape((0,) + x.shape[2:])
 
 
+def to_problem_out(problem, out: np.ndarray) -> np.ndarray:
+    """O of the call in the problem's varlen layout ``(total_q, h, dv)``."""
+    out = np.asarray(out, np.float64)
+    if problem.call.seqused_q:
+        return _used_rows(_capacity_rows(problem, out), problem.seqlens_q)
+    if problem.call.q_batched:
+        return out.reshape(problem.batch * problem.seqlen_q, problem.nheads, -1)
+    return out
+
+
 def to_problem_fwd(problem, out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """O and LSE of the call in the problem's varlen layout ((total_q, h, dv), (h, total_q))."""
-    out = np.asarray(out, np.float64)
     lse = np.asarray(lse, np.float64)
     if problem.call.seqused_q:
-        used = problem.seqlens_q
         if problem.call.q_packed:              # (h, batch * cap) -> (batch, h, cap)
             lse = lse.reshape(lse.shape[0], problem.batch, -1).transpose(1, 0, 2)
-        return _used_rows(_capacity_rows(problem, out), used), _used_rows(lse.transpose(0, 2, 1), used).T
-    if problem.call.q_batched:
-        b, sq, h = problem.batch, problem.seqlen_q, problem.nheads
-        return out.reshape(b * sq, h, -1), lse.transpose(1, 0, 2).reshape(h, b * sq)
-    return out, lse
+        lse = _used_rows(lse.transpose(0, 2, 1), problem.seqlens_q).T
+    elif problem.call.q_batched:
+        lse = lse.transpose(1, 0, 2).reshape(problem.nheads, problem.batch * problem.seqlen_q)
+    return to_problem_out(problem, out), lse
 
 
 def to_call_lse(problem, x: np.ndarray) -> np.ndarray:

@@ -776,10 +776,7 @@ class ProductionTarget(Target):
             out = np.zeros(tuple(r.out.shape)) if self.fake else self._np(r.out)
             if problem.call is not None and problem.call.batched_layout:
                 from fa4verify import call_layout
-                h = problem.nheads
-                rows = out.shape[0] * (out.shape[1] if out.ndim == 4 else 1)
-                out, _ = call_layout.to_problem_fwd(problem, out, np.zeros(
-                    (out.shape[0], h, out.shape[1]) if out.ndim == 4 else (h, rows)))
+                out = call_layout.to_problem_out(problem, out)
             return Fwd(out, None)
         if self.fake:
             out, lse = np.zeros(tuple(r.out.shape)), np.zeros(tuple(r.lse.shape))
@@ -921,7 +918,7 @@ class ProductionTarget(Target):
                 if problem.call is not None and problem.call.pack_gqa is not None:
                     kw["pack_gqa"] = problem.call.pack_gqa
                 q, k, v, do = (self._t(a[n], dt) for n in ("q", "k", "v", "dout"))
-            if dlse is not None and rearranged:          # the call's own LSE layout
+            if dlse is not None and rearranged and problem.call.batched_layout:    # the call's own LSE layout
                 from fa4verify import call_layout
                 dlse = call_layout.to_call_lse(problem, dlse)
             dl = None if dlse is None else self._t(np.ascontiguousarray(dlse, np.float32), None)
@@ -979,15 +976,15 @@ class ProductionTarget(Target):
             if dlse is not None:
                 if (why := self.dlse_unsupported(problem)) is not None:
                     raise Unsupported(why)
+                if problem.call is not None and problem.call.batched_layout:    # the call's own LSE layout
+                    from fa4verify import call_layout
+                    dlse = call_layout.to_call_lse(problem, dlse)
                 dl = {"dlse": self._t(np.ascontiguousarray(dlse, np.float32), None)}
             if problem.call is not None and problem.call.rearranges:
                 if fwd.native is None:
                     raise Unsupported("a call-form backward needs the forward's own O and LSE tensors")
                 q, k, v, do, kw = self._call_kw(problem, a, backward=True, deterministic=deterministic)
                 kw.pop("page_table", None)
-                if dlse is not None:         # the call's own LSE layout
-                    from fa4verify import call_layout
-                    dl = {"dlse": self._t(call_layout.to_call_lse(problem, dlse), None)}
                 r = self._call(self._ad.backward, q, k, v, out, do, lse, deterministic=deterministic,
                                **self._poisoned(q, k, v), **dl, **kw)
             else:
