@@ -287,12 +287,14 @@ def resolve(names_: Iterable[str]) -> tuple[Optional[ModPair], Optional[ModPair]
 def aux_for(problem, pair: ModPair, arrays=None) -> AuxValues:
     """The aux data of ``pair`` in ``problem``: the arrays ``arrays["mod_aux"][pair.name]`` when
     the caller gives them (real data; an :class:`AuxValues` there brings its own scalars), else
-    the pair's factory, and the aux scalars, at the problem's ``mod_seed`` where not given."""
+    the pair's factory, and the aux scalars, at the problem's ``mod_seed`` where not given; the
+    compile-time constants always at the problem's ``mod_seed`` (they name the CuTe function)."""
     given = (arrays or {}).get("mod_aux") or {}
     if pair.name in given:
         g = given[pair.name]
-        scalars = getattr(g, "scalars", None) or pair.make_scalars(int(getattr(problem, "mod_seed", 0)))
-        return AuxValues([np.asarray(x) for x in g], scalars)
+        seed = int(getattr(problem, "mod_seed", 0))
+        scalars = getattr(g, "scalars", None) or pair.make_scalars(seed)
+        return AuxValues([np.asarray(x) for x in g], scalars, pair.make_constants(seed))
     return pair.make_aux(ModShape(problem.batch, problem.nheads, problem.seqlen_q, problem.seqlen_k),
                          seed=int(getattr(problem, "mod_seed", 0)))
 

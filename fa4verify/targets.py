@@ -661,7 +661,8 @@ class ProductionTarget(Target):
                 raise Unsupported("two mod pairs with aux scalars: FA4 shares one aux_scalars tuple")
             aux = aux or list(aux_p)
             scalars = scalars or aux_p.scalars
-            kw.update({n: x for n, x in pair.kw_fa4(aux_scalars=aux_p.scalars).items() if n != "aux_tensors"})
+            kw.update({n: x for n, x in pair.kw_fa4(aux_scalars=aux_p.scalars,
+                                                                constants=aux_p.constants).items() if n != "aux_tensors"})
         if aux:
             kw["aux_tensors"] = [self._t(np.asarray(x), None) for x in aux]
         return kw

@@ -30,7 +30,15 @@ FA4's contract (flash-attn-4 4.0.0b36, read from the installed source):
 
 References take numpy arrays broadcast to one (batch entry, head) block: ``b``, ``h`` ints,
 ``q_idx`` (lq, 1), ``kv_idx`` (1, lk), ``scores`` (lq, lk) float64, ``aux`` the list of numpy
-aux arrays (:class:`AuxValues`: its ``scalars`` are the call's aux scalars, fp32 values). CuTe functions are built lazily (:meth:`ModPair.cute`), ``None`` without the DSL.
+aux arrays (:class:`AuxValues`: its ``scalars`` are the call's aux scalars, its ``constants`` the
+compile-time constants of a pair family, both fp32 values). CuTe functions are built lazily
+(:meth:`ModPair.cute`), ``None`` without the DSL.
+
+* Compile-time constants: a factory that builds its mod with ``def score_mod(..., c=c)`` bakes
+  ``c`` into the kernel; FA4's ``utils._compute_base_hash`` hashes ``__defaults__`` /
+  ``__kwdefaults__`` ("Factory-generated score/mask modifiers often capture specialization values
+  as defaults"), so two such mods that differ only in ``c`` must compile apart. A pair with
+  ``constants`` (:func:`default_slope`) is that factory: one CuTe function per constant value.
 """
 from __future__ import annotations
 
@@ -40,7 +48,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["ModShape", "ModPair", "AuxValues", "alibi", "scalar_bias", "rel_bias", "rel_scale", "softcap_mod",
+__all__ = ["ModShape", "ModPair", "AuxValues", "alibi", "scalar_bias", "default_slope", "rel_bias", "rel_scale", "softcap_mod",
            "document_mask", "prefix_lm", "head_window",
            "sliding_window", "causal_mask", "checkerboard", "library", "U32"]
 
@@ -61,11 +69,13 @@ class ModShape:
 class AuxValues(list):
     """A pair's aux data as its references read it: the list of aux arrays (``aux_tensors``, as
     numpy) with ``scalars``, the call's ``aux_scalars`` as Python floats holding fp32 values
-    (what the kernel receives), () when the pair takes none."""
+    (what the kernel receives), and ``constants``, the compile-time constants the call's CuTe
+    function bakes in (fp32 values); () when the pair takes none."""
 
-    def __init__(self, arrays=(), scalars=()) -> None:
+    def __init__(self, arrays=(), scalars=(), constants=()) -> None:
         super().__init__(arrays)
         self.scalars: tuple[float, ...] = _fp32(scalars)
+        self.constants: tuple[float, ...] = _fp32(constants)
 
 
 def _fp32(values) -> tuple[float, ...]:
@@ -91,6 +101,11 @@ class ModPair:
       handed to FA4 as ``cutlass.Float32`` and to ``ref`` as ``aux.scalars``), or None. Drawn at
       the problem's ``mod_seed``: two calls that differ only there share FA4's kernel (its key
       holds the scalars' types) and must each compute with their own values.
+    * ``constants``: ``numpy Generator -> [floats]``, compile-time constants (rounded to fp32)
+      drawn at the problem's ``mod_seed``, handed to ``build(*constants)`` -- whose CuTe
+      functions bake them in as default arguments -- and to ``ref`` as ``aux.constants``; or
+      None. Two calls that differ only there hand FA4 two functions that differ only in
+      ``__defaults__``: FA4's key must tell them apart.
     * ``lipschitz``: ``sup |dy/dx|``; the composed budgets assume <= 1 (the judge reports a pair
       above it undecided: error_budgets/DERIVATIONS.md#score-mod).
     * ``equivalent``: the FA4 built-in this pair equals, computed with the built-in's own
@@ -109,6 +124,7 @@ class ModPair:
     err: Optional[Callable[..., np.ndarray]] = None
     aux: Optional[Callable[[ModShape, np.random.Generator], list]] = None
     scalars: Optional[Callable[[np.random.Generator], Sequence[float]]] = None
+    constants: Optional[Callable[[np.random.Generator], Sequence[float]]] = None
     lipschitz: float = 1.0
     curvature: float = 0.0                 #: sup |d^2 y / dx^2| (the oracle's bound on grad)
     equivalent: dict = field(default_factory=dict)
@@ -123,33 +139,39 @@ class ModPair:
         object.__setattr__(self, "_cache", {})
 
     # -- CuTe side (lazy)
-    def _built(self):
+    def _built(self, constants: Sequence[float] = ()):
         c = self._cache           # type: ignore[attr-defined]
-        if "fns" not in c:
+        key = ("fns", tuple(constants))
+        if key not in c:
             if self.build is None:
-                c["fns"] = (None, None)
+                c[key] = (None, None)
             else:
                 try:
                     import cutlass.cute  # noqa: F401
                 except Exception:          # no CUTLASS DSL: the references still work
-                    c["fns"] = (None, None)
+                    c[key] = (None, None)
                 else:
-                    c["fns"] = tuple(self.build())
-        return c["fns"]
+                    # one function object per constant value: FA4 hashes it once (``__cute_hash__``)
+                    c[key] = tuple(self.build(*constants) if self.constants is not None else self.build())
+        return c[key]
 
-    def cute(self):
-        """The CuTe DSL ``score_mod`` / ``mask_mod`` (None without nvidia-cutlass-dsl)."""
-        return self._built()[0]
+    def _constants_or_default(self, constants: Optional[Sequence[float]]) -> tuple[float, ...]:
+        return tuple(constants) if constants is not None else self.make_constants(0)
 
-    def cute_bwd(self):
+    def cute(self, constants: Optional[Sequence[float]] = None):
+        """The CuTe DSL ``score_mod`` / ``mask_mod`` (None without nvidia-cutlass-dsl), built with
+        ``constants`` (a pair with :attr:`constants`; default: those at seed 0)."""
+        return self._built(self._constants_or_default(constants))[0]
+
+    def cute_bwd(self, constants: Optional[Sequence[float]] = None):
         """The CuTe DSL ``score_mod_bwd`` (score pairs; None for masks or without the DSL)."""
-        return self._built()[1]
+        return self._built(self._constants_or_default(constants))[1]
 
     # -- data side
     def make_aux(self, shape: ModShape, seed: int = 0) -> AuxValues:
         arrays = [] if self.aux is None else [np.ascontiguousarray(x)
                                               for x in self.aux(shape, np.random.default_rng(seed))]
-        return AuxValues(arrays, self.make_scalars(seed))
+        return AuxValues(arrays, self.make_scalars(seed), self.make_constants(seed))
 
     def make_scalars(self, seed: int = 0) -> tuple[float, ...]:
         """The runtime aux scalars at ``seed`` (fp32 values; () for a pair without)."""
@@ -157,15 +179,23 @@ class ModPair:
             return ()
         return _fp32(self.scalars(np.random.default_rng([int(seed), 1])))
 
-    def kw_fa4(self, aux_torch=None, aux_scalars: Sequence[float] = ()) -> dict[str, Any]:
+    def make_constants(self, seed: int = 0) -> tuple[float, ...]:
+        """The compile-time constants at ``seed`` (fp32 values; () for a pair without)."""
+        if self.constants is None:
+            return ()
+        return _fp32(self.constants(np.random.default_rng([int(seed), 2])))
+
+    def kw_fa4(self, aux_torch=None, aux_scalars: Sequence[float] = (),
+               constants: Optional[Sequence[float]] = None) -> dict[str, Any]:
         """Keyword arguments for ``fa4verify.kernels.adapter.forward`` / ``backward``
-        (``aux_scalars``: the call's, :meth:`make_scalars`)."""
+        (``aux_scalars``: the call's, :meth:`make_scalars`; ``constants``: the call's,
+        :meth:`make_constants`)."""
         kw: dict[str, Any] = {}
         if self.kind == "score":
-            kw["score_mod"] = self.cute()
-            kw["score_mod_bwd"] = self.cute_bwd()
+            kw["score_mod"] = self.cute(constants)
+            kw["score_mod_bwd"] = self.cute_bwd(constants)
         else:
-            kw["mask_mod"] = self.cute()
+            kw["mask_mod"] = self.cute(constants)
         if aux_torch:
             kw["aux_tensors"] = list(aux_torch)
         if aux_scalars:
@@ -393,6 +423,47 @@ def scalar_bias() -> ModPair:
                    description="bias x + s0 - s1 |q - kv| with (s0, s1) FA4's runtime aux_scalars")
 
 
+SLOPE_RANGE = (2.0 ** -6, 0.25)
+
+
+def default_slope() -> ModPair:
+    """A bias whose slope is compiled in as a default argument: ``y = x - c |q_idx - kv_idx|``,
+    ``c`` uniform in :data:`SLOPE_RANGE` (fp32), drawn at the problem's ``mod_seed`` -- the
+    factory idiom ``def score_mod(..., slope=c)`` that FA4's callable hash reads ``__defaults__``
+    for. Two calls that differ only in ``c`` hand FA4 functions of equal source and no closure:
+    only the defaults tell their kernels apart (the sequences machine varies ``c`` on one key:
+    attribute ``mod_defaults``).
+
+    Kernel error (fp32): ``|q - kv|`` converts exactly (< 2^24), ``c * d`` and the subtraction
+    round once each (or fuse into one FMA): ``err <= gamma(2) (|x| + c d)``."""
+    def constants(rng):
+        return (rng.uniform(*SLOPE_RANGE),)
+
+    def ref(x, b, h, qi, ki, a):
+        return x - a.constants[0] * _absdiff(qi, ki)
+
+    def err(x, y, b, h, qi, ki, a):
+        g2 = 2 * U32 / (1 - 2 * U32)
+        return g2 * (np.abs(x) + a.constants[0] * _absdiff(qi, ki))
+
+    def build(c):
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass._mlir.dialects import math as mlir_math
+
+        @cute.jit
+        def default_slope_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors, slope=c):
+            diff = q_idx - kv_idx
+            dist = cute.TensorSSA(mlir_math.absi(diff), diff.shape, diff.dtype).to(cutlass.Float32)
+            return score - dist * slope
+        return default_slope_score, _identity_bwd()
+
+    return ModPair("default_slope", "score", ref, build, grad=lambda x, *r: np.ones_like(x), err=err,
+                   constants=constants, features=("score_mod", "score_mod_bwd"),
+                   description=(f"bias x - c |q - kv|, c in [{SLOPE_RANGE[0]:g}, {SLOPE_RANGE[1]:g}] compiled in "
+                                "as the score_mod's default argument (drawn at mod_seed)"))
+
+
 SOFTCAP = 30.0
 
 
@@ -617,5 +688,5 @@ WINDOW = (128, 0)
 
 def library() -> list[ModPair]:
     """fa4verify's built-in pairs (the default parameters the GPU script and tests use)."""
-    return [alibi(), rel_bias(), rel_scale(), scalar_bias(), softcap_mod(), document_mask(), prefix_lm(),
+    return [alibi(), rel_bias(), rel_scale(), scalar_bias(), default_slope(), softcap_mod(), document_mask(), prefix_lm(),
             head_window(), sliding_window(*WINDOW), causal_mask(), checkerboard()]

@@ -132,7 +132,7 @@ def test_aux_scalar_values_are_varied_and_a_kernel_that_bakes_them_is_found(tmp_
     monkeypatch.setattr(adapter, "fa4_interface", lambda: release)
     monkeypatch.setattr(adapter, "_require_cuda", lambda: None)
     t = machine.SequenceProductionTarget(adapter=adapter, device="cpu")
-    r = machine.run_sequences(t, examples=12, steps=5, seed=3, target_spec=None, replay_fresh=False)
+    r = machine.run_sequences(t, examples=30, steps=5, seed=3, target_spec=None, replay_fresh=False)
     if mode == "runtime":
         assert r.failure is None and r.judged > 0, (r.failure, r.unsupported, r.errors)
         assert r.exercised.get("aux_scalars", 0) > 0, r.exercised
@@ -173,12 +173,22 @@ def test_the_constructed_sequence_varies_every_attribute_the_installed_key_leave
     calls = machine.constructed_calls("sm90")
     out = sorted(key.left_out())
     assert out and set(out) <= set(machine.VARY)
+    assert {"softcap", "mod_defaults"} <= set(machine.BY_CALLABLE)
+
+    def softcap_step(x, y):             # y is x with another softcap (a score_mod closure constant)
+        return (x.problem.softcap and y.problem.softcap and x.problem.softcap != y.problem.softcap
+                and y.problem.replace(softcap=x.problem.softcap) == x.problem)
     varied = set()
     for i, c in enumerate(calls[1:], 1):
         if (c.problem.sink != calls[0].problem.sink and c.problem.sink_dtype == "fp32"
                 and c.problem.replace(sink=False) == calls[0].problem):
             varied.add("sink")          # in the forward key only: the backward kernel is shared
             continue
+        if softcap_step(calls[i - 1], c):
+            varied.add("softcap")       # carried by the callable hash: varied whatever the key reading says
+            continue
+        if i + 1 < len(calls) and softcap_step(c, calls[i + 1]):
+            continue                    # the softcap base, varied by the next call
         # the call it varies: the base, or the call just before (a base of its own: sink, pair)
         if c.key_config() == calls[0].key_config():
             ref = calls[0]
@@ -191,7 +201,7 @@ def test_the_constructed_sequence_varies_every_attribute_the_installed_key_leave
         changed = {n for n in b if a.get(n) != b[n]}
         assert changed, c.describe()
         varied |= changed
-    assert set(out) <= varied, sorted(set(out) - varied)
+    assert set(out) | set(machine.BY_CALLABLE) <= varied, sorted(set(out) | set(machine.BY_CALLABLE) - varied)
     with pytest.raises(ValueError, match="no constructed neighbour varies"):
         machine.constructed_calls("sm90", attributes=["made_up"])
 
@@ -204,7 +214,9 @@ def test_the_constructed_sequence_skips_what_it_cannot_vary_and_varies_the_key_f
     window a local mask), softcap from 5 to 30 (softcap 0 has no score_mod to share)."""
     monkeypatch.setattr(key, "left_out", lambda: {"softmax_scale": ["fwd"], "made_up": ["fwd"]})
     calls = machine.constructed_calls("sm90")
-    assert len(calls) == 2 and calls[1].problem.softmax_scale != calls[0].problem.softmax_scale
+    assert sum(c.problem.softmax_scale != calls[0].problem.softmax_scale for c in calls) == 1
+    # then each attribute carried by the callable hash: a base of its own and its neighbour
+    assert len(calls) == 2 + 2 * len(machine.BY_CALLABLE), [c.describe() for c in calls]
     c = machine.constructed_calls("sm90", attributes=["causal", "softcap", "gqa_ratio", "window_left",
                                                       "window_right"])
     d = [x.describe() for x in c]
@@ -240,6 +252,59 @@ def test_the_constructed_sequence_finds_frozen_scalars_and_passes_runtime_ones(t
             assert [c["problem"]["mods"] for c in r.failure["calls"]] == [["scalar_bias"]] * 2
 
 
+def _fake_release(tmp_path, name, **kw):
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(os.path.dirname(__file__), "fixtures", "fake_fa4_release.py"))
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    return fake.load(tmp_path, **kw)
+
+
+@pytest.mark.fa4          # the pair's CuTe function (the DSL) is what the fake release is handed
+def test_a_constant_captured_as_a_default_is_varied_by_construction_and_a_key_without_it_is_found(
+        tmp_path, monkeypatch):
+    """Round 8, fault 2: score_mods that differ only in a constant captured as a default argument
+    must compile apart. The constructed sequence varies the ``default_slope`` pair's constant on
+    one key whatever the key reading says (Note [Constructed sequence]): on a fake release whose
+    key holds ``__defaults__`` every call is right; on one whose key drops them the second call
+    runs the first's slope, found as a two-call sequence of that pair."""
+    pytest.importorskip("torch")
+    from fa4verify.kernels import adapter
+    calls = machine.constructed_calls("sm90", attributes=["mod_defaults"])
+    pair_calls = [c for c in calls if c.problem.mods == (machine.DEFAULTS_PAIR,)]
+    assert len(pair_calls) == 2 and pair_calls[0].problem.mod_seed != pair_calls[1].problem.mod_seed
+    from fa4verify import mods
+    c0, c1 = (mods.get(machine.DEFAULTS_PAIR).make_constants(c.problem.mod_seed) for c in pair_calls)
+    assert c0 != c1
+    for mode in ("keyed", "dropped"):
+        release = _fake_release(tmp_path / mode, f"fake_fa4_defaults_{mode}", defaults=mode)
+        monkeypatch.setattr(adapter, "fa4_interface", lambda: release)
+        monkeypatch.setattr(adapter, "_require_cuda", lambda: None)
+        r = machine.run_calls(machine.SequenceProductionTarget(adapter=adapter, device="cpu"), calls,
+                              replay_fresh=False)
+        if mode == "keyed":
+            assert r.failure is None and r.judged == len(calls), (r.failure, r.unsupported, r.errors)
+            assert r.exercised.get("mod_defaults", 0) >= 1, r.exercised
+        else:
+            assert r.failure is not None and r.failure["length"] == 2, r.failure
+            assert [c["problem"]["mods"] for c in r.failure["calls"]] == [[machine.DEFAULTS_PAIR]] * 2
+
+
+@pytest.mark.fa4
+def test_the_drawn_machine_finds_a_key_without_defaults(tmp_path, monkeypatch):
+    """The drawn sequences carry the default_slope pair on some key configurations and vary its
+    constant between calls (neighbour ``mod_defaults``): a key without ``__defaults__`` is found."""
+    pytest.importorskip("torch")
+    from fa4verify.kernels import adapter
+    release = _fake_release(tmp_path, "fake_fa4_defaults_drawn", defaults="dropped")
+    monkeypatch.setattr(adapter, "fa4_interface", lambda: release)
+    monkeypatch.setattr(adapter, "_require_cuda", lambda: None)
+    r = machine.run_sequences(machine.SequenceProductionTarget(adapter=adapter, device="cpu"), examples=20,
+                              steps=5, seed=1, target_spec=None, replay_fresh=False)
+    assert r.failure is not None and r.failure["length"] == 2, (r.calls, r.unsupported, r.errors)
+    assert all(c["problem"]["mods"] == [machine.DEFAULTS_PAIR] for c in r.failure["calls"]), r.failure
+
+
 def test_a_raised_run_violation_a_known_issue_explains_is_absorbed_too(monkeypatch):
     """As the campaigns (fuzz/drawn.py): a violation raised past the absorbing hook (a run that
     failed, e.g. a backward FA4 cannot build) is absorbed when a known issue names it; another
@@ -264,7 +329,7 @@ def test_a_raised_run_violation_a_known_issue_explains_is_absorbed_too(monkeypat
         machine.judge_call(machine.make_target({"kind": "twin"}), call, {})
 
 
-def test_the_machine_draws_the_scalar_pair_on_production_only():
+def test_the_machine_draws_the_mod_pairs_on_production_only():
     from hypothesis import given, settings, HealthCheck
     from hypothesis import strategies as st
     seen = {"production": set(), "twin": set()}
@@ -277,12 +342,12 @@ def test_the_machine_draws_the_scalar_pair_on_production_only():
             c = machine._build("sm90", base, v)
             seen[kind].add(c.problem.mods)
             if c.problem.mods:
-                n = machine._neighbour(c, "aux_scalars", v)
+                n = machine._neighbour(c, "aux_scalars" if c.problem.mods == ("scalar_bias",) else "mod_defaults", v)
                 assert n.problem.mod_seed != c.problem.mod_seed and n.key_config() == c.key_config()
                 assert n.problem.replace(mod_seed=c.problem.mod_seed) == c.problem
             machine._neighbour(c, which, v)             # every neighbour of every call is valid
         prop()
-    assert seen["production"] == {(), ("scalar_bias",)} and seen["twin"] == {()}
+    assert seen["production"] == {(), ("scalar_bias",), (machine.DEFAULTS_PAIR,)} and seen["twin"] == {()}
     assert "aux_scalars" in machine.NEIGHBOUR_PRODUCTION and "aux_scalars" not in machine.NEIGHBOUR
 
 

@@ -65,3 +65,25 @@ def test_patched_copy_imports_first_on_path(tmp_path):
 def test_unknown_mutant_id_is_named():
     with pytest.raises(KeyError, match="nope"):
         sm.catalogue(["nope"])
+
+
+@pytest.mark.slow
+def test_a_hash_that_keeps_the_defaults_text_but_drops_the_values_fools_the_reading_not_the_sequence(tmp_path):
+    """``callable_hash_default_values_dropped``: FA4's callable hash still names ``__defaults__``
+    but no longer hashes their values. Read from the mutated copy's text, the key still carries a
+    default-captured constant, yet two ``default_slope`` functions of different slopes now hash
+    alike (they would share a kernel); the constructed sequence varies that constant anyway
+    (Note [Constructed sequence]: :data:`BY_CALLABLE`), so the audit meets the collision."""
+    c = sm.make_copy(sm.catalogue(["callable_hash_default_values_dropped"])[0], tmp_path / "m")
+    code = ("from fa4verify import mods\n"
+            "from fa4verify.sequences import key, machine\n"
+            "from flash_attn.cute.utils import hash_callable\n"
+            "p = mods.get(machine.DEFAULTS_PAIR)\n"
+            "h = {hash_callable(p.cute((c,)), set_cute_hash=False) for c in (0.125, 0.25)}\n"
+            "calls = machine.constructed_calls('sm90')\n"
+            "seeds = {x.problem.mod_seed for x in calls if x.problem.mods == (machine.DEFAULTS_PAIR,)}\n"
+            "print(len(h), 'defaults' in key.callable_hash_covers(), 'mod_defaults' in key.left_out(), len(seeds))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=sm.worker_env(c, tmp_path / "cache"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["1", "True", "False", "2"], r.stdout

@@ -153,7 +153,7 @@ def _one(case: FeatureCase, dump: Path) -> dict[str, Any]:
                 q = torch.empty(2, s, h, d, dtype=bf, device="cuda")
                 aux_v = pair.make_aux(_mods.ModShape(2, h, s, s))
                 aux = [torch.empty(x.shape, dtype=getattr(torch, str(x.dtype)), device="cuda") for x in aux_v]
-                kw = pair.kw_fa4(aux, aux_v.scalars)
+                kw = pair.kw_fa4(aux, aux_v.scalars, aux_v.constants)
                 if case.kind == "mod_fwd":
                     kw.pop("score_mod_bwd", None)
                     f = ad.forward(q, torch.empty_like(q), torch.empty_like(q), **kw)

@@ -823,6 +823,17 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "            hasher.update(repr(values).encode())\n",
               ""),),
         "both", ("out", "lse")),
+    # its quieter sibling: the branch and its text kept, the values not hashed (a reading of
+    # utils.py's text still sees "__defaults__"; the constructed call pair decides it)
+    SourceMutant(
+        "callable_hash_default_values_dropped",
+        "the mods' compile-key hash names the defaults but not their values (two mods differing only "
+        "in a default-argument constant share a kernel)",
+        (Edit("utils.py",
+              "            hasher.update(attr.encode())\n"
+              "            hasher.update(repr(values).encode())\n",
+              "            hasher.update(attr.encode())\n"),),
+        "both", ("out", "lse")),
     SourceMutant(
         "autograd_lse_only_dout_uninitialised",
         "the public autograd backward of a loss through the LSE alone reads an uninitialised dO",

@@ -21,7 +21,8 @@ not vary (:data:`fa4verify.sequences.machine.VARIED`), unless the attribute is l
 
 Read from 4.0.0b36 (``interface.py``): in both keys as values: dtype, head_dim(_v), causal, the
 GQA ratio, deterministic (backward), broadcast (stride-0) patterns of the tensors, score_mod /
-mask_mod hashes (softcap becomes a score_mod closure, ``utils.create_softcap_scoremod``). As
+mask_mod hashes (softcap becomes a score_mod closure, ``utils.create_softcap_scoremod``; a
+constant captured as a default argument enters through ``__defaults__``). As
 presence only (values at run time): window_size_left / right, cu_seqlens / seqused, page_table.
 Absent: softmax_scale, seqlens, batch, head counts, the strides of non-broadcast dims, aux scalar
 values (only their types: ``aux_scalar_metadata``); learnable_sink is in the forward key (its
@@ -43,7 +44,8 @@ __all__ = ["CallAttribute", "ATTRIBUTES", "NOT_DRIVEN", "key_fields", "callable_
 class CallAttribute:
     """A call attribute and the key expressions (source text of ``compile_key`` elements) that
     carry its full value; ``via_callable``: carried by the score_mod hash when ``hash_callable``
-    hashes the closure (softcap: FA4 turns it into a score_mod closure)."""
+    hashes the closure (softcap: FA4 turns it into a score_mod closure), or its defaults
+    (``mod_defaults``: a factory's ``def score_mod(..., c=c)``)."""
     name: str
     what: str
     fwd: Optional[tuple[str, ...]] = ()      # None: the direction has no such attribute
@@ -78,6 +80,8 @@ ATTRIBUTES: tuple[CallAttribute, ...] = (
     CallAttribute("varlen", "cu_seqlens present", ("cu_seqlens_q is None",), ("cu_seqlens_q is None",)),
     CallAttribute("deterministic", "deterministic backward", None, ("deterministic",)),
     CallAttribute("aux_scalars", "aux scalar values of a score_mod", (), ()),
+    CallAttribute("mod_defaults", "a score_mod constant captured as a default argument (the default_slope pair)",
+                  (), (), via_callable="defaults"),
 )
 
 #: attributes the key may leave out that fa4verify cannot pass to FA4, with the reason (none

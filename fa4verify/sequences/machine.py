@@ -17,7 +17,10 @@ reuse each other's kernels -- and varies every attribute the key leaves out (:da
 window values, softmax_scale, sink values, sequence lengths, batch, head count, memory layout:
 non-contiguous, transposed, broadcast K/V, deterministic, and on production the values of a
 score_mod's runtime ``aux_scalars``: a key configuration may carry the ``scalar_bias`` pair,
-whose scalars each call draws anew at its ``mod_seed``; FA4 keys only their types). Each call is judged by the one judge
+whose scalars each call draws anew at its ``mod_seed``; FA4 keys only their types; or the
+``default_slope`` pair, whose slope each call compiles in as a default argument of a new CuTe
+function, drawn at its ``mod_seed``: FA4's key holds it only through its callable hash of
+``__defaults__``). Each call is judged by the one judge
 (:func:`fa4verify.fuzz.properties.check_problem`: runs, forward and backward within their
 budgets). A violation stops the example; Hypothesis shrinks it to the shortest call sequence that
 still fails (:func:`shrink`: calls removed one at a time while the sequence still fails, Hypothesis
@@ -51,7 +54,7 @@ from fa4verify.problem import AttentionProblem, ValueSpec
 from fa4verify.targets import ProductionTarget, TwinTarget
 from fa4verify.errors import HarnessError, Unsupported
 
-__all__ = ["VARIED", "VARY", "SCALAR_PAIR", "constructed_calls", "run_calls", "LAYOUTS", "SEQ_PROPERTIES", "Call", "KeyedTwinTarget", "SequenceProductionTarget",
+__all__ = ["VARIED", "VARY", "SCALAR_PAIR", "DEFAULTS_PAIR", "constructed_calls", "run_calls", "LAYOUTS", "SEQ_PROPERTIES", "Call", "KeyedTwinTarget", "SequenceProductionTarget",
            "make_target", "judge_call", "run_sequences", "write_case", "replay", "classify", "CASE_FORMAT"]
 
 CASE_FORMAT = "fa4verify-sequence-case/1"
@@ -63,10 +66,13 @@ LAYOUTS = ("contiguous", "strided", "transposed", "broadcast")
 VARIED = frozenset({"window_left", "window_right", "softmax_scale", "softcap", "causal", "sink", "sink_dtype",
                     "sink_values",
                     "seqlen", "batch", "nheads", "layout_strided", "layout_transposed", "layout_broadcast",
-                    "deterministic", "aux_scalars"})
+                    "deterministic", "aux_scalars", "mod_defaults"})
 #: the score_mod pair whose runtime aux scalars the machine varies (production only: the twin
 #: models no mod pairs), drawn at each call's ``mod_seed``
 SCALAR_PAIR = "scalar_bias"
+#: the score_mod pair whose compile-time constant (a default argument) the machine varies
+#: (production only), drawn at each call's ``mod_seed``
+DEFAULTS_PAIR = "default_slope"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,7 +305,7 @@ def _call_strategy(arch: str, target_kind: str, key_pool: int):
         "gqa": st.sampled_from((1, 2)),
         "keys": st.lists(st.fixed_dictionaries({
             "causal": st.booleans(), "window": st.sampled_from(_WINDOWS), "softcap": st.sampled_from(_SOFTCAPS),
-            "sink": st.booleans(), "mod": st.sampled_from((None, SCALAR_PAIR) if production else (None,))}),
+            "sink": st.booleans(), "mod": st.sampled_from((None, SCALAR_PAIR, DEFAULTS_PAIR) if production else (None,))}),
             min_size=1, max_size=key_pool),
     })
     call = st.fixed_dictionaries({
@@ -346,9 +352,9 @@ def _build(arch: str, base: Mapping[str, Any], v: Mapping[str, Any]) -> Call:
 #: what a ``neighbour`` rule changes in the previous call (one attribute, the rest kept)
 NEIGHBOUR = ("causal", "softcap", "sink", "sink_dtype", "window", "softmax_scale", "seqlen", "batch", "nheads",
              "layout", "deterministic", "values")
-#: the production machine's neighbours: also the aux scalars of the call's score_mod (a call
-#: without the pair gets it: a key change)
-NEIGHBOUR_PRODUCTION = NEIGHBOUR + ("aux_scalars",)
+#: the production machine's neighbours: also the aux scalars of the call's score_mod and the
+#: constant compiled into it (a call without the pair gets it: a key change)
+NEIGHBOUR_PRODUCTION = NEIGHBOUR + ("aux_scalars", "mod_defaults")
 
 
 def _neighbour(c: Call, which: str, v: Mapping[str, Any]) -> Call:
@@ -391,10 +397,11 @@ def _neighbour(c: Call, which: str, v: Mapping[str, Any]) -> Call:
     elif which == "gqa":            # the query heads per KV head, the KV heads kept
         g = p.nheads // p.nheads_kv
         p = p.replace(nheads=p.nheads_kv * (2 if g == 1 else 1))
-    elif which == "aux_scalars":
+    elif which in ("aux_scalars", "mod_defaults"):
+        pair = SCALAR_PAIR if which == "aux_scalars" else DEFAULTS_PAIR
         ms = int(v["mod_seed"])
-        p = p.replace(mods=(SCALAR_PAIR,), softcap=0.0,
-                      mod_seed=ms if ms != p.mod_seed or not p.mods else ms + 1)
+        p = p.replace(mods=(pair,), softcap=0.0,
+                      mod_seed=ms if ms != p.mod_seed or p.mods != (pair,) else ms + 1)
     return Call(p, layout, det)
 
 
@@ -429,7 +436,8 @@ def _attrs(c: Call) -> dict[str, Any]:
             "seqlen": (p.seqlen_q, p.seqlen_k),
             "batch": p.batch, "nheads": p.nheads, "layout_strided": c.layout == "strided",
             "layout_transposed": c.layout == "transposed", "deterministic": c.deterministic,
-            "aux_scalars": p.mod_seed if p.mods else None}
+            "aux_scalars": p.mod_seed if SCALAR_PAIR in p.mods else None,
+            "mod_defaults": p.mod_seed if DEFAULTS_PAIR in p.mods else None}
 
 
 def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps: int = 6, seed: int = 0,
@@ -595,26 +603,41 @@ def _finding(res: SequenceResult, target: Any, drawn: list[Call], v: Any, *, arc
 # the base's key, so each runs the kernel the base compiled (the sink's values on the base with a
 # sink, the aux scalars on the base with the ``scalar_bias`` pair: keys of their own, compiled by
 # the call before). The sink's presence, in 4.0.0b36's forward key but not its backward's, is
-# varied on the base itself: the second call reuses the backward kernel. ``sequences.production`` runs it as one more case;
-# a test fails when the installed key leaves out an attribute this sequence does not vary.
+# varied on the base itself: the second call reuses the backward kernel. The attributes FA4's key
+# holds only through its hash of a callable (softcap's closure, a default-captured constant:
+# :data:`BY_CALLABLE`) are varied whether or not the installed hash reads them: what the hash
+# covers is read from ``utils.py`` by its text (:func:`fa4verify.sequences.key.callable_hash_covers`),
+# and an edit that keeps the text but drops the value would pass that reading; the pair of calls
+# decides it. ``sequences.production`` runs it as one more case; a test fails when the installed
+# key leaves out an attribute this sequence does not vary.
 #: the neighbour (:func:`_neighbour`, or ``layout:<name>``) that changes each call attribute alone
 VARY: dict[str, str] = {
     "gqa_ratio": "gqa", "window_left": "window", "window_right": "window", "softmax_scale": "softmax_scale",
     "sink_values": "values", "seqlen": "seqlen", "batch": "batch", "nheads": "nheads",
     "layout_strided": "layout:strided", "layout_transposed": "layout:transposed",
-    "layout_broadcast": "layout:broadcast", "aux_scalars": "aux_scalars", "causal": "causal",
+    "layout_broadcast": "layout:broadcast", "aux_scalars": "aux_scalars", "mod_defaults": "mod_defaults",
+    "causal": "causal",
     "softcap": "softcap", "sink": "sink", "sink_dtype": "sink_dtype", "deterministic": "deterministic"}
+
+
+def _by_callable() -> tuple[str, ...]:
+    from fa4verify.sequences.key import ATTRIBUTES
+    return tuple(a.name for a in ATTRIBUTES if a.via_callable is not None)
+
+
+#: attributes FA4's key holds only through its callable hash: always in the constructed sequence
+BY_CALLABLE = _by_callable()
 
 
 def constructed_calls(arch: str, dtype: str = "bf16", attributes: Optional[Collection[str]] = None) -> list[Call]:
     """Note [Constructed sequence]: the base call, then one call per attribute (default: every
-    attribute the installed FA4's key leaves out, :func:`fa4verify.sequences.key.left_out`) that
-    changes it alone. An attribute it cannot vary raises ValueError when named in ``attributes``;
+    attribute the installed FA4's key leaves out, :func:`fa4verify.sequences.key.left_out`, and
+    every one of :data:`BY_CALLABLE`) that changes it alone. An attribute it cannot vary raises ValueError when named in ``attributes``;
     read from the installed key it is left out of the sequence (the check's summary names every
     left-out attribute no call varied)."""
     from fa4verify.sequences.key import left_out
     if attributes is None:
-        attrs = sorted(a for a in left_out() if a in VARY)
+        attrs = sorted({a for a in left_out() if a in VARY} | set(BY_CALLABLE))
     else:
         attrs = sorted(attributes)
         missing = [a for a in attrs if a not in VARY]
@@ -626,11 +649,12 @@ def constructed_calls(arch: str, dtype: str = "bf16", attributes: Optional[Colle
     v = {"window_shift": 7, "scale": 0.25, "seqlen_q": 64, "seqlen_k": 256, "layout": "strided", "seed": 12,
          "mod_seed": 5, "softcap": 30.0}
     # a base of its own for what needs a key of its own: the sink's values and dtype (an fp32 sink
-    # call compiles, the next varies the values or the dtype), the aux scalars (the pair's first call compiles), softcap (a
-    # softcap compiles its score_mod, the next changes the constant) and causal (without a
+    # call compiles, the next varies the values or the dtype), the aux scalars and the default-captured constant (the
+    # pair's first call compiles), softcap (a softcap compiles its score_mod, the next changes the constant) and causal (without a
     # window: FA4 turns causal with a window into a local mask)
     own = {"values": base.problem.replace(sink=True), "sink_dtype": base.problem.replace(sink=True),
            "aux_scalars": base.problem.replace(mods=(SCALAR_PAIR,), mod_seed=3),
+           "mod_defaults": base.problem.replace(mods=(DEFAULTS_PAIR,), mod_seed=3),
            "softcap": base.problem.replace(softcap=5.0),
            "causal": base.problem.replace(window_size=(None, None))}
     calls = [base]
