@@ -173,7 +173,7 @@ def to_problem_out(problem, out: np.ndarray) -> np.ndarray:
     if problem.call.seqused_q:
         return _used_rows(_capacity_rows(problem, out), problem.seqlens_q)
     if problem.call.q_batched:
-        return out.reshape(problem.batch * problem.seqlen_q, problem.nheads, -1)
+        return out.reshape(problem.batch * problem.seqlen_q, problem.nheads, out.shape[-1])
     return out
 
 

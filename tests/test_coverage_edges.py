@@ -34,7 +34,14 @@ def test_each_edge_is_the_path_it_names():
                     "seqused_k_packed_q_batched": True, "seqused_q_packed_many": False,
                     "inference_varlen_sink": False, "inference_widest_window": False,
                     "half_negative_window_left": True, "half_negative_window_right": True,
-                    "mask_mod_causal_passed": True}
+                    "mask_mod_causal_passed": True, "batched_empty_keys": True, "batched_empty_queries": True}
+    # FA4's batched empty input: the batched call form (no cu_seqlens, no seqused) of equal lengths,
+    # no keys (a sink: LSE = sink, dsink from dLSE) or no queries
+    for n, side in (("batched_empty_keys", "seqlens_k"), ("batched_empty_queries", "seqlens_q")):
+        p = got[n]
+        assert p.call.q_batched and not (p.call.seqused_k or p.call.seqused_q) and p.call.batched_layout
+        assert set(getattr(p, side)) == {0} and p.batch == 2 and p.nheads > p.nheads_kv
+    assert got["batched_empty_keys"].sink and min(got["batched_empty_keys"].seqlens_q) > 0
     assert got["empty_keys"].varlen and sum(got["empty_keys"].seqlens_k) == 0 < sum(got["empty_keys"].seqlens_q)
     assert got["empty_keys_sink"].sink and sum(got["empty_keys_sink"].seqlens_k) == 0
     assert sum(got["empty_queries"].seqlens_q) == 0 < sum(got["empty_queries"].seqlens_k)

@@ -871,6 +871,9 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
     * ``inference_varlen_sink``, ``inference_widest_window``: the forward also called as inference
       (``CallForm.inference``: no LSE, no gradient), its O bitwise the training call's (forward
       only; ``decode_batched_q_paged`` asks for it too);
+    * ``batched_empty_keys`` / ``_queries``: FA4's batched call (``q_batched`` alone) with no keys
+      (GQA 4/2, a sink where the space has one: LSE = sink, dsink = the sum of dLSE; causal where
+      the space has it) or no queries, forward and backward through FA4's early returns;
     * ``seqused_q_packed_many``: more sequences than FA4's batch-search threshold, Q packed at
       capacity offsets with ``seqused_q`` (the batch lookup over used rows);
     * ``paged_score_aux`` (SM90): an aux-tensor score pair on paged KV without ``seqused_k`` (full
@@ -934,6 +937,19 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
             batch=2, seqlen_q=150, seqlen_k=300, nheads=4, nheads_kv=2, head_dim=space.hd[widest][0],
             head_dim_v=space.hd[widest][1], window_size=(70, None), values=vals(), call=CallForm(inference=True),
             **base), False))
+    # FA4's batched empty input (the call form q_batched alone: a varlen problem of equal lengths
+    # called batched): no keys (O = 0, LSE the sink's, dsink from dLSE) and no queries, each through
+    # FA4's early returns, forward and backward (the eighth red-team round's list, item 7)
+    if "dense" in forms and "2" in gqas:
+        sink = [v for v in space.values["sink"] if v != "off"]
+        causal = "causal" in space.values["mask"]
+        for tag, sq, sk in (("keys", 64, 0), ("queries", 0, 96)):
+            out.append((f"batched_empty_{tag}", AttentionProblem(
+                batch=2, seqlens_q=(sq, sq), seqlens_k=(sk, sk), seqlen_q=sq, seqlen_k=sk, nheads=4, nheads_kv=2,
+                head_dim=d, head_dim_v=dv, causal=causal and tag == "keys", sink=bool(sink),
+                sink_dtype=sink[0] if sink else "fp32", values=vals(), call=CallForm(q_batched=True), **base),
+                _runs_bwd(space, form="dense", hd=name, gqa="2", mask="causal" if causal and tag == "keys" else "none",
+                          sink=sink[0] if sink else "off")))
     thresh = facts.varlen_batch_search_threshold()
     if "seqused_q" in forms and "1" in gqas and thresh is not None:
         # more sequences than the batch-search threshold with Q packed at capacity offsets and

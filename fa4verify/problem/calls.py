@@ -13,6 +13,11 @@ A :class:`CallForm` never changes the mathematical function of its
   (FA4 multiplies them by P = 0 on its TMA path: a NaN there is NaN in O, so real callers keep
   them finite). q is packed (``cu_seqlens_q``) or, with ``q_batched``, batched (all
   ``seqlens_q`` equal).
+* ``q_batched`` alone: FA4's batched call of a varlen problem whose sequences are all of one
+  length (``seqlens_q`` equal, ``seqlens_k`` equal): Q ``(batch, seqlen_q, h, d)``, K/V
+  ``(batch, seqlen_k, hk, d)``, no ``cu_seqlens`` or ``seqused``. Either length may be 0: FA4's
+  batched empty input (its early returns: O = 0, LSE -inf or the sink; zero gradients, dsink
+  from dLSE), which a dense problem cannot state.
 * ``seqused_q``: the problem is varlen; Q and dO are passed *batched* ``(batch, q_capacity, h,
   d)`` with sequence ``b``'s queries in rows ``[0, seqlens_q[b])`` and ``seqused_q = seqlens_q``;
   the rows past it hold finite filler, and FA4's O, LSE and dQ there are not part of the problem
@@ -264,9 +269,10 @@ class CallForm:
 
     @property
     def batched_layout(self) -> bool:
-        """Whether FA4 gets batched arrays with used lengths (``seqused_k`` / paged / ``seqused_q``)
-        in place of the problem's packed varlen layout (:mod:`fa4verify.call_layout`)."""
-        return self.seqused_k or self.seqused_q
+        """Whether FA4 gets batched arrays (with used lengths: ``seqused_k`` / paged /
+        ``seqused_q``; or whole: ``q_batched`` alone) in place of the problem's packed varlen
+        layout (:mod:`fa4verify.call_layout`)."""
+        return self.seqused_k or self.seqused_q or self.q_batched
 
     @property
     def mla(self) -> bool:
@@ -304,6 +310,14 @@ class CallForm:
             if self.full_pages and (self.kv_capacity % self.page_size
                                     or any(n != self.kv_capacity for n in problem.seqlens_k)):
                 raise ValueError("full_pages needs every seqlens_k equal to kv_capacity, a multiple of page_size")
+        if self.q_batched and not self.seqused_k:
+            # FA4's batched call: every sequence of one length on each side (0 allowed: empty input)
+            if not problem.varlen:
+                raise ValueError("the batched call form (q_batched alone) needs a varlen problem of equal lengths")
+            if len(set(problem.seqlens_q)) > 1 or len(set(problem.seqlens_k)) > 1:
+                raise ValueError("the batched call form (q_batched alone) needs equal seqlens_q and equal seqlens_k")
+            if self.keep_pattern:
+                raise ValueError("block sparsity / mask_mod are not drawn with the batched call form")
         if self.seqused_q:
             if not problem.varlen:
                 raise ValueError("the seqused_q call form needs a varlen problem (seqlens_q = seqused_q)")
@@ -501,6 +515,8 @@ class CallForm:
             parts.append(f"seqused_q(cap={self.q_capacity}{', Q packed' if self.q_packed else ''})")
         elif self.seqused_k:
             parts.append("q=batched" if self.q_batched else "q=packed")
+        elif self.q_batched:
+            parts.append("batched")
         if self.block_size is not None:
             partial = f", partial={self.block_partial:g}" if self.block_partial else ""
             parts.append(f"block_sparse({self.block_size[0]}x{self.block_size[1]}, keep={self.block_keep:g}"
