@@ -34,7 +34,13 @@ def test_each_edge_is_the_path_it_names():
                     "seqused_k_packed_q_batched": True, "seqused_q_packed_many": False,
                     "inference_varlen_sink": False, "inference_widest_window": False,
                     "half_negative_window_left": True, "half_negative_window_right": True,
-                    "mask_mod_causal_passed": True, "batched_empty_keys": True, "batched_empty_queries": True}
+                    "mask_mod_causal_passed": True, "batched_empty_keys": True, "batched_empty_queries": True,
+                    "seqused_score_aux": True, "sparse_score_aux": True}
+    # score pairs on the batched layout (seqused_q and seqused_k) and inside block sparsity
+    p = got["seqused_score_aux"]
+    assert p.call.seqused_q and p.call.seqused_k and p.mod_pairs()[0] is not None and 0 in p.seqlens_k
+    p = got["sparse_score_aux"]
+    assert p.call.block_size is not None and p.mods == ("alibi",) and "sparse_score_aux" in cases.NONDETERMINISTIC_EDGES
     # FA4's batched empty input: the batched call form (no cu_seqlens, no seqused) of equal lengths,
     # no keys (a sink: LSE = sink, dsink from dLSE) or no queries
     for n, side in (("batched_empty_keys", "seqlens_k"), ("batched_empty_queries", "seqlens_q")):
@@ -172,7 +178,8 @@ def test_each_edge_is_the_path_it_names():
     assert -(-q0 // tmb) > -(-q0 // tnb)          # the Q side's lookup hint counts backward M tiles
     assert cases.NONDETERMINISTIC_EDGES == {"varlen_lookup_long_first", "varlen_lookup_chunks", "mla_gather_2cta",
                                             "mla_gather_wide", "mla_gather_1cta", "causal_key_past_tile",
-                                            "right_window_key_past_tile", "block_sparse_per_head"}
+                                            "right_window_key_past_tile", "block_sparse_per_head",
+                                            "sparse_score_aux"}
     # more sequences than one chunk of FA4's block-count kernel
     p = got["varlen_lookup_chunks"]
     assert p.varlen and p.batch > facts.cu_blocks_chunk() + 32

@@ -629,7 +629,8 @@ def test_a_score_pair_rides_with_pack_gqa_false_to_the_forward_only():
 def test_a_score_pair_rides_on_paged_kv_with_its_aux_tensors():
     """The seventh red-team round: an aux-tensor score pair on paged KV (full pages, no seqused_k):
     the forward gets the page table, the score_mod and its aux tensors; the mods oracle judges the
-    problem's varlen keys; other rearranging call forms still refuse a pair."""
+    problem's varlen keys; so do seqused_k / seqused_q; a keep-pattern on a varlen call refuses a
+    pair."""
     from fa4verify import fuzz
     from fa4verify.problem import AttentionProblem, CallForm
     p = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlens_q=(37, 100), seqlens_k=(256, 256), seqlen_q=100,
@@ -642,8 +643,15 @@ def test_a_score_pair_rides_on_paged_kv_with_its_aux_tensors():
     ((_, fkw),) = calls
     assert fkw["page_table"] is not None and fkw["score_mod"] is mods.get("rel_bias").cute()
     assert "seqused_k" not in fkw and "score_mod_bwd" not in fkw and fkw["aux_tensors"]
-    with pytest.raises(ValueError, match="page table"):
-        p.replace(call=CallForm(seqused_k=True, kv_capacity=256))
+    # the other batched layouts carry it too (the same varlen rows at their logical positions)
+    q = p.replace(call=CallForm(seqused_k=True, kv_capacity=256, seqused_q=True, q_capacity=128))
+    qq, _k, _v, _do, fkw = fuzz.ProductionTarget(adapter=ad, device="cpu")._call_kw(q, a)
+    assert tuple(qq.shape) == (2, 128, 2, 128) and "cu_seqlens_q" not in fkw
+    assert fkw["seqused_k"] is not None and fkw["seqused_q"] is not None and fkw["aux_tensors"]
+    assert fkw["score_mod"] is mods.get("rel_bias").cute()
+    # a keep-pattern on a varlen call does not (its rewrite moves the rows the pair indexes)
+    with pytest.raises(ValueError, match="keep-pattern"):
+        p.replace(call=CallForm(block_size=(128, 128)))
 
 
 @pytest.mark.fa4

@@ -637,7 +637,7 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
 #: FA4's sparse MLA backward has no deterministic mode (``_flash_attn_bwd_sparse_mla`` asserts it off)
 NONDETERMINISTIC_EDGES = frozenset({"varlen_lookup_long_first", "varlen_lookup_chunks", "mla_gather_2cta",
                                     "mla_gather_wide", "mla_gather_1cta", "causal_key_past_tile",
-                                    "right_window_key_past_tile", "block_sparse_per_head"})
+                                    "right_window_key_past_tile", "block_sparse_per_head", "sparse_score_aux"})
 
 
 def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
@@ -769,6 +769,26 @@ def _mod_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         out.append(("varlen_score_aux_wrap", AttentionProblem(
             batch=4, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=2, nheads_kv=2,
             mods=(pair,), values=vals(), **base), runs_bwd("score_mod", "1", "zero")))
+    from fa4verify.problem import CallForm
+    # (MHA: on SM90 a GQA backward hands a score pair packed rows, known issue sm90_score_mod_gqa_bwd_indices)
+    if "score_mod" in forms and "seqused_k" in forms and "seqused_q" in forms and pair is not None and "1" in gqas:
+        # a score pair on the batched layout (Q and K/V batched with capacities, seqused_q and
+        # seqused_k): the pair sees each sequence's logical rows, an empty one and a short one
+        tm, tn = facts.fwd_tile(space.arch, space.dtype, space.hd[name][0], space.hd[name][1], False, False)
+        sqs, sks = (tm - 7, 41, 9), (tn + 22, 33, 0)
+        out.append(("seqused_score_aux", AttentionProblem(
+            batch=3, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=2, nheads_kv=2,
+            mods=(pair,), values=vals(),
+            call=CallForm(seqused_q=True, q_capacity=tm + 8, seqused_k=True, kv_capacity=2 * tn), **base),
+            runs_bwd("score_mod", "1", "zero") and _runs_bwd(space, form="seqused_q", hd=name, gqa="1", mask="none")))
+    if "score_mod" in forms and "block_sparse" in forms and "mod:alibi" in space.score_pairs and "1" in gqas:
+        # a per-head aux score pair inside FA4's block sparsity (dense): the mod runs only on the
+        # listed blocks, each at its own positions
+        bq, bk = sparse_block_size(space.arch, space.hd[name][0], space.hd[name][1])
+        out.append(("sparse_score_aux", AttentionProblem(
+            batch=1, seqlen_q=2 * bq, seqlen_k=3 * bk, nheads=2, nheads_kv=2, mods=("alibi",), values=vals(),
+            call=CallForm(block_size=(bq, bk), block_seed=41, block_keep=0.5), **base),
+            runs_bwd("score_mod", "1", "multi") and _runs_bwd(space, form="block_sparse", hd=name, gqa="1", mask="none")))
     return out
 
 

@@ -171,11 +171,12 @@ class AttentionProblem:
             score, mask = self.mod_pairs()
             if self.mask_mod is not None:
                 raise ValueError("mods cannot be combined with a MaskMod pattern")
-            # pack_gqa alone rides along; a page table is an indexing of the same varlen keys
-            other = self.call is not None and self.call.rearranges and not self.call.paged
+            # pack_gqa alone rides along; a batched layout (seqused_k / seqused_q / a page table / the
+            # batched call) holds the same varlen rows, each at its logical position in its sequence
+            other = self.call is not None and self.call.rearranges and not self.call.batched_layout
             if self.varlen and other:
-                raise ValueError("mods on a varlen call take no other call form than a page table (block "
-                                 "sparsity, seqused): plain cu_seqlens or paged KV only")
+                raise ValueError("mods on a varlen call take no keep-pattern or MLA call form (block sparsity, "
+                                 "a named mask_mod, qv): cu_seqlens, seqused, the batched call or paged KV only")
             if other and (self.call.block_size is None or self.call.mask_mod_fn is not None):
                 raise ValueError("mods combine with block sparsity only (Note [Partial blocks]), not with "
                                  "another FA4 call form (paged KV, seqused_k/q, a named mask_mod)")
