@@ -348,3 +348,48 @@ def test_the_stride_model_reproduces_what_the_h200_returned():
             assert abs(right[t, h, e] - got) > 0.5 * abs(got)
             checked += 1
     assert checked >= 4
+
+
+LAUNCH = "CUDADialectError: error[CUDA_LAUNCH_INVALID_CONFIG]: CUDA launch failed: cudaErrorInvalidValue (1)"
+
+
+@pytest.mark.parametrize("hd, hdv, nheads_kv, arch, prop, message, expect", [
+    (64, 128, 2, "sm90", "runs", LAUNCH, True),           # MHA, head_dim < head_dim_v: the measured rows
+    (128, 256, 2, "sm90", "runs", LAUNCH, True),
+    (64, 128, 1, "sm90", "runs", LAUNCH, False),          # GQA: FA4 asserts instead (a refusal)
+    (128, 128, 2, "sm90", "runs", LAUNCH, False),         # equal head dims fit
+    (192, 128, 2, "sm90", "runs", LAUNCH, False),         # head_dim > head_dim_v
+    (64, 128, 2, "sm100", "runs", LAUNCH, False),         # another arch
+    (64, 128, 2, "sm90", "runs", "RuntimeError: illegal memory access", False),   # another failure
+    (64, 128, 2, "sm90", "bwd_budget", LAUNCH, False),    # a wrong gradient is not a launch failure
+])
+def test_the_sm90_backward_launch_failure_at_head_dim_below_head_dim_v_is_scoped(hd, hdv, nheads_kv, arch, prop,
+                                                                                 message, expect):
+    """sm90_bwd_hdv_gt_hd_smem (measured on the H200 at 6f502c4) absorbs only a rejected launch of an
+    SM90 MHA call with head_dim < head_dim_v."""
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    p = AttentionProblem(arch=arch, dtype="bf16", batch=1, seqlen_q=40, seqlen_k=40, nheads=2, nheads_kv=nheads_kv,
+                         head_dim=hd, head_dim_v=hdv)
+    ki = match_known_issue(p, Violation(prop, message, {}), target="production")
+    assert (ki is not None and ki.name == "sm90_bwd_hdv_gt_hd_smem") == expect, ki
+    assert match_known_issue(p, Violation(prop, message, {}), target="twin") is None
+
+
+@pytest.mark.parametrize("mask_causal, prop, quantity, expect", [
+    (True, "bwd_budget", "dq", True),        # the measured edge: the backward keeps causal
+    (True, "bwd_stages", "dk", True),
+    (True, "fwd_budget", "out", False),      # the forward drops causal, as it should: not this issue
+    (True, "bwd_budget", "dsink", False),
+    (False, "bwd_budget", "dq", False),      # the plain mask pair call
+])
+def test_the_mask_mod_causal_backward_issue_takes_gradients_of_that_call_form_only(mask_causal, prop, quantity,
+                                                                                    expect):
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    from fa4verify.problem import CallForm
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=192, seqlen_k=192, nheads=2, nheads_kv=2,
+                         head_dim=128, head_dim_v=128, mods=("document",),
+                         call=CallForm(mask_causal=True) if mask_causal else None)
+    ki = match_known_issue(p, Violation(prop, f"{quantity}: planted", {"quantity": quantity}), target="production")
+    assert (ki is not None and ki.name == "mask_mod_causal_bwd") == expect, ki

@@ -165,6 +165,26 @@ def _sm90_bwd_compile(problem: AttentionProblem, a: Mapping[str, Any], v: "Viola
             and "failed to partition" in v.message)
 
 
+def _sm90_bwd_hdv_gt_hd_smem(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True for the launch failure of FA4's SM90 MHA backward at head_dim < head_dim_v (its tile
+    chosen by head_dim alone needs more shared memory than a block may use): CUDA rejects the
+    launch configuration (cudaErrorInvalidValue)."""
+    return (problem.arch == "sm90" and v.prop == "runs" and problem.head_dim < problem.head_dim_v
+            and problem.nheads == problem.nheads_kv
+            and ("CUDA_LAUNCH_INVALID_CONFIG" in v.message or "cudaErrorInvalidValue" in v.message))
+
+
+def _mask_mod_causal_bwd(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True for a gradient violation of a mask pair's call that also passes ``causal=True``
+    (``CallForm.mask_causal``): FA4's backward applies the causal mask its forward dropped. The
+    forward's violations are not this issue."""
+    if problem.call is None or not problem.call.mask_causal:
+        return False
+    if v.prop not in ("bwd_budget", "bwd_stages", "masked_rows", "finite"):
+        return False
+    return str(v.metrics.get("quantity", "")) in ("dq", "dk", "dv")
+
+
 def _sm90_gqa_dkdv_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """True when the violation is in dK or dV of a GQA/MQA problem (nheads_kv < nheads) on SM90
     at a head dim whose accumulator roundings disagree (the dQ predictor's set: with GQA FA4 sums
@@ -391,6 +411,31 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "measured on H200, 2026-11-30, by scripts/gpu_hd_sweep.py (kernels/evidence/golden/hd_sweep_h200.json); "
         "causal (m_block 64) not measured",
         _sm90_bwd_compile, targets=("production",)),
+    KnownIssue(
+        "sm90_bwd_hdv_gt_hd_smem",
+        "SM90 backward at head_dim < head_dim_v (64/128, 128/256) with nheads == nheads_kv: CUDA rejects the "
+        "launch (cudaErrorInvalidValue); the kernel's shared storage (248,832 B at 64/128, 306,176 B at "
+        "128/256) exceeds the 232,448 B a block may use on sm_90. With GQA FA4 asserts 'GQA backward "
+        "requires head_dim == head_dim_v', so no SM90 backward runs at head_dim < head_dim_v",
+        "flash-attn-4 4.0.0b36: interface.py _tile_size_bwd_sm90 picks the backward tile by head_dim "
+        "alone (hd <= 64: 128 x 128 with two Q and two dO stages), while dO and V are head_dim_v wide. "
+        "Found by coverage.production and measured on NVIDIA H200 (sm_90), 2026-12-05, at 6f502c4: plan "
+        "rows 13, 27, 98, 126, 132, 146 (every MHA backward row of those head-dim classes; "
+        "docs/results/h200/session15_6f502c4/); the shared storage sizes compile-only (sm_90a), "
+        "FlashAttentionBackwardSm90's SharedStorage.size_in_bytes()",
+        _sm90_bwd_hdv_gt_hd_smem, targets=("production",)),
+    KnownIssue(
+        "mask_mod_causal_bwd",
+        "a mask_mod call that also passes causal=True: FA4's forward drops causal (the mask_mod decides) "
+        "but its backward keeps it, so dQ, dK and dV are the gradients of another attention than the "
+        "forward computed (silent)",
+        "flash-attn-4 4.0.0b36: _flash_attn_fwd resolves the window with the mask_mod "
+        "(_resolve_causal_local_window returns causal=False), _flash_attn_bwd without it (interface.py). "
+        "Predicted by fa4verify's eighth red-team round (docs/results/redteam8/) and measured on NVIDIA "
+        "H200 (sm_90), 2026-12-05, at 6f502c4: edge mask_mod_causal_passed (the document pair, hd 128, "
+        "192 x 192), forward within budget, dQ 42,207 of 49,152 elements out of budget (worst 10.6 where "
+        "the oracle has 0.137); docs/results/h200/session15_6f502c4/",
+        _mask_mod_causal_bwd, targets=("production",)),
     KnownIssue(
         "sm90_gqa_dkdv_accum_hdim_rounding",
         "SM90 GQA/MQA backward: dK and dV are wrong (relative error 0.9-1.2) at head dims 8, 16, 40, "
