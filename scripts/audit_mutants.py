@@ -1,7 +1,7 @@
 """Run the audit against production source mutants (faults planted in private copies of the
 installed FA4, fa4verify.mutants.source) and tabulate which check caught each.
 
-    python scripts/audit_mutants.py --out DIR [--checks coverage.production] [--opt K=V] [--gpus all] ID [ID ...]
+    python scripts/audit_mutants.py --out DIR [--checks "coverage.production or sequences.production"] [--opt K=V] [--gpus all] ID [ID ...]
 
 Each mutant: a private copy (the installed package is only read), PYTHONPATH pointing at it, a
 kernel cache of its own (the unpatched kernels can never be served), then
@@ -26,7 +26,7 @@ from pathlib import Path
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--checks", default="coverage.production")
+    ap.add_argument("--checks", default="coverage.production or sequences.production")
     ap.add_argument("--timeout", default="180",
                     help="seconds per task (the audit's --timeout), or 'default': the engine's deadline")
     ap.add_argument("--opt", action="append", default=[], metavar="K=V",

@@ -61,7 +61,7 @@
 #                  TRIAGE_CASE: a case / audit JSON, default the seed-2 paged-KV row; TRIAGE_PROPERTY,
 #                  TRIAGE_HDS, TRIAGE_PAGES: the head dims and page sizes varied)
 #   srcmut:ID[,ID] the catalogue's source mutants (fa4verify.mutants.source) under the audit's MUT_CHECKS
-#                  (default coverage.production; MUT_GPUS: the audit's --gpus), each copy with its own kernel
+#                  (default coverage.production or sequences.production; MUT_GPUS: the audit's --gpus), each copy with its own kernel
 #                  cache (scripts/audit_mutants.py)
 #   hang           the planted kernel hang (sm90_bwd_hd64_hang) under the audit (HANG_CHECKS, HANG_TIMEOUT)
 #   hugemut        1/rowsum 2^-9 and D 2^-10 planted: fuzz.production on huge logits only and budgets.production.forward
@@ -216,7 +216,7 @@ PY
                   --property "${TRIAGE_PROPERTY:-fwd_budget}" --head-dims "${TRIAGE_HDS:-64,128}" \
                   --page-sizes "${TRIAGE_PAGES:-8,32,64,128}" --json "$OUT/triage.json" 2>&1 | grep -v Warning | tail -40 ;;
     srcmut:*) ids=${step#srcmut:}; timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" \
-                --checks "${MUT_CHECKS:-coverage.production}" ${MUT_GPUS:+--gpus "$MUT_GPUS"} ${ids//,/ } 2>&1 | tail -12 ;;
+                --checks "${MUT_CHECKS:-coverage.production or sequences.production}" ${MUT_GPUS:+--gpus "$MUT_GPUS"} ${ids//,/ } 2>&1 | tail -12 ;;
     hang)     timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" --checks "${HANG_CHECKS:-budgets.production}" \
                 --timeout "${HANG_TIMEOUT:-60}" sm90_bwd_hd64_hang 2>&1 | tail -12 ;;
     hugemut)  timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" \
