@@ -169,6 +169,10 @@ STATISTICS: dict[str, tuple[str, str]] = {
                               "ex2.ftz flush floor of dQ per unit of P)"),
     "abs_dpd_q": ("g v k^-1", "scale * sum_i |dP_ij - D_i| |Q_id| over queries that see key j "
                               "(ex2.ftz flush floor of dK per unit of P)"),
+    "abs_tanh_dsk": ("g v q^-1", "scale * sum_j P_ij |dP_ij - D_i| t_ij^2 |K_jd|, t = tanh(x_ij / softcap) "
+                                 "(0 without softcap): the softcap factor's absolute error per unit of tanh_rel"),
+    "abs_tanh_dsq": ("g v k^-1", "scale * sum_i P_ij |dP_ij - D_i| t_ij^2 |Q_id| over queries that see key j "
+                                 "(0 without softcap)"),
 }
 
 #: Note [First-order validity]: the composed budgets of ``_base.toml`` are first order: they

@@ -591,9 +591,17 @@ class BudgetStats:
                                                                       "backward_dq_accum")
                                if b in self.budget for n in rss)
         q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk",
-                                                        "abs_dpd_k") + (("rss_dsk", "derrp_pk") if need_rss else ())}
+                                                        "abs_dpd_k", "abs_tanh_dsk")
+                + (("rss_dsk", "derrp_pk") if need_rss else ())}
         k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq",
-                                                         "abs_dpd_q") + (("rss_dsq", "rss_p_derrp_q") if need_rss else ())}
+                                                         "abs_dpd_q", "abs_tanh_dsq")
+                + (("rss_dsq", "rss_p_derrp_q") if need_rss else ())}
+        # the softcap factor 1 - tanh^2 that FA4 forms from tanh.approx (built-in softcap, or the
+        # built-in softcap pair): its error is absolute, up to 2.01 tanh_rel t^2 (t = tanh(x / cap)),
+        # not relative to the exact factor, which saturation takes to ~0 (DERIVATIONS.md#bwd-composition)
+        from fa4verify import mods as _mods
+        sp_ = self.score_pair
+        softcap_pair = (sp_ is not None and set(sp_.equivalent) == {"softcap"} and _mods.is_builtin(sp_))
         v_el = {n: np.zeros((tk, Hk, self.Dv)) for n in ("abs_pdo", "sum_abs_do") + (("rss_pdo",) if need_rss else ())}
         k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
         # backward_p per query row, then its max over the rows each key sums over
@@ -643,6 +651,11 @@ class BudgetStats:
                 elif self.score_pair is not None:
                     dS = dS * TH[h]        # dy/dx of the score pair (|dy/dx| <= 1: DERIVATIONS.md#score-mod)
                 DOV = ado @ av.T
+                if p.softcap > 0 or softcap_pair:
+                    t2 = TH[h] ** 2 if p.softcap > 0 else 1.0 - TH[h]     # the pair's TH is 1 - t^2
+                    tdS = sc * (w * np.abs(dP - Dh[:, None]) * t2)
+                    q_set(q_el["abs_tanh_dsk"][qs, h], tdS, ak)
+                    k_add(k_el["abs_tanh_dsq"][ks, hk], tdS.T, aq, bk)
                 q_set(q_el["abs_dsk"][qs, h], sc * np.abs(dS), ak)
                 q_set(q_el["abs_p_dov_k"][qs, h], sc * (w * DOV), ak)
                 q_set(q_el["abs_p_derr_k"][qs, h], sc * (w * derr[qs, h][:, None]), ak)

@@ -1,0 +1,83 @@
+"""The pass ``autograd_lse_only`` (a loss through the LSE alone: FA4's public autograd path takes
+dO = 0) is judged with budgets of its own dO = 0, and the first-order dQ / dK budgets carry the
+absolute error of the softcap factor ``1 - tanh.approx(x / c)^2`` (DERIVATIONS.md#bwd-composition).
+Found on the H200 at 6f502c4: plan row 138 (hd 200, softcap 30, outliers) failed in 279 dQ
+elements where a saturated softcap makes FA4's factor 0 and the exact one ~1e-8 -- the judge had
+compared the dO = 0 oracle against budgets of the real dO, and the first-order budget had no term
+for that factor. CPU twin (the twin forms the factor from its tanh.approx model)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fa4verify.coverage import cases
+from fa4verify.fuzz import check_problem
+from fa4verify.fuzz.violation import Violation
+from fa4verify.problem import AttentionProblem, ValueSpec
+from fa4verify.targets import TwinTarget
+
+PROPS = ("runs", "fwd_budget", "bwd_budget", "bwd_stages")
+
+
+class _AutogradTwin(TwinTarget):
+    """The twin with a public autograd path (the driver's kernels): dO = 0 for a loss through the
+    LSE alone; ``keep_dout``: the planted fault of reading the real dO there."""
+
+    def __init__(self, keep_dout: bool = False):
+        super().__init__()
+        self.keep_dout = keep_dout
+
+    def autograd_unsupported(self, problem):
+        return None
+
+    def backward_autograd(self, problem, a, *, deterministic=True, dlse=None, lse_only=False):
+        fwd = self.forward(problem, a)
+        b = dict(a, dout=np.zeros_like(a["dout"])) if lse_only and not self.keep_dout else a
+        kw = {} if dlse is None else {"dlse": dlse}
+        return self.backward(problem, b, fwd, deterministic=deterministic, **kw)
+
+
+def _saturated_softcap() -> AttentionProblem:
+    # row 138's values and softcap at one batch entry and one KV head (its rows with one key of
+    # nearly all the weight and |x / c| past tanh.approx's saturation)
+    vs = ValueSpec("outliers", 1174656166, cases._VALUE_PARAMS.get("outliers", ()))
+    return AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=261, seqlen_k=247, nheads=4, nheads_kv=1,
+                            head_dim=200, head_dim_v=200, softcap=30.0, softmax_scale=0.005, values=vs)
+
+
+def test_a_loss_through_the_lse_alone_is_judged_with_its_own_budgets():
+    out = check_problem(_saturated_softcap(), _AutogradTwin(), properties=PROPS)
+    assert "bwd_stages" in out.ran and not out.undecided, out
+
+
+def test_a_public_path_that_reads_the_real_do_there_fails():
+    with pytest.raises(Violation) as ei:
+        check_problem(_saturated_softcap(), _AutogradTwin(keep_dout=True), properties=PROPS)
+    assert ei.value.prop == "bwd_budget" and ei.value.metrics.get("pass") == "autograd_lse_only", ei.value
+
+
+def test_the_softcap_factor_term_is_there_with_softcap_only(monkeypatch):
+    from fa4verify import judge
+    from fa4verify.fuzz.properties import _budget
+    for cap in (30.0, 0.0):
+        p = _saturated_softcap().replace(softcap=cap, seqlen_q=64, seqlen_k=64)
+        a = p.materialize()
+        ref_out, _ref_lse, st, _ = judge.forward_allowances(p, a, budgets=_budget(p))
+        ob = judge.oracle_backward(p, a)
+        seen = {}
+        cls = type(st.budget)
+        orig = cls.evaluate
+
+        def spy(self, name, stats, *args, _orig=orig, **kw):
+            if name in ("backward_dq", "backward_dk"):
+                seen[name] = float(np.max(stats["abs_tanh_dsk" if name == "backward_dq" else "abs_tanh_dsq"]))
+            return _orig(self, name, stats, *args, **kw)
+        monkeypatch.setattr(cls, "evaluate", spy)
+        with np.errstate(invalid="ignore", over="ignore"):
+            st.backward(ob, ref_out.budget, ref_out.bound, probabilistic=False)
+        monkeypatch.setattr(cls, "evaluate", orig)
+        assert set(seen) == {"backward_dq", "backward_dk"}
+        assert (min(seen.values()) > 0) if cap else (max(seen.values()) == 0), (cap, seen)
+    for name in ("backward_dq", "backward_dk", "backward_dq_accum"):
+        b = st.budget.get(name)
+        assert ("abs_tanh_dsq" if name == "backward_dk" else "abs_tanh_dsk") in b.stats and "tanh_rel" in b.text, name
