@@ -340,6 +340,8 @@ def _shims() -> None:
     if not _SHIMS:
         from fa4verify.kernels.adapter import install_compile_only_shims
         install_compile_only_shims(int(os.environ["FLASH_ATTENTION_NUM_SMS"]))
+        from fa4verify.compile import launch_limits
+        launch_limits.install()        # Note [Launch limits, compile-only]
         _SHIMS = True
 
 
@@ -353,7 +355,13 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
     if fake_device() is None:
         raise RuntimeError("a compile-only call outside a fake-device process (Note [Fake device audit])")
     _shims()
+    from fa4verify.compile import launch_limits
+    launch_limits.take()            # this call's compiles only
     t0 = time.time()
+
+    def launches() -> dict[str, Any]:
+        over, read, cached = launch_limits.take()
+        return {"launch_over_limit": over, "kernels_read": read, "kernels_cached": cached}
     try:
         tgt = ProductionTarget(fake=True, emulation=call.emulation)
         if call.op == "combine":
@@ -376,7 +384,7 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
                                       device="cuda").transpose(-1, -2)       # seqlen-contiguous, as FA4 asks
                     _, _, cfg = adapter.combine(o, lse, out_dtype=odt, **index)
             return {"call": call.describe(), "where": tgt.where, "arch": tgt.arch,
-                    "configs": [_summary_config(cfg)], "seconds": round(time.time() - t0, 2)}
+                    "configs": [_summary_config(cfg)], "seconds": round(time.time() - t0, 2), **launches()}
         a = call.problem.materialize()
         f = tgt.forward(call.problem, a)
         cfgs = [_summary_config(tgt.last_config or {})]
@@ -393,9 +401,10 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
                              dlse=np.zeros(np.shape(f.lse), np.float32))
                 cfgs.append(_summary_config(tgt.last_config or {}))
     except Unsupported as e:
-        return {"call": call.describe(), "refused": str(e)[:300], "seconds": round(time.time() - t0, 2)}
+        return {"call": call.describe(), "refused": str(e)[:300], "seconds": round(time.time() - t0, 2),
+                **launches()}
     return {"call": call.describe() + (f" [forward only: {no_bwd}]" if no_bwd else ""), "where": tgt.where,
-            "arch": tgt.arch, "configs": cfgs, "seconds": round(time.time() - t0, 2)}
+            "arch": tgt.arch, "configs": cfgs, "seconds": round(time.time() - t0, 2), **launches()}
 
 
 def _summarise(ctx: Any, results: list) -> Any:
@@ -407,15 +416,52 @@ def _summarise(ctx: Any, results: list) -> Any:
              v["seconds"]] for _c, v in done]
     rows += [[v["call"], "refused by FA4", v["refused"], v["seconds"]] for v in refused]
     emu_off = sum(1 for c, _v in done if c.emulation == "disabled")
+    over, known = _launch_verdicts(results)
+    read = sum(int(v.get("kernels_read", 0)) for _c, v in results)
+    cached = sum(int(v.get("kernels_cached", 0)) for _c, v in results)
+    launch = (f"; launch limits read from {read} compiled kernel(s)"
+              + (f" ({cached} loaded from FA4's kernel cache, not read)" if cached else ""))
+    if over:
+        launch += (f"; {len(over)} call(s) would not launch (shared memory over the per-block limit), first: "
+                   f"{over[0]}")
+    if known:
+        launch += f"; {len(known)} would not launch as known issue(s) say ({', '.join(sorted(set(known.values())))})"
     return CheckResult(
-        status="skip", where="compile-only",
+        status="fail" if over else "skip", where="compile-only",
         summary=(f"compile-only on a fake {gpu.label}: {len(done)} FA4 call(s) compiled"
                  + (f" ({emu_off} with exp2 emulation off)" if emu_off else "")
                  + (f", {len(refused)} refused by FA4 (first: {refused[0]['refused'][:120]})" if refused else "")
-                 + "; nothing ran, so no verdict on values"),
-        metrics={"compiled_calls": len(done), "refused_calls": len(refused)},
+                 + launch + ("" if over else "; nothing ran, so no verdict on values")),
+        metrics={"compiled_calls": len(done), "refused_calls": len(refused), "kernels_read": read,
+                 "launch_over_limit": len(over), "launch_over_limit_known": len(known)},
         details={"table": {"columns": ["FA4 call", "tile", "exp2 emulation", "seconds"], "rows": rows},
-                 "configs": [v["configs"] for _c, v in done], "fake_device": gpu.label})
+                 "configs": [v["configs"] for _c, v in done], "fake_device": gpu.label,
+                 "launch_over_limit": over, "launch_over_limit_known": known})
+
+
+def _launch_verdicts(results: list) -> tuple[list[str], dict[str, str]]:
+    """Note [Launch limits, compile-only]: the calls a kernel of which would not launch, as
+    (unexplained ``[description]``, explained ``{description: known issue}``): a launch over the
+    limit is what CUDA reports as ``CUDA_LAUNCH_INVALID_CONFIG``, matched against the known issues
+    as the GPU's violation would be."""
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    over: list[str] = []
+    known: dict[str, str] = {}
+    for c, v in results:
+        for name, arch, alloc, mx in v.get("launch_over_limit") or ():
+            text = (f"{v['call'][:160]}: kernel {name[:80]} needs {alloc:,} B of shared memory, {arch} allows "
+                    f"{mx:,} B")
+            problem = getattr(c, "problem", None)
+            ki = None
+            if problem is not None:
+                viol = Violation("runs", f"CUDA_LAUNCH_INVALID_CONFIG (compile-only): {text}", {})
+                ki = match_known_issue(problem, viol, target="production")
+            if ki is not None:
+                known[text] = ki.name
+            else:
+                over.append(text)
+    return over, known
 
 
 def _no_plan(spec: Any) -> Any:
