@@ -57,7 +57,7 @@ def variants(p, head_dims=(64, 128), page_sizes=(8, 32, 64, 128)) -> list[tuple[
                                                                        spare_pages=0, full_pages=False))))
     if c.seqused_k and not c.paged:
         out.append(("seqused_k off (cu_seqlens_k)", lambda: R(p, call=R(c, seqused_k=False))))
-    if p.seqlens_q is not None and len(set(p.seqlens_q)) > 1 and not c.q_batched:
+    if c.seqused_k and p.seqlens_q is not None and len(set(p.seqlens_q)) > 1 and not c.q_batched:
         m = max(p.seqlens_q)
         out.append(("q batched (equal seqlens_q)", lambda: R(p, seqlens_q=(m,) * p.batch, seqlen_q=m,
                                                               call=R(c, q_batched=True))))

@@ -148,7 +148,7 @@ class Fa4:
                 if pair is not None:
                     aux_v = mods.aux_for(problem, pair, a)
                     aux = [torch.from_numpy(np.asarray(x)).cuda() for x in aux_v]
-                    kw.update(pair.kw_fa4(aux, aux_v.scalars))
+                    kw.update(pair.kw_fa4(aux, aux_v.scalars, aux_v.constants))
         fkw = {n: x for n, x in kw.items() if n != "score_mod_bwd"}
         f = self.ad.forward(q_, k_, v_, return_lse=True, pack_gqa=pack_gqa, **fkw)
         r = self.ad.backward(q_, k_, v_, f.out, do_, f.lse, deterministic=deterministic, **kw)

@@ -359,6 +359,7 @@ LAUNCH = "CUDADialectError: error[CUDA_LAUNCH_INVALID_CONFIG]: CUDA launch faile
     (64, 128, 1, "sm90", "runs", LAUNCH, False),          # GQA: FA4 asserts instead (a refusal)
     (128, 128, 2, "sm90", "runs", LAUNCH, False),         # equal head dims fit
     (192, 128, 2, "sm90", "runs", LAUNCH, False),         # head_dim > head_dim_v
+    (96, 128, 2, "sm90", "runs", LAUNCH, False),          # a pair not measured: not this issue until it is
     (64, 128, 2, "sm100", "runs", LAUNCH, False),         # another arch
     (64, 128, 2, "sm90", "runs", "RuntimeError: illegal memory access", False),   # another failure
     (64, 128, 2, "sm90", "bwd_budget", LAUNCH, False),    # a wrong gradient is not a launch failure
@@ -380,6 +381,7 @@ def test_the_sm90_backward_launch_failure_at_head_dim_below_head_dim_v_is_scoped
     (True, "bwd_budget", "dq", True),        # the measured edge: the backward keeps causal
     (True, "bwd_stages", "dk", True),
     (True, "fwd_budget", "out", False),      # the forward drops causal, as it should: not this issue
+    (True, "finite", "dq", False),           # a kept causal mask moves values; a NaN is something else
     (True, "bwd_budget", "dsink", False),
     (False, "bwd_budget", "dq", False),      # the plain mask pair call
 ])

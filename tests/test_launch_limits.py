@@ -40,24 +40,34 @@ from fa4verify.compile import production as P
 P.enter_fake_device("h200")
 from fa4verify.problem import AttentionProblem, ValueSpec
 out = {}
-for hd, hdv, hk in [(64, 64, 2), (64, 128, 2), (64, 128, 1)]:
+only = sys.argv[1:] or ["64/64/2", "64/128/2", "64/128/1", "64/128/2again"]
+for name in only:
+    hd, hdv, hk = (int(x) for x in name.replace("again", "").split("/"))
     p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=150, seqlen_k=150, nheads=2, nheads_kv=hk,
                          head_dim=hd, head_dim_v=hdv, values=ValueSpec("normal", 1))
     r = P._run_call(None, P.CompileCall("backward", p))
-    out[f"{hd}/{hdv}/{hk}"] = {k: r.get(k) for k in ("launch_over_limit", "kernels_read", "refused", "call")}
+    out[name] = {k: r.get(k) for k in ("launch_over_limit", "kernels_read", "kernels_unread", "refused", "call")}
 print("JSON" + json.dumps(out))
 """
 
 
-@pytest.mark.slow
-def test_a_compile_only_call_reports_the_sm90_backward_that_would_not_launch(tmp_path):
+def _run(tmp_path, *args, cache=None):
     import os
     env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0")
-    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=900, env=env,
+    if cache is not None:
+        env.update(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="1", FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(cache))
+    r = subprocess.run([sys.executable, "-c", CODE, *args], capture_output=True, text=True, timeout=900, env=env,
                        cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.split("JSON", 1)[1])
+    return json.loads(r.stdout.split("JSON", 1)[1])
+
+
+@pytest.mark.slow
+def test_a_compile_only_call_reports_the_sm90_backward_that_would_not_launch(tmp_path):
+    out = _run(tmp_path)
     assert out["64/64/2"]["launch_over_limit"] == [] and out["64/64/2"]["kernels_read"] >= 2
+    # a call that reuses the kernel compiled by an earlier call of the process is named too
+    assert out["64/128/2again"]["launch_over_limit"] == out["64/128/2"]["launch_over_limit"]
     over = out["64/128/2"]["launch_over_limit"]
     assert [(a, n, m) for _name, a, n, m in over] == [("sm_90a", 248832, 232448)], over
     assert "Backward" in over[0][0] or "bwd" in over[0][0]
@@ -73,3 +83,18 @@ def test_a_compile_only_call_reports_the_sm90_backward_that_would_not_launch(tmp
     q = p.replace(head_dim=192, head_dim_v=128)        # a launch failure no known issue describes
     unexplained, known = _launch_verdicts([(CompileCall("backward", q), res)])
     assert len(unexplained) == 1 and not known and "248,832 B" in unexplained[0]
+
+
+@pytest.mark.slow
+def test_a_kernel_loaded_from_the_kernel_cache_keeps_its_launch_verdict(tmp_path):
+    """With FA4's persistent kernel cache the verdict is stored beside the cached kernel: a later
+    process that loads it from disk names the same launch; a cache without the record is not read."""
+    cache = tmp_path / "kcache"
+    first = _run(tmp_path, "64/128/2", cache=cache)["64/128/2"]
+    second = _run(tmp_path, "64/128/2", cache=cache)["64/128/2"]
+    assert first["launch_over_limit"] and second["launch_over_limit"] == first["launch_over_limit"]
+    assert second["kernels_unread"] == 0
+    for f in cache.rglob("*.launch.json"):
+        f.unlink()
+    third = _run(tmp_path, "64/128/2", cache=cache)["64/128/2"]
+    assert third["launch_over_limit"] == [] and third["kernels_unread"] >= 1

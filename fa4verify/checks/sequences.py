@@ -71,6 +71,10 @@ def result(res: Any, where: str) -> CheckResult:
         return CheckResult(status="undecided", where=where, metrics=metrics, details=details, summary=short)
     tested = sorted(a for a in out_attrs if res.exercised.get(a))
     details["left_out_not_varied"] = sorted(set(out_attrs) - set(tested))
+    # the attributes the key holds only through its callable hash: varied by construction
+    # (Note [Constructed sequence]); one no call varied (refused, not run) is said
+    from fa4verify.sequences.machine import BY_CALLABLE
+    details["by_callable_not_varied"] = sorted(a for a in BY_CALLABLE if not res.exercised.get(a))
     if out_attrs and not tested:
         return CheckResult(status="undecided", where=where, metrics=metrics, details=details,
                            summary=(f"{res.judged} calls judged, but no call reused a kernel with another value "
@@ -86,7 +90,10 @@ def result(res: Any, where: str) -> CheckResult:
                                 f"key-sharing calls varied {', '.join(tested) or '-'}"
                                 + (f"; left out of the key but not varied (refused or not run): "
                                    f"{', '.join(details['left_out_not_varied'])}"
-                                   if details["left_out_not_varied"] else "")))
+                                   if details["left_out_not_varied"] else "")
+                                + (f"; held by the callable hash but not varied (refused or not run): "
+                                   f"{', '.join(details['by_callable_not_varied'])}"
+                                   if details["by_callable_not_varied"] else "")))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,25 +11,33 @@ it when it compiles: the host function of such a launch holds an unconditional
 Max: <max> bytes.", <allocated>)`` -- the format is emitted for every launch, the call only where
 the allocation is over the limit. :func:`over_limit` reads those calls from a compiled function's
 host IR, so a compile-only run (``--fake-device``) names every call of the audit that would not
-launch, on an arch no machine here has (B200 included). :func:`install` records each function FA4
-compiles in this process; a function loaded from FA4's kernel cache carries no IR and is not read
-(counted apart).
+launch, on an arch no machine here has (B200 included).
+
+:func:`install` hooks FA4's in-process compile cache (``cache_utils.JITCache``, which its
+persistent subclass calls for compiles and disk loads alike): a compiled function is read once per
+FA4 compile key (its verdict kept in this process and, with FA4's persistent kernel cache, in a
+``<key hash>.launch.json`` beside the cached object, so a later process that loads the kernel from
+disk knows it too), and every use of a key (``__contains__`` / ``__getitem__``: FA4 asks for its key
+before each call, compile-only calls included) is counted for the call that made it. A key whose function came from the disk cache without such a record (a cache
+filled before this reading existed) is counted as not read: the check says so, undecided.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import pickle
 import re
-from typing import Any
+from typing import Any, Optional
 
 __all__ = ["over_limit", "install", "take"]
 
 _FMT = re.compile(r'llvm\.mlir\.global internal constant @(printfFormat_\d+)\("[^"]*launch shared memory exceeds '
                   r'current GPU arch (\w+) allowed\. Allocated: %lld bytes\. Max: (\d+) bytes')
 
-#: (function name, arch, allocated bytes, max bytes) of the launches over the limit, since take()
-_OVER: list[tuple[str, str, int, int]] = []
-#: [functions read, functions without IR (loaded from a cache)] since take()
-_COUNTS = [0, 0]
-_SEEN: set[int] = set()        # functions read since take() (a subclass's __setitem__ calls its base's)
+#: key hash -> [(function name, arch, allocated bytes, max bytes)] over the limit, or None (not read)
+_BY_KEY: dict[str, Optional[list]] = {}
+#: key hashes used since take()
+_USED: set[str] = set()
 _INSTALLED = False
 
 
@@ -51,46 +59,74 @@ def over_limit(ir_text: str) -> list[tuple[str, int, int]]:
     return out
 
 
-def _record(fn: Any) -> None:
-    if id(fn) in _SEEN:
-        return
-    _SEEN.add(id(fn))
+def _key_hash(key: Any) -> str:
+    try:
+        return hashlib.sha256(pickle.dumps(key)).hexdigest()      # FA4's own (cache_utils._key_to_hash)
+    except Exception:      # noqa: BLE001 - an unpicklable key: its text
+        return hashlib.sha256(repr(key).encode()).hexdigest()
+
+
+def _record(cache: Any, key: Any, fn: Any) -> None:
+    h = _key_hash(key)
+    side = getattr(cache, "cache_path", None)
+    side = None if side is None else side / f"{h}.launch.json"
     ir = getattr(fn, "ir_module", None)
-    if ir is None:
-        _COUNTS[1] += 1
+    if ir is not None:
+        name = str(getattr(fn, "function_name", "") or type(fn).__name__)
+        over = [[name, a, n, m] for a, n, m in over_limit(str(ir))]
+        _BY_KEY[h] = over
+        if side is not None:
+            try:
+                side.write_text(json.dumps(over))
+            except OSError:
+                pass
         return
-    _COUNTS[0] += 1
-    name = str(getattr(fn, "function_name", "") or type(fn).__name__)
-    for arch, alloc, mx in over_limit(str(ir)):
-        _OVER.append((name, arch, alloc, mx))
+    if h in _BY_KEY and _BY_KEY[h] is not None:
+        return
+    try:
+        _BY_KEY[h] = json.loads(side.read_text()) if side is not None and side.exists() else None
+    except (OSError, ValueError):
+        _BY_KEY[h] = None
 
 
 def install() -> None:
-    """Read every function FA4 compiles in this process (FA4's ``JITCache`` and its persistent
-    subclass: their ``__setitem__``). Compile-only processes only."""
+    """Hook FA4's in-process compile cache (compile-only processes only)."""
     global _INSTALLED
     if _INSTALLED:
         return
     from flash_attn.cute import cache_utils
-    for cls in {cache_utils.JITCache, getattr(cache_utils, "JITPersistentCache", cache_utils.JITCache)}:
-        orig = cls.__dict__.get("__setitem__")
-        if orig is None:
-            continue
+    cls = cache_utils.JITCache
+    set_orig, get_orig, has_orig = cls.__setitem__, cls.__getitem__, cls.__contains__
 
-        def setitem(self, key, fn, _orig=orig):
-            try:
-                _record(fn)
-            except Exception:      # noqa: BLE001 - reading the IR must never break a compile
-                pass
-            return _orig(self, key, fn)
-        cls.__setitem__ = setitem
+    def setitem(self, key, fn):
+        try:
+            _record(self, key, fn)
+        except Exception:      # noqa: BLE001 - reading the IR must never break a compile
+            pass
+        return set_orig(self, key, fn)
+
+    def getitem(self, key):
+        _USED.add(_key_hash(key))
+        return get_orig(self, key)
+
+    def contains(self, key):      # FA4 asks before each call (a compile-only call stops there)
+        _USED.add(_key_hash(key))
+        return has_orig(self, key)
+    cls.__setitem__, cls.__getitem__, cls.__contains__ = setitem, getitem, contains
     _INSTALLED = True
 
 
 def take() -> tuple[list[tuple[str, str, int, int]], int, int]:
-    """(launches over the limit, functions read, functions without IR) since the last take()."""
-    out = (list(_OVER), _COUNTS[0], _COUNTS[1])
-    _OVER.clear()
-    _SEEN.clear()
-    _COUNTS[0] = _COUNTS[1] = 0
-    return out
+    """(launches over the limit, kernels read, kernels not read) of the keys used since the last
+    take(), each key once."""
+    over: list = []
+    read = unread = 0
+    for h in sorted(_USED):
+        rec = _BY_KEY.get(h)
+        if rec is None:
+            unread += 1
+        else:
+            read += 1
+            over.extend(tuple(x) for x in rec)
+    _USED.clear()
+    return over, read, unread

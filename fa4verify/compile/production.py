@@ -360,8 +360,8 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
     t0 = time.time()
 
     def launches() -> dict[str, Any]:
-        over, read, cached = launch_limits.take()
-        return {"launch_over_limit": over, "kernels_read": read, "kernels_cached": cached}
+        over, read, unread = launch_limits.take()
+        return {"launch_over_limit": over, "kernels_read": read, "kernels_unread": unread}
     try:
         tgt = ProductionTarget(fake=True, emulation=call.emulation)
         if call.op == "combine":
@@ -418,21 +418,23 @@ def _summarise(ctx: Any, results: list) -> Any:
     emu_off = sum(1 for c, _v in done if c.emulation == "disabled")
     over, known = _launch_verdicts(results)
     read = sum(int(v.get("kernels_read", 0)) for _c, v in results)
-    cached = sum(int(v.get("kernels_cached", 0)) for _c, v in results)
-    launch = (f"; launch limits read from {read} compiled kernel(s)"
-              + (f" ({cached} loaded from FA4's kernel cache, not read)" if cached else ""))
+    unread = sum(int(v.get("kernels_unread", 0)) for _c, v in results)
+    launch = (f"; launch limits read for {read} kernel use(s)"
+              + (f"; {unread} kernel use(s) not read (loaded from an FA4 kernel cache filled before launch "
+                 "limits were recorded: run once with --kernel-cache off)" if unread else ""))
     if over:
         launch += (f"; {len(over)} call(s) would not launch (shared memory over the per-block limit), first: "
                    f"{over[0]}")
     if known:
         launch += f"; {len(known)} would not launch as known issue(s) say ({', '.join(sorted(set(known.values())))})"
     return CheckResult(
-        status="fail" if over else "skip", where="compile-only",
+        status="fail" if over else ("undecided" if unread else "skip"), where="compile-only",
         summary=(f"compile-only on a fake {gpu.label}: {len(done)} FA4 call(s) compiled"
                  + (f" ({emu_off} with exp2 emulation off)" if emu_off else "")
                  + (f", {len(refused)} refused by FA4 (first: {refused[0]['refused'][:120]})" if refused else "")
                  + launch + ("" if over else "; nothing ran, so no verdict on values")),
         metrics={"compiled_calls": len(done), "refused_calls": len(refused), "kernels_read": read,
+                 "kernels_unread": unread,
                  "launch_over_limit": len(over), "launch_over_limit_known": len(known)},
         details={"table": {"columns": ["FA4 call", "tile", "exp2 emulation", "seconds"], "rows": rows},
                  "configs": [v["configs"] for _c, v in done], "fake_device": gpu.label,

@@ -363,7 +363,8 @@ def _backward_verdicts(problem, bs, st, ob, obs, rows, keys, bp_row, nb, nbb, de
     q_el = {"abs_dsk": _np(ob.aux["dsk_abs"][:, ri]).reshape(B * nr, H, D),
             "abs_p_dov_k": sc * qsel(obs.q["p_dov"]),
             "sub_dsk": _np(subk[:, ri]).reshape(B * nr, H, D),
-            "abs_dpd_k": sc * qsel(obs.q["dpd"])}
+            "abs_dpd_k": sc * qsel(obs.q["dpd"]),
+            "abs_tanh_dsk": np.zeros((B * nr, H, D))}       # no softcap in this scope (its refusal above)
     derr_rows = _np(obs.derr[:, :, ri]).transpose(0, 2, 1).reshape(B * nr, H)
     q_el["abs_p_derr_k"] = sc * derr_rows[..., None] * qsel(obs.q["p"])
     stq = st._common()
@@ -386,7 +387,8 @@ def _backward_verdicts(problem, bs, st, ob, obs, rows, keys, bp_row, nb, nbb, de
     ksel = lambda x: _np(grp(x.permute(0, 2, 1, 3))[:, ki]).reshape(B * nk, Hk, -1)   # noqa: E731
     k_el = {"abs_dsq": _np(ob.aux["dsq_abs"][:, ki]).reshape(B * nk, Hk, D),
             "abs_p_dov_q": sc * ksel(obs.k["p_dov"]), "abs_p_derr_q": sc * ksel(obs.k["p_derr"]),
-            "sub_dsq": _np(subq[:, ki]).reshape(B * nk, Hk, D), "abs_dpd_q": sc * ksel(obs.k["dpd"])}
+            "sub_dsq": _np(subq[:, ki]).reshape(B * nk, Hk, D), "abs_dpd_q": sc * ksel(obs.k["dpd"]),
+            "abs_tanh_dsq": np.zeros((B * nk, Hk, D))}
     # k_row: seqlen_q = sq * g, n_blocks and backward_p = maxima over the batch entry's rows
     nbk = float(np.maximum(nb, nbb).max()) if sq else 0.0
     bpk = bp_row.reshape(B, sq, Hk, g).max(axis=(1, 3)) if sq else np.zeros((B, Hk))   # (B, Hk)

@@ -228,6 +228,7 @@ def judge_device(problem, bs, f, q, k, v, out, lse, *, dout, dq, dk, dv, rows, k
         st.update({"abs_dsk": obw.aux["dsk_abs"][:, ri], "abs_p_dov_k": sc * qp["p_dov"][:, ri],
                    "sub_dsk": cK[:, lastc[ri]][:, :, hk_of] * vis[ri][None, :, None, None] * sc,
                    "abs_dpd_k": sc * qp["dpd"][:, ri],
+                   "abs_tanh_dsk": torch.zeros((B, nr, H, D), dtype=f64, device=dev),   # no softcap here
                    "abs_p_derr_k": sc * derr_rows[..., None] * qp["p"][:, ri],
                    "abs_dq": obw.dq[:, ri].abs()})
         bud = bs.evaluate("backward_dq", st, be).expand(B, nr, H, D)
@@ -262,7 +263,8 @@ def judge_device(problem, bs, f, q, k, v, out, lse, *, dout, dq, dk, dv, rows, k
         sn = seen[ki][None, :, None, None]
         st.update({"abs_dsq": obw.aux["dsq_abs"][:, ki], "abs_p_dov_q": sc * grp(kp["p_dov"][:, ki]),
                    "abs_p_derr_q": sc * grp(kp["p_derr"][:, ki]), "sub_dsq": raQ[:, i0c[ki]] * sn * sc,
-                   "abs_dpd_q": sc * grp(kp["dpd"][:, ki]), "abs_dk": obw.dk[:, ki].abs()})
+                   "abs_dpd_q": sc * grp(kp["dpd"][:, ki]), "abs_dk": obw.dk[:, ki].abs(),
+                   "abs_tanh_dsq": torch.zeros((B, nk, Hk, D), dtype=f64, device=dev)})
         bud_dk = bs.evaluate("backward_dk", st, be).expand(B, nk, Hk, D)
         st.update({"abs_pdo": obw.aux["pdo_abs"][:, ki], "sum_abs_do": rdO[:, i0c[ki]] * sn,
                    "abs_dv": obw.dv[:, ki].abs()})
