@@ -1385,6 +1385,14 @@ def exp2_emulation_enabled() -> bool:
     return not _EMULATION_DISABLED
 
 
+def fa4_compile_cache_class() -> Any:
+    """FA4's in-process compile cache class (``flash_attn.cute.cache_utils.JITCache``; its
+    persistent subclass calls it for compiles and disk loads alike): compile-only readers hook it
+    (Note [Launch limits, compile-only] in fa4verify/compile/launch_limits.py)."""
+    from flash_attn.cute import cache_utils
+    return cache_utils.JITCache
+
+
 def install_compile_only_shims(num_sms: int) -> None:
     """Make FA4 compile on a machine without a GPU (compile-only use; not numerics).
 

@@ -94,8 +94,8 @@ def install() -> None:
     global _INSTALLED
     if _INSTALLED:
         return
-    from flash_attn.cute import cache_utils
-    cls = cache_utils.JITCache
+    from fa4verify.kernels.adapter import fa4_compile_cache_class
+    cls = fa4_compile_cache_class()
     set_orig, get_orig, has_orig = cls.__setitem__, cls.__getitem__, cls.__contains__
 
     def setitem(self, key, fn):

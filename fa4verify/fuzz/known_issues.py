@@ -421,8 +421,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         "sm90_bwd_hdv_gt_hd_smem",
         "SM90 backward at head_dim < head_dim_v (64/128, 128/256) with nheads == nheads_kv: CUDA rejects the "
-        "launch (cudaErrorInvalidValue); the kernel's shared storage (248,832 B at 64/128, 306,176 B at "
-        "128/256) exceeds the 232,448 B a block may use on sm_90. With GQA FA4 asserts 'GQA backward "
+        "launch (cudaErrorInvalidValue); the kernel's shared storage (248,832 B at 64/128; 264,192 B or "
+        "306,176 B at 128/256 by tile) exceeds the 232,448 B a block may use on sm_90. With GQA FA4 asserts 'GQA backward "
         "requires head_dim == head_dim_v', so no SM90 backward runs at head_dim < head_dim_v",
         "flash-attn-4 4.0.0b36: interface.py _tile_size_bwd_sm90 picks the backward tile by head_dim "
         "alone (hd <= 64: 128 x 128 with two Q and two dO stages), while dO and V are head_dim_v wide. "
