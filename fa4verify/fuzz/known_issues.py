@@ -165,10 +165,10 @@ def _sm90_bwd_compile(problem: AttentionProblem, a: Mapping[str, Any], v: "Viola
             and "failed to partition" in v.message)
 
 
-#: the head-dim pairs whose SM90 MHA backward was measured not to launch (H200, 6f502c4), with the
-#: shared storage compile-only said (bytes; the limit 232,448): another pair is not this issue
-#: until measured (a compile-only run names it: Note [Launch limits, compile-only])
-SM90_BWD_SMEM_OVER = {(64, 128): 248_832, (128, 256): 306_176}
+#: the (head_dim, head_dim_v) pairs whose SM90 MHA backward was measured not to launch (H200,
+#: 6f502c4): another pair is not this issue until measured (a compile-only run names it: Note
+#: [Launch limits, compile-only])
+SM90_BWD_SMEM_OVER = frozenset({(64, 128), (128, 256)})
 
 
 def _sm90_bwd_hdv_gt_hd_smem(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:

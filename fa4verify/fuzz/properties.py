@@ -693,7 +693,7 @@ def _seeded_dlse(problem: AttentionProblem, fwd: Any, sd: float = 0.5) -> np.nda
 
 def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Any, deterministic: bool,
                     obwd: Any, allow: Mapping[str, np.ndarray], stats: Any, dl: Optional[np.ndarray],
-                    g_dl: Any, metrics: dict, undecided: dict, ref_out: Any, ofwd: Any = None) -> Optional[str]:
+                    g_dl: Any, metrics: dict, undecided: dict, ref_out: Any, ofwd: Any) -> Optional[str]:
     """Part of ``bwd_stages`` (Note [The public autograd path] in fa4verify/targets.py), on every
     call without a call form (varlen included; the taps' dLSE pass is dense only): the gradients
     of FA4's public autograd path within the driver's budgets (the same kernels: a violation is

@@ -386,6 +386,18 @@ class BudgetStats:
         return ("the interval bound overflows float64 here (a P interval past 2^1024: an S rounding bound of "
                 "over 1000 log2 units): the problem's logits are beyond what the bound can represent")
 
+    def _builtin_softcap(self) -> float:
+        """The softcap ``c`` the kernel applies with FA4's built-in operations: the problem's, or
+        that of fa4verify's built-in softcap pair (Note [A softcap pair in the built-in's model]; a
+        user pair's claim is not trusted); 0.0 without."""
+        if self.problem.softcap:
+            return float(self.problem.softcap)
+        from fa4verify import mods as _mods
+        sp = self.score_pair
+        if sp is not None and set(sp.equivalent) == {"softcap"} and _mods.is_builtin(sp):
+            return float(sp.equivalent["softcap"])
+        return 0.0
+
     def backward_interval(self, obwd: Any, out_allow: np.ndarray, out_bound: np.ndarray, *,
                           kernel_fwd: Optional[tuple] = None, tensor_core: Optional[str] = None,
                           dl_t: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
@@ -460,9 +472,9 @@ class BudgetStats:
         # over the whole S interval) admitted any P of a saturated row and left a huge-logit dV
         # without power (DERIVATIONS.md#backward-interval step 2)
         from fa4verify import mods as _mods
-        cap = float(p.softcap)
-        if spair is not None and not cap and set(spair.equivalent) == {"softcap"} and _mods.is_builtin(spair):
-            cap, spair = float(spair.equivalent["softcap"]), None   # its CuTe side is fa4verify's own
+        cap = self._builtin_softcap()
+        if cap and not p.softcap:
+            spair = None            # the built-in softcap pair: its CuTe side is fa4verify's own
         if spair is not None:
             saux = _mods.aux_for(p, spair, self._arrays)
         for bidx, ((qs, ks, _, _), keeps) in enumerate(zip(self._w, self._keeps)):
@@ -599,9 +611,7 @@ class BudgetStats:
         # the softcap factor 1 - tanh^2 that FA4 forms from tanh.approx (built-in softcap, or the
         # built-in softcap pair): its error is absolute, up to 2.01 tanh_rel t^2 (t = tanh(x / cap)),
         # not relative to the exact factor, which saturation takes to ~0 (DERIVATIONS.md#bwd-composition)
-        from fa4verify import mods as _mods
-        sp_ = self.score_pair
-        softcap_pair = (sp_ is not None and set(sp_.equivalent) == {"softcap"} and _mods.is_builtin(sp_))
+        softcap_pair = not p.softcap and self._builtin_softcap() > 0
         v_el = {n: np.zeros((tk, Hk, self.Dv)) for n in ("abs_pdo", "sum_abs_do") + (("rss_pdo",) if need_rss else ())}
         k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
         # backward_p per query row, then its max over the rows each key sums over
