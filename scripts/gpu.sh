@@ -63,6 +63,7 @@
 #   srcmut:ID[,ID] the catalogue's source mutants (fa4verify.mutants.source) under the audit's MUT_CHECKS
 #                  (default coverage.production or sequences.production; MUT_GPUS: the audit's --gpus), each copy with its own kernel
 #                  cache (scripts/audit_mutants.py)
+#   pguard         does FA4's backward preprocess write past its buffers / race? (scripts/gpu_preprocess_guard.py; PGUARD_REPS)
 #   hang           the planted kernel hang (sm90_bwd_hd64_hang) under the audit (HANG_CHECKS, HANG_TIMEOUT)
 #   hugemut        1/rowsum 2^-9 and D 2^-10 planted: fuzz.production on huge logits only and budgets.production.forward
 #                  (its huge-logit statistical cases) (HUGEMUT_CHECKS, HUGEMUT_N, HUGEMUT_T, HUGEMUT_IDS)
@@ -122,6 +123,7 @@ for step in "$@"; do
     fuzzfeat) timeout "$left" bash scripts/gpu/fuzz_features.sh ;;
     combine)  timeout "$left" python3 scripts/gpu_combine_diag.py --json "$OUT/combine_diag.json" --timeout 60 \
                 ${COMBINE_ONLY:+--only $COMBINE_ONLY} 2>&1 | grep -v Warn | tail -20 ;;
+    pguard)   timeout "$left" python3 scripts/gpu_preprocess_guard.py --json "$OUT/preprocess_guard.json" --reps "${PGUARD_REPS:-20}" 2>&1 | grep -v Warn | tail -12 ;;
     pagednan) timeout "$left" python3 scripts/gpu_paged_empty_nan.py --json "$OUT/paged_empty_nan.json" 2>&1 | grep -v Warning | tail -8 ;;
     predictions) timeout "$left" python3 scripts/gpu_predictions.py --json "$OUT/predictions.json" > "$OUT/predictions.log" 2>&1
               echo "predictions rc=$?"; tail -8 "$OUT/predictions.log" ;;
