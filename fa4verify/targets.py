@@ -996,6 +996,8 @@ class ProductionTarget(Target):
         if taps is not None and tapped is not None:
             for n in ("dpsum", "lse_log2", "dq_accum_zeroed"):
                 taps[n] = self._np(getattr(tapped, n))
+            taps["written_past_end"] = dict(tapped.written_past_end)    # Note [Scratch guard]
+            taps["guarded"] = dict(tapped.guarded)
             try:
                 taps["dq_accum"] = self._np(tapped.dq_accum_logical(r.dq))
             except RuntimeError as e:

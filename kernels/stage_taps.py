@@ -19,6 +19,19 @@ probe accumulators holding the base-256 digits of every flat index (integers <= 
 bf16 and fp16), so the index map is the one production's postprocess reads, never a layout
 guessed here.
 
+Note [Scratch guard]
+--------------------
+Each buffer the preprocess writes (``dpsum``, ``lse_log2``, ``dq_accum``; FA4 allocates them to
+the exact padded size) is handed to FA4's preprocess as a view at the start of a NaN-filled buffer
+:data:`GUARD` elements longer, then copied into FA4's own buffer, so the rest of the backward runs
+on FA4's allocation as before. After the backward, a non-NaN element in the guard is a write past
+the end of the buffer FA4 allocated: a write into foreign memory, seen on every call that makes it
+(a store does not depend on timing), where the same write inside the buffer -- into the next
+(batch, head)'s rows, which that head's own CTA writes too -- shows only as a race. Measured on an
+H100 (2026-12-05, ``scripts/gpu_preprocess_guard.py``): FA4 4.0.0b36's SM90 preprocess at tile_m 80
+and head_dim_v 64 writes 16 zeros past the end of ``dpsum``. What the guard costs: one fill and one
+copy per buffer, between the preprocess and the main kernel (where the taps already clone).
+
 The adapter stays the only importer of ``flash_attn.cute``: the interface module comes from
 :func:`fa4verify.kernels.adapter.interface_module`, or is passed in (tests pass a fake).
 """
@@ -44,6 +57,12 @@ class BackwardTaps:
     dq_scale: Optional[float] = None   #: the scale the dQ postprocess applies (softmax_scale)
     preprocess_calls: int = 0
     postprocess_calls: int = 0
+    #: Note [Scratch guard]: per guarded buffer ("dpsum", "lse_log2", "dq_accum"), how many of the
+    #: GUARD elements right after the end of the buffer FA4 allocated the preprocess wrote (0: none)
+    written_past_end: dict = dataclasses.field(default_factory=dict)
+    #: the guarded buffers' element counts (what FA4 allocated)
+    guarded: dict = dataclasses.field(default_factory=dict)
+    _guards: list = dataclasses.field(default_factory=list, repr=False)   # (name, big, n) to read at exit
     _post: Any = dataclasses.field(default=None, repr=False)        # FA4's postprocess driver
     _post_args: Any = dataclasses.field(default=None, repr=False)   # its dQ call (args, kwargs)
     _dq_accum_obj: Any = dataclasses.field(default=None, repr=False)
@@ -95,9 +114,23 @@ def capture_backward_stages(interface=None) -> Iterator[BackwardTaps]:
     orig_post = interface._bwd_postprocess_convert
 
     def pre(out, dout, dpsum, lse, lse_log2, dq_accum, *args, **kw):
-        orig_pre(out, dout, dpsum, lse, lse_log2, dq_accum, *args, **kw)
+        fake = kw.get("fake_mode", False)
+        views = {}
+        if not fake:
+            for name, t in (("dpsum", dpsum), ("lse_log2", lse_log2), ("dq_accum", dq_accum)):
+                g = _guarded_view(t)
+                if g is not None:
+                    views[name] = g
+        orig_pre(out, dout, views.get("dpsum", (dpsum,))[0], lse, views.get("lse_log2", (lse_log2,))[0],
+                 views.get("dq_accum", (dq_accum,))[0], *args, **kw)
+        for name, t in (("dpsum", dpsum), ("lse_log2", lse_log2), ("dq_accum", dq_accum)):
+            if name in views:
+                v, big = views[name]
+                t.copy_(v)                       # FA4's own buffer gets what its preprocess wrote
+                taps._guards.append((name, big, t.numel()))
+                taps.guarded[name] = int(t.numel())
         taps.preprocess_calls += 1
-        if not kw.get("fake_mode", False):
+        if not fake:
             taps.dpsum = dpsum.clone()
             taps.lse_log2 = None if lse_log2 is None else lse_log2.clone()
             taps.dq_accum_zeroed = None if dq_accum is None else dq_accum.clone()
@@ -119,9 +152,28 @@ def capture_backward_stages(interface=None) -> Iterator[BackwardTaps]:
     interface._bwd_postprocess_convert = post
     try:
         yield taps
+        for name, big, n in taps._guards:   # read after the backward: no sync between FA4's kernels
+            tail = big[n:]
+            taps.written_past_end[name] = taps.written_past_end.get(name, 0) + int((tail == tail).sum())
     finally:
+        taps._guards.clear()
         interface._bwd_preprocess = orig_pre
         interface._bwd_postprocess_convert = orig_post
+
+
+#: Note [Scratch guard]: NaN elements after the end of each guarded preprocess buffer
+GUARD = 2048
+
+
+def _guarded_view(t):
+    """``(view, big)``: a view of ``t``'s shape and strides at the start of a NaN-filled buffer
+    :data:`GUARD` elements longer (Note [Scratch guard]); None for a tensor that is not a
+    contiguous floating-point tensor (left as FA4 allocated it)."""
+    if t is None or not t.is_contiguous() or not t.is_floating_point():
+        return None
+    import torch
+    big = torch.full((t.numel() + GUARD,), float("nan"), dtype=t.dtype, device=t.device)
+    return big[: t.numel()].view(t.shape), big
 
 
 def backward_with_taps(q, k, v, out, dout, lse, *, interface=None, **kw):

@@ -356,6 +356,8 @@ LAUNCH = "CUDADialectError: error[CUDA_LAUNCH_INVALID_CONFIG]: CUDA launch faile
 @pytest.mark.parametrize("hd, hdv, nheads_kv, arch, prop, message, expect", [
     (64, 128, 2, "sm90", "runs", LAUNCH, True),           # MHA, head_dim < head_dim_v: the measured rows
     (128, 256, 2, "sm90", "runs", LAUNCH, True),
+    (128, 256, 2, "sm90", "runs", "RuntimeError: CUDA Error Code: 1 | case: ...", True),   # a disk-cached kernel
+    (128, 256, 2, "sm90", "runs", "RuntimeError: CUDA Error Code: 700 | case: ...", False),  # another error code
     (64, 128, 1, "sm90", "runs", LAUNCH, False),          # GQA: FA4 asserts instead (a refusal)
     (128, 128, 2, "sm90", "runs", LAUNCH, False),         # equal head dims fit
     (192, 128, 2, "sm90", "runs", LAUNCH, False),         # head_dim > head_dim_v
@@ -380,6 +382,8 @@ def test_the_sm90_backward_launch_failure_at_head_dim_below_head_dim_v_is_scoped
 @pytest.mark.parametrize("mask_causal, prop, quantity, expect", [
     (True, "bwd_budget", "dq", True),        # the measured edge: the backward keeps causal
     (True, "bwd_stages", "dk", True),
+    (True, "bwd_stages", "dq_accum", True),  # dQ before its scale (measured: the H100 cold audit at 299cd69)
+    (True, "bwd_stages", "D", False),        # D = rowsum(dO * O) reads no mask
     (True, "fwd_budget", "out", False),      # the forward drops causal, as it should: not this issue
     (True, "finite", "dq", False),           # a kept causal mask moves values; a NaN is something else
     (True, "bwd_budget", "dsink", False),
@@ -395,3 +399,36 @@ def test_the_mask_mod_causal_backward_issue_takes_gradients_of_that_call_form_on
                          call=CallForm(mask_causal=True) if mask_causal else None)
     ki = match_known_issue(p, Violation(prop, f"{quantity}: planted", {"quantity": quantity}), target="production")
     assert (ki is not None and ki.name == "mask_mod_causal_bwd") == expect, ki
+
+
+@pytest.mark.parametrize("hd, hdv, causal, batch, nheads, overrun, prop, quantity, expect", [
+    (128, 64, False, 1, 2, {"dpsum": 16}, "bwd_stages", "scratch_bounds", True),   # the measured overrun
+    (128, 64, False, 1, 2, {"dpsum": 16}, "bwd_stages", "D_dlse", True),            # the race on the next head's D
+    (128, 64, False, 1, 2, {"dpsum": 16}, "bwd_budget", "dq", True),               # downstream of D
+    (128, 64, False, 1, 2, {"dpsum": 16}, "deterministic_bwd", "dq", True),        # not repeatable
+    (128, 64, False, 1, 2, {"dpsum": 16}, "bwd_budget", "dsink", False),           # not computed from D
+    (128, 64, False, 1, 2, {"dpsum": 16}, "fwd_budget", "out", False),             # the forward
+    (128, 64, False, 1, 1, {"dpsum": 16}, "bwd_budget", "dq", False),              # no other head to race with
+    (128, 64, False, 1, 1, {"dpsum": 16}, "bwd_stages", "scratch_bounds", True),
+    (128, 64, False, 1, 2, None, "bwd_budget", "dq", False),                       # this call showed no overrun
+    (128, 64, False, 1, 2, {"dpsum": 32}, "bwd_stages", "scratch_bounds", False),  # not what was measured
+    (128, 64, False, 1, 2, {"lse_log2": 16}, "bwd_stages", "scratch_bounds", False),
+    (128, 64, True, 1, 2, {"dpsum": 16}, "bwd_stages", "scratch_bounds", False),   # causal: tile_m 64
+    (128, 128, False, 1, 2, {"dpsum": 16}, "bwd_stages", "scratch_bounds", False), # hdv 128 measured clean
+])
+def test_the_sm90_preprocess_overrun_issue_takes_only_what_its_call_showed(hd, hdv, causal, batch, nheads, overrun,
+                                                                           prop, quantity, expect):
+    """sm90_bwd_preprocess_overrun (measured on an H100 at 299cd69) absorbs a violation only of an
+    example whose own backward wrote the measured 16 elements past D (Note [Scratch guard]), at the
+    measured tile and head_dim_v; what it absorbs beyond the overrun is what D feeds, and only with a
+    second (batch, head) whose D rows the overrun races with."""
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=batch, seqlen_q=137, seqlen_k=184, nheads=nheads,
+                         nheads_kv=nheads, head_dim=hd, head_dim_v=hdv, causal=causal)
+    m = {"quantity": quantity}
+    if overrun is not None:
+        m["scratch_overrun"] = overrun
+    ki = match_known_issue(p, Violation(prop, f"{quantity}: planted", m), target="production")
+    assert (ki is not None and ki.name == "sm90_bwd_preprocess_overrun") == expect, ki
+    assert match_known_issue(p, Violation(prop, f"{quantity}: planted", m), target="twin") is None

@@ -14,16 +14,20 @@ from fa4verify.mutants import detection as det  # noqa: E402
 from fa4verify.kernels.stage_taps import capture_backward_stages  # noqa: E402
 
 
-def _fake_interface(perm, sink_tensors=True):
+def _fake_interface(perm, sink_tensors=True, overrun=0):
     """A stand-in for flash_attn.cute.interface: _flash_attn_bwd calls the two drivers through
     module globals as FA4 does; dq_accum is stored in the permuted order ``perm``.
-    ``sink_tensors=False``: the postprocess takes no ``sink_tensors`` (4.0.0b20..b25)."""
+    ``sink_tensors=False``: the postprocess takes no ``sink_tensors`` (4.0.0b20..b25).
+    ``overrun``: the preprocess also writes that many zeros right after the end of ``dpsum``
+    (FA4 4.0.0b36's SM90 preprocess at tile_m 80 and head_dim_v 64 writes 16: Note [Scratch guard])."""
     mod = types.ModuleType("fake_interface")
 
     def pre(out, dout, dpsum, lse, lse_log2, dq_accum, *a, fake_mode=False, **kw):
         dpsum[:, :, :out.shape[1]] = (out.float() * dout.float()).sum(-1).transpose(1, 2)
         lse_log2[:, :, :out.shape[1]] = lse * math.log2(math.e)
         dq_accum.zero_()
+        if overrun:     # through the storage, as a kernel's store would: past the tensor's end
+            torch.as_strided(dpsum, (dpsum.numel() + overrun,), (1,))[dpsum.numel():] = 0.0
 
     def post(accum, output, scale, *a, fake_mode=False, sink_tensors=None, **kw):
         b, s, h, d = output.shape
@@ -69,6 +73,49 @@ def test_taps_capture_stage_buffers_and_restore_drivers(sink_tensors):
     torch.testing.assert_close(taps.dpsum[:, :, :s], (out.float() * dout.float()).sum(-1).transpose(1, 2))
     logical = taps.dq_accum_logical(dq)      # decoded through the (fake) postprocess's own layout
     assert torch.equal(logical, q.float() / 0.5)
+
+
+@pytest.mark.parametrize("overrun", [0, 16])
+def test_the_scratch_guard_sees_a_write_past_the_preprocess_buffer_and_changes_nothing_else(overrun):
+    """Note [Scratch guard]: the preprocess writes into a guarded view; what it wrote reaches FA4's
+    own buffer (the backward goes on as before) and a write past the end is counted, per buffer."""
+    b, s, h, d = 1, 8, 2, 4
+    perm = torch.randperm(s * d, generator=torch.Generator().manual_seed(0))
+    mod = _fake_interface(perm, overrun=overrun)
+    g = torch.Generator().manual_seed(1)
+    q = (torch.randint(-8, 8, (b, s, h, d), generator=g) / 4).to(torch.bfloat16)
+    out, dout = torch.randn(b, s, h, d).to(torch.bfloat16), torch.randn(b, s, h, d).to(torch.bfloat16)
+    with capture_backward_stages(mod) as taps:
+        dq = mod._flash_attn_bwd(q, out, dout, torch.randn(b, h, s), 0.5)
+    assert taps.written_past_end == {"dpsum": overrun, "lse_log2": 0, "dq_accum": 0}
+    assert taps.guarded == {"dpsum": b * h * (s + 3), "lse_log2": b * h * (s + 3), "dq_accum": b * h * s * d}
+    torch.testing.assert_close(taps.dpsum[:, :, :s], (out.float() * dout.float()).sum(-1).transpose(1, 2))
+    assert torch.equal(taps.dq_accum_logical(dq), q.float() / 0.5)
+
+
+def test_a_write_past_the_preprocess_buffer_fails_bwd_stages_and_marks_the_examples_other_violations():
+    """The judge's side of Note [Scratch guard]: an overrun is a ``bwd_stages`` violation
+    (quantity ``scratch_bounds``), and every later violation of the same example carries it."""
+    from fa4verify.fuzz.properties import _judge_scratch_guard
+    from fa4verify.fuzz.violation import _EXAMPLE_FACTS, Violation, _fail
+    from fa4verify.problem import AttentionProblem
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=137, seqlen_k=184, nheads=2, nheads_kv=2,
+                         head_dim=128, head_dim_v=64)
+    _judge_scratch_guard(p, {"written_past_end": {"dpsum": 0}, "guarded": {"dpsum": 320}})   # nothing past the end
+    token = _EXAMPLE_FACTS.set({})
+    try:
+        with pytest.raises(Violation) as e:
+            _judge_scratch_guard(p, {"written_past_end": {"dpsum": 16, "lse_log2": 0}, "guarded": {"dpsum": 320}})
+        assert e.value.prop == "bwd_stages" and e.value.metrics["quantity"] == "scratch_bounds"
+        assert e.value.metrics["scratch_overrun"] == {"dpsum": 16} and "dpsum: 16 element(s) past its 320" in e.value.message
+        with pytest.raises(Violation) as later:
+            _fail(Violation("bwd_budget", "dq: planted", {"quantity": "dq"}))
+        assert later.value.metrics["scratch_overrun"] == {"dpsum": 16}
+    finally:
+        _EXAMPLE_FACTS.reset(token)
+    with pytest.raises(Violation) as outside:      # another example: nothing carried over
+        _fail(Violation("bwd_budget", "dq: planted", {"quantity": "dq"}))
+    assert "scratch_overrun" not in outside.value.metrics
 
 
 def test_taps_restore_drivers_on_error():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
@@ -178,7 +179,43 @@ def _sm90_bwd_hdv_gt_hd_smem(problem: AttentionProblem, a: Mapping[str, Any], v:
     return (problem.arch == "sm90" and v.prop == "runs"
             and (problem.head_dim, problem.head_dim_v) in SM90_BWD_SMEM_OVER
             and problem.nheads == problem.nheads_kv
-            and ("CUDA_LAUNCH_INVALID_CONFIG" in v.message or "cudaErrorInvalidValue" in v.message))
+            and INVALID_LAUNCH.search(v.message) is not None)
+
+
+#: how a launch CUDA rejects as invalid (cudaErrorInvalidValue, code 1) reads in FA4's exceptions:
+#: a kernel compiled in the process (CUDA_LAUNCH_INVALID_CONFIG / cudaErrorInvalidValue, measured on
+#: the H200 at 6f502c4) and one loaded from FA4's disk cache ("CUDA Error Code: 1", measured on an
+#: H100 at 299cd69, the warm audit's rows 13, 27, 98, 126, 132, 146)
+INVALID_LAUNCH = re.compile(r"CUDA_LAUNCH_INVALID_CONFIG|cudaErrorInvalidValue|CUDA Error Code: 1(?!\d)")
+
+
+#: Note [Scratch guard] (fa4verify/kernels/stage_taps.py): what FA4 4.0.0b36's SM90 preprocess was
+#: measured writing past its buffers at tile_m 80 and head_dim_v 64 (H100, 2026-12-05)
+SM90_PREPROCESS_OVERRUN = {"dpsum": 16}
+
+#: the quantities downstream of D (dS = P (dP - D) feeds dQ, dK and dQ's accumulator; dV does not
+#: read D, but a deterministic comparison of the gradients is all of them)
+_FROM_D = ("scratch_bounds", "D", "D_dlse", "dq_accum", "dq", "dk", "dv")
+
+
+def _sm90_bwd_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True for a violation of an example whose own backward showed the measured overrun
+    (``scratch_overrun``, :data:`SM90_PREPROCESS_OVERRUN`) on an SM90 call at tile_m 80 and
+    head_dim_v 64: the overrun itself, and -- with a second (batch, head) whose D rows the overrun
+    races with -- D and what is computed from it, or two deterministic calls that differ."""
+    from fa4verify.kernels.facts import bwd_tile
+    from fa4verify.problem import resolve_window
+    if problem.arch != "sm90" or problem.head_dim_v != 64 or v.metrics.get("scratch_overrun") != SM90_PREPROCESS_OVERRUN:
+        return False
+    r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
+    if bwd_tile(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local)[0] != 80:
+        return False
+    quantity = str(v.metrics.get("quantity", ""))
+    if v.prop == "bwd_stages" and quantity == "scratch_bounds":
+        return True
+    if problem.batch * problem.nheads < 2:        # no other head's D rows to race with
+        return False
+    return (v.prop in ("bwd_stages", "bwd_budget") and quantity in _FROM_D) or v.prop == "deterministic_bwd"
 
 
 def _mask_mod_causal_bwd(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -189,7 +226,7 @@ def _mask_mod_causal_bwd(problem: AttentionProblem, a: Mapping[str, Any], v: "Vi
         return False
     if v.prop not in ("bwd_budget", "bwd_stages"):      # a kept causal mask moves values, not NaN / masked rows
         return False
-    return str(v.metrics.get("quantity", "")) in ("dq", "dk", "dv")
+    return str(v.metrics.get("quantity", "")) in ("dq", "dk", "dv", "dq_accum")   # dq_accum: dQ unscaled
 
 
 def _sm90_gqa_dkdv_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -431,6 +468,23 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "docs/results/h200/session15_6f502c4/); the shared storage sizes compile-only (sm_90a), "
         "FlashAttentionBackwardSm90's SharedStorage.size_in_bytes()",
         _sm90_bwd_hdv_gt_hd_smem, targets=("production",)),
+    KnownIssue(
+        "sm90_bwd_preprocess_overrun",
+        "SM90 backward at tile_m 80 (head_dim 65..128, no causal or window) and head_dim_v 64: the "
+        "preprocess copies O and dO in passes of 32 rows, so an 80-row tile's partition covers 96 rows, and "
+        "it writes D = 0 for rows 80..95 too: into rows 0..15 of the next (batch, head), which that head's own "
+        "CTA writes as well (a race: D, and dS, dQ, dK from it, wrong or not from run to run; two deterministic "
+        "calls may differ), and past the end of the buffer after the last (batch, head) (a write into memory "
+        "FA4 does not own: 16 elements past D's end on every such call)",
+        "flash-attn-4 4.0.0b36: flash_bwd_preprocess.py writes gPdPsum[row] for every row of its copy "
+        "partition under use_padded_offsets (no row < tile_m check); interface.py _tile_size_bwd_sm90 m_block "
+        "80 for head dims <= 128 without causal or window. Seen as the non-repeatable edge tile_tail_128x128 "
+        "(H200, 6f502c4); predicted from the source by a helper; CONFIRMED measured on NVIDIA H100 80GB HBM3 "
+        "(sm_90), 2026-12-05, at 299cd69 (scripts/gpu_preprocess_guard.py): at hd 128 / hdv 64 (1x2 and 2x3 "
+        "(batch, heads), seqlen_q 80, 137, 160) 16 zeros past the end of D on every call, wrong D rows and dQ "
+        "not bitwise in 17-19 of 20 deterministic repetitions; hdv 128 (same tile), hd 64, 96, 192, 256: none; "
+        "docs/results/h100/session16_299cd69/",
+        _sm90_bwd_preprocess_overrun, targets=("production",)),
     KnownIssue(
         "mask_mod_causal_bwd",
         "a mask_mod call that also passes causal=True: FA4's forward drops causal (the mask_mod decides) "

@@ -86,7 +86,7 @@ import numpy as np
 
 from fa4verify import judge
 from fa4verify.problem import AttentionProblem
-from fa4verify.fuzz.violation import Violation, _fail, _where_str
+from fa4verify.fuzz.violation import _EXAMPLE_FACTS, Violation, _fail, _where_str
 from fa4verify.targets import Target
 from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
 
@@ -286,6 +286,34 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
     dependencies are missing (oracle, budgets, twin backward) are skipped with the reason.
     ``deterministic``: the backward's mode for ``bwd_budget`` (``deterministic_bwd`` always
     compares two deterministic calls)."""
+    token = _EXAMPLE_FACTS.set({})
+    try:
+        return _check_problem(problem, target, properties=properties, backward=backward,
+                              deterministic=deterministic)
+    finally:
+        _EXAMPLE_FACTS.reset(token)
+
+
+def _judge_scratch_guard(problem: AttentionProblem, taps: Mapping[str, Any]) -> None:
+    """Part of ``bwd_stages`` (Note [Scratch guard] in fa4verify/kernels/stage_taps.py): the
+    preprocess must not write past the buffers FA4 allocated for it. What it did write is kept for
+    every later violation of the example (``scratch_overrun``)."""
+    over = {n: int(c) for n, c in (taps.get("written_past_end") or {}).items() if c}
+    if not over:
+        return
+    facts = _EXAMPLE_FACTS.get()
+    if facts is not None:
+        facts["scratch_overrun"] = dict(over)
+    sizes = taps.get("guarded") or {}
+    what = ", ".join(f"{n}: {c} element(s) past its {sizes.get(n, '?')}" for n, c in sorted(over.items()))
+    _fail(Violation("bwd_stages", f"scratch_bounds: FA4's backward preprocess wrote past the end of the buffer "
+                                  f"FA4 allocated ({what}): a write into memory it does not own | case: "
+                                  f"{problem.describe()}",
+                    {"quantity": "scratch_bounds", "scratch_overrun": dict(over)}))
+
+
+def _check_problem(problem: AttentionProblem, target: Target, *, properties: Collection[str],
+                   backward: bool, deterministic: bool) -> CheckOutcome:
     props = [p for p in PROPERTIES if p in set(properties)]
     unknown = set(properties) - set(PROPERTIES)
     if unknown:
@@ -514,6 +542,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
         try:
             extra = {} if taps is None else {"taps": taps}
             g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, **extra)
+            if taps:
+                _judge_scratch_guard(problem, taps)
         except DependencyMissing as e:
             for p in ("bwd_budget", "deterministic_bwd"):
                 if p in props:
@@ -657,6 +687,7 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
     extra = {} if taps is None else {"taps": taps}
     g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, dlse=dl, **extra)
     if taps is not None:
+        _judge_scratch_guard(problem, taps)
         with np.errstate(invalid="ignore", over="ignore"):
             v = judge_dlse_tap(problem, a, fwd.out, taps.get("dpsum"), dl, budgets=_budget(problem))
         _stage_verdict(problem, "D_dlse", v, metrics, undecided)

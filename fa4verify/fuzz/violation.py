@@ -49,9 +49,21 @@ _ABSORB: "contextvars.ContextVar[Optional[Callable[[Violation], bool]]]" = conte
     "fa4verify_fuzz_absorb", default=None)
 
 
+#: what the run of the example being judged showed about the kernel's own conduct, given to every
+#: violation of that example as metrics (Note [Scratch guard] in fa4verify/kernels/stage_taps.py:
+#: ``scratch_overrun``, the preprocess's writes past its buffers), so a known issue can require the
+#: conduct it describes to be seen in the very call whose downstream values it absorbs
+_EXAMPLE_FACTS: "contextvars.ContextVar[Optional[dict]]" = contextvars.ContextVar("fa4verify_example_facts",
+                                                                                   default=None)
+
+
 def _fail(v: "Violation") -> None:
     """Raise ``v`` unless a known issue absorbs exactly this violation (Note [Known issues absorb
     one violation])."""
+    facts = _EXAMPLE_FACTS.get()
+    if facts:
+        for k, val in facts.items():
+            v.metrics.setdefault(k, val)
     absorb = _ABSORB.get()
     if absorb is not None and absorb(v):
         return
