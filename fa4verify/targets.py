@@ -50,6 +50,10 @@ class Bwd:
     #: the target's intermediate data where it exposes them (the twin's ``stages``, e.g. the fp32
     #: ``dq_accum``; dense problems only), else None
     stages: Optional[Mapping[str, Any]] = None
+    #: Note [Scratch guard] (fa4verify/kernels/stage_taps.py): ``written_past_end`` (buffer ->
+    #: elements the call wrote past the end of the buffer) and ``guarded`` (buffer -> its size) of
+    #: the buffers the target guarded in this call; None where it guards none
+    guard: Optional[Mapping[str, Any]] = None
 
 
 # ============================================================================ targets
@@ -945,7 +949,24 @@ class ProductionTarget(Target):
         scratch]) and leaves all of it off with ``--opt races_poison=off``."""
         if self.fake:
             return {}
-        return {n: self._torch.full_like(t, float("nan")) for n, t in (("dq", q), ("dk", k), ("dv", v))}
+        from fa4verify.kernels.stage_taps import guarded_view
+        out: dict[str, Any] = {}
+        self._grad_guards = []
+        for n, t in (("dq", q), ("dk", k), ("dv", v)):
+            g = guarded_view(t)      # Note [Scratch guard]: a NaN guard after the buffer, read after the call
+            if g is None:            # a layout FA4 would allocate with strides: no guard, poisoned alike
+                out[n] = self._torch.full_like(t, float("nan"))
+                continue
+            out[n] = g[0]
+            self._grad_guards.append((n, g[1], t.numel()))
+        return out
+
+    def _grad_overrun(self) -> dict[str, int]:
+        """What the last backward wrote past the end of its gradient buffers (Note [Scratch
+        guard]), per buffer; {} where nothing was guarded."""
+        from fa4verify.kernels.stage_taps import written_past
+        guards, self._grad_guards = getattr(self, "_grad_guards", []), []
+        return {n: written_past(big, size) for n, big, size in guards}
 
     def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
                  deterministic: bool = True, taps: Optional[dict] = None, dlse: Optional[np.ndarray] = None) -> Bwd:
@@ -960,6 +981,7 @@ class ProductionTarget(Target):
                 raise Unsupported("FA4's sparse MLA backward has no stage taps and takes no dLSE here")
             return self._mla_backward(problem, a)
         dt = problem.dtype
+        self._grad_guards = []
         cap = contextlib.nullcontext(None)
         if taps is not None:
             from fa4verify.kernels.stage_taps import capture_backward_stages
@@ -993,11 +1015,14 @@ class ProductionTarget(Target):
                 r = self._call(self._ad.backward, q, k, v, out, self._t(a["dout"], dt), lse,
                                deterministic=deterministic, **self._poisoned(q, k, v), **dl, **self._kw(problem, a))
         self._note_config(r.config)
+        overrun = self._grad_overrun()       # Note [Scratch guard]: the gradients', then the preprocess's
+        guard = {"written_past_end": dict(overrun), "guarded": {n: int(getattr(r, n).numel()) for n in overrun}}
+        if tapped is not None:
+            guard["written_past_end"].update(tapped.written_past_end)
+            guard["guarded"].update(tapped.guarded)
         if taps is not None and tapped is not None:
             for n in ("dpsum", "lse_log2", "dq_accum_zeroed"):
                 taps[n] = self._np(getattr(tapped, n))
-            taps["written_past_end"] = dict(tapped.written_past_end)    # Note [Scratch guard]
-            taps["guarded"] = dict(tapped.guarded)
             try:
                 taps["dq_accum"] = self._np(tapped.dq_accum_logical(r.dq))
             except RuntimeError as e:
@@ -1010,7 +1035,7 @@ class ProductionTarget(Target):
         if problem.call is not None and problem.call.batched_layout:
             from fa4verify import call_layout
             dq, dk, dv = call_layout.to_problem_grads(problem, dq, dk, dv)
-        return Bwd(dq, dk, dv, self._np(getattr(r, "dsink", None)))
+        return Bwd(dq, dk, dv, self._np(getattr(r, "dsink", None)), guard=guard)
 
 
 #: faults the twin can plant in its call-form layer (fa4verify.call_layout) and its varlen

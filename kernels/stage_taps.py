@@ -31,6 +31,8 @@ the end of the buffer FA4 allocated: a write into foreign memory, seen on every 
 H100 (2026-12-05, ``scripts/gpu_preprocess_guard.py``): FA4 4.0.0b36's SM90 preprocess at tile_m 80
 and head_dim_v 64 writes 16 zeros past the end of ``dpsum``. What the guard costs: one fill and one
 copy per buffer, between the preprocess and the main kernel (where the taps already clone).
+The production target guards FA4's gradient outputs (dQ, dK, dV) the same way on every backward
+(Note [Poisoned gradients] in fa4verify/targets.py): they are FA4's own output buffers there.
 
 The adapter stays the only importer of ``flash_attn.cute``: the interface module comes from
 :func:`fa4verify.kernels.adapter.interface_module`, or is passed in (tests pass a fake).
@@ -43,7 +45,7 @@ import functools
 from typing import Any, Callable, Iterator, Optional
 
 __all__ = ["BackwardTaps", "capture_backward_stages", "backward_with_taps", "BackwardBuffers", "backward_buffers",
-           "installed_backward_buffers", "before_preprocess"]
+           "installed_backward_buffers", "before_preprocess", "GUARD", "guarded_view", "written_past"]
 
 
 @dataclasses.dataclass
@@ -118,7 +120,7 @@ def capture_backward_stages(interface=None) -> Iterator[BackwardTaps]:
         views = {}
         if not fake:
             for name, t in (("dpsum", dpsum), ("lse_log2", lse_log2), ("dq_accum", dq_accum)):
-                g = _guarded_view(t)
+                g = guarded_view(t)
                 if g is not None:
                     views[name] = g
         orig_pre(out, dout, views.get("dpsum", (dpsum,))[0], lse, views.get("lse_log2", (lse_log2,))[0],
@@ -153,19 +155,24 @@ def capture_backward_stages(interface=None) -> Iterator[BackwardTaps]:
     try:
         yield taps
         for name, big, n in taps._guards:   # read after the backward: no sync between FA4's kernels
-            tail = big[n:]
-            taps.written_past_end[name] = taps.written_past_end.get(name, 0) + int((tail == tail).sum())
+            taps.written_past_end[name] = taps.written_past_end.get(name, 0) + written_past(big, n)
     finally:
         taps._guards.clear()
         interface._bwd_preprocess = orig_pre
         interface._bwd_postprocess_convert = orig_post
 
 
-#: Note [Scratch guard]: NaN elements after the end of each guarded preprocess buffer
+#: Note [Scratch guard]: NaN elements after the end of each guarded buffer
 GUARD = 2048
 
 
-def _guarded_view(t):
+def written_past(big, n: int) -> int:
+    """How many guard elements of ``big`` (after its first ``n``) hold anything but NaN."""
+    tail = big[n:]
+    return int((tail == tail).sum())
+
+
+def guarded_view(t):
     """``(view, big)``: a view of ``t``'s shape and strides at the start of a NaN-filled buffer
     :data:`GUARD` elements longer (Note [Scratch guard]); None for a tensor that is not a
     contiguous floating-point tensor (left as FA4 allocated it)."""

@@ -359,3 +359,20 @@ def test_full_pages_hands_fa4_no_seqused_k_and_round_trips():
     with pytest.raises(ValueError, match="full_pages"):
         CallForm(full_pages=True)
     assert "full_pages" not in json.dumps(CallForm(seqused_k=True, kv_capacity=64, page_size=16).to_dict())
+
+
+@pytest.mark.parametrize("past", [0, 3])
+def test_the_production_targets_gradient_buffers_are_guarded(past):
+    """Note [Scratch guard] on FA4's gradient outputs: the production target hands FA4 NaN-filled
+    views with a guard after each (Note [Poisoned gradients]) and counts what the call wrote past
+    them; a non-contiguous layout is poisoned without a guard."""
+    from fa4verify.targets import ProductionTarget
+    stub = types.SimpleNamespace(fake=False, _torch=torch)
+    q, k = torch.zeros(2, 5, 3, 8, dtype=torch.bfloat16), torch.zeros(2, 7, 3, 8, dtype=torch.bfloat16)
+    v = torch.zeros(2, 8, 3, 7, dtype=torch.bfloat16).transpose(1, 3)     # not contiguous
+    bufs = ProductionTarget._poisoned(stub, q, k, v)
+    assert all(torch.isnan(b.float()).all() for b in bufs.values()) and bufs["dk"].shape == k.shape
+    torch.as_strided(bufs["dk"], (k.numel() + past,), (1,))[:] = 1.0      # the call writes dK, and past it
+    bufs["dq"].zero_()
+    assert ProductionTarget._grad_overrun(stub) == {"dq": 0, "dk": past}
+    assert ProductionTarget._grad_overrun(stub) == {}                     # read once

@@ -59,7 +59,9 @@ Properties (:data:`PROPERTIES`)
     path] (fa4verify/targets.py): on calls without a call form the backward also runs through
     FA4's ``flash_attn_func`` / ``flash_attn_varlen_func`` autograd; its dQ/dK/dV are judged within
     the driver's budgets and, given the same ``dlse`` and deterministic, must equal the driver's
-    bit for bit.
+    bit for bit. Note [Scratch guard] (fa4verify/kernels/stage_taps.py): a production backward
+    that wrote past the end of a buffer FA4 allocated (the gradients on every call, the
+    preprocess's buffers where tapped) fails it as ``scratch_bounds``.
 ``paged_kv_bitwise``
     Paged-KV problems (a ``page_table`` call form, drawn page permutation): O and LSE are bitwise
     those of the same problem called with contiguous batched K/V and ``seqused_k`` (a page table
@@ -294,20 +296,23 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
         _EXAMPLE_FACTS.reset(token)
 
 
-def _judge_scratch_guard(problem: AttentionProblem, taps: Mapping[str, Any]) -> None:
-    """Part of ``bwd_stages`` (Note [Scratch guard] in fa4verify/kernels/stage_taps.py): the
-    preprocess must not write past the buffers FA4 allocated for it. What it did write is kept for
-    every later violation of the example (``scratch_overrun``)."""
-    over = {n: int(c) for n, c in (taps.get("written_past_end") or {}).items() if c}
+def _judge_scratch_guard(problem: AttentionProblem, guard: Mapping[str, Any]) -> None:
+    """Part of the backward's verdict on every call of a target that guards its buffers (Note
+    [Scratch guard] in fa4verify/kernels/stage_taps.py: production, the preprocess's buffers
+    where tapped and the gradients always): no kernel may write past the end of a buffer FA4
+    allocated. What was written there is kept for every later violation of the example
+    (``scratch_overrun``). A ``bwd_stages`` violation (quantity ``scratch_bounds``), judged
+    whatever properties were asked: it is the call's conduct, not a value's accuracy."""
+    over = {n: int(c) for n, c in (guard.get("written_past_end") or {}).items() if c}
     if not over:
         return
     facts = _EXAMPLE_FACTS.get()
     if facts is not None:
         facts["scratch_overrun"] = dict(over)
-    sizes = taps.get("guarded") or {}
+    sizes = guard.get("guarded") or {}
     what = ", ".join(f"{n}: {c} element(s) past its {sizes.get(n, '?')}" for n, c in sorted(over.items()))
-    _fail(Violation("bwd_stages", f"scratch_bounds: FA4's backward preprocess wrote past the end of the buffer "
-                                  f"FA4 allocated ({what}): a write into memory it does not own | case: "
+    _fail(Violation("bwd_stages", f"scratch_bounds: FA4's backward wrote past the end of a buffer FA4 "
+                                  f"allocated ({what}): a write into memory it does not own | case: "
                                   f"{problem.describe()}",
                     {"quantity": "scratch_bounds", "scratch_overrun": dict(over)}))
 
@@ -542,8 +547,8 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
         try:
             extra = {} if taps is None else {"taps": taps}
             g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, **extra)
-            if taps:
-                _judge_scratch_guard(problem, taps)
+            if g is not None:
+                _judge_scratch_guard(problem, getattr(g, "guard", None) or {})
         except DependencyMissing as e:
             for p in ("bwd_budget", "deterministic_bwd"):
                 if p in props:
@@ -686,8 +691,8 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
     taps: Optional[dict] = {} if tapped else None
     extra = {} if taps is None else {"taps": taps}
     g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, dlse=dl, **extra)
+    _judge_scratch_guard(problem, getattr(g, "guard", None) or {})
     if taps is not None:
-        _judge_scratch_guard(problem, taps)
         with np.errstate(invalid="ignore", over="ignore"):
             v = judge_dlse_tap(problem, a, fwd.out, taps.get("dpsum"), dl, budgets=_budget(problem))
         _stage_verdict(problem, "D_dlse", v, metrics, undecided)
