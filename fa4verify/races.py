@@ -90,11 +90,12 @@ a torch kernel never triggers its dependents, so FA4's preprocess starts only af
 Note [Early trigger] is the answer for the preprocess's wait; the main kernel's wait for the
 preprocess stays timing-bound (the preprocess triggers right after its loads).
 
-Unproven until a GPU run shows it (``OUT=... bash scripts/gpu.sh planted:race``): that the clean
-kernels raise no false alarm with the poison on (every repetition within budget and bitwise equal,
-every repetition poisoned) and that the planted ``bwd_sm90_lse_pdl_wait_dropped`` and
-``bwd_preprocess_pdl_wait_dropped`` are now caught. The timing still decides whether a dropped
-wait is hit within the repetitions; the poison only makes a hit visible.
+With the early-trigger producer (``bash scripts/gpu.sh planted:race``, 4 repetitions per problem
+and mode): the clean kernels pass (16 repetitions within budget, bitwise, poisoned 16/16) and both
+planted PDL waits are caught by this check (NaN read from a poisoned buffer) as well as by
+``census.pdl_waits`` -- measured on the H200 at 4fa734e (2026-12-02) and on an H100 at 299cd69
+(2026-12-05, ``docs/results/h100/session16_299cd69/planted_race/``). The timing still decides
+whether a dropped wait is hit within the repetitions; the poison only makes a hit visible.
 
 Note [PDL off]
 --------------

@@ -3,7 +3,7 @@
 The store is append-only: one ``[[claim]]`` per recorded figure (``id``, ``claim``, ``figure``,
 ``where``, ``fa4``, ``gpu``, ``date``, ``commit``, ``source``, optional ``headline``). A newer figure
 for the same claim is a new entry with the same ``id``; the table shows the latest entry (the last in
-file order) per ``(id, fa4, gpu)``, grouped by FA4 version x GPU.
+file order) per ``(id, fa4, gpu)``, one table per FA4 version (the ``where`` column names the GPU).
 
 ``python -m fa4verify.tables.results --write README.md`` replaces the block between
 ``<!-- results-table:start -->`` and ``<!-- results-table:end -->`` with the headline rows;
@@ -58,26 +58,22 @@ def latest(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def _group_title(fa4: str, gpu: str) -> str:
-    return f"flash-attn-4 {fa4}, " + (f"{gpu}" if gpu else "no GPU (CPU twin, compile-only)")
-
-
 def render(claims: Optional[list[dict[str, Any]]] = None, *, everything: bool = False) -> str:
+    """One table per FA4 release (its ``where`` column names the GPU of each row): the rows of each
+    GPU together, GPUs first (by name), the CPU rows last, newest release first."""
     claims = latest(load() if claims is None else claims)
     if not everything:
         claims = [c for c in claims if c.get("headline")]
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
     for c in claims:
-        groups.setdefault((c["fa4"], c["gpu"]), []).append(c)
-    # GPU groups first, then the CPU group, newest FA4 first within each
-    keys = sorted(groups, key=lambda k: (k[1] == "", [-ord(ch) for ch in k[0]], k[1]))
+        groups.setdefault(c["fa4"], []).append(c)
     lines: list[str] = []
-    for fa4, gpu in keys:
+    for fa4 in sorted(groups, key=lambda k: [-ord(ch) for ch in k]):
         if lines:
             lines.append("")
-        lines += [f"**{_group_title(fa4, gpu)}**", "", "| claim | figure | where | evidence |",
-                  "|---|---|---|---|"]
-        for c in groups[(fa4, gpu)]:
+        lines += [f"**flash-attn-4 {fa4}**", "", "| claim | figure | where | evidence |", "|---|---|---|---|"]
+        rows = sorted(enumerate(groups[fa4]), key=lambda ic: (ic[1]["gpu"] == "", ic[1]["gpu"], ic[0]))
+        for _, c in rows:
             lines.append(f"| {c['claim']} | {c['figure']} | {c['where']}, {c['date']} | "
                          f"`{c['source']}` ({c['commit']}) |")
     return "\n".join(lines) + "\n"
