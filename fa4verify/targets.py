@@ -940,8 +940,10 @@ class ProductionTarget(Target):
         return Bwd(dq, dk, dv, self._np(r[5]))
 
     def _poisoned(self, q, k, v) -> dict[str, Any]:
-        """Note [Poisoned gradients]: FA4's dQ, dK and dV buffers, allocated here as FA4 would
-        (``empty_like`` of q, k, v) and filled with NaN. FA4 must write every element (zeros for a
+        """Note [Poisoned gradients]: FA4's dQ, dK and dV buffers, allocated here in q, k and v's
+        shapes and strides and filled with NaN, each a view at the start of a buffer with a NaN
+        guard after it (Note [Scratch guard]; a layout that is not contiguous gets no guard). FA4
+        must write every element (zeros for a
         key no query sees: its kernels write them); one it leaves unwritten reads NaN and fails the
         judge, where FA4's own ``torch.empty`` would hand back whatever the allocator held (often
         zeros: a missed write passed unseen). Compile-only (fake) runs allocate nothing. The race

@@ -27,12 +27,18 @@ the exact padded size) is handed to FA4's preprocess as a view at the start of a
 on FA4's allocation as before. After the backward, a non-NaN element in the guard is a write past
 the end of the buffer FA4 allocated: a write into foreign memory, seen on every call that makes it
 (a store does not depend on timing), where the same write inside the buffer -- into the next
-(batch, head)'s rows, which that head's own CTA writes too -- shows only as a race. Measured on an
+(batch, head)'s rows, which that head's own CTA writes too -- shows only as a race. An element the
+preprocess leaves unwritten reaches FA4's buffer as NaN (the copy takes the view whole): a tapped
+backward also runs on poisoned scratch (FA4 4.0.0b36's dense preprocess writes every element of
+its three buffers). Where it runs: tapped backwards (``bwd_stages`` on dense calls), not the race
+harness (``fa4verify/races.py``: the copies would serialise the launch chain it tests). Measured on an
 H100 (2026-12-05, ``scripts/gpu_preprocess_guard.py``): FA4 4.0.0b36's SM90 preprocess at tile_m 80
 and head_dim_v 64 writes 16 zeros past the end of ``dpsum``. What the guard costs: one fill and one
 copy per buffer, between the preprocess and the main kernel (where the taps already clone).
-The production target guards FA4's gradient outputs (dQ, dK, dV) the same way on every backward
-(Note [Poisoned gradients] in fa4verify/targets.py): they are FA4's own output buffers there.
+The production target guards the gradient outputs (dQ, dK, dV) it hands FA4 the same way on every
+backward (Note [Poisoned gradients] in fa4verify/targets.py; no copy: FA4 writes them directly);
+the verdict judges the driver calls of ``check_problem`` (not the public autograd path, whose
+buffers FA4 allocates).
 
 The adapter stays the only importer of ``flash_attn.cute``: the interface module comes from
 :func:`fa4verify.kernels.adapter.interface_module`, or is passed in (tests pass a fake).
@@ -180,7 +186,7 @@ def guarded_view(t):
         return None
     import torch
     big = torch.full((t.numel() + GUARD,), float("nan"), dtype=t.dtype, device=t.device)
-    return big[: t.numel()].view(t.shape), big
+    return torch.as_strided(big, t.shape, t.stride()), big
 
 
 def backward_with_taps(q, k, v, out, dout, lse, *, interface=None, **kw):

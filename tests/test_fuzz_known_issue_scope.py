@@ -406,7 +406,10 @@ def test_the_mask_mod_causal_backward_issue_takes_gradients_of_that_call_form_on
     (128, 64, False, 1, 2, {"dpsum": 16}, "bwd_stages", "D_dlse", True),            # the race on the next head's D
     (128, 64, False, 1, 2, {"dpsum": 16}, "bwd_budget", "dq", True),               # downstream of D
     (128, 64, False, 1, 2, {"dpsum": 16}, "deterministic_bwd", "dq", True),        # not repeatable
-    (128, 64, False, 1, 2, {"dpsum": 16}, "bwd_budget", "dsink", False),           # not computed from D
+    (128, 64, False, 1, 2, {"dpsum": 16}, "bwd_budget", "dsink", True),            # FA4 forms dsink from D
+    (128, 64, False, 1, 2, {"dpsum": 16}, "bwd_budget", "dv", False),              # dV = P^T dO reads no D
+    (128, 64, False, 1, 2, {"dpsum": 16}, "deterministic_bwd", "dv", False),
+    (128, 64, False, 1, 2, {"dpsum": 16}, "bwd_stages", "lse_log2", False),        # not written from D
     (128, 64, False, 1, 2, {"dpsum": 16}, "fwd_budget", "out", False),             # the forward
     (128, 64, False, 1, 1, {"dpsum": 16}, "bwd_budget", "dq", False),              # no other head to race with
     (128, 64, False, 1, 1, {"dpsum": 16}, "bwd_stages", "scratch_bounds", True),

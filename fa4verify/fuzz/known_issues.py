@@ -193,9 +193,9 @@ INVALID_LAUNCH = re.compile(r"CUDA_LAUNCH_INVALID_CONFIG|cudaErrorInvalidValue|C
 #: measured writing past its buffers at tile_m 80 and head_dim_v 64 (H100, 2026-12-05)
 SM90_PREPROCESS_OVERRUN = {"dpsum": 16}
 
-#: the quantities downstream of D (dS = P (dP - D) feeds dQ, dK and dQ's accumulator; dV does not
-#: read D, but a deterministic comparison of the gradients is all of them)
-_FROM_D = ("scratch_bounds", "D", "D_dlse", "dq_accum", "dq", "dk", "dv")
+#: the quantities computed from D: dS = P (dP - D) feeds dQ (and its accumulator) and dK, and FA4's
+#: postprocess forms dsink from D (``LearnableSinkBwdTensors(dpsum, ...)``); dV = P^T dO reads no D
+_FROM_D = ("scratch_bounds", "D", "D_dlse", "dq_accum", "dq", "dk", "dsink")
 
 
 def _sm90_bwd_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -215,7 +215,7 @@ def _sm90_bwd_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any]
         return True
     if problem.batch * problem.nheads < 2:        # no other head's D rows to race with
         return False
-    return (v.prop in ("bwd_stages", "bwd_budget") and quantity in _FROM_D) or v.prop == "deterministic_bwd"
+    return v.prop in ("bwd_stages", "bwd_budget", "deterministic_bwd") and quantity in _FROM_D
 
 
 def _mask_mod_causal_bwd(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -470,12 +470,13 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         _sm90_bwd_hdv_gt_hd_smem, targets=("production",)),
     KnownIssue(
         "sm90_bwd_preprocess_overrun",
-        "SM90 backward at tile_m 80 (head_dim 65..128, no causal or window) and head_dim_v 64: the "
-        "preprocess copies O and dO in passes of 32 rows, so an 80-row tile's partition covers 96 rows, and "
-        "it writes D = 0 for rows 80..95 too: into rows 0..15 of the next (batch, head), which that head's own "
-        "CTA writes as well (a race: D, and dS, dQ, dK from it, wrong or not from run to run; two deterministic "
-        "calls may differ), and past the end of the buffer after the last (batch, head) (a write into memory "
-        "FA4 does not own: 16 elements past D's end on every such call)",
+        "SM90 backward at tile_m 80 (head_dim 97..128, no causal or window) and head_dim_v 64: the "
+        "preprocess copies O and dO in passes of 32 rows, so an 80-row tile's partition covers 96 rows and it "
+        "writes D for rows 80..95 too; in the last tile of a (batch, head) those rows are past the sequence and "
+        "get D = 0: into rows 0..15 of the next (batch, head), which that head's own CTA writes as well (a "
+        "race: D, and dS, dQ, dK, dsink from it, wrong or not from run to run; two deterministic calls may "
+        "differ in them), and after the last (batch, head) past the end of the buffer (a write into memory FA4 "
+        "does not own: 16 elements past D's end on every such call)",
         "flash-attn-4 4.0.0b36: flash_bwd_preprocess.py writes gPdPsum[row] for every row of its copy "
         "partition under use_padded_offsets (no row < tile_m check); interface.py _tile_size_bwd_sm90 m_block "
         "80 for head dims <= 128 without causal or window. Seen as the non-repeatable edge tile_tail_128x128 "

@@ -60,8 +60,8 @@ Properties (:data:`PROPERTIES`)
     FA4's ``flash_attn_func`` / ``flash_attn_varlen_func`` autograd; its dQ/dK/dV are judged within
     the driver's budgets and, given the same ``dlse`` and deterministic, must equal the driver's
     bit for bit. Note [Scratch guard] (fa4verify/kernels/stage_taps.py): a production backward
-    that wrote past the end of a buffer FA4 allocated (the gradients on every call, the
-    preprocess's buffers where tapped) fails it as ``scratch_bounds``.
+    that wrote past the end of a buffer it writes (the gradient outputs of the driver calls judged
+    here, the preprocess's buffers where tapped) fails it as ``scratch_bounds``.
 ``paged_kv_bitwise``
     Paged-KV problems (a ``page_table`` call form, drawn page permutation): O and LSE are bitwise
     those of the same problem called with contiguous batched K/V and ``seqused_k`` (a page table
@@ -299,8 +299,8 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
 def _judge_scratch_guard(problem: AttentionProblem, guard: Mapping[str, Any]) -> None:
     """Part of the backward's verdict on every call of a target that guards its buffers (Note
     [Scratch guard] in fa4verify/kernels/stage_taps.py: production, the preprocess's buffers
-    where tapped and the gradients always): no kernel may write past the end of a buffer FA4
-    allocated. What was written there is kept for every later violation of the example
+    where tapped and the gradient outputs of every backward it judges): no kernel may write past
+    the end of a buffer the backward writes. What was written there is kept for every later violation of the example
     (``scratch_overrun``). A ``bwd_stages`` violation (quantity ``scratch_bounds``), judged
     whatever properties were asked: it is the call's conduct, not a value's accuracy."""
     over = {n: int(c) for n, c in (guard.get("written_past_end") or {}).items() if c}
@@ -311,8 +311,9 @@ def _judge_scratch_guard(problem: AttentionProblem, guard: Mapping[str, Any]) ->
         facts["scratch_overrun"] = dict(over)
     sizes = guard.get("guarded") or {}
     what = ", ".join(f"{n}: {c} element(s) past its {sizes.get(n, '?')}" for n, c in sorted(over.items()))
-    _fail(Violation("bwd_stages", f"scratch_bounds: FA4's backward wrote past the end of a buffer FA4 "
-                                  f"allocated ({what}): a write into memory it does not own | case: "
+    _fail(Violation("bwd_stages", f"scratch_bounds: FA4's backward wrote past the end of a buffer it writes "
+                                  f"(its own scratch, or the gradient buffers it was given: {what}): a write "
+                                  f"into memory it does not own | case: "
                                   f"{problem.describe()}",
                     {"quantity": "scratch_bounds", "scratch_overrun": dict(over)}))
 
@@ -631,6 +632,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             elif "deterministic_bwd" in props:
                 ran.append("deterministic_bwd")
                 g2 = _run_target(problem, target.backward, problem, a, fwd, deterministic=True)
+                _judge_scratch_guard(problem, getattr(g2, "guard", None) or {})
                 for n in ("dq", "dk", "dv"):
                     x, y = getattr(g, n), getattr(g2, n)
                     if not np.array_equal(x, y, equal_nan=True):
@@ -762,6 +764,7 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     if dl is None or g_dl is None:
         dl = _seeded_dlse(problem, fwd)
         g_dl = _run_target(problem, target.backward, problem, a, fwd, deterministic=True, dlse=dl)
+        _judge_scratch_guard(problem, getattr(g_dl, "guard", None) or {})
     gd = _run_target(problem, target.backward_autograd, problem, a, deterministic=True, dlse=dl)
     metrics["autograd_dlse_bitwise"] = 1.0
     for n in ("dq", "dk", "dv"):
