@@ -39,6 +39,9 @@ class Fwd:
     out: np.ndarray
     lse: np.ndarray
     native: Any = None
+    #: Note [Scratch guard]: ``written_past_end`` / ``guarded`` of the O and LSE buffers the target
+    #: guarded in this call (and ``refused``: FA4 would not take them); None where it guards none
+    guard: Optional[Mapping[str, Any]] = None
 
 
 @dataclasses.dataclass
@@ -769,20 +772,26 @@ class ProductionTarget(Target):
         dt = problem.dtype
         if problem.call is not None and problem.call.mla:
             return self._mla_forward(problem, a)
-        with self._mode(), self._emulation():
+        guarding = contextlib.nullcontext(None)
+        if not self.fake:            # Note [Scratch guard]: O and LSE as NaN views before a guard
+            from fa4verify.kernels.stage_taps import guard_forward_outputs
+            guarding = guard_forward_outputs()
+        with self._mode(), self._emulation(), guarding as fg:
             if problem.call is not None and problem.call.rearranges:
                 q, k, v, _, kw = self._call_kw(problem, a)
                 r = self._call(self._ad.forward, q, k, v, return_lse=return_lse, **kw)
             else:
                 r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
                                return_lse=return_lse, **self._fwd_kw(problem, a))
+        guard = None if fg is None else {"written_past_end": dict(fg.written_past_end), "guarded": dict(fg.guarded),
+                                         "refused": fg.refused}
         self._note_config(r.config)
         if r.lse is None:          # the inference call: O alone
             out = np.zeros(tuple(r.out.shape)) if self.fake else self._np(r.out)
             if problem.call is not None and problem.call.batched_layout:
                 from fa4verify import call_layout
                 out = call_layout.to_problem_out(problem, out)
-            return Fwd(out, None)
+            return Fwd(out, None, guard=guard)
         if self.fake:
             out, lse = np.zeros(tuple(r.out.shape)), np.zeros(tuple(r.lse.shape))
         else:
@@ -790,7 +799,7 @@ class ProductionTarget(Target):
         if problem.call is not None and problem.call.batched_layout:
             from fa4verify import call_layout
             out, lse = call_layout.to_problem_fwd(problem, out, lse)
-        return Fwd(out, lse, native=(r.out, r.lse))
+        return Fwd(out, lse, native=(r.out, r.lse), guard=guard)
 
     def forward_tensors(self, q, k, v, **kw):
         """FA4's forward on the caller's own torch tensors (on the device, in the input dtype),

@@ -35,7 +35,11 @@ harness (``fa4verify/races.py``: the copies would serialise the launch chain it 
 H100 (2026-12-05, ``scripts/gpu_preprocess_guard.py``): FA4 4.0.0b36's SM90 preprocess at tile_m 80
 and head_dim_v 64 writes 16 zeros past the end of ``dpsum``. What the guard costs: one fill and one
 copy per buffer, between the preprocess and the main kernel (where the taps already clone).
-The production target guards the gradient outputs (dQ, dK, dV) it hands FA4 the same way on every
+The forward's O and LSE (:func:`guard_forward_outputs`, around every production forward but MLA
+and fp8): what FA4's ``_flash_attn_fwd`` would allocate is handed to it as NaN views before a
+guard, so an element it does not write reads NaN (the judge's ``finite`` / ``fwd_budget``) and a
+write past either buffer fails ``fwd_budget`` (``scratch_bounds``); not yet run on a GPU. The
+production target guards the gradient outputs (dQ, dK, dV) it hands FA4 the same way on every
 backward (Note [Poisoned gradients] in fa4verify/targets.py; no copy: FA4 writes them directly);
 the verdict judges the driver calls of ``check_problem`` (not the public autograd path, whose
 buffers FA4 allocates).
@@ -51,7 +55,8 @@ import functools
 from typing import Any, Callable, Iterator, Optional
 
 __all__ = ["BackwardTaps", "capture_backward_stages", "backward_with_taps", "BackwardBuffers", "backward_buffers",
-           "installed_backward_buffers", "before_preprocess", "GUARD", "guarded_view", "written_past"]
+           "installed_backward_buffers", "before_preprocess", "GUARD", "guarded_view", "written_past",
+           "ForwardGuard", "guard_forward_outputs"]
 
 
 @dataclasses.dataclass
@@ -369,3 +374,110 @@ def before_preprocess(hook: Callable[[dict], None], interface=None) -> Iterator[
         yield
     finally:
         interface._bwd_preprocess = orig
+
+
+@dataclasses.dataclass
+class ForwardGuard:
+    """What the forwards run inside :func:`guard_forward_outputs` wrote past their O and LSE."""
+
+    written_past_end: dict = dataclasses.field(default_factory=dict)   #: "out" / "lse" -> elements
+    guarded: dict = dataclasses.field(default_factory=dict)            #: "out" / "lse" -> its size
+    #: FA4 refused the guarded buffers (its own check of an ``out`` / ``lse`` it was given): the call
+    #: then ran as the caller made it, unguarded; the refusal's text
+    refused: Optional[str] = None
+    _guards: list = dataclasses.field(default_factory=list, repr=False)
+
+
+def _forward_buffers(args: dict) -> Optional[dict]:
+    """Guarded NaN views for the ``out`` and ``lse`` FA4's ``_flash_attn_fwd`` would allocate for
+    these arguments (its shapes: O ``q.shape[:-1] + (head_dim_v,)`` in q's dtype; LSE fp32 ``(b, h,
+    s)``, or ``(h, total_q)`` with ``cu_seqlens_q``, only where the call asks for one or a
+    gradient), or None where this call is not guarded: a buffer given by the caller, MLA (``qv``) or
+    top-k gather, an input that is not 16-bit (fp8: O in another dtype), a fake tensor."""
+    import torch
+    q, k, v = args.get("q"), args.get("k"), args.get("v")
+    if q is None or v is None or args.get("out") is not None or args.get("lse") is not None:
+        return None
+    if args.get("qv") is not None or args.get("gather_kv_indices") is not None:
+        return None
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    from torch._subclasses.fake_tensor import FakeTensor
+    if isinstance(q, FakeTensor):
+        return None
+    varlen = args.get("cu_seqlens_q") is not None
+    if q.dim() != (3 if varlen else 4):
+        return None
+    lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+    grad = any(t is not None and t.requires_grad for t in (q, k, v, args.get("learnable_sink")))
+    made = {"out": _fresh_guarded((*q.shape[:-1], v.shape[-1]), q.dtype, q.device)}
+    if grad or args.get("return_lse"):
+        made["lse"] = _fresh_guarded(lse_shape, torch.float32, q.device)
+    return made
+
+
+def _fresh_guarded(shape, dtype, device):
+    """``(view, big)``: a contiguous NaN tensor of ``shape`` at the start of a buffer with a
+    :data:`GUARD` of NaN after it."""
+    import math
+    import torch
+    n = math.prod(shape)
+    big = torch.full((n + GUARD,), float("nan"), dtype=dtype, device=device)
+    return big[:n].view(shape), big
+
+
+@contextlib.contextmanager
+def guard_forward_outputs(interface=None) -> Iterator[ForwardGuard]:
+    """Within the block, FA4's ``_flash_attn_fwd`` (looked up at call time by its public
+    functions) gets the O and LSE it would allocate as NaN-filled views before a NaN guard (Note
+    [Scratch guard]): an element the forward does not write stays NaN, a write past either buffer
+    is counted in the yielded :class:`ForwardGuard` on exit. A release whose ``_flash_attn_fwd``
+    takes no ``out`` / ``lse`` is left alone; where FA4 refuses the buffers (its check of a given
+    ``out`` / ``lse``) the call runs as made, unguarded, and the refusal is kept. Restored on exit,
+    also on error."""
+    import inspect
+    if interface is None:
+        from fa4verify.kernels.adapter import interface_module
+        interface = interface_module()
+    g = ForwardGuard()
+    orig = interface._flash_attn_fwd
+    try:
+        sig = inspect.signature(orig)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is None or not {"q", "k", "v", "out", "lse"} <= set(sig.parameters):
+        yield g
+        return
+
+    def fwd(*args, **kw):
+        try:
+            bound = sig.bind(*args, **kw)
+        except TypeError:
+            return orig(*args, **kw)
+        made = _forward_buffers(dict(bound.arguments))
+        if made is None:
+            return orig(*args, **kw)
+        for name, (view, _big) in made.items():
+            bound.arguments[name] = view
+        try:
+            res = orig(*bound.args, **bound.kwargs)
+        except (AssertionError, ValueError, TypeError) as e:
+            if "out" not in str(e) and "lse" not in str(e):
+                raise
+            g.refused = f"{type(e).__name__}: {e}"[:200]     # FA4's check of a given buffer
+            return orig(*args, **kw)
+        for name, (view, big) in made.items():
+            g._guards.append((name, big, view.numel()))
+            g.guarded[name] = int(view.numel())
+        return res
+
+    if hasattr(orig, "compile_cache"):
+        fwd.compile_cache = orig.compile_cache
+    interface._flash_attn_fwd = fwd
+    try:
+        yield g
+        for name, big, n in g._guards:
+            g.written_past_end[name] = g.written_past_end.get(name, 0) + written_past(big, n)
+    finally:
+        g._guards.clear()
+        interface._flash_attn_fwd = orig

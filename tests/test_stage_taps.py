@@ -376,3 +376,81 @@ def test_the_production_targets_gradient_buffers_are_guarded(past):
     bufs["dq"].zero_()
     assert ProductionTarget._grad_overrun(stub) == {"dq": 0, "dk": past}
     assert ProductionTarget._grad_overrun(stub) == {}                     # read once
+
+
+def _fake_forward_interface(*, unwritten=0, past=0, has_out=True, refuse=False):
+    """A stand-in for FA4's forward driver: ``flash_attn_func`` calls ``_flash_attn_fwd`` through the
+    module, which allocates O (and the LSE where asked or a gradient) unless given, then writes them:
+    all but the last ``unwritten`` rows of O, and ``past`` elements after O's end. ``has_out=False``:
+    an older driver without ``out`` / ``lse``; ``refuse``: it rejects a given ``out``."""
+    mod = types.ModuleType("fake_fwd_interface")
+
+    def drv(q, k, v, cu_seqlens_q=None, learnable_sink=None, qv=None, return_lse=False, out=None, lse=None):
+        if refuse and out is not None:
+            raise AssertionError("out must be allocated by FA4 here")
+        b, s, h, _ = q.shape
+        grad = any(t.requires_grad for t in (q, k, v))
+        out = torch.empty(b, s, h, v.shape[-1], dtype=q.dtype) if out is None else out
+        lse = (torch.empty(b, h, s) if lse is None else lse) if (grad or return_lse) else None
+        o = (q.float().sum(-1, keepdim=True) * torch.ones(v.shape[-1])).to(q.dtype)
+        out[:, : s - unwritten] = o[:, : s - unwritten]
+        if lse is not None:
+            lse.copy_(q.float().sum(-1).transpose(1, 2))
+        if past:
+            torch.as_strided(out, (out.numel() + past,), (1,))[out.numel():] = 0
+        return out, lse
+
+    if not has_out:
+        def drv(q, k, v, cu_seqlens_q=None, learnable_sink=None, qv=None, return_lse=False):  # noqa: F811
+            b, s, h, _ = q.shape
+            return torch.zeros(b, s, h, v.shape[-1], dtype=q.dtype), torch.zeros(b, h, s)
+
+    mod._flash_attn_fwd = drv
+    mod.flash_attn_func = lambda q, k, v, return_lse=False: mod._flash_attn_fwd(q, k, v, return_lse=return_lse)
+    return mod
+
+
+@pytest.mark.parametrize("unwritten, past, grad, return_lse", [(0, 0, False, True), (2, 0, True, False),
+                                                              (0, 5, False, False), (0, 0, False, False)])
+def test_the_forward_outputs_are_nan_views_before_a_guard(unwritten, past, grad, return_lse):
+    """Note [Scratch guard] on the forward: FA4's own O and LSE allocations replaced by NaN views
+    before a guard -- a row FA4 leaves unwritten reads NaN, a write past O is counted -- and an LSE
+    only where FA4 would allocate one (asked for, or a gradient)."""
+    from fa4verify.kernels.stage_taps import guard_forward_outputs
+    mod = _fake_forward_interface(unwritten=unwritten, past=past)
+    orig = mod._flash_attn_fwd
+    q = torch.randn(2, 5, 3, 8).to(torch.bfloat16).requires_grad_(grad)
+    k, v = torch.randn(2, 7, 3, 8).to(torch.bfloat16), torch.randn(2, 7, 3, 4).to(torch.bfloat16)
+    with guard_forward_outputs(mod) as g:
+        out, lse = mod.flash_attn_func(q, k, v, return_lse=return_lse)
+    assert mod._flash_attn_fwd is orig and g.refused is None
+    want = {"out": 2 * 5 * 3 * 4} | ({"lse": 2 * 3 * 5} if (grad or return_lse) else {})
+    assert g.guarded == want and (lse is not None) == ("lse" in want)
+    assert g.written_past_end == {"out": past} | ({"lse": 0} if "lse" in want else {})
+    assert torch.isnan(out.float()).any(dim=(0, 2, 3)).tolist() == [False] * (5 - unwritten) + [True] * unwritten
+
+
+@pytest.mark.parametrize("variant", ["no_out_parameter", "refuses_a_given_out"])
+def test_a_forward_that_cannot_take_guarded_outputs_runs_as_called(variant):
+    from fa4verify.kernels.stage_taps import guard_forward_outputs
+    mod = _fake_forward_interface(has_out=variant != "no_out_parameter", refuse=variant == "refuses_a_given_out")
+    q, k, v = (torch.randn(1, 3, 2, 8).to(torch.bfloat16) for _ in range(3))
+    with guard_forward_outputs(mod) as g:
+        out, _ = mod.flash_attn_func(q, k, v, return_lse=True)
+    assert g.guarded == {} and g.written_past_end == {} and not torch.isnan(out.float()).any()
+    assert (g.refused is not None) == (variant == "refuses_a_given_out")
+
+
+def test_a_write_past_the_forwards_outputs_fails_fwd_budget():
+    from fa4verify.fuzz.properties import _judge_scratch_guard
+    from fa4verify.fuzz.violation import Violation
+    from fa4verify.problem import AttentionProblem
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=8, seqlen_k=8, nheads=1, nheads_kv=1,
+                         head_dim=64, head_dim_v=64)
+    _judge_scratch_guard(p, {"written_past_end": {"out": 0, "lse": 0}}, prop="fwd_budget", stage="forward")
+    with pytest.raises(Violation) as e:
+        _judge_scratch_guard(p, {"written_past_end": {"out": 5}, "guarded": {"out": 512}}, prop="fwd_budget",
+                             stage="forward")
+    assert e.value.prop == "fwd_budget" and e.value.metrics == {"quantity": "scratch_bounds",
+                                                                 "scratch_overrun": {"out": 5}}
+    assert "FA4's forward wrote past the end" in e.value.message and "out: 5 element(s) past its 512" in e.value.message

@@ -296,25 +296,26 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
         _EXAMPLE_FACTS.reset(token)
 
 
-def _judge_scratch_guard(problem: AttentionProblem, guard: Mapping[str, Any]) -> None:
+def _judge_scratch_guard(problem: AttentionProblem, guard: Mapping[str, Any], *, prop: str = "bwd_stages",
+                         stage: str = "backward") -> None:
     """Part of the backward's verdict on every call of a target that guards its buffers (Note
     [Scratch guard] in fa4verify/kernels/stage_taps.py: production, the preprocess's buffers
     where tapped and the gradient outputs of every backward it judges): no kernel may write past
-    the end of a buffer the backward writes. What was written there is kept for every later violation of the example
-    (``scratch_overrun``). A ``bwd_stages`` violation (quantity ``scratch_bounds``), judged
-    whatever properties were asked: it is the call's conduct, not a value's accuracy."""
+    the end of a buffer the backward writes. What was written there is kept for every later
+    violation of the example (``scratch_overrun``). A ``bwd_stages`` violation (quantity ``scratch_bounds``), judged
+    whatever properties were asked: it is the call's conduct, not a value's accuracy. The forward's
+    O and LSE the same way, as ``fwd_budget`` (``prop``, ``stage``)."""
     over = {n: int(c) for n, c in (guard.get("written_past_end") or {}).items() if c}
     if not over:
         return
     facts = _EXAMPLE_FACTS.get()
     if facts is not None:
-        facts["scratch_overrun"] = dict(over)
+        facts.setdefault("scratch_overrun", {}).update(over)
     sizes = guard.get("guarded") or {}
     what = ", ".join(f"{n}: {c} element(s) past its {sizes.get(n, '?')}" for n, c in sorted(over.items()))
-    _fail(Violation("bwd_stages", f"scratch_bounds: FA4's backward wrote past the end of a buffer it writes "
-                                  f"(its own scratch, or the gradient buffers it was given: {what}): a write "
-                                  f"into memory it does not own | case: "
-                                  f"{problem.describe()}",
+    _fail(Violation(prop, f"scratch_bounds: FA4's {stage} wrote past the end of a buffer it writes (its own "
+                          f"scratch or an output buffer: {what}): a write into memory it does not own | case: "
+                          f"{problem.describe()}",
                     {"quantity": "scratch_bounds", "scratch_overrun": dict(over)}))
 
 
@@ -337,6 +338,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             raise Violation("runs", f"the target's {n} has shape {np.shape(getattr(fwd, n))}, the problem's is "
                                     f"{tuple(shape)} | case: {problem.describe()}")
     ran.append("runs")
+    _judge_scratch_guard(problem, getattr(fwd, "guard", None) or {}, prop="fwd_budget", stage="forward")
     masked = problem.fully_masked_rows()
     fmt_max = _FMT_MAX[problem.dtype]
 
