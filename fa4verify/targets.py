@@ -785,6 +785,7 @@ class ProductionTarget(Target):
                                return_lse=return_lse, **self._fwd_kw(problem, a))
         guard = None if fg is None else {"written_past_end": dict(fg.written_past_end), "guarded": dict(fg.guarded),
                                          "refused": fg.refused}
+        self.last_forward_guard = guard     # the inference call returns O alone: its guard is read here
         self._note_config(r.config)
         if r.lse is None:          # the inference call: O alone
             out = np.zeros(tuple(r.out.shape)) if self.fake else self._np(r.out)

@@ -371,7 +371,9 @@ def compile_key(problem: Any) -> tuple:
 
 def _compile_key_names(fn) -> list[list[str]]:
     """Source text of each element of every ``compile_key = (...)`` tuple in ``fn`` (FA4's own
-    cache keys), so a recorded key can be shown as ``{expression: value}``."""
+    cache keys), so a recorded key can be shown as ``{expression: value}``. A wrapper of FA4's
+    function (``__wrapped__``: the scratch guard's) is read as the function it wraps."""
+    fn = inspect.unwrap(fn)
     name = f"{fn.__module__}.{fn.__qualname__}"
     if name not in _KEY_NAMES:
         path = inspect.getsourcefile(fn)

@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
 from typing import Any, Callable, Iterator, Optional
 
 __all__ = ["BackwardTaps", "capture_backward_stages", "backward_with_taps", "BackwardBuffers", "backward_buffers",
@@ -462,7 +463,7 @@ def guard_forward_outputs(interface=None) -> Iterator[ForwardGuard]:
         try:
             res = orig(*bound.args, **bound.kwargs)
         except (AssertionError, ValueError, TypeError) as e:
-            if "out" not in str(e) and "lse" not in str(e):
+            if not _REFUSED.match(str(e)):
                 raise
             g.refused = f"{type(e).__name__}: {e}"[:200]     # FA4's check of a given buffer
             return orig(*args, **kw)
@@ -471,8 +472,10 @@ def guard_forward_outputs(interface=None) -> Iterator[ForwardGuard]:
             g.guarded[name] = int(view.numel())
         return res
 
-    if hasattr(orig, "compile_cache"):
-        fwd.compile_cache = orig.compile_cache
+    # FA4's name, signature and attributes (its compile_cache, which FA4 reads through the module
+    # global): the adapter reads the keywords a release takes and names its compile-key elements
+    # from them (``inspect.signature`` / ``inspect.unwrap`` follow ``__wrapped__``)
+    functools.update_wrapper(fwd, orig)
     interface._flash_attn_fwd = fwd
     try:
         yield g
@@ -480,4 +483,10 @@ def guard_forward_outputs(interface=None) -> Iterator[ForwardGuard]:
             g.written_past_end[name] = g.written_past_end.get(name, 0) + written_past(big, n)
     finally:
         g._guards.clear()
-        interface._flash_attn_fwd = orig
+        if interface._flash_attn_fwd is fwd:       # never undo a wrapper installed after this one
+            interface._flash_attn_fwd = orig
+
+
+#: FA4's own checks of an ``out`` / ``lse`` it was given (interface.py ``_validate_tensor``,
+#: cute_dsl_utils.py ``validate_output_layout``): "out shape ...", "lse must ..."
+_REFUSED = re.compile(r"(out|lse) (shape|dtype|device|must) ")

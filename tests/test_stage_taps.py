@@ -454,3 +454,34 @@ def test_a_write_past_the_forwards_outputs_fails_fwd_budget():
     assert e.value.prop == "fwd_budget" and e.value.metrics == {"quantity": "scratch_bounds",
                                                                  "scratch_overrun": {"out": 5}}
     assert "FA4's forward wrote past the end" in e.value.message and "out: 5 element(s) past its 512" in e.value.message
+
+
+def test_the_forward_guard_keeps_fa4s_name_signature_and_compile_key_names(tmp_path, monkeypatch):
+    """The adapter reads the keywords a release takes and names the compile-key elements from FA4's
+    function; under the guard it must still read FA4's (the wrapper forwards both), and a failure
+    whose text merely contains 'out' is re-raised, not taken for a refusal of the buffers."""
+    import importlib
+    import sys
+    from fa4verify.kernels import adapter
+    from fa4verify.kernels.stage_taps import guard_forward_outputs
+    (tmp_path / "fake_fa4_fwd.py").write_text(
+        "def _flash_attn_fwd(q, k, v, causal=False, return_lse=False, out=None, lse=None):\n"
+        "    compile_key = (q.dtype, causal, lse is None)\n"
+        "    if causal:\n"
+        "        raise AssertionError('causal is not supported without a layout here')\n"
+        "    return out, lse\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("fake_fa4_fwd")
+    try:
+        orig = mod._flash_attn_fwd
+        want_names, want_params = adapter._compile_key_names(orig), adapter._parameters(orig)
+        q = torch.zeros(1, 2, 1, 8, dtype=torch.bfloat16)
+        with guard_forward_outputs(mod) as g:
+            assert mod._flash_attn_fwd is not orig
+            assert adapter._compile_key_names(mod._flash_attn_fwd) == want_names == [["q.dtype", "causal", "lse is None"]]
+            assert adapter._parameters(mod._flash_attn_fwd) == want_params
+            with pytest.raises(AssertionError, match="without a layout"):
+                mod._flash_attn_fwd(q, q, q, causal=True)
+        assert g.refused is None and mod._flash_attn_fwd is orig
+    finally:
+        sys.modules.pop("fake_fa4_fwd", None)

@@ -435,6 +435,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             ap = dict(a)
             ap["k"], ap["v"] = a["k"][:, perm], a["v"][:, perm]
             fp = _run_target(problem, target.forward, problem, ap)
+            _judge_scratch_guard(problem, getattr(fp, "guard", None) or {}, prop="fwd_budget", stage="forward")
             metrics["tightness_out_permuted"] = _compare("key_permutation", "out", fp.out, ref_out.value,
                                                          ref_out.bound, ref_out.budget, problem, undecided)
             _compare("key_permutation", "lse", fp.lse, ref_lse.value, ref_lse.bound, ref_lse.budget, problem,
@@ -457,6 +458,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             if a.get("mask") is not None:
                 ab["mask"] = a["mask"][b:b + 1]
             f1 = _run_target(problem, target.forward, sub, ab)
+            _judge_scratch_guard(problem, getattr(f1, "guard", None) or {}, prop="fwd_budget", stage="forward")
             if target.bitwise_invariants:
                 for n, x, y in (("out", f1.out[0], fwd.out[b]), ("lse", f1.lse[0], fwd.lse[b])):
                     if not np.array_equal(x, y, equal_nan=True):
@@ -479,6 +481,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             for n in problem.descales:       # Note [FP8 descales]: a KV head's factor for each copy
                 am[f"{n}_descale"] = np.repeat(np.asarray(a[f"{n}_descale"]), g, axis=1)
             fm = _run_target(problem, target.forward, mha, am)
+            _judge_scratch_guard(problem, getattr(fm, "guard", None) or {}, prop="fwd_budget", stage="forward")
             if target.bitwise_invariants and problem.arch == "sm90":
                 for n, x, y in (("out", fm.out, fwd.out), ("lse", fm.lse, fwd.lse)):
                     if not np.array_equal(x, y, equal_nan=True):
@@ -498,6 +501,8 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
         else:
             ran.append("inference_bitwise")
             oi = _run_target(problem, target.forward_inference, problem, a)
+            _judge_scratch_guard(problem, getattr(target, "last_forward_guard", None) or {}, prop="fwd_budget",
+                                 stage="forward (the inference call)")
             same = (oi == fwd.out) | (np.isnan(oi) & np.isnan(fwd.out))
             if not same.all():
                 v = Violation("inference_bitwise", f"out of the inference call (no LSE, no gradient) differs bitwise "
@@ -516,6 +521,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             contiguous = problem.replace(call=dataclasses.replace(problem.call, page_size=None, page_seed=None,
                                                                   spare_pages=0, hostile_nan=False, full_pages=False))
             fc = _run_target(problem, target.forward, contiguous, a)
+            _judge_scratch_guard(problem, getattr(fc, "guard", None) or {}, prop="fwd_budget", stage="forward")
             for n, x, y in (("out", fwd.out, fc.out), ("lse", fwd.lse, fc.lse)):
                 same = (x == y) | (np.isnan(x) & np.isnan(y))
                 if not same.all():
