@@ -191,7 +191,7 @@ def guarded_view(t):
     if t is None or not t.is_contiguous() or not t.is_floating_point():
         return None
     import torch
-    big = torch.full((t.numel() + GUARD,), float("nan"), dtype=t.dtype, device=t.device)
+    _view, big = _fresh_guarded(t.shape, t.dtype, t.device)
     return torch.as_strided(big, t.shape, t.stride()), big
 
 
