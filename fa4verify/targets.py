@@ -773,9 +773,10 @@ class ProductionTarget(Target):
         if problem.call is not None and problem.call.mla:
             return self._mla_forward(problem, a)
         guarding = contextlib.nullcontext(None)
-        if not self.fake:            # Note [Scratch guard]: O and LSE as NaN views before a guard
+        iface = getattr(self._ad, "interface_module", None)
+        if not self.fake and iface is not None:   # Note [Scratch guard]: O and LSE as NaN views before a guard
             from fa4verify.kernels.stage_taps import guard_forward_outputs
-            guarding = guard_forward_outputs()
+            guarding = guard_forward_outputs(iface())    # the interface of this target's adapter
         with self._mode(), self._emulation(), guarding as fg:
             if problem.call is not None and problem.call.rearranges:
                 q, k, v, _, kw = self._call_kw(problem, a)
