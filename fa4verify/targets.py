@@ -39,8 +39,8 @@ class Fwd:
     out: np.ndarray
     lse: np.ndarray
     native: Any = None
-    #: Note [Scratch guard]: ``written_past_end`` / ``guarded`` of the O and LSE buffers the target
-    #: guarded in this call (and ``refused``: FA4 would not take them); None where it guards none
+    #: Note [Scratch guard]: buffer name -> its ``GuardReport`` (fa4verify.determinism) for the O
+    #: and LSE buffers the target guarded in this call; None where it guards none
     guard: Optional[Mapping[str, Any]] = None
 
 
@@ -53,10 +53,19 @@ class Bwd:
     #: the target's intermediate data where it exposes them (the twin's ``stages``, e.g. the fp32
     #: ``dq_accum``; dense problems only), else None
     stages: Optional[Mapping[str, Any]] = None
-    #: Note [Scratch guard] (fa4verify/kernels/stage_taps.py): ``written_past_end`` (buffer ->
-    #: elements the call wrote past the end of the buffer) and ``guarded`` (buffer -> its size) of
-    #: the buffers the target guarded in this call; None where it guards none
+    #: Note [Scratch guard] (fa4verify/kernels/stage_taps.py): buffer name -> its ``GuardReport``
+    #: (fa4verify.determinism) for the buffers the target guarded in this call; None where it
+    #: guards none
     guard: Optional[Mapping[str, Any]] = None
+
+
+def armed_guard(name: str, shape: tuple, dtype: Any, device: Any) -> Any:
+    """Note [Scratch guard] (fa4verify/kernels/stage_taps.py): a NaN-filled buffer between two
+    sentinel bands (:class:`fa4verify.determinism.GuardedBuffer`, armed), whose ``view`` FA4 gets."""
+    from fa4verify.determinism.guard import GuardedBuffer
+    buf = GuardedBuffer(name, shape, dtype, device)
+    buf.arm()
+    return buf
 
 
 # ============================================================================ targets
@@ -774,9 +783,9 @@ class ProductionTarget(Target):
             return self._mla_forward(problem, a)
         guarding = contextlib.nullcontext(None)
         iface = getattr(self._ad, "interface_module", None)
-        if not self.fake and iface is not None:   # Note [Scratch guard]: O and LSE as NaN views before a guard
+        if not self.fake and iface is not None:   # Note [Scratch guard]: O and LSE as guarded buffers
             from fa4verify.kernels.stage_taps import guard_forward_outputs
-            guarding = guard_forward_outputs(iface())    # the interface of this target's adapter
+            guarding = guard_forward_outputs(iface(), armed_guard)    # the interface of this target's adapter
         with self._mode(), self._emulation(), guarding as fg:
             if problem.call is not None and problem.call.rearranges:
                 q, k, v, _, kw = self._call_kw(problem, a)
@@ -784,8 +793,7 @@ class ProductionTarget(Target):
             else:
                 r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
                                return_lse=return_lse, **self._fwd_kw(problem, a))
-        guard = None if fg is None else {"written_past_end": dict(fg.written_past_end), "guarded": dict(fg.guarded),
-                                         "refused": fg.refused}
+        guard = None if fg is None else {n: b.check() for n, b in fg.guards.items()}
         self.last_forward_guard = guard     # the inference call returns O alone: its guard is read here
         self._note_config(r.config)
         if r.lse is None:          # the inference call: O alone
@@ -952,8 +960,8 @@ class ProductionTarget(Target):
 
     def _poisoned(self, q, k, v) -> dict[str, Any]:
         """Note [Poisoned gradients]: FA4's dQ, dK and dV buffers, allocated here in q, k and v's
-        shapes and strides and filled with NaN, each a view at the start of a buffer with a NaN
-        guard after it (Note [Scratch guard]; a layout that is not contiguous gets no guard). FA4
+        shapes and filled with NaN, each between sentinel bands (:func:`armed_guard`, Note
+        [Scratch guard]; a layout that is not contiguous gets no bands). FA4
         must write every element (zeros for a
         key no query sees: its kernels write them); one it leaves unwritten reads NaN and fails the
         judge, where FA4's own ``torch.empty`` would hand back whatever the allocator held (often
@@ -962,24 +970,15 @@ class ProductionTarget(Target):
         scratch]) and leaves all of it off with ``--opt races_poison=off``."""
         if self.fake:
             return {}
-        from fa4verify.kernels.stage_taps import guarded_view
         out: dict[str, Any] = {}
-        self._grad_guards = []
+        self._grad_guards = {}
         for n, t in (("dq", q), ("dk", k), ("dv", v)):
-            g = guarded_view(t)      # Note [Scratch guard]: a NaN guard after the buffer, read after the call
-            if g is None:            # a layout FA4 would allocate with strides: no guard, poisoned alike
+            if not t.is_contiguous():   # a layout FA4 would allocate with strides: no guard, poisoned alike
                 out[n] = self._torch.full_like(t, float("nan"))
                 continue
-            out[n] = g[0]
-            self._grad_guards.append((n, g[1], t.numel()))
+            self._grad_guards[n] = armed_guard(n, tuple(t.shape), t.dtype, t.device)   # Note [Scratch guard]
+            out[n] = self._grad_guards[n].view
         return out
-
-    def _grad_overrun(self) -> dict[str, int]:
-        """What the last backward wrote past the end of its gradient buffers (Note [Scratch
-        guard]), per buffer; {} where nothing was guarded."""
-        from fa4verify.kernels.stage_taps import written_past
-        guards, self._grad_guards = getattr(self, "_grad_guards", []), []
-        return {n: written_past(big, size) for n, big, size in guards}
 
     def backward(self, problem: AttentionProblem, a: Mapping[str, Any], fwd: Fwd, *,
                  deterministic: bool = True, taps: Optional[dict] = None, dlse: Optional[np.ndarray] = None) -> Bwd:
@@ -994,11 +993,11 @@ class ProductionTarget(Target):
                 raise Unsupported("FA4's sparse MLA backward has no stage taps and takes no dLSE here")
             return self._mla_backward(problem, a)
         dt = problem.dtype
-        self._grad_guards = []
+        self._grad_guards = {}
         cap = contextlib.nullcontext(None)
         if taps is not None:
             from fa4verify.kernels.stage_taps import capture_backward_stages
-            cap = capture_backward_stages()
+            cap = capture_backward_stages(guard=None if self.fake else armed_guard)
         with self._mode(), self._emulation(), cap as tapped:
             if fwd.native is not None:
                 out, lse = fwd.native          # FA4's own O and LSE tensors from the forward call
@@ -1028,11 +1027,10 @@ class ProductionTarget(Target):
                 r = self._call(self._ad.backward, q, k, v, out, self._t(a["dout"], dt), lse,
                                deterministic=deterministic, **self._poisoned(q, k, v), **dl, **self._kw(problem, a))
         self._note_config(r.config)
-        overrun = self._grad_overrun()       # Note [Scratch guard]: the gradients', then the preprocess's
-        guard = {"written_past_end": dict(overrun), "guarded": {n: int(getattr(r, n).numel()) for n in overrun}}
-        if tapped is not None:
-            guard["written_past_end"].update(tapped.written_past_end)
-            guard["guarded"].update(tapped.guarded)
+        # Note [Scratch guard]: the gradients' bands, then the preprocess's
+        guarded = {**self._grad_guards, **({} if tapped is None else tapped.guards)}
+        self._grad_guards = {}
+        guard = {n: b.check() for n, b in guarded.items()}
         if taps is not None and tapped is not None:
             for n in ("dpsum", "lse_log2", "dq_accum_zeroed"):
                 taps[n] = self._np(getattr(tapped, n))

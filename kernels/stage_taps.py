@@ -21,28 +21,31 @@ guessed here.
 
 Note [Scratch guard]
 --------------------
-Each buffer the preprocess writes (``dpsum``, ``lse_log2``, ``dq_accum``; FA4 allocates them to
-the exact padded size) is handed to FA4's preprocess as a view at the start of a NaN-filled buffer
-:data:`GUARD` elements longer, then copied into FA4's own buffer, so the rest of the backward runs
-on FA4's allocation as before. After the backward, a non-NaN element in the guard is a write past
-the end of the buffer FA4 allocated: a write into foreign memory, seen on every call that makes it
-(a store does not depend on timing), where the same write inside the buffer -- into the next
-(batch, head)'s rows, which that head's own CTA writes too -- shows only as a race. An element the
-preprocess leaves unwritten reaches FA4's buffer as NaN (the copy takes the view whole): a tapped
-backward also runs on poisoned scratch (FA4 4.0.0b36's dense preprocess writes every element of
-its three buffers). Where it runs: tapped backwards (``bwd_stages`` on dense calls), not the race
-harness (``fa4verify/races.py``: the copies would serialise the launch chain it tests). Measured on an
-H100 (2026-12-05, ``scripts/gpu_preprocess_guard.py``): FA4 4.0.0b36's SM90 preprocess at tile_m 80
-and head_dim_v 64 writes 16 zeros past the end of ``dpsum``. What the guard costs: one fill and one
-copy per buffer, between the preprocess and the main kernel (where the taps already clone).
-The forward's O and LSE (:func:`guard_forward_outputs`, around every production forward but MLA
-and fp8): what FA4's ``_flash_attn_fwd`` would allocate is handed to it as NaN views before a
-guard, so an element it does not write reads NaN (the judge's ``finite`` / ``fwd_budget``) and a
-write past either buffer fails ``fwd_budget`` (``scratch_bounds``); not yet run on a GPU. The
-production target guards the gradient outputs (dQ, dK, dV) it hands FA4 the same way on every
-backward (Note [Poisoned gradients] in fa4verify/targets.py; no copy: FA4 writes them directly);
-the verdict judges the driver calls of ``check_problem`` (not the public autograd path, whose
-buffers FA4 allocates).
+The buffers a production call writes are handed to FA4 as guarded buffers: the judge's
+``fa4verify.determinism.GuardedBuffer`` (NaN inside, a signalling-NaN sentinel in a band before
+and after; a factory ``guard(name, shape, dtype, device)`` the caller passes in, so the subject
+never imports the judge). After the call a band element that is no longer the sentinel is a write
+outside the buffer: a write into foreign memory, seen on every call that makes it (a store does
+not depend on timing), where the same write inside a buffer -- e.g. into the next (batch, head)'s
+rows, which that head's own CTA writes too -- shows only as a race.
+
+* the preprocess's ``dpsum``, ``lse_log2`` and ``dq_accum`` (FA4 allocates them to the exact padded
+  size) in :func:`capture_backward_stages` ``(guard=...)``: the guarded view goes to FA4's
+  preprocess and is copied into FA4's own buffer after it, so the rest of the backward runs on
+  FA4's allocation; an element the preprocess leaves unwritten arrives there as NaN (FA4 4.0.0b36's
+  dense preprocess writes every element). Tapped backwards only (``bwd_stages`` on dense calls),
+  not the race harness (``fa4verify/races.py``: the copies would serialise the launch chain it
+  tests). Measured on an H100 (2026-12-05, ``scripts/gpu_preprocess_guard.py``): FA4 4.0.0b36's
+  SM90 preprocess at tile_m 80 and head_dim_v 64 writes 16 zeros past the end of ``dpsum``.
+* the gradient outputs dQ, dK, dV the production target hands FA4 on every backward (Note
+  [Poisoned gradients] in fa4verify/targets.py; no copy: FA4 writes them directly);
+* the forward's O and LSE (:func:`guard_forward_outputs`, every production forward but MLA and
+  fp8): what FA4's ``_flash_attn_fwd`` would allocate, so an element it does not write reads NaN;
+  not yet run on a GPU.
+
+The judge reads the bands after the call (``check()``: no sync between FA4's kernels) and fails
+``bwd_stages`` / ``fwd_budget`` as ``scratch_bounds``; the autograd path, whose buffers FA4
+allocates, is not guarded.
 
 The adapter stays the only importer of ``flash_attn.cute``: the interface module comes from
 :func:`fa4verify.kernels.adapter.interface_module`, or is passed in (tests pass a fake).
@@ -56,8 +59,7 @@ import re
 from typing import Any, Callable, Iterator, Optional
 
 __all__ = ["BackwardTaps", "capture_backward_stages", "backward_with_taps", "BackwardBuffers", "backward_buffers",
-           "installed_backward_buffers", "before_preprocess", "GUARD", "guarded_view", "written_past",
-           "ForwardGuard", "guard_forward_outputs"]
+           "installed_backward_buffers", "before_preprocess", "ForwardGuard", "guard_forward_outputs"]
 
 
 @dataclasses.dataclass
@@ -71,12 +73,9 @@ class BackwardTaps:
     dq_scale: Optional[float] = None   #: the scale the dQ postprocess applies (softmax_scale)
     preprocess_calls: int = 0
     postprocess_calls: int = 0
-    #: Note [Scratch guard]: per guarded buffer ("dpsum", "lse_log2", "dq_accum"), how many of the
-    #: GUARD elements right after the end of the buffer FA4 allocated the preprocess wrote (0: none)
-    written_past_end: dict = dataclasses.field(default_factory=dict)
-    #: the guarded buffers' element counts (what FA4 allocated)
-    guarded: dict = dataclasses.field(default_factory=dict)
-    _guards: list = dataclasses.field(default_factory=list, repr=False)   # (name, big, n) to read at exit
+    #: Note [Scratch guard]: the guarded buffers the preprocess wrote ("dpsum", "lse_log2",
+    #: "dq_accum" -> the caller's guard object; its ``check()`` after the backward)
+    guards: dict = dataclasses.field(default_factory=dict)
     _post: Any = dataclasses.field(default=None, repr=False)        # FA4's postprocess driver
     _post_args: Any = dataclasses.field(default=None, repr=False)   # its dQ call (args, kwargs)
     _dq_accum_obj: Any = dataclasses.field(default=None, repr=False)
@@ -116,10 +115,11 @@ class BackwardTaps:
 
 
 @contextlib.contextmanager
-def capture_backward_stages(interface=None) -> Iterator[BackwardTaps]:
+def capture_backward_stages(interface=None, guard: Optional[Callable] = None) -> Iterator[BackwardTaps]:
     """Within the block, every ``_flash_attn_bwd`` of ``interface`` (default: FA4's, from the
-    adapter) records its stage buffers into the yielded :class:`BackwardTaps`. FA4's drivers are
-    restored on exit, also on error."""
+    adapter) records its stage buffers into the yielded :class:`BackwardTaps`; with ``guard`` (Note
+    [Scratch guard]) its preprocess writes into guarded buffers. FA4's drivers are restored on
+    exit, also on error."""
     if interface is None:
         from fa4verify.kernels.adapter import interface_module
         interface = interface_module()
@@ -129,20 +129,15 @@ def capture_backward_stages(interface=None) -> Iterator[BackwardTaps]:
 
     def pre(out, dout, dpsum, lse, lse_log2, dq_accum, *args, **kw):
         fake = kw.get("fake_mode", False)
-        views = {}
-        if not fake:
-            for name, t in (("dpsum", dpsum), ("lse_log2", lse_log2), ("dq_accum", dq_accum)):
-                g = guarded_view(t)
-                if g is not None:
-                    views[name] = g
-        orig_pre(out, dout, views.get("dpsum", (dpsum,))[0], lse, views.get("lse_log2", (lse_log2,))[0],
-                 views.get("dq_accum", (dq_accum,))[0], *args, **kw)
-        for name, t in (("dpsum", dpsum), ("lse_log2", lse_log2), ("dq_accum", dq_accum)):
-            if name in views:
-                v, big = views[name]
-                t.copy_(v)                       # FA4's own buffer gets what its preprocess wrote
-                taps._guards.append((name, big, t.numel()))
-                taps.guarded[name] = int(t.numel())
+        bufs = {"dpsum": dpsum, "lse_log2": lse_log2, "dq_accum": dq_accum}
+        guarded = {} if fake or guard is None else {
+            n: guard(n, tuple(t.shape), t.dtype, t.device) for n, t in bufs.items()
+            if t is not None and t.is_contiguous() and t.is_floating_point()}
+        given = {n: guarded[n].view if n in guarded else t for n, t in bufs.items()}
+        orig_pre(out, dout, given["dpsum"], lse, given["lse_log2"], given["dq_accum"], *args, **kw)
+        for n, g in guarded.items():
+            bufs[n].copy_(g.view)                # FA4's own buffer gets what its preprocess wrote
+            taps.guards[n] = g
         taps.preprocess_calls += 1
         if not fake:
             taps.dpsum = dpsum.clone()
@@ -166,33 +161,9 @@ def capture_backward_stages(interface=None) -> Iterator[BackwardTaps]:
     interface._bwd_postprocess_convert = post
     try:
         yield taps
-        for name, big, n in taps._guards:   # read after the backward: no sync between FA4's kernels
-            taps.written_past_end[name] = taps.written_past_end.get(name, 0) + written_past(big, n)
     finally:
-        taps._guards.clear()
         interface._bwd_preprocess = orig_pre
         interface._bwd_postprocess_convert = orig_post
-
-
-#: Note [Scratch guard]: NaN elements after the end of each guarded buffer
-GUARD = 2048
-
-
-def written_past(big, n: int) -> int:
-    """How many guard elements of ``big`` (after its first ``n``) hold anything but NaN."""
-    tail = big[n:]
-    return int((tail == tail).sum())
-
-
-def guarded_view(t):
-    """``(view, big)``: a view of ``t``'s shape and strides at the start of a NaN-filled buffer
-    :data:`GUARD` elements longer (Note [Scratch guard]); None for a tensor that is not a
-    contiguous floating-point tensor (left as FA4 allocated it)."""
-    if t is None or not t.is_contiguous() or not t.is_floating_point():
-        return None
-    import torch
-    _view, big = _fresh_guarded(t.shape, t.dtype, t.device)
-    return torch.as_strided(big, t.shape, t.stride()), big
 
 
 def backward_with_taps(q, k, v, out, dout, lse, *, interface=None, **kw):
@@ -379,18 +350,16 @@ def before_preprocess(hook: Callable[[dict], None], interface=None) -> Iterator[
 
 @dataclasses.dataclass
 class ForwardGuard:
-    """What the forwards run inside :func:`guard_forward_outputs` wrote past their O and LSE."""
+    """The guarded buffers the forwards run inside :func:`guard_forward_outputs` wrote."""
 
-    written_past_end: dict = dataclasses.field(default_factory=dict)   #: "out" / "lse" -> elements
-    guarded: dict = dataclasses.field(default_factory=dict)            #: "out" / "lse" -> its size
+    guards: dict = dataclasses.field(default_factory=dict)    #: "out" / "lse" -> the caller's guard object
     #: FA4 refused the guarded buffers (its own check of an ``out`` / ``lse`` it was given): the call
     #: then ran as the caller made it, unguarded; the refusal's text
     refused: Optional[str] = None
-    _guards: list = dataclasses.field(default_factory=list, repr=False)
 
 
-def _forward_buffers(args: dict) -> Optional[dict]:
-    """Guarded NaN views for the ``out`` and ``lse`` FA4's ``_flash_attn_fwd`` would allocate for
+def _forward_buffers(args: dict, guard: Callable) -> Optional[dict]:
+    """Guarded buffers for the ``out`` and ``lse`` FA4's ``_flash_attn_fwd`` would allocate for
     these arguments (its shapes: O ``q.shape[:-1] + (head_dim_v,)`` in q's dtype; LSE fp32 ``(b, h,
     s)``, or ``(h, total_q)`` with ``cu_seqlens_q``, only where the call asks for one or a
     gradient), or None where this call is not guarded: a buffer given by the caller, MLA (``qv``) or
@@ -411,35 +380,21 @@ def _forward_buffers(args: dict) -> Optional[dict]:
         return None
     lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
     grad = any(t is not None and t.requires_grad for t in (q, k, v, args.get("learnable_sink")))
-    made = {"out": _fresh_guarded((*q.shape[:-1], v.shape[-1]), q.dtype, q.device)}
+    made = {"out": guard("out", (*q.shape[:-1], v.shape[-1]), q.dtype, q.device)}
     if grad or args.get("return_lse"):
-        made["lse"] = _fresh_guarded(lse_shape, torch.float32, q.device)
+        made["lse"] = guard("lse", lse_shape, torch.float32, q.device)
     return made
 
 
-def _fresh_guarded(shape, dtype, device):
-    """``(view, big)``: a contiguous NaN tensor of ``shape`` at the start of a buffer with a
-    :data:`GUARD` of NaN after it."""
-    import math
-    import torch
-    n = math.prod(shape)
-    big = torch.full((n + GUARD,), float("nan"), dtype=dtype, device=device)
-    return big[:n].view(shape), big
-
-
 @contextlib.contextmanager
-def guard_forward_outputs(interface=None) -> Iterator[ForwardGuard]:
+def guard_forward_outputs(interface, guard: Callable) -> Iterator[ForwardGuard]:
     """Within the block, FA4's ``_flash_attn_fwd`` (looked up at call time by its public
-    functions) gets the O and LSE it would allocate as NaN-filled views before a NaN guard (Note
-    [Scratch guard]): an element the forward does not write stays NaN, a write past either buffer
-    is counted in the yielded :class:`ForwardGuard` on exit. A release whose ``_flash_attn_fwd``
-    takes no ``out`` / ``lse`` is left alone; where FA4 refuses the buffers (its check of a given
-    ``out`` / ``lse``) the call runs as made, unguarded, and the refusal is kept. Restored on exit,
-    also on error."""
+    functions) gets the O and LSE it would allocate as buffers from ``guard`` (Note [Scratch
+    guard]), kept in the yielded :class:`ForwardGuard`. A release whose ``_flash_attn_fwd`` takes
+    no ``out`` / ``lse`` is left alone; where FA4 refuses the buffers (its check of a given ``out``
+    / ``lse``) the call runs as made, unguarded, and the refusal is kept. Restored on exit, also
+    on error."""
     import inspect
-    if interface is None:
-        from fa4verify.kernels.adapter import interface_module
-        interface = interface_module()
     g = ForwardGuard()
     orig = interface._flash_attn_fwd
     try:
@@ -455,11 +410,11 @@ def guard_forward_outputs(interface=None) -> Iterator[ForwardGuard]:
             bound = sig.bind(*args, **kw)
         except TypeError:
             return orig(*args, **kw)
-        made = _forward_buffers(dict(bound.arguments))
+        made = _forward_buffers(dict(bound.arguments), guard)
         if made is None:
             return orig(*args, **kw)
-        for name, (view, _big) in made.items():
-            bound.arguments[name] = view
+        for name, buf in made.items():
+            bound.arguments[name] = buf.view
         try:
             res = orig(*bound.args, **bound.kwargs)
         except (AssertionError, ValueError, TypeError) as e:
@@ -467,9 +422,7 @@ def guard_forward_outputs(interface=None) -> Iterator[ForwardGuard]:
                 raise
             g.refused = f"{type(e).__name__}: {e}"[:200]     # FA4's check of a given buffer
             return orig(*args, **kw)
-        for name, (view, big) in made.items():
-            g._guards.append((name, big, view.numel()))
-            g.guarded[name] = int(view.numel())
+        g.guards.update(made)
         return res
 
     # FA4's name, signature and attributes (its compile_cache, which FA4 reads through the module
@@ -479,10 +432,7 @@ def guard_forward_outputs(interface=None) -> Iterator[ForwardGuard]:
     interface._flash_attn_fwd = fwd
     try:
         yield g
-        for name, big, n in g._guards:
-            g.written_past_end[name] = g.written_past_end.get(name, 0) + written_past(big, n)
     finally:
-        g._guards.clear()
         if interface._flash_attn_fwd is fwd:       # never undo a wrapper installed after this one
             interface._flash_attn_fwd = orig
 

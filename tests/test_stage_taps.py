@@ -85,10 +85,14 @@ def test_the_scratch_guard_sees_a_write_past_the_preprocess_buffer_and_changes_n
     g = torch.Generator().manual_seed(1)
     q = (torch.randint(-8, 8, (b, s, h, d), generator=g) / 4).to(torch.bfloat16)
     out, dout = torch.randn(b, s, h, d).to(torch.bfloat16), torch.randn(b, s, h, d).to(torch.bfloat16)
-    with capture_backward_stages(mod) as taps:
+    from fa4verify.targets import armed_guard
+    with capture_backward_stages(mod, guard=armed_guard) as taps:
         dq = mod._flash_attn_bwd(q, out, dout, torch.randn(b, h, s), 0.5)
-    assert taps.written_past_end == {"dpsum": overrun, "lse_log2": 0, "dq_accum": 0}
-    assert taps.guarded == {"dpsum": b * h * (s + 3), "lse_log2": b * h * (s + 3), "dq_accum": b * h * s * d}
+    reps = {n: g.check() for n, g in taps.guards.items()}
+    assert {n: (r.before, r.after) for n, r in reps.items()} == {"dpsum": (0, overrun), "lse_log2": (0, 0),
+                                                                 "dq_accum": (0, 0)}
+    assert {n: g.numel for n, g in taps.guards.items()} == {"dpsum": b * h * (s + 3), "lse_log2": b * h * (s + 3),
+                                                            "dq_accum": b * h * s * d}
     torch.testing.assert_close(taps.dpsum[:, :, :s], (out.float() * dout.float()).sum(-1).transpose(1, 2))
     assert torch.equal(taps.dq_accum_logical(dq), q.float() / 0.5)
 
@@ -96,18 +100,20 @@ def test_the_scratch_guard_sees_a_write_past_the_preprocess_buffer_and_changes_n
 def test_a_write_past_the_preprocess_buffer_fails_bwd_stages_and_marks_the_examples_other_violations():
     """The judge's side of Note [Scratch guard]: an overrun is a ``bwd_stages`` violation
     (quantity ``scratch_bounds``), and every later violation of the same example carries it."""
+    from fa4verify.determinism import GuardReport
     from fa4verify.fuzz.properties import _judge_scratch_guard
     from fa4verify.fuzz.violation import _EXAMPLE_FACTS, Violation, _fail
     from fa4verify.problem import AttentionProblem
     p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=137, seqlen_k=184, nheads=2, nheads_kv=2,
                          head_dim=128, head_dim_v=64)
-    _judge_scratch_guard(p, {"written_past_end": {"dpsum": 0}, "guarded": {"dpsum": 320}})   # nothing past the end
+    _judge_scratch_guard(p, {"dpsum": GuardReport("dpsum", 0, 0, (), 0)})   # nothing outside
     token = _EXAMPLE_FACTS.set({})
     try:
         with pytest.raises(Violation) as e:
-            _judge_scratch_guard(p, {"written_past_end": {"dpsum": 16, "lse_log2": 0}, "guarded": {"dpsum": 320}})
+            _judge_scratch_guard(p, {"dpsum": GuardReport("dpsum", 0, 16, (320, 321), 0),
+                                     "lse_log2": GuardReport("lse_log2", 0, 0, (), 0)})
         assert e.value.prop == "bwd_stages" and e.value.metrics["quantity"] == "scratch_bounds"
-        assert e.value.metrics["scratch_overrun"] == {"dpsum": 16} and "dpsum: 16 element(s) past its 320" in e.value.message
+        assert e.value.metrics["scratch_overrun"] == {"dpsum": 16} and "dpsum: 0 element(s) before it, 16 after it (first at offsets [320, 321])" in e.value.message
         with pytest.raises(Violation) as later:
             _fail(Violation("bwd_budget", "dq: planted", {"quantity": "dq"}))
         assert later.value.metrics["scratch_overrun"] == {"dpsum": 16}
@@ -364,8 +370,8 @@ def test_full_pages_hands_fa4_no_seqused_k_and_round_trips():
 @pytest.mark.parametrize("past", [0, 3])
 def test_the_production_targets_gradient_buffers_are_guarded(past):
     """Note [Scratch guard] on FA4's gradient outputs: the production target hands FA4 NaN-filled
-    views with a guard after each (Note [Poisoned gradients]) and counts what the call wrote past
-    them; a non-contiguous layout is poisoned without a guard."""
+    guarded buffers (Note [Poisoned gradients]) whose bands see what the call wrote past them; a
+    non-contiguous layout is poisoned without a guard."""
     from fa4verify.targets import ProductionTarget
     stub = types.SimpleNamespace(fake=False, _torch=torch)
     q, k = torch.zeros(2, 5, 3, 8, dtype=torch.bfloat16), torch.zeros(2, 7, 3, 8, dtype=torch.bfloat16)
@@ -374,8 +380,8 @@ def test_the_production_targets_gradient_buffers_are_guarded(past):
     assert all(torch.isnan(b.float()).all() for b in bufs.values()) and bufs["dk"].shape == k.shape
     torch.as_strided(bufs["dk"], (k.numel() + past,), (1,))[:] = 1.0      # the call writes dK, and past it
     bufs["dq"].zero_()
-    assert ProductionTarget._grad_overrun(stub) == {"dq": 0, "dk": past}
-    assert ProductionTarget._grad_overrun(stub) == {}                     # read once
+    assert {n: (r.before, r.after) for n, r in ((n, g.check()) for n, g in stub._grad_guards.items())} \
+        == {"dq": (0, 0), "dk": (0, past)}
 
 
 def _fake_forward_interface(*, unwritten=0, past=0, has_out=True, refuse=False):
@@ -413,47 +419,52 @@ def _fake_forward_interface(*, unwritten=0, past=0, has_out=True, refuse=False):
 @pytest.mark.parametrize("unwritten, past, grad, return_lse", [(0, 0, False, True), (2, 0, True, False),
                                                               (0, 5, False, False), (0, 0, False, False)])
 def test_the_forward_outputs_are_nan_views_before_a_guard(unwritten, past, grad, return_lse):
-    """Note [Scratch guard] on the forward: FA4's own O and LSE allocations replaced by NaN views
-    before a guard -- a row FA4 leaves unwritten reads NaN, a write past O is counted -- and an LSE
+    """Note [Scratch guard] on the forward: FA4's own O and LSE allocations replaced by guarded
+    buffers -- a row FA4 leaves unwritten reads NaN, a write past O reaches the band -- and an LSE
     only where FA4 would allocate one (asked for, or a gradient)."""
     from fa4verify.kernels.stage_taps import guard_forward_outputs
+    from fa4verify.targets import armed_guard
     mod = _fake_forward_interface(unwritten=unwritten, past=past)
     orig = mod._flash_attn_fwd
     q = torch.randn(2, 5, 3, 8).to(torch.bfloat16).requires_grad_(grad)
     k, v = torch.randn(2, 7, 3, 8).to(torch.bfloat16), torch.randn(2, 7, 3, 4).to(torch.bfloat16)
-    with guard_forward_outputs(mod) as g:
+    with guard_forward_outputs(mod, armed_guard) as g:
         out, lse = mod.flash_attn_func(q, k, v, return_lse=return_lse)
     assert mod._flash_attn_fwd is orig and g.refused is None
     want = {"out": 2 * 5 * 3 * 4} | ({"lse": 2 * 3 * 5} if (grad or return_lse) else {})
-    assert g.guarded == want and (lse is not None) == ("lse" in want)
-    assert g.written_past_end == {"out": past} | ({"lse": 0} if "lse" in want else {})
+    assert {n: b.numel for n, b in g.guards.items()} == want and (lse is not None) == ("lse" in want)
+    assert {n: b.check().after for n, b in g.guards.items()} == {"out": past} | ({"lse": 0} if "lse" in want else {})
     assert torch.isnan(out.float()).any(dim=(0, 2, 3)).tolist() == [False] * (5 - unwritten) + [True] * unwritten
 
 
 @pytest.mark.parametrize("variant", ["no_out_parameter", "refuses_a_given_out"])
 def test_a_forward_that_cannot_take_guarded_outputs_runs_as_called(variant):
     from fa4verify.kernels.stage_taps import guard_forward_outputs
+    from fa4verify.targets import armed_guard
     mod = _fake_forward_interface(has_out=variant != "no_out_parameter", refuse=variant == "refuses_a_given_out")
     q, k, v = (torch.randn(1, 3, 2, 8).to(torch.bfloat16) for _ in range(3))
-    with guard_forward_outputs(mod) as g:
+    with guard_forward_outputs(mod, armed_guard) as g:
         out, _ = mod.flash_attn_func(q, k, v, return_lse=True)
-    assert g.guarded == {} and g.written_past_end == {} and not torch.isnan(out.float()).any()
+    assert g.guards == {} and not torch.isnan(out.float()).any()
     assert (g.refused is not None) == (variant == "refuses_a_given_out")
 
 
 def test_a_write_past_the_forwards_outputs_fails_fwd_budget():
+    from fa4verify.determinism import GuardReport
     from fa4verify.fuzz.properties import _judge_scratch_guard
     from fa4verify.fuzz.violation import Violation
     from fa4verify.problem import AttentionProblem
     p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=8, seqlen_k=8, nheads=1, nheads_kv=1,
                          head_dim=64, head_dim_v=64)
-    _judge_scratch_guard(p, {"written_past_end": {"out": 0, "lse": 0}}, prop="fwd_budget", stage="forward")
+    _judge_scratch_guard(p, {"out": GuardReport("out", 0, 0, (), 0), "lse": GuardReport("lse", 0, 0, (), 0)},
+                         prop="fwd_budget", stage="forward")
     with pytest.raises(Violation) as e:
-        _judge_scratch_guard(p, {"written_past_end": {"out": 5}, "guarded": {"out": 512}}, prop="fwd_budget",
+        _judge_scratch_guard(p, {"out": GuardReport("out", 2, 3, (-1, -2, 512), 0)}, prop="fwd_budget",
                              stage="forward")
     assert e.value.prop == "fwd_budget" and e.value.metrics == {"quantity": "scratch_bounds",
                                                                  "scratch_overrun": {"out": 5}}
-    assert "FA4's forward wrote past the end" in e.value.message and "out: 5 element(s) past its 512" in e.value.message
+    assert "FA4's forward wrote outside a buffer" in e.value.message
+    assert "out: 2 element(s) before it, 3 after it (first at offsets [-1, -2, 512])" in e.value.message
 
 
 def test_the_forward_guard_keeps_fa4s_name_signature_and_compile_key_names(tmp_path, monkeypatch):
@@ -476,7 +487,8 @@ def test_the_forward_guard_keeps_fa4s_name_signature_and_compile_key_names(tmp_p
         orig = mod._flash_attn_fwd
         want_names, want_params = adapter._compile_key_names(orig), adapter._parameters(orig)
         q = torch.zeros(1, 2, 1, 8, dtype=torch.bfloat16)
-        with guard_forward_outputs(mod) as g:
+        from fa4verify.targets import armed_guard
+        with guard_forward_outputs(mod, armed_guard) as g:
             assert mod._flash_attn_fwd is not orig
             assert adapter._compile_key_names(mod._flash_attn_fwd) == want_names == [["q.dtype", "causal", "lse is None"]]
             assert adapter._parameters(mod._flash_attn_fwd) == want_params

@@ -60,7 +60,7 @@ Properties (:data:`PROPERTIES`)
     FA4's ``flash_attn_func`` / ``flash_attn_varlen_func`` autograd; its dQ/dK/dV are judged within
     the driver's budgets and, given the same ``dlse`` and deterministic, must equal the driver's
     bit for bit. Note [Scratch guard] (fa4verify/kernels/stage_taps.py): a production backward
-    that wrote past the end of a buffer it writes (the gradient outputs of the driver calls judged
+    that wrote outside a buffer it writes (the gradient outputs of the driver calls judged
     here, the preprocess's buffers where tapped) fails it as ``scratch_bounds``.
 ``paged_kv_bitwise``
     Paged-KV problems (a ``page_table`` call form, drawn page permutation): O and LSE are bitwise
@@ -89,7 +89,7 @@ import numpy as np
 from fa4verify import judge
 from fa4verify.problem import AttentionProblem
 from fa4verify.fuzz.violation import _EXAMPLE_FACTS, Violation, _fail, _where_str
-from fa4verify.targets import Target
+from fa4verify.targets import Fwd, Target
 from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
 
 PROPERTIES: tuple[str, ...] = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "key_permutation",
@@ -261,7 +261,7 @@ def _run_target(problem: AttentionProblem, fn: Callable, *args, **kw):
     fa4verify's own code becomes a HarnessError: Note [Blame], never a violation)."""
     t0 = time.perf_counter()
     try:
-        return fn(*args, **kw)
+        res = fn(*args, **kw)
     except (Violation, Unsupported, DependencyMissing, HarnessError):
         raise
     except Exception as e:  # noqa: BLE001
@@ -274,6 +274,11 @@ def _run_target(problem: AttentionProblem, fn: Callable, *args, **kw):
         raise Violation("runs", f"{type(e).__name__}: {e} | case: {problem.describe()}") from e
     finally:
         _TARGET_CLOCK[0] += time.perf_counter() - t0
+    if getattr(res, "guard", None):           # Note [Scratch guard]: every guarded call the judge makes
+        fwd = isinstance(res, Fwd)
+        _judge_scratch_guard(problem, res.guard, prop="fwd_budget" if fwd else "bwd_stages",
+                             stage="forward" if fwd else "backward")
+    return res
 
 
 def target_of(fn: Callable) -> Any:
@@ -298,23 +303,22 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
 
 def _judge_scratch_guard(problem: AttentionProblem, guard: Mapping[str, Any], *, prop: str = "bwd_stages",
                          stage: str = "backward") -> None:
-    """Part of the backward's verdict on every call of a target that guards its buffers (Note
-    [Scratch guard] in fa4verify/kernels/stage_taps.py: production, the preprocess's buffers
-    where tapped and the gradient outputs of every backward it judges): no kernel may write past
-    the end of a buffer the backward writes. What was written there is kept for every later
-    violation of the example (``scratch_overrun``). A ``bwd_stages`` violation (quantity ``scratch_bounds``), judged
-    whatever properties were asked: it is the call's conduct, not a value's accuracy. The forward's
-    O and LSE the same way, as ``fwd_budget`` (``prop``, ``stage``)."""
-    over = {n: int(c) for n, c in (guard.get("written_past_end") or {}).items() if c}
+    """Note [Scratch guard] (fa4verify/kernels/stage_taps.py): no kernel of a call may write
+    outside a buffer the call writes. ``guard``: buffer name -> its ``GuardReport``
+    (fa4verify.determinism) from the target's call. A write into a band is a ``bwd_stages``
+    violation (a forward's: ``fwd_budget``; quantity ``scratch_bounds``), judged whatever
+    properties were asked: it is the call's conduct, not a value's accuracy. The elements written
+    there are kept for every later violation of the example (``scratch_overrun``)."""
+    over = {n: int(r.before + r.after) for n, r in guard.items() if not r.guard_ok}
     if not over:
         return
     facts = _EXAMPLE_FACTS.get()
     if facts is not None:
         facts.setdefault("scratch_overrun", {}).update(over)
-    sizes = guard.get("guarded") or {}
-    what = ", ".join(f"{n}: {c} element(s) past its {sizes.get(n, '?')}" for n, c in sorted(over.items()))
-    _fail(Violation(prop, f"scratch_bounds: FA4's {stage} wrote past the end of a buffer it writes (its own "
-                          f"scratch or an output buffer: {what}): a write into memory it does not own | case: "
+    what = ", ".join(f"{n}: {guard[n].before} element(s) before it, {guard[n].after} after it (first at offsets "
+                     f"{list(guard[n].first_offsets)})" for n in sorted(over))
+    _fail(Violation(prop, f"scratch_bounds: FA4's {stage} wrote outside a buffer it writes (its own scratch or "
+                          f"an output buffer: {what}): a write into memory it does not own | case: "
                           f"{problem.describe()}",
                     {"quantity": "scratch_bounds", "scratch_overrun": dict(over)}))
 
@@ -338,7 +342,6 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             raise Violation("runs", f"the target's {n} has shape {np.shape(getattr(fwd, n))}, the problem's is "
                                     f"{tuple(shape)} | case: {problem.describe()}")
     ran.append("runs")
-    _judge_scratch_guard(problem, getattr(fwd, "guard", None) or {}, prop="fwd_budget", stage="forward")
     masked = problem.fully_masked_rows()
     fmt_max = _FMT_MAX[problem.dtype]
 
@@ -435,7 +438,6 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             ap = dict(a)
             ap["k"], ap["v"] = a["k"][:, perm], a["v"][:, perm]
             fp = _run_target(problem, target.forward, problem, ap)
-            _judge_scratch_guard(problem, getattr(fp, "guard", None) or {}, prop="fwd_budget", stage="forward")
             metrics["tightness_out_permuted"] = _compare("key_permutation", "out", fp.out, ref_out.value,
                                                          ref_out.bound, ref_out.budget, problem, undecided)
             _compare("key_permutation", "lse", fp.lse, ref_lse.value, ref_lse.bound, ref_lse.budget, problem,
@@ -458,7 +460,6 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             if a.get("mask") is not None:
                 ab["mask"] = a["mask"][b:b + 1]
             f1 = _run_target(problem, target.forward, sub, ab)
-            _judge_scratch_guard(problem, getattr(f1, "guard", None) or {}, prop="fwd_budget", stage="forward")
             if target.bitwise_invariants:
                 for n, x, y in (("out", f1.out[0], fwd.out[b]), ("lse", f1.lse[0], fwd.lse[b])):
                     if not np.array_equal(x, y, equal_nan=True):
@@ -481,7 +482,6 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             for n in problem.descales:       # Note [FP8 descales]: a KV head's factor for each copy
                 am[f"{n}_descale"] = np.repeat(np.asarray(a[f"{n}_descale"]), g, axis=1)
             fm = _run_target(problem, target.forward, mha, am)
-            _judge_scratch_guard(problem, getattr(fm, "guard", None) or {}, prop="fwd_budget", stage="forward")
             if target.bitwise_invariants and problem.arch == "sm90":
                 for n, x, y in (("out", fm.out, fwd.out), ("lse", fm.lse, fwd.lse)):
                     if not np.array_equal(x, y, equal_nan=True):
@@ -502,7 +502,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             ran.append("inference_bitwise")
             oi = _run_target(problem, target.forward_inference, problem, a)
             _judge_scratch_guard(problem, getattr(target, "last_forward_guard", None) or {}, prop="fwd_budget",
-                                 stage="forward (the inference call)")
+                                 stage="forward (the inference call)")     # it returns O alone
             same = (oi == fwd.out) | (np.isnan(oi) & np.isnan(fwd.out))
             if not same.all():
                 v = Violation("inference_bitwise", f"out of the inference call (no LSE, no gradient) differs bitwise "
@@ -521,7 +521,6 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             contiguous = problem.replace(call=dataclasses.replace(problem.call, page_size=None, page_seed=None,
                                                                   spare_pages=0, hostile_nan=False, full_pages=False))
             fc = _run_target(problem, target.forward, contiguous, a)
-            _judge_scratch_guard(problem, getattr(fc, "guard", None) or {}, prop="fwd_budget", stage="forward")
             for n, x, y in (("out", fwd.out, fc.out), ("lse", fwd.lse, fc.lse)):
                 same = (x == y) | (np.isnan(x) & np.isnan(y))
                 if not same.all():
@@ -556,8 +555,6 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
         try:
             extra = {} if taps is None else {"taps": taps}
             g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, **extra)
-            if g is not None:
-                _judge_scratch_guard(problem, getattr(g, "guard", None) or {})
         except DependencyMissing as e:
             for p in ("bwd_budget", "deterministic_bwd"):
                 if p in props:
@@ -640,7 +637,6 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             elif "deterministic_bwd" in props:
                 ran.append("deterministic_bwd")
                 g2 = _run_target(problem, target.backward, problem, a, fwd, deterministic=True)
-                _judge_scratch_guard(problem, getattr(g2, "guard", None) or {})
                 for n in ("dq", "dk", "dv"):
                     x, y = getattr(g, n), getattr(g2, n)
                     if not np.array_equal(x, y, equal_nan=True):
@@ -701,7 +697,6 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
     taps: Optional[dict] = {} if tapped else None
     extra = {} if taps is None else {"taps": taps}
     g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, dlse=dl, **extra)
-    _judge_scratch_guard(problem, getattr(g, "guard", None) or {})
     if taps is not None:
         with np.errstate(invalid="ignore", over="ignore"):
             v = judge_dlse_tap(problem, a, fwd.out, taps.get("dpsum"), dl, budgets=_budget(problem))
@@ -772,7 +767,6 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     if dl is None or g_dl is None:
         dl = _seeded_dlse(problem, fwd)
         g_dl = _run_target(problem, target.backward, problem, a, fwd, deterministic=True, dlse=dl)
-        _judge_scratch_guard(problem, getattr(g_dl, "guard", None) or {})
     gd = _run_target(problem, target.backward_autograd, problem, a, deterministic=True, dlse=dl)
     metrics["autograd_dlse_bitwise"] = 1.0
     for n in ("dq", "dk", "dv"):
