@@ -106,9 +106,17 @@ from fa4verify.kernels.facts import dist_version as _dist_version  # noqa: E402
 
 
 def fa4_source_dir() -> Path | None:
-    """Directory of the installed ``flash_attn/cute`` sources (without importing them), or None."""
+    """Directory of the installed ``flash_attn/cute`` sources (without importing them), or None.
+    Looked up once per import state (``sys.path`` and a ``flash_attn`` already imported): the
+    coverage planner asks tens of thousands of times per plan, and ``find_spec`` walks the path."""
     if os.environ.get("FA4VERIFY_FORCE_PINNED") == "1":
         return None
+    mod = sys.modules.get("flash_attn")
+    return _source_dir_at(tuple(sys.path), None if mod is None else id(mod))
+
+
+@functools.lru_cache(maxsize=8)
+def _source_dir_at(path: tuple, module_id: Optional[int]) -> Path | None:
     try:
         spec = importlib.util.find_spec("flash_attn")
     except (ImportError, ValueError):

@@ -157,3 +157,34 @@ def test_the_engine_never_imports_the_audit_runner():
     for f in run_dir.glob("*.py"):
         assert "fa4verify.audit.runner" not in _imports(f), f
     assert "fa4verify.run.worker" not in _imports(ROOT / "fa4verify" / "audit" / "runner.py")
+
+
+_HEAP_PROBE = r"""
+import numpy as np
+a = np.ones(8 << 20)                       # 64 MiB: past glibc's largest mmap threshold
+addr = a.ctypes.data
+for line in open("/proc/self/maps"):
+    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+    if lo <= addr < hi:
+        print("heap" if line.rstrip().endswith("[heap]") else "mapping")
+"""
+
+
+@pytest.mark.skipif(not (os.path.exists("/proc/self/maps") and __import__("platform").libc_ver()[0] == "glibc"),
+                    reason="needs Linux with glibc (the variables are glibc malloc's)")
+def test_workers_keep_freed_memory_on_the_heap(monkeypatch):
+    """Note [Freed memory stays]: a worker's large arrays come from the heap (reused once freed),
+    not from a fresh mapping each; a caller's own setting wins."""
+    import subprocess
+    import sys
+    from fa4verify.run.pool import HEAP_ENV, worker_env
+    for k in HEAP_ENV:
+        monkeypatch.delenv(k, raising=False)
+    env = worker_env(kernel_cache=None, workers=2)
+    assert all(env[k] == v for k, v in HEAP_ENV.items())
+    run = lambda e: subprocess.run([sys.executable, "-c", _HEAP_PROBE], env=e, capture_output=True,  # noqa: E731
+                                   text=True, check=True).stdout.strip()
+    assert run(env) == "heap"
+    assert run({k: v for k, v in env.items() if k not in HEAP_ENV}) == "mapping"
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "7")
+    assert worker_env(kernel_cache=None, workers=2)["MALLOC_MMAP_MAX_"] == "7"

@@ -85,3 +85,60 @@ def test_a_mask_mod_problem_is_refused_by_the_oracle_with_a_reason():
                          mask_mod=MaskMod(kind="document", param=2, seed=0))
     with pytest.raises(NotImplementedError, match="mask_mod"):
         ja.oracle_forward(p, p.materialize())
+
+
+# Note [The common verdict]: compare's fast path (nothing selected away) against its general path
+# (the same comparison with an all-True ``select``), field for field, on inputs built to hit every
+# branch: zero and negative-zero allowances, 0 / 0, NaN / inf anywhere, violations, broadcasting,
+# the blind threshold and the hull count.
+_SPECIAL = (0.0, -0.0, 1e-300, 5e-324, 1.0, 1e300, math.inf, -math.inf, math.nan)
+
+
+def _case(rng: np.random.Generator, shape: tuple, special: float):
+    r = rng.standard_normal(shape)
+    a = r + rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 1)
+    exact = rng.random(shape) < 0.3
+    a[exact] = r[exact]                                            # exact elements: err 0
+    ob = np.abs(rng.standard_normal(shape)) * 1e-3 * (rng.random(shape) < 0.7)
+    bu = np.abs(rng.standard_normal(shape[-1:])) * 10.0 ** rng.integers(-6, 1)
+    target = rng.choice(["a", "r", "ob", "bu", "none", "none"])
+    where = rng.random(shape) < 0.05
+    if target == "a":
+        a[where] = special
+    elif target == "r":
+        r[where] = special
+    elif target == "ob":
+        ob[where] = special
+    elif target == "bu":
+        bu[rng.random(bu.shape) < 0.3] = special
+    return a, r, ob, bu
+
+
+def _same(v, w):
+    assert repr(v) == repr(w)          # field for field, a NaN figure equal to a NaN
+    assert (v.over_indices is None) == (w.over_indices is None)
+    if v.over_indices is not None:
+        assert v.over_indices.shape == w.over_indices.shape and np.array_equal(v.over_indices, w.over_indices)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_common_verdict_is_the_general_paths(seed):
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(x) for x in rng.integers(1, 6, size=int(rng.integers(1, 4))))
+    for special in _SPECIAL:
+        a, r, ob, bu = _case(rng, shape, special)
+        blind = None if rng.random() < 0.3 else np.abs(r) * rng.choice([0.5, 2.0, math.inf])
+        fallback = None if rng.random() < 0.5 else rng.random(shape) < 0.5
+        kw = dict(oracle_bound=ob, budget=bu, all_indices=bool(rng.random() < 0.5), fallback=fallback,
+                  blind_above=blind)
+        _same(compare("x", a, r, **kw), compare("x", a, r, select=np.ones(shape, bool), **kw))
+
+
+def test_the_common_verdict_on_zero_allowances_and_scalars():
+    ref = np.array([[1.0, 2.0], [3.0, 4.0]])
+    for bound, budget in ((0.0, 0.0), (-0.0, -0.0), (0.0, np.array([0.0, 1e-3])), (np.zeros((2, 2)), 1e-3)):
+        for act in (ref, ref + 1e-4, ref + np.array([[0.0, 1e-4], [0.0, 0.0]])):
+            kw = dict(oracle_bound=bound, budget=budget)
+            _same(compare("x", act, ref, **kw), compare("x", act, ref, select=True, **kw))
+    v = compare("x", ref, ref, budget=-0.0)
+    assert v.status == "pass" and v.tightness == 0.0      # 0 / 0 is an exact element, not NaN

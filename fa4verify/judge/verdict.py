@@ -178,6 +178,10 @@ def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None
     if a.shape != r.shape:
         return Verdict(name, "fail", 0, 0, 0, math.inf, math.inf, None, (),
                        f"shape {a.shape} != oracle shape {r.shape}")
+    if select is None and r.size:
+        v = _compare_all_judged(name, a, r, oracle_bound, budget, all_indices, fallback, blind_above)
+        if v is not None:
+            return v
     with np.errstate(invalid="ignore", over="ignore"):
         ob = np.broadcast_to(np.asarray(oracle_bound, np.float64), r.shape)
         bu = np.broadcast_to(np.asarray(budget, np.float64), r.shape)
@@ -232,13 +236,60 @@ def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None
             if big.any() and not (judged_fin & (np.abs(r) > allowed)).any():
                 i = np.unravel_index(int(np.argmax(np.where(big, np.abs(r), -1.0))), r.shape)
                 status = "undecided"
-                reason = (f"impossible question at this precision: the bound admits a zero {name}: every |exact| "
-                          f"is within its allowance (largest |exact| {abs(float(r[i])):.3g}, allowed "
-                          f"{float(allowed[i]):.3g} there), so a kernel that skipped it would pass too: no power "
-                          f"against a wrong gradient at this logit scale (Note [A bound without power])")
+                reason = _blind_reason(name, float(r[i]), float(allowed[i]))
     n_hull = 0 if fallback is None else int((judged_fin & np.broadcast_to(np.asarray(fallback, bool), r.shape)).sum())
     return Verdict(name, status, n_cmp, n_over, n_unj, tight, maxerr, worst, viol, reason,
                    np.argwhere(over_all) if all_indices else None, n_hull)
+
+
+def _compare_all_judged(name: str, a: np.ndarray, r: np.ndarray, oracle_bound, budget, all_indices: bool,
+                        fallback, blind_above) -> Optional[Verdict]:
+    """Note [The common verdict]: :func:`compare` where every element is judged and none is over
+    -- a finite ``actual`` and ``ref``, every allowance finite and non-negative, nothing
+    selected away -- in a third of the general path's array passes (the judge's largest cost on
+    the audit's long rows: 34k-key dK / dV, eight comparisons each); None otherwise (the general
+    path decides then). The figures are the general path's bit for bit (``tests/test_judge_verdict.py``
+    compares the two on random and edge inputs)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        ob = np.asarray(oracle_bound, np.float64)
+        bu = np.asarray(budget, np.float64)
+        if not (ob.size and bu.size and ob.min() >= 0 and bu.min() >= 0):    # a NaN min fails too
+            return None
+        allowed = np.broadcast_to(ob + bu, r.shape)
+        if not np.isfinite(allowed).all():
+            return None
+        err = np.subtract(a, r)
+        np.abs(err, out=err)
+        if not np.isfinite(err).all():               # a non-finite actual or ref, or |a - r| overflows
+            return None
+        if np.count_nonzero(err > allowed):          # a violation: the general path names it
+            return None
+        ratio = np.divide(err, allowed)              # a zero allowance has a zero error here (else over)
+        tight = float(ratio.max())
+        if math.isnan(tight):                        # 0 / 0: the general path's exact element, ratio 0
+            np.copyto(ratio, 0.0, where=np.isnan(ratio))
+            tight = float(ratio.max())
+        maxerr = float(err.max())
+        wi = tuple(int(x) for x in np.unravel_index(int(np.argmax(ratio)), r.shape))
+        worst = Element(wi, float(a[wi]), float(r[wi]), float(err[wi]), float(allowed[wi]))
+        status, reason = "pass", ""
+        if blind_above is not None:
+            ar = np.abs(r)
+            big = ar > np.broadcast_to(np.asarray(blind_above, np.float64), r.shape)
+            if big.any() and not (ar > allowed).any():
+                i = np.unravel_index(int(np.argmax(np.where(big, ar, -1.0))), r.shape)
+                status = "undecided"
+                reason = _blind_reason(name, float(r[i]), float(allowed[i]))
+    n_hull = 0 if fallback is None else int(np.count_nonzero(np.broadcast_to(np.asarray(fallback, bool), r.shape)))
+    return Verdict(name, status, int(r.size), 0, 0, tight, maxerr, worst, (), reason,
+                   np.empty((0, r.ndim), np.intp) if all_indices else None, n_hull)
+
+
+def _blind_reason(name: str, ref: float, allowed: float) -> str:
+    """Why a comparison whose bound admits the zero tensor is undecided (Note [A bound without power])."""
+    return (f"impossible question at this precision: the bound admits a zero {name}: every |exact| is within its "
+            f"allowance (largest |exact| {abs(ref):.3g}, allowed {allowed:.3g} there), so a kernel that skipped it "
+            f"would pass too: no power against a wrong gradient at this logit scale (Note [A bound without power])")
 
 
 def _undecided_reason(n_cmp, sel, fin, isnan_ref, ob, bu, nan) -> str:

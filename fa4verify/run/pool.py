@@ -57,7 +57,23 @@ def worker_env(*, kernel_cache: str | None, workers: int) -> dict[str, str]:
         env.update(zip(KERNEL_CACHE_ENV, ("1", kernel_cache)))
     if workers > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (workers + 1)))
+    for k, v in HEAP_ENV.items():       # Note [Freed memory stays]
+        env.setdefault(k, v)
     return env
+
+
+#: Note [Freed memory stays]
+#: ------------------------
+#: The judge's arrays on the audit's long rows are 100 MB each (a 34k-key dK in float64), and it
+#: makes dozens of temporaries per comparison and budget. glibc's malloc serves every block over
+#: 32 MB with a fresh ``mmap`` and unmaps it on free, so each temporary is first touched page by
+#: page (a fault and a zeroed page per 4 KiB): on the CPU, ``np.abs`` of such an array took 79 ms
+#: against 3 ms for an in-place pass, and one comparison 0.53 s against 0.08 s with the heap kept
+#: (``MALLOC_MMAP_MAX_=0``: every block from the heap, reused once freed;
+#: ``MALLOC_TRIM_THRESHOLD_``: the heap's top returned to the system only past 2 GiB free). A
+#: worker's resident size is then its peak, not its current use. A caller's own values win;
+#: other allocators ignore the variables.
+HEAP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2 ** 31 - 1)}
 
 
 class TaskDied(Exception):
