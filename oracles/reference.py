@@ -156,11 +156,20 @@ def _norm_up(x: np.ndarray) -> np.ndarray:
 
 
 def _quantum_log2(x: np.ndarray, bits: int) -> np.ndarray:
-    """log2 of the quantum of each row: every entry of the row is a multiple of 2^result."""
-    mant, ex = np.frexp(x)
-    ex = np.where(x != 0, ex, np.iinfo(np.int32).max)
-    mn = ex.min(axis=1) if x.shape[1] else np.full(x.shape[0], np.iinfo(np.int32).max)
-    return mn.astype(np.float64) - bits
+    """log2 of the quantum of each row: every entry of the row is a multiple of 2^result (the
+    smallest ``frexp`` exponent of its nonzero entries, minus ``bits``; a row of zeros: int32 max).
+    ``x`` finite. On a large array the exponent of the row's smallest nonzero magnitude instead
+    (the exponent is monotone in ``|x|``: the same value, in a third of the time at 34k keys)."""
+    big = np.iinfo(np.int32).max
+    if not x.shape[1]:
+        return np.full(x.shape[0], big).astype(np.float64) - bits
+    if x.size < 16384:
+        mant, ex = np.frexp(x)
+        ex = np.where(x != 0, ex, big)
+        return ex.min(axis=1).astype(np.float64) - bits
+    ax = np.abs(x)
+    mn = np.minimum.reduce(ax, axis=1, where=ax != 0, initial=np.inf)
+    return np.where(mn == np.inf, big, np.frexp(mn)[1]).astype(np.float64) - bits
 
 
 def dot_error_rows(a: np.ndarray, b: np.ndarray, bits_a: int, bits_b: int) -> np.ndarray:

@@ -190,3 +190,38 @@ def test_emu_rel_covers_the_certified_polynomial_error_plus_horner_rounding():
     assert b.upper + 3.5 * 2.0**-24 <= loader.CONSTANTS["emu_rel"]
     # and the constant is not loose: within 1% of the certified value
     assert loader.CONSTANTS["emu_rel"] <= 1.01 * b.lower
+
+
+def test_a_formula_over_large_arrays_is_evaluated_by_slabs_bit_for_bit():
+    """Note [Formulas by slabs]: every budget of the shipped files, on statistics of more than
+    ``_CHUNKED`` elements, equals the whole-array evaluation bit for bit (zeros, infinities and
+    NaNs among the statistics, arrays broadcast from (1, h, d), (h, d) and scalars)."""
+    import numpy as np
+    from fa4verify.error_budgets import loader as L
+    rng = np.random.default_rng(5)
+    shape = (L._CHUNKED // (4 * 64) + 3, 4, 64)
+    stats = {}
+    for i, n in enumerate(sorted(L.STATISTICS)):
+        form = i % 4
+        x = rng.standard_normal(shape[1:] if form == 1 else (1,) + shape[1:] if form == 2 else shape)
+        x = np.abs(x) * 10.0 ** rng.integers(-30, 3, size=x.shape)
+        x.flat[:: 997] = 0.0
+        x.flat[1:: 1999] = np.inf
+        x.flat[2:: 4999] = np.nan
+        stats[n] = float(x.flat[5]) if form == 3 else x
+    n_chunked = 0
+    for dtype, arch in L.available():
+        bs = L.load(dtype, arch)
+        for name, b in bs.entries.items():
+            env = dict(bs.constants)
+            env.update({k: stats[k] for k in b.formula.names if k in stats})
+            missing = [k for k in b.formula.names if k not in env]
+            for k in missing:           # an earlier entry's value, as BudgetSet.evaluate gives it
+                env[k] = bs.evaluate(k, stats)
+            with np.errstate(all="ignore"):
+                whole = np.asarray(L._eval(b.formula.tree, env), np.float64)
+            got = np.asarray(b.formula.evaluate(env), np.float64)
+            assert got.shape == np.broadcast_shapes(got.shape, whole.shape) and \
+                np.array_equal(np.broadcast_to(whole, got.shape).view(np.uint64), got.view(np.uint64)), (dtype, arch, name)
+            n_chunked += got.size >= L._CHUNKED
+    assert n_chunked > 100       # the slabs path ran

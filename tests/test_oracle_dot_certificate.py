@@ -64,3 +64,19 @@ def test_split_products_bound_the_error_and_improve_uncertified_rows(dtype, bits
         for j in range(m):
             assert abs(Fraction(float(S[i, j])) - ex[i][j]) <= Fraction(float(err[i]))
     assert np.all(plain > 0) and np.all(err < plain * 2.0 ** -4)
+
+
+@pytest.mark.parametrize("shape", [(200, 128), (20000, 1), (1, 40000)])
+def test_the_row_quantum_of_a_large_array_is_the_smallest_exponent_of_its_nonzero_entries(shape):
+    """``_quantum_log2`` takes the exponent of each row's smallest nonzero magnitude on large
+    arrays: it must equal the definition (the smallest ``frexp`` exponent over the row's nonzero
+    entries), subnormals, zeros and rows of zeros included."""
+    from fa4verify.oracles.reference import _quantum_log2
+    rng = np.random.default_rng(shape[0])
+    x = rng.standard_normal(shape) * 2.0 ** rng.integers(-1070, 1000, size=shape)
+    x[rng.random(shape) < 0.2] = 0.0
+    x[0] = 0.0
+    x.flat[-1] = 5e-324
+    assert x.size >= 16384        # the large path
+    ex = np.where(x != 0, np.frexp(x)[1], np.iinfo(np.int32).max).min(axis=1)
+    assert np.array_equal(_quantum_log2(x, 8), ex.astype(np.float64) - 8)

@@ -70,6 +70,10 @@ class BudgetStats:
 
     def __init__(self, problem, a: Mapping[str, Any], ofwd: Any, budget: Any):
         self.problem, self.budget = problem, budget
+        #: the modelled kernel scores S = Q K^T per (tensor core, row window, head): a function of
+        #: q and k alone, shared by this object's shallow copies (each backward pass of an example
+        #: judged on the same statistics: the driver's, with a dLSE)
+        self._s_kernel: dict[tuple, np.ndarray] = {}
         kcon = kernel_constants_for(problem)
         kc = {"tile_n": float(kcon.tile_n), "max_offset": float(kcon.max_offset),
               "threshold": float(kcon.rescale_threshold)}
@@ -367,6 +371,19 @@ class BudgetStats:
         self.bwd_undecided_reason = self._undecided_reason(out, kernel_fwd)
         return out
 
+    def _kernel_scores(self, tensor_core: Optional[str], model: Any, bidx: int, h: int, qs: slice, ks: slice,
+                       hk: int) -> Optional[np.ndarray]:
+        """The kernel's S of row window ``bidx``, head ``h`` under the tensor-core ``model``
+        (Note [SM90 MMA model]), None where it is not modelled; computed once per statistics."""
+        if model is None:
+            return None
+        key = (tensor_core, bidx, h)
+        if key not in self._s_kernel:
+            from fa4verify.kernels.twin.tensor_core import in_domain, mma
+            q, k = self.q[qs, h], self.k[ks, hk]
+            self._s_kernel[key] = mma(q, k, None, model) if in_domain(q, k, self.problem.dtype) else None
+        return self._s_kernel[key]
+
     def _undecided_reason(self, out: Mapping[str, np.ndarray], kernel_fwd: Optional[tuple]) -> Optional[str]:
         """Why some gradient budget is still not valid (Note [Backward interval fallback]): the
         forward output the backward read is NaN/inf, or the bound overflows float64; None when
@@ -460,7 +477,7 @@ class BudgetStats:
         mag = {"dq": np.zeros((tq, H, self.D)), "dk": np.zeros((tk, Hk, self.D)), "dv": np.zeros((tk, Hk, self.Dv))}
         mma_model = None
         if tensor_core is not None:
-            from fa4verify.kernels.twin.tensor_core import in_domain as _tc_in_domain, mma as _tc_mma, model_for
+            from fa4verify.kernels.twin.tensor_core import model_for
             mma_model = model_for(tensor_core, p.dtype)     # None: not modelled for this dtype
         spair = self.score_pair
         # Note [A softcap pair in the built-in's model]: fa4verify's built-in softcap pair computes
@@ -501,9 +518,7 @@ class BudgetStats:
                                         sink=None if sink is None else float(sink[h]),
                                         n_blocks=self.row["n_blocks"][qs, h],
                                         dlse=None if dl_t is None else dl_t[qs, h],
-                                        s_kernel=(_tc_mma(q[qs, h], k[ks, hk], None, mma_model)
-                                                  if mma_model is not None and _tc_in_domain(q[qs, h], k[ks, hk], p.dtype)
-                                                  else None))
+                                        s_kernel=self._kernel_scores(tensor_core, mma_model, bidx, h, qs, ks, hk))
                 with np.errstate(invalid="ignore", over="ignore"):
                     # u_p times the terms' size, plus the cast floor p_sub of each visible term
                     # (a P or dS below it is cast to 0 by a correct kernel)
