@@ -27,6 +27,9 @@ do not). Usage::
         --recorded last-cold=docs/results/h200/audit_time/audit_default_cold.json
     python3 benchmarks/gpu_audit_time.py --profile quick --modes cold,warm --out DIR
 
+``--against DIR`` then times this tree against another commit's (its tree in DIR): warm audits
+of each in turn, ``--rounds`` times, on the kernel cache the modes filled, on the same machine.
+
 ``--dry-run`` runs every mode on the CPU (``--device cpu``, the CPU checks only) to test the
 script itself.
 """
@@ -39,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 MODES = {
@@ -58,8 +62,10 @@ def _cache_for(mode: str, modes: Sequence[str], caches: dict[str, str]) -> str |
 
 
 def run_mode(mode: str, profile: str, out_dir: str, cache: str | None, extra: list[str],
-             timeout: float, device: str = "cuda") -> dict:
-    js = os.path.join(out_dir, f"audit_{profile}_{mode}.json")
+             timeout: float, device: str = "cuda", label: str | None = None, cwd: str | None = None) -> dict:
+    """One audit of ``mode`` (its report and log named by ``label``, default the mode), run in ``cwd``."""
+    label = label or mode
+    js = os.path.join(out_dir, f"audit_{profile}_{label}.json")
     args = [sys.executable, "-m", "fa4verify", "audit", "--dtype", "bf16", "--device", device,
             "--seed", "0", "--profile", profile, "--no-live", "--json", js, *MODES[mode], *extra]
     if cache is not None:
@@ -72,10 +78,10 @@ def run_mode(mode: str, profile: str, out_dir: str, cache: str | None, extra: li
     env["FA4VERIFY_CACHE_DIR"] = (os.path.join(os.path.dirname(os.path.abspath(cache)), "fa4verify-cache")
                                   if cache is not None else tempfile.mkdtemp(prefix="fa4verify-cache-"))
     t0 = time.perf_counter()
-    with open(os.path.join(out_dir, f"audit_{profile}_{mode}.log"), "w") as log:
+    with open(os.path.join(out_dir, f"audit_{profile}_{label}.log"), "w") as log:
         try:
             rc: Any = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     timeout=timeout).returncode
+                                     timeout=timeout, cwd=cwd).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     wall = time.perf_counter() - t0
@@ -83,7 +89,34 @@ def run_mode(mode: str, profile: str, out_dir: str, cache: str | None, extra: li
     if os.path.exists(js):
         with open(js) as f:
             rep = json.load(f)
-    return {"mode": mode, "rc": rc, "wall_s": wall, "report": rep}
+    return {"mode": label, "rc": rc, "wall_s": wall, "report": rep}
+
+
+def install(tree: str) -> None:
+    """``pip install -e tree`` offline (the lent GPU machine has no package index)."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-e", tree], check=True, stdout=subprocess.DEVNULL)
+
+
+def against(other: str, rounds: int, profile: str, out_dir: str, cache: str, extra: list[str], timeout: float,
+            device: str) -> list[dict]:
+    """Warm audits of this tree and of ``other`` (another commit's tree) alternating, ``rounds``
+    times each, on one kernel cache and one machine: the only fair comparison of two commits'
+    audit times (lent machines of one kind differ; one of them compiled FA4's kernels 20 % faster
+    than another, 2026-12-05). Each audit runs the tree ``pip install -e`` put in place; this
+    tree is installed again at the end."""
+    here = str(Path(__file__).resolve().parents[1])
+    runs = []
+    try:
+        for r in range(1, rounds + 1):
+            for name, tree in (("this", here), ("other", os.path.abspath(other))):
+                install(tree)
+                runs.append(run_mode("warm", profile, out_dir, cache, extra, timeout, device=device,
+                                     label=f"warm-{name}-{r}", cwd=tree))
+                print(f"[warm-{name}-{r}] exit {runs[-1]['rc']} in {runs[-1]['wall_s']:.1f} s", flush=True)
+    finally:
+        install(here)
+    return runs
 
 
 def _gpu_name(rep: dict) -> str | None:
@@ -390,6 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-root", default=None,
                     help="keep the kernel cache under DIR/shard (default: a new temporary directory); "
                          "a filled DIR makes 'cold' warm, so give an empty one for a cold run")
+    ap.add_argument("--against", default=None, metavar="DIR",
+                    help="after the modes, warm audits of this tree and of DIR (another commit's tree) "
+                         "alternating on the modes' kernel cache (pip install -e of each in turn)")
+    ap.add_argument("--rounds", type=int, default=2, help="alternations of --against (default 2)")
     ap.add_argument("--dry-run", action="store_true", help="run on the CPU (--device cpu) to test the script")
     ap.add_argument("extra", nargs="*", help="extra audit arguments (after --)")
     a = ap.parse_args(argv)
@@ -397,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         print(f"error: unknown mode(s) {bad}; choose from {list(MODES)}", file=sys.stderr)
+        return 2
+    if a.against and not os.path.isfile(os.path.join(a.against, "pyproject.toml")):
+        print(f"error: --against {a.against}: no project tree there (pyproject.toml)", file=sys.stderr)
         return 2
     recorded = [_recorded(r) for r in a.recorded]
     for _, path in recorded:
@@ -421,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         r = run_mode(m, a.profile, out, _cache_for(m, modes, caches), a.extra, a.timeout, device=device)
         print(f"[{m}] exit {r['rc']} in {r['wall_s']:.1f} s", flush=True)
         runs.append(r)
+    if a.against:
+        runs += against(a.against, a.rounds, a.profile, out, caches["shard"], a.extra, a.timeout, device)
     cols: list[tuple[str, dict]] = []
     walls: list[float | None] = []
     for label, path in recorded:

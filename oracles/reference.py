@@ -436,10 +436,29 @@ def _blas_local_threads():
     return _BLAS_LOCAL or None
 
 
-def _run_tasks(fn, tasks: list) -> list:
-    """Run ``fn(task)`` for every task; in worker threads when there are several. Results are
-    returned in task order (every task writes disjoint output slices: deterministic)."""
+#: the mean work of a problem's tasks (query rows x keys x query heads per kv head x (d + dv)) below
+#: which they run in the calling thread: a task that small is Python bookkeeping, serialised by
+#: the GIL, and a pool only adds its hand-offs (1,100 one-query sequences x 2 heads: 3.7 s per
+#: oracle call on 16 threads in the H100's profiled warm audit; on a 2-core CPU 0.94 s on 16
+#: threads, 0.67 s in one)
+_THREAD_MIN_WORK = 1 << 20
+
+
+def _task_work(p: Problem, tasks: list) -> float:
+    """Mean multiply-adds of a (sequence, kv head) task of ``p``."""
+    if not tasks:
+        return 0.0
+    per = p.group * (p.q.shape[-1] + p.headdim_v)
+    return sum(p.segments[si].q_len * p.segments[si].k_len for si, _ in tasks) * per / len(tasks)
+
+
+def _run_tasks(fn, tasks: list, p: Optional[Problem] = None) -> list:
+    """Run ``fn(task)`` for every task; in worker threads when there are several (and, given the
+    problem ``p``, when they are large enough: :data:`_THREAD_MIN_WORK`). Results are returned
+    in task order (every task writes disjoint output slices: deterministic)."""
     n = min(_threads(), len(tasks))
+    if p is not None and _task_work(p, tasks) < _THREAD_MIN_WORK:
+        n = 1
     if n <= 1:
         return [fn(t) for t in tasks]
     setter = _blas_local_threads()
@@ -466,7 +485,7 @@ def forward(p: Problem) -> ForwardArrays:
     dv = p.headdim_v
     fw = ForwardArrays(np.zeros((Tq, H, dv)), np.zeros((Tq, H, dv)), np.full((H, Tq), -np.inf),
                        np.zeros((H, Tq)))
-    _run_tasks(lambda t: _task(p, t, fw, None), _tasks(p))
+    _run_tasks(lambda t: _task(p, t, fw, None), _tasks(p), p)
     return fw
 
 
@@ -510,7 +529,7 @@ def backward(p: Problem, dout: np.ndarray, dout_bits: int, o_given: Optional[np.
                         None, None, np.zeros((H, Tq)), np.zeros((H, Tq)))
     bi = _BwdIn(dout, dout_bits, o_given, dlse, bw)
     tasks = _tasks(p)
-    sink_lists = _run_tasks(lambda t: _task(p, t, fw, bi), tasks)
+    sink_lists = _run_tasks(lambda t: _task(p, t, fw, bi), tasks, p)
     if p.sink is not None:
         dsink = np.zeros(H)
         dsink_b = np.zeros(H)

@@ -149,7 +149,7 @@ def _blocks(p: Problem, fn) -> None:
                 for r0, r1, c0, c1 in _ref._row_blocks(seg.q_len, seg.k_len, p.left, p.right):
                     fn(seg, h, r0, r1, c0, c1)
 
-    _ref._run_tasks(task, _ref._tasks(p))
+    _ref._run_tasks(task, _ref._tasks(p), p)
 
 
 def _parse(q, k, v, kw) -> Problem:

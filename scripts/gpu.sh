@@ -71,7 +71,8 @@
 #                  each and the release table (scripts/gpu/releases.sh, Note [Release runs]; RELEASES,
 #                  RELEASE_JOBS, RELEASE_CAP_S, RELEASE_MIN_S; scripts/release_table.py)
 #
-# Env: CALL_BUDGET_S (575), AUDIT_MODES (cold,warm), WORKERS, EXTRA (extra audit args for time:*).
+# Env: CALL_BUDGET_S (575), AUDIT_MODES (cold,warm), WORKERS, EXTRA (extra audit args for time:*),
+#      AGAINST (time:*: then warm audits of this tree and of the tree in AGAINST alternating, ROUNDS times).
 set -u
 [ $# -gt 0 ] || { sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2; }
 : "${OUT:?set OUT to the results directory}"
@@ -148,7 +149,8 @@ for step in "$@"; do
       rm -rf "$CR/$spec"; mkdir -p "$CR/$spec"
       (unset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED FLASH_ATTENTION_CUTE_DSL_CACHE_DIR
        timeout "$left" python3 benchmarks/gpu_audit_time.py --profile "$prof" --modes "${AUDIT_MODES:-cold,warm}" \
-         --timeout 250 --cache-root "$CR/$spec" --out "$OUT" "${WW[@]}" ${EXTRA:-} 2>&1 | grep -v "^[a-z]" | tail -16) ;;
+         --timeout 250 --cache-root "$CR/$spec" --out "$OUT" ${AGAINST:+--against "$AGAINST" --rounds "${ROUNDS:-2}"} \
+         "${WW[@]}" ${EXTRA:-} 2>&1 | grep -v "^[a-z]" | tail -24) ;;
     profile)
       mkdir -p "$CR/default/shard"
       if [ -n "${PROFILE_WARMUP:-}" ]; then      # fill the kernel cache first: the profile then sees a warm audit

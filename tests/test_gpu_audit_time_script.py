@@ -96,3 +96,36 @@ def test_the_shell_driver_parses_and_its_recorded_reports_exist(tmp_path):
     rc = subprocess.run(["bash", str(sh), "sideways"], capture_output=True, text=True,
                         env={**os.environ, "OUT": str(tmp_path / "out")})
     assert rc.returncode == 2 and "usage" in rc.stderr
+
+
+def test_against_alternates_the_two_trees_and_reinstalls_this_one(monkeypatch, tmp_path):
+    """``--against``: warm audits of this tree and the other in turn, each after its own install,
+    on one cache; this tree installed again at the end, also when an audit raises."""
+    b = _bench()
+    seq = []
+    monkeypatch.setattr(b, "install", lambda tree: seq.append(("install", tree)))
+
+    def fake_run(mode, profile, out, cache, extra, timeout, device="cuda", label=None, cwd=None):
+        seq.append((label, cwd, cache, mode))
+        if label == "warm-other-2" and profile == "boom":
+            raise RuntimeError("boom")
+        return {"mode": label, "rc": 0, "wall_s": 1.0, "report": {}}
+    monkeypatch.setattr(b, "run_mode", fake_run)
+    other = str(tmp_path)
+    runs = b.against(other, 2, "default", str(tmp_path), "/c/shard", [], 10.0, "cuda")
+    here = str(ROOT)
+    assert [r["mode"] for r in runs] == ["warm-this-1", "warm-other-1", "warm-this-2", "warm-other-2"]
+    assert seq == [("install", here), ("warm-this-1", here, "/c/shard", "warm"),
+                   ("install", other), ("warm-other-1", other, "/c/shard", "warm"),
+                   ("install", here), ("warm-this-2", here, "/c/shard", "warm"),
+                   ("install", other), ("warm-other-2", other, "/c/shard", "warm"), ("install", here)]
+    seq.clear()
+    import pytest
+    with pytest.raises(RuntimeError):
+        b.against(other, 2, "boom", str(tmp_path), "/c/shard", [], 10.0, "cuda")
+    assert seq[-1] == ("install", here)
+
+
+def test_against_needs_a_project_tree(tmp_path, capsys):
+    assert _bench().main(["--dry-run", "--against", str(tmp_path)]) == 2
+    assert "no project tree" in capsys.readouterr().err

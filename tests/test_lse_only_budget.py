@@ -81,3 +81,30 @@ def test_the_softcap_factor_term_is_there_with_softcap_only(monkeypatch):
     for name in ("backward_dq", "backward_dk", "backward_dq_accum"):
         b = st.budget.get(name)
         assert ("abs_tanh_dsq" if name == "backward_dk" else "abs_tanh_dsk") in b.stats and "tanh_rel" in b.text, name
+
+
+def test_the_zero_do_statistics_are_those_built_from_zero_do():
+    """``BudgetStats.with_zero_dout`` (the pass's statistics without rebuilding them) gives the
+    allowances, interval fallbacks and power limits a fresh build from dO = 0 gives, bit for bit,
+    with a gradient through the LSE; and they differ from the real dO's (the pass judges its own)."""
+    from fa4verify import judge
+    from fa4verify.fuzz.properties import _budget, _seeded_dlse
+    p = _saturated_softcap().replace(seqlen_q=96, seqlen_k=80)
+    a = p.materialize()
+    a0 = dict(a, dout=np.zeros_like(a["dout"]))
+    ref_out, _l, st, ofwd = judge.forward_allowances(p, a, budgets=_budget(p))
+    ref0, _l0, st0, _ = judge.forward_allowances(p, a0, budgets=_budget(p), oracle=ofwd)
+    assert np.array_equal(ref_out.budget, ref0.budget)
+    dl = _seeded_dlse(p, ofwd)
+    ob0 = judge.oracle_backward(p, a0, dlse=dl)
+    with np.errstate(invalid="ignore", over="ignore"):
+        fresh = st0.backward(ob0, ref0.budget, ref0.bound, probabilistic=False, dlse=dl)
+        st.backward(ob0, ref_out.budget, ref_out.bound, probabilistic=False, dlse=dl)     # per-call state first
+        reused = st.with_zero_dout()
+        got = reused.backward(ob0, ref_out.budget, ref_out.bound, probabilistic=False, dlse=dl)
+        real = st.backward(ob0, ref_out.budget, ref_out.bound, probabilistic=False, dlse=dl)
+    for n in fresh:
+        assert np.array_equal(fresh[n], got[n], equal_nan=True), n
+        assert np.array_equal(st0.bwd_fallback[n], reused.bwd_fallback[n]), n
+    assert all(np.array_equal(st0.bwd_blind_above[n], reused.bwd_blind_above[n]) for n in st0.bwd_blind_above)
+    assert any(not np.array_equal(fresh[n], real[n], equal_nan=True) for n in fresh)

@@ -17,6 +17,8 @@ def _run():
 
 
 def test_threaded_and_single_threaded_results_are_bitwise_identical(monkeypatch):
+    from fa4verify.oracles import reference
+    monkeypatch.setattr(reference, "_THREAD_MIN_WORK", 0)     # these small tasks on the pool too
     monkeypatch.setenv("FA4VERIFY_ORACLE_THREADS", "1")
     a = _run()
     monkeypatch.setenv("FA4VERIFY_ORACLE_THREADS", "3")
@@ -30,3 +32,22 @@ def test_bad_thread_setting_is_a_value_error(monkeypatch):
     monkeypatch.setenv("FA4VERIFY_ORACLE_THREADS", "many")
     with pytest.raises(ValueError, match="FA4VERIFY_ORACLE_THREADS"):
         _run()
+
+
+def test_small_tasks_run_in_the_calling_thread(monkeypatch):
+    """Tasks below ``_THREAD_MIN_WORK`` never reach a pool (they would only contend for the GIL);
+    larger ones do."""
+    from fa4verify.oracles import reference
+    made = []
+    real = reference.ThreadPoolExecutor
+
+    def pool(*a, **k):
+        made.append(k.get("max_workers", a[0] if a else None))
+        return real(*a, **k)
+    monkeypatch.setattr(reference, "ThreadPoolExecutor", pool)
+    monkeypatch.setenv("FA4VERIFY_ORACLE_THREADS", "3")
+    _run()
+    assert made == []
+    monkeypatch.setattr(reference, "_THREAD_MIN_WORK", 0)
+    _run()
+    assert made and all(n == 3 for n in made)          # 2 sequences x 2 kv heads: 4 tasks on 3 threads

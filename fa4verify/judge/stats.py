@@ -21,6 +21,7 @@ This module does not compare anything: :mod:`fa4verify.judge.verdict` does.
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Mapping, Optional
 
@@ -370,6 +371,18 @@ class BudgetStats:
                     self.bwd_blind_above[n] = np.where(use, blind_iv[n], np.inf)
         self.bwd_undecided_reason = self._undecided_reason(out, kernel_fwd)
         return out
+
+    def with_zero_dout(self) -> "BudgetStats":
+        """These statistics for the same call with dO = 0 (a loss through the LSE alone): every
+        statistic of the forward is the same (none reads dO), so only ``dout`` is replaced --
+        instead of building them again from the inputs (a pass that rebuilt them cost as much as
+        the example's own). Per-call state of :meth:`backward` stays each copy's own."""
+        st = copy.copy(self)
+        if self.dout is not None:
+            st.dout = np.zeros_like(self.dout)
+        st._arrays = dict(self._arrays, dout=None if self._arrays.get("dout") is None
+                          else np.zeros_like(np.asarray(self._arrays["dout"])))
+        return st
 
     def _kernel_scores(self, tensor_core: Optional[str], model: Any, bidx: int, h: int, qs: slice, ks: slice,
                        hk: int) -> Optional[np.ndarray]:
