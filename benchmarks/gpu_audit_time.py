@@ -63,7 +63,8 @@ def _cache_for(mode: str, modes: Sequence[str], caches: dict[str, str]) -> str |
 
 def run_mode(mode: str, profile: str, out_dir: str, cache: str | None, extra: list[str],
              timeout: float, device: str = "cuda", label: str | None = None, cwd: str | None = None) -> dict:
-    """One audit of ``mode`` (its report and log named by ``label``, default the mode), run in ``cwd``."""
+    """One audit of ``mode`` (its report and log named by ``label``, default the mode), run in
+    ``cwd`` (its ``.fa4verify-commit``, where it has one, names the commit in the report)."""
     label = label or mode
     js = os.path.join(out_dir, f"audit_{profile}_{label}.json")
     args = [sys.executable, "-m", "fa4verify", "audit", "--dtype", "bf16", "--device", device,
@@ -71,6 +72,10 @@ def run_mode(mode: str, profile: str, out_dir: str, cache: str | None, extra: li
     if cache is not None:
         args += ["--kernel-cache", cache]
     env = dict(os.environ)
+    stamp = os.path.join(cwd or ".", ".fa4verify-commit")
+    if os.path.isfile(stamp):
+        with open(stamp) as f:
+            env["FA4VERIFY_GIT_COMMIT"] = f.read().strip()
     for k in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "PYTHONPYCACHEPREFIX"):
         env.pop(k, None)          # the audit's own --kernel-cache decides
     # fa4verify's bytecode cache (Note [Bytecode cache]) beside the kernel cache: a
