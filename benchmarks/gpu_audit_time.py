@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,16 +67,20 @@ def run_mode(mode: str, profile: str, out_dir: str, cache: str | None, extra: li
     """One audit of ``mode`` (its report and log named by ``label``, default the mode), run in
     ``cwd`` (its ``.fa4verify-commit``, where it has one, names the commit in the report)."""
     label = label or mode
+    out_dir = os.path.abspath(out_dir)            # the audit may run in another directory (cwd)
+    cache = None if cache is None else os.path.abspath(cache)
     js = os.path.join(out_dir, f"audit_{profile}_{label}.json")
     args = [sys.executable, "-m", "fa4verify", "audit", "--dtype", "bf16", "--device", device,
             "--seed", "0", "--profile", profile, "--no-live", "--json", js, *MODES[mode], *extra]
     if cache is not None:
         args += ["--kernel-cache", cache]
     env = dict(os.environ)
-    stamp = os.path.join(cwd or ".", ".fa4verify-commit")
-    if os.path.isfile(stamp):
-        with open(stamp) as f:
-            env["FA4VERIFY_GIT_COMMIT"] = f.read().strip()
+    if cwd is not None:       # another tree: its own stamp, or none (never this tree's)
+        env.pop("FA4VERIFY_GIT_COMMIT", None)
+        stamp = os.path.join(cwd, ".fa4verify-commit")
+        if os.path.isfile(stamp):
+            with open(stamp) as f:
+                env["FA4VERIFY_GIT_COMMIT"] = f.read().strip()
     for k in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "PYTHONPYCACHEPREFIX"):
         env.pop(k, None)          # the audit's own --kernel-cache decides
     # fa4verify's bytecode cache (Note [Bytecode cache]) beside the kernel cache: a
@@ -112,6 +117,9 @@ def against(other: str, rounds: int, profile: str, out_dir: str, cache: str, ext
     tree is installed again at the end."""
     here = str(Path(__file__).resolve().parents[1])
     runs = []
+    # a SIGTERM (gpu.sh runs this under `timeout`) must still reinstall this tree: the finally below
+    # runs only if the signal ends the script through an exception
+    old_term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         for r in range(1, rounds + 1):
             for name, tree in (("this", here), ("other", os.path.abspath(other))):
@@ -121,6 +129,7 @@ def against(other: str, rounds: int, profile: str, out_dir: str, cache: str, ext
                 print(f"[warm-{name}-{r}] exit {runs[-1]['rc']} in {runs[-1]['wall_s']:.1f} s", flush=True)
     finally:
         install(here)
+        signal.signal(signal.SIGTERM, old_term)
     return runs
 
 
@@ -442,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.against and not os.path.isfile(os.path.join(a.against, "pyproject.toml")):
         print(f"error: --against {a.against}: no project tree there (pyproject.toml)", file=sys.stderr)
+        return 2
+    if a.against and not {"cold", "warm"} & set(modes):
+        print("error: --against needs a cold or warm mode first (its audits run on the kernel cache those fill)",
+              file=sys.stderr)
         return 2
     recorded = [_recorded(r) for r in a.recorded]
     for _, path in recorded:

@@ -353,7 +353,8 @@ class Formula:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             arrays = [env[n] for n in self.names if isinstance(env.get(n), np.ndarray)]
             shape = np.broadcast_shapes(*(a.shape for a in arrays)) if arrays else ()
-            if len(shape) and shape[0] > 1 and math.prod(shape) >= _CHUNKED:
+            if len(shape) and shape[0] > 1 and math.prod(shape) >= _CHUNKED \
+                    and all(a.dtype == np.float64 for a in arrays):
                 return self._evaluate_chunked(env, shape)
             return _eval(self.tree, env)
 

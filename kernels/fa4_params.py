@@ -107,27 +107,45 @@ from fa4verify.kernels.facts import dist_version as _dist_version  # noqa: E402
 
 def fa4_source_dir() -> Path | None:
     """Directory of the installed ``flash_attn/cute`` sources (without importing them), or None.
-    Looked up once per import state (``sys.path`` and a ``flash_attn`` already imported): the
-    coverage planner asks tens of thousands of times per plan, and ``find_spec`` walks the path."""
+    The package's locations are those of an imported ``flash_attn``, else ``find_spec``'s, looked
+    up once per ``sys.path`` (the coverage planner asks tens of thousands of times per plan, and
+    ``find_spec`` walks the path; a package installed into the path during the process is seen
+    once ``sys.path`` changes); a directory whose files have gone since is looked up again."""
     if os.environ.get("FA4VERIFY_FORCE_PINNED") == "1":
         return None
     mod = sys.modules.get("flash_attn")
-    return _source_dir_at(tuple(sys.path), None if mod is None else id(mod))
+    if mod is not None:
+        spec = getattr(mod, "__spec__", None)
+        locs = tuple(getattr(spec, "submodule_search_locations", None) or getattr(mod, "__path__", None) or ())
+    else:
+        locs = _search_locations(tuple(sys.path))
+    d = _cute_dir(locs)
+    if d is not None and not os.path.isfile(os.path.join(d, "utils.py")):     # gone since: look again
+        _cute_dir.cache_clear()
+        d = _cute_dir(locs)
+    return None if d is None else Path(d)
 
 
 @functools.lru_cache(maxsize=8)
-def _source_dir_at(path: tuple, module_id: Optional[int]) -> Path | None:
+def _cute_dir(locs: tuple) -> Optional[str]:
+    """The first ``<loc>/cute`` of ``locs`` holding FA4's ``utils.py`` and ``flash_fwd_sm100.py``."""
+    for loc in locs:
+        d = os.path.join(loc, "cute")
+        if os.path.isfile(os.path.join(d, "utils.py")) and os.path.isfile(os.path.join(d, "flash_fwd_sm100.py")):
+            return d
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _search_locations(path: tuple) -> tuple:
+    """``find_spec("flash_attn")``'s package locations with ``sys.path == path`` (empty: none)."""
     try:
         spec = importlib.util.find_spec("flash_attn")
     except (ImportError, ValueError):
-        return None
+        return ()
     if spec is None or not spec.submodule_search_locations:
-        return None
-    for loc in spec.submodule_search_locations:
-        d = Path(loc) / "cute"
-        if (d / "utils.py").is_file() and (d / "flash_fwd_sm100.py").is_file():
-            return d
-    return None
+        return ()
+    return tuple(spec.submodule_search_locations)
 
 
 @functools.lru_cache(maxsize=16)

@@ -455,24 +455,37 @@ def _task_work(p: Problem, tasks: list) -> float:
 def _run_tasks(fn, tasks: list, p: Optional[Problem] = None) -> list:
     """Run ``fn(task)`` for every task; in worker threads when there are several (and, given the
     problem ``p``, when they are large enough: :data:`_THREAD_MIN_WORK`). Results are returned
-    in task order (every task writes disjoint output slices: deterministic)."""
+    in task order (every task writes disjoint output slices).
+
+    Note [One BLAS thread]: every task's products run on one OpenBLAS thread, in the calling
+    thread as in the pool's: a multithreaded OpenBLAS product can differ in the last bits from a
+    single-threaded one (seen on a (90, 72) x (72, 90) product), so the oracle's values would
+    depend on the thread count and on whatever set it last. numpy's OpenBLAS applies
+    ``openblas_set_num_threads_local`` to the whole process in some builds and to the calling
+    thread in others: it is set here, before any task, and again in each pool thread (then a
+    no-op where it is process-wide), and restored once all have finished."""
     n = min(_threads(), len(tasks))
     if p is not None and _task_work(p, tasks) < _THREAD_MIN_WORK:
         n = 1
-    if n <= 1:
-        return [fn(t) for t in tasks]
     setter = _blas_local_threads()
+    before = setter(1) if setter is not None else None
+    try:
+        if n <= 1:
+            return [fn(t) for t in tasks]
 
-    def wrapped(t):
-        old = setter(1) if setter is not None else None
-        try:
-            return fn(t)
-        finally:
-            if setter is not None:
-                setter(old)
+        def wrapped(t):
+            old = setter(1) if setter is not None else None
+            try:
+                return fn(t)
+            finally:
+                if setter is not None:
+                    setter(old)
 
-    with ThreadPoolExecutor(max_workers=n) as ex:
-        return list(ex.map(wrapped, tasks))
+        with ThreadPoolExecutor(max_workers=n) as ex:
+            return list(ex.map(wrapped, tasks))
+    finally:
+        if setter is not None:
+            setter(before)
 
 
 def _tasks(p: Problem) -> list[tuple[int, int]]:

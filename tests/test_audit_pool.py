@@ -188,3 +188,28 @@ def test_workers_keep_freed_memory_on_the_heap(monkeypatch):
     assert run({k: v for k, v in env.items() if k not in HEAP_ENV}) == "mapping"
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "7")
     assert worker_env(kernel_cache=None, workers=2)["MALLOC_MMAP_MAX_"] == "7"
+
+
+@pytest.mark.skipif(not (os.path.exists("/proc/self/status") and __import__("platform").libc_ver()[0] == "glibc"),
+                    reason="needs Linux with glibc (malloc_trim is glibc's)")
+def test_a_worker_hands_back_what_a_task_freed(monkeypatch):
+    """Note [Freed memory stays]: with the heap kept, a freed 256 MiB stays resident until the
+    worker's between-task trim returns it."""
+    import subprocess
+    import sys
+    from fa4verify.run.pool import HEAP_ENV, worker_env
+    for k in HEAP_ENV:
+        monkeypatch.delenv(k, raising=False)
+    code = (
+        "import numpy as np\n"
+        "from fa4verify.run.worker import release_freed_memory\n"
+        "def rss():\n"
+        "    return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) // 1024\n"
+        "a = np.ones(32 << 20); del a\n"
+        "kept = rss()\n"
+        "assert release_freed_memory()\n"
+        "print(kept, rss())\n")
+    out = subprocess.run([sys.executable, "-c", code], env=worker_env(kernel_cache=None, workers=2),
+                         capture_output=True, text=True, check=True).stdout.split()
+    kept, after = int(out[0]), int(out[1])
+    assert kept - after > 200, (kept, after)       # MiB

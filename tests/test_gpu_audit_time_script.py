@@ -129,3 +129,36 @@ def test_against_alternates_the_two_trees_and_reinstalls_this_one(monkeypatch, t
 def test_against_needs_a_project_tree(tmp_path, capsys):
     assert _bench().main(["--dry-run", "--against", str(tmp_path)]) == 2
     assert "no project tree" in capsys.readouterr().err
+
+
+def test_an_audit_in_another_tree_names_that_trees_commit_and_writes_here(monkeypatch, tmp_path):
+    """``run_mode(cwd=...)``: the other tree's stamp (or none, never this tree's commit), and the
+    report and cache paths absolute (the child runs in the other tree)."""
+    b = _bench()
+    seen = {}
+
+    def fake(args, stdout=None, stderr=None, env=None, timeout=None, cwd=None):
+        seen.update(args=args, env=env, cwd=cwd)
+        return subprocess.CompletedProcess(args, 0)
+    monkeypatch.setattr(b.subprocess, "run", fake)
+    monkeypatch.setenv("FA4VERIFY_GIT_COMMIT", "thiscommit")
+    monkeypatch.chdir(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    (tmp_path / "outrel").mkdir()
+    b.run_mode("warm", "default", "outrel", "kc/shard", [], 10.0, label="warm-other-1", cwd=str(other))
+    assert "FA4VERIFY_GIT_COMMIT" not in seen["env"] and seen["cwd"] == str(other)
+    js = seen["args"][seen["args"].index("--json") + 1]
+    kc = seen["args"][seen["args"].index("--kernel-cache") + 1]
+    assert js == str(tmp_path / "outrel" / "audit_default_warm-other-1.json") and kc == str(tmp_path / "kc" / "shard")
+    (other / ".fa4verify-commit").write_text("othercommit\n")
+    b.run_mode("warm", "default", "outrel", "kc/shard", [], 10.0, label="warm-other-1", cwd=str(other))
+    assert seen["env"]["FA4VERIFY_GIT_COMMIT"] == "othercommit"
+    b.run_mode("warm", "default", "outrel", "kc/shard", [], 10.0)
+    assert seen["env"]["FA4VERIFY_GIT_COMMIT"] == "thiscommit" and seen["cwd"] is None
+
+
+def test_against_needs_a_mode_that_fills_the_cache(tmp_path, capsys):
+    (tmp_path / "pyproject.toml").write_text("")
+    assert _bench().main(["--dry-run", "--modes", "before", "--against", str(tmp_path)]) == 2
+    assert "needs a cold or warm mode" in capsys.readouterr().err

@@ -134,6 +134,12 @@ def test_the_common_verdict_is_the_general_paths(seed):
         _same(compare("x", a, r, **kw), compare("x", a, r, select=np.ones(shape, bool), **kw))
 
 
+def test_zero_dimensional_inputs_take_the_general_path():
+    for act, bud in ((1.0, 1e-3), (1.5, 1e-3), (np.nan, 1.0)):
+        v = compare("x", np.float64(act), np.float64(1.0), budget=bud)
+        _same(v, compare("x", np.float64(act), np.float64(1.0), budget=bud, select=True))
+
+
 def test_the_common_verdict_on_zero_allowances_and_scalars():
     ref = np.array([[1.0, 2.0], [3.0, 4.0]])
     for bound, budget in ((0.0, 0.0), (-0.0, -0.0), (0.0, np.array([0.0, 1e-3])), (np.zeros((2, 2)), 1e-3)):

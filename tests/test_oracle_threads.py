@@ -51,3 +51,39 @@ def test_small_tasks_run_in_the_calling_thread(monkeypatch):
     monkeypatch.setattr(reference, "_THREAD_MIN_WORK", 0)
     _run()
     assert made and all(n == 3 for n in made)          # 2 sequences x 2 kv heads: 4 tasks on 3 threads
+
+
+def test_results_do_not_depend_on_the_blas_thread_count(monkeypatch):
+    """Note [One BLAS thread]: a problem whose products are large enough for OpenBLAS to use
+    several threads (a 90-token sequence among one-token ones, d 72) gives the same bits in the
+    calling thread and on the pool, whatever the process's BLAS thread count was before."""
+    import ctypes
+    import glob
+    import os
+    from fa4verify.oracles import reference
+    libs = glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "*openblas*.so*"))
+    sets = [getattr(ctypes.CDLL(x), n, None) for x in libs
+            for n in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")]
+    sets = [f for f in sets if f is not None]
+    if not sets:
+        pytest.skip("numpy's OpenBLAS exports no thread-count setter here (optional: the check needs one)")
+    set_threads = sets[0]
+    rng = np.random.default_rng(0)
+    lens = [90] + [1] * 8
+    T, D = sum(lens), 72
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    q, k, v, do = (rng.standard_normal((T, 1, D)).astype(np.float32) for _ in range(4))
+
+    def run():
+        r = attention.backward(q, k, v, None, do, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        return [np.asarray(getattr(r, n), np.float64).view(np.uint64) for n in ("dq", "dk", "dv", "dq_bound")]
+    monkeypatch.setenv("FA4VERIFY_ORACLE_THREADS", "2")
+    out = []
+    for blas in (4, 1):
+        for min_work in (reference._THREAD_MIN_WORK, 0):          # in the calling thread, on the pool
+            monkeypatch.setattr(reference, "_THREAD_MIN_WORK", min_work)
+            set_threads(blas)
+            out.append(run())
+    set_threads(1)
+    for o in out[1:]:
+        assert all(np.array_equal(x, y) for x, y in zip(out[0], o))

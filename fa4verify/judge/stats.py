@@ -36,6 +36,10 @@ _U32 = 2.0 ** -24
 FTZ = 2.0 ** -126   # smallest normal fp32: what flush-to-zero can remove from one P
 
 
+#: bytes of modelled kernel scores one statistics object keeps for its later backward passes
+_S_KERNEL_BYTES = 1 << 28
+
+
 def gamma(n, u=_U32):
     """Higham's gamma_n = n u / (1 - n u), +inf where n u >= 1."""
     nu = np.asarray(n, np.float64) * u
@@ -391,11 +395,16 @@ class BudgetStats:
         if model is None:
             return None
         key = (tensor_core, bidx, h)
-        if key not in self._s_kernel:
-            from fa4verify.kernels.twin.tensor_core import in_domain, mma
-            q, k = self.q[qs, h], self.k[ks, hk]
-            self._s_kernel[key] = mma(q, k, None, model) if in_domain(q, k, self.problem.dtype) else None
-        return self._s_kernel[key]
+        if key in self._s_kernel:
+            return self._s_kernel[key]
+        from fa4verify.kernels.twin.tensor_core import in_domain, mma
+        q, k = self.q[qs, h], self.k[ks, hk]
+        s = mma(q, k, None, model) if in_domain(q, k, self.problem.dtype) else None
+        # kept while they fit _S_KERNEL_BYTES (a long row's scores are recomputed instead)
+        held = sum(x.nbytes for x in self._s_kernel.values() if x is not None)
+        if s is None or held + s.nbytes <= _S_KERNEL_BYTES:
+            self._s_kernel[key] = s
+        return s
 
     def _undecided_reason(self, out: Mapping[str, np.ndarray], kernel_fwd: Optional[tuple]) -> Optional[str]:
         """Why some gradient budget is still not valid (Note [Backward interval fallback]): the

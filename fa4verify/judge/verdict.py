@@ -178,7 +178,7 @@ def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None
     if a.shape != r.shape:
         return Verdict(name, "fail", 0, 0, 0, math.inf, math.inf, None, (),
                        f"shape {a.shape} != oracle shape {r.shape}")
-    if select is None and r.size:
+    if select is None and r.ndim and r.size:
         v = _compare_all_judged(name, a, r, oracle_bound, budget, all_indices, fallback, blind_above)
         if v is not None:
             return v

@@ -70,9 +70,10 @@ def worker_env(*, kernel_cache: str | None, workers: int) -> dict[str, str]:
 #: page (a fault and a zeroed page per 4 KiB): on the CPU, ``np.abs`` of such an array took 79 ms
 #: against 3 ms for an in-place pass, and one comparison 0.53 s against 0.08 s with the heap kept
 #: (``MALLOC_MMAP_MAX_=0``: every block from the heap, reused once freed;
-#: ``MALLOC_TRIM_THRESHOLD_``: the heap's top returned to the system only past 2 GiB free). A
-#: worker's resident size is then its peak, not its current use. A caller's own values win;
-#: other allocators ignore the variables.
+#: ``MALLOC_TRIM_THRESHOLD_``: the heap's top returned to the system only past 2 GiB free), and
+#: between tasks the worker hands back what the task freed (``worker.release_freed_memory``,
+#: ``malloc_trim``): within a task its resident size is its peak, across tasks it is not. A
+#: caller's own values win; other allocators ignore the variables.
 HEAP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2 ** 31 - 1)}
 
 

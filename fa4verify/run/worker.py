@@ -251,6 +251,21 @@ def serve(reply_fd: int, tasks_fd: int = 0) -> int:
         except Exception as e:  # noqa: BLE001 - an unpicklable value is the task's error
             kind, err = _error(e)
             reply.send({"done": dict(payload, outcomes=[(j, kind, err) for j, _k, _v in payload["outcomes"]])})
+        release_freed_memory()
+
+
+def release_freed_memory() -> bool:
+    """Note [Freed memory stays] (fa4verify/run/pool.py): between tasks, what a task freed goes
+    back to the system (glibc's ``malloc_trim``; a worker's heap keeps it only within a task).
+    False where the C library has no ``malloc_trim``."""
+    try:
+        import ctypes
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
