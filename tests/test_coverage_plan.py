@@ -201,3 +201,19 @@ def test_a_value_missing_from_the_plan_is_named_as_a_hole_and_undecided(monkeypa
     assert f"{len(cov['holes'])} HOLE(S), first: {cov['holes'][0]}" in r.summary
     if dim == "mask":         # the triple of the missing mask, by name
         assert "form=dense, mask=causal, pass=bwd" in cov["holes"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_split_kv_is_named_as_not_planned_never_drawn(arch):
+    """FA4's split-KV forward (``num_splits > 1``) is a value of the space whose every tuple is
+    reported not planned with its reason -- FA4's refusal on SM90, fa4verify's missing call form on
+    SM100 -- and no planned row takes it (the planner never draws it: the plans are those of a
+    space without it)."""
+    sp, pl, _ = _build(arch, production_features())
+    assert "split_kv" in sp.values["form"]
+    assert not any(r["form"] == "split_kv" for r in pl.rows)
+    whys = {w for t, w in pl.unsupported.items() if ("form", "split_kv") in t}
+    assert whys, "no split_kv tuple reported"
+    want = "FA4 has no split-KV forward" if arch == "sm90" else "fa4verify runs no split-KV call yet"
+    assert all(want in w for w in whys), whys
+    assert not any(("form", "split_kv") in t for t in pl.required)

@@ -22,7 +22,7 @@ import itertools
 import random
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from fa4verify.coverage.space import DIMENSIONS, PASSES, FeatureSpace
+from fa4verify.coverage.space import DIMENSIONS, PASSES, UNRUN, FeatureSpace
 
 __all__ = ["Plan", "plan", "coverage", "TRIPLES", "required_tuples", "row_tuples", "no_valid_row"]
 
@@ -170,7 +170,7 @@ def _complete(space: FeatureSpace, start: dict[str, str], uncovered: set, rng: r
     rng.shuffle(dims)
     for d in dims:
         best, best_gain = None, -1
-        vals = list(space.values[d])
+        vals = [v for v in space.values[d] if v not in UNRUN.get(d, ())]
         rng.shuffle(vals)
         for v in vals:
             trial = dict(row, **{d: v})

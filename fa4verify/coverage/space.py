@@ -12,6 +12,9 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   call: ``cu_total_m_blocks``, ``cu_block_idx_offsets``; forward only), ``mask_mod`` (a CuTe mask_mod callable, yours included),
   ``score_mod`` (a score_mod pair, yours included); the two pair forms run dense, and on a
   varlen call (plain ``cu_seqlens``) at the seqlen values that need one (``zero``, ``many``);
+  ``split_kv`` (``num_splits > 1``: FA4's split-KV forward and its internal combine, SM 10.x/11.x
+  only): fa4verify runs no such call yet, so every tuple with it is reported not planned, with
+  that reason (:meth:`FeatureSpace.why_not`), instead of the space not naming it;
 * ``mask``: ``none``, ``causal``, ``left`` (window left side only), ``right``, ``both``,
   ``causal_left`` (causal + a left window);
 * ``hd``: head-dim classes, one per tile class FA4's tile tables select (forward tile, backward
@@ -59,11 +62,12 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from fa4verify.kernels import facts
 
-__all__ = ["DIMENSIONS", "DESCALES", "SCALES", "custom_scale", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
+__all__ = ["DIMENSIONS", "DESCALES", "SCALES", "UNRUN", "custom_scale", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
            "PASSES", "PLAN_DISTRIBUTIONS", "BLOCK_FORMS", "MOD_FORMS", "VARLEN_SEQLENS"]
 
 FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "seqused_q", "paged_small", "paged_tile",
-                          "block_sparse", "block_sparse_mod", "block_sparse_varlen", "mask_mod", "score_mod")
+                          "block_sparse", "block_sparse_mod", "block_sparse_varlen", "mask_mod", "score_mod",
+                          "split_kv")
 MASKS: tuple[str, ...] = ("none", "causal", "left", "right", "both", "causal_left")
 GQAS: tuple[str, ...] = ("1", "2", "4", "7", "mqa", "2_unpacked")
 SEQLENS: tuple[str, ...] = ("lt_tile", "eq_tile", "tile_m1", "tile_p1", "multi", "q_gt_k", "q_lt_k", "zero", "many")
@@ -75,6 +79,10 @@ PLAN_DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", 
 
 #: fp8 descale values: the call's ``q/k/v_descale`` (value -> the inputs that carry one)
 DESCALES: dict[str, tuple[str, ...]] = {"off": (), "qkv": ("q", "k", "v"), "k": ("k",), "v": ("v",)}
+
+#: values no target runs yet, named so that the coverage report lists their tuples as not planned
+#: (with :meth:`FeatureSpace.why_not`'s reason); the planner never draws them
+UNRUN: dict[str, tuple[str, ...]] = {"form": ("split_kv",)}
 
 SCALES: tuple[str, ...] = ("default", "custom")
 SINKS: tuple[str, ...] = ("off", "fp32", "bf16")
@@ -200,6 +208,8 @@ class FeatureSpace:
         if g("sink") not in (None, "off"):
             row = dict(row, sink="on")
             g = row.get
+        if form == "split_kv":
+            return self._split_kv_refusal()
         if g("descale") not in (None, "off") and g("softcap") == "on":
             return ("fa4verify does not judge softcap with fp8 descales yet (FA4 folds the descales into the "
                     "softcap score_mod's scale: two fp32 roundings its softcap budget does not count)")
@@ -243,6 +253,15 @@ class FeatureSpace:
         if g("det") == "off" and (why := self.no_backward(row)) is not None:
             return f"det=off is a backward setting; {why}"
         return None
+
+    def _split_kv_refusal(self) -> str:
+        """Why no row calls FA4 with ``num_splits > 1``: FA4's own refusal on this arch, else
+        fa4verify's (a gap, said by name in the coverage report)."""
+        from fa4verify.kernels.features import cell
+        if cell("split_kv", "sm90" if self.arch == "sm90" else "sm100", "fwd").status != "supported":
+            return "split_kv: FA4 has no split-KV forward on this arch (interface.py asserts 'SplitKV not supported')"
+        return ("split_kv: fa4verify runs no split-KV call yet (FA4's num_splits > 1 forward and its internal "
+                "combine: compile-only here, the public combine judged by production.combine)")
 
     def _paged_non_tma(self, form: str, hd: str, mask: Optional[str] = None) -> bool:
         """Whether FA4 reads this paged form's K/V without TMA (``interface.py``:
