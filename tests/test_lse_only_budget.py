@@ -97,12 +97,16 @@ def test_the_zero_do_statistics_are_those_built_from_zero_do():
     assert np.array_equal(ref_out.budget, ref0.budget)
     dl = _seeded_dlse(p, ofwd)
     ob0 = judge.oracle_backward(p, a0, dlse=dl)
+    # the kernel's own forward outputs and the SM90 MMA model, as production's passes give them
+    # (the modelled scores are cached on the statistics the copy shares)
+    kw = dict(probabilistic=False, dlse=dl, kernel_fwd=(ofwd.out, ofwd.lse), tensor_core="sm90")
     with np.errstate(invalid="ignore", over="ignore"):
-        fresh = st0.backward(ob0, ref0.budget, ref0.bound, probabilistic=False, dlse=dl)
-        st.backward(ob0, ref_out.budget, ref_out.bound, probabilistic=False, dlse=dl)     # per-call state first
+        fresh = st0.backward(ob0, ref0.budget, ref0.bound, **kw)
+        st.backward(ob0, ref_out.budget, ref_out.bound, **kw)     # per-call state first
         reused = st.with_zero_dout()
-        got = reused.backward(ob0, ref_out.budget, ref_out.bound, probabilistic=False, dlse=dl)
-        real = st.backward(ob0, ref_out.budget, ref_out.bound, probabilistic=False, dlse=dl)
+        got = reused.backward(ob0, ref_out.budget, ref_out.bound, **kw)
+        real = st.backward(ob0, ref_out.budget, ref_out.bound, **kw)
+    assert st._s_kernel, "the MMA model's scores were not cached (the interval path did not run)"
     for n in fresh:
         assert np.array_equal(fresh[n], got[n], equal_nan=True), n
         assert np.array_equal(st0.bwd_fallback[n], reused.bwd_fallback[n]), n
