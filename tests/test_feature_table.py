@@ -22,8 +22,9 @@ def _rows(table: str) -> list[list[str]]:
     return [[c.strip() for c in re.split(r"(?<!\\)\|", ln)[1:-1]] for ln in lines]
 
 
-def test_every_cell_is_labelled_and_nonempty():
-    rows = _rows(T.render())
+@pytest.mark.parametrize("full", [True, False])
+def test_every_cell_is_labelled_and_nonempty(full):
+    rows = _rows(T.render(full=full))
     assert len(rows) == len(F.FEATURES)
     for r in rows:
         assert len(r) == 1 + len(F.ARCHS) * len(F.DIRECTIONS)
@@ -31,8 +32,25 @@ def test_every_cell_is_labelled_and_nonempty():
             assert cell and any(lab in cell for lab in LABELS), cell
 
 
-def test_readme_block_is_current():
+def test_the_summary_names_the_evidence_the_full_cell_holds():
+    """The README's cell says each kind of evidence its full cell (docs/features.md) holds, and
+    no other; a measured cell that records an FA4 finding says so."""
+    ev = T.load_evidence()
+    kinds = ("measured on", "compile-only", "CPU twin")
+    for f in F.FEATURES:
+        for a in F.ARCHS:
+            for d in F.DIRECTIONS:
+                c = F.cell(f, a, d)
+                full, short = T.cell_text(c, ev), T.cell_summary(c, ev)
+                assert len(short) < 120, short
+                for k in kinds:
+                    assert (k in full) == (k in short), (f, a, d, k, full, short)
+    assert "an FA4 finding" in T.cell_summary(F.cell("paged_kv", "sm90", "fwd"), ev)
+
+
+def test_readme_and_docs_blocks_are_current():
     assert T.main(["--check", str(ROOT / "README.md")]) == 0
+    assert T.main(["--full", "--check", str(ROOT / "docs" / "features.md")]) == 0
 
 
 def test_stale_readme_is_detected(tmp_path):

@@ -1,4 +1,4 @@
-"""The README's feature x arch table: FA4's support claims (``fa4verify.kernels.features``, read
+"""The feature x arch table (README: its summary; ``docs/features.md``: in full): FA4's support claims (``fa4verify.kernels.features``, read
 from ``interface.py``) joined with the evidence fa4verify holds for each cell.
 
 Evidence, per cell, from files in the checkout (nothing is typed by hand):
@@ -12,8 +12,10 @@ Evidence, per cell, from files in the checkout (nothing is typed by hand):
 * otherwise the cell says FA4's claim and "not run by fa4verify yet".
 
 ``python -m fa4verify.tables.features --write README.md`` replaces the block between
-``<!-- feature-table:start -->`` and ``<!-- feature-table:end -->``; ``--check README.md`` exits 1
-when the README's block is stale (``tests/test_feature_table.py`` runs it).
+``<!-- feature-table:start -->`` and ``<!-- feature-table:end -->`` with each cell's summary
+(:func:`cell_summary`: FA4's claim and the kinds of evidence), ``--full --write docs/features.md``
+with every cell's evidence (:func:`cell_text`); ``--check FILE`` (with ``--full`` for the latter)
+exits 1 when a block is stale (``tests/test_feature_table.py`` runs both).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Any, Optional
 
 from fa4verify.kernels import features as F
 
-__all__ = ["TWIN", "COMPILE_KIND", "load_evidence", "cell_text", "render", "replace_block", "main"]
+__all__ = ["TWIN", "COMPILE_KIND", "load_evidence", "cell_text", "cell_summary", "render", "replace_block", "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "features"
@@ -294,6 +296,28 @@ def cell_text(c: F.Cell, ev: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def cell_summary(c: F.Cell, ev: dict[str, Any]) -> str:
+    """The README's short form of :func:`cell_text`: FA4's claim and the kinds of evidence held
+    (a measured cell that records an FA4 finding or a failure says so); the full text is in
+    ``docs/features.md``."""
+    claim = {"supported": "supported", "not supported": "**not supported by FA4**", "n/a": "n/a"}[c.status]
+    if c.status == "n/a":
+        return claim
+    kinds = []
+    h = _h200_text(c, ev["h200"])
+    if h:
+        where = h.split(":")[0]
+        bad = any(w in h for w in ("finding", "NOT within budget", "does not run", "wrong"))
+        kinds.append(where + (" (an FA4 finding)" if bad and c.status == "supported" else ""))
+    if _compile_text(c, ev["compile"].get(c.arch, [])):
+        kinds.append("compile-only")
+    if TWIN.get((c.feature, c.arch, c.direction)):
+        kinds.append("CPU twin")
+    if not kinds and c.status == "supported":
+        kinds.append("not run by fa4verify yet")
+    return claim + (": " + ", ".join(kinds) if kinds else "")
+
+
 def _fa4_installed() -> bool:
     try:
         F.fa4_source()
@@ -302,13 +326,16 @@ def _fa4_installed() -> bool:
         return False
 
 
-def render(ev: Optional[dict[str, Any]] = None) -> str:
+def render(ev: Optional[dict[str, Any]] = None, *, full: bool = True) -> str:
+    """The table: every cell's full text (``full``: ``docs/features.md``) or its summary (the
+    README's)."""
     ev = load_evidence() if ev is None else ev
     cols = [(a, d) for a in F.ARCHS for d in F.DIRECTIONS]
     head = "| feature | " + " | ".join(f"{'SM90' if a == 'sm90' else 'SM100/110'} {d}" for a, d in cols) + " |"
     lines = [head, "|" + "---|" * (len(cols) + 1)]
+    text = cell_text if full else cell_summary
     for f, label in F.FEATURES.items():
-        cells = [cell_text(F.cell(f, a, d), ev).replace("|", "\\|") for a, d in cols]
+        cells = [text(F.cell(f, a, d), ev).replace("|", "\\|") for a, d in cols]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -347,12 +374,16 @@ def write_or_check(prog: str, table: str, *, write: Optional[str], check: Option
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fa4verify.tables.features")
+    ap = argparse.ArgumentParser(prog="python -m fa4verify.tables.features",
+                                 description="The feature x arch table: the README's summary (default) or, "
+                                             "with --full, every cell's evidence (docs/features.md).")
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--write", metavar="README")
-    g.add_argument("--check", metavar="README")
+    g.add_argument("--write", metavar="FILE")
+    g.add_argument("--check", metavar="FILE")
+    ap.add_argument("--full", action="store_true", help="every cell's full evidence text")
     ns = ap.parse_args(argv)
-    return write_or_check("fa4verify.tables.features", render(), write=ns.write, check=ns.check)
+    return write_or_check("fa4verify.tables.features", render(full=ns.full), write=ns.write, check=ns.check,
+                          rerun=" --full" if ns.full else "")
 
 
 if __name__ == "__main__":
