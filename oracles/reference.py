@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
@@ -468,7 +469,7 @@ def _run_tasks(fn, tasks: list, p: Optional[Problem] = None) -> list:
     if p is not None and _task_work(p, tasks) < _THREAD_MIN_WORK:
         n = 1
     setter = _blas_local_threads()
-    before = setter(1) if setter is not None else None
+    _blas_enter(setter)
     try:
         if n <= 1:
             return [fn(t) for t in tasks]
@@ -484,8 +485,35 @@ def _run_tasks(fn, tasks: list, p: Optional[Problem] = None) -> list:
         with ThreadPoolExecutor(max_workers=n) as ex:
             return list(ex.map(wrapped, tasks))
     finally:
-        if setter is not None:
-            setter(before)
+        _blas_exit(setter)
+
+
+#: Note [One BLAS thread]: callers of :func:`_run_tasks` running at once (threads of one process)
+#: share the process-wide setting: the first to enter saves the count, the last to leave restores it
+#: (where the setting is per thread instead, a later concurrent caller's thread keeps one BLAS
+#: thread afterwards: slower, never different bits)
+_BLAS_LOCK = threading.Lock()
+_BLAS_STATE = {"depth": 0, "saved": None}
+
+
+def _blas_enter(setter) -> None:
+    if setter is None:
+        return
+    with _BLAS_LOCK:
+        old = setter(1)
+        if _BLAS_STATE["depth"] == 0:
+            _BLAS_STATE["saved"] = old
+        _BLAS_STATE["depth"] += 1
+
+
+def _blas_exit(setter) -> None:
+    if setter is None:
+        return
+    with _BLAS_LOCK:
+        _BLAS_STATE["depth"] -= 1
+        if _BLAS_STATE["depth"] == 0 and _BLAS_STATE["saved"] is not None:
+            setter(_BLAS_STATE["saved"])
+            _BLAS_STATE["saved"] = None
 
 
 def _tasks(p: Problem) -> list[tuple[int, int]]:

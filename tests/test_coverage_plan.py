@@ -217,3 +217,19 @@ def test_split_kv_is_named_as_not_planned_never_drawn(arch):
     want = "FA4 has no split-KV forward" if arch == "sm90" else "fa4verify runs no split-KV call yet"
     assert all(want in w for w in whys), whys
     assert not any(("form", "split_kv") in t for t in pl.required)
+    assert sp.no_backward({"form": "split_kv"}) is not None          # FA4's split-KV is forward-only
+    # a refusal of split_kv is never the reason given for another tuple
+    assert not any("split" in w for t, w in pl.unsupported.items() if ("form", "split_kv") not in t)
+    from fa4verify.coverage.cases import problem_for
+    with pytest.raises(ValueError, match="run by no target"):
+        problem_for(sp, dict(pl.rows[0], form="split_kv"), 0)
+
+
+def test_an_unrun_value_is_never_another_tuples_reason():
+    """A space whose only other form cannot hold a tuple (dense and a zero-length sequence): the
+    reason is dense's, not the unrun split_kv's."""
+    from fa4verify.coverage.space import space_for
+    sp = space_for("sm90", "bf16", forms=("dense", "split_kv"))
+    _req, uns = planner.required_tuples(sp)
+    why = {w for t, w in uns.items() if ("seqlen", "zero") in t and ("form", "split_kv") not in t}
+    assert why and not any("split" in w for w in why), why

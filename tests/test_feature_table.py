@@ -34,7 +34,8 @@ def test_every_cell_is_labelled_and_nonempty(full):
 
 def test_the_summary_names_the_evidence_the_full_cell_holds():
     """The README's cell says each kind of evidence its full cell (docs/features.md) holds, and
-    no other; a measured cell that records an FA4 finding says so."""
+    no other; a kind whose text records an FA4 finding or a failure is marked (!), a clean one is
+    not, and a section not yet run is not called measured."""
     ev = T.load_evidence()
     kinds = ("measured on", "compile-only", "CPU twin")
     for f in F.FEATURES:
@@ -45,7 +46,17 @@ def test_the_summary_names_the_evidence_the_full_cell_holds():
                 assert len(short) < 120, short
                 for k in kinds:
                     assert (k in full) == (k in short), (f, a, d, k, full, short)
-    assert "an FA4 finding" in T.cell_summary(F.cell("paged_kv", "sm90", "fwd"), ev)
+    assert "(sm_90) (!)" in T.cell_summary(F.cell("paged_kv", "sm90", "fwd"), ev)
+    c = F.cell("block_sparse", "sm90", "bwd")
+    for verdict, flagged in (("does not run (compile abort or error)", True), ("refuted", False)):
+        ev["h200"]["sparse"] = {"where": "measured on NVIDIA H200 (sm_90)", "result": {
+            "verdict": verdict, "predicted_hds_not_running": [], "predicted_hds_wrong_values": [],
+            "controls_right": [128]}}
+        short = T.cell_summary(c, ev)
+        assert ("(sm_90) (!)" in short) == flagged, short
+    ev["h200"].pop("mods", None)
+    short = T.cell_summary(F.cell("score_mod", "sm90", "bwd"), ev)
+    assert "H200: not run yet" in short and "measured" not in short, short
 
 
 def test_readme_and_docs_blocks_are_current():

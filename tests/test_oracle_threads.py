@@ -62,12 +62,14 @@ def test_results_do_not_depend_on_the_blas_thread_count(monkeypatch):
     import os
     from fa4verify.oracles import reference
     libs = glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "*openblas*.so*"))
-    sets = [getattr(ctypes.CDLL(x), n, None) for x in libs
-            for n in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")]
-    sets = [f for f in sets if f is not None]
-    if not sets:
+    pairs = [(getattr(ctypes.CDLL(x), pre + "set_num_threads" + suf, None),
+              getattr(ctypes.CDLL(x), pre + "get_num_threads" + suf, None))
+             for x in libs for pre, suf in (("scipy_openblas_", "64_"), ("openblas_", "64_"), ("openblas_", ""))]
+    pairs = [(s_, g_) for s_, g_ in pairs if s_ is not None and g_ is not None]
+    if not pairs:
         pytest.skip("numpy's OpenBLAS exports no thread-count setter here (optional: the check needs one)")
-    set_threads = sets[0]
+    set_threads, get_threads = pairs[0]
+    start = get_threads()
     rng = np.random.default_rng(0)
     lens = [90] + [1] * 8
     T, D = sum(lens), 72
@@ -79,11 +81,50 @@ def test_results_do_not_depend_on_the_blas_thread_count(monkeypatch):
         return [np.asarray(getattr(r, n), np.float64).view(np.uint64) for n in ("dq", "dk", "dv", "dq_bound")]
     monkeypatch.setenv("FA4VERIFY_ORACLE_THREADS", "2")
     out = []
-    for blas in (4, 1):
-        for min_work in (reference._THREAD_MIN_WORK, 0):          # in the calling thread, on the pool
-            monkeypatch.setattr(reference, "_THREAD_MIN_WORK", min_work)
-            set_threads(blas)
-            out.append(run())
-    set_threads(1)
+    try:
+        for blas in (4, 1):
+            for min_work in (reference._THREAD_MIN_WORK, 0):          # in the calling thread, on the pool
+                monkeypatch.setattr(reference, "_THREAD_MIN_WORK", min_work)
+                set_threads(blas)
+                out.append(run())
+                assert get_threads() == blas          # the oracle put the count back
+    finally:
+        set_threads(start)
     for o in out[1:]:
         assert all(np.array_equal(x, y) for x, y in zip(out[0], o))
+
+
+def test_concurrent_oracle_calls_restore_the_blas_count_once_both_are_done():
+    """Note [One BLAS thread]: two callers at once share the process-wide setting: neither
+    restores it while the other runs; the count is the original once both have left."""
+    import threading
+    from fa4verify.oracles import reference
+    seen, calls = [], []
+
+    def setter(n):
+        calls.append(n)
+        old = seen[-1] if seen else 3
+        seen.append(n)
+        return old
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def a():
+        reference._blas_enter(setter)
+        a_in.set()
+        b_in.wait(5)
+        reference._blas_exit(setter)           # B still inside: no restore
+        a_out.set()
+
+    def b():
+        a_in.wait(5)
+        reference._blas_enter(setter)
+        b_in.set()
+        a_out.wait(5)
+        assert seen[-1] == 1
+        reference._blas_exit(setter)
+    ts = [threading.Thread(target=f) for f in (a, b)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    assert calls == [1, 1, 3] and seen[-1] == 3

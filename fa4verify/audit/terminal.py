@@ -176,11 +176,11 @@ class TerminalReporter:
 def coverage_block(check_id: str, where: str, cov: dict[str, Any], space: dict[str, Any]):
     """The coverage matrix of a planned check (``details["plan_coverage"]``, fa4verify.coverage): per
     dimension its values and the pairs covered / supported, the planned triples, the
-    holes by name and how many tuples the installed FA4 does not support."""
+    holes by name and how many tuples are not planned (FA4 or fa4verify does not run them)."""
     from rich.table import Table
     tab = Table(title=f"coverage by construction: {_escape(check_id)} ({_escape(where)})", title_justify="left",
                 caption=(f"{cov['covered']}/{cov['supported']} supported tuples covered in {cov['rows']} rows; "
-                         f"{len(cov.get('unsupported', {}))} tuples not supported by the installed FA4 "
+                         f"{len(cov.get('unsupported', {}))} tuples not planned (the installed FA4 or fa4verify does not run them) "
                          f"(listed in the JSON/HTML report)"))
     tab.add_column("dimension")
     tab.add_column("values")

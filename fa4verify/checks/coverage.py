@@ -204,14 +204,14 @@ def coverage_plot(cov: dict, *, where: str = "") -> list:
     rows = [[g, c["covered"], c["supported"], cov["unsupported_per_group"].get(g, 0)]
             for g, c in cov["per_group"].items()]
     out = [{"kind": "table", "title": "coverage by construction: tuples covered / supported",
-            "columns": ["dimensions", "covered", "supported", "not supported by FA4"], "rows": rows,
+            "columns": ["dimensions", "covered", "supported", "not planned (FA4 or fa4verify)"], "rows": rows,
             "where": where}]
     if cov["holes"]:
         out.append({"kind": "table", "title": "holes (supported, not covered)", "columns": ["tuple"],
                     "rows": [[h] for h in cov["holes"][:200]]})
     uns = list(cov["unsupported"].items())
     if uns:
-        out.append({"kind": "table", "title": "not supported by the installed FA4 (or by the problem type)",
+        out.append({"kind": "table", "title": "not planned: the installed FA4 or fa4verify does not run them",
                     "columns": ["tuple", "why"], "rows": [[t, w] for t, w in uns[:300]]})
     return out
 

@@ -105,7 +105,11 @@ def _lengths(cls: str, tm: int, tn: int) -> tuple[int, int]:
 
 def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed: int = 0):
     """The problem of plan row ``index``."""
+    from fa4verify.coverage.space import UNRUN
     from fa4verify.problem import CallForm, AttentionProblem, ValueSpec
+    unrun = [f"{d}={row[d]}" for d in UNRUN if row.get(d) in UNRUN[d]]
+    if unrun:
+        raise ValueError(f"plan row {index}: {', '.join(unrun)} is run by no target (coverage.space.UNRUN)")
     rng = random.Random(f"{seed}:{index}:{sorted(row.items())}")
     arch, dtype = space.arch, space.dtype
     hd, hdv = space.hd[row["hd"]]

@@ -95,6 +95,8 @@ def _no_completion(space: FeatureSpace, part: Mapping[str, str], pass_: Optional
             return False
         d = dims[i]
         for v in space.values[d]:
+            if v in UNRUN.get(d, ()):       # never planned: not a reason for another tuple's refusal
+                continue
             trial = dict(row, **{d: v})
             why = space.why_not(trial)
             if why is None and pass_ is not None and not _pass_ok(space, trial, pass_):

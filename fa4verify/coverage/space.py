@@ -297,6 +297,8 @@ class FeatureSpace:
             return "no registered mask pair for the mask blocks has a backward"
         if form == "block_sparse_varlen":
             return VARLEN_SPARSE_BWD
+        if form == "split_kv":
+            return "split-KV is forward-only (_flash_attn_bwd has no num_splits)"
         return None
 
     def varlen_pairs(self, form: str) -> tuple[str, ...]:

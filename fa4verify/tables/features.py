@@ -296,21 +296,27 @@ def cell_text(c: F.Cell, ev: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+#: words of a cell's evidence text that record an FA4 finding or a failure (:func:`cell_summary`)
+_NOT_CLEAN = ("finding", "NOT ", "failed", "crashed", "did not run", "does not run", "fail to compile", "abort")
+
+
 def cell_summary(c: F.Cell, ev: dict[str, Any]) -> str:
-    """The README's short form of :func:`cell_text`: FA4's claim and the kinds of evidence held
-    (a measured cell that records an FA4 finding or a failure says so); the full text is in
-    ``docs/features.md``."""
+    """The README's short form of :func:`cell_text`: FA4's claim and the kinds of evidence held,
+    ``(!)`` after a kind whose text records an FA4 finding or a failure (on a cell FA4 claims to
+    support); the full text is in ``docs/features.md``."""
     claim = {"supported": "supported", "not supported": "**not supported by FA4**", "n/a": "n/a"}[c.status]
     if c.status == "n/a":
         return claim
+
+    def mark(text: str) -> str:
+        return " (!)" if c.status == "supported" and any(w in text for w in _NOT_CLEAN) else ""
     kinds = []
     h = _h200_text(c, ev["h200"])
     if h:
-        where = h.split(":")[0]
-        bad = any(w in h for w in ("finding", "NOT within budget", "does not run", "wrong"))
-        kinds.append(where + (" (an FA4 finding)" if bad and c.status == "supported" else ""))
-    if _compile_text(c, ev["compile"].get(c.arch, [])):
-        kinds.append("compile-only")
+        kinds.append("H200: not run yet" if h.startswith("H200: not run yet") else h.split(":")[0] + mark(h))
+    ct = _compile_text(c, ev["compile"].get(c.arch, []))
+    if ct:
+        kinds.append("compile-only" + mark(ct))
     if TWIN.get((c.feature, c.arch, c.direction)):
         kinds.append("CPU twin")
     if not kinds and c.status == "supported":
