@@ -98,3 +98,12 @@ def test_a_kernel_loaded_from_the_kernel_cache_keeps_its_launch_verdict(tmp_path
         f.unlink()
     third = _run(tmp_path, "64/128/2", cache=cache)["64/128/2"]
     assert third["launch_over_limit"] == [] and third["kernels_unread"] >= 1
+
+
+def test_a_key_that_never_reached_the_cache_is_no_kernel_use(monkeypatch):
+    """``take``: a key FA4 asked for whose compile raised (FA4 refused the call while tracing) is
+    neither read nor unread; one loaded from disk without its record is unread; a recorded one read."""
+    monkeypatch.setattr(launch_limits, "_BY_KEY", {"rec": [], "over": [["f", "sm_100a", 9, 8]], "disk": None})
+    monkeypatch.setattr(launch_limits, "_USED", {"rec", "over", "disk", "refused"})
+    over, read, unread = launch_limits.take()
+    assert (read, unread) == (2, 1) and over == [("f", "sm_100a", 9, 8)]

@@ -118,11 +118,14 @@ def install() -> None:
 
 def take() -> tuple[list[tuple[str, str, int, int]], int, int]:
     """(launches over the limit, kernels read, kernels not read) of the keys used since the last
-    take(), each key once."""
+    take(), each key once. A key FA4 asked for that never reached the cache -- its compile raised:
+    FA4 refused the call (an assertion while tracing) -- is no kernel and counts as neither."""
     over: list = []
     read = unread = 0
     for h in sorted(_USED):
-        rec = _BY_KEY.get(h)
+        if h not in _BY_KEY:
+            continue
+        rec = _BY_KEY[h]
         if rec is None:
             unread += 1
         else:
