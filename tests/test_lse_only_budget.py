@@ -103,7 +103,7 @@ def test_the_zero_do_statistics_are_those_built_from_zero_do():
     with np.errstate(invalid="ignore", over="ignore"):
         fresh = st0.backward(ob0, ref0.budget, ref0.bound, **kw)
         st.backward(ob0, ref_out.budget, ref_out.bound, **kw)     # per-call state first
-        reused = st.with_zero_dout()
+        reused = st.with_zero_dout(a0)
         got = reused.backward(ob0, ref_out.budget, ref_out.bound, **kw)
         real = st.backward(ob0, ref_out.budget, ref_out.bound, **kw)
     assert st._s_kernel, "the MMA model's scores were not cached (the interval path did not run)"

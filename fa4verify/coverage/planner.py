@@ -94,9 +94,7 @@ def _no_completion(space: FeatureSpace, part: Mapping[str, str], pass_: Optional
             deepest[:] = [i, space.why_not(row) or space.no_backward(row)]
             return False
         d = dims[i]
-        for v in space.values[d]:
-            if v in UNRUN.get(d, ()):       # never planned: not a reason for another tuple's refusal
-                continue
+        for v in _planned_values(space, d):     # an unrun value is no reason for another tuple's refusal
             trial = dict(row, **{d: v})
             why = space.why_not(trial)
             if why is None and pass_ is not None and not _pass_ok(space, trial, pass_):
@@ -164,6 +162,11 @@ def _gain(space: FeatureSpace, row: Mapping[str, str], dim: str, val: str, uncov
     return n
 
 
+def _planned_values(space: FeatureSpace, dim: str) -> list[str]:
+    """The values of ``dim`` a row may take: the space's, without those no target runs (:data:`UNRUN`)."""
+    return [v for v in space.values[dim] if v not in UNRUN.get(dim, ())]
+
+
 def _complete(space: FeatureSpace, start: dict[str, str], uncovered: set, rng: random.Random
               ) -> Optional[dict[str, str]]:
     """``start`` filled greedily to a full valid row, or None when no completion is valid."""
@@ -172,7 +175,7 @@ def _complete(space: FeatureSpace, start: dict[str, str], uncovered: set, rng: r
     rng.shuffle(dims)
     for d in dims:
         best, best_gain = None, -1
-        vals = [v for v in space.values[d] if v not in UNRUN.get(d, ())]
+        vals = _planned_values(space, d)
         rng.shuffle(vals)
         for v in vals:
             trial = dict(row, **{d: v})

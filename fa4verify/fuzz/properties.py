@@ -785,7 +785,7 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     # 6f502c4, row 138 judged against the oracle with dO = 0 but budgets of the real dO); the
     # forward's statistics and allowances are the example's own (none of them reads dO)
     a0 = dict(a, dout=np.zeros_like(a["dout"]))
-    _judge_dlse_grads(problem, a0, fwd, gl, dl, target, stats.with_zero_dout(), ref_out, metrics, undecided,
+    _judge_dlse_grads(problem, a0, fwd, gl, dl, target, stats.with_zero_dout(a0), ref_out, metrics, undecided,
                       pass_="autograd_lse_only")
     return None
 

@@ -376,16 +376,16 @@ class BudgetStats:
         self.bwd_undecided_reason = self._undecided_reason(out, kernel_fwd)
         return out
 
-    def with_zero_dout(self) -> "BudgetStats":
-        """These statistics for the same call with dO = 0 (a loss through the LSE alone): every
-        statistic of the forward is the same (none reads dO), so only ``dout`` is replaced --
-        instead of building them again from the inputs (a pass that rebuilt them cost as much as
-        the example's own). Per-call state of :meth:`backward` stays each copy's own."""
+    def with_zero_dout(self, a0: Mapping[str, Any]) -> "BudgetStats":
+        """These statistics for the same call with dO = 0 (a loss through the LSE alone; ``a0``:
+        its arrays, dout zero): every statistic of the forward is the same (none reads dO), so
+        only ``dout`` is replaced -- instead of building them again from the inputs (a pass that
+        rebuilt them cost as much as the example's own). Per-call state of :meth:`backward` stays
+        each copy's own."""
         st = copy.copy(self)
         if self.dout is not None:
             st.dout = np.zeros_like(self.dout)
-        st._arrays = dict(self._arrays, dout=None if self._arrays.get("dout") is None
-                          else np.zeros_like(np.asarray(self._arrays["dout"])))
+        st._arrays = dict(self._arrays, dout=a0.get("dout"))     # the effective inputs, as built
         return st
 
     def _kernel_scores(self, tensor_core: Optional[str], model: Any, bidx: int, h: int, qs: slice, ks: slice,

@@ -231,12 +231,8 @@ def compare(name: str, actual, ref, *, oracle_bound=0.0, budget=0.0, select=None
     else:
         status, reason = "pass", ""
         if blind_above is not None and n_cmp:
-            with np.errstate(invalid="ignore"):
-                big = judged_fin & (np.abs(r) > np.broadcast_to(np.asarray(blind_above, np.float64), r.shape))
-            if big.any() and not (judged_fin & (np.abs(r) > allowed)).any():
-                i = np.unravel_index(int(np.argmax(np.where(big, np.abs(r), -1.0))), r.shape)
-                status = "undecided"
-                reason = _blind_reason(name, float(r[i]), float(allowed[i]))
+            reason = _blind(name, r, allowed, blind_above, judged_fin)
+            status = "undecided" if reason else status
     n_hull = 0 if fallback is None else int((judged_fin & np.broadcast_to(np.asarray(fallback, bool), r.shape)).sum())
     return Verdict(name, status, n_cmp, n_over, n_unj, tight, maxerr, worst, viol, reason,
                    np.argwhere(over_all) if all_indices else None, n_hull)
@@ -272,24 +268,30 @@ def _compare_all_judged(name: str, a: np.ndarray, r: np.ndarray, oracle_bound, b
         maxerr = float(err.max())
         wi = tuple(int(x) for x in np.unravel_index(int(np.argmax(ratio)), r.shape))
         worst = Element(wi, float(a[wi]), float(r[wi]), float(err[wi]), float(allowed[wi]))
-        status, reason = "pass", ""
-        if blind_above is not None:
-            ar = np.abs(r)
-            big = ar > np.broadcast_to(np.asarray(blind_above, np.float64), r.shape)
-            if big.any() and not (ar > allowed).any():
-                i = np.unravel_index(int(np.argmax(np.where(big, ar, -1.0))), r.shape)
-                status = "undecided"
-                reason = _blind_reason(name, float(r[i]), float(allowed[i]))
+        reason = "" if blind_above is None else _blind(name, r, allowed, blind_above)
+        status = "undecided" if reason else "pass"
     n_hull = 0 if fallback is None else int(np.count_nonzero(np.broadcast_to(np.asarray(fallback, bool), r.shape)))
     return Verdict(name, status, int(r.size), 0, 0, tight, maxerr, worst, (), reason,
                    np.empty((0, r.ndim), np.intp) if all_indices else None, n_hull)
 
 
-def _blind_reason(name: str, ref: float, allowed: float) -> str:
-    """Why a comparison whose bound admits the zero tensor is undecided (Note [A bound without power])."""
+def _blind(name: str, r: np.ndarray, allowed: np.ndarray, blind_above, judged: Optional[np.ndarray] = None) -> str:
+    """Note [A bound without power]: why a comparison that passes is undecided -- its allowance
+    admits the zero tensor (every judged ``|ref| <= allowed``) while some judged ``|ref|`` exceeds
+    ``blind_above`` -- or "" when it is not. ``judged``: the judged elements (None: all)."""
+    with np.errstate(invalid="ignore"):
+        ar = np.abs(r)
+        big = ar > np.broadcast_to(np.asarray(blind_above, np.float64), r.shape)
+        over = ar > allowed
+    if judged is not None:
+        big, over = big & judged, over & judged
+    if not big.any() or over.any():
+        return ""
+    i = np.unravel_index(int(np.argmax(np.where(big, ar, -1.0))), r.shape)
     return (f"impossible question at this precision: the bound admits a zero {name}: every |exact| is within its "
-            f"allowance (largest |exact| {abs(ref):.3g}, allowed {allowed:.3g} there), so a kernel that skipped it "
-            f"would pass too: no power against a wrong gradient at this logit scale (Note [A bound without power])")
+            f"allowance (largest |exact| {abs(float(r[i])):.3g}, allowed {float(allowed[i]):.3g} there), so a kernel "
+            f"that skipped it would pass too: no power against a wrong gradient at this logit scale (Note [A bound "
+            f"without power])")
 
 
 def _undecided_reason(n_cmp, sel, fin, isnan_ref, ob, bu, nan) -> str:

@@ -276,9 +276,13 @@ def _combine_16bit_finding() -> Optional[str]:
     return f"{len(bad)}/{len(n16)} bf16/fp16 cases wrong, max abs error {worst:.3g}"
 
 
+#: how a cell states FA4's claim
+_CLAIM = {"supported": "supported", "not supported": "**not supported by FA4**", "n/a": "n/a"}
+
+
 def cell_text(c: F.Cell, ev: dict[str, Any]) -> str:
     where = ", ".join(F.check_evidence(c)) if _fa4_installed() else "interface.py"
-    claim = {"supported": "supported", "not supported": "**not supported by FA4**", "n/a": "n/a"}[c.status]
+    claim = _CLAIM[c.status]
     parts = [f"{claim} ({where}{'; ' + c.note if c.note else ''})"]
     if c.status == "n/a":
         return parts[0]
@@ -304,7 +308,7 @@ def cell_summary(c: F.Cell, ev: dict[str, Any]) -> str:
     """The README's short form of :func:`cell_text`: FA4's claim and the kinds of evidence held,
     ``(!)`` after a kind whose text records an FA4 finding or a failure (on a cell FA4 claims to
     support); the full text is in ``docs/features.md``."""
-    claim = {"supported": "supported", "not supported": "**not supported by FA4**", "n/a": "n/a"}[c.status]
+    claim = _CLAIM[c.status]
     if c.status == "n/a":
         return claim
 
