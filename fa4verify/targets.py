@@ -42,6 +42,10 @@ class Fwd:
     #: Note [Scratch guard]: buffer name -> its ``GuardReport`` (fa4verify.determinism) for the O
     #: and LSE buffers the target guarded in this call; None where it guards none
     guard: Optional[Mapping[str, Any]] = None
+    #: Note [Split-KV as a call form] (fa4verify.judge.split_combine): a split-KV call's fp32
+    #: partials in FA4's layouts, ``(out_partial (S, b, sq, h, dv), lse_partial (S, b, sq, h))``,
+    #: where the target hands them over; None otherwise
+    partials: Optional[tuple[np.ndarray, np.ndarray]] = None
 
 
 @dataclasses.dataclass
@@ -186,6 +190,8 @@ class TwinTarget(Target):
                               "score_mod's scale)")
         if (why := hd256_refusal(problem, "fwd")) is not None:
             raise Unsupported(why)
+        if (why := split_kv_unmodelled(problem)) is not None:
+            raise Unsupported(why)
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.name, "where": self.where, "mutations": sorted(self.mutations),
@@ -285,6 +291,8 @@ class TwinTarget(Target):
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
+        if problem.call is not None and problem.call.num_splits > 1:
+            return self._forward_split(problem, a)
         if problem.call is not None and problem.call.block_per_head:
             return self._forward_by_head(problem, a)
         if _twin_rearranges(problem):
@@ -316,6 +324,35 @@ class TwinTarget(Target):
             out[sq] = np.asarray(r.out, np.float64)[0]
             lse[:, sq] = np.asarray(r.lse, np.float64)[0]
         return Fwd(out, lse)
+
+    def _forward_split(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
+        """Note [Split-KV as a call form]: the twin forward on each of FA4's key ranges, its fp32
+        output before the cast as the partial (an empty range: O = 0, LSE = -inf), merged by the
+        combine twin (``kernels/twin_combine.py``)."""
+        from fa4verify.judge.split_combine import split_problems
+        from fa4verify.kernels import twin_combine
+        ranges = split_kv_ranges(problem)
+        if "split_range_overlap" in self.mutations:    # a planted fault: each later split starts a key early
+            ranges = tuple((max(0, k0 - 1) if s and k1 > k0 else k0, k1) for s, (k0, k1) in enumerate(ranges))
+        b, sq, h, dv = problem.batch, problem.seqlen_q, problem.nheads, problem.head_dim_v
+        O = np.zeros((len(ranges), b, sq, h, dv))
+        L = np.full((len(ranges), b, sq, h), -np.inf)
+        kw = self._kw(problem, a)
+        if problem.call.pack_gqa is not None:
+            kw["pack_gqa"] = problem.call.pack_gqa
+        descale = {n: a.get(n) for n in ("q_descale", "k_descale", "v_descale")} if problem.descales else {}
+        dt = problem.dtype
+        for s, (p, aa, _) in enumerate(split_problems(problem, a, ranges)):
+            if p is None:
+                continue
+            sink = aa["learnable_sink"] if "split_sink_every" not in self.mutations else a["learnable_sink"]
+            r = self._ta.forward(_typed(aa["q"], dt), _typed(aa["k"], dt), _typed(aa["v"], dt),
+                                 **dict(kw, learnable_sink=sink), **descale)
+            O[s] = r.stages["o_fp32"]
+            L[s] = np.transpose(np.asarray(r.lse, np.float64), (0, 2, 1))
+        c = twin_combine.combine(O, L, out_dtype="bf16" if dt == "fp8" else dt, mufu=self.mufu, seed=self.seed)
+        return Fwd(np.asarray(c.out, np.float64), np.transpose(np.asarray(c.lse, np.float64), (0, 2, 1)),
+                   partials=(O, L))
 
     def taps_unsupported(self, problem: AttentionProblem) -> Optional[str]:
         """Why the twin's stage taps (its backward's D, lse_log2 and dq_accum, the buffers
@@ -518,6 +555,8 @@ class ProductionTarget(Target):
             raise Unsupported("a varlen MLA call is not judged here (Note [MLA as a call form]: dense calls)")
         if (why := hd256_refusal(problem, "fwd")) is not None:
             raise Unsupported(why)
+        if problem.arch != "sm90" and (why := split_kv_unmodelled(problem)) is not None:
+            raise Unsupported(why)      # on SM90 FA4 refuses num_splits > 1 itself
         for pair in problem.mod_pairs() if problem.mods else ():
             if pair is not None and pair.cute() is None:
                 raise Unsupported(f"mod pair {pair.name!r} has no CuTe function here (no CUTLASS DSL, or no build)")
@@ -688,6 +727,8 @@ class ProductionTarget(Target):
         kw.pop("score_mod_bwd", None)     # forward-only argument set
         if problem.call is not None and problem.call.pack_gqa is not None:
             kw["pack_gqa"] = problem.call.pack_gqa    # the forward's only: FA4's backward never packs
+        if problem.call is not None and problem.call.num_splits > 1:
+            kw["num_splits"] = problem.call.num_splits
         return kw
 
     @staticmethod
@@ -809,7 +850,14 @@ class ProductionTarget(Target):
         if problem.call is not None and problem.call.batched_layout:
             from fa4verify import call_layout
             out, lse = call_layout.to_problem_fwd(problem, out, lse)
-        return Fwd(out, lse, native=(r.out, r.lse), guard=guard)
+        partials = None
+        if getattr(r, "partials", None) is not None and not self.fake:
+            partials = (self._np(r.partials[0]), self._np(r.partials[1]))
+            _check_split_model(problem, r.config, partials)
+        elif problem.call is not None and problem.call.num_splits > 1 and not self.fake:
+            raise HarnessError("FA4 ran the split-KV call without handing partials to its combine "
+                               "(interface._flash_attn_fwd_combine): fa4verify's model of the call does not hold")
+        return Fwd(out, lse, native=(r.out, r.lse), guard=guard, partials=partials)
 
     def forward_tensors(self, q, k, v, **kw):
         """FA4's forward on the caller's own torch tensors (on the device, in the input dtype),
@@ -1056,7 +1104,7 @@ class ProductionTarget(Target):
 #: ``block_lists_by_kv_head`` gives each query head of a KV group the block mask of the query head
 #: numbered as the KV head (Note [Block masks by head]: source mutant block_sparse_packgqa_guard_dropped)
 LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation", "varlen_dlse_offset_dropped",
-                                     "block_lists_by_kv_head")
+                                     "block_lists_by_kv_head", "split_range_overlap", "split_sink_every")
 
 
 def block_mask_heads(problem: AttentionProblem) -> int:
@@ -1078,6 +1126,38 @@ def block_mask_heads(problem: AttentionProblem) -> int:
     packed = problem.nheads != problem.nheads_kv and (problem.call is None or problem.call.pack_gqa is not False)
     per_head = problem.call is not None and problem.call.block_per_head     # Note [Block masks by head]
     return 1 if packed and not per_head else problem.nheads
+
+
+def split_kv_ranges(problem: AttentionProblem) -> tuple[tuple[int, int], ...]:
+    """FA4's key range of each split of a split-KV problem (:func:`fa4verify.kernels.facts.split_kv_key_ranges`)."""
+    from fa4verify.kernels import facts
+    return facts.split_kv_key_ranges(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
+                                     problem.seqlen_k, problem.call.num_splits, causal=problem.causal,
+                                     local=problem.local)
+
+
+def _check_split_model(problem: AttentionProblem, cfg: Any, partials) -> None:
+    """The split FA4 ran is the one fa4verify models (its tile_n, from FA4's compile key, and the
+    partial count); a disagreement is fa4verify's error, never a verdict on FA4."""
+    from fa4verify.kernels import facts
+    tn = facts.fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, False, False)[1]
+    ran = getattr(cfg, "tile_mn", None)
+    S = int(partials[0].shape[0])
+    if S != problem.call.num_splits or (ran is not None and ran[1] is not None and int(ran[1]) != tn):
+        raise HarnessError(f"fa4verify's model of FA4's split-KV call disagrees with the call it ran: "
+                           f"{S} partials of tile_n {None if ran is None else ran[1]}, modelled "
+                           f"{problem.call.num_splits} of tile_n {tn} (kernels.facts.split_kv_key_ranges)")
+
+
+def split_kv_unmodelled(problem: AttentionProblem) -> Optional[str]:
+    """Why fa4verify cannot judge a split-KV problem (FA4's split of its keys not modelled), or None."""
+    if problem.call is None or problem.call.num_splits == 1:
+        return None
+    try:
+        split_kv_ranges(problem)
+    except ValueError as e:
+        return f"split-KV: {e}"
+    return None
 
 
 def hd256_refusal(problem: AttentionProblem, pass_: str) -> Optional[str]:

@@ -345,6 +345,7 @@ def supported_head_dims(arch: int) -> str:
 
 _KEY_NAMES: dict[str, list[list[str]]] = {}
 _LOCK = threading.Lock()
+_COMBINE_LOCK = threading.Lock()     # _capture_partials runs inside _record_keys (which holds _LOCK)
 
 
 def compile_key(problem: Any) -> tuple:
@@ -360,6 +361,8 @@ def compile_key(problem: Any) -> tuple:
     c = problem.call
     call = None if c is None else (c.page_size, c.seqused_k, c.q_batched, c.block_size, c.mask_mod_fn,
                                    getattr(c, "seqused_q", False), getattr(c, "pack_gqa", None))
+    if c is not None and getattr(c, "num_splits", 1) > 1:   # split-KV: its own kernels and the combine
+        call += ("split_kv",)
     if c is not None and getattr(c, "qv_dim", 0):   # MLA: FA4 routes by tokens, batch and heads (_mla_1cta_route)
         call += (c.qv_dim, c.gather_topk, c.recompute_p, problem.batch, problem.seqlen_q, problem.nheads)
     wl, wr = problem.window_size
@@ -471,6 +474,37 @@ def _record_keys(fn) -> Iterator[_KeyRecorder]:
             fn.compile_cache = orig
 
 
+class _Partials:
+    """What :func:`_capture_partials` copied (None until FA4 calls its combine)."""
+    value: Any = None
+
+
+@contextlib.contextmanager
+def _capture_partials(active: bool) -> Iterator[_Partials]:
+    """Copy the partials a split-KV forward hands to FA4's internal combine
+    (``interface._flash_attn_fwd_combine(out_partial, lse_partial, ...)``, 4.0.0b36: called from
+    ``_flash_attn_fwd`` through the module global), then run the combine unchanged. The copy is
+    queued on the stream before the combine, so it holds exactly what the combine reads."""
+    got = _Partials()
+    fa = fa4_interface() if active else None
+    orig = getattr(fa, "_flash_attn_fwd_combine", None) if fa is not None else None
+    if orig is None:
+        yield got
+        return
+
+    @functools.wraps(orig)
+    def tap(out_partial, lse_partial, *args, **kw):
+        got.value = (out_partial.clone(), lse_partial.clone())
+        return orig(out_partial, lse_partial, *args, **kw)
+
+    with _COMBINE_LOCK:
+        fa._flash_attn_fwd_combine = tap
+        try:
+            yield got
+        finally:
+            fa._flash_attn_fwd_combine = orig
+
+
 def _jsonable(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
@@ -547,6 +581,9 @@ class ForwardResult(NamedTuple):
     out: Any            # torch tensor, input dtype, (b, s, h, dv) or (total, h, dv)
     lse: Any            # fp32 natural-log LSE, (b, h, s) or (h, total); None if not requested
     config: CallConfig
+    #: a split-KV call's fp32 partials as FA4 handed them to its combine kernel, copied there:
+    #: ``(out_partial (S, b, s, h, dv), lse_partial (S, b, s, h))`` (:func:`_capture_partials`); else None
+    partials: Any = None
 
 
 class BackwardResult(NamedTuple):
@@ -750,7 +787,7 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     ws = tuple(window_size) if window_size is not None else (None, None)
     fwd_fn = _fa4_fn("_flash_attn_fwd")
     public = _fa4_fn(entry)
-    with _record_keys(fwd_fn) as rec, torch.no_grad():
+    with _record_keys(fwd_fn) as rec, _capture_partials(int(num_splits) > 1) as parts, torch.no_grad():
         if use_varlen_entry:
             out, lse = _call_fa4(
                 public, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -771,7 +808,9 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     _, local, _, _ = resolve_causal_local_window(causal, ws)
     _fill_kernel_fields(cfg, _named_key(fwd_fn, key), head_dim=int(q.shape[-1]),
                         head_dim_v=int(v.shape[-1]), local=local, varlen_q=cu_seqlens_q is not None or seqused_q is not None)
-    return ForwardResult(out, lse, cfg)
+    if parts.value is not None:
+        cfg.extra["num_splits_run"] = int(parts.value[0].shape[0])
+    return ForwardResult(out, lse, cfg, parts.value)
 
 
 def backward(q, k, v, out, dout, lse, *, softmax_scale: Optional[float] = None,
@@ -926,7 +965,7 @@ def _forward_private(q, k, v, qv, *, softmax_scale, causal, window_size, softcap
         return None if t is None else (t.detach().requires_grad_(True) if requires_grad else t)
     ws = tuple(window_size) if window_size is not None else (None, None)
     fwd_fn = _fa4_fn("_flash_attn_fwd")
-    with _record_keys(fwd_fn) as rec, torch.no_grad():
+    with _record_keys(fwd_fn) as rec, _capture_partials(int(num_splits) > 1) as parts, torch.no_grad():
         res = _call_fa4(
             fwd_fn, grad(q), grad(k), grad(v), qv=grad(qv), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k,
@@ -957,7 +996,9 @@ def _forward_private(q, k, v, qv, *, softmax_scale, causal, window_size, softcap
         cfg.exp2_emulation = "MLA kernel (flash_fwd_mla_*_sm100.py): not modelled by the twin"
         cfg.emulated_share = None
         cfg.emulated_share_source = "not modelled (MLA kernels)"
-    return ForwardResult(out, lse, cfg), p, row_max, o_lo
+    if parts.value is not None:
+        cfg.extra["num_splits_run"] = int(parts.value[0].shape[0])
+    return ForwardResult(out, lse, cfg, parts.value), p, row_max, o_lo
 
 
 def mla_forward(q, k, v, qv, *, gather_kv_indices=None, softmax_scale: Optional[float] = None,

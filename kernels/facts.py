@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 __all__ = [
+    "split_kv_key_ranges",
     "ARCHS", "DTYPES", "KernelConstants", "arch_from_capability", "unsupported_reason",
     "capability_label", "sm90_fwd_tile", "sm90_bwd_tile", "fwd_tile",
     "bwd_tile", "kernel_constants", "resolve_causal_local_window", "head_dims_supported",
@@ -441,6 +442,39 @@ def bwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: boo
     if arch == "sm90":
         return sm90_bwd_tile(head_dim, head_dim_v, causal, local)
     return 128, 128
+
+
+
+def split_kv_key_ranges(arch: str, dtype: str, head_dim: int, head_dim_v: int, seqlen_k: int, num_splits: int,
+                        *, causal: bool = False, local: bool = False) -> tuple[tuple[int, int], ...]:
+    """The key range ``[k0, k1)`` of each of FA4's ``num_splits`` split-KV partials of a row, as
+    its SM 10.x/11.x forward cuts them (``block_info.py`` ``BlockInfo.get_n_block_min_max``, 4.0.0b36):
+    ``n_block_max = ceil(seqlen_k / tile_n)``, ``num_n_blocks_per_split = ceil(n_block_max /
+    num_splits)``, split ``s`` takes the blocks ``[s * per_split, min((s + 1) * per_split,
+    n_block_max))`` -- possibly none (an empty split: LSE -inf). The forward tile is FA4's
+    (:func:`fwd_tile`).
+
+    Without causal or local masks every query tile cuts the same range, so the ranges are one
+    per split for every row. With them FA4 cuts each query tile's own ``[n_block_min,
+    n_block_max)``; that is not modelled here (ValueError), nor hd != hdv, where FA4 moves to
+    tile_n 64 and picks its own split count (``interface.py``: 'SplitKV uses float32 partial output
+    ... OOM for diff-headdim'), nor SM90 (FA4 asserts 'SplitKV not supported on SM 9.0')."""
+    if arch == "sm90":
+        raise ValueError("FA4 has no split-KV forward on SM90")
+    if causal or local:
+        raise ValueError("split-KV key ranges with causal/local masks are cut per query tile (not modelled)")
+    if head_dim != head_dim_v:
+        raise ValueError("FA4 picks its own tile_n and split count for split-KV at hd != hdv")
+    if num_splits < 1 or seqlen_k < 0:
+        raise ValueError(f"num_splits={num_splits} must be >= 1 and seqlen_k={seqlen_k} >= 0")
+    tn = fwd_tile(arch, dtype, head_dim, head_dim_v, False, False)[1]
+    n_blocks = -(-seqlen_k // tn)
+    per = -(-n_blocks // num_splits) if n_blocks > 0 else 0
+    out = []
+    for s in range(num_splits):
+        b0, b1 = s * per, min((s + 1) * per, n_blocks)
+        out.append((min(b0 * tn, seqlen_k), min(b1 * tn, seqlen_k)) if b1 > b0 else (seqlen_k, seqlen_k))
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------------- masks

@@ -341,7 +341,7 @@ def section_combine(K, small: bool) -> dict[str, Any]:
     jf = judge_forward(prob, a, _np(full[0]), _np(full[1]))
     res: dict[str, Any] = {"shape": {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "nheads": h, "head_dim": d},
                            "full_forward": {"out": _verdict(jf.out), "lse": _verdict(jf.lse)}, "rows": []}
-    full_oracle = (jf.ref_out.value, jf.ref_out.bound)
+    full_oracle = jf.oracle
     for S in splits:
         row: dict[str, Any] = {"num_splits": S}
         print(f"[combine] num_splits={S}: per-chunk forwards", flush=True)
@@ -359,8 +359,10 @@ def section_combine(K, small: bool) -> dict[str, Any]:
             continue
         row["config"] = cfg
         j = judge_split_combine(prob, a, S, [_np(p[0]) for p in parts], [_np(p[1]) for p in parts],
-                                _np(out), None if lse is None else _np(lse), full_oracle=full_oracle)
+                                _np(out), None if lse is None else np.transpose(_np(lse), (0, 2, 1)),
+                                full_oracle=full_oracle)
         row["split_out"] = _verdict(j.out)
+        row["split_lse"] = _verdict(j.lse)
         row["combine_stage_out"] = _verdict(j.stage)
         row["combine_stage_lse"] = _verdict(j.stage_lse)
         row["partials_within_budget"] = all(x.status == "pass" for x in j.partial_out + j.partial_lse)

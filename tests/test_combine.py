@@ -111,7 +111,8 @@ def test_twin_split_forwards_plus_combine_within_composed_budget(S):
     O = np.stack([f.out for f in parts])
     L = np.stack([np.transpose(f.lse, (0, 2, 1)) for f in parts])
     r = tc.combine(O, L, out_dtype="bf16")
-    j = judge_split_combine(p, a, S, [f.out for f in parts], [f.lse for f in parts], r.out, r.lse)
+    j = judge_split_combine(p, a, S, [f.out for f in parts], [f.lse for f in parts], r.out,
+                            np.transpose(r.lse, (0, 2, 1)))
     for v in j.verdicts:
         assert v.status == "pass", v.summary()
     assert 0 < j.out.tightness < 1

@@ -112,7 +112,7 @@ def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS,
     z = np.zeros
     prob = dense_problem(z((b, sq, h, d)), z((b, sk, h, d)), z((b, sk, h, d)), arch=kernel.arch, dtype=dtype)
     a = arrays_from(_np(q), _np(k), _np(v))
-    ro, _, _, _ = forward_allowances(prob, a)
+    _, _, _, ofwd = forward_allowances(prob, a)
     from fa4verify import blame
     dev = kernel.device
     rows = []
@@ -132,9 +132,10 @@ def run_combine(kernel: Any, *, dtype: str = "bf16", shape=SHAPE, splits=SPLITS,
             rows.append({"num_splits": S, "verdicts": [], "raised": blame.describe(e)[:300]})
             continue
         j = judge_split_combine(prob, a, S, [_np(p[0]) for p in parts], [_np(p[1]) for p in parts],
-                                _np(out), None if lse is None else _np(lse), full_oracle=(ro.value, ro.bound))
+                                _np(out), None if lse is None else np.transpose(_np(lse), (0, 2, 1)),
+                                full_oracle=ofwd)
         rows.append({"num_splits": S, "verdicts": [*j.partial_out, *j.partial_lse, j.stage, j.stage_lse, j.out,
-                                                   *empty],
+                                                   j.lse, *empty],
                      "config": getattr(kernel, "last_config", None)})
     return rows
 

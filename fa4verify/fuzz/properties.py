@@ -145,13 +145,21 @@ def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: n
         # Note [Hull fallback]: how many elements the convex-hull bound judged (the first-order
         # budget was vacuous there)
         metrics[f"hull_{name}"] = float(v.n_hull)
+    return _outcome(prop, v, np.shape(ref), problem, undecided, ftz_floor=ftz_floor, pass_=pass_)
+
+
+def _outcome(prop: str, v: Any, shape: tuple, problem: AttentionProblem, undecided: dict[str, str], *,
+             ftz_floor: Optional[np.ndarray] = None, pass_: str = "") -> float:
+    """A verdict's effect on property ``prop``: ``fail`` raises :class:`Violation` (the worst
+    elements, every over index), ``undecided`` is recorded; returns the tightness."""
+    name = v.name
     if v.status == "fail":
         rows = [e.text() for e in v.violations]
         if not rows:
             rows = [v.reason]
         within = False
         if ftz_floor is not None and v.violations:
-            fl = np.broadcast_to(np.asarray(ftz_floor, np.float64), np.shape(ref))
+            fl = np.broadcast_to(np.asarray(ftz_floor, np.float64), shape)
             within = v.n_over <= len(v.violations) and all(
                 e.err <= e.allowed + float(fl[e.index]) for e in v.violations)
         viol = Violation(prop, PASSES.get(pass_, "") + f"{name}: {v.n_over} / {v.n_compared} elements "
@@ -349,10 +357,19 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
     ofwd = None
     stats = None
     ref_out = ref_lse = None
+    split = None
+    if problem.call is not None and problem.call.num_splits > 1:
+        from fa4verify.judge import split_combine as sc
+        from fa4verify.targets import split_kv_ranges
+        split = split_kv_ranges(problem)
     try:
         ofwd = _oracle_forward(problem, a)
         ref_out, ref_lse, stats, _ = judge.forward_allowances(problem, a, budgets=_budget(problem),
                                                               oracle=ofwd)
+        if split is not None:       # Note [Split-KV as a call form]: the composed budgets
+            split = sc.split_references(problem, a, split, budgets=_budget(problem), full=ofwd)
+            ref_out = dataclasses.replace(ref_out, budget=split.out_budget, fallback=None)
+            ref_lse = dataclasses.replace(ref_lse, budget=split.lse_budget)
         oracle_error = None
     except (DependencyMissing, Unsupported) as e:
         oracle_error = str(e)
@@ -400,6 +417,14 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                                             fallback=getattr(ref_out, "fallback", None), metrics=metrics)
         metrics["tightness_lse"] = _compare("fwd_budget", "lse", fwd.lse, ref_lse.value, ref_lse.bound,
                                             ref_lse.budget, problem, undecided)
+        if split is not None and fwd.partials is not None:
+            # each split's partial against its chunk's oracle, FA4's combine against the exact
+            # combine of those partials (Note [Split-KV as a call form])
+            pv, lv, vs, vsl = sc.judge_partials(split, *fwd.partials, dtype=problem.dtype, arch=problem.arch,
+                                                out=fwd.out, lse=fwd.lse, budgets=_budget(problem))
+            for v in (*pv, *lv, vs, vsl):
+                t = _outcome("fwd_budget", v, (), problem, undecided)
+                metrics[f"tightness_{v.name}"] = max(t, metrics.get(f"tightness_{v.name}", 0.0))
 
     if "edge_sensitive" in props:
         if problem.values.distribution != "edges":
@@ -430,7 +455,10 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
              and (problem.call is None or not problem.call.rearranges)
              and not problem.mods)     # a mod sees positions: no permutation; pack_gqa moves no array
     if "key_permutation" in props:
-        if not plain or problem.seqlen_k < 2:
+        if split is not None:
+            skipped["key_permutation"] = ("a split-KV call: the permuted keys fall in other splits, whose composed "
+                                          "budget is another (Note [Split-KV as a call form])")
+        elif not plain or problem.seqlen_k < 2:
             skipped["key_permutation"] = "needs a dense problem without causal/local/mask_mod and seqlen_k >= 2"
         elif need_ref("key_permutation"):
             ran.append("key_permutation")
