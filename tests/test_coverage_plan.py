@@ -56,10 +56,12 @@ def _realises(sp, row, p) -> list[str]:
     elif (p.causal, wl is not None, wr is not None) != want[row["mask"]]:
         bad.append("mask")
     c = p.call
+    splits = c is not None and c.num_splits > 1
     if c is not None and not c.rearranges:
         c = None                                      # pack_gqa alone moves no array
     form = row["form"]
-    got = ("dense" if c is None and not p.varlen and not p.mods else
+    got = ("split_kv" if splits and not p.varlen and not p.mods else
+           "dense" if c is None and not p.varlen and not p.mods else
            "varlen" if c is None and p.varlen and not p.mods else
            "block_sparse_mod" if c is not None and c.block_size and c.block_partial and p.mods
            and p.mod_pairs()[1] is not None else
@@ -204,30 +206,35 @@ def test_a_value_missing_from_the_plan_is_named_as_a_hole_and_undecided(monkeypa
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_split_kv_is_named_as_not_planned_never_drawn(arch):
-    """FA4's split-KV forward (``num_splits > 1``) is a value of the space whose every tuple is
-    reported not planned with its reason -- FA4's refusal on SM90, fa4verify's missing call form on
-    SM100 -- and no planned row takes it (the planner never draws it: the plans are those of a
-    space without it)."""
-    sp, pl, _ = _build(arch, production_features())
+def test_split_kv_is_planned_where_fa4verify_models_fa4s_cut(arch):
+    """FA4's split-KV forward (``num_splits > 1``): on SM90 every tuple with it is reported not
+    planned with FA4's refusal; on SM 10.x it is planned, forward-only, at every supported value
+    of the other dimensions, and its tuples with a causal or local mask (FA4 cuts each query tile's
+    own range) or hd != hdv (FA4 picks its own split count) are reported not planned by name."""
+    sp, pl, problems = _build(arch, production_features())
     assert "split_kv" in sp.values["form"]
-    assert not any(r["form"] == "split_kv" for r in pl.rows)
+    rows = [(r, p) for r, p in zip(pl.rows, problems) if r["form"] == "split_kv"]
     whys = {w for t, w in pl.unsupported.items() if ("form", "split_kv") in t}
-    assert whys, "no split_kv tuple reported"
-    want = "FA4 has no split-KV forward" if arch == "sm90" else "fa4verify runs no split-KV call yet"
-    assert all(want in w for w in whys), whys
-    assert not any(("form", "split_kv") in t for t in pl.required)
     assert sp.no_backward({"form": "split_kv"}) is not None          # FA4's split-KV is forward-only
-    # a refusal of split_kv is never the reason given for another tuple
-    assert not any("split" in w for t, w in pl.unsupported.items() if ("form", "split_kv") not in t)
-    from fa4verify.coverage.cases import problem_for
-    with pytest.raises(ValueError, match="run by no target"):
-        problem_for(sp, dict(pl.rows[0], form="split_kv"), 0)
+    if arch == "sm90":
+        assert not rows and whys and all("FA4 has no split-KV forward" in w for w in whys), whys
+        assert not any(("form", "split_kv") in t for t in pl.required)
+        return
+    assert rows
+    for r, p in rows:
+        assert p.call.num_splits in (2, 3) and not p.causal and not p.local and p.head_dim == p.head_dim_v
+    assert "causal or local mask" in sp.why_not({"form": "split_kv", "mask": "causal"})
+    assert "causal or local mask" in sp.why_not({"form": "split_kv", "mask": "left"})
+    assert "heuristic" in sp.why_not({"form": "split_kv", "hd": "192x128"})
+    for d in ("hd", "gqa", "seqlen", "softcap", "sink", "scale", "values"):
+        for v in sp.values[d]:
+            if sp.why_not({"form": "split_kv", d: v}) is None:
+                assert any(r[d] == v for r, _ in rows), (d, v)
 
 
-def test_an_unrun_value_is_never_another_tuples_reason():
+def test_a_refused_form_is_never_another_tuples_reason():
     """A space whose only other form cannot hold a tuple (dense and a zero-length sequence): the
-    reason is dense's, not the unrun split_kv's."""
+    reason is dense's, not that of split_kv (which FA4 refuses on SM90)."""
     from fa4verify.coverage.space import space_for
     sp = space_for("sm90", "bf16", forms=("dense", "split_kv"))
     _req, uns = planner.required_tuples(sp)

@@ -22,7 +22,7 @@ import itertools
 import random
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from fa4verify.coverage.space import DIMENSIONS, PASSES, UNRUN, FeatureSpace
+from fa4verify.coverage.space import DIMENSIONS, PASSES, FeatureSpace
 
 __all__ = ["Plan", "plan", "coverage", "TRIPLES", "required_tuples", "row_tuples", "no_valid_row"]
 
@@ -94,7 +94,7 @@ def _no_completion(space: FeatureSpace, part: Mapping[str, str], pass_: Optional
             deepest[:] = [i, space.why_not(row) or space.no_backward(row)]
             return False
         d = dims[i]
-        for v in _planned_values(space, d):     # an unrun value is no reason for another tuple's refusal
+        for v in space.values[d]:
             trial = dict(row, **{d: v})
             why = space.why_not(trial)
             if why is None and pass_ is not None and not _pass_ok(space, trial, pass_):
@@ -102,7 +102,7 @@ def _no_completion(space: FeatureSpace, part: Mapping[str, str], pass_: Optional
             if why is None:
                 if go(trial, i + 1):
                     return True
-            elif i >= deepest[0]:
+            elif i > deepest[0]:          # the first reason at the deepest dimension: the values' order
                 deepest[:] = [i, why]
         return False
 
@@ -162,11 +162,6 @@ def _gain(space: FeatureSpace, row: Mapping[str, str], dim: str, val: str, uncov
     return n
 
 
-def _planned_values(space: FeatureSpace, dim: str) -> list[str]:
-    """The values of ``dim`` a row may take: the space's, without those no target runs (:data:`UNRUN`)."""
-    return [v for v in space.values[dim] if v not in UNRUN.get(dim, ())]
-
-
 def _complete(space: FeatureSpace, start: dict[str, str], uncovered: set, rng: random.Random
               ) -> Optional[dict[str, str]]:
     """``start`` filled greedily to a full valid row, or None when no completion is valid."""
@@ -175,7 +170,7 @@ def _complete(space: FeatureSpace, start: dict[str, str], uncovered: set, rng: r
     rng.shuffle(dims)
     for d in dims:
         best, best_gain = None, -1
-        vals = _planned_values(space, d)
+        vals = list(space.values[d])
         rng.shuffle(vals)
         for v in vals:
             trial = dict(row, **{d: v})

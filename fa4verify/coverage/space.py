@@ -13,8 +13,9 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   ``score_mod`` (a score_mod pair, yours included); the two pair forms run dense, and on a
   varlen call (plain ``cu_seqlens``) at the seqlen values that need one (``zero``, ``many``);
   ``split_kv`` (``num_splits > 1``: FA4's split-KV forward and its internal combine, SM 10.x/11.x
-  only): fa4verify runs no such call yet, so every tuple with it is reported not planned, with
-  that reason (:meth:`FeatureSpace.why_not`), instead of the space not naming it;
+  only; forward-only; Note [Split-KV as a call form] in ``fa4verify.judge.split_combine``): planned
+  where fa4verify models FA4's cut of the keys (no causal or local mask, hd = hdv); the other
+  tuples are reported not planned with the reason;
 * ``mask``: ``none``, ``causal``, ``left`` (window left side only), ``right``, ``both``,
   ``causal_left`` (causal + a left window);
 * ``hd``: head-dim classes, one per tile class FA4's tile tables select (forward tile, backward
@@ -62,7 +63,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from fa4verify.kernels import facts
 
-__all__ = ["DIMENSIONS", "DESCALES", "SCALES", "UNRUN", "custom_scale", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
+__all__ = ["DIMENSIONS", "DESCALES", "SCALES", "custom_scale", "FeatureSpace", "head_dim_classes", "space_for", "FORMS", "MASKS", "SEQLENS",
            "PASSES", "PLAN_DISTRIBUTIONS", "BLOCK_FORMS", "MOD_FORMS", "VARLEN_SEQLENS"]
 
 FORMS: tuple[str, ...] = ("dense", "varlen", "seqused_k", "seqused_q", "paged_small", "paged_tile",
@@ -79,10 +80,6 @@ PLAN_DISTRIBUTIONS: tuple[str, ...] = ("normal", "outliers", "negative_scores", 
 
 #: fp8 descale values: the call's ``q/k/v_descale`` (value -> the inputs that carry one)
 DESCALES: dict[str, tuple[str, ...]] = {"off": (), "qkv": ("q", "k", "v"), "k": ("k",), "v": ("v",)}
-
-#: values no target runs yet, named so that the coverage report lists their tuples as not planned
-#: (with :meth:`FeatureSpace.why_not`'s reason); the planner never draws them
-UNRUN: dict[str, tuple[str, ...]] = {"form": ("split_kv",)}
 
 SCALES: tuple[str, ...] = ("default", "custom")
 SINKS: tuple[str, ...] = ("off", "fp32", "bf16")
@@ -208,8 +205,8 @@ class FeatureSpace:
         if g("sink") not in (None, "off"):
             row = dict(row, sink="on")
             g = row.get
-        if form == "split_kv":
-            return self._split_kv_refusal()
+        if form == "split_kv" and (why := self._split_kv_refusal(mask, hd)) is not None:
+            return why
         if g("descale") not in (None, "off") and g("softcap") == "on":
             return ("fa4verify does not judge softcap with fp8 descales yet (FA4 folds the descales into the "
                     "softcap score_mod's scale: two fp32 roundings its softcap budget does not count)")
@@ -254,14 +251,20 @@ class FeatureSpace:
             return f"det=off is a backward setting; {why}"
         return None
 
-    def _split_kv_refusal(self) -> str:
-        """Why no row calls FA4 with ``num_splits > 1``: FA4's own refusal on this arch, else
-        fa4verify's (a gap, said by name in the coverage report)."""
+    def _split_kv_refusal(self, mask: Optional[str], hd: Optional[str]) -> Optional[str]:
+        """Why no row calls FA4 with ``num_splits > 1`` at this mask and head dim: FA4's own
+        refusal on this arch, or a cut of the keys fa4verify does not model
+        (:func:`fa4verify.kernels.facts.split_kv_key_ranges`), or None."""
         from fa4verify.kernels.features import cell
         if cell("split_kv", "sm90" if self.arch == "sm90" else "sm100", "fwd").status != "supported":
             return "split_kv: FA4 has no split-KV forward on this arch (interface.py asserts 'SplitKV not supported')"
-        return ("split_kv: fa4verify runs no split-KV call yet (FA4's num_splits > 1 forward and its internal "
-                "combine: compile-only here, the public combine judged by production.combine)")
+        if mask is not None and (mask in ("causal", "causal_left") or is_local(mask)):
+            return ("split_kv: fa4verify does not model FA4's split of each query tile's own key range under a "
+                    "causal or local mask (block_info.py get_n_block_min_max)")
+        if hd is not None and self.hd[hd][0] != self.hd[hd][1]:
+            return ("split_kv: at hd != hdv FA4 replaces the requested split count by its heuristic's (tile_n 64, "
+                    "interface.py 'SplitKV uses float32 partial output ... diff-headdim'), or runs unsplit")
+        return None
 
     def _paged_non_tma(self, form: str, hd: str, mask: Optional[str] = None) -> bool:
         """Whether FA4 reads this paged form's K/V without TMA (``interface.py``:

@@ -49,11 +49,19 @@ def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag:
     q, k = q.reshape((-1,) + q.shape[-2:]), k.reshape((-1,) + k.shape[-2:])
     g = problem.nheads // problem.nheads_kv
     per = {h: problem.keep_masks(head=h) for h in (range(problem.nheads) if problem.heads_differ else (0,))}
+    # Note [Split-KV as a call form]: a split call folds the sink in its first split, against the
+    # running max of that split's keys alone
+    first = None
+    if problem.call is not None and problem.call.num_splits > 1:
+        from fa4verify.targets import split_kv_ranges
+        first = split_kv_ranges(problem)[0][1]
     for i, (q0, lq, k0, lk) in enumerate(_token_bounds(problem)):
         if lq == 0 or lk == 0:
             continue
         for h in range(problem.nheads):
             keep = per[h if problem.heads_differ else 0][i]
+            if first is not None:
+                keep = keep & (np.arange(lk) < first)
             y = (q[q0:q0 + lq, h] @ k[k0:k0 + lk, h // g].T) * problem.scale
             if problem.softcap > 0:
                 y = problem.softcap * np.tanh(y / problem.softcap)
@@ -77,7 +85,8 @@ def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
         return False
     idx = v.over_indices
     q = str(v.metrics.get("quantity", ""))
-    if idx is None or not len(idx) or q not in ("out", "lse", "dq", "dk", "dv"):
+    if idx is None or not len(idx) or q not in ("out", "lse", "dq", "dk", "dv", "partial_out", "partial_lse",
+                                                 "combine_out", "combine_lse"):
         # non-finite values: the overflow's LSE = +inf
         return v.prop == "finite" and bool(_sink_overflow_rows(problem, a, lag=False).any())
     idx = np.asarray(idx)
@@ -86,7 +95,10 @@ def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
         tok = idx[:, 1] if varlen else idx[:, 0] * problem.seqlen_q + idx[:, 2]
         head = idx[:, 0] if varlen else idx[:, 1]
         return bool(rows[tok, head].all())
-    if q in ("out", "dq"):             # (b, s, h, d) dense, (t, h, d) varlen
+    if q in ("partial_lse", "combine_lse"):     # a split call's (b, s, h): dense only
+        tok, head = idx[:, 0] * problem.seqlen_q + idx[:, 1], idx[:, 2]
+        return bool(rows[tok, head].all())
+    if q in ("out", "dq", "partial_out", "combine_out"):   # (b, s, h, d) dense, (t, h, d) varlen
         tok = idx[:, 0] if varlen else idx[:, 0] * problem.seqlen_q + idx[:, 1]
         head = idx[:, 1] if varlen else idx[:, 2]
         return bool(rows[tok, head].all())

@@ -71,7 +71,7 @@ def combine_statistics(out_partial, lse_partial, ref=None) -> dict[str, Any]:
 
 
 def judge_combine_stage(out_partial, lse_partial, out, lse, *, dtype: str, arch: str,
-                        budgets: Any = None) -> tuple[Verdict, Verdict]:
+                        budgets: Any = None, all_indices: bool = False) -> tuple[Verdict, Verdict]:
     """(out, lse) verdicts of a combine result against the exact combine of the same partials
     within ``combine_out`` / ``combine_lse`` (``lse`` None: undecided)."""
     from fa4verify.oracles import combine as oc
@@ -82,12 +82,12 @@ def judge_combine_stage(out_partial, lse_partial, out, lse, *, dtype: str, arch:
         bo = np.broadcast_to(bs.evaluate("combine_out", st), ref.out.shape)
         bl = np.broadcast_to(bs.evaluate("combine_lse", {**st, "cmb_lse_abs": st["cmb_lse_abs"][..., 0]}),
                              ref.lse.shape)
-    vo = compare("combine_out", out, ref.out, oracle_bound=ref.bound, budget=bo)
+    vo = compare("combine_out", out, ref.out, oracle_bound=ref.bound, budget=bo, all_indices=all_indices)
     if lse is None:
         vl = Verdict("combine_lse", "undecided", 0, 0, int(ref.lse.size), 0.0, 0.0, None, (),
                      "the combine returned no LSE")
     else:
-        vl = compare("combine_lse", lse, ref.lse, oracle_bound=ref.lse_bound, budget=bl)
+        vl = compare("combine_lse", lse, ref.lse, oracle_bound=ref.lse_bound, budget=bl, all_indices=all_indices)
     return vo, vl
 
 
@@ -125,7 +125,8 @@ def split_problems(problem: AttentionProblem, a: Mapping[str, Any], splits
             out.append((None, None, (k0, k1)))
             continue
         sink = problem.sink and s == 0
-        p = problem.replace(seqlen_k=k1 - k0, sink=sink, call=plain)
+        p = problem.replace(seqlen_k=k1 - k0, sink=sink, sink_dtype=problem.sink_dtype if sink else "fp32",
+                            call=plain)
         aa = dict(a)
         aa["k"] = np.asarray(a["k"])[:, k0:k1]
         aa["v"] = np.asarray(a["v"])[:, k0:k1]
@@ -226,16 +227,16 @@ def judge_partials(refs: SplitReferences, partial_out, partial_lse, *, dtype: st
     for s, (ro, rl) in enumerate(zip(refs.out_refs, refs.lse_refs)):
         if ro is None:
             O[s] = 0.0
-            lv.append(compare("partial_lse", L[s], np.full(L[s].shape, -np.inf)))
+            lv.append(compare("partial_lse", L[s], np.full(L[s].shape, -np.inf), all_indices=True))
             continue
-        pv.append(compare("partial_out", O[s], ro.value, oracle_bound=ro.bound, budget=ro.budget))
+        pv.append(compare("partial_out", O[s], ro.value, oracle_bound=ro.bound, budget=ro.budget, all_indices=True))
         lv.append(compare("partial_lse", L[s], np.transpose(rl.value, (0, 2, 1)),
                           oracle_bound=np.transpose(np.broadcast_to(rl.bound, rl.value.shape), (0, 2, 1)),
-                          budget=np.transpose(np.broadcast_to(rl.budget, rl.value.shape), (0, 2, 1))))
+                          budget=np.transpose(np.broadcast_to(rl.budget, rl.value.shape), (0, 2, 1)), all_indices=True))
     vs = vsl = None
     if out is not None:
         vs, vsl = judge_combine_stage(O, L, out, None if lse is None else np.transpose(np.asarray(lse), (0, 2, 1)),
-                                      dtype=dtype, arch=arch, budgets=budgets)
+                                      dtype=dtype, arch=arch, budgets=budgets, all_indices=True)
     return tuple(pv), tuple(lv), vs, vsl
 
 
