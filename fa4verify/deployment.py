@@ -25,7 +25,8 @@ Format (every key optional except ``name``; lists mean "any of")::
     distributions = ["normal", "outliers"]   # value recipes the fuzz strategies draw (default: all;
                                              # fa4verify.problem.values.DISTRIBUTIONS)
     features = ["paged_kv", "seqused_k"]     # FA4 call forms the fuzz draws (CALL_FEATURES: paged_kv,
-                                             # seqused_k, seqused_q, block_sparse, mask_mod_fn, pack_gqa)
+                                             # seqused_k, seqused_q, block_sparse, mask_mod_fn, pack_gqa,
+                                             # split_kv)
     page_sizes = [16, 128]       # paged_kv page sizes (default: 16 and the head dim's tile_n)
     nan_pages = false            # the KV pool may hold NaN in pages no key uses (stale pages)
 
@@ -381,6 +382,8 @@ class Deployment:
             forms.append("mask_mod")
         if "mod_pairs" in self.features:
             forms.append("score_mod")
+        if "split_kv" in self.features:
+            forms.append("split_kv")
         keep = [f for f in forms if f in space.values["form"] or is_paged(f)]
         sp = dataclasses.replace(sp, pages=pages, values=dict(sp.values, form=tuple(keep)),
                                  notes=dict(sp.notes, form=f"deployment {self.name}: call forms {keep}"))

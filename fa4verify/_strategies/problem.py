@@ -80,8 +80,10 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
     * call features (opt-in, :data:`~fa4verify.problem.calls.CALL_FEATURES` in ``features``):
       ``"paged_kv"`` / ``"seqused_k"`` (one of them, or neither, per problem: a varlen problem run
       with batched K/V, paged with ``page_sizes`` (-1 = the head dim's tile_n) and a random page
-      permutation), ``"block_sparse"`` / ``"mask_mod_fn"`` (dense non-causal problems). NaN in
-      unused pages only with ``hostile_nan=True``.
+      permutation), ``"block_sparse"`` / ``"mask_mod_fn"`` (dense non-causal problems),
+      ``"split_kv"`` (FA4's ``num_splits`` 2..4 on SM 10.x dense problems without causal or local
+      mask at hd = hdv: where fa4verify models FA4's cut of the keys). NaN in unused pages only
+      with ``hostile_nan=True``.
 
     Never generates: fp8, MLA head dims, empty dense sequences, NaN/Inf inputs, a mask_mod together
     with causal/window/varlen, or a varlen batch with no query row. Values are exact in ``dtype``.
@@ -192,11 +194,17 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                             mask_mod=mm, values=values)
     kv = [f for f in ("paged_kv", "seqused_k", "seqused_q") if f in feats]
     keep = "block_sparse" in feats or "mask_mod_fn" in feats
+    # Note [Split-KV as a call form]: where fa4verify models FA4's cut (SM 10.x, dense, no causal
+    # or local mask, hd = hdv)
+    split = ("split_kv" in feats and arch != "sm90" and not prob.varlen and mm is None and not prob.causal
+             and not prob.local and hd == hdv)
     if use_mods:
         prob = draw(_with_mod_pair(prob, block_sparse="block_sparse" in feats))
-    elif kv or keep:
+    elif kv or keep or split:
         # one call-form family per problem; "plain" first so it shrinks away
-        fam = draw(st.sampled_from(["plain"] + kv + (["keep"] if keep else [])))
+        fam = draw(st.sampled_from(["plain"] + kv + (["keep"] if keep else []) + (["split_kv"] if split else [])))
+        if fam == "split_kv":
+            prob = prob.replace(call=CallForm(num_splits=draw(st.integers(2, 4))))
         if fam in ("paged_kv", "seqused_k"):
             prob = draw(kv_call_forms(prob, paged=fam == "paged_kv", page_sizes=tuple(page_sizes),
                                       hostile_nan=hostile_nan, min_used=kr[0] if confined else 0))

@@ -50,7 +50,8 @@ def forms_of(features: tuple[str, ...]) -> tuple[str, ...]:
         out.append("mask_mod")
     if MOD_FEATURE in features:
         out.append("score_mod")
-    out.append("split_kv")          # both targets (FA4's own refusal on SM90 is the space's reason there)
+    if "split_kv" in features:
+        out.append("split_kv")
     return tuple(out)
 
 

@@ -118,7 +118,8 @@ import numpy as np
 
 #: features of the call form that :func:`~fa4verify._strategies.problem.attention_problems` can
 #: draw when asked (opt-in: the default ``FEATURES`` draws none of them)
-CALL_FEATURES: tuple[str, ...] = ("seqused_k", "seqused_q", "paged_kv", "block_sparse", "mask_mod_fn", "pack_gqa")
+CALL_FEATURES: tuple[str, ...] = ("seqused_k", "seqused_q", "paged_kv", "block_sparse", "mask_mod_fn", "pack_gqa",
+                                   "split_kv")
 
 #: The score_mod / mask_mod pair feature (``fa4verify.mods``: a registered pair, yours included,
 #: run through FA4's ``score_mod`` / ``mask_mod`` + ``aux_tensors``): opt-in like the call forms,
