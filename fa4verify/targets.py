@@ -1201,6 +1201,10 @@ def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
     from fa4verify.kernels import facts
     if problem.dtype == "fp8":
         return FP8_NO_BACKWARD
+    if problem.call is not None and problem.call.num_splits > 1:
+        # FA4's public autograd path would recompute its own (unsplit) forward, and the driver
+        # backward reads the split forward's O and LSE: neither is judged here
+        return "split-KV is judged forward-only (_flash_attn_bwd has no num_splits)"
     if problem.call is not None and problem.call.mla:
         if not problem.call.gather_topk:
             return "FA4 has no dense MLA backward (only the top-k gather one)"

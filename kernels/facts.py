@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 __all__ = [
-    "split_kv_key_ranges",
+    "split_kv_key_ranges", "split_kv_cut_known", "SPLIT_KV_SOURCE",
     "ARCHS", "DTYPES", "KernelConstants", "arch_from_capability", "unsupported_reason",
     "capability_label", "sm90_fwd_tile", "sm90_bwd_tile", "fwd_tile",
     "bwd_tile", "kernel_constants", "resolve_causal_local_window", "head_dims_supported",
@@ -445,6 +445,35 @@ def bwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: boo
 
 
 
+#: the source of FA4's split-KV cut (4.0.0b36), whitespace collapsed: (file, text) pairs that
+#: :func:`split_kv_key_ranges` models -- the per-split block count, each split's first and last
+#: block, the unmasked range, and the partials' layouts handed to the internal combine
+SPLIT_KV_SOURCE: tuple[tuple[str, str], ...] = (
+    ("block_info.py", "n_block_max = cute.ceil_div(seqlen_info.seqlen_k, self.tile_n)"),
+    ("block_info.py", "else (n_block_max - n_block_min + num_splits - 1) // num_splits"),
+    ("block_info.py", "n_block_min = n_block_min + split_idx * num_n_blocks_per_split"),
+    ("block_info.py", "n_block_max = cutlass.min(n_block_min + num_n_blocks_per_split, n_block_max)"),
+    ("interface.py", "out_partial = torch.empty(num_splits, *q_batch_seqlen_shape, num_head, head_dim_v, "
+                     "dtype=torch.float32, device=device)"),
+    ("interface.py", "_flash_attn_fwd_combine( out_partial, lse_partial.transpose(-1, -2), out,"),
+)
+
+
+def split_kv_cut_known() -> bool:
+    """Whether the installed FA4's source holds :data:`SPLIT_KV_SOURCE` (True without FA4: the
+    pinned 4.0.0b36 rule)."""
+    from fa4verify.kernels.fa4_params import fa4_source_dir
+    d = fa4_source_dir()
+    if d is None:
+        return True
+    return all(text in _collapsed_source(str(d / f)) for f, text in SPLIT_KV_SOURCE)
+
+
+@functools.lru_cache(maxsize=8)
+def _collapsed_source(path: str) -> str:
+    return " ".join(_source_text(path).split())
+
+
 def split_kv_key_ranges(arch: str, dtype: str, head_dim: int, head_dim_v: int, seqlen_k: int, num_splits: int,
                         *, causal: bool = False, local: bool = False) -> tuple[tuple[int, int], ...]:
     """The key range ``[k0, k1)`` of each of FA4's ``num_splits`` split-KV partials of a row, as
@@ -467,6 +496,9 @@ def split_kv_key_ranges(arch: str, dtype: str, head_dim: int, head_dim_v: int, s
         raise ValueError("FA4 picks its own tile_n and split count for split-KV at hd != hdv")
     if num_splits < 1 or seqlen_k < 0:
         raise ValueError(f"num_splits={num_splits} must be >= 1 and seqlen_k={seqlen_k} >= 0")
+    if not split_kv_cut_known():
+        raise ValueError("the installed FA4 release cuts split-KV keys otherwise than modelled "
+                         "(block_info.py / interface.py no longer hold the 4.0.0b36 rule)")
     tn = fwd_tile(arch, dtype, head_dim, head_dim_v, False, False)[1]
     n_blocks = -(-seqlen_k // tn)
     per = -(-n_blocks // num_splits) if n_blocks > 0 else 0

@@ -84,6 +84,8 @@ def _realises(sp, row, p) -> list[str]:
     lens = (p.seqlens_q + p.seqlens_k) if p.varlen else (p.seqlen_q, p.seqlen_k)
     sl = row["seqlen"]
     tn = fwd_tile(sp.arch, sp.dtype, p.head_dim, p.head_dim_v, p.causal and not p.local, p.local)[1]
+    if splits and sl not in sp.lengths:       # a split row: the class's keys and two more KV tiles
+        p = p.replace(seqlen_k=p.seqlen_k - 2 * tn, seqlen_q=p.seqlen_q - (2 * tn if sl == "q_gt_k" else 0))
     if sl in sp.lengths:
         ok = (p.seqlen_q, p.seqlen_k) == sp.lengths[sl]
     else:
@@ -223,6 +225,9 @@ def test_split_kv_is_planned_where_fa4verify_models_fa4s_cut(arch):
     assert rows
     for r, p in rows:
         assert p.call.num_splits in (2, 3) and not p.causal and not p.local and p.head_dim == p.head_dim_v
+        # FA4's combine merges at least two splits holding keys on every planned row
+        ranges = facts.split_kv_key_ranges(arch, sp.dtype, p.head_dim, p.head_dim_v, p.seqlen_k, p.call.num_splits)
+        assert sum(k1 > k0 for k0, k1 in ranges) >= 2, (r, ranges)
     assert "causal or local mask" in sp.why_not({"form": "split_kv", "mask": "causal"})
     assert "causal or local mask" in sp.why_not({"form": "split_kv", "mask": "left"})
     assert "heuristic" in sp.why_not({"form": "split_kv", "hd": "192x128"})

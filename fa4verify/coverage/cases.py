@@ -171,8 +171,14 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
                                   page_seed=rng.randrange(2 ** 16) if page else None, spare_pages=1 if page else 0)
     else:
         kw.update(batch=2, seqlen_q=sq, seqlen_k=sk)
-    if form == "split_kv":           # 2 or 3 splits: with few KV tiles, the third is empty (LSE -inf)
+    if form == "split_kv":
+        # 2 or 3 splits over the class's keys and two more KV tiles, so at least two splits hold
+        # keys and FA4's combine merges them (with 4 tiles in 3 splits the third is empty: LSE -inf)
         kw["call"] = CallForm(num_splits=rng.choice((2, 3)))
+        if row["seqlen"] not in space.lengths:
+            kw["seqlen_k"] += 2 * tn
+            if row["seqlen"] == "q_gt_k":
+                kw["seqlen_q"] += 2 * tn
     if form == "block_sparse":       # a block mask per batch entry (CallForm.block_per_batch)
         kw["call"] = _listed_block_call(CallForm, sparse_block_size(arch, hd, hdv),
                                         [(kw["seqlen_q"], kw["seqlen_k"], b) for b in range(kw["batch"])], rng,

@@ -91,7 +91,8 @@ def _no_completion(space: FeatureSpace, part: Mapping[str, str], pass_: Optional
         if i == len(dims):
             if space.why_not(row) is None and (pass_ is None or _pass_ok(space, row, pass_)):
                 return True
-            deepest[:] = [i, space.why_not(row) or space.no_backward(row)]
+            if i > deepest[0]:
+                deepest[:] = [i, space.why_not(row) or space.no_backward(row)]
             return False
         d = dims[i]
         for v in space.values[d]:

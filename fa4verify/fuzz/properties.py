@@ -422,8 +422,14 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             # combine of those partials (Note [Split-KV as a call form])
             pv, lv, vs, vsl = sc.judge_partials(split, *fwd.partials, dtype=problem.dtype, arch=problem.arch,
                                                 out=fwd.out, lse=fwd.lse, budgets=_budget(problem))
-            for v in (*pv, *lv, vs, vsl):
-                t = _outcome("fwd_budget", v, (), problem, undecided)
+            filled = [s for s, r in enumerate(split.out_refs) if r is not None]
+            for s, v in [*zip(filled, pv), *enumerate(lv), (None, vs), (None, vsl)]:
+                try:
+                    t = _outcome("fwd_budget", v, (), problem, undecided)
+                except Violation as e:
+                    if s is not None:
+                        e.metrics["split"] = s        # which partial (a known issue may own one split's)
+                    raise
                 metrics[f"tightness_{v.name}"] = max(t, metrics.get(f"tightness_{v.name}", 0.0))
 
     if "edge_sensitive" in props:

@@ -8,7 +8,8 @@ end to end (composed budget vs the full problem's oracle). Both through :func:`c
 * :func:`split_problems` -- the per-chunk problems of a dense non-causal problem whose keys are cut
   into contiguous chunks (what a split-KV forward computes per split);
 * :func:`split_references` -- the chunks' oracle values and allowances and the composed budgets
-  of the merged output and LSE (error_budgets/DERIVATIONS.md#combine), from exact values only;
+  of the merged output and LSE (error_budgets/DERIVATIONS.md#combine), from the oracle's values,
+  bounds and allowances only;
 * :func:`judge_split_combine` -- the merged output and LSE versus the *full* problem's oracle
   within the composed budgets, and, where the partials are at hand, each partial against its
   chunk's oracle and the combine stage against the exact combine of those partials.
@@ -22,15 +23,17 @@ range with no tile: LSE -inf; the learnable sink belongs to the first split only
 ``flash_fwd_sm100.py`` 'Only the first split owns the sink column') and merges them with its
 combine kernel in the same call. The problem is the unsplit one, and its output is judged
 against the unsplit oracle; the allowance is the composition of DERIVATIONS.md#combine over the
-chunk problems' own forward budgets, formed from exact values and allowances only (so it holds for
-any run of the call, not just the one whose partials it saw): with ``dL`` the largest LSE
+chunk problems' own forward budgets, formed from the oracle's chunk values, their certified bounds
+and the allowances only (so it holds for any run of the call, not just the one whose partials it
+saw; the oracle's weights are within ``e^(2 max lse bound)`` of the exact ones, a factor the
+weights carry): with ``dL`` the largest LSE
 allowance of a non-empty chunk, ``g = e^{2 dL}``, exact chunk values ``O*_s``, ``L*_s``, weights
 ``w*_s`` and output allowances ``b_s`` (budget + oracle bound),
 
     |O~ - O*| <= combine_out(stats) + sum_s w*_s g b_s + (g - 1) sum_s w*_s |O*_s|
     |LSE~ - LSE*| <= combine_lse(stats) + dL
 
-where the combine's statistics are bounded by exact values (``cmb_abs <= sum_s w*_s g (|O*_s| +
+where the combine's statistics are bounded the same way (``cmb_abs <= sum_s w*_s g (|O*_s| +
 b_s)``, ``cmb_lse_abs <= max_s |L*_s| + dL_s``, ``cmb_abs_o <= |O*| + its bound + the
 propagated term``; the combine budgets grow with each). A chunk's forward budget counts the
 bf16 rounding of its output, which FA4's fp32 partials do not have: a margin, never a gap.
@@ -162,7 +165,9 @@ def split_references(problem: AttentionProblem, a: Mapping[str, Any], splits, *,
     Ostar = np.zeros((S, b, sq, h, dv))
     Lstar = np.full((S, b, sq, h), -np.inf)
     allow = np.zeros((S, b, sq, h, dv))
+    obound = np.zeros((S, b, sq, h, dv))
     dL = np.zeros((S, b, sq, h))
+    lbound = np.zeros((S, b, sq, h))
     out_refs, lse_refs = [], []
     with np.errstate(invalid="ignore", over="ignore"):
         for s, (p, aa, _) in enumerate(chunks):
@@ -176,18 +181,24 @@ def split_references(problem: AttentionProblem, a: Mapping[str, Any], splits, *,
             Ostar[s] = ro.value
             Lstar[s] = np.transpose(rl.value, (0, 2, 1))
             allow[s] = ro.budget + ro.bound
+            obound[s] = ro.bound
             dL[s] = np.transpose(np.broadcast_to(rl.budget + rl.bound, rl.value.shape), (0, 2, 1))
+            lbound[s] = np.transpose(np.broadcast_to(rl.bound, rl.value.shape), (0, 2, 1))
         bs = load_budgets(problem.dtype, problem.arch, budgets)
         ex = oc.combine(Ostar, Lstar)
-        w = ex.weights[..., None]
+        # the weights of the oracle's chunk LSEs: the exact ones are within e^(2 max lse bound) of
+        # them (and of the float64 combine's, ~2^-52 relative: inside the same factor's margin)
+        wf = np.exp(2 * lbound.max(axis=0) + 2.0 ** -40)[..., None]
+        w = ex.weights[..., None] * wf
         dmax = dL.max(axis=0)
         g = np.exp(2 * dmax)[..., None]
         wsum = lambda x: np.where(w > 0, w * x, 0.0).sum(axis=0)       # noqa: E731 (0 * inf = 0)
-        prop = g * wsum(allow) + (g - 1) * wsum(np.abs(Ostar))
+        absO = np.abs(Ostar) + obound                                  # |O*_s| of the exact chunk values
+        prop = g * wsum(allow) + (g - 1) * wsum(absO)
         fo = np.asarray(full.out, np.float64)
         fb = np.broadcast_to(np.asarray(full.bound, np.float64), fo.shape)
         labs = np.where(np.isfinite(Lstar), np.abs(Lstar) + dL, 0.0).max(axis=0)
-        st = {"n_splits": float(S), "cmb_lse_abs": labs[..., None], "cmb_abs": g * wsum(np.abs(Ostar) + allow),
+        st = {"n_splits": float(S), "cmb_lse_abs": labs[..., None], "cmb_abs": g * wsum(absO + allow),
               "cmb_abs_o": np.abs(fo) + fb + prop}
         local = np.broadcast_to(bs.evaluate("combine_out", st), fo.shape)
         local_l = bs.evaluate("combine_lse", {**st, "cmb_lse_abs": labs})
