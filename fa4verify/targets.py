@@ -337,17 +337,17 @@ class TwinTarget(Target):
         b, sq, h, dv = problem.batch, problem.seqlen_q, problem.nheads, problem.head_dim_v
         O = np.zeros((len(ranges), b, sq, h, dv))
         L = np.full((len(ranges), b, sq, h), -np.inf)
-        kw = self._kw(problem, a)
-        if problem.call.pack_gqa is not None:
-            kw["pack_gqa"] = problem.call.pack_gqa
         descale = {n: a.get(n) for n in ("q_descale", "k_descale", "v_descale")} if problem.descales else {}
         dt = problem.dtype
         for s, (p, aa, _) in enumerate(split_problems(problem, a, ranges)):
             if p is None:
                 continue
-            sink = aa["learnable_sink"] if "split_sink_every" not in self.mutations else a["learnable_sink"]
-            r = self._ta.forward(_typed(aa["q"], dt), _typed(aa["k"], dt), _typed(aa["v"], dt),
-                                 **dict(kw, learnable_sink=sink), **descale)
+            kw = self._kw(p, aa)              # the split's keys, its window in their coordinates
+            if problem.call.pack_gqa is not None:
+                kw["pack_gqa"] = problem.call.pack_gqa
+            if "split_sink_every" in self.mutations:
+                kw["learnable_sink"] = a["learnable_sink"]
+            r = self._ta.forward(_typed(aa["q"], dt), _typed(aa["k"], dt), _typed(aa["v"], dt), **kw, **descale)
             O[s] = r.stages["o_fp32"]
             L[s] = np.transpose(np.asarray(r.lse, np.float64), (0, 2, 1))
         c = twin_combine.combine(O, L, out_dtype="bf16" if dt == "fp8" else dt, mufu=self.mufu, seed=self.seed)
@@ -1131,9 +1131,11 @@ def block_mask_heads(problem: AttentionProblem) -> int:
 def split_kv_ranges(problem: AttentionProblem) -> tuple[tuple[int, int], ...]:
     """FA4's key range of each split of a split-KV problem (:func:`fa4verify.kernels.facts.split_kv_key_ranges`)."""
     from fa4verify.kernels import facts
+    causal, local, left, right = facts.resolve_causal_local_window(problem.causal, problem.window_size)
     return facts.split_kv_key_ranges(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
-                                     problem.seqlen_k, problem.call.num_splits, causal=problem.causal,
-                                     local=problem.local)
+                                     problem.seqlen_k, problem.call.num_splits, seqlen_q=problem.seqlen_q,
+                                     qhead_per_kvhead=problem.nheads // problem.nheads_kv, causal=causal,
+                                     local=local, window_left=left, window_right=right)
 
 
 def _check_split_model(problem: AttentionProblem, cfg: Any, partials) -> None:

@@ -450,6 +450,12 @@ def bwd_tile(arch: str, head_dim: int, head_dim_v: int, causal: bool, local: boo
 #: block, the unmasked range, and the partials' layouts handed to the internal combine
 SPLIT_KV_SOURCE: tuple[tuple[str, str], ...] = (
     ("block_info.py", "n_block_max = cute.ceil_div(seqlen_info.seqlen_k, self.tile_n)"),
+    ("block_info.py", "m_idx_max = (m_block + 1) * self.tile_m if const_expr(self.qhead_per_kvhead_packgqa > 1): "
+                      "m_idx_max = cute.ceil_div(m_idx_max, self.qhead_per_kvhead_packgqa) n_idx = m_idx_max + "
+                      "seqlen_info.seqlen_k - seqlen_info.seqlen_q"),
+    ("block_info.py", "n_block_max = min(n_block_max, cute.ceil_div(n_idx_right, self.tile_n))"),
+    ("block_info.py", "n_idx = m_idx_min + seqlen_info.seqlen_k - seqlen_info.seqlen_q n_idx_left = n_idx - "
+                      "self.window_size_left n_block_min = cutlass.max(n_idx_left // self.tile_n, 0)"),
     ("block_info.py", "else (n_block_max - n_block_min + num_splits - 1) // num_splits"),
     ("block_info.py", "n_block_min = n_block_min + split_idx * num_n_blocks_per_split"),
     ("block_info.py", "n_block_max = cutlass.min(n_block_min + num_n_blocks_per_split, n_block_max)"),
@@ -474,37 +480,56 @@ def _collapsed_source(path: str) -> str:
     return " ".join(_source_text(path).split())
 
 
+#: the query rows (times the packed query heads) of one SM100 forward query tile at least: a
+#: call whose packed rows fit is one tile whatever FA4's ``q_stage`` (``cta_tiler[0] = q_stage *
+#: 128``; split-KV never runs 2-CTA)
+SPLIT_KV_ONE_TILE_ROWS = 128
+
+
 def split_kv_key_ranges(arch: str, dtype: str, head_dim: int, head_dim_v: int, seqlen_k: int, num_splits: int,
-                        *, causal: bool = False, local: bool = False) -> tuple[tuple[int, int], ...]:
+                        *, seqlen_q: int = 0, qhead_per_kvhead: int = 1, causal: bool = False, local: bool = False,
+                        window_left: Optional[int] = None, window_right: Optional[int] = None
+                        ) -> tuple[tuple[int, int], ...]:
     """The key range ``[k0, k1)`` of each of FA4's ``num_splits`` split-KV partials of a row, as
     its SM 10.x/11.x forward cuts them (``block_info.py`` ``BlockInfo.get_n_block_min_max``, 4.0.0b36):
-    ``n_block_max = ceil(seqlen_k / tile_n)``, ``num_n_blocks_per_split = ceil(n_block_max /
-    num_splits)``, split ``s`` takes the blocks ``[s * per_split, min((s + 1) * per_split,
-    n_block_max))`` -- possibly none (an empty split: LSE -inf). The forward tile is FA4's
-    (:func:`fwd_tile`).
+    a query tile's blocks ``[n_block_min, n_block_max)``, ``num_n_blocks_per_split = ceil((n_block_max
+    - n_block_min) / num_splits)``, split ``s`` taking ``[n_block_min + s * per_split, min(... +
+    per_split, n_block_max))`` -- possibly none (an empty split: LSE -inf). The forward tile is
+    FA4's (:func:`fwd_tile`). The mask (FA4's resolved ``causal``, ``local``, window sides) is the
+    rows' own: keys it hides inside a split's range are masked there.
 
-    Without causal or local masks every query tile cuts the same range, so the ranges are one
-    per split for every row. With them FA4 cuts each query tile's own ``[n_block_min,
-    n_block_max)``; that is not modelled here (ValueError), nor hd != hdv, where FA4 moves to
-    tile_n 64 and picks its own split count (``interface.py``: 'SplitKV uses float32 partial output
-    ... OOM for diff-headdim'), nor SM90 (FA4 asserts 'SplitKV not supported on SM 9.0')."""
+    Without causal or local masks every query tile has ``[0, ceil(seqlen_k / tile_n))``. With them
+    each query tile has its own range; modelled where the call is one query tile
+    (``seqlen_q * qhead_per_kvhead <= SPLIT_KV_ONE_TILE_ROWS``: decoding, a short prefill chunk), whose
+    ``n_block_max`` is then the whole ``ceil(seqlen_k / tile_n)`` (its last row sees the last key;
+    a negative right window side is not modelled) and whose ``n_block_min`` is the left window's
+    ``max((seqlen_k - seqlen_q - left) // tile_n, 0)``. Not modelled (ValueError): more query tiles
+    under a mask, hd != hdv, where FA4 moves to tile_n 64 and picks its own split count
+    (``interface.py``: 'SplitKV uses float32 partial output ... OOM for diff-headdim'), and SM90
+    (FA4 asserts 'SplitKV not supported on SM 9.0')."""
     if arch == "sm90":
         raise ValueError("FA4 has no split-KV forward on SM90")
-    if causal or local:
-        raise ValueError("split-KV key ranges with causal/local masks are cut per query tile (not modelled)")
     if head_dim != head_dim_v:
         raise ValueError("FA4 picks its own tile_n and split count for split-KV at hd != hdv")
     if num_splits < 1 or seqlen_k < 0:
         raise ValueError(f"num_splits={num_splits} must be >= 1 and seqlen_k={seqlen_k} >= 0")
+    if (causal or local) and seqlen_q * max(1, qhead_per_kvhead) > SPLIT_KV_ONE_TILE_ROWS:
+        raise ValueError(f"split-KV under a causal/local mask with more than one query tile ({seqlen_q} rows x "
+                         f"{qhead_per_kvhead} packed heads > {SPLIT_KV_ONE_TILE_ROWS}): FA4 cuts each tile's own "
+                         "key range (not modelled)")
+    if local and window_right is not None and window_right < 0:
+        raise ValueError("split-KV with a negative right window side (not modelled)")
     if not split_kv_cut_known():
         raise ValueError("the installed FA4 release cuts split-KV keys otherwise than modelled "
                          "(block_info.py / interface.py no longer hold the 4.0.0b36 rule)")
     tn = fwd_tile(arch, dtype, head_dim, head_dim_v, False, False)[1]
-    n_blocks = -(-seqlen_k // tn)
-    per = -(-n_blocks // num_splits) if n_blocks > 0 else 0
+    n_max = -(-seqlen_k // tn)
+    n_min = max((seqlen_k - seqlen_q - window_left) // tn, 0) if local and window_left is not None else 0
+    per = -(-(n_max - n_min) // num_splits) if n_max > n_min else 0
     out = []
     for s in range(num_splits):
-        b0, b1 = s * per, min((s + 1) * per, n_blocks)
+        b0 = n_min + s * per
+        b1 = min(b0 + per, n_max)
         out.append((min(b0 * tn, seqlen_k), min(b1 * tn, seqlen_k)) if b1 > b0 else (seqlen_k, seqlen_k))
     return tuple(out)
 

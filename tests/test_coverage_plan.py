@@ -211,8 +211,9 @@ def test_a_value_missing_from_the_plan_is_named_as_a_hole_and_undecided(monkeypa
 def test_split_kv_is_planned_where_fa4verify_models_fa4s_cut(arch):
     """FA4's split-KV forward (``num_splits > 1``): on SM90 every tuple with it is reported not
     planned with FA4's refusal; on SM 10.x it is planned, forward-only, at every supported value
-    of the other dimensions, and its tuples with a causal or local mask (FA4 cuts each query tile's
-    own range) or hd != hdv (FA4 picks its own split count) are reported not planned by name."""
+    of the other dimensions (masked rows as one query tile), and its tuples that need several
+    query tiles under a mask (FA4 cuts each tile's own range) or hd != hdv (FA4 picks its own split
+    count) are reported not planned by name."""
     sp, pl, problems = _build(arch, production_features())
     assert "split_kv" in sp.values["form"]
     rows = [(r, p) for r, p in zip(pl.rows, problems) if r["form"] == "split_kv"]
@@ -224,12 +225,18 @@ def test_split_kv_is_planned_where_fa4verify_models_fa4s_cut(arch):
         return
     assert rows
     for r, p in rows:
-        assert p.call.num_splits in (2, 3) and not p.causal and not p.local and p.head_dim == p.head_dim_v
+        assert p.call.num_splits in (2, 3) and p.head_dim == p.head_dim_v
+        if p.causal or p.local:            # one query tile (packed heads counted)
+            assert p.seqlen_q * (p.nheads // p.nheads_kv) <= facts.SPLIT_KV_ONE_TILE_ROWS
         # FA4's combine merges at least two splits holding keys on every planned row
-        ranges = facts.split_kv_key_ranges(arch, sp.dtype, p.head_dim, p.head_dim_v, p.seqlen_k, p.call.num_splits)
+        from fa4verify.targets import split_kv_ranges
+        ranges = split_kv_ranges(p)
         assert sum(k1 > k0 for k0, k1 in ranges) >= 2, (r, ranges)
-    assert "causal or local mask" in sp.why_not({"form": "split_kv", "mask": "causal"})
-    assert "causal or local mask" in sp.why_not({"form": "split_kv", "mask": "left"})
+    assert sp.why_not({"form": "split_kv", "mask": "causal"}) is None
+    assert any(r["mask"] != "none" for r, _ in rows)
+    assert "one query tile" in sp.why_not({"form": "split_kv", "mask": "causal", "seqlen": "q_gt_k"})
+    assert "one query tile" in sp.why_not({"form": "split_kv", "mask": "left", "seqlen": "q_gt_k"})
+    assert sp.why_not({"form": "split_kv", "mask": "none", "seqlen": "q_gt_k"}) is None
     assert "heuristic" in sp.why_not({"form": "split_kv", "hd": "192x128"})
     for d in ("hd", "gqa", "seqlen", "softcap", "sink", "scale", "values"):
         for v in sp.values[d]:

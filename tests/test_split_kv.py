@@ -30,9 +30,17 @@ def test_key_ranges_are_fa4s_cut_in_whole_tiles():
         ((0, 2 * tn), (2 * tn, 3 * tn + 7), (3 * tn + 7, 3 * tn + 7))
     assert facts.split_kv_key_ranges("sm100", "bf16", 64, 64, 5, 2) == ((0, 5), (5, 5))
     assert facts.split_kv_key_ranges("sm100", "bf16", 64, 64, 4 * tn, 2) == ((0, 2 * tn), (2 * tn, 4 * tn))
-    for bad in (dict(causal=True), dict(local=True)):
-        with pytest.raises(ValueError, match="per query tile"):
-            facts.split_kv_key_ranges("sm100", "bf16", 64, 64, 300, 2, **bad)
+    # under a mask, one query tile: its range starts at the left window's block (FA4's n_block_min)
+    assert facts.split_kv_key_ranges("sm100", "bf16", 64, 64, 700, 3, seqlen_q=9, qhead_per_kvhead=2,
+                                     causal=True) == ((0, 2 * tn), (2 * tn, 4 * tn), (4 * tn, 700))
+    assert facts.split_kv_key_ranges("sm100", "bf16", 64, 64, 700, 3, seqlen_q=9, local=True,
+                                     window_left=300, window_right=7) == ((3 * tn, 4 * tn), (4 * tn, 5 * tn),
+                                                                           (5 * tn, 700))
+    for bad in (dict(causal=True), dict(local=True, window_left=5)):
+        with pytest.raises(ValueError, match="more than one query tile"):
+            facts.split_kv_key_ranges("sm100", "bf16", 64, 64, 300, 2, seqlen_q=65, qhead_per_kvhead=2, **bad)
+    with pytest.raises(ValueError, match="negative right"):
+        facts.split_kv_key_ranges("sm100", "bf16", 64, 64, 300, 2, seqlen_q=5, local=True, window_right=-1)
     with pytest.raises(ValueError, match="hd != hdv"):
         facts.split_kv_key_ranges("sm100", "bf16", 192, 128, 300, 2)
     with pytest.raises(ValueError, match="SM90"):
@@ -117,10 +125,29 @@ def test_split_kv_is_forward_only_for_every_target():
     assert "forward-only" in TwinTarget().backward_unsupported(_p())
 
 
+def test_masked_splits_are_the_rows_own_keys():
+    """Under a causal or local mask each split's chunk problem (its window in the chunk's
+    coordinates) keeps exactly the keys of the full problem's rows inside the split's range."""
+    from fa4verify.judge.split_combine import split_problems
+    from fa4verify.problem.masks import window_keep_mask
+    from fa4verify.targets import split_kv_ranges
+    for causal, win in ((True, (None, None)), (False, (40, None)), (False, (None, 3)), (False, (300, 7)),
+                        (True, (200, None))):
+        p = _p(700, 3, causal=causal, window_size=win).replace(seqlen_q=9)
+        full = window_keep_mask(9, 700, causal=causal, window_size=win)
+        got = np.zeros_like(full)
+        for c, _, (k0, k1) in split_problems(p, p.materialize(), split_kv_ranges(p)):
+            if c is not None:
+                got[:, k0:k1] |= window_keep_mask(9, k1 - k0, causal=c.causal, window_size=c.window_size)
+        assert np.array_equal(full, got), (causal, win)
+
+
 @pytest.mark.parametrize("sink", [False, True])
-@pytest.mark.parametrize("sk,S", [(3 * 128 + 7, 3), (200, 2), (67, 3)])
-def test_the_twins_split_forward_passes_end_to_end(sk, S, sink):
-    p = _p(sk, S, sink)
+@pytest.mark.parametrize("sk,S,mask", [(3 * 128 + 7, 3, {}), (200, 2, {}), (67, 3, {}),
+                                       (3 * 128 + 7, 3, dict(causal=True)),
+                                       (700, 2, dict(window_size=(300, 7)))])
+def test_the_twins_split_forward_passes_end_to_end(sk, S, mask, sink):
+    p = _p(sk, S, sink, **mask)
     o = check_problem(p, TwinTarget(), properties=PROPS, backward=False)
     assert {"tightness_out", "tightness_lse", "tightness_partial_out", "tightness_partial_lse",
             "tightness_combine_out", "tightness_combine_lse"} <= set(o.metrics)
@@ -129,7 +156,10 @@ def test_the_twins_split_forward_passes_end_to_end(sk, S, sink):
 
 
 @pytest.mark.parametrize("mutation,problem", [("split_range_overlap", dict(sk=3 * 128 + 7, S=3)),
-                                              ("split_sink_every", dict(sk=300, S=2, sink=True))])
+                                              ("split_range_overlap", dict(sk=3 * 128 + 7, S=3, causal=True)),
+                                              ("split_sink_every", dict(sk=300, S=2, sink=True)),
+                                              ("split_sink_every", dict(sk=700, S=2, sink=True,
+                                                                        window_size=(300, 7)))])
 def test_a_planted_split_fault_fails(mutation, problem):
     p = _p(**problem)
     check_problem(p, TwinTarget(), properties=PROPS, backward=False)       # the clean twin passes
@@ -139,7 +169,8 @@ def test_a_planted_split_fault_fails(mutation, problem):
 
 
 def test_unmodelled_splits_are_refused_by_name():
-    assert "per query tile" in split_kv_unmodelled(_p(causal=True))
+    assert "more than one query tile" in split_kv_unmodelled(_p(causal=True).replace(seqlen_q=65))
+    assert split_kv_unmodelled(_p(causal=True)) is None
     assert "hd != hdv" in split_kv_unmodelled(
         AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=8, seqlen_k=300, nheads=2, nheads_kv=2,
                          head_dim=192, head_dim_v=128, call=CallForm(num_splits=2)))

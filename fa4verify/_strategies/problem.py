@@ -81,9 +81,9 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
       ``"paged_kv"`` / ``"seqused_k"`` (one of them, or neither, per problem: a varlen problem run
       with batched K/V, paged with ``page_sizes`` (-1 = the head dim's tile_n) and a random page
       permutation), ``"block_sparse"`` / ``"mask_mod_fn"`` (dense non-causal problems),
-      ``"split_kv"`` (FA4's ``num_splits`` 2..4 on SM 10.x dense problems without causal or local
-      mask at hd = hdv: where fa4verify models FA4's cut of the keys). NaN in unused pages only
-      with ``hostile_nan=True``.
+      ``"split_kv"`` (FA4's ``num_splits`` 2..4 on SM 10.x dense problems at hd = hdv, under a
+      causal or local mask those of one query tile: where fa4verify models FA4's cut of the keys).
+      NaN in unused pages only with ``hostile_nan=True``.
 
     Never generates: fp8, MLA head dims, empty dense sequences, NaN/Inf inputs, a mask_mod together
     with causal/window/varlen, or a varlen batch with no query row. Values are exact in ``dtype``.
@@ -194,10 +194,12 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                             mask_mod=mm, values=values)
     kv = [f for f in ("paged_kv", "seqused_k", "seqused_q") if f in feats]
     keep = "block_sparse" in feats or "mask_mod_fn" in feats
-    # Note [Split-KV as a call form]: where fa4verify models FA4's cut (SM 10.x, dense, no causal
-    # or local mask, hd = hdv)
-    split = ("split_kv" in feats and arch != "sm90" and not prob.varlen and mm is None and not prob.causal
-             and not prob.local and hd == hdv)
+    # Note [Split-KV as a call form]: where fa4verify models FA4's cut (SM 10.x, dense, hd = hdv;
+    # under a causal or local mask, one query tile)
+    from fa4verify.kernels.facts import SPLIT_KV_ONE_TILE_ROWS
+    split = ("split_kv" in feats and arch != "sm90" and not prob.varlen and mm is None and hd == hdv
+             and (not (prob.causal or prob.local) or sq * (nheads // nheads_kv) <= SPLIT_KV_ONE_TILE_ROWS)
+             and (not prob.local or prob.window_size[1] is None or prob.window_size[1] >= 0))
     if use_mods:
         prob = draw(_with_mod_pair(prob, block_sparse="block_sparse" in feats))
     elif kv or keep or split:

@@ -27,6 +27,11 @@ _VALUE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
 _HEADS = {"1": (2, 2), "2": (4, 2), "4": (8, 2), "7": (14, 2), "mqa": (3, 1), "2_unpacked": (4, 2)}
 
 
+def heads_of(space: FeatureSpace, gqa: str) -> tuple[int, int]:
+    """(query heads, KV heads) of a plan row's ``gqa`` value (a deployment's ``h:<q>/<kv>`` included)."""
+    return space.heads.get(gqa) or _HEADS[gqa]
+
+
 def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
     """The (q, kv) block of a block-sparse row: on SM90 the block FA4's backward takes (read from
     FA4's ``_tile_size_bwd_sm90`` through the adapter when FA4 is installed), so forward and
@@ -110,7 +115,7 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
     arch, dtype = space.arch, space.dtype
     hd, hdv = space.hd[row["hd"]]
     form, mask = row["form"], row["mask"]
-    nh, nk = space.heads.get(row["gqa"]) or _HEADS[row["gqa"]]
+    nh, nk = heads_of(space, row["gqa"])
     causal = mask in ("causal", "causal_left")
     local = is_local(mask)
     tm, tn = facts.fwd_tile(arch, dtype, hd, hdv, causal and not local, local)
@@ -179,6 +184,8 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
             kw["seqlen_k"] += 2 * tn
             if row["seqlen"] == "q_gt_k":
                 kw["seqlen_q"] += 2 * tn
+            if causal or local:      # one query tile (facts.split_kv_key_ranges): decoding, a prefill chunk
+                kw["seqlen_q"] = min(kw["seqlen_q"], facts.SPLIT_KV_ONE_TILE_ROWS // (nh // nk))
     if form == "block_sparse":       # a block mask per batch entry (CallForm.block_per_batch)
         kw["call"] = _listed_block_call(CallForm, sparse_block_size(arch, hd, hdv),
                                         [(kw["seqlen_q"], kw["seqlen_k"], b) for b in range(kw["batch"])], rng,
@@ -408,7 +415,7 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     if hd_name is None or gqa is None:
         return []
     hd, hdv = space.hd[hd_name]
-    nh, nk = space.heads.get(gqa) or _HEADS[gqa]
+    nh, nk = heads_of(space, gqa)
     base = dict(arch=space.arch, dtype=space.dtype, nheads=nh, nheads_kv=nk, head_dim=hd, head_dim_v=hdv)
 
     def vals() -> Any:

@@ -14,8 +14,9 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   varlen call (plain ``cu_seqlens``) at the seqlen values that need one (``zero``, ``many``);
   ``split_kv`` (``num_splits > 1``: FA4's split-KV forward and its internal combine, SM 10.x/11.x
   only; forward-only; Note [Split-KV as a call form] in ``fa4verify.judge.split_combine``): planned
-  where fa4verify models FA4's cut of the keys (no causal or local mask, hd = hdv); the other
-  tuples are reported not planned with the reason;
+  where fa4verify models FA4's cut of the keys (hd = hdv; under a causal or local mask, a call of
+  one query tile: the plan's masked split rows take a short query side); the other tuples are
+  reported not planned with the reason;
 * ``mask``: ``none``, ``causal``, ``left`` (window left side only), ``right``, ``both``,
   ``causal_left`` (causal + a left window);
 * ``hd``: head-dim classes, one per tile class FA4's tile tables select (forward tile, backward
@@ -205,7 +206,7 @@ class FeatureSpace:
         if g("sink") not in (None, "off"):
             row = dict(row, sink="on")
             g = row.get
-        if form == "split_kv" and (why := self._split_kv_refusal(mask, hd)) is not None:
+        if form == "split_kv" and (why := self._split_kv_refusal(row)) is not None:
             return why
         if g("descale") not in (None, "off") and g("softcap") == "on":
             return ("fa4verify does not judge softcap with fp8 descales yet (FA4 folds the descales into the "
@@ -251,20 +252,32 @@ class FeatureSpace:
             return f"det=off is a backward setting; {why}"
         return None
 
-    def _split_kv_refusal(self, mask: Optional[str], hd: Optional[str]) -> Optional[str]:
-        """Why no row calls FA4 with ``num_splits > 1`` at this mask and head dim: FA4's own
+    def _split_kv_refusal(self, row: Mapping[str, str]) -> Optional[str]:
+        """Why no row calls FA4 with ``num_splits > 1`` at the (partial) row's values: FA4's own
         refusal on this arch, or a cut of the keys fa4verify does not model
-        (:func:`fa4verify.kernels.facts.split_kv_key_ranges`), or None."""
+        (:func:`fa4verify.kernels.facts.split_kv_key_ranges`: under a causal or local mask, one
+        query tile's rows; hd != hdv), or None. The generic space's masked split rows take a
+        short query side (:func:`fa4verify.coverage.cases.problem_for`), except ``q_gt_k``."""
         from fa4verify.kernels.features import cell
         if cell("split_kv", "sm90" if self.arch == "sm90" else "sm100", "fwd").status != "supported":
             return "split_kv: FA4 has no split-KV forward on this arch (interface.py asserts 'SplitKV not supported')"
-        if mask is not None and (mask in ("causal", "causal_left") or is_local(mask)):
-            return ("split_kv: fa4verify does not model FA4's split of each query tile's own key range under a "
-                    "causal or local mask (block_info.py get_n_block_min_max)")
+        hd, mask, seqlen, gqa = row.get("hd"), row.get("mask"), row.get("seqlen"), row.get("gqa")
         if hd is not None and self.hd[hd][0] != self.hd[hd][1]:
             return ("split_kv: at hd != hdv FA4 replaces the requested split count by its heuristic's (tile_n 64, "
                     "interface.py 'SplitKV uses float32 partial output ... diff-headdim'), or runs unsplit")
-        return None
+        if mask is None or not (mask in ("causal", "causal_left") or is_local(mask)) or seqlen is None:
+            return None
+        rows = facts.SPLIT_KV_ONE_TILE_ROWS
+        if seqlen in self.lengths:
+            from fa4verify.coverage.cases import heads_of
+            sq = self.lengths[seqlen][0]
+            ratio = 1 if gqa is None else heads_of(self, gqa)[0] // heads_of(self, gqa)[1]
+            if sq * ratio <= rows:
+                return None
+        elif seqlen != "q_gt_k":
+            return None
+        return (f"split_kv: under a causal or local mask fa4verify models FA4's cut for one query tile "
+                f"(query rows x packed heads <= {rows}; FA4 cuts each tile's own key range)")
 
     def _paged_non_tma(self, form: str, hd: str, mask: Optional[str] = None) -> bool:
         """Whether FA4 reads this paged form's K/V without TMA (``interface.py``:

@@ -54,14 +54,14 @@ def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag:
     first = None
     if problem.call is not None and problem.call.num_splits > 1:
         from fa4verify.targets import split_kv_ranges
-        first = split_kv_ranges(problem)[0][1]
+        first = split_kv_ranges(problem)[0]
     for i, (q0, lq, k0, lk) in enumerate(_token_bounds(problem)):
         if lq == 0 or lk == 0:
             continue
         for h in range(problem.nheads):
             keep = per[h if problem.heads_differ else 0][i]
             if first is not None:
-                keep = keep & (np.arange(lk) < first)
+                keep = keep & (np.arange(lk) >= first[0]) & (np.arange(lk) < first[1])
             y = (q[q0:q0 + lq, h] @ k[k0:k0 + lk, h // g].T) * problem.scale
             if problem.softcap > 0:
                 y = problem.softcap * np.tanh(y / problem.softcap)

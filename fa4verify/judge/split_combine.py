@@ -110,12 +110,19 @@ def _ranges(problem: AttentionProblem, splits) -> tuple[tuple[int, int], ...]:
 
 def split_problems(problem: AttentionProblem, a: Mapping[str, Any], splits
                    ) -> list[tuple[Any, Any, tuple[int, int]]]:
-    """``(chunk problem, chunk arrays, (k0, k1))`` per key range of a dense, non-causal, non-local
-    problem without mask_mod or mod pairs; ``splits``: a split count (:func:`equal_ranges`) or the
-    ranges. The learnable sink is the first chunk's (FA4's first split owns it); an empty range
-    gives ``(None, None, (k0, k1))``."""
-    if problem.varlen or problem.causal or problem.local or problem.mask_mod is not None or problem.mods:
-        raise ValueError("split_problems: dense, non-causal, non-local problems without mask_mod or mod pairs only")
+    """``(chunk problem, chunk arrays, (k0, k1))`` per key range of a dense problem without
+    mask_mod or mod pairs; ``splits``: a split count (:func:`equal_ranges`) or the ranges. A causal
+    or local mask carries over in the chunk's own coordinates: with ``d = seqlen_k - k1`` the chunk
+    has the window ``(left - d, right + d)`` (causal: right 0; a side None stays None), bottom-right
+    aligned like every FA4 window -- the same keys of each row. The learnable sink is the first
+    chunk's (FA4's first split owns it); an empty range gives ``(None, None, (k0, k1))``."""
+    if problem.varlen or problem.mask_mod is not None or problem.mods:
+        raise ValueError("split_problems: dense problems without mask_mod or mod pairs only")
+    from fa4verify.problem.masks import resolve_window
+    causal, local, left, right = resolve_window(problem.causal, problem.window_size)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    masked = causal or local
     out = []
     plain = None
     if problem.call is not None and problem.call.pack_gqa is not None:
@@ -128,8 +135,13 @@ def split_problems(problem: AttentionProblem, a: Mapping[str, Any], splits
             out.append((None, None, (k0, k1)))
             continue
         sink = problem.sink and s == 0
+        mask = {}
+        if masked:
+            d = problem.seqlen_k - k1
+            mask = dict(causal=False, window_size=(None if left is None else left - d,
+                                                   None if right is None else right + d))
         p = problem.replace(seqlen_k=k1 - k0, sink=sink, sink_dtype=problem.sink_dtype if sink else "fp32",
-                            call=plain)
+                            call=plain, **mask)
         aa = dict(a)
         aa["k"] = np.asarray(a["k"])[:, k0:k1]
         aa["v"] = np.asarray(a["v"])[:, k0:k1]
