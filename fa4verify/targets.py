@@ -339,12 +339,25 @@ class TwinTarget(Target):
         L = np.full((len(ranges), b, sq, h), -np.inf)
         descale = {n: a.get(n) for n in ("q_descale", "k_descale", "v_descale")} if problem.descales else {}
         dt = problem.dtype
+        # every split runs the kernel FA4 compiled for the whole call: its mask flags (a split's
+        # chunk window is only how the twin names the same keys), one CTA (split-KV never runs 2-CTA)
+        from fa4verify.kernels import facts
+        from fa4verify.kernels.twin.exp2 import emulated_columns
+        causal_r, local_r, _, _ = facts.resolve_causal_local_window(problem.causal, problem.window_size)
+        pack = problem.call.pack_gqa if problem.call.pack_gqa is not None else problem.nheads > problem.nheads_kv
+        cols = emulated_columns(head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, causal=causal_r,
+                                local=local_r, pack_gqa=bool(pack), use_2cta=False,
+                                is_sm103=problem.arch == "sm103", fp8=dt == "fp8",
+                                n_block_size=facts.fwd_tile(problem.arch, dt, problem.head_dim, problem.head_dim_v,
+                                                            False, False)[1])
+        emu = {"use_2cta": False, "emulated_columns": tuple(int(i) for i in np.flatnonzero(cols))}
         for s, (p, aa, _) in enumerate(split_problems(problem, a, ranges)):
             if p is None:
                 continue
             kw = self._kw(p, aa)              # the split's keys, its window in their coordinates
             if problem.call.pack_gqa is not None:
                 kw["pack_gqa"] = problem.call.pack_gqa
+            kw.update(emu)
             if "split_sink_every" in self.mutations:
                 kw["learnable_sink"] = a["learnable_sink"]
             r = self._ta.forward(_typed(aa["q"], dt), _typed(aa["k"], dt), _typed(aa["v"], dt), **kw, **descale)

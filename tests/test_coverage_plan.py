@@ -232,6 +232,12 @@ def test_split_kv_is_planned_where_fa4verify_models_fa4s_cut(arch):
         from fa4verify.targets import split_kv_ranges
         ranges = split_kv_ranges(p)
         assert sum(k1 > k0 for k0, k1 in ranges) >= 2, (r, ranges)
+    for seed in (1, 2, 3):                # not one seed's luck
+        sp2, pl2, problems2 = _build(arch, production_features(), seed=seed)
+        for r, p in zip(pl2.rows, problems2):
+            if r["form"] == "split_kv":
+                from fa4verify.targets import split_kv_ranges
+                assert sum(k1 > k0 for k0, k1 in split_kv_ranges(p)) >= 2, (seed, r)
     assert sp.why_not({"form": "split_kv", "mask": "causal"}) is None
     assert any(r["mask"] != "none" for r, _ in rows)
     assert "one query tile" in sp.why_not({"form": "split_kv", "mask": "causal", "seqlen": "q_gt_k"})

@@ -226,3 +226,38 @@ def test_the_sink_overflow_issue_owns_the_first_split_only():
         v = Violation("fwd_budget", "x", {"quantity": "partial_lse", "split": split})
         v.over_indices = idx
         assert _sink_overflow(p, a, v) is owned
+
+
+def test_a_sink_with_no_key_in_any_split_is_the_known_issue():
+    """A left window past every key: FA4's first split has no work and folds no sink, so the
+    merged LSE is -inf where the oracle has the sink's (known issue split_kv_sink_without_keys);
+    the same call with keys is not that issue."""
+    from fa4verify.fuzz.known_issues import _split_sink_without_keys
+    p = _p(sk=128, S=2, sink=True, window_size=(-1, 5)).replace(seqlen_q=1)
+    with pytest.raises(Violation) as e:
+        check_problem(p, TwinTarget(), properties=PROPS, backward=False)
+    assert e.value.metrics.get("quantity") == "lse"
+    assert _split_sink_without_keys(p, p.materialize(), e.value)
+    q = _p(sk=300, S=2, sink=True, window_size=(40, 5)).replace(seqlen_q=1)
+    assert not _split_sink_without_keys(q, q.materialize(), e.value)
+
+
+def test_every_split_runs_the_calls_kernel(monkeypatch):
+    """The twin runs each split with the exp2 emulation of the kernel FA4 compiled for the whole
+    call (its causal flag, one CTA), not of the chunk's window."""
+    from fa4verify.kernels.twin.exp2 import emulated_columns
+    tw = TwinTarget()
+    seen = []
+    orig = tw._ta.forward
+
+    def spy(*args, **kw):
+        seen.append((kw.get("emulated_columns"), kw.get("use_2cta")))
+        return orig(*args, **kw)
+    monkeypatch.setattr(tw, "_ta", types.SimpleNamespace(forward=spy))
+    p = _p(sk=3 * 128 + 7, S=3, causal=True, hd=256)
+    tw.forward(p, p.materialize())
+    want = tuple(int(i) for i in np.flatnonzero(emulated_columns(head_dim=256, head_dim_v=256, causal=True,
+                                                                  pack_gqa=True, use_2cta=False)))
+    # the chunks' own derivation (a local window, 2-CTA as for a large dense call) would differ here
+    assert want != tuple(int(i) for i in np.flatnonzero(emulated_columns(head_dim=256, head_dim_v=256, local=True)))
+    assert seen and all(s == (want, False) for s in seen)

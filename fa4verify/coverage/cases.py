@@ -186,6 +186,8 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
                 kw["seqlen_q"] += 2 * tn
             if causal or local:      # one query tile (facts.split_kv_key_ranges): decoding, a prefill chunk
                 kw["seqlen_q"] = min(kw["seqlen_q"], facts.SPLIT_KV_ONE_TILE_ROWS // (nh // nk))
+            if window[0] is not None and mask not in space.windows:   # the left window spans two more tiles too
+                kw["window_size"] = (window[0] + 2 * tn, window[1])
     if form == "block_sparse":       # a block mask per batch entry (CallForm.block_per_batch)
         kw["call"] = _listed_block_call(CallForm, sparse_block_size(arch, hd, hdv),
                                         [(kw["seqlen_q"], kw["seqlen_k"], b) for b in range(kw["batch"])], rng,
