@@ -5,7 +5,7 @@ end to end (composed budget vs the full problem's oracle). Both through :func:`c
   from the exact combine of the given partials (``fa4verify.oracles.combine``);
 * :func:`judge_combine_stage` -- a combine result (FA4's ``flash_attn_combine`` or the twin) versus
   the exact combine of the *same* partials, within the local budget;
-* :func:`split_problems` -- the per-chunk problems of a dense non-causal problem whose keys are cut
+* :func:`split_problems` -- the per-chunk problems of a dense problem whose keys are cut
   into contiguous chunks (what a split-KV forward computes per split);
 * :func:`split_references` -- the chunks' oracle values and allowances and the composed budgets
   of the merged output and LSE (error_budgets/DERIVATIONS.md#combine), from the oracle's values,
