@@ -125,7 +125,7 @@ def _result(res: Any, where: str) -> CheckResult:
         summary += f" ({res.stopped})"
     calls = {k: sum(n for v, n in res.coverage.get(k, {}).items() if v not in ("None", "False"))
              for k in ("paged_kv", "seqused_k", "seqused_q", "block_sparse", "block_sparse_varlen", "block_partial",
-                       "mask_mod_fn", "pack_gqa")}
+                       "mask_mod_fn", "pack_gqa", "num_splits")}
     if any(calls.values()):
         summary += "; call forms: " + ", ".join(f"{k} x{v}" for k, v in calls.items() if v)
     if known:
