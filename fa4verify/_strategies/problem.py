@@ -194,12 +194,11 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
                             mask_mod=mm, values=values)
     kv = [f for f in ("paged_kv", "seqused_k", "seqused_q") if f in feats]
     keep = "block_sparse" in feats or "mask_mod_fn" in feats
-    # Note [Split-KV as a call form]: where fa4verify models FA4's cut (SM 10.x, dense, hd = hdv;
-    # under a causal or local mask, one query tile)
-    from fa4verify.kernels.facts import SPLIT_KV_ONE_TILE_ROWS
-    split = ("split_kv" in feats and arch != "sm90" and not prob.varlen and mm is None and hd == hdv
-             and (not (prob.causal or prob.local) or sq * (nheads // nheads_kv) <= SPLIT_KV_ONE_TILE_ROWS)
-             and (not prob.local or prob.window_size[1] is None or prob.window_size[1] >= 0))
+    # Note [Split-KV as a call form]: a dense call where fa4verify models FA4's cut of the keys
+    # (targets.split_kv_unmodelled decides; the split count does not change that)
+    from fa4verify.targets import split_kv_unmodelled
+    split = ("split_kv" in feats and not prob.varlen and mm is None
+             and split_kv_unmodelled(prob.replace(call=CallForm(num_splits=2))) is None)
     if use_mods:
         prob = draw(_with_mod_pair(prob, block_sparse="block_sparse" in feats))
     elif kv or keep or split:

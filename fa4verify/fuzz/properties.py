@@ -357,17 +357,17 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
     ofwd = None
     stats = None
     ref_out = ref_lse = None
-    split = None
-    if problem.call is not None and problem.call.num_splits > 1:
+    split_call = problem.call is not None and problem.call.num_splits > 1
+    split = None                # Note [Split-KV as a call form]: the split call's references
+    if split_call:
         from fa4verify.judge import split_combine as sc
         from fa4verify.targets import split_kv_ranges
-        split = split_kv_ranges(problem)
     try:
         ofwd = _oracle_forward(problem, a)
         ref_out, ref_lse, stats, _ = judge.forward_allowances(problem, a, budgets=_budget(problem),
                                                               oracle=ofwd)
-        if split is not None:       # Note [Split-KV as a call form]: the composed budgets
-            split = sc.split_references(problem, a, split, budgets=_budget(problem), full=ofwd)
+        if split_call:              # the composed budgets
+            split = sc.split_references(problem, a, split_kv_ranges(problem), budgets=_budget(problem), full=ofwd)
             ref_out = dataclasses.replace(ref_out, budget=split.out_budget, fallback=None)
             ref_lse = dataclasses.replace(ref_lse, budget=split.lse_budget)
         oracle_error = None
@@ -461,7 +461,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
              and (problem.call is None or not problem.call.rearranges)
              and not problem.mods)     # a mod sees positions: no permutation; pack_gqa moves no array
     if "key_permutation" in props:
-        if split is not None:
+        if split_call:
             skipped["key_permutation"] = ("a split-KV call: the permuted keys fall in other splits, whose composed "
                                           "budget is another (Note [Split-KV as a call form])")
         elif not plain or problem.seqlen_k < 2:
