@@ -292,7 +292,10 @@ class TwinTarget(Target):
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
         if problem.call is not None and problem.call.num_splits > 1:
-            return self._forward_split(problem, a)
+            if split_kv_runs(problem):
+                return self._forward_split(problem, a)
+            import dataclasses    # FA4 runs the request unsplit (hd != hdv, few keys): the plain call
+            return self.forward(problem.replace(call=dataclasses.replace(problem.call, num_splits=1)), a)
         if problem.call is not None and problem.call.block_per_head:
             return self._forward_by_head(problem, a)
         if _twin_rearranges(problem):
@@ -348,9 +351,9 @@ class TwinTarget(Target):
         cols = emulated_columns(head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, causal=causal_r,
                                 local=local_r, pack_gqa=bool(pack), use_2cta=False,
                                 is_sm103=problem.arch == "sm103", fp8=dt == "fp8",
-                                n_block_size=facts.fwd_tile(problem.arch, dt, problem.head_dim, problem.head_dim_v,
-                                                            False, False)[1])
-        emu = {"use_2cta": False, "emulated_columns": tuple(int(i) for i in np.flatnonzero(cols))}
+                                n_block_size=split_kv_tile(problem))
+        emu = {"use_2cta": False, "emulated_columns": tuple(int(i) for i in np.flatnonzero(cols)),
+               "tile_n": split_kv_tile(problem)}
         for s, (p, aa, _) in enumerate(split_problems(problem, a, ranges)):
             if p is None:
                 continue
@@ -867,7 +870,7 @@ class ProductionTarget(Target):
         if getattr(r, "partials", None) is not None and not self.fake:
             partials = (self._np(r.partials[0]), self._np(r.partials[1]))
             _check_split_model(problem, r.config, partials)
-        elif problem.call is not None and problem.call.num_splits > 1 and not self.fake:
+        elif not self.fake and problem.call is not None and problem.call.num_splits > 1 and split_kv_runs(problem):
             raise HarnessError("FA4 ran the split-KV call without handing partials to its combine "
                                "(interface._flash_attn_fwd_combine): fa4verify's model of the call does not hold")
         return Fwd(out, lse, native=(r.out, r.lse), guard=guard, partials=partials)
@@ -1141,27 +1144,49 @@ def block_mask_heads(problem: AttentionProblem) -> int:
     return 1 if packed and not per_head else problem.nheads
 
 
-def split_kv_ranges(problem: AttentionProblem) -> tuple[tuple[int, int], ...]:
-    """FA4's key range of each split of a split-KV problem (:func:`fa4verify.kernels.facts.split_kv_key_ranges`)."""
+def _split_kw(problem: AttentionProblem) -> dict[str, Any]:
     from fa4verify.kernels import facts
     causal, local, left, right = facts.resolve_causal_local_window(problem.causal, problem.window_size)
+    return dict(seqlen_q=problem.seqlen_q, qhead_per_kvhead=problem.nheads // problem.nheads_kv, local=local,
+                window_left=left, window_right=right, batch=problem.batch, nheads_kv=problem.nheads_kv,
+                pack_gqa=problem.call.pack_gqa), causal
+
+
+def split_kv_ranges(problem: AttentionProblem) -> tuple[tuple[int, int], ...]:
+    """FA4's key range of each split of a split-KV problem (:func:`fa4verify.kernels.facts.split_kv_key_ranges`):
+    one range where FA4 runs the call unsplit (hd != hdv with few keys)."""
+    from fa4verify.kernels import facts
+    kw, causal = _split_kw(problem)
     return facts.split_kv_key_ranges(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
-                                     problem.seqlen_k, problem.call.num_splits, seqlen_q=problem.seqlen_q,
-                                     qhead_per_kvhead=problem.nheads // problem.nheads_kv, causal=causal,
-                                     local=local, window_left=left, window_right=right)
+                                     problem.seqlen_k, problem.call.num_splits, causal=causal, **kw)
+
+
+def split_kv_tile(problem: AttentionProblem) -> int:
+    """The KV tile FA4's split-KV forward of ``problem`` runs (:func:`fa4verify.kernels.facts.split_kv_config`:
+    the forward tile, 64 at hd != hdv)."""
+    from fa4verify.kernels import facts
+    kw, _ = _split_kw(problem)
+    sq, g = kw.pop("seqlen_q"), kw.pop("qhead_per_kvhead")
+    return facts.split_kv_config(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, sq,
+                                 problem.seqlen_k, problem.call.num_splits, qhead_per_kvhead=g, **kw)[0]
+
+
+def split_kv_runs(problem: AttentionProblem) -> bool:
+    """Whether FA4 runs ``problem`` as a split-KV call (partials and its internal combine): a
+    ``num_splits > 1`` request it keeps (:func:`fa4verify.kernels.facts.split_kv_config`)."""
+    return problem.call is not None and problem.call.num_splits > 1 and len(split_kv_ranges(problem)) > 1
 
 
 def _check_split_model(problem: AttentionProblem, cfg: Any, partials) -> None:
     """The split FA4 ran is the one fa4verify models (its tile_n, from FA4's compile key, and the
     partial count); a disagreement is fa4verify's error, never a verdict on FA4."""
-    from fa4verify.kernels import facts
-    tn = facts.fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, False, False)[1]
+    tn, want = split_kv_tile(problem), len(split_kv_ranges(problem))
     ran = getattr(cfg, "tile_mn", None)
     S = int(partials[0].shape[0])
-    if S != problem.call.num_splits or (ran is not None and ran[1] is not None and int(ran[1]) != tn):
+    if S != want or (ran is not None and ran[1] is not None and int(ran[1]) != tn):
         raise HarnessError(f"fa4verify's model of FA4's split-KV call disagrees with the call it ran: "
                            f"{S} partials of tile_n {None if ran is None else ran[1]}, modelled "
-                           f"{problem.call.num_splits} of tile_n {tn} (kernels.facts.split_kv_key_ranges)")
+                           f"{want} of tile_n {tn} (kernels.facts.split_kv_config)")
 
 
 def split_kv_unmodelled(problem: AttentionProblem) -> Optional[str]:

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 __all__ = [
-    "split_kv_key_ranges", "split_kv_cut_known", "SPLIT_KV_SOURCE",
+    "split_kv_key_ranges", "split_kv_cut_known", "SPLIT_KV_SOURCE", "SPLIT_KV_DIFF_HD_SOURCE", "split_kv_config",
+    "split_kv_sms", "SPLIT_KV_MODELLED_SMS",
     "ARCHS", "DTYPES", "KernelConstants", "arch_from_capability", "unsupported_reason",
     "capability_label", "sm90_fwd_tile", "sm90_bwd_tile", "fwd_tile",
     "bwd_tile", "kernel_constants", "resolve_causal_local_window", "head_dims_supported",
@@ -465,19 +466,96 @@ SPLIT_KV_SOURCE: tuple[tuple[str, str], ...] = (
 )
 
 
-def split_kv_cut_known() -> bool:
-    """Whether the installed FA4's source holds :data:`SPLIT_KV_SOURCE` (True without FA4: the
-    pinned 4.0.0b36 rule)."""
+def split_kv_cut_known(source: tuple[tuple[str, str], ...] = SPLIT_KV_SOURCE) -> bool:
+    """Whether the installed FA4's source holds ``source`` (:data:`SPLIT_KV_SOURCE`, or
+    :data:`SPLIT_KV_DIFF_HD_SOURCE`; True without FA4: the pinned 4.0.0b36 rule)."""
     from fa4verify.kernels.fa4_params import fa4_source_dir
     d = fa4_source_dir()
     if d is None:
         return True
-    return all(text in _collapsed_source(str(d / f)) for f, text in SPLIT_KV_SOURCE)
+    return all(text in _collapsed_source(str(d / f)) for f, text in source)
 
 
 @functools.lru_cache(maxsize=8)
 def _collapsed_source(path: str) -> str:
     return " ".join(_source_text(path).split())
+
+
+#: FA4's split-KV at hd != hdv (4.0.0b36 ``interface.py`` ``_get_fwd_config`` and
+#: ``num_splits_heuristic``), whitespace collapsed: the float32 partial output does not fit shared
+#: memory at (192, 128), so with 64 KV blocks of the default tile or more FA4 halves tile_n and
+#: replaces the requested split count by its heuristic's, else runs unsplit
+#: (:func:`split_kv_config`)
+SPLIT_KV_DIFF_HD_SOURCE: tuple[tuple[str, str], ...] = (
+    ("interface.py", "if arch // 10 in [10, 11] and head_dim != head_dim_v and num_splits > 1: if num_n_blocks >= 64 "
+                     "and head_dim_v != 512: tile_n = 64 num_n_blocks = (seqlen_k_loaded + tile_n - 1) // tile_n "
+                     "if num_SMs is None: num_SMs = get_num_sms_for_selection(device.index, arch) num_splits = "
+                     "num_splits_heuristic(total_mblocks, num_SMs, num_n_blocks, 128) else: num_splits = 1"),
+    ("interface.py", "if num_n_blocks <= 4: return 1"),
+    ("interface.py", "return max(1, min(num_SMs // total_mblocks, max_splits, num_n_blocks))"),
+    ("interface.py", "seqlen_q_packgqa = max_seqlen_q * (qhead_per_kvhead if pack_gqa else 1) if arch // 10 in [10, 11]: "
+                     "# Two Q tiles exceed TMEM capacity at hdim_v 256. q_stage = 2 if seqlen_q_packgqa > tile_m and "
+                     "head_dim_v != 256 else 1"),
+    ("interface.py", "window_right_loaded = max_seqlen_k if window_size_right is None else window_size_right "
+                     "window_left_loaded = max_seqlen_k if window_size_left is None else window_size_left "
+                     "seqlen_k_loaded = ( max_seqlen_k if not local else max( 0, min( max_seqlen_k, "
+                     "window_right_loaded + window_left_loaded + 1 + tile_m, ), ) )"),
+    ("interface.py", "num_m_blocks = (seqlen_q_packgqa + m_block_size_effective - 1) // m_block_size_effective"),
+    ("interface.py", "total_mblocks = batch_size * num_head_kv * (1 if pack_gqa else qhead_per_kvhead) * num_m_blocks"),
+    ("interface.py", "if pack_gqa is None: pack_gqa = qhead_per_kvhead > 1"),
+)
+
+#: the SM count FA4's split heuristic reads where no GPU of the arch is here and
+#: ``FLASH_ATTENTION_NUM_SMS`` is unset (the CPU twin, compile-only runs): a B200's / B300's 148
+SPLIT_KV_MODELLED_SMS = {"sm100": 148, "sm103": 148}
+
+
+def split_kv_sms(arch: str) -> int:
+    """The SM count FA4's split heuristic uses for ``arch``: FA4's own
+    ``cute_dsl_utils.get_num_sms_for_selection`` (``FLASH_ATTENTION_NUM_SMS``, else the local GPU
+    when it is of that arch), else :data:`SPLIT_KV_MODELLED_SMS`."""
+    try:
+        from flash_attn.cute.cute_dsl_utils import get_num_sms_for_selection
+        import torch
+        dev = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        return int(get_num_sms_for_selection(dev, int(arch[2:])))
+    except Exception:  # noqa: BLE001 - no FA4, no GPU of the arch: the modelled device
+        return SPLIT_KV_MODELLED_SMS.get(arch, 148)
+
+
+def split_kv_config(arch: str, dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int,
+                    num_splits: int, *, batch: int = 1, nheads_kv: int = 1, qhead_per_kvhead: int = 1,
+                    pack_gqa: Optional[bool] = None, local: bool = False, window_left: Optional[int] = None,
+                    window_right: Optional[int] = None, num_sms: Optional[int] = None) -> tuple[int, int]:
+    """``(tile_n, splits)`` FA4's SM 10.x/11.x forward runs a dense call requesting ``num_splits``
+    with: the requested count and the forward tile at hd = hdv; at hd != hdv
+    (:data:`SPLIT_KV_DIFF_HD_SOURCE`) tile_n 64 and ``num_splits_heuristic``'s count where the
+    keys FA4 loads span 64 blocks of the default tile or more (and hdv != 512), else 1 (unsplit).
+    ``local`` and the window sides are FA4's resolved ones; ``num_sms``: :func:`split_kv_sms`
+    when None. Raises ValueError where the installed FA4 no longer holds the rule."""
+    tile_m, tn = fwd_tile(arch, dtype, head_dim, head_dim_v, False, False)
+    if head_dim == head_dim_v or num_splits <= 1:
+        return tn, num_splits
+    if not split_kv_cut_known(SPLIT_KV_DIFF_HD_SOURCE):
+        raise ValueError("the installed FA4 release picks its split-KV count at hd != hdv otherwise than modelled "
+                         "(interface.py no longer holds the 4.0.0b36 rule)")
+    g = max(1, qhead_per_kvhead)
+    pack = g > 1 if pack_gqa is None else bool(pack_gqa)
+    sq_pack = seqlen_q * (g if pack else 1)
+    q_stage = 2 if sq_pack > tile_m and head_dim_v != 256 else 1
+    wr = seqlen_k if window_right is None else window_right
+    wl = seqlen_k if window_left is None else window_left
+    loaded = seqlen_k if not local else max(0, min(seqlen_k, wr + wl + 1 + tile_m))
+    m_eff = q_stage * tile_m
+    total_mblocks = batch * nheads_kv * (1 if pack else g) * (-(-sq_pack // m_eff))
+    if -(-loaded // tn) < 64 or head_dim_v == 512:
+        return tn, 1
+    tn = 64
+    n_blocks = -(-loaded // tn)
+    sms = split_kv_sms(arch) if num_sms is None else int(num_sms)
+    if n_blocks <= 4 or total_mblocks == 0:
+        return tn, 1
+    return tn, max(1, min(sms // total_mblocks, 128, n_blocks))
 
 
 #: the query rows (times the packed query heads) of one SM100 forward query tile at least: a
@@ -488,15 +566,18 @@ SPLIT_KV_ONE_TILE_ROWS = 128
 
 def split_kv_key_ranges(arch: str, dtype: str, head_dim: int, head_dim_v: int, seqlen_k: int, num_splits: int,
                         *, seqlen_q: int = 0, qhead_per_kvhead: int = 1, causal: bool = False, local: bool = False,
-                        window_left: Optional[int] = None, window_right: Optional[int] = None
+                        window_left: Optional[int] = None, window_right: Optional[int] = None, batch: int = 1,
+                        nheads_kv: int = 1, pack_gqa: Optional[bool] = None, num_sms: Optional[int] = None
                         ) -> tuple[tuple[int, int], ...]:
-    """The key range ``[k0, k1)`` of each of FA4's ``num_splits`` split-KV partials of a row, as
-    its SM 10.x/11.x forward cuts them (``block_info.py`` ``BlockInfo.get_n_block_min_max``, 4.0.0b36):
-    a query tile's blocks ``[n_block_min, n_block_max)``, ``num_n_blocks_per_split = ceil((n_block_max
-    - n_block_min) / num_splits)``, split ``s`` taking ``[n_block_min + s * per_split, min(... +
-    per_split, n_block_max))`` -- possibly none (an empty split: LSE -inf). The forward tile is
-    FA4's (:func:`fwd_tile`). The mask (FA4's resolved ``causal``, ``local``, window sides) is the
-    rows' own: keys it hides inside a split's range are masked there.
+    """The key range ``[k0, k1)`` of each of FA4's split-KV partials of a row, as its SM 10.x/11.x
+    forward cuts them (``block_info.py`` ``BlockInfo.get_n_block_min_max``, 4.0.0b36): a query
+    tile's blocks ``[n_block_min, n_block_max)``, ``num_n_blocks_per_split = ceil((n_block_max -
+    n_block_min) / splits)``, split ``s`` taking ``[n_block_min + s * per_split, min(... +
+    per_split, n_block_max))`` -- possibly none (an empty split: LSE -inf). The tile and the split
+    count are those FA4 runs the call with (:func:`split_kv_config`: the requested ``num_splits``
+    and the forward tile at hd = hdv; at hd != hdv tile_n 64 and FA4's heuristic's count, or one
+    range: FA4 runs the call unsplit). The mask (FA4's resolved ``causal``, ``local``, window
+    sides) is the rows' own: keys it hides inside a split's range are masked there.
 
     Without causal or local masks every query tile has ``[0, ceil(seqlen_k / tile_n))``. With them
     each query tile has its own range; modelled where the call is one query tile
@@ -504,15 +585,17 @@ def split_kv_key_ranges(arch: str, dtype: str, head_dim: int, head_dim_v: int, s
     ``n_block_max`` is then the whole ``ceil(seqlen_k / tile_n)`` (its last row sees the last key;
     a negative right window side is not modelled) and whose ``n_block_min`` is the left window's
     ``max((seqlen_k - seqlen_q - left) // tile_n, 0)``. Not modelled (ValueError): more query tiles
-    under a mask, hd != hdv, where FA4 moves to tile_n 64 and picks its own split count
-    (``interface.py``: 'SplitKV uses float32 partial output ... OOM for diff-headdim'), and SM90
-    (FA4 asserts 'SplitKV not supported on SM 9.0')."""
+    under a mask, and SM90 (FA4 asserts 'SplitKV not supported on SM 9.0')."""
     if arch == "sm90":
         raise ValueError("FA4 has no split-KV forward on SM90")
-    if head_dim != head_dim_v:
-        raise ValueError("FA4 picks its own tile_n and split count for split-KV at hd != hdv")
     if num_splits < 1 or seqlen_k < 0:
         raise ValueError(f"num_splits={num_splits} must be >= 1 and seqlen_k={seqlen_k} >= 0")
+    tn, num_splits = split_kv_config(arch, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k, num_splits, batch=batch,
+                                     nheads_kv=nheads_kv, qhead_per_kvhead=qhead_per_kvhead, pack_gqa=pack_gqa,
+                                     local=local, window_left=window_left, window_right=window_right,
+                                     num_sms=num_sms)
+    if num_splits == 1:
+        return ((0, seqlen_k),)       # FA4 runs the call unsplit
     if (causal or local) and seqlen_q * max(1, qhead_per_kvhead) > SPLIT_KV_ONE_TILE_ROWS:
         raise ValueError(f"split-KV under a causal/local mask with more than one query tile ({seqlen_q} rows x "
                          f"{qhead_per_kvhead} packed heads > {SPLIT_KV_ONE_TILE_ROWS}): FA4 cuts each tile's own "
@@ -522,7 +605,6 @@ def split_kv_key_ranges(arch: str, dtype: str, head_dim: int, head_dim_v: int, s
     if not split_kv_cut_known():
         raise ValueError("the installed FA4 release cuts split-KV keys otherwise than modelled "
                          "(block_info.py / interface.py no longer hold the 4.0.0b36 rule)")
-    tn = fwd_tile(arch, dtype, head_dim, head_dim_v, False, False)[1]
     n_max = -(-seqlen_k // tn)
     n_min = max((seqlen_k - seqlen_q - window_left) // tn, 0) if local and window_left is not None else 0
     per = -(-(n_max - n_min) // num_splits) if n_max > n_min else 0

@@ -86,6 +86,9 @@ def _realises(sp, row, p) -> list[str]:
     tn = fwd_tile(sp.arch, sp.dtype, p.head_dim, p.head_dim_v, p.causal and not p.local, p.local)[1]
     if splits and sl not in sp.lengths:       # a split row: the class's keys and two more KV tiles
         p = p.replace(seqlen_k=p.seqlen_k - 2 * tn, seqlen_q=p.seqlen_q - (2 * tn if sl == "q_gt_k" else 0))
+        if p.head_dim != p.head_dim_v:        # and at hd != hdv 64 more (FA4 splits it only then)
+            from fa4verify.coverage.cases import SPLIT_KV_DIFF_HD_TILES
+            p = p.replace(seqlen_k=p.seqlen_k - SPLIT_KV_DIFF_HD_TILES * tn)
     if sl in sp.lengths:
         ok = (p.seqlen_q, p.seqlen_k) == sp.lengths[sl]
     else:
@@ -212,8 +215,8 @@ def test_split_kv_is_planned_where_fa4verify_models_fa4s_cut(arch):
     """FA4's split-KV forward (``num_splits > 1``): on SM90 every tuple with it is reported not
     planned with FA4's refusal; on SM 10.x it is planned, forward-only, at every supported value
     of the other dimensions (masked rows as one query tile), and its tuples that need several
-    query tiles under a mask (FA4 cuts each tile's own range) or hd != hdv (FA4 picks its own split
-    count) are reported not planned by name."""
+    query tiles under a mask (FA4 cuts each tile's own range) are reported not planned by name; an
+    hd != hdv row runs FA4's own split (64-key tiles, its heuristic's count: more than one split)."""
     sp, pl, problems = _build(arch, production_features())
     assert "split_kv" in sp.values["form"]
     rows = [(r, p) for r, p in zip(pl.rows, problems) if r["form"] == "split_kv"]
@@ -225,7 +228,11 @@ def test_split_kv_is_planned_where_fa4verify_models_fa4s_cut(arch):
         return
     assert rows
     for r, p in rows:
-        assert p.call.num_splits in (2, 3) and p.head_dim == p.head_dim_v
+        assert p.call.num_splits in (2, 3)
+        from fa4verify.targets import split_kv_runs, split_kv_tile
+        assert split_kv_runs(p), r            # FA4 runs every planned split row split
+        if p.head_dim != p.head_dim_v:        # FA4's own 64-key tiles and split count
+            assert split_kv_tile(p) == 64 and p.batch == 1, r
         if p.causal or p.local:            # one query tile (packed heads counted)
             assert p.seqlen_q * (p.nheads // p.nheads_kv) <= facts.SPLIT_KV_ONE_TILE_ROWS
         # FA4's combine merges at least two splits holding keys on every planned row
@@ -243,7 +250,9 @@ def test_split_kv_is_planned_where_fa4verify_models_fa4s_cut(arch):
     assert "one query tile" in sp.why_not({"form": "split_kv", "mask": "causal", "seqlen": "q_gt_k"})
     assert "one query tile" in sp.why_not({"form": "split_kv", "mask": "left", "seqlen": "q_gt_k"})
     assert sp.why_not({"form": "split_kv", "mask": "none", "seqlen": "q_gt_k"}) is None
-    assert "heuristic" in sp.why_not({"form": "split_kv", "hd": "192x128"})
+    assert sp.why_not({"form": "split_kv", "hd": "192x128"}) is None
+    assert "unsplit" in sp.why_not({"form": "split_kv", "hd": "192x128", "seqlen": "q_gt_k"})
+    assert any(p.head_dim != p.head_dim_v for _, p in rows)
     for d in ("hd", "gqa", "seqlen", "softcap", "sink", "scale", "values"):
         for v in sp.values[d]:
             if sp.why_not({"form": "split_kv", d: v}) is None:

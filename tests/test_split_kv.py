@@ -13,14 +13,15 @@ from fa4verify.fuzz.properties import check_problem
 from fa4verify.fuzz.violation import Violation
 from fa4verify.kernels import facts
 from fa4verify.problem import AttentionProblem, CallForm
-from fa4verify.targets import TwinTarget, _check_split_model, split_kv_unmodelled
+from fa4verify.targets import TwinTarget, _check_split_model, split_kv_runs, split_kv_tile, split_kv_unmodelled
 
 PROPS = ("runs", "fwd_budget", "finite", "masked_rows", "batch_invariance", "gqa_repeat", "key_permutation")
 
 
-def _p(sk=3 * 128 + 7, S=3, sink=False, hd=64, **kw):
-    return AttentionProblem(arch="sm100", dtype="bf16", batch=2, seqlen_q=33, seqlen_k=sk, nheads=4, nheads_kv=2,
-                            head_dim=hd, head_dim_v=hd, sink=sink, call=CallForm(num_splits=S), **kw)
+def _p(sk=3 * 128 + 7, S=3, sink=False, hd=64, hdv=None, **kw):
+    kw = dict(dict(batch=2, seqlen_q=33), **kw)
+    return AttentionProblem(arch="sm100", dtype="bf16", seqlen_k=sk, nheads=4, nheads_kv=2, head_dim=hd,
+                            head_dim_v=hd if hdv is None else hdv, sink=sink, call=CallForm(num_splits=S), **kw)
 
 
 def test_key_ranges_are_fa4s_cut_in_whole_tiles():
@@ -41,8 +42,6 @@ def test_key_ranges_are_fa4s_cut_in_whole_tiles():
             facts.split_kv_key_ranges("sm100", "bf16", 64, 64, 300, 2, seqlen_q=65, qhead_per_kvhead=2, **bad)
     with pytest.raises(ValueError, match="negative right"):
         facts.split_kv_key_ranges("sm100", "bf16", 64, 64, 300, 2, seqlen_q=5, local=True, window_right=-1)
-    with pytest.raises(ValueError, match="hd != hdv"):
-        facts.split_kv_key_ranges("sm100", "bf16", 192, 128, 300, 2)
     with pytest.raises(ValueError, match="SM90"):
         facts.split_kv_key_ranges("sm90", "bf16", 64, 64, 300, 2)
 
@@ -83,6 +82,62 @@ def test_fa4_keeps_the_requested_split_count_and_tile():
                     qhead_per_kvhead=g, pack_gqa=pack, batch_size=2, causal=False, local=False,
                     window_size_left=None, window_size_right=None, num_splits=S, device=None)
                 assert cfg.num_splits == S and cfg.n_block_size == facts.fwd_tile("sm100", "bf16", hd, hd, False, False)[1]
+
+
+def test_the_diff_head_dim_split_is_fa4s_own(monkeypatch):
+    """At hd != hdv FA4 halves tile_n and takes its heuristic's split count (or runs unsplit):
+    facts.split_kv_config against FA4's own interface._get_fwd_config (read on the CPU, the SM
+    count from FLASH_ATTENTION_NUM_SMS as FA4 reads it) over thresholds, windows, packing and
+    device sizes -- every case equal."""
+    import itertools
+    import types
+    try:
+        from flash_attn.cute import interface
+    except Exception:  # noqa: BLE001
+        pytest.skip("FA4 (flash-attn-4) not installed")
+    n = 0
+    kinds = set()
+    for sms in (148, 132, 16):
+        monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", str(sms))
+        for (hd, hdv), sk, sq, (b, hk, g, pack), (local, wl, wr) in itertools.product(
+                ((192, 128), (128, 64), (64, 512)), (5, 63 * 128, 63 * 128 + 1, 8192, 20000),
+                (1, 64, 129, 300), ((1, 1, 1, False), (2, 2, 4, True), (2, 2, 4, False), (3, 8, 1, False)),
+                ((False, None, None), (True, 8000, 0), (True, None, 50), (True, 100, 7))):
+            for S in (2, 5):
+                cfg = interface._get_fwd_config(
+                    arch=100, head_dim=hd, head_dim_v=hdv, max_seqlen_q=sq, max_seqlen_k=sk, num_head_kv=hk,
+                    qhead_per_kvhead=g, pack_gqa=pack, batch_size=b, causal=False, local=local,
+                    window_size_left=wl, window_size_right=wr, num_splits=S, device=types.SimpleNamespace(index=0))
+                got = facts.split_kv_config("sm100", "bf16", hd, hdv, sq, sk, S, batch=b, nheads_kv=hk,
+                                            qhead_per_kvhead=g, pack_gqa=pack, local=local, window_left=wl,
+                                            window_right=wr, num_sms=sms)
+                assert got == (cfg.n_block_size, cfg.num_splits), (hd, hdv, sk, sq, b, hk, g, pack, local, wl, wr, S, sms)
+                kinds.add((got[0], got[1] == 1, got[1] == S))
+                n += 1
+    # the sweep reached the unsplit call, the halved tile with its own count, and the tile kept
+    assert {(128, True, False), (64, False, False)} <= kinds and n > 1000
+
+
+def test_a_diff_head_dim_split_call_is_modelled_with_fa4s_tile_and_count():
+    """The key ranges of an hd != hdv split call: FA4's 64-key tiles, its heuristic's count (the
+    modelled B200's 148 SMs here), or the whole row when FA4 runs unsplit."""
+    assert facts.split_kv_key_ranges("sm100", "bf16", 192, 128, 300, 2, num_sms=148) == ((0, 300),)
+    r = facts.split_kv_key_ranges("sm100", "bf16", 192, 128, 8200, 2, seqlen_q=3, batch=2, nheads_kv=2,
+                                  qhead_per_kvhead=2, num_sms=148)
+    # 148 // (2 batch x 2 KV heads x 1 packed tile) = 37 splits of ceil(129 / 37) = 4 tiles of 64 keys
+    assert len(r) == 37 and r[0] == (0, 256) and r[32] == (8192, 8200) and r[33:] == ((8200, 8200),) * 4
+    p = _p().replace(head_dim=192, head_dim_v=128, seqlen_k=8200)
+    assert split_kv_unmodelled(p) is None
+
+
+def test_a_diff_head_dim_split_call_runs_fa4s_tiles_on_the_twin():
+    """The twin runs each of FA4's 37 splits in 64-key tiles (its emulated exp2 columns of a
+    64-wide tile) and passes the composed budget; each partial is judged against its range."""
+    from fa4verify.targets import split_kv_ranges
+    p = _p(**DIFF_HD)
+    assert len(split_kv_ranges(p)) == 37 and split_kv_tile(p) == 64
+    o = check_problem(p, TwinTarget(), properties=PROPS, backward=False)
+    assert 0 < o.metrics["tightness_out"] < 1 and 0 < o.metrics["tightness_partial_out"] < 1
 
 
 @pytest.mark.parametrize("sink", [False, True])
@@ -155,8 +210,13 @@ def test_the_twins_split_forward_passes_end_to_end(sk, S, mask, sink):
     assert "key_permutation" in o.skipped and "split-KV" in o.skipped["key_permutation"]
 
 
+#: an hd != hdv split call FA4 runs in 64-key tiles, 148 // (2 x 2 KV heads) = 37 splits (the modelled B200)
+DIFF_HD = dict(sk=64 * 128 + 100, S=2, hd=192, hdv=128, seqlen_q=3)
+
+
 @pytest.mark.parametrize("mutation,problem", [("split_range_overlap", dict(sk=3 * 128 + 7, S=3)),
                                               ("split_range_overlap", dict(sk=3 * 128 + 7, S=3, causal=True)),
+                                              ("split_range_overlap", DIFF_HD),
                                               ("split_sink_every", dict(sk=300, S=2, sink=True)),
                                               ("split_sink_every", dict(sk=700, S=2, sink=True,
                                                                         window_size=(300, 7)))])
@@ -171,9 +231,11 @@ def test_a_planted_split_fault_fails(mutation, problem):
 def test_unmodelled_splits_are_refused_by_name():
     assert "more than one query tile" in split_kv_unmodelled(_p(causal=True).replace(seqlen_q=65))
     assert split_kv_unmodelled(_p(causal=True)) is None
-    assert "hd != hdv" in split_kv_unmodelled(
-        AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=8, seqlen_k=300, nheads=2, nheads_kv=2,
-                         head_dim=192, head_dim_v=128, call=CallForm(num_splits=2)))
+    # hd != hdv is modelled: FA4 runs this one unsplit (5 KV tiles < 64), a longer one in 64-key tiles
+    short = AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=8, seqlen_k=300, nheads=2, nheads_kv=2,
+                             head_dim=192, head_dim_v=128, call=CallForm(num_splits=2))
+    assert split_kv_unmodelled(short) is None and not split_kv_runs(short)
+    assert split_kv_runs(short.replace(seqlen_k=64 * 128)) and split_kv_tile(short.replace(seqlen_k=64 * 128)) == 64
     assert split_kv_unmodelled(_p()) is None
     with pytest.raises(ValueError):
         CallForm(num_splits=0)

@@ -108,6 +108,11 @@ def _lengths(cls: str, tm: int, tn: int) -> tuple[int, int]:
             "q_lt_k": (17, 2 * tn + 3), "zero": (tn + 1, tn - 1), "many": (9, 13)}[cls]
 
 
+#: the KV tiles (of the forward's default width) an hd != hdv split row adds: FA4 splits such a
+#: call only over 64 of them or more (facts.split_kv_config)
+SPLIT_KV_DIFF_HD_TILES = 64
+
+
 def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed: int = 0):
     """The problem of plan row ``index``."""
     from fa4verify.problem import CallForm, AttentionProblem, ValueSpec
@@ -188,6 +193,16 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
                 kw["seqlen_q"] = min(kw["seqlen_q"], facts.SPLIT_KV_ONE_TILE_ROWS // (nh // nk))
             if window[0] is not None and mask not in space.windows:   # the left window spans two more tiles too
                 kw["window_size"] = (window[0] + 2 * tn, window[1])
+        if hd != hdv and row["seqlen"] not in space.lengths:
+            # FA4 splits an hd != hdv call only over 64 KV tiles of its default width or more, into
+            # its heuristic's count of the SMs over the query tiles (facts.split_kv_config): the
+            # keys (and a left window, its edge still inside them) grow by 64 tiles, one batch
+            # entry (a deployment's own lengths stay: FA4 splits its calls, or runs them unsplit)
+            grow = SPLIT_KV_DIFF_HD_TILES * tn
+            kw["batch"] = 1
+            kw["seqlen_k"] += grow
+            if kw["window_size"][0] is not None and mask not in space.windows:
+                kw["window_size"] = (kw["window_size"][0] + grow, kw["window_size"][1])
     if form == "block_sparse":       # a block mask per batch entry (CallForm.block_per_batch)
         kw["call"] = _listed_block_call(CallForm, sparse_block_size(arch, hd, hdv),
                                         [(kw["seqlen_q"], kw["seqlen_k"], b) for b in range(kw["batch"])], rng,

@@ -14,9 +14,10 @@ Dimensions (:data:`DIMENSIONS`; a row of the plan picks one value of each):
   varlen call (plain ``cu_seqlens``) at the seqlen values that need one (``zero``, ``many``);
   ``split_kv`` (``num_splits > 1``: FA4's split-KV forward and its internal combine, SM 10.x/11.x
   only; forward-only; Note [Split-KV as a call form] in ``fa4verify.judge.split_combine``): planned
-  where fa4verify models FA4's cut of the keys (hd = hdv; under a causal or local mask, a call of
-  one query tile: the plan's masked split rows take a short query side); the other tuples are
-  reported not planned with the reason;
+  where fa4verify models FA4's cut of the keys (under a causal or local mask, a call of one query
+  tile: the plan's masked split rows take a short query side; at hd != hdv FA4's 64-key tiles and
+  its own split count, over 64 KV tiles more); the other tuples are reported not planned with
+  the reason;
 * ``mask``: ``none``, ``causal``, ``left`` (window left side only), ``right``, ``both``,
   ``causal_left`` (causal + a left window);
 * ``hd``: head-dim classes, one per tile class FA4's tile tables select (forward tile, backward
@@ -256,15 +257,19 @@ class FeatureSpace:
         """Why no row calls FA4 with ``num_splits > 1`` at the (partial) row's values: FA4's own
         refusal on this arch, or a cut of the keys fa4verify does not model
         (:func:`fa4verify.kernels.facts.split_kv_key_ranges`: under a causal or local mask, one
-        query tile's rows; hd != hdv), or None. The generic space's masked split rows take a
-        short query side (:func:`fa4verify.coverage.cases.problem_for`), except ``q_gt_k``."""
+        query tile's rows; FA4 runs hd != hdv with hdv 512 unsplit), or None. The generic space's
+        masked split rows take a short query side (:func:`fa4verify.coverage.cases.problem_for`),
+        except ``q_gt_k``; its hd != hdv split rows 64 KV tiles more (FA4's own 64-key tiles and
+        split count)."""
         from fa4verify.kernels.features import cell
         if cell("split_kv", "sm90" if self.arch == "sm90" else "sm100", "fwd").status != "supported":
             return "split_kv: FA4 has no split-KV forward on this arch (interface.py asserts 'SplitKV not supported')"
         hd, mask, seqlen, gqa = row.get("hd"), row.get("mask"), row.get("seqlen"), row.get("gqa")
-        if hd is not None and self.hd[hd][0] != self.hd[hd][1]:
-            return ("split_kv: at hd != hdv FA4 replaces the requested split count by its heuristic's (tile_n 64, "
-                    "interface.py 'SplitKV uses float32 partial output ... diff-headdim'), or runs unsplit")
+        if hd is not None and self.hd[hd][1] == 512 and self.hd[hd][0] != 512:
+            return "split_kv: FA4 runs an hd != hdv call with hdv 512 unsplit (interface.py _get_fwd_config)"
+        if hd is not None and self.hd[hd][0] != self.hd[hd][1] and seqlen == "q_gt_k" and seqlen not in self.lengths:
+            return ("split_kv: FA4 splits an hd != hdv call only over 64 KV tiles or more; more queries than that "
+                    "fill the SMs with query tiles and FA4's heuristic runs it unsplit (interface.py _get_fwd_config)")
         if mask is None or not (mask in ("causal", "causal_left") or is_local(mask)) or seqlen is None:
             return None
         rows = facts.SPLIT_KV_ONE_TILE_ROWS

@@ -185,7 +185,7 @@ def _split_sink_without_keys(problem: AttentionProblem, a: Mapping[str, Any], v:
         ranges = split_kv_ranges(problem)
     except ValueError:
         return False
-    return all(k1 == k0 for k0, k1 in ranges)
+    return len(ranges) > 1 and all(k1 == k0 for k0, k1 in ranges)     # one range: FA4 ran it unsplit
 
 
 def _sm90_bwd_compile(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:

@@ -358,16 +358,20 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
     stats = None
     ref_out = ref_lse = None
     split_call = problem.call is not None and problem.call.num_splits > 1
+    if split_call:            # FA4 may run the request unsplit (hd != hdv with few keys): a plain call
+        from fa4verify.targets import split_kv_runs
+        split_call = split_kv_runs(problem)
     split = None                # Note [Split-KV as a call form]: the split call's references
     if split_call:
         from fa4verify.judge import split_combine as sc
-        from fa4verify.targets import split_kv_ranges
+        from fa4verify.targets import split_kv_ranges, split_kv_tile
     try:
         ofwd = _oracle_forward(problem, a)
         ref_out, ref_lse, stats, _ = judge.forward_allowances(problem, a, budgets=_budget(problem),
                                                               oracle=ofwd)
         if split_call:              # the composed budgets
-            split = sc.split_references(problem, a, split_kv_ranges(problem), budgets=_budget(problem), full=ofwd)
+            split = sc.split_references(problem, a, split_kv_ranges(problem), budgets=_budget(problem), full=ofwd,
+                                        tile_n=split_kv_tile(problem))
             ref_out = dataclasses.replace(ref_out, budget=split.out_budget, fallback=None)
             ref_lse = dataclasses.replace(ref_lse, budget=split.lse_budget)
         oracle_error = None
@@ -482,6 +486,9 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                                                                    and problem.call.block_per_batch):
             skipped["batch_invariance"] = ("needs a dense problem with batch >= 2 (no mod pair: its aux data is per "
                                            "batch; no per-entry block mask: an entry alone draws entry 0's)")
+        elif split_call and split_kv_ranges(problem.replace(batch=1)) != split_kv_ranges(problem):
+            skipped["batch_invariance"] = ("a split-KV call whose split count FA4 takes from the batch (its heuristic "
+                                           "at hd != hdv): an entry alone runs other splits")
         else:
             ran.append("batch_invariance")
             b = problem.batch - 1

@@ -264,13 +264,15 @@ class BackwardJudgement:
 
 
 def forward_allowances(problem: AttentionProblem, a: Mapping[str, Any], *, budgets: Any = None,
-                       oracle: Any = None) -> tuple[Reference, Reference, BudgetStats, Any]:
-    """(out reference, lse reference, statistics, oracle forward) of a problem."""
+                       oracle: Any = None, tile_n: Optional[int] = None
+                       ) -> tuple[Reference, Reference, BudgetStats, Any]:
+    """(out reference, lse reference, statistics, oracle forward) of a problem; ``tile_n``: the KV
+    tile FA4 runs it with where not the forward's own (:class:`BudgetStats`)."""
     bs = load_budgets(problem.dtype, problem.arch, budgets)
     a = effective_inputs(problem, a)
     ofwd = oracle if oracle is not None else oracle_forward(problem, a)
     with np.errstate(invalid="ignore", over="ignore"):
-        st = BudgetStats(problem, a, ofwd, bs)
+        st = BudgetStats(problem, a, ofwd, bs, tile_n=tile_n)
         # Note [Hull fallback]: per element the smaller valid bound of forward_out (first order) and
         # forward_out_hull (rigorous for any logit size; DERIVATIONS.md#hull-fallback)
         out_budget, hull = st.forward_out_decided()

@@ -18,7 +18,9 @@ Note [Split-KV as a call form]
 ------------------------------
 FA4's SM 10.x/11.x forward with ``num_splits > 1`` (``CallForm.num_splits``) cuts each row's keys
 into ``num_splits`` ranges of whole KV tiles (:func:`fa4verify.kernels.facts.split_kv_key_ranges`,
-FA4's ``BlockInfo.get_n_block_min_max``), writes an fp32 partial output and LSE per range (a
+FA4's ``BlockInfo.get_n_block_min_max``; at hd != hdv FA4 runs 64-key tiles and its heuristic's
+split count instead, or the call unsplit: :func:`fa4verify.kernels.facts.split_kv_config`, the
+chunk budgets then count 64-key tiles), writes an fp32 partial output and LSE per range (a
 range with no tile: LSE -inf; the learnable sink belongs to the first split only,
 ``flash_fwd_sm100.py`` 'Only the first split owns the sink column') and merges them with its
 combine kernel in the same call. The problem is the unsplit one, and its output is judged
@@ -164,9 +166,10 @@ class SplitReferences:
 
 
 def split_references(problem: AttentionProblem, a: Mapping[str, Any], splits, *, budgets: Any = None,
-                     full: Any = None) -> SplitReferences:
+                     full: Any = None, tile_n: Optional[int] = None) -> SplitReferences:
     """:class:`SplitReferences` of ``problem`` cut at ``splits`` (a count or the ranges); ``full``:
-    the unsplit oracle forward (``.out``, ``.bound``), computed when None."""
+    the unsplit oracle forward (``.out``, ``.bound``), computed when None; ``tile_n``: the KV tile
+    the splits run with where not the forward's own (FA4's split-KV at hd != hdv: 64)."""
     from fa4verify.oracles import combine as oc
     from fa4verify.judge.attention import oracle_forward
     chunks = split_problems(problem, a, splits)
@@ -187,7 +190,7 @@ def split_references(problem: AttentionProblem, a: Mapping[str, Any], splits, *,
                 out_refs.append(None)
                 lse_refs.append(None)
                 continue
-            ro, rl, _, _ = forward_allowances(p, aa, budgets=budgets)
+            ro, rl, _, _ = forward_allowances(p, aa, budgets=budgets, tile_n=tile_n)
             out_refs.append(ro)
             lse_refs.append(rl)
             Ostar[s] = ro.value

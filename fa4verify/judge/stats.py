@@ -22,6 +22,7 @@ This module does not compare anything: :mod:`fa4verify.judge.verdict` does.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from typing import Any, Mapping, Optional
 
@@ -73,13 +74,17 @@ class BudgetStats:
     budgets use the largest per-row ``backward_p`` of the rows they sum over.
     """
 
-    def __init__(self, problem, a: Mapping[str, Any], ofwd: Any, budget: Any):
+    def __init__(self, problem, a: Mapping[str, Any], ofwd: Any, budget: Any, *, tile_n: Optional[int] = None):
+        """``tile_n``: the KV tile FA4 runs the call with where it is not the forward's own
+        (its split-KV at hd != hdv: :func:`fa4verify.targets.split_kv_tile`)."""
         self.problem, self.budget = problem, budget
         #: the modelled kernel scores S = Q K^T per (tensor core, row window, head): a function of
         #: q and k alone, shared by this object's shallow copies (each backward pass of an example
         #: judged on the same statistics: the driver's, with a dLSE)
         self._s_kernel: dict[tuple, np.ndarray] = {}
         kcon = kernel_constants_for(problem)
+        if tile_n is not None:
+            kcon = dataclasses.replace(kcon, tile_n=int(tile_n))
         kc = {"tile_n": float(kcon.tile_n), "max_offset": float(kcon.max_offset),
               "threshold": float(kcon.rescale_threshold)}
         self.kernel = kcon

@@ -293,7 +293,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             use_2cta: bool | None = None, emulated_columns=None,
             stage_probe: Callable[[StageSample], None] | None = None,
             cu_seqlens_q=None, cu_seqlens_k=None, _varlen_q: bool = False, mla: bool = False,
-            q_descale=None, k_descale=None, v_descale=None) -> TwinForwardResult:
+            q_descale=None, k_descale=None, v_descale=None, tile_n: int | None = None) -> TwinForwardResult:
     """CPU twin of FA4's forward ("CPU twin"; see the module docstring for what is modelled).
 
     ``q`` (b, sq, hq, d), ``k``/``v`` (b, sk, hk, d/dv): torch tensors or numpy arrays of
@@ -401,12 +401,15 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     if arch == "sm90" and mla:
         raise ValueError("MLA (qv) runs on SM 10.x/11.x only")
     if arch == "sm90":
+        if tile_n is not None:
+            raise ValueError("tile_n is an SM 10.x forward's override (FA4's split-KV at hd != hdv)")
         kernel = "sm90"
         tile_m, tile_n = sm90_tile(D, Dv, is_causal, local)
         threshold, max_offset = 0.0, 0.0
     else:
         kernel = "sm100_hd256" if (D == 256 and Dv == 256 and _facts.sm100_hd256_dedicated("fwd")) else "sm100"
-        tile_m, tile_n = 128, 128
+        # tile_n: FA4's own choice of another KV tile (its split-KV at hd != hdv runs 64 keys a tile)
+        tile_m, tile_n = 128, 128 if tile_n is None else int(tile_n)
         if dt == "fp8":
             max_offset = float(params.max_offset_fp8)
             threshold = float(params.rescale_threshold_other)
