@@ -81,8 +81,9 @@ def attention_problems(draw: DrawFn, *, dtype: Optional[str] = None, arch: str =
       ``"paged_kv"`` / ``"seqused_k"`` (one of them, or neither, per problem: a varlen problem run
       with batched K/V, paged with ``page_sizes`` (-1 = the head dim's tile_n) and a random page
       permutation), ``"block_sparse"`` / ``"mask_mod_fn"`` (dense non-causal problems),
-      ``"split_kv"`` (FA4's ``num_splits`` 2..4 on SM 10.x dense problems at hd = hdv, under a
-      causal or local mask those of one query tile: where fa4verify models FA4's cut of the keys).
+      ``"split_kv"`` (FA4's ``num_splits`` 2..4 on SM 10.x dense problems, under a causal or local
+      mask those of one query tile: where fa4verify models FA4's cut of the keys; at hd != hdv FA4
+      runs the short draws unsplit, a plain call then).
       NaN in unused pages only with ``hostile_nan=True``.
 
     Never generates: fp8, MLA head dims, empty dense sequences, NaN/Inf inputs, a mask_mod together

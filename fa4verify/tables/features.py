@@ -37,8 +37,8 @@ START, END = "<!-- feature-table:start -->", "<!-- feature-table:end -->"
 TWIN: dict[tuple[str, str, str], str] = {
     ("combine", "sm90", "fwd"): "`kernels/twin_combine.py`",
     ("combine", "sm100", "fwd"): "`kernels/twin_combine.py`",
-    ("split_kv", "sm100", "fwd"): "the audit's split-KV plan rows (`num_splits` 2, 3; hd = hdv; masked: one query "
-                                  "tile) and fuzz draws: each fp32 partial, FA4's internal combine and the merged "
+    ("split_kv", "sm100", "fwd"): "the audit's split-KV plan rows (`num_splits` 2, 3; hd != hdv: FA4's 64-key "
+                                  "tiles and own count; masked: one query tile) and fuzz draws: each fp32 partial, FA4's internal combine and the merged "
                                   "output within the composed budget (Note [Split-KV as a call form]; "
                                   "`tests/test_split_kv.py`)",
     ("fp8", "sm100", "fwd"): "the audit's fp8 plan with q/k/v descales within the composed budget "
