@@ -1,7 +1,8 @@
 """The numeric knobs of the installed FlashAttention-4, read from its source.
 
-The one importer of ``flash_attn.cute`` for FA4's parameters (the knobs below, and FA4's own
-backward tile function ``_tile_size_bwd_sm90`` for the SM90 dQ-accumulator rule); production
+The one importer of ``flash_attn.cute`` for FA4's parameters (the knobs below, FA4's own
+backward tile function ``_tile_size_bwd_sm90`` for the SM90 dQ-accumulator rule, and the SM count
+its heuristics read, :func:`selection_sms`); production
 kernels go through :mod:`fa4verify.kernels.adapter`.
 
 ``load_params()`` returns the values the twin (``fa4verify.kernels.twin``) and the sweeps need:
@@ -341,6 +342,19 @@ if __name__ == "__main__":  # pragma: no cover
 _MAIN_ROUND_RE = re.compile(r"hdim_multiple_of\s*=\s*(\d+)\s+if\s+dKV_swapAB\s+else\s+(\d+)")
 _ACCUM_ROUND_RE = re.compile(
     r"hdim_multiple_of\s*=\s*(\d+)\s+if\s+arch\s*//\s*10\s*==\s*9\s+and\s+dKV_swapAB\s+else\s+(\d+)")
+
+
+def selection_sms(arch: str) -> Optional[int]:
+    """The SM count FA4's heuristics read for ``arch`` ("sm100", ...): its own
+    ``cute_dsl_utils.get_num_sms_for_selection`` (``FLASH_ATTENTION_NUM_SMS``, else the local GPU
+    when it is of that arch); None where FA4 cannot say (no FA4, no such GPU here)."""
+    try:
+        import torch
+        from flash_attn.cute.cute_dsl_utils import get_num_sms_for_selection
+        dev = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        return int(get_num_sms_for_selection(dev, int(arch[2:])))
+    except Exception:  # noqa: BLE001 - no FA4, no GPU of the arch, no override
+        return None
 
 
 def _round_up(x: int, m: int) -> int:

@@ -512,15 +512,11 @@ SPLIT_KV_MODELLED_SMS = {"sm100": 148, "sm103": 148}
 
 def split_kv_sms(arch: str) -> int:
     """The SM count FA4's split heuristic uses for ``arch``: FA4's own
-    ``cute_dsl_utils.get_num_sms_for_selection`` (``FLASH_ATTENTION_NUM_SMS``, else the local GPU
-    when it is of that arch), else :data:`SPLIT_KV_MODELLED_SMS`."""
-    try:
-        from flash_attn.cute.cute_dsl_utils import get_num_sms_for_selection
-        import torch
-        dev = torch.cuda.current_device() if torch.cuda.is_available() else 0
-        return int(get_num_sms_for_selection(dev, int(arch[2:])))
-    except Exception:  # noqa: BLE001 - no FA4, no GPU of the arch: the modelled device
-        return SPLIT_KV_MODELLED_SMS.get(arch, 148)
+    (:func:`fa4verify.kernels.fa4_params.selection_sms`: ``FLASH_ATTENTION_NUM_SMS``, else the
+    local GPU when it is of that arch), else :data:`SPLIT_KV_MODELLED_SMS`."""
+    from fa4verify.kernels.fa4_params import selection_sms
+    n = selection_sms(arch)
+    return SPLIT_KV_MODELLED_SMS.get(arch, 148) if n is None else n
 
 
 def split_kv_config(arch: str, dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int,

@@ -41,8 +41,9 @@ def load_problem(path: Path, result: Optional[str]):
 
 def variants(p, head_dims=(64, 128), page_sizes=(8, 32, 64, 128)) -> list[tuple[str, Callable[[], Any]]]:
     """(label, thunk building the variant); a thunk that raises ValueError is reported 'invalid'."""
+    from fa4verify.problem import CallForm
     R = dataclasses.replace
-    c = p.call
+    c = p.call if p.call is not None else CallForm()
     out: list[tuple[str, Callable[[], Any]]] = [("as recorded", lambda: p)]
     if p.sink:
         out.append(("sink off", lambda: R(p, sink=False)))
@@ -66,6 +67,9 @@ def variants(p, head_dims=(64, 128), page_sizes=(8, 32, 64, 128)) -> list[tuple[
             out.append((f"only sequence {i}", lambda i=i: R(p, batch=1, seqlens_q=(p.seqlens_q[i],),
                                                              seqlens_k=(p.seqlens_k[i],),
                                                              seqlen_q=p.seqlens_q[i], seqlen_k=p.seqlens_k[i])))
+    if p.head_dim != p.head_dim_v:
+        out.append((f"head_dim_v {p.head_dim}", lambda: R(p, head_dim_v=p.head_dim)))
+        out.append((f"head_dim {p.head_dim_v}", lambda: R(p, head_dim=p.head_dim_v)))
     for hd in sorted(set(head_dims) - {p.head_dim}):
         out.append((f"head_dim {hd}", lambda hd=hd: R(p, head_dim=hd, head_dim_v=hd)))
     if not p.causal:
@@ -97,6 +101,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--head-dims", default="64,128", help="head dims of the head-dim variants")
     ap.add_argument("--page-sizes", default="8,32,64,128", help="page sizes of the page-size variants")
+    ap.add_argument("--deterministic", choices=("on", "off"), default="on",
+                    help="the backward's mode of the case (a plan row's det); one variant runs the other")
     a = ap.parse_args()
     from fa4verify.fuzz import check_problem
     from fa4verify.targets import make_target
@@ -108,17 +114,21 @@ def main() -> int:
     print(f"# {where}; property {a.property}; case {p.describe()}", flush=True)
     rows = []
     ints = lambda x: tuple(int(v) for v in x.split(",") if v)   # noqa: E731
-    for label, build in variants(p, ints(a.head_dims), ints(a.page_sizes)):
+    det = a.deterministic == "on"
+    flip = f"deterministic {'off' if det else 'on'}"
+    for label, build in variants(p, ints(a.head_dims), ints(a.page_sizes)) + [(flip, lambda: p)]:
         t0 = time.monotonic()
         try:
             q = build()
-            q.call.validate(q)
+            if q.call is not None:
+                q.call.validate(q)
         except ValueError as e:
             rows.append({"variant": label, "outcome": "invalid", "detail": str(e)})
             print(f"{label:36s} invalid: {e}", flush=True)
             continue
         try:
-            out = check_problem(q, target, properties=("runs", a.property))
+            out = check_problem(q, target, properties=("runs", a.property),
+                                deterministic=(not det) if label == flip else det)
             outcome = "undecided" if out.undecided else ("pass" if a.property in out.ran else "skipped")
             detail = "; ".join(f"{k}: {v}" for k, v in (out.undecided or out.skipped).items()) or \
                 f"tightness {out.metrics.get('tightness_max', float('nan')):.3g}"

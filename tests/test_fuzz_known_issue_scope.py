@@ -435,3 +435,49 @@ def test_the_sm90_preprocess_overrun_issue_takes_only_what_its_call_showed(hd, h
     ki = match_known_issue(p, Violation(prop, f"{quantity}: planted", m), target="production")
     assert (ki is not None and ki.name == "sm90_bwd_preprocess_overrun") == expect, ki
     assert match_known_issue(p, Violation(prop, f"{quantity}: planted", m), target="twin") is None
+
+
+def _row139(**kw):
+    """coverage.production row 139 of the SM90 bf16 plan at 0518951 (measured on an H100: dQ of
+    rows 0..11 of sequence 1 out of budget)."""
+    d = dict(arch="sm90", dtype="bf16", batch=3, seqlen_q=137, seqlen_k=59, nheads=2, nheads_kv=2, head_dim=128,
+             head_dim_v=64, seqlens_q=(137, 45, 69), seqlens_k=(59, 32, 50), softcap=30.0, softmax_scale=0.0078125)
+    d.update(kw)
+    return AttentionProblem(**d)
+
+
+def test_the_varlen_overrun_rows_are_fa4s_padded_layout():
+    """At tile_m 80 sequence 0 (137 rows, two tiles) ends at padded row 160, where sequence 1
+    starts ((137 + 80) // 80 * 80): its rows 0..15 (tokens 137..152) in both heads; sequence 1's
+    last tile ends at 240, short of sequence 2's start (320), and the heads' last rows stay in
+    the padding (480 a head)."""
+    from fa4verify.fuzz.known_issues import _sm90_varlen_overrun_rows
+    rows = _sm90_varlen_overrun_rows(_row139(), 80)
+    assert [sorted(np.flatnonzero(r)) for r in rows] == [list(range(137, 153))] * 2
+    # sequence 0 of 160 rows: two full tiles, sequence 1 starts a tile later (240), so the overrun
+    # falls in the padding; sequence 1 (45 rows) ends at 320, where sequence 2 starts: tokens 205..220
+    rows = _sm90_varlen_overrun_rows(_row139(seqlens_q=(160, 45, 69), seqlen_q=160), 80)
+    assert [sorted(np.flatnonzero(r)) for r in rows] == [list(range(205, 221))] * 2
+
+
+@pytest.mark.parametrize("tokens, heads, quantity, kw, expect", [
+    ((147, 148, 147, 137, 143), (1, 1, 0, 1, 1), "dq", {}, True),     # the measured elements
+    ((147, 153), (1, 1), "dq", {}, False),                            # token 153: past the 16 rows
+    ((100,), (0,), "dq", {}, False),                                  # sequence 0's own rows
+    ((147,), (1,), "dv", {}, False),                                  # dV reads no D
+    ((147,), (1,), "dq", {"causal": True}, False),                    # tile_m 64
+    ((147,), (1,), "dq", {"head_dim_v": 128}, False),                 # hdv 128 measured right
+    ((60, 62), (0, 1), "dk", {}, True),                               # keys of sequence 1 (k tokens 59..90)
+    ((10,), (0,), "dk", {}, False),                                   # a key of sequence 0
+])
+def test_the_preprocess_overrun_issue_takes_a_varlen_calls_overrun_rows_only(tokens, heads, quantity, kw, expect):
+    """On a varlen call whose padding keeps the overrun inside D (no scratch overrun to see), the
+    issue absorbs only dQ elements of the rows the overrun zeroes and dK elements of keys of a
+    sequence with such a row; nothing else, and only at the measured tile and head_dim_v."""
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    p = _row139(**kw)
+    v = Violation("bwd_budget", f"{quantity}: planted", {"quantity": quantity})
+    v.over_indices = np.array([[t, h, 3] for t, h in zip(tokens, heads)])
+    ki = match_known_issue(p, v, target="production")
+    assert (ki is not None and ki.name == "sm90_bwd_preprocess_overrun") == expect, ki

@@ -235,8 +235,10 @@ def _sm90_bwd_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any]
     races with -- D and what is computed from it, or two deterministic calls that differ."""
     from fa4verify.kernels.facts import bwd_tile
     from fa4verify.problem import resolve_window
-    if problem.arch != "sm90" or problem.head_dim_v != 64 or v.metrics.get("scratch_overrun") != SM90_PREPROCESS_OVERRUN:
+    if problem.arch != "sm90" or problem.head_dim_v != 64:
         return False
+    if v.metrics.get("scratch_overrun") != SM90_PREPROCESS_OVERRUN:
+        return _sm90_varlen_preprocess_overrun(problem, a, v)
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
     if bwd_tile(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local)[0] != 80:
         return False
@@ -246,6 +248,69 @@ def _sm90_bwd_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any]
     if problem.batch * problem.nheads < 2:        # no other head's D rows to race with
         return False
     return v.prop in ("bwd_stages", "bwd_budget", "deterministic_bwd") and quantity in _FROM_D
+
+
+def _sm90_varlen_overrun_rows(problem: AttentionProblem, tile_m: int) -> np.ndarray:
+    """``(nheads, total_q)`` bool: the (query head, token) rows of a varlen call whose D the SM90
+    preprocess's overrun writes as 0 (:func:`_sm90_bwd_preprocess_overrun`): FA4's padded layout
+    of D (``interface.py``: ``(num_head, total_q_rounded_padded)``, ``total_q_rounded_padded =
+    (total_q + (batch + 1) * tile_m - 1) // tile_m * tile_m``; ``seqlen_info.py``: sequence b from
+    ``(cu_seqlens_q[b] + b * tile_m) // tile_m * tile_m``), the 16 rows after each sequence's last
+    tile landing on another sequence's (or the next head's) rows."""
+    lens = np.asarray(problem.seqlens_q, np.int64)
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    B, H, tq = len(lens), problem.nheads, int(cu[-1])
+    T = (tq + (B + 1) * tile_m - 1) // tile_m * tile_m
+    off = (cu[:-1] + np.arange(B) * tile_m) // tile_m * tile_m
+    out = np.zeros((H, tq), bool)
+    over = SM90_PREPROCESS_OVERRUN["dpsum"]
+    for h in range(H):
+        for b in range(B):
+            if lens[b] == 0:
+                continue
+            end = h * T + off[b] + -(-lens[b] // tile_m) * tile_m
+            for g in range(end, end + over):
+                h2, r = divmod(g, T)
+                if h2 >= H:
+                    continue                  # past D's end: the measured scratch overrun
+                hit = np.flatnonzero((off <= r) & (r < off + lens))
+                if hit.size:
+                    out[h2, cu[hit[0]] + r - off[hit[0]]] = True
+    return out
+
+
+def _sm90_varlen_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """The same defect on a varlen call whose padding keeps the overrun inside D (no write past its
+    end for the scratch guard to see): True for a dQ violation whose every element is a row the
+    overrun zeroes (:func:`_sm90_varlen_overrun_rows`), or a dK one whose every element is a key
+    of a sequence with such a row in a query head of its KV head (dS = P (dP - D) of those rows
+    reaches them); measured on NVIDIA H100 (sm_90), 2026-12-05 (scripts/gpu_triage_case.py on plan
+    row 139: dQ of rows 0..11 of sequence 1; each sequence alone, hdv 128, tile_m 64 (causal) and
+    another values seed right)."""
+    from fa4verify.kernels.facts import bwd_tile
+    from fa4verify.problem import resolve_window
+    if problem.arch != "sm90" or problem.head_dim_v != 64 or not problem.varlen \
+            or (problem.call is not None and (problem.call.seqused_q or problem.call.rearranges)):
+        return False
+    r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
+    tm = bwd_tile(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local)[0]
+    quantity = str(v.metrics.get("quantity", ""))
+    if tm != 80 or v.prop not in ("bwd_budget", "deterministic_bwd") or quantity not in ("dq", "dk"):
+        return False
+    idx = v.over_indices
+    if idx is None or not len(idx):
+        return False
+    idx = np.asarray(idx)
+    rows = _sm90_varlen_overrun_rows(problem, tm)
+    if quantity == "dq":               # dq layout (t, h, d)
+        return bool(rows[idx[:, 1], idx[:, 0]].all())
+    g = problem.nheads // problem.nheads_kv
+    lens_k = np.asarray(problem.seqlens_k, np.int64)
+    seq_of_key = np.repeat(np.arange(len(lens_k)), lens_k)
+    cu_q = np.concatenate([[0], np.cumsum(problem.seqlens_q)])
+    hit = np.array([[rows[hk * g:(hk + 1) * g, cu_q[b]:cu_q[b + 1]].any() for b in range(len(lens_k))]
+                    for hk in range(problem.nheads_kv)])
+    return bool(hit[idx[:, 1], seq_of_key[idx[:, 0]]].all())      # dk layout (t_k, h_k, d)
 
 
 def _mask_mod_causal_bwd(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -525,7 +590,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "(sm_90), 2026-12-05, at 299cd69 (scripts/gpu_preprocess_guard.py): at hd 128 / hdv 64 (1x2 and 2x3 "
         "(batch, heads), seqlen_q 80, 137, 160) 16 zeros past the end of D on every call, wrong D rows and dQ "
         "not bitwise in 17-19 of 20 deterministic repetitions; hdv 128 (same tile), hd 64, 96, 192, 256: none; "
-        "docs/results/h100/session16_299cd69/",
+        "docs/results/h100/session16_299cd69/. On a varlen call the padded layout may keep the overrun inside "
+        "D, onto rows 0..15 of the next sequence: CONFIRMED measured on NVIDIA H100 80GB HBM3 (sm_90), "
+        "2026-12-05, at 0518951 (coverage.production row 139, hd 128 / hdv 64, q lens 137/45/69: dQ of rows "
+        "0..11 of sequence 1 out of budget; each sequence alone, hdv 128, causal (tile_m 64), one head and "
+        "another values seed within it; scripts/gpu_triage_case.py, docs/results/h100/session19_0518951/)",
         _sm90_bwd_preprocess_overrun, targets=("production",)),
     KnownIssue(
         "mask_mod_causal_bwd",
