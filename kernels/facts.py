@@ -591,7 +591,10 @@ def split_kv_key_ranges(arch: str, dtype: str, head_dim: int, head_dim_v: int, s
                                      local=local, window_left=window_left, window_right=window_right,
                                      num_sms=num_sms)
     if num_splits == 1:
-        return ((0, seqlen_k),)       # FA4 runs the call unsplit
+        if tn != fwd_tile(arch, dtype, head_dim, head_dim_v, False, False)[1]:
+            raise ValueError(f"at hd != hdv over 64 KV tiles FA4's heuristic may keep one split: the call then "
+                             f"runs unsplit in {tn}-key tiles (2-CTA possible), not modelled")
+        return ((0, seqlen_k),)       # FA4 runs the call unsplit, as the plain call
     if (causal or local) and seqlen_q * max(1, qhead_per_kvhead) > SPLIT_KV_ONE_TILE_ROWS:
         raise ValueError(f"split-KV under a causal/local mask with more than one query tile ({seqlen_q} rows x "
                          f"{qhead_per_kvhead} packed heads > {SPLIT_KV_ONE_TILE_ROWS}): FA4 cuts each tile's own "

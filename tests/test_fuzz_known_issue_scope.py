@@ -481,3 +481,18 @@ def test_the_preprocess_overrun_issue_takes_a_varlen_calls_overrun_rows_only(tok
     v.over_indices = np.array([[t, h, 3] for t, h in zip(tokens, heads)])
     ki = match_known_issue(p, v, target="production")
     assert (ki is not None and ki.name == "sm90_bwd_preprocess_overrun") == expect, ki
+
+
+def test_the_varlen_overrun_rule_takes_neither_a_determinism_failure_nor_a_mod_pair():
+    """The varlen rule absorbs bwd_budget elements only: not a non-repeatable pair of calls (no
+    elements to place) and not a call with a mod pair (a mask pair hides keys from the rows)."""
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    v = Violation("deterministic_bwd", "dq: planted", {"quantity": "dq"})
+    v.over_indices = np.array([[147, 1, 3]])
+    assert match_known_issue(_row139(), v, target="production") is None
+    w = Violation("bwd_budget", "dq: planted", {"quantity": "dq"})
+    w.over_indices = np.array([[147, 1, 3]])
+    assert match_known_issue(_row139(), w, target="production") is not None
+    masked = _row139(softcap=0.0, mods=("default_slope",))
+    assert match_known_issue(masked, w, target="production") is None

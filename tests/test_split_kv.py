@@ -130,6 +130,29 @@ def test_a_diff_head_dim_split_call_is_modelled_with_fa4s_tile_and_count():
     assert split_kv_unmodelled(p) is None
 
 
+def test_a_diff_head_dim_call_fa4_keeps_in_one_split_of_64_key_tiles_is_refused_by_name():
+    """Over 64 KV tiles FA4 halves the tile first; its heuristic may then keep one split (query
+    tiles filling the SMs): the call runs unsplit in 64-key tiles (2-CTA possible), which
+    fa4verify does not model -- refused by name, never judged as the 128-key plain call."""
+    p = AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=4096, seqlen_k=8192, nheads=32, nheads_kv=8,
+                         head_dim=192, head_dim_v=128, call=CallForm(num_splits=2))
+    assert "not modelled" in split_kv_unmodelled(p)
+
+
+def test_metamorphic_variants_of_a_split_request_run_the_same_split_or_are_skipped():
+    """batch_invariance and gqa_repeat compare a variant with the call: at hd != hdv FA4's split
+    count reads the batch and the KV heads, so a variant that runs another split (or none) is
+    skipped with the reason; a variant with the same split runs."""
+    from fa4verify.fuzz.properties import _same_split
+    p = _p(**DIFF_HD)
+    assert not _same_split(p, p.replace(batch=1)) and not _same_split(p, p.replace(nheads_kv=p.nheads))
+    q = _p(sk=3 * 128 + 7, S=3)
+    assert _same_split(q, q.replace(batch=1)) and _same_split(q, q.replace(nheads_kv=q.nheads))
+    o = check_problem(p, TwinTarget(), properties=PROPS, backward=False)
+    assert "an entry alone runs other splits" in o.skipped["batch_invariance"]
+    assert "repeated-heads call runs other splits" in o.skipped["gqa_repeat"]
+
+
 def test_a_diff_head_dim_split_call_runs_fa4s_tiles_on_the_twin():
     """The twin runs each of FA4's 37 splits in 64-key tiles (its emulated exp2 columns of a
     64-wide tile) and passes the composed budget; each partial is judged against its range."""

@@ -268,8 +268,9 @@ class FeatureSpace:
         if hd is not None and self.hd[hd][1] == 512 and self.hd[hd][0] != 512:
             return "split_kv: FA4 runs an hd != hdv call with hdv 512 unsplit (interface.py _get_fwd_config)"
         if hd is not None and self.hd[hd][0] != self.hd[hd][1] and seqlen == "q_gt_k" and seqlen not in self.lengths:
-            return ("split_kv: FA4 splits an hd != hdv call only over 64 KV tiles or more; more queries than that "
-                    "fill the SMs with query tiles and FA4's heuristic runs it unsplit (interface.py _get_fwd_config)")
+            return ("split_kv: not planned by fa4verify at hd != hdv: FA4 splits such a call only over 64 KV tiles "
+                    "or more, and a query side longer than that fills a B200's SMs with query tiles at most head "
+                    "counts, where FA4's heuristic keeps one split (interface.py _get_fwd_config)")
         if mask is None or not (mask in ("causal", "causal_left") or is_local(mask)) or seqlen is None:
             return None
         rows = facts.SPLIT_KV_ONE_TILE_ROWS

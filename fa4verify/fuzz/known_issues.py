@@ -281,21 +281,24 @@ def _sm90_varlen_overrun_rows(problem: AttentionProblem, tile_m: int) -> np.ndar
 
 def _sm90_varlen_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """The same defect on a varlen call whose padding keeps the overrun inside D (no write past its
-    end for the scratch guard to see): True for a dQ violation whose every element is a row the
-    overrun zeroes (:func:`_sm90_varlen_overrun_rows`), or a dK one whose every element is a key
-    of a sequence with such a row in a query head of its KV head (dS = P (dP - D) of those rows
-    reaches them); measured on NVIDIA H100 (sm_90), 2026-12-05 (scripts/gpu_triage_case.py on plan
+    end for the scratch guard to see): True for a ``bwd_budget`` dQ violation whose every element
+    is a row the overrun zeroes (:func:`_sm90_varlen_overrun_rows`), or a dK one whose every
+    element is a key of a sequence with such a row in a query head of its KV head (dS = P (dP - D)
+    of those rows reaches every key of the sequence: tile_m 80 runs without causal or window, and
+    calls with a mask_mod or mod pair are not taken); measured on NVIDIA H100 (sm_90), 2026-12-05 (scripts/gpu_triage_case.py on plan
     row 139: dQ of rows 0..11 of sequence 1; each sequence alone, hdv 128, tile_m 64 (causal) and
     another values seed right)."""
     from fa4verify.kernels.facts import bwd_tile
     from fa4verify.problem import resolve_window
-    if problem.arch != "sm90" or problem.head_dim_v != 64 or not problem.varlen \
-            or (problem.call is not None and (problem.call.seqused_q or problem.call.rearranges)):
+    if problem.arch != "sm90" or problem.head_dim_v != 64 or not problem.varlen or problem.mods \
+            or problem.mask_mod is not None \
+            or (problem.call is not None and (problem.call.seqused_q or problem.call.rearranges
+                                              or problem.call.mask_mod_fn is not None)):
         return False
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
     tm = bwd_tile(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local)[0]
     quantity = str(v.metrics.get("quantity", ""))
-    if tm != 80 or v.prop not in ("bwd_budget", "deterministic_bwd") or quantity not in ("dq", "dk"):
+    if tm != 80 or v.prop != "bwd_budget" or quantity not in ("dq", "dk"):
         return False
     idx = v.over_indices
     if idx is None or not len(idx):

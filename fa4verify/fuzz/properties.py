@@ -294,6 +294,19 @@ def target_of(fn: Callable) -> Any:
     return getattr(fn, "__self__", None)
 
 
+def _same_split(problem: AttentionProblem, other: AttentionProblem) -> bool:
+    """Whether a metamorphic variant ``other`` of a split-KV request runs FA4's split of ``problem``
+    (its key ranges and KV tile; FA4's heuristic at hd != hdv reads the batch and the heads); True
+    for a call without a split request."""
+    if problem.call is None or problem.call.num_splits == 1:
+        return True
+    from fa4verify.targets import split_kv_ranges, split_kv_tile
+    try:
+        return (split_kv_ranges(other), split_kv_tile(other)) == (split_kv_ranges(problem), split_kv_tile(problem))
+    except ValueError:
+        return False
+
+
 def check_problem(problem: AttentionProblem, target: Target, *, properties: Collection[str] = PROPERTIES,
                   backward: bool = True, deterministic: bool = True) -> CheckOutcome:
     """Run ``properties`` on ``problem`` against ``target``; raise :class:`Violation` on the first
@@ -486,7 +499,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                                                                    and problem.call.block_per_batch):
             skipped["batch_invariance"] = ("needs a dense problem with batch >= 2 (no mod pair: its aux data is per "
                                            "batch; no per-entry block mask: an entry alone draws entry 0's)")
-        elif split_call and split_kv_ranges(problem.replace(batch=1)) != split_kv_ranges(problem):
+        elif not _same_split(problem, problem.replace(batch=1)):
             skipped["batch_invariance"] = ("a split-KV call whose split count FA4 takes from the batch (its heuristic "
                                            "at hd != hdv): an entry alone runs other splits")
         else:
@@ -514,6 +527,9 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
     if "gqa_repeat" in props:
         if problem.nheads_kv == problem.nheads or problem.varlen or problem.mods:
             skipped["gqa_repeat"] = "needs a dense GQA/MQA problem (nheads_kv < nheads), no mod pair"
+        elif not _same_split(problem, problem.replace(nheads_kv=problem.nheads)):
+            skipped["gqa_repeat"] = ("a split-KV call whose split count FA4 takes from the KV heads (its heuristic "
+                                     "at hd != hdv): the repeated-heads call runs other splits")
         else:
             ran.append("gqa_repeat")
             g = problem.nheads // problem.nheads_kv
