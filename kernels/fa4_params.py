@@ -383,6 +383,20 @@ def sm90_dq_accum_roundings() -> dict[str, Any]:
             "source": str(d)}
 
 
+@functools.lru_cache(maxsize=256)
+def sm90_bwd_tile_config(head_dim: int, head_dim_v: int, causal: bool = False,
+                         local: bool = False) -> Optional[tuple[int, int, int, int, int]]:
+    """FA4's own SM90 backward tile at these head dims (``_tile_size_bwd_sm90``): ``(m_block,
+    n_block, num_stages_Q, num_stages_dO, num_stages_PdS)``; None without FA4."""
+    try:
+        from flash_attn.cute.interface import _tile_size_bwd_sm90
+        c = _tile_size_bwd_sm90(head_dim, head_dim_v, causal, local)
+    except Exception:  # noqa: BLE001 - FA4 import needs the CuTe DSL
+        return None
+    return (int(c.m_block_size), int(c.n_block_size), int(c.num_stages_Q), int(c.num_stages_dO),
+            int(c.num_stages_PdS))
+
+
 def sm90_dq_accum_mismatch(head_dim: int, head_dim_v: int, *, causal: bool = False,
                            local: bool = False) -> dict[str, Any]:
     """Whether FA4's SM90 backward writes and reads the dQ accumulator with different head-dim

@@ -496,3 +496,18 @@ def test_the_varlen_overrun_rule_takes_neither_a_determinism_failure_nor_a_mod_p
     assert match_known_issue(_row139(), w, target="production") is not None
     masked = _row139(softcap=0.0, mods=("default_slope",))
     assert match_known_issue(masked, w, target="production") is None
+
+
+def test_the_plan_skips_the_sm90_launch_failure_pairs_only_while_fa4_keeps_their_tiles(monkeypatch):
+    """The SM90 plan gives the measured launch-failure pairs no backward while the installed FA4
+    picks the measured tiles there; a release with another tile at a pair is planned again."""
+    from fa4verify.coverage.space import space_for
+    from fa4verify.fuzz import known_issues as ki
+    from fa4verify.kernels import fa4_params
+    sp = space_for("sm90", "bf16")
+    pair = next(n for n, v in sp.hd.items() if tuple(v) == (128, 256))
+    assert "sm90_bwd_hdv_gt_hd_smem" in (sp.no_backward({"hd": pair}) or "")
+    assert not ki.sm90_bwd_smem_over_holds(128, 128)
+    monkeypatch.setattr(fa4_params, "sm90_bwd_tile_config", lambda *a, **k: (64, 64, 1, 1, 1))
+    assert not ki.sm90_bwd_smem_over_holds(128, 256)
+    assert "sm90_bwd_hdv_gt_hd_smem" not in (sp.no_backward({"hd": pair}) or "")

@@ -395,8 +395,8 @@ class FeatureSpace:
             return ("this FA4 release has no backward with a learnable sink (its _flash_attn_bwd takes no "
                     "learnable_sink; 4.0.0b26 added it)")
         if self.arch == "sm90" and hd is not None:
-            from fa4verify.fuzz.known_issues import SM90_BWD_SMEM_OVER
-            if tuple(self.hd[hd]) in SM90_BWD_SMEM_OVER:
+            from fa4verify.fuzz.known_issues import sm90_bwd_smem_over_holds
+            if sm90_bwd_smem_over_holds(*self.hd[hd]):
                 # a row there runs no backward: its triples would be holes (measured, 0518951)
                 return ("known issue sm90_bwd_hdv_gt_hd_smem (FA4's SM90 MHA backward at head_dim < head_dim_v "
                         "does not launch: its shared storage exceeds a block's; with GQA FA4 asserts)")

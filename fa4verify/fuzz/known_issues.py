@@ -201,6 +201,22 @@ def _sm90_bwd_compile(problem: AttentionProblem, a: Mapping[str, Any], v: "Viola
 #: [Launch limits, compile-only])
 SM90_BWD_SMEM_OVER = frozenset({(64, 128), (128, 256)})
 
+#: FA4 4.0.0b36's SM90 backward tiles at those pairs when the launch failure was measured, without
+#: and with causal/local ((m_block, n_block, Q / dO / PdS stages): ``_tile_size_bwd_sm90``)
+SM90_BWD_SMEM_OVER_TILES = {(64, 128): ((128, 128, 2, 2, 2), (128, 128, 2, 2, 2)),
+                            (128, 256): ((80, 128, 2, 2, 2), (64, 128, 2, 2, 2))}
+
+
+def sm90_bwd_smem_over_holds(head_dim: int, head_dim_v: int) -> bool:
+    """Whether the installed FA4 still picks, at a pair of :data:`SM90_BWD_SMEM_OVER`, the
+    backward tiles measured not to launch (a release with other tiles there is not this issue
+    until measured; True without FA4: the pinned release's)."""
+    if (head_dim, head_dim_v) not in SM90_BWD_SMEM_OVER:
+        return False
+    from fa4verify.kernels.fa4_params import sm90_bwd_tile_config
+    got = tuple(sm90_bwd_tile_config(head_dim, head_dim_v, c, False) for c in (False, True))
+    return None in got or got == SM90_BWD_SMEM_OVER_TILES[(head_dim, head_dim_v)]
+
 
 def _sm90_bwd_hdv_gt_hd_smem(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """True for the launch failure of FA4's SM90 MHA backward at head_dim < head_dim_v (its tile
