@@ -348,12 +348,11 @@ class TwinTarget(Target):
         from fa4verify.kernels.twin.exp2 import emulated_columns
         causal_r, local_r, _, _ = facts.resolve_causal_local_window(problem.causal, problem.window_size)
         pack = problem.call.pack_gqa if problem.call.pack_gqa is not None else problem.nheads > problem.nheads_kv
+        tile_n = split_kv_tile(problem)
         cols = emulated_columns(head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, causal=causal_r,
                                 local=local_r, pack_gqa=bool(pack), use_2cta=False,
-                                is_sm103=problem.arch == "sm103", fp8=dt == "fp8",
-                                n_block_size=split_kv_tile(problem))
-        emu = {"use_2cta": False, "emulated_columns": tuple(int(i) for i in np.flatnonzero(cols)),
-               "tile_n": split_kv_tile(problem)}
+                                is_sm103=problem.arch == "sm103", fp8=dt == "fp8", n_block_size=tile_n)
+        emu = {"use_2cta": False, "emulated_columns": tuple(int(i) for i in np.flatnonzero(cols)), "tile_n": tile_n}
         for s, (p, aa, _) in enumerate(split_problems(problem, a, ranges)):
             if p is None:
                 continue
@@ -1144,7 +1143,9 @@ def block_mask_heads(problem: AttentionProblem) -> int:
     return 1 if packed and not per_head else problem.nheads
 
 
-def _split_kw(problem: AttentionProblem) -> dict[str, Any]:
+def _split_kw(problem: AttentionProblem) -> tuple[dict[str, Any], bool]:
+    """(the keywords :func:`fa4verify.kernels.facts.split_kv_config` and ``split_kv_key_ranges``
+    share, FA4's resolved ``causal``) of a split-KV problem."""
     from fa4verify.kernels import facts
     causal, local, left, right = facts.resolve_causal_local_window(problem.causal, problem.window_size)
     return dict(seqlen_q=problem.seqlen_q, qhead_per_kvhead=problem.nheads // problem.nheads_kv, local=local,
@@ -1166,9 +1167,8 @@ def split_kv_tile(problem: AttentionProblem) -> int:
     the forward tile, 64 at hd != hdv)."""
     from fa4verify.kernels import facts
     kw, _ = _split_kw(problem)
-    sq, g = kw.pop("seqlen_q"), kw.pop("qhead_per_kvhead")
-    return facts.split_kv_config(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, sq,
-                                 problem.seqlen_k, problem.call.num_splits, qhead_per_kvhead=g, **kw)[0]
+    return facts.split_kv_config(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
+                                 seqlen_k=problem.seqlen_k, num_splits=problem.call.num_splits, **kw)[0]
 
 
 def split_kv_runs(problem: AttentionProblem) -> bool:

@@ -253,11 +253,11 @@ def _sm90_bwd_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any]
     from fa4verify.problem import resolve_window
     if problem.arch != "sm90" or problem.head_dim_v != 64:
         return False
-    if v.metrics.get("scratch_overrun") != SM90_PREPROCESS_OVERRUN:
-        return _sm90_varlen_preprocess_overrun(problem, a, v)
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
     if bwd_tile(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local)[0] != 80:
         return False
+    if v.metrics.get("scratch_overrun") != SM90_PREPROCESS_OVERRUN:
+        return _sm90_varlen_preprocess_overrun(problem, v)
     quantity = str(v.metrics.get("quantity", ""))
     if v.prop == "bwd_stages" and quantity == "scratch_bounds":
         return True
@@ -295,32 +295,27 @@ def _sm90_varlen_overrun_rows(problem: AttentionProblem, tile_m: int) -> np.ndar
     return out
 
 
-def _sm90_varlen_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+def _sm90_varlen_preprocess_overrun(problem: AttentionProblem, v: "Violation") -> bool:
     """The same defect on a varlen call whose padding keeps the overrun inside D (no write past its
-    end for the scratch guard to see): True for a ``bwd_budget`` dQ violation whose every element
+    end for the scratch guard to see; the caller checked the arch, head_dim_v 64 and tile_m 80): True for a ``bwd_budget`` dQ violation whose every element
     is a row the overrun zeroes (:func:`_sm90_varlen_overrun_rows`), or a dK one whose every
     element is a key of a sequence with such a row in a query head of its KV head (dS = P (dP - D)
     of those rows reaches every key of the sequence: tile_m 80 runs without causal or window, and
-    calls with a mask_mod or mod pair are not taken); measured on NVIDIA H100 (sm_90), 2026-12-05 (scripts/gpu_triage_case.py on plan
-    row 139: dQ of rows 0..11 of sequence 1; each sequence alone, hdv 128, tile_m 64 (causal) and
-    another values seed right)."""
-    from fa4verify.kernels.facts import bwd_tile
-    from fa4verify.problem import resolve_window
-    if problem.arch != "sm90" or problem.head_dim_v != 64 or not problem.varlen or problem.mods \
-            or problem.mask_mod is not None \
+    calls with a mask_mod or mod pair are not taken); measured on NVIDIA H100 (sm_90), 2026-12-05
+    (scripts/gpu_triage_case.py on plan row 139: dQ of rows 0..11 of sequence 1; each sequence
+    alone, hdv 128, tile_m 64 (causal) and another values seed right)."""
+    if not problem.varlen or problem.mods or problem.mask_mod is not None \
             or (problem.call is not None and (problem.call.seqused_q or problem.call.rearranges
                                               or problem.call.mask_mod_fn is not None)):
         return False
-    r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
-    tm = bwd_tile(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local)[0]
     quantity = str(v.metrics.get("quantity", ""))
-    if tm != 80 or v.prop != "bwd_budget" or quantity not in ("dq", "dk"):
+    if v.prop != "bwd_budget" or quantity not in ("dq", "dk"):
         return False
     idx = v.over_indices
     if idx is None or not len(idx):
         return False
     idx = np.asarray(idx)
-    rows = _sm90_varlen_overrun_rows(problem, tm)
+    rows = _sm90_varlen_overrun_rows(problem, 80)
     if quantity == "dq":               # dq layout (t, h, d)
         return bool(rows[idx[:, 1], idx[:, 0]].all())
     g = problem.nheads // problem.nheads_kv
