@@ -9,7 +9,11 @@ problem, the stages of that work with no kernel at all (no GPU needed):
 
 Columns: ``values`` (materialize), ``oracle_fwd``, ``fwd_allow`` (forward budgets),
 ``oracle_bwd``, ``bwd_allow`` (the composed backward budgets), and the same two for the dLSE pass
-(``*_dlse``, Note [The composed budgets with dLSE]). Seconds on this machine, one run each.
+(``*_dlse``, Note [The composed budgets with dLSE]) and for a loss through the LSE alone
+(``*_lse_only``: dO = 0, the autograd pass of a deterministic row). As production judges them: the
+kernel's forward is the oracle's (rounded to fp32), and on sm90 the scores of the interval bound
+come from the tensor-core model (Note [SM90 MMA model]), computed once per problem and shared by
+its passes (the first backward column carries that cost). Seconds on this machine, one run each.
 """
 from __future__ import annotations
 
@@ -52,12 +56,17 @@ def time_problem(p) -> dict[str, float]:
     a = run("values", p.materialize)
     of = run("oracle_fwd", lambda: judge.oracle_forward(p, a))
     ref_out, _lse, stats, _ = run("fwd_allow", lambda: judge.forward_allowances(p, a, budgets=_budget(p), oracle=of))
+    kw = dict(probabilistic=False, kernel_fwd=(np.asarray(of.out, np.float32), np.asarray(of.lse, np.float32)),
+              tensor_core="sm90" if p.arch == "sm90" else None)
     ob = run("oracle_bwd", lambda: judge.oracle_backward(p, a))
-    run("bwd_allow", lambda: copy.copy(stats).backward(ob, ref_out.budget, ref_out.bound, probabilistic=False))
+    run("bwd_allow", lambda: copy.copy(stats).backward(ob, ref_out.budget, ref_out.bound, **kw))
     dl = (np.random.default_rng(0).standard_normal(np.shape(of.lse)) * 0.5).astype(np.float32)
     obd = run("oracle_bwd_dlse", lambda: judge.oracle_backward(p, a, dlse=dl))
-    run("bwd_allow_dlse", lambda: copy.copy(stats).backward(obd, ref_out.budget, ref_out.bound, probabilistic=False,
-                                                            dlse=dl))
+    run("bwd_allow_dlse", lambda: copy.copy(stats).backward(obd, ref_out.budget, ref_out.bound, dlse=dl, **kw))
+    a0 = dict(a, dout=np.zeros_like(a["dout"]))
+    ob0 = run("oracle_bwd_lse_only", lambda: judge.oracle_backward(p, a0, dlse=dl))
+    run("bwd_allow_lse_only", lambda: stats.with_zero_dout(a0).backward(ob0, ref_out.budget, ref_out.bound, dlse=dl,
+                                                                         **kw))
     return t
 
 
@@ -71,11 +80,12 @@ def main() -> None:
     problems, edges = _problems(args.arch, args.seed)
     rows = args.rows if args.rows is not None else sorted(range(len(problems)), key=lambda i: -_size(problems[i]))[:4]
     names = args.edges if args.edges is not None else sorted(edges, key=lambda n: -_size(edges[n]))[:4]
-    cols = ("values", "oracle_fwd", "fwd_allow", "oracle_bwd", "bwd_allow", "oracle_bwd_dlse", "bwd_allow_dlse")
-    print(f"{'problem':<28}" + "".join(f"{c:>16}" for c in cols) + f"{'total':>10}")
+    cols = ("values", "oracle_fwd", "fwd_allow", "oracle_bwd", "bwd_allow", "oracle_bwd_dlse", "bwd_allow_dlse",
+            "oracle_bwd_lse_only", "bwd_allow_lse_only")
+    print(f"{'problem':<14}" + "".join(f"{c:>20}" for c in cols) + f"{'total':>10}")
     for label, p in [(f"row {i}", problems[i]) for i in rows] + [(n, edges[n]) for n in names]:
         t = time_problem(p)
-        print(f"{label:<28}" + "".join(f"{t[c]:>16.2f}" for c in cols) + f"{sum(t.values()):>10.2f}", flush=True)
+        print(f"{label:<14}" + "".join(f"{t[c]:>20.2f}" for c in cols) + f"{sum(t.values()):>10.2f}", flush=True)
         print(f"  {p.describe()[:140]}")
 
 

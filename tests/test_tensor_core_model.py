@@ -46,6 +46,29 @@ def test_the_vectorised_block_fma_equals_the_exact_rational_path(m):
     assert np.array_equal(got.view(np.int32), want.view(np.int32))
 
 
+@pytest.mark.parametrize("m", [tc.BlockFMA(ch, F, pe, tr, fi, acc) for ch, F, pe, tr, fi, acc in itertools.product(
+    (4, 16), (23, 25), ("inputs", "normalised"), ("rz", "floor"), ("rz", "rn"), (True, False))],
+    ids=lambda m: f"{m.chunk}-{m.frac_bits}-{m.product_exponent}-{m.term}-{m.final}-{m.acc_aligned}")
+def test_the_product_by_product_mma_equals_the_chain_of_block_fmas(m):
+    """:func:`mma` (running maxima and sums over row slices) against the plain chain of
+    :func:`block_fma` calls, bit for bit: batched operands broadcast against each other, a k loop
+    that ends in a partial block, zeros, an accumulator given, and row slices smaller than M."""
+    rng = np.random.default_rng(m.chunk * 11 + m.frac_bits)
+    a, b = _draw(rng, (2, 1, 37, 41)), _draw(rng, (1, 3, 29, 41))
+    c = (rng.standard_normal((2, 3, 37, 29)) * np.exp2(rng.integers(-12, 13, (2, 3, 37, 29)))).astype(np.float32)
+    c[..., ::4, :] = 0.0
+    want = tc.mma_by_blocks(a, b, c, m)
+    old = tc._SLICE_ELEMS
+    try:
+        for elems in (old, 100):            # one slice, and slices of a few rows
+            tc._SLICE_ELEMS = elems
+            got = tc.mma(a, b, c, m)
+            assert got.dtype == np.float32 and got.shape == (2, 3, 37, 29)
+            assert np.array_equal(got.view(np.int32), want.view(np.int32)), elems
+    finally:
+        tc._SLICE_ELEMS = old
+
+
 def _golden():
     if not GOLDEN.exists():
         pytest.fail(f"recorded H200 vectors missing: {GOLDEN}")

@@ -49,7 +49,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["BlockFMA", "SM90", "SM90_16BIT", "block_fma", "block_fma_exact", "mma", "model_for", "in_domain"]
+__all__ = ["BlockFMA", "SM90", "SM90_16BIT", "block_fma", "block_fma_exact", "mma", "mma_by_blocks", "model_for", "in_domain"]
 
 
 @dataclass(frozen=True)
@@ -164,36 +164,82 @@ def block_fma_exact(c: float, a: Sequence[float], b: Sequence[float], m: BlockFM
     return float(np.float32(fp32(s, m.final) + float(fc)))
 
 
-#: elements of one step's working arrays (rows x N x chunk) per row slice of :func:`mma`: 2 MiB
-#: per float64 temporary, in cache (on the CPU, 2^18 took 16-48 % less time than 2^22 on backward
-#: tiles of 128 x 247 x 200, 16 x 4096 x 128 and 128 x 1024 x 64; the slices change no bit)
-_SLICE_ELEMS = 1 << 18
+#: elements of one row slice's (rows x N) working arrays in :func:`mma`: 1 MiB per float64
+#: temporary, in cache (the slices change no bit)
+_SLICE_ELEMS = 1 << 17
 
 
 def mma(a, b, init: Optional[np.ndarray], m: BlockFMA) -> np.ndarray:
     """``init + a @ b^T`` over the last axis of ``a`` (..., M, K) and ``b`` (..., N, K) as the
     tensor core computes it: blocks of ``m.chunk`` products in k order (``init`` None: a
-    zero-initialised accumulator). fp32 result (..., M, N)."""
+    zero-initialised accumulator). fp32 result (..., M, N).
+
+    The chain of :func:`block_fma` calls, computed product by product: each of a block's ``chunk``
+    products is an outer product of a column of ``a`` and one of ``b`` over a slice of rows
+    (contiguous (rows, N) arrays, updated in place), its alignment exponent folded into the
+    block's running maximum and its truncated term into the running sum -- the same exact values as
+    :func:`block_fma` (a maximum and a sum of integers below 2^53 in any order), without its
+    (rows, N, chunk) temporaries and their reductions over the short last axis (a test holds the
+    two equal for every parameter setting)."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    shape = lead + (a.shape[-2], b.shape[-2])
+    acc = np.zeros(shape, np.float32) if init is None else np.broadcast_to(np.asarray(init, np.float32), shape)
+    out = np.empty(shape, np.float32)
+    K, M, N = a.shape[-1], a.shape[-2], b.shape[-2]
+    # k-major operands: one k column is a contiguous (..., M) / (..., N) vector
+    at = np.ascontiguousarray(np.moveaxis(np.broadcast_to(a, lead + a.shape[-2:]), -1, 0))     # (K, ..., M)
+    bt = np.ascontiguousarray(np.moveaxis(np.broadcast_to(b, lead + b.shape[-2:]), -1, 0))     # (K, ..., N)
+    ea, eb = _exponent(at), _exponent(bt)
+    cut = np.trunc if m.term == "rz" else np.floor
+    step = max(1, _SLICE_ELEMS // max(1, int(np.prod(lead, dtype=np.int64)) * N))
+    for r0 in range(0, M, step):
+        rows = slice(r0, min(M, r0 + step))
+        c = np.array(acc[..., rows, :], np.float64)
+        E = np.empty_like(c)
+        t = np.empty_like(c)
+        s = np.empty_like(c)
+        for k0 in range(0, K, m.chunk):
+            ks = range(k0, min(K, k0 + m.chunk))
+            E.fill(-np.inf)
+            for k in ks:                # the block's alignment exponent
+                if m.product_exponent == "inputs":
+                    np.add(ea[k, ..., rows, None], eb[k, ..., None, :], out=t)
+                else:
+                    np.multiply(at[k, ..., rows, None], bt[k, ..., None, :], out=t)
+                    t[...] = _exponent(t)
+                np.maximum(E, t, out=E)
+            if m.acc_aligned:
+                np.maximum(E, _exponent(c), out=E)
+            E[~np.isfinite(E)] = 0.0
+            sc = np.exp2(m.frac_bits - E)
+            s.fill(0.0)
+            for k in ks:                # the truncated terms, summed exactly
+                np.multiply(at[k, ..., rows, None], bt[k, ..., None, :], out=t)
+                t *= sc
+                cut(t, out=t)
+                s += t
+            if m.acc_aligned:
+                s += cut(c * sc)
+                c = _to_fp32(s / sc, m.final).astype(np.float64)
+            else:
+                c = (_to_fp32(s / sc, m.final).astype(np.float64) + c).astype(np.float32).astype(np.float64)
+        out[..., rows, :] = c
+    return out
+
+
+def mma_by_blocks(a, b, init: Optional[np.ndarray], m: BlockFMA) -> np.ndarray:
+    """:func:`mma` as the plain chain of :func:`block_fma` calls over (M, N, chunk) products: the
+    second vectorised path the tests compare :func:`mma` with."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-2])
     acc = np.zeros(shape, np.float32) if init is None else np.broadcast_to(np.asarray(init, np.float32), shape)
-    out = np.empty(shape, np.float32)
-    K, M = a.shape[-1], a.shape[-2]
-    # each operand's exponents once (the products broadcast them; block_fma would redo them per product)
-    ea, eb = (_exponent(a), _exponent(b)) if m.product_exponent == "inputs" else (None, None)
-    # rows in slices, so that one step's (rows, N, chunk) terms stay near 2^22 elements
-    step = max(1, _SLICE_ELEMS // max(1, int(np.prod(shape[:-2], dtype=np.int64)) * shape[-1] * m.chunk))
-    for r0 in range(0, M, step):
-        rows = slice(r0, min(M, r0 + step))
-        acc_r = acc[..., rows, :]
-        for k0 in range(0, K, m.chunk):
-            ks = slice(k0, k0 + m.chunk)
-            acc_r = block_fma(acc_r, a[..., rows, None, ks], b[..., None, :, ks], m,
-                              ea=None if ea is None else ea[..., rows, None, ks],
-                              eb=None if eb is None else eb[..., None, :, ks])
-        out[..., rows, :] = acc_r
-    return out
+    for k0 in range(0, a.shape[-1], m.chunk):
+        ks = slice(k0, k0 + m.chunk)
+        acc = block_fma(acc, a[..., :, None, ks], b[..., None, :, ks], m)
+    return np.asarray(acc, np.float32)
 
 
 #: the SM90 model per input dtype (Note [SM90 MMA model]): one block of all 16 products of a k step
