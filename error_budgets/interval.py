@@ -68,7 +68,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-__all__ = ["PairIntervals", "pair_intervals", "one_hot_chain", "chain_kappa", "accumulate", "finish", "WIDEN", "SLACK"]
+__all__ = ["PairIntervals", "PairP", "pair_intervals", "pair_p", "one_hot_chain", "chain_kappa", "accumulate", "finish", "WIDEN", "SLACK"]
 
 #: outward factor on every radius (Note [Directed float64])
 WIDEN = 1.0 + 2.0 ** -30
@@ -291,7 +291,7 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
                    exact: Optional[tuple[np.ndarray, np.ndarray]] = None,
                    lse_self: Optional[np.ndarray] = None, sink: Optional[float] = None,
                    n_blocks: Optional[np.ndarray] = None, s_kernel: Optional[np.ndarray] = None,
-                   dlse: Optional[np.ndarray] = None) -> PairIntervals:
+                   dlse: Optional[np.ndarray] = None, p_part: Optional["PairP"] = None) -> PairIntervals:
     """Intervals of the kernel's cast P and cast dS for one (segment, query head) block.
 
     ``q`` (lq, d), ``k`` (lk, d), ``v`` (lk, dv), ``dout`` (lq, dv): the exact inputs (float64
@@ -314,10 +314,55 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
     the rigorous enclosure it is that point: a verdict then rests on the model (recorded bit for bit
     on an H200, re-measured by the audit's ``tensor_core.mma``), not on the worst case alone.
     ``dlse`` (lq,): a gradient through the returned LSE: the kernel reads ``D' = RN(D - dLSE)``
-    as D (Note [The composed budgets with dLSE], fa4verify/judge/stats.py)."""
+    as D (Note [The composed budgets with dLSE], fa4verify/judge/stats.py).
+
+    Note [P before dO]: everything up to the cast P (the scores, the factor of a softcap or
+    score_mod, P and its cast, the exact P) reads neither ``dout``, ``o_mid``, ``o_rad`` nor
+    ``dlse``: :func:`pair_p` computes that part, and ``p_part`` (its result for the same block,
+    LSE and mask) lets the passes of one call that differ only in dO or dLSE (the driver's, the
+    dLSE pass, a loss through the LSE alone) share it instead of computing it again."""
+    pp = p_part if p_part is not None else pair_p(
+        bs, q=q, k=k, lse_mid=lse_mid, lse_rad=lse_rad, keep=keep, scale=scale, softcap=softcap, score=score,
+        exact=exact, lse_self=lse_self, sink=sink, n_blocks=n_blocks, s_kernel=s_kernel)
+    return _pair_ds(bs, pp, v=v, dout=dout, o_mid=o_mid, o_rad=o_rad, exact=exact, dlse=dlse)
+
+
+@dataclass
+class PairP:
+    """The part of :func:`pair_intervals` before dO enters (Note [P before dO]): per pair the
+    kernel's P ``[p_lo, p_hi]`` and its cast ``[pc_lo, pc_hi]`` (both 0 on pairs FA4 masks or
+    whose LSE is +inf: ``vis`` False), the softcap / score_mod factor ``[f_lo, f_hi]`` (None
+    without), and with ``exact``: the exact P ``p_ex``, the factor's size ``f_abs`` and, with a
+    factor, ``f_drop = (where, |f_ex|)``: the pairs whose factor interval holds 0 (a correct kernel
+    may drop them) and the exact factor's size."""
+    p_lo: np.ndarray
+    p_hi: np.ndarray
+    pc_lo: np.ndarray
+    pc_hi: np.ndarray
+    vis: np.ndarray
+    f_lo: Optional[np.ndarray] = None
+    f_hi: Optional[np.ndarray] = None
+    p_ex: Optional[np.ndarray] = None
+    f_abs: Any = 1.0
+    f_drop: Optional[tuple[np.ndarray, np.ndarray]] = None
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.p_lo, self.p_hi, self.pc_lo, self.pc_hi, self.vis, self.f_lo, self.f_hi, self.p_ex, self.f_abs,
+                 *(self.f_drop or ()))
+        return int(sum(x.nbytes for x in parts if isinstance(x, np.ndarray)))
+
+
+def pair_p(bs: Any, *, q: np.ndarray, k: np.ndarray, lse_mid: np.ndarray, lse_rad: np.ndarray, keep: np.ndarray,
+           scale: float, softcap: float = 0.0, score: Optional[tuple[Callable, Callable, Callable, float, float]] = None,
+           exact: Optional[tuple[np.ndarray, np.ndarray]] = None, lse_self: Optional[np.ndarray] = None,
+           sink: Optional[float] = None, n_blocks: Optional[np.ndarray] = None,
+           s_kernel: Optional[np.ndarray] = None) -> PairP:
+    """The P part of :func:`pair_intervals` (Note [P before dO]); its arguments are that
+    function's, with the same meaning."""
     C = bs.constants
     u = C["u_fp32"]
-    d, dv = q.shape[-1], v.shape[-1]
+    d = q.shape[-1]
     keep = np.asarray(keep, bool)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # ---- S = Q K^T (fp32 MMA, any order): bwd_s_accum, plus the float64 evaluation
@@ -456,6 +501,38 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         # ---- the dV operand RN_p(P): bwd_p_cast (monotone, >= 0)
         pc_lo = np.maximum(p_lo - np.asarray(bs.evaluate("bwd_p_cast", {"p": p_lo}), np.float64), 0.0)
         pc_hi = p_hi + np.asarray(bs.evaluate("bwd_p_cast", {"p": p_hi}), np.float64)
+        p_ex = f_drop = None
+        f_abs: Any = 1.0
+        if exact is not None:
+            # the exact softmax of the exact scores (y_ex: of the exact S)
+            lse_ex = np.asarray(exact[1], np.float64)
+            ok = keep & np.isfinite(lse_ex)[:, None]
+            p_ex = np.where(ok, np.exp(np.where(ok, y_ex - np.where(np.isfinite(lse_ex), lse_ex, 0.0)[:, None],
+                                                -np.inf)), 0.0)
+            f_abs = 1.0 if f_lo is None else np.abs(f_lo + f_hi) / 2
+            if f_lo is not None:
+                # where the model admits a factor of 0 (a saturated softcap: the GPU's tanh is +-1,
+                # or within its error of it; a score_mod whose gradient interval holds 0), a
+                # correct kernel may drop the pair's exact dS, whose factor is f at the exact scores
+                # (1 - tanh^2 = sech^2 = 4 e^-2|a| / (1 + e^-2|a|)^2: no cancellation where tanh ~ 1;
+                # a score_mod: its gradient at the exact scores)
+                if softcap > 0:
+                    e2 = np.exp(-2 * np.abs(S_ex * scale / float(softcap)))
+                    f_ex = 4 * e2 / (1 + e2) ** 2
+                else:
+                    f_ex = np.broadcast_to(np.asarray(score[1](S_ex * scale), np.float64), S.shape)
+                f_drop = ((f_lo <= 0) & (f_hi >= 0), np.abs(f_ex))
+    return PairP(p_lo, p_hi, pc_lo, pc_hi, vis, f_lo, f_hi, p_ex, f_abs, f_drop)
+
+
+def _pair_ds(bs: Any, pp: PairP, *, v: np.ndarray, dout: np.ndarray, o_mid: np.ndarray, o_rad: np.ndarray,
+             exact: Optional[tuple[np.ndarray, np.ndarray]], dlse: Optional[np.ndarray]) -> PairIntervals:
+    """The dO part of :func:`pair_intervals` from its P part ``pp`` (Note [P before dO])."""
+    C = bs.constants
+    u = C["u_fp32"]
+    dv = v.shape[-1]
+    p_lo, p_hi, vis, f_lo, f_hi = pp.p_lo, pp.p_hi, pp.vis, pp.f_lo, pp.f_hi
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # ---- t = RN(dP - D): dp_accum, d_pre (D from the given O), one fp32 rounding
         dP = dout @ v.T
         DOV = np.abs(dout) @ np.abs(v).T
@@ -487,29 +564,15 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
         ds_hi = np.where(vis, ds_hi, 0.0)
         p_ex = ds_mag = ds_drop = None
         if exact is not None:
-            # the exact softmax of the exact scores (y_ex: of the exact S) and the size of the exact
-            # dS = P (dP - D) f before anything cancels (dP = dO V and D = O dO in absolute values)
-            o_ex, lse_ex = (np.asarray(x, np.float64) for x in exact)
-            ok = keep & np.isfinite(lse_ex)[:, None]
-            p_ex = np.where(ok, np.exp(np.where(ok, y_ex - np.where(np.isfinite(lse_ex), lse_ex, 0.0)[:, None],
-                                                -np.inf)), 0.0)
-            f_abs = 1.0 if f_lo is None else np.abs(f_lo + f_hi) / 2
+            # the size of the exact dS = P (dP - D) f before anything cancels (dP = dO V and D =
+            # O dO in absolute values)
+            o_ex = np.asarray(exact[0], np.float64)
+            p_ex = pp.p_ex
             terms = p_ex * (DOV + (np.sum(np.abs(o_ex * dout), axis=-1) + adl)[:, None])
-            ds_mag = terms * f_abs
-            ds_drop = np.zeros_like(terms)
-            if f_lo is not None:
-                # where the model admits a factor of 0 (a saturated softcap: the GPU's tanh is +-1,
-                # or within its error of it; a score_mod whose gradient interval holds 0), a
-                # correct kernel may drop the pair's exact dS, whose factor is f at the exact scores
-                # (1 - tanh^2 = sech^2 = 4 e^-2|a| / (1 + e^-2|a|)^2: no cancellation where tanh ~ 1;
-                # a score_mod: its gradient at the exact scores)
-                if softcap > 0:
-                    e2 = np.exp(-2 * np.abs(S_ex * scale / float(softcap)))
-                    f_ex = 4 * e2 / (1 + e2) ** 2
-                else:
-                    f_ex = np.broadcast_to(np.asarray(score[1](S_ex * scale), np.float64), S.shape)
-                ds_drop = np.where((f_lo <= 0) & (f_hi >= 0), terms * np.abs(f_ex), 0.0)
-    return PairIntervals(pc_lo, pc_hi, ds_lo, ds_hi, p_ex, ds_mag, ds_drop)
+            ds_mag = terms * pp.f_abs
+            ds_drop = (np.zeros_like(terms) if pp.f_drop is None
+                       else np.where(pp.f_drop[0], terms * pp.f_drop[1], 0.0))
+    return PairIntervals(pp.pc_lo, pp.pc_hi, ds_lo, ds_hi, p_ex, ds_mag, ds_drop)
 
 
 def accumulate(lo: np.ndarray, hi: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -58,15 +58,16 @@ def test_the_product_by_product_mma_equals_the_chain_of_block_fmas(m):
     c = (rng.standard_normal((2, 3, 37, 29)) * np.exp2(rng.integers(-12, 13, (2, 3, 37, 29)))).astype(np.float32)
     c[..., ::4, :] = 0.0
     want = tc.mma_by_blocks(a, b, c, m)
-    old = tc._SLICE_ELEMS
+    old = tc._SLICE_ELEMS, tc._BLOCKS_AT_MOST
     try:
-        for elems in (old, 100):            # one slice, and slices of a few rows
+        tc._BLOCKS_AT_MOST = 0              # product by product at every size
+        for elems in (old[0], 100):         # one slice, and slices of a few rows
             tc._SLICE_ELEMS = elems
             got = tc.mma(a, b, c, m)
             assert got.dtype == np.float32 and got.shape == (2, 3, 37, 29)
             assert np.array_equal(got.view(np.int32), want.view(np.int32)), elems
     finally:
-        tc._SLICE_ELEMS = old
+        tc._SLICE_ELEMS, tc._BLOCKS_AT_MOST = old
 
 
 def _golden():

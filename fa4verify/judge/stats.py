@@ -39,6 +39,28 @@ FTZ = 2.0 ** -126   # smallest normal fp32: what flush-to-zero can remove from o
 
 #: bytes of modelled kernel scores one statistics object keeps for its later backward passes
 _S_KERNEL_BYTES = 1 << 28
+#: bytes of interval P parts (Note [P before dO], error_budgets/interval.py) kept for later passes
+_P_PART_BYTES = 1 << 28
+
+
+class _Kept:
+    """Values kept by key while their bytes fit ``limit`` (a later one that does not fit is not
+    kept: its caller computes it again); one object shared by a statistics object's shallow copies."""
+
+    def __init__(self, limit: int):
+        self.items: dict = {}
+        self.limit, self.bytes = int(limit), 0
+
+    def put(self, key: Any, value: Any, nbytes: int) -> None:
+        if key not in self.items and self.bytes + nbytes <= self.limit:
+            self.items[key] = value
+            self.bytes += int(nbytes)
+
+
+def _same_arrays(a: tuple, b: tuple) -> bool:
+    """Whether two tuples of arrays (or None) hold the same values, NaN equal to NaN."""
+    return all((x is None and y is None) or (x is not None and y is not None and np.shape(x) == np.shape(y)
+                                             and np.array_equal(x, y, equal_nan=True)) for x, y in zip(a, b))
 
 
 def gamma(n, u=_U32):
@@ -81,7 +103,11 @@ class BudgetStats:
         #: the modelled kernel scores S = Q K^T per (tensor core, row window, head): a function of
         #: q and k alone, shared by this object's shallow copies (each backward pass of an example
         #: judged on the same statistics: the driver's, with a dLSE)
-        self._s_kernel: dict[tuple, np.ndarray] = {}
+        self._s_kernel = _Kept(_S_KERNEL_BYTES)
+        #: the interval bound's P part per (tensor core, row window, head) with the LSE it read
+        #: (Note [P before dO]): shared by the shallow copies like ``_s_kernel``, reused by a pass
+        #: whose forward LSE is the same (the passes differ in dO or dLSE only)
+        self._p_parts = _Kept(_P_PART_BYTES)
         kcon = kernel_constants_for(problem)
         if tile_n is not None:
             kcon = dataclasses.replace(kcon, tile_n=int(tile_n))
@@ -400,15 +426,13 @@ class BudgetStats:
         if model is None:
             return None
         key = (tensor_core, bidx, h)
-        if key in self._s_kernel:
-            return self._s_kernel[key]
+        if key in self._s_kernel.items:
+            return self._s_kernel.items[key]
         from fa4verify.kernels.twin.tensor_core import in_domain, mma
         q, k = self.q[qs, h], self.k[ks, hk]
         s = mma(q, k, None, model) if in_domain(q, k, self.problem.dtype) else None
         # kept while they fit _S_KERNEL_BYTES (a long row's scores are recomputed instead)
-        held = sum(x.nbytes for x in self._s_kernel.values() if x is not None)
-        if s is None or held + s.nbytes <= _S_KERNEL_BYTES:
-            self._s_kernel[key] = s
+        self._s_kernel.put(key, s, 0 if s is None else s.nbytes)
         return s
 
     def _undecided_reason(self, out: Mapping[str, np.ndarray], kernel_fwd: Optional[tuple]) -> Optional[str]:
@@ -537,15 +561,25 @@ class BudgetStats:
                              lambda x, b=bidx, h=h: spair.grad(x, b, h, sqi, ski, saux),
                              lambda x, y, b=bidx, h=h: spair.err(x, y, b, h, sqi, ski, saux),
                              float(spair.lipschitz), float(getattr(spair, "curvature", np.inf)))
+                # Note [P before dO]: the P part of a block whose forward LSE an earlier pass read too
+                lse_in = (lse_mid[qs, h], np.broadcast_to(lse_rad, lse_mid.shape)[qs, h],
+                          None if lse_self is None else lse_self[qs, h])
+                pkey = (tensor_core, bidx, h)
+                held = self._p_parts.items.get(pkey)
+                pp = held[1] if held is not None and _same_arrays(held[0], lse_in) else None
+                if pp is None:
+                    pp = ivm.pair_p(self.budget, q=q[qs, h], k=k[ks, hk], lse_mid=lse_in[0], lse_rad=lse_in[1],
+                                    keep=keep, scale=sc, softcap=cap, score=score,
+                                    exact=(self.O[qs, h], self.lse_t[qs, h]), lse_self=lse_in[2],
+                                    sink=None if sink is None else float(sink[h]), n_blocks=self.row["n_blocks"][qs, h],
+                                    s_kernel=self._kernel_scores(tensor_core, mma_model, bidx, h, qs, ks, hk))
+                    self._p_parts.put(pkey, (tuple(None if x is None else np.array(x) for x in lse_in), pp),
+                                      pp.nbytes)
                 pi = ivm.pair_intervals(self.budget, q=q[qs, h], k=k[ks, hk], v=v[ks, hk], dout=dout[qs, h],
-                                        o_mid=o_mid[qs, h], o_rad=o_rad[qs, h], lse_mid=lse_mid[qs, h],
-                                        lse_rad=lse_rad[qs, h], keep=keep, scale=sc, softcap=cap,
-                                        score=score, exact=(self.O[qs, h], self.lse_t[qs, h]),
-                                        lse_self=None if lse_self is None else lse_self[qs, h],
-                                        sink=None if sink is None else float(sink[h]),
-                                        n_blocks=self.row["n_blocks"][qs, h],
-                                        dlse=None if dl_t is None else dl_t[qs, h],
-                                        s_kernel=self._kernel_scores(tensor_core, mma_model, bidx, h, qs, ks, hk))
+                                        o_mid=o_mid[qs, h], o_rad=o_rad[qs, h], lse_mid=lse_in[0],
+                                        lse_rad=lse_in[1], keep=keep, scale=sc,
+                                        exact=(self.O[qs, h], self.lse_t[qs, h]),
+                                        dlse=None if dl_t is None else dl_t[qs, h], p_part=pp)
                 with np.errstate(invalid="ignore", over="ignore"):
                     # u_p times the terms' size, plus the cast floor p_sub of each visible term
                     # (a P or dS below it is cast to 0 by a correct kernel)
