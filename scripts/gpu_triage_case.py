@@ -58,6 +58,11 @@ def variants(p, head_dims=(64, 128), page_sizes=(8, 32, 64, 128)) -> list[tuple[
                                                                        spare_pages=0, full_pages=False))))
     if c.seqused_k and not c.paged:
         out.append(("seqused_k off (cu_seqlens_k)", lambda: R(p, call=R(c, seqused_k=False))))
+    if c.seqused_q:
+        out.append(("q_capacity +80", lambda: R(p, call=R(c, q_capacity=c.q_capacity + 80))))
+        out.append((f"q_packed {not c.q_packed}", lambda: R(p, call=R(c, q_packed=not c.q_packed))))
+        out.append(("seqused_q off (cu_seqlens_q)", lambda: R(p, call=R(c, seqused_q=False, q_capacity=0,
+                                                                         q_packed=False))))
     if c.seqused_k and p.seqlens_q is not None and len(set(p.seqlens_q)) > 1 and not c.q_batched:
         m = max(p.seqlens_q)
         out.append(("q batched (equal seqlens_q)", lambda: R(p, seqlens_q=(m,) * p.batch, seqlen_q=m,
@@ -134,6 +139,18 @@ def main() -> int:
                 f"tightness {out.metrics.get('tightness_max', float('nan')):.3g}"
         except Violation as v:
             outcome, detail = "FAIL", v.message.split(" | case:")[0][:300]
+            idx = getattr(v, "over_indices", None)
+            if idx is not None and len(idx) and q.varlen and str(v.metrics.get("quantity")) == "dq":
+                # the (token, head) rows over budget, as (head, sequence, row in it)
+                toks = sorted({(int(h), int(t)) for t, h in ((i[0], i[1]) for i in idx)})
+                cu = [0]
+                for n in q.seqlens_q:
+                    cu.append(cu[-1] + n)
+                def seq_row(t):
+                    b = max(i for i in range(len(cu) - 1) if cu[i] <= t)
+                    return b, t - cu[b]
+                rows_over = [(h,) + seq_row(t) for h, t in toks]
+                detail += f"; {len(rows_over)} (head, sequence, row) over: {rows_over[:48]}"
         except Unsupported as e:
             outcome, detail = "unsupported", str(e)[:200]
         except Exception as e:  # noqa: BLE001 - a variant's error is a line of the table, not the end

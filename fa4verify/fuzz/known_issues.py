@@ -266,32 +266,58 @@ def _sm90_bwd_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any]
     return v.prop in ("bwd_stages", "bwd_budget", "deterministic_bwd") and quantity in _FROM_D
 
 
-def _sm90_varlen_overrun_rows(problem: AttentionProblem, tile_m: int) -> np.ndarray:
-    """``(nheads, total_q)`` bool: the (query head, token) rows of a varlen call whose D the SM90
-    preprocess's overrun writes as 0 (:func:`_sm90_bwd_preprocess_overrun`): FA4's padded layout
-    of D (``interface.py``: ``(num_head, total_q_rounded_padded)``, ``total_q_rounded_padded =
-    (total_q + (batch + 1) * tile_m - 1) // tile_m * tile_m``; ``seqlen_info.py``: sequence b from
-    ``(cu_seqlens_q[b] + b * tile_m) // tile_m * tile_m``), the 16 rows after each sequence's last
-    tile landing on another sequence's (or the next head's) rows."""
+def _sm90_d_slots(problem: AttentionProblem, tile_m: int) -> Optional[tuple[np.ndarray, np.ndarray, int]]:
+    """Where FA4's SM90 backward keeps D of each (query head, sequence) of a varlen problem:
+    ``(start (nheads, batch), length (batch,), size)`` in D's flat buffer, or None for a Q side it
+    passes batched and whole (``q_batched``: the dense layout, whose overrun past the last slot the
+    scratch guard sees). ``interface.py`` (4.0.0b36): with ``cu_seqlens_q`` D is ``(num_head,
+    total_q_rounded_padded)``, ``total_q_rounded_padded = (total_q + (batch + 1) * tile_m - 1) //
+    tile_m * tile_m``, sequence b from ``(cu_seqlens_q[b] + b * tile_m) // tile_m * tile_m``
+    (``seqlen_info.py``) -- the plain varlen call, and ``seqused_q`` over Q packed at capacity
+    offsets (``cu_seqlens_q`` at them); without it (``seqused_q`` over batched Q) D is ``(batch,
+    num_head, seqlen_q_rounded)``, ``seqlen_q_rounded`` the capacity rounded up to tile_m. Only the
+    Q side matters: the preprocess reads O and dO (the K side's form is another kernel's)."""
+    call = problem.call
     lens = np.asarray(problem.seqlens_q, np.int64)
-    cu = np.concatenate([[0], np.cumsum(lens)])
-    B, H, tq = len(lens), problem.nheads, int(cu[-1])
+    B, H = len(lens), problem.nheads
+    if call is not None and call.q_batched:
+        return None
+    if call is not None and call.seqused_q and not call.q_packed:
+        R = -(-int(call.q_capacity) // tile_m) * tile_m
+        start = (np.arange(B)[None, :] * H + np.arange(H)[:, None]) * R
+        return start, lens, B * H * R
+    cu = (np.arange(B + 1) * int(call.q_capacity) if call is not None and call.seqused_q
+          else np.concatenate([[0], np.cumsum(lens)]))
+    tq = int(cu[-1])
     T = (tq + (B + 1) * tile_m - 1) // tile_m * tile_m
     off = (cu[:-1] + np.arange(B) * tile_m) // tile_m * tile_m
-    out = np.zeros((H, tq), bool)
+    return np.arange(H)[:, None] * T + off[None, :], lens, H * T
+
+
+def _sm90_varlen_overrun_rows(problem: AttentionProblem, tile_m: int) -> Optional[np.ndarray]:
+    """``(nheads, total_q)`` bool: the (query head, token) rows of a varlen call whose D the SM90
+    preprocess's overrun writes as 0 (:func:`_sm90_bwd_preprocess_overrun`): the 16 rows after each
+    sequence's last tile in D's buffer (:func:`_sm90_d_slots`) landing on another sequence's (or
+    the next head's) rows; None where the layout is not modelled."""
+    slots = _sm90_d_slots(problem, tile_m)
+    if slots is None:
+        return None
+    start, lens, size = slots
+    H, B = start.shape
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    out = np.zeros((H, int(cu[-1])), bool)
     over = SM90_PREPROCESS_OVERRUN["dpsum"]
+    s0, s1 = start.ravel(), (start + lens[None, :]).ravel()
     for h in range(H):
         for b in range(B):
             if lens[b] == 0:
                 continue
-            end = h * T + off[b] + -(-lens[b] // tile_m) * tile_m
-            for g in range(end, end + over):
-                h2, r = divmod(g, T)
-                if h2 >= H:
-                    continue                  # past D's end: the measured scratch overrun
-                hit = np.flatnonzero((off <= r) & (r < off + lens))
+            end = int(start[h, b]) + -(-int(lens[b]) // tile_m) * tile_m
+            for g in range(end, min(end + over, size)):       # past D's end: the measured scratch overrun
+                hit = np.flatnonzero((s0 <= g) & (g < s1))
                 if hit.size:
-                    out[h2, cu[hit[0]] + r - off[hit[0]]] = True
+                    h2, b2 = divmod(int(hit[0]), B)
+                    out[h2, cu[b2] + g - int(start[h2, b2])] = True
     return out
 
 
@@ -305,8 +331,7 @@ def _sm90_varlen_preprocess_overrun(problem: AttentionProblem, v: "Violation") -
     (scripts/gpu_triage_case.py on plan row 139: dQ of rows 0..11 of sequence 1; each sequence
     alone, hdv 128, tile_m 64 (causal) and another values seed right)."""
     if not problem.varlen or problem.mods or problem.mask_mod is not None \
-            or (problem.call is not None and (problem.call.seqused_q or problem.call.rearranges
-                                              or problem.call.mask_mod_fn is not None)):
+            or (problem.call is not None and problem.call.mask_mod_fn is not None):
         return False
     quantity = str(v.metrics.get("quantity", ""))
     if v.prop != "bwd_budget" or quantity not in ("dq", "dk"):
@@ -316,6 +341,8 @@ def _sm90_varlen_preprocess_overrun(problem: AttentionProblem, v: "Violation") -
         return False
     idx = np.asarray(idx)
     rows = _sm90_varlen_overrun_rows(problem, 80)
+    if rows is None:
+        return False
     if quantity == "dq":               # dq layout (t, h, d)
         return bool(rows[idx[:, 1], idx[:, 0]].all())
     g = problem.nheads // problem.nheads_kv
