@@ -511,3 +511,65 @@ def test_the_plan_skips_the_sm90_launch_failure_pairs_only_while_fa4_keeps_their
     monkeypatch.setattr(fa4_params, "sm90_bwd_tile_config", lambda *a, **k: (64, 64, 1, 1, 1))
     assert not ki.sm90_bwd_smem_over_holds(128, 256)
     assert "sm90_bwd_hdv_gt_hd_smem" not in (sp.no_backward({"hd": pair}) or "")
+
+
+def _row129(**call_kw):
+    """coverage.production row 129 of the SM90 bf16 plan at 6197c5c (measured on an H100, cold
+    run: dQ out of budget, worst at token 263 = sequence 1 row 2, head 0): seqused_q over batched
+    Q of capacity 266."""
+    from fa4verify.problem import CallForm
+    c = dict(seqused_q=True, q_capacity=266)
+    c.update(call_kw)
+    return AttentionProblem(arch="sm90", dtype="bf16", batch=3, seqlen_q=261, seqlen_k=391, nheads=2, nheads_kv=2,
+                            head_dim=128, head_dim_v=64, seqlens_q=(261, 87, 131), seqlens_k=(391,) * 3,
+                            softcap=30.0, sink=True, sink_dtype="bf16", softmax_scale=0.0078125, call=CallForm(**c))
+
+
+def test_the_overrun_rows_follow_the_q_side_of_a_seqused_q_call():
+    """Batched Q (no cu_seqlens_q): D is (batch, heads, capacity rounded to 80 = 320); sequence 0
+    (261 rows, four tiles) ends at its slot's end, so the overrun zeroes rows 0..15 of the next
+    slots: head 1 of sequence 0 and head 0 of sequence 1 (tokens 261..276); sequences 1 and 2 end
+    inside their slots' padding. Capacity 346 (slots of 400) keeps every overrun in padding. Q
+    packed at capacity offsets: the cu_seqlens layout, sequence b at (266 b + 80 b) // 80 * 80."""
+    from fa4verify.fuzz.known_issues import _sm90_varlen_overrun_rows
+    rows = _sm90_varlen_overrun_rows(_row129(), 80)
+    assert [sorted(np.flatnonzero(r)) for r in rows] == [list(range(261, 277)), list(range(0, 16))]
+    assert not _sm90_varlen_overrun_rows(_row129(q_capacity=346), 80).any()
+    # packed: offsets 0, 320, 640 (cu 0, 266, 532); sequence 0 ends at 320 = sequence 1's start
+    rows = _sm90_varlen_overrun_rows(_row129(q_packed=True), 80)
+    assert [sorted(np.flatnonzero(r)) for r in rows] == [list(range(261, 277))] * 2
+
+
+def _row129_batched_equal():
+    from fa4verify.problem import CallForm
+    return AttentionProblem(arch="sm90", dtype="bf16", batch=3, seqlen_q=261, seqlen_k=391, nheads=2, nheads_kv=2,
+                            head_dim=128, head_dim_v=64, seqlens_q=(261,) * 3, seqlens_k=(391,) * 3,
+                            call=CallForm(q_batched=True))
+
+
+@pytest.mark.parametrize("tokens, heads, kw, expect", [
+    ((263, 262, 270), (0, 0, 0), {}, True),                     # the measured worst element, its rows
+    ((5,), (1,), {}, True),                                     # head 1 of sequence 0, rows 0..15
+    ((5,), (0,), {}, False),                                    # head 0 of sequence 0: no overrun there
+    ((263, 278), (0, 0), {}, False),                            # token 278: sequence 1 row 17, past it
+    ((263,), (0,), {"q_capacity": 346}, False),                 # slots of 400: the overrun stays in padding
+])
+def test_the_preprocess_overrun_issue_takes_a_seqused_q_calls_overrun_rows_only(tokens, heads, kw, expect):
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    v = Violation("bwd_budget", "dq: planted", {"quantity": "dq"})
+    v.over_indices = np.array([[t, h, 3] for t, h in zip(tokens, heads)])
+    ki = match_known_issue(_row129(**kw), v, target="production")
+    assert (ki is not None and ki.name == "sm90_bwd_preprocess_overrun") == expect, ki
+
+
+def test_a_batched_q_of_equal_lengths_is_left_to_the_scratch_guard():
+    """q_batched (no seqused_q): the dense layout, whose last slot's overrun the scratch guard
+    sees: the varlen rule places nothing there."""
+    from fa4verify.fuzz.known_issues import _sm90_varlen_overrun_rows, match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    p = _row129_batched_equal()
+    assert _sm90_varlen_overrun_rows(p, 80) is None
+    v = Violation("bwd_budget", "dq: planted", {"quantity": "dq"})
+    v.over_indices = np.array([[263, 0, 3]])
+    assert match_known_issue(p, v, target="production") is None

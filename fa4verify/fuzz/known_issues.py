@@ -329,7 +329,10 @@ def _sm90_varlen_preprocess_overrun(problem: AttentionProblem, v: "Violation") -
     of those rows reaches every key of the sequence: tile_m 80 runs without causal or window, and
     calls with a mask_mod or mod pair are not taken); measured on NVIDIA H100 (sm_90), 2026-12-05
     (scripts/gpu_triage_case.py on plan row 139: dQ of rows 0..11 of sequence 1; each sequence
-    alone, hdv 128, tile_m 64 (causal) and another values seed right)."""
+    alone, hdv 128, tile_m 64 (causal) and another values seed right), and on a seqused_q call over
+    batched Q, 2026-12-06 (plan row 129: dQ of sequence 1's first rows, head 0). D is placed by the
+    call's Q side (:func:`_sm90_d_slots`); the K side's form does not matter (the preprocess reads
+    O and dO only)."""
     if not problem.varlen or problem.mods or problem.mask_mod is not None \
             or (problem.call is not None and problem.call.mask_mod_fn is not None):
         return False
@@ -635,7 +638,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "D, onto rows 0..15 of the next sequence: CONFIRMED measured on NVIDIA H100 80GB HBM3 (sm_90), "
         "2026-12-05, at 0518951 (coverage.production row 139, hd 128 / hdv 64, q lens 137/45/69: dQ of rows "
         "0..11 of sequence 1 out of budget; each sequence alone, hdv 128, causal (tile_m 64), one head and "
-        "another values seed within it; scripts/gpu_triage_case.py, docs/results/h100/session19_0518951/)",
+        "another values seed within it; scripts/gpu_triage_case.py, docs/results/h100/session19_0518951/); "
+        "and on a seqused_q call over batched Q, D (batch, heads, capacity rounded to 80), onto rows 0..15 of "
+        "the next (batch, head): measured on NVIDIA H100 80GB HBM3 (sm_90), 2026-12-06, at 6197c5c "
+        "(coverage.production row 129, capacity 266, q lens 261/87/131: dQ of sequence 1 head 0 out of budget, "
+        "worst at its row 2; a race: three warm runs passed it; docs/results/h100/session20_6197c5c/)",
         _sm90_bwd_preprocess_overrun, targets=("production",)),
     KnownIssue(
         "mask_mod_causal_bwd",
