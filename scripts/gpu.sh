@@ -59,7 +59,7 @@
 #                  FUZZ_DIST draws only the named value distributions (e.g. huge)
 #   triage         replay a failing case and one-attribute variants of it (scripts/gpu_triage_case.py;
 #                  TRIAGE_CASE: a case / audit JSON, default the seed-2 paged-KV row; TRIAGE_PROPERTY,
-#                  TRIAGE_HDS, TRIAGE_PAGES: the head dims and page sizes varied; TRIAGE_DET: the case's backward
+#                  TRIAGE_HDS, TRIAGE_PAGES: the head dims and page sizes varied; TRIAGE_ONLY: label prefixes of the variants to run; TRIAGE_DET: the case's backward
 #                  mode, on or off, a variant runs the other)
 #   srcmut:ID[,ID] the catalogue's source mutants (fa4verify.mutants.source) under the audit's MUT_CHECKS
 #                  (default coverage.production or sequences.production; MUT_GPUS: the audit's --gpus), each copy with its own kernel
@@ -219,7 +219,7 @@ PY
               echo "fuzzmany rc=$?"; grep -E "fuzz.production" "$OUT/fuzz_many.log" | cut -c1-600 | tail -4; tail -3 "$OUT/fuzz_many.log" ;;
     triage)   timeout "$left" python3 scripts/gpu_triage_case.py --case "${TRIAGE_CASE:-docs/results/h200/seeds/audit_seed2_failures.json}" \
                   --property "${TRIAGE_PROPERTY:-fwd_budget}" --head-dims "${TRIAGE_HDS:-64,128}" \
-                  --page-sizes "${TRIAGE_PAGES:-8,32,64,128}" --deterministic "${TRIAGE_DET:-on}" --json "$OUT/triage.json" 2>&1 | grep -v Warning | tail -40 ;;
+                  --page-sizes "${TRIAGE_PAGES:-8,32,64,128}" --deterministic "${TRIAGE_DET:-on}" --only "${TRIAGE_ONLY:-}" --json "$OUT/triage.json" 2>&1 | grep -v Warning | tail -40 ;;
     srcmut:*) ids=${step#srcmut:}; timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" \
                 --checks "${MUT_CHECKS:-coverage.production or sequences.production}" ${MUT_GPUS:+--gpus "$MUT_GPUS"} ${ids//,/ } 2>&1 | tail -12 ;;
     hang)     timeout "$left" python3 scripts/audit_mutants.py --out "$OUT" --checks "${HANG_CHECKS:-budgets.production}" \

@@ -106,6 +106,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--head-dims", default="64,128", help="head dims of the head-dim variants")
     ap.add_argument("--page-sizes", default="8,32,64,128", help="page sizes of the page-size variants")
+    ap.add_argument("--only", default="", help="comma-separated prefixes: run only the variants whose label starts "
+                                               "with one of them ('as recorded' always runs)")
     ap.add_argument("--deterministic", choices=("on", "off"), default="on",
                     help="the backward's mode of the case (a plan row's det); one variant runs the other")
     a = ap.parse_args()
@@ -121,7 +123,11 @@ def main() -> int:
     ints = lambda x: tuple(int(v) for v in x.split(",") if v)   # noqa: E731
     det = a.deterministic == "on"
     flip = f"deterministic {'off' if det else 'on'}"
-    for label, build in variants(p, ints(a.head_dims), ints(a.page_sizes)) + [(flip, lambda: p)]:
+    chosen = variants(p, ints(a.head_dims), ints(a.page_sizes)) + [(flip, lambda: p)]
+    only = tuple(x.strip() for x in a.only.split(",") if x.strip())
+    if only:
+        chosen = [(lb, b) for lb, b in chosen if lb == "as recorded" or lb.startswith(only)]
+    for label, build in chosen:
         t0 = time.monotonic()
         try:
             q = build()
