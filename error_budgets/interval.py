@@ -68,7 +68,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-__all__ = ["PairIntervals", "PairP", "pair_intervals", "pair_p", "one_hot_chain", "chain_kappa", "accumulate", "finish", "WIDEN", "SLACK"]
+__all__ = ["PairIntervals", "PairP", "pair_intervals", "pair_p", "one_hot_chain", "chain_kappa", "accumulate", "finish",
+           "WIDEN", "SLACK"]
 
 #: outward factor on every radius (Note [Directed float64])
 WIDEN = 1.0 + 2.0 ** -30

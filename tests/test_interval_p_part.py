@@ -36,7 +36,8 @@ def _passes(p, st_of, calls):
     a0 = dict(a, dout=np.zeros_like(a["dout"]))
     out = []
     with np.errstate(invalid="ignore", over="ignore"):
-        for ob, d, zero in ((judge.oracle_backward(p, a), None, False), (judge.oracle_backward(p, a, dlse=dl), dl, False),
+        for ob, d, zero in ((judge.oracle_backward(p, a), None, False),
+                            (judge.oracle_backward(p, a, dlse=dl), dl, False),
                             (judge.oracle_backward(p, a0, dlse=dl), dl, True)):
             st = st_of(p, a, of)
             st = st.with_zero_dout(a0) if zero else copy.copy(st)

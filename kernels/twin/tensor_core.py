@@ -49,7 +49,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["BlockFMA", "SM90", "SM90_16BIT", "block_fma", "block_fma_exact", "mma", "mma_by_blocks", "model_for", "in_domain"]
+__all__ = ["BlockFMA", "SM90", "SM90_16BIT", "block_fma", "block_fma_exact", "mma", "mma_by_blocks", "model_for",
+           "in_domain"]
 
 
 @dataclass(frozen=True)
