@@ -87,18 +87,15 @@ def _to_fp32(x: np.ndarray, mode: str) -> np.ndarray:
     return r
 
 
-def block_fma(c, a, b, m: BlockFMA, ea: Optional[np.ndarray] = None, eb: Optional[np.ndarray] = None
-              ) -> np.ndarray:
+def block_fma(c, a, b, m: BlockFMA) -> np.ndarray:
     """One block FMA, vectorised: ``c`` (...) fp32 values; ``a``, ``b`` (..., n) 16-bit values
-    (any float dtype holding them exactly; broadcast against each other); returns fp32 (...).
-    ``ea``, ``eb``: ``_exponent(a)``, ``_exponent(b)`` where the caller has them (:func:`mma`
-    computes them once per operand instead of once per broadcast product)."""
+    (any float dtype holding them exactly; broadcast against each other); returns fp32 (...)."""
     c = np.asarray(c, np.float64)
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     p = a * b                                           # exact: 16- / 22-bit significands
     if m.product_exponent == "inputs":
-        ep = (_exponent(a) if ea is None else ea) + (_exponent(b) if eb is None else eb)
+        ep = _exponent(a) + _exponent(b)
     else:
         ep = _exponent(p)
     ec = _exponent(c)
