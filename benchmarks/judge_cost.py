@@ -11,7 +11,8 @@ problem, the stages of that work with no kernel at all (no GPU needed):
 Columns: ``values`` (materialize), ``oracle_fwd``, ``fwd_allow`` (forward budgets),
 ``oracle_bwd``, ``bwd_allow`` (the composed backward budgets), and the same two for the dLSE pass
 (``*_dlse``, Note [The composed budgets with dLSE]) and for a loss through the LSE alone
-(``*_lse_only``: dO = 0, the autograd pass of a deterministic row). As production judges them: the
+(``*_lse_only``: dO = 0, the autograd pass of a deterministic row; its oracle the dLSE pass's minus
+the driver's, Note [Gradients by linearity]). As production judges them: the
 kernel's forward is the oracle's (rounded to fp32), and on sm90 the scores of the interval bound
 come from the tensor-core model (Note [SM90 MMA model]), computed once per problem and shared by
 its passes (the first backward column carries that cost). Seconds on this machine, one run each.
@@ -47,6 +48,7 @@ def _size(p) -> int:
 def time_problem(p) -> dict[str, float]:
     from fa4verify import judge
     from fa4verify.fuzz.properties import _budget
+    from fa4verify.oracles.attention import backward_difference
     t: dict[str, float] = {}
 
     def run(name, f):
@@ -65,7 +67,8 @@ def time_problem(p) -> dict[str, float]:
     obd = run("oracle_bwd_dlse", lambda: judge.oracle_backward(p, a, dlse=dl))
     run("bwd_allow_dlse", lambda: copy.copy(stats).backward(obd, ref_out.budget, ref_out.bound, dlse=dl, **kw))
     a0 = dict(a, dout=np.zeros_like(a["dout"]))
-    ob0 = run("oracle_bwd_lse_only", lambda: judge.oracle_backward(p, a0, dlse=dl))
+    # Note [Gradients by linearity]: production's LSE-only oracle is the dLSE pass's minus the driver's
+    ob0 = run("oracle_bwd_lse_only", lambda: backward_difference(obd, ob))
     run("bwd_allow_lse_only", lambda: stats.with_zero_dout(a0).backward(ob0, ref_out.budget, ref_out.bound, dlse=dl,
                                                                          **kw))
     return t

@@ -40,6 +40,7 @@ for everything that depends on a NaN/Inf input).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Sequence, Union
 
@@ -99,6 +100,43 @@ class AttentionBackward:
     precision: Precision
     method: str
     forward: Optional[AttentionForward] = None
+
+
+def backward_difference(whole: AttentionBackward, part: AttentionBackward) -> AttentionBackward:
+    """Note [Gradients by linearity]: the backward of the cotangents ``whole``'s minus ``part``'s
+    (``dO_w - dO_p``, ``dLSE_w - dLSE_p``) on the same inputs, from the two results alone.
+
+    The exact gradients are linear in ``(dO, dLSE)`` jointly: ``dS = P (dO V^T - D + dLSE)`` with
+    ``D = rowsum(dO O)`` (times the softcap or score_mod factor, which reads no cotangent),
+    ``dV = P^T dO``, ``dQ``, ``dK`` and ``dsink`` linear in ``dS`` and ``D - dLSE``; so are
+    ``d`` (D, or D' where an oracle records that). Values: the float64 differences; bounds:
+    ``whole``'s plus ``part``'s (each certifies its own result) plus the difference's rounding,
+    ``2^-52 |difference|`` (``|fl(x - y) - (x - y)| <= 2^-53 |x - y|``), times ``1 + 2^-50`` for the
+    bound's own two additions and one product. Both results must hold the same forward (``out``,
+    ``lse``, the same O source): a ValueError otherwise. A non-finite value (a tainted row) stays
+    non-finite with an infinite bound. The judge's LSE-only pass (dO = 0) is the dLSE pass minus
+    the driver's (fa4verify/fuzz/properties.py), one float64 backward fewer."""
+    if whole.out_source != part.out_source or np.shape(whole.out) != np.shape(part.out) \
+            or not np.array_equal(whole.out, part.out, equal_nan=True) \
+            or not np.array_equal(whole.lse, part.lse, equal_nan=True):
+        raise ValueError("backward_difference: the two results hold different forwards (out, lse or O source)")
+    grow = 1.0 + 2.0 ** -50
+
+    def pair(x, xb, y, yb):
+        if x is None or y is None:
+            if (x is None) != (y is None):
+                raise ValueError("backward_difference: a sink gradient in one result only")
+            return None, None
+        with np.errstate(invalid="ignore", over="ignore"):
+            v = np.asarray(x, np.float64) - np.asarray(y, np.float64)
+            b = (np.asarray(xb, np.float64) + np.asarray(yb, np.float64) + 2.0 ** -52 * np.abs(v)) * grow
+        b = np.where(np.isfinite(v), b, np.inf)
+        return v, _nan_to_inf(b)
+    out = {}
+    for n in ("dq", "dk", "dv", "dsink", "d"):
+        out[n], out[f"{n}_bound"] = pair(getattr(whole, n), getattr(whole, f"{n}_bound"),
+                                         getattr(part, n), getattr(part, f"{n}_bound"))
+    return dataclasses.replace(whole, **out, method=f"{whole.method}; by linearity (Note [Gradients by linearity])")
 
 
 def _nan_to_inf(b: np.ndarray) -> np.ndarray:

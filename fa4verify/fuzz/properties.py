@@ -663,18 +663,18 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                         if "bwd_budget" in props:
                             ran.append("bwd_budget")
                             _judge_grads(problem, a, fwd, g, obwd, allow, stats, metrics, undecided)
-                        g_dl = dl = None
+                        g_dl = dl = ob_dl = None
                         if taps is not None:
                             _judge_stages(problem, a, fwd, taps, obwd, allow, metrics, undecided, ran, dq=g.dq)
                         passes = False
                         if "bwd_stages" in props and target.dlse_unsupported(problem) is None:
-                            dl, g_dl = _judge_dlse(problem, a, fwd, target, deterministic, stats, ref_out,
-                                                   taps is not None, metrics, undecided)
+                            dl, g_dl, ob_dl = _judge_dlse(problem, a, fwd, target, deterministic, stats, ref_out,
+                                                          taps is not None, metrics, undecided)
                             passes = True
                         if "bwd_stages" in props and target.autograd_unsupported(problem) is None:
                             try:
                                 why = _judge_autograd(problem, a, fwd, target, deterministic, obwd, allow, stats, dl,
-                                                      g_dl, metrics, undecided, ref_out)
+                                                      g_dl, metrics, undecided, ref_out, ob_dl=ob_dl)
                                 if why is not None:
                                     skipped["bwd_stages.autograd_dlse"] = why
                                 passes = True
@@ -748,7 +748,7 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
     dsink) against the oracle's with the same ``dlse`` within the composed budgets (Note [The
     composed budgets with dLSE], fa4verify/judge/stats.py): a fault in how dLSE reaches the main
     kernel -- a varlen offset, a row or head mix-up -- fails there even where nothing is tapped.
-    Returns ``(dlse, gradients)``."""
+    Returns ``(dlse, gradients, the oracle's gradients with that dlse or None)``."""
     from fa4verify.stages.taps import judge_dlse_tap
     dl = _seeded_dlse(problem, fwd)
     taps: Optional[dict] = {} if tapped else None
@@ -758,28 +758,33 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
         with np.errstate(invalid="ignore", over="ignore"):
             v = judge_dlse_tap(problem, a, fwd.out, taps.get("dpsum"), dl, budgets=_budget(problem))
         _stage_verdict(problem, "D_dlse", v, metrics, undecided)
-    _judge_dlse_grads(problem, a, fwd, g, dl, target, stats, ref_out, metrics, undecided)
-    return dl, g
+    ob = _judge_dlse_grads(problem, a, fwd, g, dl, target, stats, ref_out, metrics, undecided)
+    return dl, g, ob
 
 
 def _judge_dlse_grads(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: Any, dl: np.ndarray,
                       target: Any, stats: Any, ref_out: Any, metrics: dict, undecided: dict,
-                      pass_: str = "dlse") -> None:
+                      pass_: str = "dlse", ob: Any = None) -> Any:
     """The gradients of a backward given ``dl`` within the composed budgets with dLSE, as the
     driver's are judged without it (``bwd_budget``, quantities dq / dk / dv / dsink: a known FA4
-    issue explains them as it explains the driver's); metrics ``tightness_dlse_*``."""
+    issue explains them as it explains the driver's); metrics ``tightness_dlse_*``. ``ob``: the
+    oracle's gradients of this pass where the caller has them (Note [Gradients by linearity]),
+    else computed here. Returns the oracle's gradients (before :func:`judge.tie_mla`), or None."""
     import copy
-    try:
-        ob = judge.oracle_backward(problem, a, dlse=dl)
-    except (DependencyMissing, Unsupported) as e:
-        undecided[f"bwd_budget.{pass_}"] = f"no oracle backward with a gradient through the LSE: {e}"
-        return
+    if ob is None:
+        try:
+            ob = judge.oracle_backward(problem, a, dlse=dl)
+        except (DependencyMissing, Unsupported) as e:
+            undecided[f"bwd_budget.{pass_}"] = f"no oracle backward with a gradient through the LSE: {e}"
+            return None
+    raw = ob
     st = copy.copy(stats)      # its backward() records per-call state (fallbacks, floors) on itself
     with np.errstate(invalid="ignore", over="ignore"):
         allow = st.backward(ob, ref_out.budget, ref_out.bound, probabilistic=False, kernel_fwd=(fwd.out, fwd.lse),
                             tensor_core=getattr(target, "tensor_core", None), dlse=dl)
     ob, allow = judge.tie_mla(problem, ob, allow, st)
     _judge_grads(problem, a, fwd, g, ob, allow, st, metrics, undecided, pass_=pass_, dlse=dl)
+    return raw
 
 
 def _seeded_dlse(problem: AttentionProblem, fwd: Any, sd: float = 0.5) -> np.ndarray:
@@ -791,7 +796,7 @@ def _seeded_dlse(problem: AttentionProblem, fwd: Any, sd: float = 0.5) -> np.nda
 
 def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Any, deterministic: bool,
                     obwd: Any, allow: Mapping[str, np.ndarray], stats: Any, dl: Optional[np.ndarray],
-                    g_dl: Any, metrics: dict, undecided: dict, ref_out: Any) -> Optional[str]:
+                    g_dl: Any, metrics: dict, undecided: dict, ref_out: Any, ob_dl: Any = None) -> Optional[str]:
     """Part of ``bwd_stages`` (Note [The public autograd path] in fa4verify/targets.py), on every
     call without a call form (varlen included; the taps' dLSE pass is dense only): the gradients
     of FA4's public autograd path within the driver's budgets (the same kernels: a violation is
@@ -801,8 +806,9 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     A sparse MLA call (Note [The sparse MLA backward]), whose driver takes no dLSE: the public
     path's gradients given a seeded ``dlse`` against the oracle's with it, within the composed
     budgets with dLSE (pass ``autograd_dlse``). With ``deterministic`` and a dLSE, also a loss
-    through the LSE alone (pass ``autograd_lse_only``). Returns why the passes with a dLSE did not
-    run, or None."""
+    through the LSE alone (pass ``autograd_lse_only``), its oracle the dLSE pass's (``ob_dl``, the
+    same ``dlse``) minus the driver's (``obwd``) where both hold finite cotangents (Note [Gradients
+    by linearity]). Returns why the passes with a dLSE did not run, or None."""
     ga = _run_target(problem, target.backward_autograd, problem, a, deterministic=deterministic)
     # undecided where the driver's is (the same budgets): said there
     _judge_grads(problem, a, fwd, ga, obwd, allow, stats, metrics, {}, pass_="autograd")
@@ -824,6 +830,7 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     if dl is None or g_dl is None:
         dl = _seeded_dlse(problem, fwd)
         g_dl = _run_target(problem, target.backward, problem, a, fwd, deterministic=True, dlse=dl)
+        ob_dl = None
     gd = _run_target(problem, target.backward_autograd, problem, a, deterministic=True, dlse=dl)
     metrics["autograd_dlse_bitwise"] = 1.0
     for n in ("dq", "dk", "dv"):
@@ -843,8 +850,19 @@ def _judge_autograd(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, t
     # forward's statistics and allowances are the example's own (none of them reads dO)
     a0 = dict(a, dout=np.zeros_like(a["dout"]))
     _judge_dlse_grads(problem, a0, fwd, gl, dl, target, stats.with_zero_dout(a0), ref_out, metrics, undecided,
-                      pass_="autograd_lse_only")
+                      pass_="autograd_lse_only", ob=_lse_only_oracle(a, obwd, ob_dl))
     return None
+
+
+def _lse_only_oracle(a: Mapping[str, Any], obwd: Any, ob_dl: Any) -> Any:
+    """Note [Gradients by linearity] (oracles/attention.py): the oracle's gradients of a loss through
+    the LSE alone (dO = 0, the dLSE pass's ``dlse``) as the dLSE pass's minus the driver's, where
+    both ran on a finite dO (a non-finite dO taints rows the LSE-only pass does not have); else None
+    (computed afresh)."""
+    from fa4verify.oracles.attention import backward_difference
+    if obwd is None or ob_dl is None or not np.all(np.isfinite(a["dout"])):
+        return None
+    return backward_difference(ob_dl, obwd)
 
 
 def _unseen_keys(problem: AttentionProblem) -> np.ndarray:
