@@ -128,10 +128,14 @@ def backward_difference(whole: AttentionBackward, part: AttentionBackward) -> At
                 raise ValueError("backward_difference: a sink gradient in one result only")
             return None, None
         with np.errstate(invalid="ignore", over="ignore"):
-            v = np.asarray(x, np.float64) - np.asarray(y, np.float64)
-            b = (np.asarray(xb, np.float64) + np.asarray(yb, np.float64) + 2.0 ** -52 * np.abs(v)) * grow
-        b = np.where(np.isfinite(v), b, np.inf)
-        return v, _nan_to_inf(b)
+            v = np.subtract(x, y, dtype=np.float64)
+            b = np.abs(v)
+            b *= 2.0 ** -52
+            b += xb
+            b += yb
+            b *= grow
+            b[~np.isfinite(v) | np.isnan(b)] = np.inf
+        return v, b
     out = {}
     for n in ("dq", "dk", "dv", "dsink", "d"):
         out[n], out[f"{n}_bound"] = pair(getattr(whole, n), getattr(whole, f"{n}_bound"),
