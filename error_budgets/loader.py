@@ -271,6 +271,7 @@ class Formula:
         self.names: set[str] = set()
         self._where = where
         self.dim = self._check(self.tree, known)
+        self._fn = _compiled(self.tree)
 
     # -- validation + dimension inference
     def _err(self, msg: str) -> BudgetError:
@@ -356,7 +357,7 @@ class Formula:
             if len(shape) and shape[0] > 1 and math.prod(shape) >= _CHUNKED \
                     and all(a.dtype == np.float64 for a in arrays):
                 return self._evaluate_chunked(env, shape)
-            return _eval(self.tree, env)
+            return self._fn(env)
 
     def _evaluate_chunked(self, env: Mapping[str, Any], shape: tuple[int, ...]) -> np.ndarray:
         """Note [Formulas by slabs]: a formula over large arrays (the backward budgets' (keys,
@@ -371,7 +372,7 @@ class Formula:
             sl = slice(r0, r0 + step)
             sub = {k: (v[sl] if isinstance(v, np.ndarray) and v.ndim == nd and v.shape[0] == shape[0] else v)
                    for k, v in env.items() if k in self.names}
-            out[sl] = _eval(self.tree, sub)
+            out[sl] = self._fn(sub)
         return out
 
 
@@ -453,6 +454,37 @@ class TorchBackend:
         ok = (s >= 0) & (s <= FIRST_ORDER_LIMIT)
         x, ok = self.torch.broadcast_tensors(x, ok)
         return self.torch.where(ok, x, self.const(math.inf))
+
+
+def _compiled(tree: ast.AST):
+    """Note [Formulas compiled]: the numpy evaluation of a validated formula as one Python
+    function (``lambda env: ...``) instead of a walk of its tree per call: the same operations on
+    the same operands in the same order as :func:`_eval` (Python evaluates a binary operator's left
+    operand first, a call's arguments left to right; literals are float64 scalars), so the same
+    bits (``tests/test_budget_loader.py``), without the walk's Python calls (the backward
+    budgets' interval path evaluates formulas per block: millions of tree nodes per audit)."""
+    ns: dict[str, Any] = {"_pow": np.power}
+    ops = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+
+    def src(n: ast.AST) -> str:
+        if isinstance(n, ast.Constant):
+            k = f"_k{len(ns)}"
+            ns[k] = np.float64(n.value)
+            return k
+        if isinstance(n, ast.Name):
+            return f"env[{n.id!r}]"
+        if isinstance(n, ast.UnaryOp):
+            return f"(-{src(n.operand)})" if isinstance(n.op, ast.USub) else src(n.operand)
+        if isinstance(n, ast.BinOp):
+            a, b = src(n.left), src(n.right)
+            op = ops.get(type(n.op))
+            return f"({a} {op} {b})" if op else f"_pow({a}, {b})"
+        if isinstance(n, ast.Call):
+            f = f"_f_{n.func.id}"
+            ns[f] = _FUNCS[n.func.id]
+            return f"{f}(" + ", ".join(src(x) for x in n.args) + ")"
+        raise TypeError(f"unexpected node {type(n).__name__}")  # unreachable after validation
+    return eval(f"lambda env: {src(tree)}", ns)     # noqa: S307 - generated from a validated tree
 
 
 def _eval(n: ast.AST, env: Mapping[str, Any], be: "TorchBackend | None" = None):

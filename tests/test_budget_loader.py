@@ -225,3 +225,41 @@ def test_a_formula_over_large_arrays_is_evaluated_by_slabs_bit_for_bit():
                 np.array_equal(whole.view(np.uint64), got.view(np.uint64)), (dtype, arch, name)
             n_chunked += got.size >= L._CHUNKED
     assert n_chunked > 100       # the slabs path ran
+
+
+def test_a_compiled_formula_gives_the_walk_of_its_tree_bit_for_bit(monkeypatch):
+    """Note [Formulas compiled]: every budget of the shipped files, on small statistics (arrays of
+    each broadcast form, scalars, zeros, infinities, NaNs) and on scalars alone, equals the walk of
+    its tree (``_eval``) bit for bit; and the numpy evaluation no longer walks the tree."""
+    import numpy as np
+    from fa4verify.error_budgets import loader as L
+    rng = np.random.default_rng(9)
+    shape = (5, 3, 8)
+    for scalars in (False, True):
+        stats = {}
+        for i, n in enumerate(sorted(L.STATISTICS)):
+            form = 3 if scalars else i % 4
+            x = rng.standard_normal(shape[1:] if form == 1 else (1,) + shape[1:] if form == 2 else shape)
+            x = np.abs(x) * 10.0 ** rng.integers(-30, 3, size=x.shape)
+            x.flat[:: 7] = 0.0
+            x.flat[1:: 11] = np.inf
+            x.flat[2:: 13] = np.nan
+            stats[n] = float(x.flat[4]) if form == 3 else x
+        checked = 0
+        for dtype, arch in L.available():
+            bs = L.load(dtype, arch)
+            for name, b in bs.entries.items():
+                env = dict(bs.constants)
+                env.update({k: stats[k] for k in b.formula.names if k in stats})
+                for k in [k for k in b.formula.names if k not in env]:
+                    env[k] = bs.evaluate(k, stats)
+                with np.errstate(all="ignore"):
+                    walk = np.asarray(L._eval(b.formula.tree, env), np.float64)
+                    got = np.asarray(b.formula._fn(env), np.float64)
+                assert got.shape == walk.shape and np.array_equal(walk.view(np.uint64), got.view(np.uint64)), \
+                    (dtype, arch, name, scalars)
+                checked += 1
+        assert checked > 100
+    monkeypatch.setattr(L, "_eval", lambda *a, **k: (_ for _ in ()).throw(AssertionError("walked")))
+    bs = L.load("bf16", "sm90")
+    assert np.isfinite(bs.evaluate("p_cast", {"p": np.array([0.5])})).all()
