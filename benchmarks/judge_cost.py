@@ -9,8 +9,9 @@ problem, the stages of that work with no kernel at all (no GPU needed):
     python benchmarks/judge_cost.py --all            # every row and edge, and the sums
 
 Columns: ``values`` (materialize), ``oracle_fwd``, ``fwd_allow`` (forward budgets),
-``oracle_bwd``, ``bwd_allow`` (the composed backward budgets), and the same two for the dLSE pass
-(``*_dlse``, Note [The composed budgets with dLSE]) and for a loss through the LSE alone
+``oracle_bwd`` (the driver's oracle, with the dLSE pass's in the same pass: Note [Variants share
+a pass], so ``oracle_bwd_dlse`` is 0), ``bwd_allow`` (the composed backward budgets), and the same
+two for the dLSE pass (``*_dlse``, Note [The composed budgets with dLSE]) and for a loss through the LSE alone
 (``*_lse_only``: dO = 0, the autograd pass of a deterministic row; its oracle the dLSE pass's minus
 the driver's, Note [Gradients by linearity]). As production judges them: the
 kernel's forward is the oracle's (rounded to fp32), and on sm90 the scores of the interval bound
@@ -61,10 +62,11 @@ def time_problem(p) -> dict[str, float]:
     ref_out, _lse, stats, _ = run("fwd_allow", lambda: judge.forward_allowances(p, a, budgets=_budget(p), oracle=of))
     kw = dict(probabilistic=False, kernel_fwd=(np.asarray(of.out, np.float32), np.asarray(of.lse, np.float32)),
               tensor_core="sm90" if p.arch == "sm90" else None)
-    ob = run("oracle_bwd", lambda: judge.oracle_backward(p, a))
-    run("bwd_allow", lambda: copy.copy(stats).backward(ob, ref_out.budget, ref_out.bound, **kw))
     dl = (np.random.default_rng(0).standard_normal(np.shape(of.lse)) * 0.5).astype(np.float32)
-    obd = run("oracle_bwd_dlse", lambda: judge.oracle_backward(p, a, dlse=dl))
+    # Note [Variants share a pass]: the driver's oracle pass computes the dLSE pass's too
+    ob, obd = run("oracle_bwd", lambda: judge.oracle_backwards(p, a, (None, dl)))
+    t["oracle_bwd_dlse"] = 0.0
+    run("bwd_allow", lambda: copy.copy(stats).backward(ob, ref_out.budget, ref_out.bound, **kw))
     run("bwd_allow_dlse", lambda: copy.copy(stats).backward(obd, ref_out.budget, ref_out.bound, dlse=dl, **kw))
     a0 = dict(a, dout=np.zeros_like(a["dout"]))
     # Note [Gradients by linearity]: production's LSE-only oracle is the dLSE pass's minus the driver's

@@ -266,6 +266,21 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
 
     Accuracy: ``|x - x_exact| <= x_bound`` elementwise for x in dq, dk, dv, dsink, d.
     """
+    return backwards(q, k, v, out, dout, dlses=(dlse,), softmax_scale=softmax_scale, causal=causal,
+                     window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
+                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, precision=precision)[0]
+
+
+def backwards(q: Any, k: Any, v: Any, out: Any, dout: Any, *, dlses: Sequence[Any],
+              softmax_scale: Optional[float] = None, causal: bool = False,
+              window_size: Sequence[Optional[int]] = (None, None), softcap: float = 0.0,
+              learnable_sink: Any = None, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
+              precision: Precision = "fast") -> list[AttentionBackward]:
+    """:func:`backward` once per entry of ``dlses`` (each a gradient through the LSE or None) on
+    the same inputs and ``dout``, each result the one :func:`backward` gives with that ``dlse``,
+    bit for bit. The fast reference computes them in one pass (Note [Variants share a pass],
+    oracles/reference.py: the forward, P, dP and dV once); a variant whose dLSE holds a
+    non-finite value (rows of its own to taint) and the arbiter run one pass each."""
     prec = _check_precision(precision)
     p = parse_problem(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                       softcap=softcap, learnable_sink=learnable_sink, cu_seqlens_q=cu_seqlens_q,
@@ -279,62 +294,50 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
         o_given, _ = check_like(out, "out", p.out_shape)
         o_given = o_given.reshape(Tq, H, dvd)
         o_caller = o_given.copy()
-    dl = None
-    if dlse is not None:
-        dl, _ = check_like(dlse, "dlse", p.lse_shape())
-        dl = p.lse_to_flat(dl)
+    dls = []
+    for dlse in dlses:
+        dl = None
+        if dlse is not None:
+            dl, _ = check_like(dlse, "dlse", p.lse_shape())
+            dl = p.lse_to_flat(dl)
+        dls.append(dl)
+    if len(dls) > 1 and (prec != "fast" or any(dl is not None and not np.all(np.isfinite(dl)) for dl in dls)):
+        return [x for dlse in dlses for x in backwards(q, k, v, out, dout, dlses=(dlse,), softmax_scale=softmax_scale,
+                                                       causal=causal, window_size=window_size, softcap=softcap,
+                                                       learnable_sink=learnable_sink, cu_seqlens_q=cu_seqlens_q,
+                                                       cu_seqlens_k=cu_seqlens_k, precision=precision)]
     taint = _Taint(p)
     extra = nonfinite_rows(do)
     if o_given is not None:
         extra |= nonfinite_rows(o_given)
-    if dl is not None:
-        extra |= ~np.isfinite(dl.T)
+    for dl in dls:
+        if dl is not None:
+            extra |= ~np.isfinite(dl.T)
     rowbad = taint.rows(extra)
     anybad = bool(rowbad.any() or taint.kvbad.any())
     if anybad:
         do = np.where(np.isfinite(do), do, 0.0)
         if o_given is not None:
             o_given = np.where(np.isfinite(o_given), o_given, 0.0)
-        if dl is not None:
-            dl = np.where(np.isfinite(dl), dl, 0.0)
+        dls = [None if dl is None else np.where(np.isfinite(dl), dl, 0.0) for dl in dls]
     if prec == "fast":
-        f, b = _ref.backward(p, do, MANTISSA_BITS[do_dt], o_given, dl)
+        f, bs = _ref.backward(p, do, MANTISSA_BITS[do_dt], o_given, dls)
         o_used = f.out if o_given is None else o_given
         lse_flat = f.lse
         fwd_arrays = (f.out, f.bound, f.lse, f.lse_bound)
         method = "reference: certified float64 (oracles.reference)"
-        vals = dict(dq=b.dq, dk=b.dk, dv=b.dv, dsink=b.dsink, d=b.d, dq_bound=b.dq_bound,
-                    dk_bound=b.dk_bound, dv_bound=b.dv_bound, dsink_bound=b.dsink_bound,
-                    d_bound=b.d_bound)
     else:
-        b = _arb.backward(p, do, o_given, dl, prec)
+        bs = [_arb.backward(p, do, o_given, dls[0], prec)]
+        b = bs[0]
         o_used = b.out
         lse_flat = b.lse
         fwd_arrays = (b.own_out, b.own_out_bound, b.lse, b.lse_bound)
         method = f"arbiter: mpmath {prec}/{2 * prec} bits (oracles.arbiter)"
-        vals = dict(dq=b.dq, dk=b.dk, dv=b.dv, dsink=b.dsink, d=b.d, dq_bound=b.dq_bound,
-                    dk_bound=b.dk_bound, dv_bound=b.dv_bound, dsink_bound=b.dsink_bound,
-                    d_bound=b.d_bound)
-    for key in ("dq_bound", "dk_bound", "dv_bound", "dsink_bound", "d_bound"):
-        if vals[key] is not None:
-            vals[key] = _nan_to_inf(vals[key])
     fwd_arrays = (fwd_arrays[0], _nan_to_inf(fwd_arrays[1]), fwd_arrays[2], _nan_to_inf(fwd_arrays[3]))
     o_used = np.array(o_used, dtype=np.float64)
     lse_flat = np.array(lse_flat, dtype=np.float64)
     if anybad:
         keybad = taint.keys(rowbad)
-        vals["dq"][rowbad] = np.nan
-        vals["dq_bound"][rowbad] = np.inf
-        vals["dk"][keybad] = np.nan
-        vals["dk_bound"][keybad] = np.inf
-        vals["dv"][keybad] = np.nan
-        vals["dv_bound"][keybad] = np.inf
-        vals["d"][rowbad.T] = np.nan
-        vals["d_bound"][rowbad.T] = np.inf
-        if vals["dsink"] is not None:
-            hb = rowbad.any(axis=0)
-            vals["dsink"][hb] = np.nan
-            vals["dsink_bound"][hb] = np.inf
         fwdbad = taint.rows()
         if o_given is None:
             o_used[fwdbad] = np.nan
@@ -350,13 +353,35 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, *, softmax_scale: Opti
     fwd_res = AttentionForward(out=p.out_from_flat(fo), lse=p.lse_from_flat(fl), bound=p.out_from_flat(fb),
                                lse_bound=p.lse_from_flat(flb), precision=prec, method=method,
                                softmax_scale=p.scale, window_size=(p.left, p.right))
-    return AttentionBackward(
-        dq=vals["dq"].reshape(p.out_shape[:-1] + (p.headdim,)),
-        dk=vals["dk"].reshape(p.k_shape), dv=vals["dv"].reshape(p.v_shape),
-        dsink=vals["dsink"], d=p.lse_from_flat(vals["d"]),
-        dq_bound=vals["dq_bound"].reshape(p.out_shape[:-1] + (p.headdim,)),
-        dk_bound=vals["dk_bound"].reshape(p.k_shape), dv_bound=vals["dv_bound"].reshape(p.v_shape),
-        dsink_bound=vals["dsink_bound"], d_bound=p.lse_from_flat(vals["d_bound"]),
-        out=p.out_from_flat(o_used), lse=p.lse_from_flat(lse_flat),
-        out_source="oracle" if out is None else "caller", precision=prec, method=method,
-        forward=fwd_res)
+    results = []
+    for b in bs:
+        vals = dict(dq=b.dq, dk=b.dk, dv=b.dv, dsink=b.dsink, d=b.d, dq_bound=b.dq_bound,
+                    dk_bound=b.dk_bound, dv_bound=b.dv_bound, dsink_bound=b.dsink_bound,
+                    d_bound=b.d_bound)
+        for key in ("dq_bound", "dk_bound", "dv_bound", "dsink_bound", "d_bound"):
+            if vals[key] is not None:
+                vals[key] = _nan_to_inf(vals[key])
+        if anybad:
+            vals["dq"][rowbad] = np.nan
+            vals["dq_bound"][rowbad] = np.inf
+            vals["dk"][keybad] = np.nan
+            vals["dk_bound"][keybad] = np.inf
+            vals["dv"][keybad] = np.nan
+            vals["dv_bound"][keybad] = np.inf
+            vals["d"][rowbad.T] = np.nan
+            vals["d_bound"][rowbad.T] = np.inf
+            if vals["dsink"] is not None:
+                hb = rowbad.any(axis=0)
+                vals["dsink"][hb] = np.nan
+                vals["dsink_bound"][hb] = np.inf
+        results.append(AttentionBackward(
+            dq=vals["dq"].reshape(p.out_shape[:-1] + (p.headdim,)),
+            dk=vals["dk"].reshape(p.k_shape), dv=vals["dv"].reshape(p.v_shape),
+            dsink=vals["dsink"], d=p.lse_from_flat(vals["d"]),
+            dq_bound=vals["dq_bound"].reshape(p.out_shape[:-1] + (p.headdim,)),
+            dk_bound=vals["dk_bound"].reshape(p.k_shape), dv_bound=vals["dv_bound"].reshape(p.v_shape),
+            dsink_bound=vals["dsink_bound"], d_bound=p.lse_from_flat(vals["d_bound"]),
+            out=p.out_from_flat(o_used), lse=p.lse_from_flat(lse_flat),
+            out_source="oracle" if out is None else "caller", precision=prec, method=method,
+            forward=fwd_res))
+    return results

@@ -94,7 +94,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -549,46 +549,54 @@ class _BwdIn:
     dout: np.ndarray
     dout_bits: int
     o_given: Optional[np.ndarray]
-    dlse: Optional[np.ndarray]
-    out: BackwardArrays
+    #: the gradients through the LSE of the variants computed together (None: no dLSE)
+    dlses: tuple[Optional[np.ndarray], ...]
+    outs: list[BackwardArrays]
 
 
 def backward(p: Problem, dout: np.ndarray, dout_bits: int, o_given: Optional[np.ndarray],
-             dlse: Optional[np.ndarray]) -> tuple[ForwardArrays, BackwardArrays]:
+             dlses: Sequence[Optional[np.ndarray]] = (None,)) -> tuple[ForwardArrays, list[BackwardArrays]]:
     """Certified float64 forward and backward in one pass (row block by row block).
 
     ``o_given`` (Tq, H, Dv): the O that enters ``D = rowsum(dO * O)`` (caller's values, taken as
     exact), or None for the oracle's own O (its forward bound then enters the bound of D).
-    ``dlse`` is (H, Tq) or None.
+    ``dlses``: one backward per entry, each an (H, Tq) gradient through the LSE or None.
+
+    Note [Variants share a pass]: the variants differ only in ``D' = D - dLSE``; the forward, P
+    and its error, ``dP = dO V^T``, D and ``dV = P^T dO`` read no dLSE and are computed once per
+    row block, then ``dS = P (dP - D')`` and dQ, dK per variant -- each variant's values and bounds
+    the ones a pass of its own gives, bit for bit (the same operations on the same operands:
+    ``tests/test_oracle_variants.py``).
     """
     Tq, H, d = p.q.shape
     Tk, Hk, dv = p.v.shape
     fw = ForwardArrays(np.zeros((Tq, H, dv)), np.zeros((Tq, H, dv)), np.full((H, Tq), -np.inf),
                        np.zeros((H, Tq)))
-    bw = BackwardArrays(np.zeros((Tq, H, d)), np.zeros((Tq, H, d)), np.zeros((Tk, Hk, d)),
-                        np.zeros((Tk, Hk, d)), np.zeros((Tk, Hk, dv)), np.zeros((Tk, Hk, dv)),
-                        None, None, np.zeros((H, Tq)), np.zeros((H, Tq)))
-    bi = _BwdIn(dout, dout_bits, o_given, dlse, bw)
+    bws = [BackwardArrays(np.zeros((Tq, H, d)), np.zeros((Tq, H, d)), np.zeros((Tk, Hk, d)),
+                          np.zeros((Tk, Hk, d)), np.zeros((Tk, Hk, dv)), np.zeros((Tk, Hk, dv)),
+                          None, None, np.zeros((H, Tq)), np.zeros((H, Tq))) for _ in dlses]
+    bi = _BwdIn(dout, dout_bits, o_given, tuple(dlses), bws)
     tasks = _tasks(p)
     sink_lists = _run_tasks(lambda t: _task(p, t, fw, bi), tasks, p)
-    if p.sink is not None:
-        dsink = np.zeros(H)
-        dsink_b = np.zeros(H)
-        for h in range(H):
-            ts = [t for lst in sink_lists for hh, t, _ in lst if hh == h]
-            es_ = [e for lst in sink_lists for hh, _, e in lst if hh == h]
-            if ts:
-                allt = np.concatenate(ts)
-                dsink[h] = allt.sum()
-                dsink_b[h] = gamma(max(allt.size - 1, 0)) * np.abs(allt).sum() * (1 + 2 * U) \
-                    + np.concatenate(es_).sum() * (1 + gamma(allt.size))
-        bw.dsink = dsink
-        bw.dsink_bound = dsink_b * SAFETY
-    bw.dq_bound *= SAFETY
-    bw.dk_bound *= SAFETY
-    bw.dv_bound *= SAFETY
-    bw.d_bound *= SAFETY
-    return fw, bw
+    for vi, bw in enumerate(bws):
+        if p.sink is not None:
+            dsink = np.zeros(H)
+            dsink_b = np.zeros(H)
+            for h in range(H):
+                ts = [t for lst in sink_lists for hh, t, _ in lst[vi] if hh == h]
+                es_ = [e for lst in sink_lists for hh, _, e in lst[vi] if hh == h]
+                if ts:
+                    allt = np.concatenate(ts)
+                    dsink[h] = allt.sum()
+                    dsink_b[h] = gamma(max(allt.size - 1, 0)) * np.abs(allt).sum() * (1 + 2 * U) \
+                        + np.concatenate(es_).sum() * (1 + gamma(allt.size))
+            bw.dsink = dsink
+            bw.dsink_bound = dsink_b * SAFETY
+        bw.dq_bound *= SAFETY
+        bw.dk_bound *= SAFETY
+        bw.dv_bound *= SAFETY
+        bw.d_bound *= SAFETY
+    return fw, bws
 
 
 def _task(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optional[_BwdIn]) -> list:
@@ -600,7 +608,7 @@ def _task(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optional[_Bw
 
 def _task_body(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optional[_BwdIn]) -> list:
     """All heads of kv head ``hk`` in segment ``si``: forward, and backward when ``bi`` is given.
-    Returns the sink-gradient terms [(h, terms, bounds)]."""
+    Returns the sink-gradient terms per variant: ``[[(h, terms, bounds)] for each of bi.dlses]``."""
     si, hk = task
     seg = p.segments[si]
     bits = MANTISSA_BITS[p.dtypes["q"]]
@@ -608,7 +616,7 @@ def _task_body(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optiona
     dv = p.headdim_v
     scale = p.scale
     sabs = abs(scale)
-    sink_terms: list = []
+    sink_terms: list = [[] for _ in (bi.dlses if bi is not None else ())]
     for h in range(hk * p.group, (hk + 1) * p.group):
         sink = None if p.sink is None else float(p.sink[h])
         for r0, r1, c0, c1 in _row_blocks(seg.q_len, seg.k_len, p.left, p.right):
@@ -628,7 +636,6 @@ def _task_body(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optiona
             if bi is None:
                 continue
             st["mask"] = mask
-            bw = bi.out
             dos = bi.dout[rs, h]
             # D = rowsum(dO * O): gamma_dv sum|dO||O| (+ sum |dO| bound(O) for the oracle's own O)
             if bi.o_given is None:
@@ -636,28 +643,25 @@ def _task_body(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optiona
             else:
                 ou, ob = bi.o_given[rs, h], None
             adO = np.abs(dos)
-            Dr = np.einsum("id,id->i", dos, ou)
-            eDr = gamma(dv) * np.einsum("id,id->i", adO, np.abs(ou))
+            D0 = np.einsum("id,id->i", dos, ou)
+            eD0 = gamma(dv) * np.einsum("id,id->i", adO, np.abs(ou))
             if ob is not None:
-                eDr += np.einsum("id,id->i", adO, ob)
-            bw.d[h, rs] = Dr
-            bw.d_bound[h, rs] = eDr
-            if bi.dlse is not None:
-                Dr = Dr - bi.dlse[h, rs]
-                eDr = eDr + U * np.abs(Dr)
+                eD0 += np.einsum("id,id->i", adO, ob)
+            for bw in bi.outs:
+                bw.d[h, rs] = D0
+                bw.d_bound[h, rs] = eD0
             dout_bits = bi.dout_bits
-            dq, dq_b, dk, dk_b, dvv, dv_b = bw.dq, bw.dq_bound, bw.dk, bw.dk_bound, bw.dv, bw.dv_bound
             l = st["l"]
             rl = st["rl"]
             bad = st["bad"]
             if p.sink is not None:
                 ps = st["esink"] / l
                 eps = (st["Esink"] + (st["esink"] + st["Esink"]) * rl) / l + U * ps
-                term = -ps * Dr
-                eterm = eps * np.abs(Dr) + (ps + eps) * eDr + U * np.abs(term)
-                eterm[bad] = np.inf
-                sink_terms.append((h, term, eterm))
             if c1 <= c0:
+                for vi, dl in enumerate(bi.dlses):
+                    Dr, eDr = _d_prime(D0, eD0, dl, h, rs)
+                    if p.sink is not None:
+                        sink_terms[vi].append(_sink_term(h, ps, eps, Dr, eDr, bad))
                 continue
             e, E = st["e"], st["E"]
             nr = r1 - r0
@@ -671,42 +675,51 @@ def _task_body(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optiona
             EP = E * ((1 + rl) / l)[:, None]
             EP += P * (rl * (1 + U) + U + gr)[:, None]
             # G = dP - D' = dO V^T - D';  eG = u|G| + eD' (+ edP when not certified exact)
-            G, edP = products_with_error(dos, vs, dout_bits, bits_v)   # edP: row constants
-            G -= Dr[:, None]
-            # W >= e_dS + gm |dS| for dS = fl(P G):
-            #   e_dS <= EP |G| + (P + EP) eG + u |dS|,  |dS| <= P |G| (1 + u)
-            #   => W = (1 + u) [ |G| (EP + P (2.0001 u + gm)) + (P + EP) c ],  c = eD' (+ edP)
-            W = P * (2.0001 * U + gm)
-            W += EP
-            A = np.abs(G)
-            W *= A
-            # underflowed entries carry an extra 2 tau on e (not in E): their effect on dS is
-            # <= 4 tau / l (|G| + c) per entry, added to dQ/dK below through wt (row weights)
+            dP, edP = products_with_error(dos, vs, dout_bits, bits_v)   # edP: row constants
             vis = st["vis"]
-            wt = np.where(vis, 4 * TAU / l * (A.max(axis=1, initial=0.0) + eDr + edP) * (1 + 2 * gm), 0.0)
-            T = EP + P
-            T *= (eDr + edP)[:, None]
-            W += T
-            del T
-            # (1 + u) of the W formula is applied to the products W |K|, W^T |Q| below
-            dS = np.multiply(P, G, out=G)
-            if p.softcap > 0:
-                # dX = dS f with |f - f*| <= frel f + TAU_F:
-                # e_dX + gm |dX| <= f (W (1 + frel) + |dS| (frel + 3u)) + TAU_F (|dS| + W)
-                f, frel = st["f"], st["frel"][:, None]
-                np.abs(dS, out=A)
-                T = A + W
-                T *= TAU_F
-                A *= frel + 3 * U
-                W *= 1 + frel
-                W += A
-                W *= f
+            last = len(bi.dlses) - 1
+            for vi, dl in enumerate(bi.dlses):
+                Dr, eDr = _d_prime(D0, eD0, dl, h, rs)
+                if p.sink is not None:
+                    sink_terms[vi].append(_sink_term(h, ps, eps, Dr, eDr, bad))
+                # the last variant takes dP's array itself (one copy fewer)
+                G = dP if vi == last else dP.copy()
+                G -= Dr[:, None]
+                # W >= e_dS + gm |dS| for dS = fl(P G):
+                #   e_dS <= EP |G| + (P + EP) eG + u |dS|,  |dS| <= P |G| (1 + u)
+                #   => W = (1 + u) [ |G| (EP + P (2.0001 u + gm)) + (P + EP) c ],  c = eD' (+ edP)
+                W = P * (2.0001 * U + gm)
+                W += EP
+                A = np.abs(G)
+                W *= A
+                # underflowed entries carry an extra 2 tau on e (not in E): their effect on dS is
+                # <= 4 tau / l (|G| + c) per entry, added to dQ/dK below through wt (row weights)
+                wt = np.where(vis, 4 * TAU / l * (A.max(axis=1, initial=0.0) + eDr + edP) * (1 + 2 * gm), 0.0)
+                T = EP + P
+                T *= (eDr + edP)[:, None]
                 W += T
                 del T
-                dS *= f
-            del A
+                # (1 + u) of the W formula is applied to the products W |K|, W^T |Q| below
+                dS = np.multiply(P, G, out=G)
+                if p.softcap > 0:
+                    # dX = dS f with |f - f*| <= frel f + TAU_F:
+                    # e_dX + gm |dX| <= f (W (1 + frel) + |dS| (frel + 3u)) + TAU_F (|dS| + W)
+                    f, frel = st["f"], st["frel"][:, None]
+                    np.abs(dS, out=A)
+                    T = A + W
+                    T *= TAU_F
+                    A *= frel + 3 * U
+                    W *= 1 + frel
+                    W += A
+                    W *= f
+                    W += T
+                    del T
+                    dS *= f
+                del A
+                _dqk(bi.outs[vi], p, dS, W, wt, qs, ks, rs, ksl, h, hk, bad, gm, scale, sabs)
+                del dS, W
             # masked entries: P = E = 0 and every other factor is finite, so dS = W = 0 there
-            # dV_j += sum_i P_ij dO_i, bound (gr P + |P - P*|)^T |dO| = EP^T |dO|
+            # dV_j += sum_i P_ij dO_i, bound (gr P + |P - P*|)^T |dO| = EP^T |dO| (no dLSE: once)
             part = blocked_matmul(P.T, dos)
             epart = blocked_matmul(EP.T, np.abs(dos))
             epart *= 1 + 2 * gr
@@ -714,32 +727,52 @@ def _task_body(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optiona
             del EP, P
             if bad.any():
                 epart[:] = np.inf
-            acc = dvv[ksl, hk]
-            acc += part
-            dv_b[ksl, hk] += epart + U * np.abs(acc)
-            # dQ_i = scale sum_j dX_ij K_j ; dK_j += scale sum_i dX_ij Q_i, both bounded by W
-            dqs = blocked_matmul(dS, ks)
-            dqs *= scale
-            edq = blocked_matmul(W, np.abs(ks))
-            edq *= sabs * (1 + 2 * gm) * (1 + U)
-            edq += sabs * wt[:, None] * np.abs(ks).sum(axis=0)[None, :]
-            edq += U * np.abs(dqs)
-            edq[bad] = np.inf
-            dq[rs, h] = dqs
-            dq_b[rs, h] = edq
-            dks = blocked_matmul(dS.T, qs)
-            dks *= scale
-            edk = blocked_matmul(W.T, np.abs(qs))
-            edk *= sabs * (1 + 2 * gm) * (1 + U)
-            edk += sabs * (wt @ np.abs(qs))[None, :]
-            edk += U * np.abs(dks)
-            if bad.any():
-                edk[:] = np.inf
-            acck = dk[ksl, hk]
-            acck += dks
-            dk_b[ksl, hk] += edk + U * np.abs(acck)
-            del dS, W
+            for bw in bi.outs:
+                acc = bw.dv[ksl, hk]
+                acc += part
+                bw.dv_bound[ksl, hk] += epart + U * np.abs(acc)
     return sink_terms
+
+
+def _d_prime(D0: np.ndarray, eD0: np.ndarray, dl: Optional[np.ndarray], h: int, rs: slice):
+    """(D', its bound) of one row block: ``D - dLSE`` (one rounding) or D itself."""
+    if dl is None:
+        return D0, eD0
+    Dr = D0 - dl[h, rs]
+    return Dr, eD0 + U * np.abs(Dr)
+
+
+def _sink_term(h: int, ps, eps, Dr, eDr, bad) -> tuple:
+    """The learnable sink's gradient terms of one row block, ``-P_sink D'``, with their bounds."""
+    term = -ps * Dr
+    eterm = eps * np.abs(Dr) + (ps + eps) * eDr + U * np.abs(term)
+    eterm[bad] = np.inf
+    return h, term, eterm
+
+
+def _dqk(bw: BackwardArrays, p: Problem, dS, W, wt, qs, ks, rs: slice, ksl: slice, h: int, hk: int, bad,
+         gm: float, scale: float, sabs: float) -> None:
+    """dQ_i = scale sum_j dX_ij K_j and dK_j += scale sum_i dX_ij Q_i of one row block, both bounded by W."""
+    dqs = blocked_matmul(dS, ks)
+    dqs *= scale
+    edq = blocked_matmul(W, np.abs(ks))
+    edq *= sabs * (1 + 2 * gm) * (1 + U)
+    edq += sabs * wt[:, None] * np.abs(ks).sum(axis=0)[None, :]
+    edq += U * np.abs(dqs)
+    edq[bad] = np.inf
+    bw.dq[rs, h] = dqs
+    bw.dq_bound[rs, h] = edq
+    dks = blocked_matmul(dS.T, qs)
+    dks *= scale
+    edk = blocked_matmul(W.T, np.abs(qs))
+    edk *= sabs * (1 + 2 * gm) * (1 + U)
+    edk += sabs * (wt @ np.abs(qs))[None, :]
+    edk += U * np.abs(dks)
+    if bad.any():
+        edk[:] = np.inf
+    acck = bw.dk[ksl, hk]
+    acck += dks
+    bw.dk_bound[ksl, hk] += edk + U * np.abs(acck)
 
 
 

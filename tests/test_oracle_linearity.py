@@ -106,13 +106,19 @@ def _deterministic_problem() -> AttentionProblem:
 
 
 def _spy_zero_dout(monkeypatch) -> list:
+    """Per oracle backward computed (either entry point, each variant): whether it was a dO = 0 pass."""
     seen: list = []
-    orig = judge.oracle_backward
+    one, several = judge.oracle_backward, judge.oracle_backwards
 
     def spy(problem, a, dlse=None):
         seen.append(dlse is not None and not np.any(a["dout"]))
-        return orig(problem, a, dlse=dlse)
+        return one(problem, a, dlse=dlse)
+
+    def spy_many(problem, a, dlses):
+        seen.extend(dl is not None and not np.any(a["dout"]) for dl in dlses)
+        return several(problem, a, dlses)
     monkeypatch.setattr(judge, "oracle_backward", spy)
+    monkeypatch.setattr(judge, "oracle_backwards", spy_many)
     return seen
 
 

@@ -637,9 +637,17 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                         _fail(Violation("masked_rows", f"{n} != 0 on {int(bad.sum())} key(s) no query can see | "
                                                        f"case: {problem.describe()}"))
             obwd = None
+            # the dLSE pass's oracle in the driver's pass where that pass will run (Note [Variants
+            # share a pass]): its dlse is seeded by the problem alone
+            pre_dl = _seeded_dlse(problem, fwd) if "bwd_stages" in props and target.dlse_unsupported(problem) is None \
+                else None
+            ob_pre = None
             if ({"bwd_budget", "bwd_stages", "finite"} & set(props)) and ref_out is not None:
                 try:
-                    obwd = _oracle_backward(problem, a)
+                    if pre_dl is None:
+                        obwd = _oracle_backward(problem, a)
+                    else:
+                        obwd, ob_pre = judge.oracle_backwards(problem, a, (None, pre_dl))
                 except (DependencyMissing, Unsupported) as e:
                     skipped["bwd_budget"] = str(e)
             if obwd is not None:
@@ -669,7 +677,8 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                         passes = False
                         if "bwd_stages" in props and target.dlse_unsupported(problem) is None:
                             dl, g_dl, ob_dl = _judge_dlse(problem, a, fwd, target, deterministic, stats, ref_out,
-                                                          taps is not None, metrics, undecided)
+                                                          taps is not None, metrics, undecided,
+                                                          pre=None if ob_pre is None else (pre_dl, ob_pre))
                             passes = True
                         if "bwd_stages" in props and target.autograd_unsupported(problem) is None:
                             try:
@@ -740,7 +749,8 @@ def _stage_verdict(problem: AttentionProblem, n: str, v: Any, metrics: dict, und
 
 
 def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Any, deterministic: bool,
-                stats: Any, ref_out: Any, tapped: bool, metrics: dict, undecided: dict) -> tuple:
+                stats: Any, ref_out: Any, tapped: bool, metrics: dict, undecided: dict,
+                pre: Optional[tuple] = None) -> tuple:
     """Part of ``bwd_stages`` (Note [A gradient through the LSE]), on every call without a call
     form's rearrangement (varlen included): the backward once more with a seeded ``dlse``
     (normal, sd 0.5, fp32; one per row and head). Where the stages are tapped (``tapped``: dense
@@ -748,9 +758,10 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
     dsink) against the oracle's with the same ``dlse`` within the composed budgets (Note [The
     composed budgets with dLSE], fa4verify/judge/stats.py): a fault in how dLSE reaches the main
     kernel -- a varlen offset, a row or head mix-up -- fails there even where nothing is tapped.
+    ``pre``: ``(dlse, the oracle's gradients with it)`` where the driver's pass computed them.
     Returns ``(dlse, gradients, the oracle's gradients with that dlse or None)``."""
     from fa4verify.stages.taps import judge_dlse_tap
-    dl = _seeded_dlse(problem, fwd)
+    dl, ob = pre if pre is not None else (_seeded_dlse(problem, fwd), None)
     taps: Optional[dict] = {} if tapped else None
     extra = {} if taps is None else {"taps": taps}
     g = _run_target(problem, target.backward, problem, a, fwd, deterministic=deterministic, dlse=dl, **extra)
@@ -758,7 +769,7 @@ def _judge_dlse(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targe
         with np.errstate(invalid="ignore", over="ignore"):
             v = judge_dlse_tap(problem, a, fwd.out, taps.get("dpsum"), dl, budgets=_budget(problem))
         _stage_verdict(problem, "D_dlse", v, metrics, undecided)
-    ob = _judge_dlse_grads(problem, a, fwd, g, dl, target, stats, ref_out, metrics, undecided)
+    ob = _judge_dlse_grads(problem, a, fwd, g, dl, target, stats, ref_out, metrics, undecided, ob=ob)
     return dl, g, ob
 
 

@@ -222,6 +222,18 @@ def oracle_backward(problem: AttentionProblem, a: Mapping[str, Any], dlse: Any =
                         as_input_dtype(a["dout"], dt), dlse=dlse, **_oracle_kwargs(problem, a))
 
 
+def oracle_backwards(problem: AttentionProblem, a: Mapping[str, Any], dlses: Any) -> list:
+    """:func:`oracle_backward` once per entry of ``dlses`` (a gradient through the LSE or None),
+    the same results; the plain oracle computes them in one pass (Note [Variants share a pass],
+    oracles/reference.py), the keep-pattern and by-head oracles one call each."""
+    from fa4verify.oracles import attention as orc
+    if _keep_pattern(problem) or _keep_by_head(problem):
+        return [oracle_backward(problem, a, dlse=dl) for dl in dlses]
+    dt = problem.dtype
+    return orc.backwards(as_input_dtype(a["q"], dt), as_input_dtype(a["k"], dt), as_input_dtype(a["v"], dt), None,
+                         as_input_dtype(a["dout"], dt), dlses=tuple(dlses), **_oracle_kwargs(problem, a))
+
+
 @dataclasses.dataclass
 class Reference:
     """Oracle values, their certified bounds and the composed budget, elementwise."""

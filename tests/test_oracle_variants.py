@@ -1,0 +1,113 @@
+"""Note [Variants share a pass] (oracles/reference.py): ``oracles.attention.backwards`` computes
+the backward for several gradients through the LSE in one pass of the fast reference; each
+result must be the one a pass of its own gives, bit for bit (values, bounds, D, the sink's
+gradient, the forward), over the layouts and masks the reference has. CPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fa4verify.oracles import attention as orc
+
+FIELDS = ("dq", "dk", "dv", "dsink", "d", "dq_bound", "dk_bound", "dv_bound", "dsink_bound", "d_bound", "out", "lse")
+
+
+def _bf16(x):
+    import ml_dtypes
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
+
+
+def _case(kind: str, rng):
+    h, hk, d, dv = (4, 2, 32, 48)
+    if kind == "varlen":
+        cu_q, cu_k = np.array([0, 7, 7, 40]), np.array([0, 12, 20, 51])
+        q = _bf16(rng.standard_normal((40, h, d)))
+        k = _bf16(rng.standard_normal((51, hk, d)))
+        v = _bf16(rng.standard_normal((51, hk, dv)))
+        do = _bf16(rng.standard_normal((40, h, dv)))
+        kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+        lse_shape = (h, 40)
+    else:
+        q = _bf16(rng.standard_normal((2, 33, h, d)) * 2)
+        k = _bf16(rng.standard_normal((2, 45, hk, d)))
+        v = _bf16(rng.standard_normal((2, 45, hk, dv)))
+        do = _bf16(rng.standard_normal((2, 33, h, dv)))
+        kw = {"softcap": dict(softcap=8.0, learnable_sink=rng.standard_normal(h)),
+              "window": dict(window_size=(5, 2)),
+              "plain": {}}[kind]
+        lse_shape = (2, h, 33)
+    dls = (None, (rng.standard_normal(lse_shape) * 0.5).astype(np.float32),
+           (rng.standard_normal(lse_shape) * 3).astype(np.float32))
+    return (q, k, v, do), kw, dls
+
+
+def _same(a, b, what):
+    for f in FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        if x is None or y is None:
+            assert x is None and y is None, (what, f)
+            continue
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        assert x.shape == y.shape and np.array_equal(x.view(np.uint64), y.view(np.uint64)), (what, f)
+    for f in ("out", "bound", "lse", "lse_bound"):
+        x, y = (np.asarray(getattr(r.forward, f), np.float64) for r in (a, b))
+        assert np.array_equal(x.view(np.uint64), y.view(np.uint64)), (what, "forward." + f)
+
+
+@pytest.mark.parametrize("kind", ["plain", "softcap", "window", "varlen"])
+def test_each_variant_equals_its_own_pass_bit_for_bit(kind):
+    (q, k, v, do), kw, dls = _case(kind, np.random.default_rng(hash(kind) % 2 ** 32))
+    together = orc.backwards(q, k, v, None, do, dlses=dls, **kw)
+    assert len(together) == len(dls)
+    for i, dl in enumerate(dls):
+        alone = orc.backward(q, k, v, None, do, dlse=dl, **kw)
+        _same(together[i], alone, (kind, i))
+    # and the variants differ where their dLSE does (the pass did not reuse one dS for all)
+    assert not np.array_equal(together[0].dq, together[1].dq)
+
+
+def test_a_non_finite_dlse_taints_only_its_own_variant():
+    (q, k, v, do), kw, dls = _case("plain", np.random.default_rng(3))
+    bad = dls[1].copy()
+    bad[0, 1, 4] = np.nan
+    together = orc.backwards(q, k, v, None, do, dlses=(None, bad), **kw)
+    assert np.all(np.isfinite(together[0].dq))
+    assert np.isnan(together[1].dq[0, 4, 1]).all()
+    _same(together[0], orc.backward(q, k, v, None, do, **kw), "clean")
+
+
+def test_a_caller_o_and_a_tainted_input_keep_the_rules_of_a_single_pass():
+    (q, k, v, do), kw, dls = _case("softcap", np.random.default_rng(4))
+    o = orc.forward(q, k, v, **kw).out.astype(np.float32)
+    q = np.array(q)
+    q[1, 3, 0, 0] = np.inf
+    together = orc.backwards(q, k, v, o, do, dlses=dls, **kw)
+    for i, dl in enumerate(dls):
+        _same(together[i], orc.backward(q, k, v, o, do, dlse=dl, **kw), ("caller O, tainted", i))
+
+
+def test_the_judge_takes_the_dlse_oracle_from_the_drivers_pass_with_the_same_metrics(monkeypatch):
+    """The judge's driver pass computes the dLSE pass's oracle too (one ``oracle_backwards`` call,
+    no separate dLSE oracle), and every metric equals the one separate passes give, exactly."""
+    from fa4verify import judge
+    from fa4verify.fuzz import check_problem
+    from test_lse_only_budget import PROPS, _AutogradTwin
+    from test_oracle_linearity import _deterministic_problem
+    p = _deterministic_problem()
+    calls: list = []
+    one, several = judge.oracle_backward, judge.oracle_backwards
+
+    def spy_one(problem, a, dlse=None):
+        calls.append(("one", dlse is not None))
+        return one(problem, a, dlse=dlse)
+
+    def spy_many(problem, a, dlses):
+        calls.append(("many", tuple(dl is not None for dl in dlses)))
+        return several(problem, a, dlses)
+    monkeypatch.setattr(judge, "oracle_backward", spy_one)
+    monkeypatch.setattr(judge, "oracle_backwards", spy_many)
+    fused = check_problem(p, _AutogradTwin(), properties=PROPS)
+    assert calls == [("many", (False, True))], calls
+    monkeypatch.setattr(judge, "oracle_backwards", lambda problem, a, dlses: [one(problem, a, dlse=d) for d in dlses])
+    separate = check_problem(p, _AutogradTwin(), properties=PROPS)
+    assert fused.metrics == separate.metrics and fused.ran == separate.ran
