@@ -86,16 +86,22 @@ def test_a_caller_o_and_a_tainted_input_keep_the_rules_of_a_single_pass():
         _same(together[i], orc.backward(q, k, v, o, do, dlse=dl, **kw), ("caller O, tainted", i))
 
 
-def test_the_judge_takes_the_dlse_oracle_from_the_drivers_pass_with_the_same_metrics(monkeypatch):
-    """The judge's driver pass computes the dLSE pass's oracle too (one ``oracle_backwards`` call,
-    no separate dLSE oracle), and every metric equals the one separate passes give, exactly."""
+def test_the_judge_takes_every_oracle_of_an_example_from_one_pass_with_the_same_metrics(monkeypatch):
+    """The judge computes the driver's and the dLSE pass's oracles and the forward's in one
+    ``oracle_backwards`` call (Note [One oracle pass]: no ``oracle_forward``, no separate dLSE
+    oracle), and every metric equals the one separate passes give, exactly."""
     from fa4verify import judge
     from fa4verify.fuzz import check_problem
+    from fa4verify.judge import attention as ja
     from test_lse_only_budget import PROPS, _AutogradTwin
     from test_oracle_linearity import _deterministic_problem
     p = _deterministic_problem()
     calls: list = []
-    one, several = judge.oracle_backward, judge.oracle_backwards
+    fwd, one, several = ja.oracle_forward, ja.oracle_backward, ja.oracle_backwards
+
+    def spy_fwd(problem, a):
+        calls.append("forward")
+        return fwd(problem, a)
 
     def spy_one(problem, a, dlse=None):
         calls.append(("one", dlse is not None))
@@ -104,10 +110,61 @@ def test_the_judge_takes_the_dlse_oracle_from_the_drivers_pass_with_the_same_met
     def spy_many(problem, a, dlses):
         calls.append(("many", tuple(dl is not None for dl in dlses)))
         return several(problem, a, dlses)
-    monkeypatch.setattr(judge, "oracle_backward", spy_one)
-    monkeypatch.setattr(judge, "oracle_backwards", spy_many)
+    for mod in (judge, ja):
+        monkeypatch.setattr(mod, "oracle_forward", spy_fwd)
+        monkeypatch.setattr(mod, "oracle_backward", spy_one)
+        monkeypatch.setattr(mod, "oracle_backwards", spy_many)
     fused = check_problem(p, _AutogradTwin(), properties=PROPS)
     assert calls == [("many", (False, True))], calls
-    monkeypatch.setattr(judge, "oracle_backwards", lambda problem, a, dlses: [one(problem, a, dlse=d) for d in dlses])
+    calls.clear()
+    monkeypatch.setattr(judge, "oracle_pass", lambda problem, a, dlses: (fwd(problem, a),
+                                                                        [one(problem, a, dlse=d) for d in dlses]))
     separate = check_problem(p, _AutogradTwin(), properties=PROPS)
     assert fused.metrics == separate.metrics and fused.ran == separate.ran
+
+
+def test_a_forward_only_example_computes_the_forward_oracle_alone(monkeypatch):
+    from fa4verify import judge
+    from fa4verify.fuzz import check_problem
+    from fa4verify.judge import attention as ja
+    from test_lse_only_budget import _AutogradTwin
+    from test_oracle_linearity import _deterministic_problem
+    calls: list = []
+    several = ja.oracle_backwards
+    monkeypatch.setattr(judge, "oracle_backwards", lambda *a_: calls.append("backwards") or several(*a_))
+    monkeypatch.setattr(ja, "oracle_backwards", lambda *a_: calls.append("backwards") or several(*a_))
+    out = check_problem(_deterministic_problem(), _AutogradTwin(), properties=("runs", "fwd_budget"), backward=False)
+    assert "fwd_budget" in out.ran and calls == []
+
+
+def test_the_backwards_forward_is_the_forward_oracles_bit_for_bit():
+    """Note [One oracle pass]: ``judge.oracle_pass``'s forward equals ``judge.oracle_forward``'s
+    (out, LSE and their bounds) on the plain oracle's layouts, masks, softcap, sink and a tainted
+    input; the keep-pattern and by-head oracles compute it by ``oracle_forward`` itself."""
+    from fa4verify import judge
+    from fa4verify.coverage import cases
+    from fa4verify.problem import AttentionProblem, ValueSpec
+    vs = lambda d, s_: ValueSpec(d, s_, cases._VALUE_PARAMS.get(d, ()))     # noqa: E731
+    base = dict(arch="sm90", dtype="bf16", head_dim=64, head_dim_v=64)
+    probs = [
+        AttentionProblem(batch=2, seqlen_q=70, seqlen_k=90, nheads=4, nheads_kv=2, softcap=30.0, sink=True,
+                         values=vs("outliers", 21), **base),
+        AttentionProblem(batch=3, seqlens_q=(17, 0, 40), seqlens_k=(30, 5, 40), seqlen_q=40, seqlen_k=40, nheads=2,
+                         nheads_kv=2, causal=True, values=vs("normal", 22), **base),
+        AttentionProblem(batch=1, seqlen_q=96, seqlen_k=80, nheads=6, nheads_kv=2, window_size=(9, 3),
+                         values=vs("peaked_rescale", 23), **base),
+        AttentionProblem(batch=1, seqlen_q=48, seqlen_k=64, nheads=2, nheads_kv=2, mods=("rel_bias",),
+                         values=vs("normal", 24), **base),
+    ]
+    for p in probs:
+        a = p.materialize()
+        for tainted in (False, True):
+            if tainted:
+                a = dict(a, q=np.array(a["q"], np.float32))
+                a["q"].flat[5] = np.inf
+            f = judge.oracle_forward(p, a)
+            g, bs = judge.oracle_pass(p, a, (None,))
+            assert len(bs) == 1
+            for n in ("out", "bound", "lse", "lse_bound"):
+                x, y = (np.asarray(getattr(r, n), np.float64) for r in (f, g))
+                assert np.array_equal(x.view(np.uint64), y.view(np.uint64)), (p.describe(), tainted, n)

@@ -33,7 +33,7 @@ from fa4verify.fuzz.known_issues import (KNOWN_ISSUES, KnownIssue, _sink_overflo
 from fa4verify.fuzz.profiles import (_LIMITS, DEFAULT_CACHE_DIR, PROFILES, profile_limits, profile_name,
                                      register_profiles)
 from fa4verify.fuzz.properties import (_FMT_MAX, PROPERTIES, CheckOutcome, _budget, _check_finite, _compare,
-                                       _oracle_backward, _oracle_forward, _run_target, _unseen_keys,
+                                       _oracle_forward, _run_target, _unseen_keys,
                                        check_problem)
 from fa4verify.fuzz.violation import _ABSORB, Violation, _fail, _where_str
 from fa4verify.targets import Bwd, Fwd, ProductionTarget, Target, TwinTarget, make_target

@@ -118,11 +118,39 @@ def _oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):
     return judge.oracle_forward(problem, a)
 
 
-def _oracle_backward(problem: AttentionProblem, a: Mapping[str, Any]):
-    """The exact gradient (the oracle's own O enters D), which is what the composed backward
-    budgets bound (their ``derr`` term covers the kernel's O error;
-    error_budgets/DERIVATIONS.md#bwd-composition)."""
-    return judge.oracle_backward(problem, a)
+def _oracle_backwards(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Target,
+                      props: Collection[str]) -> tuple:
+    """``(driver's, dLSE pass's or None, its dlse or None)``: the exact gradients (the oracle's own
+    O enters D), which is what the composed backward budgets bound (their ``derr`` term covers the
+    kernel's O error; error_budgets/DERIVATIONS.md#bwd-composition); the dLSE pass's in the same
+    oracle pass where that pass will run (Note [Variants share a pass]: its dlse is seeded by the
+    problem alone)."""
+    pre_dl = _seeded_dlse(problem, fwd) if "bwd_stages" in props and target.dlse_unsupported(problem) is None \
+        else None
+    if pre_dl is None:
+        return judge.oracle_backward(problem, a), None, None
+    obwd, ob_pre = judge.oracle_backwards(problem, a, (None, pre_dl))
+    return obwd, ob_pre, pre_dl
+
+
+def _oracle_pass(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Target,
+                 props: Collection[str], *, backward: bool) -> tuple:
+    """``(oracle forward, backward oracles or None)`` (:func:`_oracle_backwards`'s triple): where the
+    example's backward will be judged, both from one oracle pass (Note [One oracle pass],
+    :func:`fa4verify.judge.oracle_pass`); where that pass fails, the forward alone (the backward's
+    reason is said where it is judged)."""
+    bu = getattr(target, "backward_unsupported", None)
+    if not (backward and {"bwd_budget", "bwd_stages", "finite"} & set(props) and (bu is None or bu(problem) is None)):
+        return _oracle_forward(problem, a), None
+    if problem.mask_mod is not None:
+        return _oracle_forward(problem, a), None      # raises: the oracle has no mask_mod semantics
+    pre_dl = _seeded_dlse(problem, fwd) if "bwd_stages" in props and target.dlse_unsupported(problem) is None \
+        else None
+    try:
+        ofwd, obs = judge.oracle_pass(problem, a, (None,) if pre_dl is None else (None, pre_dl))
+    except (DependencyMissing, Unsupported):
+        return _oracle_forward(problem, a), None
+    return ofwd, (obs[0], obs[1] if pre_dl is not None else None, pre_dl)
 
 
 
@@ -378,8 +406,9 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
     if split_call:
         from fa4verify.judge import split_combine as sc
         from fa4verify.targets import split_kv_ranges, split_kv_tile
+    early = None      # Note [One oracle pass]: (driver's, dLSE pass's, its dlse) oracles of the backward
     try:
-        ofwd = _oracle_forward(problem, a)
+        ofwd, early = _oracle_pass(problem, a, fwd, target, props, backward=backward and not split_call)
         ref_out, ref_lse, stats, _ = judge.forward_allowances(problem, a, budgets=_budget(problem),
                                                               oracle=ofwd)
         if split_call:              # the composed budgets
@@ -636,18 +665,11 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                     if bad.any():
                         _fail(Violation("masked_rows", f"{n} != 0 on {int(bad.sum())} key(s) no query can see | "
                                                        f"case: {problem.describe()}"))
-            obwd = None
-            # the dLSE pass's oracle in the driver's pass where that pass will run (Note [Variants
-            # share a pass]): its dlse is seeded by the problem alone
-            pre_dl = _seeded_dlse(problem, fwd) if "bwd_stages" in props and target.dlse_unsupported(problem) is None \
-                else None
-            ob_pre = None
+            obwd = ob_pre = pre_dl = None
             if ({"bwd_budget", "bwd_stages", "finite"} & set(props)) and ref_out is not None:
                 try:
-                    if pre_dl is None:
-                        obwd = _oracle_backward(problem, a)
-                    else:
-                        obwd, ob_pre = judge.oracle_backwards(problem, a, (None, pre_dl))
+                    obwd, ob_pre, pre_dl = early if early is not None else _oracle_backwards(problem, a, fwd, target,
+                                                                                             props)
                 except (DependencyMissing, Unsupported) as e:
                     skipped["bwd_budget"] = str(e)
             if obwd is not None:

@@ -15,11 +15,11 @@ no other module of fa4verify compares a kernel output with an oracle under a bud
 from fa4verify.judge.attention import (BackwardJudgement, ForwardJudgement, Reference, arrays_from,
                                        dense_problem, effective_inputs, forward_allowances, judge_backward,
                                        judge_forward, load_budgets, oracle_backward, oracle_backwards, oracle_forward,
-                                       tie_mla)
+                                       oracle_pass, tie_mla)
 from fa4verify.judge.stats import BudgetStats
 from fa4verify.judge.verdict import BLIND_FLOOR, STATUSES, Element, UndecidedError, Verdict, combine, compare, worst_status
 
 __all__ = ["BudgetStats", "Verdict", "Element", "UndecidedError", "STATUSES", "BLIND_FLOOR", "compare",
            "combine", "worst_status", "Reference", "ForwardJudgement", "BackwardJudgement", "dense_problem",
-           "arrays_from", "oracle_forward", "oracle_backward", "oracle_backwards", "forward_allowances", "judge_forward",
+           "arrays_from", "oracle_forward", "oracle_backward", "oracle_backwards", "oracle_pass", "forward_allowances", "judge_forward",
            "judge_backward", "load_budgets", "tie_mla", "effective_inputs"]

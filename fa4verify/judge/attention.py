@@ -222,6 +222,18 @@ def oracle_backward(problem: AttentionProblem, a: Mapping[str, Any], dlse: Any =
                         as_input_dtype(a["dout"], dt), dlse=dlse, **_oracle_kwargs(problem, a))
 
 
+def oracle_pass(problem: AttentionProblem, a: Mapping[str, Any], dlses: Any) -> tuple[Any, list]:
+    """``(oracle_forward(problem, a), oracle_backwards(problem, a, dlses))`` in as few passes as
+    the oracle allows. Note [One oracle pass]: the plain oracle's backward computes the forward
+    in the same row blocks (``AttentionBackward.forward``), bit for bit what ``oracle_forward``
+    gives (``tests/test_oracle_variants.py``), so a problem whose backward is judged takes its
+    forward from there; the keep-pattern, by-head and descaled oracles compute both."""
+    if _keep_pattern(problem) or _keep_by_head(problem) or problem.descales:
+        return oracle_forward(problem, a), oracle_backwards(problem, a, dlses)
+    bs = oracle_backwards(problem, a, dlses)
+    return bs[0].forward, bs
+
+
 def oracle_backwards(problem: AttentionProblem, a: Mapping[str, Any], dlses: Any) -> list:
     """:func:`oracle_backward` once per entry of ``dlses`` (a gradient through the LSE or None),
     the same results; the plain oracle computes them in one pass (Note [Variants share a pass],
