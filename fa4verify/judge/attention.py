@@ -227,8 +227,9 @@ def oracle_pass(problem: AttentionProblem, a: Mapping[str, Any], dlses: Any) -> 
     the oracle allows. Note [One oracle pass]: the plain oracle's backward computes the forward
     in the same row blocks (``AttentionBackward.forward``), bit for bit what ``oracle_forward``
     gives (``tests/test_oracle_variants.py``), so a problem whose backward is judged takes its
-    forward from there; the keep-pattern, by-head and descaled oracles compute both."""
-    if _keep_pattern(problem) or _keep_by_head(problem) or problem.descales:
+    forward from there; the keep-pattern, by-head, descaled and MLA problems compute both."""
+    if _keep_pattern(problem) or _keep_by_head(problem) or problem.descales \
+            or (problem.call is not None and problem.call.mla):
         return oracle_forward(problem, a), oracle_backwards(problem, a, dlses)
     bs = oracle_backwards(problem, a, dlses)
     return bs[0].forward, bs
