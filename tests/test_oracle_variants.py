@@ -168,3 +168,18 @@ def test_the_backwards_forward_is_the_forward_oracles_bit_for_bit():
             for n in ("out", "bound", "lse", "lse_bound"):
                 x, y = (np.asarray(getattr(r, n), np.float64) for r in (f, g))
                 assert np.array_equal(x.view(np.uint64), y.view(np.uint64)), (p.describe(), tainted, n)
+
+
+def test_a_failing_one_pass_oracle_falls_back_to_the_forward_alone(monkeypatch):
+    """Where the one oracle pass fails, the forward is judged on ``oracle_forward`` as before and
+    the backward computes (or fails on) its own oracle where it is judged."""
+    from fa4verify import judge
+    from fa4verify.fuzz import check_problem
+    from test_lse_only_budget import PROPS, _AutogradTwin
+    from test_oracle_linearity import _deterministic_problem
+
+    def boom(*_a, **_k):
+        raise RuntimeError("one pass failed")
+    monkeypatch.setattr(judge, "oracle_pass", boom)
+    out = check_problem(_deterministic_problem(), _AutogradTwin(), properties=PROPS)
+    assert {"fwd_budget", "bwd_budget", "bwd_stages"} <= set(out.ran) and not out.undecided, out

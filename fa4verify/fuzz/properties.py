@@ -148,7 +148,7 @@ def _oracle_pass(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targ
         else None
     try:
         ofwd, obs = judge.oracle_pass(problem, a, (None,) if pre_dl is None else (None, pre_dl))
-    except (DependencyMissing, Unsupported):
+    except Exception:  # noqa: BLE001 - the backward's own failure: raised again where it is judged
         return _oracle_forward(problem, a), None
     return ofwd, (obs[0], obs[1] if pre_dl is not None else None, pre_dl)
 
