@@ -192,38 +192,53 @@ def test_emu_rel_covers_the_certified_polynomial_error_plus_horner_rounding():
     assert loader.CONSTANTS["emu_rel"] <= 1.01 * b.lower
 
 
+def _hostile_stats(rng, shape: tuple, steps: tuple[int, int, int], pick: int, scalars: bool = False) -> dict:
+    """Every statistic: |normal| x 10^[-30, 2], zeros / infinities / NaNs every ``steps`` elements,
+    in turn full ``shape``, (h, d), (1, h, d) and a scalar (element ``pick``); all scalars with
+    ``scalars``."""
+    import numpy as np
+    from fa4verify.error_budgets import loader as L
+    stats = {}
+    for i, n in enumerate(sorted(L.STATISTICS)):
+        form = 3 if scalars else i % 4
+        x = rng.standard_normal(shape[1:] if form == 1 else (1,) + shape[1:] if form == 2 else shape)
+        x = np.abs(x) * 10.0 ** rng.integers(-30, 3, size=x.shape)
+        x.flat[:: steps[0]] = 0.0
+        x.flat[1:: steps[1]] = np.inf
+        x.flat[2:: steps[2]] = np.nan
+        stats[n] = float(x.flat[pick]) if form == 3 else x
+    return stats
+
+
+def _entry_envs(stats: dict):
+    """``(dtype, arch, name, budget, env)`` of every shipped budget: its constants, statistics and
+    the earlier entries it reads, as BudgetSet.evaluate gives them."""
+    from fa4verify.error_budgets import loader as L
+    for dtype, arch in L.available():
+        bs = L.load(dtype, arch)
+        for name, b in bs.entries.items():
+            env = dict(bs.constants)
+            env.update({k: stats[k] for k in b.formula.names if k in stats})
+            for k in [k for k in b.formula.names if k not in env]:
+                env[k] = bs.evaluate(k, stats)
+            yield dtype, arch, name, b, env
+
+
 def test_a_formula_over_large_arrays_is_evaluated_by_slabs_bit_for_bit():
     """Note [Formulas by slabs]: every budget of the shipped files, on statistics of more than
     ``_CHUNKED`` elements, equals the whole-array evaluation bit for bit (zeros, infinities and
     NaNs among the statistics, arrays broadcast from (1, h, d), (h, d) and scalars)."""
     import numpy as np
     from fa4verify.error_budgets import loader as L
-    rng = np.random.default_rng(5)
-    shape = (L._CHUNKED // (4 * 64) + 3, 4, 64)
-    stats = {}
-    for i, n in enumerate(sorted(L.STATISTICS)):
-        form = i % 4
-        x = rng.standard_normal(shape[1:] if form == 1 else (1,) + shape[1:] if form == 2 else shape)
-        x = np.abs(x) * 10.0 ** rng.integers(-30, 3, size=x.shape)
-        x.flat[:: 997] = 0.0
-        x.flat[1:: 1999] = np.inf
-        x.flat[2:: 4999] = np.nan
-        stats[n] = float(x.flat[5]) if form == 3 else x
+    stats = _hostile_stats(np.random.default_rng(5), (L._CHUNKED // (4 * 64) + 3, 4, 64), (997, 1999, 4999), 5)
     n_chunked = 0
-    for dtype, arch in L.available():
-        bs = L.load(dtype, arch)
-        for name, b in bs.entries.items():
-            env = dict(bs.constants)
-            env.update({k: stats[k] for k in b.formula.names if k in stats})
-            missing = [k for k in b.formula.names if k not in env]
-            for k in missing:           # an earlier entry's value, as BudgetSet.evaluate gives it
-                env[k] = bs.evaluate(k, stats)
-            with np.errstate(all="ignore"):
-                whole = np.asarray(L._eval(b.formula.tree, env), np.float64)
-            got = np.asarray(b.formula.evaluate(env), np.float64)
-            assert got.shape == whole.shape and got.dtype == whole.dtype and \
-                np.array_equal(whole.view(np.uint64), got.view(np.uint64)), (dtype, arch, name)
-            n_chunked += got.size >= L._CHUNKED
+    for dtype, arch, name, b, env in _entry_envs(stats):
+        with np.errstate(all="ignore"):
+            whole = np.asarray(L._eval(b.formula.tree, env), np.float64)
+        got = np.asarray(b.formula.evaluate(env), np.float64)
+        assert got.shape == whole.shape and got.dtype == whole.dtype and \
+            np.array_equal(whole.view(np.uint64), got.view(np.uint64)), (dtype, arch, name)
+        n_chunked += got.size >= L._CHUNKED
     assert n_chunked > 100       # the slabs path ran
 
 
@@ -234,31 +249,15 @@ def test_a_compiled_formula_gives_the_walk_of_its_tree_bit_for_bit(monkeypatch):
     import numpy as np
     from fa4verify.error_budgets import loader as L
     rng = np.random.default_rng(9)
-    shape = (5, 3, 8)
     for scalars in (False, True):
-        stats = {}
-        for i, n in enumerate(sorted(L.STATISTICS)):
-            form = 3 if scalars else i % 4
-            x = rng.standard_normal(shape[1:] if form == 1 else (1,) + shape[1:] if form == 2 else shape)
-            x = np.abs(x) * 10.0 ** rng.integers(-30, 3, size=x.shape)
-            x.flat[:: 7] = 0.0
-            x.flat[1:: 11] = np.inf
-            x.flat[2:: 13] = np.nan
-            stats[n] = float(x.flat[4]) if form == 3 else x
         checked = 0
-        for dtype, arch in L.available():
-            bs = L.load(dtype, arch)
-            for name, b in bs.entries.items():
-                env = dict(bs.constants)
-                env.update({k: stats[k] for k in b.formula.names if k in stats})
-                for k in [k for k in b.formula.names if k not in env]:
-                    env[k] = bs.evaluate(k, stats)
-                with np.errstate(all="ignore"):
-                    walk = np.asarray(L._eval(b.formula.tree, env), np.float64)
-                    got = np.asarray(b.formula._fn(env), np.float64)
-                assert got.shape == walk.shape and np.array_equal(walk.view(np.uint64), got.view(np.uint64)), \
-                    (dtype, arch, name, scalars)
-                checked += 1
+        for dtype, arch, name, b, env in _entry_envs(_hostile_stats(rng, (5, 3, 8), (7, 11, 13), 4, scalars)):
+            with np.errstate(all="ignore"):
+                walk = np.asarray(L._eval(b.formula.tree, env), np.float64)
+                got = np.asarray(b.formula._fn(env), np.float64)
+            assert got.shape == walk.shape and np.array_equal(walk.view(np.uint64), got.view(np.uint64)), \
+                (dtype, arch, name, scalars)
+            checked += 1
         assert checked > 100
     monkeypatch.setattr(L, "_eval", lambda *a, **k: (_ for _ in ()).throw(AssertionError("walked")))
     bs = L.load("bf16", "sm90")
