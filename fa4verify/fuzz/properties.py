@@ -125,12 +125,18 @@ def _oracle_backwards(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any,
     kernel's O error; error_budgets/DERIVATIONS.md#bwd-composition); the dLSE pass's in the same
     oracle pass where that pass will run (Note [Variants share a pass]: its dlse is seeded by the
     problem alone)."""
-    pre_dl = _seeded_dlse(problem, fwd) if "bwd_stages" in props and target.dlse_unsupported(problem) is None \
-        else None
+    pre_dl = _dlse_variant(problem, fwd, target, props)
     if pre_dl is None:
         return judge.oracle_backward(problem, a), None, None
     obwd, ob_pre = judge.oracle_backwards(problem, a, (None, pre_dl))
     return obwd, ob_pre, pre_dl
+
+
+def _dlse_variant(problem: AttentionProblem, fwd: Any, target: Target, props: Collection[str]) -> Optional[np.ndarray]:
+    """The dlse the dLSE pass (:func:`_judge_dlse`) will use where that pass runs, else None."""
+    if "bwd_stages" in props and target.dlse_unsupported(problem) is None:
+        return _seeded_dlse(problem, fwd)
+    return None
 
 
 def _oracle_pass(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, target: Target,
@@ -144,8 +150,7 @@ def _oracle_pass(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targ
         return _oracle_forward(problem, a), None
     if problem.mask_mod is not None:
         return _oracle_forward(problem, a), None      # raises: the oracle has no mask_mod semantics
-    pre_dl = _seeded_dlse(problem, fwd) if "bwd_stages" in props and target.dlse_unsupported(problem) is None \
-        else None
+    pre_dl = _dlse_variant(problem, fwd, target, props)
     try:
         ofwd, obs = judge.oracle_pass(problem, a, (None,) if pre_dl is None else (None, pre_dl))
     except Exception:  # noqa: BLE001 - the backward's own failure: raised again where it is judged
