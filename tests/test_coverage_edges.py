@@ -35,7 +35,10 @@ def test_each_edge_is_the_path_it_names():
                     "inference_varlen_sink": False, "inference_widest_window": False,
                     "half_negative_window_left": True, "half_negative_window_right": True,
                     "mask_mod_causal_passed": True, "batched_empty_keys": True, "batched_empty_queries": True,
-                    "seqused_score_aux": True, "sparse_score_aux": True}
+                    "seqused_score_aux": True, "sparse_score_aux": True, "empty_first_blocks_192x128": True,
+                    "empty_first_blocks_128x112": True, "empty_first_blocks_128x80": True,
+                    "empty_first_blocks_192x128_left": True, "empty_first_blocks_128x96_left": True,
+                    "empty_first_blocks_128x64_left": True, "causal_key_past_tile_negative": True}
     # score pairs on the batched layout (seqused_q and seqused_k) and inside block sparsity
     p = got["seqused_score_aux"]
     assert p.call.seqused_q and p.call.seqused_k and p.mod_pairs()[0] is not None and 0 in p.seqlens_k

@@ -49,3 +49,19 @@ def test_the_per_head_block_edge_passes_clean_and_fails_lists_read_by_kv_head(ar
     check_problem(p, TwinTarget(), properties=PLAN_PROPERTIES, backward=bwd, deterministic=False)
     with pytest.raises(Violation):
         check_problem(p, TwinTarget(["block_lists_by_kv_head"]), properties=PLAN_PROPERTIES, backward=False)
+
+
+@pytest.mark.parametrize("arch", ["sm90"])
+def test_the_negative_score_edge_fails_a_running_max_stored_after_its_guard(arch):
+    # rows fully masked in their M tile's first KV tile (all but its last) keep the 0 that stands
+    # in for -inf as their running max: with every score near -100 nats each later P flushes to 0
+    got = {n: (p, b) for n, p, b in edge_problems(space_for(arch, "bf16"))}
+    p, bwd = got["causal_key_past_tile_negative"]
+    assert bwd and p.values.distribution == "negative_scores"
+    assert (p.seqlen_q, p.seqlen_k) == (got["causal_key_past_tile"][0].seqlen_q, got["causal_key_past_tile"][0].seqlen_k)
+    check_problem(p, TwinTarget(), properties=PLAN_PROPERTIES, backward=False)
+    with pytest.raises(Violation):
+        check_problem(p, TwinTarget(["max_stored_after_inf_guard"]), properties=PLAN_PROPERTIES, backward=False)
+    # the same fault on the edge's normal-valued twin passes: shift invariance hides it there
+    check_problem(got["causal_key_past_tile"][0], TwinTarget(["max_stored_after_inf_guard"]),
+                  properties=PLAN_PROPERTIES, backward=False)

@@ -413,6 +413,9 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       and more keys than queries (and an empty one): with aux tensors FA4 wraps the indices it
       hands the mod modulo the sequence's own lengths (``softmax.apply_score_mod_inner``; the
       backward rebuilds those divisors per sequence, ``recompute_fastdiv_mods_q``);
+    * ``empty_first_blocks_<tm>x<tn>`` (and ``_left``): an unpacked causal call, one key more than
+      queries, on each forward tile taller than wide, whose first rows meet no key in the first
+      two KV tiles their M tile processes (Note [Rows empty in the first blocks]);
     * ``mla_causal_tail``, ``mla_short_keys``, ``mla_decode_kb64``, ``mla_decode_1cta``,
       ``mla_gather_2cta``, ``mla_gather_wide``, ``mla_gather_1cta`` (SM 10.x/11.x, Note [MLA as a
       call form]): FA4's MLA forward (``qv``, head dims 64 + 512, one KV head) dense and with a
@@ -478,6 +481,7 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     out += _lookup_edges(space, vals)
     out += _mla_edges(space, vals)
     out += _diagonal_edges(space)
+    out += _empty_first_blocks_edges(space, vals)
     out += _tile_tail_edges(space, vals)
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
@@ -547,6 +551,12 @@ def _diagonal_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
     * ``causal_key_past_tile``: causal, ``seqlen_q = 2 tile_m``, ``seqlen_k = seqlen_q + s``;
     * ``right_window_key_past_tile``: a right window ``(None, s)`` on a square call;
 
+    * ``causal_key_past_tile_negative``: the causal edge's shape on ``negative_scores`` values
+      (every score near -100 nats): its rows fully masked in the first KV tile they process (all
+      but the tile's last) must start their running max from their first real score, not from the
+      0 that stands in for -inf in the exponent, or every later P flushes to 0 (the ninth red-team
+      round, ``docs/results/redteam9/``: before, one plan row reached it, by its seed);
+
     ``s`` from :func:`diagonal_offsets` (1 at head dim 128 on both archs). Their backward runs without
     ``deterministic`` (:data:`NONDETERMINISTIC_EDGES`): a skipped tile would leave a dQ semaphore
     unreleased, a hang the deadline reports after minutes; without, the lost pair shows in dK/dV."""
@@ -571,6 +581,77 @@ def _diagonal_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
         prob = (AttentionProblem(seqlen_q=sq, seqlen_k=sq + off, causal=True, values=vs, **base) if causal else
                 AttentionProblem(seqlen_q=sq, seqlen_k=sq, window_size=(None, off), values=vs, **base))
         out.append((edge, prob, _runs_bwd(space, form="dense", hd=name, gqa="1", mask=mask)))
+        if causal and "negative_scores" in space.values["values"]:
+            neg = ValueSpec("negative_scores", rng.randrange(2 ** 31), _VALUE_PARAMS["negative_scores"])
+            out.append((edge + "_negative", AttentionProblem(seqlen_q=sq, seqlen_k=sq + off, causal=True, values=neg,
+                                                             **base),
+                        _runs_bwd(space, form="dense", hd=name, gqa="1", mask=mask)))
+    return out
+
+
+def rows_without_early_keys(tiles: tuple[int, int], sq: int, sk: int, *, window_left: Optional[int] = None,
+                            blocks: int = 2) -> int:
+    """The query rows of an unpacked causal call (bottom-right aligned; ``window_left`` keys to the
+    left where given) that see some key but none in the first ``blocks`` KV tiles their forward M
+    tile processes. FA4's forward walks an M tile's KV tiles from its last one down (``n_block_max -
+    1`` first), and bounds the tile by its full height: ``n_block_max = min(ceil_div(seqlen_k,
+    tile_n), ceil_div((m + 1) tile_m + seqlen_k - seqlen_q, tile_n))`` (``block_info.py``,
+    :data:`fa4verify.kernels.facts.SPLIT_KV_SOURCE`)."""
+    tm, tn = tiles
+    off, count = sk - sq, 0
+    for m in range(-(-sq // tm)):
+        nmax = min(-(-sk // tn), -(-((m + 1) * tm + off) // tn))
+        lo = (nmax - blocks) * tn                     # keys below lo lie outside the first processed tiles
+        for r in range(m * tm, min((m + 1) * tm, sq)):
+            hi = min(r + off, sk - 1)
+            first = 0 if window_left is None else max(0, r + off - window_left)
+            if first <= hi < lo:
+                count += 1
+    return count
+
+
+def _empty_first_blocks_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
+    """Note [Rows empty in the first blocks]
+    ----------------------------------------
+    FA4's online softmax starts a row's running max at -inf and, with ``check_inf``, takes a max of
+    -inf as 0 before it forms ``exp2(S - max)`` and the rescale of O (``softmax.py``
+    ``online_softmax``); without it a row that has met no key yet turns NaN on its next KV tile
+    and stays NaN. Where a forward tile is taller than it is wide (SM90: 192 x 128 at head dims <= 96,
+    128 x 80 at 256, 128 x 112 at 129..192 with a wider V), the first rows of an M tile of an
+    unpacked causal call can see no key in the first two KV tiles the tile processes (it walks them
+    from the diagonal down): every chunked prefill with one cached key more than queries has such
+    rows (the ninth red-team round: no plan row, edge, draw or sequence of the audit had one, as the
+    plan's tall-tile causal rows are packed GQA or single-tile, ``docs/results/redteam9/``). One
+    edge per such tile of the space's head-dim classes (causal, and causal with a left window
+    where the space has ``causal_left``): MHA, ``seqlen_k = seqlen_q + 1``, ``seqlen_q`` the
+    smallest from two M tiles up where :func:`rows_without_early_keys` finds rows
+    (``empty_first_blocks_<tm>x<tn>``, ``_left`` for the window); forward and backward."""
+    from fa4verify.problem import AttentionProblem
+    out: list[tuple[str, Any, bool]] = []
+    if space.lengths or space.heads or "1" not in space.values["gqa"] or "dense" not in space.values["form"]:
+        return out
+    seen: set = set()
+    for mask in ("causal", "causal_left"):
+        if mask not in space.values["mask"]:
+            continue
+        local = mask == "causal_left"
+        for name in sorted(space.values["hd"], key=lambda n: (space.hd[n][0] % 32 != 0, space.hd[n][0])):
+            hd, hdv = space.hd[name]
+            if space.why_not({"hd": name, "mask": mask, "form": "dense"}) is not None:
+                continue
+            tiles = facts.fwd_tile(space.arch, space.dtype, hd, hdv, not local, local)
+            if tiles[0] <= tiles[1] or (mask, tiles) in seen:
+                continue
+            seen.add((mask, tiles))
+            wl = tiles[1] if local else None
+            sq = next((q for q in range(2 * tiles[0], 8 * tiles[0])
+                       if rows_without_early_keys(tiles, q, q + 1, window_left=wl)), None)
+            if sq is None:
+                continue
+            out.append((f"empty_first_blocks_{tiles[0]}x{tiles[1]}" + ("_left" if local else ""), AttentionProblem(
+                arch=space.arch, dtype=space.dtype, batch=1, seqlen_q=sq, seqlen_k=sq + 1, nheads=2, nheads_kv=2,
+                head_dim=hd, head_dim_v=hdv, causal=True, window_size=(wl, 0) if local else (None, None),
+                values=vals()), _runs_bwd(space, form="dense", hd=name, gqa="1", mask=mask)))
     return out
 
 

@@ -854,6 +854,51 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "            and window_size_left < 0 and window_size_right < 0):\n",
               "            and (window_size_left < 0 or window_size_right < 0)):\n"),),
         "both", ("out", "lse", "dq", "dk", "dv")),
+    # the ninth red-team round (the SM90 softmax, sinks and deterministic dQ, docs/results/redteam9/)
+    SourceMutant(
+        "causal_loop_check_inf_local_only",
+        "the SM90 forward's causal masking loop keeps the -inf guard of the running max for local "
+        "windows only: rows that met no key yet turn NaN (tall tiles, unpacked causal calls)",
+        (Edit("flash_fwd_sm90.py",
+              "                            mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),\n"
+              "                        )\n"
+              "                        O_should_accumulate = True\n"
+              "                    n_block_max = cutlass.min(n_block_max, n_block_min_causal_local_mask)\n",
+              "                            mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),\n"
+              "                            check_inf=self.is_local,\n"
+              "                        )\n"
+              "                        O_should_accumulate = True\n"
+              "                    n_block_max = cutlass.min(n_block_max, n_block_min_causal_local_mask)\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "det_dq_release_on_smem_read",
+        "the SM90 deterministic backward releases the dQ semaphore once its reduce-add has read "
+        "shared memory, not once the global add is done (dQ no longer bitwise reproducible)",
+        (Edit("flash_bwd_sm90.py",
+              "        read_flag = const_expr(not self.deterministic)\n",
+              "        read_flag = const_expr(self.deterministic)\n"),),
+        "bwd", ("dq",), determinism=True),
+    SourceMutant(
+        "dsink_empty_row_guard_sign",
+        "dsink of a row with no key tests LSE == +inf for its empty-row guard (a sink of -inf gives NaN)",
+        (Edit("flash_bwd_postprocess.py", "        if lse_val == -Float32.inf\n", "        if lse_val == Float32.inf\n"),),
+        "bwd", ("dsink",)),
+    SourceMutant(
+        "running_max_stored_after_inf_guard",
+        "the online softmax stores the running max after its -inf -> 0 guard: a row fully masked in "
+        "its first KV tile starts from 0, and on scores far below 0 every later P flushes to 0",
+        (Edit("softmax.py",
+              "            row_max_prev = row_max[r]\n"
+              "            row_max[r] = row_max_cur\n"
+              "\n"
+              "            if cutlass.const_expr(check_inf):\n"
+              "                row_max_cur = 0.0 if row_max_cur == -Float32.inf else row_max_cur\n",
+              "            row_max_prev = row_max[r]\n"
+              "\n"
+              "            if cutlass.const_expr(check_inf):\n"
+              "                row_max_cur = 0.0 if row_max_cur == -Float32.inf else row_max_cur\n"
+              "            row_max[r] = row_max_cur\n"),),
+        "fwd", ("out", "lse")),
 )
 
 

@@ -26,10 +26,12 @@ Distributions (``ValueSpec.distribution``), ``n`` = standard normal:
 * ``"negative_scores"``: q = n + a*u, k = n - a*u for a random unit vector u, so every scaled
   score is about ``-shift`` (shift in [10, 5000] nats); LSE < -88.7 = ln(FLT_MIN) for large
   shifts (cuDNN-frontend #744, PyTorch #196678).
-* ``"peaked_rescale"``: q = sigma*n + u, k_j = sigma*n + beta(j)*u with beta growing by a step per
-  KV tile of ``tile_n`` keys, so that a row's running max grows by ``delta`` log2 units at every
-  tile boundary; delta is drawn around FA4's SM100 ``rescale_threshold`` (8.0; fa4_numerics.md
-  section 2.4), e.g. 7.9, 8.0, 8.1.
+* ``"peaked_rescale"``: q = sigma*n + u, k_j = sigma*n - beta(j)*u with beta growing by a step per
+  KV tile of ``tile_n`` keys: the scores fall from left to right, and as FA4's forward walks a
+  row's KV tiles from the last one down (both archs: ``n_block = n_block_max - 1 - n_tile``), the
+  row's running max grows by ``delta`` log2 units at every tile boundary it crosses, so every one
+  rescales O (SM90) or meets the lazy rescale's threshold (SM100); delta is drawn around FA4's
+  SM100 ``rescale_threshold`` (8.0), e.g. 7.9, 8.0, 8.1.
 * ``"huge"``: q, k scaled by ``2^e_qk`` and v by ``2^e_v`` (bf16: e_qk <= 10, e_v <= 20; fp16:
   e_qk <= 6, e_v <= 10): one-hot softmax rows and large outputs.
 * ``"tiny"``: everything scaled by ``2^-e`` (bf16: e <= 30; fp16: e <= 16, subnormal fp16 inputs).
@@ -160,7 +162,7 @@ def generate_values(spec: ValueSpec, *, dtype: str, q_shape: tuple[int, ...], k_
         if tiles.shape != (k_shape[-3],):
             raise ValueError(f"key_positions shape {tiles.shape} != ({k_shape[-3]},)")
         q = sigma * q + u
-        k = sigma * k + (step * tiles)[:, None, None] * u[None, None, :]
+        k = sigma * k - (step * tiles)[:, None, None] * u[None, None, :]
     elif dist == "huge":
         q, k = q * 2.0 ** spec.param("e_qk", 4), k * 2.0 ** spec.param("e_qk", 4)
         v = v * 2.0 ** spec.param("e_v", 0)

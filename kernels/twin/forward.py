@@ -107,7 +107,8 @@ FWD_MUTATIONS: tuple[str, ...] = (
     "poly_degree_2", "poly_coeff_ulp", "p_cast_rz", "rescale_skipped", "fp8_old_threshold",
     "nan_to_zero_emulated", "causal_top_left", "causal_off_by_one", "tail_tile_dropped",
     "row_sum_rounded_p", "rcp_low_precision", "recip_bias_2m9",
-    "qk_descale_query_head", "v_descale_dropped", "nblock_max_row_exclusive",
+    "qk_descale_query_head", "v_descale_dropped", "nblock_max_row_exclusive", "check_inf_dropped_causal",
+    "max_stored_after_inf_guard",
 )
 MUFU_MODES: tuple[str, ...] = ("correctly-rounded", "perturbed")
 
@@ -534,9 +535,19 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
         m_old = m[:, :, ridx]
         m_new = np.where(first, tmax, np.fmax(m_old, tmax)).astype(S.dtype)
         m_safe = np.where(m_new == -np.inf, np.zeros((), m_new.dtype), m_new)
+        if "check_inf_dropped_causal" in muts and is_causal and wl is None and not pack_gqa:
+            # source mutant causal_loop_check_inf_local_only: the causal masking loop's tiles (after
+            # an M tile's first) keep a running max of -inf in the exponent (Note [Rows empty in
+            # the first blocks])
+            masking = nb >= (mb[ridx] * tile_m + offset) // tile_n
+            m_safe = np.where(masking & ~first, m_new, m_safe).astype(m_new.dtype)
         # rescale factor
         scale_fac, m_use, m_safe = _rescale_factor(kernel, m_old, m_new, m_safe, first, c,
                                                    c_true, threshold, mf, exact, muts, probe)
+        if "max_stored_after_inf_guard" in muts and kernel == "sm90":
+            # the running max stored after its -inf -> 0 guard (a row fully masked in its first
+            # tile then starts from 0, not from its first real score)
+            m_use = np.where(m_use == -np.inf, np.zeros((), np.asarray(m_use).dtype), m_use)
         m[:, :, ridx] = m_use
         # exponent argument
         x = _exp_arg(kernel, S, m_safe, c, c_true, max_offset, "exp_arg" in exact, probe)
