@@ -517,22 +517,26 @@ def softcap_mod(cap: float = SOFTCAP) -> ModPair:
 # ---------------------------------------------------------------------------------------------
 
 def document_mask(max_docs: int = 4) -> ModPair:
-    """Document / segment mask: keep iff ``doc[b, q] == doc[b, kv]`` (aux int32 ``(batch,
-    seqlen)`` of non-decreasing document ids; self-attention, seqlen_q == seqlen_k)."""
+    """Document / segment mask: keep iff ``doc_q[b, q] == doc_k[b, kv]`` (aux int32 ``(batch,
+    seqlen_q)`` and ``(batch, seqlen_k)`` of non-decreasing document ids). In self-attention
+    (seqlen_q == seqlen_k) the two are equal; across lengths each document covers the same share of
+    both sides (packed encoder-decoder or retrieval batches). The key ids are read at key indices
+    only: a kernel that wraps a key index at the query length (or the reverse) keeps another set
+    once the lengths differ (the tenth red-team round, ``docs/results/redteam10/``)."""
     def aux(s: ModShape, rng):
-        if s.seqlen_q != s.seqlen_k:
-            raise ValueError("document_mask: seqlen_q must equal seqlen_k (shared token positions)")
-        ids = np.zeros((s.batch, s.seqlen_k), np.int32)
+        L = max(s.seqlen_q, s.seqlen_k)
+        ids_q = np.zeros((s.batch, s.seqlen_q), np.int32)
+        ids_k = np.zeros((s.batch, s.seqlen_k), np.int32)
         for b in range(s.batch):
             n = int(rng.integers(1, max_docs + 1))
-            cuts = np.sort(rng.choice(np.arange(1, max(s.seqlen_k, 2)), size=min(n - 1, max(s.seqlen_k - 1, 0)),
-                                      replace=False)) if s.seqlen_k > 1 else np.zeros(0, int)
-            ids[b] = np.searchsorted(cuts, np.arange(s.seqlen_k), side="right")
-        return [ids]
+            cuts = np.sort(rng.choice(np.arange(1, max(L, 2)), size=min(n - 1, max(L - 1, 0)),
+                                      replace=False)) if L > 1 else np.zeros(0, int)
+            for ids, n_side in ((ids_q, s.seqlen_q), (ids_k, s.seqlen_k)):
+                ids[b] = np.searchsorted(cuts, np.arange(n_side) * L // max(n_side, 1), side="right")
+        return [ids_q, ids_k]
 
     def ref(b, h, qi, ki, a):
-        d = np.asarray(a[0])
-        return d[b][np.asarray(qi)] == d[b][np.asarray(ki)]
+        return np.asarray(a[0])[b][np.asarray(qi)] == np.asarray(a[1])[b][np.asarray(ki)]
 
     def build():
         import cutlass
@@ -540,15 +544,16 @@ def document_mask(max_docs: int = 4) -> ModPair:
 
         @cute.jit
         def document_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
-            doc = aux_tensors[0]
-            dq = _ssa(doc[b[0], q_idx[0]], cutlass.Int32)
-            dk = _ssa(doc[b[0], kv_idx[0]], cutlass.Int32)
+            doc_q = aux_tensors[0]
+            doc_k = aux_tensors[1]
+            dq = _ssa(doc_q[b[0], q_idx[0]], cutlass.Int32)
+            dk = _ssa(doc_k[b[0], kv_idx[0]], cutlass.Int32)
             return dq == dk
         return document_keep, None
 
     return ModPair("document", "mask", ref, build, aux=aux, features=("mask_mod", "aux_tensors"),
-                   self_attention_only=True,
-                   description="document mask, int32 doc ids (batch, seqlen) in aux_tensors[0]")
+                   description="document mask, int32 doc ids of the queries (batch, seqlen_q) and keys "
+                               "(batch, seqlen_k) in aux_tensors[0] and [1]")
 
 
 PREFIX = 192

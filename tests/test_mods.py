@@ -387,8 +387,8 @@ def test_user_aux_data_overrides_the_factory():
     a = p.materialize()
     ids = np.zeros((1, 192), np.int32)
     ids[0, 96:] = 1
-    two = oracle_forward(p, dict(a, mod_aux={"document": [ids]}))
-    one = oracle_forward(p, dict(a, mod_aux={"document": [np.zeros((1, 192), np.int32)]}))
+    two = oracle_forward(p, dict(a, mod_aux={"document": [ids, ids]}))
+    one = oracle_forward(p, dict(a, mod_aux={"document": [np.zeros((1, 192), np.int32)] * 2}))
     plain = oracle_forward(p.replace(mods=()), a)
     assert np.abs(one.out - plain.out).max() < 1e-12
     assert np.abs(two.out - plain.out).max() > 1e-2

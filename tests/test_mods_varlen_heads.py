@@ -133,5 +133,5 @@ def test_a_head_dependent_mask_must_say_so():
 
 def test_a_self_attention_pair_needs_square_sequences_on_a_varlen_call():
     with pytest.raises(ValueError, match="every sequence"):
-        _varlen("document", (8, 9), (9, 8))
-    assert _varlen("document", (8, 9), (8, 9)).varlen
+        _varlen("prefix_lm", (8, 9), (9, 8))
+    assert _varlen("prefix_lm", (8, 9), (8, 9)).varlen and _varlen("document", (8, 9), (9, 8)).varlen

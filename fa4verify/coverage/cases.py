@@ -875,6 +875,18 @@ def _mod_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         out.append(("head_mask_packgqa", AttentionProblem(
             batch=1, seqlen_q=sq, seqlen_k=sq, nheads=8, nheads_kv=2, mods=("head_window",), values=vals(), **base),
             runs_bwd("mask_mod", "4", "multi") and "mod:head_window" in space.mask_pairs_bwd))
+    if "mask_mod" in forms and "mod:document" in space.mask_pairs and "1" in gqas:
+        # Note [Aux indices by side]: a mask pair whose aux tensors are read at the query index
+        # (documents of the queries) and at the key index (of the keys), with more keys than
+        # queries and more queries than keys: an index wrapped at the other side's length reads
+        # another entry (the tenth red-team round: every mask pair with aux tensors had run on
+        # square calls only, where the two lengths coincide)
+        tm, tn = facts.fwd_tile(space.arch, space.dtype, space.hd[name][0], space.hd[name][1], False, False)
+        for edge, (sq, sk) in (("document_more_keys", (tm - 31, 2 * tn + 72)),
+                               ("document_more_queries", (2 * tm + 72, tn - 31))):
+            out.append((edge, AttentionProblem(batch=2, seqlen_q=sq, seqlen_k=sk, nheads=2, nheads_kv=2,
+                                               mods=("document",), values=vals(), **base),
+                        runs_bwd("mask_mod", "1", "multi") and "mod:document" in space.mask_pairs_bwd))
     pair = next((p for p in ("rel_bias", "alibi") if f"mod:{p}" in space.score_pairs), None)
     if "score_mod" in forms and "zero" in space.values["seqlen"] and pair is not None and "1" in gqas:
         tm, tn = facts.fwd_tile(space.arch, space.dtype, space.hd[name][0], space.hd[name][1], False, False)

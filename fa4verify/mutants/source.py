@@ -899,6 +899,43 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "                row_max_cur = 0.0 if row_max_cur == -Float32.inf else row_max_cur\n"
               "            row_max[r] = row_max_cur\n"),),
         "fwd", ("out", "lse")),
+    # the tenth red-team round (the SM90 masks and block sparsity, docs/results/redteam10/)
+    SourceMutant(
+        "mask_mod_aux_kv_wrap_by_seqlen_q",
+        "a mask_mod's aux key index wraps at seqlen_q, not seqlen_k (keys past seqlen_q read another entry)",
+        (Edit("mask.py",
+              "                        _, col_for_mod = divmod(global_col_idx, fastdiv_mods[1])\n",
+              "                        _, col_for_mod = divmod(global_col_idx, fastdiv_mods[0])\n"),),
+        "both", ("out", "lse", "dq", "dk", "dv")),
+    SourceMutant(
+        "mask_mod_aux_q_wrap_by_seqlen_k",
+        "a mask_mod's aux query index wraps at seqlen_k, not seqlen_q (rows past seqlen_k read another entry)",
+        (Edit("mask.py",
+              "                    _, row_for_mod = divmod(row_for_mod, fastdiv_mods[0])\n",
+              "                    _, row_for_mod = divmod(row_for_mod, fastdiv_mods[1])\n"),),
+        "both", ("out", "lse", "dq", "dk", "dv")),
+    SourceMutant(
+        "varlen_sparse_mask_cnt_local_m_block",
+        "varlen block sparsity: a sequence's Q block reads the mask-block count of the first sequence's block",
+        (Edit("block_sparse_utils.py",
+              "    curr_mask_block_cnt = mask_block_cnt[head_idx, curr_m_block]\n",
+              "    curr_mask_block_cnt = mask_block_cnt[head_idx, m_block]\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "varlen_sparse_mask_idx_batch_offset",
+        "varlen block sparsity: every Q block of a sequence reads its first Q block's mask-block indices",
+        (Edit("block_sparse_utils.py",
+              "    curr_mask_block_idx = cute.domain_offset(curr_block_idx_offset, mask_block_idx[head_idx, None])\n",
+              "    curr_mask_block_idx = cute.domain_offset(batch_block_idx_offset, mask_block_idx[head_idx, None])\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "block_sparse_broadcast_not_keyed",
+        "the block tensors' broadcast (stride-0) pattern left out of the forward's compile key",
+        (Edit("interface.py",
+              "        use_block_sparsity,\n        block_sparse_broadcast_pattern,\n        tensor_broadcast_patterns,\n"
+              "        aux_tensor_metadata,\n",
+              "        use_block_sparsity,\n        tensor_broadcast_patterns,\n        aux_tensor_metadata,\n"),),
+        "fwd", ("out", "lse")),
 )
 
 
