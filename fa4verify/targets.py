@@ -623,11 +623,16 @@ class ProductionTarget(Target):
                 from fa4verify.coverage.space import VARLEN_SPARSE_BWD
                 raise Unsupported(VARLEN_SPARSE_BWD)
             bounds = problem._seq_bounds()
+            part = [call.partial_blocks(lq, lk, seq=i) for i, (_q0, lq, _k0, lk) in enumerate(bounds)]
             kw["block_sparse_tensors"] = self._ad.block_sparse_tensors_varlen(
                 [call.block_mask(lq, lk, seq=i) for i, (_q0, lq, _k0, lk) in enumerate(bounds)],
-                nheads=block_mask_heads(problem), block_size=tuple(call.block_size), device=self.device)
+                nheads=block_mask_heads(problem), block_size=tuple(call.block_size), device=self.device,
+                partial=part if any(p.any() for p in part) else None)
             kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
                       max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
+            if problem.mods:      # Note [Partial blocks]: the mask pair inside mask blocks (varlen: per sequence)
+                kw.update(self._mods_kw(problem, a))
+                kw.pop("score_mod_bwd", None)
         elif call.block_size is not None:
             bs = call.block_size
             if backward and problem.arch == "sm90":

@@ -1234,22 +1234,30 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
         block_size=tuple(int(b) for b in block_size), **order)
 
 
-def block_sparse_tensors_varlen(block_masks, *, nheads: int, block_size: tuple[int, int], device: str = "cuda"):
+def block_sparse_tensors_varlen(block_masks, *, nheads: int, block_size: tuple[int, int], device: str = "cuda",
+                                partial=None):
     """FA4's varlen ``BlockSparseTensorsTorch`` (forward only) for one boolean block mask
-    ``(n_q_blocks_b, n_kv_blocks_b)`` per sequence ``b`` of a packed (``cu_seqlens``) call, every
-    listed block a *full* block: counts ``[nheads, total_m_blocks]``, indices ``[nheads,
-    total_n_blocks]`` where sequence ``b``'s Q block ``m`` lists its KV blocks (ascending, from 0 in
-    the sequence) from ``cu_block_idx_offsets[b] + m * n_kv_blocks_b``; ``cu_total_m_blocks[b]`` =
-    the Q blocks before sequence ``b`` (``block_sparsity.py`` / ``seqlen_info.py``). Key ``j`` of
-    sequence ``b`` is visible to its query ``i`` iff ``block_masks[b][i // bq, j // bk]``."""
+    ``(n_q_blocks_b, n_kv_blocks_b)`` per sequence ``b`` of a packed (``cu_seqlens``) call: counts
+    ``[nheads, total_m_blocks]``, indices ``[nheads, total_n_blocks]`` where sequence ``b``'s Q block
+    ``m`` lists its KV blocks (ascending, from 0 in the sequence) from ``cu_block_idx_offsets[b] + m
+    * n_kv_blocks_b``; ``cu_total_m_blocks[b]`` = the Q blocks before sequence ``b``
+    (``block_sparsity.py`` / ``seqlen_info.py``). ``partial`` (one boolean mask per sequence inside
+    its block mask, or None): the blocks listed as *mask* blocks (the call's mask_mod decides
+    inside them, Note [Partial blocks]); every other listed block is a *full* one. Key ``j`` of
+    sequence ``b`` is visible to its query ``i`` iff ``block_masks[b][i // bq, j // bk]`` (and,
+    in a mask block, the mask_mod keeps it)."""
     import numpy as np
     import torch
     from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
-    cnt, idx, cu_m, cu_i = [], [], [0], [0]
-    for m in (np.asarray(m, bool) for m in block_masks):
-        c, i = _block_lists(m)          # a sequence's rows, flattened row by row
+    cnt, idx, mcnt, midx, cu_m, cu_i = [], [], [], [], [0], [0]
+    for b, m in enumerate(np.asarray(m, bool) for m in block_masks):
+        part = np.zeros_like(m) if partial is None else np.asarray(partial[b], bool) & m
+        c, i = _block_lists(m & ~part)          # a sequence's rows, flattened row by row
         cnt.extend(c.tolist())
         idx.extend(i.reshape(-1).tolist())
+        c, i = _block_lists(part)
+        mcnt.extend(c.tolist())
+        midx.extend(i.reshape(-1).tolist())
         cu_m.append(cu_m[-1] + m.shape[0])
         cu_i.append(cu_i[-1] + m.size)
 
@@ -1260,7 +1268,7 @@ def block_sparse_tensors_varlen(block_masks, *, nheads: int, block_size: tuple[i
             x = np.broadcast_to(x, (nheads, x.size))
         return torch.tensor(x.tolist(), dtype=torch.int32, device=device)
     return BlockSparseTensorsTorch(
-        mask_block_cnt=dev([0] * len(cnt)), mask_block_idx=dev([0] * len(idx)),
+        mask_block_cnt=dev(mcnt), mask_block_idx=dev(midx),
         full_block_cnt=dev(cnt), full_block_idx=dev(idx),
         cu_total_m_blocks=dev(cu_m, False), cu_block_idx_offsets=dev(cu_i, False),
         block_size=tuple(int(b) for b in block_size))

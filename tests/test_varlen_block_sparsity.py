@@ -73,8 +73,9 @@ def test_the_oracle_is_per_sequence_softmax_over_kept_blocks(softcap):
 def test_the_production_target_passes_sequence_grids_and_cu_seqlens_forward_only():
     seen = {}
 
-    def bstv(block_masks, *, nheads, block_size, device):
-        seen.update(masks=[np.asarray(m).copy() for m in block_masks], nheads=nheads, block=block_size)
+    def bstv(block_masks, *, nheads, block_size, device, partial=None):
+        seen.update(masks=[np.asarray(m).copy() for m in block_masks], nheads=nheads, block=block_size,
+                    partial=partial)
         return "tensors"
     from fa4verify.targets import ProductionTarget, Unsupported
     t = ProductionTarget(adapter=types.SimpleNamespace(block_sparse_tensors_varlen=bstv), device="cpu")
@@ -86,6 +87,7 @@ def test_the_production_target_passes_sequence_grids_and_cu_seqlens_forward_only
     assert seen["nheads"] == 1 and seen["block"] == (64, 64)     # GQA: broadcast over heads
     for s, m in enumerate(seen["masks"]):
         assert np.array_equal(m, p.call.block_mask(p.seqlens_q[s], p.seqlens_k[s], seq=s))
+    assert seen["partial"] is None          # full blocks only: no mask lists
     assert "varlen backward with block sparsity" in t.backward_unsupported(p)
     with pytest.raises(Unsupported):
         t._call_kw(p, a, backward=True)

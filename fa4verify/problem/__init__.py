@@ -174,9 +174,13 @@ class AttentionProblem:
             # pack_gqa alone rides along; a batched layout (seqused_k / seqused_q / a page table / the
             # batched call) holds the same varlen rows, each at its logical position in its sequence
             other = self.call is not None and self.call.rearranges and not self.call.batched_layout
-            if self.varlen and other:
+            # Note [Varlen mask blocks]: a mask pair inside varlen block sparsity's mask blocks
+            sparse_mask = other and self.call.block_size is not None and self.call.mask_mod_fn is None \
+                and score is None and mask is not None
+            if self.varlen and other and not sparse_mask:
                 raise ValueError("mods on a varlen call take no keep-pattern or MLA call form (block sparsity, "
-                                 "a named mask_mod, qv): cu_seqlens, seqused, the batched call or paged KV only")
+                                 "a named mask_mod, qv) but a mask pair inside block sparsity's mask blocks: "
+                                 "cu_seqlens, seqused, the batched call or paged KV only")
             if other and (self.call.block_size is None or self.call.mask_mod_fn is not None):
                 raise ValueError("mods combine with block sparsity only (Note [Partial blocks]), not with "
                                  "another FA4 call form (paged KV, seqused_k/q, a named mask_mod)")
@@ -312,13 +316,13 @@ class AttentionProblem:
         if mask is not None:
             from fa4verify import mods as _mods
             aux = _mods.aux_for(self, mask, arrays)
+            bounds = self._seq_bounds()
             keeps = [np.broadcast_to(np.asarray(mask.ref(b, int(head), np.arange(lq)[:, None], np.arange(lk)[None, :],
                                                          aux), bool), (lq, lk))
-                     for b, (_, lq, _, lk) in enumerate(self._seq_bounds())]
+                     for b, (_, lq, _, lk) in enumerate(bounds)]
             if self.call is not None and self.call.block_size is not None:    # Note [Partial blocks]
-                keeps = [self.call.keep_mask(self.seqlen_q, self.seqlen_k, inner=m, seq=self.call.grid_seq(self, b),
-                                             head=int(head))
-                         for b, m in enumerate(keeps)]
+                keeps = [self.call.keep_mask(lq, lk, inner=m, seq=self.call.grid_seq(self, b), head=int(head))
+                         for b, (m, (_, lq, _, lk)) in enumerate(zip(keeps, bounds))]
             return keeps
         for i, (_, lq, _, lk) in enumerate(self._seq_bounds()):
             if self.mask_mod is not None:

@@ -349,8 +349,8 @@ class CallForm:
             if problem.varlen and self.block_per_head:
                 raise ValueError("block_per_head is a dense problem's (FA4's varlen block lists are per head, "
                                  "not drawn here)")
-            if problem.varlen and (self.mask_mod_fn is not None or self.block_partial):
-                raise ValueError("a varlen problem takes block sparsity with full blocks only (no mask_mod)")
+            if problem.varlen and self.mask_mod_fn is not None:
+                raise ValueError("a varlen problem takes block sparsity, not a named mask_mod pattern")
             mask_pair = problem.mods and problem.mod_pairs()[1] is not None
             if self.block_partial and not mask_pair:
                 raise ValueError("block_partial needs a mask pair in the problem's mods (the mask_mod of the "
