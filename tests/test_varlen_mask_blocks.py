@@ -8,14 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("flash_attn.cute.block_sparsity", reason="FA4's BlockSparseTensorsTorch (flash-attn-4)")
-
-from fa4verify import mods  # noqa: E402
-from fa4verify.coverage.cases import edge_problems  # noqa: E402
-from fa4verify.coverage.space import space_for  # noqa: E402
-from fa4verify.kernels import adapter  # noqa: E402
-from fa4verify.oracles.block_sparse import dense_mask  # noqa: E402
-from fa4verify.problem import AttentionProblem, CallForm, ValueSpec  # noqa: E402
+from fa4verify import mods
+from fa4verify.coverage.cases import edge_problems
+from fa4verify.coverage.space import space_for
+from fa4verify.kernels import adapter
+from fa4verify.oracles.block_sparse import dense_mask
+from fa4verify.problem import AttentionProblem, CallForm, ValueSpec
 
 
 @pytest.fixture(scope="module", params=["sm90", "sm100"])
@@ -28,6 +26,7 @@ def _grids(p):
     return [(lq, lk, i) for i, (lq, lk) in enumerate(zip(p.seqlens_q, p.seqlens_k))]
 
 
+@pytest.mark.fa4          # FA4's BlockSparseTensorsTorch
 def test_the_lists_fa4_gets(edge):
     p, bwd = edge
     assert not bwd and p.varlen and p.call.block_partial and p.mods and p.nheads == p.nheads_kv
