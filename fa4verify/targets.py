@@ -630,9 +630,6 @@ class ProductionTarget(Target):
                 partial=part if any(p.any() for p in part) else None)
             kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
                       max_seqlen_q=problem.seqlen_q, max_seqlen_k=problem.seqlen_k)
-            if problem.mods:      # Note [Partial blocks]: the mask pair inside mask blocks (varlen: per sequence)
-                kw.update(self._mods_kw(problem, a))
-                kw.pop("score_mod_bwd", None)
         elif call.block_size is not None:
             bs = call.block_size
             if backward and problem.arch == "sm90":
@@ -653,15 +650,16 @@ class ProductionTarget(Target):
                 bm, batch=problem.batch, nheads=block_mask_heads(problem), block_size=tuple(bs),
                 direction="bwd" if backward else "fwd", device=self.device,
                 deterministic=backward and deterministic, partial=part if part.any() else None)
-            kw.update(self._mods_kw(problem, a))    # Note [Partial blocks]: the mask pair inside mask blocks
-            if not backward:
-                kw.pop("score_mod_bwd", None)
         elif call.mask_mod_fn is not None:
             from fa4verify.problem.calls import mask_mod_pairs
             fn = mask_mod_pairs()[call.mask_mod_fn].load()
             if fn is None:
                 raise DependencyMissing(f"mask_mod {call.mask_mod_fn!r} needs the CUTLASS DSL (nvidia-cutlass-dsl)")
             kw["mask_mod"] = fn
+        if call.block_size is not None:     # Note [Partial blocks]: the mask pair inside mask blocks
+            kw.update(self._mods_kw(problem, a))
+            if not backward:
+                kw.pop("score_mod_bwd", None)
         return (self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
                 None if a.get("dout") is None else self._t(a["dout"], dt), kw)
 

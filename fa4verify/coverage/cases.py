@@ -489,6 +489,12 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     return out
 
 
+def _hd_plain_first(space: FeatureSpace) -> list[str]:
+    """The space's head-dim classes, those at a multiple of 32 first (outside the SM90 dQ
+    finding's head dims), each group by head dim."""
+    return sorted(space.values["hd"], key=lambda n: (space.hd[n][0] % 32 != 0, space.hd[n][0]))
+
+
 def _tile_tail_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
     """Note [Every forward tile's tail]: FA4's forward tile (tile_m x tile_n) follows head dim, mask
     and form jointly (``_tile_size_fwd_sm90``), which a pairwise plan cannot promise to meet with a
@@ -504,7 +510,7 @@ def _tile_tail_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         return out
     seen: set = set()
     # each tile at a head dim outside the SM90 dQ finding's where the class has one (multiples of 32)
-    for name in sorted(space.values["hd"], key=lambda n: (space.hd[n][0] % 32 != 0, space.hd[n][0])):
+    for name in _hd_plain_first(space):
         hd, hdv = space.hd[name]
         if space.why_not({"hd": name, "mask": "none", "form": "dense"}) is not None:
             continue
@@ -583,9 +589,7 @@ def _diagonal_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
         out.append((edge, prob, _runs_bwd(space, form="dense", hd=name, gqa="1", mask=mask)))
         if causal and "negative_scores" in space.values["values"]:
             neg = ValueSpec("negative_scores", rng.randrange(2 ** 31), _VALUE_PARAMS["negative_scores"])
-            out.append((edge + "_negative", AttentionProblem(seqlen_q=sq, seqlen_k=sq + off, causal=True, values=neg,
-                                                             **base),
-                        _runs_bwd(space, form="dense", hd=name, gqa="1", mask=mask)))
+            out.append((edge + "_negative", prob.replace(values=neg), out[-1][2]))
     return out
 
 
@@ -635,7 +639,7 @@ def _empty_first_blocks_edges(space: FeatureSpace, vals) -> list[tuple[str, Any,
         if mask not in space.values["mask"]:
             continue
         local = mask == "causal_left"
-        for name in sorted(space.values["hd"], key=lambda n: (space.hd[n][0] % 32 != 0, space.hd[n][0])):
+        for name in _hd_plain_first(space):
             hd, hdv = space.hd[name]
             if space.why_not({"hd": name, "mask": mask, "form": "dense"}) is not None:
                 continue
