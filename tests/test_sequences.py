@@ -548,3 +548,57 @@ def test_a_failure_only_a_filled_persistent_cache_reproduces_is_a_persistent_cac
     out = machine.classify([object()], {"kind": "production"}, arch="sm90")
     assert out["kind"] == ("persistent-cache bug" if cache_on else "not reproduced"), out
     assert seen == ([False, False, True] if cache_on else [False, False])
+
+
+# ----------------------------------------------------------------------- shared block lists
+def test_the_block_list_pair_shares_lists_first_then_gives_every_entry_its_own():
+    """Note [Shared block lists]: the constructed pair is a call whose lists are one set for every
+    batch entry and head (passed with extent 1), then the same call with lists per entry, each
+    entry's other than entry (0, 0)'s -- what a kernel compiled for the shared lists would read."""
+    shared, per = machine._block_list_calls("sm90", "bf16")
+    assert shared.layout == machine.BLOCK_LAYOUT and per.layout == "contiguous"
+    assert not shared.deterministic and not per.deterministic      # no deterministic SM90 block-sparse backward
+    ps, pp = shared.problem, per.problem
+    assert ps.nheads == ps.nheads_kv == 2 and ps.batch == 2            # MHA: FA4 keeps per-head lists
+    assert not ps.call.block_per_head and not ps.call.block_per_batch
+    assert pp.replace(call=ps.call) == ps
+    grids = [pp.call.block_mask(pp.seqlen_q, pp.seqlen_k, seq=b, head=h) for b in range(2) for h in range(2)]
+    assert all((g != grids[0]).any() for g in grids[1:])
+    assert shared.key_config() != per.key_config()
+
+
+def test_a_key_without_the_block_lists_pattern_is_found_by_the_constructed_pair():
+    """On the keyed twin: with the pattern in the key both calls pass; without it the call with
+    lists per entry runs the shared-list kernel (entry 0's lists everywhere), and the sequence is
+    found and shrunk to the pair. The layout refuses lists that differ by entry."""
+    calls = machine.constructed_calls("sm90", "bf16", attributes=["block_broadcast"])
+    assert [c.layout for c in calls[1:]] == [machine.BLOCK_LAYOUT, "contiguous"]
+    clean = machine.run_calls(machine.make_target({"kind": "twin"}), calls, replay_fresh=False)
+    assert clean.failure is None and clean.judged == 3 and not clean.errors, (clean.failure, clean.errors)
+    assert clean.exercised.get("block_broadcast", 0) >= 1       # the per-entry call after the shared one
+    planted = machine.run_calls(machine.make_target({"kind": "twin", "drop": ["block_broadcast"]}), calls,
+                                replay_fresh=False)
+    f = planted.failure
+    assert f is not None and f["length"] == 2, (planted.judged, planted.errors)
+    assert [c["layout"] for c in f["calls"]] == [machine.BLOCK_LAYOUT, "contiguous"]
+    from fa4verify.errors import HarnessError
+    with pytest.raises(HarnessError, match="one set of block lists"):
+        machine.judge_call(machine.make_target({"kind": "twin"}), machine.Call(calls[2].problem, machine.BLOCK_LAYOUT,
+                                                                               False))
+
+
+def test_a_key_that_leaves_out_the_block_lists_pattern_puts_the_pair_in_the_constructed_sequence(monkeypatch):
+    """Read from the installed key: the pattern is carried (4.0.0b36: forward and backward); a
+    release (or a planted fault) whose key leaves it out gets the pair in the constructed
+    sequence, and the attribute counts as varied."""
+    monkeypatch.setattr(key, "left_out", lambda: {"block_broadcast": ["fwd"]})
+    calls = machine.constructed_calls("sm90")          # then the callable-hash attributes' pairs
+    assert [c.layout for c in calls[:3]] == ["contiguous", machine.BLOCK_LAYOUT, "contiguous"]
+    assert sum(c.layout == machine.BLOCK_LAYOUT for c in calls) == 1
+    assert "block_broadcast" in machine.VARIED and unvaried({"block_broadcast": ["fwd"]}) == []
+
+
+@pytest.mark.fa4
+def test_the_installed_key_carries_the_block_lists_pattern_both_ways():
+    a = key.analyse()
+    assert a["block_broadcast"] == {"fwd": True, "bwd": True}

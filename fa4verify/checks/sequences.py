@@ -26,8 +26,11 @@ from typing import Any
 from fa4verify.audit.registry import CheckContext, CheckResult, check
 
 _PLAN = {"quick": (3, 5), "default": (3, 5), "full": (10, 6), "exhaustive": (40, 8)}
-#: planted faults sequences.twin must find (attributes removed from the twin's key model)
-PLANTED = (("softcap",), ("causal",))
+#: planted faults sequences.twin must find (attributes removed from the twin's key model); the
+#: machine draws no block-sparse calls, so the shared block lists' pattern is planted against the
+#: constructed pair (Note [Shared block lists])
+PLANTED = (("softcap",), ("causal",), ("block_broadcast",))
+_CONSTRUCTED_ONLY = frozenset({"block_broadcast"})
 
 
 def _plan(ctx: CheckContext) -> tuple[int, int]:
@@ -189,8 +192,13 @@ def twin(ctx: CheckContext) -> CheckResult:
         bar.advance(1)
         for drop in PLANTED:
             spec = {"kind": "twin", "drop": list(drop)}
-            r = machine.run_sequences(machine.make_target(spec), examples=max(n, 10), steps=max(steps, 5),
-                                      seed=int(ctx.seed), target_spec=spec)
+            if set(drop) <= _CONSTRUCTED_ONLY:
+                r = machine.run_calls(machine.make_target(spec), machine.constructed_calls(
+                                      "sm90", ctx.dtype if ctx.dtype in ("bf16", "fp16") else "bf16", drop),
+                                      arch="sm90", target_spec=spec)
+            else:
+                r = machine.run_sequences(machine.make_target(spec), examples=max(n, 10), steps=max(steps, 5),
+                                          seed=int(ctx.seed), target_spec=spec)
             f = r.failure
             ok = f is not None and f.get("kind") == "sequence bug" and f["length"] == 2
             found["+".join(drop)] = f

@@ -20,7 +20,8 @@ not vary (:data:`fa4verify.sequences.machine.VARIED`), unless the attribute is l
 :data:`NOT_DRIVEN` with the reason fa4verify cannot pass it.
 
 Read from 4.0.0b36 (``interface.py``): in both keys as values: dtype, head_dim(_v), causal, the
-GQA ratio, deterministic (backward), broadcast (stride-0) patterns of the tensors, score_mod /
+GQA ratio, deterministic (backward), broadcast (stride-0) patterns of the tensors and of the
+block-sparse lists (``block_sparse_broadcast_pattern``: CuTe keeps a stride 0 static), score_mod /
 mask_mod hashes (softcap becomes a score_mod closure, ``utils.create_softcap_scoremod``; a
 constant captured as a default argument enters through ``__defaults__``). As
 presence only (values at run time): window_size_left / right, cu_seqlens / seqused, page_table.
@@ -76,6 +77,8 @@ ATTRIBUTES: tuple[CallAttribute, ...] = (
     CallAttribute("layout_transposed", "transposed layouts ((b, h, s, d) storage)", (), ()),
     CallAttribute("layout_broadcast", "expanded K/V (stride 0 on a size-1 dim)",
                   ("tensor_broadcast_patterns",), ("get_broadcast_dims(k)",)),
+    CallAttribute("block_broadcast", "block-sparse lists shared over batch and heads (extent 1, FA4 expands: stride 0)",
+                  ("block_sparse_broadcast_pattern",), ("block_sparse_broadcast_pattern",)),
     CallAttribute("seqused_k", "seqused_k present", ("seqused_k is None",), ("seqused_k is None",)),
     CallAttribute("varlen", "cu_seqlens present", ("cu_seqlens_q is None",), ("cu_seqlens_q is None",)),
     CallAttribute("deterministic", "deterministic backward", None, ("deterministic",)),

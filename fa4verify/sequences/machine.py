@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
@@ -61,12 +60,16 @@ CASE_FORMAT = "fa4verify-sequence-case/1"
 #: the judge's properties each call is held to (the fuzz's; the rest need extra kernels)
 SEQ_PROPERTIES = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows")
 LAYOUTS = ("contiguous", "strided", "transposed", "broadcast")
+#: the layout of a block-sparse call's lists, not of its inputs: every list passed once, batch and
+#: head extent 1 (FA4 expands it: stride 0), for lists equal over batch and heads (Note [Shared
+#: block lists])
+BLOCK_LAYOUT = "block_broadcast"
 #: attributes (fa4verify.sequences.key.ATTRIBUTES names) the machine varies between calls that
 #: share a key configuration; tests/test_sequences.py holds it against the installed key
 VARIED = frozenset({"window_left", "window_right", "softmax_scale", "softcap", "causal", "sink", "sink_dtype",
                     "sink_values",
                     "seqlen", "batch", "nheads", "layout_strided", "layout_transposed", "layout_broadcast",
-                    "deterministic", "aux_scalars", "mod_defaults"})
+                    "deterministic", "aux_scalars", "mod_defaults", "block_broadcast"})
 #: the score_mod pair whose runtime aux scalars the machine varies (production only: the twin
 #: models no mod pairs), drawn at each call's ``mod_seed``
 SCALAR_PAIR = "scalar_bias"
@@ -101,7 +104,8 @@ class Call:
         p = self.problem
         wl, wr = p.window_size
         return (p.dtype, p.head_dim, p.nheads // p.nheads_kv, p.causal, wl is not None, wr is not None,
-                float(p.softcap), p.sink, self.layout == "broadcast", self.deterministic, p.mods)
+                float(p.softcap), p.sink, self.layout == "broadcast", self.deterministic, p.mods,
+                self.layout == BLOCK_LAYOUT)
 
 
 # ============================================================================ targets
@@ -155,10 +159,19 @@ class SequenceProductionTarget(ProductionTarget):
         d["planted_key_drop"] = list(self.drop)
         return d
 
+    def _call_kw(self, problem: AttentionProblem, a: Mapping[str, Any], **kw: Any):
+        out = super()._call_kw(problem, a, **kw)
+        if self.layout == BLOCK_LAYOUT:
+            c = problem.call
+            if c is None or c.block_size is None or problem.varlen or c.block_per_head or c.block_per_batch:
+                raise HarnessError(f"layout {BLOCK_LAYOUT!r} needs one set of block lists for every batch entry and head")
+            out[4]["block_sparse_tensors"] = shared_block_lists(out[4]["block_sparse_tensors"], check=not self.fake)
+        return out
+
     def _t(self, x: Optional[np.ndarray], dtype: Optional[str]):
         t = super()._t(x, dtype)
         if t is None or dtype is None or self.fake or getattr(t, "dim", lambda: 0)() != 4 \
-                or self.layout == "contiguous":
+                or self.layout in ("contiguous", BLOCK_LAYOUT):
             return t
         torch = self._torch
         if self.layout == "strided":
@@ -171,6 +184,53 @@ class SequenceProductionTarget(ProductionTarget):
             st = [0 if n == 1 else s for n, s in zip(t.shape, t.stride())]
             return t.as_strided(t.shape, st)
         raise ValueError(f"layout {self.layout!r}: expected one of {LAYOUTS}")
+
+
+# Note [Shared block lists]
+# --------------------------
+# FlexAttention's ``create_block_mask(B=None, H=None)`` gives one set of block lists for every
+# batch entry and head; FA4 takes it with batch and head extent 1 and expands it
+# (``block_sparsity._expand_sparsity_tensor``: stride 0), and keys the kernel on which list dims
+# are stride 0 (``get_block_sparse_broadcast_pattern``), since CuTe keeps a stride 0 static: a
+# kernel compiled for shared lists reads entry (0, 0) for every batch entry and head. A call with
+# lists per entry under an otherwise equal key must therefore compile its own kernel; a key that
+# forgets the pattern runs the shared-list kernel on it (the tenth red-team round's
+# ``block_sparse_broadcast_not_keyed``). No other audit call passes shared lists: the adapter
+# materialises the batch dim, and the head extent is 1 exactly on packed GQA calls, whose key
+# differs in ``pack_gqa`` anyway. The layout ``block_broadcast`` passes a call's lists shared
+# (refused when they differ by entry); the constructed sequence follows such a call with one of
+# lists per batch entry and head (:func:`constructed_calls`), and the keyed twin models the stale
+# kernel (:class:`KeyedTwinTarget`, ``drop=("block_broadcast",)``).
+def shared_block_lists(bst: Any, *, check: bool = True) -> Any:
+    """FA4's ``BlockSparseTensorsTorch`` ``bst`` with its count and index lists passed once,
+    batch and head extent 1 (Note [Shared block lists]); HarnessError when its lists differ
+    between batch entries or heads (``check``: False under FakeTensorMode, which has no values)."""
+    names = ("mask_block_cnt", "mask_block_idx", "full_block_cnt", "full_block_idx")
+    if getattr(bst, "cu_total_m_blocks", None) is not None:
+        raise HarnessError(f"layout {BLOCK_LAYOUT!r}: a varlen call's lists have no batch dim to share")
+    out = {}
+    for n in names:
+        t = getattr(bst, n)
+        if t is None:
+            continue
+        one = t[:1, :1]
+        if check and not bool((t == one).all()):
+            raise HarnessError(f"layout {BLOCK_LAYOUT!r}: the call's {n} differs between batch entries or heads")
+        out[n] = one.contiguous()
+    return bst._replace(**out)
+
+
+def _entry_zero_blocks(problem: AttentionProblem) -> AttentionProblem:
+    """``problem`` with every batch entry and head reading the block lists of entry 0, head 0:
+    what a kernel compiled for shared lists (stride 0) reads of lists per entry."""
+    from fa4verify.problem.calls import CallForm
+
+    @dataclasses.dataclass(frozen=True)
+    class EntryZero(CallForm):
+        def _blocks(self, seqlen_q, seqlen_k, seq=None, head=None):
+            return super()._blocks(seqlen_q, seqlen_k, None if seq is None else 0, None if head is None else 0)
+    c = problem.call
+    return problem.replace(call=EntryZero(**{f.name: getattr(c, f.name) for f in dataclasses.fields(CallForm)}))
 
 
 class _ProjectedCache:
@@ -200,13 +260,15 @@ class _ProjectedCache:
 class KeyedTwinTarget(TwinTarget):
     """The CPU twin behind a model of FA4's compile cache: a "kernel" is compiled on the first call
     of its key and bakes in the values of the key-carrying attributes it models (causal, softcap:
-    the attributes the installed FA4's key carries, :func:`fa4verify.sequences.key.analyse`); a
-    later call with an equal key runs with the baked values. With FA4's own key nothing is baked
-    wrongly; ``drop`` removes attributes from the model's key (planted faults: ``causal``,
-    ``softcap``), and the second call of a pair that differs only there runs the first's."""
+    the attributes the installed FA4's key carries, :func:`fa4verify.sequences.key.analyse`; the
+    block lists' broadcast pattern, Note [Shared block lists]); a later call with an equal key runs
+    with the baked values. With FA4's own key nothing is baked wrongly; ``drop`` removes attributes
+    from the model's key (planted faults: ``causal``, ``softcap``, ``block_broadcast``), and the
+    second call of a pair that differs only there runs the first's (a kernel baked for shared block
+    lists reads entry 0's of a call with lists per entry; the reverse reads the strides it is given)."""
 
     name = "twin"
-    BAKED = ("causal", "softcap")
+    BAKED = ("causal", "softcap", "block_broadcast")
 
     def __init__(self, *, drop: Collection[str] = (), **kw: Any) -> None:
         super().__init__(**kw)
@@ -215,6 +277,7 @@ class KeyedTwinTarget(TwinTarget):
             raise ValueError(f"drop {sorted(unknown)}: the twin's key model bakes only {self.BAKED}")
         self.drop = tuple(drop)
         self.layout = "contiguous"
+        self._depth = 0
         self._cache: dict[tuple, dict[str, Any]] = {}
 
     def reset(self) -> None:
@@ -227,20 +290,35 @@ class KeyedTwinTarget(TwinTarget):
 
     def _baked(self, problem: AttentionProblem, direction: str) -> AttentionProblem:
         wl, wr = problem.window_size
-        attrs = {"causal": bool(problem.causal), "softcap": float(problem.softcap)}
+        blocks = problem.call is not None and problem.call.block_size is not None
+        if self._depth == 1 and self.layout == BLOCK_LAYOUT and (
+                not blocks or problem.varlen or problem.call.block_per_head or problem.call.block_per_batch):
+            raise HarnessError(f"layout {BLOCK_LAYOUT!r} needs one set of block lists for every batch entry and head")
+        attrs = {"causal": bool(problem.causal), "softcap": float(problem.softcap),
+                 "block_broadcast": blocks and self.layout == BLOCK_LAYOUT}
         key = (direction, problem.dtype, problem.head_dim, problem.nheads // problem.nheads_kv,
-               wl is not None, wr is not None, problem.sink) \
+               wl is not None, wr is not None, problem.sink, blocks) \
             + tuple((n, v) for n, v in attrs.items() if n not in self.drop)
         got = self._cache.setdefault(key, attrs)
         if got == attrs:
             return problem
-        return problem.replace(**got)
+        shared = got["block_broadcast"] and not attrs["block_broadcast"]
+        problem = problem.replace(causal=got["causal"], softcap=got["softcap"])
+        return _entry_zero_blocks(problem) if shared else problem
 
     def forward(self, problem, a):
-        return super().forward(self._baked(problem, "fwd"), a)
+        self._depth += 1            # the twin runs a call form through derived problems: the call is the outermost
+        try:
+            return super().forward(self._baked(problem, "fwd"), a)
+        finally:
+            self._depth -= 1
 
     def backward(self, problem, a, fwd, **kw):
-        return super().backward(self._baked(problem, "bwd"), a, fwd, **kw)
+        self._depth += 1
+        try:
+            return super().backward(self._baked(problem, "bwd"), a, fwd, **kw)
+        finally:
+            self._depth -= 1
 
 
 def make_target(spec: Mapping[str, Any]):
@@ -437,7 +515,8 @@ def _attrs(c: Call) -> dict[str, Any]:
             "batch": p.batch, "nheads": p.nheads, "layout_strided": c.layout == "strided",
             "layout_transposed": c.layout == "transposed", "deterministic": c.deterministic,
             "aux_scalars": p.mod_seed if SCALAR_PAIR in p.mods else None,
-            "mod_defaults": p.mod_seed if DEFAULTS_PAIR in p.mods else None}
+            "mod_defaults": p.mod_seed if DEFAULTS_PAIR in p.mods else None,
+            "block_broadcast": c.layout == BLOCK_LAYOUT}
 
 
 def run_sequences(target: Any, *, arch: str = "sm90", examples: int = 10, steps: int = 6, seed: int = 0,
@@ -570,10 +649,11 @@ def _judge_counted(target: Any, c: Call, calls: list[Call], seen: dict[tuple, di
         seen[kc] = now
     # causal / softcap / sink share a kernel only through a collision: count the calls that
     # followed a call of the same sequence with another value of them
+    lay = {"layout_broadcast": "broadcast", "block_broadcast": BLOCK_LAYOUT}
     for n, val in (("causal", c.problem.causal), ("softcap", c.problem.softcap),
-                   ("sink", c.problem.sink), ("layout_broadcast", c.layout == "broadcast")):
-        prev = [getattr(x.problem, n, None) if n != "layout_broadcast" else x.layout == "broadcast"
-                for x in calls[:-1]]
+                   ("sink", c.problem.sink), ("layout_broadcast", c.layout == "broadcast"),
+                   ("block_broadcast", c.layout == BLOCK_LAYOUT)):
+        prev = [getattr(x.problem, n, None) if n not in lay else x.layout == lay[n] for x in calls[:-1]]
         if prev and any(pv != val for pv in prev):
             res.exercised[n] = res.exercised.get(n, 0) + 1
 
@@ -617,7 +697,8 @@ VARY: dict[str, str] = {
     "layout_strided": "layout:strided", "layout_transposed": "layout:transposed",
     "layout_broadcast": "layout:broadcast", "aux_scalars": "aux_scalars", "mod_defaults": "mod_defaults",
     "causal": "causal",
-    "softcap": "softcap", "sink": "sink", "sink_dtype": "sink_dtype", "deterministic": "deterministic"}
+    "softcap": "softcap", "sink": "sink", "sink_dtype": "sink_dtype", "deterministic": "deterministic",
+    "block_broadcast": "block_lists"}
 
 
 def _by_callable() -> tuple[str, ...]:
@@ -664,6 +745,9 @@ def constructed_calls(arch: str, dtype: str = "bf16", attributes: Optional[Colle
         if which in done:           # window_left and window_right: one call changes the window
             continue
         done.add(which)
+        if which == "block_lists":      # Note [Shared block lists]: shared, then per batch entry and head
+            calls += _block_list_calls(arch, dtype)
+            continue
         b = base
         if which in own:
             b = Call(own[which], base.layout, True)
@@ -673,6 +757,25 @@ def constructed_calls(arch: str, dtype: str = "bf16", attributes: Optional[Colle
         else:
             calls.append(_neighbour(b, which, v))
     return calls
+
+
+def _block_list_calls(arch: str, dtype: str) -> list[Call]:
+    """Note [Shared block lists]: an MHA block-sparse call with one set of block lists passed
+    shared (batch and head extent 1), then the same call with lists drawn per batch entry and
+    head, every entry's other than entry (0, 0)'s (the block seed is the first that makes them
+    so). Not deterministic: FA4's SM90 block-sparse backward has no deterministic mode."""
+    from fa4verify.coverage.cases import sparse_block_size
+    from fa4verify.problem.calls import CallForm
+    bq, bk = sparse_block_size(arch, 64, 64)
+    p = AttentionProblem(arch=arch, dtype=dtype, batch=2, seqlen_q=2 * bq, seqlen_k=3 * bk, nheads=2, nheads_kv=2,
+                         head_dim=64, head_dim_v=64, values=ValueSpec("normal", 11))
+    for seed in range(1, 1000):
+        per = CallForm(block_size=(bq, bk), block_seed=seed, block_keep=0.5, block_per_head=True, block_per_batch=True)
+        grids = [per.block_mask(p.seqlen_q, p.seqlen_k, seq=b, head=h) for b in range(2) for h in range(2)]
+        if all((g != grids[0]).any() for g in grids[1:]):
+            break
+    shared = p.replace(call=CallForm(block_size=(bq, bk), block_seed=seed, block_keep=0.5))
+    return [Call(shared, BLOCK_LAYOUT, False), Call(p.replace(call=per), "contiguous", False)]
 
 
 def run_calls(target: Any, calls: list[Call], *, arch: str = "sm90", cases_dir: Optional[os.PathLike] = None,
