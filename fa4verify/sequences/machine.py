@@ -940,7 +940,7 @@ def _run_main(argv: list[str]) -> int:
     ap.add_argument("--target", choices=("production", "twin"), default="production")
     ap.add_argument("--drop", action="append", default=[],
                     help="plant a compile-key fault: a key field removed (production: the source text of "
-                         "an FA4 compile_key element, e.g. causal, score_mod_hash; twin: causal, softcap)")
+                         "an FA4 compile_key element, e.g. causal, score_mod_hash; twin: causal, softcap, block_broadcast)")
     ap.add_argument("--examples", type=int, default=10)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
