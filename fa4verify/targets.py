@@ -616,8 +616,10 @@ class ProductionTarget(Target):
                 kw.update(self._mods_kw(problem, a))
                 if not backward:
                     kw.pop("score_mod_bwd", None)
-            return (self._t(c["q"], dt), self._t(c["k"], dt), self._t(c["v"], dt),
-                    None if c["dout"] is None else self._t(c["dout"], dt), kw)
+            k, v = self._t(c["k"], dt), self._t(c["v"], dt)
+            if call.paged and call.pool_layout != "separate":
+                k, v = _pool_views(k, v, call.pool_layout)
+            return (self._t(c["q"], dt), k, v, None if c["dout"] is None else self._t(c["dout"], dt), kw)
         if call.block_size is not None and problem.varlen:    # FA4's varlen block sparsity (forward only)
             if backward:
                 from fa4verify.coverage.space import VARLEN_SPARSE_BWD
@@ -1123,6 +1125,24 @@ class ProductionTarget(Target):
 #: numbered as the KV head (Note [Block masks by head]: source mutant block_sparse_packgqa_guard_dropped)
 LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation", "varlen_dlse_offset_dropped",
                                      "block_lists_by_kv_head", "split_range_overlap", "split_sink_every")
+
+
+def _pool_views(k: Any, v: Any, layout: str) -> tuple[Any, Any]:
+    """The paged pools ``k``, ``v`` (num_pages, page_size, nheads_kv, d), as FA4 gets them under
+    Note [Page pool layouts]: ``kv_fused``, the two halves of one (num_pages, 2, page, hk, d)
+    cache; ``hnd``, (num_pages, page, hk, d) views of (num_pages, hk, page, d) storage. The same
+    values, other strides."""
+    import torch
+    if layout == "kv_fused":
+        fused = torch.stack([k, v], dim=1)
+        return fused[:, 0], fused[:, 1]
+    if layout == "hnd":
+        def hnd(x):
+            y = torch.empty((x.shape[0], x.shape[2], x.shape[1], x.shape[3]), dtype=x.dtype, device=x.device)
+            y.copy_(x.transpose(1, 2))          # (also under FakeTensorMode, where .contiguous() fails here)
+            return y.transpose(1, 2)
+        return hnd(k), hnd(v)
+    raise ValueError(f"pool_layout={layout!r}")
 
 
 def block_mask_heads(problem: AttentionProblem) -> int:

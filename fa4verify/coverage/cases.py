@@ -486,6 +486,10 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     if space.arch == "sm90":
         out += _sm90_tile_edges(space, vals)
     out += _forward_layout_edges(space, vals)
+    # groups with value seeds of their own: the edges above keep theirs
+    out += _pool_layout_edges(space)
+    out += _wave_chain_edges(space)
+    out += _padding_edges(space)
     return out
 
 
@@ -656,6 +660,110 @@ def _empty_first_blocks_edges(space: FeatureSpace, vals) -> list[tuple[str, Any,
                 arch=space.arch, dtype=space.dtype, batch=1, seqlen_q=sq, seqlen_k=sq + 1, nheads=2, nheads_kv=2,
                 head_dim=hd, head_dim_v=hdv, causal=True, window_size=(wl, 0) if local else (None, None),
                 values=vals()), _runs_bwd(space, form="dense", hd=name, gqa="1", mask=mask)))
+    return out
+
+
+def _own_vals(group: str, space: FeatureSpace):
+    """A ``normal`` value spec per call, from a seed stream of the edge group's own."""
+    from fa4verify.problem import ValueSpec
+    rng = random.Random(f"{group}:{space.arch}:{space.dtype}")
+    return lambda: ValueSpec("normal", rng.randrange(2 ** 31), _VALUE_PARAMS["normal"])
+
+
+def _pool_layout_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
+    """Note [Page pool layouts]: paged forwards over pools that are not one compact tensor per K
+    and V, at :func:`_hd128` without a mask: ``paged_kv_fused_16`` / ``paged_hnd_16`` (16-key pages:
+    FA4's cp.async loader, which computes page addresses itself) and ``paged_kv_fused_tile`` /
+    ``paged_hnd_tile`` (a page of one KV tile: the TMA path, addresses from the descriptor). A
+    decode row and a 37-query chunk over keys of three and two KV tiles and a few, on permuted
+    pages with spare ones, 2 KV heads (an HND pool interleaves them); forward only (FA4 has no
+    paged backward)."""
+    from fa4verify.problem import AttentionProblem, CallForm
+    if space.lengths or space.heads or "none" not in space.values["mask"] or "1" not in space.values["gqa"]:
+        return []
+    name = _hd128(space)
+    hd, hdv = space.hd[name]
+    vals = _own_vals("pool_layout", space)
+    tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)[1]
+    out: list[tuple[str, Any, bool]] = []
+    for form, page, size in (("paged_small", 16, "16"), ("paged_tile", tn, "tile")):
+        if form not in space.values["form"] or space.why_not({"form": form, "hd": name}) is not None:
+            continue
+        for layout, tag in (("kv_fused", "kv_fused"), ("hnd", "hnd")):
+            if layout == "kv_fused" and hd != hdv:
+                continue
+            sqs, sks = (1, 37), (3 * tn + 9, 2 * tn - 5)
+            cap = -(-(max(sks) + 7) // page) * page
+            out.append((f"paged_{tag}_{size}", AttentionProblem(
+                batch=2, seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks), nheads=2, nheads_kv=2,
+                head_dim=hd, head_dim_v=hdv, arch=space.arch, dtype=space.dtype, values=vals(),
+                call=CallForm(seqused_k=True, kv_capacity=cap, page_size=page, page_seed=13, spare_pages=2,
+                              pool_layout=layout)), False))
+    return out
+
+
+def _wave_chain_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
+    """Note [Chains longer than a wave]: FA4's deterministic causal backward adds each M block's dQ
+    in decreasing KV-block order (``spt``: a CTA spins on a semaphore until every higher KV block of
+    its (sequence, head) has added); its schedulers launch the highest KV block first (longest
+    first). While every CTA of a grid is resident at once the semaphores alone keep the order; once
+    a sequence's KV-block chain times its heads outgrows one wave of CTAs, a scheduler that
+    launched low blocks first would fill the GPU with CTAs that wait on blocks never launched (a
+    hang the audit's deadline reports). ``causal_l2_sections`` reaches the dense scheduler's order;
+    these reach the varlen scheduler's, through ``cu_seqlens_k`` (``causal_l2_sections_varlen``) and
+    ``seqused_k`` (``causal_l2_sections_seqused``): one sequence of 16 queries over the same keys,
+    3 heads, 801 CTAs on SM90 at hd 128, each KV block a link of M block 0's chain (the audit's
+    largest varlen deterministic grid with a chain was 96 CTAs). SM90, deterministic backward."""
+    from fa4verify.problem import AttentionProblem, CallForm
+    forms = space.values["form"]
+    if (space.arch != "sm90" or space.lengths or space.heads or "causal" not in space.values["mask"]
+            or "1" not in space.values["gqa"] or "on" not in space.values["det"]):
+        return []
+    name = _hd128(space)
+    hd, hdv = space.hd[name]
+    vals = _own_vals("wave_chain", space)
+    elem = 1 if space.dtype == "fp8" else 2
+    sk = facts.lpt_l2_bytes() // (3 * (hd + hdv) * elem)
+    base = dict(arch=space.arch, dtype=space.dtype, head_dim=hd, head_dim_v=hdv, causal=True, batch=1,
+                seqlens_q=(16,), seqlens_k=(sk,), seqlen_q=16, seqlen_k=sk, nheads=3, nheads_kv=3)
+    out: list[tuple[str, Any, bool]] = []
+    if "varlen" in forms:
+        out.append(("causal_l2_sections_varlen", AttentionProblem(values=vals(), **base),
+                    _runs_bwd(space, form="varlen", hd=name, gqa="1", mask="causal")))
+    if "seqused_k" in forms:
+        out.append(("causal_l2_sections_seqused", AttentionProblem(
+            values=vals(), call=CallForm(seqused_k=True, kv_capacity=sk), **base),
+            _runs_bwd(space, form="seqused_k", hd=name, gqa="1", mask="causal")))
+    return out
+
+
+def _padding_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
+    """Note [Head dims padded apart]: FA4 pads head_dim and head_dim_v each to its own tile width
+    and predicates the padded columns by two flags (Q/K's, O/V's). The head-dim classes' hd != hdv
+    pairs are all multiples of 16, so no audit call had one side padded and the other not, where a
+    flag taken from the wrong side writes O's padded columns over the next row's (the SM90 PackGQA
+    cp.async O store) or sums them into D (the backward preprocess): ``packed_cpasync_hdv_pad``
+    (14 query / 2 KV heads, a ratio that divides no SM90 tile_m: the cp.async store; hd 128, hdv 72)
+    and ``packed_cpasync_hd_pad`` (the reverse, hd 72, hdv 128), forward only (FA4's SM90 backward
+    does not build at (128, 72): an MLIRError, compile-only sm_90a); ``bwd_hdv_pad`` (MHA, hd 192,
+    hdv 136), forward and, on SM90 where it builds, backward. Only where the space holds every
+    head-dim class (no deployment's head dims)."""
+    from fa4verify.coverage.space import head_dim_classes
+    from fa4verify.problem import AttentionProblem
+    if (space.lengths or space.heads or "none" not in space.values["mask"] or "dense" not in space.values["form"]
+            or set(space.hd.values()) != set(head_dim_classes(space.arch, space.dtype).values())):
+        return []
+    vals = _own_vals("padding", space)
+    out: list[tuple[str, Any, bool]] = []
+    for edge, (hd, hdv), heads, (sq, sk), bwd in (
+            ("packed_cpasync_hdv_pad", (128, 72), (14, 2), (40, 64), False),
+            ("packed_cpasync_hd_pad", (72, 128), (14, 2), (40, 64), False),
+            ("bwd_hdv_pad", (192, 136), (2, 2), (100, 100), space.arch == "sm90")):
+        if not facts.head_dims_supported(space.arch, hd, hdv, space.dtype):
+            continue
+        out.append((edge, AttentionProblem(
+            batch=1, seqlen_q=sq, seqlen_k=sk, nheads=heads[0], nheads_kv=heads[1], head_dim=hd, head_dim_v=hdv,
+            arch=space.arch, dtype=space.dtype, values=vals()), bwd))
     return out
 
 

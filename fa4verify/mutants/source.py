@@ -936,6 +936,42 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "        aux_tensor_metadata,\n",
               "        use_block_sparsity,\n        tensor_broadcast_patterns,\n        aux_tensor_metadata,\n"),),
         "fwd", ("out", "lse")),
+    # the eleventh red-team round (SM90 stores, loads, schedulers, paged pools: docs/results/redteam11/)
+    SourceMutant(
+        "paged_cpasync_page_address_from_row_index",
+        "cp.async paged KV: a page's address taken as row page * page_size + offset of the pool (right "
+        "for a compact pool only: a pool with a larger page stride reads other pages)",
+        (Edit("paged_kv.py",
+              "                tPrXPtr[i] = utils.elem_pointer(mX, (page_offset, d_offset, page)).toint()\n",
+              "                tPrXPtr[i] = utils.elem_pointer(\n"
+              "                    mX, (page_offset + page * mX.shape[0], d_offset, 0)\n"
+              "                ).toint()\n"),),
+        "fwd", ("out", "lse")),
+    SourceMutant(
+        "varlen_lpt_block_order_dropped",
+        "varlen tile scheduler: the longest-first block order dropped; the deterministic varlen causal "
+        "backward's dQ semaphores deadlock once a sequence's KV-block chain outgrows one wave of CTAs",
+        (Edit("tile_scheduler.py",
+              "                if const_expr(self.lpt):\n"
+              "                    block = num_m_blocks - 1 - block\n",
+              ""),),
+        "bwd", (), hang=True),
+    SourceMutant(
+        "packgqa_o_store_hdim_pred_from_q",
+        "SM90 forward, cp.async PackGQA O store: the head-dim predicate is Q's, not V's (with head_dim_v "
+        "padded and head_dim not, O's padded columns overwrite the next row's first columns)",
+        (Edit("flash_fwd.py",
+              "            self.tile_m, self.tile_hdimv, self.check_hdim_v_oob, self.qhead_per_kvhead\n",
+              "            self.tile_m, self.tile_hdimv, self.check_hdim_oob, self.qhead_per_kvhead\n"),),
+        "fwd", ("out",)),
+    SourceMutant(
+        "bwd_preprocess_hdim_v_pred_from_hd",
+        "backward preprocess: the O / dO head-dim predicate decided by head_dim, not head_dim_v (D sums "
+        "columns past head_dim_v when only head_dim_v is padded)",
+        (Edit("flash_bwd_preprocess.py",
+              "        self.check_hdim_v_oob = head_dim_v != self.head_dim_v_padded\n",
+              "        self.check_hdim_v_oob = head_dim != self.head_dim_padded\n"),),
+        "bwd", ("dq", "dk")),
 )
 
 

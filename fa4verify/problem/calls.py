@@ -162,7 +162,21 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
 _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch",
                  "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p", "q_packed", "block_per_head",
-                 "inference", "mask_causal", "num_splits")
+                 "inference", "mask_causal", "num_splits", "pool_layout")
+
+# Note [Page pool layouts]
+# ------------------------
+# FA4 takes a paged K/V pool as any (num_pages, page_size, nheads_kv, head_dim) tensor whose last
+# stride is 1 (``maybe_contiguous`` keeps other strides). Inference engines pass pools that are not
+# one compact tensor per K and V: the halves of one (num_pages, 2, page, hk, d) cache (FlashInfer,
+# TensorRT-LLM: a page stride twice the page), an HND cache (num_pages, hk, page, d) handed as its
+# transposed view (vLLM's ``kv_cache_layout=HND``: row stride d, head stride page x d). FA4's
+# cp.async paged loader computes each page's address by hand, its TMA path from the descriptor's
+# strides; a loader that assumed a compact pool reads other pages (the eleventh red-team round).
+# ``pool_layout`` says which the production target passes: ``separate`` (compact K and V),
+# ``kv_fused`` and ``hnd``. The oracle and the twin read the logical pages: the layout changes
+# addresses, never values.
+POOL_LAYOUTS = ("separate", "kv_fused", "hnd")
 
 #: the archs whose FA4 has MLA (``qv``) kernels (``interface.py``: ``arch // 10 in [10, 11]``)
 MLA_ARCHS = ("sm100", "sm103")
@@ -227,6 +241,8 @@ class CallForm:
     #: ``num_splits`` fp32 partials that FA4's combine kernel merges in the same call (Note [Split-KV
     #: as a call form] in ``fa4verify.judge.split_combine``); the problem is the unsplit one
     num_splits: int = 1
+    #: Note [Page pool layouts]: how the paged K/V pools lie in memory (:data:`POOL_LAYOUTS`)
+    pool_layout: str = "separate"
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -248,6 +264,10 @@ class CallForm:
             raise ValueError("block_partial needs block sparsity (block_size)")
         if self.full_pages and self.page_size is None:
             raise ValueError("full_pages needs paged KV (page_size)")
+        if self.pool_layout not in POOL_LAYOUTS:
+            raise ValueError(f"pool_layout={self.pool_layout!r}: expected one of {POOL_LAYOUTS}")
+        if self.pool_layout != "separate" and self.page_size is None:
+            raise ValueError(f"pool_layout={self.pool_layout!r} needs paged KV (page_size)")
         if self.kv_packed and (not self.seqused_k or self.page_size is not None):
             raise ValueError("kv_packed is a seqused_k call over unpaged K/V")
         if self.q_packed and not self.seqused_q:
@@ -319,6 +339,8 @@ class CallForm:
                 raise ValueError("q_batched needs seqlen_q >= 1")
             if self.keep_pattern:
                 raise ValueError("block sparsity / mask_mod are not drawn with paged KV or seqused_k")
+            if self.pool_layout == "kv_fused" and problem.head_dim != problem.head_dim_v:
+                raise ValueError("pool_layout='kv_fused' holds K and V in one cache: head_dim == head_dim_v")
             if self.full_pages and (self.kv_capacity % self.page_size
                                     or any(n != self.kv_capacity for n in problem.seqlens_k)):
                 raise ValueError("full_pages needs every seqlens_k equal to kv_capacity, a multiple of page_size")
@@ -520,7 +542,8 @@ class CallForm:
             parts.append(f"paged(P={self.page_size}, perm={'id' if self.page_seed is None else self.page_seed}"
                          f"{', spare=' + str(self.spare_pages) if self.spare_pages else ''}"
                          f"{', full, no seqused_k' if self.full_pages else ''}"
-                         f"{', NaN pool' if self.hostile_nan else ''})")
+                         f"{', NaN pool' if self.hostile_nan else ''}"
+                         f"{', ' + self.pool_layout + ' pool' if self.pool_layout != 'separate' else ''})")
         elif self.seqused_k:
             parts.append(f"seqused_k(cap={self.kv_capacity}{', K packed' if self.kv_packed else ''})")
         if self.seqused_q:
