@@ -507,6 +507,8 @@ class ProductionTarget(Target):
             adapter = _adapter
         self._ad = adapter
         self.fake = bool(fake)
+        #: the memory layout of the inputs :meth:`_t` makes (Note [Input layouts])
+        self.layout = "contiguous"
         if not stand_in and not fake:
             ok, reason = self._ad.cuda_status()
             if not ok:
@@ -551,6 +553,20 @@ class ProductionTarget(Target):
         if self.emulation == "disabled":
             return self._ad.exp2_emulation_disabled()
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _laid_out(self, problem: AttentionProblem):
+        """Note [Input layouts]: the inputs :meth:`_t` makes inside take the problem's
+        ``input_layout`` (a layout the caller set, the call sequences', is kept)."""
+        want = problem.call.input_layout if problem.call is not None else "contiguous"
+        if want == "contiguous" or self.layout != "contiguous":
+            yield
+            return
+        self.layout = want
+        try:
+            yield
+        finally:
+            self.layout = "contiguous"
 
     def _mode(self):
         """Compile-only: run inside the target's FakeTensorMode unless the caller already entered
@@ -684,13 +700,14 @@ class ProductionTarget(Target):
             from torch._guards import active_fake_mode
             if active_fake_mode() is None:
                 raise RuntimeError("ProductionTarget(fake=True) made a tensor outside FakeTensorMode")
-            return torch.empty(src.shape, dtype=tdt, device="cuda")
+            return input_view(torch.empty(src.shape, dtype=tdt, device="cuda"), self.layout)
         if dtype is None:
             return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
         tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": getattr(torch, "float8_e4m3fn", None)}.get(dtype)
         if tdt is None:
             raise Unsupported(f"dtype {dtype!r} has no torch dtype here")
-        return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device=self.device, dtype=tdt)
+        return input_view(torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device=self.device, dtype=tdt),
+                          self.layout)
 
     def _sink(self, problem: AttentionProblem, a: Mapping[str, Any]):
         """The learnable sink tensor in the problem's :attr:`~AttentionProblem.sink_dtype` (its
@@ -847,7 +864,7 @@ class ProductionTarget(Target):
         if not self.fake and iface is not None:   # Note [Scratch guard]: O and LSE as guarded buffers
             from fa4verify.kernels.stage_taps import guard_forward_outputs
             guarding = guard_forward_outputs(iface(), armed_guard)    # the interface of this target's adapter
-        with self._mode(), self._emulation(), guarding as fg:
+        with self._mode(), self._emulation(), self._laid_out(problem), guarding as fg:
             if problem.call is not None and problem.call.rearranges:
                 q, k, v, _, kw = self._call_kw(problem, a)
                 r = self._call(self._ad.forward, q, k, v, return_lse=return_lse, **kw)
@@ -998,7 +1015,7 @@ class ProductionTarget(Target):
         rearranged = problem.call is not None and problem.call.rearranges
         if dlse is not None and (why := _dlse_rearranged(problem)) is not None:
             raise Unsupported(why)
-        with self._mode(), self._emulation():
+        with self._mode(), self._emulation(), self._laid_out(problem):
             if rearranged:
                 q, k, v, do, kw = self._call_kw(problem, a)
                 if problem.call.block_size is not None:      # the backward's own block lists
@@ -1066,7 +1083,7 @@ class ProductionTarget(Target):
         if taps is not None:
             from fa4verify.kernels.stage_taps import capture_backward_stages
             cap = capture_backward_stages(guard=None if self.fake else armed_guard)
-        with self._mode(), self._emulation(), cap as tapped:
+        with self._mode(), self._emulation(), self._laid_out(problem), cap as tapped:
             if fwd.native is not None:
                 out, lse = fwd.native          # FA4's own O and LSE tensors from the forward call
             elif self.fake:
@@ -1125,6 +1142,52 @@ class ProductionTarget(Target):
 #: numbered as the KV head (Note [Block masks by head]: source mutant block_sparse_packgqa_guard_dropped)
 LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation", "varlen_dlse_offset_dropped",
                                      "block_lists_by_kv_head", "split_range_overlap", "split_sink_every")
+
+
+# Note [Input layouts]
+# --------------------
+# FA4 takes Q, K, V and dO with any strides whose last is 1 (``maybe_contiguous``), and models hand
+# it views: Q/K/V sliced out of one fused QKV projection (a token stride of three rows of heads),
+# (b, h, s, d) storage transposed to (b, s, h, d), rows wider than the head dim, K/V expanded over a
+# size-1 dim (stride 0). Its TMA loads take the strides from their descriptors; its cp.async loads
+# (PackGQA, paged) and stores compute addresses themselves, so a kernel that assumed contiguous
+# rows is wrong only on such views. :func:`input_view` makes each from a contiguous tensor, with
+# the same values (also under FakeTensorMode): ``strided`` (rows twice as wide), ``transposed``,
+# ``qkv_packed`` (the middle third of a (..., 3, heads, d) buffer), ``broadcast`` (stride 0 on
+# every size-1 dim). The production target applies a problem's ``CallForm.input_layout`` to the 3-
+# and 4-D inputs it makes (:meth:`ProductionTarget._laid_out`); the call sequences set it per call.
+INPUT_LAYOUTS = ("contiguous", "strided", "transposed", "qkv_packed", "broadcast")
+
+
+def input_view(t: Any, layout: str) -> Any:
+    """``t`` (a 3-D (tokens, heads, d) or 4-D (batch, seqlen, heads, d) input) as a view of
+    ``layout`` with its values (Note [Input layouts]); other tensors and layouts unchanged."""
+    if layout in ("contiguous", "block_broadcast") or t is None or t.dim() not in (3, 4):
+        return t
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    fake = isinstance(t, FakeTensor)        # compile-only: strides alone (a copy into a view fails there)
+    if layout == "strided":
+        wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+        if not fake:
+            wide[..., : t.shape[-1]] = t
+        return wide[..., : t.shape[-1]]
+    if layout == "transposed":          # (.., heads, seqlen, d) storage
+        a, b = t.dim() - 3, t.dim() - 2
+        shape = list(t.shape)
+        shape[a], shape[b] = shape[b], shape[a]
+        y = torch.empty(shape, dtype=t.dtype, device=t.device)
+        y.copy_(t.transpose(a, b))
+        return y.transpose(a, b)
+    if layout == "qkv_packed":          # the middle third of (.., 3, heads, d)
+        buf = torch.zeros(*t.shape[:-2], 3, *t.shape[-2:], dtype=t.dtype, device=t.device)
+        if not fake:
+            buf[..., 1, :, :] = t
+        return buf[..., 1, :, :]
+    if layout == "broadcast":
+        st = [0 if n == 1 else s for n, s in zip(t.shape, t.stride())]
+        return t.as_strided(t.shape, st)
+    raise ValueError(f"layout {layout!r}: expected one of {INPUT_LAYOUTS}")
 
 
 def _pool_views(k: Any, v: Any, layout: str) -> tuple[Any, Any]:

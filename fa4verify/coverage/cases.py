@@ -490,6 +490,7 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     out += _pool_layout_edges(space)
     out += _wave_chain_edges(space)
     out += _padding_edges(space)
+    out += _input_layout_edges(space)
     return out
 
 
@@ -764,6 +765,50 @@ def _padding_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
         out.append((edge, AttentionProblem(
             batch=1, seqlen_q=sq, seqlen_k=sk, nheads=heads[0], nheads_kv=heads[1], head_dim=hd, head_dim_v=hdv,
             arch=space.arch, dtype=space.dtype, values=vals()), bwd))
+    return out
+
+
+def _input_layout_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
+    """Note [Input layouts] (``fa4verify.targets``): calls whose Q, K, V and dO are views, as models
+    pass them; every other audit call hands FA4 contiguous inputs (the call sequences drew two
+    strided MHA calls at seed 0). Forward and backward:
+
+    * ``layout_qkv_packed_varlen``: Q, K and V sliced out of one fused QKV projection (token stride
+      three rows of heads) on a packed varlen call, 4 query / 2 KV heads, causal, hd 128;
+    * ``layout_strided_packed_cpasync``: rows twice as wide as the head dim under FA4's SM90
+      cp.async PackGQA load and store (14 query / 2 KV heads: a ratio that divides no tile_m);
+    * ``layout_transposed_gqa``: (b, h, s, d) storage, 4 / 2 heads, causal, hd 64 (a 192-row tile);
+    * ``layout_qkv_packed_192``: the fused-QKV views at hd 192, MHA, no mask.
+
+    Only where the space has the head dims, GQA ratios, masks and forms (no deployment's heads or
+    lengths)."""
+    from fa4verify.problem import AttentionProblem, CallForm
+    if space.lengths or space.heads:
+        return []
+    vals = _own_vals("input_layout", space)
+    by_dims = {v: n for n, v in space.hd.items()}
+    out: list[tuple[str, Any, bool]] = []
+    for edge, hd, gqa, mask, form, layout, shape in (
+            ("layout_qkv_packed_varlen", 128, "2", "causal", "varlen", "qkv_packed", None),
+            ("layout_strided_packed_cpasync", 128, "7", "none", "dense", "strided", (2, 100, 140)),
+            ("layout_transposed_gqa", 64, "2", "causal", "dense", "transposed", (2, 200, 260)),
+            ("layout_qkv_packed_192", 192, "1", "none", "dense", "qkv_packed", (2, 129, 129))):
+        name = by_dims.get((hd, hd))
+        if (name is None or gqa not in space.values["gqa"] or mask not in space.values["mask"]
+                or form not in space.values["form"]):
+            continue
+        g = int(space.gqa_ratio(gqa))
+        heads = dict(nheads=2 * g, nheads_kv=2)
+        base = dict(arch=space.arch, dtype=space.dtype, head_dim=hd, head_dim_v=hd, causal=mask == "causal",
+                    values=vals(), call=CallForm(input_layout=layout), **heads)
+        if form == "varlen":
+            lens = (37, 150, 5)
+            prob = AttentionProblem(batch=3, seqlens_q=lens, seqlens_k=lens, seqlen_q=max(lens), seqlen_k=max(lens),
+                                    **base)
+        else:
+            b, sq, sk = shape
+            prob = AttentionProblem(batch=b, seqlen_q=sq, seqlen_k=sk, **base)
+        out.append((edge, prob, _runs_bwd(space, form=form, hd=name, gqa=gqa, mask=mask)))
     return out
 
 

@@ -162,7 +162,7 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
 _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch",
                  "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p", "q_packed", "block_per_head",
-                 "inference", "mask_causal", "num_splits", "pool_layout")
+                 "inference", "mask_causal", "num_splits", "pool_layout", "input_layout")
 
 # Note [Page pool layouts]
 # ------------------------
@@ -177,6 +177,9 @@ _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_p
 # ``kv_fused`` and ``hnd``. The oracle and the twin read the logical pages: the layout changes
 # addresses, never values.
 POOL_LAYOUTS = ("separate", "kv_fused", "hnd")
+#: the input layouts a call form may ask for (Note [Input layouts] in ``fa4verify.targets``;
+#: ``broadcast`` needs values equal along the expanded dim: the call sequences only)
+INPUT_LAYOUTS = ("contiguous", "strided", "transposed", "qkv_packed")
 
 #: the archs whose FA4 has MLA (``qv``) kernels (``interface.py``: ``arch // 10 in [10, 11]``)
 MLA_ARCHS = ("sm100", "sm103")
@@ -243,6 +246,9 @@ class CallForm:
     num_splits: int = 1
     #: Note [Page pool layouts]: how the paged K/V pools lie in memory (:data:`POOL_LAYOUTS`)
     pool_layout: str = "separate"
+    #: Note [Input layouts] (``fa4verify.targets``): the memory layout of the Q, K, V and dO
+    #: tensors FA4 gets (``contiguous``, ``strided``, ``transposed``, ``qkv_packed``)
+    input_layout: str = "contiguous"
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -268,6 +274,10 @@ class CallForm:
             raise ValueError(f"pool_layout={self.pool_layout!r}: expected one of {POOL_LAYOUTS}")
         if self.pool_layout != "separate" and self.page_size is None:
             raise ValueError(f"pool_layout={self.pool_layout!r} needs paged KV (page_size)")
+        if self.input_layout not in INPUT_LAYOUTS:
+            raise ValueError(f"input_layout={self.input_layout!r}: expected one of {INPUT_LAYOUTS}")
+        if self.input_layout != "contiguous" and (self.page_size is not None or self.qv_dim):
+            raise ValueError("input_layout: paged pools take pool_layout; MLA calls take their inputs contiguous")
         if self.kv_packed and (not self.seqused_k or self.page_size is not None):
             raise ValueError("kv_packed is a seqused_k call over unpaged K/V")
         if self.q_packed and not self.seqused_q:
@@ -561,6 +571,8 @@ class CallForm:
             parts.append(f"mask_mod_fn={self.mask_mod_fn}")
         if self.pack_gqa is not None:
             parts.append(f"pack_gqa={self.pack_gqa}")
+        if self.input_layout != "contiguous":
+            parts.append(f"inputs={self.input_layout}")
         if self.num_splits > 1:
             parts.append(f"splits={self.num_splits}")
         if self.inference:

@@ -47,7 +47,6 @@ import time
 from pathlib import Path
 from typing import Any, Collection, Mapping, Optional
 
-import numpy as np
 
 from fa4verify.problem import AttentionProblem, ValueSpec
 from fa4verify.targets import ProductionTarget, TwinTarget
@@ -110,15 +109,15 @@ class Call:
 
 # ============================================================================ targets
 class SequenceProductionTarget(ProductionTarget):
-    """Production FA4 with the call's memory layout applied to the 4-D input tensors FA4 receives
-    (``strided``: a view into rows twice as wide; ``transposed``: (b, h, s, d) storage viewed as
-    (b, s, h, d); ``broadcast``: stride 0 on every size-1 dim of K and V), and ``reset`` emptying
+    """Production FA4 with the call's memory layout applied to the input tensors FA4 receives
+    (the target's ``layout``, Note [Input layouts]: ``strided``: a view into rows twice as wide;
+    ``transposed``: (b, h, s, d) storage viewed as (b, s, h, d); ``broadcast``: stride 0 on every
+    size-1 dim of K and V; Note [Shared block lists]: ``block_broadcast``), and ``reset`` emptying
     FA4's in-process compile caches. ``drop``: FA4 key fields (source text of ``compile_key``
     elements) removed from every lookup of FA4's caches -- a planted compile-key fault."""
 
     def __init__(self, *, drop: Collection[str] = (), **kw: Any) -> None:
         super().__init__(**kw)
-        self.layout = "contiguous"
         self.drop = tuple(drop)
         self._t_calls = 0
         if self.drop:
@@ -167,23 +166,6 @@ class SequenceProductionTarget(ProductionTarget):
                 raise HarnessError(f"layout {BLOCK_LAYOUT!r} needs one set of block lists for every batch entry and head")
             out[4]["block_sparse_tensors"] = shared_block_lists(out[4]["block_sparse_tensors"], check=not self.fake)
         return out
-
-    def _t(self, x: Optional[np.ndarray], dtype: Optional[str]):
-        t = super()._t(x, dtype)
-        if t is None or dtype is None or self.fake or getattr(t, "dim", lambda: 0)() != 4 \
-                or self.layout in ("contiguous", BLOCK_LAYOUT):
-            return t
-        torch = self._torch
-        if self.layout == "strided":
-            wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
-            wide[..., : t.shape[-1]] = t
-            return wide[..., : t.shape[-1]]
-        if self.layout == "transposed":
-            return t.transpose(1, 2).contiguous().transpose(1, 2)
-        if self.layout == "broadcast":
-            st = [0 if n == 1 else s for n, s in zip(t.shape, t.stride())]
-            return t.as_strided(t.shape, st)
-        raise ValueError(f"layout {self.layout!r}: expected one of {LAYOUTS}")
 
 
 # Note [Shared block lists]
