@@ -83,10 +83,12 @@ def test_the_target_lays_out_the_inputs_it_hands_fa4_and_restores_the_layout():
 def test_the_layout_edges_put_views_where_fa4_computes_addresses():
     e = {n: (p, b) for n, p, b in C.edge_problems(space_for("sm90", "bf16"))}
     names = {"layout_qkv_packed_varlen", "layout_strided_packed_cpasync", "layout_transposed_gqa",
-             "layout_qkv_packed_192"}
+             "layout_qkv_packed_192", "layout_broadcast_mqa"}
     assert names <= set(e) and all(e[n][1] for n in names)           # forward and backward
     p = e["layout_strided_packed_cpasync"][0]
     g = p.nheads // p.nheads_kv
     assert facts.sm90_fwd_tile(p.head_dim, p.head_dim_v, p.causal, False)[0] % g != 0    # the cp.async path
     assert e["layout_qkv_packed_varlen"][0].varlen and e["layout_qkv_packed_varlen"][0].nheads != 2
-    assert {e[n][0].call.input_layout for n in names} == {"qkv_packed", "strided", "transposed"}
+    assert {e[n][0].call.input_layout for n in names} == {"qkv_packed", "strided", "transposed", "broadcast"}
+    p = e["layout_broadcast_mqa"][0]
+    assert p.batch == 1 and p.nheads_kv == 1          # size-1 dims: stride 0 there

@@ -778,7 +778,9 @@ def _input_layout_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
     * ``layout_strided_packed_cpasync``: rows twice as wide as the head dim under FA4's SM90
       cp.async PackGQA load and store (14 query / 2 KV heads: a ratio that divides no tile_m);
     * ``layout_transposed_gqa``: (b, h, s, d) storage, 4 / 2 heads, causal, hd 64 (a 192-row tile);
-    * ``layout_qkv_packed_192``: the fused-QKV views at hd 192, MHA, no mask.
+    * ``layout_qkv_packed_192``: the fused-QKV views at hd 192, MHA, no mask;
+    * ``layout_broadcast_mqa``: stride 0 on every size-1 dim (batch 1, one KV head: FA4 keys and
+      compiles such layouts apart, CuTe keeping a stride 0 static), MQA, causal, hd 128.
 
     Only where the space has the head dims, GQA ratios, masks and forms (no deployment's heads or
     lengths)."""
@@ -792,13 +794,15 @@ def _input_layout_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
             ("layout_qkv_packed_varlen", 128, "2", "causal", "varlen", "qkv_packed", None),
             ("layout_strided_packed_cpasync", 128, "7", "none", "dense", "strided", (2, 100, 140)),
             ("layout_transposed_gqa", 64, "2", "causal", "dense", "transposed", (2, 200, 260)),
-            ("layout_qkv_packed_192", 192, "1", "none", "dense", "qkv_packed", (2, 129, 129))):
+            ("layout_qkv_packed_192", 192, "1", "none", "dense", "qkv_packed", (2, 129, 129)),
+            ("layout_broadcast_mqa", 128, "mqa", "causal", "dense", "broadcast", (1, 150, 150))):
         name = by_dims.get((hd, hd))
         if (name is None or gqa not in space.values["gqa"] or mask not in space.values["mask"]
                 or form not in space.values["form"]):
             continue
-        g = int(space.gqa_ratio(gqa))
-        heads = dict(nheads=2 * g, nheads_kv=2)
+        g = 8 if gqa == "mqa" else int(space.gqa_ratio(gqa))
+        hk = 1 if layout == "broadcast" else 2         # a KV head dim of 1: stride 0 there
+        heads = dict(nheads=hk * g, nheads_kv=hk)
         base = dict(arch=space.arch, dtype=space.dtype, head_dim=hd, head_dim_v=hd, causal=mask == "causal",
                     values=vals(), call=CallForm(input_layout=layout), **heads)
         if form == "varlen":

@@ -178,8 +178,8 @@ _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_p
 # addresses, never values.
 POOL_LAYOUTS = ("separate", "kv_fused", "hnd")
 #: the input layouts a call form may ask for (Note [Input layouts] in ``fa4verify.targets``;
-#: ``broadcast`` needs values equal along the expanded dim: the call sequences only)
-INPUT_LAYOUTS = ("contiguous", "strided", "transposed", "qkv_packed")
+#: ``broadcast``: stride 0 on every size-1 dim, e.g. the KV heads of an MQA call)
+INPUT_LAYOUTS = ("contiguous", "strided", "transposed", "qkv_packed", "broadcast")
 
 #: the archs whose FA4 has MLA (``qv``) kernels (``interface.py``: ``arch // 10 in [10, 11]``)
 MLA_ARCHS = ("sm100", "sm103")
@@ -247,7 +247,7 @@ class CallForm:
     #: Note [Page pool layouts]: how the paged K/V pools lie in memory (:data:`POOL_LAYOUTS`)
     pool_layout: str = "separate"
     #: Note [Input layouts] (``fa4verify.targets``): the memory layout of the Q, K, V and dO
-    #: tensors FA4 gets (``contiguous``, ``strided``, ``transposed``, ``qkv_packed``)
+    #: tensors FA4 gets (``contiguous``, ``strided``, ``transposed``, ``qkv_packed``, ``broadcast``)
     input_layout: str = "contiguous"
 
     def __post_init__(self) -> None:
