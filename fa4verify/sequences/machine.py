@@ -161,9 +161,7 @@ class SequenceProductionTarget(ProductionTarget):
     def _call_kw(self, problem: AttentionProblem, a: Mapping[str, Any], **kw: Any):
         out = super()._call_kw(problem, a, **kw)
         if self.layout == BLOCK_LAYOUT:
-            c = problem.call
-            if c is None or c.block_size is None or problem.varlen or c.block_per_head or c.block_per_batch:
-                raise HarnessError(f"layout {BLOCK_LAYOUT!r} needs one set of block lists for every batch entry and head")
+            _require_shared_lists(problem)
             out[4]["block_sparse_tensors"] = shared_block_lists(out[4]["block_sparse_tensors"], check=not self.fake)
         return out
 
@@ -183,13 +181,19 @@ class SequenceProductionTarget(ProductionTarget):
 # (refused when they differ by entry); the constructed sequence follows such a call with one of
 # lists per batch entry and head (:func:`constructed_calls`), and the keyed twin models the stale
 # kernel (:class:`KeyedTwinTarget`, ``drop=("block_broadcast",)``).
+def _require_shared_lists(problem: AttentionProblem) -> None:
+    """HarnessError unless ``problem`` has one set of block lists for every batch entry and head
+    (what layout ``block_broadcast`` passes once)."""
+    c = problem.call
+    if c is None or c.block_size is None or problem.varlen or c.block_per_head or c.block_per_batch:
+        raise HarnessError(f"layout {BLOCK_LAYOUT!r} needs one set of block lists for every batch entry and head")
+
+
 def shared_block_lists(bst: Any, *, check: bool = True) -> Any:
     """FA4's ``BlockSparseTensorsTorch`` ``bst`` with its count and index lists passed once,
     batch and head extent 1 (Note [Shared block lists]); HarnessError when its lists differ
     between batch entries or heads (``check``: False under FakeTensorMode, which has no values)."""
     names = ("mask_block_cnt", "mask_block_idx", "full_block_cnt", "full_block_idx")
-    if getattr(bst, "cu_total_m_blocks", None) is not None:
-        raise HarnessError(f"layout {BLOCK_LAYOUT!r}: a varlen call's lists have no batch dim to share")
     out = {}
     for n in names:
         t = getattr(bst, n)
@@ -273,9 +277,8 @@ class KeyedTwinTarget(TwinTarget):
     def _baked(self, problem: AttentionProblem, direction: str) -> AttentionProblem:
         wl, wr = problem.window_size
         blocks = problem.call is not None and problem.call.block_size is not None
-        if self._depth == 1 and self.layout == BLOCK_LAYOUT and (
-                not blocks or problem.varlen or problem.call.block_per_head or problem.call.block_per_batch):
-            raise HarnessError(f"layout {BLOCK_LAYOUT!r} needs one set of block lists for every batch entry and head")
+        if self._depth == 1 and self.layout == BLOCK_LAYOUT:
+            _require_shared_lists(problem)
         attrs = {"causal": bool(problem.causal), "softcap": float(problem.softcap),
                  "block_broadcast": blocks and self.layout == BLOCK_LAYOUT}
         key = (direction, problem.dtype, problem.head_dim, problem.nheads // problem.nheads_kv,

@@ -1,11 +1,11 @@
 """Compile-only (sm_90a, this CPU) of the smallest reaching call of each fault, on the clean FA4 and
-on the fault's patched copy (docs/results/redteam11/copies/<id>, from edits.py): the fault must trace and build where it
+on the fault's patched copy ($TMPDIR/redteam11/<id>, from edits.py): the fault must trace and build where it
 changes something. Usage: python compile_check.py <mutant id|clean> <case name>..."""
 import json, os, sys, time
 os.environ.setdefault("FA4VERIFY_FAKE_DEVICE", "h200")
 mid = sys.argv[1]
 if mid != "clean":
-    os.environ["PYTHONPATH"] = f"docs/results/redteam11/copies/{mid}" + os.pathsep + os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), "redteam11", mid) + os.pathsep + os.environ.get("PYTHONPATH", "")
 from fa4verify.problem import AttentionProblem, ValueSpec
 from fa4verify.problem.calls import CallForm
 from fa4verify.compile.production import CompileCase, run_cases

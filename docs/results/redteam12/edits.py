@@ -1,35 +1,13 @@
 """Exact-once check of the proposed faults against the installed FA4 (read only)."""
 import os
-from fa4verify.mutants.source import Edit, SourceMutant, installed_root
+from fa4verify.mutants.source import Edit, catalogue, installed_root
 ROOT = installed_root() if callable(installed_root) else installed_root
-EDITS = {
- "sm90_bwd_accum_round64_widened": Edit("interface.py",
-    "hdim_multiple_of = 64 if arch // 10 == 9 and dKV_swapAB else 32",
-    "hdim_multiple_of = 64 if arch // 10 == 9 and dKV_swapAB else 64"),
- "score_mod_bwd_gqa_head_unscaled": Edit("softmax.py",
-    "            score_vec[j] = score_tensor[i + j] * softmax_scale\n\n"
-    "            if cutlass.const_expr(qhead_per_kvhead > 1 and constant_q_idx is None):\n"
-    "                q_idx_packed = index_tensor[i + j][q_idx_pos]\n"
-    "                q_idx_logical = q_idx_packed // qhead_per_kvhead\n"
-    "                head_offset = q_idx_packed - q_idx_logical * qhead_per_kvhead\n"
-    "                head_idx_vec[j] = head_idx * qhead_per_kvhead + head_offset",
-    "            score_vec[j] = score_tensor[i + j] * softmax_scale\n\n"
-    "            if cutlass.const_expr(qhead_per_kvhead > 1 and constant_q_idx is None):\n"
-    "                q_idx_packed = index_tensor[i + j][q_idx_pos]\n"
-    "                q_idx_logical = q_idx_packed // qhead_per_kvhead\n"
-    "                head_offset = q_idx_packed - q_idx_logical * qhead_per_kvhead\n"
-    "                head_idx_vec[j] = head_idx + head_offset"),
- "sm90_bwd_window_tile80": Edit("interface.py",
+EDITS = {m.id: m.edits[0] for m in catalogue(["sm90_bwd_accum_round64_widened", "score_mod_bwd_gqa_head_unscaled",
+                                              "bwd_mask_mod_dropped_under_causal"])}
+# the rejected candidate (analysis.md, "Rejected"): caught elsewhere, so not catalogued
+EDITS["sm90_bwd_window_tile80"] = Edit("interface.py",
     "        is_causal_or_local = causal or local\n        m_block_size = 64 if is_causal_or_local else 80",
-    "        is_causal_or_local = causal\n        m_block_size = 64 if is_causal_or_local else 80"),
- "bwd_mask_mod_dropped_under_causal": Edit("interface.py",
-    "    causal, local, window_size_left, window_size_right = _resolve_causal_local_window(\n"
-    "        causal, window_size_left, window_size_right\n    )\n\n    if arch // 10 == 12:\n"
-    "        # SM120: uses SM80 MMA with 99 KB SMEM, 128 threads (4 warps).\n        m_block_size = 64\n        n_block_size = 64",
-    "    causal, local, window_size_left, window_size_right = _resolve_causal_local_window(\n"
-    "        causal, window_size_left, window_size_right\n    )\n    if causal:\n        mask_mod = None\n\n    if arch // 10 == 12:\n"
-    "        # SM120: uses SM80 MMA with 99 KB SMEM, 128 threads (4 warps).\n        m_block_size = 64\n        n_block_size = 64"),
-}
+    "        is_causal_or_local = causal\n        m_block_size = 64 if is_causal_or_local else 80")
 import pathlib
 root = pathlib.Path(ROOT)
 if not (root / "interface.py").exists():
