@@ -397,11 +397,23 @@ def sm90_bwd_tile_config(head_dim: int, head_dim_v: int, causal: bool = False,
             int(c.num_stages_PdS))
 
 
+#: Note [Pinned roundings]: the two roundings as flash-attn-4 4.0.0b36 ships them (the lines quoted
+#: above; ``(swapAB, plain)``), the release whose dQ defect was measured.  The installed source
+#: predicts where the defect is; a known issue absorbs only where this pinned pair predicts it too,
+#: so a release or a fault that moves either line (red-team round 12's
+#: ``sm90_bwd_accum_round64_widened``: the accumulator rounded to 64, hd 24/32/88/96 newly wrong)
+#: moves the prediction but not what is absorbed, and :func:`sm90_dq_accum_mismatch` says
+#: ``moved`` there.
+SM90_DQ_ACCUM_ROUNDINGS_PINNED = {"main": (64, 16), "accum": (64, 32)}
+
+
 def sm90_dq_accum_mismatch(head_dim: int, head_dim_v: int, *, causal: bool = False,
                            local: bool = False) -> dict[str, Any]:
     """Whether FA4's SM90 backward writes and reads the dQ accumulator with different head-dim
-    roundings for this problem (``mismatch``: True/False, or None when it cannot be decided, with
-    ``reason``).  ``dKV_swapAB`` comes from FA4's own ``_tile_size_bwd_sm90``."""
+    roundings for this problem (``mismatch``: True/False from the installed source, or None when
+    it cannot be decided, with ``reason``; ``pinned_mismatch``: the same from
+    :data:`SM90_DQ_ACCUM_ROUNDINGS_PINNED`; ``moved``: the two disagree).  ``dKV_swapAB`` comes
+    from FA4's own ``_tile_size_bwd_sm90``."""
     r = sm90_dq_accum_roundings()
     if "error" in r:
         return {"mismatch": None, "reason": r["error"]}
@@ -412,8 +424,10 @@ def sm90_dq_accum_mismatch(head_dim: int, head_dim_v: int, *, causal: bool = Fal
         return {"mismatch": None, "reason": f"FA4's _tile_size_bwd_sm90 unavailable ({type(e).__name__}: {e})"}
     i = 0 if swap else 1
     main, accum = _round_up(head_dim, r["main"][i]), _round_up(head_dim, r["accum"][i])
-    return {"mismatch": main != accum, "dKV_swapAB": swap, "main_tile_hdim": main,
-            "accum_tile_hdim": accum}
+    pin = SM90_DQ_ACCUM_ROUNDINGS_PINNED
+    pinned = _round_up(head_dim, pin["main"][i]) != _round_up(head_dim, pin["accum"][i])
+    return {"mismatch": main != accum, "pinned_mismatch": pinned, "moved": (main != accum) != pinned,
+            "dKV_swapAB": swap, "main_tile_hdim": main, "accum_tile_hdim": accum}
 
 
 #: Rows of each sequence that FA4's SM90 backward still gets right under the dQ-accumulator
@@ -424,12 +438,15 @@ SM90_DQ_DEFECT_GOOD_ROWS = 64
 
 
 def sm90_dq_defect_predicted(head_dim: int, head_dim_v: int, seqlens_q, *, causal: bool = False,
-                             local: bool = False, varlen: bool = False) -> bool | None:
+                             local: bool = False, varlen: bool = False, pinned: bool = False) -> bool | None:
     """Whether production dQ is expected wrong: the head-dim rounding mismatch holds and some
     sequence has more than :data:`SM90_DQ_DEFECT_GOOD_ROWS` query rows, or (varlen, unverified on
     hardware) a non-empty sequence other than the first, whose accumulator offset is also scaled
-    by the mismatched rounding.  None when the mismatch cannot be decided."""
-    m = sm90_dq_accum_mismatch(head_dim, head_dim_v, causal=causal, local=local)["mismatch"]
+    by the mismatched rounding.  None when the mismatch cannot be decided.  ``pinned``: the
+    mismatch must hold under the pinned release's roundings as well (Note [Pinned roundings]):
+    what a known issue may absorb."""
+    r = sm90_dq_accum_mismatch(head_dim, head_dim_v, causal=causal, local=local)
+    m = r["mismatch"] and (r["pinned_mismatch"] if pinned else True)
     if not m:
         return m
     lens = [int(x) for x in seqlens_q]

@@ -573,3 +573,21 @@ def test_a_batched_q_of_equal_lengths_is_left_to_the_scratch_guard():
     v = Violation("bwd_budget", "dq: planted", {"quantity": "dq"})
     v.over_indices = np.array([[263, 0, 3]])
     assert match_known_issue(p, v, target="production") is None
+
+
+def test_the_launch_failure_issue_needs_the_measured_tiles(monkeypatch):
+    """sm90_bwd_hdv_gt_hd_smem absorbs the rejected launch only while the installed FA4 picks the
+    tiles measured not to launch (red-team round 12: the matcher did not call the check written for
+    it): with other tiles at (64, 128) the same failure is reported."""
+    from fa4verify.fuzz.known_issues import match_known_issue
+    from fa4verify.fuzz.violation import Violation
+    from fa4verify.kernels import fa4_params
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=40, seqlen_k=40, nheads=2, nheads_kv=2,
+                         head_dim=64, head_dim_v=128)
+    monkeypatch.setattr(fa4_params, "sm90_bwd_tile_config",
+                        lambda hd, hdv, causal=False, local=False: (128, 128, 2, 2, 2))
+    ki = match_known_issue(p, Violation("runs", LAUNCH, {}), target="production")
+    assert ki is not None and ki.name == "sm90_bwd_hdv_gt_hd_smem"
+    monkeypatch.setattr(fa4_params, "sm90_bwd_tile_config",
+                        lambda hd, hdv, causal=False, local=False: (64, 128, 1, 1, 1))
+    assert match_known_issue(p, Violation("runs", LAUNCH, {}), target="production") is None

@@ -262,6 +262,16 @@ def _head_dim_result(rows, where: str, fa4_version, extra_details=None, *, arch:
                "criterion": f"dQ rel err <= {hd_sweep.DQ_RATIO_LIMIT:g} x max(dK, dV) rel err of the same run",
                "known_issues": ["sm90_dq_accum_hdim_rounding", "sm90_bwd_hd104_112_compile"] if arch == "sm90" else [],
                "predictor_disagreements": disagree, **(extra_details or {})}
+    moved = ""
+    if arch == "sm90":
+        # Note [Pinned roundings]: the known issue absorbs only the pinned release's head dims
+        r = fa4_params.sm90_dq_accum_roundings()
+        pin = fa4_params.SM90_DQ_ACCUM_ROUNDINGS_PINNED
+        if "error" not in r and (r["main"], r["accum"]) != (pin["main"], pin["accum"]):
+            details["roundings_moved"] = {"installed": {"main": r["main"], "accum": r["accum"]}, "pinned": pin}
+            moved = (f"; the installed FA4's dQ-accumulator roundings {r['main']}/{r['accum']} differ from the "
+                     f"pinned 4.0.0b36's {pin['main']}/{pin['accum']}: sm90_dq_accum_hdim_rounding absorbs only "
+                     "where both predict the defect")
     if sm["wrong"] or sm["raised"]:
         parts = []
         if sm["wrong"]:
@@ -272,6 +282,7 @@ def _head_dim_result(rows, where: str, fa4_version, extra_details=None, *, arch:
         note = "" if not disagree else f"; source-level predictor disagrees at {disagree[:4]}"
         if sm["errored"]:
             note += f"; fa4verify's own call failed at head dims {sm['errored_hds']} (not judged)"
+        note += moved
         return CheckResult(status="fail", where=where, metrics=metrics, details=details, tightness=sm["worst"],
                            summary=f"FA4 {fa4_version} {arch} backward: " + "; ".join(parts) + note)
     if sm["errored"]:   # Note [Blame]: fa4verify's error, never a finding about FA4
@@ -285,7 +296,7 @@ def _head_dim_result(rows, where: str, fa4_version, extra_details=None, *, arch:
                            summary=f"the source-level predictor expects a wrong dQ at {disagree[:4]}, measured right")
     return CheckResult(status="pass", where=where, metrics=metrics, details=details, tightness=sm["worst"],
                        summary=(f"{len(sm['table'])} head-dim cases: dQ within {hd_sweep.DQ_RATIO_LIMIT:g}x "
-                                f"dK/dV error everywhere (worst ratio {sm['worst']:.3g})"))
+                                f"dK/dV error everywhere (worst ratio {sm['worst']:.3g})" + moved))
 
 
 @check("production.head_dims", title="FA4 SM90 backward at every head dim (recorded H200 sweep)",

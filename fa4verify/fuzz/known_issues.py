@@ -129,7 +129,8 @@ def _token_bounds(problem: AttentionProblem) -> list[tuple[int, int, int, int]]:
 def _sm90_dq_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """True when the violation is in dQ and FA4's SM90 backward writes and reads its dQ
     accumulator with different head-dim roundings for this problem (predicted from the installed
-    FA4 source by :func:`fa4verify.kernels.fa4_params.sm90_dq_accum_mismatch`)."""
+    FA4 source by :func:`fa4verify.kernels.fa4_params.sm90_dq_accum_mismatch`, and by the pinned
+    release's roundings: Note [Pinned roundings])."""
     if problem.arch != "sm90" or v.prop not in ("bwd_budget", "masked_rows", "finite", "bwd_stages"):
         return False
     quantity = str(v.metrics.get("quantity", ""))
@@ -147,7 +148,7 @@ def _sm90_dq_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Violatio
     call = problem.call
     packed = problem.varlen and not (call is not None and (call.q_batched or call.seqused_q))
     if not fa4_params.sm90_dq_defect_predicted(problem.head_dim, problem.head_dim_v, lens, causal=problem.causal,
-                                               local=local, varlen=packed):
+                                               local=local, varlen=packed, pinned=True):
         return False
     idx = v.over_indices
     if idx is None or not len(idx):
@@ -191,9 +192,17 @@ def _split_sink_without_keys(problem: AttentionProblem, a: Mapping[str, Any], v:
 def _sm90_bwd_compile(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """True for the SM90 backward compile failure seen at head dims 104 and 112 (non-causal, FA4's
     tile m=80): CuTe DSL raises "failed to partition ... with tiled_mma" for a head dim FA4's
-    interface accepts."""
-    return (problem.arch == "sm90" and v.prop == "runs" and problem.head_dim in (104, 112)
-            and "failed to partition" in v.message)
+    interface accepts. Only where the measurement was: no causal mask and no window (the window
+    resolved as FA4 does), the pinned tile m 80 (:func:`fa4verify.kernels.facts.bwd_tile`, not
+    FA4's own function, which a release or a fault may move); a causal or local call at these
+    head dims (tile m 64) builds today and its failure is not this issue."""
+    if not (problem.arch == "sm90" and v.prop == "runs" and problem.head_dim in (104, 112)
+            and "failed to partition" in v.message):
+        return False
+    from fa4verify.kernels.facts import bwd_tile
+    from fa4verify.problem import resolve_window
+    r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
+    return not r_causal and not r_local and bwd_tile("sm90", problem.head_dim, problem.head_dim_v, False, False)[0] == 80
 
 
 #: the (head_dim, head_dim_v) pairs whose SM90 MHA backward was measured not to launch (H200,
@@ -221,11 +230,13 @@ def sm90_bwd_smem_over_holds(head_dim: int, head_dim_v: int) -> bool:
 def _sm90_bwd_hdv_gt_hd_smem(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """True for the launch failure of FA4's SM90 MHA backward at head_dim < head_dim_v (its tile
     chosen by head_dim alone needs more shared memory than a block may use): CUDA rejects the
-    launch configuration (cudaErrorInvalidValue)."""
+    launch configuration (cudaErrorInvalidValue). Only while the installed FA4 picks the tiles
+    measured there (:func:`sm90_bwd_smem_over_holds`)."""
     return (problem.arch == "sm90" and v.prop == "runs"
             and (problem.head_dim, problem.head_dim_v) in SM90_BWD_SMEM_OVER
             and problem.nheads == problem.nheads_kv
-            and INVALID_LAUNCH.search(v.message) is not None)
+            and INVALID_LAUNCH.search(v.message) is not None
+            and sm90_bwd_smem_over_holds(problem.head_dim, problem.head_dim_v))
 
 
 #: how a launch CUDA rejects as invalid (cudaErrorInvalidValue, code 1) reads in FA4's exceptions:
@@ -381,8 +392,8 @@ def _sm90_gqa_dkdv_accum(problem: AttentionProblem, a: Mapping[str, Any], v: "Vi
         return False
     from fa4verify.kernels import fa4_params
     local = any(w is not None for w in problem.window_size)
-    return bool(fa4_params.sm90_dq_accum_mismatch(problem.head_dim, problem.head_dim_v, causal=problem.causal,
-                                                  local=local).get("mismatch"))
+    r = fa4_params.sm90_dq_accum_mismatch(problem.head_dim, problem.head_dim_v, causal=problem.causal, local=local)
+    return bool(r.get("mismatch") and r.get("pinned_mismatch"))      # Note [Pinned roundings]
 
 
 def _empty_seq_tokens(problem: AttentionProblem) -> np.ndarray:
