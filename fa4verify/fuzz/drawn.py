@@ -234,6 +234,8 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
             o["known"].append({"name": ki.name, "title": ki.title, "reference": ki.reference,
                                "property": v.prop, "quantity": str(v.metrics.get("quantity", v.prop)),
                                "tightness_key": tightness_key(v)})
+            if "known_model" in v.metrics:        # Note [Known issues with a model]
+                o["known"][-1]["model"] = v.metrics["known_model"]
             return True
 
         token = _ABSORB.set(absorb)

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 
 from fa4verify.problem import AttentionProblem
+from fa4verify.fuzz import defect_models
 from fa4verify.fuzz.violation import Violation
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +23,10 @@ class KnownIssue:
     reference: str
     applies: Callable[[AttentionProblem, Mapping[str, Any], "Violation"], bool]
     targets: tuple[str, ...] = ("twin", "production")
+    #: Note [Known issues with a model] (fa4verify/fuzz/defect_models.py): ``model(problem, a,
+    #: dout, dlse)`` -> the gradients FA4 computes under the defect (float64), or None where the
+    #: model does not reach the problem; a gradient violation is then absorbed only within it
+    model: Optional[Callable[..., Optional[dict]]] = None
 
 
 def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag: bool = True) -> np.ndarray:
@@ -658,15 +663,17 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         "mask_mod_causal_bwd",
         "a mask_mod call that also passes causal=True: FA4's forward drops causal (the mask_mod decides) "
-        "but its backward keeps it, so dQ, dK and dV are the gradients of another attention than the "
+        "but its backward keeps it -- and then masks with causal alone (the element mask's causal branch "
+        "precedes its mask_mod branch) -- so dQ, dK and dV are the gradients of another attention than the "
         "forward computed (silent)",
         "flash-attn-4 4.0.0b36: _flash_attn_fwd resolves the window with the mask_mod "
-        "(_resolve_causal_local_window returns causal=False), _flash_attn_bwd without it (interface.py). "
+        "(_resolve_causal_local_window returns causal=False), _flash_attn_bwd without it (interface.py); "
+        "mask.py apply_mask / apply_mask_sm100 apply the mask_mod only when neither causal nor local is set. "
         "Predicted by fa4verify's eighth red-team round (docs/results/redteam8/) and measured on NVIDIA "
         "H200 (sm_90), 2026-12-05, at 6f502c4: edge mask_mod_causal_passed (the document pair, hd 128, "
         "192 x 192), forward within budget, dQ 42,207 of 49,152 elements out of budget (worst 10.6 where "
         "the oracle has 0.137); docs/results/h200/session15_6f502c4/",
-        _mask_mod_causal_bwd, targets=("production",)),
+        _mask_mod_causal_bwd, targets=("production",), model=defect_models.mask_mod_causal),
     KnownIssue(
         "sm90_gqa_dkdv_accum_hdim_rounding",
         "SM90 GQA/MQA backward: dK and dV are wrong (relative error 0.9-1.2) at head dims 8, 16, 40, "
@@ -696,7 +703,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "(docs/results/h200/coverage/README.md); not repeatable where alibi's slopes are read past nheads: "
         "dQ of two deterministic calls (2026-12-02), dK of the public autograd path against the driver "
         "with the same dLSE (2026-12-05, docs/results/h200/speed/e09f829/)",
-        _sm90_score_mod_gqa_bwd_indices, targets=("production",)),
+        _sm90_score_mod_gqa_bwd_indices, targets=("production",), model=defect_models.score_mod_gqa_indices),
     KnownIssue(
         "sm90_paged_tma_empty_seq_nan",
         "SM90 paged KV at page_size == tile_n (FA4's TMA paged path): a sequence with seqused_k[b] = 0 "
@@ -767,12 +774,56 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
 
 def match_known_issue(problem: AttentionProblem, v: "Violation", a: Optional[Mapping[str, Any]] = None,
                       target: str = "twin") -> Optional[KnownIssue]:
-    """The known issue explaining violation ``v`` on ``problem`` for ``target``, or None."""
+    """The known issue explaining violation ``v`` on ``problem`` for ``target``, or None. An issue
+    with a model explains a gradient violation only where the kernel's values lie within it (Note
+    [Known issues with a model]); what lies outside is said on ``v``."""
     a = problem.materialize() if a is None else a
     for ki in KNOWN_ISSUES:
-        if target in ki.targets and ki.applies(problem, a, v):
+        if target in ki.targets and ki.applies(problem, a, v) and _within_model(ki, problem, a, v):
             return ki
     return None
+
+
+def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """Whether ``v``, which ``ki``'s configuration rule absorbs, lies within ``ki``'s model: True
+    without a model, for a violation the model does not judge (no ``judged`` values) and where the
+    model does not reach the problem (``v.metrics["known_model"]`` says which); else every element
+    the judge found over budget must lie within the model (:func:`defect_models.outside_model`).
+    Outside it, ``v`` is narrowed to those elements and its message says so (once)."""
+    if ki.model is None:
+        return True
+    if v.metrics.get("outside_known_model") == ki.name:
+        return False
+    j = getattr(v, "judged", None)
+    quantity = str(v.metrics.get("quantity", ""))
+    if j is None:
+        v.metrics.setdefault("known_model", "not judged by the model")
+        return True
+    models = j["ctx"].setdefault("models", {})
+    if ki.name not in models:
+        models[ki.name] = ki.model(problem, a, j["ctx"]["dout"], j["ctx"].get("dlse"))
+    m = models[ki.name]
+    if m is None or quantity not in m:
+        v.metrics["known_model"] = "none"
+        return True
+    from fa4verify.fuzz.defect_models import outside_model
+    ref = m[quantity]
+    act = np.asarray(j["actual"], np.float64).reshape(ref.shape)
+    out = outside_model(act, ref, np.broadcast_to(np.asarray(j["allow"], np.float64), ref.shape))
+    if not out.any():
+        v.metrics["known_model"] = "within"
+        return True
+    idx = np.argwhere(out)
+    err = np.abs(act - ref)
+    worst = tuple(int(i) for i in idx[int(np.nanargmax(np.where(np.isfinite(err[out]), err[out], np.inf)))])
+    note = (f" [outside known issue {ki.name}'s model at {len(idx)} element(s); worst at {worst}: got "
+            f"{act[worst]!r}, the model {ref[worst]!r}]")
+    v.message += note
+    v.args = (f"[{v.prop}] {v.message}",)
+    v.over_indices = idx
+    v.metrics["outside_known_model"] = ki.name
+    v.metrics[f"outside_model_{quantity}"] = int(len(idx))
+    return False
 
 
 def known_issue_matcher(problem: AttentionProblem, target: str, *, strict: bool = False

@@ -163,13 +163,16 @@ def _oracle_pass(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, targ
 def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: np.ndarray,
              budget: np.ndarray, problem: AttentionProblem, undecided: dict[str, str],
              ftz_floor: Optional[np.ndarray] = None, fallback: Optional[np.ndarray] = None,
-             metrics: Optional[dict] = None, blind_above: Any = None, pass_: str = "") -> float:
+             metrics: Optional[dict] = None, blind_above: Any = None, pass_: str = "",
+             model_ctx: Optional[dict] = None) -> float:
     """The judge's verdict (:func:`fa4verify.judge.compare`) on one tensor of one property.
     ``fail`` raises :class:`Violation` with the five worst elements; ``undecided`` is recorded in
     ``undecided`` (``"<prop>.<name>"`` -> reason) and never counts as a pass of the property.
     ``pass_``: a pass of ``bwd_stages`` that reruns the backward (:data:`PASSES`): its violation
     says so and carries ``metrics["pass"]`` (the tightness it reports is ``tightness_<pass>_<name>``,
-    :func:`fa4verify.fuzz.violation.tightness_key`). Returns the tightness over the judged elements."""
+    :func:`fa4verify.fuzz.violation.tightness_key`). ``model_ctx``: the pass's dO and dLSE, given
+    with a gradient, so a known issue with a model can judge the kernel's values against it (Note
+    [Known issues with a model]). Returns the tightness over the judged elements."""
     if np.size(ref) == 0 and np.size(actual) == 0:
         return 0.0       # an empty tensor (e.g. dK of a batch with no keys): nothing exists to judge
     v = judge.compare(name, actual, ref, oracle_bound=bound, budget=budget, all_indices=True, fallback=fallback,
@@ -178,11 +181,13 @@ def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: n
         # Note [Hull fallback]: how many elements the convex-hull bound judged (the first-order
         # budget was vacuous there)
         metrics[f"hull_{name}"] = float(v.n_hull)
-    return _outcome(prop, v, np.shape(ref), problem, undecided, ftz_floor=ftz_floor, pass_=pass_)
+    judged = None if model_ctx is None else {"actual": actual, "allow": np.asarray(bound) + np.asarray(budget),
+                                             "ctx": model_ctx}
+    return _outcome(prop, v, np.shape(ref), problem, undecided, ftz_floor=ftz_floor, pass_=pass_, judged=judged)
 
 
 def _outcome(prop: str, v: Any, shape: tuple, problem: AttentionProblem, undecided: dict[str, str], *,
-             ftz_floor: Optional[np.ndarray] = None, pass_: str = "") -> float:
+             ftz_floor: Optional[np.ndarray] = None, pass_: str = "", judged: Optional[dict] = None) -> float:
     """A verdict's effect on property ``prop``: ``fail`` raises :class:`Violation` (the worst
     elements, every over index), ``undecided`` is recorded; returns the tightness."""
     name = v.name
@@ -204,6 +209,7 @@ def _outcome(prop: str, v: Any, shape: tuple, problem: AttentionProblem, undecid
         if pass_:
             viol.metrics["pass"] = pass_
         viol.over_indices = v.over_indices      # every over element: what a known issue must explain
+        viol.judged = judged                    # Note [Known issues with a model]
         _fail(viol)
     if v.status == "undecided":
         undecided[f"{prop}.{pass_ + '_' if pass_ else ''}{name}"] = v.reason
@@ -241,11 +247,12 @@ def _judge_grads(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: A
     floors and power limits go with them); metrics ``tightness_[<pass>_]<name>``. ``pass_`` /
     ``dlse``: a pass of ``bwd_stages`` that reran the backward (:data:`PASSES`)."""
     pre = f"{pass_}_" if pass_ else ""
+    ctx = {"dout": a["dout"], "dlse": dlse}      # Note [Known issues with a model]
     for n in ("dq", "dk", "dv"):
         metrics[f"tightness_{pre}{n}"] = _compare("bwd_budget", n, getattr(g, n), getattr(ob, n),
                                                   getattr(ob, f"{n}_bound"), allow[n], problem, undecided,
                                                   ftz_floor=stats.ftz_floor[n], blind_above=stats.bwd_blind_above[n],
-                                                  pass_=pass_)
+                                                  pass_=pass_, model_ctx=ctx)
         key, why = f"bwd_budget.{pre}{n}", stats.bwd_undecided_reason
         if why and "budget value(s) non-finite" in undecided.get(key, ""):
             # the cause in one line (Note [Backward interval fallback])
@@ -255,7 +262,7 @@ def _judge_grads(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, g: A
 
 
 def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, problem: AttentionProblem,
-                  fmt_max: Optional[float]) -> None:
+                  fmt_max: Optional[float], model_ctx: Optional[dict] = None) -> None:
     ref = np.asarray(ref, np.float64)
     sel = np.isfinite(ref)
     if fmt_max is not None:
@@ -267,6 +274,8 @@ def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, pro
                             f"{_where_str(idx)}: got {actual[idx]!r}, oracle {ref[idx]!r} | case: {problem.describe()}",
                       {f"nonfinite_{name}": int(bad.sum()), "quantity": name})
         v.over_indices = np.argwhere(bad)        # what a known issue must explain
+        if model_ctx is not None:                # Note [Known issues with a model]: any finite value
+            v.judged = {"actual": actual, "allow": np.inf, "ctx": model_ctx}
         _fail(v)
 
 
@@ -678,9 +687,10 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                 except (DependencyMissing, Unsupported) as e:
                     skipped["bwd_budget"] = str(e)
             if obwd is not None:
+                ctx = {"dout": a["dout"], "dlse": None}
                 for n in ("dq", "dk", "dv"):
                     if "finite" in props:
-                        _check_finite("finite", n, getattr(g, n), getattr(obwd, n), problem, fmt_max)
+                        _check_finite("finite", n, getattr(g, n), getattr(obwd, n), problem, fmt_max, model_ctx=ctx)
                 # the stage checks judge against the backward's allowances: computed for either
                 if {"bwd_budget", "bwd_stages"} & set(props):
                     try:

@@ -19,6 +19,10 @@ class Violation(AssertionError):
         #: indices (FA4 layout of the tensor) of every element over budget, when the violation is a
         #: budget comparison; None otherwise
         self.over_indices: Optional[np.ndarray] = None
+        #: a gradient violation's judged values (``actual``, ``allow``: oracle bound + budget, and
+        #: ``ctx``: the pass's dO and dLSE), for a known issue with a model (Note [Known issues with a
+        #: model], fa4verify/fuzz/defect_models.py); None otherwise
+        self.judged: Optional[dict] = None
 
 
 

@@ -1001,7 +1001,9 @@ CATALOGUE: tuple[SourceMutant, ...] = (
         "bwd", ("dq", "dk", "dv")),
     SourceMutant(
         "bwd_mask_mod_dropped_under_causal",
-        "the backward drops a mask_mod passed with causal=True (keeps the causal mask only)",
+        "the backward drops a mask_mod passed with causal=True (keeps the causal mask only); an equivalent "
+        "mutant of 4.0.0b36, whose element mask already applies causal alone when both are set (mask.py "
+        "apply_mask: the mask_mod branch only without causal or local): no value can show it",
         (Edit("interface.py",
               "    causal, local, window_size_left, window_size_right = _resolve_causal_local_window(\n"
               "        causal, window_size_left, window_size_right\n    )\n\n    if arch // 10 == 12:\n",
