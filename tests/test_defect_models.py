@@ -176,3 +176,71 @@ def test_where_the_model_does_not_reach_the_configuration_rule_stays_and_says_so
     v = _violation("dq", np.zeros((13, 4, 32)), np.ones((13, 4, 32)), np.zeros((13, 4, 32)), a["dout"])
     ki = match_known_issue(p, v, a, target="production")
     assert ki is not None and ki.name == "sm90_score_mod_gqa_bwd_indices" and v.metrics["known_model"] == "none"
+
+
+def _sink_problem():
+    # negative scores, a learnable sink: every row overflows but row 3 of head 1 (found by search)
+    from fa4verify.problem import ValueSpec
+    return AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=6, seqlen_k=8, nheads=2, nheads_kv=1,
+                            head_dim=32, head_dim_v=32, sink=True, causal=True,
+                            values=ValueSpec("negative_scores", 6))
+
+
+class _DkFault:
+    """The twin, with dK of key 0 moved by 0.5 (a fault the sink overflow does not explain)."""
+
+    def __init__(self):
+        from fa4verify import fuzz
+        self.twin = fuzz.TwinTarget()
+
+    def __getattr__(self, n):
+        return getattr(self.twin, n)
+
+    def backward(self, problem, a, fwd, **kw):
+        g = self.twin.backward(problem, a, fwd, **kw)
+        g.dk = np.array(g.dk, copy=True)
+        g.dk[0, 0, 0, :] += 0.5
+        return g
+
+
+def _absorbing_run(p, target):
+    from fa4verify import fuzz
+    hits = []
+
+    def absorb(v):
+        ki = match_known_issue(p, v, target="twin")
+        if ki is not None:
+            hits.append((ki.name, v.prop, v.metrics.get("quantity"), v.metrics.get("known_model")))
+        return ki is not None
+    tok = fuzz._ABSORB.set(absorb)
+    try:
+        fuzz.check_problem(p, target, properties=("fwd_budget", "bwd_budget", "finite"))
+    finally:
+        fuzz._ABSORB.reset(tok)
+    return hits
+
+
+def test_sink_overflow_model_absorbs_the_twin_and_reports_a_dk_fault_in_the_group(monkeypatch):
+    """The twin reproduces the sink-fold overflow (LSE = +inf, O = 0 in the rows): within the
+    model. A dK fault at a key of the overflowing group: the row rule absorbed every key of the
+    (sequence, KV head); the model reports it."""
+    from fa4verify import fuzz
+    p = _sink_problem()
+    a = p.materialize()
+    rows = fuzz._sink_overflow_rows(p, a, lag=False)
+    assert rows.any() and not rows.all() and not rows[3, 1]
+    hits = _absorbing_run(p, fuzz.TwinTarget())
+    assert hits and {h[0] for h in hits} == {"sink_rowsum_overflow"}
+    assert {h[3] for h in hits if h[2] in ("out", "lse", "dq", "dk", "dv")} <= {"within", "not judged by the model"}
+    assert any(h[3] == "within" for h in hits)
+    with pytest.raises(fuzz.Violation) as ei:
+        _absorbing_run(p, _DkFault())
+    v = ei.value
+    assert v.metrics.get("outside_known_model") == "sink_rowsum_overflow" and v.metrics["quantity"] == "dk"
+    assert set(v.over_indices[:, 1].tolist()) == {0}          # key 0 only
+    # the row rule alone (no model) absorbed the fault: what the model adds
+    import dataclasses
+    from fa4verify.fuzz import known_issues as K
+    monkeypatch.setattr(K, "KNOWN_ISSUES", tuple(dataclasses.replace(k, model=None) for k in K.KNOWN_ISSUES))
+    hits = _absorbing_run(p, _DkFault())
+    assert ("sink_rowsum_overflow", "bwd_budget", "dk", None) in hits

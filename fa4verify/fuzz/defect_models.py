@@ -167,6 +167,50 @@ def score_mod_gqa_indices(problem: AttentionProblem, a: Mapping[str, Any], dout:
                           score_fwd=_plain_score(problem, a), score_bwd=mapped)
 
 
+def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optional[np.ndarray],
+                  dlse: Optional[np.ndarray]) -> Optional[dict[str, np.ndarray]]:
+    """Known issue ``sink_rowsum_overflow``: in a row whose sink lies >= 126 log2 units above
+    every visible logit FA4's sink fold overflows fp32, so its LSE is +inf and O is 0 exactly;
+    the backward then recomputes ``P = exp2(S - inf) = 0`` for that row and takes ``D = rowsum(dO
+    * 0)``, so the row gives nothing to dK and dV and its dQ is 0: the oracle's gradients with
+    that row's dO (and dLSE) set to zero. Every other row is the oracle's. Where SM100's lazy
+    rescale leaves the band uncertain (a row overflows with a lagging running max but not with an
+    exact one), and on a split-KV call, None."""
+    from fa4verify import judge
+    from fa4verify.fuzz.known_issues import _sink_overflow_rows, _token_bounds
+    if not problem.sink or (problem.call is not None and problem.call.num_splits > 1):
+        return None
+    rows = _sink_overflow_rows(problem, a, lag=False)
+    if not rows.any() or (_sink_overflow_rows(problem, a, lag=True) != rows).any():
+        return None
+    fw = judge.oracle_forward(problem, a)
+    out, lse = np.array(fw.out, np.float64), np.array(fw.lse, np.float64)
+    tq = rows.shape[0]
+    tok, head = np.nonzero(rows)
+    o_t = out.reshape((tq,) + out.shape[-2:])
+    o_t[tok, head] = 0.0
+    if problem.varlen:                          # LSE (h, t)
+        lse[head, tok] = np.inf
+    else:                                       # LSE (b, h, s)
+        lse[tok // problem.seqlen_q, head, tok % problem.seqlen_q] = np.inf
+    res = {"out": o_t.reshape(out.shape), "lse": lse}
+    if dout is None:
+        return res
+    do = np.array(dout, np.float32)
+    do_t = do.reshape((tq,) + do.shape[-2:])
+    do_t[tok, head] = 0.0
+    dl = None
+    if dlse is not None:
+        dl = np.array(dlse, np.float32)
+        if problem.varlen:
+            dl[head, tok] = 0.0
+        else:
+            dl[tok // problem.seqlen_q, head, tok % problem.seqlen_q] = 0.0
+    ob = judge.oracle_backward(problem, dict(a, dout=do_t.reshape(do.shape)), dlse=dl)
+    res.update({n: np.asarray(getattr(ob, n), np.float64) for n in ("dq", "dk", "dv")})
+    return res
+
+
 def outside_model(actual: np.ndarray, model: np.ndarray, allow: np.ndarray) -> np.ndarray:
     """Bool mask: elements of ``actual`` outside ``model`` +- (``allow`` + :data:`MODEL_SLACK` x the
     model's largest finite magnitude); a NaN of the model (unknown) is never outside, a non-finite
@@ -177,5 +221,5 @@ def outside_model(actual: np.ndarray, model: np.ndarray, allow: np.ndarray) -> n
     top = float(np.max(np.abs(model[fin]))) if fin.any() else 0.0
     tol = np.broadcast_to(np.asarray(allow, np.float64), model.shape) + MODEL_SLACK * top
     with np.errstate(invalid="ignore"):
-        inside = np.abs(actual - model) <= tol
+        inside = (np.abs(actual - model) <= tol) | (actual == model)     # == : an infinite model value
     return ~np.isnan(model) & (~inside | (fin & ~np.isfinite(actual)))

@@ -589,7 +589,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "fa4verify fuzz on the CPU twin and CONFIRMED on production FA4 (measured on H200, "
         "2026-11-30, flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1, torch 2.11.0+cu130: LSE = +inf "
         "where the oracle gives -0.336); tests/regressions/finite-twin-sink-overflow.json",
-        _sink_overflow),
+        _sink_overflow, model=defect_models.sink_overflow),
     KnownIssue(
         "split_kv_sink_without_keys",
         "split-KV call with a learnable sink whose query tile has no KV block in any split (a left "

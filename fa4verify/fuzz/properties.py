@@ -462,8 +462,9 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
     if "finite" in props:
         if ref_out is not None:
             ran.append("finite")
-            _check_finite("finite", "out", fwd.out, ref_out.value, problem, fmt_max)
-            _check_finite("finite", "lse", fwd.lse, ref_lse.value, problem, None)
+            fctx = {"dout": None, "dlse": None}        # Note [Known issues with a model]
+            _check_finite("finite", "out", fwd.out, ref_out.value, problem, fmt_max, model_ctx=fctx)
+            _check_finite("finite", "lse", fwd.lse, ref_lse.value, problem, None, model_ctx=fctx)
         else:
             ran.append("finite")
             for name, x in (("out", fwd.out),):
@@ -472,11 +473,13 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
 
     if "fwd_budget" in props and need_ref("fwd_budget"):
         ran.append("fwd_budget")
+        fctx = {"dout": None, "dlse": None}            # Note [Known issues with a model]
         metrics["tightness_out"] = _compare("fwd_budget", "out", fwd.out, ref_out.value, ref_out.bound,
                                             ref_out.budget, problem, undecided, ftz_floor=stats.forward_out_ftz_floor(),
-                                            fallback=getattr(ref_out, "fallback", None), metrics=metrics)
+                                            fallback=getattr(ref_out, "fallback", None), metrics=metrics,
+                                            model_ctx=fctx)
         metrics["tightness_lse"] = _compare("fwd_budget", "lse", fwd.lse, ref_lse.value, ref_lse.bound,
-                                            ref_lse.budget, problem, undecided)
+                                            ref_lse.budget, problem, undecided, model_ctx=fctx)
         if split is not None and fwd.partials is not None:
             # each split's partial against its chunk's oracle, FA4's combine against the exact
             # combine of those partials (Note [Split-KV as a call form])
