@@ -155,6 +155,31 @@ def test_coverage_names_every_violating_row_and_the_known_ones():
     assert cov["known_rows"] == {"5": ["sm90_dq_accum_hdim_rounding"]}
     assert cov["violating_edges"] == {}
     assert "2 violating: row 3 (bwd_budget), row 7 (bwd_budget)" in out.summary
+    assert cov["known_absorbed"] == {} and "known FA4 issues absorbed" not in out.summary
+
+
+def test_coverage_says_how_each_known_issue_absorbed():
+    """Note [Known issues with a model]: the absorbed violations by case, within a model of the
+    defect or by the issue's configuration rule alone, counted in the summary."""
+    from fa4verify.audit.registry import CheckResult
+    from fa4verify.checks.coverage import planned_result
+    sp = space.space_for("sm90", "bf16")
+    pl = planner.plan(sp, seed=0)
+    head = {"extra": {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": 0, "uncoverable": []}}}
+    outcomes = [{"index": i, "status": "ran", "metrics": {}, "known": []} for i in range(len(pl.rows))]
+    outcomes[2]["known"] = [{"name": "sm90_score_mod_gqa_bwd_indices", "property": "bwd_budget", "quantity": "dq",
+                             "tightness_key": "dq", "model": "within"},
+                            {"name": "sm90_score_mod_gqa_bwd_indices", "property": "bwd_stages",
+                             "quantity": "dq_accum", "tightness_key": "dq_accum", "model": "not judged by the model"}]
+    outcomes[4]["known"] = [{"name": "sm90_dq_accum_hdim_rounding", "property": "bwd_budget", "quantity": "dq",
+                             "tightness_key": "dlse_dq"}]
+    out = planned_result(CheckResult(status="pass", where="CPU twin", summary="x"), head, outcomes)
+    cov = out.details["plan_coverage"]
+    assert sorted(cov["known_absorbed"]) == ["2", "4"]
+    assert cov["known_absorbed"]["4"] == [{"name": "sm90_dq_accum_hdim_rounding", "quantity": "dlse_dq",
+                                           "property": "bwd_budget", "model": "no model"}]
+    assert "known FA4 issues absorbed 3 violation(s) in 2 case(s), 1 within a model of the defect, 2 by " \
+           "configuration alone" in out.summary
 
 
 def test_coverage_names_a_violating_edge_behind_a_violating_row():

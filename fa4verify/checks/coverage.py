@@ -142,6 +142,15 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     cov["known_rows"] = {str(i): sorted({k["name"] for k in by[i].get("known", [])}
                                         | ({by[i]["known_raised"]["name"]} if by[i].get("known_raised") else set()))
                          for i in range(len(rows)) if by.get(i, {}).get("known") or by.get(i, {}).get("known_raised")}
+    # Note [Known issues with a model]: what each known issue absorbed, and how: within its float64
+    # model, or by its configuration rule alone (a blind area a reviewer should see by name)
+    absorbed = {}
+    for i, o in by.items():
+        ks = [{"name": k["name"], "quantity": k.get("tightness_key", k.get("quantity")), "property": k.get("property"),
+               "model": k.get("model", "no model")} for k in o.get("known", [])]
+        if ks:
+            absorbed[str(i)] = ks
+    cov["known_absorbed"] = absorbed
     cov["uncoverable"] = pl.get("uncoverable", [])
     # Note [Constructed edges]: each must run (a refused or unrun edge is a hole, never a pass)
     cov["edge_cases"] = {n: by.get(len(rows) + k, {}).get("status", "not_run")
@@ -174,6 +183,11 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
             out.status = "undecided"
     if cov["edge_cases"]:
         head_line += f"; {len(cov['edge_cases']) - len(edge_holes)}/{len(cov['edge_cases'])} constructed edges ran"
+    if absorbed:
+        flat = [k for ks in absorbed.values() for k in ks]
+        within = sum(k["model"] == "within" for k in flat)
+        head_line += (f"; known FA4 issues absorbed {len(flat)} violation(s) in {len(absorbed)} case(s), {within} "
+                      f"within a model of the defect, {len(flat) - within} by configuration alone")
     # every violating row and edge by name: the campaign's summary shrinks to the first one only
     named = ([f"row {i} ({v['property']})" for i, v in cov["violating_rows"].items()]
              + [f"edge {n} ({v['property']})" for n, v in cov["violating_edges"].items()])
@@ -207,6 +221,11 @@ def coverage_plot(cov: dict, *, where: str = "") -> list:
     out = [{"kind": "table", "title": "coverage by construction: tuples covered / supported",
             "columns": ["dimensions", "covered", "supported", "not planned (FA4 or fa4verify)"], "rows": rows,
             "where": where}]
+    ab = [[c, k["name"], k["quantity"], k["model"]] for c, ks in cov.get("known_absorbed", {}).items() for k in ks]
+    if ab:
+        out.append({"kind": "table", "title": "violations absorbed by known FA4 issues (case: plan row, or an edge "
+                                              "after the rows)", "columns": ["case", "known issue", "quantity", "how"],
+                    "rows": ab[:400]})
     if cov["holes"]:
         out.append({"kind": "table", "title": "holes (supported, not covered)", "columns": ["tuple"],
                     "rows": [[h] for h in cov["holes"][:200]]})
