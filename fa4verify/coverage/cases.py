@@ -491,6 +491,7 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     out += _wave_chain_edges(space)
     out += _padding_edges(space)
     out += _input_layout_edges(space)
+    out += _wide_group_edges(space)
     return out
 
 
@@ -813,6 +814,42 @@ def _input_layout_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
             b, sq, sk = shape
             prob = AttentionProblem(batch=b, seqlen_q=sq, seqlen_k=sk, **base)
         out.append((edge, prob, _runs_bwd(space, form=form, hd=name, gqa=gqa, mask=mask)))
+    return out
+
+
+def _wide_group_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
+    """Note [Wide query groups]: the plan's GQA classes hold at most 7 query heads per KV head (MQA
+    over 3 to 14 heads), so FA4's PackGQA -- a tile's rows are (query row, query head) pairs, and
+    ``qhead_per_kvhead`` divides the row index -- never ran with a group as wide as models use
+    (red-team round 11: no ratio >= 16). Forward and backward, by rule:
+
+    * ``gqa_16_causal``: 32 query / 2 KV heads, hd 128, causal, 70 queries over 300 keys (the
+      causal diagonal crosses packed rows 16 apart);
+    * ``gqa_64_packed``: 64 query heads over one KV head, hd 128, 5 queries over 129 keys: a packed
+      tile of 128 rows holds two query positions;
+    * ``gqa_71_cpasync``: Falcon-7B's 71 query heads over one KV head, hd 64, causal, 33 queries
+      over 200 keys: a ratio that divides no tile_m (FA4 takes its cp.async PackGQA load and store).
+
+    Only where the space has the head dims, GQA classes and masks (no deployment's heads or
+    lengths)."""
+    from fa4verify.problem import AttentionProblem
+    if space.lengths or space.heads or "dense" not in space.values["form"]:
+        return []
+    vals = _own_vals("wide_group", space)
+    by_dims = {v: n for n, v in space.hd.items()}
+    out: list[tuple[str, Any, bool]] = []
+    for edge, hd, (hq, hk), mask, (sq, sk) in (
+            ("gqa_16_causal", 128, (32, 2), "causal", (70, 300)),
+            ("gqa_64_packed", 128, (64, 1), "none", (5, 129)),
+            ("gqa_71_cpasync", 64, (71, 1), "causal", (33, 200))):
+        name = by_dims.get((hd, hd))
+        gqa = "mqa" if hk == 1 else "4"
+        if name is None or mask not in space.values["mask"] or gqa not in space.values["gqa"]:
+            continue
+        out.append((edge, AttentionProblem(
+            batch=1, seqlen_q=sq, seqlen_k=sk, nheads=hq, nheads_kv=hk, head_dim=hd, head_dim_v=hd,
+            causal=mask == "causal", arch=space.arch, dtype=space.dtype, values=vals()),
+            _runs_bwd(space, form="dense", hd=name, gqa=gqa, mask=mask)))
     return out
 
 
