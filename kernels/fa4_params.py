@@ -43,7 +43,9 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
 
 __all__ = [
     "DSL_DIST",
@@ -453,6 +455,47 @@ def sm90_dq_defect_predicted(head_dim: int, head_dim_v: int, seqlens_q, *, causa
     if any(n > SM90_DQ_DEFECT_GOOD_ROWS for n in lens):
         return True
     return bool(varlen and any(n > 0 for n in lens[1:]))
+
+
+def sm90_accum_misread(lens: Sequence[int], head_dim: int, tile: int, packed: bool) -> list[np.ndarray]:
+    """Note [The misread accumulator]: where FA4 4.0.0b36's SM90 backward postprocess reads each
+    element of an fp32 accumulator (dQ; with GQA, dK and dV) that its main kernel wrote with the
+    other head-dim rounding (:data:`SM90_DQ_ACCUM_ROUNDINGS_PINNED`, plain path: written with
+    ``Dw = round_up(hd, 16)``, read with ``Dr = round_up(hd, 32)``).
+
+    Both sides lay a (row G, column c) element of one head's buffer at ``64 Dw|Dr (G // 64) + 512
+    (c // 8) + phi(G % 64, c % 8)`` (64-row slabs; 512-float chunks per 8 columns; ``phi`` the
+    WGMMA accumulator's order inside a 64 x 8 block, the same on both sides: flash_bwd_sm90.py
+    writes each warpgroup's chunk with one bulk reduce-add, flash_bwd_postprocess.py reads it back;
+    derived from the source and CuTe's layout algebra by a helper, ``docs/results/dq_misread/``).
+    So the reader's chunk ``O = (G // 64) (Dr // 8) + c // 8`` is the writer's chunk ``(s', j') =
+    divmod(O, Dw // 8)``: the element of row ``64 s' + G % 64``, column ``8 j' + c % 8``. Rows of a
+    packed varlen call live at ``(cu_seqlens[b] + b tile) // tile * tile + row``, so a read may land
+    in another sequence. Returns, per sequence ``b``, an int array (len_b, head_dim, 3): the
+    (sequence, row, column) of the true accumulator returned there, or -1 where the read lands on
+    memory the kernel never wrote or on a padded row or column (0: the preprocess zeroes the buffer,
+    padded rows and columns add 0). Where ``Dw == Dr`` every element is its own."""
+    lens = [int(n) for n in lens]
+    pin = SM90_DQ_ACCUM_ROUNDINGS_PINNED
+    dw, dr = _round_up(head_dim, pin["main"][1]), _round_up(head_dim, pin["accum"][1])
+    if packed:
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        base = [int((cu[b] + b * tile) // tile * tile) for b in range(len(lens))]
+    else:
+        base = [0] * len(lens)
+    out = []
+    c = np.arange(head_dim)[None, :]
+    for b, n in enumerate(lens):
+        g = base[b] + np.arange(n)[:, None]
+        o = (g // 64) * (dr // 8) + c // 8
+        s2, j2 = np.divmod(o, dw // 8)
+        g2, c2 = np.broadcast_arrays(64 * s2 + g % 64, 8 * j2 + c % 8)
+        src = np.full((n, head_dim, 3), -1, np.int64)
+        for bb in (range(len(lens)) if packed else (b,)):
+            hit = (g2 >= base[bb]) & (g2 < base[bb] + lens[bb]) & (c2 < head_dim)
+            src[hit] = np.stack([np.full(int(hit.sum()), bb), g2[hit] - base[bb], c2[hit]], 1)
+        out.append(src)
+    return out
 
 
 # --- the public combine's O-partial copy tiling (a finding, flash_attn_combine) -------

@@ -244,3 +244,57 @@ def test_sink_overflow_model_absorbs_the_twin_and_reports_a_dk_fault_in_the_grou
     monkeypatch.setattr(K, "KNOWN_ISSUES", tuple(dataclasses.replace(k, model=None) for k in K.KNOWN_ISSUES))
     hits = _absorbing_run(p, _DkFault())
     assert ("sink_rowsum_overflow", "bwd_budget", "dk", None) in hits
+
+
+FTZ_CASE = "tests/regressions/bwd_budget-twin-ftz-floor.json"
+
+
+def _ftz_case():
+    import json
+    import pathlib
+    case = json.loads((pathlib.Path(__file__).parent.parent / FTZ_CASE).read_text())
+    return case, AttentionProblem.from_dict(case["problem"])
+
+
+def test_the_dq_misread_model_gives_the_value_the_h200_returned():
+    """Note [The misread accumulator] against a measurement: on the H200 (2026-11-30) FA4 returned
+    dq[1, 72, 0, 3] = -27.75 for this hd-8 causal case where the oracle has 1.4e-27, and 3232 as the
+    largest dQ error. The model (the map of FA4's own accumulator: here the twin's, which models
+    its arithmetic) gives that element exactly, and the map of the oracle's dQ that largest error."""
+    from fa4verify import fuzz
+    case, p = _ftz_case()
+    assert "-27.75" in case["production_h200"]["summary"] and "3232" in case["production_h200"]["summary"]
+    a = p.materialize()
+    m = dm.sm90_dq_misread(p, a, a["dout"], None)
+    twin = fuzz.TwinTarget()
+    g = twin.backward(p, a, twin.forward(p, a))
+    dq_twin = np.asarray(g.dq, np.float64)
+    got, _ = m["dq"](dq_twin, np.zeros_like(dq_twin))
+    assert got[1, 72, 0, 3] == -27.75
+    ref = _grads(p, a)["dq"]
+    model, _ = m["dq"](ref, np.zeros_like(ref))
+    assert round(float(np.max(np.abs(model - ref)))) == 3232
+    assert np.array_equal(model[:, :64], ref[:, :64])          # the first 64 rows are their own
+
+
+def test_the_dq_misread_model_absorbs_the_defect_and_reports_a_fault_past_row_64():
+    """The row rule absorbed every dQ element past row 64 at hd 8; the model absorbs only FA4's
+    misread and reports a fault there (dQ rows 64.. off by 1 %)."""
+    _case, p = _ftz_case()
+    p = p.replace(values=p.values.__class__("normal", 3, ()))
+    a = p.materialize()
+    ref = _grads(p, a)["dq"]
+    allow = np.full(ref.shape, 1e-3)
+    m = dm.sm90_dq_misread(p, a, a["dout"], None)
+    fa4, tol = m["dq"](ref, allow)
+    v = _violation("dq", fa4 + 1e-4, ref, allow, a["dout"])
+    v.judged["ref"] = ref
+    ki = match_known_issue(p, v, a, target="production")
+    assert ki is not None and ki.name == "sm90_dq_accum_hdim_rounding" and v.metrics["known_model"] == "within"
+    faulty = fa4.copy()
+    faulty[:, 64:] *= 1.01
+    v = _violation("dq", faulty, ref, allow, a["dout"])
+    v.judged["ref"] = ref
+    assert match_known_issue(p, v, a, target="production") is None
+    assert v.metrics["outside_known_model"] == "sm90_dq_accum_hdim_rounding"
+    assert (v.over_indices[:, 1] >= 64).all()

@@ -83,18 +83,25 @@ def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: s
         ctx.skip(f"nothing to run: the audit's space holds no value FA4 supports on {arch} ({why})")
     # Note [Constructed edges]: after the rows, outside the coverage tuples
     edges = edge_problems(sp, seed=int(ctx.seed))
-    extra = {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": int(ctx.seed),
-                      "uncoverable": [list(map(list, t)) for t in pl.uncoverable],
-                      "edges": [n for n, _p, _b in edges]}}
     n_rows = len(problems)
     backward = row_backward(sp, pl.rows)
+    det = {i: r["det"] == "on" for i, r in enumerate(pl.rows)}
+    det.update({n_rows + k: n not in NONDETERMINISTIC_EDGES for k, (n, _p, _b) in enumerate(edges)})
+    # Note [Kernel variants]: then one call per SM90 kernel variant that neither reaches
+    from fa4verify.coverage.variants import variant_edges
+    ran = [(p, backward[i], det[i]) for i, p in enumerate(problems)]
+    ran += [(p, b, det[n_rows + k]) for k, (_n, p, b) in enumerate(edges)]
+    variants = variant_edges(sp, ran, seed=int(ctx.seed))
+    for n, p, b, d in variants:
+        det[n_rows + len(edges)] = d
+        edges.append((n, p, b))
+    extra = {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": int(ctx.seed),
+                      "uncoverable": [list(map(list, t)) for t in pl.uncoverable],
+                      "edges": [n for n, _p, _b in edges], "variant_edges": len(variants)}}
     backward.update({n_rows + k: b for k, (_n, _p, b) in enumerate(edges)})
     return _campaign_cases(ctx, target=target, arch=arch, dtype=dtype, n=n_rows + len(edges), kw={}, where=where,
                            extra=extra, problems=problems + [p for _n, p, _b in edges], properties=PLAN_PROPERTIES,
-                           deterministic={**{i: r["det"] == "on" for i, r in enumerate(pl.rows)},
-                                          **{n_rows + k: n not in NONDETERMINISTIC_EDGES
-                                             for k, (n, _p, _b) in enumerate(edges)}},
-                           backward=backward)
+                           deterministic=det, backward=backward)
 
 
 def row_backward(sp, rows: list) -> dict[int, bool]:

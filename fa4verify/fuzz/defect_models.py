@@ -10,7 +10,9 @@ is specified well enough to compute, :class:`fa4verify.fuzz.known_issues.KnownIs
 ``model``: the gradients FA4 computes under the defect, in float64, from the example's own inputs
 (and the pass's dO and dLSE). A gradient violation of the issue's configuration is absorbed only
 where the kernel's value lies within the example's allowance (oracle bound + budget of the right
-problem) plus :data:`MODEL_SLACK` of the model tensor's largest magnitude of the model's value;
+problem) plus :data:`MODEL_SLACK` of the model tensor's largest magnitude (a float64
+recomputation; a model that maps the oracle's own values -- the misread accumulator -- maps their
+allowances too and takes no slack);
 an element outside it is reported as a violation outside the issue's model. The model is float64
 without an error bound of its own: the slack covers FA4's rounding on the defective path (its
 agreement with the score-index model was measured to 4.2e-3 of the largest magnitude on the H200,
@@ -211,15 +213,70 @@ def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optiona
     return res
 
 
-def outside_model(actual: np.ndarray, model: np.ndarray, allow: np.ndarray) -> np.ndarray:
-    """Bool mask: elements of ``actual`` outside ``model`` +- (``allow`` + :data:`MODEL_SLACK` x the
-    model's largest finite magnitude); a NaN of the model (unknown) is never outside, a non-finite
-    kernel value where the model is finite always is."""
+def sm90_dq_misread(problem: AttentionProblem, a: Mapping[str, Any], dout: Optional[np.ndarray],
+                    dlse: Optional[np.ndarray]) -> Optional[dict[str, Any]]:
+    """Known issue ``sm90_dq_accum_hdim_rounding``: FA4's postprocess returns at each dQ element
+    the true accumulator element Note [The misread accumulator] names
+    (:func:`fa4verify.kernels.fa4_params.sm90_accum_misread`), or 0 where it reads memory never
+    written: the model is that map of the oracle's dQ, with the allowance of the element read
+    (its own rounding), and 0 within the element's own allowance where FA4 reads the zeroed buffer. Checked against the H200's
+    recorded dQ of ``tests/regressions/bwd_budget-twin-ftz-floor.json`` (dq[1, 72, 0, 3] = -27.75,
+    the twin's value of the element the map names; the largest error 3232 both there and in the
+    model). Dense and packed varlen calls at the pinned tiles of 64 rows or more; None with
+    batched Q (seqused_q), block sparsity, or where the pinned roundings agree."""
+    from fa4verify.kernels import facts, fa4_params
+    from fa4verify.problem import resolve_window
+    call = problem.call
+    if (problem.arch != "sm90" or problem.head_dim_v != problem.head_dim
+            or (call is not None and (call.q_batched or call.seqused_q or call.block_size is not None))):
+        return None
+    causal, local, _, _ = resolve_window(problem.causal, problem.window_size)
+    r = fa4_params.sm90_dq_accum_mismatch(problem.head_dim, problem.head_dim_v, causal=bool(causal), local=bool(local))
+    if not (r.get("mismatch") and r.get("pinned_mismatch")) or r.get("dKV_swapAB"):
+        return None
+    tile = facts.sm90_bwd_tile(problem.head_dim, problem.head_dim_v, bool(causal), bool(local))[0]
+    if tile % 64:
+        return None
+    bounds = problem._seq_bounds()
+    src = fa4_params.sm90_accum_misread([lq for _, lq, _, _ in bounds], problem.head_dim, tile, packed=problem.varlen)
+    # token offsets of each sequence on the (token, head, col) view: dense (b, s, h, d) is flattened
+    start = np.array([q0 for q0, _, _, _ in bounds] if problem.varlen
+                     else [b * problem.seqlen_q for b in range(problem.batch)], np.int64)
+    dst_t, dst_c, src_t, src_c = [], [], [], []
+    for b, s_ in enumerate(src):
+        rows, cols = np.nonzero(s_[..., 0] >= 0)
+        hit = s_[rows, cols]
+        dst_t.append(start[b] + rows)
+        dst_c.append(cols)
+        src_t.append(start[hit[:, 0]] + hit[:, 1])
+        src_c.append(hit[:, 2])
+    dst_t, dst_c, src_t, src_c = (np.concatenate(x) if x else np.zeros(0, np.int64)
+                                  for x in (dst_t, dst_c, src_t, src_c))
+
+    def gather(ref: np.ndarray, allow: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        shape = ref.shape
+        r = ref.reshape((-1,) + shape[-2:])
+        t = np.asarray(allow, np.float64).reshape((-1,) + shape[-2:])
+        # where the read lands on the zeroed buffer or a padded row FA4 returns 0 (padded rows add
+        # 0 exactly); the element's own allowance is kept there as a hedge on that last claim
+        v, w = np.zeros_like(r), t.copy()
+        v[dst_t, :, dst_c] = r[src_t, :, src_c]
+        w[dst_t, :, dst_c] = t[src_t, :, src_c]
+        return v.reshape(shape), w.reshape(shape)
+    return {"dq": gather}
+
+
+def outside_model(actual: np.ndarray, model: np.ndarray, allow: np.ndarray, slack: float = MODEL_SLACK) -> np.ndarray:
+    """Bool mask: elements of ``actual`` outside ``model`` +- (``allow`` + ``slack`` x the model's
+    largest finite magnitude); a NaN of the model (unknown) is never outside, a non-finite kernel
+    value where the model is finite always is. ``slack``: :data:`MODEL_SLACK` for a float64
+    recomputation, 0 for a map of the oracle's own values and allowances (the misread accumulator:
+    each element is another element's, within that element's allowance)."""
     model = np.asarray(model, np.float64)
     actual = np.broadcast_to(np.asarray(actual, np.float64), model.shape)
     fin = np.isfinite(model)
     top = float(np.max(np.abs(model[fin]))) if fin.any() else 0.0
-    tol = np.broadcast_to(np.asarray(allow, np.float64), model.shape) + MODEL_SLACK * top
+    tol = np.broadcast_to(np.asarray(allow, np.float64), model.shape) + slack * top
     with np.errstate(invalid="ignore"):
         inside = (np.abs(actual - model) <= tol) | (actual == model)     # == : an infinite model value
     return ~np.isnan(model) & (~inside | (fin & ~np.isfinite(actual)))

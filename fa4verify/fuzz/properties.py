@@ -181,8 +181,8 @@ def _compare(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, bound: n
         # Note [Hull fallback]: how many elements the convex-hull bound judged (the first-order
         # budget was vacuous there)
         metrics[f"hull_{name}"] = float(v.n_hull)
-    judged = None if model_ctx is None else {"actual": actual, "allow": np.asarray(bound) + np.asarray(budget),
-                                             "ctx": model_ctx}
+    judged = None if model_ctx is None else {"actual": actual, "ref": ref,
+                                             "allow": np.asarray(bound) + np.asarray(budget), "ctx": model_ctx}
     return _outcome(prop, v, np.shape(ref), problem, undecided, ftz_floor=ftz_floor, pass_=pass_, judged=judged)
 
 
@@ -275,7 +275,7 @@ def _check_finite(prop: str, name: str, actual: np.ndarray, ref: np.ndarray, pro
                       {f"nonfinite_{name}": int(bad.sum()), "quantity": name})
         v.over_indices = np.argwhere(bad)        # what a known issue must explain
         if model_ctx is not None:                # Note [Known issues with a model]: any finite value
-            v.judged = {"actual": actual, "allow": np.inf, "ctx": model_ctx}
+            v.judged = {"actual": actual, "ref": ref, "allow": np.inf, "ctx": model_ctx}
         _fail(v)
 
 
