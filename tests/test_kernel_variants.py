@@ -63,6 +63,11 @@ def test_the_variants_round_13_found_unreached_are_run_now(sm90):
         p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=200, seqlen_k=200, nheads=2, nheads_kv=2,
                              head_dim=hd, head_dim_v=hd, causal=causal)
         assert bwd_variant(p, False) in have and bwd_variant(p, True) in have
+    # and the PackGQA forward at hd 192 / hdv 128 (the 128 x 128 tile of hd 128, at another shape)
+    from fa4verify.problem import AttentionProblem
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=200, seqlen_k=200, nheads=4, nheads_kv=2,
+                         head_dim=192, head_dim_v=128)
+    assert fwd_variant(p) in have and fwd_variant(p) not in reached(ran)
     # they were not reached before (what the variant edges add), and each edge names its variant
     before = reached(ran)
     assert any(v not in before for _n, p, _b, d in extra for v in (fwd_variant(p), bwd_variant(p, d)))

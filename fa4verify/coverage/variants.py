@@ -9,12 +9,16 @@ store of O (``tile_m % qhead_per_kvhead == 0``), and in the backward GQA accumul
 deterministic dQ order. A fault inside code only one such combination compiles is visible only if
 some audit call compiles it. Red-team round 13 (``docs/results/redteam13/``) found nine backward
 and two forward combinations no call of the default audit reached at seed 0 -- among them FA4's
-default GPT-style training call (hd 64, causal, MHA, ``deterministic=False``) and every
-non-deterministic hd-256 backward -- though each of their branch sides was reached on its own.
+default GPT-style training call (hd 64, causal, MHA, ``deterministic=False``), every
+non-deterministic hd-256 backward and the PackGQA forward at hd 192 / hdv 128 -- though each of
+their branch sides was reached on its own. At seed 0 the SM90 bf16 audit's rows and edges reach
+140 variants and 30 more calls reach the rest.
 
 :func:`variant_edges` decides this by construction: it enumerates the combinations of the
 space's head-dim classes, masks, GQA ratios and deterministic modes on a dense call, keys each by
-the variant FA4's own host functions give (:func:`fwd_variant`, :func:`bwd_variant`), takes away
+the variant FA4's own host functions give (:func:`fwd_variant`, :func:`bwd_variant`: the tile
+configuration, mask mode, PackGQA or GQA, deterministic mode, and the head-dim relations the
+kernels specialise on: hd == hdv, hd > 128, hdv > 128), takes away
 the variants the plan's rows and the constructed edges already run, and adds one small call per
 variant left (``variant_fwd_...`` / ``variant_bwd_...``). SM90 only (the SM 10.x kernels choose by
 other rules; their variants are not modelled here)."""
@@ -45,6 +49,13 @@ def _resolved(problem: Any) -> tuple[bool, bool]:
     return bool(causal), bool(local)
 
 
+def _shape(problem: Any) -> tuple[bool, bool, bool]:
+    """The head-dim relations the kernels specialise on beside their tile configuration: hd ==
+    hdv (the V / O tiles are Q / K's), hd > 128 and hdv > 128 (a second O rescale before the
+    P V GEMM, ``rescale_O_before_gemm``; 256-wide smem atoms)."""
+    return problem.head_dim == problem.head_dim_v, problem.head_dim > 128, problem.head_dim_v > 128
+
+
 def fwd_variant(problem: Any) -> Optional[tuple]:
     """The SM90 forward kernel variant of ``problem``: (FA4's ``FwdConfig`` fields, mask mode,
     PackGQA, TMA for Q/O under PackGQA); None off SM90 or without FA4."""
@@ -64,7 +75,7 @@ def fwd_variant(problem: Any) -> Optional[tuple]:
     g = problem.nheads // problem.nheads_kv
     packed = g > 1 and not (call is not None and call.pack_gqa is False)
     return ("fwd", (cfg.m_block_size, cfg.n_block_size, bool(cfg.mma_pv_is_rs), bool(cfg.intra_wg_overlap)),
-            _mode(causal, local), packed, (not packed) or cfg.m_block_size % g == 0)
+            _mode(causal, local), packed, (not packed) or cfg.m_block_size % g == 0, _shape(problem))
 
 
 def bwd_variant(problem: Any, deterministic: bool) -> Optional[tuple]:
@@ -89,7 +100,8 @@ def bwd_variant(problem: Any, deterministic: bool) -> Optional[tuple]:
     fields = (cfg.m_block_size, cfg.n_block_size, cfg.num_stages_Q, cfg.num_stages_dO, cfg.num_stages_PdS,
               bool(cfg.SdP_swapAB), bool(cfg.dKV_swapAB), bool(cfg.dQ_swapAB), cfg.AtomLayoutMSdP,
               cfg.AtomLayoutNdKV, cfg.AtomLayoutMdQ, cfg.num_wg, bool(cfg.dQ_single_wg))
-    return ("bwd", fields, _mode(bool(causal), bool(local)), problem.nheads > problem.nheads_kv, bool(deterministic))
+    return ("bwd", fields, _mode(bool(causal), bool(local)), problem.nheads > problem.nheads_kv, bool(deterministic),
+            _shape(problem))
 
 
 def reached(cases: list[tuple[Any, bool, bool]]) -> set[tuple]:
@@ -144,5 +156,6 @@ def variant_edges(space: FeatureSpace, cases: list[tuple[Any, bool, bool]], *, s
                         continue
                     have.update(want)
                     tag = "_".join(_tag(v) for v in want)
-                    out.append((f"variant_{tag}", p, bwd, det == "on"))
+                    out.append((f"variant_d{p.head_dim}" + (f"x{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
+                                + f"_{tag}", p, bwd, det == "on"))
     return out
