@@ -725,7 +725,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "scripts/gpu_triage_case.py (docs/results/h200/triage/): fails at page sizes 8, 16, 32, 64, 128, "
         "without the sink, batched q, each sequence alone, one head, other values, and at hd 80; passes "
         "unpaged, at page size 144, causal, with a window, and at hd 64 / 112 / 128 paged (FA4 refuses paged "
-        "KV at hd 72 and 88: 'irregular head dim')",
+        "KV at hd 72 and 88: 'irregular head dim'). Root cause (CPU, source and PTX, twenty-fourth session, "
+        "docs/results/paged_tile144/): the cp.async PagedKVManager copies a 144-row tile in waves of 64 (hd 80) "
+        "or 32 (hd 96) rows, so its last wave writes 48 / 16 rows past the tile, checked against seqlen_k only "
+        "(paged_kv.py), into the swizzled smem of row j (and past the stage: V into sQ); a float64 model with "
+        "switches for the races it leaves open reproduces the triage's worst elements to 0.01-0.04",
         _sm90_paged_tile144_fwd, targets=("production",)),
     KnownIssue(
         "sm90_varlen_sparse_kv_stride",
