@@ -385,6 +385,38 @@ def sm90_dq_accum_roundings() -> dict[str, Any]:
             "source": str(d)}
 
 
+@functools.lru_cache(maxsize=1024)
+def sm90_fwd_variant_config(head_dim: int, head_dim_v: int, causal: bool, local: bool,
+                            block: Optional[tuple[int, int]] = None) -> Optional[tuple[int, int, bool, bool]]:
+    """FA4's own SM90 forward configuration (``_tile_size_fwd_sm90``, fitted to a block-sparse
+    ``block`` (q, kv) by ``_fit_sm90_fwd_tile_to_block_sparsity``): ``(tile_m, tile_n,
+    mma_pv_is_rs, intra_wg_overlap)``; None without FA4 (Note [Kernel variants])."""
+    try:
+        from flash_attn.cute.interface import _fit_sm90_fwd_tile_to_block_sparsity, _tile_size_fwd_sm90
+        c = _tile_size_fwd_sm90(head_dim, head_dim_v, causal, local, sparse_block_size_q=block[0] if block else None)
+        if block:
+            c = _fit_sm90_fwd_tile_to_block_sparsity(c, block[0], block[1])
+    except Exception:  # noqa: BLE001 - FA4 import needs the CuTe DSL
+        return None
+    return int(c.m_block_size), int(c.n_block_size), bool(c.mma_pv_is_rs), bool(c.intra_wg_overlap)
+
+
+@functools.lru_cache(maxsize=1024)
+def sm90_bwd_variant_config(head_dim: int, head_dim_v: int, causal: bool, local: bool,
+                            sparse_q: Optional[int] = None) -> Optional[tuple]:
+    """Every field of FA4's own SM90 backward configuration (``_tile_size_bwd_sm90``, with a
+    block-sparse ``sparse_q``): tiles, stages, the three swapAB flags, the atom layouts, the MMA
+    warpgroups and the single dQ warpgroup; None without FA4 (Note [Kernel variants])."""
+    try:
+        from flash_attn.cute.interface import _tile_size_bwd_sm90
+        c = _tile_size_bwd_sm90(head_dim, head_dim_v, causal, local, sparse_block_size_q=sparse_q)
+    except Exception:  # noqa: BLE001
+        return None
+    return (int(c.m_block_size), int(c.n_block_size), int(c.num_stages_Q), int(c.num_stages_dO),
+            int(c.num_stages_PdS), bool(c.SdP_swapAB), bool(c.dKV_swapAB), bool(c.dQ_swapAB), int(c.AtomLayoutMSdP),
+            int(c.AtomLayoutNdKV), int(c.AtomLayoutMdQ), int(c.num_wg), bool(c.dQ_single_wg))
+
+
 @functools.lru_cache(maxsize=256)
 def sm90_bwd_tile_config(head_dim: int, head_dim_v: int, causal: bool = False,
                          local: bool = False) -> Optional[tuple[int, int, int, int, int]]:

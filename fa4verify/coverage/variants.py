@@ -58,48 +58,40 @@ def _shape(problem: Any) -> tuple[bool, bool, bool]:
 
 def fwd_variant(problem: Any) -> Optional[tuple]:
     """The SM90 forward kernel variant of ``problem``: (FA4's ``FwdConfig`` fields, mask mode,
-    PackGQA, TMA for Q/O under PackGQA); None off SM90 or without FA4."""
+    PackGQA, TMA for Q/O under PackGQA, the head-dim relations); None off SM90 or without FA4."""
+    from fa4verify.kernels.fa4_params import sm90_fwd_variant_config
     if problem.arch != "sm90":
-        return None
-    try:
-        from flash_attn.cute.interface import _fit_sm90_fwd_tile_to_block_sparsity, _tile_size_fwd_sm90
-    except Exception:  # noqa: BLE001 - no FA4: nothing to key by
         return None
     causal, local = _resolved(problem)
     call = problem.call
     block = getattr(call, "block_size", None) if call is not None else None
-    cfg = _tile_size_fwd_sm90(problem.head_dim, problem.head_dim_v, causal, local,
-                              sparse_block_size_q=block[0] if block else None)
-    if block:
-        cfg = _fit_sm90_fwd_tile_to_block_sparsity(cfg, block[0], block[1])
+    cfg = sm90_fwd_variant_config(problem.head_dim, problem.head_dim_v, causal, local,
+                                  tuple(block) if block else None)
+    if cfg is None:
+        return None
     g = problem.nheads // problem.nheads_kv
     packed = g > 1 and not (call is not None and call.pack_gqa is False)
-    return ("fwd", (cfg.m_block_size, cfg.n_block_size, bool(cfg.mma_pv_is_rs), bool(cfg.intra_wg_overlap)),
-            _mode(causal, local), packed, (not packed) or cfg.m_block_size % g == 0, _shape(problem))
+    return ("fwd", cfg, _mode(causal, local), packed, (not packed) or cfg[0] % g == 0, _shape(problem))
 
 
 def bwd_variant(problem: Any, deterministic: bool) -> Optional[tuple]:
     """The SM90 backward kernel variant of ``problem``: (FA4's ``BwdConfig`` fields, mask mode, GQA
-    accumulation, deterministic); None off SM90 or without FA4. The backward keeps ``causal``
-    passed with a mask_mod (known issue ``mask_mod_causal_bwd``)."""
+    accumulation, deterministic, the head-dim relations); None off SM90 or without FA4. The
+    backward keeps ``causal`` passed with a mask_mod (known issue ``mask_mod_causal_bwd``)."""
+    from fa4verify.kernels.fa4_params import sm90_bwd_variant_config
+    from fa4verify.problem import resolve_window
     if problem.arch != "sm90":
         return None
-    try:
-        from flash_attn.cute.interface import _tile_size_bwd_sm90
-    except Exception:  # noqa: BLE001
-        return None
-    from fa4verify.problem import resolve_window
     causal, local = _resolved(problem)
     if problem.call is not None and problem.call.mask_causal:
         causal, local = True, False
     elif problem.mods and problem.mod_pairs()[1] is None:            # a score pair only: the window stays
         causal, local, _, _ = resolve_window(problem.causal, problem.window_size)
     block = getattr(problem.call, "block_size", None) if problem.call is not None else None
-    cfg = _tile_size_bwd_sm90(problem.head_dim, problem.head_dim_v, causal, local,
-                              sparse_block_size_q=block[0] if block else None)
-    fields = (cfg.m_block_size, cfg.n_block_size, cfg.num_stages_Q, cfg.num_stages_dO, cfg.num_stages_PdS,
-              bool(cfg.SdP_swapAB), bool(cfg.dKV_swapAB), bool(cfg.dQ_swapAB), cfg.AtomLayoutMSdP,
-              cfg.AtomLayoutNdKV, cfg.AtomLayoutMdQ, cfg.num_wg, bool(cfg.dQ_single_wg))
+    fields = sm90_bwd_variant_config(problem.head_dim, problem.head_dim_v, bool(causal), bool(local),
+                                     block[0] if block else None)
+    if fields is None:
+        return None
     return ("bwd", fields, _mode(bool(causal), bool(local)), problem.nheads > problem.nheads_kv, bool(deterministic),
             _shape(problem))
 
