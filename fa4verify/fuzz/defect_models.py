@@ -169,48 +169,79 @@ def score_mod_gqa_indices(problem: AttentionProblem, a: Mapping[str, Any], dout:
                           score_fwd=_plain_score(problem, a), score_bwd=mapped)
 
 
+#: the log2 units around FA4's overflow exponent (128) inside which a row's sink fold may go
+#: either way: the fp32 rounding of its exponent and of FA4's row max (bf16-level logits)
+SINK_EDGE = 0.5
+
+
 def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optional[np.ndarray],
                   dlse: Optional[np.ndarray]) -> Optional[dict[str, np.ndarray]]:
-    """Known issue ``sink_rowsum_overflow``: in a row whose sink lies >= 126 log2 units above
-    every visible logit FA4's sink fold overflows fp32, so its LSE is +inf and O is 0 exactly;
-    the backward then recomputes ``P = exp2(S - inf) = 0`` for that row and takes ``D = rowsum(dO
-    * 0)``, so the row gives nothing to dK and dV and its dQ is 0: the oracle's gradients with
-    that row's dO (and dLSE) set to zero. Every other row is the oracle's. Where SM100's lazy
-    rescale leaves the band uncertain (a row overflows with a lagging running max but not with an
-    exact one), and on a split-KV call, None."""
+    """Known issue ``sink_rowsum_overflow``: where a row's sink fold exponent ``sink*log2e -
+    row_max*scale_log2 + max_offset`` reaches 128 the fold overflows fp32, so its LSE is +inf and O
+    is 0 exactly; the backward then recomputes ``P = exp2(S - inf) = 0`` for that row and takes
+    ``D = rowsum(dO * 0)``, so the row gives nothing to dK and dV and its dQ is 0: the oracle's
+    gradients with that row's dO (and dLSE) set to zero. A row within :data:`SINK_EDGE` of the
+    edge (or within SM100's lazy-rescale lag below it) may go either way: unknown there (NaN:
+    absorbed), and its gradient's reach with it. Every other row is the oracle's (an H100 run of
+    the plan's sink rows at 2026-12-06 found rows between 126 and 128 log2 units finite, which the
+    configuration rule's band had counted in). None on a split-KV call."""
     from fa4verify import judge
-    from fa4verify.fuzz.known_issues import _sink_overflow_rows, _token_bounds
+    from fa4verify.fuzz.known_issues import sink_gap
     if not problem.sink or (problem.call is not None and problem.call.num_splits > 1):
         return None
-    rows = _sink_overflow_rows(problem, a, lag=False)
-    if not rows.any() or (_sink_overflow_rows(problem, a, lag=True) != rows).any():
+    gap, kc = sink_gap(problem, a)
+    edge = 128.0 - float(kc.max_offset)
+    with np.errstate(invalid="ignore"):
+        over = np.isfinite(gap) & (gap >= edge + SINK_EDGE)
+        maybe = np.isfinite(gap) & ~over & (gap >= edge - SINK_EDGE - float(kc.rescale_threshold))
+    if not (over.any() or maybe.any()):
         return None
     fw = judge.oracle_forward(problem, a)
     out, lse = np.array(fw.out, np.float64), np.array(fw.lse, np.float64)
-    tq = rows.shape[0]
-    tok, head = np.nonzero(rows)
-    o_t = out.reshape((tq,) + out.shape[-2:])
-    o_t[tok, head] = 0.0
-    if problem.varlen:                          # LSE (h, t)
-        lse[head, tok] = np.inf
-    else:                                       # LSE (b, h, s)
-        lse[tok // problem.seqlen_q, head, tok % problem.seqlen_q] = np.inf
-    res = {"out": o_t.reshape(out.shape), "lse": lse}
+    tq = gap.shape[0]
+
+    def rows_of(x, mask, value):          # x in (token, head, ...) view: dense (b, s, h, d), varlen (t, h, d)
+        v = x.reshape((tq,) + x.shape[-2:])
+        v[mask] = value
+        return v.reshape(x.shape)
+
+    def lse_of(x, mask, value):           # LSE: varlen (h, t), dense (b, h, s)
+        tok, head = np.nonzero(mask)
+        if problem.varlen:
+            x[head, tok] = value
+        else:
+            x[tok // problem.seqlen_q, head, tok % problem.seqlen_q] = value
+        return x
+
+    out = rows_of(rows_of(out, over, 0.0), maybe, np.nan)
+    lse = lse_of(lse_of(lse, over, np.inf), maybe, np.nan)
+    res = {"out": out, "lse": lse}
     if dout is None:
         return res
-    do = np.array(dout, np.float32)
-    do_t = do.reshape((tq,) + do.shape[-2:])
-    do_t[tok, head] = 0.0
+    do = rows_of(rows_of(np.array(dout, np.float64), over, 0.0), maybe, np.nan)
     dl = None
     if dlse is not None:
-        dl = np.array(dlse, np.float32)
-        if problem.varlen:
-            dl[head, tok] = 0.0
-        else:
-            dl[tok // problem.seqlen_q, head, tok % problem.seqlen_q] = 0.0
-    ob = judge.oracle_backward(problem, dict(a, dout=do_t.reshape(do.shape)), dlse=dl)
-    res.update({n: np.asarray(getattr(ob, n), np.float64) for n in ("dq", "dk", "dv")})
+        dl = lse_of(lse_of(np.array(dlse, np.float64), over, 0.0), maybe, np.nan)
+    finite = dict(a, dout=np.nan_to_num(do, nan=0.0).astype(np.float32))
+    ob = judge.oracle_backward(problem, finite, dlse=None if dl is None else np.nan_to_num(dl, nan=0.0).astype(np.float32))
+    grads = {n: np.asarray(getattr(ob, n), np.float64).copy() for n in ("dq", "dk", "dv")}
+    if maybe.any():                       # an uncertain row: its dQ, and every key its KV head's group sees
+        grads["dq"] = rows_of(grads["dq"], maybe, np.nan)
+        g = problem.nheads // problem.nheads_kv
+        for i, (q0, lq, k0, lk) in enumerate(_bounds(problem)):
+            for hk in range(problem.nheads_kv):
+                if maybe[q0:q0 + lq, hk * g:(hk + 1) * g].any():
+                    for n in ("dk", "dv"):
+                        kv = grads[n].reshape((-1,) + grads[n].shape[-2:])
+                        kv[k0:k0 + lk, hk] = np.nan
+    res.update(grads)
     return res
+
+
+def _bounds(problem: AttentionProblem) -> list[tuple[int, int, int, int]]:
+    """(q_start, q_len, k_start, k_len) per sequence on the token axis (dense: batch-major)."""
+    from fa4verify.fuzz.known_issues import _token_bounds
+    return _token_bounds(problem)
 
 
 def sm90_dq_misread(problem: AttentionProblem, a: Mapping[str, Any], dout: Optional[np.ndarray],

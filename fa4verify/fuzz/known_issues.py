@@ -29,24 +29,21 @@ class KnownIssue:
     model: Optional[Callable[..., Optional[dict]]] = None
 
 
-def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag: bool = True) -> np.ndarray:
-    """Boolean (token, head) array: rows whose sink exceeds the largest visible logit by >= 126
-    log2 units (less FA4's ``max_offset``, 8 for fp8 on SM100), where ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold overflows fp32.
-    FA4's ``row_max`` there is its running max, which SM100's lazy rescale leaves up to the
-    rescale threshold below the largest logit (``facts.kernel_constants``: 8 log2 units for 16-bit
-    inputs, 0 on SM90 and on the dedicated SM100 hd-256 forward of 4.0.0b20..b33): the band is widened by that lag (found by the
-    twin on the plan's varlen block-sparse rows with sinks and negative scores: LSE = +inf at a
-    gap of 121.8 log2 units). ``lag=False``: the band of an exact running max (126 log2 units)."""
-    tq = sum(lq for _, lq, _, _ in _token_bounds(problem))
-    rows = np.zeros((tq, problem.nheads), bool)
-    if not problem.sink:
-        return rows
+def sink_gap(problem: AttentionProblem, a: Mapping[str, Any]) -> tuple[np.ndarray, Any]:
+    """Float (token, head) array: how far each row's sink lies above its largest visible logit, in
+    log2 units (``-inf`` for a row with no key; NaN without a sink), and the forward kernel's
+    constants (its ``max_offset`` and ``rescale_threshold``). FA4's sink fold computes
+    ``exp2(sink*log2e - row_max*scale_log2)`` (plus ``max_offset``), which overflows fp32 once the
+    exponent reaches 128. Note [Split-KV as a call form]: a split call folds the sink in its first
+    split, against the running max of that split's keys alone."""
     from fa4verify.judge.attention import effective_inputs
     from fa4verify.kernels import facts
+    tq = sum(lq for _, lq, _, _ in _token_bounds(problem))
     kc = facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
                                 bool(problem.causal), problem.local)
-    # the fold adds max_offset (fp8 on SM100: 8) to the exponent: that much less gap overflows
-    band = 126.0 - float(kc.max_offset) - (kc.rescale_threshold if lag else 0.0)
+    gap = np.full((tq, problem.nheads), np.nan)
+    if not problem.sink:
+        return gap, kc
     a = effective_inputs(problem, a)       # Note [FP8 descales]: the logits of the descaled inputs
     sink = np.asarray(a["learnable_sink"], np.float64)
     q = np.asarray(a["q"], np.float64)
@@ -54,14 +51,15 @@ def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag:
     q, k = q.reshape((-1,) + q.shape[-2:]), k.reshape((-1,) + k.shape[-2:])
     g = problem.nheads // problem.nheads_kv
     per = {h: problem.keep_masks(head=h) for h in (range(problem.nheads) if problem.heads_differ else (0,))}
-    # Note [Split-KV as a call form]: a split call folds the sink in its first split, against the
-    # running max of that split's keys alone
     first = None
     if problem.call is not None and problem.call.num_splits > 1:
         from fa4verify.targets import split_kv_ranges
         first = split_kv_ranges(problem)[0]
     for i, (q0, lq, k0, lk) in enumerate(_token_bounds(problem)):
-        if lq == 0 or lk == 0:
+        if lq == 0:
+            continue
+        if lk == 0:
+            gap[q0:q0 + lq] = -np.inf
             continue
         for h in range(problem.nheads):
             keep = per[h if problem.heads_differ else 0][i]
@@ -71,8 +69,25 @@ def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag:
             if problem.softcap > 0:
                 y = problem.softcap * np.tanh(y / problem.softcap)
             m = np.max(np.where(keep, y, -np.inf), axis=1)
-            rows[q0:q0 + lq, h] = np.isfinite(m) & ((sink[h] - m) * math.log2(math.e) >= band)
-    return rows
+            with np.errstate(invalid="ignore"):
+                gap[q0:q0 + lq, h] = np.where(np.isfinite(m), (sink[h] - m) * math.log2(math.e), -np.inf)
+    return gap, kc
+
+
+def _sink_overflow_rows(problem: AttentionProblem, a: Mapping[str, Any], *, lag: bool = True) -> np.ndarray:
+    """Boolean (token, head) array: rows whose sink exceeds the largest visible logit by >= 126
+    log2 units (less FA4's ``max_offset``, 8 for fp8 on SM100), where ``exp2(sink*log2e - row_max*scale_log2)`` in FA4's sink fold overflows fp32.
+    FA4's ``row_max`` there is its running max, which SM100's lazy rescale leaves up to the
+    rescale threshold below the largest logit (``facts.kernel_constants``: 8 log2 units for 16-bit
+    inputs, 0 on SM90 and on the dedicated SM100 hd-256 forward of 4.0.0b20..b33): the band is widened by that lag (found by the
+    twin on the plan's varlen block-sparse rows with sinks and negative scores: LSE = +inf at a
+    gap of 121.8 log2 units). ``lag=False``: the band of an exact running max (126 log2 units).
+    A superset: FA4 overflows only where the exponent reaches 128 (measured on an H100, 2026-12-06:
+    plan row 17's row (0, 0, 6) inside this band kept a finite LSE; :func:`sink_gap`)."""
+    gap, kc = sink_gap(problem, a)
+    band = 126.0 - float(kc.max_offset) - (kc.rescale_threshold if lag else 0.0)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(gap) & (gap >= band)
 
 
 def _sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -815,6 +830,15 @@ def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any
     if callable(ref):           # a map of the oracle's values and allowances (the misread accumulator)
         ref, allow = ref(np.asarray(j["ref"], np.float64), np.broadcast_to(allow, np.shape(j["ref"])))
         slack = 0.0
+    elif quantity == "dq":
+        # Note [The misread accumulator] applies to whatever dQ the kernel accumulated, a defect's
+        # too: measured on an H100 (2026-12-06), plan row 114 (alibi under GQA at hd 72) returns the
+        # misread of the score-index defect's dQ
+        if "misread" not in models:
+            models["misread"] = defect_models.sm90_dq_misread(problem, a, None, None)
+        if models["misread"] is not None:
+            ref, allow = models["misread"]["dq"](np.asarray(ref, np.float64),
+                                                 np.broadcast_to(allow, np.shape(ref)))
     act = np.asarray(j["actual"], np.float64).reshape(ref.shape)
     out = outside_model(act, ref, np.broadcast_to(allow, ref.shape), slack)
     if not out.any():
