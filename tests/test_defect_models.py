@@ -325,3 +325,39 @@ def test_a_dq_model_goes_through_the_misread_accumulator():
     v.judged["ref"] = right["dq"]
     assert match_known_issue(p, v, a, target="production") is None
     assert v.over_indices.tolist() == [[0, 70, 1, c] for c in range(72)]
+
+
+def test_the_score_head_edge_judges_heads_a_head_mapping_fault_moves():
+    """Edge score_head_gqa (alibi, GQA 8/4): under FA4's mapping query heads 0..3 stay inside the
+    slopes, so the model judges their dQ and KV heads 0 and 1's dK / dV; round 12's F2 (head h +
+    r % g), missed on an H100 at 985b9b8 where no plan row had such a head, moves them."""
+    from fa4verify.coverage import cases, space
+    p = {n: q for n, q, _b in cases.edge_problems(space.space_for("sm90", "bf16"))}["score_head_gqa"]
+    p = p.replace(seqlen_q=40, seqlen_k=40)          # the same heads, a CPU-sized oracle
+    a = _arr(p)
+    model = dm.score_mod_gqa_indices(p, a, a["dout"], None)
+    assert np.isfinite(model["dq"][:, :, :4]).all() and np.isnan(model["dq"][:, :, 4:]).all()
+    assert np.isfinite(model["dk"][:, :, :2]).all() and np.isnan(model["dk"][:, :, 2:]).all()
+    from fa4verify import mods
+    score = p.mod_pairs()[0]
+    aux = mods.aux_for(p, score, a)
+    ki_ = np.arange(40)[None, :]
+
+    def f2(b, h, rows, x):
+        y, fp = np.empty_like(x), np.empty_like(x)
+        for r in rows:
+            hh, qq = h + int(r) % 2, np.array([[int(r) // 2]])
+            try:
+                y[r] = score.ref(x[r:r + 1].copy(), b, hh, qq, ki_, aux)
+                fp[r] = np.broadcast_to(score.grad(x[r:r + 1].copy(), b, hh, qq, ki_, aux), (1, 40))
+            except IndexError:        # head 8: past the slopes (whatever memory; 9.0 here)
+                y[r] = fp[r] = 9.0
+        return y, fp
+    keep = dm._keeps(p, a)
+    got = dm.model_backward(p, a, a["dout"], None, keep_fwd=keep, keep_bwd=keep,
+                            score_fwd=dm._plain_score(p, a), score_bwd=f2)
+    right = _grads(p, a)
+    for n, heads in (("dq", {1, 2, 3}), ("dk", {0, 1})):
+        v = _violation(n, got[n], right[n], np.full(right[n].shape, 1e-4), a["dout"])
+        assert match_known_issue(p, v, a, target="production") is None, n
+        assert set(v.over_indices[:, 2].tolist()) == heads, n
