@@ -930,7 +930,8 @@ CATALOGUE: tuple[SourceMutant, ...] = (
         "fwd", ("out", "lse")),
     SourceMutant(
         "block_sparse_broadcast_not_keyed",
-        "the block tensors' broadcast (stride-0) pattern left out of the forward's compile key",
+        "the block tensors' broadcast (stride-0) pattern left out of the forward's compile key (measured "
+        "on an H100, 2026-12-06: the reused kernel reads the lists' strides at run time, no value changes)",
         (Edit("interface.py",
               "        use_block_sparsity,\n        block_sparse_broadcast_pattern,\n        tensor_broadcast_patterns,\n"
               "        aux_tensor_metadata,\n",

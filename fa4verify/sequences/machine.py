@@ -180,7 +180,11 @@ class SequenceProductionTarget(ProductionTarget):
 # differs in ``pack_gqa`` anyway. The layout ``block_broadcast`` passes a call's lists shared
 # (refused when they differ by entry); the constructed sequence follows such a call with one of
 # lists per batch entry and head (:func:`constructed_calls`), and the keyed twin models the stale
-# kernel (:class:`KeyedTwinTarget`, ``drop=("block_broadcast",)``).
+# kernel (:class:`KeyedTwinTarget`, ``drop=("block_broadcast",)``). Measured on an H100
+# (2026-12-06, docs/results/h100/session24_985b9b8/): with the pattern planted out of FA4's forward
+# key the second call did reuse the first's kernel and was right -- the kernel reads the lists'
+# strides at run time, so on 4.0.0b36 that fault changes no value and the twin's stale kernel is a
+# model of the machine's reach, not of FA4.
 def _require_shared_lists(problem: AttentionProblem) -> None:
     """HarnessError unless ``problem`` has one set of block lists for every batch entry and head
     (what layout ``block_broadcast`` passes once)."""
