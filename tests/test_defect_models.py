@@ -361,3 +361,21 @@ def test_the_score_head_edge_judges_heads_a_head_mapping_fault_moves():
         v = _violation(n, got[n], right[n], np.full(right[n].shape, 1e-4), a["dout"])
         assert match_known_issue(p, v, a, target="production") is None, n
         assert set(v.over_indices[:, 2].tolist()) == heads, n
+
+
+def test_the_gqa_dkdv_issue_records_its_shadow_model_and_still_absorbs():
+    """sm90_gqa_dkdv_accum_hdim_rounding carries the dK / dV map only as a shadow until measured:
+    the configuration rule absorbs, the violation says whether it lies within the map."""
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=100, seqlen_k=150, nheads=4, nheads_kv=2,
+                         head_dim=40, head_dim_v=40)
+    a = _arr(p)
+    right = _grads(p, a)["dk"]
+    allow = np.full(right.shape, 1e-4)
+    fa4, _ = dm.sm90_dkv_misread(p, a, None, None)["dk"](right, allow)
+    assert np.array_equal(fa4[:, :64], right[:, :64]) and not np.allclose(fa4[:, 64:], right[:, 64:])
+    for got, says in ((fa4, "configuration; shadow model within"), (fa4 + 1.0, "configuration; shadow model outside")):
+        v = _violation("dk", got, right, allow, a["dout"])
+        v.judged["ref"] = right
+        ki = match_known_issue(p, v, a, target="production")
+        assert ki is not None and ki.name == "sm90_gqa_dkdv_accum_hdim_rounding"
+        assert v.metrics["known_model"].startswith(says)

@@ -244,41 +244,42 @@ def _bounds(problem: AttentionProblem) -> list[tuple[int, int, int, int]]:
     return _token_bounds(problem)
 
 
-def sm90_dq_misread(problem: AttentionProblem, a: Mapping[str, Any], dout: Optional[np.ndarray],
-                    dlse: Optional[np.ndarray]) -> Optional[dict[str, Any]]:
-    """Known issue ``sm90_dq_accum_hdim_rounding``: FA4's postprocess returns at each dQ element
-    the true accumulator element Note [The misread accumulator] names
-    (:func:`fa4verify.kernels.fa4_params.sm90_accum_misread`), or 0 where it reads memory never
-    written: the model is that map of the oracle's dQ, with the allowance of the element read
-    (its own rounding), and 0 within the element's own allowance where FA4 reads the zeroed buffer. Checked against the H200's
-    recorded dQ of ``tests/regressions/bwd_budget-twin-ftz-floor.json`` (dq[1, 72, 0, 3] = -27.75,
-    the twin's value of the element the map names; the largest error 3232 both there and in the
-    model). Dense and packed varlen calls at the pinned tiles of 64 rows or more; None with
-    batched Q (seqused_q), block sparsity, or where the pinned roundings agree."""
+def _misread_map(problem: AttentionProblem, rows: str) -> Optional[Callable]:
+    """Note [The misread accumulator] as a map of (values, allowances) of the tensor whose rows are
+    ``rows`` ("q": dQ, the M tile; "k": GQA dK / dV, the N tile), on SM90 where the pinned roundings
+    differ (plain path); None with batched or used-length Q/K, block sparsity, hd != hdv, or where
+    they agree."""
     from fa4verify.kernels import facts, fa4_params
     from fa4verify.problem import resolve_window
     call = problem.call
-    if (problem.arch != "sm90" or problem.head_dim_v != problem.head_dim
-            or (call is not None and (call.q_batched or call.seqused_q or call.block_size is not None))):
+    if call is not None:
+        other = ((call.q_batched or call.seqused_q) if rows == "q"
+                 else (call.seqused_k or call.kv_packed or call.page_size is not None))
+        if other or call.block_size is not None:
+            return None
+    if problem.arch != "sm90" or problem.head_dim_v != problem.head_dim:
         return None
     causal, local, _, _ = resolve_window(problem.causal, problem.window_size)
     r = fa4_params.sm90_dq_accum_mismatch(problem.head_dim, problem.head_dim_v, causal=bool(causal), local=bool(local))
     if not (r.get("mismatch") and r.get("pinned_mismatch")) or r.get("dKV_swapAB"):
         return None
-    tile = facts.sm90_bwd_tile(problem.head_dim, problem.head_dim_v, bool(causal), bool(local))[0]
+    tiles = facts.sm90_bwd_tile(problem.head_dim, problem.head_dim_v, bool(causal), bool(local))
+    tile = tiles[0] if rows == "q" else tiles[1]
     if tile % 64:
         return None
     bounds = problem._seq_bounds()
-    src = fa4_params.sm90_accum_misread([lq for _, lq, _, _ in bounds], problem.head_dim, tile, packed=problem.varlen)
+    lens = [lq if rows == "q" else lk for _, lq, _, lk in bounds]
+    src = fa4_params.sm90_accum_misread(lens, problem.head_dim, tile, packed=problem.varlen)
     # token offsets of each sequence on the (token, head, col) view: dense (b, s, h, d) is flattened
-    start = np.array([q0 for q0, _, _, _ in bounds] if problem.varlen
-                     else [b * problem.seqlen_q for b in range(problem.batch)], np.int64)
+    per = problem.seqlen_q if rows == "q" else problem.seqlen_k
+    start = np.array([(q0 if rows == "q" else k0) for q0, _, k0, _ in bounds] if problem.varlen
+                     else [b * per for b in range(problem.batch)], np.int64)
     dst_t, dst_c, src_t, src_c = [], [], [], []
     for b, s_ in enumerate(src):
-        rows, cols = np.nonzero(s_[..., 0] >= 0)
-        hit = s_[rows, cols]
-        dst_t.append(start[b] + rows)
-        dst_c.append(cols)
+        rr, cc = np.nonzero(s_[..., 0] >= 0)
+        hit = s_[rr, cc]
+        dst_t.append(start[b] + rr)
+        dst_c.append(cc)
         src_t.append(start[hit[:, 0]] + hit[:, 1])
         src_c.append(hit[:, 2])
     dst_t, dst_c, src_t, src_c = (np.concatenate(x) if x else np.zeros(0, np.int64)
@@ -286,15 +287,44 @@ def sm90_dq_misread(problem: AttentionProblem, a: Mapping[str, Any], dout: Optio
 
     def gather(ref: np.ndarray, allow: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shape = ref.shape
-        r = ref.reshape((-1,) + shape[-2:])
+        x = ref.reshape((-1,) + shape[-2:])
         t = np.asarray(allow, np.float64).reshape((-1,) + shape[-2:])
         # where the read lands on the zeroed buffer or a padded row FA4 returns 0 (padded rows add
         # 0 exactly); the element's own allowance is kept there as a hedge on that last claim
-        v, w = np.zeros_like(r), t.copy()
-        v[dst_t, :, dst_c] = r[src_t, :, src_c]
+        v, w = np.zeros_like(x), t.copy()
+        v[dst_t, :, dst_c] = x[src_t, :, src_c]
         w[dst_t, :, dst_c] = t[src_t, :, src_c]
         return v.reshape(shape), w.reshape(shape)
-    return {"dq": gather}
+    return gather
+
+
+def sm90_dq_misread(problem: AttentionProblem, a: Mapping[str, Any], dout: Optional[np.ndarray],
+                    dlse: Optional[np.ndarray]) -> Optional[dict[str, Any]]:
+    """Known issue ``sm90_dq_accum_hdim_rounding``: FA4's postprocess returns at each dQ element
+    the true accumulator element Note [The misread accumulator] names
+    (:func:`fa4verify.kernels.fa4_params.sm90_accum_misread`), or 0 where it reads memory never
+    written: the model is that map of the oracle's dQ, with the allowance of the element read
+    (its own rounding), and 0 within the element's own allowance where FA4 reads the zeroed buffer.
+    Checked against the H200's recorded dQ of ``tests/regressions/bwd_budget-twin-ftz-floor.json``
+    (dq[1, 72, 0, 3] = -27.75, the twin's value of the element the map names; the largest error
+    3232 both there and in the model), and on an H100 (2026-12-06) for 58 violations of 17 plan
+    calls. Dense and packed varlen calls at the pinned tiles of 64 rows or more; None with batched
+    or used-length Q/K, block sparsity, or where the pinned roundings agree."""
+    m = _misread_map(problem, "q")
+    return None if m is None else {"dq": m}
+
+
+def sm90_dkv_misread(problem: AttentionProblem, a: Mapping[str, Any], dout: Optional[np.ndarray],
+                     dlse: Optional[np.ndarray]) -> Optional[dict[str, Any]]:
+    """Known issue ``sm90_gqa_dkdv_accum_hdim_rounding`` (a shadow model: recorded, not yet used to
+    absorb): with GQA FA4 sums dK and dV of a group in fp32 accumulators laid out like dQ's over the
+    keys (N tile; flash_bwd_sm90.py's dKV accumulator epilogue, the same postprocess), so the
+    returned dK / dV would be the same map of the true sums (docs/results/dq_misread/, section 6).
+    Not measured: ``coverage.production`` says per absorbed violation whether it lies within."""
+    if problem.nheads_kv >= problem.nheads:
+        return None
+    m = _misread_map(problem, "k")
+    return None if m is None else {"dk": m, "dv": m}
 
 
 def outside_model(actual: np.ndarray, model: np.ndarray, allow: np.ndarray, slack: float = MODEL_SLACK) -> np.ndarray:
