@@ -12,7 +12,7 @@ and two forward combinations no call of the default audit reached at seed 0 -- a
 default GPT-style training call (hd 64, causal, MHA, ``deterministic=False``), every
 non-deterministic hd-256 backward and the PackGQA forward at hd 192 / hdv 128 -- though each of
 their branch sides was reached on its own. At seed 0 the SM90 bf16 audit's rows and edges reach
-140 variants and 30 more calls reach the rest.
+140 dense variants, and 34 more calls reach the rest (4 of them block-sparse).
 
 :func:`variant_edges` decides this by construction: it enumerates the combinations of the
 space's head-dim classes, masks, GQA ratios and deterministic modes on a dense call, keys each by
@@ -131,23 +131,38 @@ def variant_edges(space: FeatureSpace, cases: list[tuple[Any, bool, bool]], *, s
     have = reached(cases)
     seqlen = _BASE_ROW["seqlen"] if _BASE_ROW["seqlen"] in space.values["seqlen"] else space.values["seqlen"][0]
     out: list[tuple[str, Any, bool, bool]] = []
-    for name in space.values["hd"]:
-        for mask in space.values["mask"]:
-            for gqa in space.values["gqa"]:
-                for det in space.values["det"]:
-                    row = {**_BASE_ROW, "seqlen": seqlen, "hd": name, "mask": mask, "gqa": gqa, "det": det,
-                           "scale": space.values["scale"][0], "values": space.values["values"][0]}
-                    if any(space.why_not({a: row[a], b: row[b]}) is not None
-                           for a in ("form", "hd", "mask", "gqa") for b in ("form", "hd", "mask", "gqa") if a < b):
-                        continue
-                    bwd = space.no_backward({"form": "dense", "hd": name, "gqa": gqa, "mask": mask}) is None
-                    p = problem_for(space, row, 10_000 + len(out), seed=seed)
-                    want = [v for v in (fwd_variant(p), bwd_variant(p, det == "on") if bwd else None)
-                            if v is not None and v not in have]
-                    if not want:
-                        continue
-                    have.update(want)
-                    tag = "_".join(_tag(v) for v in want)
-                    out.append((f"variant_d{p.head_dim}" + (f"x{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
-                                + f"_{tag}", p, bwd, det == "on"))
+    dims = ("form", "hd", "mask", "gqa", "det")
+    for form in (f for f in _FORMS if f in space.values["form"]):
+        for name in space.values["hd"]:
+            for mask in space.values["mask"]:
+                for gqa in space.values["gqa"]:
+                    for det in space.values["det"]:
+                        row = {**_BASE_ROW, "form": form, "seqlen": seqlen, "hd": name, "mask": mask, "gqa": gqa,
+                               "det": det, "scale": space.values["scale"][0], "values": space.values["values"][0]}
+                        if any(space.why_not({a: row[a], b: row[b]}) is not None
+                               for a in dims for b in dims if a < b):
+                            continue
+                        bwd = space.no_backward({"form": form, "hd": name, "gqa": gqa, "mask": mask}) is None
+                        if bwd and det == "on" and form in _NO_DETERMINISTIC:
+                            continue
+                        p = problem_for(space, row, 10_000 + len(out), seed=seed)
+                        want = [v for v in (fwd_variant(p), bwd_variant(p, det == "on") if bwd else None)
+                                if v is not None and v not in have]
+                        if not want:
+                            continue
+                        have.update(want)
+                        tag = "_".join(_tag(v) for v in want)
+                        out.append((f"variant_{_FORMS[form]}d{p.head_dim}"
+                                    + (f"x{p.head_dim_v}" if p.head_dim_v != p.head_dim else "") + f"_{tag}",
+                                    p, bwd, det == "on"))
     return out
+
+
+#: the call forms whose kernel variants are enumerated, and their edge-name prefix: dense, and
+#: block sparsity (its blocks fit FA4's tiles: ``_fit_sm90_fwd_tile_to_block_sparsity``, the
+#: backward's tile_m to the sparse Q block; red-team round 13: a tile_m-64 forward and the hd-256
+#: sparse backward were each reached by one or two seed-drawn rows only)
+_FORMS = {"dense": "", "block_sparse": "bs_"}
+#: forms whose backward FA4 runs without ``deterministic`` only (the SM90 block-sparse backward
+#: asserts it)
+_NO_DETERMINISTIC = ("block_sparse",)
