@@ -1012,6 +1012,34 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               "        causal, window_size_left, window_size_right\n    )\n    if causal:\n        mask_mod = None\n\n"
               "    if arch // 10 == 12:\n"),),
         "bwd", ("dq", "dk", "dv")),
+    SourceMutant(
+        'sm90_bwd_hd64_causal_mha_nondet_dk_scale',
+        "dK scaled by 1 + 2^-7 in the SM90 MHA backward at tile_hdim <= 64, causal, without deterministic (FA4's default hd-64 training call; red-team round 13: no audit call compiled that variant)",
+        (Edit('flash_bwd_sm90.py',
+              '                    acc_dK.store(acc_dK.load() * softmax_scale)',
+              '                    acc_dK.store(acc_dK.load() * (softmax_scale * 1.0078125 if const_expr(self.tile_hdim <= 64 and self.is_causal and self.qhead_per_kvhead == 1 and not self.deterministic) else softmax_scale))'),),
+        'bwd', ('dk',)),
+    SourceMutant(
+        'sm90_bwd_hd256_mha_nondet_dk_scale',
+        'dK scaled by 1 + 2^-7 in the SM90 MHA backward at hd 256 without deterministic (round 13: unreached variant)',
+        (Edit('flash_bwd_sm90.py',
+              '                    acc_dK.store(acc_dK.load() * softmax_scale)',
+              '                    acc_dK.store(acc_dK.load() * (softmax_scale * 1.0078125 if const_expr(self.tile_hdim == 256 and self.qhead_per_kvhead == 1 and not self.deterministic) else softmax_scale))'),),
+        'bwd', ('dk',)),
+    SourceMutant(
+        'sm90_bwd_hd96_causal_mha_dk_scale',
+        'dK scaled by 1 + 2^-7 in the SM90 causal MHA backward with one dQ warpgroup (hd 65-96; round 13: unreached variant)',
+        (Edit('flash_bwd_sm90.py',
+              '                    acc_dK.store(acc_dK.load() * softmax_scale)',
+              '                    acc_dK.store(acc_dK.load() * (softmax_scale * 1.0078125 if const_expr(self.num_wg_dQ == 1 and self.is_causal and self.qhead_per_kvhead == 1) else softmax_scale))'),),
+        'bwd', ('dk',)),
+    SourceMutant(
+        'sm90_fwd_hd192_hdv128_packgqa_scale',
+        'the softmax scale off by 1 + 2^-7 in the SM90 PackGQA forward at hd 192 / hdv 128 on the 128 x 128 tile (round 13: unreached variant)',
+        (Edit('flash_fwd_sm90.py',
+              '        softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(\n            softmax_scale, self.score_mod\n        )',
+              '        softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(\n            softmax_scale * (1.0078125 if (self.pack_gqa and self.tile_hdim == 192 and self.tile_hdimv == 128 and self.tile_n == 128) else 1.0), self.score_mod\n        )'),),
+        'fwd', ('out', 'lse')),
 )
 
 
