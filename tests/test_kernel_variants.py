@@ -58,7 +58,7 @@ def test_the_variants_round_13_found_unreached_are_run_now(sm90):
     non-deterministic hd-256 MHA backward. Each now has a call, run as named."""
     sp, ran, extra = sm90
     have = reached(ran + [(p, b, d) for _n, p, b, d in extra])
-    for hd, causal in ((64, True), (256, False)):
+    for hd, causal in ((64, True), (256, False), (96, True)):       # the catalogued round-13 faults' variants
         from fa4verify.problem import AttentionProblem
         p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=200, seqlen_k=200, nheads=2, nheads_kv=2,
                              head_dim=hd, head_dim_v=hd, causal=causal)
