@@ -103,3 +103,16 @@ def test_a_variant_edge_runs_its_deterministic_mode():
 def test_no_variant_edges_off_sm90():
     sp = space.space_for("sm100", "bf16")
     assert variant_edges(sp, [], seed=0) == []
+
+
+def test_the_coverage_summary_says_how_many_calls_are_for_variants():
+    from fa4verify.audit.registry import CheckResult
+    from fa4verify.checks.coverage import planned_result
+    sp = space.space_for("sm90", "bf16")
+    pl = planner.plan(sp, seed=0)
+    edges = ["edge_a", "variant_x", "variant_y"]
+    head = {"extra": {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": 0, "uncoverable": [],
+                               "edges": edges, "variant_edges": 2}}}
+    outcomes = [{"index": i, "status": "ran", "metrics": {}, "known": []} for i in range(len(pl.rows) + 3)]
+    out = planned_result(CheckResult(status="pass", where="CPU twin", summary="x"), head, outcomes)
+    assert "3/3 constructed edges ran (2 of them for kernel variants no row or other edge compiles)" in out.summary

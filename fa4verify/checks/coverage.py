@@ -191,6 +191,8 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
             out.status = "undecided"
     if cov["edge_cases"]:
         head_line += f"; {len(cov['edge_cases']) - len(edge_holes)}/{len(cov['edge_cases'])} constructed edges ran"
+        if pl.get("variant_edges"):      # Note [Kernel variants]
+            head_line += f" ({pl['variant_edges']} of them for kernel variants no row or other edge compiles)"
     if absorbed:
         flat = [k for ks in absorbed.values() for k in ks]
         within = sum(k["model"] == "within" for k in flat)
