@@ -421,14 +421,10 @@ def sm90_bwd_variant_config(head_dim: int, head_dim_v: int, causal: bool, local:
 def sm90_bwd_tile_config(head_dim: int, head_dim_v: int, causal: bool = False,
                          local: bool = False) -> Optional[tuple[int, int, int, int, int]]:
     """FA4's own SM90 backward tile at these head dims (``_tile_size_bwd_sm90``): ``(m_block,
-    n_block, num_stages_Q, num_stages_dO, num_stages_PdS)``; None without FA4."""
-    try:
-        from flash_attn.cute.interface import _tile_size_bwd_sm90
-        c = _tile_size_bwd_sm90(head_dim, head_dim_v, causal, local)
-    except Exception:  # noqa: BLE001 - FA4 import needs the CuTe DSL
-        return None
-    return (int(c.m_block_size), int(c.n_block_size), int(c.num_stages_Q), int(c.num_stages_dO),
-            int(c.num_stages_PdS))
+    n_block, num_stages_Q, num_stages_dO, num_stages_PdS)``: the first fields of
+    :func:`sm90_bwd_variant_config`; None without FA4."""
+    c = sm90_bwd_variant_config(head_dim, head_dim_v, causal, local)
+    return None if c is None else c[:5]
 
 
 #: Note [Pinned roundings]: the two roundings as flash-attn-4 4.0.0b36 ships them (the lines quoted

@@ -73,42 +73,13 @@ def rel(got, ref) -> float:
 # ---------------------------------------------------------------------------------------------
 
 def bug_model(problem, a: dict, out, lse) -> dict[str, np.ndarray]:
-    """dQ, dK, dV of FA4's SM90 backward as predicted from source: S recomputed with the score
-    pair at ``(head h * g + q % g, q_idx q // g)`` instead of ``(h, q)``, ``score_mod_bwd`` at the
-    same indices, P = exp(y' - LSE) with the forward's (right) LSE, D from the forward's (right)
-    O; masks at the true indices (the backward's mask uses ``qhead_per_kvhead_packgqa=1``). A head
-    index past the aux tensor (an out-of-bounds read on the GPU) gives NaN."""
-    from fa4verify import mods
-    score, _ = problem.mod_pairs()
-    aux = mods.aux_for(problem, score, a)
-    q, k, v, do = (np.asarray(a[n], np.float64) for n in ("q", "k", "v", "dout"))
-    out, lse = np.asarray(out, np.float64), np.asarray(lse, np.float64)
-    g = problem.nheads // problem.nheads_kv
-    sq, sk = problem.seqlen_q, problem.seqlen_k
-    qi, ki = np.arange(sq)[:, None], np.arange(sk)[None, :]
-    keeps = problem.keep_masks(a)
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    for b in range(problem.batch):
-        for h in range(problem.nheads):
-            hk = h // g
-            x = q[b, :, h] @ k[b, :, hk].T * problem.scale
-            y, fp = np.empty_like(x), np.empty_like(x)
-            for r in range(sq):
-                hh, qq = h * g + r % g, np.array([[r // g]])
-                try:
-                    y[r] = score.ref(x[r:r + 1], b, hh, qq, ki, aux)
-                    fp[r] = score.grad(x[r:r + 1], b, hh, qq, ki, aux)
-                except IndexError:
-                    y[r] = fp[r] = np.nan
-            with np.errstate(over="ignore", invalid="ignore"):
-                P = np.where(keeps[b], np.exp(y - lse[b, h][:, None]), 0.0)
-            dP = do[b, :, h] @ v[b, :, hk].T
-            D = np.sum(do[b, :, h] * out[b, :, h], axis=-1)
-            dS = np.where(keeps[b], P * (dP - D[:, None]) * fp, 0.0)
-            dq[b, :, h] = problem.scale * dS @ k[b, :, hk]
-            dk[b, :, hk] += problem.scale * dS.T @ q[b, :, h]
-            dv[b, :, hk] += P.T @ do[b, :, h]
-    return {"dq": dq, "dk": dk, "dv": dv}
+    """dQ, dK, dV of FA4's SM90 backward as predicted from source: the product's model of known
+    issue ``sm90_score_mod_gqa_bwd_indices``
+    (:func:`fa4verify.fuzz.defect_models.score_mod_gqa_indices`: the score pair at head
+    ``h * g + q % g``, q_idx ``q // g`` in the backward, the forward's right LSE and O; NaN where a
+    mapped head lies past the aux tensor). ``out`` / ``lse``: unused (the model computes them)."""
+    from fa4verify.fuzz.defect_models import score_mod_gqa_indices
+    return score_mod_gqa_indices(problem, a, a["dout"], None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,9 +24,9 @@ variant left (``variant_fwd_...`` / ``variant_bwd_...``). SM90 only (the SM 10.x
 other rules; their variants are not modelled here)."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-from fa4verify.coverage.space import FeatureSpace, is_local
+from fa4verify.coverage.space import FeatureSpace
 
 __all__ = ["fwd_variant", "bwd_variant", "variant_edges"]
 
@@ -79,14 +79,11 @@ def bwd_variant(problem: Any, deterministic: bool) -> Optional[tuple]:
     accumulation, deterministic, the head-dim relations); None off SM90 or without FA4. The
     backward keeps ``causal`` passed with a mask_mod (known issue ``mask_mod_causal_bwd``)."""
     from fa4verify.kernels.fa4_params import sm90_bwd_variant_config
-    from fa4verify.problem import resolve_window
     if problem.arch != "sm90":
         return None
     causal, local = _resolved(problem)
     if problem.call is not None and problem.call.mask_causal:
         causal, local = True, False
-    elif problem.mods and problem.mod_pairs()[1] is None:            # a score pair only: the window stays
-        causal, local, _, _ = resolve_window(problem.causal, problem.window_size)
     block = getattr(problem.call, "block_size", None) if problem.call is not None else None
     fields = sm90_bwd_variant_config(problem.head_dim, problem.head_dim_v, bool(causal), bool(local),
                                      block[0] if block else None)

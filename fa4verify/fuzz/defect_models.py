@@ -186,7 +186,7 @@ def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optiona
     the plan's sink rows at 2026-12-06 found rows between 126 and 128 log2 units finite, which the
     configuration rule's band had counted in). None on a split-KV call."""
     from fa4verify import judge
-    from fa4verify.fuzz.known_issues import sink_gap
+    from fa4verify.fuzz.known_issues import _token_bounds, sink_gap
     if not problem.sink or (problem.call is not None and problem.call.num_splits > 1):
         return None
     gap, kc = sink_gap(problem, a)
@@ -228,7 +228,7 @@ def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optiona
     if maybe.any():                       # an uncertain row: its dQ, and every key its KV head's group sees
         grads["dq"] = rows_of(grads["dq"], maybe, np.nan)
         g = problem.nheads // problem.nheads_kv
-        for i, (q0, lq, k0, lk) in enumerate(_bounds(problem)):
+        for i, (q0, lq, k0, lk) in enumerate(_token_bounds(problem)):
             for hk in range(problem.nheads_kv):
                 if maybe[q0:q0 + lq, hk * g:(hk + 1) * g].any():
                     for n in ("dk", "dv"):
@@ -236,12 +236,6 @@ def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optiona
                         kv[k0:k0 + lk, hk] = np.nan
     res.update(grads)
     return res
-
-
-def _bounds(problem: AttentionProblem) -> list[tuple[int, int, int, int]]:
-    """(q_start, q_len, k_start, k_len) per sequence on the token axis (dense: batch-major)."""
-    from fa4verify.fuzz.known_issues import _token_bounds
-    return _token_bounds(problem)
 
 
 def _misread_map(problem: AttentionProblem, rows: str) -> Optional[Callable]:
