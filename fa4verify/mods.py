@@ -294,9 +294,15 @@ def aux_for(problem, pair: ModPair, arrays=None) -> AuxValues:
         g = given[pair.name]
         seed = int(getattr(problem, "mod_seed", 0))
         scalars = getattr(g, "scalars", None) or pair.make_scalars(seed)
-        return AuxValues([np.asarray(x) for x in g], scalars, pair.make_constants(seed))
+        return AuxValues([np.asarray(x) for x in g], scalars, pair.make_constants(seed), _seqlens(problem))
     return pair.make_aux(ModShape(problem.batch, problem.nheads, problem.seqlen_q, problem.seqlen_k),
-                         seed=int(getattr(problem, "mod_seed", 0)))
+                         seed=int(getattr(problem, "mod_seed", 0)), seqlens=_seqlens(problem))
+
+
+def _seqlens(problem) -> list[tuple[int, int]]:
+    """Per batch entry (varlen: per sequence) the lengths FA4 hands the mods (Note [Lengths the
+    mods see] in :mod:`fa4verify.kernels.mods`): the used lengths, whatever the call's layout."""
+    return [(lq, lk) for _, lq, _, lk in problem._seq_bounds()]
 
 
 for _p in library():

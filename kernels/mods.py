@@ -50,7 +50,7 @@ import numpy as np
 
 __all__ = ["ModShape", "ModPair", "AuxValues", "alibi", "scalar_bias", "default_slope", "rel_bias", "rel_scale", "softcap_mod",
            "document_mask", "prefix_lm", "head_window",
-           "sliding_window", "causal_mask", "checkerboard", "library", "U32"]
+           "sliding_window", "causal_mask", "checkerboard", "seqlen_bias", "causal_aligned", "library", "U32"]
 
 U32 = 2.0 ** -24
 #: PTX ``tanh.approx.f32`` maximum relative error (error_budgets/DERIVATIONS.md#m-constants)
@@ -69,13 +69,16 @@ class ModShape:
 class AuxValues(list):
     """A pair's aux data as its references read it: the list of aux arrays (``aux_tensors``, as
     numpy) with ``scalars``, the call's ``aux_scalars`` as Python floats holding fp32 values
-    (what the kernel receives), and ``constants``, the compile-time constants the call's CuTe
-    function bakes in (fp32 values); () when the pair takes none."""
+    (what the kernel receives), ``constants``, the compile-time constants the call's CuTe
+    function bakes in (fp32 values); () when the pair takes none; and ``seqlens``, per batch
+    entry (varlen: per sequence) the ``(seqlen_q, seqlen_k)`` FA4 hands the mods as
+    ``seqlen_info.seqlen_q`` / ``seqlen_info.seqlen_k`` (Note [Lengths the mods see])."""
 
-    def __init__(self, arrays=(), scalars=(), constants=()) -> None:
+    def __init__(self, arrays=(), scalars=(), constants=(), seqlens=()) -> None:
         super().__init__(arrays)
         self.scalars: tuple[float, ...] = _fp32(scalars)
         self.constants: tuple[float, ...] = _fp32(constants)
+        self.seqlens: tuple[tuple[int, int], ...] = tuple((int(q), int(k)) for q, k in seqlens)
 
 
 def _fp32(values) -> tuple[float, ...]:
@@ -168,10 +171,15 @@ class ModPair:
         return self._built(self._constants_or_default(constants))[1]
 
     # -- data side
-    def make_aux(self, shape: ModShape, seed: int = 0) -> AuxValues:
+    def make_aux(self, shape: ModShape, seed: int = 0,
+                 seqlens: Optional[Sequence[tuple[int, int]]] = None) -> AuxValues:
+        """The pair's aux data for ``shape`` at ``seed``; ``seqlens``: the lengths FA4 hands the
+        mods per batch entry (default: ``shape``'s, the same for every entry)."""
         arrays = [] if self.aux is None else [np.ascontiguousarray(x)
                                               for x in self.aux(shape, np.random.default_rng(seed))]
-        return AuxValues(arrays, self.make_scalars(seed), self.make_constants(seed))
+        if seqlens is None:
+            seqlens = [(shape.seqlen_q, shape.seqlen_k)] * shape.batch
+        return AuxValues(arrays, self.make_scalars(seed), self.make_constants(seed), seqlens)
 
     def make_scalars(self, seed: int = 0) -> tuple[float, ...]:
         """The runtime aux scalars at ``seed`` (fp32 values; () for a pair without)."""
@@ -688,10 +696,95 @@ def checkerboard() -> ModPair:
                    description="(q // 128 + kv // 128) % 2 == 0")
 
 
+#: the bias slope of :func:`seqlen_bias` (a power of two: ``c d`` is exact in fp32 for d < 2^24)
+SEQLEN_SLOPE = 2.0 ** -5
+
+
+def _aligned_dist(qi, ki, a, b: int) -> np.ndarray:
+    """``|q + (seqlen_k - seqlen_q) - kv|`` with batch entry ``b``'s lengths (``a.seqlens``)."""
+    sq, sk = a.seqlens[b]
+    return np.abs(np.asarray(qi, np.int64) + (sk - sq) - np.asarray(ki, np.int64)).astype(np.float64)
+
+
+def seqlen_bias(slope: float = SEQLEN_SLOPE) -> ModPair:
+    """A bias aligned bottom-right by the lengths FA4 hands the mod: ``y = x - c |q_idx +
+    (seqlen_k - seqlen_q) - kv_idx|`` with ``seqlen_info.seqlen_q`` / ``seqlen_k`` (Note [Lengths
+    the mods see]), ``c`` = :data:`SEQLEN_SLOPE`. No aux tensors: FA4 hands it several scores at
+    once (``vec_size`` > 1).
+
+    Kernel error (fp32): the distance converts exactly (< 2^24), ``c d`` is exact (c a power of
+    two), the subtraction rounds once; bounded as two roundings: ``err <= gamma(2) (|x| + c d)``."""
+    c = float(slope)
+
+    def ref(x, b, h, qi, ki, a):
+        return x - c * _aligned_dist(qi, ki, a, b)
+
+    def err(x, y, b, h, qi, ki, a):
+        g2 = 2 * U32 / (1 - 2 * U32)
+        return g2 * (np.abs(x) + c * _aligned_dist(qi, ki, a, b))
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass._mlir.dialects import math as mlir_math
+
+        @cute.jit
+        def seqlen_bias_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            shift = _ssa(seqlen_info.seqlen_k - seqlen_info.seqlen_q, cutlass.Int32).broadcast_to(
+                (cute.size(q_idx.shape),))
+            diff = q_idx + shift - kv_idx
+            dist = cute.TensorSSA(mlir_math.absi(diff), diff.shape, diff.dtype).to(cutlass.Float32)
+            return score - dist * c
+        return seqlen_bias_score, _identity_bwd()
+
+    return ModPair("seqlen_bias", "score", ref, build, grad=lambda x, *r: np.ones_like(x), err=err,
+                   features=("score_mod", "score_mod_bwd", "seqlen_info"),
+                   description=f"bias x - {c:g} |q + seqlen_k - seqlen_q - kv| from FA4's seqlen_info")
+
+
+def causal_aligned() -> ModPair:
+    """Causal aligned bottom-right by the lengths FA4 hands the mask: keep iff ``kv_idx <= q_idx +
+    seqlen_info.seqlen_k - seqlen_info.seqlen_q`` (Note [Lengths the mods see]): how a
+    FlexAttention-style mask_mod writes FA4's own ``causal=True`` for every sequence of a varlen
+    batch."""
+    def ref(b, h, qi, ki, a):
+        sq, sk = a.seqlens[b]
+        return np.asarray(ki, np.int64) <= np.asarray(qi, np.int64) + (sk - sq)
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+
+        @cute.jit
+        def causal_aligned_keep(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            shift = _ssa(seqlen_info.seqlen_k - seqlen_info.seqlen_q, cutlass.Int32)
+            return kv_idx <= q_idx + shift
+        return causal_aligned_keep, None
+
+    return ModPair("causal_aligned", "mask", ref, build, features=("mask_mod", "seqlen_info"),
+                   description="causal kv <= q + seqlen_k - seqlen_q from FA4's seqlen_info")
+
+
+# Note [Lengths the mods see]
+# ---------------------------
+# FA4 hands every score and mask mod the tile's ``SeqlenInfoQK`` (flash-attn-4 4.0.0b36,
+# ``seqlen_info.py``: ``SeqlenInfoQK.create``): ``seqlen_q`` is ``seqused_q[b]`` where given, else
+# ``cu_seqlens_q[b + 1] - cu_seqlens_q[b]``, else the static length (under PackGQA the logical
+# one: ``flash_fwd_sm90.py``'s ``mQ.shape[0][1]``); ``seqlen_k`` likewise (paged: the page size
+# times the pages per sequence). So a mod sees batch entry b's used lengths in every call form: a
+# FlexAttention-style mod aligns a diagonal bottom-right with them (or indexes a packed array). A
+# fault in what FA4 hands there (another sequence's lengths, the static maximum, the backward's
+# roles swapped) is visible only to a mod that reads them: :func:`seqlen_bias` and
+# :func:`causal_aligned` do, their references reading ``aux.seqlens[b]`` (from
+# ``AttentionProblem._seq_bounds``, through ``fa4verify.mods.aux_for``). The offsets
+# (``offset_q`` / ``offset_k``) depend on the call's layout (capacity offsets in the packed
+# seqused forms) and are read by no pair.
+
+
 WINDOW = (128, 0)
 
 
 def library() -> list[ModPair]:
     """fa4verify's built-in pairs (the default parameters the GPU script and tests use)."""
     return [alibi(), rel_bias(), rel_scale(), scalar_bias(), default_slope(), softcap_mod(), document_mask(), prefix_lm(),
-            head_window(), sliding_window(*WINDOW), causal_mask(), checkerboard()]
+            head_window(), sliding_window(*WINDOW), causal_mask(), checkerboard(), seqlen_bias(), causal_aligned()]

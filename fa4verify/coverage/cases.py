@@ -413,6 +413,14 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       and more keys than queries (and an empty one): with aux tensors FA4 wraps the indices it
       hands the mod modulo the sequence's own lengths (``softmax.apply_score_mod_inner``; the
       backward rebuilds those divisors per sequence, ``recompute_fastdiv_mods_q``);
+    * ``seqlen_info_varlen_score``, ``seqlen_info_varlen_mask``, ``seqlen_info_seqused``,
+      ``seqlen_info_dense``: the pairs that read the lengths FA4 hands the mods (Note [Lengths
+      the mods see] in ``kernels/mods.py``: ``seqlen_bias``, ``causal_aligned``) on varlen calls
+      whose sequences have more queries than keys, more keys than queries and equal lengths
+      (GQA 4/2 for the mask), on batched Q and K/V with ``seqused_q`` / ``seqused_k`` below the
+      capacities, and on a dense call with more keys than queries run backward (the backward's
+      roles): another sequence's lengths, the static maximum, a capacity or the two lengths
+      swapped move the bias or the diagonal on each;
     * ``empty_first_blocks_<tm>x<tn>`` (and ``_left``): an unpacked causal call, one key more than
       queries, on each forward tile taller than wide, whose first rows meet no key in the first
       two KV tiles their M tile processes (Note [Rows empty in the first blocks]);
@@ -1168,6 +1176,7 @@ def _mod_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
             mods=(pair,), values=vals(),
             call=CallForm(seqused_q=True, q_capacity=tm + 8, seqused_k=True, kv_capacity=2 * tn), **base),
             runs_bwd("score_mod", "1", "zero") and _runs_bwd(space, form="seqused_q", hd=name, gqa="1", mask="none")))
+    out += _seqlen_info_edges(space, name, vals, runs_bwd)
     if "score_mod" in forms and "block_sparse" in forms and "mod:alibi" in space.score_pairs and "1" in gqas:
         # a per-head aux score pair inside FA4's block sparsity (dense): the mod runs only on the
         # listed blocks, each at its own positions
@@ -1176,6 +1185,48 @@ def _mod_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
             batch=1, seqlen_q=2 * bq, seqlen_k=3 * bk, nheads=2, nheads_kv=2, mods=("alibi",), values=vals(),
             call=CallForm(block_size=(bq, bk), block_seed=41, block_keep=0.5), **base),
             runs_bwd("score_mod", "1", "multi") and _runs_bwd(space, form="block_sparse", hd=name, gqa="1", mask="none")))
+    return out
+
+
+#: (seqlens_q, seqlens_k) of the ``seqlen_info_varlen_*`` edges in tiles (tile_m, tile_n) and
+#: rows: more queries than keys, more keys than queries, equal (each sequence past one tile)
+_SEQLEN_INFO_VARLEN = (((1, 9), (0, 70)), ((0, 75), (2, 3)), ((1, 17), (1, 17)))
+
+
+def _seqlen_info_edges(space: FeatureSpace, name: str, vals, runs_bwd) -> list[tuple[str, Any, bool]]:
+    """The ``seqlen_info_*`` edges of :func:`edge_problems` (Note [Lengths the mods see])."""
+    from fa4verify.problem import AttentionProblem, CallForm
+    out: list[tuple[str, Any, bool]] = []
+    forms, gqas = space.values["form"], space.values["gqa"]
+    hd, hdv = space.hd[name]
+    base = dict(arch=space.arch, dtype=space.dtype, head_dim=hd, head_dim_v=hdv)
+    tm, tn = facts.fwd_tile(space.arch, space.dtype, hd, hdv, False, False)
+    sqs = tuple(a * tm + b for (a, b), _ in _SEQLEN_INFO_VARLEN)
+    sks = tuple(a * tn + b for _, (a, b) in _SEQLEN_INFO_VARLEN)
+    varlen = dict(batch=len(sqs), seqlens_q=sqs, seqlens_k=sks, seqlen_q=max(sqs), seqlen_k=max(sks))
+    score = "mod:seqlen_bias" in space.score_pairs and "score_mod" in forms
+    mask = "mod:causal_aligned" in space.mask_pairs and "mask_mod" in forms
+    varlen_ok = "zero" in space.values["seqlen"] or "many" in space.values["seqlen"]
+    if score and varlen_ok and "1" in gqas:
+        out.append(("seqlen_info_varlen_score", AttentionProblem(
+            nheads=2, nheads_kv=2, mods=("seqlen_bias",), values=vals(), **varlen, **base),
+            runs_bwd("score_mod", "1", "zero")))
+    if mask and varlen_ok and "4" in gqas:
+        out.append(("seqlen_info_varlen_mask", AttentionProblem(
+            nheads=8, nheads_kv=2, mods=("causal_aligned",), values=vals(), **varlen, **base),
+            runs_bwd("mask_mod", "4", "zero") and "mod:causal_aligned" in space.mask_pairs_bwd))
+    if score and "seqused_k" in forms and "seqused_q" in forms and "1" in gqas:
+        lq, lk = (tm + 9, 33, 40), (2 * tn + 3, 70, 17)
+        out.append(("seqlen_info_seqused", AttentionProblem(
+            batch=3, seqlens_q=lq, seqlens_k=lk, seqlen_q=max(lq), seqlen_k=max(lk), nheads=2, nheads_kv=2,
+            mods=("seqlen_bias",), values=vals(),
+            call=CallForm(seqused_q=True, q_capacity=max(lq) + 16, seqused_k=True, kv_capacity=max(lk) + 29), **base),
+            runs_bwd("score_mod", "1", "zero") and _runs_bwd(space, form="seqused_q", hd=name, gqa="1", mask="none")))
+    for pair, form, ok in (("seqlen_bias", "score_mod", score), ("causal_aligned", "mask_mod", mask)):
+        if ok and "1" in gqas:
+            out.append((f"seqlen_info_dense_{'score' if form == 'score_mod' else 'mask'}", AttentionProblem(
+                batch=2, seqlen_q=tm + 9, seqlen_k=2 * tn + 3, nheads=2, nheads_kv=2, mods=(pair,), values=vals(),
+                **base), runs_bwd(form, "1", "multi") and (form == "score_mod" or f"mod:{pair}" in space.mask_pairs_bwd)))
     return out
 
 
