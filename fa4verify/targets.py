@@ -982,8 +982,12 @@ class ProductionTarget(Target):
         returned). The judge's backward calls that driver directly (its taps and NaN-filled
         buffers need it), so a fault in the autograd glue -- a ``ctx`` field dropped or swapped --
         reached no check. This runs the public path (``flash_attn_func`` /
-        ``flash_attn_varlen_func`` with ``return_lse=True``, then autograd of ``(out, lse)``
-        with ``(dout, dlse)``); ``bwd_stages`` judges its gradients with the driver's budgets and,
+        ``flash_attn_varlen_func``, then autograd of ``(out, lse)`` with ``(dout, dlse)``). A loss
+        through O alone (``dlse`` None) is called as a training step calls it: ``return_lse`` and
+        the varlen ``max_seqlen_q`` / ``max_seqlen_k`` left at FA4's defaults (FA4 must keep the
+        LSE its backward needs, and derive its grid from the token counts: no audit call did
+        either before red-team round 15, ``docs/results/redteam15/``); with a ``dlse`` the call
+        asks ``return_lse=True``. ``bwd_stages`` judges its gradients with the driver's budgets and,
         on calls without a call form, with ``dlse`` and ``deterministic``, requires them bitwise
         equal to the driver's (:func:`fa4verify.fuzz.properties._judge_autograd`).
 
@@ -1021,6 +1025,8 @@ class ProductionTarget(Target):
                 if problem.call.block_size is not None:      # the backward's own block lists
                     kw["block_sparse_tensors_bwd"] = self._call_kw(
                         problem, a, backward=True, deterministic=deterministic)[4]["block_sparse_tensors"]
+                if kw.get("score_mod") is not None:  # the public backward takes it (the forward's kw drop it)
+                    kw["score_mod_bwd"] = self._mods_kw(problem, a)["score_mod_bwd"]
             else:
                 kw = self._kw(problem, a)             # score_mod_bwd too: the public backward takes it
                 kw.pop("causal_with_mask_mod", None)  # the adapter's own: the public path has no guard
@@ -1031,6 +1037,9 @@ class ProductionTarget(Target):
                 from fa4verify import call_layout
                 dlse = call_layout.to_call_lse(problem, dlse)
             dl = None if dlse is None else self._t(np.ascontiguousarray(dlse, np.float32), None)
+            if dlse is None:        # a loss through O alone, called as a training step calls it
+                kw.pop("max_seqlen_q", None)
+                kw.pop("max_seqlen_k", None)
             if lse_only:            # a loss through the LSE alone: FA4's backward gets no dO
                 if dl is None:
                     raise Unsupported("a loss through the LSE alone needs a dlse")

@@ -1291,18 +1291,22 @@ def forward_backward_autograd(q, k, v, dout, *, dlse=None, learnable_sink=None, 
                               cu_seqlens_k=None, max_seqlen_q: Optional[int] = None,
                               max_seqlen_k: Optional[int] = None, **kw):
     """Forward and backward through FA4's public autograd path, what training code runs:
-    ``flash_attn_func`` (``flash_attn_varlen_func`` with ``cu_seqlens_q`` / ``cu_seqlens_k``) with
-    ``return_lse=True``, then ``torch.autograd.backward`` of ``(out, lse)`` with ``(dout, dlse)``
-    (``dlse`` None: the loss reads O only; ``dout`` None: the LSE only). ``kw``: the public functions' keywords (softmax_scale,
+    ``flash_attn_func`` (``flash_attn_varlen_func`` with ``cu_seqlens_q`` / ``cu_seqlens_k``), then
+    ``torch.autograd.backward`` of ``(out, lse)`` with ``(dout, dlse)`` (``dlse`` None: the loss
+    reads O only, and the call leaves ``return_lse`` at FA4's default, False, as a training step
+    does: FA4 must still keep the LSE its backward needs; ``dout`` None: the LSE only; with a
+    ``dlse`` the call asks ``return_lse=True``). ``kw``: the public functions' keywords (softmax_scale,
     causal, window_size, softcap, deterministic, pack_gqa, score_mod, score_mod_bwd, mask_mod,
     aux_tensors, aux_scalars, seqused_q, seqused_k (the varlen entry), block_sparse_tensors,
     block_sparse_tensors_bwd). The inputs are detached copies; a ``learnable_sink`` gets a gradient.
 
-    Returns ``(out, lse, dq, dk, dv, dsink)`` (dsink None without a sink).
+    Returns ``(out, lse, dq, dk, dv, dsink)`` (dsink None without a sink; lse as FA4 returns it).
     """
     _require_cuda()
     import torch
-    kw.pop("return_lse", None)            # always returned here
+    kw.pop("return_lse", None)
+    if dlse is not None:                  # a loss that reads the LSE asks for it
+        kw["return_lse"] = True
     if kw.get("aux_scalars"):
         kw["aux_scalars"] = _fa4_scalars(kw["aux_scalars"])
     qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
@@ -1312,18 +1316,20 @@ def forward_backward_autograd(q, k, v, dout, *, dlse=None, learnable_sink=None, 
         # seqused_q / seqused_k: only the varlen entry takes them (with batched q / k as well)
         if cu_seqlens_q is not None or cu_seqlens_k is not None or any(
                 kw.get(n) is not None for n in ("seqused_q", "seqused_k", "page_table")):
-            out, lse = _call_fa4(_fa4_fn("flash_attn_varlen_func"), qq, kk, vv, cu_seqlens_q=cu_seqlens_q,
-                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                 learnable_sink=sink, return_lse=True, **kw)
+            r = _call_fa4(_fa4_fn("flash_attn_varlen_func"), qq, kk, vv, cu_seqlens_q=cu_seqlens_q,
+                          cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                          learnable_sink=sink, **kw)
         else:
-            out, lse = _call_fa4(_fa4_fn("flash_attn_func"), qq, kk, vv, learnable_sink=sink, return_lse=True, **kw)
+            r = _call_fa4(_fa4_fn("flash_attn_func"), qq, kk, vv, learnable_sink=sink, **kw)
+        out, lse = r if isinstance(r, tuple) else (r, None)     # a release may return O alone without return_lse
         if dlse is None:
             out.backward(dout)
         elif dout is None:          # a loss through the LSE alone (FA4's backward gets no dO)
             lse.backward(dlse)
         else:
             torch.autograd.backward([out, lse], [dout, dlse])
-    return (out.detach(), lse.detach(), qq.grad, kk.grad, vv.grad, None if sink is None else sink.grad)
+    return (out.detach(), None if lse is None else lse.detach(), qq.grad, kk.grad, vv.grad,
+            None if sink is None else sink.grad)
 
 
 def mla_forward_backward_autograd(q, k, v, qv, dout, *, gather_kv_indices, dlse=None,

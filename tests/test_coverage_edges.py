@@ -47,7 +47,8 @@ def test_each_edge_is_the_path_it_names():
                     "layout_transposed_gqa": True, "layout_qkv_packed_192": True, "layout_broadcast_mqa": True,
                     "gqa_16_causal": True, "gqa_64_packed": True, "gqa_71_cpasync": True, "score_head_gqa": True,
                     "seqlen_info_varlen_score": True, "seqlen_info_varlen_mask": True, "seqlen_info_seqused": True,
-                    "seqlen_info_dense_score": True, "seqlen_info_dense_mask": True}
+                    "seqlen_info_dense_score": True, "seqlen_info_dense_mask": True,
+                    "inference_causal_gqa": False}
     # score pairs on the batched layout (seqused_q and seqused_k) and inside block sparsity
     p = got["seqused_score_aux"]
     assert p.call.seqused_q and p.call.seqused_k and p.mod_pairs()[0] is not None and 0 in p.seqlens_k

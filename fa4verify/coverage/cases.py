@@ -1326,9 +1326,9 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
       passes ``causal=True`` (FA4's forward drops it; the backward must too);
     * ``half_negative_window_left`` / ``_right``: windows (-2, 2) and (3, -1), one side negative
       (FA4 reads it literally; rows whose window holds no key are fully masked);
-    * ``inference_varlen_sink``, ``inference_widest_window``: the forward also called as inference
-      (``CallForm.inference``: no LSE, no gradient), its O bitwise the training call's (forward
-      only; ``decode_batched_q_paged`` asks for it too);
+    * ``inference_varlen_sink``, ``inference_causal_gqa``, ``inference_widest_window``: the forward
+      also called as inference (``CallForm.inference``: no LSE, no gradient), its O bitwise the
+      training call's (forward only; ``decode_batched_q_paged`` asks for it too);
     * ``batched_empty_keys`` / ``_queries``: FA4's batched call (``q_batched`` alone) with no keys
       (GQA 4/2, a sink where the space has one: LSE = sink, dsink = the sum of dLSE; causal where
       the space has it) or no queries, forward and backward through FA4's early returns;
@@ -1388,6 +1388,12 @@ def _forward_layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, boo
         out.append(("inference_varlen_sink", AttentionProblem(
             batch=3, seqlens_q=lens_q, seqlens_k=lens_k, seqlen_q=130, seqlen_k=200, nheads=2, nheads_kv=2,
             head_dim=d, head_dim_v=dv, causal=True, sink=bool(sink), sink_dtype=sink[-1] if sink else "fp32",
+            values=vals(), call=CallForm(inference=True), **base), False))
+    if "dense" in forms and "causal" in space.values["mask"] and "2" in gqas:
+        # the commonest inference call: flash_attn_func(q, k, v, causal=True) under no_grad, GQA
+        # (red-team round 15: the no-LSE forward ran only on varlen and windowed calls)
+        out.append(("inference_causal_gqa", AttentionProblem(
+            batch=2, seqlen_q=300, seqlen_k=300, nheads=4, nheads_kv=2, head_dim=d, head_dim_v=dv, causal=True,
             values=vals(), call=CallForm(inference=True), **base), False))
     widest = max(space.values["hd"], key=lambda n: space.hd[n])
     if "dense" in forms and "left" in space.values["mask"] and "2" in gqas:
