@@ -671,6 +671,15 @@ def _sm100_ex2(a: dict) -> tuple[int, int]:
     return freq, start
 
 
+#: the fields of :func:`sm100_fwd_variant_key` / :func:`sm100_bwd_variant_key` (FA4's kernel
+#: classes): ``dict(zip(SM100_FWD_FIELDS, key))``
+SM100_FWD_FIELDS = ("pass", "arch", "hd_padded", "hdv_padded", "hd_oob", "mode", "tile_m", "tile_n", "q_stage",
+                    "two_cta", "s_ping_pong", "pack_gqa", "tma_q", "tma_o", "split_kv", "ex2_emu_freq",
+                    "ex2_emu_start")
+SM100_BWD_FIELDS = ("pass", "arch", "hd", "hdv", "hd_oob", "mode", "tile_m", "tile_n", "cta_schedule", "gqa",
+                    "deterministic", "spt", "split_P_dS", "q_subtile", "kv_subtile")
+
+
 def sm100_fwd_variant_key(cls: str, a: dict) -> Optional[tuple]:
     """The SM 10.x forward variant of a recorded kernel object (:func:`recording_compiles`): the
     padded head dims and whether their tail is predicated, mask mode, tile, q_stage (the second
