@@ -1,8 +1,10 @@
 """The numeric knobs of the installed FlashAttention-4, read from its source.
 
 The one importer of ``flash_attn.cute`` for FA4's parameters (the knobs below, FA4's own
-backward tile function ``_tile_size_bwd_sm90`` for the SM90 dQ-accumulator rule, and the SM count
-its heuristics read, :func:`selection_sms`); production
+backward tile function ``_tile_size_bwd_sm90`` for the SM90 dQ-accumulator rule, the SM count
+its heuristics read, :func:`selection_sms`, and Note [Kernel variants]'s SM 10.x kernel
+configurations: :func:`recording_compiles` records the kernel objects FA4's host code builds,
+:func:`sm100_fwd_variant_key` / :func:`sm100_bwd_variant_key` key them); production
 kernels go through :mod:`fa4verify.kernels.adapter`.
 
 ``load_params()`` returns the values the twin (``fa4verify.kernels.twin``) and the sweeps need:

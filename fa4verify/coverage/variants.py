@@ -1,27 +1,41 @@
-"""Note [Kernel variants]: every SM90 kernel configuration FA4 picks for the audit's space is run.
+"""Note [Kernel variants]: every kernel configuration FA4 picks for the audit's space is run (SM90 and SM 10.x).
 
 The plan covers every pair of dimension values and every mask x call form x pass triple, but FA4
-compiles one kernel per *combination* of its host choices: the tile configuration
-``_tile_size_fwd_sm90`` / ``_tile_size_bwd_sm90`` returns for the head dims and the mask (tile
-sizes, swapAB flags, stages, register-held P, one dQ warpgroup), the mask mode the kernel
-specialises on (none, causal, local), PackGQA and whether its tile_m takes the TMA load of Q and
-store of O (``tile_m % qhead_per_kvhead == 0``), and in the backward GQA accumulation and the
-deterministic dQ order. A fault inside code only one such combination compiles is visible only if
-some audit call compiles it. Red-team round 13 (``docs/results/redteam13/``) found nine backward
-and two forward combinations no call of the default audit reached at seed 0 -- among them FA4's
-default GPT-style training call (hd 64, causal, MHA, ``deterministic=False``), every
-non-deterministic hd-256 backward and the PackGQA forward at hd 192 / hdv 128 -- though each of
-their branch sides was reached on its own. At seed 0 the SM90 bf16 audit's rows and edges reach
-140 dense variants, and 34 more calls reach the rest (4 of them block-sparse).
+compiles one kernel per *combination* of its host choices. A fault inside code only one such
+combination compiles is visible only if some audit call compiles it.
+
+SM90. The choices are the tile configuration ``_tile_size_fwd_sm90`` / ``_tile_size_bwd_sm90``
+returns for the head dims and the mask (tile sizes, swapAB flags, stages, register-held P, one dQ
+warpgroup), the mask mode the kernel specialises on (none, causal, local), PackGQA and whether its
+tile_m takes the TMA load of Q and store of O (``tile_m % qhead_per_kvhead == 0``), and in the
+backward GQA accumulation and the deterministic dQ order. Red-team round 13
+(``docs/results/redteam13/``) found nine backward and two forward combinations no call of the
+default audit reached at seed 0 -- among them FA4's default GPT-style training call (hd 64, causal,
+MHA, ``deterministic=False``) -- though each of their branch sides was reached on its own.
+
+SM 10.x (sm100, sm103). FA4 decides inline (``_flash_attn_fwd``, the kernel classes'
+``__init__``), so the key is read from the kernel object FA4's own host code builds: the call runs
+through ``ProductionTarget(fake=True)`` (FakeTensorMode, nothing compiled or launched) inside
+:func:`fa4verify.kernels.fa4_params.recording_compiles`, and
+:func:`~fa4verify.kernels.fa4_params.sm100_fwd_variant_key` / ``sm100_bwd_variant_key`` key it:
+padded head dims, mask mode, tile, q_stage, 2-CTA, S ping-pong, PackGQA with TMA or cp.async Q, the
+O epilogue, split-KV and the exp2-emulation share; in the backward the CTA schedule, GQA,
+deterministic and its semaphore order (red-team round 14's coarse key, ``docs/results/redteam14/``:
+the tile scheduler left out). On a CPU this needs a fake device (the compile-only shims are
+installed); on a real SM 10.x GPU the same host path runs, no fake device entered. Round 14 found,
+among others, FA4's default hd-64 causal MHA non-deterministic backward, every hd-192/128 causal
+backward and the hd-256 causal MHA backwards unreached on a B200. The forward's q_stage, 2-CTA and S
+ping-pong follow the lengths, so the enumeration crosses the seqlen class too; the SM100 backward
+kernel does not, so its key is read at the base class only (``tests/test_kernel_variants_sm100.py``
+checks every class).
 
 :func:`variant_edges` decides this by construction: it enumerates the combinations of the
-space's head-dim classes, masks, GQA ratios and deterministic modes on a dense call, keys each by
-the variant FA4's own host functions give (:func:`fwd_variant`, :func:`bwd_variant`: the tile
-configuration, mask mode, PackGQA or GQA, deterministic mode, and the head-dim relations the
-kernels specialise on: hd == hdv, hd > 128, hdv > 128), takes away
-the variants the plan's rows and the constructed edges already run, and adds one small call per
-variant left (``variant_fwd_...`` / ``variant_bwd_...``). SM90 only (the SM 10.x kernels choose by
-other rules; their variants are not modelled here)."""
+space's call forms (dense, block-sparse), head-dim classes, masks, GQA ratios, deterministic modes
+(and on SM 10.x seqlen classes), keys each by the variant FA4 picks (:func:`fwd_variant`,
+:func:`bwd_variant`), takes away the variants the plan's rows and the constructed edges already
+run, and adds one small call per variant left (``variant_fwd_...`` / ``variant_bwd_...``). 16-bit
+dtypes only. At seed 0 the default bf16 audit adds 34 such calls on SM90 and 102 on a (fake) B200
+(``docs/results/sm100_variants/``: keying them takes ~10 s there, the plan's calls ~7 s more)."""
 from __future__ import annotations
 
 from typing import Any, Optional
