@@ -1,8 +1,10 @@
 """The numeric knobs of the installed FlashAttention-4, read from its source.
 
 The one importer of ``flash_attn.cute`` for FA4's parameters (the knobs below, FA4's own
-backward tile function ``_tile_size_bwd_sm90`` for the SM90 dQ-accumulator rule, and the SM count
-its heuristics read, :func:`selection_sms`); production
+backward tile function ``_tile_size_bwd_sm90`` for the SM90 dQ-accumulator rule, the SM count
+its heuristics read, :func:`selection_sms`, and Note [Kernel variants]'s SM 10.x kernel
+configurations: :func:`recording_compiles` records the kernel objects FA4's host code builds,
+:func:`sm100_fwd_variant_key` / :func:`sm100_bwd_variant_key` key them); production
 kernels go through :mod:`fa4verify.kernels.adapter`.
 
 ``load_params()`` returns the values the twin (``fa4verify.kernels.twin``) and the sweeps need:
@@ -35,6 +37,7 @@ clear message when FA4 changes the code around ``apply_exp2_convert`` / ``ex2_em
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib.util
 import json
@@ -583,3 +586,138 @@ def combine_partial_tiling(head_dim: int, partial_bits: int) -> dict[str, Any]:
     rows = r["num_threads"] // threads_per_row
     return {"overrun": rows > tile_m, "tile_m": tile_m, "k_block_size": k_block,
             "rows_per_copy_pass": rows, "threads_per_row": threads_per_row, "elems_per_copy": elems}
+
+
+# ---------------------------------------------------------------------------------------------
+# Note [Kernel variants], SM 10.x: the kernel objects FA4's own host code builds
+# ---------------------------------------------------------------------------------------------
+#: the SM 10.x forward / backward kernel classes whose configuration a variant key describes (the
+#: pre/postprocess, varlen block-count and combine kernels follow from them)
+SM100_MAIN_FWD = ("FlashAttentionForwardSm100", "FlashAttentionMLAForwardSm100", "FlashAttentionMLAForward1CtaSm100",
+                  "FlashAttentionMLAForward1CtaKb64Sm100")
+SM100_MAIN_BWD = ("FlashAttentionBackwardSm100", "BlackwellFusedMultiHeadAttentionBackward",
+                  "FlashAttentionSparseMLABackwardSm100")
+
+
+def _recorded_value(x: Any) -> Any:
+    """A kernel object's attribute as plain data (enums by name, classes by name, other objects by
+    their type's name)."""
+    import enum
+    if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+        return {k: _recorded_value(v) for k, v in x.items()}
+    if isinstance(x, enum.Enum):
+        return f"{type(x).__name__}.{x.name}"
+    if isinstance(x, type):
+        return x.__name__
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, (tuple, list)) and all(v is None or isinstance(v, (bool, int, float, str)) for v in x):
+        return tuple(x)
+    return f"<{type(x).__name__}>"
+
+
+class _AlwaysMiss(dict):
+    """A JIT cache that always misses: FA4 builds (and hands ``cute.compile``) every kernel again;
+    what it stores can be read back (the sparse MLA backward reads its entry after storing it)."""
+
+    def __contains__(self, key: object) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def recording_compiles():
+    """Note [Kernel variants]: inside the block every ``cute.compile`` is recorded as ``(class
+    name, attribute dict)`` of the kernel object FA4's host code built, and returns a no-op
+    instead of compiling; FA4's JIT caches (``interface``'s ``compile_cache``) always miss, so a
+    call builds its kernels again. Yields the list of records. ``cute.compile`` and the caches
+    are restored on exit, also when the block raises. Nothing is traced or launched: run the
+    calls under torch ``FakeTensorMode`` (FA4 skips the launch there)."""
+    import cutlass.cute as cute
+    from flash_attn.cute import interface
+    records: list[tuple[str, dict]] = []
+
+    def record(obj: Any, *_a: Any, **_k: Any):
+        records.append((type(obj).__name__, {n: _recorded_value(v) for n, v in vars(obj).items()}))
+        return lambda *_a, **_k: None
+
+    fns = [f for f in (getattr(interface, n) for n in dir(interface)) if hasattr(f, "compile_cache")]
+    saved = [(f, f.compile_cache) for f in fns]
+    compile_ = cute.compile
+    cute.compile = record
+    try:
+        for f in fns:
+            f.compile_cache = _AlwaysMiss()
+        yield records
+    finally:
+        cute.compile = compile_
+        for f, cache in saved:
+            f.compile_cache = cache
+
+
+def _mask_mode(causal: bool, local: bool) -> str:
+    return "local" if local else ("causal" if causal else "none")
+
+
+def _sm100_ex2(a: dict) -> tuple[int, int]:
+    """``(ex2_emu_freq, ex2_emu_start_frg)`` as ``FlashAttentionForwardSm100.__call__`` sets them at
+    trace time for a 16-bit dtype (flash-attn-4 4.0.0b36, flash_fwd_sm100.py:550-557, mirrored: the
+    recorder runs no ``__call__``); freq 0: every exp2 on MUFU. The fp8 override before them
+    (:538-545) is not mirrored: the variants are keyed for 16-bit audits only."""
+    tune = a.get("_tune") or {}
+    start = tune.get("ex2_emu_start_frg", 1)
+    if not a["enable_ex2_emu"]:
+        return 0, start
+    freq = tune.get("ex2_emu_freq", 16)
+    if a["pack_gqa"] and a["head_dim_padded"] > 64 and not a["is_causal"] and not a["is_local"]:
+        freq = 32 if a["is_varlen_q"] else tune.get("ex2_emu_freq", 10)
+    return freq, start
+
+
+#: the fields of :func:`sm100_fwd_variant_key` / :func:`sm100_bwd_variant_key` (FA4's kernel
+#: classes): ``dict(zip(SM100_FWD_FIELDS, key))``
+SM100_FWD_FIELDS = ("pass", "arch", "hd_padded", "hdv_padded", "hd_oob", "mode", "tile_m", "tile_n", "q_stage",
+                    "two_cta", "s_ping_pong", "pack_gqa", "tma_q", "tma_o", "split_kv", "ex2_emu_freq",
+                    "ex2_emu_start")
+SM100_BWD_FIELDS = ("pass", "arch", "hd", "hdv", "hd_oob", "mode", "tile_m", "tile_n", "cta_schedule", "gqa",
+                    "deterministic", "spt", "split_P_dS", "q_subtile", "kv_subtile")
+
+
+def sm100_fwd_variant_key(cls: str, a: dict) -> Optional[tuple]:
+    """The SM 10.x forward variant of a recorded kernel object (:func:`recording_compiles`): the
+    padded head dims and whether their tail is predicated, mask mode, tile, q_stage (the second
+    softmax warpgroup), 2-CTA, S ping-pong, PackGQA with TMA or cp.async Q, TMA or the
+    correction-warp epilogue for O, split-KV, and the exp2-emulation share. The tile scheduler is
+    left out (its code is orthogonal to the math; red-team round 14's coarse key). An MLA forward
+    is keyed by its own host flags; None for any other class."""
+    if cls == "FlashAttentionForwardSm100":
+        freq, start = _sm100_ex2(a)
+        return ("fwd", "sm100", a["head_dim_padded"], a["head_dim_v_padded"],
+                bool(a["check_hdim_oob"] or a["check_hdim_v_oob"]), _mask_mode(a["is_causal"], a["is_local"]),
+                a["m_block_size"], a["n_block_size"], a["q_stage"], a["use_2cta_instrs"], a["use_s_ping_pong"],
+                a["pack_gqa"], a["use_tma_Q"], a["use_tma_O"], a["is_split_kv"], freq, start)
+    if cls in SM100_MAIN_FWD:
+        keep = ("is_causal", "pack_gqa", "is_topk_gather", "is_split_kv", "use_2cta_instrs", "use_cpasync_load_KV",
+                "use_tma_KV", "rescale_threshold", "s_ahead", "pad_qheads", "use_clc_scheduler", "has_qk", "is_fp8")
+        return ("fwd", cls) + tuple((k, a[k]) for k in keep if k in a)
+    return None
+
+
+def sm100_bwd_variant_key(cls: str, a: dict, *, gqa: bool, deterministic: bool) -> Optional[tuple]:
+    """The SM 10.x backward variant of a recorded kernel object: head dims, tail predication, mask
+    mode, tile, CTA schedule (1-CTA, 2-CTA pipelined, 2-CTA serial), GQA accumulation,
+    deterministic, the semaphore order (``spt``), ``split_P_dS`` and the sparse subtile factors.
+    ``gqa`` / ``deterministic``: the call's (the hd-256 kernel keeps neither as an attribute: GQA is
+    in K's shape, determinism in the semaphores it is handed). None for any other class."""
+    if cls == "FlashAttentionBackwardSm100":
+        return ("bwd", "sm100", a["tile_hdim"], a["tile_hdimv"], bool(a["check_hdim_oob"] or a["check_hdim_v_oob"]),
+                _mask_mode(a["is_causal"], a["is_local"]), a["tile_m"], a["tile_n"], a["cta_schedule"],
+                a["qhead_per_kvhead"] > 1, a["deterministic"], a["spt_override"], a["split_P_dS"],
+                a["q_subtile_factor"], a["kv_subtile_factor"])
+    if cls == "BlackwellFusedMultiHeadAttentionBackward":
+        local = a.get("window_size_left") is not None or a.get("window_size_right") is not None
+        return ("bwd", "sm100_hd256", 256, 256, False, _mask_mode(a["is_causal"], local),
+                a["tile_m_dkdv"], a["tile_n_dkdv"], "hd256_2cta", bool(gqa), bool(deterministic), None, False, 1, 1)
+    if cls in SM100_MAIN_BWD:
+        keep = ("is_causal", "pack_gqa", "is_topk_gather", "use_2cta_instrs", "rescale_threshold", "recompute_p")
+        return ("bwd", cls, bool(deterministic)) + tuple((k, a[k]) for k in keep if k in a)
+    return None

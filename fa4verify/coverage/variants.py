@@ -1,32 +1,49 @@
-"""Note [Kernel variants]: every SM90 kernel configuration FA4 picks for the audit's space is run.
+"""Note [Kernel variants]: every kernel configuration FA4 picks for the audit's space is run (SM90 and SM 10.x).
 
 The plan covers every pair of dimension values and every mask x call form x pass triple, but FA4
-compiles one kernel per *combination* of its host choices: the tile configuration
-``_tile_size_fwd_sm90`` / ``_tile_size_bwd_sm90`` returns for the head dims and the mask (tile
-sizes, swapAB flags, stages, register-held P, one dQ warpgroup), the mask mode the kernel
-specialises on (none, causal, local), PackGQA and whether its tile_m takes the TMA load of Q and
-store of O (``tile_m % qhead_per_kvhead == 0``), and in the backward GQA accumulation and the
-deterministic dQ order. A fault inside code only one such combination compiles is visible only if
-some audit call compiles it. Red-team round 13 (``docs/results/redteam13/``) found nine backward
-and two forward combinations no call of the default audit reached at seed 0 -- among them FA4's
-default GPT-style training call (hd 64, causal, MHA, ``deterministic=False``), every
-non-deterministic hd-256 backward and the PackGQA forward at hd 192 / hdv 128 -- though each of
-their branch sides was reached on its own. At seed 0 the SM90 bf16 audit's rows and edges reach
-140 dense variants, and 34 more calls reach the rest (4 of them block-sparse).
+compiles one kernel per *combination* of its host choices. A fault inside code only one such
+combination compiles is visible only if some audit call compiles it.
+
+SM90. The choices are the tile configuration ``_tile_size_fwd_sm90`` / ``_tile_size_bwd_sm90``
+returns for the head dims and the mask (tile sizes, swapAB flags, stages, register-held P, one dQ
+warpgroup), the mask mode the kernel specialises on (none, causal, local), PackGQA and whether its
+tile_m takes the TMA load of Q and store of O (``tile_m % qhead_per_kvhead == 0``), and in the
+backward GQA accumulation and the deterministic dQ order. Red-team round 13
+(``docs/results/redteam13/``) found nine backward and two forward combinations no call of the
+default audit reached at seed 0 -- among them FA4's default GPT-style training call (hd 64, causal,
+MHA, ``deterministic=False``) -- though each of their branch sides was reached on its own.
+
+SM 10.x (sm100, sm103). FA4 decides inline (``_flash_attn_fwd``, the kernel classes'
+``__init__``), so the key is read from the kernel object FA4's own host code builds: the call runs
+through ``ProductionTarget(fake=True)`` (FakeTensorMode, nothing compiled or launched) inside
+:func:`fa4verify.kernels.fa4_params.recording_compiles`, and
+:func:`~fa4verify.kernels.fa4_params.sm100_fwd_variant_key` / ``sm100_bwd_variant_key`` key it:
+padded head dims, mask mode, tile, q_stage, 2-CTA, S ping-pong, PackGQA with TMA or cp.async Q, the
+O epilogue, split-KV and the exp2-emulation share; in the backward the CTA schedule, GQA,
+deterministic and its semaphore order (red-team round 14's coarse key, ``docs/results/redteam14/``:
+the tile scheduler left out). On a CPU this needs a fake device (the compile-only shims are
+installed); on a real SM 10.x GPU the same host path runs, no fake device entered. Round 14 found,
+among others, FA4's default hd-64 causal MHA non-deterministic backward, every hd-192/128 causal
+backward and the hd-256 causal MHA backwards unreached on a B200. The forward's q_stage, 2-CTA and S
+ping-pong follow the lengths, so the enumeration crosses the seqlen class too; the SM100 backward
+kernel does not, so its key is read at the base class only (``tests/test_kernel_variants_sm100.py``
+checks every class).
 
 :func:`variant_edges` decides this by construction: it enumerates the combinations of the
-space's head-dim classes, masks, GQA ratios and deterministic modes on a dense call, keys each by
-the variant FA4's own host functions give (:func:`fwd_variant`, :func:`bwd_variant`: the tile
-configuration, mask mode, PackGQA or GQA, deterministic mode, and the head-dim relations the
-kernels specialise on: hd == hdv, hd > 128, hdv > 128), takes away
-the variants the plan's rows and the constructed edges already run, and adds one small call per
-variant left (``variant_fwd_...`` / ``variant_bwd_...``). SM90 only (the SM 10.x kernels choose by
-other rules; their variants are not modelled here)."""
+space's call forms (dense, block-sparse), head-dim classes, masks, GQA ratios, deterministic modes
+(and on SM 10.x seqlen classes), keys each by the variant FA4 picks (:func:`fwd_variant`,
+:func:`bwd_variant`), takes away the variants the plan's rows and the constructed edges already
+run, and adds one small call per variant left (``variant_fwd_...`` / ``variant_bwd_...``). 16-bit
+dtypes only. At seed 0 the default bf16 audit adds 34 such calls on SM90 and 102 on a (fake) B200
+(``docs/results/sm100_variants/``: keying them takes ~10 s there, the plan's calls ~7 s more)."""
 from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
+
 from fa4verify.coverage.space import FeatureSpace
+from fa4verify.kernels.facts import is_sm100_family
 
 __all__ = ["fwd_variant", "bwd_variant", "variant_edges"]
 
@@ -57,9 +74,14 @@ def _shape(problem: Any) -> tuple[bool, bool, bool]:
 
 
 def fwd_variant(problem: Any) -> Optional[tuple]:
-    """The SM90 forward kernel variant of ``problem``: (FA4's ``FwdConfig`` fields, mask mode,
-    PackGQA, TMA for Q/O under PackGQA, the head-dim relations); None off SM90 or without FA4."""
+    """The forward kernel variant of ``problem``. SM90: (FA4's ``FwdConfig`` fields, mask mode,
+    PackGQA, TMA for Q/O under PackGQA, the head-dim relations); SM 10.x: the key of the kernel
+    object FA4's host code builds (:func:`fa4verify.kernels.fa4_params.sm100_fwd_variant_key`).
+    None on other archs, without FA4, where FA4 refuses the call, or (SM 10.x) where its host
+    code cannot run here (:func:`_sm100_host_ready`)."""
     from fa4verify.kernels.fa4_params import sm90_fwd_variant_config
+    if is_sm100_family(problem.arch):
+        return _sm100_keys(problem, ()).get("fwd")
     if problem.arch != "sm90":
         return None
     causal, local = _resolved(problem)
@@ -75,10 +97,15 @@ def fwd_variant(problem: Any) -> Optional[tuple]:
 
 
 def bwd_variant(problem: Any, deterministic: bool) -> Optional[tuple]:
-    """The SM90 backward kernel variant of ``problem``: (FA4's ``BwdConfig`` fields, mask mode, GQA
-    accumulation, deterministic, the head-dim relations); None off SM90 or without FA4. The
-    backward keeps ``causal`` passed with a mask_mod (known issue ``mask_mod_causal_bwd``)."""
+    """The backward kernel variant of ``problem`` run with ``deterministic``. SM90: (FA4's
+    ``BwdConfig`` fields, mask mode, GQA accumulation, deterministic, the head-dim relations; the
+    backward keeps ``causal`` passed with a mask_mod: known issue ``mask_mod_causal_bwd``); SM 10.x:
+    the key of the kernel object FA4's host code builds
+    (:func:`fa4verify.kernels.fa4_params.sm100_bwd_variant_key`). None as :func:`fwd_variant`, and
+    where FA4 has no backward for the call."""
     from fa4verify.kernels.fa4_params import sm90_bwd_variant_config
+    if is_sm100_family(problem.arch):
+        return _sm100_keys(problem, (bool(deterministic),)).get(bool(deterministic))
     if problem.arch != "sm90":
         return None
     causal, local = _resolved(problem)
@@ -91,6 +118,88 @@ def bwd_variant(problem: Any, deterministic: bool) -> Optional[tuple]:
         return None
     return ("bwd", fields, _mode(bool(causal), bool(local)), problem.nheads > problem.nheads_kv, bool(deterministic),
             _shape(problem))
+
+
+# -- SM 10.x: the kernel objects FA4's host code builds for the call ---------------------------
+
+#: Note [Kernel variants]: the SM 10.x keys of each call shape this process recorded (the problem's
+#: JSON without its values: FA4 picks its kernels from shapes and flags, never from data) ->
+#: ``{"fwd": key, False: backward key, True: deterministic backward key}``
+_SM100_KEYS: dict[str, dict] = {}
+
+#: what FA4 raises refusing a call on its host path (a combination it does not build)
+_REFUSALS = (AssertionError, ValueError, NotImplementedError)
+
+
+def _sm100_host_ready() -> bool:
+    """Whether FA4's SM 10.x host code can run in this process: a real GPU (FA4 reads its arch, or
+    ``FLASH_ATTENTION_ARCH``) or, on a machine without one, a fake device (Note [Fake device
+    audit]: the compile-only shims are installed, as in a compile-only process); and the arch FA4
+    builds for is SM 10.x. A real GPU's audit never enters a fake device here."""
+    import os
+    from fa4verify.kernels import device, facts
+    if device.fake_device() is not None:
+        from fa4verify.compile.production import _shims
+        _shims()           # the driver queries of FA4's host path answered for the fake device
+    elif device.local_gpu() is None:
+        return False
+    env = os.environ.get("FLASH_ATTENTION_ARCH")
+    arch = facts.arch_of_fa4_arch_env(env) if env else device.local_gpu().arch
+    return arch is not None and is_sm100_family(arch)
+
+
+def _sm100_keys(problem: Any, dets: tuple[bool, ...], *, inputs: Optional[dict] = None) -> dict:
+    """The SM 10.x keys of ``problem``'s forward and of its backward with each of ``dets``: the
+    call goes through ``ProductionTarget(fake=True)`` (FakeTensorMode: FA4's host code runs, no
+    kernel is compiled or launched) inside :func:`fa4verify.kernels.fa4_params.recording_compiles`,
+    and each main kernel object FA4 builds is keyed. ``inputs``: the arrays of the call
+    (``problem.materialize()`` unless given; the fake target reads only their shapes). Memoised
+    per call shape within the process; ``{}`` where the host code cannot run here."""
+    from fa4verify.problem import ValueSpec
+    shape = problem.replace(values=ValueSpec()).to_json()
+    got = _SM100_KEYS.get(shape, {})
+    need = [d for d in dets if d not in got]
+    if "fwd" in got and not need:
+        return got
+    if not _sm100_host_ready():
+        return {}
+    from fa4verify.errors import Unsupported
+    from fa4verify.kernels.fa4_params import (SM100_MAIN_BWD, SM100_MAIN_FWD, recording_compiles,
+                                              sm100_bwd_variant_key, sm100_fwd_variant_key)
+    from fa4verify.targets import ProductionTarget
+    tgt = ProductionTarget(fake=True)
+    a = problem.materialize() if inputs is None else inputs
+    got = {"fwd": None, **got}
+    with recording_compiles() as rec:
+        try:
+            out = tgt.forward(problem, a)
+        except (Unsupported, *_REFUSALS):
+            out = None
+        got["fwd"] = next((sm100_fwd_variant_key(c, at) for c, at in rec if c in SM100_MAIN_FWD), None)
+        for det in need:
+            got[det] = None
+            if out is None or tgt.backward_unsupported(problem) is not None:
+                continue
+            rec.clear()
+            try:
+                tgt.backward(problem, a, out, deterministic=det)
+            except (Unsupported, *_REFUSALS):
+                continue
+            got[det] = next((sm100_bwd_variant_key(c, at, gqa=problem.nheads > problem.nheads_kv,
+                                                   deterministic=det) for c, at in rec if c in SM100_MAIN_BWD), None)
+    _SM100_KEYS[shape] = got
+    return got
+
+
+def _zero_inputs(problem: Any) -> dict:
+    """``materialize()``'s arrays for a base-row call of :func:`variant_edges` (dense or block-sparse
+    form, no sink, no descales), as zeros: the fake target reads shapes and dtypes only, and drawing
+    the values took a third of the SM 10.x enumeration's time."""
+    sh = problem.shapes()
+    a: dict = dict.fromkeys(("learnable_sink", "cu_seqlens_q", "cu_seqlens_k", "mask", "q_descale", "k_descale",
+                             "v_descale"))
+    a.update({n: np.zeros(sh[s], np.float32) for n, s in (("q", "q"), ("k", "k"), ("v", "v"), ("dout", "out"))})
+    return a
 
 
 def reached(cases: list[tuple[Any, bool, bool]]) -> set[tuple]:
@@ -108,6 +217,17 @@ def reached(cases: list[tuple[Any, bool, bool]]) -> set[tuple]:
 
 
 def _tag(v: tuple) -> str:
+    if v[0] == "fwd" and v[1] == "sm100":
+        (_f, _a, _hdp, _hdvp, oob, mode, _tm, tn, qs, cta2, pp, pack, tma_q, tma_o, split, freq, start) = v
+        return (f"fwd_{mode}_q{qs}" + (f"_n{tn}" if tn != 128 else "") + ("_2cta" if cta2 else "")
+                + ("_pingpong" if pp else "") + (("_pack" + ("" if tma_q else "_cpasync")) if pack else "")
+                + ("" if tma_o else "_epiO") + ("_split" if split else "") + f"_ex2f{freq}s{start}"
+                + ("_oob" if oob else ""))
+    if v[0] == "bwd" and v[1] in ("sm100", "sm100_hd256"):
+        (_b, _a, _th, _thv, oob, mode, _tm, tn, sched, gqa, det, _spt, _split, qsub, kvsub) = v
+        return (f"bwd_{mode}_{str(sched).replace('CtaSchedule.', '').lower()}" + (f"_n{tn}" if tn != 128 else "")
+                + (f"_qsub{qsub}" if qsub != 2 else "") + (f"_kvsub{kvsub}" if kvsub != 1 else "")
+                + ("_oob" if oob else "") + f"_{'gqa' if gqa else 'mha'}_{'det' if det else 'nondet'}")
     if v[0] == "fwd":
         (m, n, rs, _ol), mode, packed, tma = v[1], v[2], v[3], v[4]
         return f"fwd_{m}x{n}{'_rs' if rs else ''}_{mode}" + (f"_pack{'' if tma else '_cpasync'}" if packed else "")
@@ -117,41 +237,62 @@ def _tag(v: tuple) -> str:
 
 def variant_edges(space: FeatureSpace, cases: list[tuple[Any, bool, bool]], *, seed: int = 0
                   ) -> list[tuple[str, Any, bool, bool]]:
-    """Note [Kernel variants]: ``(name, problem, backward, deterministic)`` of one dense call per
-    SM90 kernel variant of the space's combinations (head-dim class x mask x GQA ratio x
-    deterministic) that no case of ``cases`` (``(problem, backward, deterministic)``: the plan's
-    rows and the constructed edges) compiles. A variant first met on a forward-only combination
-    runs forward only; a deployment's own head counts or lengths stay the space's."""
+    """Note [Kernel variants]: ``(name, problem, backward, deterministic)`` of one call per kernel
+    variant of the space's combinations (call form x head-dim class x mask x GQA ratio x
+    deterministic; on SM 10.x x seqlen class too) that no case of ``cases`` (``(problem,
+    backward, deterministic)``: the plan's rows and the constructed edges) compiles. A variant
+    first met on a forward-only combination runs forward only; a deployment's own head counts or
+    lengths stay the space's. SM90 and SM 10.x, 16-bit dtypes; [] elsewhere."""
+    import itertools
     from fa4verify.coverage.cases import problem_for
-    if space.arch != "sm90" or "dense" not in space.values["form"] or space.dtype == "fp8":
+    sm100 = is_sm100_family(space.arch)
+    if not (sm100 or space.arch == "sm90") or "dense" not in space.values["form"] or space.dtype == "fp8":
         return []
     have = reached(cases)
-    seqlen = _BASE_ROW["seqlen"] if _BASE_ROW["seqlen"] in space.values["seqlen"] else space.values["seqlen"][0]
+    base_seqlen = _BASE_ROW["seqlen"] if _BASE_ROW["seqlen"] in space.values["seqlen"] else space.values["seqlen"][0]
+    if sm100:
+        # q_stage, 2-CTA and S ping-pong follow the lengths (red-team round 14): every seqlen class,
+        # the base one first. The backward's kernel does not (tests/test_kernel_variants_sm100.py
+        # checks it): it is keyed at the base class only
+        seqlens = (base_seqlen,) + tuple(s for s in space.values["seqlen"] if s != base_seqlen)
+        dims = ("form", "hd", "mask", "gqa", "seqlen", "det")
+    else:
+        seqlens = (base_seqlen,)
+        dims = ("form", "hd", "mask", "gqa", "det")
+    forms = [f for f in _FORMS if f in space.values["form"]]
     out: list[tuple[str, Any, bool, bool]] = []
-    dims = ("form", "hd", "mask", "gqa", "det")
-    for form in (f for f in _FORMS if f in space.values["form"]):
-        for name in space.values["hd"]:
-            for mask in space.values["mask"]:
-                for gqa in space.values["gqa"]:
-                    for det in space.values["det"]:
-                        row = {**_BASE_ROW, "form": form, "seqlen": seqlen, "hd": name, "mask": mask, "gqa": gqa,
-                               "det": det, "scale": space.values["scale"][0], "values": space.values["values"][0]}
-                        if any(space.why_not({a: row[a], b: row[b]}) is not None
-                               for a in dims for b in dims if a < b):
-                            continue
-                        bwd = space.no_backward({"form": form, "hd": name, "gqa": gqa, "mask": mask}) is None
-                        if bwd and det == "on" and form in _NO_DETERMINISTIC:
-                            continue
-                        p = problem_for(space, row, 10_000 + len(out), seed=seed)
-                        want = [v for v in (fwd_variant(p), bwd_variant(p, det == "on") if bwd else None)
-                                if v is not None and v not in have]
-                        if not want:
-                            continue
-                        have.update(want)
-                        tag = "_".join(_tag(v) for v in want)
-                        out.append((f"variant_{_FORMS[form]}d{p.head_dim}"
-                                    + (f"x{p.head_dim_v}" if p.head_dim_v != p.head_dim else "") + f"_{tag}",
-                                    p, bwd, det == "on"))
+    names: set[str] = set()
+    n_shapes = 0
+    for form, name, mask, gqa, seqlen in itertools.product(forms, space.values["hd"], space.values["mask"],
+                                                           space.values["gqa"], seqlens):
+        base = {**_BASE_ROW, "form": form, "seqlen": seqlen, "hd": name, "mask": mask, "gqa": gqa,
+                "scale": space.values["scale"][0], "values": space.values["values"][0]}
+        dets = [d for d in space.values["det"]
+                if not any(space.why_not({a: r[a], b: r[b]}) is not None
+                           for r in ({**base, "det": d},) for a in dims for b in dims if a < b)]
+        if not dets:
+            continue
+        bwd = space.no_backward({"form": form, "hd": name, "gqa": gqa, "mask": mask}) is None \
+            and seqlen == base_seqlen
+        if sm100:      # one call per shape: its forward and both backwards recorded in one pass
+            shape = problem_for(space, base, 10_000 + n_shapes, seed=seed)
+            n_shapes += 1
+            _sm100_keys(shape, tuple(d == "on" for d in dets) if bwd else (), inputs=_zero_inputs(shape))
+        for det in dets:
+            if not sm100 and bwd and det == "on" and form in _NO_DETERMINISTIC:
+                continue
+            p = shape if sm100 else problem_for(space, {**base, "det": det}, 10_000 + len(out), seed=seed)
+            want = [v for v in (fwd_variant(p), bwd_variant(p, det == "on") if bwd else None)
+                    if v is not None and v not in have]
+            if not want:
+                continue
+            have.update(want)
+            edge = (f"variant_{_FORMS[form]}d{p.head_dim}" + (f"x{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
+                    + f"_{'_'.join(_tag(v) for v in want)}")
+            if edge in names:
+                edge += f"_{len(out)}"
+            names.add(edge)
+            out.append((edge, p, bwd, det == "on"))
     return out
 
 
@@ -160,6 +301,6 @@ def variant_edges(space: FeatureSpace, cases: list[tuple[Any, bool, bool]], *, s
 #: backward's tile_m to the sparse Q block; red-team round 13: a tile_m-64 forward and the hd-256
 #: sparse backward were each reached by one or two seed-drawn rows only)
 _FORMS = {"dense": "", "block_sparse": "bs_"}
-#: forms whose backward FA4 runs without ``deterministic`` only (the SM90 block-sparse backward
-#: asserts it)
+#: forms whose SM90 backward FA4 runs without ``deterministic`` only (the SM90 block-sparse backward
+#: asserts it; the SM 10.x one takes ``deterministic``)
 _NO_DETERMINISTIC = ("block_sparse",)
