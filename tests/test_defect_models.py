@@ -327,6 +327,34 @@ def test_a_dq_model_goes_through_the_misread_accumulator():
     assert v.over_indices.tolist() == [[0, 70, 1, c] for c in range(72)]
 
 
+def test_a_misread_of_a_defect_reading_unknown_memory_is_unknown_on_the_padding():
+    """Plan row 114 on an H100 at c6d84c7 (alibi, GQA 14/2, hd 72, 67 rows): the score-index
+    defect's mapped heads run past the 14 slopes (unknown memory), and the misread accumulator
+    returned NaN where it reads the padded rows and columns, which the composed model had as 0:
+    the clean control failed. Where the defect's model is unknown anywhere its padding is unknown
+    too; a model without unknown rows keeps 0 there (``test_a_dq_model_goes_through_...``)."""
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=67, seqlen_k=67, nheads=14, nheads_kv=2,
+                         head_dim=72, head_dim_v=72, causal=True, window_size=(127, None), mods=("alibi",))
+    a = _arr(p)
+    right = _grads(p, a)
+    score = dm.score_mod_gqa_indices(p, a, a["dout"], None)["dq"]
+    assert np.isnan(score).any()                      # heads past the slopes
+    allow = np.full(right["dq"].shape, 1e-4)
+    misread = dm.sm90_dq_misread(p, a, None, None)["dq"]
+    fa4, _ = misread(score, allow, np.nan)            # NaN where the padding is read, as measured
+    zero, _ = misread(score, allow)
+    assert (np.isnan(fa4) & ~np.isnan(zero)).any()    # the padding reads exist here
+    v = _violation("dq", fa4, right["dq"], allow, a["dout"])
+    v.judged["ref"] = right["dq"]
+    ki = match_known_issue(p, v, a, target="production")
+    assert ki is not None and ki.name == "sm90_score_mod_gqa_bwd_indices" and v.metrics["known_model"] == "within"
+    bad = np.where(np.isnan(fa4), fa4, fa4 + 0.0)
+    bad[0, 10, 0, :] += 0.5                           # a fault in a row the model knows stays reported
+    v = _violation("dq", bad, right["dq"], allow, a["dout"])
+    v.judged["ref"] = right["dq"]
+    assert match_known_issue(p, v, a, target="production") is None
+
+
 def test_the_score_head_edge_judges_heads_a_head_mapping_fault_moves():
     """Edge score_head_gqa (alibi, GQA 8/4): under FA4's mapping query heads 0..3 stay inside the
     slopes, so the model judges their dQ and KV heads 0 and 1's dK / dV; round 12's F2 (head h +

@@ -279,13 +279,15 @@ def _misread_map(problem: AttentionProblem, rows: str) -> Optional[Callable]:
     dst_t, dst_c, src_t, src_c = (np.concatenate(x) if x else np.zeros(0, np.int64)
                                   for x in (dst_t, dst_c, src_t, src_c))
 
-    def gather(ref: np.ndarray, allow: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def gather(ref: np.ndarray, allow: np.ndarray, unwritten: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """``ref`` and ``allow`` as FA4's postprocess returns them; ``unwritten``: the value where
+        the read lands on the zeroed buffer or a padded row or column (0: padded rows and columns
+        add 0 exactly; NaN, unknown, for a defect's accumulator whose padding is not modelled)."""
         shape = ref.shape
         x = ref.reshape((-1,) + shape[-2:])
         t = np.asarray(allow, np.float64).reshape((-1,) + shape[-2:])
-        # where the read lands on the zeroed buffer or a padded row FA4 returns 0 (padded rows add
-        # 0 exactly); the element's own allowance is kept there as a hedge on that last claim
-        v, w = np.zeros_like(x), t.copy()
+        # the element's own allowance is kept where the read lands on zeros, as a hedge on that claim
+        v, w = np.full_like(x, unwritten), t.copy()
         v[dst_t, :, dst_c] = x[src_t, :, src_c]
         w[dst_t, :, dst_c] = t[src_t, :, src_c]
         return v.reshape(shape), w.reshape(shape)

@@ -836,12 +836,15 @@ def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any
     elif quantity == "dq":
         # Note [The misread accumulator] applies to whatever dQ the kernel accumulated, a defect's
         # too: measured on an H100 (2026-12-06), plan row 114 (alibi under GQA at hd 72) returns the
-        # misread of the score-index defect's dQ
+        # misread of the score-index defect's dQ. Where that defect reads unknown memory (NaN rows:
+        # mapped heads past the aux tensors) its padded rows and columns may too (the model does not
+        # compute them; on an H100 at c6d84c7 row 114 returned NaN there): unknown, not 0
         if "misread" not in models:
             models["misread"] = defect_models.sm90_dq_misread(problem, a, None, None)
         if models["misread"] is not None:
-            ref, allow = models["misread"]["dq"](np.asarray(ref, np.float64),
-                                                 np.broadcast_to(allow, np.shape(ref)))
+            r = np.asarray(ref, np.float64)
+            ref, allow = models["misread"]["dq"](r, np.broadcast_to(allow, np.shape(ref)),
+                                                 np.nan if np.isnan(r).any() else 0.0)
     act = np.asarray(j["actual"], np.float64).reshape(ref.shape)
     out = outside_model(act, ref, np.broadcast_to(allow, ref.shape), slack)
     if ki.model is None:                  # a shadow: record, absorb by the configuration rule
