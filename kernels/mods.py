@@ -50,7 +50,7 @@ import numpy as np
 
 __all__ = ["ModShape", "ModPair", "AuxValues", "alibi", "scalar_bias", "default_slope", "rel_bias", "rel_scale", "softcap_mod",
            "document_mask", "prefix_lm", "head_window",
-           "sliding_window", "causal_mask", "checkerboard", "seqlen_bias", "causal_aligned", "library", "U32"]
+           "sliding_window", "causal_mask", "checkerboard", "seqlen_bias", "causal_aligned", "head_scale", "library", "U32"]
 
 U32 = 2.0 ** -24
 #: PTX ``tanh.approx.f32`` maximum relative error (error_budgets/DERIVATIONS.md#m-constants)
@@ -696,6 +696,45 @@ def checkerboard() -> ModPair:
                    description="(q // 128 + kv // 128) % 2 == 0")
 
 
+def head_scale() -> ModPair:
+    """A temperature per query head: ``y = x t[h]``, ``t[h] = 1 / 2 + (h + 1) / (2 H)`` (fp32, in
+    ``aux_tensors[0]``; all in (1/2, 1]: Lipschitz 1), and its derivative ``t[h]`` in the
+    score_mod_bwd, which reads the head too. The head-reading pairs before it (alibi) had a
+    backward that ignores the head (dy/dx = 1), so a backward handing score_mod_bwd the wrong head
+    changed no value (red-team round 12's ``score_mod_bwd_gqa_head_unscaled``: missed on an H100
+    twice, at 985b9b8 and c6d84c7); here every head's derivative differs.
+
+    Kernel error (fp32): one rounding of the product: ``err <= u |x t|``."""
+    def aux(s: ModShape, rng):
+        return [np.asarray([0.5 + (i + 1) / (2.0 * s.nheads) for i in range(s.nheads)], np.float32)]
+
+    def ref(x, b, h, qi, ki, a):
+        return x * float(a[0][h])
+
+    def grad(x, b, h, qi, ki, a):
+        return np.full(np.shape(x), float(a[0][h]))
+
+    def err(x, y, b, h, qi, ki, a):
+        return U32 * np.abs(x * float(a[0][h]))
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+
+        @cute.jit
+        def head_scale_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            return score * _ssa(aux_tensors[0][h[0]], cutlass.Float32)
+
+        @cute.jit
+        def head_scale_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            return grad * _ssa(aux_tensors[0][h[0]], cutlass.Float32)
+        return head_scale_score, head_scale_bwd
+
+    return ModPair("head_scale", "score", ref, build, grad=grad, err=err, aux=aux,
+                   features=("score_mod", "score_mod_bwd", "aux_tensors"),
+                   description="per-head temperature x t[h], t[h] = 1/2 + (h+1)/(2H) fp32 in aux_tensors[0]")
+
+
 #: the bias slope of :func:`seqlen_bias` (a power of two: ``c d`` is exact in fp32 for d < 2^24)
 SEQLEN_SLOPE = 2.0 ** -5
 
@@ -787,4 +826,5 @@ WINDOW = (128, 0)
 def library() -> list[ModPair]:
     """fa4verify's built-in pairs (the default parameters the GPU script and tests use)."""
     return [alibi(), rel_bias(), rel_scale(), scalar_bias(), default_slope(), softcap_mod(), document_mask(), prefix_lm(),
-            head_window(), sliding_window(*WINDOW), causal_mask(), checkerboard(), seqlen_bias(), causal_aligned()]
+            head_window(), sliding_window(*WINDOW), causal_mask(), checkerboard(), seqlen_bias(), causal_aligned(),
+            head_scale()]

@@ -355,40 +355,57 @@ def test_a_misread_of_a_defect_reading_unknown_memory_is_unknown_on_the_padding(
     assert match_known_issue(p, v, a, target="production") is None
 
 
+def _f2_backward(p, a, pair):
+    """Round 12's F2 (``score_mod_bwd_gqa_head_unscaled``) as FA4 would compute it: the backward's S
+    recomputation keeps FA4's mapping (head ``h g + r % g``); only score_mod_bwd gets ``h + r % g``
+    (the mutant edits ``apply_score_mod_bwd_inner`` alone). Heads past the aux tensor read 9.0."""
+    from fa4verify import mods
+    score = mods.get(pair)
+    q_ = p.replace(mods=(pair,))
+    aux = mods.aux_for(q_, score, a)
+    g = p.nheads // p.nheads_kv
+    ki_ = np.arange(p.seqlen_k)[None, :]
+
+    def f2(b, h, rows, x):
+        y, fp = np.empty_like(x), np.empty_like(x)
+        for r in rows:
+            qq = np.array([[int(r) // g]])
+            for out, hh, fn in ((y, h * g + int(r) % g, score.ref), (fp, h + int(r) % g, score.grad)):
+                try:
+                    out[r] = np.broadcast_to(fn(x[r:r + 1].copy(), b, hh, qq, ki_, aux), (1, p.seqlen_k))
+                except IndexError:
+                    out[r] = 9.0
+        return y, fp
+    keep = dm._keeps(q_, a)
+    return dm.model_backward(q_, a, a["dout"], None, keep_fwd=keep, keep_bwd=keep,
+                             score_fwd=dm._plain_score(q_, a), score_bwd=f2)
+
+
 def test_the_score_head_edge_judges_heads_a_head_mapping_fault_moves():
-    """Edge score_head_gqa (alibi, GQA 8/4): under FA4's mapping query heads 0..3 stay inside the
-    slopes, so the model judges their dQ and KV heads 0 and 1's dK / dV; round 12's F2 (head h +
-    r % g), missed on an H100 at 985b9b8 where no plan row had such a head, moves them."""
+    """Edge score_head_gqa (head_scale, GQA 8/4): under FA4's mapping query heads 0..3 stay inside the
+    temperatures, so the model judges their dQ and KV heads 0 and 1's dK / dV; round 12's F2 (the
+    score_mod_bwd alone handed head h + r % g), missed on an H100 at 985b9b8 and c6d84c7, moves them
+    -- with head_scale, whose derivative reads the head; with alibi (dy/dx = 1) it moves nothing."""
     from fa4verify.coverage import cases, space
     p = {n: q for n, q, _b in cases.edge_problems(space.space_for("sm90", "bf16"))}["score_head_gqa"]
+    assert p.mods == ("head_scale",)
     p = p.replace(seqlen_q=40, seqlen_k=40)          # the same heads, a CPU-sized oracle
     a = _arr(p)
     model = dm.score_mod_gqa_indices(p, a, a["dout"], None)
     assert np.isfinite(model["dq"][:, :, :4]).all() and np.isnan(model["dq"][:, :, 4:]).all()
     assert np.isfinite(model["dk"][:, :, :2]).all() and np.isnan(model["dk"][:, :, 2:]).all()
-    from fa4verify import mods
-    score = p.mod_pairs()[0]
-    aux = mods.aux_for(p, score, a)
-    ki_ = np.arange(40)[None, :]
-
-    def f2(b, h, rows, x):
-        y, fp = np.empty_like(x), np.empty_like(x)
-        for r in rows:
-            hh, qq = h + int(r) % 2, np.array([[int(r) // 2]])
-            try:
-                y[r] = score.ref(x[r:r + 1].copy(), b, hh, qq, ki_, aux)
-                fp[r] = np.broadcast_to(score.grad(x[r:r + 1].copy(), b, hh, qq, ki_, aux), (1, 40))
-            except IndexError:        # head 8: past the slopes (whatever memory; 9.0 here)
-                y[r] = fp[r] = 9.0
-        return y, fp
-    keep = dm._keeps(p, a)
-    got = dm.model_backward(p, a, a["dout"], None, keep_fwd=keep, keep_bwd=keep,
-                            score_fwd=dm._plain_score(p, a), score_bwd=f2)
     right = _grads(p, a)
+    got = _f2_backward(p, a, "head_scale")
     for n, heads in (("dq", {1, 2, 3}), ("dk", {0, 1})):
         v = _violation(n, got[n], right[n], np.full(right[n].shape, 1e-4), a["dout"])
         assert match_known_issue(p, v, a, target="production") is None, n
         assert set(v.over_indices[:, 2].tolist()) == heads, n
+    # the same fault under alibi: FA4's own defect, value for value (an equivalent mutant there)
+    pa = p.replace(mods=("alibi",))
+    ma, ga = dm.score_mod_gqa_indices(pa, a, a["dout"], None), _f2_backward(pa, a, "alibi")
+    for n in ("dq", "dk", "dv"):
+        fin = np.isfinite(ma[n])
+        assert np.allclose(ga[n][fin], ma[n][fin], rtol=1e-12, atol=1e-12), n
 
 
 def test_the_gqa_dkdv_issue_records_its_shadow_model_and_still_absorbs():

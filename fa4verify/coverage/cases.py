@@ -863,17 +863,20 @@ def _wide_group_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
 
 
 def _score_head_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
-    """``score_head_gqa``: a head-reading score pair (``alibi``) under GQA 8/4, causal, hd 128,
-    forward and backward. FA4's SM90 backward hands the pair head ``h g + r % g`` (known issue
-    ``sm90_score_mod_gqa_bwd_indices``, judged against its model: Note [Known issues with a model]);
-    at a ratio of 2 over 8 heads that head stays inside the slopes for query heads 0..3, so their dQ
-    and KV heads 0 and 1's dK / dV are judged against the model. The plan's head-reading GQA rows
-    read past the slopes for every head but 0 (MQA 3/1) or sat where another defect shows (hd 72),
-    so a fault in the backward's head mapping (red-team round 12's ``score_mod_bwd_gqa_head_unscaled``,
-    run on an H100 at 985b9b8: missed) had nothing to move."""
+    """``score_head_gqa``: a score pair that reads the head in its score_mod and its score_mod_bwd
+    (``head_scale``, else ``alibi``) under GQA 8/4, causal, hd 128, forward and backward. FA4's SM90
+    backward hands the pair head ``h g + r % g`` (known issue ``sm90_score_mod_gqa_bwd_indices``,
+    judged against its model: Note [Known issues with a model]); at a ratio of 2 over 8 heads that
+    head stays inside the aux tensor for query heads 0..3, so their dQ and KV heads 0 and 1's dK / dV
+    are judged against the model. The plan's head-reading GQA rows read past it for every head but
+    0 (MQA 3/1) or sat where another defect shows (hd 72), and alibi's score_mod_bwd ignores the
+    head, so a fault in the backward's head mapping (red-team round 12's
+    ``score_mod_bwd_gqa_head_unscaled``, run on an H100 at 985b9b8 and, with alibi here, at
+    c6d84c7: missed both times) had nothing to move."""
     from fa4verify.problem import AttentionProblem
     forms = space.values["form"]
-    if (space.lengths or space.heads or "score_mod" not in forms or "mod:alibi" not in space.score_pairs
+    pair = next((p for p in ("head_scale", "alibi") if f"mod:{p}" in space.score_pairs), None)
+    if (space.lengths or space.heads or "score_mod" not in forms or pair is None
             or "2" not in space.values["gqa"] or "causal" not in space.values["mask"]):
         return []
     name = _hd128(space)
@@ -881,7 +884,7 @@ def _score_head_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
     vals = _own_vals("score_head", space)
     return [("score_head_gqa", AttentionProblem(
         batch=1, seqlen_q=150, seqlen_k=150, nheads=8, nheads_kv=4, head_dim=hd, head_dim_v=hdv, causal=True,
-        mods=("alibi",), arch=space.arch, dtype=space.dtype, values=vals()),
+        mods=(pair,), arch=space.arch, dtype=space.dtype, values=vals()),
         _runs_bwd(space, form="score_mod", hd=name, gqa="2", mask="causal"))]
 
 
