@@ -50,7 +50,8 @@ import numpy as np
 
 __all__ = ["ModShape", "ModPair", "AuxValues", "alibi", "scalar_bias", "default_slope", "rel_bias", "rel_scale", "softcap_mod",
            "document_mask", "prefix_lm", "head_window",
-           "sliding_window", "causal_mask", "checkerboard", "seqlen_bias", "causal_aligned", "head_scale", "library", "U32"]
+           "sliding_window", "causal_mask", "checkerboard", "seqlen_bias", "causal_aligned", "head_scale",
+           "batch_length_scale", "library", "U32"]
 
 U32 = 2.0 ** -24
 #: PTX ``tanh.approx.f32`` maximum relative error (error_budgets/DERIVATIONS.md#m-constants)
@@ -696,17 +697,24 @@ def checkerboard() -> ModPair:
                    description="(q // 128 + kv // 128) % 2 == 0")
 
 
-def head_scale() -> ModPair:
-    """A temperature per query head: ``y = x t[h]``, ``t[h] = 1 / 2 + (h + 1) / (2 H)`` (fp32, in
-    ``aux_tensors[0]``; all in (1/2, 1]: Lipschitz 1), and its derivative ``t[h]`` in the
-    score_mod_bwd, which reads the head too. The head-reading pairs before it (alibi) had a
-    backward that ignores the head (dy/dx = 1), so a backward handing score_mod_bwd the wrong head
-    changed no value (red-team round 12's ``score_mod_bwd_gqa_head_unscaled``: missed on an H100
-    twice, at 985b9b8 and c6d84c7); here every head's derivative differs.
+#: the temperatures of :func:`head_scale` and :func:`batch_length_scale`: powers of two, so the
+#: products (forward and score_mod_bwd) are exact in fp32 above the normal range
+#: (error_budgets/DERIVATIONS.md#score-mod)
+POW2_TEMPERATURES = (1.0, 0.5, 0.25, 0.125)
 
-    Kernel error (fp32): one rounding of the product: ``err <= u |x t|``."""
+
+def head_scale() -> ModPair:
+    """A temperature per query head: ``y = x t[h]``, ``t[h] = 2^-(h mod 4)`` (fp32, in
+    ``aux_tensors[0]``; Lipschitz 1), and its derivative ``t[h]`` in the score_mod_bwd, which reads
+    the head too. The head-reading pairs before it (alibi) had a backward that ignores the head
+    (dy/dx = 1), so a backward handing score_mod_bwd the wrong head changed no value (red-team
+    round 12's ``score_mod_bwd_gqa_head_unscaled``: missed on an H100 twice, at 985b9b8 and
+    c6d84c7); here neighbouring heads' derivatives differ.
+
+    Kernel error (fp32): a product by a power of two, exact where ``|x t| >= 2^-126`` (a subnormal
+    product possibly flushed): ``err <= 2^-126``; the score_mod_bwd's ``grad t`` likewise."""
     def aux(s: ModShape, rng):
-        return [np.asarray([0.5 + (i + 1) / (2.0 * s.nheads) for i in range(s.nheads)], np.float32)]
+        return [np.asarray([POW2_TEMPERATURES[i % 4] for i in range(s.nheads)], np.float32)]
 
     def ref(x, b, h, qi, ki, a):
         return x * float(a[0][h])
@@ -715,7 +723,7 @@ def head_scale() -> ModPair:
         return np.full(np.shape(x), float(a[0][h]))
 
     def err(x, y, b, h, qi, ki, a):
-        return U32 * np.abs(x * float(a[0][h]))
+        return np.full(np.shape(x), 2.0 ** -126)
 
     def build():
         import cutlass
@@ -732,7 +740,51 @@ def head_scale() -> ModPair:
 
     return ModPair("head_scale", "score", ref, build, grad=grad, err=err, aux=aux,
                    features=("score_mod", "score_mod_bwd", "aux_tensors"),
-                   description="per-head temperature x t[h], t[h] = 1/2 + (h+1)/(2H) fp32 in aux_tensors[0]")
+                   description="per-head temperature x t[h], t[h] = 2^-(h mod 4) fp32 in aux_tensors[0]")
+
+
+def _length_index(b: int, a) -> int:
+    sq, sk = a.seqlens[b]
+    return (int(b) + sk - sq) & 3
+
+
+def batch_length_scale() -> ModPair:
+    """A temperature from the batch index and the lengths FA4 hands the mods (Note [Lengths the
+    mods see]): ``y = x T[(b + seqlen_k - seqlen_q) & 3]``, ``T`` = :data:`POW2_TEMPERATURES` in
+    ``aux_tensors[0]``, and its derivative ``T[...]`` in the score_mod_bwd, which reads ``b`` and
+    ``seqlen_info`` too: every derivative of the pairs before it ignored both, so a backward
+    handing score_mod_bwd another batch entry or other lengths changed no value (the class of
+    round 12's F2). Exact in fp32 like :func:`head_scale`: ``err <= 2^-126``."""
+    def aux(s: ModShape, rng):
+        return [np.asarray(POW2_TEMPERATURES, np.float32)]
+
+    def ref(x, b, h, qi, ki, a):
+        return x * float(a[0][_length_index(b, a)])
+
+    def grad(x, b, h, qi, ki, a):
+        return np.full(np.shape(x), float(a[0][_length_index(b, a)]))
+
+    def err(x, y, b, h, qi, ki, a):
+        return np.full(np.shape(x), 2.0 ** -126)
+
+    def build():
+        import cutlass
+        import cutlass.cute as cute
+
+        @cute.jit
+        def batch_length_scale_score(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            i = (b[0] + seqlen_info.seqlen_k - seqlen_info.seqlen_q) & 3
+            return score * _ssa(aux_tensors[0][i], cutlass.Float32)
+
+        @cute.jit
+        def batch_length_scale_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            i = (b[0] + seqlen_info.seqlen_k - seqlen_info.seqlen_q) & 3
+            return grad * _ssa(aux_tensors[0][i], cutlass.Float32)
+        return batch_length_scale_score, batch_length_scale_bwd
+
+    return ModPair("batch_length_scale", "score", ref, build, grad=grad, err=err, aux=aux,
+                   features=("score_mod", "score_mod_bwd", "aux_tensors", "seqlen_info"),
+                   description="temperature x T[(b + seqlen_k - seqlen_q) & 3], T = 2^-k fp32 in aux_tensors[0]")
 
 
 #: the bias slope of :func:`seqlen_bias` (a power of two: ``c d`` is exact in fp32 for d < 2^24)
@@ -827,4 +879,4 @@ def library() -> list[ModPair]:
     """fa4verify's built-in pairs (the default parameters the GPU script and tests use)."""
     return [alibi(), rel_bias(), rel_scale(), scalar_bias(), default_slope(), softcap_mod(), document_mask(), prefix_lm(),
             head_window(), sliding_window(*WINDOW), causal_mask(), checkerboard(), seqlen_bias(), causal_aligned(),
-            head_scale()]
+            head_scale(), batch_length_scale()]

@@ -413,14 +413,16 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       and more keys than queries (and an empty one): with aux tensors FA4 wraps the indices it
       hands the mod modulo the sequence's own lengths (``softmax.apply_score_mod_inner``; the
       backward rebuilds those divisors per sequence, ``recompute_fastdiv_mods_q``);
-    * ``seqlen_info_varlen_score``, ``seqlen_info_varlen_mask``, ``seqlen_info_seqused``,
-      ``seqlen_info_dense``: the pairs that read the lengths FA4 hands the mods (Note [Lengths
-      the mods see] in ``kernels/mods.py``: ``seqlen_bias``, ``causal_aligned``) on varlen calls
-      whose sequences have more queries than keys, more keys than queries and equal lengths
+    * ``seqlen_info_varlen_score``, ``seqlen_info_varlen_scale``, ``seqlen_info_varlen_mask``,
+      ``seqlen_info_seqused``, ``seqlen_info_dense_score``, ``seqlen_info_dense_scale``,
+      ``seqlen_info_dense_mask``: the pairs that read the lengths FA4 hands the mods (Note [Lengths
+      the mods see] in ``kernels/mods.py``: ``seqlen_bias``, ``causal_aligned``, and
+      ``batch_length_scale``, whose score_mod_bwd reads them and the batch index too) on varlen
+      calls whose sequences have more queries than keys, more keys than queries and equal lengths
       (GQA 4/2 for the mask), on batched Q and K/V with ``seqused_q`` / ``seqused_k`` below the
-      capacities, and on a dense call with more keys than queries run backward (the backward's
+      capacities, and on dense calls with more keys than queries run backward (the backward's
       roles): another sequence's lengths, the static maximum, a capacity or the two lengths
-      swapped move the bias or the diagonal on each;
+      swapped move the bias, the temperature or the diagonal on each;
     * ``empty_first_blocks_<tm>x<tn>`` (and ``_left``): an unpacked causal call, one key more than
       queries, on each forward tile taller than wide, whose first rows meet no key in the first
       two KV tiles their M tile processes (Note [Rows empty in the first blocks]);
@@ -1214,6 +1216,11 @@ def _seqlen_info_edges(space: FeatureSpace, name: str, vals, runs_bwd) -> list[t
         out.append(("seqlen_info_varlen_score", AttentionProblem(
             nheads=2, nheads_kv=2, mods=("seqlen_bias",), values=vals(), **varlen, **base),
             runs_bwd("score_mod", "1", "zero")))
+    scale = "mod:batch_length_scale" in space.score_pairs and "score_mod" in forms
+    if scale and varlen_ok and "1" in gqas:
+        out.append(("seqlen_info_varlen_scale", AttentionProblem(
+            nheads=2, nheads_kv=2, mods=("batch_length_scale",), values=vals(), **varlen, **base),
+            runs_bwd("score_mod", "1", "zero")))
     if mask and varlen_ok and "4" in gqas:
         out.append(("seqlen_info_varlen_mask", AttentionProblem(
             nheads=8, nheads_kv=2, mods=("causal_aligned",), values=vals(), **varlen, **base),
@@ -1225,10 +1232,14 @@ def _seqlen_info_edges(space: FeatureSpace, name: str, vals, runs_bwd) -> list[t
             mods=("seqlen_bias",), values=vals(),
             call=CallForm(seqused_q=True, q_capacity=max(lq) + 16, seqused_k=True, kv_capacity=max(lk) + 29), **base),
             runs_bwd("score_mod", "1", "zero") and _runs_bwd(space, form="seqused_q", hd=name, gqa="1", mask="none")))
-    for pair, form, ok in (("seqlen_bias", "score_mod", score), ("causal_aligned", "mask_mod", mask)):
+    # (dense: one key more for the temperature, whose index reads the lengths' difference mod 4 --
+    # odd, so the two lengths swapped move it)
+    for edge, pair, form, ok, sk in (("seqlen_info_dense_score", "seqlen_bias", "score_mod", score, 2 * tn + 3),
+                                     ("seqlen_info_dense_mask", "causal_aligned", "mask_mod", mask, 2 * tn + 3),
+                                     ("seqlen_info_dense_scale", "batch_length_scale", "score_mod", scale, 2 * tn + 4)):
         if ok and "1" in gqas:
-            out.append((f"seqlen_info_dense_{'score' if form == 'score_mod' else 'mask'}", AttentionProblem(
-                batch=2, seqlen_q=tm + 9, seqlen_k=2 * tn + 3, nheads=2, nheads_kv=2, mods=(pair,), values=vals(),
+            out.append((edge, AttentionProblem(
+                batch=2, seqlen_q=tm + 9, seqlen_k=sk, nheads=2, nheads_kv=2, mods=(pair,), values=vals(),
                 **base), runs_bwd(form, "1", "multi") and (form == "score_mod" or f"mod:{pair}" in space.mask_pairs_bwd)))
     return out
 
