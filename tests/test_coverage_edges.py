@@ -49,6 +49,7 @@ def test_each_edge_is_the_path_it_names():
                     "seqlen_info_varlen_score": True, "seqlen_info_varlen_mask": True, "seqlen_info_seqused": True,
                     "seqlen_info_dense_score": True, "seqlen_info_dense_mask": True,
                     "seqlen_info_varlen_scale": True, "seqlen_info_dense_scale": True,
+                    "score_head_mha": True, "score_scalars_bwd": True, "score_bwd_indices_tiles": True,
                     "inference_causal_gqa": False}
     # score pairs on the batched layout (seqused_q and seqused_k) and inside block sparsity
     p = got["seqused_score_aux"]

@@ -370,7 +370,8 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       of ``_tile_size_bwd_sm90``): FA4's ``get_m_block_min_max`` must include that M block;
     * ``score_bwd_indices`` (SM90): the ``rel_scale`` pair (its derivative reads ``kv - q``) on a
       dense MHA call at a head dim <= 128 (128 first: FA4's SM90 backward transposes S there,
-      ``SdP_swapAB``), so ``score_mod_bwd`` must get the forward's indices;
+      ``SdP_swapAB``), so ``score_mod_bwd`` must get the forward's indices; ``score_bwd_indices_tiles``
+      the same over three backward M tiles and a bit (the pair's band crosses tile edges);
     * ``varlen_head_sections`` (SM90): a causal varlen call with 20 heads, more than one L2 head
       section of FA4's varlen LPT scheduler (16 heads for short sequences) and not a multiple of
       it: the last section's heads (``tile_scheduler.py``, ``nheads_in_this_section``);
@@ -874,7 +875,9 @@ def _score_head_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
     0 (MQA 3/1) or sat where another defect shows (hd 72), and alibi's score_mod_bwd ignores the
     head, so a fault in the backward's head mapping (red-team round 12's
     ``score_mod_bwd_gqa_head_unscaled``, run on an H100 at 985b9b8 and, with alibi here, at
-    c6d84c7: missed both times) had nothing to move."""
+    c6d84c7: missed both times) had nothing to move. ``score_head_mha``: the same pair over 8 MHA
+    heads (every head judged, each its own temperature); ``score_scalars_bwd``: ``scalar_bias``
+    (runtime ``aux_scalars``) on an MHA backward (red-team round 16, ``docs/results/redteam16/``)."""
     from fa4verify.problem import AttentionProblem
     forms = space.values["form"]
     pair = next((p for p in ("head_scale", "alibi") if f"mod:{p}" in space.score_pairs), None)
@@ -884,10 +887,25 @@ def _score_head_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
     name = _hd128(space)
     hd, hdv = space.hd[name]
     vals = _own_vals("score_head", space)
-    return [("score_head_gqa", AttentionProblem(
+    out = [("score_head_gqa", AttentionProblem(
         batch=1, seqlen_q=150, seqlen_k=150, nheads=8, nheads_kv=4, head_dim=hd, head_dim_v=hdv, causal=True,
         mods=(pair,), arch=space.arch, dtype=space.dtype, values=vals()),
         _runs_bwd(space, form="score_mod", hd=name, gqa="2", mask="causal"))]
+    # red-team round 16: every other head-reading backward sat under a known issue (GQA) or had 2
+    # heads; MHA over 8 heads, each its own temperature, judges every head's score_mod_bwd
+    if pair == "head_scale" and "1" in space.values["gqa"]:
+        out.append(("score_head_mha", AttentionProblem(
+            batch=1, seqlen_q=150, seqlen_k=150, nheads=8, nheads_kv=8, head_dim=hd, head_dim_v=hdv, causal=True,
+            mods=(pair,), arch=space.arch, dtype=space.dtype, values=vals()),
+            _runs_bwd(space, form="score_mod", hd=name, gqa="1", mask="causal")))
+    # red-team round 16: runtime aux scalars reached one backward, under a known issue (GQA 3/1);
+    # an MHA backward whose S recomputation reads them
+    if "mod:scalar_bias" in space.score_pairs and "1" in space.values["gqa"]:
+        out.append(("score_scalars_bwd", AttentionProblem(
+            batch=2, seqlen_q=128, seqlen_k=128, nheads=2, nheads_kv=2, head_dim=hd, head_dim_v=hdv,
+            mods=("scalar_bias",), arch=space.arch, dtype=space.dtype, values=vals()),
+            _runs_bwd(space, form="score_mod", hd=name, gqa="1", mask="none")))
+    return out
 
 
 def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
@@ -1302,6 +1320,14 @@ def _sm90_tile_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
         out.append(("score_bwd_indices", AttentionProblem(
             batch=1, seqlen_q=100, seqlen_k=150, nheads=2, nheads_kv=2, mods=("rel_scale",), values=vals(),
             **hd_of(swap[0]), **base), runs_bwd("score_mod", swap[0], "1", "none")))
+    # red-team round 16: rel_scale's derivative reads kv - q only within its radius, and the edges
+    # above run one or two backward M tiles: three tiles and a bit, MHA, so the band crosses tile
+    # edges in both directions (a tile-local index in the backward moves it)
+    if "score_mod" in forms and "mod:rel_scale" in space.score_pairs and "1" in space.values["gqa"] and swap:
+        tmb = facts.sm90_bwd_tile(*space.hd[swap[0]], False, False)[0]
+        out.append(("score_bwd_indices_tiles", AttentionProblem(
+            batch=2, seqlen_q=3 * tmb + 5, seqlen_k=3 * tmb + 5, nheads=2, nheads_kv=2, mods=("rel_scale",),
+            values=vals(), **hd_of(swap[0]), **base), runs_bwd("score_mod", swap[0], "1", "none")))
     # above head dim 128 FA4's SM90 backward does not transpose S: the score_mod (and its derivative)
     # positions come from the other branch of the tile offset (the sixth red-team round); one edge
     # per backward tile there
