@@ -64,5 +64,6 @@ def test_a_deployment_gets_no_padding_or_chain_edges_and_earlier_edges_keep_thei
     new = {"paged_kv_fused_16", "paged_hnd_16", "paged_kv_fused_tile", "paged_hnd_tile", "causal_l2_sections_varlen",
            "causal_l2_sections_seqused", "packed_cpasync_hdv_pad", "packed_cpasync_hd_pad", "bwd_hdv_pad",
            "layout_qkv_packed_varlen", "layout_strided_packed_cpasync", "layout_transposed_gqa", "layout_qkv_packed_192",
-           "layout_broadcast_mqa", "gqa_16_causal", "gqa_64_packed", "gqa_71_cpasync", "score_head_gqa"}
+           "layout_broadcast_mqa", "gqa_16_causal", "gqa_64_packed", "gqa_71_cpasync", "score_head_gqa",
+           "score_head_mha", "score_scalars_bwd"}
     assert set(names[-len(new):]) == new
