@@ -608,9 +608,10 @@ class ProductionTarget(Target):
         return why
 
     def _call_kw(self, problem: AttentionProblem, a: Mapping[str, Any], *, backward: bool = False,
-                 deterministic: bool = False) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+                 deterministic: bool = False, public: bool = False) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """(q, k, v, dout, kwargs) of the adapter call for the problem's call form (``pack_gqa``
-        only in the forward's: FA4's backward never packs)."""
+        only in the forward's: FA4's backward never packs). ``public``: the forward's arguments for
+        FA4's public autograd entry, which takes a score pair's ``score_mod_bwd`` too."""
         dt = problem.dtype
         kw = dict(softmax_scale=problem.softmax_scale, causal=problem.causal, window_size=tuple(problem.window_size),
                   softcap=float(problem.softcap), learnable_sink=self._sink(problem, a),
@@ -630,7 +631,7 @@ class ProductionTarget(Target):
                 kw.update(cu_seqlens_k=self._t(c["cu_seqlens_k"], None), max_seqlen_k=c["max_seqlen_k"])
             if problem.mods:           # a mod pair on paged KV: the mod sees each sequence's logical keys
                 kw.update(self._mods_kw(problem, a))
-                if not backward:
+                if not (backward or public):
                     kw.pop("score_mod_bwd", None)
             k, v = self._t(c["k"], dt), self._t(c["v"], dt)
             if call.paged and call.pool_layout != "separate":
@@ -676,7 +677,7 @@ class ProductionTarget(Target):
             kw["mask_mod"] = fn
         if call.block_size is not None:     # Note [Partial blocks]: the mask pair inside mask blocks
             kw.update(self._mods_kw(problem, a))
-            if not backward:
+            if not (backward or public):
                 kw.pop("score_mod_bwd", None)
         return (self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
                 None if a.get("dout") is None else self._t(a["dout"], dt), kw)
@@ -1021,12 +1022,10 @@ class ProductionTarget(Target):
             raise Unsupported(why)
         with self._mode(), self._emulation(), self._laid_out(problem):
             if rearranged:
-                q, k, v, do, kw = self._call_kw(problem, a)
+                q, k, v, do, kw = self._call_kw(problem, a, public=True)
                 if problem.call.block_size is not None:      # the backward's own block lists
                     kw["block_sparse_tensors_bwd"] = self._call_kw(
                         problem, a, backward=True, deterministic=deterministic)[4]["block_sparse_tensors"]
-                if kw.get("score_mod") is not None:  # the public backward takes it (the forward's kw drop it)
-                    kw["score_mod_bwd"] = self._mods_kw(problem, a)["score_mod_bwd"]
             else:
                 kw = self._kw(problem, a)             # score_mod_bwd too: the public backward takes it
                 kw.pop("causal_with_mask_mod", None)  # the adapter's own: the public path has no guard

@@ -326,6 +326,12 @@ def rel_bias(radius: int = REL_RADIUS) -> ModPair:
 SCALE_RADIUS = 32
 
 
+def _pow2_product_err(x, y, b, h, qi, ki, a):
+    """``err`` of a product by a power of two: exact in fp32 where ``|y| >= 2^-126``, a subnormal
+    product possibly flushed (FTZ): ``2^-126`` (``f32_min_normal``)."""
+    return np.full(np.shape(x), 2.0 ** -126)
+
+
 def rel_scale(radius: int = SCALE_RADIUS) -> ModPair:
     """A relative-position temperature: ``y = x * t[clip(kv - q, -R, R) + R]``, an fp32 aux
     table of ``2R + 1`` powers of two (1/2 or 1, drawn; ``t[R + 1] = 1/2``, ``t[R - 1] = 1``: not
@@ -351,9 +357,6 @@ def rel_scale(radius: int = SCALE_RADIUS) -> ModPair:
 
     def grad(x, b, h, qi, ki, a):
         return np.broadcast_to(np.asarray(a[0], np.float64)[idx(qi, ki)], np.shape(x))
-
-    def err(x, y, b, h, qi, ki, a):
-        return np.full(np.shape(x), 2.0 ** -126)
 
     def build():
         import cutlass
@@ -385,7 +388,7 @@ def rel_scale(radius: int = SCALE_RADIUS) -> ModPair:
             return grad * _ssa(table[i[0]], cutlass.Float32)
         return rel_scale_score, rel_scale_bwd
 
-    return ModPair("rel_scale", "score", ref, build, grad=grad, err=err, aux=aux, lipschitz=1.0, curvature=0.0,
+    return ModPair("rel_scale", "score", ref, build, grad=grad, err=_pow2_product_err, aux=aux, lipschitz=1.0, curvature=0.0,
                    features=("score_mod", "score_mod_bwd", "aux_tensors"),
                    description=f"relative-position temperature x * t[clip(kv - q, -{R}, {R})], t in {{1/2, 1}}, "
                                "fp32 aux_tensors[0] (its score_mod_bwd reads the indices)")
@@ -723,9 +726,6 @@ def head_scale() -> ModPair:
     def grad(x, b, h, qi, ki, a):
         return np.full(np.shape(x), float(a[0][h]))
 
-    def err(x, y, b, h, qi, ki, a):
-        return np.full(np.shape(x), 2.0 ** -126)
-
     def build():
         import cutlass
         import cutlass.cute as cute
@@ -739,7 +739,7 @@ def head_scale() -> ModPair:
             return grad * _ssa(aux_tensors[0][h[0]], cutlass.Float32)
         return head_scale_score, head_scale_bwd
 
-    return ModPair("head_scale", "score", ref, build, grad=grad, err=err, aux=aux,
+    return ModPair("head_scale", "score", ref, build, grad=grad, err=_pow2_product_err, aux=aux,
                    features=("score_mod", "score_mod_bwd", "aux_tensors"),
                    description="per-head temperature x t[h], t[h] = 2^-(h mod 8) fp32 in aux_tensors[0]")
 
@@ -765,9 +765,6 @@ def batch_length_scale() -> ModPair:
     def grad(x, b, h, qi, ki, a):
         return np.full(np.shape(x), float(a[0][_length_index(b, a)]))
 
-    def err(x, y, b, h, qi, ki, a):
-        return np.full(np.shape(x), 2.0 ** -126)
-
     def build():
         import cutlass
         import cutlass.cute as cute
@@ -783,7 +780,7 @@ def batch_length_scale() -> ModPair:
             return grad * _ssa(aux_tensors[0][i], cutlass.Float32)
         return batch_length_scale_score, batch_length_scale_bwd
 
-    return ModPair("batch_length_scale", "score", ref, build, grad=grad, err=err, aux=aux,
+    return ModPair("batch_length_scale", "score", ref, build, grad=grad, err=_pow2_product_err, aux=aux,
                    features=("score_mod", "score_mod_bwd", "aux_tensors", "seqlen_info"),
                    description="temperature x T[(b + seqlen_k - seqlen_q) & 3], T = 2^-k fp32 in aux_tensors[0]")
 
