@@ -18,8 +18,8 @@ without an error bound of its own: the slack covers FA4's rounding on the defect
 agreement with the score-index model was measured to 4.2e-3 of the largest magnitude on the H200,
 2026-12-02), and is far below the O(1) changes a different defect makes. An element the model
 cannot say (a read past an aux tensor: unknown memory) is NaN there and absorbed. Where a model
-does not reach a problem (varlen, a learnable sink: returns None) the issue absorbs by its
-configuration rule as before, and the hit says so (``known_model: none``). Violations the model
+does not reach a problem (it returns None: say, the mask_mod model on a varlen call) the issue
+absorbs by its configuration rule as before, and the hit says so (``known_model: none``). Violations the model
 does not judge (the dQ accumulator tap, bitwise repeats) keep the configuration rule.
 """
 from __future__ import annotations
@@ -44,10 +44,9 @@ def _plain_score(problem: AttentionProblem, a: Mapping[str, Any]) -> Optional[Sc
     if score is not None:
         from fa4verify import mods
         aux = mods.aux_for(problem, score, a)
-        ki = np.arange(problem.seqlen_k)[None, :]
 
         def f(b, h, rows, x):
-            qi = rows[:, None]
+            qi, ki = rows[:, None], np.arange(x.shape[1])[None, :]
             return (np.broadcast_to(np.asarray(score.ref(x.copy(), b, h, qi, ki, aux), np.float64), x.shape),
                     np.broadcast_to(np.asarray(score.grad(x.copy(), b, h, qi, ki, aux), np.float64), x.shape))
         return f
@@ -64,44 +63,60 @@ def _plain_score(problem: AttentionProblem, a: Mapping[str, Any]) -> Optional[Sc
 def model_backward(problem: AttentionProblem, a: Mapping[str, Any], dout: np.ndarray, dlse: Optional[np.ndarray], *,
                    keep_fwd: Callable[[int, int], np.ndarray], keep_bwd: Callable[[int, int], np.ndarray],
                    score_fwd: ScoreFn, score_bwd: ScoreFn) -> dict[str, np.ndarray]:
-    """dQ, dK, dV (float64, FA4's dense layouts) of a backward that recomputes P with ``keep_bwd``
-    and ``score_bwd`` against the LSE and O of a forward with ``keep_fwd`` and ``score_fwd``
-    (FA4's backward takes both from its forward): ``P' = exp(y' - LSE)`` on ``keep_bwd``,
-    ``D = rowsum(dO * O) - dLSE``, ``dS = P' (dP - D) y'``, ``dQ = scale dS K``, ``dK = scale
-    dS^T Q``, ``dV = P'^T dO``. ``keep_*(b, h)``: bool (seqlen_q, seqlen_k); ``score_*(b, h, rows,
-    x)``: the transform and its derivative at the scaled scores ``x`` (NaN rows: unknown)."""
+    """dQ, dK, dV (float64, the problem's layouts: dense ``(b, s, h, d)``, varlen ``(t, h, d)``) of
+    a backward that recomputes P with ``keep_bwd`` and ``score_bwd`` against the LSE and O of a
+    forward with ``keep_fwd`` and ``score_fwd`` (FA4's backward takes both from its forward): ``P'
+    = exp(y' - LSE)`` on ``keep_bwd``, ``D = rowsum(dO * O) - dLSE``, ``dS = P' (dP - D) y'``, ``dQ
+    = scale dS K``, ``dK = scale dS^T Q``, ``dV = P'^T dO``; a learnable sink joins the forward's
+    normaliser (``LSE = log(sum exp(y) + exp(sink_h))``, natural units, as the oracle's). Per batch
+    entry or varlen sequence (``b``: its index, positions sequence-local, as FA4 hands them to the
+    mods): ``keep_*(b, h)``: bool ``(len_q, len_k)``; ``score_*(b, h, rows, x)``: the transform and
+    its derivative at the scaled scores ``x`` (NaN rows: unknown)."""
     q, k, v = (np.asarray(a[n], np.float64) for n in ("q", "k", "v"))
     do = np.asarray(dout, np.float64)
+    dl = None if dlse is None else np.asarray(dlse, np.float64)
+    sink = np.asarray(a["learnable_sink"], np.float64) if problem.sink else None
     g = problem.nheads // problem.nheads_kv
     sc = problem.scale
-    rows = np.arange(problem.seqlen_q)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for b in range(problem.batch):
+    for b, (q0, lq, k0, lk) in enumerate(problem._seq_bounds()):
+        if problem.varlen:        # views of sequence b on the token axis (t, h, d); LSE (h, t)
+            qs, dos, dqs = (x[q0:q0 + lq] for x in (q, do, dq))
+            ks, vs, dks, dvs = (x[k0:k0 + lk] for x in (k, v, dk, dv))
+            dls = None if dl is None else dl[:, q0:q0 + lq]
+        else:
+            qs, dos, dqs, ks, vs, dks, dvs = (x[b] for x in (q, do, dq, k, v, dk, dv))
+            dls = None if dl is None else dl[b]
+        rows = np.arange(lq)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for h in range(problem.nheads):
                 hk = h // g
-                x = q[b, :, h] @ k[b, :, hk].T * sc
+                x = qs[:, h] @ ks[:, hk].T * sc
                 kf, kb = keep_fwd(b, h), keep_bwd(b, h)
                 y, _ = score_fwd(b, h, rows, x)
                 y = np.where(kf, y, -np.inf)
-                m = np.max(y, axis=1, keepdims=True)
+                m = np.max(y, axis=1, keepdims=True) if lk else np.full((lq, 1), -np.inf)
+                if sink is not None:
+                    m = np.maximum(m, sink[h])
                 m = np.where(np.isfinite(m), m, 0.0)
                 s = np.sum(np.exp(y - m), axis=1, keepdims=True)
+                if sink is not None:
+                    s = s + np.exp(sink[h] - m)
                 lse = np.where(s > 0, m + np.log(s), -np.inf)
                 p = np.where(kf, np.exp(y - lse), 0.0)
-                o = p @ v[b, :, hk]
+                o = p @ vs[:, hk]
                 yb, fp = score_bwd(b, h, rows, x)
                 pb = np.where(kb, np.exp(yb - lse), 0.0)
                 pb = np.where(np.isfinite(lse), pb, 0.0)           # a row that keeps nothing: P = 0
-                dp = do[b, :, h] @ v[b, :, hk].T
-                d = np.sum(do[b, :, h] * o, axis=-1)
-                if dlse is not None:
-                    d = d - np.asarray(dlse, np.float64)[b, h]
+                dp = dos[:, h] @ vs[:, hk].T
+                d = np.sum(dos[:, h] * o, axis=-1)
+                if dls is not None:
+                    d = d - dls[h]
                 ds = np.where(kb, pb * (dp - d[:, None]) * fp, 0.0)
                 ds = np.where(np.isnan(pb) | np.isnan(fp), np.nan, ds)
-                dq[b, :, h] = sc * ds @ k[b, :, hk]
-                dk[b, :, hk] += sc * ds.T @ q[b, :, h]
-                dv[b, :, hk] += pb.T @ do[b, :, h]
+                dqs[:, h] = sc * ds @ ks[:, hk]
+                dks[:, hk] += sc * ds.T @ qs[:, h]
+                dvs[:, hk] += pb.T @ dos[:, h]
     return {"dq": dq, "dk": dk, "dv": dv}
 
 
@@ -120,18 +135,21 @@ def mask_mod_causal(problem: AttentionProblem, a: Mapping[str, Any], dout: np.nd
                     dlse: Optional[np.ndarray]) -> Optional[dict[str, np.ndarray]]:
     """Known issue ``mask_mod_causal_bwd``: the forward keeps the mask pair's pattern alone (FA4
     drops ``causal`` for a mask_mod), the backward recomputes P with FA4's causal mask alone
-    (bottom-right aligned: key ``j`` of row ``i`` kept iff ``j <= i + seqlen_k - seqlen_q``) --
-    its element mask takes the causal branch before the mask_mod branch (``mask.py``
-    ``apply_mask``: ``elif not mask_causal and not mask_local and mask_mod is not None``; the same
-    in ``apply_mask_sm100``) -- against the forward's LSE and O. Dense calls without a learnable
-    sink or block sparsity; None elsewhere."""
-    if (problem.varlen or problem.sink or problem.call is None or not problem.call.mask_causal
-            or problem.call.block_size is not None):
+    (bottom-right aligned: key ``j`` of row ``i`` kept iff ``j <= i + seqlen_k - seqlen_q``, with a
+    varlen call's lengths per sequence) -- its element mask takes the causal branch before the
+    mask_mod branch (``mask.py`` ``apply_mask``: ``elif not mask_causal and not mask_local and
+    mask_mod is not None``; the same in ``apply_mask_sm100``) -- against the forward's LSE and O
+    (a learnable sink in it). None without ``CallForm.mask_causal`` (or with block sparsity, which
+    that form does not take)."""
+    if problem.call is None or not problem.call.mask_causal or problem.call.block_size is not None:
         return None
     score = _plain_score(problem, a)
-    causal = (np.arange(problem.seqlen_k)[None, :]
-              <= np.arange(problem.seqlen_q)[:, None] + problem.seqlen_k - problem.seqlen_q)
-    return model_backward(problem, a, dout, dlse, keep_fwd=_keeps(problem, a), keep_bwd=lambda b, h: causal,
+
+    def causal(b, h):
+        _, lq, _, lk = bounds[b]
+        return np.arange(lk)[None, :] <= np.arange(lq)[:, None] + lk - lq
+    bounds = problem._seq_bounds()
+    return model_backward(problem, a, dout, dlse, keep_fwd=_keeps(problem, a), keep_bwd=causal,
                           score_fwd=score, score_bwd=score)
 
 
@@ -140,19 +158,22 @@ def score_mod_gqa_indices(problem: AttentionProblem, a: Mapping[str, Any], dout:
     """Known issue ``sm90_score_mod_gqa_bwd_indices``: the forward is right; the backward's S
     recomputation and score_mod_bwd see row ``r`` of head ``h`` as row ``r // g`` of head
     ``h * g + r % g`` (masks at the true indices); a row whose mapped head lies past the pair's aux
-    tensors is unknown (NaN). The float64 model measured against FA4 on the H200 (2026-12-02,
-    scripts/gpu_triage_mods.py): dQ/dK/dV within 4.2e-3/2.8e-3/2.7e-3 of its largest magnitude,
-    dense calls. Dense calls without a learnable sink or softcap; None elsewhere."""
+    tensors is unknown (NaN). On a varlen call ``r`` is the sequence-local row FA4 hands the mods
+    (its SM90 backward indexes each sequence from 0; ``r // g`` stays below the sequence's length,
+    so the aux wrap by its length changes nothing); a learnable sink joins the forward's LSE. The
+    float64 model measured against FA4 on the H200 (2026-12-02, scripts/gpu_triage_mods.py):
+    dQ/dK/dV within 4.2e-3/2.8e-3/2.7e-3 of its largest magnitude, dense calls. None with softcap
+    (FA4 refuses a score_mod with it)."""
     score = problem.mod_pairs()[0] if problem.mods else None
-    if problem.varlen or problem.sink or problem.softcap or score is None:
+    if problem.softcap or score is None:
         return None
     from fa4verify import mods
     aux = mods.aux_for(problem, score, a)
     g = problem.nheads // problem.nheads_kv
-    ki = np.arange(problem.seqlen_k)[None, :]
 
     def mapped(b, h, rows, x):
         y, fp = np.empty_like(x), np.empty_like(x)
+        ki = np.arange(x.shape[1])[None, :]
         for r in rows:
             hh, qq = h * g + int(r) % g, np.array([[int(r) // g]])
             try:
