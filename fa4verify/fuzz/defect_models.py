@@ -333,12 +333,16 @@ def sm90_dq_misread(problem: AttentionProblem, a: Mapping[str, Any], dout: Optio
 
 def sm90_dkv_misread(problem: AttentionProblem, a: Mapping[str, Any], dout: Optional[np.ndarray],
                      dlse: Optional[np.ndarray]) -> Optional[dict[str, Any]]:
-    """Known issue ``sm90_gqa_dkdv_accum_hdim_rounding`` (a shadow model: recorded, not yet used to
-    absorb): with GQA FA4 sums dK and dV of a group in fp32 accumulators laid out like dQ's over the
-    keys (N tile; flash_bwd_sm90.py's dKV accumulator epilogue, the same postprocess), so the
-    returned dK / dV would be the same map of the true sums (docs/results/dq_misread/, section 6).
-    Not measured: ``coverage.production`` says per absorbed violation whether it lies within."""
-    if problem.nheads_kv >= problem.nheads:
+    """Known issue ``sm90_gqa_dkdv_accum_hdim_rounding``: with GQA FA4 sums dK and dV of a group in
+    fp32 accumulators laid out like dQ's over the keys (N tile; flash_bwd_sm90.py's dKV accumulator
+    epilogue, the same postprocess), so the returned dK / dV are the same map of the true sums
+    (docs/results/dq_misread/, section 6). Measured on an H100 (2026-12-06, coverage.production at
+    35451e8): within at 45 violations of 7 plan calls; outside where the score-index defect changed
+    the sums (the judge now maps that defect's dK / dV: :func:`fa4verify.fuzz.known_issues._within_model`)
+    and in one call with used-length Q and a learnable sink, unexplained: None there (the
+    configuration rule absorbs, and says no model judged it), as with used-length or paged K/V,
+    block sparsity and hd != hdv (:func:`_misread_map`)."""
+    if problem.nheads_kv >= problem.nheads or (problem.call is not None and problem.call.seqused_q):
         return None
     m = _misread_map(problem, "k")
     return None if m is None else {"dk": m, "dv": m}

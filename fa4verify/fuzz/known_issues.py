@@ -27,9 +27,6 @@ class KnownIssue:
     #: dout, dlse)`` -> the gradients FA4 computes under the defect (float64), or None where the
     #: model does not reach the problem; a gradient violation is then absorbed only within it
     model: Optional[Callable[..., Optional[dict]]] = None
-    #: a model not yet measured: the configuration rule absorbs, and the violation records whether
-    #: it lies within (``known_model``: "configuration; shadow model within" / "... outside")
-    shadow: Optional[Callable[..., Optional[dict]]] = None
 
 
 def sink_gap(problem: AttentionProblem, a: Mapping[str, Any]) -> tuple[np.ndarray, Any]:
@@ -701,8 +698,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "16 vs interface.py's 32, the root cause of the dQ finding, upstream PR #2896) and CONFIRMED "
         "measured on NVIDIA H200 (sm_90), 2026-12-01, scripts/gpu_predictions.py: hd 8/16/40/48/72/80 "
         "with 4 query heads over 1 or 2 KV heads, seqlen 256: dK/dV rel err 0.91-1.16; hd 64/128 "
-        "2.3e-3; kernels/evidence/golden/bwd_predictions_h200.json",
-        _sm90_gqa_dkdv_accum, targets=("production",), shadow=defect_models.sm90_dkv_misread),
+        "2.3e-3; kernels/evidence/golden/bwd_predictions_h200.json. Its model (the misread accumulator "
+        "over the keys) measured on an NVIDIA H100 (sm_90), 2026-12-06, coverage.production at 35451e8: "
+        "within at 45 violations of 7 plan calls; outside in 3 calls with the score-index defect (the "
+        "model then maps that defect's dK / dV) and in one seqused_q + sink call (no model there)",
+        _sm90_gqa_dkdv_accum, targets=("production",), model=defect_models.sm90_dkv_misread),
     KnownIssue(
         "sm90_score_mod_gqa_bwd_indices",
         "SM90 GQA/MQA backward with a score_mod: the S recomputation and score_mod_bwd see q_idx // g and "
@@ -812,7 +812,7 @@ def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any
     model does not reach the problem (``v.metrics["known_model"]`` says which); else every element
     the judge found over budget must lie within the model (:func:`defect_models.outside_model`).
     Outside it, ``v`` is narrowed to those elements and its message says so (once)."""
-    if ki.model is None and ki.shadow is None:
+    if ki.model is None:
         return True
     if v.metrics.get("outside_known_model") == ki.name:
         return False
@@ -823,7 +823,7 @@ def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any
         return True
     models = j["ctx"].setdefault("models", {})
     if ki.name not in models:
-        models[ki.name] = (ki.model or ki.shadow)(problem, a, j["ctx"]["dout"], j["ctx"].get("dlse"))
+        models[ki.name] = ki.model(problem, a, j["ctx"]["dout"], j["ctx"].get("dlse"))
     m = models[ki.name]
     if m is None or quantity not in m:
         v.metrics["known_model"] = "none"
@@ -833,24 +833,23 @@ def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any
     if callable(ref):           # a map of the oracle's values and allowances (the misread accumulator)
         ref, allow = ref(np.asarray(j["ref"], np.float64), np.broadcast_to(allow, np.shape(j["ref"])))
         slack = 0.0
-    elif quantity == "dq":
-        # Note [The misread accumulator] applies to whatever dQ the kernel accumulated, a defect's
-        # too: measured on an H100 (2026-12-06), plan row 114 (alibi under GQA at hd 72) returns the
-        # misread of the score-index defect's dQ. Where that defect reads unknown memory (NaN rows:
-        # mapped heads past the aux tensors) its padded rows and columns may too (the model does not
-        # compute them; on an H100 at c6d84c7 row 114 returned NaN there): unknown, not 0
-        if "misread" not in models:
-            models["misread"] = defect_models.sm90_dq_misread(problem, a, None, None)
-        if models["misread"] is not None:
+    elif quantity in ("dq", "dk", "dv"):
+        # Note [The misread accumulator] applies to whatever dQ (and, under GQA, dK / dV) the kernel
+        # accumulated, a defect's too: measured on an H100 (2026-12-06), plan row 114 (alibi under
+        # GQA at hd 72) returns the misread of the score-index defect's dQ, and three plan calls of
+        # that defect at the odd head dims its dK / dV. Where that defect reads unknown memory (NaN
+        # rows: mapped heads past the aux tensors) its padded rows and columns may too (the model
+        # does not compute them; on an H100 at c6d84c7 row 114 returned NaN there): unknown, not 0
+        name = "misread" if quantity == "dq" else "misread_kv"
+        if name not in models:
+            models[name] = (defect_models.sm90_dq_misread if quantity == "dq"
+                            else defect_models.sm90_dkv_misread)(problem, a, None, None)
+        if models[name] is not None:
             r = np.asarray(ref, np.float64)
-            ref, allow = models["misread"]["dq"](r, np.broadcast_to(allow, np.shape(ref)),
-                                                 np.nan if np.isnan(r).any() else 0.0)
+            ref, allow = models[name][quantity](r, np.broadcast_to(allow, np.shape(ref)),
+                                                np.nan if np.isnan(r).any() else 0.0)
     act = np.asarray(j["actual"], np.float64).reshape(ref.shape)
     out = outside_model(act, ref, np.broadcast_to(allow, ref.shape), slack)
-    if ki.model is None:                  # a shadow: record, absorb by the configuration rule
-        v.metrics["known_model"] = ("configuration; shadow model within" if not out.any()
-                                    else f"configuration; shadow model outside at {int(out.sum())}")
-        return True
     if not out.any():
         v.metrics["known_model"] = "within"
         return True
