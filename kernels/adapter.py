@@ -1157,7 +1157,7 @@ def _block_lists(mask):
 
 def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tuple[int, int],
                          direction: str = "fwd", device: str = "cuda", deterministic: bool = False,
-                         partial=None):
+                         partial=None, pass_size: bool = True):
     """FA4's ``BlockSparseTensorsTorch`` for a dense boolean block mask ``(n_q_blocks,
     n_kv_blocks)`` (the same for every batch entry), or ``(batch, n_q_blocks, n_kv_blocks)`` (one
     per batch entry), the same for every head; or ``(batch, nheads, n_q_blocks, n_kv_blocks)``
@@ -1168,6 +1168,9 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
     block its KV blocks; ``"bwd"`` per KV block its Q blocks (the backward's Q-direction form).
     The dense semantics: key j is visible to query i iff the block ``(i // bq, j // bk)`` is full,
     or is a mask block and the mask_mod keeps (i, j).
+
+    ``pass_size=False``: the lists go to FA4 with ``block_size=None`` (FA4 then takes its own
+    tiles' sizes; the caller must have built the lists for them).
 
     ``deterministic`` (``"bwd"`` only): FA4's deterministic block-sparse backward serialises the dQ
     writes by an order it does not derive itself (``interface.py``: "deterministic block-sparse
@@ -1231,7 +1234,7 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
         order = dict(dq_write_order=partial, dq_write_order_full=full_order, spt=False)
     return BlockSparseTensorsTorch(
         mask_block_cnt=mine[0], mask_block_idx=mine[1], full_block_cnt=mine[2], full_block_idx=mine[3],
-        block_size=tuple(int(b) for b in block_size), **order)
+        block_size=tuple(int(b) for b in block_size) if pass_size else None, **order)
 
 
 def block_sparse_tensors_varlen(block_masks, *, nheads: int, block_size: tuple[int, int], device: str = "cuda",

@@ -431,6 +431,8 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       ``mla_gather_2cta``, ``mla_gather_wide``, ``mla_gather_1cta`` (SM 10.x/11.x, Note [MLA as a
       call form]): FA4's MLA forward (``qv``, head dims 64 + 512, one KV head) dense and with a
       top-k gather, on each of its three kernels, and its sparse backward (:func:`_mla_edges`).
+    * ``block_size_implicit`` (SM90): block lists handed to FA4 without ``block_size`` (Note [Block
+      lists without a size], :func:`_implicit_block_edges`).
 
     Each needs its form in the space (the block-sparse edge only where the target runs block
     sparsity).
@@ -504,7 +506,31 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     out += _input_layout_edges(space)
     out += _wide_group_edges(space)
     out += _score_head_edges(space)
+    out += _implicit_block_edges(space)
     return out
+
+
+def _implicit_block_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
+    """Note [Block lists without a size] (``fa4verify.problem.calls``): ``block_size_implicit``, the
+    block lists of one 128-row Q block over three KV blocks and a tail handed to FA4 without
+    ``block_size``, forward and backward (FA4's forward infers the Q block from the lists, its SM90
+    backward takes 128 rows by default: red-team round 15 #3, lines no audit call ran). SM90, where
+    the form holds at :func:`_hd128`."""
+    from fa4verify.problem import AttentionProblem, CallForm
+    if (space.arch != "sm90" or space.lengths or space.heads or "block_sparse" not in space.values["form"]
+            or "1" not in space.values["gqa"]):
+        return []
+    name = _hd128(space)
+    hd, hdv = space.hd[name]
+    vals = _own_vals("implicit_blocks", space)
+    try:
+        p = AttentionProblem(batch=2, seqlen_q=128, seqlen_k=3 * 128 + 7, nheads=2, nheads_kv=2, head_dim=hd,
+                             head_dim_v=hdv, arch=space.arch, dtype=space.dtype, values=vals(),
+                             call=CallForm(block_size=(128, 128), block_seed=3, block_keep=0.6,
+                                           block_size_implicit=True))
+    except ValueError:          # the installed FA4's tiles are not that block here
+        return []
+    return [("block_size_implicit", p, _runs_bwd(space, form="block_sparse", hd=name, gqa="1", mask="none"))]
 
 
 def _hd_plain_first(space: FeatureSpace) -> list[str]:

@@ -162,7 +162,7 @@ def set_mask_mod_source(source: Optional[Callable[[], Mapping[str, MaskModPair]]
 #: CallForm fields written to JSON only where they differ from their default (:meth:`CallForm.to_dict`)
 _LATER_FIELDS = ("seqused_q", "q_capacity", "pack_gqa", "block_partial", "full_pages", "block_per_batch",
                  "kv_packed", "qv_dim", "gather_topk", "gather_seed", "recompute_p", "q_packed", "block_per_head",
-                 "inference", "mask_causal", "num_splits", "pool_layout", "input_layout")
+                 "inference", "mask_causal", "num_splits", "pool_layout", "input_layout", "block_size_implicit")
 
 # Note [Page pool layouts]
 # ------------------------
@@ -249,6 +249,8 @@ class CallForm:
     #: Note [Input layouts] (``fa4verify.targets``): the memory layout of the Q, K, V and dO
     #: tensors FA4 gets (``contiguous``, ``strided``, ``transposed``, ``qkv_packed``, ``broadcast``)
     input_layout: str = "contiguous"
+    #: Note [Block lists without a size]: FA4 gets the block lists with ``block_size=None``
+    block_size_implicit: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is not None:
@@ -284,6 +286,8 @@ class CallForm:
             raise ValueError("q_packed is a seqused_q call (Q packed at capacity offsets)")
         if self.block_per_batch and self.block_size is None:
             raise ValueError("block_per_batch needs block sparsity (block_size)")
+        if self.block_size_implicit and self.block_size is None:
+            raise ValueError("block_size_implicit needs block sparsity (block_size: the size FA4 must take)")
         if self.block_per_head and (self.block_size is None or self.block_partial):
             raise ValueError("block_per_head needs block sparsity (block_size) with full blocks only")
         object.__setattr__(self, "qv_dim", int(self.qv_dim))
@@ -387,11 +391,38 @@ class CallForm:
             if self.block_partial and not mask_pair:
                 raise ValueError("block_partial needs a mask pair in the problem's mods (the mask_mod of the "
                                  "mask blocks, Note [Partial blocks])")
+            if self.block_size_implicit:
+                self._validate_implicit_size(problem)
             if mask_pair and self.block_size is None:
                 raise ValueError("a mask pair with a keep-pattern call form needs block sparsity (block_size)")
             if self.mask_mod_fn is not None and self.mask_mod_fn not in mask_mod_pairs():
                 raise ValueError(f"mask_mod_fn={self.mask_mod_fn!r}: not a registered pair "
                                  f"({', '.join(mask_mod_pairs()) or 'none'})")
+
+    def _validate_implicit_size(self, problem: Any) -> None:
+        """Note [Block lists without a size]
+        ------------------------------------
+        ``BlockSparseTensorsTorch.block_size`` may be None (FA4's own ``compute_block_sparsity``
+        sets it; a caller building lists by hand may not). FA4 4.0.0b36 then takes the Q block
+        from the lists' shape (``block_sparsity.get_sparse_q_block_size``: ``seqlen_q`` for one Q
+        block; for n > 1 only where ``ceil(seqlen_q / n) == (seqlen_q - 1) // (n - 1)``, else its
+        forward refuses: "require explicit sparse_block_size[0]"), its SM90 backward takes 128 rows
+        (``interface.py``: ``elif arch // 10 == 9: sparse_q = 128``), and both take their tile's keys
+        as the KV block. Lines the audit never ran with a size given (red-team round 15 #3). The form
+        holds only where that is the problem's block: SM90, dense, one Q block of exactly 128 rows
+        (the one shape both passes take), and the forward's and backward's KV tiles at the problem's
+        head dims of the block's width."""
+        from fa4verify.coverage.cases import sm90_bwd_sparse_block
+        from fa4verify.kernels import facts
+        if problem.arch != "sm90" or problem.varlen:
+            raise ValueError("block_size_implicit: a dense SM90 call (FA4's SM 10.x backward takes 2 tiles of rows)")
+        bq, bk = self.block_size
+        fwd = facts.fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, False, False)
+        bwd_n = sm90_bwd_sparse_block(problem.head_dim, problem.head_dim_v)[1]
+        if bq != 128 or problem.seqlen_q != bq or fwd[0] != bq or fwd[1] != bk or bwd_n != bk:
+            raise ValueError(f"block_size_implicit: FA4 would take one Q block of seqlen_q rows (128 in its SM90 "
+                             f"backward) and its tiles' keys (forward {fwd[0]}x{fwd[1]}, backward KV {bwd_n}): "
+                             f"not the block {bq}x{bk} at seqlen_q {problem.seqlen_q}")
 
     def _validate_mla(self, problem: Any) -> None:
         """Note [MLA as a call form]: FA4's own asserts for ``qv`` (``interface.py``), and the
@@ -566,7 +597,8 @@ class CallForm:
             partial = f", partial={self.block_partial:g}" if self.block_partial else ""
             parts.append(f"block_sparse({self.block_size[0]}x{self.block_size[1]}, keep={self.block_keep:g}"
                          f"{partial}{', per batch' if self.block_per_batch else ''}"
-                         f"{', per head' if self.block_per_head else ''}, #{self.block_seed})")
+                         f"{', per head' if self.block_per_head else ''}"
+                         f"{', size not passed' if self.block_size_implicit else ''}, #{self.block_seed})")
         if self.mask_mod_fn is not None:
             parts.append(f"mask_mod_fn={self.mask_mod_fn}")
         if self.pack_gqa is not None:
