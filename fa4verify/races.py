@@ -149,7 +149,7 @@ from fa4verify.problem import AttentionProblem
 from fa4verify.targets import ProductionTarget
 from fa4verify.errors import HarnessError, Unsupported
 
-__all__ = ["RacingTarget", "race_problems", "run_races", "run_races_pdl_off", "force_pdl_off", "pdl_off_env",
+__all__ = ["RacingTarget", "race_problems", "ROWS_PAST_USED", "run_races", "run_races_pdl_off", "force_pdl_off", "pdl_off_env",
            "pdl_in_source", "BUSY_MB", "RaceRow", "RACE_MUTANTS", "plant", "PDL_OFF_CACHE_SUFFIX"]
 
 #: the busy stream's buffer (MiB): copies of it keep the memory system loaded for ~0.1 ms each
@@ -483,18 +483,32 @@ NAN_MEANS = ("NaN in {}: a NaN-poisoned buffer was read before its producer wrot
 
 
 def race_problems(arch: str, dtype: str = "bf16", *, seed: int = 0) -> list[AttentionProblem]:
-    """Dense MHA (causal), GQA 4:1 and a block-sparse call form: the backward's three shapes of
-    launch chain (dense, GQA accumulation, block-sparse Q-direction)."""
+    """Dense MHA (causal), GQA 4:1, used-length Q with a learnable sink, and a block-sparse call
+    form: the backward's shapes of launch chain (dense, GQA accumulation, block-sparse Q-direction)
+    and of scratch. The third holds Q at a capacity of two M tiles and more past each sequence's
+    used rows: FA4's preprocess writes D and the LSE in log2
+    only up to the used rows rounded to its tile, so the rows past them hold the poison (Note
+    [Poisoned scratch]), and a kernel that reads them -- dsink's loop to the capacity instead of
+    ``seqused_q`` (``flash_bwd_postprocess.py``, red-team round 16 #8), an M tile past the used
+    length -- reads NaN, where FA4's own ``torch.empty`` hands it whatever the allocator held."""
     from fa4verify.problem import CallForm, ValueSpec
     vs = ValueSpec("normal", int(seed))
     out = [AttentionProblem(arch=arch, dtype=dtype, batch=2, seqlen_q=512, seqlen_k=512, nheads=4, nheads_kv=4,
                             head_dim=128, head_dim_v=128, causal=True, values=vs),
            AttentionProblem(arch=arch, dtype=dtype, batch=1, seqlen_q=384, seqlen_k=640, nheads=8, nheads_kv=2,
-                            head_dim=64, head_dim_v=64, values=vs)]
+                            head_dim=64, head_dim_v=64, values=vs),
+           AttentionProblem(arch=arch, dtype=dtype, batch=2, seqlen_q=100, seqlen_k=300, nheads=2, nheads_kv=2,
+                            head_dim=128, head_dim_v=128, seqlens_q=(100, 37), seqlens_k=(300, 300), sink=True,
+                            values=vs, call=CallForm(seqused_q=True, q_capacity=ROWS_PAST_USED))]
     out.append(AttentionProblem(arch=arch, dtype=dtype, batch=1, seqlen_q=512, seqlen_k=512, nheads=2,
                                 nheads_kv=2, head_dim=128, head_dim_v=128, values=vs,
                                 call=CallForm(block_size=(128, 128), block_keep=0.5, block_seed=int(seed))))
     return out
+
+
+#: Q capacity of the used-length race problem: its longest sequence (100 rows) rounded to a 128-row
+#: M tile, and two tiles more (FA4's SM90 backward tiles are at most 128 rows; SM 10.x's 128 too)
+ROWS_PAST_USED = 128 + 2 * 128
 
 
 def _digest(*arrays: np.ndarray) -> str:

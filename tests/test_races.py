@@ -69,6 +69,18 @@ def test_race_problems_cover_dense_gqa_and_block_sparse():
     assert any(p.nheads != p.nheads_kv for p in ps) and any(p.call is not None and p.call.block_size for p in ps)
 
 
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_a_race_problem_leaves_whole_poisoned_tiles_past_the_used_rows_of_a_sink_call(arch):
+    """Red-team round 16 #8: dsink's loop over a sequence's rows to the Q capacity instead of
+    seqused_q reads rows FA4's preprocess never wrote; under the poison they hold NaN only where a
+    whole M tile (at most 128 rows) lies past each sequence's used rows rounded to its tile."""
+    from fa4verify.kernels import facts
+    p = next(p for p in races.race_problems(arch) if p.call is not None and p.call.seqused_q)
+    assert p.sink and p in races.race_problems(arch)[:3]          # in the default profile
+    tm = max(facts.bwd_tile(arch, p.head_dim, p.head_dim_v, False, False)[0], 128)
+    assert all(-(-n // tm) * tm + tm <= p.call.q_capacity for n in p.seqlens_q)
+
+
 @pytest.mark.fa4
 def test_pdl_is_read_from_the_installed_source():
     assert races.pdl_in_source().get("flash_bwd_preprocess.py") is True
@@ -118,7 +130,8 @@ def on_cpu(monkeypatch):
     from fa4verify.checks import races as check
     monkeypatch.setattr(check, "_DEVICE", "cpu")
     monkeypatch.setattr(races, "race_problems", lambda arch, dtype="bf16", seed=0: _small() + [
-        _small()[0].replace(nheads=2, nheads_kv=2, causal=False), _small()[0].replace(head_dim=128, head_dim_v=128)])
+        _small()[0].replace(nheads=2, nheads_kv=2, causal=False), _small()[0].replace(nheads=2, nheads_kv=2),
+        _small()[0].replace(head_dim=128, head_dim_v=128)])
     return check
 
 
@@ -131,10 +144,10 @@ def test_the_default_audit_runs_a_short_race_run_and_full_adds_pdl_off(on_cpu):
     spec = on_cpu.production.__fa4verify_check__
     assert "default" in spec.profiles and spec.cases is not None and spec.summarise is not None
     on, off = _kinds(on_cpu._cases(_ctx("default")))
-    assert len(on) == 4 and not off                              # 2 problems x 2 modes, PDL as FA4 ships it
+    assert len(on) == 6 and not off                              # 3 problems x 2 modes, PDL as FA4 ships it
     assert {c.reps for c in on} == {3} and {c.mode for c in on} == {"deterministic", "default"}
     on_f, off_f = _kinds(on_cpu._cases(_ctx("full")))
-    assert len(on_f) == 6 and len(off_f) == 1 and off_f[0].reps == 8 and len(off_f[0].problems) == 3
+    assert len(on_f) == 8 and len(off_f) == 1 and off_f[0].reps == 8 and len(off_f[0].problems) == 4
     assert _kinds(on_cpu._cases(_ctx("default", {"races_pdl": "off"})))[0] == []
     with pytest.raises(ValueError, match="races_pdl"):
         on_cpu._cases(_ctx("default", {"races_pdl": "sometimes"}))
@@ -149,8 +162,8 @@ def test_the_engine_groups_a_problems_modes_and_gives_the_pdl_off_run_a_task_of_
     job = Job(spec=spec, ctx=ctx, cases=on_cpu._cases(ctx))
     tasks = plan([job])
     on, off = _kinds(job.cases)
-    assert len(tasks) == 3 + 1                      # one per problem (its two modes share the key) + PDL off
-    assert sorted(len(t.cases) for t in tasks) == [1, 2, 2, 2]
+    assert len(tasks) == 4 + 1                      # one per problem (its two modes share the key) + PDL off
+    assert sorted(len(t.cases) for t in tasks) == [1, 2, 2, 2, 2]
 
 
 def test_a_deployment_narrows_the_race_problems(on_cpu):
@@ -176,7 +189,7 @@ def test_the_check_passes_a_correct_release_and_fails_a_repetition_dependent_one
     spec = on_cpu.production.__fa4verify_check__
     r = run_here(spec, _ctx("default", {"races_reps": "2"}))
     assert r.status == "pass", r.summary
-    assert r.metrics["judged"] == r.metrics["reps"] == 2 * 2 * 2 and "PDL on" in r.summary
+    assert r.metrics["judged"] == r.metrics["reps"] == 3 * 2 * 2 and "PDL on" in r.summary
     real = fake_release._flash_attn_bwd
     n = {"i": 0}
     import functools
@@ -553,7 +566,7 @@ def test_races_poison_off_reaches_the_target(on_cpu, pooled_release):
     off = run_here(spec, _ctx("default", {"races_reps": "2", "races_poison": "off"}))
     assert off.metrics["poisoned"] == 0 and "NaN" not in off.summary, off.summary
     on = run_here(spec, _ctx("default", {"races_reps": "2"}))
-    assert on.status == "fail" and on.metrics["poisoned"] == on.metrics["reps"] == 8, on.metrics
+    assert on.status == "fail" and on.metrics["poisoned"] == on.metrics["reps"] == 12, on.metrics
     assert "NaN in dq, dk, dv: a NaN-poisoned buffer was read before its producer wrote it" in on.summary, on.summary
 
 
@@ -561,10 +574,10 @@ def test_races_poison_off_reaches_the_target(on_cpu, pooled_release):
 @pytest.mark.gpu
 def test_production_backward_under_load_is_clean_with_every_scratch_buffer_poisoned():
     """Production FA4 raises no false alarm with its scratch NaN-poisoned (Note [Poisoned scratch]):
-    dense causal and GQA, both modes, every repetition poisoned, within budget, bitwise equal."""
+    dense causal, GQA, used-length Q with a sink, both modes, every repetition poisoned, within budget, bitwise equal."""
     t = races.RacingTarget()
     for det in (True, False):
-        for r in races.run_races(t, races.race_problems(t.arch)[:2], reps=2, deterministic=det):
+        for r in races.run_races(t, races.race_problems(t.arch)[:3], reps=2, deterministic=det):
             assert r.judged == r.poisoned == 2 and not (r.violations or r.bitwise_mismatches or r.errors), r
     assert t.describe()["poison"]["at_preprocess"] == ["dpsum", "lse_log2", "dq_accum"]
 

@@ -8,7 +8,8 @@ Cases (the engine runs them side by side, Note [One engine]): one per problem an
 (deterministic, default) with PDL as FA4 compiles it, and with PDL off (Note [PDL off]) one case
 for all of them, in a process of its own.
 
-* default: dense causal MHA and GQA 4:1, both modes, 3 repetitions, PDL on (a short run: 12
+* default: dense causal MHA, GQA 4:1 and used-length Q with a learnable sink (Q at a capacity
+  past the used rows: red-team round 16 #8), both modes, 3 repetitions, PDL on (a short run: 18
   backward repetitions);
 * full: + the block-sparse call form, 8 repetitions, PDL on and off;
 * exhaustive: 32 repetitions, PDL on and off.
@@ -30,8 +31,9 @@ from fa4verify.audit.registry import CheckContext, CheckResult, check
 _REPS = {"default": 3, "full": 8, "exhaustive": 32}
 _PDL = {"default": ("on",), "full": ("on", "off"), "exhaustive": ("on", "off")}
 _MODES = (("deterministic", True), ("default", False))
-#: problems of the default profile (of :func:`fa4verify.races.race_problems`: dense causal, GQA)
-_DEFAULT_PROBLEMS = 2
+#: problems of the default profile (of :func:`fa4verify.races.race_problems`: dense causal, GQA,
+#: used-length Q with a sink)
+_DEFAULT_PROBLEMS = 3
 #: seconds the PDL-off process may run (fresh imports, cold compiles, the repetitions): inside the
 #: engine's task deadline (Note [Default deadline]: 300 s for this cost), so a slow run is this case's
 #: one-line error, not a killed worker
@@ -105,7 +107,7 @@ def _poison(ctx: CheckContext) -> bool:
 
 def problems(ctx: CheckContext, arch: str) -> list[AttentionProblem]:
     """The race problems of this audit on ``arch`` (module docstring): the deployment's when it has
-    one, else :func:`fa4verify.races.race_problems` (the first two in the default profile)."""
+    one, else :func:`fa4verify.races.race_problems` (the first three in the default profile)."""
     from fa4verify import races
     dep = ctx.deploy
     if dep is None:
