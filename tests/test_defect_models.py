@@ -40,7 +40,11 @@ def test_the_model_without_a_defect_is_the_oracle(mods_, causal, with_dlse):
                          head_dim=32, head_dim_v=32, mods=mods_, causal=causal and not any(
                              m == "document" for m in mods_))
     a = _arr(p)
-    dlse = np.random.default_rng(1).standard_normal((2, 4, 24)) * 0.5 if with_dlse else None
+    _assert_the_model_is_the_oracle(p, a, np.random.default_rng(1).standard_normal((2, 4, 24)) * 0.5
+                                    if with_dlse else None)
+
+
+def _assert_the_model_is_the_oracle(p, a, dlse):
     keep = dm._keeps(p, a)
     score = dm._plain_score(p, a)
     m = dm.model_backward(p, a, a["dout"], dlse, keep_fwd=keep, keep_bwd=keep, score_fwd=score, score_bwd=score)
@@ -198,13 +202,8 @@ def test_on_varlen_and_sink_calls_the_model_without_a_defect_is_the_oracle(kw, w
     oracle's (an independent path)."""
     p = _varlen(**kw)
     a = _arr(p)
-    dlse = np.random.default_rng(2).standard_normal((4, 30)) * 0.5 if with_dlse else None
-    keep = dm._keeps(p, a)
-    score = dm._plain_score(p, a)
-    m = dm.model_backward(p, a, a["dout"], dlse, keep_fwd=keep, keep_bwd=keep, score_fwd=score, score_bwd=score)
-    ref = _grads(p, a, dlse)
-    for n in ("dq", "dk", "dv"):
-        assert _close(m[n], ref[n]), n
+    _assert_the_model_is_the_oracle(p, a, np.random.default_rng(2).standard_normal((4, 30)) * 0.5
+                                    if with_dlse else None)
 
 
 def _head_shift(p, a, shift):
