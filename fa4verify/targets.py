@@ -669,7 +669,7 @@ class ProductionTarget(Target):
                 bm, batch=problem.batch, nheads=block_mask_heads(problem), block_size=tuple(bs),
                 direction="bwd" if backward else "fwd", device=self.device,
                 deterministic=backward and deterministic, partial=part if part.any() else None,
-                pass_size=not call.block_size_implicit)
+                **({"pass_size": False} if call.block_size_implicit else {}))
         elif call.mask_mod_fn is not None:
             from fa4verify.problem.calls import mask_mod_pairs
             fn = mask_mod_pairs()[call.mask_mod_fn].load()
