@@ -96,9 +96,20 @@ def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: s
     for n, p, b, d in variants:
         det[n_rows + len(edges)] = d
         edges.append((n, p, b))
+    # Note [Judged siblings]: then a sibling for each backward a known issue absorbs by its
+    # configuration alone (the defects are production FA4's)
+    siblings, unjudged = [], []
+    if target == "production":
+        from fa4verify.coverage.siblings import judged_siblings
+        siblings, unjudged = judged_siblings(sp, [(f"row{i}", p, backward[i], det[i]) for i, p in enumerate(problems)]
+                                             + [(n, p, b, det[n_rows + k]) for k, (n, p, b) in enumerate(edges)])
+    for n, p, b, d in siblings:
+        det[n_rows + len(edges)] = d
+        edges.append((n, p, b))
     extra = {"plan": {"space": sp.describe(), "rows": pl.rows, "seed": int(ctx.seed),
                       "uncoverable": [list(map(list, t)) for t in pl.uncoverable],
-                      "edges": [n for n, _p, _b in edges], "variant_edges": len(variants)}}
+                      "edges": [n for n, _p, _b in edges], "variant_edges": len(variants),
+                      "judged_siblings": len(siblings), "unjudged": unjudged}}
     backward.update({n_rows + k: b for k, (_n, _p, b) in enumerate(edges)})
     return _campaign_cases(ctx, target=target, arch=arch, dtype=dtype, n=n_rows + len(edges), kw={}, where=where,
                            extra=extra, problems=problems + [p for _n, p, _b in edges], properties=PLAN_PROPERTIES,
@@ -191,8 +202,16 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
             out.status = "undecided"
     if cov["edge_cases"]:
         head_line += f"; {len(cov['edge_cases']) - len(edge_holes)}/{len(cov['edge_cases'])} constructed edges ran"
+        parts = []
         if pl.get("variant_edges"):      # Note [Kernel variants]
-            head_line += f" ({pl['variant_edges']} of them for kernel variants no row or other edge compiles)"
+            parts.append(f"{pl['variant_edges']} of them for kernel variants no row or other edge compiles")
+        if pl.get("judged_siblings"):    # Note [Judged siblings]
+            parts.append(f"{pl['judged_siblings']} judged siblings of calls a known issue absorbs by configuration")
+        if parts:
+            head_line += " (" + "; ".join(parts) + ")"
+    if pl.get("unjudged"):
+        head_line += (f"; {len(pl['unjudged'])} call(s) a known issue absorbs by configuration with no judged "
+                      f"sibling in the space: {', '.join(pl['unjudged'][:4])}")
     if absorbed:
         flat = [k for ks in absorbed.values() for k in ks]
         within = sum(k["model"] == "within" for k in flat)
