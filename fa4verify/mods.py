@@ -295,8 +295,24 @@ def aux_for(problem, pair: ModPair, arrays=None) -> AuxValues:
         seed = int(getattr(problem, "mod_seed", 0))
         scalars = getattr(g, "scalars", None) or pair.make_scalars(seed)
         return AuxValues([np.asarray(x) for x in g], scalars, pair.make_constants(seed), _seqlens(problem))
-    return pair.make_aux(ModShape(problem.batch, problem.nheads, problem.seqlen_q, problem.seqlen_k),
+    return pair.make_aux(ModShape(problem.batch, aux_heads(problem, pair), problem.seqlen_q, problem.seqlen_k),
                          seed=int(getattr(problem, "mod_seed", 0)), seqlens=_seqlens(problem))
+
+
+def aux_heads(problem, pair: ModPair) -> int:
+    """The head count a pair's aux factory is asked for (``ModShape.nheads``).
+
+    Note [Aux for the mapped heads]
+    -------------------------------
+    FA4 4.0.0b36's SM90 GQA backward hands a score pair head ``h g + r % g`` for row ``r`` of query
+    head ``h`` (known issue ``sm90_score_mod_gqa_bwd_indices``), past ``nheads`` for ``h >= nheads /
+    g``. With aux sized for ``nheads`` those reads land in unknown memory: the defect's model is NaN
+    there and absorbs whatever FA4 returns (red-team round 17: three quarters of a GQA alibi call's
+    gradients, half of ``score_head_gqa``'s). A score pair under GQA is therefore built for ``nheads
+    g`` heads, every head FA4 may hand it: the forward and the oracle read the first ``nheads``,
+    the defective backward defined values the model computes. Mask pairs and MHA keep ``nheads``."""
+    g = max(1, problem.nheads // max(1, problem.nheads_kv))
+    return problem.nheads * g if pair.kind == "score" and g > 1 else problem.nheads
 
 
 def _seqlens(problem) -> list[tuple[int, int]]:

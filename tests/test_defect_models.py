@@ -22,6 +22,17 @@ def _arr(problem):
     return problem.materialize()      # float32 arrays holding exact bf16 values
 
 
+def _caller_aux(p, a):
+    """``a`` with the score pair's aux sized for ``nheads`` (a caller's own data: FA4's SM90 GQA
+    backward then reads past it, unknown memory), not for the mapped heads fa4verify builds it for
+    (Note [Aux for the mapped heads])."""
+    from fa4verify import mods
+    pair = p.mod_pairs()[0]
+    aux = pair.make_aux(mods.ModShape(p.batch, p.nheads, p.seqlen_q, p.seqlen_k), seed=p.mod_seed,
+                        seqlens=mods._seqlens(p))
+    return dict(a, mod_aux={pair.name: aux})
+
+
 def _grads(problem, a, dlse=None):
     ob = judge.oracle_backward(problem, a, dlse=dlse)
     return {n: np.asarray(getattr(ob, n), np.float64) for n in ("dq", "dk", "dv")}
@@ -123,7 +134,9 @@ def test_score_gqa_model_catches_f2_and_absorbs_unknown_memory():
     0 and 1 is judged against the model. Round 12's F2 (head h + r % g) moves head 1's dQ."""
     p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=32, seqlen_k=32, nheads=8, nheads_kv=2,
                          head_dim=32, head_dim_v=32, mods=("alibi",), causal=True)
-    a = _arr(p)
+    own = dm.score_mod_gqa_indices(p, _arr(p), _arr(p)["dout"], None)
+    assert all(np.isfinite(own[n]).all() for n in ("dq", "dk", "dv"))    # fa4verify's aux: every head known
+    a = _caller_aux(p, _arr(p))
     right = _grads(p, a)
     model = dm.score_mod_gqa_indices(p, a, a["dout"], None)
     assert np.isnan(model["dq"][:, :, 2:]).all() and np.isfinite(model["dq"][:, :, :2]).all()
@@ -237,10 +250,10 @@ def test_on_a_varlen_call_the_score_gqa_model_absorbs_the_defect_and_reports_f2(
     each sequence's local rows is absorbed (within the model) and F2 -- head h + r % g -- is
     reported, on the rows and heads where it moves the gradient."""
     p = _varlen(mods=("alibi",), causal=True, sink=sink)
-    a = _arr(p)
+    a = _caller_aux(p, _arr(p))
     right = _grads(p, a)
     model = dm.score_mod_gqa_indices(p, a, a["dout"], None)
-    # FA4's mapped head h g + r % g lies past the 4 slopes for h >= 2: unknown there
+    # with a caller's aux of 4 slopes FA4's mapped head h g + r % g lies past it for h >= 2: unknown there
     assert model is not None and np.isnan(model["dq"][:, 2:]).all() and np.isfinite(model["dq"][:, :2]).all()
     assert not _close(model["dq"], right["dq"], rel=1e-2), "the defect must move dQ here"
     allow = np.full(right["dq"].shape, 1e-4)
@@ -438,7 +451,7 @@ def test_a_misread_of_a_defect_reading_unknown_memory_is_unknown_on_the_padding(
     too; a model without unknown rows keeps 0 there (``test_a_dq_model_goes_through_...``)."""
     p = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=67, seqlen_k=67, nheads=14, nheads_kv=2,
                          head_dim=72, head_dim_v=72, causal=True, window_size=(127, None), mods=("alibi",))
-    a = _arr(p)
+    a = _caller_aux(p, _arr(p))                       # the row's slopes as they were then: 14
     right = _grads(p, a)
     score = dm.score_mod_gqa_indices(p, a, a["dout"], None)["dq"]
     assert np.isnan(score).any()                      # heads past the slopes
@@ -485,8 +498,8 @@ def _f2_backward(p, a, pair):
 
 
 def test_the_score_head_edge_judges_heads_a_head_mapping_fault_moves():
-    """Edge score_head_gqa (head_scale, GQA 8/4): under FA4's mapping query heads 0..3 stay inside the
-    temperatures, so the model judges their dQ and KV heads 0 and 1's dK / dV; round 12's F2 (the
+    """Edge score_head_gqa (head_scale, GQA 8/4): its temperatures cover every head FA4's mapping
+    hands the pair (Note [Aux for the mapped heads]), so the model judges every head; round 12's F2 (the
     score_mod_bwd alone handed head h + r % g), missed on an H100 at 985b9b8 and c6d84c7, moves them
     -- with head_scale, whose derivative reads the head; with alibi (dy/dx = 1) it moves nothing."""
     from fa4verify.coverage import cases, space
@@ -495,11 +508,12 @@ def test_the_score_head_edge_judges_heads_a_head_mapping_fault_moves():
     p = p.replace(seqlen_q=40, seqlen_k=40)          # the same heads, a CPU-sized oracle
     a = _arr(p)
     model = dm.score_mod_gqa_indices(p, a, a["dout"], None)
-    assert np.isfinite(model["dq"][:, :, :4]).all() and np.isnan(model["dq"][:, :, 4:]).all()
-    assert np.isfinite(model["dk"][:, :, :2]).all() and np.isnan(model["dk"][:, :, 2:]).all()
+    # Note [Aux for the mapped heads]: 16 temperatures, every head FA4's mapping hands the pair
+    assert all(np.isfinite(model[n]).all() for n in ("dq", "dk", "dv"))
     right = _grads(p, a)
     got = _f2_backward(p, a, "head_scale")
-    for n, heads in (("dq", {1, 2, 3}), ("dk", {0, 1})):
+    # F2's head h + r % 2 and FA4's 2 h + r % 2 have one temperature (2^-(h mod 8)) only at h = 0
+    for n, heads in (("dq", {1, 2, 3, 4, 5, 6, 7}), ("dk", {0, 1, 2, 3})):
         v = _violation(n, got[n], right[n], np.full(right[n].shape, 1e-4), a["dout"])
         assert match_known_issue(p, v, a, target="production") is None, n
         assert set(v.over_indices[:, 2].tolist()) == heads, n

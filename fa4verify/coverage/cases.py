@@ -895,10 +895,10 @@ def _score_head_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
     """``score_head_gqa``: a score pair that reads the head in its score_mod and its score_mod_bwd
     (``head_scale``, else ``alibi``) under GQA 8/4, causal, hd 128, forward and backward. FA4's SM90
     backward hands the pair head ``h g + r % g`` (known issue ``sm90_score_mod_gqa_bwd_indices``,
-    judged against its model: Note [Known issues with a model]); at a ratio of 2 over 8 heads that
-    head stays inside the aux tensor for query heads 0..3, so their dQ and KV heads 0 and 1's dK / dV
-    are judged against the model. The plan's head-reading GQA rows read past it for every head but
-    0 (MQA 3/1) or sat where another defect shows (hd 72), and alibi's score_mod_bwd ignores the
+    judged against its model: Note [Known issues with a model]); the pair's aux covers every head
+    that mapping reaches (Note [Aux for the mapped heads] in ``fa4verify.mods``), so every head's
+    dQ and dK / dV are judged against the model. The plan's head-reading GQA rows sat where another
+    defect shows (hd 72), and alibi's score_mod_bwd ignores the
     head, so a fault in the backward's head mapping (red-team round 12's
     ``score_mod_bwd_gqa_head_unscaled``, run on an H100 at 985b9b8 and, with alibi here, at
     c6d84c7: missed both times) had nothing to move. ``score_head_mha``: the same pair over 8 MHA
