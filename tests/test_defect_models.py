@@ -594,3 +594,36 @@ def test_the_varlen_score_gqa_model_is_the_dense_model_of_each_sequence():
             fin = ~np.isnan(got)
             assert fin.any(), "heads 0-3 map inside the 8 slopes"
             assert not fin.any() or _close(got[fin], ref[n][0][fin]), (b, n)
+
+
+def test_a_row_at_the_overflow_edge_leaves_only_its_lse_unknown():
+    """Red-team round 17 #5: a row within half a log2 unit of FA4's overflow edge may go either way;
+    the model had its dQ and its KV head's whole dK / dV unknown (absorbed). The two outcomes differ
+    by 2^-(gap) of the row's values, so only the LSE is unknown now: FA4's O and gradients either way
+    lie within the model, and a dK fault in that KV head is reported."""
+    from fa4verify.fuzz.known_issues import sink_gap
+    p = _sink_problem()
+    a = dict(p.materialize())
+    gap, _kc = sink_gap(p, a)
+    sink = np.array(a["learnable_sink"], np.float64)
+    sink[0] += (128.0 - gap[5, 0]) / np.log2(np.e)        # row 5 of head 0 onto the edge
+    a["learnable_sink"] = sink.astype(np.float32)
+    gap, _kc = sink_gap(p, a)
+    maybe = np.abs(gap - 128.0) < 0.5
+    assert maybe[5, 0] and maybe.sum() == 1
+    model = dm.sink_overflow(p, a, a["dout"], None)
+    assert np.isnan(model["lse"][0, 0, 5]) and np.isnan(model["lse"]).sum() == 1
+    assert all(np.isfinite(model[n]).all() for n in ("out", "dq", "dk", "dv"))
+    right = _grads(p, a)                                   # the outcome without the overflow
+    ob = judge.oracle_forward(p, a)
+    assert np.abs(np.asarray(ob.out, np.float64)[0, 5, 0]).max() < 1e-30
+    for n in ("dq", "dk", "dv"):
+        for got in (right[n], model[n]):                   # either outcome: within
+            v = _violation(n, got, model[n] + 1.0, np.full(got.shape, 1e-6), a["dout"])
+            ki = match_known_issue(p, v, a, target="production")
+            assert ki is not None and ki.name == "sink_rowsum_overflow" and v.metrics["known_model"] == "within", n
+    bad = model["dk"].copy()
+    bad[0, 2, 0, :] += 0.5                                 # a key of row 5's KV head
+    v = _violation("dk", bad, model["dk"] + 1.0, np.full(bad.shape, 1e-6), a["dout"])
+    assert match_known_issue(p, v, a, target="production") is None
+    assert v.metrics["outside_known_model"] == "sink_rowsum_overflow"
