@@ -91,3 +91,17 @@ def test_the_coverage_summary_says_how_many_siblings_ran_and_names_an_unjudged_c
     out = planned_result(CheckResult(status="pass", where="CPU twin", summary="x"), head, outcomes)
     assert "2/2 constructed edges ran (1 judged siblings of calls a known issue absorbs by configuration)" in out.summary
     assert "1 call(s) a known issue absorbs by configuration with no judged sibling in the space: row44" in out.summary
+
+
+def test_a_deployment_keeps_its_head_counts_and_head_dims():
+    """A deployment's space fixes head counts: the one-head sibling of the overrun is not planned
+    there (named as unjudged), and an accumulator sibling takes one of the deployment's head dims."""
+    sp = space_for("sm90", "bf16")
+    tail = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=137, seqlen_k=184, nheads=2, nheads_kv=2,
+                            head_dim=128, head_dim_v=64)
+    assert configuration_only(tail) == "overrun"
+    assert [n for n, *_ in judged_siblings(sp, [("t", tail, True, True)])[0]] == ["judged_t"]
+    fixed = dataclasses.replace(sp, heads={"h:2/2": (2, 2)})
+    assert judged_siblings(fixed, [("t", tail, True, True)]) == ([], ["t"])
+    for _n, s, _b, _d in judged_siblings(sp, [(n, p, b, d) for n, p, b, d in _cases(sp)])[0]:
+        assert (s.head_dim, s.head_dim_v) in set(sp.hd.values())

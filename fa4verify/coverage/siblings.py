@@ -74,7 +74,8 @@ def configuration_only(problem: Any) -> Optional[str]:
 
 def _sibling(space: Any, problem: Any, why: str) -> Optional[Any]:
     if why == "overrun":
-        if problem.nheads_kv != problem.nheads:      # one head per KV head: a GQA group races too
+        # one head per KV head (a GQA group races too); not where a deployment fixes the head counts
+        if problem.nheads_kv != problem.nheads or space.heads:
             return None
         try:
             return problem.replace(batch=1, nheads=1, nheads_kv=1)
