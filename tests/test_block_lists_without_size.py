@@ -25,7 +25,8 @@ def test_the_form_holds_only_where_fa4_takes_the_problems_block():
     # more than one Q block: FA4's forward cannot infer the size ("require explicit sparse_block_size[0]")
     with pytest.raises(ValueError, match="block_size_implicit"):
         _p(seqlen_q=261)
-    # hd 64: FA4's forward tile is 192 rows unless told the block
+    # hd 64: the forward tile fa4verify reads (facts.fwd_tile, without the inferred block) is 192 rows;
+    # FA4 would fit 128 x 128 to the inferred block there, but the form is kept to where both agree
     with pytest.raises(ValueError, match="block_size_implicit"):
         _p(head_dim=64, head_dim_v=64)
     with pytest.raises(ValueError, match="dense SM90"):

@@ -18,7 +18,7 @@ without an error bound of its own: the slack covers FA4's rounding on the defect
 agreement with the score-index model was measured to 4.2e-3 of the largest magnitude on the H200,
 2026-12-02), and is far below the O(1) changes a different defect makes. An element the model
 cannot say (a read past an aux tensor: unknown memory) is NaN there and absorbed. Where a model
-does not reach a problem (it returns None: say, the mask_mod model on a varlen call) the issue
+does not reach a problem (it returns None: say, the misread maps on a block-sparse call) the issue
 absorbs by its configuration rule as before, and the hit says so (``known_model: none``). Violations the model
 does not judge (the dQ accumulator tap, bitwise repeats) keep the configuration rule.
 """
@@ -66,7 +66,8 @@ def model_backward(problem: AttentionProblem, a: Mapping[str, Any], dout: np.nda
     """dQ, dK, dV (float64, the problem's layouts: dense ``(b, s, h, d)``, varlen ``(t, h, d)``) of
     a backward that recomputes P with ``keep_bwd`` and ``score_bwd`` against the LSE and O of a
     forward with ``keep_fwd`` and ``score_fwd`` (FA4's backward takes both from its forward): ``P'
-    = exp(y' - LSE)`` on ``keep_bwd``, ``D = rowsum(dO * O) - dLSE``, ``dS = P' (dP - D) y'``, ``dQ
+    = exp(y' - LSE)`` on ``keep_bwd`` (LSE 0 where the forward kept nothing, as FA4's preprocess
+    hands it), ``D = rowsum(dO * O) - dLSE``, ``dS = P' (dP - D) y'``, ``dQ
     = scale dS K``, ``dK = scale dS^T Q``, ``dV = P'^T dO``; a learnable sink joins the forward's
     normaliser (``LSE = log(sum exp(y) + exp(sink_h))``, natural units, as the oracle's). Per batch
     entry or varlen sequence (``b``: its index, positions sequence-local, as FA4 hands them to the
@@ -106,8 +107,10 @@ def model_backward(problem: AttentionProblem, a: Mapping[str, Any], dout: np.nda
                 p = np.where(kf, np.exp(y - lse), 0.0)
                 o = p @ vs[:, hk]
                 yb, fp = score_bwd(b, h, rows, x)
-                pb = np.where(kb, np.exp(yb - lse), 0.0)
-                pb = np.where(np.isfinite(lse), pb, 0.0)           # a row that keeps nothing: P = 0
+                # FA4's preprocess hands the backward LSE = 0 for a row the forward kept nothing of
+                # (flash_bwd_preprocess.py: ``lse * LOG2_E if lse != -inf else 0.0``): P = exp(y')
+                # on the keys the backward keeps, none where both masks agree
+                pb = np.where(kb, np.exp(yb - np.where(lse == -np.inf, 0.0, lse)), 0.0)
                 dp = dos[:, h] @ vs[:, hk].T
                 d = np.sum(dos[:, h] * o, axis=-1)
                 if dls is not None:
@@ -206,12 +209,13 @@ def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optiona
     (NaN: absorbed), while its O and gradients are modelled as overflowed -- the other outcome
     differs from them by ``2^-(gap)`` of the row's magnitudes, below 2^-119 (red-team round 17:
     1.4e-37 at most on the seed-0 plan), far inside any allowance, so an unrelated fault in those
-    rows or in their KV heads' dK / dV stays judged. Every other row is the oracle's (an H100 run of
+    rows or in their KV heads' dK / dV stays judged (unless nothing else is left: a model of zeros
+    gives no slack, and those rows are unknown with their reach). Every other row is the oracle's (an H100 run of
     the plan's sink rows at 2026-12-06 found rows between 126 and 128 log2 units finite, which the
     configuration rule's band had counted in). dsink is not modelled (the two outcomes give it the
     row's dLSE or nothing). None on a split-KV call."""
     from fa4verify import judge
-    from fa4verify.fuzz.known_issues import sink_gap
+    from fa4verify.fuzz.known_issues import _token_bounds, sink_gap
     if not problem.sink or (problem.call is not None and problem.call.num_splits > 1):
         return None
     gap, kc = sink_gap(problem, a)
@@ -240,6 +244,10 @@ def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optiona
 
     gone = over | maybe                   # O and the gradients: as overflowed (the other outcome differs by < 2^-119)
     out = rows_of(out, gone, 0.0)
+    # where nothing else is left the model is 0 throughout and gives no slack (outside_model): the
+    # tiny values of a near-edge row FA4 did not overflow are then unknown, with their reach
+    blind = maybe if maybe.any() and not np.any(out) else np.zeros_like(maybe)
+    out = rows_of(out, blind, np.nan)
     lse = lse_of(lse_of(lse, over, np.inf), maybe, np.nan)
     res = {"out": out, "lse": lse}
     if dout is None:
@@ -248,7 +256,16 @@ def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optiona
     dl = None if dlse is None else lse_of(np.array(dlse, np.float64), gone, 0.0)
     ob = judge.oracle_backward(problem, dict(a, dout=do.astype(np.float32)),
                                dlse=None if dl is None else dl.astype(np.float32))
-    res.update({n: np.asarray(getattr(ob, n), np.float64).copy() for n in ("dq", "dk", "dv")})
+    grads = {n: np.asarray(getattr(ob, n), np.float64).copy() for n in ("dq", "dk", "dv")}
+    if blind.any():
+        grads["dq"] = rows_of(grads["dq"], blind, np.nan)
+        g = problem.nheads // problem.nheads_kv
+        for q0, lq, k0, lk in _token_bounds(problem):
+            for hk in range(problem.nheads_kv):
+                if blind[q0:q0 + lq, hk * g:(hk + 1) * g].any():
+                    for n in ("dk", "dv"):
+                        grads[n].reshape((-1,) + grads[n].shape[-2:])[k0:k0 + lk, hk] = np.nan
+    res.update(grads)
     return res
 
 
@@ -332,10 +349,12 @@ def sm90_dkv_misread(problem: AttentionProblem, a: Mapping[str, Any], dout: Opti
     (docs/results/dq_misread/, section 6). Measured on an H100 (2026-12-06, coverage.production at
     35451e8): within at 45 violations of 7 plan calls; outside where the score-index defect changed
     the sums (the judge now maps that defect's dK / dV: :func:`fa4verify.fuzz.known_issues._within_model`)
-    and in one call with used-length Q and a learnable sink, unexplained: None there (the
-    configuration rule absorbs, and says no model judged it), as with used-length or paged K/V,
-    block sparsity and hd != hdv (:func:`_misread_map`)."""
-    if problem.nheads_kv >= problem.nheads or (problem.call is not None and problem.call.seqused_q):
+    and in one call with used-length Q, an empty Q sequence and a learnable sink, unexplained: None
+    with either (the configuration rule absorbs, and says no model judged it; Note [Judged siblings]
+    plans a sibling), as with used-length or paged K/V, block sparsity and hd != hdv
+    (:func:`_misread_map`)."""
+    if (problem.nheads_kv >= problem.nheads or (problem.call is not None and problem.call.seqused_q)
+            or (problem.varlen and 0 in problem.seqlens_q)):
         return None
     m = _misread_map(problem, "k")
     return None if m is None else {"dk": m, "dv": m}
