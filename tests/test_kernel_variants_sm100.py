@@ -22,19 +22,24 @@ pytestmark = pytest.mark.fa4          # FA4's own host code builds the kernel ob
 
 @pytest.fixture(scope="module")
 def b200():
-    """This process as a fake B200 for the module's tests; the environment restored after."""
-    from fa4verify.compile.production import enter_fake_device
+    """This process as a fake B200 for the module's tests; the environment and the device query the
+    compile-only shims answer (``torch.cuda.current_device``, which FA4's host path installs here:
+    ``variants._sm100_host_ready``) restored after, so no later test of this worker inherits them."""
+    import torch
+    from fa4verify.compile import production
     from fa4verify.kernels import device
     names = (device.FAKE_DEVICE_ENV, "CUTE_DSL_ARCH", "FLASH_ATTENTION_ARCH", "FLASH_ATTENTION_NUM_SMS",
              "FA_DISABLE_2CTA", "FA_CLC")
     saved = {n: os.environ.get(n) for n in names}
-    enter_fake_device("b200")
+    current_device, shims = torch.cuda.current_device, production._SHIMS
+    production.enter_fake_device("b200")
     yield
     for n, v in saved.items():
         if v is None:
             os.environ.pop(n, None)
         else:
             os.environ[n] = v
+    torch.cuda.current_device, production._SHIMS = current_device, shims
     device.local_gpu.cache_clear()
 
 
