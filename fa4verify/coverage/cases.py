@@ -1029,7 +1029,8 @@ def _layout_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
 #: FA4's sparse MLA backward has no deterministic mode (``_flash_attn_bwd_sparse_mla`` asserts it off)
 NONDETERMINISTIC_EDGES = frozenset({"varlen_lookup_long_first", "varlen_lookup_chunks", "mla_gather_2cta",
                                     "mla_gather_wide", "mla_gather_1cta", "causal_key_past_tile",
-                                    "right_window_key_past_tile", "block_sparse_per_head", "sparse_score_aux"})
+                                    "right_window_key_past_tile", "block_sparse_per_head", "sparse_score_aux",
+                                    "block_size_implicit"})
 
 
 def _lookup_edges(space: FeatureSpace, vals) -> list[tuple[str, Any, bool]]:
