@@ -194,7 +194,7 @@ def test_each_edge_is_the_path_it_names():
     assert cases.NONDETERMINISTIC_EDGES == {"varlen_lookup_long_first", "varlen_lookup_chunks", "mla_gather_2cta",
                                             "mla_gather_wide", "mla_gather_1cta", "causal_key_past_tile",
                                             "right_window_key_past_tile", "block_sparse_per_head",
-                                            "sparse_score_aux"}
+                                            "sparse_score_aux", "block_size_implicit"}
     # more sequences than one chunk of FA4's block-count kernel
     p = got["varlen_lookup_chunks"]
     assert p.varlen and p.batch > facts.cu_blocks_chunk() + 32

@@ -45,7 +45,13 @@ def test_bug_model_is_the_oracle_without_gqa_and_differs_with_it():
 
 
 def test_bug_model_marks_an_out_of_range_head_nan():
-    s, p, a, r = _case(4, 2, "alibi")          # heads 2, 3 map to 4..7: past the 4 slopes
+    from fa4verify import mods
+    s, p, a, r = _case(4, 2, "alibi")
+    # fa4verify's aux covers every head FA4's mapping reaches (Note [Aux for the mapped heads])
+    assert np.isfinite(s.bug_model(p, a, r.out, r.lse)["dq"]).all()
+    # a caller's 4 slopes: heads 2, 3 map to 4..7, past them
+    pair = p.mod_pairs()[0]
+    a = dict(a, mod_aux={"alibi": pair.make_aux(mods.ModShape(p.batch, 4, p.seqlen_q, p.seqlen_k), seed=p.mod_seed)})
     m = s.bug_model(p, a, r.out, r.lse)
     assert np.isnan(m["dq"][:, :, 2:]).all() and np.isfinite(m["dq"][:, :, :2]).all()
 
