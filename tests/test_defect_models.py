@@ -145,25 +145,8 @@ def test_score_gqa_model_catches_f2_and_absorbs_unknown_memory():
     v = _violation("dq", np.where(np.isnan(model["dq"]), 7.0, model["dq"]), right["dq"], allow, a["dout"])
     ki = match_known_issue(p, v, a, target="production")
     assert ki is not None and ki.name == "sm90_score_mod_gqa_bwd_indices" and v.metrics["known_model"] == "within"
-    # F2: score_mod_bwd (and the recomputed S) see head h + r % g
-    from fa4verify import mods
-    score = p.mod_pairs()[0]
-    aux = mods.aux_for(p, score, a)
-    ki_ = np.arange(32)[None, :]
-
-    def f2(b, h, rows, x):
-        y, fp = np.empty_like(x), np.empty_like(x)
-        for r in rows:
-            hh, qq = h + int(r) % 4, np.array([[int(r) // 4]])
-            try:
-                y[r] = score.ref(x[r:r + 1].copy(), b, hh, qq, ki_, aux)
-                fp[r] = np.broadcast_to(score.grad(x[r:r + 1].copy(), b, hh, qq, ki_, aux), (1, 32))
-            except IndexError:        # past the slopes: whatever memory; 9.0 here
-                y[r] = fp[r] = 9.0
-        return y, fp
-    keep = dm._keeps(p, a)
-    got = dm.model_backward(p, a, a["dout"], None, keep_fwd=keep, keep_bwd=keep,
-                            score_fwd=dm._plain_score(p, a), score_bwd=f2)
+    # F2: score_mod_bwd (and the recomputed S) see head h + r % g (past the slopes: 9.0)
+    got = _head_shift(p, a, lambda h, r: h + r % 4)
     v = _violation("dq", got["dq"], right["dq"], allow, a["dout"])
     assert match_known_issue(p, v, a, target="production") is None
     heads = set(v.over_indices[:, 2].tolist())
@@ -222,25 +205,9 @@ def test_on_varlen_and_sink_calls_the_model_without_a_defect_is_the_oracle(kw, w
 def _head_shift(p, a, shift):
     """score_mod_bwd (and the recomputed S) handed row r // g of head ``shift(h, r)``: a defect
     other than FA4's (``h * g + r % g``); past the aux tensors: 9.0 (whatever memory)."""
-    from fa4verify import mods
-    score = p.mod_pairs()[0]
-    aux = mods.aux_for(p, score, a)
-    g = p.nheads // p.nheads_kv
-
-    def f(b, h, rows, x):
-        y, fp = np.empty_like(x), np.empty_like(x)
-        ki = np.arange(x.shape[1])[None, :]
-        for r in rows:
-            hh, qq = shift(h, int(r)), np.array([[int(r) // g]])
-            try:
-                y[r] = np.broadcast_to(score.ref(x[r:r + 1].copy(), b, hh, qq, ki, aux), (1, x.shape[1]))
-                fp[r] = np.broadcast_to(score.grad(x[r:r + 1].copy(), b, hh, qq, ki, aux), (1, x.shape[1]))
-            except IndexError:
-                y[r] = fp[r] = 9.0
-        return y, fp
     keep = dm._keeps(p, a)
     return dm.model_backward(p, a, a["dout"], None, keep_fwd=keep, keep_bwd=keep,
-                             score_fwd=dm._plain_score(p, a), score_bwd=f)
+                             score_fwd=dm._plain_score(p, a), score_bwd=dm.head_mapped_score(p, a, shift, 9.0))
 
 
 @pytest.mark.parametrize("sink", [False, True])

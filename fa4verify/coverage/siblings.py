@@ -57,7 +57,7 @@ def configuration_only(problem: Any) -> Optional[str]:
     ("accumulator": the SM90 dQ / GQA dK-dV issues where the misread map does not reach;
     "overrun": the preprocess overrun's race), or None."""
     from fa4verify.fuzz import defect_models
-    from fa4verify.kernels import facts
+    from fa4verify.fuzz.known_issues import sm90_overrun_tile
     if problem.arch != "sm90":
         return None
     if _accum_defect(problem, problem.head_dim, problem.head_dim_v):
@@ -65,9 +65,7 @@ def configuration_only(problem: Any) -> Optional[str]:
         if defect_models._misread_map(problem, "q") is None or (gqa and defect_models.sm90_dkv_misread(
                 problem, {}, None, None) is None):
             return "accumulator"
-    causal, local = _window(problem)
-    if (problem.head_dim_v == 64 and not problem.varlen and problem.batch * problem.nheads >= 2
-            and facts.sm90_bwd_tile(problem.head_dim, problem.head_dim_v, causal, local)[0] == 80):
+    if sm90_overrun_tile(problem) and not problem.varlen and problem.batch * problem.nheads >= 2:
         return "overrun"
     return None
 

@@ -156,6 +156,32 @@ def mask_mod_causal(problem: AttentionProblem, a: Mapping[str, Any], dout: np.nd
                           score_fwd=score, score_bwd=score)
 
 
+def head_mapped_score(problem: AttentionProblem, a: Mapping[str, Any], head_of: Callable[[int, int], int],
+                      unknown: float = np.nan) -> ScoreFn:
+    """The problem's score pair as a backward that hands row ``r`` of head ``h`` the pair as row
+    ``r // g`` of head ``head_of(h, r)`` (``g`` query heads per KV head); a row whose head lies past
+    the pair's aux tensors reads ``unknown`` (NaN: unknown memory)."""
+    from fa4verify import mods
+    score = problem.mod_pairs()[0]
+    aux = mods.aux_for(problem, score, a)
+    g = problem.nheads // problem.nheads_kv
+
+    def mapped(b, h, rows, x):
+        y, fp = np.empty_like(x), np.empty_like(x)
+        ki = np.arange(x.shape[1])[None, :]
+        for r in rows:
+            hh, qq = head_of(h, int(r)), np.array([[int(r) // g]])
+            try:
+                y[r] = np.broadcast_to(np.asarray(score.ref(x[r:r + 1].copy(), b, hh, qq, ki, aux), np.float64),
+                                       (1, x.shape[1]))
+                fp[r] = np.broadcast_to(np.asarray(score.grad(x[r:r + 1].copy(), b, hh, qq, ki, aux), np.float64),
+                                        (1, x.shape[1]))
+            except IndexError:
+                y[r] = fp[r] = unknown
+        return y, fp
+    return mapped
+
+
 def score_mod_gqa_indices(problem: AttentionProblem, a: Mapping[str, Any], dout: np.ndarray,
                           dlse: Optional[np.ndarray]) -> Optional[dict[str, np.ndarray]]:
     """Known issue ``sm90_score_mod_gqa_bwd_indices``: the forward is right; the backward's S
@@ -170,24 +196,8 @@ def score_mod_gqa_indices(problem: AttentionProblem, a: Mapping[str, Any], dout:
     score = problem.mod_pairs()[0] if problem.mods else None
     if problem.softcap or score is None:
         return None
-    from fa4verify import mods
-    aux = mods.aux_for(problem, score, a)
     g = problem.nheads // problem.nheads_kv
-
-    def mapped(b, h, rows, x):
-        y, fp = np.empty_like(x), np.empty_like(x)
-        ki = np.arange(x.shape[1])[None, :]
-        for r in rows:
-            hh, qq = h * g + int(r) % g, np.array([[int(r) // g]])
-            try:
-                y[r] = np.broadcast_to(np.asarray(score.ref(x[r:r + 1].copy(), b, hh, qq, ki, aux), np.float64),
-                                       (1, x.shape[1]))
-                fp[r] = np.broadcast_to(np.asarray(score.grad(x[r:r + 1].copy(), b, hh, qq, ki, aux), np.float64),
-                                        (1, x.shape[1]))
-            except IndexError:
-                y[r] = fp[r] = np.nan
-        return y, fp
-
+    mapped = head_mapped_score(problem, a, lambda h, r: h * g + r % g)
     keep = _keeps(problem, a)
     return model_backward(problem, a, dout, dlse, keep_fwd=keep, keep_bwd=keep,
                           score_fwd=_plain_score(problem, a), score_bwd=mapped)

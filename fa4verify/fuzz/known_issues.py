@@ -275,17 +275,23 @@ SM90_PREPROCESS_OVERRUN = {"dpsum": 16}
 _FROM_D = ("scratch_bounds", "D", "D_dlse", "dq_accum", "dq", "dk", "dsink")
 
 
-def _sm90_bwd_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
-    """True for a violation of an example whose own backward showed the measured overrun
-    (``scratch_overrun``, :data:`SM90_PREPROCESS_OVERRUN`) on an SM90 call at tile_m 80 and
-    head_dim_v 64: the overrun itself, and -- with a second (batch, head) whose D rows the overrun
-    races with -- D and what is computed from it, or two deterministic calls that differ."""
+def sm90_overrun_tile(problem: AttentionProblem) -> bool:
+    """Whether ``problem``'s backward runs where FA4's SM90 preprocess overruns D: tile_m 80 and
+    head_dim_v 64 (:data:`SM90_PREPROCESS_OVERRUN`)."""
     from fa4verify.kernels.facts import bwd_tile
     from fa4verify.problem import resolve_window
     if problem.arch != "sm90" or problem.head_dim_v != 64:
         return False
     r_causal, r_local, _, _ = resolve_window(problem.causal, problem.window_size)
-    if bwd_tile(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local)[0] != 80:
+    return bwd_tile(problem.arch, problem.head_dim, problem.head_dim_v, r_causal, r_local)[0] == 80
+
+
+def _sm90_bwd_preprocess_overrun(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True for a violation of an example whose own backward showed the measured overrun
+    (``scratch_overrun``, :data:`SM90_PREPROCESS_OVERRUN`) on an SM90 call at tile_m 80 and
+    head_dim_v 64: the overrun itself, and -- with a second (batch, head) whose D rows the overrun
+    races with -- D and what is computed from it, or two deterministic calls that differ."""
+    if not sm90_overrun_tile(problem):
         return False
     if v.metrics.get("scratch_overrun") != SM90_PREPROCESS_OVERRUN:
         return _sm90_varlen_preprocess_overrun(problem, v)
