@@ -39,7 +39,7 @@
 #   determinism    the determinism matrix (scripts/gpu_determinism.sh)
 #   multigpu       determinism --gpus all + one-worker xdist smoke (scripts/gpu/multigpu.sh)
 #   hygiene        the test markers on a GPU (scripts/gpu_hygiene.sh)
-#   time:PROFILE[@N][:spawn|:fork]
+#   time:PROFILE[@N][:spawn|:fork]  (TIME_AUDIT_TIMEOUT: each audit's limit, 250 s)
 #                  audit wall time, cold then warm, with the per-worker timeline
 #                  (benchmarks/gpu_audit_time.py; --workers N; FA4VERIFY_WORKER_START)
 #   profile        the default audit on time:default's warm cache, each worker request under cProfile
@@ -150,7 +150,7 @@ for step in "$@"; do
       rm -rf "$CR/$spec"; mkdir -p "$CR/$spec"
       (unset FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED FLASH_ATTENTION_CUTE_DSL_CACHE_DIR
        timeout "$left" python3 benchmarks/gpu_audit_time.py --profile "$prof" --modes "${AUDIT_MODES:-cold,warm}" \
-         --timeout 250 --cache-root "$CR/$spec" --out "$OUT" ${AGAINST:+--against "$AGAINST" --rounds "${ROUNDS:-2}"} \
+         --timeout "${TIME_AUDIT_TIMEOUT:-250}" --cache-root "$CR/$spec" --out "$OUT" ${AGAINST:+--against "$AGAINST" --rounds "${ROUNDS:-2}"} \
          "${WW[@]}" ${EXTRA:-} 2>&1 | grep -v "^[a-z]" | tail -24) ;;
     profile)
       mkdir -p "$CR/default/shard"
