@@ -76,6 +76,36 @@ def _head(keep: np.ndarray, h: int) -> np.ndarray:
     return keep if keep.ndim == 2 else keep[h]
 
 
+#: the largest stack of (rows, keys) weights one product reads at once (Note [Head-major statistics])
+_STACK_BYTES = 1 << 25
+
+
+def _sum_keys(dst: np.ndarray, mt: np.ndarray, b: np.ndarray, fresh: bool, buf: np.ndarray) -> None:
+    """``dst (+)= mt @ b`` into the contiguous key block ``dst``: assigned when ``fresh``."""
+    if fresh:
+        np.matmul(mt, b, out=dst)
+    else:
+        np.matmul(mt, b, out=buf)
+        dst += buf
+
+
+def _sums_both_sides(pairs: list, ak: np.ndarray, aq: np.ndarray, q_dst: dict, k_dst: dict, fresh: bool,
+                     buf: np.ndarray) -> None:
+    """For each ``(q name, k name, M)`` of ``pairs``: ``q_dst[q name] = M @ ak`` (the query side:
+    one product of every M stacked, which reads the long ``ak`` once, where the stack is small)
+    and ``k_dst[k name] (+)= M^T @ aq`` (the key side, :func:`_sum_keys`)."""
+    lq, lk = pairs[0][2].shape
+    if len(pairs) * lq * lk * 8 <= _STACK_BYTES:
+        out = np.stack([m for _n, _k, m in pairs]).reshape(len(pairs) * lq, lk) @ ak
+        for i, (n, _k, _m) in enumerate(pairs):
+            q_dst[n][...] = out[i * lq:(i + 1) * lq]
+    else:
+        for n, _k, m in pairs:
+            np.matmul(m, ak, out=q_dst[n])
+    for _n, kn, m in pairs:
+        _sum_keys(k_dst[kn], m.T, aq, fresh, buf)
+
+
 def kernel_constants_for(problem) -> facts.KernelConstants:
     causal, local, _, _ = facts.resolve_causal_local_window(problem.causal, problem.window_size)
     return facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
@@ -678,17 +708,22 @@ class BudgetStats:
         need_rss = prob or any(n in self.budget.get(b).stats for b in ("backward_dq", "backward_dk", "backward_dv",
                                                                       "backward_dq_accum")
                                if b in self.budget for n in rss)
-        q_el = {n: np.zeros((tq, H, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk",
+        # Note [Head-major statistics]: the per-element sums are built head-major, (heads, tokens,
+        # d), so every (head, segment) destination is one contiguous block a product writes in
+        # place (the first of a key block's heads assigns, the rest of its GQA group add); they
+        # are turned token-major after the loop. A long row's (keys, d) destinations are the loop's
+        # memory traffic (a strided += of a 34k-key block cost twice its product on the CPU)
+        q_el = {n: np.zeros((H, tq, self.D)) for n in ("abs_dsk", "abs_p_dov_k", "abs_p_derr_k", "sub_dsk",
                                                         "abs_dpd_k", "abs_tanh_dsk")
                 + (("rss_dsk", "derrp_pk") if need_rss else ())}
-        k_el = {n: np.zeros((tk, Hk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq",
+        k_el = {n: np.zeros((Hk, tk, self.D)) for n in ("abs_dsq", "abs_p_dov_q", "abs_p_derr_q", "sub_dsq",
                                                          "abs_dpd_q", "abs_tanh_dsq")
                 + (("rss_dsq", "rss_p_derrp_q") if need_rss else ())}
         # the softcap factor 1 - tanh^2 that FA4 forms from tanh.approx (built-in softcap, or the
         # built-in softcap pair): its error is absolute, up to 2.01 tanh_rel t^2 (t = tanh(x / cap)),
         # not relative to the exact factor, which saturation takes to ~0 (DERIVATIONS.md#bwd-composition)
         softcap_pair = not p.softcap and self._builtin_softcap() > 0
-        v_el = {n: np.zeros((tk, Hk, self.Dv)) for n in ("abs_pdo", "sum_abs_do") + (("rss_pdo",) if need_rss else ())}
+        v_el = {n: np.zeros((Hk, tk, self.Dv)) for n in ("abs_pdo", "sum_abs_do") + (("rss_pdo",) if need_rss else ())}
         k_row = {n: np.zeros((tk, Hk)) for n in ("seqlen_q", "seqlen_k", "n_blocks", "backward_p")}
         # backward_p per query row, then its max over the rows each key sums over
         st = self._common()
@@ -699,6 +734,11 @@ class BudgetStats:
         self._bp_row = bp_row
         keeps = {(qs.start, ks.start): km for (qs, ks, _, _), km in zip(self._w, self._keeps)}
         keep_of = lambda qs, ks: keeps[(qs.start, ks.start)]   # noqa: E731
+        # a key block is fresh for a KV head until one of its query heads wrote it: the first
+        # product assigns (no zero-fill read back); only where the windows' key ranges are disjoint
+        spans = sorted((ks.start, ks.stop) for _qs, ks, _W, _TH in self._w if ks.stop > ks.start)
+        disjoint = all(a1 <= b0 for (_a0, a1), (b0, _b1) in zip(spans, spans[1:]))
+        written: set = set()
         for qs, ks, W, TH in self._w:
             lq, lk = qs.stop - qs.start, ks.stop - ks.start
             if lk == 0:
@@ -709,20 +749,12 @@ class BudgetStats:
             k_row["seqlen_k"][ks] = lk
             k_row["n_blocks"][ks] = float(np.maximum(self.row["n_blocks"][qs, 0], self._nb_bwd[qs, 0]).max()) if lq else 0
             ak = av = None
-            # reused (keys, d) and (rows, d) buffers: a fresh array of a long row's size is a fresh
-            # mapping the kernel must fault in page by page (most of this loop's time at 34k keys)
+            # one reused (keys, d) buffer per width for the adds of a GQA group's later heads
             bk, bkv = np.empty((lk, self.D)), np.empty((lk, self.Dv))
-            bq = np.empty((lq, self.D))
-
-            def k_add(dst, a, b, buf):
-                np.matmul(a, b, out=buf)
-                dst += buf
-
-            def q_set(dst, a, b):
-                np.matmul(a, b, out=bq)
-                dst[...] = bq
             for h in range(H):
                 hk = h // g
+                fresh = disjoint and (ks.start, hk) not in written
+                written.add((ks.start, hk))
                 if h % g == 0:      # |K|, |V| of this KV head: read by each of its g query heads
                     ak, av = np.abs(k[ks, hk]), np.abs(v[ks, hk])
                 aq, ado = np.abs(q[qs, h]), np.abs(dout[qs, h])
@@ -737,36 +769,36 @@ class BudgetStats:
                 elif self.score_pair is not None:
                     dS = dS * TH[h]        # dy/dx of the score pair (|dy/dx| <= 1: DERIVATIONS.md#score-mod)
                 DOV = ado @ av.T
-                if p.softcap > 0 or softcap_pair:
-                    t2 = TH[h] ** 2 if p.softcap > 0 else 1.0 - TH[h]     # the pair's TH is 1 - t^2
-                    tdS = sc * (w * np.abs(dP - Dh[:, None]) * t2)
-                    q_set(q_el["abs_tanh_dsk"][qs, h], tdS, ak)
-                    k_add(k_el["abs_tanh_dsq"][ks, hk], tdS.T, aq, bk)
-                q_set(q_el["abs_dsk"][qs, h], sc * np.abs(dS), ak)
-                q_set(q_el["abs_p_dov_k"][qs, h], sc * (w * DOV), ak)
-                q_set(q_el["abs_p_derr_k"][qs, h], sc * (w * derr[qs, h][:, None]), ak)
-                k_add(k_el["abs_dsq"][ks, hk], sc * np.abs(dS).T, aq, bk)
-                k_add(k_el["abs_p_dov_q"][ks, hk], sc * (w * DOV).T, aq, bk)
-                k_add(k_el["abs_p_derr_q"][ks, hk], sc * (w * derr[qs, h][:, None]).T, aq, bk)
-                k_add(v_el["abs_pdo"][ks, hk], w.T, ado, bkv)
-                if need_rss:   # sums of squares here, square roots after the loop
-                    q_el["rss_dsk"][qs, h] = sc * sc * (dS * dS) @ (k[ks, hk] ** 2)
-                    k_el["rss_dsq"][ks, hk] += sc * sc * (dS * dS).T @ (q[qs, h] ** 2)
-                    v_el["rss_pdo"][ks, hk] += (w * w).T @ (dout[qs, h] ** 2)
-                    # a D error dD_i shifts every dS_ij of row i by -P_ij dD_i: dQ_id by exactly
-                    # -scale dD_i (P K)_id (first order), dK_jd by a sum over independent rows
-                    q_el["derrp_pk"][qs, h] = sc * derrp[qs, h][:, None] * np.abs(w @ k[ks, hk])
-                    k_el["rss_p_derrp_q"][ks, hk] += sc * sc * ((w * derr_s[qs, h][:, None]) ** 2).T @ (q[qs, h] ** 2)
                 # budget statistics of the subnormal floors (error_budgets/loader.py STATISTICS)
                 kf = _head(keep_of(qs, ks), h).astype(np.float64)
-                q_set(q_el["sub_dsk"][qs, h], sc_sub * kf, ak)
-                k_add(k_el["sub_dsq"][ks, hk], sc_sub * kf.T, aq, bk)
-                k_add(v_el["sum_abs_do"][ks, hk], kf.T, ado, bkv)
                 R = np.abs(dP - Dh[:, None]) * kf
-                q_set(q_el["abs_dpd_k"][qs, h], sc * R, ak)
-                k_add(k_el["abs_dpd_q"][ks, hk], sc * R.T, aq, bk)
+                # the (rows, keys) weights M whose sums M |K| (query side) and M^T |Q| (key side)
+                # the budgets read
+                pairs = []
+                if p.softcap > 0 or softcap_pair:
+                    t2 = TH[h] ** 2 if p.softcap > 0 else 1.0 - TH[h]     # the pair's TH is 1 - t^2
+                    pairs.append(("abs_tanh_dsk", "abs_tanh_dsq", sc * (w * np.abs(dP - Dh[:, None]) * t2)))
+                pairs += [("abs_dsk", "abs_dsq", sc * np.abs(dS)), ("abs_p_dov_k", "abs_p_dov_q", sc * (w * DOV)),
+                          ("abs_p_derr_k", "abs_p_derr_q", sc * (w * derr[qs, h][:, None])),
+                          ("sub_dsk", "sub_dsq", sc_sub * kf), ("abs_dpd_k", "abs_dpd_q", sc * R)]
+                _sums_both_sides(pairs, ak, aq, {n: q_el[n][h, qs] for n, _m, _x in pairs},
+                                 {m: k_el[m][hk, ks] for _n, m, _x in pairs}, fresh, bk)
+                _sum_keys(v_el["abs_pdo"][hk, ks], w.T, ado, fresh, bkv)
+                _sum_keys(v_el["sum_abs_do"][hk, ks], kf.T, ado, fresh, bkv)
+                if need_rss:   # sums of squares here, square roots after the loop
+                    q_el["rss_dsk"][h, qs] = sc * sc * (dS * dS) @ (k[ks, hk] ** 2)
+                    k_el["rss_dsq"][hk, ks] += sc * sc * (dS * dS).T @ (q[qs, h] ** 2)
+                    v_el["rss_pdo"][hk, ks] += (w * w).T @ (dout[qs, h] ** 2)
+                    # a D error dD_i shifts every dS_ij of row i by -P_ij dD_i: dQ_id by exactly
+                    # -scale dD_i (P K)_id (first order), dK_jd by a sum over independent rows
+                    q_el["derrp_pk"][h, qs] = sc * derrp[qs, h][:, None] * np.abs(w @ k[ks, hk])
+                    k_el["rss_p_derrp_q"][hk, ks] += sc * sc * ((w * derr_s[qs, h][:, None]) ** 2).T @ (q[qs, h] ** 2)
                 k_row["backward_p"][ks, hk] = np.maximum(k_row["backward_p"][ks, hk],
                                                          np.max(bp_row[qs, h], initial=0.0))
+        # token-major (tokens, heads, d), as every budget formula reads them
+        for d_ in (q_el, k_el, v_el):
+            for n in d_:
+                d_[n] = np.ascontiguousarray(d_[n].transpose(1, 0, 2))
         # flush-to-zero envelope: every P below 2^-126 may become 0 (ex2.approx.ftz): FTZ times
         # the visible terms |dP - D| |K| (|Q|) and |dO| (a power of two: exactly those sums scaled)
         floor = {"dq": FTZ * q_el["abs_dpd_k"], "dk": FTZ * k_el["abs_dpd_q"], "dv": FTZ * v_el["sum_abs_do"]}
