@@ -92,7 +92,7 @@ def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: s
     from fa4verify.coverage.variants import variant_edges
     ran = [(p, backward[i], det[i]) for i, p in enumerate(problems)]
     ran += [(p, b, det[n_rows + k]) for k, (_n, p, b) in enumerate(edges)]
-    variants = variant_edges(sp, ran, seed=int(ctx.seed)) if target == "production" else []
+    variants = variant_edges(sp, ran, seed=int(ctx.seed), by_twin=True) if target == "production" else []
     for n, p, b, d in variants:
         det[n_rows + len(edges)] = d
         edges.append((n, p, b))
@@ -111,6 +111,16 @@ def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: s
                       "edges": [n for n, _p, _b in edges], "variant_edges": len(variants),
                       "judged_siblings": len(siblings), "unjudged": unjudged}}
     backward.update({n_rows + k: b for k, (_n, _p, b) in enumerate(edges)})
+    if target == "production":
+        # Note [A statistical verdict per kernel variant]: one call per variant also judged by
+        # the statistical tier (its indices in the plan's details: run_example asks for the property)
+        from fa4verify.coverage.variants import statistical_calls
+        from fa4verify.fuzz.properties import STAT_TIER_MAX_CALLS
+        every = problems + [p for _n, p, _b in edges]
+        stat, stat_unjudged = statistical_calls([(p, backward[i], det[i]) for i, p in enumerate(every)],
+                                                limit=STAT_TIER_MAX_CALLS)
+        extra["plan"]["stat_calls"] = {str(i): tags for i, tags in sorted(stat.items())}
+        extra["plan"]["stat_unjudged"] = stat_unjudged
     return _campaign_cases(ctx, target=target, arch=arch, dtype=dtype, n=n_rows + len(edges), kw={}, where=where,
                            extra=extra, problems=problems + [p for _n, p, _b in edges], properties=PLAN_PROPERTIES,
                            deterministic=det, backward=backward)
@@ -217,6 +227,19 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
         within = sum(k["model"] == "within" for k in flat)
         head_line += (f"; known FA4 issues absorbed {len(flat)} violation(s) in {len(absorbed)} case(s), {within} "
                       f"within a model of the defect, {len(flat) - within} by configuration alone")
+    # Note [A statistical verdict per kernel variant]: the calls the statistical tier judged, the
+    # ones it could not (the reason each), the variants no call the twin runs reaches
+    stat_calls = pl.get("stat_calls") or {}
+    if stat_calls:
+        judged_st = [i for i in stat_calls if "stat_tier" in by.get(int(i), {}).get("ran", [])]
+        not_formed = {i: {k: w for k, w in by.get(int(i), {}).get("skipped", {}).items() if k.startswith("stat_tier")}
+                      for i in stat_calls}
+        cov["statistical"] = {"calls": stat_calls, "judged": judged_st,
+                              "not_formed": {i: w for i, w in not_formed.items() if w},
+                              "unjudged_variants": pl.get("stat_unjudged", [])}
+        head_line += (f"; the statistical tier judged {len(judged_st)}/{len(stat_calls)} calls, one per kernel "
+                      f"variant ({sum(len(t) for t in stat_calls.values())} variants; "
+                      f"{len(pl.get('stat_unjudged', []))} no call the twin runs reaches)")
     # every violating row and edge by name: the campaign's summary shrinks to the first one only
     named = ([f"row {i} ({v['property']})" for i, v in cov["violating_rows"].items()]
              + [f"edge {n} ({v['property']})" for n, v in cov["violating_edges"].items()])

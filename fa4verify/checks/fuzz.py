@@ -287,8 +287,11 @@ def run_example(ctx: CheckContext, case: DrawnCase) -> dict:
     from fa4verify.fuzz.properties import PROPERTIES
     h = case.head
     tl = None if h["deadline"] is None else max(0.0, h["deadline"] - time.time())
+    props = tuple(h["properties"] or PROPERTIES)
+    if str(case.index) in (h["extra"].get("plan") or {}).get("stat_calls", {}):
+        props += ("stat_tier",)      # Note [A statistical verdict per kernel variant]
     part = drawn.run_drawn([case.problem], [0], target=_target(case.target), time_limit_s=tl,
-                           properties=h["properties"] or PROPERTIES, deterministic={0: case.deterministic},
+                           properties=props, deterministic={0: case.deterministic},
                            backward=case.backward)
     return {"outcome": dict(part["outcomes"][0], index=case.index), "seconds": part["seconds"],
             "target": part["target"]}

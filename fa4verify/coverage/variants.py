@@ -45,7 +45,7 @@ import numpy as np
 from fa4verify.coverage.space import FeatureSpace
 from fa4verify.kernels.facts import is_sm100_family
 
-__all__ = ["fwd_variant", "bwd_variant", "variant_edges"]
+__all__ = ["fwd_variant", "bwd_variant", "variant_edges", "statistical_calls"]
 
 #: the row values a variant edge takes besides its combination (a dense call of a few tiles)
 _BASE_ROW = {"form": "dense", "seqlen": "multi", "softcap": "off", "sink": "off", "values": "normal"}
@@ -202,14 +202,17 @@ def _zero_inputs(problem: Any) -> dict:
     return a
 
 
-def reached(cases: list[tuple[Any, bool, bool]]) -> set[tuple]:
-    """The variants ``(problem, runs the backward, deterministic)`` cases compile."""
+def reached(cases: list[tuple[Any, bool, bool]], *, by_twin: bool = False) -> set[tuple]:
+    """The variants ``(problem, runs the backward, deterministic)`` cases compile; ``by_twin``:
+    only on calls whose forward (a backward variant: and backward) the CPU twin runs too, where
+    the statistical tier can judge them (Note [A statistical verdict per kernel variant])."""
     out: set[tuple] = set()
     for p, bwd, det in cases:
+        fwd_ok, bwd_ok = _twin_runs(p, bwd) if by_twin else (True, True)
         v = fwd_variant(p)
-        if v is not None:
+        if v is not None and fwd_ok:
             out.add(v)
-        if bwd:
+        if bwd and bwd_ok:
             v = bwd_variant(p, det)
             if v is not None:
                 out.add(v)
@@ -235,12 +238,14 @@ def _tag(v: tuple) -> str:
     return f"bwd_{f[0]}x{f[1]}_{mode}_{'gqa' if gqa else 'mha'}_{'det' if det else 'nondet'}"
 
 
-def variant_edges(space: FeatureSpace, cases: list[tuple[Any, bool, bool]], *, seed: int = 0
-                  ) -> list[tuple[str, Any, bool, bool]]:
+def variant_edges(space: FeatureSpace, cases: list[tuple[Any, bool, bool]], *, seed: int = 0,
+                  by_twin: bool = False) -> list[tuple[str, Any, bool, bool]]:
     """Note [Kernel variants]: ``(name, problem, backward, deterministic)`` of one call per kernel
     variant of the space's combinations (call form x head-dim class x mask x GQA ratio x
     deterministic; on SM 10.x x seqlen class too) that no case of ``cases`` (``(problem,
-    backward, deterministic)``: the plan's rows and the constructed edges) compiles. A variant
+    backward, deterministic)``: the plan's rows and the constructed edges) compiles -- with
+    ``by_twin``, none that the CPU twin runs too (:func:`reached`: a variant only a score-mod call
+    compiles gets a plain call the statistical tier can judge). A variant
     first met on a forward-only combination runs forward only; a deployment's own head counts or
     lengths stay the space's. SM90 and SM 10.x, 16-bit dtypes; [] elsewhere."""
     import itertools
@@ -248,7 +253,7 @@ def variant_edges(space: FeatureSpace, cases: list[tuple[Any, bool, bool]], *, s
     sm100 = is_sm100_family(space.arch)
     if not (sm100 or space.arch == "sm90") or "dense" not in space.values["form"] or space.dtype == "fp8":
         return []
-    have = reached(cases)
+    have = reached(cases, by_twin=by_twin)
     base_seqlen = _BASE_ROW["seqlen"] if _BASE_ROW["seqlen"] in space.values["seqlen"] else space.values["seqlen"][0]
     if sm100:
         # q_stage, 2-CTA and S ping-pong follow the lengths (red-team round 14): every seqlen class,
@@ -304,3 +309,72 @@ _FORMS = {"dense": "", "block_sparse": "bs_"}
 #: forms whose SM90 backward FA4 runs without ``deterministic`` only (the SM90 block-sparse backward
 #: asserts it; the SM 10.x one takes ``deterministic``)
 _NO_DETERMINISTIC = ("block_sparse",)
+
+
+def _twin_runs(problem: Any, backward: bool) -> tuple[bool, bool]:
+    """(whether the CPU twin runs the forward of ``problem``, and its backward where ``backward``)."""
+    from fa4verify.errors import Unsupported
+    from fa4verify.targets import TwinTarget
+    tw = TwinTarget()
+    try:
+        tw.check_supported(problem)
+    except Unsupported:
+        return False, False
+    return True, bool(backward) and tw.backward_unsupported(problem) is None
+
+
+def _twin_cost(problem: Any) -> float:
+    """The twin's work for ``problem`` (score pairs x heads x head dims): what the selection minimises."""
+    pairs = (sum(a * b for a, b in zip(problem.seqlens_q, problem.seqlens_k)) if problem.varlen
+             else problem.batch * problem.seqlen_q * problem.seqlen_k)
+    return float(pairs * problem.nheads * (problem.head_dim + problem.head_dim_v))
+
+
+def statistical_calls(cases: list[tuple[Any, bool, bool]], *, limit: int) -> tuple[dict[int, list[str]], list[str]]:
+    """Note [A statistical verdict per kernel variant]
+    -----------------------------------------------
+    Every kernel variant the audit's calls compile (``cases``: ``(problem, backward,
+    deterministic)``, in the audit's order: the plan's rows, the constructed edges, the variant
+    edges, the judged siblings) gets one statistical verdict (the ``stat_tier`` property,
+    fa4verify/fuzz/properties.py): on a call that compiles it and whose forward (for a forward
+    variant) or forward and backward (a backward variant) the CPU twin runs -- of those, one with
+    the fewest tensors a known FA4 issue covers by configuration (they get no verdict), then the
+    cheapest -- the call's
+    error distribution against the twin's on the same inputs. The per-element bounds admit a
+    variant-confined bias of a fraction of an ulp (round 13's catalogue: dK scaled by 1 + 2^-7 in
+    one SM90 backward variant, 1-2 bf16 ulp, passed the H200's plan at tightness 0.43); the tier's
+    margin is 2^-8 ulp. Returns ``{case index: the variants it judges}`` and the variants no call
+    the twin runs reaches (reported by name: the worst-case tier judged them, the statistical one
+    could not). At most ``limit`` calls (the tier's level is set for that many); more is an error
+    of the plan."""
+    from fa4verify.fuzz.properties import known_configuration
+    best: dict[tuple, tuple[int, float, int]] = {}
+    reached_by: dict[tuple, bool] = {}
+    label: dict[tuple, str] = {}
+    for i, (p, bwd, det) in enumerate(cases):
+        fv = fwd_variant(p)
+        bv = bwd_variant(p, det) if bwd else None
+        if fv is None and bv is None:
+            continue
+        fwd_ok, bwd_ok = _twin_runs(p, bv is not None)
+        cost = _twin_cost(p) * (3.0 if bwd else 1.0)
+        # a tensor a known issue covers by configuration gets no statistical verdict: fewer first
+        blind = sum(known_configuration(p, None, "production", q) is not None
+                    for q in (("out", "dq", "dk", "dv") if bv is not None else ("out",)))
+        for v, ok in ((fv, fwd_ok), (bv, bwd_ok)):
+            if v is None:
+                continue
+            reached_by.setdefault(v, False)
+            label.setdefault(v, f"d{p.head_dim}" + (f"x{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
+                             + f"_{_tag(v)}")
+            if ok:
+                reached_by[v] = True
+                if v not in best or (blind, cost) < best[v][:2]:
+                    best[v] = (blind, cost, i)
+    out: dict[int, list[str]] = {}
+    for v, (_b, _c, i) in best.items():
+        out.setdefault(i, []).append(label[v])
+    if len(out) > limit:
+        raise ValueError(f"{len(out)} calls for the statistical tier, more than its level is set for ({limit})")
+    unjudged = sorted({label[v] for v, ok in reached_by.items() if not ok})
+    return out, unjudged

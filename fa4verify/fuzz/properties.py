@@ -72,6 +72,18 @@ Properties (:data:`PROPERTIES`)
     forward called without the LSE and without a gradient (FA4's own kernel, ``lse is None`` in its
     compile key) is bitwise the O of the training call.
 
+Asked for by name only (not in :data:`PROPERTIES`, a campaign's default):
+
+``stat_tier``
+    The statistical tier (Note [Statistical tier], :mod:`fa4verify.judge.statistical`) on the
+    same run: the target's error distribution of O (and of dQ, dK, dV where the backward ran)
+    against the CPU twin's on the same inputs -- a bias of a fraction of an ulp that every
+    per-element bound admits (a kernel variant's scale off by 2^-7) fails it. The coverage plan
+    asks for it on one call per FA4 kernel variant (Note [A statistical verdict per kernel
+    variant], fa4verify/coverage/variants.py); its level is :data:`STAT_TIER_ALPHA_TEST`. Not
+    formed on a tensor a known FA4 issue covers by its configuration, nor where the twin does
+    not run the call (each said in ``skipped``).
+
 Problems with a call form (paged KV, seqused_k, block sparsity, a CuTe mask_mod; Note [Call
 forms keep the problem's meaning]) are judged as the problem they describe; the backward
 properties are skipped where FA4 has no backward for the call form
@@ -95,6 +107,14 @@ from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
 PROPERTIES: tuple[str, ...] = ("runs", "fwd_budget", "bwd_budget", "finite", "masked_rows", "key_permutation",
                                "batch_invariance", "gqa_repeat", "deterministic_bwd", "paged_kv_bitwise",
                                "edge_sensitive", "bwd_stages", "inference_bitwise")
+
+#: properties run only where a caller names them (:func:`check_problem` knows them too)
+OPT_IN_PROPERTIES: tuple[str, ...] = ("stat_tier",)
+#: the most calls of one audit the statistical tier judges at :data:`STAT_TIER_ALPHA_TEST` (the plan's
+#: selection is held to it): a clean audit's false-alarm probability over them all is at most the
+#: tier's ``DEFAULT_ALPHA`` (1e-6; Bonferroni over 4 tensors x 3 tests a call)
+STAT_TIER_MAX_CALLS = 512
+STAT_TIER_ALPHA_TEST = 1e-6 / (STAT_TIER_MAX_CALLS * 4 * 3)
 
 #: Largest finite value of the stored output format of each input dtype (fp8 inputs: bf16 output).
 _FMT_MAX = {"bf16": 3.3895313892515355e38, "fp16": 65504.0, "fp8": 3.3895313892515355e38}
@@ -388,10 +408,11 @@ def _judge_scratch_guard(problem: AttentionProblem, guard: Mapping[str, Any], *,
 
 def _check_problem(problem: AttentionProblem, target: Target, *, properties: Collection[str],
                    backward: bool, deterministic: bool) -> CheckOutcome:
-    props = [p for p in PROPERTIES if p in set(properties)]
-    unknown = set(properties) - set(PROPERTIES)
+    known = PROPERTIES + OPT_IN_PROPERTIES
+    props = [p for p in known if p in set(properties)]
+    unknown = set(properties) - set(known)
     if unknown:
-        raise ValueError(f"unknown properties {sorted(unknown)}; known: {PROPERTIES}")
+        raise ValueError(f"unknown properties {sorted(unknown)}; known: {known}")
     target.check_supported(problem)
     a = problem.materialize()
     metrics: dict[str, float] = {}
@@ -645,6 +666,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                 skipped[p] = no_bwd
         want_bwd = False
     taps: Optional[dict] = None
+    g = obwd = None
     if "bwd_stages" in props:
         tu = getattr(target, "taps_unsupported", None)
         why_taps = "the target has no stage taps" if tu is None else tu(problem)
@@ -751,9 +773,81 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                                                              f"backward calls in {d} element(s) | case: "
                                                              f"{problem.describe()}", {"quantity": n,
                                                                                        "differs": d}))
+    if "stat_tier" in props:
+        _judge_stat_tier(problem, a, target, fwd, ref_out, g, obwd, metrics, skipped, undecided, ran)
     tights = [v for k, v in metrics.items() if k.startswith("tightness_") and math.isfinite(v)]
     metrics["tightness_max"] = max(tights) if tights else 0.0
     return CheckOutcome(metrics, skipped, ran, undecided)
+
+
+def known_configuration(problem: AttentionProblem, a: Optional[Mapping[str, Any]], target: str, quantity: str
+                        ) -> Optional[str]:
+    """The known FA4 issue whose configuration rule covers ``quantity`` of ``problem`` on
+    ``target`` (a defect documented there, whatever its size), or None: asked with a violation of
+    that quantity that names no element. A rule that cannot answer without one (or, ``a`` None,
+    without the inputs) is taken to cover it."""
+    from fa4verify.fuzz.known_issues import KNOWN_ISSUES
+    probe = Violation("fwd_budget" if quantity == "out" else "bwd_budget", f"{quantity}: (a configuration probe)",
+                      {"quantity": quantity})
+    for ki in KNOWN_ISSUES:
+        if target not in ki.targets:
+            continue
+        try:
+            if ki.applies(problem, a, probe):
+                return ki.name
+        except Exception:  # noqa: BLE001 - a rule that reads the violation's elements
+            return ki.name
+    return None
+
+
+def _judge_stat_tier(problem: AttentionProblem, a: Mapping[str, Any], target: Target, fwd: Any, ref_out: Any,
+                     g: Any, obwd: Any, metrics: dict, skipped: dict, undecided: dict, ran: list) -> None:
+    """``stat_tier``: the statistical tier of O (and dQ, dK, dV where the backward ran and was
+    judged) against the CPU twin's prediction on the same inputs (Note [Statistical tier]); a
+    failing tensor raises a ``stat_tier`` violation (metrics ``stat_bias_<tensor>``: how far the
+    bias interval lies outside the margin, in margin units)."""
+    from fa4verify.judge import statistical as S
+    from fa4verify.targets import TwinTarget
+    if target.name == "twin":
+        skipped["stat_tier"] = "the target is the twin, the tier's own prediction"
+        return
+    if ref_out is None:
+        skipped["stat_tier"] = skipped.get("fwd_budget", "no oracle")
+        return
+    got, refs = {"out": fwd.out}, {"out": ref_out.value}
+    if g is not None and obwd is not None:
+        for n in ("dq", "dk", "dv"):
+            got[n], refs[n] = getattr(g, n), getattr(obwd, n)
+    twin = TwinTarget()
+    try:
+        twin.check_supported(problem)
+    except Unsupported as e:
+        skipped["stat_tier"] = f"the twin does not run this call: {e}"
+        return
+    backward = len(got) > 1 and twin.backward_unsupported(problem) is None
+    if len(got) > 1 and not backward:
+        skipped["stat_tier.backward"] = f"the twin has no backward here: {twin.backward_unsupported(problem)}"
+        got, refs = {"out": got["out"]}, {"out": refs["out"]}
+    for n in list(got):
+        why = known_configuration(problem, a, target.name, n)
+        if why is not None:
+            skipped[f"stat_tier.{n}"] = f"known issue {why} covers {n} of this configuration"
+            del got[n], refs[n]
+    if not got:
+        return
+    pred = S.twin_prediction(problem, a, backward=backward, twin=twin)
+    ran.append("stat_tier")
+    for n in got:
+        v = S.stat_compare(n, got[n], pred[n], refs[n], problem.dtype, alpha_test=STAT_TIER_ALPHA_TEST)
+        if math.isfinite(v.bias_significance):
+            metrics[f"stat_bias_{n}"] = v.bias_significance
+        if v.status == "undecided":
+            undecided[f"stat_tier.{n}"] = v.reason
+        elif v.status == "fail":
+            _fail(Violation("stat_tier", f"{n}: the error distribution differs from the twin's on the same inputs "
+                                         f"(statistical tier): {v.summary()} | case: {problem.describe()}",
+                            {"quantity": n, f"stat_bias_{n}": v.bias_significance,
+                             "bias_ulp": v.bias_diff, "radial_ulp": v.radial_diff}))
 
 
 def _judge_stages(problem: AttentionProblem, a: Mapping[str, Any], fwd: Any, taps: Mapping[str, Any], obwd: Any,

@@ -1,0 +1,121 @@
+"""Note [A statistical verdict per kernel variant]: the plan's selection (one call per kernel
+variant, the cheapest the twin runs) and the ``stat_tier`` property on a CPU stand-in for
+production (the twin under another accumulation order and MUFU seed, named apart from the twin):
+quiet on a correct kernel, failing a dK scaled by 1 + 2^-7 (round 13's variant-confined fault,
+1-2 bf16 ulp, inside every per-element bound)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fa4verify.fuzz import Violation
+from fa4verify.fuzz.properties import check_problem
+from fa4verify.problem import AttentionProblem, ValueSpec
+from fa4verify.targets import TwinTarget
+
+PROPS = ("runs", "fwd_budget", "bwd_budget", "stat_tier")
+
+
+class StandIn(TwinTarget):
+    """The twin as a target other than the tier's prediction: sequential accumulation, perturbed
+    MUFU; ``dk_scale`` plants the fault in dK (rounded back to bf16 as FA4 stores it)."""
+    name = "standin"
+
+    def __init__(self, dk_scale: float = 1.0):
+        super().__init__(accumulation="sequential", mufu="perturbed", seed=1)
+        self.dk_scale = dk_scale
+
+    def backward(self, problem, a, fwd, *, deterministic=True):
+        import torch
+        g = super().backward(problem, a, fwd, deterministic=deterministic)
+        if self.dk_scale != 1.0:
+            dk = torch.from_numpy(np.asarray(g.dk, np.float32) * np.float32(self.dk_scale))
+            g.dk = dk.bfloat16().float().numpy()
+        return g
+
+
+def _problem(**kw):
+    base = dict(arch="sm90", dtype="bf16", batch=1, seqlen_q=192, seqlen_k=200, nheads=2, nheads_kv=2, head_dim=64,
+                head_dim_v=64, causal=True, values=ValueSpec("normal", 3))
+    base.update(kw)
+    return AttentionProblem(**base)
+
+
+def test_the_tier_is_quiet_on_a_correct_kernel():
+    out = check_problem(_problem(), StandIn(), properties=PROPS)
+    assert "stat_tier" in out.ran, out.skipped
+    assert not any(k.startswith("stat_tier") for k in out.undecided), out.undecided
+    assert all(out.metrics[f"stat_bias_{n}"] <= 1.0 for n in ("out", "dq", "dk", "dv")), out.metrics
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(nheads=4, nheads_kv=2, causal=False)])
+def test_the_tier_fails_a_dk_scaled_by_1_plus_2_to_the_minus_7(kw):
+    p = _problem(**kw)
+    # the per-element tier passes it: only the statistical one sees the bias
+    check_problem(p, StandIn(1.0078125), properties=("runs", "fwd_budget", "bwd_budget"))
+    with pytest.raises(Violation) as e:
+        check_problem(p, StandIn(1.0078125), properties=PROPS)
+    assert e.value.prop == "stat_tier" and e.value.metrics["quantity"] == "dk", e.value.message
+
+
+def test_the_tier_is_not_formed_on_the_twin_itself_nor_where_a_known_issue_covers_the_tensor():
+    out = check_problem(_problem(), TwinTarget(), properties=PROPS)
+    assert "stat_tier" not in out.ran and "twin" in out.skipped["stat_tier"]
+    # the SM90 dQ accumulator issue covers dQ at head dim 72 past the first rows (Note [Pinned roundings])
+    class AsProduction(StandIn):       # the known issues name the targets they hold for
+        name = "production"
+    out = check_problem(_problem(head_dim=72, head_dim_v=72), AsProduction(), properties=PROPS)
+    assert "sm90_dq_accum" in out.skipped.get("stat_tier.dq", ""), out.skipped
+    assert "stat_bias_dk" in out.metrics
+
+
+def test_the_plan_judges_every_variant_the_twin_runs_once_on_its_cheapest_call():
+    from fa4verify.coverage.variants import _twin_cost, _twin_runs, bwd_variant, fwd_variant, statistical_calls
+    ps = [_problem(seqlen_q=s, seqlen_k=s) for s in (300, 150)] + [_problem(head_dim=128, head_dim_v=128),
+                                                                  _problem(causal=False)]
+    cases = [(p, True, True) for p in ps]
+    chosen, unjudged = statistical_calls(cases, limit=8)
+    assert not unjudged
+    # the hd-64 causal variants: on the cheaper of the two calls that reach them, not the first
+    assert 0 not in chosen and 1 in chosen and 2 in chosen and 3 in chosen
+    want = {v for p, b, d in cases for v in (fwd_variant(p), bwd_variant(p, d))}
+    assert sum(len(t) for t in chosen.values()) == len(want)
+    assert _twin_runs(ps[1], True) == (True, True) and _twin_cost(ps[1]) < _twin_cost(ps[0])
+    with pytest.raises(ValueError, match="more than its level"):
+        statistical_calls(cases, limit=2)
+
+
+def test_the_coverage_plan_asks_the_tier_of_one_call_per_variant_and_names_the_rest():
+    """``coverage.production``'s cases (fake H200, no GPU): the plan's details name the calls the
+    statistical tier judges, every variant the calls compile is judged or named unjudged, and the
+    runner asks for the property on exactly those calls."""
+    import os
+    from fa4verify.audit.registry import CheckContext
+    from fa4verify.checks.coverage import _cases
+    from fa4verify.coverage.variants import _twin_runs, bwd_variant, fwd_variant
+    from fa4verify.targets import production_features
+    ctx = CheckContext(dtype="bf16", arch="sm90", device="cuda", profile="default", seed=0,
+                       check_id="coverage.production", archs=("sm90",))
+    os.environ["FA4VERIFY_FAKE_DEVICE"] = "h200"
+    try:
+        cs = _cases(ctx, target="production", features=production_features(), arch="sm90", dtype="bf16",
+                    where="x")
+    finally:
+        del os.environ["FA4VERIFY_FAKE_DEVICE"]
+    plan = cs[0].head["extra"]["plan"]
+    stat, unjudged = plan["stat_calls"], plan["stat_unjudged"]
+    assert 50 < len(stat) <= 512
+
+    def variants(c, twin_only):
+        fwd_ok, bwd_ok = _twin_runs(c.problem, c.backward) if twin_only else (True, True)
+        out = {fwd_variant(c.problem)} if fwd_ok else set()
+        if c.backward and bwd_ok:
+            out.add(bwd_variant(c.problem, c.deterministic))
+        return out - {None}
+    judged = set().union(*(variants(cs[int(i)], True) for i in stat))
+    assert sum(len(t) for t in stat.values()) == len(judged)
+    every = set().union(*(variants(c, False) for c in cs))
+    # a variant without a statistical call: no call that compiles it runs on the twin
+    missing = every - judged
+    assert not missing & set().union(*(variants(c, True) for c in cs))
+    assert len(unjudged) <= len(missing) and bool(unjudged) == bool(missing)
