@@ -291,7 +291,7 @@ class TwinTarget(Target):
 
     def forward(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
         self.check_supported(problem)
-        if problem.call is not None and problem.call.num_splits > 1:
+        if problem.call is not None and problem.call.split_kv:
             if split_kv_runs(problem):
                 return self._forward_split(problem, a)
             import dataclasses    # FA4 runs the request unsplit (hd != hdv, few keys): the plain call
@@ -766,7 +766,7 @@ class ProductionTarget(Target):
         kw.pop("score_mod_bwd", None)     # forward-only argument set
         if problem.call is not None and problem.call.pack_gqa is not None:
             kw["pack_gqa"] = problem.call.pack_gqa    # the forward's only: FA4's backward never packs
-        if problem.call is not None and problem.call.num_splits > 1:
+        if problem.call is not None and problem.call.split_kv:
             kw["num_splits"] = problem.call.num_splits
         return kw
 
@@ -774,13 +774,15 @@ class ProductionTarget(Target):
     def _np(t) -> Optional[np.ndarray]:
         return None if t is None else t.detach().float().cpu().numpy().astype(np.float64)
 
-    def _call(self, fn, *args, **kw):
+    def _call(self, fn, *args, own_choice: bool = False, **kw):
         """Note [Blame]: FA4's own refusals (asserts, argument checks raised in FA4) are
         "FA4 rejected the call" (unsupported, counted); a feature the installed release cannot
         express is "unsupported by this FA4 release"; the adapter's deliberate refusals
         (``AdapterRefusal``) are "fa4verify's adapter refused the call"; anything else raised in
         fa4verify's own code is a :class:`HarnessError`. Other exceptions raised in FA4 (a crash)
-        pass through: the judge's ``runs`` property fails on them."""
+        pass through: the judge's ``runs`` property fails on them. ``own_choice``: the call leaves
+        FA4 a choice (``num_splits=0``: Note [Split-KV by FA4's heuristic]), so FA4 refusing it
+        refuses what it chose itself: a crash, not a refusal."""
         from fa4verify import blame
         try:
             return fn(*args, **kw)
@@ -791,7 +793,7 @@ class ProductionTarget(Target):
             if isinstance(e, getattr(ad, "AdapterRefusal", ())):
                 raise Unsupported(f"fa4verify's adapter refused the call: {e}") from None
             if blame.origin(e) == blame.FA4:
-                if blame.fa4_refusal(e):
+                if blame.fa4_refusal(e) and not own_choice:
                     raise Unsupported(f"FA4 rejected the call: {type(e).__name__}: {e}") from None
                 raise
             raise HarnessError(f"fa4verify's own call failed ({type(e).__name__}: {e})") from e
@@ -872,7 +874,8 @@ class ProductionTarget(Target):
                 r = self._call(self._ad.forward, q, k, v, return_lse=return_lse, **kw)
             else:
                 r = self._call(self._ad.forward, self._t(a["q"], dt), self._t(a["k"], dt), self._t(a["v"], dt),
-                               return_lse=return_lse, **self._fwd_kw(problem, a))
+                               return_lse=return_lse, own_choice=problem.call is not None and problem.call.num_splits == 0,
+                               **self._fwd_kw(problem, a))
         guard = None if fg is None else {n: b.check() for n, b in fg.guards.items()}
         self.last_forward_guard = guard     # the inference call returns O alone: its guard is read here
         self._note_config(r.config)
@@ -893,7 +896,7 @@ class ProductionTarget(Target):
         if getattr(r, "partials", None) is not None and not self.fake:
             partials = (self._np(r.partials[0]), self._np(r.partials[1]))
             _check_split_model(problem, r.config, partials)
-        elif not self.fake and problem.call is not None and problem.call.num_splits > 1 and split_kv_runs(problem):
+        elif not self.fake and problem.call is not None and problem.call.split_kv and split_kv_runs(problem):
             raise HarnessError("FA4 ran the split-KV call without handing partials to its combine "
                                "(interface._flash_attn_fwd_combine): fa4verify's model of the call does not hold")
         return Fwd(out, lse, native=(r.out, r.lse), guard=guard, partials=partials)
@@ -1268,8 +1271,9 @@ def split_kv_tile(problem: AttentionProblem) -> int:
 
 def split_kv_runs(problem: AttentionProblem) -> bool:
     """Whether FA4 runs ``problem`` as a split-KV call (partials and its internal combine): a
-    ``num_splits > 1`` request it keeps (:func:`fa4verify.kernels.facts.split_kv_config`)."""
-    return problem.call is not None and problem.call.num_splits > 1 and len(split_kv_ranges(problem)) > 1
+    request it keeps (``num_splits`` > 1) or its heuristic's count over 1 (``num_splits=0``;
+    :func:`fa4verify.kernels.facts.split_kv_config`)."""
+    return problem.call is not None and problem.call.split_kv and len(split_kv_ranges(problem)) > 1
 
 
 def _check_split_model(problem: AttentionProblem, cfg: Any, partials) -> None:
@@ -1336,7 +1340,7 @@ def _call_backward_unsupported(problem: AttentionProblem) -> Optional[str]:
     from fa4verify.kernels import facts
     if problem.dtype == "fp8":
         return FP8_NO_BACKWARD
-    if problem.call is not None and problem.call.num_splits > 1:
+    if problem.call is not None and problem.call.split_kv:
         # FA4's public autograd path would recompute its own (unsplit) forward, and the driver
         # backward reads the split forward's O and LSE: neither is judged here
         return "split-KV is judged forward-only (_flash_attn_bwd has no num_splits)"

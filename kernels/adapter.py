@@ -361,7 +361,7 @@ def compile_key(problem: Any) -> tuple:
     c = problem.call
     call = None if c is None else (c.page_size, c.seqused_k, c.q_batched, c.block_size, c.mask_mod_fn,
                                    getattr(c, "seqused_q", False), getattr(c, "pack_gqa", None))
-    if c is not None and getattr(c, "num_splits", 1) > 1:   # split-KV: its own kernels and the combine
+    if c is not None and getattr(c, "num_splits", 1) != 1:   # split-KV: its own kernels and the combine
         call += ("split_kv",)
     if c is not None and getattr(c, "qv_dim", 0):   # MLA: FA4 routes by tokens, batch and heads (_mla_1cta_route)
         call += (c.qv_dim, c.gather_topk, c.recompute_p, problem.batch, problem.seqlen_q, problem.nheads)
@@ -787,7 +787,7 @@ def forward(q, k, v, *, softmax_scale: Optional[float] = None, causal: bool = Fa
     ws = tuple(window_size) if window_size is not None else (None, None)
     fwd_fn = _fa4_fn("_flash_attn_fwd")
     public = _fa4_fn(entry)
-    with _record_keys(fwd_fn) as rec, _capture_partials(int(num_splits) > 1) as parts, torch.no_grad():
+    with _record_keys(fwd_fn) as rec, _capture_partials(int(num_splits) != 1) as parts, torch.no_grad():
         if use_varlen_entry:
             out, lse = _call_fa4(
                 public, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -965,7 +965,7 @@ def _forward_private(q, k, v, qv, *, softmax_scale, causal, window_size, softcap
         return None if t is None else (t.detach().requires_grad_(True) if requires_grad else t)
     ws = tuple(window_size) if window_size is not None else (None, None)
     fwd_fn = _fa4_fn("_flash_attn_fwd")
-    with _record_keys(fwd_fn) as rec, _capture_partials(int(num_splits) > 1) as parts, torch.no_grad():
+    with _record_keys(fwd_fn) as rec, _capture_partials(int(num_splits) != 1) as parts, torch.no_grad():
         res = _call_fa4(
             fwd_fn, grad(q), grad(k), grad(v), qv=grad(qv), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k,

@@ -506,8 +506,9 @@ SPLIT_KV_DIFF_HD_SOURCE: tuple[tuple[str, str], ...] = (
 )
 
 #: the SM count FA4's split heuristic reads where no GPU of the arch is here and
-#: ``FLASH_ATTENTION_NUM_SMS`` is unset (the CPU twin, compile-only runs): a B200's / B300's 148
-SPLIT_KV_MODELLED_SMS = {"sm100": 148, "sm103": 148}
+#: ``FLASH_ATTENTION_NUM_SMS`` is unset (the CPU twin, compile-only runs): an H100's / H200's 132,
+#: a B200's / B300's 148
+SPLIT_KV_MODELLED_SMS = {"sm90": 132, "sm100": 148, "sm103": 148}
 
 
 def split_kv_sms(arch: str) -> int:
@@ -519,39 +520,52 @@ def split_kv_sms(arch: str) -> int:
     return SPLIT_KV_MODELLED_SMS.get(arch, 148) if n is None else n
 
 
+def split_kv_heuristic(total_mblocks: int, num_sms: int, num_n_blocks: int, max_splits: int = 128) -> int:
+    """FA4's ``interface.num_splits_heuristic`` (4.0.0b36): one split over 4 KV blocks or fewer or
+    without query tiles, else the SMs per query tile, at most ``max_splits`` and the KV blocks."""
+    if num_n_blocks <= 4 or total_mblocks == 0:
+        return 1
+    return max(1, min(num_sms // total_mblocks, max_splits, num_n_blocks))
+
+
 def split_kv_config(arch: str, dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int,
                     num_splits: int, *, batch: int = 1, nheads_kv: int = 1, qhead_per_kvhead: int = 1,
                     pack_gqa: Optional[bool] = None, local: bool = False, window_left: Optional[int] = None,
                     window_right: Optional[int] = None, num_sms: Optional[int] = None) -> tuple[int, int]:
-    """``(tile_n, splits)`` FA4's SM 10.x/11.x forward runs a dense call requesting ``num_splits``
-    with: the requested count and the forward tile at hd = hdv; at hd != hdv
-    (:data:`SPLIT_KV_DIFF_HD_SOURCE`) tile_n 64 and ``num_splits_heuristic``'s count where the
-    keys FA4 loads span 64 blocks of the default tile or more (and hdv != 512), else 1 (unsplit).
-    ``local`` and the window sides are FA4's resolved ones; ``num_sms``: :func:`split_kv_sms`
-    when None. Raises ValueError where the installed FA4 no longer holds the rule."""
+    """``(tile_n, splits)`` FA4's forward (``_get_fwd_config``) runs a dense call requesting
+    ``num_splits`` with: the requested count and the forward tile at hd = hdv; ``num_splits=0``
+    (FA4's heuristic, Note [Split-KV by FA4's heuristic]) :func:`split_kv_heuristic`'s count of
+    the SMs over the query tiles and the forward tile's KV blocks of the keys FA4 loads; on SM
+    10.x/11.x at hd != hdv (:data:`SPLIT_KV_DIFF_HD_SOURCE`) a split call then runs tile_n 64 and
+    the heuristic's count where the keys span 64 blocks of the default tile or more (and hdv !=
+    512), else 1 (unsplit). ``local`` and the window sides are FA4's resolved ones; ``num_sms``:
+    :func:`split_kv_sms` when None. Raises ValueError where the installed FA4 no longer holds the
+    rule."""
     tile_m, tn = fwd_tile(arch, dtype, head_dim, head_dim_v, False, False)
-    if head_dim == head_dim_v or num_splits <= 1:
+    sm100 = is_sm100_family(arch)
+    if num_splits >= 1 and (head_dim == head_dim_v or num_splits == 1 or not sm100):
         return tn, num_splits
     if not split_kv_cut_known(SPLIT_KV_DIFF_HD_SOURCE):
-        raise ValueError("the installed FA4 release picks its split-KV count at hd != hdv otherwise than modelled "
+        raise ValueError("the installed FA4 release picks its split-KV count otherwise than modelled "
                          "(interface.py no longer holds the 4.0.0b36 rule)")
     g = max(1, qhead_per_kvhead)
     pack = g > 1 if pack_gqa is None else bool(pack_gqa)
     sq_pack = seqlen_q * (g if pack else 1)
-    q_stage = 2 if sq_pack > tile_m and head_dim_v != 256 else 1
+    q_stage = 2 if sm100 and sq_pack > tile_m and head_dim_v != 256 else 1
     wr = seqlen_k if window_right is None else window_right
     wl = seqlen_k if window_left is None else window_left
     loaded = seqlen_k if not local else max(0, min(seqlen_k, wr + wl + 1 + tile_m))
     m_eff = q_stage * tile_m
     total_mblocks = batch * nheads_kv * (1 if pack else g) * (-(-sq_pack // m_eff))
+    sms = split_kv_sms(arch) if num_sms is None else int(num_sms)
+    if num_splits < 1:
+        num_splits = split_kv_heuristic(total_mblocks, sms, -(-loaded // tn))
+        if head_dim == head_dim_v or num_splits == 1 or not sm100:
+            return tn, num_splits
     if -(-loaded // tn) < 64 or head_dim_v == 512:
         return tn, 1
     tn = 64
-    n_blocks = -(-loaded // tn)
-    sms = split_kv_sms(arch) if num_sms is None else int(num_sms)
-    if n_blocks <= 4 or total_mblocks == 0:
-        return tn, 1
-    return tn, max(1, min(sms // total_mblocks, 128, n_blocks))
+    return tn, split_kv_heuristic(total_mblocks, sms, -(-loaded // tn))
 
 
 #: the query rows (times the packed query heads) of one SM100 forward query tile at least: a
@@ -581,11 +595,17 @@ def split_kv_key_ranges(arch: str, dtype: str, head_dim: int, head_dim_v: int, s
     ``n_block_max`` is then the whole ``ceil(seqlen_k / tile_n)`` (its last row sees the last key;
     a negative right window side is not modelled) and whose ``n_block_min`` is the left window's
     ``max((seqlen_k - seqlen_q - left) // tile_n, 0)``. Not modelled (ValueError): more query tiles
-    under a mask, and SM90 (FA4 asserts 'SplitKV not supported on SM 9.0')."""
+    under a mask, and SM90 (FA4 asserts 'SplitKV not supported on SM 9.0'; a ``num_splits=0`` call
+    whose heuristic picks one split runs unsplit there)."""
+    if num_splits < 0 or seqlen_k < 0:
+        raise ValueError(f"num_splits={num_splits} must be >= 0 and seqlen_k={seqlen_k} >= 0")
     if arch == "sm90":
+        if num_splits == 0 and split_kv_config(arch, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k, 0, batch=batch,
+                                               nheads_kv=nheads_kv, qhead_per_kvhead=qhead_per_kvhead,
+                                               pack_gqa=pack_gqa, local=local, window_left=window_left,
+                                               window_right=window_right, num_sms=num_sms)[1] == 1:
+            return ((0, seqlen_k),)
         raise ValueError("FA4 has no split-KV forward on SM90")
-    if num_splits < 1 or seqlen_k < 0:
-        raise ValueError(f"num_splits={num_splits} must be >= 1 and seqlen_k={seqlen_k} >= 0")
     tn, num_splits = split_kv_config(arch, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k, num_splits, batch=batch,
                                      nheads_kv=nheads_kv, qhead_per_kvhead=qhead_per_kvhead, pack_gqa=pack_gqa,
                                      local=local, window_left=window_left, window_right=window_right,

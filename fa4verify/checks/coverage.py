@@ -93,6 +93,11 @@ def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: s
     ran = [(p, backward[i], det[i]) for i, p in enumerate(problems)]
     ran += [(p, b, det[n_rows + k]) for k, (_n, p, b) in enumerate(edges)]
     variants = variant_edges(sp, ran, seed=int(ctx.seed), by_twin=True) if target == "production" else []
+    if target == "production":      # Note [Split-KV by FA4's heuristic]: FA4 picks the split count
+        from fa4verify.coverage.cases import split_auto_edges
+        for n, p, b in split_auto_edges(sp):
+            det[n_rows + len(edges)] = True
+            edges.append((n, p, b))
     for n, p, b, d in variants:
         det[n_rows + len(edges)] = d
         edges.append((n, p, b))

@@ -710,6 +710,31 @@ def _own_vals(group: str, space: FeatureSpace):
     return lambda: ValueSpec("normal", rng.randrange(2 ** 31), _VALUE_PARAMS["normal"])
 
 
+def split_auto_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
+    """Note [Split-KV by FA4's heuristic]
+    ----------------------------------
+    ``num_splits=0`` hands FA4's own heuristic (``interface.num_splits_heuristic``) the split
+    count: the SMs per query tile, at most 128 and the KV blocks, 1 over 4 KV blocks or fewer.
+    Every plan row asks for 1 (or, on SM 10.x, 2 or 3) splits, so the heuristic's path runs in no
+    call; a decode call asks it here: ``split_auto_decode``, one query over 8192 keys at
+    :func:`_hd128` without a mask, 2 heads (forward only, as every split call), where the heuristic
+    picks 64 splits (:func:`fa4verify.kernels.facts.split_kv_config`). On SM 10.x FA4 runs and
+    combines them (judged as a split call of that count); on SM90 its forward asserts against the
+    split it chose (known issue ``sm90_split_auto_refused``; the call is then FA4's failure,
+    ``own_choice`` in :meth:`fa4verify.targets.ProductionTarget._call`, not a refusal).
+    Production only (the twin does not model FA4's SM90 failure); free lengths and heads only."""
+    from fa4verify.problem import AttentionProblem, CallForm
+    if (space.lengths or space.heads or "split_kv" not in space.values["form"] or "none" not in space.values["mask"]
+            or space.dtype == "fp8"):
+        return []
+    name = _hd128(space)
+    hd, hdv = space.hd[name]
+    vals = _own_vals("split_auto", space)
+    return [("split_auto_decode", AttentionProblem(
+        arch=space.arch, dtype=space.dtype, batch=1, seqlen_q=1, seqlen_k=8192, nheads=2, nheads_kv=2, head_dim=hd,
+        head_dim_v=hdv, values=vals(), call=CallForm(num_splits=0)), False)]
+
+
 def _pool_layout_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
     """Note [Page pool layouts]: paged forwards over pools that are not one compact tensor per K
     and V, at :func:`_hd128` without a mask: ``paged_kv_fused_16`` / ``paged_hnd_16`` (16-key pages:

@@ -226,7 +226,7 @@ def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optiona
     row's dLSE or nothing). None on a split-KV call."""
     from fa4verify import judge
     from fa4verify.fuzz.known_issues import _token_bounds, sink_gap
-    if not problem.sink or (problem.call is not None and problem.call.num_splits > 1):
+    if not problem.sink or (problem.call is not None and problem.call.split_kv):
         return None
     gap, kc = sink_gap(problem, a)
     edge = 128.0 - float(kc.max_offset)

@@ -433,7 +433,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
     ofwd = None
     stats = None
     ref_out = ref_lse = None
-    split_call = problem.call is not None and problem.call.num_splits > 1
+    split_call = problem.call is not None and problem.call.split_kv
     if split_call:            # FA4 may run the request unsplit (hd != hdv with few keys): a plain call
         from fa4verify.targets import split_kv_runs
         split_call = split_kv_runs(problem)

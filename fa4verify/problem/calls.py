@@ -242,7 +242,8 @@ class CallForm:
     mask_causal: bool = False
     #: FA4's split-KV forward (``num_splits`` > 1, SM 10.x/11.x): the keys of each row cut into
     #: ``num_splits`` fp32 partials that FA4's combine kernel merges in the same call (Note [Split-KV
-    #: as a call form] in ``fa4verify.judge.split_combine``); the problem is the unsplit one
+    #: as a call form] in ``fa4verify.judge.split_combine``); the problem is the unsplit one. 0:
+    #: FA4's own heuristic picks the count (``num_splits=0``, Note [Split-KV by FA4's heuristic])
     num_splits: int = 1
     #: Note [Page pool layouts]: how the paged K/V pools lie in memory (:data:`POOL_LAYOUTS`)
     pool_layout: str = "separate"
@@ -292,9 +293,9 @@ class CallForm:
             raise ValueError("block_per_head needs block sparsity (block_size) with full blocks only")
         object.__setattr__(self, "qv_dim", int(self.qv_dim))
         object.__setattr__(self, "num_splits", int(self.num_splits))
-        if self.num_splits < 1:
-            raise ValueError(f"num_splits={self.num_splits} must be >= 1 (FA4's split heuristic is not a problem)")
-        if self.num_splits > 1 and (self.rearranges or self.inference):
+        if self.num_splits < 0:
+            raise ValueError(f"num_splits={self.num_splits} must be >= 0 (0: FA4's split heuristic picks the count)")
+        if self.split_kv and (self.rearranges or self.inference):
             raise ValueError("num_splits rides on the plain call only, not on another call form")
         object.__setattr__(self, "gather_topk", int(self.gather_topk))
         if self.qv_dim < 0 or self.gather_topk < 0 or int(self.gather_seed) < 0:
@@ -334,12 +335,17 @@ class CallForm:
         a form that only sets ``pack_gqa`` does not: it is the plain call with one more argument."""
         return self.batched_layout or self.keep_pattern or self.mla
 
+    @property
+    def split_kv(self) -> bool:
+        """Whether FA4 gets a split-KV request: a count over 1, or 0 (its heuristic's count)."""
+        return self.num_splits != 1
+
     def validate(self, problem: Any) -> None:
         """Raise ValueError when this call form cannot carry ``problem`` (FA4's constraints)."""
         if self.mask_causal and self.rearranges:
             raise ValueError("mask_causal rides on the plain call of a mask pair only, not on another call form")
-        if self.num_splits > 1 and (problem.varlen or problem.mods or problem.mask_mod is not None):
-            raise ValueError("num_splits > 1: a dense call without mod pairs here (Note [Split-KV as a call form])")
+        if self.split_kv and (problem.varlen or problem.mods or problem.mask_mod is not None):
+            raise ValueError("num_splits != 1: a dense call without mod pairs here (Note [Split-KV as a call form])")
         if self.mla:
             self._validate_mla(problem)
         if self.seqused_k:
@@ -605,8 +611,8 @@ class CallForm:
             parts.append(f"pack_gqa={self.pack_gqa}")
         if self.input_layout != "contiguous":
             parts.append(f"inputs={self.input_layout}")
-        if self.num_splits > 1:
-            parts.append(f"splits={self.num_splits}")
+        if self.split_kv:
+            parts.append(f"splits={self.num_splits or 'auto'}")
         if self.inference:
             parts.append("+inference")
         if self.mask_causal:
@@ -624,4 +630,4 @@ class CallForm:
                 "block_partial": self.block_partial or None,
                 "mask_mod_fn": self.mask_mod_fn, "hostile_nan": self.hostile_nan,
                 "mla": ("gather" if self.gather_topk else "dense") if self.mla else None,
-                "num_splits": self.num_splits if self.num_splits > 1 else None}
+                "num_splits": self.num_splits if self.split_kv else None}
