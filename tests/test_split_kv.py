@@ -261,7 +261,7 @@ def test_unmodelled_splits_are_refused_by_name():
     assert split_kv_runs(short.replace(seqlen_k=64 * 128)) and split_kv_tile(short.replace(seqlen_k=64 * 128)) == 64
     assert split_kv_unmodelled(_p()) is None
     with pytest.raises(ValueError):
-        CallForm(num_splits=0)
+        CallForm(num_splits=-1)       # 0 is FA4's heuristic (Note [Split-KV by FA4's heuristic])
     with pytest.raises(ValueError, match="plain call"):
         CallForm(num_splits=2, seqused_k=True, kv_capacity=8)
 
