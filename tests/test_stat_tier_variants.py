@@ -119,3 +119,16 @@ def test_the_coverage_plan_asks_the_tier_of_one_call_per_variant_and_names_the_r
     missing = every - judged
     assert not missing & set().union(*(variants(c, True) for c in cs))
     assert len(unjudged) <= len(missing) and bool(unjudged) == bool(missing)
+
+
+def test_no_verdict_on_a_tensor_whose_violation_a_known_issue_absorbed():
+    """A known issue that absorbed a dK violation of the call (a defect it documents there): the
+    tier forms no dK verdict (it would fail on the documented defect); the other tensors keep theirs."""
+    from fa4verify.fuzz import violation
+    token = violation._ABSORB.set(lambda v: v.metrics.get("quantity") == "dk")
+    try:
+        out = check_problem(_problem(), StandIn(1.5), properties=PROPS)
+    finally:
+        violation._ABSORB.reset(token)
+    assert "absorbed a violation of dk" in out.skipped["stat_tier.dk"], out.skipped
+    assert "stat_bias_dk" not in out.metrics and "stat_bias_dq" in out.metrics

@@ -100,7 +100,7 @@ import numpy as np
 
 from fa4verify import judge
 from fa4verify.problem import AttentionProblem
-from fa4verify.fuzz.violation import _EXAMPLE_FACTS, Violation, _fail, _where_str
+from fa4verify.fuzz.violation import _ABSORBED, _EXAMPLE_FACTS, Violation, _fail, _where_str
 from fa4verify.targets import Fwd, Target
 from fa4verify.errors import DependencyMissing, HarnessError, Unsupported
 
@@ -376,12 +376,13 @@ def check_problem(problem: AttentionProblem, target: Target, *, properties: Coll
     dependencies are missing (oracle, budgets, twin backward) are skipped with the reason.
     ``deterministic``: the backward's mode for ``bwd_budget`` (``deterministic_bwd`` always
     compares two deterministic calls)."""
-    token = _EXAMPLE_FACTS.set({})
+    token, absorbed = _EXAMPLE_FACTS.set({}), _ABSORBED.set(set())
     try:
         return _check_problem(problem, target, properties=properties, backward=backward,
                               deterministic=deterministic)
     finally:
         _EXAMPLE_FACTS.reset(token)
+        _ABSORBED.reset(absorbed)
 
 
 def _judge_scratch_guard(problem: AttentionProblem, guard: Mapping[str, Any], *, prop: str = "bwd_stages",
@@ -828,10 +829,14 @@ def _judge_stat_tier(problem: AttentionProblem, a: Mapping[str, Any], target: Ta
     if len(got) > 1 and not backward:
         skipped["stat_tier.backward"] = f"the twin has no backward here: {twin.backward_unsupported(problem)}"
         got, refs = {"out": got["out"]}, {"out": refs["out"]}
+    absorbed = _ABSORBED.get() or set()
     for n in list(got):
         why = known_configuration(problem, a, target.name, n)
         if why is not None:
             skipped[f"stat_tier.{n}"] = f"known issue {why} covers {n} of this configuration"
+            del got[n], refs[n]
+        elif n in absorbed:
+            skipped[f"stat_tier.{n}"] = f"a known FA4 issue absorbed a violation of {n} in this call"
             del got[n], refs[n]
     if not got:
         return

@@ -61,6 +61,12 @@ _EXAMPLE_FACTS: "contextvars.ContextVar[Optional[dict]]" = contextvars.ContextVa
                                                                                    default=None)
 
 
+#: the quantities (out, dq, ...) whose violations a known issue absorbed in the example being
+#: judged: the statistical tier forms no verdict on a tensor a known defect is in (the
+#: ``stat_tier`` property, fa4verify/fuzz/properties.py)
+_ABSORBED: "contextvars.ContextVar[Optional[set]]" = contextvars.ContextVar("fa4verify_absorbed", default=None)
+
+
 def _fail(v: "Violation") -> None:
     """Raise ``v`` unless a known issue absorbs exactly this violation (Note [Known issues absorb
     one violation])."""
@@ -70,5 +76,8 @@ def _fail(v: "Violation") -> None:
             v.metrics.setdefault(k, val)
     absorb = _ABSORB.get()
     if absorb is not None and absorb(v):
+        absorbed = _ABSORBED.get()
+        if absorbed is not None:
+            absorbed.add(str(v.metrics.get("quantity", v.prop)))
         return
     raise v
