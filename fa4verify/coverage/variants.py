@@ -312,15 +312,13 @@ _NO_DETERMINISTIC = ("block_sparse",)
 
 
 def _twin_runs(problem: Any, backward: bool) -> tuple[bool, bool]:
-    """(whether the CPU twin runs the forward of ``problem``, and its backward where ``backward``)."""
-    from fa4verify.errors import Unsupported
+    """(whether the CPU twin predicts the forward of ``problem`` for the statistical tier
+    (:func:`fa4verify.fuzz.properties.stat_tier_unmodelled`), and its backward where ``backward``)."""
+    from fa4verify.fuzz.properties import stat_tier_unmodelled
     from fa4verify.targets import TwinTarget
-    tw = TwinTarget()
-    try:
-        tw.check_supported(problem)
-    except Unsupported:
+    if stat_tier_unmodelled(problem) is not None:
         return False, False
-    return True, bool(backward) and tw.backward_unsupported(problem) is None
+    return True, bool(backward) and TwinTarget().backward_unsupported(problem) is None
 
 
 def _twin_cost(problem: Any) -> float:

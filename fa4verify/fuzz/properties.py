@@ -781,6 +781,22 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
     return CheckOutcome(metrics, skipped, ran, undecided)
 
 
+def stat_tier_unmodelled(problem: AttentionProblem) -> Optional[str]:
+    """Why the CPU twin's prediction of ``problem`` is not the kernel's arithmetic closely enough
+    for the statistical tier (Note [Statistical tier]: it allows fp32-level differences only), or
+    None: a softcap (FA4's ``tanh.approx.f32``, relative error up to 2^-11, which the twin models by
+    its bound, not bit for bit: a systematic difference of a fraction of an ulp in every score) or
+    a call the twin does not run."""
+    from fa4verify.targets import TwinTarget
+    if problem.softcap:
+        return "a softcap: the twin does not model tanh.approx.f32 bit for bit (its error is up to 2^-11)"
+    try:
+        TwinTarget().check_supported(problem)
+    except Unsupported as e:
+        return f"the twin does not run this call: {e}"
+    return None
+
+
 def known_configuration(problem: AttentionProblem, a: Optional[Mapping[str, Any]], target: str, quantity: str
                         ) -> Optional[str]:
     """The known FA4 issue whose configuration rule covers ``quantity`` of ``problem`` on
@@ -819,12 +835,11 @@ def _judge_stat_tier(problem: AttentionProblem, a: Mapping[str, Any], target: Ta
     if g is not None and obwd is not None:
         for n in ("dq", "dk", "dv"):
             got[n], refs[n] = getattr(g, n), getattr(obwd, n)
-    twin = TwinTarget()
-    try:
-        twin.check_supported(problem)
-    except Unsupported as e:
-        skipped["stat_tier"] = f"the twin does not run this call: {e}"
+    why = stat_tier_unmodelled(problem)
+    if why is not None:
+        skipped["stat_tier"] = why
         return
+    twin = TwinTarget()
     backward = len(got) > 1 and twin.backward_unsupported(problem) is None
     if len(got) > 1 and not backward:
         skipped["stat_tier.backward"] = f"the twin has no backward here: {twin.backward_unsupported(problem)}"
