@@ -64,6 +64,10 @@ def test_the_tier_is_not_formed_on_the_twin_itself_nor_where_a_known_issue_cover
     # a softcap: the twin models tanh.approx by its bound, not bit for bit
     out = check_problem(_problem(softcap=20.0), StandIn(), properties=PROPS)
     assert "stat_tier" not in out.ran and "tanh.approx" in out.skipped["stat_tier"]
+    # huge scores: the tensor core's truncated S against the twin's rounded one
+    out = check_problem(_problem(values=ValueSpec("huge", 3, params=(("e_qk", 6.0), ("e_v", 4.0)))), StandIn(),
+                        properties=PROPS)
+    assert "stat_tier" not in out.ran and "huge" in out.skipped["stat_tier"]
     # the SM90 dQ accumulator issue covers dQ at head dim 72 past the first rows (Note [Pinned roundings])
     class AsProduction(StandIn):       # the known issues name the targets they hold for
         name = "production"

@@ -338,7 +338,10 @@ def statistical_calls(cases: list[tuple[Any, bool, bool]], *, limit: int) -> tup
     variant) or forward and backward (a backward variant) the CPU twin runs -- of those, one with
     the fewest tensors a known FA4 issue covers by configuration (they get no verdict), then the
     cheapest -- the call's
-    error distribution against the twin's on the same inputs. The per-element bounds admit a
+    error distribution against the twin's on the same inputs (where the twin's prediction is the
+    kernel's arithmetic to fp32 level: no softcap, no huge or outlier values,
+    :func:`fa4verify.fuzz.properties.stat_tier_unmodelled`; a variant only such calls compile gets a
+    variant edge of its own, :func:`variant_edges` ``by_twin``). The per-element bounds admit a
     variant-confined bias of a fraction of an ulp (round 13's catalogue: dK scaled by 1 + 2^-7 in
     one SM90 backward variant, 1-2 bf16 ulp, passed the H200's plan at tightness 0.43); the tier's
     margin is 2^-8 ulp. Returns ``{case index: the variants it judges}`` and the variants no call

@@ -115,6 +115,12 @@ OPT_IN_PROPERTIES: tuple[str, ...] = ("stat_tier",)
 #: tier's ``DEFAULT_ALPHA`` (1e-6; Bonferroni over 4 tensors x 3 tests a call)
 STAT_TIER_MAX_CALLS = 512
 STAT_TIER_ALPHA_TEST = 1e-6 / (STAT_TIER_MAX_CALLS * 4 * 3)
+#: value distributions whose scores reach 2^10 and more (q, k scaled by 2^6; outliers of 100
+#: sigma): the SM90 tensor core truncates S toward zero (Note [SM90 MMA model]), the twin's default
+#: rounds it to nearest, a bias of about 2^-24 |S| scale log2(e) in every exponent argument -- at
+#: |S| ~ 2^15 (hd 128, q and k scaled by 2^6) a relative P bias near 2^-12, far above the tier's
+#: 2^-8 ulp margin (2^-16 relative); at |S| below 2^6 under 2^-20
+STAT_TIER_UNMODELLED_VALUES = ("huge", "outliers")
 
 #: Largest finite value of the stored output format of each input dtype (fp8 inputs: bf16 output).
 _FMT_MAX = {"bf16": 3.3895313892515355e38, "fp16": 65504.0, "fp8": 3.3895313892515355e38}
@@ -790,6 +796,10 @@ def stat_tier_unmodelled(problem: AttentionProblem) -> Optional[str]:
     from fa4verify.targets import TwinTarget
     if problem.softcap:
         return "a softcap: the twin does not model tanh.approx.f32 bit for bit (its error is up to 2^-11)"
+    if problem.values.distribution in STAT_TIER_UNMODELLED_VALUES:
+        return (f"{problem.values.distribution!r} values: scores of 2^10 and more, where the tensor core's "
+                "truncated S and the twin's rounded one part by more than the tier's margin "
+                "(STAT_TIER_UNMODELLED_VALUES)")
     try:
         TwinTarget().check_supported(problem)
     except Unsupported as e:
