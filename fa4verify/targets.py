@@ -1264,9 +1264,9 @@ def split_kv_tile(problem: AttentionProblem) -> int:
     """The KV tile FA4's split-KV forward of ``problem`` runs (:func:`fa4verify.kernels.facts.split_kv_config`:
     the forward tile, 64 at hd != hdv)."""
     from fa4verify.kernels import facts
-    kw, _ = _split_kw(problem)
+    kw, causal = _split_kw(problem)
     return facts.split_kv_config(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
-                                 seqlen_k=problem.seqlen_k, num_splits=problem.call.num_splits, **kw)[0]
+                                 seqlen_k=problem.seqlen_k, num_splits=problem.call.num_splits, causal=causal, **kw)[0]
 
 
 def split_kv_runs(problem: AttentionProblem) -> bool:

@@ -530,18 +530,21 @@ def split_kv_heuristic(total_mblocks: int, num_sms: int, num_n_blocks: int, max_
 
 def split_kv_config(arch: str, dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int,
                     num_splits: int, *, batch: int = 1, nheads_kv: int = 1, qhead_per_kvhead: int = 1,
-                    pack_gqa: Optional[bool] = None, local: bool = False, window_left: Optional[int] = None,
-                    window_right: Optional[int] = None, num_sms: Optional[int] = None) -> tuple[int, int]:
+                    pack_gqa: Optional[bool] = None, causal: bool = False, local: bool = False,
+                    window_left: Optional[int] = None, window_right: Optional[int] = None,
+                    num_sms: Optional[int] = None) -> tuple[int, int]:
     """``(tile_n, splits)`` FA4's forward (``_get_fwd_config``) runs a dense call requesting
     ``num_splits`` with: the requested count and the forward tile at hd = hdv; ``num_splits=0``
     (FA4's heuristic, Note [Split-KV by FA4's heuristic]) :func:`split_kv_heuristic`'s count of
     the SMs over the query tiles and the forward tile's KV blocks of the keys FA4 loads; on SM
     10.x/11.x at hd != hdv (:data:`SPLIT_KV_DIFF_HD_SOURCE`) a split call then runs tile_n 64 and
     the heuristic's count where the keys span 64 blocks of the default tile or more (and hdv !=
-    512), else 1 (unsplit). ``local`` and the window sides are FA4's resolved ones; ``num_sms``:
+    512), else 1 (unsplit). ``causal``, ``local`` and the window sides are FA4's resolved ones (the
+    forward tile follows them: ``_tile_size_fwd_sm90``); ``num_sms``:
     :func:`split_kv_sms` when None. Raises ValueError where the installed FA4 no longer holds the
     rule."""
-    tile_m, tn = fwd_tile(arch, dtype, head_dim, head_dim_v, False, False)
+    # FA4's SM90 forward tile follows the mask (``_tile_size_fwd_sm90``); its SM 10.x one is 128 x 128
+    tile_m, tn = fwd_tile(arch, dtype, head_dim, head_dim_v, *((causal, local) if arch == "sm90" else (False, False)))
     sm100 = is_sm100_family(arch)
     if num_splits >= 1 and (head_dim == head_dim_v or num_splits == 1 or not sm100):
         return tn, num_splits
@@ -602,13 +605,14 @@ def split_kv_key_ranges(arch: str, dtype: str, head_dim: int, head_dim_v: int, s
     if arch == "sm90":
         if num_splits == 0 and split_kv_config(arch, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k, 0, batch=batch,
                                                nheads_kv=nheads_kv, qhead_per_kvhead=qhead_per_kvhead,
-                                               pack_gqa=pack_gqa, local=local, window_left=window_left,
-                                               window_right=window_right, num_sms=num_sms)[1] == 1:
+                                               pack_gqa=pack_gqa, causal=causal, local=local,
+                                               window_left=window_left, window_right=window_right,
+                                               num_sms=num_sms)[1] == 1:
             return ((0, seqlen_k),)
         raise ValueError("FA4 has no split-KV forward on SM90")
     tn, num_splits = split_kv_config(arch, dtype, head_dim, head_dim_v, seqlen_q, seqlen_k, num_splits, batch=batch,
                                      nheads_kv=nheads_kv, qhead_per_kvhead=qhead_per_kvhead, pack_gqa=pack_gqa,
-                                     local=local, window_left=window_left, window_right=window_right,
+                                     causal=causal, local=local, window_left=window_left, window_right=window_right,
                                      num_sms=num_sms)
     if num_splits == 1:
         if tn != fwd_tile(arch, dtype, head_dim, head_dim_v, False, False)[1]:

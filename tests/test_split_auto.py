@@ -27,14 +27,17 @@ def test_the_call_form_takes_fa4s_heuristic_and_says_so():
         CallForm(num_splits=-1)
 
 
-SHAPES = [  # (batch, sq, sk, h, hk, hd, hdv, local, wl, wr)
-    (1, 1, 8192, 8, 1, 128, 128, False, None, None),
-    (1, 1, 8192, 2, 2, 128, 128, False, None, None),
-    (4, 512, 512, 8, 8, 128, 128, False, None, None),
-    (2, 3, 4000, 16, 2, 64, 64, False, None, None),
-    (1, 1, 600, 4, 4, 96, 96, False, None, None),
-    (1, 7, 20000, 4, 1, 128, 128, True, 700, 0),
-    (1, 1, 9000, 4, 4, 192, 128, False, None, None),
+SHAPES = [  # (batch, sq, sk, h, hk, hd, hdv, causal, local, wl, wr)
+    (1, 1, 560, 2, 2, 96, 96, True, False, None, None),
+    (1, 1, 9000, 2, 2, 256, 256, False, True, 300, 0),
+    (1, 1, 8192, 8, 1, 128, 128, False, False, None, None),
+    (1, 1, 8192, 2, 2, 128, 128, False, False, None, None),
+    (4, 512, 512, 8, 8, 128, 128, False, False, None, None),
+    (2, 3, 4000, 16, 2, 64, 64, False, False, None, None),
+    (1, 1, 600, 4, 4, 96, 96, False, False, None, None),
+    (1, 7, 20000, 4, 1, 128, 128, False, True, 700, 0),
+    (1, 1, 9000, 4, 4, 192, 128, False, False, None, None),
+    (1, 1, 9000, 4, 4, 192, 128, True, False, None, None),
 ]
 
 
@@ -45,17 +48,18 @@ def test_the_modelled_count_is_the_installed_fa4s(monkeypatch, arch, num, shape)
     FLASH_ATTENTION_NUM_SMS: FA4's override, so no GPU is needed)."""
     interface = pytest.importorskip("flash_attn.cute.interface", reason="needs FA4 (flash-attn-4)")
     import torch
-    b, sq, sk, h, hk, hd, hdv, local, wl, wr = shape
+    b, sq, sk, h, hk, hd, hdv, causal, local, wl, wr = shape
     sms = 132 if arch == "sm90" else 148
     monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", str(sms))
     g = h // hk
-    cfg = interface._get_fwd_config(arch=num, head_dim=hd, head_dim_v=hdv, causal=False, local=local,
+    cfg = interface._get_fwd_config(arch=num, head_dim=hd, head_dim_v=hdv, causal=causal, local=local,
                                     window_size_left=wl, window_size_right=wr, max_seqlen_q=sq, max_seqlen_k=sk,
                                     qhead_per_kvhead=g, pack_gqa=g > 1, batch_size=b, num_head_kv=hk, num_splits=0,
                                     device=torch.device("cpu"), seqlen_q=sq, tile_mn=None, block_sparse_tensors=None,
                                     mma_pv_is_rs=None, intra_wg_overlap=None)
     tn, n = facts.split_kv_config(arch, "bf16", hd, hdv, sq, sk, 0, batch=b, nheads_kv=hk, qhead_per_kvhead=g,
-                                  pack_gqa=g > 1, local=local, window_left=wl, window_right=wr, num_sms=sms)
+                                  pack_gqa=g > 1, causal=causal, local=local, window_left=wl, window_right=wr,
+                                  num_sms=sms)
     assert (tn, n) == (cfg.n_block_size, cfg.num_splits), shape
 
 
@@ -125,3 +129,28 @@ def test_on_sm100_the_twin_runs_the_heuristics_split_and_the_judge_takes_it():
     assert split_kv_runs(p) and len(split_kv_ranges(p)) == 64
     out = check_problem(p, TwinTarget(), properties=("runs", "fwd_budget"), backward=False)
     assert "fwd_budget" in out.ran and not out.undecided, out
+
+
+def test_compile_only_records_fa4s_failure_of_its_own_split_as_the_known_issue():
+    """``audit --fake-device h200``: the compile-only call of ``split_auto_decode`` meets FA4's assertion
+    against the split it chose, which the known issue documents: recorded (refused, with the issue's
+    name), not an error of the case (reviewer's finding). A fresh process: the fake device is process
+    state."""
+    import subprocess
+    import sys
+    pytest.importorskip("flash_attn.cute.interface", reason="needs FA4 (flash-attn-4)")
+    script = """
+from fa4verify.compile import production as P
+P.enter_fake_device("h200")
+from fa4verify.checks.coverage import forms_of
+from fa4verify.coverage.cases import split_auto_edges
+from fa4verify.coverage.space import space_for
+from fa4verify.targets import production_features
+sp = space_for("sm90", "bf16", forms=forms_of(production_features()))
+n, p, b = split_auto_edges(sp)[0]
+print("RESULT", P._run_call(None, P.CompileCall("forward", p, purpose="x")))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    out = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
+    assert r.returncode == 0 and out, r.stderr[-2000:]
+    assert "known issue sm90_split_auto_refused" in out[0] and "SplitKV not supported on SM 9.0" in out[0], out[0]

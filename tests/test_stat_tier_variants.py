@@ -139,3 +139,4 @@ def test_no_verdict_on_a_tensor_whose_violation_a_known_issue_absorbed():
         violation._ABSORB.reset(token)
     assert "absorbed a violation of dk" in out.skipped["stat_tier.dk"], out.skipped
     assert "stat_bias_dk" not in out.metrics and "stat_bias_dq" in out.metrics
+

@@ -403,6 +403,18 @@ def _run_call(ctx: Any, call: CompileCall) -> dict[str, Any]:
     except Unsupported as e:
         return {"call": call.describe(), "refused": str(e)[:300], "seconds": round(time.time() - t0, 2),
                 **launches()}
+    except Exception as e:  # noqa: BLE001 - FA4 failing the call the way a known issue documents
+        # (e.g. sm90_split_auto_refused: FA4 refuses the split its own heuristic chose, Note [Split-KV
+        # by FA4's heuristic]) is what the check on the GPU would record; anything else is the case's error
+        from fa4verify.fuzz.known_issues import match_known_issue
+        from fa4verify.fuzz.violation import Violation
+        ki = match_known_issue(call.problem, Violation("runs", f"{type(e).__name__}: {e} | case: "
+                                                               f"{call.problem.describe()}"), target="production")
+        if ki is None:
+            raise
+        return {"call": call.describe(), "refused": f"FA4 fails the call (known issue {ki.name}): "
+                                                   f"{type(e).__name__}: {e}"[:300],
+                "seconds": round(time.time() - t0, 2), **launches()}
     return {"call": call.describe() + (f" [forward only: {no_bwd}]" if no_bwd else ""), "where": tgt.where,
             "arch": tgt.arch, "configs": cfgs, "seconds": round(time.time() - t0, 2), **launches()}
 

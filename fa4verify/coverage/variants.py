@@ -208,7 +208,7 @@ def reached(cases: list[tuple[Any, bool, bool]], *, by_twin: bool = False) -> se
     the statistical tier can judge them (Note [A statistical verdict per kernel variant])."""
     out: set[tuple] = set()
     for p, bwd, det in cases:
-        fwd_ok, bwd_ok = _twin_runs(p, bwd) if by_twin else (True, True)
+        fwd_ok, bwd_ok = _stat_judges(p, bwd)[:2] if by_twin else (True, True)
         v = fwd_variant(p)
         if v is not None and fwd_ok:
             out.add(v)
@@ -231,6 +231,9 @@ def _tag(v: tuple) -> str:
         return (f"bwd_{mode}_{str(sched).replace('CtaSchedule.', '').lower()}" + (f"_n{tn}" if tn != 128 else "")
                 + (f"_qsub{qsub}" if qsub != 2 else "") + (f"_kvsub{kvsub}" if kvsub != 1 else "")
                 + ("_oob" if oob else "") + f"_{'gqa' if gqa else 'mha'}_{'det' if det else 'nondet'}")
+    if not isinstance(v[1], tuple):      # another kernel's key (SM 10.x MLA): its class and a digest
+        import hashlib
+        return f"{v[0]}_{v[1]}_{hashlib.sha256(repr(v).encode()).hexdigest()[:8]}"
     if v[0] == "fwd":
         (m, n, rs, _ol), mode, packed, tma = v[1], v[2], v[3], v[4]
         return f"fwd_{m}x{n}{'_rs' if rs else ''}_{mode}" + (f"_pack{'' if tma else '_cpasync'}" if packed else "")
@@ -253,7 +256,8 @@ def variant_edges(space: FeatureSpace, cases: list[tuple[Any, bool, bool]], *, s
     sm100 = is_sm100_family(space.arch)
     if not (sm100 or space.arch == "sm90") or "dense" not in space.values["form"] or space.dtype == "fp8":
         return []
-    have = reached(cases, by_twin=by_twin)
+    have = reached(cases)
+    judged = reached(cases, by_twin=True) if by_twin else have      # Note [A statistical verdict per kernel variant]
     base_seqlen = _BASE_ROW["seqlen"] if _BASE_ROW["seqlen"] in space.values["seqlen"] else space.values["seqlen"][0]
     if sm100:
         # q_stage, 2-CTA and S ping-pong follow the lengths (red-team round 14): every seqlen class,
@@ -287,11 +291,15 @@ def variant_edges(space: FeatureSpace, cases: list[tuple[Any, bool, bool]], *, s
             if not sm100 and bwd and det == "on" and form in _NO_DETERMINISTIC:
                 continue
             p = shape if sm100 else problem_for(space, {**base, "det": det}, 10_000 + len(out), seed=seed)
-            want = [v for v in (fwd_variant(p), bwd_variant(p, det == "on") if bwd else None)
-                    if v is not None and v not in have]
+            vs = [fwd_variant(p), bwd_variant(p, det == "on") if bwd else None]
+            oks = _stat_judges(p, bwd)[:2] if by_twin else (True, True)
+            # a variant no call compiles, or (by_twin) none the statistical tier judges and this one does
+            want = [v for v, ok in zip(vs, oks) if v is not None and (v not in have or (ok and v not in judged))]
             if not want:
                 continue
             have.update(want)
+            if by_twin:
+                judged.update(v for v, ok in zip(vs, oks) if v is not None and ok)
             edge = (f"variant_{_FORMS[form]}d{p.head_dim}" + (f"x{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
                     + f"_{'_'.join(_tag(v) for v in want)}")
             if edge in names:
@@ -311,14 +319,60 @@ _FORMS = {"dense": "", "block_sparse": "bs_"}
 _NO_DETERMINISTIC = ("block_sparse",)
 
 
+#: the rows (query or key token x head) a call must give each tensor the statistical tier judges:
+#: twice the tier's minimum (``_MIN_ROWS`` of fa4verify.judge.statistical), for rows whose
+#: references are too small to count
+STAT_ROWS = 40
+
+
+def _stat_rows(problem: Any) -> tuple[int, int, int]:
+    """(query rows that see a key: O; query rows that see two or more: dQ -- one visible key makes
+    P = 1 and dS = 0; key rows such a query row sees, per KV head: dK, dV) of ``problem``'s masks."""
+    H, Hk = problem.nheads, problem.nheads_kv
+    r_out = r_dq = r_kv = 0
+    for m in problem.keep_masks():
+        m = np.asarray(m, bool)
+        m = np.broadcast_to(m, (H,) + m.shape[-2:]) if m.ndim == 2 else m
+        vis = m.sum(axis=-1)                                        # (H, lq)
+        r_out += int((vis >= 1).sum())
+        r_dq += int((vis >= 2).sum())
+        keys = (m & (vis >= 2)[..., None]).any(axis=1)             # (H, lk)
+        r_kv += int(keys.reshape(Hk, H // Hk, -1).any(axis=1).sum())
+    return r_out, r_dq, r_kv
+
+
 def _twin_runs(problem: Any, backward: bool) -> tuple[bool, bool]:
-    """(whether the CPU twin predicts the forward of ``problem`` for the statistical tier
-    (:func:`fa4verify.fuzz.properties.stat_tier_unmodelled`), and its backward where ``backward``)."""
+    """(whether the statistical tier can judge the forward of ``problem`` -- the CPU twin predicts
+    it, :func:`fa4verify.fuzz.properties.stat_tier_unmodelled`, and O has :data:`STAT_ROWS` rows
+    whose references count -- and its backward where ``backward``: the twin's backward, and dQ and
+    dK / dV rows). Scores shifted down by 100 beside a learnable sink leave every weight ~e^-100:
+    references below bf16's range, no rows (measured on an H100: 1 usable row of O)."""
     from fa4verify.fuzz.properties import stat_tier_unmodelled
     from fa4verify.targets import TwinTarget
-    if stat_tier_unmodelled(problem) is not None:
+    if stat_tier_unmodelled(problem) is not None or (problem.sink
+                                                     and problem.values.distribution == "negative_scores"):
         return False, False
-    return True, bool(backward) and TwinTarget().backward_unsupported(problem) is None
+    r_out, r_dq, r_kv = _stat_rows(problem)
+    fwd = r_out >= STAT_ROWS
+    return fwd, (fwd and bool(backward) and TwinTarget().backward_unsupported(problem) is None
+                 and r_dq >= STAT_ROWS and r_kv >= STAT_ROWS)
+
+
+def _stat_judges(problem: Any, backward: bool) -> tuple[bool, bool, int, int]:
+    """(whether the statistical tier judges the forward of ``problem``, its backward, and how many
+    of O / of dQ, dK, dV a known FA4 issue covers by configuration there -- they get no verdict):
+    :func:`_twin_runs`, and not every tensor of the pass covered (asked before any input exists: a
+    rule that reads the values -- the sink overflow -- is asked again when the call runs, whose
+    verdict on a tensor it covers then is not formed and said so,
+    :func:`fa4verify.fuzz.properties.known_configuration`)."""
+    from fa4verify.fuzz.properties import known_configuration
+
+    def covered(q: str) -> bool:
+        return known_configuration(problem, None, "production", q, unanswered_covers=False) is not None
+    fwd_ok, bwd_ok = _twin_runs(problem, backward)
+    blind_f = int(fwd_ok and covered("out"))
+    blind_b = sum(covered(q) for q in ("dq", "dk", "dv")) if bwd_ok else 0
+    return fwd_ok and blind_f < 1, bwd_ok and blind_b < 3, blind_f, blind_b
 
 
 def _twin_cost(problem: Any) -> float:
@@ -348,7 +402,6 @@ def statistical_calls(cases: list[tuple[Any, bool, bool]], *, limit: int) -> tup
     the twin runs reaches (reported by name: the worst-case tier judged them, the statistical one
     could not). At most ``limit`` calls (the tier's level is set for that many); more is an error
     of the plan."""
-    from fa4verify.fuzz.properties import known_configuration
     best: dict[tuple, tuple[int, float, int]] = {}
     reached_by: dict[tuple, bool] = {}
     label: dict[tuple, str] = {}
@@ -357,12 +410,10 @@ def statistical_calls(cases: list[tuple[Any, bool, bool]], *, limit: int) -> tup
         bv = bwd_variant(p, det) if bwd else None
         if fv is None and bv is None:
             continue
-        fwd_ok, bwd_ok = _twin_runs(p, bv is not None)
-        cost = _twin_cost(p) * (3.0 if bwd else 1.0)
         # a tensor a known issue covers by configuration gets no statistical verdict: fewer first
-        blind = sum(known_configuration(p, None, "production", q) is not None
-                    for q in (("out", "dq", "dk", "dv") if bv is not None else ("out",)))
-        for v, ok in ((fv, fwd_ok), (bv, bwd_ok)):
+        fwd_ok, bwd_ok, blind_f, blind_b = _stat_judges(p, bv is not None)
+        cost = _twin_cost(p) * (3.0 if bwd else 1.0)
+        for v, ok, blind in ((fv, fwd_ok, blind_f), (bv, bwd_ok, blind_b)):
             if v is None:
                 continue
             reached_by.setdefault(v, False)

@@ -807,12 +807,14 @@ def stat_tier_unmodelled(problem: AttentionProblem) -> Optional[str]:
     return None
 
 
-def known_configuration(problem: AttentionProblem, a: Optional[Mapping[str, Any]], target: str, quantity: str
-                        ) -> Optional[str]:
+def known_configuration(problem: AttentionProblem, a: Optional[Mapping[str, Any]], target: str, quantity: str,
+                        *, unanswered_covers: bool = True) -> Optional[str]:
     """The known FA4 issue whose configuration rule covers ``quantity`` of ``problem`` on
     ``target`` (a defect documented there, whatever its size), or None: asked with a violation of
     that quantity that names no element. A rule that cannot answer without one (or, ``a`` None,
-    without the inputs) is taken to cover it."""
+    without the inputs: the sink overflow reads the values) is taken to cover it, unless
+    ``unanswered_covers`` is False (a plan choosing calls before any input exists; the run asks
+    again with them)."""
     from fa4verify.fuzz.known_issues import KNOWN_ISSUES
     probe = Violation("fwd_budget" if quantity == "out" else "bwd_budget", f"{quantity}: (a configuration probe)",
                       {"quantity": quantity})
@@ -822,8 +824,9 @@ def known_configuration(problem: AttentionProblem, a: Optional[Mapping[str, Any]
         try:
             if ki.applies(problem, a, probe):
                 return ki.name
-        except Exception:  # noqa: BLE001 - a rule that reads the violation's elements
-            return ki.name
+        except Exception:  # noqa: BLE001 - a rule that reads the violation's elements or the inputs
+            if unanswered_covers:
+                return ki.name
     return None
 
 
@@ -866,9 +869,12 @@ def _judge_stat_tier(problem: AttentionProblem, a: Mapping[str, Any], target: Ta
     if not got:
         return
     pred = S.twin_prediction(problem, a, backward=backward, twin=twin)
-    ran.append("stat_tier")
-    for n in got:
-        v = S.stat_compare(n, got[n], pred[n], refs[n], problem.dtype, alpha_test=STAT_TIER_ALPHA_TEST)
+    verdicts = [S.stat_compare(n, got[n], pred[n], refs[n], problem.dtype, alpha_test=STAT_TIER_ALPHA_TEST)
+                for n in got]
+    if any(v.status != "undecided" for v in verdicts):
+        ran.append("stat_tier")        # judged: a verdict formed on some tensor
+    for v in verdicts:
+        n = v.name
         if math.isfinite(v.bias_significance):
             metrics[f"stat_bias_{n}"] = v.bias_significance
         if v.status == "undecided":
