@@ -649,8 +649,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "SplitKV not supported on SM 9.0); its SM 12.x path clamps the count to 1 instead",
         "flash-attn-4 4.0.0b36 interface.py _get_fwd_config (num_splits < 1 -> num_splits_heuristic, no SM90 "
         "clamp) and _flash_attn_fwd (assert not is_split_kv on SM 9.0); predicted from source and a compile-only "
-        "probe on a fake H200 (red-team round 15 #6, docs/results/redteam15/probe_splits0.txt); the audit's edge "
-        "split_auto_decode runs it",
+        "probe on a fake H200 (red-team round 15 #6, docs/results/redteam15/probe_splits0.txt), measured on an "
+        "H100 (2026-12-07, edge split_auto_decode of coverage.production, docs/results/h100/session27_7ae8fcd/)",
         _sm90_split_auto_refused, targets=("production",)),
     KnownIssue(
         "sm90_bwd_hd104_112_compile",
