@@ -41,13 +41,14 @@ SHAPES = [  # (batch, sq, sk, h, hk, hd, hdv, causal, local, wl, wr)
 ]
 
 
+@pytest.mark.fa4
 @pytest.mark.parametrize("arch,num", [("sm90", 90), ("sm100", 100)])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_modelled_count_is_the_installed_fa4s(monkeypatch, arch, num, shape):
     """facts.split_kv_config(num_splits=0) against FA4's own _get_fwd_config (its SM count from
     FLASH_ATTENTION_NUM_SMS: FA4's override, so no GPU is needed)."""
-    interface = pytest.importorskip("flash_attn.cute.interface", reason="needs FA4 (flash-attn-4)")
     import torch
+    from flash_attn.cute import interface
     b, sq, sk, h, hk, hd, hdv, causal, local, wl, wr = shape
     sms = 132 if arch == "sm90" else 148
     monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", str(sms))
@@ -83,11 +84,12 @@ def test_on_sm90_the_heuristics_split_is_fa4s_failure_and_a_known_issue():
     assert not split_kv_runs(small)
 
 
+@pytest.mark.fa4
 def test_fa4_refusing_its_own_choice_is_a_crash_not_a_refusal(monkeypatch):
     """ProductionTarget._call: an assertion raised in FA4 is "FA4 rejected the call" unless the
     call left FA4 the choice (own_choice), then it passes through (the runs property fails)."""
-    interface = pytest.importorskip("flash_attn.cute.interface", reason="needs FA4 (flash-attn-4)")
     import torch
+    from flash_attn.cute import interface
     from fa4verify import targets
     from fa4verify.kernels import adapter
     t = object.__new__(targets.ProductionTarget)
@@ -131,6 +133,7 @@ def test_on_sm100_the_twin_runs_the_heuristics_split_and_the_judge_takes_it():
     assert "fwd_budget" in out.ran and not out.undecided, out
 
 
+@pytest.mark.fa4
 def test_compile_only_records_fa4s_failure_of_its_own_split_as_the_known_issue():
     """``audit --fake-device h200``: the compile-only call of ``split_auto_decode`` meets FA4's assertion
     against the split it chose, which the known issue documents: recorded (refused, with the issue's
@@ -138,7 +141,6 @@ def test_compile_only_records_fa4s_failure_of_its_own_split_as_the_known_issue()
     state."""
     import subprocess
     import sys
-    pytest.importorskip("flash_attn.cute.interface", reason="needs FA4 (flash-attn-4)")
     script = """
 from fa4verify.compile import production as P
 P.enter_fake_device("h200")
