@@ -14,8 +14,10 @@ to a value the model admits.
 
 Everything is float64 on numpy arrays, every radius rounded outward (Note [Directed float64]
 below); nothing here imports the judge. The caller (``fa4verify.judge.stats.BudgetStats``) loops
-over segments and heads and hands one (segment, query head) block at a time to
-:func:`pair_intervals`, then sums the blocks with :func:`accumulate`.
+over segments and heads and hands (segment, query head) blocks to :func:`pair_intervals`, one
+at a time or stacked along leading axes (every function here reads a block's rows and keys on
+its last two axes: Note [Blocks in stacks] in fa4verify/judge/stats.py), then sums the blocks
+with :func:`accumulate`.
 
 Note [Directed float64]: each float64 operation here rounds to nearest, with relative error
 ``2^-53``; a chain of ``n`` of them is inside ``gamma(n, 2^-53)``. Every radius is a sum of
@@ -92,20 +94,21 @@ def _mul_iv(alo, ahi, blo, bhi):
     return np.min(c, axis=0), np.max(c, axis=0)
 
 
-def _loo_lse(a: np.ndarray, sink: Optional[float]) -> np.ndarray:
-    """``log(sum_{k != j} e^{a_ik} + e^sink)`` for every ``(i, j)`` (float64; ``-inf`` entries
-    are absent keys; no sink: ``sink`` None). The row's largest entry is left out directly; every
-    other ``j`` as ``M + log1p(-e^{a_ij - M})`` with ``M`` the row's full sum, where
-    ``e^{a_ij - M} <= 1/2`` (no cancellation)."""
+def _loo_lse(a: np.ndarray, sink: Any) -> np.ndarray:
+    """``log(sum_{k != j} e^{a_ik} + e^sink)`` for every ``(i, j)`` over the last axis of ``a``
+    (..., lk) (float64; ``-inf`` entries are absent keys; no sink: ``sink`` None, else a logit per
+    row, broadcast to ``a.shape[:-1]``). The row's largest entry is left out directly; every other
+    ``j`` as ``M + log1p(-e^{a_ij - M})`` with ``M`` the row's full sum, where ``e^{a_ij - M} <= 1/2``
+    (no cancellation)."""
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        cols = a if sink is None else np.concatenate([a, np.full((a.shape[0], 1), float(sink))], axis=1)
-        M = np.logaddexp.reduce(cols, axis=1)[:, None]
+        cols = a if sink is None else np.concatenate(
+            [a, np.broadcast_to(np.asarray(sink, np.float64), a.shape[:-1])[..., None]], axis=-1)
+        M = np.logaddexp.reduce(cols, axis=-1)[..., None]
         out = M + np.log1p(-np.exp(a - M))
-        j = np.argmax(a, axis=1)
-        rows = np.arange(a.shape[0])
+        j = np.argmax(a, axis=-1)[..., None]
         b = cols.copy()
-        b[rows, j] = -np.inf
-        out[rows, j] = np.logaddexp.reduce(b, axis=1)
+        np.put_along_axis(b, j, -np.inf, axis=-1)
+        np.put_along_axis(out, j, np.logaddexp.reduce(b, axis=-1)[..., None], axis=-1)
     return out
 
 
@@ -162,7 +165,7 @@ def one_hot_chain(m_lo: np.ndarray, m_hi: np.ndarray, keep: np.ndarray, kappas: 
     a mod, the mod's output with one); ``kappas``: the fp32 multipliers of that score in the
     exponent the kernel may use (:func:`chain_kappa`; every one is tried, the union kept); ``lse`` (lq,):
     FA4's own fp32 LSE of the row (natural log) that the backward reads; ``sink``: the head's sink
-    logit (natural) or None; ``n_blocks`` (lq,): KV blocks of the row. Returns ``(rows, cols, lo,
+    logit (natural; a float, or one per row) or None; ``n_blocks`` (lq,): KV blocks of the row. Returns ``(rows, cols, lo,
     hi)``: the rows where the chain decides, their dominant key, and the enclosure of that
     key's backward P (before its cast). Rows it does not decide (no dominant key, the others'
     weight too large, no fp32 score consistent with the LSE, or one at the search window's edge)
@@ -187,9 +190,9 @@ def one_hot_chain(m_lo: np.ndarray, m_hi: np.ndarray, keep: np.ndarray, kappas: 
         lw = np.logaddexp2.reduce(zo - zs_lo[:, None], axis=1)
         zmax = np.max(np.where(keep, np.maximum(np.abs(m_lo), np.abs(m_hi)) * kmax, 0.0), axis=1)
         if sink is not None:
-            s2 = float(sink) * _LOG2E
+            s2 = np.broadcast_to(np.asarray(sink, np.float64), (lq,)) * _LOG2E
             lw = np.logaddexp2(lw, s2 - m_lo[r, js] * min(kappas))
-            zmax = np.maximum(zmax, abs(s2))
+            zmax = np.maximum(zmax, np.abs(s2))
         nb = np.maximum(np.asarray(n_blocks, np.float64), 1.0)
         # the worst mismatch of another key's term (log2 units): its own exponent bias and
         # argument roundings at up to 2 zmax, one rescale factor per block after it (argument
@@ -290,10 +293,11 @@ def pair_intervals(bs: Any, *, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout
                    keep: np.ndarray, scale: float, softcap: float = 0.0,
                    score: Optional[tuple[Callable, Callable, Callable, float, float]] = None,
                    exact: Optional[tuple[np.ndarray, np.ndarray]] = None,
-                   lse_self: Optional[np.ndarray] = None, sink: Optional[float] = None,
+                   lse_self: Optional[np.ndarray] = None, sink: Any = None,
                    n_blocks: Optional[np.ndarray] = None, s_kernel: Optional[np.ndarray] = None,
                    dlse: Optional[np.ndarray] = None, p_part: Optional["PairP"] = None) -> PairIntervals:
-    """Intervals of the kernel's cast P and cast dS for one (segment, query head) block.
+    """Intervals of the kernel's cast P and cast dS for one (segment, query head) block, or for a
+    stack of them (every array with the same leading axes; ``sink`` then one per block).
 
     ``q`` (lq, d), ``k`` (lk, d), ``v`` (lk, dv), ``dout`` (lq, dv): the exact inputs (float64
     holding input-dtype values). ``o_mid +- o_rad`` (lq, dv): the forward output the backward's
@@ -357,7 +361,7 @@ class PairP:
 def pair_p(bs: Any, *, q: np.ndarray, k: np.ndarray, lse_mid: np.ndarray, lse_rad: np.ndarray, keep: np.ndarray,
            scale: float, softcap: float = 0.0, score: Optional[tuple[Callable, Callable, Callable, float, float]] = None,
            exact: Optional[tuple[np.ndarray, np.ndarray]] = None, lse_self: Optional[np.ndarray] = None,
-           sink: Optional[float] = None, n_blocks: Optional[np.ndarray] = None,
+           sink: Any = None, n_blocks: Optional[np.ndarray] = None,
            s_kernel: Optional[np.ndarray] = None) -> PairP:
     """The P part of :func:`pair_intervals` (Note [P before dO]); its arguments are that
     function's, with the same meaning."""
@@ -365,10 +369,12 @@ def pair_p(bs: Any, *, q: np.ndarray, k: np.ndarray, lse_mid: np.ndarray, lse_ra
     u = C["u_fp32"]
     d = q.shape[-1]
     keep = np.asarray(keep, bool)
+    # the sink logit of each row (a stack's blocks may be of different heads)
+    sink_r = None if sink is None else np.broadcast_to(np.asarray(sink, np.float64)[..., None], keep.shape[:-1])
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # ---- S = Q K^T (fp32 MMA, any order): bwd_s_accum, plus the float64 evaluation
-        S_ex = q @ k.T
-        A = np.abs(q) @ np.abs(k).T
+        S_ex = q @ np.swapaxes(k, -1, -2)
+        A = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2)
         rS = np.asarray(bs.evaluate("bwd_s_accum", {"d": float(d), "abs_qk": A}), np.float64) + SLACK * A
         S = S_ex
         if s_kernel is not None:
@@ -449,9 +455,9 @@ def pair_p(bs: Any, *, q: np.ndarray, k: np.ndarray, lse_mid: np.ndarray, lse_ra
         # FA4's preprocess writes lse_log2 = 0 where lse = -inf; lse = +inf gives x = -inf, P = 0
         # exactly (FA4 computes the same); a NaN LSE leaves NaN (the budget defines nothing there)
         lse_mid = np.asarray(lse_mid, np.float64)
-        pos = np.isposinf(lse_mid)[:, None]
-        L = np.where(np.isneginf(lse_mid) | np.isposinf(lse_mid), 0.0, lse_mid)[:, None]
-        Lr = np.where(np.isinf(lse_mid), 0.0, lse_rad)[:, None]
+        pos = np.isposinf(lse_mid)[..., None]
+        L = np.where(np.isneginf(lse_mid) | np.isposinf(lse_mid), 0.0, lse_mid)[..., None]
+        Lr = np.where(np.isinf(lse_mid), 0.0, lse_rad)[..., None]
         x_mid = y_mid * c - L * c
         x_rad0 = y_rad * c + Lr * c
         rx = np.asarray(bs.evaluate("bwd_exp_arg", {
@@ -469,10 +475,11 @@ def pair_p(bs: Any, *, q: np.ndarray, k: np.ndarray, lse_mid: np.ndarray, lse_ra
             a_lo = np.where(keep, y_mid - y_rad, -np.inf)
             a_hi = np.where(keep, y_mid + y_rad, -np.inf)
             with np.errstate(invalid="ignore", over="ignore"):
-                ls_hi = a_hi - np.logaddexp(a_hi, _loo_lse(a_lo, sink))
-                ls_lo = a_lo - np.logaddexp(a_lo, _loo_lse(a_hi, sink))
-                eta = np.asarray(lse_self, np.float64)[:, None]
-                slack = SLACK * (np.abs(y_mid) + y_rad + np.abs(L) + (0.0 if sink is None else abs(float(sink))))
+                ls_hi = a_hi - np.logaddexp(a_hi, _loo_lse(a_lo, sink_r))
+                ls_lo = a_lo - np.logaddexp(a_lo, _loo_lse(a_hi, sink_r))
+                eta = np.asarray(lse_self, np.float64)[..., None]
+                sink_abs = 0.0 if sink_r is None else np.abs(sink_r)[..., None]
+                slack = SLACK * (np.abs(y_mid) + y_rad + np.abs(L) + sink_abs)
                 s_hi = np.exp2((ls_hi + eta + slack) * c + rx) * (1 + m) * WIDEN
                 s_lo = np.exp2((ls_lo - eta - slack) * c - rx) * (1 - m) / WIDEN
             use = keep & np.isfinite(eta) & ~np.isnan(s_hi) & ~np.isnan(s_lo)
@@ -489,12 +496,20 @@ def pair_p(bs: Any, *, q: np.ndarray, k: np.ndarray, lse_mid: np.ndarray, lse_ra
                     mb_lo, mb_hi = S - rs_, S + rs_
                 kappas = chain_kappa(scale, mod)
                 own = np.isfinite(np.asarray(lse_self, np.float64)) & (np.asarray(lse_rad) == 0) & ~np.isinf(lse_mid)
-                rr, cc, c_lo, c_hi = one_hot_chain(mb_lo, mb_hi, keep & own[:, None], kappas, lse_mid, sink,
-                                                   n_blocks, C)
-                fits = (c_lo <= p_hi[rr, cc]) & (c_hi >= p_lo[rr, cc])
+                # (the chain is row by row: a stack of blocks is one block of all their rows)
+                lk_, rows_ = keep.shape[-1], keep.shape[:-1]
+                flat2 = lambda x: np.ascontiguousarray(np.broadcast_to(x, keep.shape)).reshape(-1, lk_)  # noqa: E731
+                rr, cc, c_lo, c_hi = one_hot_chain(
+                    flat2(mb_lo), flat2(mb_hi), flat2(keep & own[..., None]), kappas,
+                    np.broadcast_to(lse_mid, rows_).reshape(-1),
+                    None if sink_r is None else sink_r.reshape(-1),
+                    np.broadcast_to(np.asarray(n_blocks, np.float64), rows_).reshape(-1), C)
+                p_lo, p_hi = np.ascontiguousarray(p_lo), np.ascontiguousarray(p_hi)
+                plo2, phi2 = p_lo.reshape(-1, lk_), p_hi.reshape(-1, lk_)
+                fits = (c_lo <= phi2[rr, cc]) & (c_hi >= plo2[rr, cc])
                 rr, cc = rr[fits], cc[fits]
-                p_lo[rr, cc] = np.maximum(p_lo[rr, cc], c_lo[fits])
-                p_hi[rr, cc] = np.minimum(p_hi[rr, cc], c_hi[fits])
+                plo2[rr, cc] = np.maximum(plo2[rr, cc], c_lo[fits])
+                phi2[rr, cc] = np.minimum(phi2[rr, cc], c_hi[fits])
         p_lo = np.where(p_lo >= _FTZ, p_lo, 0.0)
         vis = keep & ~pos
         p_lo = np.where(vis, p_lo, 0.0)
@@ -507,8 +522,8 @@ def pair_p(bs: Any, *, q: np.ndarray, k: np.ndarray, lse_mid: np.ndarray, lse_ra
         if exact is not None:
             # the exact softmax of the exact scores (y_ex: of the exact S)
             lse_ex = np.asarray(exact[1], np.float64)
-            ok = keep & np.isfinite(lse_ex)[:, None]
-            p_ex = np.where(ok, np.exp(np.where(ok, y_ex - np.where(np.isfinite(lse_ex), lse_ex, 0.0)[:, None],
+            ok = keep & np.isfinite(lse_ex)[..., None]
+            p_ex = np.where(ok, np.exp(np.where(ok, y_ex - np.where(np.isfinite(lse_ex), lse_ex, 0.0)[..., None],
                                                 -np.inf)), 0.0)
             f_abs = 1.0 if f_lo is None else np.abs(f_lo + f_hi) / 2
             if f_lo is not None:
@@ -535,8 +550,8 @@ def _pair_ds(bs: Any, pp: PairP, *, v: np.ndarray, dout: np.ndarray, o_mid: np.n
     p_lo, p_hi, vis, f_lo, f_hi = pp.p_lo, pp.p_hi, pp.vis, pp.f_lo, pp.f_hi
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # ---- t = RN(dP - D): dp_accum, d_pre (D from the given O), one fp32 rounding
-        dP = dout @ v.T
-        DOV = np.abs(dout) @ np.abs(v).T
+        dP = dout @ np.swapaxes(v, -1, -2)
+        DOV = np.abs(dout) @ np.swapaxes(np.abs(v), -1, -2)
         rdP = np.asarray(bs.evaluate("dp_accum", {"dv": float(dv), "abs_dov": DOV}), np.float64) + SLACK * DOV
         Dm = np.sum(o_mid * dout, axis=-1)
         abs_od = np.sum((np.abs(o_mid) + o_rad) * np.abs(dout), axis=-1)
@@ -550,8 +565,8 @@ def _pair_ds(bs: Any, pp: PairP, *, v: np.ndarray, dout: np.ndarray, o_mid: np.n
             adl = np.abs(dl)
             rD = rD + u * (abs_od + rD + adl) + SLACK * adl
             Dm = Dm - dl
-        t_mid = dP - Dm[:, None]
-        t_rad = rdP + rD[:, None] + SLACK * (DOV + abs_od[:, None])
+        t_mid = dP - Dm[..., None]
+        t_rad = rdP + rD[..., None] + SLACK * (DOV + abs_od[..., None])
         t_lo, t_hi = _round_iv(t_mid - t_rad, t_mid + t_rad, u)
         # ---- dS = RN(P t) (stage ds: the product's rounding; t's is above), times f, cast
         ds_lo, ds_hi = _mul_iv(p_lo, p_hi, t_lo, t_hi)
@@ -569,7 +584,7 @@ def _pair_ds(bs: Any, pp: PairP, *, v: np.ndarray, dout: np.ndarray, o_mid: np.n
             # O dO in absolute values)
             o_ex = np.asarray(exact[0], np.float64)
             p_ex = pp.p_ex
-            terms = p_ex * (DOV + (np.sum(np.abs(o_ex * dout), axis=-1) + adl)[:, None])
+            terms = p_ex * (DOV + (np.sum(np.abs(o_ex * dout), axis=-1) + adl)[..., None])
             ds_mag = terms * pp.f_abs
             ds_drop = (np.zeros_like(terms) if pp.f_drop is None
                        else np.where(pp.f_drop[0], terms * pp.f_drop[1], 0.0))
