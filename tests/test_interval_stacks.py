@@ -1,7 +1,7 @@
-"""Note [Blocks in stacks] (fa4verify/judge/stats.py): the interval bound evaluates its small
-(segment, query head) blocks stacked and padded; every gradient's bound, fallback mask and
-power threshold are those of the blocks evaluated one at a time, up to float64 summation order
-(SLACK covers it). CPU, the judge alone."""
+"""Note [Blocks in stacks] (fa4verify/judge/stats.py): the interval bound and the first-order
+budgets' sums evaluate their small (segment, query head) blocks stacked and padded; every
+gradient's bound, fallback mask and power threshold are those of the blocks evaluated one at a
+time, up to float64 summation order (SLACK covers it). CPU, the judge alone."""
 from __future__ import annotations
 
 import copy
@@ -45,6 +45,10 @@ def _passes(p: AttentionProblem):
         for o, d in ((ob, None), (obd, dl)):
             s = copy.copy(st)
             b = s.backward(o, ref_out.budget, ref_out.bound, dlse=d, **kw)
+            # the first-order budgets on their own too, the sharper tier's sums included
+            fo = copy.copy(st)._backward_first_order(o, ref_out.budget, ref_out.bound, probabilistic=d is None,
+                                                     dl_t=None if d is None else st._lse_tokens(d))
+            b.update({f"first_order_{n}": x for n, x in fo.items()})
             out.append(({n: np.asarray(x, np.float64) for n, x in b.items()},
                         {n: np.asarray(x) for n, x in s.bwd_fallback.items()}, dict(s.bwd_blind_above)))
     return out, st

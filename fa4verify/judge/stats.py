@@ -139,6 +139,7 @@ class _Stack:
         lks = [w[b][1].stop - w[b][1].start for b, _h in stack]
         B, Lq, Lk = len(stack), max(lqs), max(lks)
         self.one = B == 1
+        self.units = list(stack)
         if self.one:                # a lone block: slices of the token-major arrays, as they are
             (b, h), = stack
             self._qs, self._ks, self._h, self._hk1 = w[b][0], w[b][1], h, h // st.g
@@ -170,6 +171,8 @@ class _Stack:
         self._k_starts = np.flatnonzero(np.r_[True, ls[1:] != ls[:-1]])
         first = self._k_order[self._k_starts]
         self._k_at = (self.ki[self.kv][first], self._hk[self.kv][first])
+        #: every key of every block as (token, KV head), in stack order
+        self.k_at_all = (self.ki[self.kv], self._hk[self.kv])
         self._padded_q = not self.qv.all()
         self._padded_k = not self.kv.all()
 
@@ -191,19 +194,28 @@ class _Stack:
             g[~self.kv] = 0.0
         return g[0] if one else g
 
-    def put_q(self, dst: np.ndarray, y: np.ndarray) -> None:
-        """``dst[rows, head] = y`` for each block's rows (``y`` as :meth:`at_q` gives)."""
+    def put_q(self, dst: np.ndarray, y: np.ndarray, head_major: bool = False) -> None:
+        """``dst[rows, head] = y`` for each block's rows (``y`` as :meth:`at_q` gives);
+        ``head_major``: ``dst`` is (H, t, ...) (Note [Head-major statistics])."""
         if self.one:
-            dst[self._qs, self._h] = y
+            if head_major:
+                dst[self._h, self._qs] = y
+            else:
+                dst[self._qs, self._h] = y
             return
-        dst[self._q_at] = y[self.qv]
+        dst[self._q_at[::-1] if head_major else self._q_at] = y[self.qv]
 
-    def add_k(self, dst: np.ndarray, y: np.ndarray) -> None:
-        """``dst[keys, KV head] += y`` for each block's keys (a key's GQA heads summed first)."""
+    def add_k(self, dst: np.ndarray, y: np.ndarray, head_major: bool = False) -> None:
+        """``dst[keys, KV head] += y`` for each block's keys (a key's GQA heads summed first);
+        ``head_major``: ``dst`` is (Hk, t, ...)."""
         if self.one:
-            dst[self._ks, self._hk1] += y
+            if head_major:
+                dst[self._hk1, self._ks] += y
+            else:
+                dst[self._ks, self._hk1] += y
             return
-        dst[self._k_at] += np.add.reduceat(y[self.kv][self._k_order], self._k_starts, axis=0)
+        dst[self._k_at[::-1] if head_major else self._k_at] += np.add.reduceat(y[self.kv][self._k_order],
+                                                                               self._k_starts, axis=0)
 
 
 def kernel_constants_for(problem) -> facts.KernelConstants:
@@ -787,6 +799,61 @@ class BudgetStats:
         return {"dq": self._to_out(out["dq"]), "dq_accum": self._to_out(out["dq_accum"]),
                 "dk": self._to_kv(out["dk"]), "dv": self._to_kv(out["dv"])}
 
+    def _first_order_stack(self, ix: "_Stack", q_el: dict, k_el: dict, v_el: dict, k_row: dict, bp_row: np.ndarray,
+                           derr: np.ndarray, derrp: np.ndarray, derr_s: np.ndarray, dl_t: Optional[np.ndarray],
+                           need_rss: bool, softcap_pair: bool, sc_sub: float) -> None:
+        """The sums of :meth:`_backward_first_order`'s loop for a stack of small blocks (Note
+        [Blocks in stacks]): the same products, stacked, added into the head-major ``q_el`` (query
+        side: each block's rows assigned), ``k_el`` and ``v_el`` (key side: added, a key's GQA
+        heads summed first); ``k_row["backward_p"]`` the largest ``backward_p`` of the rows each
+        key sums over."""
+        p, sc = self.problem, self.scale
+        sw = lambda x: np.swapaxes(x, -1, -2)        # noqa: E731
+        B, Lq, Lk = ix.keep.shape
+        w = np.zeros((B, Lq, Lk))
+        TH = np.zeros((B, Lq, Lk)) if (p.softcap > 0 or self.score_pair is not None or softcap_pair) else None
+        for i, (b, h) in enumerate(ix.units):
+            lq, lk = self._w[b][2].shape[1:]
+            w[i, :lq, :lk] = self._w[b][2][h]
+            if TH is not None:
+                TH[i, :lq, :lk] = self._w[b][3][h]
+        qb, kb, vb, dob, Ob = ix.at_q(self.q), ix.at_k(self.k), ix.at_k(self.v), ix.at_q(self.dout), ix.at_q(self.O)
+        aq, ak, ado = np.abs(qb), np.abs(kb), np.abs(dob)
+        dP = dob @ sw(vb)
+        Dh = np.sum(Ob * dob, axis=-1)
+        if dl_t is not None:
+            Dh = Dh - ix.at_q(dl_t)
+        G = dP - Dh[..., None]
+        dS = w * G
+        if p.softcap > 0:
+            dS = dS * (1 - TH ** 2)
+        elif self.score_pair is not None:
+            dS = dS * TH
+        DOV = ado @ sw(np.abs(vb))
+        kf = ix.keep.astype(np.float64)
+        R = np.abs(G) * kf
+        pairs = []
+        if p.softcap > 0 or softcap_pair:
+            t2 = TH ** 2 if p.softcap > 0 else 1.0 - TH
+            pairs.append(("abs_tanh_dsk", "abs_tanh_dsq", sc * (w * np.abs(G) * t2)))
+        pairs += [("abs_dsk", "abs_dsq", sc * np.abs(dS)), ("abs_p_dov_k", "abs_p_dov_q", sc * (w * DOV)),
+                  ("abs_p_derr_k", "abs_p_derr_q", sc * (w * ix.at_q(derr)[..., None])),
+                  ("sub_dsk", "sub_dsq", sc_sub * kf), ("abs_dpd_k", "abs_dpd_q", sc * R)]
+        for nq, nk, m in pairs:
+            ix.put_q(q_el[nq], m @ ak, head_major=True)
+            ix.add_k(k_el[nk], sw(m) @ aq, head_major=True)
+        ix.add_k(v_el["abs_pdo"], sw(w) @ ado, head_major=True)
+        ix.add_k(v_el["sum_abs_do"], sw(kf) @ ado, head_major=True)
+        if need_rss:
+            ix.put_q(q_el["rss_dsk"], sc * sc * (dS * dS) @ (kb ** 2), head_major=True)
+            ix.add_k(k_el["rss_dsq"], sc * sc * sw(dS * dS) @ (qb ** 2), head_major=True)
+            ix.add_k(v_el["rss_pdo"], sw(w * w) @ (dob ** 2), head_major=True)
+            ix.put_q(q_el["derrp_pk"], sc * ix.at_q(derrp)[..., None] * np.abs(w @ kb), head_major=True)
+            ix.add_k(k_el["rss_p_derrp_q"], sc * sc * sw((w * ix.at_q(derr_s)[..., None]) ** 2) @ (qb ** 2),
+                     head_major=True)
+        bmax = np.max(np.where(ix.qv, ix.at_q(np.asarray(bp_row, np.float64)), 0.0), axis=1, initial=0.0)
+        np.maximum.at(k_row["backward_p"], ix.k_at_all, np.broadcast_to(bmax[:, None], ix.kv.shape)[ix.kv])
+
     def _lse_tokens(self, lse: np.ndarray) -> np.ndarray:
         """An LSE-layout array ((b, h, s) dense, (h, t) varlen) token-major: (t, h)."""
         if self.problem.varlen:
@@ -882,7 +949,10 @@ class BudgetStats:
         spans = sorted((ks.start, ks.stop) for _qs, ks, _W, _TH in self._w if ks.stop > ks.start)
         disjoint = all(a1 <= b0 for (_a0, a1), (b0, _b1) in zip(spans, spans[1:]))
         written: set = set()
-        for qs, ks, W, TH in self._w:
+        # Note [Blocks in stacks]: the small blocks' sums in stacks (after this loop, adding)
+        stacks = [st_ for st_ in self._interval_stacks(False) if len(st_) > 1]
+        stacked = {u for st_ in stacks for u in st_}
+        for bidx, (qs, ks, W, TH) in enumerate(self._w):
             lq, lk = qs.stop - qs.start, ks.stop - ks.start
             if lk == 0:
                 continue
@@ -900,6 +970,8 @@ class BudgetStats:
                 written.add((ks.start, hk))
                 if h % g == 0:      # |K|, |V| of this KV head: read by each of its g query heads
                     ak, av = np.abs(k[ks, hk]), np.abs(v[ks, hk])
+                if (bidx, h) in stacked:
+                    continue
                 aq, ado = np.abs(q[qs, h]), np.abs(dout[qs, h])
                 w = W[h]
                 dP = dout[qs, h] @ v[ks, hk].T
@@ -938,6 +1010,9 @@ class BudgetStats:
                     k_el["rss_p_derrp_q"][hk, ks] += sc * sc * ((w * derr_s[qs, h][:, None]) ** 2).T @ (q[qs, h] ** 2)
                 k_row["backward_p"][ks, hk] = np.maximum(k_row["backward_p"][ks, hk],
                                                          np.max(bp_row[qs, h], initial=0.0))
+        for stack in stacks:
+            self._first_order_stack(self._stack_index(stack), q_el, k_el, v_el, k_row, bp_row, derr, derrp, derr_s,
+                                    dl_t, need_rss, softcap_pair, sc_sub)
         # token-major (tokens, heads, d), as every budget formula reads them
         for d_ in (q_el, k_el, v_el):
             for n in d_:
