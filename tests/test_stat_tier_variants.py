@@ -140,3 +140,23 @@ def test_no_verdict_on_a_tensor_whose_violation_a_known_issue_absorbed():
     assert "absorbed a violation of dk" in out.skipped["stat_tier.dk"], out.skipped
     assert "stat_bias_dk" not in out.metrics and "stat_bias_dq" in out.metrics
 
+
+
+def test_the_cheapest_call_is_the_twins_cheapest_not_the_fewest_pairs():
+    """The twin walks a varlen call a sequence at a time in 128-key blocks: 257 sequences of at
+    most 9 x 13 pairs cost it 58 s on the CPU where a dense call of 389 x 439 costs 8.5 s, though
+    the pairs are 45 times fewer. Of two calls of one kernel variant, the selection takes the
+    dense one (fa4verify/coverage/variants.py ``_twin_cost``)."""
+    from fa4verify.coverage.variants import bwd_variant, fwd_variant, statistical_calls
+    sq = tuple([1, 6, 2, 7, 3, 8, 4, 9, 5] * 28 + [1, 6, 2, 7, 3])[:257]
+    sk = tuple(min(13, q + 4) for q in sq)
+    vs = ValueSpec("normal", 5, (("sigma", 1.0),))
+    many = AttentionProblem(arch="sm90", dtype="bf16", batch=257, seqlen_q=max(sq), seqlen_k=max(sk), seqlens_q=sq,
+                            seqlens_k=sk, nheads=4, nheads_kv=2, head_dim=64, head_dim_v=64, causal=True, values=vs)
+    dense = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=389, seqlen_k=439, nheads=4, nheads_kv=2,
+                             head_dim=64, head_dim_v=64, causal=True, values=vs)
+    assert fwd_variant(many) == fwd_variant(dense) and bwd_variant(many, True) == bwd_variant(dense, True)
+    pairs = lambda p: sum(a * b for a, b in zip(p.seqlens_q, p.seqlens_k)) if p.varlen else p.batch * 389 * 439  # noqa: E731
+    assert pairs(many) * 20 < pairs(dense)          # the pair count alone would take the varlen call
+    chosen, unjudged = statistical_calls([(many, True, True), (dense, True, True)], limit=8)
+    assert list(chosen) == [1] and not unjudged, chosen
