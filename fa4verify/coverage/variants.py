@@ -379,10 +379,10 @@ def _twin_cost(problem: Any) -> float:
     """The twin's work for ``problem``, what the selection minimises: per sequence (a batch entry
     or a varlen sequence) its query rows, at least 64, times its keys in 128-key blocks, at least
     one (the twin walks FA4's KV tiles a sequence at a time, each block step a fixed cost on short
-    rows), times heads and head dims. Timed on the CPU (seed 0's statistical calls, SM90): within
-    a factor 3 of the twin's seconds on dense and varlen calls alike, where the pairs alone put a
-    varlen call of 257 sequences of at most 9 x 13 (58 s) 45 times below a dense b=2 call of
-    389 x 439 (8.5 s) and the selection took it."""
+    rows), times heads and head dims. Timed on the CPU (seed 0's statistical calls, SM90, one process
+    alone): seconds per unit within a factor 8 across dense and varlen calls, where the pair count
+    spread 800-fold and put a varlen call of 257 sequences of at most 9 x 13 (2.9 s) 45 times below
+    a dense b=2 call of 389 x 439 (1.4 s), and the selection took it."""
     segs = (zip(problem.seqlens_q, problem.seqlens_k) if problem.varlen
             else [(problem.seqlen_q, problem.seqlen_k)] * problem.batch)
     work = sum(max(lq, 64) * max(1, -(-lk // 128)) * 128 for lq, lk in segs)

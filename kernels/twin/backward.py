@@ -89,9 +89,8 @@ def _acc_blocks(acc0, A_, B_, tile_m: int, exact: bool, probe, stage: str, stat:
     Ab = A64.reshape(A64.shape[:2] + (mb, tile_m) + A64.shape[3:])
     Bb = B64.reshape(B64.shape[:2] + (mb, tile_m) + B64.shape[3:])
     with np.errstate(invalid="ignore", over="ignore"):
-        # (a batched BLAS product: einsum's own loops cost the statistical tier's twin runs 110 of
-        # 391 CPU s on seed 0's plan; the float64 sum of a block's products is the model's exact
-        # value either way, its order inside float64's rounding)
+        # (a batched BLAS product where einsum ran its own loops; the float64 sum of a block's
+        # products is the model's exact value either way, its order inside float64's rounding)
         parts = np.matmul(np.swapaxes(Ab, -1, -2), Bb)
         if exact:
             return np.asarray(acc0, F64) + parts.sum(2)
