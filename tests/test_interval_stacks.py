@@ -86,7 +86,7 @@ def test_a_padded_pair_adds_nothing():
     of = judge.oracle_forward(p, a)
     _ref, _lse, st, _ = judge.forward_allowances(p, a, budgets=_budget(p), oracle=of)
     stack = max(st._interval_stacks(False), key=len)
-    ix = st._stack_index(stack)
+    ix = stats_mod._Stack(st, stack)
     assert not ix.qv.all() and not ix.kv.all(), "the stack must hold padding"
     qb, kb = ix.at_q(st.q), ix.at_k(st.k)
     lse = ix.at_q(st.lse_t, -np.inf)

@@ -143,7 +143,7 @@ class _Stack:
         if self.one:                # a lone block: slices of the token-major arrays, as they are
             (b, h), = stack
             self._qs, self._ks, self._h, self._hk1 = w[b][0], w[b][1], h, h // st.g
-            self.keep = _head(st._keeps[b], h)[None]
+            self.keep = _head(st._keeps[b], h)
             self.h = np.array([h], np.intp)
             return
         self.h = np.array([h for _b, h in stack], np.intp)
@@ -176,23 +176,25 @@ class _Stack:
         self._padded_q = not self.qv.all()
         self._padded_k = not self.kv.all()
 
-    def at_q(self, x: np.ndarray, fill: float = 0.0, one: bool = False) -> np.ndarray:
-        """The stack's rows of a token-major ``(t, H, ...)`` array: (B, Lq, ...), padding ``fill``."""
+    def at_q(self, x: np.ndarray, fill: float = 0.0) -> np.ndarray:
+        """The stack's rows of a token-major ``(t, H, ...)`` array: (B, Lq, ...), padding ``fill``
+        (a lone block: its own (lq, ...) view)."""
         if self.one:
-            return x[self._qs, self._h] if one else x[self._qs, self._h][None]
+            return x[self._qs, self._h]
         g = x[self.qi, self._hq]
         if self._padded_q:
             g[~self.qv] = fill
-        return g[0] if one else g
+        return g
 
-    def at_k(self, x: np.ndarray, one: bool = False) -> np.ndarray:
-        """The stack's keys of a token-major ``(t, Hk, ...)`` array: (B, Lk, ...), padding 0."""
+    def at_k(self, x: np.ndarray) -> np.ndarray:
+        """The stack's keys of a token-major ``(t, Hk, ...)`` array: (B, Lk, ...), padding 0
+        (a lone block: its own (lk, ...) view)."""
         if self.one:
-            return x[self._ks, self._hk1] if one else x[self._ks, self._hk1][None]
+            return x[self._ks, self._hk1]
         g = x[self.ki, self._hk]
         if self._padded_k:
             g[~self.kv] = 0.0
-        return g[0] if one else g
+        return g
 
     def put_q(self, dst: np.ndarray, y: np.ndarray, head_major: bool = False) -> None:
         """``dst[rows, head] = y`` for each block's rows (``y`` as :meth:`at_q` gives);
@@ -613,9 +615,6 @@ class BudgetStats:
             stacks += [[(b, h) for b, h, _, _ in us[i:i + per]] for i in range(0, len(us), per)]
         return stacks
 
-    def _stack_index(self, stack: list[tuple[int, int]]) -> "_Stack":
-        return _Stack(self, stack)
-
     def _undecided_reason(self, out: Mapping[str, np.ndarray], kernel_fwd: Optional[tuple]) -> Optional[str]:
         """Why some gradient budget is still not valid (Note [Backward interval fallback]): the
         forward output the backward read is NaN/inf, or the bound overflows float64; None when
@@ -735,11 +734,10 @@ class BudgetStats:
         by_unit = spair is not None
         lse_b = np.broadcast_to(lse_rad, lse_mid.shape)
         for si, stack in enumerate(self._interval_stacks(by_unit)):
-            ix = self._stack_index(stack)
-            one = len(stack) == 1           # a lone block: its own (lq, lk) arrays, no leading axis
-            at_q = lambda x, fill=0.0: ix.at_q(x, fill, one)    # noqa: E731
-            qb, kb, vb, dob = at_q(q), ix.at_k(k, one), ix.at_k(v, one), at_q(dout)
-            keep = ix.keep[0] if one else ix.keep
+            ix = _Stack(self, stack)        # a lone block: its own (lq, lk) arrays, no leading axis
+            at_q = ix.at_q
+            qb, kb, vb, dob = at_q(q), ix.at_k(k), ix.at_k(v), at_q(dout)
+            keep = ix.keep
             score = None
             if spair is not None:
                 bidx, h = stack[0]
@@ -757,7 +755,7 @@ class BudgetStats:
             if pp is None:
                 pp = ivm.pair_p(self.budget, q=qb, k=kb, lse_mid=lse_in[0], lse_rad=lse_in[1],
                                 keep=keep, scale=sc, softcap=cap, score=score, exact=exact, lse_self=lse_in[2],
-                                sink=None if sink is None else (float(sink[stack[0][1]]) if one else sink[ix.h]),
+                                sink=None if sink is None else (float(sink[stack[0][1]]) if ix.one else sink[ix.h]),
                                 n_blocks=at_q(self.row["n_blocks"]),
                                 s_kernel=self._kernel_scores(tensor_core, mma_model, (by_unit, si), ix, qb, kb))
                 self._p_parts.put(pkey, (tuple(None if x is None else np.array(x) for x in lse_in), pp), pp.nbytes)
@@ -799,6 +797,29 @@ class BudgetStats:
         return {"dq": self._to_out(out["dq"]), "dq_accum": self._to_out(out["dq_accum"]),
                 "dk": self._to_kv(out["dk"]), "dv": self._to_kv(out["dv"])}
 
+    def _first_order_pairs(self, w: np.ndarray, G: np.ndarray, TH: Optional[np.ndarray], DOV: np.ndarray,
+                           kf: np.ndarray, derr_col: np.ndarray, softcap_pair: bool, sc_sub: float) -> tuple:
+        """dS and the (rows, keys) weights ``M`` whose sums ``M |K|`` (query side) and ``M^T |Q|``
+        (key side) the first-order budgets read, as ``[(query-side name, key-side name, M)]``, of
+        one block or a stack of them (:meth:`_backward_first_order`, :meth:`_first_order_stack`):
+        ``w`` the P weights, ``G = dP - D'``, ``TH`` the softcap's tanh (or a score pair's dy/dx,
+        or the built-in softcap pair's ``1 - t^2``), ``DOV = |dO| |V|^T``, ``kf`` the visible
+        pairs (the subnormal floors' statistics), ``derr_col`` the D error per row (a column)."""
+        p, sc = self.problem, self.scale
+        dS = w * G
+        if p.softcap > 0:
+            dS = dS * (1 - TH ** 2)
+        elif self.score_pair is not None:
+            dS = dS * TH            # dy/dx of the score pair (|dy/dx| <= 1: DERIVATIONS.md#score-mod)
+        pairs = []
+        if p.softcap > 0 or softcap_pair:
+            t2 = TH ** 2 if p.softcap > 0 else 1.0 - TH          # the pair's TH is 1 - t^2
+            pairs.append(("abs_tanh_dsk", "abs_tanh_dsq", sc * (w * np.abs(G) * t2)))
+        pairs += [("abs_dsk", "abs_dsq", sc * np.abs(dS)), ("abs_p_dov_k", "abs_p_dov_q", sc * (w * DOV)),
+                  ("abs_p_derr_k", "abs_p_derr_q", sc * (w * derr_col)),
+                  ("sub_dsk", "sub_dsq", sc_sub * kf), ("abs_dpd_k", "abs_dpd_q", sc * (np.abs(G) * kf))]
+        return dS, pairs
+
     def _first_order_stack(self, ix: "_Stack", q_el: dict, k_el: dict, v_el: dict, k_row: dict, bp_row: np.ndarray,
                            derr: np.ndarray, derrp: np.ndarray, derr_s: np.ndarray, dl_t: Optional[np.ndarray],
                            need_rss: bool, softcap_pair: bool, sc_sub: float) -> None:
@@ -823,22 +844,9 @@ class BudgetStats:
         Dh = np.sum(Ob * dob, axis=-1)
         if dl_t is not None:
             Dh = Dh - ix.at_q(dl_t)
-        G = dP - Dh[..., None]
-        dS = w * G
-        if p.softcap > 0:
-            dS = dS * (1 - TH ** 2)
-        elif self.score_pair is not None:
-            dS = dS * TH
-        DOV = ado @ sw(np.abs(vb))
         kf = ix.keep.astype(np.float64)
-        R = np.abs(G) * kf
-        pairs = []
-        if p.softcap > 0 or softcap_pair:
-            t2 = TH ** 2 if p.softcap > 0 else 1.0 - TH
-            pairs.append(("abs_tanh_dsk", "abs_tanh_dsq", sc * (w * np.abs(G) * t2)))
-        pairs += [("abs_dsk", "abs_dsq", sc * np.abs(dS)), ("abs_p_dov_k", "abs_p_dov_q", sc * (w * DOV)),
-                  ("abs_p_derr_k", "abs_p_derr_q", sc * (w * ix.at_q(derr)[..., None])),
-                  ("sub_dsk", "sub_dsq", sc_sub * kf), ("abs_dpd_k", "abs_dpd_q", sc * R)]
+        dS, pairs = self._first_order_pairs(w, dP - Dh[..., None], TH, ado @ sw(np.abs(vb)), kf,
+                                            ix.at_q(derr)[..., None], softcap_pair, sc_sub)
         for nq, nk, m in pairs:
             ix.put_q(q_el[nq], m @ ak, head_major=True)
             ix.add_k(k_el[nk], sw(m) @ aq, head_major=True)
@@ -978,24 +986,9 @@ class BudgetStats:
                 Dh = np.sum(O[qs, h] * dout[qs, h], axis=-1)
                 if dl_t is not None:
                     Dh = Dh - dl_t[qs, h]
-                dS = w * (dP - Dh[:, None])
-                if p.softcap > 0:
-                    dS = dS * (1 - TH[h] ** 2)
-                elif self.score_pair is not None:
-                    dS = dS * TH[h]        # dy/dx of the score pair (|dy/dx| <= 1: DERIVATIONS.md#score-mod)
-                DOV = ado @ av.T
-                # budget statistics of the subnormal floors (error_budgets/loader.py STATISTICS)
                 kf = _head(keep_of(qs, ks), h).astype(np.float64)
-                R = np.abs(dP - Dh[:, None]) * kf
-                # the (rows, keys) weights M whose sums M |K| (query side) and M^T |Q| (key side)
-                # the budgets read
-                pairs = []
-                if p.softcap > 0 or softcap_pair:
-                    t2 = TH[h] ** 2 if p.softcap > 0 else 1.0 - TH[h]     # the pair's TH is 1 - t^2
-                    pairs.append(("abs_tanh_dsk", "abs_tanh_dsq", sc * (w * np.abs(dP - Dh[:, None]) * t2)))
-                pairs += [("abs_dsk", "abs_dsq", sc * np.abs(dS)), ("abs_p_dov_k", "abs_p_dov_q", sc * (w * DOV)),
-                          ("abs_p_derr_k", "abs_p_derr_q", sc * (w * derr[qs, h][:, None])),
-                          ("sub_dsk", "sub_dsq", sc_sub * kf), ("abs_dpd_k", "abs_dpd_q", sc * R)]
+                dS, pairs = self._first_order_pairs(w, dP - Dh[:, None], None if TH is None else TH[h], ado @ av.T,
+                                                    kf, derr[qs, h][:, None], softcap_pair, sc_sub)
                 _sums_both_sides(pairs, ak, aq, {n: q_el[n][h, qs] for n, _m, _x in pairs},
                                  {m: k_el[m][hk, ks] for _n, m, _x in pairs}, fresh, bk)
                 _sum_keys(v_el["abs_pdo"][hk, ks], w.T, ado, fresh, bkv)
@@ -1011,7 +1004,7 @@ class BudgetStats:
                 k_row["backward_p"][ks, hk] = np.maximum(k_row["backward_p"][ks, hk],
                                                          np.max(bp_row[qs, h], initial=0.0))
         for stack in stacks:
-            self._first_order_stack(self._stack_index(stack), q_el, k_el, v_el, k_row, bp_row, derr, derrp, derr_s,
+            self._first_order_stack(_Stack(self, stack), q_el, k_el, v_el, k_row, bp_row, derr, derrp, derr_s,
                                     dl_t, need_rss, softcap_pair, sc_sub)
         # token-major (tokens, heads, d), as every budget formula reads them
         for d_ in (q_el, k_el, v_el):
