@@ -192,7 +192,7 @@ def one_hot_chain(m_lo: np.ndarray, m_hi: np.ndarray, keep: np.ndarray, kappas: 
         if sink is not None:
             s2 = np.broadcast_to(np.asarray(sink, np.float64), (lq,)) * _LOG2E
             lw = np.logaddexp2(lw, s2 - m_lo[r, js] * min(kappas))
-            zmax = np.maximum(zmax, np.abs(s2))
+            zmax = np.maximum(zmax, np.where(np.isneginf(s2), 0.0, np.abs(s2)))   # -inf: no term
         nb = np.maximum(np.asarray(n_blocks, np.float64), 1.0)
         # the worst mismatch of another key's term (log2 units): its own exponent bias and
         # argument roundings at up to 2 zmax, one rescale factor per block after it (argument
@@ -478,7 +478,7 @@ def pair_p(bs: Any, *, q: np.ndarray, k: np.ndarray, lse_mid: np.ndarray, lse_ra
                 ls_hi = a_hi - np.logaddexp(a_hi, _loo_lse(a_lo, sink_r))
                 ls_lo = a_lo - np.logaddexp(a_lo, _loo_lse(a_hi, sink_r))
                 eta = np.asarray(lse_self, np.float64)[..., None]
-                sink_abs = 0.0 if sink_r is None else np.abs(sink_r)[..., None]
+                sink_abs = 0.0 if sink_r is None else np.where(np.isneginf(sink_r), 0.0, np.abs(sink_r))[..., None]
                 slack = SLACK * (np.abs(y_mid) + y_rad + np.abs(L) + sink_abs)
                 s_hi = np.exp2((ls_hi + eta + slack) * c + rx) * (1 + m) * WIDEN
                 s_lo = np.exp2((ls_lo - eta - slack) * c - rx) * (1 - m) / WIDEN

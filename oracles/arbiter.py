@@ -119,6 +119,9 @@ def _eval(p: Problem, ctx, want_bwd: bool, dout: Optional[np.ndarray], o_given: 
             cols: list = [[] for _ in range(seg.k_len)]
             for h in range(hk * p.group, (hk + 1) * p.group):
                 sink = None if p.sink is None else mpf(float(p.sink[h]))
+                sink_off = sink is not None and sink == mpf("-inf")    # Note [A sink of -inf]
+                if sink_off:
+                    sink = None
                 for i in range(seg.q_len):
                     t = seg.q_start + i
                     qi = [mpf(float(x)) for x in p.q[t, h]]
@@ -162,7 +165,12 @@ def _eval(p: Problem, ctx, want_bwd: bool, dout: Optional[np.ndarray], o_given: 
                     Dp = Di - (mpf(float(dlse[h, t])) if dlse is not None else zero)
                     # magnitude of D' including its cancellation-prone parts
                     Dmag = D_sc[h, t] + abs(Dp - Di) + abs(Dp)
-                    if sink is not None:
+                    if sink_off:        # the sink's whole mass on a row without a visible key
+                        ps = zero if js else mpf(1)
+                        term = -ps * Dp
+                        dsink[h] += term
+                        dsink_sc[h] += float(ps * Dmag)
+                    elif sink is not None:
                         ps = esink / l if l is not None else zero
                         term = -ps * Dp
                         dsink[h] += term

@@ -166,14 +166,15 @@ class _Taint:
     def __init__(self, p: Problem):
         self.qbad = nonfinite_rows(p.q)
         self.kvbad = nonfinite_rows(p.k) | nonfinite_rows(p.v)
-        self.sinkbad = (~np.isfinite(p.sink)) if p.sink is not None else np.zeros(p.nheads, bool)
+        # Note [A sink of -inf]: -inf is a value (exp(-inf) = 0), +inf and NaN taint the head
+        self.sinkbad = (np.isnan(p.sink) | (p.sink == np.inf)) if p.sink is not None else np.zeros(p.nheads, bool)
         self.any = bool(self.qbad.any() or self.kvbad.any() or self.sinkbad.any())
         if self.any:
             p.q = np.where(np.isfinite(p.q), p.q, 0.0)
             p.k = np.where(np.isfinite(p.k), p.k, 0.0)
             p.v = np.where(np.isfinite(p.v), p.v, 0.0)
             if p.sink is not None:
-                p.sink = np.where(np.isfinite(p.sink), p.sink, 0.0)
+                p.sink = np.where(self.sinkbad, 0.0, p.sink)
         self.p = p
 
     def rows(self, extra: Optional[np.ndarray] = None) -> np.ndarray:

@@ -619,6 +619,9 @@ def _task_body(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optiona
     sink_terms: list = [[] for _ in (bi.dlses if bi is not None else ())]
     for h in range(hk * p.group, (hk + 1) * p.group):
         sink = None if p.sink is None else float(p.sink[h])
+        sink_off = sink == -math.inf      # Note [A sink of -inf]
+        if sink_off:
+            sink = None
         for r0, r1, c0, c1 in _row_blocks(seg.q_len, seg.k_len, p.left, p.right):
             rs = slice(seg.q_start + r0, seg.q_start + r1)
             ksl = slice(seg.k_start + c0, seg.k_start + c1)
@@ -654,7 +657,10 @@ def _task_body(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optiona
             l = st["l"]
             rl = st["rl"]
             bad = st["bad"]
-            if p.sink is not None:
+            if sink_off:            # the sink holds a row's whole mass where no key is visible
+                ps = np.where(st["vis"], 0.0, 1.0)
+                eps = np.zeros_like(ps)
+            elif p.sink is not None:
                 ps = st["esink"] / l
                 eps = (st["Esink"] + (st["esink"] + st["Esink"]) * rl) / l + U * ps
             if c1 <= c0:

@@ -33,6 +33,15 @@ LSE = -inf, zero gradients. With a sink such a row has LSE = sink and O = 0 (FA4
 ``:2709-2742``). ``seqlen_q > seqlen_k`` with causal is valid and gives fully masked top rows.
 The sink is in logit units (compared with ``y``, not with ``q.k``) and enters the denominator only.
 
+Note [A sink of -inf]: a sink of ``-inf`` is a value, not a non-finite input: ``exp(-inf) = 0``,
+so the head's O and LSE are those without a sink (a fully masked row: O = 0, LSE = -inf = the
+sink), and its gradient is the limit of a finite sink's: ``P_sink`` is 0 on a row with a visible
+key and 1 on a fully masked one (which the sink alone fills, LSE = sink), so ``dsink_h = -sum
+over the fully masked rows of D'_i`` (``D_i = 0`` there: the sum of their dLSE). FA4 itself
+gives padded Q heads a sink of -inf (``softmax.load_learnable_sink``), and its backward takes
+``P_sink = 1`` where ``LSE = -inf`` (``flash_bwd_postprocess.dsink_row_term``). A sink of
+``+inf`` or NaN is non-finite input (below).
+
 Non-finite inputs (Note [Oracle NaN policy])
 --------------------------------------------
 Attention is not defined for NaN/Inf inputs. Every output element whose value depends on a

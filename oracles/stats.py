@@ -122,9 +122,10 @@ def _softmax_parts(p: Problem, seg, h: int, r0: int, r1: int, c0: int, c1: int):
     rs = e.sum(axis=1)
     sink_t = None
     if p.sink is not None:
+        # (a row without a visible key: e is 0 there and m_i = sink, exp(0) = 1, also for a sink
+        # of -inf, Note [A sink of -inf])
         ref = np.where(np.isfinite(m), m, p.sink[h])
-        sink_t = np.exp(p.sink[h] - ref)
-        e = e * np.exp(mm - ref)[:, None]
+        sink_t = np.where(ref == p.sink[h], 1.0, np.exp(p.sink[h] - ref))
         rs_all = e.sum(axis=1) + sink_t
         mm = ref
         rs_scaled = rs_all

@@ -50,7 +50,8 @@ def test_each_edge_is_the_path_it_names():
                     "seqlen_info_dense_score": True, "seqlen_info_dense_mask": True,
                     "seqlen_info_varlen_scale": True, "seqlen_info_dense_scale": True,
                     "score_head_mha": True, "score_scalars_bwd": True, "score_bwd_indices_tiles": True,
-                    "inference_causal_gqa": False, "block_size_implicit": True}
+                    "inference_causal_gqa": False, "block_size_implicit": True,
+                    "sink_off_masked_rows": True}
     # score pairs on the batched layout (seqused_q and seqused_k) and inside block sparsity
     p = got["seqused_score_aux"]
     assert p.call.seqused_q and p.call.seqused_k and p.mod_pairs()[0] is not None and 0 in p.seqlens_k

@@ -131,6 +131,27 @@ def test_rows_that_attended_nothing_or_overflowed_follow_fa4s_rule_and_a_nan_is_
     assert np.isnan(ivm.dsink_given_forward(sink, lse, dout, out, C)[1]).all()
 
 
+def test_a_sink_of_minus_inf_takes_the_dlse_of_the_rows_no_key_reaches():
+    """Note [A sink of -inf]: P_sink is 0 where a key is visible and 1 where the LSE is -inf (O = 0
+    there, so D' = -dLSE): dsink is the sum of dLSE over those rows, in the allowance's reach of
+    the oracle's own value, and FA4's branch taken as 0 (the planted ``dsink_empty_row_zero``)
+    falls outside it."""
+    from fa4verify.oracles import attention
+    rng = np.random.default_rng(13)
+    q, k, v, do = (rng.standard_normal(s).astype(np.float32) for s in ((1, 9, 2, 8), (1, 4, 2, 8), (1, 4, 2, 8),
+                                                                        (1, 9, 2, 8)))
+    sink = np.array([-np.inf, 0.25])
+    dl = rng.standard_normal((1, 2, 9)).astype(np.float32)
+    f = attention.forward(q, k, v, causal=True, learnable_sink=sink)       # rows 0..4 see no key
+    assert np.all(f.lse[0, 0, :5] == -np.inf)
+    ref, allow = ivm.dsink_given_forward(sink, f.lse, do, f.out.astype(np.float32), C, dlse=dl)
+    ob = attention.backward(q, k, v, f.out.astype(np.float32), do, causal=True, learnable_sink=sink, dlse=dl)
+    assert ref[0] == pytest.approx(float(dl[0, 0, :5].astype(np.float64).sum()), rel=1e-12)
+    assert abs(ref[0] - float(ob.dsink[0])) <= allow[0] and np.isfinite(allow).all()
+    assert abs(ref[1] - float(ob.dsink[1])) <= allow[1]
+    assert abs(ref[0]) > allow[0]      # a P_sink of 0 there (dsink 0) is outside the allowance
+
+
 def test_varlen_layout_matches_the_dense_one():
     rng = np.random.default_rng(5)
     sink, lse, dout, out = _case(rng, B=1, S=21, H=2, d=16)

@@ -113,6 +113,50 @@ def test_sink_rows_without_keys_have_lse_equal_sink_and_zero_output():
     assert np.array_equal(r.lse[0, :, :3], np.array([[0.5] * 3, [-1.25] * 3]))
 
 
+def _sink_off_case(precision):
+    """A causal MHA call with seqlen_q > seqlen_k (rows 0..2 see no key), head 0's sink -inf,
+    head 1's finite; its forward and backward (with dLSE), and the same call without a sink."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = _bf16((1, 5, 2, 8), gen), _bf16((1, 2, 2, 8), gen), _bf16((1, 2, 2, 8), gen)
+    do = _bf16((1, 5, 2, 8), gen)
+    dlse = torch.randn(1, 2, 5, generator=gen, dtype=torch.float64).to(torch.float32)
+    sink = torch.tensor([-math.inf, 0.75], dtype=torch.float32)
+    kw = dict(causal=True, precision=precision)
+    f = attention.forward(q, k, v, learnable_sink=sink, **kw)
+    f0 = attention.forward(q, k, v, **kw)
+    b = attention.backward(q, k, v, None, do, learnable_sink=sink, dlse=dlse, **kw)
+    b0 = attention.backward(q, k, v, None, do, dlse=dlse, **kw)
+    return f, f0, b, b0, dlse.double().numpy()
+
+
+@pytest.mark.parametrize("precision", ["fast", 80])
+def test_a_sink_of_minus_inf_is_no_sink_and_its_gradient_the_limit(precision):
+    """Note [A sink of -inf]: the head's O, LSE, dQ, dK, dV are those without a sink (exactly: the
+    same operations), its fully masked rows O = 0 and LSE = -inf; dsink is the limit of a finite
+    sink's, the sum of dLSE over the rows no key reaches (D = 0 there); nothing NaN."""
+    f, f0, b, b0, dlse = _sink_off_case(precision)
+    assert np.isfinite(f.out).all() and np.isfinite(b.dq).all() and np.isfinite(b.dsink).all()
+    assert np.array_equal(f.out[:, :, 0], f0.out[:, :, 0]) and np.array_equal(f.lse[:, 0], f0.lse[:, 0])
+    assert np.all(f.lse[0, 0, :3] == -np.inf) and np.all(f.out[0, :3, 0] == 0)
+    for n in ("dq", "dk", "dv"):
+        assert np.array_equal(getattr(b, n)[:, :, 0], getattr(b0, n)[:, :, 0]), n
+    want = dlse[0, 0, :3].sum()
+    assert abs(float(b.dsink[0]) - want) <= float(b.dsink_bound[0]) + 1e-300
+    assert float(b.dsink_bound[0]) <= 1e-12 * max(1.0, abs(want))
+    # the finite sink's head is judged as before: its dsink is not the -inf head's formula
+    assert np.isfinite(b.dsink[1]) and float(b.dsink[1]) != dlse[0, 1, :3].sum()
+
+
+def test_a_sink_of_plus_inf_or_nan_taints_its_head_only():
+    """+inf and NaN stay non-finite input (Note [Oracle NaN policy]): their head is NaN, the other
+    head's values stand."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = _bf16((1, 4, 2, 8), gen), _bf16((1, 4, 2, 8), gen), _bf16((1, 4, 2, 8), gen)
+    for bad in (math.inf, math.nan):
+        r = attention.forward(q, k, v, learnable_sink=torch.tensor([bad, 0.5]))
+        assert np.isnan(r.out[:, :, 0]).all() and np.isfinite(r.out[:, :, 1]).all()
+
+
 @pytest.mark.fa4
 def test_resolve_window_equals_fa4_interface():
     from flash_attn.cute import interface as iface

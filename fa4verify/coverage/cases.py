@@ -433,6 +433,8 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
       top-k gather, on each of its three kernels, and its sparse backward (:func:`_mla_edges`).
     * ``block_size_implicit`` (SM90): block lists handed to FA4 without ``block_size`` (Note [Block
       lists without a size], :func:`_implicit_block_edges`).
+    * ``sink_off_masked_rows``: a learnable sink of -inf on one head of a causal call with rows no
+      key reaches (:func:`_sink_off_edges`).
 
     Each needs its form in the space (the block-sparse edge only where the target runs block
     sparsity).
@@ -507,7 +509,31 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
     out += _wide_group_edges(space)
     out += _score_head_edges(space)
     out += _implicit_block_edges(space)
+    out += _sink_off_edges(space)
     return out
+
+
+def _sink_off_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:
+    """``sink_off_masked_rows``: a dense causal MHA call with more queries than keys (its first 37
+    rows see no key, across FA4's first M tile) whose learnable sink is -inf on query head 0 --
+    FA4's own "no sink" (Note [A sink of -inf] in ``oracles/semantics.py``) -- and finite on head 1.
+    Head 0's O and LSE are those without a sink (O = 0, LSE = -inf on the empty rows), and its
+    dsink is the sum of dLSE over those rows, which FA4's backward takes from its ``lse == -inf``
+    branch (``flash_bwd_postprocess.dsink_row_term``: P_sink = 1); with a finite sink LSE >= sink,
+    so no other call of the audit runs that branch (red-team round 16 #7)."""
+    from fa4verify.problem import AttentionProblem, ValueSpec
+    sinks = [v for v in space.values["sink"] if v != "off"]
+    if (not sinks or space.lengths or space.heads or "dense" not in space.values["form"]
+            or "causal" not in space.values["mask"] or "1" not in space.values["gqa"]):
+        return []
+    name = _hd128(space)
+    hd, hdv = space.hd[name]
+    v = _own_vals("sink_off", space)()
+    p = AttentionProblem(batch=1, seqlen_q=137, seqlen_k=100, nheads=2, nheads_kv=2, head_dim=hd, head_dim_v=hdv,
+                         arch=space.arch, dtype=space.dtype, causal=True, sink=True, sink_dtype=sinks[0],
+                         values=ValueSpec(v.distribution, v.seed, v.params + (("sink_off_head", 0.0),)))
+    return [("sink_off_masked_rows", p, _runs_bwd(space, form="dense", hd=name, gqa="1", mask="causal",
+                                                  sink=sinks[0]))]
 
 
 def _implicit_block_edges(space: FeatureSpace) -> list[tuple[str, Any, bool]]:

@@ -288,7 +288,8 @@ class BudgetStats:
         sink = a.get("learnable_sink") if problem.sink else None
         #: the learnable sink's logit per head (natural log), or None
         self.sink = None if sink is None else np.asarray(sink, np.float64).reshape(-1)
-        sink_abs = None if sink is None else np.abs(self.sink) * _LOG2E
+        # (a sink of -inf adds exp2(-inf) = 0 exactly: no exponent argument, Note [A sink of -inf])
+        sink_abs = None if sink is None else np.where(np.isneginf(self.sink), 0.0, np.abs(self.sink)) * _LOG2E
         self._arrays = a
         self._w: list = []  # per segment: (qs, ks, w (h, lq, lk), tanh (h, lq, lk))
         self._keeps: list = []

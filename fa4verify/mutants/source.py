@@ -1040,6 +1040,14 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               '        softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(\n            softmax_scale, self.score_mod\n        )',
               '        softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(\n            softmax_scale * (1.0078125 if (self.pack_gqa and self.tile_hdim == 192 and self.tile_hdimv == 128 and self.tile_n == 128) else 1.0), self.score_mod\n        )'),),
         'fwd', ('out', 'lse')),
+    SourceMutant(
+        'dsink_empty_row_zero',
+        "dsink's row term takes P_sink = 0 instead of 1 on a row whose LSE is -inf (a row no key reaches, "
+        "under a sink of -inf); with a finite sink LSE >= sink and the branch never runs (red-team round 16 #7)",
+        (Edit('flash_bwd_postprocess.py',
+              '        Float32(1.0)\n        if lse_val == -Float32.inf',
+              '        Float32(0.0)\n        if lse_val == -Float32.inf'),),
+        'bwd', ('dsink',)),
 )
 
 

@@ -41,7 +41,9 @@ Distributions (``ValueSpec.distribution``), ``n`` = standard normal:
   ``AttentionProblem.materialize``, which knows the keep-mask).
 
 Learnable sinks (when the problem has them): ``sink_shift + sink_scale * n`` per head, rounded to
-bf16 (FA4 accepts fp32 sinks; bf16-exact values keep the problem exact in every sink dtype).
+bf16 (FA4 accepts fp32 sinks; bf16-exact values keep the problem exact in every sink dtype);
+``sink_off_head`` (a head index) sets that head's sink to -inf, FA4's own "no sink" (Note [A sink
+of -inf] in ``oracles/semantics.py``).
 """
 from __future__ import annotations
 
@@ -174,6 +176,11 @@ def generate_values(spec: ValueSpec, *, dtype: str, q_shape: tuple[int, ...], k_
     if with_sink:
         sink = binary32.to_bf16(np.float32(spec.param("sink_shift", 0.0) + spec.param("sink_scale", 1.0) * z)
                                 ).reshape(nheads)
+        off = spec.param("sink_off_head", -1.0)
+        if off >= 0:
+            if off != int(off) or off >= nheads:
+                raise ValueError(f"ValueSpec sink_off_head={off:g}: expected a head index below {nheads}")
+            sink[int(off)] = -np.inf
     lim = INPUT_LIMIT[dtype]
     out = {}
     for name, arr in (("q", q), ("k", k), ("v", v), ("dout", dout)):
