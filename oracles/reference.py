@@ -608,143 +608,208 @@ def _task(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optional[_Bw
 
 def _task_body(p: Problem, task: tuple[int, int], fw: ForwardArrays, bi: Optional[_BwdIn]) -> list:
     """All heads of kv head ``hk`` in segment ``si``: forward, and backward when ``bi`` is given.
-    Returns the sink-gradient terms per variant: ``[[(h, terms, bounds)] for each of bi.dlses]``."""
+    Returns the sink-gradient terms per variant: ``[[(h, terms, bounds)] for each of bi.dlses]``.
+
+    Note [A group's heads as rows]: the query heads of one KV head read the same keys, values and
+    mask, and every forward quantity is row by row; on a small segment (at most
+    :data:`_HEAD_STACK_PAIRS` pairs for the whole group) they are evaluated as one block of
+    ``group x rows`` rows (head-major), so a varlen call of 257 short sequences and 7 query heads
+    per KV head is 514 blocks, not 3,598. dK and dV then sum the group's rows in one product,
+    whose error the blocked gamma of the stacked row count bounds (in place of one product and
+    one float64 addition per head); every other value is the one a head alone gives, up to the
+    order of BLAS's sums. Heads with a sink of -inf (Note [A sink of -inf]) are taken one by one."""
     si, hk = task
     seg = p.segments[si]
+    heads = tuple(range(hk * p.group, (hk + 1) * p.group))
+    sink_all = None if p.sink is None else [float(p.sink[h]) for h in heads]
+    stack = (p.group > 1 and seg.q_len * seg.k_len * p.group <= _HEAD_STACK_PAIRS
+             and (sink_all is None or -math.inf not in sink_all))
+    sink_terms: list = [[] for _ in (bi.dlses if bi is not None else ())]
+    for hs in ([heads] if stack else [(h,) for h in heads]):
+        for blk in _row_blocks(seg.q_len, seg.k_len, p.left, p.right):
+            _block(p, seg, hk, hs, blk, fw, bi, sink_terms)
+    return sink_terms
+
+
+#: Note [A group's heads as rows]: the largest (query rows x keys x query heads) of a segment whose
+#: KV head's query heads are stacked into one block
+_HEAD_STACK_PAIRS = 1 << 16
+
+
+def _rows(x: np.ndarray, rs: slice, hs: tuple) -> np.ndarray:
+    """Rows ``rs`` of heads ``hs`` of a token-major (T, H, ...) array, head-major: (len(hs) nr, ...)."""
+    if len(hs) == 1:
+        return x[rs, hs[0]]
+    y = x[rs, hs[0]:hs[-1] + 1]
+    return np.swapaxes(y, 0, 1).reshape((-1,) + y.shape[2:])
+
+
+def _put(dst: np.ndarray, rs: slice, hs: tuple, y: np.ndarray) -> None:
+    """``dst[rs, h] = `` each head's rows of ``y`` (as :func:`_rows` gives them)."""
+    if len(hs) == 1:
+        dst[rs, hs[0]] = y
+    else:
+        dst[rs, hs[0]:hs[-1] + 1] = np.swapaxes(y.reshape((len(hs), rs.stop - rs.start) + y.shape[1:]), 0, 1)
+
+
+def _put_hm(dst: np.ndarray, rs: slice, hs: tuple, y: np.ndarray) -> None:
+    """``dst[h, rs] = `` each head's rows of ``y``, ``dst`` head-major (H, T)."""
+    if len(hs) == 1:
+        dst[hs[0], rs] = y
+    else:
+        dst[hs[0]:hs[-1] + 1, rs] = y.reshape(len(hs), rs.stop - rs.start)
+
+
+def _block(p: Problem, seg, hk: int, hs: tuple, blk: tuple, fw: ForwardArrays, bi: Optional[_BwdIn],
+           sink_terms: list) -> None:
+    """One row block of the query heads ``hs`` (one, or a whole group as rows: Note [A group's
+    heads as rows]) of KV head ``hk`` in segment ``seg``."""
+    r0, r1, c0, c1 = blk
     bits = MANTISSA_BITS[p.dtypes["q"]]
     bits_v = MANTISSA_BITS[p.dtypes["v"]]
     dv = p.headdim_v
     scale = p.scale
     sabs = abs(scale)
-    sink_terms: list = [[] for _ in (bi.dlses if bi is not None else ())]
-    for h in range(hk * p.group, (hk + 1) * p.group):
-        sink = None if p.sink is None else float(p.sink[h])
-        sink_off = sink == -math.inf      # Note [A sink of -inf]
-        if sink_off:
-            sink = None
-        for r0, r1, c0, c1 in _row_blocks(seg.q_len, seg.k_len, p.left, p.right):
-            rs = slice(seg.q_start + r0, seg.q_start + r1)
-            ksl = slice(seg.k_start + c0, seg.k_start + c1)
-            qs = p.q[rs, h]
-            ks = p.k[ksl, hk]
-            vs = p.v[ksl, hk]
-            mask = visible_mask(seg.q_len, seg.k_len, p.left, p.right, (r0, r1), (c0, c1))
-            if mask is not None and mask.all():
-                mask = None
-            o, b, ls, lb, st = _fwd_rowblock(qs, ks, vs, mask, scale, p.softcap, sink, bits, bi is not None)
-            fw.out[rs, h] = o
-            fw.bound[rs, h] = b
-            fw.lse[h, rs] = ls
-            fw.lse_bound[h, rs] = lb
-            if bi is None:
-                continue
-            st["mask"] = mask
-            dos = bi.dout[rs, h]
-            # D = rowsum(dO * O): gamma_dv sum|dO||O| (+ sum |dO| bound(O) for the oracle's own O)
-            if bi.o_given is None:
-                ou, ob = o, b
-            else:
-                ou, ob = bi.o_given[rs, h], None
-            adO = np.abs(dos)
-            D0 = np.einsum("id,id->i", dos, ou)
-            eD0 = gamma(dv) * np.einsum("id,id->i", adO, np.abs(ou))
-            if ob is not None:
-                eD0 += np.einsum("id,id->i", adO, ob)
-            for bw in bi.outs:
-                bw.d[h, rs] = D0
-                bw.d_bound[h, rs] = eD0
-            dout_bits = bi.dout_bits
-            l = st["l"]
-            rl = st["rl"]
-            bad = st["bad"]
-            if sink_off:            # the sink holds a row's whole mass where no key is visible
-                ps = np.where(st["vis"], 0.0, 1.0)
-                eps = np.zeros_like(ps)
-            elif p.sink is not None:
-                ps = st["esink"] / l
-                eps = (st["Esink"] + (st["esink"] + st["Esink"]) * rl) / l + U * ps
-            if c1 <= c0:
-                for vi, dl in enumerate(bi.dlses):
-                    Dr, eDr = _d_prime(D0, eD0, dl, h, rs)
-                    if p.sink is not None:
-                        sink_terms[vi].append(_sink_term(h, ps, eps, Dr, eDr, bad))
-                continue
-            e, E = st["e"], st["E"]
-            nr = r1 - r0
-            nc = c1 - c0
-            gr = blocked_gamma(nr)
-            gc = blocked_gamma(nc)
-            gm = max(gr, gc)
-            # P = fl(e / l), e/l <= P (1 + u).  Error of P, with the blocked-product gamma of
-            # dV = P^T dO folded in:  EP = E (1 + rl)/l + P (rl (1 + u) + u + gr) >= |P - P*| + gr P
-            P = e / l[:, None]
-            EP = E * ((1 + rl) / l)[:, None]
-            EP += P * (rl * (1 + U) + U + gr)[:, None]
-            # G = dP - D' = dO V^T - D';  eG = u|G| + eD' (+ edP when not certified exact)
-            dP, edP = products_with_error(dos, vs, dout_bits, bits_v)   # edP: row constants
-            vis = st["vis"]
-            last = len(bi.dlses) - 1
-            for vi, dl in enumerate(bi.dlses):
-                Dr, eDr = _d_prime(D0, eD0, dl, h, rs)
-                if p.sink is not None:
-                    sink_terms[vi].append(_sink_term(h, ps, eps, Dr, eDr, bad))
-                # the last variant takes dP's array itself (one copy fewer)
-                G = dP if vi == last else dP.copy()
-                G -= Dr[:, None]
-                # W >= e_dS + gm |dS| for dS = fl(P G):
-                #   e_dS <= EP |G| + (P + EP) eG + u |dS|,  |dS| <= P |G| (1 + u)
-                #   => W = (1 + u) [ |G| (EP + P (2.0001 u + gm)) + (P + EP) c ],  c = eD' (+ edP)
-                W = P * (2.0001 * U + gm)
-                W += EP
-                A = np.abs(G)
-                W *= A
-                # underflowed entries carry an extra 2 tau on e (not in E): their effect on dS is
-                # <= 4 tau / l (|G| + c) per entry, added to dQ/dK below through wt (row weights)
-                wt = np.where(vis, 4 * TAU / l * (A.max(axis=1, initial=0.0) + eDr + edP) * (1 + 2 * gm), 0.0)
-                T = EP + P
-                T *= (eDr + edP)[:, None]
-                W += T
-                del T
-                # (1 + u) of the W formula is applied to the products W |K|, W^T |Q| below
-                dS = np.multiply(P, G, out=G)
-                if p.softcap > 0:
-                    # dX = dS f with |f - f*| <= frel f + TAU_F:
-                    # e_dX + gm |dX| <= f (W (1 + frel) + |dS| (frel + 3u)) + TAU_F (|dS| + W)
-                    f, frel = st["f"], st["frel"][:, None]
-                    np.abs(dS, out=A)
-                    T = A + W
-                    T *= TAU_F
-                    A *= frel + 3 * U
-                    W *= 1 + frel
-                    W += A
-                    W *= f
-                    W += T
-                    del T
-                    dS *= f
-                del A
-                _dqk(bi.outs[vi], p, dS, W, wt, qs, ks, rs, ksl, h, hk, bad, gm, scale, sabs)
-                del dS, W
-            # masked entries: P = E = 0 and every other factor is finite, so dS = W = 0 there
-            # dV_j += sum_i P_ij dO_i, bound (gr P + |P - P*|)^T |dO| = EP^T |dO| (no dLSE: once)
-            part = blocked_matmul(P.T, dos)
-            epart = blocked_matmul(EP.T, np.abs(dos))
-            epart *= 1 + 2 * gr
-            epart += np.where(vis, 4 * TAU / l, 0.0) @ np.abs(dos)
-            del EP, P
-            if bad.any():
-                epart[:] = np.inf
-            for bw in bi.outs:
-                acc = bw.dv[ksl, hk]
-                acc += part
-                bw.dv_bound[ksl, hk] += epart + U * np.abs(acc)
-    return sink_terms
+    nh, nr0 = len(hs), r1 - r0
+    sink = None if p.sink is None else float(p.sink[hs[0]])
+    sink_off = sink == -math.inf      # Note [A sink of -inf] (one head alone)
+    if sink_off:
+        sink = None
+    elif sink is not None and nh > 1:
+        sink = np.repeat(p.sink[hs[0]:hs[-1] + 1].astype(np.float64), nr0)
+    rs = slice(seg.q_start + r0, seg.q_start + r1)
+    ksl = slice(seg.k_start + c0, seg.k_start + c1)
+    qs = _rows(p.q, rs, hs)
+    ks = p.k[ksl, hk]
+    vs = p.v[ksl, hk]
+    mask = visible_mask(seg.q_len, seg.k_len, p.left, p.right, (r0, r1), (c0, c1))
+    if mask is not None and mask.all():
+        mask = None
+    if mask is not None and nh > 1:
+        mask = np.tile(mask, (nh, 1))
+    o, b, ls, lb, st = _fwd_rowblock(qs, ks, vs, mask, scale, p.softcap, sink, bits, bi is not None)
+    _put(fw.out, rs, hs, o)
+    _put(fw.bound, rs, hs, b)
+    _put_hm(fw.lse, rs, hs, ls)
+    _put_hm(fw.lse_bound, rs, hs, lb)
+    if bi is None:
+        return
+    st["mask"] = mask
+    dos = _rows(bi.dout, rs, hs)
+    # D = rowsum(dO * O): gamma_dv sum|dO||O| (+ sum |dO| bound(O) for the oracle's own O)
+    if bi.o_given is None:
+        ou, ob = o, b
+    else:
+        ou, ob = _rows(bi.o_given, rs, hs), None
+    adO = np.abs(dos)
+    D0 = np.einsum("id,id->i", dos, ou)
+    eD0 = gamma(dv) * np.einsum("id,id->i", adO, np.abs(ou))
+    if ob is not None:
+        eD0 += np.einsum("id,id->i", adO, ob)
+    for bw in bi.outs:
+        _put_hm(bw.d, rs, hs, D0)
+        _put_hm(bw.d_bound, rs, hs, eD0)
+    dout_bits = bi.dout_bits
+    l = st["l"]
+    rl = st["rl"]
+    bad = st["bad"]
+    if sink_off:            # the sink holds a row's whole mass where no key is visible
+        ps = np.where(st["vis"], 0.0, 1.0)
+        eps = np.zeros_like(ps)
+    elif p.sink is not None:
+        ps = st["esink"] / l
+        eps = (st["Esink"] + (st["esink"] + st["Esink"]) * rl) / l + U * ps
+
+    def dlse_rows(dl):
+        return None if dl is None else dl[hs[0]:hs[-1] + 1, rs].reshape(-1)
+
+    def add_sink_terms(vi, Dr, eDr):
+        for j, h in enumerate(hs):
+            r = slice(j * nr0, (j + 1) * nr0)
+            sink_terms[vi].append(_sink_term(h, ps[r], eps[r], Dr[r], eDr[r], bad[r]))
+
+    if c1 <= c0:
+        for vi, dl in enumerate(bi.dlses):
+            Dr, eDr = _d_prime(D0, eD0, dlse_rows(dl))
+            if p.sink is not None:
+                add_sink_terms(vi, Dr, eDr)
+        return
+    e, E = st["e"], st["E"]
+    nr = nh * nr0
+    nc = c1 - c0
+    gr = blocked_gamma(nr)
+    gc = blocked_gamma(nc)
+    gm = max(gr, gc)
+    # P = fl(e / l), e/l <= P (1 + u).  Error of P, with the blocked-product gamma of
+    # dV = P^T dO folded in:  EP = E (1 + rl)/l + P (rl (1 + u) + u + gr) >= |P - P*| + gr P
+    P = e / l[:, None]
+    EP = E * ((1 + rl) / l)[:, None]
+    EP += P * (rl * (1 + U) + U + gr)[:, None]
+    # G = dP - D' = dO V^T - D';  eG = u|G| + eD' (+ edP when not certified exact)
+    dP, edP = products_with_error(dos, vs, dout_bits, bits_v)   # edP: row constants
+    vis = st["vis"]
+    last = len(bi.dlses) - 1
+    for vi, dl in enumerate(bi.dlses):
+        Dr, eDr = _d_prime(D0, eD0, dlse_rows(dl))
+        if p.sink is not None:
+            add_sink_terms(vi, Dr, eDr)
+        # the last variant takes dP's array itself (one copy fewer)
+        G = dP if vi == last else dP.copy()
+        G -= Dr[:, None]
+        # W >= e_dS + gm |dS| for dS = fl(P G):
+        #   e_dS <= EP |G| + (P + EP) eG + u |dS|,  |dS| <= P |G| (1 + u)
+        #   => W = (1 + u) [ |G| (EP + P (2.0001 u + gm)) + (P + EP) c ],  c = eD' (+ edP)
+        W = P * (2.0001 * U + gm)
+        W += EP
+        A = np.abs(G)
+        W *= A
+        # underflowed entries carry an extra 2 tau on e (not in E): their effect on dS is
+        # <= 4 tau / l (|G| + c) per entry, added to dQ/dK below through wt (row weights)
+        wt = np.where(vis, 4 * TAU / l * (A.max(axis=1, initial=0.0) + eDr + edP) * (1 + 2 * gm), 0.0)
+        T = EP + P
+        T *= (eDr + edP)[:, None]
+        W += T
+        del T
+        # (1 + u) of the W formula is applied to the products W |K|, W^T |Q| below
+        dS = np.multiply(P, G, out=G)
+        if p.softcap > 0:
+            # dX = dS f with |f - f*| <= frel f + TAU_F:
+            # e_dX + gm |dX| <= f (W (1 + frel) + |dS| (frel + 3u)) + TAU_F (|dS| + W)
+            f, frel = st["f"], st["frel"][:, None]
+            np.abs(dS, out=A)
+            T = A + W
+            T *= TAU_F
+            A *= frel + 3 * U
+            W *= 1 + frel
+            W += A
+            W *= f
+            W += T
+            del T
+            dS *= f
+        del A
+        _dqk(bi.outs[vi], p, dS, W, wt, qs, ks, rs, ksl, hs, hk, bad, gm, scale, sabs)
+        del dS, W
+    # masked entries: P = E = 0 and every other factor is finite, so dS = W = 0 there
+    # dV_j += sum_i P_ij dO_i, bound (gr P + |P - P*|)^T |dO| = EP^T |dO| (no dLSE: once)
+    part = blocked_matmul(P.T, dos)
+    epart = blocked_matmul(EP.T, np.abs(dos))
+    epart *= 1 + 2 * gr
+    epart += np.where(vis, 4 * TAU / l, 0.0) @ np.abs(dos)
+    del EP, P
+    if bad.any():
+        epart[:] = np.inf
+    for bw in bi.outs:
+        acc = bw.dv[ksl, hk]
+        acc += part
+        bw.dv_bound[ksl, hk] += epart + U * np.abs(acc)
 
 
-def _d_prime(D0: np.ndarray, eD0: np.ndarray, dl: Optional[np.ndarray], h: int, rs: slice):
-    """(D', its bound) of one row block: ``D - dLSE`` (one rounding) or D itself."""
+def _d_prime(D0: np.ndarray, eD0: np.ndarray, dl: Optional[np.ndarray]):
+    """(D', its bound) of one row block: ``D - dLSE`` (one rounding; ``dl`` the block's dLSE
+    rows) or D itself."""
     if dl is None:
         return D0, eD0
-    Dr = D0 - dl[h, rs]
+    Dr = D0 - dl
     return Dr, eD0 + U * np.abs(Dr)
 
 
@@ -756,7 +821,7 @@ def _sink_term(h: int, ps, eps, Dr, eDr, bad) -> tuple:
     return h, term, eterm
 
 
-def _dqk(bw: BackwardArrays, p: Problem, dS, W, wt, qs, ks, rs: slice, ksl: slice, h: int, hk: int, bad,
+def _dqk(bw: BackwardArrays, p: Problem, dS, W, wt, qs, ks, rs: slice, ksl: slice, hs: tuple, hk: int, bad,
          gm: float, scale: float, sabs: float) -> None:
     """dQ_i = scale sum_j dX_ij K_j and dK_j += scale sum_i dX_ij Q_i of one row block, both bounded by W."""
     dqs = blocked_matmul(dS, ks)
@@ -766,8 +831,8 @@ def _dqk(bw: BackwardArrays, p: Problem, dS, W, wt, qs, ks, rs: slice, ksl: slic
     edq += sabs * wt[:, None] * np.abs(ks).sum(axis=0)[None, :]
     edq += U * np.abs(dqs)
     edq[bad] = np.inf
-    bw.dq[rs, h] = dqs
-    bw.dq_bound[rs, h] = edq
+    _put(bw.dq, rs, hs, dqs)
+    _put(bw.dq_bound, rs, hs, edq)
     dks = blocked_matmul(dS.T, qs)
     dks *= scale
     edk = blocked_matmul(W.T, np.abs(qs))
