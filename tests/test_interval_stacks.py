@@ -27,6 +27,9 @@ def _problem(name: str) -> AttentionProblem:
     return {"varlen_gqa": base,
             "varlen_causal_sink_softcap": base.replace(causal=True, sink=True, softcap=30.0),
             "varlen_window_mha": base.replace(nheads=3, nheads_kv=3, window_size=(3, 1)),
+            # score pairs: the pair's callables per block of a stack, with the block's own indices
+            "varlen_alibi_gqa": base.replace(mods=("alibi",), causal=True),
+            "varlen_rel_scale": base.replace(nheads=2, nheads_kv=2, mods=("rel_scale",)),
             "dense_batches": AttentionProblem(arch="sm90", dtype="bf16", batch=5, seqlen_q=9, seqlen_k=17, nheads=4,
                                               nheads_kv=1, head_dim=32, head_dim_v=32, softmax_scale=0.1,
                                               values=vs, sink=True)}[name]
@@ -54,16 +57,17 @@ def _passes(p: AttentionProblem):
     return out, st
 
 
-@pytest.mark.parametrize("name", ["varlen_gqa", "varlen_causal_sink_softcap", "varlen_window_mha", "dense_batches"])
+@pytest.mark.parametrize("name", ["varlen_gqa", "varlen_causal_sink_softcap", "varlen_window_mha", "dense_batches",
+                                  "varlen_alibi_gqa", "varlen_rel_scale"])
 def test_stacked_blocks_bound_as_blocks_one_at_a_time(name, monkeypatch):
     p = _problem(name)
     stacked, st = _passes(p)
-    sizes = [len(s) for s in st._interval_stacks(False)]
+    sizes = [len(s) for s in st._interval_stacks()]
     assert max(sizes) > 1, f"no stack of several blocks formed ({sizes}): the test would compare nothing"
     assert stacked[0][1]["dq"].any(), "the interval bound must decide somewhere for this test to say anything"
     monkeypatch.setattr(stats_mod, "_STACK_PAIRS", 1)        # every block alone: the plain loop
     alone, st1 = _passes(p)
-    assert max(len(s) for s in st1._interval_stacks(False)) == 1
+    assert max(len(s) for s in st1._interval_stacks()) == 1
     for (b_s, f_s, w_s), (b_a, f_a, w_a) in zip(stacked, alone):
         assert b_s.keys() == b_a.keys()
         for n in b_s:
@@ -85,7 +89,7 @@ def test_a_padded_pair_adds_nothing():
     a = p.materialize()
     of = judge.oracle_forward(p, a)
     _ref, _lse, st, _ = judge.forward_allowances(p, a, budgets=_budget(p), oracle=of)
-    stack = max(st._interval_stacks(False), key=len)
+    stack = max(st._interval_stacks(), key=len)
     ix = stats_mod._Stack(st, stack)
     assert not ix.qv.all() and not ix.kv.all(), "the stack must hold padding"
     qb, kb = ix.at_q(st.q), ix.at_k(st.k)

@@ -220,6 +220,36 @@ class _Stack:
                                                                                self._k_starts, axis=0)
 
 
+def _stack_score(spair, saux, ix: _Stack, w: list) -> tuple:
+    """A score pair as :func:`error_budgets.interval.pair_p` takes it -- ``(ref(x), grad(x), err(x,
+    y), lipschitz, curvature)`` on a block's ``x`` -- for the stack ``ix`` (Note [Blocks in
+    stacks]): the pair's callables take one (segment, head) block with its own indices, so each
+    is called per block on that block's part of the stack; a padded pair gets the identity (y =
+    x, gradient 1, no error), which no visible pair reads."""
+    if ix.one:
+        (b, h), = ix.units
+        lq, lk = ix.keep.shape
+        sqi, ski = np.arange(lq)[:, None], np.arange(lk)[None, :]
+        return (lambda x: spair.ref(x, b, h, sqi, ski, saux), lambda x: spair.grad(x, b, h, sqi, ski, saux),
+                lambda x, y: spair.err(x, y, b, h, sqi, ski, saux),
+                float(spair.lipschitz), float(getattr(spair, "curvature", np.inf)))
+    parts = []
+    for b, h in ix.units:
+        lq, lk = w[b][0].stop - w[b][0].start, w[b][1].stop - w[b][1].start
+        parts.append((b, h, lq, lk, np.arange(lq)[:, None], np.arange(lk)[None, :]))
+
+    def each(fn, pad, x, y=None):
+        out = np.full(x.shape, pad, np.float64) if pad is not None else np.array(x, np.float64)
+        for i, (b, h, lq, lk, sqi, ski) in enumerate(parts):
+            xi = x[i, :lq, :lk]
+            r = fn(xi, b, h, sqi, ski, saux) if y is None else fn(xi, y[i, :lq, :lk], b, h, sqi, ski, saux)
+            out[i, :lq, :lk] = np.broadcast_to(np.asarray(r, np.float64), (lq, lk))
+        return out
+    return (lambda x: each(spair.ref, None, x), lambda x: each(spair.grad, 1.0, x),
+            lambda x, y: each(spair.err, 0.0, x, y),
+            float(spair.lipschitz), float(getattr(spair, "curvature", np.inf)))
+
+
 def kernel_constants_for(problem) -> facts.KernelConstants:
     causal, local, _, _ = facts.resolve_causal_local_window(problem.causal, problem.window_size)
     return facts.kernel_constants(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v,
@@ -589,11 +619,10 @@ class BudgetStats:
         self._s_kernel.put(ckey, s, 0 if s is None else s.nbytes)
         return s
 
-    def _interval_stacks(self, by_unit: bool) -> list[list[tuple[int, int]]]:
+    def _interval_stacks(self) -> list[list[tuple[int, int]]]:
         """Note [Blocks in stacks]: the interval bound's (segment, query head) blocks as
-        ``(segment index, head)``, in stacks: one block each where ``by_unit`` (a score pair's
-        callables take one block) or where a block has over :data:`_STACK_BLOCK` pairs, else the
-        blocks of a size class (rows and keys each up to the next power of two) together, at most
+        ``(segment index, head)``, in stacks: one block each where a block has over
+        :data:`_STACK_BLOCK` pairs, else the blocks of a size class (rows and keys each up to the next power of two) together, at most
         :data:`_STACK_PAIRS` padded pairs a stack. The same
         stacks for every pass of the statistics (their P parts are kept by stack)."""
         units = []
@@ -601,8 +630,6 @@ class BudgetStats:
             lq, lk = qs.stop - qs.start, ks.stop - ks.start
             if lq and lk:
                 units += [(bidx, h, lq, lk) for h in range(self.H)]
-        if by_unit:
-            return [[(b, h)] for b, h, _, _ in units]
         classes: dict[tuple[int, int], list] = {}
         stacks = []
         for u in units:
@@ -732,24 +759,16 @@ class BudgetStats:
                 n_q[qs] = lk + np.maximum(self.row["n_blocks"][qs, :1], self._nb_bwd[qs])[:, :, None] + 2
                 n_k[ks] = lq * g + 2
         # Note [Blocks in stacks]: the (segment, query head) blocks in stacks of one padded shape
-        by_unit = spair is not None
         lse_b = np.broadcast_to(lse_rad, lse_mid.shape)
-        for si, stack in enumerate(self._interval_stacks(by_unit)):
+        for si, stack in enumerate(self._interval_stacks()):
             ix = _Stack(self, stack)        # a lone block: its own (lq, lk) arrays, no leading axis
             at_q = ix.at_q
             qb, kb, vb, dob = at_q(q), ix.at_k(k), ix.at_k(v), at_q(dout)
             keep = ix.keep
-            score = None
-            if spair is not None:
-                bidx, h = stack[0]
-                sqi, ski = np.arange(keep.shape[0])[:, None], np.arange(keep.shape[1])[None, :]
-                score = (lambda x, b=bidx, h=h: spair.ref(x, b, h, sqi, ski, saux),
-                         lambda x, b=bidx, h=h: spair.grad(x, b, h, sqi, ski, saux),
-                         lambda x, y, b=bidx, h=h: spair.err(x, y, b, h, sqi, ski, saux),
-                         float(spair.lipschitz), float(getattr(spair, "curvature", np.inf)))
+            score = None if spair is None else _stack_score(spair, saux, ix, self._w)
             # Note [P before dO]: the P part of a stack whose forward LSE an earlier pass read too
             lse_in = (at_q(lse_mid, -np.inf), at_q(lse_b), None if lse_self is None else at_q(lse_self, np.nan))
-            pkey = (tensor_core, by_unit, si)
+            pkey = (tensor_core, si)
             held = self._p_parts.items.get(pkey)
             pp = held[1] if held is not None and _same_arrays(held[0], lse_in) else None
             exact = (at_q(self.O), at_q(self.lse_t, -np.inf))
@@ -758,7 +777,7 @@ class BudgetStats:
                                 keep=keep, scale=sc, softcap=cap, score=score, exact=exact, lse_self=lse_in[2],
                                 sink=None if sink is None else (float(sink[stack[0][1]]) if ix.one else sink[ix.h]),
                                 n_blocks=at_q(self.row["n_blocks"]),
-                                s_kernel=self._kernel_scores(tensor_core, mma_model, (by_unit, si), ix, qb, kb))
+                                s_kernel=self._kernel_scores(tensor_core, mma_model, (si,), ix, qb, kb))
                 self._p_parts.put(pkey, (tuple(None if x is None else np.array(x) for x in lse_in), pp), pp.nbytes)
             pi = ivm.pair_intervals(self.budget, q=qb, k=kb, v=vb, dout=dob, o_mid=at_q(o_mid), o_rad=at_q(o_rad),
                                     lse_mid=lse_in[0], lse_rad=lse_in[1], keep=keep, scale=sc, exact=exact,
@@ -959,7 +978,7 @@ class BudgetStats:
         disjoint = all(a1 <= b0 for (_a0, a1), (b0, _b1) in zip(spans, spans[1:]))
         written: set = set()
         # Note [Blocks in stacks]: the small blocks' sums in stacks (after this loop, adding)
-        stacks = [st_ for st_ in self._interval_stacks(False) if len(st_) > 1]
+        stacks = [st_ for st_ in self._interval_stacks() if len(st_) > 1]
         stacked = {u for st_ in stacks for u in st_}
         for bidx, (qs, ks, W, TH) in enumerate(self._w):
             lq, lk = qs.stop - qs.start, ks.stop - ks.start
