@@ -112,3 +112,34 @@ def test_the_zero_do_statistics_are_those_built_from_zero_do():
         assert np.array_equal(st0.bwd_fallback[n], reused.bwd_fallback[n]), n
     assert all(np.array_equal(st0.bwd_blind_above[n], reused.bwd_blind_above[n]) for n in st0.bwd_blind_above)
     assert any(not np.array_equal(fresh[n], real[n], equal_nan=True) for n in fresh)
+
+
+def test_the_lse_only_budgets_skip_no_term_but_the_zero_ones(monkeypatch):
+    """With dO = 0 the first-order budgets form no product with dO (each exactly 0); they equal
+    the ones every product is formed for (stacked blocks and the plain loop alike)."""
+    import copy as _copy
+
+    from fa4verify import judge
+    from fa4verify.fuzz.properties import _budget
+    from fa4verify.judge import stats as stats_mod
+    from fa4verify.problem import AttentionProblem, ValueSpec
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=4, seqlen_q=9, seqlen_k=13, seqlens_q=(1, 9, 4, 0),
+                         seqlens_k=(13, 5, 0, 7), nheads=4, nheads_kv=2, head_dim=32, head_dim_v=32, causal=True,
+                         softcap=20.0, values=ValueSpec("normal", 3))
+    a = p.materialize()
+    dl = (np.random.default_rng(1).standard_normal(p.fully_masked_rows().shape) * 0.5).astype(np.float32)
+    of, (ob, obd) = judge.oracle_pass(p, a, (None, dl))
+    ref_out, _lse, st, _ = judge.forward_allowances(p, a, budgets=_budget(p), oracle=of)
+    st0 = st.with_zero_dout(dict(a, dout=np.zeros_like(a["dout"])))
+
+    def run():
+        with np.errstate(invalid="ignore", over="ignore"):
+            return _copy.copy(st0)._backward_first_order(ob, ref_out.budget, ref_out.bound, probabilistic=True,
+                                                         dl_t=st0._lse_tokens(dl))
+    fast = run()
+    monkeypatch.setattr(stats_mod, "_all_zero", lambda x: False)
+    full = run()
+    assert fast.keys() == full.keys()
+    for n in fast:
+        np.testing.assert_allclose(fast[n], full[n], rtol=1e-13, atol=0, err_msg=n)
+    assert any(np.any(full[n] > 0) for n in full)

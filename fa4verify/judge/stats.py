@@ -80,6 +80,11 @@ def _head(keep: np.ndarray, h: int) -> np.ndarray:
 _STACK_BYTES = 1 << 25
 
 
+def _all_zero(x: np.ndarray) -> bool:
+    """Whether every element of ``x`` is 0 (a loss through the LSE alone: dO = 0)."""
+    return not np.any(x)
+
+
 def _sum_keys(dst: np.ndarray, mt: np.ndarray, b: np.ndarray, fresh: bool, buf: np.ndarray) -> None:
     """``dst (+)= mt @ b`` into the contiguous key block ``dst``: assigned when ``fresh``."""
     if fresh:
@@ -817,7 +822,7 @@ class BudgetStats:
         return {"dq": self._to_out(out["dq"]), "dq_accum": self._to_out(out["dq_accum"]),
                 "dk": self._to_kv(out["dk"]), "dv": self._to_kv(out["dv"])}
 
-    def _first_order_pairs(self, w: np.ndarray, G: np.ndarray, TH: Optional[np.ndarray], DOV: np.ndarray,
+    def _first_order_pairs(self, w: np.ndarray, G: np.ndarray, TH: Optional[np.ndarray], DOV: Optional[np.ndarray],
                            kf: np.ndarray, derr_col: np.ndarray, softcap_pair: bool, sc_sub: float) -> tuple:
         """dS and the (rows, keys) weights ``M`` whose sums ``M |K|`` (query side) and ``M^T |Q|``
         (key side) the first-order budgets read, as ``[(query-side name, key-side name, M)]``, of
@@ -835,14 +840,16 @@ class BudgetStats:
         if p.softcap > 0 or softcap_pair:
             t2 = TH ** 2 if p.softcap > 0 else 1.0 - TH          # the pair's TH is 1 - t^2
             pairs.append(("abs_tanh_dsk", "abs_tanh_dsq", sc * (w * np.abs(G) * t2)))
-        pairs += [("abs_dsk", "abs_dsq", sc * np.abs(dS)), ("abs_p_dov_k", "abs_p_dov_q", sc * (w * DOV)),
-                  ("abs_p_derr_k", "abs_p_derr_q", sc * (w * derr_col)),
+        pairs.append(("abs_dsk", "abs_dsq", sc * np.abs(dS)))
+        if DOV is not None:     # (None: dO = 0, the weights are 0 and their sums stay 0)
+            pairs.append(("abs_p_dov_k", "abs_p_dov_q", sc * (w * DOV)))
+        pairs += [("abs_p_derr_k", "abs_p_derr_q", sc * (w * derr_col)),
                   ("sub_dsk", "sub_dsq", sc_sub * kf), ("abs_dpd_k", "abs_dpd_q", sc * (np.abs(G) * kf))]
         return dS, pairs
 
     def _first_order_stack(self, ix: "_Stack", q_el: dict, k_el: dict, v_el: dict, k_row: dict, bp_row: np.ndarray,
                            derr: np.ndarray, derrp: np.ndarray, derr_s: np.ndarray, dl_t: Optional[np.ndarray],
-                           need_rss: bool, softcap_pair: bool, sc_sub: float) -> None:
+                           need_rss: bool, softcap_pair: bool, sc_sub: float, zero_do: bool = False) -> None:
         """The sums of :meth:`_backward_first_order`'s loop for a stack of small blocks (Note
         [Blocks in stacks]): the same products, stacked, added into the head-major ``q_el`` (query
         side: each block's rows assigned), ``k_el`` and ``v_el`` (key side: added, a key's GQA
@@ -860,22 +867,24 @@ class BudgetStats:
                 TH[i, :lq, :lk] = self._w[b][3][h]
         qb, kb, vb, dob, Ob = ix.at_q(self.q), ix.at_k(self.k), ix.at_k(self.v), ix.at_q(self.dout), ix.at_q(self.O)
         aq, ak, ado = np.abs(qb), np.abs(kb), np.abs(dob)
-        dP = dob @ sw(vb)
         Dh = np.sum(Ob * dob, axis=-1)
         if dl_t is not None:
             Dh = Dh - ix.at_q(dl_t)
+        G = np.broadcast_to(-Dh[..., None], w.shape) if zero_do else dob @ sw(vb) - Dh[..., None]
         kf = ix.keep.astype(np.float64)
-        dS, pairs = self._first_order_pairs(w, dP - Dh[..., None], TH, ado @ sw(np.abs(vb)), kf,
+        dS, pairs = self._first_order_pairs(w, G, TH, None if zero_do else ado @ sw(np.abs(vb)), kf,
                                             ix.at_q(derr)[..., None], softcap_pair, sc_sub)
         for nq, nk, m in pairs:
             ix.put_q(q_el[nq], m @ ak, head_major=True)
             ix.add_k(k_el[nk], sw(m) @ aq, head_major=True)
-        ix.add_k(v_el["abs_pdo"], sw(w) @ ado, head_major=True)
-        ix.add_k(v_el["sum_abs_do"], sw(kf) @ ado, head_major=True)
+        if not zero_do:
+            ix.add_k(v_el["abs_pdo"], sw(w) @ ado, head_major=True)
+            ix.add_k(v_el["sum_abs_do"], sw(kf) @ ado, head_major=True)
         if need_rss:
             ix.put_q(q_el["rss_dsk"], sc * sc * (dS * dS) @ (kb ** 2), head_major=True)
             ix.add_k(k_el["rss_dsq"], sc * sc * sw(dS * dS) @ (qb ** 2), head_major=True)
-            ix.add_k(v_el["rss_pdo"], sw(w * w) @ (dob ** 2), head_major=True)
+            if not zero_do:
+                ix.add_k(v_el["rss_pdo"], sw(w * w) @ (dob ** 2), head_major=True)
             ix.put_q(q_el["derrp_pk"], sc * ix.at_q(derrp)[..., None] * np.abs(w @ kb), head_major=True)
             ix.add_k(k_el["rss_p_derrp_q"], sc * sc * sw((w * ix.at_q(derr_s)[..., None]) ** 2) @ (qb ** 2),
                      head_major=True)
@@ -977,6 +986,9 @@ class BudgetStats:
         spans = sorted((ks.start, ks.stop) for _qs, ks, _W, _TH in self._w if ks.stop > ks.start)
         disjoint = all(a1 <= b0 for (_a0, a1), (b0, _b1) in zip(spans, spans[1:]))
         written: set = set()
+        # a loss through the LSE alone (dO = 0): every product with dO is exactly 0 (the arrays start
+        # at 0), so none is formed (dP = 0: G = -D')
+        zero_do = _all_zero(dout)
         # Note [Blocks in stacks]: the small blocks' sums in stacks (after this loop, adding)
         stacks = [st_ for st_ in self._interval_stacks() if len(st_) > 1]
         stacked = {u for st_ in stacks for u in st_}
@@ -1002,21 +1014,24 @@ class BudgetStats:
                     continue
                 aq, ado = np.abs(q[qs, h]), np.abs(dout[qs, h])
                 w = W[h]
-                dP = dout[qs, h] @ v[ks, hk].T
                 Dh = np.sum(O[qs, h] * dout[qs, h], axis=-1)
                 if dl_t is not None:
                     Dh = Dh - dl_t[qs, h]
+                G = np.broadcast_to(-Dh[:, None], w.shape) if zero_do else dout[qs, h] @ v[ks, hk].T - Dh[:, None]
                 kf = _head(keep_of(qs, ks), h).astype(np.float64)
-                dS, pairs = self._first_order_pairs(w, dP - Dh[:, None], None if TH is None else TH[h], ado @ av.T,
-                                                    kf, derr[qs, h][:, None], softcap_pair, sc_sub)
+                dS, pairs = self._first_order_pairs(w, G, None if TH is None else TH[h],
+                                                    None if zero_do else ado @ av.T, kf, derr[qs, h][:, None],
+                                                    softcap_pair, sc_sub)
                 _sums_both_sides(pairs, ak, aq, {n: q_el[n][h, qs] for n, _m, _x in pairs},
                                  {m: k_el[m][hk, ks] for _n, m, _x in pairs}, fresh, bk)
-                _sum_keys(v_el["abs_pdo"][hk, ks], w.T, ado, fresh, bkv)
-                _sum_keys(v_el["sum_abs_do"][hk, ks], kf.T, ado, fresh, bkv)
+                if not zero_do:
+                    _sum_keys(v_el["abs_pdo"][hk, ks], w.T, ado, fresh, bkv)
+                    _sum_keys(v_el["sum_abs_do"][hk, ks], kf.T, ado, fresh, bkv)
                 if need_rss:   # sums of squares here, square roots after the loop
                     q_el["rss_dsk"][h, qs] = sc * sc * (dS * dS) @ (k[ks, hk] ** 2)
                     k_el["rss_dsq"][hk, ks] += sc * sc * (dS * dS).T @ (q[qs, h] ** 2)
-                    v_el["rss_pdo"][hk, ks] += (w * w).T @ (dout[qs, h] ** 2)
+                    if not zero_do:
+                        v_el["rss_pdo"][hk, ks] += (w * w).T @ (dout[qs, h] ** 2)
                     # a D error dD_i shifts every dS_ij of row i by -P_ij dD_i: dQ_id by exactly
                     # -scale dD_i (P K)_id (first order), dK_jd by a sum over independent rows
                     q_el["derrp_pk"][h, qs] = sc * derrp[qs, h][:, None] * np.abs(w @ k[ks, hk])
@@ -1025,7 +1040,7 @@ class BudgetStats:
                                                          np.max(bp_row[qs, h], initial=0.0))
         for stack in stacks:
             self._first_order_stack(_Stack(self, stack), q_el, k_el, v_el, k_row, bp_row, derr, derrp, derr_s,
-                                    dl_t, need_rss, softcap_pair, sc_sub)
+                                    dl_t, need_rss, softcap_pair, sc_sub, zero_do)
         # token-major (tokens, heads, d), as every budget formula reads them
         for d_ in (q_el, k_el, v_el):
             for n in d_:
