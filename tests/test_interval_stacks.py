@@ -104,3 +104,27 @@ def test_a_padded_pair_adds_nothing():
         assert np.all(x[pad] == 0.0)
     floor = float(np.asarray(st.budget.evaluate("bwd_p_cast", {"p": np.zeros(1)})).ravel()[0])
     assert np.all(pi.p_hi[pad] == floor)
+
+
+@pytest.mark.parametrize("name", ["varlen_gqa", "varlen_causal_sink_softcap", "varlen_window_mha", "dense_batches"])
+def test_a_segments_heads_at_once_give_each_heads_statistics(name, monkeypatch):
+    """Note [A segment's heads at once]: the forward statistics of a small segment's heads formed
+    as one stack equal those of its heads one at a time (up to BLAS's order of sums), and so do
+    the forward budgets built on them."""
+    p = _problem(name)
+    a = p.materialize()
+    of = judge.oracle_forward(p, a)
+
+    def stats():
+        ref_out, _lse, st, _ = judge.forward_allowances(p, a, budgets=_budget(p), oracle=of)
+        return ref_out, st
+    r_s, s_s = stats()
+    monkeypatch.setattr(stats_mod, "_SEG_STACK_PAIRS", 0)         # every head alone
+    r_a, s_a = stats()
+    for d_s, d_a in ((s_s.row, s_a.row), (s_s.el, s_a.el), (s_s.hull, s_a.hull)):
+        for n in d_a:
+            np.testing.assert_allclose(d_s[n], d_a[n], rtol=1e-13, atol=1e-300, err_msg=n)
+    for (_q, _k, W_s, T_s), (_q2, _k2, W_a, T_a) in zip(s_s._w, s_a._w):
+        np.testing.assert_allclose(W_s, W_a, rtol=1e-13, atol=1e-300)
+        np.testing.assert_allclose(T_s, T_a, rtol=1e-13, atol=1e-300)
+    np.testing.assert_allclose(r_s.budget, r_a.budget, rtol=1e-13, atol=1e-300)

@@ -76,6 +76,10 @@ def _head(keep: np.ndarray, h: int) -> np.ndarray:
     return keep if keep.ndim == 2 else keep[h]
 
 
+#: Note [A segment's heads at once] (:class:`BudgetStats`): the largest (heads x rows x keys) of a
+#: segment whose heads' statistics are formed as one stack
+_SEG_STACK_PAIRS = 1 << 18
+
 #: the largest stack of (rows, keys) weights one product reads at once (Note [Head-major statistics])
 _STACK_BYTES = 1 << 25
 
@@ -370,57 +374,70 @@ class BudgetStats:
             row["n_blocks"][qs] = nb[:, None]
             W = np.zeros((H, lq, lk))
             TH = np.zeros((H, lq, lk))
-            for h in range(H):
-                hk = h // g
-                S = q[qs, h] @ k[ks, hk].T
-                A = np.abs(q[qs, h]) @ np.abs(k[ks, hk]).T
+            # Note [A segment's heads at once]: the heads of a small segment (at most
+            # _SEG_STACK_PAIRS pairs over all heads) in one stack of (heads, rows, keys) arrays
+            # (a score pair's callables take one head: one at a time)
+            one_by_one = spair is not None or H * lq * lk > _SEG_STACK_PAIRS
+            for hs in ([[h] for h in range(H)] if one_by_one else [list(range(H))]):
+                ha = np.asarray(hs, np.intp)
+                hka = ha // g
+                qh = np.swapaxes(q[qs][:, ha], 0, 1)                 # (n, lq, D)
+                kh = np.swapaxes(k[ks][:, hka], 0, 1)                # (n, lk, D)
+                vh = np.swapaxes(v[ks][:, hka], 0, 1)                # (n, lk, Dv)
+                S = qh @ np.swapaxes(kh, 1, 2)
+                A = np.abs(qh) @ np.swapaxes(np.abs(kh), 1, 2)
                 x = S * scale
                 if cap > 0:
                     th = np.tanh(x / cap)
                     y = cap * th
-                    TH[h] = th
+                    TH[ha] = th
                 elif spair is not None:
-                    y = np.broadcast_to(np.asarray(spair.ref(x, bidx, h, sqi, ski, saux), np.float64), x.shape)
-                    TH[h] = np.broadcast_to(np.asarray(spair.grad(x, bidx, h, sqi, ski, saux), np.float64), x.shape)
+                    h = hs[0]
+                    y = np.broadcast_to(np.asarray(spair.ref(x[0], bidx, h, sqi, ski, saux), np.float64), x[0].shape)[None]
+                    TH[h] = np.broadcast_to(np.asarray(spair.grad(x[0], bidx, h, sqi, ski, saux), np.float64),
+                                            x[0].shape)
                 else:
                     y = x
-                vis = _head(keep, h)
-                anyv = vis.any(axis=1)
+                vis = keep[None] if keep.ndim == 2 else keep[ha]      # (n or 1, lq, lk)
+                anyv = vis.any(axis=2)
                 neg = np.where(vis, 0.0, -np.inf)
-                row["qk_c_max"][qs, h] = np.max(np.where(vis, A, 0.0), axis=1, initial=0.0) * scale * _LOG2E
-                row["sc_max"][qs, h] = np.max(np.where(vis, np.abs(y), 0.0), axis=1, initial=0.0) * _LOG2E
+                row["qk_c_max"][qs, ha] = (np.max(np.where(vis, A, 0.0), axis=2, initial=0.0) * scale * _LOG2E).T
+                sc_max = np.max(np.where(vis, np.abs(y), 0.0), axis=2, initial=0.0) * _LOG2E
                 if sink_abs is not None:
-                    row["sc_max"][qs, h] = np.maximum(row["sc_max"][qs, h], sink_abs[h])
-                m = np.max(y + neg, axis=1, initial=-np.inf)
+                    sc_max = np.maximum(sc_max, sink_abs[ha][:, None])
+                row["sc_max"][qs, ha] = sc_max.T
+                m = np.max(y + neg, axis=2, initial=-np.inf)
                 m = np.where(anyv, m, 0.0)
-                row["mc_abs"][qs, h] = np.abs(m) * _LOG2E
+                row["mc_abs"][qs, ha] = (np.abs(m) * _LOG2E).T
                 if cap > 0:
                     se = budget.evaluate("softcap", {"abs_out": np.abs(y), "abs_score": np.abs(x)})
-                    row["softcap_err"][qs, h] = np.max(np.where(vis, se, 0.0), axis=1, initial=0.0) * _LOG2E
+                    row["softcap_err"][qs, ha] = (np.max(np.where(vis, se, 0.0), axis=2, initial=0.0) * _LOG2E).T
                 elif spair is not None:
-                    se = _U32 * np.abs(x) + np.asarray(spair.err(x, y, bidx, h, sqi, ski, saux), np.float64)
-                    row["softcap_err"][qs, h] = np.max(np.where(vis, se, 0.0), axis=1, initial=0.0) * _LOG2E
+                    se = _U32 * np.abs(x) + np.asarray(spair.err(x[0], y[0], bidx, h, sqi, ski, saux), np.float64)
+                    row["softcap_err"][qs, ha] = (np.max(np.where(vis, se, 0.0), axis=2, initial=0.0) * _LOG2E).T
                     if not spair.lipschitz <= 1.0:
                         # the S-error terms of the budgets assume |dy/dx| <= 1: not derived, undecided
-                        row["softcap_err"][qs, h] = np.nan
-                L = lse_t[qs, h]
+                        row["softcap_err"][qs, ha] = np.nan
+                L = lse_t[qs][:, ha].T                                # (n, lq)
+                fin = np.isfinite(L)
                 with np.errstate(invalid="ignore", over="ignore"):
-                    w = np.where(vis & np.isfinite(L)[:, None], np.exp(y - np.where(np.isfinite(L), L, 0.0)[:, None]), 0.0)
-                W[h] = w
-                row["lse_abs"][qs, h] = np.where(np.isfinite(L), np.abs(L), 0.0)
-                row["lse_log2_abs"][qs, h] = row["lse_abs"][qs, h] * _LOG2E
-                row["lg2_l"][qs, h] = np.where(anyv & np.isfinite(L), np.abs(L - m) * _LOG2E, 0.0) \
-                    + kc["max_offset"] + kc["threshold"]
-                el["abs_pv"][qs, h] = w @ np.abs(v[ks, hk])
-                el["sum_abs_v"][qs, h] = vis.astype(np.float64) @ np.abs(v[ks, hk])
+                    w = np.where(vis & fin[..., None], np.exp(y - np.where(fin, L, 0.0)[..., None]), 0.0)
+                W[ha] = w
+                lse_abs = np.where(fin, np.abs(L), 0.0)
+                row["lse_abs"][qs, ha] = lse_abs.T
+                row["lse_log2_abs"][qs, ha] = (lse_abs * _LOG2E).T
+                row["lg2_l"][qs, ha] = (np.where(anyv & fin, np.abs(L - m) * _LOG2E, 0.0)
+                                        + kc["max_offset"] + kc["threshold"]).T
+                avh = np.abs(vh)
+                el["abs_pv"][qs, ha] = np.swapaxes(w @ avh, 0, 1)
+                el["sum_abs_v"][qs, ha] = np.swapaxes(vis.astype(np.float64) @ avh, 0, 1)
                 if lk:
-                    vk = v[ks, hk]
-                    hi, lo = np.max(vk, axis=0), np.min(vk, axis=0)
+                    hi, lo = np.max(vh, axis=1), np.min(vh, axis=1)   # (n, Dv)
                     if sink is not None:      # the sink adds mass to l only: 0 joins the hull
                         hi, lo = np.maximum(hi, 0.0), np.minimum(lo, 0.0)
-                    hull["v_max_abs"][qs, h] = np.max(np.abs(vk), axis=0)
-                    hull["v_range"][qs, h] = hi - lo
-                    hull["sum_abs_v_all"][qs, h] = np.sum(np.abs(vk), axis=0)
+                    hull["v_max_abs"][qs, ha] = np.max(avh, axis=1)[None]
+                    hull["v_range"][qs, ha] = (hi - lo)[None]
+                    hull["sum_abs_v_all"][qs, ha] = np.sum(avh, axis=1)[None]
             self._w.append((qs, ks, W, TH))
             self._keeps.append(keep)
         self.H, self.Hk, self.g, self.D, self.Dv, self.scale = H, Hk, g, D, Dv, scale
