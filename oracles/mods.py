@@ -48,6 +48,7 @@ cancels badly needs its own bound.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -173,7 +174,7 @@ def _varlen(q, k, v, dout, cu_q, cu_k, softmax_scale, score, grad, keep, lipschi
         raise ValueError("cu_seqlens_q / cu_seqlens_k must be non-decreasing from 0 to the packed lengths, "
                          "one entry per sequence plus one")
     tq, H, D = q.shape
-    Hk, Dv = v.shape[1], v.shape[2]
+    Dv = v.shape[2]
     scale = float(softmax_scale) if softmax_scale is not None else D ** -0.5
     bwd = dout is not None
     do = np.asarray(dout, np.float64) if bwd else None
@@ -270,12 +271,17 @@ def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, 
             hk = h // g
             x, dx, y, kp = _block(q, k, v, b, h, hk, scale, score, keep)
             sh = None if sink is None else float(sink[h])
-            P, ls, anyk, Ps = _softmax(y, kp, sh)
+            # Note [A sink of -inf] (oracles/semantics.py): the values without a sink; P_sink is 1
+            # exactly on a row no key reaches, 0 elsewhere
+            off = sh == -math.inf
+            P, ls, anyk, Ps = _softmax(y, kp, None if off else sh)
+            if off:
+                Ps = np.where(anyk, 0.0, 1.0)
             dy = (L * dx + E_REF * (np.abs(x) + np.abs(y))) if score is not None else dx
             dy = np.where(kp, dy, 0.0)
             # the sink is one more exact term of the sum (its logit carries no error)
-            n = max(int(kp.sum(axis=1).max(initial=0)), 1) + (sh is not None)
-            fin = anyk if sh is None else np.ones_like(anyk)
+            n = max(int(kp.sum(axis=1).max(initial=0)), 1) + (sh is not None and not off)
+            fin = anyk if sh is None or off else np.ones_like(anyk)
             dls = np.where(fin, dy.max(axis=1, initial=0.0) + _g(n + 4) + U64 * np.abs(np.where(fin, ls, 0.0)), 0.0)
             with np.errstate(invalid="ignore"):
                 rel = np.where(kp, dy + dls[:, None] + U64 * np.abs(np.where(kp, y, 0.0) - np.where(anyk, ls, 0.0)[:, None])
@@ -315,7 +321,8 @@ def _run(q, k, v, dout, softmax_scale, score, grad, keep, lipschitz, curvature, 
             dvb[b, :, hk] += 2 * ((rel * P).T @ np.abs(dob) + _g(sq * g) * P.T @ np.abs(dob))
             dd[b, h], ddb[b, h] = Dh, 2 * Db
             if Ps is not None:
-                rs = dls + U64 * np.abs(sh - ls) + 4 * U64      # relative bound of P_sink
+                # relative bound of P_sink (exact for a sink of -inf)
+                rs = 0.0 if off else dls + U64 * np.abs(sh - ls) + 4 * U64
                 dsink[h] -= np.sum(Ps * Dh)
                 dsinkb[h] += 2 * (np.sum(Ps * (rs * np.abs(Dh) + Db)) + _g(sq + 1) * np.sum(np.abs(Ps * Dh)))
     return _results(scale, out, ob, lse, lb,

@@ -178,3 +178,24 @@ def test_the_property_judges_a_targets_dsink():
     assert _judge_dsink(p, a, fwd, SimpleNamespace(dsink=ref.astype(np.float32)), stats, und) < 1 and not und
     with pytest.raises(Violation, match="dsink"):
         _judge_dsink(p, a, fwd, SimpleNamespace(dsink=(ref * (1 + 2.0 ** -8)).astype(np.float32)), stats, und)
+
+
+def test_the_score_pair_oracle_reads_a_sink_of_minus_inf_as_the_reference_does():
+    """Note [A sink of -inf] in the score-pair oracle (``oracles/mods.py``): the head's O and LSE
+    are those without a sink, nothing NaN, and dsink the sum of dLSE over the rows no key reaches."""
+    from fa4verify import judge
+    from fa4verify.problem import AttentionProblem, ValueSpec
+    base = dict(arch="sm90", dtype="bf16", batch=1, seqlen_q=9, seqlen_k=5, nheads=2, nheads_kv=2, head_dim=32,
+                head_dim_v=32, mods=("alibi",), causal=True)
+    p = AttentionProblem(sink=True, values=ValueSpec("normal", 3, (("sink_off_head", 0.0),)), **base)
+    a = p.materialize()
+    assert a["learnable_sink"][0] == -np.inf and np.isfinite(a["learnable_sink"][1])
+    f = judge.oracle_forward(p, a)
+    dl = np.random.default_rng(2).standard_normal(np.shape(f.lse)).astype(np.float32)
+    b = judge.oracle_backward(p, a, dlse=dl)
+    assert np.isfinite(f.out).all() and np.isfinite(f.lse[:, 1]).all() and np.isfinite(b.dsink_bound).all()
+    assert np.all(np.asarray(f.lse)[0, 0, :4] == -np.inf)
+    f0 = judge.oracle_forward(AttentionProblem(values=ValueSpec("normal", 3), **base), dict(a, learnable_sink=None))
+    assert np.array_equal(np.asarray(f.out)[:, :, 0], np.asarray(f0.out)[:, :, 0])
+    want = float(dl[0, 0, :4].astype(np.float64).sum())
+    assert abs(float(b.dsink[0]) - want) <= float(b.dsink_bound[0]) <= 1e-12 * max(1.0, abs(want))
