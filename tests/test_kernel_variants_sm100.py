@@ -169,7 +169,7 @@ def test_the_sm100_plan_labels_every_variant_and_picks_calls_the_tier_can_judge(
     chosen and left the check undecided)."""
     from fa4verify.audit.registry import CheckContext
     from fa4verify.checks.coverage import _cases
-    from fa4verify.coverage.variants import STAT_ROWS, _stat_rows
+    from fa4verify.coverage.variants import STAT_ROWS, stat_rows
     from fa4verify.targets import production_features
     ctx = CheckContext(dtype="bf16", arch="sm100", device="cuda", profile="default", seed=0,
                        check_id="coverage.production", archs=("sm100",))
@@ -178,5 +178,5 @@ def test_the_sm100_plan_labels_every_variant_and_picks_calls_the_tier_can_judge(
     assert len(stat) > 50 and all(all(t for t in ts) for ts in stat.values())
     for i in stat:
         c = cs[int(i)]
-        r_out, r_dq, r_kv = _stat_rows(c.problem)
+        r_out, r_dq, r_kv = stat_rows(c.problem)
         assert r_out >= STAT_ROWS, c.problem.describe()

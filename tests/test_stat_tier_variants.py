@@ -76,6 +76,20 @@ def test_the_tier_is_not_formed_on_the_twin_itself_nor_where_a_known_issue_cover
     assert "stat_bias_dk" in out.metrics
 
 
+def test_a_call_whose_rows_see_one_key_each_gets_a_forward_verdict_and_no_undecided_backward():
+    """Window (-2, 2) is one visible key a row: P = 1, dS = 0, the exact dQ and dK are 0 (the
+    H100 audit at a17a0cf: its forward's call for the statistical tier had stat_tier.dq / .dk
+    undecided, "0 usable rows"). Its O is judged; its backward is skipped with the reason, as the
+    selection counts it (not eligible for the backward variant)."""
+    from fa4verify.coverage.variants import STAT_ROWS, stat_rows
+    p = _problem(seqlen_q=100, seqlen_k=100, head_dim=128, head_dim_v=128, causal=False, window_size=(-2, 2))
+    assert stat_rows(p)[1] < STAT_ROWS
+    out = check_problem(p, StandIn(), properties=PROPS)
+    assert "stat_tier" in out.ran and "stat_bias_out" in out.metrics, (out.skipped, out.undecided)
+    assert not any(k.startswith("stat_tier") for k in out.undecided), out.undecided
+    assert "one visible key" in out.skipped["stat_tier.backward"]
+
+
 def test_the_plan_judges_every_variant_the_twin_runs_once_on_its_cheapest_call():
     from fa4verify.coverage.variants import _twin_cost, _twin_runs, bwd_variant, fwd_variant, statistical_calls
     ps = [_problem(seqlen_q=s, seqlen_k=s) for s in (300, 150)] + [_problem(head_dim=128, head_dim_v=128),

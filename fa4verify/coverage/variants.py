@@ -325,7 +325,7 @@ _NO_DETERMINISTIC = ("block_sparse",)
 STAT_ROWS = 40
 
 
-def _stat_rows(problem: Any) -> tuple[int, int, int]:
+def stat_rows(problem: Any) -> tuple[int, int, int]:
     """(query rows that see a key: O; query rows that see two or more: dQ -- one visible key makes
     P = 1 and dS = 0; key rows such a query row sees, per KV head: dK, dV) of ``problem``'s masks."""
     H, Hk = problem.nheads, problem.nheads_kv
@@ -352,7 +352,7 @@ def _twin_runs(problem: Any, backward: bool) -> tuple[bool, bool]:
     if stat_tier_unmodelled(problem) is not None or (problem.sink
                                                      and problem.values.distribution == "negative_scores"):
         return False, False
-    r_out, r_dq, r_kv = _stat_rows(problem)
+    r_out, r_dq, r_kv = stat_rows(problem)
     fwd = r_out >= STAT_ROWS
     return fwd, (fwd and bool(backward) and TwinTarget().backward_unsupported(problem) is None
                  and r_dq >= STAT_ROWS and r_kv >= STAT_ROWS)

@@ -857,6 +857,18 @@ def _judge_stat_tier(problem: AttentionProblem, a: Mapping[str, Any], target: Ta
     if len(got) > 1 and not backward:
         skipped["stat_tier.backward"] = f"the twin has no backward here: {twin.backward_unsupported(problem)}"
         got, refs = {"out": got["out"]}, {"out": refs["out"]}
+    if backward:
+        # the rows the selection counts (Note [A statistical verdict per kernel variant]): a row with
+        # one visible key has P = 1 and dS = 0, so its dQ, and the dK of the keys only such rows
+        # see, are exactly 0: no rounding distribution (a window (-2, 2) is one key a row)
+        from fa4verify.coverage.variants import STAT_ROWS, stat_rows
+        _r_out, r_dq, r_kv = stat_rows(problem)
+        if r_dq < STAT_ROWS or r_kv < STAT_ROWS:
+            skipped["stat_tier.backward"] = (f"{r_dq} query rows see two or more keys and {r_kv} keys are seen by them "
+                                             f"(fewer than {STAT_ROWS}): with one visible key a row's dS is 0, so "
+                                             f"dQ and dK hold no rounding distribution to compare")
+            backward = False
+            got, refs = {"out": got["out"]}, {"out": refs["out"]}
     absorbed = _ABSORBED.get() or set()
     for n in list(got):
         why = known_configuration(problem, a, target.name, n)
