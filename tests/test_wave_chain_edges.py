@@ -65,5 +65,5 @@ def test_a_deployment_gets_no_padding_or_chain_edges_and_earlier_edges_keep_thei
            "causal_l2_sections_seqused", "packed_cpasync_hdv_pad", "packed_cpasync_hd_pad", "bwd_hdv_pad",
            "layout_qkv_packed_varlen", "layout_strided_packed_cpasync", "layout_transposed_gqa", "layout_qkv_packed_192",
            "layout_broadcast_mqa", "gqa_16_causal", "gqa_64_packed", "gqa_71_cpasync", "score_head_gqa",
-           "score_head_mha", "score_scalars_bwd", "block_size_implicit"}
+           "score_head_mha", "score_scalars_bwd", "block_size_implicit", "sink_off_masked_rows"}
     assert set(names[-len(new):]) == new
