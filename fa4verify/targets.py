@@ -205,10 +205,29 @@ class TwinTarget(Target):
                     mla=problem.call is not None and problem.call.mla)
 
     def _segments(self, problem: AttentionProblem, a: Mapping[str, Any]):
-        """(b, q, k, v, dout, q-slice, k-slice) per sequence; dense problems: one per batch entry
-        only when varlen (dense problems run in one call)."""
+        """(b, q-slice, k-slice) per sequence of a varlen problem (dense problems run in one call)."""
         for b, (q0, lq, k0, lk) in enumerate(problem._seq_bounds()):
             yield b, slice(q0, q0 + lq), slice(k0, k0 + lk)
+
+    def _segment_groups(self, problem: AttentionProblem, a: Mapping[str, Any]) -> list[list[tuple]]:
+        """Note [Equal sequences as a batch]
+        ---------------------------------
+        The twin runs a varlen problem a sequence at a time; sequences of equal lengths run as one
+        dense call with a batch dimension instead, its entries put back in FA4's varlen layout. The
+        twin is batch-invariant bit for bit (each batch entry's arithmetic is its own:
+        ``bitwise_invariants``; ``tests/test_twin_varlen_groups.py`` compares both ways), so this
+        changes no value, only the count of calls: 1,100 sequences of 13 lengths, 13 calls. Kept a
+        sequence at a time where a call could tie the entries: a mutated twin (a planted fault may
+        read across them), a perturbed MUFU model (its draws follow the call's shape), a learnable
+        sink (the twin sums dsink over the batch in its own order). Each group: ``[(b, q-slice,
+        k-slice), ...]``, sequences with no query rows left out."""
+        segs = [s for s in self._segments(problem, a) if s[1].stop > s[1].start]
+        if self.mutations or self.mufu != "correctly-rounded" or problem.sink:
+            return [[s] for s in segs]
+        groups: dict[tuple[int, int], list[tuple]] = {}
+        for s in segs:
+            groups.setdefault((s[1].stop - s[1].start, s[2].stop - s[2].start), []).append(s)
+        return list(groups.values())
 
     def _call_form(self, problem: AttentionProblem, a: Mapping[str, Any], head: int = 0):
         """(problem, arrays) the twin runs for a call form: the same varlen problem on the K/V
@@ -318,14 +337,16 @@ class TwinTarget(Target):
         tq = a["q"].shape[0]
         out = np.zeros((tq, problem.nheads, problem.head_dim_v))
         lse = np.full((problem.nheads, tq), -np.inf)
-        for b, sq, sk in self._segments(problem, a):
-            if sq.stop == sq.start:
-                continue
-            r = self._ta.forward(_typed(a["q"][sq][None], dt), _typed(a["k"][sk][None], dt),
-                                 _typed(a["v"][sk][None], dt), **kw,
-                                 **{n: None if f is None else np.asarray(f)[b:b + 1] for n, f in descale.items()})
-            out[sq] = np.asarray(r.out, np.float64)[0]
-            lse[:, sq] = np.asarray(r.lse, np.float64)[0]
+        for grp in self._segment_groups(problem, a):      # Note [Equal sequences as a batch]
+            bs = [b for b, _sq, _sk in grp]
+            stack = lambda x, i: np.stack([x[s[i]] for s in grp])      # noqa: E731
+            r = self._ta.forward(_typed(stack(a["q"], 1), dt), _typed(stack(a["k"], 2), dt),
+                                 _typed(stack(a["v"], 2), dt), **kw,
+                                 **{n: None if f is None else np.asarray(f)[bs] for n, f in descale.items()})
+            ro, rl = np.asarray(r.out, np.float64), np.asarray(r.lse, np.float64)
+            for j, (_b, sq, _sk) in enumerate(grp):
+                out[sq] = ro[j]
+                lse[:, sq] = rl[j]
         return Fwd(out, lse)
 
     def _forward_split(self, problem: AttentionProblem, a: Mapping[str, Any]) -> Fwd:
@@ -439,18 +460,20 @@ class TwinTarget(Target):
         dv = np.zeros(a["v"].shape)
         dsink = np.zeros(problem.nheads) if problem.sink else None
         got_dsink = False            # a dsink only where some call returned one (the twin models none)
-        for _, sq, sk in self._segments(problem, a):
-            if sq.stop == sq.start:
-                continue
+        for grp in self._segment_groups(problem, a):      # Note [Equal sequences as a batch]
             if dl is not None and "varlen_dlse_offset_dropped" in self.layout_mutations:
-                sl = slice(0, sq.stop - sq.start)      # every sequence reads the first one's rows
+                sls = [slice(0, sq.stop - sq.start) for _b, sq, _sk in grp]  # each reads the first one's rows
             else:
-                sl = sq
-            r = call(a["q"][sq][None], a["k"][sk][None], a["v"][sk][None], fwd.out[sq][None],
-                     a["dout"][sq][None], fwd.lse[:, sq][None], None if dl is None else dl[:, sl][None])
-            dq[sq] = np.asarray(r.dq, np.float64)[0]
-            dk[sk] = np.asarray(r.dk, np.float64)[0]
-            dv[sk] = np.asarray(r.dv, np.float64)[0]
+                sls = [sq for _b, sq, _sk in grp]
+            stack = lambda x, i: np.stack([x[s[i]] for s in grp])      # noqa: E731
+            r = call(stack(a["q"], 1), stack(a["k"], 2), stack(a["v"], 2), stack(fwd.out, 1), stack(a["dout"], 1),
+                     np.stack([fwd.lse[:, sq] for _b, sq, _sk in grp]),
+                     None if dl is None else np.stack([dl[:, sl] for sl in sls]))
+            rq, rk, rv = (np.asarray(x, np.float64) for x in (r.dq, r.dk, r.dv))
+            for j, (_b, sq, sk) in enumerate(grp):
+                dq[sq] = rq[j]
+                dk[sk] = rk[j]
+                dv[sk] = rv[j]
             if dsink is not None and getattr(r, "dsink", None) is not None:
                 dsink += np.asarray(r.dsink, np.float64)
                 got_dsink = True

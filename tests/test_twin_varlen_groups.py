@@ -1,0 +1,71 @@
+"""Note [Equal sequences as a batch] (fa4verify/targets.py): the twin runs a varlen problem's
+sequences of equal lengths as one batched call; every output equals, bit for bit, the twin's
+sequence-at-a-time run of the same problem."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fa4verify.problem import AttentionProblem, CallForm, ValueSpec
+from fa4verify.targets import TwinTarget
+
+
+class OneAtATime(TwinTarget):
+    """The twin with every sequence a call of its own (the grouping's reference)."""
+
+    def _segment_groups(self, problem, a):
+        return [[s] for s in self._segments(problem, a) if s[1].stop > s[1].start]
+
+
+LENS = ((5, 9), (5, 9), (0, 4), (7, 3), (5, 9), (7, 3), (1, 0), (1, 0), (12, 12), (5, 9))
+
+CASES = {
+    "plain": dict(),
+    "causal_gqa": dict(causal=True, nheads=4, nheads_kv=2),
+    "window": dict(window_size=(3, 1)),
+    "packed_gqa": dict(nheads=4, nheads_kv=1, call=CallForm(pack_gqa=True)),
+    "sm100": dict(arch="sm100", causal=True),
+}
+
+
+def _problem(**kw) -> AttentionProblem:
+    base = dict(arch="sm90", dtype="bf16", batch=len(LENS), seqlen_q=max(q for q, _ in LENS),
+                seqlen_k=max(k for _, k in LENS), nheads=2, nheads_kv=2, head_dim=64, head_dim_v=64,
+                seqlens_q=tuple(q for q, _ in LENS), seqlens_k=tuple(k for _, k in LENS),
+                values=ValueSpec("normal", seed=11))
+    base.update(kw)
+    return AttentionProblem(**base)
+
+
+def test_the_groups_are_the_equal_lengths():
+    p = _problem()
+    groups = TwinTarget()._segment_groups(p, p.materialize())
+    assert sorted(len(g) for g in groups) == [1, 2, 2, 4]       # (0, 4) has no query row: no call
+    for g in groups:
+        assert len({(sq.stop - sq.start, sk.stop - sk.start) for _b, sq, sk in g}) == 1
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_grouped_equals_one_at_a_time_bit_for_bit(name):
+    p = _problem(**CASES[name])
+    a = p.materialize()
+    tw, ref = TwinTarget(), OneAtATime()
+    f, f1 = tw.forward(p, a), ref.forward(p, a)
+    np.testing.assert_array_equal(f.out, f1.out)
+    np.testing.assert_array_equal(f.lse, f1.lse)
+    dl = np.random.default_rng(3).standard_normal(np.shape(f.lse)).astype(np.float32) * 0.5
+    for dlse in (None, dl):
+        g, g1 = tw.backward(p, a, f, dlse=dlse), ref.backward(p, a, f1, dlse=dlse)
+        for n in ("dq", "dk", "dv"):
+            np.testing.assert_array_equal(getattr(g, n), getattr(g1, n), err_msg=f"{name} {n} dlse={dlse is not None}")
+
+
+def test_a_mutated_twin_a_perturbed_mufu_and_a_sink_run_one_at_a_time():
+    p = _problem()
+    a = p.materialize()
+    n_seq = sum(1 for q, _k in LENS if q)
+    assert len(TwinTarget(mufu="perturbed")._segment_groups(p, a)) == n_seq
+    assert len(TwinTarget()._segment_groups(p.replace(sink=True), a)) == n_seq
+    mut = sorted(getattr(TwinTarget()._ta, "MUTATIONS", ()))
+    if mut:
+        assert len(TwinTarget(mutations=mut[:1])._segment_groups(p, a)) == n_seq
