@@ -39,7 +39,7 @@ def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
     its own tile_n as KV block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv` False)
     gets the forward's block where the two differ: that row runs forward only
     (:meth:`FeatureSpace.no_backward` asks this function). A block-sparse row has no causal or
-    window mask (FA4 drops them with a block mask: ``FeatureSpace.why_not``).
+    window mask (not planned yet; FA4 keeps them without a mask_mod: ``FeatureSpace.why_not``).
 
     SM100: 256 x 128, and 256 x 256 at head dims >= 128. Its forward takes Q blocks that are a
     multiple of ``q_stage * tile_m``, and ``q_stage`` is 2 once the (GQA-packed) query length
@@ -56,7 +56,7 @@ def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
         return 256, (256 if hd >= 128 else 128)
     bwd = sm90_bwd_sparse_block(hd, hdv)
     if not facts.sm90_fwd_fits_sparse_kv():
-        fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, False, False, block_q=bwd[0])   # block-sparse: no causal/window
+        fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, False, False, block_q=bwd[0])   # planned without causal/window
         if fwd_n != bwd[1]:
             return bwd[0], fwd_n
     return bwd
