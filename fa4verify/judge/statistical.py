@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import Optional, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -105,13 +105,14 @@ def ulp_of(ref, dtype: str) -> np.ndarray:
     return np.where(ok, np.ldexp(1.0, (e - 1) - (p - 1)), np.nan)
 
 
-def ulp_errors(actual, ref, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """(signed, radial) ulp errors, NaN where not judged (see the module docstring)."""
+def ulp_errors(actual, ref, dtype: str, *, ulp: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(signed, radial) ulp errors, NaN where not judged (see the module docstring); ``ulp``:
+    :func:`ulp_of` ``(ref, dtype)`` where the caller has it (two tensors against one reference)."""
     a = np.asarray(actual, np.float64)
     r = np.asarray(ref, np.float64)
     if a.shape != r.shape:
         raise ValueError(f"shape {a.shape} != reference shape {r.shape}")
-    u = ulp_of(r, dtype)
+    u = ulp_of(r, dtype) if ulp is None else ulp
     with np.errstate(invalid="ignore", over="ignore"):
         e = np.where(np.isfinite(a), (a - r) / u, np.nan)
     return e, np.sign(r) * e
@@ -178,13 +179,16 @@ def _t_interval(x: np.ndarray, confidence: float) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
-def distribution(name: str, actual, ref, dtype: str, *, confidence: float = 0.99) -> ErrorDistribution:
-    """The :class:`ErrorDistribution` of ``actual`` against ``ref`` (rows = the last axis)."""
-    e, rad = ulp_errors(actual, ref, dtype)
+def distribution(name: str, actual, ref, dtype: str, *, confidence: float = 0.99,
+                 errors: Optional[tuple[np.ndarray, np.ndarray]] = None) -> ErrorDistribution:
+    """The :class:`ErrorDistribution` of ``actual`` against ``ref`` (rows = the last axis);
+    ``errors``: :func:`ulp_errors` ``(actual, ref, dtype)`` where the caller has them."""
+    e, rad = ulp_errors(actual, ref, dtype) if errors is None else errors
     fin = np.isfinite(e)
     n = int(fin.sum())
     ev = e[fin]
-    m, lo, hi = _t_interval(_row_means(e), confidence)
+    e_rows = _row_means(e)
+    m, lo, hi = _t_interval(e_rows, confidence)
     rm, rlo, rhi = _t_interval(_row_means(rad), confidence)
     if n:
         ae = np.abs(ev)
@@ -194,7 +198,7 @@ def distribution(name: str, actual, ref, dtype: str, *, confidence: float = 0.99
     else:
         q50 = q99 = q999 = mx = rms = math.nan
         hist = np.zeros(HIST_EDGES.size - 1, int)
-    n_rows = int(np.sum(np.isfinite(_row_means(e))))
+    n_rows = int(np.sum(np.isfinite(e_rows)))
     return ErrorDistribution(name, dtype, n, n_rows, int(e.size - n), m, (lo, hi), rm, (rlo, rhi), rms,
                              q50, q99, q999, mx, confidence, tuple(int(c) for c in hist))
 
@@ -261,10 +265,12 @@ def stat_compare(name: str, actual, predicted, ref, dtype: str, *, alpha_test: f
     if not (0 < alpha_test < 1):
         raise ValueError(f"alpha_test={alpha_test!r}: expected 0 < alpha_test < 1")
     conf = 1.0 - alpha_test
-    da = distribution(name, actual, ref, dtype)
-    dp = distribution(name, predicted, ref, dtype)
-    ea, ra = ulp_errors(actual, ref, dtype)
-    ep, rp = ulp_errors(predicted, ref, dtype)
+    r = np.asarray(ref, np.float64)
+    u = ulp_of(r, dtype)           # one reference: its ulps once for both tensors
+    ea, ra = ulp_errors(actual, r, dtype, ulp=u)
+    ep, rp = ulp_errors(predicted, r, dtype, ulp=u)
+    da = distribution(name, actual, r, dtype, errors=(ea, ra))
+    dp = distribution(name, predicted, r, dtype, errors=(ep, rp))
     both = np.isfinite(ea) & np.isfinite(ep)
     ea, ep, ra, rp = (np.where(both, x, np.nan) for x in (ea, ep, ra, rp))
     d_signed = _row_means(ea) - _row_means(ep)
