@@ -82,19 +82,27 @@ def _acc_blocks(acc0, A_, B_, tile_m: int, exact: bool, probe, stage: str, stat:
     A64, B64 = np.asarray(A_, F64), np.asarray(B_, F64)
     Sq = A64.shape[2]
     mb = -(-Sq // tile_m)
-    pad = mb * tile_m - Sq
-    if pad:
-        A64 = np.concatenate([A64, np.zeros(A64.shape[:2] + (pad,) + A64.shape[3:])], 2)
-        B64 = np.concatenate([B64, np.zeros(B64.shape[:2] + (pad,) + B64.shape[3:])], 2)
-    Ab = A64.reshape(A64.shape[:2] + (mb, tile_m) + A64.shape[3:])
-    Bb = B64.reshape(B64.shape[:2] + (mb, tile_m) + B64.shape[3:])
+    full = Sq // tile_m
+
+    def blocks(f):
+        """f(A block^T, B block) per m-block, stacked on axis 2: the full blocks as one batched
+        product, a last partial block on its own rows (no zero rows padded in: a short sequence's
+        block was mostly padding)."""
+        n = full * tile_m
+        Ab = A64[:, :, :n].reshape(A64.shape[:2] + (full, tile_m) + A64.shape[3:])
+        Bb = B64[:, :, :n].reshape(B64.shape[:2] + (full, tile_m) + B64.shape[3:])
+        out = f(np.swapaxes(Ab, -1, -2), Bb)
+        if full < mb:
+            tail = f(np.swapaxes(A64[:, :, n:], -1, -2), B64[:, :, n:])[:, :, None]
+            out = tail if full == 0 else np.concatenate([out, tail], 2)
+        return out
     with np.errstate(invalid="ignore", over="ignore"):
         # (a batched BLAS product where einsum ran its own loops; the float64 sum of a block's
         # products is the model's exact value either way, its order inside float64's rounding)
-        parts = np.matmul(np.swapaxes(Ab, -1, -2), Bb)
+        parts = blocks(np.matmul)
         if exact:
             return np.asarray(acc0, F64) + parts.sum(2)
-        abs_parts = np.matmul(np.swapaxes(np.abs(Ab), -1, -2), np.abs(Bb)) if probe else None
+        abs_parts = blocks(lambda a, b: np.matmul(np.abs(a), np.abs(b))) if probe else None
     acc = np.asarray(acc0)
     outs, exs, sabs = [], [], []
     for m in range(mb):
