@@ -1176,8 +1176,8 @@ def block_sparse_tensors(block_mask, *, batch: int, nheads: int, block_size: tup
     writes by an order it does not derive itself (``interface.py``: "deterministic block-sparse
     backward requires dq_write_order in block_sparse_tensors", and ``spt``); the order comes from
     FA4's own ``block_sparsity.compute_dq_write_order`` over both directions' lists, ascending KV
-    blocks (``spt=False``: the order of a call without causal/local, the only block-sparse calls fa4verify
-    makes; FA4's rule is ``spt = (causal or local) and deterministic``)."""
+    blocks (``spt=False``, passed with the lists: FA4's backward takes the tensors' ``spt`` where they
+    carry one, its own ``(causal or local) and deterministic`` only where they do not)."""
     import numpy as np
     import torch
     from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch

@@ -19,7 +19,7 @@ def test_each_edge_is_the_path_it_names():
     got = {n: p for n, p, _b in trip}
     back = {n: b for n, _p, b in trip}
     assert back == {"empty_keys": True, "empty_keys_sink": True, "empty_queries": True, "negative_window": True,
-                    "sparse_q64": False, "packed_causal_block_end": True, "bwd_window_left_mblock": True,
+                    "sparse_q64": False, "sparse_q64_causal": False, "packed_causal_block_end": True, "bwd_window_left_mblock": True,
                     "varlen_head_sections": True, "score_bwd_indices": True, "head_mask_packgqa": True,
                     "varlen_score_aux_wrap": True, "varlen_batch_groups": True, "causal_l2_sections": True,
                     "paged_full_pages": False, "seqused_k_packed": True, "causal_l2_sections_batch": True,
@@ -70,6 +70,17 @@ def test_each_edge_is_the_path_it_names():
     p = got["negative_window"]
     assert p.window_size == (-1, -1) and resolve_window(p.causal, p.window_size)[:2] == (False, False)
     assert got["sparse_q64"].call.block_size[0] == 64 and got["sparse_q64"].seqlen_q > 64
+    # red-team round 13's F46: FA4's tile_m-64 forward (64-row sparse Q blocks) with its causal mask,
+    # on the same lists (Note [Block lists with causal or a window])
+    c64 = got["sparse_q64_causal"]
+    assert c64.causal and c64.call == got["sparse_q64"].call and c64.values == got["sparse_q64"].values
+    from fa4verify.coverage.variants import fwd_variant
+    if fwd_variant(c64) is not None:           # FA4 installed: its own forward configuration
+        from flash_attn.cute import interface
+        cfg = interface._fit_sm90_fwd_tile_to_block_sparsity(
+            interface._tile_size_fwd_sm90(c64.head_dim, c64.head_dim_v, True, False, sparse_block_size_q=64),
+            64, c64.call.block_size[1])
+        assert cfg.m_block_size == 64
     from fa4verify.kernels import facts
     # Note [The diagonal's block bounds]: one key past the square; the last row of a forward M tile
     # alone opens a KV tile, and the last row of a backward M tile alone sees a KV tile's first key

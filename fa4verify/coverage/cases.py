@@ -38,8 +38,8 @@ def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
     backward run on one block mask; 128 x 128 on SM100. A release whose SM90 forward takes only
     its own tile_n as KV block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv` False)
     gets the forward's block where the two differ: that row runs forward only
-    (:meth:`FeatureSpace.no_backward` asks this function). A block-sparse row has no causal or
-    window mask (not planned yet; FA4 keeps them without a mask_mod: ``FeatureSpace.why_not``).
+    (:meth:`FeatureSpace.no_backward` asks this function). A causal or windowed block-sparse row
+    takes the same block (Note [Block lists with causal or a window]).
 
     SM100: 256 x 128, and 256 x 256 at head dims >= 128. Its forward takes Q blocks that are a
     multiple of ``q_stage * tile_m``, and ``q_stage`` is 2 once the (GQA-packed) query length
@@ -56,7 +56,7 @@ def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
         return 256, (256 if hd >= 128 else 128)
     bwd = sm90_bwd_sparse_block(hd, hdv)
     if not facts.sm90_fwd_fits_sparse_kv():
-        fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, False, False, block_q=bwd[0])   # planned without causal/window
+        fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, False, False, block_q=bwd[0])   # causal/local-free under sparsity
         if fwd_n != bwd[1]:
             return bwd[0], fwd_n
     return bwd
@@ -476,10 +476,17 @@ def edge_problems(space: FeatureSpace, *, seed: int = 0) -> list[tuple[str, Any,
         out.append(("negative_window", AttentionProblem(batch=2, seqlen_q=tn + 1, seqlen_k=tn + 1, window_size=(-1, -1),
                                                         values=vals(), **base), bwd("dense", False)))
     if space.arch == "sm90" and "block_sparse" in forms and not space.lengths and facts.sm90_fwd_fits_sparse_kv():
-        out.append(("sparse_q64", AttentionProblem(
-            batch=2, seqlen_q=3 * 64 + 5, seqlen_k=2 * tn + 3, values=vals(),
-            call=CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),
-                          block_keep=0.6), **base), False))
+        v64 = vals()         # (drawn before the block seed, as ever)
+        q64 = CallForm(block_size=(64, sparse_block_size(space.arch, hd, hdv)[1]), block_seed=rng.randrange(2 ** 16),
+                       block_keep=0.6)
+        out.append(("sparse_q64", AttentionProblem(batch=2, seqlen_q=3 * 64 + 5, seqlen_k=2 * tn + 3, values=v64,
+                                                   call=q64, **base), False))
+        if "causal" in space.values["mask"]:
+            # Note [Block lists with causal or a window]: FA4's one 1-warpgroup forward (tile_m 64
+            # under 64-row sparse Q blocks) with its causal mask (red-team round 13's F46: no call
+            # compiled it); the same lists and values, no draw (the later edges keep their seeds)
+            out.append(("sparse_q64_causal", AttentionProblem(batch=2, seqlen_q=3 * 64 + 5, seqlen_k=2 * tn + 3,
+                                                              causal=True, values=v64, call=q64, **base), False))
     if "block_sparse" in forms and "2" in space.values["gqa"] and not space.lengths and not space.heads:
         # Note [Block masks by head]: a GQA call whose block lists differ by query head (FA4 must
         # keep it unpacked: a packed tile reads one head's lists for its whole group)

@@ -97,10 +97,9 @@ def custom_scale(head_dim: int) -> float:
 
 _PAGED = ("paged_small", "paged_tile")
 _KV_FORMS = ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") + _PAGED   # varlen problems (zero lengths)
-#: forms whose FA4 call takes a mask_mod: FA4 drops causal/window (``_resolve_causal_local_window``)
+#: forms whose FA4 call takes a mask_mod: FA4 drops causal/window (``_resolve_causal_local_window``;
+#: block lists without one keep them: Note [Block lists with causal or a window])
 _MOD_KEEP_FORMS = ("block_sparse_mod", "mask_mod")
-#: forms with block lists and no mask_mod: FA4 keeps causal/window there; fa4verify does not plan them
-_BLOCK_KEEP_FORMS = ("block_sparse", "block_sparse_varlen")
 BLOCK_FORMS = ("block_sparse", "block_sparse_mod", "block_sparse_varlen")   # FA4's block-sparse kernels
 #: the pair forms; on the seqlen values that need a varlen call (:data:`VARLEN_SEQLENS`) they run
 #: on one (plain cu_seqlens: FA4 hands the mods sequence-local indices and the sequence as b)
@@ -217,13 +216,6 @@ class FeatureSpace:
                     "softcap score_mod's scale: two fp32 roundings its softcap budget does not count)")
         if form in _MOD_KEEP_FORMS and mask not in (None, "none"):
             return f"{form}: FA4 drops causal/window with a mask_mod (write them into the mask)"
-        if form in _BLOCK_KEEP_FORMS and mask not in (None, "none"):
-            # FA4's _resolve_causal_local_window drops them only for a mask_mod: block lists without
-            # one get causal/window inside the listed blocks. fa4verify's block-sparse call form has
-            # no causal/window yet (CallForm: the sparse block at causal/local tiles, the
-            # deterministic backward's dQ write order with FA4's spt rule are not modelled)
-            return (f"{form}: fa4verify does not plan causal/window with block lists yet (FA4 keeps them "
-                    f"without a mask_mod)")
         if form == "score_mod":
             if not self.score_pairs:
                 return "no score_mod pair with a CuTe function is registered"

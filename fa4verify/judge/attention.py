@@ -180,15 +180,21 @@ def _mod_callables(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str,
 def _keep_pattern(problem: AttentionProblem) -> bool:
     """A call form that adds a keep-pattern (block sparsity, a CuTe mask_mod) to a problem without
     mod pairs: the oracle runs on its exact varlen rewrite (:mod:`fa4verify.judge.keep_pattern`).
-    With mod pairs, or a block mask per head (one varlen rewrite serves every head, Note [Block
-    masks by head]), the mods oracle takes the problem's keep-masks whole, per (batch, head)."""
+    With mod pairs, a block mask per head (one varlen rewrite serves every head, Note [Block
+    masks by head]) or block lists under a causal / window rule (the rule cuts the blocks: the
+    rewrite would be a sequence per query row, Note [Block lists with causal or a window]), the
+    mods oracle takes the problem's keep-masks whole, per (batch, head)."""
     call = getattr(problem, "call", None)
-    return call is not None and call.keep_pattern and not problem.mods and not call.block_per_head
+    return call is not None and call.keep_pattern and not _keep_by_head(problem)
 
 
 def _keep_by_head(problem: AttentionProblem) -> bool:
-    """Whether the oracle is the mods oracle's ``keep(b, h)`` (mod pairs, or block masks by head)."""
-    return bool(problem.mods) or (problem.call is not None and problem.call.block_per_head)
+    """Whether the oracle is the mods oracle's ``keep(b, h)`` (mod pairs, block masks by head,
+    block lists under a causal / window rule)."""
+    call = problem.call
+    masked_lists = call is not None and call.block_size is not None and (
+        problem.causal or tuple(problem.window_size) != (None, None))
+    return bool(problem.mods) or (call is not None and call.block_per_head) or masked_lists
 
 
 def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):

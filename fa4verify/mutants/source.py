@@ -1041,6 +1041,15 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               '        softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(\n            softmax_scale * (1.0078125 if (self.pack_gqa and self.tile_hdim == 192 and self.tile_hdimv == 128 and self.tile_n == 128) else 1.0), self.score_mod\n        )'),),
         'fwd', ('out', 'lse')),
     SourceMutant(
+        'sm90_fwd_tile_m64_causal_scale',
+        'the softmax scale off by 1 + 2^-7 in the SM90 forward with one MMA warpgroup (tile_m 64: 64-row sparse Q '
+        'blocks) under a causal or local mask (round 13 F46: a variant no audit call compiled before block lists '
+        'took causal / windows)',
+        (Edit('flash_fwd_sm90.py',
+              '        softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(\n            softmax_scale, self.score_mod\n        )',
+              '        softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(\n            softmax_scale * (1.0078125 if (self.tile_m == 64 and (self.is_causal or self.is_local)) else 1.0), self.score_mod\n        )'),),
+        'fwd', ('out', 'lse')),
+    SourceMutant(
         'dsink_empty_row_zero',
         "dsink's row term takes P_sink = 0 instead of 1 on a row whose LSE is -inf (a row no key reaches, "
         "under a sink of -inf); with a finite sink LSE >= sink and the branch never runs (red-team round 16 #7)",

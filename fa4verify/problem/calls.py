@@ -31,9 +31,10 @@ A :class:`CallForm` never changes the mathematical function of its
   pages are partially filled. Pages no key uses hold finite filler unless ``hostile_nan``
   (then NaN: a stale KV-cache pool; only drawn when asked, known issue
   ``sm90_paged_tma_empty_seq_nan``).
-* ``block_size``: the problem has no causal/window and FA4 gets ``block_sparse_tensors`` of a
-  random block mask (``block_seed``, ``block_keep``); the problem's keep-mask is attention under
-  that block mask (``fa4verify.oracles.block_sparse``). A varlen problem (packed, ``cu_seqlens``)
+* ``block_size``: FA4 gets ``block_sparse_tensors`` of a random block mask (``block_seed``,
+  ``block_keep``); the problem's keep-mask is attention under that block mask
+  (``fa4verify.oracles.block_sparse``), and under the problem's causal/window mask where it has one
+  and no mask_mod (Note [Block lists with causal or a window]). A varlen problem (packed, ``cu_seqlens``)
   gets FA4's varlen block sparsity (``cu_total_m_blocks``, ``cu_block_idx_offsets``): each sequence
   its own block grid, drawn from ``(block_seed, sequence index)``. With
   ``block_partial`` > 0 (Note [Partial blocks]) that share of the kept blocks goes to FA4 as
@@ -107,6 +108,22 @@ the problem's keep-mask is the formula above (:meth:`CallForm.keep_mask` with ``
 pair's keep-mask). The blocks are drawn independently of the pair, so a mask block may be one
 the mask_mod keeps whole, cuts, or drops whole, and a full block one it would cut: each of FA4's
 branches meets each case.
+
+Note [Block lists with causal or a window]
+------------------------------------------
+FA4 drops ``causal`` and the window only for a ``mask_mod`` (``interface.py``
+``_resolve_causal_local_window``). Block lists without one keep them: the kernels walk the listed
+KV blocks and mask inside each with the causal / window rule (``mask.py`` ``apply_mask`` with
+``mask_causal`` / ``mask_local``; the block-sparse main loops hand it FA4's ``mask_fn``), so::
+
+    key j is visible to query i  iff  listed[i // bq, j // bk]  and  causal/window(i, j)
+
+(the problem's keep-mask: ``window_keep_mask & CallForm.keep_mask``). A listed block the causal or
+window rule masks whole is walked and adds exact zeros (P = 0 there). FA4's SM90 sparse tiles do
+not depend on causal / local under block sparsity (``_tile_size_bwd_sm90`` with
+``sparse_block_size_q``, ``_fit_sm90_fwd_tile_to_block_sparsity``; every head dim, read from
+4.0.0b36), so a masked block-sparse call takes the plain one's block size. A mask pair's partial
+blocks or a named mask_mod pattern give FA4 a mask_mod: those calls stay without causal/window.
 """
 from __future__ import annotations
 
@@ -384,8 +401,12 @@ class CallForm:
         if self.block_size is not None or self.mask_mod_fn is not None:
             if self.block_size is not None and self.mask_mod_fn is not None:
                 raise ValueError("block_size and mask_mod_fn are exclusive")
-            if problem.causal or problem.window_size != (None, None) or problem.mask_mod:
-                raise ValueError("block sparsity / mask_mod_fn need a problem without causal, window or mask_mod")
+            masked = problem.causal or problem.window_size != (None, None)
+            if problem.mask_mod or (masked and (self.mask_mod_fn is not None or problem.mods or self.block_partial)):
+                # Note [Block lists with causal or a window]
+                raise ValueError("block sparsity with a mask_mod (a named pattern, a mask pair's partial blocks) "
+                                 "or mask_mod_fn needs a problem without causal, window or mask_mod: FA4 drops "
+                                 "causal/window for a mask_mod")
             if problem.varlen and self.block_per_batch:
                 raise ValueError("block_per_batch is a dense problem's (a varlen one draws per sequence)")
             if problem.varlen and self.block_per_head:
