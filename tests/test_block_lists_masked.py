@@ -46,17 +46,58 @@ def test_the_plan_runs_block_lists_under_every_mask_it_has(arch):
         <= {"block_sparse_mod", "mask_mod"}
 
 
+class Rounded:
+    """A target whose outputs are the oracle's, rounded as FA4 stores them (O and the gradients in
+    the input dtype, the LSE in fp32): what a right kernel returns, up to its own rounding."""
+    name = "rounded oracle"
+    where = "CPU"
+    tensor_core = None
+    blames_fa4 = False
+
+    def check_supported(self, problem):
+        pass
+
+    def backward_unsupported(self, problem):
+        return None
+
+    def forward(self, problem, a):
+        from fa4verify import judge
+        from fa4verify.problem.values import round_to_dtype
+        from fa4verify.targets import Fwd
+        o = judge.oracle_forward(problem, a)
+        return Fwd(round_to_dtype(np.asarray(o.out, np.float32), problem.dtype).astype(np.float64),
+                   np.asarray(o.lse, np.float32).astype(np.float64))
+
+    def backward(self, problem, a, fwd, *, deterministic=True):
+        from fa4verify import judge
+        from fa4verify.problem.values import round_to_dtype
+        from fa4verify.targets import Bwd
+        g = judge.oracle_backward(problem, a)
+        r = lambda x: round_to_dtype(np.asarray(x, np.float32), problem.dtype).astype(np.float64)   # noqa: E731
+        return Bwd(r(g.dq), r(g.dk), r(g.dv), None)
+
+
 def test_the_judge_tells_both_masks_from_either_alone():
-    """The twin of a causal block-sparse call passes the judge; the oracle without the causal rule
-    (or without the lists) would be another function: the twin is far outside its bounds there."""
+    """Outputs right for both masks pass the judge; the oracle without the causal rule (or
+    without the lists) is another function, far outside the bounds."""
     from fa4verify import judge
     from fa4verify.fuzz.properties import check_problem
-    from fa4verify.targets import TwinTarget
     p = AttentionProblem(call=CALL, causal=True, **BASE)
-    out = check_problem(p, TwinTarget(), properties=("runs", "fwd_budget", "bwd_budget", "masked_rows"))
-    assert "fwd_budget" in out.ran and "bwd_budget" in out.ran
+    out = check_problem(p, Rounded(), properties=("runs", "fwd_budget", "bwd_budget", "masked_rows"))
+    assert {"fwd_budget", "bwd_budget"} <= set(out.ran)
     a = p.materialize()
-    f = TwinTarget().forward(p, a)
+    o = np.asarray(judge.oracle_forward(p, a).out)
     for other in (p.replace(causal=False), AttentionProblem(causal=True, **BASE)):
-        o = judge.oracle_forward(other, a)
-        assert np.max(np.abs(f.out - np.asarray(o.out))) > 1e-2
+        assert np.max(np.abs(o - np.asarray(judge.oracle_forward(other, a).out))) > 1e-2
+
+
+def test_the_twin_refuses_them_and_its_plan_has_none():
+    from fa4verify.coverage.space import TWIN_MASKED_LISTS
+    from fa4verify.targets import TwinTarget, Unsupported
+    with pytest.raises(Unsupported, match="no block lists under a causal or window rule"):
+        TwinTarget().check_supported(AttentionProblem(call=CALL, causal=True, **BASE))
+    TwinTarget().check_supported(AttentionProblem(call=CALL, **BASE))
+    sp = space_for("sm90", "bf16", masked_lists=False)
+    pl = planner.plan(sp, seed=0)
+    assert not [r for r in pl.rows if r["form"] == "block_sparse" and r["mask"] != "none"]
+    assert any(w.endswith(TWIN_MASKED_LISTS) for w in pl.unsupported.values())

@@ -796,10 +796,6 @@ def stat_tier_unmodelled(problem: AttentionProblem) -> Optional[str]:
     from fa4verify.targets import TwinTarget
     if problem.softcap:
         return "a softcap: the twin does not model tanh.approx.f32 bit for bit (its error is up to 2^-11)"
-    if problem.call is not None and problem.call.block_size is not None and (
-            problem.causal or tuple(problem.window_size) != (None, None)):
-        return ("block lists under a causal or window rule: the twin runs them row by row (the exact rewrite of "
-                "fa4verify.judge.keep_pattern), not FA4's walk of the listed tiles")
     if problem.values.distribution in STAT_TIER_UNMODELLED_VALUES:
         return (f"{problem.values.distribution!r} values: scores of 2^10 and more, where the tensor core's "
                 "truncated S and the twin's rounded one part by more than the tier's margin "
