@@ -108,13 +108,19 @@ def test_before_b33_a_block_sparse_row_takes_the_forward_block_and_runs_forward_
         if row["form"] != "block_sparse":
             continue
         hd, hdv = space.hd[row["hd"]]
+        # a causal or windowed row takes the forward's masked tile (Note [Block lists with causal
+        # or a window]); the plan's backward rule reads the unmasked one
+        from fa4verify.coverage.space import is_local
+        causal, local = row["mask"] == "causal", is_local(row["mask"])
         fwd_n = cases.sm90_fwd_sparse_tile_n(hd, hdv, False, False)
         bwd_n = cases.sm90_bwd_sparse_block(hd, hdv)[1]
         assert fwd_n == (128 if hd <= 128 else facts.sm90_fwd_tile(hd, hdv, False, False)[1])   # b32's table
-        assert p.call.block_size[1] == fwd_n, (row, p.call.block_size)
+        assert p.call.block_size[1] == cases.sm90_fwd_sparse_tile_n(hd, hdv, causal, local), (row, p.call.block_size)
         # b32's tiles; FA4's SM90 GQA backward needs hd == hdv; at hd 104 / 112 it builds with a
-        # causal or window mask only (Note [Block lists with causal or a window])
+        # causal or window mask only
         builds = hd not in (104, 112) or row["mask"] != "none"
+        if bwd[i]:
+            assert p.call.block_size[1] == bwd_n, row        # one block mask serves both passes
         assert bwd[i] == (fwd_n == bwd_n and builds and hd <= 128
                           and (hd == hdv or row["gqa"] == "1")), row
         seen.add(fwd_n == bwd_n)

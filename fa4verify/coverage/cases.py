@@ -32,14 +32,16 @@ def heads_of(space: FeatureSpace, gqa: str) -> tuple[int, int]:
     return space.heads.get(gqa) or _HEADS[gqa]
 
 
-def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
+def sparse_block_size(arch: str, hd: int, hdv: int, *, causal: bool = False, local: bool = False) -> tuple[int, int]:
     """The (q, kv) block of a block-sparse row: on SM90 the block FA4's backward takes (read from
     FA4's ``_tile_size_bwd_sm90`` through the adapter when FA4 is installed), so forward and
     backward run on one block mask; 128 x 128 on SM100. A release whose SM90 forward takes only
     its own tile_n as KV block (:func:`fa4verify.kernels.facts.sm90_fwd_fits_sparse_kv` False)
     gets the forward's block where the two differ: that row runs forward only
-    (:meth:`FeatureSpace.no_backward` asks this function). A causal or windowed block-sparse row
-    takes the same block (Note [Block lists with causal or a window]).
+    (:meth:`FeatureSpace.no_backward` asks this function, for an unmasked row). A causal or
+    windowed block-sparse row (``causal`` / ``local``, Note [Block lists with causal or a window])
+    takes the same block where the forward fits its tile to the lists (4.0.0b33 on), the forward's
+    own masked tile_n before.
 
     SM100: 256 x 128, and 256 x 256 at head dims >= 128. Its forward takes Q blocks that are a
     multiple of ``q_stage * tile_m``, and ``q_stage`` is 2 once the (GQA-packed) query length
@@ -56,7 +58,7 @@ def sparse_block_size(arch: str, hd: int, hdv: int) -> tuple[int, int]:
         return 256, (256 if hd >= 128 else 128)
     bwd = sm90_bwd_sparse_block(hd, hdv)
     if not facts.sm90_fwd_fits_sparse_kv():
-        fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, False, False, block_q=bwd[0])   # causal/local-free under sparsity
+        fwd_n = sm90_fwd_sparse_tile_n(hd, hdv, causal, local, block_q=bwd[0])
         if fwd_n != bwd[1]:
             return bwd[0], fwd_n
     return bwd
@@ -204,7 +206,8 @@ def problem_for(space: FeatureSpace, row: Mapping[str, str], index: int, *, seed
             if kw["window_size"][0] is not None and mask not in space.windows:
                 kw["window_size"] = (kw["window_size"][0] + grow, kw["window_size"][1])
     if form == "block_sparse":       # a block mask per batch entry (CallForm.block_per_batch)
-        kw["call"] = _listed_block_call(CallForm, sparse_block_size(arch, hd, hdv),
+        kw["call"] = _listed_block_call(CallForm, sparse_block_size(arch, hd, hdv, causal=causal and not local,
+                                                                    local=local),
                                         [(kw["seqlen_q"], kw["seqlen_k"], b) for b in range(kw["batch"])], rng,
                                         per_batch=True)
     if form in ("mask_mod", "score_mod", "block_sparse_mod"):
