@@ -230,7 +230,8 @@ class FeatureSpace:
             if g("softcap") == "on":
                 return "a score_mod pair and softcap cannot be combined (FA4 asserts)"
             if g("sink") == "on":
-                return "a score_mod pair is not drawn with a learnable sink"
+                # fa4verify's own gap: FA4's interface.py takes both (no assertion ties them)
+                return "fa4verify does not plan a score_mod pair with a learnable sink yet (FA4 takes both)"
         if form == "block_sparse_mod" and not self.block_mask_pairs:
             return "no mask pair with a CuTe mask_mod (fa4verify.mods) is registered for the mask blocks"
         if form == "mask_mod" and not self.mask_pairs:
