@@ -55,7 +55,10 @@ def test_plain_problem_json_has_no_call_key_and_call_forms_round_trip():
     (dict(call=CallForm(seqused_k=True, kv_capacity=4)), "need a varlen problem"),
     (dict(seqlens_q=(2,), seqlens_k=(9,), seqlen_q=2, seqlen_k=9, call=CallForm(seqused_k=True, kv_capacity=8)),
      "kv_capacity=8 < max"),
-    (dict(causal=True, call=CallForm(block_size=(64, 64))), "problem without causal"),
+    # block lists take causal / a window (Note [Block lists with causal or a window]); with a
+    # mask_mod (a mask pair's partial blocks, a named pattern) FA4 drops them: refused
+    (dict(causal=True, call=CallForm(block_size=(64, 64), block_partial=0.5)), "FA4 drops causal"),
+    (dict(window_size=(3, None), call=CallForm(mask_mod_fn="causal")), "FA4 drops causal"),
     (dict(call=CallForm(mask_mod_fn="nope")), "not a registered pair"),
 ])
 def test_call_forms_fa4_rejects_cannot_be_built(bad, match):
