@@ -192,8 +192,7 @@ class TwinTarget(Target):
             raise Unsupported(why)
         if (why := split_kv_unmodelled(problem)) is not None:
             raise Unsupported(why)
-        if problem.call is not None and problem.call.block_size is not None and (
-                problem.causal or tuple(problem.window_size) != (None, None)):
+        if problem.masked_lists:
             from fa4verify.coverage.space import TWIN_MASKED_LISTS   # Note [Block lists with causal or a window]
             raise Unsupported(TWIN_MASKED_LISTS)
 

@@ -192,9 +192,7 @@ def _keep_by_head(problem: AttentionProblem) -> bool:
     """Whether the oracle is the mods oracle's ``keep(b, h)`` (mod pairs, block masks by head,
     block lists under a causal / window rule)."""
     call = problem.call
-    masked_lists = call is not None and call.block_size is not None and (
-        problem.causal or tuple(problem.window_size) != (None, None))
-    return bool(problem.mods) or (call is not None and call.block_per_head) or masked_lists
+    return bool(problem.mods) or (call is not None and call.block_per_head) or problem.masked_lists
 
 
 def oracle_forward(problem: AttentionProblem, a: Mapping[str, Any]):

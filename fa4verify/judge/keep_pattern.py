@@ -44,8 +44,7 @@ def _blocks(problem, seq: int, lq: int, lk: int, keeps: list, head: int = 0) -> 
     ``head``'s with a block mask per head); ``keeps``: a one-element cache of the problem's
     keep-masks (computed at the first sequence needing them)."""
     call = problem.call
-    masked = problem.causal or tuple(problem.window_size) != (None, None)
-    if call.block_size is not None and not call.block_partial and not masked:
+    if call.block_size is not None and not call.block_partial and not problem.masked_lists:
         return call.block_mask(lq, lk, seq=call.grid_seq(problem, seq), head=head), tuple(call.block_size)
     # block lists under a causal or window rule (Note [Block lists with causal or a window]): the
     # rule cuts blocks, so the grid of the whole keep-mask (on the diagonal, row by row)

@@ -295,6 +295,13 @@ class AttentionProblem:
         per_head_blocks = self.call is not None and self.call.block_per_head    # Note [Block masks by head]
         return bool((mask is not None and mask.by_head) or per_head_blocks)
 
+    @property
+    def masked_lists(self) -> bool:
+        """Whether FA4 gets block lists under a causal or window rule (Note [Block lists with
+        causal or a window] in ``fa4verify.problem.calls``)."""
+        return (self.call is not None and self.call.block_size is not None
+                and (self.causal or tuple(self.window_size) != (None, None)))
+
     def keep_masks(self, arrays: Optional[dict] = None, head: int = 0) -> list[np.ndarray]:
         """Per batch entry (varlen: per sequence), the boolean ``(len_q, len_k)`` keep-mask (True =
         attended) of query head ``head`` combining causal/local masking, the mask_mod pattern and
