@@ -513,6 +513,69 @@ def varlen_sparse_misread_tokens(problem: AttentionProblem) -> np.ndarray:
     return out
 
 
+def sparse_bwd_unwritten_keys(problem: AttentionProblem) -> np.ndarray:
+    """Boolean ``(key token, KV head)`` (dense ``(b, s_k)`` flattened, as the ``(t_k, h_k)`` view of
+    dK / dV): the keys whose dK and dV FA4's SM90 block-sparse backward leaves unwritten under a
+    left window (finding ``sm90_sparse_bwd_left_window_unwritten``). All False for other problems.
+
+    Note [Unwritten KV tiles under a left window]
+    ---------------------------------------------
+    flash-attn-4 4.0.0b36, ``flash_bwd_sm90.py``: a KV tile ``n`` is processed when its block lists
+    name any Q block (``get_total_q_block_count_bwd`` takes ``m_block_max`` and does not read it);
+    ``consume_block_sparse_mma_bwd_sm90`` (``block_sparse_utils.py``) then runs only the Q subtiles
+    ``m < m_block_max``, zero-initialising ``acc_dK`` / ``acc_dV`` at the first one it runs, and the
+    epilogue writes the accumulators whatever ran. ``block_info.get_m_block_min_max`` lowers
+    ``m_block_max`` under a left window to ``ceil(((n + 1) tile_n + seqlen_q - seqlen_k + left) /
+    tile_m)`` (and ``ceil(seqlen_q / tile_m)`` at most). Where every listed subtile lies at or past
+    it no MMA runs and the tile's dK / dV are the registers' old contents. A listed Q block ``i``
+    (``sparse_q`` rows, ``sparse_q / tile_m`` subtiles from ``i * sparse_q / tile_m``) has a subtile
+    below ``m_block_max`` iff ``i * sparse_q < min(seqlen_q, (n + 1) tile_n + seqlen_q - seqlen_k +
+    left)``, whatever tile_m is (an integer k is below ``ceil(x)`` iff it is below ``x``), and the
+    KV tile is the lists' KV block. Those keys' true gradients are 0 (no listed row reaches them),
+    under GQA the group's other heads' sums, which the unwritten accumulator adds to: unknown either
+    way. The SM 10.x backward clamps the subtile to ``m_block_max - 1`` instead: not this issue."""
+    call = problem.call
+    tk = sum(lk for _, _, _, lk in _token_bounds(problem))
+    out = np.zeros((tk, problem.nheads_kv), bool)
+    if problem.arch != "sm90" or call is None or call.block_size is None or problem.varlen or call.mask_mod_fn:
+        return out      # FA4 drops the window for a mask_mod; its varlen block sparsity is forward only
+    from fa4verify.problem import resolve_window
+    _, local, left, _ = resolve_window(problem.causal, problem.window_size)
+    if not local or left is None:
+        return out
+    bq, bk = (int(x) for x in call.block_size)
+    g = problem.nheads // problem.nheads_kv
+    for b, (_q0, lq, k0, lk) in enumerate(_token_bounds(problem)):
+        for h in range(problem.nheads if call.block_per_head else 1):
+            listed = call.block_mask(lq, lk, seq=call.grid_seq(problem, b), head=h)
+            for n in range(listed.shape[1]):
+                rows = np.flatnonzero(listed[:, n])
+                if rows.size and rows.min() * bq >= min(lq, (n + 1) * bk + lq - lk + int(left)):
+                    heads = [h // g] if call.block_per_head else list(range(problem.nheads_kv))
+                    out[k0 + n * bk:k0 + min((n + 1) * bk, lk), heads] = True
+    return out
+
+
+def _sm90_sparse_bwd_left_window(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+    """True for a dK / dV violation whose every offending element lies in a key
+    :func:`sparse_bwd_unwritten_keys` names (Note [Unwritten KV tiles under a left window])."""
+    q = str(v.metrics.get("quantity", ""))
+    if q not in ("dk", "dv") or v.prop not in ("bwd_budget", "bwd_stages", "finite", "deterministic_bwd",
+                                               "masked_rows", "gqa_repeat", "batch_invariance"):
+        return False
+    idx = v.over_indices
+    if idx is None or not len(idx):
+        return False
+    bad = sparse_bwd_unwritten_keys(problem)
+    if not bad.any():
+        return False
+    idx = np.asarray(idx)
+    if idx.shape[1] != 4:                      # dense (b, s_k, h_k, d) only
+        return False
+    tok = idx[:, 0] * problem.seqlen_k + idx[:, 1]
+    return bool((tok < bad.shape[0]).all() and (idx[:, 2] < bad.shape[1]).all() and bad[tok, idx[:, 2]].all())
+
+
 def _sm100_sparse_mla_autograd_dlse(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
     """FA4's public sparse MLA autograd path drops dLSE: only the gradients of that path's pass with
     a seeded dLSE (``autograd_dlse``), on a top-k gather call."""
@@ -807,6 +870,24 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "fa4verify.kernels.features.sm90_sparse_bwd_does_not_build (root cause: _tile_size_bwd_sm90 "
         "drops dKV_swapAB under sparsity); the fuzz skips that backward (an abort takes the process)",
         _sm90_block_sparse_bwd_no_build, targets=("production",)),
+    KnownIssue(
+        "sm90_sparse_bwd_left_window_unwritten",
+        "SM90 block-sparse backward under a left window: a KV tile whose listed Q blocks all lie past the "
+        "window's reach (m_block_max) runs no MMA, yet FA4 writes its dK and dV from accumulators never "
+        "zeroed: those keys' dK / dV are whatever the registers held (seen up to 1.7e27 where the true "
+        "gradient is 0); every other key, dQ and the forward are right",
+        "flash-attn-4 4.0.0b36: flash_bwd_sm90.py processes a KV tile when get_total_q_block_count_bwd "
+        "(block_sparse_utils.py) counts any listed Q block -- it takes m_block_max and does not read it -- "
+        "and consume_block_sparse_mma_bwd_sm90 skips every subtile at or past m_block_max "
+        "(block_info.get_m_block_min_max, lowered by window_size_left), zero-initialising the "
+        "accumulators only at the first subtile it runs (Note [Unwritten KV tiles under a left window], "
+        "fa4verify.fuzz.known_issues.sparse_bwd_unwritten_keys). Found by coverage.production and measured "
+        "on NVIDIA H100 80GB HBM3 (sm_90), 2026-12-07, at ef3e925 (docs/results/h100/session30_ef3e925/): "
+        "edges variant_bs_d72_fwd_128x128_local, judged_variant_bs_d72_fwd_128x128_local and "
+        "variant_bs_d256_bwd_64x64_local_mha_nondet, dK of keys no query reaches up to -1.74e27 / 1.55e16 / "
+        "0.57 through FA4's public autograd path; the same lists through the driver call passed that run "
+        "(the registers' contents vary by call)",
+        _sm90_sparse_bwd_left_window, targets=("production",)),
     KnownIssue(
         "sm100_fp8_fwd_no_build",
         "SM 10.x fp8 forward does not compile at head dims that pad to 48, 80 or 112 (MLIRError: "
