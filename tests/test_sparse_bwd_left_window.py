@@ -110,6 +110,7 @@ _CASE = dict(sq=389, sk=391, window=(1, None), block=(128, 128), seed=44511, kee
     ({}, "bwd_budget", "dv", "inside", True),
     ({}, "finite", "dk", "inside", True),
     ({}, "deterministic_bwd", "dk", "inside", True),
+    ({}, "masked_rows", "dv", "inside", True),         # the H100's warm run at a95cad6: dV != 0 on 64 keys
     ({}, "bwd_budget", "dk", "mixed", False),          # one element at a key FA4 writes
     ({}, "bwd_budget", "dq", "inside", False),         # dQ is right
     ({}, "fwd_budget", "dk", "inside", False),
@@ -145,3 +146,25 @@ def test_a_list_that_reaches_the_window_leaves_every_key_written():
     assert not sparse_bwd_unwritten_keys(p).any()
     p = dataclasses.replace(p, window_size=(3, 2))
     assert not sparse_bwd_unwritten_keys(p).any()
+
+
+def test_masked_rows_names_the_keys_and_heads_of_a_gradient_no_query_should_have():
+    """The ``masked_rows`` violation of dK / dV carries its quantity and the (batch, key, KV head)
+    of every offending key, so a known issue can take exactly those (the H100's warm run at a95cad6
+    reported "dv != 0 on 64 key(s) no query can see" with neither, and no issue could)."""
+    import importlib
+    from fa4verify.fuzz import TwinTarget, check_problem
+    importlib.import_module("fa4verify.kernels.twin.attention")
+
+    class Unzeroed(TwinTarget):
+        def backward(self, problem, a, fwd, *, deterministic=True):
+            g = super().backward(problem, a, fwd, deterministic=deterministic)
+            g.dv[0, 1, 1, :] = 3.0          # key 1 of KV head 1: no query sees it under window (1, 0)
+            return g
+
+    p = AttentionProblem("sm90", "bf16", 1, 5, 12, 4, 2, 16, 16, window_size=(1, 0))
+    check_problem(p, TwinTarget(), properties=["masked_rows"])
+    with pytest.raises(Violation) as ei:
+        check_problem(p, Unzeroed(), properties=["masked_rows"])
+    v = ei.value
+    assert v.metrics["quantity"] == "dv" and v.over_indices.tolist() == [[0, 1, 1, 0]]

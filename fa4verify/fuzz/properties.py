@@ -706,11 +706,13 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                     _fail(viol)
                 unseen = _unseen_keys(problem)
                 for n, x in (("dk", g.dk), ("dv", g.dv)):
-                    xr = np.any(x != 0, axis=(-1, -2))   # (b, sk) or (total_k,)
-                    bad = unseen & xr
+                    bad = unseen[..., None] & np.any(x != 0, axis=-1)    # (b, sk, hk) or (total_k, hk)
                     if bad.any():
-                        _fail(Violation("masked_rows", f"{n} != 0 on {int(bad.sum())} key(s) no query can see | "
-                                                       f"case: {problem.describe()}"))
+                        viol = Violation("masked_rows", f"{n} != 0 on {int(bad.any(axis=-1).sum())} key(s) no query "
+                                                        f"can see | case: {problem.describe()}", {"quantity": n})
+                        at = np.argwhere(bad)     # -> dK's (b, s_k, h_k, d) / (t_k, h_k, d), column 0
+                        viol.over_indices = np.concatenate([at, np.zeros((len(at), 1), int)], 1)
+                        _fail(viol)
             obwd = ob_pre = pre_dl = None
             if ({"bwd_budget", "bwd_stages", "finite"} & set(props)) and ref_out is not None:
                 try:
