@@ -180,6 +180,12 @@ def test_coverage_says_how_each_known_issue_absorbed():
                                            "property": "bwd_budget", "model": "no model"}]
     assert "known FA4 issues absorbed 3 violation(s) in 2 case(s), 1 within a model of the defect, 2 by " \
            "configuration alone" in out.summary
+    # an issue whose rule names the elements the defect reaches (KnownIssue.elementwise)
+    outcomes[6]["known"] = [{"name": "sm90_sparse_bwd_left_window_unwritten", "property": "masked_rows",
+                             "quantity": "dv", "tightness_key": "dv", "model": "elements"}]
+    out = planned_result(CheckResult(status="pass", where="CPU twin", summary="x"), head, outcomes)
+    assert "known FA4 issues absorbed 4 violation(s) in 3 case(s), 1 within a model of the defect, 1 on " \
+           "elements the defect's rule names, 2 by configuration alone" in out.summary
 
 
 def test_coverage_names_a_violating_edge_behind_a_violating_row():

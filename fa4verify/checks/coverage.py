@@ -231,8 +231,11 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     if absorbed:
         flat = [k for ks in absorbed.values() for k in ks]
         within = sum(k["model"] == "within" for k in flat)
+        elements = sum(k["model"] == "elements" for k in flat)
         head_line += (f"; known FA4 issues absorbed {len(flat)} violation(s) in {len(absorbed)} case(s), {within} "
-                      f"within a model of the defect, {len(flat) - within} by configuration alone")
+                      f"within a model of the defect, "
+                      + (f"{elements} on elements the defect's rule names, " if elements else "")
+                      + f"{len(flat) - within - elements} by configuration alone")
     # Note [A statistical verdict per kernel variant]: the calls the statistical tier judged, the
     # ones it could not (the reason each), the variants no call the twin runs reaches
     stat_calls = pl.get("stat_calls") or {}

@@ -27,6 +27,10 @@ class KnownIssue:
     #: dout, dlse)`` -> the gradients FA4 computes under the defect (float64), or None where the
     #: model does not reach the problem; a gradient violation is then absorbed only within it
     model: Optional[Callable[..., Optional[dict]]] = None
+    #: the rule takes a violation only where every offending element lies in the set of elements
+    #: the defect reaches, which it computes from the call (no model of the values there: FA4's
+    #: are undefined or not modelled); its hits say so (``known_model: elements``)
+    elementwise: bool = False
 
 
 def sink_gap(problem: AttentionProblem, a: Mapping[str, Any]) -> tuple[np.ndarray, Any]:
@@ -818,7 +822,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "65,536 of 65,536 O elements of the empty sequence NaN; docs/results/h200_session4/README.md "
         "'Finding: paged KV', scripts/gpu_paged_empty_nan.py (pagednan/paged_empty_nan.json). The fuzz "
         "puts NaN in the page pool only when asked (attention_problems(hostile_nan=True))",
-        _sm90_paged_tma_empty_seq_nan, targets=("production",)),
+        _sm90_paged_tma_empty_seq_nan, targets=("production",), elementwise=True),
     KnownIssue(
         "sm90_paged_tile144_fwd",
         "SM90 paged-KV forward at head dims 80 and 96 without causal or local (FA4's 192x144 tile): O is "
@@ -851,7 +855,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "default, every sequence with more than one Q block; passes without block sparsity and for the "
         "one-Q-block sequence; the kernel's O equals, to 3-4 digits, the float64 model of that stride "
         "(scripts/varlen_sparse_stride_model.py)",
-        _sm90_varlen_sparse_kv_stride, targets=("production",)),
+        _sm90_varlen_sparse_kv_stride, targets=("production",), elementwise=True),
     KnownIssue(
         "sm100_sparse_mla_autograd_dlse_dropped",
         "SM100 sparse MLA (qv + gather_kv_indices) through FA4's public autograd path with return_lse=True: "
@@ -887,7 +891,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "variant_bs_d256_bwd_64x64_local_mha_nondet, dK of keys no query reaches up to -1.74e27 / 1.55e16 / "
         "0.57 through FA4's public autograd path; the same lists through the driver call passed that run "
         "(the registers' contents vary by call)",
-        _sm90_sparse_bwd_left_window, targets=("production",)),
+        _sm90_sparse_bwd_left_window, targets=("production",), elementwise=True),
     KnownIssue(
         "sm100_fp8_fwd_no_build",
         "SM 10.x fp8 forward does not compile at head dims that pad to 48, 80 or 112 (MLIRError: "
@@ -918,6 +922,8 @@ def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any
     the judge found over budget must lie within the model (:func:`defect_models.outside_model`).
     Outside it, ``v`` is narrowed to those elements and its message says so (once)."""
     if ki.model is None:
+        if ki.elementwise:
+            v.metrics["known_model"] = "elements"
         return True
     if v.metrics.get("outside_known_model") == ki.name:
         return False
