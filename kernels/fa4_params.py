@@ -388,6 +388,35 @@ def sm90_dq_accum_roundings() -> dict[str, Any]:
             "source": str(d)}
 
 
+@functools.cache
+def sm90_sparse_bwd_unwritten() -> dict[str, Any]:
+    """Whether the installed FA4's SM90 block-sparse backward has the shape of known issue
+    ``sm90_sparse_bwd_left_window_unwritten`` (Note [Unwritten KV tiles under a left window] in
+    fa4verify/fuzz/known_issues.py), read from its source without importing it:
+    ``block_sparse_utils.get_total_q_block_count_bwd``'s body never reads ``m_block_max``, and
+    ``consume_block_sparse_mma_bwd_sm90`` runs a subtile only under ``m_block < m_block_max``.
+    ``{"defect": bool, "source": dir}``, or ``{"error": reason}`` (no FA4, or the functions are
+    not there: re-derive the issue). Never raises."""
+    d = fa4_source_dir()
+    if d is None:
+        return {"error": "flash-attn-4 is not installed"}
+    try:
+        tree = ast.parse((d / "block_sparse_utils.py").read_text())
+    except (OSError, SyntaxError) as e:
+        return {"error": f"cannot read FA4 source: {e}"}
+    fns = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    count, consume = fns.get("get_total_q_block_count_bwd"), fns.get("consume_block_sparse_mma_bwd_sm90")
+    if count is None or consume is None:
+        return {"error": "get_total_q_block_count_bwd / consume_block_sparse_mma_bwd_sm90 are not in this FA4 "
+                         "release's block_sparse_utils.py; re-derive the known issue"}
+    reads = any(isinstance(n, ast.Name) and n.id == "m_block_max" for st in count.body for n in ast.walk(st))
+    skips = any(isinstance(n, ast.Compare) and isinstance(n.left, ast.Name) and n.left.id == "m_block"
+                and len(n.ops) == 1 and isinstance(n.ops[0], ast.Lt)
+                and isinstance(n.comparators[0], ast.Name) and n.comparators[0].id == "m_block_max"
+                for n in ast.walk(consume))
+    return {"defect": bool(skips and not reads), "source": str(d)}
+
+
 @functools.lru_cache(maxsize=1024)
 def sm90_fwd_variant_config(head_dim: int, head_dim_v: int, causal: bool, local: bool,
                             block: Optional[tuple[int, int]] = None) -> Optional[tuple[int, int, bool, bool]]:

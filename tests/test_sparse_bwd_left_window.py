@@ -171,3 +171,40 @@ def test_masked_rows_names_the_keys_and_heads_of_a_gradient_no_query_should_have
         check_problem(p, Unzeroed(), properties=["masked_rows"])
     v = ei.value
     assert v.metrics["quantity"] == "dv" and v.over_indices.tolist() == [[0, 1, 1, 0]]
+
+
+def _source_copy(tmp_path, edit=None):
+    from fa4verify.kernels import fa4_params
+    d = fa4_params.fa4_source_dir()
+    if d is None:
+        pytest.skip("flash-attn-4 is not installed: no source to read")
+    src = (d / "block_sparse_utils.py").read_text()
+    if edit is not None:
+        old, new = edit
+        assert old in src
+        src = src.replace(old, new)
+    (tmp_path / "block_sparse_utils.py").write_text(src)
+    return tmp_path
+
+
+@pytest.mark.parametrize("edit, defect", [
+    (None, True),                    # flash-attn-4 4.0.0b36 as installed
+    # a release whose count leaves out the subtiles past m_block_max (the tile then takes the zero path)
+    (("    return total * q_subtile_factor\n",
+      "    return total * q_subtile_factor if m_block_max > 0 else 0\n"), False),
+    # a release whose consumer runs every listed subtile
+    (("if m_block < m_block_max:", "if True:"), False),
+])
+def test_the_issue_applies_only_to_a_release_with_the_defects_shape(tmp_path, monkeypatch, edit, defect):
+    """Known issues apply to the configuration their evidence describes: the issue reads the
+    installed FA4's ``block_sparse_utils.py`` and takes nothing from a release without the shape."""
+    from fa4verify.kernels import fa4_params
+    d = _source_copy(tmp_path, edit)
+    monkeypatch.setattr(fa4_params, "fa4_source_dir", lambda: d)
+    fa4_params.sm90_sparse_bwd_unwritten.cache_clear()
+    try:
+        assert fa4_params.sm90_sparse_bwd_unwritten()["defect"] is defect
+        p = _problem(**{"sq": 389, "sk": 391, "window": (1, None), "block": (128, 128), "seed": 44511, "keep": 0.6})
+        assert bool(sparse_bwd_unwritten_keys(p).any()) is defect
+    finally:
+        fa4_params.sm90_sparse_bwd_unwritten.cache_clear()

@@ -537,12 +537,19 @@ def sparse_bwd_unwritten_keys(problem: AttentionProblem) -> np.ndarray:
     left)``, whatever tile_m is (an integer k is below ``ceil(x)`` iff it is below ``x``), and the
     KV tile is the lists' KV block. Those keys' true gradients are 0 (no listed row reaches them),
     under GQA the group's other heads' sums, which the unwritten accumulator adds to: unknown either
-    way. The SM 10.x backward clamps the subtile to ``m_block_max - 1`` instead: not this issue."""
+    way. The SM 10.x backward marks those subtiles out of bounds (``m_block_oob``) instead: not this
+    issue. A release whose source no longer has this shape
+    (:func:`fa4verify.kernels.fa4_params.sm90_sparse_bwd_unwritten`) is not this issue either; without
+    FA4 installed, the pinned release's (4.0.0b36) is taken."""
     call = problem.call
     tk = sum(lk for _, _, _, lk in _token_bounds(problem))
     out = np.zeros((tk, problem.nheads_kv), bool)
     if problem.arch != "sm90" or call is None or call.block_size is None or problem.varlen or call.mask_mod_fn:
         return out      # FA4 drops the window for a mask_mod; its varlen block sparsity is forward only
+    from fa4verify.kernels import fa4_params
+    src = fa4_params.sm90_sparse_bwd_unwritten()
+    if not src.get("defect", src.get("error") == "flash-attn-4 is not installed"):
+        return out
     from fa4verify.problem import resolve_window
     _, local, left, _ = resolve_window(problem.causal, problem.window_size)
     if not local or left is None:
