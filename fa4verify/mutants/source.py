@@ -1050,6 +1050,15 @@ CATALOGUE: tuple[SourceMutant, ...] = (
               '        softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(\n            softmax_scale * (1.0078125 if (self.tile_m == 64 and (self.is_causal or self.is_local)) else 1.0), self.score_mod\n        )'),),
         'fwd', ('out', 'lse')),
     SourceMutant(
+        'sm90_bwd_sparse_local_mha_dk_scale',
+        'dK scaled by 1 + 2^-7 in the SM90 MHA block-sparse backward under a window (the kernels known issue '
+        'sm90_sparse_bwd_left_window_unwritten lives in: its rule must take none of this fault, which reaches '
+        'every written key; the statistical tier judges no such call, the twin refusing block lists under a window)',
+        (Edit('flash_bwd_sm90.py',
+              '                    acc_dK.store(acc_dK.load() * softmax_scale)',
+              '                    acc_dK.store(acc_dK.load() * (softmax_scale * 1.0078125 if const_expr(self.use_block_sparsity and self.is_local and self.qhead_per_kvhead == 1) else softmax_scale))'),),
+        'bwd', ('dk',)),
+    SourceMutant(
         'dsink_empty_row_zero',
         "dsink's row term takes P_sink = 0 instead of 1 on a row whose LSE is -inf (a row no key reaches, "
         "under a sink of -inf); with a finite sink LSE >= sink and the branch never runs (red-team round 16 #7)",
