@@ -395,11 +395,12 @@ def sm90_sparse_bwd_unwritten() -> dict[str, Any]:
     fa4verify/fuzz/known_issues.py), read from its source without importing it:
     ``block_sparse_utils.get_total_q_block_count_bwd``'s body never reads ``m_block_max``, and
     ``consume_block_sparse_mma_bwd_sm90`` runs a subtile only under ``m_block < m_block_max``.
-    ``{"defect": bool, "source": dir}``, or ``{"error": reason}`` (no FA4, or the functions are
-    not there: re-derive the issue). Never raises."""
+    ``{"defect": bool, "source": dir}``; without FA4 installed the pinned release's answer
+    (4.0.0b36: ``{"defect": True, "source": "pinned"}``); ``{"error": reason}`` where the functions
+    are not there (re-derive the issue). Never raises."""
     d = fa4_source_dir()
     if d is None:
-        return {"error": "flash-attn-4 is not installed"}
+        return {"defect": True, "source": "pinned"}
     try:
         tree = ast.parse((d / "block_sparse_utils.py").read_text())
     except (OSError, SyntaxError) as e:

@@ -122,8 +122,7 @@ def test_the_issue_takes_only_the_unwritten_keys(change, prop, quantity, where, 
     kw = dict(_CASE)
     kw.update(change)
     p = _problem(kw.pop("sq"), kw.pop("sk"), kw.pop("window"), kw.pop("block"), **kw)
-    base = sparse_bwd_unwritten_keys(_problem(**{"sq": 389, "sk": 391, "window": (1, None), "block": (128, 128),
-                                                 "seed": 44511, "keep": 0.6, "hd": 72}))
+    base = sparse_bwd_unwritten_keys(_problem(**_CASE))
     tok, head = np.nonzero(base)
     inside = [(t // 391, t % 391, h, 3) for t, h in zip(tok[:50], head[:50])]
     written = np.argwhere(~base)[0]
@@ -136,7 +135,7 @@ def test_the_issue_takes_only_the_unwritten_keys(change, prop, quantity, where, 
 
 
 def test_the_twin_target_is_not_taken():
-    p = _problem(**{"sq": 389, "sk": 391, "window": (1, None), "block": (128, 128), "seed": 44511, "keep": 0.6})
+    p = _problem(**_CASE)
     tok, head = np.nonzero(sparse_bwd_unwritten_keys(p))
     v = _violation("bwd_budget", "dk", [(tok[0] // 391, tok[0] % 391, head[0], 0)])
     assert match_known_issue(p, v, a={}, target="twin") is None
@@ -204,7 +203,7 @@ def test_the_issue_applies_only_to_a_release_with_the_defects_shape(tmp_path, mo
     fa4_params.sm90_sparse_bwd_unwritten.cache_clear()
     try:
         assert fa4_params.sm90_sparse_bwd_unwritten()["defect"] is defect
-        p = _problem(**{"sq": 389, "sk": 391, "window": (1, None), "block": (128, 128), "seed": 44511, "keep": 0.6})
+        p = _problem(**_CASE)
         assert bool(sparse_bwd_unwritten_keys(p).any()) is defect
     finally:
         fa4_params.sm90_sparse_bwd_unwritten.cache_clear()

@@ -547,8 +547,7 @@ def sparse_bwd_unwritten_keys(problem: AttentionProblem) -> np.ndarray:
     if problem.arch != "sm90" or call is None or call.block_size is None or problem.varlen or call.mask_mod_fn:
         return out      # FA4 drops the window for a mask_mod; its varlen block sparsity is forward only
     from fa4verify.kernels import fa4_params
-    src = fa4_params.sm90_sparse_bwd_unwritten()
-    if not src.get("defect", src.get("error") == "flash-attn-4 is not installed"):
+    if not fa4_params.sm90_sparse_bwd_unwritten().get("defect"):
         return out
     from fa4verify.problem import resolve_window
     _, local, left, _ = resolve_window(problem.causal, problem.window_size)
