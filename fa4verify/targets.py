@@ -192,9 +192,6 @@ class TwinTarget(Target):
             raise Unsupported(why)
         if (why := split_kv_unmodelled(problem)) is not None:
             raise Unsupported(why)
-        if problem.masked_lists:
-            from fa4verify.coverage.space import TWIN_MASKED_LISTS   # Note [Block lists with causal or a window]
-            raise Unsupported(TWIN_MASKED_LISTS)
 
     def describe(self) -> dict[str, Any]:
         return {"target": self.name, "where": self.where, "mutations": sorted(self.mutations),
@@ -250,7 +247,8 @@ class TwinTarget(Target):
                                                      v=v.astype(np.float64),
                                                      dout=None if do is None else do.astype(np.float64)), None
         from fa4verify.judge import keep_pattern
-        rw = keep_pattern.rewrite(problem, head=head)
+        # block lists under a causal / window rule: FA4's own tiles, the rule inside them (keep)
+        rw = keep_pattern.rewrite(problem, head=head, lists=True)
         (qb, qr), (kb, kr) = rw["q_index"].T, rw["k_index"].T
         # the keep-mask holds every mask (a gather's causal limit too): the rewrite is unmasked
         vp = problem.replace(call=plain, causal=False, window_size=(None, None), batch=len(rw["seqlens_q"]),
@@ -263,6 +261,9 @@ class TwinTarget(Target):
                   cu_seqlens_k=np.concatenate([[0], np.cumsum(rw["seqlens_k"])]).astype(np.int32),
                   # Note [FP8 descales]: a rewritten sequence takes its problem sequence's factors
                   **{f"{n}_descale": np.asarray(a[f"{n}_descale"])[list(rw["seq"])] for n in problem.descales})
+        if rw["keep"] is not None:      # Note [Block lists with causal or a window]
+            va["keep"] = rw["keep"]
+            va["keep_rule"] = facts_flags(problem)
         return vp, va, rw
 
     def _heads(self, problem: AttentionProblem, a: Mapping[str, Any]):
@@ -340,9 +341,12 @@ class TwinTarget(Target):
         tq = a["q"].shape[0]
         out = np.zeros((tq, problem.nheads, problem.head_dim_v))
         lse = np.full((problem.nheads, tq), -np.inf)
+        kw.update(_keep_kw(problem, a))
         for grp in self._segment_groups(problem, a):      # Note [Equal sequences as a batch]
             bs = [b for b, _sq, _sk in grp]
             stack = lambda x, i: np.stack([x[s[i]] for s in grp])      # noqa: E731
+            if a.get("keep") is not None:
+                kw["keep"] = np.stack([a["keep"][b] for b in bs])
             r = self._ta.forward(_typed(stack(a["q"], 1), dt), _typed(stack(a["k"], 2), dt),
                                  _typed(stack(a["v"], 2), dt), **kw,
                                  **{n: None if f is None else np.asarray(f)[bs] for n, f in descale.items()})
@@ -442,9 +446,9 @@ class TwinTarget(Target):
         kw.pop("mla")
         kw["deterministic"] = deterministic
         dt = problem.dtype
-        def call(q, k, v, o, do, lse, dl=None):
+        def call(q, k, v, o, do, lse, dl=None, keep=None):
             r = self._ta.backward(_typed(q, dt), _typed(k, dt), _typed(v, dt), _typed(o, dt), _typed(do, dt),
-                                  lse=np.asarray(lse, np.float32), dlse=dl, **kw)
+                                  lse=np.asarray(lse, np.float32), dlse=dl, keep=keep, **kw)
             return r
         dl = None if dlse is None else np.asarray(dlse, np.float32)
         if not problem.varlen:
@@ -471,7 +475,8 @@ class TwinTarget(Target):
             stack = lambda x, i: np.stack([x[s[i]] for s in grp])      # noqa: E731
             r = call(stack(a["q"], 1), stack(a["k"], 2), stack(a["v"], 2), stack(fwd.out, 1), stack(a["dout"], 1),
                      np.stack([fwd.lse[:, sq] for _b, sq, _sk in grp]),
-                     None if dl is None else np.stack([dl[:, sl] for sl in sls]))
+                     None if dl is None else np.stack([dl[:, sl] for sl in sls]),
+                     None if a.get("keep") is None else np.stack([a["keep"][b] for b, _sq, _sk in grp]))
             rq, rk, rv = (np.asarray(x, np.float64) for x in (r.dq, r.dk, r.dv))
             for j, (_b, sq, sk) in enumerate(grp):
                 dq[sq] = rq[j]
@@ -481,6 +486,29 @@ class TwinTarget(Target):
                 dsink += np.asarray(r.dsink, np.float64)
                 got_dsink = True
         return Bwd(dq, dk, dv, dsink if got_dsink else None)
+
+
+def facts_flags(problem: AttentionProblem) -> tuple[bool, bool]:
+    """(causal, local) as FA4 resolves them for ``problem``'s kernel."""
+    from fa4verify.kernels import facts
+    causal, local, _, _ = facts.resolve_causal_local_window(problem.causal, problem.window_size)
+    return bool(causal), bool(local)
+
+
+def _keep_kw(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+    """The twin's keyword arguments that an elementwise keep-mask's rewrite (block lists under a
+    causal or window rule, :meth:`TwinTarget._call_form`) adds besides the mask: on SM 10.x the
+    emulated exp2 columns of the kernel FA4 compiled with the rule's flags (the rewrite runs
+    without them); {} elsewhere."""
+    if a.get("keep") is None or problem.arch == "sm90":
+        return {}
+    from fa4verify.kernels.twin.exp2 import emulated_columns
+    causal, local = a["keep_rule"]
+    pack = problem.call.pack_gqa if problem.call is not None and problem.call.pack_gqa is not None \
+        else problem.nheads > problem.nheads_kv
+    cols = emulated_columns(head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, causal=causal, local=local,
+                            pack_gqa=bool(pack), is_sm103=problem.arch == "sm103", fp8=problem.dtype == "fp8")
+    return {"emulated_columns": tuple(int(i) for i in np.flatnonzero(cols))}
 
 
 def _twin_rearranges(problem: AttentionProblem) -> bool:

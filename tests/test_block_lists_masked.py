@@ -91,13 +91,52 @@ def test_the_judge_tells_both_masks_from_either_alone():
         assert np.max(np.abs(o - np.asarray(judge.oracle_forward(other, a).out))) > 1e-2
 
 
-def test_the_twin_refuses_them_and_its_plan_has_none():
-    from fa4verify.coverage.space import TWIN_MASKED_LISTS
-    from fa4verify.targets import TwinTarget, Unsupported
-    with pytest.raises(Unsupported, match="no block lists under a causal or window rule"):
-        TwinTarget().check_supported(AttentionProblem(call=CALL, causal=True, **BASE))
-    TwinTarget().check_supported(AttentionProblem(call=CALL, **BASE))
-    sp = space_for("sm90", "bf16", masked_lists=False)
-    pl = planner.plan(sp, seed=0)
-    assert not [r for r in pl.rows if r["form"] == "block_sparse" and r["mask"] != "none"]
-    assert any(w.endswith(TWIN_MASKED_LISTS) for w in pl.unsupported.values())
+MASKS = [dict(causal=True), dict(window_size=(40, 0)), dict(window_size=(None, 17)), dict(window_size=(30, 50))]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_the_twin_walks_every_listed_tile_with_the_rule_inside(mask):
+    """Every block listed: the twin's block-sparse rewrite (the lists' grid, the rule as its keep
+    argument) walks all tiles, the dense windowed call skips the ones the rule masks whole and
+    masks by geometry -- another path to the same arithmetic: forward and dQ equal bit for bit
+    (dK / dV: the rewrite sums a key's copies over its query blocks in float64)."""
+    from fa4verify.targets import TwinTarget
+    t = TwinTarget(accumulation="sm90-tensor-core")
+    every = CallForm(block_size=(128, 128), block_seed=7, block_keep=1.0, block_per_batch=True)
+    p = AttentionProblem(call=every, **mask, **BASE)
+    d = AttentionProblem(**mask, **BASE)
+    a = p.materialize()
+    f, fd = t.forward(p, a), t.forward(d, a)
+    np.testing.assert_array_equal(f.out, fd.out)
+    np.testing.assert_array_equal(f.lse, fd.lse)
+    g, gd = t.backward(p, a, f), t.backward(d, a, fd)
+    np.testing.assert_array_equal(g.dq, gd.dq)
+    assert np.max(np.abs(g.dk - gd.dk)) <= 2.0 ** -6 * np.max(np.abs(gd.dk))
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+@pytest.mark.parametrize("mask", MASKS[:2])
+def test_the_twin_runs_them_inside_the_budgets_and_the_rule_matters(arch, mask):
+    """The twin on block lists under a rule passes the judge against the oracle; the same rewrite
+    without the rule's keep-mask (the lists alone) fails it."""
+    from fa4verify.fuzz.properties import check_problem
+    from fa4verify.fuzz.violation import Violation
+    from fa4verify.targets import TwinTarget
+
+    class NoRule(TwinTarget):
+        def _call_form(self, problem, a, head=0):
+            vp, va, rw = super()._call_form(problem, a, head)
+            return vp, {k: v for k, v in va.items() if k not in ("keep", "keep_rule")}, rw
+
+    p = AttentionProblem(call=CALL, **mask, **{**BASE, "arch": arch})
+    out = check_problem(p, TwinTarget(), properties=("runs", "fwd_budget", "bwd_budget", "masked_rows"))
+    assert {"fwd_budget", "bwd_budget"} <= set(out.ran) and not out.undecided
+    with pytest.raises(Violation):
+        check_problem(p, NoRule(), properties=("runs", "fwd_budget", "bwd_budget", "masked_rows"))
+
+
+def test_the_twin_plan_runs_block_lists_under_every_mask():
+    from fa4verify.targets import TwinTarget
+    TwinTarget().check_supported(AttentionProblem(call=CALL, causal=True, **BASE))
+    pl = planner.plan(space_for("sm90", "bf16"), seed=0)
+    assert {r["mask"] for r in pl.rows if r["form"] == "block_sparse"} - {"none"}

@@ -10,7 +10,7 @@ import pytest
 
 from fa4verify.fuzz import Violation
 from fa4verify.fuzz.properties import check_problem
-from fa4verify.problem import AttentionProblem, ValueSpec
+from fa4verify.problem import AttentionProblem, CallForm, ValueSpec
 from fa4verify.targets import TwinTarget
 
 PROPS = ("runs", "fwd_budget", "bwd_budget", "stat_tier")
@@ -48,7 +48,11 @@ def test_the_tier_is_quiet_on_a_correct_kernel():
     assert all(out.metrics[f"stat_bias_{n}"] <= 1.0 for n in ("out", "dq", "dk", "dv")), out.metrics
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(nheads=4, nheads_kv=2, causal=False)])
+@pytest.mark.parametrize("kw", [dict(), dict(nheads=4, nheads_kv=2, causal=False),
+                                # block lists under a window (Note [Block lists with causal or a
+                                # window]): the variants no twin call reached until the twin ran them
+                                dict(causal=False, window_size=(40, 0), seqlen_q=384, seqlen_k=384,
+                                     call=CallForm(block_size=(128, 128), block_seed=7, block_keep=0.7))])
 def test_the_tier_fails_a_dk_scaled_by_1_plus_2_to_the_minus_7(kw):
     p = _problem(**kw)
     # the per-element tier passes it: only the statistical one sees the bias
@@ -140,6 +144,9 @@ def test_the_coverage_plan_asks_the_tier_of_one_call_per_variant_and_names_the_r
     missing = every - judged
     assert not missing & set().union(*(variants(c, True) for c in cs))
     assert len(unjudged) <= len(missing) and bool(unjudged) == bool(missing)
+    # on SM90 none: the twin runs every call form the plan's variants need (block lists under
+    # causal / a window included, Note [Block lists with causal or a window])
+    assert not missing and not unjudged, unjudged
 
 
 def test_no_verdict_on_a_tensor_whose_violation_a_known_issue_absorbed():

@@ -55,9 +55,8 @@ def forms_of(features: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def build(ctx: CheckContext, *, arch: str, dtype: str, features: tuple[str, ...], masked_lists: bool = True):
-    """(space, plan, problems) of this audit on ``arch`` (``masked_lists``: whether the target runs
-    block lists under a causal / window rule, :attr:`FeatureSpace.masked_lists`)."""
+def build(ctx: CheckContext, *, arch: str, dtype: str, features: tuple[str, ...]):
+    """(space, plan, problems) of this audit on ``arch``."""
     from fa4verify.problem import MOD_FEATURE
     from fa4verify.coverage.cases import plan_problems
     from fa4verify.coverage.planner import plan
@@ -68,7 +67,7 @@ def build(ctx: CheckContext, *, arch: str, dtype: str, features: tuple[str, ...]
         mask = tuple(m for m in mask if m.startswith("fn:"))
         mask_bwd = tuple(m for m in mask_bwd if m.startswith("fn:"))
     sp = space_for(arch, dtype, forms=forms_of(features), deployment=ctx.deploy, score_pairs=score,
-                   mask_pairs=mask, mask_pairs_bwd=mask_bwd, masked_lists=masked_lists)
+                   mask_pairs=mask, mask_pairs_bwd=mask_bwd)
     pl = plan(sp, seed=int(ctx.seed))
     pl.rows, problems = plan_problems(sp, pl.rows, seed=int(ctx.seed))   # every registered pair runs
     return sp, pl, problems
@@ -78,7 +77,7 @@ def _cases(ctx: CheckContext, *, target: str, features: tuple[str, ...], arch: s
            where: str) -> list:
     """The plan's rows as the check's cases (coverage/planner.py is this check's ``cases()``)."""
     from fa4verify.coverage.cases import NONDETERMINISTIC_EDGES, edge_problems
-    sp, pl, problems = build(ctx, arch=arch, dtype=dtype, features=features, masked_lists=target != "twin")
+    sp, pl, problems = build(ctx, arch=arch, dtype=dtype, features=features)
     if not pl.rows:
         why = "; ".join(f"{k}: {v}" for k, v in sp.notes.items()) or "the space is empty"
         ctx.skip(f"nothing to run: the audit's space holds no value FA4 supports on {arch} ({why})")

@@ -100,9 +100,6 @@ _KV_FORMS = ("varlen", "seqused_k", "seqused_q", "block_sparse_varlen") + _PAGED
 #: forms whose FA4 call takes a mask_mod: FA4 drops causal/window (``_resolve_causal_local_window``;
 #: block lists without one keep them: Note [Block lists with causal or a window])
 _MOD_KEEP_FORMS = ("block_sparse_mod", "mask_mod")
-#: why the twin runs no block lists under a causal / window rule (its refusal, fa4verify/targets.py)
-TWIN_MASKED_LISTS = ("the twin runs no block lists under a causal or window rule (its block-sparse rewrite "
-                     "packs each query block's listed keys: the rule has no place there)")
 BLOCK_FORMS = ("block_sparse", "block_sparse_mod", "block_sparse_varlen")   # FA4's block-sparse kernels
 #: the pair forms; on the seqlen values that need a varlen call (:data:`VARLEN_SEQLENS`) they run
 #: on one (plain cu_seqlens: FA4 hands the mods sequence-local indices and the sequence as b)
@@ -196,9 +193,6 @@ class FeatureSpace:
     softcaps: dict[str, float] = dataclasses.field(default_factory=dict)  # "on:30" -> 30.0
     pages: dict[str, int] = dataclasses.field(default_factory=dict)       # "paged:16" -> 16
     scales: dict[str, float] = dataclasses.field(default_factory=dict)    # "scale:0.0625" -> 0.0625
-    #: whether the target runs block lists under a causal / window rule (production FA4 does; the
-    #: twin refuses them: Note [Block lists with causal or a window])
-    masked_lists: bool = True
 
     # ---------------------------------------------------------------- support
     def why_not(self, row: Mapping[str, str]) -> Optional[str]:
@@ -222,8 +216,6 @@ class FeatureSpace:
                     "softcap score_mod's scale: two fp32 roundings its softcap budget does not count)")
         if form in _MOD_KEEP_FORMS and mask not in (None, "none"):
             return f"{form}: FA4 drops causal/window with a mask_mod (write them into the mask)"
-        if form in ("block_sparse", "block_sparse_varlen") and mask not in (None, "none") and not self.masked_lists:
-            return f"{form}: {TWIN_MASKED_LISTS}"
         if form == "score_mod":
             if not self.score_pairs:
                 return "no score_mod pair with a CuTe function is registered"
@@ -466,10 +458,9 @@ class FeatureSpace:
 def space_for(arch: str, dtype: str, *, forms: Optional[Sequence[str]] = None, deployment: Any = None,
               score_pairs: Optional[Sequence[str]] = None, mask_pairs: Optional[Sequence[str]] = None,
               mask_pairs_bwd: Optional[Sequence[str]] = None,
-              distributions: Sequence[str] = PLAN_DISTRIBUTIONS, masked_lists: bool = True) -> FeatureSpace:
+              distributions: Sequence[str] = PLAN_DISTRIBUTIONS) -> FeatureSpace:
     """The space of an audit on ``arch`` / ``dtype``. ``forms``: the call forms the target runs
-    (default all); ``masked_lists``: whether it runs block lists under a causal / window rule
-    (:attr:`FeatureSpace.masked_lists`); ``deployment``: a :class:`fa4verify.deployment.Deployment` that confines every
+    (default all); ``deployment``: a :class:`fa4verify.deployment.Deployment` that confines every
     dimension (:meth:`~fa4verify.deployment.Deployment.confine`); the registered pairs default to
     the registries' (:mod:`fa4verify.mods`, :func:`fa4verify.problem.calls.mask_mod_pairs`)."""
     if score_pairs is None or mask_pairs is None or mask_pairs_bwd is None:
@@ -508,8 +499,7 @@ def space_for(arch: str, dtype: str, *, forms: Optional[Sequence[str]] = None, d
         vals["det"] = ("on",)
         vals["descale"] = tuple(DESCALES)
         notes["det"] = "fp8: FA4 runs the forward only"
-    sp = FeatureSpace(arch, dtype, vals, hd, tuple(score_pairs), tuple(mask_pairs), tuple(mask_pairs_bwd),
-                      masked_lists=masked_lists)
+    sp = FeatureSpace(arch, dtype, vals, hd, tuple(score_pairs), tuple(mask_pairs), tuple(mask_pairs_bwd))
     if notes:
         sp = dataclasses.replace(sp, notes=dict(sp.notes, **notes))
     if deployment is not None:

@@ -39,12 +39,14 @@ def _unview(problem, x):
     return x[0] if problem.varlen else x
 
 
-def _blocks(problem, seq: int, lq: int, lk: int, keeps: list, head: int = 0) -> tuple[np.ndarray, tuple[int, int]]:
+def _blocks(problem, seq: int, lq: int, lk: int, keeps: list, head: int = 0,
+            lists: bool = False) -> tuple[np.ndarray, tuple[int, int]]:
     """The block grid of sequence ``seq`` (lengths ``lq``, ``lk``) and its block size (query head
     ``head``'s with a block mask per head); ``keeps``: a one-element cache of the problem's
-    keep-masks (computed at the first sequence needing them)."""
+    keep-masks (computed at the first sequence needing them); ``lists``: the call's block lists
+    even under a causal or window rule (:func:`rewrite`)."""
     call = problem.call
-    if call.block_size is not None and not call.block_partial and not problem.masked_lists:
+    if call.block_size is not None and not call.block_partial and (lists or not problem.masked_lists):
         return call.block_mask(lq, lk, seq=call.grid_seq(problem, seq), head=head), tuple(call.block_size)
     # block lists under a causal or window rule (Note [Block lists with causal or a window]): the
     # rule cuts blocks, so the grid of the whole keep-mask (on the diagonal, row by row)
@@ -62,20 +64,32 @@ def _blocks(problem, seq: int, lq: int, lk: int, keeps: list, head: int = 0) -> 
     return keep, (1, 1)
 
 
-def rewrite(problem, head: int = 0) -> dict[str, Any]:
+def rewrite(problem, head: int = 0, *, lists: bool = False) -> dict[str, Any]:
     """Index maps of the varlen rewrite into the token view (:func:`view`): ``q_index`` (total_q,
     2) = (batch, row) and ``k_index`` (total_k, 2) = (batch, key) of each packed token;
     ``seqlens_q/k``; ``seq``: the problem's sequence (batch entry) of each rewritten sequence.
     ``head``: the query head whose keep-pattern is rewritten (one serves every head unless the
-    problem's masks differ by head: ``heads_differ``)."""
+    problem's masks differ by head: ``heads_differ``).
+
+    ``lists``: block lists under a causal or window rule keep the call's own block grid -- a
+    rewritten sequence per query block holding its listed blocks, as FA4 walks them -- and
+    ``keep`` holds each sequence's keep-mask ``(lq, lk)`` (the rule at the problem's own indices),
+    which the CPU twin applies inside each tile (its ``keep`` argument); without ``lists`` the
+    rule's cuts give the finest grid the keep-mask is constant on (the oracle, which has no
+    keep-mask argument). ``keep`` is None where the rewrite needs none."""
     qi, ki, lq, lk, keeps, seq = [], [], [], [], [], []
+    inner = [] if lists and problem.masked_lists else None
     for s, (q0, sq, k0, sk) in enumerate(problem._seq_bounds()):
         b = 0 if problem.varlen else s
-        bm, (bq, bk) = _blocks(problem, s, sq, sk, keeps, head)
+        bm, (bq, bk) = _blocks(problem, s, sq, sk, keeps, head, lists=lists)
+        if inner is not None and not keeps:
+            keeps.append(problem.keep_masks(head=head))
         for r in range(bm.shape[0]):
             rows = q0 + np.arange(r * bq, min((r + 1) * bq, sq))
             keys = k0 + np.concatenate([np.arange(c * bk, min((c + 1) * bk, sk)) for c in np.flatnonzero(bm[r])]
                                        or [np.zeros(0, np.int64)])
+            if inner is not None:
+                inner.append(keeps[0][s][np.ix_(rows - q0, keys - k0)])
             qi.append(np.stack([np.full(len(rows), b), rows], axis=1).reshape(-1, 2))
             ki.append(np.stack([np.full(len(keys), b), keys], axis=1).reshape(-1, 2))
             lq.append(len(rows))
@@ -83,9 +97,9 @@ def rewrite(problem, head: int = 0) -> dict[str, Any]:
             seq.append(s)
     if not qi:
         z = np.zeros((0, 2), np.int64)
-        return {"q_index": z, "k_index": z, "seqlens_q": (), "seqlens_k": (), "seq": ()}
+        return {"q_index": z, "k_index": z, "seqlens_q": (), "seqlens_k": (), "seq": (), "keep": None}
     return {"q_index": np.concatenate(qi).astype(np.int64), "k_index": np.concatenate(ki).astype(np.int64),
-            "seqlens_q": tuple(lq), "seqlens_k": tuple(lk), "seq": tuple(seq)}
+            "seqlens_q": tuple(lq), "seqlens_k": tuple(lk), "seq": tuple(seq), "keep": inner}
 
 
 def _packed(problem, a: Mapping[str, Any], rw: Mapping[str, Any]):

@@ -124,6 +124,14 @@ not depend on causal / local under block sparsity (``_tile_size_bwd_sm90`` with
 ``sparse_block_size_q``, ``_fit_sm90_fwd_tile_to_block_sparsity``; every head dim, read from
 4.0.0b36), so a masked block-sparse call takes the plain one's block size. A mask pair's partial
 blocks or a named mask_mod pattern give FA4 a mask_mod: those calls stay without causal/window.
+
+The CPU twin runs such a call as FA4 walks it: the varlen rewrite keeps the lists' grid (a
+sequence per query block holding its listed KV blocks, ``keep_pattern.rewrite(lists=True)``) and
+the rule goes in as an elementwise keep-mask the twin applies inside each tile (its ``keep``
+argument: -inf scores, no tile skipped), so its prediction is the kernel's arithmetic for the
+statistical tier. With every block listed its forward and dQ equal the dense windowed call's bit
+for bit (``tests/test_block_lists_masked.py``). The oracle, which has no keep-mask argument,
+rewrites on the finest grid the keep-mask is constant on instead.
 """
 from __future__ import annotations
 

@@ -155,13 +155,15 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
              dtype: str | None = None, accumulation: str = "exact-then-round",
              mufu: str = "correctly-rounded", seed: int = 0,
              stage_probe: Callable[[StageSample], None] | None = None,
-             out_fp32=None, dlse=None) -> TwinBackwardResult:
+             out_fp32=None, dlse=None, keep=None) -> TwinBackwardResult:
     """CPU twin of FA4's backward.  ``out`` is the forward output (dtype-rounded), ``lse`` the
     forward LSE (natural log, (b, h, sq)); when ``lse`` is None (or ``d_from_fp32_o`` needs the
     fp32 O and ``out_fp32`` is not given) the twin forward is run with the same settings.
     ``dlse``: a gradient through the returned LSE ((b, h, sq), fp32 values); the preprocess then
     writes ``D' = RN(D - dLSE)`` and the main kernel reads it as D (FA4's
-    ``flash_bwd_preprocess.py``, the only place dLSE enters)."""
+    ``flash_bwd_preprocess.py``, the only place dLSE enters).  ``keep``: the forward's
+    elementwise keep-mask (:func:`fa4verify.kernels.twin.forward.forward`), applied with the
+    causal / window rule in every KV tile."""
     exact = frozenset(exact_stages)
     muts = frozenset(mutations)
     bad = exact - set(BWD_STAGES) - set(tf.FWD_STAGES)
@@ -185,7 +187,7 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
         check_representable(a, dt, n)
     fwd_kw = dict(arch=arch, softmax_scale=softmax_scale, causal=causal,
                   window_size=window_size, softcap=softcap, learnable_sink=learnable_sink,
-                  dtype=dt, accumulation=accumulation, mufu=mufu, seed=seed)
+                  dtype=dt, accumulation=accumulation, mufu=mufu, seed=seed, keep=keep)
     if lse is None or ("d_from_fp32_o" in muts and out_fp32 is None):
         fr = tf.forward(q, k, v, **fwd_kw)
         if lse is None:
@@ -254,6 +256,7 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
     if pad:
         K = np.concatenate([K, np.zeros(K.shape[:2] + (pad, D), F32)], axis=2)
         V = np.concatenate([V, np.zeros(V.shape[:2] + (pad, Dv), F32)], axis=2)
+    keep_p = tf.keep_padded(keep, B, Hq, Sq, Sk, n_blocks * tile_n)
 
     offset = Sk - Sq
     rows = np.arange(Sq)
@@ -290,7 +293,8 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
             allowed = allowed & (cols[None, :] <= ri + offset + (0 if is_causal else wr))
         if wl is not None:
             allowed = allowed & (cols[None, :] >= ri + offset - wl)
-        S = np.where(allowed[None, None], S, np.array(-np.inf, np.asarray(S).dtype))
+        allowed = allowed[None, None] if keep_p is None else allowed & keep_p[..., nb * tile_n:(nb + 1) * tile_n]
+        S = np.where(allowed, S, np.array(-np.inf, np.asarray(S).dtype))
         # P = ex2(fma(S, c, -lse_log2))
         S64 = np.asarray(S, F64)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -346,7 +350,7 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
                 else:
                     tt32 = np.asarray(tanh_t)
                     dS = _mul(dS, _sub(np.array(F32(1.0)), _mul(tt32, tt32)))
-            dS = np.where(allowed[None, None], dS, np.zeros((), np.asarray(dS).dtype))
+            dS = np.where(allowed, dS, np.zeros((), np.asarray(dS).dtype))
         if "ds_cast" in exact:
             dSc = dS
         else:

@@ -294,7 +294,8 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             use_2cta: bool | None = None, emulated_columns=None,
             stage_probe: Callable[[StageSample], None] | None = None,
             cu_seqlens_q=None, cu_seqlens_k=None, _varlen_q: bool = False, mla: bool = False,
-            q_descale=None, k_descale=None, v_descale=None, tile_n: int | None = None) -> TwinForwardResult:
+            q_descale=None, k_descale=None, v_descale=None, tile_n: int | None = None,
+            keep=None) -> TwinForwardResult:
     """CPU twin of FA4's forward ("CPU twin"; see the module docstring for what is modelled).
 
     ``q`` (b, sq, hq, d), ``k``/``v`` (b, sk, hk, d/dv): torch tensors or numpy arrays of
@@ -315,7 +316,11 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     row-sum order.  ``q_descale`` / ``k_descale`` / ``v_descale``: fp32 (b, hk) factors of fp8
     inputs (FA4's ``_load_effective_descales``): the exponent scale of KV head ``hk`` is
     ``RN(c RN(qd kd))`` and the normaliser ``RN(rcp(l) vd)`` (not with softcap, MLA or the
-    dedicated hd-256 kernel).  ``stage_probe(StageSample)`` is called
+    dedicated hd-256 kernel).  ``keep``: a boolean keep-mask, (b, sq, sk) or (b, hq, sq, sk),
+    applied with the causal / window rule inside every KV tile the call walks -- FA4's ``mask_fn``
+    in the listed tiles of a block-sparse call under a causal or window rule (Note [Block lists
+    with causal or a window]): a score it drops is -inf like a masked one, and no tile is skipped
+    for it (dense calls only).  ``stage_probe(StageSample)`` is called
     for every stage application with the as-FA4 value, the exact value from the same inputs and
     the budget statistics.
 
@@ -326,6 +331,8 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     with every stage exact, equal to exact attention up to fp64 rounding (~1e-15 relative).
     """
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        if keep is not None:
+            raise ValueError("keep takes a dense call (run a varlen one a sequence at a time)")
         return _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dict(
             arch=arch, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
             softcap=softcap, learnable_sink=learnable_sink, exact_stages=exact_stages,
@@ -462,6 +469,7 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     if pad:
         K = np.concatenate([K, np.zeros(K.shape[:2] + (pad, D), F32)], axis=2)
         V = np.concatenate([V, np.zeros(V.shape[:2] + (pad, Dv), F32)], axis=2)
+    keep_p = keep_padded(keep, B, Hq, Sq, Sk, n_blocks * tile_n)
 
     # --- masking geometry (bottom-right alignment unless mutated)
     offset = Sk - Sq
@@ -527,8 +535,9 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
             allowed = allowed & (cols[None, :] <= ri + offset + (0 if is_causal else wr))
         if wl is not None:
             allowed = allowed & (cols[None, :] >= ri + offset - wl)
+        allowed = allowed[None, None] if keep_p is None else allowed & keep_p[:, :, ridx, nb * tile_n:(nb + 1) * tile_n]
         neg_inf = np.array(-np.inf, dtype=S.dtype)
-        S = np.where(allowed[None, None], S, neg_inf)
+        S = np.where(allowed, S, neg_inf)
         # row max (fmax: NaN ignored)
         with np.errstate(invalid="ignore"):
             tmax = np.fmax.reduce(S, axis=-1)
@@ -662,6 +671,21 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
               "scale_log2": float(c_base), "emulated_columns": emu.copy()}
     return TwinForwardResult(out=np.ascontiguousarray(np.swapaxes(out, 1, 2)), lse=lse,
                              stages=stages, config=cfg)
+
+
+def keep_padded(keep, B: int, Hq: int, Sq: int, Sk: int, width: int):
+    """A ``keep`` argument as (b, 1 or hq, sq, ``width``) booleans, False past ``Sk`` (None stays
+    None); a shape that is neither (b, sq, sk) nor (b, hq, sq, sk) raises ValueError."""
+    if keep is None:
+        return None
+    kp = np.asarray(keep, bool)
+    if kp.ndim == 3:
+        kp = kp[:, None]
+    if kp.ndim != 4 or kp.shape[0] != B or kp.shape[1] not in (1, Hq) or kp.shape[2:] != (Sq, Sk):
+        raise ValueError(f"keep: expected shape ({B}, {Sq}, {Sk}) or ({B}, {Hq}, {Sq}, {Sk}), got {np.shape(keep)}")
+    out = np.zeros(kp.shape[:3] + (width,), bool)
+    out[..., :Sk] = kp
+    return out
 
 
 def _store(x):
