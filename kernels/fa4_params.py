@@ -546,15 +546,20 @@ def sm90_accum_misread(lens: Sequence[int], head_dim: int, tile: int, packed: bo
         base = [0] * len(lens)
     out = []
     c = np.arange(head_dim)[None, :]
+    # the sequences' row ranges [base, base + len) are disjoint and their bases increase (a packed
+    # sequence starts a tile past the previous one's end): the one a read row may lie in is the
+    # last whose base is at or below it
+    base_a, lens_a = np.asarray(base, np.int64), np.asarray(lens, np.int64)
     for b, n in enumerate(lens):
         g = base[b] + np.arange(n)[:, None]
         o = (g // 64) * (dr // 8) + c // 8
         s2, j2 = np.divmod(o, dw // 8)
         g2, c2 = np.broadcast_arrays(64 * s2 + g % 64, 8 * j2 + c % 8)
         src = np.full((n, head_dim, 3), -1, np.int64)
-        for bb in (range(len(lens)) if packed else (b,)):
-            hit = (g2 >= base[bb]) & (g2 < base[bb] + lens[bb]) & (c2 < head_dim)
-            src[hit] = np.stack([np.full(int(hit.sum()), bb), g2[hit] - base[bb], c2[hit]], 1)
+        bb = (np.clip(np.searchsorted(base_a, g2, side="right") - 1, 0, None) if packed
+              else np.full(g2.shape, b, np.int64))
+        hit = (g2 >= base_a[bb]) & (g2 < base_a[bb] + lens_a[bb]) & (c2 < head_dim)
+        src[hit] = np.stack([bb[hit], g2[hit] - base_a[bb[hit]], c2[hit]], 1)
         out.append(src)
     return out
 

@@ -648,3 +648,37 @@ def test_a_row_the_forward_kept_nothing_of_recomputes_p_against_lse_zero():
     v_ = _violation("dq", dq, right["dq"], np.full(dq.shape, 1e-4), a["dout"])
     ki = match_known_issue(p, v_, a, target="production")
     assert ki is not None and ki.name == "mask_mod_causal_bwd" and v_.metrics["known_model"] == "within"
+
+
+def _misread_by_sequence_scan(lens, head_dim, tile, packed):
+    """Note [The misread accumulator]'s read map, each read row tried against every sequence's
+    rows in turn (the transcription the vectorised search in ``sm90_accum_misread`` replaced)."""
+    from fa4verify.kernels import fa4_params as fp
+    pin = fp.SM90_DQ_ACCUM_ROUNDINGS_PINNED
+    dw, dr = -(-head_dim // pin["main"][1]) * pin["main"][1], -(-head_dim // pin["accum"][1]) * pin["accum"][1]
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    base = [int((cu[b] + b * tile) // tile * tile) for b in range(len(lens))] if packed else [0] * len(lens)
+    c = np.arange(head_dim)[None, :]
+    out = []
+    for b, n in enumerate(lens):
+        g = base[b] + np.arange(n)[:, None]
+        s2, j2 = np.divmod((g // 64) * (dr // 8) + c // 8, dw // 8)
+        g2, c2 = np.broadcast_arrays(64 * s2 + g % 64, 8 * j2 + c % 8)
+        src = np.full((n, head_dim, 3), -1, np.int64)
+        for bb in (range(len(lens)) if packed else (b,)):
+            hit = (g2 >= base[bb]) & (g2 < base[bb] + lens[bb]) & (c2 < head_dim)
+            src[hit] = np.stack([np.full(int(hit.sum()), bb), g2[hit] - base[bb], c2[hit]], 1)
+        out.append(src)
+    return out
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_misread_map_equals_a_scan_of_every_sequence(packed):
+    from fa4verify.kernels.fa4_params import sm90_accum_misread
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        lens = [int(x) for x in rng.choice([0, 1, 7, 63, 64, 65, 130, 200], size=int(rng.integers(1, 9)))]
+        hd = int(rng.choice([8, 40, 72, 104, 136]))
+        tile = int(rng.choice([64, 128]))
+        for got, want in zip(sm90_accum_misread(lens, hd, tile, packed), _misread_by_sequence_scan(lens, hd, tile, packed)):
+            np.testing.assert_array_equal(got, want)
