@@ -180,7 +180,7 @@ def test_coverage_says_how_each_known_issue_absorbed():
                                            "property": "bwd_budget", "model": "no model"}]
     assert "known FA4 issues absorbed 3 violation(s) in 2 case(s), 1 within a model of the defect, 2 by " \
            "configuration alone" in out.summary
-    # an issue whose rule names the elements the defect reaches (KnownIssue.elementwise)
+    # an issue whose rule names the elements the defect reaches (KnownIssue.names)
     outcomes[6]["known"] = [{"name": "sm90_sparse_bwd_left_window_unwritten", "property": "masked_rows",
                              "quantity": "dv", "tightness_key": "dv", "model": "elements"}]
     out = planned_result(CheckResult(status="pass", where="CPU twin", summary="x"), head, outcomes)

@@ -174,6 +174,7 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     cov["violating_rows"] = {str(i): dict(row=rows[i], **f) for i in range(len(rows))
                              for f in [failure(i)] if f is not None}
     cov["known_rows"] = {str(i): sorted({k["name"] for k in by[i].get("known", [])}
+                                        | {k["with"]["name"] for k in by[i].get("known", []) if "with" in k}
                                         | ({by[i]["known_raised"]["name"]} if by[i].get("known_raised") else set()))
                          for i in range(len(rows)) if by.get(i, {}).get("known") or by.get(i, {}).get("known_raised")}
     # Note [Known issues with a model]: what each known issue absorbed, and how: within its float64
@@ -181,7 +182,8 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
     absorbed = {}
     for i, o in by.items():
         ks = [{"name": k["name"], "quantity": k.get("tightness_key", k.get("quantity")), "property": k.get("property"),
-               "model": k.get("model", "no model")} for k in o.get("known", [])]
+               "model": k.get("model", "no model"), **({"with": k["with"]} if "with" in k else {})}
+              for k in o.get("known", [])]
         if ks:
             absorbed[str(i)] = ks
     cov["known_absorbed"] = absorbed
@@ -235,6 +237,9 @@ def planned_result(out: CheckResult, head: dict, outcomes: list) -> CheckResult:
                       f"within a model of the defect, "
                       + (f"{elements} on elements the defect's rule names, " if elements else "")
                       + f"{len(flat) - within - elements} by configuration alone")
+        two = sum("with" in k for k in flat)
+        if two:          # Note [Two defects in one violation]
+            head_line += f" ({two} of them with another issue's elements taken out)"
     # Note [A statistical verdict per kernel variant]: the calls the statistical tier judged, the
     # ones it could not (the reason each), the variants no call the twin runs reaches
     stat_calls = pl.get("stat_calls") or {}

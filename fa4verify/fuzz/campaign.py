@@ -332,6 +332,9 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
                 hit.setdefault("quantities", {})
                 q = str(v.metrics.get("quantity", v.prop))
                 hit["quantities"][q] = hit["quantities"].get(q, 0) + 1
+                if "known_with" in v.metrics:     # Note [Two defects in one violation]
+                    w = hit.setdefault("with", {})
+                    w[v.metrics["known_with"]] = w.get(v.metrics["known_with"], 0) + 1
             return True
 
         token = _ABSORB.set(absorb)

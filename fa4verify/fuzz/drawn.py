@@ -236,6 +236,9 @@ def run_drawn(problems: Sequence[AttentionProblem], indices: Sequence[int], *, t
                                "tightness_key": tightness_key(v)})
             if "known_model" in v.metrics:        # Note [Known issues with a model]
                 o["known"][-1]["model"] = v.metrics["known_model"]
+            if "known_with" in v.metrics:         # Note [Two defects in one violation]
+                o["known"][-1]["with"] = {"name": v.metrics["known_with"],
+                                          "elements": v.metrics["known_with_elements"]}
             return True
 
         token = _ABSORB.set(absorb)

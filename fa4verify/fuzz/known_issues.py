@@ -27,10 +27,13 @@ class KnownIssue:
     #: dout, dlse)`` -> the gradients FA4 computes under the defect (float64), or None where the
     #: model does not reach the problem; a gradient violation is then absorbed only within it
     model: Optional[Callable[..., Optional[dict]]] = None
-    #: the rule takes a violation only where every offending element lies in the set of elements
-    #: the defect reaches, which it computes from the call (no model of the values there: FA4's
-    #: are undefined or not modelled); its hits say so (``known_model: elements``)
-    elementwise: bool = False
+    #: the elements the defect reaches, computed from the call: ``names(problem, a, v)`` -> a bool
+    #: per row of ``v.over_indices`` (None where ``v`` is not of the defect's kind). ``applies`` is
+    #: then :func:`_names_all` of it: the issue takes a violation only where it names every
+    #: offending element (no model of the values there: FA4's are undefined or not modelled; its
+    #: hits say so, ``known_model: elements``), and it may take its elements out of a violation
+    #: another issue explains the rest of (Note [Two defects in one violation])
+    names: Optional[Callable[..., Optional[np.ndarray]]] = None
 
 
 def sink_gap(problem: AttentionProblem, a: Mapping[str, Any]) -> tuple[np.ndarray, Any]:
@@ -451,26 +454,42 @@ def _fwd_tile_n(problem: AttentionProblem) -> int:
     return fwd_tile(problem.arch, problem.dtype, problem.head_dim, problem.head_dim_v, r_causal, r_local)[1]
 
 
-def _sm90_paged_tma_empty_seq_nan(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
-    """True when the violation is exactly the recorded paged-KV finding: SM90, a paged call at
-    page_size == tile_n (FA4's TMA paged path), NaN in the page pool (``hostile_nan``), and every
-    offending element is O (not LSE) of a sequence with ``seqused_k[b] = 0``."""
+def _names_all(names: Callable[..., Optional[np.ndarray]]) -> Callable[..., bool]:
+    """The rule of an issue that names its elements (``KnownIssue.names``): it names every offending
+    element of the violation."""
+    def applies(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
+        n = names(problem, a, v)
+        return n is not None and len(n) > 0 and bool(np.all(n))
+    return applies
+
+
+def _tokens_named(bad: np.ndarray, tok: np.ndarray) -> np.ndarray:
+    """Per offending element, whether its token lies in ``bad`` (False past its end)."""
+    inside = tok < bad.size
+    return inside & bad[np.where(inside, tok, 0)]
+
+
+def _sm90_paged_tma_empty_seq_nan(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation"
+                                  ) -> Optional[np.ndarray]:
+    """The elements of the recorded paged-KV finding: SM90, a paged call at page_size == tile_n
+    (FA4's TMA paged path), NaN in the page pool (``hostile_nan``): O (not LSE) of a sequence
+    with ``seqused_k[b] = 0``."""
     call = problem.call
     if problem.arch != "sm90" or call is None or not call.paged or not call.hostile_nan:
-        return False
+        return None
     if call.page_size != _fwd_tile_n(problem):
-        return False
+        return None
     q = str(v.metrics.get("quantity", ""))
     if (v.prop, q) not in (("finite", "out"), ("fwd_budget", "out"), ("paged_kv_bitwise", "out"),
                            ("masked_rows", "lse_rows")):
-        return False
+        return None
     idx = v.over_indices
-    if idx is None or not len(idx):
-        return False
+    empty = _empty_seq_tokens(problem)
+    if idx is None or not len(idx) or not empty.any():
+        return None
     idx = np.asarray(idx)
     tok = idx[:, 1] if q == "lse_rows" else idx[:, 0]     # LSE layout (h, t); O layout (t, h, d)
-    empty = _empty_seq_tokens(problem)
-    return bool(empty.any() and (tok < empty.size).all() and empty[tok].all())
+    return _tokens_named(empty, tok)
 
 
 def _sm90_paged_tile144_fwd(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -566,24 +585,26 @@ def sparse_bwd_unwritten_keys(problem: AttentionProblem) -> np.ndarray:
     return out
 
 
-def _sm90_sparse_bwd_left_window(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
-    """True for a dK / dV violation whose every offending element lies in a key
-    :func:`sparse_bwd_unwritten_keys` names (Note [Unwritten KV tiles under a left window])."""
+def _sm90_sparse_bwd_left_window(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation"
+                                 ) -> Optional[np.ndarray]:
+    """The elements of a dK / dV violation in the keys :func:`sparse_bwd_unwritten_keys` names
+    (Note [Unwritten KV tiles under a left window])."""
     q = str(v.metrics.get("quantity", ""))
     if q not in ("dk", "dv") or v.prop not in ("bwd_budget", "bwd_stages", "finite", "deterministic_bwd",
                                                "masked_rows", "gqa_repeat", "batch_invariance"):
-        return False
+        return None
     idx = v.over_indices
     if idx is None or not len(idx):
-        return False
-    bad = sparse_bwd_unwritten_keys(problem)
-    if not bad.any():
-        return False
+        return None
     idx = np.asarray(idx)
     if idx.shape[1] != 4:                      # dense (b, s_k, h_k, d) only
-        return False
+        return None
+    bad = sparse_bwd_unwritten_keys(problem)
+    if not bad.any():
+        return None
     tok = idx[:, 0] * problem.seqlen_k + idx[:, 1]
-    return bool((tok < bad.shape[0]).all() and (idx[:, 2] < bad.shape[1]).all() and bad[tok, idx[:, 2]].all())
+    inside = (tok < bad.shape[0]) & (idx[:, 2] < bad.shape[1])
+    return inside & bad[np.where(inside, tok, 0), np.where(inside, idx[:, 2], 0)]
 
 
 def _sm100_sparse_mla_autograd_dlse(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -593,20 +614,21 @@ def _sm100_sparse_mla_autograd_dlse(problem: AttentionProblem, a: Mapping[str, A
             and v.metrics.get("pass") == "autograd_dlse")
 
 
-def _sm90_varlen_sparse_kv_stride(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
-    """True for a forward violation of the varlen block-sparse finding: every offending O / LSE
-    element lies in a row :func:`varlen_sparse_misread_tokens` names."""
+def _sm90_varlen_sparse_kv_stride(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation"
+                                  ) -> Optional[np.ndarray]:
+    """The elements of the varlen block-sparse finding in a forward violation: O / LSE of the
+    rows :func:`varlen_sparse_misread_tokens` names."""
     q = str(v.metrics.get("quantity", ""))
     if problem.arch != "sm90" or (v.prop, q) not in (("fwd_budget", "out"), ("fwd_budget", "lse"),
                                                      ("finite", "out"), ("finite", "lse")):
-        return False
+        return None
     bad = varlen_sparse_misread_tokens(problem)
     idx = v.over_indices
     if not bad.any() or idx is None or not len(idx):
-        return False
+        return None
     idx = np.asarray(idx)
     tok = idx[:, 1] if q == "lse" else idx[:, 0]      # LSE layout (h, t); O layout (t, h, d)
-    return bool((tok < bad.size).all() and bad[tok].all())
+    return _tokens_named(bad, tok)
 
 
 def _sm100_fp8_fwd_no_build(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -828,7 +850,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "65,536 of 65,536 O elements of the empty sequence NaN; docs/results/h200_session4/README.md "
         "'Finding: paged KV', scripts/gpu_paged_empty_nan.py (pagednan/paged_empty_nan.json). The fuzz "
         "puts NaN in the page pool only when asked (attention_problems(hostile_nan=True))",
-        _sm90_paged_tma_empty_seq_nan, targets=("production",), elementwise=True),
+        _names_all(_sm90_paged_tma_empty_seq_nan), targets=("production",), names=_sm90_paged_tma_empty_seq_nan),
     KnownIssue(
         "sm90_paged_tile144_fwd",
         "SM90 paged-KV forward at head dims 80 and 96 without causal or local (FA4's 192x144 tile): O is "
@@ -861,7 +883,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "default, every sequence with more than one Q block; passes without block sparsity and for the "
         "one-Q-block sequence; the kernel's O equals, to 3-4 digits, the float64 model of that stride "
         "(scripts/varlen_sparse_stride_model.py)",
-        _sm90_varlen_sparse_kv_stride, targets=("production",), elementwise=True),
+        _names_all(_sm90_varlen_sparse_kv_stride), targets=("production",), names=_sm90_varlen_sparse_kv_stride),
     KnownIssue(
         "sm100_sparse_mla_autograd_dlse_dropped",
         "SM100 sparse MLA (qv + gather_kv_indices) through FA4's public autograd path with return_lse=True: "
@@ -897,7 +919,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "variant_bs_d256_bwd_64x64_local_mha_nondet, dK of keys no query reaches up to -1.74e27 / 1.55e16 / "
         "0.57 through FA4's public autograd path; the same lists through the driver call passed that run "
         "(the registers' contents vary by call)",
-        _sm90_sparse_bwd_left_window, targets=("production",), elementwise=True),
+        _names_all(_sm90_sparse_bwd_left_window), targets=("production",), names=_sm90_sparse_bwd_left_window),
     KnownIssue(
         "sm100_fp8_fwd_no_build",
         "SM 10.x fp8 forward does not compile at head dims that pad to 48, 80 or 112 (MLIRError: "
@@ -915,9 +937,59 @@ def match_known_issue(problem: AttentionProblem, v: "Violation", a: Optional[Map
     with a model explains a gradient violation only where the kernel's values lie within it (Note
     [Known issues with a model]); what lies outside is said on ``v``."""
     a = problem.materialize() if a is None else a
+    given = (v.over_indices, v.message, v.args)
     for ki in KNOWN_ISSUES:
         if target in ki.targets and ki.applies(problem, a, v) and _within_model(ki, problem, a, v):
             return ki
+    return _two_defects(problem, v, a, target, given)
+
+
+def _two_defects(problem: AttentionProblem, v: "Violation", a: Mapping[str, Any], target: str,
+                 given: tuple) -> Optional[KnownIssue]:
+    """Note [Two defects in one violation]
+    -----------------------------------
+    One call may meet two FA4 defects, and one violation then holds elements of both: on an H100
+    (2026-12-07, the default audit at seed 2, ``docs/results/h100/session32_2b4d54e/``) a varlen
+    block-sparse call with a learnable sink and scores 100 below it returned LSE = +inf on every
+    row: the sink fold's overflow (``sink_rowsum_overflow``, on the rows that see a key) and, on
+    30 rows per head that see no key, the overflow again -- those rows belong to Q blocks that
+    read another block's KV list (``sm90_varlen_sparse_kv_stride``), so they met keys. Neither
+    issue takes the violation alone. An issue that names the elements its defect reaches
+    (``KnownIssue.names``) takes those out; the rest must be one other issue's on its own terms
+    (its rule, and its model where it has one, judged without the elements taken out). The
+    violation is then that issue's hit, and its metrics name the first issue
+    (``known_with``) and how many offending elements it took (``known_with_elements``). Nothing
+    is taken where the named elements are all or none of the offending ones. ``given``: the
+    violation's offending elements, message and args before a model narrowed them to what lay
+    outside it (put back where the two issues take it)."""
+    idx = given[0]
+    if idx is None or not len(idx):
+        return None
+    idx = np.asarray(idx)
+    whole = Violation(v.prop, given[1], v.metrics)
+    whole.over_indices = idx
+    for e in KNOWN_ISSUES:
+        if e.names is None or target not in e.targets:
+            continue
+        named = e.names(problem, a, whole)
+        if named is None or not named.any() or named.all():
+            continue
+        # (a model that found elements outside it judges again, without the ones taken out)
+        rest = Violation(v.prop, given[1], {k: x for k, x in v.metrics.items() if not k.startswith("outside_")})
+        rest.over_indices = idx[~named]
+        if v.judged is not None:
+            rest.judged = dict(v.judged, taken=(e, idx[named]))
+        for ki in KNOWN_ISSUES:
+            if ki is e or target not in ki.targets or not ki.applies(problem, a, rest):
+                continue
+            if _within_model(ki, problem, a, rest):
+                v.over_indices, v.message, v.args = given
+                for k in [k for k in v.metrics if k.startswith("outside_")]:
+                    del v.metrics[k]
+                v.metrics.update({k: x for k, x in rest.metrics.items() if k.startswith("known_")})
+                v.metrics["known_with"] = e.name
+                v.metrics["known_with_elements"] = int(named.sum())
+                return ki
     return None
 
 
@@ -928,7 +1000,7 @@ def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any
     the judge found over budget must lie within the model (:func:`defect_models.outside_model`).
     Outside it, ``v`` is narrowed to those elements and its message says so (once)."""
     if ki.model is None:
-        if ki.elementwise:
+        if ki.names is not None:
             v.metrics["known_model"] = "elements"
         return True
     if v.metrics.get("outside_known_model") == ki.name:
@@ -967,6 +1039,10 @@ def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any
                                                 np.nan if np.isnan(r).any() else 0.0)
     act = np.asarray(j["actual"], np.float64).reshape(ref.shape)
     out = outside_model(act, ref, np.broadcast_to(allow, ref.shape), slack)
+    if j.get("taken") is not None:        # Note [Two defects in one violation]: another issue's elements
+        e, taken = j["taken"]
+        out = out & ~_named_everywhere(e, problem, a, v, ref.shape)
+        out[tuple(np.asarray(taken).T)] = False
     if not out.any():
         v.metrics["known_model"] = "within"
         return True
@@ -981,6 +1057,17 @@ def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any
     v.metrics["outside_known_model"] = ki.name
     v.metrics[f"outside_model_{quantity}"] = int(len(idx))
     return False
+
+
+def _named_everywhere(e: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any], v: "Violation",
+                      shape: tuple[int, ...]) -> np.ndarray:
+    """Boolean ``shape``: every element of the tensor ``e`` names (asked of each element, not only
+    the offending ones: its defect's elements need not lie outside the budget to lie outside
+    another issue's model)."""
+    probe = Violation(v.prop, v.message, dict(v.metrics))
+    probe.over_indices = np.argwhere(np.ones(shape, bool))
+    n = e.names(problem, a, probe)
+    return np.zeros(shape, bool) if n is None else np.asarray(n, bool).reshape(shape)
 
 
 def known_issue_matcher(problem: AttentionProblem, target: str, *, strict: bool = False
