@@ -261,9 +261,11 @@ class TwinTarget(Target):
                   cu_seqlens_k=np.concatenate([[0], np.cumsum(rw["seqlens_k"])]).astype(np.int32),
                   # Note [FP8 descales]: a rewritten sequence takes its problem sequence's factors
                   **{f"{n}_descale": np.asarray(a[f"{n}_descale"])[list(rw["seq"])] for n in problem.descales})
+        if problem.call.block_size is not None:     # the kernel's flags and its KV block (_sparse_kw)
+            va["keep_rule"] = facts_flags(problem)
+            va["keep_block"] = tuple(int(x) for x in problem.call.block_size)
         if rw["keep"] is not None:      # Note [Block lists with causal or a window]
             va["keep"] = rw["keep"]
-            va["keep_rule"] = facts_flags(problem)
         return vp, va, rw
 
     def _heads(self, problem: AttentionProblem, a: Mapping[str, Any]):
@@ -341,7 +343,7 @@ class TwinTarget(Target):
         tq = a["q"].shape[0]
         out = np.zeros((tq, problem.nheads, problem.head_dim_v))
         lse = np.full((problem.nheads, tq), -np.inf)
-        kw.update(_keep_kw(problem, a))
+        kw.update(_sparse_kw(problem, a))
         for grp in self._segment_groups(problem, a):      # Note [Equal sequences as a batch]
             bs = [b for b, _sq, _sk in grp]
             stack = lambda x, i: np.stack([x[s[i]] for s in grp])      # noqa: E731
@@ -448,7 +450,8 @@ class TwinTarget(Target):
         dt = problem.dtype
         def call(q, k, v, o, do, lse, dl=None, keep=None):
             r = self._ta.backward(_typed(q, dt), _typed(k, dt), _typed(v, dt), _typed(o, dt), _typed(do, dt),
-                                  lse=np.asarray(lse, np.float32), dlse=dl, keep=keep, **kw)
+                                  lse=np.asarray(lse, np.float32), dlse=dl, keep=keep,
+                                  keep_rule=a.get("keep_rule"), **kw)
             return r
         dl = None if dlse is None else np.asarray(dlse, np.float32)
         if not problem.varlen:
@@ -495,19 +498,32 @@ def facts_flags(problem: AttentionProblem) -> tuple[bool, bool]:
     return bool(causal), bool(local)
 
 
-def _keep_kw(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
-    """The twin's keyword arguments that an elementwise keep-mask's rewrite (block lists under a
-    causal or window rule, :meth:`TwinTarget._call_form`) adds besides the mask: on SM 10.x the
-    emulated exp2 columns of the kernel FA4 compiled with the rule's flags (the rewrite runs
-    without them); {} elsewhere."""
-    if a.get("keep") is None or problem.arch == "sm90":
+def _sparse_kw(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
+    """The twin's keyword arguments that a block-sparse call's rewrite (:meth:`TwinTarget._call_form`;
+    under a causal or window rule the rule comes as the elementwise ``keep``) adds to its forward: on
+    SM90 FA4's KV tile (the rule's, fitted to the lists' KV block); on SM 10.x the emulated exp2 columns of the kernel FA4 compiled, with the rule's flags (the rewrite
+    runs without them) and without 2-CTA (``interface.py``: ``use_2cta_instrs`` requires ``not
+    use_block_sparsity``); {} elsewhere. The backward takes the flags as ``keep_rule`` (its
+    deterministic dQ order)."""
+    if a.get("keep_rule") is None:
         return {}
-    from fa4verify.kernels.twin.exp2 import emulated_columns
     causal, local = a["keep_rule"]
+    if problem.arch == "sm90":
+        # interface.py _fit_sm90_fwd_tile_to_block_sparsity (4.0.0b33 on): the rule's tile_n,
+        # shrunk to a smaller KV block
+        from fa4verify.kernels import facts
+        tile_n = facts.sm90_fwd_tile(problem.head_dim, problem.head_dim_v, causal, local)[1]
+        bk = a["keep_block"][1]
+        if facts.sm90_fwd_fits_sparse_kv() and bk < tile_n and bk % 16 == 0:
+            tile_n = bk
+        return {"tile_n": tile_n}
+    from fa4verify.kernels.twin.exp2 import emulated_columns
     pack = problem.call.pack_gqa if problem.call is not None and problem.call.pack_gqa is not None \
         else problem.nheads > problem.nheads_kv
+    # FA4 runs no 2-CTA forward with block sparsity
     cols = emulated_columns(head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, causal=causal, local=local,
-                            pack_gqa=bool(pack), is_sm103=problem.arch == "sm103", fp8=problem.dtype == "fp8")
+                            pack_gqa=bool(pack), use_2cta=False, is_sm103=problem.arch == "sm103",
+                            fp8=problem.dtype == "fp8")
     return {"emulated_columns": tuple(int(i) for i in np.flatnonzero(cols))}
 
 

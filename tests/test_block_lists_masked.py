@@ -94,17 +94,20 @@ def test_the_judge_tells_both_masks_from_either_alone():
 MASKS = [dict(causal=True), dict(window_size=(40, 0)), dict(window_size=(None, 17)), dict(window_size=(30, 50))]
 
 
+@pytest.mark.parametrize("lengths", [(200, 300), (512, 640)])
 @pytest.mark.parametrize("mask", MASKS)
-def test_the_twin_walks_every_listed_tile_with_the_rule_inside(mask):
+def test_the_twin_walks_every_listed_tile_with_the_rule_inside(mask, lengths):
     """Every block listed: the twin's block-sparse rewrite (the lists' grid, the rule as its keep
     argument) walks all tiles, the dense windowed call skips the ones the rule masks whole and
-    masks by geometry -- another path to the same arithmetic: forward and dQ equal bit for bit
-    (dK / dV: the rewrite sums a key's copies over its query blocks in float64)."""
+    masks by geometry -- another path to the same arithmetic: forward and dQ equal bit for bit, the
+    deterministic dQ order (descending under the rule) included (dK / dV: the rewrite sums a key's
+    copies over its query blocks in float64). Head dim 64: a tile the rule does not change."""
     from fa4verify.targets import TwinTarget
     t = TwinTarget(accumulation="sm90-tensor-core")
     every = CallForm(block_size=(128, 128), block_seed=7, block_keep=1.0, block_per_batch=True)
-    p = AttentionProblem(call=every, **mask, **BASE)
-    d = AttentionProblem(**mask, **BASE)
+    shape = dict(BASE, seqlen_q=lengths[0], seqlen_k=lengths[1])
+    p = AttentionProblem(call=every, **mask, **shape)
+    d = AttentionProblem(**mask, **shape)
     a = p.materialize()
     f, fd = t.forward(p, a), t.forward(d, a)
     np.testing.assert_array_equal(f.out, fd.out)
@@ -140,3 +143,23 @@ def test_the_twin_plan_runs_block_lists_under_every_mask():
     TwinTarget().check_supported(AttentionProblem(call=CALL, causal=True, **BASE))
     pl = planner.plan(space_for("sm90", "bf16"), seed=0)
     assert {r["mask"] for r in pl.rows if r["form"] == "block_sparse"} - {"none"}
+
+
+def test_at_hd_192_under_a_window_the_twin_takes_fa4s_fitted_tile():
+    """hd 192 under a window: FA4's SM90 forward tile_n is 96 (128 without the window), fitted to a
+    96-key block (``_fit_sm90_fwd_tile_to_block_sparsity``): with every block listed the rewrite's
+    forward equals the dense windowed call's (tile 96) bit for bit; one with the unwindowed tile (128
+    over the packed 96-key blocks) would not."""
+    from fa4verify.targets import TwinTarget, _sparse_kw
+    t = TwinTarget(accumulation="sm90-tensor-core")
+    shape = dict(BASE, seqlen_q=300, seqlen_k=400, head_dim=192, head_dim_v=128)
+    every = CallForm(block_size=(128, 96), block_seed=7, block_keep=1.0, block_per_batch=True)
+    p = AttentionProblem(call=every, window_size=(150, 0), **shape)
+    d = AttentionProblem(window_size=(150, 0), **shape)
+    a = p.materialize()
+    f, fd = t.forward(p, a), t.forward(d, a)
+    np.testing.assert_array_equal(f.out, fd.out)
+    vp, va, _rw = t._call_form(p, a)
+    assert _sparse_kw(vp, va) == {"tile_n": 96}
+    assert _sparse_kw(vp, dict(va, keep_rule=(False, False))) == {"tile_n": 96}     # fitted down from 128
+    assert _sparse_kw(vp, dict(va, keep_block=(128, 128))) == {"tile_n": 96}        # the window's own

@@ -937,11 +937,27 @@ def match_known_issue(problem: AttentionProblem, v: "Violation", a: Optional[Map
     with a model explains a gradient violation only where the kernel's values lie within it (Note
     [Known issues with a model]); what lies outside is said on ``v``."""
     a = problem.materialize() if a is None else a
-    given = (v.over_indices, v.message, v.args)
+    # every issue judges the violation as it was raised (a model that finds elements outside it
+    # narrows ``v`` to them; the next issue must not see only those); unexplained, ``v`` keeps the
+    # first narrowing and every model's note
+    given = (v.over_indices, v.message, v.args, dict(v.metrics))
+    narrowed, notes = None, []
     for ki in KNOWN_ISSUES:
-        if target in ki.targets and ki.applies(problem, a, v) and _within_model(ki, problem, a, v):
+        if target not in ki.targets:
+            continue
+        v.over_indices, v.message, v.args, v.metrics = given[0], given[1], given[2], dict(given[3])
+        if ki.applies(problem, a, v) and _within_model(ki, problem, a, v):
             return ki
-    return _two_defects(problem, v, a, target, given)
+        if v.message != given[1]:
+            notes.append(v.message[len(given[1]):])
+            narrowed = narrowed or (v.over_indices, dict(v.metrics))
+    v.over_indices, v.message, v.args, v.metrics = given[0], given[1], given[2], dict(given[3])
+    ki = _two_defects(problem, v, a, target, given)
+    if ki is None and narrowed is not None:
+        v.over_indices, v.metrics = narrowed[0], narrowed[1]
+        v.message = given[1] + "".join(dict.fromkeys(notes))
+        v.args = (f"[{v.prop}] {v.message}",)
+    return ki
 
 
 def _two_defects(problem: AttentionProblem, v: "Violation", a: Mapping[str, Any], target: str,
@@ -960,8 +976,7 @@ def _two_defects(problem: AttentionProblem, v: "Violation", a: Mapping[str, Any]
     violation is then that issue's hit, and its metrics name the first issue
     (``known_with``) and how many offending elements it took (``known_with_elements``). Nothing
     is taken where the named elements are all or none of the offending ones. ``given``: the
-    violation's offending elements, message and args before a model narrowed them to what lay
-    outside it (put back where the two issues take it)."""
+    violation's offending elements, message, args and metrics as it was raised."""
     idx = given[0]
     if idx is None or not len(idx):
         return None
@@ -978,12 +993,12 @@ def _two_defects(problem: AttentionProblem, v: "Violation", a: Mapping[str, Any]
         rest = Violation(v.prop, given[1], {k: x for k, x in v.metrics.items() if not k.startswith("outside_")})
         rest.over_indices = idx[~named]
         if v.judged is not None:
-            rest.judged = dict(v.judged, taken=(e, idx[named]))
+            rest.judged = dict(v.judged, taken=e)
         for ki in KNOWN_ISSUES:
             if ki is e or target not in ki.targets or not ki.applies(problem, a, rest):
                 continue
             if _within_model(ki, problem, a, rest):
-                v.over_indices, v.message, v.args = given
+                v.over_indices, v.message, v.args = given[:3]
                 for k in [k for k in v.metrics if k.startswith("outside_")]:
                     del v.metrics[k]
                 v.metrics.update({k: x for k, x in rest.metrics.items() if k.startswith("known_")})
@@ -1040,9 +1055,8 @@ def _within_model(ki: KnownIssue, problem: AttentionProblem, a: Mapping[str, Any
     act = np.asarray(j["actual"], np.float64).reshape(ref.shape)
     out = outside_model(act, ref, np.broadcast_to(allow, ref.shape), slack)
     if j.get("taken") is not None:        # Note [Two defects in one violation]: another issue's elements
-        e, taken = j["taken"]
+        e = j["taken"]
         out = out & ~_named_everywhere(e, problem, a, v, ref.shape)
-        out[tuple(np.asarray(taken).T)] = False
     if not out.any():
         v.metrics["known_model"] = "within"
         return True
@@ -1063,11 +1077,15 @@ def _named_everywhere(e: KnownIssue, problem: AttentionProblem, a: Mapping[str, 
                       shape: tuple[int, ...]) -> np.ndarray:
     """Boolean ``shape``: every element of the tensor ``e`` names (asked of each element, not only
     the offending ones: its defect's elements need not lie outside the budget to lie outside
-    another issue's model)."""
-    probe = Violation(v.prop, v.message, dict(v.metrics))
-    probe.over_indices = np.argwhere(np.ones(shape, bool))
-    n = e.names(problem, a, probe)
-    return np.zeros(shape, bool) if n is None else np.asarray(n, bool).reshape(shape)
+    another issue's model). Kept in the judged values' context (one tensor, asked once)."""
+    cache = (v.judged or {}).get("ctx", {}).setdefault("named", {}) if v.judged else {}
+    key = (e.name, v.prop, str(v.metrics.get("quantity", "")), tuple(shape))
+    if key not in cache:
+        probe = Violation(v.prop, v.message, dict(v.metrics))
+        probe.over_indices = np.argwhere(np.ones(shape, bool))
+        n = e.names(problem, a, probe)
+        cache[key] = np.zeros(shape, bool) if n is None else np.asarray(n, bool).reshape(shape)
+    return cache[key]
 
 
 def known_issue_matcher(problem: AttentionProblem, target: str, *, strict: bool = False

@@ -129,9 +129,13 @@ The CPU twin runs such a call as FA4 walks it: the varlen rewrite keeps the list
 sequence per query block holding its listed KV blocks, ``keep_pattern.rewrite(lists=True)``) and
 the rule goes in as an elementwise keep-mask the twin applies inside each tile (its ``keep``
 argument: -inf scores, no tile skipped), so its prediction is the kernel's arithmetic for the
-statistical tier. With every block listed its forward and dQ equal the dense windowed call's bit
-for bit (``tests/test_block_lists_masked.py``). The oracle, which has no keep-mask argument,
-rewrites on the finest grid the keep-mask is constant on instead.
+statistical tier; the kernel's flags go with it (``keep_rule``: SM 10.x's emulated exp2 columns,
+no 2-CTA under block sparsity, the deterministic dQ order). With every block listed, at a head dim
+whose tile the rule does not change, its forward and dQ equal the dense windowed call's bit for
+bit (``tests/test_block_lists_masked.py``); where FA4's windowed tile differs (SM90, hd 129-256
+under a window) the twin keeps the lists' block, FA4's tile under block sparsity from 4.0.0b33 on
+(``_fit_sm90_fwd_tile_to_block_sparsity``), which the plan's blocks are. The oracle, which has no
+keep-mask argument, rewrites on the finest grid the keep-mask is constant on instead.
 """
 from __future__ import annotations
 

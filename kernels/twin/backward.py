@@ -155,7 +155,7 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
              dtype: str | None = None, accumulation: str = "exact-then-round",
              mufu: str = "correctly-rounded", seed: int = 0,
              stage_probe: Callable[[StageSample], None] | None = None,
-             out_fp32=None, dlse=None, keep=None) -> TwinBackwardResult:
+             out_fp32=None, dlse=None, keep=None, keep_rule=None) -> TwinBackwardResult:
     """CPU twin of FA4's backward.  ``out`` is the forward output (dtype-rounded), ``lse`` the
     forward LSE (natural log, (b, h, sq)); when ``lse`` is None (or ``d_from_fp32_o`` needs the
     fp32 O and ``out_fp32`` is not given) the twin forward is run with the same settings.
@@ -163,7 +163,9 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
     writes ``D' = RN(D - dLSE)`` and the main kernel reads it as D (FA4's
     ``flash_bwd_preprocess.py``, the only place dLSE enters).  ``keep``: the forward's
     elementwise keep-mask (:func:`fa4verify.kernels.twin.forward.forward`), applied with the
-    causal / window rule in every KV tile."""
+    causal / window rule in every KV tile; ``keep_rule``: (causal, local) of the kernel FA4
+    compiled where ``keep`` carries that rule (block lists under it): the deterministic dQ order
+    follows it."""
     exact = frozenset(exact_stages)
     muts = frozenset(mutations)
     bad = exact - set(BWD_STAGES) - set(tf.FWD_STAGES)
@@ -246,7 +248,7 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
     # ---- KV-block order of the dQ reduce-adds
     n_blocks = -(-Sk // tile_n) if Sk else 0
     order = list(range(n_blocks))
-    if deterministic and (is_causal or local):
+    if deterministic and (is_causal or local or (keep_rule is not None and any(keep_rule))):
         order = order[::-1]                      # SPT: descending n_block
     if not deterministic:
         order = list(np.random.default_rng(seed + 7919).permutation(n_blocks))

@@ -307,8 +307,9 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     aligned; ``window_size`` = (left, right), None = unbounded; ``softcap`` 0 = off;
     ``learnable_sink`` (hq,) logits.  ``exact_stages`` / ``mutations``: see :data:`FWD_STAGES`,
     :data:`FWD_MUTATIONS`.  ``accumulation`` / ``mufu`` / ``seed``: hardware model parameters.
-    ``pack_gqa`` / ``use_2cta`` / ``emulated_columns`` override FA4's config derivation (which
-    columns of the 128-wide KV tile use the polynomial).  ``mla``: q and k are the concatenations
+    ``pack_gqa`` / ``use_2cta`` / ``emulated_columns`` / ``tile_n`` override FA4's config derivation
+    (which columns of the 128-wide KV tile use the polynomial; the KV tile: FA4's split-KV at hd !=
+    hdv on SM 10.x, a block-sparse call's tile fitted to its KV block on SM90).  ``mla``: q and k are the concatenations
     of an MLA call (rope part, then qv / v; ``fa4verify.oracles.mla``), run with the constants of
     FA4's MLA kernels (:func:`fa4verify.kernels.facts.mla_fwd_constants`: MUFU exp2 only, no
     ``max_offset``, the lazy-rescale threshold; at head dim 576 the standard SM100 model's own) on
@@ -409,10 +410,9 @@ def forward(q, k, v, *, arch: str = "sm90", softmax_scale: float | None = None,
     if arch == "sm90" and mla:
         raise ValueError("MLA (qv) runs on SM 10.x/11.x only")
     if arch == "sm90":
-        if tile_n is not None:
-            raise ValueError("tile_n is an SM 10.x forward's override (FA4's split-KV at hd != hdv)")
         kernel = "sm90"
-        tile_m, tile_n = sm90_tile(D, Dv, is_causal, local)
+        tile_m, tile_n = sm90_tile(D, Dv, is_causal, local)[0], (sm90_tile(D, Dv, is_causal, local)[1]
+                                                                 if tile_n is None else int(tile_n))
         threshold, max_offset = 0.0, 0.0
     else:
         kernel = "sm100_hd256" if (D == 256 and Dv == 256 and _facts.sm100_hd256_dedicated("fwd")) else "sm100"
