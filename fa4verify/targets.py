@@ -262,7 +262,8 @@ class TwinTarget(Target):
                   # Note [FP8 descales]: a rewritten sequence takes its problem sequence's factors
                   **{f"{n}_descale": np.asarray(a[f"{n}_descale"])[list(rw["seq"])] for n in problem.descales})
         if problem.call.block_size is not None:     # the kernel's flags and its KV block (_sparse_kw)
-            va["keep_rule"] = facts_flags(problem)
+            from fa4verify.problem import resolve_window
+            va["keep_rule"] = tuple(bool(f) for f in resolve_window(problem.causal, problem.window_size)[:2])
             va["keep_block"] = tuple(int(x) for x in problem.call.block_size)
         if rw["keep"] is not None:      # Note [Block lists with causal or a window]
             va["keep"] = rw["keep"]
@@ -491,13 +492,6 @@ class TwinTarget(Target):
         return Bwd(dq, dk, dv, dsink if got_dsink else None)
 
 
-def facts_flags(problem: AttentionProblem) -> tuple[bool, bool]:
-    """(causal, local) as FA4 resolves them for ``problem``'s kernel."""
-    from fa4verify.kernels import facts
-    causal, local, _, _ = facts.resolve_causal_local_window(problem.causal, problem.window_size)
-    return bool(causal), bool(local)
-
-
 def _sparse_kw(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
     """The twin's keyword arguments that a block-sparse call's rewrite (:meth:`TwinTarget._call_form`;
     under a causal or window rule the rule comes as the elementwise ``keep``) adds to its forward: on
@@ -509,14 +503,9 @@ def _sparse_kw(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any
         return {}
     causal, local = a["keep_rule"]
     if problem.arch == "sm90":
-        # interface.py _fit_sm90_fwd_tile_to_block_sparsity (4.0.0b33 on): the rule's tile_n,
-        # shrunk to a smaller KV block
-        from fa4verify.kernels import facts
-        tile_n = facts.sm90_fwd_tile(problem.head_dim, problem.head_dim_v, causal, local)[1]
-        bk = a["keep_block"][1]
-        if facts.sm90_fwd_fits_sparse_kv() and bk < tile_n and bk % 16 == 0:
-            tile_n = bk
-        return {"tile_n": tile_n}
+        from fa4verify.kernels.facts import sm90_sparse_fwd_tile_n
+        return {"tile_n": sm90_sparse_fwd_tile_n(problem.head_dim, problem.head_dim_v, causal, local,
+                                                 a["keep_block"][1])}
     from fa4verify.kernels.twin.exp2 import emulated_columns
     pack = problem.call.pack_gqa if problem.call is not None and problem.call.pack_gqa is not None \
         else problem.nheads > problem.nheads_kv

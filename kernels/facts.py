@@ -32,7 +32,7 @@ __all__ = [
     "split_kv_key_ranges", "split_kv_cut_known", "SPLIT_KV_SOURCE", "SPLIT_KV_DIFF_HD_SOURCE", "split_kv_config",
     "split_kv_sms", "SPLIT_KV_MODELLED_SMS",
     "ARCHS", "DTYPES", "KernelConstants", "arch_from_capability", "unsupported_reason",
-    "capability_label", "sm90_fwd_tile", "sm90_bwd_tile", "fwd_tile",
+    "capability_label", "sm90_fwd_tile", "sm90_sparse_fwd_tile_n", "sm90_bwd_tile", "fwd_tile",
     "bwd_tile", "kernel_constants", "resolve_causal_local_window", "head_dims_supported",
     "supported_head_dims_text", "dist_version", "is_sm100_family", "ptx_target",
     "arch_of_ptx_target", "fa4_arch_env", "arch_of_fa4_arch_env", "HDIM_MULTIPLE", "bwd_refusal",
@@ -147,6 +147,17 @@ def sm90_fwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> 
     if head_dim <= 192:
         return 128, (96 if local else (128 if head_dim_v <= 128 else 112))
     return 128, (64 if local else 80)
+
+
+def sm90_sparse_fwd_tile_n(head_dim: int, head_dim_v: int, causal: bool, local: bool, block_kv: int) -> int:
+    """tile_n of FA4's SM90 forward under block sparsity with KV blocks of ``block_kv`` keys: its
+    table's (:func:`sm90_fwd_tile`), shrunk to a smaller block where the release fits its tile to
+    the lists (``interface.py`` ``_fit_sm90_fwd_tile_to_block_sparsity``:
+    :func:`sm90_fwd_fits_sparse_kv`)."""
+    tile_n = sm90_fwd_tile(head_dim, head_dim_v, causal, local)[1]
+    if sm90_fwd_fits_sparse_kv() and block_kv < tile_n and block_kv % 16 == 0:
+        return int(block_kv)
+    return tile_n
 
 
 def sm90_fwd_fits_sparse_kv() -> bool:

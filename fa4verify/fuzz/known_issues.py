@@ -528,8 +528,11 @@ def varlen_sparse_misread_tokens(problem: AttentionProblem) -> np.ndarray:
         return out
     bq, bk = (int(x) for x in call.block_size)
     tile_n = _fwd_tile_n(problem)
-    if problem.arch == "sm90" and bk < tile_n and bk % 16 == 0:
-        tile_n = bk
+    if problem.arch == "sm90":
+        from fa4verify.kernels.facts import sm90_sparse_fwd_tile_n
+        from fa4verify.problem import resolve_window
+        causal, local, _, _ = resolve_window(problem.causal, problem.window_size)
+        tile_n = sm90_sparse_fwd_tile_n(problem.head_dim, problem.head_dim_v, causal, local, bk)
     for q0, lq, _k0, lk in _token_bounds(problem):
         if -(-lk // tile_n) != -(-lk // SEQLEN_INFO_TILE_N) and lq > bq:
             out[q0 + bq:q0 + lq] = True

@@ -77,13 +77,12 @@ def rewrite(problem, head: int = 0, *, lists: bool = False) -> dict[str, Any]:
     which the CPU twin applies inside each tile (its ``keep`` argument); without ``lists`` the
     rule's cuts give the finest grid the keep-mask is constant on (the oracle, which has no
     keep-mask argument). ``keep`` is None where the rewrite needs none."""
-    qi, ki, lq, lk, keeps, seq = [], [], [], [], [], []
+    qi, ki, lq, lk, seq = [], [], [], [], []
     inner = [] if lists and problem.masked_lists else None
+    keeps = [problem.keep_masks(head=head)] if inner is not None else []
     for s, (q0, sq, k0, sk) in enumerate(problem._seq_bounds()):
         b = 0 if problem.varlen else s
         bm, (bq, bk) = _blocks(problem, s, sq, sk, keeps, head, lists=lists)
-        if inner is not None and not keeps:
-            keeps.append(problem.keep_masks(head=head))
         for r in range(bm.shape[0]):
             rows = q0 + np.arange(r * bq, min((r + 1) * bq, sq))
             keys = k0 + np.concatenate([np.arange(c * bk, min((c + 1) * bk, sk)) for c in np.flatnonzero(bm[r])]
