@@ -9,6 +9,7 @@ so a change to the judge can be measured before a GPU is lent::
     python benchmarks/plan_judge_cost.py                    # every example, then the sums
     python benchmarks/plan_judge_cost.py --only stat        # the statistical tier's calls
     python benchmarks/plan_judge_cost.py --names row2 varlen_lookup_chunks --profile
+    python benchmarks/plan_judge_cost.py --profile --sort cumulative --lines 150
 
 The stand-in: the CPU twin's outputs where the twin runs the call (so the statistical tier's
 prediction meets the same arithmetic), else the oracle's rounded to fp32 (score / mask pairs, a
@@ -98,7 +99,10 @@ def main(argv: Any = None) -> int:
                     help="the statistical tier's calls, the others, or every example")
     ap.add_argument("--names", nargs="*", help="examples by name (rowN or the edge's name)")
     ap.add_argument("--json", help="write [{index, name, judge, target, stat}, ...] here")
-    ap.add_argument("--profile", action="store_true", help="cProfile the judged examples (sorted by own time)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the judged examples")
+    ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"),
+                    help="the profile's order: own time, or time with the callees'")
+    ap.add_argument("--lines", type=int, default=30, help="the profile's rows printed")
     a = ap.parse_args(argv)
     from fa4verify.fuzz import properties as P
     cases = plan_cases(a.arch, a.seed)
@@ -144,7 +148,7 @@ def main(argv: Any = None) -> int:
             json.dump(out, f)
     if prof:
         import pstats
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof).sort_stats(a.sort).print_stats(a.lines)
     return 0
 
 
