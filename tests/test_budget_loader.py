@@ -262,3 +262,29 @@ def test_a_compiled_formula_gives_the_walk_of_its_tree_bit_for_bit(monkeypatch):
     monkeypatch.setattr(L, "_eval", lambda *a, **k: (_ for _ in ()).throw(AssertionError("walked")))
     bs = L.load("bf16", "sm90")
     assert np.isfinite(bs.evaluate("p_cast", {"p": np.array([0.5])})).all()
+
+
+def test_an_edited_budget_file_is_read_again_and_an_unchanged_one_is_not_validated_again(tmp_path):
+    """Note [Budget sets are memoised]: the parse and the validation are kept per content, so the
+    same text gives the same set, an edit (in the file or in the file it extends) gives the edited
+    set, and an edit that breaks it raises."""
+    import shutil
+
+    base = tmp_path / "_base.toml"
+    shutil.copy(loader.BUDGET_DIR / "_base.toml", base)
+    own = tmp_path / "bf16_sm90.toml"
+    shutil.copy(loader.BUDGET_DIR / "bf16_sm90.toml", own)
+    first = loader.load_file(own)
+    assert loader.load_file(own) is first
+    text = own.read_text()
+    assert "\n[constants]\n" in text
+    own.write_text(text.replace("\n[constants]\n", "\n[constants]\nmy_extra = 0.5\n", 1))
+    edited = loader.load_file(own)
+    assert edited is not first and edited.constants["my_extra"] == 0.5
+    assert "my_extra" not in first.constants
+    btext = base.read_text()
+    base.write_text(btext + "\n[stage.mystery]\nformula = \"u_bf16\"\nreason = \"DERIVATIONS.md#p-cast\"\n")
+    with pytest.raises(BudgetError, match="not a known stage"):
+        loader.load_file(own)
+    base.write_text(btext)
+    assert loader.load_file(own).constants == edited.constants
