@@ -118,3 +118,44 @@ def test_a_model_judges_the_rest_without_the_elements_taken_out(monkeypatch, ext
         assert ki is None
         # unexplained: narrowed to what lies outside the model, and said so
         assert "outside known issue toy_model's model" in v.message and len(v.over_indices) < len(raised)
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (0, 2, 1), (1, 0, 2), (2, 1, 0)])
+@pytest.mark.parametrize("fault", [0.5, 5.0])
+def test_with_three_issues_each_candidate_judges_the_whole_rest(monkeypatch, order, fault):
+    """Red-team review (thirty-third session): with an elementwise issue A (rows 0-1), another B
+    (row 5) and a modelled issue X (row 6), a genuine fault in row 3 that no issue describes is never
+    absorbed, in any order: a candidate whose model fails narrows only the rest it judged (before,
+    the next candidate judged X's narrowing, and a fault within X's slack passed as A + B)."""
+    def rows(r):
+        def names(problem, a, v):
+            return None if v.over_indices is None else np.isin(np.asarray(v.over_indices)[:, 0], r)
+        return names
+
+    def model(problem, a, dout, dlse):
+        dk = np.zeros((8, 8))
+        dk[6] = 100.0
+        return {"dk": dk}
+    issues = (K.KnownIssue("A_rows01", "t", "r", K._names_all(rows([0, 1])), targets=("production",),
+                           names=rows([0, 1])),
+              K.KnownIssue("B_row5", "t", "r", K._names_all(rows([5])), targets=("production",), names=rows([5])),
+              K.KnownIssue("X_model", "t", "r", lambda p, a, v: v.metrics.get("quantity") == "dk",
+                           targets=("production",), model=model))
+    monkeypatch.setattr(K, "KNOWN_ISSUES", tuple(issues[i] for i in order))
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=8, seqlen_k=8, nheads=1, nheads_kv=1,
+                         head_dim=8, head_dim_v=8, values=ValueSpec("normal", 1))
+    act = np.zeros((8, 8))
+    act[0:2] = 3.0
+    act[5] = 3.0
+    act[6] = 100.0
+    act[3] = fault
+    v = Violation("bwd_budget", "dk: over budget", {"quantity": "dk"})
+    v.judged = {"actual": act, "allow": np.full((8, 8), 1e-3), "ref": np.zeros((8, 8)), "ctx": {"dout": None}}
+    v.over_indices = np.argwhere(np.abs(act) > 1e-3)
+    assert K.match_known_issue(p, v, {}, target="production") is None
+    # without the fault, rows 0-1 and 5 and the model's row 6 are three defects: not two either
+    act[3] = 0.0
+    v = Violation("bwd_budget", "dk: over budget", {"quantity": "dk"})
+    v.judged = {"actual": act, "allow": np.full((8, 8), 1e-3), "ref": np.zeros((8, 8)), "ctx": {"dout": None}}
+    v.over_indices = np.argwhere(np.abs(act) > 1e-3)
+    assert K.match_known_issue(p, v, {}, target="production") is None

@@ -992,13 +992,17 @@ def _two_defects(problem: AttentionProblem, v: "Violation", a: Mapping[str, Any]
         named = e.names(problem, a, whole)
         if named is None or not named.any() or named.all():
             continue
-        # (a model that found elements outside it judges again, without the ones taken out)
-        rest = Violation(v.prop, given[1], {k: x for k, x in v.metrics.items() if not k.startswith("outside_")})
-        rest.over_indices = idx[~named]
-        if v.judged is not None:
-            rest.judged = dict(v.judged, taken=e)
         for ki in KNOWN_ISSUES:
-            if ki is e or target not in ki.targets or not ki.applies(problem, a, rest):
+            if ki is e or target not in ki.targets:
+                continue
+            # the rest as raised, for each issue afresh: a model that finds elements outside it
+            # narrows the violation it judges, and the next issue must judge the whole rest
+            # (a model that found elements outside it judges again, without the ones taken out)
+            rest = Violation(v.prop, given[1], {k: x for k, x in given[3].items() if not k.startswith("outside_")})
+            rest.over_indices = idx[~named]
+            if v.judged is not None:
+                rest.judged = dict(v.judged, taken=e)
+            if not ki.applies(problem, a, rest):
                 continue
             if _within_model(ki, problem, a, rest):
                 v.over_indices, v.message, v.args = given[:3]
