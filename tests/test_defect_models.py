@@ -682,3 +682,33 @@ def test_the_misread_map_equals_a_scan_of_every_sequence(packed):
         tile = int(rng.choice([64, 128]))
         for got, want in zip(sm90_accum_misread(lens, hd, tile, packed), _misread_by_sequence_scan(lens, hd, tile, packed)):
             np.testing.assert_array_equal(got, want)
+
+
+def test_a_row_in_the_rules_band_but_below_the_edge_is_judged_as_the_oracles():
+    """``sink_rowsum_overflow``'s rule counts rows from 126 log2 units (a superset), its model
+    overflows rows from 127.5: a row at 126.7 has no overflow (measured finite on an H100), so a
+    fault in its O is outside the model, not absorbed by the rule alone (red-team review: the model
+    returned None there and the rule took any error)."""
+    import math
+
+    from fa4verify.fuzz import known_issues as K
+    from fa4verify.problem import ValueSpec
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=4, seqlen_k=4, nheads=1, nheads_kv=1,
+                         head_dim=8, head_dim_v=8, sink=True, values=ValueSpec("normal", 1))
+    a = dict(p.materialize())
+    gap0, _ = K.sink_gap(p, a)
+    row_max = np.asarray(a["learnable_sink"], np.float64)[0] - gap0[:, 0] / math.log2(math.e)
+    a["learnable_sink"] = np.array([row_max.min() + 126.7 / math.log2(math.e)], np.float32)
+    gap, _ = K.sink_gap(p, a)
+    assert 126.0 <= np.nanmax(gap) < 127.5 and K._sink_overflow_rows(p, a).any()
+    m = dm.sink_overflow(p, a, None, None)
+    ref = np.asarray(judge.oracle_forward(p, a).out, np.float64)
+    np.testing.assert_array_equal(m["out"], ref)        # no row at the edge: the oracle
+    row = int(np.nanargmax(gap[:, 0]))
+    act = ref.copy()
+    act[0, row, 0, :] += 0.5
+    v = Violation("fwd_budget", "out: over budget", {"quantity": "out"})
+    v.judged = {"actual": act, "ref": ref, "allow": np.full(ref.shape, 1e-3), "ctx": {"dout": None, "dlse": None}}
+    v.over_indices = np.argwhere(np.abs(act - ref) > 1e-3)
+    assert match_known_issue(p, v, a, target="production") is None
+    assert "outside known issue sink_rowsum_overflow's model" in v.message

@@ -223,7 +223,7 @@ def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optiona
     gives no slack, and those rows are unknown with their reach). Every other row is the oracle's (an H100 run of
     the plan's sink rows at 2026-12-06 found rows between 126 and 128 log2 units finite, which the
     configuration rule's band had counted in). dsink is not modelled (the two outcomes give it the
-    row's dLSE or nothing). None on a split-KV call."""
+    row's dLSE or nothing). With no row at the edge the model is the oracle. None on a split-KV call."""
     from fa4verify import judge
     from fa4verify.fuzz.known_issues import _token_bounds, sink_gap
     if not problem.sink or (problem.call is not None and problem.call.split_kv):
@@ -233,8 +233,8 @@ def sink_overflow(problem: AttentionProblem, a: Mapping[str, Any], dout: Optiona
     with np.errstate(invalid="ignore"):
         over = np.isfinite(gap) & (gap >= edge + SINK_EDGE)
         maybe = np.isfinite(gap) & ~over & (gap >= edge - SINK_EDGE - float(kc.rescale_threshold))
-    if not (over.any() or maybe.any()):
-        return None
+    # no row at the edge: every row is the oracle's (the rule's wider band counts rows in which no
+    # fold overflows: the model judges them, never absorbs them unjudged; red-team review)
     fw = judge.oracle_forward(problem, a)
     out, lse = np.array(fw.out, np.float64), np.array(fw.lse, np.float64)
     tq = gap.shape[0]
