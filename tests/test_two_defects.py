@@ -159,3 +159,34 @@ def test_with_three_issues_each_candidate_judges_the_whole_rest(monkeypatch, ord
     v.judged = {"actual": act, "allow": np.full((8, 8), 1e-3), "ref": np.zeros((8, 8)), "ctx": {"dout": None}}
     v.over_indices = np.argwhere(np.abs(act) > 1e-3)
     assert K.match_known_issue(p, v, {}, target="production") is None
+
+
+@pytest.mark.parametrize("value, absorbed", [(np.nan, True), (0.3, False)])
+@pytest.mark.parametrize("prop", ["fwd_budget", "masked_rows", "paged_kv_bitwise"])
+def test_the_paged_empty_sequence_issue_names_only_its_nan(prop, value, absorbed):
+    """``sm90_paged_tma_empty_seq_nan`` describes O = NaN in a sequence with no keys: a finite wrong
+    O there is another fault, never its (red-team review: it named those tokens whatever the value)."""
+    from fa4verify.problem.calls import CallForm
+    base = AttentionProblem(arch="sm90", dtype="bf16", batch=2, seqlen_q=4, seqlen_k=128, nheads=1, nheads_kv=1,
+                            head_dim=128, head_dim_v=128, seqlens_q=(4, 4), seqlens_k=(0, 128),
+                            values=ValueSpec("normal", 1))
+    p = dataclasses.replace(base, call=CallForm(seqused_k=True, kv_capacity=256, page_size=K._fwd_tile_n(base),
+                                                hostile_nan=True))
+    p.call.validate(p)
+    a = p.materialize()
+    out = np.zeros((8, 1, 128))
+    out[:4] = value                                  # sequence 0: no keys
+    if prop == "masked_rows":
+        v = Violation(prop, "O != 0 on 4 fully masked row(s)", {"quantity": "lse_rows"})
+        v.over_indices = np.array([[0, t] for t in range(4)])           # LSE layout (h, t)
+        v.finite_values = np.isfinite(out[:4, 0]).all(axis=-1)
+    else:
+        v = Violation(prop, "out: over budget", {"quantity": "out"})
+        v.over_indices = np.argwhere(np.ones((4, 1, 128), bool))
+        if prop == "fwd_budget":
+            v.judged = {"actual": out, "ref": np.zeros_like(out), "allow": np.full(out.shape, 1e-3),
+                        "ctx": {"dout": None, "dlse": None}}
+        else:
+            v.finite_values = np.isfinite(out[:4].reshape(-1))
+    ki = K.match_known_issue(p, v, a, target="production")
+    assert (ki is not None and ki.name == "sm90_paged_tma_empty_seq_nan") == absorbed

@@ -489,7 +489,26 @@ def _sm90_paged_tma_empty_seq_nan(problem: AttentionProblem, a: Mapping[str, Any
         return None
     idx = np.asarray(idx)
     tok = idx[:, 1] if q == "lse_rows" else idx[:, 0]     # LSE layout (h, t); O layout (t, h, d)
-    return _tokens_named(empty, tok)
+    named = _tokens_named(empty, tok)
+    # the defect's O is NaN: a finite wrong value there is another fault, and values not known are
+    # not the defect's (every check that raises these violations carries them; red-team review)
+    if v.prop == "finite":              # its offending values are the non-finite ones
+        return named
+    fin = _offending_finite(v, idx)
+    return None if fin is None else named & ~fin
+
+
+def _offending_finite(v: "Violation", idx: np.ndarray) -> Optional[np.ndarray]:
+    """Per offending element of ``v`` (``idx``: its indices), whether the kernel's value is finite,
+    or None where ``v`` does not carry the values."""
+    if v.finite_values is not None and len(v.finite_values) == len(idx):
+        return np.asarray(v.finite_values, bool)
+    j = v.judged
+    if j is not None and j.get("actual") is not None:
+        act = np.asarray(j["actual"], np.float64)
+        if act.ndim == idx.shape[1]:
+            return np.isfinite(act[tuple(idx.T)])
+    return None
 
 
 def _sm90_paged_tile144_fwd(problem: AttentionProblem, a: Mapping[str, Any], v: "Violation") -> bool:
@@ -986,6 +1005,8 @@ def _two_defects(problem: AttentionProblem, v: "Violation", a: Mapping[str, Any]
     idx = np.asarray(idx)
     whole = Violation(v.prop, given[1], v.metrics)
     whole.over_indices = idx
+    whole.judged, whole.finite_values = v.judged, v.finite_values
+    fin = v.finite_values if v.finite_values is not None and len(v.finite_values) == len(idx) else None
     for e in KNOWN_ISSUES:
         if e.names is None or target not in e.targets:
             continue
@@ -1000,6 +1021,7 @@ def _two_defects(problem: AttentionProblem, v: "Violation", a: Mapping[str, Any]
             # (a model that found elements outside it judges again, without the ones taken out)
             rest = Violation(v.prop, given[1], {k: x for k, x in given[3].items() if not k.startswith("outside_")})
             rest.over_indices = idx[~named]
+            rest.finite_values = None if fin is None else np.asarray(fin)[~named]
             if v.judged is not None:
                 rest.judged = dict(v.judged, taken=e)
             if not ki.applies(problem, a, rest):
@@ -1090,6 +1112,7 @@ def _named_everywhere(e: KnownIssue, problem: AttentionProblem, a: Mapping[str, 
     if key not in cache:
         probe = Violation(v.prop, v.message, dict(v.metrics))
         probe.over_indices = np.argwhere(np.ones(shape, bool))
+        probe.judged = v.judged          # the values, where an issue names by them
         n = e.names(problem, a, probe)
         cache[key] = np.zeros(shape, bool) if n is None else np.asarray(n, bool).reshape(shape)
     return cache[key]

@@ -478,6 +478,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
             v = Violation("masked_rows", f"O != 0 on {int(nz.sum())} fully masked row(s) (LSE layout index "
                                          f"{_where_str(idx)}) | case: {problem.describe()}", {"quantity": "lse_rows"})
             v.over_indices = np.argwhere(nz)     # LSE layout: (b, h, s) dense, (h, t) varlen
+            v.finite_values = np.isfinite(mo[nz]).all(axis=-1)      # per row: all of its O finite
             _fail(v)
         if not problem.sink:
             bad = masked & ~(np.isneginf(fwd.lse))
@@ -661,6 +662,7 @@ def _check_problem(problem: AttentionProblem, target: Target, *, properties: Col
                                                       f"{problem.describe()}", {"quantity": n,
                                                                                 "paged_differs": int((~same).sum())})
                     v.over_indices = np.argwhere(~same)
+                    v.finite_values = np.isfinite(x[~same])
                     _fail(v)
 
     # ---------------------------------------------------------------- backward

@@ -23,6 +23,10 @@ class Violation(AssertionError):
         #: ``ctx``: the pass's dO and dLSE), for a known issue with a model (Note [Known issues with a
         #: model], fa4verify/fuzz/defect_models.py); None otherwise
         self.judged: Optional[dict] = None
+        #: per element of ``over_indices``, whether the kernel's value there is finite, where the
+        #: check knew the values without judging them (a masked row's O, a bitwise comparison);
+        #: None otherwise (a judged violation's values are in ``judged``)
+        self.finite_values: Optional[np.ndarray] = None
 
 
 
