@@ -712,3 +712,39 @@ def test_a_row_in_the_rules_band_but_below_the_edge_is_judged_as_the_oracles():
     v.over_indices = np.argwhere(np.abs(act - ref) > 1e-3)
     assert match_known_issue(p, v, a, target="production") is None
     assert "outside known issue sink_rowsum_overflow's model" in v.message
+
+
+#: the default audit's failing call at seed 3 on an H100 (2026-12-07, docs/results/h100/session33_f6947bb/):
+#: FA4's dQ = -inf on 1,000 elements where the score-index model gave up to 9.1e44
+SEED3 = ('{"format": "fa4verify-attention-problem/1", "arch": "sm90", "dtype": "bf16", "batch": 2, "seqlen_q": 17, '
+         '"seqlen_k": 163, "nheads": 3, "nheads_kv": 1, "head_dim": 200, "head_dim_v": 200, "causal": false, '
+         '"window_size": [null, null], "softcap": 0.0, "sink": false, "softmax_scale": null, "seqlens_q": null, '
+         '"seqlens_k": null, "mask_mod": null, "values": {"distribution": "outliers", "seed": 1955811884, '
+         '"params": {"outlier_std": 100.0, "p": 0.01}}, "mods": ["rel_scale"], "mod_seed": 0}')
+
+
+def test_where_a_defect_overflows_fp32_its_model_is_unknown():
+    """Note [A defect's overflow]: the score-index defect on outlier values makes P' and dS' reach
+    fp32's range, where FA4 returns inf / NaN and a float64 model a finite value up to 1e308: the
+    model is unknown (NaN) exactly there and finite below 2^126 elsewhere; on values that stay in
+    range nothing is unknown."""
+    p = AttentionProblem.from_json(SEED3)
+    a = p.materialize()
+    m = dm.score_mod_gqa_indices(p, a, a["dout"], None)
+    dq = m["dq"]
+    assert np.isnan(dq[0, 5, 1, 0])                  # FA4 gave -inf there
+    known = np.isfinite(dq)
+    assert 0.5 < known.mean() < 1.0 and np.max(np.abs(dq[known])) < 2.0 ** 126
+    allow = np.full(dq.shape, 1e-2)
+    act = np.where(known, dq, -np.inf)               # FA4's overflow: absorbed
+    v = Violation("finite", "dq: non-finite value(s) where the oracle is finite", {"quantity": "dq"})
+    v.judged = {"actual": act, "ref": np.zeros_like(dq), "allow": allow, "ctx": {"dout": a["dout"], "dlse": None}}
+    v.over_indices = np.argwhere(~known)
+    ki = match_known_issue(p, v, a, target="production")
+    assert ki is not None and ki.name == "sm90_score_mod_gqa_bwd_indices"
+    # values that stay in range: no element unknown
+    q = AttentionProblem.from_json(SEED3.replace('"outliers"', '"normal"').replace(
+        '"params": {"outlier_std": 100.0, "p": 0.01}', '"params": {}'))
+    aq = q.materialize()
+    mq = dm.score_mod_gqa_indices(q, aq, aq["dout"], None)
+    assert all(np.isfinite(mq[n]).all() for n in ("dq", "dk", "dv"))

@@ -117,10 +117,29 @@ def model_backward(problem: AttentionProblem, a: Mapping[str, Any], dout: np.nda
                     d = d - dls[h]
                 ds = np.where(kb, pb * (dp - d[:, None]) * fp, 0.0)
                 ds = np.where(np.isnan(pb) | np.isnan(fp), np.nan, ds)
-                dqs[:, h] = sc * ds @ ks[:, hk]
-                dks[:, hk] += sc * ds.T @ qs[:, h]
-                dvs[:, hk] += pb.T @ dos[:, h]
+                # Note [A defect's overflow]: where a wrong P' or dS' reaches fp32's range FA4's
+                # arithmetic overflows (exp2 of >= 128, products and sums past 2^128) and gives inf
+                # or NaN in what they reach; float64 keeps a finite value up to 1e308. Unknown there
+                # (measured on an H100, 2026-12-07: the score-index defect on outlier values gave
+                # dQ = -inf where this model gave 9.1e44, and where it gave 0 from a huge P times 0)
+                big = kb & ((pb >= _FP32_EDGE) | (np.abs(ds) >= _FP32_EDGE))
+                aq, ak, av = np.abs(qs[:, h]), np.abs(ks[:, hk]), np.abs(dos[:, h])
+                dq_h = sc * ds @ ks[:, hk]
+                dq_h[(sc * np.abs(ds) @ ak >= _FP32_EDGE) | big.any(axis=1)[:, None]] = np.nan
+                dk_h = sc * ds.T @ qs[:, h]
+                dk_h[(sc * np.abs(ds).T @ aq >= _FP32_EDGE) | big.any(axis=0)[:, None]] = np.nan
+                dv_h = pb.T @ dos[:, h]
+                dv_h[(np.abs(pb).T @ av >= _FP32_EDGE) | (kb & (pb >= _FP32_EDGE)).any(axis=0)[:, None]] = np.nan
+                dqs[:, h] = dq_h
+                dks[:, hk] += dk_h
+                dvs[:, hk] += dv_h
     return {"dq": dq, "dk": dk, "dv": dv}
+
+
+#: Note [A defect's overflow]: the magnitude from which a defect's fp32 quantities may overflow in
+#: FA4 (2^126: a sum of terms each below it, and below it together, stays below fp32's 2^128 in
+#: any order of fp32 adds, with bf16 casts of dS on the way)
+_FP32_EDGE = 2.0 ** 126
 
 
 def _keeps(problem: AttentionProblem, a: Mapping[str, Any]) -> Callable[[int, int], np.ndarray]:
@@ -329,6 +348,15 @@ def _misread_map(problem: AttentionProblem, rows: str) -> Optional[Callable]:
         t = np.asarray(allow, np.float64).reshape((-1,) + shape[-2:])
         # the element's own allowance is kept where the read lands on zeros, as a hedge on that claim
         v, w = np.full_like(x, unwritten), t.copy()
+        if np.isnan(unwritten):
+            # unknown only in the (sequence, head) blocks whose own values hold an unknown (Note [A
+            # defect's overflow]: an overflowing row's padded columns are inf * 0); a read landing in
+            # another block's padding is then modelled 0 -- a false alarm, never a false pass
+            v[...] = 0.0
+            for b, n in enumerate(lens):
+                blk = slice(int(start[b]), int(start[b]) + int(n))
+                heads = np.isnan(x[blk]).any(axis=(0, 2))
+                v[blk, heads] = np.nan
         v[dst_t, :, dst_c] = x[src_t, :, src_c]
         w[dst_t, :, dst_c] = t[src_t, :, src_c]
         return v.reshape(shape), w.reshape(shape)
