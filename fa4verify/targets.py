@@ -351,7 +351,7 @@ class TwinTarget(Target):
             if a.get("keep") is not None:
                 kw["keep"] = np.stack([a["keep"][b] for b in bs])
             r = self._ta.forward(_typed(stack(a["q"], 1), dt), _typed(stack(a["k"], 2), dt),
-                                 _typed(stack(a["v"], 2), dt), **kw,
+                                 _typed(stack(a["v"], 2), dt), **kw, _varlen_q=fa4_varlen_q(problem),
                                  **{n: None if f is None else np.asarray(f)[bs] for n, f in descale.items()})
             ro, rl = np.asarray(r.out, np.float64), np.asarray(r.lse, np.float64)
             for j, (_b, sq, _sk) in enumerate(grp):
@@ -492,6 +492,14 @@ class TwinTarget(Target):
         return Bwd(dq, dk, dv, dsink if got_dsink else None)
 
 
+def fa4_varlen_q(problem: AttentionProblem) -> bool:
+    """Whether FA4's call of ``problem`` has ``cu_seqlens_q`` or ``seqused_q`` (its SM 10.x forward
+    then takes the varlen exp2 emulation setting: ``flash_fwd_sm100.py``, ``ex2_emu_freq``): a varlen
+    problem, unless its Q goes batched without used lengths (``q_batched`` alone)."""
+    call = problem.call
+    return bool(problem.varlen) and (call is None or not call.q_batched or call.seqused_q)
+
+
 def _sparse_kw(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
     """The twin's keyword arguments that a block-sparse call's rewrite (:meth:`TwinTarget._call_form`;
     under a causal or window rule the rule comes as the elementwise ``keep``) adds to its forward: on
@@ -511,8 +519,8 @@ def _sparse_kw(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any
         else problem.nheads > problem.nheads_kv
     # FA4 runs no 2-CTA forward with block sparsity
     cols = emulated_columns(head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, causal=causal, local=local,
-                            pack_gqa=bool(pack), use_2cta=False, is_sm103=problem.arch == "sm103",
-                            fp8=problem.dtype == "fp8")
+                            pack_gqa=bool(pack), varlen_q=fa4_varlen_q(problem), use_2cta=False,
+                            is_sm103=problem.arch == "sm103", fp8=problem.dtype == "fp8")
     return {"emulated_columns": tuple(int(i) for i in np.flatnonzero(cols))}
 
 

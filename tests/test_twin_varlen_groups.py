@@ -69,3 +69,21 @@ def test_a_mutated_twin_a_perturbed_mufu_and_a_sink_run_one_at_a_time():
     mut = sorted(getattr(TwinTarget()._ta, "MUTATIONS", ()))
     if mut:
         assert len(TwinTarget(mutations=mut[:1])._segment_groups(p, a)) == n_seq
+
+
+def test_on_sm100_the_grouped_sequences_take_fa4s_varlen_emulation_setting():
+    """FA4's SM 10.x forward of a varlen call (``cu_seqlens_q``) with packed GQA at hd > 64 and no
+    rule emulates exp2 on other columns than a batched call (``flash_fwd_sm100.py``, ``ex2_emu_freq``:
+    32 against the tuned 10): the sequences run as a batch take the varlen setting, as the twin's
+    own ``cu_seqlens`` path does (red-team review: 24 emulated columns where FA4 has 8)."""
+    from fa4verify.kernels.twin import forward as tf
+    p = AttentionProblem(arch="sm100", dtype="bf16", batch=2, seqlen_q=40, seqlen_k=70, nheads=4, nheads_kv=1,
+                         head_dim=128, head_dim_v=128, seqlens_q=(40, 33), seqlens_k=(70, 50),
+                         values=ValueSpec("normal", seed=11), call=CallForm(pack_gqa=True))
+    a = p.materialize()
+    f = TwinTarget().forward(p, a)
+    r = tf.forward(a["q"], a["k"], a["v"], arch="sm100", pack_gqa=True,
+                   cu_seqlens_q=np.array([0, 40, 73], np.int32), cu_seqlens_k=np.array([0, 70, 120], np.int32))
+    assert len(r.config.emulated_columns) == 8
+    np.testing.assert_array_equal(f.out, np.asarray(r.out, np.float64))
+    np.testing.assert_array_equal(f.lse, np.asarray(r.lse, np.float64))
