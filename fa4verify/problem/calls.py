@@ -130,12 +130,22 @@ sequence per query block holding its listed KV blocks, ``keep_pattern.rewrite(li
 the rule goes in as an elementwise keep-mask the twin applies inside each tile (its ``keep``
 argument: -inf scores, no tile skipped), so its prediction is the kernel's arithmetic for the
 statistical tier; the kernel's flags go with it (``keep_rule``: SM 10.x's emulated exp2 columns,
-no 2-CTA under block sparsity, the deterministic dQ order). With every block listed, at a head dim
+no 2-CTA forward under block sparsity, the deterministic dQ order: SPT on SM90, the lists'
+ascending ranks on SM 10.x; FA4's SM 10.x block-sparse backward may run 2-CTA, which the twin's
+one-CTA 128 x 128 backward does not model). With every block listed, at a head dim
 whose tile the rule does not change, its forward and dQ equal the dense windowed call's bit for
 bit (``tests/test_block_lists_masked.py``); where FA4's windowed tile differs (SM90, hd 129-256
 under a window) the twin keeps the lists' block, FA4's tile under block sparsity from 4.0.0b33 on
 (``_fit_sm90_fwd_tile_to_block_sparsity``), which the plan's blocks are. The oracle, which has no
 keep-mask argument, rewrites on the finest grid the keep-mask is constant on instead.
+
+On SM 10.x the calls are outside FA4's contract (read from 4.0.0b36's source by a review helper,
+2026-12-07; not run on a B200): fa4verify passes every listed block as a *full* block (no partial
+list under a rule), and FA4's SM 10.x forward applies its mask function to the first block it walks
+only, the other full blocks with ``mask_fn_none`` (``block_sparse_utils.py``
+``softmax_block_sparse_sm100``); its SM 10.x backward and the SM90 kernels mask every block. A B200
+audit is expected to fail those forwards on fa4verify's call; building the rule-cut blocks into
+the mask lists (FA4's contract) is not done yet (docs/b200.md).
 """
 from __future__ import annotations
 

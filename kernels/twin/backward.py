@@ -164,8 +164,8 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
     ``flash_bwd_preprocess.py``, the only place dLSE enters).  ``keep``: the forward's
     elementwise keep-mask (:func:`fa4verify.kernels.twin.forward.forward`), applied with the
     causal / window rule in every KV tile; ``keep_rule``: (causal, local) of the kernel FA4
-    compiled where ``keep`` carries that rule (block lists under it): the deterministic dQ order
-    follows it."""
+    compiled where ``keep`` carries that rule (block lists under it): on SM90 the deterministic dQ
+    order follows it, on SM 10.x the lists' ascending ranks do."""
     exact = frozenset(exact_stages)
     muts = frozenset(mutations)
     bad = exact - set(BWD_STAGES) - set(tf.FWD_STAGES)
@@ -248,8 +248,13 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
     # ---- KV-block order of the dQ reduce-adds
     n_blocks = -(-Sk // tile_n) if Sk else 0
     order = list(range(n_blocks))
-    if deterministic and (is_causal or local or (keep_rule is not None and any(keep_rule))):
-        order = order[::-1]                      # SPT: descending n_block
+    # SPT (descending n_block) where the kernel has a rule; block lists under a rule keep the order of
+    # the lists' ranks on SM 10.x (fa4verify's calls pass ascending ranks, spt off: FA4's
+    # interface.py and flash_bwd_sm100.py take the order from them); SM90 has no deterministic
+    # block-sparse backward (its order is the prediction's)
+    rule_spt = keep_rule is not None and any(keep_rule) and arch == "sm90"
+    if deterministic and (is_causal or local or rule_spt):
+        order = order[::-1]
     if not deterministic:
         order = list(np.random.default_rng(seed + 7919).permutation(n_blocks))
     if "dq_shuffled_order" in muts:
