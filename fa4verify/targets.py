@@ -265,6 +265,8 @@ class TwinTarget(Target):
             from fa4verify.problem import resolve_window
             va["keep_rule"] = tuple(bool(f) for f in resolve_window(problem.causal, problem.window_size)[:2])
             va["keep_block"] = tuple(int(x) for x in problem.call.block_size)
+            # FA4's backward Q block (sparse_block_size_q): 128 on SM90 where it gets no block_size
+            va["keep_sparse_q"] = 128 if problem.call.block_size_implicit else va["keep_block"][0]
         if rw["keep"] is not None:      # Note [Block lists with causal or a window]
             va["keep"] = rw["keep"]
         return vp, va, rw
@@ -452,7 +454,7 @@ class TwinTarget(Target):
         def call(q, k, v, o, do, lse, dl=None, keep=None):
             r = self._ta.backward(_typed(q, dt), _typed(k, dt), _typed(v, dt), _typed(o, dt), _typed(do, dt),
                                   lse=np.asarray(lse, np.float32), dlse=dl, keep=keep,
-                                  keep_rule=a.get("keep_rule"), **kw)
+                                  keep_rule=a.get("keep_rule"), sparse_q=a.get("keep_sparse_q"), **kw)
             return r
         dl = None if dlse is None else np.asarray(dlse, np.float32)
         if not problem.varlen:

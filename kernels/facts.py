@@ -429,17 +429,24 @@ def _source_defines(path: str, name: str) -> bool:
     return any(line.startswith(f"def {name}(") for line in _source_text(path).splitlines())
 
 
-def sm90_bwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:
-    """``_tile_size_bwd_sm90`` (flash_attn/cute/interface.py): (tile_m, tile_n)."""
+def sm90_bwd_tile(head_dim: int, head_dim_v: int, causal: bool, local: bool,
+                  sparse_q: Optional[int] = None) -> tuple[int, int]:
+    """``_tile_size_bwd_sm90`` (flash_attn/cute/interface.py): (tile_m, tile_n). ``sparse_q``: a
+    block-sparse call's Q block (FA4's ``sparse_block_size_q``: the lists' ``block_size[0]``, 128
+    where FA4 infers it): a tile_m that does not divide it becomes 64 at hd 97-128, and hd 193-256
+    takes 64 x 64 (its KV block)."""
     if head_dim <= 64:
         return 128, 128
     if head_dim <= 96:
         return 64, 128
     if head_dim <= 128:
-        return (64 if (causal or local) else 80), 128
+        m = 64 if (causal or local) else 80
+        if sparse_q is not None and sparse_q % m:
+            m = 64
+        return m, 128
     if head_dim <= 192:
         return 64, 96
-    return 64, 48
+    return (64, 64) if sparse_q is not None else (64, 48)
 
 
 def fwd_tile(arch: str, dtype: str, head_dim: int, head_dim_v: int, causal: bool, local: bool) -> tuple[int, int]:

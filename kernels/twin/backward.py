@@ -155,7 +155,7 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
              dtype: str | None = None, accumulation: str = "exact-then-round",
              mufu: str = "correctly-rounded", seed: int = 0,
              stage_probe: Callable[[StageSample], None] | None = None,
-             out_fp32=None, dlse=None, keep=None, keep_rule=None) -> TwinBackwardResult:
+             out_fp32=None, dlse=None, keep=None, keep_rule=None, sparse_q=None) -> TwinBackwardResult:
     """CPU twin of FA4's backward.  ``out`` is the forward output (dtype-rounded), ``lse`` the
     forward LSE (natural log, (b, h, sq)); when ``lse`` is None (or ``d_from_fp32_o`` needs the
     fp32 O and ``out_fp32`` is not given) the twin forward is run with the same settings.
@@ -165,7 +165,9 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
     elementwise keep-mask (:func:`fa4verify.kernels.twin.forward.forward`), applied with the
     causal / window rule in every KV tile; ``keep_rule``: (causal, local) of the kernel FA4
     compiled where ``keep`` carries that rule (block lists under it): on SM90 the deterministic dQ
-    order follows it, on SM 10.x the lists' ascending ranks do."""
+    order follows it, on SM 10.x the lists' ascending ranks do; with ``sparse_q`` (a block-sparse
+    call's Q block, FA4's ``sparse_block_size_q``) the SM90 tile is FA4's for block sparsity under
+    that rule (:func:`~fa4verify.kernels.facts.sm90_bwd_tile`)."""
     exact = frozenset(exact_stages)
     muts = frozenset(mutations)
     bad = exact - set(BWD_STAGES) - set(tf.FWD_STAGES)
@@ -211,7 +213,8 @@ def backward(q, k, v, out, dout, *, lse=None, arch: str = "sm90",
     c = F32(LOG2_E) if has_softcap else F32(b32.mul(np.array(scale32), np.array(F32(LOG2_E)))[()])
     c_true = LOG2_E if has_softcap else float(scale32) * LOG2_E
     if arch == "sm90":
-        tile_m, tile_n = sm90_bwd_tile(D, Dv, is_causal, local)
+        rc, rl = keep_rule if keep_rule is not None else (is_causal, local)
+        tile_m, tile_n = sm90_bwd_tile(D, Dv, rc, rl, sparse_q)
     else:
         tile_m, tile_n = 128, 128
     mf = Mufu(mufu, seed, arch=arch)
