@@ -323,9 +323,11 @@ def test_sm90_varlen_sparse_stride_scope(rows, quantity, prop, change, expect):
         p = dataclasses.replace(p, head_dim=change["hd"], head_dim_v=change["hd"], arch=change.get("arch", p.arch),
                                 call=dataclasses.replace(p.call, block_size=(128, 128)))
     bad = varlen_sparse_misread_tokens(_stride_case())
-    # sequence 0 (261 queries over 343 keys): ceil(343/96) = 4 != ceil(343/128) = 3, rows 128.. misread;
-    # sequence 1 (87 queries): one Q block, none
-    assert bad[:128].sum() == 0 and bad[128:261].all() and not bad[261:261 + 87].any()
+    # sequence 0 (261 queries over 343 keys): ceil(343/96) = 4 != ceil(343/128) = 3, Q block 1 (rows
+    # 128..255) reads other blocks than its list; Q block 2 (rows 256..260) reads the same blocks as
+    # its own list (the right O: not named); sequence 1 (87 queries): one Q block, none
+    assert bad[:128].sum() == 0 and bad[128:256].all() and not bad[256:261].any()
+    assert not bad[261:261 + 87].any()
     tok = {"misread": [130, 200], "first": [3, 100], "mixed": [130, 5]}[rows]
     idx = np.array([[t, 0, 0] for t in tok]) if quantity != "lse" else np.array([[0, t] for t in tok])
     v = Violation(prop, f"{quantity}: planted", {"quantity": quantity})

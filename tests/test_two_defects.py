@@ -190,3 +190,28 @@ def test_the_paged_empty_sequence_issue_names_only_its_nan(prop, value, absorbed
             v.finite_values = np.isfinite(out[:4].reshape(-1))
     ki = K.match_known_issue(p, v, a, target="production")
     assert (ki is not None and ki.name == "sm90_paged_tma_empty_seq_nan") == absorbed
+
+
+def test_the_misread_rows_are_those_whose_read_holds_other_blocks(seed2):
+    """``sm90_varlen_sparse_kv_stride`` names the rows of a Q block only where the entries FA4 reads
+    at its stride hold other KV blocks than the block's own list (red-team review: 3 of seed 2's
+    136 named rows read the same blocks, and so get the right O)."""
+    from fa4verify.kernels.adapter import _block_lists
+    p, _a = seed2
+    call, (bq, bk) = p.call, p.call.block_size
+    named = K.varlen_sparse_misread_tokens(p)
+    flat, counts, start = [], [], [0]
+    for i, (_q0, lq, _k0, lk) in enumerate(K._token_bounds(p)):
+        c, idx = _block_lists(call.block_mask(lq, lk, seq=i))
+        counts.append(c)
+        flat.extend(idx.reshape(-1).tolist())
+        start.append(start[-1] + idx.size)
+    flat = np.asarray(flat)
+    differs = np.zeros_like(named)
+    for i, (q0, lq, _k0, lk) in enumerate(K._token_bounds(p)):
+        for mb in range(1, len(counts[i])):
+            right = sorted(flat[start[i] + mb * -(-lk // bk):][:counts[i][mb]])
+            read = sorted(flat[start[i] + mb * -(-lk // K.SEQLEN_INFO_TILE_N):][:counts[i][mb]])
+            if right != read:
+                differs[q0 + mb * bq:q0 + min((mb + 1) * bq, lq)] = True
+    assert named.any() and np.array_equal(named, differs)

@@ -539,7 +539,8 @@ def varlen_sparse_misread_tokens(problem: AttentionProblem) -> np.ndarray:
     varlen block-sparse forward (finding ``sm90_varlen_sparse_kv_stride``): every Q block but the
     first of a sequence whose KV-block count at the kernel's tile_n (the forward tile fitted to the
     sparse KV block: interface.py ``_fit_sm90_fwd_tile_to_block_sparsity``) differs from the count
-    at :data:`SEQLEN_INFO_TILE_N`. All False for other problems."""
+    at :data:`SEQLEN_INFO_TILE_N`, and whose read holds other blocks than its own list (the same
+    blocks read give the right O). All False for other problems."""
     call = problem.call
     tq = sum(lq for _, lq, _, _ in _token_bounds(problem))
     out = np.zeros(tq, bool)
@@ -552,9 +553,31 @@ def varlen_sparse_misread_tokens(problem: AttentionProblem) -> np.ndarray:
         from fa4verify.problem import resolve_window
         causal, local, _, _ = resolve_window(problem.causal, problem.window_size)
         tile_n = sm90_sparse_fwd_tile_n(problem.head_dim, problem.head_dim_v, causal, local, bk)
-    for q0, lq, _k0, lk in _token_bounds(problem):
-        if -(-lk // tile_n) != -(-lk // SEQLEN_INFO_TILE_N) and lq > bq:
-            out[q0 + bq:q0 + lq] = True
+    bounds = _token_bounds(problem)
+    if not any(-(-lk // tile_n) != -(-lk // SEQLEN_INFO_TILE_N) and lq > bq for _q0, lq, _k0, lk in bounds):
+        return out
+    # the lists as fa4verify lays them out (one row of ceil(len_k / bk) entries per Q block, the
+    # sequences one after another) and, per Q block, the entries FA4 reads at its stride: a block
+    # whose read holds the same blocks as its own list gets the right O (red-team review: those
+    # rows were named too)
+    from fa4verify.kernels.adapter import _block_lists
+    flat, counts, start = [], [], [0]
+    for i, (_q0, lq, _k0, lk) in enumerate(bounds):
+        c, idx = _block_lists(call.block_mask(lq, lk, seq=i))
+        counts.append(c)
+        flat.extend(idx.reshape(-1).tolist())
+        start.append(start[-1] + idx.size)
+    flat_a = np.asarray(flat, np.int64)
+    for i, (q0, lq, _k0, lk) in enumerate(bounds):
+        if -(-lk // tile_n) == -(-lk // SEQLEN_INFO_TILE_N) or lq <= bq:
+            continue
+        own, read = -(-lk // bk), -(-lk // SEQLEN_INFO_TILE_N)
+        for mb in range(1, len(counts[i])):
+            n = int(counts[i][mb])
+            right = np.sort(flat_a[start[i] + mb * own:][:n])
+            got = np.sort(flat_a[start[i] + mb * read:][:n])
+            if len(got) != len(right) or not np.array_equal(right, got):
+                out[q0 + mb * bq:q0 + min((mb + 1) * bq, lq)] = True
     return out
 
 
