@@ -10,8 +10,9 @@ import pytest
 from fa4verify.kernels import facts
 
 
+@pytest.mark.fa4
 def test_the_sm90_backward_tile_is_fa4s_for_every_head_dim_rule_and_sparse_q_block():
-    interface = pytest.importorskip("flash_attn.cute.interface", reason="FA4 (flash-attn-4) not installed")
+    from flash_attn.cute import interface
     checked = 0
     for hd in range(8, 257, 8):
         for hdv in sorted({hd, 64, 128, 256}):
