@@ -347,12 +347,11 @@ def _misread_map(problem: AttentionProblem, rows: str) -> Optional[Callable]:
         x = ref.reshape((-1,) + shape[-2:])
         t = np.asarray(allow, np.float64).reshape((-1,) + shape[-2:])
         # the element's own allowance is kept where the read lands on zeros, as a hedge on that claim
-        v, w = np.full_like(x, unwritten), t.copy()
+        v, w = np.full_like(x, 0.0 if np.isnan(unwritten) else unwritten), t.copy()
         if np.isnan(unwritten):
             # unknown only in the (sequence, head) blocks whose own values hold an unknown (Note [A
             # defect's overflow]: an overflowing row's padded columns are inf * 0); a read landing in
             # another block's padding is then modelled 0 -- a false alarm, never a false pass
-            v[...] = 0.0
             for b, n in enumerate(lens):
                 blk = slice(int(start[b]), int(start[b]) + int(n))
                 heads = np.isnan(x[blk]).any(axis=(0, 2))
