@@ -229,10 +229,12 @@ class TwinTarget(Target):
             groups.setdefault((s[1].stop - s[1].start, s[2].stop - s[2].start), []).append(s)
         return list(groups.values())
 
-    def _call_form(self, problem: AttentionProblem, a: Mapping[str, Any], head: int = 0):
+    def _call_form(self, problem: AttentionProblem, a: Mapping[str, Any], head: int = 0, *, forward: bool = False):
         """(problem, arrays) the twin runs for a call form: the same varlen problem on the K/V
         the call reads (gathered from pages or batched rows), or the varlen rewrite of a
-        keep-pattern (with its index maps; query head ``head``'s where the heads differ)."""
+        keep-pattern (with its index maps; query head ``head``'s where the heads differ).
+        ``forward``: the rewrite walks the blocks as FA4's forward does (Note [Rule-cut blocks in
+        the mask lists] in ``fa4verify.problem.calls``), else as its backward does."""
         from fa4verify import call_layout
         from fa4verify.problem import CallForm
         # the plain call the twin runs keeps FA4's pack_gqa choice (it moves SM100's emulated columns)
@@ -248,7 +250,7 @@ class TwinTarget(Target):
                                                      dout=None if do is None else do.astype(np.float64)), None
         from fa4verify.judge import keep_pattern
         # block lists under a causal / window rule: FA4's own tiles, the rule inside them (keep)
-        rw = keep_pattern.rewrite(problem, head=head, lists=True)
+        rw = keep_pattern.rewrite(problem, head=head, lists=True, walk="sm100_forward" if forward else "index")
         (qb, qr), (kb, kr) = rw["q_index"].T, rw["k_index"].T
         # the keep-mask holds every mask (a gather's causal limit too): the rewrite is unmasked
         vp = problem.replace(call=plain, causal=False, window_size=(None, None), batch=len(rw["seqlens_q"]),
@@ -271,7 +273,7 @@ class TwinTarget(Target):
             va["keep"] = rw["keep"]
         return vp, va, rw
 
-    def _heads(self, problem: AttentionProblem, a: Mapping[str, Any]):
+    def _heads(self, problem: AttentionProblem, a: Mapping[str, Any], *, forward: bool = False):
         """Note [Block masks by head]: per query head ``h``, ``(h, its KV head, the varlen rewrite of
         h's keep-pattern as a one-head problem, its arrays, the rewrite's maps)``."""
         g = problem.nheads // problem.nheads_kv
@@ -279,7 +281,8 @@ class TwinTarget(Target):
             kvh = h // g
             # the planted fault of source mutant block_sparse_packgqa_guard_dropped: a packed tile
             # reads the lists at its KV head's index, so each query head gets head h // g's mask
-            vp, va, rw = self._call_form(problem, a, head=kvh if "block_lists_by_kv_head" in self.mutations else h)
+            vp, va, rw = self._call_form(problem, a, head=kvh if "block_lists_by_kv_head" in self.mutations else h,
+                                         forward=forward)
             one = {n: None if va.get(n) is None else np.asarray(va[n])[:, i:i + 1]
                    for n, i in (("q", h), ("dout", h), ("k", kvh), ("v", kvh))}
             one.update({f"{n}_descale": np.asarray(va[f"{n}_descale"])[:, kvh:kvh + 1] for n in problem.descales})
@@ -291,7 +294,7 @@ class TwinTarget(Target):
         from fa4verify.judge import keep_pattern as kp
         out = np.zeros((problem.batch, problem.seqlen_q, problem.nheads, problem.head_dim_v))
         lse = np.full((problem.batch, problem.nheads, problem.seqlen_q), -np.inf)
-        for h, _kvh, vp, va, rw in self._heads(problem, a):
+        for h, _kvh, vp, va, rw in self._heads(problem, a, forward=True):
             f = self.forward(vp, va)
             out[:, :, h] = kp._dense_rows(problem, f.out, rw, 0.0)[:, :, 0]
             lse[:, h] = kp._dense_lse(problem, f.lse, rw, -np.inf)[:, 0]
@@ -327,7 +330,7 @@ class TwinTarget(Target):
         if problem.call is not None and problem.call.block_per_head:
             return self._forward_by_head(problem, a)
         if _twin_rearranges(problem):
-            vp, va, rw = self._call_form(problem, a)
+            vp, va, rw = self._call_form(problem, a, forward=True)
             f = self.forward(vp, va)
             if rw is None:
                 return f
@@ -711,9 +714,13 @@ class ProductionTarget(Target):
                 from fa4verify.coverage.space import VARLEN_SPARSE_BWD
                 raise Unsupported(VARLEN_SPARSE_BWD)
             bounds = problem._seq_bounds()
+            listed = [call.block_mask(lq, lk, seq=i) for i, (_q0, lq, _k0, lk) in enumerate(bounds)]
             part = [call.partial_blocks(lq, lk, seq=i) for i, (_q0, lq, _k0, lk) in enumerate(bounds)]
+            if problem.rule_blocks_in_mask_lists:      # Note [Rule-cut blocks in the mask lists]
+                part = [p_ | problem.rule_mask_blocks(m_, lq, lk)
+                        for p_, m_, (_q0, lq, _k0, lk) in zip(part, listed, bounds)]
             kw["block_sparse_tensors"] = self._ad.block_sparse_tensors_varlen(
-                [call.block_mask(lq, lk, seq=i) for i, (_q0, lq, _k0, lk) in enumerate(bounds)],
+                listed,
                 nheads=block_mask_heads(problem), block_size=tuple(call.block_size), device=self.device,
                 partial=part if any(p.any() for p in part) else None)
             kw.update(cu_seqlens_q=self._t(a["cu_seqlens_q"], None), cu_seqlens_k=self._t(a["cu_seqlens_k"], None),
@@ -734,6 +741,8 @@ class ProductionTarget(Target):
             else:
                 bm = call.block_mask(problem.seqlen_q, problem.seqlen_k)
                 part = call.partial_blocks(problem.seqlen_q, problem.seqlen_k)
+            if problem.rule_blocks_in_mask_lists and not backward:    # Note [Rule-cut blocks in the mask lists]
+                part = part | problem.rule_mask_blocks(bm, problem.seqlen_q, problem.seqlen_k)
             kw["block_sparse_tensors"] = self._ad.block_sparse_tensors(
                 bm, batch=problem.batch, nheads=block_mask_heads(problem), block_size=tuple(bs),
                 direction="bwd" if backward else "fwd", device=self.device,

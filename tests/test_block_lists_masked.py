@@ -127,8 +127,8 @@ def test_the_twin_runs_them_inside_the_budgets_and_the_rule_matters(arch, mask):
     from fa4verify.targets import TwinTarget
 
     class NoRule(TwinTarget):
-        def _call_form(self, problem, a, head=0):
-            vp, va, rw = super()._call_form(problem, a, head)
+        def _call_form(self, problem, a, head=0, **kw):
+            vp, va, rw = super()._call_form(problem, a, head, **kw)
             return vp, {k: v for k, v in va.items() if k not in ("keep", "keep_rule")}, rw
 
     p = AttentionProblem(call=CALL, **mask, **{**BASE, "arch": arch})

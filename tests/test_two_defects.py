@@ -207,3 +207,21 @@ def test_the_misread_rows_are_those_whose_read_holds_other_blocks(seed2):
     moved = ~np.all((right == misread) | (np.isnan(right) & np.isnan(misread)), axis=(1, 2))
     named = K.varlen_sparse_misread_tokens(p)
     assert named.any() and np.array_equal(named, moved)
+
+
+def test_a_hit_with_another_issues_elements_taken_out_counts_both_issues(monkeypatch):
+    """Review item (thirty-third session): the issue whose elements a hit took out is counted under
+    its own name too, and each hit names the other."""
+    from fa4verify.fuzz.campaign import record_hit
+    e, m = _toy_issues([0, 1])
+    monkeypatch.setattr(K, "KNOWN_ISSUES", (e, m))
+    p = AttentionProblem(arch="sm90", dtype="bf16", batch=1, seqlen_q=8, seqlen_k=8, nheads=1, nheads_kv=1,
+                         head_dim=8, head_dim_v=8, values=ValueSpec("normal", 1))
+    hits: dict = {}
+    two = Violation("bwd_budget", "dk: over budget", {"quantity": "dk", "known_with": "toy_elements"})
+    one = Violation("bwd_budget", "dk: over budget", {"quantity": "dk"})
+    record_hit(hits, m, p, two)
+    record_hit(hits, m, p, one)
+    assert hits["toy_model"]["count"] == 2 and hits["toy_model"]["with"] == {"toy_elements": 1}
+    assert hits["toy_elements"]["count"] == 1 and hits["toy_elements"]["with"] == {"toy_model": 1}
+    assert hits["toy_elements"]["quantities"] == {"dk": 1} and hits["toy_elements"]["title"] == e.title

@@ -30,6 +30,7 @@ from hypothesis import Verbosity, settings
 from fa4verify.problem import FEATURES, AttentionProblem
 from fa4verify._strategies.problem import attention_problems
 from fa4verify.fuzz.cases import _versions, regression_snippet, write_case
+from fa4verify.fuzz import known_issues as _known
 from fa4verify.fuzz.known_issues import known_issue_matcher
 from fa4verify.fuzz.profiles import profile_limits, profile_name, register_profiles
 from fa4verify.fuzz.properties import PROPERTIES, check_problem
@@ -134,6 +135,27 @@ class CampaignResult:
         d["format"] = CAMPAIGN_FORMAT
         d["where"] = self.target.get("where", "")
         return _jsonable(d)
+
+
+def record_hit(hits: dict, ki: Any, problem: AttentionProblem, v: Violation) -> None:
+    """Count known issue ``ki``'s absorption of violation ``v`` in ``hits`` (``known_hits``: per
+    issue name its count, title, reference, first problem, property and count per quantity). Note
+    [Two defects in one violation]: the issue whose elements were taken out (``known_with``) is hit
+    too, counted under its own name, and each names the other under ``with``."""
+    q = str(v.metrics.get("quantity", v.prop))
+    other = v.metrics.get("known_with")
+    partner_issue = None if other is None else next((k for k in _known.KNOWN_ISSUES if k.name == other), None)
+    for issue, partner in ((ki, other), (partner_issue, ki.name)):
+        if issue is None:
+            continue
+        hit = hits.setdefault(issue.name, {"count": 0, "title": issue.title, "reference": issue.reference,
+                                           "first": problem.describe(), "property": v.prop})
+        hit["count"] += 1
+        hit.setdefault("quantities", {})
+        hit["quantities"][q] = hit["quantities"].get(q, 0) + 1
+        if partner is not None:
+            w = hit.setdefault("with", {})
+            w[partner] = w.get(partner, 0) + 1
 
 
 def judged_examples(res: "CampaignResult") -> int:
@@ -326,15 +348,7 @@ def run_campaign(*, target: Target, arch: str = "sm90", dtype: Optional[str] = N
                 return False
             absorbed.add(tightness_key(v))
             if state["last"] is None:    # count each drawn example once (not the shrink replays)
-                hit = res.known_hits.setdefault(ki.name, {"count": 0, "title": ki.title, "reference": ki.reference,
-                                                          "first": problem.describe(), "property": v.prop})
-                hit["count"] += 1
-                hit.setdefault("quantities", {})
-                q = str(v.metrics.get("quantity", v.prop))
-                hit["quantities"][q] = hit["quantities"].get(q, 0) + 1
-                if "known_with" in v.metrics:     # Note [Two defects in one violation]
-                    w = hit.setdefault("with", {})
-                    w[v.metrics["known_with"]] = w.get(v.metrics["known_with"], 0) + 1
+                record_hit(res.known_hits, ki, problem, v)
             return True
 
         token = _ABSORB.set(absorb)

@@ -64,7 +64,7 @@ def _blocks(problem, seq: int, lq: int, lk: int, keeps: list, head: int = 0,
     return keep, (1, 1)
 
 
-def rewrite(problem, head: int = 0, *, lists: bool = False) -> dict[str, Any]:
+def rewrite(problem, head: int = 0, *, lists: bool = False, walk: str = "index") -> dict[str, Any]:
     """Index maps of the varlen rewrite into the token view (:func:`view`): ``q_index`` (total_q,
     2) = (batch, row) and ``k_index`` (total_k, 2) = (batch, key) of each packed token;
     ``seqlens_q/k``; ``seq``: the problem's sequence (batch entry) of each rewritten sequence.
@@ -76,16 +76,27 @@ def rewrite(problem, head: int = 0, *, lists: bool = False) -> dict[str, Any]:
     ``keep`` holds each sequence's keep-mask ``(lq, lk)`` (the rule at the problem's own indices),
     which the CPU twin applies inside each tile (its ``keep`` argument); without ``lists`` the
     rule's cuts give the finest grid the keep-mask is constant on (the oracle, which has no
-    keep-mask argument). ``keep`` is None where the rewrite needs none."""
+    keep-mask argument). ``keep`` is None where the rewrite needs none.
+
+    ``walk``: the order of a rewritten sequence's blocks: ``"index"`` (ascending), or
+    ``"sm100_forward"``: where FA4's SM 10.x forward gets the rule-cut blocks as mask blocks
+    (:attr:`AttentionProblem.rule_blocks_in_mask_lists`), the full blocks, then the mask blocks,
+    each ascending: the twin walks a sequence's tiles from the last down, as FA4 walks the mask list,
+    then the full list (Note [Rule-cut blocks in the mask lists] in ``fa4verify.problem.calls``)."""
+    if walk not in ("index", "sm100_forward"):
+        raise ValueError(f"walk={walk!r}: expected 'index' or 'sm100_forward'")
+    split = lists and walk == "sm100_forward" and problem.rule_blocks_in_mask_lists
     qi, ki, lq, lk, seq = [], [], [], [], []
     inner = [] if lists and problem.masked_lists else None
     keeps = [problem.keep_masks(head=head)] if inner is not None else []
     for s, (q0, sq, k0, sk) in enumerate(problem._seq_bounds()):
         b = 0 if problem.varlen else s
         bm, (bq, bk) = _blocks(problem, s, sq, sk, keeps, head, lists=lists)
+        mask_blocks = problem.rule_mask_blocks(bm, sq, sk) if split else np.zeros_like(bm)
         for r in range(bm.shape[0]):
             rows = q0 + np.arange(r * bq, min((r + 1) * bq, sq))
-            keys = k0 + np.concatenate([np.arange(c * bk, min((c + 1) * bk, sk)) for c in np.flatnonzero(bm[r])]
+            cols = np.concatenate([np.flatnonzero(bm[r] & ~mask_blocks[r]), np.flatnonzero(mask_blocks[r])])
+            keys = k0 + np.concatenate([np.arange(c * bk, min((c + 1) * bk, sk)) for c in cols]
                                        or [np.zeros(0, np.int64)])
             if inner is not None:
                 inner.append(keeps[0][s][np.ix_(rows - q0, keys - k0)])

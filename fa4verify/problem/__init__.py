@@ -302,6 +302,33 @@ class AttentionProblem:
         return (self.call is not None and self.call.block_size is not None
                 and (self.causal or tuple(self.window_size) != (None, None)))
 
+    @property
+    def rule_blocks_in_mask_lists(self) -> bool:
+        """Whether FA4's forward gets this call's rule-cut blocks as mask blocks (Note [Rule-cut
+        blocks in the mask lists] in ``fa4verify.problem.calls``): block lists under a causal or
+        window rule on SM 10.x."""
+        return self.masked_lists and _facts.is_sm100_family(self.arch)
+
+    def rule_mask_blocks(self, listed: np.ndarray, seqlen_q: int, seqlen_k: int) -> np.ndarray:
+        """Which of the ``listed`` blocks (a boolean grid on its last two axes, of the call's block
+        size, for one sequence of lengths ``seqlen_q`` x ``seqlen_k``) FA4's SM 10.x forward gets as
+        mask blocks (Note [Rule-cut blocks in the mask lists]): those where the causal / window
+        rule keeps some but not every in-bounds pair, or none, and the block holding the
+        sequence's last key where the block size does not divide ``seqlen_k``."""
+        listed = np.asarray(listed, bool)
+        bq, bk = self.call.block_size
+        nq, nk = listed.shape[-2:]
+        keep = np.zeros((nq * bq, nk * bk), bool)
+        inb = np.zeros_like(keep)
+        keep[:seqlen_q, :seqlen_k] = window_keep_mask(seqlen_q, seqlen_k, causal=self.causal,
+                                                      window_size=self.window_size)
+        inb[:seqlen_q, :seqlen_k] = True
+        whole = (keep | ~inb).reshape(nq, bq, nk, bk).all(axis=(1, 3))
+        cut = ~whole
+        if seqlen_k % bk and nk:
+            cut[:, (seqlen_k - 1) // bk] = True
+        return listed & cut
+
     def keep_masks(self, arrays: Optional[dict] = None, head: int = 0) -> list[np.ndarray]:
         """Per batch entry (varlen: per sequence), the boolean ``(len_q, len_k)`` keep-mask (True =
         attended) of query head ``head`` combining causal/local masking, the mask_mod pattern and

@@ -139,13 +139,33 @@ under a window) the twin keeps the lists' block, FA4's tile under block sparsity
 (``_fit_sm90_fwd_tile_to_block_sparsity``), which the plan's blocks are. The oracle, which has no
 keep-mask argument, rewrites on the finest grid the keep-mask is constant on instead.
 
-On SM 10.x the calls are outside FA4's contract (read from 4.0.0b36's source by a review helper,
-2026-12-07; not run on a B200): fa4verify passes every listed block as a *full* block (no partial
-list under a rule), and FA4's SM 10.x forward applies its mask function to the first block it walks
-only, the other full blocks with ``mask_fn_none`` (``block_sparse_utils.py``
-``softmax_block_sparse_sm100``); its SM 10.x backward and the SM90 kernels mask every block. A B200
-audit is expected to fail those forwards on fa4verify's call; building the rule-cut blocks into
-the mask lists (FA4's contract) is not done yet (docs/b200.md).
+On SM 10.x FA4's forward masks fewer blocks: Note [Rule-cut blocks in the mask lists].
+
+Note [Rule-cut blocks in the mask lists]
+----------------------------------------
+FA4's SM 10.x forward walks a query block's *mask* list, then its *full* list, each from its
+highest block down, and masks inside every mask block but, of the full list, only the first block it
+walks: the others go with ``mask_fn=None`` (4.0.0b36 ``block_sparse_utils.py``
+``softmax_block_sparse_sm100`` / ``softmax_block_sparse_sm100_list``, ``allow_unmasked_inner_blocks``).
+So under a causal or window rule a listed block the rule cuts (keeps some in-bounds pairs but not
+all, or none) belongs in the mask list: as a full block past the first its cut keys would be
+attended. On SM 10.x (:attr:`AttentionProblem.rule_blocks_in_mask_lists`) the production target's
+forward lists them there (:meth:`AttentionProblem.rule_mask_blocks`), and the block holding the
+sequence's last key too where the block size does not divide it (a mask block FA4 masks by the rule
+and the sequence length: no change in meaning). The meaning of the call is unchanged: a mask block
+without a mask_mod keeps what the rule keeps, a full block is one the rule keeps whole.
+
+Not elsewhere: FA4's SM 10.x backward applies the rule inside every listed block, full or mask
+(``mask.py`` ``apply_mask_sm100_transposed``: ``is_full_block`` only skips a mask_mod), and the SM90
+kernels mask every block in both passes; their lists stay as they were (every listed block full),
+the calls the SM90 audits judged on the H100.
+
+The CPU twin's forward walks FA4's order: its rewrite of such a call lists each query block's full
+blocks, then its mask blocks, each ascending (``keep_pattern.rewrite(..., walk="sm100_forward")``),
+and the twin walks a sequence's tiles from the last down, so it meets the mask blocks first, the
+highest first, then the full ones. The last key's block is a mask block so that a short block stays
+the sequence's last and every other tile keeps the lists' block boundaries. Read from the source,
+compile-only and on the twin; not run on a B200.
 """
 from __future__ import annotations
 
