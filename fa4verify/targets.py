@@ -250,7 +250,8 @@ class TwinTarget(Target):
                                                      dout=None if do is None else do.astype(np.float64)), None
         from fa4verify.judge import keep_pattern
         # block lists under a causal / window rule: FA4's own tiles, the rule inside them (keep)
-        rw = keep_pattern.rewrite(problem, head=head, lists=True, walk="sm100_forward" if forward else "index")
+        rw = keep_pattern.rewrite(problem, head=head, lists=True, walk="sm100_forward" if forward else "index",
+                                  cut_blocks_full="rule_cut_blocks_listed_full" in self.mutations)
         (qb, qr), (kb, kr) = rw["q_index"].T, rw["k_index"].T
         # the keep-mask holds every mask (a gather's causal limit too): the rewrite is unmasked
         vp = problem.replace(call=plain, causal=False, window_size=(None, None), batch=len(rw["seqlens_q"]),
@@ -1229,9 +1230,13 @@ class ProductionTarget(Target):
 #: page table in reversed order; ``varlen_dlse_offset_dropped`` reads every sequence's dLSE from
 #: the first sequence's rows (a dropped ``offset_batch`` of FA4's preprocess);
 #: ``block_lists_by_kv_head`` gives each query head of a KV group the block mask of the query head
-#: numbered as the KV head (Note [Block masks by head]: source mutant block_sparse_packgqa_guard_dropped)
+#: numbered as the KV head (Note [Block masks by head]: source mutant block_sparse_packgqa_guard_dropped);
+#: ``rule_cut_blocks_listed_full`` runs an SM 10.x forward of block lists under a rule as FA4 would
+#: with every listed block full (Note [Rule-cut blocks in the mask lists]: the rule inside the first
+#: block it walks only)
 LAYOUT_MUTATIONS: tuple[str, ...] = ("paged_wrong_permutation", "varlen_dlse_offset_dropped",
-                                     "block_lists_by_kv_head", "split_range_overlap", "split_sink_every")
+                                     "block_lists_by_kv_head", "split_range_overlap", "split_sink_every",
+                                     "rule_cut_blocks_listed_full")
 
 
 # Note [Input layouts]

@@ -143,3 +143,25 @@ def test_the_twin_on_windowed_lists_stays_inside_the_budgets():
     p = _problem(lengths=(256, 768), keep=0.8, window_size=(400, 0))
     out = check_problem(p, TwinTarget(), properties=("runs", "fwd_budget", "bwd_budget", "masked_rows"))
     assert {"fwd_budget", "bwd_budget"} <= set(out.ran) and not out.undecided
+
+
+@pytest.mark.parametrize("mask", [dict(window_size=(400, 0)), dict(causal=True)])
+def test_the_twin_masking_as_fa4_fails_the_lists_passed_all_full(mask):
+    """The twin masks as FA4's SM 10.x forward does (the rule inside mask blocks and the first full
+    block it walks); with every listed block full -- the lists fa4verify passed before, planted as
+    ``rule_cut_blocks_listed_full`` -- the cut keys below the first block are attended and the judge
+    fails the forward against the oracle; with the rule-cut blocks as mask blocks it passes."""
+    from fa4verify.fuzz.properties import check_problem
+    from fa4verify.fuzz.violation import Violation
+    from fa4verify.targets import TwinTarget
+    p = _problem(lengths=(256, 768), keep=0.8, **mask)
+    props = ("runs", "fwd_budget", "masked_rows")
+    out = check_problem(p, TwinTarget(), properties=props, backward=False)
+    assert "fwd_budget" in out.ran and not out.undecided
+    with pytest.raises(Violation):
+        check_problem(p, TwinTarget(mutations={"rule_cut_blocks_listed_full"}), properties=props, backward=False)
+    # SM90 masks every listed block: the planted lists change nothing there
+    p90 = p.replace(arch="sm90")
+    a = p90.materialize()
+    f, g = TwinTarget().forward(p90, a), TwinTarget(mutations={"rule_cut_blocks_listed_full"}).forward(p90, a)
+    np.testing.assert_array_equal(f.out, g.out)

@@ -64,7 +64,8 @@ def _blocks(problem, seq: int, lq: int, lk: int, keeps: list, head: int = 0,
     return keep, (1, 1)
 
 
-def rewrite(problem, head: int = 0, *, lists: bool = False, walk: str = "index") -> dict[str, Any]:
+def rewrite(problem, head: int = 0, *, lists: bool = False, walk: str = "index",
+            cut_blocks_full: bool = False) -> dict[str, Any]:
     """Index maps of the varlen rewrite into the token view (:func:`view`): ``q_index`` (total_q,
     2) = (batch, row) and ``k_index`` (total_k, 2) = (batch, key) of each packed token;
     ``seqlens_q/k``; ``seq``: the problem's sequence (batch entry) of each rewritten sequence.
@@ -82,7 +83,11 @@ def rewrite(problem, head: int = 0, *, lists: bool = False, walk: str = "index")
     ``"sm100_forward"``: where FA4's SM 10.x forward gets the rule-cut blocks as mask blocks
     (:attr:`AttentionProblem.rule_blocks_in_mask_lists`), the full blocks, then the mask blocks,
     each ascending: the twin walks a sequence's tiles from the last down, as FA4 walks the mask list,
-    then the full list (Note [Rule-cut blocks in the mask lists] in ``fa4verify.problem.calls``)."""
+    then the full list (Note [Rule-cut blocks in the mask lists] in ``fa4verify.problem.calls``);
+    ``keep`` then masks as that kernel does: the rule inside the mask blocks and the first full block
+    it walks, no mask in the other full blocks. ``cut_blocks_full``: every listed block full, as
+    fa4verify passed the lists before (the twin's planted fault ``rule_cut_blocks_listed_full``),
+    walked and masked the same way."""
     if walk not in ("index", "sm100_forward"):
         raise ValueError(f"walk={walk!r}: expected 'index' or 'sm100_forward'")
     split = lists and walk == "sm100_forward" and problem.rule_blocks_in_mask_lists
@@ -92,14 +97,23 @@ def rewrite(problem, head: int = 0, *, lists: bool = False, walk: str = "index")
     for s, (q0, sq, k0, sk) in enumerate(problem._seq_bounds()):
         b = 0 if problem.varlen else s
         bm, (bq, bk) = _blocks(problem, s, sq, sk, keeps, head, lists=lists)
-        mask_blocks = problem.rule_mask_blocks(bm, sq, sk) if split else np.zeros_like(bm)
+        mask_blocks = np.zeros_like(bm)
+        if split and not cut_blocks_full:
+            mask_blocks = problem.rule_mask_blocks(bm, sq, sk)
         for r in range(bm.shape[0]):
             rows = q0 + np.arange(r * bq, min((r + 1) * bq, sq))
-            cols = np.concatenate([np.flatnonzero(bm[r] & ~mask_blocks[r]), np.flatnonzero(mask_blocks[r])])
+            full_cols = np.flatnonzero(bm[r] & ~mask_blocks[r])
+            cols = np.concatenate([full_cols, np.flatnonzero(mask_blocks[r])])
             keys = k0 + np.concatenate([np.arange(c * bk, min((c + 1) * bk, sk)) for c in cols]
                                        or [np.zeros(0, np.int64)])
             if inner is not None:
-                inner.append(keeps[0][s][np.ix_(rows - q0, keys - k0)])
+                kr = keeps[0][s][np.ix_(rows - q0, keys - k0)]
+                if split and len(full_cols) > 1:
+                    # FA4's SM 10.x forward masks the first full block it walks (the highest) only
+                    n_unmasked = sum(min(bk, sk - c * bk) for c in full_cols[:-1])
+                    kr = kr.copy()
+                    kr[:, :n_unmasked] = True
+                inner.append(kr)
             qi.append(np.stack([np.full(len(rows), b), rows], axis=1).reshape(-1, 2))
             ki.append(np.stack([np.full(len(keys), b), keys], axis=1).reshape(-1, 2))
             lq.append(len(rows))

@@ -160,12 +160,16 @@ Not elsewhere: FA4's SM 10.x backward applies the rule inside every listed block
 kernels mask every block in both passes; their lists stay as they were (every listed block full),
 the calls the SM90 audits judged on the H100.
 
-The CPU twin's forward walks FA4's order: its rewrite of such a call lists each query block's full
-blocks, then its mask blocks, each ascending (``keep_pattern.rewrite(..., walk="sm100_forward")``),
-and the twin walks a sequence's tiles from the last down, so it meets the mask blocks first, the
-highest first, then the full ones. The last key's block is a mask block so that a short block stays
-the sequence's last and every other tile keeps the lists' block boundaries. Read from the source,
-compile-only and on the twin; not run on a B200.
+The CPU twin's forward walks and masks as that kernel does: its rewrite of such a call lists each
+query block's full blocks, then its mask blocks, each ascending (``keep_pattern.rewrite(...,
+walk="sm100_forward")``), and the twin walks a sequence's tiles from the last down, so it meets the
+mask blocks first, the highest first, then the full ones; its keep-mask holds the rule inside the
+mask blocks and the first full block, none in the other full blocks. The last key's block is a mask
+block so that a short block stays the sequence's last and every other tile keeps the lists' block
+boundaries. With every listed block full (the lists before this note, planted in the twin as
+``rule_cut_blocks_listed_full``) the twin attends the cut keys and the judge fails its forward
+against the oracle; with these lists it passes (``tests/test_rule_mask_lists.py``). Read from the
+source, compile-only and on the twin; not run on a B200.
 """
 from __future__ import annotations
 
