@@ -247,7 +247,8 @@ class TwinTarget(Target):
             q, do = call_layout.gather_q(problem, c)
             return problem.replace(call=plain), dict(a, q=q.astype(np.float64), k=k.astype(np.float64),
                                                      v=v.astype(np.float64),
-                                                     dout=None if do is None else do.astype(np.float64)), None
+                                                     dout=None if do is None else do.astype(np.float64),
+                                                     fa4_varlen_q=fa4_varlen_q(problem)), None
         from fa4verify.judge import keep_pattern
         # block lists under a causal / window rule: FA4's own tiles, the rule inside them (keep)
         rw = keep_pattern.rewrite(problem, head=head, lists=True, walk="sm100_forward" if forward else "index",
@@ -262,6 +263,8 @@ class TwinTarget(Target):
                   dout=None if a.get("dout") is None else vw(a["dout"])[qb, qr], mask=None,
                   cu_seqlens_q=np.concatenate([[0], np.cumsum(rw["seqlens_q"])]).astype(np.int32),
                   cu_seqlens_k=np.concatenate([[0], np.cumsum(rw["seqlens_k"])]).astype(np.int32),
+                  # the kernel FA4 runs is the call's own: a dense call's, not a varlen one's
+                  fa4_varlen_q=fa4_varlen_q(problem),
                   # Note [FP8 descales]: a rewritten sequence takes its problem sequence's factors
                   **{f"{n}_descale": np.asarray(a[f"{n}_descale"])[list(rw["seq"])] for n in problem.descales})
         if problem.call.block_size is not None:     # the kernel's flags and its KV block (_sparse_kw)
@@ -357,7 +360,7 @@ class TwinTarget(Target):
             if a.get("keep") is not None:
                 kw["keep"] = np.stack([a["keep"][b] for b in bs])
             r = self._ta.forward(_typed(stack(a["q"], 1), dt), _typed(stack(a["k"], 2), dt),
-                                 _typed(stack(a["v"], 2), dt), **kw, _varlen_q=fa4_varlen_q(problem),
+                                 _typed(stack(a["v"], 2), dt), **kw, _varlen_q=_fa4_varlen_q(problem, a),
                                  **{n: None if f is None else np.asarray(f)[bs] for n, f in descale.items()})
             ro, rl = np.asarray(r.out, np.float64), np.asarray(r.lse, np.float64)
             for j, (_b, sq, _sk) in enumerate(grp):
@@ -506,6 +509,15 @@ def fa4_varlen_q(problem: AttentionProblem) -> bool:
     return bool(problem.varlen) and (call is None or not call.q_batched or call.seqused_q)
 
 
+def _fa4_varlen_q(problem: AttentionProblem, a: Mapping[str, Any]) -> bool:
+    """:func:`fa4_varlen_q` of the call FA4 runs: the original call's where the twin runs a
+    rearranged ``problem`` (:meth:`TwinTarget._call_form` records it: a dense block-sparse or
+    mask_mod call's rewrite is varlen, FA4's kernel is not; a batched layout's Q may go without
+    ``cu_seqlens_q``), else ``problem``'s own."""
+    got = a.get("fa4_varlen_q")
+    return fa4_varlen_q(problem) if got is None else bool(got)
+
+
 def _sparse_kw(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any]:
     """The twin's keyword arguments that a block-sparse call's rewrite (:meth:`TwinTarget._call_form`;
     under a causal or window rule the rule comes as the elementwise ``keep``) adds to its forward: on
@@ -525,7 +537,7 @@ def _sparse_kw(problem: AttentionProblem, a: Mapping[str, Any]) -> dict[str, Any
         else problem.nheads > problem.nheads_kv
     # FA4 runs no 2-CTA forward with block sparsity
     cols = emulated_columns(head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, causal=causal, local=local,
-                            pack_gqa=bool(pack), varlen_q=fa4_varlen_q(problem), use_2cta=False,
+                            pack_gqa=bool(pack), varlen_q=_fa4_varlen_q(problem, a), use_2cta=False,
                             is_sm103=problem.arch == "sm103", fp8=problem.dtype == "fp8")
     return {"emulated_columns": tuple(int(i) for i in np.flatnonzero(cols))}
 

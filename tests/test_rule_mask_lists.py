@@ -165,3 +165,31 @@ def test_the_twin_masking_as_fa4_fails_the_lists_passed_all_full(mask):
     a = p90.materialize()
     f, g = TwinTarget().forward(p90, a), TwinTarget(mutations={"rule_cut_blocks_listed_full"}).forward(p90, a)
     np.testing.assert_array_equal(f.out, g.out)
+
+
+def test_mask_blocks_against_the_dense_rule_on_random_windows_lengths_and_blocks():
+    """The corner test of :meth:`AttentionProblem.rule_mask_blocks` against the dense keep-mask, block
+    by block, over 300 random (lengths, block size, causal, window with None / negative sides)."""
+    rng = np.random.default_rng(34)
+    side = lambda: None if rng.random() < 0.3 else int(rng.integers(-40, 400))   # noqa: E731
+    for _ in range(300):
+        sq, sk = (int(x) for x in rng.integers(1, 700, 2))
+        bq, bk = (int(rng.choice([64, 128, 256])) for _ in range(2))
+        causal = bool(rng.random() < 0.4)
+        ws = (side(), side()) if not causal or rng.random() < 0.5 else (None, None)
+        try:
+            p = AttentionProblem(arch="sm100", dtype="bf16", batch=1, seqlen_q=sq, seqlen_k=sk, nheads=1,
+                                 nheads_kv=1, head_dim=64, head_dim_v=64, causal=causal, window_size=ws,
+                                 call=CallForm(block_size=(bq, bk), block_seed=1, block_keep=1.0))
+        except ValueError:
+            continue          # a window FA4 refuses
+        rule = np.zeros((-(-sq // bq) * bq, -(-sk // bk) * bk), bool)
+        inb = np.zeros_like(rule)
+        rule[:sq, :sk] = window_keep_mask(sq, sk, causal=causal, window_size=p.window_size)
+        inb[:sq, :sk] = True
+        whole = (rule | ~inb).reshape(rule.shape[0] // bq, bq, rule.shape[1] // bk, bk).all(axis=(1, 3))
+        want = ~whole
+        if sk % bk:
+            want[:, (sk - 1) // bk] = True
+        listed = np.ones(whole.shape, bool)
+        np.testing.assert_array_equal(p.rule_mask_blocks(listed, sq, sk), want, err_msg=f"{sq, sk, bq, bk, causal, ws}")

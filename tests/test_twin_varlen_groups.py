@@ -87,3 +87,34 @@ def test_on_sm100_the_grouped_sequences_take_fa4s_varlen_emulation_setting():
     assert len(r.config.emulated_columns) == 8
     np.testing.assert_array_equal(f.out, np.asarray(r.out, np.float64))
     np.testing.assert_array_equal(f.lse, np.asarray(r.lse, np.float64))
+
+
+@pytest.mark.parametrize("call, varlen_q", [
+    (CallForm(block_size=(256, 256), block_seed=3, block_keep=1.0), False),   # a dense call's varlen rewrite
+    (CallForm(seqused_k=True, kv_capacity=96, q_batched=True), False),        # batched Q without used lengths
+    (CallForm(seqused_k=True, kv_capacity=96), True),                         # packed Q: cu_seqlens_q
+])
+def test_a_rearranged_call_takes_the_emulation_setting_of_the_kernel_fa4_runs(call, varlen_q):
+    """Red-team review (thirty-fourth session): the twin runs a dense block-sparse call as a varlen
+    rewrite and a batched layout as a varlen problem, but FA4 runs the call's own kernel, whose exp2
+    emulation setting takes ``cu_seqlens_q`` / ``seqused_q`` only (``flash_fwd_sm100.py``,
+    ``ex2_emu_freq``): packed GQA at hd 128, no rule: 24 emulated columns as a dense call, not the
+    varlen 8 the rewrite had."""
+    from fa4verify.kernels.twin.exp2 import emulated_columns
+    lens = dict(batch=2, seqlen_q=256, seqlen_k=80, seqlens_q=(256, 256), seqlens_k=(80, 64)) \
+        if call.seqused_k else dict(batch=1, seqlen_q=256, seqlen_k=512)
+    p = AttentionProblem(arch="sm100", dtype="bf16", nheads=4, nheads_kv=2, head_dim=128, head_dim_v=128,
+                         values=ValueSpec("normal", seed=5), call=call, **lens)
+    t = TwinTarget()
+    seen = []
+    orig = t._ta.forward
+
+    def spy(*args, **kw):
+        r = orig(*args, **kw)
+        seen.append(r.config.emulated_columns)
+        return r
+    t._ta.forward = spy
+    t.forward(p, p.materialize())
+    want = tuple(int(i) for i in np.flatnonzero(emulated_columns(head_dim=128, head_dim_v=128, pack_gqa=True,
+                                                                 varlen_q=varlen_q, use_2cta=False)))
+    assert seen and all(tuple(s) == want for s in seen) and len(want) == (8 if varlen_q else 24)

@@ -318,12 +318,22 @@ class AttentionProblem:
         listed = np.asarray(listed, bool)
         bq, bk = self.call.block_size
         nq, nk = listed.shape[-2:]
-        keep = np.zeros((nq * bq, nk * bk), bool)
-        inb = np.zeros_like(keep)
-        keep[:seqlen_q, :seqlen_k] = window_keep_mask(seqlen_q, seqlen_k, causal=self.causal,
-                                                      window_size=self.window_size)
-        inb[:seqlen_q, :seqlen_k] = True
-        whole = (keep | ~inb).reshape(nq, bq, nk, bk).all(axis=(1, 3))
+        causal, local, left, right = resolve_window(self.causal, self.window_size)
+        # each block's first and last in-bounds row and key; the rule (window_keep_mask: row i keeps
+        # keys up to c_i = i + seqlen_k - seqlen_q, down to c_i - left) is monotone in both, so a
+        # block is whole iff its corners are kept
+        r0 = np.arange(nq)[:, None] * bq
+        r1 = np.minimum(r0 + bq, seqlen_q) - 1
+        k0 = np.arange(nk)[None, :] * bk
+        k1 = np.minimum(k0 + bk, seqlen_k) - 1
+        off = seqlen_k - seqlen_q
+        whole = np.ones((nq, nk), bool)
+        if causal:
+            whole &= k1 <= r0 + off
+        if local and left is not None:
+            whole &= k0 >= r1 + off - left
+        if local and right is not None:
+            whole &= k1 <= r0 + off + right
         cut = ~whole
         if seqlen_k % bk and nk:
             cut[:, (seqlen_k - 1) // bk] = True
