@@ -53,7 +53,6 @@ def figures(rev: str) -> dict[str, int]:
 
 def duplicates(rev: str) -> int | None:
     """Pairs ``duplicates`` lists over the package at ``rev`` (None when the tool is absent)."""
-    import os
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         subprocess.run(f"git archive {rev} fa4verify kernels oracles error_budgets | tar -x -C {d}", shell=True,

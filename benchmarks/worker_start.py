@@ -11,7 +11,6 @@ worker pays torch's and FA4's imports itself (about 15 s on the H200 host).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 

@@ -81,7 +81,6 @@ class CpuStandIn:
         return _Fwd(o.to(q.dtype), lse), {"stand_in": True}
 
     def mla_backward(self, q, k, v, qv, fwd, dout, idx, causal=False, **kw):
-        import torch
         t = [x.float().detach().requires_grad_(True) for x in (q, k, v, qv)]
         o, _ = torch_mla(*t, idx, causal)
         o.backward(dout.float())

@@ -6,7 +6,6 @@ and sm_103a (compile-only)."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import numpy as np
 import pytest

@@ -2,7 +2,6 @@
 FA4 refusal and a compiler abort as results (not as a crash of the runner)."""
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 

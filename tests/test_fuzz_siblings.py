@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
 
 from fa4verify._strategies.problem import attention_problems, problem_groups
 from fa4verify.fuzz import drawn

@@ -8,7 +8,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -336,7 +336,7 @@ def metrics_reference(x: np.ndarray, emu: np.ndarray, y: np.ndarray | None = Non
     Per-input error measures for float32 inputs ``x`` (main domain) and emulated values ``emu``:
     ``rel`` (signed), ``d32`` (fp32 ulps from RN32(2^x)), ``u_bf16``/``u_f16`` (|RN_fmt(emu) - 2^x|
     in ulps of 2^x), ``w_bf16``/``w_f16`` (RN_fmt(emu) != RN_fmt(2^x)) and ``w`` (ulp(x) weights)."""
-    from fa4verify.oracles.exp2 import exp2_cr_from_f64, round_f64
+    from fa4verify.oracles.exp2 import exp2_cr_from_f64
     x64 = x.astype(np.float64)
     if y is None:
         y = np.exp2(x64)

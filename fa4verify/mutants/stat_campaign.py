@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 

@@ -21,7 +21,7 @@ dq_accum (b, s, h, d) as decoded by ``BackwardTaps.dq_accum_logical``. Dense (no
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import numpy as np
 
