@@ -6,6 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fa4verify import determinism as d
+from fa4verify.determinism import bitwise
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -60,7 +61,7 @@ def test_default_guard_keeps_interior_128_byte_aligned_and_contiguous():
 def test_sentinel_is_a_signalling_nan_distinct_from_canonical_nan():
     for name, bitsv in d.SENTINEL_BITS.items():
         nb = 16 if name != "float32" else 32
-        t = torch.tensor([d._signed(bitsv, nb)],
+        t = torch.tensor([bitwise._signed(bitsv, nb)],
                          dtype=torch.int16 if nb == 16 else torch.int32).view(getattr(torch, name))
         assert d.nan_count(t) == 1
         canon = torch.tensor([float("nan")], dtype=getattr(torch, name))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fa4verify import mutants as M
+from fa4verify.mutants import columns
 
 
 @pytest.mark.parametrize("mutation", [(), ("row_sum_rounded_p",), ("causal_off_by_one",)])
@@ -25,8 +26,8 @@ def test_own_forward_budget_path_agrees_with_the_judge(mutation):
             run = M.run_twin(d, arch, mutation, bwd=False)
             env = M.ProblemEnv(data=d, arch=arch, base=run)
             b = M.load_budgets(p.dtype, arch)
-            judge = M._fwd_budget_judge(env, run, b)
-            own = M._fwd_budget_own(env, run, b)
+            judge = columns._fwd_budget_judge(env, run, b)
+            own = columns._fwd_budget_own(env, run, b)
             verdicts.append((p.name, arch, judge.status, own.status))
             assert judge.status == own.status, (p.name, arch, judge, own)
             # same inequality and statistics, evaluated per head: the figures agree
@@ -44,7 +45,7 @@ def test_nan_semantics_emulated_lane_nan_is_masked_mufu_lane_nan_poisons():
     for arch in ("sm90", "sm100"):
         base = M.run_twin(d, arch, (), bwd=False)
         env = M.ProblemEnv(data=d, arch=arch, base=base)
-        assert M._v_fwd_budget(env, base).status == "pass", arch
+        assert columns._v_fwd_budget(env, base).status == "pass", arch
         oc = env.oracle_fwd
         assert oc is not None
         if arch == "sm100":
@@ -54,4 +55,4 @@ def test_nan_semantics_emulated_lane_nan_is_masked_mufu_lane_nan_poisons():
             assert oc.dropped_keys == () and np.isnan(base.out).all()
     mut = M.run_twin(d, "sm100", ("nan_to_zero_emulated",), bwd=False)
     env = M.ProblemEnv(data=d, arch="sm100", base=base)
-    assert M._v_fwd_budget(env, mut).status == "fail"
+    assert columns._v_fwd_budget(env, mut).status == "fail"

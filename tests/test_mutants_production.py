@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fa4verify import mutants as M
+from fa4verify.mutants import suite
 from fa4verify import errors
 
 
@@ -36,7 +37,7 @@ def test_production_fa4_raises_no_false_alarm_and_knob_mutants_are_reported(tmp_
     assert res.where.startswith("measured on ")
     fa = res.false_alarms()
     fa4 = {v: [(r.problem, r.detail) for r in rows] for v, rows in fa.items()
-           if rows and M._spec(v).group == "fa4verify"}
+           if rows and suite._spec(v).group == "fa4verify"}
     assert not fa4, fa4
     assert set(res.mutants) == set(M.PRODUCTION_KNOBS)
     M.write_json(res, str(tmp_path / "mutants_production.json"))

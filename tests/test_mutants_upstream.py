@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fa4verify import mutants as M  # noqa: E402
+from fa4verify.mutants import problems, upstream  # noqa: E402
 
 
 def _upstream_attention_ref():
@@ -29,7 +30,7 @@ def test_attention_ref_port_is_bit_identical_to_upstream(name, low_precision):
     attention_ref = _upstream_attention_ref()
     p = next(x for x in M.battery("quick") if x.name == name)
     d = M.make_inputs(p, seed=3)
-    q, k, v = M._ref_inputs(d)
+    q, k, v = upstream._ref_inputs(d)
     kw = dict(upcast=False, reorder_ops=True) if low_precision else {}
     if low_precision and p.dtype == "fp8":
         kw["intermediate_dtype"] = torch.float8_e4m3fn
@@ -68,7 +69,7 @@ def test_fa_rule_passes_the_reference_itself_and_fails_a_shifted_output():
     r = M.fa_rule(refs.out_ref, refs.out_ref, refs.out_pt)
     bumped = ref32.copy()
     bumped.flat[17] += np.float32(2.0 * r.threshold + 0.25)
-    bumped = M._round_dtype(bumped, "bf16")
+    bumped = problems._round_dtype(bumped, "bf16")
     v2 = M.fa_rule_forward(bumped, refs)
     assert v2.status == "fail" and v2.figure > 1.0
 
@@ -109,7 +110,7 @@ def test_fa_rule_backward_passes_reference_gradients():
     v = M.fa_rule_backward(grads, refs)
     assert v.status == "pass" and v.figure == 0.0
     grads[1] = grads[1] * np.float32(1.5)
-    grads[1] = M._round_dtype(grads[1], "bf16")
+    grads[1] = problems._round_dtype(grads[1], "bf16")
     assert M.fa_rule_backward(grads, refs).status == "fail"
 
 

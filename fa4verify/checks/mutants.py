@@ -16,6 +16,7 @@ from fa4verify.audit.registry import CheckContext, CheckResult, check
        "alarms", needs={"cpu"}, profiles={"full", "exhaustive"})
 def detection(ctx: CheckContext) -> CheckResult:
     from fa4verify import mutants as M
+    from fa4verify.mutants import suite
 
     if ctx.dtype != "bf16":
         ctx.skip(f"the mutant battery is bf16 (with fp8 forward problems); dtype {ctx.dtype} "
@@ -30,7 +31,7 @@ def detection(ctx: CheckContext) -> CheckResult:
     header, rows = M.table_rows(res)
     groups = {"fa4verify": [], "FA rule": [], "assert_close": []}
     for v in res.verifier_names:
-        groups[M._spec(v).group].append(v)
+        groups[suite._spec(v).group].append(v)
 
     def caught_by_group(group: str) -> int:
         n = 0

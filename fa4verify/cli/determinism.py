@@ -173,6 +173,7 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
           5 nothing ran.
     """
     from fa4verify import determinism as d
+    from fa4verify.determinism import workers
 
     if runs < 1:
         raise usage(f"--runs: must be >= 1, got {runs}")
@@ -281,7 +282,7 @@ def command(runs, processes, configs, manifest, against, strict_env, json_out, d
             if "backend" not in env else env
         prov = {"command": "fa4verify determinism " + " ".join(sys.argv[2:]) if
                 len(sys.argv) > 1 else "fa4verify determinism",
-                "date": d._now(), "git_commit": d.git_commit(), "runs": runs,
+                "date": workers._now(), "git_commit": d.git_commit(), "runs": runs,
                 "processes": processes, "devices": devs, "default_runs": ndef,
                 "where": report.get("where"), "seconds": round(time.monotonic() - t0, 1)}
         report.update(environment=env, environments={r.get("process_index"): r.get("environment")

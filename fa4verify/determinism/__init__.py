@@ -53,17 +53,16 @@ from __future__ import annotations
 
 from fa4verify.determinism.schema import (SCHEMA_MANIFEST, SCHEMA_REPORT, SCHEMA_WORKER, TENSORS, GUARDED,
                                           STATUSES, FAILING, UNSUPPORTED_MSG)
-from fa4verify.determinism.bitwise import (_FORMATS, _torch, _dtype_name, _signed, as_tensor, bits,
-                                           is_nan_bits, ordered, BitDiff, compare_bitwise, nan_count, digest)
+from fa4verify.determinism.bitwise import (as_tensor, bits, is_nan_bits, ordered, BitDiff, compare_bitwise,
+                                           nan_count, digest)
 from fa4verify.determinism.guard import (SENTINEL_BITS, GUARD_BYTES, GuardReport, GuardedBuffer)
-from fa4verify.determinism.configs import (Dtype, _TORCH_DTYPES, DeterminismConfig, validate_config,
-                                           _XF_SM90_192, _XF_SM90_256, MATRICES, TIMING_CONFIGS,
-                                           select_configs)
+from fa4verify.determinism.configs import (Dtype, DeterminismConfig, validate_config, MATRICES,
+                                           TIMING_CONFIGS, select_configs)
 from fa4verify.determinism.inputs import (Problem, make_inputs)
-from fa4verify.determinism.backends import (Grads, Backend, _common_env, _pkg_version, _driver_version, _accepted, _features, Fa4Backend, TorchMathBackend, TwinBackend, load_backend)
-from fa4verify.determinism.runner import (_first_line, _DistinctDigests, _grad_tensors, _tensor_names,
-                                          _clone, _select_device, run_config, time_backward)
-from fa4verify.determinism.workers import (resolve_devices, worker_spec, run_worker_spec, _now, spawn_workers)
-from fa4verify.determinism.report import (aggregate, _aggregate_default, exit_status)
+from fa4verify.determinism.backends import (Grads, Backend, Fa4Backend, TorchMathBackend, TwinBackend,
+                                            load_backend)
+from fa4verify.determinism.runner import (run_config, time_backward)
+from fa4verify.determinism.workers import (resolve_devices, worker_spec, run_worker_spec, spawn_workers)
+from fa4verify.determinism.report import (aggregate, exit_status)
 from fa4verify.determinism.manifest import (ENV_KEY_FIELDS, environment_key, build_manifest, load_manifest,
                                             Outcome, compare_manifests, git_commit)

@@ -42,30 +42,20 @@ This package re-exports every name its callers import.
 from __future__ import annotations
 
 from fa4verify.mutants.catalogue import (Arch, Mutant, CATALOGUE, MUTANT_NAMES, PRODUCTION_KNOBS, get_mutant)
-from fa4verify.mutants.problems import (Problem, battery, _rng, _round_dtype, ProblemData, make_inputs)
-from fa4verify.mutants.verdict import Status, Verdict, NA
-from fa4verify.mutants.upstream import (_torch, _local_mask, attention_ref_torch, RuleOutcome, fa_rule,
-                                        upstream_bwd_applies, _ref_inputs, _as_bf16_tensor, UpstreamRefs,
-                                        upstream_refs, fa_rule_forward, fa_rule_backward,
+from fa4verify.mutants.problems import (Problem, battery, ProblemData, make_inputs)
+from fa4verify.mutants.verdict import (Status, Verdict, NA)
+from fa4verify.mutants.upstream import (attention_ref_torch, RuleOutcome, fa_rule, upstream_bwd_applies,
+                                        UpstreamRefs, upstream_refs, fa_rule_forward, fa_rule_backward,
                                         ASSERT_CLOSE_DEFAULTS, assert_close_verdict)
-from fa4verify.mutants.twin_runs import (_call_accepting, TwinOutputs, _one_line, _f32, StageTally,
-                                         _stage_collector, twin_module, run_twin)
-from fa4verify.mutants.exp2_verifiers import (exp2_inputs, _emulated_exp2_fn, _bits_equal, golden_exp2,
-                                              _v_exp2_golden, _certified_bound, exp2_cert_inputs,
-                                              _v_exp2_cert)
-from fa4verify.mutants.columns import (ProblemEnv, _oracle_module, _BUDGET_CACHE, load_budgets, _v_stages,
-                                       kernel_config, OracleHead, OracleCase, oracle_case, _env_oracle,
-                                       _v_fwd_budget, _judge_verdict, _fwd_budget_judge,
-                                       _fwd_budget_own, _v_bwd_budget, _v_determinism, VerifierSpec,
-                                       _v_fa_rule_fwd, _bwd_error, _v_fa_rule_bwd, _v_assert_close_fwd,
-                                       _v_assert_close_bwd, _REGISTRY, _register, verifiers, VERIFIERS)
+from fa4verify.mutants.twin_runs import (TwinOutputs, StageTally, twin_module, run_twin)
+from fa4verify.mutants.exp2_verifiers import (exp2_inputs, golden_exp2, exp2_cert_inputs)
+from fa4verify.mutants.columns import (ProblemEnv, load_budgets, kernel_config, OracleHead, OracleCase,
+                                       oracle_case, VerifierSpec, verifiers, VERIFIERS)
 from fa4verify.mutants import production  # noqa: F401  (the module: tests swap its device)
 from fa4verify.mutants.production import (PRODUCTION_VERIFIERS, PRODUCTION_DEVICE, production_applies,
                                           production_arch, run_production)
-from fa4verify.mutants.suite import (Row, Cell, SuiteResult, BWD_REPEATS, _spec, _mutant_applies, _evaluate,
-                                     run_suite, uncaught, exit_code)
-from fa4verify.mutants.table import (_fmt_fig, _cell_text, table_rows, render_rich, render_markdown,
-                                     read_json, write_json)
+from fa4verify.mutants.suite import (Row, Cell, SuiteResult, BWD_REPEATS, run_suite, uncaught, exit_code)
+from fa4verify.mutants.table import (table_rows, render_rich, render_markdown, read_json, write_json)
 
 __all__ = [
     "Mutant", "CATALOGUE", "MUTANT_NAMES", "PRODUCTION_KNOBS", "get_mutant", "Problem",
